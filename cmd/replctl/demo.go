@@ -1,0 +1,212 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/replvol/replvol/node"
+	"github.com/replvol/replvol/transport"
+	"github.com/spf13/cobra"
+)
+
+func newDemo() *cobra.Command {
+	var (
+		dir      string
+		basePort int
+		size     string
+	)
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "Run a two-node replicated volume (alpha primary, beta secondary) on this machine",
+		Long: `Start nodes alpha and beta in this process, with file-backed disks under --dir,
+and volume vol0 replicated between them with protocol C, alpha primary.
+alpha's control API listens on --base-port, its replication port on +1 and its NBD
+port on +2; beta's on +3, +4 and +5 (--base-port 0 picks free ports).
+It prints the NBD URI, then "ready". Ctrl-C or SIGTERM stops both nodes cleanly.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			bytes, err := node.ParseSize(size)
+			if err != nil {
+				return fmt.Errorf("--size: %w", err)
+			}
+			if bytes < 1<<20 || bytes%4096 != 0 {
+				return fmt.Errorf("--size %s: want at least 1MiB and a multiple of 4KiB", size)
+			}
+			if basePort < 0 || basePort > 65535-5 {
+				return fmt.Errorf("--base-port %d: want 0 (free ports) or 1-65530", basePort)
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return runDemo(ctx, cmd.OutOrStdout(), dir, basePort, bytes)
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", "", "directory for the disks, state and logs (default: a fresh temp dir, removed at exit)")
+	cmd.Flags().IntVar(&basePort, "base-port", 7800, "alpha's control port; the other five ports follow it (0: free ports)")
+	cmd.Flags().StringVar(&size, "size", "1GiB", "volume size (sparse files)")
+	return cmd
+}
+
+func runDemo(ctx context.Context, out io.Writer, dir string, basePort int, size int64) (err error) {
+	if dir == "" {
+		dir, err = os.MkdirTemp("", "replvol-demo-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+	} else if dir, err = filepath.Abs(dir); err != nil {
+		return err
+	}
+	names := []string{"alpha", "beta"}
+	var listeners []net.Listener
+	defer func() {
+		if err != nil {
+			for _, l := range listeners {
+				l.Close()
+			}
+		}
+	}()
+	for i := range 6 {
+		addr := "127.0.0.1:0"
+		if basePort != 0 {
+			addr = fmt.Sprintf("127.0.0.1:%d", basePort+i)
+		}
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("listen on %s: %w (choose another --base-port, or 0 for free ports)", addr, err)
+		}
+		listeners = append(listeners, l)
+	}
+	cfg := &node.Config{}
+	vol := node.VolumeConfig{Name: "vol0", Size: node.ByteSize(size), Protocol: "C", Primary: "alpha", Disks: map[string]string{}}
+	for i, name := range names {
+		nodeDir := filepath.Join(dir, name)
+		if err := os.MkdirAll(nodeDir, 0o755); err != nil {
+			return err
+		}
+		img := filepath.Join(nodeDir, "vol0.img")
+		if err := ensureSparseFile(img, size); err != nil {
+			return err
+		}
+		vol.Disks[name] = img
+		cfg.Nodes = append(cfg.Nodes, node.NodeConfig{
+			Name:        name,
+			Control:     listeners[3*i].Addr().String(),
+			Replication: listeners[3*i+1].Addr().String(),
+			NBD:         listeners[3*i+2].Addr().String(),
+			StateDir:    nodeDir,
+		})
+	}
+	cfg.Volumes = []node.VolumeConfig{vol}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if data, err := cfg.Marshal(); err == nil {
+		os.WriteFile(filepath.Join(dir, "cluster.yaml"), data, 0o644)
+	}
+	logFile, err := os.OpenFile(filepath.Join(dir, "demo.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	log := slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelInfo}))
+
+	var nodes []*node.Node
+	defer func() {
+		// The primary stops first, so it hands its last writes over cleanly.
+		for _, n := range nodes {
+			n.Close()
+		}
+	}()
+	for i, name := range names {
+		n, err := node.New(cfg, name, node.Options{
+			Logger: log, Control: listeners[3*i], Replication: listeners[3*i+1], NBD: listeners[3*i+2],
+		})
+		if err != nil {
+			return err
+		}
+		if err := n.Start(); err != nil {
+			n.Close()
+			return err
+		}
+		nodes = append(nodes, n)
+	}
+	fmt.Fprintf(out, "replvol demo in %s (log: %s)\n", dir, filepath.Join(dir, "demo.log"))
+	for _, nc := range cfg.Nodes {
+		fmt.Fprintf(out, "node %s: control %s replication %s nbd %s\n", nc.Name, nc.Control, nc.Replication, nc.NBD)
+	}
+	fmt.Fprintf(out, "volume vol0: %d bytes, protocol C, primary alpha; waiting for beta to be in sync...\n", size)
+	if err := waitInSync(ctx, cfg.Nodes[0].Control, 10*time.Minute); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "try: REPLCTL_ADDR=%s replctl status\n", cfg.Nodes[0].Control)
+	fmt.Fprintf(out, "nbd://%s/vol0\n", cfg.Nodes[0].NBD)
+	fmt.Fprintln(out, "ready")
+	<-ctx.Done()
+	fmt.Fprintln(out, "stopping")
+	return nil
+}
+
+func ensureSparseFile(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	switch {
+	case st.Size() == 0:
+		return f.Truncate(size)
+	case st.Size() != size:
+		return fmt.Errorf("%s exists with %d bytes, not %d: use another --dir or the old --size", path, st.Size(), size)
+	}
+	return nil
+}
+
+// waitInSync polls the cluster until every replica is UpToDate.
+func waitInSync(ctx context.Context, addr string, timeout time.Duration) error {
+	c, err := transport.DialControl(addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		st, err := c.ClusterStatus(ctx, &transport.StatusRequest{})
+		if err == nil && allInSync(st) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New("the replicas did not get in sync in time; see the log")
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+func allInSync(st *transport.ClusterStatus) bool {
+	for _, v := range st.Volumes {
+		for _, r := range v.Replicas {
+			if r.Disk != "UpToDate" || r.Replication != "Connected" {
+				return false
+			}
+		}
+	}
+	return len(st.Volumes) > 0
+}

@@ -1,0 +1,39 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/replvol/replvol/transport"
+	"github.com/spf13/cobra"
+)
+
+func newPrimary(g *globals) *cobra.Command {
+	var nodeName string
+	cmd := &cobra.Command{
+		Use:   "primary VOLUME --node NAME",
+		Short: "Switch a volume's primary to another node (clean switchover)",
+		Long: `Switch a volume's primary role to --node. The old primary stops accepting IO
+(requests in flight are answered), flushes, and checks that the new primary holds
+every write; only then is the new primary promoted and its NBD export started.
+If anything fails, the old primary keeps the role.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if nodeName == "" {
+				return fmt.Errorf("--node NAME is required: the node that should become primary")
+			}
+			c, ctx, done, err := g.dial()
+			if err != nil {
+				return err
+			}
+			defer done()
+			r, err := c.Primary(ctx, &transport.PrimaryRequest{Volume: args[0], Node: nodeName})
+			if err != nil {
+				return g.apiError(err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: primary is now %s (epoch %d), export %s\n", r.Volume, r.Primary, r.Epoch, r.NBDURI)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&nodeName, "node", "", "the node to make primary")
+	return cmd
+}

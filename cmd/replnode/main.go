@@ -1,0 +1,68 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/replvol/replvol/node"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	fs := flag.NewFlagSet("replnode", flag.ContinueOnError)
+	configPath := fs.String("config", "", "cluster config file (YAML)")
+	name := fs.String("node", "", "this node's name in the config")
+	stateDir := fs.String("state-dir", "", "directory for the node's state (default: nodes[].state_dir, else state-NODE next to the config)")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *configPath == "" || *name == "" {
+		fmt.Fprintln(os.Stderr, "replnode: --config FILE and --node NAME are required")
+		fs.Usage()
+		return 2
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		fmt.Fprintf(os.Stderr, "replnode: --log-level %q: want debug, info, warn or error\n", *logLevel)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+
+	cfg, err := node.LoadConfig(*configPath)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "replnode: %v\n", err)
+		return 1
+	}
+	dir := *stateDir
+	if nc, ok := cfg.Node(*name); ok && dir == "" && nc.StateDir == "" {
+		dir = filepath.Join(filepath.Dir(*configPath), "state-"+*name)
+	}
+	n, err := node.New(cfg, *name, node.Options{StateDir: dir, Logger: log})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "replnode: %v\n", err)
+		return 1
+	}
+	if err := n.Start(); err != nil {
+		fmt.Fprintf(os.Stderr, "replnode: %v\n", err)
+		n.Close()
+		return 1
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	<-sig
+	log.Info("stopping")
+	if err := n.Close(); err != nil {
+		fmt.Fprintf(os.Stderr, "replnode: stop: %v\n", err)
+		return 1
+	}
+	return 0
+}

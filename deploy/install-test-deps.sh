@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Installs the tools the test suite, the linters and the benchmark need:
+# NBD clients and servers (libnbd-bin, python3-libnbd, qemu-utils, fio, nbdkit),
+# FUSE and loop tooling (fuse3, e2fsprogs, util-linux) and staticcheck.
+#
+# Idempotent: apt is skipped when every tool is already present, and
+# staticcheck is skipped when the pinned version is already installed.
+# The apt step needs root (CI runs this as root).
+set -euo pipefail
+
+STATICCHECK_VERSION=0.8.2
+APT_PACKAGES=(libnbd-bin python3-libnbd qemu-utils fio nbdkit fuse3 e2fsprogs util-linux)
+# One command per package (or the python module for python3-libnbd).
+TOOLS=(nbdinfo nbdcopy nbdfuse nbdsh qemu-io qemu-img qemu-nbd fio nbdkit fusermount3
+       mkfs.ext4 e2fsck losetup)
+
+missing=()
+for t in "${TOOLS[@]}"; do
+	if ! PATH="$PATH:/usr/sbin:/sbin" command -v "$t" >/dev/null 2>&1; then
+		missing+=("$t")
+	fi
+done
+if ! /usr/bin/python3 -c 'import nbd' >/dev/null 2>&1; then
+	missing+=("python3:nbd")
+fi
+
+if ((${#missing[@]} == 0)); then
+	echo "install-test-deps: all test tools present, skipping apt"
+else
+	echo "install-test-deps: missing ${missing[*]}; installing ${APT_PACKAGES[*]}"
+	SUDO=()
+	if [[ $(id -u) -ne 0 ]]; then
+		if command -v sudo >/dev/null 2>&1; then
+			SUDO=(sudo -n)
+		else
+			echo "install-test-deps: need root to apt-get install ${APT_PACKAGES[*]}" >&2
+			exit 1
+		fi
+	fi
+	export DEBIAN_FRONTEND=noninteractive
+	"${SUDO[@]}" apt-get update
+	"${SUDO[@]}" apt-get install -y --no-install-recommends "${APT_PACKAGES[@]}"
+fi
+
+GOBIN_DIR=$(go env GOBIN)
+[[ -n "$GOBIN_DIR" ]] || GOBIN_DIR="$(go env GOPATH)/bin"
+if "$GOBIN_DIR/staticcheck" -version 2>/dev/null | grep -qF "($STATICCHECK_VERSION)"; then
+	echo "install-test-deps: staticcheck $STATICCHECK_VERSION present"
+else
+	echo "install-test-deps: installing staticcheck v$STATICCHECK_VERSION into $GOBIN_DIR"
+	go install "honnef.co/go/tools/cmd/staticcheck@v$STATICCHECK_VERSION"
+fi

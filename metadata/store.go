@@ -1,0 +1,158 @@
+package metadata
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/replvol/replvol/replication"
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+)
+
+var (
+	bucketVolumes = []byte("volumes")
+	bucketEvents  = []byte("events")
+)
+
+// maxEvents bounds the event history kept on disk.
+const maxEvents = 1000
+
+// VolumeState is what a node remembers about one volume across restarts.
+type VolumeState struct {
+	// Epoch is the highest primary epoch this node has agreed to.
+	Epoch uint64 `json:"epoch"`
+	// Primary is the node that holds Epoch ("" when unknown).
+	Primary string `json:"primary"`
+	// Generation identifies the data on this node's disk; zero when the disk
+	// is Inconsistent (a resync was under way) or never synced.
+	Generation replication.Generation `json:"generation"`
+	// Clean is true only between a clean shutdown and the next start.
+	Clean bool `json:"clean"`
+	// Size of the volume when the state was created.
+	Size int64 `json:"size"`
+}
+
+// Event is one line of a node's history.
+type Event struct {
+	Time    time.Time `json:"time"`
+	Volume  string    `json:"volume,omitempty"`
+	Kind    string    `json:"kind"`
+	Message string    `json:"message"`
+}
+
+// Store is a node's state file.
+type Store struct {
+	db *bolt.DB
+}
+
+// Open opens (creating if needed) the state file at path.
+func Open(path string) (*Store, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("state directory: %w", err)
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
+	if err != nil {
+		if errors.Is(err, berrors.ErrTimeout) {
+			return nil, fmt.Errorf("state file %s is in use by another replnode (stop it first): %w", path, err)
+		}
+		return nil, fmt.Errorf("open state file %s: %w", path, err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketVolumes, bucketEvents} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("init state file %s: %w", path, err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Close closes the file.
+func (s *Store) Close() error { return s.db.Close() }
+
+// Volume returns the stored state of a volume; ok is false if there is none.
+func (s *Store) Volume(name string) (st VolumeState, ok bool, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketVolumes).Get([]byte(name))
+		if v == nil {
+			return nil
+		}
+		ok = true
+		return json.Unmarshal(v, &st)
+	})
+	if err != nil {
+		return VolumeState{}, false, fmt.Errorf("read state of %s: %w", name, err)
+	}
+	return st, ok, nil
+}
+
+// PutVolume stores a volume's state durably (fsynced) before it returns.
+func (s *Store) PutVolume(name string, st VolumeState) error {
+	data, err := json.Marshal(st)
+	if err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketVolumes).Put([]byte(name), data)
+	})
+}
+
+// AddEvent appends to the event history, dropping the oldest beyond 1000.
+func (s *Store) AddEvent(e Event) error {
+	if e.Time.IsZero() {
+		e.Time = time.Now()
+	}
+	data, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketEvents)
+		seq, err := b.NextSequence()
+		if err != nil {
+			return err
+		}
+		if err := b.Put(binary.BigEndian.AppendUint64(nil, seq), data); err != nil {
+			return err
+		}
+		if seq > maxEvents {
+			c := b.Cursor()
+			for k, _ := c.First(); k != nil && binary.BigEndian.Uint64(k) <= seq-maxEvents; k, _ = c.Next() {
+				if err := c.Delete(); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// Events returns up to the last n events, oldest first.
+func (s *Store) Events(n int) ([]Event, error) {
+	var out []Event
+	err := s.db.View(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketEvents).Cursor()
+		for k, v := c.Last(); k != nil && len(out) < n; k, v = c.Prev() {
+			var e Event
+			if err := json.Unmarshal(v, &e); err != nil {
+				return err
+			}
+			out = append(out, e)
+		}
+		return nil
+	})
+	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
+		out[i], out[j] = out[j], out[i]
+	}
+	return out, err
+}

@@ -1,0 +1,514 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/replication"
+	"github.com/replvol/replvol/transport"
+)
+
+// testCluster is alpha and beta in this process, on 127.0.0.1 free ports,
+// with file disks in a temp dir.
+type testCluster struct {
+	t     testing.TB
+	dir   string
+	cfg   *Config
+	nodes map[string]*Node
+	opts  map[string]Options
+}
+
+func newTestCluster(t testing.TB, size int64) *testCluster {
+	t.Helper()
+	c := &testCluster{t: t, dir: t.TempDir(), cfg: &Config{}, nodes: map[string]*Node{}, opts: map[string]Options{}}
+	vol := VolumeConfig{Name: "vol0", Size: ByteSize(size), Protocol: "C", Primary: "alpha", Disks: map[string]string{}}
+	for _, name := range []string{"alpha", "beta"} {
+		nc := NodeConfig{Name: name, StateDir: filepath.Join(c.dir, name)}
+		nc.Control, nc.Replication, nc.NBD = freeAddr(t), freeAddr(t), freeAddr(t)
+		c.cfg.Nodes = append(c.cfg.Nodes, nc)
+		img := filepath.Join(c.dir, name+".img")
+		if err := os.WriteFile(img, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(img, size); err != nil {
+			t.Fatal(err)
+		}
+		vol.Disks[name] = img
+	}
+	c.cfg.Volumes = []VolumeConfig{vol}
+	if err := c.cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, n := range c.nodes {
+			n.Close()
+		}
+	})
+	return c
+}
+
+// freeAddr reserves a free port; the node listens on it right after.
+func freeAddr(t testing.TB) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func (c *testCluster) start(name string) *Node {
+	c.t.Helper()
+	n, err := New(c.cfg, name, c.opts[name])
+	if err != nil {
+		c.t.Fatalf("start %s: %v", name, err)
+	}
+	if err := n.Start(); err != nil {
+		c.t.Fatalf("start %s: %v", name, err)
+	}
+	c.nodes[name] = n
+	return n
+}
+
+func (c *testCluster) stop(name string) {
+	c.t.Helper()
+	if err := c.nodes[name].Close(); err != nil {
+		c.t.Fatalf("stop %s: %v", name, err)
+	}
+	delete(c.nodes, name)
+}
+
+// markCrashed makes a stopped node look as if it had crashed: no clean
+// shutdown recorded in its state.
+func (c *testCluster) markCrashed(name string) {
+	c.t.Helper()
+	st, err := metadata.Open(filepath.Join(c.dir, name, "state.db"))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer st.Close()
+	vs, _, err := st.Volume("vol0")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	vs.Clean = false
+	if err := st.PutVolume("vol0", vs); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func (c *testCluster) vol(name string) *Volume { return c.nodes[name].vols["vol0"] }
+
+func (c *testCluster) any() *Node {
+	for _, n := range c.nodes {
+		return n
+	}
+	return nil
+}
+
+func (c *testCluster) status() *transport.ClusterStatus {
+	c.t.Helper()
+	st, err := c.any().clusterStatus(context.Background(), 0)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return st
+}
+
+func replica(st *transport.ClusterStatus, node string) transport.ReplicaStatus {
+	for _, r := range st.Volumes[0].Replicas {
+		if r.Node == node {
+			return r
+		}
+	}
+	return transport.ReplicaStatus{}
+}
+
+// waitInSync waits until every replica is UpToDate and Connected.
+func (c *testCluster) waitInSync() {
+	c.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st := c.status()
+		ok := true
+		for _, r := range st.Volumes[0].Replicas {
+			ok = ok && r.Disk == "UpToDate" && r.Replication == "Connected"
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("replicas not in sync: %+v", st.Volumes[0].Replicas)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (c *testCluster) disk(name string) []byte {
+	c.t.Helper()
+	b, err := os.ReadFile(c.cfg.Volumes[0].Disks[name])
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return b
+}
+
+func (c *testCluster) requireIdentical() {
+	c.t.Helper()
+	a, b := c.disk("alpha"), c.disk("beta")
+	if !bytes.Equal(a, b) {
+		for i := range a {
+			if a[i] != b[i] {
+				c.t.Fatalf("backing files differ, first at byte %d (block %d)", i, i/4096)
+			}
+		}
+	}
+}
+
+// eventually waits for cond, which an asynchronous event makes true.
+func eventually(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting: %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func pattern(seed byte, n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = seed + byte(i%251)
+	}
+	return b
+}
+
+func TestProtocolCWriteIsOnPeerBeforeItCompletes(t *testing.T) {
+	c := newTestCluster(t, 16<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	ctx := context.Background()
+	for i, off := range []int64{0, 4096, 1000, 5<<20 + 17} {
+		data := pattern(byte(i+1), 3000+i*4096)
+		if err := c.vol("alpha").WriteAt(ctx, data, off, false); err != nil {
+			t.Fatal(err)
+		}
+		// No flush, no wait: the write completed, so beta has written it.
+		got := make([]byte, len(data))
+		if _, err := c.vol("beta").disk.ReadAt(got, off); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, data) {
+			t.Fatalf("write %d at %d completed but is not on beta", i, off)
+		}
+	}
+	if err := c.vol("alpha").Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.requireIdentical()
+}
+
+func TestOverlappingConcurrentWritesLeaveReplicasIdentical(t *testing.T) {
+	c := newTestCluster(t, 1<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(w), 7))
+			for i := range 200 {
+				// Overlapping, unaligned writes all over 64 KiB.
+				off := int64(r.IntN(60 << 10))
+				n := 1 + r.IntN(8<<10)
+				if off+int64(n) > 1<<20 {
+					n = int((1 << 20) - off)
+				}
+				if err := c.vol("alpha").WriteAt(ctx, pattern(byte(w*31+i), n), off, i%17 == 0); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	c.requireIdentical()
+}
+
+// recordingDisk records the order of writes and syncs on a disk.
+type recordingDisk struct {
+	Disk
+	mu  sync.Mutex
+	ops []string
+}
+
+func (d *recordingDisk) record(op string) {
+	d.mu.Lock()
+	d.ops = append(d.ops, op)
+	d.mu.Unlock()
+}
+
+func (d *recordingDisk) WriteAt(p []byte, off int64) (int, error) {
+	n, err := d.Disk.WriteAt(p, off)
+	d.record(fmt.Sprintf("write@%d", off))
+	return n, err
+}
+
+func (d *recordingDisk) WriteAtSync(p []byte, off int64) error {
+	err := writeSync(d.Disk, p, off)
+	d.record(fmt.Sprintf("fua@%d", off))
+	return err
+}
+
+func (d *recordingDisk) Sync() error {
+	err := d.Disk.Sync()
+	d.record("sync")
+	return err
+}
+
+func (d *recordingDisk) last() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.ops) == 0 {
+		return ""
+	}
+	return d.ops[len(d.ops)-1]
+}
+
+func TestFlushAndFUAAreDurableOnThePeerBeforeTheyComplete(t *testing.T) {
+	c := newTestCluster(t, 4<<20)
+	rec := &recordingDisk{}
+	c.opts["beta"] = Options{OpenDisk: func(path string, size int64) (Disk, error) {
+		d, err := OpenDisk(path, size)
+		rec.Disk = d
+		return rec, err
+	}}
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	ctx := context.Background()
+	v := c.vol("alpha")
+	if err := v.WriteAt(ctx, pattern(1, 4096), 8192, false); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.last(); got != "write@8192" {
+		t.Fatalf("after a plain write beta's last op is %q", got)
+	}
+	if err := v.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.last(); got != "sync" {
+		t.Fatalf("flush completed but beta's last op is %q, not a sync", got)
+	}
+	if err := v.WriteAt(ctx, pattern(2, 4096), 12288, true); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.last(); got != "fua@12288" {
+		t.Fatalf("FUA write completed but beta's last op is %q", got)
+	}
+}
+
+// distinctBlocks writes n random 4 KiB-aligned blocks and returns how many
+// distinct blocks were written.
+func writeRandomBlocks(t *testing.T, v *Volume, n int, seed uint64) int {
+	t.Helper()
+	r := rand.New(rand.NewPCG(seed, 1))
+	blocks := map[int64]bool{}
+	for i := range n {
+		b := r.Int64N(v.size / 4096)
+		blocks[b] = true
+		if err := v.WriteAt(context.Background(), pattern(byte(i), 4096), b*4096, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return len(blocks)
+}
+
+func TestCatchUpAfterDisconnectMovesOnlyTheWrittenBlocks(t *testing.T) {
+	c := newTestCluster(t, 64<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	before := replica(c.status(), "beta").ResyncedBytes
+	c.vol("alpha").setAdminDown(true)
+	blocks := writeRandomBlocks(t, c.vol("alpha"), 500, 1)
+	if got := replica(c.status(), "beta").OutOfSyncBytes; got != int64(blocks)*4096 {
+		t.Fatalf("out of sync %d bytes, want %d", got, blocks*4096)
+	}
+	c.vol("alpha").setAdminDown(false)
+	c.waitInSync()
+	moved := replica(c.status(), "beta").ResyncedBytes - before
+	if moved != int64(blocks)*4096 {
+		t.Fatalf("catch-up moved %d bytes, want exactly the %d written blocks (%d bytes)", moved, blocks, blocks*4096)
+	}
+	c.requireIdentical()
+}
+
+func TestSecondaryDisconnectedByOperatorRefusesTheStream(t *testing.T) {
+	c := newTestCluster(t, 8<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	c.vol("beta").setAdminDown(true)
+	writeRandomBlocks(t, c.vol("alpha"), 10, 2)
+	st := c.status()
+	if r := replica(st, "beta"); r.Replication != "StandAlone" || !strings.Contains(r.Reason, "operator") {
+		t.Fatalf("beta: %+v", r)
+	}
+	eventually(t, func() bool {
+		p := c.vol("alpha").peers["beta"].status()
+		return p.Replication == "Connecting" && strings.Contains(p.Reason, "disconnected from vol0 by the operator")
+	}, "alpha sees beta refusing the stream")
+	c.vol("beta").setAdminDown(false)
+	c.waitInSync()
+	c.requireIdentical()
+}
+
+func TestSecondaryCleanRestartGetsABitmapResync(t *testing.T) {
+	c := newTestCluster(t, 32<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	c.stop("beta")
+	blocks := writeRandomBlocks(t, c.vol("alpha"), 300, 3)
+	c.start("beta")
+	c.waitInSync()
+	if moved := replica(c.status(), "beta").ResyncedBytes; moved != int64(blocks)*4096 {
+		t.Fatalf("beta restarted cleanly: resync moved %d bytes, want %d", moved, blocks*4096)
+	}
+	c.requireIdentical()
+}
+
+func TestUncleanRestartNeverShowsUpToDateWithoutAFullResync(t *testing.T) {
+	c := newTestCluster(t, 8<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	c.stop("beta")
+	c.markCrashed("beta")
+	n := c.start("beta")
+	if lv := n.vols["vol0"].status(); lv.Disk == "UpToDate" {
+		t.Fatalf("beta came back from a crash as UpToDate")
+	}
+	c.waitInSync()
+	if moved := replica(c.status(), "beta").ResyncedBytes; moved != 8<<20 {
+		t.Fatalf("after an unclean restart resync moved %d bytes, want the whole volume", moved)
+	}
+}
+
+func TestSwitchoverKeepsEveryByteAndFencesTheOldPrimary(t *testing.T) {
+	c := newTestCluster(t, 8<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	ctx := context.Background()
+	want := pattern(9, 64<<10)
+	if err := c.vol("alpha").WriteAt(ctx, want, 4096, false); err != nil {
+		t.Fatal(err)
+	}
+	api := &control{n: c.nodes["alpha"]}
+	r, err := api.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Primary != "beta" || r.Epoch != 2 {
+		t.Fatalf("switchover: %+v", r)
+	}
+	// The old primary serves no more IO, and NBD clients are sent to beta.
+	if err := c.vol("alpha").WriteAt(ctx, pattern(1, 4096), 0, false); !errors.Is(err, ErrNotPrimary) {
+		t.Fatalf("old primary accepted a write: %v", err)
+	}
+	if _, err := (*resolver)(c.nodes["alpha"]).Lookup("vol0"); err == nil || !strings.Contains(err.Error(), "the primary is beta") {
+		t.Fatalf("lookup on old primary: %v", err)
+	}
+	got := make([]byte, len(want))
+	if err := c.vol("beta").ReadAt(ctx, got, 4096); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("new primary read: %v, equal %v", err, bytes.Equal(got, want))
+	}
+	if err := c.vol("beta").WriteAt(ctx, pattern(3, 8192), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	c.waitInSync()
+	c.requireIdentical()
+
+	// A stream from the old epoch is refused and changes nothing.
+	sum := sha256.Sum256(c.disk("alpha"))
+	cl, err := transport.DialRepl(c.nodes["alpha"].lnRepl.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	s, err := cl.Open(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	hello := replication.Hello{Volume: "vol0", From: "beta", To: "alpha", Epoch: 1, Size: 8 << 20}
+	if err := sendJSON(s, replication.FrameHello, hello); err != nil {
+		t.Fatal(err)
+	}
+	var reply replication.HelloReply
+	if err := recvJSON(s, replication.FrameHelloReply, &reply); err != nil {
+		t.Fatal(err)
+	}
+	if reply.Accepted || !strings.Contains(reply.Reason, "stale epoch") {
+		t.Fatalf("old-epoch stream: %+v", reply)
+	}
+	if sha256.Sum256(c.disk("alpha")) != sum {
+		t.Fatal("a refused stream changed alpha's disk")
+	}
+}
+
+func TestSwitchoverToAnOutOfSyncNodeIsRefusedAndNothingChanges(t *testing.T) {
+	c := newTestCluster(t, 8<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	c.vol("alpha").setAdminDown(true)
+	writeRandomBlocks(t, c.vol("alpha"), 5, 4)
+	ctx := context.Background()
+	_, err := (&control{n: c.nodes["beta"]}).Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Timeout: 300 * time.Millisecond})
+	if err == nil || !strings.Contains(err.Error(), "not in sync") {
+		t.Fatalf("switchover to an out-of-sync node: %v", err)
+	}
+	if err := c.vol("alpha").WriteAt(ctx, pattern(1, 4096), 0, false); err != nil {
+		t.Fatalf("alpha stopped serving after a refused switchover: %v", err)
+	}
+	if c.vol("beta").status().Role != "Secondary" {
+		t.Fatal("beta was promoted")
+	}
+}
+
+func TestPrimaryRestartWithUncleanStateResyncsEverything(t *testing.T) {
+	c := newTestCluster(t, 4<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	c.stop("alpha")
+	c.markCrashed("alpha")
+	before := replica(c.status(), "beta").ResyncedBytes
+	c.start("alpha")
+	c.waitInSync()
+	if moved := replica(c.status(), "beta").ResyncedBytes - before; moved != 4<<20 {
+		t.Fatalf("primary crashed: resync moved %d, want the whole volume", moved)
+	}
+	c.requireIdentical()
+}

@@ -1,0 +1,240 @@
+package node
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Config describes a whole cluster. Every node reads the same file and picks
+// its own entry with --node.
+type Config struct {
+	Nodes   []NodeConfig   `yaml:"nodes"`
+	Volumes []VolumeConfig `yaml:"volumes"`
+}
+
+// NodeConfig is one node's identity and listen addresses.
+type NodeConfig struct {
+	Name string `yaml:"name"`
+	// Control serves the gRPC control API, the web status page and /metrics.
+	Control string `yaml:"control"`
+	// Replication serves the peer replication stream.
+	Replication string `yaml:"replication"`
+	// NBD serves the volumes this node is primary for.
+	NBD string `yaml:"nbd"`
+	// StateDir holds the node's own state (bbolt). Default: next to the config
+	// file, in state-NAME.
+	StateDir string `yaml:"state_dir,omitempty"`
+}
+
+// VolumeConfig is one replicated volume.
+type VolumeConfig struct {
+	Name string `yaml:"name"`
+	// Size in bytes, or with a unit suffix (KiB, MiB, GiB, TiB).
+	Size ByteSize `yaml:"size"`
+	// Protocol is A, B or C (default C).
+	Protocol string `yaml:"protocol"`
+	// Primary is the node that is primary when the cluster is first created.
+	// After that, the primary is what the nodes agreed (replctl primary).
+	Primary string `yaml:"primary"`
+	// Disks maps a node name to that node's backing file or block device.
+	Disks map[string]string `yaml:"disks"`
+}
+
+// ByteSize is a size in bytes that YAML may spell as 1073741824 or "1GiB".
+type ByteSize int64
+
+// UnmarshalYAML accepts an integer or a string with a binary unit suffix.
+func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
+	v, err := ParseSize(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %w", n.Line, err)
+	}
+	*b = ByteSize(v)
+	return nil
+}
+
+// ParseSize parses "4096", "64MiB", "1GiB", "1G" (binary units).
+func ParseSize(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	units := []struct {
+		suffix string
+		mult   int64
+	}{
+		{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10},
+		{"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1},
+	}
+	mult := int64(1)
+	for _, u := range units {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("size %q: want a number of bytes, optionally with KiB, MiB, GiB or TiB", s)
+	}
+	if n > (1<<62)/mult {
+		return 0, fmt.Errorf("size %q is too large", s)
+	}
+	return n * mult, nil
+}
+
+// LoadConfig reads and validates a cluster configuration file.
+func LoadConfig(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	var c Config
+	dec := yaml.NewDecoder(strings.NewReader(string(data)))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return &c, nil
+}
+
+// Marshal renders the configuration as YAML.
+func (c *Config) Marshal() ([]byte, error) { return yaml.Marshal(c) }
+
+// MarshalYAML writes sizes as plain byte counts.
+func (b ByteSize) MarshalYAML() (any, error) { return int64(b), nil }
+
+// Node returns the named node's entry.
+func (c *Config) Node(name string) (NodeConfig, bool) {
+	for _, n := range c.Nodes {
+		if n.Name == name {
+			return n, true
+		}
+	}
+	return NodeConfig{}, false
+}
+
+// Validate reports every problem in the file at once; each message names the
+// field and says what is wrong.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	if len(c.Nodes) == 0 {
+		bad("nodes", "missing: list at least one node with name, control, replication and nbd")
+	}
+	names := map[string]bool{}
+	addrs := map[string]string{}
+	for i, n := range c.Nodes {
+		f := fmt.Sprintf("nodes[%d]", i)
+		if n.Name == "" {
+			bad(f+".name", "missing")
+		} else if !validName(n.Name) {
+			bad(f+".name", "%q: use letters, digits, '-' and '_' only", n.Name)
+		} else if names[n.Name] {
+			bad(f+".name", "%q is used by two nodes", n.Name)
+		}
+		names[n.Name] = true
+		for _, a := range []struct{ field, value string }{
+			{"control", n.Control}, {"replication", n.Replication}, {"nbd", n.NBD},
+		} {
+			ff := f + "." + a.field
+			if a.value == "" {
+				bad(ff, "missing: give HOST:PORT")
+				continue
+			}
+			host, port, err := net.SplitHostPort(a.value)
+			if err != nil {
+				bad(ff, "%q is not HOST:PORT", a.value)
+				continue
+			}
+			if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+				bad(ff, "%q: port must be 0-65535", a.value)
+				continue
+			}
+			if port != "0" {
+				key := host + ":" + port
+				if other, dup := addrs[key]; dup {
+					bad(ff, "%q is also used by %s", a.value, other)
+				}
+				addrs[key] = ff
+			}
+		}
+	}
+	if len(c.Volumes) == 0 {
+		bad("volumes", "missing: list at least one volume")
+	}
+	vols := map[string]bool{}
+	for i, v := range c.Volumes {
+		f := fmt.Sprintf("volumes[%d]", i)
+		if v.Name == "" {
+			bad(f+".name", "missing")
+		} else if !validName(v.Name) {
+			bad(f+".name", "%q: use letters, digits, '-' and '_' only", v.Name)
+		} else if vols[v.Name] {
+			bad(f+".name", "%q is used by two volumes", v.Name)
+		}
+		vols[v.Name] = true
+		if v.Size <= 0 {
+			bad(f+".size", "missing: give the volume size, e.g. 1GiB")
+		} else if v.Size%4096 != 0 {
+			bad(f+".size", "%d is not a multiple of 4096", v.Size)
+		}
+		switch v.Protocol {
+		case "C", "":
+		case "A", "B":
+			bad(f+".protocol", "%q is not supported yet; use C", v.Protocol)
+		default:
+			bad(f+".protocol", "%q: want A, B or C", v.Protocol)
+		}
+		if v.Primary == "" {
+			bad(f+".primary", "missing: name the node that is primary when the volume is created")
+		} else if !names[v.Primary] {
+			bad(f+".primary", "%q is not a node in nodes", v.Primary)
+		}
+		if len(v.Disks) == 0 {
+			bad(f+".disks", "missing: map each node name to its backing file or device")
+		}
+		keys := make([]string, 0, len(v.Disks))
+		for k := range v.Disks {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			if !names[k] {
+				bad(f+".disks."+k, "%q is not a node in nodes", k)
+			} else if v.Disks[k] == "" {
+				bad(f+".disks."+k, "missing: give a file or device path")
+			}
+		}
+		if v.Primary != "" && names[v.Primary] && v.Disks[v.Primary] == "" {
+			bad(f+".disks", "the primary %q has no disk", v.Primary)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Protocol returns the volume's replication protocol, C when unset.
+func (v VolumeConfig) ProtocolOrDefault() string {
+	if v.Protocol == "" {
+		return "C"
+	}
+	return v.Protocol
+}
+
+func validName(s string) bool {
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+			return false
+		}
+	}
+	return s != ""
+}

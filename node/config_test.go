@@ -1,0 +1,96 @@
+package node
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const goodConfig = `
+nodes:
+  - {name: alpha, control: "127.0.0.1:7800", replication: "127.0.0.1:7801", nbd: "127.0.0.1:7802"}
+  - {name: beta, control: "127.0.0.1:7803", replication: "127.0.0.1:7804", nbd: "127.0.0.1:7805"}
+volumes:
+  - name: vol0
+    size: 1GiB
+    protocol: C
+    primary: alpha
+    disks: {alpha: /dev/sdb, beta: /dev/sdc}
+`
+
+func TestLoadConfig(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(path, []byte(goodConfig), 0o644)
+	c, err := LoadConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Volumes[0].Size != 1<<30 || c.Volumes[0].Disks["beta"] != "/dev/sdc" {
+		t.Fatalf("parsed %+v", c.Volumes[0])
+	}
+}
+
+func TestConfigErrorsNameTheField(t *testing.T) {
+	cases := []struct {
+		name, from, to, want string
+	}{
+		{"missing nbd address", `, nbd: "127.0.0.1:7805"}`, `}`, "nodes[1].nbd: missing"},
+		{"missing volume size", "    size: 1GiB\n", "", "volumes[0].size: missing"},
+		{"size not a multiple of 4096", "size: 1GiB", "size: 1000", "volumes[0].size: 1000 is not a multiple of 4096"},
+		{"bad size text", "size: 1GiB", "size: lots", "want a number of bytes"},
+		{"unknown protocol", "protocol: C", "protocol: Z", `volumes[0].protocol: "Z"`},
+		{"primary not a node", "primary: alpha", "primary: gamma", `volumes[0].primary: "gamma" is not a node`},
+		{"disk of an unknown node", "beta: /dev/sdc", "delta: /dev/sdc", `volumes[0].disks.delta: "delta" is not a node`},
+		{"duplicate address", `"127.0.0.1:7803"`, `"127.0.0.1:7800"`, `nodes[1].control: "127.0.0.1:7800" is also used by nodes[0].control`},
+		{"not host:port", `"127.0.0.1:7804"`, `"nowhere"`, `nodes[1].replication: "nowhere" is not HOST:PORT`},
+		{"unknown field", "protocol: C", "protocol: C\n    colour: blue", "field colour not found"},
+		{"no nodes", goodConfig[:strings.Index(goodConfig, "volumes:")], "nodes: []\n", "nodes: missing"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			text := strings.Replace(goodConfig, c.from, c.to, 1)
+			if text == goodConfig {
+				t.Fatalf("case does not change the config")
+			}
+			path := filepath.Join(t.TempDir(), "c.yaml")
+			os.WriteFile(path, []byte(text), 0o644)
+			_, err := LoadConfig(path)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v, want it to say %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]int64{"4096": 4096, "64MiB": 64 << 20, "1GiB": 1 << 30, "2G": 2 << 30, "1TiB": 1 << 40} {
+		if got, err := ParseSize(in); err != nil || got != want {
+			t.Errorf("ParseSize(%q) = %d, %v", in, got, err)
+		}
+	}
+	for _, bad := range []string{"", "-1", "1.5GiB", "GiB", "99999999999TiB"} {
+		if _, err := ParseSize(bad); err == nil {
+			t.Errorf("ParseSize(%q) accepted", bad)
+		}
+	}
+}
+
+func FuzzLoadConfig(f *testing.F) {
+	f.Add(goodConfig)
+	f.Add("nodes: [{name: a}]\n")
+	f.Fuzz(func(t *testing.T, text string) {
+		path := filepath.Join(t.TempDir(), "c.yaml")
+		os.WriteFile(path, []byte(text), 0o644)
+		c, err := LoadConfig(path)
+		if err == nil && c.Validate() != nil {
+			t.Fatal("LoadConfig returned an invalid config")
+		}
+	})
+}
+
+func TestExampleConfigIsValid(t *testing.T) {
+	if _, err := LoadConfig("../deploy/cluster.example.yaml"); err != nil {
+		t.Fatal(err)
+	}
+}

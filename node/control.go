@@ -1,0 +1,338 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/replvol/replvol/replication"
+	"github.com/replvol/replvol/transport"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// control implements the control API of a node.
+type control struct {
+	n *Node
+}
+
+var _ transport.ControlServer = (*control)(nil)
+
+// peerAPI returns the control API of a node: this one directly, others over
+// gRPC.
+func (n *Node) peerAPI(name string) (transport.ControlServer, error) {
+	if name == n.name {
+		return &control{n: n}, nil
+	}
+	return n.client(name)
+}
+
+// grpcError gives err a status code the CLI can act on.
+func grpcError(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	switch {
+	case errors.Is(err, errNotFound):
+		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	default:
+		return status.Error(codes.FailedPrecondition, err.Error())
+	}
+}
+
+func (c *control) NodeStatus(ctx context.Context, r *transport.StatusRequest) (*transport.NodeStatus, error) {
+	return c.n.nodeStatus(r.Events), nil
+}
+
+func (c *control) ClusterStatus(ctx context.Context, r *transport.StatusRequest) (*transport.ClusterStatus, error) {
+	st, err := c.n.clusterStatus(ctx, r.Events)
+	return st, grpcError(err)
+}
+
+func (n *Node) nodeInfo(nc NodeConfig) transport.NodeInfo {
+	info := transport.NodeInfo{Name: nc.Name, Control: nc.Control, Replication: nc.Replication, NBD: nc.NBD}
+	if nc.Name == n.name && n.lnControl != nil {
+		info.Control, info.Replication, info.NBD = n.lnControl.Addr().String(), n.lnRepl.Addr().String(), n.lnNBD.Addr().String()
+	}
+	return info
+}
+
+func (n *Node) nodeStatus(events int) *transport.NodeStatus {
+	ns := &transport.NodeStatus{Node: n.nodeInfo(n.self)}
+	ns.Node.Alive = true
+	names := make([]string, 0, len(n.vols))
+	for name := range n.vols {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		ns.Volumes = append(ns.Volumes, n.vols[name].status())
+	}
+	if events > 0 {
+		evs, err := n.store.Events(events)
+		if err == nil {
+			for _, e := range evs {
+				ns.Events = append(ns.Events, transport.Event{Time: e.Time, Node: n.name, Volume: e.Volume, Kind: e.Kind, Message: e.Message})
+			}
+		}
+	}
+	return ns
+}
+
+// clusterStatus asks every node for its view and puts the views together.
+func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.ClusterStatus, error) {
+	views := make([]*transport.NodeStatus, len(n.cfg.Nodes))
+	errs := make([]error, len(n.cfg.Nodes))
+	var wg sync.WaitGroup
+	for i, nc := range n.cfg.Nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if nc.Name == n.name {
+				views[i] = n.nodeStatus(events)
+				return
+			}
+			api, err := n.peerAPI(nc.Name)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			views[i], errs[i] = api.NodeStatus(cctx, &transport.StatusRequest{Events: events})
+		}()
+	}
+	wg.Wait()
+
+	cs := &transport.ClusterStatus{From: n.name}
+	byNode := map[string]map[string]transport.LocalVolume{}
+	for i, nc := range n.cfg.Nodes {
+		info := n.nodeInfo(nc)
+		if views[i] != nil {
+			info.Alive = true
+			byNode[nc.Name] = map[string]transport.LocalVolume{}
+			for _, lv := range views[i].Volumes {
+				byNode[nc.Name][lv.Name] = lv
+			}
+		} else if errs[i] != nil {
+			info.Error = status.Convert(errs[i]).Message()
+		}
+		cs.Nodes = append(cs.Nodes, info)
+	}
+	for _, vc := range n.cfg.Volumes {
+		vs := transport.VolumeStatus{Name: vc.Name, Size: int64(vc.Size), Protocol: vc.ProtocolOrDefault()}
+		// The primary is the reachable node that says so at the highest
+		// epoch; failing that, the one the others last agreed to.
+		var primaryView *transport.LocalVolume
+		for node, vols := range byNode {
+			lv, ok := vols[vc.Name]
+			if !ok {
+				continue
+			}
+			if lv.Role == string(replication.Primary) && (primaryView == nil || lv.Epoch > primaryView.Epoch) {
+				lv := lv
+				primaryView = &lv
+				vs.Primary, vs.Epoch = node, lv.Epoch
+			}
+		}
+		if primaryView == nil {
+			for _, vols := range byNode {
+				if lv, ok := vols[vc.Name]; ok && lv.Epoch >= vs.Epoch {
+					vs.Primary, vs.Epoch = lv.Primary, lv.Epoch
+				}
+			}
+		} else {
+			vs.NBDURI = n.nbdURIFromStatus(cs.Nodes, vs.Primary, vc.Name)
+		}
+		nodes := make([]string, 0, len(vc.Disks))
+		for node := range vc.Disks {
+			nodes = append(nodes, node)
+		}
+		sort.Strings(nodes)
+		for _, node := range nodes {
+			rs := transport.ReplicaStatus{Node: node}
+			var pv *transport.PeerStatus
+			if primaryView != nil {
+				for i := range primaryView.Peers {
+					if primaryView.Peers[i].Node == node {
+						pv = &primaryView.Peers[i]
+					}
+				}
+			}
+			if lv, ok := byNode[node][vc.Name]; ok {
+				rs.Reachable = true
+				rs.Role, rs.Disk, rs.Replication = lv.Role, lv.Disk, lv.Replication
+				rs.ResyncedBytes, rs.Generation, rs.Reason = lv.ResyncedBytes, lv.Generation, lv.Reason
+			} else {
+				rs.Role, rs.Disk, rs.Replication = "Unknown", "DUnknown", "Unknown"
+				if pv != nil {
+					rs.Disk = pv.PeerDisk
+				}
+			}
+			if pv != nil {
+				rs.OutOfSyncBytes = pv.OutOfSyncBytes
+				rs.ResyncDoneBytes, rs.ResyncTotalBytes = pv.ResyncDoneBytes, pv.ResyncTotalBytes
+				if rs.Reason == "" {
+					rs.Reason = pv.Reason
+				}
+			}
+			switch {
+			case rs.ResyncTotalBytes > 0:
+				rs.SyncProgress = 100 * float64(rs.ResyncDoneBytes) / float64(rs.ResyncTotalBytes)
+			case rs.Disk == string(replication.UpToDate):
+				rs.SyncProgress = 100
+			case vs.Size > 0:
+				rs.SyncProgress = 100 * (1 - float64(rs.OutOfSyncBytes)/float64(vs.Size))
+			}
+			vs.Replicas = append(vs.Replicas, rs)
+		}
+		cs.Volumes = append(cs.Volumes, vs)
+	}
+	return cs, nil
+}
+
+func (n *Node) nbdURIFromStatus(nodes []transport.NodeInfo, node, volume string) string {
+	for _, ni := range nodes {
+		if ni.Name == node {
+			return fmt.Sprintf("nbd://%s/%s", ni.NBD, volume)
+		}
+	}
+	return ""
+}
+
+// Primary moves a volume's primary role to another node: the old primary
+// stops IO, flushes and checks the target holds everything; then the
+// target is promoted at the next epoch. If promotion fails, the old
+// primary takes the role back.
+func (c *control) Primary(ctx context.Context, r *transport.PrimaryRequest) (*transport.PrimaryReply, error) {
+	n := c.n
+	var vc *VolumeConfig
+	for i := range n.cfg.Volumes {
+		if n.cfg.Volumes[i].Name == r.Volume {
+			vc = &n.cfg.Volumes[i]
+		}
+	}
+	if vc == nil {
+		return nil, status.Errorf(codes.NotFound, "no volume %q in the cluster", r.Volume)
+	}
+	if _, ok := vc.Disks[r.Node]; !ok {
+		return nil, status.Errorf(codes.InvalidArgument, "node %q holds no disk of %s; choose one of the nodes in volumes[].disks", r.Node, r.Volume)
+	}
+	cs, err := n.clusterStatus(ctx, 0)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	var vs transport.VolumeStatus
+	for _, v := range cs.Volumes {
+		if v.Name == r.Volume {
+			vs = v
+		}
+	}
+	if vs.NBDURI == "" {
+		return nil, status.Errorf(codes.FailedPrecondition, "%s has no reachable primary (last known: %q); a switchover needs the old primary to hand over", r.Volume, vs.Primary)
+	}
+	if vs.Primary == r.Node {
+		return &transport.PrimaryReply{Volume: r.Volume, Primary: r.Node, Epoch: vs.Epoch, NBDURI: vs.NBDURI}, nil
+	}
+	for _, rs := range vs.Replicas {
+		if rs.Node == r.Node && !rs.Reachable {
+			return nil, status.Errorf(codes.FailedPrecondition, "node %s is unreachable; %s stays on %s", r.Node, r.Volume, vs.Primary)
+		}
+	}
+	timeout := r.Timeout
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	oldAPI, err := n.peerAPI(vs.Primary)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	newAPI, err := n.peerAPI(r.Node)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	dctx, cancel := context.WithTimeout(ctx, timeout+10*time.Second)
+	defer cancel()
+	d, err := oldAPI.Demote(dctx, &transport.DemoteRequest{Volume: r.Volume, To: r.Node, Timeout: timeout})
+	if err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "switchover aborted, %s stays primary: %s", vs.Primary, status.Convert(err).Message())
+	}
+	p, err := newAPI.Promote(dctx, &transport.PromoteRequest{Volume: r.Volume, Epoch: d.Epoch + 1, Generation: d.Generation})
+	if err != nil {
+		msg := status.Convert(err).Message()
+		if _, rerr := oldAPI.Promote(dctx, &transport.PromoteRequest{Volume: r.Volume, Epoch: d.Epoch + 1, Generation: d.Generation}); rerr != nil {
+			return nil, status.Errorf(codes.Internal, "promotion of %s failed (%s) and %s could not take the role back (%s): no node is primary; run replctl primary again", r.Node, msg, vs.Primary, status.Convert(rerr).Message())
+		}
+		return nil, status.Errorf(codes.FailedPrecondition, "promotion of %s failed (%s); %s is primary again", r.Node, msg, vs.Primary)
+	}
+	return &transport.PrimaryReply{Volume: r.Volume, Primary: r.Node, Epoch: d.Epoch + 1, NBDURI: p.NBDURI}, nil
+}
+
+func (c *control) Demote(ctx context.Context, r *transport.DemoteRequest) (*transport.DemoteReply, error) {
+	v, err := c.n.volume(r.Volume)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	epoch, gen, err := v.demote(ctx, r.To, r.Timeout)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	g, _ := gen.MarshalText()
+	return &transport.DemoteReply{Epoch: epoch, Generation: string(g)}, nil
+}
+
+func (c *control) Promote(ctx context.Context, r *transport.PromoteRequest) (*transport.PromoteReply, error) {
+	v, err := c.n.volume(r.Volume)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	var gen replication.Generation
+	if err := gen.UnmarshalText([]byte(r.Generation)); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "generation: %v", err)
+	}
+	if err := v.promote(r.Epoch, gen); err != nil {
+		return nil, grpcError(err)
+	}
+	return &transport.PromoteReply{NBDURI: c.n.nbdURI(c.n.name, r.Volume)}, nil
+}
+
+func (c *control) Connect(ctx context.Context, r *transport.ConnectRequest) (*transport.ConnectReply, error) {
+	return c.setConnected(ctx, r, true)
+}
+
+func (c *control) Disconnect(ctx context.Context, r *transport.ConnectRequest) (*transport.ConnectReply, error) {
+	return c.setConnected(ctx, r, false)
+}
+
+func (c *control) setConnected(ctx context.Context, r *transport.ConnectRequest, up bool) (*transport.ConnectReply, error) {
+	n := c.n
+	target := r.Node
+	if target == "" {
+		target = n.name
+	}
+	if target != n.name {
+		api, err := n.peerAPI(target)
+		if err != nil {
+			return nil, status.Error(codes.NotFound, err.Error())
+		}
+		fwd := &transport.ConnectRequest{Volume: r.Volume, Node: target}
+		if up {
+			return api.Connect(ctx, fwd)
+		}
+		return api.Disconnect(ctx, fwd)
+	}
+	v, err := n.volume(r.Volume)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	v.setAdminDown(!up)
+	return &transport.ConnectReply{Node: n.name, Replication: v.status().Replication}, nil
+}

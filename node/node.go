@@ -1,0 +1,342 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/replication"
+	"github.com/replvol/replvol/transport"
+	"github.com/replvol/replvol/transport/nbd"
+	"github.com/replvol/replvol/web"
+	"google.golang.org/grpc"
+)
+
+// Options are the parts of a node that do not come from the config file.
+type Options struct {
+	// StateDir overrides the node's state directory.
+	StateDir string
+	// Logger receives the node's log; nil discards it.
+	Logger *slog.Logger
+	// Listeners, when set, are used instead of listening on the configured
+	// addresses (the demo opens them first to learn free ports).
+	Control, Replication, NBD net.Listener
+	// OpenDisk opens a volume's backing disk; nil means OpenDisk. Tests
+	// put fault-injecting disks here.
+	OpenDisk func(path string, size int64) (Disk, error)
+}
+
+// Node is one running replvol node.
+type Node struct {
+	cfg  *Config
+	name string
+	self NodeConfig
+	log  *slog.Logger
+
+	store *metadata.Store
+	vols  map[string]*Volume
+
+	nbd      *nbd.Server
+	repl     *transport.ReplServer
+	ctlGRPC  *grpc.Server
+	http     *http.Server
+	registry *prometheus.Registry
+
+	lnControl, lnRepl, lnNBD net.Listener
+
+	mu      sync.Mutex
+	clients map[string]*transport.ControlClient
+	wg      sync.WaitGroup
+	closed  bool
+}
+
+// New opens the node's state and disks. Nothing listens until Start.
+func New(cfg *Config, name string, opts Options) (*Node, error) {
+	self, ok := cfg.Node(name)
+	if !ok {
+		var names []string
+		for _, n := range cfg.Nodes {
+			names = append(names, n.Name)
+		}
+		return nil, fmt.Errorf("node %q is not in the config (nodes: %s)", name, strings.Join(names, ", "))
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	n := &Node{
+		cfg: cfg, name: name, self: self, log: log.With("node", name),
+		vols: map[string]*Volume{}, clients: map[string]*transport.ControlClient{},
+		lnControl: opts.Control, lnRepl: opts.Replication, lnNBD: opts.NBD,
+	}
+	dir := opts.StateDir
+	if dir == "" {
+		dir = self.StateDir
+	}
+	if dir == "" {
+		return nil, fmt.Errorf("node %s: no state directory: set nodes[].state_dir in the config or pass --state-dir", name)
+	}
+	st, err := metadata.Open(filepath.Join(dir, "state.db"))
+	if err != nil {
+		return nil, err
+	}
+	n.store = st
+	for _, vc := range cfg.Volumes {
+		path, ok := vc.Disks[name]
+		if !ok {
+			continue
+		}
+		open := opts.OpenDisk
+		if open == nil {
+			open = OpenDisk
+		}
+		disk, err := open(path, int64(vc.Size))
+		if err != nil {
+			n.closeVolumes()
+			st.Close()
+			return nil, fmt.Errorf("volume %s: %w", vc.Name, err)
+		}
+		v, err := newVolume(n, vc, disk)
+		if err != nil {
+			disk.Close()
+			n.closeVolumes()
+			st.Close()
+			return nil, err
+		}
+		n.vols[vc.Name] = v
+	}
+	return n, nil
+}
+
+func (n *Node) closeVolumes() {
+	for _, v := range n.vols {
+		v.disk.Close()
+	}
+}
+
+// Name is the node's name.
+func (n *Node) Name() string { return n.name }
+
+// Start listens on the node's addresses and starts its volumes.
+func (n *Node) Start() error {
+	var err error
+	listen := func(ln *net.Listener, addr, what string) {
+		if err != nil || *ln != nil {
+			return
+		}
+		*ln, err = net.Listen("tcp", addr)
+		if err != nil {
+			err = fmt.Errorf("node %s: listen for %s on %s: %w", n.name, what, addr, err)
+		}
+	}
+	listen(&n.lnControl, n.self.Control, "control")
+	listen(&n.lnRepl, n.self.Replication, "replication")
+	listen(&n.lnNBD, n.self.NBD, "nbd")
+	if err != nil {
+		n.closeListeners()
+		return err
+	}
+
+	n.registry = prometheus.NewRegistry()
+	n.registry.MustRegister(newCollector(n))
+	n.nbd = nbd.NewServer(nbd.Config{Resolver: (*resolver)(n), Logger: n.log.With("part", "nbd")})
+	n.repl = transport.NewReplServer(n.handleStream)
+	n.ctlGRPC = transport.NewControlGRPC(&control{n: n})
+	mux := web.NewMux(web.Source{
+		Status:   func(ctx context.Context) (*transport.ClusterStatus, error) { return n.clusterStatus(ctx, 20) },
+		Registry: n.registry,
+	})
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
+	n.http = &http.Server{
+		Protocols: &protocols,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
+				n.ctlGRPC.ServeHTTP(w, r)
+				return
+			}
+			mux.ServeHTTP(w, r)
+		}),
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+
+	for _, v := range n.vols {
+		v.start()
+	}
+	n.serve(func() error { return n.nbd.Serve(n.lnNBD) })
+	n.serve(func() error { return n.repl.Serve(n.lnRepl) })
+	n.serve(func() error {
+		if err := n.http.Serve(n.lnControl); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	n.log.Info("node started", "control", n.ControlAddr(), "replication", n.lnRepl.Addr(), "nbd", n.lnNBD.Addr())
+	n.event("", "started", fmt.Sprintf("node %s started", n.name))
+	return nil
+}
+
+func (n *Node) serve(f func() error) {
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		if err := f(); err != nil {
+			n.log.Error("server stopped", "err", err)
+		}
+	}()
+}
+
+func (n *Node) closeListeners() {
+	for _, l := range []net.Listener{n.lnControl, n.lnRepl, n.lnNBD} {
+		if l != nil {
+			l.Close()
+		}
+	}
+}
+
+// ControlAddr is the address the control API listens on.
+func (n *Node) ControlAddr() string { return n.lnControl.Addr().String() }
+
+// NBDAddr is the address the NBD server listens on.
+func (n *Node) NBDAddr() string { return n.lnNBD.Addr().String() }
+
+// Close stops the node cleanly: NBD requests in flight are answered, the
+// volumes are flushed, and their state is marked clean.
+func (n *Node) Close() error {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return nil
+	}
+	n.closed = true
+	n.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if n.nbd != nil {
+		n.nbd.Shutdown(ctx)
+	}
+	for _, v := range n.vols {
+		v.shutdown()
+	}
+	if n.repl != nil {
+		n.repl.Stop()
+	}
+	if n.http != nil {
+		n.ctlGRPC.Stop()
+		n.http.Shutdown(ctx)
+	}
+	n.closeListeners()
+	n.wg.Wait()
+	n.mu.Lock()
+	for _, c := range n.clients {
+		c.Close()
+	}
+	n.mu.Unlock()
+	n.event("", "stopped", fmt.Sprintf("node %s stopped cleanly", n.name))
+	return n.store.Close()
+}
+
+// event records one line of history; failures only reach the log.
+func (n *Node) event(volume, kind, msg string) {
+	if err := n.store.AddEvent(metadata.Event{Volume: volume, Kind: kind, Message: msg}); err != nil {
+		n.log.Warn("record event", "err", err)
+	}
+}
+
+// client returns a control client for another node.
+func (n *Node) client(name string) (*transport.ControlClient, error) {
+	nc, ok := n.cfg.Node(name)
+	if !ok {
+		return nil, fmt.Errorf("no node %q in the config", name)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if c, ok := n.clients[name]; ok {
+		return c, nil
+	}
+	c, err := transport.DialControl(nc.Control)
+	if err != nil {
+		return nil, err
+	}
+	n.clients[name] = c
+	return c, nil
+}
+
+// volume returns the named volume held by this node.
+func (n *Node) volume(name string) (*Volume, error) {
+	v, ok := n.vols[name]
+	if !ok {
+		var names []string
+		for k := range n.vols {
+			names = append(names, k)
+		}
+		sort.Strings(names)
+		return nil, fmt.Errorf("%w: node %s holds no volume %q (it holds: %s)", errNotFound, n.name, name, strings.Join(names, ", "))
+	}
+	return v, nil
+}
+
+var errNotFound = errors.New("not found")
+
+// nbdURI is the export URI of a volume on a node.
+func (n *Node) nbdURI(node, volume string) string {
+	nc, ok := n.cfg.Node(node)
+	if !ok {
+		return ""
+	}
+	addr := nc.NBD
+	if node == n.name && n.lnNBD != nil {
+		addr = n.lnNBD.Addr().String()
+	}
+	return fmt.Sprintf("nbd://%s/%s", addr, volume)
+}
+
+// resolver exposes the volumes this node is primary for over NBD.
+type resolver Node
+
+func (r *resolver) Lookup(name string) (nbd.Export, error) {
+	n := (*Node)(r)
+	v, err := n.volume(name)
+	if err != nil {
+		return nil, err
+	}
+	v.mu.Lock()
+	role, open, primary := v.role, v.ioOpen, v.primary
+	v.mu.Unlock()
+	if role == replication.Primary && open {
+		return v, nil
+	}
+	if role == replication.Primary {
+		return nil, fmt.Errorf("%s: node %s is Primary but not serving IO right now (switchover or shutdown in progress); try again", name, n.name)
+	}
+	if primary == "" || primary == n.name {
+		return nil, fmt.Errorf("%s: node %s is Secondary and no primary is known; see replctl status", name, n.name)
+	}
+	return nil, fmt.Errorf("%s: node %s is Secondary; the primary is %s at %s", name, n.name, primary, n.nbdURI(primary, name))
+}
+
+func (r *resolver) List() []string {
+	n := (*Node)(r)
+	var out []string
+	for name, v := range n.vols {
+		v.mu.Lock()
+		if v.role == replication.Primary && v.ioOpen {
+			out = append(out, name)
+		}
+		v.mu.Unlock()
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,572 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/replvol/replvol/replication"
+	"github.com/replvol/replvol/transport"
+)
+
+const (
+	// maxBatchBytes bounds one replication frame: small writes are batched
+	// up to this size (the per-message cost of gRPC is what batching saves).
+	maxBatchBytes = 1 << 20
+	// maxBatchEntries bounds the entries of one frame.
+	maxBatchEntries = 1024
+	// resyncRunBlocks is the largest resync read (1 MiB).
+	resyncRunBlocks = 256
+	// resyncWindow is how many resync runs may await their ack.
+	resyncWindow = 16
+	// helloTimeout bounds the handshake of a new stream.
+	helloTimeout = 5 * time.Second
+)
+
+// pending is one entry on its way to a peer.
+type pending struct {
+	e     replication.Entry
+	done  chan struct{}
+	onAck func() // runs when the peer acknowledged the entry
+	// release frees the entry's data buffer once it is encoded.
+	release func()
+}
+
+func (pd *pending) complete(acked bool) {
+	if acked && pd.onAck != nil {
+		pd.onAck()
+	}
+	if pd.release != nil {
+		pd.release()
+		pd.release = nil
+	}
+	close(pd.done)
+}
+
+// peer is the primary's side of replication to one secondary: one loop that
+// connects, decides what to resync, streams writes and resync data, and
+// marks the bitmap whenever the peer cannot be reached.
+type peer struct {
+	v    *Volume
+	name string
+	addr string
+	bm   *replication.Bitmap
+
+	// bitmapGen is the generation bm starts from; guarded by v.genMu.
+	bitmapGen  replication.Generation
+	haveBitmap atomic.Bool
+
+	mu        sync.Mutex
+	streaming bool
+	state     replication.ReplState
+	peerDisk  string
+	reason    string
+	rule      string
+	queue     []*pending
+	inflight  []*pending
+	nextSeq   uint64
+	wake      chan struct{}
+
+	resyncTotal atomic.Int64
+	resyncDone  atomic.Int64
+	resyncSent  atomic.Int64
+
+	client *transport.ReplClient
+	wg     sync.WaitGroup
+}
+
+func newPeer(v *Volume, name string) *peer {
+	nc, _ := v.node.cfg.Node(name)
+	return &peer{
+		v: v, name: name, addr: nc.Replication,
+		bm:       replication.NewBitmap(v.size),
+		state:    replication.StandAlone,
+		peerDisk: "DUnknown",
+		wake:     make(chan struct{}, 1),
+	}
+}
+
+func (p *peer) start(ctx context.Context) {
+	p.mu.Lock()
+	p.state, p.reason = replication.Connecting, ""
+	p.mu.Unlock()
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		p.run(ctx)
+	}()
+}
+
+func (p *peer) wait() { p.wg.Wait() }
+
+func (p *peer) run(ctx context.Context) {
+	delay := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		began := time.Now()
+		err := p.session(ctx)
+		p.mu.Lock()
+		if ctx.Err() != nil {
+			p.state = replication.StandAlone
+		} else {
+			p.state = replication.Connecting
+			if err != nil {
+				p.reason = err.Error()
+			}
+		}
+		p.mu.Unlock()
+		if err != nil && ctx.Err() == nil {
+			p.v.log.Debug("replication session ended", "peer", p.name, "err", err)
+		}
+		if time.Since(began) > 5*time.Second {
+			delay = 100 * time.Millisecond
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 2*time.Second)
+	}
+	if p.client != nil {
+		p.client.Close()
+		p.client = nil
+	}
+}
+
+// errRejected marks a stream the secondary refused.
+var errRejected = errors.New("peer refused the connection")
+
+// session runs one replication stream until it fails or ctx ends.
+func (p *peer) session(ctx context.Context) error {
+	if p.client == nil {
+		c, err := transport.DialRepl(p.addr)
+		if err != nil {
+			return err
+		}
+		p.client = c
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s, err := p.client.Open(sctx)
+	if err != nil {
+		return fmt.Errorf("connect to %s at %s: %w", p.name, p.addr, err)
+	}
+	defer s.Close()
+
+	v := p.v
+	v.mu.Lock()
+	hello := replication.Hello{Volume: v.name, From: v.self, To: p.name, Epoch: v.epoch, Size: v.size, Generation: v.gen}
+	v.mu.Unlock()
+	if err := sendJSON(s, replication.FrameHello, hello); err != nil {
+		return fmt.Errorf("connect to %s at %s: %w", p.name, p.addr, err)
+	}
+	timer := time.AfterFunc(helloTimeout, cancel)
+	var reply replication.HelloReply
+	err = recvJSON(s, replication.FrameHelloReply, &reply)
+	timer.Stop()
+	if err != nil {
+		return fmt.Errorf("handshake with %s at %s: %w", p.name, p.addr, err)
+	}
+	if !reply.Accepted {
+		return fmt.Errorf("%w: %s", errRejected, reply.Reason)
+	}
+
+	// Decide, and switch new writes from the bitmap to the stream, in one
+	// step: a write is either marked before it or queued after it.
+	v.genMu.Lock()
+	cur := v.currentGeneration()
+	d := replication.DecideSync(replication.SyncInput{
+		Current: cur, Bitmap: p.bitmapGen, HaveBitmap: p.haveBitmap.Load(), Peer: reply.Generation,
+	})
+	if d.Kind == replication.NoSync && p.bm.Count() > 0 {
+		d = replication.SyncDecision{Kind: replication.BitmapSync, Rule: d.Rule + ", but blocks are marked"}
+	}
+	if d.Kind == replication.FullSync {
+		p.bm.SetAll()
+	}
+	p.mu.Lock()
+	p.streaming, p.rule, p.reason = true, d.Rule, ""
+	p.queue, p.inflight = p.queue[:0], p.inflight[:0]
+	syncing := d.Kind != replication.NoSync
+	if syncing {
+		p.state, p.peerDisk = replication.SyncSource, string(replication.Inconsistent)
+		p.enqueueLocked(&pending{e: replication.Entry{Op: replication.OpSyncStart, Data: cur[:]}, done: make(chan struct{})})
+	} else {
+		p.state = replication.Connected
+		p.enqueueLocked(p.syncDoneLocked(cur))
+	}
+	p.mu.Unlock()
+	v.genMu.Unlock()
+	v.log.Info("peer connected", "peer", p.name, "decision", d.Kind, "rule", d.Rule, "out_of_sync", p.bm.Bytes())
+	v.node.event(v.name, "connected", fmt.Sprintf("%s connected: %s (%s), %d bytes out of sync", p.name, d.Kind, d.Rule, p.bm.Bytes()))
+
+	var wg sync.WaitGroup
+	errc := make(chan error, 3)
+	wg.Add(2)
+	go func() { defer wg.Done(); errc <- p.sender(sctx, s) }()
+	go func() { defer wg.Done(); errc <- p.receiver(s) }()
+	if syncing {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := p.resync(sctx); err != nil {
+				errc <- err
+			}
+		}()
+	}
+	err = <-errc
+	cancel()
+	s.Close()
+	wg.Wait()
+	p.fail()
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// syncDoneLocked builds the entry that makes the peer UpToDate at gen.
+func (p *peer) syncDoneLocked(gen replication.Generation) *pending {
+	return &pending{
+		e:    replication.Entry{Op: replication.OpSyncDone, Data: gen[:]},
+		done: make(chan struct{}),
+		onAck: func() {
+			p.v.genMu.Lock()
+			defer p.v.genMu.Unlock()
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if !p.streaming {
+				return
+			}
+			if p.v.currentGeneration() == gen && p.bm.Count() == 0 {
+				p.haveBitmap.Store(false)
+				p.state, p.peerDisk = replication.Connected, string(replication.UpToDate)
+			}
+		},
+	}
+}
+
+// announceGeneration tells an in-sync peer the primary's new generation.
+// Called with v.genMu held.
+func (p *peer) announceGeneration(gen replication.Generation) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.streaming && p.state == replication.Connected {
+		p.enqueueLocked(p.syncDoneLocked(gen))
+	}
+}
+
+func (p *peer) enqueueLocked(pd *pending) {
+	p.queue = append(p.queue, pd)
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// submit hands one write-type entry (or a flush) to the peer. It returns a
+// pending to wait for when the entry went into the stream, or nil when the
+// peer is not connected and the blocks were marked out of sync instead.
+func (p *peer) submit(e replication.Entry) *pending {
+	for {
+		p.mu.Lock()
+		if p.streaming {
+			pd := &pending{e: e, done: make(chan struct{})}
+			p.enqueueLocked(pd)
+			p.mu.Unlock()
+			return pd
+		}
+		if p.haveBitmap.Load() {
+			markEntry(p.bm, &e)
+			p.mu.Unlock()
+			return nil
+		}
+		p.mu.Unlock()
+		p.v.ensureRotated(p)
+		if !p.haveBitmap.Load() && !p.isStreaming() {
+			// Persisting the new generation failed; the volume stops
+			// serving IO. The caller's write still completes locally.
+			p.mu.Lock()
+			markEntry(p.bm, &e)
+			p.mu.Unlock()
+			return nil
+		}
+	}
+}
+
+func (p *peer) isStreaming() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.streaming
+}
+
+func markEntry(bm *replication.Bitmap, e *replication.Entry) {
+	switch e.Op {
+	case replication.OpWrite, replication.OpZero, replication.OpTrim:
+		bm.SetRange(e.Off, e.Length)
+	}
+}
+
+// fail ends streaming: every entry not acknowledged is marked in the
+// bitmap (after the generation moved on, durably) and completed.
+func (p *peer) fail() {
+	p.mu.Lock()
+	p.streaming = false
+	p.peerDisk = "DUnknown"
+	left := append(append([]*pending(nil), p.inflight...), p.queue...)
+	p.inflight, p.queue = nil, nil
+	p.mu.Unlock()
+	needMark := false
+	for _, pd := range left {
+		switch pd.e.Op {
+		case replication.OpWrite, replication.OpZero, replication.OpTrim:
+			needMark = true
+		}
+	}
+	if needMark {
+		p.v.ensureRotated(p)
+	}
+	for _, pd := range left {
+		markEntry(p.bm, &pd.e)
+		pd.complete(false)
+	}
+}
+
+// sender batches queued entries into frames, in queue order.
+func (p *peer) sender(ctx context.Context, s *transport.ReplStream) error {
+	var batch []*pending
+	for {
+		p.mu.Lock()
+		for len(p.queue) == 0 {
+			p.mu.Unlock()
+			select {
+			case <-p.wake:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			p.mu.Lock()
+		}
+		size := replication.BatchHeaderLen
+		k := 0
+		for k < len(p.queue) && k < maxBatchEntries {
+			n := p.queue[k].e.EncodedLen()
+			if k > 0 && size+n > maxBatchBytes {
+				break
+			}
+			size += n
+			k++
+		}
+		batch = append(batch[:0], p.queue[:k]...)
+		p.queue = p.queue[k:]
+		for _, pd := range batch {
+			p.nextSeq++
+			pd.e.Seq = p.nextSeq
+			p.inflight = append(p.inflight, pd)
+		}
+		p.mu.Unlock()
+
+		f := transport.NewFrame(size)
+		b := replication.AppendBatchHeader(f.Bytes(), len(batch))
+		for _, pd := range batch {
+			b = replication.AppendEntry(b, &pd.e)
+			if pd.release != nil {
+				pd.release()
+				pd.release = nil
+			}
+		}
+		f.SetBytes(b)
+		if err := s.Send(f); err != nil {
+			return fmt.Errorf("send to %s: %w", p.name, err)
+		}
+	}
+}
+
+// receiver completes entries as the peer acknowledges them.
+func (p *peer) receiver(s *transport.ReplStream) error {
+	f := &transport.Frame{}
+	defer f.Release()
+	var done []*pending
+	for {
+		if err := s.Recv(f); err != nil {
+			return fmt.Errorf("receive from %s: %w", p.name, err)
+		}
+		ack, err := replication.DecodeAck(f.Bytes())
+		if err != nil {
+			return err
+		}
+		if ack.Status != replication.AckOK {
+			return fmt.Errorf("%s failed an entry: %s", p.name, ack.Message)
+		}
+		p.mu.Lock()
+		k := 0
+		for k < len(p.inflight) && p.inflight[k].e.Seq <= ack.Seq {
+			k++
+		}
+		done = append(done[:0], p.inflight[:k]...)
+		p.inflight = p.inflight[k:]
+		p.mu.Unlock()
+		for _, pd := range done {
+			pd.complete(true)
+		}
+	}
+}
+
+var zeroBlock = make([]byte, resyncRunBlocks*replication.BlockSize)
+
+// readBlock reads a resync run into a pooled buffer.
+func readBlock(d Disk, off, length int64) (*[]byte, error) {
+	bp := resyncBufs.Get().(*[]byte)
+	if _, err := d.ReadAt((*bp)[:length], off); err != nil {
+		resyncBufs.Put(bp)
+		return nil, fmt.Errorf("resync read at %d: %w", off, err)
+	}
+	return bp, nil
+}
+
+var resyncBufs = sync.Pool{New: func() any { b := make([]byte, resyncRunBlocks*replication.BlockSize); return &b }}
+
+// resync sends every block marked in the bitmap, then makes the peer
+// UpToDate. Application writes go on meanwhile: a resync read holds the
+// range lock until its entry is queued, so a write to the same blocks is
+// queued before the read (and overwritten by it) or after it.
+func (p *peer) resync(ctx context.Context) error {
+	v := p.v
+	window := make(chan struct{}, resyncWindow)
+	p.resyncTotal.Store(p.bm.Bytes())
+	p.resyncDone.Store(0)
+	began := time.Now()
+	cursor := int64(0)
+	drain := func() error {
+		for range resyncWindow {
+			select {
+			case window <- struct{}{}:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		for range resyncWindow {
+			<-window
+		}
+		return nil
+	}
+	for {
+		start, n, ok := p.bm.NextRun(cursor, resyncRunBlocks)
+		if !ok {
+			if err := drain(); err != nil {
+				return err
+			}
+			if p.bm.Count() == 0 {
+				break
+			}
+			cursor = 0
+			continue
+		}
+		cursor = start + n
+		select {
+		case window <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		off := start * replication.BlockSize
+		length := min(n*replication.BlockSize, v.size-off)
+		release, err := v.locks.Lock(ctx, off, length)
+		if err != nil {
+			return err
+		}
+		pd := &pending{done: make(chan struct{})}
+		if hf, ok := v.disk.(holeFinder); ok && hf.IsHole(off, length) {
+			pd.e = replication.Entry{Op: replication.OpResyncZero, Off: off, Length: length}
+		} else if bp, err := readBlock(v.disk, off, length); err != nil {
+			release()
+			return err
+		} else if buf := (*bp)[:length]; bytes.Equal(buf, zeroBlock[:length]) {
+			pd.e = replication.Entry{Op: replication.OpResyncZero, Off: off, Length: length}
+			resyncBufs.Put(bp)
+		} else {
+			pd.e = replication.Entry{Op: replication.OpResyncData, Off: off, Length: length, Data: buf}
+			pd.release = func() { resyncBufs.Put(bp) }
+		}
+		pd.onAck = func() {
+			p.bm.ClearRange(off, length)
+			p.resyncDone.Add(length)
+			<-window
+		}
+		p.mu.Lock()
+		if !p.streaming {
+			p.mu.Unlock()
+			release()
+			return errors.New("stream ended during resync")
+		}
+		p.enqueueLocked(pd)
+		p.mu.Unlock()
+		p.resyncSent.Add(length)
+		release()
+	}
+	// Everything marked is on the peer: hand it the current generation.
+	v.genMu.Lock()
+	p.mu.Lock()
+	if !p.streaming {
+		p.mu.Unlock()
+		v.genMu.Unlock()
+		return errors.New("stream ended during resync")
+	}
+	pd := p.syncDoneLocked(v.currentGeneration())
+	p.enqueueLocked(pd)
+	p.mu.Unlock()
+	v.genMu.Unlock()
+	select {
+	case <-pd.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	total := p.resyncTotal.Load()
+	secs := time.Since(began).Seconds()
+	v.log.Info("resync finished", "peer", p.name, "bytes", total, "seconds", secs)
+	v.node.event(v.name, "resync-done", fmt.Sprintf("resync to %s finished: %d bytes in %.1fs", p.name, total, secs))
+	return nil
+}
+
+func (p *peer) status() transport.PeerStatus {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ps := transport.PeerStatus{
+		Node: p.name, Replication: string(p.state), PeerDisk: p.peerDisk,
+		OutOfSyncBytes: p.bm.Bytes(), SyncRule: p.rule, Reason: p.reason,
+		ResyncSentBytes: p.resyncSent.Load(),
+	}
+	if p.state == replication.SyncSource {
+		ps.ResyncTotalBytes = p.resyncTotal.Load()
+		ps.ResyncDoneBytes = p.resyncDone.Load()
+	}
+	if !p.streaming && p.haveBitmap.Load() {
+		ps.PeerDisk = string(replication.Outdated)
+	}
+	return ps
+}
+
+func sendJSON(s *transport.ReplStream, t replication.FrameType, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	f := transport.NewFrame(len(data) + 1)
+	f.SetBytes(append(append(f.Bytes(), byte(t)), data...))
+	return s.Send(f)
+}
+
+func recvJSON(s *transport.ReplStream, t replication.FrameType, v any) error {
+	f := &transport.Frame{}
+	defer f.Release()
+	if err := s.Recv(f); err != nil {
+		return err
+	}
+	b := f.Bytes()
+	if len(b) == 0 || replication.FrameType(b[0]) != t {
+		return fmt.Errorf("%w: expected frame type %d", replication.ErrBadFrame, t)
+	}
+	return json.Unmarshal(b[1:], v)
+}

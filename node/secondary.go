@@ -1,0 +1,268 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/replvol/replvol/replication"
+	"github.com/replvol/replvol/transport"
+)
+
+// incoming is a secondary's end of the stream from its primary.
+type incoming struct {
+	from   string
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu sync.Mutex
+	st replication.ReplState
+}
+
+func (in *incoming) state() replication.ReplState {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.st
+}
+
+func (in *incoming) setState(s replication.ReplState) {
+	in.mu.Lock()
+	in.st = s
+	in.mu.Unlock()
+}
+
+// handleStream serves one replication stream opened by a primary.
+func (n *Node) handleStream(s *transport.ReplStream) error {
+	var hello replication.Hello
+	if err := recvJSON(s, replication.FrameHello, &hello); err != nil {
+		return err
+	}
+	v, ok := n.vols[hello.Volume]
+	if !ok {
+		return sendJSON(s, replication.FrameHelloReply, replication.HelloReply{
+			Reason: fmt.Sprintf("node %s holds no volume %q", n.name, hello.Volume),
+		})
+	}
+	return v.serveStream(s, hello)
+}
+
+// refuseLocked says why this node will not take a stream, or "".
+func (v *Volume) refuseLocked(h replication.Hello) string {
+	switch {
+	case h.To != v.self:
+		return fmt.Sprintf("stream for %s reached %s", h.To, v.self)
+	case v.adminDown:
+		return fmt.Sprintf("%s is disconnected from %s by the operator (replctl connect %s --node %s)", v.self, v.name, v.name, v.self)
+	case h.Size != v.size:
+		return fmt.Sprintf("volume %s is %d bytes on %s but %d on %s", v.name, v.size, v.self, h.Size, h.From)
+	case v.role == replication.Primary:
+		return fmt.Sprintf("%s is Primary for %s itself (epoch %d); %s claims epoch %d: two primaries, refusing (split brain)", v.self, v.name, v.epoch, h.From, h.Epoch)
+	case h.Epoch < v.epoch:
+		return fmt.Sprintf("stale epoch: %s sent epoch %d but %s has seen epoch %d (primary %s)", h.From, h.Epoch, v.self, v.epoch, v.primary)
+	case h.Epoch == v.epoch && v.primary != "" && h.From != v.primary:
+		return fmt.Sprintf("epoch %d belongs to %s, not %s", h.Epoch, v.primary, h.From)
+	}
+	return ""
+}
+
+// serveStream applies the primary's stream to the local disk, in order,
+// acknowledging each batch after its last entry is written.
+func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error {
+	v.mu.Lock()
+	if reason := v.refuseLocked(h); reason != "" {
+		v.reason = reason
+		v.mu.Unlock()
+		v.log.Warn("refused replication stream", "from", h.From, "reason", reason)
+		return sendJSON(s, replication.FrameHelloReply, replication.HelloReply{Reason: reason, Epoch: v.epoch})
+	}
+	if h.Epoch > v.epoch || v.primary != h.From {
+		// The new epoch is durable BEFORE the first write of its primary.
+		v.epoch, v.primary = h.Epoch, h.From
+		if err := v.persistLocked(false); err != nil {
+			v.mu.Unlock()
+			return err
+		}
+	}
+	old := v.incoming
+	ctx, cancel := context.WithCancel(s.Context())
+	in := &incoming{from: h.From, cancel: cancel, done: make(chan struct{}), st: replication.Connected}
+	v.incoming = in
+	v.reason = ""
+	v.mu.Unlock()
+	defer cancel()
+	if old != nil {
+		old.cancel()
+		<-old.done
+	}
+	defer func() {
+		v.mu.Lock()
+		if v.incoming == in {
+			v.incoming = nil
+			if v.diskState != replication.Failed {
+				v.diskState = v.idleDiskState()
+			}
+		}
+		v.mu.Unlock()
+		close(in.done)
+	}()
+
+	v.mu.Lock()
+	reply := replication.HelloReply{Accepted: true, Generation: v.gen, Disk: v.diskState, Epoch: v.epoch}
+	v.mu.Unlock()
+	if err := sendJSON(s, replication.FrameHelloReply, reply); err != nil {
+		return err
+	}
+	v.log.Info("replicating from primary", "primary", h.From, "epoch", h.Epoch)
+
+	// A reader goroutine keeps the next frames coming while this one
+	// writes. It ends when the stream does (after this handler returns).
+	frames := make(chan *transport.Frame, 4)
+	free := make(chan *transport.Frame, 6)
+	for range 6 {
+		free <- &transport.Frame{}
+	}
+	rerr := make(chan error, 1)
+	go func() {
+		for {
+			var f *transport.Frame
+			select {
+			case f = <-free:
+			case <-ctx.Done():
+				return
+			}
+			if err := s.Recv(f); err != nil {
+				rerr <- err
+				return
+			}
+			select {
+			case frames <- f:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	var entries []replication.Entry
+	for {
+		var f *transport.Frame
+		select {
+		case f = <-frames:
+		case err := <-rerr:
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		var err error
+		entries, err = replication.DecodeBatch(f.Bytes(), entries[:0])
+		if err != nil {
+			return err
+		}
+		ack := v.apply(in, entries)
+		free <- f
+		af := transport.NewFrame(32)
+		af.SetBytes(replication.AppendAck(af.Bytes(), ack))
+		if err := s.Send(af); err != nil {
+			return err
+		}
+		if ack.Status != replication.AckOK {
+			return fmt.Errorf("replication from %s stopped: %s", h.From, ack.Message)
+		}
+	}
+}
+
+// apply writes a batch's entries to the local disk in order and returns the
+// ack for it. Entries flagged FUA, and flushes, are durable BEFORE the ack.
+func (v *Volume) apply(in *incoming, entries []replication.Entry) replication.Ack {
+	if len(entries) == 0 {
+		return replication.Ack{}
+	}
+	ack := replication.Ack{Seq: entries[len(entries)-1].Seq}
+	fail := func(e *replication.Entry, err error) replication.Ack {
+		v.log.Error("applying replicated entry failed", "op", e.Op, "off", e.Off, "len", e.Length, "err", err)
+		v.mu.Lock()
+		// This disk missed a write its primary thinks it has: it is no
+		// longer consistent with any generation.
+		v.gen = replication.Generation{}
+		v.diskState = replication.Failed
+		if perr := v.persistLocked(false); perr != nil {
+			v.log.Error("persist failed disk state", "err", perr)
+		}
+		v.mu.Unlock()
+		return replication.Ack{Seq: ack.Seq, Status: replication.AckIOError, Message: fmt.Sprintf("%s: %v", v.self, err)}
+	}
+	needSync := false
+	for i := range entries {
+		e := &entries[i]
+		if e.Off < 0 || e.Off+e.Length > v.size {
+			if e.Op != replication.OpFlush && e.Op != replication.OpSyncStart && e.Op != replication.OpSyncDone {
+				return fail(e, fmt.Errorf("entry beyond the volume end (%d+%d > %d)", e.Off, e.Length, v.size))
+			}
+		}
+		var err error
+		switch e.Op {
+		case replication.OpWrite:
+			if e.Flags&replication.EntryFUA != 0 {
+				err = writeSync(v.disk, e.Data, e.Off)
+			} else {
+				_, err = v.disk.WriteAt(e.Data, e.Off)
+			}
+		case replication.OpZero, replication.OpTrim:
+			err = v.disk.Zero(e.Off, e.Length)
+			needSync = needSync || e.Flags&replication.EntryFUA != 0
+		case replication.OpFlush:
+			err = v.disk.Sync()
+		case replication.OpResyncData:
+			_, err = v.disk.WriteAt(e.Data, e.Off)
+			v.resynced.Add(e.Length)
+		case replication.OpResyncZero:
+			if hf, ok := v.disk.(holeFinder); !ok || !hf.IsHole(e.Off, e.Length) {
+				err = v.disk.Zero(e.Off, e.Length)
+			}
+			v.resynced.Add(e.Length)
+		case replication.OpSyncStart:
+			// From here until OpSyncDone this disk is Inconsistent, durably,
+			// BEFORE any resync data is written.
+			v.mu.Lock()
+			v.gen = replication.Generation{}
+			v.diskState = replication.Inconsistent
+			err = v.persistLocked(false)
+			v.mu.Unlock()
+			in.setState(replication.SyncTarget)
+		case replication.OpSyncDone:
+			var g replication.Generation
+			if len(e.Data) != len(g) {
+				return fail(e, fmt.Errorf("sync-done entry with %d-byte generation", len(e.Data)))
+			}
+			copy(g[:], e.Data)
+			// The resynced data is durable BEFORE the generation says so.
+			if err = v.disk.Sync(); err == nil {
+				v.mu.Lock()
+				v.gen = g
+				v.diskState = replication.UpToDate
+				err = v.persistLocked(false)
+				v.mu.Unlock()
+				in.setState(replication.Connected)
+			}
+		default:
+			err = fmt.Errorf("unknown op %d", e.Op)
+		}
+		if err != nil {
+			return fail(e, err)
+		}
+	}
+	if needSync {
+		if err := v.disk.Sync(); err != nil {
+			return fail(&entries[len(entries)-1], err)
+		}
+	}
+	return ack
+}
+
+// waitIncoming waits for the stream from the primary to end.
+func (v *Volume) waitIncoming() {
+	v.mu.Lock()
+	in := v.incoming
+	v.mu.Unlock()
+	if in != nil {
+		<-in.done
+	}
+}

@@ -1,0 +1,442 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/replication"
+	"github.com/replvol/replvol/transport"
+)
+
+// Errors of the volume's IO path.
+var (
+	// ErrNotPrimary: the volume is not served here (any more).
+	ErrNotPrimary = errors.New("not primary")
+)
+
+// Volume is one node's copy of one replicated volume. On the primary it is
+// the NBD export: every write goes to the local disk and to each peer.
+// On a secondary it applies the primary's replication stream.
+type Volume struct {
+	node *Node
+	cfg  VolumeConfig
+	name string
+	size int64
+	self string
+	disk Disk
+	log  *slog.Logger
+
+	// locks orders overlapping writes and resync reads.
+	locks replication.RangeLocks
+
+	mu        sync.Mutex
+	role      replication.Role
+	epoch     uint64
+	primary   string // who holds epoch, as far as this node knows
+	gen       replication.Generation
+	diskState replication.DiskState
+	ioOpen    bool // primary serving IO
+	io        sync.WaitGroup
+	peers     map[string]*peer
+	peersCtx  context.CancelFunc
+	adminDown bool // operator disconnected this node
+	incoming  *incoming
+	reason    string // why the link to the primary is down
+
+	resynced   atomic.Int64
+	reads      atomic.Uint64
+	readBytes  atomic.Uint64
+	writes     atomic.Uint64
+	writeBytes atomic.Uint64
+	flushes    atomic.Uint64
+
+	// genMu serialises generation changes with their persistence.
+	genMu sync.Mutex
+}
+
+func newVolume(n *Node, cfg VolumeConfig, disk Disk) (*Volume, error) {
+	v := &Volume{
+		node: n, cfg: cfg, name: cfg.Name, size: int64(cfg.Size), self: n.name, disk: disk,
+		log:   n.log.With("volume", cfg.Name),
+		peers: map[string]*peer{},
+	}
+	st, ok, err := n.store.Volume(cfg.Name)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case !ok:
+		// A new volume: the configured primary's data is the truth; every
+		// other node needs a full sync.
+		st = metadata.VolumeState{Epoch: 1, Primary: cfg.Primary, Size: v.size}
+		if cfg.Primary == v.self {
+			st.Generation = replication.NewGeneration()
+		}
+		v.node.event(v.name, "created", fmt.Sprintf("new volume, primary %s at epoch 1", cfg.Primary))
+	case st.Size != v.size:
+		return nil, fmt.Errorf("volume %s: the config says size %d but this node's state says %d; resizing is not supported: restore the old size", v.name, v.size, st.Size)
+	case !st.Clean && !st.Generation.IsZero():
+		// The node did not shut down cleanly. Writes may have reached this
+		// disk and not its peers (or the other way round), and the bitmap
+		// that would say which is gone: start a new lineage, so that the
+		// next connection is a full resync, never a wrong UpToDate.
+		st.Generation = replication.NewGeneration()
+		v.node.event(v.name, "unclean-start", "no clean shutdown recorded: a full resync will follow")
+	}
+	st.Clean = false
+	if err := n.store.PutVolume(v.name, st); err != nil {
+		return nil, err
+	}
+	v.epoch, v.primary, v.gen = st.Epoch, st.Primary, st.Generation
+	v.role = replication.Secondary
+	if st.Primary == v.self {
+		v.role = replication.Primary
+	}
+	v.diskState = v.idleDiskState()
+	return v, nil
+}
+
+// idleDiskState is the disk state of a node that is not in a stream.
+func (v *Volume) idleDiskState() replication.DiskState {
+	switch {
+	case v.gen.IsZero():
+		return replication.Inconsistent
+	case v.role == replication.Primary:
+		return replication.UpToDate
+	default:
+		return replication.Consistent
+	}
+}
+
+// persist writes the volume's state; callers hold v.mu or v.genMu.
+func (v *Volume) persistLocked(clean bool) error {
+	return v.node.store.PutVolume(v.name, metadata.VolumeState{
+		Epoch: v.epoch, Primary: v.primary, Generation: v.gen, Clean: clean, Size: v.size,
+	})
+}
+
+// start begins serving the role the node woke up with.
+func (v *Volume) start() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.role == replication.Primary {
+		v.startPeersLocked()
+		v.ioOpen = true
+	}
+}
+
+// startPeersLocked starts one replication sender for every other node that
+// holds this volume.
+func (v *Volume) startPeersLocked() {
+	ctx, cancel := context.WithCancel(context.Background())
+	v.peersCtx = cancel
+	for name := range v.cfg.Disks {
+		if name == v.self {
+			continue
+		}
+		p, ok := v.peers[name]
+		if !ok {
+			p = newPeer(v, name)
+			v.peers[name] = p
+		}
+		p.start(ctx)
+	}
+}
+
+// Size implements nbd.Export.
+func (v *Volume) Size() int64 { return v.size }
+
+// Description implements nbd.Describer.
+func (v *Volume) Description() string {
+	return fmt.Sprintf("replvol volume %s on %s (protocol %s)", v.name, v.self, v.cfg.ProtocolOrDefault())
+}
+
+// enter admits one IO on the primary; every admitted IO must call v.io.Done.
+func (v *Volume) enter() error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.role != replication.Primary || !v.ioOpen {
+		return fmt.Errorf("%s is not primary on %s any more: %w (%w)", v.name, v.self, ErrNotPrimary, syscall.ESHUTDOWN)
+	}
+	v.io.Add(1)
+	return nil
+}
+
+func (v *Volume) streamingPeers() []*peer {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	out := make([]*peer, 0, len(v.peers))
+	for _, p := range v.peers {
+		out = append(out, p)
+	}
+	return out
+}
+
+// ReadAt implements nbd.Export: reads are served from the local disk.
+func (v *Volume) ReadAt(ctx context.Context, p []byte, off int64) error {
+	if err := v.enter(); err != nil {
+		return err
+	}
+	defer v.io.Done()
+	v.reads.Add(1)
+	v.readBytes.Add(uint64(len(p)))
+	_, err := v.disk.ReadAt(p, off)
+	if err != nil {
+		v.log.Error("local read failed", "off", off, "len", len(p), "err", err)
+		return fmt.Errorf("local read: %w", syscall.EIO)
+	}
+	return nil
+}
+
+// WriteAt implements nbd.Export. It returns after the local disk AND every
+// connected peer wrote p (protocol C); a peer that is not connected has the
+// blocks marked out of sync instead, BEFORE this returns.
+func (v *Volume) WriteAt(ctx context.Context, p []byte, off int64, fua bool) error {
+	var flags uint8
+	if fua {
+		flags = replication.EntryFUA
+	}
+	e := replication.Entry{Op: replication.OpWrite, Flags: flags, Off: off, Length: int64(len(p)), Data: p}
+	v.writes.Add(1)
+	v.writeBytes.Add(uint64(len(p)))
+	return v.replicate(ctx, e, func() error {
+		if fua {
+			return writeSync(v.disk, p, off)
+		}
+		_, err := v.disk.WriteAt(p, off)
+		return err
+	})
+}
+
+// WriteZeroes implements nbd.Export.
+func (v *Volume) WriteZeroes(ctx context.Context, off, length int64, fua bool) error {
+	e := replication.Entry{Op: replication.OpZero, Off: off, Length: length}
+	if fua {
+		e.Flags = replication.EntryFUA
+	}
+	return v.replicate(ctx, e, func() error {
+		if err := v.disk.Zero(off, length); err != nil {
+			return err
+		}
+		if fua {
+			return v.disk.Sync()
+		}
+		return nil
+	})
+}
+
+// Trim implements nbd.Export. Trimmed blocks read back as zeroes on every
+// replica, so the replicas stay identical.
+func (v *Volume) Trim(ctx context.Context, off, length int64) error {
+	e := replication.Entry{Op: replication.OpTrim, Off: off, Length: length}
+	return v.replicate(ctx, e, func() error { return v.disk.Zero(off, length) })
+}
+
+// replicate runs one write-type request: ordered behind earlier overlapping
+// requests, sent to the peers, applied locally, complete when all are.
+func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func() error) error {
+	if err := v.enter(); err != nil {
+		return err
+	}
+	defer v.io.Done()
+	release, err := v.locks.Lock(ctx, e.Off, e.Length)
+	if err != nil {
+		return err
+	}
+	defer release()
+	var waits []*pending
+	for _, p := range v.streamingPeers() {
+		if w := p.submit(e); w != nil {
+			waits = append(waits, w)
+		}
+	}
+	lerr := local()
+	for _, w := range waits {
+		<-w.done
+	}
+	if lerr != nil {
+		v.log.Error("local write failed", "op", e.Op, "off", e.Off, "len", e.Length, "err", lerr)
+		return fmt.Errorf("local write: %w", syscall.EIO)
+	}
+	return nil
+}
+
+// Flush implements nbd.Export: every write completed before it is durable
+// on the local disk AND on every connected peer when it returns.
+func (v *Volume) Flush(ctx context.Context) error {
+	if err := v.enter(); err != nil {
+		return err
+	}
+	defer v.io.Done()
+	v.flushes.Add(1)
+	return v.flushAll()
+}
+
+func (v *Volume) flushAll() error {
+	var waits []*pending
+	for _, p := range v.streamingPeers() {
+		if w := p.submit(replication.Entry{Op: replication.OpFlush}); w != nil {
+			waits = append(waits, w)
+		}
+	}
+	err := v.disk.Sync()
+	for _, w := range waits {
+		<-w.done
+	}
+	if err != nil {
+		v.log.Error("local flush failed", "err", err)
+		return fmt.Errorf("local flush: %w", syscall.EIO)
+	}
+	return nil
+}
+
+// ensureRotated is called BEFORE a write is completed without reaching
+// peer p. The first time in a disconnected period it starts p's bitmap from
+// the current generation and moves the primary to a new generation,
+// durably, so that p can never again look as up to date as the primary.
+func (v *Volume) ensureRotated(p *peer) {
+	v.genMu.Lock()
+	defer v.genMu.Unlock()
+	if p.haveBitmap.Load() {
+		return
+	}
+	v.mu.Lock()
+	old := v.gen
+	v.gen = replication.NewGeneration()
+	err := v.persistLocked(false)
+	v.mu.Unlock()
+	if err != nil {
+		// Without the new generation on disk a restart could take the peer
+		// for up to date: stop accepting writes rather than risk it.
+		v.log.Error("cannot persist new generation; stopping IO", "err", err)
+		v.mu.Lock()
+		v.ioOpen = false
+		v.mu.Unlock()
+		return
+	}
+	p.bitmapGen = old
+	p.haveBitmap.Store(true)
+	v.log.Info("peer out of sync: new generation", "peer", p.name, "bitmap_generation", old, "generation", v.gen)
+	v.node.event(v.name, "new-generation", fmt.Sprintf("%s is not connected: writes are tracked in its bitmap from %s; current generation %s", p.name, old, v.gen))
+	// Peers still in sync get the new generation in their stream.
+	for _, q := range v.streamingPeers() {
+		if q != p {
+			q.announceGeneration(v.currentGeneration())
+		}
+	}
+}
+
+func (v *Volume) currentGeneration() replication.Generation {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.gen
+}
+
+// shutdown stops the volume for a node shutdown. A primary drains its IO
+// and flushes; the state is marked clean only when that all worked.
+func (v *Volume) shutdown() {
+	v.mu.Lock()
+	wasOpen := v.ioOpen
+	v.ioOpen = false
+	v.mu.Unlock()
+	v.io.Wait()
+	clean := true
+	if wasOpen {
+		if err := v.flushAll(); err != nil {
+			clean = false
+		}
+	} else if err := v.disk.Sync(); err != nil {
+		clean = false
+	}
+	v.stopPeers()
+	v.mu.Lock()
+	if in := v.incoming; in != nil {
+		in.cancel()
+	}
+	v.mu.Unlock()
+	v.waitIncoming()
+	v.genMu.Lock()
+	v.mu.Lock()
+	if err := v.persistLocked(clean); err != nil {
+		v.log.Error("persist state at shutdown", "err", err)
+	}
+	v.mu.Unlock()
+	v.genMu.Unlock()
+	v.disk.Close()
+}
+
+// status reports this node's view of the volume.
+func (v *Volume) status() transport.LocalVolume {
+	v.mu.Lock()
+	lv := transport.LocalVolume{
+		Name: v.name, Size: v.size, Protocol: v.cfg.ProtocolOrDefault(),
+		Role: string(v.role), Disk: string(v.diskState), Epoch: v.epoch, Primary: v.primary,
+		Generation: v.gen.String(), Reason: v.reason,
+	}
+	peers := make([]*peer, 0, len(v.peers))
+	for _, p := range v.peers {
+		peers = append(peers, p)
+	}
+	role, in, down := v.role, v.incoming, v.adminDown
+	v.mu.Unlock()
+	lv.ResyncedBytes = v.resynced.Load()
+	lv.Reads, lv.ReadBytes = v.reads.Load(), v.readBytes.Load()
+	lv.Writes, lv.WriteBytes = v.writes.Load(), v.writeBytes.Load()
+	lv.Flushes = v.flushes.Load()
+	if role == replication.Primary {
+		worst := replication.Connected
+		for _, p := range peers {
+			ps := p.status()
+			lv.Peers = append(lv.Peers, ps)
+			if rank(replication.ReplState(ps.Replication)) > rank(worst) {
+				worst = replication.ReplState(ps.Replication)
+			}
+		}
+		lv.Replication = string(worst)
+		return lv
+	}
+	switch {
+	case down:
+		lv.Replication = string(replication.StandAlone)
+		if lv.Reason == "" {
+			lv.Reason = "disconnected by operator"
+		}
+	case in != nil:
+		lv.Replication = string(in.state())
+	default:
+		lv.Replication = string(replication.Connecting)
+	}
+	return lv
+}
+
+func rank(s replication.ReplState) int {
+	switch s {
+	case replication.Connected:
+		return 0
+	case replication.SyncSource, replication.SyncTarget:
+		return 1
+	case replication.Connecting:
+		return 2
+	default:
+		return 3
+	}
+}
+
+// waitFor polls cond until it holds or the timeout passes.
+func waitFor(ctx context.Context, timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return true
+}

@@ -1,0 +1,85 @@
+package replication
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+func TestBitmapMarksWholeBlocksTouched(t *testing.T) {
+	b := NewBitmap(1 << 20)
+	b.SetRange(4095, 2) // straddles blocks 0 and 1
+	b.SetRange(8192, 4096)
+	b.SetRange(8192, 1) // already set
+	if got := b.Count(); got != 3 {
+		t.Fatalf("count %d, want 3", got)
+	}
+	start, n, ok := b.NextRun(0, 100)
+	if !ok || start != 0 || n != 3 {
+		t.Fatalf("run %d+%d %v, want 0+3", start, n, ok)
+	}
+	if _, n, _ := b.NextRun(0, 2); n != 2 {
+		t.Fatalf("run limited to 2 gave %d", n)
+	}
+	b.ClearRange(4096, 4096)
+	if start, n, _ := b.NextRun(1, 100); start != 2 || n != 1 {
+		t.Fatalf("after clear: run %d+%d", start, n)
+	}
+	b.SetAll()
+	if b.Count() != 256 || b.Bytes() != 1<<20 {
+		t.Fatalf("SetAll: %d blocks", b.Count())
+	}
+	b.ClearRange(0, 1<<20)
+	if _, _, ok := b.NextRun(0, 10); ok || b.Count() != 0 {
+		t.Fatal("not clear after ClearRange of everything")
+	}
+}
+
+func TestBitmapPartialLastBlockAndBounds(t *testing.T) {
+	b := NewBitmap(3*4096 + 100)
+	b.SetAll()
+	if b.Count() != 4 {
+		t.Fatalf("count %d, want 4", b.Count())
+	}
+	b.SetRange(1<<30, 4096) // beyond the end: ignored
+	b.SetRange(-5, 10)
+	if b.Count() != 4 {
+		t.Fatalf("out-of-range marks changed the count: %d", b.Count())
+	}
+}
+
+func TestRangeLocksOrderOverlappingOnly(t *testing.T) {
+	var r RangeLocks
+	ctx := context.Background()
+	rel1, _ := r.Lock(ctx, 0, 4096)
+	// A disjoint range goes ahead at once.
+	rel2, err := r.Lock(ctx, 4096, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel2()
+	got := make(chan struct{})
+	go func() {
+		rel, _ := r.Lock(ctx, 100, 10) // overlaps the first
+		close(got)
+		rel()
+	}()
+	select {
+	case <-got:
+		t.Fatal("overlapping lock did not wait")
+	case <-time.After(50 * time.Millisecond):
+	}
+	rel1()
+	<-got
+	// A waiter whose context ends gives up and holds nothing.
+	rel3, _ := r.Lock(ctx, 0, 10)
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := r.Lock(cctx, 5, 10); err == nil {
+		t.Fatal("cancelled lock succeeded")
+	}
+	rel3()
+	if r.Len() != 0 {
+		t.Fatalf("%d ranges still held", r.Len())
+	}
+}

@@ -1,0 +1,9 @@
+// Package replication holds replvol's replication rules and data structures:
+// the DRBD-style state names, the out-of-sync bitmap, write ordering for
+// overlapping requests, the wire format of the replication stream and the
+// pure decision of what a (re)connection must resync.
+//
+// It performs no I/O and imports none of the project's I/O packages
+// (transport, node, web); node drives it. Types document their own
+// concurrency rules.
+package replication

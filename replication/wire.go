@@ -1,0 +1,219 @@
+package replication
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// The replication stream carries frames. The primary opens a stream with a
+// Hello; the secondary answers with a HelloReply, then the primary sends
+// Batches of entries and the secondary answers each Batch with an Ack for
+// its last sequence number, after applying every entry in order.
+
+// FrameType is the first byte of every frame.
+type FrameType uint8
+
+// Frame types.
+const (
+	FrameHello      FrameType = 1 // JSON Hello
+	FrameHelloReply FrameType = 2 // JSON HelloReply
+	FrameBatch      FrameType = 3 // binary entries
+	FrameAck        FrameType = 4 // binary ack
+)
+
+// Op is what one batch entry asks the secondary to do.
+type Op uint8
+
+// Entry operations.
+const (
+	OpWrite      Op = 1 // write Data at Off
+	OpZero       Op = 2 // write Length zero bytes at Off
+	OpTrim       Op = 3 // discard Length bytes at Off (reads return zeroes)
+	OpFlush      Op = 4 // make every earlier entry durable
+	OpResyncData Op = 5 // resync: Data is the primary's content at Off
+	OpResyncZero Op = 6 // resync: the primary's content at Off is Length zeroes
+	OpSyncStart  Op = 7 // resync begins: Data is the primary's generation; the peer is Inconsistent from here
+	OpSyncDone   Op = 8 // resync ended: Data is the primary's generation; the peer is UpToDate after this entry
+)
+
+// EntryFUA asks that the entry be durable before it is acknowledged.
+const EntryFUA uint8 = 1
+
+// Entry is one operation in a batch.
+type Entry struct {
+	Op     Op
+	Flags  uint8
+	Seq    uint64
+	Off    int64
+	Length int64  // bytes covered; for data ops len(Data)
+	Data   []byte // payload for OpWrite, OpResyncData, OpSyncStart, OpSyncDone
+}
+
+// HasPayload reports whether op carries Data on the wire.
+func (op Op) HasPayload() bool {
+	switch op {
+	case OpWrite, OpResyncData, OpSyncStart, OpSyncDone:
+		return true
+	}
+	return false
+}
+
+func (op Op) valid() bool { return op >= OpWrite && op <= OpSyncDone }
+
+const entryHeaderLen = 1 + 1 + 2 + 4 + 8 + 8 // op, flags, pad, length, seq, off
+
+// MaxEntryLength bounds one entry's length (the NBD maximum request size).
+const MaxEntryLength = 32 << 20
+
+// EncodedLen returns the bytes e takes in a batch frame.
+func (e *Entry) EncodedLen() int {
+	n := entryHeaderLen
+	if e.Op.HasPayload() {
+		n += len(e.Data)
+	}
+	return n
+}
+
+// BatchHeaderLen is the size of a batch frame before its entries.
+const BatchHeaderLen = 1 + 4
+
+// AppendBatchHeader starts a batch frame of count entries.
+func AppendBatchHeader(dst []byte, count int) []byte {
+	dst = append(dst, byte(FrameBatch))
+	return binary.BigEndian.AppendUint32(dst, uint32(count))
+}
+
+// AppendEntry appends e's encoding to a batch frame.
+func AppendEntry(dst []byte, e *Entry) []byte {
+	length := e.Length
+	if e.Op.HasPayload() {
+		length = int64(len(e.Data))
+	}
+	dst = append(dst, byte(e.Op), e.Flags, 0, 0)
+	dst = binary.BigEndian.AppendUint32(dst, uint32(length))
+	dst = binary.BigEndian.AppendUint64(dst, e.Seq)
+	dst = binary.BigEndian.AppendUint64(dst, uint64(e.Off))
+	if e.Op.HasPayload() {
+		dst = append(dst, e.Data...)
+	}
+	return dst
+}
+
+// ErrBadFrame is returned for a frame that does not decode.
+var ErrBadFrame = errors.New("malformed replication frame")
+
+// DecodeBatch decodes a batch frame into entries, appending to dst. The
+// entries' Data alias frame.
+func DecodeBatch(frame []byte, dst []Entry) ([]Entry, error) {
+	if len(frame) < BatchHeaderLen || FrameType(frame[0]) != FrameBatch {
+		return dst, fmt.Errorf("%w: not a batch", ErrBadFrame)
+	}
+	count := binary.BigEndian.Uint32(frame[1:])
+	p := frame[BatchHeaderLen:]
+	if uint64(count)*entryHeaderLen > uint64(len(p)) {
+		return dst, fmt.Errorf("%w: %d entries do not fit in %d bytes", ErrBadFrame, count, len(p))
+	}
+	for i := uint32(0); i < count; i++ {
+		if len(p) < entryHeaderLen {
+			return dst, fmt.Errorf("%w: entry %d truncated", ErrBadFrame, i)
+		}
+		e := Entry{
+			Op:     Op(p[0]),
+			Flags:  p[1],
+			Length: int64(binary.BigEndian.Uint32(p[4:])),
+			Seq:    binary.BigEndian.Uint64(p[8:]),
+			Off:    int64(binary.BigEndian.Uint64(p[16:])),
+		}
+		p = p[entryHeaderLen:]
+		if !e.Op.valid() {
+			return dst, fmt.Errorf("%w: entry %d has unknown op %d", ErrBadFrame, i, e.Op)
+		}
+		if e.Off < 0 || e.Length > MaxEntryLength {
+			return dst, fmt.Errorf("%w: entry %d offset %d length %d", ErrBadFrame, i, e.Off, e.Length)
+		}
+		if e.Op.HasPayload() {
+			if int64(len(p)) < e.Length {
+				return dst, fmt.Errorf("%w: entry %d payload truncated", ErrBadFrame, i)
+			}
+			e.Data = p[:e.Length:e.Length]
+			p = p[e.Length:]
+		}
+		dst = append(dst, e)
+	}
+	if len(p) != 0 {
+		return dst, fmt.Errorf("%w: %d trailing bytes", ErrBadFrame, len(p))
+	}
+	return dst, nil
+}
+
+// AckStatus says how the secondary fared with a batch.
+type AckStatus uint32
+
+// Ack statuses.
+const (
+	AckOK AckStatus = 0
+	// AckIOError: the secondary's disk failed an entry; its copy is no
+	// longer in sync and the primary must treat it as such.
+	AckIOError AckStatus = 1
+	// AckRejected: the secondary refuses the stream (stale epoch, not the
+	// primary it knows, administratively disconnected).
+	AckRejected AckStatus = 2
+)
+
+// Ack acknowledges every entry up to and including Seq.
+type Ack struct {
+	Seq     uint64
+	Status  AckStatus
+	Message string
+}
+
+// AppendAck encodes an ack frame.
+func AppendAck(dst []byte, a Ack) []byte {
+	msg := a.Message
+	if len(msg) > 1024 {
+		msg = msg[:1024]
+	}
+	dst = append(dst, byte(FrameAck))
+	dst = binary.BigEndian.AppendUint64(dst, a.Seq)
+	dst = binary.BigEndian.AppendUint32(dst, uint32(a.Status))
+	dst = binary.BigEndian.AppendUint16(dst, uint16(len(msg)))
+	return append(dst, msg...)
+}
+
+// DecodeAck decodes an ack frame.
+func DecodeAck(frame []byte) (Ack, error) {
+	if len(frame) < 15 || FrameType(frame[0]) != FrameAck {
+		return Ack{}, fmt.Errorf("%w: not an ack", ErrBadFrame)
+	}
+	a := Ack{
+		Seq:    binary.BigEndian.Uint64(frame[1:]),
+		Status: AckStatus(binary.BigEndian.Uint32(frame[9:])),
+	}
+	n := int(binary.BigEndian.Uint16(frame[13:]))
+	if len(frame) != 15+n {
+		return Ack{}, fmt.Errorf("%w: ack message length", ErrBadFrame)
+	}
+	a.Message = string(frame[15:])
+	return a, nil
+}
+
+// Hello opens a replication stream: the primary introduces itself.
+type Hello struct {
+	Volume     string     `json:"volume"`
+	From       string     `json:"from"`
+	To         string     `json:"to"`
+	Epoch      uint64     `json:"epoch"`
+	Size       int64      `json:"size"`
+	Generation Generation `json:"generation"`
+}
+
+// HelloReply is the secondary's answer. When Accepted is false, Reason says
+// why and the primary must not send data.
+type HelloReply struct {
+	Accepted   bool       `json:"accepted"`
+	Reason     string     `json:"reason,omitempty"`
+	Generation Generation `json:"generation"`
+	Disk       DiskState  `json:"disk"`
+	Epoch      uint64     `json:"epoch"`
+}

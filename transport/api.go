@@ -1,0 +1,175 @@
+package transport
+
+import "time"
+
+// The status model. replctl prints it, the web page renders it, and other
+// tools read its JSON names: keep them stable, add fields freely.
+
+// ClusterStatus is the whole cluster as one node sees it.
+type ClusterStatus struct {
+	// From is the node that assembled this status.
+	From    string         `json:"from"`
+	Nodes   []NodeInfo     `json:"nodes"`
+	Volumes []VolumeStatus `json:"volumes"`
+}
+
+// NodeInfo is one node of the cluster.
+type NodeInfo struct {
+	Name        string `json:"name"`
+	Control     string `json:"control"`
+	Replication string `json:"replication"`
+	NBD         string `json:"nbd"`
+	Alive       bool   `json:"alive"`
+	// Error says why the node could not be reached.
+	Error string `json:"error,omitempty"`
+}
+
+// VolumeStatus is one volume across its replicas.
+type VolumeStatus struct {
+	Name     string          `json:"name"`
+	Size     int64           `json:"size"`
+	Protocol string          `json:"protocol"`
+	Primary  string          `json:"primary"`
+	Epoch    uint64          `json:"epoch"`
+	NBDURI   string          `json:"nbd_uri"`
+	Replicas []ReplicaStatus `json:"replicas"`
+}
+
+// ReplicaStatus is one node's copy of a volume.
+type ReplicaStatus struct {
+	Node        string `json:"node"`
+	Role        string `json:"role"`
+	Disk        string `json:"disk"`
+	Replication string `json:"replication"`
+	// OutOfSyncBytes is what the primary has marked out of sync for this
+	// replica (0 for the primary itself).
+	OutOfSyncBytes int64 `json:"out_of_sync_bytes"`
+	// ResyncDoneBytes and ResyncTotalBytes describe the resync under way.
+	ResyncDoneBytes  int64 `json:"resync_done_bytes"`
+	ResyncTotalBytes int64 `json:"resync_total_bytes"`
+	// SyncProgress is the resync's percent done (100 when in sync).
+	SyncProgress float64 `json:"sync_progress"`
+	// ResyncedBytes counts every byte this replica has received by resync
+	// since its node started (counted by the node itself).
+	ResyncedBytes int64  `json:"resynced_bytes"`
+	Generation    string `json:"generation,omitempty"`
+	// Reason explains a StandAlone or refused connection.
+	Reason string `json:"reason,omitempty"`
+	// Reachable is false when the node did not answer; the fields then come
+	// from its peer's view.
+	Reachable bool `json:"reachable"`
+}
+
+// NodeStatus is one node's own view of itself and its volumes.
+type NodeStatus struct {
+	Node    NodeInfo      `json:"node"`
+	Volumes []LocalVolume `json:"volumes"`
+	Events  []Event       `json:"events,omitempty"`
+}
+
+// LocalVolume is one volume as the node holding it sees it.
+type LocalVolume struct {
+	Name          string       `json:"name"`
+	Size          int64        `json:"size"`
+	Protocol      string       `json:"protocol"`
+	Role          string       `json:"role"`
+	Disk          string       `json:"disk"`
+	Epoch         uint64       `json:"epoch"`
+	Primary       string       `json:"primary"`
+	Generation    string       `json:"generation"`
+	ResyncedBytes int64        `json:"resynced_bytes"`
+	Peers         []PeerStatus `json:"peers"`
+	// Replication is this node's own link state: for a secondary its link
+	// to the primary, for the primary the worst of its peers.
+	Replication string `json:"replication"`
+	Reason      string `json:"reason,omitempty"`
+	Writes      uint64 `json:"writes"`
+	WriteBytes  uint64 `json:"write_bytes"`
+	Reads       uint64 `json:"reads"`
+	ReadBytes   uint64 `json:"read_bytes"`
+	Flushes     uint64 `json:"flushes"`
+}
+
+// PeerStatus is the primary's view of one peer.
+type PeerStatus struct {
+	Node             string `json:"node"`
+	Replication      string `json:"replication"`
+	PeerDisk         string `json:"peer_disk"`
+	OutOfSyncBytes   int64  `json:"out_of_sync_bytes"`
+	ResyncDoneBytes  int64  `json:"resync_done_bytes"`
+	ResyncTotalBytes int64  `json:"resync_total_bytes"`
+	ResyncSentBytes  int64  `json:"resync_sent_bytes"`
+	SyncRule         string `json:"sync_rule,omitempty"`
+	Reason           string `json:"reason,omitempty"`
+}
+
+// Event is one line of a node's history.
+type Event struct {
+	Time    time.Time `json:"time"`
+	Node    string    `json:"node,omitempty"`
+	Volume  string    `json:"volume,omitempty"`
+	Kind    string    `json:"kind"`
+	Message string    `json:"message"`
+}
+
+// Requests and replies of the control API.
+
+// StatusRequest asks for status.
+type StatusRequest struct {
+	// Events is how many recent events to include.
+	Events int `json:"events,omitempty"`
+}
+
+// PrimaryRequest asks for a switchover of Volume to Node.
+type PrimaryRequest struct {
+	Volume  string        `json:"volume"`
+	Node    string        `json:"node"`
+	Timeout time.Duration `json:"timeout,omitempty"`
+}
+
+// PrimaryReply reports a finished switchover.
+type PrimaryReply struct {
+	Volume  string `json:"volume"`
+	Primary string `json:"primary"`
+	Epoch   uint64 `json:"epoch"`
+	NBDURI  string `json:"nbd_uri"`
+}
+
+// DemoteRequest asks a primary to hand over: stop IO, flush, check its
+// peers are in sync, become Secondary.
+type DemoteRequest struct {
+	Volume  string        `json:"volume"`
+	To      string        `json:"to"`
+	Timeout time.Duration `json:"timeout,omitempty"`
+}
+
+// DemoteReply carries what the new primary must match.
+type DemoteReply struct {
+	Epoch      uint64 `json:"epoch"`
+	Generation string `json:"generation"`
+}
+
+// PromoteRequest makes a node primary at Epoch; it must hold Generation.
+type PromoteRequest struct {
+	Volume     string `json:"volume"`
+	Epoch      uint64 `json:"epoch"`
+	Generation string `json:"generation"`
+}
+
+// PromoteReply reports the new primary's export.
+type PromoteReply struct {
+	NBDURI string `json:"nbd_uri"`
+}
+
+// ConnectRequest changes whether Node replicates Volume.
+type ConnectRequest struct {
+	Volume string `json:"volume"`
+	// Node is the node to act on; empty means the node that receives it.
+	Node string `json:"node,omitempty"`
+}
+
+// ConnectReply reports the new state.
+type ConnectReply struct {
+	Node        string `json:"node"`
+	Replication string `json:"replication"`
+}

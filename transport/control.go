@@ -1,0 +1,156 @@
+package transport
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/mem"
+)
+
+// ControlServer is the control API a node implements. Errors should carry
+// a gRPC status code (codes.FailedPrecondition, codes.NotFound, ...); their
+// message reaches the operator as it is.
+type ControlServer interface {
+	NodeStatus(context.Context, *StatusRequest) (*NodeStatus, error)
+	ClusterStatus(context.Context, *StatusRequest) (*ClusterStatus, error)
+	Primary(context.Context, *PrimaryRequest) (*PrimaryReply, error)
+	Demote(context.Context, *DemoteRequest) (*DemoteReply, error)
+	Promote(context.Context, *PromoteRequest) (*PromoteReply, error)
+	Connect(context.Context, *ConnectRequest) (*ConnectReply, error)
+	Disconnect(context.Context, *ConnectRequest) (*ConnectReply, error)
+}
+
+// jsonCodec carries the control API's Go structs as JSON: the API is low
+// rate, and JSON keeps one status model for gRPC, the web page and --json.
+type jsonCodec struct{}
+
+func (jsonCodec) Name() string { return "json" }
+
+func (jsonCodec) Marshal(v any) (mem.BufferSlice, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	return mem.BufferSlice{mem.SliceBuffer(b)}, nil
+}
+
+func (jsonCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	return json.Unmarshal(data.Materialize(), v)
+}
+
+const controlService = "replvol.Control"
+
+func unary[Req, Resp any](name string, call func(ControlServer, context.Context, *Req) (*Resp, error)) grpc.MethodDesc {
+	return grpc.MethodDesc{
+		MethodName: name,
+		Handler: func(srv any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
+			req := new(Req)
+			if err := dec(req); err != nil {
+				return nil, err
+			}
+			h := func(ctx context.Context, r any) (any, error) { return call(srv.(ControlServer), ctx, r.(*Req)) }
+			if ic == nil {
+				return h(ctx, req)
+			}
+			return ic(ctx, req, &grpc.UnaryServerInfo{Server: srv, FullMethod: "/" + controlService + "/" + name}, h)
+		},
+	}
+}
+
+var controlDesc = grpc.ServiceDesc{
+	ServiceName: controlService,
+	HandlerType: (*ControlServer)(nil),
+	Methods: []grpc.MethodDesc{
+		unary("NodeStatus", ControlServer.NodeStatus),
+		unary("ClusterStatus", ControlServer.ClusterStatus),
+		unary("Primary", ControlServer.Primary),
+		unary("Demote", ControlServer.Demote),
+		unary("Promote", ControlServer.Promote),
+		unary("Connect", ControlServer.Connect),
+		unary("Disconnect", ControlServer.Disconnect),
+	},
+}
+
+// NewControlGRPC returns a gRPC server carrying the control API. Serve it
+// directly or through ServeHTTP next to the web page.
+func NewControlGRPC(impl ControlServer) *grpc.Server {
+	g := grpc.NewServer(grpc.ForceServerCodecV2(jsonCodec{}))
+	g.RegisterService(&controlDesc, impl)
+	return g
+}
+
+// ControlClient calls a node's control API.
+type ControlClient struct {
+	cc   *grpc.ClientConn
+	addr string
+}
+
+// DialControl prepares a client for the node at addr (HOST:PORT).
+func DialControl(addr string) (*ControlClient, error) {
+	cc, err := grpc.NewClient("passthrough:///"+addr,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(jsonCodec{})),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("control client for %s: %w", addr, err)
+	}
+	return &ControlClient{cc: cc, addr: addr}, nil
+}
+
+// Addr is the address the client talks to.
+func (c *ControlClient) Addr() string { return c.addr }
+
+// Close closes the connection.
+func (c *ControlClient) Close() error { return c.cc.Close() }
+
+func invoke[Resp any](ctx context.Context, c *ControlClient, method string, req any) (*Resp, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+	}
+	resp := new(Resp)
+	if err := c.cc.Invoke(ctx, "/"+controlService+"/"+method, req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// NodeStatus asks the node for its own view.
+func (c *ControlClient) NodeStatus(ctx context.Context, r *StatusRequest) (*NodeStatus, error) {
+	return invoke[NodeStatus](ctx, c, "NodeStatus", r)
+}
+
+// ClusterStatus asks the node to assemble the whole cluster's status.
+func (c *ControlClient) ClusterStatus(ctx context.Context, r *StatusRequest) (*ClusterStatus, error) {
+	return invoke[ClusterStatus](ctx, c, "ClusterStatus", r)
+}
+
+// Primary asks for a switchover.
+func (c *ControlClient) Primary(ctx context.Context, r *PrimaryRequest) (*PrimaryReply, error) {
+	return invoke[PrimaryReply](ctx, c, "Primary", r)
+}
+
+// Demote asks a primary to hand over.
+func (c *ControlClient) Demote(ctx context.Context, r *DemoteRequest) (*DemoteReply, error) {
+	return invoke[DemoteReply](ctx, c, "Demote", r)
+}
+
+// Promote makes the node primary.
+func (c *ControlClient) Promote(ctx context.Context, r *PromoteRequest) (*PromoteReply, error) {
+	return invoke[PromoteReply](ctx, c, "Promote", r)
+}
+
+// Connect lets a node replicate a volume again.
+func (c *ControlClient) Connect(ctx context.Context, r *ConnectRequest) (*ConnectReply, error) {
+	return invoke[ConnectReply](ctx, c, "Connect", r)
+}
+
+// Disconnect stops a node replicating a volume, on purpose.
+func (c *ControlClient) Disconnect(ctx context.Context, r *ConnectRequest) (*ConnectReply, error) {
+	return invoke[ConnectReply](ctx, c, "Disconnect", r)
+}

@@ -1,0 +1,7 @@
+// Package transport is replvol's edge to the network: the gRPC replication
+// stream (a raw-frame codec, no protobuf copies), the gRPC control API (a
+// JSON codec over the status model in api.go), and, in transport/nbd, the
+// NBD server. It converts between the wire and Go values and holds no
+// replication rules. Clients and servers here are safe for concurrent use
+// except where a type says otherwise.
+package transport

@@ -1,0 +1,543 @@
+package nbd
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+)
+
+// serverConn is one client connection. Its goroutine (serve) negotiates and then reads requests;
+// up to MaxInFlight worker goroutines execute them and write the replies under writeMu.
+type serverConn struct {
+	srv    *Server
+	conn   net.Conn
+	r      *bufio.Reader // used by the serve goroutine only, in both phases
+	log    *slog.Logger
+	ctx    context.Context // passed to the Export; cancelled by forceClose and when serve returns
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the connection is closed and all its workers have returned
+
+	// Guarded by srv.mu.
+	attached   bool
+	exportName string
+
+	mu       sync.Mutex // guards draining and every change of the read deadline
+	draining bool
+
+	generation uint64 // closeGeneration of the name last looked up; owned by the serve goroutine
+
+	// Transmission phase. workers is owned by the serve goroutine.
+	export      Export
+	readOnly    bool
+	work        chan *request
+	workers     int
+	workerGroup sync.WaitGroup
+	errorReply  request // reply buffers for errors the serve goroutine answers itself
+
+	writeMu  sync.Mutex // serialises replies; held for one write(v) per reply
+	writeErr error      // guarded by writeMu: the first failed reply write
+}
+
+// request is one validated request on its way through a worker. Pooled.
+type request struct {
+	header  requestHeader
+	payload *[]byte // WRITE: data received; READ: data to send
+	reply   [replyHeaderSize]byte
+	iov     [2][]byte
+	bufs    net.Buffers
+}
+
+var requestPool = sync.Pool{New: func() any { return new(request) }}
+
+// aLongTimeAgo is a read deadline that makes blocked and future reads fail at once.
+var aLongTimeAgo = time.Unix(1, 0)
+
+func newServerConn(s *Server, conn net.Conn) *serverConn {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &serverConn{
+		srv:    s,
+		conn:   conn,
+		r:      bufio.NewReaderSize(conn, 64<<10),
+		log:    s.log.With("remote", conn.RemoteAddr().String()),
+		ctx:    ctx,
+		cancel: cancel,
+		done:   make(chan struct{}),
+	}
+}
+
+func (c *serverConn) serve() {
+	defer close(c.done)
+	defer c.srv.removeConn(c)
+	defer c.cancel()
+	defer c.conn.Close()
+	export, ok := c.negotiate()
+	if !ok {
+		c.srv.stats.failed.Add(1)
+		return
+	}
+	c.transmit(export)
+}
+
+// beginDrain makes the connection stop reading: requests already received are answered, then
+// the connection closes. Connections still negotiating just close.
+func (c *serverConn) beginDrain() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.draining {
+		return
+	}
+	c.draining = true
+	_ = c.conn.SetReadDeadline(aLongTimeAgo)
+}
+
+func (c *serverConn) setReadDeadline(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.draining {
+		return
+	}
+	_ = c.conn.SetReadDeadline(t)
+}
+
+func (c *serverConn) isDraining() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.draining
+}
+
+func (c *serverConn) forceClose() {
+	c.cancel()
+	_ = c.conn.Close()
+}
+
+// logReadError logs why the connection stopped reading, quietly if that was expected.
+func (c *serverConn) logReadError(phase string, err error) {
+	expected := errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) ||
+		(errors.Is(err, os.ErrDeadlineExceeded) && c.isDraining())
+	if expected {
+		c.log.Debug("nbd: connection ended", "phase", phase, "err", err)
+		return
+	}
+	c.log.Info("nbd: connection failed", "phase", phase, "err", err)
+}
+
+// ---- negotiation ----
+
+// negotiate runs the fixed newstyle handshake. It returns the export selected by NBD_OPT_GO or
+// NBD_OPT_EXPORT_NAME, or ok=false if the connection must close. Each option is handled on its
+// own: nothing an option looked up survives into the next one.
+func (c *serverConn) negotiate() (export Export, ok bool) {
+	deadline := time.Now().Add(c.srv.handshakeTimeout)
+	c.setReadDeadline(deadline)
+	_ = c.conn.SetWriteDeadline(deadline)
+	defer func() {
+		if ok {
+			c.setReadDeadline(time.Time{})
+			_ = c.conn.SetWriteDeadline(time.Time{})
+		}
+	}()
+
+	var greeting [18]byte
+	binary.BigEndian.PutUint64(greeting[0:], magicInit)
+	binary.BigEndian.PutUint64(greeting[8:], magicOption)
+	binary.BigEndian.PutUint16(greeting[16:], flagFixedNewstyle|flagNoZeroes)
+	if _, err := c.conn.Write(greeting[:]); err != nil {
+		c.logReadError("handshake", err)
+		return nil, false
+	}
+	var flagBytes [4]byte
+	if _, err := io.ReadFull(c.r, flagBytes[:]); err != nil {
+		c.logReadError("handshake", err)
+		return nil, false
+	}
+	clientFlags := binary.BigEndian.Uint32(flagBytes[:])
+	if clientFlags&^knownClientFlags != 0 {
+		c.log.Info("nbd: unknown client flags; closing", "flags", clientFlags)
+		return nil, false
+	}
+	noZeroes := clientFlags&clientNoZeroes != 0
+
+	for {
+		option, data, err := c.readOption()
+		if errors.Is(err, errOptionTooBig) {
+			if err := c.sendOptionReply(option, repErrTooBig, []byte("option data too long")); err != nil {
+				return nil, false
+			}
+			continue
+		}
+		if err != nil {
+			c.logReadError("handshake", err)
+			return nil, false
+		}
+		if option != optAbort && c.srv.isShutdown() {
+			if err := c.sendOptionReply(option, repErrShutdown, []byte("server is shutting down")); err != nil {
+				return nil, false
+			}
+			continue
+		}
+		switch option {
+		case optExportName:
+			return c.exportNameOption(data, noZeroes)
+		case optAbort:
+			_ = c.sendOptionReply(option, repAck, nil)
+			return nil, false
+		case optList:
+			err = c.listOption(data)
+		case optInfo, optGo:
+			export, err = c.infoOption(option, data)
+			if export != nil && err == nil {
+				return export, true
+			}
+		default:
+			err = c.sendOptionReply(option, repErrUnsup, fmt.Appendf(nil, "option %d is not supported", option))
+		}
+		if err != nil {
+			c.logReadError("handshake", err)
+			return nil, false
+		}
+	}
+}
+
+var errOptionTooBig = errors.New("nbd: option data too long")
+
+// readOption reads one option. Data longer than maxOptionLength is discarded and errOptionTooBig
+// returned with the option ID, so the caller can reply and go on.
+func (c *serverConn) readOption() (option uint32, data []byte, err error) {
+	var header [optionHeaderSize]byte
+	if _, err := io.ReadFull(c.r, header[:]); err != nil {
+		return 0, nil, err
+	}
+	if magic := binary.BigEndian.Uint64(header[0:8]); magic != magicOption {
+		return 0, nil, fmt.Errorf("nbd: bad option magic %#x", magic)
+	}
+	option = binary.BigEndian.Uint32(header[8:12])
+	length := binary.BigEndian.Uint32(header[12:16])
+	if length > maxOptionLength {
+		if _, err := io.CopyN(io.Discard, c.r, int64(length)); err != nil {
+			return option, nil, err
+		}
+		return option, nil, errOptionTooBig
+	}
+	data = make([]byte, length)
+	if _, err := io.ReadFull(c.r, data); err != nil {
+		return option, nil, err
+	}
+	return option, data, nil
+}
+
+// sendOptionReply writes one option reply in a single write.
+func (c *serverConn) sendOptionReply(option, replyType uint32, data []byte) error {
+	b := make([]byte, 20, 20+len(data))
+	binary.BigEndian.PutUint64(b[0:], magicOptionReply)
+	binary.BigEndian.PutUint32(b[8:], option)
+	binary.BigEndian.PutUint32(b[12:], replyType)
+	binary.BigEndian.PutUint32(b[16:], uint32(len(data)))
+	_, err := c.conn.Write(append(b, data...))
+	return err
+}
+
+// exportNameOption answers NBD_OPT_EXPORT_NAME. It has no error reply: refusal closes.
+func (c *serverConn) exportNameOption(data []byte, noZeroes bool) (Export, bool) {
+	name := string(data)
+	export, flags, err := c.lookup(name)
+	if err == nil {
+		if _, ok := c.srv.attach(c, name, c.generation); !ok {
+			err = errors.New("export closed during the handshake")
+		}
+	}
+	if err != nil {
+		c.log.Info("nbd: NBD_OPT_EXPORT_NAME refused; closing (this option cannot carry an error)",
+			"export", name, "err", err)
+		return nil, false
+	}
+	b := make([]byte, 10, 10+reservedZeroesSize)
+	binary.BigEndian.PutUint64(b[0:], uint64(max(export.Size(), 0)))
+	binary.BigEndian.PutUint16(b[8:], flags)
+	if !noZeroes {
+		b = b[:10+reservedZeroesSize]
+	}
+	if _, err := c.conn.Write(b); err != nil {
+		c.logReadError("handshake", err)
+		return nil, false
+	}
+	c.enter(export, name, flags)
+	return export, true
+}
+
+// listOption answers NBD_OPT_LIST: one NBD_REP_SERVER per name, then NBD_REP_ACK.
+func (c *serverConn) listOption(data []byte) error {
+	if len(data) != 0 {
+		return c.sendOptionReply(optList, repErrInvalid, []byte("NBD_OPT_LIST carries no data"))
+	}
+	for _, name := range c.srv.resolver.List() {
+		b := binary.BigEndian.AppendUint32(make([]byte, 0, 4+len(name)), uint32(len(name)))
+		if err := c.sendOptionReply(optList, repServer, append(b, name...)); err != nil {
+			return err
+		}
+	}
+	return c.sendOptionReply(optList, repAck, nil)
+}
+
+// infoOption answers NBD_OPT_INFO and NBD_OPT_GO. For GO it returns the export to serve.
+func (c *serverConn) infoOption(option uint32, data []byte) (Export, error) {
+	req, err := parseInfoRequest(data)
+	if err != nil {
+		return nil, c.sendOptionReply(option, repErrInvalid, []byte(err.Error()))
+	}
+	export, flags, err := c.lookup(req.name)
+	if err != nil {
+		return nil, c.sendOptionReply(option, repErrUnknown, []byte(clientMessage(err)))
+	}
+	if option == optGo {
+		if replyType, ok := c.srv.attach(c, req.name, c.generation); !ok {
+			msg := "server is shutting down"
+			if replyType == repErrUnknown {
+				msg = req.name + ": export was closed during the handshake; retry"
+			}
+			return nil, c.sendOptionReply(option, replyType, []byte(msg))
+		}
+	}
+
+	info := make([]byte, 0, 14)
+	info = binary.BigEndian.AppendUint16(info, infoExport)
+	info = binary.BigEndian.AppendUint64(info, uint64(max(export.Size(), 0)))
+	info = binary.BigEndian.AppendUint16(info, flags)
+	if err := c.sendOptionReply(option, repInfo, info); err != nil {
+		return nil, err
+	}
+	info = binary.BigEndian.AppendUint16(info[:0], infoBlockSize)
+	info = binary.BigEndian.AppendUint32(info, MinBlockSize)
+	info = binary.BigEndian.AppendUint32(info, PreferredBlockSize)
+	info = binary.BigEndian.AppendUint32(info, MaxRequestLength)
+	if err := c.sendOptionReply(option, repInfo, info); err != nil {
+		return nil, err
+	}
+	if req.wants(infoName) {
+		b := binary.BigEndian.AppendUint16(nil, infoName)
+		if err := c.sendOptionReply(option, repInfo, append(b, req.name...)); err != nil {
+			return nil, err
+		}
+	}
+	if d, ok := export.(Describer); ok && req.wants(infoDescription) {
+		if text := truncateString(d.Description()); text != "" {
+			b := binary.BigEndian.AppendUint16(nil, infoDescription)
+			if err := c.sendOptionReply(option, repInfo, append(b, text...)); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := c.sendOptionReply(option, repAck, nil); err != nil {
+		return nil, err
+	}
+	if option != optGo {
+		return nil, nil
+	}
+	c.enter(export, req.name, flags)
+	return export, nil
+}
+
+// lookup asks the Resolver for name and computes its transmission flags. It records the export's
+// close generation first, for attach.
+func (c *serverConn) lookup(name string) (Export, uint16, error) {
+	c.generation = c.srv.exportGeneration(name)
+	export, err := c.srv.resolver.Lookup(name)
+	if err != nil {
+		return nil, 0, err
+	}
+	if export == nil {
+		return nil, 0, fmt.Errorf("%s: no such export", name)
+	}
+	flags := transmitHasFlags | transmitSendFlush | transmitSendFUA | transmitSendTrim |
+		transmitSendWriteZeroes | transmitCanMultiConn
+	if r, ok := export.(ReadOnlyReporter); ok && r.ReadOnly() {
+		flags |= transmitReadOnly
+	}
+	return export, flags, nil
+}
+
+func (c *serverConn) enter(export Export, name string, flags uint16) {
+	c.export = export
+	c.readOnly = flags&transmitReadOnly != 0
+	c.log = c.log.With("export", name)
+	c.log.Debug("nbd: transmission started", "size", export.Size(), "flags", flags)
+}
+
+// clientMessage is err's text made fit for an option error reply.
+func clientMessage(err error) string {
+	if msg := truncateString(err.Error()); msg != "" {
+		return msg
+	}
+	return "export not available"
+}
+
+func truncateString(s string) string {
+	if len(s) > maxStringLength {
+		s = s[:maxStringLength]
+	}
+	return strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "")
+}
+
+// ---- transmission ----
+
+// transmit reads requests until DISC, a read error or a drain, handing valid ones to workers,
+// then waits for every request it handed over to be answered.
+func (c *serverConn) transmit(export Export) {
+	c.work = make(chan *request)
+	defer func() {
+		close(c.work)
+		c.workerGroup.Wait()
+	}()
+	stats := &c.srv.stats
+	var headerBytes [requestHeaderSize]byte
+	for {
+		if _, err := io.ReadFull(c.r, headerBytes[:]); err != nil {
+			c.logReadError("transmission", err)
+			return
+		}
+		header, err := parseRequestHeader(&headerBytes)
+		if err != nil {
+			c.log.Warn("nbd: bad request magic; closing")
+			return
+		}
+		kind := commandKind(header.cmd)
+		stats.requests[kind].Add(1)
+		if header.cmd == cmdDisc {
+			c.log.Debug("nbd: client disconnected")
+			return
+		}
+		if errno := header.check(export.Size(), c.readOnly); errno != 0 {
+			if header.hasPayload() {
+				if _, err := io.CopyN(io.Discard, c.r, int64(header.length)); err != nil {
+					c.logReadError("transmission", err)
+					return
+				}
+			}
+			stats.errors[kind].Add(1)
+			c.sendReply(&c.errorReply, header.handle, errno, nil)
+			continue
+		}
+		req := requestPool.Get().(*request)
+		req.header = header
+		if header.hasPayload() {
+			req.payload = getBuffer(int(header.length))
+			if _, err := io.ReadFull(c.r, *req.payload); err != nil {
+				c.release(req)
+				c.logReadError("transmission", err)
+				return
+			}
+		}
+		c.dispatch(req)
+	}
+}
+
+// dispatch hands req to an idle worker, starts a new one if fewer than MaxInFlight exist, or
+// else waits for one to become idle.
+func (c *serverConn) dispatch(req *request) {
+	select {
+	case c.work <- req:
+		return
+	default:
+	}
+	if c.workers < c.srv.maxInFlight {
+		c.workers++
+		c.workerGroup.Add(1)
+		go c.worker(req)
+		return
+	}
+	c.work <- req
+}
+
+func (c *serverConn) worker(req *request) {
+	defer c.workerGroup.Done()
+	for ok := true; ok; req, ok = <-c.work {
+		c.execute(req)
+	}
+}
+
+// execute calls the Export and replies. A READ reply header is only sent once the data is in hand.
+func (c *serverConn) execute(req *request) {
+	defer c.release(req)
+	h := req.header
+	off, length := int64(h.offset), int64(h.length)
+	fua := h.flags&cmdFlagFUA != 0
+	var err error
+	var data []byte
+	switch h.cmd {
+	case cmdRead:
+		req.payload = getBuffer(int(length))
+		if err = c.export.ReadAt(c.ctx, *req.payload, off); err == nil {
+			data = *req.payload
+		}
+	case cmdWrite:
+		err = c.export.WriteAt(c.ctx, *req.payload, off, fua)
+	case cmdFlush:
+		err = c.export.Flush(c.ctx)
+	case cmdTrim:
+		err = c.export.Trim(c.ctx, off, length)
+		if err == nil && fua {
+			err = c.export.Flush(c.ctx)
+		}
+	case cmdWriteZeroes:
+		err = c.export.WriteZeroes(c.ctx, off, length, fua)
+	default:
+		panic(fmt.Sprintf("nbd: command %d passed check", h.cmd))
+	}
+	stats := &c.srv.stats
+	var errno uint32
+	if err != nil {
+		errno = errnoFor(err)
+		stats.errors[commandKind(h.cmd)].Add(1)
+		c.log.Debug("nbd: export error", "cmd", h.cmd, "offset", off, "length", length, "err", err, "errno", errno)
+	} else if h.cmd == cmdWrite {
+		stats.bytesWritten.Add(uint64(length))
+	}
+	if c.sendReply(req, h.handle, errno, data) && data != nil {
+		stats.bytesRead.Add(uint64(len(data)))
+	}
+}
+
+func (c *serverConn) release(req *request) {
+	if req.payload != nil {
+		putBuffer(req.payload)
+	}
+	*req = request{}
+	requestPool.Put(req)
+}
+
+// sendReply writes a simple reply (header, then data if any) with one write(v) under writeMu.
+// After a failed write the connection is closed, so the reader stops too.
+func (c *serverConn) sendReply(req *request, handle uint64, errno uint32, data []byte) bool {
+	binary.BigEndian.PutUint32(req.reply[0:], magicSimpleReply)
+	binary.BigEndian.PutUint32(req.reply[4:], errno)
+	binary.BigEndian.PutUint64(req.reply[8:], handle)
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	if c.writeErr != nil {
+		return false
+	}
+	var err error
+	if len(data) == 0 {
+		_, err = c.conn.Write(req.reply[:])
+	} else {
+		req.iov = [2][]byte{req.reply[:], data}
+		req.bufs = req.iov[:]
+		_, err = req.bufs.WriteTo(c.conn)
+		req.iov = [2][]byte{}
+	}
+	if err != nil {
+		c.writeErr = err
+		c.logReadError("reply", err)
+		_ = c.conn.Close()
+		return false
+	}
+	return true
+}

@@ -1,0 +1,68 @@
+package web
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"html/template"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/replvol/replvol/transport"
+)
+
+// Source is what the pages read.
+type Source struct {
+	// Status assembles the cluster's status.
+	Status func(context.Context) (*transport.ClusterStatus, error)
+	// Registry holds the node's metrics (never the global registry).
+	Registry *prometheus.Registry
+}
+
+//go:embed status.html
+var statusHTML string
+
+var page = template.Must(template.New("status").Funcs(template.FuncMap{
+	"bytes":   humanBytes,
+	"percent": func(f float64) string { return template.HTMLEscapeString(formatPercent(f)) },
+	"now":     func() string { return time.Now().Format(time.RFC3339) },
+}).Parse(statusHTML))
+
+// NewMux returns the handler for "/", "/api/status" and "/metrics".
+func NewMux(src Source) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /api/status", func(w http.ResponseWriter, r *http.Request) {
+		st, err := status(r.Context(), src)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		enc.Encode(st)
+	})
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		st, err := status(r.Context(), src)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		if err := page.Execute(w, st); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		}
+	})
+	if src.Registry != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(src.Registry, promhttp.HandlerOpts{Registry: src.Registry}))
+	}
+	return mux
+}
+
+func status(ctx context.Context, src Source) (*transport.ClusterStatus, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return src.Status(ctx)
+}
