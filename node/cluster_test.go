@@ -368,7 +368,7 @@ func TestSecondaryDisconnectedByOperatorRefusesTheStream(t *testing.T) {
 	c.start("beta")
 	c.waitInSync()
 	c.vol("beta").setAdminDown(true)
-	writeRandomBlocks(t, c.vol("alpha"), 10, 2)
+	// Even with no writes, alpha notices (its heartbeat finds the stream gone).
 	st := c.status()
 	if r := replica(st, "beta"); r.Replication != "StandAlone" || !strings.Contains(r.Reason, "operator") {
 		t.Fatalf("beta: %+v", r)
@@ -377,6 +377,7 @@ func TestSecondaryDisconnectedByOperatorRefusesTheStream(t *testing.T) {
 		p := c.vol("alpha").peers["beta"].status()
 		return p.Replication == "Connecting" && strings.Contains(p.Reason, "disconnected from vol0 by the operator")
 	}, "alpha sees beta refusing the stream")
+	writeRandomBlocks(t, c.vol("alpha"), 10, 2)
 	c.vol("beta").setAdminDown(false)
 	c.waitInSync()
 	c.requireIdentical()

@@ -26,6 +26,8 @@ const (
 	resyncWindow = 16
 	// helloTimeout bounds the handshake of a new stream.
 	helloTimeout = 5 * time.Second
+	// heartbeatInterval is how often an idle stream is probed.
+	heartbeatInterval = 500 * time.Millisecond
 )
 
 // pending is one entry on its way to a peer.
@@ -71,6 +73,13 @@ type peer struct {
 	inflight  []*pending
 	nextSeq   uint64
 	wake      chan struct{}
+	// The queue is sent by whichever goroutine finds nobody sending (the
+	// submitter itself, most of the time: no hand-off per write).
+	stream   *transport.ReplStream
+	sending  bool
+	sendDone *sync.Cond
+	sendFail func(error)
+	batch    []*pending
 
 	resyncTotal atomic.Int64
 	resyncDone  atomic.Int64
@@ -82,13 +91,15 @@ type peer struct {
 
 func newPeer(v *Volume, name string) *peer {
 	nc, _ := v.node.cfg.Node(name)
-	return &peer{
+	p := &peer{
 		v: v, name: name, addr: nc.Replication,
 		bm:       replication.NewBitmap(v.size),
 		state:    replication.StandAlone,
 		peerDisk: "DUnknown",
 		wake:     make(chan struct{}, 1),
 	}
+	p.sendDone = sync.NewCond(&p.mu)
+	return p
 }
 
 func (p *peer) start(ctx context.Context) {
@@ -188,9 +199,17 @@ func (p *peer) session(ctx context.Context) error {
 	if d.Kind == replication.FullSync {
 		p.bm.SetAll()
 	}
+	errc := make(chan error, 3)
 	p.mu.Lock()
 	p.streaming, p.rule, p.reason = true, d.Rule, ""
 	p.queue, p.inflight = p.queue[:0], p.inflight[:0]
+	p.stream = s
+	p.sendFail = func(err error) {
+		select {
+		case errc <- err:
+		default:
+		}
+	}
 	syncing := d.Kind != replication.NoSync
 	if syncing {
 		p.state, p.peerDisk = replication.SyncSource, string(replication.Inconsistent)
@@ -205,9 +224,9 @@ func (p *peer) session(ctx context.Context) error {
 	v.node.event(v.name, "connected", fmt.Sprintf("%s connected: %s (%s), %d bytes out of sync", p.name, d.Kind, d.Rule, p.bm.Bytes()))
 
 	var wg sync.WaitGroup
-	errc := make(chan error, 3)
 	wg.Add(2)
-	go func() { defer wg.Done(); errc <- p.sender(sctx, s) }()
+	go func() { defer wg.Done(); p.flusher(sctx) }()
+	p.kick()
 	go func() { defer wg.Done(); errc <- p.receiver(s) }()
 	if syncing {
 		wg.Add(1)
@@ -257,11 +276,18 @@ func (p *peer) announceGeneration(gen replication.Generation) {
 	defer p.mu.Unlock()
 	if p.streaming && p.state == replication.Connected {
 		p.enqueueLocked(p.syncDoneLocked(gen))
+		p.kick()
 	}
 }
 
+// enqueueLocked queues an entry; the caller then sends the queue itself
+// (sendLocked) or asks the flusher to (kick).
 func (p *peer) enqueueLocked(pd *pending) {
 	p.queue = append(p.queue, pd)
+}
+
+// kick asks the flusher goroutine to send the queue.
+func (p *peer) kick() {
 	select {
 	case p.wake <- struct{}{}:
 	default:
@@ -277,6 +303,7 @@ func (p *peer) submit(e replication.Entry) *pending {
 		if p.streaming {
 			pd := &pending{e: e, done: make(chan struct{})}
 			p.enqueueLocked(pd)
+			p.sendLocked()
 			p.mu.Unlock()
 			return pd
 		}
@@ -315,6 +342,10 @@ func markEntry(bm *replication.Bitmap, e *replication.Entry) {
 // bitmap (after the generation moved on, durably) and completed.
 func (p *peer) fail() {
 	p.mu.Lock()
+	p.stream = nil
+	for p.sending {
+		p.sendDone.Wait()
+	}
 	p.streaming = false
 	p.peerDisk = "DUnknown"
 	left := append(append([]*pending(nil), p.inflight...), p.queue...)
@@ -336,20 +367,64 @@ func (p *peer) fail() {
 	}
 }
 
-// sender batches queued entries into frames, in queue order.
-func (p *peer) sender(ctx context.Context, s *transport.ReplStream) error {
-	var batch []*pending
+// flusher sends what is queued when nobody else does (entries queued
+// under locks that must not wait for the network).
+// On an idle stream it sends an empty batch every heartbeatInterval, so
+// that a secondary which stopped taking the stream says so promptly.
+func (p *peer) flusher(ctx context.Context) {
+	tick := time.NewTicker(heartbeatInterval)
+	defer tick.Stop()
 	for {
-		p.mu.Lock()
-		for len(p.queue) == 0 {
-			p.mu.Unlock()
-			select {
-			case <-p.wake:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+		select {
+		case <-p.wake:
 			p.mu.Lock()
+			p.sendLocked()
+			p.mu.Unlock()
+		case <-tick.C:
+			p.mu.Lock()
+			if len(p.queue) == 0 && len(p.inflight) == 0 {
+				p.heartbeatLocked()
+			}
+			p.mu.Unlock()
+		case <-ctx.Done():
+			return
 		}
+	}
+}
+
+// heartbeatLocked sends an empty batch; the secondary acks it like any other.
+func (p *peer) heartbeatLocked() {
+	if p.sending || p.stream == nil {
+		return
+	}
+	p.sending = true
+	s := p.stream
+	p.mu.Unlock()
+	f := transport.NewFrame(replication.BatchHeaderLen)
+	f.SetBytes(replication.AppendBatchHeader(f.Bytes(), 0))
+	err := s.Send(f)
+	p.mu.Lock()
+	p.sending = false
+	p.sendDone.Broadcast()
+	if err != nil && p.stream == s {
+		p.stream = nil
+		p.sendFail(fmt.Errorf("send to %s: %w", p.name, err))
+	}
+}
+
+// sendLocked sends every queued entry, in queue order, batched into frames,
+// unless another goroutine is already sending (it will send these too).
+// Called with p.mu held; drops it while a frame goes out.
+func (p *peer) sendLocked() {
+	if p.sending || p.stream == nil {
+		return
+	}
+	p.sending = true
+	defer func() {
+		p.sending = false
+		p.sendDone.Broadcast()
+	}()
+	for len(p.queue) > 0 && p.stream != nil {
 		size := replication.BatchHeaderLen
 		k := 0
 		for k < len(p.queue) && k < maxBatchEntries {
@@ -360,13 +435,14 @@ func (p *peer) sender(ctx context.Context, s *transport.ReplStream) error {
 			size += n
 			k++
 		}
-		batch = append(batch[:0], p.queue[:k]...)
+		batch := append(p.batch[:0], p.queue[:k]...)
 		p.queue = p.queue[k:]
 		for _, pd := range batch {
 			p.nextSeq++
 			pd.e.Seq = p.nextSeq
 			p.inflight = append(p.inflight, pd)
 		}
+		s := p.stream
 		p.mu.Unlock()
 
 		f := transport.NewFrame(size)
@@ -378,9 +454,15 @@ func (p *peer) sender(ctx context.Context, s *transport.ReplStream) error {
 				pd.release = nil
 			}
 		}
+		clear(batch)
 		f.SetBytes(b)
-		if err := s.Send(f); err != nil {
-			return fmt.Errorf("send to %s: %w", p.name, err)
+		err := s.Send(f)
+
+		p.mu.Lock()
+		p.batch = batch[:0]
+		if err != nil && p.stream == s {
+			p.stream = nil
+			p.sendFail(fmt.Errorf("send to %s: %w", p.name, err))
 		}
 	}
 }
@@ -502,6 +584,7 @@ func (p *peer) resync(ctx context.Context) error {
 			return errors.New("stream ended during resync")
 		}
 		p.enqueueLocked(pd)
+		p.sendLocked()
 		p.mu.Unlock()
 		p.resyncSent.Add(length)
 		release()
@@ -518,6 +601,7 @@ func (p *peer) resync(ctx context.Context) error {
 	p.enqueueLocked(pd)
 	p.mu.Unlock()
 	v.genMu.Unlock()
+	p.kick()
 	select {
 	case <-pd.done:
 	case <-ctx.Done():

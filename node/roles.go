@@ -119,12 +119,8 @@ func (v *Volume) promote(epoch uint64, gen replication.Generation) error {
 		defer v.mu.Unlock()
 		return fmt.Errorf("stale epoch %d: %s has seen epoch %d", epoch, v.self, v.epoch)
 	}
-	in := v.incoming
 	v.mu.Unlock()
-	if in != nil {
-		in.cancel()
-		<-in.done
-	}
+	v.detachIncoming()
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.gen != gen {
@@ -164,7 +160,7 @@ func (v *Volume) setAdminDown(down bool) {
 		return
 	}
 	v.adminDown = down
-	role, in := v.role, v.incoming
+	role := v.role
 	if down {
 		v.reason = "disconnected by operator"
 	} else {
@@ -182,9 +178,8 @@ func (v *Volume) setAdminDown(down bool) {
 				p.reason = "disconnected by operator"
 				p.mu.Unlock()
 			}
-		} else if in != nil {
-			in.cancel()
-			<-in.done
+		} else {
+			v.detachIncoming()
 		}
 	}
 	what := "connected"

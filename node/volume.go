@@ -356,12 +356,7 @@ func (v *Volume) shutdown() {
 		clean = false
 	}
 	v.stopPeers()
-	v.mu.Lock()
-	if in := v.incoming; in != nil {
-		in.cancel()
-	}
-	v.mu.Unlock()
-	v.waitIncoming()
+	v.detachIncoming()
 	v.genMu.Lock()
 	v.mu.Lock()
 	if err := v.persistLocked(clean); err != nil {

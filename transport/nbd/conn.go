@@ -41,10 +41,17 @@ type serverConn struct {
 	work        chan *request
 	workers     int
 	workerGroup sync.WaitGroup
-	errorReply  request // reply buffers for errors the serve goroutine answers itself
 
-	writeMu  sync.Mutex // serialises replies; held for one write(v) per reply
-	writeErr error      // guarded by writeMu: the first failed reply write
+	// Replies are combined: a worker queues its reply; if no worker is
+	// writing, it becomes the writer and sends everything queued with one
+	// writev, until the queue is empty. Under load that is one syscall for
+	// many replies.
+	writeMu  sync.Mutex // guards the fields below
+	writing  bool       // a worker is writing the queue
+	queue    []*request // replies waiting for the writer; their buffers stay valid until written
+	spare    []*request
+	writeErr error       // the first failed reply write
+	iov      net.Buffers // owned by the current writer
 }
 
 // request is one validated request on its way through a worker. Pooled.
@@ -52,8 +59,7 @@ type request struct {
 	header  requestHeader
 	payload *[]byte // WRITE: data received; READ: data to send
 	reply   [replyHeaderSize]byte
-	iov     [2][]byte
-	bufs    net.Buffers
+	data    []byte // READ reply data (aliases payload)
 }
 
 var requestPool = sync.Pool{New: func() any { return new(request) }}
@@ -422,7 +428,7 @@ func (c *serverConn) transmit(export Export) {
 				}
 			}
 			stats.errors[kind].Add(1)
-			c.sendReply(&c.errorReply, header.handle, errno, nil)
+			c.sendReply(requestPool.Get().(*request), header.handle, errno, nil)
 			continue
 		}
 		req := requestPool.Get().(*request)
@@ -465,7 +471,6 @@ func (c *serverConn) worker(req *request) {
 
 // execute calls the Export and replies. A READ reply header is only sent once the data is in hand.
 func (c *serverConn) execute(req *request) {
-	defer c.release(req)
 	h := req.header
 	off, length := int64(h.offset), int64(h.length)
 	fua := h.flags&cmdFlagFUA != 0
@@ -500,9 +505,10 @@ func (c *serverConn) execute(req *request) {
 	} else if h.cmd == cmdWrite {
 		stats.bytesWritten.Add(uint64(length))
 	}
-	if c.sendReply(req, h.handle, errno, data) && data != nil {
+	if data != nil {
 		stats.bytesRead.Add(uint64(len(data)))
 	}
+	c.sendReply(req, h.handle, errno, data)
 }
 
 func (c *serverConn) release(req *request) {
@@ -513,31 +519,61 @@ func (c *serverConn) release(req *request) {
 	requestPool.Put(req)
 }
 
-// sendReply writes a simple reply (header, then data if any) with one write(v) under writeMu.
-// After a failed write the connection is closed, so the reader stops too.
-func (c *serverConn) sendReply(req *request, handle uint64, errno uint32, data []byte) bool {
+// sendReply queues a simple reply (header, then data if any) and takes
+// ownership of req: it is released once the reply is written. If no other
+// worker is writing, this one writes every queued reply, with one writev
+// per round. After a failed write the connection is closed, so the reader
+// stops too, and queued replies are dropped.
+func (c *serverConn) sendReply(req *request, handle uint64, errno uint32, data []byte) {
 	binary.BigEndian.PutUint32(req.reply[0:], magicSimpleReply)
 	binary.BigEndian.PutUint32(req.reply[4:], errno)
 	binary.BigEndian.PutUint64(req.reply[8:], handle)
+	req.data = data
 	c.writeMu.Lock()
-	defer c.writeMu.Unlock()
 	if c.writeErr != nil {
-		return false
+		c.writeMu.Unlock()
+		c.release(req)
+		return
 	}
-	var err error
-	if len(data) == 0 {
-		_, err = c.conn.Write(req.reply[:])
-	} else {
-		req.iov = [2][]byte{req.reply[:], data}
-		req.bufs = req.iov[:]
-		_, err = req.bufs.WriteTo(c.conn)
-		req.iov = [2][]byte{}
+	c.queue = append(c.queue, req)
+	if c.writing {
+		c.writeMu.Unlock()
+		return
 	}
-	if err != nil {
-		c.writeErr = err
-		c.logReadError("reply", err)
-		_ = c.conn.Close()
-		return false
+	c.writing = true
+	for len(c.queue) > 0 {
+		batch := c.queue
+		c.queue = c.spare[:0]
+		c.writeMu.Unlock()
+
+		bufs := c.iov[:0]
+		for _, r := range batch {
+			bufs = append(bufs, r.reply[:])
+			if len(r.data) > 0 {
+				bufs = append(bufs, r.data)
+			}
+		}
+		c.iov = bufs[:0]
+		w := bufs
+		_, err := w.WriteTo(c.conn)
+		clear(c.iov[:cap(c.iov)])
+		for i, r := range batch {
+			c.release(r)
+			batch[i] = nil
+		}
+
+		c.writeMu.Lock()
+		c.spare = batch[:0]
+		if err != nil {
+			c.writeErr = err
+			c.logReadError("reply", err)
+			_ = c.conn.Close()
+			for _, r := range c.queue {
+				c.release(r)
+			}
+			c.queue = nil
+		}
 	}
-	return true
+	c.writing = false
+	c.writeMu.Unlock()
 }
