@@ -16,7 +16,7 @@ test: fmt-check vet
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 fmt-check:
-	@out=$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go' 2>/dev/null || find . -name '*.go' -not -path './.git/*')); \
+	@out=$$(gofmt -l .); \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 
 vet:

@@ -513,3 +513,26 @@ func TestPrimaryRestartWithUncleanStateResyncsEverything(t *testing.T) {
 	}
 	c.requireIdentical()
 }
+
+func TestTrimAndWriteZeroesReplicate(t *testing.T) {
+	c := newTestCluster(t, 8<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	ctx := context.Background()
+	v := c.vol("alpha")
+	if err := v.WriteAt(ctx, pattern(5, 1<<20), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Trim(ctx, 64<<10, 128<<10); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.WriteZeroes(ctx, 300<<10, 5000, true); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 128<<10)
+	if err := v.ReadAt(ctx, got, 64<<10); err != nil || !bytes.Equal(got, make([]byte, len(got))) {
+		t.Fatalf("trimmed range does not read as zeroes (%v)", err)
+	}
+	c.requireIdentical()
+}

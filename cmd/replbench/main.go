@@ -1,0 +1,847 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"text/tabwriter"
+	"time"
+)
+
+// Target names, in table order.
+const (
+	tReplvol = "replvol"
+	tNbdkit  = "nbdkit"
+	tQuorum  = "quorum"
+)
+
+var allTargets = []string{tReplvol, tNbdkit, tQuorum}
+
+type workload struct {
+	Name    string // short id used in JSON
+	Label   string // table label
+	RW      string // fio --rw
+	BS      string // fio --bs
+	IODepth int
+	Unit    string // "IOPS" or "MB/s"
+	Read    bool
+}
+
+var workloads = []workload{
+	{Name: "randwrite-8k", Label: "8K randwrite qd16", RW: "randwrite", BS: "8k", IODepth: 16, Unit: "IOPS"},
+	{Name: "seqwrite-1m", Label: "1M seqwrite qd4", RW: "write", BS: "1m", IODepth: 4, Unit: "MB/s"},
+	{Name: "randread-8k", Label: "8K randread qd16", RW: "randread", BS: "8k", IODepth: 16, Unit: "IOPS", Read: true},
+}
+
+type goal struct {
+	Workload string
+	Versus   string
+	Min      float64
+}
+
+var goals = []goal{
+	{"randwrite-8k", tNbdkit, 0.4},
+	{"randwrite-8k", tQuorum, 1.5},
+	{"randread-8k", tNbdkit, 0.8},
+}
+
+type config struct {
+	rounds   int
+	runtime  time.Duration
+	ramp     time.Duration
+	size     int64
+	span     int64
+	jsonOut  bool
+	targets  []string
+	dir      string
+	replctl  string
+	keepLogs bool
+}
+
+func main() {
+	os.Exit(run())
+}
+
+func run() int {
+	var cfg config
+	var sizeStr, spanStr, targetsStr string
+	flag.IntVar(&cfg.rounds, "rounds", 3, "rounds; every round runs every workload on every target")
+	flag.DurationVar(&cfg.runtime, "runtime", 6*time.Second, "measured time per fio run")
+	flag.DurationVar(&cfg.ramp, "ramp", time.Second, "fio ramp_time (not measured) per run")
+	flag.StringVar(&sizeStr, "size", "1GiB", "volume/image size of every target")
+	flag.StringVar(&spanStr, "span", "512MiB", "region of the volume the workloads touch (clamped to the export size)")
+	flag.BoolVar(&cfg.jsonOut, "json", false, "print the results as JSON instead of a table")
+	flag.StringVar(&targetsStr, "targets", strings.Join(allTargets, ","), "comma-separated targets: replvol,nbdkit,quorum")
+	flag.StringVar(&cfg.dir, "dir", "", "parent directory for the temporary images (default: $TMPDIR)")
+	flag.StringVar(&cfg.replctl, "replctl", "", "prebuilt replctl binary (default: go build ./cmd/replctl)")
+	flag.BoolVar(&cfg.keepLogs, "keep-logs", false, "keep the server logs (the images are always removed)")
+	flag.Parse()
+
+	var err error
+	if cfg.size, err = parseSize(sizeStr); err != nil {
+		fmt.Fprintln(os.Stderr, "replbench: --size:", err)
+		return 2
+	}
+	if cfg.span, err = parseSize(spanStr); err != nil {
+		fmt.Fprintln(os.Stderr, "replbench: --span:", err)
+		return 2
+	}
+	for _, t := range strings.Split(targetsStr, ",") {
+		t = strings.TrimSpace(t)
+		if t == "" {
+			continue
+		}
+		if !slices.Contains(allTargets, t) {
+			fmt.Fprintf(os.Stderr, "replbench: unknown target %q\n", t)
+			return 2
+		}
+		if !slices.Contains(cfg.targets, t) {
+			cfg.targets = append(cfg.targets, t)
+		}
+	}
+	if len(cfg.targets) == 0 || cfg.rounds < 1 || cfg.runtime < time.Second {
+		fmt.Fprintln(os.Stderr, "replbench: need at least one target, --rounds >= 1 and --runtime >= 1s")
+		return 2
+	}
+	slices.SortFunc(cfg.targets, func(a, b string) int {
+		return slices.Index(allTargets, a) - slices.Index(allTargets, b)
+	})
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	b := &bench{cfg: cfg}
+	rep, err := b.run(ctx)
+	b.cleanup()
+	if err != nil {
+		if ctx.Err() != nil {
+			fmt.Fprintln(os.Stderr, "replbench: interrupted")
+			return 130
+		}
+		fmt.Fprintln(os.Stderr, "replbench:", err)
+		return 1
+	}
+	if cfg.jsonOut {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			fmt.Fprintln(os.Stderr, "replbench:", err)
+			return 1
+		}
+	} else {
+		printTable(os.Stdout, rep)
+	}
+	return 0
+}
+
+// ---------------------------------------------------------------------------
+// report
+
+type cell struct {
+	Median  float64   `json:"median"`
+	Samples []float64 `json:"samples"`
+}
+
+type row struct {
+	Workload string             `json:"workload"`
+	Label    string             `json:"label"`
+	Unit     string             `json:"unit"`
+	Targets  map[string]*cell   `json:"targets"`
+	Ratios   map[string]float64 `json:"ratios,omitempty"` // "replvol/nbdkit", "replvol/quorum"
+}
+
+type goalResult struct {
+	Goal   string   `json:"goal"`
+	Ratio  *float64 `json:"ratio"` // nil when a target was not run
+	Min    float64  `json:"min"`
+	Status string   `json:"status"` // PASS, MISS, n/a
+}
+
+type report struct {
+	Date     string            `json:"date"`
+	Nproc    int               `json:"nproc"`
+	Rounds   int               `json:"rounds"`
+	Runtime  string            `json:"runtime"`
+	Size     int64             `json:"size_bytes"`
+	Span     int64             `json:"span_bytes"`
+	Versions map[string]string `json:"versions"`
+	URIs     map[string]string `json:"uris"`
+	Rows     []*row            `json:"results"`
+	Goals    []goalResult      `json:"goals"`
+}
+
+func printTable(w io.Writer, rep *report) {
+	fmt.Fprintf(w, "replbench  %s  nproc=%d  rounds=%d  runtime=%s  size=%s  span=%s  (median per cell)\n",
+		rep.Date, rep.Nproc, rep.Rounds, rep.Runtime, fmtSize(rep.Size), fmtSize(rep.Span))
+	for _, t := range allTargets {
+		if v, ok := rep.Versions[t]; ok {
+			fmt.Fprintf(w, "  %-8s %s\n", t+":", v)
+		}
+	}
+	if v, ok := rep.Versions["fio"]; ok {
+		fmt.Fprintf(w, "  %-8s %s\n", "client:", v)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprint(tw, "workload\tunit\treplvol\tnbdkit\tquorum\treplvol/nbdkit\treplvol/quorum\t\n")
+	for _, r := range rep.Rows {
+		fmt.Fprintf(tw, "%s\t%s\t", r.Label, r.Unit)
+		for _, t := range allTargets {
+			if c, ok := r.Targets[t]; ok {
+				fmt.Fprintf(tw, "%s\t", fmtNum(c.Median))
+			} else {
+				fmt.Fprint(tw, "-\t")
+			}
+		}
+		for _, k := range []string{"replvol/nbdkit", "replvol/quorum"} {
+			if v, ok := r.Ratios[k]; ok {
+				fmt.Fprintf(tw, "%.2fx\t", v)
+			} else {
+				fmt.Fprint(tw, "-\t")
+			}
+		}
+		fmt.Fprint(tw, "\n")
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "goals:")
+	for _, g := range rep.Goals {
+		got := "-"
+		if g.Ratio != nil {
+			got = fmt.Sprintf("%.2fx", *g.Ratio)
+		}
+		fmt.Fprintf(w, "  %-34s %7s  %s\n", g.Goal, got, g.Status)
+	}
+}
+
+func fmtNum(v float64) string {
+	switch {
+	case v >= 100:
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	case v >= 10:
+		return strconv.FormatFloat(v, 'f', 1, 64)
+	default:
+		return strconv.FormatFloat(v, 'f', 2, 64)
+	}
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// ---------------------------------------------------------------------------
+// the run
+
+type bench struct {
+	cfg     config
+	tmp     string
+	mu      sync.Mutex
+	procs   []*proc // in start order; stopped in reverse
+	targets map[string]*target
+}
+
+type target struct {
+	name    string
+	uri     string
+	version string
+	procs   []*proc // the server processes behind the URI
+}
+
+// diagnose names the server processes of t that have exited.
+func (t *target) diagnose() string {
+	var msgs []string
+	for _, p := range t.procs {
+		if p.exited() {
+			msgs = append(msgs, fmt.Sprintf("%s (pid %d) exited unexpectedly: %v; log %s", p.name, p.cmd.Process.Pid, p.exitErr(), p.log))
+		}
+	}
+	if len(msgs) == 0 {
+		return ""
+	}
+	return " [" + strings.Join(msgs, "; ") + "]"
+}
+
+func (b *bench) run(ctx context.Context) (*report, error) {
+	for _, tool := range []string{"fio", "nbdinfo"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return nil, fmt.Errorf("%s not found (run ./deploy/install-test-deps.sh)", tool)
+		}
+	}
+	tmp, err := os.MkdirTemp(b.cfg.dir, "replbench-")
+	if err != nil {
+		return nil, err
+	}
+	b.tmp = tmp
+	b.targets = map[string]*target{}
+
+	rep := &report{
+		Date:     time.Now().Format(time.RFC3339),
+		Nproc:    runtime.NumCPU(),
+		Rounds:   b.cfg.rounds,
+		Runtime:  b.cfg.runtime.String(),
+		Size:     b.cfg.size,
+		Versions: map[string]string{"fio": firstLine(ctx, "fio", "--version")},
+		URIs:     map[string]string{},
+	}
+	span := b.cfg.span
+	for _, name := range b.cfg.targets {
+		var t *target
+		var err error
+		logf("starting %s", name)
+		switch name {
+		case tReplvol:
+			t, err = b.startReplvol(ctx)
+		case tNbdkit:
+			t, err = b.startNbdkit(ctx)
+		case tQuorum:
+			t, err = b.startQuorum(ctx)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("start %s: %w", name, err)
+		}
+		b.targets[name] = t
+		rep.Versions[name] = t.version
+		rep.URIs[name] = t.uri
+		size, err := exportSize(ctx, t.uri)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		span = min(span, size)
+	}
+	span &^= 1<<20 - 1
+	if span < 64<<20 {
+		return nil, fmt.Errorf("span %d too small (export smaller than 64 MiB?)", span)
+	}
+	rep.Span = span
+
+	for _, name := range b.cfg.targets {
+		logf("prefilling %s (%s sequential write)", name, fmtSize(span))
+		if _, err := b.fio(ctx, b.targets[name].uri, "fill", "write", "1m", 4, span, false); err != nil {
+			return nil, fmt.Errorf("prefill %s: %w%s", name, err, b.targets[name].diagnose())
+		}
+	}
+
+	rows := map[string]*row{}
+	for _, w := range workloads {
+		r := &row{Workload: w.Name, Label: w.Label, Unit: w.Unit, Targets: map[string]*cell{}, Ratios: map[string]float64{}}
+		for _, t := range b.cfg.targets {
+			r.Targets[t] = &cell{}
+		}
+		rows[w.Name] = r
+		rep.Rows = append(rep.Rows, r)
+	}
+	n := len(b.cfg.targets)
+	for round := 0; round < b.cfg.rounds; round++ {
+		order := make([]string, 0, n)
+		for i := 0; i < n; i++ {
+			order = append(order, b.cfg.targets[(i+round)%n])
+		}
+		for _, w := range workloads {
+			for _, name := range order {
+				res, err := b.fio(ctx, b.targets[name].uri, w.Name, w.RW, w.BS, w.IODepth, span, true)
+				if err != nil {
+					time.Sleep(200 * time.Millisecond) // let a dying server be reaped
+					return nil, fmt.Errorf("round %d %s on %s: %w%s", round+1, w.Name, name, err, b.targets[name].diagnose())
+				}
+				v := res.IOPS
+				if w.Unit == "MB/s" {
+					v = res.BW / 1e6
+				}
+				c := rows[w.Name].Targets[name]
+				c.Samples = append(c.Samples, v)
+				logf("round %d/%d  %-18s %-8s %10s %s", round+1, b.cfg.rounds, w.Label, name, fmtNum(v), w.Unit)
+			}
+		}
+	}
+	for _, r := range rep.Rows {
+		for _, c := range r.Targets {
+			c.Median = median(c.Samples)
+		}
+		if rv, ok := r.Targets[tReplvol]; ok {
+			for _, ref := range []string{tNbdkit, tQuorum} {
+				if c, ok := r.Targets[ref]; ok && c.Median > 0 {
+					r.Ratios[tReplvol+"/"+ref] = rv.Median / c.Median
+				}
+			}
+		}
+	}
+	for _, g := range goals {
+		w := workloads[slices.IndexFunc(workloads, func(w workload) bool { return w.Name == g.Workload })]
+		gr := goalResult{Goal: fmt.Sprintf("%s >= %.1fx %s", w.Label, g.Min, g.Versus), Min: g.Min, Status: "n/a"}
+		if v, ok := rows[g.Workload].Ratios[tReplvol+"/"+g.Versus]; ok {
+			gr.Ratio = &v
+			gr.Status = "MISS"
+			if v >= g.Min {
+				gr.Status = "PASS"
+			}
+		}
+		rep.Goals = append(rep.Goals, gr)
+	}
+	return rep, nil
+}
+
+// ---------------------------------------------------------------------------
+// targets
+
+func (b *bench) startNbdkit(ctx context.Context) (*target, error) {
+	img := filepath.Join(b.tmp, "plain.img")
+	if err := prealloc(img, b.cfg.size); err != nil {
+		return nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	p, err := b.start("nbdkit", nil, "nbdkit", "--exit-with-parent", "-f", "-p", strconv.Itoa(port), "-i", "127.0.0.1", "file", img)
+	if err != nil {
+		return nil, err
+	}
+	uri := fmt.Sprintf("nbd://127.0.0.1:%d", port)
+	if err := waitNBD(ctx, uri, p, 30*time.Second); err != nil {
+		return nil, err
+	}
+	return &target{name: tNbdkit, uri: uri, version: firstLine(ctx, "nbdkit", "--version") + " file plugin", procs: []*proc{p}}, nil
+}
+
+func (b *bench) startQuorum(ctx context.Context) (*target, error) {
+	local := filepath.Join(b.tmp, "quorum-local.img")
+	child := filepath.Join(b.tmp, "quorum-child.img")
+	for _, f := range []string{local, child} {
+		if err := prealloc(f, b.cfg.size); err != nil {
+			return nil, err
+		}
+	}
+	p2, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	pc, err := b.start("nbdkit-quorum-child", nil, "nbdkit", "--exit-with-parent", "-f", "-p", strconv.Itoa(p2), "-i", "127.0.0.1", "file", child)
+	if err != nil {
+		return nil, err
+	}
+	if err := waitNBD(ctx, fmt.Sprintf("nbd://127.0.0.1:%d", p2), pc, 30*time.Second); err != nil {
+		return nil, err
+	}
+	q := strings.Join([]string{
+		"driver=quorum,vote-threshold=2,read-pattern=fifo",
+		"children.0.driver=raw,children.0.file.driver=file,children.0.file.filename=" + local,
+		"children.1.driver=raw,children.1.file.driver=nbd,children.1.file.server.type=inet",
+		"children.1.file.server.host=127.0.0.1,children.1.file.server.port=" + strconv.Itoa(p2),
+	}, ",")
+	p3, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	pq, err := b.start("qemu-nbd", nil, "qemu-nbd", "-b", "127.0.0.1", "-p", strconv.Itoa(p3), "-t",
+		"--cache=writeback", "--aio=threads", "--image-opts", q)
+	if err != nil {
+		return nil, err
+	}
+	uri := fmt.Sprintf("nbd://127.0.0.1:%d", p3)
+	if err := waitNBD(ctx, uri, pq, 30*time.Second); err != nil {
+		return nil, err
+	}
+	return &target{name: tQuorum, uri: uri, version: firstLine(ctx, "qemu-nbd", "--version") + " quorum(file, nbd->nbdkit)", procs: []*proc{pc, pq}}, nil
+}
+
+func (b *bench) startReplvol(ctx context.Context) (*target, error) {
+	bin := b.cfg.replctl
+	if bin == "" {
+		root, err := moduleRoot(ctx)
+		if err != nil {
+			return nil, err
+		}
+		bin = filepath.Join(b.tmp, "bin", "replctl")
+		logf("building ./cmd/replctl")
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/replctl")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("go build ./cmd/replctl: %v\n%s", err, out)
+		}
+	}
+	dir := filepath.Join(b.tmp, "demo")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	lines := make(chan string, 64)
+	p, err := b.start("replvol-demo", lines, bin, "demo", "--dir", dir, "--base-port", "0", "--size", fmtSize(b.cfg.size))
+	if err != nil {
+		return nil, err
+	}
+	uri := ""
+	deadline := time.NewTimer(90 * time.Second)
+	defer deadline.Stop()
+	for ready := false; !ready; {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				return nil, fmt.Errorf("demo exited before ready (%v); log: %s", p.exitErr(), p.log)
+			}
+			l = strings.TrimSpace(l)
+			switch {
+			case strings.HasPrefix(l, "nbd://") && uri == "":
+				uri = strings.Fields(l)[0]
+			case l == "ready":
+				ready = true
+			}
+		case <-deadline.C:
+			return nil, fmt.Errorf("demo not ready after 90s; log: %s", p.log)
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	if uri == "" {
+		return nil, fmt.Errorf("demo printed ready but no nbd:// line; log: %s", p.log)
+	}
+	if err := waitNBD(ctx, uri, p, 30*time.Second); err != nil {
+		return nil, err
+	}
+	ver := ""
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		if v := firstLine(ctx, bin, args...); v != "" && !strings.Contains(strings.ToLower(v), "unknown") && !strings.Contains(v, "Error") {
+			ver = v
+			break
+		}
+	}
+	if ver == "" {
+		ver = "replvol (dev build, " + runtime.Version() + ")"
+	}
+	return &target{name: tReplvol, uri: uri, version: ver + " demo, primary " + uri, procs: []*proc{p}}, nil
+}
+
+// ---------------------------------------------------------------------------
+// processes
+
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+	err  error
+}
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (p *proc) exitErr() error {
+	if p.exited() {
+		if p.err == nil {
+			return errors.New("exit status 0")
+		}
+		return p.err
+	}
+	return nil
+}
+
+// start runs a server in its own process group with its output in a log
+// file. When lines is non-nil, stdout is also sent line by line to it (and
+// the channel is closed at EOF).
+func (b *bench) start(name string, lines chan<- string, argv ...string) (*proc, error) {
+	logPath := filepath.Join(b.tmp, name+".log")
+	lf, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdin = nil
+	cmd.Stderr = lf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	var stdout io.ReadCloser
+	if lines != nil {
+		if stdout, err = cmd.StdoutPipe(); err != nil {
+			lf.Close()
+			return nil, err
+		}
+	} else {
+		cmd.Stdout = lf
+	}
+	if err := cmd.Start(); err != nil {
+		lf.Close()
+		return nil, fmt.Errorf("start %s: %w", argv[0], err)
+	}
+	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
+	var copied sync.WaitGroup
+	if lines != nil {
+		copied.Add(1)
+		go func() {
+			defer copied.Done()
+			defer close(lines)
+			sc := bufio.NewScanner(stdout)
+			for sc.Scan() {
+				fmt.Fprintln(lf, sc.Text())
+				select {
+				case lines <- sc.Text():
+				default: // nobody listens any more; keep draining
+				}
+			}
+		}()
+	}
+	go func() {
+		copied.Wait()
+		p.err = cmd.Wait()
+		lf.Close()
+		close(p.done)
+	}()
+	b.mu.Lock()
+	b.procs = append(b.procs, p)
+	b.mu.Unlock()
+	return p, nil
+}
+
+// stop sends SIGTERM to the process group, then SIGKILL after 10 s.
+func (p *proc) stop() {
+	if p.exited() {
+		return
+	}
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		logf("%s did not stop after SIGTERM; killing", p.name)
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+	}
+}
+
+func (b *bench) cleanup() {
+	b.mu.Lock()
+	procs := slices.Clone(b.procs)
+	b.mu.Unlock()
+	for i := len(procs) - 1; i >= 0; i-- {
+		procs[i].stop()
+	}
+	if b.tmp == "" {
+		return
+	}
+	if b.cfg.keepLogs {
+		_ = filepath.Walk(b.tmp, func(path string, info os.FileInfo, err error) error {
+			if err == nil && !info.IsDir() && !strings.HasSuffix(path, ".log") {
+				os.Remove(path)
+			}
+			return nil
+		})
+		logf("logs kept in %s", b.tmp)
+		return
+	}
+	if err := os.RemoveAll(b.tmp); err != nil {
+		logf("cleanup: %v", err)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// fio
+
+type fioResult struct {
+	IOPS float64
+	BW   float64 // bytes/s
+}
+
+func (b *bench) fio(ctx context.Context, uri, name, rw, bs string, qd int, span int64, timed bool) (*fioResult, error) {
+	out := filepath.Join(b.tmp, "fio-"+name+".json")
+	args := []string{
+		"--name=" + name, "--ioengine=nbd", "--uri=" + uri,
+		"--rw=" + rw, "--bs=" + bs, "--iodepth=" + strconv.Itoa(qd),
+		"--size=" + strconv.FormatInt(span, 10),
+		"--output-format=json", "--output=" + out,
+	}
+	if timed {
+		args = append(args, "--time_based",
+			"--runtime="+strconv.Itoa(int(b.cfg.runtime.Seconds())),
+			"--ramp_time="+strconv.Itoa(int(b.cfg.ramp.Seconds())))
+	}
+	cmd := exec.CommandContext(ctx, "fio", args...)
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second
+	combined, err := cmd.CombinedOutput()
+	defer os.Remove(out)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("fio: %v: %s", err, strings.TrimSpace(string(combined)))
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		return nil, err
+	}
+	// fio may print notices ("fio: connected to NBD server") before the JSON.
+	if i := strings.IndexByte(string(data), '{'); i > 0 {
+		data = data[i:]
+	}
+	var j struct {
+		Jobs []struct {
+			Error int `json:"error"`
+			Read  struct {
+				IOPS float64 `json:"iops"`
+				BW   float64 `json:"bw_bytes"`
+			} `json:"read"`
+			Write struct {
+				IOPS float64 `json:"iops"`
+				BW   float64 `json:"bw_bytes"`
+			} `json:"write"`
+		} `json:"jobs"`
+	}
+	if err := json.Unmarshal(data, &j); err != nil {
+		return nil, fmt.Errorf("fio json: %w", err)
+	}
+	if len(j.Jobs) != 1 {
+		return nil, fmt.Errorf("fio: %d jobs in output", len(j.Jobs))
+	}
+	jb := j.Jobs[0]
+	if jb.Error != 0 {
+		return nil, fmt.Errorf("fio job error %d: %s", jb.Error, strings.TrimSpace(string(combined)))
+	}
+	if strings.Contains(rw, "read") {
+		return &fioResult{IOPS: jb.Read.IOPS, BW: jb.Read.BW}, nil
+	}
+	return &fioResult{IOPS: jb.Write.IOPS, BW: jb.Write.BW}, nil
+}
+
+// ---------------------------------------------------------------------------
+// helpers
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "replbench: "+format+"\n", args...)
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// waitNBD polls nbdinfo until the server answers, the process exits or the
+// timeout passes.
+func waitNBD(ctx context.Context, uri string, p *proc, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var last []byte
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		out, err := exec.CommandContext(cctx, "nbdinfo", "--size", uri).CombinedOutput()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		last = out
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if p.exited() {
+			return fmt.Errorf("%s exited (%v) before serving %s; log: %s", p.name, p.exitErr(), uri, p.log)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not serving %s after %s: %s", p.name, uri, timeout, strings.TrimSpace(string(last)))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func exportSize(ctx context.Context, uri string) (int64, error) {
+	out, err := exec.CommandContext(ctx, "nbdinfo", "--size", uri).CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("nbdinfo --size %s: %v: %s", uri, err, out)
+	}
+	return strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64)
+}
+
+func firstLine(ctx context.Context, name string, args ...string) string {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(cctx, name, args...).Output()
+	if err != nil {
+		return ""
+	}
+	l, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+	return strings.TrimSpace(l)
+}
+
+func moduleRoot(ctx context.Context) (string, error) {
+	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", errors.New("not inside the replvol module: run from the repository or pass --replctl")
+	}
+	return filepath.Dir(mod), nil
+}
+
+// prealloc creates a file of the given size with its blocks allocated.
+func prealloc(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := syscall.Fallocate(int(f.Fd()), 0, 0, size); err != nil {
+		if err := f.Truncate(size); err != nil {
+			return err
+		}
+	}
+	return f.Close()
+}
+
+func parseSize(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	units := []struct {
+		suffix string
+		mult   int64
+	}{
+		{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10},
+		{"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1},
+	}
+	mult := int64(1)
+	for _, u := range units {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSuffix(s, u.suffix), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("bad size %q", s)
+	}
+	return n * mult, nil
+}
+
+func fmtSize(n int64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%dGiB", n>>30)
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%dMiB", n>>20)
+	}
+	return strconv.FormatInt(n, 10)
+}
