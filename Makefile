@@ -12,7 +12,7 @@ deps:
 	./deploy/install-test-deps.sh
 
 # gofmt check + vet + the whole suite with the race detector (unit, integration, e2e).
-test: fmt-check vet
+test: deps fmt-check vet
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 fmt-check:
