@@ -536,3 +536,39 @@ func TestTrimAndWriteZeroesReplicate(t *testing.T) {
 	}
 	c.requireIdentical()
 }
+
+func TestFullResyncCanBePausedAndResumed(t *testing.T) {
+	c := newTestCluster(t, 8<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	writeRandomBlocks(t, c.vol("alpha"), 50, 6)
+	before := replica(c.status(), "beta").ResyncedBytes
+	api := &control{n: c.nodes["beta"]} // any node forwards to the primary
+	ctx := context.Background()
+	if _, err := api.Resync(ctx, &transport.ResyncRequest{Volume: "vol0", Pause: true}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := api.Resync(ctx, &transport.ResyncRequest{Volume: "vol0"})
+	if err != nil || r.Primary != "alpha" || len(r.Peers) != 1 {
+		t.Fatalf("resync: %+v %v", r, err)
+	}
+	eventually(t, func() bool {
+		b := replica(c.status(), "beta")
+		return b.Replication == "PausedSyncT" && b.Disk == "Inconsistent" && b.ResyncDoneBytes == 0
+	}, "beta Inconsistent and paused")
+	if _, err := (&control{n: c.nodes["alpha"]}).Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Timeout: 100 * time.Millisecond}); err == nil {
+		t.Fatal("an Inconsistent node was promoted")
+	}
+	if _, err := api.Resync(ctx, &transport.ResyncRequest{Volume: "vol0", Resume: true}); err != nil {
+		t.Fatal(err)
+	}
+	c.waitInSync()
+	if moved := replica(c.status(), "beta").ResyncedBytes - before; moved != 8<<20 {
+		t.Fatalf("full resync moved %d bytes, want the volume's %d", moved, 8<<20)
+	}
+	c.requireIdentical()
+	if _, err := api.Resync(ctx, &transport.ResyncRequest{Volume: "vol0", From: "beta"}); err == nil || !strings.Contains(err.Error(), "resync runs from the primary") {
+		t.Fatalf("resync --from a secondary: %v", err)
+	}
+}

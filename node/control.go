@@ -180,6 +180,10 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 			if pv != nil {
 				rs.OutOfSyncBytes = pv.OutOfSyncBytes
 				rs.ResyncDoneBytes, rs.ResyncTotalBytes = pv.ResyncDoneBytes, pv.ResyncTotalBytes
+				rs.ResyncRate = pv.ResyncRate
+				if pv.Replication == string(replication.PausedSyncS) && rs.Reachable {
+					rs.Replication = string(replication.PausedSyncT)
+				}
 				if rs.Reason == "" {
 					rs.Reason = pv.Reason
 				}

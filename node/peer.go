@@ -83,6 +83,13 @@ type peer struct {
 
 	resyncTotal atomic.Int64
 	resyncDone  atomic.Int64
+	resyncStart atomic.Int64 // unix nanoseconds when the resync began
+
+	// unpaused is closed while resync may run; replaced by an open channel
+	// while the operator has it paused. Guarded by mu.
+	unpaused chan struct{}
+	// cancelSession ends the current stream (guarded by mu).
+	cancelSession context.CancelFunc
 	resyncSent  atomic.Int64
 
 	client *transport.ReplClient
@@ -97,7 +104,9 @@ func newPeer(v *Volume, name string) *peer {
 		state:    replication.StandAlone,
 		peerDisk: "DUnknown",
 		wake:     make(chan struct{}, 1),
+		unpaused: make(chan struct{}),
 	}
+	close(p.unpaused)
 	p.sendDone = sync.NewCond(&p.mu)
 	return p
 }
@@ -204,6 +213,7 @@ func (p *peer) session(ctx context.Context) error {
 	p.streaming, p.rule, p.reason = true, d.Rule, ""
 	p.queue, p.inflight = p.queue[:0], p.inflight[:0]
 	p.stream = s
+	p.cancelSession = cancel
 	p.sendFail = func(err error) {
 		select {
 		case errc <- err:
@@ -521,6 +531,7 @@ func (p *peer) resync(ctx context.Context) error {
 	p.resyncTotal.Store(p.bm.Bytes())
 	p.resyncDone.Store(0)
 	began := time.Now()
+	p.resyncStart.Store(began.UnixNano())
 	cursor := int64(0)
 	drain := func() error {
 		for range resyncWindow {
@@ -548,6 +559,14 @@ func (p *peer) resync(ctx context.Context) error {
 			continue
 		}
 		cursor = start + n
+		p.mu.Lock()
+		unpaused := p.unpaused
+		p.mu.Unlock()
+		select {
+		case <-unpaused:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 		select {
 		case window <- struct{}{}:
 		case <-ctx.Done():
@@ -625,6 +644,14 @@ func (p *peer) status() transport.PeerStatus {
 	if p.state == replication.SyncSource {
 		ps.ResyncTotalBytes = p.resyncTotal.Load()
 		ps.ResyncDoneBytes = p.resyncDone.Load()
+		if secs := time.Since(time.Unix(0, p.resyncStart.Load())).Seconds(); secs > 0 {
+			ps.ResyncRate = int64(float64(ps.ResyncDoneBytes) / secs)
+		}
+		select {
+		case <-p.unpaused:
+		default:
+			ps.Replication = string(replication.PausedSyncS)
+		}
 	}
 	if !p.streaming && p.haveBitmap.Load() {
 		ps.PeerDisk = string(replication.Outdated)
@@ -653,4 +680,33 @@ func recvJSON(s *transport.ReplStream, t replication.FrameType, v any) error {
 		return fmt.Errorf("%w: expected frame type %d", replication.ErrBadFrame, t)
 	}
 	return json.Unmarshal(b[1:], v)
+}
+
+// setPaused pauses or resumes this peer's resync.
+func (p *peer) setPaused(paused bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.unpaused:
+		if paused {
+			p.unpaused = make(chan struct{})
+		}
+	default:
+		if !paused {
+			close(p.unpaused)
+		}
+	}
+}
+
+// fullResync marks the whole volume out of sync for this peer and restarts
+// its stream, so that the peer is resynced from scratch (DRBD's invalidate
+// of the peer). The peer is Inconsistent from the restart until resync ends.
+func (p *peer) fullResync() {
+	p.bm.SetAll()
+	p.mu.Lock()
+	cancel := p.cancelSession
+	p.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
 }

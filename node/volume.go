@@ -415,7 +415,7 @@ func rank(s replication.ReplState) int {
 	switch s {
 	case replication.Connected:
 		return 0
-	case replication.SyncSource, replication.SyncTarget:
+	case replication.SyncSource, replication.SyncTarget, replication.PausedSyncS, replication.PausedSyncT:
 		return 1
 	case replication.Connecting:
 		return 2

@@ -47,6 +47,8 @@ type ReplicaStatus struct {
 	// ResyncDoneBytes and ResyncTotalBytes describe the resync under way.
 	ResyncDoneBytes  int64 `json:"resync_done_bytes"`
 	ResyncTotalBytes int64 `json:"resync_total_bytes"`
+	// ResyncRate is the resync's average speed in bytes per second.
+	ResyncRate int64 `json:"resync_rate"`
 	// SyncProgress is the resync's percent done (100 when in sync).
 	SyncProgress float64 `json:"sync_progress"`
 	// ResyncedBytes counts every byte this replica has received by resync
@@ -99,6 +101,7 @@ type PeerStatus struct {
 	ResyncDoneBytes  int64  `json:"resync_done_bytes"`
 	ResyncTotalBytes int64  `json:"resync_total_bytes"`
 	ResyncSentBytes  int64  `json:"resync_sent_bytes"`
+	ResyncRate       int64  `json:"resync_rate"`
 	SyncRule         string `json:"sync_rule,omitempty"`
 	Reason           string `json:"reason,omitempty"`
 }
@@ -172,4 +175,21 @@ type ConnectRequest struct {
 type ConnectReply struct {
 	Node        string `json:"node"`
 	Replication string `json:"replication"`
+}
+
+// ResyncRequest starts, pauses or resumes a resync of Volume.
+type ResyncRequest struct {
+	Volume string `json:"volume"`
+	// From is the node whose data wins; it must be the primary. Empty
+	// means the current primary.
+	From   string `json:"from,omitempty"`
+	Pause  bool   `json:"pause,omitempty"`
+	Resume bool   `json:"resume,omitempty"`
+}
+
+// ResyncReply names the primary that runs the resync.
+type ResyncReply struct {
+	Primary string   `json:"primary"`
+	Peers   []string `json:"peers"`
+	Action  string   `json:"action"`
 }

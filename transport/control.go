@@ -22,6 +22,7 @@ type ControlServer interface {
 	Promote(context.Context, *PromoteRequest) (*PromoteReply, error)
 	Connect(context.Context, *ConnectRequest) (*ConnectReply, error)
 	Disconnect(context.Context, *ConnectRequest) (*ConnectReply, error)
+	Resync(context.Context, *ResyncRequest) (*ResyncReply, error)
 }
 
 // jsonCodec carries the control API's Go structs as JSON: the API is low
@@ -72,6 +73,7 @@ var controlDesc = grpc.ServiceDesc{
 		unary("Promote", ControlServer.Promote),
 		unary("Connect", ControlServer.Connect),
 		unary("Disconnect", ControlServer.Disconnect),
+		unary("Resync", ControlServer.Resync),
 	},
 }
 
@@ -153,4 +155,9 @@ func (c *ControlClient) Connect(ctx context.Context, r *ConnectRequest) (*Connec
 // Disconnect stops a node replicating a volume, on purpose.
 func (c *ControlClient) Disconnect(ctx context.Context, r *ConnectRequest) (*ConnectReply, error) {
 	return invoke[ConnectReply](ctx, c, "Disconnect", r)
+}
+
+// Resync starts, pauses or resumes a resync.
+func (c *ControlClient) Resync(ctx context.Context, r *ResyncRequest) (*ResyncReply, error) {
+	return invoke[ResyncReply](ctx, c, "Resync", r)
 }

@@ -1,0 +1,79 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"sort"
+
+	"github.com/replvol/replvol/replication"
+	"github.com/replvol/replvol/transport"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Resync runs on any node: it finds the volume's primary and has it start,
+// pause or resume the resync of its peers.
+func (c *control) Resync(ctx context.Context, r *transport.ResyncRequest) (*transport.ResyncReply, error) {
+	n := c.n
+	if v, ok := n.vols[r.Volume]; ok {
+		v.mu.Lock()
+		primary := v.role == replication.Primary
+		v.mu.Unlock()
+		if primary {
+			if r.From != "" && r.From != n.name {
+				return nil, status.Errorf(codes.FailedPrecondition, "%s is primary for %s; a resync runs from the primary: drop --from, or first run replctl primary %s --node %s", n.name, r.Volume, r.Volume, r.From)
+			}
+			return v.resync(r.Pause, r.Resume)
+		}
+	}
+	cs, err := n.clusterStatus(ctx, 0)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	for _, vs := range cs.Volumes {
+		if vs.Name != r.Volume {
+			continue
+		}
+		if vs.NBDURI == "" || vs.Primary == n.name {
+			return nil, status.Errorf(codes.FailedPrecondition, "%s has no reachable primary to resync from", r.Volume)
+		}
+		api, err := n.peerAPI(vs.Primary)
+		if err != nil {
+			return nil, grpcError(err)
+		}
+		return api.Resync(ctx, r)
+	}
+	return nil, status.Errorf(codes.NotFound, "no volume %q in the cluster", r.Volume)
+}
+
+// resync acts on every peer of this primary.
+func (v *Volume) resync(pause, resume bool) (*transport.ResyncReply, error) {
+	if pause && resume {
+		return nil, status.Error(codes.InvalidArgument, "--pause and --resume exclude each other")
+	}
+	v.mu.Lock()
+	peers := make([]*peer, 0, len(v.peers))
+	for _, p := range v.peers {
+		peers = append(peers, p)
+	}
+	v.mu.Unlock()
+	reply := &transport.ResyncReply{Primary: v.self}
+	for _, p := range peers {
+		reply.Peers = append(reply.Peers, p.name)
+		switch {
+		case pause:
+			p.setPaused(true)
+			reply.Action = "paused"
+		case resume:
+			p.setPaused(false)
+			reply.Action = "resumed"
+		default:
+			p.fullResync()
+			reply.Action = "full resync started"
+		}
+	}
+	sort.Strings(reply.Peers)
+	v.log.Info("resync", "action", reply.Action, "peers", reply.Peers)
+	v.node.event(v.name, "resync", fmt.Sprintf("%s: %s for %v", v.self, reply.Action, reply.Peers))
+	return reply, nil
+}
