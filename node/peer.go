@@ -90,7 +90,7 @@ type peer struct {
 	unpaused chan struct{}
 	// cancelSession ends the current stream (guarded by mu).
 	cancelSession context.CancelFunc
-	resyncSent  atomic.Int64
+	resyncSent    atomic.Int64
 
 	client *transport.ReplClient
 	wg     sync.WaitGroup
