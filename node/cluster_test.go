@@ -33,7 +33,7 @@ type testCluster struct {
 func newTestCluster(t testing.TB, size int64) *testCluster {
 	t.Helper()
 	c := &testCluster{t: t, dir: t.TempDir(), cfg: &Config{}, nodes: map[string]*Node{}, opts: map[string]Options{}}
-	vol := VolumeConfig{Name: "vol0", Size: ByteSize(size), Protocol: "C", Primary: "alpha", Disks: map[string]string{}}
+	vol := VolumeConfig{Name: "vol0", Size: ByteSize(size), Protocol: "C", Primary: "alpha", Disks: map[string]DiskConfig{}}
 	for _, name := range []string{"alpha", "beta"} {
 		nc := NodeConfig{Name: name, StateDir: filepath.Join(c.dir, name)}
 		nc.Control, nc.Replication, nc.NBD = freeAddr(t), freeAddr(t), freeAddr(t)
@@ -45,7 +45,7 @@ func newTestCluster(t testing.TB, size int64) *testCluster {
 		if err := os.Truncate(img, size); err != nil {
 			t.Fatal(err)
 		}
-		vol.Disks[name] = img
+		vol.Disks[name] = SinglePath(img)
 	}
 	c.cfg.Volumes = []VolumeConfig{vol}
 	if err := c.cfg.Validate(); err != nil {
@@ -158,7 +158,7 @@ func (c *testCluster) waitInSync() {
 
 func (c *testCluster) disk(name string) []byte {
 	c.t.Helper()
-	b, err := os.ReadFile(c.cfg.Volumes[0].Disks[name])
+	b, err := os.ReadFile(c.cfg.Volumes[0].Disks[name].Paths[0].Path)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -167,7 +167,12 @@ func (c *testCluster) disk(name string) []byte {
 
 func (c *testCluster) requireIdentical() {
 	c.t.Helper()
+	size := int(c.cfg.Volumes[0].Size)
 	a, b := c.disk("alpha"), c.disk("beta")
+	if len(a) < size || len(b) < size {
+		c.t.Fatalf("backing files shorter than the volume: %d, %d", len(a), len(b))
+	}
+	a, b = a[:size], b[:size] // a multipath label may follow
 	if !bytes.Equal(a, b) {
 		for i := range a {
 			if a[i] != b[i] {

@@ -8,7 +8,9 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
+	"github.com/replvol/replvol/node/multipath"
 	"gopkg.in/yaml.v3"
 )
 
@@ -43,9 +45,109 @@ type VolumeConfig struct {
 	// Primary is the node that is primary when the cluster is first created.
 	// After that, the primary is what the nodes agreed (replctl primary).
 	Primary string `yaml:"primary"`
-	// Disks maps a node name to that node's backing file or block device.
-	Disks map[string]string `yaml:"disks"`
+	// Disks maps a node name to that node's backing file or block device:
+	// one path, or several paths to the same LUN (multipath).
+	Disks map[string]DiskConfig `yaml:"disks"`
 }
+
+// DiskConfig is one node's backing LUN for a volume. In YAML it is either a
+// plain path ("/dev/sdb") or a mapping with several paths and multipath
+// settings.
+type DiskConfig struct {
+	Paths []PathConfig `yaml:"paths"`
+	// Policy is failover (default), round-robin, queue-length, service-time
+	// or active-read.
+	Policy string `yaml:"policy,omitempty"`
+	// RRMinIO is how many IOs round-robin sends down a path before it
+	// switches (default 100).
+	RRMinIO int `yaml:"rr_min_io,omitempty"`
+	// CheckInterval is how often failed paths are probed (default 5s).
+	CheckInterval Duration `yaml:"check_interval,omitempty"`
+	// Failback is immediate (default), manual, or a delay such as 30s.
+	Failback string `yaml:"failback,omitempty"`
+	// NoPathRetry is how many check intervals IO queues when no path is
+	// left (default: 30 s worth); -1 fails at once.
+	NoPathRetry int `yaml:"no_path_retry,omitempty"`
+	// IOTimeout bounds one IO on one path (default 5s).
+	IOTimeout Duration `yaml:"io_timeout,omitempty"`
+	// Balance is by-group (the default when paths have groups: spread the
+	// active paths of this node's LUNs evenly over the groups) or none.
+	Balance string `yaml:"balance,omitempty"`
+
+	multipath bool // written as a mapping: paths carry a replvol label
+}
+
+// PathConfig is one path to a LUN.
+type PathConfig struct {
+	Name  string `yaml:"name"`
+	Path  string `yaml:"path"`
+	Group string `yaml:"group,omitempty"`
+}
+
+// Multipath reports whether the disk is a multipath device (its paths
+// carry a replvol label that proves they reach one LUN).
+func (d DiskConfig) Multipath() bool { return d.multipath }
+
+// SinglePath returns a plain one-path disk.
+func SinglePath(path string) DiskConfig {
+	return DiskConfig{Paths: []PathConfig{{Name: "p0", Path: path}}}
+}
+
+// MultiPath returns a multipath disk over the given device paths, named
+// p0, p1, ...
+func MultiPath(paths ...string) DiskConfig {
+	d := DiskConfig{multipath: true}
+	for i, p := range paths {
+		d.Paths = append(d.Paths, PathConfig{Name: fmt.Sprintf("p%d", i), Path: p})
+	}
+	return d
+}
+
+// UnmarshalYAML accepts a plain path or a mapping with paths.
+func (d *DiskConfig) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode {
+		*d = SinglePath(n.Value)
+		return nil
+	}
+	type plain DiskConfig
+	var p plain
+	if err := n.Decode(&p); err != nil {
+		return err
+	}
+	*d = DiskConfig(p)
+	d.multipath = true
+	for i := range d.Paths {
+		if d.Paths[i].Name == "" {
+			d.Paths[i].Name = fmt.Sprintf("p%d", i)
+		}
+	}
+	return nil
+}
+
+// MarshalYAML writes a plain disk as its path.
+func (d DiskConfig) MarshalYAML() (any, error) {
+	if !d.multipath && len(d.Paths) == 1 {
+		return d.Paths[0].Path, nil
+	}
+	type plain DiskConfig
+	return plain(d), nil
+}
+
+// Duration is a time.Duration that YAML spells as "5s".
+type Duration time.Duration
+
+// UnmarshalYAML parses a Go duration.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := time.ParseDuration(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %q: want a duration such as 5s or 500ms", n.Line, n.Value)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalYAML writes the duration as text.
+func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
 
 // ByteSize is a size in bytes that YAML may spell as 1073741824 or "1GiB".
 type ByteSize int64
@@ -211,18 +313,61 @@ func (c *Config) Validate() error {
 		for _, k := range keys {
 			if !names[k] {
 				bad(f+".disks."+k, "%q is not a node in nodes", k)
-			} else if v.Disks[k] == "" {
-				bad(f+".disks."+k, "missing: give a file or device path")
+				continue
 			}
+			validateDisk(f+".disks."+k, v.Disks[k], bad)
 		}
-		if v.Primary != "" && names[v.Primary] && v.Disks[v.Primary] == "" {
+		if _, ok := v.Disks[v.Primary]; v.Primary != "" && names[v.Primary] && !ok {
 			bad(f+".disks", "the primary %q has no disk", v.Primary)
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// Protocol returns the volume's replication protocol, C when unset.
+func validateDisk(f string, d DiskConfig, bad func(field, format string, args ...any)) {
+	if len(d.Paths) == 0 {
+		bad(f, "missing: give a file or device path, or paths: [{name, path, group}]")
+		return
+	}
+	seen := map[string]bool{}
+	for i, p := range d.Paths {
+		pf := fmt.Sprintf("%s.paths[%d]", f, i)
+		if p.Path == "" {
+			if d.multipath {
+				bad(pf+".path", "missing: give a file or device path")
+			} else {
+				bad(f, "missing: give a file or device path")
+			}
+		}
+		if seen[p.Name] {
+			bad(pf+".name", "%q is used by two paths", p.Name)
+		}
+		seen[p.Name] = true
+	}
+	if d.Policy != "" {
+		if _, err := multipath.ParsePolicy(d.Policy); err != nil {
+			bad(f+".policy", "%q: want failover, round-robin, queue-length, service-time or active-read", d.Policy)
+		}
+	}
+	if d.Failback != "" {
+		if _, err := multipath.ParseFailback(d.Failback); err != nil {
+			bad(f+".failback", "%q: want immediate, manual or a delay such as 30s", d.Failback)
+		}
+	}
+	if d.RRMinIO < 0 {
+		bad(f+".rr_min_io", "%d: want a positive count", d.RRMinIO)
+	}
+	if d.NoPathRetry < -1 {
+		bad(f+".no_path_retry", "%d: want -1 (fail at once), 0 (default) or a count of check intervals", d.NoPathRetry)
+	}
+	switch d.Balance {
+	case "", "by-group", "none":
+	default:
+		bad(f+".balance", "%q: want by-group or none", d.Balance)
+	}
+}
+
+// ProtocolOrDefault returns the volume's replication protocol, C when unset.
 func (v VolumeConfig) ProtocolOrDefault() string {
 	if v.Protocol == "" {
 		return "C"

@@ -26,7 +26,7 @@ func TestLoadConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Volumes[0].Size != 1<<30 || c.Volumes[0].Disks["beta"] != "/dev/sdc" {
+	if c.Volumes[0].Size != 1<<30 || c.Volumes[0].Disks["beta"].Paths[0].Path != "/dev/sdc" {
 		t.Fatalf("parsed %+v", c.Volumes[0])
 	}
 }

@@ -171,6 +171,7 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 				rs.Reachable = true
 				rs.Role, rs.Disk, rs.Replication = lv.Role, lv.Disk, lv.Replication
 				rs.ResyncedBytes, rs.Generation, rs.Reason = lv.ResyncedBytes, lv.Generation, lv.Reason
+				rs.Paths = lv.Paths
 			} else {
 				rs.Role, rs.Disk, rs.Replication = "Unknown", "DUnknown", "Unknown"
 				if pv != nil {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/node/multipath"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 	"github.com/replvol/replvol/transport/nbd"
@@ -32,9 +33,12 @@ type Options struct {
 	// Listeners, when set, are used instead of listening on the configured
 	// addresses (the demo opens them first to learn free ports).
 	Control, Replication, NBD net.Listener
-	// OpenDisk opens a volume's backing disk; nil means OpenDisk. Tests
-	// put fault-injecting disks here.
+	// OpenDisk opens a volume's single-path backing disk; nil means
+	// OpenDisk. Tests put fault-injecting disks here.
 	OpenDisk func(path string, size int64) (Disk, error)
+	// OpenPath opens one path of a multipath disk; nil means
+	// multipath.OpenFilePath. Tests put fault-injecting paths here.
+	OpenPath func(PathConfig) (multipath.Path, error)
 }
 
 // Node is one running replvol node.
@@ -92,16 +96,13 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 		return nil, err
 	}
 	n.store = st
+	preferred := balanceByGroup(cfg, name)
 	for _, vc := range cfg.Volumes {
-		path, ok := vc.Disks[name]
+		dc, ok := vc.Disks[name]
 		if !ok {
 			continue
 		}
-		open := opts.OpenDisk
-		if open == nil {
-			open = OpenDisk
-		}
-		disk, err := open(path, int64(vc.Size))
+		disk, mp, err := n.openDisk(vc, dc, preferred[vc.Name], opts)
 		if err != nil {
 			n.closeVolumes()
 			st.Close()
@@ -114,6 +115,7 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 			st.Close()
 			return nil, err
 		}
+		v.mp = mp
 		n.vols[vc.Name] = v
 	}
 	return n, nil

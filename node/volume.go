@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/node/multipath"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
@@ -31,6 +32,7 @@ type Volume struct {
 	size int64
 	self string
 	disk Disk
+	mp   *multipath.Device // nil for a single-path disk
 	log  *slog.Logger
 
 	// locks orders overlapping writes and resync reads.
@@ -385,6 +387,10 @@ func (v *Volume) status() transport.LocalVolume {
 	lv.Reads, lv.ReadBytes = v.reads.Load(), v.readBytes.Load()
 	lv.Writes, lv.WriteBytes = v.writes.Load(), v.writeBytes.Load()
 	lv.Flushes = v.flushes.Load()
+	lv.Paths = v.pathStatus()
+	if v.mp != nil {
+		lv.PathPolicy = v.mp.Policy().String()
+	}
 	if role == replication.Primary {
 		worst := replication.Connected
 		for _, p := range peers {

@@ -60,6 +60,44 @@ type ReplicaStatus struct {
 	// Reachable is false when the node did not answer; the fields then come
 	// from its peer's view.
 	Reachable bool `json:"reachable"`
+	// Paths are the node's paths to its backing LUN (multipath disks only).
+	Paths []PathStatus `json:"paths,omitempty"`
+}
+
+// PathStatus is one path to a node's backing LUN.
+type PathStatus struct {
+	Node               string  `json:"node"`
+	Volume             string  `json:"volume"`
+	Path               string  `json:"path"`
+	State              string  `json:"state"` // ACTIVE, PASSIVE or FAIL
+	Group              string  `json:"group"`
+	Preferred          bool    `json:"preferred"`
+	Reason             string  `json:"reason,omitempty"`
+	IOs                uint64  `json:"ios"`
+	Bytes              uint64  `json:"bytes"`
+	Errors             uint64  `json:"errors"`
+	InFlight           int     `json:"in_flight"`
+	LatencyP50Micros   int64   `json:"latency_p50_us"`
+	LatencyP99Micros   int64   `json:"latency_p99_us"`
+	SinceChangeSeconds float64 `json:"since_change_s"`
+}
+
+// PathRequest is an operator's command on one node's paths.
+type PathRequest struct {
+	Volume string `json:"volume"`
+	// Node owns the paths; empty means the node that receives it.
+	Node string `json:"node,omitempty"`
+	// Action is fail, restore, rotate or policy.
+	Action string `json:"action"`
+	Path   string `json:"path,omitempty"`
+	Policy string `json:"policy,omitempty"`
+}
+
+// PathReply shows the paths after the command.
+type PathReply struct {
+	Node   string       `json:"node"`
+	Policy string       `json:"policy"`
+	Paths  []PathStatus `json:"paths"`
 }
 
 // NodeStatus is one node's own view of itself and its volumes.
@@ -83,13 +121,15 @@ type LocalVolume struct {
 	Peers         []PeerStatus `json:"peers"`
 	// Replication is this node's own link state: for a secondary its link
 	// to the primary, for the primary the worst of its peers.
-	Replication string `json:"replication"`
-	Reason      string `json:"reason,omitempty"`
-	Writes      uint64 `json:"writes"`
-	WriteBytes  uint64 `json:"write_bytes"`
-	Reads       uint64 `json:"reads"`
-	ReadBytes   uint64 `json:"read_bytes"`
-	Flushes     uint64 `json:"flushes"`
+	Replication string       `json:"replication"`
+	Reason      string       `json:"reason,omitempty"`
+	Paths       []PathStatus `json:"paths,omitempty"`
+	PathPolicy  string       `json:"path_policy,omitempty"`
+	Writes      uint64       `json:"writes"`
+	WriteBytes  uint64       `json:"write_bytes"`
+	Reads       uint64       `json:"reads"`
+	ReadBytes   uint64       `json:"read_bytes"`
+	Flushes     uint64       `json:"flushes"`
 }
 
 // PeerStatus is the primary's view of one peer.

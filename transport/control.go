@@ -23,6 +23,7 @@ type ControlServer interface {
 	Connect(context.Context, *ConnectRequest) (*ConnectReply, error)
 	Disconnect(context.Context, *ConnectRequest) (*ConnectReply, error)
 	Resync(context.Context, *ResyncRequest) (*ResyncReply, error)
+	PathAction(context.Context, *PathRequest) (*PathReply, error)
 }
 
 // jsonCodec carries the control API's Go structs as JSON: the API is low
@@ -74,6 +75,7 @@ var controlDesc = grpc.ServiceDesc{
 		unary("Connect", ControlServer.Connect),
 		unary("Disconnect", ControlServer.Disconnect),
 		unary("Resync", ControlServer.Resync),
+		unary("PathAction", ControlServer.PathAction),
 	},
 }
 
@@ -160,4 +162,9 @@ func (c *ControlClient) Disconnect(ctx context.Context, r *ConnectRequest) (*Con
 // Resync starts, pauses or resumes a resync.
 func (c *ControlClient) Resync(ctx context.Context, r *ResyncRequest) (*ResyncReply, error) {
 	return invoke[ResyncReply](ctx, c, "Resync", r)
+}
+
+// PathAction runs a path command (fail, restore, rotate, policy).
+func (c *ControlClient) PathAction(ctx context.Context, r *PathRequest) (*PathReply, error) {
+	return invoke[PathReply](ctx, c, "PathAction", r)
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/node"
+	"github.com/replvol/replvol/node/multipath"
 	"github.com/replvol/replvol/transport"
 	"github.com/spf13/cobra"
 )
@@ -23,6 +24,7 @@ func newDemo() *cobra.Command {
 		dir      string
 		basePort int
 		size     string
+		paths    int
 	)
 	cmd := &cobra.Command{
 		Use:   "demo",
@@ -41,21 +43,25 @@ It prints the NBD URI, then "ready". Ctrl-C or SIGTERM stops both nodes cleanly.
 			if bytes < 1<<20 || bytes%4096 != 0 {
 				return fmt.Errorf("--size %s: want at least 1MiB and a multiple of 4KiB", size)
 			}
+			if paths < 0 || paths > 16 {
+				return fmt.Errorf("--paths %d: want 0 (a plain disk) to 16", paths)
+			}
 			if basePort < 0 || basePort > 65535-5 {
 				return fmt.Errorf("--base-port %d: want 0 (free ports) or 1-65530", basePort)
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			return runDemo(ctx, cmd.OutOrStdout(), dir, basePort, bytes)
+			return runDemo(ctx, cmd.OutOrStdout(), dir, basePort, bytes, paths)
 		},
 	}
 	cmd.Flags().StringVar(&dir, "dir", "", "directory for the disks, state and logs (default: a fresh temp dir, removed at exit)")
 	cmd.Flags().IntVar(&basePort, "base-port", 7800, "alpha's control port; the other five ports follow it (0: free ports)")
 	cmd.Flags().StringVar(&size, "size", "1GiB", "volume size (sparse files)")
+	cmd.Flags().IntVar(&paths, "paths", 0, "give each node this many multipath paths (p0, p1, ...) to its backing file")
 	return cmd
 }
 
-func runDemo(ctx context.Context, out io.Writer, dir string, basePort int, size int64) (err error) {
+func runDemo(ctx context.Context, out io.Writer, dir string, basePort int, size int64, paths int) (err error) {
 	if dir == "" {
 		dir, err = os.MkdirTemp("", "replvol-demo-")
 		if err != nil {
@@ -86,17 +92,30 @@ func runDemo(ctx context.Context, out io.Writer, dir string, basePort int, size 
 		listeners = append(listeners, l)
 	}
 	cfg := &node.Config{}
-	vol := node.VolumeConfig{Name: "vol0", Size: node.ByteSize(size), Protocol: "C", Primary: "alpha", Disks: map[string]string{}}
+	vol := node.VolumeConfig{Name: "vol0", Size: node.ByteSize(size), Protocol: "C", Primary: "alpha", Disks: map[string]node.DiskConfig{}}
 	for i, name := range names {
 		nodeDir := filepath.Join(dir, name)
 		if err := os.MkdirAll(nodeDir, 0o755); err != nil {
 			return err
 		}
 		img := filepath.Join(nodeDir, "vol0.img")
-		if err := ensureSparseFile(img, size); err != nil {
-			return err
+		if paths == 0 {
+			if err := ensureSparseFile(img, size); err != nil {
+				return err
+			}
+			vol.Disks[name] = node.SinglePath(img)
+		} else {
+			// Every path reaches the same file, which also holds the
+			// multipath label in its last 4 KiB.
+			if err := ensureSparseFile(img, size+multipath.LabelSize); err != nil {
+				return err
+			}
+			devs := make([]string, paths)
+			for i := range devs {
+				devs[i] = img
+			}
+			vol.Disks[name] = node.MultiPath(devs...)
 		}
-		vol.Disks[name] = img
 		cfg.Nodes = append(cfg.Nodes, node.NodeConfig{
 			Name:        name,
 			Control:     listeners[3*i].Addr().String(),

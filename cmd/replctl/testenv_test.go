@@ -232,11 +232,11 @@ var nodeLine = regexp.MustCompile(`^node (\S+): control (\S+) replication (\S+) 
 // startDemo runs `replctl demo` in a fresh directory, waits for "ready" and
 // registers a cleanup that stops it with SIGTERM and checks that it exits 0
 // within 10 s.
-func startDemo(t *testing.T) *demo {
+func startDemo(t *testing.T, extra ...string) *demo {
 	t.Helper()
 	dir := t.TempDir()
 	d := &demo{t: t, dir: dir, nodes: map[string]demoNode{}, out: &syncBuffer{}, done: make(chan struct{})}
-	cmd := exec.Command(replctlBin, "demo", "--dir", dir, "--base-port", "0", "--size", demoSizeFlag)
+	cmd := exec.Command(replctlBin, append([]string{"demo", "--dir", dir, "--base-port", "0", "--size", demoSizeFlag}, extra...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.Stderr = d.out
 	stdout, err := cmd.StdoutPipe()

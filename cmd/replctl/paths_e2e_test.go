@@ -1,0 +1,73 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestE2EMultipathPathFlapsUnderFioVerify runs the demo with two paths per
+// node, fails and restores alpha's paths with replctl while fio writes and
+// verifies through NBD: no error reaches fio, and the replicas end equal.
+func TestE2EMultipathPathFlapsUnderFioVerify(t *testing.T) {
+	e2e(t)
+	fio := RequireTool(t, "fio", "fio")
+	d := startDemo(t, "--paths", "2")
+
+	var paths []map[string]any
+	if err := json.Unmarshal([]byte(d.mustCtl("alpha", "path", "list", "--json")), &paths); err != nil {
+		t.Fatal(err)
+	}
+	if len(paths) != 4 {
+		t.Fatalf("path list: %d paths, want 2 per node: %v", len(paths), paths)
+	}
+	for _, p := range paths {
+		for _, k := range []string{"node", "volume", "path", "state", "group", "ios", "errors"} {
+			if _, ok := p[k]; !ok {
+				t.Fatalf("path entry lacks %q: %v", k, p)
+			}
+		}
+	}
+
+	stop := make(chan struct{})
+	flapped := make(chan int)
+	go func() {
+		n := 0
+		defer func() { flapped <- n }()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				d.ctl("alpha", "path", "restore", "vol0", "p0", "--node", "alpha")
+				d.ctl("alpha", "path", "restore", "vol0", "p1", "--node", "alpha")
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			victim, other := "p0", "p1"
+			if i%2 == 1 {
+				victim, other = other, victim
+			}
+			d.ctl("alpha", "path", "restore", "vol0", other, "--node", "alpha")
+			if r := d.ctl("alpha", "path", "fail", "vol0", victim, "--node", "alpha"); r.ok() {
+				n++
+			}
+		}
+	}()
+	r := runCmd(3*time.Minute, nil, fio, "--name=verify", "--ioengine=nbd", "--uri="+d.uri,
+		"--rw=randwrite", "--bs=4k", "--size=32M", "--iodepth=16",
+		"--verify=crc32c", "--do_verify=1", "--verify_fatal=1")
+	close(stop)
+	n := <-flapped
+	if !r.ok() {
+		t.Fatalf("fio verify while paths flapped (%d path failures): %s", n, r)
+	}
+	if n < 2 {
+		t.Fatalf("only %d path failures happened during fio", n)
+	}
+	d.waitInSync("alpha")
+	compareFiles(t, d.disk("alpha"), d.disk("beta"), demoSize)
+	out := d.mustCtl("alpha", "path", "list", "vol0")
+	if !strings.Contains(out, "ACTIVE") {
+		t.Fatalf("path list after the flapping: %s", out)
+	}
+}

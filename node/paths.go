@@ -1,0 +1,179 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/replvol/replvol/node/multipath"
+	"github.com/replvol/replvol/transport"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// openDisk opens one node's backing LUN of a volume: a plain file or
+// device, or a multipath device over several labelled paths.
+func (n *Node) openDisk(vc VolumeConfig, dc DiskConfig, preferred int, opts Options) (Disk, *multipath.Device, error) {
+	size := int64(vc.Size)
+	if !dc.Multipath() {
+		open := opts.OpenDisk
+		if open == nil {
+			open = OpenDisk
+		}
+		d, err := open(dc.Paths[0].Path, size)
+		return d, nil, err
+	}
+	openPath := opts.OpenPath
+	if openPath == nil {
+		openPath = func(pc PathConfig) (multipath.Path, error) { return multipath.OpenFilePath(pc.Name, pc.Path) }
+	}
+	var paths []multipath.Path
+	closeAll := func() {
+		for _, p := range paths {
+			p.Close()
+		}
+	}
+	cfg := multipath.Config{
+		RRMinIO:       dc.RRMinIO,
+		Preferred:     preferred,
+		CheckInterval: time.Duration(dc.CheckInterval),
+		IOTimeout:     time.Duration(dc.IOTimeout),
+		NoPathRetry:   dc.NoPathRetry,
+		Label:         true,
+	}
+	if dc.NoPathRetry < 0 {
+		cfg.NoPathRetry = multipath.NoPathFail
+	}
+	if dc.Policy != "" {
+		cfg.Policy, _ = multipath.ParsePolicy(dc.Policy)
+	}
+	if dc.Failback != "" {
+		cfg.Failback, _ = multipath.ParseFailback(dc.Failback)
+	}
+	log := n.log.With("volume", vc.Name, "part", "multipath")
+	cfg.OnChange = func(e multipath.Event) {
+		log.Info("path state", "path", e.Path, "state", e.State.String(), "reason", e.Reason)
+	}
+	for _, pc := range dc.Paths {
+		p, err := openPath(pc)
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("path %s (%s): %w", pc.Name, pc.Path, err)
+		}
+		paths = append(paths, p)
+		cfg.Groups = append(cfg.Groups, pc.Group)
+	}
+	dev, err := multipath.Open(paths, cfg)
+	if err != nil {
+		closeAll()
+		return nil, nil, err
+	}
+	if dev.Size() < size {
+		dev.Close()
+		return nil, nil, fmt.Errorf("the LUN behind %s holds %d usable bytes (after replvol's 4 KiB label) but the volume needs %d: grow it or shrink the volume", dc.Paths[0].Path, dev.Size(), size)
+	}
+	return dev, dev, nil
+}
+
+// balanceByGroup picks, for each of this node's multipath volumes whose
+// paths have groups, the preferred path so that the active paths spread
+// evenly over the groups (the seed's winning layout).
+func balanceByGroup(cfg *Config, node string) map[string]int {
+	var names []string
+	var groups [][]string
+	for _, vc := range cfg.Volumes {
+		dc, ok := vc.Disks[node]
+		if !ok || !dc.Multipath() || dc.Balance == "none" {
+			continue
+		}
+		var g []string
+		grouped := false
+		for _, p := range dc.Paths {
+			g = append(g, p.Group)
+			grouped = grouped || p.Group != ""
+		}
+		if !grouped {
+			continue
+		}
+		names = append(names, vc.Name)
+		groups = append(groups, g)
+	}
+	out := map[string]int{}
+	for i, pref := range multipath.BalanceByGroup(groups) {
+		out[names[i]] = pref
+	}
+	return out
+}
+
+// pathStatus reports a volume's paths on this node.
+func (v *Volume) pathStatus() []transport.PathStatus {
+	if v.mp == nil {
+		return nil
+	}
+	var out []transport.PathStatus
+	for _, p := range v.mp.Paths() {
+		out = append(out, transport.PathStatus{
+			Node: v.self, Volume: v.name, Path: p.Name, State: p.State.String(), Group: p.Group,
+			Preferred: p.Preferred, Reason: p.Reason, IOs: p.IOs, Bytes: p.Bytes, Errors: p.Errors,
+			InFlight: p.InFlight, LatencyP50Micros: p.LatencyP50.Microseconds(), LatencyP99Micros: p.LatencyP99.Microseconds(),
+			SinceChangeSeconds: p.SinceChange.Seconds(),
+		})
+	}
+	return out
+}
+
+// PathAction runs an operator's path command on the node that owns the
+// paths, forwarding it there when needed.
+func (c *control) PathAction(ctx context.Context, r *transport.PathRequest) (*transport.PathReply, error) {
+	n := c.n
+	target := r.Node
+	if target == "" {
+		target = n.name
+	}
+	if target != n.name {
+		api, err := n.peerAPI(target)
+		if err != nil {
+			return nil, status.Error(codes.NotFound, err.Error())
+		}
+		fwd := *r
+		fwd.Node = target
+		return api.PathAction(ctx, &fwd)
+	}
+	v, err := n.volume(r.Volume)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	if v.mp == nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "%s on %s has a single-path disk; configure disks.%s.paths to use multipath", r.Volume, n.name, n.name)
+	}
+	switch r.Action {
+	case "fail":
+		err = v.mp.Fail(r.Path)
+	case "restore":
+		err = v.mp.Restore(r.Path)
+	case "rotate":
+		v.mp.Rotate()
+	case "policy":
+		var p multipath.Policy
+		if p, err = multipath.ParsePolicy(r.Policy); err == nil {
+			err = v.mp.SetPolicy(p)
+		}
+	default:
+		return nil, status.Errorf(codes.InvalidArgument, "unknown path action %q: want fail, restore, rotate or policy", r.Action)
+	}
+	if err != nil {
+		if errors.Is(err, multipath.ErrUnknownPath) {
+			var names []string
+			for _, p := range v.mp.Paths() {
+				names = append(names, p.Name)
+			}
+			sort.Strings(names)
+			return nil, status.Errorf(codes.NotFound, "%s on %s has no path %q (paths: %v)", r.Volume, n.name, r.Path, names)
+		}
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
+	n.event(r.Volume, "path-"+r.Action, fmt.Sprintf("operator: path %s %s %s on %s", r.Action, r.Path, r.Policy, n.name))
+	return &transport.PathReply{Node: n.name, Policy: v.mp.Policy().String(), Paths: v.pathStatus()}, nil
+}
