@@ -1,10 +1,16 @@
-// Package metadata keeps a node's durable state: per volume, the epoch and
-// primary it last agreed to, its data generation, whether it shut down
-// cleanly, and an event history. It is a bbolt file owned by one node; a
-// Store is safe for concurrent use.
+// Package metadata keeps a node's durable state. Two parts:
 //
-// The out-of-sync bitmaps live in memory for now. The crash-safe on-disk
-// layout (superblock, activity log, bitmaps) comes with the metadata issue;
-// until then a node that did not shut down cleanly forgets its generation,
-// so its peer gets a full resync instead of a wrong "UpToDate".
+//   - Store, a bbolt file per node: per volume the epoch and primary it last
+//     agreed to, its data generation, whether it shut down cleanly, and an
+//     event history.
+//   - The on-disk metadata of each volume (OpenMD, CreateMD): a superblock
+//     with generation UUIDs, an activity log of hot 4 MiB extents, and one
+//     out-of-sync bitmap per peer, placed at the end of the backing device
+//     (internal) or in a separate file (external). layout.go documents the
+//     format byte by byte.
+//
+// The replication IO path still keeps its bitmaps in memory and uses
+// Store's clean-shutdown flag; wiring the on-disk metadata into it is the
+// next step. Store, MD, ActivityLog and PeerBitmap are safe for concurrent
+// use.
 package metadata

@@ -1,0 +1,364 @@
+package replication
+
+import "fmt"
+
+// UUIDSet is what one node knows of its data generations toward one peer
+// (DRBD's generation identifiers, research/anchors-replication.md §1.6). Two
+// nodes exchange their sets when they (re)connect and CompareUUIDs decides
+// what the connection does.
+//
+// The zero Generation means "empty": no data yet, or none that is consistent.
+// DRBD encodes the role in the lowest bit of a UUID and masks it before
+// comparing; a Generation carries no role, so generations compare whole.
+type UUIDSet struct {
+	// Current names the data on the node's disk now.
+	Current Generation
+	// Bitmap names the generation the node's bitmap for this peer tracks
+	// changes from: the peer's data is Bitmap plus the marked blocks. Zero
+	// while connected and in sync.
+	Bitmap Generation
+	// History holds older generations, newest first (at least two; zero
+	// entries are unused).
+	History []Generation
+	// CrashedPrimary is the primary indicator found set at attach: the node
+	// was primary when it went down, so it may be "one write ahead".
+	CrashedPrimary bool
+	// NodeID breaks the tie when both nodes crashed as primary: the lower
+	// id becomes the SyncSource.
+	NodeID uint32
+}
+
+// history returns History[i], or zero when there is no such entry.
+func (s UUIDSet) history(i int) Generation {
+	if i < len(s.History) {
+		return s.History[i]
+	}
+	return Generation{}
+}
+
+// inHistory reports whether g (non-zero) is one of s's history generations.
+func (s UUIDSet) inHistory(g Generation) bool {
+	if g.IsZero() {
+		return false
+	}
+	for _, h := range s.History {
+		if h == g {
+			return true
+		}
+	}
+	return false
+}
+
+// withBitmapRetired returns s after a finished resync as SyncSource: the
+// bitmap generation moves into the history and the bitmap UUID clears.
+func (s UUIDSet) withBitmapRetired() UUIDSet {
+	s.History = pushHistory(s.History, s.Bitmap)
+	s.Bitmap = Generation{}
+	return s
+}
+
+// withResyncStartUndone returns s with the start of a resync as SyncSource
+// undone: the bitmap UUID comes back from the history.
+func (s UUIDSet) withResyncStartUndone() UUIDSet {
+	h := make([]Generation, len(s.History))
+	if len(h) > 0 {
+		s.Bitmap = s.History[0]
+		copy(h, s.History[1:])
+	}
+	s.History = h
+	return s
+}
+
+// pushHistory returns history with g in front, keeping its length (at
+// least 2); the oldest entry falls off.
+func pushHistory(history []Generation, g Generation) []Generation {
+	n := max(len(history), 2)
+	h := make([]Generation, n)
+	h[0] = g
+	copy(h[1:], history)
+	return h
+}
+
+// UUIDOutcome is what a connection does after comparing generations.
+type UUIDOutcome int
+
+// Outcomes of CompareUUIDs, from the local node's point of view. String
+// gives DRBD's words, which operators know from its kernel log.
+const (
+	// NoResync: both disks hold the same generation.
+	NoResync UUIDOutcome = iota
+	// BitmapResyncSource: I send the blocks marked in the bitmaps.
+	BitmapResyncSource
+	// BitmapResyncTarget: I receive the blocks marked in the bitmaps.
+	BitmapResyncTarget
+	// FullResyncSource: I send every block.
+	FullResyncSource
+	// FullResyncTarget: I receive every block.
+	FullResyncTarget
+	// SplitBrainAutoRecover: both changed the data since a common parent
+	// that both bitmaps track; an after-sb policy may pick a victim and
+	// resync the union of the bitmaps.
+	SplitBrainAutoRecover
+	// SplitBrainDisconnect: the data diverged and the bitmaps cannot tell
+	// by how much; stay StandAlone until an operator decides.
+	SplitBrainDisconnect
+	// UnrelatedData: no generation in common; refuse and disconnect.
+	UnrelatedData
+)
+
+func (o UUIDOutcome) String() string {
+	switch o {
+	case NoResync:
+		return "no-sync"
+	case BitmapResyncSource:
+		return "source-use-bitmap"
+	case BitmapResyncTarget:
+		return "target-use-bitmap"
+	case FullResyncSource:
+		return "source-set-bitmap"
+	case FullResyncTarget:
+		return "target-set-bitmap"
+	case SplitBrainAutoRecover:
+		return "split-brain-auto-recover"
+	case SplitBrainDisconnect:
+		return "split-brain-disconnect"
+	case UnrelatedData:
+		return "unrelated-data"
+	}
+	return fmt.Sprintf("UUIDOutcome(%d)", int(o))
+}
+
+// Mirror returns the outcome the peer reaches from the same two sets.
+func (o UUIDOutcome) Mirror() UUIDOutcome {
+	switch o {
+	case BitmapResyncSource:
+		return BitmapResyncTarget
+	case BitmapResyncTarget:
+		return BitmapResyncSource
+	case FullResyncSource:
+		return FullResyncTarget
+	case FullResyncTarget:
+		return FullResyncSource
+	}
+	return o
+}
+
+// IsSource reports whether the local node sends data.
+func (o UUIDOutcome) IsSource() bool { return o == BitmapResyncSource || o == FullResyncSource }
+
+// IsTarget reports whether the local node receives data (and is
+// Inconsistent until the resync ends).
+func (o UUIDOutcome) IsTarget() bool { return o == BitmapResyncTarget || o == FullResyncTarget }
+
+// IsSplitBrain reports whether the data diverged on both nodes.
+func (o UUIDOutcome) IsSplitBrain() bool {
+	return o == SplitBrainAutoRecover || o == SplitBrainDisconnect
+}
+
+// Rule names, after DRBD 9's (drbd_uuid_compare) so that logs read the same;
+// RuleNumber gives DRBD 8.4's rule_nr.
+const (
+	RuleJustCreatedBoth            = "just-created-both"
+	RuleJustCreatedSelf            = "just-created-self"
+	RuleJustCreatedPeer            = "just-created-peer"
+	RuleSyncSourceMissedFinish     = "sync-source-missed-finish"
+	RuleSyncTargetPeerMissedFinish = "sync-target-peer-missed-finish"
+	RuleSyncSourcePeerMissedFinish = "sync-source-peer-missed-finish"
+	RuleSyncTargetMissedFinish     = "sync-target-missed-finish"
+	RuleReconnected                = "reconnected"
+	RuleCrashedPrimary             = "crashed-primary"
+	RuleBitmapPeer                 = "bitmap-peer"
+	RuleSyncTargetMissedStart      = "sync-target-missed-start"
+	RuleHistoryPeer                = "history-peer"
+	RuleBitmapSelf                 = "bitmap-self"
+	RuleSyncSourceMissedStart      = "sync-source-missed-start"
+	RuleHistorySelf                = "history-self"
+	RuleBitmapBoth                 = "bitmap-both"
+	RuleHistoryBoth                = "history-both"
+	RuleUnrelated                  = "unrelated"
+)
+
+// UUIDDecision is the outcome of CompareUUIDs and the rule that chose it.
+type UUIDDecision struct {
+	Outcome UUIDOutcome
+	// Rule names the row of the table that fired, for logs and status.
+	Rule string
+	// RuleNumber is DRBD 8.4's rule_nr for the same row.
+	RuleNumber int
+	// Repair, when non-nil, is the local set corrected for an event this
+	// node missed (a resync's end or start that never reached its
+	// metadata). The caller stores it BEFORE the resync it decided starts.
+	Repair *UUIDSet
+}
+
+// String renders the decision the way DRBD logs it.
+func (d UUIDDecision) String() string {
+	return fmt.Sprintf("%v by rule=%s", d.Outcome, d.Rule)
+}
+
+func decide(o UUIDOutcome, rule string, nr int) UUIDDecision {
+	return UUIDDecision{Outcome: o, Rule: rule, RuleNumber: nr}
+}
+
+// CompareUUIDs decides what a connection between two nodes does from their
+// generation sets: DRBD's drbd_uuid_compare (research/anchors-replication.md
+// §1.6). local is this node's set toward the peer, peer is the set the peer
+// sent; roles are the local then the peer's current role (Secondary when
+// left out), which matter only when the current generations are equal
+// and one node crashed as primary. It is pure: the caller persists Repair
+// and performs the resync.
+//
+// The rows, in the order they are tried:
+//
+//	both empty                                  no-sync          just-created-both
+//	I am empty, the peer is not                 full, target     just-created-self
+//	the peer is empty, I am not                 full, source     just-created-peer
+//	equal current, only I have a bitmap UUID    bitmap, source   sync-source-(peer-)missed-finish
+//	equal current, only the peer has one        bitmap, target   sync-target-(peer-)missed-finish
+//	equal current, no one crashed as primary    no-sync          reconnected
+//	equal current, a crashed primary            bitmap, from the primary now, else from the crashed primary
+//	peer bitmap == my current                   bitmap, target   bitmap-peer
+//	peer history[0] == my current, missed start bitmap, target   sync-target-missed-start
+//	my current in the peer's history            full, target     history-peer
+//	my bitmap == peer current                   bitmap, source   bitmap-self
+//	my history[0] == peer current, missed start bitmap, source   sync-source-missed-start
+//	peer current in my history                  full, source     history-self
+//	bitmap UUIDs equal                          split brain, auto-recoverable  bitmap-both
+//	a history generation in common              split brain, disconnect        history-both
+//	nothing in common                           unrelated data   unrelated
+func CompareUUIDs(local, peer UUIDSet, roles ...Role) UUIDDecision {
+	localRole, peerRole := Secondary, Secondary
+	if len(roles) > 0 {
+		localRole = roles[0]
+	}
+	if len(roles) > 1 {
+		peerRole = roles[1]
+	}
+	self, other := local.Current, peer.Current
+
+	switch {
+	case self.IsZero() && other.IsZero():
+		return decide(NoResync, RuleJustCreatedBoth, 10)
+	case self.IsZero():
+		return decide(FullResyncTarget, RuleJustCreatedSelf, 20)
+	case other.IsZero():
+		return decide(FullResyncSource, RuleJustCreatedPeer, 30)
+	}
+
+	if self == other {
+		return compareEqualCurrent(local, peer, localRole, peerRole)
+	}
+
+	if !peer.Bitmap.IsZero() && peer.Bitmap == self {
+		return decide(BitmapResyncTarget, RuleBitmapPeer, 50)
+	}
+	if peer.history(0) == self && local.history(0) == peer.history(1) {
+		// The peer began a resync as SyncSource toward me (its bitmap UUID
+		// moved into its history) but the new sync UUID never reached my
+		// disk. The peer undoes that on its side (sync-source-missed-start).
+		return decide(BitmapResyncTarget, RuleSyncTargetMissedStart, 51)
+	}
+	if peer.inHistory(self) {
+		return decide(FullResyncTarget, RuleHistoryPeer, 60)
+	}
+	if !local.Bitmap.IsZero() && local.Bitmap == other {
+		return decide(BitmapResyncSource, RuleBitmapSelf, 70)
+	}
+	if local.history(0) == other && local.history(1) == peer.history(0) {
+		d := decide(BitmapResyncSource, RuleSyncSourceMissedStart, 71)
+		repaired := local.withResyncStartUndone()
+		d.Repair = &repaired
+		return d
+	}
+	if local.inHistory(other) {
+		return decide(FullResyncSource, RuleHistorySelf, 80)
+	}
+	if !local.Bitmap.IsZero() && local.Bitmap == peer.Bitmap {
+		return decide(SplitBrainAutoRecover, RuleBitmapBoth, 90)
+	}
+	for _, h := range local.History {
+		if peer.inHistory(h) {
+			return decide(SplitBrainDisconnect, RuleHistoryBoth, 100)
+		}
+	}
+	return decide(UnrelatedData, RuleUnrelated, 1000)
+}
+
+// compareEqualCurrent is the part of the table where both current
+// generations are equal (DRBD's rules 34–41).
+func compareEqualCurrent(local, peer UUIDSet, localRole, peerRole Role) UUIDDecision {
+	localBM, peerBM := !local.Bitmap.IsZero(), !peer.Bitmap.IsZero()
+	switch {
+	case localBM && !peerBM:
+		if local.Bitmap == peer.history(0) && local.history(0) == peer.history(1) {
+			// I was SyncSource and missed the resync-finished event the
+			// target recorded: retire my bitmap UUID as it did.
+			d := decide(BitmapResyncSource, RuleSyncSourceMissedFinish, 34)
+			repaired := local.withBitmapRetired()
+			d.Repair = &repaired
+			return d
+		}
+		// I was SyncSource and the target failed to record the end.
+		return decide(BitmapResyncSource, RuleSyncSourcePeerMissedFinish, 36)
+	case !localBM && peerBM:
+		if peer.Bitmap == local.history(0) && peer.history(0) == local.history(1) {
+			// The peer will correct itself (its sync-source-missed-finish).
+			return decide(BitmapResyncTarget, RuleSyncTargetPeerMissedFinish, 35)
+		}
+		return decide(BitmapResyncTarget, RuleSyncTargetMissedFinish, 37)
+	}
+
+	if !local.CrashedPrimary && !peer.CrashedPrimary {
+		return decide(NoResync, RuleReconnected, 40)
+	}
+	// Equal generations but a node went down as primary: it may hold
+	// writes the other never saw (its AL extents, now in its bitmap).
+	if localRole == Primary || peerRole == Primary {
+		switch {
+		case localRole == Primary && peerRole == Primary:
+			return decide(SplitBrainDisconnect, RuleCrashedPrimary, 41)
+		case localRole == Primary:
+			return decide(BitmapResyncSource, RuleCrashedPrimary, 41)
+		default:
+			return decide(BitmapResyncTarget, RuleCrashedPrimary, 41)
+		}
+	}
+	switch {
+	case local.CrashedPrimary && !peer.CrashedPrimary:
+		return decide(BitmapResyncSource, RuleCrashedPrimary, 40)
+	case !local.CrashedPrimary && peer.CrashedPrimary:
+		return decide(BitmapResyncTarget, RuleCrashedPrimary, 40)
+	case local.NodeID < peer.NodeID:
+		return decide(BitmapResyncSource, RuleCrashedPrimary, 40)
+	default:
+		return decide(BitmapResyncTarget, RuleCrashedPrimary, 40)
+	}
+}
+
+// WithNewCurrent returns s after the node starts a new data generation g
+// while this peer is away (a primary losing the peer and writing, or a
+// disconnected node promoted and writing): the old current generation
+// becomes the bitmap UUID, or goes into the history when the bitmap
+// already tracks an older one (the bitmap then still covers every change).
+func (s UUIDSet) WithNewCurrent(g Generation) UUIDSet {
+	if s.Bitmap.IsZero() {
+		s.Bitmap = s.Current
+	} else {
+		s.History = pushHistory(s.History, s.Current)
+	}
+	s.Current = g
+	return s
+}
+
+// WithResyncFinishedAsSource returns the SyncSource's set after a resync
+// ends: its bitmap UUID moves into the history.
+func (s UUIDSet) WithResyncFinishedAsSource() UUIDSet { return s.withBitmapRetired() }
+
+// WithResyncFinishedAsTarget returns the SyncTarget's set after a resync
+// from source ends: it adopts the source's generations as the source
+// records them (WithResyncFinishedAsSource), keeping its own flags.
+func (s UUIDSet) WithResyncFinishedAsTarget(source UUIDSet) UUIDSet {
+	adopted := source.withBitmapRetired()
+	adopted.CrashedPrimary, adopted.NodeID = s.CrashedPrimary, s.NodeID
+	return adopted
+}

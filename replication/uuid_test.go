@@ -1,0 +1,232 @@
+package replication
+
+import (
+	"encoding/binary"
+	"math/rand/v2"
+	"testing"
+)
+
+// gen returns a fixed, non-zero generation named by a letter, so that a case
+// reads as a GI line ("A:B:C:D").
+func gen(name byte) Generation { return Generation{0: name, 15: 1} }
+
+var (
+	genA, genB, genC, genD, genE = gen('A'), gen('B'), gen('C'), gen('D'), gen('E')
+	empty                        Generation
+)
+
+func set(current, bitmap Generation, history ...Generation) UUIDSet {
+	h := make([]Generation, 2)
+	copy(h, history)
+	return UUIDSet{Current: current, Bitmap: bitmap, History: h}
+}
+
+// TestCompareUUIDs has one case per row of DRBD's generation table
+// (research/anchors-replication.md §1.6, drbd_uuid_compare), named after the
+// situation that leads to it. Each case also checks that the peer, comparing
+// the same two sets from its side, reaches the mirror outcome, so the two
+// nodes never both want to be SyncSource or SyncTarget.
+func TestCompareUUIDs(t *testing.T) {
+	crashed := func(s UUIDSet, node uint32) UUIDSet { s.CrashedPrimary = true; s.NodeID = node; return s }
+	node := func(s UUIDSet, id uint32) UUIDSet { s.NodeID = id; return s }
+	cases := []struct {
+		name        string
+		local, peer UUIDSet
+		roles       []Role
+		want        UUIDOutcome
+		rule        string
+		repair      *UUIDSet
+	}{
+		{"both freshly created: nothing happens until an initial sync is forced",
+			set(empty, empty), set(empty, empty), nil, NoResync, RuleJustCreatedBoth, nil},
+		{"my disk is empty, the peer has data",
+			set(empty, empty), set(genA, empty), nil, FullResyncTarget, RuleJustCreatedSelf, nil},
+		{"the peer's disk is empty, I have data",
+			set(genA, empty), set(empty, empty), nil, FullResyncSource, RuleJustCreatedPeer, nil},
+		{"I was SyncSource and missed the resync-finished event the target recorded",
+			set(genA, genB, genC, genD), set(genA, empty, genB, genC), nil, BitmapResyncSource, RuleSyncSourceMissedFinish,
+			&UUIDSet{Current: genA, History: []Generation{genB, genC}}},
+		{"the peer was SyncSource and missed the resync-finished event I recorded",
+			set(genA, empty, genB, genC), set(genA, genB, genC, genD), nil, BitmapResyncTarget, RuleSyncTargetPeerMissedFinish, nil},
+		{"I was SyncSource and the target failed to record the resync's end",
+			set(genA, genB, genC), set(genA, empty, genD), nil, BitmapResyncSource, RuleSyncSourcePeerMissedFinish, nil},
+		{"I was SyncTarget and failed to record the resync's end",
+			set(genA, empty, genD), set(genA, genB, genC), nil, BitmapResyncTarget, RuleSyncTargetMissedFinish, nil},
+		{"equal current generations after a replication link hiccup",
+			set(genA, empty, genB), set(genA, empty, genB), nil, NoResync, RuleReconnected, nil},
+		{"equal current, I crashed as primary and am primary again",
+			crashed(set(genA, empty), 1), set(genA, empty), []Role{Primary, Secondary}, BitmapResyncSource, RuleCrashedPrimary, nil},
+		{"equal current, I crashed as primary but the peer is primary now",
+			crashed(set(genA, empty), 1), set(genA, empty), []Role{Secondary, Primary}, BitmapResyncTarget, RuleCrashedPrimary, nil},
+		{"equal current, a crashed primary and both primary now",
+			crashed(set(genA, empty), 1), set(genA, empty), []Role{Primary, Primary}, SplitBrainDisconnect, RuleCrashedPrimary, nil},
+		{"equal current, both secondary, I crashed as primary",
+			crashed(set(genA, empty), 2), node(set(genA, empty), 1), nil, BitmapResyncSource, RuleCrashedPrimary, nil},
+		{"equal current, both secondary, the peer crashed as primary",
+			node(set(genA, empty), 1), crashed(set(genA, empty), 2), nil, BitmapResyncTarget, RuleCrashedPrimary, nil},
+		{"equal current, both crashed as primary: the lower node id is the source",
+			crashed(set(genA, empty), 1), crashed(set(genA, empty), 2), nil, BitmapResyncSource, RuleCrashedPrimary, nil},
+		{"peer bitmap UUID equals my current: I am the secondary that was away",
+			set(genA, empty, genC), set(genB, genA, genC), nil, BitmapResyncTarget, RuleBitmapPeer, nil},
+		{"the peer began a resync toward me and its sync UUID never reached me",
+			set(genA, empty, genC), set(genB, genD, genA, genC), nil, BitmapResyncTarget, RuleSyncTargetMissedStart, nil},
+		{"my current is in the peer's history: common ancestor, the peer's bitmap is useless",
+			set(genA, empty, genC), set(genB, empty, genD, genA), nil, FullResyncTarget, RuleHistoryPeer, nil},
+		{"my bitmap UUID equals the peer's current: the peer was away while I wrote",
+			set(genB, genA, genC), set(genA, empty, genC), nil, BitmapResyncSource, RuleBitmapSelf, nil},
+		{"I began a resync toward the peer and my sync UUID never reached it",
+			set(genB, genD, genA, genC), set(genA, empty, genC), nil, BitmapResyncSource, RuleSyncSourceMissedStart,
+			&UUIDSet{Current: genB, Bitmap: genA, History: []Generation{genC, empty}}},
+		{"the peer's current is in my history: full resync from me",
+			set(genB, empty, genD, genA), set(genA, empty, genC), nil, FullResyncSource, RuleHistorySelf, nil},
+		{"bitmap UUIDs equal, currents differ: split brain with a common parent",
+			set(genB, genA, genD), set(genC, genA, genE), nil, SplitBrainAutoRecover, RuleBitmapBoth, nil},
+		{"only a history generation in common: split brain with unrelated ancestors",
+			set(genB, genD, genA), set(genC, genE, genA), nil, SplitBrainDisconnect, RuleHistoryBoth, nil},
+		{"nothing in common: unrelated data",
+			set(genA, genB, genC), set(genD, genE, gen('F')), nil, UnrelatedData, RuleUnrelated, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := CompareUUIDs(c.local, c.peer, c.roles...)
+			if d.Outcome != c.want || d.Rule != c.rule {
+				t.Fatalf("got %v, want %v by rule=%s", d, c.want, c.rule)
+			}
+			if d.RuleNumber == 0 {
+				t.Error("decision carries no DRBD rule number")
+			}
+			switch {
+			case c.repair == nil && d.Repair != nil:
+				t.Errorf("unexpected repair %+v", *d.Repair)
+			case c.repair != nil && (d.Repair == nil || !sameSet(*d.Repair, *c.repair)):
+				t.Errorf("repair = %+v, want %+v", d.Repair, *c.repair)
+			}
+			var mirrorRoles []Role
+			if len(c.roles) == 2 {
+				mirrorRoles = []Role{c.roles[1], c.roles[0]}
+			}
+			m := CompareUUIDs(c.peer, c.local, mirrorRoles...)
+			if m.Outcome != d.Outcome.Mirror() {
+				t.Errorf("peer decides %v, want the mirror of %v", m, d)
+			}
+		})
+	}
+}
+
+func sameSet(a, b UUIDSet) bool {
+	if a.Current != b.Current || a.Bitmap != b.Bitmap || a.CrashedPrimary != b.CrashedPrimary {
+		return false
+	}
+	for i := range max(len(a.History), len(b.History)) {
+		if a.history(i) != b.history(i) {
+			return false
+		}
+	}
+	return true
+}
+
+// TestUUIDLifecycle builds the common situations by the transitions a node
+// goes through, rather than by hand, and checks the rule each one meets.
+func TestUUIDLifecycle(t *testing.T) {
+	// Two connected, in-sync nodes.
+	primary := set(genA, empty, genC)
+	secondary := primary
+
+	// The secondary goes away; the primary writes: a new generation.
+	primary = primary.WithNewCurrent(genB)
+	if d := CompareUUIDs(primary, secondary, Primary, Secondary); d.Outcome != BitmapResyncSource || d.Rule != RuleBitmapSelf {
+		t.Fatalf("secondary back after a failure: %v", d)
+	}
+	if d := CompareUUIDs(secondary, primary, Secondary, Primary); d.Outcome != BitmapResyncTarget || d.Rule != RuleBitmapPeer {
+		t.Fatalf("secondary's view: %v", d)
+	}
+
+	// The resync ends on both sides: no resync on the next connect.
+	source := primary.WithResyncFinishedAsSource()
+	target := secondary.WithResyncFinishedAsTarget(primary)
+	if d := CompareUUIDs(source, target); d.Outcome != NoResync {
+		t.Fatalf("after the resync: %v", d)
+	}
+
+	// The target records the end, the source crashes before it does.
+	if d := CompareUUIDs(primary, target); d.Rule != RuleSyncSourceMissedFinish || d.Repair == nil || !sameSet(*d.Repair, source) {
+		t.Fatalf("source missed the finish: %v repair %+v", d, d.Repair)
+	}
+
+	// Both nodes are promoted while apart and write: split brain with a
+	// common parent, which the bitmaps can undo.
+	left := source.WithNewCurrent(genD)
+	right := target.WithNewCurrent(genE)
+	if d := CompareUUIDs(left, right); d.Outcome != SplitBrainAutoRecover {
+		t.Fatalf("split brain: %v", d)
+	}
+}
+
+// TestCompareUUIDsSymmetric walks two nodes through random lineages — each
+// writes while apart (a new generation), they reconnect and resync the way
+// the decision says, a side sometimes misses the resync's end — and checks
+// at every reconnection that the two nodes reach mirror outcomes and that
+// every decision names its rule.
+func TestCompareUUIDsSymmetric(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	var next uint64
+	fresh := func() Generation {
+		next++
+		var g Generation
+		binary.BigEndian.PutUint64(g[8:], next)
+		return g
+	}
+	seen := map[string]bool{}
+	for trial := range 2000 {
+		root := fresh()
+		a, b := set(root, empty), set(root, empty)
+		a.NodeID, b.NodeID = 1, 2
+		for step := range 12 {
+			switch r.IntN(4) {
+			case 0:
+				a = a.WithNewCurrent(fresh())
+			case 1:
+				b = b.WithNewCurrent(fresh())
+			default:
+				d, m := CompareUUIDs(a, b), CompareUUIDs(b, a)
+				seen[d.Rule] = true
+				if d.Rule == "" || m.Outcome != d.Outcome.Mirror() {
+					t.Fatalf("trial %d step %d:\n%+v\nvs %+v:\n%v but the peer decides %v", trial, step, a, b, d, m)
+				}
+				if d.Repair != nil {
+					a = *d.Repair
+				}
+				if m.Repair != nil {
+					b = *m.Repair
+				}
+				source, target := &a, &b
+				switch {
+				case d.Outcome.IsTarget():
+					source, target = &b, &a
+				case d.Outcome.IsSource():
+				case d.Outcome == SplitBrainAutoRecover:
+					// discard-my-data on one of them.
+					if r.IntN(2) == 0 {
+						source, target = &b, &a
+					}
+				default:
+					continue
+				}
+				s, tg := source.WithResyncFinishedAsSource(), target.WithResyncFinishedAsTarget(*source)
+				switch r.IntN(4) {
+				case 0: // the source misses the end
+					*target = tg
+				case 1: // the target misses the end
+					*source = s
+				default:
+					*source, *target = s, tg
+				}
+			}
+		}
+	}
+	for _, rule := range []string{RuleBitmapSelf, RuleBitmapPeer, RuleReconnected, RuleSyncSourceMissedFinish, RuleBitmapBoth} {
+		if !seen[rule] {
+			t.Errorf("the walk never met rule %s", rule)
+		}
+	}
+}
