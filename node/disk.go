@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
@@ -25,6 +26,10 @@ type Disk interface {
 
 // fileDisk is a regular file or a block device opened with O_RDWR.
 type fileDisk struct {
+	// wmu serialises writes. The kernel serialises buffered writes to one
+	// file on its inode lock anyway, but contending writers spin there and
+	// burn CPU; parked goroutines do not.
+	wmu     sync.Mutex
 	f       *os.File
 	noPunch atomic.Bool
 	zeroes  []byte
@@ -60,7 +65,11 @@ func (d *fileDisk) ReadAt(p []byte, off int64) (int, error) {
 	return n, err
 }
 
-func (d *fileDisk) WriteAt(p []byte, off int64) (int, error) { return d.f.WriteAt(p, off) }
+func (d *fileDisk) WriteAt(p []byte, off int64) (int, error) {
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	return d.f.WriteAt(p, off)
+}
 
 func (d *fileDisk) Sync() error { return unix.Fdatasync(int(d.f.Fd())) }
 

@@ -157,6 +157,7 @@ func (n *Node) Start() error {
 	n.ctlGRPC = transport.NewControlGRPC(&control{n: n})
 	mux := web.NewMux(web.Source{
 		Status:   func(ctx context.Context) (*transport.ClusterStatus, error) { return n.clusterStatus(ctx, 20) },
+		Node:     func(context.Context) (*transport.NodeStatus, error) { return n.nodeStatus(50), nil },
 		Registry: n.registry,
 	})
 	var protocols http.Protocols

@@ -26,6 +26,10 @@ const (
 	resyncWindow = 16
 	// helloTimeout bounds the handshake of a new stream.
 	helloTimeout = 5 * time.Second
+	// maxFramesInFlight bounds the frames awaiting their ack. While they
+	// are out, new entries wait and go out together in the next frame:
+	// under load one frame (and one ack) carries many writes.
+	maxFramesInFlight = 2
 	// heartbeatInterval is how often an idle stream is probed.
 	heartbeatInterval = 500 * time.Millisecond
 )
@@ -80,6 +84,9 @@ type peer struct {
 	sendDone *sync.Cond
 	sendFail func(error)
 	batch    []*pending
+	// frameSeqs holds the last sequence number of each frame awaiting its
+	// ack, oldest first.
+	frameSeqs []uint64
 
 	resyncTotal atomic.Int64
 	resyncDone  atomic.Int64
@@ -91,6 +98,8 @@ type peer struct {
 	// cancelSession ends the current stream (guarded by mu).
 	cancelSession context.CancelFunc
 	resyncSent    atomic.Int64
+	framesSent    atomic.Uint64
+	entriesSent   atomic.Uint64
 
 	client *transport.ReplClient
 	wg     sync.WaitGroup
@@ -211,7 +220,7 @@ func (p *peer) session(ctx context.Context) error {
 	errc := make(chan error, 3)
 	p.mu.Lock()
 	p.streaming, p.rule, p.reason = true, d.Rule, ""
-	p.queue, p.inflight = p.queue[:0], p.inflight[:0]
+	p.queue, p.inflight, p.frameSeqs = p.queue[:0], p.inflight[:0], p.frameSeqs[:0]
 	p.stream = s
 	p.cancelSession = cancel
 	p.sendFail = func(err error) {
@@ -359,7 +368,7 @@ func (p *peer) fail() {
 	p.streaming = false
 	p.peerDisk = "DUnknown"
 	left := append(append([]*pending(nil), p.inflight...), p.queue...)
-	p.inflight, p.queue = nil, nil
+	p.inflight, p.queue, p.frameSeqs = nil, nil, nil
 	p.mu.Unlock()
 	needMark := false
 	for _, pd := range left {
@@ -434,7 +443,7 @@ func (p *peer) sendLocked() {
 		p.sending = false
 		p.sendDone.Broadcast()
 	}()
-	for len(p.queue) > 0 && p.stream != nil {
+	for len(p.queue) > 0 && p.stream != nil && len(p.frameSeqs) < maxFramesInFlight {
 		size := replication.BatchHeaderLen
 		k := 0
 		for k < len(p.queue) && k < maxBatchEntries {
@@ -452,6 +461,7 @@ func (p *peer) sendLocked() {
 			pd.e.Seq = p.nextSeq
 			p.inflight = append(p.inflight, pd)
 		}
+		p.frameSeqs = append(p.frameSeqs, p.nextSeq)
 		s := p.stream
 		p.mu.Unlock()
 
@@ -466,6 +476,8 @@ func (p *peer) sendLocked() {
 		}
 		clear(batch)
 		f.SetBytes(b)
+		p.framesSent.Add(1)
+		p.entriesSent.Add(uint64(len(batch)))
 		err := s.Send(f)
 
 		p.mu.Lock()
@@ -500,9 +512,20 @@ func (p *peer) receiver(s *transport.ReplStream) error {
 		}
 		done = append(done[:0], p.inflight[:k]...)
 		p.inflight = p.inflight[k:]
+		f := 0
+		for f < len(p.frameSeqs) && p.frameSeqs[f] <= ack.Seq {
+			f++
+		}
+		p.frameSeqs = p.frameSeqs[f:]
 		p.mu.Unlock()
 		for _, pd := range done {
 			pd.complete(true)
+		}
+		if f > 0 {
+			// A frame slot opened: send what queued up meanwhile.
+			p.mu.Lock()
+			p.sendLocked()
+			p.mu.Unlock()
 		}
 	}
 }
@@ -640,6 +663,8 @@ func (p *peer) status() transport.PeerStatus {
 		Node: p.name, Replication: string(p.state), PeerDisk: p.peerDisk,
 		OutOfSyncBytes: p.bm.Bytes(), SyncRule: p.rule, Reason: p.reason,
 		ResyncSentBytes: p.resyncSent.Load(),
+		FramesSent:      p.framesSent.Load(),
+		EntriesSent:     p.entriesSent.Load(),
 	}
 	if p.state == replication.SyncSource {
 		ps.ResyncTotalBytes = p.resyncTotal.Load()

@@ -142,6 +142,8 @@ type PeerStatus struct {
 	ResyncTotalBytes int64  `json:"resync_total_bytes"`
 	ResyncSentBytes  int64  `json:"resync_sent_bytes"`
 	ResyncRate       int64  `json:"resync_rate"`
+	FramesSent       uint64 `json:"frames_sent"`
+	EntriesSent      uint64 `json:"entries_sent"`
 	SyncRule         string `json:"sync_rule,omitempty"`
 	Reason           string `json:"reason,omitempty"`
 }

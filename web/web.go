@@ -18,6 +18,8 @@ import (
 type Source struct {
 	// Status assembles the cluster's status.
 	Status func(context.Context) (*transport.ClusterStatus, error)
+	// Node reports this node's own view (its peers' counters, events).
+	Node func(context.Context) (*transport.NodeStatus, error)
 	// Registry holds the node's metrics (never the global registry).
 	Registry *prometheus.Registry
 }
@@ -36,6 +38,21 @@ func NewMux(src Source) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /api/status", func(w http.ResponseWriter, r *http.Request) {
 		st, err := status(r.Context(), src)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		enc.Encode(st)
+	})
+	mux.HandleFunc("GET /api/node", func(w http.ResponseWriter, r *http.Request) {
+		if src.Node == nil {
+			http.NotFound(w, r)
+			return
+		}
+		st, err := src.Node(r.Context())
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
