@@ -35,6 +35,9 @@ type VolumeState struct {
 	Clean bool `json:"clean"`
 	// Size of the volume when the state was created.
 	Size int64 `json:"size"`
+	// LocalStale: this node's disk was detached and missed writes that its
+	// peers hold; it must be resynced before it holds the volume's data.
+	LocalStale bool `json:"local_stale,omitempty"`
 }
 
 // Event is one line of a node's history.

@@ -172,6 +172,9 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 				rs.Role, rs.Disk, rs.Replication = lv.Role, lv.Disk, lv.Replication
 				rs.ResyncedBytes, rs.Generation, rs.Reason = lv.ResyncedBytes, lv.Generation, lv.Reason
 				rs.Paths = lv.Paths
+				if lv.Role == string(replication.Primary) {
+					rs.OutOfSyncBytes = lv.LocalMissingBytes
+				}
 			} else {
 				rs.Role, rs.Disk, rs.Replication = "Unknown", "DUnknown", "Unknown"
 				if pv != nil {

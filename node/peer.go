@@ -38,12 +38,18 @@ const (
 type pending struct {
 	e     replication.Entry
 	done  chan struct{}
+	// acked is set when the peer acknowledged the entry (read after done).
+	acked bool
+	// readBuf receives an OpRead's data; readOK says it arrived whole.
+	readBuf []byte
+	readOK  bool
 	onAck func() // runs when the peer acknowledged the entry
 	// release frees the entry's data buffer once it is encoded.
 	release func()
 }
 
 func (pd *pending) complete(acked bool) {
+	pd.acked = acked
 	if acked && pd.onAck != nil {
 		pd.onAck()
 	}
@@ -498,6 +504,12 @@ func (p *peer) receiver(s *transport.ReplStream) error {
 		if err := s.Recv(f); err != nil {
 			return fmt.Errorf("receive from %s: %w", p.name, err)
 		}
+		if b := f.Bytes(); len(b) > 0 && replication.FrameType(b[0]) == replication.FrameReadReply {
+			if err := p.readReply(b); err != nil {
+				return err
+			}
+			continue
+		}
 		ack, err := replication.DecodeAck(f.Bytes())
 		if err != nil {
 			return err
@@ -734,4 +746,58 @@ func (p *peer) fullResync() {
 	if cancel != nil {
 		cancel()
 	}
+}
+
+// readReply hands an OpRead's data to its waiting entry.
+func (p *peer) readReply(frame []byte) error {
+	seq, st, data, err := replication.DecodeReadReply(frame)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, pd := range p.inflight {
+		if pd.e.Seq == seq {
+			if pd.e.Op != replication.OpRead {
+				return fmt.Errorf("%s answered entry %d, not a read, with data", p.name, seq)
+			}
+			if st == replication.AckOK && len(data) == len(pd.readBuf) {
+				copy(pd.readBuf, data)
+				pd.readOK = true
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("%s answered a read %d that is not in flight", p.name, seq)
+}
+
+// inSync reports whether the peer holds every write: connected, its disk
+// UpToDate, nothing marked for it.
+func (p *peer) inSync() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.streaming && p.state == replication.Connected && p.peerDisk == string(replication.UpToDate) && p.bm.Count() == 0
+}
+
+// read reads [off, off+len(buf)) from the peer's disk, which must be in
+// sync. It serves the primary while its own disk is detached.
+func (p *peer) read(ctx context.Context, buf []byte, off int64) error {
+	p.mu.Lock()
+	if !p.streaming || p.state != replication.Connected || p.peerDisk != string(replication.UpToDate) {
+		p.mu.Unlock()
+		return fmt.Errorf("%s is not connected and in sync", p.name)
+	}
+	pd := &pending{e: replication.Entry{Op: replication.OpRead, Off: off, Length: int64(len(buf))}, done: make(chan struct{}), readBuf: buf}
+	p.enqueueLocked(pd)
+	p.sendLocked()
+	p.mu.Unlock()
+	select {
+	case <-pd.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if !pd.readOK {
+		return fmt.Errorf("read of %d bytes at %d from %s failed", len(buf), off, p.name)
+	}
+	return nil
 }

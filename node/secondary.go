@@ -191,7 +191,11 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 				in.applyMu.Unlock()
 				return fmt.Errorf("stream from %s replaced or stopped", h.From)
 			}
-			a := v.apply(in, entries)
+			a := v.apply(in, entries, func(seq uint64, st replication.AckStatus, data []byte) error {
+				rf := transport.NewFrame(replication.ReadReplyHeaderLen + len(data))
+				rf.SetBytes(replication.AppendReadReply(rf.Bytes(), seq, st, data))
+				return s.Send(rf)
+			})
 			in.applyMu.Unlock()
 			free <- f
 			f = nil
@@ -219,7 +223,8 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 
 // apply writes a batch's entries to the local disk in order and returns the
 // ack for it. Entries flagged FUA, and flushes, are durable BEFORE the ack.
-func (v *Volume) apply(in *incoming, entries []replication.Entry) replication.Ack {
+// OpRead entries are answered through readReply, BEFORE the ack.
+func (v *Volume) apply(in *incoming, entries []replication.Entry, readReply func(seq uint64, st replication.AckStatus, data []byte) error) replication.Ack {
 	if len(entries) == 0 {
 		return replication.Ack{}
 	}
@@ -258,6 +263,23 @@ func (v *Volume) apply(in *incoming, entries []replication.Entry) replication.Ac
 			needSync = needSync || e.Flags&replication.EntryFUA != 0
 		case replication.OpFlush:
 			err = v.disk.Sync()
+		case replication.OpRead:
+			bp := resyncBufs.Get().(*[]byte)
+			buf := *bp
+			if int64(cap(buf)) < e.Length {
+				buf = make([]byte, e.Length)
+			}
+			buf = buf[:e.Length]
+			st := replication.AckOK
+			if _, rerr := v.disk.ReadAt(buf, e.Off); rerr != nil {
+				v.log.Error("read for the primary failed", "off", e.Off, "len", e.Length, "err", rerr)
+				st, buf = replication.AckIOError, nil
+			}
+			err = readReply(e.Seq, st, buf)
+			resyncBufs.Put(bp)
+			if err != nil {
+				return replication.Ack{Seq: ack.Seq, Status: replication.AckIOError, Message: err.Error()}
+			}
 		case replication.OpResyncData:
 			_, err = v.disk.WriteAt(e.Data, e.Off)
 			v.resynced.Add(e.Length)

@@ -49,6 +49,15 @@ type Volume struct {
 	peers     map[string]*peer
 	peersCtx  context.CancelFunc
 	adminDown bool // operator disconnected this node
+	// detached: the local disk failed and is out of service; the primary
+	// reads and writes through a peer. localStale: this disk misses writes
+	// (persisted). localMissing marks the blocks it misses.
+	detached     bool
+	localStale   bool
+	localMissing *replication.Bitmap
+	// stopping is closed at shutdown; bg tracks background goroutines.
+	stopping chan struct{}
+	bg       sync.WaitGroup
 	incoming  *incoming
 	reason    string // why the link to the primary is down
 
@@ -68,6 +77,9 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk) (*Volume, error) {
 		node: n, cfg: cfg, name: cfg.Name, size: int64(cfg.Size), self: n.name, disk: disk,
 		log:   n.log.With("volume", cfg.Name),
 		peers: map[string]*peer{},
+
+		localMissing: replication.NewBitmap(int64(cfg.Size)),
+		stopping:     make(chan struct{}),
 	}
 	st, ok, err := n.store.Volume(cfg.Name)
 	if err != nil {
@@ -92,11 +104,20 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk) (*Volume, error) {
 		st.Generation = replication.NewGeneration()
 		v.node.event(v.name, "unclean-start", "no clean shutdown recorded: a full resync will follow")
 	}
+	if st.LocalStale {
+		// This disk was detached and missed writes: whatever its role was,
+		// it holds no consistent data until a full resync.
+		st.Generation = replication.Generation{}
+		if st.Primary == v.self {
+			st.Primary = ""
+		}
+		v.node.event(v.name, "stale-disk", "this disk missed writes while detached: it comes back Inconsistent and Secondary")
+	}
 	st.Clean = false
 	if err := n.store.PutVolume(v.name, st); err != nil {
 		return nil, err
 	}
-	v.epoch, v.primary, v.gen = st.Epoch, st.Primary, st.Generation
+	v.epoch, v.primary, v.gen, v.localStale = st.Epoch, st.Primary, st.Generation, st.LocalStale
 	v.role = replication.Secondary
 	if st.Primary == v.self {
 		v.role = replication.Primary
@@ -120,7 +141,7 @@ func (v *Volume) idleDiskState() replication.DiskState {
 // persist writes the volume's state; callers hold v.mu or v.genMu.
 func (v *Volume) persistLocked(clean bool) error {
 	return v.node.store.PutVolume(v.name, metadata.VolumeState{
-		Epoch: v.epoch, Primary: v.primary, Generation: v.gen, Clean: clean, Size: v.size,
+		Epoch: v.epoch, Primary: v.primary, Generation: v.gen, Clean: clean, Size: v.size, LocalStale: v.localStale,
 	})
 }
 
@@ -189,9 +210,15 @@ func (v *Volume) ReadAt(ctx context.Context, p []byte, off int64) error {
 	defer v.io.Done()
 	v.reads.Add(1)
 	v.readBytes.Add(uint64(len(p)))
+	if v.needsPeer(off, int64(len(p))) {
+		return v.readFromPeer(ctx, p, off)
+	}
 	_, err := v.disk.ReadAt(p, off)
 	if err != nil {
 		v.log.Error("local read failed", "off", off, "len", len(p), "err", err)
+		if v.detach(err) {
+			return v.readFromPeer(ctx, p, off)
+		}
 		return fmt.Errorf("local read: %w", syscall.EIO)
 	}
 	return nil
@@ -259,12 +286,32 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 			waits = append(waits, w)
 		}
 	}
-	lerr := local()
+	// A detached disk is skipped; what it misses is marked BEFORE the
+	// write completes.
+	v.mu.Lock()
+	skipped := v.detached
+	if skipped {
+		v.localMissing.SetRange(e.Off, e.Length)
+	}
+	v.mu.Unlock()
+	var lerr error
+	if !skipped {
+		if lerr = local(); lerr != nil {
+			v.log.Error("local write failed", "op", e.Op, "off", e.Off, "len", e.Length, "err", lerr)
+			if skipped = v.detach(lerr); skipped {
+				v.localMissing.SetRange(e.Off, e.Length)
+			}
+		}
+	}
+	acked := false
 	for _, w := range waits {
 		<-w.done
+		acked = acked || w.acked
 	}
-	if lerr != nil {
-		v.log.Error("local write failed", "op", e.Op, "off", e.Off, "len", e.Length, "err", lerr)
+	switch {
+	case skipped && !acked:
+		return fmt.Errorf("write at %d: %w (%w)", e.Off, errNoCopy, syscall.EIO)
+	case !skipped && lerr != nil:
 		return fmt.Errorf("local write: %w", syscall.EIO)
 	}
 	return nil
@@ -288,13 +335,25 @@ func (v *Volume) flushAll() error {
 			waits = append(waits, w)
 		}
 	}
-	err := v.disk.Sync()
+	var err error
+	if !v.isDetached() {
+		if err = v.disk.Sync(); err != nil {
+			v.log.Error("local flush failed", "err", err)
+			if v.detach(err) {
+				err = nil
+			}
+		}
+	}
+	acked := false
 	for _, w := range waits {
 		<-w.done
+		acked = acked || w.acked
 	}
 	if err != nil {
-		v.log.Error("local flush failed", "err", err)
 		return fmt.Errorf("local flush: %w", syscall.EIO)
+	}
+	if v.isDetached() && !acked {
+		return fmt.Errorf("flush: %w (%w)", errNoCopy, syscall.EIO)
 	}
 	return nil
 }
@@ -357,6 +416,8 @@ func (v *Volume) shutdown() {
 	} else if err := v.disk.Sync(); err != nil {
 		clean = false
 	}
+	close(v.stopping)
+	v.bg.Wait()
 	v.stopPeers()
 	v.detachIncoming()
 	v.genMu.Lock()
@@ -388,6 +449,7 @@ func (v *Volume) status() transport.LocalVolume {
 	lv.Writes, lv.WriteBytes = v.writes.Load(), v.writeBytes.Load()
 	lv.Flushes = v.flushes.Load()
 	lv.Paths = v.pathStatus()
+	lv.LocalMissingBytes = v.localMissing.Bytes()
 	if v.mp != nil {
 		lv.PathPolicy = v.mp.Policy().String()
 	}

@@ -84,6 +84,25 @@ func (b *Bitmap) ClearRange(off, length int64) {
 	}
 }
 
+// AnySet reports whether any block touched by [off, off+length) is marked.
+func (b *Bitmap) AnySet(off, length int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.set == 0 {
+		return false
+	}
+	first, last, ok := b.blockRange(off, length)
+	if !ok {
+		return false
+	}
+	for i := first; i <= last; i++ {
+		if b.words[i/64]&(uint64(1)<<(i%64)) != 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // Count returns the number of out-of-sync blocks.
 func (b *Bitmap) Count() int64 {
 	b.mu.Lock()

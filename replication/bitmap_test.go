@@ -21,6 +21,9 @@ func TestBitmapMarksWholeBlocksTouched(t *testing.T) {
 	if _, n, _ := b.NextRun(0, 2); n != 2 {
 		t.Fatalf("run limited to 2 gave %d", n)
 	}
+	if !b.AnySet(4000, 200) || b.AnySet(12288, 4096) {
+		t.Fatal("AnySet wrong")
+	}
 	b.ClearRange(4096, 4096)
 	if start, n, _ := b.NextRun(1, 100); start != 2 || n != 1 {
 		t.Fatalf("after clear: run %d+%d", start, n)

@@ -20,6 +20,7 @@ const (
 	FrameHelloReply FrameType = 2 // JSON HelloReply
 	FrameBatch      FrameType = 3 // binary entries
 	FrameAck        FrameType = 4 // binary ack
+	FrameReadReply  FrameType = 5 // binary: the data of one OpRead
 )
 
 // Op is what one batch entry asks the secondary to do.
@@ -35,6 +36,10 @@ const (
 	OpResyncZero Op = 6 // resync: the primary's content at Off is Length zeroes
 	OpSyncStart  Op = 7 // resync begins: Data is the primary's generation; the peer is Inconsistent from here
 	OpSyncDone   Op = 8 // resync ended: Data is the primary's generation; the peer is UpToDate after this entry
+	// OpRead asks for Length bytes at Off: the secondary answers with a
+	// FrameReadReply BEFORE the ack of the batch. A primary whose own disk
+	// is detached reads through it.
+	OpRead Op = 9
 )
 
 // EntryFUA asks that the entry be durable before it is acknowledged.
@@ -59,7 +64,7 @@ func (op Op) HasPayload() bool {
 	return false
 }
 
-func (op Op) valid() bool { return op >= OpWrite && op <= OpSyncDone }
+func (op Op) valid() bool { return op >= OpWrite && op <= OpRead }
 
 const entryHeaderLen = 1 + 1 + 2 + 4 + 8 + 8 // op, flags, pad, length, seq, off
 
@@ -216,4 +221,24 @@ type HelloReply struct {
 	Generation Generation `json:"generation"`
 	Disk       DiskState  `json:"disk"`
 	Epoch      uint64     `json:"epoch"`
+}
+
+// ReadReplyHeaderLen is the size of a read reply before its data.
+const ReadReplyHeaderLen = 1 + 8 + 4
+
+// AppendReadReply encodes the answer to the OpRead entry seq: its data, or
+// a failure status and no data.
+func AppendReadReply(dst []byte, seq uint64, status AckStatus, data []byte) []byte {
+	dst = append(dst, byte(FrameReadReply))
+	dst = binary.BigEndian.AppendUint64(dst, seq)
+	dst = binary.BigEndian.AppendUint32(dst, uint32(status))
+	return append(dst, data...)
+}
+
+// DecodeReadReply decodes a read reply; data aliases frame.
+func DecodeReadReply(frame []byte) (seq uint64, status AckStatus, data []byte, err error) {
+	if len(frame) < ReadReplyHeaderLen || FrameType(frame[0]) != FrameReadReply {
+		return 0, 0, nil, fmt.Errorf("%w: not a read reply", ErrBadFrame)
+	}
+	return binary.BigEndian.Uint64(frame[1:]), AckStatus(binary.BigEndian.Uint32(frame[9:])), frame[ReadReplyHeaderLen:], nil
 }

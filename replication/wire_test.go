@@ -99,3 +99,13 @@ func FuzzDecodeAck(f *testing.F) {
 		}
 	})
 }
+
+func TestReadReplyRoundTrip(t *testing.T) {
+	seq, st, data, err := DecodeReadReply(AppendReadReply(nil, 7, AckOK, []byte("block")))
+	if err != nil || seq != 7 || st != AckOK || string(data) != "block" {
+		t.Fatalf("got %d %d %q %v", seq, st, data, err)
+	}
+	if _, _, _, err := DecodeReadReply([]byte{byte(FrameReadReply), 1}); err == nil {
+		t.Fatal("short read reply decoded")
+	}
+}

@@ -125,11 +125,14 @@ type LocalVolume struct {
 	Reason      string       `json:"reason,omitempty"`
 	Paths       []PathStatus `json:"paths,omitempty"`
 	PathPolicy  string       `json:"path_policy,omitempty"`
-	Writes      uint64       `json:"writes"`
-	WriteBytes  uint64       `json:"write_bytes"`
-	Reads       uint64       `json:"reads"`
-	ReadBytes   uint64       `json:"read_bytes"`
-	Flushes     uint64       `json:"flushes"`
+	// LocalMissingBytes is what this node's own disk misses (written while
+	// it was detached), to be copied back from a peer.
+	LocalMissingBytes int64  `json:"local_missing_bytes,omitempty"`
+	Writes            uint64 `json:"writes"`
+	WriteBytes        uint64 `json:"write_bytes"`
+	Reads             uint64 `json:"reads"`
+	ReadBytes         uint64 `json:"read_bytes"`
+	Flushes           uint64 `json:"flushes"`
 }
 
 // PeerStatus is the primary's view of one peer.

@@ -1,0 +1,195 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"syscall"
+	"time"
+
+	"github.com/replvol/replvol/replication"
+)
+
+// reattachInterval is how often a detached disk is probed.
+const reattachInterval = time.Second
+
+// errNoCopy: the local disk is detached and no peer holds the data.
+var errNoCopy = errors.New("the local disk is detached and no peer is in sync")
+
+// detach takes a failed local disk out of service, as DRBD's on-io-error
+// detach does: the primary goes on serving, reading from and writing to a
+// peer that is in sync, and marks what the local disk misses. It reports
+// whether the volume is (now) detached; it is not when no peer could take
+// over, and the IO error must then reach the client.
+func (v *Volume) detach(cause error) bool {
+	v.mu.Lock()
+	if v.detached {
+		v.mu.Unlock()
+		return true
+	}
+	if v.role != replication.Primary {
+		v.mu.Unlock()
+		return false
+	}
+	var inSync bool
+	for _, p := range v.peers {
+		inSync = inSync || p.inSync()
+	}
+	if !inSync {
+		v.mu.Unlock()
+		return false
+	}
+	v.detached, v.localStale = true, true
+	v.diskState = replication.Diskless
+	v.reason = "disk detached after an IO error: " + cause.Error()
+	// The mark is durable BEFORE any write skips this disk: after a
+	// restart this copy must never pass for up to date.
+	if err := v.persistLocked(false); err != nil {
+		v.log.Error("persist detach", "err", err)
+	}
+	v.mu.Unlock()
+	v.log.Error("local disk detached; serving from the peer", "cause", cause)
+	v.node.event(v.name, "detached", fmt.Sprintf("%s detached its disk (%v); IO goes to the peer until it comes back", v.self, cause))
+	v.bg.Add(1)
+	go func() {
+		defer v.bg.Done()
+		v.reattachLoop()
+	}()
+	return true
+}
+
+// needsPeer reports whether [off, off+length) must be read from a peer:
+// the local disk is detached or still misses some of those blocks.
+func (v *Volume) needsPeer(off, length int64) bool {
+	v.mu.Lock()
+	detached := v.detached
+	v.mu.Unlock()
+	return detached || v.localMissing.AnySet(off, length)
+}
+
+func (v *Volume) isDetached() bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.detached
+}
+
+// readFromPeer reads through any peer that is in sync.
+func (v *Volume) readFromPeer(ctx context.Context, p []byte, off int64) error {
+	for _, pr := range v.streamingPeers() {
+		if !pr.inSync() {
+			continue
+		}
+		if err := pr.read(ctx, p, off); err == nil {
+			return nil
+		} else {
+			v.log.Warn("read from peer failed", "peer", pr.name, "err", err)
+		}
+	}
+	return fmt.Errorf("%w (%w)", errNoCopy, syscall.EIO)
+}
+
+// reattachLoop probes the detached disk until it works again, then copies
+// back what it missed from a peer and puts it in service.
+func (v *Volume) reattachLoop() {
+	tick := time.NewTicker(reattachInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-v.stopping:
+			return
+		case <-tick.C:
+		}
+		if !v.diskWorks() {
+			continue
+		}
+		v.mu.Lock()
+		v.detached = false
+		v.diskState = replication.Inconsistent
+		v.reason = "disk back: copying the blocks it missed from the peer"
+		v.mu.Unlock()
+		v.node.event(v.name, "attaching", fmt.Sprintf("%s: disk works again; resyncing %d bytes from the peer", v.self, v.localMissing.Bytes()))
+		if err := v.resyncFromPeer(); err != nil {
+			v.log.Warn("resync from peer failed; detaching again", "err", err)
+			v.mu.Lock()
+			v.detached = true
+			v.diskState = replication.Diskless
+			v.reason = "disk detached: " + err.Error()
+			v.mu.Unlock()
+			continue
+		}
+		v.mu.Lock()
+		if v.localMissing.Count() > 0 {
+			// A write failed over to the peer during the copy: go again.
+			v.mu.Unlock()
+			continue
+		}
+		v.localStale = false
+		v.diskState = replication.UpToDate
+		v.reason = ""
+		if err := v.persistLocked(false); err != nil {
+			v.log.Error("persist attach", "err", err)
+		}
+		v.mu.Unlock()
+		v.log.Info("local disk attached and in sync again")
+		v.node.event(v.name, "attached", fmt.Sprintf("%s: disk attached and UpToDate again", v.self))
+		return
+	}
+}
+
+// diskWorks probes the local disk: a path must be usable (multipath) and a
+// read of the first block must succeed.
+func (v *Volume) diskWorks() bool {
+	if v.mp != nil {
+		usable := false
+		for _, p := range v.mp.Paths() {
+			usable = usable || p.State.String() != "FAIL"
+		}
+		if !usable {
+			return false
+		}
+	}
+	buf := make([]byte, replication.BlockSize)
+	_, err := v.disk.ReadAt(buf, 0)
+	return err == nil
+}
+
+// resyncFromPeer copies every block the local disk missed from a peer in
+// sync. Each run holds the range lock while it is read and written, so an
+// application write to it lands before (and is re-copied) or after.
+func (v *Volume) resyncFromPeer() error {
+	ctx := context.Background()
+	cursor := int64(0)
+	for {
+		start, n, ok := v.localMissing.NextRun(cursor, resyncRunBlocks)
+		if !ok {
+			if v.localMissing.Count() == 0 {
+				break
+			}
+			cursor = 0
+			continue
+		}
+		cursor = start + n
+		off := start * replication.BlockSize
+		length := min(n*replication.BlockSize, v.size-off)
+		release, err := v.locks.Lock(ctx, off, length)
+		if err != nil {
+			return err
+		}
+		bp := resyncBufs.Get().(*[]byte)
+		buf := (*bp)[:length]
+		err = v.readFromPeer(ctx, buf, off)
+		if err == nil {
+			_, err = v.disk.WriteAt(buf, off)
+		}
+		if err == nil {
+			v.localMissing.ClearRange(off, length)
+			v.resynced.Add(length)
+		}
+		resyncBufs.Put(bp)
+		release()
+		if err != nil {
+			return err
+		}
+	}
+	return v.disk.Sync()
+}
