@@ -36,14 +36,14 @@ const (
 
 // pending is one entry on its way to a peer.
 type pending struct {
-	e     replication.Entry
-	done  chan struct{}
+	e    replication.Entry
+	done chan struct{}
 	// acked is set when the peer acknowledged the entry (read after done).
 	acked bool
 	// readBuf receives an OpRead's data; readOK says it arrived whole.
 	readBuf []byte
 	readOK  bool
-	onAck func() // runs when the peer acknowledged the entry
+	onAck   func() // runs when the peer acknowledged the entry
 	// release frees the entry's data buffer once it is encoded.
 	release func()
 }

@@ -58,8 +58,8 @@ type Volume struct {
 	// stopping is closed at shutdown; bg tracks background goroutines.
 	stopping chan struct{}
 	bg       sync.WaitGroup
-	incoming  *incoming
-	reason    string // why the link to the primary is down
+	incoming *incoming
+	reason   string // why the link to the primary is down
 
 	resynced   atomic.Int64
 	reads      atomic.Uint64
