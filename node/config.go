@@ -70,6 +70,9 @@ type DiskConfig struct {
 	NoPathRetry int `yaml:"no_path_retry,omitempty"`
 	// IOTimeout bounds one IO on one path (default 5s).
 	IOTimeout Duration `yaml:"io_timeout,omitempty"`
+	// ReinstateHoldoff is the least time between two reinstatements of a
+	// flapping path (default 1m).
+	ReinstateHoldoff Duration `yaml:"reinstate_holdoff,omitempty"`
 	// Balance is by-group (the default when paths have groups: spread the
 	// active paths of this node's LUNs evenly over the groups) or none.
 	Balance string `yaml:"balance,omitempty"`

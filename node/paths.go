@@ -42,6 +42,8 @@ func (n *Node) openDisk(vc VolumeConfig, dc DiskConfig, preferred int, opts Opti
 		IOTimeout:     time.Duration(dc.IOTimeout),
 		NoPathRetry:   dc.NoPathRetry,
 		Label:         true,
+
+		ReinstateHoldoff: time.Duration(dc.ReinstateHoldoff),
 	}
 	if dc.NoPathRetry < 0 {
 		cfg.NoPathRetry = multipath.NoPathFail

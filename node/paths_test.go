@@ -4,14 +4,17 @@ import (
 	"context"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/replvol/replvol/node/multipath"
 	"github.com/replvol/replvol/node/multipath/faultpath"
 	"github.com/replvol/replvol/transport"
+	"github.com/replvol/replvol/transport/nbd/nbdtest"
 )
 
 // multipathCluster gives alpha two paths (p0, p1) to its backing file, p0
@@ -158,4 +161,66 @@ func TestPathsOfAnotherLUNAreRefused(t *testing.T) {
 		t.Fatal("paths to two different LUNs were accepted")
 	}
 	t.Log(err)
+}
+
+// TestThousandPathFailuresUnderFioVerify: fio writes and verifies through
+// the NBD export while alpha's preferred path fails 1,000 single IOs; every
+// failed IO is retried on the other path, so fio sees no error.
+func TestThousandPathFailuresUnderFioVerify(t *testing.T) {
+	nbdtest.RequireTool(t, "fio")
+	fio, _ := nbdtest.LookTool("fio")
+	const size = 64 << 20
+	c := newTestCluster(t, size)
+	img := c.cfg.Volumes[0].Disks["alpha"].Paths[0].Path
+	if err := os.Truncate(img, size+multipath.LabelSize); err != nil {
+		t.Fatal(err)
+	}
+	dc := MultiPath(img, img)
+	dc.CheckInterval = Duration(5 * time.Millisecond)
+	dc.ReinstateHoldoff = Duration(time.Millisecond)
+	c.cfg.Volumes[0].Disks["alpha"] = dc
+	var failed atomic.Int64
+	const want = 1000
+	c.opts["alpha"] = Options{OpenPath: func(pc PathConfig) (multipath.Path, error) {
+		p, err := multipath.OpenFilePath(pc.Name, pc.Path)
+		if err != nil || pc.Name != "p0" {
+			return p, err
+		}
+		fp := faultpath.New(p)
+		var n atomic.Int64
+		fp.SetInjector(faultpath.InjectorFunc(func(op faultpath.Op, off, length int64) faultpath.Fault {
+			if (op == faultpath.OpRead || op == faultpath.OpWrite) && off < size && n.Add(1)%3 == 0 && failed.Add(1) <= want {
+				return faultpath.Fault{Err: faultpath.ErrInjected}
+			}
+			return faultpath.Fault{}
+		}))
+		return fp, nil
+	}}
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	uri := "nbd://" + c.nodes["alpha"].NBDAddr() + "/vol0"
+	work := t.TempDir() // fio leaves its verify state file in its directory
+	for failed.Load() < want {
+		cmd := exec.Command(fio, "--name=verify", "--ioengine=nbd", "--uri="+uri, "--rw=randwrite", "--bs=4k",
+			"--size=32M", "--iodepth=16", "--verify=crc32c", "--do_verify=1", "--verify_fatal=1",
+			"--output-format=terse")
+		cmd.Dir = work
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("fio with %d path failures so far: %v\n%s", failed.Load(), err, out)
+		}
+	}
+	t.Logf("%d injected path failures, no IO error reached fio", min(failed.Load(), want))
+	c.waitInSync()
+	c.requireIdentical()
+	var p0Errors uint64
+	for _, p := range c.vol("alpha").pathStatus() {
+		if p.Path == "p0" {
+			p0Errors = p.Errors
+		}
+	}
+	if p0Errors < want {
+		t.Fatalf("p0 shows %d errors, want at least %d", p0Errors, want)
+	}
 }

@@ -114,7 +114,12 @@ func runDemo(ctx context.Context, out io.Writer, dir string, basePort int, size 
 			for i := range devs {
 				devs[i] = img
 			}
-			vol.Disks[name] = node.MultiPath(devs...)
+			dc := node.MultiPath(devs...)
+			// Quick reactions for a demo: probe failed paths every second,
+			// and with no path left queue IO 3 s before detaching the disk.
+			dc.CheckInterval = node.Duration(time.Second)
+			dc.NoPathRetry = 3
+			vol.Disks[name] = dc
 		}
 		cfg.Nodes = append(cfg.Nodes, node.NodeConfig{
 			Name:        name,

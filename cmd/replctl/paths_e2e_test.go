@@ -71,3 +71,32 @@ func TestE2EMultipathPathFlapsUnderFioVerify(t *testing.T) {
 		t.Fatalf("path list after the flapping: %s", out)
 	}
 }
+
+// TestE2EAllPathsFailedDetachesAndServesFromThePeer fails every path of
+// the primary with replctl: after the no-path queue time the disk is
+// detached and NBD clients go on reading and writing through beta; when a
+// path is restored the disk re-attaches and catches up.
+func TestE2EAllPathsFailedDetachesAndServesFromThePeer(t *testing.T) {
+	e2e(t)
+	d := startDemo(t, "--paths", "2")
+	qemuIO(t, d.uri, "write -P 0x31 0 1M")
+	d.mustCtl("alpha", "path", "fail", "vol0", "p0", "--node", "alpha")
+	d.mustCtl("alpha", "path", "fail", "vol0", "p1", "--node", "alpha")
+	// The first IO queues for the no-path time, then the disk is detached
+	// and the IO served by beta: no error reaches the client.
+	qemuIO(t, d.uri, "write -P 0x32 2M 1M", "read -P 0x32 2M 1M", "read -P 0x31 0 1M", "flush")
+	v := d.waitFor("alpha", "alpha detached", 30*time.Second, func(v *volumeStatus) bool {
+		r := v.replica("alpha")
+		return r != nil && r.Disk == "Diskless"
+	})
+	if r := v.replica("alpha"); r.OutOfSync != 1<<20 {
+		t.Fatalf("alpha misses %d bytes, want the 1 MiB written while detached", r.OutOfSync)
+	}
+	d.mustCtl("alpha", "path", "restore", "vol0", "p1", "--node", "alpha")
+	d.waitFor("alpha", "alpha re-attached and caught up", 30*time.Second, func(v *volumeStatus) bool {
+		r := v.replica("alpha")
+		return r != nil && r.Disk == "UpToDate" && r.OutOfSync == 0
+	})
+	d.waitInSync("alpha")
+	compareFiles(t, d.disk("alpha"), d.disk("beta"), demoSize)
+}
