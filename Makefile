@@ -36,8 +36,13 @@ fuzz:
 		done; \
 	done
 
+# One run: fio through NBD against replvol, nbdkit and a QEMU quorum mirror,
+# then the multipath figures (path choice cost, throttled paths, path loss).
 bench:
 	$(GO) run ./cmd/replbench $(BENCHFLAGS)
+	@echo
+	@echo "multipath (each path throttled to 100 MB/s; x-capacity = share of the paths' total bandwidth delivered):"
+	$(GO) test -run '^$$' -bench . -benchmem ./node/multipath/ | grep -E '^(Benchmark|ok)' 
 
 demo:
 	$(GO) run ./cmd/replctl demo $(DEMOFLAGS)

@@ -38,6 +38,10 @@ type VolumeState struct {
 	// LocalStale: this node's disk was detached and missed writes that its
 	// peers hold; it must be resynced before it holds the volume's data.
 	LocalStale bool `json:"local_stale,omitempty"`
+	// PeerBitmaps holds, per peer, the generation its out-of-sync bitmap
+	// (on disk, in the volume's metadata) starts from; absent while the
+	// peer is in sync.
+	PeerBitmaps map[string]replication.Generation `json:"peer_bitmaps,omitempty"`
 }
 
 // Event is one line of a node's history.

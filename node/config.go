@@ -1,6 +1,7 @@
 package node
 
 import (
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/node/multipath"
 	"gopkg.in/yaml.v3"
 )
@@ -33,6 +35,9 @@ type NodeConfig struct {
 	// StateDir holds the node's own state (bbolt). Default: next to the config
 	// file, in state-NAME.
 	StateDir string `yaml:"state_dir,omitempty"`
+	// ID is the node's number in the on-disk metadata (default: its
+	// position in nodes, from 1). It must never change.
+	ID uint32 `yaml:"id,omitempty"`
 }
 
 // VolumeConfig is one replicated volume.
@@ -48,6 +53,47 @@ type VolumeConfig struct {
 	// Disks maps a node name to that node's backing file or block device:
 	// one path, or several paths to the same LUN (multipath).
 	Disks map[string]DiskConfig `yaml:"disks"`
+	// Metadata is internal (default: at the end of each backing device,
+	// which shrinks the usable size) or external (disks.NODE.meta).
+	Metadata string `yaml:"metadata,omitempty"`
+	// ALExtents is the number of hot 4 MiB extents of the activity log
+	// (default 1237), fixed when the metadata is created.
+	ALExtents int `yaml:"al_extents,omitempty"`
+}
+
+// External reports whether the volume keeps its metadata in separate files.
+func (v VolumeConfig) External() bool { return v.Metadata == "external" }
+
+// VolumeUUID identifies the volume in its on-disk metadata; a disk whose
+// metadata names another volume is refused.
+func (v VolumeConfig) VolumeUUID() metadata.VolumeUUID {
+	sum := sha256.Sum256([]byte("replvol volume " + v.Name))
+	var u metadata.VolumeUUID
+	copy(u[:], sum[:])
+	return u
+}
+
+// nodeName returns the name of the node with metadata id id.
+func (c *Config) nodeName(id uint32) string {
+	for _, n := range c.Nodes {
+		if c.NodeID(n.Name) == id {
+			return n.Name
+		}
+	}
+	return ""
+}
+
+// NodeID returns a node's metadata id.
+func (c *Config) NodeID(name string) uint32 {
+	for i, n := range c.Nodes {
+		if n.Name == name {
+			if n.ID != 0 {
+				return n.ID
+			}
+			return uint32(i + 1)
+		}
+	}
+	return 0
 }
 
 // DiskConfig is one node's backing LUN for a volume. In YAML it is either a
@@ -55,6 +101,8 @@ type VolumeConfig struct {
 // settings.
 type DiskConfig struct {
 	Paths []PathConfig `yaml:"paths"`
+	// Meta is the external metadata file or device (metadata: external).
+	Meta string `yaml:"meta,omitempty"`
 	// Policy is failover (default), round-robin, queue-length, service-time
 	// or active-read.
 	Policy string `yaml:"policy,omitempty"`
@@ -106,18 +154,31 @@ func MultiPath(paths ...string) DiskConfig {
 	return d
 }
 
-// UnmarshalYAML accepts a plain path or a mapping with paths.
+type plainDisk DiskConfig
+
+// UnmarshalYAML accepts a plain path, a mapping with one path (and, say,
+// meta), or a mapping with a list of paths (multipath).
 func (d *DiskConfig) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind == yaml.ScalarNode {
 		*d = SinglePath(n.Value)
 		return nil
 	}
-	type plain DiskConfig
-	var p plain
+	var p struct {
+		plainDisk `yaml:",inline"`
+		// Path is a single path: a plain disk.
+		Path string `yaml:"path"`
+	}
 	if err := n.Decode(&p); err != nil {
 		return err
 	}
-	*d = DiskConfig(p)
+	*d = DiskConfig(p.plainDisk)
+	switch {
+	case p.Path != "" && len(d.Paths) > 0:
+		return fmt.Errorf("line %d: give either path or paths, not both", n.Line)
+	case p.Path != "":
+		d.Paths = []PathConfig{{Name: "p0", Path: p.Path}}
+		return nil
+	}
 	d.multipath = true
 	for i := range d.Paths {
 		if d.Paths[i].Name == "" {
@@ -129,11 +190,16 @@ func (d *DiskConfig) UnmarshalYAML(n *yaml.Node) error {
 
 // MarshalYAML writes a plain disk as its path.
 func (d DiskConfig) MarshalYAML() (any, error) {
-	if !d.multipath && len(d.Paths) == 1 {
+	if !d.multipath && len(d.Paths) == 1 && d.Meta == "" {
 		return d.Paths[0].Path, nil
 	}
-	type plain DiskConfig
-	return plain(d), nil
+	if !d.multipath && len(d.Paths) == 1 {
+		return struct {
+			Path string `yaml:"path"`
+			Meta string `yaml:"meta,omitempty"`
+		}{d.Paths[0].Path, d.Meta}, nil
+	}
+	return plainDisk(d), nil
 }
 
 // Duration is a time.Duration that YAML spells as "5s".
@@ -319,6 +385,20 @@ func (c *Config) Validate() error {
 				continue
 			}
 			validateDisk(f+".disks."+k, v.Disks[k], bad)
+		}
+		switch v.Metadata {
+		case "", "internal":
+		case "external":
+			for _, k := range keys {
+				if v.Disks[k].Meta == "" {
+					bad(f+".disks."+k+".meta", "missing: metadata: external needs a metadata file or device per node")
+				}
+			}
+		default:
+			bad(f+".metadata", "%q: want internal or external", v.Metadata)
+		}
+		if v.ALExtents != 0 && (v.ALExtents < metadata.MinALExtents || v.ALExtents > metadata.MaxALExtents) {
+			bad(f+".al_extents", "%d: want %d..%d", v.ALExtents, metadata.MinALExtents, metadata.MaxALExtents)
 		}
 		if _, ok := v.Disks[v.Primary]; v.Primary != "" && names[v.Primary] && !ok {
 			bad(f+".disks", "the primary %q has no disk", v.Primary)

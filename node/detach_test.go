@@ -22,7 +22,7 @@ func TestLosingEveryPathDetachesTheDiskAndServesFromThePeer(t *testing.T) {
 	const size = 8 << 20
 	c := newTestCluster(t, size)
 	img := c.cfg.Volumes[0].Disks["alpha"].Paths[0].Path
-	if err := os.Truncate(img, size+multipath.LabelSize); err != nil {
+	if err := os.Truncate(img, deviceSize(t, size)+multipath.LabelSize); err != nil {
 		t.Fatal(err)
 	}
 	dc := MultiPath(img, img)

@@ -21,6 +21,8 @@ type Disk interface {
 	// Zero makes [off, off+length) read as zeroes, without writing them
 	// where the device can (punching a hole in a file).
 	Zero(off, length int64) error
+	// Size is the device's size in bytes (data and internal metadata).
+	Size() int64
 	Close() error
 }
 
@@ -31,6 +33,7 @@ type fileDisk struct {
 	// burn CPU; parked goroutines do not.
 	wmu     sync.Mutex
 	f       *os.File
+	size    int64
 	noPunch atomic.Bool
 	zeroes  []byte
 }
@@ -54,8 +57,10 @@ func OpenDisk(path string, size int64) (Disk, error) {
 		f.Close()
 		return nil, fmt.Errorf("backing disk %s holds %d bytes but the volume needs %d: grow it (truncate -s %d %s) or shrink the volume", path, end, size, size, path)
 	}
-	return &fileDisk{f: f, zeroes: make([]byte, 1<<20)}, nil
+	return &fileDisk{f: f, size: end, zeroes: make([]byte, 1<<20)}, nil
 }
+
+func (d *fileDisk) Size() int64 { return d.size }
 
 func (d *fileDisk) ReadAt(p []byte, off int64) (int, error) {
 	n, err := d.f.ReadAt(p, off)

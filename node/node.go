@@ -108,13 +108,22 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 			st.Close()
 			return nil, fmt.Errorf("volume %s: %w", vc.Name, err)
 		}
-		v, err := newVolume(n, vc, disk)
+		md, closeMD, err := n.openMD(vc, disk)
 		if err != nil {
+			disk.Close()
+			n.closeVolumes()
+			st.Close()
+			return nil, fmt.Errorf("volume %s: %w", vc.Name, err)
+		}
+		v, err := newVolume(n, vc, disk, md)
+		if err != nil {
+			closeMD()
 			disk.Close()
 			n.closeVolumes()
 			st.Close()
 			return nil, err
 		}
+		v.closeMD = closeMD
 		v.mp = mp
 		n.vols[vc.Name] = v
 	}
@@ -123,6 +132,8 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 
 func (n *Node) closeVolumes() {
 	for _, v := range n.vols {
+		v.md.Close()
+		v.closeMD()
 		v.disk.Close()
 	}
 }

@@ -16,7 +16,10 @@ import (
 // openDisk opens one node's backing LUN of a volume: a plain file or
 // device, or a multipath device over several labelled paths.
 func (n *Node) openDisk(vc VolumeConfig, dc DiskConfig, preferred int, opts Options) (Disk, *multipath.Device, error) {
-	size := int64(vc.Size)
+	size, err := n.requiredDiskSize(vc)
+	if err != nil {
+		return nil, nil, err
+	}
 	if !dc.Multipath() {
 		open := opts.OpenDisk
 		if open == nil {
@@ -74,7 +77,7 @@ func (n *Node) openDisk(vc VolumeConfig, dc DiskConfig, preferred int, opts Opti
 	}
 	if dev.Size() < size {
 		dev.Close()
-		return nil, nil, fmt.Errorf("the LUN behind %s holds %d usable bytes (after replvol's 4 KiB label) but the volume needs %d: grow it or shrink the volume", dc.Paths[0].Path, dev.Size(), size)
+		return nil, nil, fmt.Errorf("the LUN behind %s holds %d usable bytes (after replvol's 4 KiB label) but the volume and its metadata need %d: grow it or shrink the volume", dc.Paths[0].Path, dev.Size(), size)
 	}
 	return dev, dev, nil
 }

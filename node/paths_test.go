@@ -22,7 +22,7 @@ import (
 func multipathCluster(t *testing.T, size int64) (*testCluster, *faultpath.Path) {
 	c := newTestCluster(t, size)
 	img := c.cfg.Volumes[0].Disks["alpha"].Paths[0].Path
-	if err := os.Truncate(img, size+multipath.LabelSize); err != nil {
+	if err := os.Truncate(img, deviceSize(t, size)+multipath.LabelSize); err != nil {
 		t.Fatal(err)
 	}
 	c.cfg.Volumes[0].Disks["alpha"] = MultiPath(img, img)
@@ -143,7 +143,7 @@ func TestPathsOfAnotherLUNAreRefused(t *testing.T) {
 	a, b := filepath.Join(dir, "a.img"), filepath.Join(dir, "b.img")
 	for _, f := range []string{a, b} {
 		os.WriteFile(f, nil, 0o644)
-		os.Truncate(f, 4<<20+multipath.LabelSize)
+		os.Truncate(f, deviceSize(t, 4<<20)+multipath.LabelSize)
 	}
 	// Label both as separate LUNs first.
 	for _, f := range []string{a, b} {
@@ -172,7 +172,7 @@ func TestThousandPathFailuresUnderFioVerify(t *testing.T) {
 	const size = 64 << 20
 	c := newTestCluster(t, size)
 	img := c.cfg.Volumes[0].Disks["alpha"].Paths[0].Path
-	if err := os.Truncate(img, size+multipath.LabelSize); err != nil {
+	if err := os.Truncate(img, deviceSize(t, size)+multipath.LabelSize); err != nil {
 		t.Fatal(err)
 	}
 	dc := MultiPath(img, img)

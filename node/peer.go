@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
@@ -67,11 +68,10 @@ type peer struct {
 	v    *Volume
 	name string
 	addr string
-	bm   *replication.Bitmap
-
-	// bitmapGen is the generation bm starts from; guarded by v.genMu.
-	bitmapGen  replication.Generation
-	haveBitmap atomic.Bool
+	// bm marks the blocks this peer misses; it lives in the volume's
+	// on-disk metadata. The generation it starts from is
+	// v.bitmapGens[name].
+	bm *metadata.PeerBitmap
 
 	mu        sync.Mutex
 	streaming bool
@@ -113,9 +113,13 @@ type peer struct {
 
 func newPeer(v *Volume, name string) *peer {
 	nc, _ := v.node.cfg.Node(name)
+	bm, ok := v.md.Bitmap(v.node.cfg.NodeID(name))
+	if !ok {
+		panic(fmt.Sprintf("metadata of %s has no bitmap for peer %s", v.name, name)) // openMD created one per peer
+	}
 	p := &peer{
 		v: v, name: name, addr: nc.Replication,
-		bm:       replication.NewBitmap(v.size),
+		bm:       bm,
 		state:    replication.StandAlone,
 		peerDisk: "DUnknown",
 		wake:     make(chan struct{}, 1),
@@ -214,8 +218,9 @@ func (p *peer) session(ctx context.Context) error {
 	// step: a write is either marked before it or queued after it.
 	v.genMu.Lock()
 	cur := v.currentGeneration()
+	bitmapGen, haveBitmap := v.bitmapGen(p.name)
 	d := replication.DecideSync(replication.SyncInput{
-		Current: cur, Bitmap: p.bitmapGen, HaveBitmap: p.haveBitmap.Load(), Peer: reply.Generation,
+		Current: cur, Bitmap: bitmapGen, HaveBitmap: haveBitmap, Peer: reply.Generation,
 	})
 	if d.Kind == replication.NoSync && p.bm.Count() > 0 {
 		d = replication.SyncDecision{Kind: replication.BitmapSync, Rule: d.Rule + ", but blocks are marked"}
@@ -279,17 +284,30 @@ func (p *peer) syncDoneLocked(gen replication.Generation) *pending {
 		e:    replication.Entry{Op: replication.OpSyncDone, Data: gen[:]},
 		done: make(chan struct{}),
 		onAck: func() {
-			p.v.genMu.Lock()
-			defer p.v.genMu.Unlock()
+			v := p.v
+			v.genMu.Lock()
+			defer v.genMu.Unlock()
 			p.mu.Lock()
-			defer p.mu.Unlock()
-			if !p.streaming {
+			inSync := p.streaming && v.currentGeneration() == gen && p.bm.Count() == 0
+			p.mu.Unlock()
+			if !inSync {
 				return
 			}
-			if p.v.currentGeneration() == gen && p.bm.Count() == 0 {
-				p.haveBitmap.Store(false)
+			// The peer holds gen: its bitmap is retired, durably, BEFORE the
+			// peer counts as UpToDate.
+			v.mu.Lock()
+			if _, ok := v.bitmapGens[p.name]; ok {
+				delete(v.bitmapGens, p.name)
+				if err := v.persistLocked(false); err != nil {
+					v.log.Error("persist in-sync peer", "peer", p.name, "err", err)
+				}
+			}
+			v.mu.Unlock()
+			p.mu.Lock()
+			if p.streaming {
 				p.state, p.peerDisk = replication.Connected, string(replication.UpToDate)
 			}
+			p.mu.Unlock()
 		},
 	}
 }
@@ -332,14 +350,14 @@ func (p *peer) submit(e replication.Entry) *pending {
 			p.mu.Unlock()
 			return pd
 		}
-		if p.haveBitmap.Load() {
+		if _, ok := p.v.bitmapGen(p.name); ok {
 			markEntry(p.bm, &e)
 			p.mu.Unlock()
 			return nil
 		}
 		p.mu.Unlock()
 		p.v.ensureRotated(p)
-		if !p.haveBitmap.Load() && !p.isStreaming() {
+		if _, ok := p.v.bitmapGen(p.name); !ok && !p.isStreaming() {
 			// Persisting the new generation failed; the volume stops
 			// serving IO. The caller's write still completes locally.
 			p.mu.Lock()
@@ -356,10 +374,10 @@ func (p *peer) isStreaming() bool {
 	return p.streaming
 }
 
-func markEntry(bm *replication.Bitmap, e *replication.Entry) {
+func markEntry(bm *metadata.PeerBitmap, e *replication.Entry) {
 	switch e.Op {
 	case replication.OpWrite, replication.OpZero, replication.OpTrim:
-		bm.SetRange(e.Off, e.Length)
+		bm.SetBits(e.Off, e.Length)
 	}
 }
 
@@ -627,7 +645,7 @@ func (p *peer) resync(ctx context.Context) error {
 			pd.release = func() { resyncBufs.Put(bp) }
 		}
 		pd.onAck = func() {
-			p.bm.ClearRange(off, length)
+			p.bm.ClearBits(off, length)
 			p.resyncDone.Add(length)
 			<-window
 		}
@@ -690,7 +708,7 @@ func (p *peer) status() transport.PeerStatus {
 			ps.Replication = string(replication.PausedSyncS)
 		}
 	}
-	if !p.streaming && p.haveBitmap.Load() {
+	if _, ok := p.v.bitmapGen(p.name); ok && !p.streaming {
 		ps.PeerDisk = string(replication.Outdated)
 	}
 	return ps

@@ -87,6 +87,13 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 	v.mu.Unlock()
 	v.genMu.Unlock()
 	v.stopPeers()
+	// Every write is done and on both disks: no activity log to apply if
+	// this node crashes from here on.
+	if err := v.md.FlushBitmaps(); err == nil {
+		if err := v.md.SetPrimary(false); err != nil {
+			v.log.Error("clear the primary indicator", "err", err)
+		}
+	}
 	v.log.Info("demoted", "to", to, "epoch", epoch)
 	v.node.event(v.name, "demoted", fmt.Sprintf("%s handed %s over to %s at epoch %d", v.self, v.name, to, epoch))
 	return epoch, gen, nil
@@ -126,6 +133,18 @@ func (v *Volume) promote(epoch uint64, gen replication.Generation) error {
 	if v.gen != gen {
 		return fmt.Errorf("%s on %s changed generation during promotion", v.name, v.self)
 	}
+	// Bitmaps of an earlier term mean nothing now: this node held every
+	// write, so it starts with every peer in sync.
+	for _, id := range v.node.peerIDs(v.cfg) {
+		if bm, ok := v.md.Bitmap(id); ok {
+			bm.ClearBits(0, v.size)
+		}
+	}
+	clear(v.bitmapGens)
+	// The primary indicator and the epoch are durable BEFORE the first write.
+	if err := v.md.SetPrimary(true); err != nil {
+		return err
+	}
 	oldEpoch, oldPrimary := v.epoch, v.primary
 	v.epoch, v.primary, v.role = epoch, v.self, replication.Primary
 	if err := v.persistLocked(false); err != nil {
@@ -134,7 +153,6 @@ func (v *Volume) promote(epoch uint64, gen replication.Generation) error {
 	}
 	v.diskState = replication.UpToDate
 	v.reason = ""
-	// Bitmaps of an earlier term mean nothing now: start from clean peers.
 	v.peers = map[string]*peer{}
 	if !v.adminDown {
 		v.startPeersLocked()

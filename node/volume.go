@@ -33,22 +33,28 @@ type Volume struct {
 	self string
 	disk Disk
 	mp   *multipath.Device // nil for a single-path disk
-	log  *slog.Logger
+	// md is the on-disk metadata: the peers' bitmaps and the activity log.
+	md      *metadata.MD
+	closeMD func() error
+	log     *slog.Logger
 
 	// locks orders overlapping writes and resync reads.
 	locks replication.RangeLocks
 
-	mu        sync.Mutex
-	role      replication.Role
-	epoch     uint64
-	primary   string // who holds epoch, as far as this node knows
-	gen       replication.Generation
-	diskState replication.DiskState
-	ioOpen    bool // primary serving IO
-	io        sync.WaitGroup
-	peers     map[string]*peer
-	peersCtx  context.CancelFunc
-	adminDown bool // operator disconnected this node
+	mu      sync.Mutex
+	role    replication.Role
+	epoch   uint64
+	primary string // who holds epoch, as far as this node knows
+	gen     replication.Generation
+	// bitmapGens: per peer, the generation its bitmap starts from (absent
+	// while the peer is in sync).
+	bitmapGens map[string]replication.Generation
+	diskState  replication.DiskState
+	ioOpen     bool // primary serving IO
+	io         sync.WaitGroup
+	peers      map[string]*peer
+	peersCtx   context.CancelFunc
+	adminDown  bool // operator disconnected this node
 	// detached: the local disk failed and is out of service; the primary
 	// reads and writes through a peer. localStale: this disk misses writes
 	// (persisted). localMissing marks the blocks it misses.
@@ -72,11 +78,13 @@ type Volume struct {
 	genMu sync.Mutex
 }
 
-func newVolume(n *Node, cfg VolumeConfig, disk Disk) (*Volume, error) {
+func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD) (*Volume, error) {
 	v := &Volume{
-		node: n, cfg: cfg, name: cfg.Name, size: int64(cfg.Size), self: n.name, disk: disk,
-		log:   n.log.With("volume", cfg.Name),
-		peers: map[string]*peer{},
+		node: n, cfg: cfg, name: cfg.Name, size: int64(cfg.Size), self: n.name, disk: disk, md: md,
+		closeMD:    func() error { return nil },
+		bitmapGens: map[string]replication.Generation{},
+		log:        n.log.With("volume", cfg.Name),
+		peers:      map[string]*peer{},
 
 		localMissing: replication.NewBitmap(int64(cfg.Size)),
 		stopping:     make(chan struct{}),
@@ -96,13 +104,18 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk) (*Volume, error) {
 		v.node.event(v.name, "created", fmt.Sprintf("new volume, primary %s at epoch 1", cfg.Primary))
 	case st.Size != v.size:
 		return nil, fmt.Errorf("volume %s: the config says size %d but this node's state says %d; resizing is not supported: restore the old size", v.name, v.size, st.Size)
-	case !st.Clean && !st.Generation.IsZero():
-		// The node did not shut down cleanly. Writes may have reached this
-		// disk and not its peers (or the other way round), and the bitmap
-		// that would say which is gone: start a new lineage, so that the
-		// next connection is a full resync, never a wrong UpToDate.
-		st.Generation = replication.NewGeneration()
-		v.node.event(v.name, "unclean-start", "no clean shutdown recorded: a full resync will follow")
+	}
+	if md.CrashedPrimary() {
+		// The node went down as primary: every extent in the activity log
+		// may hold writes its peers never saw. Mark exactly those.
+		marked, err := md.ApplyActivityLog()
+		if err != nil {
+			return nil, fmt.Errorf("volume %s: apply the activity log: %w", v.name, err)
+		}
+		v.node.event(v.name, "crashed-primary", fmt.Sprintf("went down as primary: the activity log's extents, %d bytes, are marked out of sync for the peers", marked))
+	}
+	if rep := md.Report(); len(rep.CorruptBitmapPages) > 0 || rep.OtherSlot != "" {
+		v.node.event(v.name, "metadata-repaired", fmt.Sprintf("metadata load: %d bitmap pages failed their checksum (their range is resynced in full); other superblock slot: %q", len(rep.CorruptBitmapPages), rep.OtherSlot))
 	}
 	if st.LocalStale {
 		// This disk was detached and missed writes: whatever its role was,
@@ -118,6 +131,9 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk) (*Volume, error) {
 		return nil, err
 	}
 	v.epoch, v.primary, v.gen, v.localStale = st.Epoch, st.Primary, st.Generation, st.LocalStale
+	for peer, g := range st.PeerBitmaps {
+		v.bitmapGens[peer] = g
+	}
 	v.role = replication.Secondary
 	if st.Primary == v.self {
 		v.role = replication.Primary
@@ -138,10 +154,34 @@ func (v *Volume) idleDiskState() replication.DiskState {
 	}
 }
 
-// persist writes the volume's state; callers hold v.mu or v.genMu.
+// persistLocked writes the volume's state durably: the node's store, and
+// the generations mirrored into the metadata superblock. Callers hold v.mu.
 func (v *Volume) persistLocked(clean bool) error {
-	return v.node.store.PutVolume(v.name, metadata.VolumeState{
+	gens := map[string]replication.Generation{}
+	for peer, g := range v.bitmapGens {
+		gens[peer] = g
+	}
+	err := v.node.store.PutVolume(v.name, metadata.VolumeState{
 		Epoch: v.epoch, Primary: v.primary, Generation: v.gen, Clean: clean, Size: v.size, LocalStale: v.localStale,
+		PeerBitmaps: gens,
+	})
+	if err != nil {
+		return err
+	}
+	return v.md.UpdateSuperblock(func(sb *metadata.Superblock) {
+		if sb.Current != v.gen && !sb.Current.IsZero() {
+			copy(sb.History[1:], sb.History[:])
+			sb.History[0] = sb.Current
+		}
+		sb.Current = v.gen
+		for i := range sb.Peers {
+			sb.Peers[i].Bitmap = gens[v.node.cfg.nodeName(sb.Peers[i].NodeID)]
+		}
+		if v.gen.IsZero() {
+			sb.Flags &^= metadata.FlagConsistent | metadata.FlagUpToDate
+		} else {
+			sb.Flags |= metadata.FlagConsistent
+		}
 	})
 }
 
@@ -150,6 +190,12 @@ func (v *Volume) start() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.role == replication.Primary {
+		// The primary indicator is on disk BEFORE the first write.
+		if err := v.md.SetPrimary(true); err != nil {
+			v.log.Error("cannot set the primary indicator; not serving", "err", err)
+			v.reason = "metadata write failed: " + err.Error()
+			return
+		}
 		v.startPeersLocked()
 		v.ioOpen = true
 	}
@@ -280,6 +326,14 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 		return err
 	}
 	defer release()
+	// The extent is in the activity log, durably, BEFORE the data is
+	// written anywhere: after a crash, only the log's extents can differ.
+	al := v.md.ActivityLog()
+	if err := al.Admit(ctx, e.Off, e.Length); err != nil {
+		v.log.Error("activity log", "err", err)
+		return fmt.Errorf("activity log: %w", syscall.EIO)
+	}
+	defer al.Done(e.Off, e.Length)
 	var waits []*pending
 	for _, p := range v.streamingPeers() {
 		if w := p.submit(e); w != nil {
@@ -358,6 +412,15 @@ func (v *Volume) flushAll() error {
 	return nil
 }
 
+// bitmapGen returns the generation peer's bitmap starts from; ok is false
+// while the peer is in sync (no bitmap generation).
+func (v *Volume) bitmapGen(peer string) (g replication.Generation, ok bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	g, ok = v.bitmapGens[peer]
+	return g, ok
+}
+
 // ensureRotated is called BEFORE a write is completed without reaching
 // peer p. The first time in a disconnected period it starts p's bitmap from
 // the current generation and moves the primary to a new generation,
@@ -365,31 +428,33 @@ func (v *Volume) flushAll() error {
 func (v *Volume) ensureRotated(p *peer) {
 	v.genMu.Lock()
 	defer v.genMu.Unlock()
-	if p.haveBitmap.Load() {
+	v.mu.Lock()
+	if _, ok := v.bitmapGens[p.name]; ok {
+		v.mu.Unlock()
 		return
 	}
-	v.mu.Lock()
 	old := v.gen
 	v.gen = replication.NewGeneration()
+	v.bitmapGens[p.name] = old
 	err := v.persistLocked(false)
-	v.mu.Unlock()
 	if err != nil {
 		// Without the new generation on disk a restart could take the peer
 		// for up to date: stop accepting writes rather than risk it.
 		v.log.Error("cannot persist new generation; stopping IO", "err", err)
-		v.mu.Lock()
+		v.gen = old
+		delete(v.bitmapGens, p.name)
 		v.ioOpen = false
 		v.mu.Unlock()
 		return
 	}
-	p.bitmapGen = old
-	p.haveBitmap.Store(true)
-	v.log.Info("peer out of sync: new generation", "peer", p.name, "bitmap_generation", old, "generation", v.gen)
-	v.node.event(v.name, "new-generation", fmt.Sprintf("%s is not connected: writes are tracked in its bitmap from %s; current generation %s", p.name, old, v.gen))
+	gen := v.gen
+	v.mu.Unlock()
+	v.log.Info("peer out of sync: new generation", "peer", p.name, "bitmap_generation", old, "generation", gen)
+	v.node.event(v.name, "new-generation", fmt.Sprintf("%s is not connected: writes are tracked in its bitmap from %s; current generation %s", p.name, old, gen))
 	// Peers still in sync get the new generation in their stream.
 	for _, q := range v.streamingPeers() {
 		if q != p {
-			q.announceGeneration(v.currentGeneration())
+			q.announceGeneration(gen)
 		}
 	}
 }
@@ -427,6 +492,16 @@ func (v *Volume) shutdown() {
 	}
 	v.mu.Unlock()
 	v.genMu.Unlock()
+	// Bitmaps out, THEN the primary indicator off: a clean stop leaves no
+	// activity log to apply.
+	if err := v.md.Close(); err != nil {
+		v.log.Error("flush bitmaps at shutdown", "err", err)
+	} else if clean {
+		if err := v.md.SetPrimary(false); err != nil {
+			v.log.Error("clear the primary indicator", "err", err)
+		}
+	}
+	v.closeMD()
 	v.disk.Close()
 }
 

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/node"
 	"github.com/replvol/replvol/node/multipath"
 	"github.com/replvol/replvol/transport"
@@ -99,15 +100,20 @@ func runDemo(ctx context.Context, out io.Writer, dir string, basePort int, size 
 			return err
 		}
 		img := filepath.Join(nodeDir, "vol0.img")
+		// The backing file holds the volume and, at its end, the metadata.
+		devSize, err := metadata.InternalDeviceSize(size, 0, 1)
+		if err != nil {
+			return err
+		}
 		if paths == 0 {
-			if err := ensureSparseFile(img, size); err != nil {
+			if err := ensureSparseFile(img, devSize); err != nil {
 				return err
 			}
 			vol.Disks[name] = node.SinglePath(img)
 		} else {
 			// Every path reaches the same file, which also holds the
 			// multipath label in its last 4 KiB.
-			if err := ensureSparseFile(img, size+multipath.LabelSize); err != nil {
+			if err := ensureSparseFile(img, devSize+multipath.LabelSize); err != nil {
 				return err
 			}
 			devs := make([]string, paths)

@@ -1,0 +1,39 @@
+package metadata
+
+// InternalDeviceSize returns the smallest backing device, a multiple of
+// 4 KiB, that holds size bytes of data and, at its end, internal metadata
+// with alExtents hot extents (0: the default) and bitmaps for peers peers.
+func InternalDeviceSize(size int64, alExtents, peers int) (int64, error) {
+	if alExtents == 0 {
+		alExtents = DefaultALExtents
+	}
+	data := floorBlock(size + MDBlockSize - 1)
+	g, err := computeGeometry(External, data, alExtents, peers)
+	if err != nil {
+		return 0, err
+	}
+	dev := data + g.mdSize
+	for {
+		g, err := computeGeometry(Internal, dev, alExtents, peers)
+		if err != nil {
+			return 0, err
+		}
+		if g.dataSize >= size {
+			return dev, nil
+		}
+		dev += floorBlock(size - g.dataSize + MDBlockSize - 1)
+	}
+}
+
+// ExternalSize returns the size of an external metadata file for a volume
+// of size bytes.
+func ExternalSize(size int64, alExtents, peers int) (int64, error) {
+	if alExtents == 0 {
+		alExtents = DefaultALExtents
+	}
+	g, err := computeGeometry(External, size, alExtents, peers)
+	if err != nil {
+		return 0, err
+	}
+	return g.bitmapOffset + int64(peers)*g.bitmapPages*MDBlockSize, nil
+}
