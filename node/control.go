@@ -172,6 +172,7 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 				rs.Role, rs.Disk, rs.Replication = lv.Role, lv.Disk, lv.Replication
 				rs.ResyncedBytes, rs.Generation, rs.Reason = lv.ResyncedBytes, lv.Generation, lv.Reason
 				rs.Paths = lv.Paths
+				rs.Metadata, rs.UsableBytes = lv.Metadata, lv.UsableBytes
 				if lv.Role == string(replication.Primary) {
 					rs.OutOfSyncBytes = lv.LocalMissingBytes
 				}

@@ -3,9 +3,13 @@ package node
 import (
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
+	"path/filepath"
 
 	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/replication"
 )
 
 // peerIDs returns the metadata ids of a volume's other nodes.
@@ -58,6 +62,13 @@ func (n *Node) openMD(vc VolumeConfig, disk Disk) (*metadata.MD, func() error, e
 	}
 	md, err := metadata.OpenMD(dev, opts)
 	if errors.Is(err, metadata.ErrNoMetadata) {
+		// Only a volume this node has never run gets new metadata: if the
+		// node has state for it, the metadata was lost or the disk swapped,
+		// and starting fresh would forget which blocks the peers miss.
+		if _, known, serr := n.store.Volume(vc.Name); serr != nil || known {
+			closeDev()
+			return nil, nil, fmt.Errorf("no replvol metadata at %s, but this node has run volume %s before: the metadata was overwritten or the disk replaced; nothing was changed. If the disk was replaced on purpose, move this node's state file away so the volume starts over (it then needs a full resync from its peer)", where, vc.Name)
+		}
 		md, err = metadata.CreateMD(dev, opts)
 		if err == nil {
 			n.event(vc.Name, "create-md", fmt.Sprintf("created %s metadata at %s", opts.Placement, where))
@@ -82,3 +93,85 @@ func externalSize(vc VolumeConfig, peers int) int64 {
 	}
 	return n
 }
+
+// CreateMetadata initialises a volume's metadata on this node's disk, as
+// DRBD's create-md: offline (the node must be stopped), and over existing
+// metadata only with force. The node's data then counts as Inconsistent,
+// so it gets a full resync from its peer, unless the volume is new.
+func CreateMetadata(cfg *Config, name, volume, stateDir string, force bool) (string, error) {
+	var vc *VolumeConfig
+	for i := range cfg.Volumes {
+		if cfg.Volumes[i].Name == volume {
+			vc = &cfg.Volumes[i]
+		}
+	}
+	if vc == nil {
+		return "", fmt.Errorf("no volume %q in the config", volume)
+	}
+	dc, ok := vc.Disks[name]
+	if !ok {
+		return "", fmt.Errorf("node %s holds no disk of %s", name, volume)
+	}
+	self, _ := cfg.Node(name)
+	if stateDir == "" {
+		stateDir = self.StateDir
+	}
+	n := &Node{cfg: cfg, name: name, self: self, log: discardLogger()}
+	st, err := metadata.Open(filepath.Join(stateDir, "state.db"))
+	if err != nil {
+		return "", err
+	}
+	defer st.Close()
+	n.store = st
+	disk, mp, err := n.openDisk(*vc, dc, 0, Options{})
+	if err != nil {
+		return "", err
+	}
+	defer disk.Close()
+	_ = mp
+	opts := metadata.MDOptions{
+		Placement: metadata.Internal, DeviceSize: disk.Size(), Volume: vc.VolumeUUID(),
+		NodeID: cfg.NodeID(name), Peers: n.peerIDs(*vc), ALExtents: vc.ALExtents, Overwrite: force,
+	}
+	if len(opts.Peers) == 0 {
+		opts.Peers = []uint32{0}
+	}
+	var dev metadata.MDDevice = disk
+	where := "the end of " + dc.Paths[0].Path
+	if vc.External() {
+		f, err := os.OpenFile(dc.Meta, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return "", err
+		}
+		defer f.Close()
+		size := externalSize(*vc, len(opts.Peers))
+		if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() && fi.Size() < size {
+			if err := f.Truncate(size); err != nil {
+				return "", err
+			}
+		}
+		opts.Placement, opts.DeviceSize, dev, where = metadata.External, int64(vc.Size), mdFile{f}, dc.Meta
+	}
+	md, err := metadata.CreateMD(dev, opts)
+	if err != nil {
+		return "", fmt.Errorf("create-md at %s: %w", where, err)
+	}
+	md.Close()
+	// What this disk holds is no longer tied to any generation.
+	vs, known, err := st.Volume(volume)
+	if err != nil {
+		return "", err
+	}
+	if known {
+		vs.Generation, vs.PeerBitmaps, vs.LocalStale = replication.Generation{}, nil, false
+		if vs.Primary == name {
+			vs.Primary = ""
+		}
+		if err := st.PutVolume(volume, vs); err != nil {
+			return "", err
+		}
+	}
+	return fmt.Sprintf("created %s metadata for %s at %s (usable %d bytes)", opts.Placement, volume, where, md.UsableSize()), nil
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

@@ -512,6 +512,7 @@ func (v *Volume) status() transport.LocalVolume {
 		Name: v.name, Size: v.size, Protocol: v.cfg.ProtocolOrDefault(),
 		Role: string(v.role), Disk: string(v.diskState), Epoch: v.epoch, Primary: v.primary,
 		Generation: v.gen.String(), Reason: v.reason,
+		Metadata: v.md.Placement().String(), UsableBytes: v.md.UsableSize(),
 	}
 	peers := make([]*peer, 0, len(v.peers))
 	for _, p := range v.peers {

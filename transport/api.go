@@ -55,6 +55,10 @@ type ReplicaStatus struct {
 	// since its node started (counted by the node itself).
 	ResyncedBytes int64  `json:"resynced_bytes"`
 	Generation    string `json:"generation,omitempty"`
+	// Metadata is where the node keeps the volume's metadata (internal or
+	// external); UsableBytes what the backing device holds for data.
+	Metadata    string `json:"metadata,omitempty"`
+	UsableBytes int64  `json:"usable_bytes,omitempty"`
 	// Reason explains a StandAlone or refused connection.
 	Reason string `json:"reason,omitempty"`
 	// Reachable is false when the node did not answer; the fields then come
@@ -112,6 +116,8 @@ type LocalVolume struct {
 	Name          string       `json:"name"`
 	Size          int64        `json:"size"`
 	Protocol      string       `json:"protocol"`
+	Metadata      string       `json:"metadata"`
+	UsableBytes   int64        `json:"usable_bytes"`
 	Role          string       `json:"role"`
 	Disk          string       `json:"disk"`
 	Epoch         uint64       `json:"epoch"`

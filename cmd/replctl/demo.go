@@ -26,6 +26,7 @@ func newDemo() *cobra.Command {
 		basePort int
 		size     string
 		paths    int
+		mdPlace  string
 	)
 	cmd := &cobra.Command{
 		Use:   "demo",
@@ -44,6 +45,9 @@ It prints the NBD URI, then "ready". Ctrl-C or SIGTERM stops both nodes cleanly.
 			if bytes < 1<<20 || bytes%4096 != 0 {
 				return fmt.Errorf("--size %s: want at least 1MiB and a multiple of 4KiB", size)
 			}
+			if mdPlace != "internal" && mdPlace != "external" {
+				return fmt.Errorf("--metadata %q: want internal or external", mdPlace)
+			}
 			if paths < 0 || paths > 16 {
 				return fmt.Errorf("--paths %d: want 0 (a plain disk) to 16", paths)
 			}
@@ -52,17 +56,18 @@ It prints the NBD URI, then "ready". Ctrl-C or SIGTERM stops both nodes cleanly.
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			return runDemo(ctx, cmd.OutOrStdout(), dir, basePort, bytes, paths)
+			return runDemo(ctx, cmd.OutOrStdout(), dir, basePort, bytes, paths, mdPlace)
 		},
 	}
 	cmd.Flags().StringVar(&dir, "dir", "", "directory for the disks, state and logs (default: a fresh temp dir, removed at exit)")
 	cmd.Flags().IntVar(&basePort, "base-port", 7800, "alpha's control port; the other five ports follow it (0: free ports)")
 	cmd.Flags().StringVar(&size, "size", "1GiB", "volume size (sparse files)")
+	cmd.Flags().StringVar(&mdPlace, "metadata", "internal", "where each node keeps the volume's metadata: internal (end of the backing file) or external (a separate file)")
 	cmd.Flags().IntVar(&paths, "paths", 0, "give each node this many multipath paths (p0, p1, ...) to its backing file")
 	return cmd
 }
 
-func runDemo(ctx context.Context, out io.Writer, dir string, basePort int, size int64, paths int) (err error) {
+func runDemo(ctx context.Context, out io.Writer, dir string, basePort int, size int64, paths int, mdPlace string) (err error) {
 	if dir == "" {
 		dir, err = os.MkdirTemp("", "replvol-demo-")
 		if err != nil {
@@ -100,10 +105,13 @@ func runDemo(ctx context.Context, out io.Writer, dir string, basePort int, size 
 			return err
 		}
 		img := filepath.Join(nodeDir, "vol0.img")
-		// The backing file holds the volume and, at its end, the metadata.
-		devSize, err := metadata.InternalDeviceSize(size, 0, 1)
-		if err != nil {
-			return err
+		// The backing file holds the volume and, with internal metadata,
+		// the metadata at its end.
+		devSize := size
+		if mdPlace == "internal" {
+			if devSize, err = metadata.InternalDeviceSize(size, 0, 1); err != nil {
+				return err
+			}
 		}
 		if paths == 0 {
 			if err := ensureSparseFile(img, devSize); err != nil {
@@ -127,6 +135,19 @@ func runDemo(ctx context.Context, out io.Writer, dir string, basePort int, size 
 			dc.NoPathRetry = 3
 			vol.Disks[name] = dc
 		}
+		if mdPlace == "external" {
+			meta := filepath.Join(nodeDir, "vol0.md")
+			mdSize, err := metadata.ExternalSize(size, 0, 1)
+			if err != nil {
+				return err
+			}
+			if err := ensureSparseFile(meta, mdSize); err != nil {
+				return err
+			}
+			dc := vol.Disks[name]
+			dc.Meta = meta
+			vol.Disks[name] = dc
+		}
 		cfg.Nodes = append(cfg.Nodes, node.NodeConfig{
 			Name:        name,
 			Control:     listeners[3*i].Addr().String(),
@@ -135,6 +156,7 @@ func runDemo(ctx context.Context, out io.Writer, dir string, basePort int, size 
 			StateDir:    nodeDir,
 		})
 	}
+	vol.Metadata = mdPlace
 	cfg.Volumes = []node.VolumeConfig{vol}
 	if err := cfg.Validate(); err != nil {
 		return err

@@ -1,0 +1,144 @@
+package node
+
+import (
+	"crypto/sha256"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/replvol/replvol/metadata"
+)
+
+func fileSum(t *testing.T, path string) [32]byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sha256.Sum256(b)
+}
+
+// TestADiskOfAnotherVolumeOrCorruptMetadataIsRefused: the node names what
+// is wrong and changes no byte of the disk.
+func TestADiskOfAnotherVolumeOrCorruptMetadataIsRefused(t *testing.T) {
+	c := newTestCluster(t, 4<<20)
+	c.start("alpha")
+	c.stop("alpha")
+	img := c.cfg.Volumes[0].Disks["alpha"].Paths[0].Path
+
+	// The same disk under another volume's name.
+	other := *c.cfg
+	other.Volumes = append([]VolumeConfig(nil), c.cfg.Volumes...)
+	other.Volumes[0].Name = "vol1"
+	sum := fileSum(t, img)
+	_, err := New(&other, "alpha", Options{StateDir: t.TempDir()})
+	if !errors.Is(err, metadata.ErrNotOurVolume) {
+		t.Fatalf("a disk of another volume: %v", err)
+	}
+	if fileSum(t, img) != sum {
+		t.Fatal("the refused disk was changed")
+	}
+
+	// The metadata area overwritten: the node ran this volume before, so
+	// it refuses rather than start over.
+	f, err := os.OpenFile(img, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := f.Stat()
+	end := st.Size() &^ 4095
+	saved := make([]byte, 8192)
+	f.ReadAt(saved, end-8192)
+	junk := make([]byte, 8192)
+	for i := range junk {
+		junk[i] = 0x5a
+	}
+	f.WriteAt(junk, end-8192)
+	sum = fileSum(t, img)
+	_, err = New(c.cfg, "alpha", Options{})
+	if err == nil || !strings.Contains(err.Error(), "has run volume vol0 before") {
+		t.Fatalf("overwritten metadata: %v", err)
+	}
+	if fileSum(t, img) != sum {
+		t.Fatal("the refused disk was changed")
+	}
+
+	// Both superblock copies with a bad checksum: corrupt.
+	for _, slot := range []int64{end - 8192, end - 4096} {
+		b := append([]byte(nil), saved[slot-(end-8192):][:4096]...)
+		b[100] ^= 0xff
+		f.WriteAt(b, slot)
+	}
+	f.Close()
+	sum = fileSum(t, img)
+	_, err = New(c.cfg, "alpha", Options{})
+	if !errors.Is(err, metadata.ErrCorrupt) {
+		t.Fatalf("corrupt metadata: %v", err)
+	}
+	if fileSum(t, img) != sum {
+		t.Fatal("the refused disk was changed")
+	}
+	t.Log(err)
+}
+
+// TestExternalMetadataLeavesTheWholeDeviceToData runs a cluster with
+// external metadata files: the volume uses the backing file to its last
+// byte and catch-up still moves only what changed.
+func TestExternalMetadataLeavesTheWholeDeviceToData(t *testing.T) {
+	const size = 16 << 20
+	c := newTestCluster(t, size)
+	c.cfg.Volumes[0].Metadata = "external"
+	for _, name := range []string{"alpha", "beta"} {
+		dc := c.cfg.Volumes[0].Disks[name]
+		if err := os.Truncate(dc.Paths[0].Path, size); err != nil {
+			t.Fatal(err)
+		}
+		dc.Meta = dc.Paths[0].Path + ".md"
+		n, _ := metadata.ExternalSize(size, 0, 1)
+		os.WriteFile(dc.Meta, nil, 0o644)
+		os.Truncate(dc.Meta, n)
+		c.cfg.Volumes[0].Disks[name] = dc
+	}
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	if r := replica(c.status(), "alpha"); r.Metadata != "external" || r.UsableBytes != size {
+		t.Fatalf("alpha: metadata %q usable %d", r.Metadata, r.UsableBytes)
+	}
+	c.vol("alpha").setAdminDown(true)
+	blocks := writeRandomBlocks(t, c.vol("alpha"), 100, 13)
+	before := replica(c.status(), "beta").ResyncedBytes
+	c.vol("alpha").setAdminDown(false)
+	c.waitInSync()
+	if moved := replica(c.status(), "beta").ResyncedBytes - before; moved != int64(blocks)*4096 {
+		t.Fatalf("moved %d, want %d", moved, blocks*4096)
+	}
+	c.requireIdentical()
+}
+
+// TestCreateMetadataOverwritesOnlyWithForceAndForcesAFullResync.
+func TestCreateMetadataOverwritesOnlyWithForceAndForcesAFullResync(t *testing.T) {
+	const size = 8 << 20
+	c := newTestCluster(t, size)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	c.stop("beta")
+	if _, err := CreateMetadata(c.cfg, "beta", "vol0", "", false); !errors.Is(err, metadata.ErrMetadataExists) {
+		t.Fatalf("create-md over metadata without force: %v", err)
+	}
+	msg, err := CreateMetadata(c.cfg, "beta", "vol0", "", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(msg)
+	n := c.start("beta")
+	if d := n.vols["vol0"].status().Disk; d != "Inconsistent" {
+		t.Fatalf("after create-md beta's disk is %s, want Inconsistent", d)
+	}
+	c.waitInSync()
+	if moved := replica(c.status(), "beta").ResyncedBytes; moved != size {
+		t.Fatalf("after create-md the resync moved %d bytes, want the whole %d", moved, size)
+	}
+}
