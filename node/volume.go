@@ -526,6 +526,9 @@ func (v *Volume) status() transport.LocalVolume {
 	lv.Flushes = v.flushes.Load()
 	lv.Paths = v.pathStatus()
 	lv.LocalMissingBytes = v.localMissing.Bytes()
+	al := v.md.ActivityLog()
+	as := al.Stats()
+	lv.ActivityLog = &transport.ActivityLogStatus{Extents: al.Extents(), Hits: as.Hits, Misses: as.Misses, Transactions: as.Transactions, Evictions: as.Evictions}
 	if v.mp != nil {
 		lv.PathPolicy = v.mp.Policy().String()
 	}

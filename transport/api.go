@@ -131,6 +131,8 @@ type LocalVolume struct {
 	Reason      string       `json:"reason,omitempty"`
 	Paths       []PathStatus `json:"paths,omitempty"`
 	PathPolicy  string       `json:"path_policy,omitempty"`
+	// ActivityLog counts the activity log's work on this node.
+	ActivityLog *ActivityLogStatus `json:"activity_log,omitempty"`
 	// LocalMissingBytes is what this node's own disk misses (written while
 	// it was detached), to be copied back from a peer.
 	LocalMissingBytes int64  `json:"local_missing_bytes,omitempty"`
@@ -243,4 +245,14 @@ type ResyncReply struct {
 	Primary string   `json:"primary"`
 	Peers   []string `json:"peers"`
 	Action  string   `json:"action"`
+}
+
+// ActivityLogStatus is what the activity log has done: hits cost no
+// metadata IO, each transaction one write.
+type ActivityLogStatus struct {
+	Extents      int   `json:"extents"`
+	Hits         int64 `json:"hits"`
+	Misses       int64 `json:"misses"`
+	Transactions int64 `json:"transactions"`
+	Evictions    int64 `json:"evictions"`
 }

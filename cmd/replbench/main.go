@@ -30,7 +30,11 @@ const (
 	tQuorum  = "quorum"
 )
 
-var allTargets = []string{tReplvol, tNbdkit, tQuorum}
+// tReplvolExt is replvol with external metadata: the reference for the
+// cost of internal metadata.
+const tReplvolExt = "replvol-ext"
+
+var allTargets = []string{tReplvol, tReplvolExt, tNbdkit, tQuorum}
 
 type workload struct {
 	Name    string // short id used in JSON
@@ -58,6 +62,7 @@ var goals = []goal{
 	{"randwrite-8k", tNbdkit, 0.4},
 	{"randwrite-8k", tQuorum, 1.5},
 	{"randread-8k", tNbdkit, 0.8},
+	{"randwrite-8k", tReplvolExt, 0.9},
 }
 
 type config struct {
@@ -86,7 +91,7 @@ func run() int {
 	flag.StringVar(&sizeStr, "size", "1GiB", "volume/image size of every target")
 	flag.StringVar(&spanStr, "span", "512MiB", "region of the volume the workloads touch (clamped to the export size)")
 	flag.BoolVar(&cfg.jsonOut, "json", false, "print the results as JSON instead of a table")
-	flag.StringVar(&targetsStr, "targets", strings.Join(allTargets, ","), "comma-separated targets: replvol,nbdkit,quorum")
+	flag.StringVar(&targetsStr, "targets", strings.Join(allTargets, ","), "comma-separated targets: replvol,replvol-ext,nbdkit,quorum")
 	flag.StringVar(&cfg.dir, "dir", "", "parent directory for the temporary images (default: $TMPDIR)")
 	flag.StringVar(&cfg.replctl, "replctl", "", "prebuilt replctl binary (default: go build ./cmd/replctl)")
 	flag.BoolVar(&cfg.keepLogs, "keep-logs", false, "keep the server logs (the images are always removed)")
@@ -183,6 +188,17 @@ type report struct {
 	URIs     map[string]string `json:"uris"`
 	Rows     []*row            `json:"results"`
 	Goals    []goalResult      `json:"goals"`
+	Resync   *resyncResult     `json:"resync,omitempty"`
+}
+
+// resyncResult compares a full resync with a raw copy of the same file.
+type resyncResult struct {
+	Bytes      int64   `json:"bytes"`
+	ResyncMBs  float64 `json:"resync_mb_s"`
+	CopyMBs    float64 `json:"raw_copy_mb_s"`
+	Ratio      float64 `json:"ratio"`
+	CopyMethod string  `json:"raw_copy"`
+	Status     string  `json:"status"`
 }
 
 func printTable(w io.Writer, rep *report) {
@@ -197,7 +213,7 @@ func printTable(w io.Writer, rep *report) {
 		fmt.Fprintf(w, "  %-8s %s\n", "client:", v)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprint(tw, "workload\tunit\treplvol\tnbdkit\tquorum\treplvol/nbdkit\treplvol/quorum\t\n")
+	fmt.Fprint(tw, "workload\tunit\treplvol\treplvol-ext\tnbdkit\tquorum\treplvol/nbdkit\treplvol/quorum\tinternal/external\t\n")
 	for _, r := range rep.Rows {
 		fmt.Fprintf(tw, "%s\t%s\t", r.Label, r.Unit)
 		for _, t := range allTargets {
@@ -207,7 +223,7 @@ func printTable(w io.Writer, rep *report) {
 				fmt.Fprint(tw, "-\t")
 			}
 		}
-		for _, k := range []string{"replvol/nbdkit", "replvol/quorum"} {
+		for _, k := range []string{"replvol/nbdkit", "replvol/quorum", "replvol/replvol-ext"} {
 			if v, ok := r.Ratios[k]; ok {
 				fmt.Fprintf(tw, "%.2fx\t", v)
 			} else {
@@ -224,6 +240,10 @@ func printTable(w io.Writer, rep *report) {
 			got = fmt.Sprintf("%.2fx", *g.Ratio)
 		}
 		fmt.Fprintf(w, "  %-34s %7s  %s\n", g.Goal, got, g.Status)
+	}
+	if r := rep.Resync; r != nil {
+		fmt.Fprintf(w, "resync: full resync of %s: %.0f MB/s; raw copy (%s): %.0f MB/s\n", fmtSize(r.Bytes), r.ResyncMBs, r.CopyMethod, r.CopyMBs)
+		fmt.Fprintf(w, "  %-34s %6.2fx  %s\n", "resync >= 0.8x raw copy", r.Ratio, r.Status)
 	}
 }
 
@@ -260,12 +280,16 @@ type bench struct {
 	mu      sync.Mutex
 	procs   []*proc // in start order; stopped in reverse
 	targets map[string]*target
+
+	replctlBin string
 }
 
 type target struct {
 	name    string
 	uri     string
 	version string
+	control string  // replvol: alpha's control API
+	disk    string  // replvol: alpha's backing file
 	procs   []*proc // the server processes behind the URI
 }
 
@@ -312,7 +336,9 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 		logf("starting %s", name)
 		switch name {
 		case tReplvol:
-			t, err = b.startReplvol(ctx)
+			t, err = b.startReplvol(ctx, "internal")
+		case tReplvolExt:
+			t, err = b.startReplvol(ctx, "external")
 		case tNbdkit:
 			t, err = b.startNbdkit(ctx)
 		case tQuorum:
@@ -380,7 +406,7 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 			c.Median = median(c.Samples)
 		}
 		if rv, ok := r.Targets[tReplvol]; ok {
-			for _, ref := range []string{tNbdkit, tQuorum} {
+			for _, ref := range []string{tNbdkit, tQuorum, tReplvolExt} {
 				if c, ok := r.Targets[ref]; ok && c.Median > 0 {
 					r.Ratios[tReplvol+"/"+ref] = rv.Median / c.Median
 				}
@@ -399,7 +425,95 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 		}
 		rep.Goals = append(rep.Goals, gr)
 	}
+	if t, ok := b.targets[tReplvol]; ok {
+		r, err := b.resyncPhase(ctx, t)
+		if err != nil {
+			return nil, fmt.Errorf("resync phase: %w%s", err, t.diagnose())
+		}
+		rep.Resync = r
+	}
 	return rep, nil
+}
+
+// resyncPhase fills the whole replvol volume, runs a full resync of the
+// secondary and times it, then times a raw sequential copy of the same
+// backing file with direct IO (dd), the reference the goal is set against.
+func (b *bench) resyncPhase(ctx context.Context, t *target) (*resyncResult, error) {
+	size := b.cfg.size &^ (1<<20 - 1)
+	logf("resync: filling all %s of replvol", fmtSize(size))
+	if _, err := b.fio(ctx, t.uri, "fillall", "write", "1m", 4, size, false); err != nil {
+		return nil, err
+	}
+	ctl := func(args ...string) ([]byte, error) {
+		return exec.CommandContext(ctx, b.replctlBin, append(args, "--addr", t.control)...).CombinedOutput()
+	}
+	inSync := func() (bool, error) {
+		out, err := ctl("status", "--json")
+		if err != nil {
+			return false, fmt.Errorf("replctl status: %v: %s", err, out)
+		}
+		var st struct {
+			Volumes []struct {
+				Replicas []struct {
+					Disk        string `json:"disk"`
+					Replication string `json:"replication"`
+				} `json:"replicas"`
+			} `json:"volumes"`
+		}
+		if err := json.Unmarshal(out, &st); err != nil {
+			return false, err
+		}
+		for _, v := range st.Volumes {
+			for _, r := range v.Replicas {
+				if r.Disk != "UpToDate" || r.Replication != "Connected" {
+					return false, nil
+				}
+			}
+		}
+		return true, nil
+	}
+	begin := time.Now()
+	if out, err := ctl("resync", "vol0"); err != nil {
+		return nil, fmt.Errorf("replctl resync: %v: %s", err, out)
+	}
+	started := false
+	for {
+		ok, err := inSync()
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			started = true
+		} else if started || time.Since(begin) > 5*time.Second {
+			break
+		}
+		if time.Since(begin) > 10*time.Minute {
+			return nil, fmt.Errorf("resync did not finish in 10 minutes")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	resyncSecs := time.Since(begin).Seconds()
+	logf("resync: %s in %.2fs", fmtSize(size), resyncSecs)
+
+	dst := filepath.Join(b.tmp, "rawcopy.img")
+	begin = time.Now()
+	cmd := exec.CommandContext(ctx, "dd", "if="+t.disk, "of="+dst, "bs=1M", fmt.Sprintf("count=%d", size>>20),
+		"iflag=direct", "oflag=direct", "conv=notrunc")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("dd: %v: %s", err, out)
+	}
+	copySecs := time.Since(begin).Seconds()
+	os.Remove(dst)
+	r := &resyncResult{
+		Bytes: size, ResyncMBs: float64(size) / 1e6 / resyncSecs, CopyMBs: float64(size) / 1e6 / copySecs,
+		CopyMethod: "dd bs=1M iflag=direct oflag=direct",
+	}
+	r.Ratio = r.ResyncMBs / r.CopyMBs
+	r.Status = "MISS"
+	if r.Ratio >= 0.8 {
+		r.Status = "PASS"
+	}
+	return r, nil
 }
 
 // ---------------------------------------------------------------------------
@@ -466,8 +580,11 @@ func (b *bench) startQuorum(ctx context.Context) (*target, error) {
 	return &target{name: tQuorum, uri: uri, version: firstLine(ctx, "qemu-nbd", "--version") + " quorum(file, nbd->nbdkit)", procs: []*proc{pc, pq}}, nil
 }
 
-func (b *bench) startReplvol(ctx context.Context) (*target, error) {
+func (b *bench) startReplvol(ctx context.Context, md string) (*target, error) {
 	bin := b.cfg.replctl
+	if bin == "" && b.replctlBin != "" {
+		bin = b.replctlBin
+	}
 	if bin == "" {
 		root, err := moduleRoot(ctx)
 		if err != nil {
@@ -481,16 +598,17 @@ func (b *bench) startReplvol(ctx context.Context) (*target, error) {
 			return nil, fmt.Errorf("go build ./cmd/replctl: %v\n%s", err, out)
 		}
 	}
-	dir := filepath.Join(b.tmp, "demo")
+	b.replctlBin = bin
+	dir := filepath.Join(b.tmp, "demo-"+md)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
 	lines := make(chan string, 64)
-	p, err := b.start("replvol-demo", lines, bin, "demo", "--dir", dir, "--base-port", "0", "--size", fmtSize(b.cfg.size))
+	p, err := b.start("replvol-demo-"+md, lines, bin, "demo", "--dir", dir, "--base-port", "0", "--size", fmtSize(b.cfg.size), "--metadata", md)
 	if err != nil {
 		return nil, err
 	}
-	uri := ""
+	uri, control := "", ""
 	deadline := time.NewTimer(90 * time.Second)
 	defer deadline.Stop()
 	for ready := false; !ready; {
@@ -503,6 +621,8 @@ func (b *bench) startReplvol(ctx context.Context) (*target, error) {
 			switch {
 			case strings.HasPrefix(l, "nbd://") && uri == "":
 				uri = strings.Fields(l)[0]
+			case strings.HasPrefix(l, "node alpha: control "):
+				control = strings.Fields(l)[3]
 			case l == "ready":
 				ready = true
 			}
@@ -528,7 +648,12 @@ func (b *bench) startReplvol(ctx context.Context) (*target, error) {
 	if ver == "" {
 		ver = "replvol (dev build, " + runtime.Version() + ")"
 	}
-	return &target{name: tReplvol, uri: uri, version: ver + " demo, primary " + uri, procs: []*proc{p}}, nil
+	name := tReplvol
+	if md == "external" {
+		name = tReplvolExt
+	}
+	return &target{name: name, uri: uri, version: ver + " demo, " + md + " metadata, primary " + uri, procs: []*proc{p},
+		control: control, disk: filepath.Join(dir, "alpha", "vol0.img")}, nil
 }
 
 // ---------------------------------------------------------------------------
