@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -245,8 +246,11 @@ func (c *control) Primary(ctx context.Context, r *transport.PrimaryRequest) (*tr
 			vs = v
 		}
 	}
+	if r.Force {
+		return c.forcePrimary(ctx, r, vs)
+	}
 	if vs.NBDURI == "" {
-		return nil, status.Errorf(codes.FailedPrecondition, "%s has no reachable primary (last known: %q); a switchover needs the old primary to hand over", r.Volume, vs.Primary)
+		return nil, status.Errorf(codes.FailedPrecondition, "%s has no reachable primary (last known: %q); a switchover needs the old primary to hand over, or promote %s with --force --yes", r.Volume, vs.Primary, r.Node)
 	}
 	if vs.Primary == r.Node {
 		return &transport.PrimaryReply{Volume: r.Volume, Primary: r.Node, Epoch: vs.Epoch, NBDURI: vs.NBDURI}, nil
@@ -303,6 +307,12 @@ func (c *control) Promote(ctx context.Context, r *transport.PromoteRequest) (*tr
 	if err != nil {
 		return nil, grpcError(err)
 	}
+	if r.Force {
+		if err := v.forcePromote(); err != nil {
+			return nil, grpcError(err)
+		}
+		return &transport.PromoteReply{NBDURI: c.n.nbdURI(c.n.name, r.Volume)}, nil
+	}
 	var gen replication.Generation
 	if err := gen.UnmarshalText([]byte(r.Generation)); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "generation: %v", err)
@@ -332,7 +342,7 @@ func (c *control) setConnected(ctx context.Context, r *transport.ConnectRequest,
 		if err != nil {
 			return nil, status.Error(codes.NotFound, err.Error())
 		}
-		fwd := &transport.ConnectRequest{Volume: r.Volume, Node: target}
+		fwd := &transport.ConnectRequest{Volume: r.Volume, Node: target, DiscardMyData: r.DiscardMyData, Yes: r.Yes}
 		if up {
 			return api.Connect(ctx, fwd)
 		}
@@ -342,6 +352,60 @@ func (c *control) setConnected(ctx context.Context, r *transport.ConnectRequest,
 	if err != nil {
 		return nil, grpcError(err)
 	}
+	if r.DiscardMyData {
+		if !up {
+			return nil, status.Error(codes.InvalidArgument, "--discard-my-data goes with connect")
+		}
+		return c.resolveSplitBrain(ctx, v, r.Yes)
+	}
 	v.setAdminDown(!up)
-	return &transport.ConnectReply{Node: n.name, Replication: v.status().Replication}, nil
+	if up {
+		v.resumePeers()
+		v.mu.Lock()
+		if v.discard == nil && strings.HasPrefix(v.reason, "split-brain") {
+			v.reason = ""
+		}
+		v.mu.Unlock()
+	}
+	return &transport.ConnectReply{Node: n.name, Replication: v.status().Replication, Done: true}, nil
+}
+
+// forcePrimary promotes a node without a handover, for when the primary is
+// gone. It refuses while a primary is reachable (use a switchover) and
+// without Yes, saying what may be lost.
+func (c *control) forcePrimary(ctx context.Context, r *transport.PrimaryRequest, vs transport.VolumeStatus) (*transport.PrimaryReply, error) {
+	if vs.NBDURI != "" && vs.Primary != r.Node {
+		return nil, status.Errorf(codes.FailedPrecondition, "%s is primary for %s and reachable: use a clean switchover (replctl primary %s --node %s, without --force)", vs.Primary, r.Volume, r.Volume, r.Node)
+	}
+	if vs.Primary == r.Node && vs.NBDURI != "" {
+		return &transport.PrimaryReply{Volume: r.Volume, Primary: r.Node, Epoch: vs.Epoch, NBDURI: vs.NBDURI}, nil
+	}
+	var target transport.ReplicaStatus
+	for _, rs := range vs.Replicas {
+		if rs.Node == r.Node {
+			target = rs
+		}
+	}
+	if !target.Reachable {
+		return nil, status.Errorf(codes.FailedPrecondition, "node %s is unreachable", r.Node)
+	}
+	if !r.Yes {
+		return nil, status.Errorf(codes.FailedPrecondition, "--force makes %s primary without a handover from %q: writes %q acknowledged after it lost %s are not on %s (its disk is %s, generation %s), and if %q still serves clients the two will diverge (split brain). Add --yes to go ahead", r.Node, vs.Primary, vs.Primary, r.Node, r.Node, target.Disk, target.Generation, vs.Primary)
+	}
+	api, err := c.n.peerAPI(r.Node)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	p, err := api.Promote(ctx, &transport.PromoteRequest{Volume: r.Volume, Force: true})
+	if err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "forced promotion of %s failed: %s", r.Node, status.Convert(err).Message())
+	}
+	st, _ := c.n.clusterStatus(ctx, 0)
+	epoch := uint64(0)
+	for _, v := range st.Volumes {
+		if v.Name == r.Volume {
+			epoch = v.Epoch
+		}
+	}
+	return &transport.PrimaryReply{Volume: r.Volume, Primary: r.Node, Epoch: epoch, NBDURI: p.NBDURI}, nil
 }

@@ -284,6 +284,7 @@ func (n *Node) client(name string) (*transport.ControlClient, error) {
 	if err != nil {
 		return nil, err
 	}
+	c.WaitForReady()
 	n.clients[name] = c
 	return c, nil
 }

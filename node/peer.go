@@ -107,8 +107,9 @@ type peer struct {
 	framesSent    atomic.Uint64
 	entriesSent   atomic.Uint64
 
-	client *transport.ReplClient
-	wg     sync.WaitGroup
+	client  *transport.ReplClient
+	wg      sync.WaitGroup
+	running atomic.Bool
 }
 
 func newPeer(v *Volume, name string) *peer {
@@ -135,8 +136,10 @@ func (p *peer) start(ctx context.Context) {
 	p.state, p.reason = replication.Connecting, ""
 	p.mu.Unlock()
 	p.wg.Add(1)
+	p.running.Store(true)
 	go func() {
 		defer p.wg.Done()
+		defer p.running.Store(false)
 		p.run(ctx)
 	}()
 }
@@ -148,6 +151,20 @@ func (p *peer) run(ctx context.Context) {
 	for ctx.Err() == nil {
 		began := time.Now()
 		err := p.session(ctx)
+		if errors.Is(err, errSplitBrain) {
+			// Both nodes took writes the other lacks: never sync either
+			// way on our own. The operator picks the victim.
+			reason := fmt.Sprintf("split-brain: %s and %s both took writes as primary; resolve with replctl connect %s --discard-my-data --node VICTIM", p.v.self, p.name, p.v.name)
+			p.mu.Lock()
+			p.state, p.reason = replication.StandAlone, reason
+			p.mu.Unlock()
+			p.v.mu.Lock()
+			p.v.reason = reason
+			p.v.mu.Unlock()
+			p.v.log.Error("split brain", "peer", p.name, "err", err)
+			p.v.node.event(p.v.name, "split-brain", fmt.Sprintf("%s and %s both took writes as primary: not syncing (%v)", p.v.self, p.name, err))
+			break
+		}
 		p.mu.Lock()
 		if ctx.Err() != nil {
 			p.state = replication.StandAlone
@@ -211,6 +228,9 @@ func (p *peer) session(ctx context.Context) error {
 		return fmt.Errorf("handshake with %s at %s: %w", p.name, p.addr, err)
 	}
 	if !reply.Accepted {
+		if reply.SplitBrain {
+			return fmt.Errorf("%w: %s", errSplitBrain, reply.Reason)
+		}
 		return fmt.Errorf("%w: %s", errRejected, reply.Reason)
 	}
 
@@ -222,6 +242,18 @@ func (p *peer) session(ctx context.Context) error {
 	d := replication.DecideSync(replication.SyncInput{
 		Current: cur, Bitmap: bitmapGen, HaveBitmap: haveBitmap, Peer: reply.Generation,
 	})
+	if !reply.DiscardFrom.IsZero() {
+		// The peer gives up its changes since the split: resync what it
+		// changed and what we changed, if we share that starting point.
+		if haveBitmap && bitmapGen == reply.DiscardFrom {
+			for _, r := range reply.Discard {
+				p.bm.SetBits(r[0]*replication.BlockSize, r[1]*replication.BlockSize)
+			}
+			d = replication.SyncDecision{Kind: replication.BitmapSync, Rule: "peer discards its changes since our common generation"}
+		} else {
+			d = replication.SyncDecision{Kind: replication.FullSync, Rule: "peer discards its data and shares no generation with me"}
+		}
+	}
 	if d.Kind == replication.NoSync && p.bm.Count() > 0 {
 		d = replication.SyncDecision{Kind: replication.BitmapSync, Rule: d.Rule + ", but blocks are marked"}
 	}

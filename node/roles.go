@@ -153,16 +153,7 @@ func (v *Volume) promote(epoch uint64, gen replication.Generation) error {
 	}
 	v.diskState = replication.UpToDate
 	v.reason = ""
-	v.peers = map[string]*peer{}
-	if !v.adminDown {
-		v.startPeersLocked()
-	} else {
-		for name := range v.cfg.Disks {
-			if name != v.self {
-				v.peers[name] = newPeer(v, name)
-			}
-		}
-	}
+	v.resetPeersLocked()
 	v.ioOpen = true
 	v.log.Info("promoted", "epoch", epoch)
 	v.node.event(v.name, "promoted", fmt.Sprintf("%s is primary for %s at epoch %d", v.self, v.name, epoch))
@@ -205,4 +196,19 @@ func (v *Volume) setAdminDown(down bool) {
 		what = "disconnected"
 	}
 	v.node.event(v.name, what, fmt.Sprintf("%s %s by the operator", v.self, what))
+}
+
+// resetPeersLocked gives a new primary fresh senders for every peer,
+// started unless the operator disconnected this node (then they only
+// track what the peers miss).
+func (v *Volume) resetPeersLocked() {
+	v.peers = map[string]*peer{}
+	for name := range v.cfg.Disks {
+		if name != v.self {
+			v.peers[name] = newPeer(v, name)
+		}
+	}
+	if !v.adminDown {
+		v.startPeersLocked()
+	}
 }

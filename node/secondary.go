@@ -78,6 +78,11 @@ func (n *Node) handleStream(s *transport.ReplStream) error {
 
 // refuseLocked says why this node will not take a stream, or "".
 func (v *Volume) refuseLocked(h replication.Hello) string {
+	if v.discard != nil && h.To == v.self && !v.adminDown && h.Size == v.size {
+		// The operator told this node to give up its data: it follows the
+		// next primary that connects, whatever epoch it saw before.
+		return ""
+	}
 	switch {
 	case h.To != v.self:
 		return fmt.Sprintf("stream for %s reached %s", h.To, v.self)
@@ -100,12 +105,15 @@ func (v *Volume) refuseLocked(h replication.Hello) string {
 func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error {
 	v.mu.Lock()
 	if reason := v.refuseLocked(h); reason != "" {
-		v.reason = reason
+		split := v.role == replication.Primary
+		if !split {
+			v.reason = reason
+		}
 		v.mu.Unlock()
 		v.log.Warn("refused replication stream", "from", h.From, "reason", reason)
-		return sendJSON(s, replication.FrameHelloReply, replication.HelloReply{Reason: reason, Epoch: v.epoch})
+		return sendJSON(s, replication.FrameHelloReply, replication.HelloReply{Reason: reason, Epoch: v.epoch, SplitBrain: split})
 	}
-	if h.Epoch > v.epoch || v.primary != h.From {
+	if v.discard != nil || h.Epoch > v.epoch || v.primary != h.From {
 		// The new epoch is durable BEFORE the first write of its primary.
 		v.epoch, v.primary = h.Epoch, h.From
 		if err := v.persistLocked(false); err != nil {
@@ -135,6 +143,9 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 
 	v.mu.Lock()
 	reply := replication.HelloReply{Accepted: true, Generation: v.gen, Disk: v.diskState, Epoch: v.epoch}
+	if v.discard != nil {
+		reply.DiscardFrom, reply.Discard = v.discard.from, v.discard.runs
+	}
 	v.mu.Unlock()
 	if err := sendJSON(s, replication.FrameHelloReply, reply); err != nil {
 		return err
@@ -307,6 +318,9 @@ func (v *Volume) apply(in *incoming, entries []replication.Entry, readReply func
 			if err = v.disk.Sync(); err == nil {
 				v.mu.Lock()
 				v.gen = g
+				if v.discard != nil {
+					v.discard, v.reason = nil, ""
+				}
 				v.diskState = replication.UpToDate
 				err = v.persistLocked(false)
 				v.mu.Unlock()

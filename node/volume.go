@@ -61,6 +61,10 @@ type Volume struct {
 	detached     bool
 	localStale   bool
 	localMissing *replication.Bitmap
+	// discard is set on a node that gives up its data after a split brain.
+	discard *discardInfo
+	// peersCtxValue is the context the running senders were started with.
+	peersCtxValue context.Context
 	// stopping is closed at shutdown; bg tracks background goroutines.
 	stopping chan struct{}
 	bg       sync.WaitGroup
@@ -205,7 +209,7 @@ func (v *Volume) start() {
 // holds this volume.
 func (v *Volume) startPeersLocked() {
 	ctx, cancel := context.WithCancel(context.Background())
-	v.peersCtx = cancel
+	v.peersCtx, v.peersCtxValue = cancel, ctx
 	for name := range v.cfg.Disks {
 		if name == v.self {
 			continue

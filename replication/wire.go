@@ -216,11 +216,20 @@ type Hello struct {
 // HelloReply is the secondary's answer. When Accepted is false, Reason says
 // why and the primary must not send data.
 type HelloReply struct {
-	Accepted   bool       `json:"accepted"`
-	Reason     string     `json:"reason,omitempty"`
-	Generation Generation `json:"generation"`
-	Disk       DiskState  `json:"disk"`
-	Epoch      uint64     `json:"epoch"`
+	Accepted bool   `json:"accepted"`
+	Reason   string `json:"reason,omitempty"`
+	// SplitBrain: the secondary is itself primary: both took writes the
+	// other does not have. The primary stops trying (StandAlone).
+	SplitBrain bool `json:"split_brain,omitempty"`
+	// DiscardFrom and Discard are sent by a node the operator told to
+	// discard its data (connect --discard-my-data): the generation its own
+	// changes are tracked from, and the 4 KiB blocks it changed since then,
+	// as [first, count] runs. The primary resyncs those blocks too.
+	DiscardFrom Generation `json:"discard_from,omitempty"`
+	Discard     [][2]int64 `json:"discard,omitempty"`
+	Generation  Generation `json:"generation"`
+	Disk        DiskState  `json:"disk"`
+	Epoch       uint64     `json:"epoch"`
 }
 
 // ReadReplyHeaderLen is the size of a read reply before its data.

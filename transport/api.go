@@ -181,6 +181,11 @@ type PrimaryRequest struct {
 	Volume  string        `json:"volume"`
 	Node    string        `json:"node"`
 	Timeout time.Duration `json:"timeout,omitempty"`
+	// Force promotes Node without a handover from the old primary (which
+	// is unreachable). Writes the old primary acknowledged after it lost
+	// Node are not on Node: Yes confirms that.
+	Force bool `json:"force,omitempty"`
+	Yes   bool `json:"yes,omitempty"`
 }
 
 // PrimaryReply reports a finished switchover.
@@ -210,6 +215,9 @@ type PromoteRequest struct {
 	Volume     string `json:"volume"`
 	Epoch      uint64 `json:"epoch"`
 	Generation string `json:"generation"`
+	// Force promotes without a handover: the node starts a new generation
+	// and takes the epoch after the highest it knows.
+	Force bool `json:"force,omitempty"`
 }
 
 // PromoteReply reports the new primary's export.
@@ -222,12 +230,21 @@ type ConnectRequest struct {
 	Volume string `json:"volume"`
 	// Node is the node to act on; empty means the node that receives it.
 	Node string `json:"node,omitempty"`
+	// DiscardMyData resolves a split brain: Node gives up the writes it
+	// took since the split and is resynced from the other node. Without
+	// Yes the reply only says how much would be discarded.
+	DiscardMyData bool `json:"discard_my_data,omitempty"`
+	Yes           bool `json:"yes,omitempty"`
 }
 
 // ConnectReply reports the new state.
 type ConnectReply struct {
 	Node        string `json:"node"`
 	Replication string `json:"replication"`
+	// DiscardBytes is what --discard-my-data rolls back on Node.
+	DiscardBytes int64 `json:"discard_bytes,omitempty"`
+	// Done is false when the reply only reports what would happen.
+	Done bool `json:"done"`
 }
 
 // ResyncRequest starts, pauses or resumes a resync of Volume.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/mem"
 )
@@ -91,6 +92,16 @@ func NewControlGRPC(impl ControlServer) *grpc.Server {
 type ControlClient struct {
 	cc   *grpc.ClientConn
 	addr string
+	// wait makes commands wait for a node that is (re)connecting.
+	wait bool
+}
+
+// WaitForReady makes the client's commands (not status calls) wait, within
+// their deadline, for a node that is coming back, instead of failing at
+// once. Nodes use it between themselves; an operator's CLI should not.
+func (c *ControlClient) WaitForReady() *ControlClient {
+	c.wait = true
+	return c
 }
 
 // DialControl prepares a client for the node at addr (HOST:PORT).
@@ -98,6 +109,10 @@ func DialControl(addr string) (*ControlClient, error) {
 	cc, err := grpc.NewClient("passthrough:///"+addr,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(jsonCodec{})),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: 2 * time.Second,
+		}),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("control client for %s: %w", addr, err)
@@ -118,7 +133,13 @@ func invoke[Resp any](ctx context.Context, c *ControlClient, method string, req 
 		defer cancel()
 	}
 	resp := new(Resp)
-	if err := c.cc.Invoke(ctx, "/"+controlService+"/"+method, req, resp); err != nil {
+	var opts []grpc.CallOption
+	if c.wait && method != "NodeStatus" && method != "ClusterStatus" {
+		// Commands wait (within their deadline) for a node that is coming
+		// back; status answers at once that a node is unreachable.
+		opts = append(opts, grpc.WaitForReady(true))
+	}
+	if err := c.cc.Invoke(ctx, "/"+controlService+"/"+method, req, resp, opts...); err != nil {
 		return nil, err
 	}
 	return resp, nil

@@ -10,6 +10,7 @@ import (
 // newConnect builds "connect" (up) and "disconnect" (!up).
 func newConnect(g *globals, up bool) *cobra.Command {
 	var nodeName string
+	var discard, yes bool
 	use, short := "connect", "Let a node replicate a volume again (catch-up moves only what changed)"
 	if !up {
 		use, short = "disconnect", "Stop a node replicating a volume; the primary keeps serving and tracks what changes"
@@ -24,7 +25,10 @@ func newConnect(g *globals, up bool) *cobra.Command {
 				return err
 			}
 			defer done()
-			req := &transport.ConnectRequest{Volume: args[0], Node: nodeName}
+			if discard && !up {
+				return fmt.Errorf("--discard-my-data goes with connect")
+			}
+			req := &transport.ConnectRequest{Volume: args[0], Node: nodeName, DiscardMyData: discard, Yes: yes}
 			var r *transport.ConnectReply
 			if up {
 				r, err = c.Connect(ctx, req)
@@ -34,10 +38,21 @@ func newConnect(g *globals, up bool) *cobra.Command {
 			if err != nil {
 				return g.apiError(err)
 			}
+			if discard {
+				if !r.Done {
+					return fmt.Errorf("%s on %s would discard %s (%d bytes) of changes made since the split brain, and be resynced from its peer; add --yes to go ahead", args[0], r.Node, humanBytes(r.DiscardBytes), r.DiscardBytes)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s on %s: discarding %s (%d bytes) of its changes; resyncing from the peer\n", args[0], r.Node, humanBytes(r.DiscardBytes), r.DiscardBytes)
+				return nil
+			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s on %s: %s\n", args[0], r.Node, r.Replication)
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&nodeName, "node", "", "the node to act on (default: the node at --addr)")
+	if up {
+		cmd.Flags().BoolVar(&discard, "discard-my-data", false, "after a split brain: --node gives up its changes since the split and is resynced from the other node")
+		cmd.Flags().BoolVar(&yes, "yes", false, "confirm --discard-my-data (without it, only say how much would be discarded)")
+	}
 	return cmd
 }

@@ -1,0 +1,184 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/replvol/replvol/replication"
+	"github.com/replvol/replvol/transport"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// errSplitBrain: the peer is primary too.
+var errSplitBrain = errors.New("split brain")
+
+// discardInfo is what a node that discards its data hands its next
+// primary: its changes since the split, to be overwritten.
+type discardInfo struct {
+	from replication.Generation
+	runs [][2]int64
+}
+
+// forcePromote makes this node primary without a handover (the old
+// primary is gone). It starts a new generation: the blocks it writes from
+// now on are tracked for every peer, against the generation it held, so an
+// old primary that comes back without writes of its own catches up by
+// bitmap, and one that wrote is a split brain, detected and not synced.
+func (v *Volume) forcePromote() error {
+	v.mu.Lock()
+	if v.role == replication.Primary {
+		v.mu.Unlock()
+		return nil
+	}
+	if v.gen.IsZero() {
+		v.mu.Unlock()
+		return fmt.Errorf("%s on %s holds no consistent data (disk %s): it cannot be promoted, even by force", v.name, v.self, v.diskState)
+	}
+	v.mu.Unlock()
+	v.detachIncoming()
+	v.genMu.Lock()
+	defer v.genMu.Unlock()
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, id := range v.node.peerIDs(v.cfg) {
+		if bm, ok := v.md.Bitmap(id); ok {
+			bm.ClearBits(0, v.size)
+		}
+	}
+	if err := v.md.SetPrimary(true); err != nil {
+		return err
+	}
+	old := v.gen
+	clear(v.bitmapGens)
+	for name := range v.cfg.Disks {
+		if name != v.self {
+			v.bitmapGens[name] = old
+		}
+	}
+	v.gen = replication.NewGeneration()
+	v.epoch++
+	v.primary, v.role = v.self, replication.Primary
+	v.discard = nil
+	if err := v.persistLocked(false); err != nil {
+		return err
+	}
+	v.diskState = replication.UpToDate
+	v.reason = ""
+	v.resetPeersLocked()
+	v.ioOpen = true
+	v.log.Warn("forced to primary", "epoch", v.epoch, "generation", v.gen, "from", old)
+	v.node.event(v.name, "forced-primary", fmt.Sprintf("%s forced to primary at epoch %d (new generation %s after %s)", v.self, v.epoch, v.gen, old))
+	return nil
+}
+
+// discardMyData is the operator's resolution of a split brain on the
+// victim: it reports the bytes this node changed since the split and, with
+// yes, stops serving, becomes Secondary, and waits for the other node to
+// connect and overwrite those blocks (and what it changed itself).
+func (v *Volume) discardMyData(ctx context.Context, yes bool) (int64, error) {
+	v.mu.Lock()
+	var bytes int64
+	var runs [][2]int64
+	var from replication.Generation
+	for _, p := range v.peers {
+		if g, ok := v.bitmapGens[p.name]; ok && p.bm.Bytes() >= bytes {
+			bytes, from = p.bm.Bytes(), g
+			runs = runs[:0]
+			for cur := int64(0); ; {
+				start, n, ok := p.bm.NextRun(cur, 1<<20)
+				if !ok {
+					break
+				}
+				runs = append(runs, [2]int64{start, n})
+				cur = start + n
+			}
+		}
+	}
+	role := v.role
+	v.mu.Unlock()
+	if role != replication.Primary {
+		return 0, status.Errorf(codes.FailedPrecondition, "%s is Secondary on %s: nothing of its own to discard; use replctl connect", v.name, v.self)
+	}
+	if from.IsZero() {
+		// No write since the split: its data is still the generation it
+		// held, which the other node tracks its changes from.
+		v.mu.Lock()
+		from = v.gen
+		v.mu.Unlock()
+		if from.IsZero() {
+			return 0, status.Errorf(codes.FailedPrecondition, "%s on %s holds no consistent data: use replctl resync from the other node", v.name, v.self)
+		}
+	}
+	if !yes {
+		return bytes, nil
+	}
+	// Stop serving: requests in flight are answered first.
+	v.mu.Lock()
+	v.ioOpen = false
+	v.mu.Unlock()
+	closeCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	v.node.nbd.CloseExportContext(closeCtx, v.name)
+	cancel()
+	v.io.Wait()
+	v.stopPeers()
+	if err := v.md.FlushBitmaps(); err != nil {
+		return 0, err
+	}
+	v.mu.Lock()
+	v.role, v.primary = replication.Secondary, ""
+	v.discard = &discardInfo{from: from, runs: runs}
+	v.diskState = v.idleDiskState()
+	v.reason = fmt.Sprintf("discarding its %d bytes of changes: waiting for the primary to overwrite them", bytes)
+	err := v.persistLocked(false)
+	v.mu.Unlock()
+	if err != nil {
+		return 0, err
+	}
+	if err := v.md.SetPrimary(false); err != nil {
+		return 0, err
+	}
+	v.log.Warn("discarding my data", "bytes", bytes)
+	v.node.event(v.name, "discard-my-data", fmt.Sprintf("%s gives up %d bytes of changes made since the split brain", v.self, bytes))
+	return bytes, nil
+}
+
+// resumePeers restarts senders that stopped (split brain) on a primary.
+func (v *Volume) resumePeers() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.role != replication.Primary || v.adminDown {
+		return
+	}
+	for _, p := range v.peers {
+		if !p.running.Load() && v.peersCtx != nil {
+			p.start(v.peersCtxValue)
+		}
+	}
+}
+
+// resolveSplitBrain runs connect --discard-my-data on the victim, then has
+// every other node of the volume try again.
+func (c *control) resolveSplitBrain(ctx context.Context, v *Volume, yes bool) (*transport.ConnectReply, error) {
+	bytes, err := v.discardMyData(ctx, yes)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	reply := &transport.ConnectReply{Node: c.n.name, DiscardBytes: bytes, Done: yes}
+	if !yes {
+		reply.Replication = v.status().Replication
+		return reply, nil
+	}
+	for name := range v.cfg.Disks {
+		if name == c.n.name {
+			continue
+		}
+		if api, err := c.n.peerAPI(name); err == nil {
+			api.Connect(ctx, &transport.ConnectRequest{Volume: v.name, Node: name})
+		}
+	}
+	reply.Replication = v.status().Replication
+	return reply, nil
+}

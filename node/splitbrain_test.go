@@ -1,0 +1,129 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/replvol/replvol/transport"
+)
+
+// TestSplitBrainIsDetectedAndDiscardMyDataRollsBackOnlyTheVictim: alpha
+// and beta lose each other, beta is forced to primary, both take writes.
+// When they meet again they refuse to sync (StandAlone, split-brain).
+// connect --discard-my-data on alpha then resyncs only the blocks either
+// side changed since the split, and alpha ends with beta's data.
+func TestSplitBrainIsDetectedAndDiscardMyDataRollsBackOnlyTheVictim(t *testing.T) {
+	c := newTestCluster(t, 16<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	ctx := context.Background()
+	base := pattern(1, 64<<10)
+	if err := c.vol("alpha").WriteAt(ctx, base, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	alphaAPI, betaAPI := &control{n: c.nodes["alpha"]}, &control{n: c.nodes["beta"]}
+
+	// The split: no stream either way.
+	c.vol("alpha").setAdminDown(true)
+	c.vol("beta").setAdminDown(true)
+	// A forced promotion needs --yes, and is refused while the primary is reachable.
+	if _, err := betaAPI.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true}); err == nil || !strings.Contains(err.Error(), "clean switchover") {
+		t.Fatalf("forced promotion with alpha reachable: %v", err)
+	}
+	if _, err := betaAPI.Promote(ctx, &transport.PromoteRequest{Volume: "vol0", Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	// Both write: alpha 4 blocks at 1 MiB, beta 8 blocks at 2 MiB and one at 1 MiB.
+	for i := range 4 {
+		if err := c.vol("alpha").WriteAt(ctx, pattern(byte(10+i), 4096), 1<<20+int64(i)*4096, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 8 {
+		if err := c.vol("beta").WriteAt(ctx, pattern(byte(50+i), 4096), 2<<20+int64(i)*4096, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.vol("beta").WriteAt(ctx, pattern(99, 4096), 1<<20, false); err != nil {
+		t.Fatal(err)
+	}
+
+	// They meet again: split brain, no sync either way.
+	c.vol("alpha").setAdminDown(false)
+	c.vol("beta").setAdminDown(false)
+	for _, n := range []string{"alpha", "beta"} {
+		eventually(t, func() bool {
+			lv := c.vol(n).status()
+			return lv.Replication == "StandAlone" && strings.HasPrefix(lv.Reason, "split-brain")
+		}, n+" StandAlone with reason split-brain")
+	}
+	alphaBlock := make([]byte, 4096)
+	c.vol("alpha").disk.ReadAt(alphaBlock, 1<<20+4096)
+	if !bytes.Equal(alphaBlock, pattern(11, 4096)) {
+		t.Fatal("alpha's own write was overwritten before anyone chose a victim")
+	}
+
+	// The operator asks what discarding alpha's data costs, then does it.
+	r, err := betaAPI.Connect(ctx, &transport.ConnectRequest{Volume: "vol0", Node: "alpha", DiscardMyData: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Done || r.DiscardBytes != 4*4096 {
+		t.Fatalf("dry run: %+v, want 4 blocks to discard and nothing done", r)
+	}
+	before := replica(c.status(), "alpha").ResyncedBytes
+	if r, err = alphaAPI.Connect(ctx, &transport.ConnectRequest{Volume: "vol0", Node: "alpha", DiscardMyData: true, Yes: true}); err != nil || !r.Done {
+		t.Fatalf("discard: %+v %v", r, err)
+	}
+	c.waitInSync()
+	st := c.status()
+	if st.Volumes[0].Primary != "beta" || replica(st, "alpha").Role != "Secondary" {
+		t.Fatalf("after the resolution: primary %s, alpha %s", st.Volumes[0].Primary, replica(st, "alpha").Role)
+	}
+	// Union of both sides' changes: alpha's 4 blocks (one of them also
+	// written by beta) and beta's 9.
+	if moved := replica(st, "alpha").ResyncedBytes - before; moved != 12*4096 {
+		t.Fatalf("resolution resynced %d bytes, want the 12 blocks either side changed (%d)", moved, 12*4096)
+	}
+	c.requireIdentical()
+	got := make([]byte, 4096)
+	c.vol("beta").ReadAt(ctx, got, 1<<20+4096)
+	if !bytes.Equal(got, make([]byte, 4096)) {
+		t.Fatal("alpha's discarded write survived")
+	}
+}
+
+// TestForcedPrimaryThenOldPrimaryReturnsWithoutWrites: alpha goes down,
+// beta is forced to primary and writes; alpha comes back (as primary, its
+// last role) having written nothing. The two refuse to sync until the
+// operator discards alpha's (empty) changes; then only beta's writes move.
+func TestForcedPrimaryThenOldPrimaryReturnsWithoutWrites(t *testing.T) {
+	c := newTestCluster(t, 16<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	ctx := context.Background()
+	c.stop("alpha")
+	betaAPI := &control{n: c.nodes["beta"]}
+	if _, err := betaAPI.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true}); err == nil || !strings.Contains(err.Error(), "--yes") {
+		t.Fatalf("forced promotion without --yes: %v", err)
+	}
+	if _, err := betaAPI.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true, Yes: true}); err != nil {
+		t.Fatal(err)
+	}
+	blocks := writeRandomBlocks(t, c.vol("beta"), 40, 21)
+	c.start("alpha")
+	eventually(t, func() bool { return strings.HasPrefix(c.vol("beta").status().Reason, "split-brain") }, "split brain seen by beta")
+	r, err := betaAPI.Connect(ctx, &transport.ConnectRequest{Volume: "vol0", Node: "alpha", DiscardMyData: true, Yes: true})
+	if err != nil || r.DiscardBytes != 0 {
+		t.Fatalf("discard on alpha: %+v %v", r, err)
+	}
+	c.waitInSync()
+	if moved := replica(c.status(), "alpha").ResyncedBytes; moved != int64(blocks)*4096 {
+		t.Fatalf("moved %d, want beta's %d blocks", moved, blocks)
+	}
+	c.requireIdentical()
+}
