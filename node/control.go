@@ -187,6 +187,10 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 				rs.OutOfSyncBytes = pv.OutOfSyncBytes
 				rs.ResyncDoneBytes, rs.ResyncTotalBytes = pv.ResyncDoneBytes, pv.ResyncTotalBytes
 				rs.ResyncRate = pv.ResyncRate
+				rs.VerifyDoneBytes, rs.VerifyTotalBytes, rs.VerifyFoundBytes = pv.VerifyDoneBytes, pv.VerifyTotalBytes, pv.VerifyFoundBytes
+				if pv.Replication == string(replication.VerifyS) && rs.Reachable {
+					rs.Replication = string(replication.VerifyT)
+				}
 				if pv.Replication == string(replication.PausedSyncS) && rs.Reachable {
 					rs.Replication = string(replication.PausedSyncT)
 				}

@@ -44,6 +44,8 @@ type pending struct {
 	// readBuf receives an OpRead's data; readOK says it arrived whole.
 	readBuf []byte
 	readOK  bool
+	// onReply takes the FrameReadReply answering this entry (OpVerify).
+	onReply func(st replication.AckStatus, data []byte)
 	onAck   func() // runs when the peer acknowledged the entry
 	// release frees the entry's data buffer once it is encoded.
 	release func()
@@ -97,6 +99,12 @@ type peer struct {
 	resyncTotal atomic.Int64
 	resyncDone  atomic.Int64
 	resyncStart atomic.Int64 // unix nanoseconds when the resync began
+
+	// Online verify of this peer.
+	verifying   atomic.Bool
+	verifyDone  atomic.Int64
+	verifyTotal atomic.Int64
+	verifyFound atomic.Int64
 
 	// unpaused is closed while resync may run; replaced by an open channel
 	// while the operator has it paused. Guarded by mu.
@@ -743,6 +751,10 @@ func (p *peer) status() transport.PeerStatus {
 	if _, ok := p.v.bitmapGen(p.name); ok && !p.streaming {
 		ps.PeerDisk = string(replication.Outdated)
 	}
+	ps.VerifyDoneBytes, ps.VerifyTotalBytes, ps.VerifyFoundBytes = p.verifyDone.Load(), p.verifyTotal.Load(), p.verifyFound.Load()
+	if p.verifying.Load() && p.state == replication.Connected {
+		ps.Replication = string(replication.VerifyS)
+	}
 	return ps
 }
 
@@ -808,12 +820,16 @@ func (p *peer) readReply(frame []byte) error {
 	defer p.mu.Unlock()
 	for _, pd := range p.inflight {
 		if pd.e.Seq == seq {
-			if pd.e.Op != replication.OpRead {
+			switch {
+			case pd.onReply != nil:
+				pd.onReply(st, data)
+			case pd.e.Op == replication.OpRead:
+				if st == replication.AckOK && len(data) == len(pd.readBuf) {
+					copy(pd.readBuf, data)
+					pd.readOK = true
+				}
+			default:
 				return fmt.Errorf("%s answered entry %d, not a read, with data", p.name, seq)
-			}
-			if st == replication.AckOK && len(data) == len(pd.readBuf) {
-				copy(pd.readBuf, data)
-				pd.readOK = true
 			}
 			return nil
 		}

@@ -274,6 +274,23 @@ func (v *Volume) apply(in *incoming, entries []replication.Entry, readReply func
 			needSync = needSync || e.Flags&replication.EntryFUA != 0
 		case replication.OpFlush:
 			err = v.disk.Sync()
+		case replication.OpVerify:
+			bp := resyncBufs.Get().(*[]byte)
+			buf := *bp
+			if int64(cap(buf)) < e.Length {
+				buf = make([]byte, e.Length)
+			}
+			buf = buf[:e.Length]
+			st, mism := replication.AckOK, []byte(nil)
+			if _, rerr := v.disk.ReadAt(buf, e.Off); rerr != nil {
+				st = replication.AckIOError
+			} else {
+				mism = replication.EncodeMismatches(replication.Mismatches(buf, e.Data))
+			}
+			resyncBufs.Put(bp)
+			if err = readReply(e.Seq, st, mism); err != nil {
+				return replication.Ack{Seq: ack.Seq, Status: replication.AckIOError, Message: err.Error()}
+			}
 		case replication.OpRead:
 			bp := resyncBufs.Get().(*[]byte)
 			buf := *bp

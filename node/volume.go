@@ -566,7 +566,7 @@ func rank(s replication.ReplState) int {
 	switch s {
 	case replication.Connected:
 		return 0
-	case replication.SyncSource, replication.SyncTarget, replication.PausedSyncS, replication.PausedSyncT:
+	case replication.SyncSource, replication.SyncTarget, replication.PausedSyncS, replication.PausedSyncT, replication.VerifyS, replication.VerifyT:
 		return 1
 	case replication.Connecting:
 		return 2

@@ -35,4 +35,6 @@ const (
 	SyncTarget  ReplState = "SyncTarget"
 	PausedSyncS ReplState = "PausedSyncS"
 	PausedSyncT ReplState = "PausedSyncT"
+	VerifyS     ReplState = "VerifyS"
+	VerifyT     ReplState = "VerifyT"
 )

@@ -109,3 +109,18 @@ func TestReadReplyRoundTrip(t *testing.T) {
 		t.Fatal("short read reply decoded")
 	}
 }
+
+func TestVerifyEntryAndMismatches(t *testing.T) {
+	primary := bytes.Repeat([]byte{1}, 3*BlockSize)
+	secondary := append([]byte(nil), primary...)
+	secondary[BlockSize+7] = 9 // block 1 differs
+	e := Entry{Op: OpVerify, Seq: 3, Off: 8192, Length: int64(len(primary)), Data: AppendChecksums(nil, primary)}
+	out, err := DecodeBatch(AppendEntry(AppendBatchHeader(nil, 1), &e), nil)
+	if err != nil || len(out) != 1 || out[0].Length != int64(len(primary)) || !bytes.Equal(out[0].Data, e.Data) {
+		t.Fatalf("verify entry round trip: %+v %v", out, err)
+	}
+	idx, err := DecodeMismatches(EncodeMismatches(Mismatches(secondary, out[0].Data)))
+	if err != nil || len(idx) != 1 || idx[0] != 1 {
+		t.Fatalf("mismatches %v %v, want [1]", idx, err)
+	}
+}

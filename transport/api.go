@@ -49,6 +49,10 @@ type ReplicaStatus struct {
 	ResyncTotalBytes int64 `json:"resync_total_bytes"`
 	// ResyncRate is the resync's average speed in bytes per second.
 	ResyncRate int64 `json:"resync_rate"`
+	// Verify*: the last online verify of this replica against the primary.
+	VerifyDoneBytes  int64 `json:"verify_done_bytes,omitempty"`
+	VerifyTotalBytes int64 `json:"verify_total_bytes,omitempty"`
+	VerifyFoundBytes int64 `json:"verify_found_bytes,omitempty"`
 	// SyncProgress is the resync's percent done (100 when in sync).
 	SyncProgress float64 `json:"sync_progress"`
 	// ResyncedBytes counts every byte this replica has received by resync
@@ -153,6 +157,9 @@ type PeerStatus struct {
 	ResyncTotalBytes int64  `json:"resync_total_bytes"`
 	ResyncSentBytes  int64  `json:"resync_sent_bytes"`
 	ResyncRate       int64  `json:"resync_rate"`
+	VerifyDoneBytes  int64  `json:"verify_done_bytes"`
+	VerifyTotalBytes int64  `json:"verify_total_bytes"`
+	VerifyFoundBytes int64  `json:"verify_found_bytes"`
 	FramesSent       uint64 `json:"frames_sent"`
 	EntriesSent      uint64 `json:"entries_sent"`
 	SyncRule         string `json:"sync_rule,omitempty"`
@@ -272,4 +279,17 @@ type ActivityLogStatus struct {
 	Misses       int64 `json:"misses"`
 	Transactions int64 `json:"transactions"`
 	Evictions    int64 `json:"evictions"`
+}
+
+// VerifyRequest starts an online verify of Volume's secondaries against
+// the primary; Repair resyncs what it finds when it ends.
+type VerifyRequest struct {
+	Volume string `json:"volume"`
+	Repair bool   `json:"repair,omitempty"`
+}
+
+// VerifyReply names the primary that runs the verify.
+type VerifyReply struct {
+	Primary string   `json:"primary"`
+	Peers   []string `json:"peers"`
 }

@@ -25,6 +25,7 @@ type ControlServer interface {
 	Disconnect(context.Context, *ConnectRequest) (*ConnectReply, error)
 	Resync(context.Context, *ResyncRequest) (*ResyncReply, error)
 	PathAction(context.Context, *PathRequest) (*PathReply, error)
+	Verify(context.Context, *VerifyRequest) (*VerifyReply, error)
 }
 
 // jsonCodec carries the control API's Go structs as JSON: the API is low
@@ -77,6 +78,7 @@ var controlDesc = grpc.ServiceDesc{
 		unary("Disconnect", ControlServer.Disconnect),
 		unary("Resync", ControlServer.Resync),
 		unary("PathAction", ControlServer.PathAction),
+		unary("Verify", ControlServer.Verify),
 	},
 }
 
@@ -188,4 +190,9 @@ func (c *ControlClient) Resync(ctx context.Context, r *ResyncRequest) (*ResyncRe
 // PathAction runs a path command (fail, restore, rotate, policy).
 func (c *ControlClient) PathAction(ctx context.Context, r *PathRequest) (*PathReply, error) {
 	return invoke[PathReply](ctx, c, "PathAction", r)
+}
+
+// Verify starts an online verify.
+func (c *ControlClient) Verify(ctx context.Context, r *VerifyRequest) (*VerifyReply, error) {
+	return invoke[VerifyReply](ctx, c, "Verify", r)
 }

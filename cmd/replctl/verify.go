@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/replvol/replvol/transport"
+	"github.com/spf13/cobra"
+)
+
+func newVerify(g *globals) *cobra.Command {
+	var repair, wait bool
+	cmd := &cobra.Command{
+		Use:   "verify VOLUME [--repair] [--wait]",
+		Short: "Compare every block of the secondaries with the primary, online, while IO goes on",
+		Long: `The primary sends a checksum of every 4 KiB block to each secondary that is in
+sync, in order with the writes; blocks that differ are marked out of sync
+(out_of_sync_bytes in status, and the event history). With --repair they are
+resynced as soon as the verify ends (one command, where DRBD needs two).
+--wait shows progress until it ends.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, ctx, done, err := g.dial()
+			if err != nil {
+				return err
+			}
+			defer done()
+			r, err := c.Verify(ctx, &transport.VerifyRequest{Volume: args[0], Repair: repair})
+			if err != nil {
+				return g.apiError(err)
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "%s: verify started on %s against %s\n", args[0], r.Primary, strings.Join(r.Peers, ", "))
+			if !wait {
+				return nil
+			}
+			wctx, cancel := context.WithTimeout(context.Background(), 24*time.Hour)
+			defer cancel()
+			return waitVerify(wctx, c, args[0], out, repair)
+		},
+	}
+	cmd.Flags().BoolVar(&repair, "repair", false, "resync the blocks found out of sync when the verify ends")
+	cmd.Flags().BoolVar(&wait, "wait", false, "show progress until the verify (and, with --repair, the resync) ends")
+	return cmd
+}
+
+func waitVerify(ctx context.Context, c *transport.ControlClient, volume string, out io.Writer, repair bool) error {
+	tty := isTerminal(out)
+	tick := time.NewTicker(300 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		st, err := c.ClusterStatus(ctx, &transport.StatusRequest{})
+		if err != nil {
+			return err
+		}
+		running, found, done, total := false, int64(0), int64(0), int64(0)
+		for _, v := range st.Volumes {
+			if v.Name != volume {
+				continue
+			}
+			for _, r := range v.Replicas {
+				running = running || r.Replication == "VerifyT"
+				found += r.VerifyFoundBytes
+				done += r.VerifyDoneBytes
+				total += r.VerifyTotalBytes
+			}
+		}
+		pct := 0.0
+		if total > 0 {
+			pct = 100 * float64(done) / float64(total)
+		}
+		line := fmt.Sprintf("%s: verify %5.1f%%, %s out of sync", volume, pct, humanBytes(found))
+		if !running && total > 0 && done >= total {
+			if tty {
+				fmt.Fprint(out, "\r\033[K")
+			}
+			fmt.Fprintln(out, line)
+			if repair && found > 0 {
+				return waitResync(ctx, c, volume, out, tty)
+			}
+			return nil
+		}
+		if tty {
+			fmt.Fprintf(out, "\r\033[K%s", line)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
