@@ -368,6 +368,11 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 			return nil, fmt.Errorf("prefill %s: %w%s", name, err, b.targets[name].diagnose())
 		}
 	}
+	// Every target starts from the same page-cache state: the prefill
+	// written back, nothing dirty.
+	if out, err := exec.CommandContext(ctx, "sync").CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("sync after prefill: %v: %s", err, out)
+	}
 
 	rows := map[string]*row{}
 	for _, w := range workloads {
