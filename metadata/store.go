@@ -38,6 +38,8 @@ type VolumeState struct {
 	// LocalStale: this node's disk was detached and missed writes that its
 	// peers hold; it must be resynced before it holds the volume's data.
 	LocalStale bool `json:"local_stale,omitempty"`
+	// PrimarySince is when this node last became primary (unix ns).
+	PrimarySince int64 `json:"primary_since,omitempty"`
 	// PeerBitmaps holds, per peer, the generation its out-of-sync bitmap
 	// (on disk, in the volume's metadata) starts from; absent while the
 	// peer is in sync.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/node/multipath"
+	"github.com/replvol/replvol/replication"
 	"gopkg.in/yaml.v3"
 )
 
@@ -59,6 +60,10 @@ type VolumeConfig struct {
 	// ALExtents is the number of hot 4 MiB extents of the activity log
 	// (default 1237), fixed when the metadata is created.
 	ALExtents int `yaml:"al_extents,omitempty"`
+	// AfterSB is what happens when two nodes both took writes as primary:
+	// disconnect (default: the operator decides), discard-younger-primary,
+	// discard-least-changes or discard-zero-changes.
+	AfterSB string `yaml:"after_sb,omitempty"`
 }
 
 // External reports whether the volume keeps its metadata in separate files.
@@ -396,6 +401,9 @@ func (c *Config) Validate() error {
 			}
 		default:
 			bad(f+".metadata", "%q: want internal or external", v.Metadata)
+		}
+		if _, err := replication.ParseAfterSplitBrain(v.AfterSB); err != nil {
+			bad(f+".after_sb", "%v", err)
 		}
 		if v.ALExtents != 0 && (v.ALExtents < metadata.MinALExtents || v.ALExtents > metadata.MaxALExtents) {
 			bad(f+".al_extents", "%d: want %d..%d", v.ALExtents, metadata.MinALExtents, metadata.MaxALExtents)

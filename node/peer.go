@@ -159,10 +159,26 @@ func (p *peer) run(ctx context.Context) {
 	for ctx.Err() == nil {
 		began := time.Now()
 		err := p.session(ctx)
-		if errors.Is(err, errSplitBrain) {
+		var sbe *splitBrainError
+		if errors.As(err, &sbe) {
 			// Both nodes took writes the other lacks: never sync either
-			// way on our own. The operator picks the victim.
+			// way unless the volume's policy names a victim; else the
+			// operator picks one.
 			reason := fmt.Sprintf("split-brain: %s and %s both took writes as primary; resolve with replctl connect %s --discard-my-data --node VICTIM", p.v.self, p.name, p.v.name)
+			if victim, policy := p.v.splitBrainVictim(p, sbe.peer); victim != replication.VictimNone {
+				who := p.name
+				if victim == replication.VictimMe {
+					who = p.v.self
+				}
+				reason = fmt.Sprintf("split-brain: policy %s makes %s discard its changes", policy, who)
+				if victim == replication.VictimMe {
+					p.v.bg.Add(1)
+					go func() {
+						defer p.v.bg.Done()
+						p.v.autoDiscard(p.name, policy)
+					}()
+				}
+			}
 			p.mu.Lock()
 			p.state, p.reason = replication.StandAlone, reason
 			p.mu.Unlock()
@@ -237,7 +253,7 @@ func (p *peer) session(ctx context.Context) error {
 	}
 	if !reply.Accepted {
 		if reply.SplitBrain {
-			return fmt.Errorf("%w: %s", errSplitBrain, reply.Reason)
+			return &splitBrainError{reason: reply.Reason, peer: replication.SplitBrainSide{Changes: reply.Changes, PrimarySince: reply.PrimarySince}}
 		}
 		return fmt.Errorf("%w: %s", errRejected, reply.Reason)
 	}

@@ -147,6 +147,7 @@ func (v *Volume) promote(epoch uint64, gen replication.Generation) error {
 	}
 	oldEpoch, oldPrimary := v.epoch, v.primary
 	v.epoch, v.primary, v.role = epoch, v.self, replication.Primary
+	v.primarySince = time.Now().UnixNano()
 	if err := v.persistLocked(false); err != nil {
 		v.epoch, v.primary, v.role = oldEpoch, oldPrimary, replication.Secondary
 		return err

@@ -106,12 +106,18 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 	v.mu.Lock()
 	if reason := v.refuseLocked(h); reason != "" {
 		split := v.role == replication.Primary
-		if !split {
+		reply := replication.HelloReply{Reason: reason, Epoch: v.epoch, SplitBrain: split}
+		if split {
+			reply.PrimarySince = v.primarySince
+			if p, ok := v.peers[h.From]; ok {
+				reply.Changes = p.bm.Bytes()
+			}
+		} else {
 			v.reason = reason
 		}
 		v.mu.Unlock()
 		v.log.Warn("refused replication stream", "from", h.From, "reason", reason)
-		return sendJSON(s, replication.FrameHelloReply, replication.HelloReply{Reason: reason, Epoch: v.epoch, SplitBrain: split})
+		return sendJSON(s, replication.FrameHelloReply, reply)
 	}
 	if v.discard != nil || h.Epoch > v.epoch || v.primary != h.From {
 		// The new epoch is durable BEFORE the first write of its primary.

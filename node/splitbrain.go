@@ -15,6 +15,42 @@ import (
 // errSplitBrain: the peer is primary too.
 var errSplitBrain = errors.New("split brain")
 
+// splitBrainError carries what the other primary said of itself.
+type splitBrainError struct {
+	reason string
+	peer   replication.SplitBrainSide
+}
+
+func (e *splitBrainError) Error() string { return "split brain: " + e.reason }
+func (e *splitBrainError) Unwrap() error { return errSplitBrain }
+
+// splitBrainVictim applies the volume's after-split-brain policy.
+func (v *Volume) splitBrainVictim(p *peer, them replication.SplitBrainSide) (replication.SplitBrainVictim, replication.AfterSplitBrain) {
+	policy, _ := replication.ParseAfterSplitBrain(v.cfg.AfterSB)
+	v.mu.Lock()
+	me := replication.SplitBrainSide{Changes: p.bm.Bytes(), PrimarySince: v.primarySince}
+	v.mu.Unlock()
+	return replication.ResolveSplitBrain(policy, me, them), policy
+}
+
+// autoDiscard is the policy's resolution on the node it names: discard
+// this node's changes, then have the other node connect.
+func (v *Volume) autoDiscard(other string, policy replication.AfterSplitBrain) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	bytes, err := v.discardMyData(ctx, true)
+	if err != nil {
+		v.log.Error("automatic split-brain resolution failed", "err", err)
+		return
+	}
+	v.node.event(v.name, "split-brain-resolved", fmt.Sprintf("policy %s: %s discards its %d bytes of changes and resyncs from %s", policy, v.self, bytes, other))
+	if api, err := v.node.peerAPI(other); err == nil {
+		if _, err := api.Connect(ctx, &transport.ConnectRequest{Volume: v.name, Node: other}); err != nil {
+			v.log.Warn("ask the other node to connect", "node", other, "err", err)
+		}
+	}
+}
+
 // discardInfo is what a node that discards its data hands its next
 // primary: its changes since the split, to be overwritten.
 type discardInfo struct {
@@ -61,6 +97,7 @@ func (v *Volume) forcePromote() error {
 	v.gen = replication.NewGeneration()
 	v.epoch++
 	v.primary, v.role = v.self, replication.Primary
+	v.primarySince = time.Now().UnixNano()
 	v.discard = nil
 	if err := v.persistLocked(false); err != nil {
 		return err

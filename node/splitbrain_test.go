@@ -127,3 +127,47 @@ func TestForcedPrimaryThenOldPrimaryReturnsWithoutWrites(t *testing.T) {
 	}
 	c.requireIdentical()
 }
+
+// TestSplitBrainPoliciesPickTheVictimThemselves: with an after_sb policy,
+// the nodes resolve the split brain without the operator.
+func TestSplitBrainPoliciesPickTheVictimThemselves(t *testing.T) {
+	for _, tc := range []struct {
+		policy     string
+		alphaWrite int // blocks alpha writes after coming back
+		victim     string
+	}{
+		{"discard-zero-changes", 0, "alpha"},
+		{"discard-least-changes", 3, "alpha"},
+		{"discard-younger-primary", 30, "beta"},
+	} {
+		t.Run(tc.policy, func(t *testing.T) {
+			c := newTestCluster(t, 16<<20)
+			c.cfg.Volumes[0].AfterSB = tc.policy
+			c.start("alpha")
+			c.start("beta")
+			c.waitInSync()
+			ctx := context.Background()
+			// Split: beta is forced to primary while alpha cannot see it.
+			c.vol("alpha").setAdminDown(true)
+			c.vol("beta").setAdminDown(true)
+			if _, err := (&control{n: c.nodes["beta"]}).Promote(ctx, &transport.PromoteRequest{Volume: "vol0", Force: true}); err != nil {
+				t.Fatal(err)
+			}
+			writeRandomBlocks(t, c.vol("beta"), 10, 41)
+			for i := range tc.alphaWrite {
+				if err := c.vol("alpha").WriteAt(ctx, pattern(byte(i), 4096), int64(i)*4096, false); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c.vol("alpha").setAdminDown(false)
+			c.vol("beta").setAdminDown(false)
+			c.waitInSync()
+			st := c.status()
+			survivor := map[string]string{"alpha": "beta", "beta": "alpha"}[tc.victim]
+			if st.Volumes[0].Primary != survivor || replica(st, tc.victim).Role != "Secondary" {
+				t.Fatalf("primary %s, %s is %s; want %s to have given up", st.Volumes[0].Primary, tc.victim, replica(st, tc.victim).Role, tc.victim)
+			}
+			c.requireIdentical()
+		})
+	}
+}

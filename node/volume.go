@@ -63,6 +63,8 @@ type Volume struct {
 	localMissing *replication.Bitmap
 	// discard is set on a node that gives up its data after a split brain.
 	discard *discardInfo
+	// primarySince is when this node last became primary (unix ns).
+	primarySince int64
 	// peersCtxValue is the context the running senders were started with.
 	peersCtxValue context.Context
 	// stopping is closed at shutdown; bg tracks background goroutines.
@@ -135,6 +137,7 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD) (*Volume, 
 		return nil, err
 	}
 	v.epoch, v.primary, v.gen, v.localStale = st.Epoch, st.Primary, st.Generation, st.LocalStale
+	v.primarySince = st.PrimarySince
 	for peer, g := range st.PeerBitmaps {
 		v.bitmapGens[peer] = g
 	}
@@ -167,7 +170,7 @@ func (v *Volume) persistLocked(clean bool) error {
 	}
 	err := v.node.store.PutVolume(v.name, metadata.VolumeState{
 		Epoch: v.epoch, Primary: v.primary, Generation: v.gen, Clean: clean, Size: v.size, LocalStale: v.localStale,
-		PeerBitmaps: gens,
+		PeerBitmaps: gens, PrimarySince: v.primarySince,
 	})
 	if err != nil {
 		return err

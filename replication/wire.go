@@ -238,6 +238,11 @@ type HelloReply struct {
 	// SplitBrain: the secondary is itself primary: both took writes the
 	// other does not have. The primary stops trying (StandAlone).
 	SplitBrain bool `json:"split_brain,omitempty"`
+	// With SplitBrain: what the refusing primary changed since the split
+	// (bytes marked for the requester) and when it became primary, so
+	// both sides can apply the after-split-brain policy alike.
+	Changes      int64 `json:"changes,omitempty"`
+	PrimarySince int64 `json:"primary_since,omitempty"`
 	// DiscardFrom and Discard are sent by a node the operator told to
 	// discard its data (connect --discard-my-data): the generation its own
 	// changes are tracked from, and the 4 KiB blocks it changed since then,
