@@ -535,3 +535,25 @@ func TestFullResyncCanBePausedAndResumed(t *testing.T) {
 		t.Fatalf("resync --from a secondary: %v", err)
 	}
 }
+
+func TestResyncRateCapHoldsTheResyncBack(t *testing.T) {
+	const size = 8 << 20
+	c := newTestCluster(t, size)
+	c.cfg.Volumes[0].ResyncRate = 8 << 20 // 8 MiB/s
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	if err := c.vol("alpha").WriteAt(context.Background(), pattern(1, size), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	if _, err := (&control{n: c.nodes["alpha"]}).Resync(context.Background(), &transport.ResyncRequest{Volume: "vol0"}); err != nil {
+		t.Fatal(err)
+	}
+	c.waitInSync()
+	// 8 MiB at 8 MiB/s: the last run may start at 7/8 of a second.
+	if took := time.Since(began); took < 700*time.Millisecond {
+		t.Fatalf("an 8 MiB resync capped at 8 MiB/s took only %v", took)
+	}
+	c.requireIdentical()
+}

@@ -60,6 +60,10 @@ type VolumeConfig struct {
 	// ALExtents is the number of hot 4 MiB extents of the activity log
 	// (default 1237), fixed when the metadata is created.
 	ALExtents int `yaml:"al_extents,omitempty"`
+	// ResyncRate caps resync in bytes per second (e.g. 100MiB); 0, the
+	// default, caps nothing: resync runs as fast as the link and disks
+	// allow, and yields on its own while applications write.
+	ResyncRate ByteSize `yaml:"resync_rate,omitempty"`
 	// AfterSB is what happens when two nodes both took writes as primary:
 	// disconnect (default: the operator decides), discard-younger-primary,
 	// discard-least-changes or discard-zero-changes.

@@ -641,6 +641,7 @@ func (p *peer) resync(ctx context.Context) error {
 	p.resyncDone.Store(0)
 	began := time.Now()
 	p.resyncStart.Store(began.UnixNano())
+	var wire int64 // data bytes sent (zero ranges cost no bandwidth)
 	cursor := int64(0)
 	drain := func() error {
 		for range resyncWindow {
@@ -675,6 +676,9 @@ func (p *peer) resync(ctx context.Context) error {
 		case <-unpaused:
 		case <-ctx.Done():
 			return ctx.Err()
+		}
+		if err := v.resyncPace(ctx, began, wire, window); err != nil {
+			return err
 		}
 		select {
 		case window <- struct{}{}:
@@ -715,6 +719,9 @@ func (p *peer) resync(ctx context.Context) error {
 		p.sendLocked()
 		p.mu.Unlock()
 		p.resyncSent.Add(length)
+		if pd.e.Op == replication.OpResyncData {
+			wire += length
+		}
 		release()
 	}
 	// Everything marked is on the peer: hand it the current generation.

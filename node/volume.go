@@ -73,7 +73,10 @@ type Volume struct {
 	incoming *incoming
 	reason   string // why the link to the primary is down
 
-	resynced   atomic.Int64
+	resynced atomic.Int64
+	// lastWrite is when the last application write started (unix ns): the
+	// resync controller yields while the volume is busy.
+	lastWrite  atomic.Int64
 	reads      atomic.Uint64
 	readBytes  atomic.Uint64
 	writes     atomic.Uint64
@@ -328,6 +331,7 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 		return err
 	}
 	defer v.io.Done()
+	v.lastWrite.Store(time.Now().UnixNano())
 	release, err := v.locks.Lock(ctx, e.Off, e.Length)
 	if err != nil {
 		return err
