@@ -118,6 +118,9 @@ type peer struct {
 	client  *transport.ReplClient
 	wg      sync.WaitGroup
 	running atomic.Bool
+	// resumeSeq counts the operator's connects: a split brain found by a
+	// session that began before the latest one is not final.
+	resumeSeq atomic.Int64
 }
 
 func newPeer(v *Volume, name string) *peer {
@@ -158,8 +161,12 @@ func (p *peer) run(ctx context.Context) {
 	delay := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		began := time.Now()
+		seq := p.resumeSeq.Load()
 		err := p.session(ctx)
 		var sbe *splitBrainError
+		if errors.As(err, &sbe) && p.resumeSeq.Load() != seq {
+			continue // the operator connected meanwhile: try again
+		}
 		if errors.As(err, &sbe) {
 			// Both nodes took writes the other lacks: never sync either
 			// way unless the volume's policy names a victim; else the

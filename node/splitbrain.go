@@ -183,15 +183,29 @@ func (v *Volume) discardMyData(ctx context.Context, yes bool) (int64, error) {
 }
 
 // resumePeers restarts senders that stopped (split brain) on a primary.
+// A sender that is just stopping is waited for, then restarted.
 func (v *Volume) resumePeers() {
 	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.role != replication.Primary || v.adminDown {
+	if v.role != replication.Primary || v.adminDown || v.peersCtx == nil {
+		v.mu.Unlock()
 		return
 	}
+	peers := make([]*peer, 0, len(v.peers))
 	for _, p := range v.peers {
-		if !p.running.Load() && v.peersCtx != nil {
-			p.start(v.peersCtxValue)
+		p.resumeSeq.Add(1)
+		peers = append(peers, p)
+	}
+	ctx := v.peersCtxValue
+	v.mu.Unlock()
+	for _, p := range peers {
+		p.mu.Lock()
+		stopping := p.state == replication.StandAlone
+		p.mu.Unlock()
+		if stopping {
+			p.wait()
+		}
+		if !p.running.Load() && ctx.Err() == nil {
+			p.start(ctx)
 		}
 	}
 }
