@@ -11,19 +11,17 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// Resync runs on any node: it finds the volume's primary and has it start,
-// pause or resume the resync of its peers.
-func (c *control) Resync(ctx context.Context, r *transport.ResyncRequest) (*transport.ResyncReply, error) {
+// onPrimary runs a volume command where it belongs: here when this node
+// is the volume's primary, else forwarded to the primary.
+func onPrimary[Resp any](ctx context.Context, c *control, volume, what string,
+	here func(v *Volume) (*Resp, error), there func(api transport.ControlServer) (*Resp, error)) (*Resp, error) {
 	n := c.n
-	if v, ok := n.vols[r.Volume]; ok {
+	if v, ok := n.vols[volume]; ok {
 		v.mu.Lock()
 		primary := v.role == replication.Primary
 		v.mu.Unlock()
 		if primary {
-			if r.From != "" && r.From != n.name {
-				return nil, status.Errorf(codes.FailedPrecondition, "%s is primary for %s; a resync runs from the primary: drop --from, or first run replctl primary %s --node %s", n.name, r.Volume, r.Volume, r.From)
-			}
-			return v.resync(r.Pause, r.Resume)
+			return here(v)
 		}
 	}
 	cs, err := n.clusterStatus(ctx, 0)
@@ -31,19 +29,30 @@ func (c *control) Resync(ctx context.Context, r *transport.ResyncRequest) (*tran
 		return nil, grpcError(err)
 	}
 	for _, vs := range cs.Volumes {
-		if vs.Name != r.Volume {
+		if vs.Name != volume {
 			continue
 		}
 		if vs.NBDURI == "" || vs.Primary == n.name {
-			return nil, status.Errorf(codes.FailedPrecondition, "%s has no reachable primary to resync from", r.Volume)
+			return nil, status.Errorf(codes.FailedPrecondition, "%s has no reachable primary to %s", volume, what)
 		}
 		api, err := n.peerAPI(vs.Primary)
 		if err != nil {
 			return nil, grpcError(err)
 		}
-		return api.Resync(ctx, r)
+		return there(api)
 	}
-	return nil, status.Errorf(codes.NotFound, "no volume %q in the cluster", r.Volume)
+	return nil, status.Errorf(codes.NotFound, "no volume %q in the cluster", volume)
+}
+
+// Resync runs on any node: the volume's primary starts, pauses or resumes
+// the resync of its peers.
+func (c *control) Resync(ctx context.Context, r *transport.ResyncRequest) (*transport.ResyncReply, error) {
+	return onPrimary(ctx, c, r.Volume, "resync from", func(v *Volume) (*transport.ResyncReply, error) {
+		if r.From != "" && r.From != c.n.name {
+			return nil, status.Errorf(codes.FailedPrecondition, "%s is primary for %s; a resync runs from the primary: drop --from, or first run replctl primary %s --node %s", c.n.name, r.Volume, r.Volume, r.From)
+		}
+		return v.resync(r.Pause, r.Resume)
+	}, func(api transport.ControlServer) (*transport.ResyncReply, error) { return api.Resync(ctx, r) })
 }
 
 // resync acts on every peer of this primary.

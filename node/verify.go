@@ -15,32 +15,9 @@ import (
 // Verify runs on any node: the primary compares every block of the volume
 // with each connected secondary, online, while IO goes on.
 func (c *control) Verify(ctx context.Context, r *transport.VerifyRequest) (*transport.VerifyReply, error) {
-	n := c.n
-	if v, ok := n.vols[r.Volume]; ok {
-		v.mu.Lock()
-		primary := v.role == replication.Primary
-		v.mu.Unlock()
-		if primary {
-			return v.startVerify(r.Repair)
-		}
-	}
-	cs, err := n.clusterStatus(ctx, 0)
-	if err != nil {
-		return nil, grpcError(err)
-	}
-	for _, vs := range cs.Volumes {
-		if vs.Name == r.Volume {
-			if vs.NBDURI == "" || vs.Primary == n.name {
-				return nil, status.Errorf(codes.FailedPrecondition, "%s has no reachable primary to verify against", r.Volume)
-			}
-			api, err := n.peerAPI(vs.Primary)
-			if err != nil {
-				return nil, grpcError(err)
-			}
-			return api.Verify(ctx, r)
-		}
-	}
-	return nil, status.Errorf(codes.NotFound, "no volume %q in the cluster", r.Volume)
+	return onPrimary(ctx, c, r.Volume, "verify against",
+		func(v *Volume) (*transport.VerifyReply, error) { return v.startVerify(r.Repair) },
+		func(api transport.ControlServer) (*transport.VerifyReply, error) { return api.Verify(ctx, r) })
 }
 
 // startVerify starts a verify of every peer that is connected and in sync.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/replvol/replvol/node"
 	"io"
 	"net"
 	"os"
@@ -98,11 +99,11 @@ func run() int {
 	flag.Parse()
 
 	var err error
-	if cfg.size, err = parseSize(sizeStr); err != nil {
+	if cfg.size, err = node.ParseSize(sizeStr); err != nil {
 		fmt.Fprintln(os.Stderr, "replbench: --size:", err)
 		return 2
 	}
-	if cfg.span, err = parseSize(spanStr); err != nil {
+	if cfg.span, err = node.ParseSize(spanStr); err != nil {
 		fmt.Fprintln(os.Stderr, "replbench: --span:", err)
 		return 2
 	}
@@ -941,29 +942,6 @@ func prealloc(path string, size int64) error {
 		}
 	}
 	return f.Close()
-}
-
-func parseSize(s string) (int64, error) {
-	s = strings.TrimSpace(s)
-	units := []struct {
-		suffix string
-		mult   int64
-	}{
-		{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10},
-		{"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1},
-	}
-	mult := int64(1)
-	for _, u := range units {
-		if strings.HasSuffix(s, u.suffix) {
-			s, mult = strings.TrimSuffix(s, u.suffix), u.mult
-			break
-		}
-	}
-	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
-	if err != nil || n <= 0 {
-		return 0, fmt.Errorf("bad size %q", s)
-	}
-	return n * mult, nil
 }
 
 func fmtSize(n int64) string {
