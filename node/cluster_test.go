@@ -557,3 +557,35 @@ func TestResyncRateCapHoldsTheResyncBack(t *testing.T) {
 	}
 	c.requireIdentical()
 }
+
+// TestChecksumResyncSendsOnlyDifferingBlocks: with csums, a full resync of
+// replicas that differ in 3 blocks moves only those 3 blocks.
+func TestChecksumResyncSendsOnlyDifferingBlocks(t *testing.T) {
+	const size = 16 << 20
+	c := newTestCluster(t, size)
+	c.cfg.Volumes[0].Csums = true
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	ctx := context.Background()
+	if err := c.vol("alpha").WriteAt(ctx, pattern(2, 4<<20), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(c.cfg.Volumes[0].Disks["beta"].Paths[0].Path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, off := range []int64{0, 1 << 20, 3<<20 + 8192} {
+		f.WriteAt([]byte("stale"), off)
+	}
+	f.Close()
+	before := replica(c.status(), "beta").ResyncedBytes
+	if _, err := (&control{n: c.nodes["alpha"]}).Resync(ctx, &transport.ResyncRequest{Volume: "vol0"}); err != nil {
+		t.Fatal(err)
+	}
+	c.waitInSync()
+	if moved := replica(c.status(), "beta").ResyncedBytes - before; moved != 3*4096 {
+		t.Fatalf("checksum resync moved %d bytes, want the 3 differing blocks (%d)", moved, 3*4096)
+	}
+	c.requireIdentical()
+}

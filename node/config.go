@@ -64,6 +64,10 @@ type VolumeConfig struct {
 	// default, caps nothing: resync runs as fast as the link and disks
 	// allow, and yields on its own while applications write.
 	ResyncRate ByteSize `yaml:"resync_rate,omitempty"`
+	// Csums makes resync compare block checksums first and send only the
+	// blocks that differ (DRBD's csums-alg): less traffic on a slow link,
+	// a read of both disks either way.
+	Csums bool `yaml:"csums,omitempty"`
 	// AfterSB is what happens when two nodes both took writes as primary:
 	// disconnect (default: the operator decides), discard-younger-primary,
 	// discard-least-changes or discard-zero-changes.

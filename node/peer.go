@@ -100,6 +100,9 @@ type peer struct {
 	resyncDone  atomic.Int64
 	resyncStart atomic.Int64 // unix nanoseconds when the resync began
 
+	// csumsSkipped counts resync bytes a checksum showed were in sync.
+	csumsSkipped atomic.Int64
+
 	// Online verify of this peer.
 	verifying   atomic.Bool
 	verifyDone  atomic.Int64
@@ -650,6 +653,9 @@ func (p *peer) resync(ctx context.Context) error {
 	p.resyncStart.Store(began.UnixNano())
 	var wire int64 // data bytes sent (zero ranges cost no bandwidth)
 	cursor := int64(0)
+	// With csums, the first pass sends checksums: blocks the peer already
+	// holds are not sent at all (DRBD's csums-alg).
+	csums := v.cfg.Csums
 	drain := func() error {
 		for range resyncWindow {
 			select {
@@ -672,7 +678,9 @@ func (p *peer) resync(ctx context.Context) error {
 			if p.bm.Count() == 0 {
 				break
 			}
-			cursor = 0
+			// Later passes send data: what the checksums showed differs,
+			// and what was written meanwhile.
+			cursor, csums = 0, false
 			continue
 		}
 		cursor = start + n
@@ -699,7 +707,43 @@ func (p *peer) resync(ctx context.Context) error {
 			return err
 		}
 		pd := &pending{done: make(chan struct{})}
-		if hf, ok := v.disk.(holeFinder); ok && hf.IsHole(off, length) {
+		if csums {
+			bp, err := readBlock(v.disk, off, length)
+			if err != nil {
+				release()
+				return err
+			}
+			pd.e = replication.Entry{Op: replication.OpVerify, Off: off, Length: length, Data: replication.AppendChecksums(nil, (*bp)[:length])}
+			resyncBufs.Put(bp)
+			var differ []uint32
+			pd.onReply = func(st replication.AckStatus, data []byte) {
+				idx, err := replication.DecodeMismatches(data)
+				if st != replication.AckOK || err != nil {
+					idx = []uint32{}
+					for i := range uint32(n) {
+						idx = append(idx, i)
+					}
+				}
+				differ = idx
+			}
+			pd.onAck = func() {
+				// Matching blocks are in sync; differing ones stay marked
+				// for the data pass.
+				same := int64(0)
+				next := 0
+				for b := int64(0); b*replication.BlockSize < length; b++ {
+					if next < len(differ) && int64(differ[next]) == b {
+						next++
+						continue
+					}
+					p.bm.ClearBits(off+b*replication.BlockSize, replication.BlockSize)
+					same += replication.BlockSize
+				}
+				p.resyncDone.Add(min(same, length))
+				p.csumsSkipped.Add(min(same, length))
+				<-window
+			}
+		} else if hf, ok := v.disk.(holeFinder); ok && hf.IsHole(off, length) {
 			pd.e = replication.Entry{Op: replication.OpResyncZero, Off: off, Length: length}
 		} else if bp, err := readBlock(v.disk, off, length); err != nil {
 			release()
@@ -711,10 +755,12 @@ func (p *peer) resync(ctx context.Context) error {
 			pd.e = replication.Entry{Op: replication.OpResyncData, Off: off, Length: length, Data: buf}
 			pd.release = func() { resyncBufs.Put(bp) }
 		}
-		pd.onAck = func() {
-			p.bm.ClearBits(off, length)
-			p.resyncDone.Add(length)
-			<-window
+		if pd.onAck == nil {
+			pd.onAck = func() {
+				p.bm.ClearBits(off, length)
+				p.resyncDone.Add(length)
+				<-window
+			}
 		}
 		p.mu.Lock()
 		if !p.streaming {
@@ -725,7 +771,9 @@ func (p *peer) resync(ctx context.Context) error {
 		p.enqueueLocked(pd)
 		p.sendLocked()
 		p.mu.Unlock()
-		p.resyncSent.Add(length)
+		if !csums {
+			p.resyncSent.Add(length)
+		}
 		if pd.e.Op == replication.OpResyncData {
 			wire += length
 		}
@@ -782,6 +830,7 @@ func (p *peer) status() transport.PeerStatus {
 		ps.PeerDisk = string(replication.Outdated)
 	}
 	ps.VerifyDoneBytes, ps.VerifyTotalBytes, ps.VerifyFoundBytes = p.verifyDone.Load(), p.verifyTotal.Load(), p.verifyFound.Load()
+	ps.ResyncSkippedBytes = p.csumsSkipped.Load()
 	if p.verifying.Load() && p.state == replication.Connected {
 		ps.Replication = string(replication.VerifyS)
 	}

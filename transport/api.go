@@ -157,13 +157,16 @@ type PeerStatus struct {
 	ResyncTotalBytes int64  `json:"resync_total_bytes"`
 	ResyncSentBytes  int64  `json:"resync_sent_bytes"`
 	ResyncRate       int64  `json:"resync_rate"`
-	VerifyDoneBytes  int64  `json:"verify_done_bytes"`
-	VerifyTotalBytes int64  `json:"verify_total_bytes"`
-	VerifyFoundBytes int64  `json:"verify_found_bytes"`
-	FramesSent       uint64 `json:"frames_sent"`
-	EntriesSent      uint64 `json:"entries_sent"`
-	SyncRule         string `json:"sync_rule,omitempty"`
-	Reason           string `json:"reason,omitempty"`
+	// ResyncSkippedBytes: resync bytes not sent because their checksums
+	// matched (csums).
+	ResyncSkippedBytes int64  `json:"resync_skipped_bytes"`
+	VerifyDoneBytes    int64  `json:"verify_done_bytes"`
+	VerifyTotalBytes   int64  `json:"verify_total_bytes"`
+	VerifyFoundBytes   int64  `json:"verify_found_bytes"`
+	FramesSent         uint64 `json:"frames_sent"`
+	EntriesSent        uint64 `json:"entries_sent"`
+	SyncRule           string `json:"sync_rule,omitempty"`
+	Reason             string `json:"reason,omitempty"`
 }
 
 // Event is one line of a node's history.
