@@ -69,15 +69,25 @@ func deviceSize(t testing.TB, size int64) int64 {
 	return n
 }
 
-// freeAddr reserves a free port; the node listens on it right after.
+// freeAddr reserves a free port; the node listens on it right after. The
+// kernel may hand the same port out twice once it is closed, so the ports
+// this test binary already gave out are skipped.
 func freeAddr(t testing.TB) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	t.Helper()
+	for {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		l.Close()
+		if _, loaded := givenAddrs.LoadOrStore(addr, true); !loaded {
+			return addr
+		}
 	}
-	defer l.Close()
-	return l.Addr().String()
 }
+
+var givenAddrs sync.Map
 
 func (c *testCluster) start(name string) *Node {
 	c.t.Helper()

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -13,15 +14,24 @@ import (
 	"github.com/replvol/replvol/metadata"
 )
 
+// freePort returns a free 127.0.0.1 port, never one it returned before
+// (the kernel may hand a closed port out again at once).
 func freePort(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		l.Close()
+		if _, loaded := givenPorts.LoadOrStore(addr, true); !loaded {
+			return addr
+		}
 	}
-	defer l.Close()
-	return l.Addr().String()
 }
+
+var givenPorts sync.Map
 
 // TestE2EKill9PrimaryResyncsOnlyTheActivityLog runs two replnode
 // processes, kills the primary with SIGKILL in the middle of random writes
