@@ -224,3 +224,37 @@ func TestThousandPathFailuresUnderFioVerify(t *testing.T) {
 		t.Fatalf("p0 shows %d errors, want at least %d", p0Errors, want)
 	}
 }
+
+// TestByGroupBalanceIsTheDefaultWithGroups: two LUNs on one node, each
+// reachable through controller A and controller B; with groups given, the
+// nodes spread their active paths over both controllers.
+func TestByGroupBalanceIsTheDefaultWithGroups(t *testing.T) {
+	c := newTestCluster(t, 4<<20)
+	vol1 := c.cfg.Volumes[0]
+	vol1.Name = "vol1"
+	vol1.Disks = map[string]DiskConfig{}
+	for _, name := range []string{"alpha", "beta"} {
+		for _, vol := range []*VolumeConfig{&c.cfg.Volumes[0], &vol1} {
+			img := filepath.Join(c.dir, name+"-"+vol.Name+"-lun.img")
+			os.WriteFile(img, nil, 0o644)
+			os.Truncate(img, deviceSize(t, 4<<20)+multipath.LabelSize)
+			dc := MultiPath(img, img)
+			dc.Paths[0].Group, dc.Paths[1].Group = "ctrl-a", "ctrl-b"
+			vol.Disks[name] = dc
+		}
+	}
+	c.cfg.Volumes = append(c.cfg.Volumes, vol1)
+	c.start("alpha")
+	c.start("beta")
+	active := map[string]bool{}
+	for _, vol := range []string{"vol0", "vol1"} {
+		for _, p := range c.nodes["alpha"].vols[vol].pathStatus() {
+			if p.Preferred {
+				active[p.Group] = true
+			}
+		}
+	}
+	if !active["ctrl-a"] || !active["ctrl-b"] {
+		t.Fatalf("alpha's two LUNs prefer paths in groups %v, want one on each controller", active)
+	}
+}
