@@ -2,10 +2,13 @@ package node
 
 import (
 	"context"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -130,6 +133,15 @@ func TestPathCommandsAndMultipathConfigErrors(t *testing.T) {
 	}
 	if _, err := api.PathAction(ctx, &transport.PathRequest{Volume: "vol0", Action: "rotate"}); err == nil {
 		t.Fatal("beta has a single-path disk, rotate should be refused")
+	}
+	resp, err := http.Get("http://" + c.nodes["beta"].ControlAddr() + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(page), "paths of alpha") || !strings.Contains(string(page), "ACTIVE") {
+		t.Fatal("the status page shows no paths")
 	}
 	st := c.status()
 	if len(replica(st, "alpha").Paths) != 2 || len(replica(st, "beta").Paths) != 0 {

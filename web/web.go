@@ -29,6 +29,7 @@ var statusHTML string
 
 var page = template.Must(template.New("status").Funcs(template.FuncMap{
 	"bytes":   humanBytes,
+	"int64":   func(u uint64) int64 { return int64(u) },
 	"percent": func(f float64) string { return template.HTMLEscapeString(formatPercent(f)) },
 	"now":     func() string { return time.Now().Format(time.RFC3339) },
 }).Parse(statusHTML))
