@@ -101,3 +101,25 @@ func TestPrimaryRestartKeepsItsBitmap(t *testing.T) {
 	}
 	c.requireIdentical()
 }
+
+// TestCleanRestartOfBothNodesResyncsNothing: the generations match and no
+// block is marked: the rule "peer current equals my current" fires.
+func TestCleanRestartOfBothNodesResyncsNothing(t *testing.T) {
+	c := newTestCluster(t, 16<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	writeRandomBlocks(t, c.vol("alpha"), 30, 61)
+	c.stop("alpha")
+	c.stop("beta")
+	c.start("beta")
+	c.start("alpha")
+	c.waitInSync()
+	if moved := replica(c.status(), "beta").ResyncedBytes; moved != 0 {
+		t.Fatalf("a clean restart of both nodes resynced %d bytes", moved)
+	}
+	if p := c.vol("alpha").peers["beta"].status(); p.SyncRule != "peer current equals my current" {
+		t.Fatalf("rule %q", p.SyncRule)
+	}
+	c.requireIdentical()
+}
