@@ -1,13 +1,17 @@
 package node
 
 import (
+	"context"
 	"crypto/sha256"
 	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/replication"
+	"github.com/replvol/replvol/transport"
 )
 
 func fileSum(t *testing.T, path string) [32]byte {
@@ -184,5 +188,55 @@ func TestCorruptBitmapPageFallsBackToResyncingItsRange(t *testing.T) {
 	if moved := replica(c.status(), "beta").ResyncedBytes; moved != size {
 		t.Fatalf("resync after a corrupt bitmap page moved %d bytes, want the page's whole range (%d)", moved, size)
 	}
+	c.requireIdentical()
+}
+
+// TestUnrelatedDataIsNeverOverwritten: beta comes back with a generation
+// alpha never had; alpha refuses to sync (StandAlone, reason) and beta's
+// disk is untouched until the operator re-creates its metadata.
+func TestUnrelatedDataIsNeverOverwritten(t *testing.T) {
+	const size = 8 << 20
+	c := newTestCluster(t, size)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	c.stop("beta")
+	st, err := metadata.Open(filepath.Join(c.dir, "beta", "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vs, _, _ := st.Volume("vol0")
+	vs.Generation = replication.NewGeneration()
+	st.PutVolume("vol0", vs)
+	st.Close()
+	betaImg := c.cfg.Volumes[0].Disks["beta"].Paths[0].Path
+	f, _ := os.OpenFile(betaImg, os.O_RDWR, 0)
+	f.WriteAt([]byte("data alpha never saw"), 4096)
+	f.Close()
+	data := func() [32]byte { // the data area only: metadata follows it
+		b, err := os.ReadFile(betaImg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sha256.Sum256(b[:size])
+	}
+	sum := data()
+	c.start("beta")
+	eventually(t, func() bool {
+		p := c.vol("alpha").peers["beta"].status()
+		return p.Replication == "StandAlone" && strings.HasPrefix(p.Reason, "unrelated data")
+	}, "alpha refuses beta's unrelated data")
+	c.stop("beta")
+	if data() != sum {
+		t.Fatal("beta's unrelated data was changed")
+	}
+	if _, err := CreateMetadata(c.cfg, "beta", "vol0", "", true); err != nil {
+		t.Fatal(err)
+	}
+	c.start("beta")
+	if _, err := (&control{n: c.nodes["alpha"]}).Connect(context.Background(), &transport.ConnectRequest{Volume: "vol0"}); err != nil {
+		t.Fatal(err)
+	}
+	c.waitInSync()
 	c.requireIdentical()
 }

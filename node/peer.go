@@ -166,6 +166,19 @@ func (p *peer) run(ctx context.Context) {
 		began := time.Now()
 		seq := p.resumeSeq.Load()
 		err := p.session(ctx)
+		var refused *refusedError
+		if errors.As(err, &refused) {
+			if p.resumeSeq.Load() != seq {
+				continue
+			}
+			reason := fmt.Sprintf("%s: not syncing either way; if %s's data should go, run replctl create-md %s --force --yes on it (a full resync follows)", refused.rule, p.name, p.v.name)
+			p.mu.Lock()
+			p.state, p.reason = replication.StandAlone, reason
+			p.mu.Unlock()
+			p.v.log.Error("refused to sync", "peer", p.name, "rule", refused.rule)
+			p.v.node.event(p.v.name, "unrelated-data", fmt.Sprintf("%s: %s", p.name, reason))
+			break
+		}
 		var sbe *splitBrainError
 		if errors.As(err, &sbe) && p.resumeSeq.Load() != seq {
 			continue // the operator connected meanwhile: try again
@@ -273,8 +286,9 @@ func (p *peer) session(ctx context.Context) error {
 	v.genMu.Lock()
 	cur := v.currentGeneration()
 	bitmapGen, haveBitmap := v.bitmapGen(p.name)
+	sb := v.md.Superblock()
 	d := replication.DecideSync(replication.SyncInput{
-		Current: cur, Bitmap: bitmapGen, HaveBitmap: haveBitmap, Peer: reply.Generation,
+		Current: cur, Bitmap: bitmapGen, HaveBitmap: haveBitmap, Peer: reply.Generation, History: sb.History[:],
 	})
 	if !reply.DiscardFrom.IsZero() {
 		// The peer gives up its changes since the split: resync what it
@@ -287,6 +301,10 @@ func (p *peer) session(ctx context.Context) error {
 		} else {
 			d = replication.SyncDecision{Kind: replication.FullSync, Rule: "peer discards its data and shares no generation with me"}
 		}
+	}
+	if d.Kind == replication.Refuse {
+		v.genMu.Unlock()
+		return &refusedError{rule: d.Rule}
 	}
 	if d.Kind == replication.NoSync && p.bm.Count() > 0 {
 		d = replication.SyncDecision{Kind: replication.BitmapSync, Rule: d.Rule + ", but blocks are marked"}

@@ -24,6 +24,11 @@ type splitBrainError struct {
 func (e *splitBrainError) Error() string { return "split brain: " + e.reason }
 func (e *splitBrainError) Unwrap() error { return errSplitBrain }
 
+// refusedError: the generations say the peer's data is unrelated.
+type refusedError struct{ rule string }
+
+func (e *refusedError) Error() string { return "refused to sync: " + e.rule }
+
 // splitBrainVictim applies the volume's after-split-brain policy.
 func (v *Volume) splitBrainVictim(p *peer, them replication.SplitBrainSide) (replication.SplitBrainVictim, replication.AfterSplitBrain) {
 	policy, _ := replication.ParseAfterSplitBrain(v.cfg.AfterSB)

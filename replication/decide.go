@@ -59,8 +59,12 @@ const (
 	// BitmapSync: the peer holds the data the primary's bitmap for it starts
 	// from; resync only the marked blocks.
 	BitmapSync
-	// FullSync: nothing relates the two disks; resync every block.
+	// FullSync: the peer holds an older state of this data, or none;
+	// resync every block.
 	FullSync
+	// Refuse: the peer holds data this node never had (another lineage):
+	// syncing either way could lose writes; the operator decides.
+	Refuse
 )
 
 func (k SyncKind) String() string {
@@ -71,6 +75,8 @@ func (k SyncKind) String() string {
 		return "bitmap-sync"
 	case FullSync:
 		return "full-sync"
+	case Refuse:
+		return "refuse"
 	}
 	return fmt.Sprintf("SyncKind(%d)", int(k))
 }
@@ -86,6 +92,8 @@ type SyncInput struct {
 	HaveBitmap bool
 	// Peer is the generation the peer reports for its disk.
 	Peer Generation
+	// History holds the primary's earlier generations, newest first.
+	History []Generation
 }
 
 // SyncDecision is the outcome of DecideSync and the rule that chose it.
@@ -105,7 +113,11 @@ func DecideSync(in SyncInput) SyncDecision {
 		return SyncDecision{BitmapSync, "peer current equals my bitmap generation"}
 	case in.Peer.IsZero():
 		return SyncDecision{FullSync, "peer has no consistent data"}
-	default:
-		return SyncDecision{FullSync, "peer generation unknown to me"}
 	}
+	for _, g := range in.History {
+		if !g.IsZero() && g == in.Peer {
+			return SyncDecision{FullSync, "peer holds an older generation of mine"}
+		}
+	}
+	return SyncDecision{Refuse, "unrelated data: the peer holds a generation I never had"}
 }
