@@ -546,3 +546,46 @@ func (a *ActivityLog) Stats() ALStats {
 
 // Extents returns the number of AL slots (al-extents).
 func (a *ActivityLog) Extents() int { return a.slots }
+
+// Reset clears a failure once the disk works again (a re-attach): it
+// writes the whole in-memory hot set to the ring, durably, so that the
+// log covers every extent admitted since, and lets admissions go on. On
+// error the log stays failed.
+func (a *ActivityLog) Reset() error {
+	a.mu.Lock()
+	if a.failed == nil {
+		a.mu.Unlock()
+		return nil
+	}
+	for a.committing {
+		ch := a.changed
+		a.mu.Unlock()
+		<-ch
+		a.mu.Lock()
+	}
+	a.committing = true // this goroutine owns the ring fields now
+	for i := range a.disk {
+		a.disk[i] = alNoExtent
+	}
+	for _, x := range a.extents {
+		a.disk[x.slot] = uint32(x.number)
+	}
+	a.mu.Unlock()
+	var err error
+	for range ceilDiv(a.slots, alContextPerTx) {
+		if err = a.writeTransaction(alTypeUpdate, nil); err != nil {
+			break
+		}
+	}
+	if err == nil {
+		err = a.md.dev.Sync()
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.committing = false
+	if err == nil {
+		a.failed = nil
+	}
+	a.signal()
+	return err
+}

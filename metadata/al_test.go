@@ -2,6 +2,7 @@ package metadata
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -466,4 +467,44 @@ func TestALConcurrentWrites(t *testing.T) {
 		from = start + n
 	}
 	t.Logf("%+v; %d bits set, %d on disk", al.Stats(), bm.Count(), bm2.Count())
+}
+
+// TestActivityLogResetAfterTheDiskComesBack: an AL write fails (the disk is
+// gone), admissions fail from then on; once the disk works, Reset writes
+// the hot set out and admissions go on, and a reopen finds every extent.
+func TestActivityLogResetAfterTheDiskComesBack(t *testing.T) {
+	opts := testOptions(Internal)
+	dev, md := newTestMD(t, opts)
+	al := md.ActivityLog()
+	ctx := context.Background()
+	if err := al.Admit(ctx, 0, 4096); err != nil {
+		t.Fatal(err)
+	}
+	al.Done(0, 4096)
+	gone := errors.New("disk gone")
+	dev.SetInjector(func(mdtest.Op) mdtest.Fault { return mdtest.Fault{Err: gone} })
+	if err := al.Admit(ctx, 10*ExtentSize, 4096); !errors.Is(err, gone) {
+		t.Fatalf("admission with the disk gone: %v", err)
+	}
+	if err := al.Admit(ctx, 20*ExtentSize, 4096); err == nil {
+		t.Fatal("the log accepted an admission after failing")
+	}
+	if err := al.Reset(); err == nil {
+		t.Fatal("Reset succeeded with the disk still gone")
+	}
+	dev.SetInjector(nil)
+	if err := al.Reset(); err != nil {
+		t.Fatal(err)
+	}
+	if err := al.Admit(ctx, 30*ExtentSize, 4096); err != nil {
+		t.Fatalf("admission after Reset: %v", err)
+	}
+	al.Done(30*ExtentSize, 4096)
+	md2 := reopen(t, dev, opts)
+	got := md2.ActivityLog().ActiveExtents()
+	for _, want := range []uint64{0, 30} {
+		if !slices.Contains(got, want) {
+			t.Fatalf("reopened log %v lacks extent %d", got, want)
+		}
+	}
 }

@@ -108,7 +108,13 @@ func (v *Volume) reattachLoop() {
 		v.reason = "disk back: copying the blocks it missed from the peer"
 		v.mu.Unlock()
 		v.node.event(v.name, "attaching", fmt.Sprintf("%s: disk works again; resyncing %d bytes from the peer", v.self, v.localMissing.Bytes()))
-		if err := v.resyncFromPeer(); err != nil {
+		err := v.resyncFromPeer()
+		if err == nil {
+			// The activity log may have failed with the disk: write it
+			// out again before it guards writes.
+			err = v.md.ActivityLog().Reset()
+		}
+		if err != nil {
 			v.log.Warn("resync from peer failed; detaching again", "err", err)
 			v.mu.Lock()
 			v.detached = true

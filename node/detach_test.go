@@ -55,6 +55,11 @@ func TestLosingEveryPathDetachesTheDiskAndServesFromThePeer(t *testing.T) {
 	for _, fp := range faults {
 		fp.SetInjector(faultpath.Always(faultpath.Fault{Err: faultpath.ErrInjected}))
 	}
+	// First a write to a cold extent: its activity-log entry cannot be
+	// written, which detaches the disk; the write goes to the peer.
+	if err := v.WriteAt(ctx, pattern(4, 4096), 6<<20, false); err != nil {
+		t.Fatalf("write to a cold extent with every path gone: %v", err)
+	}
 	during := pattern(2, 64<<10)
 	if err := v.WriteAt(ctx, during, 1<<20, false); err != nil {
 		t.Fatalf("write with every path gone: %v", err)
@@ -70,7 +75,7 @@ func TestLosingEveryPathDetachesTheDiskAndServesFromThePeer(t *testing.T) {
 		t.Fatalf("flush while detached: %v", err)
 	}
 	st := replica(c.status(), "alpha")
-	if st.Disk != "Diskless" || st.OutOfSyncBytes != 64<<10 {
+	if st.Disk != "Diskless" || st.OutOfSyncBytes != 64<<10+4096 {
 		t.Fatalf("alpha while detached: disk %s, out of sync %d", st.Disk, st.OutOfSyncBytes)
 	}
 	if a := c.disk("alpha")[1<<20 : 1<<20+64<<10]; bytes.Equal(a, during) {
@@ -87,6 +92,13 @@ func TestLosingEveryPathDetachesTheDiskAndServesFromThePeer(t *testing.T) {
 	c.requireIdentical()
 	if err := v.WriteAt(ctx, pattern(3, 4096), 0, false); err != nil {
 		t.Fatal(err)
+	}
+	// And after the re-attach the activity log works again.
+	if err := v.WriteAt(ctx, pattern(5, 4096), 7<<20, false); err != nil {
+		t.Fatal(err)
+	}
+	if d := replica(c.status(), "alpha").Disk; d != "UpToDate" {
+		t.Fatalf("after a write to a cold extent alpha is %s", d)
 	}
 	c.requireIdentical()
 }

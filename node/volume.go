@@ -339,12 +339,21 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	defer release()
 	// The extent is in the activity log, durably, BEFORE the data is
 	// written anywhere: after a crash, only the log's extents can differ.
+	// A detached disk gets no data, so it needs no log entry; a log that
+	// cannot be written means the disk failed: detach it.
 	al := v.md.ActivityLog()
-	if err := al.Admit(ctx, e.Off, e.Length); err != nil {
-		v.log.Error("activity log", "err", err)
-		return fmt.Errorf("activity log: %w", syscall.EIO)
+	alFailed := false
+	if !v.isDetached() {
+		if err := al.Admit(ctx, e.Off, e.Length); err != nil {
+			v.log.Error("activity log", "err", err)
+			if !v.detach(err) {
+				return fmt.Errorf("activity log: %w", syscall.EIO)
+			}
+			alFailed = true
+		} else {
+			defer al.Done(e.Off, e.Length)
+		}
 	}
-	defer al.Done(e.Off, e.Length)
 	var waits []*pending
 	for _, p := range v.streamingPeers() {
 		if w := p.submit(e); w != nil {
@@ -354,7 +363,7 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	// A detached disk is skipped; what it misses is marked BEFORE the
 	// write completes.
 	v.mu.Lock()
-	skipped := v.detached
+	skipped := v.detached || alFailed
 	if skipped {
 		v.localMissing.SetRange(e.Off, e.Length)
 	}
