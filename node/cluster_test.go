@@ -145,7 +145,7 @@ func (c *testCluster) waitInSync() {
 		st := c.status()
 		ok := true
 		for _, r := range st.Volumes[0].Replicas {
-			ok = ok && r.Disk == "UpToDate" && r.Replication == "Connected"
+			ok = ok && r.Disk == "UpToDate" && r.Replication == "Connected" && r.OutOfSyncBytes == 0
 		}
 		if ok {
 			return

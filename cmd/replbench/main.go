@@ -463,6 +463,7 @@ func (b *bench) resyncPhase(ctx context.Context, t *target) (*resyncResult, erro
 				Replicas []struct {
 					Disk        string `json:"disk"`
 					Replication string `json:"replication"`
+					OutOfSync   int64  `json:"out_of_sync_bytes"`
 				} `json:"replicas"`
 			} `json:"volumes"`
 		}
@@ -471,7 +472,7 @@ func (b *bench) resyncPhase(ctx context.Context, t *target) (*resyncResult, erro
 		}
 		for _, v := range st.Volumes {
 			for _, r := range v.Replicas {
-				if r.Disk != "UpToDate" || r.Replication != "Connected" {
+				if r.Disk != "UpToDate" || r.Replication != "Connected" || r.OutOfSync != 0 {
 					return false, nil
 				}
 			}

@@ -104,7 +104,7 @@ func resyncLine(st *transport.ClusterStatus, volume string) (string, bool) {
 		inSync := true
 		for i := range v.Replicas {
 			r := &v.Replicas[i]
-			if r.Disk != "UpToDate" || r.Replication != "Connected" {
+			if r.Disk != "UpToDate" || r.Replication != "Connected" || r.OutOfSyncBytes != 0 {
 				inSync = false
 			}
 			if r.ResyncTotalBytes > 0 && (worst == nil || r.SyncProgress < worst.SyncProgress) {

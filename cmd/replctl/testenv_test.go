@@ -402,7 +402,7 @@ func (v *volumeStatus) inSync() bool {
 		return false
 	}
 	for _, r := range v.Replicas {
-		if r.Disk != "UpToDate" || r.Replication != "Connected" {
+		if r.Disk != "UpToDate" || r.Replication != "Connected" || r.OutOfSync != 0 {
 			return false
 		}
 	}
