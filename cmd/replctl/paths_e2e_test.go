@@ -100,3 +100,27 @@ func TestE2EAllPathsFailedDetachesAndServesFromThePeer(t *testing.T) {
 	d.waitInSync("alpha")
 	compareFiles(t, d.disk("alpha"), d.disk("beta"), demoSize)
 }
+
+// TestE2EResyncAndVerifyCommands runs the operator's resync and verify
+// commands against the demo and waits with them.
+func TestE2EResyncAndVerifyCommands(t *testing.T) {
+	e2e(t)
+	d := startDemo(t)
+	qemuIO(t, d.uri, "write -P 0x44 0 4M")
+	out := d.mustCtl("alpha", "verify", "vol0", "--wait")
+	if !strings.Contains(out, "verify 100.0%, 0B out of sync") {
+		t.Fatalf("verify --wait: %s", out)
+	}
+	before := d.mustStatus("alpha").replica("beta").Resynced
+	out = d.mustCtl("beta", "resync", "vol0", "--wait")
+	if !strings.Contains(out, "full resync started on alpha for beta") || !strings.Contains(out, "vol0: in sync") {
+		t.Fatalf("resync --wait: %s", out)
+	}
+	if moved := d.mustStatus("alpha").replica("beta").Resynced - before; moved != demoSize {
+		t.Fatalf("full resync moved %d bytes, want the volume's %d", moved, demoSize)
+	}
+	if r := d.ctl("alpha", "resync", "vol0", "--from", "beta"); r.ok() || !strings.Contains(r.out, "runs from the primary") {
+		t.Fatalf("resync --from a secondary: %s", r)
+	}
+	compareFiles(t, d.disk("alpha"), d.disk("beta"), demoSize)
+}
