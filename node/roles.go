@@ -209,6 +209,7 @@ func (v *Volume) resetPeersLocked() {
 			v.peers[name] = newPeer(v, name)
 		}
 	}
+	v.rebuildPeerListLocked()
 	if !v.adminDown {
 		v.startPeersLocked()
 	}

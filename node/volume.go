@@ -53,8 +53,11 @@ type Volume struct {
 	ioOpen     bool // primary serving IO
 	io         sync.WaitGroup
 	peers      map[string]*peer
-	peersCtx   context.CancelFunc
-	adminDown  bool // operator disconnected this node
+	// peerList is peers as a slice, replaced (never changed in place)
+	// whenever peers changes: the IO path reads it without copying.
+	peerList  []*peer
+	peersCtx  context.CancelFunc
+	adminDown bool // operator disconnected this node
 	// detached: the local disk failed and is out of service; the primary
 	// reads and writes through a peer. localStale: this disk misses writes
 	// (persisted). localMissing marks the blocks it misses.
@@ -227,6 +230,16 @@ func (v *Volume) startPeersLocked() {
 		}
 		p.start(ctx)
 	}
+	v.rebuildPeerListLocked()
+}
+
+// rebuildPeerListLocked publishes peers as a new slice; callers hold v.mu.
+func (v *Volume) rebuildPeerListLocked() {
+	list := make([]*peer, 0, len(v.peers))
+	for _, p := range v.peers {
+		list = append(list, p)
+	}
+	v.peerList = list
 }
 
 // Size implements nbd.Export.
@@ -248,14 +261,11 @@ func (v *Volume) enter() error {
 	return nil
 }
 
+// streamingPeers returns the volume's peers; the slice must not be changed.
 func (v *Volume) streamingPeers() []*peer {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	out := make([]*peer, 0, len(v.peers))
-	for _, p := range v.peers {
-		out = append(out, p)
-	}
-	return out
+	return v.peerList
 }
 
 // ReadAt implements nbd.Export: reads are served from the local disk.
