@@ -44,6 +44,10 @@ type VolumeState struct {
 	// (on disk, in the volume's metadata) starts from; absent while the
 	// peer is in sync.
 	PeerBitmaps map[string]replication.Generation `json:"peer_bitmaps,omitempty"`
+	// SyncGeneration is, while Generation is zero because a resync into
+	// this disk is under way, the generation the SyncSource's bitmap for
+	// this node starts from (so an interrupted resync resumes).
+	SyncGeneration replication.Generation `json:"sync_generation,omitempty"`
 }
 
 // Event is one line of a node's history.

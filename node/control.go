@@ -381,14 +381,14 @@ func (c *control) forcePrimary(ctx context.Context, r *transport.PrimaryRequest,
 	if vs.NBDURI != "" && vs.Primary != r.Node {
 		return nil, status.Errorf(codes.FailedPrecondition, "%s is primary for %s and reachable: use a clean switchover (replctl primary %s --node %s, without --force)", vs.Primary, r.Volume, r.Volume, r.Node)
 	}
-	if vs.Primary == r.Node && vs.NBDURI != "" {
-		return &transport.PrimaryReply{Volume: r.Volume, Primary: r.Node, Epoch: vs.Epoch, NBDURI: vs.NBDURI}, nil
-	}
 	var target transport.ReplicaStatus
 	for _, rs := range vs.Replicas {
 		if rs.Node == r.Node {
 			target = rs
 		}
+	}
+	if vs.Primary == r.Node && vs.NBDURI != "" && target.Disk != string(replication.Inconsistent) {
+		return &transport.PrimaryReply{Volume: r.Volume, Primary: r.Node, Epoch: vs.Epoch, NBDURI: vs.NBDURI}, nil
 	}
 	if !target.Reachable {
 		return nil, status.Errorf(codes.FailedPrecondition, "node %s is unreachable", r.Node)

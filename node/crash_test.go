@@ -3,6 +3,8 @@ package node
 import (
 	"context"
 	"testing"
+
+	"github.com/replvol/replvol/replication"
 )
 
 // crash stops a node the way kill -9 would: servers gone, nothing
@@ -103,7 +105,7 @@ func TestPrimaryRestartKeepsItsBitmap(t *testing.T) {
 }
 
 // TestCleanRestartOfBothNodesResyncsNothing: the generations match and no
-// block is marked: the rule "peer current equals my current" fires.
+// block is marked: the rule "reconnected" fires.
 func TestCleanRestartOfBothNodesResyncsNothing(t *testing.T) {
 	c := newTestCluster(t, 16<<20)
 	c.start("alpha")
@@ -118,8 +120,8 @@ func TestCleanRestartOfBothNodesResyncsNothing(t *testing.T) {
 	if moved := replica(c.status(), "beta").ResyncedBytes; moved != 0 {
 		t.Fatalf("a clean restart of both nodes resynced %d bytes", moved)
 	}
-	if p := c.vol("alpha").peers["beta"].status(); p.SyncRule != "peer current equals my current" {
-		t.Fatalf("rule %q", p.SyncRule)
+	if p := c.vol("alpha").peers["beta"].status(); p.SyncRule != replication.RuleReconnected || p.SyncDecision != "no-sync" {
+		t.Fatalf("rule %q, decision %q", p.SyncRule, p.SyncDecision)
 	}
 	c.requireIdentical()
 }

@@ -108,7 +108,7 @@ func (v *Volume) reattachLoop() {
 		v.reason = "disk back: copying the blocks it missed from the peer"
 		v.mu.Unlock()
 		v.node.event(v.name, "attaching", fmt.Sprintf("%s: disk works again; resyncing %d bytes from the peer", v.self, v.localMissing.Bytes()))
-		err := v.resyncFromPeer()
+		err := v.copyMissingFromPeer(context.Background())
 		if err == nil {
 			// The activity log may have failed with the disk: write it
 			// out again before it guards writes.
@@ -159,11 +159,11 @@ func (v *Volume) diskWorks() bool {
 	return err == nil
 }
 
-// resyncFromPeer copies every block the local disk missed from a peer in
-// sync. Each run holds the range lock while it is read and written, so an
-// application write to it lands before (and is re-copied) or after.
-func (v *Volume) resyncFromPeer() error {
-	ctx := context.Background()
+// copyMissingFromPeer copies every block the local disk misses from a
+// peer in sync. Each run holds the range lock while it is read and
+// written, so an application write to it lands before (and is re-copied)
+// or after.
+func (v *Volume) copyMissingFromPeer(ctx context.Context) error {
 	cursor := int64(0)
 	for {
 		start, n, ok := v.localMissing.NextRun(cursor, resyncRunBlocks)

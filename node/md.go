@@ -181,10 +181,9 @@ func CreateMetadata(cfg *Config, name, volume, stateDir string, force bool) (str
 		return "", err
 	}
 	if known {
-		vs.Generation, vs.PeerBitmaps, vs.LocalStale = replication.Generation{}, nil, false
-		if vs.Primary == name {
-			vs.Primary = ""
-		}
+		// A primary stays primary: it copies everything from a peer that
+		// holds the data, and serves reads from it meanwhile.
+		vs.Generation, vs.SyncGeneration, vs.PeerBitmaps, vs.LocalStale = replication.Generation{}, replication.Generation{}, nil, false
 		if err := st.PutVolume(volume, vs); err != nil {
 			return "", err
 		}

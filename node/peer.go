@@ -80,7 +80,8 @@ type peer struct {
 	state     replication.ReplState
 	peerDisk  string
 	reason    string
-	rule      string
+	rule      string // the generation rule of the last connection
+	decision  string // and what it decided
 	queue     []*pending
 	inflight  []*pending
 	nextSeq   uint64
@@ -172,11 +173,18 @@ func (p *peer) run(ctx context.Context) {
 				continue
 			}
 			reason := fmt.Sprintf("%s: not syncing either way; if %s's data should go, run replctl create-md %s --force --yes on it (a full resync follows)", refused.rule, p.name, p.v.name)
+			if refused.reason != "" {
+				reason = refused.reason
+			}
 			p.mu.Lock()
 			p.state, p.reason = replication.StandAlone, reason
 			p.mu.Unlock()
-			p.v.log.Error("refused to sync", "peer", p.name, "rule", refused.rule)
-			p.v.node.event(p.v.name, "unrelated-data", fmt.Sprintf("%s: %s", p.name, reason))
+			kind := "unrelated-data"
+			if refused.rule != replication.RuleUnrelated {
+				kind = "refused"
+			}
+			p.v.log.Error("refused to sync", "peer", p.name, "rule", refused.rule, "reason", reason)
+			p.v.node.event(p.v.name, kind, fmt.Sprintf("%s: %s", p.name, reason))
 			break
 		}
 		var sbe *splitBrainError
@@ -188,7 +196,10 @@ func (p *peer) run(ctx context.Context) {
 			// way unless the volume's policy names a victim; else the
 			// operator picks one.
 			reason := fmt.Sprintf("split-brain: %s and %s both took writes as primary; resolve with replctl connect %s --discard-my-data --node VICTIM", p.v.self, p.name, p.v.name)
-			if victim, policy := p.v.splitBrainVictim(p, sbe.peer); victim != replication.VictimNone {
+			if sbe.rule != "" {
+				reason = fmt.Sprintf("split-brain (%s): %s and %s both changed the data; resolve with replctl connect %s --discard-my-data --node VICTIM", sbe.rule, p.v.self, p.name, p.v.name)
+			}
+			if victim, policy := p.v.splitBrainVictim(p, sbe.peer); victim != replication.VictimNone && (sbe.peerPrimary || victim == replication.VictimPeer) {
 				who := p.name
 				if victim == replication.VictimMe {
 					who = p.v.self
@@ -262,7 +273,7 @@ func (p *peer) session(ctx context.Context) error {
 
 	v := p.v
 	v.mu.Lock()
-	hello := replication.Hello{Volume: v.name, From: v.self, To: p.name, Epoch: v.epoch, Size: v.size, Generation: v.gen}
+	hello := replication.Hello{Volume: v.name, From: v.self, To: p.name, Epoch: v.epoch, Size: v.size, Generation: v.gen, UUIDs: v.uuidsLocked(p.name)}
 	v.mu.Unlock()
 	if err := sendJSON(s, replication.FrameHello, hello); err != nil {
 		return fmt.Errorf("connect to %s at %s: %w", p.name, p.addr, err)
@@ -275,8 +286,12 @@ func (p *peer) session(ctx context.Context) error {
 		return fmt.Errorf("handshake with %s at %s: %w", p.name, p.addr, err)
 	}
 	if !reply.Accepted {
-		if reply.SplitBrain {
-			return &splitBrainError{reason: reply.Reason, peer: replication.SplitBrainSide{Changes: reply.Changes, PrimarySince: reply.PrimarySince}}
+		switch {
+		case reply.SplitBrain:
+			return &splitBrainError{reason: reply.Reason, rule: reply.Rule, peerPrimary: reply.Primary,
+				peer: replication.SplitBrainSide{Changes: reply.Changes, PrimarySince: reply.PrimarySince}}
+		case reply.Final:
+			return &refusedError{rule: reply.Rule, reason: reply.Reason}
 		}
 		return fmt.Errorf("%w: %s", errRejected, reply.Reason)
 	}
@@ -284,37 +299,15 @@ func (p *peer) session(ctx context.Context) error {
 	// Decide, and switch new writes from the bitmap to the stream, in one
 	// step: a write is either marked before it or queued after it.
 	v.genMu.Lock()
-	cur := v.currentGeneration()
-	bitmapGen, haveBitmap := v.bitmapGen(p.name)
-	sb := v.md.Superblock()
-	d := replication.DecideSync(replication.SyncInput{
-		Current: cur, Bitmap: bitmapGen, HaveBitmap: haveBitmap, Peer: reply.Generation, History: sb.History[:],
-	})
-	if !reply.DiscardFrom.IsZero() {
-		// The peer gives up its changes since the split: resync what it
-		// changed and what we changed, if we share that starting point.
-		if haveBitmap && bitmapGen == reply.DiscardFrom {
-			for _, r := range reply.Discard {
-				p.bm.SetBits(r[0]*replication.BlockSize, r[1]*replication.BlockSize)
-			}
-			d = replication.SyncDecision{Kind: replication.BitmapSync, Rule: "peer discards its changes since our common generation"}
-		} else {
-			d = replication.SyncDecision{Kind: replication.FullSync, Rule: "peer discards its data and shares no generation with me"}
-		}
-	}
-	if d.Kind == replication.Refuse {
+	plan, err := p.decide(reply)
+	if err != nil {
 		v.genMu.Unlock()
-		return &refusedError{rule: d.Rule}
+		return err
 	}
-	if d.Kind == replication.NoSync && p.bm.Count() > 0 {
-		d = replication.SyncDecision{Kind: replication.BitmapSync, Rule: d.Rule + ", but blocks are marked"}
-	}
-	if d.Kind == replication.FullSync {
-		p.bm.SetAll()
-	}
+	cur := v.currentGeneration()
 	errc := make(chan error, 3)
 	p.mu.Lock()
-	p.streaming, p.rule, p.reason = true, d.Rule, ""
+	p.streaming, p.rule, p.decision, p.reason = true, plan.rule, plan.outcome, ""
 	p.queue, p.inflight, p.frameSeqs = p.queue[:0], p.inflight[:0], p.frameSeqs[:0]
 	p.stream = s
 	p.cancelSession = cancel
@@ -324,29 +317,48 @@ func (p *peer) session(ctx context.Context) error {
 		default:
 		}
 	}
-	syncing := d.Kind != replication.NoSync
-	if syncing {
+	switch {
+	case plan.pull:
+		// The peer is the source: it holds every block this node misses.
+		p.state, p.peerDisk = replication.Connected, string(replication.UpToDate)
+	case plan.sync:
 		p.state, p.peerDisk = replication.SyncSource, string(replication.Inconsistent)
-		p.enqueueLocked(&pending{e: replication.Entry{Op: replication.OpSyncStart, Data: cur[:]}, done: make(chan struct{})})
-	} else {
+		p.enqueueLocked(&pending{e: replication.Entry{Op: replication.OpSyncStart, Data: plan.syncGen[:]}, done: make(chan struct{})})
+	default:
 		p.state = replication.Connected
 		p.enqueueLocked(p.syncDoneLocked(cur))
 	}
 	p.mu.Unlock()
 	v.genMu.Unlock()
-	v.log.Info("peer connected", "peer", p.name, "decision", d.Kind, "rule", d.Rule, "out_of_sync", p.bm.Bytes())
-	v.node.event(v.name, "connected", fmt.Sprintf("%s connected: %s (%s), %d bytes out of sync", p.name, d.Kind, d.Rule, p.bm.Bytes()))
+	if plan.pull {
+		// Writes wait no longer: the blocks this node misses are known.
+		v.mu.Lock()
+		v.ioOpen = v.role == replication.Primary
+		v.mu.Unlock()
+	}
+	syncing := plan.sync
+	v.log.Info("peer connected", "peer", p.name, "rule", plan.rule, "decision", plan.outcome, "out_of_sync", p.bm.Bytes(), "local_missing", v.localMissing.Bytes())
+	v.node.event(v.name, "connected", fmt.Sprintf("%s connected: %s by rule=%s; %d bytes out of sync on %s, %d on %s", p.name, plan.outcome, plan.rule, p.bm.Bytes(), p.name, v.localMissing.Bytes(), v.self))
 
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); p.flusher(sctx) }()
 	p.kick()
 	go func() { defer wg.Done(); errc <- p.receiver(s) }()
-	if syncing {
+	switch {
+	case syncing:
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			if err := p.resync(sctx); err != nil {
+				errc <- err
+			}
+		}()
+	case plan.pull:
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := p.pull(sctx, plan.peerGen); err != nil {
 				errc <- err
 			}
 		}()
@@ -377,11 +389,15 @@ func (p *peer) syncDoneLocked(gen replication.Generation) *pending {
 			if !inSync {
 				return
 			}
+			v.mu.Lock()
+			v.crashedPrimary = false
+			v.mu.Unlock()
 			// The peer holds gen: its bitmap is retired, durably, BEFORE the
 			// peer counts as UpToDate.
 			v.mu.Lock()
-			if _, ok := v.bitmapGens[p.name]; ok {
+			if g, ok := v.bitmapGens[p.name]; ok {
 				delete(v.bitmapGens, p.name)
+				v.retiredGen = g
 				if err := v.persistLocked(false); err != nil {
 					v.log.Error("persist in-sync peer", "peer", p.name, "err", err)
 				}
@@ -827,7 +843,7 @@ func (p *peer) status() transport.PeerStatus {
 	defer p.mu.Unlock()
 	ps := transport.PeerStatus{
 		Node: p.name, Replication: string(p.state), PeerDisk: p.peerDisk,
-		OutOfSyncBytes: p.bm.Bytes(), SyncRule: p.rule, Reason: p.reason,
+		OutOfSyncBytes: p.bm.Bytes(), SyncRule: p.rule, SyncDecision: p.decision, Reason: p.reason,
 		ResyncSentBytes: p.resyncSent.Load(),
 		FramesSent:      p.framesSent.Load(),
 		EntriesSent:     p.entriesSent.Load(),

@@ -76,47 +76,84 @@ func (n *Node) handleStream(s *transport.ReplStream) error {
 	return v.serveStream(s, hello)
 }
 
-// refuseLocked says why this node will not take a stream, or "".
-func (v *Volume) refuseLocked(h replication.Hello) string {
+// refuseLocked says why this node will not take a stream, or returns a
+// zero reply when it will.
+func (v *Volume) refuseLocked(h replication.Hello) replication.HelloReply {
+	refuse := func(format string, a ...any) replication.HelloReply {
+		return replication.HelloReply{Reason: fmt.Sprintf(format, a...), Epoch: v.epoch}
+	}
 	if v.discard != nil && h.To == v.self && !v.adminDown && h.Size == v.size {
 		// The operator told this node to give up its data: it follows the
 		// next primary that connects, whatever epoch it saw before.
-		return ""
+		return replication.HelloReply{}
 	}
 	switch {
 	case h.To != v.self:
-		return fmt.Sprintf("stream for %s reached %s", h.To, v.self)
+		return refuse("stream for %s reached %s", h.To, v.self)
 	case v.adminDown:
-		return fmt.Sprintf("%s is disconnected from %s by the operator (replctl connect %s --node %s)", v.self, v.name, v.name, v.self)
+		return refuse("%s is disconnected from %s by the operator (replctl connect %s --node %s)", v.self, v.name, v.name, v.self)
 	case h.Size != v.size:
-		return fmt.Sprintf("volume %s is %d bytes on %s but %d on %s", v.name, v.size, v.self, h.Size, h.From)
-	case v.role == replication.Primary:
-		return fmt.Sprintf("%s is Primary for %s itself (epoch %d); %s claims epoch %d: two primaries, refusing (split brain)", v.self, v.name, v.epoch, h.From, h.Epoch)
-	case h.Epoch < v.epoch:
-		return fmt.Sprintf("stale epoch: %s sent epoch %d but %s has seen epoch %d (primary %s)", h.From, h.Epoch, v.self, v.epoch, v.primary)
-	case h.Epoch == v.epoch && v.primary != "" && h.From != v.primary:
-		return fmt.Sprintf("epoch %d belongs to %s, not %s", h.Epoch, v.primary, h.From)
+		return refuse("volume %s is %d bytes on %s but %d on %s", v.name, v.size, v.self, h.Size, h.From)
 	}
-	return ""
+	d := replication.CompareUUIDs(v.uuidsLocked(h.From), h.UUIDs, v.role, replication.Primary)
+	if v.role == replication.Primary && h.Epoch < v.epoch && !d.Outcome.IsSplitBrain() {
+		// The sender is an old primary: this node took over at a newer
+		// epoch and reaches it itself.
+		r := refuse("%s is primary for %s at epoch %d; %s's epoch %d is older: it follows %s once %s reaches it", v.self, v.name, v.epoch, h.From, h.Epoch, v.self, v.self)
+		r.Primary, r.Final, r.Rule = true, true, "newer-epoch"
+		return r
+	}
+	if d.Outcome.IsSplitBrain() || v.role == replication.Primary {
+		r := refuse("split-brain (%s): %s and %s both changed %s since their last common generation; resolve with replctl connect %s --discard-my-data --node VICTIM", d.Rule, v.self, h.From, v.name, v.name)
+		if v.role == replication.Primary && !d.Outcome.IsSplitBrain() {
+			r.Reason = fmt.Sprintf("%s is Primary for %s itself at epoch %d; %s claims epoch %d too: two primaries, refusing (split brain)", v.self, v.name, v.epoch, h.From, h.Epoch)
+		}
+		r.SplitBrain, r.Final, r.Rule, r.Primary = true, true, d.Rule, v.role == replication.Primary
+		r.PrimarySince = v.primarySince
+		if bm, ok := v.md.Bitmap(v.node.cfg.NodeID(h.From)); ok {
+			r.Changes = bm.Bytes()
+		}
+		return r
+	}
+	switch {
+	case d.Outcome == replication.UnrelatedData:
+		r := refuse("unrelated data (%s): %s and %s share no generation; if %s's data should go, run replctl create-md %s --force --yes on it (a full resync follows)", d.Rule, v.self, h.From, v.self, v.name)
+		r.Final, r.Rule = true, d.Rule
+		return r
+	case h.Epoch < v.epoch:
+		return refuse("stale epoch: %s sent epoch %d but %s has seen epoch %d (primary %s)", h.From, h.Epoch, v.self, v.epoch, v.primary)
+	case h.Epoch == v.epoch && v.primary != "" && h.From != v.primary:
+		return refuse("epoch %d belongs to %s, not %s", h.Epoch, v.primary, h.From)
+	}
+	return replication.HelloReply{}
 }
 
 // serveStream applies the primary's stream to the local disk, in order,
 // acknowledging each batch after its last entry is written.
 func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error {
 	v.mu.Lock()
-	if reason := v.refuseLocked(h); reason != "" {
-		split := v.role == replication.Primary
-		reply := replication.HelloReply{Reason: reason, Epoch: v.epoch, SplitBrain: split}
-		if split {
-			reply.PrimarySince = v.primarySince
-			if p, ok := v.peers[h.From]; ok {
-				reply.Changes = p.bm.Bytes()
+	if v.role == replication.Primary && h.To == v.self && !v.adminDown && h.Size == v.size && h.Epoch > v.epoch && v.discard == nil {
+		// A primary of a newer epoch took over while this one was away.
+		// Follow it unless both changed the data: what this node wrote
+		// meanwhile stays marked, and the new primary copies it.
+		d := replication.CompareUUIDs(v.uuidsLocked(h.From), h.UUIDs, replication.Secondary, replication.Primary)
+		v.mu.Unlock()
+		if !d.Outcome.IsSplitBrain() && d.Outcome != replication.UnrelatedData {
+			if err := v.stepDown(h.From, h.Epoch, d.String()); err != nil {
+				return err
 			}
-		} else {
-			v.reason = reason
+		}
+		v.mu.Lock()
+	}
+	if reply := v.refuseLocked(h); reply.Reason != "" {
+		if !reply.Primary || reply.SplitBrain {
+			v.reason = reply.Reason
 		}
 		v.mu.Unlock()
-		v.log.Warn("refused replication stream", "from", h.From, "reason", reason)
+		v.log.Warn("refused replication stream", "from", h.From, "reason", reply.Reason)
+		if reply.SplitBrain {
+			v.node.event(v.name, "split-brain", reply.Reason)
+		}
 		return sendJSON(s, replication.FrameHelloReply, reply)
 	}
 	if v.discard != nil || h.Epoch > v.epoch || v.primary != h.From {
@@ -148,7 +185,12 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 	}()
 
 	v.mu.Lock()
-	reply := replication.HelloReply{Accepted: true, Generation: v.gen, Disk: v.diskState, Epoch: v.epoch}
+	reply := replication.HelloReply{Accepted: true, Generation: v.gen, Disk: v.diskState, Epoch: v.epoch, UUIDs: v.uuidsLocked(h.From)}
+	if bm, ok := v.md.Bitmap(v.node.cfg.NodeID(h.From)); ok && bm.Count() > 0 {
+		// What this node changed, or may have (its activity log after a
+		// crash as primary), that the primary does not have.
+		reply.Changed = bitmapRuns(bm)
+	}
 	if v.discard != nil {
 		reply.DiscardFrom, reply.Discard = v.discard.from, v.discard.runs
 	}
@@ -251,7 +293,7 @@ func (v *Volume) apply(in *incoming, entries []replication.Entry, readReply func
 		v.mu.Lock()
 		// This disk missed a write its primary thinks it has: it is no
 		// longer consistent with any generation.
-		v.gen = replication.Generation{}
+		v.gen, v.syncGen = replication.Generation{}, replication.Generation{}
 		v.diskState = replication.Failed
 		if perr := v.persistLocked(false); perr != nil {
 			v.log.Error("persist failed disk state", "err", perr)
@@ -324,9 +366,16 @@ func (v *Volume) apply(in *incoming, entries []replication.Entry, readReply func
 			v.resynced.Add(e.Length)
 		case replication.OpSyncStart:
 			// From here until OpSyncDone this disk is Inconsistent, durably,
-			// BEFORE any resync data is written.
+			// BEFORE any resync data is written. It remembers the
+			// generation the source's bitmap starts from: a reconnection
+			// resumes the resync from that bitmap.
+			var g replication.Generation
+			if len(e.Data) != len(g) {
+				return fail(e, fmt.Errorf("sync-start entry with %d-byte generation", len(e.Data)))
+			}
+			copy(g[:], e.Data)
 			v.mu.Lock()
-			v.gen = replication.Generation{}
+			v.gen, v.syncGen = replication.Generation{}, g
 			v.diskState = replication.Inconsistent
 			err = v.persistLocked(false)
 			v.mu.Unlock()
@@ -340,7 +389,15 @@ func (v *Volume) apply(in *incoming, entries []replication.Entry, readReply func
 			// The resynced data is durable BEFORE the generation says so.
 			if err = v.disk.Sync(); err == nil {
 				v.mu.Lock()
-				v.gen = g
+				v.gen, v.syncGen = g, replication.Generation{}
+				// This node holds the primary's data: changes it tracked
+				// toward the primary (an earlier term of its own) are in.
+				if _, ok := v.bitmapGens[in.from]; ok {
+					delete(v.bitmapGens, in.from)
+					if bm, ok := v.md.Bitmap(v.node.cfg.NodeID(in.from)); ok {
+						bm.ClearBits(0, v.size)
+					}
+				}
 				if v.discard != nil {
 					v.discard, v.reason = nil, ""
 				}

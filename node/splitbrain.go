@@ -15,19 +15,32 @@ import (
 // errSplitBrain: the peer is primary too.
 var errSplitBrain = errors.New("split brain")
 
-// splitBrainError carries what the other primary said of itself.
+// splitBrainError carries what the other side said of itself.
 type splitBrainError struct {
 	reason string
-	peer   replication.SplitBrainSide
+	// rule is the generation rule that found it ("" when only the roles
+	// did: both nodes primary in one epoch).
+	rule string
+	// peerPrimary: the other side is primary too (an after-sb policy can
+	// make either side the victim only then).
+	peerPrimary bool
+	peer        replication.SplitBrainSide
 }
 
 func (e *splitBrainError) Error() string { return "split brain: " + e.reason }
 func (e *splitBrainError) Unwrap() error { return errSplitBrain }
 
-// refusedError: the generations say the peer's data is unrelated.
-type refusedError struct{ rule string }
+// refusedError: the generations forbid syncing either way (unrelated data,
+// or newer data on a peer that cannot be copied); reason, when set, says
+// why in full.
+type refusedError struct{ rule, reason string }
 
-func (e *refusedError) Error() string { return "refused to sync: " + e.rule }
+func (e *refusedError) Error() string {
+	if e.reason != "" {
+		return "refused to sync: " + e.reason
+	}
+	return "refused to sync: " + e.rule
+}
 
 // splitBrainVictim applies the volume's after-split-brain policy.
 func (v *Volume) splitBrainVictim(p *peer, them replication.SplitBrainSide) (replication.SplitBrainVictim, replication.AfterSplitBrain) {
@@ -56,6 +69,52 @@ func (v *Volume) autoDiscard(other string, policy replication.AfterSplitBrain) {
 	}
 }
 
+// adoptDisk makes this node's disk, which holds no consistent generation
+// (its metadata was created afresh), the volume's data: DRBD's initial
+// "primary --force". It starts a new generation; every peer then gets a
+// full resync from this node.
+func (v *Volume) adoptDisk() error {
+	v.stopPeers()
+	v.detachIncoming()
+	v.genMu.Lock()
+	defer v.genMu.Unlock()
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.gen, v.syncGen = replication.NewGeneration(), replication.Generation{}
+	v.localMissing.ClearRange(0, v.size)
+	if err := v.takeOverLocked(); err != nil {
+		return err
+	}
+	v.log.Warn("disk adopted as the volume's data", "epoch", v.epoch, "generation", v.gen)
+	v.node.event(v.name, "forced-primary", fmt.Sprintf("%s made its disk the data of %s (new generation %s, epoch %d): the other nodes get a full resync", v.self, v.name, v.gen, v.epoch))
+	return nil
+}
+
+// takeOverLocked makes this node primary, at a new epoch unless it is
+// primary already, with every peer counted in sync until a write misses
+// it, and starts serving. The primary indicator and the epoch are durable
+// BEFORE the first write. Callers hold v.genMu and v.mu.
+func (v *Volume) takeOverLocked() error {
+	if err := v.md.SetPrimary(true); err != nil {
+		return err
+	}
+	clear(v.bitmapGens)
+	if v.role != replication.Primary {
+		v.epoch++
+		v.primary, v.role = v.self, replication.Primary
+		v.primarySince = time.Now().UnixNano()
+	}
+	v.discard = nil
+	if err := v.persistLocked(false); err != nil {
+		return err
+	}
+	v.diskState = replication.UpToDate
+	v.reason = ""
+	v.resetPeersLocked()
+	v.ioOpen = true
+	return nil
+}
+
 // discardInfo is what a node that discards its data hands its next
 // primary: its changes since the split, to be overwritten.
 type discardInfo struct {
@@ -64,21 +123,28 @@ type discardInfo struct {
 }
 
 // forcePromote makes this node primary without a handover (the old
-// primary is gone). It starts a new generation: the blocks it writes from
-// now on are tracked for every peer, against the generation it held, so an
-// old primary that comes back without writes of its own catches up by
-// bitmap, and one that wrote is a split brain, detected and not synced.
+// primary is gone), at a new epoch. Its first write that a peer does not
+// see starts a new generation, and the blocks it writes from then on are
+// tracked against the one it held. So an old primary that comes back
+// without writes of its own catches up by bitmap; one that wrote while
+// this node has not is followed: it steps down and this node copies its
+// writes (no acknowledged write is lost); if both wrote, that is a split
+// brain, detected and not synced.
 func (v *Volume) forcePromote() error {
 	v.mu.Lock()
-	if v.role == replication.Primary {
+	if !v.syncGen.IsZero() {
+		defer v.mu.Unlock()
+		return fmt.Errorf("%s on %s is in the middle of a resync (disk %s): its data is part old, part new; it cannot be promoted, even by force", v.name, v.self, v.diskState)
+	}
+	empty := v.gen.IsZero()
+	if v.role == replication.Primary && !empty {
 		v.mu.Unlock()
 		return nil
 	}
-	if v.gen.IsZero() {
-		v.mu.Unlock()
-		return fmt.Errorf("%s on %s holds no consistent data (disk %s): it cannot be promoted, even by force", v.name, v.self, v.diskState)
-	}
 	v.mu.Unlock()
+	if empty {
+		return v.adoptDisk()
+	}
 	v.detachIncoming()
 	v.genMu.Lock()
 	defer v.genMu.Unlock()
@@ -89,30 +155,15 @@ func (v *Volume) forcePromote() error {
 			bm.ClearBits(0, v.size)
 		}
 	}
-	if err := v.md.SetPrimary(true); err != nil {
+	// The generation moves on at the first write no peer sees (as after
+	// any promotion): until then this node holds exactly the data it had,
+	// and an old primary that comes back with writes of its own is
+	// followed, not split from.
+	if err := v.takeOverLocked(); err != nil {
 		return err
 	}
-	old := v.gen
-	clear(v.bitmapGens)
-	for name := range v.cfg.Disks {
-		if name != v.self {
-			v.bitmapGens[name] = old
-		}
-	}
-	v.gen = replication.NewGeneration()
-	v.epoch++
-	v.primary, v.role = v.self, replication.Primary
-	v.primarySince = time.Now().UnixNano()
-	v.discard = nil
-	if err := v.persistLocked(false); err != nil {
-		return err
-	}
-	v.diskState = replication.UpToDate
-	v.reason = ""
-	v.resetPeersLocked()
-	v.ioOpen = true
-	v.log.Warn("forced to primary", "epoch", v.epoch, "generation", v.gen, "from", old)
-	v.node.event(v.name, "forced-primary", fmt.Sprintf("%s forced to primary at epoch %d (new generation %s after %s)", v.self, v.epoch, v.gen, old))
+	v.log.Warn("forced to primary", "epoch", v.epoch, "generation", v.gen)
+	v.node.event(v.name, "forced-primary", fmt.Sprintf("%s forced to primary at epoch %d with generation %s", v.self, v.epoch, v.gen))
 	return nil
 }
 
@@ -127,16 +178,7 @@ func (v *Volume) discardMyData(ctx context.Context, yes bool) (int64, error) {
 	var from replication.Generation
 	for _, p := range v.peers {
 		if g, ok := v.bitmapGens[p.name]; ok && p.bm.Bytes() >= bytes {
-			bytes, from = p.bm.Bytes(), g
-			runs = runs[:0]
-			for cur := int64(0); ; {
-				start, n, ok := p.bm.NextRun(cur, 1<<20)
-				if !ok {
-					break
-				}
-				runs = append(runs, [2]int64{start, n})
-				cur = start + n
-			}
+			bytes, from, runs = p.bm.Bytes(), g, bitmapRuns(p.bm)
 		}
 	}
 	role := v.role

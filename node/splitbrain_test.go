@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
 
@@ -98,8 +99,9 @@ func TestSplitBrainIsDetectedAndDiscardMyDataRollsBackOnlyTheVictim(t *testing.T
 
 // TestForcedPrimaryThenOldPrimaryReturnsWithoutWrites: alpha goes down,
 // beta is forced to primary and writes; alpha comes back (as primary, its
-// last role) having written nothing. The two refuse to sync until the
-// operator discards alpha's (empty) changes; then only beta's writes move.
+// last role) having written nothing. No data diverged (UUID rule
+// bitmap-peer on alpha's side): alpha steps down by itself, at beta's newer
+// epoch, and only beta's writes move.
 func TestForcedPrimaryThenOldPrimaryReturnsWithoutWrites(t *testing.T) {
 	c := newTestCluster(t, 16<<20)
 	c.start("alpha")
@@ -116,14 +118,62 @@ func TestForcedPrimaryThenOldPrimaryReturnsWithoutWrites(t *testing.T) {
 	}
 	blocks := writeRandomBlocks(t, c.vol("beta"), 40, 21)
 	c.start("alpha")
-	eventually(t, func() bool { return strings.HasPrefix(c.vol("beta").status().Reason, "split-brain") }, "split brain seen by beta")
-	r, err := betaAPI.Connect(ctx, &transport.ConnectRequest{Volume: "vol0", Node: "alpha", DiscardMyData: true, Yes: true})
-	if err != nil || r.DiscardBytes != 0 {
-		t.Fatalf("discard on alpha: %+v %v", r, err)
-	}
 	c.waitInSync()
-	if moved := replica(c.status(), "alpha").ResyncedBytes; moved != int64(blocks)*4096 {
+	st := c.status()
+	if st.Volumes[0].Primary != "beta" || replica(st, "alpha").Role != "Secondary" {
+		t.Fatalf("primary %s, alpha %s: want beta primary and alpha following it", st.Volumes[0].Primary, replica(st, "alpha").Role)
+	}
+	if moved := replica(st, "alpha").ResyncedBytes; moved != int64(blocks)*4096 {
 		t.Fatalf("moved %d, want beta's %d blocks", moved, blocks)
+	}
+	if p := c.vol("beta").peers["alpha"].status(); p.SyncRule != replication.RuleBitmapSelf {
+		t.Fatalf("beta decided by rule %q (%s), want %s", p.SyncRule, p.SyncDecision, replication.RuleBitmapSelf)
+	}
+	c.requireIdentical()
+}
+
+// TestForcedPrimaryWithoutWritesCopiesTheOldPrimarysWrites: alpha writes
+// while beta is away, then goes down; beta is forced to primary and has
+// written nothing when alpha comes back. The acknowledged writes exist only
+// on alpha: beta must not overwrite them. Rule bitmap-peer makes beta, the
+// primary, the SyncTarget: alpha steps down, beta copies exactly alpha's
+// changes and serves them meanwhile from alpha.
+func TestForcedPrimaryWithoutWritesCopiesTheOldPrimarysWrites(t *testing.T) {
+	c := newTestCluster(t, 16<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	ctx := context.Background()
+	c.vol("beta").setAdminDown(true)
+	blocks := writeRandomBlocks(t, c.vol("alpha"), 25, 23)
+	want := c.disk("alpha")
+	c.stop("alpha")
+	before := replica(c.status(), "beta").ResyncedBytes
+	c.vol("beta").setAdminDown(false)
+	if _, err := (&control{n: c.nodes["beta"]}).Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true, Yes: true}); err != nil {
+		t.Fatal(err)
+	}
+	c.start("alpha")
+	c.waitInSync()
+	st := c.status()
+	if st.Volumes[0].Primary != "beta" || replica(st, "alpha").Role != "Secondary" {
+		t.Fatalf("primary %s, alpha %s: want beta primary and alpha following it", st.Volumes[0].Primary, replica(st, "alpha").Role)
+	}
+	if p := c.vol("beta").peers["alpha"].status(); p.SyncRule != replication.RuleBitmapPeer || p.SyncDecision != "target-use-bitmap" {
+		t.Fatalf("beta decided %q by rule %q, want target-use-bitmap by %s", p.SyncDecision, p.SyncRule, replication.RuleBitmapPeer)
+	}
+	if moved := replica(st, "beta").ResyncedBytes - before; moved != int64(blocks)*4096 {
+		t.Fatalf("beta copied %d bytes, want alpha's %d blocks", moved, blocks)
+	}
+	// Every byte alpha acknowledged is on beta, read through beta's NBD
+	// export path.
+	size := int(c.cfg.Volumes[0].Size)
+	got := make([]byte, size)
+	if err := c.vol("beta").ReadAt(ctx, got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want[:size]) {
+		t.Fatal("beta does not hold alpha's writes")
 	}
 	c.requireIdentical()
 }

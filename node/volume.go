@@ -46,6 +46,18 @@ type Volume struct {
 	epoch   uint64
 	primary string // who holds epoch, as far as this node knows
 	gen     replication.Generation
+	// syncGen is, while gen is zero because a resync into this disk is
+	// under way, the generation the SyncSource's bitmap for this node
+	// starts from: reported as this node's current generation, it lets an
+	// interrupted resync resume from that bitmap instead of starting over.
+	syncGen replication.Generation
+	// crashedPrimary: the primary indicator was set when the metadata was
+	// attached (the node went down as primary); cleared once a peer is in
+	// sync again.
+	crashedPrimary bool
+	// retiredGen is a bitmap generation retired since the last persist:
+	// it goes into the superblock's history (DRBD keeps it there too).
+	retiredGen replication.Generation
 	// bitmapGens: per peer, the generation its bitmap starts from (absent
 	// while the peer is in sync).
 	bitmapGens map[string]replication.Generation
@@ -117,6 +129,7 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD) (*Volume, 
 	case st.Size != v.size:
 		return nil, fmt.Errorf("volume %s: the config says size %d but this node's state says %d; resizing is not supported: restore the old size", v.name, v.size, st.Size)
 	}
+	v.crashedPrimary = md.CrashedPrimary()
 	if md.CrashedPrimary() {
 		// The node went down as primary: every extent in the activity log
 		// may hold writes its peers never saw. Mark exactly those.
@@ -143,6 +156,9 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD) (*Volume, 
 		return nil, err
 	}
 	v.epoch, v.primary, v.gen, v.localStale = st.Epoch, st.Primary, st.Generation, st.LocalStale
+	if v.gen.IsZero() {
+		v.syncGen = st.SyncGeneration
+	}
 	v.primarySince = st.PrimarySince
 	for peer, g := range st.PeerBitmaps {
 		v.bitmapGens[peer] = g
@@ -176,15 +192,21 @@ func (v *Volume) persistLocked(clean bool) error {
 	}
 	err := v.node.store.PutVolume(v.name, metadata.VolumeState{
 		Epoch: v.epoch, Primary: v.primary, Generation: v.gen, Clean: clean, Size: v.size, LocalStale: v.localStale,
-		PeerBitmaps: gens, PrimarySince: v.primarySince,
+		PeerBitmaps: gens, PrimarySince: v.primarySince, SyncGeneration: v.syncGen,
 	})
 	if err != nil {
 		return err
 	}
+	retired := v.retiredGen
+	v.retiredGen = replication.Generation{}
 	return v.md.UpdateSuperblock(func(sb *metadata.Superblock) {
 		if sb.Current != v.gen && !sb.Current.IsZero() {
 			copy(sb.History[1:], sb.History[:])
 			sb.History[0] = sb.Current
+		}
+		if !retired.IsZero() && sb.History[0] != retired {
+			copy(sb.History[1:], sb.History[:])
+			sb.History[0] = retired
 		}
 		sb.Current = v.gen
 		for i := range sb.Peers {
@@ -210,7 +232,12 @@ func (v *Volume) start() {
 			return
 		}
 		v.startPeersLocked()
-		v.ioOpen = true
+		// A primary that went down while copying newer data from its peer
+		// serves again once the peer says which blocks it misses.
+		v.ioOpen = !v.gen.IsZero()
+		if !v.ioOpen {
+			v.reason = "waiting for a peer with the data this node was copying"
+		}
 	}
 }
 
@@ -377,6 +404,9 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	if skipped {
 		v.localMissing.SetRange(e.Off, e.Length)
 	}
+	// While this primary copies newer data from its peer, only the peer's
+	// copy is whole: a write the peer did not take fails.
+	pulling := v.gen.IsZero()
 	v.mu.Unlock()
 	var lerr error
 	if !skipped {
@@ -393,7 +423,7 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 		acked = acked || w.acked
 	}
 	switch {
-	case skipped && !acked:
+	case (skipped || pulling) && !acked:
 		return fmt.Errorf("write at %d: %w (%w)", e.Off, errNoCopy, syscall.EIO)
 	case !skipped && lerr != nil:
 		return fmt.Errorf("local write: %w", syscall.EIO)
@@ -459,7 +489,10 @@ func (v *Volume) ensureRotated(p *peer) {
 	v.genMu.Lock()
 	defer v.genMu.Unlock()
 	v.mu.Lock()
-	if _, ok := v.bitmapGens[p.name]; ok {
+	if _, ok := v.bitmapGens[p.name]; ok || v.gen.IsZero() {
+		// Already tracked, or this node is copying newer data from the
+		// peer: it has no generation of its own to move on from (and its
+		// writes complete only on both).
 		v.mu.Unlock()
 		return
 	}
@@ -486,6 +519,20 @@ func (v *Volume) ensureRotated(p *peer) {
 		if q != p {
 			q.announceGeneration(gen)
 		}
+	}
+}
+
+// uuidsLocked returns this node's generation set toward peer, as the
+// connection handshake sends it. Callers hold v.mu.
+func (v *Volume) uuidsLocked(peer string) replication.UUIDSet {
+	cur := v.gen
+	if cur.IsZero() {
+		cur = v.syncGen
+	}
+	sb := v.md.Superblock()
+	return replication.UUIDSet{
+		Current: cur, Bitmap: v.bitmapGens[peer], History: append([]replication.Generation(nil), sb.History[:]...),
+		CrashedPrimary: v.crashedPrimary, NodeID: v.node.cfg.NodeID(v.self),
 	}
 }
 

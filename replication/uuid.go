@@ -12,20 +12,20 @@ import "fmt"
 // comparing; a Generation carries no role, so generations compare whole.
 type UUIDSet struct {
 	// Current names the data on the node's disk now.
-	Current Generation
+	Current Generation `json:"current"`
 	// Bitmap names the generation the node's bitmap for this peer tracks
 	// changes from: the peer's data is Bitmap plus the marked blocks. Zero
 	// while connected and in sync.
-	Bitmap Generation
+	Bitmap Generation `json:"bitmap"`
 	// History holds older generations, newest first (at least two; zero
 	// entries are unused).
-	History []Generation
+	History []Generation `json:"history"`
 	// CrashedPrimary is the primary indicator found set at attach: the node
 	// was primary when it went down, so it may be "one write ahead".
-	CrashedPrimary bool
+	CrashedPrimary bool `json:"crashed_primary,omitempty"`
 	// NodeID breaks the tie when both nodes crashed as primary: the lower
 	// id becomes the SyncSource.
-	NodeID uint32
+	NodeID uint32 `json:"node_id"`
 }
 
 // history returns History[i], or zero when there is no such entry.
@@ -35,6 +35,10 @@ func (s UUIDSet) history(i int) Generation {
 	}
 	return Generation{}
 }
+
+// sameGeneration reports whether a and b name the same, real generation:
+// two unused (zero) history entries prove nothing in common.
+func sameGeneration(a, b Generation) bool { return !a.IsZero() && a == b }
 
 // inHistory reports whether g (non-zero) is one of s's history generations.
 func (s UUIDSet) inHistory(g Generation) bool {
@@ -252,7 +256,7 @@ func CompareUUIDs(local, peer UUIDSet, roles ...Role) UUIDDecision {
 	if !peer.Bitmap.IsZero() && peer.Bitmap == self {
 		return decide(BitmapResyncTarget, RuleBitmapPeer, 50)
 	}
-	if peer.history(0) == self && local.history(0) == peer.history(1) {
+	if peer.history(0) == self && sameGeneration(local.history(0), peer.history(1)) {
 		// The peer began a resync as SyncSource toward me (its bitmap UUID
 		// moved into its history) but the new sync UUID never reached my
 		// disk. The peer undoes that on its side (sync-source-missed-start).
@@ -264,7 +268,7 @@ func CompareUUIDs(local, peer UUIDSet, roles ...Role) UUIDDecision {
 	if !local.Bitmap.IsZero() && local.Bitmap == other {
 		return decide(BitmapResyncSource, RuleBitmapSelf, 70)
 	}
-	if local.history(0) == other && local.history(1) == peer.history(0) {
+	if local.history(0) == other && sameGeneration(local.history(1), peer.history(0)) {
 		d := decide(BitmapResyncSource, RuleSyncSourceMissedStart, 71)
 		repaired := local.withResyncStartUndone()
 		d.Repair = &repaired
@@ -290,7 +294,7 @@ func compareEqualCurrent(local, peer UUIDSet, localRole, peerRole Role) UUIDDeci
 	localBM, peerBM := !local.Bitmap.IsZero(), !peer.Bitmap.IsZero()
 	switch {
 	case localBM && !peerBM:
-		if local.Bitmap == peer.history(0) && local.history(0) == peer.history(1) {
+		if local.Bitmap == peer.history(0) && sameGeneration(local.history(0), peer.history(1)) {
 			// I was SyncSource and missed the resync-finished event the
 			// target recorded: retire my bitmap UUID as it did.
 			d := decide(BitmapResyncSource, RuleSyncSourceMissedFinish, 34)
@@ -301,7 +305,7 @@ func compareEqualCurrent(local, peer UUIDSet, localRole, peerRole Role) UUIDDeci
 		// I was SyncSource and the target failed to record the end.
 		return decide(BitmapResyncSource, RuleSyncSourcePeerMissedFinish, 36)
 	case !localBM && peerBM:
-		if peer.Bitmap == local.history(0) && peer.history(0) == local.history(1) {
+		if peer.Bitmap == local.history(0) && sameGeneration(peer.history(0), local.history(1)) {
 			// The peer will correct itself (its sync-source-missed-finish).
 			return decide(BitmapResyncTarget, RuleSyncTargetPeerMissedFinish, 35)
 		}

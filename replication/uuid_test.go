@@ -70,6 +70,8 @@ func TestCompareUUIDs(t *testing.T) {
 			set(genA, empty, genC), set(genB, genA, genC), nil, BitmapResyncTarget, RuleBitmapPeer, nil},
 		{"the peer began a resync toward me and its sync UUID never reached me",
 			set(genA, empty, genC), set(genB, genD, genA, genC), nil, BitmapResyncTarget, RuleSyncTargetMissedStart, nil},
+		{"unused history entries prove no missed start: a primary restored from an old snapshot copies everything",
+			set(genA, empty), set(genB, empty, genA), nil, FullResyncTarget, RuleHistoryPeer, nil},
 		{"my current is in the peer's history: common ancestor, the peer's bitmap is useless",
 			set(genA, empty, genC), set(genB, empty, genD, genA), nil, FullResyncTarget, RuleHistoryPeer, nil},
 		{"my bitmap UUID equals the peer's current: the peer was away while I wrote",

@@ -228,6 +228,8 @@ type Hello struct {
 	Epoch      uint64     `json:"epoch"`
 	Size       int64      `json:"size"`
 	Generation Generation `json:"generation"`
+	// UUIDs is the primary's generation set toward the peer it dials.
+	UUIDs UUIDSet `json:"uuids"`
 }
 
 // HelloReply is the secondary's answer. When Accepted is false, Reason says
@@ -252,6 +254,20 @@ type HelloReply struct {
 	Generation  Generation `json:"generation"`
 	Disk        DiskState  `json:"disk"`
 	Epoch       uint64     `json:"epoch"`
+	// UUIDs is the secondary's generation set toward the primary.
+	UUIDs UUIDSet `json:"uuids"`
+	// Changed lists, as [first, count] runs of 4 KiB blocks, what the
+	// secondary's own bitmap toward the primary marks: the blocks it holds
+	// newer than the primary when the generations make the primary the
+	// sync target.
+	Changed [][2]int64 `json:"changed,omitempty"`
+	// Rule names the generation rule behind a refusal.
+	Rule string `json:"rule,omitempty"`
+	// Primary: the refusing secondary is itself primary.
+	Primary bool `json:"primary,omitempty"`
+	// Final: the refusal holds until an operator acts; the primary stops
+	// retrying (StandAlone).
+	Final bool `json:"final,omitempty"`
 }
 
 // ReadReplyHeaderLen is the size of a read reply before its data.

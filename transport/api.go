@@ -166,6 +166,7 @@ type PeerStatus struct {
 	FramesSent         uint64 `json:"frames_sent"`
 	EntriesSent        uint64 `json:"entries_sent"`
 	SyncRule           string `json:"sync_rule,omitempty"`
+	SyncDecision       string `json:"sync_decision,omitempty"`
 	Reason             string `json:"reason,omitempty"`
 }
 
