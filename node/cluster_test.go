@@ -362,6 +362,7 @@ func TestCatchUpAfterDisconnectMovesOnlyTheWrittenBlocks(t *testing.T) {
 	c.vol("alpha").setAdminDown(false)
 	c.waitInSync()
 	moved := replica(c.status(), "beta").ResyncedBytes - before
+	c.requireDecision("alpha", "beta", replication.RuleBitmapSelf, "source-use-bitmap")
 	if moved != int64(blocks)*4096 {
 		t.Fatalf("catch-up moved %d bytes, want exactly the %d written blocks (%d bytes)", moved, blocks, blocks*4096)
 	}

@@ -61,6 +61,7 @@ func TestPrimaryCrashResyncsOnlyTheActivityLog(t *testing.T) {
 	c.start("alpha")
 	c.waitInSync()
 	moved := replica(c.status(), "beta").ResyncedBytes - before
+	c.requireDecision("alpha", "beta", replication.RuleCrashedPrimary, "source-use-bitmap")
 	if moved <= 0 || moved > 3*(4<<20) {
 		t.Fatalf("after a primary crash resync moved %d bytes, want the 3 activity-log extents (at most %d)", moved, 3*(4<<20))
 	}

@@ -31,13 +31,19 @@ func (v *Volume) detach(cause error) bool {
 		v.mu.Unlock()
 		return false
 	}
+	peers := v.peerList
+	v.mu.Unlock()
 	var inSync bool
-	for _, p := range v.peers {
+	for _, p := range peers { // p.mu is never taken under v.mu
 		inSync = inSync || p.inSync()
 	}
 	if !inSync {
-		v.mu.Unlock()
 		return false
+	}
+	v.mu.Lock()
+	if v.detached {
+		v.mu.Unlock()
+		return true
 	}
 	v.detached, v.localStale = true, true
 	v.diskState = replication.Diskless

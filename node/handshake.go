@@ -179,9 +179,10 @@ func (p *peer) pull(ctx context.Context, peerGen replication.Generation) error {
 			v.genMu.Unlock()
 			return err
 		}
+		done := p.syncDone(peerGen)
 		p.mu.Lock()
 		if p.streaming {
-			p.enqueueLocked(p.syncDoneLocked(peerGen))
+			p.enqueueLocked(done)
 		}
 		p.mu.Unlock()
 		v.genMu.Unlock()

@@ -212,6 +212,20 @@ func TestUnrelatedDataIsNeverOverwritten(t *testing.T) {
 	betaImg := c.cfg.Volumes[0].Disks["beta"].Paths[0].Path
 	f, _ := os.OpenFile(betaImg, os.O_RDWR, 0)
 	f.WriteAt([]byte("data alpha never saw"), 4096)
+	// No ancestor in common either: beta's history is of another lineage.
+	fi, _ := f.Stat()
+	md, err := metadata.OpenMD(f, metadata.MDOptions{Placement: metadata.Internal, DeviceSize: fi.Size(), Volume: c.cfg.Volumes[0].VolumeUUID(), NodeID: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := md.UpdateSuperblock(func(sb *metadata.Superblock) {
+		for i := range sb.History {
+			sb.History[i] = replication.NewGeneration()
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	md.Close()
 	f.Close()
 	data := func() [32]byte { // the data area only: metadata follows it
 		b, err := os.ReadFile(betaImg)
@@ -224,7 +238,7 @@ func TestUnrelatedDataIsNeverOverwritten(t *testing.T) {
 	c.start("beta")
 	eventually(t, func() bool {
 		p := c.vol("alpha").peers["beta"].status()
-		return p.Replication == "StandAlone" && strings.HasPrefix(p.Reason, "unrelated data")
+		return p.Replication == "StandAlone" && strings.HasPrefix(p.Reason, "unrelated data") && strings.Contains(p.Reason, replication.RuleUnrelated)
 	}, "alpha refuses beta's unrelated data")
 	c.stop("beta")
 	if data() != sum {

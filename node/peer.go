@@ -305,6 +305,10 @@ func (p *peer) session(ctx context.Context) error {
 		return err
 	}
 	cur := v.currentGeneration()
+	var done *pending
+	if !plan.sync && !plan.pull {
+		done = p.syncDone(cur)
+	}
 	errc := make(chan error, 3)
 	p.mu.Lock()
 	p.streaming, p.rule, p.decision, p.reason = true, plan.rule, plan.outcome, ""
@@ -326,7 +330,7 @@ func (p *peer) session(ctx context.Context) error {
 		p.enqueueLocked(&pending{e: replication.Entry{Op: replication.OpSyncStart, Data: plan.syncGen[:]}, done: make(chan struct{})})
 	default:
 		p.state = replication.Connected
-		p.enqueueLocked(p.syncDoneLocked(cur))
+		p.enqueueLocked(done)
 	}
 	p.mu.Unlock()
 	v.genMu.Unlock()
@@ -374,10 +378,23 @@ func (p *peer) session(ctx context.Context) error {
 	return err
 }
 
-// syncDoneLocked builds the entry that makes the peer UpToDate at gen.
-func (p *peer) syncDoneLocked(gen replication.Generation) *pending {
+// syncDone builds the entry that makes the peer UpToDate at gen. Callers
+// do not hold p.mu or v.mu.
+func (p *peer) syncDone(gen replication.Generation) *pending {
+	// The peer adopts this node's lineage: its history, with the bitmap
+	// generation retired into it as it is here once the peer acks.
+	p.v.mu.Lock()
+	u := p.v.uuidsLocked(p.name)
+	p.v.mu.Unlock()
+	if !u.Bitmap.IsZero() {
+		u = u.WithResyncFinishedAsSource()
+	}
+	data := append([]byte(nil), gen[:]...)
+	for _, h := range u.History {
+		data = append(data, h[:]...)
+	}
 	return &pending{
-		e:    replication.Entry{Op: replication.OpSyncDone, Data: gen[:]},
+		e:    replication.Entry{Op: replication.OpSyncDone, Data: data},
 		done: make(chan struct{}),
 		onAck: func() {
 			v := p.v
@@ -415,10 +432,11 @@ func (p *peer) syncDoneLocked(gen replication.Generation) *pending {
 // announceGeneration tells an in-sync peer the primary's new generation.
 // Called with v.genMu held.
 func (p *peer) announceGeneration(gen replication.Generation) {
+	done := p.syncDone(gen)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.streaming && p.state == replication.Connected {
-		p.enqueueLocked(p.syncDoneLocked(gen))
+		p.enqueueLocked(done)
 		p.kick()
 	}
 }
@@ -815,13 +833,13 @@ func (p *peer) resync(ctx context.Context) error {
 	}
 	// Everything marked is on the peer: hand it the current generation.
 	v.genMu.Lock()
+	pd := p.syncDone(v.currentGeneration())
 	p.mu.Lock()
 	if !p.streaming {
 		p.mu.Unlock()
 		v.genMu.Unlock()
 		return errors.New("stream ended during resync")
 	}
-	pd := p.syncDoneLocked(v.currentGeneration())
 	p.enqueueLocked(pd)
 	p.mu.Unlock()
 	v.genMu.Unlock()

@@ -103,6 +103,11 @@ func (v *Volume) refuseLocked(h replication.Hello) replication.HelloReply {
 		r.Primary, r.Final, r.Rule = true, true, "newer-epoch"
 		return r
 	}
+	if d.Outcome == replication.UnrelatedData {
+		r := refuse("unrelated data (%s): %s and %s share no generation; if %s's data should go, run replctl create-md %s --force --yes on it (a full resync follows)", d.Rule, v.self, h.From, v.self, v.name)
+		r.Final, r.Rule = true, d.Rule
+		return r
+	}
 	if d.Outcome.IsSplitBrain() || v.role == replication.Primary {
 		r := refuse("split-brain (%s): %s and %s both changed %s since their last common generation; resolve with replctl connect %s --discard-my-data --node VICTIM", d.Rule, v.self, h.From, v.name, v.name)
 		if v.role == replication.Primary && !d.Outcome.IsSplitBrain() {
@@ -116,10 +121,6 @@ func (v *Volume) refuseLocked(h replication.Hello) replication.HelloReply {
 		return r
 	}
 	switch {
-	case d.Outcome == replication.UnrelatedData:
-		r := refuse("unrelated data (%s): %s and %s share no generation; if %s's data should go, run replctl create-md %s --force --yes on it (a full resync follows)", d.Rule, v.self, h.From, v.self, v.name)
-		r.Final, r.Rule = true, d.Rule
-		return r
 	case h.Epoch < v.epoch:
 		return refuse("stale epoch: %s sent epoch %d but %s has seen epoch %d (primary %s)", h.From, h.Epoch, v.self, v.epoch, v.primary)
 	case h.Epoch == v.epoch && v.primary != "" && h.From != v.primary:
@@ -382,14 +383,21 @@ func (v *Volume) apply(in *incoming, entries []replication.Entry, readReply func
 			in.setState(replication.SyncTarget)
 		case replication.OpSyncDone:
 			var g replication.Generation
-			if len(e.Data) != len(g) {
-				return fail(e, fmt.Errorf("sync-done entry with %d-byte generation", len(e.Data)))
+			if len(e.Data) < len(g) || len(e.Data)%len(g) != 0 {
+				return fail(e, fmt.Errorf("sync-done entry of %d bytes: want a generation and its history", len(e.Data)))
 			}
 			copy(g[:], e.Data)
+			var history []replication.Generation
+			for rest := e.Data[len(g):]; len(rest) > 0; rest = rest[len(g):] {
+				var h replication.Generation
+				copy(h[:], rest)
+				history = append(history, h)
+			}
 			// The resynced data is durable BEFORE the generation says so.
 			if err = v.disk.Sync(); err == nil {
 				v.mu.Lock()
 				v.gen, v.syncGen = g, replication.Generation{}
+				v.adoptHistory = history
 				// This node holds the primary's data: changes it tracked
 				// toward the primary (an earlier term of its own) are in.
 				if _, ok := v.bitmapGens[in.from]; ok {

@@ -58,7 +58,7 @@ func TestSplitBrainIsDetectedAndDiscardMyDataRollsBackOnlyTheVictim(t *testing.T
 	for _, n := range []string{"alpha", "beta"} {
 		eventually(t, func() bool {
 			lv := c.vol(n).status()
-			return lv.Replication == "StandAlone" && strings.HasPrefix(lv.Reason, "split-brain")
+			return lv.Replication == "StandAlone" && strings.HasPrefix(lv.Reason, "split-brain") && strings.Contains(lv.Reason, replication.RuleBitmapBoth)
 		}, n+" StandAlone with reason split-brain")
 	}
 	alphaBlock := make([]byte, 4096)

@@ -58,6 +58,9 @@ type Volume struct {
 	// retiredGen is a bitmap generation retired since the last persist:
 	// it goes into the superblock's history (DRBD keeps it there too).
 	retiredGen replication.Generation
+	// adoptHistory, when set, replaces the superblock's history at the
+	// next persist: a SyncTarget takes its source's lineage (DRBD does).
+	adoptHistory []replication.Generation
 	// bitmapGens: per peer, the generation its bitmap starts from (absent
 	// while the peer is in sync).
 	bitmapGens map[string]replication.Generation
@@ -197,10 +200,17 @@ func (v *Volume) persistLocked(clean bool) error {
 	if err != nil {
 		return err
 	}
-	retired := v.retiredGen
-	v.retiredGen = replication.Generation{}
+	retired, adopt := v.retiredGen, v.adoptHistory
+	v.retiredGen, v.adoptHistory = replication.Generation{}, nil
 	return v.md.UpdateSuperblock(func(sb *metadata.Superblock) {
-		if sb.Current != v.gen && !sb.Current.IsZero() {
+		switch {
+		case adopt != nil:
+			sb.History = [metadata.HistorySlots]replication.Generation{}
+			copy(sb.History[:], adopt)
+		case sb.Current != v.gen && !sb.Current.IsZero() && !v.gen.IsZero():
+			// A new generation descends from the old one. A disk becoming
+			// Inconsistent records nothing: what it will hold descends
+			// from its source, whose history it adopts at the end.
 			copy(sb.History[1:], sb.History[:])
 			sb.History[0] = sb.Current
 		}

@@ -1,0 +1,319 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/replvol/replvol/replication"
+	"github.com/replvol/replvol/transport"
+)
+
+// The rows of DRBD's generation table (replication.CompareUUIDs), each
+// built with real nodes. Rows not here are covered elsewhere with real
+// nodes: reconnected (TestCleanRestartOfBothNodesResyncsNothing),
+// crashed-primary (TestPrimaryCrashResyncsOnlyTheActivityLog), bitmap-self
+// (TestCatchUpAfterDisconnectMovesOnlyTheWrittenBlocks), bitmap-peer
+// (TestForcedPrimaryWithoutWritesCopiesTheOldPrimarysWrites), bitmap-both
+// (TestSplitBrainIsDetectedAndDiscardMyDataRollsBackOnlyTheVictim) and
+// unrelated (TestUnrelatedDataIsNeverOverwritten).
+//
+// Rows that replvol cannot reach, by construction, are table-tested only:
+//   - sync-target-missed-start and sync-source-missed-start exist for DRBD's
+//     rotation of the bitmap UUID into the history when a resync starts;
+//     replvol keeps the bitmap generation through a resync (the target
+//     records it, durably, before any data moves), so no start is missed.
+//   - sync-target-peer-missed-finish and sync-target-missed-finish need a
+//     SyncTarget that recorded its bitmap generation toward the source and
+//     missed the end; a replvol secondary drops that generation in the same
+//     durable write that records the end.
+
+// snapshot copies a stopped node's state directory and backing file, the
+// way a VM or SAN snapshot of the whole node would.
+func (c *testCluster) snapshot(name string) map[string][]byte {
+	c.t.Helper()
+	files := map[string][]byte{}
+	paths := []string{c.cfg.Volumes[0].Disks[name].Paths[0].Path}
+	entries, err := os.ReadDir(filepath.Join(c.dir, name))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	for _, e := range entries {
+		paths = append(paths, filepath.Join(c.dir, name, e.Name()))
+	}
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		files[p] = b
+	}
+	return files
+}
+
+// restore puts a snapshot back on a stopped node.
+func (c *testCluster) restore(files map[string][]byte) {
+	c.t.Helper()
+	for p, b := range files {
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			c.t.Fatal(err)
+		}
+	}
+}
+
+// newSyncedCluster starts alpha and beta and waits for the initial sync.
+func newSyncedCluster(t *testing.T, size int64) *testCluster {
+	t.Helper()
+	c := newTestCluster(t, size)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	return c
+}
+
+// decided returns the rule and decision of primary's last connection to
+// peer.
+func (c *testCluster) decided(primary, peer string) (rule, decision string) {
+	p := c.vol(primary).peers[peer].status()
+	return p.SyncRule, p.SyncDecision
+}
+
+func (c *testCluster) requireDecision(primary, peer, rule, decision string) {
+	c.t.Helper()
+	if r, d := c.decided(primary, peer); r != rule || d != decision {
+		c.t.Fatalf("%s decided %q by rule %q toward %s, want %q by rule %q", primary, d, r, peer, decision, rule)
+	}
+}
+
+// A new volume: the configured primary starts a generation, the other node
+// has none and gets everything.
+func TestUUIDRuleJustCreatedPeer(t *testing.T) {
+	const size = 8 << 20
+	c := newSyncedCluster(t, size)
+	c.requireDecision("alpha", "beta", replication.RuleJustCreatedPeer, "source-set-bitmap")
+	if moved := replica(c.status(), "beta").ResyncedBytes; moved != size {
+		t.Fatalf("initial sync moved %d bytes, want %d", moved, size)
+	}
+	c.requireIdentical()
+}
+
+// The primary's metadata is created afresh (a replaced disk): it stays
+// primary, copies everything from its peer, and serves reads from the peer
+// meanwhile.
+func TestUUIDRuleJustCreatedSelf(t *testing.T) {
+	const size = 8 << 20
+	c := newSyncedCluster(t, size)
+	writeRandomBlocks(t, c.vol("alpha"), 50, 71)
+	want := c.disk("beta")[:size]
+	c.stop("alpha")
+	if _, err := CreateMetadata(c.cfg, "alpha", "vol0", "", true); err != nil {
+		t.Fatal(err)
+	}
+	c.start("alpha")
+	c.waitInSync()
+	c.requireDecision("alpha", "beta", replication.RuleJustCreatedSelf, "target-set-bitmap")
+	st := c.status()
+	if st.Volumes[0].Primary != "alpha" {
+		t.Fatalf("primary is %q, want alpha to stay primary", st.Volumes[0].Primary)
+	}
+	if moved := replica(st, "alpha").ResyncedBytes; moved != size {
+		t.Fatalf("alpha copied %d bytes, want the whole volume (%d)", moved, size)
+	}
+	got := make([]byte, size)
+	if err := c.vol("alpha").ReadAt(context.Background(), got, 0); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("alpha does not read back beta's data (err %v)", err)
+	}
+	c.requireIdentical()
+}
+
+// Both disks are re-initialised: nobody has data to copy. The primary
+// refuses and says how to go on; forcing it makes its disk the volume's.
+func TestUUIDRuleJustCreatedBoth(t *testing.T) {
+	const size = 8 << 20
+	c := newSyncedCluster(t, size)
+	c.stop("alpha")
+	c.stop("beta")
+	for _, n := range []string{"alpha", "beta"} {
+		if _, err := CreateMetadata(c.cfg, n, "vol0", "", true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.start("beta")
+	c.start("alpha")
+	eventually(t, func() bool {
+		p := c.vol("alpha").peers["beta"].status()
+		return p.Replication == "StandAlone" && strings.Contains(p.Reason, replication.RuleJustCreatedBoth) && strings.Contains(p.Reason, "--force --yes")
+	}, "alpha refuses: neither node holds data")
+	if err := c.vol("alpha").WriteAt(context.Background(), pattern(1, 4096), 0, false); err == nil {
+		t.Fatal("a primary without data took a write")
+	}
+	if _, err := (&control{n: c.nodes["beta"]}).Primary(context.Background(), &transport.PrimaryRequest{Volume: "vol0", Node: "alpha", Force: true, Yes: true}); err != nil {
+		t.Fatal(err)
+	}
+	c.waitInSync()
+	c.requireDecision("alpha", "beta", replication.RuleJustCreatedPeer, "source-set-bitmap")
+	c.requireIdentical()
+}
+
+// The primary went down after the secondary recorded the end of a resync
+// but before it did: it still holds the bitmap generation. The bitmap is
+// empty; the connection finishes the resync without moving a byte.
+func TestUUIDRuleSyncSourcePeerMissedFinish(t *testing.T) {
+	c := newSyncedCluster(t, 16<<20)
+	c.vol("alpha").setAdminDown(true)
+	writeRandomBlocks(t, c.vol("alpha"), 20, 73)
+	c.stop("alpha")
+	before := c.snapshot("alpha") // holds beta's bitmap generation
+	c.start("alpha")
+	c.waitInSync()
+	c.stop("alpha")
+	state := filepath.Join(c.dir, "alpha", "state.db")
+	c.restore(map[string][]byte{state: before[state]})
+	moved := replica(c.status(), "beta").ResyncedBytes
+	c.start("alpha")
+	c.waitInSync()
+	if r, d := c.decided("alpha", "beta"); d != "source-use-bitmap" ||
+		(r != replication.RuleSyncSourcePeerMissedFinish && r != replication.RuleSyncSourceMissedFinish) {
+		t.Fatalf("decided %q by rule %q, want source-use-bitmap by a sync-source missed-finish rule", d, r)
+	}
+	if m := replica(c.status(), "beta").ResyncedBytes - moved; m != 0 {
+		t.Fatalf("moved %d bytes, want none", m)
+	}
+	c.requireIdentical()
+}
+
+// The secondary is rolled back to a snapshot two generations old: the
+// primary's bitmap starts later, so it cannot say what differs. The peer's
+// generation is in the primary's history: full resync from the primary.
+func TestUUIDRuleHistorySelf(t *testing.T) {
+	const size = 8 << 20
+	c := newSyncedCluster(t, size)
+	c.stop("beta")
+	old := c.snapshot("beta")
+	c.start("beta")
+	c.waitInSync()
+	for i := range 2 { // two disconnected periods: two new generations
+		c.vol("beta").setAdminDown(true)
+		writeRandomBlocks(t, c.vol("alpha"), 10, uint64(80+i))
+		if i == 0 {
+			c.vol("beta").setAdminDown(false)
+			c.waitInSync()
+		}
+	}
+	c.stop("beta")
+	c.restore(old)
+	c.start("beta")
+	c.waitInSync()
+	c.requireDecision("alpha", "beta", replication.RuleHistorySelf, "source-set-bitmap")
+	if moved := replica(c.status(), "beta").ResyncedBytes; moved != size {
+		t.Fatalf("moved %d bytes, want the whole volume", moved)
+	}
+	c.requireIdentical()
+}
+
+// The primary is rolled back to an old snapshot; the secondary holds newer
+// data. The primary's generation is in the secondary's history: the
+// primary copies everything from it, and nothing the secondary holds is
+// overwritten with old data.
+func TestUUIDRuleHistoryPeer(t *testing.T) {
+	const size = 8 << 20
+	c := newSyncedCluster(t, size)
+	c.stop("alpha")
+	old := c.snapshot("alpha")
+	c.start("alpha")
+	c.waitInSync()
+	c.vol("beta").setAdminDown(true)
+	writeRandomBlocks(t, c.vol("alpha"), 30, 91)
+	c.vol("beta").setAdminDown(false)
+	c.waitInSync()
+	want := c.disk("beta")[:size]
+	c.stop("alpha")
+	c.restore(old)
+	c.start("alpha")
+	c.waitInSync()
+	c.requireDecision("alpha", "beta", replication.RuleHistoryPeer, "target-set-bitmap")
+	if !bytes.Equal(c.disk("beta")[:size], want) {
+		t.Fatal("beta's newer data was overwritten")
+	}
+	c.requireIdentical()
+}
+
+// Both nodes moved on from a common ancestor their bitmaps no longer
+// start from: the secondary rolled back to an old snapshot, was forced to
+// primary and wrote, while the primary wrote across two generations. A
+// split brain whose extent no bitmap knows: both stay StandAlone.
+func TestUUIDRuleHistoryBoth(t *testing.T) {
+	c := newSyncedCluster(t, 8<<20)
+	c.stop("beta")
+	old := c.snapshot("beta")
+	c.start("beta")
+	c.waitInSync()
+	c.vol("beta").setAdminDown(true)
+	writeRandomBlocks(t, c.vol("alpha"), 10, 93)
+	c.vol("beta").setAdminDown(false)
+	c.waitInSync()
+	c.vol("beta").setAdminDown(true)
+	writeRandomBlocks(t, c.vol("alpha"), 10, 94)
+	c.vol("alpha").setAdminDown(true)
+	c.stop("beta")
+	c.restore(old)
+	c.start("beta")
+	c.vol("beta").setAdminDown(true)
+	if err := c.vol("beta").forcePromote(); err != nil {
+		t.Fatal(err)
+	}
+	writeRandomBlocks(t, c.vol("beta"), 10, 95)
+	c.vol("alpha").setAdminDown(false)
+	c.vol("beta").setAdminDown(false)
+	for _, n := range []string{"alpha", "beta"} {
+		eventually(t, func() bool {
+			return strings.Contains(c.vol(n).status().Reason, replication.RuleHistoryBoth)
+		}, n+" sees a split brain by rule history-both")
+	}
+	a, b := c.disk("alpha"), c.disk("beta")
+	if bytes.Equal(a, b) {
+		t.Fatal("the nodes synced")
+	}
+}
+
+// TestInterruptedResyncResumesWhereItStopped: a full resync is cut off
+// part way, by a restart of either node. The target recorded the bitmap's
+// generation when the resync started, so the reconnection resumes from the
+// bitmap (rule bitmap-self) instead of starting over.
+func TestInterruptedResyncResumesWhereItStopped(t *testing.T) {
+	for _, restart := range []string{"beta", "alpha"} {
+		t.Run(restart+" restarts", func(t *testing.T) {
+			const size = 24 << 20
+			c := newTestCluster(t, size)
+			c.cfg.Volumes[0].ResyncRate = 12 << 20
+			c.start("alpha")
+			c.start("beta")
+			c.waitInSync()
+			ctx := context.Background()
+			if err := c.vol("alpha").WriteAt(ctx, pattern(3, size), 0, false); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := (&control{n: c.nodes["alpha"]}).Resync(ctx, &transport.ResyncRequest{Volume: "vol0"}); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, func() bool {
+				p := c.vol("alpha").peers["beta"].status()
+				return p.Replication == string(replication.SyncSource) && p.ResyncDoneBytes >= 8<<20
+			}, "a third of the resync done")
+			c.stop(restart)
+			if d := c.vol(map[string]string{"alpha": "beta", "beta": "alpha"}[restart]).status().Disk; restart == "alpha" && d != "Inconsistent" {
+				t.Fatalf("beta's disk is %s mid-resync, want Inconsistent", d)
+			}
+			c.start(restart)
+			c.waitInSync()
+			c.requireDecision("alpha", "beta", replication.RuleBitmapSelf, "source-use-bitmap")
+			if left := c.vol("alpha").peers["beta"].resyncTotal.Load(); left > size-6<<20 {
+				t.Fatalf("the resumed resync had %d bytes to move, want what was left (at most %d)", left, size-6<<20)
+			}
+			c.requireIdentical()
+		})
+	}
+}
