@@ -197,6 +197,7 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 				if rs.Reason == "" {
 					rs.Reason = pv.Reason
 				}
+				rs.SyncRule, rs.SyncDecision = pv.SyncRule, pv.SyncDecision
 			}
 			switch {
 			case rs.ResyncTotalBytes > 0:

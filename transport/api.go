@@ -65,6 +65,10 @@ type ReplicaStatus struct {
 	UsableBytes int64  `json:"usable_bytes,omitempty"`
 	// Reason explains a StandAlone or refused connection.
 	Reason string `json:"reason,omitempty"`
+	// SyncRule and SyncDecision: the generation rule that decided the
+	// replica's last connection, and what it decided (DRBD's words).
+	SyncRule     string `json:"sync_rule,omitempty"`
+	SyncDecision string `json:"sync_decision,omitempty"`
 	// Reachable is false when the node did not answer; the fields then come
 	// from its peer's view.
 	Reachable bool `json:"reachable"`

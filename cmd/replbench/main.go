@@ -392,6 +392,10 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 		}
 		for _, w := range workloads {
 			for _, name := range order {
+				// No run pays for the writeback of the one before it.
+				if out, err := exec.CommandContext(ctx, "sync").CombinedOutput(); err != nil {
+					return nil, fmt.Errorf("sync: %v: %s", err, out)
+				}
 				res, err := b.fio(ctx, b.targets[name].uri, w.Name, w.RW, w.BS, w.IODepth, span, true)
 				if err != nil {
 					time.Sleep(200 * time.Millisecond) // let a dying server be reaped

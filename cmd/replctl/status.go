@@ -83,6 +83,9 @@ func printStatus(w io.Writer, st *transport.ClusterStatus) {
 		fmt.Fprintln(tw, "  NODE\tROLE\tDISK\tREPLICATION\tOUT-OF-SYNC\tSYNC\tNOTE")
 		for _, r := range v.Replicas {
 			note := r.Reason
+			if note == "" && r.SyncDecision != "" && r.SyncDecision != "no-sync" {
+				note = r.SyncDecision + " by rule=" + r.SyncRule
+			}
 			if !r.Reachable {
 				note = strings.TrimSpace("unreachable " + note)
 			}
