@@ -21,15 +21,11 @@ import (
 // (TestSplitBrainIsDetectedAndDiscardMyDataRollsBackOnlyTheVictim) and
 // unrelated (TestUnrelatedDataIsNeverOverwritten).
 //
-// Rows that replvol cannot reach, by construction, are table-tested only:
-//   - sync-target-missed-start and sync-source-missed-start exist for DRBD's
-//     rotation of the bitmap UUID into the history when a resync starts;
-//     replvol keeps the bitmap generation through a resync (the target
-//     records it, durably, before any data moves), so no start is missed.
-//   - sync-target-peer-missed-finish and sync-target-missed-finish need a
-//     SyncTarget that recorded its bitmap generation toward the source and
-//     missed the end; a replvol secondary drops that generation in the same
-//     durable write that records the end.
+// The missed-start rows (sync-target-missed-start, sync-source-missed-start)
+// cannot be reached and are table-tested only: they exist for DRBD's
+// rotation of the bitmap UUID into the history when a resync starts, and
+// replvol keeps the bitmap generation through a resync (the target records
+// it, durably, before any data moves), so no start can be missed.
 
 // snapshot copies a stopped node's state directory and backing file, the
 // way a VM or SAN snapshot of the whole node would.
@@ -316,4 +312,42 @@ func TestInterruptedResyncResumesWhereItStopped(t *testing.T) {
 			c.requireIdentical()
 		})
 	}
+}
+
+// The primary copied newer data from its peer (rule bitmap-peer) and the
+// peer, the old primary, went down before it recorded the end: it still
+// holds its bitmap generation toward the primary with equal currents. The
+// primary is SyncTarget again by a missed-finish rule and copies what the
+// peer still marks (nothing: its bitmap reached the disk).
+func TestUUIDRuleSyncTargetMissedFinish(t *testing.T) {
+	c := newSyncedCluster(t, 16<<20)
+	ctx := context.Background()
+	c.vol("beta").setAdminDown(true)
+	writeRandomBlocks(t, c.vol("alpha"), 15, 97)
+	c.stop("alpha")
+	state := filepath.Join(c.dir, "alpha", "state.db")
+	before := c.snapshot("alpha")[state] // alpha's bitmap generation toward beta
+	c.vol("beta").setAdminDown(false)
+	if _, err := (&control{n: c.nodes["beta"]}).Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true, Yes: true}); err != nil {
+		t.Fatal(err)
+	}
+	c.start("alpha")
+	c.waitInSync()
+	c.requireDecision("beta", "alpha", replication.RuleBitmapPeer, "target-use-bitmap")
+	c.stop("alpha")
+	c.restore(map[string][]byte{state: before})
+	moved := replica(c.status(), "beta").ResyncedBytes
+	c.start("alpha")
+	c.waitInSync()
+	if r, d := c.decided("beta", "alpha"); d != "target-use-bitmap" ||
+		(r != replication.RuleSyncTargetMissedFinish && r != replication.RuleSyncTargetPeerMissedFinish) {
+		t.Fatalf("beta decided %q by rule %q, want target-use-bitmap by a sync-target missed-finish rule", d, r)
+	}
+	if m := replica(c.status(), "beta").ResyncedBytes - moved; m != 0 {
+		t.Fatalf("beta copied %d bytes again, want none", m)
+	}
+	if st := c.status(); st.Volumes[0].Primary != "beta" {
+		t.Fatalf("primary %s, want beta", st.Volumes[0].Primary)
+	}
+	c.requireIdentical()
 }
