@@ -194,6 +194,10 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 				if pv.Replication == string(replication.PausedSyncS) && rs.Reachable {
 					rs.Replication = string(replication.PausedSyncT)
 				}
+				if pv.Replication == string(replication.SyncTarget) && rs.Reachable {
+					// The primary copies from this replica.
+					rs.Replication = string(replication.SyncSource)
+				}
 				if rs.Reason == "" {
 					rs.Reason = pv.Reason
 				}

@@ -171,6 +171,7 @@ func (v *Volume) diskWorks() bool {
 // or after.
 func (v *Volume) copyMissingFromPeer(ctx context.Context) error {
 	cursor := int64(0)
+	began, copied, noWindow := time.Now(), int64(0), make(chan struct{})
 	for {
 		start, n, ok := v.localMissing.NextRun(cursor, resyncRunBlocks)
 		if !ok {
@@ -183,6 +184,11 @@ func (v *Volume) copyMissingFromPeer(ctx context.Context) error {
 		cursor = start + n
 		off := start * replication.BlockSize
 		length := min(n*replication.BlockSize, v.size-off)
+		// The volume's resync_rate caps this copy too.
+		if err := v.resyncPace(ctx, began, copied, noWindow); err != nil {
+			return err
+		}
+		copied += length
 		release, err := v.locks.Lock(ctx, off, length)
 		if err != nil {
 			return err

@@ -9,6 +9,10 @@ import (
 	"github.com/replvol/replvol/replication"
 )
 
+// ruleNewerEpoch names the refusal a primary of a newer epoch gives an
+// older primary: the older one is fenced.
+const ruleNewerEpoch = "newer-epoch"
+
 // syncPlan is what a primary does with a peer that just connected.
 type syncPlan struct {
 	// rule names the generation rule that decided and outcome what it
@@ -185,12 +189,29 @@ func (p *peer) pull(ctx context.Context, peerGen replication.Generation) error {
 			p.enqueueLocked(done)
 		}
 		p.mu.Unlock()
+		p.pulling.Store(false)
 		v.genMu.Unlock()
 		p.kick()
 		v.log.Info("pulled newer data from the peer", "peer", p.name, "bytes", total, "seconds", time.Since(began).Seconds())
 		v.node.event(v.name, "pull-done", fmt.Sprintf("%s copied %d bytes from %s in %.1fs: UpToDate", v.self, total, p.name, time.Since(began).Seconds()))
 		return nil
 	}
+}
+
+// fence stops this primary's IO because a primary of a newer epoch exists
+// (one writer): requests in flight complete, new ones fail. It stays
+// Primary until that primary reaches it, then steps down, or finds a split
+// brain. A peer that takes this node's stream again lifts the fence.
+func (v *Volume) fence(reason string) {
+	v.mu.Lock()
+	if v.role != replication.Primary || v.fenced {
+		v.mu.Unlock()
+		return
+	}
+	v.fenced, v.ioOpen, v.reason = true, false, "fenced: "+reason
+	v.mu.Unlock()
+	v.log.Warn("fenced: a primary of a newer epoch exists; IO stopped", "reason", reason)
+	v.node.event(v.name, "fenced", fmt.Sprintf("%s stops IO: %s", v.self, reason))
 }
 
 // stepDown makes a primary Secondary because a primary of a newer epoch
@@ -214,7 +235,7 @@ func (v *Volume) stepDown(to string, epoch uint64, rule string) error {
 		return err
 	}
 	v.mu.Lock()
-	v.role, v.primary, v.epoch = replication.Secondary, to, epoch
+	v.role, v.primary, v.epoch, v.fenced = replication.Secondary, to, epoch, false
 	v.diskState = v.idleDiskState()
 	err := v.persistLocked(false)
 	v.mu.Unlock()

@@ -97,6 +97,11 @@ type peer struct {
 	// ack, oldest first.
 	frameSeqs []uint64
 
+	// pulling: this primary copies newer data from the peer (it is the
+	// SyncTarget); pullTotal is what it missed when the copy began.
+	pulling   atomic.Bool
+	pullTotal atomic.Int64
+
 	resyncTotal atomic.Int64
 	resyncDone  atomic.Int64
 	resyncStart atomic.Int64 // unix nanoseconds when the resync began
@@ -180,7 +185,12 @@ func (p *peer) run(ctx context.Context) {
 			p.state, p.reason = replication.StandAlone, reason
 			p.mu.Unlock()
 			kind := "unrelated-data"
-			if refused.rule != replication.RuleUnrelated {
+			switch refused.rule {
+			case replication.RuleUnrelated:
+			case ruleNewerEpoch:
+				kind = "fenced"
+				p.v.fence(reason)
+			default:
 				kind = "refused"
 			}
 			p.v.log.Error("refused to sync", "peer", p.name, "rule", refused.rule, "reason", reason)
@@ -325,6 +335,9 @@ func (p *peer) session(ctx context.Context) error {
 	case plan.pull:
 		// The peer is the source: it holds every block this node misses.
 		p.state, p.peerDisk = replication.Connected, string(replication.UpToDate)
+		p.pullTotal.Store(v.localMissing.Bytes())
+		p.resyncStart.Store(time.Now().UnixNano())
+		p.pulling.Store(true)
 	case plan.sync:
 		p.state, p.peerDisk = replication.SyncSource, string(replication.Inconsistent)
 		p.enqueueLocked(&pending{e: replication.Entry{Op: replication.OpSyncStart, Data: plan.syncGen[:]}, done: make(chan struct{})})
@@ -334,12 +347,16 @@ func (p *peer) session(ctx context.Context) error {
 	}
 	p.mu.Unlock()
 	v.genMu.Unlock()
+	v.mu.Lock()
+	if v.fenced && v.role == replication.Primary {
+		// The peer took this node's stream: no newer primary holds it.
+		v.fenced, v.ioOpen, v.reason = false, true, ""
+	}
 	if plan.pull {
 		// Writes wait no longer: the blocks this node misses are known.
-		v.mu.Lock()
 		v.ioOpen = v.role == replication.Primary
-		v.mu.Unlock()
 	}
+	v.mu.Unlock()
 	syncing := plan.sync
 	v.log.Info("peer connected", "peer", p.name, "rule", plan.rule, "decision", plan.outcome, "out_of_sync", p.bm.Bytes(), "local_missing", v.localMissing.Bytes())
 	v.node.event(v.name, "connected", fmt.Sprintf("%s connected: %s by rule=%s; %d bytes out of sync on %s, %d on %s", p.name, plan.outcome, plan.rule, p.bm.Bytes(), p.name, v.localMissing.Bytes(), v.self))
@@ -371,6 +388,7 @@ func (p *peer) session(ctx context.Context) error {
 	cancel()
 	s.Close()
 	wg.Wait()
+	p.pulling.Store(false)
 	p.fail()
 	if ctx.Err() != nil {
 		return nil
@@ -876,6 +894,14 @@ func (p *peer) status() transport.PeerStatus {
 		case <-p.unpaused:
 		default:
 			ps.Replication = string(replication.PausedSyncS)
+		}
+	}
+	if p.pulling.Load() {
+		ps.Replication = string(replication.SyncTarget)
+		ps.ResyncTotalBytes = p.pullTotal.Load()
+		ps.ResyncDoneBytes = max(0, ps.ResyncTotalBytes-p.v.localMissing.Bytes())
+		if secs := time.Since(time.Unix(0, p.resyncStart.Load())).Seconds(); secs > 0 {
+			ps.ResyncRate = int64(float64(ps.ResyncDoneBytes) / secs)
 		}
 	}
 	if _, ok := p.v.bitmapGen(p.name); ok && !p.streaming {

@@ -76,7 +76,7 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 	v.mu.Lock()
 	gen, epoch := v.gen, v.epoch
 	// Until the new primary's stream arrives, point NBD clients at it.
-	v.role, v.primary = replication.Secondary, to
+	v.role, v.primary, v.fenced = replication.Secondary, to, false
 	if err := v.persistLocked(false); err != nil {
 		v.role, v.primary = replication.Primary, v.self
 		v.mu.Unlock()
@@ -153,7 +153,7 @@ func (v *Volume) promote(epoch uint64, gen replication.Generation) error {
 		return err
 	}
 	v.diskState = replication.UpToDate
-	v.reason = ""
+	v.reason, v.fenced = "", false
 	v.resetPeersLocked()
 	v.ioOpen = true
 	v.log.Info("promoted", "epoch", epoch)

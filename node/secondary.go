@@ -100,7 +100,7 @@ func (v *Volume) refuseLocked(h replication.Hello) replication.HelloReply {
 		// The sender is an old primary: this node took over at a newer
 		// epoch and reaches it itself.
 		r := refuse("%s is primary for %s at epoch %d; %s's epoch %d is older: it follows %s once %s reaches it", v.self, v.name, v.epoch, h.From, h.Epoch, v.self, v.self)
-		r.Primary, r.Final, r.Rule = true, true, "newer-epoch"
+		r.Primary, r.Final, r.Rule = true, true, ruleNewerEpoch
 		return r
 	}
 	if d.Outcome == replication.UnrelatedData {

@@ -109,7 +109,7 @@ func (v *Volume) takeOverLocked() error {
 		return err
 	}
 	v.diskState = replication.UpToDate
-	v.reason = ""
+	v.reason, v.fenced = "", false
 	v.resetPeersLocked()
 	v.ioOpen = true
 	return nil
@@ -212,7 +212,7 @@ func (v *Volume) discardMyData(ctx context.Context, yes bool) (int64, error) {
 		return 0, err
 	}
 	v.mu.Lock()
-	v.role, v.primary = replication.Secondary, ""
+	v.role, v.primary, v.fenced = replication.Secondary, "", false
 	v.discard = &discardInfo{from: from, runs: runs}
 	v.diskState = v.idleDiskState()
 	v.reason = fmt.Sprintf("discarding its %d bytes of changes: waiting for the primary to overwrite them", bytes)

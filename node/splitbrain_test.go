@@ -221,3 +221,32 @@ func TestSplitBrainPoliciesPickTheVictimThemselves(t *testing.T) {
 		})
 	}
 }
+
+// TestAnOldPrimaryIsFencedByANewerEpoch: beta was forced to primary while
+// alpha was down. alpha comes back as primary and learns, from beta's
+// refusal, that a newer epoch exists: it stops taking writes at once (one
+// writer), before beta has reached it, and steps down when beta does.
+func TestAnOldPrimaryIsFencedByANewerEpoch(t *testing.T) {
+	c := newSyncedCluster(t, 16<<20)
+	ctx := context.Background()
+	c.stop("alpha")
+	if _, err := (&control{n: c.nodes["beta"]}).Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true, Yes: true}); err != nil {
+		t.Fatal(err)
+	}
+	writeRandomBlocks(t, c.vol("beta"), 10, 31)
+	c.vol("beta").stopPeers() // beta does not reach alpha yet
+	c.start("alpha")
+	eventually(t, func() bool { return strings.HasPrefix(c.vol("alpha").status().Reason, "fenced") }, "alpha fenced by beta's newer epoch")
+	if err := c.vol("alpha").WriteAt(ctx, pattern(9, 4096), 0, false); err == nil {
+		t.Fatal("a fenced old primary took a write")
+	}
+	b := c.vol("beta")
+	b.mu.Lock()
+	b.startPeersLocked()
+	b.mu.Unlock()
+	c.waitInSync()
+	if st := c.status(); st.Volumes[0].Primary != "beta" || replica(st, "alpha").Role != "Secondary" {
+		t.Fatalf("primary %s, alpha %s", st.Volumes[0].Primary, replica(st, "alpha").Role)
+	}
+	c.requireIdentical()
+}

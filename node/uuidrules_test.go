@@ -108,7 +108,22 @@ func TestUUIDRuleJustCreatedSelf(t *testing.T) {
 	if _, err := CreateMetadata(c.cfg, "alpha", "vol0", "", true); err != nil {
 		t.Fatal(err)
 	}
+	c.cfg.Volumes[0].ResyncRate = 8 << 20 // a second: time to look at it
 	c.start("alpha")
+	// While alpha copies, it serves: reads of what it lacks come from beta.
+	eventually(t, func() bool {
+		st := c.status()
+		return replica(st, "alpha").Replication == string(replication.SyncTarget) &&
+			replica(st, "beta").Replication == string(replication.SyncSource) &&
+			replica(st, "alpha").Disk == string(replication.Inconsistent)
+	}, "alpha SyncTarget from beta, Inconsistent")
+	got := make([]byte, size)
+	if err := c.vol("alpha").ReadAt(context.Background(), got, 0); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("alpha does not read beta's data while copying it (err %v)", err)
+	}
+	if p := c.vol("alpha").peers["beta"].status(); p.ResyncTotalBytes != size || p.ResyncDoneBytes >= size {
+		t.Fatalf("pull progress %d of %d, want part of %d", p.ResyncDoneBytes, p.ResyncTotalBytes, size)
+	}
 	c.waitInSync()
 	c.requireDecision("alpha", "beta", replication.RuleJustCreatedSelf, "target-set-bitmap")
 	st := c.status()
@@ -118,7 +133,6 @@ func TestUUIDRuleJustCreatedSelf(t *testing.T) {
 	if moved := replica(st, "alpha").ResyncedBytes; moved != size {
 		t.Fatalf("alpha copied %d bytes, want the whole volume (%d)", moved, size)
 	}
-	got := make([]byte, size)
 	if err := c.vol("alpha").ReadAt(context.Background(), got, 0); err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("alpha does not read back beta's data (err %v)", err)
 	}

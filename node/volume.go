@@ -66,6 +66,7 @@ type Volume struct {
 	bitmapGens map[string]replication.Generation
 	diskState  replication.DiskState
 	ioOpen     bool // primary serving IO
+	fenced     bool // IO stopped: a primary of a newer epoch exists
 	io         sync.WaitGroup
 	peers      map[string]*peer
 	// peerList is peers as a slice, replaced (never changed in place)
