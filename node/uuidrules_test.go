@@ -314,8 +314,14 @@ func TestInterruptedResyncResumesWhereItStopped(t *testing.T) {
 				return p.Replication == string(replication.SyncSource) && p.ResyncDoneBytes >= 8<<20
 			}, "a third of the resync done")
 			c.stop(restart)
-			if d := c.vol(map[string]string{"alpha": "beta", "beta": "alpha"}[restart]).status().Disk; restart == "alpha" && d != "Inconsistent" {
-				t.Fatalf("beta's disk is %s mid-resync, want Inconsistent", d)
+			if restart == "alpha" {
+				// The SyncTarget can never be promoted mid-resync.
+				if d := c.vol("beta").status().Disk; d != "Inconsistent" {
+					t.Fatalf("beta's disk is %s mid-resync, want Inconsistent", d)
+				}
+				if err := c.vol("beta").forcePromote(); err == nil || !strings.Contains(err.Error(), "middle of a resync") {
+					t.Fatalf("forced promotion of a SyncTarget: %v", err)
+				}
 			}
 			c.start(restart)
 			c.waitInSync()

@@ -388,6 +388,10 @@ func TestE2ECatchUp(t *testing.T) {
 	if moved <= 0 || moved > distinct*4096 {
 		t.Errorf("beta resynced %d bytes; want 0 < n <= %d (distinct 4 KiB blocks written while disconnected)", moved, distinct*4096)
 	}
+	// Status names the generation rule that decided the catch-up.
+	if r := v.replica("beta"); r.SyncRule != "bitmap-self" || r.Decision != "source-use-bitmap" {
+		t.Errorf("status says %q by rule %q for beta, want source-use-bitmap by bitmap-self", r.Decision, r.SyncRule)
+	}
 	compareFiles(t, d.disk("alpha"), d.disk("beta"), demoSize)
 }
 

@@ -386,6 +386,8 @@ type replicaStatus struct {
 	Replication string `json:"replication"`
 	OutOfSync   int64  `json:"out_of_sync_bytes"`
 	Resynced    int64  `json:"resynced_bytes"`
+	SyncRule    string `json:"sync_rule"`
+	Decision    string `json:"sync_decision"`
 }
 
 func (v *volumeStatus) replica(node string) *replicaStatus {
