@@ -215,24 +215,38 @@ func (v *Volume) fence(reason string) {
 }
 
 // stepDown makes a primary Secondary because a primary of a newer epoch
-// reached it and the generations say no data is lost by following it:
+// reached it (h) and the generations say no data is lost by following it:
 // requests in flight are answered, new ones are refused, and what this
-// node changed stays marked for the new primary to copy.
-func (v *Volume) stepDown(to string, epoch uint64, rule string) error {
+// node changed stays marked for the new primary to copy. A write that
+// completed since that comparison may have started a new generation, so
+// once no write is in flight the comparison is made again; if it now finds
+// a split brain, this node goes on serving and steps down for nothing
+// (false).
+func (v *Volume) stepDown(h replication.Hello) (bool, error) {
 	v.mu.Lock()
 	if v.role != replication.Primary {
 		v.mu.Unlock()
-		return nil
+		return true, nil
 	}
 	v.ioOpen = false
 	v.mu.Unlock()
+	v.io.Wait()
+	v.mu.Lock()
+	d := replication.CompareUUIDs(v.uuidsLocked(h.From), h.UUIDs, replication.Secondary, replication.Primary)
+	if d.Outcome.IsSplitBrain() || d.Outcome == replication.UnrelatedData {
+		v.ioOpen = !v.fenced
+		v.mu.Unlock()
+		return false, nil
+	}
+	v.mu.Unlock()
+	to, epoch, rule := h.From, h.Epoch, d.String()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	v.node.nbd.CloseExportContext(ctx, v.name)
 	cancel()
 	v.io.Wait()
 	v.stopPeers()
 	if err := v.md.FlushBitmaps(); err != nil {
-		return err
+		return false, err
 	}
 	v.mu.Lock()
 	v.role, v.primary, v.epoch, v.fenced = replication.Secondary, to, epoch, false
@@ -240,12 +254,12 @@ func (v *Volume) stepDown(to string, epoch uint64, rule string) error {
 	err := v.persistLocked(false)
 	v.mu.Unlock()
 	if err != nil {
-		return err
+		return false, err
 	}
 	if err := v.md.SetPrimary(false); err != nil {
-		return err
+		return false, err
 	}
 	v.log.Warn("stepped down: a primary of a newer epoch took over", "primary", to, "epoch", epoch, "rule", rule)
 	v.node.event(v.name, "stepped-down", fmt.Sprintf("%s is Secondary: %s is primary at epoch %d and nothing is lost by following it (%s)", v.self, to, epoch, rule))
-	return nil
+	return true, nil
 }
