@@ -371,3 +371,42 @@ func TestUUIDRuleSyncTargetMissedFinish(t *testing.T) {
 	}
 	c.requireIdentical()
 }
+
+// TestWritesDuringAPullEndOnBothNodes: while the primary copies the whole
+// volume from its peer, clients write to it; each block ends with the
+// client's data, on both nodes.
+func TestWritesDuringAPullEndOnBothNodes(t *testing.T) {
+	const size = 16 << 20
+	c := newSyncedCluster(t, size)
+	writeRandomBlocks(t, c.vol("alpha"), 100, 7)
+	c.stop("alpha")
+	if _, err := CreateMetadata(c.cfg, "alpha", "vol0", "", true); err != nil {
+		t.Fatal(err)
+	}
+	c.cfg.Volumes[0].ResyncRate = 16 << 20
+	c.start("alpha")
+	eventually(t, func() bool { return c.vol("alpha").peers["beta"].pulling.Load() }, "alpha copying from beta")
+	ctx := context.Background()
+	written := map[int64][]byte{}
+	for i := range 200 {
+		off := int64((i*7919)%(size/4096)) * 4096 // a different block each time
+		if i%3 == 0 {
+			off += 512 // partial blocks too: the rest must come from beta
+		}
+		written[off] = pattern(byte(i), 1024)
+		if err := c.vol("alpha").WriteAt(ctx, written[off], off, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !c.vol("alpha").peers["beta"].pulling.Load() {
+		t.Log("note: the pull ended before the writes did")
+	}
+	c.waitInSync()
+	c.requireIdentical()
+	disk := c.disk("alpha")
+	for off, data := range written {
+		if !bytes.Equal(disk[off:off+1024], data) {
+			t.Fatalf("the write at %d did not survive the pull", off)
+		}
+	}
+}
