@@ -246,7 +246,7 @@ func TestAnOldPrimaryIsFencedByANewerEpoch(t *testing.T) {
 	b.mu.Unlock()
 	c.waitInSync()
 	if st := c.status(); st.Volumes[0].Primary != "beta" || replica(st, "alpha").Role != "Secondary" {
-		t.Fatalf("primary %s, alpha %s", st.Volumes[0].Primary, replica(st, "alpha").Role)
+		t.Fatalf("primary %s, alpha %s (nodes %+v)", st.Volumes[0].Primary, replica(st, "alpha").Role, st.Nodes)
 	}
 	c.requireIdentical()
 }

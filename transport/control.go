@@ -8,8 +8,10 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
 )
 
 // ControlServer is the control API a node implements. Errors should carry
@@ -141,11 +143,26 @@ func invoke[Resp any](ctx context.Context, c *ControlClient, method string, req 
 		// back; status answers at once that a node is unreachable.
 		opts = append(opts, grpc.WaitForReady(true))
 	}
-	if err := c.cc.Invoke(ctx, "/"+controlService+"/"+method, req, resp, opts...); err != nil {
+	err := c.cc.Invoke(ctx, "/"+controlService+"/"+method, req, resp, opts...)
+	if status.Code(err) == codes.Unavailable && len(opts) == 0 {
+		// The connection may only be waiting out its backoff after the
+		// node restarted: reconnect now and give it a moment, so that a
+		// node that is back is not reported unreachable, while one that
+		// is down costs a status call at most statusRetry.
+		c.cc.ResetConnectBackoff()
+		rctx, cancel := context.WithTimeout(ctx, statusRetry)
+		defer cancel()
+		err = c.cc.Invoke(rctx, "/"+controlService+"/"+method, req, resp, grpc.WaitForReady(true))
+	}
+	if err != nil {
 		return nil, err
 	}
 	return resp, nil
 }
+
+// statusRetry bounds the second try of a call that found its node
+// unreachable.
+const statusRetry = 300 * time.Millisecond
 
 // NodeStatus asks the node for its own view.
 func (c *ControlClient) NodeStatus(ctx context.Context, r *StatusRequest) (*NodeStatus, error) {
