@@ -486,7 +486,9 @@ func (p *peer) submit(e replication.Entry) *pending {
 			p.mu.Unlock()
 			return pd
 		}
-		if _, ok := p.v.bitmapGen(p.name); ok {
+		if _, ok := p.v.bitmapGen(p.name); ok || !changesData(e.Op) {
+			// A flush the peer misses changes no block of it: nothing to
+			// mark, and no reason to leave the generation it shares.
 			markEntry(p.bm, &e)
 			p.mu.Unlock()
 			return nil
@@ -510,9 +512,17 @@ func (p *peer) isStreaming() bool {
 	return p.streaming
 }
 
-func markEntry(bm *metadata.PeerBitmap, e *replication.Entry) {
-	switch e.Op {
+// changesData reports whether an entry of op changes blocks.
+func changesData(op replication.Op) bool {
+	switch op {
 	case replication.OpWrite, replication.OpZero, replication.OpTrim:
+		return true
+	}
+	return false
+}
+
+func markEntry(bm *metadata.PeerBitmap, e *replication.Entry) {
+	if changesData(e.Op) {
 		bm.SetBits(e.Off, e.Length)
 	}
 }
@@ -532,10 +542,7 @@ func (p *peer) fail() {
 	p.mu.Unlock()
 	needMark := false
 	for _, pd := range left {
-		switch pd.e.Op {
-		case replication.OpWrite, replication.OpZero, replication.OpTrim:
-			needMark = true
-		}
+		needMark = needMark || changesData(pd.e.Op)
 	}
 	if needMark {
 		p.v.ensureRotated(p)

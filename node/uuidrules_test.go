@@ -410,3 +410,69 @@ func TestWritesDuringAPullEndOnBothNodes(t *testing.T) {
 		}
 	}
 }
+
+// TestInterruptedPullCopiesThePeersChangesAgain: the forced primary copying the old
+// primary's writes restarts part way. It comes back without serving before
+// it knows what it misses, and copies again what the old primary's bitmap
+// marks (the old primary's changes, not the volume): none is lost.
+func TestInterruptedPullCopiesThePeersChangesAgain(t *testing.T) {
+	c := newSyncedCluster(t, 16<<20)
+	ctx := context.Background()
+	c.vol("beta").setAdminDown(true)
+	blocks := writeRandomBlocks(t, c.vol("alpha"), 400, 99)
+	want := c.disk("alpha")
+	c.stop("alpha")
+	c.vol("beta").setAdminDown(false)
+	if _, err := (&control{n: c.nodes["beta"]}).Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true, Yes: true}); err != nil {
+		t.Fatal(err)
+	}
+	c.cfg.Volumes[0].ResyncRate = 1 << 20
+	c.stop("beta")
+	c.start("beta")
+	c.start("alpha")
+	total := int64(blocks) * 4096
+	eventually(t, func() bool {
+		p := c.vol("beta").peers["alpha"].status()
+		return p.Replication == string(replication.SyncTarget) && p.ResyncDoneBytes >= total/4
+	}, "a quarter of the copy done")
+	c.stop("beta")
+	c.start("beta")
+	if err := c.vol("beta").ReadAt(ctx, make([]byte, 4096), 0); err == nil {
+		// It may already be copying again; it must not serve stale data
+		// before it knows what it misses.
+		if p := c.vol("beta").peers["alpha"]; !p.pulling.Load() && !p.inSync() {
+			t.Fatal("beta served a read before it knew which blocks it misses")
+		}
+	}
+	eventually(t, func() bool { return c.vol("beta").peers["alpha"].pulling.Load() }, "beta copying again")
+	if again := c.vol("beta").peers["alpha"].pullTotal.Load(); again > total {
+		t.Fatalf("the copy after the restart had %d bytes to move, want at most alpha's changes (%d)", again, total)
+	}
+	c.requireDecision("beta", "alpha", replication.RuleBitmapPeer, "target-use-bitmap")
+	c.cfg.Volumes[0].ResyncRate = 0
+	c.waitInSync()
+	size := int(c.cfg.Volumes[0].Size)
+	if !bytes.Equal(c.disk("beta")[:size], want[:size]) {
+		t.Fatal("beta does not hold alpha's writes")
+	}
+	c.requireIdentical()
+}
+
+// TestAFlushAloneKeepsTheGeneration: a flush while the peer is away
+// changes no block: the primary keeps the generation it shares with the
+// peer, which reconnects without a resync (a forced primary that only
+// flushed still follows an old primary's writes).
+func TestAFlushAloneKeepsTheGeneration(t *testing.T) {
+	c := newSyncedCluster(t, 8<<20)
+	gen := c.vol("alpha").currentGeneration()
+	c.vol("beta").setAdminDown(true)
+	if err := c.vol("alpha").Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if g := c.vol("alpha").currentGeneration(); g != gen {
+		t.Fatalf("a flush moved the generation from %s to %s", gen, g)
+	}
+	c.vol("beta").setAdminDown(false)
+	c.waitInSync()
+	c.requireDecision("alpha", "beta", replication.RuleReconnected, "no-sync")
+}
