@@ -84,7 +84,7 @@ func printStatus(w io.Writer, st *transport.ClusterStatus) {
 		for _, r := range v.Replicas {
 			note := r.Reason
 			if note == "" && r.SyncDecision != "" && r.SyncDecision != "no-sync" {
-				note = r.SyncDecision + " by rule=" + r.SyncRule
+				note = "last connect: " + r.SyncDecision + " by rule=" + r.SyncRule
 			}
 			if !r.Reachable {
 				note = strings.TrimSpace("unreachable " + note)
