@@ -57,6 +57,14 @@ func OpenDisk(path string, size int64) (Disk, error) {
 		f.Close()
 		return nil, fmt.Errorf("backing disk %s holds %d bytes but the volume needs %d: grow it (truncate -s %d %s) or shrink the volume", path, end, size, size, path)
 	}
+	// No readahead: a block device's client does its own, and pages read
+	// ahead land in large folios that make every later small write into
+	// them expensive (see maxWriteChunk). Reads still fetch what they ask
+	// for in one go.
+	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_RANDOM); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("backing disk %s: fadvise: %w", path, err)
+	}
 	return &fileDisk{f: f, size: end, zeroes: make([]byte, 1<<20)}, nil
 }
 
