@@ -198,6 +198,9 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 					// The primary copies from this replica.
 					rs.Replication = string(replication.SyncSource)
 				}
+				if pv.Replication == string(replication.PausedSyncT) && rs.Reachable {
+					rs.Replication = string(replication.PausedSyncS)
+				}
 				if rs.Reason == "" {
 					rs.Reason = pv.Reason
 				}

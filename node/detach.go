@@ -114,7 +114,7 @@ func (v *Volume) reattachLoop() {
 		v.reason = "disk back: copying the blocks it missed from the peer"
 		v.mu.Unlock()
 		v.node.event(v.name, "attaching", fmt.Sprintf("%s: disk works again; resyncing %d bytes from the peer", v.self, v.localMissing.Bytes()))
-		err := v.copyMissingFromPeer(context.Background())
+		err := v.copyMissingFromPeer(context.Background(), nil)
 		if err == nil {
 			// The activity log may have failed with the disk: write it
 			// out again before it guards writes.
@@ -168,8 +168,9 @@ func (v *Volume) diskWorks() bool {
 // copyMissingFromPeer copies every block the local disk misses from a
 // peer in sync. Each run holds the range lock while it is read and
 // written, so an application write to it lands before (and is re-copied)
-// or after.
-func (v *Volume) copyMissingFromPeer(ctx context.Context) error {
+// or after. Before each run it waits for unpaused, when given, to return
+// an open channel (closed: go on).
+func (v *Volume) copyMissingFromPeer(ctx context.Context, unpaused func() chan struct{}) error {
 	cursor := int64(0)
 	began, copied, noWindow := time.Now(), int64(0), make(chan struct{})
 	for {
@@ -184,6 +185,13 @@ func (v *Volume) copyMissingFromPeer(ctx context.Context) error {
 		cursor = start + n
 		off := start * replication.BlockSize
 		length := min(n*replication.BlockSize, v.size-off)
+		if unpaused != nil {
+			select {
+			case <-unpaused():
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
 		// The volume's resync_rate caps this copy too.
 		if err := v.resyncPace(ctx, began, copied, noWindow); err != nil {
 			return err

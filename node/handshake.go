@@ -164,7 +164,12 @@ func (p *peer) pull(ctx context.Context, peerGen replication.Generation) error {
 	began, total := time.Now(), v.localMissing.Bytes()
 	v.node.event(v.name, "pull", fmt.Sprintf("%s copies %d bytes of newer data from %s", v.self, total, p.name))
 	for {
-		if err := v.copyMissingFromPeer(ctx); err != nil {
+		unpaused := func() chan struct{} {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			return p.unpaused
+		}
+		if err := v.copyMissingFromPeer(ctx, unpaused); err != nil {
 			return err
 		}
 		v.genMu.Lock()

@@ -905,6 +905,11 @@ func (p *peer) status() transport.PeerStatus {
 	}
 	if p.pulling.Load() {
 		ps.Replication = string(replication.SyncTarget)
+		select {
+		case <-p.unpaused:
+		default:
+			ps.Replication = string(replication.PausedSyncT)
+		}
 		ps.ResyncTotalBytes = p.pullTotal.Load()
 		ps.ResyncDoneBytes = max(0, ps.ResyncTotalBytes-p.v.localMissing.Bytes())
 		if secs := time.Since(time.Unix(0, p.resyncStart.Load())).Seconds(); secs > 0 {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
@@ -123,6 +124,23 @@ func TestUUIDRuleJustCreatedSelf(t *testing.T) {
 	}
 	if p := c.vol("alpha").peers["beta"].status(); p.ResyncTotalBytes != size || p.ResyncDoneBytes >= size {
 		t.Fatalf("pull progress %d of %d, want part of %d", p.ResyncDoneBytes, p.ResyncTotalBytes, size)
+	}
+	// replctl resync --pause / --resume hold the copy like any resync.
+	api := &control{n: c.nodes["beta"]}
+	if _, err := api.Resync(context.Background(), &transport.ResyncRequest{Volume: "vol0", Pause: true}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, func() bool {
+		st := c.status()
+		return replica(st, "alpha").Replication == string(replication.PausedSyncT) && replica(st, "beta").Replication == string(replication.PausedSyncS)
+	}, "the copy paused")
+	done := c.vol("alpha").peers["beta"].status().ResyncDoneBytes
+	time.Sleep(300 * time.Millisecond)
+	if now := c.vol("alpha").peers["beta"].status().ResyncDoneBytes; now > done+1<<20 {
+		t.Fatalf("a paused copy moved from %d to %d bytes", done, now)
+	}
+	if _, err := api.Resync(context.Background(), &transport.ResyncRequest{Volume: "vol0", Resume: true}); err != nil {
+		t.Fatal(err)
 	}
 	c.waitInSync()
 	c.requireDecision("alpha", "beta", replication.RuleJustCreatedSelf, "target-set-bitmap")
