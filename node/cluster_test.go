@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"testing"
@@ -151,6 +152,10 @@ func (c *testCluster) waitInSync() {
 			return
 		}
 		if time.Now().After(deadline) {
+			// What every goroutine waits on says why.
+			var dump strings.Builder
+			pprof.Lookup("goroutine").WriteTo(&dump, 1)
+			c.t.Log(dump.String())
 			c.t.Fatalf("replicas not in sync: %+v", st.Volumes[0].Replicas)
 		}
 		time.Sleep(10 * time.Millisecond)

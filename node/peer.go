@@ -570,6 +570,8 @@ func (p *peer) flusher(ctx context.Context) {
 			p.mu.Lock()
 			if len(p.queue) == 0 && len(p.inflight) == 0 {
 				p.heartbeatLocked()
+			} else {
+				p.sendLocked()
 			}
 			p.mu.Unlock()
 		case <-ctx.Done():
@@ -596,6 +598,9 @@ func (p *peer) heartbeatLocked() {
 		p.stream = nil
 		p.sendFail(fmt.Errorf("send to %s: %w", p.name, err))
 	}
+	// Whoever queued an entry while the heartbeat was out found the
+	// stream busy and left it to the sender: that is this goroutine.
+	p.sendLocked()
 }
 
 // sendLocked sends every queued entry, in queue order, batched into frames,

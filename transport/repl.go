@@ -91,17 +91,23 @@ var replStreamDesc = grpc.StreamDesc{
 
 const replStreamMethod = "/replvol.Replication/Stream"
 
-// msgStream is what client and server streams share.
-type msgStream interface {
+// MsgStream is what client and server streams share: gRPC's, or a test
+// double that injects faults (NewReplStream).
+type MsgStream interface {
 	SendMsg(m any) error
 	RecvMsg(m any) error
 	Context() context.Context
 }
 
+// NewReplStream wraps s, whose SendMsg takes and RecvMsg fills a *Frame.
+// The node's streams come from DialRepl and the server; tests use it to
+// put a stream that stalls or fails under the replication code.
+func NewReplStream(s MsgStream) *ReplStream { return &ReplStream{s: s} }
+
 // ReplStream is one replication stream. One goroutine may Send while
 // another Recvs; two concurrent Sends (or Recvs) are not allowed.
 type ReplStream struct {
-	s      msgStream
+	s      MsgStream
 	cancel context.CancelFunc
 }
 
