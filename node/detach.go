@@ -172,7 +172,7 @@ func (v *Volume) diskWorks() bool {
 // an open channel (closed: go on).
 func (v *Volume) copyMissingFromPeer(ctx context.Context, unpaused func() chan struct{}) error {
 	cursor := int64(0)
-	began, copied, noWindow := time.Now(), int64(0), make(chan struct{})
+	began, copied := time.Now(), int64(0)
 	for {
 		start, n, ok := v.localMissing.NextRun(cursor, resyncRunBlocks)
 		if !ok {
@@ -192,8 +192,9 @@ func (v *Volume) copyMissingFromPeer(ctx context.Context, unpaused func() chan s
 				return ctx.Err()
 			}
 		}
-		// The volume's resync_rate caps this copy too.
-		if err := v.resyncPace(ctx, began, copied, noWindow); err != nil {
+		// The volume's resync_rate caps this copy too (one run at a
+		// time: no window to hold back).
+		if err := v.resyncPace(ctx, began, copied, nil); err != nil {
 			return err
 		}
 		copied += length

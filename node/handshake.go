@@ -68,15 +68,16 @@ func (p *peer) decide(reply replication.HelloReply) (syncPlan, error) {
 	case !reply.DiscardFrom.IsZero():
 		// The peer gives up its changes since the split: resync what it
 		// changed and what we changed, if we share that starting point.
-		g, ok := v.bitmapGens[p.name]
-		switch {
-		case ok && g == reply.DiscardFrom:
+		// That point is this node's bitmap generation for the peer, or,
+		// when it wrote nothing since, its current one.
+		from, ok := v.bitmapGens[p.name]
+		if !ok {
+			from = v.gen
+		}
+		if from == reply.DiscardFrom {
 			mark(reply.Discard)
 			plan.rule, plan.outcome = "discard-my-data", replication.BitmapResyncSource.String()
-		case !ok && v.gen == reply.DiscardFrom:
-			mark(reply.Discard)
-			plan.rule, plan.outcome = "discard-my-data", replication.BitmapResyncSource.String()
-		default:
+		} else {
 			p.bm.SetAll()
 			plan.rule, plan.outcome = "discard-my-data-unrelated", replication.FullResyncSource.String()
 		}
@@ -225,13 +226,13 @@ func (v *Volume) fence(reason string) {
 // node changed stays marked for the new primary to copy. A write that
 // completed since that comparison may have started a new generation, so
 // once no write is in flight the comparison is made again; if it now finds
-// a split brain, this node goes on serving and steps down for nothing
-// (false).
-func (v *Volume) stepDown(h replication.Hello) (bool, error) {
+// a split brain, this node goes on serving and stays primary (the caller
+// then refuses the stream as a split brain).
+func (v *Volume) stepDown(h replication.Hello) error {
 	v.mu.Lock()
 	if v.role != replication.Primary {
 		v.mu.Unlock()
-		return true, nil
+		return nil
 	}
 	v.ioOpen = false
 	v.mu.Unlock()
@@ -241,7 +242,7 @@ func (v *Volume) stepDown(h replication.Hello) (bool, error) {
 	if d.Outcome.IsSplitBrain() || d.Outcome == replication.UnrelatedData {
 		v.ioOpen = !v.fenced
 		v.mu.Unlock()
-		return false, nil
+		return nil
 	}
 	v.mu.Unlock()
 	to, epoch, rule := h.From, h.Epoch, d.String()
@@ -251,7 +252,7 @@ func (v *Volume) stepDown(h replication.Hello) (bool, error) {
 	v.io.Wait()
 	v.stopPeers()
 	if err := v.md.FlushBitmaps(); err != nil {
-		return false, err
+		return err
 	}
 	v.mu.Lock()
 	v.role, v.primary, v.epoch, v.fenced = replication.Secondary, to, epoch, false
@@ -259,12 +260,12 @@ func (v *Volume) stepDown(h replication.Hello) (bool, error) {
 	err := v.persistLocked(false)
 	v.mu.Unlock()
 	if err != nil {
-		return false, err
+		return err
 	}
 	if err := v.md.SetPrimary(false); err != nil {
-		return false, err
+		return err
 	}
 	v.log.Warn("stepped down: a primary of a newer epoch took over", "primary", to, "epoch", epoch, "rule", rule)
 	v.node.event(v.name, "stepped-down", fmt.Sprintf("%s is Secondary: %s is primary at epoch %d and nothing is lost by following it (%s)", v.self, to, epoch, rule))
-	return true, nil
+	return nil
 }

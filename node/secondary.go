@@ -140,7 +140,7 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 		d := replication.CompareUUIDs(v.uuidsLocked(h.From), h.UUIDs, replication.Secondary, replication.Primary)
 		v.mu.Unlock()
 		if !d.Outcome.IsSplitBrain() && d.Outcome != replication.UnrelatedData {
-			if _, err := v.stepDown(h); err != nil {
+			if err := v.stepDown(h); err != nil {
 				return err
 			}
 		}
