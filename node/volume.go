@@ -434,8 +434,10 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 		acked = acked || w.acked
 	}
 	switch {
-	case (skipped || pulling) && !acked:
+	case skipped && !acked:
 		return fmt.Errorf("write at %d: %w (%w)", e.Off, errNoCopy, syscall.EIO)
+	case pulling && !acked:
+		return fmt.Errorf("write at %d: %s is copying newer data from its peer and the peer did not take the write; it completes again once the peer is back (%w)", e.Off, v.self, syscall.EIO)
 	case !skipped && lerr != nil:
 		return fmt.Errorf("local write: %w", syscall.EIO)
 	}
