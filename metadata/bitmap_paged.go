@@ -25,11 +25,12 @@ var fullPage = func() *bitmapPage {
 }()
 
 // PeerBitmap is the out-of-sync bitmap kept for one peer: 1 bit per 4 KiB
-// block, in pages of 32704 blocks. A page is allocated only when it holds
-// both set and clear bits: an all-clear page is nil and an all-set page
-// shares one read-only page. A sparse or a fully set 1 TiB bitmap holds
-// 81 KiB (the page table, 10 bytes per 128 MiB page); the worst case, every
-// page mixed, is 32.1 KiB per GiB.
+// block of the volume (MD.VolumeSize, never a block past it), in pages of
+// 32704 blocks. A page is allocated only when it holds both set and clear
+// bits: an all-clear page is nil and an all-set page shares one read-only
+// page. A sparse or a fully set 1 TiB bitmap holds 81 KiB (the page table,
+// 10 bytes per 128 MiB page); the worst case, every page mixed, is 32.1 KiB
+// per GiB.
 //
 // SetBits and ClearBits change memory only; Flush writes the dirty pages
 // (the caller decides when: at AL eviction, periodically, at stop). It is
@@ -53,11 +54,15 @@ type PeerBitmap struct {
 	written int64   // pages written since open
 }
 
+// newPeerBitmap returns a clear bitmap covering the volume: its pages are
+// the first ones of the slot, those past the volume's last page are never
+// touched.
 func newPeerBitmap(md *MD, slot int, node uint32) *PeerBitmap {
-	n := md.geo.bitmapPages
+	blocks := blocksOf(md.volumeSize)
+	n := ceilDiv64(blocks, BitsPerPage)
 	return &PeerBitmap{
 		md: md, slot: slot, node: node,
-		blocks: blocksOf(md.geo.dataSize),
+		blocks: blocks,
 		pages:  make([]*bitmapPage, n),
 		counts: make([]uint16, n),
 		dirty:  make([]uint64, ceilDiv64(n, 64)),
@@ -67,7 +72,8 @@ func newPeerBitmap(md *MD, slot int, node uint32) *PeerBitmap {
 // Node is the peer this bitmap tracks.
 func (b *PeerBitmap) Node() uint32 { return b.node }
 
-// Blocks returns the number of 4 KiB blocks the bitmap covers.
+// Blocks returns the number of 4 KiB blocks the bitmap covers: those of
+// the volume, the last one possibly partial.
 func (b *PeerBitmap) Blocks() int64 { return b.blocks }
 
 // pageOffset is where page i of this slot lives on the metadata device.
@@ -77,9 +83,10 @@ func (b *PeerBitmap) pageOffset(i int64) int64 {
 
 func (b *PeerBitmap) markDirty(i int64) { b.dirty[i/64] |= 1 << (i % 64) }
 
-// blockRange returns the blocks [first, last] touched by [off, off+length).
+// blockRange returns the blocks [first, last] touched by the part of
+// [off, off+length) inside the volume.
 func (b *PeerBitmap) blockRange(off, length int64) (first, last int64, ok bool) {
-	if length <= 0 || off < 0 {
+	if length <= 0 || off < 0 || off >= b.md.volumeSize {
 		return 0, 0, false
 	}
 	first = off / bytesPerBit
@@ -87,7 +94,8 @@ func (b *PeerBitmap) blockRange(off, length int64) (first, last int64, ok bool) 
 	return first, last, first <= last
 }
 
-// SetBits marks every block touched by [off, off+length) out of sync.
+// SetBits marks every block touched by [off, off+length) out of sync,
+// ignoring the part of the range past the volume's end.
 func (b *PeerBitmap) SetBits(off, length int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -97,7 +105,9 @@ func (b *PeerBitmap) SetBits(off, length int64) {
 }
 
 // ClearBits marks in sync the blocks that lie wholly inside
-// [off, off+length): a block partly outside keeps its bit.
+// [off, off+length): a block partly outside keeps its bit, except the
+// volume's partial last block, cleared by a range reaching the volume's
+// end.
 func (b *PeerBitmap) ClearBits(off, length int64) {
 	if off < 0 || length <= 0 {
 		return
@@ -105,7 +115,7 @@ func (b *PeerBitmap) ClearBits(off, length int64) {
 	end := off + length
 	first := ceilDiv64(off, bytesPerBit)
 	last := end/bytesPerBit - 1
-	if end >= b.md.geo.dataSize { // a partial last block counts as whole
+	if end >= b.md.volumeSize { // a partial last block counts as whole
 		last = b.blocks - 1
 	}
 	b.mu.Lock()
@@ -208,6 +218,11 @@ func fillPage(p *bitmapPage, pb int) {
 func (b *PeerBitmap) Test(block int64) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.test(block)
+}
+
+// test reports whether block is out of sync; b.mu is held.
+func (b *PeerBitmap) test(block int64) bool {
 	if block < 0 || block >= b.blocks {
 		return false
 	}
@@ -223,12 +238,23 @@ func (b *PeerBitmap) Count() int64 {
 	return b.set
 }
 
-// Bytes returns the out-of-sync amount in bytes.
-func (b *PeerBitmap) Bytes() int64 { return b.Count() * bytesPerBit }
+// Bytes returns the out-of-sync amount in bytes, counting the volume's
+// partial last block for the part inside the volume only.
+func (b *PeerBitmap) Bytes() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := b.set * bytesPerBit
+	if past := b.blocks*bytesPerBit - b.md.volumeSize; past > 0 && b.test(b.blocks-1) {
+		n -= past
+	}
+	return n
+}
 
 // NextRun finds the first out-of-sync block at or after block from and
 // returns the run of consecutive set blocks starting there, at most max
-// blocks long. ok is false when no block at or after from is set.
+// blocks long. ok is false when no block at or after from is set. A run
+// never ends past Blocks(); the volume's end may lie inside its last
+// block, so clamp a run's byte range to MD.VolumeSize.
 func (b *PeerBitmap) NextRun(from, max int64) (start, n int64, ok bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -236,17 +262,10 @@ func (b *PeerBitmap) NextRun(from, max int64) (start, n int64, ok bool) {
 	if i < 0 {
 		return 0, 0, false
 	}
-	start = i
-	for i < b.blocks && n < max {
-		p := b.pages[i/BitsPerPage]
-		j := i % BitsPerPage
-		if p == nil || p[j/64]&(1<<(j%64)) == 0 {
-			break
-		}
-		i++
+	for n < max && b.test(i+n) {
 		n++
 	}
-	return start, n, true
+	return i, n, true
 }
 
 // nextSet returns the first set block at or after from, or -1.
@@ -417,8 +436,9 @@ func (b *PeerBitmap) decodePage(i int64, data []byte) (ok bool) {
 // loadBatch is how many pages a load reads at once.
 const loadBatch = 64
 
-// loadPeerBitmap reads and verifies slot's pages. A page that fails its
-// checksum is taken as all-set and left dirty.
+// loadPeerBitmap reads and verifies the pages of slot that cover the
+// volume; the bits past the volume's end are ignored. A page that fails
+// its checksum is taken as all-set and left dirty.
 func loadPeerBitmap(md *MD, slot int, node uint32) (*PeerBitmap, []CorruptPage, error) {
 	b := newPeerBitmap(md, slot, node)
 	var corrupt []CorruptPage
@@ -442,14 +462,15 @@ func loadPeerBitmap(md *MD, slot int, node uint32) (*PeerBitmap, []CorruptPage, 
 			corrupt = append(corrupt, CorruptPage{
 				Peer: node, Page: i,
 				Offset: i * BitsPerPage * bytesPerBit,
-				Length: min(pb*bytesPerBit, md.geo.dataSize-i*BitsPerPage*bytesPerBit),
+				Length: min(pb*bytesPerBit, md.volumeSize-i*BitsPerPage*bytesPerBit),
 			})
 		}
 	}
 	return b, corrupt, nil
 }
 
-// writeAllPages writes every page (clear) for CreateMD, without syncing.
+// writeAllPages writes every page covering the volume (clear) for
+// CreateMD, without syncing.
 func (b *PeerBitmap) writeAllPages() error {
 	const batch = 64
 	n := int64(len(b.pages))

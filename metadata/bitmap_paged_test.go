@@ -11,13 +11,38 @@ import (
 // TestPeerBitmapMatchesModel drives a bitmap over three pages (the last one
 // partial, the volume size not a multiple of 4 KiB) with random set, clear
 // and scan operations, checking every answer against a plain []bool, and
-// the same after a flush and reopen.
+// the same after a flush and reopen: once with the volume filling the data
+// device, once with a volume that ends short of the device (the bitmap must
+// ignore every offset past the volume's end).
 func TestPeerBitmapMatchesModel(t *testing.T) {
-	opts := testOptions(External)
-	opts.DeviceSize = 2*BitsPerPage*4096 + 5000*4096 + 1234
+	volume := int64(2*BitsPerPage*4096 + 5000*4096 + 1234)
+	cases := []struct {
+		name       string
+		deviceSize int64
+		volumeSize int64
+	}{
+		{"volume fills the data device", volume, 0},
+		{"volume ends 300 MiB short of the data device", volume + 300<<20, volume},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			opts := testOptions(External)
+			opts.DeviceSize, opts.VolumeSize = c.deviceSize, c.volumeSize
+			checkBitmapAgainstModel(t, opts, volume, c.deviceSize)
+		})
+	}
+}
+
+// checkBitmapAgainstModel runs the random operations of
+// TestPeerBitmapMatchesModel on offsets up to reach, past a volume of
+// volume bytes.
+func checkBitmapAgainstModel(t *testing.T, opts MDOptions, volume, reach int64) {
 	dev, md := newTestMD(t, opts)
 	b, _ := md.Bitmap(nodeBeta)
 	blocks := b.Blocks()
+	if blocks != (volume+4095)/4096 {
+		t.Fatalf("%d blocks for a volume of %d bytes", blocks, volume)
+	}
 	model := make([]bool, blocks)
 	r := rand.New(rand.NewPCG(3, 4))
 	check := func(b *PeerBitmap) {
@@ -63,22 +88,22 @@ func TestPeerBitmapMatchesModel(t *testing.T) {
 		}
 	}
 	for step := range 3000 {
-		off := r.Int64N(opts.DeviceSize)
+		off := r.Int64N(reach)
 		length := r.Int64N(1 << (r.IntN(28) + 1))
 		switch r.IntN(5) {
 		case 0, 1:
 			b.SetBits(off, length)
-			for i := off / 4096; i <= min((off+length-1)/4096, blocks-1); i++ {
+			for i := off / 4096; off < volume && i <= min((off+length-1)/4096, blocks-1); i++ {
 				model[i] = true
 			}
 		case 2, 3:
 			b.ClearBits(off, length)
 			end := off + length
 			last := end/4096 - 1
-			if end >= opts.DeviceSize {
+			if end >= volume {
 				last = blocks - 1
 			}
-			for i := (off + 4095) / 4096; i <= last; i++ {
+			for i := (off + 4095) / 4096; i <= min(last, blocks-1); i++ {
 				model[i] = false
 			}
 		case 4:
@@ -161,7 +186,7 @@ func TestBitmapFlushOnlyDirtyPages(t *testing.T) {
 // front.
 func TestBitmapMemorySparse1TiB(t *testing.T) {
 	const tib = 1 << 40
-	md := &MD{geo: geometry{dataSize: tib, bitmapPages: bitmapPagesFor(tib)}}
+	md := &MD{geo: geometry{dataSize: tib, bitmapPages: bitmapPagesFor(tib)}, volumeSize: tib}
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)

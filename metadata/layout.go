@@ -68,6 +68,12 @@
 //
 // A page whose checksum fails on load is taken as all-set: that range is
 // resynced in full, and the load report names it.
+//
+// The bitmap area is sized for the data size (BitmapPages), but a bitmap
+// covers only the volume (MDOptions.VolumeSize, which is not stored): the
+// pages past the volume's last page are neither read nor written, and the
+// bits of the last page past the volume's end are written clear and
+// ignored on load.
 
 package metadata
 

@@ -28,6 +28,9 @@ var (
 	ErrMetadataExists = errors.New("metadata already exists")
 	// ErrBadOptions: the options cannot describe a metadata area.
 	ErrBadOptions = errors.New("bad metadata options")
+	// ErrVolumeTooLarge: MDOptions.VolumeSize exceeds what the device
+	// leaves usable beside its metadata.
+	ErrVolumeTooLarge = errors.New("volume larger than the usable size")
 )
 
 func errorf(format string, args ...any) error {
@@ -248,6 +251,24 @@ type MDOptions struct {
 	// method, or Stat, or Seek). For External it is the size of the data
 	// device, needed by CreateMD only.
 	DeviceSize int64
+	// VolumeSize is the number of bytes the volume uses: the size it
+	// exports, and the only range its bitmaps cover (so the only range a
+	// resync or verify driven by them touches). Zero means the whole
+	// usable size (MD.UsableSize). A backing device is seldom exactly
+	// the volume plus its metadata: pass the volume's configured size
+	// here, to OpenMD and CreateMD alike, or a resync sends the blocks
+	// past the volume's end. More than the usable size is refused with
+	// ErrVolumeTooLarge, naming both numbers.
+	//
+	// It changes nothing on disk: the metadata area, its geometry and the
+	// superblock stay sized for the device, so metadata opens with any
+	// VolumeSize up to the usable size. The bitmap pages past the
+	// volume's last page are neither loaded nor written, and the bits of
+	// the last page past the volume's end are ignored on load (an older
+	// build may have set them). Opening with a larger VolumeSize than
+	// before is not a resize: the range gained holds whatever its pages
+	// say, and the caller must mark it out of sync itself.
+	VolumeSize int64
 	// Volume and NodeID must match the metadata OpenMD finds. A zero
 	// Volume skips the check (for inspection tools).
 	Volume VolumeUUID
@@ -292,6 +313,7 @@ type CorruptPage struct {
 type MD struct {
 	dev            MDDevice
 	geo            geometry
+	volumeSize     int64 // bytes the bitmaps cover: MDOptions.VolumeSize, ≤ geo.dataSize
 	volume         VolumeUUID
 	crashedPrimary bool
 	bitmaps        []*PeerBitmap
@@ -326,6 +348,21 @@ func deviceSize(dev MDDevice, given int64) (int64, error) {
 		return d.Seek(0, io.SeekEnd) // a block device
 	}
 	return 0, errorf("device size unknown: give MDOptions.DeviceSize")
+}
+
+// volumeSize checks the size the volume uses against the usable size of
+// geo and returns it (the usable size when the caller gave none).
+func volumeSize(opts MDOptions, geo geometry) (int64, error) {
+	switch {
+	case opts.VolumeSize < 0:
+		return 0, errorf("volume size %d: want 0 (the usable size) or more", opts.VolumeSize)
+	case opts.VolumeSize == 0:
+		return geo.dataSize, nil
+	case opts.VolumeSize > geo.dataSize:
+		return 0, fmt.Errorf("%w: the volume needs %d bytes, the %v metadata leaves %d usable bytes of the %d-byte device; grow the device",
+			ErrVolumeTooLarge, opts.VolumeSize, geo.placement, geo.dataSize, geo.deviceSize)
+	}
+	return opts.VolumeSize, nil
 }
 
 // readSuperblocks reads and decodes both slots.
@@ -405,7 +442,12 @@ func OpenMD(dev MDDevice, opts MDOptions) (*MD, error) {
 			"attach the disk of this volume, or run create-md on this one to discard what it holds",
 			ErrNotOurVolume, sb.Volume, sb.NodeID, opts.Volume, opts.NodeID)
 	}
-	md := &MD{dev: dev, geo: sb.geometry(), volume: sb.Volume, sb: sb, crashedPrimary: sb.Flags&FlagPrimary != 0}
+	geo := sb.geometry()
+	volSize, err := volumeSize(opts, geo)
+	if err != nil {
+		return nil, err
+	}
+	md := &MD{dev: dev, geo: geo, volumeSize: volSize, volume: sb.Volume, sb: sb, crashedPrimary: sb.Flags&FlagPrimary != 0}
 	md.report.SuperblockSlot, md.report.OtherSlot = slot, other
 	for i, p := range sb.Peers {
 		bm, corrupt, err := loadPeerBitmap(md, i, p.NodeID)
@@ -451,6 +493,10 @@ func CreateMD(dev MDDevice, opts MDOptions) (*MD, error) {
 	if err != nil {
 		return nil, err
 	}
+	volSize, err := volumeSize(opts, geo)
+	if err != nil {
+		return nil, err
+	}
 	sbs, errs := readSuperblocks(dev, geo.sbOffset)
 	if slot, _, err := pickSuperblock(sbs, errs); err == nil && !opts.Overwrite {
 		return nil, fmt.Errorf("%w: volume %v node %d; pass overwrite (create-md --force) to discard it",
@@ -476,7 +522,7 @@ func CreateMD(dev MDDevice, opts MDOptions) (*MD, error) {
 	if err := dev.Sync(); err != nil {
 		return nil, fmt.Errorf("create-md: sync: %w", err)
 	}
-	md := &MD{dev: dev, geo: geo, volume: sb.Volume, sb: sb}
+	md := &MD{dev: dev, geo: geo, volumeSize: volSize, volume: sb.Volume, sb: sb}
 	for i, p := range opts.Peers {
 		bm := newPeerBitmap(md, i, p)
 		if err := bm.writeAllPages(); err != nil {
@@ -561,6 +607,10 @@ func (md *MD) CrashedPrimary() bool { return md.crashedPrimary }
 // metadata, the backing device less the metadata area.
 func (md *MD) UsableSize() int64 { return md.geo.dataSize }
 
+// VolumeSize is the number of bytes the volume uses and its bitmaps cover:
+// MDOptions.VolumeSize, or UsableSize when that was zero.
+func (md *MD) VolumeSize() int64 { return md.volumeSize }
+
 // Placement says where the metadata lives.
 func (md *MD) Placement() Placement { return md.geo.placement }
 
@@ -628,22 +678,23 @@ func (md *MD) flushBitmapRange(off, length int64) (int, error) {
 // every peer's bitmap and flushes the bitmaps (DRBD's apply-al). Call it
 // after opening the metadata of a CrashedPrimary, BEFORE clearing the
 // primary indicator. If the log could not be reconstructed
-// (Report().ALIncomplete) the whole volume is marked. It returns the bytes
-// marked per peer.
+// (Report().ALIncomplete) the whole volume is marked. Nothing past the
+// volume's end (VolumeSize) is marked. It returns the bytes marked per
+// peer.
 func (md *MD) ApplyActivityLog() (int64, error) {
 	var marked int64
 	if md.report.ALIncomplete {
 		for _, bm := range md.bitmaps {
 			bm.SetAll()
 		}
-		marked = md.geo.dataSize
+		marked = md.volumeSize
 	} else {
 		for _, e := range md.al.ActiveExtents() {
 			start := extentStart(e)
-			if start >= md.geo.dataSize {
+			if start >= md.volumeSize {
 				continue
 			}
-			n := min(int64(ExtentSize), md.geo.dataSize-start)
+			n := min(int64(ExtentSize), md.volumeSize-start)
 			for _, bm := range md.bitmaps {
 				bm.SetBits(start, n)
 			}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
@@ -63,31 +64,65 @@ type Store struct {
 	db *bolt.DB
 }
 
-// Open opens (creating if needed) the state file at path.
+// ErrInUse: another process (another replnode on the same state
+// directory) holds the file's lock.
+var ErrInUse = errors.New("in use by another replnode")
+
+// Open opens (creating if needed) the state file at path. It fails with
+// ErrInUse, after 2 s, if another process holds the file.
 func Open(path string) (*Store, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	db, err := openBolt(path, "state file", 2*time.Second, bucketVolumes, bucketEvents)
+	if err != nil {
+		return nil, err
+	}
+	return &Store{db: db}, nil
+}
+
+// openBolt opens (creating it and its directory if needed) the bbolt
+// file at path, called what in errors, waiting at most timeout for its
+// lock, and creates the buckets. A file it creates has its directory
+// entry synced BEFORE it returns, so that what is committed to it cannot
+// vanish with the entry in a crash.
+func openBolt(path, what string, timeout time.Duration, buckets ...[]byte) (*bolt.DB, error) {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("state directory: %w", err)
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
+	_, statErr := os.Stat(path)
+	created := errors.Is(statErr, fs.ErrNotExist)
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: timeout})
 	if err != nil {
 		if errors.Is(err, berrors.ErrTimeout) {
-			return nil, fmt.Errorf("state file %s is in use by another replnode (stop it first): %w", path, err)
+			return nil, fmt.Errorf("%s %s is %w (stop it first): %w", what, path, ErrInUse, err)
 		}
-		return nil, fmt.Errorf("open state file %s: %w", path, err)
+		return nil, fmt.Errorf("open %s %s: %w", what, path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketVolumes, bucketEvents} {
+		for _, b := range buckets {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
+	if err == nil && created {
+		err = syncDir(dir)
+	}
 	if err != nil {
 		db.Close()
-		return nil, fmt.Errorf("init state file %s: %w", path, err)
+		return nil, fmt.Errorf("init %s %s: %w", what, path, err)
 	}
-	return &Store{db: db}, nil
+	return db, nil
+}
+
+// syncDir makes the entries of directory dir durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 // Close closes the file.

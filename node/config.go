@@ -68,6 +68,11 @@ type VolumeConfig struct {
 	// blocks that differ (DRBD's csums-alg): less traffic on a slow link,
 	// a read of both disks either way.
 	Csums bool `yaml:"csums,omitempty"`
+	// PeerTimeout is how long a peer may answer nothing (not even the ack
+	// of a heartbeat) before the primary gives up on it and marks what it
+	// misses in its bitmap instead of waiting (DRBD's timeout); default 2s.
+	// A hung peer costs writes at most this long, plus a heartbeat.
+	PeerTimeout Duration `yaml:"peer_timeout,omitempty"`
 	// AfterSB is what happens when two nodes both took writes as primary:
 	// disconnect (default: the operator decides), discard-younger-primary,
 	// discard-least-changes or discard-zero-changes.
@@ -416,6 +421,9 @@ func (c *Config) Validate() error {
 		if v.ALExtents != 0 && (v.ALExtents < metadata.MinALExtents || v.ALExtents > metadata.MaxALExtents) {
 			bad(f+".al_extents", "%d: want %d..%d", v.ALExtents, metadata.MinALExtents, metadata.MaxALExtents)
 		}
+		if v.PeerTimeout != 0 && (time.Duration(v.PeerTimeout) < minPeerTimeout || time.Duration(v.PeerTimeout) > maxPeerTimeout) {
+			bad(f+".peer_timeout", "%s: want %s..%s", time.Duration(v.PeerTimeout), minPeerTimeout, maxPeerTimeout)
+		}
 		if _, ok := v.Disks[v.Primary]; v.Primary != "" && names[v.Primary] && !ok {
 			bad(f+".disks", "the primary %q has no disk", v.Primary)
 		}
@@ -464,6 +472,21 @@ func validateDisk(f string, d DiskConfig, bad func(field, format string, args ..
 	default:
 		bad(f+".balance", "%q: want by-group or none", d.Balance)
 	}
+}
+
+// Bounds and default of peer_timeout.
+const (
+	defaultPeerTimeout = 2 * time.Second
+	minPeerTimeout     = 200 * time.Millisecond
+	maxPeerTimeout     = time.Minute
+)
+
+// peerTimeout is the volume's peer_timeout, or its default.
+func (v VolumeConfig) peerTimeout() time.Duration {
+	if v.PeerTimeout == 0 {
+		return defaultPeerTimeout
+	}
+	return time.Duration(v.PeerTimeout)
 }
 
 // ProtocolOrDefault returns the volume's replication protocol, C when unset.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -138,19 +137,21 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 			if !ok {
 				continue
 			}
-			if lv.Role == string(replication.Primary) && (primaryView == nil || lv.Epoch > primaryView.Epoch) {
+			if lv.Role == string(replication.Primary) && (primaryView == nil || lv.Epoch > primaryView.Epoch || (lv.Epoch == primaryView.Epoch && lv.Serving && !primaryView.Serving)) {
 				lv := lv
 				primaryView = &lv
 				vs.Primary, vs.Epoch = node, lv.Epoch
 			}
 		}
-		if primaryView == nil {
+		switch {
+		case primaryView == nil:
 			for _, vols := range byNode {
 				if lv, ok := vols[vc.Name]; ok && lv.Epoch >= vs.Epoch {
 					vs.Primary, vs.Epoch = lv.Primary, lv.Epoch
 				}
 			}
-		} else {
+		case primaryView.Serving:
+			// Only a primary that serves IO has an export to give out.
 			vs.NBDURI = n.nbdURIFromStatus(cs.Nodes, vs.Primary, vc.Name)
 		}
 		nodes := make([]string, 0, len(vc.Disks))
@@ -171,7 +172,7 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 			if lv, ok := byNode[node][vc.Name]; ok {
 				rs.Reachable = true
 				rs.Role, rs.Disk, rs.Replication = lv.Role, lv.Disk, lv.Replication
-				rs.ResyncedBytes, rs.Generation, rs.Reason = lv.ResyncedBytes, lv.Generation, lv.Reason
+				rs.ResyncedBytes, rs.Generation, rs.Reason, rs.ReasonCode = lv.ResyncedBytes, lv.Generation, lv.Reason, lv.ReasonCode
 				rs.Paths = lv.Paths
 				rs.Metadata, rs.UsableBytes = lv.Metadata, lv.UsableBytes
 				if lv.Role == string(replication.Primary) {
@@ -202,7 +203,7 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 					rs.Replication = string(replication.PausedSyncS)
 				}
 				if rs.Reason == "" {
-					rs.Reason = pv.Reason
+					rs.Reason, rs.ReasonCode = pv.Reason, pv.ReasonCode
 				}
 				rs.SyncRule, rs.SyncDecision = pv.SyncRule, pv.SyncDecision
 			}
@@ -262,6 +263,11 @@ func (c *control) Primary(ctx context.Context, r *transport.PrimaryRequest) (*tr
 		return c.forcePrimary(ctx, r, vs)
 	}
 	if vs.NBDURI == "" {
+		for _, rs := range vs.Replicas {
+			if rs.Node == vs.Primary && rs.Reachable && rs.Role == string(replication.Primary) {
+				return nil, status.Errorf(codes.FailedPrecondition, "%s is primary of %s but not serving IO (%s): a switchover needs a serving primary to hand over; nothing changed", vs.Primary, r.Volume, rs.Reason)
+			}
+		}
 		return nil, status.Errorf(codes.FailedPrecondition, "%s has no reachable primary (last known: %q); a switchover needs the old primary to hand over, or promote %s with --force --yes", r.Volume, vs.Primary, r.Node)
 	}
 	if vs.Primary == r.Node {
@@ -374,8 +380,8 @@ func (c *control) setConnected(ctx context.Context, r *transport.ConnectRequest,
 	if up {
 		v.resumePeers()
 		v.mu.Lock()
-		if v.discard == nil && strings.HasPrefix(v.reason, "split-brain") {
-			v.reason = ""
+		if v.discard == nil && v.why.cause == CauseSplitBrain {
+			v.why = reason{}
 		}
 		v.mu.Unlock()
 	}

@@ -40,20 +40,23 @@ func (v *Volume) detach(cause error) bool {
 	if !inSync {
 		return false
 	}
-	v.mu.Lock()
-	if v.detached {
-		v.mu.Unlock()
+	v.stateMu.Lock()
+	defer v.stateMu.Unlock()
+	if v.isDetached() {
 		return true
 	}
-	v.detached, v.localStale = true, true
-	v.diskState = replication.Diskless
-	v.reason = "disk detached after an IO error: " + cause.Error()
 	// The mark is durable BEFORE any write skips this disk: after a
-	// restart this copy must never pass for up to date.
-	if err := v.persistLocked(false); err != nil {
-		v.log.Error("persist detach", "err", err)
+	// restart this copy must never pass for up to date. The node's store
+	// must take it; the superblock, on the failing disk, may not.
+	err := v.commitMirror(false, func(d *durable) { d.localStale = true }, func() {
+		v.detached = true
+		v.diskState = replication.Diskless
+		v.why = because(CauseDetached, "disk detached after an IO error: %v", cause)
+	})
+	if err != nil {
+		v.log.Error("cannot record durably that the disk is detached: not detaching; the IO error reaches the client", "cause", cause, "err", err)
+		return false
 	}
-	v.mu.Unlock()
 	v.log.Error("local disk detached; serving from the peer", "cause", cause)
 	v.node.event(v.name, "detached", fmt.Sprintf("%s detached its disk (%v); IO goes to the peer until it comes back", v.self, cause))
 	v.bg.Add(1)
@@ -111,7 +114,7 @@ func (v *Volume) reattachLoop() {
 		v.mu.Lock()
 		v.detached = false
 		v.diskState = replication.Inconsistent
-		v.reason = "disk back: copying the blocks it missed from the peer"
+		v.why = because(CauseDetached, "disk back: copying the blocks it missed from the peer")
 		v.mu.Unlock()
 		v.node.event(v.name, "attaching", fmt.Sprintf("%s: disk works again; resyncing %d bytes from the peer", v.self, v.localMissing.Bytes()))
 		err := v.copyMissingFromPeer(context.Background(), nil)
@@ -122,30 +125,39 @@ func (v *Volume) reattachLoop() {
 		}
 		if err != nil {
 			v.log.Warn("resync from peer failed; detaching again", "err", err)
-			v.mu.Lock()
-			v.detached = true
-			v.diskState = replication.Diskless
-			v.reason = "disk detached: " + err.Error()
-			v.mu.Unlock()
+			v.redetach(because(CauseDetached, "disk detached: %v", err))
 			continue
 		}
-		v.mu.Lock()
+		v.stateMu.Lock()
 		if v.localMissing.Count() > 0 {
 			// A write failed over to the peer during the copy: go again.
-			v.mu.Unlock()
+			v.stateMu.Unlock()
 			continue
 		}
-		v.localStale = false
-		v.diskState = replication.UpToDate
-		v.reason = ""
-		if err := v.persistLocked(false); err != nil {
-			v.log.Error("persist attach", "err", err)
+		err = v.commit(func(d *durable) { d.localStale = false }, func() {
+			v.diskState = replication.UpToDate
+			v.why = reason{}
+		})
+		v.stateMu.Unlock()
+		if err != nil {
+			v.log.Error("disk in sync again, but that cannot be recorded; it stays out of service", "err", err)
+			v.redetach(because(CauseDetached, "disk in sync, but the state cannot be written: %v", err))
+			continue
 		}
-		v.mu.Unlock()
 		v.log.Info("local disk attached and in sync again")
 		v.node.event(v.name, "attached", fmt.Sprintf("%s: disk attached and UpToDate again", v.self))
 		return
 	}
+}
+
+// redetach takes a disk that was being attached out of service again (its
+// stale mark is still on stable storage).
+func (v *Volume) redetach(why reason) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.detached = true
+	v.diskState = replication.Diskless
+	v.why = why
 }
 
 // diskWorks probes the local disk: a path must be usable (multipath) and a
@@ -168,9 +180,8 @@ func (v *Volume) diskWorks() bool {
 // copyMissingFromPeer copies every block the local disk misses from a
 // peer in sync. Each run holds the range lock while it is read and
 // written, so an application write to it lands before (and is re-copied)
-// or after. Before each run it waits for unpaused, when given, to return
-// an open channel (closed: go on).
-func (v *Volume) copyMissingFromPeer(ctx context.Context, unpaused func() chan struct{}) error {
+// or after. Before each run it calls wait, when given (a pause).
+func (v *Volume) copyMissingFromPeer(ctx context.Context, wait func(context.Context) error) error {
 	cursor := int64(0)
 	began, copied := time.Now(), int64(0)
 	for {
@@ -185,11 +196,9 @@ func (v *Volume) copyMissingFromPeer(ctx context.Context, unpaused func() chan s
 		cursor = start + n
 		off := start * replication.BlockSize
 		length := min(n*replication.BlockSize, v.size-off)
-		if unpaused != nil {
-			select {
-			case <-unpaused():
-			case <-ctx.Done():
-				return ctx.Err()
+		if wait != nil {
+			if err := wait(ctx); err != nil {
+				return err
 			}
 		}
 		// The volume's resync_rate caps this copy too (one run at a

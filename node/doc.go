@@ -4,15 +4,27 @@
 // web status page. Several Nodes may run in one process: nothing here is
 // global. Node and Volume methods are safe for concurrent use.
 //
-// A primary dials each peer (peer.go). The handshake (handshake.go) sends
-// both nodes' generation sets; replication.CompareUUIDs decides, and the
-// primary then streams writes and either resyncs the blocks its bitmap
-// marks (SyncSource), copies from the peer what it lacks (SyncTarget,
-// reading those blocks from the peer meanwhile), or refuses (split brain,
-// unrelated data). A secondary (secondary.go) applies the stream in order;
+// A primary runs one peer per secondary (peer.go), which dials it. The
+// handshake (handshake.go) sends both nodes' generation sets;
+// replication.CompareUUIDs decides, and the primary then streams writes
+// and either resyncs the blocks its bitmap marks (SyncSource), copies from
+// the peer what it lacks (SyncTarget, reading those blocks from the peer
+// meanwhile), or refuses (split brain, unrelated data). Each stream is a
+// session (session.go): one goroutine owns its sending side, one takes its
+// acks, and resync and verify push their runs through one windowed loop
+// (runloops.go). A secondary (secondary.go) applies the stream in order;
 // an old primary reached by a primary of a newer epoch steps down when
-// nothing is lost by following it.
+// nothing is lost by following it, and stops its IO at once when the data
+// diverged. A node that restarts as primary serves no IO until a peer has
+// compared generations and epochs with it.
 //
-// Lock order: v.genMu, then p.mu, then v.mu; p.mu is never taken while
-// v.mu is held.
+// The durable state of a volume (state.go: epoch, primary, generations)
+// changes only through Volume.commit, which writes the new value to stable
+// storage BEFORE any goroutine can see it; when that write fails, what
+// depended on it does not happen. Why a volume or a link is not doing its
+// job is a typed Cause (reason.go), never matched from its words.
+//
+// Lock order: v.stateMu, then p.mu, then s.mu, then v.mu. v.stateMu is
+// never taken while waiting for an entry's ack; v.mu is never held while
+// the state is written.
 package node

@@ -2,16 +2,17 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/replication"
+	"github.com/replvol/replvol/transport"
 )
 
-// ruleNewerEpoch names the refusal a primary of a newer epoch gives an
-// older primary: the older one is fenced.
-const ruleNewerEpoch = "newer-epoch"
+// helloTimeout bounds the handshake of a new stream.
+const helloTimeout = 5 * time.Second
 
 // syncPlan is what a primary does with a peer that just connected.
 type syncPlan struct {
@@ -27,6 +28,103 @@ type syncPlan struct {
 	// those blocks from the peer meanwhile), then takes peerGen.
 	pull    bool
 	peerGen replication.Generation
+}
+
+// connect runs one connection to the peer: the handshake, the decision,
+// and the stream until it ends. A refusal comes back as a *refusal.
+func (p *peer) connect(ctx context.Context) error {
+	v := p.v
+	if p.client == nil {
+		c, err := transport.DialRepl(p.addr)
+		if err != nil {
+			return err
+		}
+		p.client = c
+	}
+	hctx, cancelHello := context.WithCancel(ctx)
+	defer cancelHello()
+	stream, err := p.client.Open(hctx)
+	if err != nil {
+		return fmt.Errorf("connect to %s at %s: %w", p.name, p.addr, err)
+	}
+	defer stream.Close()
+
+	v.mu.Lock()
+	hello := replication.Hello{Volume: v.name, From: v.self, To: p.name, Epoch: v.d.epoch, Size: v.size, Generation: v.d.gens.Current, UUIDs: v.uuidsLocked(p.name)}
+	v.mu.Unlock()
+	if err := sendJSON(stream, replication.FrameHello, hello); err != nil {
+		return fmt.Errorf("connect to %s at %s: %w", p.name, p.addr, err)
+	}
+	timer := time.AfterFunc(helloTimeout, cancelHello)
+	var reply replication.HelloReply
+	err = recvJSON(stream, replication.FrameHelloReply, &reply)
+	timer.Stop()
+	if err != nil {
+		return fmt.Errorf("handshake with %s at %s: %w", p.name, p.addr, err)
+	}
+	if !reply.Accepted {
+		return refusalOf(reply)
+	}
+
+	// Decide, and switch new writes from the bitmap to the stream, in one
+	// step: a write is either marked before it or queued after it.
+	s := newSession(hctx, p, stream, v.cfg.peerTimeout())
+	v.stateMu.Lock()
+	plan, err := p.decide(reply)
+	if err != nil {
+		v.stateMu.Unlock()
+		return err
+	}
+	var done *pending
+	if !plan.sync && !plan.pull {
+		done = p.syncDone(s, v.currentGeneration())
+	}
+	p.mu.Lock()
+	p.sess, p.rule, p.decision, p.why = s, plan.rule, plan.outcome, reason{}
+	late := !plan.sync && !plan.pull && p.bm.Count() > 0
+	switch {
+	case plan.pull:
+		// The peer is the source: it holds every block this node misses.
+		p.state, p.peerDisk = replication.Connected, string(replication.UpToDate)
+		p.pullTotal.Store(v.localMissing.Bytes())
+		p.resyncStart.Store(time.Now().UnixNano())
+		p.pulling.Store(true)
+	case plan.sync:
+		p.state, p.peerDisk = replication.SyncSource, string(replication.Inconsistent)
+		// The progress counters restart before the state says SyncSource.
+		p.resyncTotal.Store(p.bm.Bytes())
+		p.resyncDone.Store(0)
+		p.resyncStart.Store(time.Now().UnixNano())
+		s.enqueue(newPending(replication.Entry{Op: replication.OpSyncStart, Data: plan.syncGen[:]}))
+	default:
+		p.state = replication.Connected
+		s.enqueue(done)
+	}
+	p.mu.Unlock()
+	v.stateMu.Unlock()
+	if late {
+		// A block was marked between the decision and the switch to the
+		// stream: decide again, with it.
+		v.log.Warn("blocks marked during the handshake; reconnecting to resync them", "peer", p.name)
+		s.cancel()
+	}
+	v.peerAnswered(p.name, plan.pull)
+	v.log.Info("peer connected", "peer", p.name, "rule", plan.rule, "decision", plan.outcome, "out_of_sync", p.bm.Bytes(), "local_missing", v.localMissing.Bytes())
+	v.node.event(v.name, "connected", fmt.Sprintf("%s connected: %s by rule=%s; %d bytes out of sync on %s, %d on %s", p.name, plan.outcome, plan.rule, p.bm.Bytes(), p.name, v.localMissing.Bytes(), v.self))
+
+	var work func() error
+	switch {
+	case plan.sync:
+		work = func() error { return p.resync(s) }
+	case plan.pull:
+		work = func() error { return p.pull(s, plan.peerGen) }
+	}
+	err = s.run(work)
+	p.pulling.Store(false)
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
 }
 
 // bitmapRuns lists bm's marked blocks as [first, count] runs.
@@ -52,27 +150,30 @@ func runsBytes(runs [][2]int64) int64 {
 
 // decide compares this primary's generations with the peer's
 // (replication.CompareUUIDs, DRBD's table) and prepares what the
-// connection does. Callers hold v.genMu.
+// connection does; every state change it needs is durable BEFORE it
+// returns. Callers hold v.stateMu.
 func (p *peer) decide(reply replication.HelloReply) (syncPlan, error) {
 	v := p.v
 	v.mu.Lock()
-	defer v.mu.Unlock()
-	d := replication.CompareUUIDs(v.uuidsLocked(p.name), reply.UUIDs, replication.Primary, replication.Secondary)
+	local, gens := v.uuidsLocked(p.name), v.d.gens.Clone()
+	v.mu.Unlock()
+	d := replication.CompareUUIDs(local, reply.UUIDs, replication.Primary, replication.Secondary)
 	plan := syncPlan{rule: d.Rule, outcome: d.Outcome.String()}
 	mark := func(runs [][2]int64) {
 		for _, r := range runs {
 			p.bm.SetBits(r[0]*replication.BlockSize, r[1]*replication.BlockSize)
 		}
 	}
+	repair, repaired := func(*durable) {}, false
 	switch {
 	case !reply.DiscardFrom.IsZero():
 		// The peer gives up its changes since the split: resync what it
 		// changed and what we changed, if we share that starting point.
 		// That point is this node's bitmap generation for the peer, or,
 		// when it wrote nothing since, its current one.
-		from, ok := v.bitmapGens[p.name]
+		from, ok := gens.Bitmaps[p.name]
 		if !ok {
-			from = v.gen
+			from = gens.Current
 		}
 		if from == reply.DiscardFrom {
 			mark(reply.Discard)
@@ -83,48 +184,24 @@ func (p *peer) decide(reply replication.HelloReply) (syncPlan, error) {
 		}
 		plan.sync = true
 	case d.Outcome == replication.UnrelatedData:
-		return plan, &refusedError{rule: d.Rule}
+		return plan, &refusal{cause: CauseUnrelated, final: true, rule: d.Rule}
 	case d.Outcome.IsSplitBrain():
-		return plan, &splitBrainError{
-			reason:      fmt.Sprintf("%s and %s both changed the data since their last common generation (%v)", v.self, p.name, d),
-			rule:        d.Rule,
-			peerPrimary: reply.Primary,
-			peer:        replication.SplitBrainSide{Changes: runsBytes(reply.Changed), PrimarySince: reply.PrimarySince},
+		return plan, &refusal{
+			cause: CauseSplitBrain, final: true, rule: d.Rule,
+			text: fmt.Sprintf("%s and %s both changed the data since their last common generation (%v)", v.self, p.name, d),
+			peer: replication.SplitBrainSide{Changes: runsBytes(reply.Changed), PrimarySince: reply.PrimarySince},
 		}
 	case d.Outcome.IsTarget():
 		if reply.Disk != replication.UpToDate && reply.Disk != replication.Consistent {
-			return plan, &refusedError{rule: d.Rule, reason: fmt.Sprintf("%s holds newer data than this primary (%v) but its disk is %s: nothing consistent to copy", p.name, d, reply.Disk)}
+			return plan, &refusal{cause: CauseNoSource, final: true, rule: d.Rule,
+				text: fmt.Sprintf("%s holds newer data than this primary (%v) but its disk is %s: nothing consistent to copy", p.name, d, reply.Disk)}
 		}
-		// Everything this node marked for the peer is copied back from it
-		// too: the peer's copy of those blocks is the one to keep (writes
-		// made during a pull complete only on both nodes).
-		for _, r := range bitmapRuns(p.bm) {
-			v.localMissing.SetRange(r[0]*replication.BlockSize, r[1]*replication.BlockSize)
-		}
-		p.bm.ClearBits(0, v.size)
-		if d.Outcome == replication.FullResyncTarget {
-			v.localMissing.SetRange(0, v.size)
-		} else {
-			for _, r := range reply.Changed {
-				v.localMissing.SetRange(r[0]*replication.BlockSize, r[1]*replication.BlockSize)
-			}
-		}
-		// Inconsistent, durably, BEFORE any block is copied; the old
-		// generation is kept to resume from.
-		if !v.gen.IsZero() {
-			v.gen, v.syncGen = replication.Generation{}, v.gen
-		}
-		delete(v.bitmapGens, p.name)
-		v.diskState = replication.Inconsistent
-		v.reason = fmt.Sprintf("%s holds newer data (%v): copying %d bytes from it", p.name, d, v.localMissing.Bytes())
-		if err := v.persistLocked(false); err != nil {
-			return plan, err
-		}
-		plan.pull, plan.peerGen = true, reply.UUIDs.Current
-		return plan, nil
+		return p.planPull(d, reply)
 	default:
 		if d.Repair != nil && !d.Repair.Bitmap.IsZero() {
-			v.bitmapGens[p.name] = d.Repair.Bitmap
+			b := d.Repair.Bitmap
+			repair, repaired = func(x *durable) { x.gens = x.gens.ResyncStartedAsSource(p.name, b) }, true
+			gens = gens.ResyncStartedAsSource(p.name, b)
 		}
 		mark(reply.Changed)
 		if d.Outcome == replication.FullResyncSource {
@@ -135,137 +212,127 @@ func (p *peer) decide(reply replication.HelloReply) (syncPlan, error) {
 			plan.outcome = replication.BitmapResyncSource.String() + " (blocks marked)"
 		}
 	}
-	if v.gen.IsZero() {
+	if gens.Current.IsZero() {
 		// This primary holds no consistent data and the peer holds none
 		// newer: there is nothing to serve or to copy.
-		return plan, &refusedError{rule: d.Rule, reason: fmt.Sprintf(
+		return plan, &refusal{cause: CauseNoSource, final: true, rule: d.Rule, text: fmt.Sprintf(
 			"neither %s nor %s holds data of %s to copy (%v); make one node's data the volume's with replctl primary %s --node NODE --force --yes (a full resync to the other follows)",
 			v.self, p.name, v.name, d, v.name)}
 	}
 	if !plan.sync {
+		if repaired {
+			return plan, v.commit(repair, nil)
+		}
 		return plan, nil
 	}
 	// The peer's copy will be this bitmap's generation plus the blocks
 	// sent; a resync that begins without one gets a fresh one, so that an
 	// interrupted resync resumes from the bitmap (the peer reports it).
-	g, ok := v.bitmapGens[p.name]
+	g, ok := gens.Bitmaps[p.name]
 	if !ok || g.IsZero() {
 		g = replication.NewGeneration()
-		v.bitmapGens[p.name] = g
 	}
 	plan.syncGen = g
-	return plan, v.persistLocked(false)
+	return plan, v.commit(func(x *durable) {
+		repair(x)
+		x.gens = x.gens.ResyncStartedAsSource(p.name, g)
+	}, nil)
+}
+
+// planPull prepares this primary to copy newer data from the peer: the
+// blocks it misses are marked, and it is Inconsistent, durably, BEFORE any
+// block is copied (its old generation kept to resume from). Callers hold
+// v.stateMu.
+func (p *peer) planPull(d replication.UUIDDecision, reply replication.HelloReply) (syncPlan, error) {
+	v := p.v
+	plan := syncPlan{rule: d.Rule, outcome: d.Outcome.String(), pull: true, peerGen: reply.UUIDs.Current}
+	// Everything this node marked for the peer is copied back from it
+	// too: the peer's copy of those blocks is the one to keep (writes
+	// made during a pull complete only on both nodes).
+	for _, r := range bitmapRuns(p.bm) {
+		v.localMissing.SetRange(r[0]*replication.BlockSize, r[1]*replication.BlockSize)
+	}
+	if d.Outcome == replication.FullResyncTarget {
+		v.localMissing.SetRange(0, v.size)
+	} else {
+		for _, r := range reply.Changed {
+			v.localMissing.SetRange(r[0]*replication.BlockSize, r[1]*replication.BlockSize)
+		}
+	}
+	err := v.commit(func(x *durable) {
+		if !x.gens.Current.IsZero() {
+			x.syncGen = x.gens.Current
+			x.gens = x.gens.Inconsistent()
+		}
+		delete(x.gens.Bitmaps, p.name)
+	}, func() {
+		v.diskState = replication.Inconsistent
+		v.why = because(CausePulling, "%s holds newer data (%v): copying %d bytes from it", p.name, d, v.localMissing.Bytes())
+	})
+	if err != nil {
+		return plan, err
+	}
+	p.bm.ClearBits(0, v.size)
+	return plan, nil
 }
 
 // pull copies from the peer every block this primary misses, then takes
 // the peer's generation and tells the peer it is in sync. Reads of the
 // missing blocks go to the peer meanwhile (DRBD 9's primary SyncTarget).
-func (p *peer) pull(ctx context.Context, peerGen replication.Generation) error {
+func (p *peer) pull(s *session, peerGen replication.Generation) error {
 	v := p.v
 	began, total := time.Now(), v.localMissing.Bytes()
 	v.node.event(v.name, "pull", fmt.Sprintf("%s copies %d bytes of newer data from %s", v.self, total, p.name))
 	for {
-		unpaused := func() chan struct{} {
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			return p.unpaused
-		}
-		if err := v.copyMissingFromPeer(ctx, unpaused); err != nil {
+		if err := v.copyMissingFromPeer(s.ctx, p.waitUnpaused); err != nil {
 			return err
 		}
-		v.genMu.Lock()
-		v.mu.Lock()
+		v.stateMu.Lock()
 		if v.localMissing.Count() > 0 {
-			v.mu.Unlock()
-			v.genMu.Unlock()
+			v.stateMu.Unlock()
 			continue
 		}
-		v.gen, v.syncGen = peerGen, replication.Generation{}
-		v.diskState = replication.UpToDate
-		v.reason = ""
-		err := v.persistLocked(false)
-		v.mu.Unlock()
+		// The copied data is durable (copyMissingFromPeer synced) BEFORE
+		// the generation says this disk holds it.
+		err := v.commit(func(x *durable) {
+			x.gens = x.gens.ResyncFinishedAsTarget(p.name, peerGen, x.gens.History)
+			x.syncGen = replication.Generation{}
+		}, func() {
+			v.diskState = replication.UpToDate
+			v.why = reason{}
+		})
 		if err != nil {
-			v.genMu.Unlock()
+			v.stateMu.Unlock()
 			return err
 		}
-		done := p.syncDone(peerGen)
-		p.mu.Lock()
-		if p.streaming {
-			p.enqueueLocked(done)
-		}
-		p.mu.Unlock()
+		s.enqueue(p.syncDone(s, peerGen))
 		p.pulling.Store(false)
-		v.genMu.Unlock()
-		p.kick()
+		v.stateMu.Unlock()
 		v.log.Info("pulled newer data from the peer", "peer", p.name, "bytes", total, "seconds", time.Since(began).Seconds())
 		v.node.event(v.name, "pull-done", fmt.Sprintf("%s copied %d bytes from %s in %.1fs: UpToDate", v.self, total, p.name, time.Since(began).Seconds()))
 		return nil
 	}
 }
 
-// fence stops this primary's IO because a primary of a newer epoch exists
-// (one writer): requests in flight complete, new ones fail. It stays
-// Primary until that primary reaches it, then steps down, or finds a split
-// brain. A peer that takes this node's stream again lifts the fence.
-func (v *Volume) fence(reason string) {
-	v.mu.Lock()
-	if v.role != replication.Primary || v.fenced {
-		v.mu.Unlock()
-		return
-	}
-	v.fenced, v.ioOpen, v.reason = true, false, "fenced: "+reason
-	v.mu.Unlock()
-	v.log.Warn("fenced: a primary of a newer epoch exists; IO stopped", "reason", reason)
-	v.node.event(v.name, "fenced", fmt.Sprintf("%s stops IO: %s", v.self, reason))
-}
-
-// stepDown makes a primary Secondary because a primary of a newer epoch
-// reached it (h) and the generations say no data is lost by following it:
-// requests in flight are answered, new ones are refused, and what this
-// node changed stays marked for the new primary to copy. A write that
-// completed since that comparison may have started a new generation, so
-// once no write is in flight the comparison is made again; if it now finds
-// a split brain, this node goes on serving and stays primary (the caller
-// then refuses the stream as a split brain).
-func (v *Volume) stepDown(h replication.Hello) error {
-	v.mu.Lock()
-	if v.role != replication.Primary {
-		v.mu.Unlock()
-		return nil
-	}
-	v.ioOpen = false
-	v.mu.Unlock()
-	v.io.Wait()
-	v.mu.Lock()
-	d := replication.CompareUUIDs(v.uuidsLocked(h.From), h.UUIDs, replication.Secondary, replication.Primary)
-	if d.Outcome.IsSplitBrain() || d.Outcome == replication.UnrelatedData {
-		v.ioOpen = !v.fenced
-		v.mu.Unlock()
-		return nil
-	}
-	v.mu.Unlock()
-	to, epoch, rule := h.From, h.Epoch, d.String()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	v.node.nbd.CloseExportContext(ctx, v.name)
-	cancel()
-	v.io.Wait()
-	v.stopPeers()
-	if err := v.md.FlushBitmaps(); err != nil {
-		return err
-	}
-	v.mu.Lock()
-	v.role, v.primary, v.epoch, v.fenced = replication.Secondary, to, epoch, false
-	v.diskState = v.idleDiskState()
-	err := v.persistLocked(false)
-	v.mu.Unlock()
+func sendJSON(s *transport.ReplStream, t replication.FrameType, v any) error {
+	data, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	if err := v.md.SetPrimary(false); err != nil {
+	f := transport.NewFrame(len(data) + 1)
+	f.SetBytes(append(append(f.Bytes(), byte(t)), data...))
+	return s.Send(f)
+}
+
+func recvJSON(s *transport.ReplStream, t replication.FrameType, v any) error {
+	f := &transport.Frame{}
+	defer f.Release()
+	if err := s.Recv(f); err != nil {
 		return err
 	}
-	v.log.Warn("stepped down: a primary of a newer epoch took over", "primary", to, "epoch", epoch, "rule", rule)
-	v.node.event(v.name, "stepped-down", fmt.Sprintf("%s is Secondary: %s is primary at epoch %d and nothing is lost by following it (%s)", v.self, to, epoch, rule))
-	return nil
+	b := f.Bytes()
+	if len(b) == 0 || replication.FrameType(b[0]) != t {
+		return fmt.Errorf("%w: expected frame type %d", replication.ErrBadFrame, t)
+	}
+	return json.Unmarshal(b[1:], v)
 }

@@ -62,6 +62,9 @@ func (n *Node) openMD(vc VolumeConfig, disk Disk) (*metadata.MD, func() error, e
 	opts := metadata.MDOptions{
 		Placement: metadata.Internal, DeviceSize: disk.Size(), Volume: vc.VolumeUUID(),
 		NodeID: n.cfg.NodeID(n.name), Peers: n.peerIDs(vc), ALExtents: vc.ALExtents,
+		// The bitmaps cover the volume, not whatever the device holds
+		// beyond it and its metadata.
+		VolumeSize: int64(vc.Size),
 	}
 	if len(opts.Peers) == 0 {
 		opts.Peers = []uint32{0}
@@ -95,11 +98,6 @@ func (n *Node) openMD(vc VolumeConfig, disk Disk) (*metadata.MD, func() error, e
 	if err != nil {
 		closeDev()
 		return nil, nil, fmt.Errorf("metadata at %s: %w", where, err)
-	}
-	if md.UsableSize() < int64(vc.Size) {
-		md.Close()
-		closeDev()
-		return nil, nil, fmt.Errorf("metadata at %s leaves %d usable bytes, the volume needs %d: grow the device", where, md.UsableSize(), vc.Size)
 	}
 	return md, closeDev, nil
 }
@@ -150,6 +148,7 @@ func CreateMetadata(cfg *Config, name, volume, stateDir string, force bool) (str
 	opts := metadata.MDOptions{
 		Placement: metadata.Internal, DeviceSize: disk.Size(), Volume: vc.VolumeUUID(),
 		NodeID: cfg.NodeID(name), Peers: n.peerIDs(*vc), ALExtents: vc.ALExtents, Overwrite: force,
+		VolumeSize: int64(vc.Size),
 	}
 	if len(opts.Peers) == 0 {
 		opts.Peers = []uint32{0}

@@ -41,6 +41,17 @@ type Options struct {
 	OpenPath func(PathConfig) (multipath.Path, error)
 }
 
+// stateStore is the node's own durable state (metadata.Store: bbolt):
+// volume states and the event history. Tests wrap it to inject failures.
+type stateStore interface {
+	Volume(name string) (metadata.VolumeState, bool, error)
+	// PutVolume is durable BEFORE it returns.
+	PutVolume(name string, st metadata.VolumeState) error
+	AddEvent(e metadata.Event) error
+	Events(n int) ([]metadata.Event, error)
+	Close() error
+}
+
 // Node is one running replvol node.
 type Node struct {
 	cfg  *Config
@@ -48,7 +59,7 @@ type Node struct {
 	self NodeConfig
 	log  *slog.Logger
 
-	store *metadata.Store
+	store stateStore
 	vols  map[string]*Volume
 
 	nbd      *nbd.Server
@@ -328,13 +339,16 @@ func (r *resolver) Lookup(name string) (nbd.Export, error) {
 		return nil, err
 	}
 	v.mu.Lock()
-	role, open, primary := v.role, v.ioOpen, v.primary
+	role, open, primary, why := v.role, v.ioOpen, v.d.primary, v.why.text
 	v.mu.Unlock()
 	if role == replication.Primary && open {
 		return v, nil
 	}
 	if role == replication.Primary {
-		return nil, fmt.Errorf("%s: node %s is Primary but not serving IO right now (switchover or shutdown in progress); try again", name, n.name)
+		if why == "" {
+			why = "switchover or shutdown in progress; try again"
+		}
+		return nil, fmt.Errorf("%s: node %s is Primary but not serving IO: %s", name, n.name, why)
 	}
 	if primary == "" || primary == n.name {
 		return nil, fmt.Errorf("%s: node %s is Secondary and no primary is known; see replctl status", name, n.name)
@@ -353,5 +367,23 @@ func (r *resolver) List() []string {
 		v.mu.Unlock()
 	}
 	sort.Strings(out)
+	return out
+}
+
+// nbdClient is one NBD client of a volume on this node.
+type nbdClient struct {
+	addr  string
+	since time.Time
+}
+
+// nbdClients lists the NBD clients connected to a volume's export here.
+func (n *Node) nbdClients(volume string) []nbdClient {
+	if n.nbd == nil {
+		return nil
+	}
+	var out []nbdClient
+	for _, c := range n.nbd.Clients(volume) {
+		out = append(out, nbdClient{addr: c.RemoteAddr, since: c.Since})
+	}
 	return out
 }

@@ -18,7 +18,7 @@ const (
 // rate controller says: never above resync_rate (when set), and with at
 // most busyRuns in flight while applications write. With no cap set, an
 // idle volume resyncs at full speed, unlike DRBD's c-max-rate default.
-func (v *Volume) resyncPace(ctx context.Context, began time.Time, sent int64, window chan struct{}) error {
+func (v *Volume) resyncPace(ctx context.Context, began time.Time, sent int64, inFlight func() int) error {
 	if rate := int64(v.cfg.ResyncRate); rate > 0 {
 		due := began.Add(time.Duration(float64(sent) / float64(rate) * float64(time.Second)))
 		if d := time.Until(due); d > 0 {
@@ -31,7 +31,7 @@ func (v *Volume) resyncPace(ctx context.Context, began time.Time, sent int64, wi
 			}
 		}
 	}
-	for v.busy() && len(window) >= busyRuns {
+	for inFlight != nil && v.busy() && inFlight() >= busyRuns {
 		t := time.NewTimer(time.Millisecond)
 		select {
 		case <-t.C:

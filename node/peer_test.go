@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -10,49 +11,64 @@ import (
 )
 
 // gateStream is a replication stream whose sends wait at a gate; it
-// reports each frame's entry count once sent.
+// reports each frame's entry count once sent. Its receiving side hears
+// nothing, like a peer that hangs.
 type gateStream struct {
+	ctx     context.Context
 	entered chan struct{} // a send is waiting at the gate
 	gate    chan struct{}
 	sent    chan int
 }
 
+func newGateStream() *gateStream {
+	return &gateStream{ctx: context.Background(), entered: make(chan struct{}, 16), gate: make(chan struct{}), sent: make(chan int, 16)}
+}
+
 func (g *gateStream) SendMsg(m any) error {
 	g.entered <- struct{}{}
-	<-g.gate
+	select {
+	case <-g.gate:
+	case <-g.ctx.Done():
+		return g.ctx.Err()
+	}
 	var entries []replication.Entry
 	entries, err := replication.DecodeBatch(m.(*transport.Frame).Bytes(), entries)
 	if err != nil {
 		return err
 	}
-	g.sent <- len(entries)
+	select {
+	case g.sent <- len(entries):
+	default: // nobody counts these frames
+	}
 	return nil
 }
 
-func (g *gateStream) RecvMsg(any) error        { select {} }
-func (g *gateStream) Context() context.Context { return context.Background() }
+func (g *gateStream) RecvMsg(any) error {
+	<-g.ctx.Done()
+	return g.ctx.Err()
+}
+
+func (g *gateStream) Context() context.Context { return g.ctx }
 
 // TestAnEntryQueuedDuringAHeartbeatIsSent: a write queued while an idle
-// stream's heartbeat is being sent finds the stream busy and leaves the
-// sending to it; the heartbeat's sender must then send it, or the write
-// waits forever (it did, once in a few dozen pulls under load).
+// stream's heartbeat is on the wire waits for the one sending goroutine,
+// which sends it as soon as the heartbeat is out (an earlier design left
+// the sending to "whoever finds nobody sending", and once nobody did).
 func TestAnEntryQueuedDuringAHeartbeatIsSent(t *testing.T) {
 	c := newTestCluster(t, 8<<20)
 	c.start("alpha")
 	p := newPeer(c.vol("alpha"), "beta")
-	g := &gateStream{entered: make(chan struct{}, 4), gate: make(chan struct{}), sent: make(chan int, 4)}
-	p.stream, p.streaming, p.sendFail = transport.NewReplStream(g), true, func(error) {}
-	go func() {
-		p.mu.Lock()
-		p.heartbeatLocked()
-		p.mu.Unlock()
-	}()
-	<-g.entered // the heartbeat is out
-	pd := &pending{e: replication.Entry{Op: replication.OpFlush}, done: make(chan struct{})}
-	p.mu.Lock()
-	p.enqueueLocked(pd)
-	p.sendLocked() // the stream is busy: this returns at once
-	p.mu.Unlock()
+	g := newGateStream()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	g.ctx = ctx
+	s := newSession(ctx, p, transport.NewReplStream(g, cancel), 400*time.Millisecond)
+	go func() { _ = s.send() }()
+	<-g.entered // the heartbeat is out (an idle stream probes every timeout/4)
+	pd := newPending(replication.Entry{Op: replication.OpFlush})
+	if !s.enqueue(pd) {
+		t.Fatal("a running session refused an entry")
+	}
 	close(g.gate)
 	if n := <-g.sent; n != 0 {
 		t.Fatalf("first frame carried %d entries, want the empty heartbeat", n)
@@ -64,5 +80,56 @@ func TestAnEntryQueuedDuringAHeartbeatIsSent(t *testing.T) {
 		}
 	case <-time.After(2 * time.Second):
 		t.Fatal("the entry queued during the heartbeat was never sent")
+	}
+}
+
+// TestAHungPeerCostsAWriteAtMostThePeerTimeout: a peer that takes the
+// stream and then answers nothing (a SIGSTOPped process: TCP is up, the
+// sends even go through) is given up after peer_timeout: the write waiting
+// for it completes, unacknowledged, its blocks marked for the peer after
+// the volume started tracking it.
+func TestAHungPeerCostsAWriteAtMostThePeerTimeout(t *testing.T) {
+	c := newTestCluster(t, 8<<20)
+	c.start("alpha")
+	v := c.vol("alpha")
+	p := v.peers["beta"]
+	v.stopPeers() // this test drives the session itself
+	g := newGateStream()
+	close(g.gate) // sends go through; nothing ever comes back
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	g.ctx = ctx
+	const timeout = 300 * time.Millisecond
+	s := newSession(context.Background(), p, transport.NewReplStream(g, cancel), timeout)
+	p.mu.Lock()
+	p.sess, p.state, p.peerDisk = s, replication.Connected, string(replication.UpToDate)
+	p.mu.Unlock()
+	ended := make(chan error, 1)
+	began := time.Now()
+	go func() { ended <- s.run(nil) }()
+	pd, err := p.submit(replication.Entry{Op: replication.OpWrite, Off: 4096, Length: 4096, Data: make([]byte, 4096)})
+	if err != nil || pd == nil {
+		t.Fatalf("submit to a streaming peer: %v, %v", pd, err)
+	}
+	select {
+	case <-pd.done:
+	case <-time.After(10 * timeout):
+		t.Fatal("the write still waits for the hung peer")
+	}
+	took := time.Since(began)
+	if pd.acked || pd.err != nil {
+		t.Fatalf("entry completed acked=%v err=%v, want unacknowledged and tracked", pd.acked, pd.err)
+	}
+	if took < timeout || took > timeout+time.Second {
+		t.Fatalf("the hung peer held the write %s, want about the peer timeout (%s)", took, timeout)
+	}
+	if err := <-ended; !errors.Is(err, ErrPeerTimeout) {
+		t.Fatalf("session ended with %v, want ErrPeerTimeout", err)
+	}
+	if !p.bm.Test(1) {
+		t.Fatal("the block the hung peer missed is not marked in its bitmap")
+	}
+	if !v.tracking("beta") {
+		t.Fatal("the volume does not track beta after it missed a write")
 	}
 }

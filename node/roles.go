@@ -3,6 +3,8 @@ package node
 import (
 	"context"
 	"fmt"
+	"sort"
+	"strings"
 	"time"
 
 	"github.com/replvol/replvol/replication"
@@ -27,10 +29,28 @@ func (v *Volume) stopPeers() {
 	}
 }
 
+// clientsError refuses a role change while NBD clients use the export
+// here, naming them: a mounted file system would get I/O errors (DRBD
+// refuses to demote a device held open).
+func (v *Volume) clientsError(what string) error {
+	clients := v.node.nbdClients(v.name)
+	if len(clients) == 0 {
+		return nil
+	}
+	var list []string
+	for _, c := range clients {
+		list = append(list, fmt.Sprintf("%s (connected since %s)", c.addr, c.since.UTC().Format(time.RFC3339)))
+	}
+	sort.Strings(list)
+	return fmt.Errorf("%w: %s refused: %d NBD client(s) of %s on %s: %s; unmount the file system and disconnect them (nbd-client -d, or stop nbdfuse/qemu) first",
+		ErrHasClients, what, len(clients), v.name, v.self, strings.Join(list, ", "))
+}
+
 // demote hands the primary role over to node to: IO stops (requests in
 // flight are answered), everything is flushed on every replica, and to
 // must be connected and in sync. Only then does this node become
-// Secondary, durably. On any failure it goes on serving as primary.
+// Secondary, durably. On any failure it goes on serving as primary. It is
+// refused while NBD clients are connected here.
 func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (uint64, replication.Generation, error) {
 	if timeout <= 0 {
 		timeout = 30 * time.Second
@@ -45,6 +65,9 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 	if !ok {
 		return 0, replication.Generation{}, fmt.Errorf("%s has no replica of %s", to, v.name)
 	}
+	if err := v.clientsError("switchover to " + to); err != nil {
+		return 0, replication.Generation{}, err
+	}
 	inSync := func() bool {
 		st := p.status()
 		return st.Replication == string(replication.Connected) && st.OutOfSyncBytes == 0 && st.PeerDisk == string(replication.UpToDate)
@@ -56,36 +79,42 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 			to, v.self, st.Replication, st.PeerDisk, st.OutOfSyncBytes, reasonSuffix(st.Reason))
 	}
 	v.mu.Lock()
+	wasOpen := v.ioOpen
 	v.ioOpen = false
 	v.mu.Unlock()
-	v.node.nbd.CloseExport(v.name)
-	v.io.Wait()
 	reopen := func(err error) (uint64, replication.Generation, error) {
 		v.mu.Lock()
-		v.ioOpen = true
+		v.ioOpen = wasOpen
 		v.mu.Unlock()
 		return 0, replication.Generation{}, err
 	}
+	// A client that attached just before IO stopped is refused too.
+	if err := v.clientsError("switchover to " + to); err != nil {
+		return reopen(err)
+	}
+	v.node.nbd.CloseExport(v.name)
+	v.io.Wait()
 	if err := v.flushAll(); err != nil {
 		return reopen(err)
 	}
 	if !waitFor(ctx, 5*time.Second, inSync) {
 		return reopen(fmt.Errorf("%s fell out of sync during the handover", to))
 	}
-	v.genMu.Lock()
-	v.mu.Lock()
-	gen, epoch := v.gen, v.epoch
+	v.stateMu.Lock()
+	var gen replication.Generation
+	var epoch uint64
 	// Until the new primary's stream arrives, point NBD clients at it.
-	v.role, v.primary, v.fenced = replication.Secondary, to, false
-	if err := v.persistLocked(false); err != nil {
-		v.role, v.primary = replication.Primary, v.self
-		v.mu.Unlock()
-		v.genMu.Unlock()
+	err := v.commit(func(d *durable) {
+		gen, epoch = d.gens.Current, d.epoch
+		d.primary = to
+	}, func() {
+		v.fenced, v.waiting = false, false
+		v.diskState = v.idleDiskState()
+	})
+	v.stateMu.Unlock()
+	if err != nil {
 		return reopen(err)
 	}
-	v.diskState = v.idleDiskState()
-	v.mu.Unlock()
-	v.genMu.Unlock()
 	v.stopPeers()
 	// Every write is done and on both disks: no activity log to apply if
 	// this node crashes from here on.
@@ -107,57 +136,129 @@ func reasonSuffix(r string) string {
 }
 
 // promote makes this node primary at epoch. It must hold exactly the
-// data the old primary handed over (gen); the epoch is durable BEFORE the
-// first write is accepted.
+// data the old primary handed over (gen); the primary indicator and the
+// epoch are durable BEFORE the first write is accepted.
 func (v *Volume) promote(epoch uint64, gen replication.Generation) error {
 	v.mu.Lock()
 	if v.role == replication.Primary {
 		defer v.mu.Unlock()
-		if v.epoch == epoch && v.gen == gen {
+		if v.d.epoch == epoch && v.d.gens.Current == gen {
 			return nil
 		}
-		return fmt.Errorf("%s is already primary on %s at epoch %d", v.name, v.self, v.epoch)
+		return fmt.Errorf("%s is already primary on %s at epoch %d", v.name, v.self, v.d.epoch)
 	}
-	if v.gen != gen || gen.IsZero() {
+	if v.d.gens.Current != gen || gen.IsZero() {
 		defer v.mu.Unlock()
-		return fmt.Errorf("%s on %s holds generation %s, the primary handed over %s: this copy is not up to date, refusing to promote it", v.name, v.self, v.gen, gen)
+		return fmt.Errorf("%s on %s holds generation %s, the primary handed over %s: this copy is not up to date, refusing to promote it", v.name, v.self, v.d.gens.Current, gen)
 	}
-	if epoch <= v.epoch {
+	if epoch <= v.d.epoch {
 		defer v.mu.Unlock()
-		return fmt.Errorf("stale epoch %d: %s has seen epoch %d", epoch, v.self, v.epoch)
+		return fmt.Errorf("stale epoch %d: %s has seen epoch %d", epoch, v.self, v.d.epoch)
 	}
 	v.mu.Unlock()
 	v.detachIncoming()
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.gen != gen {
+	v.stateMu.Lock()
+	defer v.stateMu.Unlock()
+	if v.currentGeneration() != gen {
 		return fmt.Errorf("%s on %s changed generation during promotion", v.name, v.self)
 	}
 	// Bitmaps of an earlier term mean nothing now: this node held every
 	// write, so it starts with every peer in sync.
+	v.clearPeerBitmaps()
+	if err := v.md.SetPrimary(true); err != nil {
+		return err
+	}
+	err := v.commit(func(d *durable) {
+		d.epoch, d.primary, d.primarySince = epoch, v.self, time.Now().UnixNano()
+		d.gens = d.gens.Promoted()
+	}, func() {
+		v.diskState = replication.UpToDate
+		v.why, v.fenced, v.waiting = reason{}, false, false
+		v.resetPeersLocked()
+		v.ioOpen = true
+	})
+	if err != nil {
+		return err
+	}
+	v.log.Info("promoted", "epoch", epoch)
+	v.node.event(v.name, "promoted", fmt.Sprintf("%s is primary for %s at epoch %d", v.self, v.name, epoch))
+	return nil
+}
+
+// clearPeerBitmaps clears every peer's bitmap (in memory; flushed later).
+func (v *Volume) clearPeerBitmaps() {
 	for _, id := range v.node.peerIDs(v.cfg) {
 		if bm, ok := v.md.Bitmap(id); ok {
 			bm.ClearBits(0, v.size)
 		}
 	}
-	clear(v.bitmapGens)
-	// The primary indicator and the epoch are durable BEFORE the first write.
-	if err := v.md.SetPrimary(true); err != nil {
+}
+
+// fence stops this primary's IO because a primary of a newer epoch exists
+// (one writer): requests in flight complete, new ones fail. It stays
+// Primary until that primary reaches it, then steps down, or finds a split
+// brain. A peer that takes this node's stream again lifts the fence.
+func (v *Volume) fence(epoch uint64, why string) {
+	v.mu.Lock()
+	v.knownEpoch = max(v.knownEpoch, epoch)
+	if v.role != replication.Primary || v.fenced {
+		v.mu.Unlock()
+		return
+	}
+	v.fenced, v.ioOpen = true, false
+	v.why = because(CauseFenced, "fenced: %s", why)
+	v.mu.Unlock()
+	v.log.Warn("fenced: a primary of a newer epoch exists; IO stopped", "reason", why)
+	v.node.event(v.name, "fenced", fmt.Sprintf("%s stops IO: %s", v.self, why))
+}
+
+// stepDown makes a primary Secondary because a primary of a newer epoch
+// reached it (h) and the generations say no data is lost by following it:
+// requests in flight are answered, new ones are refused, and what this
+// node changed stays marked for the new primary to copy. A write that
+// completed since that comparison may have started a new generation, so
+// once no write is in flight the comparison is made again; if it now finds
+// a split brain, this node stops its IO (the newer epoch wins) and stays
+// primary, and the caller refuses the stream as a split brain.
+func (v *Volume) stepDown(h replication.Hello) error {
+	v.mu.Lock()
+	if v.role != replication.Primary {
+		v.mu.Unlock()
+		return nil
+	}
+	v.ioOpen = false
+	v.mu.Unlock()
+	v.io.Wait()
+	v.mu.Lock()
+	d := replication.CompareUUIDs(v.uuidsLocked(h.From), h.UUIDs, replication.Secondary, replication.Primary)
+	v.mu.Unlock()
+	if d.Outcome.IsSplitBrain() || d.Outcome == replication.UnrelatedData {
+		v.fence(h.Epoch, fmt.Sprintf("%s is primary at the newer epoch %d and the data diverged (%v)", h.From, h.Epoch, d))
+		return nil
+	}
+	to, epoch, rule := h.From, h.Epoch, d.String()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	v.node.nbd.CloseExportContext(ctx, v.name)
+	cancel()
+	v.io.Wait()
+	v.stopPeers()
+	if err := v.md.FlushBitmaps(); err != nil {
 		return err
 	}
-	oldEpoch, oldPrimary := v.epoch, v.primary
-	v.epoch, v.primary, v.role = epoch, v.self, replication.Primary
-	v.primarySince = time.Now().UnixNano()
-	if err := v.persistLocked(false); err != nil {
-		v.epoch, v.primary, v.role = oldEpoch, oldPrimary, replication.Secondary
+	v.stateMu.Lock()
+	err := v.commit(func(d *durable) { d.primary, d.epoch = to, epoch }, func() {
+		v.fenced, v.waiting, v.why = false, false, reason{}
+		v.diskState = v.idleDiskState()
+	})
+	v.stateMu.Unlock()
+	if err != nil {
 		return err
 	}
-	v.diskState = replication.UpToDate
-	v.reason, v.fenced = "", false
-	v.resetPeersLocked()
-	v.ioOpen = true
-	v.log.Info("promoted", "epoch", epoch)
-	v.node.event(v.name, "promoted", fmt.Sprintf("%s is primary for %s at epoch %d", v.self, v.name, epoch))
+	if err := v.md.SetPrimary(false); err != nil {
+		return err
+	}
+	v.log.Warn("stepped down: a primary of a newer epoch took over", "primary", to, "epoch", epoch, "rule", rule)
+	v.node.event(v.name, "stepped-down", fmt.Sprintf("%s is Secondary: %s is primary at epoch %d and nothing is lost by following it (%s)", v.self, to, epoch, rule))
 	return nil
 }
 
@@ -171,10 +272,11 @@ func (v *Volume) setAdminDown(down bool) {
 	}
 	v.adminDown = down
 	role := v.role
-	if down {
-		v.reason = "disconnected by operator"
-	} else {
-		v.reason = ""
+	switch {
+	case down:
+		v.why = because(CauseAdminDown, "disconnected by operator")
+	case v.why.cause == CauseAdminDown:
+		v.why = reason{}
 	}
 	if role == replication.Primary && !down {
 		v.startPeersLocked()
@@ -185,7 +287,7 @@ func (v *Volume) setAdminDown(down bool) {
 			v.stopPeers()
 			for _, p := range v.streamingPeers() {
 				p.mu.Lock()
-				p.reason = "disconnected by operator"
+				p.why = because(CauseAdminDown, "disconnected by operator")
 				p.mu.Unlock()
 			}
 		} else {
@@ -213,4 +315,26 @@ func (v *Volume) resetPeersLocked() {
 	if !v.adminDown {
 		v.startPeersLocked()
 	}
+}
+
+// noteSplitBrain records a split brain found with peer (by rule).
+func (v *Volume) noteSplitBrain(peer, rule string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.noteSplitBrainLocked(peer, rule)
+}
+
+func (v *Volume) noteSplitBrainLocked(peer, rule string) {
+	if v.splitBrain == nil {
+		v.splitBrain = map[string]string{}
+	}
+	v.splitBrain[peer] = rule
+}
+
+// inSplitBrain reports whether this node found a split brain with a peer
+// and has not connected to it since.
+func (v *Volume) inSplitBrain() bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return len(v.splitBrain) > 0
 }

@@ -3,6 +3,8 @@ package node
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
@@ -77,10 +79,10 @@ func (n *Node) handleStream(s *transport.ReplStream) error {
 }
 
 // refuseLocked says why this node will not take a stream, or returns a
-// zero reply when it will.
+// zero reply when it will. Callers hold v.mu.
 func (v *Volume) refuseLocked(h replication.Hello) replication.HelloReply {
-	refuse := func(format string, a ...any) replication.HelloReply {
-		return replication.HelloReply{Reason: fmt.Sprintf(format, a...), Epoch: v.epoch}
+	refuse := func(code replication.Refusal, format string, a ...any) replication.HelloReply {
+		return replication.HelloReply{Refused: code, Reason: fmt.Sprintf(format, a...), Epoch: v.d.epoch, Primary: v.role == replication.Primary}
 	}
 	if v.discard != nil && h.To == v.self && !v.adminDown && h.Size == v.size {
 		// The operator told this node to give up its data: it follows the
@@ -89,86 +91,98 @@ func (v *Volume) refuseLocked(h replication.Hello) replication.HelloReply {
 	}
 	switch {
 	case h.To != v.self:
-		return refuse("stream for %s reached %s", h.To, v.self)
+		return refuse(replication.RefusedWrongNode, "stream for %s reached %s", h.To, v.self)
 	case v.adminDown:
-		return refuse("%s is disconnected from %s by the operator (replctl connect %s --node %s)", v.self, v.name, v.name, v.self)
+		return refuse(replication.RefusedAdminDown, "%s is disconnected from %s by the operator (replctl connect %s --node %s)", v.self, v.name, v.name, v.self)
 	case h.Size != v.size:
-		return refuse("volume %s is %d bytes on %s but %d on %s", v.name, v.size, v.self, h.Size, h.From)
+		return refuse(replication.RefusedSize, "volume %s is %d bytes on %s but %d on %s", v.name, v.size, v.self, h.Size, h.From)
 	}
 	d := replication.CompareUUIDs(v.uuidsLocked(h.From), h.UUIDs, v.role, replication.Primary)
-	if v.role == replication.Primary && h.Epoch < v.epoch && !d.Outcome.IsSplitBrain() {
+	if v.role == replication.Primary && h.Epoch < v.d.epoch && !d.Outcome.IsSplitBrain() {
 		// The sender is an old primary: this node took over at a newer
 		// epoch and reaches it itself.
-		r := refuse("%s is primary for %s at epoch %d; %s's epoch %d is older: it follows %s once %s reaches it", v.self, v.name, v.epoch, h.From, h.Epoch, v.self, v.self)
-		r.Primary, r.Final, r.Rule = true, true, ruleNewerEpoch
+		r := refuse(replication.RefusedNewerEpoch, "%s is primary for %s at epoch %d; %s's epoch %d is older: it follows %s once %s reaches it", v.self, v.name, v.d.epoch, h.From, h.Epoch, v.self, v.self)
+		r.Rule = ruleNewerEpoch
 		return r
 	}
 	if d.Outcome == replication.UnrelatedData {
-		r := refuse("unrelated data (%s): %s and %s share no generation; if %s's data should go, run replctl create-md %s --force --yes on it (a full resync follows)", d.Rule, v.self, h.From, v.self, v.name)
-		r.Final, r.Rule = true, d.Rule
+		r := refuse(replication.RefusedUnrelated, "unrelated data (%s): %s and %s share no generation; if %s's data should go, run replctl create-md %s --force --yes on it (a full resync follows)", d.Rule, v.self, h.From, v.self, v.name)
+		r.Rule = d.Rule
 		return r
 	}
 	if d.Outcome.IsSplitBrain() || v.role == replication.Primary {
-		r := refuse("split-brain (%s): %s and %s both changed %s since their last common generation; resolve with replctl connect %s --discard-my-data --node VICTIM", d.Rule, v.self, h.From, v.name, v.name)
+		r := refuse(replication.RefusedSplitBrain, "split-brain (%s): %s and %s both changed %s since their last common generation; resolve with replctl connect %s --discard-my-data --node VICTIM", d.Rule, v.self, h.From, v.name, v.name)
 		if v.role == replication.Primary && !d.Outcome.IsSplitBrain() {
-			r.Reason = fmt.Sprintf("%s is Primary for %s itself at epoch %d; %s claims epoch %d too: two primaries, refusing (split brain)", v.self, v.name, v.epoch, h.From, h.Epoch)
+			r.Reason = fmt.Sprintf("%s is Primary for %s itself at epoch %d; %s claims epoch %d too: two primaries, refusing (split brain)", v.self, v.name, v.d.epoch, h.From, h.Epoch)
 		}
-		r.SplitBrain, r.Final, r.Rule, r.Primary = true, true, d.Rule, v.role == replication.Primary
-		r.PrimarySince = v.primarySince
+		r.Rule, r.PrimarySince = d.Rule, v.d.primarySince
 		if bm, ok := v.md.Bitmap(v.node.cfg.NodeID(h.From)); ok {
 			r.Changes = bm.Bytes()
 		}
 		return r
 	}
 	switch {
-	case h.Epoch < v.epoch:
-		return refuse("stale epoch: %s sent epoch %d but %s has seen epoch %d (primary %s)", h.From, h.Epoch, v.self, v.epoch, v.primary)
-	case h.Epoch == v.epoch && v.primary != "" && h.From != v.primary:
-		return refuse("epoch %d belongs to %s, not %s", h.Epoch, v.primary, h.From)
+	case h.Epoch < v.d.epoch:
+		return refuse(replication.RefusedStaleEpoch, "stale epoch: %s sent epoch %d but %s has seen epoch %d (primary %s)", h.From, h.Epoch, v.self, v.d.epoch, v.d.primary)
+	case h.Epoch == v.d.epoch && v.d.primary != "" && h.From != v.d.primary:
+		return refuse(replication.RefusedOtherPrimary, "epoch %d belongs to %s, not %s", h.Epoch, v.d.primary, h.From)
 	}
 	return replication.HelloReply{}
 }
+
+// ruleNewerEpoch names the refusal a primary of a newer epoch gives an
+// older primary: the older one is fenced.
+const ruleNewerEpoch = "newer-epoch"
 
 // serveStream applies the primary's stream to the local disk, in order,
 // acknowledging each batch after its last entry is written.
 func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error {
 	v.mu.Lock()
-	if v.role == replication.Primary && h.To == v.self && !v.adminDown && h.Size == v.size && h.Epoch > v.epoch && v.discard == nil {
+	if v.role == replication.Primary && h.To == v.self && !v.adminDown && h.Size == v.size && h.Epoch > v.d.epoch && v.discard == nil {
 		// A primary of a newer epoch took over while this one was away.
 		// Follow it unless both changed the data: what this node wrote
-		// meanwhile stays marked, and the new primary copies it.
+		// meanwhile stays marked, and the new primary copies it. If both
+		// did, this older primary stops its IO at once all the same.
 		d := replication.CompareUUIDs(v.uuidsLocked(h.From), h.UUIDs, replication.Secondary, replication.Primary)
 		v.mu.Unlock()
-		if !d.Outcome.IsSplitBrain() && d.Outcome != replication.UnrelatedData {
-			if err := v.stepDown(h); err != nil {
-				return err
-			}
+		if d.Outcome.IsSplitBrain() || d.Outcome == replication.UnrelatedData {
+			v.fence(h.Epoch, fmt.Sprintf("%s is primary at the newer epoch %d and the data diverged (%v)", h.From, h.Epoch, d))
+		} else if err := v.stepDown(h); err != nil {
+			return err
 		}
 		v.mu.Lock()
 	}
-	if reply := v.refuseLocked(h); reply.Reason != "" {
-		if !reply.Primary || reply.SplitBrain {
-			v.reason = reply.Reason
+	if reply := v.refuseLocked(h); reply.Refused != "" {
+		if reply.Refused != replication.RefusedNewerEpoch {
+			v.why = reason{cause: causeOfRefusal(reply.Refused), text: reply.Reason}
+		}
+		if reply.Refused == replication.RefusedSplitBrain {
+			v.noteSplitBrainLocked(h.From, reply.Rule)
 		}
 		v.mu.Unlock()
-		v.log.Warn("refused replication stream", "from", h.From, "reason", reply.Reason)
-		if reply.SplitBrain {
+		v.log.Warn("refused replication stream", "from", h.From, "refusal", reply.Refused, "reason", reply.Reason)
+		if reply.Refused == replication.RefusedSplitBrain {
 			v.node.event(v.name, "split-brain", reply.Reason)
 		}
 		return sendJSON(s, replication.FrameHelloReply, reply)
 	}
-	if v.discard != nil || h.Epoch > v.epoch || v.primary != h.From {
+	adopt := v.discard != nil || h.Epoch > v.d.epoch || v.d.primary != h.From
+	v.mu.Unlock()
+	if adopt {
 		// The new epoch is durable BEFORE the first write of its primary.
-		v.epoch, v.primary = h.Epoch, h.From
-		if err := v.persistLocked(false); err != nil {
-			v.mu.Unlock()
+		v.stateMu.Lock()
+		err := v.commit(func(d *durable) { d.epoch, d.primary = h.Epoch, h.From }, nil)
+		v.stateMu.Unlock()
+		if err != nil {
 			return err
 		}
 	}
+	v.mu.Lock()
 	old := v.incoming
 	in := &incoming{from: h.From, st: replication.Connected}
 	v.incoming = in
-	v.reason = ""
+	v.why = reason{}
+	delete(v.splitBrain, h.From)
 	v.mu.Unlock()
 	if old != nil {
 		old.stop()
@@ -186,7 +200,7 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 	}()
 
 	v.mu.Lock()
-	reply := replication.HelloReply{Accepted: true, Generation: v.gen, Disk: v.diskState, Epoch: v.epoch, UUIDs: v.uuidsLocked(h.From)}
+	reply := replication.HelloReply{Accepted: true, Generation: v.d.gens.Current, Disk: v.diskState, Epoch: v.d.epoch, UUIDs: v.uuidsLocked(h.From)}
 	if bm, ok := v.md.Bitmap(v.node.cfg.NodeID(h.From)); ok && bm.Count() > 0 {
 		// What this node changed, or may have (its activity log after a
 		// crash as primary), that the primary does not have.
@@ -200,10 +214,35 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 		return err
 	}
 	v.log.Info("replicating from primary", "primary", h.From, "epoch", h.Epoch)
+	return v.applyStream(s, in, h.From)
+}
 
-	// A reader goroutine keeps frames coming while this one applies them in
-	// order. When several frames are waiting, all are applied and one ack
-	// covers them: fewer messages on the wire under load.
+// causeOfRefusal is the Cause a secondary records for refusing a stream.
+func causeOfRefusal(r replication.Refusal) Cause {
+	switch r {
+	case replication.RefusedSplitBrain:
+		return CauseSplitBrain
+	case replication.RefusedUnrelated:
+		return CauseUnrelated
+	case replication.RefusedAdminDown:
+		return CauseAdminDown
+	}
+	return CauseRefused
+}
+
+// applyStream applies the stream's batches in order. A reader goroutine
+// keeps frames coming while this one applies them; when several frames
+// are waiting, all are applied and one ack covers them. While a batch
+// takes long to apply (a flush of much data), the peer is told every
+// quarter of the peer timeout that this node is alive (an ack of nothing),
+// so that a slow disk is not taken for a hung node.
+func (v *Volume) applyStream(s *transport.ReplStream, in *incoming, from string) error {
+	var sendMu sync.Mutex
+	send := func(f *transport.Frame) error {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		return s.Send(f)
+	}
 	frames := make(chan *transport.Frame, 8)
 	free := make(chan *transport.Frame, 10)
 	for range cap(free) {
@@ -231,6 +270,25 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 			}
 		}
 	}()
+	var applying atomic.Bool
+	go func() {
+		tick := time.NewTicker(max(v.cfg.peerTimeout()/4, 10*time.Millisecond))
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				if applying.Load() {
+					af := transport.NewFrame(32)
+					af.SetBytes(replication.AppendAck(af.Bytes(), replication.Ack{}))
+					if send(af) != nil {
+						return
+					}
+				}
+			}
+		}
+	}()
 	var entries []replication.Entry
 	for {
 		var f *transport.Frame
@@ -249,13 +307,15 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 			in.applyMu.Lock()
 			if in.stopped {
 				in.applyMu.Unlock()
-				return fmt.Errorf("stream from %s replaced or stopped", h.From)
+				return fmt.Errorf("stream from %s replaced or stopped", from)
 			}
+			applying.Store(true)
 			a := v.apply(in, entries, func(seq uint64, st replication.AckStatus, data []byte) error {
 				rf := transport.NewFrame(replication.ReadReplyHeaderLen + len(data))
 				rf.SetBytes(replication.AppendReadReply(rf.Bytes(), seq, st, data))
-				return s.Send(rf)
+				return send(rf)
 			})
+			applying.Store(false)
 			in.applyMu.Unlock()
 			free <- f
 			f = nil
@@ -272,11 +332,11 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 		}
 		af := transport.NewFrame(32)
 		af.SetBytes(replication.AppendAck(af.Bytes(), ack))
-		if err := s.Send(af); err != nil {
+		if err := send(af); err != nil {
 			return err
 		}
 		if ack.Status != replication.AckOK {
-			return fmt.Errorf("replication from %s stopped: %s", h.From, ack.Message)
+			return fmt.Errorf("replication from %s stopped: %s", from, ack.Message)
 		}
 	}
 }
@@ -291,15 +351,16 @@ func (v *Volume) apply(in *incoming, entries []replication.Entry, readReply func
 	ack := replication.Ack{Seq: entries[len(entries)-1].Seq}
 	fail := func(e *replication.Entry, err error) replication.Ack {
 		v.log.Error("applying replicated entry failed", "op", e.Op, "off", e.Off, "len", e.Length, "err", err)
+		// The primary marks every entry of this batch for this node (it
+		// gets no ack for them): this disk is its generation plus some of
+		// them, applied in order, which a resync of those blocks repairs.
+		// The generation stays, so that resync is of the marked blocks,
+		// not a full one.
 		v.mu.Lock()
-		// This disk missed a write its primary thinks it has: it is no
-		// longer consistent with any generation.
-		v.gen, v.syncGen = replication.Generation{}, replication.Generation{}
 		v.diskState = replication.Failed
-		if perr := v.persistLocked(false); perr != nil {
-			v.log.Error("persist failed disk state", "err", perr)
-		}
+		v.why = because(CauseDiskFailed, "a replicated write failed on %s (%v): the primary marks the blocks it sent and resyncs them once the disk takes writes again", v.self, err)
 		v.mu.Unlock()
+		v.node.event(v.name, "apply-failed", v.why.text)
 		return replication.Ack{Seq: ack.Seq, Status: replication.AckIOError, Message: fmt.Sprintf("%s: %v", v.self, err)}
 	}
 	needSync := false
@@ -375,11 +436,11 @@ func (v *Volume) apply(in *incoming, entries []replication.Entry, readReply func
 				return fail(e, fmt.Errorf("sync-start entry with %d-byte generation", len(e.Data)))
 			}
 			copy(g[:], e.Data)
-			v.mu.Lock()
-			v.gen, v.syncGen = replication.Generation{}, g
-			v.diskState = replication.Inconsistent
-			err = v.persistLocked(false)
-			v.mu.Unlock()
+			v.stateMu.Lock()
+			err = v.commit(func(d *durable) {
+				d.gens, d.syncGen = d.gens.Inconsistent(), g
+			}, func() { v.diskState = replication.Inconsistent })
+			v.stateMu.Unlock()
 			in.setState(replication.SyncTarget)
 		case replication.OpSyncDone:
 			var g replication.Generation
@@ -394,26 +455,30 @@ func (v *Volume) apply(in *incoming, entries []replication.Entry, readReply func
 				history = append(history, h)
 			}
 			// The resynced data is durable BEFORE the generation says so.
-			if err = v.disk.Sync(); err == nil {
-				v.mu.Lock()
-				v.gen, v.syncGen = g, replication.Generation{}
-				v.adoptHistory = history
-				// This node holds the primary's data: changes it tracked
-				// toward the primary (an earlier term of its own) are in.
-				if _, ok := v.bitmapGens[in.from]; ok {
-					delete(v.bitmapGens, in.from)
-					if bm, ok := v.md.Bitmap(v.node.cfg.NodeID(in.from)); ok {
-						bm.ClearBits(0, v.size)
-					}
-				}
+			if err = v.disk.Sync(); err != nil {
+				break
+			}
+			v.stateMu.Lock()
+			err = v.commit(func(d *durable) {
+				d.gens, d.syncGen = d.gens.ResyncFinishedAsTarget(in.from, g, history), replication.Generation{}
+			}, func() {
 				if v.discard != nil {
-					v.discard, v.reason = nil, ""
+					v.discard, v.why = nil, reason{}
 				}
 				v.diskState = replication.UpToDate
-				err = v.persistLocked(false)
-				v.mu.Unlock()
-				in.setState(replication.Connected)
+			})
+			v.stateMu.Unlock()
+			if err != nil {
+				break
 			}
+			// This node holds the primary's data now: whatever it marked
+			// toward the primary (writes of an earlier term of its own,
+			// its activity log after a crash as primary) is in. Left
+			// marked, it would be resynced again at every reconnection.
+			if bm, ok := v.md.Bitmap(v.node.cfg.NodeID(in.from)); ok {
+				bm.ClearBits(0, v.size)
+			}
+			in.setState(replication.Connected)
 		default:
 			err = fmt.Errorf("unknown op %d", e.Op)
 		}

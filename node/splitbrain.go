@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -12,41 +11,11 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// errSplitBrain: the peer is primary too.
-var errSplitBrain = errors.New("split brain")
-
-// splitBrainError carries what the other side said of itself.
-type splitBrainError struct {
-	reason string
-	// rule is the generation rule that found it ("" when only the roles
-	// did: both nodes primary in one epoch).
-	rule string
-	// peerPrimary: the other side is primary too (an after-sb policy can
-	// make either side the victim only then).
-	peerPrimary bool
-	peer        replication.SplitBrainSide
-}
-
-func (e *splitBrainError) Error() string { return "split brain: " + e.reason }
-func (e *splitBrainError) Unwrap() error { return errSplitBrain }
-
-// refusedError: the generations forbid syncing either way (unrelated data,
-// or newer data on a peer that cannot be copied); reason, when set, says
-// why in full.
-type refusedError struct{ rule, reason string }
-
-func (e *refusedError) Error() string {
-	if e.reason != "" {
-		return "refused to sync: " + e.reason
-	}
-	return "refused to sync: " + e.rule
-}
-
 // splitBrainVictim applies the volume's after-split-brain policy.
 func (v *Volume) splitBrainVictim(p *peer, them replication.SplitBrainSide) (replication.SplitBrainVictim, replication.AfterSplitBrain) {
 	policy, _ := replication.ParseAfterSplitBrain(v.cfg.AfterSB)
 	v.mu.Lock()
-	me := replication.SplitBrainSide{Changes: p.bm.Bytes(), PrimarySince: v.primarySince}
+	me := replication.SplitBrainSide{Changes: p.bm.Bytes(), PrimarySince: v.d.primarySince}
 	v.mu.Unlock()
 	return replication.ResolveSplitBrain(policy, me, them), policy
 }
@@ -76,43 +45,50 @@ func (v *Volume) autoDiscard(other string, policy replication.AfterSplitBrain) {
 func (v *Volume) adoptDisk() error {
 	v.stopPeers()
 	v.detachIncoming()
-	v.genMu.Lock()
-	defer v.genMu.Unlock()
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	v.gen, v.syncGen = replication.NewGeneration(), replication.Generation{}
-	v.localMissing.ClearRange(0, v.size)
-	if err := v.takeOverLocked(); err != nil {
+	v.stateMu.Lock()
+	defer v.stateMu.Unlock()
+	next := replication.NewGeneration()
+	if err := v.takeOver(func(d *durable) {
+		d.gens, d.syncGen = d.gens.Adopted(next), replication.Generation{}
+	}); err != nil {
 		return err
 	}
-	v.log.Warn("disk adopted as the volume's data", "epoch", v.epoch, "generation", v.gen)
-	v.node.event(v.name, "forced-primary", fmt.Sprintf("%s made its disk the data of %s (new generation %s, epoch %d): the other nodes get a full resync", v.self, v.name, v.gen, v.epoch))
+	v.localMissing.ClearRange(0, v.size)
+	epoch := v.epoch()
+	v.log.Warn("disk adopted as the volume's data", "epoch", epoch, "generation", next)
+	v.node.event(v.name, "forced-primary", fmt.Sprintf("%s made its disk the data of %s (new generation %s, epoch %d): the other nodes get a full resync", v.self, v.name, next, epoch))
 	return nil
 }
 
-// takeOverLocked makes this node primary, at a new epoch unless it is
-// primary already, with every peer counted in sync until a write misses
-// it, and starts serving. The primary indicator and the epoch are durable
-// BEFORE the first write. Callers hold v.genMu and v.mu.
-func (v *Volume) takeOverLocked() error {
+// takeOver makes this node primary at a new epoch, above every epoch it
+// heard of, with every peer counted in sync until a write misses it, and
+// starts serving; change, when not nil, is committed with it. The primary
+// indicator and the epoch are durable BEFORE the first write. Callers hold
+// v.stateMu.
+func (v *Volume) takeOver(change func(*durable)) error {
 	if err := v.md.SetPrimary(true); err != nil {
 		return err
 	}
-	clear(v.bitmapGens)
-	if v.role != replication.Primary {
-		v.epoch++
-		v.primary, v.role = v.self, replication.Primary
-		v.primarySince = time.Now().UnixNano()
-	}
-	v.discard = nil
-	if err := v.persistLocked(false); err != nil {
-		return err
-	}
-	v.diskState = replication.UpToDate
-	v.reason, v.fenced = "", false
-	v.resetPeersLocked()
-	v.ioOpen = true
-	return nil
+	v.mu.Lock()
+	epoch := max(v.d.epoch, v.knownEpoch) + 1
+	wasPrimary := v.role == replication.Primary
+	v.mu.Unlock()
+	return v.commit(func(d *durable) {
+		if change != nil {
+			change(d)
+		}
+		d.epoch, d.primary = epoch, v.self
+		if !wasPrimary {
+			d.primarySince = time.Now().UnixNano()
+		}
+		d.gens = d.gens.Promoted()
+	}, func() {
+		v.discard = nil
+		v.diskState = replication.UpToDate
+		v.why, v.fenced, v.waiting = reason{}, false, false
+		v.resetPeersLocked()
+		v.ioOpen = true
+	})
 }
 
 // discardInfo is what a node that discards its data hands its next
@@ -123,61 +99,71 @@ type discardInfo struct {
 }
 
 // forcePromote makes this node primary without a handover (the old
-// primary is gone), at a new epoch. Its first write that a peer does not
-// see starts a new generation, and the blocks it writes from then on are
-// tracked against the one it held. So an old primary that comes back
-// without writes of its own catches up by bitmap; one that wrote while
-// this node has not is followed: it steps down and this node copies its
-// writes (no acknowledged write is lost); if both wrote, that is a split
-// brain, detected and not synced.
+// primary is gone, or this node restarted as primary and no peer answers),
+// at a new epoch. Its first write that a peer does not see starts a new
+// generation, and the blocks it writes from then on are tracked against
+// the one it held. So an old primary that comes back without writes of its
+// own catches up by bitmap; one that wrote while this node has not is
+// followed: it steps down and this node copies its writes (no acknowledged
+// write is lost); if both wrote, that is a split brain, detected and not
+// synced.
 func (v *Volume) forcePromote() error {
 	v.mu.Lock()
-	if !v.syncGen.IsZero() {
+	if !v.d.syncGen.IsZero() {
 		defer v.mu.Unlock()
 		return fmt.Errorf("%s on %s is in the middle of a resync (disk %s): its data is part old, part new; it cannot be promoted, even by force", v.name, v.self, v.diskState)
 	}
-	empty := v.gen.IsZero()
-	if v.role == replication.Primary && !empty {
-		v.mu.Unlock()
+	empty := v.d.gens.Current.IsZero()
+	serving := v.role == replication.Primary && v.ioOpen
+	v.mu.Unlock()
+	if serving && !empty {
 		return nil
 	}
-	v.mu.Unlock()
 	if empty {
 		return v.adoptDisk()
 	}
+	v.stopPeers()
 	v.detachIncoming()
-	v.genMu.Lock()
-	defer v.genMu.Unlock()
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	for _, id := range v.node.peerIDs(v.cfg) {
-		if bm, ok := v.md.Bitmap(id); ok {
-			bm.ClearBits(0, v.size)
-		}
-	}
+	v.stateMu.Lock()
+	defer v.stateMu.Unlock()
+	v.clearPeerBitmaps()
 	// The generation moves on at the first write no peer sees (as after
 	// any promotion): until then this node holds exactly the data it had,
 	// and an old primary that comes back with writes of its own is
 	// followed, not split from.
-	if err := v.takeOverLocked(); err != nil {
+	if err := v.takeOver(nil); err != nil {
 		return err
 	}
-	v.log.Warn("forced to primary", "epoch", v.epoch, "generation", v.gen)
-	v.node.event(v.name, "forced-primary", fmt.Sprintf("%s forced to primary at epoch %d with generation %s", v.self, v.epoch, v.gen))
+	v.mu.Lock()
+	epoch, gen := v.d.epoch, v.d.gens.Current
+	v.mu.Unlock()
+	v.log.Warn("forced to primary", "epoch", epoch, "generation", gen)
+	v.node.event(v.name, "forced-primary", fmt.Sprintf("%s forced to primary at epoch %d with generation %s", v.self, epoch, gen))
 	return nil
 }
 
 // discardMyData is the operator's resolution of a split brain on the
 // victim: it reports the bytes this node changed since the split and, with
 // yes, stops serving, becomes Secondary, and waits for the other node to
-// connect and overwrite those blocks (and what it changed itself).
+// connect and overwrite those blocks (and what it changed itself). It is
+// refused unless this node is in a split brain, and never applies to a
+// primary that streams to a peer: that would throw away good data and
+// leave the volume without a primary.
 func (v *Volume) discardMyData(ctx context.Context, yes bool) (int64, error) {
+	if !v.inSplitBrain() {
+		return 0, status.Errorf(codes.FailedPrecondition, "%v: %s on %s is not in a split brain with any peer: --discard-my-data only resolves one (it throws this node's changes away); nothing changed. See replctl status", ErrNotSplitBrain, v.name, v.self)
+	}
+	for _, p := range v.streamingPeers() {
+		if p.session() != nil {
+			return 0, status.Errorf(codes.FailedPrecondition, "%v: %s is primary of %s and streams to %s: it is not the victim of a split brain; nothing changed", ErrNotSplitBrain, v.self, v.name, p.name)
+		}
+	}
 	v.mu.Lock()
 	var bytes int64
 	var runs [][2]int64
 	var from replication.Generation
 	for _, p := range v.peers {
-		if g, ok := v.bitmapGens[p.name]; ok && p.bm.Bytes() >= bytes {
+		if g, ok := v.d.gens.Bitmaps[p.name]; ok && p.bm.Bytes() >= bytes {
 			bytes, from, runs = p.bm.Bytes(), g, bitmapRuns(p.bm)
 		}
 	}
@@ -189,9 +175,7 @@ func (v *Volume) discardMyData(ctx context.Context, yes bool) (int64, error) {
 	if from.IsZero() {
 		// No write since the split: its data is still the generation it
 		// held, which the other node tracks its changes from.
-		v.mu.Lock()
-		from = v.gen
-		v.mu.Unlock()
+		from = v.currentGeneration()
 		if from.IsZero() {
 			return 0, status.Errorf(codes.FailedPrecondition, "%s on %s holds no consistent data: use replctl resync from the other node", v.name, v.self)
 		}
@@ -211,13 +195,14 @@ func (v *Volume) discardMyData(ctx context.Context, yes bool) (int64, error) {
 	if err := v.md.FlushBitmaps(); err != nil {
 		return 0, err
 	}
-	v.mu.Lock()
-	v.role, v.primary, v.fenced = replication.Secondary, "", false
-	v.discard = &discardInfo{from: from, runs: runs}
-	v.diskState = v.idleDiskState()
-	v.reason = fmt.Sprintf("discarding its %d bytes of changes: waiting for the primary to overwrite them", bytes)
-	err := v.persistLocked(false)
-	v.mu.Unlock()
+	v.stateMu.Lock()
+	err := v.commit(func(d *durable) { d.primary = "" }, func() {
+		v.fenced, v.waiting = false, false
+		v.discard = &discardInfo{from: from, runs: runs}
+		v.diskState = v.idleDiskState()
+		v.why = because(CauseDiscarding, "discarding its %d bytes of changes: waiting for the primary to overwrite them", bytes)
+	})
+	v.stateMu.Unlock()
 	if err != nil {
 		return 0, err
 	}

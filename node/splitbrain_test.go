@@ -3,6 +3,7 @@ package node
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -61,6 +62,14 @@ func TestSplitBrainIsDetectedAndDiscardMyDataRollsBackOnlyTheVictim(t *testing.T
 			return lv.Replication == "StandAlone" && strings.HasPrefix(lv.Reason, "split-brain") && strings.Contains(lv.Reason, replication.RuleBitmapBoth)
 		}, n+" StandAlone with reason split-brain")
 	}
+	// One writer: alpha, primary at the older epoch, stopped its IO the
+	// moment it met beta's newer one; beta goes on.
+	if err := c.vol("alpha").WriteAt(ctx, pattern(7, 4096), 3<<20, false); !errors.Is(err, ErrNotServing) {
+		t.Fatalf("alpha (older epoch) wrote after meeting beta in a split brain: %v", err)
+	}
+	if err := c.vol("beta").WriteAt(ctx, pattern(8, 4096), 3<<20+4096, false); err != nil {
+		t.Fatalf("beta (newer epoch) stopped serving at the split brain: %v", err)
+	}
 	alphaBlock := make([]byte, 4096)
 	c.vol("alpha").disk.ReadAt(alphaBlock, 1<<20+4096)
 	if !bytes.Equal(alphaBlock, pattern(11, 4096)) {
@@ -85,9 +94,9 @@ func TestSplitBrainIsDetectedAndDiscardMyDataRollsBackOnlyTheVictim(t *testing.T
 		t.Fatalf("after the resolution: primary %s, alpha %s", st.Volumes[0].Primary, replica(st, "alpha").Role)
 	}
 	// Union of both sides' changes: alpha's 4 blocks (one of them also
-	// written by beta) and beta's 9.
-	if moved := replica(st, "alpha").ResyncedBytes - before; moved != 12*4096 {
-		t.Fatalf("resolution resynced %d bytes, want the 12 blocks either side changed (%d)", moved, 12*4096)
+	// written by beta) and beta's 9, plus the one beta wrote after.
+	if moved := replica(st, "alpha").ResyncedBytes - before; moved != 13*4096 {
+		t.Fatalf("resolution resynced %d bytes, want the 13 blocks either side changed (%d)", moved, 13*4096)
 	}
 	c.requireIdentical()
 	got := make([]byte, 4096)

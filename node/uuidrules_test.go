@@ -22,11 +22,8 @@ import (
 // (TestSplitBrainIsDetectedAndDiscardMyDataRollsBackOnlyTheVictim) and
 // unrelated (TestUnrelatedDataIsNeverOverwritten).
 //
-// The missed-start rows (sync-target-missed-start, sync-source-missed-start)
-// cannot be reached and are table-tested only: they exist for DRBD's
-// rotation of the bitmap UUID into the history when a resync starts, and
-// replvol keeps the bitmap generation through a resync (the target records
-// it, durably, before any data moves), so no start can be missed.
+// DRBD's missed-start rows are not in replvol's table (see CompareUUIDs):
+// their shape arises here only from a rollback, TestUUIDRuleHistoryPeer.
 
 // snapshot copies a stopped node's state directory and backing file, the
 // way a VM or SAN snapshot of the whole node would.

@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -14,12 +13,6 @@ import (
 	"github.com/replvol/replvol/node/multipath"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
-)
-
-// Errors of the volume's IO path.
-var (
-	// ErrNotPrimary: the volume is not served here (any more).
-	ErrNotPrimary = errors.New("not primary")
 )
 
 // Volume is one node's copy of one replicated volume. On the primary it is
@@ -41,32 +34,31 @@ type Volume struct {
 	// locks orders overlapping writes and resync reads.
 	locks replication.RangeLocks
 
-	mu      sync.Mutex
-	role    replication.Role
-	epoch   uint64
-	primary string // who holds epoch, as far as this node knows
-	gen     replication.Generation
-	// syncGen is, while gen is zero because a resync into this disk is
-	// under way, the generation the SyncSource's bitmap for this node
-	// starts from: reported as this node's current generation, it lets an
-	// interrupted resync resume from that bitmap instead of starting over.
-	syncGen replication.Generation
+	// stateMu serialises changes of the durable state (commit) with their
+	// persistence; v.mu is not held while the state is written.
+	stateMu sync.Mutex
+
+	mu sync.Mutex
+	// d is the durable state; it changes only through commit.
+	d    durable
+	role replication.Role // Primary when d.primary is this node
 	// crashedPrimary: the primary indicator was set when the metadata was
 	// attached (the node went down as primary); cleared once a peer is in
 	// sync again.
 	crashedPrimary bool
-	// retiredGen is a bitmap generation retired since the last persist:
-	// it goes into the superblock's history (DRBD keeps it there too).
-	retiredGen replication.Generation
-	// adoptHistory, when set, replaces the superblock's history at the
-	// next persist: a SyncTarget takes its source's lineage (DRBD does).
-	adoptHistory []replication.Generation
-	// bitmapGens: per peer, the generation its bitmap starts from (absent
-	// while the peer is in sync).
-	bitmapGens map[string]replication.Generation
-	diskState  replication.DiskState
-	ioOpen     bool // primary serving IO
-	fenced     bool // IO stopped: a primary of a newer epoch exists
+	// fresh: the volume was created by this start (no state before).
+	fresh     bool
+	diskState replication.DiskState
+	ioOpen    bool // primary serving IO
+	// waiting: restarted as primary, it serves nothing until a peer
+	// compared generations and epochs with it (or an operator forces it).
+	waiting bool
+	fenced  bool // IO stopped: a primary of a newer epoch exists
+	// knownEpoch is the highest epoch heard of from a peer.
+	knownEpoch uint64
+	// splitBrain names the peers this node found a split brain with (and
+	// the rule); cleared when a stream connects again.
+	splitBrain map[string]string
 	io         sync.WaitGroup
 	peers      map[string]*peer
 	// peerList is peers as a slice, replaced (never changed in place)
@@ -75,22 +67,19 @@ type Volume struct {
 	peersCtx  context.CancelFunc
 	adminDown bool // operator disconnected this node
 	// detached: the local disk failed and is out of service; the primary
-	// reads and writes through a peer. localStale: this disk misses writes
-	// (persisted). localMissing marks the blocks it misses.
+	// reads and writes through a peer. localMissing marks the blocks this
+	// disk misses (d.localStale says so durably).
 	detached     bool
-	localStale   bool
 	localMissing *replication.Bitmap
 	// discard is set on a node that gives up its data after a split brain.
 	discard *discardInfo
-	// primarySince is when this node last became primary (unix ns).
-	primarySince int64
 	// peersCtxValue is the context the running senders were started with.
 	peersCtxValue context.Context
 	// stopping is closed at shutdown; bg tracks background goroutines.
 	stopping chan struct{}
 	bg       sync.WaitGroup
 	incoming *incoming
-	reason   string // why the link to the primary is down
+	why      reason // why the volume is not doing its usual job
 
 	resynced atomic.Int64
 	// lastWrite is when the last application write started (unix ns): the
@@ -101,18 +90,14 @@ type Volume struct {
 	writes     atomic.Uint64
 	writeBytes atomic.Uint64
 	flushes    atomic.Uint64
-
-	// genMu serialises generation changes with their persistence.
-	genMu sync.Mutex
 }
 
 func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD) (*Volume, error) {
 	v := &Volume{
 		node: n, cfg: cfg, name: cfg.Name, size: int64(cfg.Size), self: n.name, disk: disk, md: md,
-		closeMD:    func() error { return nil },
-		bitmapGens: map[string]replication.Generation{},
-		log:        n.log.With("volume", cfg.Name),
-		peers:      map[string]*peer{},
+		closeMD: func() error { return nil },
+		log:     n.log.With("volume", cfg.Name),
+		peers:   map[string]*peer{},
 
 		localMissing: replication.NewBitmap(int64(cfg.Size)),
 		stopping:     make(chan struct{}),
@@ -129,6 +114,7 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD) (*Volume, 
 		if cfg.Primary == v.self {
 			st.Generation = replication.NewGeneration()
 		}
+		v.fresh = true
 		v.node.event(v.name, "created", fmt.Sprintf("new volume, primary %s at epoch 1", cfg.Primary))
 	case st.Size != v.size:
 		return nil, fmt.Errorf("volume %s: the config says size %d but this node's state says %d; resizing is not supported: restore the old size", v.name, v.size, st.Size)
@@ -146,39 +132,31 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD) (*Volume, 
 	if rep := md.Report(); len(rep.CorruptBitmapPages) > 0 || rep.OtherSlot != "" {
 		v.node.event(v.name, "metadata-repaired", fmt.Sprintf("metadata load: %d bitmap pages failed their checksum (their range is resynced in full); other superblock slot: %q", len(rep.CorruptBitmapPages), rep.OtherSlot))
 	}
-	if st.LocalStale {
+	d := loadDurable(st, md.Superblock())
+	if d.localStale {
 		// This disk was detached and missed writes: whatever its role was,
 		// it holds no consistent data until a full resync.
-		st.Generation = replication.Generation{}
-		if st.Primary == v.self {
-			st.Primary = ""
+		d.gens = d.gens.Inconsistent()
+		if d.primary == v.self {
+			d.primary = ""
 		}
 		v.node.event(v.name, "stale-disk", "this disk missed writes while detached: it comes back Inconsistent and Secondary")
 	}
-	st.Clean = false
-	if err := n.store.PutVolume(v.name, st); err != nil {
+	// Not clean from here on, durably, BEFORE anything else happens.
+	if err := v.write(d, false, true); err != nil {
 		return nil, err
 	}
-	v.epoch, v.primary, v.gen, v.localStale = st.Epoch, st.Primary, st.Generation, st.LocalStale
-	if v.gen.IsZero() {
-		v.syncGen = st.SyncGeneration
-	}
-	v.primarySince = st.PrimarySince
-	for peer, g := range st.PeerBitmaps {
-		v.bitmapGens[peer] = g
-	}
-	v.role = replication.Secondary
-	if st.Primary == v.self {
-		v.role = replication.Primary
-	}
+	v.d = d
+	v.role = roleOf(d.primary, v.self)
 	v.diskState = v.idleDiskState()
 	return v, nil
 }
 
 // idleDiskState is the disk state of a node that is not in a stream.
+// Callers hold v.mu (or own v).
 func (v *Volume) idleDiskState() replication.DiskState {
 	switch {
-	case v.gen.IsZero():
+	case v.d.gens.Current.IsZero():
 		return replication.Inconsistent
 	case v.role == replication.Primary:
 		return replication.UpToDate
@@ -187,69 +165,71 @@ func (v *Volume) idleDiskState() replication.DiskState {
 	}
 }
 
-// persistLocked writes the volume's state durably: the node's store, and
-// the generations mirrored into the metadata superblock. Callers hold v.mu.
-func (v *Volume) persistLocked(clean bool) error {
-	gens := map[string]replication.Generation{}
-	for peer, g := range v.bitmapGens {
-		gens[peer] = g
-	}
-	err := v.node.store.PutVolume(v.name, metadata.VolumeState{
-		Epoch: v.epoch, Primary: v.primary, Generation: v.gen, Clean: clean, Size: v.size, LocalStale: v.localStale,
-		PeerBitmaps: gens, PrimarySince: v.primarySince, SyncGeneration: v.syncGen,
-	})
-	if err != nil {
-		return err
-	}
-	retired, adopt := v.retiredGen, v.adoptHistory
-	v.retiredGen, v.adoptHistory = replication.Generation{}, nil
-	return v.md.UpdateSuperblock(func(sb *metadata.Superblock) {
-		switch {
-		case adopt != nil:
-			sb.History = [metadata.HistorySlots]replication.Generation{}
-			copy(sb.History[:], adopt)
-		case sb.Current != v.gen && !sb.Current.IsZero() && !v.gen.IsZero():
-			// A new generation descends from the old one. A disk becoming
-			// Inconsistent records nothing: what it will hold descends
-			// from its source, whose history it adopts at the end.
-			copy(sb.History[1:], sb.History[:])
-			sb.History[0] = sb.Current
-		}
-		if !retired.IsZero() && sb.History[0] != retired {
-			copy(sb.History[1:], sb.History[:])
-			sb.History[0] = retired
-		}
-		sb.Current = v.gen
-		for i := range sb.Peers {
-			sb.Peers[i].Bitmap = gens[v.node.cfg.nodeName(sb.Peers[i].NodeID)]
-		}
-		if v.gen.IsZero() {
-			sb.Flags &^= metadata.FlagConsistent | metadata.FlagUpToDate
-		} else {
-			sb.Flags |= metadata.FlagConsistent
-		}
-	})
-}
-
-// start begins serving the role the node woke up with.
+// start begins serving the role the node woke up with. A node that was
+// primary before this start serves no IO until a peer has compared
+// generations and epochs with it: a primary of a newer epoch may have
+// taken over while it was away (DRBD's wait-for-connection). An operator
+// lifts that with replctl primary --force --yes.
 func (v *Volume) start() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.role == replication.Primary {
-		// The primary indicator is on disk BEFORE the first write.
-		if err := v.md.SetPrimary(true); err != nil {
-			v.log.Error("cannot set the primary indicator; not serving", "err", err)
-			v.reason = "metadata write failed: " + err.Error()
-			return
-		}
-		v.startPeersLocked()
+	if v.role != replication.Primary {
+		return
+	}
+	// The primary indicator is on disk BEFORE the first write.
+	if err := v.md.SetPrimary(true); err != nil {
+		v.log.Error("cannot set the primary indicator; not serving", "err", err)
+		v.why = because(CauseStateWriteFailed, "metadata write failed: %v", err)
+		return
+	}
+	v.startPeersLocked()
+	switch {
+	case v.d.gens.Current.IsZero():
 		// A primary that went down while copying newer data from its peer
 		// serves again once the peer says which blocks it misses.
-		v.ioOpen = !v.gen.IsZero()
-		if !v.ioOpen {
-			v.reason = "waiting for a peer with the data this node was copying"
+		v.why = because(CauseWaitingForPeer, "waiting for a peer with the data this node was copying")
+	case !v.fresh && len(v.peers) > 0:
+		v.waiting = true
+		v.why = because(CauseWaitingForPeer, "%s restarted as primary of %s and is waiting for a peer: it serves no IO until a peer has compared generations and epochs with it (another node may have been promoted meanwhile); if every peer is gone for good, make it serve with replctl primary %s --node %s --force --yes", v.self, v.name, v.name, v.self)
+		v.log.Warn("restarted as primary: waiting for a peer before serving IO")
+		v.node.event(v.name, "waiting-for-peer", v.why.text)
+	default:
+		v.ioOpen = true
+	}
+}
+
+// peerAnswered is called when a peer took this primary's stream (the
+// handshake decided): no primary of a newer epoch holds that peer, so a
+// primary waiting for a peer, or fenced, serves again. pulling: the blocks
+// this node misses are known, so writes need wait no longer either.
+func (v *Volume) peerAnswered(peer string, pulling bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	delete(v.splitBrain, peer)
+	if v.role != replication.Primary {
+		return
+	}
+	wasWaiting, wasFenced := v.waiting, v.fenced
+	v.waiting, v.fenced = false, false
+	if v.why.cause == CauseWaitingForPeer || v.why.cause == CauseFenced || v.why.cause == CauseSplitBrain {
+		v.why = reason{}
+		if pulling {
+			v.why = because(CausePulling, "copying %d bytes of newer data from %s", v.localMissing.Bytes(), peer)
 		}
 	}
+	if !v.ioOpen && (wasWaiting || wasFenced || pulling) && v.servableLocked() {
+		v.ioOpen = true
+		if wasWaiting || wasFenced {
+			v.log.Info("a peer answered: serving IO", "peer", peer)
+			v.node.event(v.name, "serving", fmt.Sprintf("%s took %s's stream: %s serves IO", peer, v.self, v.self))
+		}
+	}
+}
+
+// servableLocked reports whether nothing but waiting/fencing kept this
+// primary from serving. Callers hold v.mu.
+func (v *Volume) servableLocked() bool {
+	return v.role == replication.Primary && v.discard == nil && v.why.cause != CauseStateWriteFailed
 }
 
 // startPeersLocked starts one replication sender for every other node that
@@ -292,8 +272,15 @@ func (v *Volume) Description() string {
 func (v *Volume) enter() error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.role != replication.Primary || !v.ioOpen {
+	switch {
+	case v.role != replication.Primary:
 		return fmt.Errorf("%s is not primary on %s any more: %w (%w)", v.name, v.self, ErrNotPrimary, syscall.ESHUTDOWN)
+	case !v.ioOpen:
+		why := v.why.text
+		if why == "" {
+			why = "switchover or shutdown in progress"
+		}
+		return fmt.Errorf("%s on %s: %w: %s (%w)", v.name, v.self, ErrNotServing, why, syscall.ESHUTDOWN)
 	}
 	v.io.Add(1)
 	return nil
@@ -402,11 +389,12 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 			defer al.Done(e.Off, e.Length)
 		}
 	}
-	var waits []*pending
-	for _, p := range v.streamingPeers() {
-		if w := p.submit(e); w != nil {
-			waits = append(waits, w)
-		}
+	waits, serr := v.submitAll(e)
+	if serr != nil {
+		// A peer misses this write and that could not be tracked durably:
+		// it must not be acknowledged, so it is not written here either.
+		waitAll(waits)
+		return fmt.Errorf("write at %d: %w (%w)", e.Off, serr, syscall.EIO)
 	}
 	// A detached disk is skipped; what it misses is marked BEFORE the
 	// write completes.
@@ -417,7 +405,7 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	}
 	// While this primary copies newer data from its peer, only the peer's
 	// copy is whole: a write the peer did not take fails.
-	pulling := v.gen.IsZero()
+	pulling := v.d.gens.Current.IsZero()
 	v.mu.Unlock()
 	var lerr error
 	if !skipped {
@@ -428,12 +416,10 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 			}
 		}
 	}
-	acked := false
-	for _, w := range waits {
-		<-w.done
-		acked = acked || w.acked
-	}
+	acked, perr := waitAll(waits)
 	switch {
+	case perr != nil:
+		return fmt.Errorf("write at %d: %w (%w)", e.Off, perr, syscall.EIO)
 	case skipped && !acked:
 		return fmt.Errorf("write at %d: %w (%w)", e.Off, errNoCopy, syscall.EIO)
 	case pulling && !acked:
@@ -456,12 +442,7 @@ func (v *Volume) Flush(ctx context.Context) error {
 }
 
 func (v *Volume) flushAll() error {
-	var waits []*pending
-	for _, p := range v.streamingPeers() {
-		if w := p.submit(replication.Entry{Op: replication.OpFlush}); w != nil {
-			waits = append(waits, w)
-		}
-	}
+	waits, _ := v.submitAll(replication.Entry{Op: replication.OpFlush})
 	var err error
 	if !v.isDetached() {
 		if err = v.disk.Sync(); err != nil {
@@ -471,88 +452,125 @@ func (v *Volume) flushAll() error {
 			}
 		}
 	}
-	acked := false
-	for _, w := range waits {
-		<-w.done
-		acked = acked || w.acked
-	}
-	if err != nil {
+	acked, perr := waitAll(waits)
+	switch {
+	case err != nil:
 		return fmt.Errorf("local flush: %w", syscall.EIO)
-	}
-	if v.isDetached() && !acked {
+	case perr != nil:
+		return fmt.Errorf("flush: %w (%w)", perr, syscall.EIO)
+	case v.isDetached() && !acked:
 		return fmt.Errorf("flush: %w (%w)", errNoCopy, syscall.EIO)
 	}
 	return nil
 }
 
-// bitmapGen returns the generation peer's bitmap starts from; ok is false
-// while the peer is in sync (no bitmap generation).
-func (v *Volume) bitmapGen(peer string) (g replication.Generation, ok bool) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	g, ok = v.bitmapGens[peer]
-	return g, ok
+// submitAll hands e to every peer: the pendings to wait for, and the first
+// error of a peer whose missing of e could not be tracked durably.
+func (v *Volume) submitAll(e replication.Entry) ([]*pending, error) {
+	var waits []*pending
+	var first error
+	for _, p := range v.streamingPeers() {
+		w, err := p.submit(e)
+		if w != nil {
+			waits = append(waits, w)
+		}
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	return waits, first
 }
 
-// ensureRotated is called BEFORE a write is completed without reaching
-// peer p. The first time in a disconnected period it starts p's bitmap from
-// the current generation and moves the primary to a new generation,
-// durably, so that p can never again look as up to date as the primary.
-func (v *Volume) ensureRotated(p *peer) {
-	v.genMu.Lock()
-	defer v.genMu.Unlock()
+// waitAll waits for every pending: acked says at least one peer took the
+// entry; err is the first failure to track an entry a peer did not take.
+func waitAll(waits []*pending) (acked bool, err error) {
+	for _, w := range waits {
+		<-w.done
+		acked = acked || w.acked
+		if w.err != nil && err == nil {
+			err = w.err
+		}
+	}
+	return acked, err
+}
+
+// tracking reports whether peer's changes are tracked in a bitmap.
+func (v *Volume) tracking(peer string) bool {
 	v.mu.Lock()
-	if _, ok := v.bitmapGens[p.name]; ok || v.gen.IsZero() {
+	defer v.mu.Unlock()
+	return v.d.gens.Tracking(peer)
+}
+
+func (v *Volume) epoch() uint64 {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.d.epoch
+}
+
+// startTracking is called BEFORE a write completes without reaching peer
+// p. The first time in a disconnected period it starts p's bitmap from the
+// generation p holds and moves the primary to a new generation, durably,
+// so that p can never again look as up to date as the primary. When that
+// cannot be written, the volume stops serving IO and the error is
+// returned: the write must fail.
+func (v *Volume) startTracking(p *peer) error {
+	v.stateMu.Lock()
+	defer v.stateMu.Unlock()
+	v.mu.Lock()
+	skip := v.d.gens.Tracking(p.name) || v.d.gens.Current.IsZero()
+	v.mu.Unlock()
+	if skip {
 		// Already tracked, or this node is copying newer data from the
 		// peer: it has no generation of its own to move on from (and its
 		// writes complete only on both).
-		v.mu.Unlock()
-		return
+		return nil
 	}
-	old := v.gen
-	v.gen = replication.NewGeneration()
-	v.bitmapGens[p.name] = old
-	err := v.persistLocked(false)
+	p.mu.Lock()
+	held := p.held
+	p.mu.Unlock()
+	next := replication.NewGeneration()
+	var from replication.Generation
+	err := v.commit(func(d *durable) {
+		d.gens = d.gens.PeerMisses(p.name, held, next)
+		from = d.gens.Bitmaps[p.name]
+	}, nil)
 	if err != nil {
 		// Without the new generation on disk a restart could take the peer
 		// for up to date: stop accepting writes rather than risk it.
-		v.log.Error("cannot persist new generation; stopping IO", "err", err)
-		v.gen = old
-		delete(v.bitmapGens, p.name)
+		v.log.Error("cannot persist a new generation; stopping IO", "peer", p.name, "err", err)
+		v.mu.Lock()
 		v.ioOpen = false
+		v.why = because(CauseStateWriteFailed, "%s could not record durably that %s misses writes (%v): IO stopped; fix the node's state directory or disk, then restart it", v.self, p.name, err)
 		v.mu.Unlock()
-		return
+		v.node.event(v.name, "state-write-failed", v.why.text)
+		return fmt.Errorf("%w: %v", ErrStateWrite, err)
 	}
-	gen := v.gen
-	v.mu.Unlock()
-	v.log.Info("peer out of sync: new generation", "peer", p.name, "bitmap_generation", old, "generation", gen)
-	v.node.event(v.name, "new-generation", fmt.Sprintf("%s is not connected: writes are tracked in its bitmap from %s; current generation %s", p.name, old, gen))
+	v.log.Info("peer out of sync: new generation", "peer", p.name, "bitmap_generation", from, "generation", next)
+	v.node.event(v.name, "new-generation", fmt.Sprintf("%s is not connected: writes are tracked in its bitmap from %s; current generation %s", p.name, from, next))
 	// Peers still in sync get the new generation in their stream.
 	for _, q := range v.streamingPeers() {
 		if q != p {
-			q.announceGeneration(gen)
+			q.announceGeneration(next)
 		}
 	}
+	return nil
 }
 
 // uuidsLocked returns this node's generation set toward peer, as the
 // connection handshake sends it. Callers hold v.mu.
 func (v *Volume) uuidsLocked(peer string) replication.UUIDSet {
-	cur := v.gen
-	if cur.IsZero() {
-		cur = v.syncGen
+	u := v.d.gens.Toward(peer)
+	if u.Current.IsZero() {
+		u.Current = v.d.syncGen
 	}
-	sb := v.md.Superblock()
-	return replication.UUIDSet{
-		Current: cur, Bitmap: v.bitmapGens[peer], History: append([]replication.Generation(nil), sb.History[:]...),
-		CrashedPrimary: v.crashedPrimary, NodeID: v.node.cfg.NodeID(v.self),
-	}
+	u.CrashedPrimary, u.NodeID = v.crashedPrimary, v.node.cfg.NodeID(v.self)
+	return u
 }
 
 func (v *Volume) currentGeneration() replication.Generation {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return v.gen
+	return v.d.gens.Current
 }
 
 // shutdown stops the volume for a node shutdown. A primary drains its IO
@@ -575,13 +593,15 @@ func (v *Volume) shutdown() {
 	v.bg.Wait()
 	v.stopPeers()
 	v.detachIncoming()
-	v.genMu.Lock()
+	v.stateMu.Lock()
 	v.mu.Lock()
-	if err := v.persistLocked(clean); err != nil {
-		v.log.Error("persist state at shutdown", "err", err)
-	}
+	d := v.d.clone()
 	v.mu.Unlock()
-	v.genMu.Unlock()
+	if err := v.write(d, clean, true); err != nil {
+		v.log.Error("write state at shutdown", "err", err)
+		clean = false
+	}
+	v.stateMu.Unlock()
 	// Bitmaps out, THEN the primary indicator off: a clean stop leaves no
 	// activity log to apply.
 	if err := v.md.Close(); err != nil {
@@ -600,8 +620,9 @@ func (v *Volume) status() transport.LocalVolume {
 	v.mu.Lock()
 	lv := transport.LocalVolume{
 		Name: v.name, Size: v.size, Protocol: v.cfg.ProtocolOrDefault(),
-		Role: string(v.role), Disk: string(v.diskState), Epoch: v.epoch, Primary: v.primary,
-		Generation: v.gen.String(), Reason: v.reason,
+		Role: string(v.role), Disk: string(v.diskState), Epoch: v.d.epoch, Primary: v.d.primary,
+		Generation: v.d.gens.Current.String(), Reason: v.why.text, ReasonCode: string(v.why.cause),
+		Serving:  v.role == replication.Primary && v.ioOpen,
 		Metadata: v.md.Placement().String(), UsableBytes: v.md.UsableSize(),
 	}
 	peers := make([]*peer, 0, len(v.peers))
@@ -638,7 +659,7 @@ func (v *Volume) status() transport.LocalVolume {
 	case down:
 		lv.Replication = string(replication.StandAlone)
 		if lv.Reason == "" {
-			lv.Reason = "disconnected by operator"
+			lv.Reason, lv.ReasonCode = "disconnected by operator", string(CauseAdminDown)
 		}
 	case in != nil:
 		lv.Replication = string(in.state())

@@ -61,28 +61,6 @@ func (s UUIDSet) withBitmapRetired() UUIDSet {
 	return s
 }
 
-// withResyncStartUndone returns s with the start of a resync as SyncSource
-// undone: the bitmap UUID comes back from the history.
-func (s UUIDSet) withResyncStartUndone() UUIDSet {
-	h := make([]Generation, len(s.History))
-	if len(h) > 0 {
-		s.Bitmap = s.History[0]
-		copy(h, s.History[1:])
-	}
-	s.History = h
-	return s
-}
-
-// pushHistory returns history with g in front, keeping its length (at
-// least 2); the oldest entry falls off.
-func pushHistory(history []Generation, g Generation) []Generation {
-	n := max(len(history), 2)
-	h := make([]Generation, n)
-	h[0] = g
-	copy(h[1:], history)
-	return h
-}
-
 // UUIDOutcome is what a connection does after comparing generations.
 type UUIDOutcome int
 
@@ -172,10 +150,8 @@ const (
 	RuleReconnected                = "reconnected"
 	RuleCrashedPrimary             = "crashed-primary"
 	RuleBitmapPeer                 = "bitmap-peer"
-	RuleSyncTargetMissedStart      = "sync-target-missed-start"
 	RuleHistoryPeer                = "history-peer"
 	RuleBitmapSelf                 = "bitmap-self"
-	RuleSyncSourceMissedStart      = "sync-source-missed-start"
 	RuleHistorySelf                = "history-self"
 	RuleBitmapBoth                 = "bitmap-both"
 	RuleHistoryBoth                = "history-both"
@@ -222,14 +198,21 @@ func decide(o UUIDOutcome, rule string, nr int) UUIDDecision {
 //	equal current, no one crashed as primary    no-sync          reconnected
 //	equal current, a crashed primary            bitmap, from the primary now, else from the crashed primary
 //	peer bitmap == my current                   bitmap, target   bitmap-peer
-//	peer history[0] == my current, missed start bitmap, target   sync-target-missed-start
 //	my current in the peer's history            full, target     history-peer
 //	my bitmap == peer current                   bitmap, source   bitmap-self
-//	my history[0] == peer current, missed start bitmap, source   sync-source-missed-start
 //	peer current in my history                  full, source     history-self
 //	bitmap UUIDs equal                          split brain, auto-recoverable  bitmap-both
 //	a history generation in common              split brain, disconnect        history-both
 //	nothing in common                           unrelated data   unrelated
+//
+// DRBD 8.4 has two more rows (51 and 71, the "missed start" of a resync:
+// the peer's history[0] is my current and our older histories line up),
+// for its rotation of the bitmap UUID into the history when a resync
+// starts. replvol never does that (the target records the bitmap
+// generation instead, durably, before any data moves), so those shapes
+// only arise when a node was rolled back to an old snapshot, and DRBD's
+// bitmap resync would then copy nothing of what changed since: here they
+// fall to history-peer and history-self, a full resync.
 func CompareUUIDs(local, peer UUIDSet, roles ...Role) UUIDDecision {
 	localRole, peerRole := Secondary, Secondary
 	if len(roles) > 0 {
@@ -256,23 +239,11 @@ func CompareUUIDs(local, peer UUIDSet, roles ...Role) UUIDDecision {
 	if !peer.Bitmap.IsZero() && peer.Bitmap == self {
 		return decide(BitmapResyncTarget, RuleBitmapPeer, 50)
 	}
-	if peer.history(0) == self && sameGeneration(local.history(0), peer.history(1)) {
-		// The peer began a resync as SyncSource toward me (its bitmap UUID
-		// moved into its history) but the new sync UUID never reached my
-		// disk. The peer undoes that on its side (sync-source-missed-start).
-		return decide(BitmapResyncTarget, RuleSyncTargetMissedStart, 51)
-	}
 	if peer.inHistory(self) {
 		return decide(FullResyncTarget, RuleHistoryPeer, 60)
 	}
 	if !local.Bitmap.IsZero() && local.Bitmap == other {
 		return decide(BitmapResyncSource, RuleBitmapSelf, 70)
-	}
-	if local.history(0) == other && sameGeneration(local.history(1), peer.history(0)) {
-		d := decide(BitmapResyncSource, RuleSyncSourceMissedStart, 71)
-		repaired := local.withResyncStartUndone()
-		d.Repair = &repaired
-		return d
 	}
 	if local.inHistory(other) {
 		return decide(FullResyncSource, RuleHistorySelf, 80)

@@ -232,15 +232,46 @@ type Hello struct {
 	UUIDs UUIDSet `json:"uuids"`
 }
 
-// HelloReply is the secondary's answer. When Accepted is false, Reason says
-// why and the primary must not send data.
+// Refusal says why a node did not take a replication stream.
+type Refusal string
+
+// Refusals. The primary retries after the first six; the others are final
+// (Final): they hold until an operator acts, and the primary stops trying
+// (StandAlone).
+const (
+	RefusedNoVolume     Refusal = "no-such-volume"
+	RefusedWrongNode    Refusal = "wrong-node"
+	RefusedAdminDown    Refusal = "disconnected-by-operator"
+	RefusedSize         Refusal = "size-mismatch"
+	RefusedStaleEpoch   Refusal = "stale-epoch"
+	RefusedOtherPrimary Refusal = "epoch-of-another-primary"
+	// RefusedNewerEpoch: the refusing node is primary at a newer epoch;
+	// the sender, an older primary, stops its IO (it is fenced) and
+	// follows once the newer primary reaches it.
+	RefusedNewerEpoch Refusal = "newer-epoch"
+	// RefusedSplitBrain: both nodes changed the data since their last
+	// common generation, or both are primary.
+	RefusedSplitBrain Refusal = "split-brain"
+	// RefusedUnrelated: the two disks share no generation.
+	RefusedUnrelated Refusal = "unrelated-data"
+)
+
+// Final reports whether the refusal holds until an operator acts.
+func (r Refusal) Final() bool {
+	switch r {
+	case RefusedNewerEpoch, RefusedSplitBrain, RefusedUnrelated:
+		return true
+	}
+	return false
+}
+
+// HelloReply is the secondary's answer. When Accepted is false, Refused
+// says why (Reason in words) and the primary must not send data.
 type HelloReply struct {
-	Accepted bool   `json:"accepted"`
-	Reason   string `json:"reason,omitempty"`
-	// SplitBrain: the secondary is itself primary: both took writes the
-	// other does not have. The primary stops trying (StandAlone).
-	SplitBrain bool `json:"split_brain,omitempty"`
-	// With SplitBrain: what the refusing primary changed since the split
+	Accepted bool    `json:"accepted"`
+	Refused  Refusal `json:"refused,omitempty"`
+	Reason   string  `json:"reason,omitempty"`
+	// With RefusedSplitBrain: what the refusing node changed since the split
 	// (bytes marked for the requester) and when it became primary, so
 	// both sides can apply the after-split-brain policy alike.
 	Changes      int64 `json:"changes,omitempty"`
@@ -263,11 +294,8 @@ type HelloReply struct {
 	Changed [][2]int64 `json:"changed,omitempty"`
 	// Rule names the generation rule behind a refusal.
 	Rule string `json:"rule,omitempty"`
-	// Primary: the refusing secondary is itself primary.
+	// Primary: the refusing node is itself primary (at Epoch).
 	Primary bool `json:"primary,omitempty"`
-	// Final: the refusal holds until an operator acts; the primary stops
-	// retrying (StandAlone).
-	Final bool `json:"final,omitempty"`
 }
 
 // ReadReplyHeaderLen is the size of a read reply before its data.

@@ -63,8 +63,11 @@ type ReplicaStatus struct {
 	// external); UsableBytes what the backing device holds for data.
 	Metadata    string `json:"metadata,omitempty"`
 	UsableBytes int64  `json:"usable_bytes,omitempty"`
-	// Reason explains a StandAlone or refused connection.
-	Reason string `json:"reason,omitempty"`
+	// Reason explains a StandAlone or refused connection, or why a
+	// primary holds its IO; ReasonCode is the same as a fixed word
+	// (waiting-for-peer, fenced, split-brain, ...) for tools.
+	Reason     string `json:"reason,omitempty"`
+	ReasonCode string `json:"reason_code,omitempty"`
 	// SyncRule and SyncDecision: the generation rule that decided the
 	// replica's last connection, and what it decided (DRBD's words).
 	SyncRule     string `json:"sync_rule,omitempty"`
@@ -135,10 +138,14 @@ type LocalVolume struct {
 	Peers         []PeerStatus `json:"peers"`
 	// Replication is this node's own link state: for a secondary its link
 	// to the primary, for the primary the worst of its peers.
-	Replication string       `json:"replication"`
-	Reason      string       `json:"reason,omitempty"`
-	Paths       []PathStatus `json:"paths,omitempty"`
-	PathPolicy  string       `json:"path_policy,omitempty"`
+	Replication string `json:"replication"`
+	Reason      string `json:"reason,omitempty"`
+	ReasonCode  string `json:"reason_code,omitempty"`
+	// Serving: this node is primary and serves IO (not waiting for a
+	// peer, fenced or in a switchover).
+	Serving    bool         `json:"serving,omitempty"`
+	Paths      []PathStatus `json:"paths,omitempty"`
+	PathPolicy string       `json:"path_policy,omitempty"`
 	// ActivityLog counts the activity log's work on this node.
 	ActivityLog *ActivityLogStatus `json:"activity_log,omitempty"`
 	// LocalMissingBytes is what this node's own disk misses (written while
@@ -172,6 +179,7 @@ type PeerStatus struct {
 	SyncRule           string `json:"sync_rule,omitempty"`
 	SyncDecision       string `json:"sync_decision,omitempty"`
 	Reason             string `json:"reason,omitempty"`
+	ReasonCode         string `json:"reason_code,omitempty"`
 }
 
 // Event is one line of a node's history.

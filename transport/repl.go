@@ -99,10 +99,13 @@ type MsgStream interface {
 	Context() context.Context
 }
 
-// NewReplStream wraps s, whose SendMsg takes and RecvMsg fills a *Frame.
-// The node's streams come from DialRepl and the server; tests use it to
-// put a stream that stalls or fails under the replication code.
-func NewReplStream(s MsgStream) *ReplStream { return &ReplStream{s: s} }
+// NewReplStream wraps s, whose SendMsg takes and RecvMsg fills a *Frame;
+// Close calls cancel (when not nil), which must make blocked calls of s
+// return. The node's streams come from DialRepl and the server; tests use
+// it to put a stream that stalls or fails under the replication code.
+func NewReplStream(s MsgStream, cancel context.CancelFunc) *ReplStream {
+	return &ReplStream{s: s, cancel: cancel}
+}
 
 // ReplStream is one replication stream. One goroutine may Send while
 // another Recvs; two concurrent Sends (or Recvs) are not allowed.

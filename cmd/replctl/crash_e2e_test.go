@@ -1,8 +1,10 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -42,15 +44,31 @@ type procCluster struct {
 }
 
 // newProcCluster writes a two-node config for a size-byte volume with
-// internal metadata (al_extents extents) and starts nothing yet.
+// internal metadata (al_extents extents) and starts nothing yet. Each
+// backing file is exactly as large as the volume and its metadata.
 func newProcCluster(t *testing.T, size, alExtents int64) *procCluster {
+	t.Helper()
+	return newProcClusterOnDisks(t, size, alExtents, 0)
+}
+
+// newProcClusterOnDisks is newProcCluster with sparse backing files of
+// diskSize bytes (0: exactly the volume plus its internal metadata).
+func newProcClusterOnDisks(t *testing.T, size, alExtents, diskSize int64) *procCluster {
 	t.Helper()
 	dir := t.TempDir()
 	devSize, err := metadata.InternalDeviceSize(size, int(alExtents), 1)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if diskSize != 0 {
+		if diskSize < devSize {
+			t.Fatalf("a %d-byte disk cannot hold a %d-byte volume and its metadata (%d bytes)", diskSize, size, devSize)
+		}
+		devSize = diskSize
+	}
 	c := &procCluster{demo: &demo{t: t, dir: dir, nodes: map[string]demoNode{}}, procs: map[string]*exec.Cmd{}, bin: replnode(t)}
+	// Registered before any node starts, so it runs after they stopped.
+	t.Cleanup(c.logTails)
 	cfg := "nodes:\n"
 	for _, name := range []string{"alpha", "beta"} {
 		n := demoNode{Name: name, Control: freePort(t), Replication: freePort(t), NBD: freePort(t)}
@@ -99,8 +117,147 @@ func (c *procCluster) start(name string) {
 // stop ends node name's replnode cleanly (SIGTERM).
 func (c *procCluster) stop(name string) { stopProc(c.procs[name]) }
 
+// kill ends node name's replnode with SIGKILL (a crash) and reaps it.
+func (c *procCluster) kill(name string) {
+	cmd := c.procs[name]
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+}
+
+// pause stops node name's replnode with SIGSTOP (a hung node: its sockets
+// stay open and answer nothing); the test's cleanup continues it.
+func (c *procCluster) pause(name string) {
+	t := c.t
+	t.Helper()
+	cmd := c.procs[name]
+	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatalf("SIGSTOP %s: %v", name, err)
+	}
+	// Cleanups run last-registered first: this one before the stop.
+	t.Cleanup(func() { _ = cmd.Process.Signal(syscall.SIGCONT) })
+}
+
+// resume continues a paused replnode (SIGCONT).
+func (c *procCluster) resume(name string) {
+	c.t.Helper()
+	if err := c.procs[name].Process.Signal(syscall.SIGCONT); err != nil {
+		c.t.Fatalf("SIGCONT %s: %v", name, err)
+	}
+}
+
+// uri is the volume's NBD URI on node name.
+func (c *procCluster) uri(name string) string {
+	return "nbd://" + c.nodes[name].NBD + "/" + volName
+}
+
+// waitListening waits until node name's control address accepts
+// connections, and fails the test if its replnode exits first.
+func (c *procCluster) waitListening(name string, timeout time.Duration) {
+	t := c.t
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		conn, err := net.DialTimeout("tcp", c.nodes[name].Control, time.Second)
+		if err == nil {
+			conn.Close()
+			return
+		}
+		if ps := c.procs[name].ProcessState; ps != nil {
+			t.Fatalf("replnode %s exited (%s) before listening on %s", name, ps, c.nodes[name].Control)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replnode %s: control address %s not answering after %s: %v", name, c.nodes[name].Control, timeout, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// localView is the part of a node's own view (/api/node: the node alone,
+// no peer is asked) the tests read.
+type localView struct {
+	Volumes []struct {
+		Name       string `json:"name"`
+		Role       string `json:"role"`
+		Disk       string `json:"disk"`
+		Reason     string `json:"reason"`
+		Writes     uint64 `json:"writes"`
+		WriteBytes uint64 `json:"write_bytes"`
+	} `json:"volumes"`
+	Events []nodeEvent `json:"events"`
+}
+
+type nodeEvent struct {
+	Time    time.Time `json:"time"`
+	Volume  string    `json:"volume"`
+	Kind    string    `json:"kind"`
+	Message string    `json:"message"`
+}
+
+func (c *procCluster) localView(name string) (*localView, error) {
+	hc := http.Client{Timeout: 5 * time.Second}
+	resp, err := hc.Get("http://" + c.nodes[name].Control + "/api/node")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var lv localView
+	if err := json.NewDecoder(resp.Body).Decode(&lv); err != nil {
+		return nil, fmt.Errorf("/api/node on %s: %w", name, err)
+	}
+	return &lv, nil
+}
+
+// writeBytes returns how many bytes node name's vol0 has written as
+// primary since it started.
+func (c *procCluster) writeBytes(name string) (uint64, error) {
+	lv, err := c.localView(name)
+	if err != nil {
+		return 0, err
+	}
+	for _, v := range lv.Volumes {
+		if v.Name == volName {
+			return v.WriteBytes, nil
+		}
+	}
+	return 0, fmt.Errorf("/api/node on %s: no volume %s", name, volName)
+}
+
+// eventsSince returns node name's recent events of the given kind at or
+// after since, oldest first.
+func (c *procCluster) eventsSince(name, kind string, since time.Time) ([]nodeEvent, error) {
+	lv, err := c.localView(name)
+	if err != nil {
+		return nil, err
+	}
+	var evs []nodeEvent
+	for _, e := range lv.Events {
+		if e.Kind == kind && !e.Time.Before(since) {
+			evs = append(evs, e)
+		}
+	}
+	return evs, nil
+}
+
+// logTails prints the end of every node's log when the test failed.
+func (c *procCluster) logTails() {
+	if !c.t.Failed() {
+		return
+	}
+	for _, name := range []string{"alpha", "beta"} {
+		b, err := os.ReadFile(filepath.Join(c.dir, name+".log"))
+		if err != nil || len(b) == 0 {
+			continue
+		}
+		if len(b) > 6000 {
+			b = b[len(b)-6000:]
+		}
+		c.t.Logf("replnode %s log (tail):\n%s", name, b)
+	}
+}
+
 func stopProc(cmd *exec.Cmd) {
 	cmd.Process.Signal(syscall.SIGTERM)
+	cmd.Process.Signal(syscall.SIGCONT) // a paused node gets the SIGTERM too
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
 	select {

@@ -95,9 +95,10 @@ func TestE2EFioVerify(t *testing.T) {
 	e2e(t)
 	fio := RequireTool(t, "fio", "fio")
 	d := startDemo(t)
-	r := runCmd(3*time.Minute, nil, fio, "--name=verify", "--ioengine=nbd", "--uri="+d.uri,
+	// fio writes its verify state into its directory: not the source tree.
+	r := runCmdIn(t.TempDir(), 3*time.Minute, nil, fio, "--name=verify", "--ioengine=nbd", "--uri="+d.uri,
 		"--rw=randwrite", "--bs=4k", "--size=64M", "--iodepth=16",
-		"--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--output-format=json")
+		"--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--verify_state_save=0", "--output-format=json")
 	if !r.ok() {
 		t.Fatalf("fio verify: %s", r)
 	}

@@ -53,9 +53,10 @@ func TestE2EMultipathPathFlapsUnderFioVerify(t *testing.T) {
 			}
 		}
 	}()
-	r := runCmd(3*time.Minute, nil, fio, "--name=verify", "--ioengine=nbd", "--uri="+d.uri,
+	// fio writes its verify state into its directory: not the source tree.
+	r := runCmdIn(t.TempDir(), 3*time.Minute, nil, fio, "--name=verify", "--ioengine=nbd", "--uri="+d.uri,
 		"--rw=randwrite", "--bs=4k", "--size=32M", "--iodepth=16",
-		"--verify=crc32c", "--do_verify=1", "--verify_fatal=1")
+		"--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--verify_state_save=0")
 	close(stop)
 	n := <-flapped
 	if !r.ok() {

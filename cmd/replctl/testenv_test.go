@@ -163,9 +163,17 @@ func (r result) String() string {
 }
 
 func runCmd(timeout time.Duration, env []string, name string, args ...string) result {
+	return runCmdIn("", timeout, env, name, args...)
+}
+
+// runCmdIn is runCmd in directory dir ("" is the test's own directory,
+// which is the source tree: give tools that leave files behind, such as
+// fio's verify state, a temporary directory).
+func runCmdIn(dir string, timeout time.Duration, env []string, name string, args ...string) result {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), env...)
 	cmd.WaitDelay = 5 * time.Second
 	var buf bytes.Buffer
@@ -196,17 +204,27 @@ func mustRun(t *testing.T, timeout time.Duration, name string, args ...string) s
 // fails the test on a non-zero exit or a failed pattern check.
 func qemuIO(t *testing.T, uri string, cmds ...string) string {
 	t.Helper()
+	r, ok := tryQemuIOWithin(t, 2*time.Minute, uri, cmds...)
+	if !ok {
+		t.Fatalf("qemu-io %s %q: %s", uri, cmds, r)
+	}
+	return r.out
+}
+
+// tryQemuIOWithin runs qemu-io like qemuIO, killed after timeout, and says
+// whether every command succeeded (exit 0, no failed pattern check, no
+// error message).
+func tryQemuIOWithin(t *testing.T, timeout time.Duration, uri string, cmds ...string) (result, bool) {
+	t.Helper()
 	qio := RequireTool(t, "qemu-io", "qemu-utils")
 	args := []string{"-f", "raw", uri}
 	for _, c := range cmds {
 		args = append(args, "-c", c)
 	}
-	r := runCmd(2*time.Minute, nil, qio, args...)
+	r := runCmd(timeout, nil, qio, args...)
 	low := strings.ToLower(r.out)
-	if !r.ok() || strings.Contains(low, "fail") || strings.Contains(low, "error") || strings.Contains(low, "can't") {
-		t.Fatalf("qemu-io %s %q: %s", uri, cmds, r)
-	}
-	return r.out
+	ok := r.ok() && !strings.Contains(low, "fail") && !strings.Contains(low, "error") && !strings.Contains(low, "can't")
+	return r, ok
 }
 
 // ---------------------------------------------------------------------------
@@ -375,6 +393,7 @@ type volumeStatus struct {
 	Size     json.RawMessage `json:"size"`
 	Protocol string          `json:"protocol"`
 	Primary  string          `json:"primary"`
+	Epoch    uint64          `json:"epoch"`
 	NBDURI   string          `json:"nbd_uri"`
 	Replicas []replicaStatus `json:"replicas"`
 }
@@ -388,6 +407,13 @@ type replicaStatus struct {
 	Resynced    int64  `json:"resynced_bytes"`
 	SyncRule    string `json:"sync_rule"`
 	Decision    string `json:"sync_decision"`
+	Reason      string `json:"reason"`
+	Reachable   bool   `json:"reachable"`
+	Generation  string `json:"generation"`
+	UsableBytes int64  `json:"usable_bytes"`
+	VerifyDone  int64  `json:"verify_done_bytes"`
+	VerifyTotal int64  `json:"verify_total_bytes"`
+	VerifyFound int64  `json:"verify_found_bytes"`
 }
 
 func (v *volumeStatus) replica(node string) *replicaStatus {
@@ -556,18 +582,30 @@ type rawNBD struct {
 	size   uint64
 	flags  uint16
 	handle uint64
+	// timeout bounds each request (default 15 s).
+	timeout time.Duration
 }
 
 func dialRawNBD(uri string) (*rawNBD, error) {
+	c, err := dialRawNBDWithin(uri, 10*time.Second)
+	if err == nil {
+		c.timeout = 15 * time.Second
+	}
+	return c, err
+}
+
+// dialRawNBDWithin connects and negotiates within timeout, which then
+// bounds each request too.
+func dialRawNBDWithin(uri string, timeout time.Duration) (*rawNBD, error) {
 	u, err := url.Parse(uri)
 	if err != nil {
 		return nil, err
 	}
-	conn, err := net.DialTimeout("tcp", u.Host, 5*time.Second)
+	conn, err := net.DialTimeout("tcp", u.Host, min(timeout, 5*time.Second))
 	if err != nil {
 		return nil, err
 	}
-	c := &rawNBD{conn: conn}
+	c := &rawNBD{conn: conn, timeout: timeout}
 	if err := c.handshake(strings.TrimPrefix(u.Path, "/")); err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("handshake with %s: %w", uri, err)
@@ -576,7 +614,7 @@ func dialRawNBD(uri string) (*rawNBD, error) {
 }
 
 func (c *rawNBD) handshake(export string) error {
-	_ = c.conn.SetDeadline(time.Now().Add(10 * time.Second))
+	_ = c.conn.SetDeadline(time.Now().Add(c.timeout))
 	defer c.conn.SetDeadline(time.Time{})
 	var hello [18]byte
 	if _, err := io.ReadFull(c.conn, hello[:]); err != nil {
@@ -631,7 +669,11 @@ func (c *rawNBD) handshake(export string) error {
 // payload (sent whatever length says); readLen is how many bytes of read
 // data follow a successful reply.
 func (c *rawNBD) request(typ, flags uint16, off uint64, length uint32, data []byte, readLen int) (errno uint32, reply []byte, err error) {
-	_ = c.conn.SetDeadline(time.Now().Add(15 * time.Second))
+	timeout := c.timeout
+	if timeout <= 0 {
+		timeout = 15 * time.Second
+	}
+	_ = c.conn.SetDeadline(time.Now().Add(timeout))
 	defer c.conn.SetDeadline(time.Time{})
 	c.handle++
 	req := append(reqHeader(typ, flags, c.handle, off, length), data...)
@@ -667,6 +709,12 @@ func (c *rawNBD) read(off uint64, n int) ([]byte, error) {
 		return nil, fmt.Errorf("read %d@%d: errno %d", n, off, errno)
 	}
 	return b, nil
+}
+
+// write writes data at off and returns the server's errno (0: acknowledged).
+func (c *rawNBD) write(off uint64, data []byte) (uint32, error) {
+	errno, _, err := c.request(nbdCmdWrite, 0, off, uint32(len(data)), data, 0)
+	return errno, err
 }
 
 func (c *rawNBD) close() {

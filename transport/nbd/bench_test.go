@@ -10,21 +10,28 @@ import (
 	"github.com/replvol/replvol/transport/nbd/nbdtest"
 )
 
-// BenchmarkRequests pipelines 4 KiB requests over one connection (as many in flight as TCP
-// buffers allow) with a client that reuses its buffers, so allocs/op is the server's.
+// BenchmarkRequests pipelines 4 KiB and 1 MiB requests over one connection (as many in flight
+// as TCP buffers and the connection's budget allow) with a client that reuses its buffers, so
+// allocs/op is the server's.
 func BenchmarkRequests(b *testing.B) {
 	for _, bc := range []struct {
 		name string
 		cmd  uint16
-	}{{"read4k", nbdtest.CmdRead}, {"write4k", nbdtest.CmdWrite}} {
+		size int
+	}{
+		{"read4k", nbdtest.CmdRead, 4096}, {"write4k", nbdtest.CmdWrite, 4096},
+		{"read1m", nbdtest.CmdRead, 1 << 20}, {"write1m", nbdtest.CmdWrite, 1 << 20},
+	} {
 		b.Run(bc.name, func(b *testing.B) {
-			benchmarkRequests(b, bc.cmd, 4096)
+			benchmarkRequests(b, bc.cmd, bc.size)
 		})
 	}
 }
 
+const benchExportSize = 64 << 20
+
 func benchmarkRequests(b *testing.B, cmd uint16, size int) {
-	s := nbd.NewServer(nbd.Config{Resolver: &testResolver{exports: map[string]nbd.Export{"vol": nbdtest.NewMemExport(64 << 20)}}})
+	s := nbd.NewServer(nbd.Config{Resolver: &testResolver{exports: map[string]nbd.Export{"vol": nbdtest.NewMemExport(benchExportSize)}}})
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -55,6 +62,7 @@ func benchmarkRequests(b *testing.B, cmd uint16, size int) {
 	} else {
 		replyLen += size
 	}
+	offsets := min(4096, benchExportSize/size)
 	b.SetBytes(int64(size))
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -71,7 +79,7 @@ func benchmarkRequests(b *testing.B, cmd uint16, size int) {
 	}()
 	for i := range b.N {
 		binary.BigEndian.PutUint64(req[8:], uint64(i))
-		binary.BigEndian.PutUint64(req[16:], uint64(i%4096)*uint64(size))
+		binary.BigEndian.PutUint64(req[16:], uint64(i%offsets)*uint64(size))
 		if _, err := conn.Write(req); err != nil {
 			b.Fatal(err)
 		}

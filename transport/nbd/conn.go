@@ -16,19 +16,28 @@ import (
 )
 
 // serverConn is one client connection. Its goroutine (serve) negotiates and then reads requests;
-// up to MaxInFlight worker goroutines execute them and write the replies under writeMu.
+// up to MaxInFlight worker goroutines execute them and write the replies under writeMu. Every
+// request holds bytes of the connection's budget until its reply is written or dropped.
 type serverConn struct {
-	srv    *Server
-	conn   net.Conn
-	r      *bufio.Reader // used by the serve goroutine only, in both phases
-	log    *slog.Logger
-	ctx    context.Context // passed to the Export; cancelled by forceClose and when serve returns
-	cancel context.CancelFunc
-	done   chan struct{} // closed when the connection is closed and all its workers have returned
+	srv        *Server
+	conn       net.Conn
+	remoteAddr string
+	r          *bufio.Reader // used by the serve goroutine only, in both phases
+	log        *slog.Logger
+	ctx        context.Context // passed to the Export; cancelled by forceClose and when serve returns
+	cancel     context.CancelFunc
+	done       chan struct{} // closed when the connection is closed and all its workers have returned
+	// stopReading is closed when the connection can carry no more replies (a reply write
+	// failed or stalled, or forceClose) or begins draining: a reader waiting for budget drops
+	// the request it holds, which no Export call has seen, and stops.
+	stopReading chan struct{}
+	stopOnce    sync.Once
+	budget      connBudget
 
 	// Guarded by srv.mu.
 	attached   bool
 	exportName string
+	since      time.Time // when it entered transmission
 
 	mu       sync.Mutex // guards draining and every change of the read deadline
 	draining bool
@@ -50,16 +59,21 @@ type serverConn struct {
 	writing  bool       // a worker is writing the queue
 	queue    []*request // replies waiting for the writer; their buffers stay valid until written
 	spare    []*request
-	writeErr error       // the first failed reply write
-	iov      net.Buffers // owned by the current writer
+	writeErr error // the first failed reply write
+	// Owned by the current writer.
+	iov           net.Buffers
+	writeDeadline time.Time // the connection's write deadline
 }
 
-// request is one validated request on its way through a worker. Pooled.
+// request is one request on its way through a worker, from the moment the reader charged its
+// cost to the connection's budget until its reply is written or dropped. Pooled.
 type request struct {
-	header  requestHeader
-	payload *[]byte // WRITE: data received; READ: data to send
-	reply   [replyHeaderSize]byte
-	data    []byte // READ reply data (aliases payload)
+	header      requestHeader
+	cost        int64   // bytes of budget it holds
+	fromReserve bool    // cost is charged to the connection's reserve, not the node budget
+	payload     *buffer // WRITE: data received; READ: data to send
+	reply       [replyHeaderSize]byte
+	data        []byte // READ reply data (aliases payload)
 }
 
 var requestPool = sync.Pool{New: func() any { return new(request) }}
@@ -69,14 +83,18 @@ var aLongTimeAgo = time.Unix(1, 0)
 
 func newServerConn(s *Server, conn net.Conn) *serverConn {
 	ctx, cancel := context.WithCancel(context.Background())
+	remote := conn.RemoteAddr().String()
 	return &serverConn{
-		srv:    s,
-		conn:   conn,
-		r:      bufio.NewReaderSize(conn, 64<<10),
-		log:    s.log.With("remote", conn.RemoteAddr().String()),
-		ctx:    ctx,
-		cancel: cancel,
-		done:   make(chan struct{}),
+		srv:         s,
+		conn:        conn,
+		remoteAddr:  remote,
+		r:           bufio.NewReaderSize(conn, 64<<10),
+		log:         s.log.With("remote", remote),
+		ctx:         ctx,
+		cancel:      cancel,
+		done:        make(chan struct{}),
+		stopReading: make(chan struct{}),
+		budget:      connBudget{limit: s.connectionBudget, reserve: s.reserve},
 	}
 }
 
@@ -93,8 +111,9 @@ func (c *serverConn) serve() {
 	c.transmit(export)
 }
 
-// beginDrain makes the connection stop reading: requests already received are answered, then
-// the connection closes. Connections still negotiating just close.
+// beginDrain makes the connection stop reading: requests handed to workers are answered, then
+// the connection closes. A request still waiting for budget is dropped unstarted, so that a drain
+// does not wait for budget other connections hold. Connections still negotiating just close.
 func (c *serverConn) beginDrain() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -103,6 +122,7 @@ func (c *serverConn) beginDrain() {
 	}
 	c.draining = true
 	_ = c.conn.SetReadDeadline(aLongTimeAgo)
+	c.stopOnce.Do(func() { close(c.stopReading) })
 }
 
 func (c *serverConn) setReadDeadline(t time.Time) {
@@ -121,13 +141,20 @@ func (c *serverConn) isDraining() bool {
 }
 
 func (c *serverConn) forceClose() {
+	c.srv.forcedClose.Store(true)
 	c.cancel()
+	c.breakConn()
+}
+
+// breakConn closes the connection and wakes a reader waiting for budget.
+func (c *serverConn) breakConn() {
+	c.stopOnce.Do(func() { close(c.stopReading) })
 	_ = c.conn.Close()
 }
 
 // logReadError logs why the connection stopped reading, quietly if that was expected.
 func (c *serverConn) logReadError(phase string, err error) {
-	expected := errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) ||
+	expected := errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, errStalled) ||
 		(errors.Is(err, os.ErrDeadlineExceeded) && c.isDraining())
 	if expected {
 		c.log.Debug("nbd: connection ended", "phase", phase, "err", err)
@@ -256,8 +283,8 @@ func (c *serverConn) exportNameOption(data []byte, noZeroes bool) (Export, bool)
 	name := string(data)
 	export, flags, err := c.lookup(name)
 	if err == nil {
-		if _, ok := c.srv.attach(c, name, c.generation); !ok {
-			err = errors.New("export closed during the handshake")
+		if replyType, ok := c.srv.attach(c, name, c.generation); !ok {
+			err = errors.New(c.attachRefusal(name, replyType))
 		}
 	}
 	if err != nil {
@@ -305,11 +332,7 @@ func (c *serverConn) infoOption(option uint32, data []byte) (Export, error) {
 	}
 	if option == optGo {
 		if replyType, ok := c.srv.attach(c, req.name, c.generation); !ok {
-			msg := "server is shutting down"
-			if replyType == repErrUnknown {
-				msg = req.name + ": export was closed during the handshake; retry"
-			}
-			return nil, c.sendOptionReply(option, replyType, []byte(msg))
+			return nil, c.sendOptionReply(option, replyType, []byte(c.attachRefusal(req.name, replyType)))
 		}
 	}
 
@@ -370,6 +393,18 @@ func (c *serverConn) lookup(name string) (Export, uint16, error) {
 	return export, flags, nil
 }
 
+// attachRefusal is the message for a client that attach refused with replyType.
+func (c *serverConn) attachRefusal(name string, replyType uint32) string {
+	switch replyType {
+	case repErrUnknown:
+		return name + ": export was closed during the handshake; retry"
+	case repErrPolicy:
+		c.log.Info("nbd: too many connections in transmission; client refused", "export", name, "max_connections", c.srv.maxConnections)
+		return fmt.Sprintf("too many NBD clients: this server serves at most %d connections at once; retry after one disconnects", c.srv.maxConnections)
+	}
+	return "server is shutting down"
+}
+
 func (c *serverConn) enter(export Export, name string, flags uint16) {
 	c.export = export
 	c.readOnly = flags&transmitReadOnly != 0
@@ -395,12 +430,17 @@ func truncateString(s string) string {
 // ---- transmission ----
 
 // transmit reads requests until DISC, a read error or a drain, handing valid ones to workers,
-// then waits for every request it handed over to be answered.
+// then waits for every request it handed over to be answered. Before it allocates or reads
+// anything for a request it charges the request's cost to the connection's budget, waiting if
+// that is used: the client's requests then wait in TCP buffers.
 func (c *serverConn) transmit(export Export) {
 	c.work = make(chan *request)
 	defer func() {
 		close(c.work)
 		c.workerGroup.Wait()
+		if held := c.heldBytes(); held != 0 {
+			panic(fmt.Sprintf("nbd: connection ended with every reply sent or dropped, yet holding %d bytes of budget", held))
+		}
 	}()
 	stats := &c.srv.stats
 	var headerBytes [requestHeaderSize]byte
@@ -428,20 +468,67 @@ func (c *serverConn) transmit(export Export) {
 				}
 			}
 			stats.errors[kind].Add(1)
-			c.sendReply(requestPool.Get().(*request), header.handle, errno, nil)
+			req := c.newRequest(header, minRequestCost)
+			if req == nil {
+				return
+			}
+			c.sendReply(req, header.handle, errno, nil)
 			continue
 		}
-		req := requestPool.Get().(*request)
-		req.header = header
+		req := c.newRequest(header, requestCost(header))
+		if req == nil {
+			return
+		}
 		if header.hasPayload() {
-			req.payload = getBuffer(int(header.length))
-			if _, err := io.ReadFull(c.r, *req.payload); err != nil {
+			req.payload = c.srv.buffers.get(int(header.length))
+			if err := c.readPayload(req.payload.b); err != nil {
 				c.release(req)
 				c.logReadError("transmission", err)
 				return
 			}
 		}
 		c.dispatch(req)
+	}
+}
+
+// newRequest charges cost to the connection's budget, waiting for it, and returns a request
+// holding it; nil if the connection broke or began draining meanwhile.
+func (c *serverConn) newRequest(header requestHeader, cost int64) *request {
+	fromReserve, ok := c.acquire(cost)
+	if !ok {
+		c.log.Debug("nbd: request dropped unstarted: the connection broke or began draining while it waited for budget",
+			"cmd", header.cmd, "length", header.length)
+		return nil
+	}
+	req := requestPool.Get().(*request)
+	req.header, req.cost, req.fromReserve = header, cost, fromReserve
+	return req
+}
+
+var errStalled = errors.New("nbd: client stalled")
+
+// readPayload reads a WRITE payload. When the payload is not already buffered, a read deadline
+// of StallTimeout, renewed while bytes arrive, keeps a client that stops in the middle from
+// holding the request's budget for ever.
+func (c *serverConn) readPayload(p []byte) error {
+	if c.r.Buffered() >= len(p) {
+		_, err := io.ReadFull(c.r, p)
+		return err
+	}
+	defer c.setReadDeadline(time.Time{})
+	for {
+		c.setReadDeadline(time.Now().Add(c.srv.stallTimeout))
+		n, err := io.ReadFull(c.r, p)
+		if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) || c.isDraining() {
+			return err
+		}
+		if n == 0 {
+			c.srv.stats.stalled.Add(1)
+			c.log.Warn("nbd: client sends no more of a WRITE payload; closing the connection",
+				"stall_timeout", c.srv.stallTimeout, "missing_bytes", len(p))
+			return errStalled
+		}
+		p = p[n:]
 	}
 }
 
@@ -478,12 +565,12 @@ func (c *serverConn) execute(req *request) {
 	var data []byte
 	switch h.cmd {
 	case cmdRead:
-		req.payload = getBuffer(int(length))
-		if err = c.export.ReadAt(c.ctx, *req.payload, off); err == nil {
-			data = *req.payload
+		req.payload = c.srv.buffers.get(int(length))
+		if err = c.export.ReadAt(c.ctx, req.payload.b, off); err == nil {
+			data = req.payload.b
 		}
 	case cmdWrite:
-		err = c.export.WriteAt(c.ctx, *req.payload, off, fua)
+		err = c.export.WriteAt(c.ctx, req.payload.b, off, fua)
 	case cmdFlush:
 		err = c.export.Flush(c.ctx)
 	case cmdTrim:
@@ -511,19 +598,44 @@ func (c *serverConn) execute(req *request) {
 	c.sendReply(req, h.handle, errno, data)
 }
 
+// release frees req's buffer and gives back its budget.
 func (c *serverConn) release(req *request) {
+	reserveBytes, nodeBytes := c.freeRequest(req)
+	c.releaseBudget(reserveBytes, nodeBytes)
+}
+
+// releaseAll is release for many requests, with one budget release.
+func (c *serverConn) releaseAll(reqs []*request) {
+	var reserveBytes, nodeBytes int64
+	for i, req := range reqs {
+		r, n := c.freeRequest(req)
+		reserveBytes += r
+		nodeBytes += n
+		reqs[i] = nil
+	}
+	c.releaseBudget(reserveBytes, nodeBytes)
+}
+
+// freeRequest returns req's buffer to the pool and req to its pool, and says what budget req held.
+func (c *serverConn) freeRequest(req *request) (reserveBytes, nodeBytes int64) {
+	if req.fromReserve {
+		reserveBytes = req.cost
+	} else {
+		nodeBytes = req.cost
+	}
 	if req.payload != nil {
-		putBuffer(req.payload)
+		c.srv.buffers.put(req.payload)
 	}
 	*req = request{}
 	requestPool.Put(req)
+	return reserveBytes, nodeBytes
 }
 
 // sendReply queues a simple reply (header, then data if any) and takes
 // ownership of req: it is released once the reply is written. If no other
 // worker is writing, this one writes every queued reply, with one writev
-// per round. After a failed write the connection is closed, so the reader
-// stops too, and queued replies are dropped.
+// per round. After a failed or stalled write the connection is closed, so
+// the reader stops too, and queued replies are dropped.
 func (c *serverConn) sendReply(req *request, handle uint64, errno uint32, data []byte) {
 	binary.BigEndian.PutUint32(req.reply[0:], magicSimpleReply)
 	binary.BigEndian.PutUint32(req.reply[4:], errno)
@@ -554,26 +666,47 @@ func (c *serverConn) sendReply(req *request, handle uint64, errno uint32, data [
 			}
 		}
 		c.iov = bufs[:0]
-		w := bufs
-		_, err := w.WriteTo(c.conn)
+		err := c.writeReplies(bufs)
 		clear(c.iov[:cap(c.iov)])
-		for i, r := range batch {
-			c.release(r)
-			batch[i] = nil
-		}
+		c.releaseAll(batch)
 
 		c.writeMu.Lock()
 		c.spare = batch[:0]
 		if err != nil {
 			c.writeErr = err
-			c.logReadError("reply", err)
-			_ = c.conn.Close()
-			for _, r := range c.queue {
-				c.release(r)
+			if errors.Is(err, errStalled) {
+				c.srv.stats.stalled.Add(1)
+				c.log.Warn("nbd: client reads none of its replies; closing the connection",
+					"stall_timeout", c.srv.stallTimeout, "held_bytes", c.heldBytes())
+			} else {
+				c.logReadError("reply", err)
 			}
+			c.breakConn()
+			c.releaseAll(c.queue)
 			c.queue = nil
 		}
 	}
 	c.writing = false
 	c.writeMu.Unlock()
+}
+
+// writeReplies writes w, a round of replies. Each write has a deadline at least StallTimeout
+// away, renewed after any progress, so a slow client that reads is never cut off; errStalled
+// means the client took no byte for a whole StallTimeout.
+func (c *serverConn) writeReplies(w net.Buffers) error {
+	for {
+		// Renewing costs a timer update: do it only when less than StallTimeout is left.
+		if now := time.Now(); c.writeDeadline.Sub(now) < c.srv.stallTimeout {
+			c.writeDeadline = now.Add(c.srv.stallTimeout + c.srv.stallTimeout/8)
+			_ = c.conn.SetWriteDeadline(c.writeDeadline)
+		}
+		n, err := w.WriteTo(c.conn) // on a partial write, w keeps what is left
+		if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
+			return err
+		}
+		if n == 0 {
+			return errStalled
+		}
+		c.writeDeadline = time.Time{}
+	}
 }

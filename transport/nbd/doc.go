@@ -1,4 +1,6 @@
 // Package nbd serves Exports to NBD clients (fixed newstyle handshake, simple replies) with many
-// requests in flight per connection. It imports nothing of the project; a Server and an Export's
-// methods are called from many goroutines at once.
+// requests in flight per connection, each holding bytes of a per-connection and a node-wide budget
+// until its reply is written, so a client that reads no replies is pushed back on, not buffered.
+// It imports nothing of the project; a Server and an Export's methods are called from many
+// goroutines at once.
 package nbd

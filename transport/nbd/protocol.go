@@ -47,6 +47,7 @@ const (
 	repServer       = protocol.NEGOTIATION_TYPE_REPLY_SERVER
 	repInfo         = protocol.NEGOTIATION_TYPE_REPLY_INFO
 	repErrUnsup     = protocol.NEGOTIATION_TYPE_REPLY_ERR_UNSUPPORTED
+	repErrPolicy    = uint32(1<<31 | 2)
 	repErrInvalid   = uint32(1<<31 | 3)
 	repErrUnknown   = protocol.NEGOTIATION_TYPE_REPLY_ERR_UNKNOWN
 	repErrShutdown  = uint32(1<<31 | 7)

@@ -1,11 +1,14 @@
 package nbd
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,6 +22,7 @@ import (
 // length 0, and never passes ReadAt or WriteAt more than MaxRequestLength bytes.
 type Export interface {
 	Size() int64
+	// ReadAt must not keep p after it returns, even when ctx is cancelled: p is then reused.
 	ReadAt(ctx context.Context, p []byte, off int64) error
 	// WriteAt must not keep p after it returns. With fua, the data is on stable storage BEFORE
 	// WriteAt returns.
@@ -50,7 +54,13 @@ type Resolver interface {
 	List() []string
 }
 
-// Config configures a Server. Only Resolver is required.
+// Config configures a Server. Only Resolver is required; a zero field takes its default.
+//
+// Memory: each request holds bytes of a budget from the moment its header is read until its
+// reply is written (see budget.go), and a connection reads no further requests while it cannot
+// get them, so TCP pushes back on a client that sends faster than it reads. The request buffers
+// of a Server therefore never exceed NodeBudget + MaxConnections × ConnectionReserve, and its
+// free buffers never exceed MaxPooledBytes. With the defaults: 256 MiB + 256 MiB + 64 MiB.
 type Config struct {
 	Resolver Resolver
 	// Logger receives connection-level events; nil discards them.
@@ -59,12 +69,84 @@ type Config struct {
 	MaxInFlight int
 	// HandshakeTimeout bounds the whole negotiation phase of a connection; default 10s.
 	HandshakeTimeout time.Duration
+	// MaxConnections bounds the connections in transmission. A client selecting an export
+	// beyond it is refused with NBD_REP_ERR_POLICY and a message saying so (NBD_OPT_EXPORT_NAME,
+	// which cannot carry an error, is closed); default 256.
+	MaxConnections int
+	// ConnectionBudget bounds the bytes one connection's requests hold; at least
+	// MaxRequestLength, default 64 MiB.
+	ConnectionBudget int64
+	// NodeBudget bounds the bytes the requests of all connections hold beyond their reserves.
+	// Connections wait for it in arrival order. At least MaxRequestLength, default 256 MiB.
+	NodeBudget int64
+	// ConnectionReserve is the part of each connection's budget that does not come from the node
+	// budget: a request that fits in its connection's unused reserve is charged there, so a
+	// client with small requests is served while others hold the whole node budget. At most
+	// ConnectionBudget, default 1 MiB.
+	ConnectionReserve int64
+	// StallTimeout closes a connection whose client takes no byte of its pending replies, or
+	// sends no byte of a WRITE payload it started, for that long; default 30s. A slow client
+	// that makes progress is not cut off.
+	StallTimeout time.Duration
+	// MaxPooledBytes bounds the free buffers the Server keeps for reuse; default 64 MiB.
+	MaxPooledBytes int64
 }
 
 const (
-	defaultMaxInFlight      = 64
-	defaultHandshakeTimeout = 10 * time.Second
+	defaultMaxInFlight       = 64
+	defaultHandshakeTimeout  = 10 * time.Second
+	defaultMaxConnections    = 256
+	defaultConnectionBudget  = 64 << 20
+	defaultNodeBudget        = 256 << 20
+	defaultConnectionReserve = 1 << 20
+	defaultStallTimeout      = 30 * time.Second
+	defaultMaxPooledBytes    = 64 << 20
 )
+
+// withDefaults returns cfg with every zero field set to its default.
+func (cfg Config) withDefaults() Config {
+	setDefault(&cfg.MaxInFlight, defaultMaxInFlight)
+	setDefault(&cfg.HandshakeTimeout, defaultHandshakeTimeout)
+	setDefault(&cfg.MaxConnections, defaultMaxConnections)
+	setDefault(&cfg.ConnectionBudget, defaultConnectionBudget)
+	setDefault(&cfg.NodeBudget, defaultNodeBudget)
+	setDefault(&cfg.ConnectionReserve, defaultConnectionReserve)
+	setDefault(&cfg.StallTimeout, defaultStallTimeout)
+	setDefault(&cfg.MaxPooledBytes, defaultMaxPooledBytes)
+	return cfg
+}
+
+func setDefault[T int | int64 | time.Duration](field *T, value T) {
+	if *field == 0 {
+		*field = value
+	}
+}
+
+// Validate reports what is wrong with cfg, once defaults are applied.
+func (cfg Config) Validate() error {
+	cfg = cfg.withDefaults()
+	var problems []error
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Errorf(format, args...)) }
+	if cfg.Resolver == nil {
+		bad("Resolver is nil")
+	}
+	if cfg.MaxInFlight < 0 || cfg.MaxConnections < 0 || cfg.HandshakeTimeout < 0 || cfg.StallTimeout < 0 || cfg.MaxPooledBytes < 0 {
+		bad("MaxInFlight, MaxConnections, HandshakeTimeout, StallTimeout and MaxPooledBytes must not be negative")
+	}
+	if cfg.ConnectionBudget < MaxRequestLength {
+		bad("ConnectionBudget %d is below MaxRequestLength %d: a request of the maximum length could never run", cfg.ConnectionBudget, MaxRequestLength)
+	}
+	if cfg.NodeBudget < MaxRequestLength {
+		bad("NodeBudget %d is below MaxRequestLength %d: a request of the maximum length could never run", cfg.NodeBudget, MaxRequestLength)
+	}
+	if cfg.ConnectionReserve < 0 || cfg.ConnectionReserve > cfg.ConnectionBudget {
+		bad("ConnectionReserve %d must not be negative nor exceed ConnectionBudget %d", cfg.ConnectionReserve, cfg.ConnectionBudget)
+	}
+	if err := errors.Join(problems...); err != nil {
+		return fmt.Errorf("nbd: bad Config: %w", err)
+	}
+	return nil
+}
 
 // CommandCounts counts something per NBD command. Other is every command the server does not
 // implement.
@@ -81,6 +163,26 @@ type Stats struct {
 	Errors              CommandCounts // error replies sent
 	BytesRead           uint64        // READ payload sent to clients
 	BytesWritten        uint64        // WRITE payload received from clients and passed to an Export
+
+	TransmittingConnections int64  // connections in transmission; at most MaxConnections
+	RefusedConnections      uint64 // handshakes refused because MaxConnections were in transmission
+	StalledConnections      uint64 // connections closed because their client stalled for StallTimeout
+
+	InFlightBytes     int64 // bytes the requests of all connections hold now (see Config)
+	WaitingRequests   int64 // requests read up to their header and waiting for budget (at most one per connection)
+	PeakInFlightBytes int64 // the most InFlightBytes has been since NewServer
+	NodeBudgetBytes   int64 // Config.NodeBudget
+	NodeBudgetHeld    int64 // the part of InFlightBytes charged to the node budget
+	PooledBytes       int64 // free buffers kept for reuse
+	MaxPooledBytes    int64 // Config.MaxPooledBytes
+}
+
+// ClientInfo describes a connection in transmission.
+type ClientInfo struct {
+	RemoteAddr    string    // the client's address, host:port
+	Export        string    // the export it selected
+	Since         time.Time // when it entered transmission
+	InFlightBytes int64     // bytes its requests hold now
 }
 
 // Server serves NBD connections. Its methods may be called concurrently.
@@ -89,11 +191,21 @@ type Server struct {
 	log              *slog.Logger
 	maxInFlight      int
 	handshakeTimeout time.Duration
+	maxConnections   int
+	connectionBudget int64
+	reserve          int64
+	stallTimeout     time.Duration
+	nodeBudget       *nodeBudget
+	buffers          *bufferPool
+	// forcedClose is set once a connection is closed by force, its Export calls cancelled: an
+	// Export might then still write into a buffer, so the buffers' mappings are kept.
+	forcedClose atomic.Bool
 
-	mu        sync.Mutex
-	shutdown  bool
-	listeners map[net.Listener]struct{}
-	conns     map[*serverConn]struct{}
+	mu           sync.Mutex
+	shutdown     bool
+	listeners    map[net.Listener]struct{}
+	conns        map[*serverConn]struct{}
+	transmitting int // conns with attached set
 	// closeGeneration[name] is bumped by CloseExport, so that a handshake whose Lookup raced
 	// with CloseExport does not enter transmission on a closed export.
 	closeGeneration map[string]uint64
@@ -101,28 +213,30 @@ type Server struct {
 	stats counters
 }
 
-// NewServer returns a Server. It panics if cfg.Resolver is nil.
+// NewServer returns a Server. It panics if cfg is not valid (see Config.Validate), e.g. if
+// cfg.Resolver is nil.
 func NewServer(cfg Config) *Server {
-	if cfg.Resolver == nil {
-		panic("nbd: Config.Resolver is nil")
+	if err := cfg.Validate(); err != nil {
+		panic(err)
 	}
+	cfg = cfg.withDefaults()
 	s := &Server{
 		resolver:         cfg.Resolver,
 		log:              cfg.Logger,
 		maxInFlight:      cfg.MaxInFlight,
 		handshakeTimeout: cfg.HandshakeTimeout,
+		maxConnections:   cfg.MaxConnections,
+		connectionBudget: cfg.ConnectionBudget,
+		reserve:          cfg.ConnectionReserve,
+		stallTimeout:     cfg.StallTimeout,
+		nodeBudget:       &nodeBudget{size: cfg.NodeBudget},
+		buffers:          newBufferPool(cfg.MaxPooledBytes),
 		listeners:        make(map[net.Listener]struct{}),
 		conns:            make(map[*serverConn]struct{}),
 		closeGeneration:  make(map[string]uint64),
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	if s.maxInFlight <= 0 {
-		s.maxInFlight = defaultMaxInFlight
-	}
-	if s.handshakeTimeout <= 0 {
-		s.handshakeTimeout = defaultHandshakeTimeout
 	}
 	return s
 }
@@ -157,7 +271,8 @@ func (s *Server) Serve(l net.Listener) error {
 }
 
 // Shutdown stops accepting connections, closes connections still negotiating, answers every
-// request already received on connections in transmission, and then closes them. If ctx ends
+// request already received on connections in transmission (but for one still waiting for
+// budget: no Export call has seen it, and it is dropped), and then closes them. If ctx ends
 // first, the remaining connections are closed at once (their Export calls see a cancelled ctx)
 // and ctx's error is returned.
 func (s *Server) Shutdown(ctx context.Context) error {
@@ -171,11 +286,17 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		conns = append(conns, c)
 	}
 	s.mu.Unlock()
-	return drain(ctx, conns)
+	err := drain(ctx, conns)
+	if err == nil && !s.forcedClose.Load() {
+		s.buffers.unmapAll() // every Export call has returned, none was cancelled
+	} else {
+		s.buffers.freeAll() // buffers still in use come back later and are trimmed
+	}
+	return err
 }
 
 // CloseExport answers the requests already received on the connections using the named export
-// and then closes those connections; it returns when they are closed. Handshakes that looked
+// (as Shutdown does) and then closes those connections; it returns when they are closed. Handshakes that looked
 // the export up before CloseExport get NBD_REP_ERR_UNKNOWN instead of entering transmission.
 // It is what a node calls when it stops being primary. The Resolver must refuse the name by
 // the time CloseExport is called, or new clients will simply connect again. It must not be
@@ -219,7 +340,40 @@ func drain(ctx context.Context, conns []*serverConn) error {
 
 // Stats returns a snapshot of the server's counters.
 func (s *Server) Stats() Stats {
-	return s.stats.snapshot()
+	st := s.stats.snapshot()
+	s.mu.Lock()
+	st.TransmittingConnections = int64(s.transmitting)
+	s.mu.Unlock()
+	st.NodeBudgetBytes = s.nodeBudget.size
+	st.NodeBudgetHeld = s.nodeBudget.heldBytes()
+	st.PooledBytes = s.buffers.pooled.Load()
+	st.MaxPooledBytes = s.buffers.limit
+	return st
+}
+
+// Clients returns the connections in transmission on the named export, or on every export when
+// export is "", oldest first. A connection that CloseExport or Shutdown is draining is listed
+// until it is closed.
+func (s *Server) Clients(export string) []ClientInfo {
+	s.mu.Lock()
+	var conns []*serverConn
+	for c := range s.conns {
+		if c.attached && (export == "" || c.exportName == export) {
+			conns = append(conns, c)
+		}
+	}
+	clients := make([]ClientInfo, 0, len(conns))
+	for _, c := range conns {
+		clients = append(clients, ClientInfo{RemoteAddr: c.remoteAddr, Export: c.exportName, Since: c.since})
+	}
+	s.mu.Unlock()
+	for i, c := range conns {
+		clients[i].InFlightBytes = c.heldBytes()
+	}
+	slices.SortStableFunc(clients, func(a, b ClientInfo) int {
+		return cmp.Or(a.Since.Compare(b.Since), cmp.Compare(a.RemoteAddr, b.RemoteAddr))
+	})
+	return clients
 }
 
 func (s *Server) isShutdown() bool {
@@ -263,6 +417,9 @@ func (s *Server) removeConn(c *serverConn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.conns, c)
+	if c.attached {
+		s.transmitting--
+	}
 	s.stats.open.Add(-1)
 }
 
@@ -274,8 +431,8 @@ func (s *Server) exportGeneration(name string) uint64 {
 }
 
 // attach records that c is entering transmission on the named export. It fails with
-// NBD_REP_ERR_SHUTDOWN during Shutdown, or NBD_REP_ERR_UNKNOWN if CloseExport ran since generation
-// was read.
+// NBD_REP_ERR_SHUTDOWN during Shutdown, NBD_REP_ERR_UNKNOWN if CloseExport ran since generation
+// was read, or NBD_REP_ERR_POLICY if MaxConnections are in transmission.
 func (s *Server) attach(c *serverConn, name string, generation uint64) (replyType uint32, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -284,9 +441,14 @@ func (s *Server) attach(c *serverConn, name string, generation uint64) (replyTyp
 		return repErrShutdown, false
 	case s.closeGeneration[name] != generation:
 		return repErrUnknown, false
+	case s.transmitting >= s.maxConnections:
+		s.stats.refused.Add(1)
+		return repErrPolicy, false
 	}
 	c.attached = true
 	c.exportName = name
+	c.since = time.Now()
+	s.transmitting++
 	return 0, true
 }
 
@@ -299,6 +461,18 @@ type counters struct {
 	errors       [numCommandKinds]atomic.Uint64
 	bytesRead    atomic.Uint64
 	bytesWritten atomic.Uint64
+	refused      atomic.Uint64
+	stalled      atomic.Uint64
+	inFlight     atomic.Int64
+	peakInFlight atomic.Int64
+	waiting      atomic.Int64
+}
+
+// chargeInFlight adds n bytes to inFlight and raises the peak.
+func (c *counters) chargeInFlight(n int64) {
+	now := c.inFlight.Add(n)
+	for peak := c.peakInFlight.Load(); now > peak && !c.peakInFlight.CompareAndSwap(peak, now); peak = c.peakInFlight.Load() {
+	}
 }
 
 const (
@@ -346,5 +520,10 @@ func (c *counters) snapshot() Stats {
 		Errors:              counts(&c.errors),
 		BytesRead:           c.bytesRead.Load(),
 		BytesWritten:        c.bytesWritten.Load(),
+		RefusedConnections:  c.refused.Load(),
+		StalledConnections:  c.stalled.Load(),
+		InFlightBytes:       c.inFlight.Load(),
+		WaitingRequests:     c.waiting.Load(),
+		PeakInFlightBytes:   c.peakInFlight.Load(),
 	}
 }

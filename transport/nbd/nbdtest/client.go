@@ -37,6 +37,7 @@ const (
 	RepServer      = 2
 	RepInfo        = 3
 	RepErrUnsup    = 1<<31 | 1
+	RepErrPolicy   = 1<<31 | 2
 	RepErrInvalid  = 1<<31 | 3
 	RepErrUnknown  = 1<<31 | 6
 	RepErrShutdown = 1<<31 | 7

@@ -1,0 +1,250 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/replication"
+)
+
+// The "durable first" steps of a volume, each with its state write failed
+// on purpose: the step that depends on the write must not happen.
+
+// faultyStore wraps a node's state store; while failIf says so for a
+// volume state, PutVolume fails without writing it. block, when set,
+// holds every PutVolume until it is closed.
+type faultyStore struct {
+	stateStore
+	mu     sync.Mutex
+	failIf func(metadata.VolumeState) bool
+	block  chan struct{}
+	failed atomic.Int64
+	puts   atomic.Int64
+}
+
+var errInjectedStore = errors.New("injected state store failure")
+
+func (s *faultyStore) PutVolume(name string, st metadata.VolumeState) error {
+	s.mu.Lock()
+	failIf, block := s.failIf, s.block
+	s.mu.Unlock()
+	s.puts.Add(1)
+	if block != nil {
+		<-block
+	}
+	if failIf != nil && failIf(st) {
+		s.failed.Add(1)
+		return errInjectedStore
+	}
+	return s.stateStore.PutVolume(name, st)
+}
+
+func (s *faultyStore) set(failIf func(metadata.VolumeState) bool) {
+	s.mu.Lock()
+	s.failIf = failIf
+	s.mu.Unlock()
+}
+
+// wrapStore puts a faultyStore under a started node.
+func wrapStore(n *Node) *faultyStore {
+	fs := &faultyStore{stateStore: n.store}
+	n.store = fs
+	return fs
+}
+
+func always(metadata.VolumeState) bool { return true }
+
+// TestAWriteAPeerMissesFailsWhenTheNewGenerationCannotBeRecorded: the
+// first write beta misses must move alpha to a new generation, durably,
+// BEFORE it is acknowledged. When that cannot be written, the write fails
+// (and is not written locally either), alpha stops serving IO, and says
+// why; nothing changed in its generations.
+func TestAWriteAPeerMissesFailsWhenTheNewGenerationCannotBeRecorded(t *testing.T) {
+	c := newSyncedCluster(t, 8<<20)
+	v := c.vol("alpha")
+	c.vol("beta").setAdminDown(true)
+	eventually(t, func() bool { return v.peers["beta"].session() == nil }, "alpha's stream to beta ended")
+	gensBefore := v.currentGeneration()
+	fs := wrapStore(c.nodes["alpha"])
+	fs.set(always)
+	before := append([]byte(nil), c.disk("alpha")[1<<20:1<<20+4096]...)
+	err := v.WriteAt(context.Background(), pattern(9, 4096), 1<<20, false)
+	if !errors.Is(err, syscall.EIO) || !errors.Is(err, ErrStateWrite) {
+		t.Fatalf("write beta missed, with the new generation not durable: %v, want EIO (ErrStateWrite)", err)
+	}
+	if !bytes.Equal(c.disk("alpha")[1<<20:1<<20+4096], before) {
+		t.Fatal("the failed write reached alpha's disk")
+	}
+	if g := v.currentGeneration(); g != gensBefore || v.tracking("beta") {
+		t.Fatalf("generation %s (was %s), tracking beta %v: a state that is not on disk is in use", g, gensBefore, v.tracking("beta"))
+	}
+	st := v.status()
+	if st.Serving || st.ReasonCode != string(CauseStateWriteFailed) {
+		t.Fatalf("after the failed state write: serving %v, reason %q (%s)", st.Serving, st.ReasonCode, st.Reason)
+	}
+	if err := v.WriteAt(context.Background(), pattern(9, 4096), 2<<20, false); !errors.Is(err, ErrNotServing) {
+		t.Fatalf("a later write: %v, want ErrNotServing", err)
+	}
+}
+
+// TestAPeerIsNotUpToDateUntilItsBitmapIsRetiredDurably: at the end of a
+// resync the primary retires the peer's bitmap generation, durably,
+// BEFORE the peer counts as UpToDate. While that write fails the peer
+// never shows UpToDate; once it works, the next connection finishes.
+func TestAPeerIsNotUpToDateUntilItsBitmapIsRetiredDurably(t *testing.T) {
+	c := newSyncedCluster(t, 8<<20)
+	v := c.vol("alpha")
+	c.vol("beta").setAdminDown(true)
+	eventually(t, func() bool { return v.peers["beta"].session() == nil }, "alpha's stream to beta ended")
+	writeRandomBlocks(t, v, 20, 5)
+	if !v.tracking("beta") {
+		t.Fatal("alpha does not track beta after writes it missed")
+	}
+	fs := wrapStore(c.nodes["alpha"])
+	retiring := func(st metadata.VolumeState) bool { _, ok := st.PeerBitmaps["beta"]; return !ok }
+	fs.set(retiring)
+	c.vol("beta").setAdminDown(false)
+	eventually(t, func() bool { return fs.failed.Load() >= 2 }, "two failed retirements (the connection is retried)")
+	if p := v.peers["beta"].status(); p.PeerDisk == string(replication.UpToDate) {
+		t.Fatalf("beta shows UpToDate although its bitmap generation is still on alpha's disk: %+v", p)
+	}
+	if !v.tracking("beta") {
+		t.Fatal("alpha stopped tracking beta without writing it down")
+	}
+	fs.set(nil)
+	c.waitInSync()
+	if v.tracking("beta") {
+		t.Fatal("beta in sync, but alpha still tracks it")
+	}
+	c.requireIdentical()
+}
+
+// TestADiskIsNotDetachedUnlessTheStoreRecordsIt: detaching a failed disk
+// lets writes skip it, so "this disk misses writes" must be in the node's
+// store BEFORE. When the store cannot take it, the disk stays attached
+// and the client gets the IO error.
+func TestADiskIsNotDetachedUnlessTheStoreRecordsIt(t *testing.T) {
+	c := newTestCluster(t, 4<<20)
+	c.opts["alpha"] = Options{OpenDisk: func(path string, size int64) (Disk, error) {
+		d, err := OpenDisk(path, size)
+		return &failingDisk{Disk: d}, err
+	}}
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	v := c.vol("alpha")
+	fs := wrapStore(c.nodes["alpha"])
+	fs.set(func(st metadata.VolumeState) bool { return st.LocalStale })
+	v.disk.(*failingDisk).fail.Store(true)
+	if err := v.WriteAt(context.Background(), pattern(1, 4096), 0, false); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("write to a failed disk that cannot be detached durably: %v, want EIO", err)
+	}
+	if v.isDetached() {
+		t.Fatal("detached although the store did not record it")
+	}
+	// With the store working the same failure detaches, and the write
+	// is served by beta.
+	fs.set(nil)
+	if err := v.WriteAt(context.Background(), pattern(1, 4096), 0, false); err != nil {
+		t.Fatalf("write once the detach can be recorded: %v", err)
+	}
+	if !v.isDetached() {
+		t.Fatal("not detached")
+	}
+}
+
+// TestStateWritesDoNotHoldUpReads: writing the volume's state (an fsync of
+// the store and the superblock) happens without the lock every IO takes:
+// while it is slow, reads go on.
+func TestStateWritesDoNotHoldUpReads(t *testing.T) {
+	c := newSyncedCluster(t, 8<<20)
+	v := c.vol("alpha")
+	c.vol("beta").setAdminDown(true)
+	eventually(t, func() bool { return v.peers["beta"].session() == nil }, "alpha's stream to beta ended")
+	fs := wrapStore(c.nodes["alpha"])
+	block := make(chan struct{})
+	fs.mu.Lock()
+	fs.block = block
+	fs.mu.Unlock()
+	puts := fs.puts.Load()
+	wrote := make(chan error, 1)
+	go func() { wrote <- v.WriteAt(context.Background(), pattern(2, 4096), 0, false) }()
+	eventually(t, func() bool { return fs.puts.Load() > puts }, "the new generation's state write started")
+	read := make(chan error, 1)
+	go func() { read <- v.ReadAt(context.Background(), make([]byte, 4096), 4<<20) }()
+	select {
+	case err := <-read:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("a read waited for a state write")
+	}
+	st := make(chan struct{})
+	go func() { v.status(); close(st) }()
+	select {
+	case <-st:
+	case <-time.After(2 * time.Second):
+		t.Fatal("status waited for a state write")
+	}
+	select {
+	case err := <-wrote:
+		t.Fatalf("the write completed before its new generation was durable: %v", err)
+	default:
+	}
+	close(block)
+	if err := <-wrote; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestASecondaryOutOfSpaceCatchesUpByBitmap: beta's disk fails writes
+// with ENOSPC; alpha goes on and marks what beta missed. Once beta has
+// room again it receives those blocks, not a full resync.
+func TestASecondaryOutOfSpaceCatchesUpByBitmap(t *testing.T) {
+	const size = 16 << 20
+	c := newTestCluster(t, size)
+	c.opts["beta"] = Options{OpenDisk: func(path string, size int64) (Disk, error) {
+		d, err := OpenDisk(path, size)
+		return &fullDisk{Disk: d}, err
+	}}
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	full := c.vol("beta").disk.(*fullDisk)
+	full.full.Store(true)
+	blocks := writeRandomBlocks(t, c.vol("alpha"), 40, 17)
+	eventually(t, func() bool { return c.vol("alpha").tracking("beta") }, "alpha tracks what beta misses")
+	eventually(t, func() bool {
+		return c.vol("alpha").peers["beta"].status().ReasonCode == string(CauseDiskFailed)
+	}, "alpha says beta's disk failed")
+	moved := replica(c.status(), "beta").ResyncedBytes
+	full.full.Store(false)
+	c.waitInSync()
+	got := replica(c.status(), "beta").ResyncedBytes - moved
+	c.requireDecision("alpha", "beta", replication.RuleBitmapSelf, "source-use-bitmap")
+	if got > int64(blocks)*4096 || got == 0 {
+		t.Fatalf("after running out of space beta received %d bytes, want the %d blocks it missed at most (%d bytes), not a full resync", got, blocks, blocks*4096)
+	}
+	c.requireIdentical()
+}
+
+// fullDisk fails writes with ENOSPC while full is set.
+type fullDisk struct {
+	Disk
+	full atomic.Bool
+}
+
+func (d *fullDisk) WriteAt(p []byte, off int64) (int, error) {
+	if d.full.Load() {
+		return 0, syscall.ENOSPC
+	}
+	return d.Disk.WriteAt(p, off)
+}

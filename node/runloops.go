@@ -1,0 +1,241 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/replvol/replvol/replication"
+)
+
+const (
+	// resyncRunBlocks is the largest resync or verify run (1 MiB).
+	resyncRunBlocks = 256
+	// resyncWindow is how many runs may await their ack.
+	resyncWindow = 16
+)
+
+var zeroBlock = make([]byte, resyncRunBlocks*replication.BlockSize)
+
+var resyncBufs = sync.Pool{New: func() any { b := make([]byte, resyncRunBlocks*replication.BlockSize); return &b }}
+
+// readBlock reads a run into a pooled buffer.
+func readBlock(d Disk, off, length int64) (*[]byte, error) {
+	bp := resyncBufs.Get().(*[]byte)
+	if _, err := d.ReadAt((*bp)[:length], off); err != nil {
+		resyncBufs.Put(bp)
+		return nil, fmt.Errorf("read at %d: %w", off, err)
+	}
+	return bp, nil
+}
+
+// resync sends every block marked in the bitmap through the session's
+// window, then makes the peer UpToDate. Application writes go on
+// meanwhile: a run holds the range lock from its read until its entry is
+// queued, so a write to the same blocks is queued before the read (and
+// overwritten by it) or after it. With csums, the first pass sends
+// checksums and only the blocks the peer lacks are sent (DRBD's
+// csums-alg); later passes send data: what the checksums showed differs,
+// and what was written meanwhile.
+func (p *peer) resync(s *session) error {
+	v, ctx := p.v, s.ctx
+	p.resyncTotal.Store(p.bm.Bytes())
+	began := time.Unix(0, p.resyncStart.Load())
+	var wire int64 // data bytes sent (zero ranges cost no bandwidth)
+	w := s.window(resyncWindow)
+	pace := func() error {
+		if err := p.waitUnpaused(ctx); err != nil {
+			return err
+		}
+		return v.resyncPace(ctx, began, wire, w.inFlight)
+	}
+	for csums := v.cfg.Csums; ; csums = false {
+		cursor := int64(0)
+		next := func() (*pending, func(), error) {
+			start, n, ok := p.bm.NextRun(cursor, resyncRunBlocks)
+			if !ok {
+				return nil, nil, nil
+			}
+			cursor = start + n
+			off := start * replication.BlockSize
+			length := min(n*replication.BlockSize, v.size-off)
+			unlock, err := v.locks.Lock(ctx, off, length)
+			if err != nil {
+				return nil, nil, err
+			}
+			pd, err := p.resyncEntry(off, length, csums)
+			if err != nil {
+				unlock()
+				return nil, nil, err
+			}
+			if !csums {
+				p.resyncSent.Add(length)
+			}
+			if pd.e.Op == replication.OpResyncData {
+				wire += length
+			}
+			return pd, unlock, nil
+		}
+		if err := w.runs(ctx, pace, next); err != nil {
+			return err
+		}
+		if p.bm.Count() == 0 {
+			break
+		}
+	}
+	// Everything marked is on the peer: hand it the current generation.
+	v.stateMu.Lock()
+	pd := p.syncDone(s, v.currentGeneration())
+	ok := s.enqueue(pd)
+	v.stateMu.Unlock()
+	if !ok {
+		return errSessionEnded
+	}
+	select {
+	case <-pd.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	total := p.resyncTotal.Load()
+	secs := time.Since(began).Seconds()
+	v.log.Info("resync finished", "peer", p.name, "bytes", total, "seconds", secs)
+	v.node.event(v.name, "resync-done", fmt.Sprintf("resync to %s finished: %d bytes in %.1fs", p.name, total, secs))
+	return nil
+}
+
+// resyncEntry reads one run and builds its entry: checksums (csums),
+// a zero range, or the data. Its ack clears the run's bits.
+func (p *peer) resyncEntry(off, length int64, csums bool) (*pending, error) {
+	v := p.v
+	pd := newPending(replication.Entry{})
+	switch hf, isHF := v.disk.(holeFinder); {
+	case csums:
+		bp, err := readBlock(v.disk, off, length)
+		if err != nil {
+			return nil, fmt.Errorf("resync: %w", err)
+		}
+		pd.e = replication.Entry{Op: replication.OpVerify, Off: off, Length: length, Data: replication.AppendChecksums(nil, (*bp)[:length])}
+		resyncBufs.Put(bp)
+		var differ []uint32
+		pd.onReply = func(st replication.AckStatus, data []byte) {
+			idx, err := replication.DecodeMismatches(data)
+			if st != replication.AckOK || err != nil {
+				idx = allBlocks(length)
+			}
+			differ = idx
+		}
+		pd.onAck = func() {
+			// Matching blocks are in sync; differing ones stay marked
+			// for the data pass.
+			same, next := int64(0), 0
+			for b := int64(0); b*replication.BlockSize < length; b++ {
+				if next < len(differ) && int64(differ[next]) == b {
+					next++
+					continue
+				}
+				p.bm.ClearBits(off+b*replication.BlockSize, replication.BlockSize)
+				same += replication.BlockSize
+			}
+			p.resyncDone.Add(min(same, length))
+			p.csumsSkipped.Add(min(same, length))
+		}
+		return pd, nil
+	case isHF && hf.IsHole(off, length):
+		pd.e = replication.Entry{Op: replication.OpResyncZero, Off: off, Length: length}
+	default:
+		bp, err := readBlock(v.disk, off, length)
+		if err != nil {
+			return nil, fmt.Errorf("resync: %w", err)
+		}
+		if buf := (*bp)[:length]; bytes.Equal(buf, zeroBlock[:length]) {
+			pd.e = replication.Entry{Op: replication.OpResyncZero, Off: off, Length: length}
+			resyncBufs.Put(bp)
+		} else {
+			pd.e = replication.Entry{Op: replication.OpResyncData, Off: off, Length: length, Data: buf}
+			pd.release = func() { resyncBufs.Put(bp) }
+		}
+	}
+	pd.onAck = func() {
+		p.bm.ClearBits(off, length)
+		p.resyncDone.Add(length)
+	}
+	return pd, nil
+}
+
+// allBlocks lists every block index of a run of length bytes.
+func allBlocks(length int64) []uint32 {
+	idx := make([]uint32, 0, (length+replication.BlockSize-1)/replication.BlockSize)
+	for i := range uint32((length + replication.BlockSize - 1) / replication.BlockSize) {
+		idx = append(idx, i)
+	}
+	return idx
+}
+
+// verify compares the peer's copy with the local one, a run at a time
+// through the session's window: each run is read under the range lock and
+// its checksums queued in order with the writes, so both sides compare the
+// same state. Differing blocks are marked out of sync; with repair the
+// session restarts at the end, and the reconnection resyncs them.
+func (p *peer) verify(s *session, repair bool) {
+	v := p.v
+	p.verifyTotal.Store(v.size)
+	p.verifyDone.Store(0)
+	p.verifyFound.Store(0)
+	began := time.Now()
+	run := int64(resyncRunBlocks * replication.BlockSize)
+	ctx, cancel := context.WithCancel(s.ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-v.stopping:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	off := int64(0)
+	next := func() (*pending, func(), error) {
+		if off >= v.size {
+			return nil, nil, nil
+		}
+		runOff, length := off, min(run, v.size-off)
+		off += length
+		unlock, err := v.locks.Lock(ctx, runOff, length)
+		if err != nil {
+			return nil, nil, err
+		}
+		bp, err := readBlock(v.disk, runOff, length)
+		if err != nil {
+			unlock()
+			return nil, nil, fmt.Errorf("verify: local %w", err)
+		}
+		pd := newPending(replication.Entry{Op: replication.OpVerify, Off: runOff, Length: length, Data: replication.AppendChecksums(nil, (*bp)[:length])})
+		resyncBufs.Put(bp)
+		pd.onReply = func(st replication.AckStatus, data []byte) {
+			idx, err := replication.DecodeMismatches(data)
+			if st != replication.AckOK || err != nil {
+				idx = allBlocks(length) // the peer could not read: count the whole run
+			}
+			for _, i := range idx {
+				p.bm.SetBits(runOff+int64(i)*replication.BlockSize, replication.BlockSize)
+				p.verifyFound.Add(replication.BlockSize)
+			}
+		}
+		pd.onAck = func() { p.verifyDone.Add(length) }
+		return pd, unlock, nil
+	}
+	if err := s.window(resyncWindow).runs(ctx, nil, next); err != nil {
+		v.log.Warn("verify stopped", "peer", p.name, "err", err)
+		v.node.event(v.name, "verify-stopped", fmt.Sprintf("verify of %s stopped after %d bytes: %v", p.name, p.verifyDone.Load(), err))
+		return
+	}
+	found := p.verifyFound.Load()
+	msg := fmt.Sprintf("verify of %s finished in %.1fs: %d bytes out of sync", p.name, time.Since(began).Seconds(), found)
+	v.log.Info("verify finished", "peer", p.name, "out_of_sync", found)
+	if found > 0 && repair {
+		msg += "; resyncing them"
+		s.cancel() // the reconnection resyncs the marked blocks
+	}
+	v.node.event(v.name, "verify-done", msg)
+}

@@ -1,0 +1,156 @@
+package replication
+
+// HistorySlots is how many older generations a node keeps (the on-disk
+// superblock has room for this many).
+const HistorySlots = 4
+
+// Generations is one node's generation state toward all of its peers
+// (DRBD's UUIDs): the generation of the data on its disk, the generation
+// each out-of-sync peer's bitmap tracks changes from, and the older
+// generations. Its methods are the only transitions node/ makes; each
+// returns a new value and leaves the receiver untouched, so the caller can
+// write the result to stable storage BEFORE it takes it.
+type Generations struct {
+	// Current names the data on the disk; zero while it is Inconsistent.
+	Current Generation
+	// Bitmaps holds, for every peer that is not in sync, the generation
+	// its bitmap tracks changes from (the peer's data is that generation
+	// plus the marked blocks). A peer in sync has no entry.
+	Bitmaps map[string]Generation
+	// History holds older generations, newest first, HistorySlots long
+	// (zero entries are unused).
+	History []Generation
+}
+
+// Clone returns a copy that shares nothing with g.
+func (g Generations) Clone() Generations {
+	c := Generations{Current: g.Current, History: make([]Generation, HistorySlots)}
+	copy(c.History, g.History)
+	if len(g.Bitmaps) > 0 {
+		c.Bitmaps = make(map[string]Generation, len(g.Bitmaps))
+		for p, b := range g.Bitmaps {
+			c.Bitmaps[p] = b
+		}
+	}
+	return c
+}
+
+// Toward returns the set this node sends peer in a handshake (the flags are
+// the caller's to fill in).
+func (g Generations) Toward(peer string) UUIDSet {
+	return UUIDSet{Current: g.Current, Bitmap: g.Bitmaps[peer], History: append([]Generation(nil), g.History...)}
+}
+
+// Tracking reports whether peer's changes are tracked in a bitmap.
+func (g Generations) Tracking(peer string) bool {
+	_, ok := g.Bitmaps[peer]
+	return ok
+}
+
+// PeerMisses is the primary starting to write without peer, which holds
+// held (the generation it last acknowledged): peer's bitmap starts from
+// held and the primary moves to next, so that peer can never again look as
+// up to date as the primary. The old current generation goes into the
+// history, where a third node that held it still finds it. A peer already
+// tracked changes nothing.
+func (g Generations) PeerMisses(peer string, held, next Generation) Generations {
+	if g.Tracking(peer) || g.Current.IsZero() {
+		return g.Clone()
+	}
+	c := g.Clone()
+	if c.Bitmaps == nil {
+		c.Bitmaps = map[string]Generation{}
+	}
+	if held.IsZero() {
+		held = g.Current
+	}
+	c.Bitmaps[peer] = held
+	c.History = pushHistory(c.History, g.Current)
+	c.Current = next
+	return c
+}
+
+// ResyncFinishedAsSource is the SyncSource after peer holds every block
+// and the current generation: peer's bitmap generation retires into the
+// history (DRBD keeps it there) and peer is in sync.
+func (g Generations) ResyncFinishedAsSource(peer string) Generations {
+	c := g.Clone()
+	if b, ok := c.Bitmaps[peer]; ok {
+		c.History = pushHistory(c.History, b)
+		delete(c.Bitmaps, peer)
+	}
+	return c
+}
+
+// ResyncStartedAsSource is the SyncSource beginning a resync toward peer:
+// the peer's copy will be from plus the blocks sent, so peer's bitmap
+// generation is from (the peer records it too, and an interrupted resync
+// resumes from that bitmap).
+func (g Generations) ResyncStartedAsSource(peer string, from Generation) Generations {
+	c := g.Clone()
+	if c.Bitmaps == nil {
+		c.Bitmaps = map[string]Generation{}
+	}
+	c.Bitmaps[peer] = from
+	return c
+}
+
+// Inconsistent is the disk becoming a SyncTarget: until the resync ends it
+// holds no consistent generation. The history is kept: what it will hold
+// descends from the source, whose history it adopts at the end.
+func (g Generations) Inconsistent() Generations {
+	c := g.Clone()
+	c.Current = Generation{}
+	return c
+}
+
+// ResyncFinishedAsTarget is a SyncTarget after its source sent every block
+// and its generation: it holds current, descends from the source's
+// history, and owes source nothing (its own changes toward it are in).
+func (g Generations) ResyncFinishedAsTarget(source string, current Generation, history []Generation) Generations {
+	c := g.Clone()
+	c.Current = current
+	c.History = make([]Generation, HistorySlots)
+	copy(c.History, history)
+	delete(c.Bitmaps, source)
+	return c
+}
+
+// Adopted is a disk with no consistent generation made the volume's data
+// by an operator (DRBD's initial primary --force): it starts generation
+// next, and every peer is in sync until a write misses it.
+func (g Generations) Adopted(next Generation) Generations {
+	c := g.Clone()
+	c.Current = next
+	c.Bitmaps = nil
+	return c
+}
+
+// Promoted is a node taking over as primary with every peer counted in
+// sync (a handover, or a forced promotion: bitmaps of an earlier term mean
+// nothing now; a write that misses a peer starts its bitmap).
+func (g Generations) Promoted() Generations {
+	c := g.Clone()
+	c.Bitmaps = nil
+	return c
+}
+
+// pushHistory returns history with g in front, HistorySlots long; the
+// oldest entry falls off. A zero g, or one already in the history, changes
+// nothing: a generation listed twice says nothing more.
+func pushHistory(history []Generation, g Generation) []Generation {
+	n := max(len(history), 2)
+	h := make([]Generation, n)
+	copy(h, history)
+	if g.IsZero() {
+		return h
+	}
+	for _, x := range history {
+		if x == g {
+			return h
+		}
+	}
+	h[0] = g
+	copy(h[1:], history)
+	return h
+}
