@@ -22,7 +22,17 @@ import (
 type Config struct {
 	Nodes   []NodeConfig   `yaml:"nodes"`
 	Volumes []VolumeConfig `yaml:"volumes"`
+	// Failover is auto (the default whenever the nodes' raft voters can
+	// form a majority without any one of them: three or more) or off. It
+	// needs raft and gossip addresses on every node.
+	Failover string `yaml:"failover,omitempty"`
 }
+
+// Node roles.
+const (
+	RoleData    = "data"
+	RoleWitness = "witness"
+)
 
 // NodeConfig is one node's identity and listen addresses.
 type NodeConfig struct {
@@ -39,6 +49,41 @@ type NodeConfig struct {
 	// ID is the node's number in the on-disk metadata (default: its
 	// position in nodes, from 1). It must never change.
 	ID uint32 `yaml:"id,omitempty"`
+	// Raft and Gossip are the addresses of the node's raft transport and
+	// memberlist; give both on every node, or on none (then primaries
+	// change only by switchover or --force).
+	Raft   string `yaml:"raft,omitempty"`
+	Gossip string `yaml:"gossip,omitempty"`
+	// Role is data (the default: the node holds disks) or witness (no
+	// disks, no NBD, no replication: a raft voter only).
+	Role string `yaml:"role,omitempty"`
+}
+
+// IsWitness reports whether the node only votes.
+func (n NodeConfig) IsWitness() bool { return n.Role == RoleWitness }
+
+// Clustered reports whether the nodes run raft and memberlist.
+func (c *Config) Clustered() bool {
+	for _, n := range c.Nodes {
+		if n.Raft == "" {
+			return false
+		}
+	}
+	return len(c.Nodes) > 0
+}
+
+// FailoverMode is what Failover means for this file: auto or off, and
+// why when off.
+func (c *Config) FailoverMode() (auto bool, why string) {
+	switch {
+	case !c.Clustered():
+		return false, "no raft/gossip addresses in the config: primaries change by replctl primary (switchover or --force)"
+	case c.Failover == "off":
+		return false, "failover: off in the config"
+	case len(c.Nodes) < 3:
+		return false, fmt.Sprintf("%d raft voters cannot keep a quorum without any one of them: add a witness node (role: witness) for automatic failover", len(c.Nodes))
+	}
+	return true, ""
 }
 
 // VolumeConfig is one replicated volume.
@@ -68,6 +113,12 @@ type VolumeConfig struct {
 	// blocks that differ (DRBD's csums-alg): less traffic on a slow link,
 	// a read of both disks either way.
 	Csums bool `yaml:"csums,omitempty"`
+	// OnPromote and OnDemote are commands run (through /bin/sh -c) after
+	// this node became the volume's primary and after it stopped being
+	// it; they get REPLVOL_VOLUME, REPLVOL_NODE, REPLVOL_EPOCH and
+	// REPLVOL_EXPORT (the NBD URI) in their environment.
+	OnPromote string `yaml:"on_promote,omitempty"`
+	OnDemote  string `yaml:"on_demote,omitempty"`
 	// PeerTimeout is how long a peer may answer nothing (not even the ack
 	// of a heartbeat) before the primary gives up on it and marks what it
 	// misses in its bitmap instead of waiting (DRBD's timeout); default 2s.
@@ -332,10 +383,25 @@ func (c *Config) Validate() error {
 			bad(f+".name", "%q is used by two nodes", n.Name)
 		}
 		names[n.Name] = true
+		switch n.Role {
+		case "", RoleData, RoleWitness:
+		default:
+			bad(f+".role", "%q: want data or witness", n.Role)
+		}
+		if (n.Raft == "") != (n.Gossip == "") {
+			bad(f+".raft", "give raft and gossip together (both HOST:PORT), or neither")
+		}
+		if n.IsWitness() && n.Raft == "" {
+			bad(f+".raft", "missing: a witness only votes in raft; give raft and gossip addresses")
+		}
 		for _, a := range []struct{ field, value string }{
-			{"control", n.Control}, {"replication", n.Replication}, {"nbd", n.NBD},
+			{"control", n.Control}, {"replication", n.Replication}, {"nbd", n.NBD}, {"raft", n.Raft}, {"gossip", n.Gossip},
 		} {
 			ff := f + "." + a.field
+			optional := a.field == "raft" || a.field == "gossip" || (n.IsWitness() && a.field != "control")
+			if a.value == "" && optional {
+				continue
+			}
 			if a.value == "" {
 				bad(ff, "missing: give HOST:PORT")
 				continue
@@ -357,6 +423,24 @@ func (c *Config) Validate() error {
 				addrs[key] = ff
 			}
 		}
+	}
+	withRaft := 0
+	witnesses := map[string]bool{}
+	for _, n := range c.Nodes {
+		if n.Raft != "" {
+			withRaft++
+		}
+		if n.IsWitness() {
+			witnesses[n.Name] = true
+		}
+	}
+	if withRaft > 0 && withRaft < len(c.Nodes) {
+		bad("nodes", "%d of %d nodes have raft and gossip addresses: give them on every node (cluster membership decides the primary) or on none", withRaft, len(c.Nodes))
+	}
+	switch c.Failover {
+	case "", "auto", "off":
+	default:
+		bad("failover", "%q: want auto or off", c.Failover)
 	}
 	if len(c.Volumes) == 0 {
 		bad("volumes", "missing: list at least one volume")
@@ -400,6 +484,10 @@ func (c *Config) Validate() error {
 		for _, k := range keys {
 			if !names[k] {
 				bad(f+".disks."+k, "%q is not a node in nodes", k)
+				continue
+			}
+			if witnesses[k] {
+				bad(f+".disks."+k, "%q is a witness: it holds no disks", k)
 				continue
 			}
 			validateDisk(f+".disks."+k, v.Disks[k], bad)

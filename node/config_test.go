@@ -94,3 +94,71 @@ func TestExampleConfigIsValid(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+const clusterConfig = `
+nodes:
+  - {name: alpha, control: "127.0.0.1:7800", replication: "127.0.0.1:7801", nbd: "127.0.0.1:7802", raft: "127.0.0.1:7806", gossip: "127.0.0.1:7807"}
+  - {name: beta, control: "127.0.0.1:7803", replication: "127.0.0.1:7804", nbd: "127.0.0.1:7805", raft: "127.0.0.1:7808", gossip: "127.0.0.1:7809"}
+  - {name: wit, role: witness, control: "127.0.0.1:7810", raft: "127.0.0.1:7811", gossip: "127.0.0.1:7812"}
+volumes:
+  - name: vol0
+    size: 1GiB
+    primary: alpha
+    on_promote: "logger promoted"
+    disks: {alpha: /dev/sdb, beta: /dev/sdc}
+`
+
+// TestClusterConfig: raft and gossip addresses on every node and a
+// witness with neither disks nor data addresses make a cluster whose
+// failover is automatic; two voters, or no raft at all, leave it off and
+// say why (the word quorum for two voters).
+func TestClusterConfig(t *testing.T) {
+	load := func(text string) (*Config, error) {
+		path := filepath.Join(t.TempDir(), "c.yaml")
+		os.WriteFile(path, []byte(text), 0o644)
+		return LoadConfig(path)
+	}
+	c, err := load(clusterConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if auto, why := c.FailoverMode(); !c.Clustered() || !auto {
+		t.Fatalf("2 data nodes + witness: clustered %v, failover auto %v (%s)", c.Clustered(), auto, why)
+	}
+	w, _ := c.Node("wit")
+	if !w.IsWitness() || c.Volumes[0].OnPromote != "logger promoted" {
+		t.Fatalf("witness %+v, on_promote %q", w, c.Volumes[0].OnPromote)
+	}
+	two := strings.Replace(clusterConfig, `  - {name: wit, role: witness, control: "127.0.0.1:7810", raft: "127.0.0.1:7811", gossip: "127.0.0.1:7812"}`+"\n", "", 1)
+	c, err = load(two)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if auto, why := c.FailoverMode(); auto || !strings.Contains(why, "quorum") {
+		t.Fatalf("two voters: failover auto %v, reason %q (want off, naming the quorum)", auto, why)
+	}
+	c, err = load(goodConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if auto, _ := c.FailoverMode(); auto || c.Clustered() {
+		t.Fatal("a file without raft/gossip addresses runs a cluster")
+	}
+	for name, tc := range map[string]struct{ from, to, want string }{
+		"a witness with a disk":       {"beta: /dev/sdc", "beta: /dev/sdc, wit: /dev/sdd", `volumes[0].disks.wit: "wit" is a witness`},
+		"raft on some nodes only":     {`, raft: "127.0.0.1:7808", gossip: "127.0.0.1:7809"`, "", "2 of 3 nodes have raft and gossip"},
+		"raft without gossip":         {`, gossip: "127.0.0.1:7807"`, "", "nodes[0].raft: give raft and gossip together"},
+		"an unknown role":             {"role: witness", "role: judge", `nodes[2].role: "judge"`},
+		"an unknown failover setting": {"volumes:", "failover: sometimes\nvolumes:", `failover: "sometimes"`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			text := strings.Replace(clusterConfig, tc.from, tc.to, 1)
+			if text == clusterConfig {
+				t.Fatal("case does not change the config")
+			}
+			if _, err := load(text); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want it to say %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sort"
 	"sync"
 	"time"
@@ -58,9 +59,20 @@ func (c *control) ClusterStatus(ctx context.Context, r *transport.StatusRequest)
 }
 
 func (n *Node) nodeInfo(nc NodeConfig) transport.NodeInfo {
-	info := transport.NodeInfo{Name: nc.Name, Control: nc.Control, Replication: nc.Replication, NBD: nc.NBD}
-	if nc.Name == n.name && n.lnControl != nil {
-		info.Control, info.Replication, info.NBD = n.lnControl.Addr().String(), n.lnRepl.Addr().String(), n.lnNBD.Addr().String()
+	info := transport.NodeInfo{Name: nc.Name, Control: nc.Control, Replication: nc.Replication, NBD: nc.NBD, Role: RoleData}
+	if nc.IsWitness() {
+		info.Role = RoleWitness
+	}
+	if nc.Name != n.name {
+		return info
+	}
+	for _, a := range []struct {
+		ln  net.Listener
+		dst *string
+	}{{n.lnControl, &info.Control}, {n.lnRepl, &info.Replication}, {n.lnNBD, &info.NBD}} {
+		if a.ln != nil {
+			*a.dst = a.ln.Addr().String()
+		}
 	}
 	return info
 }
@@ -113,9 +125,12 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 	wg.Wait()
 
 	cs := &transport.ClusterStatus{From: n.name}
+	var membership map[string]string
+	cs.Cluster, membership = n.clusterInfo()
 	byNode := map[string]map[string]transport.LocalVolume{}
 	for i, nc := range n.cfg.Nodes {
 		info := n.nodeInfo(nc)
+		info.Membership = membership[nc.Name]
 		if views[i] != nil {
 			info.Alive = true
 			byNode[nc.Name] = map[string]transport.LocalVolume{}
@@ -296,6 +311,9 @@ func (c *control) Primary(ctx context.Context, r *transport.PrimaryRequest) (*tr
 	if err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "switchover aborted, %s stays primary: %s", vs.Primary, status.Convert(err).Message())
 	}
+	if n.cl != nil && n.cl.auto {
+		return c.switchoverByRaft(dctx, r, vs.Primary, d, oldAPI)
+	}
 	p, err := newAPI.Promote(dctx, &transport.PromoteRequest{Volume: r.Volume, Epoch: d.Epoch + 1, Generation: d.Generation})
 	if err != nil {
 		msg := status.Convert(err).Message()
@@ -324,6 +342,16 @@ func (c *control) Promote(ctx context.Context, r *transport.PromoteRequest) (*tr
 	v, err := c.n.volume(r.Volume)
 	if err != nil {
 		return nil, grpcError(err)
+	}
+	if r.Retake {
+		var gen replication.Generation
+		if err := gen.UnmarshalText([]byte(r.Generation)); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "generation: %v", err)
+		}
+		if err := v.retake(r.Epoch, gen); err != nil {
+			return nil, grpcError(err)
+		}
+		return &transport.PromoteReply{NBDURI: c.n.nbdURI(c.n.name, r.Volume)}, nil
 	}
 	if r.Force {
 		if err := v.forcePromote(); err != nil {
@@ -410,6 +438,9 @@ func (c *control) forcePrimary(ctx context.Context, r *transport.PrimaryRequest,
 	if !r.Yes {
 		return nil, status.Errorf(codes.FailedPrecondition, "--force makes %s primary without a handover from %q: writes %q acknowledged after it lost %s are not on %s (its disk is %s, generation %s), and if %q still serves clients the two will diverge (split brain). Add --yes to go ahead", r.Node, vs.Primary, vs.Primary, r.Node, r.Node, target.Disk, target.Generation, vs.Primary)
 	}
+	if cl := c.n.cl; cl != nil && cl.auto && cl.c.Status().Quorum {
+		return c.forceByRaft(ctx, r)
+	}
 	api, err := c.n.peerAPI(r.Node)
 	if err != nil {
 		return nil, grpcError(err)
@@ -426,4 +457,63 @@ func (c *control) forcePrimary(ctx context.Context, r *transport.PrimaryRequest,
 		}
 	}
 	return &transport.PrimaryReply{Volume: r.Volume, Primary: r.Node, Epoch: epoch, NBDURI: p.NBDURI}, nil
+}
+
+// switchoverByRaft finishes a planned switchover in authority mode: the old
+// primary handed over (d); raft records the new primary at the next epoch
+// and the new primary takes over when it sees that. If raft does not record
+// it, the old primary takes the volume back.
+func (c *control) switchoverByRaft(ctx context.Context, r *transport.PrimaryRequest, old string, d *transport.DemoteReply, oldAPI transport.ControlServer) (*transport.PrimaryReply, error) {
+	n := c.n
+	va, err := n.cl.c.Propose(ctx, replication.PromoteCommand(r.Volume, d.Epoch, r.Node, false))
+	if err != nil {
+		msg := err.Error()
+		if _, rerr := oldAPI.Promote(ctx, &transport.PromoteRequest{Volume: r.Volume, Epoch: d.Epoch, Generation: d.Generation, Retake: true}); rerr != nil {
+			return nil, status.Errorf(codes.Internal, "raft did not record %s as primary (%s) and %s could not take the volume back (%s): see replctl status", r.Node, msg, old, status.Convert(rerr).Message())
+		}
+		return nil, status.Errorf(codes.FailedPrecondition, "raft did not record %s as primary (%s); %s is primary again", r.Node, msg, old)
+	}
+	uri, err := n.waitServing(ctx, r.Volume, r.Node)
+	if err != nil {
+		return nil, status.Errorf(codes.DeadlineExceeded, "raft made %s primary at epoch %d, but it does not serve yet: %v", r.Node, va.Epoch, err)
+	}
+	return &transport.PrimaryReply{Volume: r.Volume, Primary: r.Node, Epoch: va.Epoch, NBDURI: uri}, nil
+}
+
+// forceByRaft promotes r.Node through raft without a handover: the old
+// primary's lease is waited out, every other node becomes Outdated.
+func (c *control) forceByRaft(ctx context.Context, r *transport.PrimaryRequest) (*transport.PrimaryReply, error) {
+	n := c.n
+	va, _ := n.cl.c.Authority().Volume(r.Volume)
+	nva, err := n.cl.c.Propose(ctx, replication.PromoteCommand(r.Volume, va.Epoch, r.Node, true))
+	if err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "forced promotion of %s through raft failed: %v", r.Node, err)
+	}
+	uri, err := n.waitServing(ctx, r.Volume, r.Node)
+	if err != nil {
+		return nil, status.Errorf(codes.DeadlineExceeded, "raft made %s primary at epoch %d, but it does not serve yet: %v", r.Node, nva.Epoch, err)
+	}
+	return &transport.PrimaryReply{Volume: r.Volume, Primary: r.Node, Epoch: nva.Epoch, NBDURI: uri}, nil
+}
+
+// waitServing waits until node serves volume; it returns the export.
+func (n *Node) waitServing(ctx context.Context, volume, node string) (string, error) {
+	var last string
+	ok := waitFor(ctx, 15*time.Second, func() bool {
+		cs, err := n.clusterStatus(ctx, 0)
+		if err != nil {
+			return false
+		}
+		for _, vs := range cs.Volumes {
+			if vs.Name == volume && vs.Primary == node && vs.NBDURI != "" {
+				last = vs.NBDURI
+				return true
+			}
+		}
+		return false
+	})
+	if !ok {
+		return "", fmt.Errorf("%s is not serving %s after 15 s", node, volume)
+	}
+	return last, nil
 }

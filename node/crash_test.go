@@ -27,6 +27,10 @@ func (c *testCluster) crash(name string) {
 		v.closeMD()
 		v.disk.Close()
 	}
+	close(n.stopLoop)
+	if n.cl != nil {
+		n.cl.c.Close()
+	}
 	n.closeListeners()
 	n.wg.Wait()
 	for _, cl := range n.clients {

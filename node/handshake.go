@@ -65,6 +65,9 @@ func (p *peer) connect(ctx context.Context) error {
 	if !reply.Accepted {
 		return refusalOf(reply)
 	}
+	if err := p.outdateBeforeResync(reply); err != nil {
+		return err
+	}
 
 	// Decide, and switch new writes from the bitmap to the stream, in one
 	// step: a write is either marked before it or queued after it.

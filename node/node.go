@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/node/cluster"
 	"github.com/replvol/replvol/node/multipath"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
@@ -39,6 +40,15 @@ type Options struct {
 	// OpenPath opens one path of a multipath disk; nil means
 	// multipath.OpenFilePath. Tests put fault-injecting paths here.
 	OpenPath func(PathConfig) (multipath.Path, error)
+	// Raft, when set, accepts raft's connections instead of a listener on
+	// the configured raft address.
+	Raft net.Listener
+	// ClusterTiming overrides raft, gossip and lease timings (zero fields
+	// keep their defaults).
+	ClusterTiming cluster.Timing
+	// Join: this node was added to a running cluster (replctl node add);
+	// it does not bootstrap raft but waits for the leader to add it.
+	Join bool
 }
 
 // stateStore is the node's own durable state (metadata.Store: bbolt):
@@ -70,6 +80,10 @@ type Node struct {
 
 	lnControl, lnRepl, lnNBD net.Listener
 
+	// cl is the cluster (raft and gossip); nil without their addresses.
+	cl       *clusterState
+	stopLoop chan struct{}
+
 	mu      sync.Mutex
 	clients map[string]*transport.ControlClient
 	wg      sync.WaitGroup
@@ -94,6 +108,7 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 		cfg: cfg, name: name, self: self, log: log.With("node", name),
 		vols: map[string]*Volume{}, clients: map[string]*transport.ControlClient{},
 		lnControl: opts.Control, lnRepl: opts.Replication, lnNBD: opts.NBD,
+		stopLoop: make(chan struct{}),
 	}
 	dir := opts.StateDir
 	if dir == "" {
@@ -138,6 +153,11 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 		v.mp = mp
 		n.vols[vc.Name] = v
 	}
+	if err := n.openCluster(dir, opts); err != nil {
+		n.closeVolumes()
+		st.Close()
+		return nil, err
+	}
 	return n, nil
 }
 
@@ -165,8 +185,10 @@ func (n *Node) Start() error {
 		}
 	}
 	listen(&n.lnControl, n.self.Control, "control")
-	listen(&n.lnRepl, n.self.Replication, "replication")
-	listen(&n.lnNBD, n.self.NBD, "nbd")
+	if !n.self.IsWitness() {
+		listen(&n.lnRepl, n.self.Replication, "replication")
+		listen(&n.lnNBD, n.self.NBD, "nbd")
+	}
 	if err != nil {
 		n.closeListeners()
 		return err
@@ -200,15 +222,24 @@ func (n *Node) Start() error {
 	for _, v := range n.vols {
 		v.start()
 	}
-	n.serve(func() error { return n.nbd.Serve(n.lnNBD) })
-	n.serve(func() error { return n.repl.Serve(n.lnRepl) })
+	if !n.self.IsWitness() {
+		n.serve(func() error { return n.nbd.Serve(n.lnNBD) })
+		n.serve(func() error { return n.repl.Serve(n.lnRepl) })
+	}
+	if n.cl != nil {
+		n.serve(func() error { n.clusterLoop(n.stopLoop); return nil })
+	}
 	n.serve(func() error {
 		if err := n.http.Serve(n.lnControl); !errors.Is(err, http.ErrServerClosed) {
 			return err
 		}
 		return nil
 	})
-	n.log.Info("node started", "control", n.ControlAddr(), "replication", n.lnRepl.Addr(), "nbd", n.lnNBD.Addr())
+	if n.self.IsWitness() {
+		n.log.Info("witness started", "control", n.ControlAddr(), "raft", n.self.Raft, "gossip", n.self.Gossip)
+	} else {
+		n.log.Info("node started", "control", n.ControlAddr(), "replication", n.lnRepl.Addr(), "nbd", n.lnNBD.Addr())
+	}
 	n.event("", "started", fmt.Sprintf("node %s started", n.name))
 	return nil
 }
@@ -249,11 +280,17 @@ func (n *Node) Close() error {
 	n.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	close(n.stopLoop)
 	if n.nbd != nil {
 		n.nbd.Shutdown(ctx)
 	}
 	for _, v := range n.vols {
 		v.shutdown()
+	}
+	if n.cl != nil {
+		if err := n.cl.c.Close(); err != nil {
+			n.log.Warn("close the cluster", "err", err)
+		}
 	}
 	if n.repl != nil {
 		n.repl.Stop()

@@ -360,17 +360,23 @@ func (p *peer) read(ctx context.Context, buf []byte, off int64) error {
 	if !s.enqueue(pd) {
 		return fmt.Errorf("read from %s: %w", p.name, errSessionEnded)
 	}
+	var gone error
 	select {
 	case <-pd.done:
 	case <-ctx.Done():
+		gone = ctx.Err()
+	case <-s.ctx.Done():
+		// The session's end completes pd, but only after its work (this
+		// read's caller) returned: do not wait for it.
+		gone = fmt.Errorf("read from %s: %w", p.name, errSessionEnded)
+	}
+	if gone != nil {
 		// The caller takes buf back: an answer arriving later must not
 		// write into it (readReply copies under s.mu).
 		s.mu.Lock()
 		pd.readBuf = nil
 		s.mu.Unlock()
-		return ctx.Err()
-	case <-s.ctx.Done():
-		<-pd.done // end completes it
+		return gone
 	}
 	if !pd.readOK {
 		return fmt.Errorf("read of %d bytes at %d from %s failed", len(buf), off, p.name)
@@ -467,7 +473,11 @@ func (p *peer) restartSession() {
 // fullResync marks the whole volume out of sync for this peer and restarts
 // its stream, so that the peer is resynced from scratch (DRBD's invalidate
 // of the peer). The peer is Inconsistent from the restart until resync ends.
-func (p *peer) fullResync() {
+func (p *peer) fullResync() error {
+	if err := p.v.ensureOutdated(p.name); err != nil {
+		return err
+	}
 	p.bm.SetAll()
 	p.restartSession()
+	return nil
 }

@@ -77,7 +77,9 @@ func (v *Volume) resync(pause, resume bool) (*transport.ResyncReply, error) {
 			p.setPaused(false)
 			reply.Action = "resumed"
 		default:
-			p.fullResync()
+			if err := p.fullResync(); err != nil {
+				return nil, grpcError(err)
+			}
 			reply.Action = "full resync started"
 		}
 	}

@@ -116,6 +116,15 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 		return reopen(err)
 	}
 	v.stopPeers()
+	if v.auth {
+		// The lease goes back: the new primary need not wait it out.
+		v.stopLease()
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		if err := v.node.cl.c.ReleaseLease(rctx, v.name, epoch); err != nil {
+			v.log.Warn("release the lease", "err", err)
+		}
+		cancel()
+	}
 	// Every write is done and on both disks: no activity log to apply if
 	// this node crashes from here on.
 	if err := v.md.FlushBitmaps(); err == nil {
@@ -337,4 +346,39 @@ func (v *Volume) inSplitBrain() bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return len(v.splitBrain) > 0
+}
+
+// retake makes this node primary again at epoch after a switchover that
+// raft did not record: it handed over gen, and raft still names it.
+func (v *Volume) retake(epoch uint64, gen replication.Generation) error {
+	v.mu.Lock()
+	ok := v.d.epoch == epoch && v.d.gens.Current == gen && v.role != replication.Primary
+	v.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("%s on %s: cannot take back epoch %d generation %s (it holds epoch %d, generation %s)", v.name, v.self, epoch, gen, v.d.epoch, v.d.gens.Current)
+	}
+	if cl := v.node.cl; cl != nil {
+		if va, ok := cl.c.Authority().Volume(v.name); ok && (va.Primary != v.self || va.Epoch != epoch) {
+			return fmt.Errorf("%s on %s: raft names %s primary at epoch %d: not taking it back", v.name, v.self, va.Primary, va.Epoch)
+		}
+	}
+	v.stateMu.Lock()
+	defer v.stateMu.Unlock()
+	if err := v.md.SetPrimary(true); err != nil {
+		return err
+	}
+	err := v.commit(func(d *durable) { d.primary = v.self }, func() {
+		v.diskState = replication.UpToDate
+		v.why, v.fenced, v.waiting = reason{}, false, false
+		v.resetPeersLocked()
+		v.ioOpen = true
+	})
+	if err != nil {
+		return err
+	}
+	if v.auth {
+		v.ensureLeaseLoop(epoch)
+	}
+	v.node.event(v.name, "primary-again", fmt.Sprintf("%s took %s back at epoch %d: the switchover was not recorded", v.self, v.name, epoch))
+	return nil
 }

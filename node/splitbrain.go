@@ -71,8 +71,15 @@ func (v *Volume) takeOver(change func(*durable)) error {
 	}
 	v.mu.Lock()
 	epoch := max(v.d.epoch, v.knownEpoch) + 1
-	wasPrimary := v.role == replication.Primary
+	wasPrimary, auth := v.role == replication.Primary, v.auth
 	v.mu.Unlock()
+	if auth {
+		// Forced without a quorum (with one, raft promotes): an epoch
+		// above raft's too; it serves without a lease until raft records it.
+		if va, ok := v.node.cl.c.Authority().Volume(v.name); ok {
+			epoch = max(epoch, va.Epoch+1)
+		}
+	}
 	return v.commit(func(d *durable) {
 		if change != nil {
 			change(d)
@@ -86,6 +93,7 @@ func (v *Volume) takeOver(change func(*durable)) error {
 		v.discard = nil
 		v.diskState = replication.UpToDate
 		v.why, v.fenced, v.waiting = reason{}, false, false
+		v.leaseExempt = auth
 		v.resetPeersLocked()
 		v.ioOpen = true
 	})

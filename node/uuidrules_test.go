@@ -106,7 +106,9 @@ func TestUUIDRuleJustCreatedSelf(t *testing.T) {
 	if _, err := CreateMetadata(c.cfg, "alpha", "vol0", "", true); err != nil {
 		t.Fatal(err)
 	}
-	c.cfg.Volumes[0].ResyncRate = 8 << 20 // a second: time to look at it
+	// Four seconds of copying: time to look at it and to pause it, also
+	// on a loaded machine.
+	c.cfg.Volumes[0].ResyncRate = 2 << 20
 	c.start("alpha")
 	// While alpha copies, it serves: reads of what it lacks come from beta.
 	eventually(t, func() bool {

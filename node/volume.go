@@ -81,6 +81,21 @@ type Volume struct {
 	incoming *incoming
 	why      reason // why the volume is not doing its usual job
 
+	// Authority mode (authority.go): auth says the cluster decides the
+	// primary. lease is how long this primary may complete IO (leaseWake
+	// is closed when it is renewed); leaseStop ends the renewals of the
+	// term leaseEpoch; leaseExempt: forced to primary without a quorum.
+	auth        bool
+	lease       time.Time
+	leaseWake   chan struct{}
+	leaseStop   context.CancelFunc
+	leaseEpoch  uint64
+	leaseExempt bool
+	// outdated: peers raft has recorded Outdated at this epoch.
+	outdated map[string]uint64
+	// tasks: background tasks running, by kind.
+	tasks map[string]bool
+
 	resynced atomic.Int64
 	// lastWrite is when the last application write started (unix ns): the
 	// resync controller yields while the volume is busy.
@@ -188,6 +203,11 @@ func (v *Volume) start() {
 		// A primary that went down while copying newer data from its peer
 		// serves again once the peer says which blocks it misses.
 		v.why = because(CauseWaitingForPeer, "waiting for a peer with the data this node was copying")
+	case v.auth && !v.fresh:
+		v.waiting = true
+		v.why = because(CauseWaitingForPeer, "%s restarted as primary of %s and is waiting for the cluster: it serves no IO until raft confirms it is still the primary at epoch %d and grants it a lease", v.self, v.name, v.d.epoch)
+		v.log.Warn("restarted as primary: waiting for the cluster before serving IO")
+		v.node.event(v.name, "waiting-for-peer", v.why.text)
 	case !v.fresh && len(v.peers) > 0:
 		v.waiting = true
 		v.why = because(CauseWaitingForPeer, "%s restarted as primary of %s and is waiting for a peer: it serves no IO until a peer has compared generations and epochs with it (another node may have been promoted meanwhile); if every peer is gone for good, make it serve with replctl primary %s --node %s --force --yes", v.self, v.name, v.name, v.self)
@@ -206,7 +226,8 @@ func (v *Volume) peerAnswered(peer string, pulling bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	delete(v.splitBrain, peer)
-	if v.role != replication.Primary {
+	if v.role != replication.Primary || (v.auth && (v.waiting || v.fenced)) {
+		// In authority mode raft, not a peer, says who is primary.
 		return
 	}
 	wasWaiting, wasFenced := v.waiting, v.fenced
@@ -268,22 +289,36 @@ func (v *Volume) Description() string {
 	return fmt.Sprintf("replvol volume %s on %s (protocol %s)", v.name, v.self, v.cfg.ProtocolOrDefault())
 }
 
+// errShutdown is what a client sees of IO the volume does not serve here.
+var errShutdown = syscall.ESHUTDOWN
+
 // enter admits one IO on the primary; every admitted IO must call v.io.Done.
-func (v *Volume) enter() error {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	switch {
-	case v.role != replication.Primary:
-		return fmt.Errorf("%s is not primary on %s any more: %w (%w)", v.name, v.self, ErrNotPrimary, syscall.ESHUTDOWN)
-	case !v.ioOpen:
-		why := v.why.text
-		if why == "" {
-			why = "switchover or shutdown in progress"
+// In authority mode it waits (IO freezes) while the primary's lease is not
+// valid.
+func (v *Volume) enter(ctx context.Context) error {
+	for {
+		v.mu.Lock()
+		switch {
+		case v.role != replication.Primary:
+			v.mu.Unlock()
+			return fmt.Errorf("%s is not primary on %s any more: %w (%w)", v.name, v.self, ErrNotPrimary, errShutdown)
+		case !v.ioOpen:
+			why := v.why.text
+			if why == "" {
+				why = "switchover or shutdown in progress"
+			}
+			v.mu.Unlock()
+			return fmt.Errorf("%s on %s: %w: %s (%w)", v.name, v.self, ErrNotServing, why, errShutdown)
+		case v.leaseHeldLocked():
+			v.io.Add(1)
+			v.mu.Unlock()
+			return nil
 		}
-		return fmt.Errorf("%s on %s: %w: %s (%w)", v.name, v.self, ErrNotServing, why, syscall.ESHUTDOWN)
+		v.mu.Unlock()
+		if err := v.holdLease(ctx); err != nil {
+			return err
+		}
 	}
-	v.io.Add(1)
-	return nil
 }
 
 // streamingPeers returns the volume's peers; the slice must not be changed.
@@ -295,24 +330,32 @@ func (v *Volume) streamingPeers() []*peer {
 
 // ReadAt implements nbd.Export: reads are served from the local disk.
 func (v *Volume) ReadAt(ctx context.Context, p []byte, off int64) error {
-	if err := v.enter(); err != nil {
+	if err := v.enter(ctx); err != nil {
 		return err
 	}
 	defer v.io.Done()
 	v.reads.Add(1)
 	v.readBytes.Add(uint64(len(p)))
 	if v.needsPeer(off, int64(len(p))) {
-		return v.readFromPeer(ctx, p, off)
+		if err := v.readFromPeer(ctx, p, off); err != nil {
+			return err
+		}
+		return v.holdLease(ctx)
 	}
 	_, err := v.disk.ReadAt(p, off)
 	if err != nil {
 		v.log.Error("local read failed", "off", off, "len", len(p), "err", err)
 		if v.detach(err) {
-			return v.readFromPeer(ctx, p, off)
+			if err := v.readFromPeer(ctx, p, off); err != nil {
+				return err
+			}
+			return v.holdLease(ctx)
 		}
 		return fmt.Errorf("local read: %w", syscall.EIO)
 	}
-	return nil
+	// A read is answered only while this node still holds the volume: a
+	// lease that ran out meanwhile may have let another primary write.
+	return v.holdLease(ctx)
 }
 
 // WriteAt implements nbd.Export. It returns after the local disk AND every
@@ -362,7 +405,7 @@ func (v *Volume) Trim(ctx context.Context, off, length int64) error {
 // replicate runs one write-type request: ordered behind earlier overlapping
 // requests, sent to the peers, applied locally, complete when all are.
 func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func() error) error {
-	if err := v.enter(); err != nil {
+	if err := v.enter(ctx); err != nil {
 		return err
 	}
 	defer v.io.Done()
@@ -427,18 +470,22 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	case !skipped && lerr != nil:
 		return fmt.Errorf("local write: %w", syscall.EIO)
 	}
-	return nil
+	// Completed only under a valid lease (authority mode).
+	return v.holdLease(ctx)
 }
 
 // Flush implements nbd.Export: every write completed before it is durable
 // on the local disk AND on every connected peer when it returns.
 func (v *Volume) Flush(ctx context.Context) error {
-	if err := v.enter(); err != nil {
+	if err := v.enter(ctx); err != nil {
 		return err
 	}
 	defer v.io.Done()
 	v.flushes.Add(1)
-	return v.flushAll()
+	if err := v.flushAll(); err != nil {
+		return err
+	}
+	return v.holdLease(ctx)
 }
 
 func (v *Volume) flushAll() error {
@@ -514,6 +561,11 @@ func (v *Volume) epoch() uint64 {
 // cannot be written, the volume stops serving IO and the error is
 // returned: the write must fail.
 func (v *Volume) startTracking(p *peer) error {
+	// In authority mode raft records the peer Outdated first: it is never
+	// promoted by itself once it misses a write.
+	if err := v.ensureOutdated(p.name); err != nil {
+		return err
+	}
 	v.stateMu.Lock()
 	defer v.stateMu.Unlock()
 	v.mu.Lock()

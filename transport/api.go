@@ -8,9 +8,25 @@ import "time"
 // ClusterStatus is the whole cluster as one node sees it.
 type ClusterStatus struct {
 	// From is the node that assembled this status.
-	From    string         `json:"from"`
+	From string `json:"from"`
+	// Cluster is the raft and membership view (always present: a file
+	// without raft addresses says failover off, and why).
+	Cluster ClusterInfo    `json:"cluster"`
 	Nodes   []NodeInfo     `json:"nodes"`
 	Volumes []VolumeStatus `json:"volumes"`
+}
+
+// ClusterInfo is what decides the primary.
+type ClusterInfo struct {
+	// Leader is the raft leader ("" when none is known). It is not the
+	// data primary: whichever node leads commits the decisions.
+	Leader string `json:"leader"`
+	// Quorum: a leader is in contact with a majority of the voters.
+	Quorum bool     `json:"quorum"`
+	Voters []string `json:"voters"`
+	// Failover is auto or off; Reason says why it is off, or what stops it.
+	Failover string `json:"failover"`
+	Reason   string `json:"reason,omitempty"`
 }
 
 // NodeInfo is one node of the cluster.
@@ -20,6 +36,11 @@ type NodeInfo struct {
 	Replication string `json:"replication"`
 	NBD         string `json:"nbd"`
 	Alive       bool   `json:"alive"`
+	// Role is data (holds disks) or witness (votes only).
+	Role string `json:"role"`
+	// Membership is what gossip says of the node: alive, suspect or dead
+	// ("" without raft and gossip).
+	Membership string `json:"membership,omitempty"`
 	// Error says why the node could not be reached.
 	Error string `json:"error,omitempty"`
 }
@@ -241,6 +262,9 @@ type PromoteRequest struct {
 	// Force promotes without a handover: the node starts a new generation
 	// and takes the epoch after the highest it knows.
 	Force bool `json:"force,omitempty"`
+	// Retake: the node that just handed the volume over takes it back at
+	// its own epoch, because raft did not record the new primary.
+	Retake bool `json:"retake,omitempty"`
 }
 
 // PromoteReply reports the new primary's export.
@@ -308,4 +332,21 @@ type VerifyRequest struct {
 type VerifyReply struct {
 	Primary string   `json:"primary"`
 	Peers   []string `json:"peers"`
+}
+
+// ClusterMessage is an opaque cluster message (JSON of node/cluster's
+// forwarding types).
+type ClusterMessage struct {
+	Body []byte `json:"body"`
+}
+
+// MembershipRequest adds (Remove false) or removes a raft voter.
+type MembershipRequest struct {
+	Node   string `json:"node"`
+	Remove bool   `json:"remove,omitempty"`
+}
+
+// MembershipReply lists the voters after the change.
+type MembershipReply struct {
+	Voters []string `json:"voters"`
 }

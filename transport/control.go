@@ -28,6 +28,11 @@ type ControlServer interface {
 	Resync(context.Context, *ResyncRequest) (*ResyncReply, error)
 	PathAction(context.Context, *PathRequest) (*PathReply, error)
 	Verify(context.Context, *VerifyRequest) (*VerifyReply, error)
+	// ClusterForward carries a cluster message (a raft proposal, a lease
+	// renewal) to the node that must handle it, the raft leader.
+	ClusterForward(context.Context, *ClusterMessage) (*ClusterMessage, error)
+	// Membership adds or removes a raft voter.
+	Membership(context.Context, *MembershipRequest) (*MembershipReply, error)
 }
 
 // jsonCodec carries the control API's Go structs as JSON: the API is low
@@ -81,6 +86,8 @@ var controlDesc = grpc.ServiceDesc{
 		unary("Resync", ControlServer.Resync),
 		unary("PathAction", ControlServer.PathAction),
 		unary("Verify", ControlServer.Verify),
+		unary("ClusterForward", ControlServer.ClusterForward),
+		unary("Membership", ControlServer.Membership),
 	},
 }
 
@@ -212,4 +219,14 @@ func (c *ControlClient) PathAction(ctx context.Context, r *PathRequest) (*PathRe
 // Verify starts an online verify.
 func (c *ControlClient) Verify(ctx context.Context, r *VerifyRequest) (*VerifyReply, error) {
 	return invoke[VerifyReply](ctx, c, "Verify", r)
+}
+
+// ClusterForward carries a cluster message to the node.
+func (c *ControlClient) ClusterForward(ctx context.Context, r *ClusterMessage) (*ClusterMessage, error) {
+	return invoke[ClusterMessage](ctx, c, "ClusterForward", r)
+}
+
+// Membership adds or removes a raft voter.
+func (c *ControlClient) Membership(ctx context.Context, r *MembershipRequest) (*MembershipReply, error) {
+	return invoke[MembershipReply](ctx, c, "Membership", r)
 }

@@ -56,8 +56,25 @@ func newStatus(g *globals) *cobra.Command {
 // printStatus prints the cluster the way drbdadm status reads: a line per
 // volume, then one per replica.
 func printStatus(w io.Writer, st *transport.ClusterStatus) {
+	cl := st.Cluster
+	line := "cluster: failover " + cl.Failover
+	if len(cl.Voters) > 0 {
+		leader := cl.Leader
+		if leader == "" {
+			leader = "none"
+		}
+		quorum := "no quorum"
+		if cl.Quorum {
+			quorum = "quorum"
+		}
+		line += fmt.Sprintf(", raft leader %s, %s, voters %s", leader, quorum, strings.Join(cl.Voters, " "))
+	}
+	if cl.Reason != "" {
+		line += " (" + cl.Reason + ")"
+	}
+	fmt.Fprintln(w, line)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tSTATE\tCONTROL\tNBD")
+	fmt.Fprintln(tw, "NODE\tROLE\tSTATE\tCONTROL\tNBD")
 	for _, n := range st.Nodes {
 		state := "alive"
 		if !n.Alive {
@@ -66,7 +83,10 @@ func printStatus(w io.Writer, st *transport.ClusterStatus) {
 				state += " (" + firstLine(n.Error) + ")"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", n.Name, state, n.Control, n.NBD)
+		if n.Membership != "" && n.Membership != "alive" {
+			state += ", gossip: " + n.Membership
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.Name, n.Role, state, n.Control, n.NBD)
 	}
 	tw.Flush()
 	for _, v := range st.Volumes {

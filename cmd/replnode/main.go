@@ -22,6 +22,7 @@ func run(args []string) int {
 	name := fs.String("node", "", "this node's name in the config")
 	stateDir := fs.String("state-dir", "", "directory for the node's state (default: nodes[].state_dir, else state-NODE next to the config)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	join := fs.Bool("join", false, "this node was added to a running cluster (replctl node add): do not bootstrap raft, wait for the leader")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -46,7 +47,7 @@ func run(args []string) int {
 	if nc, ok := cfg.Node(*name); ok && dir == "" && nc.StateDir == "" {
 		dir = filepath.Join(filepath.Dir(*configPath), "state-"+*name)
 	}
-	n, err := node.New(cfg, *name, node.Options{StateDir: dir, Logger: log})
+	n, err := node.New(cfg, *name, node.Options{StateDir: dir, Logger: log, Join: *join})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "replnode: %v\n", err)
 		return 1

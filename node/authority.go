@@ -1,0 +1,707 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/replvol/replvol/node/cluster"
+	"github.com/replvol/replvol/replication"
+	"github.com/replvol/replvol/transport"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Cluster membership decides the primary (DESIGN.md §5). With raft and
+// gossip addresses in the config every node runs a node/cluster.Cluster:
+// raft's state machine names each volume's primary and epoch and the data
+// nodes known UpToDate or Outdated; memberlist says who is alive. Where a
+// majority survives the loss of any one node (three voters or more, a
+// witness counts) and failover is not off, a volume is in authority mode:
+//
+//   - its primary completes reads and writes only while it holds a lease
+//     renewed through the raft majority; without one its IO freezes (it
+//     is not failed) until the lease is renewed or another node takes over;
+//   - a write a peer did not acknowledge completes only after raft
+//     committed that peer as Outdated, and a peer becomes UpToDate in raft
+//     only once its resync finished, so an Outdated node is never promoted
+//     by itself;
+//   - the raft leader promotes an UpToDate, alive node when the primary is
+//     lost, once no lease of the old primary can still be valid;
+//   - every node follows the state machine: a node named primary at a
+//     newer epoch takes over (and runs on_promote), a primary that is no
+//     longer named stops its IO at once and steps down (and runs
+//     on_demote).
+//
+// With two voters and no witness the cluster runs (status shows the leader
+// and why failover is off) and primaries change as without raft.
+
+// clusterTick is how often the node looks at the cluster when nothing
+// signalled a change.
+const clusterTick = 250 * time.Millisecond
+
+// defaultLeaseDuration is the primary's lease: a lost primary is replaced
+// about this long after its last renewal.
+const defaultLeaseDuration = 1500 * time.Millisecond
+
+// unknownGrace: a member never heard of is taken as lost once this node
+// has led this long.
+const unknownGrace = 5 * time.Second
+
+// clusterState is a clustered node's part.
+type clusterState struct {
+	c *cluster.Cluster
+	// auto: automatic failover (authority mode); why says why not.
+	auto bool
+	why  string
+	// lease is the primary's lease duration.
+	lease time.Duration
+
+	mu sync.Mutex
+	// leadingSince: when this node last became leader (zero when not).
+	leadingSince time.Time
+	// promoting: volumes with a failover proposal in flight.
+	promoting map[string]bool
+	// failoverWhy: per volume, why the leader does not fail over now.
+	failoverWhy map[string]string
+}
+
+// openCluster starts raft and gossip when the config has their addresses.
+func (n *Node) openCluster(dir string, opts Options) error {
+	if !n.cfg.Clustered() {
+		return nil
+	}
+	var members []cluster.Member
+	for _, nc := range n.cfg.Nodes {
+		members = append(members, cluster.Member{Name: nc.Name, Raft: nc.Raft, Gossip: nc.Gossip, Witness: nc.IsWitness()})
+	}
+	timing := opts.ClusterTiming
+	if timing.LeaseDuration == 0 {
+		timing.LeaseDuration = defaultLeaseDuration
+	}
+	c, err := cluster.Open(cluster.Config{
+		Self: n.name, Members: members, Dir: filepath.Join(dir, "raft"),
+		Logger: n.log.With("part", "cluster"), RaftListener: opts.Raft,
+		Forward: n.forward, Timing: timing, NoBootstrap: opts.Join,
+	})
+	if err != nil {
+		return fmt.Errorf("node %s: cluster: %w", n.name, err)
+	}
+	auto, why := n.cfg.FailoverMode()
+	n.cl = &clusterState{c: c, auto: auto, why: why, lease: timing.LeaseDuration,
+		promoting: map[string]bool{}, failoverWhy: map[string]string{}}
+	for _, v := range n.vols {
+		v.auth = auto
+	}
+	return nil
+}
+
+// forward carries a cluster request to another node's control API.
+func (n *Node) forward(ctx context.Context, to string, req cluster.ForwardRequest) (cluster.ForwardReply, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return cluster.ForwardReply{}, err
+	}
+	api, err := n.peerAPI(to)
+	if err != nil {
+		return cluster.ForwardReply{}, err
+	}
+	resp, err := api.ClusterForward(ctx, &transport.ClusterMessage{Body: body})
+	if err != nil {
+		return cluster.ForwardReply{}, err
+	}
+	var reply cluster.ForwardReply
+	if err := json.Unmarshal(resp.Body, &reply); err != nil {
+		return cluster.ForwardReply{}, fmt.Errorf("reply of %s: %w", to, err)
+	}
+	return reply, nil
+}
+
+func (c *control) ClusterForward(ctx context.Context, r *transport.ClusterMessage) (*transport.ClusterMessage, error) {
+	if c.n.cl == nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "node %s runs no cluster (no raft/gossip addresses in its config)", c.n.name)
+	}
+	var req cluster.ForwardRequest
+	if err := json.Unmarshal(r.Body, &req); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "cluster message: %v", err)
+	}
+	body, err := json.Marshal(c.n.cl.c.HandleForward(ctx, req))
+	if err != nil {
+		return nil, err
+	}
+	return &transport.ClusterMessage{Body: body}, nil
+}
+
+func (c *control) Membership(ctx context.Context, r *transport.MembershipRequest) (*transport.MembershipReply, error) {
+	n := c.n
+	if n.cl == nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "node %s runs no cluster (no raft/gossip addresses in its config)", n.name)
+	}
+	if r.Remove {
+		if err := n.cl.c.RemoveVoter(ctx, r.Node); err != nil {
+			return nil, status.Errorf(codes.FailedPrecondition, "remove voter %s: %v", r.Node, err)
+		}
+	} else {
+		nc, ok := n.cfg.Node(r.Node)
+		if !ok {
+			return nil, status.Errorf(codes.NotFound, "node %q is not in the config: add it to every node's config file first", r.Node)
+		}
+		m := cluster.Member{Name: nc.Name, Raft: nc.Raft, Gossip: nc.Gossip, Witness: nc.IsWitness()}
+		if err := n.cl.c.AddVoter(ctx, m); err != nil {
+			return nil, status.Errorf(codes.FailedPrecondition, "add voter %s: %v", r.Node, err)
+		}
+	}
+	return &transport.MembershipReply{Voters: n.cl.c.Status().Voters}, nil
+}
+
+// clusterLoop follows the authority: each volume held here does what the
+// state machine says, and the leader fails over volumes whose primary is
+// lost.
+func (n *Node) clusterLoop(stop <-chan struct{}) {
+	tick := time.NewTicker(clusterTick)
+	defer tick.Stop()
+	var meta []byte
+	for {
+		select {
+		case <-stop:
+			return
+		case <-n.cl.c.Changed():
+		case <-tick.C:
+		}
+		auth := n.cl.c.Authority()
+		st := n.cl.c.Status()
+		for _, v := range n.vols {
+			va, ok := auth.Volume(v.name)
+			v.followAuthority(va, ok)
+		}
+		if m := n.gossipMeta(); string(m) != string(meta) {
+			if err := n.cl.c.SetMeta(m); err == nil {
+				meta = m
+			}
+		}
+		n.cl.mu.Lock()
+		switch {
+		case st.Leader != n.name:
+			n.cl.leadingSince = time.Time{}
+		case n.cl.leadingSince.IsZero():
+			n.cl.leadingSince = time.Now()
+		}
+		leading := n.cl.leadingSince
+		n.cl.mu.Unlock()
+		if n.cl.auto && !leading.IsZero() {
+			n.failover(auth, st, leading)
+		}
+	}
+}
+
+// gossipMeta is what this node gossips: each volume's disk state here.
+func (n *Node) gossipMeta() []byte {
+	disks := map[string]string{}
+	for name, v := range n.vols {
+		v.mu.Lock()
+		disks[name] = string(v.diskState)
+		v.mu.Unlock()
+	}
+	b, _ := json.Marshal(disks)
+	if len(b) > 512 {
+		return nil
+	}
+	return b
+}
+
+// failover is the leader's duty: a volume whose primary gossip reports
+// lost is handed to an alive UpToDate node. The promotion itself waits
+// (in the cluster) until no lease of the old primary can still be valid.
+func (n *Node) failover(auth replication.Authority, st cluster.Status, leading time.Time) {
+	alive := map[string]bool{}
+	lost := map[string]bool{}
+	for _, m := range st.Members {
+		switch m.State {
+		case cluster.Alive:
+			alive[m.Name] = true
+		case cluster.Dead, cluster.Left:
+			lost[m.Name] = true
+		case cluster.Unknown:
+			lost[m.Name] = time.Since(leading) > unknownGrace
+		}
+	}
+	for _, vc := range n.cfg.Volumes {
+		va, ok := auth.Volume(vc.Name)
+		if !ok || va.Primary == "" || !lost[va.Primary] {
+			n.setFailoverWhy(vc.Name, "")
+			continue
+		}
+		node, ok, why := replication.ChooseFailover(va, alive, va.DataNodes)
+		if !ok {
+			n.setFailoverWhy(vc.Name, fmt.Sprintf("primary %s is lost and no node can take over: %s", va.Primary, why))
+			continue
+		}
+		n.cl.mu.Lock()
+		busy := n.cl.promoting[vc.Name]
+		n.cl.promoting[vc.Name] = true
+		n.cl.mu.Unlock()
+		if busy {
+			continue
+		}
+		n.setFailoverWhy(vc.Name, fmt.Sprintf("primary %s is lost: promoting %s once its lease has run out", va.Primary, node))
+		n.wg.Add(1)
+		go func(volume string, va replication.VolumeAuthority) {
+			defer n.wg.Done()
+			defer func() {
+				n.cl.mu.Lock()
+				delete(n.cl.promoting, volume)
+				n.cl.mu.Unlock()
+			}()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			began := time.Now()
+			nva, err := n.cl.c.Propose(ctx, replication.PromoteCommand(volume, va.Epoch, node, false))
+			if err != nil {
+				n.log.Warn("failover proposal failed", "volume", volume, "to", node, "err", err)
+				return
+			}
+			n.log.Warn("failover: promoted", "volume", volume, "from", va.Primary, "to", nva.Primary, "epoch", nva.Epoch, "waited", time.Since(began))
+			n.event(volume, "failover", fmt.Sprintf("%s lost: %s promoted at epoch %d (raft leader %s)", va.Primary, nva.Primary, nva.Epoch, n.name))
+		}(vc.Name, va)
+	}
+}
+
+func (n *Node) setFailoverWhy(volume, why string) {
+	n.cl.mu.Lock()
+	defer n.cl.mu.Unlock()
+	n.cl.failoverWhy[volume] = why
+}
+
+// clusterInfo is the cluster section of the status.
+func (n *Node) clusterInfo() (transport.ClusterInfo, map[string]string) {
+	if n.cl == nil {
+		_, why := n.cfg.FailoverMode()
+		return transport.ClusterInfo{Failover: "off", Reason: why}, nil
+	}
+	st := n.cl.c.Status()
+	info := transport.ClusterInfo{Leader: st.Leader, Quorum: st.Quorum, Voters: st.Voters, Failover: "off", Reason: n.cl.why}
+	if n.cl.auto {
+		info.Failover = "auto"
+		if !st.Quorum {
+			info.Reason = "no quorum: no raft leader with a majority is in reach; primaries hold their IO when their lease runs out, and nobody is promoted"
+		}
+	}
+	n.cl.mu.Lock()
+	var whys []string
+	for vol, why := range n.cl.failoverWhy {
+		if why != "" {
+			whys = append(whys, vol+": "+why)
+		}
+	}
+	n.cl.mu.Unlock()
+	sort.Strings(whys)
+	for _, w := range whys {
+		info.Reason = joinReason(info.Reason, w)
+	}
+	membership := map[string]string{}
+	for _, m := range st.Members {
+		membership[m.Name] = string(m.State)
+	}
+	return info, membership
+}
+
+func joinReason(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "; " + b
+}
+
+// --- a volume in authority mode ---
+
+// followAuthority makes the volume do what the cluster's state machine
+// says (va, or nothing yet when !ok).
+func (v *Volume) followAuthority(va replication.VolumeAuthority, ok bool) {
+	v.mu.Lock()
+	role, epoch, primary, auth := v.role, v.d.epoch, v.d.primary, v.auth
+	v.mu.Unlock()
+	if !ok {
+		// Nobody registered the volume yet: its primary does, with the
+		// epoch it holds.
+		if role == replication.Primary {
+			v.proposeOnce("init", replication.InitCommand(v.name, v.self, epoch, v.dataNodes()))
+		}
+		return
+	}
+	if !auth {
+		return
+	}
+	v.mu.Lock()
+	exempt := v.leaseExempt
+	v.mu.Unlock()
+	switch {
+	case exempt && role == replication.Primary && va.Epoch < epoch:
+		// Forced to primary without a quorum: now that raft answers, it
+		// records this node (at the epoch after its own).
+		v.proposeOnce("reclaim", replication.PromoteCommand(v.name, va.Epoch, v.self, true))
+	case va.Primary == v.self && va.Epoch > epoch:
+		v.background("take-over", func() { v.takeOverAt(va.Epoch) })
+	case va.Primary == v.self && va.Epoch == epoch && primary == v.self:
+		v.ensureLeaseLoop(va.Epoch)
+		v.confirmed()
+	case va.Primary != v.self && role == replication.Primary && va.Epoch >= epoch:
+		v.background("step-down", func() { v.yieldTo(va.Primary, va.Epoch) })
+	case va.Primary != v.self && va.Epoch > epoch:
+		v.background("adopt-epoch", func() { v.adoptEpoch(va.Primary, va.Epoch) })
+	}
+	if role == replication.Primary && va.Primary == v.self {
+		// Peers in sync that the state machine does not know UpToDate yet.
+		for _, p := range v.streamingPeers() {
+			if p.inSync() && !va.IsUpToDate(p.name) {
+				// Forget that raft has it Outdated BEFORE it may say
+				// otherwise: a write it misses later records it again.
+				v.mu.Lock()
+				delete(v.outdated, p.name)
+				v.mu.Unlock()
+				v.proposeOnce("up-to-date "+p.name, replication.MarkUpToDateCommand(v.name, va.Epoch, p.name))
+			}
+		}
+	}
+}
+
+// dataNodes lists the volume's nodes, sorted.
+func (v *Volume) dataNodes() []string {
+	var nodes []string
+	for name := range v.cfg.Disks {
+		nodes = append(nodes, name)
+	}
+	sort.Strings(nodes)
+	return nodes
+}
+
+// background runs f once at a time per kind.
+func (v *Volume) background(kind string, f func()) {
+	v.mu.Lock()
+	if v.tasks == nil {
+		v.tasks = map[string]bool{}
+	}
+	if v.tasks[kind] {
+		v.mu.Unlock()
+		return
+	}
+	v.tasks[kind] = true
+	v.mu.Unlock()
+	v.bg.Add(1)
+	go func() {
+		defer v.bg.Done()
+		defer func() {
+			v.mu.Lock()
+			delete(v.tasks, kind)
+			v.mu.Unlock()
+		}()
+		f()
+	}()
+}
+
+// proposeOnce proposes cmd in the background, one of each kind at a time.
+func (v *Volume) proposeOnce(kind string, cmd replication.AuthorityCommand) {
+	v.background("propose "+kind, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := v.node.cl.c.Propose(ctx, cmd); err != nil {
+			v.log.Debug("proposal failed", "op", cmd.Op, "err", err)
+		}
+	})
+}
+
+// confirmed: the state machine names this node primary at its epoch. A
+// node that restarted as primary serves (once its lease is granted).
+func (v *Volume) confirmed() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.waiting && v.servableLocked() && !v.d.gens.Current.IsZero() {
+		v.waiting, v.ioOpen = false, true
+		if v.why.cause == CauseWaitingForPeer {
+			v.why = reason{}
+		}
+		v.log.Info("the cluster confirms this node as primary: serving IO")
+	}
+}
+
+// takeOverAt makes this node primary at epoch, as the cluster decided (a
+// failover or a switchover). Its disk must hold the volume's data.
+func (v *Volume) takeOverAt(epoch uint64) {
+	v.mu.Lock()
+	stale := v.d.gens.Current.IsZero() || !v.d.syncGen.IsZero() || v.d.localStale
+	already := v.role == replication.Primary && v.d.epoch >= epoch
+	v.mu.Unlock()
+	if already {
+		return
+	}
+	if stale {
+		v.log.Error("the cluster named this node primary, but its disk holds no consistent data; not serving", "epoch", epoch)
+		v.node.event(v.name, "promotion-refused", fmt.Sprintf("the cluster named %s primary at epoch %d, but its disk is not UpToDate", v.self, epoch))
+		return
+	}
+	v.detachIncoming()
+	v.stateMu.Lock()
+	defer v.stateMu.Unlock()
+	v.clearPeerBitmaps()
+	if err := v.md.SetPrimary(true); err != nil {
+		v.log.Error("take over: set the primary indicator", "err", err)
+		return
+	}
+	err := v.commit(func(d *durable) {
+		d.epoch, d.primary, d.primarySince = epoch, v.self, time.Now().UnixNano()
+		d.gens = d.gens.Promoted()
+	}, func() {
+		v.discard = nil
+		v.diskState = replication.UpToDate
+		v.why, v.fenced, v.waiting = reason{}, false, false
+		v.resetPeersLocked()
+		v.ioOpen = true
+	})
+	if err != nil {
+		v.log.Error("take over: write the state", "err", err)
+		return
+	}
+	v.ensureLeaseLoop(epoch)
+	v.log.Warn("promoted by the cluster", "epoch", epoch)
+	v.node.event(v.name, "promoted", fmt.Sprintf("%s is primary of %s at epoch %d (decided by raft)", v.self, v.name, epoch))
+	v.runHook("on_promote", epoch)
+}
+
+// yieldTo stops this primary's IO at once because the cluster names
+// another primary (at epoch), then makes it Secondary: requests in flight
+// are answered, what it wrote stays marked for the new primary to copy
+// (or overwrite), and on_demote runs.
+func (v *Volume) yieldTo(primary string, epoch uint64) {
+	v.mu.Lock()
+	if v.role != replication.Primary {
+		v.mu.Unlock()
+		return
+	}
+	v.ioOpen, v.fenced = false, true
+	v.why = because(CauseFenced, "the cluster names %s primary at epoch %d", primary, epoch)
+	v.mu.Unlock()
+	v.stopLease()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	v.node.nbd.CloseExportContext(ctx, v.name)
+	cancel()
+	v.io.Wait()
+	v.stopPeers()
+	if err := v.md.FlushBitmaps(); err != nil {
+		v.log.Error("step down: flush bitmaps", "err", err)
+	}
+	v.stateMu.Lock()
+	err := v.commit(func(d *durable) { d.primary, d.epoch = primary, epoch }, func() {
+		v.fenced, v.waiting, v.why = false, false, reason{}
+		v.diskState = v.idleDiskState()
+	})
+	v.stateMu.Unlock()
+	if err != nil {
+		v.log.Error("step down: write the state", "err", err)
+		return
+	}
+	if err := v.md.SetPrimary(false); err != nil {
+		v.log.Error("step down: clear the primary indicator", "err", err)
+	}
+	v.log.Warn("stepped down: the cluster names another primary", "primary", primary, "epoch", epoch)
+	v.node.event(v.name, "stepped-down", fmt.Sprintf("%s is Secondary: the cluster names %s primary at epoch %d", v.self, primary, epoch))
+	v.runHook("on_demote", epoch)
+}
+
+// adoptEpoch records, durably, that primary holds epoch: streams of older
+// epochs are refused from now on.
+func (v *Volume) adoptEpoch(primary string, epoch uint64) {
+	v.stateMu.Lock()
+	defer v.stateMu.Unlock()
+	v.mu.Lock()
+	newer := epoch > v.d.epoch && v.role != replication.Primary
+	v.mu.Unlock()
+	if !newer {
+		return
+	}
+	if err := v.commit(func(d *durable) { d.primary, d.epoch = primary, epoch }, nil); err != nil {
+		v.log.Error("adopt the cluster's epoch", "err", err)
+	}
+}
+
+// --- the lease ---
+
+// ensureLeaseLoop runs the lease renewals of this primary's term.
+func (v *Volume) ensureLeaseLoop(epoch uint64) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.leaseEpoch == epoch && v.leaseStop != nil {
+		return
+	}
+	if v.leaseStop != nil {
+		v.leaseStop()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	v.leaseStop, v.leaseEpoch = cancel, epoch
+	v.bg.Add(1)
+	go func() {
+		defer v.bg.Done()
+		v.renewLeases(ctx, epoch)
+	}()
+}
+
+// stopLease ends the renewals; the lease runs out by itself.
+func (v *Volume) stopLease() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.leaseStop != nil {
+		v.leaseStop()
+		v.leaseStop, v.leaseEpoch = nil, 0
+	}
+	v.lease = time.Time{}
+	v.wakeLeaseWaitersLocked()
+}
+
+// renewLeases renews the lease every third of its duration until ctx ends.
+func (v *Volume) renewLeases(ctx context.Context, epoch uint64) {
+	cl := v.node.cl
+	every := cl.lease / 3
+	for ctx.Err() == nil {
+		rctx, cancel := context.WithTimeout(ctx, cl.lease/2)
+		until, err := cl.c.RenewLease(rctx, v.name, epoch)
+		cancel()
+		if err == nil {
+			v.mu.Lock()
+			if v.leaseEpoch == epoch && until.After(v.lease) {
+				v.lease = until
+				v.leaseExempt = false
+				v.wakeLeaseWaitersLocked()
+			}
+			v.mu.Unlock()
+		} else if ctx.Err() == nil {
+			v.log.Debug("lease not renewed", "epoch", epoch, "err", err)
+		}
+		t := time.NewTimer(every)
+		select {
+		case <-ctx.Done():
+		case <-v.stopping:
+			cancel()
+		case <-t.C:
+		}
+		t.Stop()
+		if isClosed(v.stopping) {
+			return
+		}
+	}
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// wakeLeaseWaitersLocked wakes IO waiting for the lease. Callers hold v.mu.
+func (v *Volume) wakeLeaseWaitersLocked() {
+	if v.leaseWake != nil {
+		close(v.leaseWake)
+	}
+	v.leaseWake = make(chan struct{})
+}
+
+// leaseHeldLocked reports whether this primary may complete IO now: it
+// holds a valid lease, or it is not in authority mode. Callers hold v.mu.
+func (v *Volume) leaseHeldLocked() bool {
+	return !v.auth || v.leaseExempt || time.Now().Before(v.lease)
+}
+
+// holdLease returns once this primary holds a valid lease: IO freezes
+// while it does not (it is not failed), and fails when the volume stops
+// being served here or ctx ends.
+func (v *Volume) holdLease(ctx context.Context) error {
+	for {
+		v.mu.Lock()
+		if v.role != replication.Primary || (!v.ioOpen && !v.leaseHeldLocked()) {
+			v.mu.Unlock()
+			return fmt.Errorf("%s on %s: %w (%w)", v.name, v.self, ErrNotServing, errShutdown)
+		}
+		if v.leaseHeldLocked() {
+			v.mu.Unlock()
+			return nil
+		}
+		if v.leaseWake == nil {
+			v.leaseWake = make(chan struct{})
+		}
+		wake := v.leaseWake
+		v.mu.Unlock()
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-v.stopping:
+			return fmt.Errorf("%s on %s: %w (%w)", v.name, v.self, ErrNotServing, errShutdown)
+		}
+	}
+}
+
+// ensureOutdated makes raft record peer Outdated BEFORE this primary
+// completes a write without it (or starts a resync that makes it
+// Inconsistent): an Outdated node is never promoted by itself. It waits
+// (the write freezes) while raft has no quorum, and fails when this node
+// is no longer the primary or stops serving.
+func (v *Volume) ensureOutdated(peer string) error {
+	cl := v.node.cl
+	if cl == nil {
+		return nil
+	}
+	v.mu.Lock()
+	auth, epoch := v.auth, v.d.epoch
+	known := v.outdated[peer] == epoch
+	v.mu.Unlock()
+	if !auth || known {
+		return nil
+	}
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), cl.lease)
+		_, err := cl.c.Propose(ctx, replication.MarkOutdatedCommand(v.name, epoch, peer))
+		cancel()
+		switch {
+		case err == nil:
+			v.mu.Lock()
+			if v.outdated == nil {
+				v.outdated = map[string]uint64{}
+			}
+			v.outdated[peer] = epoch
+			v.mu.Unlock()
+			return nil
+		case errors.Is(err, replication.ErrStaleEpoch), errors.Is(err, replication.ErrNotPrimary):
+			return fmt.Errorf("%w: %s is no longer primary of %s at epoch %d: %v", ErrStaleEpoch, v.self, v.name, epoch, err)
+		}
+		v.log.Warn("cannot record an Outdated peer in raft yet; the write waits", "peer", peer, "err", err)
+		v.mu.Lock()
+		serving := v.ioOpen && v.role == replication.Primary
+		v.mu.Unlock()
+		if !serving || isClosed(v.stopping) {
+			return fmt.Errorf("%s on %s: %w (%w)", v.name, v.self, ErrNotServing, errShutdown)
+		}
+	}
+}
+
+// outdateBeforeResync makes raft record peer Outdated when the connection
+// about to be decided will resync it (its disk is Inconsistent meanwhile).
+// It runs before the decision takes v.stateMu: it may wait for raft.
+func (p *peer) outdateBeforeResync(reply replication.HelloReply) error {
+	v := p.v
+	v.mu.Lock()
+	auth, local := v.auth, v.uuidsLocked(p.name)
+	v.mu.Unlock()
+	if !auth {
+		return nil
+	}
+	d := replication.CompareUUIDs(local, reply.UUIDs, replication.Primary, replication.Secondary)
+	if d.Outcome.IsSource() || p.bm.Count() > 0 || len(reply.Changed) > 0 || !reply.DiscardFrom.IsZero() {
+		return v.ensureOutdated(p.name)
+	}
+	return nil
+}

@@ -1,0 +1,352 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/replication"
+)
+
+// Cluster is one node's membership in the cluster and its copy of the
+// authority. Open starts it; Close stops it.
+type Cluster struct {
+	cfg    Config // with Timing defaults
+	self   string
+	logger *slog.Logger
+
+	store *metadata.RaftStore
+	fsm   *fsm
+	raft  *raft.Raft
+	// observer tells of every leader change (followers included).
+	observer     *raft.Observer
+	gossip       *gossip
+	leases       *leases
+	leaderChange *broadcast
+
+	changed chan struct{}
+
+	ctx       context.Context // ends at Close
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Status is the cluster as this node sees it.
+type Status struct {
+	Self string `json:"self"`
+	// Leader is the raft leader's name, "" when none is known.
+	Leader string `json:"leader"`
+	// Quorum: a leader is known and had contact with a majority recently
+	// (it is this node, which steps down after LeaderLeaseTimeout without
+	// one, or it reached this node within HeartbeatTimeout).
+	Quorum  bool          `json:"quorum"`
+	Voters  []string      `json:"voters"`
+	Members []MemberState `json:"members"`
+}
+
+// Open starts this node's raft and gossip. A node without raft state
+// bootstraps with every member as a voter (unless NoBootstrap); one with
+// state resumes from its raft log and latest snapshot. The Cluster owns
+// cfg.RaftListener from now on, also when Open fails.
+func Open(cfg Config) (c *Cluster, err error) {
+	if cfg.RaftListener != nil {
+		defer func() {
+			if err != nil {
+				_ = cfg.RaftListener.Close()
+			}
+		}()
+	}
+	cfg.Timing = cfg.Timing.withDefaults()
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	self, err := cfg.validate()
+	if err != nil {
+		return nil, err
+	}
+	logger := cfg.Logger.With("cluster", cfg.Self)
+	ctx, cancel := context.WithCancel(context.Background())
+	c = &Cluster{
+		cfg: cfg, self: cfg.Self, logger: logger,
+		leases:       newLeases(cfg.Timing),
+		leaderChange: newBroadcast(),
+		changed:      make(chan struct{}, 1),
+		ctx:          ctx, cancel: cancel,
+	}
+	c.fsm = &fsm{applied: c.signalChanged}
+	var undo []func()
+	defer func() {
+		if err != nil {
+			cancel()
+			for _, f := range slices.Backward(undo) {
+				f()
+			}
+		}
+	}()
+
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("cluster state directory: %w", err)
+	}
+	if c.store, err = metadata.OpenRaftStore(filepath.Join(cfg.Dir, "raft.db")); err != nil {
+		return nil, err
+	}
+	undo = append(undo, func() { _ = c.store.Close() })
+	hcl := newHclogger(logger, "raft")
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.Dir, 2, hcl.Named("snapshots"))
+	if err != nil {
+		return nil, fmt.Errorf("raft snapshots: %w", err)
+	}
+	stream, err := newStreamLayer(cfg.RaftListener, self.Raft)
+	if err != nil {
+		return nil, err
+	}
+	trans := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream:  stream,
+		MaxPool: 3,
+		Timeout: cfg.Timing.RaftIOTimeout,
+		Logger:  hcl.Named("net"),
+	})
+	undo = append(undo, func() { _ = trans.Close() })
+
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.Self)
+	rc.HeartbeatTimeout = cfg.Timing.HeartbeatTimeout
+	rc.ElectionTimeout = cfg.Timing.ElectionTimeout
+	rc.LeaderLeaseTimeout = cfg.Timing.LeaderLeaseTimeout
+	rc.Logger = hcl
+	// Unbuffered: raft waits until watchRaft took the news before it acts
+	// as leader (the lease argument in lease.go needs that).
+	notify := make(chan bool)
+	rc.NotifyCh = notify
+	if err := raft.ValidateConfig(rc); err != nil {
+		return nil, fmt.Errorf("raft config: %w", err)
+	}
+	has, err := raft.HasExistingState(c.store, c.store, snaps)
+	if err != nil {
+		return nil, fmt.Errorf("raft state: %w", err)
+	}
+	if !has && !cfg.NoBootstrap {
+		var servers []raft.Server
+		for _, m := range cfg.Members {
+			servers = append(servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(m.Name), Address: raft.ServerAddress(m.Raft)})
+		}
+		if err := raft.BootstrapCluster(rc, c.store, c.store, snaps, trans, raft.Configuration{Servers: servers}); err != nil {
+			return nil, fmt.Errorf("raft bootstrap: %w", err)
+		}
+	}
+	observations := make(chan raft.Observation, 16)
+	c.observer = raft.NewObserver(observations, false, func(o *raft.Observation) bool {
+		_, ok := o.Data.(raft.LeaderObservation)
+		return ok
+	})
+	if c.raft, err = raft.NewRaft(rc, c.fsm, c.store, c.store, snaps, trans); err != nil {
+		return nil, fmt.Errorf("start raft: %w", err)
+	}
+	c.raft.RegisterObserver(c.observer)
+	undo = append(undo, func() {
+		c.raft.DeregisterObserver(c.observer)
+		_ = c.raft.Shutdown().Error()
+	})
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		c.watchRaft(notify, observations)
+	}()
+	undo = append(undo, c.wg.Wait) // after cancel, before the shutdown
+
+	if c.gossip, err = startGossip(self, cfg.Members, cfg.Timing, newHclogger(logger, "gossip"), c.signalChanged); err != nil {
+		return nil, err
+	}
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		c.gossip.run(ctx)
+	}()
+	return c, nil
+}
+
+// Close stops raft and gossip at once, as a crash would (no leadership
+// transfer, no gossip leave: the others detect the loss), and closes the
+// raft store. Proposals in flight end with ErrClosed or ErrOutcomeUnknown.
+func (c *Cluster) Close() error {
+	c.closeOnce.Do(func() {
+		c.cancel()
+		errGossip := c.gossip.shutdown()
+		c.raft.DeregisterObserver(c.observer)
+		errRaft := c.raft.Shutdown().Error() // closes the transport and its listener
+		c.wg.Wait()
+		c.closeErr = errors.Join(errGossip, errRaft, c.store.Close())
+	})
+	return c.closeErr
+}
+
+// watchRaft follows leadership: this node's (NotifyCh) for the leases,
+// everybody's (observations) for the waiters of waitLeader.
+func (c *Cluster) watchRaft(notify <-chan bool, observations <-chan raft.Observation) {
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case leader := <-notify:
+			c.leases.setLeader(leader, time.Now())
+			c.logger.Info("raft leadership", "leader", leader)
+		case <-observations:
+		}
+		c.leaderChange.fire()
+		c.signalChanged()
+	}
+}
+
+// Changed is signalled after each state machine change, each gossip event
+// and each leader change. Signals coalesce (one buffered slot, never
+// blocking); one consumer reads it, then reads what it needs.
+func (c *Cluster) Changed() <-chan struct{} { return c.changed }
+
+func (c *Cluster) signalChanged() {
+	select {
+	case c.changed <- struct{}{}:
+	default:
+	}
+}
+
+// Authority returns a copy of this node's state machine. It may lag the
+// leader's by the entries not yet applied here.
+func (c *Cluster) Authority() replication.Authority { return c.fsm.authority().Clone() }
+
+// SetMeta sets the metadata this node gossips (per-volume disk states,
+// say). memberlist carries at most memberlist.MetaMaxSize (512) bytes; a
+// larger b is refused. Others see it within a few gossip rounds.
+func (c *Cluster) SetMeta(b []byte) error { return c.gossip.setMeta(b) }
+
+// Status returns the cluster as this node sees it.
+func (c *Cluster) Status() Status {
+	_, id := c.raft.LeaderWithID()
+	s := Status{Self: c.self, Leader: string(id)}
+	switch {
+	case s.Leader == "":
+	case c.raft.State() == raft.Leader:
+		s.Quorum = s.Leader == c.self
+	default:
+		s.Quorum = time.Since(c.raft.LastContact()) < c.cfg.Timing.HeartbeatTimeout
+	}
+	voters := map[string]bool{}
+	if f := c.raft.GetConfiguration(); f.Error() == nil {
+		for _, srv := range f.Configuration().Servers {
+			if srv.Suffrage == raft.Voter {
+				s.Voters = append(s.Voters, string(srv.ID))
+				voters[string(srv.ID)] = true
+			}
+		}
+	}
+	slices.Sort(s.Voters)
+	s.Members = c.gossip.states()
+	for i := range s.Members {
+		s.Members[i].Voter = voters[s.Members[i].Name]
+	}
+	return s
+}
+
+// waitLeader returns the leader's name once one is known, or ErrNoQuorum
+// when ctx ends first.
+func (c *Cluster) waitLeader(ctx context.Context) (string, error) {
+	return c.waitForLeader(ctx, func(id string) bool { return id != "" })
+}
+
+// waitLeaderOtherThan waits until this node sees a leader change away
+// from old.
+func (c *Cluster) waitLeaderOtherThan(ctx context.Context, old string) error {
+	_, err := c.waitForLeader(ctx, func(id string) bool { return id != old })
+	return err
+}
+
+func (c *Cluster) waitForLeader(ctx context.Context, ok func(id string) bool) (string, error) {
+	for {
+		changed := c.leaderChange.wait()
+		if _, id := c.raft.LeaderWithID(); ok(string(id)) {
+			return string(id), nil
+		}
+		// The observer drops an event when its channel is full: look
+		// again after a heartbeat timeout anyway.
+		timer := time.NewTimer(c.cfg.Timing.HeartbeatTimeout)
+		select {
+		case <-changed:
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			return "", fmt.Errorf("%w: %w", ErrNoQuorum, ctx.Err())
+		case <-c.ctx.Done():
+			timer.Stop()
+			return "", ErrClosed
+		}
+		timer.Stop()
+	}
+}
+
+// broadcast wakes every waiter at once: wait returns a channel that the
+// next fire closes.
+type broadcast struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func newBroadcast() *broadcast { return &broadcast{ch: make(chan struct{})} }
+
+func (b *broadcast) wait() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.ch
+}
+
+func (b *broadcast) fire() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	close(b.ch)
+	b.ch = make(chan struct{})
+}
+
+// streamLayer is raft's TCP stream: the given listener (or one on the
+// advertised address), dialling through the listener when it can.
+type streamLayer struct {
+	net.Listener
+	advertise net.Addr
+	dial      func(raft.ServerAddress, time.Duration) (net.Conn, error)
+}
+
+func newStreamLayer(ln net.Listener, advertise string) (*streamLayer, error) {
+	addr, err := net.ResolveTCPAddr("tcp", advertise)
+	if err != nil {
+		return nil, fmt.Errorf("raft address %q: %w", advertise, err)
+	}
+	if ln == nil {
+		if ln, err = net.Listen("tcp", advertise); err != nil {
+			return nil, fmt.Errorf("raft listener: %w", err)
+		}
+	}
+	s := &streamLayer{Listener: ln, advertise: addr}
+	if d, ok := ln.(raft.StreamLayer); ok {
+		s.dial = d.Dial
+	} else {
+		s.dial = func(a raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+			return net.DialTimeout("tcp", string(a), timeout)
+		}
+	}
+	return s, nil
+}
+
+func (s *streamLayer) Addr() net.Addr { return s.advertise }
+
+func (s *streamLayer) Dial(a raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	return s.dial(a, timeout)
+}

@@ -1,0 +1,379 @@
+package cluster
+
+import (
+	"errors"
+	"reflect"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/replvol/replvol/replication"
+)
+
+// threeNodes starts two data nodes, a and b, and the witness w, and
+// registers volume "vol" with primary a at epoch 1, b UpToDate.
+func threeNodes(t *testing.T) (*testNet, *Cluster) {
+	n := newTestNet(t, member("a"), member("b"), witness("w"))
+	n.startAll()
+	leader := n.waitLeader(t)
+	ctx := testContext(t, 5*time.Second)
+	if _, err := leader.Propose(ctx, replication.InitCommand("vol", "a", 1, []string{"a", "b"})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leader.Propose(ctx, replication.MarkUpToDateCommand("vol", 1, "b")); err != nil {
+		t.Fatal(err)
+	}
+	return n, leader
+}
+
+// TestProposeFromAFollower: a command proposed on a follower travels to
+// the leader, is applied on every node, and the typed error of a refused
+// command comes back through the forward.
+func TestProposeFromAFollower(t *testing.T) {
+	n := newTestNet(t, member("a"), member("b"), witness("w"))
+	n.startAll()
+	leader := n.waitLeader(t)
+	follower := n.follower(t, leader)
+	ctx := testContext(t, 5*time.Second)
+
+	va, err := follower.Propose(ctx, replication.InitCommand("vol", "a", 1, []string{"a", "b"}))
+	if err != nil || va.Primary != "a" || va.Epoch != 1 || !slices.Equal(va.Outdated, []string{"b"}) {
+		t.Fatalf("init through %s: %+v, %v", follower.self, va, err)
+	}
+	if n.forwards.Load() == 0 {
+		t.Fatal("the follower's proposal was not forwarded")
+	}
+	for _, c := range n.nodes() {
+		waitFor(t, c.self+" applies the init", 2*time.Second, func() bool {
+			got, ok := c.Authority().Volume("vol")
+			return ok && reflect.DeepEqual(got, va)
+		})
+	}
+
+	va, err = follower.Propose(ctx, replication.MarkOutdatedCommand("vol", 0, "b"))
+	if !errors.Is(err, replication.ErrStaleEpoch) || va.Epoch != 1 {
+		t.Errorf("a stale epoch through the forward: %+v, %v; want ErrStaleEpoch and the current epoch 1", va, err)
+	}
+	_, err = follower.Propose(ctx, replication.PromoteCommand("vol", 1, "b", false))
+	if !errors.Is(err, replication.ErrNotUpToDate) {
+		t.Errorf("promoting the Outdated b through the forward: %v, want ErrNotUpToDate", err)
+	}
+
+	s := follower.Status()
+	if s.Leader != leader.self || !s.Quorum || !slices.Equal(s.Voters, []string{"a", "b", "w"}) {
+		t.Errorf("status on %s: %+v", follower.self, s)
+	}
+}
+
+// TestLeaseRunsOutBeforeLeaseFree: the primary renews its lease; cut off
+// from the others, it can renew no more, and the leader says the lease is
+// free only after the last lease the primary holds has run out. Then b is
+// promoted, and the old primary's renewal at its old epoch is refused.
+func TestLeaseRunsOutBeforeLeaseFree(t *testing.T) {
+	n, leader := threeNodes(t)
+	if leader.self == "a" {
+		if err := leader.raft.LeadershipTransfer().Error(); err != nil {
+			t.Fatal(err)
+		}
+		leader = n.waitLeader(t)
+	}
+	primary := n.node("a")
+	ctx := testContext(t, 10*time.Second)
+
+	var validUntil time.Time
+	start := time.Now()
+	for range 5 {
+		until, err := primary.RenewLease(ctx, "vol", 1)
+		if err != nil {
+			t.Fatalf("renew: %v", err)
+		}
+		validUntil = until
+	}
+	t.Logf("a renewal through the leader %s takes %v", leader.self, time.Since(start)/5)
+	if leader.LeaseFree("vol") {
+		t.Fatal("the lease is free right after a renewal")
+	}
+
+	cutAt := time.Now()
+	n.partition("a")
+	short := testContext(t, 300*time.Millisecond)
+	if _, err := primary.RenewLease(short, "vol", 1); err == nil {
+		t.Fatal("a primary cut off from the others renewed its lease")
+	}
+	waitFor(t, "the leader finds the lease free", 3*time.Second, func() bool { return leader.LeaseFree("vol") })
+	freeAt := time.Now()
+	t.Logf("cut off %v after the lease's start; lease valid until +%v; LeaseFree at +%v",
+		testTiming.LeaseDuration-validUntil.Sub(cutAt), validUntil.Sub(cutAt), freeAt.Sub(cutAt))
+	if !validUntil.Before(freeAt) {
+		t.Fatalf("LeaseFree turned true %v before the primary's lease ran out", validUntil.Sub(freeAt))
+	}
+
+	va, err := leader.Propose(ctx, replication.PromoteCommand("vol", 1, "b", false))
+	if err != nil || va.Primary != "b" || va.Epoch != 2 {
+		t.Fatalf("promote b: %+v, %v", va, err)
+	}
+	n.heal("a")
+	if _, err := primary.RenewLease(ctx, "vol", 1); !errors.Is(err, replication.ErrStaleEpoch) {
+		t.Errorf("the old primary renews at its old epoch: %v, want ErrStaleEpoch", err)
+	}
+}
+
+// TestPromotionWaitsForTheLease: a switchover proposed while the primary
+// keeps renewing completes only after the primary's last lease ran out
+// (its renewals are refused meanwhile); one proposed after the primary
+// released its lease does not wait for it.
+func TestPromotionWaitsForTheLease(t *testing.T) {
+	n, leader := threeNodes(t)
+	a, b := n.node("a"), n.node("b")
+	ctx := testContext(t, 10*time.Second)
+
+	var mu sync.Mutex
+	var lastValid time.Time
+	var refusal error
+	stop := make(chan struct{})
+	renewed := make(chan struct{}, 1)
+	done := make(chan struct{})
+	go func() { // the primary's renewal loop
+		defer close(done)
+		for {
+			until, err := a.RenewLease(ctx, "vol", 1)
+			mu.Lock()
+			if err != nil {
+				refusal = err
+				mu.Unlock()
+				return
+			}
+			lastValid = until
+			mu.Unlock()
+			select {
+			case renewed <- struct{}{}:
+			default:
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(testTiming.LeaseDuration / 4):
+			}
+		}
+	}()
+	<-renewed
+	va, err := b.Propose(ctx, replication.PromoteCommand("vol", 1, "b", false))
+	promotedAt := time.Now()
+	close(stop)
+	<-done
+	if err != nil || va.Primary != "b" || va.Epoch != 2 {
+		t.Fatalf("switchover to b: %+v, %v", va, err)
+	}
+	mu.Lock()
+	t.Logf("a's last lease ended %v before the promotion; its renewal then: %v", promotedAt.Sub(lastValid), refusal)
+	if !lastValid.Before(promotedAt) {
+		t.Errorf("b was promoted %v before a's lease ran out", lastValid.Sub(promotedAt))
+	}
+	if !errors.Is(refusal, ErrPromotionPending) && !errors.Is(refusal, replication.ErrStaleEpoch) {
+		t.Errorf("a's renewal during the switchover: %v, want ErrPromotionPending or ErrStaleEpoch", refusal)
+	}
+	mu.Unlock()
+
+	// Back to a, with b releasing its lease first: no wait for a lease.
+	if _, err := b.RenewLease(ctx, "vol", 2); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the leader has led for a lease's hold", 3*time.Second, func() bool {
+		at, _, leading := leader.leases.freeAt("none")
+		return leading && time.Now().After(at)
+	})
+	if err := b.ReleaseLease(ctx, "vol", 2); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if va, err := a.Propose(ctx, replication.PromoteCommand("vol", 2, "a", false)); err != nil || va.Primary != "a" {
+		t.Fatalf("switchover back to a: %+v, %v", va, err)
+	}
+	if took := time.Since(start); took >= testTiming.LeaseDuration {
+		t.Errorf("a switchover after the release took %v, a whole lease", took)
+	} else {
+		t.Logf("switchover after a release: %v", took)
+	}
+}
+
+// TestLeaderChange: the leader is killed; the others elect a new one
+// quickly, and the new leader finds no lease free until it has led for a
+// lease's duration (with the drift margin): it cannot know what the old
+// leader granted.
+func TestLeaderChange(t *testing.T) {
+	n, leader := threeNodes(t)
+	old := leader.self
+	killedAt := time.Now()
+	n.stop(old)
+
+	var next *Cluster
+	waitFor(t, "a new leader", 5*time.Second, func() bool {
+		for _, c := range n.nodes() {
+			if c.raft.State() == raft.Leader {
+				next = c
+				return true
+			}
+		}
+		return false
+	})
+	elected := time.Since(killedAt)
+	t.Logf("%s killed; %s leads after %v", old, next.self, elected)
+	if elected > 2*time.Second {
+		t.Errorf("a new leader after %v, want under 2 s", elected)
+	}
+	waitFor(t, "the new leader's lease view", time.Second, func() bool {
+		_, _, leading := next.leases.freeAt("vol")
+		return leading
+	})
+	next.leases.mu.Lock()
+	since := next.leases.since
+	next.leases.mu.Unlock()
+	if !since.After(killedAt) {
+		t.Fatalf("the new leader counts its office from %v before the old one was killed", killedAt.Sub(since))
+	}
+	waitFor(t, "the new leader finds the lease free", 5*time.Second, func() bool { return next.LeaseFree("vol") })
+	freeAt := time.Now()
+	hold := time.Duration(float64(testTiming.LeaseDuration) * (1 + 0.05))
+	t.Logf("LeaseFree %v after the new leader took office (hold %v), %v after the kill", freeAt.Sub(since), hold, freeAt.Sub(killedAt))
+	if freeAt.Sub(since) < hold || freeAt.Sub(killedAt) < hold {
+		t.Errorf("LeaseFree %v after the new leader took office, want at least %v", freeAt.Sub(since), hold)
+	}
+}
+
+// TestGossipSeesDeathAndReturn: a node that dies is reported dead by the
+// others within about a second, and alive again once it restarts; both
+// signal Changed.
+func TestGossipSeesDeathAndReturn(t *testing.T) {
+	n := newTestNet(t, member("a"), member("b"), witness("w"))
+	n.startAll()
+	a := n.node("a")
+	stateOf := func(c *Cluster, name string) Liveness {
+		for _, m := range c.Status().Members {
+			if m.Name == name {
+				return m.State
+			}
+		}
+		return ""
+	}
+	waitFor(t, "a sees every node alive", 5*time.Second, func() bool {
+		return stateOf(a, "a") == Alive && stateOf(a, "b") == Alive && stateOf(a, "w") == Alive
+	})
+	if err := n.node("b").SetMeta([]byte("vol:UpToDate")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a learns b's metadata", 5*time.Second, func() bool {
+		for _, m := range a.Status().Members {
+			if m.Name == "b" {
+				return string(m.Meta) == "vol:UpToDate"
+			}
+		}
+		return false
+	})
+	if err := a.SetMeta(make([]byte, 513)); err == nil {
+		t.Error("SetMeta took more than memberlist carries")
+	}
+
+	waitChanged := func(what string, cond func() bool) time.Time {
+		t.Helper()
+		timeout := time.After(5 * time.Second)
+		for !cond() {
+			select {
+			case <-a.Changed():
+			case <-timeout:
+				t.Fatalf("%s: no Changed signal within 5 s", what)
+			}
+		}
+		return time.Now()
+	}
+	select { // start from a drained signal
+	case <-a.Changed():
+	default:
+	}
+	stoppedAt := time.Now()
+	n.stop("w")
+	seenDead := waitChanged("a sees w dead", func() bool { return stateOf(a, "w") == Dead })
+	detect := seenDead.Sub(stoppedAt)
+	t.Logf("w stopped; a reports it dead after %v", detect)
+	if detect > 2*time.Second {
+		t.Errorf("dead after %v, want about 1 s", detect)
+	}
+
+	n.start("w")
+	waitChanged("a sees w alive again", func() bool { return stateOf(a, "w") == Alive })
+}
+
+// TestRestartKeepsTheAuthority: a node closed and opened again finds its
+// state machine on disk (restored from its snapshot before it talks to
+// anyone), catches up with what was decided while it was away, and
+// rejoins.
+func TestRestartKeepsTheAuthority(t *testing.T) {
+	n, _ := threeNodes(t)
+	ctx := testContext(t, 10*time.Second)
+	b := n.node("b")
+	waitFor(t, "b applies b UpToDate", 2*time.Second, func() bool {
+		va, _ := b.Authority().Volume("vol")
+		return va.IsUpToDate("b")
+	})
+	if err := b.raft.Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	atSnapshot := b.Authority()
+	n.stop("b")
+
+	a := n.node("a")
+	if _, err := a.Propose(ctx, replication.MarkOutdatedCommand("vol", 1, "b")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Propose(ctx, replication.InitCommand("second", "a", 5, []string{"a", "b"})); err != nil {
+		t.Fatal(err)
+	}
+	want := n.waitLeader(t).Authority() // the leader applied both; a may lag
+
+	n.partition("b") // b reopens cut off: what it holds comes from its disk
+	b = n.start("b")
+	if got := b.Authority(); !reflect.DeepEqual(got, atSnapshot) {
+		t.Errorf("b reopened with %+v, its snapshot held %+v", got, atSnapshot)
+	}
+	n.heal("b")
+	waitFor(t, "b catches up", 5*time.Second, func() bool { return reflect.DeepEqual(b.Authority(), want) })
+	if va, _ := want.Volume("vol"); !va.IsOutdated("b") {
+		t.Errorf("the state b caught up with: %+v", want)
+	}
+	waitFor(t, "b sees the leader", 5*time.Second, func() bool { s := b.Status(); return s.Leader != "" && s.Quorum })
+}
+
+// TestAddAndRemoveVoter: a node started without bootstrap becomes a voter
+// through AddVoter (proposed on a follower) and receives the state
+// machine; RemoveVoter takes it out again, and it hears from no leader.
+func TestAddAndRemoveVoter(t *testing.T) {
+	n, leader := threeNodes(t)
+	ctx := testContext(t, 10*time.Second)
+	follower := n.follower(t, leader)
+	d := n.defineSpare(member("d"))
+	dc := n.start("d")
+	if err := follower.AddVoter(ctx, d); err != nil {
+		t.Fatalf("add d: %v", err)
+	}
+	for _, c := range n.nodes() {
+		waitFor(t, c.self+" counts d a voter", 5*time.Second, func() bool {
+			return slices.Equal(c.Status().Voters, []string{"a", "b", "d", "w"})
+		})
+	}
+	waitFor(t, "d receives the state machine", 5*time.Second, func() bool {
+		return reflect.DeepEqual(dc.Authority(), leader.Authority())
+	})
+
+	if err := follower.RemoveVoter(ctx, "d"); err != nil {
+		t.Fatalf("remove d: %v", err)
+	}
+	for _, name := range []string{"a", "b", "w"} {
+		c := n.node(name)
+		waitFor(t, name+" no longer counts d", 5*time.Second, func() bool {
+			return slices.Equal(c.Status().Voters, []string{"a", "b", "w"})
+		})
+	}
+	waitFor(t, "d hears from no leader", 5*time.Second, func() bool { return dc.Status().Leader == "" })
+}

@@ -1,0 +1,14 @@
+// Package cluster is cluster membership and authority for one node: raft
+// decides, memberlist hints. Raft (hashicorp/raft, every node of the
+// cluster file a voter, a witness too) holds the replication.Authority:
+// per volume the primary, its epoch and who is UpToDate or Outdated. The
+// leader grants the primary its lease and says when no lease can still be
+// valid (LeaseFree), the condition for promoting another node. Memberlist
+// gossips liveness and each node's metadata: a fast hint, never the
+// authority.
+//
+// It imports metadata (the raft log on bbolt) and replication (the rules)
+// and nothing of node or transport: the node layer carries forwarded
+// requests to the leader through a Forwarder it implements. A Cluster is
+// safe for concurrent use; several run in one process (no globals).
+package cluster

@@ -1,0 +1,337 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/replvol/replvol/replication"
+)
+
+// ForwardKind names what a ForwardRequest asks of the leader.
+type ForwardKind string
+
+// Requests to the leader.
+const (
+	KindPropose      ForwardKind = "propose"
+	KindRenewLease   ForwardKind = "renew-lease"
+	KindReleaseLease ForwardKind = "release-lease"
+	KindAddVoter     ForwardKind = "add-voter"
+	KindRemoveVoter  ForwardKind = "remove-voter"
+)
+
+// ForwardRequest is a request a node sends the leader; it encodes to JSON.
+type ForwardRequest struct {
+	Kind ForwardKind `json:"kind"`
+	// From is the sending node (the lease holder for a lease request).
+	From    string                        `json:"from"`
+	Command *replication.AuthorityCommand `json:"command,omitempty"` // propose
+	Volume  string                        `json:"volume,omitempty"`  // leases
+	Epoch   uint64                        `json:"epoch,omitempty"`   // leases
+	Member  *Member                       `json:"member,omitempty"`  // add-voter, remove-voter (Name only)
+}
+
+// ForwardReply is the leader's answer. Code is empty on success; otherwise
+// it names the error's class and Message is its text, which the proposer
+// turns back into an error that errors.Is matches against the same
+// sentinel (replication.ErrStaleEpoch, ErrNoQuorum, ...).
+type ForwardReply struct {
+	// Volume is the volume's state after a proposal, or its current
+	// state when the proposal was refused.
+	Volume  replication.VolumeAuthority `json:"volume"`
+	Code    string                      `json:"code,omitempty"`
+	Message string                      `json:"message,omitempty"`
+}
+
+// Errors of this package, checked with errors.Is.
+var (
+	// ErrNoQuorum: no leader with a majority answered in time; nothing
+	// was decided.
+	ErrNoQuorum = errors.New("no raft leader with a quorum")
+	// ErrOutcomeUnknown: the command reached raft but the leader lost its
+	// office (or the wait ended) before it was known applied; read
+	// Authority to learn whether it took effect.
+	ErrOutcomeUnknown = errors.New("outcome unknown")
+	// ErrPromotionPending: no lease is granted while a promotion of
+	// another node waits for the volume's lease to run out.
+	ErrPromotionPending = errors.New("a promotion is waiting for the lease to run out")
+	// ErrClosed: the Cluster (or its raft) is shut down.
+	ErrClosed = errors.New("cluster closed")
+	// ErrBadRequest: a forwarded request without what its kind needs.
+	ErrBadRequest = errors.New("malformed forward request")
+	// errNotLeader: the node asked is not the leader; the sender retries
+	// with the leader it learns of next.
+	errNotLeader = errors.New("not the raft leader")
+)
+
+// errorCodes name the error classes that cross a forward.
+var errorCodes = []struct {
+	code string
+	err  error
+}{
+	{"stale-epoch", replication.ErrStaleEpoch},
+	{"not-up-to-date", replication.ErrNotUpToDate},
+	{"unknown-volume", replication.ErrUnknownVolume},
+	{"not-primary", replication.ErrNotPrimary},
+	{"not-a-data-node", replication.ErrNotADataNode},
+	{"removes-primary", replication.ErrRemovesPrimary},
+	{"bad-command", replication.ErrBadCommand},
+	{"no-quorum", ErrNoQuorum},
+	{"outcome-unknown", ErrOutcomeUnknown},
+	{"promotion-pending", ErrPromotionPending},
+	{"closed", ErrClosed},
+	{"bad-request", ErrBadRequest},
+	{"not-leader", errNotLeader},
+}
+
+// replyOf encodes the leader's result.
+func replyOf(va replication.VolumeAuthority, err error) ForwardReply {
+	r := ForwardReply{Volume: va}
+	if err == nil {
+		return r
+	}
+	r.Code, r.Message = "error", err.Error()
+	for _, e := range errorCodes {
+		if errors.Is(err, e.err) {
+			r.Code = e.code
+			break
+		}
+	}
+	return r
+}
+
+// Err decodes the reply's error: nil, or an error that errors.Is matches
+// against the sentinel its code names.
+func (r ForwardReply) Err() error {
+	if r.Code == "" {
+		return nil
+	}
+	for _, e := range errorCodes {
+		if e.code == r.Code {
+			return &remoteError{msg: r.Message, class: e.err}
+		}
+	}
+	return errors.New(r.Message)
+}
+
+// remoteError is an error the leader returned: its text, and its class
+// for errors.Is.
+type remoteError struct {
+	msg   string
+	class error
+}
+
+func (e *remoteError) Error() string { return e.msg }
+func (e *remoteError) Unwrap() error { return e.class }
+
+// Propose submits cmd to raft: Apply on the leader, through the Forwarder
+// from any other node. It returns once the leader applied it, with the
+// volume's new state, or with the typed error of
+// replication.Authority.Apply and the volume's current state. A promotion
+// that changes the primary first waits, on the leader, until LeaseFree
+// (refusing the old primary's renewals meanwhile): up to
+// LeaseDuration×(1+LeaseDrift) after the old primary's last renewal, or
+// after the leader took office; give ctx that much. A promotion already
+// in place (the node is primary at Epoch+1) succeeds. When the Forwarder
+// fails, Propose waits for another leader and tries it, until ctx ends.
+// Other errors: ErrNoQuorum, ErrOutcomeUnknown, ErrClosed, the
+// Forwarder's.
+func (c *Cluster) Propose(ctx context.Context, cmd replication.AuthorityCommand) (replication.VolumeAuthority, error) {
+	reply, err := c.toLeader(ctx, ForwardRequest{Kind: KindPropose, From: c.self, Command: &cmd})
+	va := reply.Volume
+	if cmd.Op == replication.OpPromote && errors.Is(err, replication.ErrStaleEpoch) &&
+		va.Primary == cmd.Node && va.Epoch == cmd.Epoch+1 {
+		return va, nil // in place already: a retry after a lost reply, or the same decision twice
+	}
+	return va, err
+}
+
+// AddVoter adds m to raft as a voter (runtime membership); m's node runs
+// with NoBootstrap. It also gossips with m from now on.
+func (c *Cluster) AddVoter(ctx context.Context, m Member) error {
+	if err := m.validate(); err != nil {
+		return err
+	}
+	c.gossip.add(m)
+	_, err := c.toLeader(ctx, ForwardRequest{Kind: KindAddVoter, From: c.self, Member: &m})
+	return err
+}
+
+// RemoveVoter removes the node from raft. A removed follower is not told:
+// it hears from no leader any more and starts no election; close it. A
+// removed leader steps down and shuts its raft down.
+func (c *Cluster) RemoveVoter(ctx context.Context, name string) error {
+	_, err := c.toLeader(ctx, ForwardRequest{Kind: KindRemoveVoter, From: c.self, Member: &Member{Name: name}})
+	if err == nil {
+		c.gossip.remove(name)
+	}
+	return err
+}
+
+// toLeader runs req on the leader: here if this node leads, else through
+// the Forwarder. It follows the leader as it changes, until ctx ends.
+func (c *Cluster) toLeader(ctx context.Context, req ForwardRequest) (ForwardReply, error) {
+	for {
+		leader, err := c.waitLeader(ctx)
+		if err != nil {
+			return ForwardReply{}, err
+		}
+		var reply ForwardReply
+		if leader == c.self {
+			reply = c.HandleForward(ctx, req)
+		} else if reply, err = c.cfg.Forward(ctx, leader, req); err != nil {
+			// The leader may be gone: try the next one. Every request may
+			// run twice (commands compare-and-set the epoch or repeat
+			// harmlessly; a renewal's lease counts from the first send).
+			err = fmt.Errorf("forward %s to the leader %s: %w", req.Kind, leader, err)
+			if werr := c.waitLeaderOtherThan(ctx, leader); werr != nil {
+				return ForwardReply{}, fmt.Errorf("%w; %w", err, werr)
+			}
+			continue
+		}
+		err = reply.Err()
+		if !errors.Is(err, errNotLeader) {
+			return reply, err
+		}
+		if err := c.waitLeaderOtherThan(ctx, leader); err != nil {
+			return ForwardReply{}, err
+		}
+	}
+}
+
+// HandleForward runs a forwarded request on this node, the leader. Its
+// errors travel in the reply; a node that is not (any more) the leader
+// answers so, and the sender tries the next leader.
+func (c *Cluster) HandleForward(ctx context.Context, req ForwardRequest) ForwardReply {
+	if c.ctx.Err() != nil {
+		return replyOf(replication.VolumeAuthority{}, ErrClosed)
+	}
+	var va replication.VolumeAuthority
+	var err error
+	switch {
+	case req.Kind == KindPropose && req.Command != nil:
+		va, err = c.proposeHere(ctx, *req.Command)
+	case req.Kind == KindRenewLease:
+		err = c.grantLease(ctx, req.From, req.Volume, req.Epoch)
+	case req.Kind == KindReleaseLease:
+		err = c.releaseLease(req.From, req.Volume, req.Epoch)
+	case req.Kind == KindAddVoter && req.Member != nil:
+		err = c.addVoterHere(ctx, *req.Member)
+	case req.Kind == KindRemoveVoter && req.Member != nil && req.Member.Name != "":
+		err = c.changeConfiguration(ctx, c.raft.RemoveServer(raft.ServerID(req.Member.Name), 0, 0))
+	default:
+		err = fmt.Errorf("%w: %s from %s", ErrBadRequest, req.Kind, req.From)
+	}
+	return replyOf(va, err)
+}
+
+// proposeHere applies cmd on this node, the leader.
+func (c *Cluster) proposeHere(ctx context.Context, cmd replication.AuthorityCommand) (replication.VolumeAuthority, error) {
+	if c.raft.State() != raft.Leader {
+		return replication.VolumeAuthority{}, errNotLeader
+	}
+	if cmd.Op != replication.OpPromote {
+		return c.apply(ctx, cmd)
+	}
+	// A promotion: with the state machine current (barrier), a command
+	// its rules refuse is refused now, without waiting for a lease.
+	if err := c.barrier(ctx); err != nil {
+		return replication.VolumeAuthority{}, err
+	}
+	current := c.fsm.authority()
+	if _, va, err := current.Apply(cmd); err != nil {
+		return va, err
+	}
+	if va, _ := current.Volume(cmd.Volume); va.Primary != cmd.Node {
+		unfence := c.leases.fence(cmd.Volume)
+		defer unfence()
+		if err := c.waitLeaseFree(ctx, cmd.Volume); err != nil {
+			return va, err
+		}
+	}
+	return c.apply(ctx, cmd)
+}
+
+// apply commits cmd through raft on this node, the leader, and returns
+// what the state machine answered.
+func (c *Cluster) apply(ctx context.Context, cmd replication.AuthorityCommand) (replication.VolumeAuthority, error) {
+	data, err := json.Marshal(cmd)
+	if err != nil {
+		return replication.VolumeAuthority{}, fmt.Errorf("%w: %v", replication.ErrBadCommand, err)
+	}
+	f := c.raft.Apply(data, enqueueTimeout(ctx))
+	if err := waitFuture(ctx, f); err != nil {
+		return replication.VolumeAuthority{}, fmt.Errorf("%s %s: %w", cmd.Op, cmd.Volume, err)
+	}
+	res := f.Response().(applyResult)
+	return res.volume, res.err
+}
+
+// barrier commits an empty entry in this leader's term and waits until
+// the state machine applied everything before it: a majority accepted
+// this node as leader after the call began, and the state machine is
+// current.
+func (c *Cluster) barrier(ctx context.Context) error {
+	err := waitFuture(ctx, c.raft.Barrier(enqueueTimeout(ctx)))
+	switch {
+	case errors.Is(err, raft.ErrLeadershipLost):
+		return errNotLeader // a barrier changes nothing: the next leader may take the request
+	case err != nil:
+		return fmt.Errorf("raft barrier: %w", err)
+	}
+	return nil
+}
+
+func (c *Cluster) addVoterHere(ctx context.Context, m Member) error {
+	if err := m.validate(); err != nil {
+		return fmt.Errorf("%w: %v", ErrBadRequest, err)
+	}
+	c.gossip.add(m)
+	return c.changeConfiguration(ctx, c.raft.AddVoter(raft.ServerID(m.Name), raft.ServerAddress(m.Raft), 0, 0))
+}
+
+func (c *Cluster) changeConfiguration(ctx context.Context, f raft.IndexFuture) error {
+	if err := waitFuture(ctx, f); err != nil {
+		return fmt.Errorf("raft configuration change: %w", err)
+	}
+	return nil
+}
+
+// enqueueTimeout bounds raft's wait to take an entry: ctx's deadline, or
+// none.
+func enqueueTimeout(ctx context.Context) time.Duration {
+	if d, ok := ctx.Deadline(); ok {
+		return max(time.Until(d), time.Millisecond)
+	}
+	return 0
+}
+
+// waitFuture waits for a raft future, until ctx ends, and classes raft's
+// errors.
+func waitFuture(ctx context.Context, f raft.Future) error {
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, ctx.Err())
+	}
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, raft.ErrNotLeader):
+		return errNotLeader
+	case errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, raft.ErrAbortedByRestore):
+		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+	case errors.Is(err, raft.ErrRaftShutdown):
+		return fmt.Errorf("%w: %w", ErrClosed, err)
+	case errors.Is(err, raft.ErrEnqueueTimeout):
+		return fmt.Errorf("%w: %w", ErrNoQuorum, err)
+	}
+	return err
+}

@@ -1,0 +1,86 @@
+package cluster
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"sync"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/replvol/replvol/replication"
+)
+
+// fsm is raft's state machine: a replication.Authority, changed only by
+// Apply (log entries: JSON-encoded replication.AuthorityCommand) and
+// Restore. raft calls Apply, Snapshot and Restore from one goroutine;
+// readers take the state under mu. The state is a value that Apply
+// replaces and never changes, so a snapshot keeps it without copying.
+type fsm struct {
+	mu      sync.Mutex
+	state   replication.Authority
+	applied func() // signals Changed; must not block
+}
+
+var _ raft.FSM = (*fsm)(nil)
+
+// applyResult is what Apply returns to the leader's raft.ApplyFuture.
+type applyResult struct {
+	volume replication.VolumeAuthority
+	err    error
+}
+
+func (f *fsm) Apply(l *raft.Log) any {
+	var cmd replication.AuthorityCommand
+	if err := json.Unmarshal(l.Data, &cmd); err != nil {
+		return applyResult{err: fmt.Errorf("%w: raft entry %d: %v", replication.ErrBadCommand, l.Index, err)}
+	}
+	f.mu.Lock()
+	next, va, err := f.state.Apply(cmd)
+	f.state = next
+	f.mu.Unlock()
+	f.applied()
+	return applyResult{volume: va, err: err}
+}
+
+// authority returns the state; the caller must not change it.
+func (f *fsm) authority() replication.Authority {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.state
+}
+
+func (f *fsm) volume(name string) (replication.VolumeAuthority, bool) {
+	return f.authority().Volume(name)
+}
+
+func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
+	return fsmSnapshot{f.authority()}, nil
+}
+
+// Restore replaces the whole state with the snapshot's.
+func (f *fsm) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	var a replication.Authority
+	if err := json.NewDecoder(rc).Decode(&a); err != nil {
+		return fmt.Errorf("restore the authority snapshot: %w", err)
+	}
+	f.mu.Lock()
+	f.state = a
+	f.mu.Unlock()
+	f.applied()
+	return nil
+}
+
+type fsmSnapshot struct{ state replication.Authority }
+
+// Persist writes the state as JSON; raft runs it concurrently with Apply.
+func (s fsmSnapshot) Persist(sink raft.SnapshotSink) error {
+	if err := json.NewEncoder(sink).Encode(s.state); err != nil {
+		_ = sink.Cancel()
+		return fmt.Errorf("write the authority snapshot: %w", err)
+	}
+	return sink.Close()
+}
+
+func (fsmSnapshot) Release() {}

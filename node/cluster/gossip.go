@@ -1,0 +1,253 @@
+package cluster
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// Liveness is what gossip says of a node: a hint, never the authority.
+type Liveness string
+
+// Liveness values. memberlist v0.7.0 tells no event when it merely
+// suspects a node, and the nodes its Members returns point into its own
+// state (reading their State races with its updates), so a suspected node
+// stays Alive until it is declared Dead: within about 1 s with the
+// default Timing (suspicion included).
+const (
+	Alive Liveness = "alive"
+	// Dead: its probes failed and the suspicion ran out, unrefuted.
+	Dead Liveness = "dead"
+	// Left: it announced its leave.
+	Left Liveness = "left"
+	// Unknown: a member never heard of since this node started.
+	Unknown Liveness = "unknown"
+)
+
+// MemberState is one node as this node sees it.
+type MemberState struct {
+	Name  string   `json:"name"`
+	State Liveness `json:"state"`
+	// Since is when this node learned State (zero for Unknown).
+	Since   time.Time `json:"since,omitzero"`
+	Witness bool      `json:"witness,omitempty"`
+	// Voter: a voter in the latest raft configuration.
+	Voter bool `json:"voter"`
+	// Meta is what the node gave SetMeta, as last gossiped.
+	Meta []byte `json:"meta,omitempty"`
+}
+
+// gossip runs memberlist for one node. Memberlist calls the delegate
+// methods below with its own locks held (NotifyJoin, NotifyLeave and
+// NotifyUpdate under its nodeLock): they only record the event under mu,
+// a leaf lock never held while calling memberlist, and signal Changed
+// without blocking. Everything that calls memberlist runs in run's
+// goroutine or in the caller's, never in a callback.
+type gossip struct {
+	self    string
+	t       Timing
+	logger  *hclogger
+	changed func() // must not block
+	list    *memberlist.Memberlist
+
+	mu      sync.Mutex
+	members map[string]Member // whom to gossip with: the cluster file, AddVoter
+	seen    map[string]seenNode
+	meta    []byte
+	// metaDirty asks run to gossip a new meta.
+	metaDirty chan struct{}
+}
+
+type seenNode struct {
+	state Liveness
+	since time.Time
+	meta  []byte
+}
+
+func startGossip(self Member, members []Member, t Timing, logger *hclogger, changed func()) (*gossip, error) {
+	g := &gossip{
+		self: self.Name, t: t, logger: logger, changed: changed,
+		members:   map[string]Member{},
+		seen:      map[string]seenNode{},
+		metaDirty: make(chan struct{}, 1),
+	}
+	for _, m := range members {
+		g.members[m.Name] = m
+	}
+	host, portText, err := net.SplitHostPort(self.Gossip)
+	if err != nil {
+		return nil, err
+	}
+	port, err := strconv.Atoi(portText)
+	if err != nil {
+		return nil, fmt.Errorf("gossip port %q: %w", portText, err)
+	}
+	if host == "" {
+		host = "0.0.0.0"
+	} else if net.ParseIP(host) == nil { // memberlist binds IPs only
+		ip, err := net.ResolveIPAddr("ip", host)
+		if err != nil {
+			return nil, fmt.Errorf("gossip address %q: %w", self.Gossip, err)
+		}
+		host = ip.String()
+	}
+	mc := memberlist.DefaultLANConfig()
+	mc.Name = self.Name
+	mc.Label = "replvol"
+	mc.BindAddr, mc.BindPort, mc.AdvertisePort = host, port, port
+	mc.ProbeInterval, mc.ProbeTimeout = t.ProbeInterval, t.ProbeTimeout
+	mc.SuspicionMult, mc.SuspicionMaxTimeoutMult = t.SuspicionMult, 2
+	mc.GossipInterval = t.ProbeInterval / 2
+	mc.TCPTimeout = 5 * t.ProbeInterval
+	mc.PushPullInterval = 15 * time.Second
+	// A node that comes back with another address (a replaced machine) is
+	// accepted once it has been dead this long.
+	mc.DeadNodeReclaimTime = 10 * time.Second
+	mc.Delegate, mc.Events = g, g
+	mc.Logger = log.New(logger.StandardWriter(nil), "", 0)
+	if g.list, err = memberlist.Create(mc); err != nil {
+		return nil, fmt.Errorf("start gossip on %s: %w", self.Gossip, err)
+	}
+	return g, nil
+}
+
+// run joins the members it does not see alive, now and every
+// RejoinInterval (memberlist does not reconnect after a partition by
+// itself), and gossips new metadata. It returns when ctx ends.
+func (g *gossip) run(ctx context.Context) {
+	tick := time.NewTicker(g.t.RejoinInterval)
+	defer tick.Stop()
+	g.rejoin()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			g.rejoin()
+		case <-g.metaDirty:
+			if err := g.list.UpdateNode(g.t.RejoinInterval); err != nil {
+				g.logger.Debug("gossip the node's metadata", "err", err)
+			}
+		}
+	}
+}
+
+func (g *gossip) rejoin() {
+	var addrs []string
+	g.mu.Lock()
+	for name, m := range g.members {
+		if name != g.self && g.seen[name].state != Alive {
+			addrs = append(addrs, m.Gossip)
+		}
+	}
+	g.mu.Unlock()
+	if len(addrs) == 0 {
+		return
+	}
+	slices.Sort(addrs)
+	if n, err := g.list.Join(addrs); err != nil {
+		g.logger.Debug("gossip: join", "addresses", addrs, "joined", n, "err", err)
+	}
+}
+
+func (g *gossip) add(m Member) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.members[m.Name] = m
+}
+
+func (g *gossip) remove(name string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.members, name)
+}
+
+// setMeta stores this node's metadata and has run gossip it.
+func (g *gossip) setMeta(b []byte) error {
+	if len(b) > memberlist.MetaMaxSize {
+		return fmt.Errorf("gossip metadata of %d bytes: memberlist takes at most %d", len(b), memberlist.MetaMaxSize)
+	}
+	g.mu.Lock()
+	g.meta = slices.Clone(b)
+	g.mu.Unlock()
+	select {
+	case g.metaDirty <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// states returns every member of the cluster file and every node gossip
+// told of, by name.
+func (g *gossip) states() []MemberState {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []MemberState
+	for name, m := range g.members {
+		s := g.seen[name]
+		out = append(out, MemberState{Name: name, State: s.state, Since: s.since, Witness: m.Witness, Meta: slices.Clone(s.meta)})
+	}
+	for name, s := range g.seen {
+		if _, ok := g.members[name]; !ok {
+			out = append(out, MemberState{Name: name, State: s.state, Since: s.since, Meta: slices.Clone(s.meta)})
+		}
+	}
+	for i := range out {
+		if out[i].State == "" {
+			out[i].State = Unknown
+		}
+	}
+	slices.SortFunc(out, func(a, b MemberState) int { return cmp.Compare(a.Name, b.Name) })
+	return out
+}
+
+func (g *gossip) shutdown() error { return g.list.Shutdown() }
+
+// record notes what memberlist told of n; called under memberlist's lock.
+func (g *gossip) record(n *memberlist.Node, state Liveness) {
+	g.mu.Lock()
+	s := g.seen[n.Name]
+	if s.state != state {
+		s.state, s.since = state, time.Now()
+	}
+	s.meta = slices.Clone(n.Meta)
+	g.seen[n.Name] = s
+	g.mu.Unlock()
+	g.changed()
+}
+
+// memberlist.EventDelegate: under memberlist's nodeLock; record only.
+
+func (g *gossip) NotifyJoin(n *memberlist.Node)   { g.record(n, Alive) }
+func (g *gossip) NotifyUpdate(n *memberlist.Node) { g.record(n, Alive) }
+func (g *gossip) NotifyLeave(n *memberlist.Node) {
+	if n.State == memberlist.StateLeft {
+		g.record(n, Left)
+	} else {
+		g.record(n, Dead)
+	}
+}
+
+// memberlist.Delegate: only the metadata is used.
+
+func (g *gossip) NodeMeta(limit int) []byte {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.meta) > limit {
+		return nil // setMeta refuses more; never reached
+	}
+	return slices.Clone(g.meta)
+}
+
+func (g *gossip) NotifyMsg([]byte)                  {}
+func (g *gossip) GetBroadcasts(_, _ int) [][]byte   { return nil }
+func (g *gossip) LocalState(bool) []byte            { return nil }
+func (g *gossip) MergeRemoteState(_ []byte, _ bool) {}

@@ -1,0 +1,367 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// testTiming is tuned for loopback: raft notices a lost leader within
+// 300–600 ms, memberlist a dead node within about 1 s, and a lease lasts
+// 600 ms so that the lease tests stay quick.
+var testTiming = Timing{
+	HeartbeatTimeout:   300 * time.Millisecond,
+	ElectionTimeout:    300 * time.Millisecond,
+	LeaderLeaseTimeout: 150 * time.Millisecond,
+	RaftIOTimeout:      time.Second,
+	LeaseDuration:      600 * time.Millisecond,
+	RejoinInterval:     300 * time.Millisecond,
+}
+
+var errPartitioned = errors.New("test network: partitioned")
+
+// testNet runs Clusters in this process on 127.0.0.1. Raft's streams and
+// the forwarded requests pass through it, so it can cut a node off from
+// the others (gossip is not cut: tests that need a node gone for gossip
+// stop it).
+type testNet struct {
+	t        *testing.T
+	forwards atomic.Int64
+
+	mu       sync.Mutex
+	members  map[string]Member
+	initial  []Member // the cluster file every bootstrapping node gets
+	dirs     map[string]string
+	running  map[string]*Cluster
+	layers   map[string]*faultLayer
+	cut      map[string]bool
+	byRaft   map[string]string // raft address → node name
+	spare    map[string]bool   // added at runtime: NoBootstrap
+	listened map[string]net.Listener
+}
+
+func member(name string) Member  { return Member{Name: name} }
+func witness(name string) Member { return Member{Name: name, Witness: true} }
+
+func newTestNet(t *testing.T, members ...Member) *testNet {
+	n := &testNet{
+		t: t, members: map[string]Member{}, dirs: map[string]string{}, running: map[string]*Cluster{},
+		layers: map[string]*faultLayer{}, cut: map[string]bool{}, byRaft: map[string]string{},
+		spare: map[string]bool{}, listened: map[string]net.Listener{},
+	}
+	for _, m := range members {
+		n.initial = append(n.initial, n.define(m))
+	}
+	t.Cleanup(n.stopAll)
+	return n
+}
+
+// define picks the member's addresses and state directory.
+func (n *testNet) define(m Member) Member {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	m.Raft, m.Gossip = ln.Addr().String(), freeGossipAddr(n.t)
+	n.members[m.Name] = m
+	n.listened[m.Name] = ln
+	n.byRaft[m.Raft] = m.Name
+	n.dirs[m.Name] = filepath.Join(n.t.TempDir(), m.Name)
+	return m
+}
+
+// defineSpare adds a member that is in no one's cluster file: it starts
+// with NoBootstrap and joins through AddVoter.
+func (n *testNet) defineSpare(m Member) Member {
+	m = n.define(m)
+	n.spare[m.Name] = true
+	return m
+}
+
+// freeGossipAddr returns 127.0.0.1:port with port free for TCP and UDP
+// (memberlist binds both; a restarted node must find its old address).
+func freeGossipAddr(t *testing.T) string {
+	for range 20 {
+		tl, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := tl.Addr().String()
+		ul, err := net.ListenPacket("udp", addr)
+		tl.Close()
+		if err == nil {
+			ul.Close()
+			return addr
+		}
+	}
+	t.Fatal("no port free for both TCP and UDP")
+	return ""
+}
+
+func (n *testNet) start(name string) *Cluster {
+	n.t.Helper()
+	n.mu.Lock()
+	m := n.members[name]
+	ln := n.listened[name]
+	delete(n.listened, name)
+	members := n.initial
+	if n.spare[name] {
+		members = append(append([]Member{}, n.initial...), m)
+	}
+	n.mu.Unlock()
+	if ln == nil { // a restart: the same address again
+		var err error
+		if ln, err = net.Listen("tcp", m.Raft); err != nil {
+			n.t.Fatalf("listen again on %s: %v", m.Raft, err)
+		}
+	}
+	layer := &faultLayer{Listener: ln, net: n, name: name, conns: map[net.Conn]bool{}}
+	c, err := Open(Config{
+		Self: name, Members: members, Dir: n.dirs[name], Logger: testLogger(n.t),
+		RaftListener: layer, Forward: n.forwarder(name), NoBootstrap: n.spare[name], Timing: testTiming,
+	})
+	if err != nil {
+		n.t.Fatalf("open %s: %v", name, err)
+	}
+	n.mu.Lock()
+	n.running[name], n.layers[name] = c, layer
+	n.mu.Unlock()
+	return c
+}
+
+func (n *testNet) startAll() {
+	for _, m := range n.initial {
+		n.start(m.Name)
+	}
+}
+
+// stop closes the node as a crash would.
+func (n *testNet) stop(name string) {
+	n.t.Helper()
+	n.mu.Lock()
+	c := n.running[name]
+	delete(n.running, name)
+	n.mu.Unlock()
+	if err := c.Close(); err != nil {
+		n.t.Errorf("close %s: %v", name, err)
+	}
+}
+
+func (n *testNet) stopAll() {
+	n.mu.Lock()
+	var names []string
+	for name := range n.running {
+		names = append(names, name)
+	}
+	n.mu.Unlock()
+	for _, name := range names {
+		n.stop(name)
+	}
+}
+
+func (n *testNet) node(name string) *Cluster {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.running[name]
+}
+
+func (n *testNet) nodes() []*Cluster {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []*Cluster
+	for _, c := range n.running {
+		out = append(out, c)
+	}
+	return out
+}
+
+// partition cuts the node off (also before it starts): its raft
+// connections close, no new one opens, and forwarded requests from or to
+// it fail.
+func (n *testNet) partition(name string) {
+	n.mu.Lock()
+	n.cut[name] = true
+	layer := n.layers[name]
+	n.mu.Unlock()
+	if layer != nil {
+		layer.closeAll()
+	}
+}
+
+func (n *testNet) heal(name string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	delete(n.cut, name)
+}
+
+func (n *testNet) isCut(names ...string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, name := range names {
+		if n.cut[name] {
+			return true
+		}
+	}
+	return false
+}
+
+func (n *testNet) forwarder(from string) Forwarder {
+	return func(ctx context.Context, leader string, req ForwardRequest) (ForwardReply, error) {
+		if n.isCut(from, leader) {
+			return ForwardReply{}, errPartitioned
+		}
+		c := n.node(leader)
+		if c == nil {
+			return ForwardReply{}, fmt.Errorf("test network: %s is not running", leader)
+		}
+		n.forwards.Add(1)
+		return c.HandleForward(ctx, req), nil
+	}
+}
+
+// waitLeader waits until every running node names the same running
+// leader with a quorum, and returns it.
+func (n *testNet) waitLeader(t *testing.T) *Cluster {
+	t.Helper()
+	var leader *Cluster
+	waitFor(t, "one leader every running node agrees on", 5*time.Second, func() bool {
+		leader = nil
+		var name string
+		for _, c := range n.nodes() {
+			s := c.Status()
+			if s.Leader == "" || !s.Quorum || (name != "" && s.Leader != name) {
+				return false
+			}
+			name = s.Leader
+		}
+		leader = n.node(name)
+		return leader != nil && leader.raft.State() == raft.Leader
+	})
+	return leader
+}
+
+// follower returns a running node that is not the leader.
+func (n *testNet) follower(t *testing.T, leader *Cluster) *Cluster {
+	t.Helper()
+	for _, c := range n.nodes() {
+		if c != leader {
+			return c
+		}
+	}
+	t.Fatal("no follower running")
+	return nil
+}
+
+// waitFor polls cond, a condition on state the code under test changes,
+// every 2 ms until it holds or timeout passes.
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, timeout)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func testContext(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// faultLayer is a node's raft stream layer (net.Listener and Dial): it
+// refuses every connection from or to a partitioned node and closes those
+// it had when the node is cut off.
+type faultLayer struct {
+	net.Listener
+	net  *testNet
+	name string
+
+	mu    sync.Mutex
+	conns map[net.Conn]bool
+}
+
+func (l *faultLayer) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if l.net.isCut(l.name) {
+			c.Close()
+			continue
+		}
+		l.track(c)
+		return c, nil
+	}
+}
+
+func (l *faultLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	l.net.mu.Lock()
+	to := l.net.byRaft[string(addr)]
+	l.net.mu.Unlock()
+	if l.net.isCut(l.name, to) {
+		return nil, errPartitioned
+	}
+	c, err := net.DialTimeout("tcp", string(addr), timeout)
+	if err == nil {
+		l.track(c)
+	}
+	return c, err
+}
+
+func (l *faultLayer) track(c net.Conn) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.conns[c] = true
+}
+
+func (l *faultLayer) closeAll() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for c := range l.conns {
+		c.Close()
+	}
+	clear(l.conns)
+}
+
+// testLogger logs warnings and errors to the test's log, until the test
+// ends (raft's goroutines may log a little after Close).
+func testLogger(t *testing.T) *slog.Logger {
+	w := &testLogWriter{t: t}
+	t.Cleanup(w.stop)
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+type testLogWriter struct {
+	mu      sync.Mutex
+	t       *testing.T
+	stopped bool
+}
+
+func (w *testLogWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.stopped {
+		w.t.Log(strings.TrimRight(string(p), "\n"))
+	}
+	return len(p), nil
+}
+
+func (w *testLogWriter) stop() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stopped = true
+}

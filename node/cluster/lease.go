@@ -1,0 +1,238 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/replvol/replvol/replication"
+)
+
+// The primary's lease: a primary completes writes only while it holds one;
+// the leader promotes another node only once no lease can still be valid.
+//
+// Why the old lease has run out when LeaseFree is true. The primary notes
+// the time it SENDS a renewal and holds the lease until
+// sent + LeaseDuration×(1−drift) on its own monotonic clock. The leader
+// grants only after a raft barrier entry, appended after the request
+// arrived, is committed: a majority accepted the leader's term after the
+// request was sent. It then checks the state machine (current as of the
+// barrier) names the requester primary at that epoch, and records the
+// grant at a time after the send.
+//   - The same leader: LeaseFree waits LeaseDuration×(1+drift) after its
+//     last grant of that volume, and is false while a grant is in progress.
+//     A promotion fences the volume (no new grant starts) before it waits,
+//     and applies only after LeaseFree, so no grant slips in between.
+//   - Another leader: it was elected by a majority that shares a voter
+//     with the majority that committed the old leader's barrier; that
+//     voter accepted the barrier before it voted in the newer term. So the
+//     new leader took office after the request was sent, and LeaseFree
+//     waits LeaseDuration×(1+drift) from the moment raft told it it leads
+//     (raft blocks on the unbuffered NotifyCh before it acts as leader).
+//
+// Both hold while the clocks' rates differ by less than drift (0.05 by
+// default; quartz drifts by 1e-4 and NTP slews at most 5e-4). A paused
+// or overloaded primary is not covered by rates: it must check its lease
+// right before it completes a write, and the epoch fences its writes at
+// the secondaries anyway (DESIGN.md §2, invariants 1 and 3).
+type leases struct {
+	duration, hold time.Duration // LeaseDuration×(1−drift), ×(1+drift)
+
+	mu sync.Mutex
+	// leader and since mirror raft's NotifyCh: this node leads since.
+	leader bool
+	since  time.Time
+	// lastGrant is the last grant this node made per volume; pending
+	// counts grants in progress, fenced promotions waiting.
+	lastGrant map[string]time.Time
+	pending   map[string]int
+	fenced    map[string]int
+	// changed fires when a grant ends, a lease is released or leadership
+	// changes: a waiting promotion looks again.
+	changed *broadcast
+}
+
+func newLeases(t Timing) *leases {
+	d := float64(t.LeaseDuration)
+	return &leases{
+		duration:  time.Duration(d * (1 - t.LeaseDrift)),
+		hold:      time.Duration(d * (1 + t.LeaseDrift)),
+		lastGrant: map[string]time.Time{},
+		pending:   map[string]int{},
+		fenced:    map[string]int{},
+		changed:   newBroadcast(),
+	}
+}
+
+// setLeader records a leadership change as raft announces it.
+func (l *leases) setLeader(leader bool, now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.leader, l.since = leader, now
+	l.changed.fire()
+}
+
+// freeAt returns when volume's lease is free (no grant pending), or
+// pending; leading is false when this node is not the leader.
+func (l *leases) freeAt(volume string) (at time.Time, pending, leading bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	at = l.since.Add(l.hold)
+	if g, ok := l.lastGrant[volume]; ok && g.Add(l.hold).After(at) {
+		at = g.Add(l.hold)
+	}
+	return at, l.pending[volume] > 0, l.leader
+}
+
+// begin starts a grant, unless a promotion fenced the volume. The grant
+// must end with end.
+func (l *leases) begin(volume string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.fenced[volume] > 0 {
+		return fmt.Errorf("%w: volume %q", ErrPromotionPending, volume)
+	}
+	l.pending[volume]++
+	return nil
+}
+
+// end ends a grant; granted records it at now.
+func (l *leases) end(volume string, granted bool, now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.pending[volume]--; l.pending[volume] == 0 {
+		delete(l.pending, volume)
+	}
+	if granted {
+		l.lastGrant[volume] = now
+	}
+	l.changed.fire()
+}
+
+// fence stops new grants for volume until the returned func runs.
+func (l *leases) fence(volume string) (unfence func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.fenced[volume]++
+	return func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.fenced[volume]--; l.fenced[volume] == 0 {
+			delete(l.fenced, volume)
+		}
+	}
+}
+
+// release forgets volume's last grant.
+func (l *leases) release(volume string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.lastGrant, volume)
+	l.changed.fire()
+}
+
+// RenewLease asks the leader to renew this node's lease as primary of
+// volume at epoch. The lease is valid until the returned time, on the
+// monotonic clock: compare it with time.Now(), never store or send it. It
+// runs from the moment the request was SENT, for
+// LeaseDuration×(1−LeaseDrift). Give ctx a deadline before the current
+// lease ends: cut off from the leader, RenewLease waits for another one
+// until ctx ends. Errors: ErrStaleEpoch or ErrNotPrimary (another node is
+// primary: stop), ErrPromotionPending (a switchover is waiting for this
+// lease to run out), ErrNoQuorum, or the Forwarder's.
+func (c *Cluster) RenewLease(ctx context.Context, volume string, epoch uint64) (validUntil time.Time, err error) {
+	sent := time.Now()
+	if _, err := c.toLeader(ctx, ForwardRequest{Kind: KindRenewLease, From: c.self, Volume: volume, Epoch: epoch}); err != nil {
+		return time.Time{}, fmt.Errorf("renew the lease of %s at epoch %d: %w", volume, epoch, err)
+	}
+	return sent.Add(c.leases.duration), nil
+}
+
+// ReleaseLease gives up this node's lease of volume at epoch, so that a
+// switchover need not wait for it to run out. Call it only AFTER the
+// volume stopped completing writes here and no RenewLease for it is in
+// flight or will be sent at this epoch.
+func (c *Cluster) ReleaseLease(ctx context.Context, volume string, epoch uint64) error {
+	_, err := c.toLeader(ctx, ForwardRequest{Kind: KindReleaseLease, From: c.self, Volume: volume, Epoch: epoch})
+	return err
+}
+
+// LeaseFree reports, on the leader, that no lease of volume can still be
+// valid: this node has led for LeaseDuration×(1+LeaseDrift) (a new leader
+// cannot know what the old one granted), its own last grant is as old,
+// and no grant is in progress. On any other node it is false. Propose
+// waits for it before a promotion that changes the primary.
+func (c *Cluster) LeaseFree(volume string) bool {
+	at, pending, leading := c.leases.freeAt(volume)
+	return leading && !pending && !time.Now().Before(at) && c.raft.State() == raft.Leader
+}
+
+// grantLease is the leader's side of RenewLease.
+func (c *Cluster) grantLease(ctx context.Context, from, volume string, epoch uint64) error {
+	if c.raft.State() != raft.Leader {
+		return errNotLeader
+	}
+	if err := c.leases.begin(volume); err != nil {
+		return err
+	}
+	granted := false
+	defer func() { c.leases.end(volume, granted, time.Now()) }()
+	if err := c.barrier(ctx); err != nil {
+		return err
+	}
+	err := c.checkHolder(from, volume, epoch)
+	granted = err == nil
+	return err
+}
+
+// checkHolder returns nil if the state machine names from the primary of
+// volume at epoch.
+func (c *Cluster) checkHolder(from, volume string, epoch uint64) error {
+	va, ok := c.fsm.volume(volume)
+	if !ok {
+		return fmt.Errorf("%w %q", replication.ErrUnknownVolume, volume)
+	}
+	return va.CheckPrimary(from, epoch)
+}
+
+// releaseLease is the leader's side of ReleaseLease.
+func (c *Cluster) releaseLease(from, volume string, epoch uint64) error {
+	if c.raft.State() != raft.Leader {
+		return errNotLeader
+	}
+	if err := c.checkHolder(from, volume, epoch); err != nil {
+		return err
+	}
+	c.leases.release(volume)
+	return nil
+}
+
+// waitLeaseFree waits, on the leader, until LeaseFree(volume).
+func (c *Cluster) waitLeaseFree(ctx context.Context, volume string) error {
+	for {
+		changed := c.leases.changed.wait()
+		at, pending, leading := c.leases.freeAt(volume)
+		if !leading || c.raft.State() != raft.Leader {
+			return errNotLeader
+		}
+		wait := time.Until(at)
+		if !pending && wait <= 0 {
+			return nil
+		}
+		if pending || wait <= 0 {
+			wait = c.cfg.Timing.LeaseDuration // a grant's end fires changed
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-changed:
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			return fmt.Errorf("waiting for the lease of %s to run out: %w", volume, ctx.Err())
+		}
+		timer.Stop()
+	}
+}

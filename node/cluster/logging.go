@@ -1,0 +1,124 @@
+package cluster
+
+import (
+	"context"
+	"io"
+	"log"
+	"log/slog"
+	"strings"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// hclogger makes raft's logs (hclog) records of the node's slog logger.
+// It keeps no global state, so each Cluster logs to its own logger.
+type hclogger struct {
+	log  *slog.Logger
+	name string
+	args []any
+}
+
+var _ hclog.Logger = (*hclogger)(nil)
+
+func newHclogger(l *slog.Logger, name string) *hclogger { return &hclogger{log: l, name: name} }
+
+func slogLevel(l hclog.Level) slog.Level {
+	switch l {
+	case hclog.Trace:
+		return slog.LevelDebug - 4
+	case hclog.Debug:
+		return slog.LevelDebug
+	case hclog.Warn:
+		return slog.LevelWarn
+	case hclog.Error:
+		return slog.LevelError
+	}
+	return slog.LevelInfo
+}
+
+func (h *hclogger) Log(level hclog.Level, msg string, args ...any) {
+	if level == hclog.Off || !h.log.Enabled(context.Background(), slogLevel(level)) {
+		return
+	}
+	all := make([]any, 0, 2+len(h.args)+len(args))
+	all = append(append(append(all, "module", h.name), h.args...), args...)
+	h.log.Log(context.Background(), slogLevel(level), msg, all...)
+}
+
+func (h *hclogger) Trace(msg string, args ...any) { h.Log(hclog.Trace, msg, args...) }
+func (h *hclogger) Debug(msg string, args ...any) { h.Log(hclog.Debug, msg, args...) }
+func (h *hclogger) Info(msg string, args ...any)  { h.Log(hclog.Info, msg, args...) }
+func (h *hclogger) Warn(msg string, args ...any)  { h.Log(hclog.Warn, msg, args...) }
+func (h *hclogger) Error(msg string, args ...any) { h.Log(hclog.Error, msg, args...) }
+
+func (h *hclogger) enabled(l hclog.Level) bool {
+	return h.log.Enabled(context.Background(), slogLevel(l))
+}
+
+func (h *hclogger) IsTrace() bool { return h.enabled(hclog.Trace) }
+func (h *hclogger) IsDebug() bool { return h.enabled(hclog.Debug) }
+func (h *hclogger) IsInfo() bool  { return h.enabled(hclog.Info) }
+func (h *hclogger) IsWarn() bool  { return h.enabled(hclog.Warn) }
+func (h *hclogger) IsError() bool { return h.enabled(hclog.Error) }
+
+func (h *hclogger) ImpliedArgs() []any { return h.args }
+
+func (h *hclogger) With(args ...any) hclog.Logger {
+	c := *h
+	c.args = append(append([]any{}, h.args...), args...)
+	return &c
+}
+
+func (h *hclogger) Name() string { return h.name }
+
+func (h *hclogger) Named(name string) hclog.Logger {
+	c := *h
+	c.name = h.name + "." + name
+	return &c
+}
+
+func (h *hclogger) ResetNamed(name string) hclog.Logger {
+	c := *h
+	c.name = name
+	return &c
+}
+
+// SetLevel does nothing: the slog handler decides.
+func (h *hclogger) SetLevel(hclog.Level) {}
+
+func (h *hclogger) GetLevel() hclog.Level {
+	for _, l := range []hclog.Level{hclog.Trace, hclog.Debug, hclog.Info, hclog.Warn} {
+		if h.enabled(l) {
+			return l
+		}
+	}
+	return hclog.Error
+}
+
+func (h *hclogger) StandardLogger(*hclog.StandardLoggerOptions) *log.Logger {
+	return log.New(h.StandardWriter(nil), "", 0)
+}
+
+// StandardWriter takes the lines of a standard logger, like memberlist's
+// "[DEBUG] memberlist: …", and logs each at the level its prefix names.
+func (h *hclogger) StandardWriter(*hclog.StandardLoggerOptions) io.Writer {
+	return stdWriter{h}
+}
+
+type stdWriter struct{ h *hclogger }
+
+func (w stdWriter) Write(p []byte) (int, error) {
+	line := strings.TrimSpace(string(p))
+	level := hclog.Info
+	for prefix, l := range map[string]hclog.Level{
+		"[TRACE]": hclog.Trace, "[DEBUG]": hclog.Debug, "[INFO]": hclog.Info,
+		"[WARN]": hclog.Warn, "[ERR]": hclog.Error, "[ERROR]": hclog.Error,
+	} {
+		if rest, ok := strings.CutPrefix(line, prefix); ok {
+			level, line = l, strings.TrimSpace(rest)
+			break
+		}
+	}
+	w.h.Log(level, line)
+	return len(p), nil
+}

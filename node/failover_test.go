@@ -1,0 +1,117 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/replvol/replvol/node/cluster"
+	"github.com/replvol/replvol/replication"
+)
+
+// newRaftCluster is alpha and beta holding vol0 and the witness wit, each
+// with raft and gossip on 127.0.0.1 and tight timings: automatic failover.
+func newRaftCluster(t *testing.T, size int64) *testCluster {
+	t.Helper()
+	c := newTestCluster(t, size)
+	for i := range c.cfg.Nodes {
+		c.cfg.Nodes[i].Raft, c.cfg.Nodes[i].Gossip = freeAddr(t), freeAddr(t)
+	}
+	w := NodeConfig{Name: "wit", Role: RoleWitness, StateDir: filepath.Join(c.dir, "wit"), Control: freeAddr(t), Raft: freeAddr(t), Gossip: freeAddr(t)}
+	c.cfg.Nodes = append(c.cfg.Nodes, w)
+	if err := c.cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	timing := cluster.Timing{HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond, LeaseDuration: 900 * time.Millisecond}
+	for _, n := range []string{"alpha", "beta", "wit"} {
+		o := c.opts[n]
+		o.ClusterTiming = timing
+		c.opts[n] = o
+	}
+	return c
+}
+
+// TestWhenThePrimaryDiesAnUpToDateNodeTakesOver: alpha, the primary, is
+// killed; the raft leader promotes beta once alpha's lease has run out,
+// beta serves every write alpha acknowledged, and alpha comes back as an
+// UpToDate secondary.
+func TestWhenThePrimaryDiesAnUpToDateNodeTakesOver(t *testing.T) {
+	const size = 8 << 20
+	c := newRaftCluster(t, size)
+	c.start("wit")
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	ctx := context.Background()
+	a := c.vol("alpha")
+	eventually(t, func() bool { return a.WriteAt(ctx, pattern(1, 64<<10), 0, false) == nil }, "alpha serves under its lease")
+	eventually(t, func() bool {
+		va, ok := c.nodes["wit"].cl.c.Authority().Volume("vol0")
+		return ok && va.IsUpToDate("beta")
+	}, "raft knows beta UpToDate")
+	writeRandomBlocks(t, a, 50, 3)
+	want := c.disk("alpha")[:size]
+	c.crash("alpha")
+	killed := time.Now()
+	b := c.vol("beta")
+	eventually(t, func() bool { return b.status().Role == "Primary" && b.status().Serving }, "beta promoted")
+	if err := b.WriteAt(ctx, pattern(2, 4096), 1<<20, false); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("failover: first write on beta %s after alpha was killed", time.Since(killed).Round(time.Millisecond))
+	got := make([]byte, size)
+	if err := b.ReadAt(ctx, got, 0); err != nil {
+		t.Fatal(err)
+	}
+	copy(want[1<<20:], pattern(2, 4096))
+	if !bytes.Equal(got, want) {
+		t.Fatal("beta does not hold every write alpha acknowledged")
+	}
+	c.start("alpha")
+	c.waitInSync()
+	st := c.status()
+	if st.Volumes[0].Primary != "beta" || replica(st, "alpha").Role != "Secondary" {
+		t.Fatalf("after alpha came back: primary %s, alpha %s", st.Volumes[0].Primary, replica(st, "alpha").Role)
+	}
+	if st.Cluster.Failover != "auto" || st.Cluster.Leader == "" {
+		t.Fatalf("cluster status %+v", st.Cluster)
+	}
+	c.requireIdentical()
+}
+
+// TestAnOutdatedNodeIsNotPromoted: beta misses a write (it is
+// disconnected), so raft records it Outdated before the write completes;
+// when alpha dies, nobody is promoted and status says why.
+func TestAnOutdatedNodeIsNotPromoted(t *testing.T) {
+	c := newRaftCluster(t, 8<<20)
+	c.start("wit")
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	ctx := context.Background()
+	a := c.vol("alpha")
+	eventually(t, func() bool { return a.WriteAt(ctx, pattern(1, 4096), 0, false) == nil }, "alpha serves")
+	c.vol("beta").setAdminDown(true)
+	eventually(t, func() bool { return a.peers["beta"].session() == nil }, "beta disconnected")
+	if err := a.WriteAt(ctx, pattern(2, 4096), 4096, false); err != nil {
+		t.Fatal(err)
+	}
+	// The proposal returned once the leader applied it: its state
+	// machine says so already.
+	leader := c.nodes[c.status().Cluster.Leader]
+	va, _ := leader.cl.c.Authority().Volume("vol0")
+	if !va.IsOutdated("beta") {
+		t.Fatalf("a write beta missed completed, but raft does not have beta Outdated: %+v", va)
+	}
+	c.crash("alpha")
+	eventually(t, func() bool {
+		return c.status().Cluster.Reason != ""
+	}, "status says why nobody takes over")
+	// The leader decided: nobody is promoted.
+	if st := c.vol("beta").status(); st.Role == string(replication.Primary) {
+		t.Fatal("an Outdated node was promoted by itself")
+	}
+	t.Logf("cluster: %+v", c.status().Cluster)
+}

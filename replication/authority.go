@@ -1,0 +1,359 @@
+package replication
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+)
+
+// Authority is the cluster's state machine (the raft FSM's state): per
+// volume, which node is primary at which epoch and which data nodes hold
+// every acknowledged write. It is the only place that assigns an epoch.
+//
+// It is a value: Apply returns a new Authority and never changes the one
+// it is called on, so a snapshot may keep one while later commands apply,
+// and readers may share it. Apply is deterministic (raft replays it on
+// every node) and the whole state encodes to JSON (raft snapshots).
+type Authority struct {
+	Volumes map[string]VolumeAuthority `json:"volumes,omitempty"`
+}
+
+// VolumeAuthority is what the cluster decided for one volume. UpToDate and
+// Outdated are sorted sets of data nodes; a data node is in at most one of
+// them. A data node in neither is unknown: being synced, or never synced.
+// Neither kind of node, nor a node outside DataNodes, may become primary
+// without force.
+type VolumeAuthority struct {
+	Primary string `json:"primary"`
+	// Epoch grows by one with every promotion; every replication message
+	// carries it.
+	Epoch     uint64   `json:"epoch"`
+	DataNodes []string `json:"data_nodes,omitempty"`
+	UpToDate  []string `json:"up_to_date,omitempty"`
+	Outdated  []string `json:"outdated,omitempty"`
+}
+
+// AuthorityOp names an authority command.
+type AuthorityOp string
+
+// Authority commands. Each is described at its constructor.
+const (
+	OpInit         AuthorityOp = "init"
+	OpMarkOutdated AuthorityOp = "mark-outdated"
+	OpMarkUpToDate AuthorityOp = "mark-up-to-date"
+	OpPromote      AuthorityOp = "promote"
+	OpSetDataNodes AuthorityOp = "set-data-nodes"
+)
+
+// AuthorityCommand is one entry of the raft log: a tagged struct, the
+// fields each Op reads are listed at its constructor. Epoch is the epoch
+// the proposer saw (compare-and-set): a command whose Epoch is not the
+// volume's fails with ErrStaleEpoch and changes nothing. Only init reads
+// it as the epoch to start at, and set-data-nodes ignores it.
+type AuthorityCommand struct {
+	Op     AuthorityOp `json:"op"`
+	Volume string      `json:"volume"`
+	Node   string      `json:"node,omitempty"`
+	Epoch  uint64      `json:"epoch"`
+	Nodes  []string    `json:"nodes,omitempty"`
+	Force  bool        `json:"force,omitempty"`
+}
+
+// InitCommand registers a volume the cluster does not know yet: primary
+// at epoch, UpToDate; the other data nodes Outdated. For a volume the
+// cluster knows, it changes nothing and returns the current state, so
+// every node may propose it at start.
+func InitCommand(volume, primary string, epoch uint64, dataNodes []string) AuthorityCommand {
+	return AuthorityCommand{Op: OpInit, Volume: volume, Node: primary, Epoch: epoch, Nodes: dataNodes}
+}
+
+// MarkOutdatedCommand records that node misses writes the primary at epoch
+// completed (or is about to complete) without it. Only the primary at
+// that epoch should propose it; the node layer checks who proposes.
+func MarkOutdatedCommand(volume string, epoch uint64, node string) AuthorityCommand {
+	return AuthorityCommand{Op: OpMarkOutdated, Volume: volume, Node: node, Epoch: epoch}
+}
+
+// MarkUpToDateCommand records that node holds every write again (its
+// resync from the primary at epoch finished).
+func MarkUpToDateCommand(volume string, epoch uint64, node string) AuthorityCommand {
+	return AuthorityCommand{Op: OpMarkUpToDate, Volume: volume, Node: node, Epoch: epoch}
+}
+
+// PromoteCommand makes node the primary at epoch+1. Without force the node
+// must be UpToDate. With force any data node is promoted and becomes the
+// only UpToDate one: every other data node is Outdated and resyncs from it.
+// The old primary otherwise keeps its disk state; a new primary that
+// completes a write without it marks it Outdated first, as for any peer.
+func PromoteCommand(volume string, epoch uint64, node string, force bool) AuthorityCommand {
+	return AuthorityCommand{Op: OpPromote, Volume: volume, Node: node, Epoch: epoch, Force: force}
+}
+
+// SetDataNodesCommand replaces the volume's data nodes (runtime
+// membership): a node that leaves is dropped from both sets, a node that
+// joins starts Outdated. The primary cannot be removed.
+func SetDataNodesCommand(volume string, nodes []string) AuthorityCommand {
+	return AuthorityCommand{Op: OpSetDataNodes, Volume: volume, Nodes: nodes}
+}
+
+// Errors of Apply, checked with errors.Is. Each comes wrapped with the
+// details.
+var (
+	// ErrStaleEpoch: the command was proposed for an epoch the volume is no
+	// longer (or not yet) at.
+	ErrStaleEpoch = errors.New("stale epoch")
+	// ErrNotUpToDate: a promotion without force of a node that is Outdated
+	// or unknown (it may miss acknowledged writes).
+	ErrNotUpToDate = errors.New("not UpToDate")
+	// ErrUnknownVolume: no init for this volume was applied.
+	ErrUnknownVolume = errors.New("unknown volume")
+	// ErrNotPrimary: the node is not the volume's primary at that epoch.
+	ErrNotPrimary = errors.New("not primary")
+	// ErrNotADataNode: the node holds no copy of the volume (a witness, a
+	// removed node, a typo).
+	ErrNotADataNode = errors.New("not a data node of the volume")
+	// ErrRemovesPrimary: set-data-nodes without the current primary.
+	ErrRemovesPrimary = errors.New("would remove the primary")
+	// ErrBadCommand: a command no rule accepts (unknown op, empty names).
+	ErrBadCommand = errors.New("malformed authority command")
+)
+
+// Volume returns the state of one volume.
+func (a Authority) Volume(name string) (VolumeAuthority, bool) {
+	va, ok := a.Volumes[name]
+	return va, ok
+}
+
+// Clone returns a deep copy, for a caller that wants to change it.
+func (a Authority) Clone() Authority {
+	if a.Volumes == nil {
+		return Authority{}
+	}
+	c := Authority{Volumes: make(map[string]VolumeAuthority, len(a.Volumes))}
+	for name, va := range a.Volumes {
+		c.Volumes[name] = va.clone()
+	}
+	return c
+}
+
+// Apply applies cmd. It returns the new Authority and the volume's new
+// state, or, with an error, a itself and the volume's current state
+// (useful to a proposer that lost a race: it learns the epoch).
+func (a Authority) Apply(cmd AuthorityCommand) (Authority, VolumeAuthority, error) {
+	if cmd.Volume == "" {
+		return a, VolumeAuthority{}, fmt.Errorf("%w: %s without a volume", ErrBadCommand, cmd.Op)
+	}
+	cur, known := a.Volumes[cmd.Volume]
+	if cmd.Op == OpInit && known {
+		return a, cur.clone(), nil
+	}
+	if cmd.Op != OpInit && !known {
+		return a, VolumeAuthority{}, fmt.Errorf("%w %q", ErrUnknownVolume, cmd.Volume)
+	}
+	var next VolumeAuthority
+	var err error
+	switch cmd.Op {
+	case OpInit:
+		next, err = initVolume(cmd)
+	case OpMarkOutdated, OpMarkUpToDate:
+		next, err = cur.mark(cmd)
+	case OpPromote:
+		next, err = cur.promote(cmd)
+	case OpSetDataNodes:
+		next, err = cur.setDataNodes(cmd)
+	default:
+		err = fmt.Errorf("%w: op %q", ErrBadCommand, cmd.Op)
+	}
+	if err != nil {
+		return a, cur.clone(), fmt.Errorf("volume %q: %w", cmd.Volume, err)
+	}
+	out := Authority{Volumes: maps.Clone(a.Volumes)}
+	if out.Volumes == nil {
+		out.Volumes = make(map[string]VolumeAuthority, 1)
+	}
+	out.Volumes[cmd.Volume] = next
+	return out, next.clone(), nil
+}
+
+func initVolume(cmd AuthorityCommand) (VolumeAuthority, error) {
+	nodes, err := nodeSet(cmd.Nodes)
+	if err != nil {
+		return VolumeAuthority{}, err
+	}
+	if !slices.Contains(nodes, cmd.Node) {
+		return VolumeAuthority{}, fmt.Errorf("%w: primary %q is not among %s", ErrNotADataNode, cmd.Node, strings.Join(nodes, ", "))
+	}
+	return VolumeAuthority{
+		Primary:   cmd.Node,
+		Epoch:     cmd.Epoch,
+		DataNodes: nodes,
+		UpToDate:  []string{cmd.Node},
+		Outdated:  without(nodes, cmd.Node),
+	}, nil
+}
+
+func (va VolumeAuthority) mark(cmd AuthorityCommand) (VolumeAuthority, error) {
+	if err := va.check(cmd); err != nil {
+		return va, err
+	}
+	next := va.clone()
+	if cmd.Op == OpMarkOutdated {
+		next.UpToDate, next.Outdated = without(va.UpToDate, cmd.Node), with(va.Outdated, cmd.Node)
+	} else {
+		next.Outdated, next.UpToDate = without(va.Outdated, cmd.Node), with(va.UpToDate, cmd.Node)
+	}
+	return next, nil
+}
+
+func (va VolumeAuthority) promote(cmd AuthorityCommand) (VolumeAuthority, error) {
+	if err := va.check(cmd); err != nil {
+		return va, err
+	}
+	if !cmd.Force && !va.IsUpToDate(cmd.Node) {
+		state := "unknown (being synced or never synced)"
+		if va.IsOutdated(cmd.Node) {
+			state = "Outdated"
+		}
+		return va, fmt.Errorf("%w: %s is %s; only force promotes it, and loses the writes it misses", ErrNotUpToDate, cmd.Node, state)
+	}
+	next := va.clone()
+	next.Primary, next.Epoch = cmd.Node, va.Epoch+1
+	if cmd.Force {
+		next.UpToDate, next.Outdated = []string{cmd.Node}, without(va.DataNodes, cmd.Node)
+	}
+	return next, nil
+}
+
+func (va VolumeAuthority) setDataNodes(cmd AuthorityCommand) (VolumeAuthority, error) {
+	nodes, err := nodeSet(cmd.Nodes)
+	if err != nil {
+		return va, err
+	}
+	if !slices.Contains(nodes, va.Primary) {
+		return va, fmt.Errorf("%w %s", ErrRemovesPrimary, va.Primary)
+	}
+	next := va.clone()
+	next.DataNodes, next.UpToDate, next.Outdated = nodes, nil, nil
+	for _, n := range nodes {
+		switch {
+		case va.IsUpToDate(n):
+			next.UpToDate = append(next.UpToDate, n)
+		case va.IsOutdated(n) || !slices.Contains(va.DataNodes, n):
+			next.Outdated = append(next.Outdated, n)
+		}
+	}
+	return next, nil
+}
+
+// check applies the compare-and-set on the epoch and requires cmd.Node to
+// be a data node.
+func (va VolumeAuthority) check(cmd AuthorityCommand) error {
+	if cmd.Epoch != va.Epoch {
+		return fmt.Errorf("%w: %s proposed at epoch %d, the volume is at %d", ErrStaleEpoch, cmd.Op, cmd.Epoch, va.Epoch)
+	}
+	if !slices.Contains(va.DataNodes, cmd.Node) {
+		return fmt.Errorf("%w: %q (data nodes: %s)", ErrNotADataNode, cmd.Node, strings.Join(va.DataNodes, ", "))
+	}
+	return nil
+}
+
+// CheckPrimary returns nil if node is the primary at epoch, else
+// ErrStaleEpoch (the epoch moved on) or ErrNotPrimary.
+func (va VolumeAuthority) CheckPrimary(node string, epoch uint64) error {
+	if epoch != va.Epoch {
+		return fmt.Errorf("%w: %s asks at epoch %d, the volume is at %d (primary %s)", ErrStaleEpoch, node, epoch, va.Epoch, va.Primary)
+	}
+	if node != va.Primary {
+		return fmt.Errorf("%w: %s at epoch %d; the primary is %s", ErrNotPrimary, node, epoch, va.Primary)
+	}
+	return nil
+}
+
+// IsUpToDate reports whether the cluster counts node as holding every
+// acknowledged write.
+func (va VolumeAuthority) IsUpToDate(node string) bool {
+	_, ok := slices.BinarySearch(va.UpToDate, node)
+	return ok
+}
+
+// IsOutdated reports whether the cluster recorded that node misses writes.
+func (va VolumeAuthority) IsOutdated(node string) bool {
+	_, ok := slices.BinarySearch(va.Outdated, node)
+	return ok
+}
+
+// ChooseFailover is the rule for an automatic failover, once the caller
+// has decided the primary is lost (its lease ran out): the first by name
+// of the data nodes that are UpToDate, alive and not the primary. Without
+// one it returns false and why, for status. dataNodes are the nodes the
+// caller counts as data nodes now (a witness never is); alive is the
+// caller's view (gossip).
+func ChooseFailover(va VolumeAuthority, alive map[string]bool, dataNodes []string) (node string, ok bool, why string) {
+	var dead []string               // UpToDate data nodes besides the primary, not alive
+	for _, n := range va.UpToDate { // sorted: the first alive one wins
+		if n == va.Primary || !slices.Contains(dataNodes, n) {
+			continue
+		}
+		if alive[n] {
+			return n, true, ""
+		}
+		dead = append(dead, n)
+	}
+	var outdatedAlive []string
+	for _, n := range va.Outdated {
+		if n != va.Primary && alive[n] && slices.Contains(dataNodes, n) {
+			outdatedAlive = append(outdatedAlive, n)
+		}
+	}
+	if len(dead) == 0 {
+		why = fmt.Sprintf("no UpToDate data node besides the primary %s", va.Primary)
+	} else {
+		why = fmt.Sprintf("no UpToDate node alive (%s not alive)", strings.Join(dead, ", "))
+	}
+	if len(outdatedAlive) > 0 {
+		why += fmt.Sprintf("; %s alive but Outdated (only a forced promotion takes it)", strings.Join(outdatedAlive, ", "))
+	}
+	return "", false, why
+}
+
+func (va VolumeAuthority) clone() VolumeAuthority {
+	va.DataNodes = slices.Clone(va.DataNodes)
+	va.UpToDate = slices.Clone(va.UpToDate)
+	va.Outdated = slices.Clone(va.Outdated)
+	return va
+}
+
+// nodeSet checks and sorts a list of node names, dropping repeats.
+func nodeSet(nodes []string) ([]string, error) {
+	if len(nodes) == 0 {
+		return nil, fmt.Errorf("%w: no data nodes", ErrBadCommand)
+	}
+	if slices.Contains(nodes, "") {
+		return nil, fmt.Errorf("%w: an empty node name", ErrBadCommand)
+	}
+	s := slices.Clone(nodes)
+	slices.Sort(s)
+	return slices.Compact(s), nil
+}
+
+// with returns the sorted set s plus n, as a new slice.
+func with(s []string, n string) []string {
+	i, found := slices.BinarySearch(s, n)
+	if found {
+		return slices.Clone(s)
+	}
+	return slices.Insert(slices.Clone(s), i, n)
+}
+
+// without returns the sorted set s minus n, as a new slice (nil if empty).
+func without(s []string, n string) []string {
+	var out []string
+	for _, x := range s {
+		if x != n {
+			out = append(out, x)
+		}
+	}
+	return out
+}

@@ -1,0 +1,245 @@
+package replication
+
+import (
+	"encoding/json"
+	"errors"
+	"reflect"
+	"testing"
+)
+
+// volumeAt is a volume state written as a case reads: primary, epoch, data
+// nodes, UpToDate, Outdated.
+func volumeAt(primary string, epoch uint64, data, upToDate, outdated []string) VolumeAuthority {
+	return VolumeAuthority{Primary: primary, Epoch: epoch, DataNodes: data, UpToDate: upToDate, Outdated: outdated}
+}
+
+func nodes(n ...string) []string { return n }
+
+// authorityOf is an Authority holding one volume, "vol".
+func authorityOf(va VolumeAuthority) Authority {
+	return Authority{Volumes: map[string]VolumeAuthority{"vol": va}}
+}
+
+// TestAuthorityApply pins the rules of the cluster's state machine, one
+// case per situation: who may be promoted (never an Outdated or unknown
+// node without force), that the epoch moves only by a promotion and only
+// from the epoch the proposer saw, and that a refused command changes
+// nothing. Every case also checks that Apply left its receiver as it was
+// (a raft snapshot may hold it).
+func TestAuthorityApply(t *testing.T) {
+	// Two data nodes a and b and a third data node c; w is a witness.
+	healthy := volumeAt("a", 7, nodes("a", "b", "c"), nodes("a", "b", "c"), nil)
+	bOutdated := volumeAt("a", 7, nodes("a", "b", "c"), nodes("a", "c"), nodes("b"))
+	cSyncing := volumeAt("a", 7, nodes("a", "b", "c"), nodes("a", "b"), nil)
+	cases := []struct {
+		name  string
+		start Authority
+		cmd   AuthorityCommand
+		want  VolumeAuthority // the volume after the command (its current state on an error)
+		err   error
+	}{
+		{"init makes the primary UpToDate and every other data node Outdated",
+			Authority{}, InitCommand("vol", "a", 3, nodes("b", "a", "c")),
+			volumeAt("a", 3, nodes("a", "b", "c"), nodes("a"), nodes("b", "c")), nil},
+		{"a second init of a known volume changes nothing and returns the state",
+			authorityOf(bOutdated), InitCommand("vol", "b", 1, nodes("a", "b")),
+			bOutdated, nil},
+		{"init with a primary that is not a data node is refused",
+			Authority{}, InitCommand("vol", "w", 1, nodes("a", "b")),
+			VolumeAuthority{}, ErrNotADataNode},
+		{"init without data nodes is refused",
+			Authority{}, InitCommand("vol", "a", 1, nil),
+			VolumeAuthority{}, ErrBadCommand},
+		{"the primary marks a secondary that missed a write Outdated",
+			authorityOf(healthy), MarkOutdatedCommand("vol", 7, "b"),
+			bOutdated, nil},
+		{"marking an Outdated node Outdated again changes nothing",
+			authorityOf(bOutdated), MarkOutdatedCommand("vol", 7, "b"),
+			bOutdated, nil},
+		{"a node being synced (unknown) is marked Outdated",
+			authorityOf(cSyncing), MarkOutdatedCommand("vol", 7, "c"),
+			volumeAt("a", 7, nodes("a", "b", "c"), nodes("a", "b"), nodes("c")), nil},
+		{"a secondary whose resync finished is marked UpToDate",
+			authorityOf(bOutdated), MarkUpToDateCommand("vol", 7, "b"),
+			healthy, nil},
+		{"a stale epoch changes nothing",
+			authorityOf(healthy), MarkOutdatedCommand("vol", 6, "b"),
+			healthy, ErrStaleEpoch},
+		{"a stale epoch never promotes, even an UpToDate node",
+			authorityOf(healthy), PromoteCommand("vol", 6, "b", false),
+			healthy, ErrStaleEpoch},
+		{"an epoch from the future changes nothing either",
+			authorityOf(healthy), MarkUpToDateCommand("vol", 8, "b"),
+			healthy, ErrStaleEpoch},
+		{"an UpToDate secondary is promoted at the next epoch",
+			authorityOf(healthy), PromoteCommand("vol", 7, "b", false),
+			volumeAt("b", 8, nodes("a", "b", "c"), nodes("a", "b", "c"), nil), nil},
+		{"the old primary keeps its disk state after a promotion",
+			authorityOf(bOutdated), PromoteCommand("vol", 7, "c", false),
+			volumeAt("c", 8, nodes("a", "b", "c"), nodes("a", "c"), nodes("b")), nil},
+		{"an Outdated node is never promoted without force",
+			authorityOf(bOutdated), PromoteCommand("vol", 7, "b", false),
+			bOutdated, ErrNotUpToDate},
+		{"a node being synced (unknown) is never promoted without force",
+			authorityOf(cSyncing), PromoteCommand("vol", 7, "c", false),
+			cSyncing, ErrNotUpToDate},
+		{"a forced promotion of an Outdated node makes it the only UpToDate node",
+			authorityOf(bOutdated), PromoteCommand("vol", 7, "b", true),
+			volumeAt("b", 8, nodes("a", "b", "c"), nodes("b"), nodes("a", "c")), nil},
+		{"a forced promotion of an UpToDate node outdates all the others too",
+			authorityOf(healthy), PromoteCommand("vol", 7, "c", true),
+			volumeAt("c", 8, nodes("a", "b", "c"), nodes("c"), nodes("a", "b")), nil},
+		{"force does not promote a witness",
+			authorityOf(healthy), PromoteCommand("vol", 7, "w", true),
+			healthy, ErrNotADataNode},
+		{"a witness cannot be marked",
+			authorityOf(healthy), MarkUpToDateCommand("vol", 7, "w"),
+			healthy, ErrNotADataNode},
+		{"a command for a volume never initialised is refused",
+			authorityOf(healthy), PromoteCommand("other", 7, "b", false),
+			VolumeAuthority{}, ErrUnknownVolume},
+		{"a new data node starts Outdated and a removed one leaves both sets",
+			authorityOf(bOutdated), SetDataNodesCommand("vol", nodes("d", "a", "c")),
+			volumeAt("a", 7, nodes("a", "c", "d"), nodes("a", "c"), nodes("d")), nil},
+		{"a node being synced stays unknown when the data nodes change",
+			authorityOf(cSyncing), SetDataNodesCommand("vol", nodes("a", "c")),
+			volumeAt("a", 7, nodes("a", "c"), nodes("a"), nil), nil},
+		{"the primary cannot be removed from the data nodes",
+			authorityOf(healthy), SetDataNodesCommand("vol", nodes("b", "c")),
+			healthy, ErrRemovesPrimary},
+		{"an unknown op is refused",
+			authorityOf(healthy), AuthorityCommand{Op: "demote", Volume: "vol", Epoch: 7, Node: "a"},
+			healthy, ErrBadCommand},
+		{"a command without a volume is refused",
+			authorityOf(healthy), MarkOutdatedCommand("", 7, "b"),
+			VolumeAuthority{}, ErrBadCommand},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := tc.start.Clone()
+			next, got, err := tc.start.Apply(tc.cmd)
+			if !errors.Is(err, tc.err) || (err == nil) != (tc.err == nil) {
+				t.Fatalf("error %v, want %v", err, tc.err)
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("volume\n got %+v\nwant %+v", got, tc.want)
+			}
+			if !reflect.DeepEqual(tc.start, before) {
+				t.Errorf("Apply changed its receiver: %+v, was %+v", tc.start, before)
+			}
+			if err != nil && !reflect.DeepEqual(next, tc.start) {
+				t.Errorf("a refused command changed the state: %+v", next)
+			}
+			if stored, _ := next.Volume(tc.cmd.Volume); !reflect.DeepEqual(stored, tc.want) {
+				t.Errorf("stored %+v, returned %+v", stored, tc.want)
+			}
+			// Changing what Apply returned must not reach the state.
+			if len(got.UpToDate) > 0 {
+				got.UpToDate[0] = "mutated"
+				if stored, _ := next.Volume(tc.cmd.Volume); stored.UpToDate[0] == "mutated" {
+					t.Error("the returned volume shares its sets with the state")
+				}
+			}
+		})
+	}
+}
+
+// TestAuthorityJSON pins that the state and the commands survive a JSON
+// round trip (raft snapshots and log entries) and encode the same bytes
+// every time (every node's snapshot of one state is identical).
+func TestAuthorityJSON(t *testing.T) {
+	var a Authority
+	for _, cmd := range []AuthorityCommand{
+		InitCommand("vol", "a", 1, nodes("a", "b", "c")),
+		InitCommand("other", "b", 4, nodes("a", "b")),
+		MarkUpToDateCommand("vol", 1, "b"),
+		PromoteCommand("vol", 1, "b", false),
+		PromoteCommand("other", 4, "a", true),
+	} {
+		raw, err := json.Marshal(cmd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var decoded AuthorityCommand
+		if err := json.Unmarshal(raw, &decoded); err != nil || !reflect.DeepEqual(decoded, cmd) {
+			t.Fatalf("command %s came back as %+v (%v)", raw, decoded, err)
+		}
+		if a, _, err = a.Apply(decoded); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first, err := json.Marshal(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Authority
+	if err := json.Unmarshal(first, &back); err != nil || !reflect.DeepEqual(back, a) {
+		t.Fatalf("state %s came back as %+v (%v)", first, back, err)
+	}
+	again, _ := json.Marshal(back)
+	if string(again) != string(first) {
+		t.Errorf("two encodings of one state differ:\n%s\n%s", first, again)
+	}
+}
+
+// TestChooseFailover pins the automatic failover rule: an alive UpToDate
+// data node other than the primary, the first by name; otherwise a reason.
+func TestChooseFailover(t *testing.T) {
+	data := nodes("a", "b", "c")
+	cases := []struct {
+		name  string
+		va    VolumeAuthority
+		alive []string
+		want  string // "" when there is none
+		why   string
+		data  []string // the caller's data nodes; nil: a, b, c
+	}{
+		{"an alive UpToDate secondary takes over",
+			volumeAt("a", 3, data, nodes("a", "b"), nodes("c")), nodes("b", "c"), "b", "", nil},
+		{"of two alive UpToDate secondaries the first by name takes over",
+			volumeAt("a", 3, data, nodes("a", "b", "c"), nil), nodes("c", "b"), "b", "", nil},
+		{"the primary is never chosen, even when it looks alive",
+			volumeAt("a", 3, data, nodes("a"), nodes("b", "c")), nodes("a", "b", "c"), "",
+			"no UpToDate data node besides the primary a; b, c alive but Outdated (only a forced promotion takes it)", nil},
+		{"an alive Outdated node is not chosen; the dead UpToDate one is named",
+			volumeAt("a", 3, data, nodes("a", "c"), nodes("b")), nodes("b"), "",
+			"no UpToDate node alive (c not alive); b alive but Outdated (only a forced promotion takes it)", nil},
+		{"a node being synced is not chosen",
+			volumeAt("a", 3, data, nodes("a"), nil), nodes("b", "c"), "",
+			"no UpToDate data node besides the primary a", nil},
+		{"an UpToDate node the caller no longer counts as a data node is not chosen",
+			volumeAt("a", 3, data, nodes("a", "c"), nil), nodes("c"), "",
+			"no UpToDate data node besides the primary a", nodes("a", "b")},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			alive := map[string]bool{}
+			for _, n := range tc.alive {
+				alive[n] = true
+			}
+			dataNodes := data
+			if tc.data != nil {
+				dataNodes = tc.data
+			}
+			got, ok, why := ChooseFailover(tc.va, alive, dataNodes)
+			if got != tc.want || ok != (tc.want != "") || why != tc.why {
+				t.Errorf("got %q %v %q, want %q %q", got, ok, why, tc.want, tc.why)
+			}
+		})
+	}
+}
+
+// TestCheckPrimary pins the question the leader asks before it grants a
+// lease: is the requester the primary at that epoch?
+func TestCheckPrimary(t *testing.T) {
+	va := volumeAt("a", 5, nodes("a", "b"), nodes("a", "b"), nil)
+	if err := va.CheckPrimary("a", 5); err != nil {
+		t.Errorf("the primary at its epoch: %v", err)
+	}
+	if err := va.CheckPrimary("a", 4); !errors.Is(err, ErrStaleEpoch) {
+		t.Errorf("the old primary at an older epoch: %v, want ErrStaleEpoch", err)
+	}
+	if err := va.CheckPrimary("b", 5); !errors.Is(err, ErrNotPrimary) {
+		t.Errorf("a secondary at the current epoch: %v, want ErrNotPrimary", err)
+	}
+}
