@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the tools the test suite, the linters and the benchmark need:
 # NBD clients and servers (libnbd-bin, python3-libnbd, qemu-utils, fio, nbdkit),
-# FUSE and loop tooling (fuse3, e2fsprogs, util-linux) and staticcheck.
+# FUSE and loop tooling (fuse3, e2fsprogs, util-linux), network namespaces
+# for partition tests (iproute2) and staticcheck.
 #
 # Idempotent: apt is skipped when every tool is already present, and
 # staticcheck is skipped when the pinned version is already installed.
@@ -9,10 +10,10 @@
 set -euo pipefail
 
 STATICCHECK_VERSION=0.8.2
-APT_PACKAGES=(libnbd-bin python3-libnbd qemu-utils fio nbdkit fuse3 e2fsprogs util-linux)
+APT_PACKAGES=(libnbd-bin python3-libnbd qemu-utils fio nbdkit fuse3 e2fsprogs util-linux iproute2)
 # One command per package (or the python module for python3-libnbd).
 TOOLS=(nbdinfo nbdcopy nbdfuse nbdsh qemu-io qemu-img qemu-nbd fio nbdkit fusermount3
-       mkfs.ext4 e2fsck losetup)
+       mkfs.ext4 e2fsck losetup ip)
 
 missing=()
 for t in "${TOOLS[@]}"; do

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/pprof"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -33,9 +34,16 @@ type testCluster struct {
 
 func newTestCluster(t testing.TB, size int64) *testCluster {
 	t.Helper()
+	return newTestClusterOf(t, size, "alpha", "beta")
+}
+
+// newTestClusterOf is newTestCluster with the given data nodes; the first
+// is the volume's primary.
+func newTestClusterOf(t testing.TB, size int64, names ...string) *testCluster {
+	t.Helper()
 	c := &testCluster{t: t, dir: t.TempDir(), cfg: &Config{}, nodes: map[string]*Node{}, opts: map[string]Options{}}
-	vol := VolumeConfig{Name: "vol0", Size: ByteSize(size), Protocol: "C", Primary: "alpha", Disks: map[string]DiskConfig{}}
-	for _, name := range []string{"alpha", "beta"} {
+	vol := VolumeConfig{Name: "vol0", Size: ByteSize(size), Protocol: "C", Primary: names[0], Disks: map[string]DiskConfig{}}
+	for _, name := range names {
 		nc := NodeConfig{Name: name, StateDir: filepath.Join(c.dir, name)}
 		nc.Control, nc.Replication, nc.NBD = freeAddr(t), freeAddr(t), freeAddr(t)
 		c.cfg.Nodes = append(c.cfg.Nodes, nc)
@@ -43,7 +51,7 @@ func newTestCluster(t testing.TB, size int64) *testCluster {
 		if err := os.WriteFile(img, nil, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.Truncate(img, deviceSize(t, size)); err != nil {
+		if err := os.Truncate(img, deviceSizeFor(t, size, len(names)-1)); err != nil {
 			t.Fatal(err)
 		}
 		vol.Disks[name] = SinglePath(img)
@@ -62,8 +70,11 @@ func newTestCluster(t testing.TB, size int64) *testCluster {
 
 // deviceSize is the backing file a volume of size bytes needs: the data
 // and the internal metadata at its end.
-func deviceSize(t testing.TB, size int64) int64 {
-	n, err := metadata.InternalDeviceSize(size, 0, 1)
+func deviceSize(t testing.TB, size int64) int64 { return deviceSizeFor(t, size, 1) }
+
+// deviceSizeFor is deviceSize with a bitmap for each of peers.
+func deviceSizeFor(t testing.TB, size int64, peers int) int64 {
+	n, err := metadata.InternalDeviceSize(size, 0, peers)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,15 +185,23 @@ func (c *testCluster) disk(name string) []byte {
 func (c *testCluster) requireIdentical() {
 	c.t.Helper()
 	size := int(c.cfg.Volumes[0].Size)
-	a, b := c.disk("alpha"), c.disk("beta")
-	if len(a) < size || len(b) < size {
-		c.t.Fatalf("backing files shorter than the volume: %d, %d", len(a), len(b))
+	var names []string
+	for name := range c.cfg.Volumes[0].Disks {
+		names = append(names, name)
 	}
-	a, b = a[:size], b[:size] // a multipath label may follow
-	if !bytes.Equal(a, b) {
-		for i := range a {
-			if a[i] != b[i] {
-				c.t.Fatalf("backing files differ, first at byte %d (block %d)", i, i/4096)
+	sort.Strings(names)
+	a := c.disk(names[0])
+	for _, other := range names[1:] {
+		b := c.disk(other)
+		if len(a) < size || len(b) < size {
+			c.t.Fatalf("backing files shorter than the volume: %d, %d", len(a), len(b))
+		}
+		x, y := a[:size], b[:size] // a multipath label may follow
+		if !bytes.Equal(x, y) {
+			for i := range x {
+				if x[i] != y[i] {
+					c.t.Fatalf("backing files of %s and %s differ, first at byte %d (block %d)", names[0], other, i, i/4096)
+				}
 			}
 		}
 	}

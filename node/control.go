@@ -142,8 +142,13 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 		}
 		cs.Nodes = append(cs.Nodes, info)
 	}
+	var auth replication.Authority
+	if n.cl != nil {
+		auth = n.cl.c.Authority()
+	}
 	for _, vc := range n.cfg.Volumes {
 		vs := transport.VolumeStatus{Name: vc.Name, Size: int64(vc.Size), Protocol: vc.ProtocolOrDefault()}
+		va, _ := auth.Volume(vc.Name)
 		// The primary is the reachable node that says so at the highest
 		// epoch; failing that, the one the others last agreed to.
 		var primaryView *transport.LocalVolume
@@ -176,6 +181,12 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 		sort.Strings(nodes)
 		for _, node := range nodes {
 			rs := transport.ReplicaStatus{Node: node}
+			switch {
+			case va.IsUpToDate(node):
+				rs.Raft = string(replication.UpToDate)
+			case va.IsOutdated(node):
+				rs.Raft = string(replication.Outdated)
+			}
 			var pv *transport.PeerStatus
 			if primaryView != nil {
 				for i := range primaryView.Peers {

@@ -115,3 +115,45 @@ func TestAnOutdatedNodeIsNotPromoted(t *testing.T) {
 	}
 	t.Logf("cluster: %+v", c.status().Cluster)
 }
+
+// TestThreeDataReplicasResyncOnlyWhatEachMissed: a volume on alpha, beta
+// and gamma. gamma goes down while alpha writes; when it returns only the
+// blocks it missed move to it, beta (connected throughout) resyncs
+// nothing, and an online verify of both finds nothing.
+func TestThreeDataReplicasResyncOnlyWhatEachMissed(t *testing.T) {
+	c := newTestClusterOf(t, 16<<20, "alpha", "beta", "gamma")
+	for _, n := range []string{"alpha", "beta", "gamma"} {
+		c.start(n)
+	}
+	c.waitInSync()
+	a := c.vol("alpha")
+	writeRandomBlocks(t, a, 20, 41)
+	betaBefore := c.vol("beta").resynced.Load()
+	c.crash("gamma")
+	blocks := writeRandomBlocks(t, a, 60, 42)
+	if got := a.peers["gamma"].bm.Bytes(); got != int64(blocks)*4096 {
+		t.Fatalf("gamma's bitmap marks %d bytes, want the %d blocks it missed", got, blocks)
+	}
+	if got := a.peers["beta"].bm.Bytes(); got != 0 {
+		t.Fatalf("beta, connected, has %d bytes marked", got)
+	}
+	c.start("gamma")
+	c.waitInSync()
+	if moved := c.vol("gamma").resynced.Load(); moved != int64(blocks)*4096 {
+		t.Fatalf("gamma received %d bytes, want the %d blocks it missed (%d bytes)", moved, blocks, blocks*4096)
+	}
+	if moved := c.vol("beta").resynced.Load() - betaBefore; moved != 0 {
+		t.Fatalf("beta, which missed nothing, received %d bytes", moved)
+	}
+	if _, err := a.startVerify(false); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, func() bool {
+		return !a.peers["beta"].verifying.Load() && !a.peers["gamma"].verifying.Load() &&
+			a.peers["beta"].verifyDone.Load() == a.size && a.peers["gamma"].verifyDone.Load() == a.size
+	}, "both verifies finished")
+	if f := a.peers["beta"].verifyFound.Load() + a.peers["gamma"].verifyFound.Load(); f != 0 {
+		t.Fatalf("verify found %d bytes out of sync", f)
+	}
+	c.requireIdentical()
+}

@@ -134,6 +134,7 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 	}
 	v.log.Info("demoted", "to", to, "epoch", epoch)
 	v.node.event(v.name, "demoted", fmt.Sprintf("%s handed %s over to %s at epoch %d", v.self, v.name, to, epoch))
+	v.runHook("on_demote", epoch)
 	return epoch, gen, nil
 }
 
@@ -191,6 +192,7 @@ func (v *Volume) promote(epoch uint64, gen replication.Generation) error {
 	}
 	v.log.Info("promoted", "epoch", epoch)
 	v.node.event(v.name, "promoted", fmt.Sprintf("%s is primary for %s at epoch %d", v.self, v.name, epoch))
+	v.runHook("on_promote", epoch)
 	return nil
 }
 
@@ -268,6 +270,7 @@ func (v *Volume) stepDown(h replication.Hello) error {
 	}
 	v.log.Warn("stepped down: a primary of a newer epoch took over", "primary", to, "epoch", epoch, "rule", rule)
 	v.node.event(v.name, "stepped-down", fmt.Sprintf("%s is Secondary: %s is primary at epoch %d and nothing is lost by following it (%s)", v.self, to, epoch, rule))
+	v.runHook("on_demote", epoch)
 	return nil
 }
 
@@ -380,5 +383,6 @@ func (v *Volume) retake(epoch uint64, gen replication.Generation) error {
 		v.ensureLeaseLoop(epoch)
 	}
 	v.node.event(v.name, "primary-again", fmt.Sprintf("%s took %s back at epoch %d: the switchover was not recorded", v.self, v.name, epoch))
+	v.runHook("on_promote", epoch)
 	return nil
 }

@@ -80,7 +80,7 @@ func (v *Volume) takeOver(change func(*durable)) error {
 			epoch = max(epoch, va.Epoch+1)
 		}
 	}
-	return v.commit(func(d *durable) {
+	err := v.commit(func(d *durable) {
 		if change != nil {
 			change(d)
 		}
@@ -97,6 +97,10 @@ func (v *Volume) takeOver(change func(*durable)) error {
 		v.resetPeersLocked()
 		v.ioOpen = true
 	})
+	if err == nil {
+		v.runHook("on_promote", epoch)
+	}
+	return err
 }
 
 // discardInfo is what a node that discards its data hands its next
@@ -217,6 +221,7 @@ func (v *Volume) discardMyData(ctx context.Context, yes bool) (int64, error) {
 	if err := v.md.SetPrimary(false); err != nil {
 		return 0, err
 	}
+	v.runHook("on_demote", v.epoch())
 	v.log.Warn("discarding my data", "bytes", bytes)
 	v.node.event(v.name, "discard-my-data", fmt.Sprintf("%s gives up %d bytes of changes made since the split brain", v.self, bytes))
 	return bytes, nil

@@ -336,14 +336,20 @@ func (v *Volume) ReadAt(ctx context.Context, p []byte, off int64) error {
 	defer v.io.Done()
 	v.reads.Add(1)
 	v.readBytes.Add(uint64(len(p)))
+	// A read never sees a write that has not completed: it could still
+	// fail and be missing on the peer a failover promotes.
+	release, err := v.locks.LockShared(ctx, off, int64(len(p)))
+	if err != nil {
+		return err
+	}
+	defer release()
 	if v.needsPeer(off, int64(len(p))) {
 		if err := v.readFromPeer(ctx, p, off); err != nil {
 			return err
 		}
 		return v.holdLease(ctx)
 	}
-	_, err := v.disk.ReadAt(p, off)
-	if err != nil {
+	if _, err := v.disk.ReadAt(p, off); err != nil {
 		v.log.Error("local read failed", "off", off, "len", len(p), "err", err)
 		if v.detach(err) {
 			if err := v.readFromPeer(ctx, p, off); err != nil {

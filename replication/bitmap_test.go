@@ -86,3 +86,46 @@ func TestRangeLocksOrderOverlappingOnly(t *testing.T) {
 		t.Fatalf("%d ranges still held", r.Len())
 	}
 }
+
+// TestSharedRangeLocksWaitForWritesOnly: overlapping readers run together;
+// a reader waits for an overlapping write that holds the range (it must
+// not see a write that has not completed), and a write waits for the
+// readers before it.
+func TestSharedRangeLocksWaitForWritesOnly(t *testing.T) {
+	var r RangeLocks
+	ctx := context.Background()
+	read1, _ := r.LockShared(ctx, 0, 8192)
+	read2, err := r.LockShared(ctx, 4096, 4096) // overlaps read1: goes ahead
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrote := make(chan func())
+	go func() {
+		rel, _ := r.Lock(ctx, 4096, 4096)
+		wrote <- rel
+	}()
+	select {
+	case <-wrote:
+		t.Fatal("a write went ahead of the reads holding its range")
+	case <-time.After(50 * time.Millisecond):
+	}
+	read1()
+	read2()
+	relWrite := <-wrote
+	readDone := make(chan struct{})
+	go func() {
+		rel, _ := r.LockShared(ctx, 0, 4097) // overlaps the write by a byte
+		close(readDone)
+		rel()
+	}()
+	select {
+	case <-readDone:
+		t.Fatal("a read went ahead of the write holding its range")
+	case <-time.After(50 * time.Millisecond):
+	}
+	relWrite()
+	<-readDone
+	if r.Len() != 0 {
+		t.Fatalf("%d ranges still held", r.Len())
+	}
+}

@@ -62,6 +62,10 @@ type ReplicaStatus struct {
 	Role        string `json:"role"`
 	Disk        string `json:"disk"`
 	Replication string `json:"replication"`
+	// Raft is what the cluster's state machine records of this replica:
+	// UpToDate (it may be promoted), Outdated (it misses writes), or ""
+	// (not known, or no raft).
+	Raft string `json:"raft,omitempty"`
 	// OutOfSyncBytes is what the primary has marked out of sync for this
 	// replica (0 for the primary itself).
 	OutOfSyncBytes int64 `json:"out_of_sync_bytes"`

@@ -35,12 +35,17 @@ func freePort(t *testing.T) string {
 
 var givenPorts sync.Map
 
-// procCluster is alpha and beta as replnode processes, sharing one config.
+// procCluster is alpha and beta (or the nodes of newProcClusterN) as
+// replnode processes, sharing one config.
 type procCluster struct {
 	*demo
 	cfgPath string
 	procs   map[string]*exec.Cmd
 	bin     string
+	// names lists the nodes in config order (nil: alpha and beta).
+	names []string
+	// lab, when set, runs each node in its own network namespace.
+	lab *netLab
 }
 
 // newProcCluster writes a two-node config for a size-byte volume with
@@ -99,7 +104,7 @@ func (c *procCluster) start(name string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(c.bin, "--config", c.cfgPath, "--node", name, "--log-level", "warn")
+	cmd := c.command(name, "--config", c.cfgPath, "--node", name, "--log-level", "warn")
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -243,7 +248,7 @@ func (c *procCluster) logTails() {
 	if !c.t.Failed() {
 		return
 	}
-	for _, name := range []string{"alpha", "beta"} {
+	for _, name := range c.nodeNames() {
 		b, err := os.ReadFile(filepath.Join(c.dir, name+".log"))
 		if err != nil || len(b) == 0 {
 			continue

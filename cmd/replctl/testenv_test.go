@@ -232,6 +232,9 @@ func tryQemuIOWithin(t *testing.T, timeout time.Duration, uri string, cmds ...st
 
 type demoNode struct {
 	Name, Control, Replication, NBD string
+	// Raft, Gossip and Role are set by newProcClusterN (a witness has
+	// no Replication or NBD address).
+	Raft, Gossip, Role string
 }
 
 type demo struct {
@@ -379,13 +382,28 @@ func (d *demo) mustCtl(node string, args ...string) string {
 // replctl status --json
 
 type statusDoc struct {
-	Nodes []struct {
-		Name    string `json:"name"`
-		Control string `json:"control"`
-		NBD     string `json:"nbd"`
-		Alive   bool   `json:"alive"`
+	From    string        `json:"from"`
+	Cluster clusterStatus `json:"cluster"`
+	Nodes   []struct {
+		Name       string `json:"name"`
+		Control    string `json:"control"`
+		NBD        string `json:"nbd"`
+		Alive      bool   `json:"alive"`
+		Role       string `json:"role"`
+		Membership string `json:"membership"`
+		Error      string `json:"error"`
 	} `json:"nodes"`
 	Volumes []volumeStatus `json:"volumes"`
+}
+
+// clusterStatus is the raft and membership view (issue 9); empty from a
+// node that does not report it yet.
+type clusterStatus struct {
+	Leader   string   `json:"leader"`
+	Quorum   bool     `json:"quorum"`
+	Voters   []string `json:"voters"`
+	Failover string   `json:"failover"`
+	Reason   string   `json:"reason"`
 }
 
 type volumeStatus struct {
@@ -403,6 +421,7 @@ type replicaStatus struct {
 	Role        string `json:"role"`
 	Disk        string `json:"disk"`
 	Replication string `json:"replication"`
+	Raft        string `json:"raft"`
 	OutOfSync   int64  `json:"out_of_sync_bytes"`
 	Resynced    int64  `json:"resynced_bytes"`
 	SyncRule    string `json:"sync_rule"`

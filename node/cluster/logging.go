@@ -36,7 +36,21 @@ func slogLevel(l hclog.Level) slog.Level {
 	return slog.LevelInfo
 }
 
+// repeated are raft's messages for a peer it cannot reach, logged at
+// ERROR on every retry (several a second for as long as the peer is
+// down). Gossip reports the dead node once; these go to DEBUG. This only
+// picks a log level: no decision depends on it.
+var repeated = map[string]bool{
+	"failed to heartbeat to":         true,
+	"failed to appendEntries to":     true,
+	"failed to make requestVote RPC": true,
+	"failed to contact":              true,
+}
+
 func (h *hclogger) Log(level hclog.Level, msg string, args ...any) {
+	if level > hclog.Debug && repeated[msg] {
+		level = hclog.Debug
+	}
 	if level == hclog.Off || !h.log.Enabled(context.Background(), slogLevel(level)) {
 		return
 	}

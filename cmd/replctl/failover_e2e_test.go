@@ -1,0 +1,229 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Cluster membership decides the primary: end-to-end tests with replnode
+// processes, raft and memberlist on 127.0.0.1 or in network namespaces.
+
+// TestE2EKill9ThePrimaryThreeTimes: two data nodes and a witness. While
+// clients write (every acknowledged write recorded) and read and write a
+// few registers, the primary is killed with SIGKILL three times in a row,
+// alternating nodes. Each time the other node serves within seconds, by
+// itself; the killed node comes back as an UpToDate Secondary. At the end
+// every acknowledged write reads back and the register history is
+// linearizable; on_promote ran on each new primary, on_demote on each old
+// one when it came back.
+func TestE2EKill9ThePrimaryThreeTimes(t *testing.T) {
+	e2e(t)
+	c := newProcClusterN(t, clusterOpts{Raft: true, Witness: true, Size: 64 << 20, RecordHooks: true})
+	c.startAll()
+	c.waitFor("alpha", "in sync, and raft knows both replicas UpToDate", syncTimeout, raftInSync)
+	rec := newOpRecorder()
+	stopClients := startRegisterClients(t, c.targets(), rec, registerOpts{Clients: 2, Blocks: 4, OpTimeout: 3 * time.Second, Think: 3 * time.Millisecond})
+	aw := startAckWriter(t, c.targets(), ackWriterOpts{Writers: 2, Base: 8 << 20, Limit: 64 << 20, OpTimeout: 3 * time.Second, Think: time.Millisecond})
+	aw.waitAck(t, time.Time{}, 15*time.Second, "a write acknowledged by alpha", func(a ackedWrite) bool { return a.Node == "alpha" })
+
+	primary, other := "alpha", "beta"
+	var times []time.Duration
+	for round := 1; round <= 3; round++ {
+		killed := time.Now()
+		c.kill(primary)
+		first := aw.waitAck(t, killed, 20*time.Second, fmt.Sprintf("round %d: a write acknowledged by %s", round, other),
+			func(a ackedWrite) bool { return a.Node == other })
+		took := first.At.Sub(killed)
+		times = append(times, took)
+		t.Logf("round %d: kill -9 %s; first write acknowledged by %s %s later", round, primary, other, took.Round(time.Millisecond))
+		if took > 5*time.Second {
+			t.Errorf("round %d: failover took %s, want at most 5 s", round, took)
+		}
+		c.start(primary)
+		v := c.waitFor(other, fmt.Sprintf("round %d: %s back as an UpToDate Secondary", round, primary), 60*time.Second, func(v *volumeStatus) bool {
+			r := v.replica(primary)
+			return v.Primary == other && r != nil && r.Role == "Secondary" && raftInSync(v)
+		})
+		if sb := splitBrainReason(v); sb != "" {
+			t.Fatalf("round %d: split brain reported: %s", round, sb)
+		}
+		primary, other = other, primary
+	}
+	stopClients()
+	acked, unacked := aw.stop()
+	checkLinearizable(t, rec.history(), linearizabilityTimeout)
+	verifyAcked(t, c.targets(), acked, unacked, 30*time.Second)
+	slices.Sort(times)
+	t.Logf("failover (kill -9 → first write on the new primary): median %s, worst %s", times[1].Round(time.Millisecond), times[2].Round(time.Millisecond))
+
+	// Hooks: a promotion on the new primary each round, a demotion on the
+	// old one when it came back.
+	promoted, demoted := map[string]int{}, map[string]int{}
+	for _, h := range c.hookRuns() {
+		switch h.Kind {
+		case "promote":
+			promoted[h.Node]++
+		case "demote":
+			demoted[h.Node]++
+		}
+	}
+	if promoted["alpha"]+promoted["beta"] < 3 || demoted["alpha"]+demoted["beta"] < 3 {
+		t.Fatalf("hooks ran: on_promote %v, on_demote %v; want three of each", promoted, demoted)
+	}
+}
+
+// TestE2ETwoDataNodesWithoutAWitnessDoNotFailOver: with two raft voters
+// the loss of either is the loss of the quorum: failover is off, status
+// says so naming the quorum, and killing the primary promotes nobody.
+func TestE2ETwoDataNodesWithoutAWitnessDoNotFailOver(t *testing.T) {
+	e2e(t)
+	c := newProcClusterN(t, clusterOpts{Raft: true, Size: 32 << 20})
+	c.startAll()
+	v := c.waitInSync("alpha")
+	s, _, err := c.status("alpha")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Cluster.Failover != "off" || !strings.Contains(s.Cluster.Reason, "quorum") {
+		t.Fatalf("two data nodes, no witness: cluster %+v; want failover off, the reason naming the quorum", s.Cluster)
+	}
+	c.kill("alpha")
+	// A failover would be done in about two seconds; give it four.
+	deadline := time.Now().Add(4 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, v, err = c.status("beta"); err == nil && v.replica("beta").Role == "Primary" {
+			t.Fatal("beta promoted itself without a quorum")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if r := v.replica("beta"); r == nil || r.Role != "Secondary" {
+		t.Fatalf("beta after alpha died: %+v", r)
+	}
+}
+
+// TestE2EAnOutdatedNodeIsNotPromotedByItself: beta is disconnected and
+// misses writes (raft records it Outdated before they complete); when
+// alpha dies nobody is promoted and status says why. The operator can
+// still force beta, through raft, knowing what is lost.
+func TestE2EAnOutdatedNodeIsNotPromotedByItself(t *testing.T) {
+	e2e(t)
+	RequireTool(t, "qemu-io", "qemu-utils")
+	c := newProcClusterN(t, clusterOpts{Raft: true, Witness: true, Size: 32 << 20})
+	c.startAll()
+	c.waitInSync("alpha")
+	c.mustCtl("alpha", "disconnect", volName, "--node", "beta")
+	qemuIOEventually(t, 10*time.Second, "with beta disconnected", c.uri("alpha"), "write -P 0x7a 0 1M", "flush")
+	c.kill("alpha")
+	v := c.waitFor("beta", "status says why nobody takes over", 20*time.Second, func(v *volumeStatus) bool {
+		s, _, err := c.status("beta")
+		return err == nil && strings.Contains(s.Cluster.Reason, "Outdated")
+	})
+	if r := v.replica("beta"); r.Role != "Secondary" {
+		t.Fatalf("the Outdated beta was promoted by itself: %+v", r)
+	}
+	if r := c.ctl("beta", "primary", volName, "--node", "beta", "--force", "--yes"); !r.ok() {
+		t.Fatalf("forced promotion of the Outdated beta: %s", r)
+	}
+	qemuIOEventually(t, 15*time.Second, "after the forced promotion", c.uri("beta"), "write -P 0x7b 2M 64k", "read -P 0x7b 2M 64k")
+}
+
+// TestE2EThreeDataReplicasResyncOnlyWhatEachMissed: a volume on three
+// data nodes. gamma is killed, alpha takes writes, gamma returns: only the
+// blocks it missed move to it, beta receives nothing, and an online verify
+// finds nothing out of sync.
+func TestE2EThreeDataReplicasResyncOnlyWhatEachMissed(t *testing.T) {
+	e2e(t)
+	RequireTool(t, "qemu-io", "qemu-utils")
+	c := newProcClusterN(t, clusterOpts{DataNodes: 3, Size: 64 << 20})
+	c.startAll()
+	c.waitInSync("alpha")
+	betaBefore := c.mustStatus("alpha").replica("beta").Resynced
+	c.kill("gamma")
+	// 16 × 64 KiB scattered: 1 MiB gamma misses.
+	var cmds []string
+	for i := range 16 {
+		cmds = append(cmds, fmt.Sprintf("write -P 0x%x %d 64k", 0x40+i, int64(i)*3<<20+4096))
+	}
+	qemuIO(t, c.uri("alpha"), append(cmds, "flush")...)
+	c.start("gamma")
+	v := c.waitInSync("alpha")
+	if got := v.replica("gamma").Resynced; got != 16*64<<10 {
+		t.Fatalf("gamma received %d bytes, want the 1 MiB it missed", got)
+	}
+	if got := v.replica("beta").Resynced - betaBefore; got != 0 {
+		t.Fatalf("beta, which missed nothing, received %d bytes", got)
+	}
+	out := c.mustCtl("alpha", "verify", volName, "--wait")
+	if !strings.Contains(out, " 0B out of sync") {
+		t.Fatalf("verify: %s", out)
+	}
+	for _, n := range []string{"beta", "gamma"} {
+		compareFiles(t, c.disk("alpha"), c.disk(n), 64<<20)
+	}
+}
+
+// raftInSync: every replica is in sync and raft records each UpToDate
+// (so any of them may be promoted).
+func raftInSync(v *volumeStatus) bool {
+	for _, r := range v.Replicas {
+		if r.Raft != "UpToDate" {
+			return false
+		}
+	}
+	return v.inSync()
+}
+
+// TestE2EAPartitionedPrimaryIsReplaced: each node in its own network
+// namespace on one bridge; the clients run in alpha's namespace. alpha, the
+// primary, is cut off (its eth0 down): its lease runs out, its IO freezes,
+// and the majority (beta and the witness) promotes beta. Nothing alpha
+// acknowledged is missing on beta, and alpha acknowledged nothing once
+// beta was primary. After the partition heals, alpha is an UpToDate
+// Secondary, no split brain is reported, and the clients' register
+// history is linearizable.
+func TestE2EAPartitionedPrimaryIsReplaced(t *testing.T) {
+	e2e(t)
+	c := newProcClusterN(t, clusterOpts{Raft: true, Witness: true, Netns: true, Size: 64 << 20})
+	c.startAll()
+	c.waitFor("beta", "in sync, and raft knows both replicas UpToDate", syncTimeout, raftInSync)
+	tg := c.targetsFrom("alpha")
+	rec := newOpRecorder()
+	stopClients := startRegisterClients(t, tg, rec, registerOpts{Clients: 2, Blocks: 4, OpTimeout: 3 * time.Second, Think: 3 * time.Millisecond})
+	aw := startAckWriter(t, tg, ackWriterOpts{Writers: 2, Base: 8 << 20, Limit: 64 << 20, OpTimeout: 3 * time.Second, Think: time.Millisecond})
+	aw.waitAck(t, time.Time{}, 15*time.Second, "a write acknowledged by alpha", func(a ackedWrite) bool { return a.Node == "alpha" })
+
+	cut := time.Now()
+	c.partition("alpha")
+	if p := c.waitPrimary("beta", 20*time.Second, "alpha"); p != "beta" {
+		t.Fatalf("after alpha was cut off the majority names %q primary, want beta", p)
+	}
+	promoted := time.Now()
+	t.Logf("alpha cut off; beta primary %s later", promoted.Sub(cut).Round(time.Millisecond))
+	rec.waitCompleted(t, "alpha", 0, time.Second)
+	c.heal("alpha")
+	healed := time.Now()
+	v := c.waitFor("beta", "alpha back as an UpToDate Secondary", 60*time.Second, func(v *volumeStatus) bool {
+		r := v.replica("alpha")
+		return v.Primary == "beta" && r != nil && r.Role == "Secondary" && raftInSync(v)
+	})
+	if sb := splitBrainReason(v); sb != "" {
+		t.Fatalf("split brain after the partition healed: %s", sb)
+	}
+	aw.waitAck(t, healed, 30*time.Second, "a write acknowledged by beta from alpha's namespace", func(a ackedWrite) bool { return a.Node == "beta" })
+	stopClients()
+	acked, unacked := aw.stop()
+	late := 0
+	for _, a := range acked {
+		if a.Node == "alpha" && a.At.After(promoted) {
+			late++
+		}
+	}
+	if late > 0 {
+		t.Fatalf("alpha acknowledged %d writes after beta was primary", late)
+	}
+	checkLinearizable(t, rec.history(), linearizabilityTimeout)
+	verifyAcked(t, c.targets(), acked, unacked, 30*time.Second)
+}
