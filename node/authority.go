@@ -195,8 +195,62 @@ func (n *Node) clusterLoop(stop <-chan struct{}) {
 		n.cl.mu.Unlock()
 		if n.cl.auto && !leading.IsZero() {
 			n.failover(auth, st, leading)
+			n.moveLeadership(st, leading)
 		}
 	}
+}
+
+// leadershipSettle is how long a node leads before it hands leadership
+// off a primary (no flapping right after an election).
+const leadershipSettle = 2 * time.Second
+
+// moveLeadership hands raft's leadership to an alive voter that is no
+// volume's primary (a witness first) when this leader serves as a
+// primary: then killing the primary does not also kill the leader, and a
+// failover waits for the lease only, not for an election and a new
+// leader's wait.
+func (n *Node) moveLeadership(st cluster.Status, leading time.Time) {
+	if time.Since(leading) < leadershipSettle {
+		return
+	}
+	primaryHere := false
+	for _, v := range n.vols {
+		v.mu.Lock()
+		primaryHere = primaryHere || v.role == replication.Primary
+		v.mu.Unlock()
+	}
+	if !primaryHere {
+		return
+	}
+	auth := n.cl.c.Authority()
+	primaries := map[string]bool{}
+	for _, vc := range n.cfg.Volumes {
+		if va, ok := auth.Volume(vc.Name); ok {
+			primaries[va.Primary] = true
+		}
+	}
+	to := ""
+	for _, m := range st.Members {
+		if m.Name == n.name || !m.Voter || m.State != cluster.Alive || primaries[m.Name] {
+			continue
+		}
+		if to == "" || m.Witness {
+			to = m.Name
+		}
+	}
+	if to == "" {
+		return
+	}
+	n.cl.mu.Lock()
+	n.cl.leadingSince = time.Now() // try again no sooner than leadershipSettle
+	n.cl.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := n.cl.c.TransferLeadership(ctx, to); err != nil {
+		n.log.Debug("hand raft leadership off this primary", "to", to, "err", err)
+		return
+	}
+	n.log.Info("raft leadership handed off this primary", "to", to)
 }
 
 // gossipMeta is what this node gossips: each volume's disk state here.
@@ -291,18 +345,7 @@ func (n *Node) clusterInfo() (transport.ClusterInfo, map[string]string) {
 			info.Reason = "no quorum: no raft leader with a majority is in reach; primaries hold their IO when their lease runs out, and nobody is promoted"
 		}
 	}
-	n.cl.mu.Lock()
-	var whys []string
-	for vol, why := range n.cl.failoverWhy {
-		if why != "" {
-			whys = append(whys, vol+": "+why)
-		}
-	}
-	n.cl.mu.Unlock()
-	sort.Strings(whys)
-	for _, w := range whys {
-		info.Reason = joinReason(info.Reason, w)
-	}
+	info.Reason = joinReason(info.Reason, n.failoverReasons())
 	membership := map[string]string{}
 	for _, m := range st.Members {
 		membership[m.Name] = string(m.State)
@@ -704,4 +747,25 @@ func (p *peer) outdateBeforeResync(reply replication.HelloReply) error {
 		return v.ensureOutdated(p.name)
 	}
 	return nil
+}
+
+// failoverReasons says, on the leader, why volumes are not failed over.
+func (n *Node) failoverReasons() string {
+	if n.cl == nil {
+		return ""
+	}
+	n.cl.mu.Lock()
+	var whys []string
+	for vol, why := range n.cl.failoverWhy {
+		if why != "" {
+			whys = append(whys, vol+": "+why)
+		}
+	}
+	n.cl.mu.Unlock()
+	sort.Strings(whys)
+	out := ""
+	for _, w := range whys {
+		out = joinReason(out, w)
+	}
+	return out
 }

@@ -78,7 +78,7 @@ func (n *Node) nodeInfo(nc NodeConfig) transport.NodeInfo {
 }
 
 func (n *Node) nodeStatus(events int) *transport.NodeStatus {
-	ns := &transport.NodeStatus{Node: n.nodeInfo(n.self)}
+	ns := &transport.NodeStatus{Node: n.nodeInfo(n.self), Failover: n.failoverReasons()}
 	ns.Node.Alive = true
 	names := make([]string, 0, len(n.vols))
 	for name := range n.vols {
@@ -127,6 +127,12 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 	cs := &transport.ClusterStatus{From: n.name}
 	var membership map[string]string
 	cs.Cluster, membership = n.clusterInfo()
+	for i, nc := range n.cfg.Nodes {
+		// Only the leader decides failovers: its reasons are the ones.
+		if nc.Name == cs.Cluster.Leader && nc.Name != n.name && views[i] != nil && views[i].Failover != "" {
+			cs.Cluster.Reason = joinReason(cs.Cluster.Reason, views[i].Failover)
+		}
+	}
 	byNode := map[string]map[string]transport.LocalVolume{}
 	for i, nc := range n.cfg.Nodes {
 		info := n.nodeInfo(nc)

@@ -145,6 +145,9 @@ type NodeStatus struct {
 	Node    NodeInfo      `json:"node"`
 	Volumes []LocalVolume `json:"volumes"`
 	Events  []Event       `json:"events,omitempty"`
+	// Failover is, on the raft leader, why it does not fail a volume over
+	// now (empty elsewhere).
+	Failover string `json:"failover,omitempty"`
 }
 
 // LocalVolume is one volume as the node holding it sees it.

@@ -227,3 +227,27 @@ func TestE2EAPartitionedPrimaryIsReplaced(t *testing.T) {
 	checkLinearizable(t, rec.history(), linearizabilityTimeout)
 	verifyAcked(t, c.targets(), acked, unacked, 30*time.Second)
 }
+
+// TestE2ENoFailoverWithoutAMajority: with the witness down, killing the
+// primary leaves beta alone, one voter of three: nobody is promoted, and
+// status says there is no quorum.
+func TestE2ENoFailoverWithoutAMajority(t *testing.T) {
+	e2e(t)
+	c := newProcClusterN(t, clusterOpts{Raft: true, Witness: true, Size: 32 << 20})
+	c.startAll()
+	c.waitFor("alpha", "in sync, and raft knows both replicas UpToDate", syncTimeout, raftInSync)
+	c.kill(witnessName)
+	c.kill("alpha")
+	c.waitFor("beta", "status from beta says there is no quorum", 20*time.Second, func(*volumeStatus) bool {
+		s, _, err := c.status("beta")
+		return err == nil && !s.Cluster.Quorum && strings.Contains(s.Cluster.Reason, "quorum")
+	})
+	// A failover would be done in about two seconds; give it four.
+	deadline := time.Now().Add(4 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, v, err := c.status("beta"); err == nil && v.replica("beta").Role == "Primary" {
+			t.Fatal("beta promoted itself without a majority")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

@@ -350,3 +350,23 @@ func (s *streamLayer) Addr() net.Addr { return s.advertise }
 func (s *streamLayer) Dial(a raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
 	return s.dial(a, timeout)
 }
+
+// TransferLeadership hands raft's leadership from this node, which must
+// lead, to the voter named to (raft's LeadershipTransferToServer). The
+// node layer moves it off a data primary: a leader that dies with the
+// primary costs a failover an election and a new leader's wait for the
+// old lease.
+func (c *Cluster) TransferLeadership(ctx context.Context, to string) error {
+	var addr string
+	if f := c.raft.GetConfiguration(); f.Error() == nil {
+		for _, srv := range f.Configuration().Servers {
+			if string(srv.ID) == to {
+				addr = string(srv.Address)
+			}
+		}
+	}
+	if addr == "" {
+		return fmt.Errorf("transfer leadership to %s: not a voter", to)
+	}
+	return waitFuture(ctx, c.raft.LeadershipTransferToServer(raft.ServerID(to), raft.ServerAddress(addr)))
+}
