@@ -91,8 +91,24 @@ type VolumeConfig struct {
 	Name string `yaml:"name"`
 	// Size in bytes, or with a unit suffix (KiB, MiB, GiB, TiB).
 	Size ByteSize `yaml:"size"`
-	// Protocol is A, B or C (default C).
+	// Protocol is A (a write completes once it is written locally and
+	// queued for the peers), B (once the peers received it) or C (once
+	// the peers wrote it; the default). replctl adjust changes it online.
 	Protocol string `yaml:"protocol"`
+	// OnCongestion is what a primary does when a peer's send buffer is
+	// full: block (wait for room), pull-ahead (protocol A: go Ahead, mark
+	// instead of ship, catch up later; A's default) or disconnect.
+	OnCongestion string `yaml:"on_congestion,omitempty"`
+	// SendBuffer bounds the bytes queued for a peer and not acknowledged
+	// (default 64MiB).
+	SendBuffer ByteSize `yaml:"send_buffer,omitempty"`
+	// MaxLag, when set, throttles the primary's writes while a connected
+	// peer lags by this many bytes or more.
+	MaxLag ByteSize `yaml:"max_lag,omitempty"`
+	// ReadBalancing is where reads go: prefer-local (default),
+	// round-robin, least-pending or when-congested-remote. A block out of
+	// sync on a peer is never read from it.
+	ReadBalancing string `yaml:"read_balancing,omitempty"`
 	// Primary is the node that is primary when the cluster is first created.
 	// After that, the primary is what the nodes agreed (replctl primary).
 	Primary string `yaml:"primary"`
@@ -462,11 +478,25 @@ func (c *Config) Validate() error {
 			bad(f+".size", "%d is not a multiple of 4096", v.Size)
 		}
 		switch v.Protocol {
-		case "C", "":
-		case "A", "B":
-			bad(f+".protocol", "%q is not supported yet; use C", v.Protocol)
+		case "A", "B", "C", "":
 		default:
 			bad(f+".protocol", "%q: want A, B or C", v.Protocol)
+		}
+		if v.OnCongestion != "" {
+			if p, err := replication.ParseOnCongestion(v.OnCongestion); err != nil {
+				bad(f+".on_congestion", "%v", err)
+			} else if err := replication.CheckOnCongestion(v.ProtocolOrDefault(), p); err != nil {
+				bad(f+".on_congestion", "%v", err)
+			}
+		}
+		if v.SendBuffer < 0 || (v.SendBuffer > 0 && v.SendBuffer < 1<<20) {
+			bad(f+".send_buffer", "%d: want at least 1MiB", v.SendBuffer)
+		}
+		if v.MaxLag < 0 {
+			bad(f+".max_lag", "%d: want a size, or 0 for no limit", v.MaxLag)
+		}
+		if _, err := replication.ParseReadBalancing(v.ReadBalancing); err != nil {
+			bad(f+".read_balancing", "%v", err)
 		}
 		if v.Primary == "" {
 			bad(f+".primary", "missing: name the node that is primary when the volume is created")

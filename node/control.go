@@ -180,6 +180,9 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 			// Only a primary that serves IO has an export to give out.
 			vs.NBDURI = n.nbdURIFromStatus(cs.Nodes, vs.Primary, vc.Name)
 		}
+		if primaryView != nil && primaryView.Protocol != "" {
+			vs.Protocol = primaryView.Protocol // replctl adjust may have changed it
+		}
 		nodes := make([]string, 0, len(vc.Disks))
 		for node := range vc.Disks {
 			nodes = append(nodes, node)
@@ -220,6 +223,7 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 				rs.OutOfSyncBytes = pv.OutOfSyncBytes
 				rs.ResyncDoneBytes, rs.ResyncTotalBytes = pv.ResyncDoneBytes, pv.ResyncTotalBytes
 				rs.ResyncRate = pv.ResyncRate
+				rs.LagBytes, rs.LagSeconds = pv.LagBytes, pv.LagSeconds
 				rs.VerifyDoneBytes, rs.VerifyTotalBytes, rs.VerifyFoundBytes = pv.VerifyDoneBytes, pv.VerifyTotalBytes, pv.VerifyFoundBytes
 				if pv.Replication == string(replication.VerifyS) && rs.Reachable {
 					rs.Replication = string(replication.VerifyT)

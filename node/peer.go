@@ -59,6 +59,12 @@ type peer struct {
 	framesSent   atomic.Uint64
 	entriesSent  atomic.Uint64
 
+	// lag accounts what clients were told is written but the peer does
+	// not hold yet (protocols A and B); writeSeq numbers its writes.
+	lagMu    sync.Mutex
+	lag      replication.Lag
+	writeSeq atomic.Uint64
+
 	// Online verify of this peer.
 	verifying   atomic.Bool
 	verifyDone  atomic.Int64
@@ -238,12 +244,26 @@ func (p *peer) splitBrain(ref *refusal) reason {
 // peer is not streaming: the blocks are then marked in its bitmap, after
 // the volume durably started tracking the peer. err says that tracking
 // could not be made durable: the write must not complete.
-func (p *peer) submit(e replication.Entry) (*pending, error) {
+func (p *peer) submit(e replication.Entry, proto byte, held *countdown) (*pending, error) {
 	for {
 		if s := p.session(); s != nil {
 			pd := newPending(e)
+			pd.peer = p
+			if changesData(e.Op) {
+				pd.lagSeq = p.writeSeq.Add(1)
+				if proto == 'B' {
+					pd.received = make(chan struct{})
+				}
+			}
+			if held != nil {
+				held.add()
+				pd.finished = func(bool) { held.done() }
+			}
 			if s.enqueue(pd) {
 				return pd, nil
+			}
+			if held != nil {
+				held.done()
 			}
 			continue // it just ended: its end marks what it held
 		}
@@ -387,8 +407,10 @@ func (p *peer) read(ctx context.Context, buf []byte, off int64) error {
 func (p *peer) status() transport.PeerStatus {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	lagBytes, lagAge := p.lagOf(time.Now())
 	ps := transport.PeerStatus{
 		Node: p.name, Replication: string(p.state), PeerDisk: p.peerDisk,
+		LagBytes: lagBytes, LagSeconds: lagAge.Seconds(),
 		OutOfSyncBytes: p.bm.Bytes(), SyncRule: p.rule, SyncDecision: p.decision,
 		Reason: p.why.text, ReasonCode: string(p.why.cause),
 		ResyncSentBytes: p.resyncSent.Load(),

@@ -107,7 +107,7 @@ func TestAHungPeerCostsAWriteAtMostThePeerTimeout(t *testing.T) {
 	ended := make(chan error, 1)
 	began := time.Now()
 	go func() { ended <- s.run(nil) }()
-	pd, err := p.submit(replication.Entry{Op: replication.OpWrite, Off: 4096, Length: 4096, Data: make([]byte, 4096)})
+	pd, err := p.submit(replication.Entry{Op: replication.OpWrite, Off: 4096, Length: 4096, Data: make([]byte, 4096)}, 'C', nil)
 	if err != nil || pd == nil {
 		t.Fatalf("submit to a streaming peer: %v, %v", pd, err)
 	}

@@ -263,6 +263,16 @@ func (v *Volume) applyStream(s *transport.ReplStream, in *incoming, from string)
 				rerr <- err
 				return
 			}
+			// Protocol B: say so as soon as the batch is here, before it
+			// is applied.
+			if seq, receipt, err := replication.BatchReceipt(f.Bytes()); err == nil && receipt && seq != 0 {
+				af := transport.NewFrame(32)
+				af.SetBytes(replication.AppendAck(af.Bytes(), replication.Ack{Seq: seq, Status: replication.AckReceived}))
+				if err := send(af); err != nil {
+					rerr <- err
+					return
+				}
+			}
 			select {
 			case frames <- f:
 			case <-done:

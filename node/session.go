@@ -55,14 +55,32 @@ type pending struct {
 	finished func(acked bool)
 	// release frees the entry's data buffer once it is encoded.
 	release func()
+	// received, for a write under protocol B, is closed when the peer has
+	// received the entry (or it completed).
+	received chan struct{}
+	recvDone bool
+	// lagSeq numbers a write among the peer's writes, for its lag; peer
+	// is the peer it goes to.
+	lagSeq uint64
+	peer   *peer
 }
 
 func newPending(e replication.Entry) *pending {
 	return &pending{e: e, done: make(chan struct{})}
 }
 
+// markReceived closes received, once. It runs on the session's receiving
+// goroutine, or in end once that goroutine has returned.
+func (pd *pending) markReceived() {
+	if pd.received != nil && !pd.recvDone {
+		pd.recvDone = true
+		close(pd.received)
+	}
+}
+
 func (pd *pending) complete(acked bool, err error) {
 	pd.acked, pd.err = acked, err
+	pd.markReceived()
 	if acked && pd.onAck != nil {
 		pd.onAck()
 	}
@@ -239,16 +257,18 @@ func (s *session) sendQueued() error {
 		}
 		batch = append(batch[:0], s.queue[:k]...)
 		s.queue = s.queue[k:]
+		receipt := false
 		for _, pd := range batch {
 			s.nextSeq++
 			pd.e.Seq = s.nextSeq
 			s.inflight = append(s.inflight, pd)
+			receipt = receipt || pd.received != nil
 		}
 		s.frames = append(s.frames, s.nextSeq)
 		s.mu.Unlock()
 
 		f := transport.NewFrame(size)
-		b := replication.AppendBatchHeader(f.Bytes(), len(batch))
+		b := replication.AppendBatchHeaderReceipt(f.Bytes(), len(batch), receipt)
 		for _, pd := range batch {
 			b = replication.AppendEntry(b, &pd.e)
 			if pd.release != nil {
@@ -289,11 +309,23 @@ func (s *session) receive() error {
 		if err != nil {
 			return err
 		}
-		if ack.Status != replication.AckOK {
+		if ack.Status != replication.AckOK && ack.Status != replication.AckReceived {
 			return fmt.Errorf("%w: %s", errPeerDiskFailed, ack.Message)
 		}
 		if ack.Seq == 0 {
 			continue // a heartbeat's ack, or the peer saying it is busy
+		}
+		if ack.Status == replication.AckReceived {
+			// Protocol B: the peer holds these entries in memory.
+			s.mu.Lock()
+			for _, pd := range s.inflight {
+				if pd.e.Seq > ack.Seq {
+					break
+				}
+				pd.markReceived()
+			}
+			s.mu.Unlock()
+			continue
 		}
 		s.mu.Lock()
 		k := 0
@@ -308,8 +340,15 @@ func (s *session) receive() error {
 		}
 		s.frames = s.frames[fr:]
 		s.mu.Unlock()
+		var lagSeq uint64
 		for _, pd := range done {
+			lagSeq = max(lagSeq, pd.lagSeq)
 			pd.complete(true, nil)
+		}
+		if lagSeq > 0 {
+			s.p.lagMu.Lock()
+			s.p.lag.PeerAcked(lagSeq)
+			s.p.lagMu.Unlock()
 		}
 		clear(done)
 		if fr > 0 {
@@ -364,6 +403,10 @@ func (s *session) end() {
 	left := append(s.inflight, s.queue...)
 	s.inflight, s.queue, s.frames = nil, nil, nil
 	s.mu.Unlock()
+	// What the peer did not acknowledge is marked for it now.
+	p.lagMu.Lock()
+	p.lag.Disconnected()
+	p.lagMu.Unlock()
 	var err error
 	for _, pd := range left {
 		if changesData(pd.e.Op) {

@@ -33,6 +33,8 @@ type Volume struct {
 
 	// locks orders overlapping writes and resync reads.
 	locks replication.RangeLocks
+	// set holds the settings replctl adjust changes (protocol.go).
+	set atomic.Pointer[settings]
 
 	// stateMu serialises changes of the durable state (commit) with their
 	// persistence; v.mu is not held while the state is written.
@@ -117,6 +119,7 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD) (*Volume, 
 		localMissing: replication.NewBitmap(int64(cfg.Size)),
 		stopping:     make(chan struct{}),
 	}
+	v.set.Store(settingsOf(cfg))
 	st, ok, err := n.store.Volume(cfg.Name)
 	if err != nil {
 		return nil, err
@@ -286,7 +289,7 @@ func (v *Volume) Size() int64 { return v.size }
 
 // Description implements nbd.Describer.
 func (v *Volume) Description() string {
-	return fmt.Sprintf("replvol volume %s on %s (protocol %s)", v.name, v.self, v.cfg.ProtocolOrDefault())
+	return fmt.Sprintf("replvol volume %s on %s (protocol %c)", v.name, v.self, v.settings().protocol)
 }
 
 // errShutdown is what a client sees of IO the volume does not serve here.
@@ -427,6 +430,11 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	// cannot be written means the disk failed: detach it.
 	al := v.md.ActivityLog()
 	alFailed := false
+	// The extent leaves the log's working set only once every peer has
+	// the write: under protocols A and B that is after this returns.
+	held := &countdown{}
+	held.add()
+	defer held.done()
 	if !v.isDetached() {
 		if err := al.Admit(ctx, e.Off, e.Length); err != nil {
 			v.log.Error("activity log", "err", err)
@@ -435,10 +443,24 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 			}
 			alFailed = true
 		} else {
-			defer al.Done(e.Off, e.Length)
+			held.f = func() { al.Done(e.Off, e.Length) }
 		}
 	}
-	waits, serr := v.submitAll(e)
+	proto := v.settings().protocol
+	v.mu.Lock()
+	if v.detached || alFailed || v.d.gens.Current.IsZero() {
+		// Only a peer holds the whole volume: wait for it (protocol C).
+		proto = 'C'
+	}
+	v.mu.Unlock()
+	if proto == 'A' && e.Data != nil {
+		// The entry outlives this call; the client's buffer does not.
+		e.Data = append([]byte(nil), e.Data...)
+	}
+	if err := v.throttleLag(ctx, proto); err != nil {
+		return err
+	}
+	waits, serr := v.submitAll(e, proto, held)
 	if serr != nil {
 		// A peer misses this write and that could not be tracked durably:
 		// it must not be acknowledged, so it is not written here either.
@@ -465,7 +487,17 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 			}
 		}
 	}
-	acked, perr := waitAll(waits)
+	var acked bool
+	var perr error
+	switch proto {
+	case 'C':
+		acked, perr = waitAll(waits)
+	case 'B':
+		perr = waitReceived(waits)
+	}
+	if proto != 'C' && lerr == nil {
+		v.lagged(waits, e.Length)
+	}
 	switch {
 	case perr != nil:
 		return fmt.Errorf("write at %d: %w (%w)", e.Off, perr, syscall.EIO)
@@ -495,7 +527,7 @@ func (v *Volume) Flush(ctx context.Context) error {
 }
 
 func (v *Volume) flushAll() error {
-	waits, _ := v.submitAll(replication.Entry{Op: replication.OpFlush})
+	waits, _ := v.submitAll(replication.Entry{Op: replication.OpFlush}, 'C', nil)
 	var err error
 	if !v.isDetached() {
 		if err = v.disk.Sync(); err != nil {
@@ -517,13 +549,15 @@ func (v *Volume) flushAll() error {
 	return nil
 }
 
-// submitAll hands e to every peer: the pendings to wait for, and the first
-// error of a peer whose missing of e could not be tracked durably.
-func (v *Volume) submitAll(e replication.Entry) ([]*pending, error) {
+// submitAll hands e to every peer under protocol proto: the pendings to
+// wait for, and the first error of a peer whose missing of e could not be
+// tracked durably. Each pending holds held (when not nil) until it
+// completes.
+func (v *Volume) submitAll(e replication.Entry, proto byte, held *countdown) ([]*pending, error) {
 	var waits []*pending
 	var first error
 	for _, p := range v.streamingPeers() {
-		w, err := p.submit(e)
+		w, err := p.submit(e, proto, held)
 		if w != nil {
 			waits = append(waits, w)
 		}
@@ -532,6 +566,74 @@ func (v *Volume) submitAll(e replication.Entry) ([]*pending, error) {
 		}
 	}
 	return waits, first
+}
+
+// waitReceived waits until every pending was received by its peer (or
+// completed): protocol B. err is the first failure to track an entry a
+// peer did not take.
+func waitReceived(waits []*pending) error {
+	for _, w := range waits {
+		<-w.received
+		select {
+		case <-w.done:
+			if w.err != nil {
+				return w.err
+			}
+		default:
+		}
+	}
+	return nil
+}
+
+// lagged records, for protocols A and B, the write just acknowledged to
+// the client that its peers do not hold yet.
+func (v *Volume) lagged(waits []*pending, bytes int64) {
+	now := time.Now()
+	for _, w := range waits {
+		if w.peer == nil || w.lagSeq == 0 {
+			continue
+		}
+		w.peer.lagMu.Lock()
+		w.peer.lag.Completed(w.lagSeq, bytes, now)
+		w.peer.lagMu.Unlock()
+	}
+}
+
+// throttleLag holds a write back, under protocols A and B, while a
+// connected peer lags by max_lag or more (replication.ThrottleForLag).
+func (v *Volume) throttleLag(ctx context.Context, proto byte) error {
+	maxLag := v.settings().maxLag
+	if proto == 'C' || maxLag <= 0 {
+		return nil
+	}
+	for _, p := range v.streamingPeers() {
+		for {
+			lag, _ := p.lagOf(time.Now())
+			if !replication.ThrottleForLag(maxLag, lag, p.session() != nil) {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}
+	return nil
+}
+
+// countdown runs f once every holder is done.
+type countdown struct {
+	n atomic.Int32
+	f func()
+}
+
+func (c *countdown) add() { c.n.Add(1) }
+
+func (c *countdown) done() {
+	if c.n.Add(-1) == 0 && c.f != nil {
+		c.f()
+	}
 }
 
 // waitAll waits for every pending: acked says at least one peer took the
@@ -677,7 +779,7 @@ func (v *Volume) shutdown() {
 func (v *Volume) status() transport.LocalVolume {
 	v.mu.Lock()
 	lv := transport.LocalVolume{
-		Name: v.name, Size: v.size, Protocol: v.cfg.ProtocolOrDefault(),
+		Name: v.name, Size: v.size, Protocol: string(v.settings().protocol),
 		Role: string(v.role), Disk: string(v.diskState), Epoch: v.d.epoch, Primary: v.d.primary,
 		Generation: v.d.gens.Current.String(), Reason: v.why.text, ReasonCode: string(v.why.cause),
 		Serving:  v.role == replication.Primary && v.ioOpen,

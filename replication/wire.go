@@ -89,10 +89,41 @@ func (e *Entry) EncodedLen() int {
 // BatchHeaderLen is the size of a batch frame before its entries.
 const BatchHeaderLen = 1 + 4
 
+// batchReceipt, in a batch header's count, asks the secondary to
+// acknowledge the batch as soon as it received it (AckReceived), before it
+// applies it: protocol B.
+const batchReceipt = 1 << 31
+
 // AppendBatchHeader starts a batch frame of count entries.
 func AppendBatchHeader(dst []byte, count int) []byte {
+	return AppendBatchHeaderReceipt(dst, count, false)
+}
+
+// AppendBatchHeaderReceipt starts a batch frame of count entries that, with
+// receipt, the secondary acknowledges on receipt too (AckReceived).
+func AppendBatchHeaderReceipt(dst []byte, count int, receipt bool) []byte {
+	n := uint32(count)
+	if receipt {
+		n |= batchReceipt
+	}
 	dst = append(dst, byte(FrameBatch))
-	return binary.BigEndian.AppendUint32(dst, uint32(count))
+	return binary.BigEndian.AppendUint32(dst, n)
+}
+
+// BatchReceipt reports whether a batch frame asks for a receipt, and the
+// sequence number of its last entry (0 for an empty batch).
+func BatchReceipt(frame []byte) (lastSeq uint64, receipt bool, err error) {
+	if len(frame) < BatchHeaderLen || FrameType(frame[0]) != FrameBatch {
+		return 0, false, fmt.Errorf("%w: not a batch", ErrBadFrame)
+	}
+	if binary.BigEndian.Uint32(frame[1:])&batchReceipt == 0 {
+		return 0, false, nil
+	}
+	entries, err := DecodeBatch(frame, nil)
+	if err != nil || len(entries) == 0 {
+		return 0, true, err
+	}
+	return entries[len(entries)-1].Seq, true, nil
 }
 
 // AppendEntry appends e's encoding to a batch frame.
@@ -120,7 +151,7 @@ func DecodeBatch(frame []byte, dst []Entry) ([]Entry, error) {
 	if len(frame) < BatchHeaderLen || FrameType(frame[0]) != FrameBatch {
 		return dst, fmt.Errorf("%w: not a batch", ErrBadFrame)
 	}
-	count := binary.BigEndian.Uint32(frame[1:])
+	count := binary.BigEndian.Uint32(frame[1:]) &^ batchReceipt
 	p := frame[BatchHeaderLen:]
 	if uint64(count)*entryHeaderLen > uint64(len(p)) {
 		return dst, fmt.Errorf("%w: %d entries do not fit in %d bytes", ErrBadFrame, count, len(p))
@@ -181,6 +212,9 @@ const (
 	// AckRejected: the secondary refuses the stream (stale epoch, not the
 	// primary it knows, administratively disconnected).
 	AckRejected AckStatus = 2
+	// AckReceived: the secondary received every entry up to Seq (in its
+	// memory, not yet applied): what protocol B waits for.
+	AckReceived AckStatus = 3
 )
 
 // Ack acknowledges every entry up to and including Seq.

@@ -62,6 +62,11 @@ type ReplicaStatus struct {
 	Role        string `json:"role"`
 	Disk        string `json:"disk"`
 	Replication string `json:"replication"`
+	// LagBytes and LagSeconds: what the primary acknowledged to clients
+	// that this replica does not hold yet (protocols A and B), and how old
+	// the oldest of it is.
+	LagBytes   int64   `json:"lag_bytes"`
+	LagSeconds float64 `json:"lag_seconds"`
 	// Raft is what the cluster's state machine records of this replica:
 	// UpToDate (it may be promoted), Outdated (it misses writes), or ""
 	// (not known, or no raft).
@@ -198,16 +203,21 @@ type PeerStatus struct {
 	ResyncRate       int64  `json:"resync_rate"`
 	// ResyncSkippedBytes: resync bytes not sent because their checksums
 	// matched (csums).
-	ResyncSkippedBytes int64  `json:"resync_skipped_bytes"`
-	VerifyDoneBytes    int64  `json:"verify_done_bytes"`
-	VerifyTotalBytes   int64  `json:"verify_total_bytes"`
-	VerifyFoundBytes   int64  `json:"verify_found_bytes"`
-	FramesSent         uint64 `json:"frames_sent"`
-	EntriesSent        uint64 `json:"entries_sent"`
-	SyncRule           string `json:"sync_rule,omitempty"`
-	SyncDecision       string `json:"sync_decision,omitempty"`
-	Reason             string `json:"reason,omitempty"`
-	ReasonCode         string `json:"reason_code,omitempty"`
+	ResyncSkippedBytes int64 `json:"resync_skipped_bytes"`
+	// LagBytes and LagSeconds: what clients were told is written but the
+	// peer does not hold yet (protocols A and B; plus blocks marked while
+	// Ahead), and the age of the oldest of it.
+	LagBytes         int64   `json:"lag_bytes"`
+	LagSeconds       float64 `json:"lag_seconds"`
+	VerifyDoneBytes  int64   `json:"verify_done_bytes"`
+	VerifyTotalBytes int64   `json:"verify_total_bytes"`
+	VerifyFoundBytes int64   `json:"verify_found_bytes"`
+	FramesSent       uint64  `json:"frames_sent"`
+	EntriesSent      uint64  `json:"entries_sent"`
+	SyncRule         string  `json:"sync_rule,omitempty"`
+	SyncDecision     string  `json:"sync_decision,omitempty"`
+	Reason           string  `json:"reason,omitempty"`
+	ReasonCode       string  `json:"reason_code,omitempty"`
 }
 
 // Event is one line of a node's history.
@@ -356,4 +366,25 @@ type MembershipRequest struct {
 // MembershipReply lists the voters after the change.
 type MembershipReply struct {
 	Voters []string `json:"voters"`
+}
+
+// AdjustRequest changes a volume's settings online on every node that
+// holds it (Node set: on that node only). Empty fields are kept.
+type AdjustRequest struct {
+	Volume       string `json:"volume"`
+	Node         string `json:"node,omitempty"`
+	Protocol     string `json:"protocol,omitempty"`
+	OnCongestion string `json:"on_congestion,omitempty"`
+}
+
+// AdjustReply lists the settings now in force, per node.
+type AdjustReply struct {
+	Nodes []AdjustedNode `json:"nodes"`
+}
+
+// AdjustedNode is one node's settings after an adjust.
+type AdjustedNode struct {
+	Node         string `json:"node"`
+	Protocol     string `json:"protocol"`
+	OnCongestion string `json:"on_congestion"`
 }

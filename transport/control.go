@@ -33,6 +33,8 @@ type ControlServer interface {
 	ClusterForward(context.Context, *ClusterMessage) (*ClusterMessage, error)
 	// Membership adds or removes a raft voter.
 	Membership(context.Context, *MembershipRequest) (*MembershipReply, error)
+	// Adjust changes a volume's replication settings online.
+	Adjust(context.Context, *AdjustRequest) (*AdjustReply, error)
 }
 
 // jsonCodec carries the control API's Go structs as JSON: the API is low
@@ -88,6 +90,7 @@ var controlDesc = grpc.ServiceDesc{
 		unary("Verify", ControlServer.Verify),
 		unary("ClusterForward", ControlServer.ClusterForward),
 		unary("Membership", ControlServer.Membership),
+		unary("Adjust", ControlServer.Adjust),
 	},
 }
 
@@ -229,4 +232,9 @@ func (c *ControlClient) ClusterForward(ctx context.Context, r *ClusterMessage) (
 // Membership adds or removes a raft voter.
 func (c *ControlClient) Membership(ctx context.Context, r *MembershipRequest) (*MembershipReply, error) {
 	return invoke[MembershipReply](ctx, c, "Membership", r)
+}
+
+// Adjust changes a volume's replication settings online.
+func (c *ControlClient) Adjust(ctx context.Context, r *AdjustRequest) (*AdjustReply, error) {
+	return invoke[AdjustReply](ctx, c, "Adjust", r)
 }

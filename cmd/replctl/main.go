@@ -39,7 +39,7 @@ func newRoot() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&g.addr, "addr", addr, "control API of any node (HOST:PORT; env REPLCTL_ADDR)")
 	root.PersistentFlags().DurationVar(&g.timeout, "timeout", 60*time.Second, "how long to wait for the cluster")
-	root.AddCommand(newStatus(g), newPrimary(g), newConnect(g, true), newConnect(g, false), newResync(g), newVerify(g), newPath(g), newNode(g), newCreateMD(), newDemo())
+	root.AddCommand(newStatus(g), newPrimary(g), newConnect(g, true), newConnect(g, false), newResync(g), newVerify(g), newPath(g), newNode(g), newAdjust(g), newCreateMD(), newDemo())
 	return root
 }
 

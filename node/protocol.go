@@ -1,0 +1,145 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/replvol/replvol/replication"
+	"github.com/replvol/replvol/transport"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// settings are a volume's replication settings that replctl adjust changes
+// online: they start from the config file and are replaced whole (never
+// changed in place), so the IO path reads them without a lock.
+type settings struct {
+	// protocol is 'A' (a write completes once written locally and queued
+	// for the peers), 'B' (once the peers received it) or 'C' (once the
+	// peers wrote it).
+	protocol   byte
+	congestion replication.CongestionConfig
+	maxLag     int64
+	reads      replication.ReadBalancing
+}
+
+// settingsOf builds the settings a config file gives (validated already).
+func settingsOf(cfg VolumeConfig) *settings {
+	s := &settings{protocol: cfg.ProtocolOrDefault()[0], maxLag: int64(cfg.MaxLag)}
+	policy := replication.DefaultOnCongestion(cfg.ProtocolOrDefault())
+	if cfg.OnCongestion != "" {
+		policy = replication.OnCongestion(cfg.OnCongestion)
+	}
+	s.congestion = replication.CongestionConfig{Policy: policy, SendBuffer: int64(cfg.SendBuffer)}.WithDefaults()
+	s.reads, _ = replication.ParseReadBalancing(cfg.ReadBalancing)
+	return s
+}
+
+// settings returns the volume's settings now.
+func (v *Volume) settings() *settings { return v.set.Load() }
+
+// adjust changes the settings online: protocol ("" keeps it), congestion
+// policy ("" keeps it, or takes the new protocol's default when that one
+// no longer fits). No IO fails and nothing is resynced; streams pick the
+// change up at their next write.
+func (v *Volume) adjust(protocol, onCongestion string) (*settings, error) {
+	old := v.settings()
+	s := *old
+	if protocol != "" {
+		switch protocol {
+		case "A", "B", "C":
+			s.protocol = protocol[0]
+		default:
+			return nil, fmt.Errorf("protocol %q: want A, B or C", protocol)
+		}
+	}
+	policy := s.congestion.Policy
+	if onCongestion != "" {
+		p, err := replication.ParseOnCongestion(onCongestion)
+		if err != nil {
+			return nil, err
+		}
+		policy = p
+	} else if replication.CheckOnCongestion(string(s.protocol), policy) != nil {
+		policy = replication.DefaultOnCongestion(string(s.protocol))
+	}
+	if err := replication.CheckOnCongestion(string(s.protocol), policy); err != nil {
+		return nil, err
+	}
+	s.congestion.Policy = policy
+	v.set.Store(&s)
+	v.log.Info("settings adjusted", "protocol", string(s.protocol), "on_congestion", policy)
+	v.node.event(v.name, "adjusted", fmt.Sprintf("protocol %c, on_congestion %s (was protocol %c, %s)", s.protocol, policy, old.protocol, old.congestion.Policy))
+	return &s, nil
+}
+
+// lagOf reports a peer's lag: bytes acknowledged to clients but not yet on
+// the peer (plus blocks marked while Ahead) and the age of the oldest.
+func (p *peer) lagOf(now time.Time) (int64, time.Duration) {
+	p.lagMu.Lock()
+	defer p.lagMu.Unlock()
+	return p.lag.Bytes(), p.lag.Age(now)
+}
+
+// Adjust changes a volume's settings on every node holding it (on r.Node
+// only, when set): the protocol and the congestion policy, online.
+func (c *control) Adjust(ctx context.Context, r *transport.AdjustRequest) (*transport.AdjustReply, error) {
+	n := c.n
+	if r.Node == n.name {
+		v, err := n.volume(r.Volume)
+		if err != nil {
+			return nil, grpcError(err)
+		}
+		s, err := v.adjust(r.Protocol, r.OnCongestion)
+		if err != nil {
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+		return &transport.AdjustReply{Nodes: []transport.AdjustedNode{{Node: n.name, Protocol: string(s.protocol), OnCongestion: string(s.congestion.Policy)}}}, nil
+	}
+	var vc *VolumeConfig
+	for i := range n.cfg.Volumes {
+		if n.cfg.Volumes[i].Name == r.Volume {
+			vc = &n.cfg.Volumes[i]
+		}
+	}
+	if vc == nil {
+		return nil, status.Errorf(codes.NotFound, "no volume %q in the cluster", r.Volume)
+	}
+	if r.Node != "" {
+		if _, ok := vc.Disks[r.Node]; !ok {
+			return nil, status.Errorf(codes.NotFound, "node %q holds no disk of %s", r.Node, r.Volume)
+		}
+	}
+	reply := &transport.AdjustReply{}
+	var nodes []string
+	for name := range vc.Disks {
+		if r.Node == "" || r.Node == name {
+			nodes = append(nodes, name)
+		}
+	}
+	sort.Strings(nodes)
+	var errs []string
+	for _, name := range nodes {
+		api, err := n.peerAPI(name)
+		if err == nil {
+			var one *transport.AdjustReply
+			fwd := *r
+			fwd.Node = name
+			if one, err = api.Adjust(ctx, &fwd); err == nil {
+				reply.Nodes = append(reply.Nodes, one.Nodes...)
+				continue
+			}
+			if status.Code(err) == codes.InvalidArgument {
+				return nil, err // the same on every node: nothing changed
+			}
+		}
+		errs = append(errs, fmt.Sprintf("%s: %s", name, status.Convert(err).Message()))
+	}
+	if len(errs) > 0 {
+		return reply, status.Errorf(codes.Unavailable, "adjusted %d of %d nodes; not: %s (run replctl adjust again once they are up)", len(reply.Nodes), len(nodes), strings.Join(errs, "; "))
+	}
+	return reply, nil
+}
