@@ -37,7 +37,9 @@ fuzz:
 	done
 
 # One run: fio through NBD against replvol, nbdkit and a QEMU quorum mirror,
-# then the multipath figures (path choice cost, throttled paths, path loss).
+# then failover and switchover times (10 runs each; BENCHFLAGS=-failover-runs=0
+# skips them), then the multipath figures (path choice cost, throttled paths,
+# path loss).
 bench:
 	$(GO) run ./cmd/replbench $(BENCHFLAGS)
 	@echo

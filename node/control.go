@@ -228,6 +228,9 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 				if pv.Replication == string(replication.VerifyS) && rs.Reachable {
 					rs.Replication = string(replication.VerifyT)
 				}
+				if pv.Replication == string(replication.Ahead) && rs.Reachable {
+					rs.Replication = string(replication.Behind)
+				}
 				if pv.Replication == string(replication.PausedSyncS) && rs.Reachable {
 					rs.Replication = string(replication.PausedSyncT)
 				}
@@ -486,7 +489,14 @@ func (c *control) forcePrimary(ctx context.Context, r *transport.PrimaryRequest,
 // it, the old primary takes the volume back.
 func (c *control) switchoverByRaft(ctx context.Context, r *transport.PrimaryRequest, old string, d *transport.DemoteReply, oldAPI transport.ControlServer) (*transport.PrimaryReply, error) {
 	n := c.n
-	va, err := n.cl.c.Propose(ctx, replication.PromoteCommand(r.Volume, d.Epoch, r.Node, false))
+	// The old primary stopped its IO and found r.Node holding every
+	// write: raft may know that before it is told the reconnection
+	// finished.
+	_, err := n.cl.c.Propose(ctx, replication.MarkUpToDateCommand(r.Volume, d.Epoch, r.Node))
+	var va replication.VolumeAuthority
+	if err == nil {
+		va, err = n.cl.c.Propose(ctx, replication.PromoteCommand(r.Volume, d.Epoch, r.Node, false))
+	}
 	if err != nil {
 		msg := err.Error()
 		if _, rerr := oldAPI.Promote(ctx, &transport.PromoteRequest{Volume: r.Volume, Epoch: d.Epoch, Generation: d.Generation, Retake: true}); rerr != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/replvol/replvol/node/cluster"
 	"github.com/replvol/replvol/replication"
+	"github.com/replvol/replvol/transport"
 )
 
 // newRaftCluster is alpha and beta holding vol0 and the witness wit, each
@@ -155,5 +156,38 @@ func TestThreeDataReplicasResyncOnlyWhatEachMissed(t *testing.T) {
 	if f := a.peers["beta"].verifyFound.Load() + a.peers["gamma"].verifyFound.Load(); f != 0 {
 		t.Fatalf("verify found %d bytes out of sync", f)
 	}
+	c.requireIdentical()
+}
+
+// TestRepeatedSwitchoversThroughRaft: the planned switchover, committed
+// through raft, back and forth: each one completes and the new primary
+// serves.
+func TestRepeatedSwitchoversThroughRaft(t *testing.T) {
+	c := newRaftCluster(t, 8<<20)
+	c.start("wit")
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	ctx := context.Background()
+	api := &control{n: c.nodes["wit"]}
+	to := "beta"
+	for i := range 10 {
+		eventually(t, func() bool {
+			st := c.status()
+			return replica(st, "alpha").Raft == "UpToDate" && replica(st, "beta").Raft == "UpToDate"
+		}, "raft knows both UpToDate")
+		r, err := api.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: to, Timeout: 10 * time.Second})
+		if err != nil {
+			for _, n := range []string{"alpha", "beta"} {
+				t.Logf("%s: %+v", n, c.vol(n).status())
+			}
+			t.Fatalf("switchover %d to %s: %v", i, to, err)
+		}
+		if err := c.vol(to).WriteAt(ctx, pattern(byte(i), 4096), int64(i)*4096, false); err != nil {
+			t.Fatalf("write on %s after switchover %d (%+v): %v", to, i, r, err)
+		}
+		to = map[string]string{"alpha": "beta", "beta": "alpha"}[to]
+	}
+	c.waitInSync()
 	c.requireIdentical()
 }

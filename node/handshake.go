@@ -47,6 +47,9 @@ func (p *peer) connect(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("connect to %s at %s: %w", p.name, p.addr, err)
 	}
+	if wrap := v.node.wrapStream; wrap != nil {
+		stream = wrap(p.name, stream)
+	}
 	defer stream.Close()
 
 	v.mu.Lock()

@@ -49,6 +49,9 @@ type Options struct {
 	// Join: this node was added to a running cluster (replctl node add);
 	// it does not bootstrap raft but waits for the leader to add it.
 	Join bool
+	// WrapStream, when set, wraps each replication stream this node opens
+	// to a peer: tests put a slow or failing link there.
+	WrapStream func(peer string, s *transport.ReplStream) *transport.ReplStream
 }
 
 // stateStore is the node's own durable state (metadata.Store: bbolt):
@@ -83,6 +86,8 @@ type Node struct {
 	// cl is the cluster (raft and gossip); nil without their addresses.
 	cl       *clusterState
 	stopLoop chan struct{}
+	// wrapStream is Options.WrapStream.
+	wrapStream func(peer string, s *transport.ReplStream) *transport.ReplStream
 
 	mu      sync.Mutex
 	clients map[string]*transport.ControlClient
@@ -108,7 +113,7 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 		cfg: cfg, name: name, self: self, log: log.With("node", name),
 		vols: map[string]*Volume{}, clients: map[string]*transport.ControlClient{},
 		lnControl: opts.Control, lnRepl: opts.Replication, lnNBD: opts.NBD,
-		stopLoop: make(chan struct{}),
+		stopLoop: make(chan struct{}), wrapStream: opts.WrapStream,
 	}
 	dir := opts.StateDir
 	if dir == "" {

@@ -247,8 +247,17 @@ func (p *peer) splitBrain(ref *refusal) reason {
 func (p *peer) submit(e replication.Entry, proto byte, held *countdown) (*pending, error) {
 	for {
 		if s := p.session(); s != nil {
+			if proto != 'C' && changesData(e.Op) {
+				if s.admit(e.Length, p.v.settings()) == admitMark {
+					return nil, p.markBehind(&e)
+				}
+			}
 			pd := newPending(e)
 			pd.peer = p
+			if proto != 'C' && changesData(e.Op) {
+				n := e.Length
+				pd.finished = func(bool) { s.released(n) }
+			}
 			if changesData(e.Op) {
 				pd.lagSeq = p.writeSeq.Add(1)
 				if proto == 'B' {
@@ -257,7 +266,13 @@ func (p *peer) submit(e replication.Entry, proto byte, held *countdown) (*pendin
 			}
 			if held != nil {
 				held.add()
-				pd.finished = func(bool) { held.done() }
+				release := pd.finished
+				pd.finished = func(acked bool) {
+					if release != nil {
+						release(acked)
+					}
+					held.done()
+				}
 			}
 			if s.enqueue(pd) {
 				return pd, nil
@@ -284,6 +299,17 @@ func (p *peer) submit(e replication.Entry, proto byte, held *countdown) (*pendin
 		}
 		p.mu.Unlock() // a session started meanwhile: the entry goes to it
 	}
+}
+
+// markBehind marks e for a peer that is Behind (pull-ahead), after the
+// volume durably started tracking it, as for a peer that is gone.
+func (p *peer) markBehind(e *replication.Entry) error {
+	err := p.v.track(p, true)
+	markEntry(p.bm, e)
+	p.lagMu.Lock()
+	p.lag.Marked(e.Length, time.Now())
+	p.lagMu.Unlock()
+	return err
 }
 
 // syncDone builds the entry that makes the peer UpToDate at gen: the peer
@@ -316,6 +342,9 @@ func (p *peer) syncDone(s *session, gen replication.Generation) *pending {
 		if !inSync {
 			return
 		}
+		p.lagMu.Lock()
+		p.lag.CaughtUp()
+		p.lagMu.Unlock()
 		install := func() { v.crashedPrimary = false }
 		if tracked {
 			err := v.commit(func(d *durable) { d.gens = d.gens.ResyncFinishedAsSource(p.name) }, install)

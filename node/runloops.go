@@ -49,6 +49,14 @@ func (p *peer) resync(s *session) error {
 		if err := p.waitUnpaused(ctx); err != nil {
 			return err
 		}
+		// A catch-up pauses while its peer is Behind again (congestion).
+		for s.catchUpPaused.Load() {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
 		return v.resyncPace(ctx, began, wire, w.inFlight)
 	}
 	for csums := v.cfg.Csums; ; csums = false {
@@ -160,6 +168,9 @@ func (p *peer) resyncEntry(off, length int64, csums bool) (*pending, error) {
 	pd.onAck = func() {
 		p.bm.ClearBits(off, length)
 		p.resyncDone.Add(length)
+		p.lagMu.Lock()
+		p.lag.Resynced(length)
+		p.lagMu.Unlock()
 	}
 	return pd, nil
 }

@@ -120,11 +120,24 @@ type session struct {
 	// ack, oldest first.
 	frames  []uint64
 	nextSeq uint64
+
+	// Congestion (congestion.go), under mu: appBytes is the application
+	// writes queued and not acknowledged; room is closed (and replaced)
+	// when it shrinks; ahead: the peer is Behind, writes are marked;
+	// catchingUp: the catch-up resync runs (extra tracks it).
+	appBytes      int64
+	room          chan struct{}
+	cong          *replication.Congestion
+	congPolicy    replication.OnCongestion
+	ahead         bool
+	catchingUp    bool
+	catchUpPaused atomic.Bool
+	extra         sync.WaitGroup
 }
 
 func newSession(ctx context.Context, p *peer, s *transport.ReplStream, timeout time.Duration) *session {
 	sctx, cancel := context.WithCancel(ctx)
-	ss := &session{p: p, stream: s, ctx: sctx, cancel: cancel, timeout: timeout, wake: make(chan struct{}, 1), errc: make(chan error, 1)}
+	ss := &session{p: p, stream: s, ctx: sctx, cancel: cancel, timeout: timeout, wake: make(chan struct{}, 1), errc: make(chan error, 1), room: make(chan struct{})}
 	ss.lastRecv.Store(time.Now().UnixNano())
 	return ss
 }
@@ -202,6 +215,7 @@ wait:
 	s.cancel()
 	s.stream.Close()
 	wg.Wait()
+	s.extra.Wait()
 	s.end()
 	return err
 }
@@ -217,6 +231,7 @@ func (s *session) send() error {
 			return nil
 		case <-s.wake:
 		case <-hb.C:
+			s.congestionTick()
 			s.mu.Lock()
 			idle := len(s.queue) == 0 && len(s.inflight) == 0
 			s.mu.Unlock()

@@ -668,7 +668,11 @@ func (v *Volume) epoch() uint64 {
 // so that p can never again look as up to date as the primary. When that
 // cannot be written, the volume stops serving IO and the error is
 // returned: the write must fail.
-func (v *Volume) startTracking(p *peer) error {
+func (v *Volume) startTracking(p *peer) error { return v.track(p, false) }
+
+// track is startTracking; behind says the peer stays connected but is
+// Behind (pull-ahead): it misses writes all the same.
+func (v *Volume) track(p *peer, behind bool) error {
 	// In authority mode raft records the peer Outdated first: it is never
 	// promoted by itself once it misses a write.
 	if err := v.ensureOutdated(p.name); err != nil {
@@ -676,6 +680,12 @@ func (v *Volume) startTracking(p *peer) error {
 	}
 	v.stateMu.Lock()
 	defer v.stateMu.Unlock()
+	if !behind && p.session() != nil {
+		// The peer connected meanwhile (its handshake decided under
+		// stateMu): the write goes to its stream; moving the generation
+		// on now would leave the peer's UpToDate behind.
+		return nil
+	}
 	v.mu.Lock()
 	skip := v.d.gens.Tracking(p.name) || v.d.gens.Current.IsZero()
 	v.mu.Unlock()

@@ -77,6 +77,8 @@ type config struct {
 	dir      string
 	replctl  string
 	keepLogs bool
+
+	failoverRuns int // failover and switchover runs after the fio phases (0: none)
 }
 
 func main() {
@@ -96,6 +98,7 @@ func run() int {
 	flag.StringVar(&cfg.dir, "dir", "", "parent directory for the temporary images (default: $TMPDIR)")
 	flag.StringVar(&cfg.replctl, "replctl", "", "prebuilt replctl binary (default: go build ./cmd/replctl)")
 	flag.BoolVar(&cfg.keepLogs, "keep-logs", false, "keep the server logs (the images are always removed)")
+	flag.IntVar(&cfg.failoverRuns, "failover-runs", 10, "failover and switchover runs each, after the fio phases (0: skip)")
 	flag.Parse()
 
 	var err error
@@ -120,8 +123,8 @@ func run() int {
 			cfg.targets = append(cfg.targets, t)
 		}
 	}
-	if len(cfg.targets) == 0 || cfg.rounds < 1 || cfg.runtime < time.Second {
-		fmt.Fprintln(os.Stderr, "replbench: need at least one target, --rounds >= 1 and --runtime >= 1s")
+	if len(cfg.targets) == 0 || cfg.rounds < 1 || cfg.runtime < time.Second || cfg.failoverRuns < 0 {
+		fmt.Fprintln(os.Stderr, "replbench: need at least one target, --rounds >= 1, --runtime >= 1s and --failover-runs >= 0")
 		return 2
 	}
 	slices.SortFunc(cfg.targets, func(a, b string) int {
@@ -151,6 +154,14 @@ func run() int {
 		}
 	} else {
 		printTable(os.Stdout, rep)
+		if rep.Failover != nil {
+			fmt.Println()
+			printFailover(os.Stdout, rep.Failover)
+		}
+	}
+	if rep.Failover != nil && rep.Failover.Error != "" {
+		fmt.Fprintln(os.Stderr, "replbench: failover phase:", rep.Failover.Error)
+		return 1
 	}
 	return 0
 }
@@ -190,6 +201,7 @@ type report struct {
 	Rows     []*row            `json:"results"`
 	Goals    []goalResult      `json:"goals"`
 	Resync   *resyncResult     `json:"resync,omitempty"`
+	Failover *failoverReport   `json:"failover,omitempty"`
 }
 
 // resyncResult compares a full resync with a raw copy of the same file.
@@ -441,6 +453,20 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 			return nil, fmt.Errorf("resync phase: %w%s", err, t.diagnose())
 		}
 		rep.Resync = r
+	}
+	if b.cfg.failoverRuns > 0 {
+		// The fio targets are done: stop them so that they do not share
+		// the machine with the cluster being timed.
+		for _, t := range b.targets {
+			for _, p := range t.procs {
+				p.stop()
+			}
+		}
+		fr, err := b.failoverPhase(ctx)
+		if err != nil && ctx.Err() != nil {
+			return nil, err
+		}
+		rep.Failover = fr // on error, what was measured and fr.Error
 	}
 	return rep, nil
 }

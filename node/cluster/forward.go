@@ -194,6 +194,16 @@ func (c *Cluster) toLeader(ctx context.Context, req ForwardRequest) (ForwardRepl
 			continue
 		}
 		err = reply.Err()
+		if errors.Is(err, ErrOutcomeUnknown) && req.Kind == KindPropose {
+			// The leader lost its office while committing: run the
+			// command again (every command may run twice, see above).
+			select {
+			case <-ctx.Done():
+				return reply, err
+			case <-time.After(50 * time.Millisecond):
+			}
+			continue
+		}
 		if !errors.Is(err, errNotLeader) {
 			return reply, err
 		}

@@ -142,8 +142,10 @@ func (c *serverConn) isDraining() bool {
 
 func (c *serverConn) forceClose() {
 	c.srv.forcedClose.Store(true)
-	c.cancel()
+	// The connection closes BEFORE the Export calls see their context
+	// end: a call that returns at once must not get its reply out.
 	c.breakConn()
+	c.cancel()
 }
 
 // breakConn closes the connection and wakes a reader waiting for budget.
