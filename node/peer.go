@@ -64,6 +64,8 @@ type peer struct {
 	lagMu    sync.Mutex
 	lag      replication.Lag
 	writeSeq atomic.Uint64
+	// pendingReads counts reads sent to the peer and not answered.
+	pendingReads atomic.Int64
 
 	// Online verify of this peer.
 	verifying   atomic.Bool

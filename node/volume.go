@@ -35,6 +35,8 @@ type Volume struct {
 	locks replication.RangeLocks
 	// set holds the settings replctl adjust changes (protocol.go).
 	set atomic.Pointer[settings]
+	// rb balances reads between the local disk and the peers.
+	rb readBalancer
 
 	// stateMu serialises changes of the durable state (commit) with their
 	// persistence; v.mu is not held while the state is written.
@@ -352,7 +354,13 @@ func (v *Volume) ReadAt(ctx context.Context, p []byte, off int64) error {
 		}
 		return v.holdLease(ctx)
 	}
-	if _, err := v.disk.ReadAt(p, off); err != nil {
+	if pr := v.readTarget(off, int64(len(p))); pr != nil {
+		if err := pr.readRemote(ctx, p, off); err == nil {
+			return v.holdLease(ctx)
+		}
+		// The peer could not answer: the local disk can.
+	}
+	if err := v.readLocal(p, off); err != nil {
 		v.log.Error("local read failed", "off", off, "len", len(p), "err", err)
 		if v.detach(err) {
 			if err := v.readFromPeer(ctx, p, off); err != nil {
