@@ -53,10 +53,18 @@ type VolumeState struct {
 
 // Event is one line of a node's history.
 type Event struct {
+	// Seq numbers the node's events (set by AddEvent).
+	Seq     uint64    `json:"seq,omitempty"`
 	Time    time.Time `json:"time"`
 	Volume  string    `json:"volume,omitempty"`
 	Kind    string    `json:"kind"`
 	Message string    `json:"message"`
+	// Peer, Old, New and Reason describe a state change, when the event
+	// is one: the peer it concerns, the state before and after, and why.
+	Peer   string `json:"peer,omitempty"`
+	Old    string `json:"old,omitempty"`
+	New    string `json:"new,omitempty"`
+	Reason string `json:"reason,omitempty"`
 }
 
 // Store is a node's state file.
@@ -155,18 +163,20 @@ func (s *Store) PutVolume(name string, st VolumeState) error {
 	})
 }
 
-// AddEvent appends to the event history, dropping the oldest beyond 1000.
-func (s *Store) AddEvent(e Event) error {
+// AddEvent appends to the event history, dropping the oldest beyond 1000;
+// it returns the event as stored (with its Seq and Time).
+func (s *Store) AddEvent(e Event) (Event, error) {
 	if e.Time.IsZero() {
 		e.Time = time.Now()
 	}
-	data, err := json.Marshal(e)
-	if err != nil {
-		return err
-	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketEvents)
 		seq, err := b.NextSequence()
+		if err != nil {
+			return err
+		}
+		e.Seq = seq
+		data, err := json.Marshal(e)
 		if err != nil {
 			return err
 		}
@@ -183,6 +193,7 @@ func (s *Store) AddEvent(e Event) error {
 		}
 		return nil
 	})
+	return e, err
 }
 
 // Events returns up to the last n events, oldest first.

@@ -60,7 +60,7 @@ type stateStore interface {
 	Volume(name string) (metadata.VolumeState, bool, error)
 	// PutVolume is durable BEFORE it returns.
 	PutVolume(name string, st metadata.VolumeState) error
-	AddEvent(e metadata.Event) error
+	AddEvent(e metadata.Event) (metadata.Event, error)
 	Events(n int) ([]metadata.Event, error)
 	Close() error
 }
@@ -82,6 +82,9 @@ type Node struct {
 	registry *prometheus.Registry
 
 	lnControl, lnRepl, lnNBD net.Listener
+
+	// events fans the node's events out to live subscribers.
+	events eventHub
 
 	// cl is the cluster (raft and gossip); nil without their addresses.
 	cl       *clusterState
@@ -208,6 +211,9 @@ func (n *Node) Start() error {
 		Status:   func(ctx context.Context) (*transport.ClusterStatus, error) { return n.clusterStatus(ctx, 20) },
 		Node:     func(context.Context) (*transport.NodeStatus, error) { return n.nodeStatus(50), nil },
 		Registry: n.registry,
+		Events: func(ctx context.Context, history int, fn func(*transport.Event) error) error {
+			return (&control{n: n}).Events(ctx, &transport.EventsRequest{History: history}, fn)
+		},
 	})
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
@@ -317,9 +323,7 @@ func (n *Node) Close() error {
 
 // event records one line of history; failures only reach the log.
 func (n *Node) event(volume, kind, msg string) {
-	if err := n.store.AddEvent(metadata.Event{Volume: volume, Kind: kind, Message: msg}); err != nil {
-		n.log.Warn("record event", "err", err)
-	}
+	n.emit(metadata.Event{Volume: volume, Kind: kind, Message: msg})
 }
 
 // client returns a control client for another node.

@@ -222,11 +222,26 @@ type PeerStatus struct {
 
 // Event is one line of a node's history.
 type Event struct {
+	// Seq numbers the events of one node; a gap means some were missed.
+	Seq     uint64    `json:"seq,omitempty"`
 	Time    time.Time `json:"time"`
 	Node    string    `json:"node,omitempty"`
 	Volume  string    `json:"volume,omitempty"`
 	Kind    string    `json:"kind"`
 	Message string    `json:"message"`
+	// Peer, Old, New and Reason describe a state change: the peer it
+	// concerns, the state before and after, and why.
+	Peer   string `json:"peer,omitempty"`
+	Old    string `json:"old,omitempty"`
+	New    string `json:"new,omitempty"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// EventsRequest asks for a node's events: the last History (those since
+// Since, when set) first, then each new one as it happens.
+type EventsRequest struct {
+	History int       `json:"history,omitempty"`
+	Since   time.Time `json:"since,omitzero"`
 }
 
 // Requests and replies of the control API.

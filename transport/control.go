@@ -35,6 +35,9 @@ type ControlServer interface {
 	Membership(context.Context, *MembershipRequest) (*MembershipReply, error)
 	// Adjust changes a volume's replication settings online.
 	Adjust(context.Context, *AdjustRequest) (*AdjustReply, error)
+	// Events streams the node's events (history first, then live) to
+	// send until ctx ends or send fails.
+	Events(ctx context.Context, r *EventsRequest, send func(*Event) error) error
 }
 
 // jsonCodec carries the control API's Go structs as JSON: the API is low
@@ -92,6 +95,17 @@ var controlDesc = grpc.ServiceDesc{
 		unary("Membership", ControlServer.Membership),
 		unary("Adjust", ControlServer.Adjust),
 	},
+	Streams: []grpc.StreamDesc{{
+		StreamName:    "Events",
+		ServerStreams: true,
+		Handler: func(srv any, stream grpc.ServerStream) error {
+			req := new(EventsRequest)
+			if err := stream.RecvMsg(req); err != nil {
+				return err
+			}
+			return srv.(ControlServer).Events(stream.Context(), req, func(e *Event) error { return stream.SendMsg(e) })
+		},
+	}},
 }
 
 // NewControlGRPC returns a gRPC server carrying the control API. Serve it
@@ -237,4 +251,31 @@ func (c *ControlClient) Membership(ctx context.Context, r *MembershipRequest) (*
 // Adjust changes a volume's replication settings online.
 func (c *ControlClient) Adjust(ctx context.Context, r *AdjustRequest) (*AdjustReply, error) {
 	return invoke[AdjustReply](ctx, c, "Adjust", r)
+}
+
+// Events streams a node's events to fn until ctx ends, fn fails or the
+// node goes away.
+func (c *ControlClient) Events(ctx context.Context, r *EventsRequest, fn func(*Event) error) error {
+	stream, err := c.cc.NewStream(ctx, &controlDesc.Streams[0], "/"+controlService+"/Events")
+	if err != nil {
+		return err
+	}
+	if err := stream.SendMsg(r); err != nil {
+		return err
+	}
+	if err := stream.CloseSend(); err != nil {
+		return err
+	}
+	for {
+		e := new(Event)
+		if err := stream.RecvMsg(e); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		if err := fn(e); err != nil {
+			return err
+		}
+	}
 }

@@ -22,6 +22,9 @@ type Source struct {
 	Node func(context.Context) (*transport.NodeStatus, error)
 	// Registry holds the node's metrics (never the global registry).
 	Registry *prometheus.Registry
+	// Events streams the node's events to fn: the last history first,
+	// then each new one, until ctx ends or fn fails.
+	Events func(ctx context.Context, history int, fn func(*transport.Event) error) error
 }
 
 //go:embed status.html
