@@ -103,7 +103,9 @@ var givenAddrs sync.Map
 
 func (c *testCluster) start(name string) *Node {
 	c.t.Helper()
-	n, err := New(c.cfg, name, c.opts[name])
+	opts := c.opts[name]
+	opts.wrapStore = func(s stateStore) stateStore { return &faultyStore{stateStore: s} }
+	n, err := New(c.cfg, name, opts)
 	if err != nil {
 		c.t.Fatalf("start %s: %v", name, err)
 	}

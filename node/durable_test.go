@@ -52,12 +52,9 @@ func (s *faultyStore) set(failIf func(metadata.VolumeState) bool) {
 	s.mu.Unlock()
 }
 
-// wrapStore puts a faultyStore under a started node.
-func wrapStore(n *Node) *faultyStore {
-	fs := &faultyStore{stateStore: n.store}
-	n.store = fs
-	return fs
-}
+// wrapStore returns the faultyStore every test cluster node runs on
+// (installed at its start; it passes everything through until set).
+func wrapStore(n *Node) *faultyStore { return n.store.(*faultyStore) }
 
 func always(metadata.VolumeState) bool { return true }
 

@@ -52,6 +52,9 @@ type Options struct {
 	// WrapStream, when set, wraps each replication stream this node opens
 	// to a peer: tests put a slow or failing link there.
 	WrapStream func(peer string, s *transport.ReplStream) *transport.ReplStream
+	// wrapStore, when set, wraps the node's state store (tests inject
+	// write failures there).
+	wrapStore func(stateStore) stateStore
 }
 
 // stateStore is the node's own durable state (metadata.Store: bbolt):
@@ -130,6 +133,9 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 		return nil, err
 	}
 	n.store = st
+	if opts.wrapStore != nil {
+		n.store = opts.wrapStore(st)
+	}
 	preferred := balanceByGroup(cfg, name)
 	for _, vc := range cfg.Volumes {
 		dc, ok := vc.Disks[name]

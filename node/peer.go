@@ -162,6 +162,8 @@ func (p *peer) run(ctx context.Context) {
 		if why.cause != lastCause {
 			if err != nil {
 				p.v.log.Warn("replication to peer down; retrying", "peer", p.name, "cause", why.cause, "err", err)
+				p.v.node.emit(metadata.Event{Volume: p.v.name, Kind: "peer-lost", Peer: p.name, New: string(replication.Connecting),
+					Reason: string(why.cause), Message: fmt.Sprintf("replication to %s down (%s): %v; retrying", p.name, why.cause, err)})
 			}
 			lastCause = why.cause
 		} else if err != nil {

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
@@ -159,13 +160,21 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 		if reply.Refused == replication.RefusedSplitBrain {
 			v.noteSplitBrainLocked(h.From, reply.Rule)
 		}
+		again := v.lastRefusal == reply.Reason
+		v.lastRefusal = reply.Reason
 		v.mu.Unlock()
-		v.log.Warn("refused replication stream", "from", h.From, "refusal", reply.Refused, "reason", reply.Reason)
-		if reply.Refused == replication.RefusedSplitBrain {
-			v.node.event(v.name, "split-brain", reply.Reason)
+		if !again {
+			// Once per reason, not at every retry of the primary.
+			v.log.Warn("refused replication stream", "from", h.From, "refusal", reply.Refused, "reason", reply.Reason)
+			kind := "refused"
+			if reply.Refused == replication.RefusedSplitBrain {
+				kind = "split-brain"
+			}
+			v.node.emit(metadata.Event{Volume: v.name, Kind: kind, Peer: h.From, Reason: string(reply.Refused), Message: reply.Reason})
 		}
 		return sendJSON(s, replication.FrameHelloReply, reply)
 	}
+	v.lastRefusal = ""
 	adopt := v.discard != nil || h.Epoch > v.d.epoch || v.d.primary != h.From
 	v.mu.Unlock()
 	if adopt {

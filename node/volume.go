@@ -84,6 +84,9 @@ type Volume struct {
 	bg       sync.WaitGroup
 	incoming *incoming
 	why      reason // why the volume is not doing its usual job
+	// lastRefusal is the last reason this secondary refused a stream for
+	// (logged once per reason).
+	lastRefusal string
 
 	// Authority mode (authority.go): auth says the cluster decides the
 	// primary. lease is how long this primary may complete IO (leaseWake
