@@ -25,25 +25,51 @@
 //
 //	8K randwrite >= 0.4x nbdkit and >= 1.5x quorum; 8K randread >= 0.8x nbdkit.
 //
-// After the fio phases (their servers stopped), the failover phase
-// (failover.go) starts a cluster of replnode processes: data nodes alpha
-// and beta and a witness on 127.0.0.1 with raft and gossip, a 64 MiB
-// volume. It times --failover-runs automatic failovers (kill -9 of the
-// primary's replnode while one client writes 4 KiB blocks at queue depth 1
-// through NBD to whichever node serves → the first write the other node
-// acknowledges; the killed node is restarted and resynced before the next
-// run, which kills the other node) and as many switchovers (`replctl
-// primary` with no client connected → the first write the new primary
-// acknowledges on a fresh connection; the command's own time is shown
-// too). It prints median, worst and every run, and PASS or MISS for the
-// goal: failover median <= 2 s, never over 5 s.
+// Protocols (protocols.go), in the same rounds: the replvol demo also
+// runs 8K random write qd16 and 1M sequential write qd4 under protocol A
+// (`replctl adjust vol0 --protocol A --on-congestion pull-ahead`), B and
+// local-only (`replctl disconnect vol0 --node beta`, reconnected and
+// resynced after the run), and 8K random write qd1 under C, A, B and
+// local-only for the latency from submission to completion (fio's lat
+// percentiles; the nbd engine's clat split is not stable). A second table
+// shows each as a ratio to nbdkit from the same rounds, each protocol's
+// added p50 and p99 latency over local-only, and for A and B whether the
+// peer was seen Ahead and the largest lag; goal: A's 8K random write >=
+// 0.8x nbdkit. After each run on the demo the next waits until it is in
+// sync again.
+//
+// After the fio phases and the resync figure (their servers stopped), the
+// read-balancing phase (readbalance.go) runs replnode processes alpha
+// (primary) and beta, each backing file behind a loop device and each
+// replnode in a cgroup that caps its reads of that device (--read-throttle
+// per disk; cgroup v2 io.max, else v1 blkio; without root, losetup or a
+// controller it runs unthrottled on plain files and says so). It reads
+// the filled volume with 1M sequential reads at qd8 through NBD under
+// read_balancing prefer-local (one replica) and round-robin (nodes
+// restarted with the config changed), the page cache dropped before each
+// run; goal: round-robin >= 1.5x prefer-local. The cgroups' io stats show
+// how much each disk served.
+//
+// Then the failover phase (failover.go) starts a cluster of replnode
+// processes: data nodes alpha and beta and a witness on 127.0.0.1 with
+// raft and gossip, a 64 MiB volume. It times --failover-runs automatic
+// failovers (kill -9 of the primary's replnode while one client writes
+// 4 KiB blocks at queue depth 1 through NBD to whichever node serves → the
+// first write the other node acknowledges; the killed node is restarted
+// and resynced before the next run, which kills the other node) and as
+// many switchovers (`replctl primary` with no client connected → the
+// first write the new primary acknowledges on a fresh connection; the
+// command's own time is shown too). It prints median, worst and every
+// run, and PASS or MISS for the goal: failover median <= 2 s, never over
+// 5 s.
 //
 // Usage:
 //
 //	go run ./cmd/replbench [--rounds 3] [--runtime 6s] [--json]
 //	    [--targets replvol,nbdkit,quorum] [--span 512MiB] [--dir DIR]
+//	    [--protocols=true] [--read-balancing=true] [--read-throttle 50MiB]
 //	    [--failover-runs 10]
 //
-// All child processes and temporary files are removed on exit, also on
-// Ctrl-C or SIGTERM.
+// All child processes, loop devices, cgroups and temporary files are
+// removed on exit, also on Ctrl-C or SIGTERM.
 package main

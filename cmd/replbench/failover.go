@@ -182,7 +182,7 @@ func (b *bench) failoverPhase(ctx context.Context) (rep *failoverReport, err err
 		}
 	}
 	if _, err := c.waitStatus(ctx, "alpha", "alpha primary, both replicas in sync and UpToDate in raft", fvSyncTimeout, func(v *fvVolume) bool {
-		return v.Primary == "alpha" && v.NBDURI != "" && fvInSync(v)
+		return v.Primary == "alpha" && v.NBDURI != "" && c.inSync(v)
 	}); err != nil {
 		return rep, err
 	}
@@ -211,21 +211,64 @@ type fvNode struct {
 
 type fvCluster struct {
 	b                 *bench
+	label             string // names the processes and their logs
 	dir, cfgPath      string
 	replnode, replctl string
 	nodes             map[string]*fvNode
-	order             []string // alpha, beta, witness
+	order             []string // alpha, beta[, witness]
 	primary           string   // the primary, as the runs left it
 	used              map[int]bool
+
+	// What the config says.
+	raft          bool  // raft, gossip and a witness; failover: auto
+	size          int64 // the volume's
+	alExtents     int   // 0: the default
+	readBalancing string
+	disks         map[string]string // data node -> backing file or device
 }
 
 // setup builds the binaries and writes the config and the backing files.
 func (c *fvCluster) setup(ctx context.Context) error {
 	b := c.b
+	c.label, c.raft, c.size, c.alExtents = "failover", true, fvSize, fvALExtents
 	c.dir = filepath.Join(b.tmp, "failover")
 	if err := os.MkdirAll(c.dir, 0o755); err != nil {
 		return err
 	}
+	if err := c.build(ctx); err != nil {
+		return err
+	}
+	devSize, err := metadata.InternalDeviceSize(fvSize, fvALExtents, len(fvDataNodes)-1)
+	if err != nil {
+		return err
+	}
+	c.order = append(append([]string(nil), fvDataNodes...), fvWitness)
+	if err := c.allocate(); err != nil {
+		return err
+	}
+	c.disks = map[string]string{}
+	for _, name := range fvDataNodes {
+		img := filepath.Join(c.dir, name+".img")
+		f, err := os.Create(img)
+		if err != nil {
+			return err
+		}
+		err = f.Truncate(devSize) // sparse
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+		c.disks[name] = img
+	}
+	c.primary = "alpha"
+	return c.writeConfig()
+}
+
+// build builds replnode and, unless there is one, replctl.
+func (c *fvCluster) build(ctx context.Context) error {
+	b := c.b
 	var err error
 	if c.replnode, err = b.goBuild(ctx, "./cmd/replnode"); err != nil {
 		return err
@@ -241,21 +284,26 @@ func (c *fvCluster) setup(ctx context.Context) error {
 		}
 		b.replctlBin = c.replctl
 	}
-	devSize, err := metadata.InternalDeviceSize(fvSize, fvALExtents, len(fvDataNodes)-1)
-	if err != nil {
-		return err
-	}
+	return nil
+}
 
-	var cfg strings.Builder
-	cfg.WriteString("failover: auto\nnodes:\n")
-	c.order = append(append([]string(nil), fvDataNodes...), fvWitness)
+// allocate gives every node of c.order its addresses (the witness, named
+// fvWitness, holds no data; raft and gossip only with c.raft).
+func (c *fvCluster) allocate() error {
+	if c.nodes == nil {
+		c.nodes = map[string]*fvNode{}
+	}
+	if c.used == nil {
+		c.used = map[int]bool{}
+	}
+	var err error
 	for _, name := range c.order {
 		n := &fvNode{name: name, witness: name == fvWitness}
 		for _, a := range []struct {
 			dst *string
 			udp bool
 			use bool
-		}{{&n.control, false, true}, {&n.replication, false, !n.witness}, {&n.nbd, false, !n.witness}, {&n.raft, false, true}, {&n.gossip, true, true}} {
+		}{{&n.control, false, true}, {&n.replication, false, !n.witness}, {&n.nbd, false, !n.witness}, {&n.raft, false, c.raft}, {&n.gossip, true, c.raft}} {
 			if !a.use {
 				continue
 			}
@@ -264,52 +312,71 @@ func (c *fvCluster) setup(ctx context.Context) error {
 			}
 		}
 		c.nodes[name] = n
-		role := "data"
-		if n.witness {
-			role = "witness"
-		}
+	}
+	return nil
+}
+
+// writeConfig writes the cluster's config file (again: a restart picks up
+// a changed readBalancing).
+func (c *fvCluster) writeConfig() error {
+	var cfg strings.Builder
+	if c.raft {
+		cfg.WriteString("failover: auto\n")
+	}
+	cfg.WriteString("nodes:\n")
+	for _, name := range c.order {
+		n := c.nodes[name]
 		fmt.Fprintf(&cfg, "  - {name: %s, control: %q", name, n.control)
 		if !n.witness {
 			fmt.Fprintf(&cfg, ", replication: %q, nbd: %q", n.replication, n.nbd)
 		}
-		fmt.Fprintf(&cfg, ", raft: %q, gossip: %q, role: %s, state_dir: %q}\n", n.raft, n.gossip, role, filepath.Join(c.dir, name))
+		if c.raft {
+			role := "data"
+			if n.witness {
+				role = "witness"
+			}
+			fmt.Fprintf(&cfg, ", raft: %q, gossip: %q, role: %s", n.raft, n.gossip, role)
+		}
+		fmt.Fprintf(&cfg, ", state_dir: %q}\n", filepath.Join(c.dir, name))
 	}
-	fmt.Fprintf(&cfg, "volumes:\n  - name: %s\n    size: %d\n    protocol: C\n    primary: alpha\n    al_extents: %d\n    disks:\n",
-		fvVol, fvSize, fvALExtents)
-	for _, name := range fvDataNodes {
-		img := filepath.Join(c.dir, name+".img")
-		f, err := os.Create(img)
-		if err != nil {
-			return err
+	fmt.Fprintf(&cfg, "volumes:\n  - name: %s\n    size: %d\n    protocol: C\n    primary: alpha\n", fvVol, c.size)
+	if c.alExtents > 0 {
+		fmt.Fprintf(&cfg, "    al_extents: %d\n", c.alExtents)
+	}
+	if c.readBalancing != "" {
+		fmt.Fprintf(&cfg, "    read_balancing: %s\n", c.readBalancing)
+	}
+	cfg.WriteString("    disks:\n")
+	for _, name := range c.order {
+		if !c.nodes[name].witness {
+			fmt.Fprintf(&cfg, "      %s: %q\n", name, c.disks[name])
 		}
-		err = f.Truncate(devSize) // sparse
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(&cfg, "      %s: %q\n", name, img)
 	}
 	c.cfgPath = filepath.Join(c.dir, "cluster.yaml")
-	c.primary = "alpha"
 	return os.WriteFile(c.cfgPath, []byte(cfg.String()), 0o644)
 }
 
 // goBuild builds pkg (relative to the module root) into the bench's bin
 // directory and returns the binary's path.
 func (b *bench) goBuild(ctx context.Context, pkg string) (string, error) {
+	bin := filepath.Join(b.tmp, "bin", filepath.Base(pkg))
+	if b.built[pkg] {
+		return bin, nil
+	}
 	root, err := moduleRoot(ctx)
 	if err != nil {
 		return "", err
 	}
-	bin := filepath.Join(b.tmp, "bin", filepath.Base(pkg))
 	logf("building %s", pkg)
 	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, pkg)
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
 	}
+	if b.built == nil {
+		b.built = map[string]bool{}
+	}
+	b.built[pkg] = true
 	return bin, nil
 }
 
@@ -364,7 +431,7 @@ func (c *fvCluster) start(ctx context.Context, name string) error {
 	n := c.nodes[name]
 	n.starts++
 	n.killed = false
-	p, err := c.b.start(fmt.Sprintf("failover-%s-%d", name, n.starts), nil,
+	p, err := c.b.start(fmt.Sprintf("%s-%s-%d", c.label, name, n.starts), nil,
 		c.replnode, "--config", c.cfgPath, "--node", name, "--log-level", "warn")
 	if err != nil {
 		return err
@@ -400,8 +467,8 @@ func (c *fvCluster) kill(name string) {
 // stopAll stops the replnode processes (SIGTERM, then SIGKILL).
 func (c *fvCluster) stopAll() {
 	for i := len(c.order) - 1; i >= 0; i-- {
-		if p := c.nodes[c.order[i]].proc; p != nil {
-			p.stop()
+		if n := c.nodes[c.order[i]]; n != nil && n.proc != nil {
+			n.proc.stop()
 		}
 	}
 }
@@ -410,7 +477,7 @@ func (c *fvCluster) stopAll() {
 func (c *fvCluster) diagnose() string {
 	var msgs []string
 	for _, name := range c.order {
-		if n := c.nodes[name]; n.proc != nil && !n.killed && n.proc.exited() {
+		if n := c.nodes[name]; n != nil && n.proc != nil && !n.killed && n.proc.exited() {
 			p := n.proc
 			msgs = append(msgs, fmt.Sprintf("replnode %s (pid %d) exited: %v; log %s", name, p.cmd.Process.Pid, p.exitErr(), p.log))
 		}
@@ -455,15 +522,15 @@ func (v *fvVolume) replica(node string) *fvReplica {
 	return nil
 }
 
-// fvInSync: every data replica is UpToDate, Connected, nothing out of
-// sync, and raft records it UpToDate (a replica raft does not record
-// UpToDate cannot be promoted).
-func fvInSync(v *fvVolume) bool {
+// inSync: every data replica is UpToDate, Connected, nothing out of
+// sync, and, with raft, raft records it UpToDate (a replica raft does not
+// record UpToDate cannot be promoted).
+func (c *fvCluster) inSync(v *fvVolume) bool {
 	if len(v.Replicas) < len(fvDataNodes) {
 		return false
 	}
 	for _, r := range v.Replicas {
-		if r.Disk != "UpToDate" || r.Replication != "Connected" || r.OutOfSync != 0 || r.Raft != "UpToDate" {
+		if r.Disk != "UpToDate" || r.Replication != "Connected" || r.OutOfSync != 0 || c.raft && r.Raft != "UpToDate" {
 			return false
 		}
 	}
@@ -765,7 +832,7 @@ func (c *fvCluster) failovers(ctx context.Context, runs int, res *phaseTiming) e
 		if _, err := c.waitStatus(ctx, to, fmt.Sprintf("run %d: %s back as an UpToDate Secondary, both UpToDate in raft", i, from), fvSyncTimeout,
 			func(v *fvVolume) bool {
 				r := v.replica(from)
-				return v.Primary == to && v.NBDURI != "" && r != nil && r.Role == "Secondary" && fvInSync(v)
+				return v.Primary == to && v.NBDURI != "" && r != nil && r.Role == "Secondary" && c.inSync(v)
 			}); err != nil {
 			return err
 		}
@@ -780,7 +847,7 @@ func (c *fvCluster) switchovers(ctx context.Context, runs int, total, command *p
 		from := c.primary
 		to := otherNode(from)
 		if _, err := c.waitStatus(ctx, from, fmt.Sprintf("run %d: %s primary, both replicas in sync and UpToDate in raft", i, from), fvSyncTimeout,
-			func(v *fvVolume) bool { return v.Primary == from && v.NBDURI != "" && fvInSync(v) }); err != nil {
+			func(v *fvVolume) bool { return v.Primary == from && v.NBDURI != "" && c.inSync(v) }); err != nil {
 			return err
 		}
 		var start, cmdDone time.Time

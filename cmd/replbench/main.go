@@ -43,14 +43,54 @@ type workload struct {
 	RW      string // fio --rw
 	BS      string // fio --bs
 	IODepth int
-	Unit    string // "IOPS" or "MB/s"
+	Unit    string // "IOPS", "MB/s" or "us" (latency, submission to completion)
 	Read    bool
+	// Proto: the protocol variants (protocols.go) run it too.
+	Proto bool
+	// Latency: only the protocol variants run it, for its completion
+	// latency percentiles.
+	Latency bool
 }
 
 var workloads = []workload{
-	{Name: "randwrite-8k", Label: "8K randwrite qd16", RW: "randwrite", BS: "8k", IODepth: 16, Unit: "IOPS"},
-	{Name: "seqwrite-1m", Label: "1M seqwrite qd4", RW: "write", BS: "1m", IODepth: 4, Unit: "MB/s"},
+	{Name: "randwrite-8k", Label: "8K randwrite qd16", RW: "randwrite", BS: "8k", IODepth: 16, Unit: "IOPS", Proto: true},
+	{Name: "seqwrite-1m", Label: "1M seqwrite qd4", RW: "write", BS: "1m", IODepth: 4, Unit: "MB/s", Proto: true},
 	{Name: "randread-8k", Label: "8K randread qd16", RW: "randread", BS: "8k", IODepth: 16, Unit: "IOPS", Read: true},
+}
+
+// latWorkload is the latency reference of the protocols table: 8K random
+// writes one at a time, latency percentiles.
+var latWorkload = workload{Name: "randwrite-8k-qd1", Label: "8K randwrite qd1", RW: "randwrite", BS: "8k", IODepth: 1, Unit: "us", Latency: true}
+
+// value is the figure a run gives for the workload: IOPS, MB/s or the
+// median latency in microseconds.
+func (w workload) value(r *fioResult) float64 {
+	switch w.Unit {
+	case "MB/s":
+		return r.BW / 1e6
+	case "us":
+		return r.LatP50
+	}
+	return r.IOPS
+}
+
+// runTargets lists the targets that run w in every round: the selected
+// targets for the main workloads, plus the protocol variants of the
+// replvol demo when proto is on.
+func (b *bench) runTargets(w workload, proto bool) []string {
+	var names []string
+	if !w.Latency {
+		names = slices.Clone(b.cfg.targets)
+	}
+	if proto {
+		if w.Latency {
+			names = append(names, tReplvol)
+		}
+		if w.Proto || w.Latency {
+			names = append(names, protoVariants...)
+		}
+	}
+	return names
 }
 
 type goal struct {
@@ -79,6 +119,10 @@ type config struct {
 	keepLogs bool
 
 	failoverRuns int // failover and switchover runs after the fio phases (0: none)
+
+	protocols     bool  // protocols A, B, C and local-only in the fio rounds
+	readBalancing bool  // the read-balancing phase
+	readThrottle  int64 // read-balancing phase: read bytes/s per node's disk (0: no throttle)
 }
 
 func main() {
@@ -99,6 +143,10 @@ func run() int {
 	flag.StringVar(&cfg.replctl, "replctl", "", "prebuilt replctl binary (default: go build ./cmd/replctl)")
 	flag.BoolVar(&cfg.keepLogs, "keep-logs", false, "keep the server logs (the images are always removed)")
 	flag.IntVar(&cfg.failoverRuns, "failover-runs", 10, "failover and switchover runs each, after the fio phases (0: skip)")
+	flag.BoolVar(&cfg.protocols, "protocols", true, "also run replvol with protocols A and B and with its peer disconnected (local-only) in the fio rounds (needs targets replvol and nbdkit)")
+	flag.BoolVar(&cfg.readBalancing, "read-balancing", true, "run the read-balancing phase (prefer-local vs round-robin on two throttled replicas)")
+	var throttleStr string
+	flag.StringVar(&throttleStr, "read-throttle", "50MiB", "read-balancing phase: read bandwidth per second of each node's disk (cgroup blkio/io throttle on a loop device; 0: unthrottled)")
 	flag.Parse()
 
 	var err error
@@ -109,6 +157,12 @@ func run() int {
 	if cfg.span, err = node.ParseSize(spanStr); err != nil {
 		fmt.Fprintln(os.Stderr, "replbench: --span:", err)
 		return 2
+	}
+	if throttleStr != "0" {
+		if cfg.readThrottle, err = node.ParseSize(throttleStr); err != nil {
+			fmt.Fprintln(os.Stderr, "replbench: --read-throttle:", err)
+			return 2
+		}
 	}
 	for _, t := range strings.Split(targetsStr, ",") {
 		t = strings.TrimSpace(t)
@@ -154,16 +208,29 @@ func run() int {
 		}
 	} else {
 		printTable(os.Stdout, rep)
+		if rep.Protocols != nil {
+			fmt.Println()
+			printProtocols(os.Stdout, rep.Protocols)
+		}
+		if rep.ReadBalancing != nil {
+			fmt.Println()
+			printReadBalancing(os.Stdout, rep.ReadBalancing)
+		}
 		if rep.Failover != nil {
 			fmt.Println()
 			printFailover(os.Stdout, rep.Failover)
 		}
 	}
+	code := 0
+	if rep.ReadBalancing != nil && rep.ReadBalancing.Error != "" {
+		fmt.Fprintln(os.Stderr, "replbench: read-balancing phase:", rep.ReadBalancing.Error)
+		code = 1
+	}
 	if rep.Failover != nil && rep.Failover.Error != "" {
 		fmt.Fprintln(os.Stderr, "replbench: failover phase:", rep.Failover.Error)
-		return 1
+		code = 1
 	}
-	return 0
+	return code
 }
 
 // ---------------------------------------------------------------------------
@@ -201,7 +268,11 @@ type report struct {
 	Rows     []*row            `json:"results"`
 	Goals    []goalResult      `json:"goals"`
 	Resync   *resyncResult     `json:"resync,omitempty"`
-	Failover *failoverReport   `json:"failover,omitempty"`
+	// Protocols: replvol under protocols A, B and C and local-only,
+	// measured in the same rounds as the table above.
+	Protocols     *protocolReport    `json:"protocols,omitempty"`
+	ReadBalancing *readBalanceReport `json:"read_balancing,omitempty"`
+	Failover      *failoverReport    `json:"failover,omitempty"`
 }
 
 // resyncResult compares a full resync with a raw copy of the same file.
@@ -295,6 +366,7 @@ type bench struct {
 	targets map[string]*target
 
 	replctlBin string
+	built      map[string]bool // packages goBuild built into tmp/bin
 }
 
 type target struct {
@@ -377,7 +449,7 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 
 	for _, name := range b.cfg.targets {
 		logf("prefilling %s (%s sequential write)", name, fmtSize(span))
-		if _, err := b.fio(ctx, b.targets[name].uri, "fill", "write", "1m", 4, span, false); err != nil {
+		if _, err := b.fio(ctx, b.targets[name].uri, "fill", "write", "1m", 4, span, fioOnce); err != nil {
 			return nil, fmt.Errorf("prefill %s: %w%s", name, err, b.targets[name].diagnose())
 		}
 	}
@@ -396,32 +468,75 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 		rows[w.Name] = r
 		rep.Rows = append(rep.Rows, r)
 	}
-	n := len(b.cfg.targets)
-	for round := 0; round < b.cfg.rounds; round++ {
-		order := make([]string, 0, n)
-		for i := 0; i < n; i++ {
-			order = append(order, b.cfg.targets[(i+round)%n])
+	// The protocol variants run on the replvol demo in the same rounds as
+	// the other targets (protocols.go).
+	var proto *protoRun
+	if b.cfg.protocols {
+		if b.targets[tReplvol] != nil && b.targets[tNbdkit] != nil {
+			proto = newProtoRun(b, b.targets[tReplvol])
+		} else {
+			rep.Protocols = &protocolReport{Skipped: "needs the targets replvol and nbdkit"}
 		}
-		for _, w := range workloads {
-			for _, name := range order {
+	}
+	plan := slices.Clone(workloads)
+	if proto != nil {
+		plan = append(plan, latWorkload)
+	}
+	for round := 0; round < b.cfg.rounds; round++ {
+		for _, w := range plan {
+			names := b.runTargets(w, proto != nil)
+			for i := range names {
+				// The order rotates per round.
+				name := names[(i+round)%len(names)]
+				t := b.targets[baseTarget(name)]
+				if proto != nil && t == proto.t {
+					if err := proto.prepare(ctx, name); err != nil {
+						return nil, fmt.Errorf("round %d %s on %s: %w%s", round+1, w.Name, name, err, t.diagnose())
+					}
+				}
 				// No run pays for the writeback of the one before it.
 				if out, err := exec.CommandContext(ctx, "sync").CombinedOutput(); err != nil {
 					return nil, fmt.Errorf("sync: %v: %s", err, out)
 				}
-				res, err := b.fio(ctx, b.targets[name].uri, w.Name, w.RW, w.BS, w.IODepth, span, true)
+				var mon *lagMonitor
+				if proto != nil && (name == pA || name == pB) {
+					mon = startLagMonitor(ctx, t.control)
+				}
+				res, err := b.fio(ctx, t.uri, w.Name, w.RW, w.BS, w.IODepth, span, fioTimed)
+				obs := mon.stop()
 				if err != nil {
 					time.Sleep(200 * time.Millisecond) // let a dying server be reaped
-					return nil, fmt.Errorf("round %d %s on %s: %w%s", round+1, w.Name, name, err, b.targets[name].diagnose())
+					return nil, fmt.Errorf("round %d %s on %s: %w%s", round+1, w.Name, name, err, t.diagnose())
 				}
-				v := res.IOPS
-				if w.Unit == "MB/s" {
-					v = res.BW / 1e6
+				if proto != nil && t == proto.t {
+					if err := proto.settle(ctx, name); err != nil {
+						return nil, fmt.Errorf("round %d %s on %s: after the run: %w%s", round+1, w.Name, name, err, t.diagnose())
+					}
 				}
-				c := rows[w.Name].Targets[name]
-				c.Samples = append(c.Samples, v)
-				logf("round %d/%d  %-18s %-8s %10s %s", round+1, b.cfg.rounds, w.Label, name, fmtNum(v), w.Unit)
+				v := w.value(res)
+				if r, ok := rows[w.Name]; ok {
+					if c, ok := r.Targets[name]; ok {
+						c.Samples = append(c.Samples, v)
+					}
+				}
+				if proto != nil {
+					proto.record(w, name, res, obs)
+				}
+				if w.Latency {
+					logf("round %d/%d  %-18s %-13s latency p50 %s us, p99 %s us (clat p50 %s, p99 %s)", round+1, b.cfg.rounds, w.Label, name,
+						fmtNum(res.LatP50), fmtNum(res.LatP99), fmtNum(res.ClatP50), fmtNum(res.ClatP99))
+				} else {
+					logf("round %d/%d  %-18s %-13s %10s %s%s", round+1, b.cfg.rounds, w.Label, name, fmtNum(v), w.Unit, obs.String())
+				}
 			}
 		}
+	}
+	if proto != nil {
+		// Back to protocol C, connected, for the resync phase.
+		if err := proto.prepare(ctx, tReplvol); err != nil {
+			return nil, fmt.Errorf("protocols: back to protocol C: %w%s", err, proto.t.diagnose())
+		}
+		rep.Protocols = proto.report()
 	}
 	for _, r := range rep.Rows {
 		for _, c := range r.Targets {
@@ -454,14 +569,23 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 		}
 		rep.Resync = r
 	}
-	if b.cfg.failoverRuns > 0 {
+	if b.cfg.readBalancing || b.cfg.failoverRuns > 0 {
 		// The fio targets are done: stop them so that they do not share
-		// the machine with the cluster being timed.
+		// the machine with the clusters measured next.
 		for _, t := range b.targets {
 			for _, p := range t.procs {
 				p.stop()
 			}
 		}
+	}
+	if b.cfg.readBalancing {
+		rr, err := b.readBalancePhase(ctx)
+		if err != nil && ctx.Err() != nil {
+			return nil, err
+		}
+		rep.ReadBalancing = rr // on error, what was measured and rr.Error
+	}
+	if b.cfg.failoverRuns > 0 {
 		fr, err := b.failoverPhase(ctx)
 		if err != nil && ctx.Err() != nil {
 			return nil, err
@@ -477,37 +601,13 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 func (b *bench) resyncPhase(ctx context.Context, t *target) (*resyncResult, error) {
 	size := b.cfg.size &^ (1<<20 - 1)
 	logf("resync: filling all %s of replvol", fmtSize(size))
-	if _, err := b.fio(ctx, t.uri, "fillall", "write", "1m", 4, size, false); err != nil {
+	if _, err := b.fio(ctx, t.uri, "fillall", "write", "1m", 4, size, fioOnce); err != nil {
 		return nil, err
 	}
-	ctl := func(args ...string) ([]byte, error) {
-		return exec.CommandContext(ctx, b.replctlBin, append(args, "--addr", t.control)...).CombinedOutput()
-	}
+	ctl := func(args ...string) ([]byte, error) { return b.replctlAt(ctx, t, args...) }
 	inSync := func() (bool, error) {
-		out, err := ctl("status", "--json")
-		if err != nil {
-			return false, fmt.Errorf("replctl status: %v: %s", err, out)
-		}
-		var st struct {
-			Volumes []struct {
-				Replicas []struct {
-					Disk        string `json:"disk"`
-					Replication string `json:"replication"`
-					OutOfSync   int64  `json:"out_of_sync_bytes"`
-				} `json:"replicas"`
-			} `json:"volumes"`
-		}
-		if err := json.Unmarshal(out, &st); err != nil {
-			return false, err
-		}
-		for _, v := range st.Volumes {
-			for _, r := range v.Replicas {
-				if r.Disk != "UpToDate" || r.Replication != "Connected" || r.OutOfSync != 0 {
-					return false, nil
-				}
-			}
-		}
-		return true, nil
+		ok, _, err := b.demoInSync(ctx, t)
+		return ok, err
 	}
 	begin := time.Now()
 	if out, err := ctl("resync", "vol0"); err != nil {
@@ -551,6 +651,51 @@ func (b *bench) resyncPhase(ctx context.Context, t *target) (*resyncResult, erro
 		r.Status = "PASS"
 	}
 	return r, nil
+}
+
+// replctlAt runs replctl ARGS --addr <the demo's control address>.
+func (b *bench) replctlAt(ctx context.Context, t *target, args ...string) ([]byte, error) {
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	return exec.CommandContext(cctx, b.replctlBin, append(args, "--addr", t.control)...).CombinedOutput()
+}
+
+// demoInSync reports whether every replica of the demo is UpToDate,
+// Connected, with nothing out of sync and no lag; what says why not.
+func (b *bench) demoInSync(ctx context.Context, t *target) (ok bool, what string, err error) {
+	out, err := b.replctlAt(ctx, t, "status", "--json")
+	if err != nil {
+		return false, "", fmt.Errorf("replctl status: %v: %s", err, out)
+	}
+	if i := strings.IndexByte(string(out), '{'); i > 0 {
+		out = out[i:]
+	}
+	var st struct {
+		Volumes []struct {
+			Replicas []struct {
+				Node        string `json:"node"`
+				Disk        string `json:"disk"`
+				Replication string `json:"replication"`
+				OutOfSync   int64  `json:"out_of_sync_bytes"`
+				LagBytes    int64  `json:"lag_bytes"`
+			} `json:"replicas"`
+		} `json:"volumes"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		return false, "", err
+	}
+	if len(st.Volumes) == 0 {
+		return false, "no volume in the status", nil
+	}
+	for _, v := range st.Volumes {
+		for _, r := range v.Replicas {
+			if r.Disk != "UpToDate" || r.Replication != "Connected" || r.OutOfSync != 0 || r.LagBytes != 0 {
+				return false, fmt.Sprintf("%s: disk %s, replication %s, %d bytes out of sync, lag %d bytes",
+					r.Node, r.Disk, r.Replication, r.OutOfSync, r.LagBytes), nil
+			}
+		}
+	}
+	return true, "", nil
 }
 
 // ---------------------------------------------------------------------------
@@ -824,18 +969,46 @@ func (b *bench) cleanup() {
 type fioResult struct {
 	IOPS float64
 	BW   float64 // bytes/s
+	// LatP50 and LatP99 are percentiles of the latency from submission
+	// to completion (fio's lat_ns), in microseconds. ClatP50 and ClatP99
+	// are fio's completion-latency (clat_ns) percentiles: with the nbd
+	// engine the request often goes out, and sometimes its reply comes
+	// back, before fio stamps the issue time, so clat moves between runs
+	// that lat does not (identical qd1 runs: clat p50 105 vs 140 us, lat
+	// p50 152 vs 155 us), and can be a few microseconds.
+	LatP50, LatP99   float64
+	ClatP50, ClatP99 float64
 }
 
-func (b *bench) fio(ctx context.Context, uri, name, rw, bs string, qd int, span int64, timed bool) (*fioResult, error) {
+// fioMode is how long a fio run lasts.
+type fioMode int
+
+const (
+	// fioOnce goes over the span once, however long that takes.
+	fioOnce fioMode = iota
+	// fioTimed loops over the span for ramp + runtime (time_based).
+	fioTimed
+	// fioCapped goes over the span at most once: it stops after ramp +
+	// runtime or at the end of the span, whichever comes first (a
+	// sequential read that never reads a block twice).
+	fioCapped
+)
+
+func (b *bench) fio(ctx context.Context, uri, name, rw, bs string, qd int, span int64, mode fioMode) (*fioResult, error) {
 	out := filepath.Join(b.tmp, "fio-"+name+".json")
 	args := []string{
 		"--name=" + name, "--ioengine=nbd", "--uri=" + uri,
 		"--rw=" + rw, "--bs=" + bs, "--iodepth=" + strconv.Itoa(qd),
 		"--size=" + strconv.FormatInt(span, 10),
+		"--lat_percentiles=1",
 		"--output-format=json", "--output=" + out,
 	}
-	if timed {
-		args = append(args, "--time_based",
+	switch mode {
+	case fioTimed:
+		args = append(args, "--time_based")
+		fallthrough
+	case fioCapped:
+		args = append(args,
 			"--runtime="+strconv.Itoa(int(b.cfg.runtime.Seconds())),
 			"--ramp_time="+strconv.Itoa(int(b.cfg.ramp.Seconds())))
 	}
@@ -858,17 +1031,20 @@ func (b *bench) fio(ctx context.Context, uri, name, rw, bs string, qd int, span 
 	if i := strings.IndexByte(string(data), '{'); i > 0 {
 		data = data[i:]
 	}
+	type pcts struct {
+		Percentile map[string]float64 `json:"percentile"`
+	}
+	type dir struct {
+		IOPS float64 `json:"iops"`
+		BW   float64 `json:"bw_bytes"`
+		Clat pcts    `json:"clat_ns"`
+		Lat  pcts    `json:"lat_ns"`
+	}
 	var j struct {
 		Jobs []struct {
 			Error int `json:"error"`
-			Read  struct {
-				IOPS float64 `json:"iops"`
-				BW   float64 `json:"bw_bytes"`
-			} `json:"read"`
-			Write struct {
-				IOPS float64 `json:"iops"`
-				BW   float64 `json:"bw_bytes"`
-			} `json:"write"`
+			Read  dir `json:"read"`
+			Write dir `json:"write"`
 		} `json:"jobs"`
 	}
 	if err := json.Unmarshal(data, &j); err != nil {
@@ -881,17 +1057,32 @@ func (b *bench) fio(ctx context.Context, uri, name, rw, bs string, qd int, span 
 	if jb.Error != 0 {
 		return nil, fmt.Errorf("fio job error %d: %s", jb.Error, strings.TrimSpace(string(combined)))
 	}
+	d := jb.Write
 	if strings.Contains(rw, "read") {
-		return &fioResult{IOPS: jb.Read.IOPS, BW: jb.Read.BW}, nil
+		d = jb.Read
 	}
-	return &fioResult{IOPS: jb.Write.IOPS, BW: jb.Write.BW}, nil
+	// fio's default percentile list holds 50 and 99, keyed "50.000000".
+	pct := func(ps pcts, p float64) float64 {
+		for k, v := range ps.Percentile {
+			if f, err := strconv.ParseFloat(k, 64); err == nil && f == p {
+				return v / 1e3
+			}
+		}
+		return 0
+	}
+	return &fioResult{IOPS: d.IOPS, BW: d.BW,
+		LatP50: pct(d.Lat, 50), LatP99: pct(d.Lat, 99), ClatP50: pct(d.Clat, 50), ClatP99: pct(d.Clat, 99)}, nil
 }
 
 // ---------------------------------------------------------------------------
 // helpers
 
+// benchStart is when the run began: log lines carry the time since.
+var benchStart = time.Now()
+
 func logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "replbench: "+format+"\n", args...)
+	el := time.Since(benchStart).Truncate(time.Second)
+	fmt.Fprintf(os.Stderr, "replbench: [%02d:%02d] "+format+"\n", append([]any{int(el.Minutes()), int(el.Seconds()) % 60}, args...)...)
 }
 
 func freePort() (int, error) {
