@@ -44,7 +44,7 @@ func (s *session) admit(n int64, set *settings) admission {
 		}
 		_, acts := s.stepLocked(n)
 		switch {
-		case acts.Has(replication.StartMarking):
+		case acts.Has(replication.StartMarking), acts.Has(replication.MarkOne):
 			s.mu.Unlock()
 			return admitMark
 		case acts.Has(replication.WaitForRoom) && s.appBytes > 0:
@@ -96,6 +96,70 @@ func (s *session) stepLocked(n int64) (replication.ReplState, replication.Conges
 		}()
 	}
 	return st, acts
+}
+
+// resyncRun registers a resync run [off, off+length) read and queued, not
+// yet acknowledged; its ack clears its bits through clearRun.
+func (s *session) resyncRun(off, length int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.runs == nil {
+		s.runs = map[int64]int64{}
+	}
+	s.runs[off] = length
+}
+
+// markBehind marks e's blocks for the peer; blocks under resync runs in
+// flight are remembered: those runs carry older data, and their acks must
+// leave the marks. Marking and clearRun exclude each other (s.mu).
+func (s *session) markBehind(e *replication.Entry) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.remarkLocked(e.Off, e.Length)
+	markEntry(s.p.bm, e)
+}
+
+func (s *session) remarkLocked(off, length int64) {
+	for roff, rlen := range s.runs {
+		lo, hi := max(off, roff), min(off+length, roff+rlen)
+		for b := lo / replication.BlockSize; b*replication.BlockSize < hi; b++ {
+			if s.remarked == nil {
+				s.remarked = map[int64]bool{}
+			}
+			s.remarked[b] = true
+		}
+	}
+}
+
+// clearRun clears, once the peer acknowledged the run [off, off+length),
+// the bits of its blocks that were not marked again while it was in
+// flight; it reports the bytes cleared.
+func (s *session) clearRun(off, length int64) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.runs, off)
+	var keep []int64
+	for b := off / replication.BlockSize; b*replication.BlockSize < off+length; b++ {
+		if s.remarked[b] {
+			keep = append(keep, b)
+			delete(s.remarked, b)
+		}
+	}
+	bm := s.p.bm
+	if len(keep) == 0 {
+		bm.ClearBits(off, length)
+		return length
+	}
+	cleared, from := int64(0), off
+	for _, b := range append(keep, (off+length+replication.BlockSize-1)/replication.BlockSize) {
+		to := min(b*replication.BlockSize, off+length)
+		if to > from {
+			bm.ClearBits(from, to-from)
+			cleared += to - from
+		}
+		from = (b + 1) * replication.BlockSize
+	}
+	return cleared
 }
 
 // released: n bytes of an application write left the send buffer (the

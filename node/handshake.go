@@ -121,7 +121,18 @@ func (p *peer) connect(ctx context.Context) error {
 	var work func() error
 	switch {
 	case plan.sync:
-		work = func() error { return p.resync(s) }
+		work = func() error {
+			// The congestion controller starts no catch-up meanwhile.
+			s.mu.Lock()
+			s.catchingUp = true
+			s.mu.Unlock()
+			defer func() {
+				s.mu.Lock()
+				s.catchingUp = false
+				s.mu.Unlock()
+			}()
+			return p.resync(s)
+		}
 	case plan.pull:
 		work = func() error { return p.pull(s, plan.peerGen) }
 	}

@@ -309,10 +309,18 @@ func (p *peer) submit(e replication.Entry, proto byte, held *countdown) (*pendin
 // volume durably started tracking it, as for a peer that is gone.
 func (p *peer) markBehind(e *replication.Entry) error {
 	err := p.v.track(p, true)
-	markEntry(p.bm, e)
-	p.lagMu.Lock()
-	p.lag.Marked(e.Length, time.Now())
-	p.lagMu.Unlock()
+	before := p.bm.Count()
+	if s := p.session(); s != nil {
+		s.markBehind(e)
+	} else {
+		markEntry(p.bm, e)
+	}
+	// The lag counts blocks newly marked, not a block twice.
+	if n := (p.bm.Count() - before) * replication.BlockSize; n > 0 {
+		p.lagMu.Lock()
+		p.lag.Marked(n, time.Now())
+		p.lagMu.Unlock()
+	}
 	return err
 }
 

@@ -73,7 +73,7 @@ func (p *peer) resync(s *session) error {
 			if err != nil {
 				return nil, nil, err
 			}
-			pd, err := p.resyncEntry(off, length, csums)
+			pd, err := p.resyncEntry(s, off, length, csums)
 			if err != nil {
 				unlock()
 				return nil, nil, err
@@ -115,7 +115,7 @@ func (p *peer) resync(s *session) error {
 
 // resyncEntry reads one run and builds its entry: checksums (csums),
 // a zero range, or the data. Its ack clears the run's bits.
-func (p *peer) resyncEntry(off, length int64, csums bool) (*pending, error) {
+func (p *peer) resyncEntry(s *session, off, length int64, csums bool) (*pending, error) {
 	v := p.v
 	pd := newPending(replication.Entry{})
 	switch hf, isHF := v.disk.(holeFinder); {
@@ -165,11 +165,19 @@ func (p *peer) resyncEntry(off, length int64, csums bool) (*pending, error) {
 			pd.release = func() { resyncBufs.Put(bp) }
 		}
 	}
+	// Blocks marked again while this run is in flight (pull-ahead) keep
+	// their marks: the run carries their older data.
+	s.resyncRun(off, length)
+	pd.finished = func(acked bool) {
+		if !acked {
+			s.clearRun(off, 0)
+		}
+	}
 	pd.onAck = func() {
-		p.bm.ClearBits(off, length)
+		cleared := s.clearRun(off, length)
 		p.resyncDone.Add(length)
 		p.lagMu.Lock()
-		p.lag.Resynced(length)
+		p.lag.Resynced(cleared)
 		p.lagMu.Unlock()
 	}
 	return pd, nil

@@ -133,6 +133,10 @@ type session struct {
 	catchingUp    bool
 	catchUpPaused atomic.Bool
 	extra         sync.WaitGroup
+	// runs are the resync runs in flight (offset → length); remarked the
+	// blocks marked again meanwhile (their runs' acks keep the marks).
+	runs     map[int64]int64
+	remarked map[int64]bool
 }
 
 func newSession(ctx context.Context, p *peer, s *transport.ReplStream, timeout time.Duration) *session {

@@ -20,8 +20,9 @@ package replication
 //   - Ahead is entered at most MaxAheadPerMinute times (default 10) in any
 //     60 s;
 //   - when the fill reaches high water but a dwell or the cap forbids
-//     Ahead, the primary waits for room (as block does) once the buffer is
-//     full; it never ships more than send_buffer.
+//     Ahead, a write that would overfill the buffer is marked instead of
+//     shipped (MarkOne), without a state change: the primary never waits
+//     for the link, and never ships more than send_buffer.
 //
 // The catch-up after Ahead resyncs only the blocks still marked: pausing
 // it keeps what it already cleared. Queued counts the application's writes
@@ -208,9 +209,14 @@ const (
 	// Disconnect: drop the connection; mark what the peer has not
 	// acknowledged, and reconnect.
 	Disconnect
+	// MarkOne: under pull-ahead, the buffer is full but a dwell or the cap
+	// forbids a change into Ahead: mark this write's blocks instead of
+	// shipping it, without changing state (the catch-up resyncs them).
+	// pull-ahead never holds the primary back.
+	MarkOne
 )
 
-var congestionActionNames = [...]string{"wait-for-room", "start-marking", "pause-catch-up", "start-catch-up", "resume-streaming", "disconnect"}
+var congestionActionNames = [...]string{"wait-for-room", "start-marking", "pause-catch-up", "start-catch-up", "resume-streaming", "disconnect", "mark-one"}
 
 // Has reports whether every action of b is in a.
 func (a CongestionActions) Has(b CongestionActions) bool { return a&b == b }
@@ -313,11 +319,21 @@ func (c *Congestion) pullAhead(in CongestionInput) (ReplState, CongestionActions
 			c.become(Connected, in.Now)
 			return c.state, 0
 		}
+		if c.state == Connected && !in.CatchUpRunning && in.CatchUpLeft > 0 && in.Queued < c.high &&
+			!c.lowFrom.IsZero() && in.Now.Sub(c.lowFrom) >= c.cfg.Hold {
+			// Blocks marked without going Ahead (MarkOne): catch them up
+			// once the link has had room for a while.
+			c.become(SyncSource, in.Now)
+			return c.state, StartCatchUp
+		}
 		if in.Queued < c.high {
 			return c.state, 0
 		}
 		if !c.dwelt(in.Now) || !c.aheadAllowed(in.Now) {
-			return c.state, c.waitIfFull(in)
+			if c.waitIfFull(in) != 0 {
+				return c.state, MarkOne
+			}
+			return c.state, 0
 		}
 		acts := StartMarking
 		if c.state == SyncSource {

@@ -74,12 +74,12 @@ func TestCongestionSituations(t *testing.T) {
 			{At: 1 * time.Second, Queued: 0, State: Ahead},
 			{At: 2 * time.Second, Queued: 0, State: Connected, Actions: ResumeStreaming},
 		}},
-		{"congestion during the catch-up within the dwell waits for room instead of going Ahead", pullAhead, []congestionStep{
+		{"congestion during the catch-up within the dwell marks the write instead of going Ahead", pullAhead, []congestionStep{
 			{At: 0, Queued: 100, State: Ahead, Actions: StartMarking},
 			{At: 1 * time.Second, Queued: 0, Left: 40, State: Ahead},
 			{At: 2 * time.Second, Queued: 0, Left: 40, State: SyncSource, Actions: ResumeStreaming | StartCatchUp},
 			{At: 2*time.Second + 50*ms, Queued: 95, Running: true, Left: 30, State: SyncSource},
-			{At: 2*time.Second + 60*ms, Queued: 100, Running: true, Left: 30, State: SyncSource, Actions: WaitForRoom},
+			{At: 2*time.Second + 60*ms, Queued: 100, Running: true, Left: 30, State: SyncSource, Actions: MarkOne},
 			{At: 4 * time.Second, Queued: 100, Running: true, Left: 20, State: Ahead, Actions: StartMarking | PauseCatchUp},
 		}},
 		{"congestion during the catch-up after the dwell pauses it and goes Ahead again", pullAhead, []congestionStep{
@@ -94,7 +94,7 @@ func TestCongestionSituations(t *testing.T) {
 			{At: 2 * time.Second, Queued: 0, Left: 4, State: SyncSource, Actions: ResumeStreaming | StartCatchUp},
 			{At: 2*time.Second + 1*ms, Queued: 0, State: Connected},
 		}},
-		{"a third entry into Ahead within a minute waits for room when the cap is two",
+		{"a third entry into Ahead within a minute marks writes without going Ahead when the cap is two",
 			CongestionConfig{Policy: CongestionPullAhead, SendBuffer: 100, MaxAheadPerMinute: 2}, []congestionStep{
 				{At: 0, Queued: 100, State: Ahead, Actions: StartMarking},
 				{At: 1 * time.Second, Queued: 0, State: Ahead},
@@ -102,10 +102,18 @@ func TestCongestionSituations(t *testing.T) {
 				{At: 4 * time.Second, Queued: 100, State: Ahead, Actions: StartMarking},
 				{At: 5 * time.Second, Queued: 0, State: Ahead},
 				{At: 6 * time.Second, Queued: 0, State: Connected, Actions: ResumeStreaming},
-				{At: 8 * time.Second, Queued: 100, State: Connected, Actions: WaitForRoom},
-				{At: 59 * time.Second, Queued: 100, State: Connected, Actions: WaitForRoom},
+				{At: 8 * time.Second, Queued: 100, State: Connected, Actions: MarkOne},
+				{At: 59 * time.Second, Queued: 100, State: Connected, Actions: MarkOne},
 				{At: 60 * time.Second, Queued: 100, State: Ahead, Actions: StartMarking},
 			}},
+		{"blocks marked without going Ahead are caught up once the link has had room", pullAhead, []congestionStep{
+			{At: 0, Queued: 100, State: Ahead, Actions: StartMarking},
+			{At: 1 * time.Second, Queued: 0, State: Ahead},
+			{At: 2 * time.Second, Queued: 0, State: Connected, Actions: ResumeStreaming},
+			{At: 2*time.Second + 10*ms, Queued: 100, State: Connected, Actions: MarkOne},
+			{At: 2*time.Second + 20*ms, Queued: 5, Left: 8, State: Connected},
+			{At: 3*time.Second + 30*ms, Queued: 5, Left: 8, State: SyncSource, Actions: StartCatchUp},
+		}},
 		{"a first congestion right after connecting goes Ahead at once", pullAhead, []congestionStep{
 			{At: 1 * ms, Queued: 95, State: Ahead, Actions: StartMarking},
 		}},
