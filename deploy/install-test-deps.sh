@@ -14,6 +14,13 @@ APT_PACKAGES=(libnbd-bin python3-libnbd qemu-utils fio nbdkit fuse3 e2fsprogs ut
 # One command per package (or the python module for python3-libnbd).
 TOOLS=(nbdinfo nbdcopy nbdfuse nbdsh qemu-io qemu-img qemu-nbd fio nbdkit fusermount3
        mkfs.ext4 e2fsck losetup ip)
+# promtool (Debian package prometheus) lints /metrics and deploy/alerts.yaml.
+APT_PACKAGES+=(prometheus)
+TOOLS+=(promtool)
+# chromium: the status page's end-to-end test drives it headless (go-rod,
+# never a downloaded browser).
+APT_PACKAGES+=(chromium)
+TOOLS+=(chromium)
 
 missing=()
 for t in "${TOOLS[@]}"; do

@@ -92,7 +92,7 @@ func (n *Node) nodeStatus(events int) *transport.NodeStatus {
 		evs, err := n.store.Events(events)
 		if err == nil {
 			for _, e := range evs {
-				ns.Events = append(ns.Events, transport.Event{Time: e.Time, Node: n.name, Volume: e.Volume, Kind: e.Kind, Message: e.Message})
+				ns.Events = append(ns.Events, n.transportEvent(e))
 			}
 		}
 	}

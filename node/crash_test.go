@@ -28,6 +28,7 @@ func (c *testCluster) crash(name string) {
 		v.disk.Close()
 	}
 	close(n.stopLoop)
+	n.endLife()
 	if n.cl != nil {
 		n.cl.c.Close()
 	}

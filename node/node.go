@@ -88,6 +88,9 @@ type Node struct {
 
 	// events fans the node's events out to live subscribers.
 	events eventHub
+	// life ends when the node closes (endLife).
+	life    context.Context
+	endLife context.CancelFunc
 
 	// cl is the cluster (raft and gossip); nil without their addresses.
 	cl       *clusterState
@@ -121,6 +124,7 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 		lnControl: opts.Control, lnRepl: opts.Replication, lnNBD: opts.NBD,
 		stopLoop: make(chan struct{}), wrapStream: opts.WrapStream,
 	}
+	n.life, n.endLife = context.WithCancel(context.Background())
 	dir := opts.StateDir
 	if dir == "" {
 		dir = self.StateDir
@@ -220,6 +224,14 @@ func (n *Node) Start() error {
 		Events: func(ctx context.Context, history int, fn func(*transport.Event) error) error {
 			return (&control{n: n}).Events(ctx, &transport.EventsRequest{History: history}, fn)
 		},
+		Peer: func(ctx context.Context, ni transport.NodeInfo) (*transport.NodeStatus, error) {
+			api, err := n.peerAPI(ni.Name)
+			if err != nil {
+				return nil, err
+			}
+			return api.NodeStatus(ctx, &transport.StatusRequest{Events: 50})
+		},
+		Context: n.life,
 	})
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
@@ -298,6 +310,7 @@ func (n *Node) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	close(n.stopLoop)
+	n.endLife()
 	if n.nbd != nil {
 		n.nbd.Shutdown(ctx)
 	}

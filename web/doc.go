@@ -1,5 +1,8 @@
-// Package web serves a node's status page, its JSON status API and its
-// Prometheus metrics, all read from the same status model replctl prints.
-// It imports only transport's status types; handlers are safe for
-// concurrent use.
+// Package web serves a node's status page, its JSON status API, its event
+// stream and its Prometheus metrics, all read from the same status model
+// replctl prints. The page is html/template with embedded assets and
+// follows the cluster live over Server-Sent Events; a sampler goroutine
+// per mux (no globals) keeps the IO history and the cluster's recent
+// events, reading other nodes' /api/node. It imports only transport's
+// status types; handlers are safe for concurrent use.
 package web

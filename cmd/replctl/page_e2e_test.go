@@ -1,0 +1,321 @@
+package main
+
+// The status page in a real browser: headless Chromium (Debian's
+// chromium, driven by go-rod over the DevTools protocol) opens alpha's
+// page of the demo once and never reloads it. The page must follow the
+// cluster live, through its own stream: beta disconnected shows StandAlone
+// within 3 s with a warning naming the fix, then the reconnect shows the
+// resync and UpToDate, and the disconnect is listed under recent events.
+// Every request the page makes goes to alpha's control address.
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-rod/rod"
+	"github.com/go-rod/rod/lib/launcher"
+	"github.com/go-rod/rod/lib/proto"
+)
+
+// pageWait bounds each wait for the page to show something.
+const pageWait = 3 * time.Second
+
+func TestE2EStatusPage(t *testing.T) {
+	e2e(t)
+	chromium := RequireTool(t, "chromium", "chromium")
+	d := startDemo(t)
+	control := d.nodes["alpha"].Control
+	pageURL := "http://" + control + "/"
+
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	bp := openBrowserPage(t, ctx, chromium)
+
+	var mu sync.Mutex
+	var requests []*proto.NetworkRequestWillBeSent
+	var exceptions []string
+	go bp.page.EachEvent(func(e *proto.NetworkRequestWillBeSent) {
+		mu.Lock()
+		defer mu.Unlock()
+		requests = append(requests, e)
+	}, func(e *proto.RuntimeExceptionThrown) {
+		mu.Lock()
+		defer mu.Unlock()
+		what := e.ExceptionDetails.Text
+		if x := e.ExceptionDetails.Exception; x != nil {
+			what += " " + x.Description
+		}
+		exceptions = append(exceptions, what)
+	})()
+	// Whatever the Content-Security-Policy refuses (an inline style, a
+	// script from elsewhere) is recorded from the first byte on.
+	if _, err := bp.page.EvalOnNewDocument(`window.replvolRefused = [];
+		document.addEventListener("securitypolicyviolation", (e) => window.replvolRefused.push(e.violatedDirective + " " + e.blockedURI));`); err != nil {
+		t.Fatalf("install the CSP listener: %v", err)
+	}
+
+	if err := bp.page.Navigate(pageURL); err != nil {
+		t.Fatalf("open %s: %v", pageURL, err)
+	}
+	if err := bp.page.WaitLoad(); err != nil {
+		t.Fatalf("load %s: %v", pageURL, err)
+	}
+	// A reload would lose this.
+	bp.eval(`() => { window.replvolOpenedOnce = true }`)
+	bp.waitText("live", 10*time.Second, equals("live"))
+	bp.waitText("replica-vol0-beta-replication", pageWait, equals("Connected"))
+	bp.waitText("replica-vol0-beta-disk", pageWait, equals("UpToDate"))
+	bp.waitText("vol-vol0-primary", pageWait, equals("alpha"))
+	bp.waitPresent("warnings-none", pageWait)
+
+	// beta disconnected: StandAlone and the warning with its fix, in 3 s.
+	began := time.Now()
+	d.mustCtl("alpha", "disconnect", volName, "--node", "beta")
+	deadline := began.Add(pageWait)
+	bp.waitText("replica-vol0-beta-replication", time.Until(deadline), equals("StandAlone"))
+	fix := "replctl connect vol0 --node beta"
+	bp.waitText("warning-standalone-vol0-beta-command", time.Until(deadline), equals(fix))
+	t.Logf("beta StandAlone and the warning %q on the page %s after the disconnect began", fix, time.Since(began).Round(time.Millisecond))
+
+	// Writes while beta is away, for a resync long enough to watch; the
+	// sparklines show them.
+	writing := time.Now()
+	qemuIO(t, d.uri, "write -P 0xab 0 192M")
+	written := 192 << 20
+	wrote := time.Since(writing)
+	bp.waitText("vol-vol0-throughput", 10*time.Second, func(s string) bool {
+		return !strings.Contains(s, "max —") && !strings.Contains(s, "max 0 B/s")
+	})
+	t.Logf("wrote %d MiB on alpha in %s; throughput sparkline: %q", written>>20, wrote.Round(time.Millisecond), bp.text("vol-vol0-throughput"))
+
+	// Record every state the resync bar shows from now on.
+	bp.eval(`() => {
+		window.replvolBars = [];
+		const note = () => {
+			const p = document.getElementById("replica-vol0-beta-resync-percent");
+			if (p) window.replvolBars.push(p.textContent);
+		};
+		new MutationObserver(note).observe(document.body, {subtree: true, childList: true});
+	}`)
+	reconnect := time.Now()
+	d.mustCtl("alpha", "connect", volName, "--node", "beta")
+	t.Logf("replctl connect returned after %s", time.Since(reconnect).Round(time.Millisecond))
+	bp.waitText("replica-vol0-beta-disk", syncTimeout, equals("UpToDate"))
+	bp.waitText("replica-vol0-beta-replication", pageWait, equals("Connected"))
+	bp.waitGone("warning-standalone-vol0-beta", pageWait)
+	bars := bp.eval(`() => window.replvolBars`).Value.Arr()
+	var seen []string
+	for _, b := range bars {
+		seen = append(seen, b.Str())
+	}
+	resyncSecs := resyncSeconds(t, d)
+	switch {
+	case len(seen) > 0:
+		t.Logf("resync bar seen %d times (%s ... %s); resync took %.1fs, UpToDate on the page %s after connect",
+			len(seen), seen[0], seen[len(seen)-1], resyncSecs, time.Since(reconnect).Round(time.Millisecond))
+	case resyncSecs >= 1.5:
+		t.Errorf("the page never showed beta's resync bar during a %.1fs resync", resyncSecs)
+	default:
+		t.Logf("resync of %.1fs too fast for the page to show a bar: went straight to UpToDate", resyncSecs)
+	}
+
+	// The disconnect is under recent events (beta's own history).
+	events := bp.waitSelector(`#events li[data-kind="disconnected"]`, pageWait)
+	if !strings.Contains(events, "beta") {
+		t.Errorf("the disconnect event does not name beta: %q", events)
+	}
+	t.Logf("recent events list the disconnect: %q", events)
+
+	if !bp.eval(`() => window.replvolOpenedOnce === true`).Value.Bool() {
+		t.Errorf("the page was reloaded")
+	}
+	switch refused := bp.eval(`() => window.replvolRefused`).Value; {
+	case refused.Nil():
+		t.Errorf("the CSP listener was not installed before the page loaded")
+	case len(refused.Arr()) > 0:
+		t.Errorf("the Content-Security-Policy refused %v", refused.Arr())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(exceptions) > 0 {
+		t.Errorf("the page's script threw: %v", exceptions)
+	}
+	documents := 0
+	for _, r := range requests {
+		u, err := url.Parse(r.Request.URL)
+		if err != nil || u.Scheme != "http" || u.Host != control {
+			t.Errorf("the page requested %s (%s): want only http://%s", r.Request.URL, r.Type, control)
+		}
+		if r.Type == proto.NetworkResourceTypeDocument {
+			documents++
+		}
+	}
+	if documents != 1 {
+		t.Errorf("the page loaded %d documents, want 1 (never reloaded)", documents)
+	}
+	t.Logf("%d requests, all to %s", len(requests), control)
+	bp.screenshot("status-page")
+}
+
+// browserPage is one page of a headless Chromium.
+type browserPage struct {
+	t    *testing.T
+	page *rod.Page
+	// artifacts is where screenshots go (kept after the test).
+	artifacts string
+}
+
+// openBrowserPage launches the system's Chromium (never a downloaded one)
+// with a fresh profile and opens a blank page; cleanups close both.
+func openBrowserPage(t *testing.T, ctx context.Context, bin string) *browserPage {
+	t.Helper()
+	profile, err := os.MkdirTemp("", "replvol-chromium-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := launcher.New().Context(ctx).Bin(bin).
+		Headless(true).NoSandbox(true).UserDataDir(profile).
+		Set("disable-gpu").Set("disable-background-networking").Set("disable-component-update").
+		Set("no-first-run").Set("disable-sync")
+	controlURL, err := l.Launch()
+	if err != nil {
+		os.RemoveAll(profile)
+		t.Fatalf("launch %s: %v", bin, err)
+	}
+	t.Cleanup(func() {
+		l.Kill()
+		l.Cleanup() // waits for the browser to exit, removes the profile
+	})
+	browser := rod.New().Context(ctx).ControlURL(controlURL)
+	if err := browser.Connect(); err != nil {
+		t.Fatalf("connect to %s: %v", bin, err)
+	}
+	t.Cleanup(func() { _ = browser.Close() })
+	page, err := browser.Page(proto.TargetCreateTarget{URL: "about:blank"})
+	if err != nil {
+		t.Fatalf("open a page: %v", err)
+	}
+	if err := (proto.EmulationSetDeviceMetricsOverride{Width: 1400, Height: 1000, DeviceScaleFactor: 1}).Call(page); err != nil {
+		t.Fatalf("set the window size: %v", err)
+	}
+	artifacts, err := os.MkdirTemp("", "replvol-page-e2e-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bp := &browserPage{t: t, page: page, artifacts: artifacts}
+	t.Cleanup(func() {
+		if t.Failed() {
+			bp.screenshot("failed")
+		}
+	})
+	return bp
+}
+
+// eval runs a JavaScript function on the page; its value is the
+// result's Value.
+func (bp *browserPage) eval(js string, args ...any) *proto.RuntimeRemoteObject {
+	bp.t.Helper()
+	res, err := bp.page.Eval(js, args...)
+	if err != nil {
+		bp.t.Fatalf("eval %s: %v", js, err)
+	}
+	return res
+}
+
+const textByID = `(id) => { const e = document.getElementById(id); return e ? e.textContent.replace(/\s+/g, " ").trim() : null }`
+
+// text is the element's text now ("" when there is none).
+func (bp *browserPage) text(id string) string {
+	bp.t.Helper()
+	return bp.eval(textByID, id).Value.Str()
+}
+
+func equals(want string) func(string) bool { return func(s string) bool { return s == want } }
+
+// waitText waits until the element with id exists and its text satisfies
+// cond, polling the live page (never reloading it).
+func (bp *browserPage) waitText(id string, timeout time.Duration, cond func(string) bool) string {
+	bp.t.Helper()
+	return bp.poll(fmt.Sprintf("#%s", id), timeout, func() (string, bool) {
+		v := bp.eval(textByID, id).Value
+		return v.Str(), !v.Nil() && cond(v.Str())
+	})
+}
+
+// waitSelector waits for an element matching a CSS selector; its text.
+func (bp *browserPage) waitSelector(selector string, timeout time.Duration) string {
+	bp.t.Helper()
+	js := `(s) => { const e = document.querySelector(s); return e ? e.textContent.replace(/\s+/g, " ").trim() : null }`
+	return bp.poll(selector, timeout, func() (string, bool) {
+		v := bp.eval(js, selector).Value
+		return v.Str(), !v.Nil()
+	})
+}
+
+func (bp *browserPage) waitPresent(id string, timeout time.Duration) {
+	bp.t.Helper()
+	bp.waitText(id, timeout, func(string) bool { return true })
+}
+
+func (bp *browserPage) waitGone(id string, timeout time.Duration) {
+	bp.t.Helper()
+	bp.poll("no #"+id, timeout, func() (string, bool) {
+		v := bp.eval(textByID, id).Value
+		return v.Str(), v.Nil()
+	})
+}
+
+func (bp *browserPage) poll(what string, timeout time.Duration, check func() (string, bool)) string {
+	bp.t.Helper()
+	deadline := time.Now().Add(max(timeout, 0))
+	for {
+		got, ok := check()
+		if ok {
+			return got
+		}
+		if time.Now().After(deadline) {
+			bp.t.Fatalf("the page did not show %s within %s (last: %q)", what, timeout.Round(time.Millisecond), got)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// screenshot saves the whole page as a PNG artifact and logs its path.
+func (bp *browserPage) screenshot(name string) {
+	bp.t.Helper()
+	png, err := bp.page.Screenshot(true, &proto.PageCaptureScreenshot{Format: proto.PageCaptureScreenshotFormatPng})
+	if err != nil {
+		bp.t.Logf("screenshot %s: %v", name, err)
+		return
+	}
+	path := filepath.Join(bp.artifacts, name+".png")
+	if err := os.WriteFile(path, png, 0o644); err != nil {
+		bp.t.Logf("screenshot %s: %v", name, err)
+		return
+	}
+	bp.t.Logf("screenshot of the page: %s", path)
+}
+
+var resyncDone = regexp.MustCompile(`resync to beta finished: \d+ bytes in ([0-9.]+)s`)
+
+// resyncSeconds is how long alpha's last resync to beta took, from its
+// events (0 when none is recorded).
+func resyncSeconds(t *testing.T, d *demo) float64 {
+	t.Helper()
+	out := d.mustCtl("alpha", "status", "--events", "20")
+	m := resyncDone.FindAllStringSubmatch(out, -1)
+	if len(m) == 0 {
+		return 0
+	}
+	secs, _ := strconv.ParseFloat(m[len(m)-1][1], 64)
+	return secs
+}

@@ -1,0 +1,449 @@
+package web
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/replvol/replvol/transport"
+)
+
+// The page states the key facts of each situation an operator meets in an
+// incident under a stable element id, and for each thing to act on shows
+// a warning with the command that fixes it. Each case bends a healthy
+// cluster (alpha primary, beta secondary, a witness) into one situation
+// and checks the facts by id.
+
+// want is what a case expects: element id → a substring of its text
+// ("" only requires the element), and ids that must be absent.
+type want struct {
+	text   map[string]string
+	absent []string
+	// class: element id → a class it must carry.
+	class map[string]string
+}
+
+func TestPageStates(t *testing.T) {
+	cases := []struct {
+		name  string
+		bend  func(st *transport.ClusterStatus)
+		check want
+	}{
+		{
+			name: "healthy: every replica UpToDate and connected",
+			bend: func(*transport.ClusterStatus) {},
+			check: want{
+				text: map[string]string{
+					"vol-vol0-primary": "alpha", "vol-vol0-epoch": "3", "vol-vol0-protocol": "C", "vol-vol0-export": "nbd://10.0.0.1:7802/vol0",
+					"replica-vol0-alpha-role": "Primary", "replica-vol0-beta-role": "Secondary",
+					"replica-vol0-beta-disk": "UpToDate", "replica-vol0-beta-replication": "Connected", "replica-vol0-beta-raft": "UpToDate",
+					"replica-vol0-beta-oos": "0 B", "warnings-none": "Nothing",
+					"cluster-leader": "witness", "cluster-quorum": "yes", "cluster-failover": "auto", "cluster-witness": "witness",
+					"cluster-voters": "alpha, beta, witness", "node-alpha-state": "alive", "node-witness-role": "witness",
+					"node-witness-leader": "leader",
+				},
+				absent: []string{"warning-count", "replica-vol0-beta-resync"},
+				class:  map[string]string{"topo-link-alpha-beta": "ok", "topo-node-witness": "witness", "replica-vol0-beta-replication": "ok"},
+			},
+		},
+		{
+			name: "beta resyncing: a bar with speed and ETA",
+			bend: func(st *transport.ClusterStatus) {
+				b := replica(st, "beta")
+				b.Disk, b.Replication, b.Raft = "Inconsistent", "SyncTarget", "Outdated"
+				b.OutOfSyncBytes, b.ResyncDoneBytes, b.ResyncTotalBytes, b.ResyncRate = 192<<20, 64<<20, 256<<20, 32<<20
+				replica(st, "alpha").Replication = "SyncSource"
+			},
+			check: want{
+				text: map[string]string{
+					"replica-vol0-beta-replication": "SyncTarget", "replica-vol0-beta-disk": "Inconsistent",
+					"replica-vol0-beta-resync-percent": "25.0%", "replica-vol0-beta-resync-rate": "32.0 MiB/s",
+					"replica-vol0-beta-resync-eta": "6 s", "replica-vol0-beta-oos": "192.0 MiB",
+					"warning-inconsistent-vol0-beta-text": "until its resync ends, in about 6 s",
+				},
+				absent: []string{"warning-inconsistent-vol0-beta-command", "replica-vol0-alpha-resync"},
+				class:  map[string]string{"warning-inconsistent-vol0-beta": "info", "topo-link-alpha-beta": "warn", "replica-vol0-beta-disk": "warn"},
+			},
+		},
+		{
+			name: "beta disconnected by the operator: StandAlone",
+			bend: func(st *transport.ClusterStatus) {
+				b := replica(st, "beta")
+				b.Replication, b.Disk = "StandAlone", "Consistent"
+				b.Reason, b.ReasonCode = "beta is disconnected from vol0 by the operator", "disconnected-by-operator"
+				replica(st, "alpha").Replication = "Connecting"
+			},
+			check: want{
+				text: map[string]string{
+					"replica-vol0-beta-replication":        "StandAlone",
+					"replica-vol0-beta-reason":             "disconnected from vol0 by the operator",
+					"warning-standalone-vol0-beta-text":    "beta is StandAlone on vol0",
+					"warning-standalone-vol0-beta-command": "replctl connect vol0 --node beta",
+					"warning-count":                        "1",
+				},
+				absent: []string{"warning-standalone-vol0-alpha", "warning-connecting-vol0-alpha"},
+				class:  map[string]string{"replica-vol0-beta-replication": "bad", "topo-link-alpha-beta": "bad", "warning-standalone-vol0-beta": "warning"},
+			},
+		},
+		{
+			name: "split brain: one warning naming the node that gives up its changes",
+			bend: func(st *transport.ClusterStatus) {
+				for _, n := range []string{"alpha", "beta"} {
+					r := replica(st, n)
+					r.Replication, r.ReasonCode = "StandAlone", "split-brain"
+					r.Reason = "split brain: alpha changed 12 MiB and beta 4 MiB since generation 1234"
+				}
+				replica(st, "beta").Role = "Primary"
+			},
+			check: want{
+				text: map[string]string{
+					"warning-split-brain-vol0-command": "replctl connect vol0 --discard-my-data --node beta",
+					"warning-split-brain-vol0-risk":    "without --yes the command only prints how much",
+				},
+				absent: []string{"warning-standalone-vol0-beta", "warning-standalone-vol0-alpha"},
+				class:  map[string]string{"warning-split-brain-vol0": "critical"},
+			},
+		},
+		{
+			name: "a path of beta's disk failed",
+			bend: func(st *transport.ClusterStatus) {
+				b := replica(st, "beta")
+				b.Paths = []transport.PathStatus{
+					{Node: "beta", Volume: "vol0", Path: "p0", State: "FAIL", Group: "hba0", IOs: 1200, Errors: 3, Reason: "read: input/output error", LatencyP50Micros: 210, LatencyP99Micros: 15400},
+					{Node: "beta", Volume: "vol0", Path: "p1", State: "ACTIVE", Group: "hba1", IOs: 98000, InFlight: 4, LatencyP50Micros: 190, LatencyP99Micros: 900, Preferred: true},
+				}
+			},
+			check: want{
+				text: map[string]string{
+					"paths-vol0-beta":         "paths of beta",
+					"path-vol0-beta-p0-state": "FAIL", "path-vol0-beta-p0-group": "hba0", "path-vol0-beta-p0-errors": "3",
+					"path-vol0-beta-p0-ios": "1.2k", "path-vol0-beta-p0-p50": "210 µs", "path-vol0-beta-p0-p99": "15.4 ms",
+					"path-vol0-beta-p1-state": "ACTIVE", "path-vol0-beta-p1-inflight": "4", "path-vol0-beta-p1-ios": "98k",
+					"warning-path-down-vol0-beta-p0-command": "replctl path restore vol0 p0 --node beta",
+				},
+				absent: []string{"warning-path-down-vol0-beta-p1"},
+				class:  map[string]string{"path-vol0-beta-p0-state": "bad", "path-vol0-beta-p1-state": "ok"},
+			},
+		},
+		{
+			name: "alpha's disk detached (Diskless) after all its paths failed",
+			bend: func(st *transport.ClusterStatus) {
+				a := replica(st, "alpha")
+				a.Disk, a.Reason, a.ReasonCode = "Diskless", "alpha detached its disk: no path left", "detached"
+				a.OutOfSyncBytes = 8 << 20
+				a.Paths = []transport.PathStatus{
+					{Node: "alpha", Volume: "vol0", Path: "p0", State: "FAIL"},
+					{Node: "alpha", Volume: "vol0", Path: "p1", State: "FAIL"},
+				}
+			},
+			check: want{
+				text: map[string]string{
+					"replica-vol0-alpha-disk":                 "Diskless",
+					"replica-vol0-alpha-oos":                  "8.0 MiB",
+					"warning-detached-vol0-alpha-command":     "replctl path restore vol0 p0 --node alpha",
+					"warning-path-down-vol0-alpha-p1-command": "replctl path restore vol0 p1 --node alpha",
+				},
+				class: map[string]string{"replica-vol0-alpha-disk": "bad", "warning-detached-vol0-alpha": "critical"},
+			},
+		},
+		{
+			name: "no quorum: the witness and beta are gone",
+			bend: func(st *transport.ClusterStatus) {
+				st.Cluster.Quorum, st.Cluster.Leader = false, ""
+				st.Cluster.Reason = "no raft leader: 1 of 3 voters reachable"
+				for _, n := range []string{"witness", "beta"} {
+					ni := nodeInfo(st, n)
+					ni.Alive, ni.Membership, ni.Error = false, "dead", "connection refused"
+				}
+				b := replica(st, "beta")
+				b.Reachable, b.Role, b.Disk, b.Replication = false, "Unknown", "DUnknown", "Unknown"
+				replica(st, "alpha").Replication = "Connecting"
+			},
+			check: want{
+				text: map[string]string{
+					"cluster-quorum": "NO", "cluster-leader": "none", "cluster-reason": "1 of 3 voters reachable",
+					"node-witness-state": "dead", "node-beta-state": "dead", "node-beta-error": "connection refused",
+					"warning-no-quorum-text":    "No raft quorum (3 voters",
+					"warning-no-quorum-command": "systemctl start replnode",
+					"warning-node-down-beta":    "on beta",
+					"replica-vol0-beta-reason":  "node unreachable",
+				},
+				absent: []string{"warning-connecting-vol0-beta", "warning-standalone-vol0-alpha"},
+				class:  map[string]string{"cluster-quorum": "bad", "warning-no-quorum": "critical", "topo-node-beta": "bad", "topo-link-alpha-beta": "bad"},
+			},
+		},
+		{
+			name: "protocol A: beta Behind with lag",
+			bend: func(st *transport.ClusterStatus) {
+				st.Volumes[0].Protocol = "A"
+				replica(st, "alpha").Replication = "Ahead"
+				b := replica(st, "beta")
+				b.Replication, b.Disk, b.LagBytes, b.LagSeconds, b.OutOfSyncBytes = "Behind", "Outdated", 12<<20, 3.5, 40<<20
+			},
+			check: want{
+				text: map[string]string{
+					"vol-vol0-protocol": "A", "replica-vol0-beta-replication": "Behind",
+					"replica-vol0-beta-lag-bytes": "12.0 MiB", "replica-vol0-beta-lag-seconds": "3.5 s",
+					"warning-behind-vol0-beta-command": "replctl adjust vol0 --on-congestion block",
+					"warning-behind-vol0-beta-risk":    "writes slow down",
+					"warning-outdated-vol0-beta-text":  "Outdated",
+				},
+				absent: []string{"warning-outdated-vol0-beta-command"},
+			},
+		},
+		{
+			name: "resync paused by the operator",
+			bend: func(st *transport.ClusterStatus) {
+				b := replica(st, "beta")
+				b.Disk, b.Replication = "Inconsistent", "PausedSyncT"
+				b.ResyncDoneBytes, b.ResyncTotalBytes, b.ResyncRate = 1<<30, 4<<30, 100<<20
+			},
+			check: want{
+				text: map[string]string{
+					"warning-resync-paused-vol0-beta-command": "replctl resync vol0 --resume",
+					"replica-vol0-beta-resync-eta":            "paused",
+					"replica-vol0-beta-resync-percent":        "25.0%",
+				},
+				class: map[string]string{"replica-vol0-beta-resync-bar": "idle"},
+			},
+		},
+		{
+			name: "alpha restarted as primary and waits for its peer",
+			bend: func(st *transport.ClusterStatus) {
+				st.Volumes[0].NBDURI = ""
+				a := replica(st, "alpha")
+				a.Reason, a.ReasonCode = "alpha restarted as primary: serving no IO until a peer connects", "waiting-for-peer"
+				a.Replication = "Connecting"
+				ni := nodeInfo(st, "beta")
+				ni.Alive, ni.Error = false, "connection refused"
+				b := replica(st, "beta")
+				b.Reachable, b.Role, b.Disk, b.Replication = false, "Unknown", "DUnknown", "Unknown"
+			},
+			check: want{
+				text: map[string]string{
+					"warning-waiting-for-peer-vol0-alpha-command": "replctl primary vol0 --node alpha --force --yes",
+					"warning-waiting-for-peer-vol0-alpha-risk":    "writes a peer took after this node last saw it are lost",
+					"vol-vol0-export": "not served",
+				},
+				class: map[string]string{"vol-vol0-primary": "bad"},
+			},
+		},
+		{
+			name: "primary lost with failover off: force the UpToDate peer",
+			bend: func(st *transport.ClusterStatus) {
+				st.Cluster = transport.ClusterInfo{Failover: "off", Reason: "no raft: two data nodes and no witness"}
+				st.Nodes = st.Nodes[:2]
+				st.Volumes[0].NBDURI = ""
+				ni := nodeInfo(st, "alpha")
+				ni.Alive, ni.Error = false, "dial tcp 10.0.0.1:7800: connect: connection refused"
+				a := replica(st, "alpha")
+				a.Reachable, a.Role, a.Disk, a.Replication = false, "Unknown", "DUnknown", "Unknown"
+				replica(st, "beta").Replication = "Connecting"
+			},
+			check: want{
+				text: map[string]string{
+					"warning-no-primary-vol0-command": "replctl primary vol0 --node beta --force --yes",
+					"warning-no-primary-vol0-text":    "lost its primary alpha",
+					"cluster-failover":                "off", "cluster-quorum": "no raft", "cluster-witness": "none",
+				},
+				absent: []string{"warning-no-quorum", "warning-connecting-vol0-beta"},
+			},
+		},
+		{
+			name: "online verify under way, and a finished one",
+			bend: func(st *transport.ClusterStatus) {
+				st.Volumes = append(st.Volumes, healthyVolume("vol1"))
+				b := replica(st, "beta")
+				b.Replication, b.VerifyDoneBytes, b.VerifyTotalBytes, b.VerifyFoundBytes = "VerifyT", 512<<20, 1<<30, 4096
+				b1 := replicaOf(&st.Volumes[1], "beta")
+				b1.VerifyDoneBytes, b1.VerifyTotalBytes, b1.VerifyFoundBytes = 1<<30, 1<<30, 0
+			},
+			check: want{
+				text: map[string]string{
+					"replica-vol0-beta-verify-percent": "50.0%",
+					"replica-vol1-beta-verify-result":  "last verify: 0 B of 1.0 GiB differ",
+					"vol-vol1-primary":                 "alpha",
+				},
+				absent: []string{"replica-vol1-beta-verify"},
+			},
+		},
+		{
+			name: "Outdated and StandAlone after a failure: reconnect it",
+			bend: func(st *transport.ClusterStatus) {
+				b := replica(st, "beta")
+				b.Disk, b.Replication, b.Raft, b.Reason = "Outdated", "StandAlone", "Outdated", "refused (unrelated-data)"
+			},
+			check: want{
+				text: map[string]string{
+					"warning-outdated-vol0-beta-command":   "replctl connect vol0 --node beta",
+					"warning-standalone-vol0-beta-command": "replctl connect vol0 --node beta",
+					"replica-vol0-beta-raft":               "Outdated",
+				},
+				class: map[string]string{"replica-vol0-beta-raft": "bad", "replica-vol0-beta-disk": "bad"},
+			},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			st := healthyCluster()
+			tc.bend(st)
+			p := render(t, pageInput{Status: st})
+			for id, sub := range tc.check.text {
+				if !p.has(id) {
+					t.Errorf("no #%s; ids with its prefix: %v", id, p.ids(strings.SplitN(id, "-", 2)[0]))
+					continue
+				}
+				if got := p.text(id); !strings.Contains(got, sub) {
+					t.Errorf("#%s = %q, want it to contain %q", id, got, sub)
+				}
+			}
+			for _, id := range tc.check.absent {
+				if p.has(id) {
+					t.Errorf("#%s present (%q), want none", id, p.text(id))
+				}
+			}
+			for id, class := range tc.check.class {
+				if !p.has(id) {
+					t.Errorf("no #%s", id)
+					continue
+				}
+				if got := strings.Fields(p.attr(id, "class")); !contains(got, class) {
+					t.Errorf("#%s has classes %v, want %q", id, got, class)
+				}
+			}
+		})
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func TestPageResyncBarValue(t *testing.T) {
+	st := healthyCluster()
+	b := replica(st, "beta")
+	b.Disk, b.Replication, b.ResyncDoneBytes, b.ResyncTotalBytes = "Inconsistent", "SyncTarget", 3, 4
+	p := render(t, pageInput{Status: st})
+	if v := p.attr("replica-vol0-beta-resync-bar", "value"); v != "75" {
+		t.Errorf("resync bar value %q, want 75", v)
+	}
+	if v := p.attr("replica-vol0-beta-resync-bar", "max"); v != "100" {
+		t.Errorf("resync bar max %q, want 100", v)
+	}
+	if eta := p.text("replica-vol0-beta-resync-eta"); eta != "—" {
+		t.Errorf("ETA without a rate %q, want —", eta)
+	}
+}
+
+func TestPageWarningsMostUrgentFirst(t *testing.T) {
+	st := healthyCluster()
+	b := replica(st, "beta")
+	b.Replication = "StandAlone"
+	b.Paths = []transport.PathStatus{{Path: "p0", State: "FAIL"}}
+	st.Cluster.Quorum = false
+	ws := healthWarnings(st)
+	var got []string
+	for _, w := range ws {
+		got = append(got, w.Severity)
+	}
+	for i := 1; i < len(ws); i++ {
+		if severityRank(ws[i-1].Severity) > severityRank(ws[i].Severity) {
+			t.Fatalf("warnings out of order: %v", got)
+		}
+	}
+	if len(ws) == 0 || ws[0].ID != "warning-no-quorum" {
+		t.Fatalf("first warning %v, want warning-no-quorum", ws)
+	}
+}
+
+func TestPageEventsNewestFirstWithReason(t *testing.T) {
+	st := healthyCluster()
+	events := []transport.Event{
+		{Seq: 9, Time: testNow.Add(-time.Second), Node: "beta", Volume: "vol0", Kind: "disconnected", Message: "beta disconnected by the operator"},
+		{Seq: 41, Time: testNow.Add(-time.Minute), Node: "alpha", Volume: "vol0", Kind: "connected", Message: "beta connected",
+			Peer: "beta", Old: "Connecting", New: "SyncSource", Reason: "bitmap-self"},
+	}
+	p := render(t, pageInput{Status: st, Events: events})
+	if got := p.text("event-beta-9-kind"); got != "disconnected" {
+		t.Errorf("event kind %q", got)
+	}
+	if got := p.text("event-alpha-41"); !strings.Contains(got, "beta: Connecting → SyncSource") || !strings.Contains(got, "(bitmap-self)") {
+		t.Errorf("event text %q: want the change and the reason", got)
+	}
+	if !strings.Contains(p.attr("event-beta-9", "class"), "bad") {
+		t.Errorf("a disconnect is not marked bad: %q", p.attr("event-beta-9", "class"))
+	}
+	if i, j := strings.Index(p.src, `id="event-beta-9"`), strings.Index(p.src, `id="event-alpha-41"`); i > j {
+		t.Errorf("events not in the order given (newest first)")
+	}
+	if p.has("events-none") {
+		t.Errorf("events-none with events")
+	}
+}
+
+func TestPageWithoutStatus(t *testing.T) {
+	p := render(t, pageInput{StatusError: "context deadline exceeded"})
+	if got := p.text("warning-status"); !strings.Contains(got, "context deadline exceeded") {
+		t.Errorf("warning-status %q", got)
+	}
+}
+
+func TestPageNamesAreEscapedIntoIDs(t *testing.T) {
+	st := healthyCluster()
+	st.Volumes[0].Name = `db "main"/1`
+	p := render(t, pageInput{Status: st})
+	if !p.has("vol-db__main__1-primary") {
+		t.Errorf("no #vol-db__main__1-primary; vol ids: %v", p.ids("vol-"))
+	}
+}
+
+func TestPageLoadsNothingFromAnotherHost(t *testing.T) {
+	p := render(t, pageInput{Status: healthyCluster(), IO: bigIO(healthyCluster(), testNow)})
+	for _, bad := range []string{"http://", "https://", "//", "url("} {
+		for _, line := range strings.Split(p.src, "\n") {
+			if strings.Contains(line, "src=\""+bad) || strings.Contains(line, "href=\""+bad) {
+				t.Errorf("the page refers to another host: %s", line)
+			}
+		}
+	}
+	if strings.Contains(p.src, "style=") {
+		t.Errorf("inline style attribute: the Content-Security-Policy forbids it")
+	}
+}
+
+func TestSparkline(t *testing.T) {
+	now := testNow
+	samples := []ioSample{
+		{At: now.Add(-10 * time.Minute), IOPS: 1e9}, // outside the window: ignored
+		{At: now.Add(-ioWindow), IOPS: 0, Rate: 0},
+		{At: now.Add(-ioWindow / 2), IOPS: 500, Rate: 1 << 20},
+		{At: now, IOPS: 250, Rate: 2 << 20},
+	}
+	s := sparkline(samples, now, func(s ioSample) float64 { return s.IOPS }, humanCount)
+	if s.Points != "0,27.0 80,1.0 160,14.0" {
+		t.Errorf("points %q", s.Points)
+	}
+	// Samples closer than a point's width: one point at their highest.
+	burst := []ioSample{{At: now.Add(-time.Second), IOPS: 10}, {At: now.Add(-time.Second / 2), IOPS: 90}, {At: now, IOPS: 20}}
+	if b := sparkline(burst, now, func(s ioSample) float64 { return s.IOPS }, humanCount); b.Points != "158,1.0 160,21.2" {
+		t.Errorf("burst points %q, want the 90 kept", b.Points)
+	}
+	if s.Latest != "250" || s.Max != "500" {
+		t.Errorf("latest %q max %q", s.Latest, s.Max)
+	}
+	if e := sparkline(nil, now, func(s ioSample) float64 { return s.IOPS }, humanCount); !e.Empty {
+		t.Errorf("no samples: want Empty")
+	}
+	p := render(t, pageInput{Status: healthyCluster(), IO: map[string]volumeIO{"vol0": drawIO(samples, now)}})
+	if got := p.text("vol-vol0-throughput-now"); got != "2.0 MiB/s" {
+		t.Errorf("throughput now %q", got)
+	}
+	if got := p.text("vol-vol0-iops-now"); got != "250" {
+		t.Errorf("IOPS now %q", got)
+	}
+}

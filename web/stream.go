@@ -1,0 +1,230 @@
+package web
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/replvol/replvol/transport"
+)
+
+// The live streams are Server-Sent Events: /api/stream sends the page the
+// sections that changed (the page's script swaps them in), /api/events
+// this node's events as JSON.
+
+// keepalive is how often an idle stream sends a comment, so that proxies
+// and the browser see it alive.
+const keepalive = 15 * time.Second
+
+// patchMessage is one "patch" event of /api/stream: the page's new title
+// and the sections to replace, by element id.
+type patchMessage struct {
+	Title   string  `json:"title"`
+	Patches []patch `json:"patches"`
+}
+
+type patch struct {
+	ID   string `json:"id"`
+	HTML string `json:"html"`
+}
+
+// patcher remembers what one open page holds, so that it is sent only
+// what changed.
+type patcher struct {
+	sent map[string]uint64
+	// volumes are the volume sections the page holds, joined; a change
+	// of the set replaces the volume container whole.
+	volumes string
+	fresh   bool
+}
+
+func newPatcher() *patcher { return &patcher{sent: map[string]uint64{}, fresh: true} }
+
+// patches returns what the page needs to show f.
+func (p *patcher) patches(f *frame) []patch {
+	volumes := strings.Join(f.VolumeIDs, "\x00")
+	replaceVolumes := p.fresh || volumes != p.volumes
+	isVolume := map[string]bool{}
+	for _, id := range f.VolumeIDs {
+		isVolume[id] = true
+	}
+	var out []patch
+	for _, s := range f.Sections {
+		switch {
+		case s.ID == volumesID:
+			if replaceVolumes {
+				out = append(out, patch{ID: s.ID, HTML: s.HTML})
+			}
+		case isVolume[s.ID] && replaceVolumes:
+			p.sent[s.ID] = s.Hash // inside the container
+		case p.sent[s.ID] != s.Hash:
+			out = append(out, patch{ID: s.ID, HTML: s.HTML})
+			p.sent[s.ID] = s.Hash
+		}
+	}
+	p.volumes, p.fresh = volumes, false
+	return out
+}
+
+// stream serves /api/stream to one open page: every section on the first
+// frame, then those that changed, until the page goes or the node stops.
+func (h *handlers) stream(w http.ResponseWriter, r *http.Request) {
+	h.bind(r)
+	if h.mon.life.Err() != nil {
+		w.WriteHeader(http.StatusNoContent) // EventSource: do not retry
+		return
+	}
+	h.mon.start()
+	h.mon.viewers.Add(1)
+	defer h.mon.viewers.Add(-1)
+	joined := time.Now()
+	h.mon.wake()
+
+	out, err := startSSE(w)
+	defer out.close()
+	if err != nil {
+		return
+	}
+	pt := newPatcher()
+	ticker := time.NewTicker(keepalive)
+	defer ticker.Stop()
+	for {
+		f, changed := h.mon.current()
+		// The page was rendered just now: start from a sample as new.
+		if f != nil && !f.At.Before(joined) {
+			if ps := pt.patches(f); len(ps) > 0 {
+				data, err := json.Marshal(patchMessage{Title: f.Title, Patches: ps})
+				if err != nil {
+					panic(err) // strings only
+				}
+				if out.send("event: patch\ndata: %s\n\n", data) != nil {
+					return
+				}
+			}
+		}
+		select {
+		case <-changed:
+		case <-ticker.C:
+			if out.send(": keepalive\n\n") != nil {
+				return
+			}
+		case <-r.Context().Done():
+			return
+		case <-h.mon.life.Done():
+			return
+		}
+	}
+}
+
+// events serves /api/events: this node's events as SSE ("event" events,
+// id the sequence number), the last ?history=N (default 20) first. A
+// client that reconnects with Last-Event-ID gets what it missed, if the
+// node still holds it.
+func (h *handlers) events(w http.ResponseWriter, r *http.Request) {
+	h.bind(r)
+	if h.src.Events == nil {
+		http.NotFound(w, r)
+		return
+	}
+	if h.mon.life.Err() != nil {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	history := 20
+	if s := r.URL.Query().Get("history"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			http.Error(w, "history: want a count of events, 0 or more", http.StatusBadRequest)
+			return
+		}
+		history = n
+	}
+	var after uint64
+	if s := r.Header.Get("Last-Event-ID"); s != "" {
+		if n, err := strconv.ParseUint(s, 10, 64); err == nil {
+			after, history = n, max(history, eventHistory)
+		}
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	defer context.AfterFunc(h.mon.life, cancel)()
+
+	// The events and the keepalive write from two goroutines.
+	out, err := startSSE(w)
+	defer out.close()
+	if err != nil {
+		return
+	}
+	go func() {
+		ticker := time.NewTicker(keepalive)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-ticker.C:
+				if out.send(": keepalive\n\n") != nil {
+					cancel()
+					return
+				}
+			}
+		}
+	}()
+	_ = h.src.Events(ctx, history, func(e *transport.Event) error {
+		if e.Seq != 0 && e.Seq <= after {
+			return nil
+		}
+		data, err := json.Marshal(e)
+		if err != nil {
+			return err
+		}
+		if e.Seq != 0 {
+			return out.send("id: %d\nevent: event\ndata: %s\n\n", e.Seq, data)
+		}
+		return out.send("event: event\ndata: %s\n\n", data)
+	})
+}
+
+// sseWriter writes one Server-Sent Events stream. It is safe for
+// concurrent use, and writes nothing once closed (the handler returned).
+type sseWriter struct {
+	mu     sync.Mutex
+	w      http.ResponseWriter
+	rc     *http.ResponseController
+	closed bool
+}
+
+// startSSE answers with an event stream and sends the reconnect delay.
+func startSSE(w http.ResponseWriter) (*sseWriter, error) {
+	hd := w.Header()
+	hd.Set("Content-Type", "text/event-stream")
+	hd.Set("Cache-Control", "no-store")
+	hd.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	s := &sseWriter{w: w, rc: http.NewResponseController(w)}
+	return s, s.send("retry: 1000\n\n")
+}
+
+// send writes one event (or comment) and flushes it to the client.
+func (s *sseWriter) send(format string, args ...any) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return context.Canceled
+	}
+	if _, err := fmt.Fprintf(s.w, format, args...); err != nil {
+		return err
+	}
+	return s.rc.Flush()
+}
+
+func (s *sseWriter) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+}
