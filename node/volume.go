@@ -112,6 +112,8 @@ type Volume struct {
 	writes     atomic.Uint64
 	writeBytes atomic.Uint64
 	flushes    atomic.Uint64
+	// latency records each request's latency for /metrics (metrics.go).
+	latency ioLatency
 }
 
 func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD) (*Volume, error) {
@@ -338,6 +340,7 @@ func (v *Volume) streamingPeers() []*peer {
 
 // ReadAt implements nbd.Export: reads are served from the local disk.
 func (v *Volume) ReadAt(ctx context.Context, p []byte, off int64) error {
+	defer v.latency.observe(opRead, time.Now())
 	if err := v.enter(ctx); err != nil {
 		return err
 	}
@@ -382,6 +385,7 @@ func (v *Volume) ReadAt(ctx context.Context, p []byte, off int64) error {
 // connected peer wrote p (protocol C); a peer that is not connected has the
 // blocks marked out of sync instead, BEFORE this returns.
 func (v *Volume) WriteAt(ctx context.Context, p []byte, off int64, fua bool) error {
+	defer v.latency.observe(opWrite, time.Now())
 	var flags uint8
 	if fua {
 		flags = replication.EntryFUA
@@ -400,6 +404,7 @@ func (v *Volume) WriteAt(ctx context.Context, p []byte, off int64, fua bool) err
 
 // WriteZeroes implements nbd.Export.
 func (v *Volume) WriteZeroes(ctx context.Context, off, length int64, fua bool) error {
+	defer v.latency.observe(opWriteZeroes, time.Now())
 	e := replication.Entry{Op: replication.OpZero, Off: off, Length: length}
 	if fua {
 		e.Flags = replication.EntryFUA
@@ -418,6 +423,7 @@ func (v *Volume) WriteZeroes(ctx context.Context, off, length int64, fua bool) e
 // Trim implements nbd.Export. Trimmed blocks read back as zeroes on every
 // replica, so the replicas stay identical.
 func (v *Volume) Trim(ctx context.Context, off, length int64) error {
+	defer v.latency.observe(opTrim, time.Now())
 	e := replication.Entry{Op: replication.OpTrim, Off: off, Length: length}
 	return v.replicate(ctx, e, func() error { return v.disk.Zero(off, length) })
 }
@@ -526,6 +532,7 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 // Flush implements nbd.Export: every write completed before it is durable
 // on the local disk AND on every connected peer when it returns.
 func (v *Volume) Flush(ctx context.Context) error {
+	defer v.latency.observe(opFlush, time.Now())
 	if err := v.enter(ctx); err != nil {
 		return err
 	}
