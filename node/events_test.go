@@ -41,8 +41,36 @@ loop:
 			break loop
 		}
 	}
+	acl, err := transport.DialControl(c.nodes["alpha"].ControlAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer acl.Close()
+	onAlpha := make(chan *transport.Event, 64)
+	go acl.Events(ctx, &transport.EventsRequest{}, func(e *transport.Event) error {
+		onAlpha <- e
+		return nil
+	})
+	time.Sleep(200 * time.Millisecond) // the live stream is subscribed
 	c.vol("beta").setAdminDown(true)
 	c.vol("beta").setAdminDown(false)
+	// The primary's record of beta coming back names the peer and the
+	// state it reached.
+	for {
+		var e *transport.Event
+		select {
+		case e = <-onAlpha:
+		case <-ctx.Done():
+			t.Fatal("alpha recorded no connected event for beta")
+		}
+		if e.Kind != "connected" {
+			continue
+		}
+		if e.Peer != "beta" || e.New == "" || e.Node != "alpha" {
+			t.Fatalf("alpha's connected event %+v: want peer beta and the state reached", e)
+		}
+		break
+	}
 	var kinds []string
 	for len(kinds) < 2 {
 		select {

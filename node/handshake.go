@@ -116,7 +116,10 @@ func (p *peer) connect(ctx context.Context) error {
 	}
 	v.peerAnswered(p.name, plan.pull)
 	v.log.Info("peer connected", "peer", p.name, "rule", plan.rule, "decision", plan.outcome, "out_of_sync", p.bm.Bytes(), "local_missing", v.localMissing.Bytes())
-	v.node.event(v.name, "connected", fmt.Sprintf("%s connected: %s by rule=%s; %d bytes out of sync on %s, %d on %s", p.name, plan.outcome, plan.rule, p.bm.Bytes(), p.name, v.localMissing.Bytes(), v.self))
+	p.mu.Lock()
+	now := p.state
+	p.mu.Unlock()
+	v.node.emit(metadata.Event{Volume: v.name, Kind: "connected", Peer: p.name, New: string(now), Message: fmt.Sprintf("%s connected: %s by rule=%s; %d bytes out of sync on %s, %d on %s", p.name, plan.outcome, plan.rule, p.bm.Bytes(), p.name, v.localMissing.Bytes(), v.self)})
 
 	var work func() error
 	switch {
@@ -299,7 +302,7 @@ func (p *peer) planPull(d replication.UUIDDecision, reply replication.HelloReply
 func (p *peer) pull(s *session, peerGen replication.Generation) error {
 	v := p.v
 	began, total := time.Now(), v.localMissing.Bytes()
-	v.node.event(v.name, "pull", fmt.Sprintf("%s copies %d bytes of newer data from %s", v.self, total, p.name))
+	v.node.peerEvent(v.name, "pull", p.name, fmt.Sprintf("%s copies %d bytes of newer data from %s", v.self, total, p.name))
 	for {
 		if err := v.copyMissingFromPeer(s.ctx, p.waitUnpaused); err != nil {
 			return err
@@ -326,7 +329,7 @@ func (p *peer) pull(s *session, peerGen replication.Generation) error {
 		p.pulling.Store(false)
 		v.stateMu.Unlock()
 		v.log.Info("pulled newer data from the peer", "peer", p.name, "bytes", total, "seconds", time.Since(began).Seconds())
-		v.node.event(v.name, "pull-done", fmt.Sprintf("%s copied %d bytes from %s in %.1fs: UpToDate", v.self, total, p.name, time.Since(began).Seconds()))
+		v.node.peerEvent(v.name, "pull-done", p.name, fmt.Sprintf("%s copied %d bytes from %s in %.1fs: UpToDate", v.self, total, p.name, time.Since(began).Seconds()))
 		return nil
 	}
 }

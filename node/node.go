@@ -345,6 +345,11 @@ func (n *Node) event(volume, kind, msg string) {
 	n.emit(metadata.Event{Volume: volume, Kind: kind, Message: msg})
 }
 
+// peerEvent records an event about one peer of a volume.
+func (n *Node) peerEvent(volume, kind, peer, msg string) {
+	n.emit(metadata.Event{Volume: volume, Kind: kind, Peer: peer, Message: msg})
+}
+
 // client returns a control client for another node.
 func (n *Node) client(name string) (*transport.ControlClient, error) {
 	nc, ok := n.cfg.Node(name)

@@ -208,7 +208,8 @@ func (p *peer) refused(ref *refusal) {
 	p.state, p.why = replication.StandAlone, why
 	p.mu.Unlock()
 	v.log.Error("refused to sync", "peer", p.name, "cause", ref.cause, "rule", ref.rule, "reason", why.text)
-	v.node.event(v.name, kind, fmt.Sprintf("%s: %s", p.name, why.text))
+	v.node.emit(metadata.Event{Volume: v.name, Kind: kind, Peer: p.name, New: string(replication.StandAlone), Reason: string(ref.cause),
+		Message: fmt.Sprintf("%s: %s", p.name, why.text)})
 }
 
 // splitBrain handles a split brain found with this peer: neither side

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -310,7 +311,11 @@ func (v *Volume) setAdminDown(down bool) {
 	if down {
 		what = "disconnected"
 	}
-	v.node.event(v.name, what, fmt.Sprintf("%s %s by the operator", v.self, what))
+	e := metadata.Event{Volume: v.name, Kind: what, Message: fmt.Sprintf("%s %s by the operator", v.self, what)}
+	if down {
+		e.Reason = string(CauseAdminDown)
+	}
+	v.node.emit(e)
 }
 
 // resetPeersLocked gives a new primary fresh senders for every peer,

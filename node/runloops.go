@@ -109,7 +109,7 @@ func (p *peer) resync(s *session) error {
 	total := p.resyncTotal.Load()
 	secs := time.Since(began).Seconds()
 	v.log.Info("resync finished", "peer", p.name, "bytes", total, "seconds", secs)
-	v.node.event(v.name, "resync-done", fmt.Sprintf("resync to %s finished: %d bytes in %.1fs", p.name, total, secs))
+	v.node.peerEvent(v.name, "resync-done", p.name, fmt.Sprintf("resync to %s finished: %d bytes in %.1fs", p.name, total, secs))
 	return nil
 }
 
@@ -246,7 +246,7 @@ func (p *peer) verify(s *session, repair bool) {
 	}
 	if err := s.window(resyncWindow).runs(ctx, nil, next); err != nil {
 		v.log.Warn("verify stopped", "peer", p.name, "err", err)
-		v.node.event(v.name, "verify-stopped", fmt.Sprintf("verify of %s stopped after %d bytes: %v", p.name, p.verifyDone.Load(), err))
+		v.node.peerEvent(v.name, "verify-stopped", p.name, fmt.Sprintf("verify of %s stopped after %d bytes: %v", p.name, p.verifyDone.Load(), err))
 		return
 	}
 	found := p.verifyFound.Load()
@@ -256,5 +256,5 @@ func (p *peer) verify(s *session, repair bool) {
 		msg += "; resyncing them"
 		s.cancel() // the reconnection resyncs the marked blocks
 	}
-	v.node.event(v.name, "verify-done", msg)
+	v.node.peerEvent(v.name, "verify-done", p.name, msg)
 }

@@ -27,21 +27,21 @@ The change holds until the node restarts; put it in the config file to keep it.`
 				return fmt.Errorf("nothing to adjust: give --protocol and/or --on-congestion")
 			}
 			r.Volume = args[0]
-			c, ctx, done, err := g.dial()
+			k, err := g.dial(cmd, "the adjustment")
 			if err != nil {
 				return err
 			}
-			defer done()
-			reply, err := c.Adjust(ctx, &r)
+			defer k.close()
+			if err := k.precheck(r.Volume, r.Node); err != nil {
+				return err
+			}
+			reply, err := k.c.Adjust(k.ctx, &r)
 			if reply != nil {
 				for _, n := range reply.Nodes {
 					fmt.Fprintf(cmd.OutOrStdout(), "%s on %s: protocol %s, on_congestion %s\n", r.Volume, n.Node, n.Protocol, n.OnCongestion)
 				}
 			}
-			if err != nil {
-				return g.apiError(err)
-			}
-			return nil
+			return k.fail(err, r.Volume, r.Node)
 		},
 	}
 	cmd.Flags().StringVar(&r.Protocol, "protocol", "", "A, B or C")

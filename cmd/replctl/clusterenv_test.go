@@ -54,6 +54,12 @@ type clusterOpts struct {
 	// Netns runs each node in its own network namespace on a bridge
 	// (10.77.X.N addresses); partition and heal then work.
 	Netns bool
+	// Protocol is the volume's protocol (A, B or C; default C),
+	// OnCongestion its on_congestion ("": left out, the protocol's
+	// default), SendBuffer its send_buffer and MaxLag its max_lag, in
+	// bytes (0: left out).
+	Protocol, OnCongestion string
+	SendBuffer, MaxLag     int64
 }
 
 // newProcClusterN writes the config opts describes and starts nothing
@@ -76,6 +82,9 @@ func newProcClusterN(t *testing.T, opts clusterOpts) *procCluster {
 	}
 	if opts.ALExtents == 0 {
 		opts.ALExtents = 61
+	}
+	if opts.Protocol == "" {
+		opts.Protocol = "C"
 	}
 	dir := t.TempDir()
 	// The metadata holds a bitmap per peer.
@@ -156,8 +165,17 @@ func newProcClusterN(t *testing.T, opts clusterOpts) *procCluster {
 		}
 		disks[name] = img
 	}
-	fmt.Fprintf(&cfg, "volumes:\n  - name: %s\n    size: %d\n    protocol: C\n    primary: alpha\n    al_extents: %d\n",
-		volName, opts.Size, opts.ALExtents)
+	fmt.Fprintf(&cfg, "volumes:\n  - name: %s\n    size: %d\n    protocol: %s\n    primary: alpha\n    al_extents: %d\n",
+		volName, opts.Size, opts.Protocol, opts.ALExtents)
+	if opts.OnCongestion != "" {
+		fmt.Fprintf(&cfg, "    on_congestion: %s\n", opts.OnCongestion)
+	}
+	if opts.SendBuffer != 0 {
+		fmt.Fprintf(&cfg, "    send_buffer: %d\n", opts.SendBuffer)
+	}
+	if opts.MaxLag != 0 {
+		fmt.Fprintf(&cfg, "    max_lag: %d\n", opts.MaxLag)
+	}
 	if opts.PeerTimeout != 0 {
 		fmt.Fprintf(&cfg, "    peer_timeout: %s\n", opts.PeerTimeout)
 	}

@@ -20,23 +20,26 @@ func newConnect(g *globals, up bool) *cobra.Command {
 		Short: short,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, ctx, done, err := g.dial()
+			if discard && !up {
+				return fmt.Errorf("--discard-my-data goes with connect")
+			}
+			k, err := g.dial(cmd, "the "+use)
 			if err != nil {
 				return err
 			}
-			defer done()
-			if discard && !up {
-				return fmt.Errorf("--discard-my-data goes with connect")
+			defer k.close()
+			if err := k.precheck(args[0], nodeName); err != nil {
+				return err
 			}
 			req := &transport.ConnectRequest{Volume: args[0], Node: nodeName, DiscardMyData: discard, Yes: yes}
 			var r *transport.ConnectReply
 			if up {
-				r, err = c.Connect(ctx, req)
+				r, err = k.c.Connect(k.ctx, req)
 			} else {
-				r, err = c.Disconnect(ctx, req)
+				r, err = k.c.Disconnect(k.ctx, req)
 			}
 			if err != nil {
-				return g.apiError(err)
+				return k.fail(err, args[0], nodeName)
 			}
 			if discard {
 				if !r.Done {

@@ -38,7 +38,7 @@ port on +2; beta's on +3, +4 and +5 (--base-port 0 picks free ports).
 It prints the NBD URI, then "ready". Ctrl-C or SIGTERM stops both nodes cleanly.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			bytes, err := node.ParseSize(size)
+			bytes, err := parseSize(size)
 			if err != nil {
 				return fmt.Errorf("--size: %w", err)
 			}
@@ -61,7 +61,7 @@ It prints the NBD URI, then "ready". Ctrl-C or SIGTERM stops both nodes cleanly.
 	}
 	cmd.Flags().StringVar(&dir, "dir", "", "directory for the disks, state and logs (default: a fresh temp dir, removed at exit)")
 	cmd.Flags().IntVar(&basePort, "base-port", 7800, "alpha's control port; the other five ports follow it (0: free ports)")
-	cmd.Flags().StringVar(&size, "size", "1GiB", "volume size (sparse files)")
+	cmd.Flags().StringVar(&size, "size", "1GiB", "volume size (sparse files), such as 1.5GiB or 512MiB")
 	cmd.Flags().StringVar(&mdPlace, "metadata", "internal", "where each node keeps the volume's metadata: internal (end of the backing file) or external (a separate file)")
 	cmd.Flags().IntVar(&paths, "paths", 0, "give each node this many multipath paths (p0, p1, ...) to its backing file")
 	return cmd

@@ -20,14 +20,14 @@ func newNode(g *globals) *cobra.Command {
 			Short: short,
 			Args:  cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
-				c, ctx, done, err := g.dial()
+				k, err := g.dial(cmd, "the membership change")
 				if err != nil {
 					return err
 				}
-				defer done()
-				r, err := c.Membership(ctx, &transport.MembershipRequest{Node: args[0], Remove: remove})
+				defer k.close()
+				r, err := k.c.Membership(k.ctx, &transport.MembershipRequest{Node: args[0], Remove: remove})
 				if err != nil {
-					return g.apiError(err)
+					return k.fail(err, "", args[0])
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "voters: %s\n", strings.Join(r.Voters, " "))
 				return nil

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"text/tabwriter"
 	"time"
 
 	"github.com/replvol/replvol/transport"
@@ -17,27 +16,37 @@ func newPath(g *globals) *cobra.Command {
 		Short: "Show and steer each node's paths to its backing LUN (multipath)",
 	}
 	var asJSON bool
+	var listNode string
 	list := &cobra.Command{
-		Use:   "list [VOLUME]",
+		Use:   "list [VOLUME] [--node NAME]",
 		Short: "Per path: state, group, IOs, bytes, errors, latency p50/p99, time since the last change",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, ctx, done, err := g.dial()
+			volume := ""
+			if len(args) == 1 {
+				volume = args[0]
+			}
+			k, err := g.dial(cmd, "")
 			if err != nil {
 				return err
 			}
-			defer done()
-			st, err := c.ClusterStatus(ctx, &transport.StatusRequest{})
+			defer k.close()
+			st, err := k.status()
 			if err != nil {
-				return g.apiError(err)
+				return k.fail(err, "", "")
+			}
+			if err := checkNames(st, volume, listNode); err != nil {
+				return err
 			}
 			paths := []transport.PathStatus{}
 			for _, v := range st.Volumes {
-				if len(args) == 1 && v.Name != args[0] {
+				if volume != "" && v.Name != volume {
 					continue
 				}
 				for _, r := range v.Replicas {
-					paths = append(paths, r.Paths...)
+					if listNode == "" || r.Node == listNode {
+						paths = append(paths, r.Paths...)
+					}
 				}
 			}
 			if asJSON {
@@ -45,11 +54,16 @@ func newPath(g *globals) *cobra.Command {
 				enc.SetIndent("", "  ")
 				return enc.Encode(paths)
 			}
-			printPaths(cmd.OutOrStdout(), paths)
+			pal, err := g.paletteFor(cmd.OutOrStdout())
+			if err != nil {
+				return err
+			}
+			printPaths(cmd.OutOrStdout(), paths, pal)
 			return nil
 		},
 	}
 	list.Flags().BoolVar(&asJSON, "json", false, "print the paths as JSON")
+	list.Flags().StringVar(&listNode, "node", "", "only this node's paths")
 	cmd.AddCommand(list,
 		pathAction(g, "fail", "VOLUME PATH", "Mark a path failed; IO moves to the other paths", 2),
 		pathAction(g, "restore", "VOLUME PATH", "Put a failed path back in service", 2),
@@ -66,11 +80,14 @@ func pathAction(g *globals, action, args, short string, nargs int) *cobra.Comman
 		Short: short,
 		Args:  cobra.ExactArgs(nargs),
 		RunE: func(cmd *cobra.Command, a []string) error {
-			c, ctx, done, err := g.dial()
+			k, err := g.dial(cmd, "the path "+action)
 			if err != nil {
 				return err
 			}
-			defer done()
+			defer k.close()
+			if err := k.precheck(a[0], nodeName); err != nil {
+				return err
+			}
 			req := &transport.PathRequest{Volume: a[0], Node: nodeName, Action: action}
 			switch action {
 			case "policy":
@@ -78,12 +95,16 @@ func pathAction(g *globals, action, args, short string, nargs int) *cobra.Comman
 			case "fail", "restore":
 				req.Path = a[1]
 			}
-			r, err := c.PathAction(ctx, req)
+			r, err := k.c.PathAction(k.ctx, req)
 			if err != nil {
-				return g.apiError(err)
+				return k.fail(err, a[0], nodeName)
+			}
+			pal, err := g.paletteFor(cmd.OutOrStdout())
+			if err != nil {
+				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s on %s: policy %s\n", a[0], r.Node, r.Policy)
-			printPaths(cmd.OutOrStdout(), r.Paths)
+			printPaths(cmd.OutOrStdout(), r.Paths, pal)
 			return nil
 		},
 	}
@@ -91,13 +112,14 @@ func pathAction(g *globals, action, args, short string, nargs int) *cobra.Comman
 	return cmd
 }
 
-func printPaths(w io.Writer, paths []transport.PathStatus) {
+func printPaths(w io.Writer, paths []transport.PathStatus, pal palette) {
 	if len(paths) == 0 {
 		fmt.Fprintln(w, "no multipath disks (a plain disk has no paths to list)")
 		return
 	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tVOLUME\tPATH\tSTATE\tGROUP\tIOS\tBYTES\tERRORS\tP50\tP99\tSINCE\tNOTE")
+	t := &table{}
+	t.add(plain("NODE"), plain("VOLUME"), plain("PATH"), plain("STATE"), plain("GROUP"), plain("IOS"), plain("BYTES"), plain("ERRORS"),
+		plain("P50"), plain("P99"), plain("SINCE"), plain("NOTE"))
 	for _, p := range paths {
 		group := p.Group
 		if group == "" {
@@ -107,10 +129,21 @@ func printPaths(w io.Writer, paths []transport.PathStatus) {
 		if p.Preferred {
 			note = "preferred " + note
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\n", p.Node, p.Volume, p.Path, p.State, group,
-			p.IOs, humanBytes(int64(p.Bytes)), p.Errors,
-			time.Duration(p.LatencyP50Micros)*time.Microsecond, time.Duration(p.LatencyP99Micros)*time.Microsecond,
-			(time.Duration(p.SinceChangeSeconds) * time.Second).Round(time.Second), note)
+		state := cell{p.State, colorGreen}
+		switch p.State {
+		case "FAIL":
+			state.color = colorRed
+		case "PASSIVE":
+			state.color = colorNone
+		}
+		errs := plain(fmt.Sprint(p.Errors))
+		if p.Errors > 0 {
+			errs.color = colorYellow
+		}
+		t.add(plain(p.Node), plain(p.Volume), plain(p.Path), state, plain(group),
+			plain(fmt.Sprint(p.IOs)), plain(humanBytes(int64(p.Bytes))), errs,
+			plain((time.Duration(p.LatencyP50Micros) * time.Microsecond).String()), plain((time.Duration(p.LatencyP99Micros) * time.Microsecond).String()),
+			plain((time.Duration(p.SinceChangeSeconds) * time.Second).Round(time.Second).String()), plain(note))
 	}
-	tw.Flush()
+	t.render(w, pal)
 }

@@ -27,14 +27,18 @@ until replctl connect VOLUME --discard-my-data --node VICTIM.`,
 			if nodeName == "" {
 				return fmt.Errorf("--node NAME is required: the node that should become primary")
 			}
-			c, ctx, done, err := g.dial()
+			action := "the switchover"
+			if force {
+				action = "the forced promotion"
+			}
+			k, err := g.dial(cmd, action)
 			if err != nil {
 				return err
 			}
-			defer done()
-			r, err := c.Primary(ctx, &transport.PrimaryRequest{Volume: args[0], Node: nodeName, Force: force, Yes: yes})
+			defer k.close()
+			r, err := k.c.Primary(k.ctx, &transport.PrimaryRequest{Volume: args[0], Node: nodeName, Force: force, Yes: yes})
 			if err != nil {
-				return g.apiError(err)
+				return k.fail(err, args[0], nodeName)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s: primary is now %s (epoch %d), export %s\n", r.Volume, r.Primary, r.Epoch, r.NBDURI)
 			return nil

@@ -2,15 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/replvol/replvol/transport"
 	"github.com/spf13/cobra"
-	"golang.org/x/term"
 )
 
 func newResync(g *globals) *cobra.Command {
@@ -26,26 +25,64 @@ func newResync(g *globals) *cobra.Command {
 to every secondary (DRBD's invalidate of the peers); the secondaries are
 Inconsistent until it ends. --from names the node whose data wins; it must be
 the primary. --wait shows progress (percent, speed, ETA) until every replica is
-UpToDate again.`,
+UpToDate again. --pause with no resync running says so and changes nothing.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, ctx, done, err := g.dial()
+			volume := args[0]
+			if pause && resume {
+				return errors.New("--pause and --resume exclude each other")
+			}
+			action := "the resync"
+			switch {
+			case pause:
+				action = "the pause"
+			case resume:
+				action = "the resume"
+			}
+			k, err := g.dial(cmd, action)
 			if err != nil {
 				return err
 			}
-			defer done()
-			r, err := c.Resync(ctx, &transport.ResyncRequest{Volume: args[0], From: from, Pause: pause, Resume: resume})
-			if err != nil {
-				return g.apiError(err)
-			}
+			defer k.close()
 			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "%s: %s on %s for %s\n", args[0], r.Action, r.Primary, strings.Join(r.Peers, ", "))
-			if !wait {
+			wasPaused := false
+			if pause || resume {
+				// The node pauses (or resumes) whatever runs, and says
+				// "paused" even when nothing does: look first.
+				st, err := k.status()
+				if err != nil {
+					return k.fail(err, volume, "")
+				}
+				if err := checkNames(st, volume, ""); err != nil {
+					return err
+				}
+				running, isPaused := resyncState(st, volume)
+				switch {
+				case pause && isPaused && !running:
+					fmt.Fprintf(out, "the resync of %s is already paused (resume it with replctl resync %s --resume)\n", volume, volume)
+					return nil
+				case pause && !running:
+					return fmt.Errorf("no resync of %s is running: nothing to pause", volume)
+				}
+				wasPaused = isPaused
+			}
+			r, err := k.c.Resync(k.ctx, &transport.ResyncRequest{Volume: volume, From: from, Pause: pause, Resume: resume})
+			if err != nil {
+				return k.fail(err, volume, from)
+			}
+			note := ""
+			if resume && !wasPaused {
+				note = " (no resync was paused)"
+			}
+			fmt.Fprintf(out, "%s: %s on %s for %s%s\n", volume, r.Action, r.Primary, strings.Join(r.Peers, ", "), note)
+			if !wait || pause {
 				return nil
 			}
-			wctx, cancel := context.WithTimeout(context.Background(), 24*time.Hour)
-			defer cancel()
-			return waitResync(wctx, c, args[0], out, isTerminal(out))
+			pal, err := g.paletteFor(out)
+			if err != nil {
+				return err
+			}
+			return waitResync(cmd.Context(), k.c, volume, out, isTerminal(out), pal)
 		},
 	}
 	cmd.Flags().StringVar(&from, "from", "", "the node whose data wins (must be the primary)")
@@ -55,21 +92,43 @@ UpToDate again.`,
 	return cmd
 }
 
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	return ok && term.IsTerminal(int(f.Fd()))
+// resyncState says whether a resync of volume runs, and whether one is
+// paused, by the replicas' replication states.
+func resyncState(st *transport.ClusterStatus, volume string) (running, isPaused bool) {
+	for _, v := range st.Volumes {
+		if v.Name != volume {
+			continue
+		}
+		for _, r := range v.Replicas {
+			switch {
+			case paused(r.Replication):
+				isPaused = true
+			case syncing(r.Replication):
+				running = true
+			}
+		}
+	}
+	return running, isPaused
 }
 
 // waitResync prints progress until every replica of volume is UpToDate
-// and Connected.
-func waitResync(ctx context.Context, c *transport.ControlClient, volume string, out io.Writer, tty bool) error {
+// and Connected, or ctx ends (Ctrl-C: the resync goes on).
+func waitResync(ctx context.Context, c *transport.ControlClient, volume string, out io.Writer, tty bool, pal palette) error {
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
 	var last string
 	for {
-		st, err := c.ClusterStatus(ctx, &transport.StatusRequest{})
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		st, err := c.ClusterStatus(sctx, &transport.StatusRequest{})
+		cancel()
+		if ctx.Err() != nil {
+			if tty {
+				fmt.Fprintln(out)
+			}
+			return errors.New("stopped waiting; the resync goes on (replctl status shows it)")
+		}
 		if err != nil {
-			return err
+			return fmt.Errorf("lost the node while waiting (the resync goes on): %s", plainMessage(err.Error()))
 		}
 		line, finished := resyncLine(st, volume)
 		switch {
@@ -80,14 +139,13 @@ func waitResync(ctx context.Context, c *transport.ControlClient, volume string, 
 			fmt.Fprintln(out, line)
 			return nil
 		case tty:
-			fmt.Fprintf(out, "\r\033[K%s", line)
+			fmt.Fprintf(out, "\r\033[K%s", pal.paint(colorYellow, line))
 		case line != last:
 			fmt.Fprintln(out, line)
 		}
 		last = line
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
 		case <-tick.C:
 		}
 	}
@@ -117,16 +175,8 @@ func resyncLine(st *transport.ClusterStatus, volume string) (string, bool) {
 		if worst == nil {
 			return fmt.Sprintf("%s: waiting for the resync to start", volume), false
 		}
-		const width = 30
-		filled := int(worst.SyncProgress / 100 * width)
-		bar := strings.Repeat("#", filled) + strings.Repeat(".", width-filled)
-		eta := "?"
-		if worst.ResyncRate > 0 {
-			left := worst.ResyncTotalBytes - worst.ResyncDoneBytes
-			eta = time.Duration(float64(left) / float64(worst.ResyncRate) * float64(time.Second)).Round(time.Second).String()
-		}
-		return fmt.Sprintf("%s -> %s [%s] %5.1f%% %s/s ETA %s (%s)", volume, worst.Node, bar, worst.SyncProgress,
-			humanBytes(worst.ResyncRate), eta, worst.Replication), false
+		return fmt.Sprintf("%s -> %s %s %5.1f%% %s/s ETA %s (%s)", volume, worst.Node, bar(worst.SyncProgress, 30), worst.SyncProgress,
+			humanBytes(worst.ResyncRate), eta(worst.ResyncTotalBytes-worst.ResyncDoneBytes, worst.ResyncRate), worst.Replication), false
 	}
 	return fmt.Sprintf("%s: no such volume", volume), true
 }

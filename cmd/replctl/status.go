@@ -1,71 +1,225 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
-	"text/tabwriter"
+	"time"
 
 	"github.com/replvol/replvol/transport"
 	"github.com/spf13/cobra"
 )
 
 func newStatus(g *globals) *cobra.Command {
-	var asJSON bool
-	var events int
+	var (
+		asJSON bool
+		events int
+		watch  bool
+	)
 	cmd := &cobra.Command{
-		Use:   "status",
+		Use:   "status [VOLUME]",
 		Short: "Show every volume's replicas: role, disk, replication, out-of-sync, sync progress",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, ctx, done, err := g.dial()
+		Long: `Show the cluster as the node at --addr sees it: the nodes, then per volume its
+primary and a line per replica (role, disk, replication, out-of-sync bytes,
+resync or verify progress with speed and ETA, lag under protocols A and B,
+what raft records in cluster mode). The volume's line ends with a warning for
+each replica that is not UpToDate or not replicating and each failed path.
+VOLUME shows that volume only. --watch redraws every second until Ctrl-C.
+Colours on a terminal only (--color, NO_COLOR).`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			volume := ""
+			if len(args) == 1 {
+				volume = args[0]
+			}
+			out := cmd.OutOrStdout()
+			pal, err := g.paletteFor(out)
 			if err != nil {
 				return err
 			}
-			defer done()
-			st, err := c.ClusterStatus(ctx, &transport.StatusRequest{})
-			if err != nil {
-				return g.apiError(err)
+			s := &statusView{g: g, volume: volume, asJSON: asJSON, events: events, pal: pal}
+			if !watch {
+				return s.once(cmd, out)
 			}
-			out := cmd.OutOrStdout()
-			if asJSON {
-				enc := json.NewEncoder(out)
-				enc.SetIndent("", "  ")
-				return enc.Encode(st)
-			}
-			printStatus(out, st)
-			if events > 0 {
-				ns, err := c.NodeStatus(ctx, &transport.StatusRequest{Events: events})
-				if err != nil {
-					return g.apiError(err)
-				}
-				fmt.Fprintf(out, "\nrecent events on %s:\n", ns.Node.Name)
-				for _, e := range ns.Events {
-					fmt.Fprintf(out, "  %s  %-14s %-6s %s\n", e.Time.Format("2006-01-02 15:04:05"), e.Kind, e.Volume, e.Message)
-				}
-			}
-			return nil
+			return s.watch(cmd, out)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the status as JSON")
 	cmd.Flags().IntVar(&events, "events", 0, "also print this many recent events of the node at --addr")
+	cmd.Flags().BoolVarP(&watch, "watch", "w", false, "redraw every second until Ctrl-C")
 	return cmd
 }
 
-// printStatus prints the cluster the way drbdadm status reads: a line per
-// volume, then one per replica.
-func printStatus(w io.Writer, st *transport.ClusterStatus) {
+// statusView renders status frames; across frames of --watch it keeps the
+// verify progress it saw, to show a verify's speed and ETA.
+type statusView struct {
+	g      *globals
+	volume string
+	asJSON bool
+	events int
+	pal    palette
+	rates  rateTracker
+	// frameTimeout bounds each frame of --watch, so that a hung node
+	// shows as such every few seconds.
+	frameTimeout time.Duration
+}
+
+// frame fetches the status and renders it into a buffer.
+func (s *statusView) frame(cmd *cobra.Command) ([]byte, error) {
+	g := s.g
+	if s.frameTimeout > 0 && s.frameTimeout < g.timeout {
+		short := *g
+		short.timeout = s.frameTimeout
+		g = &short
+	}
+	k, err := g.dial(cmd, "")
+	if err != nil {
+		return nil, err
+	}
+	defer k.close()
+	st, err := k.status()
+	if err != nil {
+		return nil, k.fail(err, "", "")
+	}
+	if s.volume != "" {
+		if err := checkNames(st, s.volume, ""); err != nil {
+			return nil, err
+		}
+		for _, v := range st.Volumes {
+			if v.Name == s.volume {
+				st.Volumes = []transport.VolumeStatus{v}
+			}
+		}
+	}
+	var buf bytes.Buffer
+	if s.asJSON {
+		enc := json.NewEncoder(&buf)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(st); err != nil {
+			return nil, err
+		}
+		return buf.Bytes(), nil
+	}
+	printStatus(&buf, st, s.pal, &s.rates, time.Now())
+	if s.events > 0 {
+		ns, err := k.c.NodeStatus(k.ctx, &transport.StatusRequest{Events: s.events})
+		if err != nil {
+			return nil, k.fail(err, "", "")
+		}
+		fmt.Fprintf(&buf, "\nrecent events on %s:\n", ns.Node.Name)
+		for _, e := range ns.Events {
+			if s.volume == "" || e.Volume == s.volume || e.Volume == "" {
+				fmt.Fprintln(&buf, "  "+formatEvent(&e, s.pal))
+			}
+		}
+	}
+	return buf.Bytes(), nil
+}
+
+func (s *statusView) once(cmd *cobra.Command, out io.Writer) error {
+	b, err := s.frame(cmd)
+	if err != nil {
+		return err
+	}
+	_, err = out.Write(b)
+	return err
+}
+
+// watch redraws every second: on a terminal over the previous frame, in
+// a pipe after a separator line. A failing node is shown, not fatal: the
+// watch goes on until Ctrl-C. An unknown volume ends it at once.
+func (s *statusView) watch(cmd *cobra.Command, out io.Writer) error {
+	ctx := cmd.Context()
+	tty := isTerminal(out)
+	s.frameTimeout = 5 * time.Second
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for first := true; ; first = false {
+		b, err := s.frame(cmd)
+		if ctx.Err() != nil {
+			return nil
+		}
+		var unknown *nameError
+		if first && errors.As(err, &unknown) {
+			return err
+		}
+		if err != nil {
+			b = []byte(s.pal.paint(colorRed, "replctl: "+err.Error()) + "\n")
+		}
+		now := time.Now().Format("2006-01-02 15:04:05")
+		switch {
+		case s.asJSON && err != nil:
+			fmt.Fprintf(cmd.ErrOrStderr(), "%s replctl: %s\n", now, err)
+		case s.asJSON:
+			// One document per line for tools.
+			var compact bytes.Buffer
+			if json.Compact(&compact, b) == nil {
+				b = append(compact.Bytes(), '\n')
+			}
+			out.Write(b)
+		case tty:
+			fmt.Fprintf(out, "\033[H\033[2J%s   %s\n\n%s", s.pal.paint(colorDim, "every 1s: replctl status via "+s.g.addr+" (Ctrl-C to stop)"), now, b)
+		default:
+			fmt.Fprintf(out, "--- %s ---\n%s", now, b)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// rateTracker remembers each replica's verify progress across frames
+// (the status has the resync's speed, not the verify's).
+type rateTracker struct {
+	seen map[string]rateSample
+}
+
+type rateSample struct {
+	at   time.Time
+	done int64
+	rate int64
+}
+
+// rate returns the speed of key's progress to done, from the previous
+// sample (0 when unknown).
+func (r *rateTracker) rate(key string, done int64, now time.Time) int64 {
+	if r.seen == nil {
+		r.seen = map[string]rateSample{}
+	}
+	prev, ok := r.seen[key]
+	s := rateSample{at: now, done: done}
+	switch {
+	case !ok || done < prev.done:
+	case done == prev.done:
+		s = prev // nothing moved since: keep the older sample and rate
+	default:
+		if dt := now.Sub(prev.at).Seconds(); dt > 0 {
+			s.rate = int64(float64(done-prev.done) / dt)
+		}
+	}
+	r.seen[key] = s
+	return s.rate
+}
+
+// printStatus prints the cluster the way drbdadm status reads: the
+// cluster and its nodes, then a line per volume (with its warnings) and
+// one per replica.
+func printStatus(w io.Writer, st *transport.ClusterStatus, pal palette, rates *rateTracker, now time.Time) {
 	cl := st.Cluster
 	line := "cluster: failover " + cl.Failover
 	if len(cl.Voters) > 0 {
 		leader := cl.Leader
 		if leader == "" {
-			leader = "none"
+			leader = pal.paint(colorRed, "none")
 		}
-		quorum := "no quorum"
+		quorum := pal.paint(colorRed, "no quorum")
 		if cl.Quorum {
-			quorum = "quorum"
+			quorum = pal.paint(colorGreen, "quorum")
 		}
 		line += fmt.Sprintf(", raft leader %s, %s, voters %s", leader, quorum, strings.Join(cl.Voters, " "))
 	}
@@ -73,68 +227,212 @@ func printStatus(w io.Writer, st *transport.ClusterStatus) {
 		line += " (" + cl.Reason + ")"
 	}
 	fmt.Fprintln(w, line)
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tROLE\tSTATE\tCONTROL\tNBD")
+	nodes := &table{}
+	nodes.add(plain("NODE"), plain("ROLE"), plain("STATE"), plain("CONTROL"), plain("NBD"))
 	for _, n := range st.Nodes {
-		state := "alive"
+		state := cell{"alive", colorGreen}
 		if !n.Alive {
-			state = "unreachable"
+			state = cell{"unreachable", colorRed}
 			if n.Error != "" {
-				state += " (" + firstLine(n.Error) + ")"
+				state.text += " (" + plainMessage(firstLine(n.Error)) + ")"
 			}
 		}
-		if n.Membership != "" && n.Membership != "alive" {
-			state += ", gossip: " + n.Membership
+		switch n.Membership {
+		case "", "alive":
+		case "suspect":
+			state.text += ", gossip: suspect"
+			if state.color == colorGreen {
+				state.color = colorYellow
+			}
+		default:
+			state.text += ", gossip: " + n.Membership
+			state.color = colorRed
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.Name, n.Role, state, n.Control, n.NBD)
+		nbd := n.NBD
+		if nbd == "" {
+			nbd = "-"
+		}
+		nodes.add(plain(n.Name), plain(n.Role), state, plain(n.Control), plain(nbd))
 	}
-	tw.Flush()
-	for _, v := range st.Volumes {
-		primary := v.Primary
-		if primary == "" {
-			primary = "none"
-		}
-		fmt.Fprintf(w, "\n%s  size:%s protocol:%s primary:%s epoch:%d", v.Name, humanBytes(v.Size), v.Protocol, primary, v.Epoch)
-		if v.NBDURI != "" {
-			fmt.Fprintf(w, "  %s", v.NBDURI)
-		}
-		fmt.Fprintln(w)
-		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  NODE\tROLE\tDISK\tREPLICATION\tOUT-OF-SYNC\tSYNC\tNOTE")
-		for _, r := range v.Replicas {
-			note := r.Reason
-			if note == "" && r.SyncDecision != "" && r.SyncDecision != "no-sync" {
-				note = "last connect: " + r.SyncDecision + " by rule=" + r.SyncRule
-			}
-			if !r.Reachable {
-				note = strings.TrimSpace("unreachable " + note)
-			}
-			syncCol := fmt.Sprintf("%.1f%%", r.SyncProgress)
-			if r.ResyncTotalBytes > 0 {
-				syncCol += fmt.Sprintf(" (%s of %s)", humanBytes(r.ResyncDoneBytes), humanBytes(r.ResyncTotalBytes))
-			}
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Node, r.Role, r.Disk, r.Replication, humanBytes(r.OutOfSyncBytes), syncCol, firstLine(note))
-		}
-		tw.Flush()
+	nodes.render(w, pal)
+	cluster := len(cl.Voters) > 0
+	for i := range st.Volumes {
+		printVolume(w, &st.Volumes[i], cluster, pal, rates, now)
 	}
 }
 
-func firstLine(s string) string {
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		return s[:i]
+func printVolume(w io.Writer, v *transport.VolumeStatus, cluster bool, pal palette, rates *rateTracker, now time.Time) {
+	primary := v.Primary
+	if primary == "" {
+		primary = "none"
 	}
-	return s
+	fmt.Fprintf(w, "\n%s  size %s  protocol %s  primary %s  epoch %d", pal.paint(colorBold, v.Name), humanBytes(v.Size), v.Protocol, primary, v.Epoch)
+	if v.NBDURI != "" {
+		fmt.Fprintf(w, "  %s", v.NBDURI)
+	}
+	for _, warn := range volumeWarnings(v) {
+		fmt.Fprint(w, "  "+pal.paint(warn.color, warn.text))
+	}
+	fmt.Fprintln(w)
+
+	async := v.Protocol == "A" || v.Protocol == "B"
+	for _, r := range v.Replicas {
+		async = async || r.LagBytes > 0
+	}
+	t := &table{indent: "  "}
+	head := []cell{plain("NODE"), plain("ROLE"), plain("DISK"), plain("REPLICATION"), plain("OUT-OF-SYNC"), plain("SYNC")}
+	if async {
+		head = append(head, plain("LAG"))
+	}
+	if cluster {
+		head = append(head, plain("RAFT"))
+	}
+	head = append(head, plain("RESYNCED SINCE START"), plain("NOTE"))
+	t.add(head...)
+	for i := range v.Replicas {
+		r := &v.Replicas[i]
+		role := plain(r.Role)
+		switch r.Role {
+		case "Primary":
+			role.color = colorBold
+		case "Unknown", "":
+			role.color = colorDim
+		}
+		oos := plain(humanBytes(r.OutOfSyncBytes))
+		if r.OutOfSyncBytes > 0 {
+			oos.color = colorYellow
+		}
+		row := []cell{plain(r.Node), role, {r.Disk, diskColor(r.Disk)}, {r.Replication, replicationColor(r.Replication)}, oos,
+			syncCell(v, r, rates, now)}
+		if async {
+			row = append(row, lagCell(v, r))
+		}
+		if cluster {
+			raft := cell{r.Raft, colorNone}
+			switch r.Raft {
+			case "":
+				raft.text = "-"
+			case "UpToDate":
+				raft.color = colorGreen
+			default:
+				raft.color = colorYellow
+			}
+			row = append(row, raft)
+		}
+		note := r.Reason
+		if note == "" && r.SyncDecision != "" && r.SyncDecision != "no-sync" {
+			note = "last connect: " + r.SyncDecision + " by rule=" + r.SyncRule
+		}
+		if !r.Reachable {
+			note = strings.TrimSpace("unreachable (shown as its peer sees it) " + note)
+		}
+		row = append(row, plain(humanBytes(r.ResyncedBytes)), plain(plainMessage(firstLine(note))))
+		t.add(row...)
+	}
+	t.render(w, pal)
 }
 
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%dB", n)
+// syncCell shows where a replica's data stands: a bar with speed and ETA
+// while a resync or a verify runs, "in sync" only for a connected UpToDate
+// replica. A replica with no disk, not replicating or not reachable never
+// shows as complete.
+func syncCell(v *transport.VolumeStatus, r *transport.ReplicaStatus, rates *rateTracker, now time.Time) cell {
+	const width = 20
+	switch {
+	case !r.Reachable:
+		return cell{"unknown", colorDim}
+	case r.Disk == "Diskless" || r.Disk == "Failed" || r.Disk == "DUnknown":
+		return cell{"no disk", colorRed}
+	case r.Role == "Primary" && r.OutOfSyncBytes > 0 && v.Size > 0:
+		// A primary whose disk missed writes copies them back from a peer.
+		pct := 100 * (1 - float64(r.OutOfSyncBytes)/float64(v.Size))
+		return cell{fmt.Sprintf("%s %5.1f%% copying back from a peer", bar(pct, width), pct), colorYellow}
+	case r.Role == "Primary" && syncing(r.Replication):
+		return cell{"resync source", colorNone} // the peers' rows show the progress
+	case r.Role == "Primary" && verifying(r.Replication):
+		return cell{"verify source", colorNone}
+	case syncing(r.Replication) && r.ResyncTotalBytes > 0:
+		pct := 100 * float64(r.ResyncDoneBytes) / float64(r.ResyncTotalBytes)
+		text := fmt.Sprintf("%s %5.1f%% %s/s ETA %s", bar(pct, width), pct, humanBytes(r.ResyncRate), eta(r.ResyncTotalBytes-r.ResyncDoneBytes, r.ResyncRate))
+		if paused(r.Replication) {
+			text = fmt.Sprintf("%s %5.1f%% paused (replctl resync %s --resume)", bar(pct, width), pct, v.Name)
+		}
+		return cell{text, colorYellow}
+	case syncing(r.Replication):
+		return cell{"resync starting", colorYellow}
+	case verifying(r.Replication) && r.VerifyTotalBytes > 0:
+		pct := 100 * float64(r.VerifyDoneBytes) / float64(r.VerifyTotalBytes)
+		rate := rates.rate(v.Name+"/"+r.Node+"/verify", r.VerifyDoneBytes, now)
+		speed := "?"
+		if rate > 0 {
+			speed = humanBytes(rate)
+		}
+		text := fmt.Sprintf("verify %s %5.1f%% %s/s ETA %s", bar(pct, width), pct, speed, eta(r.VerifyTotalBytes-r.VerifyDoneBytes, rate))
+		if r.VerifyFoundBytes > 0 {
+			text += fmt.Sprintf(", %s differ", humanBytes(r.VerifyFoundBytes))
+		}
+		return cell{text, colorCyan}
+	case r.Replication == "StandAlone":
+		return cell{"not replicating", colorRed}
+	case r.Replication == "Connecting" || r.Replication == "Unknown":
+		return cell{"not connected", colorYellow}
+	case r.Disk == "UpToDate" && r.Replication == "Connected" && r.OutOfSyncBytes == 0:
+		return cell{"in sync", colorGreen}
+	case r.Disk == "UpToDate":
+		return cell{fmt.Sprintf("UpToDate, %s", r.Replication), colorYellow}
 	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
+	return cell{fmt.Sprintf("%.1f%%", r.SyncProgress), colorYellow}
+}
+
+// lagCell is what a secondary misses of the acknowledged writes
+// (protocols A and B), bytes and the age of the oldest.
+func lagCell(v *transport.VolumeStatus, r *transport.ReplicaStatus) cell {
+	if r.Node == v.Primary {
+		return plain("-")
 	}
-	return fmt.Sprintf("%.1f%ciB", float64(n)/float64(div), "KMGTPE"[exp])
+	c := plain(fmt.Sprintf("%s %.1fs", humanBytes(r.LagBytes), r.LagSeconds))
+	if r.LagBytes > 0 {
+		c.color = colorYellow
+	}
+	return c
+}
+
+// volumeWarnings are what the volume's line warns about: a replica not
+// UpToDate or not replicating, a failed path, no primary serving.
+func volumeWarnings(v *transport.VolumeStatus) []cell {
+	var warns []cell
+	if v.NBDURI == "" {
+		warns = append(warns, cell{"! no primary serving IO", colorRed})
+	}
+	for _, r := range v.Replicas {
+		if !r.Reachable {
+			warns = append(warns, cell{"! " + r.Node + " unreachable", colorRed})
+			continue
+		}
+		var what []string
+		color := colorYellow
+		if r.Disk != "UpToDate" {
+			what = append(what, r.Disk)
+			if r.Disk == "Diskless" || r.Disk == "Failed" {
+				color = colorRed
+			}
+		}
+		// A primary's replication is the worst of its peers': their own
+		// entries say it.
+		if r.Role != "Primary" && (r.Replication == "StandAlone" || r.Replication == "Connecting") {
+			what = append(what, r.Replication)
+			if r.Replication == "StandAlone" {
+				color = colorRed
+			}
+		}
+		if len(what) > 0 {
+			warns = append(warns, cell{"! " + r.Node + " " + strings.Join(what, " "), color})
+		}
+		for _, p := range r.Paths {
+			if p.State == "FAIL" {
+				warns = append(warns, cell{fmt.Sprintf("! %s path %s failed", r.Node, p.Path), colorRed})
+			}
+		}
+	}
+	return warns
 }

@@ -63,6 +63,10 @@ func testMain(m *testing.M) int {
 	defer os.RemoveAll(dir)
 	binDir = dir
 	replctlBin = filepath.Join(dir, "replctl")
+	if err := isolateUserCache(dir); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
 	// The binary under test is built without -race: the e2e tests measure
 	// behaviour through real clients and must stay fast on 2 cores.
 	if out, err := goBuild(replctlBin, "."); err != nil {
@@ -72,14 +76,38 @@ func testMain(m *testing.M) int {
 	return m.Run()
 }
 
-func goBuild(out, pkg string) ([]byte, error) {
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = "/usr/local/go/bin/go"
+// isolateUserCache points $XDG_CACHE_HOME, which replctl remembers
+// clusters in, at a directory under dir, for this process and every
+// replctl it starts, so tests never write to the user's cache. Go's build
+// cache stays where it was.
+func isolateUserCache(dir string) error {
+	if os.Getenv("GOCACHE") == "" {
+		out, err := exec.Command(goCommand(), "env", "GOCACHE").Output()
+		if err != nil {
+			return fmt.Errorf("go env GOCACHE: %v", err)
+		}
+		if err := os.Setenv("GOCACHE", strings.TrimSpace(string(out))); err != nil {
+			return err
+		}
 	}
+	cache := filepath.Join(dir, "cache")
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		return err
+	}
+	return os.Setenv("XDG_CACHE_HOME", cache)
+}
+
+func goCommand() string {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+	return "/usr/local/go/bin/go"
+}
+
+func goBuild(out, pkg string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, goBin, "build", "-o", out, pkg)
+	cmd := exec.CommandContext(ctx, goCommand(), "build", "-o", out, pkg)
 	return cmd.CombinedOutput()
 }
 
@@ -490,6 +518,12 @@ func (d *demo) mustStatus(node string) *volumeStatus {
 // waitFor polls vol0's status on a node until cond holds.
 func (d *demo) waitFor(node, what string, timeout time.Duration, cond func(*volumeStatus) bool) *volumeStatus {
 	d.t.Helper()
+	return d.waitForEvery(200*time.Millisecond, node, what, timeout, cond)
+}
+
+// waitForEvery is waitFor polling every interval.
+func (d *demo) waitForEvery(interval time.Duration, node, what string, timeout time.Duration, cond func(*volumeStatus) bool) *volumeStatus {
+	d.t.Helper()
 	deadline := time.Now().Add(timeout)
 	var last string
 	for {
@@ -506,7 +540,7 @@ func (d *demo) waitFor(node, what string, timeout time.Duration, cond func(*volu
 		if time.Now().After(deadline) {
 			d.t.Fatalf("%s: not reached after %s; last status: %s", what, timeout, last)
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(interval)
 	}
 }
 

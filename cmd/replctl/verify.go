@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -23,23 +24,25 @@ resynced as soon as the verify ends (one command, where DRBD needs two).
 --wait shows progress until it ends.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, ctx, done, err := g.dial()
+			k, err := g.dial(cmd, "the start of the verify")
 			if err != nil {
 				return err
 			}
-			defer done()
-			r, err := c.Verify(ctx, &transport.VerifyRequest{Volume: args[0], Repair: repair})
+			defer k.close()
+			r, err := k.c.Verify(k.ctx, &transport.VerifyRequest{Volume: args[0], Repair: repair})
 			if err != nil {
-				return g.apiError(err)
+				return k.fail(err, args[0], "")
 			}
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "%s: verify started on %s against %s\n", args[0], r.Primary, strings.Join(r.Peers, ", "))
 			if !wait {
 				return nil
 			}
-			wctx, cancel := context.WithTimeout(context.Background(), 24*time.Hour)
-			defer cancel()
-			return waitVerify(wctx, c, args[0], out, repair)
+			pal, err := g.paletteFor(out)
+			if err != nil {
+				return err
+			}
+			return waitVerify(cmd.Context(), k.c, args[0], out, repair, pal)
 		},
 	}
 	cmd.Flags().BoolVar(&repair, "repair", false, "resync the blocks found out of sync when the verify ends")
@@ -47,14 +50,23 @@ resynced as soon as the verify ends (one command, where DRBD needs two).
 	return cmd
 }
 
-func waitVerify(ctx context.Context, c *transport.ControlClient, volume string, out io.Writer, repair bool) error {
+func waitVerify(ctx context.Context, c *transport.ControlClient, volume string, out io.Writer, repair bool, pal palette) error {
 	tty := isTerminal(out)
 	tick := time.NewTicker(300 * time.Millisecond)
 	defer tick.Stop()
+	var rates rateTracker
 	for {
-		st, err := c.ClusterStatus(ctx, &transport.StatusRequest{})
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		st, err := c.ClusterStatus(sctx, &transport.StatusRequest{})
+		cancel()
+		if ctx.Err() != nil {
+			if tty {
+				fmt.Fprintln(out)
+			}
+			return errors.New("stopped waiting; the verify goes on (replctl status shows it)")
+		}
 		if err != nil {
-			return err
+			return fmt.Errorf("lost the node while waiting (the verify goes on): %s", plainMessage(err.Error()))
 		}
 		running, found, done, total := false, int64(0), int64(0), int64(0)
 		for _, v := range st.Volumes {
@@ -62,7 +74,7 @@ func waitVerify(ctx context.Context, c *transport.ControlClient, volume string, 
 				continue
 			}
 			for _, r := range v.Replicas {
-				running = running || r.Replication == "VerifyT"
+				running = running || verifying(r.Replication)
 				found += r.VerifyFoundBytes
 				done += r.VerifyDoneBytes
 				total += r.VerifyTotalBytes
@@ -79,16 +91,20 @@ func waitVerify(ctx context.Context, c *transport.ControlClient, volume string, 
 			}
 			fmt.Fprintln(out, line)
 			if repair && found > 0 {
-				return waitResync(ctx, c, volume, out, tty)
+				return waitResync(ctx, c, volume, out, tty, pal)
 			}
 			return nil
 		}
 		if tty {
-			fmt.Fprintf(out, "\r\033[K%s", line)
+			rate := rates.rate(volume, done, time.Now())
+			speed := "?"
+			if rate > 0 {
+				speed = humanBytes(rate)
+			}
+			fmt.Fprintf(out, "\r\033[K%s", pal.paint(colorCyan, fmt.Sprintf("%s %s %s/s ETA %s", line, bar(pct, 30), speed, eta(total-done, rate))))
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
 		case <-tick.C:
 		}
 	}

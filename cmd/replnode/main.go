@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -18,13 +19,18 @@ func main() {
 
 func run(args []string) int {
 	fs := flag.NewFlagSet("replnode", flag.ContinueOnError)
-	configPath := fs.String("config", "", "cluster config file (YAML)")
+	configPath := fs.String("config", "", "cluster config file (YAML); SIGHUP re-reads it")
 	name := fs.String("node", "", "this node's name in the config")
 	stateDir := fs.String("state-dir", "", "directory for the node's state (default: nodes[].state_dir, else state-NODE next to the config)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	join := fs.Bool("join", false, "this node was added to a running cluster (replctl node add): do not bootstrap raft, wait for the leader")
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if *showVersion {
+		fmt.Println("replnode " + versionString())
+		return 0
 	}
 	if *configPath == "" || *name == "" {
 		fmt.Fprintln(os.Stderr, "replnode: --config FILE and --node NAME are required")
@@ -47,6 +53,17 @@ func run(args []string) int {
 	if nc, ok := cfg.Node(*name); ok && dir == "" && nc.StateDir == "" {
 		dir = filepath.Join(filepath.Dir(*configPath), "state-"+*name)
 	}
+	// The node may keep what it was given: the reloader compares the file
+	// with a config of its own.
+	running, err := node.LoadConfig(*configPath)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "replnode: %v\n", err)
+		return 1
+	}
+	// Signals are caught from here on: a SIGHUP during the start waits,
+	// and a SIGTERM stops the node once started.
+	sig := make(chan os.Signal, 4)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	n, err := node.New(cfg, *name, node.Options{StateDir: dir, Logger: log, Join: *join})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "replnode: %v\n", err)
@@ -57,13 +74,29 @@ func run(args []string) int {
 		n.Close()
 		return 1
 	}
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-	<-sig
+	if err := sdNotify("READY=1\nSTATUS=serving, control API on " + n.ControlAddr()); err != nil {
+		log.Warn("systemd notification", "err", err)
+	}
+	r := &reloader{path: *configPath, name: *name, control: n.ControlAddr(), log: log, running: running}
+	for s := range sig {
+		if s != syscall.SIGHUP {
+			break
+		}
+		notify(log, reloading())
+		r.reload(context.Background())
+		notify(log, "READY=1")
+	}
 	log.Info("stopping")
+	notify(log, "STOPPING=1")
 	if err := n.Close(); err != nil {
 		fmt.Fprintf(os.Stderr, "replnode: stop: %v\n", err)
 		return 1
 	}
 	return 0
+}
+
+func notify(log *slog.Logger, state string) {
+	if err := sdNotify(state); err != nil {
+		log.Warn("systemd notification", "err", err)
+	}
 }

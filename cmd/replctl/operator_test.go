@@ -1,0 +1,321 @@
+package main
+
+// Unit tests of replctl's operator-facing pieces (issue 11): size flags,
+// name checks, errors in words, the status table's bars, warnings and
+// colours, --since, and the merge order of events from several nodes.
+
+import (
+	"bytes"
+	"container/heap"
+	"errors"
+	"net"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/replvol/replvol/transport"
+)
+
+func TestParseSize(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int64
+	}{
+		{"4096", 4096},
+		{"1.5GiB", 3 << 29},
+		{"1.5G", 3 << 29},
+		{"1.5gib", 3 << 29},
+		{"0.25GiB", 256 << 20},
+		{"256MiB", 256 << 20},
+		{"256 MiB", 256 << 20},
+		{"2T", 2 << 40},
+		{"512B", 512},
+		{"1PiB", 1 << 50},
+	} {
+		got, err := parseSize(tc.in)
+		if err != nil || got != tc.want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", tc.in, got, err, tc.want)
+		}
+	}
+	for _, bad := range []string{"", "GiB", "1.5", "1.3B", "0.1K", "-1GiB", "1e3", "1GB", "1XiB", "1.5.5G", "99999999PiB"} {
+		if got, err := parseSize(bad); err == nil {
+			t.Errorf("parseSize(%q) = %d, want an error", bad, got)
+		}
+	}
+}
+
+func sampleStatus() *transport.ClusterStatus {
+	return &transport.ClusterStatus{
+		From:    "alpha",
+		Cluster: transport.ClusterInfo{Failover: "off", Reason: "no raft"},
+		Nodes: []transport.NodeInfo{
+			{Name: "alpha", Control: "127.0.0.1:7800", NBD: "127.0.0.1:7802", Alive: true, Role: "data"},
+			{Name: "beta", Control: "127.0.0.1:7803", NBD: "127.0.0.1:7805", Alive: true, Role: "data"},
+		},
+		Volumes: []transport.VolumeStatus{{
+			Name: "vol0", Size: 1 << 30, Protocol: "C", Primary: "alpha", Epoch: 1, NBDURI: "nbd://127.0.0.1:7802/vol0",
+			Replicas: []transport.ReplicaStatus{
+				{Node: "alpha", Role: "Primary", Disk: "UpToDate", Replication: "Connected", Reachable: true, SyncProgress: 100},
+				{Node: "beta", Role: "Secondary", Disk: "UpToDate", Replication: "Connected", Reachable: true, SyncProgress: 100},
+			},
+		}},
+	}
+}
+
+func TestCheckNamesListsTheValidOnes(t *testing.T) {
+	st := sampleStatus()
+	st.Nodes = append(st.Nodes, transport.NodeInfo{Name: "witness", Role: "witness"})
+	for _, tc := range []struct {
+		name, volume, node string
+		want               string // "" for no error
+	}{
+		{"known volume and node", "vol0", "beta", ""},
+		{"no names", "", "", ""},
+		{"a typo in the volume", "vol9", "", `no volume "vol9" in the cluster: the volumes are vol0`},
+		{"a typo in the node", "", "betta", `no node "betta" in the cluster: the nodes are alpha, beta, witness`},
+		{"a node that holds no disk of the volume", "vol0", "witness", "node witness holds no disk of vol0: its nodes are alpha, beta"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := checkNames(st, tc.volume, tc.node)
+			var ne *nameError
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("checkNames: %v", err)
+			case tc.want != "" && (err == nil || err.Error() != tc.want || !errors.As(err, &ne)):
+				t.Fatalf("checkNames = %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestDialWordsAndPlainMessages(t *testing.T) {
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: &osSyscallError{syscall.ECONNREFUSED}}
+	if got := dialWords(refused); !strings.Contains(got, "connection refused") {
+		t.Errorf("dialWords(refused) = %q", got)
+	}
+	// A real refused connection, to a port nothing listens on.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	why := probe(addr)
+	if why == nil {
+		t.Skipf("something listens on %s again", addr)
+	}
+	msg := unreachable(addr, why).Error()
+	if !strings.Contains(msg, addr) || !strings.Contains(msg, "is replnode running there?") || !strings.Contains(msg, "connection refused") {
+		t.Errorf("unreachable(%s) = %q", addr, msg)
+	}
+	raw := `rpc error: code = Unavailable desc = connection error: desc = "transport: Error while dialing: dial tcp 127.0.0.1:7803: connect: connection refused"`
+	if got := plainMessage(raw); got != "dial tcp 127.0.0.1:7803: connect: connection refused" {
+		t.Errorf("plainMessage = %q", got)
+	}
+}
+
+type osSyscallError struct{ errno syscall.Errno }
+
+func (e *osSyscallError) Error() string { return "connect: " + e.errno.Error() }
+func (e *osSyscallError) Unwrap() error { return e.errno }
+
+// TestSyncCellNeverShowsAnIdleReplicaComplete pins the SYNC column: a bar
+// with speed and ETA while a resync or verify runs, "in sync" (green)
+// only for a connected UpToDate replica, never for one without a disk,
+// not replicating or not reachable.
+func TestSyncCellNeverShowsAnIdleReplicaComplete(t *testing.T) {
+	v := &sampleStatus().Volumes[0]
+	for _, tc := range []struct {
+		name      string
+		r         transport.ReplicaStatus
+		want      string
+		wantColor string
+	}{
+		{"connected and UpToDate", transport.ReplicaStatus{Node: "beta", Role: "Secondary", Disk: "UpToDate", Replication: "Connected", Reachable: true, SyncProgress: 100},
+			"in sync", colorGreen},
+		{"Diskless reports 100% but has no disk", transport.ReplicaStatus{Node: "beta", Role: "Secondary", Disk: "Diskless", Replication: "Connected", Reachable: true, SyncProgress: 100},
+			"no disk", colorRed},
+		{"StandAlone but UpToDate", transport.ReplicaStatus{Node: "beta", Role: "Secondary", Disk: "UpToDate", Replication: "StandAlone", Reachable: true, SyncProgress: 100},
+			"not replicating", colorRed},
+		{"unreachable", transport.ReplicaStatus{Node: "beta", Role: "Unknown", Disk: "UpToDate", Replication: "Unknown", SyncProgress: 100},
+			"unknown", colorDim},
+		{"a resync half done", transport.ReplicaStatus{Node: "beta", Role: "Secondary", Disk: "Inconsistent", Replication: "SyncTarget", Reachable: true,
+			ResyncDoneBytes: 512 << 20, ResyncTotalBytes: 1 << 30, ResyncRate: 128 << 20, SyncProgress: 50},
+			"[##########..........]  50.0% 128.0MiB/s ETA 4s", colorYellow},
+		{"a paused resync", transport.ReplicaStatus{Node: "beta", Role: "Secondary", Disk: "Inconsistent", Replication: "PausedSyncT", Reachable: true,
+			ResyncDoneBytes: 256 << 20, ResyncTotalBytes: 1 << 30, SyncProgress: 25},
+			"[#####...............]  25.0% paused (replctl resync vol0 --resume)", colorYellow},
+		{"a verify", transport.ReplicaStatus{Node: "beta", Role: "Secondary", Disk: "UpToDate", Replication: "VerifyT", Reachable: true,
+			VerifyDoneBytes: 1 << 29, VerifyTotalBytes: 1 << 30, VerifyFoundBytes: 4096},
+			"verify [##########..........]  50.0% ?/s ETA ?, 4.0KiB differ", colorCyan},
+		{"the primary of a resync", transport.ReplicaStatus{Node: "alpha", Role: "Primary", Disk: "UpToDate", Replication: "SyncSource", Reachable: true, SyncProgress: 100},
+			"resync source", colorNone},
+		{"a primary copying back what its disk missed", transport.ReplicaStatus{Node: "alpha", Role: "Primary", Disk: "UpToDate", Replication: "SyncTarget", Reachable: true,
+			OutOfSyncBytes: 256 << 20},
+			"[###############.....]  75.0% copying back from a peer", colorYellow},
+		{"Outdated and connected, no resync yet", transport.ReplicaStatus{Node: "beta", Role: "Secondary", Disk: "Outdated", Replication: "Connected", Reachable: true, SyncProgress: 99.5},
+			"99.5%", colorYellow},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := syncCell(v, &tc.r, &rateTracker{}, time.Now())
+			if got.text != tc.want || got.color != tc.wantColor {
+				t.Fatalf("syncCell = %q (colour %q), want %q (colour %q)", got.text, got.color, tc.want, tc.wantColor)
+			}
+		})
+	}
+
+	// Across --watch frames a verify gets a speed and an ETA.
+	var rates rateTracker
+	r := transport.ReplicaStatus{Node: "beta", Role: "Secondary", Disk: "UpToDate", Replication: "VerifyT", Reachable: true, VerifyDoneBytes: 0, VerifyTotalBytes: 1 << 30}
+	now := time.Now()
+	syncCell(v, &r, &rates, now)
+	r.VerifyDoneBytes = 100 << 20
+	got := syncCell(v, &r, &rates, now.Add(time.Second))
+	if !strings.Contains(got.text, "100.0MiB/s") || !strings.Contains(got.text, "ETA 9s") {
+		t.Fatalf("second frame of a verify: %q, want 100.0MiB/s and ETA 9s", got.text)
+	}
+}
+
+// TestStatusWarnsOnTheVolumeLine: a replica not UpToDate or not
+// replicating and a failed path are named on the volume's line.
+func TestStatusWarnsOnTheVolumeLine(t *testing.T) {
+	st := sampleStatus()
+	v := &st.Volumes[0]
+	v.Replicas[1].Disk, v.Replicas[1].Replication = "Outdated", "StandAlone"
+	v.Replicas[0].Paths = []transport.PathStatus{{Node: "alpha", Volume: "vol0", Path: "p0", State: "FAIL"}, {Node: "alpha", Volume: "vol0", Path: "p1", State: "ACTIVE"}}
+	var out bytes.Buffer
+	printStatus(&out, st, palette{}, &rateTracker{}, time.Now())
+	var volLine string
+	for _, l := range strings.Split(out.String(), "\n") {
+		if strings.HasPrefix(l, "vol0 ") {
+			volLine = l
+		}
+	}
+	for _, want := range []string{"! beta Outdated StandAlone", "! alpha path p0 failed"} {
+		if !strings.Contains(volLine, want) {
+			t.Errorf("volume line %q lacks %q", volLine, want)
+		}
+	}
+	if strings.Contains(volLine, "p1") || strings.Contains(volLine, "! alpha Up") {
+		t.Errorf("volume line %q warns about what is fine", volLine)
+	}
+	if strings.Contains(out.String(), "\033[") {
+		t.Errorf("colours with the palette off:\n%q", out.String())
+	}
+	if !strings.Contains(out.String(), "not replicating") || strings.Contains(out.String(), "beta  Secondary  Outdated  StandAlone  0B  in sync") {
+		t.Errorf("status:\n%s", out.String())
+	}
+
+	out.Reset()
+	printStatus(&out, st, palette{on: true}, &rateTracker{}, time.Now())
+	if !strings.Contains(out.String(), "\033[31m! beta Outdated StandAlone\033[0m") {
+		t.Errorf("with colours, the warning is not red:\n%q", out.String())
+	}
+	// Columns stay aligned with colours: the same text once the codes go.
+	var plainOut bytes.Buffer
+	printStatus(&plainOut, st, palette{}, &rateTracker{}, time.Now())
+	if stripANSI(out.String()) != plainOut.String() {
+		t.Errorf("coloured status is laid out differently:\n%s\nvs\n%s", stripANSI(out.String()), plainOut.String())
+	}
+
+	// Protocol A shows the lag, cluster mode raft's view.
+	v.Protocol = "A"
+	v.Replicas[1].LagBytes, v.Replicas[1].LagSeconds, v.Replicas[1].Raft = 3<<20, 0.25, "Outdated"
+	st.Cluster.Voters = []string{"alpha", "beta", "witness"}
+	out.Reset()
+	printStatus(&out, st, palette{}, &rateTracker{}, time.Now())
+	for _, want := range []string{"LAG", "RAFT", "3.0MiB 0.2s", "Outdated", "no quorum"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("protocol A in cluster mode: no %q in\n%s", want, out.String())
+		}
+	}
+}
+
+func stripANSI(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\033' {
+			for i < len(s) && s[i] != 'm' {
+				i++
+			}
+			continue
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func TestParseSince(t *testing.T) {
+	now := time.Date(2025, 3, 4, 0, 10, 0, 0, time.Local)
+	for _, tc := range []struct {
+		in   string
+		want time.Time
+	}{
+		{"10m", now.Add(-10 * time.Minute)},
+		{"2h", now.Add(-2 * time.Hour)},
+		{"2025-03-03 22:00", time.Date(2025, 3, 3, 22, 0, 0, 0, time.Local)},
+		{"2025-03-03 22:00:05", time.Date(2025, 3, 3, 22, 0, 5, 0, time.Local)},
+		{"00:05", time.Date(2025, 3, 4, 0, 5, 0, 0, time.Local)},
+		{"23:50", time.Date(2025, 3, 3, 23, 50, 0, 0, time.Local)}, // yesterday's
+		{"2025-03-03T21:00:00Z", time.Date(2025, 3, 3, 21, 0, 0, 0, time.UTC)},
+	} {
+		got, err := parseSince(tc.in, now)
+		if err != nil || !got.Equal(tc.want) {
+			t.Errorf("parseSince(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+		}
+	}
+	for _, bad := range []string{"yesterday", "-5m", "25:00"} {
+		if _, err := parseSince(bad, now); err == nil {
+			t.Errorf("parseSince(%q): no error", bad)
+		}
+	}
+}
+
+func TestDialable(t *testing.T) {
+	for _, tc := range []struct{ listen, via, want string }{
+		{"10.0.0.2:7800", "10.0.0.1:7800", "10.0.0.2:7800"},
+		{"0.0.0.0:7803", "10.0.0.1:7800", "10.0.0.1:7803"},
+		{"[::]:7803", "host1:7800", "host1:7803"},
+		{":7803", "10.0.0.1:7800", "10.0.0.1:7803"},
+		{"node2.example:7803", "10.0.0.1:7800", "node2.example:7803"},
+	} {
+		if got := dialable(tc.listen, tc.via); got != tc.want {
+			t.Errorf("dialable(%q, %q) = %q, want %q", tc.listen, tc.via, got, tc.want)
+		}
+	}
+}
+
+// TestEventsMergeByTime: events of several nodes come out in time order
+// once they waited out the merge window, whatever order they arrived in.
+func TestEventsMergeByTime(t *testing.T) {
+	var out, errOut bytes.Buffer
+	f := &eventFollower{out: &out, errOut: &errOut, asJSON: true}
+	base := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	var h eventHeap
+	arrived := time.Now()
+	for _, e := range []*transport.Event{
+		{Node: "beta", Seq: 7, Time: base.Add(2 * time.Second), Kind: "connected"},
+		{Node: "alpha", Seq: 3, Time: base.Add(time.Second), Kind: "disconnected"},
+		{Node: "beta", Seq: 6, Time: base, Kind: "started"},
+	} {
+		heap.Push(&h, pendingEvent{e: e, arrived: arrived})
+	}
+	f.drain(make(chan *transport.Event), &h)
+	var kinds []string
+	for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		for _, k := range []string{"started", "disconnected", "connected"} {
+			if strings.Contains(l, `"kind":"`+k+`"`) {
+				kinds = append(kinds, k)
+			}
+		}
+		for _, key := range []string{`"time":`, `"node":`, `"seq":`, `"volume":`, `"kind":`, `"peer":`, `"old":`, `"new":`, `"reason":`, `"message":`} {
+			if !strings.Contains(l, key) {
+				t.Errorf("JSON line %s lacks %s", l, key)
+			}
+		}
+	}
+	if strings.Join(kinds, " ") != "started disconnected connected" {
+		t.Fatalf("merged order %v, want started disconnected connected:\n%s", kinds, out.String())
+	}
+}

@@ -1,0 +1,328 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/replvol/replvol/node"
+	"github.com/replvol/replvol/replication"
+	"github.com/replvol/replvol/transport"
+	"google.golang.org/grpc/status"
+)
+
+// SIGHUP re-reads the config file. What can change online is applied
+// through the node's own control API, as replctl adjust would: today each
+// volume's protocol and on_congestion. Every other difference from the
+// config the node runs with is logged as needing a restart (and logged
+// again on the next SIGHUP while it stays). A file that does not load is
+// logged and ignored: the node keeps running as it was.
+
+// reloader holds the config the node runs with.
+type reloader struct {
+	path    string
+	name    string
+	control string // the node's own control address
+	log     *slog.Logger
+	running *node.Config
+}
+
+// change is one difference between two configs, by its field's path in
+// the file ("volumes[vol0].resync_rate").
+type change struct {
+	field    string
+	old, new string
+}
+
+// onlineChange is a volume's protocol and congestion policy to apply.
+type onlineChange struct {
+	volume                       string
+	protocol, onCongestion       string // the effective new values
+	oldProtocol, oldOnCongestion string
+}
+
+// reload re-reads the file and applies it; it only logs.
+func (r *reloader) reload(ctx context.Context) {
+	r.log.Info("SIGHUP: re-reading the config", "config", r.path)
+	cfg, err := node.LoadConfig(r.path)
+	if err != nil {
+		r.log.Error("SIGHUP: the config file does not load; nothing changed, the node runs on with the config it has", "err", err)
+		return
+	}
+	if _, ok := cfg.Node(r.name); !ok {
+		r.log.Error("SIGHUP: the new config has no node "+r.name+"; nothing changed, the node runs on with the config it has", "config", r.path)
+		return
+	}
+	online, restart := planReload(r.running, cfg, r.name)
+	for _, c := range restart {
+		r.log.Warn(fmt.Sprintf("field %s changed: restart to apply", c.field), "old", c.old, "new", c.new)
+	}
+	if len(online) == 0 && len(restart) == 0 {
+		r.log.Info("SIGHUP: the config is unchanged")
+		return
+	}
+	if len(online) == 0 {
+		return
+	}
+	client, err := transport.DialControl(r.control)
+	if err != nil {
+		r.log.Error("SIGHUP: cannot reach the node's own control API", "addr", r.control, "err", err)
+		return
+	}
+	defer client.Close()
+	for _, oc := range online {
+		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		_, err := client.Adjust(actx, &transport.AdjustRequest{Volume: oc.volume, Node: r.name, Protocol: oc.protocol, OnCongestion: oc.onCongestion})
+		cancel()
+		if err != nil {
+			r.log.Error("SIGHUP: could not apply the volume's new settings online", "volume", oc.volume,
+				"protocol", oc.protocol, "on_congestion", oc.onCongestion, "err", status.Convert(err).Message())
+			continue
+		}
+		r.log.Info("SIGHUP: applied online", "volume", oc.volume,
+			"protocol", oc.oldProtocol+" -> "+oc.protocol, "on_congestion", oc.oldOnCongestion+" -> "+oc.onCongestion)
+		for i := range r.running.Volumes {
+			if v := &r.running.Volumes[i]; v.Name == oc.volume {
+				nv := volumeNamed(cfg, oc.volume)
+				v.Protocol, v.OnCongestion = nv.Protocol, nv.OnCongestion
+			}
+		}
+	}
+}
+
+// planReload compares the running config with the new one: the settings
+// to apply online for this node's volumes, and the differences that need
+// a restart.
+func planReload(running, next *node.Config, self string) ([]onlineChange, []change) {
+	var online []onlineChange
+	inBoth := map[string]bool{}
+	for _, nv := range next.Volumes {
+		ov := volumeNamed(running, nv.Name)
+		if ov == nil {
+			continue
+		}
+		inBoth[nv.Name] = true
+		_, heldNow := ov.Disks[self]
+		_, heldNext := nv.Disks[self]
+		if !heldNow || !heldNext {
+			continue
+		}
+		op, oc := effective(*ov)
+		np, nc := effective(nv)
+		if op != np || oc != nc {
+			online = append(online, onlineChange{volume: nv.Name, protocol: np, onCongestion: nc, oldProtocol: op, oldOnCongestion: oc})
+		}
+	}
+	var restart []change
+	diffValues("", reflect.ValueOf(*running), reflect.ValueOf(*next), &restart)
+	kept := restart[:0]
+	for _, c := range restart {
+		onlineField := false
+		for v := range inBoth {
+			if c.field == "volumes["+v+"].protocol" || c.field == "volumes["+v+"].on_congestion" {
+				onlineField = true
+			}
+		}
+		if !onlineField {
+			kept = append(kept, c)
+		}
+	}
+	restart = kept
+	// A node's metadata id is its position in nodes unless given: moving
+	// it changes the id, which must never change.
+	for _, n := range next.Nodes {
+		if on, ok := running.Node(n.Name); ok && on.ID == n.ID && running.NodeID(n.Name) != next.NodeID(n.Name) {
+			restart = append(restart, change{field: "nodes[" + n.Name + "] position (its metadata id)",
+				old: fmt.Sprint(running.NodeID(n.Name)), new: fmt.Sprint(next.NodeID(n.Name))})
+		}
+	}
+	return online, restart
+}
+
+// effective is the protocol and congestion policy a volume's config means.
+func effective(v node.VolumeConfig) (protocol, onCongestion string) {
+	protocol = v.ProtocolOrDefault()
+	onCongestion = v.OnCongestion
+	if onCongestion == "" {
+		onCongestion = string(replication.DefaultOnCongestion(protocol))
+	}
+	return protocol, onCongestion
+}
+
+func volumeNamed(c *node.Config, name string) *node.VolumeConfig {
+	for i := range c.Volumes {
+		if c.Volumes[i].Name == name {
+			return &c.Volumes[i]
+		}
+	}
+	return nil
+}
+
+// diffValues appends the differences between a and b (of one type) to
+// out, named by the config file's field paths. Lists of named entries
+// (nodes, volumes, paths) are compared by name, not position.
+func diffValues(path string, a, b reflect.Value, out *[]change) {
+	switch a.Kind() {
+	case reflect.Struct:
+		for i := range a.NumField() {
+			f := a.Type().Field(i)
+			name := strings.Split(f.Tag.Get("yaml"), ",")[0]
+			if name == "-" {
+				continue
+			}
+			if name == "" {
+				name = strings.ToLower(f.Name)
+			}
+			diffValues(join(path, name), a.Field(i), b.Field(i), out)
+		}
+	case reflect.Slice:
+		if named(a.Type().Elem()) {
+			diffNamed(path, a, b, out)
+			return
+		}
+		if sa, sb := leaf(a), leaf(b); sa != sb {
+			*out = append(*out, change{field: path, old: sa, new: sb})
+		}
+	case reflect.Map:
+		keys := map[string]reflect.Value{}
+		for _, k := range append(a.MapKeys(), b.MapKeys()...) {
+			keys[fmt.Sprint(k)] = k
+		}
+		for _, ks := range sortedKeys(keys) {
+			k := keys[ks]
+			va, vb := a.MapIndex(k), b.MapIndex(k)
+			p := path + "[" + ks + "]"
+			switch {
+			case !va.IsValid():
+				*out = append(*out, change{field: p, old: "(none)", new: "added"})
+			case !vb.IsValid():
+				*out = append(*out, change{field: p, old: "present", new: "removed"})
+			default:
+				diffValues(p, va, vb, out)
+			}
+		}
+	default:
+		if sa, sb := leaf(a), leaf(b); sa != sb {
+			*out = append(*out, change{field: path, old: sa, new: sb})
+		}
+	}
+}
+
+// named reports whether t is a struct with a Name string field.
+func named(t reflect.Type) bool {
+	if t.Kind() != reflect.Struct {
+		return false
+	}
+	f, ok := t.FieldByName("Name")
+	return ok && f.Type.Kind() == reflect.String
+}
+
+func diffNamed(path string, a, b reflect.Value, out *[]change) {
+	index := func(s reflect.Value) map[string]reflect.Value {
+		m := map[string]reflect.Value{}
+		for i := range s.Len() {
+			m[s.Index(i).FieldByName("Name").String()] = s.Index(i)
+		}
+		return m
+	}
+	ia, ib := index(a), index(b)
+	all := map[string]reflect.Value{}
+	for k, v := range ia {
+		all[k] = v
+	}
+	for k, v := range ib {
+		all[k] = v
+	}
+	for _, name := range sortedKeys(all) {
+		va, okA := ia[name]
+		vb, okB := ib[name]
+		p := path + "[" + name + "]"
+		switch {
+		case !okA:
+			*out = append(*out, change{field: p, old: "(none)", new: "added"})
+		case !okB:
+			*out = append(*out, change{field: p, old: "present", new: "removed"})
+		default:
+			diffValues(p, va, vb, out)
+		}
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+func join(path, name string) string {
+	if path == "" {
+		return name
+	}
+	return path + "." + name
+}
+
+var (
+	durationType = reflect.TypeFor[node.Duration]()
+	sizeType     = reflect.TypeFor[node.ByteSize]()
+)
+
+// leaf prints a value as the file would say it. It reads unexported
+// fields too (reflect may read them, not hand them out).
+func leaf(v reflect.Value) string {
+	switch {
+	case v.Type() == durationType:
+		return time.Duration(v.Int()).String()
+	case v.Type() == sizeType:
+		return fmt.Sprint(v.Int())
+	}
+	switch v.Kind() {
+	case reflect.String:
+		if v.String() == "" {
+			return `""`
+		}
+		return v.String()
+	case reflect.Bool:
+		return fmt.Sprint(v.Bool())
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return fmt.Sprint(v.Int())
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return fmt.Sprint(v.Uint())
+	case reflect.Float32, reflect.Float64:
+		return fmt.Sprint(v.Float())
+	case reflect.Slice, reflect.Array:
+		parts := make([]string, v.Len())
+		for i := range v.Len() {
+			parts[i] = leaf(v.Index(i))
+		}
+		return "[" + strings.Join(parts, " ") + "]"
+	case reflect.Struct:
+		parts := make([]string, v.NumField())
+		for i := range v.NumField() {
+			parts[i] = leaf(v.Field(i))
+		}
+		return "{" + strings.Join(parts, " ") + "}"
+	case reflect.Map:
+		keys := map[string]reflect.Value{}
+		for _, k := range v.MapKeys() {
+			keys[fmt.Sprint(k)] = k
+		}
+		var parts []string
+		for _, ks := range sortedKeys(keys) {
+			parts = append(parts, ks+":"+leaf(v.MapIndex(keys[ks])))
+		}
+		return "{" + strings.Join(parts, " ") + "}"
+	case reflect.Pointer, reflect.Interface:
+		if v.IsNil() {
+			return "nil"
+		}
+		return leaf(v.Elem())
+	}
+	return v.Kind().String()
+}
