@@ -428,6 +428,11 @@ func TestSecondaryCleanRestartGetsABitmapResync(t *testing.T) {
 	if moved := replica(c.status(), "beta").ResyncedBytes; moved != int64(blocks)*4096 {
 		t.Fatalf("beta restarted cleanly: resync moved %d bytes, want %d", moved, blocks*4096)
 	}
+	// Status reports that resync as the last one: its amount, not a total.
+	eventually(t, func() bool { return !replica(c.status(), "beta").LastResyncEnded.IsZero() }, "the resync is recorded as the last one")
+	if r := replica(c.status(), "beta"); r.LastResyncBytes != int64(blocks)*4096 || r.LastResyncSeconds <= 0 {
+		t.Fatalf("last resync %d bytes in %.3fs, want %d bytes", r.LastResyncBytes, r.LastResyncSeconds, blocks*4096)
+	}
 	c.requireIdentical()
 }
 

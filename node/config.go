@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"math/big"
 	"net"
 	"os"
 	"sort"
@@ -316,31 +317,38 @@ func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
-// ParseSize parses "4096", "64MiB", "1GiB", "1G" (binary units).
+// ParseSize reads a size: a number of bytes, possibly with a fraction,
+// and an optional binary unit (B, or K, M, G, T, P with or without "iB",
+// any case): "1.5GiB", "512M", "4096". The result must be a whole number
+// of bytes.
 func ParseSize(s string) (int64, error) {
-	s = strings.TrimSpace(s)
-	units := []struct {
-		suffix string
-		mult   int64
-	}{
-		{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10},
-		{"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1},
-	}
-	mult := int64(1)
-	for _, u := range units {
-		if strings.HasSuffix(s, u.suffix) {
-			s, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult
-			break
+	in := strings.TrimSpace(s)
+	num := strings.TrimRight(in, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+	unit := strings.ToLower(strings.TrimSpace(in[len(num):]))
+	num = strings.TrimSpace(num)
+	shift := -1
+	for i, u := range []string{"", "k", "m", "g", "t", "p"} {
+		if unit == u || (u != "" && unit == u+"ib") || (u == "" && unit == "b") {
+			shift = 10 * i
 		}
 	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n < 0 {
-		return 0, fmt.Errorf("size %q: want a number of bytes, optionally with KiB, MiB, GiB or TiB", s)
+	bad := fmt.Errorf("size %q: want a number of bytes with an optional unit, such as 1.5GiB, 512MiB or 4096", s)
+	if shift < 0 || num == "" || strings.ContainsAny(num, "eE+-/") {
+		return 0, bad
 	}
-	if n > (1<<62)/mult {
+	r, ok := new(big.Rat).SetString(num)
+	if !ok {
+		return 0, bad
+	}
+	r.Mul(r, new(big.Rat).SetInt(new(big.Int).Lsh(big.NewInt(1), uint(shift))))
+	if !r.IsInt() {
+		return 0, fmt.Errorf("size %q is not a whole number of bytes", s)
+	}
+	n := r.Num()
+	if !n.IsInt64() || n.Int64() > 1<<62 {
 		return 0, fmt.Errorf("size %q is too large", s)
 	}
-	return n * mult, nil
+	return n.Int64(), nil
 }
 
 // LoadConfig reads and validates a cluster configuration file.

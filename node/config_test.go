@@ -64,14 +64,31 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 }
 
 func TestParseSize(t *testing.T) {
-	for in, want := range map[string]int64{"4096": 4096, "64MiB": 64 << 20, "1GiB": 1 << 30, "2G": 2 << 30, "1TiB": 1 << 40} {
-		if got, err := ParseSize(in); err != nil || got != want {
-			t.Errorf("ParseSize(%q) = %d, %v", in, got, err)
+	for _, tc := range []struct {
+		in   string
+		want int64
+	}{
+		{"4096", 4096},
+		{"64MiB", 64 << 20},
+		{"1GiB", 1 << 30},
+		{"2G", 2 << 30},
+		{"1TiB", 1 << 40},
+		{"1.5GiB", 3 << 29},
+		{"1.5G", 3 << 29},
+		{"1.5gib", 3 << 29},
+		{"0.25GiB", 256 << 20},
+		{"256 MiB", 256 << 20},
+		{"512B", 512},
+		{"1PiB", 1 << 50},
+	} {
+		got, err := ParseSize(tc.in)
+		if err != nil || got != tc.want {
+			t.Errorf("ParseSize(%q) = %d, %v; want %d", tc.in, got, err, tc.want)
 		}
 	}
-	for _, bad := range []string{"", "-1", "1.5GiB", "GiB", "99999999999TiB"} {
-		if _, err := ParseSize(bad); err == nil {
-			t.Errorf("ParseSize(%q) accepted", bad)
+	for _, bad := range []string{"", "-1", "GiB", "1.5", "1.3B", "0.1K", "-1GiB", "1e3", "1GB", "1XiB", "1.5.5G", "99999999PiB", "99999999999TiB"} {
+		if got, err := ParseSize(bad); err == nil {
+			t.Errorf("ParseSize(%q) = %d, want an error", bad, got)
 		}
 	}
 }

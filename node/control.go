@@ -225,6 +225,8 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 				rs.ResyncRate = pv.ResyncRate
 				rs.LagBytes, rs.LagSeconds = pv.LagBytes, pv.LagSeconds
 				rs.VerifyDoneBytes, rs.VerifyTotalBytes, rs.VerifyFoundBytes = pv.VerifyDoneBytes, pv.VerifyTotalBytes, pv.VerifyFoundBytes
+				rs.VerifyRate = pv.VerifyRate
+				rs.LastResyncBytes, rs.LastResyncSeconds, rs.LastResyncEnded = pv.LastResyncBytes, pv.LastResyncSeconds, pv.LastResyncEnded
 				if pv.Replication == string(replication.VerifyS) && rs.Reachable {
 					rs.Replication = string(replication.VerifyT)
 				}

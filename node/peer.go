@@ -72,6 +72,15 @@ type peer struct {
 	verifyDone  atomic.Int64
 	verifyTotal atomic.Int64
 	verifyFound atomic.Int64
+	verifyStart atomic.Int64 // unix nanoseconds when the verify began
+
+	// The last resync (or pull) that finished.
+	lastResync struct {
+		sync.Mutex
+		bytes   int64
+		seconds float64
+		ended   time.Time
+	}
 
 	wg      sync.WaitGroup
 	running atomic.Bool
@@ -490,11 +499,27 @@ func (p *peer) status() transport.PeerStatus {
 		ps.PeerDisk = string(replication.Outdated)
 	}
 	ps.VerifyDoneBytes, ps.VerifyTotalBytes, ps.VerifyFoundBytes = p.verifyDone.Load(), p.verifyTotal.Load(), p.verifyFound.Load()
+	if p.verifying.Load() {
+		if secs := time.Since(time.Unix(0, p.verifyStart.Load())).Seconds(); secs > 0 {
+			ps.VerifyRate = int64(float64(ps.VerifyDoneBytes) / secs)
+		}
+	}
+	p.lastResync.Lock()
+	ps.LastResyncBytes, ps.LastResyncSeconds, ps.LastResyncEnded = p.lastResync.bytes, p.lastResync.seconds, p.lastResync.ended
+	p.lastResync.Unlock()
 	ps.ResyncSkippedBytes = p.csumsSkipped.Load()
 	if p.verifying.Load() && p.state == replication.Connected {
 		ps.Replication = string(replication.VerifyS)
 	}
 	return ps
+}
+
+// resyncFinished records a finished resync (or pull) of bytes that took
+// seconds.
+func (p *peer) resyncFinished(bytes int64, seconds float64) {
+	p.lastResync.Lock()
+	p.lastResync.bytes, p.lastResync.seconds, p.lastResync.ended = bytes, seconds, time.Now()
+	p.lastResync.Unlock()
 }
 
 // setPaused pauses or resumes this peer's resync.

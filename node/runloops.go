@@ -109,6 +109,7 @@ func (p *peer) resync(s *session) error {
 	total := p.resyncTotal.Load()
 	secs := time.Since(began).Seconds()
 	v.log.Info("resync finished", "peer", p.name, "bytes", total, "seconds", secs)
+	p.resyncFinished(total, secs)
 	v.node.peerEvent(v.name, "resync-done", p.name, fmt.Sprintf("resync to %s finished: %d bytes in %.1fs", p.name, total, secs))
 	return nil
 }
@@ -203,6 +204,7 @@ func (p *peer) verify(s *session, repair bool) {
 	p.verifyDone.Store(0)
 	p.verifyFound.Store(0)
 	began := time.Now()
+	p.verifyStart.Store(began.UnixNano())
 	run := int64(resyncRunBlocks * replication.BlockSize)
 	ctx, cancel := context.WithCancel(s.ctx)
 	defer cancel()

@@ -83,6 +83,13 @@ type ReplicaStatus struct {
 	VerifyDoneBytes  int64 `json:"verify_done_bytes,omitempty"`
 	VerifyTotalBytes int64 `json:"verify_total_bytes,omitempty"`
 	VerifyFoundBytes int64 `json:"verify_found_bytes,omitempty"`
+	VerifyRate       int64 `json:"verify_rate,omitempty"`
+	// LastResync*: the last resync of this replica that finished since
+	// the primary started: bytes, seconds and when it ended (resynced_bytes
+	// is a lifetime count).
+	LastResyncBytes   int64     `json:"last_resync_bytes"`
+	LastResyncSeconds float64   `json:"last_resync_seconds,omitempty"`
+	LastResyncEnded   time.Time `json:"last_resync_ended,omitzero"`
 	// SyncProgress is the resync's percent done (100 when in sync).
 	SyncProgress float64 `json:"sync_progress"`
 	// ResyncedBytes counts every byte this replica has received by resync
@@ -212,12 +219,19 @@ type PeerStatus struct {
 	VerifyDoneBytes  int64   `json:"verify_done_bytes"`
 	VerifyTotalBytes int64   `json:"verify_total_bytes"`
 	VerifyFoundBytes int64   `json:"verify_found_bytes"`
-	FramesSent       uint64  `json:"frames_sent"`
-	EntriesSent      uint64  `json:"entries_sent"`
-	SyncRule         string  `json:"sync_rule,omitempty"`
-	SyncDecision     string  `json:"sync_decision,omitempty"`
-	Reason           string  `json:"reason,omitempty"`
-	ReasonCode       string  `json:"reason_code,omitempty"`
+	// VerifyRate is the running verify's average speed in bytes per second.
+	VerifyRate int64 `json:"verify_rate"`
+	// LastResync*: the last resync to (or copy from) the peer that
+	// finished: its bytes, how long it took and when it ended.
+	LastResyncBytes   int64     `json:"last_resync_bytes"`
+	LastResyncSeconds float64   `json:"last_resync_seconds"`
+	LastResyncEnded   time.Time `json:"last_resync_ended,omitzero"`
+	FramesSent        uint64    `json:"frames_sent"`
+	EntriesSent       uint64    `json:"entries_sent"`
+	SyncRule          string    `json:"sync_rule,omitempty"`
+	SyncDecision      string    `json:"sync_decision,omitempty"`
+	Reason            string    `json:"reason,omitempty"`
+	ReasonCode        string    `json:"reason_code,omitempty"`
 }
 
 // Event is one line of a node's history.

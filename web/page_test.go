@@ -254,13 +254,17 @@ func TestPageStates(t *testing.T) {
 			bend: func(st *transport.ClusterStatus) {
 				st.Volumes = append(st.Volumes, healthyVolume("vol1"))
 				b := replica(st, "beta")
-				b.Replication, b.VerifyDoneBytes, b.VerifyTotalBytes, b.VerifyFoundBytes = "VerifyT", 512<<20, 1<<30, 4096
+				b.Replication, b.VerifyDoneBytes, b.VerifyTotalBytes, b.VerifyFoundBytes, b.VerifyRate = "VerifyT", 512<<20, 1<<30, 4096, 64<<20
 				b1 := replicaOf(&st.Volumes[1], "beta")
 				b1.VerifyDoneBytes, b1.VerifyTotalBytes, b1.VerifyFoundBytes = 1<<30, 1<<30, 0
+				b1.LastResyncBytes, b1.LastResyncSeconds, b1.LastResyncEnded = 96<<20, 3, time.Date(2026, 12, 1, 7, 0, 0, 0, time.UTC)
 			},
 			check: want{
 				text: map[string]string{
 					"replica-vol0-beta-verify-percent": "50.0%",
+					"replica-vol0-beta-verify-rate":    "64.0 MiB/s",
+					"replica-vol0-beta-verify-eta":     "8 s",
+					"replica-vol1-beta-last-resync":    "last resync: 96.0 MiB in 3.0 s at 07:00:00 UTC",
 					"replica-vol1-beta-verify-result":  "last verify: 0 B of 1.0 GiB differ",
 					"vol-vol1-primary":                 "alpha",
 				},

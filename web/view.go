@@ -69,9 +69,10 @@ type replicaView struct {
 	ID, Node, Role, Disk, DiskClass, Replication, ReplicationClass, Raft, RaftClass string
 	OutOfSync, LagBytes, LagSeconds, Reason, ReasonCode                             string
 	Unreachable                                                                     bool
-	// Resync and Verify are set while one runs; VerifyResult after one.
-	Resync, Verify *progressView
-	VerifyResult   string
+	// Resync and Verify are set while one runs; VerifyResult after one;
+	// LastResync describes the last resync that finished.
+	Resync, Verify           *progressView
+	VerifyResult, LastResync string
 }
 
 // progressView is a bar with its figures.
@@ -223,10 +224,16 @@ func buildReplica(v *transport.VolumeStatus, r *transport.ReplicaStatus) replica
 	}
 	switch {
 	case r.VerifyTotalBytes > 0 && (r.VerifyDoneBytes < r.VerifyTotalBytes || r.Replication == replVerifyS || r.Replication == replVerifyT):
-		rv.Verify = bar(r.VerifyDoneBytes, r.VerifyTotalBytes, 0, classWarn)
+		rv.Verify = bar(r.VerifyDoneBytes, r.VerifyTotalBytes, r.VerifyRate, classWarn)
+		if eta, ok := etaAt(r.VerifyTotalBytes-r.VerifyDoneBytes, r.VerifyRate); ok {
+			rv.Verify.ETA = humanDuration(eta)
+		}
 		rv.Verify.Title = fmt.Sprintf("verify: %s differ so far", humanBytes(r.VerifyFoundBytes))
 	case r.VerifyTotalBytes > 0:
 		rv.VerifyResult = fmt.Sprintf("last verify: %s of %s differ", humanBytes(r.VerifyFoundBytes), humanBytes(r.VerifyTotalBytes))
+	}
+	if rv.Resync == nil && !r.LastResyncEnded.IsZero() {
+		rv.LastResync = fmt.Sprintf("last resync: %s in %s at %s", humanBytes(r.LastResyncBytes), humanSeconds(r.LastResyncSeconds), r.LastResyncEnded.UTC().Format("15:04:05 UTC"))
 	}
 	return rv
 }
@@ -259,11 +266,15 @@ func bar(done, total, rate int64, class string) *progressView {
 
 // resyncETA is the time the resync still needs at its average speed.
 func resyncETA(r *transport.ReplicaStatus) (time.Duration, bool) {
-	left := r.ResyncTotalBytes - r.ResyncDoneBytes
-	if r.ResyncRate <= 0 || left <= 0 {
+	return etaAt(r.ResyncTotalBytes-r.ResyncDoneBytes, r.ResyncRate)
+}
+
+// etaAt is how long left bytes take at rate bytes per second.
+func etaAt(left, rate int64) (time.Duration, bool) {
+	if rate <= 0 || left <= 0 {
 		return 0, false
 	}
-	return time.Duration(float64(left) / float64(r.ResyncRate) * float64(time.Second)), true
+	return time.Duration(float64(left) / float64(rate) * float64(time.Second)), true
 }
 
 func buildPath(volume, node string, p transport.PathStatus) pathView {

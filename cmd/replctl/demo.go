@@ -38,7 +38,7 @@ port on +2; beta's on +3, +4 and +5 (--base-port 0 picks free ports).
 It prints the NBD URI, then "ready". Ctrl-C or SIGTERM stops both nodes cleanly.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			bytes, err := parseSize(size)
+			bytes, err := node.ParseSize(size)
 			if err != nil {
 				return fmt.Errorf("--size: %w", err)
 			}

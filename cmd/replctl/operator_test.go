@@ -17,34 +17,6 @@ import (
 	"github.com/replvol/replvol/transport"
 )
 
-func TestParseSize(t *testing.T) {
-	for _, tc := range []struct {
-		in   string
-		want int64
-	}{
-		{"4096", 4096},
-		{"1.5GiB", 3 << 29},
-		{"1.5G", 3 << 29},
-		{"1.5gib", 3 << 29},
-		{"0.25GiB", 256 << 20},
-		{"256MiB", 256 << 20},
-		{"256 MiB", 256 << 20},
-		{"2T", 2 << 40},
-		{"512B", 512},
-		{"1PiB", 1 << 50},
-	} {
-		got, err := parseSize(tc.in)
-		if err != nil || got != tc.want {
-			t.Errorf("parseSize(%q) = %d, %v; want %d", tc.in, got, err, tc.want)
-		}
-	}
-	for _, bad := range []string{"", "GiB", "1.5", "1.3B", "0.1K", "-1GiB", "1e3", "1GB", "1XiB", "1.5.5G", "99999999PiB"} {
-		if got, err := parseSize(bad); err == nil {
-			t.Errorf("parseSize(%q) = %d, want an error", bad, got)
-		}
-	}
-}
-
 func sampleStatus() *transport.ClusterStatus {
 	return &transport.ClusterStatus{
 		From:    "alpha",
@@ -158,22 +130,19 @@ func TestSyncCellNeverShowsAnIdleReplicaComplete(t *testing.T) {
 			"99.5%", colorYellow},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := syncCell(v, &tc.r, &rateTracker{}, time.Now())
+			got := syncCell(v, &tc.r, time.Now())
 			if got.text != tc.want || got.color != tc.wantColor {
 				t.Fatalf("syncCell = %q (colour %q), want %q (colour %q)", got.text, got.color, tc.want, tc.wantColor)
 			}
 		})
 	}
 
-	// Across --watch frames a verify gets a speed and an ETA.
-	var rates rateTracker
-	r := transport.ReplicaStatus{Node: "beta", Role: "Secondary", Disk: "UpToDate", Replication: "VerifyT", Reachable: true, VerifyDoneBytes: 0, VerifyTotalBytes: 1 << 30}
-	now := time.Now()
-	syncCell(v, &r, &rates, now)
-	r.VerifyDoneBytes = 100 << 20
-	got := syncCell(v, &r, &rates, now.Add(time.Second))
+	// A verify shows its speed and ETA.
+	r := transport.ReplicaStatus{Node: "beta", Role: "Secondary", Disk: "UpToDate", Replication: "VerifyT", Reachable: true,
+		VerifyDoneBytes: 100 << 20, VerifyTotalBytes: 1 << 30, VerifyRate: 100 << 20}
+	got := syncCell(v, &r, time.Now())
 	if !strings.Contains(got.text, "100.0MiB/s") || !strings.Contains(got.text, "ETA 9s") {
-		t.Fatalf("second frame of a verify: %q, want 100.0MiB/s and ETA 9s", got.text)
+		t.Fatalf("a verify: %q, want 100.0MiB/s and ETA 9s", got.text)
 	}
 }
 
@@ -185,7 +154,7 @@ func TestStatusWarnsOnTheVolumeLine(t *testing.T) {
 	v.Replicas[1].Disk, v.Replicas[1].Replication = "Outdated", "StandAlone"
 	v.Replicas[0].Paths = []transport.PathStatus{{Node: "alpha", Volume: "vol0", Path: "p0", State: "FAIL"}, {Node: "alpha", Volume: "vol0", Path: "p1", State: "ACTIVE"}}
 	var out bytes.Buffer
-	printStatus(&out, st, palette{}, &rateTracker{}, time.Now())
+	printStatus(&out, st, palette{}, time.Now())
 	var volLine string
 	for _, l := range strings.Split(out.String(), "\n") {
 		if strings.HasPrefix(l, "vol0 ") {
@@ -208,13 +177,13 @@ func TestStatusWarnsOnTheVolumeLine(t *testing.T) {
 	}
 
 	out.Reset()
-	printStatus(&out, st, palette{on: true}, &rateTracker{}, time.Now())
+	printStatus(&out, st, palette{on: true}, time.Now())
 	if !strings.Contains(out.String(), "\033[31m! beta Outdated StandAlone\033[0m") {
 		t.Errorf("with colours, the warning is not red:\n%q", out.String())
 	}
 	// Columns stay aligned with colours: the same text once the codes go.
 	var plainOut bytes.Buffer
-	printStatus(&plainOut, st, palette{}, &rateTracker{}, time.Now())
+	printStatus(&plainOut, st, palette{}, time.Now())
 	if stripANSI(out.String()) != plainOut.String() {
 		t.Errorf("coloured status is laid out differently:\n%s\nvs\n%s", stripANSI(out.String()), plainOut.String())
 	}
@@ -224,7 +193,7 @@ func TestStatusWarnsOnTheVolumeLine(t *testing.T) {
 	v.Replicas[1].LagBytes, v.Replicas[1].LagSeconds, v.Replicas[1].Raft = 3<<20, 0.25, "Outdated"
 	st.Cluster.Voters = []string{"alpha", "beta", "witness"}
 	out.Reset()
-	printStatus(&out, st, palette{}, &rateTracker{}, time.Now())
+	printStatus(&out, st, palette{}, time.Now())
 	for _, want := range []string{"LAG", "RAFT", "3.0MiB 0.2s", "Outdated", "no quorum"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("protocol A in cluster mode: no %q in\n%s", want, out.String())

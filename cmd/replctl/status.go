@@ -61,7 +61,6 @@ type statusView struct {
 	asJSON bool
 	events int
 	pal    palette
-	rates  rateTracker
 	// frameTimeout bounds each frame of --watch, so that a hung node
 	// shows as such every few seconds.
 	frameTimeout time.Duration
@@ -103,7 +102,7 @@ func (s *statusView) frame(cmd *cobra.Command) ([]byte, error) {
 		}
 		return buf.Bytes(), nil
 	}
-	printStatus(&buf, st, s.pal, &s.rates, time.Now())
+	printStatus(&buf, st, s.pal, time.Now())
 	if s.events > 0 {
 		ns, err := k.c.NodeStatus(k.ctx, &transport.StatusRequest{Events: s.events})
 		if err != nil {
@@ -173,43 +172,10 @@ func (s *statusView) watch(cmd *cobra.Command, out io.Writer) error {
 	}
 }
 
-// rateTracker remembers each replica's verify progress across frames
-// (the status has the resync's speed, not the verify's).
-type rateTracker struct {
-	seen map[string]rateSample
-}
-
-type rateSample struct {
-	at   time.Time
-	done int64
-	rate int64
-}
-
-// rate returns the speed of key's progress to done, from the previous
-// sample (0 when unknown).
-func (r *rateTracker) rate(key string, done int64, now time.Time) int64 {
-	if r.seen == nil {
-		r.seen = map[string]rateSample{}
-	}
-	prev, ok := r.seen[key]
-	s := rateSample{at: now, done: done}
-	switch {
-	case !ok || done < prev.done:
-	case done == prev.done:
-		s = prev // nothing moved since: keep the older sample and rate
-	default:
-		if dt := now.Sub(prev.at).Seconds(); dt > 0 {
-			s.rate = int64(float64(done-prev.done) / dt)
-		}
-	}
-	r.seen[key] = s
-	return s.rate
-}
-
 // printStatus prints the cluster the way drbdadm status reads: the
 // cluster and its nodes, then a line per volume (with its warnings) and
 // one per replica.
-func printStatus(w io.Writer, st *transport.ClusterStatus, pal palette, rates *rateTracker, now time.Time) {
+func printStatus(w io.Writer, st *transport.ClusterStatus, pal palette, now time.Time) {
 	cl := st.Cluster
 	line := "cluster: failover " + cl.Failover
 	if len(cl.Voters) > 0 {
@@ -257,11 +223,11 @@ func printStatus(w io.Writer, st *transport.ClusterStatus, pal palette, rates *r
 	nodes.render(w, pal)
 	cluster := len(cl.Voters) > 0
 	for i := range st.Volumes {
-		printVolume(w, &st.Volumes[i], cluster, pal, rates, now)
+		printVolume(w, &st.Volumes[i], cluster, pal, now)
 	}
 }
 
-func printVolume(w io.Writer, v *transport.VolumeStatus, cluster bool, pal palette, rates *rateTracker, now time.Time) {
+func printVolume(w io.Writer, v *transport.VolumeStatus, cluster bool, pal palette, now time.Time) {
 	primary := v.Primary
 	if primary == "" {
 		primary = "none"
@@ -287,7 +253,7 @@ func printVolume(w io.Writer, v *transport.VolumeStatus, cluster bool, pal palet
 	if cluster {
 		head = append(head, plain("RAFT"))
 	}
-	head = append(head, plain("RESYNCED SINCE START"), plain("NOTE"))
+	head = append(head, plain("LAST RESYNC"), plain("NOTE"))
 	t.add(head...)
 	for i := range v.Replicas {
 		r := &v.Replicas[i]
@@ -303,7 +269,7 @@ func printVolume(w io.Writer, v *transport.VolumeStatus, cluster bool, pal palet
 			oos.color = colorYellow
 		}
 		row := []cell{plain(r.Node), role, {r.Disk, diskColor(r.Disk)}, {r.Replication, replicationColor(r.Replication)}, oos,
-			syncCell(v, r, rates, now)}
+			syncCell(v, r, now)}
 		if async {
 			row = append(row, lagCell(v, r))
 		}
@@ -326,7 +292,7 @@ func printVolume(w io.Writer, v *transport.VolumeStatus, cluster bool, pal palet
 		if !r.Reachable {
 			note = strings.TrimSpace("unreachable (shown as its peer sees it) " + note)
 		}
-		row = append(row, plain(humanBytes(r.ResyncedBytes)), plain(plainMessage(firstLine(note))))
+		row = append(row, lastResyncCell(v, r, now), plain(plainMessage(firstLine(note))))
 		t.add(row...)
 	}
 	t.render(w, pal)
@@ -336,7 +302,7 @@ func printVolume(w io.Writer, v *transport.VolumeStatus, cluster bool, pal palet
 // while a resync or a verify runs, "in sync" only for a connected UpToDate
 // replica. A replica with no disk, not replicating or not reachable never
 // shows as complete.
-func syncCell(v *transport.VolumeStatus, r *transport.ReplicaStatus, rates *rateTracker, now time.Time) cell {
+func syncCell(v *transport.VolumeStatus, r *transport.ReplicaStatus, now time.Time) cell {
 	const width = 20
 	switch {
 	case !r.Reachable:
@@ -362,7 +328,7 @@ func syncCell(v *transport.VolumeStatus, r *transport.ReplicaStatus, rates *rate
 		return cell{"resync starting", colorYellow}
 	case verifying(r.Replication) && r.VerifyTotalBytes > 0:
 		pct := 100 * float64(r.VerifyDoneBytes) / float64(r.VerifyTotalBytes)
-		rate := rates.rate(v.Name+"/"+r.Node+"/verify", r.VerifyDoneBytes, now)
+		rate := r.VerifyRate
 		speed := "?"
 		if rate > 0 {
 			speed = humanBytes(rate)
@@ -382,6 +348,17 @@ func syncCell(v *transport.VolumeStatus, r *transport.ReplicaStatus, rates *rate
 		return cell{fmt.Sprintf("UpToDate, %s", r.Replication), colorYellow}
 	}
 	return cell{fmt.Sprintf("%.1f%%", r.SyncProgress), colorYellow}
+}
+
+// lastResyncCell is the last finished resync of a secondary: how much,
+// how long and how long ago ("-" for the primary or none since the
+// primary started).
+func lastResyncCell(v *transport.VolumeStatus, r *transport.ReplicaStatus, now time.Time) cell {
+	if r.Node == v.Primary || r.LastResyncEnded.IsZero() {
+		return plain("-")
+	}
+	return plain(fmt.Sprintf("%s in %s, %s ago", humanBytes(r.LastResyncBytes), shortDuration(time.Duration(r.LastResyncSeconds*float64(time.Second))),
+		shortDuration(now.Sub(r.LastResyncEnded))))
 }
 
 // lagCell is what a secondary misses of the acknowledged writes

@@ -54,7 +54,6 @@ func waitVerify(ctx context.Context, c *transport.ControlClient, volume string, 
 	tty := isTerminal(out)
 	tick := time.NewTicker(300 * time.Millisecond)
 	defer tick.Stop()
-	var rates rateTracker
 	for {
 		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		st, err := c.ClusterStatus(sctx, &transport.StatusRequest{})
@@ -68,7 +67,7 @@ func waitVerify(ctx context.Context, c *transport.ControlClient, volume string, 
 		if err != nil {
 			return fmt.Errorf("lost the node while waiting (the verify goes on): %s", plainMessage(err.Error()))
 		}
-		running, found, done, total := false, int64(0), int64(0), int64(0)
+		running, found, done, total, rate := false, int64(0), int64(0), int64(0), int64(0)
 		for _, v := range st.Volumes {
 			if v.Name != volume {
 				continue
@@ -78,6 +77,7 @@ func waitVerify(ctx context.Context, c *transport.ControlClient, volume string, 
 				found += r.VerifyFoundBytes
 				done += r.VerifyDoneBytes
 				total += r.VerifyTotalBytes
+				rate += r.VerifyRate
 			}
 		}
 		pct := 0.0
@@ -96,7 +96,6 @@ func waitVerify(ctx context.Context, c *transport.ControlClient, volume string, 
 			return nil
 		}
 		if tty {
-			rate := rates.rate(volume, done, time.Now())
 			speed := "?"
 			if rate > 0 {
 				speed = humanBytes(rate)
