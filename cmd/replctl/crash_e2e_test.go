@@ -97,14 +97,15 @@ func newProcClusterOnDisks(t *testing.T, size, alExtents, diskSize int64) *procC
 	return c
 }
 
-// start runs node name's replnode; the test's cleanup stops it.
-func (c *procCluster) start(name string) {
+// start runs node name's replnode with extra flags; the test's cleanup
+// stops it.
+func (c *procCluster) start(name string, extra ...string) {
 	t := c.t
 	log, err := os.OpenFile(filepath.Join(c.dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := c.command(name, "--config", c.cfgPath, "--node", name, "--log-level", "warn")
+	cmd := c.command(name, append([]string{"--config", c.cfgPath, "--node", name, "--log-level", "warn"}, extra...)...)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

@@ -183,12 +183,16 @@ func (c *Cluster) toLeader(ctx context.Context, req ForwardRequest) (ForwardRepl
 		var reply ForwardReply
 		if leader == c.self {
 			reply = c.HandleForward(ctx, req)
-		} else if reply, err = c.cfg.Forward(ctx, leader, req); err != nil {
-			// The leader may be gone: try the next one. Every request may
-			// run twice (commands compare-and-set the epoch or repeat
-			// harmlessly; a renewal's lease counts from the first send).
+		} else if reply, err = c.forwardTo(ctx, leader, req); err != nil {
+			// The leader may be gone: try the next one, or this one again
+			// after a heartbeat timeout. Every request may run twice
+			// (commands compare-and-set the epoch or repeat harmlessly; a
+			// renewal's lease counts from the first send).
 			err = fmt.Errorf("forward %s to the leader %s: %w", req.Kind, leader, err)
-			if werr := c.waitLeaderOtherThan(ctx, leader); werr != nil {
+			wctx, cancel := context.WithTimeout(ctx, c.cfg.Timing.HeartbeatTimeout)
+			werr := c.waitLeaderOtherThan(wctx, leader)
+			cancel()
+			if werr != nil && ctx.Err() != nil {
 				return ForwardReply{}, fmt.Errorf("%w; %w", err, werr)
 			}
 			continue
@@ -211,6 +215,21 @@ func (c *Cluster) toLeader(ctx context.Context, req ForwardRequest) (ForwardRepl
 			return ForwardReply{}, err
 		}
 	}
+}
+
+// forwardTo sends req to leader, and gives up on it as soon as this node
+// sees another leader (or none): a leader that died or was cut off would
+// otherwise hold the request until ctx ends, although a new leader is
+// elected within an election timeout.
+func (c *Cluster) forwardTo(ctx context.Context, leader string, req ForwardRequest) (ForwardReply, error) {
+	fctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		if c.waitLeaderOtherThan(fctx, leader) == nil {
+			cancel()
+		}
+	}()
+	return c.cfg.Forward(fctx, leader, req)
 }
 
 // HandleForward runs a forwarded request on this node, the leader. Its
