@@ -9,9 +9,11 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
 )
 
 // Frame is one message of the replication stream: an encoded frame of the
@@ -115,10 +117,46 @@ type ReplStream struct {
 }
 
 // Send queues a frame; the frame is consumed.
-func (r *ReplStream) Send(f *Frame) error { return r.s.SendMsg(f) }
+func (r *ReplStream) Send(f *Frame) error { return streamError(r.s.SendMsg(f)) }
 
 // Recv reads the next frame into f (reusing its buffer).
-func (r *ReplStream) Recv(f *Frame) error { return r.s.RecvMsg(f) }
+func (r *ReplStream) Recv(f *Frame) error { return streamError(r.s.RecvMsg(f)) }
+
+// StreamError is a failed replication stream, in words: what logs, events
+// and status show instead of gRPC's "rpc error: code = ... desc = ...".
+// It wraps the gRPC error.
+type StreamError struct {
+	words string
+	err   error
+}
+
+func (e *StreamError) Error() string { return e.words }
+func (e *StreamError) Unwrap() error { return e.err }
+
+// streamError puts a gRPC status error into words; io.EOF (the peer ended
+// the stream cleanly) and errors that are not gRPC's stay as they are.
+func streamError(err error) error {
+	st, ok := status.FromError(err)
+	if err == nil || !ok {
+		return err
+	}
+	var words string
+	switch desc := st.Message(); st.Code() {
+	case codes.Unknown:
+		words = "the peer ended the stream: " + desc
+	case codes.Unavailable:
+		words = "connection lost: " + desc
+	case codes.Canceled:
+		words = "stream closed here"
+	case codes.DeadlineExceeded:
+		words = "timed out: " + desc
+	case codes.ResourceExhausted:
+		words = "frame too large for the peer: " + desc
+	default:
+		words = fmt.Sprintf("stream failed (%s): %s", st.Code(), desc)
+	}
+	return &StreamError{words: words, err: err}
+}
 
 // Context is the stream's context; it ends when the stream does.
 func (r *ReplStream) Context() context.Context { return r.s.Context() }
@@ -201,7 +239,7 @@ func (c *ReplClient) Open(ctx context.Context) (*ReplStream, error) {
 	s, err := c.cc.NewStream(ctx, &replStreamDesc, replStreamMethod)
 	if err != nil {
 		cancel()
-		return nil, err
+		return nil, streamError(err)
 	}
 	return &ReplStream{s: s, cancel: cancel}, nil
 }

@@ -205,6 +205,9 @@ func TestE2EEventsJSONShowsDisconnectThenConnect(t *testing.T) {
 		if tm.Before(since) {
 			t.Errorf("--since %s showed an older event: %v", sinceFlag, e)
 		}
+		if m, _ := e["message"].(string); strings.Contains(m, "rpc error") || strings.Contains(m, "desc =") {
+			t.Errorf("an event's message is in gRPC's words, not ours: %v", e)
+		}
 		last = tm
 	}
 	for _, e := range eventLines(t, onBeta.out()) {
