@@ -56,6 +56,16 @@ type VolumeStatus struct {
 	Replicas []ReplicaStatus `json:"replicas"`
 }
 
+// Replica returns node's replica of v, or nil when node holds none.
+func (v *VolumeStatus) Replica(node string) *ReplicaStatus {
+	for i := range v.Replicas {
+		if v.Replicas[i].Node == node {
+			return &v.Replicas[i]
+		}
+	}
+	return nil
+}
+
 // ReplicaStatus is one node's copy of a volume.
 type ReplicaStatus struct {
 	Node        string `json:"node"`

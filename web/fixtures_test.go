@@ -42,7 +42,7 @@ func healthyVolume(name string) transport.VolumeStatus {
 
 // replica returns node's replica of the status's first volume.
 func replica(st *transport.ClusterStatus, node string) *transport.ReplicaStatus {
-	r := replicaOf(&st.Volumes[0], node)
+	r := st.Volumes[0].Replica(node)
 	if r == nil {
 		panic("no replica " + node)
 	}

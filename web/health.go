@@ -127,7 +127,7 @@ func volumeWarnings(v *transport.VolumeStatus, down map[string]bool) []Warning {
 	var out []Warning
 	add := func(w Warning) { out = append(out, w) }
 	vol := v.Name
-	primary := replicaOf(v, v.Primary)
+	primary := v.Replica(v.Primary)
 
 	// A split brain is one warning for the volume: the operator picks
 	// the node whose changes go, suggested as the one that is not primary.
@@ -148,7 +148,7 @@ func volumeWarnings(v *transport.VolumeStatus, down map[string]bool) []Warning {
 		add(Warning{
 			ID: elementID("warning", "split-brain", vol), Severity: severityCritical,
 			Text:    fmt.Sprintf("Split brain on %s: both sides changed the data since they last met; neither syncs until one gives up its changes.", vol),
-			Detail:  replicaOf(v, split[0]).Reason,
+			Detail:  v.Replica(split[0]).Reason,
 			Command: fmt.Sprintf("replctl connect %s --discard-my-data --node %s", vol, victim),
 			Risk:    fmt.Sprintf("%s loses what was written to it since the split; without --yes the command only prints how much.", victim),
 		})
@@ -331,15 +331,6 @@ func firstFailedPath(r *transport.ReplicaStatus) string {
 		}
 	}
 	return ""
-}
-
-func replicaOf(v *transport.VolumeStatus, node string) *transport.ReplicaStatus {
-	for i := range v.Replicas {
-		if v.Replicas[i].Node == node {
-			return &v.Replicas[i]
-		}
-	}
-	return nil
 }
 
 func joinWords(a, b string) string {

@@ -25,7 +25,7 @@ func TestMonitorSamplingSchedule(t *testing.T) {
 		{name: "no page open", want: idleInterval},
 		{name: "a page open", viewers: 1, want: viewedInterval},
 		{name: "a page open during a resync", viewers: 2, want: busyInterval, bend: func(st *transport.ClusterStatus) {
-			b := replicaOf(&st.Volumes[0], "beta")
+			b := st.Volumes[0].Replica("beta")
 			b.Disk, b.Replication, b.ResyncDoneBytes, b.ResyncTotalBytes = "Inconsistent", "SyncTarget", 1, 2
 		}},
 	}
@@ -73,7 +73,7 @@ func TestMonitorSamplesSoonAfterAnEvent(t *testing.T) {
 		first, _ := m.current()
 
 		time.Sleep(viewedInterval / 4)
-		fake.set(func(st *transport.ClusterStatus) { replicaOf(&st.Volumes[0], "beta").Replication = "StandAlone" })
+		fake.set(func(st *transport.ClusterStatus) { st.Volumes[0].Replica("beta").Replication = "StandAlone" })
 		fake.emit(transport.Event{Seq: 1, Time: time.Now(), Node: "alpha", Volume: "vol0", Kind: "peer-lost", Message: "beta gone"})
 		synctest.Wait()
 		time.Sleep(eventDelay)

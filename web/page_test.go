@@ -255,7 +255,7 @@ func TestPageStates(t *testing.T) {
 				st.Volumes = append(st.Volumes, healthyVolume("vol1"))
 				b := replica(st, "beta")
 				b.Replication, b.VerifyDoneBytes, b.VerifyTotalBytes, b.VerifyFoundBytes, b.VerifyRate = "VerifyT", 512<<20, 1<<30, 4096, 64<<20
-				b1 := replicaOf(&st.Volumes[1], "beta")
+				b1 := st.Volumes[1].Replica("beta")
 				b1.VerifyDoneBytes, b1.VerifyTotalBytes, b1.VerifyFoundBytes = 1<<30, 1<<30, 0
 				b1.LastResyncBytes, b1.LastResyncSeconds, b1.LastResyncEnded = 96<<20, 3, time.Date(2026, 12, 1, 7, 0, 0, 0, time.UTC)
 			},

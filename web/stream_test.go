@@ -242,7 +242,7 @@ func TestStreamSendsEverythingThenWhatChanged(t *testing.T) {
 
 	// beta disconnects: the node's event makes the page sample at once.
 	fake.set(func(st *transport.ClusterStatus) {
-		replicaOf(&st.Volumes[0], "beta").Replication = "StandAlone"
+		st.Volumes[0].Replica("beta").Replication = "StandAlone"
 	})
 	fake.emit(transport.Event{Seq: 2, Time: time.Now(), Node: "alpha", Volume: "vol0", Kind: "disconnected", Message: "beta gone"})
 	m := stream.patchUntil(5*time.Second, func(m patchMessage) bool {
@@ -328,7 +328,7 @@ func TestPatcherSendsOnlyChanges(t *testing.T) {
 	if got := ids(p.patches(frameOf(st))); len(got) != 0 {
 		t.Errorf("same frame again: %v", got)
 	}
-	replicaOf(&st.Volumes[1], "beta").Disk = "Outdated"
+	st.Volumes[1].Replica("beta").Disk = "Outdated"
 	if got := ids(p.patches(frameOf(st))); strings.Join(got, " ") != "warnings topology vol-vol1" {
 		t.Errorf("vol1's beta Outdated: %v", got)
 	}

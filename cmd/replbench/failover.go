@@ -40,6 +40,7 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/transport"
 	"github.com/replvol/replvol/transport/nbd/nbdtest"
 )
 
@@ -181,7 +182,7 @@ func (b *bench) failoverPhase(ctx context.Context) (rep *failoverReport, err err
 			return rep, err
 		}
 	}
-	if _, err := c.waitStatus(ctx, "alpha", "alpha primary, both replicas in sync and UpToDate in raft", fvSyncTimeout, func(v *fvVolume) bool {
+	if _, err := c.waitStatus(ctx, "alpha", "alpha primary, both replicas in sync and UpToDate in raft", fvSyncTimeout, func(v *transport.VolumeStatus) bool {
 		return v.Primary == "alpha" && v.NBDURI != "" && c.inSync(v)
 	}); err != nil {
 		return rep, err
@@ -495,42 +496,15 @@ func (c *fvCluster) diagnose() string {
 // ---------------------------------------------------------------------------
 // status
 
-type fvVolume struct {
-	Name     string      `json:"name"`
-	Primary  string      `json:"primary"`
-	Epoch    uint64      `json:"epoch"`
-	NBDURI   string      `json:"nbd_uri"`
-	Replicas []fvReplica `json:"replicas"`
-}
-
-type fvReplica struct {
-	Node        string `json:"node"`
-	Role        string `json:"role"`
-	Disk        string `json:"disk"`
-	Replication string `json:"replication"`
-	Raft        string `json:"raft"`
-	OutOfSync   int64  `json:"out_of_sync_bytes"`
-	Reason      string `json:"reason"`
-}
-
-func (v *fvVolume) replica(node string) *fvReplica {
-	for i := range v.Replicas {
-		if v.Replicas[i].Node == node {
-			return &v.Replicas[i]
-		}
-	}
-	return nil
-}
-
 // inSync: every data replica is UpToDate, Connected, nothing out of
 // sync, and, with raft, raft records it UpToDate (a replica raft does not
 // record UpToDate cannot be promoted).
-func (c *fvCluster) inSync(v *fvVolume) bool {
+func (c *fvCluster) inSync(v *transport.VolumeStatus) bool {
 	if len(v.Replicas) < len(fvDataNodes) {
 		return false
 	}
 	for _, r := range v.Replicas {
-		if r.Disk != "UpToDate" || r.Replication != "Connected" || r.OutOfSync != 0 || c.raft && r.Raft != "UpToDate" {
+		if r.Disk != "UpToDate" || r.Replication != "Connected" || r.OutOfSyncBytes != 0 || c.raft && r.Raft != "UpToDate" {
 			return false
 		}
 	}
@@ -546,19 +520,14 @@ func (c *fvCluster) ctl(ctx context.Context, node string, args ...string) ([]byt
 }
 
 // status is vol0's entry in `replctl status --json` asked of node.
-func (c *fvCluster) status(ctx context.Context, node string) (*fvVolume, error) {
+func (c *fvCluster) status(ctx context.Context, node string) (*transport.VolumeStatus, error) {
 	out, err := c.ctl(ctx, node, "status", "--json", "--timeout", "5s")
 	if err != nil {
 		return nil, fmt.Errorf("replctl status --json --addr %s: %v: %s", c.nodes[node].control, err, strings.TrimSpace(string(out)))
 	}
-	if i := strings.IndexByte(string(out), '{'); i > 0 {
-		out = out[i:]
-	}
-	var st struct {
-		Volumes []fvVolume `json:"volumes"`
-	}
-	if err := json.Unmarshal(out, &st); err != nil {
-		return nil, fmt.Errorf("replctl status --json: %v", err)
+	st, err := parseStatus(out)
+	if err != nil {
+		return nil, err
 	}
 	for i := range st.Volumes {
 		if st.Volumes[i].Name == fvVol {
@@ -608,7 +577,7 @@ func (c *fvCluster) peerView(ctx context.Context, node string) string {
 }
 
 // waitStatus polls node's status until cond holds.
-func (c *fvCluster) waitStatus(ctx context.Context, node, what string, timeout time.Duration, cond func(*fvVolume) bool) (*fvVolume, error) {
+func (c *fvCluster) waitStatus(ctx context.Context, node, what string, timeout time.Duration, cond func(*transport.VolumeStatus) bool) (*transport.VolumeStatus, error) {
 	deadline := time.Now().Add(timeout)
 	var last string
 	for {
@@ -830,8 +799,8 @@ func (c *fvCluster) failovers(ctx context.Context, runs int, res *phaseTiming) e
 			return err
 		}
 		if _, err := c.waitStatus(ctx, to, fmt.Sprintf("run %d: %s back as an UpToDate Secondary, both UpToDate in raft", i, from), fvSyncTimeout,
-			func(v *fvVolume) bool {
-				r := v.replica(from)
+			func(v *transport.VolumeStatus) bool {
+				r := v.Replica(from)
 				return v.Primary == to && v.NBDURI != "" && r != nil && r.Role == "Secondary" && c.inSync(v)
 			}); err != nil {
 			return err
@@ -847,7 +816,7 @@ func (c *fvCluster) switchovers(ctx context.Context, runs int, total, command *p
 		from := c.primary
 		to := otherNode(from)
 		if _, err := c.waitStatus(ctx, from, fmt.Sprintf("run %d: %s primary, both replicas in sync and UpToDate in raft", i, from), fvSyncTimeout,
-			func(v *fvVolume) bool { return v.Primary == from && v.NBDURI != "" && c.inSync(v) }); err != nil {
+			func(v *transport.VolumeStatus) bool { return v.Primary == from && v.NBDURI != "" && c.inSync(v) }); err != nil {
 			return err
 		}
 		var start, cmdDone time.Time

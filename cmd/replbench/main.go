@@ -2,12 +2,12 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/replvol/replvol/node"
 	"io"
 	"net"
 	"os"
@@ -22,6 +22,9 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"github.com/replvol/replvol/node"
+	"github.com/replvol/replvol/transport"
 )
 
 // Target names, in table order.
@@ -653,6 +656,19 @@ func (b *bench) resyncPhase(ctx context.Context, t *target) (*resyncResult, erro
 	return r, nil
 }
 
+// parseStatus decodes the output of `replctl status --json` (whatever
+// precedes its JSON object is skipped).
+func parseStatus(out []byte) (*transport.ClusterStatus, error) {
+	if i := bytes.IndexByte(out, '{'); i > 0 {
+		out = out[i:]
+	}
+	var st transport.ClusterStatus
+	if err := json.Unmarshal(out, &st); err != nil {
+		return nil, fmt.Errorf("replctl status --json: %v", err)
+	}
+	return &st, nil
+}
+
 // replctlAt runs replctl ARGS --addr <the demo's control address>.
 func (b *bench) replctlAt(ctx context.Context, t *target, args ...string) ([]byte, error) {
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
@@ -667,21 +683,8 @@ func (b *bench) demoInSync(ctx context.Context, t *target) (ok bool, what string
 	if err != nil {
 		return false, "", fmt.Errorf("replctl status: %v: %s", err, out)
 	}
-	if i := strings.IndexByte(string(out), '{'); i > 0 {
-		out = out[i:]
-	}
-	var st struct {
-		Volumes []struct {
-			Replicas []struct {
-				Node        string `json:"node"`
-				Disk        string `json:"disk"`
-				Replication string `json:"replication"`
-				OutOfSync   int64  `json:"out_of_sync_bytes"`
-				LagBytes    int64  `json:"lag_bytes"`
-			} `json:"replicas"`
-		} `json:"volumes"`
-	}
-	if err := json.Unmarshal(out, &st); err != nil {
+	st, err := parseStatus(out)
+	if err != nil {
 		return false, "", err
 	}
 	if len(st.Volumes) == 0 {
@@ -689,9 +692,9 @@ func (b *bench) demoInSync(ctx context.Context, t *target) (ok bool, what string
 	}
 	for _, v := range st.Volumes {
 		for _, r := range v.Replicas {
-			if r.Disk != "UpToDate" || r.Replication != "Connected" || r.OutOfSync != 0 || r.LagBytes != 0 {
+			if r.Disk != "UpToDate" || r.Replication != "Connected" || r.OutOfSyncBytes != 0 || r.LagBytes != 0 {
 				return false, fmt.Sprintf("%s: disk %s, replication %s, %d bytes out of sync, lag %d bytes",
-					r.Node, r.Disk, r.Replication, r.OutOfSync, r.LagBytes), nil
+					r.Node, r.Disk, r.Replication, r.OutOfSyncBytes, r.LagBytes), nil
 			}
 		}
 	}

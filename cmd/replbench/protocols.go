@@ -35,6 +35,8 @@ import (
 	"sync"
 	"text/tabwriter"
 	"time"
+
+	"github.com/replvol/replvol/transport"
 )
 
 // The protocol variants of the replvol demo, as run targets.
@@ -423,15 +425,7 @@ func (m *lagMonitor) poll(ctx context.Context, control string) error {
 		return err
 	}
 	defer resp.Body.Close()
-	var st struct {
-		Volumes []struct {
-			Replication string `json:"replication"`
-			Peers       []struct {
-				Replication string `json:"replication"`
-				LagBytes    int64  `json:"lag_bytes"`
-			} `json:"peers"`
-		} `json:"volumes"`
-	}
+	var st transport.NodeStatus
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
 		return err
 	}

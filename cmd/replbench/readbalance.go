@@ -33,6 +33,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/transport"
 	"golang.org/x/sys/unix"
 )
 
@@ -229,8 +230,8 @@ func (b *bench) readBalancePhase(ctx context.Context) (rep *readBalanceReport, e
 			return rep, err
 		}
 	}
-	ready := func() (*fvVolume, error) {
-		return c.waitStatus(ctx, "alpha", "alpha primary, both replicas in sync", fvSyncTimeout, func(v *fvVolume) bool {
+	ready := func() (*transport.VolumeStatus, error) {
+		return c.waitStatus(ctx, "alpha", "alpha primary, both replicas in sync", fvSyncTimeout, func(v *transport.VolumeStatus) bool {
 			return v.Primary == "alpha" && v.NBDURI != "" && c.inSync(v)
 		})
 	}

@@ -201,7 +201,7 @@ func TestE2EProtocolGuaranteesOnPrimaryCrash(t *testing.T) {
 				deadline := time.Now().Add(20 * time.Second)
 				for {
 					v, err := c.asyncStatus("alpha")
-					var b *asyncReplica
+					var b *replicaStatus
 					if err == nil {
 						b = v.replica("beta")
 					}

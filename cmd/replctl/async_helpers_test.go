@@ -22,49 +22,17 @@ import (
 )
 
 // ---------------------------------------------------------------------------
-// status: protocol, lag and congestion
+// status
 
-// asyncVolume is vol0 in `replctl status --json`, with the fields of
-// asynchronous replication.
-type asyncVolume struct {
-	Protocol string         `json:"protocol"`
-	Primary  string         `json:"primary"`
-	NBDURI   string         `json:"nbd_uri"`
-	Replicas []asyncReplica `json:"replicas"`
-}
-
-type asyncReplica struct {
-	Node        string  `json:"node"`
-	Role        string  `json:"role"`
-	Disk        string  `json:"disk"`
-	Replication string  `json:"replication"`
-	LagBytes    int64   `json:"lag_bytes"`
-	LagSeconds  float64 `json:"lag_seconds"`
-	OutOfSync   int64   `json:"out_of_sync_bytes"`
-	Resynced    int64   `json:"resynced_bytes"`
-}
-
-func (v *asyncVolume) replica(node string) *asyncReplica {
-	for i := range v.Replicas {
-		if v.Replicas[i].Node == node {
-			return &v.Replicas[i]
-		}
-	}
-	return nil
-}
-
-// asyncStatus asks node for the cluster status and returns vol0's entry.
-func (c *procCluster) asyncStatus(node string) (*asyncVolume, error) {
+// asyncStatus asks node (through the cluster's own replctl runner, inside
+// the network lab when there is one) for the cluster status and returns
+// vol0's entry.
+func (c *procCluster) asyncStatus(node string) (*volumeStatus, error) {
 	r := c.ctl(node, "status", "--json")
 	if !r.ok() {
 		return nil, fmt.Errorf("replctl status --json via %s: %s", node, r)
 	}
-	var doc struct {
-		Volumes []struct {
-			Name string `json:"name"`
-			asyncVolume
-		} `json:"volumes"`
-	}
+	var doc statusDoc
 	js := r.out
 	if i := strings.IndexByte(js, '{'); i > 0 {
 		js = js[i:]
@@ -72,9 +40,9 @@ func (c *procCluster) asyncStatus(node string) (*asyncVolume, error) {
 	if err := json.Unmarshal([]byte(js), &doc); err != nil {
 		return nil, fmt.Errorf("replctl status --json via %s: %v in %q", node, err, r.out)
 	}
-	for _, v := range doc.Volumes {
-		if v.Name == volName {
-			return &v.asyncVolume, nil
+	for i := range doc.Volumes {
+		if doc.Volumes[i].Name == volName {
+			return &doc.Volumes[i], nil
 		}
 	}
 	return nil, fmt.Errorf("replctl status --json via %s: no volume %s", node, volName)

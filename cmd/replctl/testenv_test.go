@@ -452,15 +452,18 @@ type replicaStatus struct {
 	Raft        string `json:"raft"`
 	OutOfSync   int64  `json:"out_of_sync_bytes"`
 	Resynced    int64  `json:"resynced_bytes"`
-	SyncRule    string `json:"sync_rule"`
-	Decision    string `json:"sync_decision"`
-	Reason      string `json:"reason"`
-	Reachable   bool   `json:"reachable"`
-	Generation  string `json:"generation"`
-	UsableBytes int64  `json:"usable_bytes"`
-	VerifyDone  int64  `json:"verify_done_bytes"`
-	VerifyTotal int64  `json:"verify_total_bytes"`
-	VerifyFound int64  `json:"verify_found_bytes"`
+	// LagBytes and LagSeconds: protocols A and B (issue 10).
+	LagBytes    int64   `json:"lag_bytes"`
+	LagSeconds  float64 `json:"lag_seconds"`
+	SyncRule    string  `json:"sync_rule"`
+	Decision    string  `json:"sync_decision"`
+	Reason      string  `json:"reason"`
+	Reachable   bool    `json:"reachable"`
+	Generation  string  `json:"generation"`
+	UsableBytes int64   `json:"usable_bytes"`
+	VerifyDone  int64   `json:"verify_done_bytes"`
+	VerifyTotal int64   `json:"verify_total_bytes"`
+	VerifyFound int64   `json:"verify_found_bytes"`
 }
 
 func (v *volumeStatus) replica(node string) *replicaStatus {
