@@ -136,8 +136,11 @@ func (e *StreamError) Unwrap() error { return e.err }
 // streamError puts a gRPC status error into words; io.EOF (the peer ended
 // the stream cleanly) and errors that are not gRPC's stay as they are.
 func streamError(err error) error {
+	if err == nil {
+		return nil
+	}
 	st, ok := status.FromError(err)
-	if err == nil || !ok {
+	if !ok {
 		return err
 	}
 	var words string
