@@ -61,11 +61,10 @@ func TestRangeLocksOrderOverlappingOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	rel2()
-	got := make(chan struct{})
+	got := make(chan func())
 	go func() {
 		rel, _ := r.Lock(ctx, 100, 10) // overlaps the first
-		close(got)
-		rel()
+		got <- rel
 	}()
 	select {
 	case <-got:
@@ -73,7 +72,7 @@ func TestRangeLocksOrderOverlappingOnly(t *testing.T) {
 	case <-time.After(50 * time.Millisecond):
 	}
 	rel1()
-	<-got
+	(<-got)()
 	// A waiter whose context ends gives up and holds nothing.
 	rel3, _ := r.Lock(ctx, 0, 10)
 	cctx, cancel := context.WithCancel(ctx)
@@ -112,11 +111,10 @@ func TestSharedRangeLocksWaitForWritesOnly(t *testing.T) {
 	read1()
 	read2()
 	relWrite := <-wrote
-	readDone := make(chan struct{})
+	readDone := make(chan func())
 	go func() {
 		rel, _ := r.LockShared(ctx, 0, 4097) // overlaps the write by a byte
-		close(readDone)
-		rel()
+		readDone <- rel
 	}()
 	select {
 	case <-readDone:
@@ -124,7 +122,7 @@ func TestSharedRangeLocksWaitForWritesOnly(t *testing.T) {
 	case <-time.After(50 * time.Millisecond):
 	}
 	relWrite()
-	<-readDone
+	(<-readDone)() // released here, so the count below cannot race it
 	if r.Len() != 0 {
 		t.Fatalf("%d ranges still held", r.Len())
 	}
