@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/replvol/replvol/node/cluster"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 	"google.golang.org/grpc/codes"
@@ -99,34 +100,62 @@ func (n *Node) nodeStatus(events int) *transport.NodeStatus {
 	return ns
 }
 
+// Status asks of a peer wait statusWait for its answer, or statusRetryWait
+// while its last answer failed: a node that stopped answering costs each
+// later status a fraction of a second, not seconds.
+const (
+	statusWait      = 2 * time.Second
+	statusRetryWait = 500 * time.Millisecond
+)
+
+// askStatus asks one peer for its view, remembering whether it answered.
+func (n *Node) askStatus(ctx context.Context, name string, events int) (*transport.NodeStatus, error) {
+	api, err := n.peerAPI(name)
+	if err != nil {
+		return nil, err
+	}
+	wait := statusWait
+	n.mu.Lock()
+	if n.statusFailed[name] {
+		wait = statusRetryWait
+	}
+	n.mu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	ns, err := api.NodeStatus(cctx, &transport.StatusRequest{Events: events})
+	n.mu.Lock()
+	n.statusFailed[name] = err != nil && ctx.Err() == nil
+	n.mu.Unlock()
+	return ns, err
+}
+
 // clusterStatus asks every node for its view and puts the views together.
 func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.ClusterStatus, error) {
+	cs := &transport.ClusterStatus{From: n.name}
+	var membership map[string]string
+	cs.Cluster, membership = n.clusterInfo()
+
 	views := make([]*transport.NodeStatus, len(n.cfg.Nodes))
 	errs := make([]error, len(n.cfg.Nodes))
 	var wg sync.WaitGroup
 	for i, nc := range n.cfg.Nodes {
+		if nc.Name == n.name {
+			views[i] = n.nodeStatus(events)
+			continue
+		}
+		if m := cluster.Liveness(membership[nc.Name]); m == cluster.Dead || m == cluster.Left {
+			// Asking a node cut off by a partition would hold every
+			// status for the whole timeout, just when operators look.
+			errs[i] = fmt.Errorf("not asked while gossip reports %s %s", nc.Name, m)
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if nc.Name == n.name {
-				views[i] = n.nodeStatus(events)
-				return
-			}
-			api, err := n.peerAPI(nc.Name)
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			defer cancel()
-			views[i], errs[i] = api.NodeStatus(cctx, &transport.StatusRequest{Events: events})
+			views[i], errs[i] = n.askStatus(ctx, nc.Name, events)
 		}()
 	}
 	wg.Wait()
-
-	cs := &transport.ClusterStatus{From: n.name}
-	var membership map[string]string
-	cs.Cluster, membership = n.clusterInfo()
 	for i, nc := range n.cfg.Nodes {
 		// Only the leader decides failovers: its reasons are the ones.
 		if nc.Name == cs.Cluster.Leader && nc.Name != n.name && views[i] != nil && views[i].Failover != "" {

@@ -100,8 +100,10 @@ type Node struct {
 
 	mu      sync.Mutex
 	clients map[string]*transport.ControlClient
-	wg      sync.WaitGroup
-	closed  bool
+	// statusFailed: the nodes whose last status ask failed (askStatus).
+	statusFailed map[string]bool
+	wg           sync.WaitGroup
+	closed       bool
 }
 
 // New opens the node's state and disks. Nothing listens until Start.
@@ -120,7 +122,7 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 	}
 	n := &Node{
 		cfg: cfg, name: name, self: self, log: log.With("node", name),
-		vols: map[string]*Volume{}, clients: map[string]*transport.ControlClient{},
+		vols: map[string]*Volume{}, clients: map[string]*transport.ControlClient{}, statusFailed: map[string]bool{},
 		lnControl: opts.Control, lnRepl: opts.Replication, lnNBD: opts.NBD,
 		stopLoop: make(chan struct{}), wrapStream: opts.WrapStream,
 	}

@@ -201,7 +201,25 @@ func TestE2EAPartitionedPrimaryIsReplaced(t *testing.T) {
 		t.Fatalf("after alpha was cut off the majority names %q primary, want beta", p)
 	}
 	promoted := time.Now()
-	t.Logf("alpha cut off; beta primary %s later", promoted.Sub(cut).Round(time.Millisecond))
+	t.Logf("alpha cut off; status names beta primary %s later", promoted.Sub(cut).Round(time.Millisecond))
+	if evs, err := c.eventsSince("beta", "promoted", cut); err == nil && len(evs) > 0 {
+		t.Logf("failover after a partition: beta promoted %s after the cut (its event's time)", evs[0].Time.Sub(cut).Round(time.Millisecond))
+	}
+	// Once gossip has declared alpha dead, status does not wait for it.
+	c.waitFor("beta", "status from beta not asking alpha, which gossip reports dead", 10*time.Second, func(*volumeStatus) bool {
+		asked := time.Now()
+		s, _, err := c.status("beta")
+		if err != nil {
+			return false
+		}
+		for _, n := range s.Nodes {
+			if n.Name == "alpha" && n.Membership == "dead" && strings.Contains(n.Error, "not asked") {
+				t.Logf("status from beta without alpha: %s (%s)", time.Since(asked).Round(time.Millisecond), n.Error)
+				return true
+			}
+		}
+		return false
+	})
 	rec.waitCompleted(t, "alpha", 0, time.Second)
 	c.heal("alpha")
 	healed := time.Now()

@@ -201,6 +201,26 @@ func TestStatusWarnsOnTheVolumeLine(t *testing.T) {
 	}
 }
 
+// TestStatusNamesWhyANodeIsUnreachable: an unreachable node shows the
+// error of asking it, unless gossip reports it gone and it was not asked.
+func TestStatusNamesWhyANodeIsUnreachable(t *testing.T) {
+	st := sampleStatus()
+	st.Cluster.Voters = []string{"alpha", "beta", "witness"}
+	st.Nodes = append(st.Nodes, transport.NodeInfo{Name: "witness", Role: "witness"})
+	st.Nodes[1].Alive, st.Nodes[1].Error = false, "connection refused"
+	st.Nodes[2].Alive, st.Nodes[2].Membership, st.Nodes[2].Error = false, "dead", "not asked while gossip reports witness dead"
+	var out bytes.Buffer
+	printStatus(&out, st, palette{}, time.Now())
+	for _, want := range []string{"unreachable (connection refused)", "unreachable, gossip: dead"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("no %q in\n%s", want, out.String())
+		}
+	}
+	if strings.Contains(out.String(), "not asked") {
+		t.Errorf("status repeats what gossip: dead says:\n%s", out.String())
+	}
+}
+
 func stripANSI(s string) string {
 	var b strings.Builder
 	for i := 0; i < len(s); i++ {

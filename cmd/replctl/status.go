@@ -199,7 +199,8 @@ func printStatus(w io.Writer, st *transport.ClusterStatus, pal palette, now time
 		state := cell{"alive", colorGreen}
 		if !n.Alive {
 			state = cell{"unreachable", colorRed}
-			if n.Error != "" {
+			if n.Error != "" && n.Membership != "dead" && n.Membership != "left" {
+				// A node gossip reports gone is not asked: "gossip: dead" says why.
 				state.text += " (" + plainMessage(firstLine(n.Error)) + ")"
 			}
 		}
