@@ -4,12 +4,16 @@ import (
 	"bytes"
 	"context"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/replvol/replvol/node/cluster"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // newRaftCluster is alpha and beta holding vol0 and the witness wit, each
@@ -191,5 +195,50 @@ func TestRepeatedSwitchoversThroughRaft(t *testing.T) {
 		to = map[string]string{"alpha": "beta", "beta": "alpha"}[to]
 	}
 	c.waitInSync()
+	c.requireIdentical()
+}
+
+// TestResyncOfOneSecondary: `replctl resync VOL --node gamma` (DRBD's
+// invalidate on one node) copies the whole volume to gamma only; beta
+// goes on streaming and receives nothing. Naming the primary or a node
+// with no replica is refused and starts nothing.
+func TestResyncOfOneSecondary(t *testing.T) {
+	c := newTestClusterOf(t, 8<<20, "alpha", "beta", "gamma")
+	for _, n := range []string{"alpha", "beta", "gamma"} {
+		c.start(n)
+	}
+	c.waitInSync()
+	a := c.vol("alpha")
+	writeRandomBlocks(t, a, 20, 43)
+	betaBefore, gammaBefore := c.vol("beta").resynced.Load(), c.vol("gamma").resynced.Load()
+	api := &control{n: c.nodes["beta"]} // forwarded to the primary
+	ctx := context.Background()
+	for _, tc := range []struct {
+		node string
+		code codes.Code
+		want string
+	}{
+		{"alpha", codes.FailedPrecondition, "alpha is the primary of vol0"},
+		{"delta", codes.NotFound, "its secondaries are beta, gamma"},
+	} {
+		_, err := api.Resync(ctx, &transport.ResyncRequest{Volume: "vol0", Node: tc.node})
+		if status.Code(err) != tc.code || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("resync --node %s: %v, want %s with %q", tc.node, err, tc.code, tc.want)
+		}
+	}
+	r, err := api.Resync(ctx, &transport.ResyncRequest{Volume: "vol0", Node: "gamma"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Primary != "alpha" || !slices.Equal(r.Peers, []string{"gamma"}) {
+		t.Fatalf("resync --node gamma: %+v, want gamma resynced by alpha", r)
+	}
+	c.waitInSync()
+	if moved := c.vol("gamma").resynced.Load() - gammaBefore; moved != a.size {
+		t.Fatalf("gamma received %d bytes, want the whole volume (%d)", moved, a.size)
+	}
+	if moved := c.vol("beta").resynced.Load() - betaBefore; moved != 0 {
+		t.Fatalf("beta, not named, received %d bytes", moved)
+	}
 	c.requireIdentical()
 }

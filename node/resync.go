@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
@@ -51,21 +52,34 @@ func (c *control) Resync(ctx context.Context, r *transport.ResyncRequest) (*tran
 		if r.From != "" && r.From != c.n.name {
 			return nil, status.Errorf(codes.FailedPrecondition, "%s is primary for %s; a resync runs from the primary: drop --from, or first run replctl primary %s --node %s", c.n.name, r.Volume, r.Volume, r.From)
 		}
-		return v.resync(r.Pause, r.Resume)
+		return v.resync(r.Pause, r.Resume, r.Node)
 	}, func(api transport.ControlServer) (*transport.ResyncReply, error) { return api.Resync(ctx, r) })
 }
 
-// resync acts on every peer of this primary.
-func (v *Volume) resync(pause, resume bool) (*transport.ResyncReply, error) {
+// resync acts on every peer of this primary, or on the one named only.
+func (v *Volume) resync(pause, resume bool, only string) (*transport.ResyncReply, error) {
 	if pause && resume {
 		return nil, status.Error(codes.InvalidArgument, "--pause and --resume exclude each other")
 	}
 	v.mu.Lock()
 	peers := make([]*peer, 0, len(v.peers))
+	names := make([]string, 0, len(v.peers))
 	for _, p := range v.peers {
-		peers = append(peers, p)
+		names = append(names, p.name)
+		if only == "" || p.name == only {
+			peers = append(peers, p)
+		}
 	}
 	v.mu.Unlock()
+	sort.Strings(names)
+	switch {
+	case only == v.self:
+		return nil, status.Errorf(codes.FailedPrecondition,
+			"%s is the primary of %s: a resync copies the primary's data to its secondaries; to give %s a peer's data, first make another node primary (replctl primary %s --node NODE)",
+			only, v.name, only, v.name)
+	case only != "" && len(peers) == 0:
+		return nil, status.Errorf(codes.NotFound, "%s holds no replica of %s; its secondaries are %s", only, v.name, strings.Join(names, ", "))
+	}
 	reply := &transport.ResyncReply{Primary: v.self}
 	for _, p := range peers {
 		reply.Peers = append(reply.Peers, p.name)

@@ -355,7 +355,10 @@ type ResyncRequest struct {
 	Volume string `json:"volume"`
 	// From is the node whose data wins; it must be the primary. Empty
 	// means the current primary.
-	From   string `json:"from,omitempty"`
+	From string `json:"from,omitempty"`
+	// Node limits the command to that secondary (DRBD's invalidate on
+	// one node, or pause-sync/resume-sync of one peer); empty: every one.
+	Node   string `json:"node,omitempty"`
 	Pause  bool   `json:"pause,omitempty"`
 	Resume bool   `json:"resume,omitempty"`
 }

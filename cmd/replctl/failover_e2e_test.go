@@ -163,6 +163,25 @@ func TestE2EThreeDataReplicasResyncOnlyWhatEachMissed(t *testing.T) {
 	for _, n := range []string{"beta", "gamma"} {
 		compareFiles(t, c.disk("alpha"), c.disk(n), 64<<20)
 	}
+
+	// gamma's disk is suspect: resync it alone (DRBD's invalidate on
+	// one node). beta keeps streaming and receives nothing.
+	if r := c.ctl("beta", "resync", volName, "--node", "alpha"); r.ok() || !strings.Contains(r.out, "alpha is the primary of vol0") {
+		t.Fatalf("resync --node of the primary: %s", r)
+	}
+	before := c.mustStatus("alpha")
+	out = c.mustCtl("beta", "resync", volName, "--node", "gamma", "--wait")
+	if !strings.Contains(out, "full resync started on alpha for gamma\n") || !strings.Contains(out, "in sync") {
+		t.Fatalf("resync --node gamma --wait: %s", out)
+	}
+	v = c.waitInSync("alpha")
+	if got := v.replica("gamma").Resynced - before.replica("gamma").Resynced; got != 64<<20 {
+		t.Fatalf("gamma received %d bytes by resync --node gamma, want the whole volume", got)
+	}
+	if got := v.replica("beta").Resynced - before.replica("beta").Resynced; got != 0 {
+		t.Fatalf("beta, not named, received %d bytes", got)
+	}
+	compareFiles(t, c.disk("alpha"), c.disk("gamma"), 64<<20)
 }
 
 // raftInSync: every replica is in sync and raft records each UpToDate

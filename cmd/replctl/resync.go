@@ -14,16 +14,18 @@ import (
 
 func newResync(g *globals) *cobra.Command {
 	var (
-		from          string
+		from, node    string
 		pause, resume bool
 		wait          bool
 	)
 	cmd := &cobra.Command{
-		Use:   "resync VOLUME [--from NODE] [--pause | --resume] [--wait]",
+		Use:   "resync VOLUME [--node NODE] [--from NODE] [--pause | --resume] [--wait]",
 		Short: "Resync a volume's secondaries in full from the primary, or pause/resume a resync",
 		Long: `Without --pause or --resume, every block of VOLUME is resynced from the primary
-to every secondary (DRBD's invalidate of the peers); the secondaries are
-Inconsistent until it ends. --from names the node whose data wins; it must be
+to every secondary (DRBD's invalidate-remote); the secondaries are
+Inconsistent until it ends. --node limits it, or the pause or resume, to one
+secondary (DRBD's invalidate on that node, after its disk was replaced or is
+suspect), and the others keep streaming. --from names the node whose data wins; it must be
 the primary. --wait shows progress (percent, speed, ETA) until every replica is
 UpToDate again. --pause with no resync running says so and changes nothing.`,
 		Args: cobra.ExactArgs(1),
@@ -46,27 +48,29 @@ UpToDate again. --pause with no resync running says so and changes nothing.`,
 			defer k.close()
 			out := cmd.OutOrStdout()
 			wasPaused := false
-			if pause || resume {
+			if pause || resume || node != "" {
 				// The node pauses (or resumes) whatever runs, and says
 				// "paused" even when nothing does: look first.
 				st, err := k.status()
 				if err != nil {
-					return k.fail(err, volume, "")
+					return k.fail(err, volume, node)
 				}
-				if err := checkNames(st, volume, ""); err != nil {
+				if err := checkNames(st, volume, node); err != nil {
 					return err
 				}
-				running, isPaused := resyncState(st, volume)
+				running, isPaused := resyncState(st, volume, node)
 				switch {
 				case pause && isPaused && !running:
 					fmt.Fprintf(out, "the resync of %s is already paused (resume it with replctl resync %s --resume)\n", volume, volume)
 					return nil
+				case pause && !running && node != "":
+					return fmt.Errorf("no resync of %s to %s is running: nothing to pause", volume, node)
 				case pause && !running:
 					return fmt.Errorf("no resync of %s is running: nothing to pause", volume)
 				}
 				wasPaused = isPaused
 			}
-			r, err := k.c.Resync(k.ctx, &transport.ResyncRequest{Volume: volume, From: from, Pause: pause, Resume: resume})
+			r, err := k.c.Resync(k.ctx, &transport.ResyncRequest{Volume: volume, From: from, Node: node, Pause: pause, Resume: resume})
 			if err != nil {
 				return k.fail(err, volume, from)
 			}
@@ -85,6 +89,7 @@ UpToDate again. --pause with no resync running says so and changes nothing.`,
 			return waitResync(cmd.Context(), k.c, volume, out, isTerminal(out), pal)
 		},
 	}
+	cmd.Flags().StringVar(&node, "node", "", "only this secondary (default: every secondary)")
 	cmd.Flags().StringVar(&from, "from", "", "the node whose data wins (must be the primary)")
 	cmd.Flags().BoolVar(&pause, "pause", false, "pause the resync under way")
 	cmd.Flags().BoolVar(&resume, "resume", false, "resume a paused resync")
@@ -92,15 +97,16 @@ UpToDate again. --pause with no resync running says so and changes nothing.`,
 	return cmd
 }
 
-// resyncState says whether a resync of volume runs, and whether one is
-// paused, by the replicas' replication states.
-func resyncState(st *transport.ClusterStatus, volume string) (running, isPaused bool) {
+// resyncState says whether a resync of volume (to node, or to any replica)
+// runs, and whether one is paused, by the replicas' replication states.
+func resyncState(st *transport.ClusterStatus, volume, node string) (running, isPaused bool) {
 	for _, v := range st.Volumes {
 		if v.Name != volume {
 			continue
 		}
 		for _, r := range v.Replicas {
 			switch {
+			case node != "" && r.Node != node:
 			case paused(r.Replication):
 				isPaused = true
 			case syncing(r.Replication):
