@@ -182,7 +182,7 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 		auth = n.cl.c.Authority()
 	}
 	for _, vc := range n.cfg.Volumes {
-		vs := transport.VolumeStatus{Name: vc.Name, Size: int64(vc.Size), Protocol: vc.ProtocolOrDefault()}
+		vs := transport.VolumeStatus{Name: vc.Name, Size: int64(vc.Size), Protocol: vc.ProtocolOrDefault(), ResyncRate: int64(vc.ResyncRate)}
 		va, _ := auth.Volume(vc.Name)
 		// The primary is the reachable node that says so at the highest
 		// epoch; failing that, the one the others last agreed to.
@@ -210,7 +210,8 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 			vs.NBDURI = n.nbdURIFromStatus(cs.Nodes, vs.Primary, vc.Name)
 		}
 		if primaryView != nil && primaryView.Protocol != "" {
-			vs.Protocol = primaryView.Protocol // replctl adjust may have changed it
+			// replctl adjust may have changed them.
+			vs.Protocol, vs.ResyncRate = primaryView.Protocol, primaryView.ResyncRate
 		}
 		nodes := make([]string, 0, len(vc.Disks))
 		for node := range vc.Disks {

@@ -183,7 +183,8 @@ func (v *Volume) diskWorks() bool {
 // or after. Before each run it calls wait, when given (a pause).
 func (v *Volume) copyMissingFromPeer(ctx context.Context, wait func(context.Context) error) error {
 	cursor := int64(0)
-	began, copied := time.Now(), int64(0)
+	var pacer resyncPacer
+	copied := int64(0)
 	for {
 		start, n, ok := v.localMissing.NextRun(cursor, resyncRunBlocks)
 		if !ok {
@@ -203,7 +204,7 @@ func (v *Volume) copyMissingFromPeer(ctx context.Context, wait func(context.Cont
 		}
 		// The volume's resync_rate caps this copy too (one run at a
 		// time: no window to hold back).
-		if err := v.resyncPace(ctx, began, copied, nil); err != nil {
+		if err := v.resyncPace(ctx, &pacer, copied, nil); err != nil {
 			return err
 		}
 		copied += length

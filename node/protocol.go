@@ -24,11 +24,13 @@ type settings struct {
 	congestion replication.CongestionConfig
 	maxLag     int64
 	reads      replication.ReadBalancing
+	// resyncRate caps resync in bytes per second; 0: no cap.
+	resyncRate int64
 }
 
 // settingsOf builds the settings a config file gives (validated already).
 func settingsOf(cfg VolumeConfig) *settings {
-	s := &settings{protocol: cfg.ProtocolOrDefault()[0], maxLag: int64(cfg.MaxLag)}
+	s := &settings{protocol: cfg.ProtocolOrDefault()[0], maxLag: int64(cfg.MaxLag), resyncRate: int64(cfg.ResyncRate)}
 	policy := replication.DefaultOnCongestion(cfg.ProtocolOrDefault())
 	if cfg.OnCongestion != "" {
 		policy = replication.OnCongestion(cfg.OnCongestion)
@@ -43,9 +45,10 @@ func (v *Volume) settings() *settings { return v.set.Load() }
 
 // adjust changes the settings online: protocol ("" keeps it), congestion
 // policy ("" keeps it, or takes the new protocol's default when that one
-// no longer fits). No IO fails and nothing is resynced; streams pick the
-// change up at their next write.
-func (v *Volume) adjust(protocol, onCongestion string) (*settings, error) {
+// no longer fits), resync rate (nil keeps it, 0 lifts the cap). No IO
+// fails and nothing is resynced; streams pick the change up at their next
+// write, a running resync at its next run.
+func (v *Volume) adjust(protocol, onCongestion string, resyncRate *int64) (*settings, error) {
 	old := v.settings()
 	s := *old
 	if protocol != "" {
@@ -70,9 +73,16 @@ func (v *Volume) adjust(protocol, onCongestion string) (*settings, error) {
 		return nil, err
 	}
 	s.congestion.Policy = policy
+	if resyncRate != nil {
+		if *resyncRate < 0 {
+			return nil, fmt.Errorf("resync rate %d: want bytes per second, or 0 for no cap", *resyncRate)
+		}
+		s.resyncRate = *resyncRate
+	}
 	v.set.Store(&s)
-	v.log.Info("settings adjusted", "protocol", string(s.protocol), "on_congestion", policy)
-	v.node.event(v.name, "adjusted", fmt.Sprintf("protocol %c, on_congestion %s (was protocol %c, %s)", s.protocol, policy, old.protocol, old.congestion.Policy))
+	v.log.Info("settings adjusted", "protocol", string(s.protocol), "on_congestion", policy, "resync_rate", s.resyncRate)
+	v.node.event(v.name, "adjusted", fmt.Sprintf("protocol %c, on_congestion %s, resync rate %s (was protocol %c, %s, %s)",
+		s.protocol, policy, rateText(s.resyncRate), old.protocol, old.congestion.Policy, rateText(old.resyncRate)))
 	return &s, nil
 }
 
@@ -93,11 +103,12 @@ func (c *control) Adjust(ctx context.Context, r *transport.AdjustRequest) (*tran
 		if err != nil {
 			return nil, grpcError(err)
 		}
-		s, err := v.adjust(r.Protocol, r.OnCongestion)
+		s, err := v.adjust(r.Protocol, r.OnCongestion, r.ResyncRate)
 		if err != nil {
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
-		return &transport.AdjustReply{Nodes: []transport.AdjustedNode{{Node: n.name, Protocol: string(s.protocol), OnCongestion: string(s.congestion.Policy)}}}, nil
+		return &transport.AdjustReply{Nodes: []transport.AdjustedNode{{Node: n.name, Protocol: string(s.protocol),
+			OnCongestion: string(s.congestion.Policy), ResyncRate: s.resyncRate}}}, nil
 	}
 	var vc *VolumeConfig
 	for i := range n.cfg.Volumes {
@@ -142,4 +153,12 @@ func (c *control) Adjust(ctx context.Context, r *transport.AdjustRequest) (*tran
 		return reply, status.Errorf(codes.Unavailable, "adjusted %d of %d nodes; not: %s (run replctl adjust again once they are up)", len(reply.Nodes), len(nodes), strings.Join(errs, "; "))
 	}
 	return reply, nil
+}
+
+// rateText is a resync rate for people: "no cap" or "50.0MiB/s".
+func rateText(rate int64) string {
+	if rate <= 0 {
+		return "no cap"
+	}
+	return fmt.Sprintf("%.1fMiB/s", float64(rate)/(1<<20))
 }

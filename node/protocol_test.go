@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/transport"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // gatedDisk holds every write while closed (a slow or stuck disk).
@@ -86,13 +88,13 @@ func TestEachProtocolCompletesAWriteWhenItPromises(t *testing.T) {
 	if ok {
 		t.Fatal("protocol C: a write completed while the peer's disk had not written it")
 	}
-	if _, err := a.adjust("B", ""); err != nil {
+	if _, err := a.adjust("B", "", nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := writeWithin(t, a, 4096, 2*time.Second); !ok {
 		t.Fatal("protocol B: a write the peer received did not complete")
 	}
-	if _, err := a.adjust("A", ""); err != nil {
+	if _, err := a.adjust("A", "", nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := writeWithin(t, a, 8192, 2*time.Second); !ok {
@@ -156,4 +158,81 @@ func TestAdjustChangesTheProtocolWhileWriting(t *testing.T) {
 		t.Fatalf("status shows protocol %q, want C", p)
 	}
 	c.requireIdentical()
+}
+
+// TestResyncPacerStartsAgainWhenTheRateChanges: the pace follows the
+// rate in force; a new rate counts from the moment it is seen, so a cap
+// set late does not stall to make up for bytes sent uncapped.
+func TestResyncPacerStartsAgainWhenTheRateChanges(t *testing.T) {
+	var pc resyncPacer
+	t0 := time.Unix(1000, 0)
+	if due := pc.due(0, 0, t0); !due.IsZero() {
+		t.Fatalf("no cap: due %v, want now", due)
+	}
+	if due := pc.due(0, 500<<20, t0.Add(time.Second)); !due.IsZero() {
+		t.Fatalf("no cap after 500 MiB: due %v, want now", due)
+	}
+	// A cap of 10 MiB/s set now: the 500 MiB already out are not paid for.
+	capAt := t0.Add(2 * time.Second)
+	if due := pc.due(10<<20, 500<<20, capAt); !due.Equal(capAt) {
+		t.Fatalf("cap set: due %v, want %v", due, capAt)
+	}
+	if due := pc.due(10<<20, 520<<20, capAt.Add(time.Second)); !due.Equal(capAt.Add(2 * time.Second)) {
+		t.Fatalf("20 MiB at 10 MiB/s: due %v, want %v", due, capAt.Add(2*time.Second))
+	}
+	// Raised to 40 MiB/s: the next 40 MiB take a second from the change.
+	raiseAt := capAt.Add(1500 * time.Millisecond)
+	pc.due(40<<20, 520<<20, raiseAt)
+	if due := pc.due(40<<20, 560<<20, raiseAt.Add(100*time.Millisecond)); !due.Equal(raiseAt.Add(time.Second)) {
+		t.Fatalf("40 MiB at 40 MiB/s: due %v, want %v", due, raiseAt.Add(time.Second))
+	}
+}
+
+// TestAdjustResyncRateOnline: replctl adjust --resync-rate caps a resync
+// and lifts the cap while it runs; status shows the cap in force.
+func TestAdjustResyncRateOnline(t *testing.T) {
+	c := newTestCluster(t, 16<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	ctx := context.Background()
+	// Data everywhere: zero ranges would go out uncapped (they cost no
+	// bandwidth).
+	for off := int64(0); off < 16<<20; off += 1 << 20 {
+		if err := c.vol("alpha").WriteAt(ctx, pattern(byte(off>>20)+1, 1<<20), off, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	api := &control{n: c.nodes["beta"]}
+	adjust := func(rate int64) {
+		t.Helper()
+		r, err := api.Adjust(ctx, &transport.AdjustRequest{Volume: "vol0", ResyncRate: &rate})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range r.Nodes {
+			if n.ResyncRate != rate {
+				t.Fatalf("adjust --resync-rate %d: %s says %d", rate, n.Node, n.ResyncRate)
+			}
+		}
+	}
+	negative := int64(-1)
+	if _, err := api.Adjust(ctx, &transport.AdjustRequest{Volume: "vol0", ResyncRate: &negative}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("a negative rate: %v, want InvalidArgument", err)
+	}
+	adjust(512 << 10) // 16 MiB at 512 KiB/s: 32 s
+	if st, err := api.ClusterStatus(ctx, &transport.StatusRequest{}); err != nil || st.Volumes[0].ResyncRate != 512<<10 {
+		t.Fatalf("status after the adjust: %v, %v", st, err)
+	}
+	before := c.vol("beta").resynced.Load()
+	if _, err := api.Resync(ctx, &transport.ResyncRequest{Volume: "vol0"}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	if moved := c.vol("beta").resynced.Load() - before; moved > 4<<20 {
+		t.Fatalf("%d bytes resynced in the first second under a 512 KiB/s cap", moved)
+	}
+	adjust(0)
+	eventually(t, func() bool { return c.vol("beta").resynced.Load()-before == 16<<20 }, "the uncapped resync finished")
+	c.waitInSync()
 }

@@ -43,6 +43,7 @@ func (p *peer) resync(s *session) error {
 	v, ctx := p.v, s.ctx
 	p.resyncTotal.Store(p.bm.Bytes())
 	began := time.Unix(0, p.resyncStart.Load())
+	var pacer resyncPacer
 	var wire int64 // data bytes sent (zero ranges cost no bandwidth)
 	w := s.window(resyncWindow)
 	pace := func() error {
@@ -57,7 +58,7 @@ func (p *peer) resync(s *session) error {
 			case <-time.After(10 * time.Millisecond):
 			}
 		}
-		return v.resyncPace(ctx, began, wire, w.inFlight)
+		return v.resyncPace(ctx, &pacer, wire, w.inFlight)
 	}
 	for csums := v.cfg.Csums; ; csums = false {
 		cursor := int64(0)

@@ -807,7 +807,7 @@ func (v *Volume) shutdown() {
 func (v *Volume) status() transport.LocalVolume {
 	v.mu.Lock()
 	lv := transport.LocalVolume{
-		Name: v.name, Size: v.size, Protocol: string(v.settings().protocol),
+		Name: v.name, Size: v.size, Protocol: string(v.settings().protocol), ResyncRate: v.settings().resyncRate,
 		Role: string(v.role), Disk: string(v.diskState), Epoch: v.d.epoch, Primary: v.d.primary,
 		Generation: v.d.gens.Current.String(), Reason: v.why.text, ReasonCode: string(v.why.cause),
 		Serving:  v.role == replication.Primary && v.ioOpen,

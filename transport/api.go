@@ -54,6 +54,9 @@ type VolumeStatus struct {
 	Epoch    uint64          `json:"epoch"`
 	NBDURI   string          `json:"nbd_uri"`
 	Replicas []ReplicaStatus `json:"replicas"`
+	// ResyncRate is the primary's resync cap in bytes per second (the
+	// config's resync_rate, or as adjusted); 0: no cap.
+	ResyncRate int64 `json:"resync_rate"`
 }
 
 // Replica returns node's replica of v, or nil when node holds none.
@@ -177,6 +180,7 @@ type LocalVolume struct {
 	Name          string       `json:"name"`
 	Size          int64        `json:"size"`
 	Protocol      string       `json:"protocol"`
+	ResyncRate    int64        `json:"resync_rate"`
 	Metadata      string       `json:"metadata"`
 	UsableBytes   int64        `json:"usable_bytes"`
 	Role          string       `json:"role"`
@@ -417,6 +421,9 @@ type AdjustRequest struct {
 	Node         string `json:"node,omitempty"`
 	Protocol     string `json:"protocol,omitempty"`
 	OnCongestion string `json:"on_congestion,omitempty"`
+	// ResyncRate caps resync in bytes per second; 0 lifts the cap, nil
+	// keeps it.
+	ResyncRate *int64 `json:"resync_rate,omitempty"`
 }
 
 // AdjustReply lists the settings now in force, per node.
@@ -429,4 +436,5 @@ type AdjustedNode struct {
 	Node         string `json:"node"`
 	Protocol     string `json:"protocol"`
 	OnCongestion string `json:"on_congestion"`
+	ResyncRate   int64  `json:"resync_rate"` // bytes per second; 0: no cap
 }

@@ -42,7 +42,7 @@ func TestPageStates(t *testing.T) {
 					"cluster-voters": "alpha, beta, witness", "node-alpha-state": "alive", "node-witness-role": "witness",
 					"node-witness-leader": "leader",
 				},
-				absent: []string{"warning-count", "replica-vol0-beta-resync"},
+				absent: []string{"warning-count", "replica-vol0-beta-resync", "vol-vol0-resync-cap"},
 				class:  map[string]string{"topo-link-alpha-beta": "ok", "topo-node-witness": "witness", "replica-vol0-beta-replication": "ok"},
 			},
 		},
@@ -197,9 +197,11 @@ func TestPageStates(t *testing.T) {
 				b := replica(st, "beta")
 				b.Disk, b.Replication = "Inconsistent", "PausedSyncT"
 				b.ResyncDoneBytes, b.ResyncTotalBytes, b.ResyncRate = 1<<30, 4<<30, 100<<20
+				st.Volumes[0].ResyncRate = 200 << 20 // replctl adjust vol0 --resync-rate 200MiB
 			},
 			check: want{
 				text: map[string]string{
+					"vol-vol0-resync-cap":                     "200.0 MiB/s",
 					"warning-resync-paused-vol0-beta-command": "replctl resync vol0 --resume",
 					"replica-vol0-beta-resync-eta":            "paused",
 					"replica-vol0-beta-resync-percent":        "25.0%",

@@ -54,7 +54,9 @@ type nodeView struct {
 
 type volumeView struct {
 	ID, Name, Size, Protocol, Primary, PrimaryClass, Epoch, Export string
-	Replicas                                                       []replicaView
+	// ResyncCap is the resync rate cap ("" when there is none).
+	ResyncCap string
+	Replicas  []replicaView
 	// Paths are the multipath paths of each node that has several.
 	Paths []pathGroup
 	IO    volumeIO
@@ -188,6 +190,9 @@ func buildVolume(v *transport.VolumeStatus, io volumeIO) volumeView {
 	vv := volumeView{
 		ID: elementID("vol", v.Name), Name: v.Name, Size: humanBytes(v.Size), Protocol: v.Protocol,
 		Primary: orNone(v.Primary), Epoch: strconv.FormatUint(v.Epoch, 10), Export: v.NBDURI, IO: io,
+	}
+	if v.ResyncRate > 0 {
+		vv.ResyncCap = humanBytes(v.ResyncRate) + "/s"
 	}
 	vv.PrimaryClass = classOK
 	if v.NBDURI == "" {

@@ -436,8 +436,9 @@ func TestE2EUnreachableNodeInWords(t *testing.T) {
 	c.resume("alpha")
 }
 
-// TestE2EReplnodeSIGHUP: SIGHUP applies a changed protocol online (status
-// shows it) and logs every change that needs a restart; a broken file is
+// TestE2EReplnodeSIGHUP: SIGHUP applies a changed protocol and resync
+// rate online (status shows them) and logs every change that needs a
+// restart; a broken file is
 // logged and the node runs on; systemd hears READY=1, RELOADING=1 with
 // the monotonic time, READY=1 again and STOPPING=1.
 func TestE2EReplnodeSIGHUP(t *testing.T) {
@@ -470,7 +471,7 @@ func TestE2EReplnodeSIGHUP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	edited := strings.Replace(string(orig), "protocol: C,", "protocol: B, resync_rate: 100MiB,", 1)
+	edited := strings.Replace(string(orig), "protocol: C,", "protocol: B, resync_rate: 100MiB, csums: true,", 1)
 	if edited == string(orig) {
 		t.Fatalf("the harness's config changed shape:\n%s", orig)
 	}
@@ -484,7 +485,9 @@ func TestE2EReplnodeSIGHUP(t *testing.T) {
 	}
 	expectNotify("RELOADING=1\nMONOTONIC_USEC=")
 	expectNotify("READY=1")
-	c.waitFor("alpha", "protocol B", 15*time.Second, func(v *volumeStatus) bool { return v.Protocol == "B" })
+	c.waitFor("alpha", "protocol B, resync capped at 100 MiB/s", 15*time.Second, func(v *volumeStatus) bool {
+		return v.Protocol == "B" && v.ResyncRate == 100<<20
+	})
 	alphaLog := filepath.Join(c.dir, "alpha.log")
 	waitLog := func(what string) {
 		t.Helper()
@@ -500,7 +503,7 @@ func TestE2EReplnodeSIGHUP(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	waitLog("field volumes[vol0].resync_rate changed: restart to apply")
+	waitLog("field volumes[vol0].csums changed: restart to apply")
 	for _, n := range []string{"alpha", "beta"} {
 		// Each node's own view: the protocol it runs.
 		if p := nodeProtocol(t, c.nodes[n].Control); p != "B" {

@@ -234,6 +234,9 @@ func printVolume(w io.Writer, v *transport.VolumeStatus, cluster bool, pal palet
 		primary = "none"
 	}
 	fmt.Fprintf(w, "\n%s  size %s  protocol %s  primary %s  epoch %d", pal.paint(colorBold, v.Name), humanBytes(v.Size), v.Protocol, primary, v.Epoch)
+	if v.ResyncRate > 0 {
+		fmt.Fprintf(w, "  resync cap %s/s", humanBytes(v.ResyncRate))
+	}
 	if v.NBDURI != "" {
 		fmt.Fprintf(w, "  %s", v.NBDURI)
 	}

@@ -442,6 +442,8 @@ type volumeStatus struct {
 	Epoch    uint64          `json:"epoch"`
 	NBDURI   string          `json:"nbd_uri"`
 	Replicas []replicaStatus `json:"replicas"`
+	// ResyncRate is the primary's resync cap (bytes/s; 0: none).
+	ResyncRate int64 `json:"resync_rate"`
 }
 
 type replicaStatus struct {

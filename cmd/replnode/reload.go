@@ -38,11 +38,15 @@ type change struct {
 	old, new string
 }
 
-// onlineChange is a volume's protocol and congestion policy to apply.
+// onlineChange is what to apply online to a volume: its protocol and
+// congestion policy (the effective new values; "" when neither changed),
+// and its resync rate when rateChanged.
 type onlineChange struct {
 	volume                       string
-	protocol, onCongestion       string // the effective new values
+	protocol, onCongestion       string
 	oldProtocol, oldOnCongestion string
+	rateChanged                  bool
+	resyncRate, oldResyncRate    int64
 }
 
 // reload re-reads the file and applies it; it only logs.
@@ -76,19 +80,29 @@ func (r *reloader) reload(ctx context.Context) {
 	defer client.Close()
 	for _, oc := range online {
 		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		_, err := client.Adjust(actx, &transport.AdjustRequest{Volume: oc.volume, Node: r.name, Protocol: oc.protocol, OnCongestion: oc.onCongestion})
+		req := &transport.AdjustRequest{Volume: oc.volume, Node: r.name, Protocol: oc.protocol, OnCongestion: oc.onCongestion}
+		if oc.rateChanged {
+			req.ResyncRate = &oc.resyncRate
+		}
+		_, err := client.Adjust(actx, req)
 		cancel()
 		if err != nil {
 			r.log.Error("SIGHUP: could not apply the volume's new settings online", "volume", oc.volume,
-				"protocol", oc.protocol, "on_congestion", oc.onCongestion, "err", status.Convert(err).Message())
+				"protocol", oc.protocol, "on_congestion", oc.onCongestion, "resync_rate", oc.resyncRate, "err", status.Convert(err).Message())
 			continue
 		}
 		r.log.Info("SIGHUP: applied online", "volume", oc.volume,
-			"protocol", oc.oldProtocol+" -> "+oc.protocol, "on_congestion", oc.oldOnCongestion+" -> "+oc.onCongestion)
+			"protocol", oc.oldProtocol+" -> "+oc.protocol, "on_congestion", oc.oldOnCongestion+" -> "+oc.onCongestion,
+			"resync_rate", fmt.Sprintf("%d -> %d", oc.oldResyncRate, oc.resyncRate))
 		for i := range r.running.Volumes {
 			if v := &r.running.Volumes[i]; v.Name == oc.volume {
 				nv := volumeNamed(cfg, oc.volume)
-				v.Protocol, v.OnCongestion = nv.Protocol, nv.OnCongestion
+				if oc.protocol != "" {
+					v.Protocol, v.OnCongestion = nv.Protocol, nv.OnCongestion
+				}
+				if oc.rateChanged {
+					v.ResyncRate = nv.ResyncRate
+				}
 			}
 		}
 	}
@@ -113,8 +127,15 @@ func planReload(running, next *node.Config, self string) ([]onlineChange, []chan
 		}
 		op, oc := effective(*ov)
 		np, nc := effective(nv)
+		c := onlineChange{volume: nv.Name}
 		if op != np || oc != nc {
-			online = append(online, onlineChange{volume: nv.Name, protocol: np, onCongestion: nc, oldProtocol: op, oldOnCongestion: oc})
+			c.protocol, c.onCongestion, c.oldProtocol, c.oldOnCongestion = np, nc, op, oc
+		}
+		if ov.ResyncRate != nv.ResyncRate {
+			c.rateChanged, c.resyncRate, c.oldResyncRate = true, int64(nv.ResyncRate), int64(ov.ResyncRate)
+		}
+		if c.protocol != "" || c.rateChanged {
+			online = append(online, c)
 		}
 	}
 	var restart []change
@@ -123,7 +144,8 @@ func planReload(running, next *node.Config, self string) ([]onlineChange, []chan
 	for _, c := range restart {
 		onlineField := false
 		for v := range inBoth {
-			if c.field == "volumes["+v+"].protocol" || c.field == "volumes["+v+"].on_congestion" {
+			switch c.field {
+			case "volumes[" + v + "].protocol", "volumes[" + v + "].on_congestion", "volumes[" + v + "].resync_rate":
 				onlineField = true
 			}
 		}

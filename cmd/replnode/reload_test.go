@@ -42,7 +42,7 @@ func loadConfig(t *testing.T, text string) *node.Config {
 }
 
 // TestPlanReload pins what a SIGHUP does with each kind of change: a
-// volume's protocol and on_congestion are applied online (with the
+// volume's protocol, on_congestion and resync_rate are applied online (with the
 // congestion policy a restart would give), on the nodes that hold it;
 // everything else is named, by its path in the file, as needing a restart.
 func TestPlanReload(t *testing.T) {
@@ -63,8 +63,12 @@ func TestPlanReload(t *testing.T) {
 		{"a change online next to one that needs a restart", func(s string) string {
 			s = strings.Replace(s, "protocol: C\n    primary: alpha", "protocol: B\n    primary: alpha\n    resync_rate: 100MiB", 1)
 			return strings.Replace(s, `control: "127.0.0.1:7803"`, `control: "127.0.0.1:7903"`, 1)
-		}, "alpha", []onlineChange{{volume: "vol0", protocol: "B", onCongestion: "block", oldProtocol: "C", oldOnCongestion: "block"}},
-			[]string{"nodes[beta].control", "volumes[vol0].resync_rate"}},
+		}, "alpha", []onlineChange{{volume: "vol0", protocol: "B", onCongestion: "block", oldProtocol: "C", oldOnCongestion: "block",
+			rateChanged: true, resyncRate: 100 << 20}},
+			[]string{"nodes[beta].control"}},
+		{"resync_rate alone: the protocol is left as it is", func(s string) string {
+			return strings.Replace(s, "protocol: C\n    primary: beta", "protocol: C\n    resync_rate: 20MiB\n    primary: beta", 1)
+		}, "alpha", []onlineChange{{volume: "vol1", rateChanged: true, resyncRate: 20 << 20}}, nil},
 		{"a multipath path renamed, a volume added", func(s string) string {
 			s = strings.Replace(s, "{name: p1, path: /tmp/a1.img}", "{name: p2, path: /tmp/a1.img}", 1)
 			return s + "  - {name: vol2, size: 64MiB, protocol: C, primary: alpha, disks: {alpha: /tmp/a2.img, beta: /tmp/b2.img}}\n"
