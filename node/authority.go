@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"sort"
 	"sync"
@@ -53,6 +54,18 @@ const defaultLeaseDuration = 1500 * time.Millisecond
 // has led this long.
 const unknownGrace = 5 * time.Second
 
+// starvedAfter is how long a primary that gossip sees alive may renew no
+// lease before the leader fails it over: twice the lease, so its IO has
+// been frozen for a whole lease already, and a renewal or two lost to a
+// slow moment does not move the volume.
+func starvedAfter(lease time.Duration) time.Duration { return 2 * lease }
+
+// termSeen is a primary's term and when this node first saw it.
+type termSeen struct {
+	epoch uint64
+	since time.Time
+}
+
 // clusterState is a clustered node's part.
 type clusterState struct {
 	c *cluster.Cluster
@@ -65,6 +78,10 @@ type clusterState struct {
 	mu sync.Mutex
 	// leadingSince: when this node last became leader (zero when not).
 	leadingSince time.Time
+	// termSeen: per volume, the primary's term (epoch) this node last
+	// saw and since when: a new primary is given starvedAfter from then
+	// to renew its first lease.
+	termSeen map[string]termSeen
 	// promoting: volumes with a failover proposal in flight.
 	promoting map[string]bool
 	// failoverWhy: per volume, why the leader does not fail over now.
@@ -94,7 +111,7 @@ func (n *Node) openCluster(dir string, opts Options) error {
 	}
 	auto, why := n.cfg.FailoverMode()
 	n.cl = &clusterState{c: c, auto: auto, why: why, lease: timing.LeaseDuration,
-		promoting: map[string]bool{}, failoverWhy: map[string]string{}}
+		promoting: map[string]bool{}, failoverWhy: map[string]string{}, termSeen: map[string]termSeen{}}
 	for _, v := range n.vols {
 		v.auth = auto
 	}
@@ -269,8 +286,10 @@ func (n *Node) gossipMeta() []byte {
 }
 
 // failover is the leader's duty: a volume whose primary gossip reports
-// lost is handed to an alive UpToDate node. The promotion itself waits
-// (in the cluster) until no lease of the old primary can still be valid.
+// lost, or that has renewed no lease for starvedAfter though gossip sees
+// it alive, is handed to an alive UpToDate node. The promotion itself
+// waits (in the cluster) until no lease of the old primary can still be
+// valid.
 func (n *Node) failover(auth replication.Authority, st cluster.Status, leading time.Time) {
 	alive := map[string]bool{}
 	lost := map[string]bool{}
@@ -286,13 +305,28 @@ func (n *Node) failover(auth replication.Authority, st cluster.Status, leading t
 	}
 	for _, vc := range n.cfg.Volumes {
 		va, ok := auth.Volume(vc.Name)
-		if !ok || va.Primary == "" || !lost[va.Primary] {
+		if !ok || va.Primary == "" {
 			n.setFailoverWhy(vc.Name, "")
 			continue
 		}
-		node, ok, why := replication.ChooseFailover(va, alive, va.DataNodes)
+		lostWhy := "lost"
+		candidates := alive
+		if !lost[va.Primary] {
+			// Alive to gossip, but renewing no lease: it is cut off from
+			// the leader (its raft and control links), and its IO froze
+			// when its lease ran out. Another node serves instead.
+			idle := min(n.cl.c.LeaseIdle(vc.Name), n.termAge(vc.Name, va.Epoch))
+			if idle < starvedAfter(n.cl.lease) {
+				n.setFailoverWhy(vc.Name, "")
+				continue
+			}
+			lostWhy = fmt.Sprintf("alive to gossip but has renewed no lease for %.1fs (cut off from the raft leader)", idle.Seconds())
+			candidates = maps.Clone(alive)
+			delete(candidates, va.Primary)
+		}
+		node, ok, why := replication.ChooseFailover(va, candidates, va.DataNodes)
 		if !ok {
-			n.setFailoverWhy(vc.Name, fmt.Sprintf("primary %s is lost and no node can take over: %s", va.Primary, why))
+			n.setFailoverWhy(vc.Name, fmt.Sprintf("primary %s is %s and no node can take over: %s", va.Primary, lostWhy, why))
 			continue
 		}
 		n.cl.mu.Lock()
@@ -302,9 +336,9 @@ func (n *Node) failover(auth replication.Authority, st cluster.Status, leading t
 		if busy {
 			continue
 		}
-		n.setFailoverWhy(vc.Name, fmt.Sprintf("primary %s is lost: promoting %s once its lease has run out", va.Primary, node))
+		n.setFailoverWhy(vc.Name, fmt.Sprintf("primary %s is %s: promoting %s once its lease has run out", va.Primary, lostWhy, node))
 		n.wg.Add(1)
-		go func(volume string, va replication.VolumeAuthority) {
+		go func(volume string, va replication.VolumeAuthority, lostWhy string) {
 			defer n.wg.Done()
 			defer func() {
 				n.cl.mu.Lock()
@@ -319,10 +353,22 @@ func (n *Node) failover(auth replication.Authority, st cluster.Status, leading t
 				n.log.Warn("failover proposal failed", "volume", volume, "to", node, "err", err)
 				return
 			}
-			n.log.Warn("failover: promoted", "volume", volume, "from", va.Primary, "to", nva.Primary, "epoch", nva.Epoch, "waited", time.Since(began))
-			n.event(volume, "failover", fmt.Sprintf("%s lost: %s promoted at epoch %d (raft leader %s)", va.Primary, nva.Primary, nva.Epoch, n.name))
-		}(vc.Name, va)
+			n.log.Warn("failover: promoted", "volume", volume, "from", va.Primary, "to", nva.Primary, "epoch", nva.Epoch, "waited", time.Since(began), "why", lostWhy)
+			n.event(volume, "failover", fmt.Sprintf("%s %s: %s promoted at epoch %d (raft leader %s)", va.Primary, lostWhy, nva.Primary, nva.Epoch, n.name))
+		}(vc.Name, va, lostWhy)
 	}
+}
+
+// termAge is how long this node has known volume's primary at epoch.
+func (n *Node) termAge(volume string, epoch uint64) time.Duration {
+	n.cl.mu.Lock()
+	defer n.cl.mu.Unlock()
+	ts, ok := n.cl.termSeen[volume]
+	if !ok || ts.epoch != epoch {
+		ts = termSeen{epoch: epoch, since: time.Now()}
+		n.cl.termSeen[volume] = ts
+	}
+	return time.Since(ts.since)
 }
 
 func (n *Node) setFailoverWhy(volume, why string) {

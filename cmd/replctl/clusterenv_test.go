@@ -54,6 +54,9 @@ type clusterOpts struct {
 	// Netns runs each node in its own network namespace on a bridge
 	// (10.77.X.N addresses); partition and heal then work.
 	Netns bool
+	// GossipNet (with Netns) gives gossip a network of its own, on each
+	// node's eth1: a partition (eth0 down) leaves gossip up.
+	GossipNet bool
 	// Protocol is the volume's protocol (A, B or C; default C),
 	// OnCongestion its on_congestion ("": left out, the protocol's
 	// default), SendBuffer its send_buffer and MaxLag its max_lag, in
@@ -105,6 +108,9 @@ func newProcClusterN(t *testing.T, opts clusterOpts) *procCluster {
 	}
 	if opts.Netns {
 		c.lab = newNetLab(t)
+		if opts.GossipNet {
+			c.lab.addSideNetwork()
+		}
 	}
 	// Registered before any node starts, so it runs after they stopped
 	// (and before the lab's removal, registered earlier).
@@ -134,6 +140,9 @@ func newProcClusterN(t *testing.T, opts clusterOpts) *procCluster {
 			}
 			if opts.Raft {
 				n.Raft, n.Gossip = at(7803), at(7804)
+				if opts.GossipNet {
+					n.Gossip = net.JoinHostPort(c.lab.sideIP(name), "7804")
+				}
 			}
 		} else {
 			n.Control = freePort(t)

@@ -240,6 +240,66 @@ func TestE2EAPartitionedPrimaryIsReplaced(t *testing.T) {
 		return false
 	})
 	rec.waitCompleted(t, "alpha", 0, time.Second)
+	healAlphaUnderBeta(t, c, aw)
+	stopClients()
+	acked, unacked := aw.stop()
+	noAckAfter(t, acked, "alpha", promoted)
+	checkLinearizable(t, rec.history(), linearizabilityTimeout)
+	verifyAcked(t, c.targets(), acked, unacked, 30*time.Second)
+}
+
+// TestE2EAPrimaryCutOffFromRaftButNotGossipIsReplaced: gossip runs on a
+// network of its own (each node's eth1), and alpha, the primary, loses
+// the other one (eth0 down): raft, control and replication. Gossip still
+// sees alpha alive, but alpha renews no lease, so its IO froze; the
+// leader notices that nobody renews and promotes beta. Nothing alpha
+// acknowledged is lost, and once eth0 is back alpha is beta's UpToDate
+// Secondary, with no split brain.
+func TestE2EAPrimaryCutOffFromRaftButNotGossipIsReplaced(t *testing.T) {
+	e2e(t)
+	c := newProcClusterN(t, clusterOpts{Raft: true, Witness: true, Netns: true, GossipNet: true, Size: 32 << 20})
+	c.startAll()
+	c.waitFor("beta", "in sync, and raft knows both replicas UpToDate", syncTimeout, raftInSync)
+	aw := startAckWriter(t, c.targetsFrom("alpha"), ackWriterOpts{Writers: 2, Base: 4 << 20, Limit: 32 << 20, OpTimeout: 3 * time.Second, Think: time.Millisecond})
+	aw.waitAck(t, time.Time{}, 15*time.Second, "a write acknowledged by alpha", func(a ackedWrite) bool { return a.Node == "alpha" })
+
+	cut := time.Now()
+	c.partition("alpha") // eth0 only: gossip goes on over eth1
+	if p := c.waitPrimary("beta", 30*time.Second, "alpha"); p != "beta" {
+		t.Fatalf("after alpha lost raft but not gossip the majority names %q primary, want beta", p)
+	}
+	promoted := time.Now()
+	s, _, err := c.status("beta")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range s.Nodes {
+		if n.Name == "alpha" && n.Membership != "alive" {
+			t.Fatalf("gossip reports alpha %q: the test needs it alive, cut off from raft only", n.Membership)
+		}
+	}
+	why := ""
+	for _, n := range []string{witnessName, "beta"} {
+		if evs, err := c.eventsSince(n, "failover", cut); err == nil && len(evs) > 0 {
+			why = evs[0].Message
+		}
+	}
+	if !strings.Contains(why, "renewed no lease") {
+		t.Fatalf("the failover event says %q, want the reason: alpha renewed no lease", why)
+	}
+	t.Logf("alpha cut off from raft, alive to gossip; beta primary %s later: %s", promoted.Sub(cut).Round(time.Millisecond), why)
+
+	healAlphaUnderBeta(t, c, aw)
+	acked, unacked := aw.stop()
+	noAckAfter(t, acked, "alpha", promoted)
+	verifyAcked(t, c.targets(), acked, unacked, 30*time.Second)
+}
+
+// healAlphaUnderBeta heals alpha's cut: it must come back as beta's
+// UpToDate Secondary with no split brain, and a client in alpha's
+// namespace then gets writes acknowledged by beta.
+func healAlphaUnderBeta(t *testing.T, c *procCluster, aw *ackWriter) {
+	t.Helper()
 	c.heal("alpha")
 	healed := time.Now()
 	v := c.waitFor("beta", "alpha back as an UpToDate Secondary", 60*time.Second, func(v *volumeStatus) bool {
@@ -247,22 +307,23 @@ func TestE2EAPartitionedPrimaryIsReplaced(t *testing.T) {
 		return v.Primary == "beta" && r != nil && r.Role == "Secondary" && raftInSync(v)
 	})
 	if sb := splitBrainReason(v); sb != "" {
-		t.Fatalf("split brain after the partition healed: %s", sb)
+		t.Fatalf("split brain after the cut healed: %s", sb)
 	}
 	aw.waitAck(t, healed, 30*time.Second, "a write acknowledged by beta from alpha's namespace", func(a ackedWrite) bool { return a.Node == "beta" })
-	stopClients()
-	acked, unacked := aw.stop()
+}
+
+// noAckAfter fails the test if node acknowledged a write after when.
+func noAckAfter(t *testing.T, acked []ackedWrite, node string, when time.Time) {
+	t.Helper()
 	late := 0
 	for _, a := range acked {
-		if a.Node == "alpha" && a.At.After(promoted) {
+		if a.Node == node && a.At.After(when) {
 			late++
 		}
 	}
 	if late > 0 {
-		t.Fatalf("alpha acknowledged %d writes after beta was primary", late)
+		t.Fatalf("%s acknowledged %d writes after another node was primary", node, late)
 	}
-	checkLinearizable(t, rec.history(), linearizabilityTimeout)
-	verifyAcked(t, c.targets(), acked, unacked, 30*time.Second)
 }
 
 // TestE2ENoFailoverWithoutAMajority: with the witness down, killing the

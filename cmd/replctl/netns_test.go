@@ -39,6 +39,12 @@ type netLab struct {
 	subnet int    // X of 10.77.X.0/24
 	bridge string
 	hostIP string
+	// side is a second network (bridge sideBridge, 10.77.sideSubnet.0/24)
+	// reached through each node's eth1, once addSideNetwork made it: a
+	// partition (eth0 down) leaves it up.
+	side       bool
+	sideSubnet int
+	sideBridge string
 
 	mu    sync.Mutex
 	nodes map[string]*labNode
@@ -46,11 +52,13 @@ type netLab struct {
 }
 
 type labNode struct {
-	name  string
-	ns    string // network namespace
-	veth  string // the host end of the veth pair, a bridge port
-	ip    string // eth0's address inside ns
-	index int
+	name string
+	ns   string // network namespace
+	veth string // the host end of the veth pair, a bridge port
+	ip   string // eth0's address inside ns
+	// sideIP is eth1's address on the side network ("" without one).
+	sideIP string
+	index  int
 }
 
 // labSubnets keeps two labs of one test process off the same subnet
@@ -91,6 +99,21 @@ func newNetLab(t *testing.T) *netLab {
 	l.mustIP("bring the bridge up", "link", "set", l.bridge, "up")
 	return l
 }
+
+// addSideNetwork makes a second bridge, on a subnet of its own, that
+// nodes added from now on reach through their eth1: a separate network
+// for gossip, as a cluster with a dedicated heartbeat network has.
+func (l *netLab) addSideNetwork() {
+	l.t.Helper()
+	l.sideSubnet = l.pickSubnet()
+	l.sideBridge = "rvsb" + l.id
+	l.side = true
+	l.mustIP("create the side bridge", "link", "add", l.sideBridge, "type", "bridge")
+	l.mustIP("bring the side bridge up", "link", "set", l.sideBridge, "up")
+}
+
+// sideIP is node name's address on the side network.
+func (l *netLab) sideIP(name string) string { return l.node(name).sideIP }
 
 // pickSubnet returns a random X such that no address or route of the
 // host is in 10.77.X.0/24 and no other lab of this process has it.
@@ -160,8 +183,22 @@ func (l *netLab) addNode(name string) string {
 	l.mustIP("address eth0 in "+n.ns, "-n", n.ns, "addr", "add", n.ip+"/24", "dev", "eth0")
 	l.mustIP("bring eth0 up in "+n.ns, "-n", n.ns, "link", "set", "eth0", "up")
 	l.mustIP("bring lo up in "+n.ns, "-n", n.ns, "link", "set", "lo", "up")
+	if l.side {
+		host, peer := l.sideVeth(n), fmt.Sprintf("rv%sq%d", l.id, n.index)
+		n.sideIP = fmt.Sprintf("10.77.%d.%d", l.sideSubnet, n.index+1)
+		l.mustIP("create the side veth pair of "+name, "link", "add", host, "type", "veth", "peer", "name", peer)
+		l.mustIP("move "+peer+" into "+n.ns, "link", "set", peer, "netns", n.ns)
+		l.mustIP("attach "+host+" to the side bridge", "link", "set", host, "master", l.sideBridge)
+		l.mustIP("bring "+host+" up", "link", "set", host, "up")
+		l.mustIP("rename "+peer+" to eth1 in "+n.ns, "-n", n.ns, "link", "set", peer, "name", "eth1")
+		l.mustIP("address eth1 in "+n.ns, "-n", n.ns, "addr", "add", n.sideIP+"/24", "dev", "eth1")
+		l.mustIP("bring eth1 up in "+n.ns, "-n", n.ns, "link", "set", "eth1", "up")
+	}
 	return n.ip
 }
+
+// sideVeth is the host end of node n's side veth pair.
+func (l *netLab) sideVeth(n *labNode) string { return fmt.Sprintf("rv%sg%d", l.id, n.index) }
 
 func (l *netLab) node(name string) *labNode {
 	l.t.Helper()
@@ -303,13 +340,34 @@ func (l *netLab) remove() {
 			}
 		}
 	}
-	if linkExists(l.ipBin, l.bridge) {
-		if r := runCmd(10*time.Second, nil, l.ipBin, "link", "del", l.bridge); !r.ok() {
-			t.Errorf("network lab cleanup: ip link del %s: %s", l.bridge, r)
+	bridges := []string{l.bridge}
+	if l.side {
+		bridges = append(bridges, l.sideBridge)
+		for _, n := range nodes {
+			// Gone with the namespace, like eth0's pair.
+			deadline := time.Now().Add(5 * time.Second)
+			for linkExists(l.ipBin, l.sideVeth(n)) && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			if linkExists(l.ipBin, l.sideVeth(n)) {
+				if r := runCmd(10*time.Second, nil, l.ipBin, "link", "del", l.sideVeth(n)); !r.ok() && linkExists(l.ipBin, l.sideVeth(n)) {
+					t.Errorf("network lab cleanup: ip link del %s: %s", l.sideVeth(n), r)
+				}
+			}
+		}
+	}
+	for _, br := range bridges {
+		if linkExists(l.ipBin, br) {
+			if r := runCmd(10*time.Second, nil, l.ipBin, "link", "del", br); !r.ok() {
+				t.Errorf("network lab cleanup: ip link del %s: %s", br, r)
+			}
 		}
 	}
 	labSubnetsMu.Lock()
 	delete(labSubnets, l.subnet)
+	if l.side {
+		delete(labSubnets, l.sideSubnet)
+	}
 	labSubnetsMu.Unlock()
 }
 
@@ -320,10 +378,16 @@ func (l *netLab) leftovers() []string {
 	if linkExists(l.ipBin, l.bridge) {
 		left = append(left, "bridge "+l.bridge)
 	}
+	if l.side && linkExists(l.ipBin, l.sideBridge) {
+		left = append(left, "bridge "+l.sideBridge)
+	}
 	for _, name := range l.order {
 		n := l.nodes[name]
 		if linkExists(l.ipBin, n.veth) {
 			left = append(left, "veth "+n.veth)
+		}
+		if l.side && linkExists(l.ipBin, l.sideVeth(n)) {
+			left = append(left, "veth "+l.sideVeth(n))
 		}
 		if _, err := os.Stat("/run/netns/" + n.ns); err == nil {
 			left = append(left, "namespace "+n.ns)

@@ -96,6 +96,12 @@ func TestLeaseRunsOutBeforeLeaseFree(t *testing.T) {
 	if leader.LeaseFree("vol") {
 		t.Fatal("the lease is free right after a renewal")
 	}
+	if idle := leader.LeaseIdle("vol"); idle >= testTiming.LeaseDuration {
+		t.Fatalf("the leader finds the lease idle for %v right after a renewal", idle)
+	}
+	if idle := primary.LeaseIdle("vol"); idle != 0 {
+		t.Fatalf("a node that does not lead reports the lease idle for %v, want 0", idle)
+	}
 
 	cutAt := time.Now()
 	n.partition("a")
@@ -109,6 +115,9 @@ func TestLeaseRunsOutBeforeLeaseFree(t *testing.T) {
 		testTiming.LeaseDuration-validUntil.Sub(cutAt), validUntil.Sub(cutAt), freeAt.Sub(cutAt))
 	if !validUntil.Before(freeAt) {
 		t.Fatalf("LeaseFree turned true %v before the primary's lease ran out", validUntil.Sub(freeAt))
+	}
+	if idle := leader.LeaseIdle("vol"); idle < testTiming.LeaseDuration {
+		t.Fatalf("the lease is free, but the leader finds it idle for only %v", idle)
 	}
 
 	va, err := leader.Propose(ctx, replication.PromoteCommand("vol", 1, "b", false))

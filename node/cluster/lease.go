@@ -160,6 +160,31 @@ func (c *Cluster) ReleaseLease(ctx context.Context, volume string, epoch uint64)
 	return err
 }
 
+// idle is how long this leader has made no grant of volume's lease (since
+// it leads, when it made none); 0 while not leading or a grant runs.
+func (l *leases) idle(volume string, now time.Time) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.leader || l.pending[volume] > 0 {
+		return 0
+	}
+	last := l.since
+	if g := l.lastGrant[volume]; g.After(last) {
+		last = g
+	}
+	return now.Sub(last)
+}
+
+// LeaseIdle reports, on the leader, how long nobody has renewed volume's
+// lease here: a primary that gossip sees alive but that renews nothing is
+// cut off from the leader, and its IO is frozen. 0 on any other node.
+func (c *Cluster) LeaseIdle(volume string) time.Duration {
+	if c.raft.State() != raft.Leader {
+		return 0
+	}
+	return c.leases.idle(volume, time.Now())
+}
+
 // LeaseFree reports, on the leader, that no lease of volume can still be
 // valid: this node has led for LeaseDuration×(1+LeaseDrift) (a new leader
 // cannot know what the old one granted), its own last grant is as old,
