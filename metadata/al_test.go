@@ -508,3 +508,33 @@ func TestActivityLogResetAfterTheDiskComesBack(t *testing.T) {
 		}
 	}
 }
+
+// TestReplicaIndicatorSurvivesACrash: the replica indicator set before a
+// secondary applies writes is found after a crash (with the activity log
+// it kept), is independent of the primary indicator, and is gone once
+// cleared at a clean stop.
+func TestReplicaIndicatorSurvivesACrash(t *testing.T) {
+	opts := testOptions(Internal)
+	dev, md := newTestMD(t, opts)
+	if md.CrashedReplica() {
+		t.Fatal("a new metadata says it crashed as a replica")
+	}
+	if err := md.SetReplica(true); err != nil {
+		t.Fatal(err)
+	}
+	admit(t, md.ActivityLog(), 7)
+	crashed := dev.Crash()
+	md2 := reopen(t, crashed, opts)
+	if !md2.CrashedReplica() || md2.CrashedPrimary() {
+		t.Fatalf("after a crash: replica %v, primary %v; want the replica indicator only", md2.CrashedReplica(), md2.CrashedPrimary())
+	}
+	if got := md2.ActivityLog().ActiveExtents(); !slices.Equal(got, []uint64{7}) {
+		t.Fatalf("active extents %v, want [7]", got)
+	}
+	if err := md2.SetReplica(false); err != nil {
+		t.Fatal(err)
+	}
+	if md3 := reopen(t, crashed.Crash(), opts); md3.CrashedReplica() {
+		t.Fatal("the replica indicator survived being cleared")
+	}
+}

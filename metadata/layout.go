@@ -24,7 +24,7 @@
 //
 //	  0  8  magic "RVOLMETA"
 //	  8  4  format version (1); a higher one is refused (ErrNewerFormat)
-//	 12  4  flags (FlagConsistent, FlagUpToDate, FlagPrimary)
+//	 12  4  flags (FlagConsistent, FlagUpToDate, FlagPrimary, FlagReplica)
 //	 16  8  Seq, incremented by every write
 //	 24 16  volume UUID
 //	 40  4  node id

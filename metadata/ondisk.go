@@ -69,6 +69,12 @@ const (
 	// and the bitmaps are flushed; found set at open, it means the node
 	// crashed as primary (CrashedPrimary).
 	FlagPrimary
+	// FlagReplica is the replica indicator: on stable storage BEFORE the
+	// first replicated write this node applies as a secondary, cleared at
+	// a clean stop once the data is synced. Found set at open, the node
+	// went down while applying writes it may hold only in a volatile cache
+	// (CrashedReplica).
+	FlagReplica
 )
 
 // PeerSlot is one peer's bitmap slot in the superblock.
@@ -316,6 +322,7 @@ type MD struct {
 	volumeSize     int64 // bytes the bitmaps cover: MDOptions.VolumeSize, ≤ geo.dataSize
 	volume         VolumeUUID
 	crashedPrimary bool
+	crashedReplica bool
 	bitmaps        []*PeerBitmap
 	al             *ActivityLog
 	report         LoadReport
@@ -447,7 +454,8 @@ func OpenMD(dev MDDevice, opts MDOptions) (*MD, error) {
 	if err != nil {
 		return nil, err
 	}
-	md := &MD{dev: dev, geo: geo, volumeSize: volSize, volume: sb.Volume, sb: sb, crashedPrimary: sb.Flags&FlagPrimary != 0}
+	md := &MD{dev: dev, geo: geo, volumeSize: volSize, volume: sb.Volume, sb: sb,
+		crashedPrimary: sb.Flags&FlagPrimary != 0, crashedReplica: sb.Flags&FlagReplica != 0}
 	md.report.SuperblockSlot, md.report.OtherSlot = slot, other
 	for i, p := range sb.Peers {
 		bm, corrupt, err := loadPeerBitmap(md, i, p.NodeID)
@@ -588,12 +596,15 @@ func (md *MD) UpdateSuperblock(fn func(*Superblock)) error {
 // SetPrimary sets or clears the primary indicator. Set it BEFORE the first
 // write as primary; clear it only after every admitted write is Done and
 // FlushBitmaps returned.
-func (md *MD) SetPrimary(primary bool) error {
+func (md *MD) SetPrimary(primary bool) error { return md.setFlag(FlagPrimary, primary) }
+
+// setFlag sets or clears one superblock flag, durably.
+func (md *MD) setFlag(f Flags, on bool) error {
 	return md.UpdateSuperblock(func(sb *Superblock) {
-		if primary {
-			sb.Flags |= FlagPrimary
+		if on {
+			sb.Flags |= f
 		} else {
-			sb.Flags &^= FlagPrimary
+			sb.Flags &^= f
 		}
 	})
 }
@@ -602,6 +613,18 @@ func (md *MD) SetPrimary(primary bool) error {
 // metadata was opened: the node went down as primary, so every extent of
 // the activity log may hold writes its peers never saw (ApplyActivityLog).
 func (md *MD) CrashedPrimary() bool { return md.crashedPrimary }
+
+// SetReplica sets or clears the replica indicator. Set it BEFORE the first
+// replicated write applied as a secondary; clear it only at a clean stop,
+// after the data device is synced.
+func (md *MD) SetReplica(applying bool) error { return md.setFlag(FlagReplica, applying) }
+
+// CrashedReplica reports whether the replica indicator was set when the
+// metadata was opened: the node went down while applying replicated
+// writes, and a power loss may have taken some it acknowledged out of a
+// volatile cache. They lie in the activity log's extents
+// (ApplyActivityLog), which a secondary keeps too.
+func (md *MD) CrashedReplica() bool { return md.crashedReplica }
 
 // UsableSize is the number of bytes the volume may use: with internal
 // metadata, the backing device less the metadata area.

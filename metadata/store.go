@@ -49,6 +49,10 @@ type VolumeState struct {
 	// this disk is under way, the generation the SyncSource's bitmap for
 	// this node starts from (so an interrupted resync resumes).
 	SyncGeneration replication.Generation `json:"sync_generation,omitempty"`
+	// BootID is the operating system's boot the state was last written
+	// in: a node that went down while applying replicated writes lost
+	// its page cache only if the machine booted since.
+	BootID string `json:"boot_id,omitempty"`
 }
 
 // Event is one line of a node's history.

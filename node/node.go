@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -55,6 +56,19 @@ type Options struct {
 	// wrapStore, when set, wraps the node's state store (tests inject
 	// write failures there).
 	wrapStore func(stateStore) stateStore
+	// bootID, when set, stands for the operating system's boot id (tests
+	// simulate a reboot with it).
+	bootID string
+}
+
+// bootID identifies the running boot of the operating system ("" when it
+// cannot be read: every start then counts as after a reboot).
+func bootID() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }
 
 // stateStore is the node's own durable state (metadata.Store: bbolt):
@@ -77,6 +91,8 @@ type Node struct {
 
 	store stateStore
 	vols  map[string]*Volume
+	// bootID is the operating system's boot this node runs in.
+	bootID string
 
 	nbd      *nbd.Server
 	repl     *transport.ReplServer
@@ -124,7 +140,10 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 		cfg: cfg, name: name, self: self, log: log.With("node", name),
 		vols: map[string]*Volume{}, clients: map[string]*transport.ControlClient{}, statusFailed: map[string]bool{},
 		lnControl: opts.Control, lnRepl: opts.Replication, lnNBD: opts.NBD,
-		stopLoop: make(chan struct{}), wrapStream: opts.WrapStream,
+		stopLoop: make(chan struct{}), wrapStream: opts.WrapStream, bootID: opts.bootID,
+	}
+	if n.bootID == "" {
+		n.bootID = bootID()
 	}
 	n.life, n.endLife = context.WithCancel(context.Background())
 	dir := opts.StateDir

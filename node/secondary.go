@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -393,13 +394,15 @@ func (v *Volume) apply(in *incoming, entries []replication.Entry, readReply func
 		var err error
 		switch e.Op {
 		case replication.OpWrite:
-			if e.Flags&replication.EntryFUA != 0 {
-				err = writeSync(v.disk, e.Data, e.Off)
-			} else {
-				_, err = v.disk.WriteAt(e.Data, e.Off)
-			}
+			err = v.applyLogged(e, func() error {
+				if e.Flags&replication.EntryFUA != 0 {
+					return writeSync(v.disk, e.Data, e.Off)
+				}
+				_, err := v.disk.WriteAt(e.Data, e.Off)
+				return err
+			})
 		case replication.OpZero, replication.OpTrim:
-			err = v.disk.Zero(e.Off, e.Length)
+			err = v.applyLogged(e, func() error { return v.disk.Zero(e.Off, e.Length) })
 			needSync = needSync || e.Flags&replication.EntryFUA != 0
 		case replication.OpFlush:
 			err = v.disk.Sync()
@@ -511,4 +514,25 @@ func (v *Volume) apply(in *incoming, entries []replication.Entry, readReply func
 		}
 	}
 	return ack
+}
+
+// applyLogged applies a replicated write the way the primary made it: the
+// replica indicator and the write's activity log extents are on stable
+// storage BEFORE the write is issued. After a crash, those extents are
+// what this node may have acknowledged and then lost with a volatile
+// cache (a power loss), and they are resynced from the primary
+// (metadata.MD.CrashedReplica).
+func (v *Volume) applyLogged(e *replication.Entry, write func() error) error {
+	if !v.replicaMarked.Load() {
+		if err := v.md.SetReplica(true); err != nil {
+			return fmt.Errorf("set the replica indicator: %w", err)
+		}
+		v.replicaMarked.Store(true)
+	}
+	al := v.md.ActivityLog()
+	if err := al.Admit(context.Background(), e.Off, e.Length); err != nil {
+		return fmt.Errorf("activity log: %w", err)
+	}
+	defer al.Done(e.Off, e.Length)
+	return write()
 }

@@ -87,6 +87,7 @@ func (v *Volume) write(d durable, clean, mirror bool) error {
 	err := v.node.store.PutVolume(v.name, metadata.VolumeState{
 		Epoch: d.epoch, Primary: d.primary, Generation: d.gens.Current, Clean: clean, Size: v.size,
 		LocalStale: d.localStale, PeerBitmaps: bitmaps, PrimarySince: d.primarySince, SyncGeneration: d.syncGen,
+		BootID: v.node.bootID,
 	})
 	if err != nil {
 		return fmt.Errorf("write the state of %s: %w", v.name, err)

@@ -50,6 +50,9 @@ type Volume struct {
 	// attached (the node went down as primary); cleared once a peer is in
 	// sync again.
 	crashedPrimary bool
+	// replicaMarked: the replica indicator is on stable storage (set
+	// before the first replicated write applied here; metadata.FlagReplica).
+	replicaMarked atomic.Bool
 	// fresh: the volume was created by this start (no state before).
 	fresh     bool
 	diskState replication.DiskState
@@ -153,6 +156,20 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD) (*Volume, 
 			return nil, fmt.Errorf("volume %s: apply the activity log: %w", v.name, err)
 		}
 		v.node.event(v.name, "crashed-primary", fmt.Sprintf("went down as primary: the activity log's extents, %d bytes, are marked out of sync for the peers", marked))
+	}
+	v.replicaMarked.Store(md.CrashedReplica())
+	if md.CrashedReplica() && !md.CrashedPrimary() && (st.BootID == "" || st.BootID != n.bootID) {
+		// The node went down while applying a primary's writes, and the
+		// machine booted since: writes it acknowledged from its page cache
+		// may be gone, all within its activity log's extents. Marked
+		// toward the primary, they are resynced from it at the next
+		// connection (the secondary reports its marks). Without a reboot
+		// (the process alone crashed) the page cache kept them.
+		marked, err := md.ApplyActivityLog()
+		if err != nil {
+			return nil, fmt.Errorf("volume %s: apply the activity log: %w", v.name, err)
+		}
+		v.node.event(v.name, "crashed-secondary", fmt.Sprintf("went down while applying replicated writes: the activity log's extents, %d bytes, are resynced from the primary", marked))
 	}
 	if rep := md.Report(); len(rep.CorruptBitmapPages) > 0 || rep.OtherSlot != "" {
 		v.node.event(v.name, "metadata-repaired", fmt.Sprintf("metadata load: %d bitmap pages failed their checksum (their range is resynced in full); other superblock slot: %q", len(rep.CorruptBitmapPages), rep.OtherSlot))
@@ -791,12 +808,21 @@ func (v *Volume) shutdown() {
 	}
 	v.stateMu.Unlock()
 	// Bitmaps out, THEN the primary indicator off: a clean stop leaves no
-	// activity log to apply.
+	// activity log to apply. The replica indicator goes off once the
+	// writes applied as a secondary are synced (the stream from the
+	// primary stopped above).
 	if err := v.md.Close(); err != nil {
 		v.log.Error("flush bitmaps at shutdown", "err", err)
 	} else if clean {
 		if err := v.md.SetPrimary(false); err != nil {
 			v.log.Error("clear the primary indicator", "err", err)
+		}
+		if v.replicaMarked.Load() {
+			if err := v.disk.Sync(); err != nil {
+				v.log.Error("sync at shutdown; the replica indicator stays set", "err", err)
+			} else if err := v.md.SetReplica(false); err != nil {
+				v.log.Error("clear the replica indicator", "err", err)
+			}
 		}
 	}
 	v.closeMD()
