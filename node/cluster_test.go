@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
@@ -17,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replvol/replvol/internal/testport"
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
@@ -86,20 +86,8 @@ func deviceSizeFor(t testing.TB, size int64, peers int) int64 {
 // this test binary already gave out are skipped.
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	for {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := l.Addr().String()
-		l.Close()
-		if _, loaded := givenAddrs.LoadOrStore(addr, true); !loaded {
-			return addr
-		}
-	}
+	return testport.Pick(t, true)
 }
-
-var givenAddrs sync.Map
 
 func (c *testCluster) start(name string) *Node {
 	c.t.Helper()

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replvol/replvol/internal/testport"
 	"github.com/replvol/replvol/metadata"
 )
 
@@ -219,24 +220,7 @@ func newProcClusterN(t *testing.T, opts clusterOpts) *procCluster {
 // and for UDP (memberlist listens on both), never one given out before.
 func freeTCPUDPPort(t *testing.T) string {
 	t.Helper()
-	for {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := l.Addr().String()
-		u, err := net.ListenPacket("udp", addr)
-		if err == nil {
-			u.Close()
-		}
-		l.Close()
-		if err != nil {
-			continue
-		}
-		if _, loaded := givenPorts.LoadOrStore(addr, true); !loaded {
-			return addr
-		}
-	}
+	return testport.Pick(t, true)
 }
 
 // command returns the command that runs node name's replnode: in its

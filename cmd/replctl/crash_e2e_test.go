@@ -8,11 +8,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/replvol/replvol/internal/testport"
 	"github.com/replvol/replvol/metadata"
 )
 
@@ -20,20 +20,8 @@ import (
 // (the kernel may hand a closed port out again at once).
 func freePort(t *testing.T) string {
 	t.Helper()
-	for {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := l.Addr().String()
-		l.Close()
-		if _, loaded := givenPorts.LoadOrStore(addr, true); !loaded {
-			return addr
-		}
-	}
+	return testport.Pick(t, false)
 }
-
-var givenPorts sync.Map
 
 // procCluster is alpha and beta (or the nodes of newProcClusterN) as
 // replnode processes, sharing one config.

@@ -1,0 +1,6 @@
+// Package testport picks loopback ports for tests whose processes restart
+// on the same address. A port the kernel hands out for 127.0.0.1:0 lies
+// in the ephemeral range, where any outgoing connection may take it while
+// its node is down (a restart then fails with "address already in use"),
+// so Pick chooses free ports below that range instead.
+package testport
