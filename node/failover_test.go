@@ -128,11 +128,7 @@ func TestAnOutdatedNodeIsNotPromoted(t *testing.T) {
 // blocks it missed move to it, beta (connected throughout) resyncs
 // nothing, and an online verify of both finds nothing.
 func TestThreeDataReplicasResyncOnlyWhatEachMissed(t *testing.T) {
-	c := newTestClusterOf(t, 16<<20, "alpha", "beta", "gamma")
-	for _, n := range []string{"alpha", "beta", "gamma"} {
-		c.start(n)
-	}
-	c.waitInSync()
+	c := startThreeInSync(t, 16<<20)
 	a := c.vol("alpha")
 	writeRandomBlocks(t, a, 20, 41)
 	betaBefore := c.vol("beta").resynced.Load()
@@ -203,11 +199,7 @@ func TestRepeatedSwitchoversThroughRaft(t *testing.T) {
 // goes on streaming and receives nothing. Naming the primary or a node
 // with no replica is refused and starts nothing.
 func TestResyncOfOneSecondary(t *testing.T) {
-	c := newTestClusterOf(t, 8<<20, "alpha", "beta", "gamma")
-	for _, n := range []string{"alpha", "beta", "gamma"} {
-		c.start(n)
-	}
-	c.waitInSync()
+	c := startThreeInSync(t, 8<<20)
 	a := c.vol("alpha")
 	writeRandomBlocks(t, a, 20, 43)
 	betaBefore, gammaBefore := c.vol("beta").resynced.Load(), c.vol("gamma").resynced.Load()
@@ -241,4 +233,16 @@ func TestResyncOfOneSecondary(t *testing.T) {
 		t.Fatalf("beta, not named, received %d bytes", moved)
 	}
 	c.requireIdentical()
+}
+
+// startThreeInSync starts a volume on alpha (primary), beta and gamma and
+// waits until both secondaries are in sync.
+func startThreeInSync(t *testing.T, size int64) *testCluster {
+	t.Helper()
+	c := newTestClusterOf(t, size, "alpha", "beta", "gamma")
+	for _, n := range []string{"alpha", "beta", "gamma"} {
+		c.start(n)
+	}
+	c.waitInSync()
+	return c
 }

@@ -394,15 +394,21 @@ func (v *Volume) apply(in *incoming, entries []replication.Entry, readReply func
 		var err error
 		switch e.Op {
 		case replication.OpWrite:
-			err = v.applyLogged(e, func() error {
-				if e.Flags&replication.EntryFUA != 0 {
-					return writeSync(v.disk, e.Data, e.Off)
-				}
-				_, err := v.disk.WriteAt(e.Data, e.Off)
-				return err
-			})
+			if err = v.logApplied(e); err != nil {
+				break
+			}
+			if e.Flags&replication.EntryFUA != 0 {
+				err = writeSync(v.disk, e.Data, e.Off)
+			} else {
+				_, err = v.disk.WriteAt(e.Data, e.Off)
+			}
+			v.md.ActivityLog().Done(e.Off, e.Length)
 		case replication.OpZero, replication.OpTrim:
-			err = v.applyLogged(e, func() error { return v.disk.Zero(e.Off, e.Length) })
+			if err = v.logApplied(e); err != nil {
+				break
+			}
+			err = v.disk.Zero(e.Off, e.Length)
+			v.md.ActivityLog().Done(e.Off, e.Length)
 			needSync = needSync || e.Flags&replication.EntryFUA != 0
 		case replication.OpFlush:
 			err = v.disk.Sync()
@@ -516,23 +522,21 @@ func (v *Volume) apply(in *incoming, entries []replication.Entry, readReply func
 	return ack
 }
 
-// applyLogged applies a replicated write the way the primary made it: the
+// logApplied readies a replicated write the way the primary made it: the
 // replica indicator and the write's activity log extents are on stable
-// storage BEFORE the write is issued. After a crash, those extents are
-// what this node may have acknowledged and then lost with a volatile
-// cache (a power loss), and they are resynced from the primary
-// (metadata.MD.CrashedReplica).
-func (v *Volume) applyLogged(e *replication.Entry, write func() error) error {
+// storage BEFORE the write is issued, which then ends with the activity
+// log's Done. After a crash, those extents are what this node may have
+// acknowledged and then lost with a volatile cache (a power loss), and
+// they are resynced from the primary (metadata.MD.CrashedReplica).
+func (v *Volume) logApplied(e *replication.Entry) error {
 	if !v.replicaMarked.Load() {
 		if err := v.md.SetReplica(true); err != nil {
 			return fmt.Errorf("set the replica indicator: %w", err)
 		}
 		v.replicaMarked.Store(true)
 	}
-	al := v.md.ActivityLog()
-	if err := al.Admit(context.Background(), e.Off, e.Length); err != nil {
+	if err := v.md.ActivityLog().Admit(context.Background(), e.Off, e.Length); err != nil {
 		return fmt.Errorf("activity log: %w", err)
 	}
-	defer al.Done(e.Off, e.Length)
-	return write()
+	return nil
 }
