@@ -20,6 +20,7 @@ import (
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
+	"golang.org/x/sys/unix"
 )
 
 // testCluster is alpha and beta in this process, on 127.0.0.1 free ports,
@@ -174,27 +175,55 @@ func (c *testCluster) disk(name string) []byte {
 
 func (c *testCluster) requireIdentical() {
 	c.t.Helper()
-	size := int(c.cfg.Volumes[0].Size)
+	size := int64(c.cfg.Volumes[0].Size)
 	var names []string
 	for name := range c.cfg.Volumes[0].Disks {
 		names = append(names, name)
 	}
 	sort.Strings(names)
-	a := c.disk(names[0])
-	for _, other := range names[1:] {
-		b := c.disk(other)
-		if len(a) < size || len(b) < size {
-			c.t.Fatalf("backing files shorter than the volume: %d, %d", len(a), len(b))
+	open := func(name string) *os.File {
+		f, err := os.Open(c.cfg.Volumes[0].Disks[name].Paths[0].Path)
+		if err != nil {
+			c.t.Fatal(err)
 		}
-		x, y := a[:size], b[:size] // a multipath label may follow
-		if !bytes.Equal(x, y) {
-			for i := range x {
+		c.t.Cleanup(func() { f.Close() })
+		return f
+	}
+	a := open(names[0])
+	x, y := make([]byte, 4<<20), make([]byte, 4<<20)
+	for _, other := range names[1:] {
+		b := open(other)
+		// Only the volume's bytes: a multipath label may follow.
+		for off := int64(0); off < size; off += int64(len(x)) {
+			n := min(int64(len(x)), size-off)
+			if holeUpTo(a, off, n) && holeUpTo(b, off, n) {
+				continue // zeroes on both
+			}
+			_, errA := a.ReadAt(x[:n], off)
+			_, errB := b.ReadAt(y[:n], off)
+			if errA != nil || errB != nil {
+				c.t.Fatalf("backing files shorter than the volume: %v, %v", errA, errB)
+			}
+			if bytes.Equal(x[:n], y[:n]) {
+				continue
+			}
+			for i := range x[:n] {
 				if x[i] != y[i] {
-					c.t.Fatalf("backing files of %s and %s differ, first at byte %d (block %d)", names[0], other, i, i/4096)
+					at := off + int64(i)
+					c.t.Fatalf("backing files of %s and %s differ, first at byte %d (block %d)", names[0], other, at, at/4096)
 				}
 			}
 		}
 	}
+}
+
+// holeUpTo reports whether f holds no data in [off, off+n).
+func holeUpTo(f *os.File, off, n int64) bool {
+	next, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
+	if err == unix.ENXIO {
+		return true // no data from off to the end
+	}
+	return err == nil && next >= off+n
 }
 
 // eventually waits for cond, which an asynchronous event makes true.

@@ -261,16 +261,18 @@ func (p *peer) splitBrain(ref *refusal) reason {
 func (p *peer) submit(e replication.Entry, proto byte, held *countdown) (*pending, error) {
 	for {
 		if s := p.session(); s != nil {
+			// The send buffer holds what crosses the link: a TRIM or
+			// WRITE_ZEROES of any range costs only its header.
+			wire := int64(e.EncodedLen())
 			if proto != 'C' && changesData(e.Op) {
-				if s.admit(e.Length, p.v.settings()) == admitMark {
+				if s.admit(wire, p.v.settings()) == admitMark {
 					return nil, p.markBehind(&e)
 				}
 			}
 			pd := newPending(e)
 			pd.peer = p
 			if proto != 'C' && changesData(e.Op) {
-				n := e.Length
-				pd.finished = func(bool) { s.released(n) }
+				pd.finished = func(bool) { s.released(wire) }
 			}
 			if changesData(e.Op) {
 				pd.lagSeq = p.writeSeq.Add(1)

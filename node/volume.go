@@ -407,42 +407,79 @@ func (v *Volume) WriteAt(ctx context.Context, p []byte, off int64, fua bool) err
 	if fua {
 		flags = replication.EntryFUA
 	}
-	e := replication.Entry{Op: replication.OpWrite, Flags: flags, Off: off, Length: int64(len(p)), Data: p}
 	v.writes.Add(1)
 	v.writeBytes.Add(uint64(len(p)))
-	return v.replicate(ctx, e, func() error {
-		if fua {
-			return writeSync(v.disk, p, off)
-		}
-		_, err := v.disk.WriteAt(p, off)
-		return err
-	})
-}
-
-// WriteZeroes implements nbd.Export.
-func (v *Volume) WriteZeroes(ctx context.Context, off, length int64, fua bool) error {
-	defer v.latency.observe(opWriteZeroes, time.Now())
-	e := replication.Entry{Op: replication.OpZero, Off: off, Length: length}
-	if fua {
-		e.Flags = replication.EntryFUA
-	}
-	return v.replicate(ctx, e, func() error {
-		if err := v.disk.Zero(off, length); err != nil {
+	for {
+		n := v.piece(off, int64(len(p)))
+		part := p[:n]
+		e := replication.Entry{Op: replication.OpWrite, Flags: flags, Off: off, Length: n, Data: part}
+		err := v.replicate(ctx, e, func() error {
+			if fua {
+				return writeSync(v.disk, part, e.Off)
+			}
+			_, err := v.disk.WriteAt(part, e.Off)
+			return err
+		})
+		if err != nil || n == int64(len(p)) {
 			return err
 		}
-		if fua {
-			return v.disk.Sync()
-		}
-		return nil
-	})
+		p, off = p[n:], off+n
+	}
+}
+
+// WriteZeroes implements nbd.Export. The blocks become holes where the
+// disk can punch them, here and on every peer.
+func (v *Volume) WriteZeroes(ctx context.Context, off, length int64, fua bool) error {
+	defer v.latency.observe(opWriteZeroes, time.Now())
+	return v.zeroRange(ctx, replication.OpZero, off, length, fua)
 }
 
 // Trim implements nbd.Export. Trimmed blocks read back as zeroes on every
 // replica, so the replicas stay identical.
 func (v *Volume) Trim(ctx context.Context, off, length int64) error {
 	defer v.latency.observe(opTrim, time.Now())
-	e := replication.Entry{Op: replication.OpTrim, Off: off, Length: length}
-	return v.replicate(ctx, e, func() error { return v.disk.Zero(off, length) })
+	return v.zeroRange(ctx, replication.OpTrim, off, length, false)
+}
+
+// zeroRange replicates a TRIM or WRITE_ZEROES piece by piece: NBD allows
+// up to 4 GiB in one request (mkfs, fstrim and blkdiscard send that much),
+// far more than one replication entry carries.
+func (v *Volume) zeroRange(ctx context.Context, op replication.Op, off, length int64, fua bool) error {
+	var flags uint8
+	if fua {
+		flags = replication.EntryFUA
+	}
+	for {
+		n := v.piece(off, length)
+		e := replication.Entry{Op: op, Flags: flags, Off: off, Length: n}
+		err := v.replicate(ctx, e, func() error {
+			if err := v.disk.Zero(e.Off, e.Length); err != nil {
+				return err
+			}
+			if fua {
+				return v.disk.Sync()
+			}
+			return nil
+		})
+		if err != nil || n == length {
+			return err
+		}
+		off, length = off+n, length-n
+	}
+}
+
+// piece returns how much of [off, off+length) one replicated request
+// carries: at most one replication entry (replication.MaxEntryLength),
+// and no more activity-log extents than half the log holds, so that a
+// request never waits for more hot extents than the log has (a write that
+// needs all of them at once could never be admitted). Pieces end on
+// multiples of their size, so each touches as few extents as it can.
+func (v *Volume) piece(off, length int64) int64 {
+	size := int64(replication.MaxEntryLength)
+	if slots := int64(v.md.ActivityLog().Extents()); slots > 0 {
+		size = min(size, max(1, slots/2)*metadata.ExtentSize)
+	}
+	return min(length, (off/size+1)*size-off)
 }
 
 // replicate runs one write-type request: ordered behind earlier overlapping

@@ -188,8 +188,13 @@ type nodeEvent struct {
 }
 
 func (c *procCluster) localView(name string) (*localView, error) {
+	return fetchLocalView(name, c.nodes[name].Control)
+}
+
+// fetchLocalView reads /api/node from the node name at control.
+func fetchLocalView(name, control string) (*localView, error) {
 	hc := http.Client{Timeout: 5 * time.Second}
-	resp, err := hc.Get("http://" + c.nodes[name].Control + "/api/node")
+	resp, err := hc.Get("http://" + control + "/api/node")
 	if err != nil {
 		return nil, err
 	}
@@ -199,6 +204,18 @@ func (c *procCluster) localView(name string) (*localView, error) {
 		return nil, fmt.Errorf("/api/node on %s: %w", name, err)
 	}
 	return &lv, nil
+}
+
+// eventsOf returns the events of lv of the given kind at or after since,
+// oldest first.
+func (lv *localView) eventsOf(kind string, since time.Time) []nodeEvent {
+	var evs []nodeEvent
+	for _, e := range lv.Events {
+		if e.Kind == kind && !e.Time.Before(since) {
+			evs = append(evs, e)
+		}
+	}
+	return evs
 }
 
 // writeBytes returns how many bytes node name's vol0 has written as
@@ -223,13 +240,7 @@ func (c *procCluster) eventsSince(name, kind string, since time.Time) ([]nodeEve
 	if err != nil {
 		return nil, err
 	}
-	var evs []nodeEvent
-	for _, e := range lv.Events {
-		if e.Kind == kind && !e.Time.Before(since) {
-			evs = append(evs, e)
-		}
-	}
-	return evs, nil
+	return lv.eventsOf(kind, since), nil
 }
 
 // logTails prints the end of every node's log when the test failed.

@@ -522,7 +522,17 @@ func TestE2EMountExt4(t *testing.T) {
 	work := t.TempDir()
 
 	a := attach(t, d.uri, filepath.Join(work, "a"))
+	start := time.Now()
 	mustRun(t, 2*time.Minute, mkfs, "-q", a.loop)
+	// mkfs discards the whole device: beta stays in sync through it.
+	if v := d.mustStatus("alpha"); !v.inSync() {
+		t.Fatalf("after mkfs.ext4 the replicas are not in sync: %+v", v.Replicas)
+	}
+	if lv, err := fetchLocalView("alpha", d.nodes["alpha"].Control); err != nil {
+		t.Fatal(err)
+	} else if evs := lv.eventsOf("peer-lost", start); len(evs) > 0 {
+		t.Fatalf("mkfs.ext4 cost alpha its peer: %s", evs[0].Message)
+	}
 	a.doMount()
 	rng := rand.New(rand.NewPCG(1, 2))
 	files := map[string]string{}
