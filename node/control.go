@@ -182,7 +182,8 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 		auth = n.cl.c.Authority()
 	}
 	for _, vc := range n.cfg.Volumes {
-		vs := transport.VolumeStatus{Name: vc.Name, Size: int64(vc.Size), Protocol: vc.ProtocolOrDefault(), ResyncRate: int64(vc.ResyncRate)}
+		vs := transport.VolumeStatus{Name: vc.Name, Size: int64(vc.Size), Protocol: vc.ProtocolOrDefault(), ResyncRate: int64(vc.ResyncRate),
+			OnCongestion: string(settingsOf(vc).congestion.Policy)}
 		va, _ := auth.Volume(vc.Name)
 		// The primary is the reachable node that says so at the highest
 		// epoch; failing that, the one the others last agreed to.
@@ -211,7 +212,7 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 		}
 		if primaryView != nil && primaryView.Protocol != "" {
 			// replctl adjust may have changed them.
-			vs.Protocol, vs.ResyncRate = primaryView.Protocol, primaryView.ResyncRate
+			vs.Protocol, vs.ResyncRate, vs.OnCongestion = primaryView.Protocol, primaryView.ResyncRate, primaryView.OnCongestion
 		}
 		nodes := make([]string, 0, len(vc.Disks))
 		for node := range vc.Disks {

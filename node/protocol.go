@@ -23,7 +23,11 @@ type settings struct {
 	protocol   byte
 	congestion replication.CongestionConfig
 	maxLag     int64
-	reads      replication.ReadBalancing
+	// congestionChosen: the policy was named (by the file's
+	// on_congestion or replctl adjust --on-congestion); otherwise it is
+	// the protocol's default and follows a change of protocol.
+	congestionChosen bool
+	reads            replication.ReadBalancing
 	// resyncRate caps resync in bytes per second; 0: no cap.
 	resyncRate int64
 }
@@ -33,7 +37,7 @@ func settingsOf(cfg VolumeConfig) *settings {
 	s := &settings{protocol: cfg.ProtocolOrDefault()[0], maxLag: int64(cfg.MaxLag), resyncRate: int64(cfg.ResyncRate)}
 	policy := replication.DefaultOnCongestion(cfg.ProtocolOrDefault())
 	if cfg.OnCongestion != "" {
-		policy = replication.OnCongestion(cfg.OnCongestion)
+		policy, s.congestionChosen = replication.OnCongestion(cfg.OnCongestion), true
 	}
 	s.congestion = replication.CongestionConfig{Policy: policy, SendBuffer: int64(cfg.SendBuffer)}.WithDefaults()
 	s.reads, _ = replication.ParseReadBalancing(cfg.ReadBalancing)
@@ -44,10 +48,11 @@ func settingsOf(cfg VolumeConfig) *settings {
 func (v *Volume) settings() *settings { return v.set.Load() }
 
 // adjust changes the settings online: protocol ("" keeps it), congestion
-// policy ("" keeps it, or takes the new protocol's default when that one
-// no longer fits), resync rate (nil keeps it, 0 lifts the cap). No IO
-// fails and nothing is resynced; streams pick the change up at their next
-// write, a running resync at its next run.
+// policy (a policy names it; "" keeps a named one that still fits the
+// protocol, and otherwise takes the protocol's default, as DefaultPolicy
+// does: pull-ahead under A, block under B and C), resync rate (nil keeps
+// it, 0 lifts the cap). No IO fails and nothing is resynced; streams pick
+// the change up at their next write, a running resync at its next run.
 func (v *Volume) adjust(protocol, onCongestion string, resyncRate *int64) (*settings, error) {
 	old := v.settings()
 	s := *old
@@ -59,20 +64,11 @@ func (v *Volume) adjust(protocol, onCongestion string, resyncRate *int64) (*sett
 			return nil, fmt.Errorf("protocol %q: want A, B or C", protocol)
 		}
 	}
-	policy := s.congestion.Policy
-	if onCongestion != "" {
-		p, err := replication.ParseOnCongestion(onCongestion)
-		if err != nil {
-			return nil, err
-		}
-		policy = p
-	} else if replication.CheckOnCongestion(string(s.protocol), policy) != nil {
-		policy = replication.DefaultOnCongestion(string(s.protocol))
-	}
-	if err := replication.CheckOnCongestion(string(s.protocol), policy); err != nil {
+	policy, chosen, err := congestionPolicy(s.protocol, s.congestion.Policy, s.congestionChosen, onCongestion)
+	if err != nil {
 		return nil, err
 	}
-	s.congestion.Policy = policy
+	s.congestion.Policy, s.congestionChosen = policy, chosen
 	if resyncRate != nil {
 		if *resyncRate < 0 {
 			return nil, fmt.Errorf("resync rate %d: want bytes per second, or 0 for no cap", *resyncRate)
@@ -85,6 +81,34 @@ func (v *Volume) adjust(protocol, onCongestion string, resyncRate *int64) (*sett
 		s.protocol, policy, rateText(s.resyncRate), old.protocol, old.congestion.Policy, rateText(old.resyncRate)))
 	return &s, nil
 }
+
+// congestionPolicy is the congestion policy in force after an adjust to
+// protocol that asks for requested ("" for nothing), from current (named,
+// or the old protocol's default): a named policy holds while it fits the
+// protocol; an unnamed one is always the protocol's default.
+func congestionPolicy(protocol byte, current replication.OnCongestion, named bool, requested string) (replication.OnCongestion, bool, error) {
+	switch requested {
+	case "":
+		if named && replication.CheckOnCongestion(string(protocol), current) == nil {
+			return current, true, nil
+		}
+		return replication.DefaultOnCongestion(string(protocol)), false, nil
+	case DefaultPolicy:
+		return replication.DefaultOnCongestion(string(protocol)), false, nil
+	}
+	p, err := replication.ParseOnCongestion(requested)
+	if err != nil {
+		return "", false, fmt.Errorf("%w, or %s (the protocol's own)", err, DefaultPolicy)
+	}
+	if err := replication.CheckOnCongestion(string(protocol), p); err != nil {
+		return "", false, err
+	}
+	return p, true, nil
+}
+
+// DefaultPolicy, given to adjust as the congestion policy, goes back to
+// the protocol's default, which then follows the protocol.
+const DefaultPolicy = "default"
 
 // lagOf reports a peer's lag: bytes acknowledged to clients but not yet on
 // the peer (plus blocks marked while Ahead) and the age of the oldest.

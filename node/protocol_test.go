@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -235,4 +236,50 @@ func TestAdjustResyncRateOnline(t *testing.T) {
 	adjust(0)
 	eventually(t, func() bool { return c.vol("beta").resynced.Load()-before == 16<<20 }, "the uncapped resync finished")
 	c.waitInSync()
+}
+
+// TestCongestionPolicyFollowsTheProtocolUnlessNamed pins which congestion
+// policy is in force after replctl adjust: one the file or an adjust named
+// holds while it fits the protocol; otherwise the policy is the protocol's
+// default (pull-ahead under A, block under B and C), so `adjust --protocol
+// A` alone gives pull-ahead.
+func TestCongestionPolicyFollowsTheProtocolUnlessNamed(t *testing.T) {
+	const (
+		block     = replication.CongestionBlock
+		pullAhead = replication.CongestionPullAhead
+		disc      = replication.CongestionDisconnect
+	)
+	for _, tc := range []struct {
+		name       string
+		protocol   byte
+		current    replication.OnCongestion
+		named      bool
+		requested  string
+		want       replication.OnCongestion
+		wantNamed  bool
+		wantRefuse bool
+	}{
+		{"C to A, policy never named: A's default", 'A', block, false, "", pullAhead, false, false},
+		{"A to C, policy never named: C's default", 'C', pullAhead, false, "", block, false, false},
+		{"C to A with block named in the file: it holds", 'A', block, true, "", block, true, false},
+		{"C to A with disconnect named: it holds", 'A', disc, true, "", disc, true, false},
+		{"A to C with pull-ahead named: it no longer fits, C's default", 'C', pullAhead, true, "", block, false, false},
+		{"pull-ahead asked for under A", 'A', block, false, "pull-ahead", pullAhead, true, false},
+		{"pull-ahead asked for under C is refused", 'C', block, false, "pull-ahead", "", false, true},
+		{"back to the protocol's default", 'A', block, true, "default", pullAhead, false, false},
+		{"an unknown policy is refused", 'A', block, false, "drop", "", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, named, err := congestionPolicy(tc.protocol, tc.current, tc.named, tc.requested)
+			if tc.wantRefuse {
+				if err == nil {
+					t.Fatalf("got %s, want it refused", got)
+				}
+				return
+			}
+			if err != nil || got != tc.want || named != tc.wantNamed {
+				t.Fatalf("got %s (named %v, %v), want %s (named %v)", got, named, err, tc.want, tc.wantNamed)
+			}
+		})
+	}
 }

@@ -871,7 +871,8 @@ func (v *Volume) status() transport.LocalVolume {
 	v.mu.Lock()
 	lv := transport.LocalVolume{
 		Name: v.name, Size: v.size, Protocol: string(v.settings().protocol), ResyncRate: v.settings().resyncRate,
-		Role: string(v.role), Disk: string(v.diskState), Epoch: v.d.epoch, Primary: v.d.primary,
+		OnCongestion: string(v.settings().congestion.Policy),
+		Role:         string(v.role), Disk: string(v.diskState), Epoch: v.d.epoch, Primary: v.d.primary,
 		Generation: v.d.gens.Current.String(), Reason: v.why.text, ReasonCode: string(v.why.cause),
 		Serving:  v.role == replication.Primary && v.ioOpen,
 		Metadata: v.md.Placement().String(), UsableBytes: v.md.UsableSize(),

@@ -57,6 +57,9 @@ type VolumeStatus struct {
 	// ResyncRate is the primary's resync cap in bytes per second (the
 	// config's resync_rate, or as adjusted); 0: no cap.
 	ResyncRate int64 `json:"resync_rate"`
+	// OnCongestion is the primary's congestion policy in force (block,
+	// pull-ahead or disconnect).
+	OnCongestion string `json:"on_congestion"`
 }
 
 // Replica returns node's replica of v, or nil when node holds none.
@@ -180,6 +183,7 @@ type LocalVolume struct {
 	Name          string       `json:"name"`
 	Size          int64        `json:"size"`
 	Protocol      string       `json:"protocol"`
+	OnCongestion  string       `json:"on_congestion"`
 	ResyncRate    int64        `json:"resync_rate"`
 	Metadata      string       `json:"metadata"`
 	UsableBytes   int64        `json:"usable_bytes"`
@@ -415,7 +419,9 @@ type MembershipReply struct {
 }
 
 // AdjustRequest changes a volume's settings online on every node that
-// holds it (Node set: on that node only). Empty fields are kept.
+// holds it (Node set: on that node only). Empty fields are kept, but for a
+// congestion policy that the file did not name and no adjust named: that
+// one follows the protocol. OnCongestion "default" goes back to that.
 type AdjustRequest struct {
 	Volume       string `json:"volume"`
 	Node         string `json:"node,omitempty"`

@@ -62,7 +62,7 @@ The change holds until the node restarts; put it in the config file to keep it.`
 		},
 	}
 	cmd.Flags().StringVar(&r.Protocol, "protocol", "", "A, B or C")
-	cmd.Flags().StringVar(&r.OnCongestion, "on-congestion", "", "block, pull-ahead or disconnect")
+	cmd.Flags().StringVar(&r.OnCongestion, "on-congestion", "", "block, pull-ahead, disconnect, or default (the protocol's own: pull-ahead under A, block under B and C; it then follows the protocol)")
 	cmd.Flags().StringVar(&resyncRate, "resync-rate", "", "resync cap per second, such as 50MiB (0: no cap)")
 	cmd.Flags().StringVar(&r.Node, "node", "", "adjust this node only")
 	return cmd

@@ -363,19 +363,43 @@ func TestE2EProtocolChangesOnlineUnderFioVerify(t *testing.T) {
 }
 
 // TestE2EPullAheadOverASlowLink: each node in its own network namespace,
-// fio (8 KiB random writes, queue depth 16) runs next to the primary,
-// protocol A with pull-ahead and a 1 MiB send buffer. First with beta
-// disconnected: the local rate. Then with alpha's link throttled to
-// 8 Mbit/s: the rate stays at least 0.7 × the local one, status shows
-// beta Behind (alpha Ahead) with its lag while fio runs; once the link
-// is free beta catches up and an online verify finds nothing.
+// fio (8 KiB random writes, queue depth 16) runs next to the primary under
+// protocol A with pull-ahead. First with beta disconnected: the local
+// rate. Then with alpha's link throttled: the rate stays at least 0.7 ×
+// the local one, status shows beta Behind (alpha Ahead) with its lag while
+// fio runs; once the link is free beta catches up and an online verify
+// finds nothing. Pull-ahead comes either from the file (with a 1 MiB send
+// buffer, over 8 Mbit/s), or from A's own default: a volume on protocol C
+// whose file names no policy, changed by `replctl adjust --protocol A`
+// and nothing else (the default send buffer, over 40 Mbit/s).
 func TestE2EPullAheadOverASlowLink(t *testing.T) {
 	e2e(t)
+	for _, tc := range []struct {
+		name   string
+		opts   clusterOpts
+		rate   string
+		adjust bool
+	}{
+		{"named in the file", clusterOpts{Protocol: "A", OnCongestion: "pull-ahead", SendBuffer: 1 << 20}, "8mbit", false},
+		{"protocol A's default after adjust", clusterOpts{Protocol: "C"}, "40mbit", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) { runPullAheadOverASlowLink(t, tc.opts, tc.rate, tc.adjust) })
+	}
+}
+
+func runPullAheadOverASlowLink(t *testing.T, opts clusterOpts, rate string, adjust bool) {
 	fio := RequireTool(t, "fio", "fio")
 	const size = 64 << 20
-	c := newProcClusterN(t, clusterOpts{Netns: true, Size: size, Protocol: "A", OnCongestion: "pull-ahead", SendBuffer: 1 << 20})
+	opts.Netns, opts.Size = true, size
+	c := newProcClusterN(t, opts)
 	c.startAll()
 	c.waitInSync("alpha")
+	if adjust {
+		c.mustCtl("alpha", "adjust", volName, "--protocol", "A")
+		c.waitFor("alpha", "status shows protocol A with its default policy, pull-ahead", 10*time.Second, func(v *volumeStatus) bool {
+			return v.Protocol == "A" && v.OnCongestion == "pull-ahead"
+		})
+	}
 	// runFio measures the primary's 8 KiB random write rate from inside
 	// its namespace (over lo: fio's own traffic is not throttled).
 	runFio := func() (fioResult, error) {
@@ -415,7 +439,7 @@ func TestE2EPullAheadOverASlowLink(t *testing.T) {
 		m.local = local.Write.IOPS
 		c.mustCtl("alpha", "connect", volName, "--node", "beta")
 		c.waitInSync("alpha")
-		c.throttle("alpha", "8mbit")
+		c.throttle("alpha", rate)
 		type fioRun struct {
 			res fioResult
 			err error
@@ -466,8 +490,8 @@ func TestE2EPullAheadOverASlowLink(t *testing.T) {
 			c.waitInSync("alpha")
 		}
 		m = measure()
-		t.Logf("attempt %d: 8 KiB random writes: %.0f IOPS with beta disconnected, %.0f IOPS over an 8 Mbit/s link with pull-ahead: ratio %.2f",
-			attempt, m.local, m.slow, m.slow/m.local)
+		t.Logf("attempt %d: 8 KiB random writes: %.0f IOPS with beta disconnected, %.0f IOPS over a %s link with pull-ahead: ratio %.2f",
+			attempt, m.local, m.slow, rate, m.slow/m.local)
 		t.Logf("attempt %d: states seen (alpha/beta): %s; largest lag while Behind: %d bytes, %.2f s", attempt, strings.Join(m.states, " → "), m.maxLag, m.maxLagSeconds)
 		if m.slow/m.local >= 0.7 {
 			break

@@ -234,6 +234,9 @@ func printVolume(w io.Writer, v *transport.VolumeStatus, cluster bool, pal palet
 		primary = "none"
 	}
 	fmt.Fprintf(w, "\n%s  size %s  protocol %s  primary %s  epoch %d", pal.paint(colorBold, v.Name), humanBytes(v.Size), v.Protocol, primary, v.Epoch)
+	if v.OnCongestion != "" && (v.Protocol != "C" || v.OnCongestion != "block") {
+		fmt.Fprintf(w, "  on congestion %s", v.OnCongestion)
+	}
 	if v.ResyncRate > 0 {
 		fmt.Fprintf(w, "  resync cap %s/s", humanBytes(v.ResyncRate))
 	}

@@ -438,10 +438,12 @@ type volumeStatus struct {
 	Name     string          `json:"name"`
 	Size     json.RawMessage `json:"size"`
 	Protocol string          `json:"protocol"`
-	Primary  string          `json:"primary"`
-	Epoch    uint64          `json:"epoch"`
-	NBDURI   string          `json:"nbd_uri"`
-	Replicas []replicaStatus `json:"replicas"`
+	// OnCongestion is the congestion policy in force.
+	OnCongestion string          `json:"on_congestion"`
+	Primary      string          `json:"primary"`
+	Epoch        uint64          `json:"epoch"`
+	NBDURI       string          `json:"nbd_uri"`
+	Replicas     []replicaStatus `json:"replicas"`
 	// ResyncRate is the primary's resync cap (bytes/s; 0: none).
 	ResyncRate int64 `json:"resync_rate"`
 }

@@ -45,8 +45,11 @@ type onlineChange struct {
 	volume                       string
 	protocol, onCongestion       string
 	oldProtocol, oldOnCongestion string
-	rateChanged                  bool
-	resyncRate, oldResyncRate    int64
+	// named is the file's on_congestion, or node.DefaultPolicy when it
+	// names none (the policy then follows the protocol).
+	named                     string
+	rateChanged               bool
+	resyncRate, oldResyncRate int64
 }
 
 // reload re-reads the file and applies it; it only logs.
@@ -80,7 +83,7 @@ func (r *reloader) reload(ctx context.Context) {
 	defer client.Close()
 	for _, oc := range online {
 		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		req := &transport.AdjustRequest{Volume: oc.volume, Node: r.name, Protocol: oc.protocol, OnCongestion: oc.onCongestion}
+		req := &transport.AdjustRequest{Volume: oc.volume, Node: r.name, Protocol: oc.protocol, OnCongestion: oc.named}
 		if oc.rateChanged {
 			req.ResyncRate = &oc.resyncRate
 		}
@@ -130,6 +133,9 @@ func planReload(running, next *node.Config, self string) ([]onlineChange, []chan
 		c := onlineChange{volume: nv.Name}
 		if op != np || oc != nc {
 			c.protocol, c.onCongestion, c.oldProtocol, c.oldOnCongestion = np, nc, op, oc
+			if c.named = nv.OnCongestion; c.named == "" {
+				c.named = node.DefaultPolicy
+			}
 		}
 		if ov.ResyncRate != nv.ResyncRate {
 			c.rateChanged, c.resyncRate, c.oldResyncRate = true, int64(nv.ResyncRate), int64(ov.ResyncRate)

@@ -56,14 +56,14 @@ func TestPlanReload(t *testing.T) {
 		{"nothing changed", func(s string) string { return s }, "alpha", nil, nil},
 		{"protocol C to A takes A's congestion default", func(s string) string {
 			return strings.Replace(s, "protocol: C\n    primary: alpha", "protocol: A\n    primary: alpha", 1)
-		}, "alpha", []onlineChange{{volume: "vol0", protocol: "A", onCongestion: "pull-ahead", oldProtocol: "C", oldOnCongestion: "block"}}, nil},
+		}, "alpha", []onlineChange{{volume: "vol0", protocol: "A", onCongestion: "pull-ahead", oldProtocol: "C", oldOnCongestion: "block", named: "default"}}, nil},
 		{"on_congestion alone", func(s string) string {
 			return strings.Replace(s, "protocol: C\n    primary: beta", "protocol: C\n    on_congestion: disconnect\n    primary: beta", 1)
-		}, "beta", []onlineChange{{volume: "vol1", protocol: "C", onCongestion: "disconnect", oldProtocol: "C", oldOnCongestion: "block"}}, nil},
+		}, "beta", []onlineChange{{volume: "vol1", protocol: "C", onCongestion: "disconnect", oldProtocol: "C", oldOnCongestion: "block", named: "disconnect"}}, nil},
 		{"a change online next to one that needs a restart", func(s string) string {
 			s = strings.Replace(s, "protocol: C\n    primary: alpha", "protocol: B\n    primary: alpha\n    resync_rate: 100MiB", 1)
 			return strings.Replace(s, `control: "127.0.0.1:7803"`, `control: "127.0.0.1:7903"`, 1)
-		}, "alpha", []onlineChange{{volume: "vol0", protocol: "B", onCongestion: "block", oldProtocol: "C", oldOnCongestion: "block",
+		}, "alpha", []onlineChange{{volume: "vol0", protocol: "B", onCongestion: "block", oldProtocol: "C", oldOnCongestion: "block", named: "default",
 			rateChanged: true, resyncRate: 100 << 20}},
 			[]string{"nodes[beta].control"}},
 		{"resync_rate alone: the protocol is left as it is", func(s string) string {
