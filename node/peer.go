@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -216,7 +217,13 @@ func (p *peer) refused(ref *refusal) {
 	p.mu.Lock()
 	p.state, p.why = replication.StandAlone, why
 	p.mu.Unlock()
-	v.log.Error("refused to sync", "peer", p.name, "cause", ref.cause, "rule", ref.rule, "reason", why.text)
+	level := slog.LevelError
+	if ref.cause == CauseFenced {
+		// An old primary meeting the new one: the expected way back,
+		// nothing an operator must fix.
+		level = slog.LevelWarn
+	}
+	v.log.Log(context.Background(), level, "refused to sync", "peer", p.name, "cause", ref.cause, "rule", ref.rule, "reason", why.text)
 	v.node.emit(metadata.Event{Volume: v.name, Kind: kind, Peer: p.name, New: string(replication.StandAlone), Reason: string(ref.cause),
 		Message: fmt.Sprintf("%s: %s", p.name, why.text)})
 }

@@ -99,7 +99,18 @@ func (v *Volume) refuseLocked(h replication.Hello) replication.HelloReply {
 	case h.Size != v.size:
 		return refuse(replication.RefusedSize, "volume %s is %d bytes on %s but %d on %s", v.name, v.size, v.self, h.Size, h.From)
 	}
-	d := replication.CompareUUIDs(v.uuidsLocked(h.From), h.UUIDs, v.role, replication.Primary)
+	// A sender of an older epoch than this primary's is a primary no
+	// longer (it crashed or was cut off, and this node took over): it
+	// compares as the Secondary it is about to be. With equal generations,
+	// what it wrote beyond them was never acknowledged (its activity log's
+	// extents): this node's copy wins, as DRBD resyncs a crashed primary's
+	// log from the new primary. Only a divergence of the data is a split
+	// brain, not two nodes that each remember being primary.
+	senderRole := replication.Primary
+	if v.role == replication.Primary && h.Epoch < v.d.epoch {
+		senderRole = replication.Secondary
+	}
+	d := replication.CompareUUIDs(v.uuidsLocked(h.From), h.UUIDs, v.role, senderRole)
 	if v.role == replication.Primary && h.Epoch < v.d.epoch && !d.Outcome.IsSplitBrain() {
 		// The sender is an old primary: this node took over at a newer
 		// epoch and reaches it itself.
