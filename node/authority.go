@@ -584,7 +584,7 @@ func (v *Volume) yieldTo(primary string, epoch uint64) {
 	}
 	v.stateMu.Lock()
 	err := v.commit(func(d *durable) { d.primary, d.epoch = primary, epoch }, func() {
-		v.fenced, v.waiting, v.why = false, false, reason{}
+		v.fenced, v.waiting, v.why = false, false, v.splitBrainReasonLocked()
 		v.diskState = v.idleDiskState()
 	})
 	v.stateMu.Unlock()

@@ -56,6 +56,30 @@ func (c *control) Resync(ctx context.Context, r *transport.ResyncRequest) (*tran
 	}, func(api transport.ControlServer) (*transport.ResyncReply, error) { return api.Resync(ctx, r) })
 }
 
+// resyncRefusal says why a full resync of p cannot happen: a refusal that
+// holds until an operator acts stands between this primary and p.
+func (p *peer) resyncRefusal() error {
+	v := p.v
+	p.mu.Lock()
+	state, cause := p.state, p.why.cause
+	p.mu.Unlock()
+	if state != replication.StandAlone {
+		return nil
+	}
+	switch cause {
+	case CauseSplitBrain:
+		return status.Errorf(codes.FailedPrecondition,
+			"%v: %s and %s both changed %s since their last common generation, and %s refuses this primary's stream: a resync cannot reach it. "+
+				"Give up %s's changes with replctl connect %s --discard-my-data --node %s --yes (only what either side changed is copied); nothing changed",
+			ErrSplitBrain, v.self, p.name, v.name, p.name, p.name, v.name, p.name)
+	case CauseUnrelated:
+		return status.Errorf(codes.FailedPrecondition,
+			"%s and %s share no generation of %s, and %s refuses this primary's stream: a resync cannot reach it. If %s's data should go, run replctl create-md %s --force --yes on %s (a full resync follows); nothing changed",
+			v.self, p.name, v.name, p.name, p.name, v.name, p.name)
+	}
+	return nil
+}
+
 // resync acts on every peer of this primary, or on the one named only.
 func (v *Volume) resync(pause, resume bool, only string) (*transport.ResyncReply, error) {
 	if pause && resume {
@@ -79,6 +103,14 @@ func (v *Volume) resync(pause, resume bool, only string) (*transport.ResyncReply
 			only, v.name, only, v.name)
 	case only != "" && len(peers) == 0:
 		return nil, status.Errorf(codes.NotFound, "%s holds no replica of %s; its secondaries are %s", only, v.name, strings.Join(names, ", "))
+	}
+	if !pause && !resume {
+		// All or nothing: a peer the resync cannot reach refuses it whole.
+		for _, p := range peers {
+			if err := p.resyncRefusal(); err != nil {
+				return nil, err
+			}
+		}
 	}
 	reply := &transport.ResyncReply{Primary: v.self}
 	for _, p := range peers {

@@ -348,6 +348,16 @@ func (v *Volume) noteSplitBrainLocked(peer, rule string) {
 	v.splitBrain[peer] = rule
 }
 
+// splitBrainReasonLocked is the reason a node in a split brain gives
+// whatever its role (a zero reason when it is in none): a step-down does
+// not resolve one. Callers hold v.mu.
+func (v *Volume) splitBrainReasonLocked() reason {
+	for peer, rule := range v.splitBrain {
+		return because(CauseSplitBrain, "split-brain (%s): %s and %s both changed %s since their last common generation; resolve with replctl connect %s --discard-my-data --node VICTIM", rule, v.self, peer, v.name, v.name)
+	}
+	return reason{}
+}
+
 // inSplitBrain reports whether this node found a split brain with a peer
 // and has not connected to it since.
 func (v *Volume) inSplitBrain() bool {

@@ -156,11 +156,13 @@ func (v *Volume) forcePromote() error {
 
 // discardMyData is the operator's resolution of a split brain on the
 // victim: it reports the bytes this node changed since the split and, with
-// yes, stops serving, becomes Secondary, and waits for the other node to
-// connect and overwrite those blocks (and what it changed itself). It is
-// refused unless this node is in a split brain, and never applies to a
-// primary that streams to a peer: that would throw away good data and
-// leave the volume without a primary.
+// yes, stops serving if it is primary, and waits as a Secondary for the
+// other node to connect and overwrite those blocks (and what it changed
+// itself). The victim may already be a Secondary: under raft an old
+// primary steps down as soon as it learns of the newer one, split brain or
+// not. It is refused unless this node is in a split brain, and never
+// applies to a primary that streams to a peer: that would throw away good
+// data and leave the volume without a primary.
 func (v *Volume) discardMyData(ctx context.Context, yes bool) (int64, error) {
 	if !v.inSplitBrain() {
 		return 0, status.Errorf(codes.FailedPrecondition, "%v: %s on %s is not in a split brain with any peer: --discard-my-data only resolves one (it throws this node's changes away); nothing changed. See replctl status", ErrNotSplitBrain, v.name, v.self)
@@ -170,20 +172,21 @@ func (v *Volume) discardMyData(ctx context.Context, yes bool) (int64, error) {
 			return 0, status.Errorf(codes.FailedPrecondition, "%v: %s is primary of %s and streams to %s: it is not the victim of a split brain; nothing changed", ErrNotSplitBrain, v.self, v.name, p.name)
 		}
 	}
+	// What this node changed since the split is what its bitmap toward
+	// the other side marks (the largest, with three or more replicas).
 	v.mu.Lock()
 	var bytes int64
 	var runs [][2]int64
 	var from replication.Generation
-	for _, p := range v.peers {
-		if g, ok := v.d.gens.Bitmaps[p.name]; ok && p.bm.Bytes() >= bytes {
-			bytes, from, runs = p.bm.Bytes(), g, bitmapRuns(p.bm)
+	for name := range v.cfg.Disks {
+		g, ok := v.d.gens.Bitmaps[name]
+		bm, held := v.md.Bitmap(v.node.cfg.NodeID(name))
+		if name != v.self && ok && held && bm.Bytes() >= bytes {
+			bytes, from, runs = bm.Bytes(), g, bitmapRuns(bm)
 		}
 	}
 	role := v.role
 	v.mu.Unlock()
-	if role != replication.Primary {
-		return 0, status.Errorf(codes.FailedPrecondition, "%s is Secondary on %s: nothing of its own to discard; use replctl connect", v.name, v.self)
-	}
 	if from.IsZero() {
 		// No write since the split: its data is still the generation it
 		// held, which the other node tracks its changes from.
@@ -195,15 +198,17 @@ func (v *Volume) discardMyData(ctx context.Context, yes bool) (int64, error) {
 	if !yes {
 		return bytes, nil
 	}
-	// Stop serving: requests in flight are answered first.
-	v.mu.Lock()
-	v.ioOpen = false
-	v.mu.Unlock()
-	closeCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	v.node.nbd.CloseExportContext(closeCtx, v.name)
-	cancel()
-	v.io.Wait()
-	v.stopPeers()
+	if role == replication.Primary {
+		// Stop serving: requests in flight are answered first.
+		v.mu.Lock()
+		v.ioOpen = false
+		v.mu.Unlock()
+		closeCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		v.node.nbd.CloseExportContext(closeCtx, v.name)
+		cancel()
+		v.io.Wait()
+		v.stopPeers()
+	}
 	if err := v.md.FlushBitmaps(); err != nil {
 		return 0, err
 	}
@@ -218,10 +223,12 @@ func (v *Volume) discardMyData(ctx context.Context, yes bool) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := v.md.SetPrimary(false); err != nil {
-		return 0, err
+	if role == replication.Primary {
+		if err := v.md.SetPrimary(false); err != nil {
+			return 0, err
+		}
+		v.runHook("on_demote", v.epoch())
 	}
-	v.runHook("on_demote", v.epoch())
 	v.log.Warn("discarding my data", "bytes", bytes)
 	v.node.event(v.name, "discard-my-data", fmt.Sprintf("%s gives up %d bytes of changes made since the split brain", v.self, bytes))
 	return bytes, nil

@@ -6,9 +6,12 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // TestSplitBrainIsDetectedAndDiscardMyDataRollsBackOnlyTheVictim: alpha
@@ -258,4 +261,74 @@ func TestAnOldPrimaryIsFencedByANewerEpoch(t *testing.T) {
 		t.Fatalf("primary %s, alpha %s (nodes %+v)", st.Volumes[0].Primary, replica(st, "alpha").Role, st.Nodes)
 	}
 	c.requireIdentical()
+}
+
+// TestSplitBrainUnderRaftIsResolvedByDiscardMyDataAfterTheStepDown: under
+// raft, beta goes down and alpha writes alone; then alpha goes down and
+// the operator forces beta, Outdated, to primary through raft, and beta
+// writes. When alpha comes back, raft has beta primary: alpha steps down
+// to Secondary, in a split brain with beta (both changed the data since
+// their last common generation). The fix the page and the events give,
+// connect --discard-my-data on alpha, works on that Secondary: alpha ends
+// UpToDate with beta's data and its own write is gone. A full resync of
+// alpha, which cannot cross the split brain, is refused with the reason.
+func TestSplitBrainUnderRaftIsResolvedByDiscardMyDataAfterTheStepDown(t *testing.T) {
+	c := newRaftCluster(t, 8<<20)
+	c.start("wit")
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	ctx := context.Background()
+	a := c.vol("alpha")
+	eventually(t, func() bool { return a.WriteAt(ctx, pattern(1, 64<<10), 0, false) == nil }, "alpha serves under its lease")
+	c.crash("beta")
+	if err := a.WriteAt(ctx, pattern(11, 4096), 1<<20, false); err != nil {
+		t.Fatal(err)
+	}
+	c.crash("alpha")
+	c.start("beta")
+	eventually(t, func() bool {
+		st, err := c.nodes["wit"].clusterStatus(ctx, 0)
+		return err == nil && c.nodes["wit"].cl.c.Status().Quorum && replica(st, "beta").Reachable
+	}, "beta and the witness hold a raft quorum, beta answers")
+	witAPI := &control{n: c.nodes["wit"]}
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if _, err := witAPI.Primary(wctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true, Yes: true}); err != nil {
+		t.Fatalf("forced promotion of beta through raft: %v", err)
+	}
+	b := c.vol("beta")
+	if err := b.WriteAt(ctx, pattern(50, 4096), 2<<20, false); err != nil {
+		t.Fatal(err)
+	}
+	c.start("alpha")
+	a = c.vol("alpha")
+	eventually(t, func() bool {
+		lv := a.status()
+		return lv.Role == "Secondary" && lv.ReasonCode == string(CauseSplitBrain) &&
+			b.peers["alpha"].status().Replication == string(replication.StandAlone)
+	}, "alpha stepped down to Secondary, in a split brain with beta")
+
+	betaAPI := &control{n: c.nodes["beta"]}
+	if _, err := betaAPI.Resync(ctx, &transport.ResyncRequest{Volume: "vol0", Node: "alpha"}); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "--discard-my-data") {
+		t.Fatalf("a full resync of alpha across the split brain: %v; want it refused, naming connect --discard-my-data", err)
+	}
+	r, err := betaAPI.Connect(ctx, &transport.ConnectRequest{Volume: "vol0", Node: "alpha", DiscardMyData: true})
+	// alpha's own write, and the activity log's extents it went down with.
+	if err != nil || r.Done || r.DiscardBytes < 4096 {
+		t.Fatalf("dry run on alpha: %+v %v; want its changes to discard and nothing done", r, err)
+	}
+	if r, err := betaAPI.Connect(ctx, &transport.ConnectRequest{Volume: "vol0", Node: "alpha", DiscardMyData: true, Yes: true}); err != nil || !r.Done {
+		t.Fatalf("connect --discard-my-data --node alpha --yes: %+v %v", r, err)
+	}
+	c.waitInSync()
+	st := c.status()
+	if st.Volumes[0].Primary != "beta" || replica(st, "alpha").Role != "Secondary" || replica(st, "alpha").Disk != "UpToDate" {
+		t.Fatalf("after the resolution: primary %s, alpha %s %s", st.Volumes[0].Primary, replica(st, "alpha").Role, replica(st, "alpha").Disk)
+	}
+	c.requireIdentical()
+	got := make([]byte, 4096)
+	if err := b.ReadAt(ctx, got, 1<<20); err != nil || !bytes.Equal(got, make([]byte, 4096)) {
+		t.Fatalf("alpha's discarded write survived (%v)", err)
+	}
 }

@@ -92,3 +92,56 @@ func logLineWith(t *testing.T, path, s string) string {
 	}
 	return ""
 }
+
+// TestE2ESplitBrainUnderRaftIsResolvedByDiscardMyData: replnode processes
+// with raft, gossip and a witness. beta goes down and alpha writes alone;
+// alpha goes down, beta comes back and is forced to primary through raft
+// (`primary --force --yes`), and writes. alpha returns: both changed the
+// data, a split brain, and raft steps alpha down to Secondary. The fix the
+// page and the events give, `connect vol0 --discard-my-data --node alpha
+// --yes`, works on that Secondary: alpha ends UpToDate with beta's data,
+// its own write gone. A full resync of alpha cannot cross the split brain:
+// it is refused with the reason, exit non-zero, and changes nothing.
+func TestE2ESplitBrainUnderRaftIsResolvedByDiscardMyData(t *testing.T) {
+	e2e(t)
+	RequireTool(t, "qemu-io", "qemu-utils")
+	const size = 64 << 20
+	c := newProcClusterN(t, clusterOpts{Raft: true, Witness: true, Size: size})
+	c.startAll()
+	c.waitFor("alpha", "in sync, and raft knows both replicas UpToDate", syncTimeout, raftInSync)
+	c.kill("beta")
+	qemuIO(t, c.uri("alpha"), "write -P 0xa1 1M 64k", "flush")
+	c.kill("alpha")
+	c.start("beta")
+	c.waitListening("beta", 20*time.Second)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r := c.ctlFrom(witnessName, witnessName, "primary", volName, "--node", "beta", "--force", "--yes")
+		if r.ok() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replctl primary vol0 --node beta --force --yes: %s", r)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	qemuIO(t, c.uri("beta"), "write -P 0xb2 2M 64k", "flush")
+	c.start("alpha")
+	c.waitFor(witnessName, "alpha back as a Secondary in a split brain with beta", 30*time.Second, func(v *volumeStatus) bool {
+		r := v.replica("alpha")
+		return v.Primary == "beta" && r != nil && r.Role == "Secondary" && splitBrainReason(v) != ""
+	})
+	if r := c.ctlFrom(witnessName, witnessName, "resync", volName, "--node", "alpha"); r.ok() || !strings.Contains(r.out, "--discard-my-data") {
+		t.Fatalf("replctl resync vol0 --node alpha across a split brain: %s; want it refused, naming connect --discard-my-data", r)
+	}
+	c.mustCtl(witnessName, "connect", volName, "--discard-my-data", "--node", "alpha", "--yes")
+	v := c.waitFor(witnessName, "alpha UpToDate with beta's data", 60*time.Second, func(v *volumeStatus) bool {
+		return v.Primary == "beta" && v.inSync()
+	})
+	if sb := splitBrainReason(v); sb != "" {
+		t.Fatalf("split brain still reported after the resolution: %s", sb)
+	}
+	compareFiles(t, c.disk("alpha"), c.disk("beta"), size)
+	out := qemuIO(t, c.uri("beta"), "read -P 0 1M 64k", "read -P 0xb2 2M 64k")
+	t.Logf("beta after the resolution: %s", lastLine(out))
+}
