@@ -197,6 +197,11 @@ func (c *serverConn) acquire(cost int64) (fromReserve, ok bool) {
 				node.release(cost)
 			}
 			return false, false
+		case <-c.drainStarted:
+			if !node.cancel(w) {
+				node.release(cost)
+			}
+			return false, false
 		}
 	}
 }

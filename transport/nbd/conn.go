@@ -41,8 +41,17 @@ type serverConn struct {
 	exportName string
 	since      time.Time // when it entered transmission
 
-	mu       sync.Mutex // guards draining and every change of the read deadline
+	mu       sync.Mutex // guards the fields below and every change of the read deadline
 	draining bool
+	// transmitting: the handshake is over. A draining connection in
+	// transmission goes on reading until its client is quiet (drainQuiet)
+	// or sends NBD_CMD_DISC, answering what it reads with NBD_ESHUTDOWN,
+	// but no longer than drainEnd.
+	transmitting bool
+	drainEnd     time.Time
+	// drainStarted is closed when the drain begins: a reader waiting for
+	// budget drops the request it holds, which no Export call has seen.
+	drainStarted chan struct{}
 
 	generation uint64 // closeGeneration of the name last looked up; owned by the serve goroutine
 
@@ -89,16 +98,17 @@ func newServerConn(s *Server, conn net.Conn) *serverConn {
 	ctx, cancel := context.WithCancel(context.Background())
 	remote := conn.RemoteAddr().String()
 	return &serverConn{
-		srv:         s,
-		conn:        conn,
-		remoteAddr:  remote,
-		r:           bufio.NewReaderSize(conn, 64<<10),
-		log:         s.log.With("remote", remote),
-		ctx:         ctx,
-		cancel:      cancel,
-		done:        make(chan struct{}),
-		stopReading: make(chan struct{}),
-		budget:      connBudget{limit: s.connectionBudget, reserve: s.reserve},
+		srv:          s,
+		conn:         conn,
+		remoteAddr:   remote,
+		r:            bufio.NewReaderSize(conn, 64<<10),
+		log:          s.log.With("remote", remote),
+		ctx:          ctx,
+		cancel:       cancel,
+		done:         make(chan struct{}),
+		stopReading:  make(chan struct{}),
+		drainStarted: make(chan struct{}),
+		budget:       connBudget{limit: s.connectionBudget, reserve: s.reserve},
 	}
 }
 
@@ -115,9 +125,21 @@ func (c *serverConn) serve() {
 	c.transmit(export)
 }
 
-// beginDrain makes the connection stop reading: requests handed to workers are answered, then
-// the connection closes. A request still waiting for budget is dropped unstarted, so that a drain
-// does not wait for budget other connections hold. Connections still negotiating just close.
+// Draining a connection in transmission (NBD's soft disconnect): the requests already received
+// are carried out and answered; a request that arrives after the drain began is answered with
+// NBD_ESHUTDOWN without being carried out, which tells the client that nothing happened and that
+// it should disconnect (and may retry elsewhere). The connection closes once the client sent
+// NBD_CMD_DISC or nothing for drainQuiet, and at the latest drainLimit after the drain began.
+// A client writing as the server stops thus sees every request answered, none cut off.
+const (
+	drainQuiet = 100 * time.Millisecond
+	drainLimit = 2 * time.Second
+)
+
+// beginDrain makes the connection wind down: requests handed to workers are answered, new ones
+// get NBD_ESHUTDOWN, then the connection closes (see drainQuiet). A request still waiting for
+// budget is dropped unstarted, so that a drain does not wait for budget other connections hold.
+// Connections still negotiating just close.
 func (c *serverConn) beginDrain() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -125,8 +147,29 @@ func (c *serverConn) beginDrain() {
 		return
 	}
 	c.draining = true
-	_ = c.conn.SetReadDeadline(aLongTimeAgo)
-	c.stopOnce.Do(func() { close(c.stopReading) })
+	close(c.drainStarted)
+	if !c.transmitting {
+		_ = c.conn.SetReadDeadline(aLongTimeAgo)
+		c.stopOnce.Do(func() { close(c.stopReading) })
+		return
+	}
+	c.drainEnd = time.Now().Add(drainLimit)
+	_ = c.conn.SetReadDeadline(time.Now().Add(drainQuiet))
+}
+
+// drainRequest reports whether the connection is draining; if so, the request just read is
+// answered with NBD_ESHUTDOWN, and the client has drainQuiet more to send the next one.
+func (c *serverConn) drainRequest() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.draining {
+		next := time.Now().Add(drainQuiet)
+		if next.After(c.drainEnd) {
+			next = c.drainEnd
+		}
+		_ = c.conn.SetReadDeadline(next)
+	}
+	return c.draining
 }
 
 func (c *serverConn) setReadDeadline(t time.Time) {
@@ -448,6 +491,9 @@ func (c *serverConn) transmit(export Export) {
 			panic(fmt.Sprintf("nbd: connection ended with every reply sent or dropped, yet holding %d bytes of budget", held))
 		}
 	}()
+	c.mu.Lock()
+	c.transmitting = true
+	c.mu.Unlock()
 	stats := &c.srv.stats
 	var headerBytes [requestHeaderSize]byte
 	for {
@@ -466,7 +512,13 @@ func (c *serverConn) transmit(export Export) {
 			c.log.Debug("nbd: client disconnected")
 			return
 		}
-		if errno := header.check(export.Size(), c.readOnly); errno != 0 {
+		errno := header.check(export.Size(), c.readOnly)
+		cost := int64(minRequestCost)
+		if c.drainRequest() {
+			// Nothing is carried out: the reply costs no budget.
+			errno, cost = errnoShutdown, 0
+		}
+		if errno != 0 {
 			if header.hasPayload() {
 				if _, err := io.CopyN(io.Discard, c.r, int64(header.length)); err != nil {
 					c.logReadError("transmission", err)
@@ -474,7 +526,7 @@ func (c *serverConn) transmit(export Export) {
 				}
 			}
 			stats.errors[kind].Add(1)
-			req := c.newRequest(header, minRequestCost)
+			req := c.newRequest(header, cost)
 			if req == nil {
 				return
 			}

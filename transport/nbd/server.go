@@ -165,6 +165,7 @@ type Stats struct {
 	BytesWritten        uint64        // WRITE payload received from clients and passed to an Export
 
 	TransmittingConnections int64  // connections in transmission; at most MaxConnections
+	DrainingConnections     int64  // connections winding down (Shutdown, CloseExport): new requests get NBD_ESHUTDOWN
 	RefusedConnections      uint64 // handshakes refused because MaxConnections were in transmission
 	StalledConnections      uint64 // connections closed because their client stalled for StallTimeout
 
@@ -343,6 +344,11 @@ func (s *Server) Stats() Stats {
 	st := s.stats.snapshot()
 	s.mu.Lock()
 	st.TransmittingConnections = int64(s.transmitting)
+	for c := range s.conns {
+		if c.isDraining() {
+			st.DrainingConnections++
+		}
+	}
 	s.mu.Unlock()
 	st.NodeBudgetBytes = s.nodeBudget.size
 	st.NodeBudgetHeld = s.nodeBudget.heldBytes()

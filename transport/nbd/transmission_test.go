@@ -520,3 +520,68 @@ func TestStatsCountConnections(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// TestShutdownAnswersEveryRequestOfAClientStillSending: a client writes on
+// while the server shuts down. The write received before is carried out
+// and answered; the writes that arrive after are answered with
+// NBD_ESHUTDOWN and not carried out, so the client knows each one's fate
+// and none is cut off mid-request. The connection closes on the client's
+// NBD_CMD_DISC, and Shutdown returns.
+func TestShutdownAnswersEveryRequestOfAClientStillSending(t *testing.T) {
+	mem := nbdtest.NewMemExport(1 << 20)
+	gate := nbdtest.NewGate(nbdtest.OpWrite)
+	s := startServer(t, map[string]nbd.Export{"vol": &nbdtest.FaultyExport{Device: mem, Injector: gate}})
+	c := s.dial(t, "vol")
+	first, err := c.Send(nbdtest.Request{Type: nbdtest.CmdWrite, Offset: 0, Length: 4, Payload: []byte("abcd")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-gate.Entered
+	shutdown := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		shutdown <- s.Shutdown(ctx)
+	}()
+	if err := <-s.served; err != nil {
+		t.Fatalf("Serve: %v", err)
+	}
+	s.served <- nil // for the cleanup
+	waitUntil(t, "the connection draining", func() (bool, string) {
+		n := s.Stats().DrainingConnections
+		return n == 1, fmt.Sprint(n, " draining")
+	})
+	later := map[uint64]int64{}
+	for i := range int64(5) {
+		off := 4096 * (i + 1)
+		h, err := c.Send(nbdtest.Request{Type: nbdtest.CmdWrite, Offset: uint64(off), Length: 4, Payload: []byte("late")})
+		if err != nil {
+			t.Fatalf("write %d after the drain began: %v", i, err)
+		}
+		later[h] = off
+	}
+	gate.Open()
+	for range 6 {
+		rep, err := c.Receive()
+		if err != nil {
+			t.Fatalf("a request left without a reply: %v", err)
+		}
+		switch off, late := later[rep.Handle]; {
+		case rep.Handle == first && rep.Errno != 0:
+			t.Fatalf("the write received before the shutdown: errno %d", rep.Errno)
+		case late && rep.Errno != 108:
+			t.Fatalf("a write received during the drain: errno %d, want 108 (NBD_ESHUTDOWN)", rep.Errno)
+		case late && string(mem.Bytes(off, 4)) == "late":
+			t.Fatalf("a write answered NBD_ESHUTDOWN was carried out")
+		}
+	}
+	if _, err := c.Disconnect(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-shutdown; err != nil {
+		t.Fatal(err)
+	}
+	if string(mem.Bytes(0, 4)) != "abcd" {
+		t.Fatal("write lost")
+	}
+}
