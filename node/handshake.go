@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -44,6 +45,10 @@ func (p *peer) connect(ctx context.Context) error {
 	hctx, cancelHello := context.WithCancel(ctx)
 	defer cancelHello()
 	stream, err := p.client.Open(hctx)
+	var unreachable *transport.StreamError
+	if errors.As(err, &unreachable) && unreachable.Reach != "" {
+		return unreachable.Named(p.name) // "cannot reach beta at ...: why"
+	}
 	if err != nil {
 		return fmt.Errorf("connect to %s at %s: %w", p.name, p.addr, err)
 	}

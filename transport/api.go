@@ -41,8 +41,12 @@ type NodeInfo struct {
 	// Membership is what gossip says of the node: alive, suspect or dead
 	// ("" without raft and gossip).
 	Membership string `json:"membership,omitempty"`
-	// Error says why the node could not be reached.
-	Error string `json:"error,omitempty"`
+	// Error says why the node could not be reached; ErrorCode is the same
+	// as a fixed word for tools: refused (nothing listens: replnode is not
+	// running), no-answer (it accepts connections but answers nothing:
+	// hung, paused or overloaded) or no-connection (host down, no route).
+	Error     string `json:"error,omitempty"`
+	ErrorCode string `json:"error_code,omitempty"`
 }
 
 // VolumeStatus is one volume across its replicas.
