@@ -26,7 +26,7 @@ its peer.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if configPath == "" || nodeName == "" {
-				return fmt.Errorf("--config FILE and --node NAME are required: create-md works on this host's disk")
+				return usageErrorf("--config FILE and --node NAME are required: create-md works on this host's disk")
 			}
 			if force && !yes {
 				return fmt.Errorf("--force discards %s's metadata on %s: what its peers miss is forgotten and this disk is resynced in full; add --yes to go ahead", args[0], nodeName)

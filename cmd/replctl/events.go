@@ -45,19 +45,19 @@ Ctrl-C ends the stream (exit 0).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if all && nodeName != "" {
-				return errors.New("give --node NAME or --all, not both")
+				return usageErrorf("give --node NAME or --all, not both")
 			}
 			req := transport.EventsRequest{}
 			if since != "" {
 				t, err := parseSince(since, time.Now())
 				if err != nil {
-					return err
+					return asUsage(err)
 				}
 				req.Since, req.History = t, historyKept
 			}
 			pal, err := g.paletteFor(cmd.OutOrStdout())
 			if err != nil {
-				return err
+				return asUsage(err)
 			}
 			sources, err := eventSources(cmd, g, nodeName, all)
 			if err != nil {
@@ -294,12 +294,12 @@ func (f *eventFollower) follow(ctx context.Context, src eventSource, req transpo
 		case !wasUp:
 			msg = unreachable(src.addr, orUnknown(probe(src.addr), err)).Error()
 			if !f.retry {
-				return errors.New(msg)
+				return unreachableError(errors.New(msg))
 			}
 		default:
 			msg = fmt.Sprintf("%s went away: %s", src, goneWords(src.addr, err))
 			if !f.retry {
-				return errors.New(msg + "; no more events")
+				return unreachableError(errors.New(msg + "; no more events"))
 			}
 		}
 		if !reported {
@@ -350,7 +350,7 @@ func orUnknown(probeErr, err error) error {
 // goneWords says why a stream ended.
 func goneWords(addr string, err error) string {
 	if why := probe(addr); why != nil {
-		return "its replnode stopped or the host is unreachable (" + dialWords(why) + ")"
+		return "its replnode stopped or the host is unreachable (" + transport.DialWords(why) + ")"
 	}
 	if errors.Is(err, io.EOF) {
 		return "it ended the stream"

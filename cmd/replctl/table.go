@@ -49,7 +49,7 @@ func (g *globals) paletteFor(w io.Writer) (palette, error) {
 		}
 		return palette{on: isTerminal(w)}, nil
 	}
-	return palette{}, fmt.Errorf("--color %q: want auto, always or never", g.color)
+	return palette{}, usageErrorf("--color %q: want auto, always or never", g.color)
 }
 
 func isTerminal(w io.Writer) bool {
