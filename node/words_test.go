@@ -77,3 +77,32 @@ func TestProbeTellsAStoppedNodeFromAHungOne(t *testing.T) {
 		t.Errorf("probe of a stopped node: %s, %q", code, why)
 	}
 }
+
+// TestEventsSayBytesInWordsAndTheStateBefore: the first sync's events
+// read "4.0MiB out of sync on beta" and "finished: 4.0MiB in", not raw
+// byte counts, and the connect names the state it left.
+func TestEventsSayBytesInWordsAndTheStateBefore(t *testing.T) {
+	c := newTestCluster(t, 4<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	var connected, done bool
+	eventually(t, func() bool {
+		evs, err := c.nodes["alpha"].store.Events(100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range evs {
+			switch e.Kind {
+			case "connected":
+				connected = e.Peer == "beta" && strings.Contains(e.Message, "4.0MiB out of sync on beta, 0B on alpha") && e.Old != "" && e.New == "SyncSource"
+				if !connected {
+					t.Logf("connected: %+v", e)
+				}
+			case "resync-done":
+				done = strings.Contains(e.Message, "resync to beta finished: 4.0MiB in ")
+			}
+		}
+		return connected && done
+	}, "the first sync's events in words")
+}

@@ -411,8 +411,15 @@ func formatEvent(e *transport.Event, pal palette) string {
 	if e.Peer != "" {
 		detail = append(detail, "peer "+e.Peer+":")
 	}
-	if e.Old != "" || e.New != "" {
+	switch {
+	case e.Old != "" && e.New != "" && e.Old != e.New:
 		detail = append(detail, e.Old+" -> "+e.New+":")
+	case e.Old == "" && e.New != "":
+		detail = append(detail, "-> "+e.New+":") // the first state seen
+	case e.New != "":
+		detail = append(detail, e.New+":") // unchanged
+	case e.Old != "":
+		detail = append(detail, "was "+e.Old+":")
 	}
 	detail = append(detail, e.Message)
 	if e.Reason != "" {

@@ -33,3 +33,27 @@ func TestStatusTellsAStoppedNodeFromAHungOne(t *testing.T) {
 		t.Errorf("a command for the hung beta: %v", err)
 	}
 }
+
+// TestEventLinesNeverShowAnEmptyState: a state change reads "A -> B", the
+// first state seen "-> B" (never " -> B" after an empty old state), an
+// unchanged one "B".
+func TestEventLinesNeverShowAnEmptyState(t *testing.T) {
+	at := time.Date(2026, 12, 1, 15, 4, 5, 0, time.Local)
+	for _, tc := range []struct {
+		name     string
+		old, new string
+		want     string
+	}{
+		{"a change", "Connecting", "SyncSource", "peer beta: Connecting -> SyncSource: beta connected"},
+		{"the first state seen", "", "SyncSource", "peer beta: -> SyncSource: beta connected"},
+		{"no change", "Connecting", "Connecting", "peer beta: Connecting: beta connected"},
+		{"no state", "", "", "peer beta: beta connected"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			line := formatEvent(&transport.Event{Time: at, Node: "alpha", Volume: "vol0", Kind: "connected", Peer: "beta", Old: tc.old, New: tc.new, Message: "beta connected"}, palette{})
+			if !strings.HasSuffix(line, tc.want) || strings.Contains(line, ":  ->") {
+				t.Errorf("formatEvent = %q, want it to end in %q", line, tc.want)
+			}
+		})
+	}
+}
