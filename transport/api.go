@@ -270,11 +270,21 @@ type Event struct {
 }
 
 // EventsRequest asks for a node's events: the last History (those since
-// Since, when set) first, then each new one as it happens.
+// Since, when set) first, then, with State, the node's current state as
+// events of kind exists (the node, each volume, each peer) closed by one
+// of kind exists-end, then each new one as it happens.
 type EventsRequest struct {
 	History int       `json:"history,omitempty"`
 	Since   time.Time `json:"since,omitzero"`
+	State   bool      `json:"state,omitempty"`
 }
+
+// Kinds of the events that describe the current state (EventsRequest's
+// State), as drbdsetup events2 prints "exists" lines and "exists -".
+const (
+	EventExists    = "exists"
+	EventExistsEnd = "exists-end"
+)
 
 // Requests and replies of the control API.
 

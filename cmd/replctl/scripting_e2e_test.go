@@ -6,6 +6,7 @@ package main
 
 import (
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -29,5 +30,51 @@ func TestE2ECreateMDNamesTheFlagsThatOverwrite(t *testing.T) {
 	r = runCmd(30*time.Second, nil, replctlBin, append(args, "--force")...)
 	if r.code != 1 || !strings.Contains(r.out, "add --yes to go ahead") {
 		t.Errorf("create-md --force without --yes: %s", r)
+	}
+}
+
+// TestE2EEventsStartWithTheCurrentState: replctl events without --since
+// prints the node's current state first, as drbdsetup events2 does (a line
+// of kind exists for the node, the volume with its role and each peer with
+// its replication state, then exists-end), then what happens, in the text
+// and in --json. No event line shows an empty old state or a raw byte
+// count.
+func TestE2EEventsStartWithTheCurrentState(t *testing.T) {
+	e2e(t)
+	d := startDemo(t)
+	d.waitInSync("alpha")
+	js := startBG(t, nil, "events", "--json", "--addr", d.nodes["alpha"].Control)
+	text := startBG(t, []string{"NO_COLOR=1"}, "events", "--addr", d.nodes["alpha"].Control)
+	js.waitFor("the state and its end", 15*time.Second, func() bool { return strings.Contains(js.out(), `"kind":"exists-end"`) })
+	text.waitFor("the state and its end", 15*time.Second, func() bool { return strings.Contains(text.out(), "exists-end") })
+
+	evs := eventLines(t, js.out())
+	var kinds []string
+	for _, e := range evs {
+		kinds = append(kinds, e["kind"].(string)+"/"+e["volume"].(string)+"/"+e["peer"].(string)+"/"+e["new"].(string))
+	}
+	if want := "exists///|exists/vol0//Primary|exists/vol0/beta/Connected|exists-end///"; strings.Join(kinds, "|") != want {
+		t.Fatalf("events --json began with %v, want %s", kinds, want)
+	}
+	lines := strings.Split(strings.TrimSpace(text.out()), "\n")
+	if len(lines) != 4 || !strings.Contains(lines[1], "vol0     exists          Primary: disk UpToDate") ||
+		!strings.Contains(lines[2], "exists          peer beta: Connected: peer disk UpToDate, 0B out of sync") {
+		t.Fatalf("events began with:\n%s", text.out())
+	}
+
+	d.mustCtl("alpha", "disconnect", volName, "--node", "beta")
+	d.mustCtl("alpha", "connect", volName, "--node", "beta")
+	d.waitInSync("alpha")
+	text.waitFor("the reconnect", 15*time.Second, func() bool { return strings.Contains(text.out(), " connected ") })
+	rawBytes := regexp.MustCompile(`\d{4,} bytes`)
+	for _, l := range strings.Split(text.out(), "\n") {
+		if strings.Contains(l, ":  ->") || strings.Contains(l, ": -> ->") || rawBytes.MatchString(l) {
+			t.Errorf("an event line with an empty old state or raw bytes: %q", l)
+		}
+	}
+	for _, b := range []*bgCmd{js, text} {
+		if code := b.interrupt(); code != 0 {
+			t.Errorf("replctl %s: exit %d after Ctrl-C", b.name, code)
+		}
 	}
 }

@@ -4,6 +4,7 @@ package main
 
 import (
 	"bytes"
+	"container/heap"
 	"strings"
 	"testing"
 	"time"
@@ -55,5 +56,39 @@ func TestEventLinesNeverShowAnEmptyState(t *testing.T) {
 				t.Errorf("formatEvent = %q, want it to end in %q", line, tc.want)
 			}
 		})
+	}
+}
+
+// TestStateLinesKeepTheirOrderWhenMerged: a node's state lines share one
+// time; merged with other nodes' (--all) they keep the order the node sent
+// them in, its exists-end last.
+func TestStateLinesKeepTheirOrderWhenMerged(t *testing.T) {
+	var out, errOut bytes.Buffer
+	f := &eventFollower{out: &out, errOut: &errOut}
+	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	var h eventHeap
+	var want []string
+	for _, node := range []string{"alpha", "beta"} {
+		for _, line := range []struct{ kind, volume, peer, msg string }{
+			{transport.EventExists, "", "", "node " + node},
+			{transport.EventExists, "vol0", "", "the volume on " + node},
+			{transport.EventExists, "vol0", "gamma", "a peer of " + node},
+			{transport.EventExistsEnd, "", "", "the end of " + node},
+		} {
+			heap.Push(&h, f.pending(&transport.Event{Time: at, Node: node, Kind: line.kind, Volume: line.volume, Peer: line.peer, Message: line.msg}))
+			want = append(want, line.msg)
+		}
+	}
+	f.drain(make(chan *transport.Event), &h)
+	var got []string
+	for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		for _, w := range want {
+			if strings.HasSuffix(l, w) {
+				got = append(got, w)
+			}
+		}
+	}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("merged state lines:\n%s\nwant in the order %q", out.String(), want)
 	}
 }
