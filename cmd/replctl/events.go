@@ -442,14 +442,17 @@ func formatEvent(e *transport.Event, pal palette) string {
 func eventColor(kind string) string {
 	switch kind {
 	case "split-brain", "refused", "unrelated-data", "fenced", "detached", "hook-failed", "apply-failed",
-		"state-write-failed", "verify-stopped", "promotion-refused", "resync-failed", "path-fail", "peer-lost":
+		"state-write-failed", "verify-stopped", "promotion-refused", "resync-failed", "path-fail", "peer-lost",
+		"quorum-lost", "lease-lost":
 		return colorRed
 	case "disconnected", "waiting-for-peer", "resync", "verify", "stale-disk", "crashed-primary", "attaching",
 		"new-generation", "failover", "forced-primary", "discard-my-data", "stopped":
 		return colorYellow
 	case "connected", "resync-done", "verify-done", "attached", "pull-done", "split-brain-resolved", "path-restore",
-		"serving", "started":
+		"serving", "started", "quorum-regained", "lease-regained":
 		return colorGreen
+	case "raft-leader":
+		return colorCyan
 	case transport.EventExistsEnd:
 		return colorDim
 	}
