@@ -10,8 +10,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/replvol/replvol/transport"
 	"google.golang.org/grpc/codes"
@@ -124,5 +127,76 @@ func TestHelpListsTheExitCodes(t *testing.T) {
 		if code != 0 || !strings.Contains(out, want) {
 			t.Fatalf("replctl --help: exit %d, want %q in:\n%s", code, want, out)
 		}
+	}
+}
+
+// completions runs replctl __complete ARGS in this process and returns the
+// candidates (the words before a tab) and the directive line.
+func completions(t *testing.T, args ...string) ([]string, string) {
+	t.Helper()
+	code, out, errOut := runReplctl(t, append([]string{"__complete"}, args...)...)
+	if code != 0 {
+		t.Fatalf("replctl __complete %s: exit %d: %s", strings.Join(args, " "), code, errOut)
+	}
+	var words []string
+	directive := ""
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if strings.HasPrefix(l, ":") {
+			directive = l
+			continue
+		}
+		words = append(words, strings.SplitN(l, "\t", 2)[0])
+	}
+	return words, directive
+}
+
+// TestCompletionOfFixedValues: flags and arguments with fixed values
+// complete them, with no cluster needed; with no node answering at
+// --addr, names complete to nothing, quietly and at once.
+func TestCompletionOfFixedValues(t *testing.T) {
+	closed := closedAddr(t)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--addr", closed, "adjust", "vol0", "--protocol", ""}, "A B C"},
+		{[]string{"--addr", closed, "adjust", "vol0", "--on-congestion", "p"}, "pull-ahead"},
+		{[]string{"--addr", closed, "path", "policy", "vol0", ""}, "active-read failover queue-length round-robin service-time"},
+		{[]string{"status", "--color", ""}, "always auto never"},
+		{[]string{"demo", "--metadata", ""}, "external internal"},
+		{[]string{"--addr", closed, "primary", ""}, ""},
+		{[]string{"--addr", closed, "primary", "vol0", "--node", ""}, ""},
+	} {
+		start := time.Now()
+		got, directive := completions(t, tc.args...)
+		if strings.Join(got, " ") != tc.want || directive != ":4" {
+			t.Errorf("replctl __complete %s: %q %s, want %q and :4 (no files)", strings.Join(tc.args, " "), got, directive, tc.want)
+		}
+		if took := time.Since(start); took > 3*time.Second {
+			t.Errorf("replctl __complete %s took %s", strings.Join(tc.args, " "), took)
+		}
+	}
+}
+
+// TestCompletionOfCreateMDReadsTheConfig: create-md works offline, so its
+// volume and --node complete from the file --config names.
+func TestCompletionOfCreateMDReadsTheConfig(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "cluster.yaml")
+	yaml := fmt.Sprintf(`nodes:
+  - {name: alpha, control: "127.0.0.1:7800", replication: "127.0.0.1:7801", nbd: "127.0.0.1:7802", state_dir: %q}
+  - {name: beta, control: "127.0.0.1:7803", replication: "127.0.0.1:7804", nbd: "127.0.0.1:7805", state_dir: %q}
+volumes:
+  - {name: vol0, size: 64MiB, primary: alpha, disks: {alpha: %q, beta: %q}}
+  - {name: vol1, size: 64MiB, primary: beta, disks: {alpha: %q, beta: %q}}
+`, filepath.Join(dir, "a"), filepath.Join(dir, "b"), filepath.Join(dir, "a0"), filepath.Join(dir, "b0"), filepath.Join(dir, "a1"), filepath.Join(dir, "b1"))
+	if err := os.WriteFile(cfg, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := completions(t, "create-md", "--config", cfg, ""); strings.Join(got, " ") != "vol0 vol1" {
+		t.Errorf("create-md volumes: %q", got)
+	}
+	if got, _ := completions(t, "create-md", "vol1", "--config", cfg, "--node", ""); strings.Join(got, " ") != "alpha beta" {
+		t.Errorf("create-md --node: %q", got)
 	}
 }

@@ -69,6 +69,7 @@ func newRoot() *cobra.Command {
 	root.PersistentFlags().StringVar(&g.color, "color", "auto", "colours: auto (on a terminal, unless NO_COLOR is set), always or never")
 	root.AddCommand(newStatus(g), newEvents(g), newPrimary(g), newConnect(g, true), newConnect(g, false), newResync(g), newVerify(g), newPath(g), newNode(g), newAdjust(g), newCreateMD(), newDemo())
 	markUsageErrors(root)
+	registerCompletions(root, g)
 	return root
 }
 

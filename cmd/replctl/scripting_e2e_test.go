@@ -78,3 +78,50 @@ func TestE2EEventsStartWithTheCurrentState(t *testing.T) {
 		}
 	}
 }
+
+// TestE2ECompletionFromTheCluster: shell completion asks the cluster at
+// --addr for volume, node and path names, as kubectl completes resources:
+// replctl __complete primary vol0 --node "" lists the volume's nodes.
+func TestE2ECompletionFromTheCluster(t *testing.T) {
+	e2e(t)
+	d := startDemo(t, "--paths", "2")
+	d.waitInSync("alpha")
+	addr := d.nodes["alpha"].Control
+	complete := func(args ...string) string {
+		t.Helper()
+		r := runCmd(30*time.Second, nil, replctlBin, append([]string{"__complete", "--addr", addr}, args...)...)
+		if !r.ok() {
+			t.Fatalf("replctl __complete %s: %s", strings.Join(args, " "), r)
+		}
+		var words []string
+		for _, l := range strings.Split(r.out, "\n") {
+			if l == "" || strings.HasPrefix(l, ":") || strings.HasPrefix(l, "Completion ended") {
+				continue
+			}
+			words = append(words, strings.SplitN(l, "\t", 2)[0])
+		}
+		return strings.Join(words, " ")
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"primary", "vol0", "--node", ""}, "alpha beta"},
+		{[]string{"primary", "vol0", "--node", "b"}, "beta"},
+		{[]string{"primary", ""}, "vol0"},
+		{[]string{"status", "v"}, "vol0"},
+		{[]string{"connect", "vol0", "--node", ""}, "alpha beta"},
+		{[]string{"resync", "vol0", "--from", ""}, "alpha beta"},
+		{[]string{"events", "--node", ""}, "alpha beta"},
+		{[]string{"path", "fail", "--node", "beta", "vol0", ""}, "p0 p1"},
+		{[]string{"path", "fail", "vol0", "p0", ""}, ""},
+	} {
+		if got := complete(tc.args...); got != tc.want {
+			t.Errorf("replctl __complete %s: %q, want %q", strings.Join(tc.args, " "), got, tc.want)
+		}
+	}
+	// The shell scripts themselves are cobra's.
+	if out := d.mustCtl("alpha", "completion", "bash"); !strings.Contains(out, "__complete") {
+		t.Errorf("replctl completion bash does not call __complete:\n%.300s", out)
+	}
+}
