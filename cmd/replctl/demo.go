@@ -195,7 +195,7 @@ func runDemo(ctx context.Context, out io.Writer, dir string, basePort int, size 
 	for _, nc := range cfg.Nodes {
 		fmt.Fprintf(out, "node %s: control %s replication %s nbd %s\n", nc.Name, nc.Control, nc.Replication, nc.NBD)
 	}
-	fmt.Fprintf(out, "volume vol0: %d bytes, protocol C, primary alpha; waiting for beta to be in sync...\n", size)
+	fmt.Fprintf(out, "volume vol0: %s, protocol C, primary alpha; waiting for beta to be in sync...\n", humanBytes(size))
 	if err := waitInSync(ctx, cfg.Nodes[0].Control, 10*time.Minute); err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ package main
 import (
 	"bytes"
 	"container/heap"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -90,5 +91,46 @@ func TestStateLinesKeepTheirOrderWhenMerged(t *testing.T) {
 	}
 	if strings.Join(got, "|") != strings.Join(want, "|") {
 		t.Fatalf("merged state lines:\n%s\nwant in the order %q", out.String(), want)
+	}
+}
+
+// TestReadmeStatusSampleMatchesTheOutput: the README's `replctl status`
+// sample is what replctl prints for the demo's cluster (two nodes in sync,
+// failover off), so a change of the format must update it.
+func TestReadmeStatusSampleMatchesTheOutput(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const head = "```\n$ replctl status\n"
+	i := strings.Index(string(readme), head)
+	if i < 0 {
+		t.Fatal("the README has no replctl status sample")
+	}
+	sample := string(readme[i+len(head):])
+	sample = sample[:strings.Index(sample, "```\n")]
+
+	now := time.Date(2026, 12, 1, 16, 0, 0, 0, time.UTC)
+	st := &transport.ClusterStatus{
+		From:    "alpha",
+		Cluster: transport.ClusterInfo{Failover: "off", Reason: "no raft/gossip addresses in the config: primaries change by replctl primary (switchover or --force)"},
+		Nodes: []transport.NodeInfo{
+			{Name: "alpha", Control: "127.0.0.1:7800", NBD: "127.0.0.1:7802", Alive: true, Role: "data"},
+			{Name: "beta", Control: "127.0.0.1:7803", NBD: "127.0.0.1:7805", Alive: true, Role: "data"},
+		},
+		Volumes: []transport.VolumeStatus{{
+			Name: "vol0", Size: 1 << 30, Protocol: "C", Primary: "alpha", Epoch: 1, NBDURI: "nbd://127.0.0.1:7802/vol0",
+			Replicas: []transport.ReplicaStatus{
+				{Node: "alpha", Role: "Primary", Disk: "UpToDate", Replication: "Connected", Reachable: true, SyncProgress: 100},
+				{Node: "beta", Role: "Secondary", Disk: "UpToDate", Replication: "Connected", Reachable: true, SyncProgress: 100,
+					LastResyncBytes: 1 << 30, LastResyncSeconds: 0.4, LastResyncEnded: now.Add(-23 * time.Second),
+					SyncRule: "just-created-peer", SyncDecision: "source-set-bitmap"},
+			},
+		}},
+	}
+	var out bytes.Buffer
+	printStatus(&out, st, palette{}, now)
+	if out.String() != sample {
+		t.Fatalf("the README's status sample:\n%s\nreplctl prints:\n%s", sample, out.String())
 	}
 }
