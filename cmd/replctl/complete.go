@@ -32,7 +32,11 @@ func (c completer) status() *transport.ClusterStatus {
 		return nil
 	}
 	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), min(completionTimeout, c.g.timeout))
+	wait := completionTimeout
+	if c.g.timeout > 0 && c.g.timeout < wait {
+		wait = c.g.timeout
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	st, err := cl.ClusterStatus(ctx, &transport.StatusRequest{})
 	if err != nil {
