@@ -507,8 +507,7 @@ func CreateMD(dev MDDevice, opts MDOptions) (*MD, error) {
 	}
 	sbs, errs := readSuperblocks(dev, geo.sbOffset)
 	if slot, _, err := pickSuperblock(sbs, errs); err == nil && !opts.Overwrite {
-		return nil, fmt.Errorf("%w: volume %v node %d; pass overwrite (create-md --force) to discard it",
-			ErrMetadataExists, sbs[slot].Volume, sbs[slot].NodeID)
+		return nil, fmt.Errorf("%w (volume %v, node %d)", ErrMetadataExists, sbs[slot].Volume, sbs[slot].NodeID)
 	}
 
 	sb := Superblock{

@@ -653,6 +653,7 @@ func (v *Volume) stopLease() {
 func (v *Volume) renewLeases(ctx context.Context, epoch uint64) {
 	cl := v.node.cl
 	every := cl.lease / 3
+	var watch leaseWatch
 	for ctx.Err() == nil {
 		rctx, cancel := context.WithTimeout(ctx, cl.lease/2)
 		until, err := cl.c.RenewLease(rctx, v.name, epoch)
@@ -667,6 +668,9 @@ func (v *Volume) renewLeases(ctx context.Context, epoch uint64) {
 			v.mu.Unlock()
 		} else if ctx.Err() == nil {
 			v.log.Debug("lease not renewed", "epoch", epoch, "err", err)
+		}
+		if ctx.Err() == nil {
+			watch.note(v, epoch, err)
 		}
 		t := time.NewTimer(every)
 		select {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"sort"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/replvol/replvol/node/cluster"
@@ -108,6 +109,27 @@ const (
 	statusRetryWait = 500 * time.Millisecond
 )
 
+// probeTimeout bounds the look at a node gossip reports gone.
+const probeTimeout = 300 * time.Millisecond
+
+// probeControl says why a node gossip reports gone does not answer, from a
+// TCP connect to its control port: transport.ReachRefused (nothing
+// listens: it is stopped), transport.ReachNoAnswer (it accepts: it is hung
+// or paused, since a running node answers gossip) or
+// transport.ReachNoConnection; and the same in words.
+func probeControl(ctx context.Context, addr string) (code, why string) {
+	d := net.Dialer{Timeout: probeTimeout}
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	switch {
+	case err == nil:
+		conn.Close()
+		return transport.ReachNoAnswer, addr + " accepts connections but the node answers nothing: is replnode hung or paused?"
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return transport.ReachRefused, "nothing listens at " + addr + ": replnode is not running there"
+	}
+	return transport.ReachNoConnection, "no TCP connection to " + addr + ": " + transport.DialWords(err)
+}
+
 // askStatus asks one peer for its view, remembering whether it answered.
 func (n *Node) askStatus(ctx context.Context, name string, events int) (*transport.NodeStatus, error) {
 	api, err := n.peerAPI(name)
@@ -137,6 +159,7 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 
 	views := make([]*transport.NodeStatus, len(n.cfg.Nodes))
 	errs := make([]error, len(n.cfg.Nodes))
+	reach := make([]string, len(n.cfg.Nodes)) // why a node was not reached
 	var wg sync.WaitGroup
 	for i, nc := range n.cfg.Nodes {
 		if nc.Name == n.name {
@@ -145,8 +168,16 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 		}
 		if m := cluster.Liveness(membership[nc.Name]); m == cluster.Dead || m == cluster.Left {
 			// Asking a node cut off by a partition would hold every
-			// status for the whole timeout, just when operators look.
-			errs[i] = fmt.Errorf("not asked while gossip reports %s %s", nc.Name, m)
+			// status for the whole timeout, just when operators look. A
+			// glance at its port still tells a stopped node from a hung
+			// one.
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var why string
+				reach[i], why = probeControl(ctx, nc.Control)
+				errs[i] = fmt.Errorf("not asked while gossip reports %s %s: %s", nc.Name, m, why)
+			}()
 			continue
 		}
 		wg.Add(1)
@@ -173,7 +204,11 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 				byNode[nc.Name][lv.Name] = lv
 			}
 		} else if errs[i] != nil {
-			info.Error = status.Convert(errs[i]).Message()
+			var se *transport.StreamError
+			if errors.As(errs[i], &se) {
+				errs[i], reach[i] = se.Named(nc.Name), se.Reach
+			}
+			info.Error, info.ErrorCode = status.Convert(errs[i]).Message(), reach[i]
 		}
 		cs.Nodes = append(cs.Nodes, info)
 	}

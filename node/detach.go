@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -116,7 +117,7 @@ func (v *Volume) reattachLoop() {
 		v.diskState = replication.Inconsistent
 		v.why = because(CauseDetached, "disk back: copying the blocks it missed from the peer")
 		v.mu.Unlock()
-		v.node.event(v.name, "attaching", fmt.Sprintf("%s: disk works again; resyncing %d bytes from the peer", v.self, v.localMissing.Bytes()))
+		v.node.event(v.name, "attaching", fmt.Sprintf("%s: disk works again; resyncing %s from the peer", v.self, human.Bytes(v.localMissing.Bytes())))
 		err := v.copyMissingFromPeer(context.Background(), nil)
 		if err == nil {
 			// The activity log may have failed with the disk: write it

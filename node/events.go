@@ -2,9 +2,14 @@ package node
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync"
+	"time"
 
+	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
 
@@ -62,7 +67,9 @@ func (n *Node) subscribe() (<-chan transport.Event, func()) {
 }
 
 // Events streams this node's events: the last r.History first (oldest
-// first), then every new one as it happens, until ctx ends.
+// first), then, with r.State, its current state (stateEvents), then every
+// new one as it happens, until ctx ends. It subscribes before it looks, so
+// nothing that happens meanwhile is missed (it may show twice).
 func (c *control) Events(ctx context.Context, r *transport.EventsRequest, send func(*transport.Event) error) error {
 	n := c.n
 	live, cancel := n.subscribe()
@@ -84,6 +91,13 @@ func (c *control) Events(ctx context.Context, r *transport.EventsRequest, send f
 			last = e.Seq
 		}
 	}
+	if r.State {
+		for _, e := range n.stateEvents(time.Now()) {
+			if err := send(&e); err != nil {
+				return err
+			}
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -97,4 +111,60 @@ func (c *control) Events(ctx context.Context, r *transport.EventsRequest, send f
 			}
 		}
 	}
+}
+
+// stateEvents is the node's current state as events, at now: a line for
+// the node (its role and the cluster as it sees it), one per volume (role,
+// disk, epoch, whether it serves IO), one per peer of each volume
+// (replication state, the peer's disk, what it misses), and the end
+// marker. They are not recorded.
+func (n *Node) stateEvents(now time.Time) []transport.Event {
+	ns := n.nodeStatus(0)
+	ev := func(volume, peer, state, msg string) transport.Event {
+		return transport.Event{Time: now, Node: n.name, Volume: volume, Kind: transport.EventExists, Peer: peer, New: state, Message: msg}
+	}
+	cl, _ := n.clusterInfo()
+	what := fmt.Sprintf("node %s (%s): failover %s", n.name, ns.Node.Role, cl.Failover)
+	if len(cl.Voters) > 0 {
+		leader, quorum := cl.Leader, "quorum"
+		if leader == "" {
+			leader = "none"
+		}
+		if !cl.Quorum {
+			quorum = "no quorum"
+		}
+		what += fmt.Sprintf(", raft leader %s, %s, voters %s", leader, quorum, strings.Join(cl.Voters, " "))
+	}
+	out := []transport.Event{ev("", "", "", what)}
+	for _, lv := range ns.Volumes {
+		msg := fmt.Sprintf("disk %s, epoch %d", lv.Disk, lv.Epoch)
+		switch {
+		case lv.Role == string(replication.Primary) && lv.Serving:
+			msg += ", serving IO"
+		case lv.Role == string(replication.Primary):
+			msg += ", not serving IO"
+		case lv.Primary != "":
+			msg += ", primary " + lv.Primary
+		}
+		if lv.Reason != "" {
+			msg += " (" + lv.Reason + ")"
+		}
+		out = append(out, ev(lv.Name, "", lv.Role, msg))
+		for _, p := range lv.Peers {
+			msg := fmt.Sprintf("peer disk %s, %s out of sync", p.PeerDisk, human.Bytes(p.OutOfSyncBytes))
+			if p.ResyncTotalBytes > 0 && p.ResyncDoneBytes < p.ResyncTotalBytes {
+				msg += fmt.Sprintf(", resync %s of %s done", human.Bytes(p.ResyncDoneBytes), human.Bytes(p.ResyncTotalBytes))
+			}
+			if p.Reason != "" {
+				msg += " (" + p.Reason + ")"
+			}
+			out = append(out, ev(lv.Name, p.Node, p.Replication, msg))
+		}
+		if lv.Role != string(replication.Primary) && lv.Primary != "" && lv.Primary != n.name {
+			out = append(out, ev(lv.Name, lv.Primary, lv.Replication, "the primary, replicating from it"))
+		}
+	}
+	end := ev("", "", "", fmt.Sprintf("the state of %s above is current; live events follow", n.name))
+	end.Kind = transport.EventExistsEnd
+	return append(out, end)
 }

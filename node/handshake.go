@@ -3,9 +3,11 @@ package node
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
+	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
@@ -44,6 +46,10 @@ func (p *peer) connect(ctx context.Context) error {
 	hctx, cancelHello := context.WithCancel(ctx)
 	defer cancelHello()
 	stream, err := p.client.Open(hctx)
+	var unreachable *transport.StreamError
+	if errors.As(err, &unreachable) && unreachable.Reach != "" {
+		return unreachable.Named(p.name) // "cannot reach beta at ...: why"
+	}
 	if err != nil {
 		return fmt.Errorf("connect to %s at %s: %w", p.name, p.addr, err)
 	}
@@ -86,6 +92,7 @@ func (p *peer) connect(ctx context.Context) error {
 		done = p.syncDone(s, v.currentGeneration())
 	}
 	p.mu.Lock()
+	was := p.state
 	p.sess, p.rule, p.decision, p.why = s, plan.rule, plan.outcome, reason{}
 	late := !plan.sync && !plan.pull && p.bm.Count() > 0
 	switch {
@@ -119,7 +126,7 @@ func (p *peer) connect(ctx context.Context) error {
 	p.mu.Lock()
 	now := p.state
 	p.mu.Unlock()
-	v.node.emit(metadata.Event{Volume: v.name, Kind: "connected", Peer: p.name, New: string(now), Message: fmt.Sprintf("%s connected: %s by rule=%s; %d bytes out of sync on %s, %d on %s", p.name, plan.outcome, plan.rule, p.bm.Bytes(), p.name, v.localMissing.Bytes(), v.self)})
+	v.node.emit(metadata.Event{Volume: v.name, Kind: "connected", Peer: p.name, Old: string(was), New: string(now), Message: fmt.Sprintf("%s connected: %s by rule=%s; %s out of sync on %s, %s on %s", p.name, plan.outcome, plan.rule, human.Bytes(p.bm.Bytes()), p.name, human.Bytes(v.localMissing.Bytes()), v.self)})
 
 	var work func() error
 	switch {
@@ -287,7 +294,7 @@ func (p *peer) planPull(d replication.UUIDDecision, reply replication.HelloReply
 		delete(x.gens.Bitmaps, p.name)
 	}, func() {
 		v.diskState = replication.Inconsistent
-		v.why = because(CausePulling, "%s holds newer data (%v): copying %d bytes from it", p.name, d, v.localMissing.Bytes())
+		v.why = because(CausePulling, "%s holds newer data (%v): copying %s from it", p.name, d, human.Bytes(v.localMissing.Bytes()))
 	})
 	if err != nil {
 		return plan, err
@@ -302,7 +309,7 @@ func (p *peer) planPull(d replication.UUIDDecision, reply replication.HelloReply
 func (p *peer) pull(s *session, peerGen replication.Generation) error {
 	v := p.v
 	began, total := time.Now(), v.localMissing.Bytes()
-	v.node.peerEvent(v.name, "pull", p.name, fmt.Sprintf("%s copies %d bytes of newer data from %s", v.self, total, p.name))
+	v.node.peerEvent(v.name, "pull", p.name, fmt.Sprintf("%s copies %s of newer data from %s", v.self, human.Bytes(total), p.name))
 	for {
 		if err := v.copyMissingFromPeer(s.ctx, p.waitUnpaused); err != nil {
 			return err
@@ -329,7 +336,7 @@ func (p *peer) pull(s *session, peerGen replication.Generation) error {
 		p.pulling.Store(false)
 		v.stateMu.Unlock()
 		v.log.Info("pulled newer data from the peer", "peer", p.name, "bytes", total, "seconds", time.Since(began).Seconds())
-		v.node.peerEvent(v.name, "pull-done", p.name, fmt.Sprintf("%s copied %d bytes from %s in %.1fs: UpToDate", v.self, total, p.name, time.Since(began).Seconds()))
+		v.node.peerEvent(v.name, "pull-done", p.name, fmt.Sprintf("%s copied %s from %s in %.1fs: UpToDate", v.self, human.Bytes(total), p.name, time.Since(began).Seconds()))
 		return nil
 	}
 }

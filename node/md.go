@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/replication"
 )
@@ -187,7 +188,7 @@ func CreateMetadata(cfg *Config, name, volume, stateDir string, force bool) (str
 			return "", err
 		}
 	}
-	return fmt.Sprintf("created %s metadata for %s at %s (usable %d bytes)", opts.Placement, volume, where, md.UsableSize()), nil
+	return fmt.Sprintf("created %s metadata for %s at %s (usable %s)", opts.Placement, volume, where, human.Bytes(md.UsableSize())), nil
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

@@ -278,6 +278,7 @@ func (n *Node) Start() error {
 	}
 	if n.cl != nil {
 		n.serve(func() error { n.clusterLoop(n.stopLoop); return nil })
+		n.serve(func() error { n.clusterEvents(n.stopLoop); return nil })
 	}
 	n.serve(func() error {
 		if err := n.http.Serve(n.lnControl); !errors.Is(err, http.ErrServerClosed) {

@@ -166,13 +166,14 @@ func (p *peer) run(ctx context.Context) {
 			why = reason{cause: CausePeerLost, text: err.Error()}
 		}
 		p.mu.Lock()
+		was := p.state
 		p.state, p.why = replication.Connecting, why
 		p.mu.Unlock()
 		// A lost peer is worth a warning once, not every retry.
 		if why.cause != lastCause {
 			if err != nil {
 				p.v.log.Warn("replication to peer down; retrying", "peer", p.name, "cause", why.cause, "err", err)
-				p.v.node.emit(metadata.Event{Volume: p.v.name, Kind: "peer-lost", Peer: p.name, New: string(replication.Connecting),
+				p.v.node.emit(metadata.Event{Volume: p.v.name, Kind: "peer-lost", Peer: p.name, Old: string(was), New: string(replication.Connecting),
 					Reason: string(why.cause), Message: fmt.Sprintf("replication to %s down (%s): %v; retrying", p.name, why.cause, err)})
 			}
 			lastCause = why.cause
@@ -215,6 +216,7 @@ func (p *peer) refused(ref *refusal) {
 		why = p.splitBrain(ref)
 	}
 	p.mu.Lock()
+	was := p.state
 	p.state, p.why = replication.StandAlone, why
 	p.mu.Unlock()
 	level := slog.LevelError
@@ -224,7 +226,7 @@ func (p *peer) refused(ref *refusal) {
 		level = slog.LevelWarn
 	}
 	v.log.Log(context.Background(), level, "refused to sync", "peer", p.name, "cause", ref.cause, "rule", ref.rule, "reason", why.text)
-	v.node.emit(metadata.Event{Volume: v.name, Kind: kind, Peer: p.name, New: string(replication.StandAlone), Reason: string(ref.cause),
+	v.node.emit(metadata.Event{Volume: v.name, Kind: kind, Peer: p.name, Old: string(was), New: string(replication.StandAlone), Reason: string(ref.cause),
 		Message: fmt.Sprintf("%s: %s", p.name, why.text)})
 }
 

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/replication"
 )
@@ -76,8 +77,8 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 	// Wait for a resync under way before stopping IO.
 	if !waitFor(ctx, timeout, inSync) {
 		st := p.status()
-		return 0, replication.Generation{}, fmt.Errorf("%s is not in sync with %s (replication %s, disk %s, %d bytes out of sync%s)",
-			to, v.self, st.Replication, st.PeerDisk, st.OutOfSyncBytes, reasonSuffix(st.Reason))
+		return 0, replication.Generation{}, fmt.Errorf("%s is not in sync with %s (replication %s, disk %s, %s out of sync%s)",
+			to, v.self, st.Replication, st.PeerDisk, human.Bytes(st.OutOfSyncBytes), reasonSuffix(st.Reason))
 	}
 	v.mu.Lock()
 	wasOpen := v.ioOpen

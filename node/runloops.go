@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -111,7 +112,7 @@ func (p *peer) resync(s *session) error {
 	secs := time.Since(began).Seconds()
 	v.log.Info("resync finished", "peer", p.name, "bytes", total, "seconds", secs)
 	p.resyncFinished(total, secs)
-	v.node.peerEvent(v.name, "resync-done", p.name, fmt.Sprintf("resync to %s finished: %d bytes in %.1fs", p.name, total, secs))
+	v.node.peerEvent(v.name, "resync-done", p.name, fmt.Sprintf("resync to %s finished: %s in %.1fs", p.name, human.Bytes(total), secs))
 	return nil
 }
 
@@ -249,11 +250,11 @@ func (p *peer) verify(s *session, repair bool) {
 	}
 	if err := s.window(resyncWindow).runs(ctx, nil, next); err != nil {
 		v.log.Warn("verify stopped", "peer", p.name, "err", err)
-		v.node.peerEvent(v.name, "verify-stopped", p.name, fmt.Sprintf("verify of %s stopped after %d bytes: %v", p.name, p.verifyDone.Load(), err))
+		v.node.peerEvent(v.name, "verify-stopped", p.name, fmt.Sprintf("verify of %s stopped after %s: %v", p.name, human.Bytes(p.verifyDone.Load()), err))
 		return
 	}
 	found := p.verifyFound.Load()
-	msg := fmt.Sprintf("verify of %s finished in %.1fs: %d bytes out of sync", p.name, time.Since(began).Seconds(), found)
+	msg := fmt.Sprintf("verify of %s finished in %.1fs: %s out of sync", p.name, time.Since(began).Seconds(), human.Bytes(found))
 	v.log.Info("verify finished", "peer", p.name, "out_of_sync", found)
 	if found > 0 && repair {
 		msg += "; resyncing them"

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 	"google.golang.org/grpc/codes"
@@ -30,7 +31,7 @@ func (v *Volume) autoDiscard(other string, policy replication.AfterSplitBrain) {
 		v.log.Error("automatic split-brain resolution failed", "err", err)
 		return
 	}
-	v.node.event(v.name, "split-brain-resolved", fmt.Sprintf("policy %s: %s discards its %d bytes of changes and resyncs from %s", policy, v.self, bytes, other))
+	v.node.event(v.name, "split-brain-resolved", fmt.Sprintf("policy %s: %s discards its %s of changes and resyncs from %s", policy, v.self, human.Bytes(bytes), other))
 	if api, err := v.node.peerAPI(other); err == nil {
 		if _, err := api.Connect(ctx, &transport.ConnectRequest{Volume: v.name, Node: other}); err != nil {
 			v.log.Warn("ask the other node to connect", "node", other, "err", err)
@@ -217,7 +218,7 @@ func (v *Volume) discardMyData(ctx context.Context, yes bool) (int64, error) {
 		v.fenced, v.waiting = false, false
 		v.discard = &discardInfo{from: from, runs: runs}
 		v.diskState = v.idleDiskState()
-		v.why = because(CauseDiscarding, "discarding its %d bytes of changes: waiting for the primary to overwrite them", bytes)
+		v.why = because(CauseDiscarding, "discarding its %s of changes: waiting for the primary to overwrite them", human.Bytes(bytes))
 	})
 	v.stateMu.Unlock()
 	if err != nil {
@@ -230,7 +231,7 @@ func (v *Volume) discardMyData(ctx context.Context, yes bool) (int64, error) {
 		v.runHook("on_demote", v.epoch())
 	}
 	v.log.Warn("discarding my data", "bytes", bytes)
-	v.node.event(v.name, "discard-my-data", fmt.Sprintf("%s gives up %d bytes of changes made since the split brain", v.self, bytes))
+	v.node.event(v.name, "discard-my-data", fmt.Sprintf("%s gives up %s of changes made since the split brain", v.self, human.Bytes(bytes)))
 	return bytes, nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/node/multipath"
 	"github.com/replvol/replvol/replication"
@@ -155,7 +156,7 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD) (*Volume, 
 		if err != nil {
 			return nil, fmt.Errorf("volume %s: apply the activity log: %w", v.name, err)
 		}
-		v.node.event(v.name, "crashed-primary", fmt.Sprintf("went down as primary: the activity log's extents, %d bytes, are marked out of sync for the peers", marked))
+		v.node.event(v.name, "crashed-primary", fmt.Sprintf("went down as primary: the activity log's extents, %s, are marked out of sync for the peers", human.Bytes(marked)))
 	}
 	v.replicaMarked.Store(md.CrashedReplica())
 	if md.CrashedReplica() && !md.CrashedPrimary() && (st.BootID == "" || st.BootID != n.bootID) {
@@ -169,7 +170,7 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD) (*Volume, 
 		if err != nil {
 			return nil, fmt.Errorf("volume %s: apply the activity log: %w", v.name, err)
 		}
-		v.node.event(v.name, "crashed-secondary", fmt.Sprintf("went down while applying replicated writes: the activity log's extents, %d bytes, are resynced from the primary", marked))
+		v.node.event(v.name, "crashed-secondary", fmt.Sprintf("went down while applying replicated writes: the activity log's extents, %s, are resynced from the primary", human.Bytes(marked)))
 	}
 	if rep := md.Report(); len(rep.CorruptBitmapPages) > 0 || rep.OtherSlot != "" {
 		v.node.event(v.name, "metadata-repaired", fmt.Sprintf("metadata load: %d bitmap pages failed their checksum (their range is resynced in full); other superblock slot: %q", len(rep.CorruptBitmapPages), rep.OtherSlot))
@@ -262,7 +263,7 @@ func (v *Volume) peerAnswered(peer string, pulling bool) {
 	if v.why.cause == CauseWaitingForPeer || v.why.cause == CauseFenced || v.why.cause == CauseSplitBrain {
 		v.why = reason{}
 		if pulling {
-			v.why = because(CausePulling, "copying %d bytes of newer data from %s", v.localMissing.Bytes(), peer)
+			v.why = because(CausePulling, "copying %s of newer data from %s", human.Bytes(v.localMissing.Bytes()), peer)
 		}
 	}
 	if !v.ioOpen && (wasWaiting || wasFenced || pulling) && v.servableLocked() {

@@ -41,8 +41,12 @@ type NodeInfo struct {
 	// Membership is what gossip says of the node: alive, suspect or dead
 	// ("" without raft and gossip).
 	Membership string `json:"membership,omitempty"`
-	// Error says why the node could not be reached.
-	Error string `json:"error,omitempty"`
+	// Error says why the node could not be reached; ErrorCode is the same
+	// as a fixed word for tools: refused (nothing listens: replnode is not
+	// running), no-answer (it accepts connections but answers nothing:
+	// hung, paused or overloaded) or no-connection (host down, no route).
+	Error     string `json:"error,omitempty"`
+	ErrorCode string `json:"error_code,omitempty"`
 }
 
 // VolumeStatus is one volume across its replicas.
@@ -270,11 +274,21 @@ type Event struct {
 }
 
 // EventsRequest asks for a node's events: the last History (those since
-// Since, when set) first, then each new one as it happens.
+// Since, when set) first, then, with State, the node's current state as
+// events of kind exists (the node, each volume, each peer) closed by one
+// of kind exists-end, then each new one as it happens.
 type EventsRequest struct {
 	History int       `json:"history,omitempty"`
 	Since   time.Time `json:"since,omitzero"`
+	State   bool      `json:"state,omitempty"`
 }
+
+// Kinds of the events that describe the current state (EventsRequest's
+// State), as drbdsetup events2 prints "exists" lines and "exists -".
+const (
+	EventExists    = "exists"
+	EventExistsEnd = "exists-end"
+)
 
 // Requests and replies of the control API.
 

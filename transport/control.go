@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -122,6 +123,8 @@ type ControlClient struct {
 	addr string
 	// wait makes commands wait for a node that is (re)connecting.
 	wait bool
+	// dialer puts failed calls into words.
+	dialer *dialer
 }
 
 // WaitForReady makes the client's commands (not status calls) wait, within
@@ -134,7 +137,9 @@ func (c *ControlClient) WaitForReady() *ControlClient {
 
 // DialControl prepares a client for the node at addr (HOST:PORT).
 func DialControl(addr string) (*ControlClient, error) {
+	d := newDialer(addr, true)
 	cc, err := grpc.NewClient("passthrough:///"+addr,
+		grpc.WithContextDialer(d.dial),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(jsonCodec{})),
 		grpc.WithConnectParams(grpc.ConnectParams{
@@ -145,7 +150,7 @@ func DialControl(addr string) (*ControlClient, error) {
 	if err != nil {
 		return nil, fmt.Errorf("control client for %s: %w", addr, err)
 	}
-	return &ControlClient{cc: cc, addr: addr}, nil
+	return &ControlClient{cc: cc, addr: addr, dialer: d}, nil
 }
 
 // Addr is the address the client talks to.
@@ -161,6 +166,7 @@ func invoke[Resp any](ctx context.Context, c *ControlClient, method string, req 
 		defer cancel()
 	}
 	resp := new(Resp)
+	start := time.Now()
 	var opts []grpc.CallOption
 	if c.wait && method != "NodeStatus" && method != "ClusterStatus" {
 		// Commands wait (within their deadline) for a node that is coming
@@ -174,14 +180,29 @@ func invoke[Resp any](ctx context.Context, c *ControlClient, method string, req 
 		// node that is back is not reported unreachable, while one that
 		// is down costs a status call at most statusRetry.
 		c.cc.ResetConnectBackoff()
+		first := err
 		rctx, cancel := context.WithTimeout(ctx, statusRetry)
 		defer cancel()
 		err = c.cc.Invoke(rctx, "/"+controlService+"/"+method, req, resp, grpc.WaitForReady(true))
+		if err != nil && rctx.Err() != nil && ctx.Err() == nil {
+			err = first // the node is still unavailable
+		}
 	}
 	if err != nil {
-		return nil, err
+		return nil, c.dialer.callError(err, time.Since(start), ranOut(ctx))
 	}
 	return resp, nil
+}
+
+// ranOut reports whether ctx's deadline has come, or is about to: a node
+// that answers "deadline exceeded" then ran out of the deadline the call
+// gave it (gRPC passes it on), and did not answer in time.
+func ranOut(ctx context.Context) bool {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && time.Until(dl) < 50*time.Millisecond
 }
 
 // statusRetry bounds the second try of a call that found its node
@@ -256,9 +277,10 @@ func (c *ControlClient) Adjust(ctx context.Context, r *AdjustRequest) (*AdjustRe
 // Events streams a node's events to fn until ctx ends, fn fails or the
 // node goes away.
 func (c *ControlClient) Events(ctx context.Context, r *EventsRequest, fn func(*Event) error) error {
+	start := time.Now()
 	stream, err := c.cc.NewStream(ctx, &controlDesc.Streams[0], "/"+controlService+"/Events")
 	if err != nil {
-		return err
+		return c.dialer.callError(err, time.Since(start), ranOut(ctx))
 	}
 	if err := stream.SendMsg(r); err != nil {
 		return err
@@ -272,7 +294,7 @@ func (c *ControlClient) Events(ctx context.Context, r *EventsRequest, fn func(*E
 			if ctx.Err() != nil {
 				return nil
 			}
-			return err
+			return c.dialer.callError(err, time.Since(start), false)
 		}
 		if err := fn(e); err != nil {
 			return err

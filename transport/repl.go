@@ -9,11 +9,9 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/mem"
-	"google.golang.org/grpc/status"
 )
 
 // Frame is one message of the replication stream: an encoded frame of the
@@ -122,45 +120,6 @@ func (r *ReplStream) Send(f *Frame) error { return streamError(r.s.SendMsg(f)) }
 // Recv reads the next frame into f (reusing its buffer).
 func (r *ReplStream) Recv(f *Frame) error { return streamError(r.s.RecvMsg(f)) }
 
-// StreamError is a failed replication stream, in words: what logs, events
-// and status show instead of gRPC's "rpc error: code = ... desc = ...".
-// It wraps the gRPC error.
-type StreamError struct {
-	words string
-	err   error
-}
-
-func (e *StreamError) Error() string { return e.words }
-func (e *StreamError) Unwrap() error { return e.err }
-
-// streamError puts a gRPC status error into words; io.EOF (the peer ended
-// the stream cleanly) and errors that are not gRPC's stay as they are.
-func streamError(err error) error {
-	if err == nil {
-		return nil
-	}
-	st, ok := status.FromError(err)
-	if !ok {
-		return err
-	}
-	var words string
-	switch desc := st.Message(); st.Code() {
-	case codes.Unknown:
-		words = "the peer ended the stream: " + desc
-	case codes.Unavailable:
-		words = "connection lost: " + desc
-	case codes.Canceled:
-		words = "stream closed here"
-	case codes.DeadlineExceeded:
-		words = "timed out: " + desc
-	case codes.ResourceExhausted:
-		words = "frame too large for the peer: " + desc
-	default:
-		words = fmt.Sprintf("stream failed (%s): %s", st.Code(), desc)
-	}
-	return &StreamError{words: words, err: err}
-}
-
 // Context is the stream's context; it ends when the stream does.
 func (r *ReplStream) Context() context.Context { return r.s.Context() }
 
@@ -214,12 +173,16 @@ func (s *ReplServer) Stop() { s.g.Stop() }
 // ReplClient dials one peer's replication server.
 type ReplClient struct {
 	cc *grpc.ClientConn
+	// dialer puts a stream that cannot open into words.
+	dialer *dialer
 }
 
 // DialRepl prepares a connection to a peer; it connects lazily and
 // reconnects by itself.
 func DialRepl(addr string) (*ReplClient, error) {
+	d := newDialer(addr, false)
 	cc, err := grpc.NewClient("passthrough:///"+addr,
+		grpc.WithContextDialer(d.dial),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawCodec{}), grpc.MaxCallRecvMsgSize(MaxFrameSize)),
 		grpc.WithConnectParams(grpc.ConnectParams{
@@ -233,7 +196,7 @@ func DialRepl(addr string) (*ReplClient, error) {
 	if err != nil {
 		return nil, fmt.Errorf("replication client for %s: %w", addr, err)
 	}
-	return &ReplClient{cc: cc}, nil
+	return &ReplClient{cc: cc, dialer: d}, nil
 }
 
 // Open starts a stream. It fails fast if the peer is unreachable.
@@ -242,7 +205,7 @@ func (c *ReplClient) Open(ctx context.Context) (*ReplStream, error) {
 	s, err := c.cc.NewStream(ctx, &replStreamDesc, replStreamMethod)
 	if err != nil {
 		cancel()
-		return nil, streamError(err)
+		return nil, c.dialer.openError(err)
 	}
 	return &ReplStream{s: s, cancel: cancel}, nil
 }

@@ -79,12 +79,18 @@ func healthWarnings(st *transport.ClusterStatus) []Warning {
 		if n.Membership == "dead" {
 			detail = joinWords("gossip says dead", detail)
 		}
-		add(Warning{
+		w := Warning{
 			ID: elementID("warning", "node-down", n.Name), Severity: severityWarning,
 			Text:    fmt.Sprintf("Node %s is unreachable: its replicas are not protected and it cannot vote.", n.Name),
 			Detail:  detail,
 			Command: "systemctl start replnode", Where: "on " + n.Name,
-		})
+		}
+		if n.ErrorCode == transport.ReachNoAnswer {
+			// Running but not answering: starting it does nothing.
+			w.Text = fmt.Sprintf("Node %s is not answering (hung or paused): its replicas are not protected and it cannot vote.", n.Name)
+			w.Command = "systemctl status replnode; systemctl restart replnode"
+		}
+		add(w)
 	}
 	if c := st.Cluster; len(c.Voters) > 0 && !c.Quorum {
 		var gone []string

@@ -32,12 +32,12 @@ The change holds until the node restarts; put it in the config file to keep it.`
 			if cmd.Flags().Changed("resync-rate") {
 				rate, err := node.ParseSize(strings.TrimSuffix(resyncRate, "/s"))
 				if err != nil {
-					return fmt.Errorf("--resync-rate: %v, per second (0 lifts the cap)", err)
+					return usageErrorf("--resync-rate: %v, per second (0 lifts the cap)", err)
 				}
 				r.ResyncRate = &rate
 			}
 			if r.Protocol == "" && r.OnCongestion == "" && r.ResyncRate == nil {
-				return fmt.Errorf("nothing to adjust: give --protocol, --on-congestion and/or --resync-rate")
+				return usageErrorf("nothing to adjust: give --protocol, --on-congestion and/or --resync-rate")
 			}
 			r.Volume = args[0]
 			k, err := g.dial(cmd, "the adjustment")

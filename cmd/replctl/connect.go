@@ -21,7 +21,7 @@ func newConnect(g *globals, up bool) *cobra.Command {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if discard && !up {
-				return fmt.Errorf("--discard-my-data goes with connect")
+				return usageErrorf("--discard-my-data goes with connect")
 			}
 			k, err := g.dial(cmd, "the "+use)
 			if err != nil {

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 
+	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/node"
 	"github.com/spf13/cobra"
 )
@@ -24,7 +26,7 @@ its peer.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if configPath == "" || nodeName == "" {
-				return fmt.Errorf("--config FILE and --node NAME are required: create-md works on this host's disk")
+				return usageErrorf("--config FILE and --node NAME are required: create-md works on this host's disk")
 			}
 			if force && !yes {
 				return fmt.Errorf("--force discards %s's metadata on %s: what its peers miss is forgotten and this disk is resynced in full; add --yes to go ahead", args[0], nodeName)
@@ -34,6 +36,13 @@ its peer.`,
 				return err
 			}
 			msg, err := node.CreateMetadata(cfg, nodeName, args[0], stateDir, force)
+			if errors.Is(err, metadata.ErrMetadataExists) {
+				again := fmt.Sprintf("replctl create-md %s --config %s --node %s", args[0], configPath, nodeName)
+				if stateDir != "" {
+					again += " --state-dir " + stateDir
+				}
+				return fmt.Errorf("%w; to discard it (this disk then counts as Inconsistent and is resynced in full from its peer), run %s --force --yes", err, again)
+			}
 			if err != nil {
 				return err
 			}

@@ -40,19 +40,19 @@ It prints the NBD URI, then "ready". Ctrl-C or SIGTERM stops both nodes cleanly.
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			bytes, err := node.ParseSize(size)
 			if err != nil {
-				return fmt.Errorf("--size: %w", err)
+				return usageErrorf("--size: %w", err)
 			}
 			if bytes < 1<<20 || bytes%4096 != 0 {
-				return fmt.Errorf("--size %s: want at least 1MiB and a multiple of 4KiB", size)
+				return usageErrorf("--size %s: want at least 1MiB and a multiple of 4KiB", size)
 			}
 			if mdPlace != "internal" && mdPlace != "external" {
-				return fmt.Errorf("--metadata %q: want internal or external", mdPlace)
+				return usageErrorf("--metadata %q: want internal or external", mdPlace)
 			}
 			if paths < 0 || paths > 16 {
-				return fmt.Errorf("--paths %d: want 0 (a plain disk) to 16", paths)
+				return usageErrorf("--paths %d: want 0 (a plain disk) to 16", paths)
 			}
 			if basePort < 0 || basePort > 65535-5 {
-				return fmt.Errorf("--base-port %d: want 0 (free ports) or 1-65530", basePort)
+				return usageErrorf("--base-port %d: want 0 (free ports) or 1-65530", basePort)
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
@@ -195,7 +195,7 @@ func runDemo(ctx context.Context, out io.Writer, dir string, basePort int, size 
 	for _, nc := range cfg.Nodes {
 		fmt.Fprintf(out, "node %s: control %s replication %s nbd %s\n", nc.Name, nc.Control, nc.Replication, nc.NBD)
 	}
-	fmt.Fprintf(out, "volume vol0: %d bytes, protocol C, primary alpha; waiting for beta to be in sync...\n", size)
+	fmt.Fprintf(out, "volume vol0: %s, protocol C, primary alpha; waiting for beta to be in sync...\n", humanBytes(size))
 	if err := waitInSync(ctx, cfg.Nodes[0].Control, 10*time.Minute); err != nil {
 		return err
 	}

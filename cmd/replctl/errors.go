@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"sort"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/replvol/replvol/transport"
@@ -21,6 +19,81 @@ import (
 // gRPC's "rpc error: code = ... desc =" wrapping); what the client sees
 // by itself (a refused connection, its own deadline) is put in words here,
 // by error class and never by matching the text.
+
+// Exit codes: what a script can tell apart without reading the words.
+// Classes come from values (our own error types, gRPC status codes,
+// context errors), never from the text.
+const (
+	// exitFailed: the node refused the operation, or it failed.
+	exitFailed = 1
+	// exitUsage: the command line is wrong (an unknown command or flag, a
+	// missing argument, a bad value); nothing was sent.
+	exitUsage = 2
+	// exitUnreachable: a node the command needs could not be reached, or
+	// did not answer in time (--timeout).
+	exitUnreachable = 3
+	// 4 and 5 are status --check's: a warning, a critical problem.
+)
+
+// exitCodesHelp documents the exit codes in replctl --help.
+const exitCodesHelp = `Exit codes: 0 success; 1 the node refused the operation or it failed; 2 a
+usage error (unknown command or flag, missing argument, bad value: nothing
+was sent); 3 a node could not be reached or did not answer in time.`
+
+// exitError gives an error its exit code.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+// usageErrorf is a usage error: a wrong command line.
+func usageErrorf(format string, args ...any) error {
+	return &exitError{code: exitUsage, err: fmt.Errorf(format, args...)}
+}
+
+// asUsage marks err (cobra's, or a parser's) as a usage error.
+func asUsage(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &exitError{code: exitUsage, err: err}
+}
+
+// unreachableError marks err as a node that could not be reached.
+func unreachableError(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &exitError{code: exitUnreachable, err: err}
+}
+
+// exitCode is the exit status for the error a command returned.
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		return ee.code
+	}
+	var se *transport.StreamError
+	if errors.As(err, &se) && se.Reach != "" {
+		return exitUnreachable
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return exitUnreachable
+	}
+	if st, ok := status.FromError(err); ok {
+		switch st.Code() {
+		case codes.Unavailable, codes.DeadlineExceeded:
+			return exitUnreachable
+		}
+	}
+	return exitFailed
+}
 
 // fail turns an error of the call into the sentence the operator reads.
 // volume and node are the names the command was given ("" when none):
@@ -44,16 +117,17 @@ func (k *call) fail(err error, volume, node string) error {
 		if why := probe(k.g.addr); why != nil {
 			return unreachable(k.g.addr, why)
 		}
-		if !k.answers() {
-			return fmt.Errorf("%s accepts connections but its control API does not answer: is replnode hung or overloaded? (%s)", k.g.nodeAt(), plainMessage(st.Message()))
+		var se *transport.StreamError
+		if (errors.As(err, &se) && se.Reach == transport.ReachNoAnswer) || !k.answers() {
+			return unreachableError(fmt.Errorf("%s accepts connections but its control API does not answer: is replnode hung, paused or overloaded?", k.g.nodeAt()))
 		}
 		if node != "" {
 			// The node at --addr forwarded the command to node.
 			if why := k.peerUnreachable(node); why != nil {
-				return why
+				return unreachableError(why)
 			}
 		}
-		return errors.New(plainMessage(st.Message()))
+		return unreachableError(errors.New(plainMessage(st.Message())))
 	case codes.NotFound, codes.InvalidArgument, codes.FailedPrecondition:
 		if volume != "" || node != "" {
 			if bad := k.checkNames(volume, node); bad != nil {
@@ -86,7 +160,7 @@ func (k *call) precheck(volume, node string) error {
 		return err
 	}
 	if err := unreachablePeer(st, node); err != nil {
-		return fmt.Errorf("%w; nothing was changed", err)
+		return unreachableError(fmt.Errorf("%w; nothing was changed", err))
 	}
 	return nil
 }
@@ -99,6 +173,9 @@ func unreachablePeer(st *transport.ClusterStatus, node string) error {
 			why := plainMessage(firstLine(n.Error))
 			if why == "" {
 				why = "no answer"
+			}
+			if n.ErrorCode == transport.ReachNoAnswer {
+				return fmt.Errorf("node %s is unreachable from %s (%s): is replnode on %s (%s) hung or paused? (systemctl status replnode there)", node, st.From, why, node, n.Control)
 			}
 			return fmt.Errorf("node %s is unreachable from %s (%s): is replnode running on %s (%s)?", node, st.From, why, node, n.Control)
 		}
@@ -134,9 +211,10 @@ func (k *call) interrupted(ctxErr error) error {
 	what := "the request was interrupted"
 	if errors.Is(ctxErr, context.DeadlineExceeded) {
 		if k.action == "" {
-			return fmt.Errorf("no answer from %s within %s (--timeout): it accepts connections but does not answer; is it hung or overloaded?", k.g.nodeAt(), k.g.timeout)
+			return unreachableError(fmt.Errorf("no answer from %s within %s (--timeout): it accepts connections but does not answer; is it hung or overloaded?", k.g.nodeAt(), k.g.timeout))
 		}
 		what = fmt.Sprintf("the request timed out after %s (--timeout)", k.g.timeout)
+		return unreachableError(fmt.Errorf("%s: %s may or may not have happened; check replctl status", what, k.action))
 	}
 	if k.action == "" {
 		return errors.New(what)
@@ -226,39 +304,11 @@ func probe(addr string) error {
 
 // unreachable is the error for a node that does not accept connections.
 func unreachable(addr string, why error) error {
-	msg := fmt.Sprintf("cannot reach %s: is replnode running there? (%s)", nodeAt(addr), dialWords(why))
+	msg := fmt.Sprintf("cannot reach %s: is replnode running there? (%s)", nodeAt(addr), transport.DialWords(why))
 	if others := otherNodes(addr); len(others) > 0 {
 		msg += "; other nodes of its cluster: " + strings.Join(others, ", ") + " (use --addr)"
 	}
-	return errors.New(msg)
-}
-
-// dialWords says why a TCP connection failed.
-func dialWords(err error) string {
-	var dnsErr *net.DNSError
-	var netErr net.Error
-	var addrErr *net.AddrError
-	switch {
-	case errors.Is(err, syscall.ECONNREFUSED):
-		return "connection refused: nothing listens on that port"
-	case errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
-		return "no route to that host"
-	case errors.As(err, &dnsErr):
-		return fmt.Sprintf("host %q not found", dnsErr.Name)
-	case errors.As(err, &addrErr):
-		return fmt.Sprintf("%q is not HOST:PORT (%s)", addrErr.Addr, addrErr.Err)
-	case errors.As(err, &netErr) && netErr.Timeout():
-		return "no answer to a TCP connection within 2s: a firewall, or the host is down"
-	}
-	var opErr *net.OpError
-	if errors.As(err, &opErr) && opErr.Err != nil {
-		var sysErr *os.SyscallError
-		if errors.As(opErr.Err, &sysErr) {
-			return sysErr.Err.Error()
-		}
-		return opErr.Err.Error()
-	}
-	return err.Error()
+	return unreachableError(errors.New(msg))
 }
 
 // nodeAt names the node at --addr when the last known status lists it.

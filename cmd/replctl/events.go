@@ -30,12 +30,16 @@ func newEvents(g *globals) *cobra.Command {
 		Short: "Follow the cluster's state changes live (like drbdsetup events2)",
 		Long: `Print each event of a node as it happens: role changes, connects and
 disconnects, resync and verify start and end, path failures, split brains,
-with time, node, volume, kind, the peer and the state before and after, and why.
-Without --since only new events are shown; --since 10m (or a time: 15:04,
-"2006-01-02 15:04:05", RFC 3339) first shows those since then (a node keeps its
-last 1000). --json prints one JSON object per line with the keys time, node,
-seq, volume, kind, peer, old, new, reason and message (empty strings when an
-event has none).
+raft leader changes, quorum and lease lost or regained, with time, node,
+volume, kind, the peer and the state before and after, and why.
+Without --since the node's current state comes first, as drbdsetup events2
+shows it: a line of kind exists for the node, each volume (its role) and each
+peer (its replication state), then one of kind exists-end; then what happens.
+--since 10m (or a time: 15:04, "2006-01-02 15:04:05", RFC 3339) instead first
+shows the events since then (a node keeps its last 1000). --json prints one
+JSON object per line with the keys time, node, seq, volume, kind, peer, old,
+new, reason and message (empty strings when an event has none; seq is 0 for
+the state lines, which are not recorded).
 
 By default the node at --addr is followed; --node follows another node of its
 cluster, --all every node, merged in time order. A node that goes away is
@@ -45,19 +49,19 @@ Ctrl-C ends the stream (exit 0).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if all && nodeName != "" {
-				return errors.New("give --node NAME or --all, not both")
+				return usageErrorf("give --node NAME or --all, not both")
 			}
-			req := transport.EventsRequest{}
+			req := transport.EventsRequest{State: since == ""}
 			if since != "" {
 				t, err := parseSince(since, time.Now())
 				if err != nil {
-					return err
+					return asUsage(err)
 				}
 				req.Since, req.History = t, historyKept
 			}
 			pal, err := g.paletteFor(cmd.OutOrStdout())
 			if err != nil {
-				return err
+				return asUsage(err)
 			}
 			sources, err := eventSources(cmd, g, nodeName, all)
 			if err != nil {
@@ -176,6 +180,8 @@ type eventFollower struct {
 	retry bool
 
 	mu sync.Mutex // serialises writes to out and errOut
+	// arrivals counts the events run received (run's goroutine only).
+	arrivals uint64
 }
 
 // mergeWindow is how long an event waits for an earlier one from another
@@ -211,7 +217,7 @@ func (f *eventFollower) run(ctx context.Context, sources []eventSource, req tran
 		}
 		select {
 		case e := <-events:
-			heap.Push(&pending, pendingEvent{e: e, arrived: time.Now()})
+			heap.Push(&pending, f.pending(e))
 		case <-timer.C:
 		case err := <-errs:
 			running--
@@ -234,7 +240,7 @@ func (f *eventFollower) drain(events chan *transport.Event, pending *eventHeap) 
 	for {
 		select {
 		case e := <-events:
-			heap.Push(pending, pendingEvent{e: e, arrived: time.Now()})
+			heap.Push(pending, f.pending(e))
 			continue
 		default:
 		}
@@ -294,12 +300,12 @@ func (f *eventFollower) follow(ctx context.Context, src eventSource, req transpo
 		case !wasUp:
 			msg = unreachable(src.addr, orUnknown(probe(src.addr), err)).Error()
 			if !f.retry {
-				return errors.New(msg)
+				return unreachableError(errors.New(msg))
 			}
 		default:
 			msg = fmt.Sprintf("%s went away: %s", src, goneWords(src.addr, err))
 			if !f.retry {
-				return errors.New(msg + "; no more events")
+				return unreachableError(errors.New(msg + "; no more events"))
 			}
 		}
 		if !reported {
@@ -350,7 +356,7 @@ func orUnknown(probeErr, err error) error {
 // goneWords says why a stream ended.
 func goneWords(addr string, err error) string {
 	if why := probe(addr); why != nil {
-		return "its replnode stopped or the host is unreachable (" + dialWords(why) + ")"
+		return "its replnode stopped or the host is unreachable (" + transport.DialWords(why) + ")"
 	}
 	if errors.Is(err, io.EOF) {
 		return "it ended the stream"
@@ -411,8 +417,17 @@ func formatEvent(e *transport.Event, pal palette) string {
 	if e.Peer != "" {
 		detail = append(detail, "peer "+e.Peer+":")
 	}
-	if e.Old != "" || e.New != "" {
+	switch {
+	case e.Kind == transport.EventExists && e.New != "":
+		detail = append(detail, e.New+":") // a state, not a change
+	case e.Old != "" && e.New != "" && e.Old != e.New:
 		detail = append(detail, e.Old+" -> "+e.New+":")
+	case e.Old == "" && e.New != "":
+		detail = append(detail, "-> "+e.New+":") // the first state seen
+	case e.New != "":
+		detail = append(detail, e.New+":") // unchanged
+	case e.Old != "":
+		detail = append(detail, "was "+e.Old+":")
 	}
 	detail = append(detail, e.Message)
 	if e.Reason != "" {
@@ -427,14 +442,19 @@ func formatEvent(e *transport.Event, pal palette) string {
 func eventColor(kind string) string {
 	switch kind {
 	case "split-brain", "refused", "unrelated-data", "fenced", "detached", "hook-failed", "apply-failed",
-		"state-write-failed", "verify-stopped", "promotion-refused", "resync-failed", "path-fail", "peer-lost":
+		"state-write-failed", "verify-stopped", "promotion-refused", "resync-failed", "path-fail", "peer-lost",
+		"quorum-lost", "lease-lost":
 		return colorRed
 	case "disconnected", "waiting-for-peer", "resync", "verify", "stale-disk", "crashed-primary", "attaching",
 		"new-generation", "failover", "forced-primary", "discard-my-data", "stopped":
 		return colorYellow
 	case "connected", "resync-done", "verify-done", "attached", "pull-done", "split-brain-resolved", "path-restore",
-		"serving", "started":
+		"serving", "started", "quorum-regained", "lease-regained":
 		return colorGreen
+	case "raft-leader":
+		return colorCyan
+	case transport.EventExistsEnd:
+		return colorDim
 	}
 	return colorNone
 }
@@ -443,6 +463,15 @@ func eventColor(kind string) string {
 type pendingEvent struct {
 	e       *transport.Event
 	arrived time.Time
+	// n numbers the events as they arrive: equal times (a node's state
+	// lines share one) keep the order the node sent them in.
+	n uint64
+}
+
+// pending is e as it arrives.
+func (f *eventFollower) pending(e *transport.Event) pendingEvent {
+	f.arrivals++
+	return pendingEvent{e: e, arrived: time.Now(), n: f.arrivals}
 }
 
 // eventHeap orders pending events by their time (then node and seq).
@@ -457,7 +486,10 @@ func (h eventHeap) Less(i, j int) bool {
 	if a.Node != b.Node {
 		return a.Node < b.Node
 	}
-	return a.Seq < b.Seq
+	if a.Seq != b.Seq {
+		return a.Seq < b.Seq
+	}
+	return h[i].n < h[j].n
 }
 func (h eventHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
 func (h *eventHeap) Push(x any)   { *h = append(*h, x.(pendingEvent)) }

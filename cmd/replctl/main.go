@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -23,10 +25,22 @@ func main() {
 		<-ctx.Done()
 		stop()
 	}()
-	if err := newRoot().ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "replctl:", err)
-		os.Exit(1)
+	os.Exit(run(ctx, newRoot(), os.Stderr))
+}
+
+// run executes the command line and returns the exit status (see
+// exitCode), having said what went wrong on errOut.
+func run(ctx context.Context, root *cobra.Command, errOut io.Writer) int {
+	cmd, err := root.ExecuteContextC(ctx)
+	if err == nil {
+		return 0
 	}
+	code := exitCode(err)
+	fmt.Fprintln(errOut, "replctl:", err)
+	if code == exitUsage && cmd != nil {
+		fmt.Fprintf(errOut, "see %s --help\n", cmd.CommandPath())
+	}
+	return code
 }
 
 type globals struct {
@@ -40,6 +54,7 @@ func newRoot() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "replctl",
 		Short:         "Operate a replvol cluster",
+		Long:          "Operate a replvol cluster.\n\n" + exitCodesHelp,
 		Version:       versionString(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -53,7 +68,47 @@ func newRoot() *cobra.Command {
 	root.PersistentFlags().DurationVar(&g.timeout, "timeout", 60*time.Second, "how long to wait for the cluster")
 	root.PersistentFlags().StringVar(&g.color, "color", "auto", "colours: auto (on a terminal, unless NO_COLOR is set), always or never")
 	root.AddCommand(newStatus(g), newEvents(g), newPrimary(g), newConnect(g, true), newConnect(g, false), newResync(g), newVerify(g), newPath(g), newNode(g), newAdjust(g), newCreateMD(), newDemo())
+	markUsageErrors(root)
+	registerCompletions(root, g)
 	return root
+}
+
+// markUsageErrors makes cobra's own errors (an unknown command or flag, a
+// wrong number of arguments) usage errors, exit code 2. A command that
+// only groups others prints its help, and names an unknown subcommand.
+func markUsageErrors(root *cobra.Command) {
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return asUsage(err) })
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		switch {
+		case c.Args != nil:
+			args := c.Args
+			c.Args = func(c *cobra.Command, a []string) error { return asUsage(args(c, a)) }
+		case c.HasSubCommands() && c.Run == nil && c.RunE == nil:
+			c.Args = unknownSubcommand
+			c.RunE = func(c *cobra.Command, _ []string) error { return c.Help() }
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(root)
+}
+
+// unknownSubcommand refuses an argument of a command that only groups
+// others, suggesting the nearest subcommand.
+func unknownSubcommand(c *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("unknown command %q for %q", args[0], c.CommandPath())
+	if c.SuggestionsMinimumDistance <= 0 {
+		c.SuggestionsMinimumDistance = 2 // cobra's default for its own message
+	}
+	if s := c.SuggestionsFor(args[0]); len(s) > 0 {
+		msg += fmt.Sprintf(" (did you mean %s?)", strings.Join(s, " or "))
+	}
+	return usageErrorf("%s", msg)
 }
 
 // call is one command's conversation with the node at --addr: the client,
@@ -75,7 +130,7 @@ type call struct {
 func (g *globals) dial(cmd *cobra.Command, action string) (*call, error) {
 	c, err := transport.DialControl(g.addr)
 	if err != nil {
-		return nil, fmt.Errorf("cannot use --addr %q: %v", g.addr, err)
+		return nil, usageErrorf("cannot use --addr %q: %v", g.addr, err)
 	}
 	ctx, cancel := context.WithTimeout(cmd.Context(), g.timeout)
 	return &call{g: g, c: c, ctx: ctx, cancel: cancel, parent: cmd.Context(), action: action}, nil

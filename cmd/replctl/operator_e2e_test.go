@@ -365,7 +365,8 @@ func TestE2EResyncPauseWithNothingToPause(t *testing.T) {
 	if r.code != 1 || !strings.Contains(r.out, "no resync of vol0 is running: nothing to pause") {
 		t.Fatalf("resync --pause with nothing to pause: %s", r)
 	}
-	if r := d.ctl("alpha", "resync", volName, "--pause", "--resume"); r.code != 1 || !strings.Contains(r.out, "exclude each other") {
+	// A usage error (issue 15: exit code 2).
+	if r := d.ctl("alpha", "resync", volName, "--pause", "--resume"); r.code != 2 || !strings.Contains(r.out, "exclude each other") {
 		t.Fatalf("resync --pause --resume: %s", r)
 	}
 	// A resync started now is not held by a pause left behind.
@@ -378,7 +379,8 @@ func TestE2EResyncPauseWithNothingToPause(t *testing.T) {
 // TestE2EUnreachableNodeInWords: a refused connection names the address
 // (and the node, once a status has shown it) and asks whether replnode
 // runs there; a hung node's timeout says the command may or may not have
-// happened. No raw gRPC text reaches the operator.
+// happened. No raw gRPC text reaches the operator. Each exits 3: a node
+// could not be reached (issue 15).
 func TestE2EUnreachableNodeInWords(t *testing.T) {
 	e2e(t)
 	cache := []string{"XDG_CACHE_HOME=" + t.TempDir()}
@@ -390,8 +392,8 @@ func TestE2EUnreachableNodeInWords(t *testing.T) {
 	for _, args := range [][]string{{"status"}, {"primary", volName, "--node", "beta"}, {"events"}} {
 		r := runCmd(30*time.Second, cache, replctlBin, append(args, "--addr", closed)...)
 		want := "cannot reach a node at " + closed + ": is replnode running there? (connection refused"
-		if r.code != 1 || !strings.Contains(r.out, want) || rawGRPC(r.out) {
-			t.Errorf("replctl %s --addr %s (closed): %s; want exit 1 and %q", strings.Join(args, " "), closed, r, want)
+		if r.code != 3 || !strings.Contains(r.out, want) || rawGRPC(r.out) {
+			t.Errorf("replctl %s --addr %s (closed): %s; want exit 3 (unreachable) and %q", strings.Join(args, " "), closed, r, want)
 		}
 	}
 
@@ -410,7 +412,7 @@ func TestE2EUnreachableNodeInWords(t *testing.T) {
 	c.stop("beta")
 	r := ctl("beta", "status")
 	want := "cannot reach node beta at " + c.nodes["beta"].Control + ": is replnode running there? (connection refused"
-	if r.code != 1 || !strings.Contains(r.out, want) || !strings.Contains(r.out, "alpha ("+c.nodes["alpha"].Control+")") || rawGRPC(r.out) {
+	if r.code != 3 || !strings.Contains(r.out, want) || !strings.Contains(r.out, "alpha ("+c.nodes["alpha"].Control+")") || rawGRPC(r.out) {
 		t.Errorf("status via a stopped beta: %s; want %q and alpha's address to try", r, want)
 	}
 	r = ctl("alpha", "status")
@@ -418,7 +420,7 @@ func TestE2EUnreachableNodeInWords(t *testing.T) {
 		t.Errorf("status via alpha with beta stopped: %s", r)
 	}
 	r = ctl("alpha", "disconnect", volName, "--node", "beta")
-	if r.code != 1 || rawGRPC(r.out) || !strings.Contains(r.out, "node beta is unreachable from alpha") {
+	if r.code != 3 || rawGRPC(r.out) || !strings.Contains(r.out, "node beta is unreachable from alpha") {
 		t.Errorf("disconnect of the stopped beta via alpha: %s", r)
 	}
 
@@ -426,11 +428,11 @@ func TestE2EUnreachableNodeInWords(t *testing.T) {
 	c.pause("alpha")
 	r = ctl("alpha", "primary", volName, "--node", "beta", "--timeout", "1s")
 	want = "the request timed out after 1s (--timeout): the switchover may or may not have happened; check replctl status"
-	if r.code != 1 || !strings.Contains(r.out, want) {
-		t.Errorf("switchover via a hung alpha: %s; want %q", r, want)
+	if r.code != 3 || !strings.Contains(r.out, want) {
+		t.Errorf("switchover via a hung alpha: %s; want exit 3 and %q", r, want)
 	}
 	r = ctl("alpha", "status", "--timeout", "5s")
-	if r.code != 1 || !strings.Contains(r.out, "node alpha at "+c.nodes["alpha"].Control) || !strings.Contains(r.out, "hung") || rawGRPC(r.out) {
+	if r.code != 3 || !strings.Contains(r.out, "node alpha at "+c.nodes["alpha"].Control) || !strings.Contains(r.out, "hung") || rawGRPC(r.out) {
 		t.Errorf("status via a hung alpha: %s", r)
 	}
 	c.resume("alpha")

@@ -63,8 +63,8 @@ func TestCheckNamesListsTheValidOnes(t *testing.T) {
 
 func TestDialWordsAndPlainMessages(t *testing.T) {
 	refused := &net.OpError{Op: "dial", Net: "tcp", Err: &osSyscallError{syscall.ECONNREFUSED}}
-	if got := dialWords(refused); !strings.Contains(got, "connection refused") {
-		t.Errorf("dialWords(refused) = %q", got)
+	if got := transport.DialWords(refused); !strings.Contains(got, "connection refused") {
+		t.Errorf("transport.DialWords(refused) = %q", got)
 	}
 	// A real refused connection, to a port nothing listens on.
 	l, err := net.Listen("tcp", "127.0.0.1:0")

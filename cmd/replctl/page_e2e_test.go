@@ -305,7 +305,7 @@ func (bp *browserPage) screenshot(name string) {
 	bp.t.Logf("screenshot of the page: %s", path)
 }
 
-var resyncDone = regexp.MustCompile(`resync to beta finished: \d+ bytes in ([0-9.]+)s`)
+var resyncDone = regexp.MustCompile(`resync to beta finished: \S+ in ([0-9.]+)s`)
 
 // resyncSeconds is how long alpha's last resync to beta took, from its
 // events (0 when none is recorded).

@@ -25,7 +25,7 @@ until replctl connect VOLUME --discard-my-data --node VICTIM.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if nodeName == "" {
-				return fmt.Errorf("--node NAME is required: the node that should become primary")
+				return usageErrorf("--node NAME is required: the node that should become primary")
 			}
 			action := "the switchover"
 			if force {

@@ -32,7 +32,7 @@ UpToDate again. --pause with no resync running says so and changes nothing.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			volume := args[0]
 			if pause && resume {
-				return errors.New("--pause and --resume exclude each other")
+				return usageErrorf("--pause and --resume exclude each other")
 			}
 			action := "the resync"
 			switch {
@@ -134,7 +134,7 @@ func waitResync(ctx context.Context, c *transport.ControlClient, volume string, 
 			return errors.New("stopped waiting; the resync goes on (replctl status shows it)")
 		}
 		if err != nil {
-			return fmt.Errorf("lost the node while waiting (the resync goes on): %s", plainMessage(err.Error()))
+			return unreachableError(fmt.Errorf("lost the node while waiting (the resync goes on): %s", plainMessage(err.Error())))
 		}
 		line, finished := resyncLine(st, volume)
 		switch {

@@ -199,7 +199,12 @@ func printStatus(w io.Writer, st *transport.ClusterStatus, pal palette, now time
 		state := cell{"alive", colorGreen}
 		if !n.Alive {
 			state = cell{"unreachable", colorRed}
-			if n.Error != "" && n.Membership != "dead" && n.Membership != "left" {
+			switch {
+			case n.ErrorCode == transport.ReachRefused:
+				state.text += " (not running: nothing listens)"
+			case n.ErrorCode == transport.ReachNoAnswer:
+				state.text += " (not answering: hung or paused?)"
+			case n.Error != "" && n.Membership != "dead" && n.Membership != "left":
 				// A node gossip reports gone is not asked: "gossip: dead" says why.
 				state.text += " (" + plainMessage(firstLine(n.Error)) + ")"
 			}

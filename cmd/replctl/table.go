@@ -8,6 +8,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/replvol/replvol/internal/human"
 	"golang.org/x/term"
 )
 
@@ -49,7 +50,7 @@ func (g *globals) paletteFor(w io.Writer) (palette, error) {
 		}
 		return palette{on: isTerminal(w)}, nil
 	}
-	return palette{}, fmt.Errorf("--color %q: want auto, always or never", g.color)
+	return palette{}, usageErrorf("--color %q: want auto, always or never", g.color)
 }
 
 func isTerminal(w io.Writer) bool {
@@ -167,18 +168,8 @@ func shortDuration(d time.Duration) string {
 	return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
 }
 
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%dB", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f%ciB", float64(n)/float64(div), "KMGTPE"[exp])
-}
+// humanBytes is n bytes for people (the project's one formatter).
+func humanBytes(n int64) string { return human.Bytes(n) }
 
 func firstLine(s string) string {
 	if i := strings.IndexByte(s, '\n'); i >= 0 {

@@ -65,7 +65,7 @@ func waitVerify(ctx context.Context, c *transport.ControlClient, volume string, 
 			return errors.New("stopped waiting; the verify goes on (replctl status shows it)")
 		}
 		if err != nil {
-			return fmt.Errorf("lost the node while waiting (the verify goes on): %s", plainMessage(err.Error()))
+			return unreachableError(fmt.Errorf("lost the node while waiting (the verify goes on): %s", plainMessage(err.Error())))
 		}
 		running, found, done, total, rate := false, int64(0), int64(0), int64(0), int64(0)
 		for _, v := range st.Volumes {

@@ -209,6 +209,10 @@ func (c *Cluster) watchRaft(notify <-chan bool, observations <-chan raft.Observa
 	}
 }
 
+// LeaderChanged returns a channel that is closed at the next leader
+// change this node sees (any number of watchers may wait on it).
+func (c *Cluster) LeaderChanged() <-chan struct{} { return c.leaderChange.wait() }
+
 // Changed is signalled after each state machine change, each gossip event
 // and each leader change. Signals coalesce (one buffered slot, never
 // blocking); one consumer reads it, then reads what it needs.

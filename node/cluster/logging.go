@@ -2,12 +2,15 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log"
 	"log/slog"
+	"net"
 	"strings"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
 )
 
 // hclogger makes raft's logs (hclog) records of the node's slog logger.
@@ -47,8 +50,23 @@ var repeated = map[string]bool{
 	"failed to contact":              true,
 }
 
+// shuttingDown reports whether one of a record's arguments is an error of
+// this node's own clean stop: raft's network transport answers a command
+// that arrives while it closes with raft.ErrTransportShutdown, and logs
+// that at ERROR ("failed to decode incoming command"), and a connection
+// closed under a reader ends with net.ErrClosed. Neither is a fault, and a
+// clean stop must log nothing at ERROR. Matched by value, never by text.
+func shuttingDown(args []any) bool {
+	for _, a := range args {
+		if err, ok := a.(error); ok && (errors.Is(err, raft.ErrTransportShutdown) || errors.Is(err, net.ErrClosed)) {
+			return true
+		}
+	}
+	return false
+}
+
 func (h *hclogger) Log(level hclog.Level, msg string, args ...any) {
-	if level > hclog.Debug && repeated[msg] {
+	if level > hclog.Debug && (repeated[msg] || shuttingDown(args)) {
 		level = hclog.Debug
 	}
 	if level == hclog.Off || !h.log.Enabled(context.Background(), slogLevel(level)) {

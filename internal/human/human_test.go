@@ -1,0 +1,16 @@
+package human
+
+import "testing"
+
+func TestBytes(t *testing.T) {
+	for _, tc := range []struct {
+		n    int64
+		want string
+	}{
+		{0, "0B"}, {1023, "1023B"}, {1024, "1.0KiB"}, {64 << 20, "64.0MiB"}, {3 << 29, "1.5GiB"}, {1 << 40, "1.0TiB"}, {-4096, "-4.0KiB"},
+	} {
+		if got := Bytes(tc.n); got != tc.want {
+			t.Errorf("Bytes(%d) = %q, want %q", tc.n, got, tc.want)
+		}
+	}
+}
