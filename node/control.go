@@ -184,6 +184,9 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 	for _, vc := range n.cfg.Volumes {
 		vs := transport.VolumeStatus{Name: vc.Name, Size: int64(vc.Size), Protocol: vc.ProtocolOrDefault(), ResyncRate: int64(vc.ResyncRate)}
 		va, _ := auth.Volume(vc.Name)
+		if f := va.LastFailover; f != nil {
+			vs.LastFailover = &transport.Failover{From: f.From, To: f.To, Epoch: f.Epoch, At: f.At, Reason: f.Reason, Forced: f.Forced}
+		}
 		// The primary is the reachable node that says so at the highest
 		// epoch; failing that, the one the others last agreed to.
 		var primaryView *transport.LocalVolume
@@ -548,7 +551,7 @@ func (c *control) switchoverByRaft(ctx context.Context, r *transport.PrimaryRequ
 func (c *control) forceByRaft(ctx context.Context, r *transport.PrimaryRequest) (*transport.PrimaryReply, error) {
 	n := c.n
 	va, _ := n.cl.c.Authority().Volume(r.Volume)
-	nva, err := n.cl.c.Propose(ctx, replication.PromoteCommand(r.Volume, va.Epoch, r.Node, true))
+	nva, err := n.cl.c.Propose(ctx, replication.FailoverCommand(r.Volume, va.Epoch, r.Node, true, time.Now().UTC(), "forced by the operator (replctl primary --force)"))
 	if err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "forced promotion of %s through raft failed: %v", r.Node, err)
 	}

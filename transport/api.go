@@ -57,6 +57,24 @@ type VolumeStatus struct {
 	// ResyncRate is the primary's resync cap in bytes per second (the
 	// config's resync_rate, or as adjusted); 0: no cap.
 	ResyncRate int64 `json:"resync_rate"`
+	// LastFailover is the volume's last promotion without a handover
+	// from the old primary (automatic, or forced by the operator); nil
+	// when there was none.
+	LastFailover *Failover `json:"last_failover,omitempty"`
+}
+
+// Failover is a promotion without a handover: From was primary, To took
+// over at Epoch, At (the proposer's clock), because of Reason.
+type Failover struct {
+	From  string    `json:"from"`
+	To    string    `json:"to"`
+	Epoch uint64    `json:"epoch"`
+	At    time.Time `json:"at"`
+	// Reason says why, in words (the old primary was lost, cut off, or
+	// the operator forced it); Forced is true for the operator's
+	// replctl primary --force.
+	Reason string `json:"reason,omitempty"`
+	Forced bool   `json:"forced,omitempty"`
 }
 
 // Replica returns node's replica of v, or nil when node holds none.
