@@ -12,6 +12,7 @@ import (
 	"github.com/replvol/replvol/node/cluster"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
+	"github.com/replvol/replvol/web"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -293,6 +294,7 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 		}
 		cs.Volumes = append(cs.Volumes, vs)
 	}
+	cs.Warnings = web.Warnings(cs)
 	return cs, nil
 }
 

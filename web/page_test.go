@@ -1,6 +1,7 @@
 package web
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -274,6 +275,70 @@ func TestPageStates(t *testing.T) {
 			},
 		},
 		{
+			name: "the second before a failover: raft is about to promote beta, nothing to run",
+			bend: func(st *transport.ClusterStatus) {
+				st.Cluster.Reason = "primary alpha is lost: promoting beta once its lease has run out"
+				st.Volumes[0].NBDURI = ""
+				ni := nodeInfo(st, "alpha")
+				ni.Alive, ni.Membership, ni.Error = false, "suspect", "connection refused"
+				a := replica(st, "alpha")
+				a.Reachable, a.Role, a.Disk, a.Replication = false, "Unknown", "DUnknown", "Unknown"
+				b := replica(st, "beta")
+				b.Disk, b.Replication = "Consistent", "Connecting"
+			},
+			check: want{
+				text: map[string]string{
+					"warning-no-primary-vol0-text": "no IO is served until the raft leader fails it over to beta",
+					"warning-no-primary-vol0":      "promoting beta once its lease has run out",
+				},
+				absent: []string{"warning-no-primary-vol0-command", "warning-no-primary-vol0-risk", "warning-connecting-vol0-beta"},
+				class:  map[string]string{"warning-no-primary-vol0": "critical"},
+			},
+		},
+		{
+			name: "no failover possible: bring the old primary back, or force what is left",
+			bend: func(st *transport.ClusterStatus) {
+				st.Cluster.Reason = "primary alpha is lost and no node can take over: no UpToDate node alive; beta alive but Outdated"
+				st.Volumes[0].NBDURI = ""
+				ni := nodeInfo(st, "alpha")
+				ni.Alive, ni.Membership = false, "dead"
+				a := replica(st, "alpha")
+				a.Reachable, a.Role, a.Disk, a.Replication = false, "Unknown", "DUnknown", "Unknown"
+				b := replica(st, "beta")
+				b.Disk, b.Raft, b.Replication = "Outdated", "Outdated", "Connecting"
+			},
+			check: want{
+				text: map[string]string{
+					"warning-no-primary-vol0-text":    "no replica in reach is UpToDate to take over",
+					"warning-no-primary-vol0-command": "systemctl start replnode",
+					"warning-no-primary-vol0":         "on alpha",
+					"warning-no-primary-vol0-risk":    "If alpha cannot come back: replctl primary vol0 --node beta --force --yes makes beta's copy (Outdated) the data of vol0: the writes it missed are lost",
+				},
+			},
+		},
+		{
+			name: "forced to primary while disconnected by the operator: the volume runs on one copy",
+			bend: func(st *transport.ClusterStatus) {
+				v := &st.Volumes[0]
+				v.Primary, v.Epoch, v.NBDURI = "beta", 4, "nbd://10.0.0.2:7802/vol0"
+				b := replica(st, "beta")
+				b.Role, b.Replication, b.Raft = "Primary", "StandAlone", "UpToDate"
+				b.Reason, b.ReasonCode = "disconnected by operator", "disconnected-by-operator"
+				a := replica(st, "alpha")
+				a.Role, a.Disk, a.Replication, a.Raft = "Secondary", "Consistent", "Connecting", "Outdated"
+				a.Reason, a.ReasonCode = "disconnected by operator", "disconnected-by-operator" // the primary's view of it
+			},
+			check: want{
+				text: map[string]string{
+					"warning-one-copy-vol0-text":    "vol0 runs on one copy: its primary beta is disconnected by the operator",
+					"warning-one-copy-vol0-command": "replctl connect vol0 --node beta",
+					"warning-count":                 "1",
+				},
+				absent: []string{"warning-connecting-vol0-alpha", "warning-standalone-vol0-beta", "warning-standalone-vol0-alpha"},
+				class:  map[string]string{"warning-one-copy-vol0": "warning"},
+			},
+		},
+		{
 			name: "Outdated and StandAlone after a failure: reconnect it",
 			bend: func(st *transport.ClusterStatus) {
 				b := replica(st, "beta")
@@ -328,6 +393,42 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// TestWarningsJSON: the warnings the page shows are in the status's JSON,
+// with every field a tool needs, and an empty list (not null) when all is
+// well.
+func TestWarningsJSON(t *testing.T) {
+	healthy, err := json.Marshal(Warnings(healthyCluster()))
+	if err != nil || string(healthy) != "[]" {
+		t.Fatalf("a healthy cluster's warnings: %s (%v), want []", healthy, err)
+	}
+	st := healthyCluster()
+	replica(st, "beta").Replication = "StandAlone"
+	st.Warnings = Warnings(st)
+	raw, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Warnings []map[string]string `json:"warnings"`
+	}
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"id": "warning-standalone-vol0-beta", "kind": "standalone", "severity": "warning", "volume": "vol0", "node": "beta",
+		"command": "replctl connect vol0 --node beta"}
+	if len(doc.Warnings) != 1 {
+		t.Fatalf("warnings in JSON: %s", raw)
+	}
+	for k, v := range want {
+		if doc.Warnings[0][k] != v {
+			t.Errorf("warning's %q = %q, want %q", k, doc.Warnings[0][k], v)
+		}
+	}
+	if !strings.Contains(doc.Warnings[0]["text"], "beta is StandAlone on vol0") {
+		t.Errorf("warning's text %q", doc.Warnings[0]["text"])
+	}
 }
 
 func TestPageResyncBarValue(t *testing.T) {

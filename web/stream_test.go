@@ -338,6 +338,27 @@ func TestPatcherSendsOnlyChanges(t *testing.T) {
 	}
 }
 
+// TestAPIStatusCarriesTheWarnings: /api/status holds the warnings the page
+// shows, also from a source that does not fill them in.
+func TestAPIStatusCarriesTheWarnings(t *testing.T) {
+	fake := newFakeSource(healthyCluster())
+	fake.set(func(st *transport.ClusterStatus) { st.Volumes[0].Replica("beta").Replication = "StandAlone" })
+	srv := httptest.NewServer(NewMux(fake.source()))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/api/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st transport.ClusterStatus
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Warnings) != 1 || st.Warnings[0].ID != "warning-standalone-vol0-beta" || st.Warnings[0].Command != "replctl connect vol0 --node beta" {
+		t.Fatalf("/api/status warnings %+v, want beta's StandAlone with its fix", st.Warnings)
+	}
+}
+
 func TestEventsStreamHistoryThenLive(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
