@@ -10,7 +10,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -85,6 +88,22 @@ func TestE2EStatusPage(t *testing.T) {
 	fix := "replctl connect vol0 --node beta"
 	bp.waitText("warning-standalone-vol0-beta-command", time.Until(deadline), equals(fix))
 	t.Logf("beta StandAlone and the warning %q on the page %s after the disconnect began", fix, time.Since(began).Round(time.Millisecond))
+	// The same warning, with its fix, for scripts: status --check exits
+	// 4, and the JSON of replctl status and of /api/status holds it.
+	if r := d.ctl("alpha", "status", "--check"); r.code != exitWarning || !strings.Contains(r.out, "fix: "+fix) {
+		t.Errorf("replctl status --check with beta StandAlone: exit %d, want %d and the fix:\n%s", r.code, exitWarning, r.out)
+	}
+	for what, js := range map[string]string{"replctl status --json": d.mustCtl("alpha", "status", "--json"), "/api/status": httpGet(t, "http://"+control+"/api/status")} {
+		var doc struct {
+			Warnings []struct{ ID, Kind, Severity, Command string } `json:"warnings"`
+		}
+		if err := json.Unmarshal([]byte(js), &doc); err != nil {
+			t.Fatalf("%s: %v\n%s", what, err, js)
+		}
+		if len(doc.Warnings) != 1 || doc.Warnings[0].ID != "warning-standalone-vol0-beta" || doc.Warnings[0].Severity != "warning" || doc.Warnings[0].Command != fix {
+			t.Errorf("%s warnings %+v, want beta's StandAlone with %q", what, doc.Warnings, fix)
+		}
+	}
 
 	// Writes while beta is away, for a resync long enough to watch; the
 	// sparklines show them.
@@ -112,6 +131,9 @@ func TestE2EStatusPage(t *testing.T) {
 	bp.waitText("replica-vol0-beta-disk", syncTimeout, equals("UpToDate"))
 	bp.waitText("replica-vol0-beta-replication", pageWait, equals("Connected"))
 	bp.waitGone("warning-standalone-vol0-beta", pageWait)
+	if r := d.ctl("alpha", "status", "--check"); r.code != 0 || !strings.Contains(r.out, "warnings: none") {
+		t.Errorf("replctl status --check in sync again: exit %d, want 0:\n%s", r.code, r.out)
+	}
 	bars := bp.eval(`() => window.replvolBars`).Value.Arr()
 	var seen []string
 	for _, b := range bars {
@@ -164,6 +186,22 @@ func TestE2EStatusPage(t *testing.T) {
 	}
 	t.Logf("%d requests, all to %s", len(requests), control)
 	bp.screenshot("status-page")
+}
+
+// httpGet returns the body of a GET that must answer 200.
+func httpGet(t *testing.T, url string) string {
+	t.Helper()
+	hc := http.Client{Timeout: 10 * time.Second}
+	resp, err := hc.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s %v\n%s", url, resp.Status, err, body)
+	}
+	return string(body)
 }
 
 // browserPage is one page of a headless Chromium.
