@@ -2,6 +2,7 @@ package web
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -317,6 +318,30 @@ func TestPageStates(t *testing.T) {
 			},
 		},
 		{
+			name: "after a failover: the volume says from where to where, when and why",
+			bend: func(st *transport.ClusterStatus) {
+				v := &st.Volumes[0]
+				v.Primary, v.Epoch, v.NBDURI = "beta", 4, "nbd://10.0.0.2:7802/vol0"
+				v.LastFailover = &transport.Failover{From: "alpha", To: "beta", Epoch: 4, At: testNow.Add(-5 * time.Second), Reason: "alpha lost"}
+				ni := nodeInfo(st, "alpha")
+				ni.Alive, ni.Membership = false, "dead"
+				a := replica(st, "alpha")
+				a.Reachable, a.Role, a.Disk, a.Replication = false, "Unknown", "Outdated", "Unknown"
+				b := replica(st, "beta")
+				b.Role, b.Replication = "Primary", "Connecting"
+			},
+			check: want{
+				text: map[string]string{
+					"vol-vol0-failover":       "vol0 failed over alpha → beta at 2026-03-14 15:09:21 UTC (epoch 4): alpha lost",
+					"vol-vol0-primary":        "beta",
+					"warning-node-down-alpha": "Node alpha is unreachable",
+					"vol-vol0-severity":       "warning",
+				},
+				absent: []string{"warning-no-primary-vol0"},
+				class:  map[string]string{"vol-vol0": "warning", "replica-vol0-alpha": "problem", "warning-node-down-alpha": "warning"},
+			},
+		},
+		{
 			name: "forced to primary while disconnected by the operator: the volume runs on one copy",
 			bend: func(st *transport.ClusterStatus) {
 				v := &st.Volumes[0]
@@ -335,7 +360,7 @@ func TestPageStates(t *testing.T) {
 					"warning-count":                 "1",
 				},
 				absent: []string{"warning-connecting-vol0-alpha", "warning-standalone-vol0-beta", "warning-standalone-vol0-alpha"},
-				class:  map[string]string{"warning-one-copy-vol0": "warning"},
+				class:  map[string]string{"warning-one-copy-vol0": "warning", "vol-vol0": "warning", "replica-vol0-beta": "problem"},
 			},
 		},
 		{
@@ -393,6 +418,46 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// TestPageProblemVolumesFirst: a volume with a critical warning comes
+// first, then one with a warning, then the healthy ones in the status's
+// order; the volumes come before the cluster overview, so that the
+// problem's replica table is on the first screen; a problem replica's row
+// is marked, a healthy one's is not.
+func TestPageProblemVolumesFirst(t *testing.T) {
+	st := healthyCluster()
+	st.Volumes = append(st.Volumes, healthyVolume("vol1"), healthyVolume("vol2"), healthyVolume("vol3"))
+	st.Volumes[1].Replica("beta").Replication = "StandAlone" // vol1: a warning
+	st.Volumes[3].Replica("beta").Disk = "Failed"            // vol3: critical
+	p := render(t, pageInput{Status: st})
+	var order []int
+	for _, id := range []string{"vol-vol3", "vol-vol1", "vol-vol0", "vol-vol2", "cluster"} {
+		i := strings.Index(p.src, `id="`+id+`"`)
+		if i < 0 {
+			t.Fatalf("no #%s", id)
+		}
+		order = append(order, i)
+	}
+	if !slices.IsSorted(order) {
+		t.Errorf("page order of vol3 (critical), vol1 (warning), vol0, vol2, the cluster: at %v, want increasing", order)
+	}
+	for id, want := range map[string]string{"vol-vol3": "critical", "vol-vol1": "warning"} {
+		if got := strings.Fields(p.attr(id, "class")); !contains(got, want) {
+			t.Errorf("#%s classes %v, want %q", id, got, want)
+		}
+	}
+	if got := p.attr("vol-vol0", "class"); got != "volume" {
+		t.Errorf("healthy #vol-vol0 classes %q, want only volume", got)
+	}
+	if !contains(strings.Fields(p.attr("replica-vol3-beta", "class")), "problem") {
+		t.Errorf("the failed replica's row is not marked: %q", p.attr("replica-vol3-beta", "class"))
+	}
+	for _, id := range []string{"replica-vol3-alpha", "replica-vol0-beta"} {
+		if contains(strings.Fields(p.attr(id, "class")), "problem") {
+			t.Errorf("healthy #%s marked as a problem", id)
+		}
+	}
 }
 
 // TestWarningsJSON: the warnings the page shows are in the status's JSON,

@@ -14,6 +14,12 @@
 			const el = document.getElementById(p.id);
 			if (el) el.outerHTML = p.html;
 		}
+		// Problem volumes move to the top.
+		const volumes = document.getElementById("volumes");
+		for (const id of msg.order || []) {
+			const el = document.getElementById(id);
+			if (volumes && el && el.parentNode === volumes) volumes.appendChild(el);
+		}
 		show("live", "ok");
 	};
 	const connect = () => {
