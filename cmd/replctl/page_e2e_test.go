@@ -198,7 +198,9 @@ func TestE2EStatusPage(t *testing.T) {
 //     replctl status --check exits 4 and its JSON holds the warning;
 //   - the witness is killed too: no quorum, a CRITICAL painted red, not
 //     like the WARNING (page.css's .warning.warning painted both amber);
-//     replctl status --check exits 5.
+//     replctl status --check exits 5;
+//   - beta, the page's own node, is killed: the page says it lost contact
+//     with beta and since when, and greys out what it shows.
 func TestE2EStatusPageThroughAFailover(t *testing.T) {
 	e2e(t)
 	chromium := RequireTool(t, "chromium", "chromium")
@@ -227,6 +229,9 @@ func TestE2EStatusPageThroughAFailover(t *testing.T) {
 	bp.waitText("live", 10*time.Second, equals("live"))
 	bp.waitText("vol-vol0-primary", pageWait, equals("alpha"))
 	bp.waitPresent("warnings-none", pageWait)
+	if bp.text("contact") != "" || bp.eval(`() => document.getElementById("contact").hidden`).Value.Bool() != true {
+		t.Errorf("a live page shows the lost-contact banner: %q", bp.text("contact"))
+	}
 	// Every text the volume's no-primary warning shows, for the log.
 	bp.eval(`() => {
 		window.replvolNoPrimary = [];
@@ -291,6 +296,17 @@ func TestE2EStatusPageThroughAFailover(t *testing.T) {
 		t.Errorf("replctl status --check without a quorum: exit %d, want %d:\n%s", r.code, exitCritical, r.out)
 	}
 	bp.screenshot("status-page-no-quorum")
+
+	// beta, the page's own node, dies: the page says so and greys out.
+	before := time.Now()
+	c.kill("beta")
+	banner := bp.waitText("contact", 10*time.Second, func(s string) bool { return strings.HasPrefix(s, "Lost contact with beta since ") })
+	t.Logf("%s after beta was killed the page says: %q", time.Since(before).Round(time.Millisecond), banner)
+	if !bp.eval(`() => document.body.classList.contains("stale")`).Value.Bool() {
+		t.Errorf("the page of a dead node is not marked stale")
+	}
+	bp.checkStyle("main", map[string]string{"opacity": "0.5", "filter": "grayscale(1)"})
+	bp.screenshot("status-page-lost-contact")
 
 	if !bp.eval(`() => window.replvolOpenedOnce === true`).Value.Bool() {
 		t.Errorf("the page was reloaded")
