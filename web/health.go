@@ -223,7 +223,15 @@ func noPrimaryWarning(v *transport.VolumeStatus, c transport.ClusterInfo, down m
 	usable := func(r *transport.ReplicaStatus) bool {
 		return r.Node != v.Primary && r.Reachable && r.Disk != diskDiskless && r.Disk != diskFailed && r.Disk != diskInconsistent && !isFailed(r)
 	}
-	if c.Failover == "auto" && c.Quorum {
+	// Raft fails over with a quorum, or once it elects a leader: a
+	// majority of the voters is up (the old primary may have led).
+	up := 0
+	for _, n := range c.Voters {
+		if !down[n] {
+			up++
+		}
+	}
+	if c.Failover == "auto" && (c.Quorum || 2*up > len(c.Voters)) {
 		for i := range v.Replicas {
 			r := &v.Replicas[i]
 			if usable(r) && r.Raft == diskUpToDate {
@@ -232,6 +240,9 @@ func noPrimaryWarning(v *transport.VolumeStatus, c transport.ClusterInfo, down m
 					lost = v.Primary
 				}
 				w.Text = fmt.Sprintf("%s %s: no IO is served until the raft leader fails it over to %s, once %s's lease has run out (seconds).", v.Name, what, r.Node, lost)
+				if !c.Quorum {
+					w.Text = fmt.Sprintf("%s %s: no IO is served until raft, once it has elected a leader (%d of %d voters are up), fails it over to %s (seconds).", v.Name, what, up, len(c.Voters), r.Node)
+				}
 				w.Detail = c.Reason
 				return w
 			}

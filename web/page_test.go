@@ -297,6 +297,26 @@ func TestPageStates(t *testing.T) {
 			},
 		},
 		{
+			name: "the primary led raft: a failover once the others elect a leader, nothing to run",
+			bend: func(st *transport.ClusterStatus) {
+				st.Cluster.Quorum, st.Cluster.Leader = false, ""
+				st.Cluster.Reason = "no quorum: no raft leader with a majority is in reach"
+				st.Volumes[0].NBDURI = ""
+				ni := nodeInfo(st, "alpha")
+				ni.Alive, ni.Membership, ni.Error = false, "suspect", "connection refused"
+				a := replica(st, "alpha")
+				a.Reachable, a.Role, a.Disk, a.Replication = false, "Unknown", "DUnknown", "Unknown"
+				b := replica(st, "beta")
+				b.Disk, b.Replication = "Consistent", "Connecting"
+			},
+			check: want{
+				text: map[string]string{
+					"warning-no-primary-vol0-text": "no IO is served until raft, once it has elected a leader (2 of 3 voters are up), fails it over to beta",
+				},
+				absent: []string{"warning-no-primary-vol0-command", "warning-no-primary-vol0-risk"},
+			},
+		},
+		{
 			name: "no failover possible: bring the old primary back, or force what is left",
 			bend: func(st *transport.ClusterStatus) {
 				st.Cluster.Reason = "primary alpha is lost and no node can take over: no UpToDate node alive; beta alive but Outdated"
