@@ -188,6 +188,13 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 		if f := va.LastFailover; f != nil {
 			vs.LastFailover = &transport.Failover{From: f.From, To: f.To, Epoch: f.Epoch, At: f.At, Reason: f.Reason, Forced: f.Forced}
 		}
+		// A forced promotion that raft did not record (no raft, or no
+		// quorum yet) is known to the node forced: the newest wins.
+		for _, vols := range byNode {
+			if f := vols[vc.Name].LastFailover; f != nil && (vs.LastFailover == nil || f.Epoch > vs.LastFailover.Epoch) {
+				vs.LastFailover = f
+			}
+		}
 		// The primary is the reachable node that says so at the highest
 		// epoch; failing that, the one the others last agreed to.
 		var primaryView *transport.LocalVolume

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
@@ -122,6 +123,7 @@ func TestForcedPrimaryThenOldPrimaryReturnsWithoutWrites(t *testing.T) {
 	if _, err := betaAPI.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true}); err == nil || !strings.Contains(err.Error(), "--yes") {
 		t.Fatalf("forced promotion without --yes: %v", err)
 	}
+	forced := time.Now()
 	if _, err := betaAPI.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true, Yes: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -129,6 +131,12 @@ func TestForcedPrimaryThenOldPrimaryReturnsWithoutWrites(t *testing.T) {
 	c.start("alpha")
 	c.waitInSync()
 	st := c.status()
+	// Without raft, the forced node remembers it: the volume's last
+	// failover, also once alpha is back.
+	if f := st.Volumes[0].LastFailover; f == nil || f.From != "alpha" || f.To != "beta" || !f.Forced || f.Epoch != st.Volumes[0].Epoch ||
+		f.At.Before(forced.Add(-time.Second)) || f.At.After(time.Now()) {
+		t.Fatalf("last failover %+v, want alpha → beta forced at epoch %d", f, st.Volumes[0].Epoch)
+	}
 	if st.Volumes[0].Primary != "beta" || replica(st, "alpha").Role != "Secondary" {
 		t.Fatalf("primary %s, alpha %s: want beta primary and alpha following it", st.Volumes[0].Primary, replica(st, "alpha").Role)
 	}

@@ -90,6 +90,9 @@ type Volume struct {
 	// lastRefusal is the last reason this secondary refused a stream for
 	// (logged once per reason).
 	lastRefusal string
+	// forcedOver is this node's last forced promotion over another
+	// primary, for status where raft does not record it (in memory).
+	forcedOver *transport.Failover
 
 	// Authority mode (authority.go): auth says the cluster decides the
 	// primary. lease is how long this primary may complete IO (leaseWake
@@ -838,6 +841,10 @@ func (v *Volume) status() transport.LocalVolume {
 		Generation: v.d.gens.Current.String(), Reason: v.why.text, ReasonCode: string(v.why.cause),
 		Serving:  v.role == replication.Primary && v.ioOpen,
 		Metadata: v.md.Placement().String(), UsableBytes: v.md.UsableSize(),
+	}
+	if f := v.forcedOver; f != nil {
+		c := *f
+		lv.LastFailover = &c
 	}
 	peers := make([]*peer, 0, len(v.peers))
 	for _, p := range v.peers {

@@ -278,6 +278,10 @@ type LocalVolume struct {
 	PathPolicy string       `json:"path_policy,omitempty"`
 	// ActivityLog counts the activity log's work on this node.
 	ActivityLog *ActivityLogStatus `json:"activity_log,omitempty"`
+	// LastFailover is this node's last forced promotion over another
+	// primary, as the node remembers it (since it started); the cluster's
+	// status takes raft's record when it is newer.
+	LastFailover *Failover `json:"last_failover,omitempty"`
 	// LocalMissingBytes is what this node's own disk misses (written while
 	// it was detached), to be copied back from a peer.
 	LocalMissingBytes int64  `json:"local_missing_bytes,omitempty"`
