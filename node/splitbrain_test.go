@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -147,6 +148,39 @@ func TestForcedPrimaryThenOldPrimaryReturnsWithoutWrites(t *testing.T) {
 		t.Fatalf("beta decided by rule %q (%s), want %s", p.SyncRule, p.SyncDecision, replication.RuleBitmapSelf)
 	}
 	c.requireIdentical()
+}
+
+// TestForcedPrimaryWhileDisconnectedRunsOnOneCopy: beta, disconnected by
+// the operator, is forced to primary when alpha is gone. It serves alone
+// and stays disconnected (a returning alpha would wait for it), so its
+// status keeps the operator's reason and the volume warns that it runs on
+// one copy, naming the command; the connect ends the warning.
+func TestForcedPrimaryWhileDisconnectedRunsOnOneCopy(t *testing.T) {
+	c := newTestCluster(t, 16<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	ctx := context.Background()
+	c.vol("beta").setAdminDown(true)
+	c.stop("alpha")
+	if _, err := (&control{n: c.nodes["beta"]}).Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true, Yes: true}); err != nil {
+		t.Fatal(err)
+	}
+	st := c.status()
+	if b := replica(st, "beta"); b.Role != "Primary" || b.ReasonCode != string(CauseAdminDown) {
+		t.Fatalf("beta forced while disconnected: role %s, reason code %q (%s), want Primary and %s", b.Role, b.ReasonCode, b.Reason, CauseAdminDown)
+	}
+	oneCopy := func(w transport.Warning) bool {
+		return w.Kind == transport.WarningOneCopy && w.Node == "beta" && w.Command == "replctl connect vol0 --node beta"
+	}
+	if !slices.ContainsFunc(st.Warnings, oneCopy) {
+		t.Fatalf("warnings %+v, want vol0's one-copy warning naming replctl connect vol0 --node beta", st.Warnings)
+	}
+	c.vol("beta").setAdminDown(false)
+	st = c.status()
+	if b := replica(st, "beta"); b.ReasonCode == string(CauseAdminDown) || slices.ContainsFunc(st.Warnings, oneCopy) {
+		t.Fatalf("connected again: beta's reason code %q, warnings %+v", b.ReasonCode, st.Warnings)
+	}
 }
 
 // TestForcedPrimaryWithoutWritesCopiesTheOldPrimarysWrites: alpha writes

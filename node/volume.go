@@ -865,6 +865,12 @@ func (v *Volume) status() transport.LocalVolume {
 		lv.PathPolicy = v.mp.Policy().String()
 	}
 	if role == replication.Primary {
+		if down && lv.Reason == "" {
+			// A promotion clears the reason, not the operator's
+			// disconnect: this primary replicates to nobody until a
+			// connect.
+			lv.Reason, lv.ReasonCode = "disconnected by operator", string(CauseAdminDown)
+		}
 		worst := replication.Connected
 		for _, p := range peers {
 			ps := p.status()
