@@ -348,7 +348,7 @@ func (n *Node) failover(auth replication.Authority, st cluster.Status, leading t
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			began := time.Now()
-			nva, err := n.cl.c.Propose(ctx, replication.PromoteCommand(volume, va.Epoch, node, false))
+			nva, err := n.cl.c.Propose(ctx, replication.FailoverCommand(volume, va.Epoch, node, false, time.Now().UTC(), va.Primary+" "+lostWhy))
 			if err != nil {
 				n.log.Warn("failover proposal failed", "volume", volume, "to", node, "err", err)
 				return
@@ -432,7 +432,7 @@ func (v *Volume) followAuthority(va replication.VolumeAuthority, ok bool) {
 	case exempt && role == replication.Primary && va.Epoch < epoch:
 		// Forced to primary without a quorum: now that raft answers, it
 		// records this node (at the epoch after its own).
-		v.proposeOnce("reclaim", replication.PromoteCommand(v.name, va.Epoch, v.self, true))
+		v.proposeOnce("reclaim", replication.FailoverCommand(v.name, va.Epoch, v.self, true, time.Now().UTC(), "forced by the operator while raft had no quorum"))
 	case va.Primary == v.self && va.Epoch > epoch:
 		v.background("take-over", func() { v.takeOverAt(va.Epoch) })
 	case va.Primary == v.self && va.Epoch == epoch && primary == v.self:

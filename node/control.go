@@ -13,6 +13,7 @@ import (
 	"github.com/replvol/replvol/node/cluster"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
+	"github.com/replvol/replvol/web"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -220,6 +221,16 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 		vs := transport.VolumeStatus{Name: vc.Name, Size: int64(vc.Size), Protocol: vc.ProtocolOrDefault(), ResyncRate: int64(vc.ResyncRate),
 			OnCongestion: string(settingsOf(vc).congestion.Policy)}
 		va, _ := auth.Volume(vc.Name)
+		if f := va.LastFailover; f != nil {
+			vs.LastFailover = &transport.Failover{From: f.From, To: f.To, Epoch: f.Epoch, At: f.At, Reason: f.Reason, Forced: f.Forced}
+		}
+		// A forced promotion that raft did not record (no raft, or no
+		// quorum yet) is known to the node forced: the newest wins.
+		for _, vols := range byNode {
+			if f := vols[vc.Name].LastFailover; f != nil && (vs.LastFailover == nil || f.Epoch > vs.LastFailover.Epoch) {
+				vs.LastFailover = f
+			}
+		}
 		// The primary is the reachable node that says so at the highest
 		// epoch; failing that, the one the others last agreed to.
 		var primaryView *transport.LocalVolume
@@ -326,6 +337,7 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 		}
 		cs.Volumes = append(cs.Volumes, vs)
 	}
+	cs.Warnings = web.Warnings(cs)
 	return cs, nil
 }
 
@@ -584,7 +596,7 @@ func (c *control) switchoverByRaft(ctx context.Context, r *transport.PrimaryRequ
 func (c *control) forceByRaft(ctx context.Context, r *transport.PrimaryRequest) (*transport.PrimaryReply, error) {
 	n := c.n
 	va, _ := n.cl.c.Authority().Volume(r.Volume)
-	nva, err := n.cl.c.Propose(ctx, replication.PromoteCommand(r.Volume, va.Epoch, r.Node, true))
+	nva, err := n.cl.c.Propose(ctx, replication.FailoverCommand(r.Volume, va.Epoch, r.Node, true, time.Now().UTC(), "forced by the operator (replctl primary --force)"))
 	if err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "forced promotion of %s through raft failed: %v", r.Node, err)
 	}

@@ -66,6 +66,22 @@ func TestWhenThePrimaryDiesAnUpToDateNodeTakesOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("failover: first write on beta %s after alpha was killed", time.Since(killed).Round(time.Millisecond))
+	// Every node's status says when and why the volume failed over (raft
+	// records it), and the node fills in the warnings: alpha is down.
+	for _, from := range []string{"beta", "wit"} {
+		st, err := c.nodes[from].clusterStatus(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := st.Volumes[0].LastFailover
+		if f == nil || f.From != "alpha" || f.To != "beta" || f.Epoch != st.Volumes[0].Epoch || f.Forced ||
+			!strings.Contains(f.Reason, "alpha") || f.At.Before(killed.Add(-time.Second)) || f.At.After(time.Now()) {
+			t.Fatalf("status from %s: last failover %+v, want alpha → beta at epoch %d since the kill", from, f, st.Volumes[0].Epoch)
+		}
+		if !slices.ContainsFunc(st.Warnings, func(w transport.Warning) bool { return w.Kind == transport.WarningNodeDown && w.Node == "alpha" }) {
+			t.Fatalf("status from %s: warnings %+v, want alpha's node-down", from, st.Warnings)
+		}
+	}
 	got := make([]byte, size)
 	if err := b.ReadAt(ctx, got, 0); err != nil {
 		t.Fatal(err)

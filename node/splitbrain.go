@@ -128,6 +128,7 @@ func (v *Volume) forcePromote() error {
 	}
 	empty := v.d.gens.Current.IsZero()
 	serving := v.role == replication.Primary && v.ioOpen
+	from := v.d.primary
 	v.mu.Unlock()
 	if serving && !empty {
 		return nil
@@ -149,6 +150,10 @@ func (v *Volume) forcePromote() error {
 	}
 	v.mu.Lock()
 	epoch, gen := v.d.epoch, v.d.gens.Current
+	if from != "" && from != v.self {
+		v.forcedOver = &transport.Failover{From: from, To: v.self, Epoch: epoch, At: time.Now().UTC(),
+			Reason: "forced by the operator (replctl primary --force)", Forced: true}
+	}
 	v.mu.Unlock()
 	v.log.Warn("forced to primary", "epoch", epoch, "generation", gen)
 	v.node.event(v.name, "forced-primary", fmt.Sprintf("%s forced to primary at epoch %d with generation %s", v.self, epoch, gen))

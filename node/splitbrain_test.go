@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -125,6 +126,7 @@ func TestForcedPrimaryThenOldPrimaryReturnsWithoutWrites(t *testing.T) {
 	if _, err := betaAPI.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true}); err == nil || !strings.Contains(err.Error(), "--yes") {
 		t.Fatalf("forced promotion without --yes: %v", err)
 	}
+	forced := time.Now()
 	if _, err := betaAPI.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true, Yes: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -132,6 +134,12 @@ func TestForcedPrimaryThenOldPrimaryReturnsWithoutWrites(t *testing.T) {
 	c.start("alpha")
 	c.waitInSync()
 	st := c.status()
+	// Without raft, the forced node remembers it: the volume's last
+	// failover, also once alpha is back.
+	if f := st.Volumes[0].LastFailover; f == nil || f.From != "alpha" || f.To != "beta" || !f.Forced || f.Epoch != st.Volumes[0].Epoch ||
+		f.At.Before(forced.Add(-time.Second)) || f.At.After(time.Now()) {
+		t.Fatalf("last failover %+v, want alpha → beta forced at epoch %d", f, st.Volumes[0].Epoch)
+	}
 	if st.Volumes[0].Primary != "beta" || replica(st, "alpha").Role != "Secondary" {
 		t.Fatalf("primary %s, alpha %s: want beta primary and alpha following it", st.Volumes[0].Primary, replica(st, "alpha").Role)
 	}
@@ -142,6 +150,39 @@ func TestForcedPrimaryThenOldPrimaryReturnsWithoutWrites(t *testing.T) {
 		t.Fatalf("beta decided by rule %q (%s), want %s", p.SyncRule, p.SyncDecision, replication.RuleBitmapSelf)
 	}
 	c.requireIdentical()
+}
+
+// TestForcedPrimaryWhileDisconnectedRunsOnOneCopy: beta, disconnected by
+// the operator, is forced to primary when alpha is gone. It serves alone
+// and stays disconnected (a returning alpha would wait for it), so its
+// status keeps the operator's reason and the volume warns that it runs on
+// one copy, naming the command; the connect ends the warning.
+func TestForcedPrimaryWhileDisconnectedRunsOnOneCopy(t *testing.T) {
+	c := newTestCluster(t, 16<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	ctx := context.Background()
+	c.vol("beta").setAdminDown(true)
+	c.stop("alpha")
+	if _, err := (&control{n: c.nodes["beta"]}).Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true, Yes: true}); err != nil {
+		t.Fatal(err)
+	}
+	st := c.status()
+	if b := replica(st, "beta"); b.Role != "Primary" || b.ReasonCode != string(CauseAdminDown) {
+		t.Fatalf("beta forced while disconnected: role %s, reason code %q (%s), want Primary and %s", b.Role, b.ReasonCode, b.Reason, CauseAdminDown)
+	}
+	oneCopy := func(w transport.Warning) bool {
+		return w.Kind == transport.WarningOneCopy && w.Node == "beta" && w.Command == "replctl connect vol0 --node beta"
+	}
+	if !slices.ContainsFunc(st.Warnings, oneCopy) {
+		t.Fatalf("warnings %+v, want vol0's one-copy warning naming replctl connect vol0 --node beta", st.Warnings)
+	}
+	c.vol("beta").setAdminDown(false)
+	st = c.status()
+	if b := replica(st, "beta"); b.ReasonCode == string(CauseAdminDown) || slices.ContainsFunc(st.Warnings, oneCopy) {
+		t.Fatalf("connected again: beta's reason code %q, warnings %+v", b.ReasonCode, st.Warnings)
+	}
 }
 
 // TestForcedPrimaryWithoutWritesCopiesTheOldPrimarysWrites: alpha writes

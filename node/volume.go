@@ -91,6 +91,9 @@ type Volume struct {
 	// lastRefusal is the last reason this secondary refused a stream for
 	// (logged once per reason).
 	lastRefusal string
+	// forcedOver is this node's last forced promotion over another
+	// primary, for status where raft does not record it (in memory).
+	forcedOver *transport.Failover
 
 	// Authority mode (authority.go): auth says the cluster decides the
 	// primary. lease is how long this primary may complete IO (leaseWake
@@ -878,6 +881,10 @@ func (v *Volume) status() transport.LocalVolume {
 		Serving:  v.role == replication.Primary && v.ioOpen,
 		Metadata: v.md.Placement().String(), UsableBytes: v.md.UsableSize(),
 	}
+	if f := v.forcedOver; f != nil {
+		c := *f
+		lv.LastFailover = &c
+	}
 	peers := make([]*peer, 0, len(v.peers))
 	for _, p := range v.peers {
 		peers = append(peers, p)
@@ -897,6 +904,12 @@ func (v *Volume) status() transport.LocalVolume {
 		lv.PathPolicy = v.mp.Policy().String()
 	}
 	if role == replication.Primary {
+		if down && lv.Reason == "" {
+			// A promotion clears the reason, not the operator's
+			// disconnect: this primary replicates to nobody until a
+			// connect.
+			lv.Reason, lv.ReasonCode = "disconnected by operator", string(CauseAdminDown)
+		}
 		worst := replication.Connected
 		for _, p := range peers {
 			ps := p.status()

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 )
 
 // Authority is the cluster's state machine (the raft FSM's state): per
@@ -33,6 +34,23 @@ type VolumeAuthority struct {
 	DataNodes []string `json:"data_nodes,omitempty"`
 	UpToDate  []string `json:"up_to_date,omitempty"`
 	Outdated  []string `json:"outdated,omitempty"`
+	// LastFailover is the last promotion that was a failover (no
+	// handover from the old primary); nil when there was none. A
+	// switchover keeps it.
+	LastFailover *FailoverRecord `json:"last_failover,omitempty"`
+}
+
+// FailoverRecord describes a failover: From was primary until To was
+// promoted at Epoch. At and Reason come from the proposer (its clock and
+// its words), so that Apply stays deterministic.
+type FailoverRecord struct {
+	From   string    `json:"from"`
+	To     string    `json:"to"`
+	Epoch  uint64    `json:"epoch"`
+	At     time.Time `json:"at"`
+	Reason string    `json:"reason,omitempty"`
+	// Forced: the operator forced it (replctl primary --force).
+	Forced bool `json:"forced,omitempty"`
 }
 
 // AuthorityOp names an authority command.
@@ -59,6 +77,9 @@ type AuthorityCommand struct {
 	Epoch  uint64      `json:"epoch"`
 	Nodes  []string    `json:"nodes,omitempty"`
 	Force  bool        `json:"force,omitempty"`
+	// Failover, on a promote, says it is a failover: when and why (From,
+	// To and Epoch are filled in by Apply).
+	Failover *FailoverRecord `json:"failover,omitempty"`
 }
 
 // InitCommand registers a volume the cluster does not know yet: primary
@@ -89,6 +110,15 @@ func MarkUpToDateCommand(volume string, epoch uint64, node string) AuthorityComm
 // completes a write without it marks it Outdated first, as for any peer.
 func PromoteCommand(volume string, epoch uint64, node string, force bool) AuthorityCommand {
 	return AuthorityCommand{Op: OpPromote, Volume: volume, Node: node, Epoch: epoch, Force: force}
+}
+
+// FailoverCommand is PromoteCommand for a promotion without a handover
+// (the primary is lost, or the operator forces it): the volume records
+// it as its LastFailover, at the proposer's time at, because of reason.
+func FailoverCommand(volume string, epoch uint64, node string, force bool, at time.Time, reason string) AuthorityCommand {
+	cmd := PromoteCommand(volume, epoch, node, force)
+	cmd.Failover = &FailoverRecord{At: at, Reason: reason, Forced: force}
+	return cmd
 }
 
 // SetDataNodesCommand replaces the volume's data nodes (runtime
@@ -223,6 +253,9 @@ func (va VolumeAuthority) promote(cmd AuthorityCommand) (VolumeAuthority, error)
 	if cmd.Force {
 		next.UpToDate, next.Outdated = []string{cmd.Node}, without(va.DataNodes, cmd.Node)
 	}
+	if f := cmd.Failover; f != nil && cmd.Node != va.Primary {
+		next.LastFailover = &FailoverRecord{From: va.Primary, To: cmd.Node, Epoch: next.Epoch, At: f.At, Reason: f.Reason, Forced: cmd.Force}
+	}
 	return next, nil
 }
 
@@ -322,6 +355,10 @@ func (va VolumeAuthority) clone() VolumeAuthority {
 	va.DataNodes = slices.Clone(va.DataNodes)
 	va.UpToDate = slices.Clone(va.UpToDate)
 	va.Outdated = slices.Clone(va.Outdated)
+	if va.LastFailover != nil {
+		f := *va.LastFailover
+		va.LastFailover = &f
+	}
 	return va
 }
 

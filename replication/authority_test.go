@@ -5,6 +5,7 @@ import (
 	"errors"
 	"reflect"
 	"testing"
+	"time"
 )
 
 // volumeAt is a volume state written as a case reads: primary, epoch, data
@@ -31,6 +32,12 @@ func TestAuthorityApply(t *testing.T) {
 	healthy := volumeAt("a", 7, nodes("a", "b", "c"), nodes("a", "b", "c"), nil)
 	bOutdated := volumeAt("a", 7, nodes("a", "b", "c"), nodes("a", "c"), nodes("b"))
 	cSyncing := volumeAt("a", 7, nodes("a", "b", "c"), nodes("a", "b"), nil)
+	at := time.Date(2026, 3, 14, 15, 9, 26, 0, time.UTC)
+	failedOver := func(va VolumeAuthority, from, to string, epoch uint64, reason string, forced bool) VolumeAuthority {
+		va.LastFailover = &FailoverRecord{From: from, To: to, Epoch: epoch, At: at, Reason: reason, Forced: forced}
+		return va
+	}
+	bFailedOver := failedOver(volumeAt("b", 8, nodes("a", "b", "c"), nodes("a", "b", "c"), nil), "a", "b", 8, "a lost", false)
 	cases := []struct {
 		name  string
 		start Authority
@@ -89,6 +96,21 @@ func TestAuthorityApply(t *testing.T) {
 		{"a forced promotion of an UpToDate node outdates all the others too",
 			authorityOf(healthy), PromoteCommand("vol", 7, "c", true),
 			volumeAt("c", 8, nodes("a", "b", "c"), nodes("c"), nodes("a", "b")), nil},
+		{"a failover records who was primary, who took over, when and why",
+			authorityOf(healthy), FailoverCommand("vol", 7, "b", false, at, "a lost"),
+			bFailedOver, nil},
+		{"a forced failover is recorded as forced",
+			authorityOf(bOutdated), FailoverCommand("vol", 7, "b", true, at, "forced by the operator"),
+			failedOver(volumeAt("b", 8, nodes("a", "b", "c"), nodes("b"), nodes("a", "c")), "a", "b", 8, "forced by the operator", true), nil},
+		{"a switchover keeps the last failover",
+			authorityOf(bFailedOver), PromoteCommand("vol", 8, "a", false),
+			failedOver(volumeAt("a", 9, nodes("a", "b", "c"), nodes("a", "b", "c"), nil), "a", "b", 8, "a lost", false), nil},
+		{"a refused failover records nothing",
+			authorityOf(bOutdated), FailoverCommand("vol", 7, "b", false, at, "a lost"),
+			bOutdated, ErrNotUpToDate},
+		{"the primary forced again (it reclaims its own epoch) is no failover",
+			authorityOf(healthy), FailoverCommand("vol", 7, "a", true, at, "forced"),
+			volumeAt("a", 8, nodes("a", "b", "c"), nodes("a"), nodes("b", "c")), nil},
 		{"force does not promote a witness",
 			authorityOf(healthy), PromoteCommand("vol", 7, "w", true),
 			healthy, ErrNotADataNode},
@@ -155,6 +177,7 @@ func TestAuthorityJSON(t *testing.T) {
 		MarkUpToDateCommand("vol", 1, "b"),
 		PromoteCommand("vol", 1, "b", false),
 		PromoteCommand("other", 4, "a", true),
+		FailoverCommand("vol", 2, "a", false, time.Date(2026, 3, 14, 15, 9, 26, 5, time.UTC), "b lost"),
 	} {
 		raw, err := json.Marshal(cmd)
 		if err != nil {

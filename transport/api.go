@@ -14,6 +14,64 @@ type ClusterStatus struct {
 	Cluster ClusterInfo    `json:"cluster"`
 	Nodes   []NodeInfo     `json:"nodes"`
 	Volumes []VolumeStatus `json:"volumes"`
+	// Warnings are what an operator should act on, most urgent first,
+	// each with the command that fixes it: the status page's "Needs
+	// attention" and replctl status --check. The node fills them in
+	// (web.Warnings, a function of the rest of the status).
+	Warnings []Warning `json:"warnings"`
+}
+
+// Severities of a Warning, most urgent first.
+const (
+	// SeverityCritical: data at risk or IO stopped.
+	SeverityCritical = "critical"
+	// SeverityWarning: redundancy lost or degraded.
+	SeverityWarning = "warning"
+	// SeverityInfo: under way, or fixes itself.
+	SeverityInfo = "info"
+)
+
+// Kinds of a Warning: a fixed word per situation, for tools.
+const (
+	WarningNodeDown       = "node-down"
+	WarningNoQuorum       = "no-quorum"
+	WarningSplitBrain     = "split-brain"
+	WarningNoPrimary      = "no-primary"
+	WarningWaitingForPeer = "waiting-for-peer"
+	WarningOneCopy        = "one-copy"
+	WarningStandAlone     = "standalone"
+	WarningConnecting     = "connecting"
+	WarningResyncPaused   = "resync-paused"
+	WarningBehind         = "behind"
+	WarningDetached       = "detached"
+	WarningDiskFailed     = "disk-failed"
+	WarningOutdated       = "outdated"
+	WarningInconsistent   = "inconsistent"
+	WarningPathDown       = "path-down"
+)
+
+// Warning is one thing an operator should act on, and how.
+type Warning struct {
+	// ID is stable while the situation lasts (the page's element id):
+	// warning-KIND-VOLUME-NODE...
+	ID string `json:"id"`
+	// Kind names the situation (standalone, split-brain, no-primary,
+	// one-copy, node-down, ...), for tools.
+	Kind     string `json:"kind"`
+	Severity string `json:"severity"`
+	// Volume and Node are what it is about ("" for the whole cluster, or
+	// for every volume of the node).
+	Volume string `json:"volume,omitempty"`
+	Node   string `json:"node,omitempty"`
+	// Text says what is wrong; Detail is the node's own reason.
+	Text   string `json:"text"`
+	Detail string `json:"detail,omitempty"`
+	// Command fixes it ("" when the cluster fixes it by itself); Where
+	// says where to run it when that is not replctl's --addr; Risk is
+	// what it costs.
+	Command string `json:"command,omitempty"`
+	Where   string `json:"where,omitempty"`
+	Risk    string `json:"risk,omitempty"`
 }
 
 // ClusterInfo is what decides the primary.
@@ -64,6 +122,24 @@ type VolumeStatus struct {
 	// OnCongestion is the primary's congestion policy in force (block,
 	// pull-ahead or disconnect).
 	OnCongestion string `json:"on_congestion"`
+	// LastFailover is the volume's last promotion without a handover
+	// from the old primary (automatic, or forced by the operator); nil
+	// when there was none.
+	LastFailover *Failover `json:"last_failover,omitempty"`
+}
+
+// Failover is a promotion without a handover: From was primary, To took
+// over at Epoch, At (the proposer's clock), because of Reason.
+type Failover struct {
+	From  string    `json:"from"`
+	To    string    `json:"to"`
+	Epoch uint64    `json:"epoch"`
+	At    time.Time `json:"at"`
+	// Reason says why, in words (the old primary was lost, cut off, or
+	// the operator forced it); Forced is true for the operator's
+	// replctl primary --force.
+	Reason string `json:"reason,omitempty"`
+	Forced bool   `json:"forced,omitempty"`
 }
 
 // Replica returns node's replica of v, or nil when node holds none.
@@ -210,6 +286,10 @@ type LocalVolume struct {
 	PathPolicy string       `json:"path_policy,omitempty"`
 	// ActivityLog counts the activity log's work on this node.
 	ActivityLog *ActivityLogStatus `json:"activity_log,omitempty"`
+	// LastFailover is this node's last forced promotion over another
+	// primary, as the node remembers it (since it started); the cluster's
+	// status takes raft's record when it is newer.
+	LastFailover *Failover `json:"last_failover,omitempty"`
 	// LocalMissingBytes is what this node's own disk misses (written while
 	// it was detached), to be copied back from a peer.
 	LocalMissingBytes int64  `json:"local_missing_bytes,omitempty"`

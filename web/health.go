@@ -43,29 +43,28 @@ const (
 
 // Severities of a warning, most urgent first.
 const (
-	severityCritical = "critical" // data at risk or IO stopped
-	severityWarning  = "warning"  // redundancy lost or degraded
-	severityInfo     = "info"     // under way, or fixes itself
+	severityCritical = transport.SeverityCritical
+	severityWarning  = transport.SeverityWarning
+	severityInfo     = transport.SeverityInfo
 )
 
 // Warning is one thing an operator should act on, and how.
-type Warning struct {
-	// ID is the element id: warning-KIND-VOLUME-NODE...
-	ID       string
-	Severity string
-	// Text says what is wrong; Detail is the node's own reason.
-	Text   string
-	Detail string
-	// Command fixes it ("" when the cluster fixes it by itself); Where
-	// says where to run it when that is not replctl's --addr; Risk is
-	// what it costs.
-	Command string
-	Where   string
-	Risk    string
+type Warning = transport.Warning
+
+// Warnings is the rule that turns a status into what an operator should
+// act on, most urgent first, each with the command that fixes it: the
+// page's "Needs attention", and the warnings of the status's JSON (the
+// node fills them in with this). It is a pure function of the status and
+// never returns nil (an empty list in JSON).
+func Warnings(st *transport.ClusterStatus) []transport.Warning {
+	ws := healthWarnings(st)
+	if ws == nil {
+		ws = []transport.Warning{}
+	}
+	return ws
 }
 
-// healthWarnings is the rule that turns a status into the warnings the
-// page shows, most urgent first. It is a pure function of the status.
+// healthWarnings is Warnings, nil when there is none.
 func healthWarnings(st *transport.ClusterStatus) []Warning {
 	var out []Warning
 	add := func(w Warning) { out = append(out, w) }
@@ -80,7 +79,7 @@ func healthWarnings(st *transport.ClusterStatus) []Warning {
 			detail = joinWords("gossip says dead", detail)
 		}
 		w := Warning{
-			ID: elementID("warning", "node-down", n.Name), Severity: severityWarning,
+			ID: elementID("warning", transport.WarningNodeDown, n.Name), Kind: transport.WarningNodeDown, Severity: severityWarning, Node: n.Name,
 			Text:    fmt.Sprintf("Node %s is unreachable: its replicas are not protected and it cannot vote.", n.Name),
 			Detail:  detail,
 			Command: "systemctl start replnode", Where: "on " + n.Name,
@@ -100,7 +99,7 @@ func healthWarnings(st *transport.ClusterStatus) []Warning {
 			}
 		}
 		w := Warning{
-			ID: elementID("warning", "no-quorum"), Severity: severityCritical,
+			ID: elementID("warning", transport.WarningNoQuorum), Kind: transport.WarningNoQuorum, Severity: severityCritical,
 			Text:   fmt.Sprintf("No raft quorum (%d voters: %s): no failover, and primaries serve only while their lease lasts.", len(c.Voters), strings.Join(c.Voters, ", ")),
 			Detail: c.Reason,
 		}
@@ -111,7 +110,7 @@ func healthWarnings(st *transport.ClusterStatus) []Warning {
 		add(w)
 	}
 	for i := range st.Volumes {
-		out = append(out, volumeWarnings(&st.Volumes[i], down)...)
+		out = append(out, volumeWarnings(&st.Volumes[i], st.Cluster, down)...)
 	}
 	slices.SortStableFunc(out, func(a, b Warning) int { return severityRank(a.Severity) - severityRank(b.Severity) })
 	return out
@@ -127,11 +126,15 @@ func severityRank(s string) int {
 	return 2
 }
 
-// volumeWarnings are one volume's warnings; down names the nodes already
-// warned about as unreachable (their replicas say nothing more).
-func volumeWarnings(v *transport.VolumeStatus, down map[string]bool) []Warning {
+// volumeWarnings are one volume's warnings; c is the cluster's raft view
+// and down names the nodes already warned about as unreachable (their
+// replicas say nothing more).
+func volumeWarnings(v *transport.VolumeStatus, c transport.ClusterInfo, down map[string]bool) []Warning {
 	var out []Warning
-	add := func(w Warning) { out = append(out, w) }
+	add := func(w Warning) {
+		w.Volume = v.Name
+		out = append(out, w)
+	}
 	vol := v.Name
 	primary := v.Replica(v.Primary)
 
@@ -152,7 +155,7 @@ func volumeWarnings(v *transport.VolumeStatus, down map[string]bool) []Warning {
 			}
 		}
 		add(Warning{
-			ID: elementID("warning", "split-brain", vol), Severity: severityCritical,
+			ID: elementID("warning", transport.WarningSplitBrain, vol), Kind: transport.WarningSplitBrain, Severity: severityCritical,
 			Text:    fmt.Sprintf("Split brain on %s: both sides changed the data since they last met; neither syncs until one gives up its changes.", vol),
 			Detail:  v.Replica(split[0]).Reason,
 			Command: fmt.Sprintf("replctl connect %s --discard-my-data --node %s", vol, victim),
@@ -163,21 +166,39 @@ func volumeWarnings(v *transport.VolumeStatus, down map[string]bool) []Warning {
 	primaryUp := false
 	switch {
 	case primary == nil || v.Primary == "":
-		add(noPrimaryWarning(v, "has no primary"))
+		add(noPrimaryWarning(v, c, down, "has no primary"))
 	case !primary.Reachable || primary.Role != rolePrimary:
 		if !down[v.Primary] {
-			add(noPrimaryWarning(v, fmt.Sprintf("has no serving primary (%s does not answer as primary)", v.Primary)))
+			add(noPrimaryWarning(v, c, down, fmt.Sprintf("has no serving primary (%s does not answer as primary)", v.Primary)))
 		} else {
-			add(noPrimaryWarning(v, fmt.Sprintf("lost its primary %s", v.Primary)))
+			add(noPrimaryWarning(v, c, down, fmt.Sprintf("lost its primary %s", v.Primary)))
 		}
 	case primary.ReasonCode == causeWaitingForPeer:
 		primaryUp = true
 		add(Warning{
-			ID: elementID("warning", "waiting-for-peer", vol, primary.Node), Severity: severityCritical,
+			ID: elementID("warning", transport.WarningWaitingForPeer, vol, primary.Node), Kind: transport.WarningWaitingForPeer, Severity: severityCritical, Node: primary.Node,
 			Text:    fmt.Sprintf("%s is primary of %s but serves no IO: after its restart it waits for a peer to compare data with.", primary.Node, vol),
 			Detail:  primary.Reason,
 			Command: fmt.Sprintf("replctl primary %s --node %s --force --yes", vol, primary.Node),
 			Risk:    "Start the peer instead if you can. Forcing makes this node's data the truth: writes a peer took after this node last saw it are lost, and the peers get resynced from it.",
+		})
+	case primary.ReasonCode == causeAdminDown:
+		// The operator disconnected the primary itself (say, before it
+		// was forced to primary): it serves alone and the returning peers
+		// wait, Connecting, for a connect that only the operator gives.
+		primaryUp = true
+		var peers []string
+		for _, r := range v.Replicas {
+			if r.Node != primary.Node {
+				peers = append(peers, r.Node)
+			}
+		}
+		add(Warning{
+			ID: elementID("warning", transport.WarningOneCopy, vol), Kind: transport.WarningOneCopy, Severity: severityWarning, Node: primary.Node,
+			Text: fmt.Sprintf("%s runs on one copy: its primary %s is disconnected by the operator and replicates to nobody; %s will not catch up until it is connected again.",
+				vol, primary.Node, orDefault(strings.Join(peers, " and "), "no peer")),
+			Detail:  primary.Reason,
+			Command: fmt.Sprintf("replctl connect %s --node %s", vol, primary.Node),
 		})
 	default:
 		primaryUp = true
@@ -188,17 +209,50 @@ func volumeWarnings(v *transport.VolumeStatus, down map[string]bool) []Warning {
 		if down[r.Node] || !r.Reachable {
 			continue
 		}
-		out = append(out, replicaWarnings(v, r, primaryUp)...)
+		for _, w := range replicaWarnings(v, r, primary, primaryUp) {
+			add(w)
+		}
 	}
 	return out
 }
 
-// noPrimaryWarning suggests forcing the best candidate: an UpToDate,
-// reachable replica (raft's UpToDate first).
-func noPrimaryWarning(v *transport.VolumeStatus, what string) Warning {
+// noPrimaryWarning says what happens to a volume without a serving
+// primary, and what fixes it: nothing while raft fails it over by itself
+// (failover on, a quorum, an UpToDate replica in reach); else forcing the
+// best UpToDate replica; else bringing the old primary back, naming the
+// forced promotion of what is left and what it loses.
+func noPrimaryWarning(v *transport.VolumeStatus, c transport.ClusterInfo, down map[string]bool, what string) Warning {
 	w := Warning{
-		ID: elementID("warning", "no-primary", v.Name), Severity: severityCritical,
+		ID: elementID("warning", transport.WarningNoPrimary, v.Name), Kind: transport.WarningNoPrimary, Severity: severityCritical, Node: v.Primary,
 		Text: fmt.Sprintf("%s %s: no IO is served.", v.Name, what),
+	}
+	usable := func(r *transport.ReplicaStatus) bool {
+		return r.Node != v.Primary && r.Reachable && r.Disk != diskDiskless && r.Disk != diskFailed && r.Disk != diskInconsistent && !isFailed(r)
+	}
+	// Raft fails over with a quorum, or once it elects a leader: a
+	// majority of the voters is up (the old primary may have led).
+	up := 0
+	for _, n := range c.Voters {
+		if !down[n] {
+			up++
+		}
+	}
+	if c.Failover == "auto" && (c.Quorum || 2*up > len(c.Voters)) {
+		for i := range v.Replicas {
+			r := &v.Replicas[i]
+			if usable(r) && r.Raft == diskUpToDate {
+				lost := "the old primary"
+				if v.Primary != "" {
+					lost = v.Primary
+				}
+				w.Text = fmt.Sprintf("%s %s: no IO is served until the raft leader fails it over to %s, once %s's lease has run out (seconds).", v.Name, what, r.Node, lost)
+				if !c.Quorum {
+					w.Text = fmt.Sprintf("%s %s: no IO is served until raft, once it has elected a leader (%d of %d voters are up), fails it over to %s (seconds).", v.Name, what, up, len(c.Voters), r.Node)
+				}
+				w.Detail = c.Reason
+				return w
+			}
+		}
 	}
 	var best *transport.ReplicaStatus
 	for i := range v.Replicas {
@@ -210,26 +264,66 @@ func noPrimaryWarning(v *transport.VolumeStatus, what string) Warning {
 			best = r
 		}
 	}
-	if best == nil {
-		w.Detail = "No reachable replica is UpToDate: bring the old primary back."
+	if best != nil {
+		w.Command = fmt.Sprintf("replctl primary %s --node %s --force --yes", v.Name, best.Node)
+		w.Risk = fmt.Sprintf("With failover on, the raft leader promotes %s by itself; force only if it does not. Writes the lost primary acknowledged after %s last heard from it are gone.", best.Node, best.Node)
 		return w
 	}
-	w.Command = fmt.Sprintf("replctl primary %s --node %s --force --yes", v.Name, best.Node)
-	w.Risk = fmt.Sprintf("With failover on, the raft leader promotes %s by itself; force only if it does not. Writes the lost primary acknowledged after %s last heard from it are gone.", best.Node, best.Node)
+	// No failover is possible: the old primary holds writes no replica in
+	// reach has. Bring it back; forcing another replica loses them.
+	w.Text = fmt.Sprintf("%s %s: no IO is served, and no replica in reach is UpToDate to take over.", v.Name, what)
+	var last *transport.ReplicaStatus // the best copy left: Consistent, then Outdated
+	for i := range v.Replicas {
+		r := &v.Replicas[i]
+		if usable(r) && (last == nil || (r.Disk == "Consistent" && last.Disk != "Consistent")) {
+			last = r
+		}
+	}
+	force := ""
+	if last != nil {
+		force = fmt.Sprintf("replctl primary %s --node %s --force --yes makes %s's copy (%s) the data of %s: the writes it missed are lost, and the old primary resyncs from it when it returns.",
+			v.Name, last.Node, last.Node, orDefault(last.Disk, "state unknown"), v.Name)
+	}
+	switch {
+	case v.Primary != "" && down[v.Primary]:
+		w.Command, w.Where = "systemctl start replnode", "on "+v.Primary
+		w.Detail = fmt.Sprintf("%s holds the latest data: bring it back.", v.Primary)
+		if force != "" {
+			w.Risk = fmt.Sprintf("If %s cannot come back: %s", v.Primary, force)
+		}
+	case last != nil:
+		w.Command = fmt.Sprintf("replctl primary %s --node %s --force --yes", v.Name, last.Node)
+		w.Risk = force
+	default:
+		var gone []string
+		for _, r := range v.Replicas {
+			if down[r.Node] {
+				gone = append(gone, r.Node)
+			}
+		}
+		if len(gone) > 0 {
+			w.Command, w.Where = "systemctl start replnode", "on "+strings.Join(gone, " and ")
+		}
+		w.Detail = "No replica in reach holds a usable copy."
+	}
 	return w
 }
 
-// replicaWarnings are r's warnings; primaryUp says the volume's primary
-// answers (without it, a secondary's lost link is no news).
-func replicaWarnings(v *transport.VolumeStatus, r *transport.ReplicaStatus, primaryUp bool) []Warning {
+// replicaWarnings are r's warnings; primary is the volume's primary's
+// replica (nil when none) and primaryUp says it answers (without it, a
+// secondary's lost link is no news).
+func replicaWarnings(v *transport.VolumeStatus, r, primary *transport.ReplicaStatus, primaryUp bool) []Warning {
 	var out []Warning
 	vol, n := v.Name, r.Node
 	add := func(kind, severity, text, command, risk string) {
-		out = append(out, Warning{ID: elementID("warning", kind, vol, n), Severity: severity,
+		out = append(out, Warning{ID: elementID("warning", kind, vol, n), Kind: kind, Severity: severity, Node: n,
 			Text: text, Detail: r.Reason, Command: command, Risk: risk})
 	}
 	connect := fmt.Sprintf("replctl connect %s --node %s", vol, n)
 	isPrimary := r.Role == rolePrimary
+	// The operator disconnected the primary: the volume's one-copy
+	// warning names the fix, for the primary and for its waiting peers.
+	primaryDown := primaryUp && primary != nil && primary.ReasonCode == causeAdminDown
 	// The primary's replication is the worst of its peers': the peers'
 	// rows carry the link warnings, unless the operator disconnected the
 	// primary itself.
@@ -238,20 +332,22 @@ func replicaWarnings(v *transport.VolumeStatus, r *transport.ReplicaStatus, prim
 	switch {
 	case r.ReasonCode == causeSplitBrain:
 		// one warning for the volume above
+	case primaryDown && (r.Node == primary.Node || r.Replication == replConnecting):
+		// the volume's one-copy warning above
 	case r.Replication == replStandAlone && linkOwner:
-		add("standalone", severityWarning,
+		add(transport.WarningStandAlone, severityWarning,
 			fmt.Sprintf("%s is StandAlone on %s: it does not replicate and will not retry by itself.", n, vol),
 			connect, "")
 	case r.Replication == replConnecting && !isPrimary && primaryUp:
-		add("connecting", severityWarning,
+		add(transport.WarningConnecting, severityWarning,
 			fmt.Sprintf("%s is not connected to the primary of %s (Connecting): it retries by itself; the primary tracks what changes.", n, vol),
 			"", "")
 	case r.Replication == replPausedSyncS || r.Replication == replPausedSyncT:
-		add("resync-paused", severityWarning,
+		add(transport.WarningResyncPaused, severityWarning,
 			fmt.Sprintf("The resync of %s to %s is paused: %s stays Inconsistent.", vol, n, n),
 			fmt.Sprintf("replctl resync %s --resume", vol), "")
 	case r.Replication == replBehind:
-		add("behind", severityWarning,
+		add(transport.WarningBehind, severityWarning,
 			fmt.Sprintf("%s is Behind on %s: the primary pulled ahead under congestion; %s (%s) of acknowledged writes are only on the primary until the catch-up resync.",
 				n, vol, humanBytes(r.LagBytes), humanSeconds(r.LagSeconds)),
 			fmt.Sprintf("replctl adjust %s --on-congestion block", vol),
@@ -266,11 +362,11 @@ func replicaWarnings(v *transport.VolumeStatus, r *transport.ReplicaStatus, prim
 		} else {
 			risk = "Replace the disk, then: replctl create-md " + vol + " --config FILE --node " + n + " --force --yes (a full resync follows)."
 		}
-		add("detached", severityCritical,
+		add(transport.WarningDetached, severityCritical,
 			fmt.Sprintf("%s's disk of %s is detached (Diskless): its IO goes to the peer; one more failure stops %s.", n, vol, vol),
 			cmd, risk)
 	case isFailed(r):
-		add("disk-failed", severityCritical,
+		add(transport.WarningDiskFailed, severityCritical,
 			fmt.Sprintf("%s's disk of %s failed (%s): it holds no usable copy.", n, vol, r.Disk),
 			"", "")
 	case r.Disk == diskOutdated && !isPrimary:
@@ -278,12 +374,12 @@ func replicaWarnings(v *transport.VolumeStatus, r *transport.ReplicaStatus, prim
 		if r.Replication == replStandAlone {
 			cmd = connect
 		}
-		add("outdated", severityWarning,
+		add(transport.WarningOutdated, severityWarning,
 			fmt.Sprintf("%s's copy of %s is Outdated: it misses writes and cannot be promoted; it catches up by resync once connected.", n, vol),
 			cmd, "")
 	case r.Disk == diskInconsistent && !isPrimary:
 		if syncing(r) {
-			add("inconsistent", severityInfo,
+			add(transport.WarningInconsistent, severityInfo,
 				fmt.Sprintf("%s's copy of %s is Inconsistent until its resync ends%s.", n, vol, etaWords(r)),
 				"", "")
 			break
@@ -292,7 +388,7 @@ func replicaWarnings(v *transport.VolumeStatus, r *transport.ReplicaStatus, prim
 		if r.Replication == replConnected {
 			cmd = fmt.Sprintf("replctl resync %s", vol)
 		}
-		add("inconsistent", severityWarning,
+		add(transport.WarningInconsistent, severityWarning,
 			fmt.Sprintf("%s's copy of %s is Inconsistent and no resync is running: it cannot be promoted.", n, vol),
 			cmd, "")
 	}
@@ -302,7 +398,7 @@ func replicaWarnings(v *transport.VolumeStatus, r *transport.ReplicaStatus, prim
 			continue
 		}
 		out = append(out, Warning{
-			ID: elementID("warning", "path-down", vol, n, p.Path), Severity: severityWarning,
+			ID: elementID("warning", transport.WarningPathDown, vol, n, p.Path), Kind: transport.WarningPathDown, Severity: severityWarning, Node: n,
 			Text:    fmt.Sprintf("Path %s of %s's disk of %s failed: IO uses the other paths.", p.Path, n, vol),
 			Detail:  p.Reason,
 			Command: fmt.Sprintf("replctl path restore %s %s --node %s", vol, p.Path, n),

@@ -1,6 +1,8 @@
 package web
 
 import (
+	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -274,6 +276,114 @@ func TestPageStates(t *testing.T) {
 			},
 		},
 		{
+			name: "the second before a failover: raft is about to promote beta, nothing to run",
+			bend: func(st *transport.ClusterStatus) {
+				st.Cluster.Reason = "primary alpha is lost: promoting beta once its lease has run out"
+				st.Volumes[0].NBDURI = ""
+				ni := nodeInfo(st, "alpha")
+				ni.Alive, ni.Membership, ni.Error = false, "suspect", "connection refused"
+				a := replica(st, "alpha")
+				a.Reachable, a.Role, a.Disk, a.Replication = false, "Unknown", "DUnknown", "Unknown"
+				b := replica(st, "beta")
+				b.Disk, b.Replication = "Consistent", "Connecting"
+			},
+			check: want{
+				text: map[string]string{
+					"warning-no-primary-vol0-text": "no IO is served until the raft leader fails it over to beta",
+					"warning-no-primary-vol0":      "promoting beta once its lease has run out",
+				},
+				absent: []string{"warning-no-primary-vol0-command", "warning-no-primary-vol0-risk", "warning-connecting-vol0-beta"},
+				class:  map[string]string{"warning-no-primary-vol0": "critical"},
+			},
+		},
+		{
+			name: "the primary led raft: a failover once the others elect a leader, nothing to run",
+			bend: func(st *transport.ClusterStatus) {
+				st.Cluster.Quorum, st.Cluster.Leader = false, ""
+				st.Cluster.Reason = "no quorum: no raft leader with a majority is in reach"
+				st.Volumes[0].NBDURI = ""
+				ni := nodeInfo(st, "alpha")
+				ni.Alive, ni.Membership, ni.Error = false, "suspect", "connection refused"
+				a := replica(st, "alpha")
+				a.Reachable, a.Role, a.Disk, a.Replication = false, "Unknown", "DUnknown", "Unknown"
+				b := replica(st, "beta")
+				b.Disk, b.Replication = "Consistent", "Connecting"
+			},
+			check: want{
+				text: map[string]string{
+					"warning-no-primary-vol0-text": "no IO is served until raft, once it has elected a leader (2 of 3 voters are up), fails it over to beta",
+				},
+				absent: []string{"warning-no-primary-vol0-command", "warning-no-primary-vol0-risk"},
+			},
+		},
+		{
+			name: "no failover possible: bring the old primary back, or force what is left",
+			bend: func(st *transport.ClusterStatus) {
+				st.Cluster.Reason = "primary alpha is lost and no node can take over: no UpToDate node alive; beta alive but Outdated"
+				st.Volumes[0].NBDURI = ""
+				ni := nodeInfo(st, "alpha")
+				ni.Alive, ni.Membership = false, "dead"
+				a := replica(st, "alpha")
+				a.Reachable, a.Role, a.Disk, a.Replication = false, "Unknown", "DUnknown", "Unknown"
+				b := replica(st, "beta")
+				b.Disk, b.Raft, b.Replication = "Outdated", "Outdated", "Connecting"
+			},
+			check: want{
+				text: map[string]string{
+					"warning-no-primary-vol0-text":    "no replica in reach is UpToDate to take over",
+					"warning-no-primary-vol0-command": "systemctl start replnode",
+					"warning-no-primary-vol0":         "on alpha",
+					"warning-no-primary-vol0-risk":    "If alpha cannot come back: replctl primary vol0 --node beta --force --yes makes beta's copy (Outdated) the data of vol0: the writes it missed are lost",
+				},
+			},
+		},
+		{
+			name: "after a failover: the volume says from where to where, when and why",
+			bend: func(st *transport.ClusterStatus) {
+				v := &st.Volumes[0]
+				v.Primary, v.Epoch, v.NBDURI = "beta", 4, "nbd://10.0.0.2:7802/vol0"
+				v.LastFailover = &transport.Failover{From: "alpha", To: "beta", Epoch: 4, At: testNow.Add(-5 * time.Second), Reason: "alpha lost"}
+				ni := nodeInfo(st, "alpha")
+				ni.Alive, ni.Membership = false, "dead"
+				a := replica(st, "alpha")
+				a.Reachable, a.Role, a.Disk, a.Replication = false, "Unknown", "Outdated", "Unknown"
+				b := replica(st, "beta")
+				b.Role, b.Replication = "Primary", "Connecting"
+			},
+			check: want{
+				text: map[string]string{
+					"vol-vol0-failover":       "vol0 failed over alpha → beta at 2026-03-14 15:09:21 UTC (epoch 4): alpha lost",
+					"vol-vol0-primary":        "beta",
+					"warning-node-down-alpha": "Node alpha is unreachable",
+					"vol-vol0-severity":       "warning",
+				},
+				absent: []string{"warning-no-primary-vol0"},
+				class:  map[string]string{"vol-vol0": "warning", "replica-vol0-alpha": "problem", "warning-node-down-alpha": "warning"},
+			},
+		},
+		{
+			name: "forced to primary while disconnected by the operator: the volume runs on one copy",
+			bend: func(st *transport.ClusterStatus) {
+				v := &st.Volumes[0]
+				v.Primary, v.Epoch, v.NBDURI = "beta", 4, "nbd://10.0.0.2:7802/vol0"
+				b := replica(st, "beta")
+				b.Role, b.Replication, b.Raft = "Primary", "StandAlone", "UpToDate"
+				b.Reason, b.ReasonCode = "disconnected by operator", "disconnected-by-operator"
+				a := replica(st, "alpha")
+				a.Role, a.Disk, a.Replication, a.Raft = "Secondary", "Consistent", "Connecting", "Outdated"
+				a.Reason, a.ReasonCode = "disconnected by operator", "disconnected-by-operator" // the primary's view of it
+			},
+			check: want{
+				text: map[string]string{
+					"warning-one-copy-vol0-text":    "vol0 runs on one copy: its primary beta is disconnected by the operator",
+					"warning-one-copy-vol0-command": "replctl connect vol0 --node beta",
+					"warning-count":                 "1",
+				},
+				absent: []string{"warning-connecting-vol0-alpha", "warning-standalone-vol0-beta", "warning-standalone-vol0-alpha"},
+				class:  map[string]string{"warning-one-copy-vol0": "warning", "vol-vol0": "warning", "replica-vol0-beta": "problem"},
+			},
+		},
+		{
 			name: "Outdated and StandAlone after a failure: reconnect it",
 			bend: func(st *transport.ClusterStatus) {
 				b := replica(st, "beta")
@@ -328,6 +438,82 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// TestPageProblemVolumesFirst: a volume with a critical warning comes
+// first, then one with a warning, then the healthy ones in the status's
+// order; the volumes come before the cluster overview, so that the
+// problem's replica table is on the first screen; a problem replica's row
+// is marked, a healthy one's is not.
+func TestPageProblemVolumesFirst(t *testing.T) {
+	st := healthyCluster()
+	st.Volumes = append(st.Volumes, healthyVolume("vol1"), healthyVolume("vol2"), healthyVolume("vol3"))
+	st.Volumes[1].Replica("beta").Replication = "StandAlone" // vol1: a warning
+	st.Volumes[3].Replica("beta").Disk = "Failed"            // vol3: critical
+	p := render(t, pageInput{Status: st})
+	var order []int
+	for _, id := range []string{"vol-vol3", "vol-vol1", "vol-vol0", "vol-vol2", "cluster"} {
+		i := strings.Index(p.src, `id="`+id+`"`)
+		if i < 0 {
+			t.Fatalf("no #%s", id)
+		}
+		order = append(order, i)
+	}
+	if !slices.IsSorted(order) {
+		t.Errorf("page order of vol3 (critical), vol1 (warning), vol0, vol2, the cluster: at %v, want increasing", order)
+	}
+	for id, want := range map[string]string{"vol-vol3": "critical", "vol-vol1": "warning"} {
+		if got := strings.Fields(p.attr(id, "class")); !contains(got, want) {
+			t.Errorf("#%s classes %v, want %q", id, got, want)
+		}
+	}
+	if got := p.attr("vol-vol0", "class"); got != "volume" {
+		t.Errorf("healthy #vol-vol0 classes %q, want only volume", got)
+	}
+	if !contains(strings.Fields(p.attr("replica-vol3-beta", "class")), "problem") {
+		t.Errorf("the failed replica's row is not marked: %q", p.attr("replica-vol3-beta", "class"))
+	}
+	for _, id := range []string{"replica-vol3-alpha", "replica-vol0-beta"} {
+		if contains(strings.Fields(p.attr(id, "class")), "problem") {
+			t.Errorf("healthy #%s marked as a problem", id)
+		}
+	}
+}
+
+// TestWarningsJSON: the warnings the page shows are in the status's JSON,
+// with every field a tool needs, and an empty list (not null) when all is
+// well.
+func TestWarningsJSON(t *testing.T) {
+	healthy, err := json.Marshal(Warnings(healthyCluster()))
+	if err != nil || string(healthy) != "[]" {
+		t.Fatalf("a healthy cluster's warnings: %s (%v), want []", healthy, err)
+	}
+	st := healthyCluster()
+	replica(st, "beta").Replication = "StandAlone"
+	st.Warnings = Warnings(st)
+	raw, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Warnings []map[string]string `json:"warnings"`
+	}
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"id": "warning-standalone-vol0-beta", "kind": "standalone", "severity": "warning", "volume": "vol0", "node": "beta",
+		"command": "replctl connect vol0 --node beta"}
+	if len(doc.Warnings) != 1 {
+		t.Fatalf("warnings in JSON: %s", raw)
+	}
+	for k, v := range want {
+		if doc.Warnings[0][k] != v {
+			t.Errorf("warning's %q = %q, want %q", k, doc.Warnings[0][k], v)
+		}
+	}
+	if !strings.Contains(doc.Warnings[0]["text"], "beta is StandAlone on vol0") {
+		t.Errorf("warning's text %q", doc.Warnings[0]["text"])
+	}
 }
 
 func TestPageResyncBarValue(t *testing.T) {

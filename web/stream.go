@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,6 +27,9 @@ const keepalive = 15 * time.Second
 type patchMessage struct {
 	Title   string  `json:"title"`
 	Patches []patch `json:"patches"`
+	// Order, when the volumes moved (problem volumes go first), lists
+	// the volume sections' element ids in their new order.
+	Order []string `json:"order,omitempty"`
 }
 
 type patch struct {
@@ -37,18 +41,26 @@ type patch struct {
 // what changed.
 type patcher struct {
 	sent map[string]uint64
-	// volumes are the volume sections the page holds, joined; a change
-	// of the set replaces the volume container whole.
-	volumes string
-	fresh   bool
+	// volumes are the volume sections the page holds, sorted and joined;
+	// a change of the set replaces the volume container whole. order is
+	// the order they are in on the page, joined.
+	volumes, order string
+	fresh          bool
 }
 
 func newPatcher() *patcher { return &patcher{sent: map[string]uint64{}, fresh: true} }
 
-// patches returns what the page needs to show f.
+// patches returns what the page needs to show f, but for the order of
+// the volumes (reorder).
 func (p *patcher) patches(f *frame) []patch {
-	volumes := strings.Join(f.VolumeIDs, "\x00")
+	set := slices.Clone(f.VolumeIDs)
+	slices.Sort(set)
+	volumes := strings.Join(set, "\x00")
 	replaceVolumes := p.fresh || volumes != p.volumes
+	if replaceVolumes {
+		// The new container holds them in f's order.
+		p.order = strings.Join(f.VolumeIDs, "\x00")
+	}
 	isVolume := map[string]bool{}
 	for _, id := range f.VolumeIDs {
 		isVolume[id] = true
@@ -69,6 +81,17 @@ func (p *patcher) patches(f *frame) []patch {
 	}
 	p.volumes, p.fresh = volumes, false
 	return out
+}
+
+// reorder returns the order of f's volume sections when the page holds
+// them in another (after patches), else nil.
+func (p *patcher) reorder(f *frame) []string {
+	order := strings.Join(f.VolumeIDs, "\x00")
+	if order == p.order {
+		return nil
+	}
+	p.order = order
+	return slices.Clone(f.VolumeIDs)
 }
 
 // stream serves /api/stream to one open page: every section on the first
@@ -97,8 +120,8 @@ func (h *handlers) stream(w http.ResponseWriter, r *http.Request) {
 		f, changed := h.mon.current()
 		// The page was rendered just now: start from a sample as new.
 		if f != nil && !f.At.Before(joined) {
-			if ps := pt.patches(f); len(ps) > 0 {
-				data, err := json.Marshal(patchMessage{Title: f.Title, Patches: ps})
+			if ps, order := pt.patches(f), pt.reorder(f); len(ps) > 0 || order != nil {
+				data, err := json.Marshal(patchMessage{Title: f.Title, Patches: ps, Order: order})
 				if err != nil {
 					panic(err) // strings only
 				}

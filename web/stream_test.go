@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -335,6 +336,68 @@ func TestPatcherSendsOnlyChanges(t *testing.T) {
 	st.Volumes = st.Volumes[:1]
 	if got := ids(p.patches(frameOf(st))); strings.Join(got, " ") != "warnings topology volumes" {
 		t.Errorf("vol1 gone: %v", got)
+	}
+}
+
+// TestPatcherMovesProblemVolumesFirst: a volume that gets a warning moves
+// to the top by an order message (its section alone is sent, not the
+// whole container); the order is sent once.
+func TestPatcherMovesProblemVolumesFirst(t *testing.T) {
+	frameOf := func(st *transport.ClusterStatus) *frame {
+		pv := buildPage(pageInput{Status: st, Now: testNow})
+		secs, err := renderSections(pv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := &frame{Sections: secs}
+		for _, v := range pv.Volumes {
+			f.VolumeIDs = append(f.VolumeIDs, v.ID)
+		}
+		return f
+	}
+	st := healthyCluster()
+	st.Volumes = append(st.Volumes, healthyVolume("vol1"))
+	p := newPatcher()
+	f := frameOf(st)
+	p.patches(f)
+	if order := p.reorder(f); order != nil {
+		t.Errorf("first frame: the container came in its order, but reorder says %v", order)
+	}
+	st.Volumes[1].Replica("beta").Replication = "StandAlone"
+	f = frameOf(st)
+	var ids []string
+	for _, x := range p.patches(f) {
+		ids = append(ids, x.ID)
+	}
+	if slices.Contains(ids, volumesID) || !slices.Contains(ids, "vol-vol1") {
+		t.Errorf("vol1 StandAlone: patches %v, want vol-vol1's and not the container", ids)
+	}
+	if order := p.reorder(f); strings.Join(order, " ") != "vol-vol1 vol-vol0" {
+		t.Errorf("vol1 StandAlone: order %v, want vol-vol1 vol-vol0", order)
+	}
+	if order := p.reorder(frameOf(st)); order != nil {
+		t.Errorf("the same frame again: order %v", order)
+	}
+}
+
+// TestAPIStatusCarriesTheWarnings: /api/status holds the warnings the page
+// shows, also from a source that does not fill them in.
+func TestAPIStatusCarriesTheWarnings(t *testing.T) {
+	fake := newFakeSource(healthyCluster())
+	fake.set(func(st *transport.ClusterStatus) { st.Volumes[0].Replica("beta").Replication = "StandAlone" })
+	srv := httptest.NewServer(NewMux(fake.source()))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/api/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st transport.ClusterStatus
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Warnings) != 1 || st.Warnings[0].ID != "warning-standalone-vol0-beta" || st.Warnings[0].Command != "replctl connect vol0 --node beta" {
+		t.Fatalf("/api/status warnings %+v, want beta's StandAlone with its fix", st.Warnings)
 	}
 }
 

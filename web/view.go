@@ -54,6 +54,12 @@ type nodeView struct {
 
 type volumeView struct {
 	ID, Name, Size, Protocol, Primary, PrimaryClass, Epoch, Export string
+	// Severity is the worst of the volume's warnings, critical or
+	// warning ("" when it has none): problem volumes come first.
+	Severity string
+	// Failover says when and why the volume last failed over ("" when
+	// it never did).
+	Failover string
 	// ResyncCap is the resync rate cap ("" when there is none).
 	ResyncCap string
 	Replicas  []replicaView
@@ -71,6 +77,8 @@ type replicaView struct {
 	ID, Node, Role, Disk, DiskClass, Replication, ReplicationClass, Raft, RaftClass string
 	OutOfSync, LagBytes, LagSeconds, Reason, ReasonCode                             string
 	Unreachable                                                                     bool
+	// Problem: a warning names this replica, or its state is bad.
+	Problem bool
 	// Resync and Verify are set while one runs; VerifyResult after one;
 	// LastResync describes the last resync that finished.
 	Resync, Verify           *progressView
@@ -113,8 +121,13 @@ func buildPage(in pageInput) pageView {
 			Text: "This node could not assemble the cluster's status: what follows may be stale.", Detail: in.StatusError}}, pv.Warnings...)
 	}
 	for i := range st.Volumes {
-		pv.Volumes = append(pv.Volumes, buildVolume(&st.Volumes[i], in.IO[st.Volumes[i].Name]))
+		pv.Volumes = append(pv.Volumes, buildVolume(&st.Volumes[i], in.IO[st.Volumes[i].Name], pv.Warnings))
 	}
+	// Problem volumes first, the critical ones at the top (drbdmon's
+	// order); otherwise the status's order.
+	slices.SortStableFunc(pv.Volumes, func(a, b volumeView) int {
+		return problemRank(a.Severity) - problemRank(b.Severity)
+	})
 	for _, e := range in.Events {
 		pv.Events = append(pv.Events, buildEvent(e))
 	}
@@ -186,10 +199,61 @@ func nodeState(n transport.NodeInfo) string {
 	return "unreachable"
 }
 
-func buildVolume(v *transport.VolumeStatus, io volumeIO) volumeView {
+// problemRank orders volumes by their worst warning: critical, warning,
+// then the others.
+func problemRank(severity string) int {
+	switch severity {
+	case severityCritical:
+		return 0
+	case severityWarning:
+		return 1
+	}
+	return 2
+}
+
+// concerns says whether w is about node's replica of volume: it names
+// both, or it names the node for every volume (the node is down).
+func concerns(w *Warning, volume, node string) bool {
+	return w.Node == node && (w.Volume == volume || w.Volume == "")
+}
+
+// volumeSeverity is the worst severity (critical or warning) of the
+// warnings about v or one of its replicas; "" when there is none.
+func volumeSeverity(v *transport.VolumeStatus, ws []Warning) string {
+	worst := ""
+	for i := range ws {
+		w := &ws[i]
+		if w.Severity == severityInfo {
+			continue
+		}
+		about := w.Volume == v.Name
+		if w.Volume == "" && w.Node != "" {
+			about = v.Replica(w.Node) != nil
+		}
+		if about && (worst == "" || severityRank(w.Severity) < severityRank(worst)) {
+			worst = w.Severity
+		}
+	}
+	return worst
+}
+
+// failoverLine says when and why volume last failed over.
+func failoverLine(volume string, f *transport.Failover) string {
+	line := fmt.Sprintf("%s failed over %s → %s at %s (epoch %d)", volume, orDefault(f.From, "?"), f.To, f.At.UTC().Format("2006-01-02 15:04:05 UTC"), f.Epoch)
+	if f.Reason != "" {
+		line += ": " + f.Reason
+	}
+	return line
+}
+
+func buildVolume(v *transport.VolumeStatus, io volumeIO, ws []Warning) volumeView {
 	vv := volumeView{
 		ID: elementID("vol", v.Name), Name: v.Name, Size: humanBytes(v.Size), Protocol: v.Protocol,
 		Primary: orNone(v.Primary), Epoch: strconv.FormatUint(v.Epoch, 10), Export: v.NBDURI, IO: io,
+		Severity: volumeSeverity(v, ws),
+	}
+	if v.LastFailover != nil {
+		vv.Failover = failoverLine(v.Name, v.LastFailover)
 	}
 	if v.ResyncRate > 0 {
 		vv.ResyncCap = humanBytes(v.ResyncRate) + "/s"
@@ -200,7 +264,11 @@ func buildVolume(v *transport.VolumeStatus, io volumeIO) volumeView {
 	}
 	for i := range v.Replicas {
 		r := &v.Replicas[i]
-		vv.Replicas = append(vv.Replicas, buildReplica(v, r))
+		rv := buildReplica(v, r)
+		for j := range ws {
+			rv.Problem = rv.Problem || (ws[j].Severity != severityInfo && concerns(&ws[j], v.Name, r.Node))
+		}
+		vv.Replicas = append(vv.Replicas, rv)
 		if len(r.Paths) == 0 {
 			continue
 		}
@@ -222,6 +290,8 @@ func buildReplica(v *transport.VolumeStatus, r *transport.ReplicaStatus) replica
 		OutOfSync: humanBytes(r.OutOfSyncBytes), LagBytes: humanBytes(r.LagBytes), LagSeconds: humanSeconds(r.LagSeconds),
 		Reason: r.Reason, ReasonCode: r.ReasonCode, Unreachable: !r.Reachable,
 	}
+	// A primary's replication is its peers' worst: their rows show it.
+	rv.Problem = !r.Reachable || rv.DiskClass == classBad || (rv.ReplicationClass == classBad && r.Role != rolePrimary)
 	// The primary's replication is its peers' worst: the peers' rows
 	// carry their resyncs.
 	if r.ResyncTotalBytes > 0 || (syncing(r) && r.Role != rolePrimary) {

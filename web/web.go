@@ -62,6 +62,10 @@ func NewMux(src Source) *http.ServeMux {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
+		if st.Warnings == nil {
+			// A source that does not fill them in: the same rule.
+			st.Warnings = Warnings(st)
+		}
 		writeJSON(w, st)
 	})
 	mux.HandleFunc("GET /api/node", func(w http.ResponseWriter, r *http.Request) {

@@ -79,6 +79,11 @@ func exitCode(err error) int {
 	if errors.As(err, &ee) {
 		return ee.code
 	}
+	// An error with its own code: status --check's verdict.
+	var coded interface{ ExitCode() int }
+	if errors.As(err, &coded) {
+		return coded.ExitCode()
+	}
 	var se *transport.StreamError
 	if errors.As(err, &se) && se.Reach != "" {
 		return exitUnreachable

@@ -9,6 +9,7 @@ import (
 	"container/heap"
 	"errors"
 	"net"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -198,6 +199,111 @@ func TestStatusWarnsOnTheVolumeLine(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("protocol A in cluster mode: no %q in\n%s", want, out.String())
 		}
+	}
+}
+
+// TestStatusCheckVerdict pins status --check's exit codes: 0 with nothing
+// to warn about (info, such as a resync under way, is not), 4 when the
+// worst is a warning (a StandAlone replica), 5 when one is critical (a
+// split brain), and the warnings listed with their fixes.
+func TestStatusCheckVerdict(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		bend     func(v *transport.VolumeStatus)
+		code     int
+		listed   []string // in the printed warnings
+		summary  string
+		unlisted []string
+	}{
+		{"healthy", func(*transport.VolumeStatus) {}, 0, []string{"warnings: none"}, "", nil},
+		{"a resync under way is no warning", func(v *transport.VolumeStatus) {
+			v.Replicas[1].Disk, v.Replicas[1].Replication = "Inconsistent", "SyncTarget"
+		}, 0, []string{"warnings: none"}, "", []string{"INFO"}},
+		{"a StandAlone replica", func(v *transport.VolumeStatus) {
+			v.Replicas[1].Replication = "StandAlone"
+		}, exitWarning, []string{"warnings: 1 warning", "WARNING beta is StandAlone on vol0", "fix: replctl connect vol0 --node beta"}, "1 warning", nil},
+		{"a split brain", func(v *transport.VolumeStatus) {
+			for i := range v.Replicas {
+				v.Replicas[i].Replication, v.Replicas[i].ReasonCode = "StandAlone", "split-brain"
+			}
+			v.Replicas[0].Paths = []transport.PathStatus{{Path: "p0", State: "FAIL"}}
+		}, exitCritical, []string{"warnings: 1 critical, 1 warning", "CRITICAL Split brain on vol0", "fix: replctl connect vol0 --discard-my-data --node beta",
+			"risk: beta loses what was written to it since the split", "fix: replctl path restore vol0 p0 --node alpha"}, "1 critical, 1 warning", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := sampleStatus()
+			tc.bend(&st.Volumes[0])
+			ws := warningsOf(st, "")
+			err := verdict(ws)
+			code := 0
+			var cf *checkFailed
+			if errors.As(err, &cf) {
+				code = cf.ExitCode()
+			}
+			if code != tc.code || (err != nil) != (tc.code != 0) {
+				t.Fatalf("verdict %v (code %d), want code %d", err, code, tc.code)
+			}
+			if err != nil && err.Error() != "status --check: "+tc.summary {
+				t.Errorf("verdict says %q, want the summary %q", err, tc.summary)
+			}
+			var out bytes.Buffer
+			printWarnings(&out, ws, palette{})
+			for _, want := range tc.listed {
+				if !strings.Contains(out.String(), want) {
+					t.Errorf("no %q in\n%s", want, out.String())
+				}
+			}
+			for _, bad := range tc.unlisted {
+				if strings.Contains(out.String(), bad) {
+					t.Errorf("%q in\n%s", bad, out.String())
+				}
+			}
+		})
+	}
+}
+
+// TestStatusWarningsAreThePages: the status's own warnings (from the
+// node) are the ones used; a node too old to send them gets the page's
+// rule; a volume's status keeps that volume's and the cluster's.
+func TestStatusWarningsAreThePages(t *testing.T) {
+	st := sampleStatus()
+	st.Volumes[0].Replicas[1].Replication = "StandAlone"
+	if ws := warningsOf(st, ""); len(ws) != 1 || ws[0].ID != "warning-standalone-vol0-beta" {
+		t.Fatalf("no warnings from the node: %+v, want the page's", ws)
+	}
+	st.Warnings = []transport.Warning{
+		{ID: "warning-node-down-beta", Kind: transport.WarningNodeDown, Severity: transport.SeverityWarning, Node: "beta"},
+		{ID: "warning-x-vol9", Severity: transport.SeverityCritical, Volume: "vol9"},
+	}
+	if ws := warningsOf(st, "vol0"); len(ws) != 1 || ws[0].ID != "warning-node-down-beta" {
+		t.Fatalf("vol0's warnings: %+v, want the node's own, without vol9's", ws)
+	}
+}
+
+// TestStatusShowsTheFailoverAndOneCopy: the volume's line says it runs on
+// one copy and names the command when its primary is disconnected by the
+// operator, and a line under it says when and why it last failed over.
+func TestStatusShowsTheFailoverAndOneCopy(t *testing.T) {
+	st := sampleStatus()
+	v := &st.Volumes[0]
+	now := time.Date(2026, 3, 14, 15, 10, 0, 0, time.UTC)
+	v.Primary, v.Epoch = "beta", 4
+	v.LastFailover = &transport.Failover{From: "alpha", To: "beta", Epoch: 4, At: now.Add(-90 * time.Second), Reason: "forced by the operator (replctl primary --force)", Forced: true}
+	v.Replicas[0].Role, v.Replicas[0].Disk, v.Replicas[0].Replication = "Secondary", "Consistent", "Connecting"
+	v.Replicas[1].Role, v.Replicas[1].Replication = "Primary", "StandAlone"
+	v.Replicas[1].Reason, v.Replicas[1].ReasonCode = "disconnected by operator", "disconnected-by-operator"
+	var out bytes.Buffer
+	printStatus(&out, st, palette{}, now)
+	lines := strings.Split(out.String(), "\n")
+	i := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "vol0 ") })
+	if i < 0 || i+1 >= len(lines) {
+		t.Fatalf("no volume line in\n%s", out.String())
+	}
+	if want := "! runs on one copy: beta is disconnected by the operator (replctl connect vol0 --node beta)"; !strings.Contains(lines[i], want) {
+		t.Errorf("volume line %q lacks %q", lines[i], want)
+	}
+	if want := "  failed over alpha → beta 1m30s ago (2026-03-14 15:08:30 UTC, epoch 4): forced by the operator (replctl primary --force)"; lines[i+1] != want {
+		t.Errorf("line under the volume's:\n%q\nwant\n%q", lines[i+1], want)
 	}
 }
 

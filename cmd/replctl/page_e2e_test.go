@@ -10,11 +10,15 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -85,6 +89,22 @@ func TestE2EStatusPage(t *testing.T) {
 	fix := "replctl connect vol0 --node beta"
 	bp.waitText("warning-standalone-vol0-beta-command", time.Until(deadline), equals(fix))
 	t.Logf("beta StandAlone and the warning %q on the page %s after the disconnect began", fix, time.Since(began).Round(time.Millisecond))
+	// The same warning, with its fix, for scripts: status --check exits
+	// 4, and the JSON of replctl status and of /api/status holds it.
+	if r := d.ctl("alpha", "status", "--check"); r.code != exitWarning || !strings.Contains(r.out, "fix: "+fix) {
+		t.Errorf("replctl status --check with beta StandAlone: exit %d, want %d and the fix:\n%s", r.code, exitWarning, r.out)
+	}
+	for what, js := range map[string]string{"replctl status --json": d.mustCtl("alpha", "status", "--json"), "/api/status": httpGet(t, "http://"+control+"/api/status")} {
+		var doc struct {
+			Warnings []struct{ ID, Kind, Severity, Command string } `json:"warnings"`
+		}
+		if err := json.Unmarshal([]byte(js), &doc); err != nil {
+			t.Fatalf("%s: %v\n%s", what, err, js)
+		}
+		if len(doc.Warnings) != 1 || doc.Warnings[0].ID != "warning-standalone-vol0-beta" || doc.Warnings[0].Severity != "warning" || doc.Warnings[0].Command != fix {
+			t.Errorf("%s warnings %+v, want beta's StandAlone with %q", what, doc.Warnings, fix)
+		}
+	}
 
 	// Writes while beta is away, for a resync long enough to watch; the
 	// sparklines show them.
@@ -112,6 +132,9 @@ func TestE2EStatusPage(t *testing.T) {
 	bp.waitText("replica-vol0-beta-disk", syncTimeout, equals("UpToDate"))
 	bp.waitText("replica-vol0-beta-replication", pageWait, equals("Connected"))
 	bp.waitGone("warning-standalone-vol0-beta", pageWait)
+	if r := d.ctl("alpha", "status", "--check"); r.code != 0 || !strings.Contains(r.out, "warnings: none") {
+		t.Errorf("replctl status --check in sync again: exit %d, want 0:\n%s", r.code, r.out)
+	}
 	bars := bp.eval(`() => window.replvolBars`).Value.Arr()
 	var seen []string
 	for _, b := range bars {
@@ -164,6 +187,171 @@ func TestE2EStatusPage(t *testing.T) {
 	}
 	t.Logf("%d requests, all to %s", len(requests), control)
 	bp.screenshot("status-page")
+}
+
+// TestE2EStatusPageThroughAFailover: alpha, beta and a witness as
+// replnode processes; Chromium opens beta's page once and follows it:
+//
+//   - alpha, the primary, is killed: the page shows "vol0 failed over
+//     alpha → beta at T" and a WARNING that alpha is down, painted amber,
+//     with the volume's replica table on the first screen (1000 px);
+//     replctl status --check exits 4 and its JSON holds the warning;
+//   - the witness is killed too: no quorum, a CRITICAL painted red, not
+//     like the WARNING (page.css's .warning.warning painted both amber);
+//     replctl status --check exits 5;
+//   - beta, the page's own node, is killed: the page says it lost contact
+//     with beta and since when, and greys out what it shows.
+func TestE2EStatusPageThroughAFailover(t *testing.T) {
+	e2e(t)
+	chromium := RequireTool(t, "chromium", "chromium")
+	c := newProcClusterN(t, clusterOpts{Raft: true, Witness: true, Size: 32 << 20})
+	c.startAll()
+	c.waitFor("alpha", "in sync, and raft knows both replicas UpToDate", syncTimeout, raftInSync)
+	pageURL := "http://" + c.nodes["beta"].Control + "/"
+
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	bp := openBrowserPage(t, ctx, chromium)
+	var mu sync.Mutex
+	var exceptions []string
+	go bp.page.EachEvent(func(e *proto.RuntimeExceptionThrown) {
+		mu.Lock()
+		defer mu.Unlock()
+		exceptions = append(exceptions, e.ExceptionDetails.Text)
+	})()
+	if err := bp.page.Navigate(pageURL); err != nil {
+		t.Fatalf("open %s: %v", pageURL, err)
+	}
+	if err := bp.page.WaitLoad(); err != nil {
+		t.Fatalf("load %s: %v", pageURL, err)
+	}
+	bp.eval(`() => { window.replvolOpenedOnce = true }`)
+	bp.waitText("live", 10*time.Second, equals("live"))
+	bp.waitText("vol-vol0-primary", pageWait, equals("alpha"))
+	bp.waitPresent("warnings-none", pageWait)
+	if bp.text("contact") != "" || bp.eval(`() => document.getElementById("contact").hidden`).Value.Bool() != true {
+		t.Errorf("a live page shows the lost-contact banner: %q", bp.text("contact"))
+	}
+	// Every text the volume's no-primary warning shows, for the log.
+	bp.eval(`() => {
+		window.replvolNoPrimary = [];
+		new MutationObserver(() => {
+			const w = document.getElementById("warning-no-primary-vol0");
+			if (w) window.replvolNoPrimary.push(w.textContent.replace(/\s+/g, " ").trim());
+		}).observe(document.body, {subtree: true, childList: true});
+	}`)
+
+	// alpha, the primary, dies: beta takes over and the page says so.
+	killed := time.Now()
+	c.kill("alpha")
+	line := bp.waitText("vol-vol0-failover", 30*time.Second, func(s string) bool { return strings.HasPrefix(s, "vol0 failed over alpha → beta at ") })
+	t.Logf("%s after the kill, the page says: %q", time.Since(killed).Round(time.Millisecond), line)
+	bp.waitText("vol-vol0-primary", pageWait, equals("beta"))
+	bp.waitText("warning-node-down-alpha-text", pageWait, func(s string) bool { return strings.Contains(s, "Node alpha is unreachable") })
+	for _, seen := range bp.eval(`() => window.replvolNoPrimary`).Value.Arr() {
+		t.Logf("while beta took over, the page said: %q", seen.Str())
+	}
+	amber := map[string]string{"backgroundColor": "rgb(255, 244, 214)", "borderLeftColor": "rgb(154, 103, 0)"}
+	bp.checkStyle("warning-node-down-alpha", amber)
+	bp.checkStyle("warning-node-down-alpha .sev", map[string]string{"color": "rgb(154, 103, 0)"})
+	if cls := bp.eval(`() => document.getElementById("vol-vol0").className`).Value.Str(); cls != "volume warning" {
+		t.Errorf("vol0's section has classes %q, want volume warning", cls)
+	}
+	// The problem volume's replica table is on the first screen.
+	if bottom, height := bp.eval(`() => document.getElementById("replica-vol0-alpha").getBoundingClientRect().bottom`).Value.Num(),
+		bp.eval(`() => window.innerHeight`).Value.Num(); bottom > height {
+		t.Errorf("alpha's replica row ends at %.0f px, below the first %.0f px", bottom, height)
+	}
+	r := c.ctl("beta", "status", "--check")
+	if r.code != exitWarning || !strings.Contains(r.out, "fix: systemctl start replnode  (on alpha)") || !strings.Contains(r.out, "failed over alpha → beta") {
+		t.Errorf("replctl status --check with alpha down: exit %d, want %d, the fix and the failover:\n%s", r.code, exitWarning, r.out)
+	}
+	var doc struct {
+		Volumes []struct {
+			LastFailover *struct{ From, To string } `json:"last_failover"`
+		} `json:"volumes"`
+		Warnings []struct{ ID, Severity, Command, Where string } `json:"warnings"`
+	}
+	js := c.mustCtl("beta", "status", "--json")
+	if err := json.Unmarshal([]byte(js), &doc); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, js)
+	}
+	if len(doc.Volumes) != 1 || doc.Volumes[0].LastFailover == nil || doc.Volumes[0].LastFailover.From != "alpha" || doc.Volumes[0].LastFailover.To != "beta" {
+		t.Errorf("status --json: no last_failover alpha → beta:\n%s", js)
+	}
+	if !slices.ContainsFunc(doc.Warnings, func(w struct{ ID, Severity, Command, Where string }) bool {
+		return w.ID == "warning-node-down-alpha" && w.Severity == "warning" && w.Command == "systemctl start replnode" && w.Where == "on alpha"
+	}) {
+		t.Errorf("status --json: no warning that alpha is down, with its fix:\n%s", js)
+	}
+
+	// The witness dies too: no quorum, a CRITICAL, painted red.
+	c.kill(witnessName)
+	bp.waitPresent("warning-no-quorum", 30*time.Second)
+	red := map[string]string{"backgroundColor": "rgb(253, 236, 234)", "borderLeftColor": "rgb(192, 54, 44)"}
+	bp.checkStyle("warning-no-quorum", red)
+	bp.checkStyle("warning-no-quorum .sev", map[string]string{"color": "rgb(192, 54, 44)"})
+	bp.checkStyle("warning-node-down-alpha", amber)
+	if r := c.ctl("beta", "status", "--check"); r.code != exitCritical || !strings.Contains(r.out, "CRITICAL No raft quorum") {
+		t.Errorf("replctl status --check without a quorum: exit %d, want %d:\n%s", r.code, exitCritical, r.out)
+	}
+	bp.screenshot("status-page-no-quorum")
+
+	// beta, the page's own node, dies: the page says so and greys out.
+	before := time.Now()
+	c.kill("beta")
+	banner := bp.waitText("contact", 10*time.Second, func(s string) bool { return strings.HasPrefix(s, "Lost contact with beta since ") })
+	t.Logf("%s after beta was killed the page says: %q", time.Since(before).Round(time.Millisecond), banner)
+	if !bp.eval(`() => document.body.classList.contains("stale")`).Value.Bool() {
+		t.Errorf("the page of a dead node is not marked stale")
+	}
+	bp.checkStyle("main", map[string]string{"opacity": "0.5", "filter": "grayscale(1)"})
+	bp.screenshot("status-page-lost-contact")
+
+	if !bp.eval(`() => window.replvolOpenedOnce === true`).Value.Bool() {
+		t.Errorf("the page was reloaded")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(exceptions) > 0 {
+		t.Errorf("the page's script threw: %v", exceptions)
+	}
+}
+
+// httpGet returns the body of a GET that must answer 200.
+func httpGet(t *testing.T, url string) string {
+	t.Helper()
+	hc := http.Client{Timeout: 10 * time.Second}
+	resp, err := hc.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s %v\n%s", url, resp.Status, err, body)
+	}
+	return string(body)
+}
+
+// checkStyle checks computed style properties of the element a selector
+// (an element id, or an id and a descendant selector) finds.
+func (bp *browserPage) checkStyle(selector string, want map[string]string) {
+	bp.t.Helper()
+	css := "#" + selector
+	if selector == "main" {
+		css = selector
+	}
+	for prop, value := range want {
+		got := bp.eval(`(s, p) => { const e = document.querySelector(s); return e ? getComputedStyle(e)[p] : null }`, css, prop).Value
+		if got.Nil() {
+			bp.t.Errorf("no element %s", css)
+			return
+		}
+		if got.Str() != value {
+			bp.t.Errorf("%s: %s is %q, want %q", css, prop, got.Str(), value)
+		}
+	}
 }
 
 // browserPage is one page of a headless Chromium.

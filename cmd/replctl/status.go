@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/transport"
+	"github.com/replvol/replvol/web"
 	"github.com/spf13/cobra"
 )
 
@@ -18,6 +19,7 @@ func newStatus(g *globals) *cobra.Command {
 		asJSON bool
 		events int
 		watch  bool
+		check  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "status [VOLUME]",
@@ -28,7 +30,14 @@ resync or verify progress with speed and ETA, lag under protocols A and B,
 what raft records in cluster mode). The volume's line ends with a warning for
 each replica that is not UpToDate or not replicating and each failed path.
 VOLUME shows that volume only. --watch redraws every second until Ctrl-C.
-Colours on a terminal only (--color, NO_COLOR).`,
+Colours on a terminal only (--color, NO_COLOR).
+
+--check, for scripts and monitoring, also lists what the status page's
+"Needs attention" shows (each warning with the command that fixes it) and
+exits 0 when there is nothing to warn about, 4 when the worst is a warning
+(redundancy lost or degraded: a StandAlone replica, a node down) and 5 when
+it is critical (IO stopped or data at risk: a split brain, no primary, no
+quorum). With --json the warnings are in the JSON's "warnings".`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			volume := ""
@@ -40,14 +49,18 @@ Colours on a terminal only (--color, NO_COLOR).`,
 			if err != nil {
 				return err
 			}
-			s := &statusView{g: g, volume: volume, asJSON: asJSON, events: events, pal: pal}
-			if !watch {
+			s := &statusView{g: g, volume: volume, asJSON: asJSON, events: events, check: check, pal: pal}
+			switch {
+			case watch && check:
+				return errors.New("--check and --watch do not go together: --check exits with the status's verdict")
+			case !watch:
 				return s.once(cmd, out)
 			}
 			return s.watch(cmd, out)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the status as JSON")
+	cmd.Flags().BoolVar(&check, "check", false, "list the warnings and exit 4 when the worst is a warning, 5 when critical (0: nothing to warn about)")
 	cmd.Flags().IntVar(&events, "events", 0, "also print this many recent events of the node at --addr")
 	cmd.Flags().BoolVarP(&watch, "watch", "w", false, "redraw every second until Ctrl-C")
 	return cmd
@@ -60,14 +73,119 @@ type statusView struct {
 	volume string
 	asJSON bool
 	events int
-	pal    palette
+	// check adds the warnings with their fixes and makes once exit with
+	// the worst one's code.
+	check bool
+	pal   palette
 	// frameTimeout bounds each frame of --watch, so that a hung node
 	// shows as such every few seconds.
 	frameTimeout time.Duration
 }
 
-// frame fetches the status and renders it into a buffer.
-func (s *statusView) frame(cmd *cobra.Command) ([]byte, error) {
+// Exit codes of replctl status --check (1, 2 and 3 are the errors').
+const (
+	// exitWarning: the worst warning is a warning (redundancy lost or
+	// degraded).
+	exitWarning = 4
+	// exitCritical: a warning is critical (IO stopped or data at risk).
+	exitCritical = 5
+)
+
+// checkFailed is status --check's verdict when there is something to
+// warn about: main exits with its code.
+type checkFailed struct {
+	code    int
+	summary string
+}
+
+func (e *checkFailed) Error() string { return "status --check: " + e.summary }
+
+// ExitCode is the process's exit code.
+func (e *checkFailed) ExitCode() int { return e.code }
+
+// verdict is --check's answer for warnings: nil when none is a warning or
+// critical.
+func verdict(ws []transport.Warning) error {
+	counts := map[string]int{}
+	for _, w := range ws {
+		counts[w.Severity]++
+	}
+	var parts []string
+	for _, sev := range []string{transport.SeverityCritical, transport.SeverityWarning} {
+		switch n := counts[sev]; {
+		case n == 1:
+			parts = append(parts, "1 "+sev)
+		case n > 1:
+			parts = append(parts, fmt.Sprintf("%d %ss", n, sev))
+		}
+	}
+	switch {
+	case counts[transport.SeverityCritical] > 0:
+		return &checkFailed{code: exitCritical, summary: strings.Join(parts, ", ")}
+	case counts[transport.SeverityWarning] > 0:
+		return &checkFailed{code: exitWarning, summary: strings.Join(parts, ", ")}
+	}
+	return nil
+}
+
+// warningsOf returns the status's warnings (of volume only, when set):
+// those the node filled in, or, from a node too old to, the same rule's.
+func warningsOf(st *transport.ClusterStatus, volume string) []transport.Warning {
+	ws := st.Warnings
+	if ws == nil {
+		ws = web.Warnings(st)
+	}
+	if volume == "" {
+		return ws
+	}
+	var out []transport.Warning
+	for _, w := range ws {
+		if w.Volume == volume || w.Volume == "" {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// printWarnings lists warnings the way the page's "Needs attention" does:
+// severity, what is wrong, the fix and where to run it, the risk.
+func printWarnings(w io.Writer, ws []transport.Warning, pal palette) {
+	var serious []transport.Warning
+	for _, x := range ws {
+		if x.Severity != transport.SeverityInfo {
+			serious = append(serious, x)
+		}
+	}
+	if len(serious) == 0 {
+		fmt.Fprintln(w, "\nwarnings: none")
+		return
+	}
+	fmt.Fprintf(w, "\nwarnings: %s\n", verdict(serious).(*checkFailed).summary)
+	for _, x := range serious {
+		color := colorYellow
+		if x.Severity == transport.SeverityCritical {
+			color = colorRed
+		}
+		fmt.Fprintf(w, "  %s %s\n", pal.paint(color, strings.ToUpper(x.Severity)), x.Text)
+		if x.Detail != "" {
+			fmt.Fprintf(w, "    %s\n", pal.paint(colorDim, plainMessage(firstLine(x.Detail))))
+		}
+		if x.Command != "" {
+			fix := "    fix: " + pal.paint(colorBold, x.Command)
+			if x.Where != "" {
+				fix += "  (" + x.Where + ")"
+			}
+			fmt.Fprintln(w, fix)
+		}
+		if x.Risk != "" {
+			fmt.Fprintf(w, "    risk: %s\n", x.Risk)
+		}
+	}
+}
+
+// frame fetches the status and renders it into a buffer; it returns the
+// status's warnings too.
+func (s *statusView) frame(cmd *cobra.Command) ([]byte, []transport.Warning, error) {
 	g := s.g
 	if s.frameTimeout > 0 && s.frameTimeout < g.timeout {
 		short := *g
@@ -76,16 +194,16 @@ func (s *statusView) frame(cmd *cobra.Command) ([]byte, error) {
 	}
 	k, err := g.dial(cmd, "")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer k.close()
 	st, err := k.status()
 	if err != nil {
-		return nil, k.fail(err, "", "")
+		return nil, nil, k.fail(err, "", "")
 	}
 	if s.volume != "" {
 		if err := checkNames(st, s.volume, ""); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		for _, v := range st.Volumes {
 			if v.Name == s.volume {
@@ -93,20 +211,24 @@ func (s *statusView) frame(cmd *cobra.Command) ([]byte, error) {
 			}
 		}
 	}
+	st.Warnings = warningsOf(st, s.volume)
 	var buf bytes.Buffer
 	if s.asJSON {
 		enc := json.NewEncoder(&buf)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(st); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return buf.Bytes(), nil
+		return buf.Bytes(), st.Warnings, nil
 	}
 	printStatus(&buf, st, s.pal, time.Now())
+	if s.check {
+		printWarnings(&buf, st.Warnings, s.pal)
+	}
 	if s.events > 0 {
 		ns, err := k.c.NodeStatus(k.ctx, &transport.StatusRequest{Events: s.events})
 		if err != nil {
-			return nil, k.fail(err, "", "")
+			return nil, nil, k.fail(err, "", "")
 		}
 		fmt.Fprintf(&buf, "\nrecent events on %s:\n", ns.Node.Name)
 		for _, e := range ns.Events {
@@ -115,16 +237,21 @@ func (s *statusView) frame(cmd *cobra.Command) ([]byte, error) {
 			}
 		}
 	}
-	return buf.Bytes(), nil
+	return buf.Bytes(), st.Warnings, nil
 }
 
 func (s *statusView) once(cmd *cobra.Command, out io.Writer) error {
-	b, err := s.frame(cmd)
+	b, ws, err := s.frame(cmd)
 	if err != nil {
 		return err
 	}
-	_, err = out.Write(b)
-	return err
+	if _, err := out.Write(b); err != nil {
+		return err
+	}
+	if s.check {
+		return verdict(ws)
+	}
+	return nil
 }
 
 // watch redraws every second: on a terminal over the previous frame, in
@@ -137,7 +264,7 @@ func (s *statusView) watch(cmd *cobra.Command, out io.Writer) error {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for first := true; ; first = false {
-		b, err := s.frame(cmd)
+		b, _, err := s.frame(cmd)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -229,11 +356,13 @@ func printStatus(w io.Writer, st *transport.ClusterStatus, pal palette, now time
 	nodes.render(w, pal)
 	cluster := len(cl.Voters) > 0
 	for i := range st.Volumes {
-		printVolume(w, &st.Volumes[i], cluster, pal, now)
+		printVolume(w, &st.Volumes[i], warningsOf(st, st.Volumes[i].Name), cluster, pal, now)
 	}
 }
 
-func printVolume(w io.Writer, v *transport.VolumeStatus, cluster bool, pal palette, now time.Time) {
+// printVolume prints v's line (with its warnings: ws are the status's
+// warnings about it), its last failover and a line per replica.
+func printVolume(w io.Writer, v *transport.VolumeStatus, ws []transport.Warning, cluster bool, pal palette, now time.Time) {
 	primary := v.Primary
 	if primary == "" {
 		primary = "none"
@@ -248,10 +377,17 @@ func printVolume(w io.Writer, v *transport.VolumeStatus, cluster bool, pal palet
 	if v.NBDURI != "" {
 		fmt.Fprintf(w, "  %s", v.NBDURI)
 	}
-	for _, warn := range volumeWarnings(v) {
+	for _, warn := range volumeWarnings(v, ws) {
 		fmt.Fprint(w, "  "+pal.paint(warn.color, warn.text))
 	}
 	fmt.Fprintln(w)
+	if f := v.LastFailover; f != nil {
+		line := fmt.Sprintf("  failed over %s → %s %s ago (%s, epoch %d)", f.From, f.To, shortDuration(now.Sub(f.At)), f.At.UTC().Format("2006-01-02 15:04:05 UTC"), f.Epoch)
+		if f.Reason != "" {
+			line += ": " + f.Reason
+		}
+		fmt.Fprintln(w, line)
+	}
 
 	async := v.Protocol == "A" || v.Protocol == "B"
 	for _, r := range v.Replicas {
@@ -387,11 +523,17 @@ func lagCell(v *transport.VolumeStatus, r *transport.ReplicaStatus) cell {
 }
 
 // volumeWarnings are what the volume's line warns about: a replica not
-// UpToDate or not replicating, a failed path, no primary serving.
-func volumeWarnings(v *transport.VolumeStatus) []cell {
+// UpToDate or not replicating, a failed path, no primary serving, and
+// (from the status's warnings ws) a volume that runs on one copy.
+func volumeWarnings(v *transport.VolumeStatus, ws []transport.Warning) []cell {
 	var warns []cell
 	if v.NBDURI == "" {
 		warns = append(warns, cell{"! no primary serving IO", colorRed})
+	}
+	for _, x := range ws {
+		if x.Kind == transport.WarningOneCopy && x.Volume == v.Name {
+			warns = append(warns, cell{fmt.Sprintf("! runs on one copy: %s is disconnected by the operator (%s)", x.Node, x.Command), colorRed})
+		}
 	}
 	for _, r := range v.Replicas {
 		if !r.Reachable {
