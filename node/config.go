@@ -2,7 +2,6 @@ package node
 
 import (
 	"crypto/sha256"
-	"errors"
 	"fmt"
 	"math/big"
 	"net"
@@ -242,6 +241,13 @@ func MultiPath(paths ...string) DiskConfig {
 
 type plainDisk DiskConfig
 
+// diskYAML is a disk written as a mapping.
+type diskYAML struct {
+	plainDisk `yaml:",inline"`
+	// Path is a single path: a plain disk.
+	Path string `yaml:"path"`
+}
+
 // UnmarshalYAML accepts a plain path, a mapping with one path (and, say,
 // meta), or a mapping with a list of paths (multipath).
 func (d *DiskConfig) UnmarshalYAML(n *yaml.Node) error {
@@ -249,11 +255,7 @@ func (d *DiskConfig) UnmarshalYAML(n *yaml.Node) error {
 		*d = SinglePath(n.Value)
 		return nil
 	}
-	var p struct {
-		plainDisk `yaml:",inline"`
-		// Path is a single path: a plain disk.
-		Path string `yaml:"path"`
-	}
+	var p diskYAML
 	if err := n.Decode(&p); err != nil {
 		return err
 	}
@@ -293,12 +295,20 @@ type Duration time.Duration
 
 // UnmarshalYAML parses a Go duration.
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
-	v, err := time.ParseDuration(n.Value)
+	v, err := parseDuration(n.Value)
 	if err != nil {
-		return fmt.Errorf("line %d: %q: want a duration such as 5s or 500ms", n.Line, n.Value)
+		return fmt.Errorf("line %d: %w", n.Line, err)
 	}
-	*d = Duration(v)
+	*d = v
 	return nil
+}
+
+func parseDuration(s string) (Duration, error) {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("%q: want a duration such as 5s or 500ms", s)
+	}
+	return Duration(v), nil
 }
 
 // MarshalYAML writes the duration as text.
@@ -309,12 +319,17 @@ type ByteSize int64
 
 // UnmarshalYAML accepts an integer or a string with a binary unit suffix.
 func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
-	v, err := ParseSize(n.Value)
+	v, err := parseByteSize(n.Value)
 	if err != nil {
 		return fmt.Errorf("line %d: %w", n.Line, err)
 	}
-	*b = ByteSize(v)
+	*b = v
 	return nil
+}
+
+func parseByteSize(s string) (ByteSize, error) {
+	v, err := ParseSize(s)
+	return ByteSize(v), err
 }
 
 // ParseSize reads a size: a number of bytes, possibly with a fraction,
@@ -351,22 +366,15 @@ func ParseSize(s string) (int64, error) {
 	return n.Int64(), nil
 }
 
-// LoadConfig reads and validates a cluster configuration file.
+// LoadConfig reads and validates a cluster configuration file. A file
+// that does not load gives a *ConfigError naming every problem, one per
+// line, each with its line in the file and the field's path.
 func LoadConfig(path string) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read config: %w", err)
 	}
-	var c Config
-	dec := yaml.NewDecoder(strings.NewReader(string(data)))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
-	}
-	if err := c.Validate(); err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
-	}
-	return &c, nil
+	return parseConfig(path, data)
 }
 
 // Marshal renders the configuration as YAML.
@@ -385,12 +393,20 @@ func (c *Config) Node(name string) (NodeConfig, bool) {
 	return NodeConfig{}, false
 }
 
-// Validate reports every problem in the file at once; each message names the
-// field and says what is wrong.
+// Validate reports every problem in the config at once, as a
+// *ConfigError; each problem names the field and says what is wrong.
 func (c *Config) Validate() error {
-	var errs []error
+	if ps := c.problems(); len(ps) > 0 {
+		return &ConfigError{Problems: ps}
+	}
+	return nil
+}
+
+// problems lists what is wrong with the config's values.
+func (c *Config) problems() []Problem {
+	var ps []Problem
 	bad := func(field, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+		ps = append(ps, Problem{Field: field, Message: fmt.Sprintf(format, args...)})
 	}
 	if len(c.Nodes) == 0 {
 		bad("nodes", "missing: list at least one node with name, control, replication and nbd")
@@ -554,11 +570,14 @@ func (c *Config) Validate() error {
 			bad(f+".disks", "the primary %q has no disk", v.Primary)
 		}
 	}
-	return errors.Join(errs...)
+	return ps
 }
 
 func validateDisk(f string, d DiskConfig, bad func(field, format string, args ...any)) {
 	if len(d.Paths) == 0 {
+		if d.multipath {
+			f += ".paths" // written as a mapping
+		}
 		bad(f, "missing: give a file or device path, or paths: [{name, path, group}]")
 		return
 	}

@@ -44,7 +44,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"disk of an unknown node", "beta: /dev/sdc", "delta: /dev/sdc", `volumes[0].disks.delta: "delta" is not a node`},
 		{"duplicate address", `"127.0.0.1:7803"`, `"127.0.0.1:7800"`, `nodes[1].control: "127.0.0.1:7800" is also used by nodes[0].control`},
 		{"not host:port", `"127.0.0.1:7804"`, `"nowhere"`, `nodes[1].replication: "nowhere" is not HOST:PORT`},
-		{"unknown field", "protocol: C", "protocol: C\n    colour: blue", "field colour not found"},
+		{"unknown field", "protocol: C", "protocol: C\n    colour: blue", "volumes[0].colour: unknown key"},
 		{"no nodes", goodConfig[:strings.Index(goodConfig, "volumes:")], "nodes: []\n", "nodes: missing"},
 	}
 	for _, c := range cases {
@@ -96,6 +96,8 @@ func TestParseSize(t *testing.T) {
 func FuzzLoadConfig(f *testing.F) {
 	f.Add(goodConfig)
 	f.Add("nodes: [{name: a}]\n")
+	f.Add("nodes: [{name: a, replicaton: x, nbd: [1]}]\nvolumes: [{size: max, disks: {a: {pahts: []}}}]\n")
+	f.Add("a: &x [*x, *x]\nnodes: *x\n")
 	f.Fuzz(func(t *testing.T, text string) {
 		path := filepath.Join(t.TempDir(), "c.yaml")
 		os.WriteFile(path, []byte(text), 0o644)

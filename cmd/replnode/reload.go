@@ -54,7 +54,10 @@ func (r *reloader) reload(ctx context.Context) {
 	r.log.Info("SIGHUP: re-reading the config", "config", r.path)
 	cfg, err := node.LoadConfig(r.path)
 	if err != nil {
-		r.log.Error("SIGHUP: the config file does not load; nothing changed, the node runs on with the config it has", "err", err)
+		r.log.Error("SIGHUP: the config file does not load; nothing changed, the node runs on with the config it has", "config", r.path)
+		for _, problem := range strings.Split(err.Error(), "\n") {
+			r.log.Error("SIGHUP: config problem: " + problem)
+		}
 		return
 	}
 	if _, ok := cfg.Node(r.name); !ok {

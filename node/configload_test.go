@@ -1,0 +1,141 @@
+package node
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// loadText writes text to cluster.yaml in a temp dir and loads it; it
+// returns the file's path too.
+func loadText(t *testing.T, text string) (*Config, string, error) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "cluster.yaml")
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := LoadConfig(path)
+	return c, path, err
+}
+
+// TestConfigNamesEveryProblemOnItsOwnLine: a file with several problems
+// of every kind (a slip in a key, a key that exists nowhere, values that
+// do not parse, a field missing, a rule broken) is refused with one line
+// per problem, in the file's order, each naming the file, the line and
+// the field, and saying what would be right. A value that does not parse
+// does not hide the problems after it.
+func TestConfigNamesEveryProblemOnItsOwnLine(t *testing.T) {
+	text := `nodes:
+  - name: alpha
+    control: "127.0.0.1:7800"
+    replicaton: "127.0.0.1:7801"
+    nbd: "127.0.0.1:7802"
+  - {name: beta, control: "127.0.0.1:7803", replication: "127.0.0.1:7804"}
+volumes:
+  - name: vol0
+    size: lots
+    protocol: Z
+    primary: alpha
+    peer_timeout: forever
+    al_extents: many
+    disks: {alpha: /dev/sdb, beta: /dev/sdc}
+colour: blue
+`
+	_, path, err := loadText(t, text)
+	var ce *ConfigError
+	if !errors.As(err, &ce) {
+		t.Fatalf("error %v (%T), want a *ConfigError", err, err)
+	}
+	want := []string{
+		path + `:4: nodes[0].replicaton: unknown key; did you mean "replication"?`,
+		path + `:6: nodes[1].nbd: missing: give HOST:PORT`,
+		path + `:9: volumes[0].size: size "lots": want a number of bytes with an optional unit`,
+		path + `:10: volumes[0].protocol: "Z": want A, B or C`,
+		path + `:12: volumes[0].peer_timeout: "forever": want a duration such as 5s or 500ms`,
+		path + `:13: volumes[0].al_extents: "many": want a whole number`,
+		path + `:15: colour: unknown key; valid keys here: failover, nodes, volumes`,
+	}
+	lines := strings.Split(err.Error(), "\n")
+	if len(lines) != len(want) || len(ce.Problems) != len(want) {
+		t.Fatalf("%d lines, %d problems, want %d:\n%s", len(lines), len(ce.Problems), len(want), err)
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(lines[i], w) {
+			t.Errorf("line %d:\n got %s\nwant %s...", i+1, lines[i], w)
+		}
+	}
+}
+
+// TestConfigUnknownKeySuggestsTheNearest: an unknown key is named by its
+// path with the valid key of that place nearest to it (a typo, a swap,
+// a hyphen for an underscore, a capital), or, when none is near, with
+// every valid key there. The key meant is not reported missing as well.
+func TestConfigUnknownKeySuggestsTheNearest(t *testing.T) {
+	for name, tc := range map[string]struct{ from, to, want string }{
+		"a letter left out in a node": {`replication: "127.0.0.1:7801"`, `replicaton: "127.0.0.1:7801"`,
+			`:2: nodes[0].replicaton: unknown key; did you mean "replication"?`},
+		"two letters swapped": {"protocol: C", "protcool: C", `:7: volumes[0].protcool: unknown key; did you mean "protocol"?`},
+		"a hyphen":            {"protocol: C", "protocol: C\n    on-congestion: block", `:8: volumes[0].on-congestion: unknown key; did you mean "on_congestion"?`},
+		"a capital":           {"size: 1GiB", "Size: 1GiB", `:6: volumes[0].Size: unknown key; did you mean "size"?`},
+		"in a multipath disk": {"beta: /dev/sdc", "beta: {pahts: [{path: /dev/sdc}]}", `:9: volumes[0].disks.beta.pahts: unknown key; did you mean "paths"?`},
+		"in a path":           {"beta: /dev/sdc", "beta: {paths: [{path: /dev/sdc, grup: a}]}", `:9: volumes[0].disks.beta.paths[0].grup: unknown key; did you mean "group"?`},
+		"nothing near":        {"protocol: C", "protocol: C\n    colour: blue", `:8: volumes[0].colour: unknown key; valid keys here: after_sb, al_extents, csums, disks,`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			text := strings.Replace(goodConfig, tc.from, tc.to, 1)
+			if text == goodConfig {
+				t.Fatal("case does not change the config")
+			}
+			_, path, err := loadText(t, text[1:]) // goodConfig starts with a newline
+			if err == nil {
+				t.Fatal("loaded")
+			}
+			if lines := strings.Split(err.Error(), "\n"); len(lines) != 1 || !strings.HasPrefix(lines[0], path+tc.want) {
+				t.Fatalf("error\n%s\nwant one line starting %s%s", err, path, tc.want)
+			}
+		})
+	}
+}
+
+// TestConfigShapeProblems: values of the wrong shape, keys given twice
+// and a disk with both path and paths are each one line, and do not stop
+// the rest of the file from being checked.
+func TestConfigShapeProblems(t *testing.T) {
+	text := `nodes:
+  - {name: alpha, control: "127.0.0.1:7800", replication: "127.0.0.1:7801", nbd: "127.0.0.1:7802"}
+  - just-a-name
+volumes:
+  - name: vol0
+    name: vol1
+    size: [1GiB]
+    primary: alpha
+    csums: maybe
+    disks: {alpha: {path: /dev/sdb, paths: [{path: /dev/sdc}]}, beta: [1, 2]}
+`
+	_, path, err := loadText(t, text)
+	if err == nil {
+		t.Fatal("loaded")
+	}
+	want := []string{
+		path + `:3: nodes[1]: want a mapping (key: value lines), not "just-a-name"`,
+		path + `:6: volumes[0].name: given twice (first at line 5): keep one`,
+		path + `:7: volumes[0].size: want a size such as 1GiB, not a list`,
+		path + `:9: volumes[0].csums: "maybe": want true or false`,
+		path + `:10: volumes[0].disks.alpha: give either path (one device) or paths (several paths to one LUN), not both`,
+		path + `:10: volumes[0].disks.beta: want a device path, or a mapping with path or paths`,
+	}
+	if got := strings.Split(err.Error(), "\n"); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("error:\n%s\nwant:\n%s", err, strings.Join(want, "\n"))
+	}
+}
+
+// TestConfigSyntaxError: text that is not YAML is one line naming the
+// file, with yaml's own words and line.
+func TestConfigSyntaxError(t *testing.T) {
+	_, path, err := loadText(t, "nodes: [\n  a: b\n")
+	if err == nil || strings.Count(err.Error(), "\n") != 0 || !strings.HasPrefix(err.Error(), path+": yaml: line 2:") {
+		t.Fatalf("error %q, want one line naming %s and line 2", err, path)
+	}
+}
