@@ -89,8 +89,9 @@ func (c *Config) FailoverMode() (auto bool, why string) {
 // VolumeConfig is one replicated volume.
 type VolumeConfig struct {
 	Name string `yaml:"name"`
-	// Size in bytes, or with a unit suffix (KiB, MiB, GiB, TiB).
-	Size ByteSize `yaml:"size"`
+	// Size in bytes, or with a unit (ParseSize: 1GB is decimal, 1GiB
+	// and 1G binary; a decimal size is rounded up to a whole 4 KiB).
+	Size VolumeSize `yaml:"size"`
 	// Protocol is A (a write completes once it is written locally and
 	// queued for the peers), B (once the peers received it) or C (once
 	// the peers wrote it; the default). replctl adjust changes it online.
@@ -317,7 +318,7 @@ func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(),
 // ByteSize is a size in bytes that YAML may spell as 1073741824 or "1GiB".
 type ByteSize int64
 
-// UnmarshalYAML accepts an integer or a string with a binary unit suffix.
+// UnmarshalYAML accepts an integer or a size with a unit (ParseSize).
 func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
 	v, err := parseByteSize(n.Value)
 	if err != nil {
@@ -332,30 +333,60 @@ func parseByteSize(s string) (ByteSize, error) {
 	return ByteSize(v), err
 }
 
-// ParseSize reads a size: a number of bytes, possibly with a fraction,
-// and an optional binary unit (B, or K, M, G, T, P with or without "iB",
-// any case): "1.5GiB", "512M", "4096". The result must be a whole number
-// of bytes.
-func ParseSize(s string) (int64, error) {
-	in := strings.TrimSpace(s)
-	num := strings.TrimRight(in, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-	unit := strings.ToLower(strings.TrimSpace(in[len(num):]))
-	num = strings.TrimSpace(num)
-	shift := -1
-	for i, u := range []string{"", "k", "m", "g", "t", "p"} {
-		if unit == u || (u != "" && unit == u+"ib") || (u == "" && unit == "b") {
-			shift = 10 * i
-		}
+// VolumeSize is a volume's size in bytes: a multiple of 4 KiB.
+type VolumeSize int64
+
+// UnmarshalYAML accepts what ParseSize does; a size in decimal units
+// (1GB is 10^9 bytes) is rounded up to a whole 4 KiB block, as LVM rounds
+// a size up to its extents.
+func (s *VolumeSize) UnmarshalYAML(n *yaml.Node) error {
+	v, err := parseVolumeSize(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %w", n.Line, err)
 	}
-	bad := fmt.Errorf("size %q: want a number of bytes with an optional unit, such as 1.5GiB, 512MiB or 4096", s)
-	if shift < 0 || num == "" || strings.ContainsAny(num, "eE+-/") {
+	*s = v
+	return nil
+}
+
+// MarshalYAML writes the size as a byte count.
+func (s VolumeSize) MarshalYAML() (any, error) { return int64(s), nil }
+
+func parseVolumeSize(s string) (VolumeSize, error) {
+	v, err := ParseSize(s)
+	if err != nil {
+		return 0, err
+	}
+	if _, unit := splitSize(s); len(unit) == 2 && unit[1] == 'b' {
+		v = (v + metadata.MDBlockSize - 1) / metadata.MDBlockSize * metadata.MDBlockSize
+	}
+	return VolumeSize(v), nil
+}
+
+// splitSize splits a size into its number and its unit (lower case).
+func splitSize(s string) (num, unit string) {
+	in := strings.TrimSpace(s)
+	num = strings.TrimRight(in, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+	return strings.TrimSpace(num), strings.ToLower(strings.TrimSpace(in[len(num):]))
+}
+
+// ParseSize reads a size: a number of bytes, possibly with a fraction,
+// and an optional unit, in any case: B; K, M, G, T, P or KiB ... PiB,
+// binary (powers of 1024: a bare M is a MiB, as in dd and DRBD); KB, MB,
+// GB, TB, PB, decimal (powers of 1000: 1GB is 10^9 bytes, as disk
+// vendors count). "1.5GiB", "512M", "1GB", "4096". The result must be a
+// whole number of bytes.
+func ParseSize(s string) (int64, error) {
+	num, unit := splitSize(s)
+	mult, known := sizeUnit(unit)
+	bad := fmt.Errorf("size %q: want a number of bytes with an optional unit, such as 1GB, 1.5GiB, 512MiB or 4096", s)
+	if !known || num == "" || strings.ContainsAny(num, "eE+-/") {
 		return 0, bad
 	}
 	r, ok := new(big.Rat).SetString(num)
 	if !ok {
 		return 0, bad
 	}
-	r.Mul(r, new(big.Rat).SetInt(new(big.Int).Lsh(big.NewInt(1), uint(shift))))
+	r.Mul(r, new(big.Rat).SetInt(mult))
 	if !r.IsInt() {
 		return 0, fmt.Errorf("size %q is not a whole number of bytes", s)
 	}
@@ -364,6 +395,22 @@ func ParseSize(s string) (int64, error) {
 		return 0, fmt.Errorf("size %q is too large", s)
 	}
 	return n.Int64(), nil
+}
+
+// sizeUnit is the multiplier of one of ParseSize's units (lower case).
+func sizeUnit(unit string) (*big.Int, bool) {
+	if unit == "" || unit == "b" {
+		return big.NewInt(1), true
+	}
+	for i, p := range []string{"k", "m", "g", "t", "p"} {
+		switch unit {
+		case p, p + "ib":
+			return new(big.Int).Lsh(big.NewInt(1), uint(10*(i+1))), true
+		case p + "b":
+			return new(big.Int).Exp(big.NewInt(1000), big.NewInt(int64(i+1)), nil), true
+		}
+	}
+	return nil, false
 }
 
 // LoadConfig reads and validates a cluster configuration file. A file

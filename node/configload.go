@@ -167,6 +167,7 @@ var (
 	configDiskType     = reflect.TypeFor[DiskConfig]()
 	configByteSizeType = reflect.TypeFor[ByteSize]()
 	configDurationType = reflect.TypeFor[Duration]()
+	configVolSizeType  = reflect.TypeFor[VolumeSize]()
 )
 
 // walk checks the value n of the field at path against the field's type
@@ -216,6 +217,14 @@ func (l *configLoader) walk(path string, n *yaml.Node, t reflect.Type) bool {
 			return l.refuse(path, n.Line, "want a size such as 1GiB, not %s", kindWords(n))
 		}
 		if _, err := parseByteSize(n.Value); err != nil {
+			return l.refuse(path, n.Line, "%v", err)
+		}
+		return true
+	case configVolSizeType:
+		if n.Kind != yaml.ScalarNode {
+			return l.refuse(path, n.Line, "want a size such as 1GiB, not %s", kindWords(n))
+		}
+		if _, err := parseVolumeSize(n.Value); err != nil {
 			return l.refuse(path, n.Line, "%v", err)
 		}
 		return true

@@ -139,3 +139,43 @@ func TestConfigSyntaxError(t *testing.T) {
 		t.Fatalf("error %q, want one line naming %s and line 2", err, path)
 	}
 }
+
+// TestVolumeSizeUnits: a volume's size takes decimal units (1GB is 10^9
+// bytes, rounded up to a whole 4 KiB block) and binary ones (1GiB, and a
+// bare G, as in dd and DRBD), with fractions; a byte count must be whole
+// 4 KiB blocks already.
+func TestVolumeSizeUnits(t *testing.T) {
+	for _, tc := range []struct {
+		size string
+		want VolumeSize
+	}{
+		{"1GB", 1_000_001_536}, // 10^9 = 244140.625 blocks: rounded up
+		{"1TB", 1_000_000_000_000},
+		{"500MB", 500_002_816},
+		{"1GiB", 1 << 30},
+		{"1G", 1 << 30},
+		{"512M", 512 << 20},
+		{"512MiB", 512 << 20},
+		{"1.5GiB", 3 << 29},
+		{"1073741824", 1 << 30},
+	} {
+		c, _, err := loadText(t, strings.Replace(goodConfig, "size: 1GiB", "size: "+tc.size, 1))
+		if err != nil {
+			t.Errorf("size: %s: %v", tc.size, err)
+			continue
+		}
+		if got := c.Volumes[0].Size; got != tc.want {
+			t.Errorf("size: %s = %d bytes, want %d", tc.size, got, tc.want)
+		}
+	}
+	for size, want := range map[string]string{
+		"1000":   "volumes[0].size: 1000 is not a multiple of 4096",
+		"3K":     "volumes[0].size: 3072 is not a multiple of 4096",
+		"1.1MiB": `volumes[0].size: size "1.1MiB" is not a whole number of bytes`,
+		"1GBB":   `volumes[0].size: size "1GBB": want a number of bytes with an optional unit, such as 1GB, 1.5GiB, 512MiB or 4096`,
+	} {
+		if _, _, err := loadText(t, strings.Replace(goodConfig, "size: 1GiB", "size: "+size, 1)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("size: %s: error %v, want it to say %q", size, err, want)
+		}
+	}
+}
