@@ -90,7 +90,8 @@ func (c *Config) FailoverMode() (auto bool, why string) {
 type VolumeConfig struct {
 	Name string `yaml:"name"`
 	// Size in bytes, or with a unit (ParseSize: 1GB is decimal, 1GiB
-	// and 1G binary; a decimal size is rounded up to a whole 4 KiB).
+	// and 1G binary; a decimal size is rounded up to a whole 4 KiB), or
+	// max (SizeMax).
 	Size VolumeSize `yaml:"size"`
 	// Protocol is A (a write completes once it is written locally and
 	// queued for the peers), B (once the peers received it) or C (once
@@ -333,8 +334,17 @@ func parseByteSize(s string) (ByteSize, error) {
 	return ByteSize(v), err
 }
 
-// VolumeSize is a volume's size in bytes: a multiple of 4 KiB.
+// VolumeSize is a volume's size in bytes: a multiple of 4 KiB, or
+// SizeMax.
 type VolumeSize int64
+
+// SizeMax is size: max, the largest size the disks hold after their
+// metadata. A node can only measure its own disk: each node takes, when
+// it first creates the volume, the largest size its disk holds, and
+// records it; from then on the volume is that size on that node, whatever
+// its disk grows to. Nodes whose disks give different sizes do not
+// replicate (the peer is refused, naming both sizes and the fix).
+const SizeMax VolumeSize = -1
 
 // UnmarshalYAML accepts what ParseSize does; a size in decimal units
 // (1GB is 10^9 bytes) is rounded up to a whole 4 KiB block, as LVM rounds
@@ -348,10 +358,18 @@ func (s *VolumeSize) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
-// MarshalYAML writes the size as a byte count.
-func (s VolumeSize) MarshalYAML() (any, error) { return int64(s), nil }
+// MarshalYAML writes the size as a byte count, or max.
+func (s VolumeSize) MarshalYAML() (any, error) {
+	if s == SizeMax {
+		return "max", nil
+	}
+	return int64(s), nil
+}
 
 func parseVolumeSize(s string) (VolumeSize, error) {
+	if strings.EqualFold(strings.TrimSpace(s), "max") {
+		return SizeMax, nil
+	}
 	v, err := ParseSize(s)
 	if err != nil {
 		return 0, err
@@ -543,9 +561,9 @@ func (c *Config) problems() []Problem {
 			bad(f+".name", "%q is used by two volumes", v.Name)
 		}
 		vols[v.Name] = true
-		if v.Size <= 0 {
-			bad(f+".size", "missing: give the volume size, e.g. 1GiB")
-		} else if v.Size%4096 != 0 {
+		if v.Size <= 0 && v.Size != SizeMax {
+			bad(f+".size", "missing: give the volume size, e.g. 1GiB, or max (the largest size every disk holds after its metadata)")
+		} else if v.Size != SizeMax && v.Size%4096 != 0 {
 			bad(f+".size", "%d is not a multiple of 4096", v.Size)
 		}
 		switch v.Protocol {

@@ -142,8 +142,8 @@ func TestConfigSyntaxError(t *testing.T) {
 
 // TestVolumeSizeUnits: a volume's size takes decimal units (1GB is 10^9
 // bytes, rounded up to a whole 4 KiB block) and binary ones (1GiB, and a
-// bare G, as in dd and DRBD), with fractions; a byte count must be whole
-// 4 KiB blocks already.
+// bare G, as in dd and DRBD), with fractions, and max; a byte count must
+// be whole 4 KiB blocks already.
 func TestVolumeSizeUnits(t *testing.T) {
 	for _, tc := range []struct {
 		size string
@@ -158,6 +158,8 @@ func TestVolumeSizeUnits(t *testing.T) {
 		{"512MiB", 512 << 20},
 		{"1.5GiB", 3 << 29},
 		{"1073741824", 1 << 30},
+		{"max", SizeMax},
+		{"MAX", SizeMax},
 	} {
 		c, _, err := loadText(t, strings.Replace(goodConfig, "size: 1GiB", "size: "+tc.size, 1))
 		if err != nil {
@@ -173,6 +175,8 @@ func TestVolumeSizeUnits(t *testing.T) {
 		"3K":     "volumes[0].size: 3072 is not a multiple of 4096",
 		"1.1MiB": `volumes[0].size: size "1.1MiB" is not a whole number of bytes`,
 		"1GBB":   `volumes[0].size: size "1GBB": want a number of bytes with an optional unit, such as 1GB, 1.5GiB, 512MiB or 4096`,
+		// max is a volume's size only.
+		"1GiB\n    send_buffer: max": `volumes[0].send_buffer: size "max": want a number of bytes`,
 	} {
 		if _, _, err := loadText(t, strings.Replace(goodConfig, "size: 1GiB", "size: "+size, 1)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("size: %s: error %v, want it to say %q", size, err, want)

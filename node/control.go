@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -208,6 +210,18 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 		case primaryView.Serving:
 			// Only a primary that serves IO has an export to give out.
 			vs.NBDURI = n.nbdURIFromStatus(cs.Nodes, vs.Primary, vc.Name)
+		}
+		if vs.Size == int64(SizeMax) {
+			// size: max: what the nodes that hold the volume resolved.
+			vs.Size = 0
+			for _, node := range slices.Sorted(maps.Keys(byNode)) {
+				if lv, ok := byNode[node][vc.Name]; ok && vs.Size == 0 {
+					vs.Size = lv.Size
+				}
+			}
+		}
+		if primaryView != nil && primaryView.Size > 0 {
+			vs.Size = primaryView.Size
 		}
 		if primaryView != nil && primaryView.Protocol != "" {
 			// replctl adjust may have changed them.

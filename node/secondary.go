@@ -97,7 +97,13 @@ func (v *Volume) refuseLocked(h replication.Hello) replication.HelloReply {
 	case v.adminDown:
 		return refuse(replication.RefusedAdminDown, "%s is disconnected from %s by the operator (replctl connect %s --node %s)", v.self, v.name, v.name, v.self)
 	case h.Size != v.size:
-		return refuse(replication.RefusedSize, "volume %s is %d bytes on %s but %d on %s", v.name, v.size, v.self, h.Size, h.From)
+		why := ""
+		if v.sizeMax {
+			why = " (size: max gave each node the largest size its own disk holds, and the disks differ)"
+		}
+		return refuse(replication.RefusedSize, "volume %s is %d bytes on %s but %d on %s%s: a volume has one size on every node. "+
+			"Give size: %d (%s's) in the file on every node; then on %s stop replnode, make its disk hold that size, run replctl create-md %s --node %s --force --yes (its copy starts over: a full resync follows) and start it",
+			v.name, v.size, v.self, h.Size, h.From, why, h.Size, h.From, v.self, v.name, v.self)
 	}
 	d := replication.CompareUUIDs(v.uuidsLocked(h.From), h.UUIDs, v.role, replication.Primary)
 	if v.role == replication.Primary && h.Epoch < v.d.epoch && !d.Outcome.IsSplitBrain() {

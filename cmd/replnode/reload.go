@@ -296,6 +296,7 @@ func join(path, name string) string {
 var (
 	durationType = reflect.TypeFor[node.Duration]()
 	sizeType     = reflect.TypeFor[node.ByteSize]()
+	volSizeType  = reflect.TypeFor[node.VolumeSize]()
 )
 
 // leaf prints a value as the file would say it. It reads unexported
@@ -306,6 +307,8 @@ func leaf(v reflect.Value) string {
 		return time.Duration(v.Int()).String()
 	case v.Type() == sizeType:
 		return fmt.Sprint(v.Int())
+	case v.Type() == volSizeType && node.VolumeSize(v.Int()) == node.SizeMax:
+		return "max"
 	}
 	switch v.Kind() {
 	case reflect.String:
