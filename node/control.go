@@ -227,6 +227,7 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 			// replctl adjust may have changed them.
 			vs.Protocol, vs.ResyncRate = primaryView.Protocol, primaryView.ResyncRate
 		}
+		vs.SettingMismatches = settingMismatches(vc.Name, vs.Primary, byNode)
 		nodes := make([]string, 0, len(vc.Disks))
 		for node := range vc.Disks {
 			nodes = append(nodes, node)

@@ -145,6 +145,9 @@ const ruleNewerEpoch = "newer-epoch"
 // serveStream applies the primary's stream to the local disk, in order,
 // acknowledging each batch after its last entry is written.
 func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error {
+	if h.To == v.self {
+		v.compareSettings(h.From, h.Settings)
+	}
 	v.mu.Lock()
 	if v.role == replication.Primary && h.To == v.self && !v.adminDown && h.Size == v.size && h.Epoch > v.d.epoch && v.discard == nil {
 		// A primary of a newer epoch took over while this one was away.
@@ -179,6 +182,7 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 			}
 			v.node.emit(metadata.Event{Volume: v.name, Kind: kind, Peer: h.From, Reason: string(reply.Refused), Message: reply.Reason})
 		}
+		reply.Settings = v.agreedSettings()
 		return sendJSON(s, replication.FrameHelloReply, reply)
 	}
 	v.lastRefusal = ""
@@ -216,7 +220,8 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 	}()
 
 	v.mu.Lock()
-	reply := replication.HelloReply{Accepted: true, Generation: v.d.gens.Current, Disk: v.diskState, Epoch: v.d.epoch, UUIDs: v.uuidsLocked(h.From)}
+	reply := replication.HelloReply{Accepted: true, Generation: v.d.gens.Current, Disk: v.diskState, Epoch: v.d.epoch, UUIDs: v.uuidsLocked(h.From),
+		Settings: v.agreedSettings()}
 	if bm, ok := v.md.Bitmap(v.node.cfg.NodeID(h.From)); ok && bm.Count() > 0 {
 		// What this node changed, or may have (its activity log after a
 		// crash as primary), that the primary does not have.

@@ -59,6 +59,12 @@ type Volume struct {
 	ioOpen    bool // primary serving IO
 	// sizeMax: the file says size: max (size is what this node resolved).
 	sizeMax bool
+	// settingDiffs holds, per peer, how the settings that must agree
+	// differ from its (settingscheck.go); absent while they agree.
+	settingDiffs map[string]string
+	// settingsChecks counts the checks after an online change that ran
+	// to the end (tests wait on it).
+	settingsChecks atomic.Int64
 	// waiting: restarted as primary, it serves nothing until a peer
 	// compared generations and epochs with it (or an operator forces it).
 	waiting bool
@@ -840,6 +846,7 @@ func (v *Volume) status() transport.LocalVolume {
 		Generation: v.d.gens.Current.String(), Reason: v.why.text, ReasonCode: string(v.why.cause),
 		Serving:  v.role == replication.Primary && v.ioOpen,
 		Metadata: v.md.Placement().String(), UsableBytes: v.md.UsableSize(),
+		AfterSB: string(v.agreedSettings().AfterSB),
 	}
 	peers := make([]*peer, 0, len(v.peers))
 	for _, p := range v.peers {

@@ -57,6 +57,21 @@ type VolumeStatus struct {
 	// ResyncRate is the primary's resync cap in bytes per second (the
 	// config's resync_rate, or as adjusted); 0: no cap.
 	ResyncRate int64 `json:"resync_rate"`
+	// SettingMismatches lists the settings that must agree on every node
+	// of the volume and do not, as the reachable nodes report them.
+	SettingMismatches []SettingMismatch `json:"setting_mismatches,omitempty"`
+}
+
+// SettingMismatch is a setting that must agree on every node of a volume
+// (protocol, after_sb, size) and does not.
+type SettingMismatch struct {
+	// Setting is its name in the config file.
+	Setting string `json:"setting"`
+	// Values maps each reachable node that holds the volume to its
+	// value there.
+	Values map[string]string `json:"values"`
+	// Primary is the primary's value ("" when no primary reported one).
+	Primary string `json:"primary,omitempty"`
 }
 
 // Replica returns node's replica of v, or nil when node holds none.
@@ -181,6 +196,7 @@ type LocalVolume struct {
 	Size          int64        `json:"size"`
 	Protocol      string       `json:"protocol"`
 	ResyncRate    int64        `json:"resync_rate"`
+	AfterSB       string       `json:"after_sb,omitempty"`
 	Metadata      string       `json:"metadata"`
 	UsableBytes   int64        `json:"usable_bytes"`
 	Role          string       `json:"role"`

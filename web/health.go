@@ -184,6 +184,7 @@ func volumeWarnings(v *transport.VolumeStatus, down map[string]bool) []Warning {
 		}
 		out = append(out, replicaWarnings(v, r, primaryUp)...)
 	}
+	out = append(out, settingsWarnings(v)...)
 	return out
 }
 
