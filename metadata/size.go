@@ -37,3 +37,18 @@ func ExternalSize(size int64, alExtents, peers int) (int64, error) {
 	}
 	return g.bitmapOffset + int64(peers)*g.bitmapPages*MDBlockSize, nil
 }
+
+// UsableSize returns the largest volume, a multiple of 4 KiB, that a
+// backing device of deviceSize bytes holds with its metadata: for
+// Internal, the metadata at its end with alExtents hot extents (0: the
+// default) and bitmaps for peers peers; for External, none.
+func UsableSize(p Placement, deviceSize int64, alExtents, peers int) (int64, error) {
+	if alExtents == 0 {
+		alExtents = DefaultALExtents
+	}
+	g, err := computeGeometry(p, deviceSize, alExtents, peers)
+	if err != nil {
+		return 0, err
+	}
+	return floorBlock(g.dataSize), nil
+}

@@ -43,7 +43,7 @@ func newTestCluster(t testing.TB, size int64) *testCluster {
 func newTestClusterOf(t testing.TB, size int64, names ...string) *testCluster {
 	t.Helper()
 	c := &testCluster{t: t, dir: t.TempDir(), cfg: &Config{}, nodes: map[string]*Node{}, opts: map[string]Options{}}
-	vol := VolumeConfig{Name: "vol0", Size: ByteSize(size), Protocol: "C", Primary: names[0], Disks: map[string]DiskConfig{}}
+	vol := VolumeConfig{Name: "vol0", Size: VolumeSize(size), Protocol: "C", Primary: names[0], Disks: map[string]DiskConfig{}}
 	for _, name := range names {
 		nc := NodeConfig{Name: name, StateDir: filepath.Join(c.dir, name)}
 		nc.Control, nc.Replication, nc.NBD = freeAddr(t), freeAddr(t), freeAddr(t)

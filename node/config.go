@@ -2,7 +2,6 @@ package node
 
 import (
 	"crypto/sha256"
-	"errors"
 	"fmt"
 	"math/big"
 	"net"
@@ -90,8 +89,10 @@ func (c *Config) FailoverMode() (auto bool, why string) {
 // VolumeConfig is one replicated volume.
 type VolumeConfig struct {
 	Name string `yaml:"name"`
-	// Size in bytes, or with a unit suffix (KiB, MiB, GiB, TiB).
-	Size ByteSize `yaml:"size"`
+	// Size in bytes, or with a unit (ParseSize: 1GB is decimal, 1GiB
+	// and 1G binary; a decimal size is rounded up to a whole 4 KiB), or
+	// max (SizeMax).
+	Size VolumeSize `yaml:"size"`
 	// Protocol is A (a write completes once it is written locally and
 	// queued for the peers), B (once the peers received it) or C (once
 	// the peers wrote it; the default). replctl adjust changes it online.
@@ -242,6 +243,13 @@ func MultiPath(paths ...string) DiskConfig {
 
 type plainDisk DiskConfig
 
+// diskYAML is a disk written as a mapping.
+type diskYAML struct {
+	plainDisk `yaml:",inline"`
+	// Path is a single path: a plain disk.
+	Path string `yaml:"path"`
+}
+
 // UnmarshalYAML accepts a plain path, a mapping with one path (and, say,
 // meta), or a mapping with a list of paths (multipath).
 func (d *DiskConfig) UnmarshalYAML(n *yaml.Node) error {
@@ -249,11 +257,7 @@ func (d *DiskConfig) UnmarshalYAML(n *yaml.Node) error {
 		*d = SinglePath(n.Value)
 		return nil
 	}
-	var p struct {
-		plainDisk `yaml:",inline"`
-		// Path is a single path: a plain disk.
-		Path string `yaml:"path"`
-	}
+	var p diskYAML
 	if err := n.Decode(&p); err != nil {
 		return err
 	}
@@ -293,12 +297,20 @@ type Duration time.Duration
 
 // UnmarshalYAML parses a Go duration.
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
-	v, err := time.ParseDuration(n.Value)
+	v, err := parseDuration(n.Value)
 	if err != nil {
-		return fmt.Errorf("line %d: %q: want a duration such as 5s or 500ms", n.Line, n.Value)
+		return fmt.Errorf("line %d: %w", n.Line, err)
 	}
-	*d = Duration(v)
+	*d = v
 	return nil
+}
+
+func parseDuration(s string) (Duration, error) {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("%q: want a duration such as 5s or 500ms", s)
+	}
+	return Duration(v), nil
 }
 
 // MarshalYAML writes the duration as text.
@@ -307,40 +319,92 @@ func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(),
 // ByteSize is a size in bytes that YAML may spell as 1073741824 or "1GiB".
 type ByteSize int64
 
-// UnmarshalYAML accepts an integer or a string with a binary unit suffix.
+// UnmarshalYAML accepts an integer or a size with a unit (ParseSize).
 func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
-	v, err := ParseSize(n.Value)
+	v, err := parseByteSize(n.Value)
 	if err != nil {
 		return fmt.Errorf("line %d: %w", n.Line, err)
 	}
-	*b = ByteSize(v)
+	*b = v
 	return nil
 }
 
-// ParseSize reads a size: a number of bytes, possibly with a fraction,
-// and an optional binary unit (B, or K, M, G, T, P with or without "iB",
-// any case): "1.5GiB", "512M", "4096". The result must be a whole number
-// of bytes.
-func ParseSize(s string) (int64, error) {
-	in := strings.TrimSpace(s)
-	num := strings.TrimRight(in, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-	unit := strings.ToLower(strings.TrimSpace(in[len(num):]))
-	num = strings.TrimSpace(num)
-	shift := -1
-	for i, u := range []string{"", "k", "m", "g", "t", "p"} {
-		if unit == u || (u != "" && unit == u+"ib") || (u == "" && unit == "b") {
-			shift = 10 * i
-		}
+func parseByteSize(s string) (ByteSize, error) {
+	v, err := ParseSize(s)
+	return ByteSize(v), err
+}
+
+// VolumeSize is a volume's size in bytes: a multiple of 4 KiB, or
+// SizeMax.
+type VolumeSize int64
+
+// SizeMax is size: max, the largest size the disks hold after their
+// metadata. A node can only measure its own disk: each node takes, when
+// it first creates the volume, the largest size its disk holds, and
+// records it; from then on the volume is that size on that node, whatever
+// its disk grows to. Nodes whose disks give different sizes do not
+// replicate (the peer is refused, naming both sizes and the fix).
+const SizeMax VolumeSize = -1
+
+// UnmarshalYAML accepts what ParseSize does; a size in decimal units
+// (1GB is 10^9 bytes) is rounded up to a whole 4 KiB block, as LVM rounds
+// a size up to its extents.
+func (s *VolumeSize) UnmarshalYAML(n *yaml.Node) error {
+	v, err := parseVolumeSize(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %w", n.Line, err)
 	}
-	bad := fmt.Errorf("size %q: want a number of bytes with an optional unit, such as 1.5GiB, 512MiB or 4096", s)
-	if shift < 0 || num == "" || strings.ContainsAny(num, "eE+-/") {
+	*s = v
+	return nil
+}
+
+// MarshalYAML writes the size as a byte count, or max.
+func (s VolumeSize) MarshalYAML() (any, error) {
+	if s == SizeMax {
+		return "max", nil
+	}
+	return int64(s), nil
+}
+
+func parseVolumeSize(s string) (VolumeSize, error) {
+	if strings.EqualFold(strings.TrimSpace(s), "max") {
+		return SizeMax, nil
+	}
+	v, err := ParseSize(s)
+	if err != nil {
+		return 0, err
+	}
+	if _, unit := splitSize(s); len(unit) == 2 && unit[1] == 'b' {
+		v = (v + metadata.MDBlockSize - 1) / metadata.MDBlockSize * metadata.MDBlockSize
+	}
+	return VolumeSize(v), nil
+}
+
+// splitSize splits a size into its number and its unit (lower case).
+func splitSize(s string) (num, unit string) {
+	in := strings.TrimSpace(s)
+	num = strings.TrimRight(in, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+	return strings.TrimSpace(num), strings.ToLower(strings.TrimSpace(in[len(num):]))
+}
+
+// ParseSize reads a size: a number of bytes, possibly with a fraction,
+// and an optional unit, in any case: B; K, M, G, T, P or KiB ... PiB,
+// binary (powers of 1024: a bare M is a MiB, as in dd and DRBD); KB, MB,
+// GB, TB, PB, decimal (powers of 1000: 1GB is 10^9 bytes, as disk
+// vendors count). "1.5GiB", "512M", "1GB", "4096". The result must be a
+// whole number of bytes.
+func ParseSize(s string) (int64, error) {
+	num, unit := splitSize(s)
+	mult, known := sizeUnit(unit)
+	bad := fmt.Errorf("size %q: want a number of bytes with an optional unit, such as 1GB, 1.5GiB, 512MiB or 4096", s)
+	if !known || num == "" || strings.ContainsAny(num, "eE+-/") {
 		return 0, bad
 	}
 	r, ok := new(big.Rat).SetString(num)
 	if !ok {
 		return 0, bad
 	}
-	r.Mul(r, new(big.Rat).SetInt(new(big.Int).Lsh(big.NewInt(1), uint(shift))))
+	r.Mul(r, new(big.Rat).SetInt(mult))
 	if !r.IsInt() {
 		return 0, fmt.Errorf("size %q is not a whole number of bytes", s)
 	}
@@ -351,22 +415,31 @@ func ParseSize(s string) (int64, error) {
 	return n.Int64(), nil
 }
 
-// LoadConfig reads and validates a cluster configuration file.
+// sizeUnit is the multiplier of one of ParseSize's units (lower case).
+func sizeUnit(unit string) (*big.Int, bool) {
+	if unit == "" || unit == "b" {
+		return big.NewInt(1), true
+	}
+	for i, p := range []string{"k", "m", "g", "t", "p"} {
+		switch unit {
+		case p, p + "ib":
+			return new(big.Int).Lsh(big.NewInt(1), uint(10*(i+1))), true
+		case p + "b":
+			return new(big.Int).Exp(big.NewInt(1000), big.NewInt(int64(i+1)), nil), true
+		}
+	}
+	return nil, false
+}
+
+// LoadConfig reads and validates a cluster configuration file. A file
+// that does not load gives a *ConfigError naming every problem, one per
+// line, each with its line in the file and the field's path.
 func LoadConfig(path string) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read config: %w", err)
 	}
-	var c Config
-	dec := yaml.NewDecoder(strings.NewReader(string(data)))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
-	}
-	if err := c.Validate(); err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
-	}
-	return &c, nil
+	return parseConfig(path, data)
 }
 
 // Marshal renders the configuration as YAML.
@@ -385,12 +458,20 @@ func (c *Config) Node(name string) (NodeConfig, bool) {
 	return NodeConfig{}, false
 }
 
-// Validate reports every problem in the file at once; each message names the
-// field and says what is wrong.
+// Validate reports every problem in the config at once, as a
+// *ConfigError; each problem names the field and says what is wrong.
 func (c *Config) Validate() error {
-	var errs []error
+	if ps := c.problems(); len(ps) > 0 {
+		return &ConfigError{Problems: ps}
+	}
+	return nil
+}
+
+// problems lists what is wrong with the config's values.
+func (c *Config) problems() []Problem {
+	var ps []Problem
 	bad := func(field, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+		ps = append(ps, Problem{Field: field, Message: fmt.Sprintf(format, args...)})
 	}
 	if len(c.Nodes) == 0 {
 		bad("nodes", "missing: list at least one node with name, control, replication and nbd")
@@ -480,9 +561,9 @@ func (c *Config) Validate() error {
 			bad(f+".name", "%q is used by two volumes", v.Name)
 		}
 		vols[v.Name] = true
-		if v.Size <= 0 {
-			bad(f+".size", "missing: give the volume size, e.g. 1GiB")
-		} else if v.Size%4096 != 0 {
+		if v.Size <= 0 && v.Size != SizeMax {
+			bad(f+".size", "missing: give the volume size, e.g. 1GiB, or max (the largest size every disk holds after its metadata)")
+		} else if v.Size != SizeMax && v.Size%4096 != 0 {
 			bad(f+".size", "%d is not a multiple of 4096", v.Size)
 		}
 		switch v.Protocol {
@@ -554,11 +635,14 @@ func (c *Config) Validate() error {
 			bad(f+".disks", "the primary %q has no disk", v.Primary)
 		}
 	}
-	return errors.Join(errs...)
+	return ps
 }
 
 func validateDisk(f string, d DiskConfig, bad func(field, format string, args ...any)) {
 	if len(d.Paths) == 0 {
+		if d.multipath {
+			f += ".paths" // written as a mapping
+		}
 		bad(f, "missing: give a file or device path, or paths: [{name, path, group}]")
 		return
 	}

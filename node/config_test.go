@@ -44,7 +44,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"disk of an unknown node", "beta: /dev/sdc", "delta: /dev/sdc", `volumes[0].disks.delta: "delta" is not a node`},
 		{"duplicate address", `"127.0.0.1:7803"`, `"127.0.0.1:7800"`, `nodes[1].control: "127.0.0.1:7800" is also used by nodes[0].control`},
 		{"not host:port", `"127.0.0.1:7804"`, `"nowhere"`, `nodes[1].replication: "nowhere" is not HOST:PORT`},
-		{"unknown field", "protocol: C", "protocol: C\n    colour: blue", "field colour not found"},
+		{"unknown field", "protocol: C", "protocol: C\n    colour: blue", "volumes[0].colour: unknown key"},
 		{"no nodes", goodConfig[:strings.Index(goodConfig, "volumes:")], "nodes: []\n", "nodes: missing"},
 	}
 	for _, c := range cases {
@@ -80,13 +80,25 @@ func TestParseSize(t *testing.T) {
 		{"256 MiB", 256 << 20},
 		{"512B", 512},
 		{"1PiB", 1 << 50},
+		// Decimal units count in powers of 1000, as disk vendors do.
+		{"1GB", 1_000_000_000},
+		{"1gb", 1_000_000_000},
+		{"1.5GB", 1_500_000_000},
+		{"512MB", 512_000_000},
+		{"4KB", 4000},
+		{"2TB", 2_000_000_000_000},
+		{"1PB", 1_000_000_000_000_000},
+		// A bare M is a MiB, as in dd and DRBD.
+		{"512M", 512 << 20},
+		{"512MiB", 512 << 20},
+		{"4k", 4096},
 	} {
 		got, err := ParseSize(tc.in)
 		if err != nil || got != tc.want {
 			t.Errorf("ParseSize(%q) = %d, %v; want %d", tc.in, got, err, tc.want)
 		}
 	}
-	for _, bad := range []string{"", "-1", "GiB", "1.5", "1.3B", "0.1K", "-1GiB", "1e3", "1GB", "1XiB", "1.5.5G", "99999999PiB", "99999999999TiB"} {
+	for _, bad := range []string{"", "-1", "GiB", "1.5", "1.3B", "0.1K", "-1GiB", "1e3", "1XiB", "1GiBB", "1KBB", "0.0001KB", "1.5.5G", "99999999PiB", "99999999999TiB"} {
 		if got, err := ParseSize(bad); err == nil {
 			t.Errorf("ParseSize(%q) = %d, want an error", bad, got)
 		}
@@ -96,6 +108,8 @@ func TestParseSize(t *testing.T) {
 func FuzzLoadConfig(f *testing.F) {
 	f.Add(goodConfig)
 	f.Add("nodes: [{name: a}]\n")
+	f.Add("nodes: [{name: a, replicaton: x, nbd: [1]}]\nvolumes: [{size: max, disks: {a: {pahts: []}}}]\n")
+	f.Add("a: &x [*x, *x]\nnodes: *x\n")
 	f.Fuzz(func(t *testing.T, text string) {
 		path := filepath.Join(t.TempDir(), "c.yaml")
 		os.WriteFile(path, []byte(text), 0o644)

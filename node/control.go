@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
+	"slices"
 	"sort"
 	"sync"
 	"syscall"
@@ -256,10 +258,23 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 			// Only a primary that serves IO has an export to give out.
 			vs.NBDURI = n.nbdURIFromStatus(cs.Nodes, vs.Primary, vc.Name)
 		}
+		if vs.Size == int64(SizeMax) {
+			// size: max: what the nodes that hold the volume resolved.
+			vs.Size = 0
+			for _, node := range slices.Sorted(maps.Keys(byNode)) {
+				if lv, ok := byNode[node][vc.Name]; ok && vs.Size == 0 {
+					vs.Size = lv.Size
+				}
+			}
+		}
+		if primaryView != nil && primaryView.Size > 0 {
+			vs.Size = primaryView.Size
+		}
 		if primaryView != nil && primaryView.Protocol != "" {
 			// replctl adjust may have changed them.
 			vs.Protocol, vs.ResyncRate, vs.OnCongestion = primaryView.Protocol, primaryView.ResyncRate, primaryView.OnCongestion
 		}
+		vs.SettingMismatches = settingMismatches(vc.Name, vs.Primary, byNode)
 		nodes := make([]string, 0, len(vc.Disks))
 		for node := range vc.Disks {
 			nodes = append(nodes, node)

@@ -9,7 +9,8 @@
 // replication.CompareUUIDs decides, and the primary then streams writes
 // and either resyncs the blocks its bitmap marks (SyncSource), copies from
 // the peer what it lacks (SyncTarget, reading those blocks from the peer
-// meanwhile), or refuses (split brain, unrelated data). Each stream is a
+// meanwhile), or refuses (split brain, unrelated data). Both sides also
+// compare the settings that must agree (settingscheck.go). Each stream is a
 // session (session.go): one goroutine owns its sending side, one takes its
 // acks, and resync and verify push their runs through one windowed loop
 // (runloops.go). A secondary (secondary.go) applies the stream in order;

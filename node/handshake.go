@@ -59,7 +59,8 @@ func (p *peer) connect(ctx context.Context) error {
 	defer stream.Close()
 
 	v.mu.Lock()
-	hello := replication.Hello{Volume: v.name, From: v.self, To: p.name, Epoch: v.d.epoch, Size: v.size, Generation: v.d.gens.Current, UUIDs: v.uuidsLocked(p.name)}
+	hello := replication.Hello{Volume: v.name, From: v.self, To: p.name, Epoch: v.d.epoch, Size: v.size, Generation: v.d.gens.Current, UUIDs: v.uuidsLocked(p.name),
+		Settings: v.agreedSettings()}
 	v.mu.Unlock()
 	if err := sendJSON(stream, replication.FrameHello, hello); err != nil {
 		return fmt.Errorf("connect to %s at %s: %w", p.name, p.addr, err)
@@ -71,6 +72,7 @@ func (p *peer) connect(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("handshake with %s at %s: %w", p.name, p.addr, err)
 	}
+	v.compareSettings(p.name, reply.Settings)
 	if !reply.Accepted {
 		return refusalOf(reply)
 	}

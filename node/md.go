@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/metadata"
@@ -25,12 +26,60 @@ func (n *Node) peerIDs(vc VolumeConfig) []uint32 {
 }
 
 // requiredDiskSize is what the backing device must hold: the volume, plus
-// internal metadata at its end.
+// internal metadata at its end. For size: max not resolved yet, one block
+// of data.
 func (n *Node) requiredDiskSize(vc VolumeConfig) (int64, error) {
-	if vc.External() {
-		return int64(vc.Size), nil
+	size := int64(vc.Size)
+	if vc.Size == SizeMax {
+		size = metadata.MDBlockSize
 	}
-	return metadata.InternalDeviceSize(int64(vc.Size), vc.ALExtents, max(1, len(n.peerIDs(vc))))
+	if vc.External() {
+		return size, nil
+	}
+	return metadata.InternalDeviceSize(size, vc.ALExtents, max(1, len(n.peerIDs(vc))))
+}
+
+// usableSize is the largest volume this node's disk holds after its
+// metadata: what size: max means on this node.
+func (n *Node) usableSize(vc VolumeConfig, disk Disk) (int64, error) {
+	placement, peers := metadata.Internal, max(1, len(n.peerIDs(vc)))
+	if vc.External() {
+		placement = metadata.External
+	}
+	size, err := metadata.UsableSize(placement, disk.Size(), vc.ALExtents, peers)
+	if err != nil || size <= 0 {
+		return 0, fmt.Errorf("size: max: the disk %s (%d bytes) holds no volume beside its metadata (%v): give a larger disk", vc.Disks[n.name].Paths[0].Path, disk.Size(), err)
+	}
+	return size, nil
+}
+
+// resolveSizes gives each volume this node holds whose file says size:
+// max its size here: the size this node recorded when it first ran the
+// volume, or, for a volume it has never run, 0 (usableSize decides once
+// the disk is open). The config returned is a copy when anything changed.
+func (n *Node) resolveSizes(cfg *Config) (*Config, error) {
+	var out *Config
+	for i, vc := range cfg.Volumes {
+		if _, held := vc.Disks[n.name]; !held || vc.Size != SizeMax {
+			continue
+		}
+		if out == nil {
+			c := *cfg
+			c.Volumes = slices.Clone(cfg.Volumes)
+			out = &c
+		}
+		st, known, err := n.store.Volume(vc.Name)
+		if err != nil {
+			return nil, err
+		}
+		if known {
+			out.Volumes[i].Size = VolumeSize(st.Size)
+		}
+	}
+	if out == nil {
+		return cfg, nil
+	}
+	return out, nil
 }
 
 // syncedMDDevice is the metadata device of internal metadata: every write
@@ -146,6 +195,17 @@ func CreateMetadata(cfg *Config, name, volume, stateDir string, force bool) (str
 	}
 	defer disk.Close()
 	_ = mp
+	if vc.Size == SizeMax {
+		// The copy on this node starts over: size: max is what its disk
+		// holds now.
+		size, err := n.usableSize(*vc, disk)
+		if err != nil {
+			return "", err
+		}
+		resolved := *vc
+		resolved.Size = VolumeSize(size)
+		vc = &resolved
+	}
 	opts := metadata.MDOptions{
 		Placement: metadata.Internal, DeviceSize: disk.Size(), Volume: vc.VolumeUUID(),
 		NodeID: cfg.NodeID(name), Peers: n.peerIDs(*vc), ALExtents: vc.ALExtents, Overwrite: force,
@@ -184,11 +244,26 @@ func CreateMetadata(cfg *Config, name, volume, stateDir string, force bool) (str
 		// A primary stays primary: it copies everything from a peer that
 		// holds the data, and serves reads from it meanwhile.
 		vs.Generation, vs.SyncGeneration, vs.PeerBitmaps, vs.LocalStale = replication.Generation{}, replication.Generation{}, nil, false
+		// The copy starts over at the size the file gives now.
+		vs.Size = int64(vc.Size)
 		if err := st.PutVolume(volume, vs); err != nil {
 			return "", err
 		}
 	}
-	return fmt.Sprintf("created %s metadata for %s at %s (usable %s)", opts.Placement, volume, where, human.Bytes(md.UsableSize())), nil
+	return fmt.Sprintf("created %s metadata for %s at %s (volume %s, usable %s)", opts.Placement, volume, where, human.Bytes(int64(vc.Size)), human.Bytes(md.UsableSize())), nil
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// sizeText is a size for people: "1.5GiB", "512.0MiB", "4096B".
+func sizeText(n int64) string {
+	units := []string{"KiB", "MiB", "GiB", "TiB", "PiB"}
+	if n < 1<<10 {
+		return fmt.Sprintf("%dB", n)
+	}
+	f, i := float64(n)/(1<<10), 0
+	for f >= 1<<10 && i < len(units)-1 {
+		f, i = f/(1<<10), i+1
+	}
+	return fmt.Sprintf("%.1f%s", f, units[i])
+}

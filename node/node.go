@@ -161,8 +161,17 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 	if opts.wrapStore != nil {
 		n.store = opts.wrapStore(st)
 	}
+	// size: max is this node's recorded size of the volume, or what its
+	// disk holds when the volume is new here.
+	file := cfg
+	if n.cfg, err = n.resolveSizes(cfg); err != nil {
+		st.Close()
+		return nil, err
+	}
+	cfg = n.cfg
 	preferred := balanceByGroup(cfg, name)
-	for _, vc := range cfg.Volumes {
+	for i := range cfg.Volumes {
+		vc := cfg.Volumes[i]
 		dc, ok := vc.Disks[name]
 		if !ok {
 			continue
@@ -172,6 +181,18 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 			n.closeVolumes()
 			st.Close()
 			return nil, fmt.Errorf("volume %s: %w", vc.Name, err)
+		}
+		if vc.Size == SizeMax {
+			size, err := n.usableSize(vc, disk)
+			if err != nil {
+				disk.Close()
+				n.closeVolumes()
+				st.Close()
+				return nil, fmt.Errorf("volume %s: %w", vc.Name, err)
+			}
+			vc.Size = VolumeSize(size)
+			cfg.Volumes[i].Size = vc.Size
+			n.event(vc.Name, "size-max", fmt.Sprintf("size: max: the volume is %d bytes (%s), the largest %s holds after its metadata; recorded, it stays so", size, sizeText(size), dc.Paths[0].Path))
 		}
 		md, closeMD, err := n.openMD(vc, disk)
 		if err != nil {
@@ -190,6 +211,7 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 		}
 		v.closeMD = closeMD
 		v.mp = mp
+		v.sizeMax = file.Volumes[i].Size == SizeMax
 		n.vols[vc.Name] = v
 	}
 	if err := n.openCluster(dir, opts); err != nil {

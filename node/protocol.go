@@ -79,6 +79,9 @@ func (v *Volume) adjust(protocol, onCongestion string, resyncRate *int64) (*sett
 	v.log.Info("settings adjusted", "protocol", string(s.protocol), "on_congestion", policy, "resync_rate", s.resyncRate)
 	v.node.event(v.name, "adjusted", fmt.Sprintf("protocol %c, on_congestion %s, resync rate %s (was protocol %c, %s, %s)",
 		s.protocol, policy, rateText(s.resyncRate), old.protocol, old.congestion.Policy, rateText(old.resyncRate)))
+	if s.protocol != old.protocol {
+		v.checkSettingsSoon()
+	}
 	return &s, nil
 }
 

@@ -97,7 +97,13 @@ func (v *Volume) refuseLocked(h replication.Hello) replication.HelloReply {
 	case v.adminDown:
 		return refuse(replication.RefusedAdminDown, "%s is disconnected from %s by the operator (replctl connect %s --node %s)", v.self, v.name, v.name, v.self)
 	case h.Size != v.size:
-		return refuse(replication.RefusedSize, "volume %s is %d bytes on %s but %d on %s", v.name, v.size, v.self, h.Size, h.From)
+		why := ""
+		if v.sizeMax {
+			why = " (size: max gave each node the largest size its own disk holds, and the disks differ)"
+		}
+		return refuse(replication.RefusedSize, "volume %s is %d bytes on %s but %d on %s%s: a volume has one size on every node. "+
+			"Give size: %d (%s's) in the file on every node; then on %s stop replnode, make its disk hold that size, run replctl create-md %s --node %s --force --yes (its copy starts over: a full resync follows) and start it",
+			v.name, v.size, v.self, h.Size, h.From, why, h.Size, h.From, v.self, v.name, v.self)
 	}
 	// A sender of an older epoch than this primary's is a primary no
 	// longer (it crashed or was cut off, and this node took over): it
@@ -150,6 +156,9 @@ const ruleNewerEpoch = "newer-epoch"
 // serveStream applies the primary's stream to the local disk, in order,
 // acknowledging each batch after its last entry is written.
 func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error {
+	if h.To == v.self {
+		v.compareSettings(h.From, h.Settings)
+	}
 	v.mu.Lock()
 	if v.role == replication.Primary && h.To == v.self && !v.adminDown && h.Size == v.size && h.Epoch > v.d.epoch && v.discard == nil {
 		// A primary of a newer epoch took over while this one was away.
@@ -184,6 +193,7 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 			}
 			v.node.emit(metadata.Event{Volume: v.name, Kind: kind, Peer: h.From, Reason: string(reply.Refused), Message: reply.Reason})
 		}
+		reply.Settings = v.agreedSettings()
 		return sendJSON(s, replication.FrameHelloReply, reply)
 	}
 	v.lastRefusal = ""
@@ -221,7 +231,8 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 	}()
 
 	v.mu.Lock()
-	reply := replication.HelloReply{Accepted: true, Generation: v.d.gens.Current, Disk: v.diskState, Epoch: v.d.epoch, UUIDs: v.uuidsLocked(h.From)}
+	reply := replication.HelloReply{Accepted: true, Generation: v.d.gens.Current, Disk: v.diskState, Epoch: v.d.epoch, UUIDs: v.uuidsLocked(h.From),
+		Settings: v.agreedSettings()}
 	if bm, ok := v.md.Bitmap(v.node.cfg.NodeID(h.From)); ok && bm.Count() > 0 {
 		// What this node changed, or may have (its activity log after a
 		// crash as primary), that the primary does not have.

@@ -58,6 +58,14 @@ type Volume struct {
 	fresh     bool
 	diskState replication.DiskState
 	ioOpen    bool // primary serving IO
+	// sizeMax: the file says size: max (size is what this node resolved).
+	sizeMax bool
+	// settingDiffs holds, per peer, how the settings that must agree
+	// differ from its (settingscheck.go); absent while they agree.
+	settingDiffs map[string]string
+	// settingsChecks counts the checks after an online change that ran
+	// to the end (tests wait on it).
+	settingsChecks atomic.Int64
 	// waiting: restarted as primary, it serves nothing until a peer
 	// compared generations and epochs with it (or an operator forces it).
 	waiting bool
@@ -149,7 +157,7 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD) (*Volume, 
 		v.fresh = true
 		v.node.event(v.name, "created", fmt.Sprintf("new volume, primary %s at epoch 1", cfg.Primary))
 	case st.Size != v.size:
-		return nil, fmt.Errorf("volume %s: the config says size %d but this node's state says %d; resizing is not supported: restore the old size", v.name, v.size, st.Size)
+		return nil, fmt.Errorf("volume %s: the config says size %d but this node's state says %d; resizing is not supported: restore the old size (or, to start this node's copy over at the new size, with a full resync from its peer: replctl create-md %s --node %s --force --yes)", v.name, v.size, st.Size, v.name, v.self)
 	}
 	v.crashedPrimary = md.CrashedPrimary()
 	if md.CrashedPrimary() {
@@ -880,6 +888,7 @@ func (v *Volume) status() transport.LocalVolume {
 		Generation: v.d.gens.Current.String(), Reason: v.why.text, ReasonCode: string(v.why.cause),
 		Serving:  v.role == replication.Primary && v.ioOpen,
 		Metadata: v.md.Placement().String(), UsableBytes: v.md.UsableSize(),
+		AfterSB: string(v.agreedSettings().AfterSB),
 	}
 	if f := v.forcedOver; f != nil {
 		c := *f

@@ -264,6 +264,9 @@ type Hello struct {
 	Generation Generation `json:"generation"`
 	// UUIDs is the primary's generation set toward the peer it dials.
 	UUIDs UUIDSet `json:"uuids"`
+	// Settings are the primary's settings that must agree (nil from an
+	// older node).
+	Settings *Settings `json:"settings,omitempty"`
 }
 
 // Refusal says why a node did not take a replication stream.
@@ -330,6 +333,9 @@ type HelloReply struct {
 	Rule string `json:"rule,omitempty"`
 	// Primary: the refusing node is itself primary (at Epoch).
 	Primary bool `json:"primary,omitempty"`
+	// Settings are the secondary's settings that must agree, sent with
+	// a refusal too (nil from an older node).
+	Settings *Settings `json:"settings,omitempty"`
 }
 
 // ReadReplyHeaderLen is the size of a read reply before its data.

@@ -126,6 +126,9 @@ type VolumeStatus struct {
 	// from the old primary (automatic, or forced by the operator); nil
 	// when there was none.
 	LastFailover *Failover `json:"last_failover,omitempty"`
+	// SettingMismatches lists the settings that must agree on every node
+	// of the volume and do not, as the reachable nodes report them.
+	SettingMismatches []SettingMismatch `json:"setting_mismatches,omitempty"`
 }
 
 // Failover is a promotion without a handover: From was primary, To took
@@ -140,6 +143,18 @@ type Failover struct {
 	// replctl primary --force.
 	Reason string `json:"reason,omitempty"`
 	Forced bool   `json:"forced,omitempty"`
+}
+
+// SettingMismatch is a setting that must agree on every node of a volume
+// (protocol, after_sb, size) and does not.
+type SettingMismatch struct {
+	// Setting is its name in the config file.
+	Setting string `json:"setting"`
+	// Values maps each reachable node that holds the volume to its
+	// value there.
+	Values map[string]string `json:"values"`
+	// Primary is the primary's value ("" when no primary reported one).
+	Primary string `json:"primary,omitempty"`
 }
 
 // Replica returns node's replica of v, or nil when node holds none.
@@ -265,6 +280,7 @@ type LocalVolume struct {
 	Protocol      string       `json:"protocol"`
 	OnCongestion  string       `json:"on_congestion"`
 	ResyncRate    int64        `json:"resync_rate"`
+	AfterSB       string       `json:"after_sb,omitempty"`
 	Metadata      string       `json:"metadata"`
 	UsableBytes   int64        `json:"usable_bytes"`
 	Role          string       `json:"role"`

@@ -213,6 +213,7 @@ func volumeWarnings(v *transport.VolumeStatus, c transport.ClusterInfo, down map
 			add(w)
 		}
 	}
+	out = append(out, settingsWarnings(v)...)
 	return out
 }
 

@@ -98,7 +98,7 @@ func runDemo(ctx context.Context, out io.Writer, dir string, basePort int, size 
 		listeners = append(listeners, l)
 	}
 	cfg := &node.Config{}
-	vol := node.VolumeConfig{Name: "vol0", Size: node.ByteSize(size), Protocol: "C", Primary: "alpha", Disks: map[string]node.DiskConfig{}}
+	vol := node.VolumeConfig{Name: "vol0", Size: node.VolumeSize(size), Protocol: "C", Primary: "alpha", Disks: map[string]node.DiskConfig{}}
 	for i, name := range names {
 		nodeDir := filepath.Join(dir, name)
 		if err := os.MkdirAll(nodeDir, 0o755); err != nil {

@@ -307,6 +307,18 @@ func TestStatusShowsTheFailoverAndOneCopy(t *testing.T) {
 	}
 }
 
+// TestStatusWarnsOfSettingsThatDiffer: a setting that must agree on every
+// node and does not is named on the volume's line with each node's value.
+func TestStatusWarnsOfSettingsThatDiffer(t *testing.T) {
+	st := sampleStatus()
+	st.Volumes[0].SettingMismatches = []transport.SettingMismatch{{Setting: "protocol", Values: map[string]string{"beta": "B", "alpha": "C"}, Primary: "C"}}
+	var out bytes.Buffer
+	printStatus(&out, st, palette{}, time.Now())
+	if !strings.Contains(out.String(), "! protocol differs: alpha C, beta B") {
+		t.Fatalf("status does not name the protocol that differs:\n%s", out.String())
+	}
+}
+
 // TestStatusNamesWhyANodeIsUnreachable: an unreachable node shows the
 // error of asking it, unless gossip reports it gone and it was not asked.
 func TestStatusNamesWhyANodeIsUnreachable(t *testing.T) {

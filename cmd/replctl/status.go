@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -523,8 +525,9 @@ func lagCell(v *transport.VolumeStatus, r *transport.ReplicaStatus) cell {
 }
 
 // volumeWarnings are what the volume's line warns about: a replica not
-// UpToDate or not replicating, a failed path, no primary serving, and
-// (from the status's warnings ws) a volume that runs on one copy.
+// UpToDate or not replicating, a failed path, no primary serving, a
+// setting that differs between the nodes, and (from the status's warnings
+// ws) a volume that runs on one copy.
 func volumeWarnings(v *transport.VolumeStatus, ws []transport.Warning) []cell {
 	var warns []cell
 	if v.NBDURI == "" {
@@ -564,6 +567,13 @@ func volumeWarnings(v *transport.VolumeStatus, ws []transport.Warning) []cell {
 				warns = append(warns, cell{fmt.Sprintf("! %s path %s failed", r.Node, p.Path), colorRed})
 			}
 		}
+	}
+	for _, m := range v.SettingMismatches {
+		var values []string
+		for _, n := range slices.Sorted(maps.Keys(m.Values)) {
+			values = append(values, n+" "+m.Values[n])
+		}
+		warns = append(warns, cell{fmt.Sprintf("! %s differs: %s", m.Setting, strings.Join(values, ", ")), colorYellow})
 	}
 	return warns
 }

@@ -57,7 +57,10 @@ func (r *reloader) reload(ctx context.Context) {
 	r.log.Info("SIGHUP: re-reading the config", "config", r.path)
 	cfg, err := node.LoadConfig(r.path)
 	if err != nil {
-		r.log.Error("SIGHUP: the config file does not load; nothing changed, the node runs on with the config it has", "err", err)
+		r.log.Error("SIGHUP: the config file does not load; nothing changed, the node runs on with the config it has", "config", r.path)
+		for _, problem := range strings.Split(err.Error(), "\n") {
+			r.log.Error("SIGHUP: config problem: " + problem)
+		}
 		return
 	}
 	if _, ok := cfg.Node(r.name); !ok {
@@ -299,6 +302,7 @@ func join(path, name string) string {
 var (
 	durationType = reflect.TypeFor[node.Duration]()
 	sizeType     = reflect.TypeFor[node.ByteSize]()
+	volSizeType  = reflect.TypeFor[node.VolumeSize]()
 )
 
 // leaf prints a value as the file would say it. It reads unexported
@@ -309,6 +313,8 @@ func leaf(v reflect.Value) string {
 		return time.Duration(v.Int()).String()
 	case v.Type() == sizeType:
 		return fmt.Sprint(v.Int())
+	case v.Type() == volSizeType && node.VolumeSize(v.Int()) == node.SizeMax:
+		return "max"
 	}
 	switch v.Kind() {
 	case reflect.String:

@@ -107,6 +107,23 @@ volumes:`, 1)
 	}
 }
 
+// TestPlanReloadSizeMax: size: max is a size like any other for a
+// SIGHUP: unchanged, nothing to do; changed, a restart is named, and the
+// log says max, not a number.
+func TestPlanReloadSizeMax(t *testing.T) {
+	withMax := strings.Replace(baseConfig, "size: 64MiB\n    protocol: C\n    primary: alpha", "size: max\n    protocol: C\n    primary: alpha", 1)
+	if withMax == baseConfig {
+		t.Fatal("case does not change the config")
+	}
+	if online, restart := planReload(loadConfig(t, withMax), loadConfig(t, withMax), "alpha"); online != nil || restart != nil {
+		t.Fatalf("size: max unchanged: online %+v, restart %+v", online, restart)
+	}
+	_, restart := planReload(loadConfig(t, withMax), loadConfig(t, baseConfig), "alpha")
+	if want := []change{{field: "volumes[vol0].size", old: "max", new: "67108864"}}; !slices.Equal(restart, want) {
+		t.Fatalf("size: max to 64MiB: restart %+v, want %+v", restart, want)
+	}
+}
+
 func TestSdNotify(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "notify")
