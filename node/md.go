@@ -250,7 +250,7 @@ func CreateMetadata(cfg *Config, name, volume, stateDir string, force bool) (str
 			return "", err
 		}
 	}
-	return fmt.Sprintf("created %s metadata for %s at %s (volume %s, usable %s)", opts.Placement, volume, where, human.Bytes(int64(vc.Size)), human.Bytes(md.UsableSize())), nil
+	return fmt.Sprintf("created %s metadata for %s at %s (volume %d bytes, %s; usable %s)", opts.Placement, volume, where, vc.Size, human.Bytes(int64(vc.Size)), human.Bytes(md.UsableSize())), nil
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

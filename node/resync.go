@@ -63,7 +63,15 @@ func (p *peer) resyncRefusal() error {
 	p.mu.Lock()
 	state, cause := p.state, p.why.cause
 	p.mu.Unlock()
-	if state != replication.StandAlone {
+	v.mu.Lock()
+	_, split := v.splitBrain[p.name]
+	v.mu.Unlock()
+	switch {
+	case split:
+		// Found from either side: p refused this node's stream, or this
+		// node refused p's.
+		cause = CauseSplitBrain
+	case state != replication.StandAlone:
 		return nil
 	}
 	switch cause {

@@ -209,6 +209,14 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 		}
 	}
 	v.mu.Lock()
+	select {
+	case <-v.stopping:
+		// The volume shuts down: its disk closes once the stream it had
+		// is stopped, and no new one may touch it.
+		v.mu.Unlock()
+		return fmt.Errorf("%s on %s is stopping", v.name, v.self)
+	default:
+	}
 	old := v.incoming
 	in := &incoming{from: h.From, st: replication.Connected}
 	v.incoming = in
