@@ -402,3 +402,29 @@ func TestAddAndRemoveVoter(t *testing.T) {
 	}
 	waitFor(t, "d hears from no leader", 5*time.Second, func() bool { return dc.Status().Leader == "" })
 }
+
+// TestProposeAsLeaderOnlyInTheOfficeOfTheDecision: a leader's failover is
+// carried out only by that leader in the office it decided it in; a
+// follower, or the leader with another office, changes nothing.
+func TestProposeAsLeaderOnlyInTheOfficeOfTheDecision(t *testing.T) {
+	n, leader := threeNodes(t)
+	ctx := testContext(t, 10*time.Second)
+	office := leader.LeadingSince()
+	if office.IsZero() {
+		t.Fatal("the leader reports no office")
+	}
+	promote := replication.PromoteCommand("vol", 1, "b", false)
+	if _, err := n.follower(t, leader).ProposeAsLeader(ctx, promote, office); !errors.Is(err, ErrLeadershipChanged) {
+		t.Fatalf("ProposeAsLeader on a follower: %v, want ErrLeadershipChanged", err)
+	}
+	if _, err := leader.ProposeAsLeader(ctx, promote, office.Add(-time.Second)); !errors.Is(err, ErrLeadershipChanged) {
+		t.Fatalf("ProposeAsLeader for an earlier office: %v, want ErrLeadershipChanged", err)
+	}
+	if va, _ := leader.Authority().Volume("vol"); va.Primary != "a" || va.Epoch != 1 {
+		t.Fatalf("refused proposals changed the volume: %+v", va)
+	}
+	va, err := leader.ProposeAsLeader(ctx, promote, office)
+	if err != nil || va.Primary != "b" || va.Epoch != 2 {
+		t.Fatalf("ProposeAsLeader in the leader's office: %+v, %v", va, err)
+	}
+}

@@ -63,6 +63,9 @@ var (
 	ErrClosed = errors.New("cluster closed")
 	// ErrBadRequest: a forwarded request without what its kind needs.
 	ErrBadRequest = errors.New("malformed forward request")
+	// ErrLeadershipChanged: ProposeAsLeader found this node no longer
+	// leading in the office it was given; nothing was decided.
+	ErrLeadershipChanged = errors.New("raft leadership changed since the decision")
 	// errNotLeader: the node asked is not the leader; the sender retries
 	// with the leader it learns of next.
 	errNotLeader = errors.New("not the raft leader")
@@ -258,9 +261,35 @@ func (c *Cluster) HandleForward(ctx context.Context, req ForwardRequest) Forward
 	return replyOf(va, err)
 }
 
+// ProposeAsLeader applies cmd on this node only, and only while it leads
+// in the office it took at office (LeaseWatch's leadingSince when the
+// caller decided): a leader's failover is its own judgement, to be
+// carried out neither by another leader nor by itself in a later office,
+// after a time it did not observe. It is never forwarded. Errors: those
+// of Propose, and ErrLeadershipChanged.
+func (c *Cluster) ProposeAsLeader(ctx context.Context, cmd replication.AuthorityCommand, office time.Time) (replication.VolumeAuthority, error) {
+	if c.ctx.Err() != nil {
+		return replication.VolumeAuthority{}, ErrClosed
+	}
+	va, err := c.proposeIn(ctx, cmd, office)
+	if errors.Is(err, errNotLeader) {
+		err = fmt.Errorf("%w: %w", ErrLeadershipChanged, err)
+	}
+	return va, err
+}
+
 // proposeHere applies cmd on this node, the leader.
 func (c *Cluster) proposeHere(ctx context.Context, cmd replication.AuthorityCommand) (replication.VolumeAuthority, error) {
-	if c.raft.State() != raft.Leader {
+	return c.proposeIn(ctx, cmd, time.Time{})
+}
+
+// proposeIn applies cmd on this node, the leader, in the office it took
+// at office (zero: whichever it holds).
+func (c *Cluster) proposeIn(ctx context.Context, cmd replication.AuthorityCommand, office time.Time) (replication.VolumeAuthority, error) {
+	inOffice := func() bool {
+		return c.raft.State() == raft.Leader && (office.IsZero() || c.leases.office().Equal(office))
+	}
+	if !inOffice() {
 		return replication.VolumeAuthority{}, errNotLeader
 	}
 	if cmd.Op != replication.OpPromote {
@@ -278,9 +307,12 @@ func (c *Cluster) proposeHere(ctx context.Context, cmd replication.AuthorityComm
 	if va, _ := current.Volume(cmd.Volume); va.Primary != cmd.Node {
 		unfence := c.leases.fence(cmd.Volume)
 		defer unfence()
-		if err := c.waitLeaseFree(ctx, cmd.Volume); err != nil {
+		if err := c.waitLeaseFree(ctx, cmd.Volume, office); err != nil {
 			return va, err
 		}
+	}
+	if !inOffice() {
+		return replication.VolumeAuthority{}, errNotLeader
 	}
 	return c.apply(ctx, cmd)
 }
