@@ -59,7 +59,9 @@ type termSeen struct {
 // clusterState is a clustered node's part.
 type clusterState struct {
 	c *cluster.Cluster
-	// auto: automatic failover (authority mode); why says why not.
+	// auto: authority mode, from the config at start (leases, raft
+	// records the primaries); why says why not. Automatic failover also
+	// needs three live voters: failoverNow.
 	auto bool
 	why  string
 	// lease is the primary's lease duration.
@@ -215,16 +217,28 @@ func (n *Node) clusterLoop(stop <-chan struct{}) {
 		}
 		leading := n.cl.leadingSince
 		n.cl.mu.Unlock()
-		if observing.IsZero() {
-			n.clearFailoverWhy() // only a leader's reasons hold
+		auto, _ := n.cl.failoverNow(st)
+		if observing.IsZero() || !auto {
+			n.clearFailoverWhy() // only a failing-over leader's reasons hold
+		}
+		if auto && !observing.IsZero() {
+			n.failover(auth, st, observing, now)
 		}
 		if n.cl.auto && !leading.IsZero() {
-			if !observing.IsZero() {
-				n.failover(auth, st, observing, now)
-			}
 			n.moveLeadership(st, leading)
 		}
 	}
+}
+
+// failoverNow says whether the leader fails primaries over by itself now,
+// and why not: the config decides authority mode at start (failover: off,
+// fewer than three nodes), raft's live voters from then on (replctl node
+// remove may leave two).
+func (cs *clusterState) failoverNow(st cluster.Status) (auto bool, why string) {
+	if !cs.auto {
+		return false, cs.why
+	}
+	return cluster.AutoFailover(st.Voters)
 }
 
 // leadershipSettle is how long a node leads before it hands leadership
@@ -402,8 +416,9 @@ func (n *Node) clusterInfo() (transport.ClusterInfo, map[string]string) {
 		return transport.ClusterInfo{Failover: "off", Reason: why}, nil
 	}
 	st := n.cl.c.Status()
-	info := transport.ClusterInfo{Leader: st.Leader, Quorum: st.Quorum, Voters: st.Voters, Failover: "off", Reason: n.cl.why}
-	if n.cl.auto {
+	auto, why := n.cl.failoverNow(st)
+	info := transport.ClusterInfo{Leader: st.Leader, Quorum: st.Quorum, Voters: st.Voters, Failover: "off", Reason: why}
+	if auto {
 		info.Failover = "auto"
 		if !st.Quorum {
 			info.Reason = "no quorum: no raft leader with a majority is in reach; primaries hold their IO when their lease runs out, and nobody is promoted"

@@ -246,3 +246,30 @@ func startThreeInSync(t *testing.T, size int64) *testCluster {
 	c.waitInSync()
 	return c
 }
+
+// TestTwoVotersLeftMeanNoAutomaticFailover: the witness is removed from
+// raft at runtime (replctl node remove), leaving two voters: the loss of
+// either would be the loss of the quorum, so status says failover off,
+// naming the two voters, although the config file started the cluster
+// with three; the volume keeps serving.
+func TestTwoVotersLeftMeanNoAutomaticFailover(t *testing.T) {
+	c := newRaftCluster(t, 4<<20)
+	c.start("wit")
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	eventually(t, func() bool { return c.status().Cluster.Failover == "auto" }, "failover auto with three voters")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, err := (&control{n: c.nodes["alpha"]}).Membership(ctx, &transport.MembershipRequest{Node: "wit", Remove: true})
+	if err != nil || !slices.Equal(r.Voters, []string{"alpha", "beta"}) {
+		t.Fatalf("remove the witness: %+v, %v", r, err)
+	}
+	for _, n := range []string{"alpha", "beta"} {
+		cl, _ := c.nodes[n].clusterInfo()
+		if cl.Failover != "off" || !strings.Contains(cl.Reason, "2 raft voters (alpha, beta): automatic failover needs three") {
+			t.Errorf("status from %s with two voters left: failover %q (%s); want off, naming the two voters", n, cl.Failover, cl.Reason)
+		}
+	}
+	eventually(t, func() bool { return c.vol("alpha").WriteAt(ctx, pattern(3, 4096), 0, false) == nil }, "alpha serves with two voters")
+}

@@ -1,6 +1,10 @@
 package cluster
 
-import "time"
+import (
+	"fmt"
+	"strings"
+	"time"
+)
 
 // The leader's watch over the primaries: when does a primary count as
 // lost? These are pure rules of (observations, now); the node layer's
@@ -118,4 +122,24 @@ func latest(ts ...time.Time) time.Time {
 		}
 	}
 	return l
+}
+
+// AutoFailover says whether raft's live voters let the leader fail a
+// primary over by itself, and why not: a majority must survive the loss
+// of any one voter, which takes three. With two, the loss of either is the
+// loss of the quorum.
+func AutoFailover(voters []string) (ok bool, why string) {
+	switch {
+	case len(voters) >= 3:
+		return true, ""
+	case len(voters) == 0:
+		return false, "this node knows no raft voters (yet): automatic failover needs three"
+	}
+	noun := "voters"
+	if len(voters) == 1 {
+		noun = "voter"
+	}
+	return false, fmt.Sprintf("%d raft %s (%s): automatic failover needs three, as the loss of any one is the loss of the quorum; "+
+		"add a voter with replctl node add NAME; meanwhile a primary's IO holds while the quorum is lost, and only replctl primary (--force --yes when the primary is gone) changes it",
+		len(voters), noun, strings.Join(voters, ", "))
 }

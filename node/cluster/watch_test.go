@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -116,6 +117,29 @@ func TestWatchCountsNoTimeItDidNotObserve(t *testing.T) {
 					t.Fatalf("step %d at +%v (leading since %v): observing since +%v, gap %v; want +%v, %v",
 						i, s.now.Sub(t0), s.leadingSince, observing.Sub(t0), gap, s.observing.Sub(t0), s.gap)
 				}
+			}
+		})
+	}
+}
+
+func TestAutoFailoverNeedsThreeVoters(t *testing.T) {
+	cases := []struct {
+		name   string
+		voters []string
+		ok     bool
+		why    string // a part of the reason
+	}{
+		{"two data nodes and a witness", []string{"alpha", "beta", "witness"}, true, ""},
+		{"three data nodes and two witnesses", []string{"a", "b", "c", "w1", "w2"}, true, ""},
+		{"the witness removed: two voters", []string{"alpha", "beta"}, false, "2 raft voters (alpha, beta): automatic failover needs three"},
+		{"one voter left", []string{"alpha"}, false, "1 raft voter (alpha)"},
+		{"no configuration known", nil, false, "knows no raft voters"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ok, why := AutoFailover(c.voters)
+			if ok != c.ok || !strings.Contains(why, c.why) || (ok && why != "") {
+				t.Errorf("AutoFailover(%v) = %v, %q; want %v and a reason with %q", c.voters, ok, why, c.ok, c.why)
 			}
 		})
 	}
