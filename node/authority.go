@@ -155,6 +155,9 @@ func (c *control) Membership(ctx context.Context, r *transport.MembershipRequest
 	if n.cl == nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "node %s runs no cluster (no raft/gossip addresses in its config)", n.name)
 	}
+	if err := n.cl.c.NotAVoter(); err != nil {
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
 	if r.Remove {
 		if err := n.cl.c.RemoveVoter(ctx, r.Node); err != nil {
 			return nil, status.Errorf(codes.FailedPrecondition, "remove voter %s: %v", r.Node, err)
@@ -235,7 +238,10 @@ func (n *Node) clusterLoop(stop <-chan struct{}) {
 // fewer than three nodes), raft's live voters from then on (replctl node
 // remove may leave two).
 func (cs *clusterState) failoverNow(st cluster.Status) (auto bool, why string) {
-	if !cs.auto {
+	switch {
+	case st.Standing != "":
+		return false, st.NotAVoter
+	case !cs.auto:
 		return false, cs.why
 	}
 	return cluster.AutoFailover(st.Voters)
@@ -417,7 +423,7 @@ func (n *Node) clusterInfo() (transport.ClusterInfo, map[string]string) {
 	}
 	st := n.cl.c.Status()
 	auto, why := n.cl.failoverNow(st)
-	info := transport.ClusterInfo{Leader: st.Leader, Quorum: st.Quorum, Voters: st.Voters, Failover: "off", Reason: why}
+	info := transport.ClusterInfo{Leader: st.Leader, Quorum: st.Quorum, Voters: st.Voters, Failover: "off", Reason: why, Standing: string(st.Standing)}
 	if auto {
 		info.Failover = "auto"
 		if !st.Quorum {
@@ -433,8 +439,11 @@ func (n *Node) clusterInfo() (transport.ClusterInfo, map[string]string) {
 }
 
 func joinReason(a, b string) string {
-	if a == "" {
+	switch {
+	case a == "":
 		return b
+	case b == "":
+		return a
 	}
 	return a + "; " + b
 }

@@ -22,6 +22,11 @@ const (
 	KindReleaseLease ForwardKind = "release-lease"
 	KindAddVoter     ForwardKind = "add-voter"
 	KindRemoveVoter  ForwardKind = "remove-voter"
+	// KindVoters asks any node (not only the leader) for the voters of
+	// its configuration; KindRemoved tells a node the leader removed that
+	// it is no longer one (membership.go).
+	KindVoters  ForwardKind = "voters"
+	KindRemoved ForwardKind = "removed"
 )
 
 // ForwardRequest is a request a node sends the leader; it encodes to JSON.
@@ -33,6 +38,7 @@ type ForwardRequest struct {
 	Volume  string                        `json:"volume,omitempty"`  // leases
 	Epoch   uint64                        `json:"epoch,omitempty"`   // leases
 	Member  *Member                       `json:"member,omitempty"`  // add-voter, remove-voter (Name only)
+	Voters  []string                      `json:"voters,omitempty"`  // removed
 }
 
 // ForwardReply is the leader's answer. Code is empty on success; otherwise
@@ -45,6 +51,10 @@ type ForwardReply struct {
 	Volume  replication.VolumeAuthority `json:"volume"`
 	Code    string                      `json:"code,omitempty"`
 	Message string                      `json:"message,omitempty"`
+	// Voters and Quorum answer KindVoters: the voters of the node's
+	// configuration, and whether it hears from a leader with a majority.
+	Voters []string `json:"voters,omitempty"`
+	Quorum bool     `json:"quorum,omitempty"`
 }
 
 // Errors of this package, checked with errors.Is.
@@ -89,6 +99,7 @@ var errorCodes = []struct {
 	{"closed", ErrClosed},
 	{"bad-request", ErrBadRequest},
 	{"not-leader", errNotLeader},
+	{"not-a-voter", ErrNotAVoter},
 }
 
 // replyOf encodes the leader's result.
@@ -121,8 +132,8 @@ func (r ForwardReply) Err() error {
 	return errors.New(r.Message)
 }
 
-// remoteError is an error the leader returned: its text, and its class
-// for errors.Is.
+// remoteError is an error with its own text and a class for errors.Is:
+// one the leader returned, or a refusal in words (NotAVoter).
 type remoteError struct {
 	msg   string
 	class error
@@ -242,6 +253,16 @@ func (c *Cluster) HandleForward(ctx context.Context, req ForwardRequest) Forward
 	if c.ctx.Err() != nil {
 		return replyOf(replication.VolumeAuthority{}, ErrClosed)
 	}
+	switch req.Kind {
+	case KindVoters:
+		return c.votersReply()
+	case KindRemoved:
+		c.learnVoters(req.Voters)
+		return ForwardReply{}
+	}
+	if err := c.NotAVoter(); err != nil {
+		return replyOf(replication.VolumeAuthority{}, err)
+	}
 	var va replication.VolumeAuthority
 	var err error
 	switch {
@@ -254,7 +275,9 @@ func (c *Cluster) HandleForward(ctx context.Context, req ForwardRequest) Forward
 	case req.Kind == KindAddVoter && req.Member != nil:
 		err = c.addVoterHere(ctx, *req.Member)
 	case req.Kind == KindRemoveVoter && req.Member != nil && req.Member.Name != "":
-		err = c.changeConfiguration(ctx, c.raft.RemoveServer(raft.ServerID(req.Member.Name), 0, 0))
+		if err = c.changeConfiguration(ctx, c.raft.RemoveServer(raft.ServerID(req.Member.Name), 0, 0)); err == nil {
+			c.tellRemoved(ctx, req.Member.Name)
+		}
 	default:
 		err = fmt.Errorf("%w: %s from %s", ErrBadRequest, req.Kind, req.From)
 	}
