@@ -273,3 +273,50 @@ func TestTwoVotersLeftMeanNoAutomaticFailover(t *testing.T) {
 	}
 	eventually(t, func() bool { return c.vol("alpha").WriteAt(ctx, pattern(3, 4096), 0, false) == nil }, "alpha serves with two voters")
 }
+
+// TestSwitchoverToADisconnectedOutdatedNodeIsRefusedAtOnce: beta was
+// disconnected by the operator and missed writes (raft has it Outdated).
+// A switchover to it cannot complete however long it waits: it is refused
+// at once, within a second and not at the caller's timeout, saying why
+// and what to do, and alpha goes on serving.
+func TestSwitchoverToADisconnectedOutdatedNodeIsRefusedAtOnce(t *testing.T) {
+	c := newRaftCluster(t, 4<<20)
+	c.start("wit")
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	a := c.vol("alpha")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // replctl's default --timeout
+	defer cancel()
+	eventually(t, func() bool { return a.WriteAt(ctx, pattern(1, 4096), 0, false) == nil }, "alpha serves under its lease")
+	if _, err := (&control{n: c.nodes["wit"]}).Disconnect(ctx, &transport.ConnectRequest{Volume: "vol0", Node: "beta"}); err != nil {
+		t.Fatal(err)
+	}
+	writeRandomBlocks(t, a, 5, 7)
+	eventually(t, func() bool {
+		va, _ := c.nodes["wit"].cl.c.Authority().Volume("vol0")
+		return va.IsOutdated("beta")
+	}, "raft has beta Outdated")
+
+	start := time.Now()
+	_, err := (&control{n: c.nodes["wit"]}).Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta"})
+	took := time.Since(start)
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("switchover to the disconnected, Outdated beta: %v; want FailedPrecondition", err)
+	}
+	for _, words := range []string{"beta is not in sync with alpha", "not connected", "disk Outdated", "replctl connect vol0 --node beta", "alpha stays primary"} {
+		if !strings.Contains(err.Error(), words) {
+			t.Errorf("the refusal %q does not say %q", status.Convert(err).Message(), words)
+		}
+	}
+	if took > time.Second {
+		t.Errorf("the refusal came after %s, want within a second", took)
+	}
+	t.Logf("refused in %s: %s", took.Round(time.Millisecond), status.Convert(err).Message())
+	if err := a.WriteAt(ctx, pattern(2, 4096), 4096, false); err != nil {
+		t.Fatalf("alpha stopped serving after the refused switchover: %v", err)
+	}
+	if r := c.vol("beta").status().Role; r != "Secondary" {
+		t.Fatalf("beta is %s after the refused switchover", r)
+	}
+}

@@ -132,6 +132,36 @@ func TestE2EAnOutdatedNodeIsNotPromotedByItself(t *testing.T) {
 	qemuIOEventually(t, 15*time.Second, "after the forced promotion", c.uri("beta"), "write -P 0x7b 2M 64k", "read -P 0x7b 2M 64k")
 }
 
+// TestE2ESwitchoverToADisconnectedOutdatedNodeIsRefusedAtOnce: beta is
+// disconnected and misses writes (raft has it Outdated). replctl primary
+// vol0 --node beta cannot succeed however long it waits: it is refused at
+// once, saying why and what to do, instead of running into --timeout
+// with "the switchover may or may not have happened"; alpha stays
+// primary.
+func TestE2ESwitchoverToADisconnectedOutdatedNodeIsRefusedAtOnce(t *testing.T) {
+	e2e(t)
+	RequireTool(t, "qemu-io", "qemu-utils")
+	c := newProcClusterN(t, clusterOpts{Raft: true, Witness: true, Size: 16 << 20})
+	c.startAll()
+	c.waitFor("alpha", "in sync, and raft knows both replicas UpToDate", syncTimeout, raftInSync)
+	c.mustCtl("alpha", "disconnect", volName, "--node", "beta")
+	qemuIOEventually(t, 10*time.Second, "with beta disconnected", c.uri("alpha"), "write -P 0x7a 0 1M", "flush")
+	c.waitFor("alpha", "raft has beta Outdated", 10*time.Second, func(v *volumeStatus) bool { return v.replica("beta").Raft == "Outdated" })
+	start := time.Now()
+	r := c.ctl(witnessName, "primary", volName, "--node", "beta")
+	took := time.Since(start)
+	if r.ok() || !strings.Contains(r.out, "beta is not in sync with alpha") || !strings.Contains(r.out, "replctl connect vol0 --node beta") {
+		t.Fatalf("replctl primary %s --node beta, beta disconnected and Outdated: %s; want it refused, saying why and what to do", volName, r)
+	}
+	if took > 2*time.Second {
+		t.Fatalf("the switchover was refused after %s, want at once", took)
+	}
+	t.Logf("refused in %s: %s", took.Round(time.Millisecond), strings.TrimSpace(r.out))
+	if v := c.mustStatus("alpha"); v.Primary != "alpha" || v.NBDURI == "" {
+		t.Fatalf("after the refused switchover: primary %q, export %q; want alpha, serving", v.Primary, v.NBDURI)
+	}
+}
+
 // TestE2EThreeDataReplicasResyncOnlyWhatEachMissed: a volume on three
 // data nodes. gamma is killed, alpha takes writes, gamma returns: only the
 // blocks it missed move to it, beta receives nothing, and an online verify
