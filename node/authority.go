@@ -192,7 +192,8 @@ func (n *Node) clusterLoop(stop <-chan struct{}) {
 		// One clock reading per step: if the process pauses within the
 		// step, what it decides holds for that moment.
 		now := time.Now()
-		observing, gap := n.cl.watch.Step(now, n.cl.c.LeadingSince())
+		office := n.cl.c.LeadingSince()
+		observing, gap := n.cl.watch.Step(now, office)
 		switch {
 		case gap > 0 && !observing.IsZero():
 			n.log.Warn("the cluster loop did not run for a while (the process was paused, starved of CPU, or the loop was busy): the primaries' lease renewals are watched afresh from now",
@@ -225,7 +226,7 @@ func (n *Node) clusterLoop(stop <-chan struct{}) {
 			n.clearFailoverWhy() // only a failing-over leader's reasons hold
 		}
 		if auto && !observing.IsZero() {
-			n.failover(auth, st, observing, now)
+			n.failover(auth, st, office, observing, now)
 		}
 		if n.cl.auto && !leading.IsZero() {
 			n.moveLeadership(st, leading)
@@ -320,15 +321,15 @@ func (n *Node) gossipMeta() []byte {
 // for cluster.StarvedAfter of the time this leader observed, since
 // observing) is handed to an alive UpToDate node. The promotion itself
 // waits (in the cluster) until no lease of the old primary can still be
-// valid, and is dropped if this node's office ends meanwhile.
-func (n *Node) failover(auth replication.Authority, st cluster.Status, observing, now time.Time) {
+// valid, and is dropped if this node's office (taken at office) ends
+// meanwhile.
+func (n *Node) failover(auth replication.Authority, st cluster.Status, office, observing, now time.Time) {
 	alive := map[string]bool{}
 	liveness := map[string]cluster.Liveness{}
 	for _, m := range st.Members {
 		alive[m.Name] = m.State == cluster.Alive
 		liveness[m.Name] = m.State
 	}
-	office := n.cl.c.LeadingSince()
 	for _, vc := range n.cfg.Volumes {
 		va, ok := auth.Volume(vc.Name)
 		if !ok || va.Primary == "" {

@@ -294,6 +294,9 @@ func (c *Cluster) ProposeAsLeader(ctx context.Context, cmd replication.Authority
 	if c.ctx.Err() != nil {
 		return replication.VolumeAuthority{}, ErrClosed
 	}
+	if office.IsZero() {
+		return replication.VolumeAuthority{}, fmt.Errorf("%w: no office given", ErrLeadershipChanged)
+	}
 	va, err := c.proposeIn(ctx, cmd, office)
 	if errors.Is(err, errNotLeader) {
 		err = fmt.Errorf("%w: %w", ErrLeadershipChanged, err)

@@ -191,13 +191,11 @@ func (c *Cluster) askVoters(ctx context.Context) ([]string, bool) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timing.RejoinInterval)
 	defer cancel()
 	var names []string
-	c.gossip.mu.Lock()
-	for name := range c.gossip.members {
+	for _, name := range c.gossip.memberNames() {
 		if name != c.self {
 			names = append(names, name)
 		}
 	}
-	c.gossip.mu.Unlock()
 	answers := make(chan ForwardReply, len(names))
 	for _, name := range names {
 		go func() {
