@@ -50,16 +50,6 @@ const clusterTick = 250 * time.Millisecond
 // about this long after its last renewal.
 const defaultLeaseDuration = 1500 * time.Millisecond
 
-// unknownGrace: a member never heard of is taken as lost once this node
-// has led this long.
-const unknownGrace = 5 * time.Second
-
-// starvedAfter is how long a primary that gossip sees alive may renew no
-// lease before the leader fails it over: twice the lease, so its IO has
-// been frozen for a whole lease already, and a renewal or two lost to a
-// slow moment does not move the volume.
-func starvedAfter(lease time.Duration) time.Duration { return 2 * lease }
-
 // termSeen is a primary's term and when this node first saw it.
 type termSeen struct {
 	epoch uint64
@@ -69,11 +59,17 @@ type termSeen struct {
 // clusterState is a clustered node's part.
 type clusterState struct {
 	c *cluster.Cluster
-	// auto: automatic failover (authority mode); why says why not.
+	// auto: authority mode, from the config at start (leases, raft
+	// records the primaries); why says why not. Automatic failover also
+	// needs three live voters: failoverNow.
 	auto bool
 	why  string
 	// lease is the primary's lease duration.
 	lease time.Duration
+
+	// watch follows clusterLoop's steps (it owns it): time this node did
+	// not observe (a pause of its process) is not held against a primary.
+	watch cluster.Watch
 
 	mu sync.Mutex
 	// leadingSince: when this node last became leader (zero when not).
@@ -110,7 +106,7 @@ func (n *Node) openCluster(dir string, opts Options) error {
 		return fmt.Errorf("node %s: cluster: %w", n.name, err)
 	}
 	auto, why := n.cfg.FailoverMode()
-	n.cl = &clusterState{c: c, auto: auto, why: why, lease: timing.LeaseDuration,
+	n.cl = &clusterState{c: c, auto: auto, why: why, lease: timing.LeaseDuration, watch: cluster.Watch{Every: clusterTick},
 		promoting: map[string]bool{}, failoverWhy: map[string]string{}, termSeen: map[string]termSeen{}}
 	for _, v := range n.vols {
 		v.auth = auto
@@ -159,6 +155,9 @@ func (c *control) Membership(ctx context.Context, r *transport.MembershipRequest
 	if n.cl == nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "node %s runs no cluster (no raft/gossip addresses in its config)", n.name)
 	}
+	if err := n.cl.c.NotAVoter(); err != nil {
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
 	if r.Remove {
 		if err := n.cl.c.RemoveVoter(ctx, r.Node); err != nil {
 			return nil, status.Errorf(codes.FailedPrecondition, "remove voter %s: %v", r.Node, err)
@@ -190,6 +189,18 @@ func (n *Node) clusterLoop(stop <-chan struct{}) {
 		case <-n.cl.c.Changed():
 		case <-tick.C:
 		}
+		// One clock reading per step: if the process pauses within the
+		// step, what it decides holds for that moment.
+		now := time.Now()
+		office := n.cl.c.LeadingSince()
+		observing, gap := n.cl.watch.Step(now, office)
+		switch {
+		case gap > 0 && !observing.IsZero():
+			n.log.Warn("the cluster loop did not run for a while (the process was paused, starved of CPU, or the loop was busy): the primaries' lease renewals are watched afresh from now",
+				"gap", gap.Round(time.Millisecond))
+		case gap > 0:
+			n.log.Debug("the cluster loop did not run for a while", "gap", gap.Round(time.Millisecond))
+		}
 		auth := n.cl.c.Authority()
 		st := n.cl.c.Status()
 		for _, v := range n.vols {
@@ -210,11 +221,31 @@ func (n *Node) clusterLoop(stop <-chan struct{}) {
 		}
 		leading := n.cl.leadingSince
 		n.cl.mu.Unlock()
+		auto, _ := n.cl.failoverNow(st)
+		if observing.IsZero() || !auto {
+			n.clearFailoverWhy() // only a failing-over leader's reasons hold
+		}
+		if auto && !observing.IsZero() {
+			n.failover(auth, st, office, observing, now)
+		}
 		if n.cl.auto && !leading.IsZero() {
-			n.failover(auth, st, leading)
 			n.moveLeadership(st, leading)
 		}
 	}
+}
+
+// failoverNow says whether the leader fails primaries over by itself now,
+// and why not: the config decides authority mode at start (failover: off,
+// fewer than three nodes), raft's live voters from then on (replctl node
+// remove may leave two).
+func (cs *clusterState) failoverNow(st cluster.Status) (auto bool, why string) {
+	switch {
+	case st.Standing != "":
+		return false, st.NotAVoter
+	case !cs.auto:
+		return false, cs.why
+	}
+	return cluster.AutoFailover(st.Voters)
 }
 
 // leadershipSettle is how long a node leads before it hands leadership
@@ -285,23 +316,19 @@ func (n *Node) gossipMeta() []byte {
 	return b
 }
 
-// failover is the leader's duty: a volume whose primary gossip reports
-// lost, or that has renewed no lease for starvedAfter though gossip sees
-// it alive, is handed to an alive UpToDate node. The promotion itself
+// failover is the leader's duty: a volume whose primary counts as lost
+// (cluster.PrimaryWatch: gossip reports it gone, or it renewed no lease
+// for cluster.StarvedAfter of the time this leader observed, since
+// observing) is handed to an alive UpToDate node. The promotion itself
 // waits (in the cluster) until no lease of the old primary can still be
-// valid.
-func (n *Node) failover(auth replication.Authority, st cluster.Status, leading time.Time) {
+// valid, and is dropped if this node's office (taken at office) ends
+// meanwhile.
+func (n *Node) failover(auth replication.Authority, st cluster.Status, office, observing, now time.Time) {
 	alive := map[string]bool{}
-	lost := map[string]bool{}
+	liveness := map[string]cluster.Liveness{}
 	for _, m := range st.Members {
-		switch m.State {
-		case cluster.Alive:
-			alive[m.Name] = true
-		case cluster.Dead, cluster.Left:
-			lost[m.Name] = true
-		case cluster.Unknown:
-			lost[m.Name] = time.Since(leading) > unknownGrace
-		}
+		alive[m.Name] = m.State == cluster.Alive
+		liveness[m.Name] = m.State
 	}
 	for _, vc := range n.cfg.Volumes {
 		va, ok := auth.Volume(vc.Name)
@@ -309,18 +336,23 @@ func (n *Node) failover(auth replication.Authority, st cluster.Status, leading t
 			n.setFailoverWhy(vc.Name, "")
 			continue
 		}
+		w := cluster.PrimaryWatch{Liveness: cluster.Unknown, Observing: observing, TermSeen: n.termSeenAt(vc.Name, va.Epoch, now)}
+		if l, ok := liveness[va.Primary]; ok {
+			w.Liveness = l
+		}
+		w.LastRenewal, w.Renewing = n.cl.c.LeaseWatch(vc.Name)
+		verdict := w.Judge(now, n.cl.lease)
+		if !verdict.Lost {
+			n.setFailoverWhy(vc.Name, "")
+			continue
+		}
 		lostWhy := "lost"
 		candidates := alive
-		if !lost[va.Primary] {
+		if verdict.CutOff {
 			// Alive to gossip, but renewing no lease: it is cut off from
 			// the leader (its raft and control links), and its IO froze
 			// when its lease ran out. Another node serves instead.
-			idle := min(n.cl.c.LeaseIdle(vc.Name), n.termAge(vc.Name, va.Epoch))
-			if idle < starvedAfter(n.cl.lease) {
-				n.setFailoverWhy(vc.Name, "")
-				continue
-			}
-			lostWhy = fmt.Sprintf("alive to gossip but has renewed no lease for %.1fs (cut off from the raft leader)", idle.Seconds())
+			lostWhy = fmt.Sprintf("alive to gossip but has renewed no lease for %.1fs (cut off from the raft leader)", verdict.Idle.Seconds())
 			candidates = maps.Clone(alive)
 			delete(candidates, va.Primary)
 		}
@@ -348,7 +380,7 @@ func (n *Node) failover(auth replication.Authority, st cluster.Status, leading t
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			began := time.Now()
-			nva, err := n.cl.c.Propose(ctx, replication.FailoverCommand(volume, va.Epoch, node, false, time.Now().UTC(), va.Primary+" "+lostWhy))
+			nva, err := n.cl.c.ProposeAsLeader(ctx, replication.FailoverCommand(volume, va.Epoch, node, false, time.Now().UTC(), va.Primary+" "+lostWhy), office)
 			if err != nil {
 				n.log.Warn("failover proposal failed", "volume", volume, "to", node, "err", err)
 				return
@@ -359,16 +391,23 @@ func (n *Node) failover(auth replication.Authority, st cluster.Status, leading t
 	}
 }
 
-// termAge is how long this node has known volume's primary at epoch.
-func (n *Node) termAge(volume string, epoch uint64) time.Duration {
+// termSeenAt returns when this node first saw volume's primary at epoch
+// (now, the first time it asks).
+func (n *Node) termSeenAt(volume string, epoch uint64, now time.Time) time.Time {
 	n.cl.mu.Lock()
 	defer n.cl.mu.Unlock()
 	ts, ok := n.cl.termSeen[volume]
 	if !ok || ts.epoch != epoch {
-		ts = termSeen{epoch: epoch, since: time.Now()}
+		ts = termSeen{epoch: epoch, since: now}
 		n.cl.termSeen[volume] = ts
 	}
-	return time.Since(ts.since)
+	return ts.since
+}
+
+func (n *Node) clearFailoverWhy() {
+	n.cl.mu.Lock()
+	defer n.cl.mu.Unlock()
+	clear(n.cl.failoverWhy)
 }
 
 func (n *Node) setFailoverWhy(volume, why string) {
@@ -384,8 +423,9 @@ func (n *Node) clusterInfo() (transport.ClusterInfo, map[string]string) {
 		return transport.ClusterInfo{Failover: "off", Reason: why}, nil
 	}
 	st := n.cl.c.Status()
-	info := transport.ClusterInfo{Leader: st.Leader, Quorum: st.Quorum, Voters: st.Voters, Failover: "off", Reason: n.cl.why}
-	if n.cl.auto {
+	auto, why := n.cl.failoverNow(st)
+	info := transport.ClusterInfo{Leader: st.Leader, Quorum: st.Quorum, Voters: st.Voters, Failover: "off", Reason: why, Standing: string(st.Standing)}
+	if auto {
 		info.Failover = "auto"
 		if !st.Quorum {
 			info.Reason = "no quorum: no raft leader with a majority is in reach; primaries hold their IO when their lease runs out, and nobody is promoted"
@@ -400,8 +440,11 @@ func (n *Node) clusterInfo() (transport.ClusterInfo, map[string]string) {
 }
 
 func joinReason(a, b string) string {
-	if a == "" {
+	switch {
+	case a == "":
 		return b
+	case b == "":
+		return a
 	}
 	return a + "; " + b
 }

@@ -383,6 +383,12 @@ func (c *control) Primary(ctx context.Context, r *transport.PrimaryRequest) (*tr
 	if _, ok := vc.Disks[r.Node]; !ok {
 		return nil, status.Errorf(codes.InvalidArgument, "node %q holds no disk of %s; choose one of the nodes in volumes[].disks", r.Node, r.Volume)
 	}
+	if n.cl != nil {
+		// Raft records the change, and this node reaches no leader.
+		if err := n.cl.c.NotAVoter(); err != nil {
+			return nil, status.Error(codes.FailedPrecondition, err.Error())
+		}
+	}
 	cs, err := n.clusterStatus(ctx, 0)
 	if err != nil {
 		return nil, grpcError(err)

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -48,6 +49,18 @@ func (v *Volume) clientsError(what string) error {
 		ErrHasClients, what, len(clients), v.name, v.self, strings.Join(list, ", "))
 }
 
+// waitBudget is how long a request may wait for something: timeout, but
+// ending a little before ctx's deadline (the caller's, over gRPC), so that
+// the caller gets the reason rather than its own timeout.
+func waitBudget(ctx context.Context, timeout time.Duration) time.Duration {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return timeout
+	}
+	left := time.Until(d)
+	return max(min(timeout, left-min(time.Second, left/4)), 0)
+}
+
 // demote hands the primary role over to node to: IO stops (requests in
 // flight are answered), everything is flushed on every replica, and to
 // must be connected and in sync. Only then does this node become
@@ -74,8 +87,28 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 		st := p.status()
 		return st.Replication == string(replication.Connected) && st.OutOfSyncBytes == 0 && st.PeerDisk == string(replication.UpToDate)
 	}
-	// Wait for a resync under way before stopping IO.
-	if !waitFor(ctx, timeout, inSync) {
+	// Wait for a resync under way before stopping IO; not for what
+	// waiting cannot bring (replication.JudgeSwitchover), and not past
+	// the caller's deadline, so that it gets the reason.
+	began := time.Now()
+	var refusal string
+	waitFor(ctx, waitBudget(ctx, timeout), func() bool {
+		st := p.status()
+		v.mu.Lock()
+		down := v.adminDown
+		v.mu.Unlock()
+		verdict, why := replication.JudgeSwitchover(v.name, v.self, replication.SwitchoverPeer{
+			Name: to, Replication: replication.ReplState(st.Replication), Disk: st.PeerDisk, OutOfSyncBytes: st.OutOfSyncBytes,
+			Down: st.Reason, ByOperator: down || st.ReasonCode == string(CauseAdminDown),
+		}, time.Since(began))
+		refusal = why
+		return verdict != replication.SwitchoverWait
+	})
+	if refusal != "" {
+		v.log.Info("switchover refused", "to", to, "why", refusal)
+		return 0, replication.Generation{}, errors.New(refusal)
+	}
+	if !inSync() {
 		st := p.status()
 		return 0, replication.Generation{}, fmt.Errorf("%s is not in sync with %s (replication %s, disk %s, %s out of sync%s)",
 			to, v.self, st.Replication, st.PeerDisk, human.Bytes(st.OutOfSyncBytes), reasonSuffix(st.Reason))

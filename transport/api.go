@@ -85,6 +85,11 @@ type ClusterInfo struct {
 	// Failover is auto or off; Reason says why it is off, or what stops it.
 	Failover string `json:"failover"`
 	Reason   string `json:"reason,omitempty"`
+	// Standing is set when the node asked is not a raft voter: "removed"
+	// (replctl node remove took it out) or "joining" (started with --join,
+	// not added yet). Voters are then the cluster's as it learned them,
+	// Failover is off and Reason says it in words.
+	Standing string `json:"standing,omitempty"`
 }
 
 // NodeInfo is one node of the cluster.

@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -128,6 +130,36 @@ func TestE2EAnOutdatedNodeIsNotPromotedByItself(t *testing.T) {
 		t.Fatalf("forced promotion of the Outdated beta: %s", r)
 	}
 	qemuIOEventually(t, 15*time.Second, "after the forced promotion", c.uri("beta"), "write -P 0x7b 2M 64k", "read -P 0x7b 2M 64k")
+}
+
+// TestE2ESwitchoverToADisconnectedOutdatedNodeIsRefusedAtOnce: beta is
+// disconnected and misses writes (raft has it Outdated). replctl primary
+// vol0 --node beta cannot succeed however long it waits: it is refused at
+// once, saying why and what to do, instead of running into --timeout
+// with "the switchover may or may not have happened"; alpha stays
+// primary.
+func TestE2ESwitchoverToADisconnectedOutdatedNodeIsRefusedAtOnce(t *testing.T) {
+	e2e(t)
+	RequireTool(t, "qemu-io", "qemu-utils")
+	c := newProcClusterN(t, clusterOpts{Raft: true, Witness: true, Size: 16 << 20})
+	c.startAll()
+	c.waitFor("alpha", "in sync, and raft knows both replicas UpToDate", syncTimeout, raftInSync)
+	c.mustCtl("alpha", "disconnect", volName, "--node", "beta")
+	qemuIOEventually(t, 10*time.Second, "with beta disconnected", c.uri("alpha"), "write -P 0x7a 0 1M", "flush")
+	c.waitFor("alpha", "raft has beta Outdated", 10*time.Second, func(v *volumeStatus) bool { return v.replica("beta").Raft == "Outdated" })
+	start := time.Now()
+	r := c.ctl(witnessName, "primary", volName, "--node", "beta")
+	took := time.Since(start)
+	if r.ok() || !strings.Contains(r.out, "beta is not in sync with alpha") || !strings.Contains(r.out, "replctl connect vol0 --node beta") {
+		t.Fatalf("replctl primary %s --node beta, beta disconnected and Outdated: %s; want it refused, saying why and what to do", volName, r)
+	}
+	if took > 2*time.Second {
+		t.Fatalf("the switchover was refused after %s, want at once", took)
+	}
+	t.Logf("refused in %s: %s", took.Round(time.Millisecond), strings.TrimSpace(r.out))
+	if v := c.mustStatus("alpha"); v.Primary != "alpha" || v.NBDURI == "" {
+		t.Fatalf("after the refused switchover: primary %q, export %q; want alpha, serving", v.Primary, v.NBDURI)
+	}
 }
 
 // TestE2EThreeDataReplicasResyncOnlyWhatEachMissed: a volume on three
@@ -348,4 +380,90 @@ func TestE2ENoFailoverWithoutAMajority(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// TestE2EAPausedMajorityDoesNotDeposeAHealthyPrimary: alpha is primary;
+// beta and the witness, the raft majority with its leader, freeze for 5 s
+// (SIGSTOP: a VM pause, a long GC) and come back, three times. alpha never
+// stopped: it renews its lease as soon as the majority answers again, so
+// it stays primary at its epoch and a write to it is acknowledged within
+// seconds of each pause; no leader even tries to fail it over, and no
+// acknowledged write is lost. The leader must not count the time it could
+// not observe as time alpha renewed nothing.
+func TestE2EAPausedMajorityDoesNotDeposeAHealthyPrimary(t *testing.T) {
+	e2e(t)
+	c := newProcClusterN(t, clusterOpts{Raft: true, Witness: true, Size: 64 << 20})
+	c.startAll()
+	v := c.waitFor("alpha", "in sync, and raft knows both replicas UpToDate", syncTimeout, raftInSync)
+	if v.Primary != "alpha" {
+		t.Fatalf("primary at the start: %q, want alpha", v.Primary)
+	}
+	epoch := v.Epoch
+	began := time.Now()
+	aw := startAckWriter(t, c.targets(), ackWriterOpts{Writers: 2, Base: 4 << 20, Limit: 64 << 20, OpTimeout: 3 * time.Second, Think: 10 * time.Millisecond})
+	aw.waitAck(t, time.Time{}, 15*time.Second, "a write acknowledged by alpha", func(a ackedWrite) bool { return a.Node == "alpha" })
+
+	majority := []string{"beta", witnessName}
+	for round := 1; round <= 3; round++ {
+		// The leader must be among the paused: alpha, a primary, hands
+		// leadership off itself within a few seconds.
+		var leader string
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			s, _, err := c.status("alpha")
+			if err == nil && slices.Contains(majority, s.Cluster.Leader) && s.Cluster.Quorum {
+				leader = s.Cluster.Leader
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: the raft leader is not beta or the witness after 20 s: %+v, %v", round, s, err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		other := majority[0]
+		if other == leader {
+			other = majority[1]
+		}
+		t.Logf("round %d: pausing the raft leader %s and %s for 5 s", round, leader, other)
+		c.pause(leader)
+		c.pause(other)
+		time.Sleep(5 * time.Second)
+		c.resume(leader)
+		c.resume(other)
+		resumed := time.Now()
+		first := aw.waitAck(t, resumed, 10*time.Second, fmt.Sprintf("round %d: a write acknowledged by alpha after the pause", round),
+			func(a ackedWrite) bool { return a.Node == "alpha" })
+		t.Logf("round %d: first write acknowledged by alpha %s after the majority resumed", round, first.At.Sub(resumed).Round(time.Millisecond))
+		// A wrongful failover comes within a lease or two of the resume:
+		// watch for longer than that.
+		for time.Since(resumed) < 6*time.Second {
+			_, v, err := c.status("alpha")
+			if err == nil && (v.Primary != "alpha" || v.Epoch != epoch) {
+				t.Fatalf("round %d: after the majority's pause the primary is %s at epoch %d, want alpha at %d", round, v.Primary, v.Epoch, epoch)
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+	}
+	for _, n := range majority {
+		if evs, err := c.eventsSince(n, "failover", began); err == nil && len(evs) > 0 {
+			t.Fatalf("%s failed the healthy alpha over: %s", n, evs[0].Message)
+		}
+		// Nor did a leader try to (a proposal refused because beta
+		// happened to be Outdated by then is the same misjudgement).
+		b, err := os.ReadFile(filepath.Join(c.dir, n+".log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.Lines(string(b)) {
+			if strings.Contains(line, `msg="failover`) {
+				t.Fatalf("%s tried to fail the healthy alpha over: %s", n, line)
+			}
+		}
+	}
+	v = c.waitFor("alpha", "in sync again, and raft knows both replicas UpToDate", syncTimeout, raftInSync)
+	if v.Primary != "alpha" || v.Epoch != epoch {
+		t.Fatalf("at the end the primary is %s at epoch %d, want alpha at %d", v.Primary, v.Epoch, epoch)
+	}
+	acked, unacked := aw.stop()
+	verifyAcked(t, c.targets(), acked, unacked, 30*time.Second)
 }

@@ -92,3 +92,70 @@ func TestE2EAReplacedNodeJoinsAsAVoterWithAFullResync(t *testing.T) {
 	})
 	qemuIOEventually(t, 20*time.Second, "the data on the new primary "+v.Primary, c.uri(v.Primary), "read -P 0x5a 0 1M", "read -P 0x6b 40M 512k")
 }
+
+// TestE2EARemovedWitnessSaysSoAndTwoVotersMeanNoFailover: the witness is
+// removed from raft while it runs. It answers status saying that it was
+// removed and is no longer a voter, naming the voters, and refuses a
+// switchover or a membership change at once instead of timing out. The
+// two voters left say failover off, naming themselves: the loss of
+// either would be the loss of the quorum.
+func TestE2EARemovedWitnessSaysSoAndTwoVotersMeanNoFailover(t *testing.T) {
+	e2e(t)
+	c := newProcClusterN(t, clusterOpts{Raft: true, Witness: true, Size: 16 << 20})
+	c.startAll()
+	c.waitFor("alpha", "in sync, and raft knows both replicas UpToDate", syncTimeout, raftInSync)
+	if s, _, err := c.status("alpha"); err != nil || s.Cluster.Failover != "auto" {
+		t.Fatalf("status with three voters: %+v, %v; want failover auto", s, err)
+	}
+	if out := c.mustCtl("alpha", "node", "remove", witnessName); strings.TrimSpace(out) != "voters: alpha beta" {
+		t.Fatalf("replctl node remove %s: %q", witnessName, out)
+	}
+
+	// The two voters left.
+	for _, n := range []string{"alpha", "beta"} {
+		s, _, err := c.status(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Cluster.Failover != "off" || !strings.Contains(s.Cluster.Reason, "2 raft voters (alpha, beta): automatic failover needs three") ||
+			!slices.Equal(s.Cluster.Voters, []string{"alpha", "beta"}) {
+			t.Fatalf("status from %s with two voters: %+v; want failover off, naming the two voters", n, s.Cluster)
+		}
+	}
+	out := c.mustCtl("alpha", "status")
+	if !strings.Contains(out, "cluster: failover off") || !strings.Contains(out, "automatic failover needs three") {
+		t.Fatalf("replctl status with two voters:\n%s", out)
+	}
+
+	// The removed witness.
+	words := "this node (witness) was removed from the cluster; it is no longer a voter; the voters are alpha, beta"
+	c.waitFor(witnessName, "the removed witness says so", 10*time.Second, func(*volumeStatus) bool {
+		s, _, err := c.status(witnessName)
+		return err == nil && s.Cluster.Standing == "removed"
+	})
+	s, _, err := c.status(witnessName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Cluster.Failover != "off" || !strings.Contains(s.Cluster.Reason, words) || s.Cluster.Leader != "" || !slices.Equal(s.Cluster.Voters, []string{"alpha", "beta"}) {
+		t.Fatalf("status from the removed witness: %+v; want failover off, voters alpha and beta, and %q", s.Cluster, words)
+	}
+	for _, cmd := range [][]string{
+		{"primary", volName, "--node", "beta"},
+		{"node", "add", witnessName},
+	} {
+		start := time.Now()
+		r := c.ctl(witnessName, cmd...)
+		took := time.Since(start)
+		if r.ok() || !strings.Contains(r.out, words) {
+			t.Fatalf("replctl %s via the removed witness: %s; want it refused, saying %q", strings.Join(cmd, " "), r, words)
+		}
+		if took > 2*time.Second {
+			t.Fatalf("replctl %s via the removed witness was refused after %s, want at once", strings.Join(cmd, " "), took)
+		}
+		t.Logf("replctl %s via the removed witness: refused in %s", strings.Join(cmd, " "), took.Round(time.Millisecond))
+	}
+	if v := c.mustStatus("alpha"); v.Primary != "alpha" {
+		t.Fatalf("after the refused switchover the primary is %s, want alpha", v.Primary)
+	}
+}

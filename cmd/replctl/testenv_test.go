@@ -432,6 +432,8 @@ type clusterStatus struct {
 	Voters   []string `json:"voters"`
 	Failover string   `json:"failover"`
 	Reason   string   `json:"reason"`
+	// Standing: removed or joining when the node asked is not a voter.
+	Standing string `json:"standing"`
 }
 
 type volumeStatus struct {

@@ -33,6 +33,9 @@ type Cluster struct {
 	gossip       *gossip
 	leases       *leases
 	leaderChange *broadcast
+	// member is what this node learned of its own standing in raft
+	// (membership.go).
+	member membership
 
 	changed chan struct{}
 
@@ -54,6 +57,11 @@ type Status struct {
 	Quorum  bool          `json:"quorum"`
 	Voters  []string      `json:"voters"`
 	Members []MemberState `json:"members"`
+	// Standing is set when this node is not a voter (removed, or joining
+	// and not added yet): then Leader is "", Quorum false, Voters the
+	// cluster's as told, and NotAVoter says it in words.
+	Standing  Standing `json:"standing,omitempty"`
+	NotAVoter string   `json:"not_a_voter,omitempty"`
 }
 
 // Open starts this node's raft and gossip. A node without raft state
@@ -169,10 +177,14 @@ func Open(cfg Config) (c *Cluster, err error) {
 	if c.gossip, err = startGossip(self, cfg.Members, cfg.Timing, newHclogger(logger, "gossip"), c.signalChanged); err != nil {
 		return nil, err
 	}
-	c.wg.Add(1)
+	c.wg.Add(2)
 	go func() {
 		defer c.wg.Done()
 		c.gossip.run(ctx)
+	}()
+	go func() {
+		defer c.wg.Done()
+		c.watchMembership(ctx)
 	}()
 	return c, nil
 }
@@ -245,19 +257,27 @@ func (c *Cluster) Status() Status {
 	default:
 		s.Quorum = time.Since(c.raft.LastContact()) < c.cfg.Timing.HeartbeatTimeout
 	}
-	voters := map[string]bool{}
+	voterSet := map[string]bool{}
 	if f := c.raft.GetConfiguration(); f.Error() == nil {
 		for _, srv := range f.Configuration().Servers {
 			if srv.Suffrage == raft.Voter {
 				s.Voters = append(s.Voters, string(srv.ID))
-				voters[string(srv.ID)] = true
+				voterSet[string(srv.ID)] = true
 			}
 		}
 	}
 	slices.Sort(s.Voters)
+	if standing, voters, _ := c.member.get(); standing != "" {
+		s.Leader, s.Quorum, s.Voters = "", false, voters
+		s.Standing, s.NotAVoter = standing, standingText(c.self, standing, voters)
+		clear(voterSet)
+		for _, v := range voters {
+			voterSet[v] = true
+		}
+	}
 	s.Members = c.gossip.states()
 	for i := range s.Members {
-		s.Members[i].Voter = voters[s.Members[i].Name]
+		s.Members[i].Voter = voterSet[s.Members[i].Name]
 	}
 	return s
 }
@@ -278,6 +298,9 @@ func (c *Cluster) waitLeaderOtherThan(ctx context.Context, old string) error {
 func (c *Cluster) waitForLeader(ctx context.Context, ok func(id string) bool) (string, error) {
 	for {
 		changed := c.leaderChange.wait()
+		if err := c.NotAVoter(); err != nil {
+			return "", err
+		}
 		if _, id := c.raft.LeaderWithID(); ok(string(id)) {
 			return string(id), nil
 		}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -401,4 +402,126 @@ func TestAddAndRemoveVoter(t *testing.T) {
 		})
 	}
 	waitFor(t, "d hears from no leader", 5*time.Second, func() bool { return dc.Status().Leader == "" })
+}
+
+// TestProposeAsLeaderOnlyInTheOfficeOfTheDecision: a leader's failover is
+// carried out only by that leader in the office it decided it in; a
+// follower, or the leader with another office, changes nothing.
+func TestProposeAsLeaderOnlyInTheOfficeOfTheDecision(t *testing.T) {
+	n, leader := threeNodes(t)
+	ctx := testContext(t, 10*time.Second)
+	office := leader.LeadingSince()
+	if office.IsZero() {
+		t.Fatal("the leader reports no office")
+	}
+	promote := replication.PromoteCommand("vol", 1, "b", false)
+	if _, err := n.follower(t, leader).ProposeAsLeader(ctx, promote, office); !errors.Is(err, ErrLeadershipChanged) {
+		t.Fatalf("ProposeAsLeader on a follower: %v, want ErrLeadershipChanged", err)
+	}
+	if _, err := leader.ProposeAsLeader(ctx, promote, office.Add(-time.Second)); !errors.Is(err, ErrLeadershipChanged) {
+		t.Fatalf("ProposeAsLeader for an earlier office: %v, want ErrLeadershipChanged", err)
+	}
+	if va, _ := leader.Authority().Volume("vol"); va.Primary != "a" || va.Epoch != 1 {
+		t.Fatalf("refused proposals changed the volume: %+v", va)
+	}
+	va, err := leader.ProposeAsLeader(ctx, promote, office)
+	if err != nil || va.Primary != "b" || va.Epoch != 2 {
+		t.Fatalf("ProposeAsLeader in the leader's office: %+v, %v", va, err)
+	}
+}
+
+// removeWitness removes w from raft through a node that is not w, with
+// the leadership moved off w first; it returns w.
+func removeWitness(t *testing.T, n *testNet, leader *Cluster) *Cluster {
+	t.Helper()
+	if leader.self == "w" {
+		if err := leader.raft.LeadershipTransfer().Error(); err != nil {
+			t.Fatal(err)
+		}
+		leader = n.waitLeader(t)
+	}
+	if err := leader.RemoveVoter(testContext(t, 5*time.Second), "w"); err != nil {
+		t.Fatalf("remove w: %v", err)
+	}
+	return n.node("w")
+}
+
+// requireNotAVoter checks what a node that is not a voter says and that
+// it refuses a proposal at once instead of waiting for a leader.
+func requireNotAVoter(t *testing.T, c *Cluster, standing Standing, words string) {
+	t.Helper()
+	s := c.Status()
+	if s.Standing != standing || s.Leader != "" || s.Quorum || !slices.Equal(s.Voters, []string{"a", "b"}) || !strings.Contains(s.NotAVoter, words) {
+		t.Fatalf("status of %s: standing %q, leader %q, quorum %v, voters %v, %q; want %s, no leader, the voters a and b, and %q",
+			c.self, s.Standing, s.Leader, s.Quorum, s.Voters, s.NotAVoter, standing, words)
+	}
+	start := time.Now()
+	_, err := c.Propose(testContext(t, 5*time.Second), replication.MarkOutdatedCommand("vol", 1, "b"))
+	if !errors.Is(err, ErrNotAVoter) || !strings.Contains(err.Error(), words) {
+		t.Fatalf("a proposal through %s: %v; want ErrNotAVoter saying %q", c.self, err, words)
+	}
+	if took := time.Since(start); took > 200*time.Millisecond {
+		t.Fatalf("the proposal through %s was refused after %v, want at once", c.self, took)
+	}
+}
+
+// TestARemovedVoterSaysSoAndRefusesAtOnce: the witness is removed; the
+// leader tells it, so its status says at once that it is no longer a
+// voter and names the voters, and a request that needs the leader is
+// refused at once instead of waiting for a leader that never comes.
+func TestARemovedVoterSaysSoAndRefusesAtOnce(t *testing.T) {
+	n, leader := threeNodes(t)
+	w := removeWitness(t, n, leader)
+	words := "this node (w) was removed from the cluster; it is no longer a voter; the voters are a, b"
+	waitFor(t, "w knows it was removed", time.Second, func() bool { return w.Status().Standing == Removed })
+	requireNotAVoter(t, w, Removed, words)
+}
+
+// TestANodeRemovedWhileCutOffLearnsItByAsking: the witness is cut off
+// when it is removed, so nobody can tell it; once the cut heals it hears
+// from no leader, asks the others, and learns it.
+func TestANodeRemovedWhileCutOffLearnsItByAsking(t *testing.T) {
+	n, leader := threeNodes(t)
+	if leader.self == "w" {
+		if err := leader.raft.LeadershipTransfer().Error(); err != nil {
+			t.Fatal(err)
+		}
+		leader = n.waitLeader(t)
+	}
+	n.partition("w")
+	w := removeWitness(t, n, leader)
+	time.Sleep(time.Second)
+	if s := w.Status(); s.Standing != "" {
+		t.Fatalf("w, cut off, knows its standing already: %+v", s)
+	}
+	n.heal("w")
+	waitFor(t, "w learns it was removed", 5*time.Second, func() bool { return w.Status().Standing == Removed })
+	requireNotAVoter(t, w, Removed, "it is no longer a voter; the voters are a, b")
+}
+
+// TestAJoiningNodeIsNotAVoterUntilAdded: a node started without bootstrap
+// and not added yet says so, names the voters and refuses at once; once
+// added it is a voter like any other.
+func TestAJoiningNodeIsNotAVoterUntilAdded(t *testing.T) {
+	n, leader := threeNodes(t)
+	d := n.defineSpare(member("d"))
+	dc := n.start("d")
+	waitFor(t, "d knows it is not a voter yet", 5*time.Second, func() bool { return dc.Status().Standing == Joining })
+	s := dc.Status()
+	if !slices.Equal(s.Voters, []string{"a", "b", "w"}) || !strings.Contains(s.NotAVoter, "this node (d) is not a voter of the cluster yet; the voters are a, b, w; replctl node add d") {
+		t.Fatalf("status of the joining d: %+v", s)
+	}
+	if _, err := dc.Propose(testContext(t, 5*time.Second), replication.MarkOutdatedCommand("vol", 1, "b")); !errors.Is(err, ErrNotAVoter) {
+		t.Fatalf("a proposal through the joining d: %v, want ErrNotAVoter", err)
+	}
+	if err := leader.AddVoter(testContext(t, 5*time.Second), d); err != nil {
+		t.Fatalf("add d: %v", err)
+	}
+	waitFor(t, "d, added, is a voter", 5*time.Second, func() bool {
+		s := dc.Status()
+		return s.Standing == "" && s.Quorum && slices.Equal(s.Voters, []string{"a", "b", "d", "w"})
+	})
+	if _, err := dc.Propose(testContext(t, 5*time.Second), replication.MarkUpToDateCommand("vol", 1, "b")); err != nil {
+		t.Fatalf("a proposal through d once added: %v", err)
+	}
 }

@@ -22,6 +22,11 @@ const (
 	KindReleaseLease ForwardKind = "release-lease"
 	KindAddVoter     ForwardKind = "add-voter"
 	KindRemoveVoter  ForwardKind = "remove-voter"
+	// KindVoters asks any node (not only the leader) for the voters of
+	// its configuration; KindRemoved tells a node the leader removed that
+	// it is no longer one (membership.go).
+	KindVoters  ForwardKind = "voters"
+	KindRemoved ForwardKind = "removed"
 )
 
 // ForwardRequest is a request a node sends the leader; it encodes to JSON.
@@ -33,6 +38,7 @@ type ForwardRequest struct {
 	Volume  string                        `json:"volume,omitempty"`  // leases
 	Epoch   uint64                        `json:"epoch,omitempty"`   // leases
 	Member  *Member                       `json:"member,omitempty"`  // add-voter, remove-voter (Name only)
+	Voters  []string                      `json:"voters,omitempty"`  // removed
 }
 
 // ForwardReply is the leader's answer. Code is empty on success; otherwise
@@ -45,6 +51,10 @@ type ForwardReply struct {
 	Volume  replication.VolumeAuthority `json:"volume"`
 	Code    string                      `json:"code,omitempty"`
 	Message string                      `json:"message,omitempty"`
+	// Voters and Quorum answer KindVoters: the voters of the node's
+	// configuration, and whether it hears from a leader with a majority.
+	Voters []string `json:"voters,omitempty"`
+	Quorum bool     `json:"quorum,omitempty"`
 }
 
 // Errors of this package, checked with errors.Is.
@@ -63,6 +73,9 @@ var (
 	ErrClosed = errors.New("cluster closed")
 	// ErrBadRequest: a forwarded request without what its kind needs.
 	ErrBadRequest = errors.New("malformed forward request")
+	// ErrLeadershipChanged: ProposeAsLeader found this node no longer
+	// leading in the office it was given; nothing was decided.
+	ErrLeadershipChanged = errors.New("raft leadership changed since the decision")
 	// errNotLeader: the node asked is not the leader; the sender retries
 	// with the leader it learns of next.
 	errNotLeader = errors.New("not the raft leader")
@@ -86,6 +99,7 @@ var errorCodes = []struct {
 	{"closed", ErrClosed},
 	{"bad-request", ErrBadRequest},
 	{"not-leader", errNotLeader},
+	{"not-a-voter", ErrNotAVoter},
 }
 
 // replyOf encodes the leader's result.
@@ -118,8 +132,8 @@ func (r ForwardReply) Err() error {
 	return errors.New(r.Message)
 }
 
-// remoteError is an error the leader returned: its text, and its class
-// for errors.Is.
+// remoteError is an error with its own text and a class for errors.Is:
+// one the leader returned, or a refusal in words (NotAVoter).
 type remoteError struct {
 	msg   string
 	class error
@@ -239,6 +253,16 @@ func (c *Cluster) HandleForward(ctx context.Context, req ForwardRequest) Forward
 	if c.ctx.Err() != nil {
 		return replyOf(replication.VolumeAuthority{}, ErrClosed)
 	}
+	switch req.Kind {
+	case KindVoters:
+		return c.votersReply()
+	case KindRemoved:
+		c.learnVoters(req.Voters)
+		return ForwardReply{}
+	}
+	if err := c.NotAVoter(); err != nil {
+		return replyOf(replication.VolumeAuthority{}, err)
+	}
 	var va replication.VolumeAuthority
 	var err error
 	switch {
@@ -251,16 +275,47 @@ func (c *Cluster) HandleForward(ctx context.Context, req ForwardRequest) Forward
 	case req.Kind == KindAddVoter && req.Member != nil:
 		err = c.addVoterHere(ctx, *req.Member)
 	case req.Kind == KindRemoveVoter && req.Member != nil && req.Member.Name != "":
-		err = c.changeConfiguration(ctx, c.raft.RemoveServer(raft.ServerID(req.Member.Name), 0, 0))
+		if err = c.changeConfiguration(ctx, c.raft.RemoveServer(raft.ServerID(req.Member.Name), 0, 0)); err == nil {
+			c.tellRemoved(ctx, req.Member.Name)
+		}
 	default:
 		err = fmt.Errorf("%w: %s from %s", ErrBadRequest, req.Kind, req.From)
 	}
 	return replyOf(va, err)
 }
 
+// ProposeAsLeader applies cmd on this node only, and only while it leads
+// in the office it took at office (LeaseWatch's leadingSince when the
+// caller decided): a leader's failover is its own judgement, to be
+// carried out neither by another leader nor by itself in a later office,
+// after a time it did not observe. It is never forwarded. Errors: those
+// of Propose, and ErrLeadershipChanged.
+func (c *Cluster) ProposeAsLeader(ctx context.Context, cmd replication.AuthorityCommand, office time.Time) (replication.VolumeAuthority, error) {
+	if c.ctx.Err() != nil {
+		return replication.VolumeAuthority{}, ErrClosed
+	}
+	if office.IsZero() {
+		return replication.VolumeAuthority{}, fmt.Errorf("%w: no office given", ErrLeadershipChanged)
+	}
+	va, err := c.proposeIn(ctx, cmd, office)
+	if errors.Is(err, errNotLeader) {
+		err = fmt.Errorf("%w: %w", ErrLeadershipChanged, err)
+	}
+	return va, err
+}
+
 // proposeHere applies cmd on this node, the leader.
 func (c *Cluster) proposeHere(ctx context.Context, cmd replication.AuthorityCommand) (replication.VolumeAuthority, error) {
-	if c.raft.State() != raft.Leader {
+	return c.proposeIn(ctx, cmd, time.Time{})
+}
+
+// proposeIn applies cmd on this node, the leader, in the office it took
+// at office (zero: whichever it holds).
+func (c *Cluster) proposeIn(ctx context.Context, cmd replication.AuthorityCommand, office time.Time) (replication.VolumeAuthority, error) {
+	inOffice := func() bool {
+		return c.raft.State() == raft.Leader && (office.IsZero() || c.leases.office().Equal(office))
+	}
+	if !inOffice() {
 		return replication.VolumeAuthority{}, errNotLeader
 	}
 	if cmd.Op != replication.OpPromote {
@@ -278,9 +333,12 @@ func (c *Cluster) proposeHere(ctx context.Context, cmd replication.AuthorityComm
 	if va, _ := current.Volume(cmd.Volume); va.Primary != cmd.Node {
 		unfence := c.leases.fence(cmd.Volume)
 		defer unfence()
-		if err := c.waitLeaseFree(ctx, cmd.Volume); err != nil {
+		if err := c.waitLeaseFree(ctx, cmd.Volume, office); err != nil {
 			return va, err
 		}
+	}
+	if !inOffice() {
+		return replication.VolumeAuthority{}, errNotLeader
 	}
 	return c.apply(ctx, cmd)
 }

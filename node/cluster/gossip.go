@@ -170,6 +170,19 @@ func (g *gossip) remove(name string) {
 	delete(g.members, name)
 }
 
+// memberNames returns the names of the nodes it gossips with (this one
+// included), sorted.
+func (g *gossip) memberNames() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	names := make([]string, 0, len(g.members))
+	for name := range g.members {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
+}
+
 // setMeta stores this node's metadata and has run gossip it.
 func (g *gossip) setMeta(b []byte) error {
 	if len(b) > memberlist.MetaMaxSize {

@@ -185,6 +185,43 @@ func (c *Cluster) LeaseIdle(volume string) time.Duration {
 	return c.leases.idle(volume, time.Now())
 }
 
+// watch returns this node's last grant of volume's lease (zero: none)
+// and whether a grant runs.
+func (l *leases) watch(volume string) (lastGrant time.Time, renewing bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lastGrant[volume], l.pending[volume] > 0
+}
+
+// LeaseWatch reports, on the leader, its last grant of volume's lease
+// (zero: none) and whether a grant is in progress: what PrimaryWatch
+// needs. Zero values on any other node.
+func (c *Cluster) LeaseWatch(volume string) (lastGrant time.Time, renewing bool) {
+	if c.LeadingSince().IsZero() {
+		return time.Time{}, false
+	}
+	return c.leases.watch(volume)
+}
+
+// office returns since when this node leads, zero when it does not.
+func (l *leases) office() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.leader {
+		return time.Time{}
+	}
+	return l.since
+}
+
+// LeadingSince returns when raft told this node it leads, zero when it
+// does not lead: it names this node's office (ProposeAsLeader).
+func (c *Cluster) LeadingSince() time.Time {
+	if c.raft.State() != raft.Leader {
+		return time.Time{}
+	}
+	return c.leases.office()
+}
+
 // LeaseFree reports, on the leader, that no lease of volume can still be
 // valid: this node has led for LeaseDuration×(1+LeaseDrift) (a new leader
 // cannot know what the old one granted), its own last grant is as old,
@@ -235,12 +272,17 @@ func (c *Cluster) releaseLease(from, volume string, epoch uint64) error {
 	return nil
 }
 
-// waitLeaseFree waits, on the leader, until LeaseFree(volume).
-func (c *Cluster) waitLeaseFree(ctx context.Context, volume string) error {
+// waitLeaseFree waits, on the leader, until LeaseFree(volume). With a
+// non-zero office it gives up when this node no longer leads in the
+// office it took then.
+func (c *Cluster) waitLeaseFree(ctx context.Context, volume string, office time.Time) error {
 	for {
 		changed := c.leases.changed.wait()
 		at, pending, leading := c.leases.freeAt(volume)
 		if !leading || c.raft.State() != raft.Leader {
+			return errNotLeader
+		}
+		if !office.IsZero() && !c.leases.office().Equal(office) {
 			return errNotLeader
 		}
 		wait := time.Until(at)
