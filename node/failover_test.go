@@ -38,24 +38,34 @@ func newRaftCluster(t *testing.T, size int64) *testCluster {
 	return c
 }
 
+// startRaftServing starts newRaftCluster's three nodes and returns once
+// alpha serves under its lease (it wrote 64 KiB of pattern 1 at 0) and
+// raft knows beta UpToDate.
+func startRaftServing(t *testing.T, size int64) *testCluster {
+	t.Helper()
+	c := newRaftCluster(t, size)
+	c.start("wit")
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	a := c.vol("alpha")
+	eventually(t, func() bool { return a.WriteAt(context.Background(), pattern(1, 64<<10), 0, false) == nil }, "alpha serves under its lease")
+	eventually(t, func() bool {
+		va, ok := c.nodes["wit"].cl.c.Authority().Volume("vol0")
+		return ok && va.IsUpToDate("beta")
+	}, "raft knows beta UpToDate")
+	return c
+}
+
 // TestWhenThePrimaryDiesAnUpToDateNodeTakesOver: alpha, the primary, is
 // killed; the raft leader promotes beta once alpha's lease has run out,
 // beta serves every write alpha acknowledged, and alpha comes back as an
 // UpToDate secondary.
 func TestWhenThePrimaryDiesAnUpToDateNodeTakesOver(t *testing.T) {
 	const size = 8 << 20
-	c := newRaftCluster(t, size)
-	c.start("wit")
-	c.start("alpha")
-	c.start("beta")
-	c.waitInSync()
+	c := startRaftServing(t, size)
 	ctx := context.Background()
 	a := c.vol("alpha")
-	eventually(t, func() bool { return a.WriteAt(ctx, pattern(1, 64<<10), 0, false) == nil }, "alpha serves under its lease")
-	eventually(t, func() bool {
-		va, ok := c.nodes["wit"].cl.c.Authority().Volume("vol0")
-		return ok && va.IsUpToDate("beta")
-	}, "raft knows beta UpToDate")
 	writeRandomBlocks(t, a, 50, 3)
 	want := c.disk("alpha")[:size]
 	c.crash("alpha")
@@ -328,19 +338,7 @@ func TestSwitchoverToADisconnectedOutdatedNodeIsRefusedAtOnce(t *testing.T) {
 // older: it is no split brain. alpha follows beta, its activity log's
 // extents come from beta, and neither node records a split brain.
 func TestACrashedPrimaryRestartedAfterTheFailoverIsNoSplitBrain(t *testing.T) {
-	const size = 8 << 20
-	c := newRaftCluster(t, size)
-	c.start("wit")
-	c.start("alpha")
-	c.start("beta")
-	c.waitInSync()
-	ctx := context.Background()
-	a := c.vol("alpha")
-	eventually(t, func() bool { return a.WriteAt(ctx, pattern(1, 64<<10), 0, false) == nil }, "alpha serves under its lease")
-	eventually(t, func() bool {
-		va, ok := c.nodes["wit"].cl.c.Authority().Volume("vol0")
-		return ok && va.IsUpToDate("beta")
-	}, "raft knows beta UpToDate")
+	c := startRaftServing(t, 8<<20)
 	c.crash("alpha")
 	b := c.vol("beta")
 	eventually(t, func() bool { return b.status().Role == "Primary" && b.status().Serving }, "beta promoted")
