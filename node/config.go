@@ -26,6 +26,52 @@ type Config struct {
 	// form a majority without any one of them: three or more) or off. It
 	// needs raft and gossip addresses on every node.
 	Failover string `yaml:"failover,omitempty"`
+	// TLS makes every link mutual TLS with the cluster's own CA
+	// (replctl certs init writes the files). Without it the cluster is
+	// unauthenticated, and says so at start.
+	TLS *TLSConfig `yaml:"tls,omitempty"`
+}
+
+// TLSConfig names the files of the cluster's PKI. In Cert and Key,
+// {node} stands for the node's name.
+type TLSConfig struct {
+	CA   string `yaml:"ca"`
+	Cert string `yaml:"cert"`
+	Key  string `yaml:"key"`
+	// GossipKey is memberlist's 32-byte key (needed with gossip).
+	GossipKey string `yaml:"gossip_key,omitempty"`
+	// NBD is required (the default: a client must STARTTLS with a
+	// certificate of the CA), optional (plain clients too) or off.
+	NBD string `yaml:"nbd,omitempty"`
+}
+
+// NBD TLS policies.
+const (
+	NBDTLSRequired = "required"
+	NBDTLSOptional = "optional"
+	NBDTLSOff      = "off"
+)
+
+// nodeTemplate is replaced by a node's name in TLSConfig.Cert and Key.
+const nodeTemplate = "{node}"
+
+// CertFor is node's certificate file.
+func (t *TLSConfig) CertFor(node string) string {
+	return strings.ReplaceAll(t.Cert, nodeTemplate, node)
+}
+
+// KeyFor is node's key file.
+func (t *TLSConfig) KeyFor(node string) string { return strings.ReplaceAll(t.Key, nodeTemplate, node) }
+
+// NBDPolicy is the NBD TLS policy, its default filled in.
+func (t *TLSConfig) NBDPolicy() string {
+	if t == nil {
+		return NBDTLSOff
+	}
+	if t.NBD == "" {
+		return NBDTLSRequired
+	}
+	return t.NBD
 }
 
 // Node roles.
@@ -475,6 +521,35 @@ func (c *Config) problems() []Problem {
 	}
 	if len(c.Nodes) == 0 {
 		bad("nodes", "missing: list at least one node with name, control, replication and nbd")
+	}
+	if t := c.TLS; t != nil {
+		for _, f := range []struct{ field, value, what string }{
+			{"tls.ca", t.CA, "the cluster CA's certificate, e.g. /etc/replvol/tls/ca.crt"},
+			{"tls.cert", t.Cert, "each node's certificate, e.g. /etc/replvol/tls/{node}.crt"},
+			{"tls.key", t.Key, "each node's key, e.g. /etc/replvol/tls/{node}.key"},
+		} {
+			if f.value == "" {
+				bad(f.field, "missing: give %s (replctl certs init writes them)", f.what)
+			}
+		}
+		if len(c.Nodes) > 1 && t.Cert != "" && !strings.Contains(t.Cert, nodeTemplate) {
+			bad("tls.cert", "%q names one file for every node: put {node} in it, e.g. /etc/replvol/tls/{node}.crt", t.Cert)
+		}
+		if len(c.Nodes) > 1 && t.Key != "" && !strings.Contains(t.Key, nodeTemplate) {
+			bad("tls.key", "%q names one file for every node: put {node} in it, e.g. /etc/replvol/tls/{node}.key", t.Key)
+		}
+		switch t.NBD {
+		case "", NBDTLSRequired, NBDTLSOptional, NBDTLSOff:
+		default:
+			bad("tls.nbd", "%q: want required, optional or off", t.NBD)
+		}
+		gossip := false
+		for _, n := range c.Nodes {
+			gossip = gossip || n.Gossip != ""
+		}
+		if gossip && t.GossipKey == "" {
+			bad("tls.gossip_key", "missing: the nodes gossip, so give memberlist's key, e.g. /etc/replvol/tls/gossip.key")
+		}
 	}
 	names := map[string]bool{}
 	addrs := map[string]string{}

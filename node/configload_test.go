@@ -55,7 +55,7 @@ colour: blue
 		path + `:10: volumes[0].protocol: "Z": want A, B or C`,
 		path + `:12: volumes[0].peer_timeout: "forever": want a duration such as 5s or 500ms`,
 		path + `:13: volumes[0].al_extents: "many": want a whole number`,
-		path + `:15: colour: unknown key; valid keys here: failover, nodes, volumes`,
+		path + `:15: colour: unknown key; valid keys here: failover, nodes, tls, volumes`,
 	}
 	lines := strings.Split(err.Error(), "\n")
 	if len(lines) != len(want) || len(ce.Problems) != len(want) {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/replvol/replvol/internal/pki"
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/node/cluster"
 	"github.com/replvol/replvol/node/multipath"
@@ -91,6 +92,11 @@ type Node struct {
 
 	store stateStore
 	vols  map[string]*Volume
+	// tls is this node's certificate and the cluster's CA (nil: the
+	// config has no tls: section, every link is plaintext); gossipKey is
+	// memberlist's key.
+	tls       *pki.Bundle
+	gossipKey []byte
 	// bootID is the operating system's boot this node runs in.
 	bootID string
 
@@ -144,6 +150,9 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 	}
 	if n.bootID == "" {
 		n.bootID = bootID()
+	}
+	if err := n.loadTLS(); err != nil {
+		return nil, err
 	}
 	n.life, n.endLife = context.WithCancel(context.Background())
 	dir := opts.StateDir
@@ -500,4 +509,30 @@ func (n *Node) nbdClients(volume string) []nbdClient {
 		out = append(out, nbdClient{addr: c.RemoteAddr, since: c.Since})
 	}
 	return out
+}
+
+// loadTLS reads the node's certificate, the CA and the gossip key the
+// config names; a certificate that does not name this node is refused.
+// Without a tls: section it says, once, that the cluster is
+// unauthenticated.
+func (n *Node) loadTLS() error {
+	t := n.cfg.TLS
+	if t == nil {
+		n.log.Warn("the cluster is unauthenticated: every link is plaintext and anyone who reaches this node's ports can command it and read its volumes; add a tls: section (replctl certs init writes the files)")
+		return nil
+	}
+	b, err := pki.Load(t.CA, t.CertFor(n.name), t.KeyFor(n.name))
+	if err != nil {
+		return fmt.Errorf("node %s: tls: %w", n.name, err)
+	}
+	if want := (pki.Identity{Role: pki.RoleNode, Name: n.name}); b.Self != want {
+		return fmt.Errorf("node %s: tls: %s names %s, not %s: give this node its own certificate", n.name, t.CertFor(n.name), b.Self, want)
+	}
+	n.tls = b
+	if t.GossipKey != "" {
+		if n.gossipKey, err = pki.LoadGossipKey(t.GossipKey); err != nil {
+			return fmt.Errorf("node %s: tls: %w", n.name, err)
+		}
+	}
+	return nil
 }
