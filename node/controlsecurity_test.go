@@ -406,3 +406,34 @@ func TestATLSRaftClusterForwardsOverTLS(t *testing.T) {
 	_, err = dialAs(t, loadBundle(t, dir, "operator"), c.nodes["wit"].ControlAddr()).ClusterForward(ctx, &transport.ClusterMessage{Body: []byte("{}")})
 	requireCode(t, err, codes.PermissionDenied, "between nodes only")
 }
+
+// TestTheTLSSectionLoadsFromTheFile: the cluster file's tls: section, as
+// replctl certs init prints it, loads (an optional section of the file),
+// and a mistake in it is named with its line.
+func TestTheTLSSectionLoadsFromTheFile(t *testing.T) {
+	base := `nodes:
+  - {name: alpha, control: "127.0.0.1:7800", replication: "127.0.0.1:7801", nbd: "127.0.0.1:7802", state_dir: /tmp/a}
+  - {name: beta, control: "127.0.0.1:7803", replication: "127.0.0.1:7804", nbd: "127.0.0.1:7805", state_dir: /tmp/b}
+volumes:
+  - {name: vol0, size: 1GiB, primary: alpha, disks: {alpha: /tmp/a.img, beta: /tmp/b.img}}
+`
+	cfg, err := parseConfig("cluster.yaml", []byte(base+`tls:
+  ca: /etc/replvol/tls/ca.crt
+  cert: /etc/replvol/tls/{node}.crt
+  key: /etc/replvol/tls/{node}.key
+  nbd: optional
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.TLS == nil || cfg.TLS.CertFor("beta") != "/etc/replvol/tls/beta.crt" || cfg.TLS.KeyFor("alpha") != "/etc/replvol/tls/alpha.key" || cfg.TLS.NBDPolicy() != NBDTLSOptional {
+		t.Fatalf("tls: %+v", cfg.TLS)
+	}
+	if cfg, err := parseConfig("cluster.yaml", []byte(base)); err != nil || cfg.TLS != nil {
+		t.Fatalf("a file without tls: %+v %v", cfg, err)
+	}
+	_, err = parseConfig("cluster.yaml", []byte(base+"tls:\n  ca: /ca.crt\n  cert: /{node}.crt\n  key: /{node}.key\n  certs: /x\n"))
+	if err == nil || !strings.Contains(err.Error(), "cluster.yaml:10: tls.certs: unknown key") {
+		t.Fatalf("a misspelt key in tls: %v", err)
+	}
+}
