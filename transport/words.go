@@ -80,6 +80,9 @@ func (e *StreamError) Named(node string) *StreamError {
 	}
 	named := *e
 	named.words = fmt.Sprintf("cannot reach %s at %s: %s", node, e.addr, e.why)
+	if e.Reach == ReachTLS {
+		named.words = fmt.Sprintf("no TLS with %s at %s: %s", node, e.addr, e.why)
+	}
 	return &named
 }
 
@@ -119,7 +122,11 @@ func (d *dialer) unreachable(err error) *StreamError {
 	if code == "" {
 		return nil
 	}
-	return &StreamError{words: fmt.Sprintf("cannot reach %s: %s", d.addr, why), Reach: code, addr: d.addr, why: why, err: err, dial: dialErr}
+	words := fmt.Sprintf("cannot reach %s: %s", d.addr, why)
+	if code == ReachTLS {
+		words = fmt.Sprintf("no TLS with %s: %s", d.addr, why)
+	}
+	return &StreamError{words: words, Reach: code, addr: d.addr, why: why, err: err, dial: dialErr}
 }
 
 // openError is a stream that could not be opened, in words.
