@@ -123,7 +123,7 @@ type caller struct {
 // operator of a forwarded command.
 func (c caller) principal(self string) string {
 	switch {
-	case c.whom != "":
+	case c.by != "" && c.whom != "":
 		return c.whom
 	case c.local:
 		return "the unix socket of node " + self

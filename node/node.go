@@ -504,7 +504,7 @@ func (n *Node) client(name string) (*transport.ControlClient, error) {
 		opts = append(opts, transport.WithTLS(n.tls.ClientConfig(nc.Control, pki.Exactly(pki.Identity{Role: pki.RoleNode, Name: name}))),
 			transport.WithHandshakeFailure(func(err error) {
 				why := transport.TLSWords(err)
-				n.refusals.note(n, name, why, "refused the control port of a node", "node", name, "addr", nc.Control, "why", why)
+				n.refusals.note(n, name, why, "refused the control port of a node", "peer", name, "addr", nc.Control, "why", why)
 			}))
 	}
 	c, err := transport.DialControl(nc.Control, opts...)

@@ -258,6 +258,58 @@ func (c *procCluster) initTLS(gossip bool, nbd string) {
 	c.tlsDir = dir
 }
 
+// otherCA runs replctl certs init on the cluster file into a new
+// directory: a second CA, with certificates of the same names that this
+// cluster's nodes must refuse. It returns the directory (for --tls-dir,
+// or configUsingTLSDir).
+func (c *procCluster) otherCA() string {
+	t := c.t
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "other-ca")
+	if r := runCmd(30*time.Second, nil, replctlBin, "certs", "init", "--config", c.cfgPath, "--dir", dir); !r.ok() {
+		t.Fatalf("replctl certs init of a second CA: %s", r)
+	}
+	return dir
+}
+
+// nodeAsOperator is a --tls-dir whose operator certificate is node
+// name's: replctl then presents a node's certificate.
+func (c *procCluster) nodeAsOperator(name string) string {
+	t := c.t
+	t.Helper()
+	dir := t.TempDir()
+	for from, to := range map[string]string{"ca.crt": "ca.crt", name + ".crt": "operator.crt", name + ".key": "operator.key"} {
+		b, err := os.ReadFile(filepath.Join(c.tlsDir, from))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, to), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// configUsingTLSDir writes a copy of the cluster file whose tls: section
+// names dir's files (otherCA's, say) and returns its path: start a node
+// with it by c.start(name, "--config", path).
+func (c *procCluster) configUsingTLSDir(dir string) string {
+	t := c.t
+	t.Helper()
+	if c.tlsDir == "" {
+		t.Fatal("configUsingTLSDir: the cluster has no tls: section (clusterOpts.TLS)")
+	}
+	b, err := os.ReadFile(c.cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "cluster.yaml")
+	if err := os.WriteFile(path, []byte(strings.ReplaceAll(string(b), c.tlsDir+"/", dir+"/")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 // socket is node name's unix socket address (STATE_DIR/control.sock):
 // replctl needs no certificate there.
 func (c *procCluster) socket(name string) string {

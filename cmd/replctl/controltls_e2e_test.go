@@ -85,7 +85,8 @@ volumes:
 // node's certificate as the operator's, is refused with exit code 1 and
 // words that say what to do; the unix socket needs no certificate (a
 // SIGHUP applies the file's new protocol through it); the page is HTTPS
-// and readable without one.
+// and readable without one. Restarted with a second CA's files, beta is
+// refused by alpha, whose status says why (error_code tls).
 func TestE2EATLSClusterIsCommandedWithTheOperatorsCertificate(t *testing.T) {
 	e2e(t)
 	c := newProcClusterN(t, clusterOpts{TLS: true})
@@ -120,10 +121,7 @@ func TestE2EATLSClusterIsCommandedWithTheOperatorsCertificate(t *testing.T) {
 	}
 	t.Logf("without certificates: %s", r.out)
 
-	other := filepath.Join(t.TempDir(), "other")
-	if r := runCmd(30*time.Second, nil, replctlBin, "certs", "init", "--config", c.cfgPath, "--dir", other); !r.ok() {
-		t.Fatal(r)
-	}
+	other := c.otherCA()
 	r = runCmd(30*time.Second, nil, replctlBin, "status", "--addr", alpha, "--tls-dir", other)
 	if r.code != 1 || !strings.Contains(r.out, "not signed by the CA this client trusts") || !strings.Contains(r.out, "is --tls-dir "+other+" this cluster's") {
 		t.Fatalf("replctl status with another cluster's certificates: %s", r)
@@ -131,16 +129,7 @@ func TestE2EATLSClusterIsCommandedWithTheOperatorsCertificate(t *testing.T) {
 	t.Logf("with another cluster's certificates: %s", r.out)
 
 	// alpha's node certificate, presented as the operator's.
-	asNode := t.TempDir()
-	for from, to := range map[string]string{"ca.crt": "ca.crt", "alpha.crt": "operator.crt", "alpha.key": "operator.key"} {
-		b, err := os.ReadFile(filepath.Join(c.tlsDir, from))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(asNode, to), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	asNode := c.nodeAsOperator("alpha")
 	r = runCmd(30*time.Second, nil, replctlBin, "disconnect", volName, "--node", "beta", "--addr", alpha, "--tls-dir", asNode)
 	if r.code != 1 || !strings.Contains(r.out, "the certificate of node alpha may not run Disconnect") {
 		t.Fatalf("replctl disconnect with a node's certificate: %s", r)
@@ -193,5 +182,37 @@ func TestE2EATLSClusterIsCommandedWithTheOperatorsCertificate(t *testing.T) {
 		if strings.Contains(string(log), "level=ERROR") {
 			t.Errorf("%s logged an error:\n%s", name, log)
 		}
+	}
+
+	// beta restarted with a second CA's files: alpha refuses its control
+	// port, says so in status, and logs it once.
+	c.stop("beta")
+	c.start("beta", "--config", c.configUsingTLSDir(other))
+	c.waitListening("beta", 30*time.Second)
+	var last string
+	deadline := time.Now().Add(syncTimeout)
+	for {
+		st, _, err := c.status("alpha")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var code, words string
+		for _, n := range st.Nodes {
+			if n.Name == "beta" {
+				code, words = n.ErrorCode, n.Error
+			}
+		}
+		if code == "tls" && strings.Contains(words, "no TLS with beta") && strings.Contains(words, "not signed by the CA this client trusts") {
+			break
+		}
+		last = code + ": " + words
+		if time.Now().After(deadline) {
+			t.Fatalf("alpha's status of beta with another CA's certificate: %s", last)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	log, _ := os.ReadFile(filepath.Join(c.dir, "alpha.log"))
+	if n := strings.Count(string(log), `msg="refused the control port of a node" node=alpha`); n != 1 {
+		t.Fatalf("alpha logged beta's certificate %d times, want once:\n%s", n, log)
 	}
 }

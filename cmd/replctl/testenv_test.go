@@ -457,6 +457,7 @@ type statusDoc struct {
 		Role       string `json:"role"`
 		Membership string `json:"membership"`
 		Error      string `json:"error"`
+		ErrorCode  string `json:"error_code"`
 	} `json:"nodes"`
 	Volumes []volumeStatus `json:"volumes"`
 }
