@@ -63,7 +63,7 @@ type verdict struct {
 }
 
 // noCertificateWords tell an operator without a certificate what to do.
-const noCertificateWords = "this node requires a certificate of the cluster's CA: pass --tls-dir DIR (or set REPLCTL_TLS_DIR) to the directory with the ca.crt, operator.crt and operator.key that replctl certs init wrote, or, on the node's host, use its unix socket (replctl --addr unix://STATE_DIR/control.sock)"
+const noCertificateWords = "this node requires a certificate of the cluster's CA: pass --tls-dir DIR (or set REPLCTL_TLS_DIR) to the directory with the ca.crt, operator.crt and operator.key that replctl certs init wrote, or, on the node's host, use its unix socket (replctl --addr unix:///var/lib/replvol/control.sock: control.sock in its state directory)"
 
 // authorize is the rule of the control API on a cluster with TLS. id is
 // the identity the caller's verified certificate names (zero: none);
