@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/replvol/replvol/internal/pki"
 	"github.com/replvol/replvol/node/cluster"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
@@ -142,6 +143,12 @@ func (c *control) ClusterForward(ctx context.Context, r *transport.ClusterMessag
 	var req cluster.ForwardRequest
 	if err := json.Unmarshal(r.Body, &req); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "cluster message: %v", err)
+	}
+	if who, ok := callerOf(ctx); ok && who.id.Role == pki.RoleNode && who.id.Name != req.From {
+		// A node speaks for itself only: beta's certificate cannot renew
+		// alpha's lease.
+		why := fmt.Sprintf("a cluster message from %s came with the certificate of %s", req.From, who.id)
+		return nil, c.n.refuse(who, transport.MethodClusterForward, verdict{code: codes.PermissionDenied, why: why})
 	}
 	body, err := json.Marshal(c.n.cl.c.HandleForward(ctx, req))
 	if err != nil {

@@ -19,6 +19,7 @@ func (c *testCluster) crash(name string) {
 	n.repl.Stop()
 	n.ctlGRPC.Stop()
 	n.http.Close()
+	n.httpUnix.Close()
 	n.nbd.Shutdown(canceledContext())
 	for _, v := range n.vols {
 		close(v.stopping)

@@ -25,6 +25,11 @@
 // depended on it does not happen. Why a volume or a link is not doing its
 // job is a typed Cause (reason.go), never matched from its words.
 //
+// The control port (controlport.go) is HTTPS with a tls: section, and
+// every node also serves it on STATE_DIR/control.sock; authz.go decides
+// who may call what (authorize, a pure rule) and marks the calls a node
+// forwards on someone's behalf.
+//
 // Lock order: v.stateMu, then p.mu, then s.mu, then v.mu. v.stateMu is
 // never taken while waiting for an entry's ack; v.mu is never held while
 // the state is written.

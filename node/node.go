@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -60,6 +61,9 @@ type Options struct {
 	// bootID, when set, stands for the operating system's boot id (tests
 	// simulate a reboot with it).
 	bootID string
+	// controlConns and controlConnsPerHost, when set, replace the
+	// control port's connection limits (tests).
+	controlConns, controlConnsPerHost int
 }
 
 // bootID identifies the running boot of the operating system ("" when it
@@ -97,14 +101,26 @@ type Node struct {
 	// memberlist's key.
 	tls       *pki.Bundle
 	gossipKey []byte
+	// refusals logs each refused peer or caller once per cause.
+	refusals refusalLog
 	// bootID is the operating system's boot this node runs in.
 	bootID string
+	// stateDir holds the node's state and its unix socket.
+	stateDir string
+	// controlConns and controlConnsPerHost limit the control port's
+	// connections.
+	controlConns, controlConnsPerHost int
 
 	nbd      *nbd.Server
 	repl     *transport.ReplServer
 	ctlGRPC  *grpc.Server
 	http     *http.Server
 	registry *prometheus.Registry
+	// httpUnix serves the same API and pages on the unix socket
+	// (lnUnix, at unixPath) to whoever may open it, with no certificate.
+	httpUnix *http.Server
+	lnUnix   net.Listener
+	unixPath string
 
 	lnControl, lnRepl, lnNBD net.Listener
 
@@ -147,6 +163,13 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 		vols: map[string]*Volume{}, clients: map[string]*transport.ControlClient{}, statusFailed: map[string]bool{},
 		lnControl: opts.Control, lnRepl: opts.Replication, lnNBD: opts.NBD,
 		stopLoop: make(chan struct{}), wrapStream: opts.WrapStream, bootID: opts.bootID,
+		controlConns: maxControlConns, controlConnsPerHost: maxControlConnsPerHost,
+	}
+	if opts.controlConns > 0 {
+		n.controlConns = opts.controlConns
+	}
+	if opts.controlConnsPerHost > 0 {
+		n.controlConnsPerHost = opts.controlConnsPerHost
 	}
 	if n.bootID == "" {
 		n.bootID = bootID()
@@ -162,6 +185,7 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 	if dir == "" {
 		return nil, fmt.Errorf("node %s: no state directory: set nodes[].state_dir in the config or pass --state-dir", name)
 	}
+	n.stateDir = dir
 	st, err := metadata.Open(filepath.Join(dir, "state.db"))
 	if err != nil {
 		return nil, err
@@ -259,16 +283,31 @@ func (n *Node) Start() error {
 		listen(&n.lnRepl, n.self.Replication, "replication")
 		listen(&n.lnNBD, n.self.NBD, "nbd")
 	}
+	if err == nil {
+		n.unixPath = filepath.Join(n.stateDir, controlSocket)
+		var ln net.Listener
+		if ln, err = transport.ListenUnix(n.unixPath); err != nil {
+			err = fmt.Errorf("node %s: listen on the unix socket %s: %w", n.name, n.unixPath, err)
+		} else {
+			n.lnUnix = newGuardedListener(n, ln, "unix socket", nil, n.controlConns, n.controlConns)
+		}
+	}
 	if err != nil {
 		n.closeListeners()
 		return err
 	}
+	var controlTLS *tls.Config
+	if n.tls != nil {
+		controlTLS = n.tls.AskingServerConfig()
+		controlTLS.NextProtos = []string{"h2", "http/1.1"}
+	}
+	n.lnControl = newGuardedListener(n, n.lnControl, "control", controlTLS, n.controlConns, n.controlConnsPerHost)
 
 	n.registry = prometheus.NewRegistry()
 	n.registry.MustRegister(newCollector(n))
 	n.nbd = nbd.NewServer(nbd.Config{Resolver: (*resolver)(n), Logger: n.log.With("part", "nbd")})
 	n.repl = transport.NewReplServer(n.handleStream)
-	n.ctlGRPC = transport.NewControlGRPC(&control{n: n})
+	n.ctlGRPC = transport.NewControlGRPC(&control{n: n}, transport.WithAuthorize(n.authorizeCall))
 	mux := web.NewMux(web.Source{
 		Status:   func(ctx context.Context) (*transport.ClusterStatus, error) { return n.clusterStatus(ctx, 20) },
 		Node:     func(context.Context) (*transport.NodeStatus, error) { return n.nodeStatus(50), nil },
@@ -285,19 +324,41 @@ func (n *Node) Start() error {
 		},
 		Context: n.life,
 	})
-	var protocols http.Protocols
+	handler := n.guardHTTP(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
+			n.ctlGRPC.ServeHTTP(w, r)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	}))
+	// With TLS, HTTPS: HTTP/2 (gRPC and the page) or HTTP/1.1 by ALPN;
+	// without, h2c and HTTP/1.1 in plaintext, as the unix socket always.
+	var protocols, plain http.Protocols
 	protocols.SetHTTP1(true)
-	protocols.SetUnencryptedHTTP2(true)
+	plain.SetHTTP1(true)
+	plain.SetUnencryptedHTTP2(true)
+	if n.tls != nil {
+		protocols.SetHTTP2(true)
+	} else {
+		protocols = plain
+	}
 	n.http = &http.Server{
-		Protocols: &protocols,
+		Protocols:         &protocols,
+		Handler:           handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       5 * time.Minute,
+		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: maxControlStreams},
+		ErrorLog:          slog.NewLogLogger(n.log.With("part", "control").Handler(), slog.LevelDebug),
+	}
+	n.httpUnix = &http.Server{
+		Protocols: &plain,
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
-				n.ctlGRPC.ServeHTTP(w, r)
-				return
-			}
-			mux.ServeHTTP(w, r)
+			handler.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), localKey{}, true)))
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       5 * time.Minute,
+		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: maxControlStreams},
+		ErrorLog:          slog.NewLogLogger(n.log.With("part", "control").Handler(), slog.LevelDebug),
 	}
 
 	for _, v := range n.vols {
@@ -313,6 +374,12 @@ func (n *Node) Start() error {
 	}
 	n.serve(func() error {
 		if err := n.http.Serve(n.lnControl); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	n.serve(func() error {
+		if err := n.httpUnix.Serve(n.lnUnix); !errors.Is(err, http.ErrServerClosed) {
 			return err
 		}
 		return nil
@@ -337,15 +404,31 @@ func (n *Node) serve(f func() error) {
 }
 
 func (n *Node) closeListeners() {
-	for _, l := range []net.Listener{n.lnControl, n.lnRepl, n.lnNBD} {
+	for _, l := range []net.Listener{n.lnControl, n.lnRepl, n.lnNBD, n.lnUnix} {
 		if l != nil {
 			l.Close()
 		}
 	}
+	if n.lnUnix != nil {
+		if err := os.Remove(n.unixPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+			n.log.Warn("remove the unix socket", "path", n.unixPath, "err", err)
+		}
+	}
 }
+
+// controlSocket is the unix socket in the state directory.
+const controlSocket = "control.sock"
+
+// maxControlStreams bounds the calls and streams in flight on one
+// control connection.
+const maxControlStreams = 100
 
 // ControlAddr is the address the control API listens on.
 func (n *Node) ControlAddr() string { return n.lnControl.Addr().String() }
+
+// ControlSocket is the control API's unix socket address
+// (unix:///STATE_DIR/control.sock): no certificate is needed there.
+func (n *Node) ControlSocket() string { return transport.UnixScheme + n.unixPath }
 
 // NBDAddr is the address the NBD server listens on.
 func (n *Node) NBDAddr() string { return n.lnNBD.Addr().String() }
@@ -381,6 +464,7 @@ func (n *Node) Close() error {
 	if n.http != nil {
 		n.ctlGRPC.Stop()
 		n.http.Shutdown(ctx)
+		n.httpUnix.Shutdown(ctx)
 	}
 	n.closeListeners()
 	n.wg.Wait()
@@ -414,7 +498,16 @@ func (n *Node) client(name string) (*transport.ControlClient, error) {
 	if c, ok := n.clients[name]; ok {
 		return c, nil
 	}
-	c, err := transport.DialControl(nc.Control)
+	opts := []transport.DialOption{transport.WithOutgoing(n.outgoing)}
+	if n.tls != nil {
+		// The node dialed must be the one the config names there.
+		opts = append(opts, transport.WithTLS(n.tls.ClientConfig(nc.Control, pki.Exactly(pki.Identity{Role: pki.RoleNode, Name: name}))),
+			transport.WithHandshakeFailure(func(err error) {
+				why := transport.TLSWords(err)
+				n.refusals.note(n, name, why, "refused the control port of a node", "peer", name, "addr", nc.Control, "why", why)
+			}))
+	}
+	c, err := transport.DialControl(nc.Control, opts...)
 	if err != nil {
 		return nil, err
 	}

@@ -33,6 +33,7 @@ func (v *Volume) autoDiscard(other string, policy replication.AfterSplitBrain) {
 	}
 	v.node.event(v.name, "split-brain-resolved", fmt.Sprintf("policy %s: %s discards its %s of changes and resyncs from %s", policy, v.self, human.Bytes(bytes), other))
 	if api, err := v.node.peerAPI(other); err == nil {
+		ctx := v.node.onBehalfOfPolicy(ctx, "the split-brain policy (after_sb)")
 		if _, err := api.Connect(ctx, &transport.ConnectRequest{Volume: v.name, Node: other}); err != nil {
 			v.log.Warn("ask the other node to connect", "node", other, "err", err)
 		}

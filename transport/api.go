@@ -107,7 +107,9 @@ type NodeInfo struct {
 	// Error says why the node could not be reached; ErrorCode is the same
 	// as a fixed word for tools: refused (nothing listens: replnode is not
 	// running), no-answer (it accepts connections but answers nothing:
-	// hung, paused or overloaded) or no-connection (host down, no route).
+	// hung, paused or overloaded), no-connection (host down, no route) or
+	// tls (the two nodes' TLS failed: a certificate of another CA, or of
+	// another node, or one side without the tls: section).
 	Error     string `json:"error,omitempty"`
 	ErrorCode string `json:"error_code,omitempty"`
 }

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
@@ -82,22 +83,22 @@ var controlDesc = grpc.ServiceDesc{
 	ServiceName: controlService,
 	HandlerType: (*ControlServer)(nil),
 	Methods: []grpc.MethodDesc{
-		unary("NodeStatus", ControlServer.NodeStatus),
-		unary("ClusterStatus", ControlServer.ClusterStatus),
-		unary("Primary", ControlServer.Primary),
-		unary("Demote", ControlServer.Demote),
-		unary("Promote", ControlServer.Promote),
-		unary("Connect", ControlServer.Connect),
-		unary("Disconnect", ControlServer.Disconnect),
-		unary("Resync", ControlServer.Resync),
-		unary("PathAction", ControlServer.PathAction),
-		unary("Verify", ControlServer.Verify),
-		unary("ClusterForward", ControlServer.ClusterForward),
-		unary("Membership", ControlServer.Membership),
-		unary("Adjust", ControlServer.Adjust),
+		unary(MethodNodeStatus, ControlServer.NodeStatus),
+		unary(MethodClusterStatus, ControlServer.ClusterStatus),
+		unary(MethodPrimary, ControlServer.Primary),
+		unary(MethodDemote, ControlServer.Demote),
+		unary(MethodPromote, ControlServer.Promote),
+		unary(MethodConnect, ControlServer.Connect),
+		unary(MethodDisconnect, ControlServer.Disconnect),
+		unary(MethodResync, ControlServer.Resync),
+		unary(MethodPathAction, ControlServer.PathAction),
+		unary(MethodVerify, ControlServer.Verify),
+		unary(MethodClusterForward, ControlServer.ClusterForward),
+		unary(MethodMembership, ControlServer.Membership),
+		unary(MethodAdjust, ControlServer.Adjust),
 	},
 	Streams: []grpc.StreamDesc{{
-		StreamName:    "Events",
+		StreamName:    MethodEvents,
 		ServerStreams: true,
 		Handler: func(srv any, stream grpc.ServerStream) error {
 			req := new(EventsRequest)
@@ -109,10 +110,15 @@ var controlDesc = grpc.ServiceDesc{
 	}},
 }
 
-// NewControlGRPC returns a gRPC server carrying the control API. Serve it
+// NewControlGRPC returns a gRPC server carrying the control API, its
+// messages bounded by MaxControlRequest and MaxControlReply. Serve it
 // directly or through ServeHTTP next to the web page.
-func NewControlGRPC(impl ControlServer) *grpc.Server {
-	g := grpc.NewServer(grpc.ForceServerCodecV2(jsonCodec{}))
+func NewControlGRPC(impl ControlServer, opts ...ControlServerOption) *grpc.Server {
+	var c controlServerConfig
+	for _, o := range opts {
+		o(&c)
+	}
+	g := grpc.NewServer(c.serverOptions()...)
 	g.RegisterService(&controlDesc, impl)
 	return g
 }
@@ -125,6 +131,8 @@ type ControlClient struct {
 	wait bool
 	// dialer puts failed calls into words.
 	dialer *dialer
+	// outgoing passes each call's context through (WithOutgoing).
+	outgoing func(context.Context) context.Context
 }
 
 // WaitForReady makes the client's commands (not status calls) wait, within
@@ -135,22 +143,37 @@ func (c *ControlClient) WaitForReady() *ControlClient {
 	return c
 }
 
-// DialControl prepares a client for the node at addr (HOST:PORT).
-func DialControl(addr string) (*ControlClient, error) {
+// DialControl prepares a client for the node at addr: HOST:PORT, or
+// unix:///PATH for a node's unix socket. Without WithTLS it speaks
+// plaintext (a node without a tls: section, or its unix socket).
+func DialControl(addr string, opts ...DialOption) (*ControlClient, error) {
+	var c dialConfig
+	for _, o := range opts {
+		o(&c)
+	}
 	d := newDialer(addr, true)
-	cc, err := grpc.NewClient("passthrough:///"+addr,
+	creds := insecure.NewCredentials()
+	dialOpts := []grpc.DialOption{
 		grpc.WithContextDialer(d.dial),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(jsonCodec{})),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(jsonCodec{}),
+			grpc.MaxCallRecvMsgSize(MaxControlReply), grpc.MaxCallSendMsgSize(MaxControlRequest)),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 			MinConnectTimeout: 2 * time.Second,
 		}),
-	)
+	}
+	if _, unix := UnixPath(addr); unix {
+		// The socket has no host name to put in :authority.
+		dialOpts = append(dialOpts, grpc.WithAuthority("localhost"))
+	} else if c.tls != nil {
+		d.tls = true
+		creds = &handshakeCreds{TransportCredentials: credentials.NewTLS(c.tls), d: d, failed: c.onHandshake}
+	}
+	cc, err := grpc.NewClient("passthrough:///"+addr, append(dialOpts, grpc.WithTransportCredentials(creds))...)
 	if err != nil {
 		return nil, fmt.Errorf("control client for %s: %w", addr, err)
 	}
-	return &ControlClient{cc: cc, addr: addr, dialer: d}, nil
+	return &ControlClient{cc: cc, addr: addr, dialer: d, outgoing: c.outgoing}, nil
 }
 
 // Addr is the address the client talks to.
@@ -165,10 +188,13 @@ func invoke[Resp any](ctx context.Context, c *ControlClient, method string, req 
 		ctx, cancel = context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 	}
+	if c.outgoing != nil {
+		ctx = c.outgoing(ctx)
+	}
 	resp := new(Resp)
 	start := time.Now()
 	var opts []grpc.CallOption
-	if c.wait && method != "NodeStatus" && method != "ClusterStatus" {
+	if c.wait && method != MethodNodeStatus && method != MethodClusterStatus {
 		// Commands wait (within their deadline) for a node that is coming
 		// back; status answers at once that a node is unreachable.
 		opts = append(opts, grpc.WaitForReady(true))
@@ -211,74 +237,77 @@ const statusRetry = 300 * time.Millisecond
 
 // NodeStatus asks the node for its own view.
 func (c *ControlClient) NodeStatus(ctx context.Context, r *StatusRequest) (*NodeStatus, error) {
-	return invoke[NodeStatus](ctx, c, "NodeStatus", r)
+	return invoke[NodeStatus](ctx, c, MethodNodeStatus, r)
 }
 
 // ClusterStatus asks the node to assemble the whole cluster's status.
 func (c *ControlClient) ClusterStatus(ctx context.Context, r *StatusRequest) (*ClusterStatus, error) {
-	return invoke[ClusterStatus](ctx, c, "ClusterStatus", r)
+	return invoke[ClusterStatus](ctx, c, MethodClusterStatus, r)
 }
 
 // Primary asks for a switchover.
 func (c *ControlClient) Primary(ctx context.Context, r *PrimaryRequest) (*PrimaryReply, error) {
-	return invoke[PrimaryReply](ctx, c, "Primary", r)
+	return invoke[PrimaryReply](ctx, c, MethodPrimary, r)
 }
 
 // Demote asks a primary to hand over.
 func (c *ControlClient) Demote(ctx context.Context, r *DemoteRequest) (*DemoteReply, error) {
-	return invoke[DemoteReply](ctx, c, "Demote", r)
+	return invoke[DemoteReply](ctx, c, MethodDemote, r)
 }
 
 // Promote makes the node primary.
 func (c *ControlClient) Promote(ctx context.Context, r *PromoteRequest) (*PromoteReply, error) {
-	return invoke[PromoteReply](ctx, c, "Promote", r)
+	return invoke[PromoteReply](ctx, c, MethodPromote, r)
 }
 
 // Connect lets a node replicate a volume again.
 func (c *ControlClient) Connect(ctx context.Context, r *ConnectRequest) (*ConnectReply, error) {
-	return invoke[ConnectReply](ctx, c, "Connect", r)
+	return invoke[ConnectReply](ctx, c, MethodConnect, r)
 }
 
 // Disconnect stops a node replicating a volume, on purpose.
 func (c *ControlClient) Disconnect(ctx context.Context, r *ConnectRequest) (*ConnectReply, error) {
-	return invoke[ConnectReply](ctx, c, "Disconnect", r)
+	return invoke[ConnectReply](ctx, c, MethodDisconnect, r)
 }
 
 // Resync starts, pauses or resumes a resync.
 func (c *ControlClient) Resync(ctx context.Context, r *ResyncRequest) (*ResyncReply, error) {
-	return invoke[ResyncReply](ctx, c, "Resync", r)
+	return invoke[ResyncReply](ctx, c, MethodResync, r)
 }
 
 // PathAction runs a path command (fail, restore, rotate, policy).
 func (c *ControlClient) PathAction(ctx context.Context, r *PathRequest) (*PathReply, error) {
-	return invoke[PathReply](ctx, c, "PathAction", r)
+	return invoke[PathReply](ctx, c, MethodPathAction, r)
 }
 
 // Verify starts an online verify.
 func (c *ControlClient) Verify(ctx context.Context, r *VerifyRequest) (*VerifyReply, error) {
-	return invoke[VerifyReply](ctx, c, "Verify", r)
+	return invoke[VerifyReply](ctx, c, MethodVerify, r)
 }
 
 // ClusterForward carries a cluster message to the node.
 func (c *ControlClient) ClusterForward(ctx context.Context, r *ClusterMessage) (*ClusterMessage, error) {
-	return invoke[ClusterMessage](ctx, c, "ClusterForward", r)
+	return invoke[ClusterMessage](ctx, c, MethodClusterForward, r)
 }
 
 // Membership adds or removes a raft voter.
 func (c *ControlClient) Membership(ctx context.Context, r *MembershipRequest) (*MembershipReply, error) {
-	return invoke[MembershipReply](ctx, c, "Membership", r)
+	return invoke[MembershipReply](ctx, c, MethodMembership, r)
 }
 
 // Adjust changes a volume's replication settings online.
 func (c *ControlClient) Adjust(ctx context.Context, r *AdjustRequest) (*AdjustReply, error) {
-	return invoke[AdjustReply](ctx, c, "Adjust", r)
+	return invoke[AdjustReply](ctx, c, MethodAdjust, r)
 }
 
 // Events streams a node's events to fn until ctx ends, fn fails or the
 // node goes away.
 func (c *ControlClient) Events(ctx context.Context, r *EventsRequest, fn func(*Event) error) error {
 	start := time.Now()
-	stream, err := c.cc.NewStream(ctx, &controlDesc.Streams[0], "/"+controlService+"/Events")
+	if c.outgoing != nil {
+		ctx = c.outgoing(ctx)
+	}
+	stream, err := c.cc.NewStream(ctx, &controlDesc.Streams[0], "/"+controlService+"/"+MethodEvents)
 	if err != nil {
 		return c.dialer.callError(err, time.Since(start), ranOut(ctx))
 	}

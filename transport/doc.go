@@ -1,6 +1,8 @@
 // Package transport is replvol's edge to the network: the gRPC replication
 // stream (a raw-frame codec, no protobuf copies), the gRPC control API (a
-// JSON codec over the status model in api.go), and, in transport/nbd, the
+// JSON codec over the status model in api.go, over TLS or a unix socket,
+// its messages bounded; the server's Authorize gate and the forwarding
+// mark are here, the rule is the node's), and, in transport/nbd, the
 // NBD server. It converts between the wire and Go values and holds no
 // replication rules. Clients and servers here are safe for concurrent use
 // except where a type says otherwise.

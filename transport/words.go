@@ -2,16 +2,20 @@ package transport
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 )
 
@@ -36,6 +40,10 @@ const (
 	// ReachNoConnection: no TCP connection at all: the host is down or
 	// unknown, no route, or a firewall drops the packets.
 	ReachNoConnection = "no-connection"
+	// ReachTLS: the node answered but the TLS between the two failed:
+	// one side has a tls: section and the other not, a certificate is of
+	// another cluster's CA, or names another node or host.
+	ReachTLS = "tls"
 )
 
 // StreamError is a failed replication stream or control call, in words:
@@ -72,6 +80,9 @@ func (e *StreamError) Named(node string) *StreamError {
 	}
 	named := *e
 	named.words = fmt.Sprintf("cannot reach %s at %s: %s", node, e.addr, e.why)
+	if e.Reach == ReachTLS {
+		named.words = fmt.Sprintf("no TLS with %s at %s: %s", node, e.addr, e.why)
+	}
 	return &named
 }
 
@@ -111,7 +122,11 @@ func (d *dialer) unreachable(err error) *StreamError {
 	if code == "" {
 		return nil
 	}
-	return &StreamError{words: fmt.Sprintf("cannot reach %s: %s", d.addr, why), Reach: code, addr: d.addr, why: why, err: err, dial: dialErr}
+	words := fmt.Sprintf("cannot reach %s: %s", d.addr, why)
+	if code == ReachTLS {
+		words = fmt.Sprintf("no TLS with %s: %s", d.addr, why)
+	}
+	return &StreamError{words: words, Reach: code, addr: d.addr, why: why, err: err, dial: dialErr}
 }
 
 // openError is a stream that could not be opened, in words.
@@ -162,10 +177,16 @@ type dialer struct {
 	// can see, and the stream's reads are hot).
 	watch bool
 
+	// tls: the client speaks TLS (handshakeCreds report to it).
+	tls bool
+
 	mu      sync.Mutex
 	dialing int   // TCP connects in progress
 	err     error // the last connect's error; nil once one succeeded
 	conn    *answerConn
+	// handshakeErr is the last TLS handshake's error; nil once one
+	// succeeded.
+	handshakeErr error
 }
 
 func newDialer(addr string, watch bool) *dialer { return &dialer{addr: addr, watch: watch} }
@@ -174,8 +195,14 @@ func (d *dialer) dial(ctx context.Context, addr string) (net.Conn, error) {
 	d.mu.Lock()
 	d.dialing++
 	d.mu.Unlock()
-	var nd net.Dialer
-	conn, err := nd.DialContext(ctx, "tcp", addr)
+	var conn net.Conn
+	var err error
+	if path, ok := UnixPath(addr); ok {
+		conn, err = DialUnix(ctx, path)
+	} else {
+		var nd net.Dialer
+		conn, err = nd.DialContext(ctx, "tcp", addr)
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.dialing--
@@ -186,8 +213,38 @@ func (d *dialer) dial(ctx context.Context, addr string) (net.Conn, error) {
 	if !d.watch {
 		return conn, nil
 	}
-	d.conn = &answerConn{Conn: conn}
+	d.conn = &answerConn{Conn: conn, plain: !d.tls}
 	return d.conn, nil
+}
+
+// handshook notes how a TLS handshake of the client ended.
+func (d *dialer) handshook(err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.handshakeErr = err
+}
+
+// handshakeCreds are TLS credentials that tell the dialer how each
+// handshake ended: gRPC keeps only its text.
+type handshakeCreds struct {
+	credentials.TransportCredentials
+	d      *dialer
+	failed func(error)
+}
+
+func (c *handshakeCreds) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	conn, info, err := c.TransportCredentials.ClientHandshake(ctx, authority, raw)
+	if ctx.Err() == nil {
+		c.d.handshook(err)
+		if err != nil && c.failed != nil {
+			c.failed(err)
+		}
+	}
+	return conn, info, err
+}
+
+func (c *handshakeCreds) Clone() credentials.TransportCredentials {
+	return &handshakeCreds{TransportCredentials: c.TransportCredentials.Clone(), d: c.d, failed: c.failed}
 }
 
 // reach says why the node cannot be reached, from what the dials saw: a
@@ -203,6 +260,10 @@ func (d *dialer) reach() (code, why string, dialErr error) {
 			code = ReachRefused
 		}
 		return code, DialWords(d.err), d.err
+	case d.handshakeErr != nil:
+		return ReachTLS, TLSWords(d.handshakeErr), d.handshakeErr
+	case d.conn != nil && d.conn.spokeTLS.Load():
+		return ReachTLS, "it requires TLS (its cluster file has a tls: section) and this client has no certificate", nil
 	case d.dialing > 0:
 		return ReachNoConnection, "no answer to a TCP connection: a firewall, or the host is down", nil
 	case d.conn != nil && !d.conn.answered.Load():
@@ -211,18 +272,55 @@ func (d *dialer) reach() (code, why string, dialErr error) {
 	return "", "", nil
 }
 
-// answerConn notes whether the other side ever sent a byte.
+// answerConn notes whether the other side ever sent a byte and, on a
+// plaintext connection, whether its first byte began a TLS record: a node
+// that requires TLS answers a plaintext client with a TLS alert.
 type answerConn struct {
 	net.Conn
+	plain    bool
 	answered atomic.Bool
+	spokeTLS atomic.Bool
 }
+
+// TLS record types a TLS server may send first: an alert, a handshake.
+const (
+	tlsRecordAlert     = 0x15
+	tlsRecordHandshake = 0x16
+)
 
 func (c *answerConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if n > 0 && !c.answered.Load() {
+		if c.plain && (p[0] == tlsRecordAlert || p[0] == tlsRecordHandshake) {
+			c.spokeTLS.Store(true)
+		}
 		c.answered.Store(true)
 	}
 	return n, err
+}
+
+// TLSWords says why a client's TLS handshake with a node failed, from the
+// error's value.
+func TLSWords(err error) string {
+	var notTLS tls.RecordHeaderError
+	var host x509.HostnameError
+	var unknown x509.UnknownAuthorityError
+	var invalid x509.CertificateInvalidError
+	switch {
+	case errors.As(err, &notTLS):
+		return "it does not speak TLS: its cluster file has no tls: section (give every node the same one)"
+	case errors.As(err, &host):
+		names := append([]string(nil), host.Certificate.DNSNames...)
+		for _, ip := range host.Certificate.IPAddresses {
+			names = append(names, ip.String())
+		}
+		return fmt.Sprintf("its certificate is not for host %q (it names %s): dial it by an address its certificate names, or make its certificate name this one (replctl certs init --host)", host.Host, strings.Join(names, ", "))
+	case errors.As(err, &unknown):
+		return "its certificate was not signed by the CA this client trusts: it belongs to another cluster, or the CA file does"
+	case errors.As(err, &invalid) && invalid.Reason == x509.Expired:
+		return "its certificate has expired (or is not valid yet: check the clocks): run replctl certs init again"
+	}
+	return "the TLS handshake failed: " + err.Error()
 }
 
 // DialWords says why a TCP connection failed, from the error's value.

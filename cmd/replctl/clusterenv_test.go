@@ -64,6 +64,14 @@ type clusterOpts struct {
 	// bytes (0: left out).
 	Protocol, OnCongestion string
 	SendBuffer, MaxLag     int64
+	// TLS runs replctl certs init on the file (into DIR/tls) and gives it
+	// the tls: section: every link is then mutual TLS, the harness's
+	// replctl calls (ctl, ctlFrom, status) pass --tls-dir, and its
+	// /api/... reads (localView, apiGet) go over HTTPS. NBDTLS is
+	// tls.nbd (required, optional or off; "" leaves it out, which means
+	// required).
+	TLS    bool
+	NBDTLS string
 }
 
 // newProcClusterN writes the config opts describes and starts nothing
@@ -213,7 +221,99 @@ func newProcClusterN(t *testing.T, opts clusterOpts) *procCluster {
 	if err := os.WriteFile(c.cfgPath, []byte(cfg.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	if opts.TLS {
+		c.initTLS(opts.Raft, opts.NBDTLS)
+	}
 	return c
+}
+
+// initTLS runs replctl certs init on the cluster file into DIR/tls, and
+// gives the file the tls: section that names its files (gossip's key
+// with gossip; nbd as given, "" leaving it out).
+func (c *procCluster) initTLS(gossip bool, nbd string) {
+	t := c.t
+	t.Helper()
+	dir := filepath.Join(c.dir, "tls")
+	if r := runCmd(30*time.Second, nil, replctlBin, "certs", "init", "--config", c.cfgPath, "--dir", dir); !r.ok() {
+		t.Fatalf("replctl certs init: %s", r)
+	}
+	section := fmt.Sprintf("tls:\n  ca: %q\n  cert: %q\n  key: %q\n",
+		filepath.Join(dir, "ca.crt"), filepath.Join(dir, "{node}.crt"), filepath.Join(dir, "{node}.key"))
+	if gossip {
+		section += fmt.Sprintf("  gossip_key: %q\n", filepath.Join(dir, "gossip.key"))
+	}
+	if nbd != "" {
+		section += fmt.Sprintf("  nbd: %s\n", nbd)
+	}
+	f, err := os.OpenFile(c.cfgPath, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString(section); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c.tlsDir = dir
+}
+
+// otherCA runs replctl certs init on the cluster file into a new
+// directory: a second CA, with certificates of the same names that this
+// cluster's nodes must refuse. It returns the directory (for --tls-dir,
+// or configUsingTLSDir).
+func (c *procCluster) otherCA() string {
+	t := c.t
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "other-ca")
+	if r := runCmd(30*time.Second, nil, replctlBin, "certs", "init", "--config", c.cfgPath, "--dir", dir); !r.ok() {
+		t.Fatalf("replctl certs init of a second CA: %s", r)
+	}
+	return dir
+}
+
+// nodeAsOperator is a --tls-dir whose operator certificate is node
+// name's: replctl then presents a node's certificate.
+func (c *procCluster) nodeAsOperator(name string) string {
+	t := c.t
+	t.Helper()
+	dir := t.TempDir()
+	for from, to := range map[string]string{"ca.crt": "ca.crt", name + ".crt": "operator.crt", name + ".key": "operator.key"} {
+		b, err := os.ReadFile(filepath.Join(c.tlsDir, from))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, to), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// configUsingTLSDir writes a copy of the cluster file whose tls: section
+// names dir's files (otherCA's, say) and returns its path: start a node
+// with it by c.start(name, "--config", path).
+func (c *procCluster) configUsingTLSDir(dir string) string {
+	t := c.t
+	t.Helper()
+	if c.tlsDir == "" {
+		t.Fatal("configUsingTLSDir: the cluster has no tls: section (clusterOpts.TLS)")
+	}
+	b, err := os.ReadFile(c.cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "cluster.yaml")
+	if err := os.WriteFile(path, []byte(strings.ReplaceAll(string(b), c.tlsDir+"/", dir+"/")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// socket is node name's unix socket address (STATE_DIR/control.sock):
+// replctl needs no certificate there.
+func (c *procCluster) socket(name string) string {
+	return "unix://" + filepath.Join(c.dir, name, "control.sock")
 }
 
 // freeTCPUDPPort returns a 127.0.0.1 address whose port is free for TCP
@@ -286,7 +386,7 @@ func (c *procCluster) needLab(what string) {
 // ctlFrom runs `replctl args... --addr <node's control>` inside the
 // namespace of node from (on the host without a lab).
 func (c *procCluster) ctlFrom(from, node string, args ...string) result {
-	args = append(args, "--addr", c.nodes[node].Control)
+	args = c.ctlArgs(node, args)
 	if c.lab == nil {
 		return runCmd(30*time.Second, nil, replctlBin, args...)
 	}

@@ -27,7 +27,7 @@ type completer struct{ g *globals }
 
 // status fetches the cluster status for a completion, or nil.
 func (c completer) status() *transport.ClusterStatus {
-	cl, err := transport.DialControl(c.g.addr)
+	cl, err := c.g.dialControl(c.g.addr)
 	if err != nil {
 		return nil
 	}

@@ -188,7 +188,11 @@ type nodeEvent struct {
 }
 
 func (c *procCluster) localView(name string) (*localView, error) {
-	return fetchLocalView(name, c.nodes[name].Control)
+	resp, err := c.apiGet(name, "/api/node")
+	if err != nil {
+		return nil, err
+	}
+	return readLocalView(name, resp)
 }
 
 // fetchLocalView reads /api/node from the node name at control.
@@ -198,6 +202,10 @@ func fetchLocalView(name, control string) (*localView, error) {
 	if err != nil {
 		return nil, err
 	}
+	return readLocalView(name, resp)
+}
+
+func readLocalView(name string, resp *http.Response) (*localView, error) {
 	defer resp.Body.Close()
 	var lv localView
 	if err := json.NewDecoder(resp.Body).Decode(&lv); err != nil {

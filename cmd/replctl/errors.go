@@ -85,6 +85,9 @@ func exitCode(err error) int {
 		return coded.ExitCode()
 	}
 	var se *transport.StreamError
+	if errors.As(err, &se) && se.Reach == transport.ReachTLS {
+		return exitFailed // the node answered, and refused our TLS
+	}
 	if errors.As(err, &se) && se.Reach != "" {
 		return exitUnreachable
 	}
@@ -117,6 +120,10 @@ func (k *call) fail(err error, volume, node string) error {
 	}
 	switch st.Code() {
 	case codes.Unavailable, codes.DeadlineExceeded:
+		var tlsErr *transport.StreamError
+		if errors.As(err, &tlsErr) && tlsErr.Reach == transport.ReachTLS {
+			return k.g.tlsRefused(tlsErr)
+		}
 		// Either the node said so in words (a command it could not
 		// finish), or the client could not talk to it: find out which.
 		if why := probe(k.g.addr); why != nil {
@@ -198,6 +205,16 @@ func (k *call) peerUnreachable(node string) error {
 		return nil
 	}
 	return unreachablePeer(st, node)
+}
+
+// tlsRefused is a node at --addr with which no TLS came about, and what
+// to do: a refusal (exit code 1), the node answered.
+func (g *globals) tlsRefused(se *transport.StreamError) error {
+	hint := "; pass --tls-dir DIR (or set REPLCTL_TLS_DIR) to the directory replctl certs init wrote, with ca.crt, operator.crt and operator.key, or, on the node's host, use its unix socket (--addr unix:///var/lib/replvol/control.sock: control.sock in its state directory)"
+	if g.tlsDir != "" {
+		hint = fmt.Sprintf("; is --tls-dir %s this cluster's (replctl certs init of its cluster file)?", g.tlsDir)
+	}
+	return &exitError{code: exitFailed, err: errors.New(se.Named(knownNode(g.addr)).Error() + hint)}
 }
 
 // answers reports whether the node at --addr answers a status call
@@ -299,7 +316,15 @@ func nameList(names []string) string {
 // probe tries a plain TCP connection to addr: nil when something listens
 // there, else why not.
 func probe(addr string) error {
-	conn, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	var conn net.Conn
+	var err error
+	if path, ok := transport.UnixPath(addr); ok {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		conn, err = transport.DialUnix(ctx, path)
+	} else {
+		conn, err = net.DialTimeout("tcp", addr, 2*time.Second)
+	}
 	if err != nil {
 		return err
 	}

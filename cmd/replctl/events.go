@@ -67,7 +67,7 @@ Ctrl-C ends the stream (exit 0).`,
 			if err != nil {
 				return err
 			}
-			f := &eventFollower{out: cmd.OutOrStdout(), errOut: cmd.ErrOrStderr(), asJSON: asJSON, pal: pal, retry: all}
+			f := &eventFollower{out: cmd.OutOrStdout(), errOut: cmd.ErrOrStderr(), asJSON: asJSON, pal: pal, retry: all, g: g}
 			return f.run(cmd.Context(), sources, req)
 		},
 	}
@@ -178,6 +178,8 @@ type eventFollower struct {
 	// retry: a node that goes away is retried (--all), instead of ending
 	// the command.
 	retry bool
+	// g dials the nodes (with --tls-dir's certificate); nil: plaintext.
+	g *globals
 
 	mu sync.Mutex // serialises writes to out and errOut
 	// arrivals counts the events run received (run's goroutine only).
@@ -325,7 +327,11 @@ func (f *eventFollower) follow(ctx context.Context, src eventSource, req transpo
 
 // stream runs one Events call. up is called once the node answered.
 func (f *eventFollower) stream(ctx context.Context, src *eventSource, req transport.EventsRequest, fn func(*transport.Event) error, up func()) error {
-	c, err := transport.DialControl(src.addr)
+	g := f.g
+	if g == nil {
+		g = &globals{}
+	}
+	c, err := g.dialControl(src.addr)
 	if err != nil {
 		return err
 	}

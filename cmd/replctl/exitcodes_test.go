@@ -101,6 +101,9 @@ func TestExitCodeClasses(t *testing.T) {
 		{"a deadline, wrapped", fmt.Errorf("waiting: %w", context.DeadlineExceeded), exitUnreachable},
 		{"a usage error, wrapped", fmt.Errorf("events: %w", usageErrorf("--since")), exitUsage},
 		{"an unreachable error that reads like a refusal", unreachableError(errors.New("refused")), exitUnreachable},
+		{"no certificate (Unauthenticated)", status.Error(codes.Unauthenticated, "pass --tls-dir"), exitFailed},
+		{"a node's certificate for an operator command (PermissionDenied)", status.Error(codes.PermissionDenied, "may not run Primary"), exitFailed},
+		{"no TLS with the node", &transport.StreamError{Reach: transport.ReachTLS}, exitFailed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := exitCode(tc.err); got != tc.code {

@@ -6,10 +6,12 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/replvol/replvol/internal/pki"
 	"github.com/replvol/replvol/transport"
 	"github.com/spf13/cobra"
 )
@@ -47,6 +49,10 @@ type globals struct {
 	addr    string
 	timeout time.Duration
 	color   string
+	// tlsDir holds the cluster's CA and the operator's certificate and
+	// key (--tls-dir); bundle is what was read there.
+	tlsDir string
+	bundle *pki.Bundle
 }
 
 func newRoot() *cobra.Command {
@@ -64,10 +70,11 @@ func newRoot() *cobra.Command {
 	if addr == "" {
 		addr = defaultAddr
 	}
-	root.PersistentFlags().StringVar(&g.addr, "addr", addr, "control API of any node (HOST:PORT; env REPLCTL_ADDR)")
+	root.PersistentFlags().StringVar(&g.addr, "addr", addr, "control API of any node (HOST:PORT, or on a node's host its unix socket unix:///STATE_DIR/control.sock; env REPLCTL_ADDR)")
+	root.PersistentFlags().StringVar(&g.tlsDir, "tls-dir", os.Getenv("REPLCTL_TLS_DIR"), "directory with the cluster's ca.crt and the operator's operator.crt and operator.key, as replctl certs init writes them, for a cluster with a tls: section (env REPLCTL_TLS_DIR; a unix socket needs none)")
 	root.PersistentFlags().DurationVar(&g.timeout, "timeout", 60*time.Second, "how long to wait for the cluster")
 	root.PersistentFlags().StringVar(&g.color, "color", "auto", "colours: auto (on a terminal, unless NO_COLOR is set), always or never")
-	root.AddCommand(newStatus(g), newEvents(g), newPrimary(g), newConnect(g, true), newConnect(g, false), newResync(g), newVerify(g), newPath(g), newNode(g), newAdjust(g), newCreateMD(), newDemo())
+	root.AddCommand(newStatus(g), newEvents(g), newPrimary(g), newConnect(g, true), newConnect(g, false), newResync(g), newVerify(g), newPath(g), newNode(g), newAdjust(g), newCreateMD(), newCerts(), newDemo())
 	markUsageErrors(root)
 	registerCompletions(root, g)
 	return root
@@ -128,12 +135,35 @@ type call struct {
 
 // dial returns a call to the node at --addr, bounded by --timeout.
 func (g *globals) dial(cmd *cobra.Command, action string) (*call, error) {
-	c, err := transport.DialControl(g.addr)
+	c, err := g.dialControl(g.addr)
 	if err != nil {
-		return nil, usageErrorf("cannot use --addr %q: %v", g.addr, err)
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(cmd.Context(), g.timeout)
 	return &call{g: g, c: c, ctx: ctx, cancel: cancel, parent: cmd.Context(), action: action}, nil
+}
+
+// dialControl returns a client of the node at addr, with the operator's
+// certificate from --tls-dir when it is set (a unix socket needs none).
+func (g *globals) dialControl(addr string) (*transport.ControlClient, error) {
+	var opts []transport.DialOption
+	if _, unix := transport.UnixPath(addr); !unix && g.tlsDir != "" {
+		if g.bundle == nil {
+			dir := g.tlsDir
+			b, err := pki.Load(filepath.Join(dir, pki.CAFile), filepath.Join(dir, pki.CertFile("operator")), filepath.Join(dir, pki.KeyFile("operator")))
+			if err != nil {
+				return nil, usageErrorf("--tls-dir %s: %v: point --tls-dir (or REPLCTL_TLS_DIR) at the directory replctl certs init wrote, with ca.crt, operator.crt and operator.key", dir, err)
+			}
+			g.bundle = b
+		}
+		// Any node of the cluster's CA may answer at --addr.
+		opts = append(opts, transport.WithTLS(g.bundle.ClientConfig(addr, pki.Roles(pki.RoleNode))))
+	}
+	c, err := transport.DialControl(addr, opts...)
+	if err != nil {
+		return nil, usageErrorf("cannot use --addr %q: %v", addr, err)
+	}
+	return c, nil
 }
 
 // close releases the call's connection.

@@ -10,6 +10,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
@@ -17,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -270,10 +273,14 @@ type demo struct {
 	dir   string
 	uri   string // the primary's URI as the demo printed it
 	nodes map[string]demoNode
-	cmd   *exec.Cmd
-	out   *syncBuffer
-	done  chan struct{}
-	err   error
+	// tlsDir, on a cluster with a tls: section, is where replctl certs
+	// init wrote its files: ctl passes it as --tls-dir, and apiGet
+	// trusts its CA.
+	tlsDir string
+	cmd    *exec.Cmd
+	out    *syncBuffer
+	done   chan struct{}
+	err    error
 }
 
 var nodeLine = regexp.MustCompile(`^node (\S+): control (\S+) replication (\S+) nbd (\S+)$`)
@@ -392,9 +399,39 @@ func (d *demo) disk(node string) string {
 	return filepath.Join(d.dir, node, volName+".img")
 }
 
-// ctl runs `replctl --addr <node's control> args...`.
+// ctl runs `replctl --addr <node's control> args...` (and --tls-dir on a
+// cluster with TLS).
 func (d *demo) ctl(node string, args ...string) result {
-	return runCmd(30*time.Second, nil, replctlBin, append(args, "--addr", d.nodes[node].Control)...)
+	return runCmd(30*time.Second, nil, replctlBin, d.ctlArgs(node, args)...)
+}
+
+// ctlArgs are args with --addr of node's control address, and --tls-dir
+// on a cluster with TLS.
+func (d *demo) ctlArgs(node string, args []string) []string {
+	out := append(append([]string(nil), args...), "--addr", d.nodes[node].Control)
+	if d.tlsDir != "" {
+		out = append(out, "--tls-dir", d.tlsDir)
+	}
+	return out
+}
+
+// apiGet reads path (/api/node, /metrics, ...) from node's control
+// address: over HTTPS on a cluster with TLS, trusting its CA and without
+// a client certificate, as a browser does.
+func (d *demo) apiGet(node, path string) (*http.Response, error) {
+	hc := &http.Client{Timeout: 5 * time.Second}
+	scheme := "http://"
+	if d.tlsDir != "" {
+		pem, err := os.ReadFile(filepath.Join(d.tlsDir, "ca.crt"))
+		if err != nil {
+			return nil, err
+		}
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(pem)
+		hc.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS13}}
+		scheme = "https://"
+	}
+	return hc.Get(scheme + d.nodes[node].Control + path)
 }
 
 func (d *demo) mustCtl(node string, args ...string) string {
@@ -420,6 +457,7 @@ type statusDoc struct {
 		Role       string `json:"role"`
 		Membership string `json:"membership"`
 		Error      string `json:"error"`
+		ErrorCode  string `json:"error_code"`
 	} `json:"nodes"`
 	Volumes []volumeStatus `json:"volumes"`
 }

@@ -26,7 +26,7 @@ import (
 type reloader struct {
 	path    string
 	name    string
-	control string // the node's own control address
+	control string // the node's own unix socket: no certificate needed
 	log     *slog.Logger
 	running *node.Config
 }
