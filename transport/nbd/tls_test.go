@@ -34,7 +34,7 @@ type testPKI struct {
 	client *tls.Config // the nbd-client/ files' certificate, trusting the CA
 }
 
-func newTestPKI(t *testing.T) *testPKI {
+func newTestPKI(t testing.TB) *testPKI {
 	t.Helper()
 	dir := t.TempDir()
 	alpha := pki.Holder{Identity: pki.Identity{Role: pki.RoleNode, Name: "alpha"}, Hosts: []string{"127.0.0.1"}}
@@ -54,7 +54,7 @@ func newTestPKI(t *testing.T) *testPKI {
 
 // clientTLS is a client configuration trusting dir's CA, presenting the certificate in dir's
 // certFile (none if "").
-func clientTLS(t *testing.T, dir, certFile, keyFile string) *tls.Config {
+func clientTLS(t testing.TB, dir, certFile, keyFile string) *tls.Config {
 	t.Helper()
 	caPEM, err := os.ReadFile(filepath.Join(dir, pki.NBDClientDir, "ca-cert.pem"))
 	if err != nil {
