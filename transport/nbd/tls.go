@@ -82,8 +82,8 @@ func (c *serverConn) startTLSOption(data []byte, clientFlags uint32) bool {
 
 func (c *serverConn) logTLSFailure(err error) {
 	if ok, suppressed := c.srv.tlsFailedLog.allow(time.Now()); ok {
-		c.log.Warn("nbd: TLS refused; connection closed (a client needs a certificate the server's TLS config accepts: replctl certs init writes one in nbd-client/)",
-			"err", err, "failed_since_last_line", suppressed+1)
+		c.log.Warn("nbd: TLS refused; connection closed", "err", err,
+			"want", "a client certificate the server accepts, as in tls-certificates="+c.srv.tlsHint, "failed_since_last_line", suppressed+1)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -240,8 +241,10 @@ func TestTLSRefusesClientsWithoutAnAcceptedCertificate(t *testing.T) {
 		{"a node's certificate (not an NBD client's)", clientTLS(t, p.dir, "alpha.crt", "alpha.key")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := startTLSServer(t, p, nbd.TLSRequired)
+			logs := &logStore{}
+			s := startTLSServer(t, p, nbd.TLSRequired, func(c *nbd.Config) { c.Logger = slog.New(recordingHandler{store: logs}) })
 			h := s.greet(t, nbdtest.ClientFixedNewstyle)
+			remote := h.Conn.LocalAddr().String()
 			// In TLS 1.3 the client's handshake ends before the server checks its certificate:
 			// the refusal arrives as an alert on the next read.
 			err := h.StartTLS(tc.client)
@@ -263,6 +266,9 @@ func TestTLSRefusesClientsWithoutAnAcceptedCertificate(t *testing.T) {
 			})
 			if st := s.Stats(); st.TLSConnections != 0 || st.TransmittingConnections != 0 {
 				t.Fatalf("stats %+v", st)
+			}
+			if !logs.has(slog.LevelWarn, "remote", remote) || !strings.Contains(logs.String(), "TLS refused") {
+				t.Errorf("no Warn saying TLS was refused for %s; got:\n%s", remote, logs)
 			}
 		})
 	}
