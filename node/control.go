@@ -359,7 +359,7 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 func (n *Node) nbdURIFromStatus(nodes []transport.NodeInfo, node, volume string) string {
 	for _, ni := range nodes {
 		if ni.Name == node {
-			return fmt.Sprintf("nbd://%s/%s", ni.NBD, volume)
+			return fmt.Sprintf("%s://%s/%s", n.nbdScheme(), ni.NBD, volume)
 		}
 	}
 	return ""

@@ -124,6 +124,8 @@ type collector struct {
 	nbdRefused, nbdStalled, nbdRequests, nbdErrors                metricFamily
 	nbdReadBytes, nbdWrittenBytes, nbdInFlight, nbdPeakInFlight   metricFamily
 	nbdWaiting, nbdBudget, nbdBudgetHeld, nbdPooled, nbdMaxPooled metricFamily
+	nbdMaxOpen, nbdRefusedAtAccept                                metricFamily
+	nbdTLS, nbdTLSFailures, nbdTLSRequired                        metricFamily
 	eventsTotal                                                   metricFamily
 
 	// The cluster view.
@@ -223,6 +225,11 @@ func (c *collector) define() {
 	c.nbdFailedHandshakes = k("nbd_failed_handshakes_total", "NBD connections closed before the transmission phase.", self...)
 	c.nbdRefused = k("nbd_refused_connections_total", "NBD handshakes refused because the connection limit was reached.", self...)
 	c.nbdStalled = k("nbd_stalled_connections_total", "NBD connections closed because their client stalled.", self...)
+	c.nbdMaxOpen = g("nbd_max_open_connections", "The most NBD connections open at once, in any phase.", self...)
+	c.nbdRefusedAtAccept = k("nbd_refused_at_accept_total", "NBD connections closed as they were accepted because nbd_max_open_connections were open.", self...)
+	c.nbdTLS = k("nbd_tls_connections_total", "NBD connections that started TLS (NBD_OPT_STARTTLS).", self...)
+	c.nbdTLSFailures = k("nbd_tls_handshake_failures_total", "NBD TLS handshakes that failed: no client certificate, one not of the cluster CA or of another role, a timeout.", self...)
+	c.nbdTLSRequired = k("nbd_tls_required_refusals_total", "NBD options refused because TLS is required and the client had not started it.", self...)
 	c.nbdRequests = k("nbd_requests_total", "NBD requests received, by command.", "node", "op")
 	c.nbdErrors = k("nbd_request_errors_total", "NBD error replies sent, by command.", "node", "op")
 	c.nbdReadBytes = k("nbd_read_bytes_total", "READ payload sent to NBD clients.", self...)
@@ -413,6 +420,11 @@ func (c *collector) collectNBD(ch chan<- prometheus.Metric) {
 	c.nbdFailedHandshakes.send(ch, float64(st.FailedHandshakes), self)
 	c.nbdRefused.send(ch, float64(st.RefusedConnections), self)
 	c.nbdStalled.send(ch, float64(st.StalledConnections), self)
+	c.nbdMaxOpen.send(ch, float64(st.MaxOpenConnections), self)
+	c.nbdRefusedAtAccept.send(ch, float64(st.RefusedAtAccept), self)
+	c.nbdTLS.send(ch, float64(st.TLSConnections), self)
+	c.nbdTLSFailures.send(ch, float64(st.TLSHandshakeFailures), self)
+	c.nbdTLSRequired.send(ch, float64(st.TLSRequiredRefusals), self)
 	for _, op := range []struct {
 		name          string
 		requests, err uint64

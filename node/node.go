@@ -305,7 +305,7 @@ func (n *Node) Start() error {
 
 	n.registry = prometheus.NewRegistry()
 	n.registry.MustRegister(newCollector(n))
-	n.nbd = nbd.NewServer(nbd.Config{Resolver: (*resolver)(n), Logger: n.log.With("part", "nbd")})
+	n.nbd = nbd.NewServer(n.nbdConfig())
 	n.repl = transport.NewReplServer(n.handleStream)
 	n.ctlGRPC = transport.NewControlGRPC(&control{n: n}, transport.WithAuthorize(n.authorizeCall))
 	mux := web.NewMux(web.Source{
@@ -542,7 +542,43 @@ func (n *Node) nbdURI(node, volume string) string {
 	if node == n.name && n.lnNBD != nil {
 		addr = n.lnNBD.Addr().String()
 	}
-	return fmt.Sprintf("nbd://%s/%s", addr, volume)
+	return fmt.Sprintf("%s://%s/%s", n.nbdScheme(), addr, volume)
+}
+
+// nbdScheme is the scheme of the volumes' NBD URIs: nbds (libnbd's NBD over TLS) when every
+// client must use TLS, as the cluster file says for every node.
+func (n *Node) nbdScheme() string {
+	if n.cfg.TLS.NBDPolicy() == NBDTLSRequired {
+		return "nbds"
+	}
+	return "nbd"
+}
+
+// nbdCertificatesHint is the tls-certificates directory a client refused for want of TLS is
+// told to use.
+const nbdCertificatesHint = "DIR/" + pki.NBDClientDir + " (DIR: where replctl certs init wrote the cluster's files)"
+
+// nbdConfig is the NBD server's configuration. With a tls: section, a client that STARTTLS
+// must show a certificate of the cluster's CA for an NBD client or the operator; the section's
+// nbd policy says whether it must STARTTLS.
+func (n *Node) nbdConfig() nbd.Config {
+	cfg := nbd.Config{Resolver: (*resolver)(n), Logger: n.log.With("part", "nbd")}
+	if n.tls == nil {
+		return cfg
+	}
+	cfg.TLS = n.tls.ServerConfig(true, pki.Roles(pki.RoleNBDClient, pki.RoleOperator))
+	cfg.TLSCertificatesHint = nbdCertificatesHint
+	switch policy := n.cfg.TLS.NBDPolicy(); policy {
+	case NBDTLSRequired:
+		cfg.TLSPolicy = nbd.TLSRequired
+	case NBDTLSOptional:
+		cfg.TLSPolicy = nbd.TLSOptional
+	case NBDTLSOff:
+		cfg.TLSPolicy = nbd.TLSOff
+	default:
+		panic(fmt.Sprintf("tls.nbd %q passed Validate", policy))
+	}
+	return cfg
 }
 
 // resolver exposes the volumes this node is primary for over NBD.

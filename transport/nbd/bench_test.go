@@ -12,7 +12,8 @@ import (
 
 // BenchmarkRequests pipelines 4 KiB and 1 MiB requests over one connection (as many in flight
 // as TCP buffers and the connection's budget allow) with a client that reuses its buffers, so
-// allocs/op is the server's.
+// allocs/op is the server's; plaintext and over TLS (STARTTLS with the cluster CA's
+// certificates), side by side.
 func BenchmarkRequests(b *testing.B) {
 	for _, bc := range []struct {
 		name string
@@ -23,15 +24,32 @@ func BenchmarkRequests(b *testing.B) {
 		{"read1m", nbdtest.CmdRead, 1 << 20}, {"write1m", nbdtest.CmdWrite, 1 << 20},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
-			benchmarkRequests(b, bc.cmd, bc.size)
+			benchmarkRequests(b, bc.cmd, bc.size, nil)
+		})
+	}
+	p := newTestPKI(b)
+	for _, bc := range []struct {
+		name string
+		cmd  uint16
+		size int
+	}{
+		{"tls/read4k", nbdtest.CmdRead, 4096}, {"tls/write4k", nbdtest.CmdWrite, 4096},
+		{"tls/read1m", nbdtest.CmdRead, 1 << 20}, {"tls/write1m", nbdtest.CmdWrite, 1 << 20},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			benchmarkRequests(b, bc.cmd, bc.size, p)
 		})
 	}
 }
 
 const benchExportSize = 64 << 20
 
-func benchmarkRequests(b *testing.B, cmd uint16, size int) {
-	s := nbd.NewServer(nbd.Config{Resolver: &testResolver{exports: map[string]nbd.Export{"vol": nbdtest.NewMemExport(benchExportSize)}}})
+func benchmarkRequests(b *testing.B, cmd uint16, size int, p *testPKI) {
+	cfg := nbd.Config{Resolver: &testResolver{exports: map[string]nbd.Export{"vol": nbdtest.NewMemExport(benchExportSize)}}}
+	if p != nil {
+		cfg.TLS = p.server
+	}
+	s := nbd.NewServer(cfg)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -46,6 +64,11 @@ func benchmarkRequests(b *testing.B, cmd uint16, size int) {
 	h, err := nbdtest.Greet(conn, nbdtest.ClientFixedNewstyle|nbdtest.ClientNoZeroes)
 	if err != nil {
 		b.Fatal(err)
+	}
+	if p != nil {
+		if err := h.StartTLS(p.client); err != nil {
+			b.Fatal(err)
+		}
 	}
 	c, _, err := h.Go("vol")
 	if err != nil {
@@ -80,7 +103,7 @@ func benchmarkRequests(b *testing.B, cmd uint16, size int) {
 	for i := range b.N {
 		binary.BigEndian.PutUint64(req[8:], uint64(i))
 		binary.BigEndian.PutUint64(req[16:], uint64(i%offsets)*uint64(size))
-		if _, err := conn.Write(req); err != nil {
+		if _, err := c.Conn.Write(req); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -3,6 +3,7 @@ package nbd
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -21,8 +22,19 @@ import (
 // up to MaxInFlight worker goroutines execute them and write the replies under writeMu. Every
 // request holds bytes of the connection's budget until its reply is written or dropped.
 type serverConn struct {
-	srv        *Server
-	conn       net.Conn
+	srv *Server
+	// conn is the TCP connection: deadlines are set and a broken connection is closed there,
+	// whether or not TLS runs over it.
+	conn net.Conn
+	// stream carries the protocol: conn, or after NBD_OPT_STARTTLS the TLS connection over
+	// it. Set by the serve goroutine during negotiation only.
+	stream net.Conn
+	// tls is the TLS connection once STARTTLS succeeded, else nil; progress is what it runs
+	// over (conn, with StallTimeout applied to its writes in transmission). Set like stream.
+	tls      *tls.Conn
+	progress *progressConn
+	// tlsOut gathers a round of replies into TLS records (see writeRepliesTLS). Writer only.
+	tlsOut     *bufio.Writer
 	remoteAddr string
 	r          *bufio.Reader // used by the serve goroutine only, in both phases
 	log        *slog.Logger
@@ -94,14 +106,22 @@ var requestPool = sync.Pool{New: func() any { return new(request) }}
 // aLongTimeAgo is a read deadline that makes blocked and future reads fail at once.
 var aLongTimeAgo = time.Unix(1, 0)
 
+// A connection reads options through a small buffer, and only in transmission through a large
+// one: a client holding many connections in negotiation costs little memory each.
+const (
+	negotiationReadBuffer  = 4 << 10
+	transmissionReadBuffer = 64 << 10
+)
+
 func newServerConn(s *Server, conn net.Conn) *serverConn {
 	ctx, cancel := context.WithCancel(context.Background())
 	remote := conn.RemoteAddr().String()
 	return &serverConn{
 		srv:          s,
 		conn:         conn,
+		stream:       conn,
 		remoteAddr:   remote,
-		r:            bufio.NewReaderSize(conn, 64<<10),
+		r:            bufio.NewReaderSize(conn, negotiationReadBuffer),
 		log:          s.log.With("remote", remote),
 		ctx:          ctx,
 		cancel:       cancel,
@@ -116,7 +136,7 @@ func (c *serverConn) serve() {
 	defer close(c.done)
 	defer c.srv.removeConn(c)
 	defer c.cancel()
-	defer c.conn.Close()
+	defer c.closeConn()
 	export, ok := c.negotiate()
 	if !ok {
 		c.srv.stats.failed.Add(1)
@@ -232,7 +252,7 @@ func (c *serverConn) negotiate() (export Export, ok bool) {
 	binary.BigEndian.PutUint64(greeting[0:], magicInit)
 	binary.BigEndian.PutUint64(greeting[8:], magicOption)
 	binary.BigEndian.PutUint16(greeting[16:], flagFixedNewstyle|flagNoZeroes)
-	if _, err := c.conn.Write(greeting[:]); err != nil {
+	if _, err := c.stream.Write(greeting[:]); err != nil {
 		c.logReadError("handshake", err)
 		return nil, false
 	}
@@ -247,6 +267,11 @@ func (c *serverConn) negotiate() (export Export, ok bool) {
 		return nil, false
 	}
 	noZeroes := clientFlags&clientNoZeroes != 0
+	if clientFlags&clientFixedNewstyle == 0 && c.srv.tlsPolicy == TLSRequired {
+		// proto.md: without fixed newstyle there is no TLS, and this server serves none without.
+		c.tlsRequiredRefusal(optExportName, nil)
+		return nil, false
+	}
 
 	for {
 		option, data, err := c.readOption()
@@ -266,12 +291,28 @@ func (c *serverConn) negotiate() (export Export, ok bool) {
 			}
 			continue
 		}
+		if c.tls == nil && c.srv.tlsPolicy == TLSRequired && option != optStartTLS && option != optAbort {
+			if option == optExportName {
+				// It cannot carry an error: proto.md has the server close.
+				c.tlsRequiredRefusal(option, data)
+				return nil, false
+			}
+			if err := c.sendOptionReply(option, repErrTLSReqd, []byte(c.tlsRequiredRefusal(option, data))); err != nil {
+				c.logReadError("handshake", err)
+				return nil, false
+			}
+			continue
+		}
 		switch option {
 		case optExportName:
 			return c.exportNameOption(data, noZeroes)
 		case optAbort:
 			_ = c.sendOptionReply(option, repAck, nil)
 			return nil, false
+		case optStartTLS:
+			if ok := c.startTLSOption(data, clientFlags); !ok {
+				return nil, false
+			}
 		case optList:
 			err = c.listOption(data)
 		case optInfo, optGo:
@@ -323,7 +364,7 @@ func (c *serverConn) sendOptionReply(option, replyType uint32, data []byte) erro
 	binary.BigEndian.PutUint32(b[8:], option)
 	binary.BigEndian.PutUint32(b[12:], replyType)
 	binary.BigEndian.PutUint32(b[16:], uint32(len(data)))
-	_, err := c.conn.Write(append(b, data...))
+	_, err := c.stream.Write(append(b, data...))
 	return err
 }
 
@@ -347,7 +388,7 @@ func (c *serverConn) exportNameOption(data []byte, noZeroes bool) (Export, bool)
 	if !noZeroes {
 		b = b[:10+reservedZeroesSize]
 	}
-	if _, err := c.conn.Write(b); err != nil {
+	if _, err := c.stream.Write(b); err != nil {
 		c.logReadError("handshake", err)
 		return nil, false
 	}
@@ -494,6 +535,10 @@ func (c *serverConn) transmit(export Export) {
 	c.mu.Lock()
 	c.transmitting = true
 	c.mu.Unlock()
+	c.growReadBuffer()
+	if c.progress != nil {
+		c.progress.watch(c.srv.stallTimeout)
+	}
 	stats := &c.srv.stats
 	var headerBytes [requestHeaderSize]byte
 	for {
@@ -761,8 +806,12 @@ func (c *serverConn) sendReply(req *request, handle uint64, errno uint32, data [
 
 // writeReplies writes w, a round of replies. Each write has a deadline at least StallTimeout
 // away, renewed after any progress, so a slow client that reads is never cut off; errStalled
-// means the client took no byte for a whole StallTimeout.
+// means the client took no byte for a whole StallTimeout. In plaintext the round is one writev
+// of the reply headers and the READ buffers as they are.
 func (c *serverConn) writeReplies(w net.Buffers) error {
+	if c.tls != nil {
+		return c.writeRepliesTLS(w)
+	}
 	for {
 		// Renewing costs a timer update: do it only when less than StallTimeout is left.
 		if now := time.Now(); c.writeDeadline.Sub(now) < c.srv.stallTimeout {

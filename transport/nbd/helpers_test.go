@@ -2,6 +2,7 @@ package nbd_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -62,6 +63,8 @@ type testServer struct {
 	addr     string
 	resolver *testResolver
 	served   chan error // Serve's result
+	// clientTLS, if set, makes dial STARTTLS with it.
+	clientTLS *tls.Config
 }
 
 const testExportSize = 16 << 20
@@ -112,7 +115,7 @@ func (s *testServer) dial(t *testing.T, export string) *nbdtest.Client {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := nbdtest.Dial(ctx, s.addr, export)
+	c, err := nbdtest.DialTLS(ctx, s.addr, export, s.clientTLS)
 	if err != nil {
 		t.Fatalf("dial %s: %v", export, err)
 	}
@@ -180,4 +183,10 @@ func pattern(n int, seed byte) []byte {
 		b[i] = seed + byte(i*7)
 	}
 	return b
+}
+
+// port is the port the server listens on.
+func (s *testServer) port() string {
+	_, port, _ := net.SplitHostPort(s.addr)
+	return port
 }

@@ -39,6 +39,7 @@ const (
 	optList       = protocol.NEGOTIATION_ID_OPTION_LIST
 	optInfo       = protocol.NEGOTIATION_ID_OPTION_INFO
 	optGo         = protocol.NEGOTIATION_ID_OPTION_GO
+	optStartTLS   = uint32(5)
 )
 
 // Option reply types.
@@ -50,6 +51,7 @@ const (
 	repErrPolicy    = uint32(1<<31 | 2)
 	repErrInvalid   = uint32(1<<31 | 3)
 	repErrUnknown   = protocol.NEGOTIATION_TYPE_REPLY_ERR_UNKNOWN
+	repErrTLSReqd   = uint32(1<<31 | 5)
 	repErrShutdown  = uint32(1<<31 | 7)
 	repErrTooBig    = uint32(1<<31 | 9)
 	infoExport      = protocol.NEGOTIATION_TYPE_INFO_EXPORT

@@ -10,11 +10,13 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/replvol/replvol/internal/pki"
 	"github.com/replvol/replvol/transport/nbd"
 	"github.com/replvol/replvol/transport/nbd/nbdtest"
 )
@@ -214,5 +216,89 @@ func TestFioRandomWritesVerify(t *testing.T) {
 	}
 	if st := s.Stats(); st.Requests.Write < testExportSize/4096 || st.Requests.Read < testExportSize/4096 {
 		t.Errorf("fio wrote %d and read %d blocks, want at least %d each", st.Requests.Write, st.Requests.Read, testExportSize/4096)
+	}
+}
+
+// TestRealClientsOverTLS: libnbd (nbdinfo, nbdsh, nbdcopy: nbds:// with tls-certificates) and
+// qemu-io (tls-creds-x509 on the same directory) read and write over TLS with the files pki.Init
+// writes for NBD clients; against TLSRequired, plaintext nbdinfo and qemu-io are refused with an
+// error that says TLS is required, and so are both with a second CA's files.
+func TestRealClientsOverTLS(t *testing.T) {
+	nbdtest.RequireTool(t, "nbdinfo", "nbdsh", "nbdcopy", "qemu-io")
+	p := newTestPKI(t)
+	mem := nbdtest.NewMemExport(testExportSize)
+	s := startServer(t, map[string]nbd.Export{"vol": mem}, func(c *nbd.Config) {
+		c.TLS, c.TLSCertificatesHint = p.server, "DIR/nbd-client"
+	})
+	certs := filepath.Join(p.dir, pki.NBDClientDir)
+	uri := "nbds://" + s.addr + "/vol?tls-certificates=" + certs
+	if out := mustRun(t, "nbdinfo", uri); !strings.Contains(out, "newstyle-fixed with TLS") || !strings.Contains(out, "export-size: 16777216") {
+		t.Errorf("nbdinfo %s:\n%s", uri, out)
+	}
+	script := fmt.Sprintf("h.set_uri_allow_local_file(True)\nh.connect_uri(%q)\nassert h.get_tls_negotiated()\n"+
+		"h.pwrite(b'\\x5a' * 65536, 1 << 20)\nassert h.pread(65536, 1 << 20) == b'\\x5a' * 65536\nh.flush()\nh.shutdown()\nprint('ok')", uri)
+	if out := mustRun(t, "nbdsh", "-c", script); strings.TrimSpace(out) != "ok" {
+		t.Fatalf("nbdsh over TLS: %q", out)
+	}
+
+	out := filepath.Join(t.TempDir(), "copy.img")
+	mustRun(t, "nbdcopy", uri, out)
+	if b, err := os.ReadFile(out); err != nil || len(b) != testExportSize || !bytes.Equal(b[1<<20:1<<20+65536], bytes.Repeat([]byte{0x5a}, 65536)) {
+		t.Errorf("nbdcopy over TLS: %d bytes, %v", len(b), err)
+	}
+
+	tlsObject := "tls-creds-x509,id=tls0,dir=" + certs + ",endpoint=client"
+	image := "driver=nbd,server.type=inet,server.host=127.0.0.1,server.port=" + s.port() + ",export=vol"
+	mustRun(t, "qemu-io", "--object", tlsObject, "--image-opts", image+",tls-creds=tls0",
+		"-c", "write -P 0xab 0 1M", "-c", "read -P 0xab 0 1M", "-c", "write -P 0xcd 4096 4096",
+		"-c", "read -P 0x5a 1M 64k", "-c", "flush")
+	if !bytes.Equal(mem.Bytes(0, 4096), bytes.Repeat([]byte{0xab}, 4096)) || !bytes.Equal(mem.Bytes(4096, 4096), bytes.Repeat([]byte{0xcd}, 4096)) {
+		t.Error("the export does not hold what qemu-io wrote over TLS")
+	}
+
+	// Plaintext against TLS required. libnbd 1.14 reports NBD_REP_ERR_TLS_REQD as ENOTSUP
+	// ("Operation not supported") and prints the server's message in its debug log; qemu-io
+	// prints both.
+	plain := "nbd://" + s.addr + "/vol"
+	stdout, stderr, code := runTool(t, "nbdinfo", plain)
+	if code == 0 || !strings.Contains(stdout, "without TLS") || !strings.Contains(stderr, "Operation not supported") {
+		t.Errorf("plaintext nbdinfo: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	_, stderr, _ = runToolEnv(t, []string{"LIBNBD_DEBUG=1"}, "nbdinfo", plain)
+	want := "server error message: TLS is required: this server serves NBD only over TLS, to clients with a certificate of its CA; " +
+		"connect with TLS, e.g. nbds://" + s.addr + "/vol?tls-certificates=DIR/nbd-client"
+	if !strings.Contains(stderr, want) {
+		t.Errorf("plaintext nbdinfo (LIBNBD_DEBUG=1) does not show %q:\n%s", want, stderr)
+	}
+	_, stderr, code = runTool(t, "qemu-io", "--image-opts", image, "-c", "read 0 4k")
+	if code == 0 || !strings.Contains(stderr, "TLS negotiation required") || !strings.Contains(stderr, "server reported: TLS is required") {
+		t.Errorf("plaintext qemu-io: exit %d\nstderr:\n%s", code, stderr)
+	}
+
+	// A client certificate of another cluster's CA (with this server's CA to trust, so that
+	// the refusal is the server's).
+	other := filepath.Join(newTestPKI(t).dir, pki.NBDClientDir)
+	mixed := t.TempDir()
+	for _, f := range []struct{ from, name string }{{certs, "ca-cert.pem"}, {other, "client-cert.pem"}, {other, "client-key.pem"}} {
+		b, err := os.ReadFile(filepath.Join(f.from, f.name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(mixed, f.name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, stderr, code = runTool(t, "nbdinfo", "nbds://"+s.addr+"/vol?tls-certificates="+mixed)
+	if code == 0 {
+		t.Errorf("nbdinfo with another CA's client certificate succeeded")
+	}
+	t.Logf("nbdinfo with another CA's client certificate: exit %d: %s", code, stderr)
+	// (qemu-io checks its own certificate against the CA and does not connect.)
+	waitUntil(t, "the refusal counted", func() (bool, string) {
+		n := s.Stats().TLSHandshakeFailures
+		return n == 1, fmt.Sprint(n, " TLS handshake failures")
+	})
+	if st := s.Stats(); st.TLSConnections < 4 || st.TLSRequiredRefusals == 0 || st.TransmittingConnections != 0 {
+		t.Errorf("%d TLS connections, %d TLS-required refusals", st.TLSConnections, st.TLSRequiredRefusals)
 	}
 }

@@ -3,6 +3,7 @@ package nbd
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -90,6 +91,67 @@ type Config struct {
 	StallTimeout time.Duration
 	// MaxPooledBytes bounds the free buffers the Server keeps for reuse; default 64 MiB.
 	MaxPooledBytes int64
+	// MaxOpenConnections bounds the connections open at once in every phase, negotiating ones
+	// included: a connection accepted beyond it is closed at once (a reset, nothing sent), and
+	// a rate-limited log line says so. It bounds the file descriptors and the memory of
+	// negotiating connections, whatever a client does; default 4 × MaxConnections. At least
+	// MaxConnections.
+	MaxOpenConnections int
+
+	// TLS is the server side of NBD_OPT_STARTTLS (NBD protocol, "TLS support"). It must
+	// authenticate clients by their certificate (ClientAuth tls.RequireAndVerifyClientCert):
+	// whom it accepts is whom the server serves. nil: STARTTLS is answered
+	// NBD_REP_ERR_UNSUP and every client is plaintext.
+	TLS *tls.Config
+	// TLSPolicy says whether a client must use TLS; see TLSPolicy.
+	TLSPolicy TLSPolicy
+	// TLSCertificatesHint completes the message a plaintext client gets when TLS is required:
+	// "... e.g. nbds://HOST:PORT/EXPORT?tls-certificates=" + TLSCertificatesHint (libnbd's URI;
+	// the directory holds ca-cert.pem, client-cert.pem and client-key.pem); default "DIR".
+	TLSCertificatesHint string
+}
+
+// TLSPolicy is whether a Server's clients must use TLS.
+type TLSPolicy uint8
+
+// TLS policies. The zero value, TLSDefault, is TLSRequired when Config.TLS is set and TLSOff
+// otherwise.
+const (
+	TLSDefault TLSPolicy = iota
+	// TLSRequired: every option before NBD_OPT_STARTTLS but NBD_OPT_ABORT is answered
+	// NBD_REP_ERR_TLS_REQD, saying how to connect with TLS, and NBD_OPT_EXPORT_NAME closes
+	// the connection (proto.md's FORCEDTLS).
+	TLSRequired
+	// TLSOptional: a client may STARTTLS or stay plaintext (SELECTIVETLS with no TLS-only
+	// export).
+	TLSOptional
+	// TLSOff: STARTTLS is answered NBD_REP_ERR_POLICY; every client is plaintext.
+	TLSOff
+)
+
+func (p TLSPolicy) String() string {
+	switch p {
+	case TLSDefault:
+		return "default"
+	case TLSRequired:
+		return "required"
+	case TLSOptional:
+		return "optional"
+	case TLSOff:
+		return "off"
+	}
+	return fmt.Sprintf("TLSPolicy(%d)", uint8(p))
+}
+
+// effective is p with TLSDefault resolved for a config whose TLS is set or not.
+func (p TLSPolicy) effective(haveTLS bool) TLSPolicy {
+	if p != TLSDefault {
+		return p
+	}
+	if haveTLS {
+		return TLSRequired
+	}
+	return TLSOff
 }
 
 const (
@@ -101,6 +163,9 @@ const (
 	defaultConnectionReserve = 1 << 20
 	defaultStallTimeout      = 30 * time.Second
 	defaultMaxPooledBytes    = 64 << 20
+	// defaultOpenPerTransmitting: MaxOpenConnections defaults to this many times MaxConnections.
+	defaultOpenPerTransmitting = 4
+	defaultTLSCertificatesHint = "DIR"
 )
 
 // withDefaults returns cfg with every zero field set to its default.
@@ -113,6 +178,13 @@ func (cfg Config) withDefaults() Config {
 	setDefault(&cfg.ConnectionReserve, defaultConnectionReserve)
 	setDefault(&cfg.StallTimeout, defaultStallTimeout)
 	setDefault(&cfg.MaxPooledBytes, defaultMaxPooledBytes)
+	if cfg.MaxConnections > 0 {
+		setDefault(&cfg.MaxOpenConnections, defaultOpenPerTransmitting*cfg.MaxConnections)
+	}
+	if cfg.TLSCertificatesHint == "" {
+		cfg.TLSCertificatesHint = defaultTLSCertificatesHint
+	}
+	cfg.TLSPolicy = cfg.TLSPolicy.effective(cfg.TLS != nil)
 	return cfg
 }
 
@@ -132,6 +204,26 @@ func (cfg Config) Validate() error {
 	}
 	if cfg.MaxInFlight < 0 || cfg.MaxConnections < 0 || cfg.HandshakeTimeout < 0 || cfg.StallTimeout < 0 || cfg.MaxPooledBytes < 0 {
 		bad("MaxInFlight, MaxConnections, HandshakeTimeout, StallTimeout and MaxPooledBytes must not be negative")
+	}
+	if cfg.MaxOpenConnections < cfg.MaxConnections {
+		bad("MaxOpenConnections %d is below MaxConnections %d: transmission could never hold MaxConnections", cfg.MaxOpenConnections, cfg.MaxConnections)
+	}
+	switch cfg.TLSPolicy {
+	case TLSRequired, TLSOptional:
+		if cfg.TLS == nil {
+			bad("TLSPolicy %s needs a TLS config", cfg.TLSPolicy)
+		}
+	case TLSOff:
+	default:
+		bad("TLSPolicy %d is not a policy", uint8(cfg.TLSPolicy))
+	}
+	if t := cfg.TLS; t != nil {
+		if len(t.Certificates) == 0 && t.GetCertificate == nil && t.GetConfigForClient == nil {
+			bad("TLS has no certificate to present")
+		}
+		if t.ClientAuth != tls.RequireAndVerifyClientCert && t.GetConfigForClient == nil {
+			bad("TLS.ClientAuth is %v: NBD clients are authenticated by their certificate alone, so it must be tls.RequireAndVerifyClientCert", t.ClientAuth)
+		}
 	}
 	if cfg.ConnectionBudget < MaxRequestLength {
 		bad("ConnectionBudget %d is below MaxRequestLength %d: a request of the maximum length could never run", cfg.ConnectionBudget, MaxRequestLength)
@@ -168,6 +260,12 @@ type Stats struct {
 	DrainingConnections     int64  // connections winding down (Shutdown, CloseExport): new requests get NBD_ESHUTDOWN
 	RefusedConnections      uint64 // handshakes refused because MaxConnections were in transmission
 	StalledConnections      uint64 // connections closed because their client stalled for StallTimeout
+	MaxOpenConnections      int64  // Config.MaxOpenConnections
+	RefusedAtAccept         uint64 // connections closed as accepted because MaxOpenConnections were open
+
+	TLSConnections       uint64 // connections whose NBD_OPT_STARTTLS handshake succeeded
+	TLSHandshakeFailures uint64 // STARTTLS handshakes that failed: no client certificate, one the TLS config refused, a timeout...
+	TLSRequiredRefusals  uint64 // options answered NBD_REP_ERR_TLS_REQD, and NBD_OPT_EXPORT_NAME closed, before TLS
 
 	InFlightBytes     int64 // bytes the requests of all connections hold now (see Config)
 	WaitingRequests   int64 // requests read up to their header and waiting for budget (at most one per connection)
@@ -196,8 +294,14 @@ type Server struct {
 	connectionBudget int64
 	reserve          int64
 	stallTimeout     time.Duration
+	maxOpen          int
 	nodeBudget       *nodeBudget
 	buffers          *bufferPool
+	tlsConfig        *tls.Config // nil: STARTTLS is not supported
+	tlsPolicy        TLSPolicy   // never TLSDefault; TLSOff refuses STARTTLS even with a tlsConfig
+	tlsHint          string
+	// Rate-limited log lines for what a client can make happen once per connection.
+	refusedLog, tlsFailedLog, tlsRequiredLog *logLimiter
 	// forcedClose is set once a connection is closed by force, its Export calls cancelled: an
 	// Export might then still write into a buffer, so the buffers' mappings are kept.
 	forcedClose atomic.Bool
@@ -230,14 +334,23 @@ func NewServer(cfg Config) *Server {
 		connectionBudget: cfg.ConnectionBudget,
 		reserve:          cfg.ConnectionReserve,
 		stallTimeout:     cfg.StallTimeout,
+		maxOpen:          cfg.MaxOpenConnections,
 		nodeBudget:       &nodeBudget{size: cfg.NodeBudget},
 		buffers:          newBufferPool(cfg.MaxPooledBytes),
+		tlsPolicy:        cfg.TLSPolicy,
+		tlsHint:          cfg.TLSCertificatesHint,
+		refusedLog:       newLogLimiter(logInterval),
+		tlsFailedLog:     newLogLimiter(logInterval),
+		tlsRequiredLog:   newLogLimiter(logInterval),
 		listeners:        make(map[net.Listener]struct{}),
 		conns:            make(map[*serverConn]struct{}),
 		closeGeneration:  make(map[string]uint64),
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if cfg.TLS != nil {
+		s.tlsConfig = cfg.TLS.Clone()
 	}
 	return s
 }
@@ -350,6 +463,7 @@ func (s *Server) Stats() Stats {
 		}
 	}
 	s.mu.Unlock()
+	st.MaxOpenConnections = int64(s.maxOpen)
 	st.NodeBudgetBytes = s.nodeBudget.size
 	st.NodeBudgetHeld = s.nodeBudget.heldBytes()
 	st.PooledBytes = s.buffers.pooled.Load()
@@ -406,17 +520,37 @@ func (s *Server) untrackListener(l net.Listener) {
 }
 
 func (s *Server) startConn(conn net.Conn) {
-	c := newServerConn(s, conn)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.shutdown {
 		conn.Close()
 		return
 	}
+	if len(s.conns) >= s.maxOpen {
+		s.refuseAtAccept(conn)
+		return
+	}
+	c := newServerConn(s, conn)
 	s.conns[c] = struct{}{}
 	s.stats.accepted.Add(1)
 	s.stats.open.Add(1)
 	go c.serve()
+}
+
+// refuseAtAccept closes conn at once, with a reset where it can: a client holding
+// MaxOpenConnections connections gets nothing more from this server, and its next connection
+// costs a file descriptor only for a moment.
+func (s *Server) refuseAtAccept(conn net.Conn) {
+	if tcp, ok := conn.(*net.TCPConn); ok {
+		_ = tcp.SetLinger(0)
+	}
+	conn.Close()
+	s.stats.refusedAtAccept.Add(1)
+	if ok, suppressed := s.refusedLog.allow(time.Now()); ok {
+		s.log.Warn("nbd: too many open connections; refusing new ones at once (the clients already connected are served)",
+			"max_open_connections", s.maxOpen, "remote", conn.RemoteAddr().String(),
+			"refused_since_last_line", suppressed+1, "refused_total", s.stats.refusedAtAccept.Load())
+	}
 }
 
 func (s *Server) removeConn(c *serverConn) {
@@ -469,9 +603,14 @@ type counters struct {
 	bytesWritten atomic.Uint64
 	refused      atomic.Uint64
 	stalled      atomic.Uint64
-	inFlight     atomic.Int64
-	peakInFlight atomic.Int64
-	waiting      atomic.Int64
+	// refusedAtAccept: connections closed as accepted, beyond MaxOpenConnections.
+	refusedAtAccept atomic.Uint64
+	tlsDone         atomic.Uint64
+	tlsFailed       atomic.Uint64
+	tlsRequired     atomic.Uint64
+	inFlight        atomic.Int64
+	peakInFlight    atomic.Int64
+	waiting         atomic.Int64
 }
 
 // chargeInFlight adds n bytes to inFlight and raises the peak.
@@ -519,17 +658,21 @@ func (c *counters) snapshot() Stats {
 		}
 	}
 	return Stats{
-		OpenConnections:     c.open.Load(),
-		AcceptedConnections: c.accepted.Load(),
-		FailedHandshakes:    c.failed.Load(),
-		Requests:            counts(&c.requests),
-		Errors:              counts(&c.errors),
-		BytesRead:           c.bytesRead.Load(),
-		BytesWritten:        c.bytesWritten.Load(),
-		RefusedConnections:  c.refused.Load(),
-		StalledConnections:  c.stalled.Load(),
-		InFlightBytes:       c.inFlight.Load(),
-		WaitingRequests:     c.waiting.Load(),
-		PeakInFlightBytes:   c.peakInFlight.Load(),
+		OpenConnections:      c.open.Load(),
+		AcceptedConnections:  c.accepted.Load(),
+		FailedHandshakes:     c.failed.Load(),
+		Requests:             counts(&c.requests),
+		Errors:               counts(&c.errors),
+		BytesRead:            c.bytesRead.Load(),
+		BytesWritten:         c.bytesWritten.Load(),
+		RefusedConnections:   c.refused.Load(),
+		StalledConnections:   c.stalled.Load(),
+		RefusedAtAccept:      c.refusedAtAccept.Load(),
+		TLSConnections:       c.tlsDone.Load(),
+		TLSHandshakeFailures: c.tlsFailed.Load(),
+		TLSRequiredRefusals:  c.tlsRequired.Load(),
+		InFlightBytes:        c.inFlight.Load(),
+		WaitingRequests:      c.waiting.Load(),
+		PeakInFlightBytes:    c.peakInFlight.Load(),
 	}
 }

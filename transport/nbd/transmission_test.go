@@ -528,9 +528,23 @@ func TestStatsCountConnections(t *testing.T) {
 // and none is cut off mid-request. The connection closes on the client's
 // NBD_CMD_DISC, and Shutdown returns.
 func TestShutdownAnswersEveryRequestOfAClientStillSending(t *testing.T) {
+	t.Run("plaintext", func(t *testing.T) { shutdownAnswersEveryRequestOfAClientStillSending(t, nil) })
+	// Over TLS the drain's read deadlines interrupt TLS reads, which go on after them, and the
+	// connection ends with close_notify.
+	t.Run("TLS", func(t *testing.T) { shutdownAnswersEveryRequestOfAClientStillSending(t, newTestPKI(t)) })
+}
+
+func shutdownAnswersEveryRequestOfAClientStillSending(t *testing.T, p *testPKI) {
 	mem := nbdtest.NewMemExport(1 << 20)
 	gate := nbdtest.NewGate(nbdtest.OpWrite)
-	s := startServer(t, map[string]nbd.Export{"vol": &nbdtest.FaultyExport{Device: mem, Injector: gate}})
+	s := startServer(t, map[string]nbd.Export{"vol": &nbdtest.FaultyExport{Device: mem, Injector: gate}}, func(c *nbd.Config) {
+		if p != nil {
+			c.TLS = p.server
+		}
+	})
+	if p != nil {
+		s.clientTLS = p.client
+	}
 	c := s.dial(t, "vol")
 	first, err := c.Send(nbdtest.Request{Type: nbdtest.CmdWrite, Offset: 0, Length: 4, Payload: []byte("abcd")})
 	if err != nil {

@@ -3,6 +3,7 @@ package nbdtest
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -39,6 +40,7 @@ const (
 	RepErrUnsup    = 1<<31 | 1
 	RepErrPolicy   = 1<<31 | 2
 	RepErrInvalid  = 1<<31 | 3
+	RepErrTLSReqd  = 1<<31 | 5
 	RepErrUnknown  = 1<<31 | 6
 	RepErrShutdown = 1<<31 | 7
 	RepErrTooBig   = 1<<31 | 9
@@ -162,6 +164,35 @@ func (h *Handshake) ReadReply() (OptionReply, error) {
 		return OptionReply{}, err
 	}
 	return rep, nil
+}
+
+// StartTLS sends NBD_OPT_STARTTLS and, when the server acknowledges it, runs the TLS handshake
+// with cfg and goes on over TLS: Conn becomes the *tls.Conn. An error reply is returned as
+// *OptionError and the handshake goes on in plaintext; a failed TLS handshake is returned as
+// it is (the connection is then of no more use).
+func (h *Handshake) StartTLS(cfg *tls.Config) error {
+	if err := h.SendOption(OptStartTLS, nil); err != nil {
+		return err
+	}
+	rep, err := h.ReadReply()
+	if err != nil {
+		return err
+	}
+	if rep.Option != OptStartTLS {
+		return fmt.Errorf("reply for option %d, want %d", rep.Option, OptStartTLS)
+	}
+	if rep.Type != RepAck {
+		return &OptionError{Option: OptStartTLS, Type: rep.Type, Message: string(rep.Data)}
+	}
+	if n := h.r.Buffered(); n > 0 {
+		return fmt.Errorf("%d bytes from the server after its NBD_OPT_STARTTLS reply, before TLS", n)
+	}
+	t := tls.Client(h.Conn, cfg)
+	if err := t.Handshake(); err != nil {
+		return fmt.Errorf("TLS handshake: %w", err)
+	}
+	h.Conn, h.r = t, bufio.NewReader(t)
+	return nil
 }
 
 // InfoPayload encodes the data of NBD_OPT_INFO / NBD_OPT_GO.
@@ -305,6 +336,11 @@ type Client struct {
 
 // Dial connects to addr and selects export name with NBD_OPT_GO.
 func Dial(ctx context.Context, addr, name string) (*Client, error) {
+	return DialTLS(ctx, addr, name, nil)
+}
+
+// DialTLS is Dial with NBD_OPT_STARTTLS first, when cfg is not nil.
+func DialTLS(ctx context.Context, addr, name string, cfg *tls.Config) (*Client, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -314,6 +350,9 @@ func Dial(ctx context.Context, addr, name string) (*Client, error) {
 		_ = conn.SetDeadline(deadline)
 	}
 	h, err := Greet(conn, ClientFixedNewstyle|ClientNoZeroes)
+	if err == nil && cfg != nil {
+		err = h.StartTLS(cfg)
+	}
 	if err == nil {
 		var c *Client
 		if c, _, err = h.Go(name, InfoBlockSize); err == nil {
