@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -38,7 +39,12 @@ const (
 // cost of internal metadata.
 const tReplvolExt = "replvol-ext"
 
-var allTargets = []string{tReplvol, tReplvolExt, tNbdkit, tQuorum}
+// tReplvolTLS is replvol with every link mutual TLS (replctl demo --tls:
+// NBD over TLS from fio, replication over TLS): the cost of TLS is its
+// ratio to replvol, measured in the same rounds.
+const tReplvolTLS = "replvol-tls"
+
+var allTargets = []string{tReplvol, tReplvolExt, tReplvolTLS, tNbdkit, tQuorum}
 
 type workload struct {
 	Name    string // short id used in JSON
@@ -109,6 +115,13 @@ var goals = []goal{
 	{"randwrite-8k", tReplvolExt, 0.9},
 }
 
+// tlsGoals: TLS costs at most 15% of protocol C's writes (issue 16):
+// replvol-tls over replvol.
+var tlsGoals = []goal{
+	{"randwrite-8k", tReplvol, 0.85},
+	{"seqwrite-1m", tReplvol, 0.85},
+}
+
 type config struct {
 	rounds   int
 	runtime  time.Duration
@@ -141,7 +154,7 @@ func run() int {
 	flag.StringVar(&sizeStr, "size", "1GiB", "volume/image size of every target")
 	flag.StringVar(&spanStr, "span", "512MiB", "region of the volume the workloads touch (clamped to the export size)")
 	flag.BoolVar(&cfg.jsonOut, "json", false, "print the results as JSON instead of a table")
-	flag.StringVar(&targetsStr, "targets", strings.Join(allTargets, ","), "comma-separated targets: replvol,replvol-ext,nbdkit,quorum")
+	flag.StringVar(&targetsStr, "targets", strings.Join(allTargets, ","), "comma-separated targets: replvol,replvol-ext,replvol-tls,nbdkit,quorum")
 	flag.StringVar(&cfg.dir, "dir", "", "parent directory for the temporary images (default: $TMPDIR)")
 	flag.StringVar(&cfg.replctl, "replctl", "", "prebuilt replctl binary (default: go build ./cmd/replctl)")
 	flag.BoolVar(&cfg.keepLogs, "keep-logs", false, "keep the server logs (the images are always removed)")
@@ -300,7 +313,7 @@ func printTable(w io.Writer, rep *report) {
 		fmt.Fprintf(w, "  %-8s %s\n", "client:", v)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprint(tw, "workload\tunit\treplvol\treplvol-ext\tnbdkit\tquorum\treplvol/nbdkit\treplvol/quorum\tinternal/external\t\n")
+	fmt.Fprint(tw, "workload\tunit\treplvol\treplvol-ext\treplvol-tls\tnbdkit\tquorum\treplvol/nbdkit\treplvol/quorum\tinternal/external\ttls/plaintext\t\n")
 	for _, r := range rep.Rows {
 		fmt.Fprintf(tw, "%s\t%s\t", r.Label, r.Unit)
 		for _, t := range allTargets {
@@ -310,7 +323,7 @@ func printTable(w io.Writer, rep *report) {
 				fmt.Fprint(tw, "-\t")
 			}
 		}
-		for _, k := range []string{"replvol/nbdkit", "replvol/quorum", "replvol/replvol-ext"} {
+		for _, k := range []string{"replvol/nbdkit", "replvol/quorum", "replvol/replvol-ext", "replvol-tls/replvol"} {
 			if v, ok := r.Ratios[k]; ok {
 				fmt.Fprintf(tw, "%.2fx\t", v)
 			} else {
@@ -427,6 +440,8 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 			t, err = b.startReplvol(ctx, "internal")
 		case tReplvolExt:
 			t, err = b.startReplvol(ctx, "external")
+		case tReplvolTLS:
+			t, err = b.startReplvol(ctx, "internal", "--tls")
 		case tNbdkit:
 			t, err = b.startNbdkit(ctx)
 		case tQuorum:
@@ -551,12 +566,27 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 					r.Ratios[tReplvol+"/"+ref] = rv.Median / c.Median
 				}
 			}
+			if c, ok := r.Targets[tReplvolTLS]; ok && rv.Median > 0 {
+				r.Ratios[tReplvolTLS+"/"+tReplvol] = c.Median / rv.Median
+			}
 		}
 	}
 	for _, g := range goals {
 		w := workloads[slices.IndexFunc(workloads, func(w workload) bool { return w.Name == g.Workload })]
 		gr := goalResult{Goal: fmt.Sprintf("%s >= %.1fx %s", w.Label, g.Min, g.Versus), Min: g.Min, Status: "n/a"}
 		if v, ok := rows[g.Workload].Ratios[tReplvol+"/"+g.Versus]; ok {
+			gr.Ratio = &v
+			gr.Status = "MISS"
+			if v >= g.Min {
+				gr.Status = "PASS"
+			}
+		}
+		rep.Goals = append(rep.Goals, gr)
+	}
+	for _, g := range tlsGoals {
+		w := workloads[slices.IndexFunc(workloads, func(w workload) bool { return w.Name == g.Workload })]
+		gr := goalResult{Goal: fmt.Sprintf("%s TLS >= %.2fx plaintext", w.Label, g.Min), Min: g.Min, Status: "n/a"}
+		if v, ok := rows[g.Workload].Ratios[tReplvolTLS+"/"+g.Versus]; ok {
 			gr.Ratio = &v
 			gr.Status = "MISS"
 			if v >= g.Min {
@@ -765,7 +795,7 @@ func (b *bench) startQuorum(ctx context.Context) (*target, error) {
 	return &target{name: tQuorum, uri: uri, version: firstLine(ctx, "qemu-nbd", "--version") + " quorum(file, nbd->nbdkit)", procs: []*proc{pc, pq}}, nil
 }
 
-func (b *bench) startReplvol(ctx context.Context, md string) (*target, error) {
+func (b *bench) startReplvol(ctx context.Context, md string, extra ...string) (*target, error) {
 	bin := b.cfg.replctl
 	if bin == "" && b.replctlBin != "" {
 		bin = b.replctlBin
@@ -784,12 +814,13 @@ func (b *bench) startReplvol(ctx context.Context, md string) (*target, error) {
 		}
 	}
 	b.replctlBin = bin
-	dir := filepath.Join(b.tmp, "demo-"+md)
+	variant := md + strings.Join(extra, "")
+	dir := filepath.Join(b.tmp, "demo-"+variant)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
 	lines := make(chan string, 64)
-	p, err := b.start("replvol-demo-"+md, lines, bin, "demo", "--dir", dir, "--base-port", "0", "--size", fmtSize(b.cfg.size), "--metadata", md)
+	p, err := b.start("replvol-demo-"+variant, lines, append([]string{bin, "demo", "--dir", dir, "--base-port", "0", "--size", fmtSize(b.cfg.size), "--metadata", md}, extra...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -804,7 +835,7 @@ func (b *bench) startReplvol(ctx context.Context, md string) (*target, error) {
 			}
 			l = strings.TrimSpace(l)
 			switch {
-			case strings.HasPrefix(l, "nbd://") && uri == "":
+			case (strings.HasPrefix(l, "nbd://") || strings.HasPrefix(l, "nbds://")) && uri == "":
 				uri = strings.Fields(l)[0]
 			case strings.HasPrefix(l, "node alpha: control "):
 				control = strings.Fields(l)[3]
@@ -834,7 +865,10 @@ func (b *bench) startReplvol(ctx context.Context, md string) (*target, error) {
 		ver = "replvol (dev build, " + runtime.Version() + ")"
 	}
 	name := tReplvol
-	if md == "external" {
+	switch {
+	case slices.Contains(extra, "--tls"):
+		name = tReplvolTLS
+	case md == "external":
 		name = tReplvolExt
 	}
 	return &target{name: name, uri: uri, version: ver + " demo, " + md + " metadata, primary " + uri, procs: []*proc{p},
@@ -998,7 +1032,11 @@ const (
 )
 
 func (b *bench) fio(ctx context.Context, uri, name, rw, bs string, qd int, span int64, mode fioMode) (*fioResult, error) {
-	out := filepath.Join(b.tmp, "fio-"+name+".json")
+	uri, cl, err := b.fioClient(uri)
+	if err != nil {
+		return nil, err
+	}
+	out := filepath.Join(cl.dir, "fio-"+name+".json")
 	args := []string{
 		"--name=" + name, "--ioengine=nbd", "--uri=" + uri,
 		"--rw=" + rw, "--bs=" + bs, "--iodepth=" + strconv.Itoa(qd),
@@ -1015,7 +1053,8 @@ func (b *bench) fio(ctx context.Context, uri, name, rw, bs string, qd int, span 
 			"--runtime="+strconv.Itoa(int(b.cfg.runtime.Seconds())),
 			"--ramp_time="+strconv.Itoa(int(b.cfg.ramp.Seconds())))
 	}
-	cmd := exec.CommandContext(ctx, "fio", args...)
+	cmd := exec.CommandContext(ctx, cl.argv[0], append(cl.argv[1:], args...)...)
+	cmd.Env = cl.env
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 10 * time.Second
 	combined, err := cmd.CombinedOutput()
@@ -1121,6 +1160,61 @@ func waitNBD(ctx context.Context, uri string, p *proc, timeout time.Duration) er
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// fioClient is how fio reaches an export: the URI to give it, the command
+// that runs it, its environment (nil: this process's) and the directory
+// it writes its results to.
+type fioClient struct {
+	argv []string
+	env  []string
+	dir  string
+}
+
+// fioClient returns how fio reaches uri. fio's nbd engine does not let
+// libnbd read local files named in a URI, so an nbds:// URI's
+// tls-certificates become libnbd's default directory: $HOME/.pki/libnbd
+// for a user other than root (root's is /etc/pki/libnbd, which a bench
+// must not touch), so as root fio runs as nobody (setpriv), with a home
+// of its own holding a copy of the certificates.
+func (b *bench) fioClient(uri string) (string, fioClient, error) {
+	u, err := url.Parse(uri)
+	if err != nil {
+		return "", fioClient{}, err
+	}
+	certs := u.Query().Get("tls-certificates")
+	if certs == "" {
+		return uri, fioClient{argv: []string{"fio"}, dir: b.tmp}, nil
+	}
+	home := filepath.Join(b.tmp, "home-"+strings.NewReplacer(":", "-", "/", "-").Replace(u.Host))
+	pkiDir := filepath.Join(home, ".pki", "libnbd")
+	if err := os.MkdirAll(pkiDir, 0o700); err != nil {
+		return "", fioClient{}, err
+	}
+	for _, f := range []string{"ca-cert.pem", "client-cert.pem", "client-key.pem"} {
+		data, err := os.ReadFile(filepath.Join(certs, f))
+		if err != nil {
+			return "", fioClient{}, err
+		}
+		if err := os.WriteFile(filepath.Join(pkiDir, f), data, 0o600); err != nil {
+			return "", fioClient{}, err
+		}
+	}
+	cl := fioClient{argv: []string{"fio"}, env: append(os.Environ(), "HOME="+home), dir: home}
+	if os.Geteuid() == 0 {
+		const nobody = 65534
+		if err := os.Chmod(b.tmp, 0o711); err != nil { // nobody passes through to its home
+			return "", fioClient{}, err
+		}
+		for _, d := range []string{home, filepath.Join(home, ".pki"), pkiDir, filepath.Join(pkiDir, "ca-cert.pem"), filepath.Join(pkiDir, "client-cert.pem"), filepath.Join(pkiDir, "client-key.pem")} {
+			if err := os.Chown(d, nobody, nobody); err != nil {
+				return "", fioClient{}, err
+			}
+		}
+		cl.argv = []string{"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "fio"}
+	}
+	u.RawQuery = ""
+	return u.String(), cl, nil
 }
 
 func exportSize(ctx context.Context, uri string) (int64, error) {

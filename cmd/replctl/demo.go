@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/replvol/replvol/internal/pki"
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/node"
 	"github.com/replvol/replvol/node/multipath"
@@ -27,6 +28,7 @@ func newDemo() *cobra.Command {
 		size     string
 		paths    int
 		mdPlace  string
+		withTLS  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "demo",
@@ -35,7 +37,10 @@ func newDemo() *cobra.Command {
 and volume vol0 replicated between them with protocol C, alpha primary.
 alpha's control API listens on --base-port, its replication port on +1 and its NBD
 port on +2; beta's on +3, +4 and +5 (--base-port 0 picks free ports).
-It prints the NBD URI, then "ready". Ctrl-C or SIGTERM stops both nodes cleanly.`,
+It prints the NBD URI, then "ready". Ctrl-C or SIGTERM stops both nodes cleanly.
+With --tls every link is mutual TLS with a fresh CA (replctl certs init's files in
+DIR/tls): the export is nbds:// with the NBD client's certificates, and replctl
+takes --tls-dir DIR/tls (or talks to DIR/alpha/control.sock).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			bytes, err := node.ParseSize(size)
@@ -56,7 +61,7 @@ It prints the NBD URI, then "ready". Ctrl-C or SIGTERM stops both nodes cleanly.
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			return runDemo(ctx, cmd.OutOrStdout(), dir, basePort, bytes, paths, mdPlace)
+			return runDemo(ctx, cmd.OutOrStdout(), dir, basePort, bytes, paths, mdPlace, withTLS)
 		},
 	}
 	cmd.Flags().StringVar(&dir, "dir", "", "directory for the disks, state and logs (default: a fresh temp dir, removed at exit)")
@@ -64,10 +69,11 @@ It prints the NBD URI, then "ready". Ctrl-C or SIGTERM stops both nodes cleanly.
 	cmd.Flags().StringVar(&size, "size", "1GiB", "volume size (sparse files), such as 1.5GiB or 512MiB")
 	cmd.Flags().StringVar(&mdPlace, "metadata", "internal", "where each node keeps the volume's metadata: internal (end of the backing file) or external (a separate file)")
 	cmd.Flags().IntVar(&paths, "paths", 0, "give each node this many multipath paths (p0, p1, ...) to its backing file")
+	cmd.Flags().BoolVar(&withTLS, "tls", false, "mutual TLS on every link, with a fresh CA in DIR/tls (NBD over TLS: nbds://)")
 	return cmd
 }
 
-func runDemo(ctx context.Context, out io.Writer, dir string, basePort int, size int64, paths int, mdPlace string) (err error) {
+func runDemo(ctx context.Context, out io.Writer, dir string, basePort int, size int64, paths int, mdPlace string, withTLS bool) (err error) {
 	if dir == "" {
 		dir, err = os.MkdirTemp("", "replvol-demo-")
 		if err != nil {
@@ -158,6 +164,17 @@ func runDemo(ctx context.Context, out io.Writer, dir string, basePort int, size 
 	}
 	vol.Metadata = mdPlace
 	cfg.Volumes = []node.VolumeConfig{vol}
+	tlsDir := filepath.Join(dir, "tls")
+	if withTLS {
+		var holders []pki.Holder
+		for _, nc := range cfg.Nodes {
+			holders = append(holders, pki.Holder{Identity: pki.Identity{Role: pki.RoleNode, Name: nc.Name}, Hosts: []string{"127.0.0.1", "localhost"}})
+		}
+		if _, err := pki.Init(tlsDir, holders, true); err != nil {
+			return err
+		}
+		cfg.TLS = &node.TLSConfig{CA: filepath.Join(tlsDir, pki.CAFile), Cert: filepath.Join(tlsDir, "{node}.crt"), Key: filepath.Join(tlsDir, "{node}.key"), NBD: node.NBDTLSRequired}
+	}
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -196,11 +213,17 @@ func runDemo(ctx context.Context, out io.Writer, dir string, basePort int, size 
 		fmt.Fprintf(out, "node %s: control %s replication %s nbd %s\n", nc.Name, nc.Control, nc.Replication, nc.NBD)
 	}
 	fmt.Fprintf(out, "volume vol0: %s, protocol C, primary alpha; waiting for beta to be in sync...\n", humanBytes(size))
-	if err := waitInSync(ctx, cfg.Nodes[0].Control, 10*time.Minute); err != nil {
+	// The node's own unix socket needs no certificate.
+	if err := waitInSync(ctx, "unix://"+filepath.Join(cfg.Nodes[0].StateDir, "control.sock"), 10*time.Minute); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "try: REPLCTL_ADDR=%s replctl status\n", cfg.Nodes[0].Control)
-	fmt.Fprintf(out, "nbd://%s/vol0\n", cfg.Nodes[0].NBD)
+	if withTLS {
+		fmt.Fprintf(out, "try: REPLCTL_ADDR=%s REPLCTL_TLS_DIR=%s replctl status\n", cfg.Nodes[0].Control, tlsDir)
+		fmt.Fprintf(out, "nbds://%s/vol0?tls-certificates=%s\n", cfg.Nodes[0].NBD, filepath.Join(tlsDir, pki.NBDClientDir))
+	} else {
+		fmt.Fprintf(out, "try: REPLCTL_ADDR=%s replctl status\n", cfg.Nodes[0].Control)
+		fmt.Fprintf(out, "nbd://%s/vol0\n", cfg.Nodes[0].NBD)
+	}
 	fmt.Fprintln(out, "ready")
 	<-ctx.Done()
 	fmt.Fprintln(out, "stopping")
