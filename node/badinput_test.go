@@ -16,6 +16,8 @@ import (
 
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // logRecorder keeps a node's log records, for a test to look for one.
@@ -200,5 +202,44 @@ func TestAPeerThatStopsReadingCostsAWriteAtMostThePeerTimeout(t *testing.T) {
 	}
 	if !p.bm.Test(2) {
 		t.Fatal("the block the peer missed is not marked in its bitmap")
+	}
+}
+
+// TestPromotingWithoutAQuorumIsRefusedUnlessForced: with the primary and
+// the witness gone, beta is one voter of three and raft decides nothing.
+// An operator's switchover to beta is refused at once, saying that only
+// --force --yes promotes it; --force without --yes is refused, saying
+// what the promotion would lose. beta stays Secondary.
+func TestPromotingWithoutAQuorumIsRefusedUnlessForced(t *testing.T) {
+	c := startRaftServing(t, 8<<20)
+	c.crash("alpha")
+	c.stop("wit")
+	ctl, err := transport.DialControl(c.nodes["beta"].ControlAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctl.Close()
+	for _, tc := range []struct {
+		name string
+		req  transport.PrimaryRequest
+		want string
+	}{
+		{"a switchover", transport.PrimaryRequest{Volume: "vol0", Node: "beta"}, "promote beta with --force --yes"},
+		{"--force without --yes", transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true}, "Add --yes to go ahead"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		began := time.Now()
+		_, err := ctl.Primary(ctx, &tc.req)
+		cancel()
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), tc.want) {
+			t.Fatalf("%s without a quorum: %v, want FailedPrecondition saying %q", tc.name, err, tc.want)
+		}
+		if took := time.Since(began); took > 5*time.Second {
+			t.Fatalf("%s without a quorum was refused after %s, want at once", tc.name, took)
+		}
+		t.Logf("%s: %v", tc.name, status.Convert(err).Message())
+	}
+	if st := c.vol("beta").status(); st.Role != string(replication.Secondary) {
+		t.Fatalf("beta is %s after the refusals", st.Role)
 	}
 }
