@@ -2,14 +2,16 @@
 # Installs the tools the test suite, the linters and the benchmark need:
 # NBD clients and servers (libnbd-bin, python3-libnbd, qemu-utils, fio, nbdkit),
 # FUSE and loop tooling (fuse3, e2fsprogs, util-linux), network namespaces
-# for partition tests (iproute2) and staticcheck.
+# for partition tests (iproute2), staticcheck and govulncheck.
 #
 # Idempotent: apt is skipped when every tool is already present, and
-# staticcheck is skipped when the pinned version is already installed.
+# staticcheck and govulncheck are skipped when the pinned version is
+# already installed.
 # The apt step needs root (CI runs this as root).
 set -euo pipefail
 
 STATICCHECK_VERSION=0.8.2
+GOVULNCHECK_VERSION=1.9.0
 APT_PACKAGES=(libnbd-bin python3-libnbd qemu-utils fio nbdkit fuse3 e2fsprogs util-linux iproute2)
 # One command per package (or the python module for python3-libnbd).
 TOOLS=(nbdinfo nbdcopy nbdfuse nbdsh qemu-io qemu-img qemu-nbd fio nbdkit fusermount3
@@ -57,4 +59,10 @@ if "$GOBIN_DIR/staticcheck" -version 2>/dev/null | grep -qF "($STATICCHECK_VERSI
 else
 	echo "install-test-deps: installing staticcheck v$STATICCHECK_VERSION into $GOBIN_DIR"
 	go install "honnef.co/go/tools/cmd/staticcheck@v$STATICCHECK_VERSION"
+fi
+if "$GOBIN_DIR/govulncheck" -version 2>/dev/null | grep -qF "govulncheck@v$GOVULNCHECK_VERSION"; then
+	echo "install-test-deps: govulncheck $GOVULNCHECK_VERSION present"
+else
+	echo "install-test-deps: installing govulncheck v$GOVULNCHECK_VERSION into $GOBIN_DIR"
+	go install "golang.org/x/vuln/cmd/govulncheck@v$GOVULNCHECK_VERSION"
 fi

@@ -504,8 +504,8 @@ func TestSwitchoverKeepsEveryByteAndFencesTheOldPrimary(t *testing.T) {
 	if err := sendJSON(s, replication.FrameHello, hello); err != nil {
 		t.Fatal(err)
 	}
-	var reply replication.HelloReply
-	if err := recvJSON(s, replication.FrameHelloReply, &reply); err != nil {
+	reply, err := recvHelloReply(s)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if reply.Accepted || !strings.Contains(reply.Reason, "stale epoch") {

@@ -66,8 +66,7 @@ func (p *peer) connect(ctx context.Context) error {
 		return fmt.Errorf("connect to %s at %s: %w", p.name, p.addr, err)
 	}
 	timer := time.AfterFunc(helloTimeout, cancelHello)
-	var reply replication.HelloReply
-	err = recvJSON(stream, replication.FrameHelloReply, &reply)
+	reply, err := recvHelloReply(stream)
 	timer.Stop()
 	if err != nil {
 		return fmt.Errorf("handshake with %s at %s: %w", p.name, p.addr, err)
@@ -353,15 +352,22 @@ func sendJSON(s *transport.ReplStream, t replication.FrameType, v any) error {
 	return s.Send(f)
 }
 
-func recvJSON(s *transport.ReplStream, t replication.FrameType, v any) error {
+// recvHello receives the Hello that opens a stream.
+func recvHello(s *transport.ReplStream) (replication.Hello, error) {
+	return recvDecoded(s, replication.DecodeHello)
+}
+
+// recvHelloReply receives the answer to this node's Hello.
+func recvHelloReply(s *transport.ReplStream) (replication.HelloReply, error) {
+	return recvDecoded(s, replication.DecodeHelloReply)
+}
+
+func recvDecoded[T any](s *transport.ReplStream, decode func([]byte) (T, error)) (T, error) {
 	f := &transport.Frame{}
 	defer f.Release()
 	if err := s.Recv(f); err != nil {
-		return err
+		var zero T
+		return zero, err
 	}
-	b := f.Bytes()
-	if len(b) == 0 || replication.FrameType(b[0]) != t {
-		return fmt.Errorf("%w: expected frame type %d", replication.ErrBadFrame, t)
-	}
-	return json.Unmarshal(b[1:], v)
+	return decode(f.Bytes())
 }

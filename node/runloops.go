@@ -131,7 +131,7 @@ func (p *peer) resyncEntry(s *session, off, length int64, csums bool) (*pending,
 		resyncBufs.Put(bp)
 		var differ []uint32
 		pd.onReply = func(st replication.AckStatus, data []byte) {
-			idx, err := replication.DecodeMismatches(data)
+			idx, err := replication.DecodeMismatches(data, (length+replication.BlockSize-1)/replication.BlockSize)
 			if st != replication.AckOK || err != nil {
 				idx = allBlocks(length)
 			}
@@ -236,7 +236,7 @@ func (p *peer) verify(s *session, repair bool) {
 		pd := newPending(replication.Entry{Op: replication.OpVerify, Off: runOff, Length: length, Data: replication.AppendChecksums(nil, (*bp)[:length])})
 		resyncBufs.Put(bp)
 		pd.onReply = func(st replication.AckStatus, data []byte) {
-			idx, err := replication.DecodeMismatches(data)
+			idx, err := replication.DecodeMismatches(data, (length+replication.BlockSize-1)/replication.BlockSize)
 			if st != replication.AckOK || err != nil {
 				idx = allBlocks(length) // the peer could not read: count the whole run
 			}

@@ -67,8 +67,8 @@ func (v *Volume) detachIncoming() {
 
 // handleStream serves one replication stream opened by a primary.
 func (n *Node) handleStream(s *transport.ReplStream) error {
-	var hello replication.Hello
-	if err := recvJSON(s, replication.FrameHello, &hello); err != nil {
+	hello, err := recvHello(s)
+	if err != nil {
 		return err
 	}
 	v, ok := n.vols[hello.Volume]

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -146,14 +147,53 @@ var (
 	ErrNotADataNode = errors.New("not a data node of the volume")
 	// ErrRemovesPrimary: set-data-nodes without the current primary.
 	ErrRemovesPrimary = errors.New("would remove the primary")
-	// ErrBadCommand: a command no rule accepts (unknown op, empty names).
+	// ErrBadCommand: a command no rule accepts (unknown op, empty names,
+	// a promotion past the last epoch).
 	ErrBadCommand = errors.New("malformed authority command")
+	// ErrBadAuthority: a state (a raft snapshot) that breaks the
+	// invariants Apply keeps (see Check).
+	ErrBadAuthority = errors.New("authority state breaks its invariants")
 )
 
 // Volume returns the state of one volume.
 func (a Authority) Volume(name string) (VolumeAuthority, bool) {
 	va, ok := a.Volumes[name]
 	return va, ok
+}
+
+// Check returns nil if a holds what Apply keeps true, else
+// ErrBadAuthority naming what does not: every volume has a name, its
+// data nodes are a sorted set of names, its primary is one of them, and
+// UpToDate and Outdated are sorted sets of its data nodes that do not
+// meet. A raft snapshot is checked before it replaces the state.
+func (a Authority) Check() error {
+	for name, va := range a.Volumes {
+		if name == "" {
+			return fmt.Errorf("%w: a volume without a name", ErrBadAuthority)
+		}
+		for _, s := range []struct {
+			what  string
+			nodes []string
+		}{{"data nodes", va.DataNodes}, {"UpToDate", va.UpToDate}, {"Outdated", va.Outdated}} {
+			for i, n := range s.nodes {
+				if n == "" || i > 0 && n <= s.nodes[i-1] {
+					return fmt.Errorf("%w: volume %q: %s %q are not a sorted set of names", ErrBadAuthority, name, s.what, s.nodes)
+				}
+				if !slices.Contains(va.DataNodes, n) {
+					return fmt.Errorf("%w: volume %q: %s holds %s, not a data node", ErrBadAuthority, name, s.what, n)
+				}
+			}
+		}
+		if !slices.Contains(va.DataNodes, va.Primary) {
+			return fmt.Errorf("%w: volume %q: primary %q is not a data node", ErrBadAuthority, name, va.Primary)
+		}
+		for _, n := range va.UpToDate {
+			if va.IsOutdated(n) {
+				return fmt.Errorf("%w: volume %q: %s is both UpToDate and Outdated", ErrBadAuthority, name, n)
+			}
+		}
+	}
+	return nil
 }
 
 // Clone returns a deep copy, for a caller that wants to change it.
@@ -240,6 +280,9 @@ func (va VolumeAuthority) mark(cmd AuthorityCommand) (VolumeAuthority, error) {
 func (va VolumeAuthority) promote(cmd AuthorityCommand) (VolumeAuthority, error) {
 	if err := va.check(cmd); err != nil {
 		return va, err
+	}
+	if va.Epoch == math.MaxUint64 {
+		return va, fmt.Errorf("%w: epoch %d is the last one", ErrBadCommand, va.Epoch)
 	}
 	if !cmd.Force && !va.IsUpToDate(cmd.Node) {
 		state := "unknown (being synced or never synced)"

@@ -3,6 +3,7 @@ package replication
 import (
 	"encoding/json"
 	"errors"
+	"math"
 	"reflect"
 	"testing"
 	"time"
@@ -264,5 +265,34 @@ func TestCheckPrimary(t *testing.T) {
 	}
 	if err := va.CheckPrimary("b", 5); !errors.Is(err, ErrNotPrimary) {
 		t.Errorf("a secondary at the current epoch: %v, want ErrNotPrimary", err)
+	}
+}
+
+// TestAuthorityCheck: a raft snapshot that breaks what Apply keeps true
+// is refused before it replaces the state, and no promotion wraps the
+// epoch around to 0.
+func TestAuthorityCheck(t *testing.T) {
+	good, _, err := Authority{}.Apply(InitCommand("vol0", "alpha", 3, []string{"alpha", "beta"}))
+	if err != nil || good.Check() != nil {
+		t.Fatalf("a state Apply made: %v, %v", err, good.Check())
+	}
+	for name, va := range map[string]VolumeAuthority{
+		"data nodes out of order":      {Primary: "alpha", DataNodes: []string{"beta", "alpha"}},
+		"a data node twice":            {Primary: "alpha", DataNodes: []string{"alpha", "alpha"}},
+		"an empty name":                {Primary: "", DataNodes: []string{""}},
+		"a primary that holds no copy": {Primary: "wit", DataNodes: []string{"alpha", "beta"}},
+		"UpToDate outside the nodes":   {Primary: "alpha", DataNodes: []string{"alpha"}, UpToDate: []string{"gamma"}},
+		"UpToDate and Outdated":        {Primary: "alpha", DataNodes: []string{"alpha", "beta"}, UpToDate: []string{"beta"}, Outdated: []string{"beta"}},
+	} {
+		if err := (Authority{Volumes: map[string]VolumeAuthority{"vol0": va}}).Check(); !errors.Is(err, ErrBadAuthority) {
+			t.Errorf("%s: %v, want ErrBadAuthority", name, err)
+		}
+	}
+	if err := (Authority{Volumes: map[string]VolumeAuthority{"": good.Volumes["vol0"]}}).Check(); !errors.Is(err, ErrBadAuthority) {
+		t.Errorf("a volume without a name: %v", err)
+	}
+	last, _, _ := Authority{}.Apply(InitCommand("vol0", "alpha", math.MaxUint64, []string{"alpha"}))
+	if _, va, err := last.Apply(PromoteCommand("vol0", math.MaxUint64, "alpha", false)); !errors.Is(err, ErrBadCommand) || va.Epoch != math.MaxUint64 {
+		t.Errorf("a promotion at the last epoch: %+v, %v", va, err)
 	}
 }

@@ -2,9 +2,11 @@ package replication
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/crc64"
+	"math"
 )
 
 // The replication stream carries frames. The primary opens a stream with a
@@ -338,6 +340,66 @@ type HelloReply struct {
 	Settings *Settings `json:"settings,omitempty"`
 }
 
+// DecodeHello decodes a FrameHello frame: the JSON Hello a primary opens a
+// stream with. A frame of another type, JSON that does not decode into a
+// Hello, or a negative size is ErrBadFrame.
+func DecodeHello(frame []byte) (Hello, error) {
+	var h Hello
+	if err := decodeJSONFrame(frame, FrameHello, &h); err != nil {
+		return Hello{}, err
+	}
+	if h.Size < 0 {
+		return Hello{}, fmt.Errorf("%w: hello for a volume of %d bytes", ErrBadFrame, h.Size)
+	}
+	return h, nil
+}
+
+// DecodeHelloReply decodes a FrameHelloReply frame. Besides what
+// DecodeHello refuses, a negative count of changed bytes, and a block run
+// (Changed, Discard) that is not a range of whole blocks inside what an
+// int64 of bytes addresses, are ErrBadFrame: the primary marks those runs
+// in its bitmaps, and a run that wrapped around would mark other blocks.
+func DecodeHelloReply(frame []byte) (HelloReply, error) {
+	var r HelloReply
+	if err := decodeJSONFrame(frame, FrameHelloReply, &r); err != nil {
+		return HelloReply{}, err
+	}
+	if r.Changes < 0 {
+		return HelloReply{}, fmt.Errorf("%w: hello reply with %d changed bytes", ErrBadFrame, r.Changes)
+	}
+	if err := checkBlockRuns("changed", r.Changed); err != nil {
+		return HelloReply{}, err
+	}
+	if err := checkBlockRuns("discard", r.Discard); err != nil {
+		return HelloReply{}, err
+	}
+	return r, nil
+}
+
+func decodeJSONFrame(frame []byte, t FrameType, v any) error {
+	if len(frame) == 0 || FrameType(frame[0]) != t {
+		return fmt.Errorf("%w: expected frame type %d", ErrBadFrame, t)
+	}
+	if err := json.Unmarshal(frame[1:], v); err != nil {
+		return fmt.Errorf("%w: frame type %d: %v", ErrBadFrame, t, err)
+	}
+	return nil
+}
+
+// maxBlocks is the number of 4 KiB blocks an int64 of bytes addresses.
+const maxBlocks = math.MaxInt64 / BlockSize
+
+// checkBlockRuns checks [first, count] runs of blocks: first from 0, count
+// from 1, and the run's end addressable in bytes.
+func checkBlockRuns(what string, runs [][2]int64) error {
+	for _, r := range runs {
+		if r[0] < 0 || r[1] < 1 || r[0] > maxBlocks-r[1] {
+			return fmt.Errorf("%w: %s blocks [%d, +%d] are not a range of blocks", ErrBadFrame, what, r[0], r[1])
+		}
+	}
+	return nil
+}
+
 // ReadReplyHeaderLen is the size of a read reply before its data.
 const ReadReplyHeaderLen = 1 + 8 + 4
 
@@ -401,14 +463,27 @@ func EncodeMismatches(idx []uint32) []byte {
 	return out
 }
 
-// DecodeMismatches parses EncodeMismatches.
-func DecodeMismatches(b []byte) ([]uint32, error) {
+// DecodeMismatches parses EncodeMismatches: the indexes of the differing
+// blocks of a run of blocks, each once and in increasing order (the
+// primary walks them in step with the run's blocks, clearing the bits of
+// the others: an index out of order would clear a differing block).
+// Anything else is ErrBadFrame.
+func DecodeMismatches(b []byte, blocks int64) ([]uint32, error) {
 	if len(b)%4 != 0 {
 		return nil, fmt.Errorf("%w: mismatch list of %d bytes", ErrBadFrame, len(b))
+	}
+	if int64(len(b)/4) > blocks {
+		return nil, fmt.Errorf("%w: %d mismatches in a run of %d blocks", ErrBadFrame, len(b)/4, blocks)
 	}
 	out := make([]uint32, len(b)/4)
 	for i := range out {
 		out[i] = binary.BigEndian.Uint32(b[4*i:])
+		if int64(out[i]) >= blocks {
+			return nil, fmt.Errorf("%w: mismatch %d names block %d of a run of %d blocks", ErrBadFrame, i, out[i], blocks)
+		}
+		if i > 0 && out[i] <= out[i-1] {
+			return nil, fmt.Errorf("%w: mismatch %d names block %d after block %d", ErrBadFrame, i, out[i], out[i-1])
+		}
 	}
 	return out, nil
 }

@@ -2,6 +2,7 @@ package replication
 
 import (
 	"bytes"
+	"errors"
 	"testing"
 )
 
@@ -65,41 +66,6 @@ func TestAckRoundTrip(t *testing.T) {
 	}
 }
 
-func FuzzDecodeBatch(f *testing.F) {
-	e := Entry{Op: OpWrite, Seq: 1, Off: 4096, Data: []byte("payload")}
-	f.Add(AppendEntry(AppendBatchHeader(nil, 1), &e))
-	f.Add(AppendBatchHeader(nil, 0))
-	f.Add([]byte{byte(FrameBatch), 0, 0, 0, 2})
-	f.Fuzz(func(t *testing.T, frame []byte) {
-		entries, err := DecodeBatch(frame, nil)
-		if err != nil {
-			return
-		}
-		// What decodes must encode back to the same bytes.
-		again := AppendBatchHeader(nil, len(entries))
-		for i := range entries {
-			if entries[i].Off < 0 || entries[i].Length > MaxEntryLength {
-				t.Fatalf("decoded an out-of-bounds entry %+v", entries[i])
-			}
-			again = AppendEntry(again, &entries[i])
-		}
-		// Padding bytes are not checked on decode; compare the rest.
-		if len(again) != len(frame) {
-			t.Fatalf("re-encoded %d bytes from %d", len(again), len(frame))
-		}
-	})
-}
-
-func FuzzDecodeAck(f *testing.F) {
-	f.Add(AppendAck(nil, Ack{Seq: 1, Message: "x"}))
-	f.Fuzz(func(t *testing.T, frame []byte) {
-		a, err := DecodeAck(frame)
-		if err == nil && len(a.Message) > len(frame) {
-			t.Fatal("message longer than the frame")
-		}
-	})
-}
-
 func TestReadReplyRoundTrip(t *testing.T) {
 	seq, st, data, err := DecodeReadReply(AppendReadReply(nil, 7, AckOK, []byte("block")))
 	if err != nil || seq != 7 || st != AckOK || string(data) != "block" {
@@ -119,8 +85,41 @@ func TestVerifyEntryAndMismatches(t *testing.T) {
 	if err != nil || len(out) != 1 || out[0].Length != int64(len(primary)) || !bytes.Equal(out[0].Data, e.Data) {
 		t.Fatalf("verify entry round trip: %+v %v", out, err)
 	}
-	idx, err := DecodeMismatches(EncodeMismatches(Mismatches(secondary, out[0].Data)))
+	idx, err := DecodeMismatches(EncodeMismatches(Mismatches(secondary, out[0].Data)), 3)
 	if err != nil || len(idx) != 1 || idx[0] != 1 {
 		t.Fatalf("mismatches %v %v, want [1]", idx, err)
+	}
+}
+
+// TestHandshakeDecodersRefuseDamage: a Hello or HelloReply that does not
+// decode, or that names what no honest node sends (a negative size, a
+// run of blocks that wraps around), is ErrBadFrame: the stream ends
+// before anything is marked or written.
+func TestHandshakeDecodersRefuseDamage(t *testing.T) {
+	frame := func(t FrameType, body string) []byte { return append([]byte{byte(t)}, body...) }
+	for name, f := range map[string][]byte{
+		"empty":                         nil,
+		"a reply where a hello belongs": frame(FrameHelloReply, `{}`),
+		"not JSON":                      frame(FrameHello, "\x16\x03\x01\x00"),
+		"a negative size":               frame(FrameHello, `{"volume":"vol0","size":-4096}`),
+		"a short generation":            frame(FrameHello, `{"uuids":{"current":"41"}}`),
+	} {
+		if _, err := DecodeHello(f); !errors.Is(err, ErrBadFrame) {
+			t.Errorf("hello, %s: %v, want ErrBadFrame", name, err)
+		}
+	}
+	for name, f := range map[string][]byte{
+		"a hello where a reply belongs": frame(FrameHello, `{}`),
+		"a negative block":              frame(FrameHelloReply, `{"accepted":true,"changed":[[-1,2]]}`),
+		"an empty run":                  frame(FrameHelloReply, `{"accepted":true,"discard":[[0,0]]}`),
+		"a run past 8 EiB":              frame(FrameHelloReply, `{"accepted":true,"changed":[[2251799813685247,1]]}`),
+		"negative changes":              frame(FrameHelloReply, `{"refused":"split-brain","changes":-8192}`),
+	} {
+		if _, err := DecodeHelloReply(f); !errors.Is(err, ErrBadFrame) {
+			t.Errorf("reply, %s: %v, want ErrBadFrame", name, err)
+		}
+	}
+	if _, err := DecodeHelloReply(frame(FrameHelloReply, `{"accepted":true,"changed":[[2251799813685246,1]]}`)); err != nil {
+		t.Errorf("the last block an int64 addresses: %v", err)
 	}
 }

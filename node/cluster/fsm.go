@@ -65,6 +65,9 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	if err := json.NewDecoder(rc).Decode(&a); err != nil {
 		return fmt.Errorf("restore the authority snapshot: %w", err)
 	}
+	if err := a.Check(); err != nil {
+		return fmt.Errorf("restore the authority snapshot: %w", err)
+	}
 	f.mu.Lock()
 	f.state = a
 	f.mu.Unlock()
