@@ -54,13 +54,17 @@ fi
 
 GOBIN_DIR=$(go env GOBIN)
 [[ -n "$GOBIN_DIR" ]] || GOBIN_DIR="$(go env GOPATH)/bin"
-if "$GOBIN_DIR/staticcheck" -version 2>/dev/null | grep -qF "($STATICCHECK_VERSION)"; then
+# A tool built by another Go than the one that runs the build may not read
+# its packages: each is installed again when the Go differs.
+builtWith() { go version "$1" 2>/dev/null | awk '{print $2}'; }
+goVersion=$(go env GOVERSION)
+if "$GOBIN_DIR/staticcheck" -version 2>/dev/null | grep -qF "($STATICCHECK_VERSION)" && [[ $(builtWith "$GOBIN_DIR/staticcheck") == "$goVersion" ]]; then
 	echo "install-test-deps: staticcheck $STATICCHECK_VERSION present"
 else
 	echo "install-test-deps: installing staticcheck v$STATICCHECK_VERSION into $GOBIN_DIR"
 	go install "honnef.co/go/tools/cmd/staticcheck@v$STATICCHECK_VERSION"
 fi
-if "$GOBIN_DIR/govulncheck" -version 2>/dev/null | grep -qF "govulncheck@v$GOVULNCHECK_VERSION"; then
+if "$GOBIN_DIR/govulncheck" -version 2>/dev/null | grep -qF "govulncheck@v$GOVULNCHECK_VERSION" && [[ $(builtWith "$GOBIN_DIR/govulncheck") == "$goVersion" ]]; then
 	echo "install-test-deps: govulncheck $GOVULNCHECK_VERSION present"
 else
 	echo "install-test-deps: installing govulncheck v$GOVULNCHECK_VERSION into $GOBIN_DIR"
