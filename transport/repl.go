@@ -2,16 +2,21 @@ package transport
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
 	"time"
 
+	"github.com/replvol/replvol/internal/pki"
+	"github.com/replvol/replvol/replication"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/peer"
 )
 
 // Frame is one message of the replication stream: an encoded frame of the
@@ -80,8 +85,80 @@ func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	return nil
 }
 
-// MaxFrameSize bounds one replication frame.
-const MaxFrameSize = 64 << 20
+// MaxFrameSize bounds one replication message, both ways and on both
+// ends: the longest frame the replication wire format makes
+// (replication.MaxFrameLen). A longer one fails the stream (the sender's
+// gRPC refuses to send it; a receiver refuses it with ResourceExhausted)
+// before a byte of it is buffered.
+const MaxFrameSize = replication.MaxFrameLen
+
+// handshakeTimeout bounds a replication connection's TLS handshake on the
+// server: a client that connects and stalls holds a goroutine and a
+// descriptor that long at most.
+const handshakeTimeout = 10 * time.Second
+
+// ReplOption configures DialRepl and NewReplServer.
+type ReplOption func(*replOptions)
+
+type replOptions struct {
+	tls    *tls.Config
+	failed func(remote net.Addr, err error)
+}
+
+func replOptionsOf(opts []ReplOption) replOptions {
+	var o replOptions
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
+}
+
+// ReplTLS makes the stream mutual TLS with conf (a node's
+// pki.Bundle.ServerConfig for NewReplServer, ClientConfig for DialRepl)
+// through gRPC's TLS credentials; without it the stream is plaintext. The
+// frames keep their raw codec: TLS adds no copy of its own.
+func ReplTLS(conf *tls.Config) ReplOption {
+	return func(o *replOptions) { o.tls = conf }
+}
+
+// ReplHandshakeFailed has NewReplServer call f for each connection whose
+// TLS handshake failed (pki.ExplainHandshake says why). f is called from
+// the connection's goroutine and must not block.
+func ReplHandshakeFailed(f func(remote net.Addr, err error)) ReplOption {
+	return func(o *replOptions) { o.failed = f }
+}
+
+// watchedCreds is gRPC's TLS credentials with each handshake's outcome
+// kept: a client's in its dialer (a stream that cannot open then says why
+// in words, from values), a server's failures given to failed.
+type watchedCreds struct {
+	credentials.TransportCredentials
+	d      *dialer
+	failed func(net.Addr, error)
+}
+
+func (c *watchedCreds) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	conn, info, err := c.TransportCredentials.ClientHandshake(ctx, authority, raw)
+	c.d.handshook(err)
+	if err != nil {
+		return nil, nil, err
+	}
+	// TLS 1.3: the server's verdict on this node's certificate comes
+	// with its first bytes.
+	return pki.WatchRefusal(conn, func(e *pki.HandshakeError) { c.d.handshook(e) }), info, nil
+}
+
+func (c *watchedCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	conn, info, err := c.TransportCredentials.ServerHandshake(raw)
+	if err != nil && c.failed != nil {
+		c.failed(raw.RemoteAddr(), err)
+	}
+	return conn, info, err
+}
+
+func (c *watchedCreds) Clone() credentials.TransportCredentials {
+	return &watchedCreds{TransportCredentials: c.TransportCredentials.Clone(), d: c.d, failed: c.failed}
+}
 
 var replStreamDesc = grpc.StreamDesc{
 	StreamName:    "Stream",
@@ -123,6 +200,21 @@ func (r *ReplStream) Recv(f *Frame) error { return streamError(r.s.RecvMsg(f)) }
 // Context is the stream's context; it ends when the stream does.
 func (r *ReplStream) Context() context.Context { return r.s.Context() }
 
+// TLS is the state of the stream's TLS connection (on a server: the
+// client's verified certificate, pki.PeerIdentity), or nil for a
+// plaintext stream.
+func (r *ReplStream) TLS() *tls.ConnectionState {
+	p, ok := peer.FromContext(r.s.Context())
+	if !ok {
+		return nil
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok {
+		return nil
+	}
+	return &info.State
+}
+
 // Close ends a client stream. On the server side, return from the handler.
 func (r *ReplStream) Close() {
 	if r.cancel != nil {
@@ -139,13 +231,20 @@ type ReplServer struct {
 }
 
 // NewReplServer returns a server that hands each stream to h.
-func NewReplServer(h ReplHandler) *ReplServer {
-	g := grpc.NewServer(
+func NewReplServer(h ReplHandler, opts ...ReplOption) *ReplServer {
+	o := replOptionsOf(opts)
+	sopts := []grpc.ServerOption{
 		grpc.ForceServerCodecV2(rawCodec{}),
 		grpc.MaxRecvMsgSize(MaxFrameSize),
+		grpc.MaxSendMsgSize(MaxFrameSize),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 2 * time.Second, Timeout: 2 * time.Second}),
-	)
+		grpc.ConnectionTimeout(handshakeTimeout),
+	}
+	if o.tls != nil {
+		sopts = append(sopts, grpc.Creds(&watchedCreds{TransportCredentials: credentials.NewTLS(o.tls), failed: o.failed}))
+	}
+	g := grpc.NewServer(sopts...)
 	desc := replStreamDesc
 	desc.Handler = func(_ any, stream grpc.ServerStream) error {
 		return h(&ReplStream{s: stream})
@@ -179,12 +278,17 @@ type ReplClient struct {
 
 // DialRepl prepares a connection to a peer; it connects lazily and
 // reconnects by itself.
-func DialRepl(addr string) (*ReplClient, error) {
+func DialRepl(addr string, opts ...ReplOption) (*ReplClient, error) {
+	o := replOptionsOf(opts)
 	d := newDialer(addr, false)
+	var creds credentials.TransportCredentials = insecure.NewCredentials()
+	if o.tls != nil {
+		creds = &watchedCreds{TransportCredentials: credentials.NewTLS(o.tls), d: d}
+	}
 	cc, err := grpc.NewClient("passthrough:///"+addr,
 		grpc.WithContextDialer(d.dial),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawCodec{}), grpc.MaxCallRecvMsgSize(MaxFrameSize)),
+		grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawCodec{}), grpc.MaxCallRecvMsgSize(MaxFrameSize), grpc.MaxCallSendMsgSize(MaxFrameSize)),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 			MinConnectTimeout: 2 * time.Second,

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/replvol/replvol/internal/pki"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -61,6 +62,27 @@ func (e *StreamError) Unwrap() []error {
 		return []error{e.err, e.dial}
 	}
 	return []error{e.err}
+}
+
+// refusedTLS is the error of a stream whose connection's TLS handshake
+// failed (the last one d saw: pki.ExplainHandshake finds it in the
+// error), or nil.
+func (d *dialer) refusedTLS(err error) *StreamError {
+	d.mu.Lock()
+	failed := d.tlsErr
+	d.mu.Unlock()
+	if failed == nil {
+		return nil
+	}
+	return &StreamError{words: pki.HandshakeWords(d.addr, failed), err: err, dial: failed}
+}
+
+// handshook records the outcome of a TLS handshake on d's connection (nil:
+// it succeeded), or a refusal that came after it.
+func (d *dialer) handshook(err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.tlsErr = err
 }
 
 // Named returns e with the node's name in its words ("cannot reach beta at
@@ -117,6 +139,9 @@ func (d *dialer) unreachable(err error) *StreamError {
 // openError is a stream that could not be opened, in words.
 func (d *dialer) openError(err error) error {
 	if status.Code(err) == codes.Unavailable {
+		if se := d.refusedTLS(err); se != nil {
+			return se
+		}
 		if se := d.unreachable(err); se != nil {
 			return se
 		}
@@ -166,6 +191,10 @@ type dialer struct {
 	dialing int   // TCP connects in progress
 	err     error // the last connect's error; nil once one succeeded
 	conn    *answerConn
+	// tlsErr is the last TLS handshake's error, or the refusal that came
+	// right after it; nil when it succeeded, or when the last connect
+	// did not get as far.
+	tlsErr error
 }
 
 func newDialer(addr string, watch bool) *dialer { return &dialer{addr: addr, watch: watch} }
@@ -179,7 +208,7 @@ func (d *dialer) dial(ctx context.Context, addr string) (net.Conn, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.dialing--
-	d.err = err
+	d.err, d.tlsErr = err, nil
 	if err != nil {
 		return nil, err
 	}
