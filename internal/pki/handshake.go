@@ -87,6 +87,20 @@ func (e *HandshakeError) Words(who string) string {
 	return fmt.Sprintf("TLS handshake with %s failed: %v", who, e.err)
 }
 
+// Key names the failure for "once per peer and cause": its cause, and the
+// certificate presented (none of crypto/tls's text, which may carry a
+// port that changes at every try).
+func (e *HandshakeError) Key() string {
+	k := string(e.Cause) + " " + e.Presented.String()
+	if e.cert != nil {
+		k += fmt.Sprintf(" %X", e.cert.SerialNumber)
+	}
+	if e.ident != nil {
+		k += " want " + e.ident.Want.String()
+	}
+	return k
+}
+
 // certText names a certificate: whom it names (or its subject) and its
 // serial number.
 func (e *HandshakeError) certText() string {
