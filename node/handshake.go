@@ -37,7 +37,7 @@ type syncPlan struct {
 func (p *peer) connect(ctx context.Context) error {
 	v := p.v
 	if p.client == nil {
-		c, err := transport.DialRepl(p.addr)
+		c, err := transport.DialRepl(p.addr, v.node.replDialOptions(p.name, p.addr)...)
 		if err != nil {
 			return err
 		}
@@ -49,6 +49,9 @@ func (p *peer) connect(ctx context.Context) error {
 	var unreachable *transport.StreamError
 	if errors.As(err, &unreachable) && unreachable.Reach != "" {
 		return unreachable.Named(p.name) // "cannot reach beta at ...: why"
+	}
+	if ref := tlsRefusal(p.name, err); ref != nil {
+		return ref // "beta presented a certificate of another CA: ..."
 	}
 	if err != nil {
 		return fmt.Errorf("connect to %s at %s: %w", p.name, p.addr, err)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/replvol/replvol/internal/logonce"
 	"github.com/replvol/replvol/internal/pki"
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/node/cluster"
@@ -97,6 +98,9 @@ type Node struct {
 	// memberlist's key.
 	tls       *pki.Bundle
 	gossipKey []byte
+	// refusals are the TLS refusals logged lately (once per peer and
+	// cause).
+	refusals *logonce.Set
 	// bootID is the operating system's boot this node runs in.
 	bootID string
 
@@ -147,6 +151,7 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 		vols: map[string]*Volume{}, clients: map[string]*transport.ControlClient{}, statusFailed: map[string]bool{},
 		lnControl: opts.Control, lnRepl: opts.Replication, lnNBD: opts.NBD,
 		stopLoop: make(chan struct{}), wrapStream: opts.WrapStream, bootID: opts.bootID,
+		refusals: logonce.New(refusalQuiet, maxRefusalsKept, nil),
 	}
 	if n.bootID == "" {
 		n.bootID = bootID()
@@ -267,7 +272,7 @@ func (n *Node) Start() error {
 	n.registry = prometheus.NewRegistry()
 	n.registry.MustRegister(newCollector(n))
 	n.nbd = nbd.NewServer(nbd.Config{Resolver: (*resolver)(n), Logger: n.log.With("part", "nbd")})
-	n.repl = transport.NewReplServer(n.handleStream)
+	n.repl = transport.NewReplServer(n.handleStream, n.replServerOptions()...)
 	n.ctlGRPC = transport.NewControlGRPC(&control{n: n})
 	mux := web.NewMux(web.Source{
 		Status:   func(ctx context.Context) (*transport.ClusterStatus, error) { return n.clusterStatus(ctx, 20) },

@@ -71,6 +71,9 @@ func (n *Node) handleStream(s *transport.ReplStream) error {
 	if err := recvJSON(s, replication.FrameHello, &hello); err != nil {
 		return err
 	}
+	if reply, ok := n.streamIdentity(s, hello); !ok {
+		return sendJSON(s, replication.FrameHelloReply, reply)
+	}
 	v, ok := n.vols[hello.Volume]
 	if !ok {
 		return sendJSON(s, replication.FrameHelloReply, replication.HelloReply{
