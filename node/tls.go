@@ -49,8 +49,9 @@ func (n *Node) replDialOptions(peer, addr string) []transport.ReplOption {
 }
 
 // refusedConnection logs a connection to one of this node's servers whose
-// TLS handshake failed, and records it as an event: once per client host
-// and cause (the certificate it presented), not at every retry.
+// TLS handshake was refused, and records it as an event: once per client
+// host and cause (the certificate it presented), not at every retry. A
+// handshake that merely failed (the client went away) is logged at DEBUG.
 func (n *Node) refusedConnection(link string, remote net.Addr, err error) {
 	host := remote.String()
 	if h, _, splitErr := net.SplitHostPort(host); splitErr == nil {
@@ -58,11 +59,13 @@ func (n *Node) refusedConnection(link string, remote net.Addr, err error) {
 	}
 	who := "a client at " + host
 	words := pki.HandshakeWords(who, err)
-	key := "unexplained"
-	if he := pki.ExplainHandshake(err); he != nil {
-		key = he.Key()
+	he := pki.ExplainHandshake(err)
+	if he == nil {
+		// No refusal: the client went away or stalled.
+		n.log.Debug("a connection ended in its TLS handshake", "link", link, "reason", words)
+		return
 	}
-	if !n.refusals.First(link + " " + host + " " + key) {
+	if !n.refusals.First(link + " " + host + " " + he.Key()) {
 		n.log.Debug("refused a connection again", "link", link, "reason", words)
 		return
 	}

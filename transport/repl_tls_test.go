@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"net"
 	"path/filepath"
 	"strings"
@@ -249,5 +250,33 @@ func TestReplicationStreamIsMutualTLS(t *testing.T) {
 				t.Fatalf("refused with %q, want it to say %q", words, tc.words)
 			}
 		})
+	}
+}
+
+// TestAHungPeerOverTLSIsNotAnswering: a node that accepts connections but
+// completes no TLS handshake (SIGSTOPped: the kernel still accepts) is
+// told apart from a refusal: it answers nothing.
+func TestAHungPeerOverTLSIsNotAnswering(t *testing.T) {
+	b := tlsBundles(t, "alpha", "beta")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close() // never accepted: the kernel completes the TCP handshakes
+	addr := l.Addr().String()
+	c, err := DialRepl(addr, ReplTLS(b["alpha"].ClientConfig(addr, pki.Exactly(node("beta")))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = c.Open(ctx)
+	var se *StreamError
+	if !errors.As(err, &se) || se.Reach != ReachNoAnswer || !strings.Contains(err.Error(), "completes no TLS handshake") {
+		t.Fatalf("Open to a hung peer: %v, want it not answering", err)
+	}
+	if pki.ExplainHandshake(err) != nil {
+		t.Fatalf("a hung peer explained as a TLS refusal: %v", err)
 	}
 }

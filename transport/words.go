@@ -71,8 +71,12 @@ func (d *dialer) refusedTLS(err error) *StreamError {
 	d.mu.Lock()
 	failed := d.tlsErr
 	d.mu.Unlock()
-	if failed == nil {
+	switch {
+	case failed == nil:
 		return nil
+	case pki.ExplainHandshake(failed) == nil && (errors.Is(failed, context.DeadlineExceeded) || errors.Is(failed, os.ErrDeadlineExceeded)):
+		why := "it accepts connections but completes no TLS handshake: is replnode hung or paused?"
+		return &StreamError{words: fmt.Sprintf("cannot reach %s: %s", d.addr, why), Reach: ReachNoAnswer, addr: d.addr, why: why, err: err, dial: failed}
 	}
 	return &StreamError{words: pki.HandshakeWords(d.addr, failed), err: err, dial: failed}
 }

@@ -36,6 +36,9 @@ const (
 	// CauseNotTLS: the peer does not speak TLS (a node without tls: in
 	// its config, or another program).
 	CauseNotTLS HandshakeCause = "not-tls"
+	// CauseNoCertificate: the client presented no certificate where one
+	// is required.
+	CauseNoCertificate HandshakeCause = "no-certificate"
 	// CauseOther: any other failure (no certificate, a timeout, a
 	// certificate of the CA that names nobody).
 	CauseOther HandshakeCause = "other"
@@ -83,6 +86,8 @@ func (e *HandshakeError) Words(who string) string {
 		return fmt.Sprintf("%s refused this side's certificate (%s)", who, e.alert)
 	case CauseNotTLS:
 		return fmt.Sprintf("%s does not speak TLS: is tls: missing from its config?", who)
+	case CauseNoCertificate:
+		return fmt.Sprintf("%s presented no certificate: a certificate of the cluster's CA is required", who)
 	}
 	return fmt.Sprintf("TLS handshake with %s failed: %v", who, e.err)
 }
@@ -129,7 +134,8 @@ func hostsText(c *x509.Certificate) string {
 // ExplainHandshake explains err, the error of a TLS handshake, or of the
 // first read after a client's handshake (TLS 1.3 delivers a server's
 // refusal of the client's certificate there). It returns nil for an error
-// that is no TLS failure (a connection refused, a closed connection).
+// that is no refusal: a connection refused, closed or reset, a handshake
+// that timed out (the peer went away, or stalled).
 func ExplainHandshake(err error) *HandshakeError {
 	if err == nil {
 		return nil
@@ -170,6 +176,10 @@ func ExplainHandshake(err error) *HandshakeError {
 	}
 	if alert, ok := remoteAlert(err); ok {
 		e.Cause, e.alert = CauseRefusedByPeer, alert
+		return e
+	}
+	if errors.Is(err, ErrNoCertificate) {
+		e.Cause = CauseNoCertificate
 		return e
 	}
 	if errors.Is(err, ErrNotTrusted) || errors.Is(err, ErrNoIdentity) {

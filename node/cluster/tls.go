@@ -155,12 +155,13 @@ func (l *tlsLayer) handshake(raw net.Conn) {
 	defer cancel()
 	if err := tc.HandshakeContext(ctx); err != nil {
 		raw.Close()
-		host := hostOf(raw.RemoteAddr())
-		key := "unexplained"
-		if he := pki.ExplainHandshake(err); he != nil {
-			key = he.Key()
+		select {
+		case <-l.done:
+			return // this node stops: no refusal
+		default:
 		}
-		l.refuse("accept "+host+" "+key, "raft: refused a connection: %s", pki.HandshakeWords("a node at "+host, err))
+		host := hostOf(raw.RemoteAddr())
+		l.failed("accept "+host, "raft: refused a connection: ", "a node at "+host, err)
 		return
 	}
 	select {
@@ -218,11 +219,7 @@ func (l *tlsLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Con
 	defer cancel()
 	if err := tc.HandshakeContext(ctx); err != nil {
 		raw.Close()
-		key := "unexplained"
-		if he := pki.ExplainHandshake(err); he != nil {
-			key = he.Key()
-		}
-		l.refuse("dial "+string(addr)+" "+key, "raft: %s", pki.HandshakeWords(who, err))
+		l.failed("dial "+string(addr), "raft: ", who, err)
 		return nil, fmt.Errorf("raft TLS with %s: %w", who, err)
 	}
 	if !known {
@@ -237,6 +234,18 @@ func (l *tlsLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Con
 	return pki.WatchRefusal(tc, func(he *pki.HandshakeError) {
 		l.refuse("dial "+string(addr)+" "+he.Key(), "raft: %s", he.Words(who))
 	}), nil
+}
+
+// failed logs a failed handshake with who: a refusal (a certificate, a
+// peer without TLS) once per peer and cause, at WARN; anything else (the
+// peer went away or stalled: no refusal) at DEBUG.
+func (l *tlsLayer) failed(peer, prefix, who string, err error) {
+	he := pki.ExplainHandshake(err)
+	if he == nil {
+		l.logger.Debug(prefix+pki.HandshakeWords(who, err), "peer", peer)
+		return
+	}
+	l.refuse(peer+" "+he.Key(), "%s%s", prefix, he.Words(who))
 }
 
 // refuse logs a refusal once per key (peer and cause), and tells it.
