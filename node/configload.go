@@ -238,6 +238,8 @@ func (l *configLoader) walk(path string, n *yaml.Node, t reflect.Type) bool {
 		return true
 	}
 	switch t.Kind() {
+	case reflect.Pointer: // an optional section (tls:)
+		return l.walk(path, n, t.Elem())
 	case reflect.Struct:
 		return l.walkStruct(path, n, t)
 	case reflect.Slice:
