@@ -238,7 +238,11 @@ func (l *configLoader) walk(path string, n *yaml.Node, t reflect.Type) bool {
 		return true
 	}
 	switch t.Kind() {
-	case reflect.Pointer: // an optional section (tls:)
+	case reflect.Pointer:
+		// An optional section (tls:): absent or empty is nil.
+		if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+			return true
+		}
 		return l.walk(path, n, t.Elem())
 	case reflect.Struct:
 		return l.walkStruct(path, n, t)

@@ -98,9 +98,6 @@ type Node struct {
 	// memberlist's key.
 	tls       *pki.Bundle
 	gossipKey []byte
-	// refusals are the TLS refusals logged lately (once per peer and
-	// cause).
-	refusals *logonce.Set
 	// bootID is the operating system's boot this node runs in.
 	bootID string
 
@@ -123,6 +120,9 @@ type Node struct {
 	stopLoop chan struct{}
 	// wrapStream is Options.WrapStream.
 	wrapStream func(peer string, s *transport.ReplStream) *transport.ReplStream
+	// dataRefusals are the refusals of the data-plane links (replication,
+	// raft) logged lately: each once per peer and cause.
+	dataRefusals *logonce.Set
 
 	mu      sync.Mutex
 	clients map[string]*transport.ControlClient
@@ -151,11 +151,11 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 		vols: map[string]*Volume{}, clients: map[string]*transport.ControlClient{}, statusFailed: map[string]bool{},
 		lnControl: opts.Control, lnRepl: opts.Replication, lnNBD: opts.NBD,
 		stopLoop: make(chan struct{}), wrapStream: opts.WrapStream, bootID: opts.bootID,
-		refusals: logonce.New(refusalQuiet, maxRefusalsKept, nil),
 	}
 	if n.bootID == "" {
 		n.bootID = bootID()
 	}
+	n.dataRefusals = logonce.New(refusalQuiet, maxRefusalsKept, nil)
 	if err := n.loadTLS(); err != nil {
 		return nil, err
 	}

@@ -71,14 +71,16 @@ func (n *Node) handleStream(s *transport.ReplStream) error {
 	if err := recvJSON(s, replication.FrameHello, &hello); err != nil {
 		return err
 	}
-	if reply, ok := n.streamIdentity(s, hello); !ok {
-		return sendJSON(s, replication.FrameHelloReply, reply)
-	}
 	v, ok := n.vols[hello.Volume]
 	if !ok {
 		return sendJSON(s, replication.FrameHelloReply, replication.HelloReply{
 			Reason: fmt.Sprintf("node %s holds no volume %q", n.name, hello.Volume),
 		})
+	}
+	// Only a node's certificate gets here (with tls:): the one that
+	// names the sender.
+	if reply, accepted := n.streamIdentity(s, hello); !accepted {
+		return sendJSON(s, replication.FrameHelloReply, reply)
 	}
 	return v.serveStream(s, hello)
 }

@@ -34,7 +34,7 @@ func (n *Node) replServerOptions() []transport.ReplOption {
 		return nil
 	}
 	return []transport.ReplOption{
-		transport.ReplTLS(n.tls.ServerConfig(true, pki.Roles(pki.RoleNode))),
+		transport.ReplTLS(pki.RequireCertificate(n.tls.ServerConfig(true, pki.Roles(pki.RoleNode)))),
 		transport.ReplHandshakeFailed(func(remote net.Addr, err error) { n.refusedConnection("replication", remote, err) }),
 	}
 }
@@ -65,7 +65,7 @@ func (n *Node) refusedConnection(link string, remote net.Addr, err error) {
 		n.log.Debug("a connection ended in its TLS handshake", "link", link, "reason", words)
 		return
 	}
-	if !n.refusals.First(link + " " + host + " " + he.Key()) {
+	if !n.dataRefusals.First(link + " " + host + " " + he.Key()) {
 		n.log.Debug("refused a connection again", "link", link, "reason", words)
 		return
 	}
@@ -97,7 +97,7 @@ func (n *Node) streamIdentity(s *transport.ReplStream, h replication.Hello) (rep
 		presented = "a certificate that names " + got.String()
 	}
 	words := fmt.Sprintf("a stream for %s claims to come from %s but presented %s: a node's certificate stands for that node only", h.Volume, h.From, presented)
-	if n.refusals.First("stream " + h.From + " " + got.String()) {
+	if n.dataRefusals.First("stream " + h.From + " " + got.String()) {
 		n.log.Warn("refused replication stream", "from", h.From, "refusal", replication.RefusedIdentity, "reason", words)
 		n.emit(metadata.Event{Volume: h.Volume, Kind: "refused", Peer: h.From, Reason: string(replication.RefusedIdentity), Message: words})
 	} else {

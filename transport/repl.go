@@ -6,17 +6,21 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"sync"
 	"time"
 
 	"github.com/replvol/replvol/internal/pki"
 	"github.com/replvol/replvol/replication"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 )
 
 // Frame is one message of the replication stream: an encoded frame of the
@@ -129,23 +133,59 @@ func ReplHandshakeFailed(f func(remote net.Addr, err error)) ReplOption {
 }
 
 // watchedCreds is gRPC's TLS credentials with each handshake's outcome
-// kept: a client's in its dialer (a stream that cannot open then says why
-// in words, from values), a server's failures given to failed.
+// kept: a client's in last (a stream that cannot open then says why in
+// words, from values), a server's failures given to failed.
 type watchedCreds struct {
 	credentials.TransportCredentials
-	d      *dialer
+	last   *lastHandshake
 	failed func(net.Addr, error)
 }
 
 func (c *watchedCreds) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	conn, info, err := c.TransportCredentials.ClientHandshake(ctx, authority, raw)
-	c.d.handshook(err)
+	c.last.set(err)
 	if err != nil {
 		return nil, nil, err
 	}
 	// TLS 1.3: the server's verdict on this node's certificate comes
 	// with its first bytes.
-	return pki.WatchRefusal(conn, func(e *pki.HandshakeError) { c.d.handshook(e) }), info, nil
+	return pki.WatchRefusal(conn, func(e *pki.HandshakeError) { c.last.set(e) }), info, nil
+}
+
+// lastHandshake is how a replication client's last TLS handshake ended:
+// its error, or the refusal that came right after it; nil when it
+// succeeded, or when the last connect did not get as far (a new connect
+// clears it).
+type lastHandshake struct {
+	mu  sync.Mutex
+	err error
+}
+
+func (h *lastHandshake) set(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.err = err
+}
+
+// refused is the error of a stream that could not open because the TLS
+// handshake failed (pki.ExplainHandshake finds a refusal in it), or nil.
+// A peer that accepts connections but completes no handshake is
+// ReachNoAnswer, as a hung node is.
+func (h *lastHandshake) refused(addr string, err error) *StreamError {
+	if h == nil || status.Code(err) != codes.Unavailable {
+		return nil
+	}
+	h.mu.Lock()
+	failed := h.err
+	h.mu.Unlock()
+	switch {
+	case failed == nil:
+		return nil
+	case pki.ExplainHandshake(failed) == nil && (errors.Is(failed, context.DeadlineExceeded) || errors.Is(failed, os.ErrDeadlineExceeded)):
+		why := "it accepts connections but completes no TLS handshake: is replnode hung or paused?"
+		return &StreamError{words: fmt.Sprintf("cannot reach %s: %s", addr, why), Reach: ReachNoAnswer, addr: addr, why: why, err: err, dial: failed}
+	}
+	return &StreamError{words: pki.HandshakeWords(addr, failed), err: err, dial: failed}
 }
 
 func (c *watchedCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
@@ -157,7 +197,7 @@ func (c *watchedCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.Auth
 }
 
 func (c *watchedCreds) Clone() credentials.TransportCredentials {
-	return &watchedCreds{TransportCredentials: c.TransportCredentials.Clone(), d: c.d, failed: c.failed}
+	return &watchedCreds{TransportCredentials: c.TransportCredentials.Clone(), last: c.last, failed: c.failed}
 }
 
 var replStreamDesc = grpc.StreamDesc{
@@ -272,8 +312,10 @@ func (s *ReplServer) Stop() { s.g.Stop() }
 // ReplClient dials one peer's replication server.
 type ReplClient struct {
 	cc *grpc.ClientConn
-	// dialer puts a stream that cannot open into words.
-	dialer *dialer
+	// dialer puts a stream that cannot open into words, and handshake
+	// (nil without TLS) one whose TLS failed.
+	dialer    *dialer
+	handshake *lastHandshake
 }
 
 // DialRepl prepares a connection to a peer; it connects lazily and
@@ -282,11 +324,18 @@ func DialRepl(addr string, opts ...ReplOption) (*ReplClient, error) {
 	o := replOptionsOf(opts)
 	d := newDialer(addr, false)
 	var creds credentials.TransportCredentials = insecure.NewCredentials()
+	var last *lastHandshake
+	dial := d.dial
 	if o.tls != nil {
-		creds = &watchedCreds{TransportCredentials: credentials.NewTLS(o.tls), d: d}
+		last = &lastHandshake{}
+		creds = &watchedCreds{TransportCredentials: credentials.NewTLS(o.tls), last: last}
+		dial = func(ctx context.Context, addr string) (net.Conn, error) {
+			last.set(nil)
+			return d.dial(ctx, addr)
+		}
 	}
 	cc, err := grpc.NewClient("passthrough:///"+addr,
-		grpc.WithContextDialer(d.dial),
+		grpc.WithContextDialer(dial),
 		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawCodec{}), grpc.MaxCallRecvMsgSize(MaxFrameSize), grpc.MaxCallSendMsgSize(MaxFrameSize)),
 		grpc.WithConnectParams(grpc.ConnectParams{
@@ -300,7 +349,7 @@ func DialRepl(addr string, opts ...ReplOption) (*ReplClient, error) {
 	if err != nil {
 		return nil, fmt.Errorf("replication client for %s: %w", addr, err)
 	}
-	return &ReplClient{cc: cc, dialer: d}, nil
+	return &ReplClient{cc: cc, dialer: d, handshake: last}, nil
 }
 
 // Open starts a stream. It fails fast if the peer is unreachable.
@@ -309,6 +358,9 @@ func (c *ReplClient) Open(ctx context.Context) (*ReplStream, error) {
 	s, err := c.cc.NewStream(ctx, &replStreamDesc, replStreamMethod)
 	if err != nil {
 		cancel()
+		if se := c.handshake.refused(c.dialer.addr, err); se != nil {
+			return nil, se
+		}
 		return nil, c.dialer.openError(err)
 	}
 	return &ReplStream{s: s, cancel: cancel}, nil

@@ -39,7 +39,7 @@ func tlsBundles(t *testing.T, names ...string) map[string]*pki.Bundle {
 	return out
 }
 
-func node(name string) pki.Identity { return pki.Identity{Role: pki.RoleNode, Name: name} }
+func nodeID(name string) pki.Identity { return pki.Identity{Role: pki.RoleNode, Name: name} }
 
 // echoServer serves replication streams over TLS on 127.0.0.1 and sends
 // each frame back; it records whom each stream's certificate names and
@@ -160,14 +160,14 @@ func TestReplicationStreamIsMutualTLS(t *testing.T) {
 		return c
 	}
 
-	alpha := dial(b["alpha"].ClientConfig(srv.addr, pki.Exactly(node("beta"))))
+	alpha := dial(b["alpha"].ClientConfig(srv.addr, pki.Exactly(nodeID("beta"))))
 	if err := roundTrip(t, alpha, 4096); err != nil {
 		t.Fatalf("alpha to beta over TLS: %v", err)
 	}
 	srv.mu.Lock()
 	seen := srv.seen[0]
 	srv.mu.Unlock()
-	if seen != node("alpha") {
+	if seen != nodeID("alpha") {
 		t.Fatalf("the server saw the client as %v, want node alpha", seen)
 	}
 
@@ -211,7 +211,7 @@ func TestReplicationStreamIsMutualTLS(t *testing.T) {
 		cause pki.HandshakeCause
 		words string
 	}{
-		{"a client that dialled another node", b["alpha"].ClientConfig(srv.addr, pki.Exactly(node("gamma"))),
+		{"a client that dialled another node", b["alpha"].ClientConfig(srv.addr, pki.Exactly(nodeID("gamma"))),
 			"client", pki.CauseWrongIdentity, "presented a certificate that names node beta, not node gamma"},
 		{"an operator where only nodes may come", b["operator"].ClientConfig(srv.addr, nil),
 			"client", pki.CauseRefusedByPeer, "refused this side's certificate"},
@@ -264,7 +264,7 @@ func TestAHungPeerOverTLSIsNotAnswering(t *testing.T) {
 	}
 	defer l.Close() // never accepted: the kernel completes the TCP handshakes
 	addr := l.Addr().String()
-	c, err := DialRepl(addr, ReplTLS(b["alpha"].ClientConfig(addr, pki.Exactly(node("beta")))))
+	c, err := DialRepl(addr, ReplTLS(b["alpha"].ClientConfig(addr, pki.Exactly(nodeID("beta")))))
 	if err != nil {
 		t.Fatal(err)
 	}

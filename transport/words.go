@@ -11,7 +11,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/replvol/replvol/internal/pki"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -62,31 +61,6 @@ func (e *StreamError) Unwrap() []error {
 		return []error{e.err, e.dial}
 	}
 	return []error{e.err}
-}
-
-// refusedTLS is the error of a stream whose connection's TLS handshake
-// failed (the last one d saw: pki.ExplainHandshake finds it in the
-// error), or nil.
-func (d *dialer) refusedTLS(err error) *StreamError {
-	d.mu.Lock()
-	failed := d.tlsErr
-	d.mu.Unlock()
-	switch {
-	case failed == nil:
-		return nil
-	case pki.ExplainHandshake(failed) == nil && (errors.Is(failed, context.DeadlineExceeded) || errors.Is(failed, os.ErrDeadlineExceeded)):
-		why := "it accepts connections but completes no TLS handshake: is replnode hung or paused?"
-		return &StreamError{words: fmt.Sprintf("cannot reach %s: %s", d.addr, why), Reach: ReachNoAnswer, addr: d.addr, why: why, err: err, dial: failed}
-	}
-	return &StreamError{words: pki.HandshakeWords(d.addr, failed), err: err, dial: failed}
-}
-
-// handshook records the outcome of a TLS handshake on d's connection (nil:
-// it succeeded), or a refusal that came after it.
-func (d *dialer) handshook(err error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.tlsErr = err
 }
 
 // Named returns e with the node's name in its words ("cannot reach beta at
@@ -143,9 +117,6 @@ func (d *dialer) unreachable(err error) *StreamError {
 // openError is a stream that could not be opened, in words.
 func (d *dialer) openError(err error) error {
 	if status.Code(err) == codes.Unavailable {
-		if se := d.refusedTLS(err); se != nil {
-			return se
-		}
 		if se := d.unreachable(err); se != nil {
 			return se
 		}
@@ -195,10 +166,6 @@ type dialer struct {
 	dialing int   // TCP connects in progress
 	err     error // the last connect's error; nil once one succeeded
 	conn    *answerConn
-	// tlsErr is the last TLS handshake's error, or the refusal that came
-	// right after it; nil when it succeeded, or when the last connect
-	// did not get as far.
-	tlsErr error
 }
 
 func newDialer(addr string, watch bool) *dialer { return &dialer{addr: addr, watch: watch} }
@@ -212,7 +179,7 @@ func (d *dialer) dial(ctx context.Context, addr string) (net.Conn, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.dialing--
-	d.err, d.tlsErr = err, nil
+	d.err = err
 	if err != nil {
 		return nil, err
 	}

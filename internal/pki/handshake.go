@@ -178,7 +178,7 @@ func ExplainHandshake(err error) *HandshakeError {
 		e.Cause, e.alert = CauseRefusedByPeer, alert
 		return e
 	}
-	if errors.Is(err, ErrNoCertificate) {
+	if errors.Is(err, ErrCertificateRequired) {
 		e.Cause = CauseNoCertificate
 		return e
 	}
@@ -186,6 +186,29 @@ func ExplainHandshake(err error) *HandshakeError {
 		return e // words already: CauseOther
 	}
 	return nil
+}
+
+// ErrCertificateRequired: a client presented no certificate to a server
+// configured by RequireCertificate.
+var ErrCertificateRequired = errors.New("no certificate presented: a certificate of the cluster's CA is required")
+
+// RequireCertificate changes conf, a ServerConfig(true, ...), so that a
+// client without a certificate is refused with ErrCertificateRequired (a
+// value ExplainHandshake knows) rather than crypto/tls's text; any
+// certificate given is verified as before. It returns conf.
+func RequireCertificate(conf *tls.Config) *tls.Config {
+	verify := conf.VerifyConnection
+	conf.ClientAuth = tls.VerifyClientCertIfGiven
+	conf.VerifyConnection = func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) == 0 {
+			return ErrCertificateRequired
+		}
+		if verify != nil {
+			return verify(cs)
+		}
+		return nil
+	}
+	return conf
 }
 
 // remoteAlert reports whether err is a TLS alert the peer sent: crypto/tls

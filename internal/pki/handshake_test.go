@@ -96,7 +96,7 @@ func TestHandshakeFailuresAreExplained(t *testing.T) {
 			false, "client", CauseWrongHost, []string{"beta presented a certificate for other hosts: node alpha (serial ", "covers 127.0.0.1, alpha.example, not alpha.invalid"}},
 		{"a client without TLS", alpha.ServerConfig(true, nodes), nil,
 			true, "server", CauseNotTLS, []string{"beta does not speak TLS"}},
-		{"a client without a certificate", alpha.ServerConfig(true, nodes), &tls.Config{RootCAs: alpha.CA, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS13},
+		{"a client without a certificate", RequireCertificate(alpha.ServerConfig(true, nodes)), &tls.Config{RootCAs: alpha.CA, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS13},
 			false, "server", CauseNoCertificate, []string{"beta presented no certificate"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

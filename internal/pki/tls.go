@@ -66,10 +66,6 @@ func (b *Bundle) Verify(chain []*x509.Certificate) (Identity, error) {
 	return IdentityOf(leaf)
 }
 
-// ErrNoCertificate: a client presented no certificate where one is
-// required.
-var ErrNoCertificate = errors.New("no certificate presented: a certificate of the cluster's CA is required")
-
 // Accept decides whether a verified peer may go on: nil to accept, or an
 // error in words to refuse it.
 type Accept func(Identity) error
@@ -132,20 +128,18 @@ func rolesText(roles []Role) string {
 // caller decides what it may do: PeerIdentity says whom a connection
 // names), and one with a certificate must still pass.
 func (b *Bundle) ServerConfig(required bool, accept Accept) *tls.Config {
+	auth := tls.VerifyClientCertIfGiven
+	if required {
+		auth = tls.RequireAndVerifyClientCert
+	}
 	return &tls.Config{
 		MinVersion:   tls.VersionTLS13,
 		Certificates: []tls.Certificate{b.Cert},
 		ClientCAs:    b.CA,
-		// A client's certificate is verified when given; one that is
-		// required and missing is refused below, with ErrNoCertificate
-		// (crypto/tls's own refusal has no type to tell it by).
-		ClientAuth: tls.VerifyClientCertIfGiven,
+		ClientAuth:   auth,
 		VerifyConnection: func(cs tls.ConnectionState) error {
 			if len(cs.PeerCertificates) == 0 {
-				if required {
-					return ErrNoCertificate
-				}
-				return nil
+				return nil // required: the handshake refused it already
 			}
 			id, err := b.Verify(cs.PeerCertificates)
 			if err != nil {

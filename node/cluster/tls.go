@@ -150,7 +150,7 @@ func (l *tlsLayer) untrack(c net.Conn) {
 // timeout, and hands it to Accept; a refused one is logged and closed.
 func (l *tlsLayer) handshake(raw net.Conn) {
 	defer l.untrack(raw)
-	tc := tls.Server(raw, l.b.ServerConfig(true, pki.Roles(pki.RoleNode)))
+	tc := tls.Server(raw, pki.RequireCertificate(l.b.ServerConfig(true, pki.Roles(pki.RoleNode))))
 	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
 	defer cancel()
 	if err := tc.HandshakeContext(ctx); err != nil {
