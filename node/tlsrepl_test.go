@@ -143,43 +143,52 @@ func openStream(t *testing.T, addr string, hello replication.Hello, opts ...tran
 	return reply, json.Unmarshal(b[1:], &reply)
 }
 
-// TestATLSClusterReplicatesSwitchesOverAndResyncs: with replctl certs
-// init's files in the tls: section, two data nodes and a witness
-// replicate, switch the primary over through raft and resync what a
-// disconnected node missed, as a plaintext cluster does; and every link is
-// TLS: a plaintext replication client and a plaintext raft RPC get no
-// answer.
-func TestATLSClusterReplicatesSwitchesOverAndResyncs(t *testing.T) {
-	c := newRaftCluster(t, 8<<20)
+// TestATLSClusterReplicatesFailsOverAndResyncs: with replctl certs init's
+// files in the tls: section, two data nodes and a witness replicate; when
+// the primary is killed raft promotes the other node, which serves every
+// acknowledged write; the old primary comes back as its secondary, and a
+// disconnected secondary resyncs exactly what it missed, as in a
+// plaintext cluster. Every link is TLS: a plaintext replication client
+// and a plaintext raft RPC get no answer.
+func TestATLSClusterReplicatesFailsOverAndResyncs(t *testing.T) {
+	const size = 8 << 20
+	c := newRaftCluster(t, size)
 	withTLS(t, c)
 	c.start("wit")
 	c.start("alpha")
 	c.start("beta")
 	c.waitInSync()
 	ctx := context.Background()
-	writeRandomBlocks(t, c.vol("alpha"), 50, 1)
-	c.waitInSync()
-
+	a := c.vol("alpha")
+	eventually(t, func() bool { return a.WriteAt(ctx, pattern(1, 64<<10), 0, false) == nil }, "alpha serves under its lease")
+	writeRandomBlocks(t, a, 50, 1)
 	eventually(t, func() bool {
-		st := c.status()
-		return replica(st, "alpha").Raft == "UpToDate" && replica(st, "beta").Raft == "UpToDate"
-	}, "raft knows both UpToDate")
-	api := &control{n: c.nodes["wit"]}
-	if _, err := api.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Timeout: 10 * time.Second}); err != nil {
-		t.Fatalf("switchover to beta: %v", err)
-	}
+		va, ok := c.nodes["wit"].cl.c.Authority().Volume("vol0")
+		return ok && va.IsUpToDate("beta")
+	}, "raft knows beta UpToDate")
+
+	want := c.disk("alpha")[:size]
+	c.crash("alpha")
 	b := c.vol("beta")
-	if err := b.WriteAt(ctx, pattern(9, 8192), 0, false); err != nil {
-		t.Fatalf("write on the new primary: %v", err)
+	eventually(t, func() bool { return b.status().Role == "Primary" && b.status().Serving }, "beta promoted")
+	got := make([]byte, size)
+	if err := b.ReadAt(ctx, got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("beta does not hold every write alpha acknowledged")
+	}
+	writeRandomBlocks(t, b, 20, 2)
+	c.start("alpha")
+	c.waitInSync()
+	if st := c.status(); st.Volumes[0].Primary != "beta" || replica(st, "alpha").Role != "Secondary" {
+		t.Fatalf("after alpha came back: primary %s, alpha %s", st.Volumes[0].Primary, replica(st, "alpha").Role)
 	}
 
 	before := replica(c.status(), "alpha").ResyncedBytes
 	c.vol("alpha").setAdminDown(true)
-	eventually(t, func() bool {
-		return replica(c.status(), "alpha").OutOfSyncBytes == 0 && b.peers["alpha"].status().Replication != "Connected"
-	},
-		"beta sees alpha gone")
-	blocks := writeRandomBlocks(t, b, 100, 2)
+	eventually(t, func() bool { return b.peers["alpha"].status().Replication != "Connected" }, "beta sees alpha gone")
+	blocks := writeRandomBlocks(t, b, 100, 3)
 	c.vol("alpha").setAdminDown(false)
 	c.waitInSync()
 	if moved := replica(c.status(), "alpha").ResyncedBytes - before; moved != int64(blocks)*4096 {
@@ -187,7 +196,7 @@ func TestATLSClusterReplicatesSwitchesOverAndResyncs(t *testing.T) {
 	}
 	c.requireIdentical()
 
-	hello := replication.Hello{Volume: "vol0", From: "beta", To: "alpha", Size: 8 << 20}
+	hello := replication.Hello{Volume: "vol0", From: "beta", To: "alpha", Size: size}
 	if reply, err := openStream(t, c.nodes["alpha"].lnRepl.Addr().String(), hello); err == nil {
 		t.Fatalf("alpha answered a plaintext replication stream: %+v", reply)
 	}
