@@ -143,19 +143,57 @@ type watchedCreds struct {
 
 func (c *watchedCreds) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	conn, info, err := c.TransportCredentials.ClientHandshake(ctx, authority, raw)
+	if err == nil {
+		conn, err = awaitVerdict(ctx, conn)
+	}
 	c.last.set(err)
 	if err != nil {
 		return nil, nil, err
 	}
-	// TLS 1.3: the server's verdict on this node's certificate comes
-	// with its first bytes.
-	return pki.WatchRefusal(conn, func(e *pki.HandshakeError) { c.last.set(e) }), info, nil
+	return conn, info, nil
 }
 
-// lastHandshake is how a replication client's last TLS handshake ended:
-// its error, or the refusal that came right after it; nil when it
-// succeeded, or when the last connect did not get as far (a new connect
-// clears it).
+// awaitVerdict waits for the server's first bytes after the handshake.
+// With TLS 1.3 the server checks the client's certificate after the
+// client's handshake returned, and refuses it with an alert in place of
+// its first bytes; a gRPC server sends its settings at once. Reading them
+// here makes the refusal the handshake's error, before gRPC writes
+// anything (a write to the closed connection would hide the alert). The
+// bytes read are served first.
+func awaitVerdict(ctx context.Context, conn net.Conn) (net.Conn, error) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(handshakeTimeout)
+	}
+	conn.SetReadDeadline(deadline)
+	buf := make([]byte, 4096)
+	n, err := conn.Read(buf)
+	conn.SetReadDeadline(time.Time{})
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return &answeredConn{Conn: conn, first: buf[:n]}, nil
+}
+
+// answeredConn serves the bytes awaitVerdict read, then reads on.
+type answeredConn struct {
+	net.Conn
+	first []byte
+}
+
+func (c *answeredConn) Read(p []byte) (int, error) {
+	if len(c.first) > 0 {
+		n := copy(p, c.first)
+		c.first = c.first[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
+
+// lastHandshake is how a replication client's last TLS handshake ended
+// (awaitVerdict included): its error; nil when it succeeded, or when the
+// last connect did not get as far (a new connect clears it).
 type lastHandshake struct {
 	mu  sync.Mutex
 	err error
