@@ -70,7 +70,7 @@ func (n *Node) refusedConnection(link string, remote net.Addr, err error) {
 		return
 	}
 	n.log.Warn("refused a connection", "link", link, "reason", words)
-	n.emit(metadata.Event{Kind: "refused", Reason: string(CauseIdentity), Message: fmt.Sprintf("%s: refused a connection: %s", link, words)})
+	n.emit(metadata.Event{Kind: "refused", Reason: string(he.Cause), Message: fmt.Sprintf("%s: refused a connection: %s", link, words)})
 }
 
 // raftRefused records a refusal of a raft connection (logged already, once

@@ -230,7 +230,9 @@ func (l *tlsLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Con
 		}
 	}
 	// TLS 1.3: the peer's verdict on this node's certificate comes with
-	// its first bytes.
+	// its first bytes. Raft writes first: a refusal is seen here when the
+	// alert is read before a write hits the closed connection (the
+	// refusing side logs it in any case).
 	return pki.WatchRefusal(tc, func(he *pki.HandshakeError) {
 		l.refuse("dial "+string(addr)+" "+he.Key(), "raft: %s", he.Words(who))
 	}), nil
