@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/internal/pki"
-	"github.com/replvol/replvol/replication"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
@@ -90,11 +89,12 @@ func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
 }
 
 // MaxFrameSize bounds one replication message, both ways and on both
-// ends: the longest frame the replication wire format makes
-// (replication.MaxFrameLen). A longer one fails the stream (the sender's
-// gRPC refuses to send it; a receiver refuses it with ResourceExhausted)
-// before a byte of it is buffered.
-const MaxFrameSize = replication.MaxFrameLen
+// ends: the longest frame the replication wire format makes, a batch of
+// one entry of 32 MiB (replication.MaxFrameLen: this package does not
+// import the rules, node checks that the two agree). A longer one fails
+// the stream (the sender's gRPC refuses to send it; a receiver refuses it
+// with ResourceExhausted) before a byte of it is buffered.
+const MaxFrameSize = 5 + 24 + 32<<20
 
 // handshakeTimeout bounds a replication connection's TLS handshake on the
 // server: a client that connects and stalls holds a goroutine and a
