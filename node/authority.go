@@ -102,6 +102,7 @@ func (n *Node) openCluster(dir string, opts Options) error {
 		Self: n.name, Members: members, Dir: filepath.Join(dir, "raft"),
 		Logger: n.log.With("part", "cluster"), RaftListener: opts.Raft,
 		Forward: n.forward, Timing: timing, NoBootstrap: opts.Join,
+		TLS: n.tls, GossipKey: n.gossipKey, Refused: n.raftRefused,
 	})
 	if err != nil {
 		return fmt.Errorf("node %s: cluster: %w", n.name, err)

@@ -183,3 +183,30 @@ func TestVolumeSizeUnits(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigLoadsTheTLSSection: a file with a tls: section loads, its
+// fields read, and a slip in one of its keys is named like any other.
+func TestConfigLoadsTheTLSSection(t *testing.T) {
+	text := `tls:
+  ca: /etc/replvol/tls/ca.crt
+  cert: /etc/replvol/tls/{node}.crt
+  key: /etc/replvol/tls/{node}.key
+  nbd: optional
+nodes:
+  - {name: alpha, control: "127.0.0.1:7800", replication: "127.0.0.1:7801", nbd: "127.0.0.1:7802"}
+  - {name: beta, control: "127.0.0.1:7803", replication: "127.0.0.1:7804", nbd: "127.0.0.1:7805"}
+volumes:
+  - {name: vol0, size: 1GiB, primary: alpha, disks: {alpha: /dev/sdb, beta: /dev/sdc}}
+`
+	c, _, err := loadText(t, text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.TLS == nil || c.TLS.CertFor("beta") != "/etc/replvol/tls/beta.crt" || c.TLS.NBDPolicy() != NBDTLSOptional {
+		t.Fatalf("tls: %+v", c.TLS)
+	}
+	_, path, err := loadText(t, strings.Replace(text, "  nbd: optional", "  gossip_kye: /k", 1))
+	if err == nil || !strings.Contains(err.Error(), path+`:5: tls.gossip_kye: unknown key; did you mean "gossip_key"?`) {
+		t.Fatalf("a slip in tls: %v", err)
+	}
+}

@@ -19,6 +19,12 @@
 // diverged. A node that restarts as primary serves no IO until a peer has
 // compared generations and epochs with it.
 //
+// With a tls: section (tls.go) the replication stream is mutual TLS 1.3:
+// a primary streams only to the node its certificate names, and a
+// secondary takes a stream only when the certificate names the node its
+// Hello says it comes from (RefusedIdentity otherwise); raft and gossip are
+// secured in node/cluster. Each refusal is logged once per peer and cause.
+//
 // The durable state of a volume (state.go: epoch, primary, generations)
 // changes only through Volume.commit, which writes the new value to stable
 // storage BEFORE any goroutine can see it; when that write fails, what

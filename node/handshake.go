@@ -37,7 +37,7 @@ type syncPlan struct {
 func (p *peer) connect(ctx context.Context) error {
 	v := p.v
 	if p.client == nil {
-		c, err := transport.DialRepl(p.addr)
+		c, err := transport.DialRepl(p.addr, v.node.replDialOptions(p.name, p.addr)...)
 		if err != nil {
 			return err
 		}
@@ -49,6 +49,9 @@ func (p *peer) connect(ctx context.Context) error {
 	var unreachable *transport.StreamError
 	if errors.As(err, &unreachable) && unreachable.Reach != "" {
 		return unreachable.Named(p.name) // "cannot reach beta at ...: why"
+	}
+	if ref := tlsRefusal(p.name, err); ref != nil {
+		return ref // "beta presented a certificate of another CA: ..."
 	}
 	if err != nil {
 		return fmt.Errorf("connect to %s at %s: %w", p.name, p.addr, err)
@@ -168,6 +171,16 @@ func bitmapRuns(bm *metadata.PeerBitmap) [][2]int64 {
 	}
 }
 
+// changedBytes is what the peer changed that this node does not have: the
+// bytes its bitmap marks (Changes), or, from a node that does not send
+// them, what its runs cover (runs coarsened for the frame cover more).
+func changedBytes(reply replication.HelloReply) int64 {
+	if reply.Changes > 0 {
+		return reply.Changes
+	}
+	return runsBytes(reply.Changed)
+}
+
 func runsBytes(runs [][2]int64) int64 {
 	var n int64
 	for _, r := range runs {
@@ -217,7 +230,7 @@ func (p *peer) decide(reply replication.HelloReply) (syncPlan, error) {
 		return plan, &refusal{
 			cause: CauseSplitBrain, final: true, rule: d.Rule,
 			text: fmt.Sprintf("%s and %s both changed the data since their last common generation (%v)", v.self, p.name, d),
-			peer: replication.SplitBrainSide{Changes: runsBytes(reply.Changed), PrimarySince: reply.PrimarySince},
+			peer: replication.SplitBrainSide{Changes: changedBytes(reply), PrimarySince: reply.PrimarySince},
 		}
 	case d.Outcome.IsTarget():
 		if reply.Disk != replication.UpToDate && reply.Disk != replication.Consistent {

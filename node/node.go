@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/replvol/replvol/internal/logonce"
 	"github.com/replvol/replvol/internal/pki"
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/node/cluster"
@@ -135,6 +136,9 @@ type Node struct {
 	stopLoop chan struct{}
 	// wrapStream is Options.WrapStream.
 	wrapStream func(peer string, s *transport.ReplStream) *transport.ReplStream
+	// dataRefusals are the refusals of the data-plane links (replication,
+	// raft) logged lately: each once per peer and cause.
+	dataRefusals *logonce.Set
 
 	mu      sync.Mutex
 	clients map[string]*transport.ControlClient
@@ -174,6 +178,7 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 	if n.bootID == "" {
 		n.bootID = bootID()
 	}
+	n.dataRefusals = logonce.New(refusalQuiet, maxRefusalsKept, nil)
 	if err := n.loadTLS(); err != nil {
 		return nil, err
 	}
@@ -306,7 +311,7 @@ func (n *Node) Start() error {
 	n.registry = prometheus.NewRegistry()
 	n.registry.MustRegister(newCollector(n))
 	n.nbd = nbd.NewServer(n.nbdConfig())
-	n.repl = transport.NewReplServer(n.handleStream)
+	n.repl = transport.NewReplServer(n.handleStream, n.replServerOptions()...)
 	n.ctlGRPC = transport.NewControlGRPC(&control{n: n}, transport.WithAuthorize(n.authorizeCall))
 	mux := web.NewMux(web.Source{
 		Status:   func(ctx context.Context) (*transport.ClusterStatus, error) { return n.clusterStatus(ctx, 20) },

@@ -49,6 +49,10 @@ const (
 	CausePeerTimeout Cause = "peer-timeout"
 	// CauseRefused: the peer refused the stream (retried).
 	CauseRefused Cause = "refused"
+	// CauseIdentity: a certificate was refused on the link (retried): the
+	// peer's (of another CA, naming another node), or this node's by the
+	// peer.
+	CauseIdentity Cause = "identity-refused"
 )
 
 // reason is a Cause and its words.
@@ -114,6 +118,8 @@ func refusalOf(r replication.HelloReply) *refusal {
 		out.cause = CauseUnrelated
 	case replication.RefusedAdminDown:
 		out.cause = CauseAdminDown
+	case replication.RefusedIdentity:
+		out.cause = CauseIdentity
 	default:
 		out.cause = CauseRefused
 	}

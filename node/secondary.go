@@ -77,6 +77,11 @@ func (n *Node) handleStream(s *transport.ReplStream) error {
 			Reason: fmt.Sprintf("node %s holds no volume %q", n.name, hello.Volume),
 		})
 	}
+	// Only a node's certificate gets here (with tls:): the one that
+	// names the sender.
+	if reply, accepted := n.streamIdentity(s, hello); !accepted {
+		return sendJSON(s, replication.FrameHelloReply, reply)
+	}
 	return v.serveStream(s, hello)
 }
 
@@ -244,12 +249,16 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 	if bm, ok := v.md.Bitmap(v.node.cfg.NodeID(h.From)); ok && bm.Count() > 0 {
 		// What this node changed, or may have (its activity log after a
 		// crash as primary), that the primary does not have.
-		reply.Changed = bitmapRuns(bm)
+		reply.Changed, reply.Changes = bitmapRuns(bm), bm.Bytes()
 	}
 	if v.discard != nil {
 		reply.DiscardFrom, reply.Discard = v.discard.from, v.discard.runs
 	}
 	v.mu.Unlock()
+	// The reply fits one frame whatever the bitmaps hold: a long list
+	// marks a few blocks more, which the resync copies once more.
+	reply.Changed = replication.CoarsenRuns(reply.Changed, replication.MaxHandshakeRuns)
+	reply.Discard = replication.CoarsenRuns(reply.Discard, replication.MaxHandshakeRuns)
 	if err := sendJSON(s, replication.FrameHelloReply, reply); err != nil {
 		return err
 	}

@@ -19,6 +19,11 @@ const (
 	maxBatchBytes = 1 << 20
 	// maxBatchEntries bounds the entries of one frame.
 	maxBatchEntries = 1024
+	// A frame is at most replication.MaxFrameLen, the stream's limit on
+	// both ends (transport.MaxFrameSize, the same): a batch of small
+	// entries stays below maxBatchBytes, and one entry larger than that
+	// goes alone. (This fails to compile otherwise.)
+	_ = uint(replication.MaxFrameLen-maxBatchBytes) + uint(transport.MaxFrameSize-replication.MaxFrameLen) + uint(replication.MaxFrameLen-transport.MaxFrameSize)
 	// maxFramesInFlight bounds the frames awaiting their ack. While they
 	// are out, new entries wait and go out together in the next frame:
 	// under load one frame (and one ack) carries many writes.

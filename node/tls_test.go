@@ -19,7 +19,7 @@ import (
 
 // withTLS gives c's config a tls: section from a fresh replctl certs init
 // of its nodes, and returns the directory of the files.
-func withTLS(t *testing.T, c *testCluster) string {
+func withTLS(t testing.TB, c *testCluster) string {
 	t.Helper()
 	dir := t.TempDir()
 	var hs []pki.Holder

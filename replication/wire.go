@@ -274,9 +274,9 @@ type Hello struct {
 // Refusal says why a node did not take a replication stream.
 type Refusal string
 
-// Refusals. The primary retries after the first six; the others are final
-// (Final): they hold until an operator acts, and the primary stops trying
-// (StandAlone).
+// Refusals. The primary retries after the first seven; the others are
+// final (Final): they hold until an operator acts, and the primary stops
+// trying (StandAlone).
 const (
 	RefusedNoVolume     Refusal = "no-such-volume"
 	RefusedWrongNode    Refusal = "wrong-node"
@@ -284,6 +284,13 @@ const (
 	RefusedSize         Refusal = "size-mismatch"
 	RefusedStaleEpoch   Refusal = "stale-epoch"
 	RefusedOtherPrimary Refusal = "epoch-of-another-primary"
+	// RefusedIdentity: the stream's Hello names a sender (From) that the
+	// TLS certificate it came with does not name: a certificate of one
+	// node cannot stand in for another. Not final: a sender given its
+	// own certificate (a restart with the right files) connects at its
+	// next try, without an operator's connect; the refusal is logged
+	// once, not at every try.
+	RefusedIdentity Refusal = "identity-mismatch"
 	// RefusedNewerEpoch: the refusing node is primary at a newer epoch;
 	// the sender, an older primary, stops its IO (it is fenced) and
 	// follows once the newer primary reaches it.
@@ -312,7 +319,9 @@ type HelloReply struct {
 	Reason   string  `json:"reason,omitempty"`
 	// With RefusedSplitBrain: what the refusing node changed since the split
 	// (bytes marked for the requester) and when it became primary, so
-	// both sides can apply the after-split-brain policy alike.
+	// both sides can apply the after-split-brain policy alike. An accepted
+	// reply with Changed sets Changes too: the bytes exactly, which the
+	// runs, coarsened to fit a frame, may exceed.
 	Changes      int64 `json:"changes,omitempty"`
 	PrimarySince int64 `json:"primary_since,omitempty"`
 	// DiscardFrom and Discard are sent by a node the operator told to

@@ -2,16 +2,24 @@ package transport
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"sync"
 	"time"
 
+	"github.com/replvol/replvol/internal/pki"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 )
 
 // Frame is one message of the replication stream: an encoded frame of the
@@ -80,8 +88,155 @@ func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	return nil
 }
 
-// MaxFrameSize bounds one replication frame.
-const MaxFrameSize = 64 << 20
+// MaxFrameSize bounds one replication message, both ways and on both
+// ends: the longest frame the replication wire format makes, a batch of
+// one entry of 32 MiB (replication.MaxFrameLen: this package does not
+// import the rules, node checks that the two agree). A longer one fails
+// the stream (the sender's gRPC refuses to send it; a receiver refuses it
+// with ResourceExhausted) before a byte of it is buffered.
+const MaxFrameSize = 5 + 24 + 32<<20
+
+// handshakeTimeout bounds a replication connection's TLS handshake on the
+// server: a client that connects and stalls holds a goroutine and a
+// descriptor that long at most.
+const handshakeTimeout = 10 * time.Second
+
+// ReplOption configures DialRepl and NewReplServer.
+type ReplOption func(*replOptions)
+
+type replOptions struct {
+	tls    *tls.Config
+	failed func(remote net.Addr, err error)
+}
+
+func replOptionsOf(opts []ReplOption) replOptions {
+	var o replOptions
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
+}
+
+// ReplTLS makes the stream mutual TLS with conf (a node's
+// pki.Bundle.ServerConfig for NewReplServer, ClientConfig for DialRepl)
+// through gRPC's TLS credentials; without it the stream is plaintext. The
+// frames keep their raw codec: TLS adds no copy of its own.
+func ReplTLS(conf *tls.Config) ReplOption {
+	return func(o *replOptions) { o.tls = conf }
+}
+
+// ReplHandshakeFailed has NewReplServer call f for each connection whose
+// TLS handshake failed (pki.ExplainHandshake says why). f is called from
+// the connection's goroutine and must not block.
+func ReplHandshakeFailed(f func(remote net.Addr, err error)) ReplOption {
+	return func(o *replOptions) { o.failed = f }
+}
+
+// watchedCreds is gRPC's TLS credentials with each handshake's outcome
+// kept: a client's in last (a stream that cannot open then says why in
+// words, from values), a server's failures given to failed.
+type watchedCreds struct {
+	credentials.TransportCredentials
+	last   *lastHandshake
+	failed func(net.Addr, error)
+}
+
+func (c *watchedCreds) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	conn, info, err := c.TransportCredentials.ClientHandshake(ctx, authority, raw)
+	if err == nil {
+		conn, err = awaitVerdict(ctx, conn)
+	}
+	c.last.set(err)
+	if err != nil {
+		return nil, nil, err
+	}
+	return conn, info, nil
+}
+
+// awaitVerdict waits for the server's first bytes after the handshake.
+// With TLS 1.3 the server checks the client's certificate after the
+// client's handshake returned, and refuses it with an alert in place of
+// its first bytes; a gRPC server sends its settings at once. Reading them
+// here makes the refusal the handshake's error, before gRPC writes
+// anything (a write to the closed connection would hide the alert). The
+// bytes read are served first.
+func awaitVerdict(ctx context.Context, conn net.Conn) (net.Conn, error) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(handshakeTimeout)
+	}
+	conn.SetReadDeadline(deadline)
+	buf := make([]byte, 4096)
+	n, err := conn.Read(buf)
+	conn.SetReadDeadline(time.Time{})
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return &answeredConn{Conn: conn, first: buf[:n]}, nil
+}
+
+// answeredConn serves the bytes awaitVerdict read, then reads on.
+type answeredConn struct {
+	net.Conn
+	first []byte
+}
+
+func (c *answeredConn) Read(p []byte) (int, error) {
+	if len(c.first) > 0 {
+		n := copy(p, c.first)
+		c.first = c.first[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
+
+// lastHandshake is how a replication client's last TLS handshake ended
+// (awaitVerdict included): its error; nil when it succeeded, or when the
+// last connect did not get as far (a new connect clears it).
+type lastHandshake struct {
+	mu  sync.Mutex
+	err error
+}
+
+func (h *lastHandshake) set(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.err = err
+}
+
+// refused is the error of a stream that could not open because the TLS
+// handshake failed (pki.ExplainHandshake finds a refusal in it), or nil.
+// A peer that accepts connections but completes no handshake is
+// ReachNoAnswer, as a hung node is.
+func (h *lastHandshake) refused(addr string, err error) *StreamError {
+	if h == nil || status.Code(err) != codes.Unavailable {
+		return nil
+	}
+	h.mu.Lock()
+	failed := h.err
+	h.mu.Unlock()
+	switch {
+	case failed == nil:
+		return nil
+	case pki.ExplainHandshake(failed) == nil && (errors.Is(failed, context.DeadlineExceeded) || errors.Is(failed, os.ErrDeadlineExceeded)):
+		why := "it accepts connections but completes no TLS handshake: is replnode hung or paused?"
+		return &StreamError{words: fmt.Sprintf("cannot reach %s: %s", addr, why), Reach: ReachNoAnswer, addr: addr, why: why, err: err, dial: failed}
+	}
+	return &StreamError{words: pki.HandshakeWords(addr, failed), err: err, dial: failed}
+}
+
+func (c *watchedCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	conn, info, err := c.TransportCredentials.ServerHandshake(raw)
+	if err != nil && c.failed != nil {
+		c.failed(raw.RemoteAddr(), err)
+	}
+	return conn, info, err
+}
+
+func (c *watchedCreds) Clone() credentials.TransportCredentials {
+	return &watchedCreds{TransportCredentials: c.TransportCredentials.Clone(), last: c.last, failed: c.failed}
+}
 
 var replStreamDesc = grpc.StreamDesc{
 	StreamName:    "Stream",
@@ -123,6 +278,21 @@ func (r *ReplStream) Recv(f *Frame) error { return streamError(r.s.RecvMsg(f)) }
 // Context is the stream's context; it ends when the stream does.
 func (r *ReplStream) Context() context.Context { return r.s.Context() }
 
+// TLS is the state of the stream's TLS connection (on a server: the
+// client's verified certificate, pki.PeerIdentity), or nil for a
+// plaintext stream.
+func (r *ReplStream) TLS() *tls.ConnectionState {
+	p, ok := peer.FromContext(r.s.Context())
+	if !ok {
+		return nil
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok {
+		return nil
+	}
+	return &info.State
+}
+
 // Close ends a client stream. On the server side, return from the handler.
 func (r *ReplStream) Close() {
 	if r.cancel != nil {
@@ -139,13 +309,22 @@ type ReplServer struct {
 }
 
 // NewReplServer returns a server that hands each stream to h.
-func NewReplServer(h ReplHandler) *ReplServer {
-	g := grpc.NewServer(
+func NewReplServer(h ReplHandler, opts ...ReplOption) *ReplServer {
+	o := replOptionsOf(opts)
+	sopts := []grpc.ServerOption{
 		grpc.ForceServerCodecV2(rawCodec{}),
 		grpc.MaxRecvMsgSize(MaxFrameSize),
+		grpc.MaxSendMsgSize(MaxFrameSize),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 2 * time.Second, Timeout: 2 * time.Second}),
-	)
+		grpc.ConnectionTimeout(handshakeTimeout),
+	}
+	if o.tls != nil {
+		// No read buffer of gRPC's over TLS: the TLS connection buffers a
+		// record already, and a second buffer costs a copy of every byte.
+		sopts = append(sopts, grpc.Creds(&watchedCreds{TransportCredentials: credentials.NewTLS(o.tls), failed: o.failed}), grpc.ReadBufferSize(0))
+	}
+	g := grpc.NewServer(sopts...)
 	desc := replStreamDesc
 	desc.Handler = func(_ any, stream grpc.ServerStream) error {
 		return h(&ReplStream{s: stream})
@@ -173,30 +352,46 @@ func (s *ReplServer) Stop() { s.g.Stop() }
 // ReplClient dials one peer's replication server.
 type ReplClient struct {
 	cc *grpc.ClientConn
-	// dialer puts a stream that cannot open into words.
-	dialer *dialer
+	// dialer puts a stream that cannot open into words, and handshake
+	// (nil without TLS) one whose TLS failed.
+	dialer    *dialer
+	handshake *lastHandshake
 }
 
 // DialRepl prepares a connection to a peer; it connects lazily and
 // reconnects by itself.
-func DialRepl(addr string) (*ReplClient, error) {
+func DialRepl(addr string, opts ...ReplOption) (*ReplClient, error) {
+	o := replOptionsOf(opts)
 	d := newDialer(addr, false)
+	var creds credentials.TransportCredentials = insecure.NewCredentials()
+	var last *lastHandshake
+	dial := d.dial
+	readBuffer := 256 << 10
+	if o.tls != nil {
+		readBuffer = 0 // TLS buffers a record already (see NewReplServer)
+		last = &lastHandshake{}
+		creds = &watchedCreds{TransportCredentials: credentials.NewTLS(o.tls), last: last}
+		dial = func(ctx context.Context, addr string) (net.Conn, error) {
+			last.set(nil)
+			return d.dial(ctx, addr)
+		}
+	}
 	cc, err := grpc.NewClient("passthrough:///"+addr,
-		grpc.WithContextDialer(d.dial),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawCodec{}), grpc.MaxCallRecvMsgSize(MaxFrameSize)),
+		grpc.WithContextDialer(dial),
+		grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawCodec{}), grpc.MaxCallRecvMsgSize(MaxFrameSize), grpc.MaxCallSendMsgSize(MaxFrameSize)),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 			MinConnectTimeout: 2 * time.Second,
 		}),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 2 * time.Second, Timeout: 2 * time.Second, PermitWithoutStream: true}),
 		grpc.WithWriteBufferSize(256<<10),
-		grpc.WithReadBufferSize(256<<10),
+		grpc.WithReadBufferSize(readBuffer),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("replication client for %s: %w", addr, err)
 	}
-	return &ReplClient{cc: cc, dialer: d}, nil
+	return &ReplClient{cc: cc, dialer: d, handshake: last}, nil
 }
 
 // Open starts a stream. It fails fast if the peer is unreachable.
@@ -205,6 +400,9 @@ func (c *ReplClient) Open(ctx context.Context) (*ReplStream, error) {
 	s, err := c.cc.NewStream(ctx, &replStreamDesc, replStreamMethod)
 	if err != nil {
 		cancel()
+		if se := c.handshake.refused(c.dialer.addr, err); se != nil {
+			return nil, se
+		}
 		return nil, c.dialer.openError(err)
 	}
 	return &ReplStream{s: s, cancel: cancel}, nil

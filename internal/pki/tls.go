@@ -78,7 +78,7 @@ func Roles(roles ...Role) Accept {
 				return nil
 			}
 		}
-		return fmt.Errorf("a certificate of %s may not be used here (want %s)", id, rolesText(roles))
+		return &IdentityError{Got: id, Roles: roles}
 	}
 }
 
@@ -86,10 +86,29 @@ func Roles(roles ...Role) Accept {
 func Exactly(want Identity) Accept {
 	return func(id Identity) error {
 		if id != want {
-			return fmt.Errorf("the certificate names %s, not %s", id, want)
+			return &IdentityError{Got: id, Want: want}
 		}
 		return nil
 	}
+}
+
+// IdentityError is a certificate of the CA that names a holder who may
+// not be accepted here: another node than the one expected (Exactly), or
+// a role not allowed (Roles).
+type IdentityError struct {
+	// Got is whom the certificate names.
+	Got Identity
+	// Want is the identity Exactly expected; zero for Roles.
+	Want Identity
+	// Roles are the roles Roles allows.
+	Roles []Role
+}
+
+func (e *IdentityError) Error() string {
+	if e.Want != (Identity{}) {
+		return fmt.Sprintf("the certificate names %s, not %s", e.Got, e.Want)
+	}
+	return fmt.Sprintf("a certificate of %s may not be used here (want %s)", e.Got, rolesText(e.Roles))
 }
 
 func rolesText(roles []Role) string {

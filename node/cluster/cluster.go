@@ -29,8 +29,10 @@ type Cluster struct {
 	fsm   *fsm
 	raft  *raft.Raft
 	// observer tells of every leader change (followers included).
-	observer     *raft.Observer
-	gossip       *gossip
+	observer *raft.Observer
+	gossip   *gossip
+	// tls is raft's TLS stream layer (nil without Config.TLS).
+	tls          *tlsLayer
 	leases       *leases
 	leaderChange *broadcast
 	// member is what this node learned of its own standing in raft
@@ -116,9 +118,14 @@ func Open(cfg Config) (c *Cluster, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("raft snapshots: %w", err)
 	}
-	stream, err := newStreamLayer(cfg.RaftListener, self.Raft)
+	raw, err := newStreamLayer(cfg.RaftListener, self.Raft)
 	if err != nil {
 		return nil, err
+	}
+	var stream raft.StreamLayer = raw
+	if cfg.TLS != nil {
+		c.tls = newTLSLayer(raw, cfg.TLS, cfg.Members, cfg.Timing.RaftIOTimeout, logger, cfg.Refused)
+		stream = c.tls
 	}
 	trans := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream:  stream,
@@ -174,7 +181,7 @@ func Open(cfg Config) (c *Cluster, err error) {
 	}()
 	undo = append(undo, c.wg.Wait) // after cancel, before the shutdown
 
-	if c.gossip, err = startGossip(self, cfg.Members, cfg.Timing, newHclogger(logger, "gossip"), c.signalChanged); err != nil {
+	if c.gossip, err = startGossip(self, cfg.Members, cfg.Timing, cfg.GossipKey, newHclogger(logger, "gossip"), c.signalChanged); err != nil {
 		return nil, err
 	}
 	c.wg.Add(2)
@@ -376,6 +383,15 @@ func (s *streamLayer) Addr() net.Addr { return s.advertise }
 
 func (s *streamLayer) Dial(a raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
 	return s.dial(a, timeout)
+}
+
+// addMember has this node gossip with m, and know m's raft address: a
+// member added at runtime (AddVoter).
+func (c *Cluster) addMember(m Member) {
+	c.gossip.add(m)
+	if c.tls != nil {
+		c.tls.learn(m)
+	}
 }
 
 // TransferLeadership hands raft's leadership from this node, which must

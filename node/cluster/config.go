@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net"
 	"time"
+
+	"github.com/replvol/replvol/internal/pki"
 )
 
 // Member is one node of the cluster file. Every member is a raft voter, a
@@ -46,6 +48,19 @@ type Config struct {
 	RaftListener net.Listener
 	// Forward carries requests to the leader.
 	Forward Forwarder
+	// TLS, when set, makes raft's connections mutual TLS 1.3 with the
+	// cluster's CA (this node's certificate): only nodes of the CA are
+	// heard, and a connection to a member's raft address must reach that
+	// member. Nil: plaintext.
+	TLS *pki.Bundle
+	// GossipKey, when set, encrypts and authenticates every gossip
+	// message and push/pull (memberlist's keyring, 16, 24 or 32 bytes): a
+	// node without the key is not a member. Nil: plaintext.
+	GossipKey []byte
+	// Refused, when set, is told each refusal of a raft connection (in
+	// words, once per peer and cause) for the node's events. It must not
+	// block.
+	Refused func(words string)
 	// NoBootstrap is for a node added at runtime (replctl node add): it
 	// starts with no raft configuration and waits for the leader's
 	// AddVoter. Otherwise a node without raft state bootstraps with every
@@ -138,6 +153,9 @@ func (cfg *Config) validate() (Member, error) {
 	t := cfg.Timing
 	if t.LeaseDrift < 0 || t.LeaseDrift >= 0.5 {
 		bad("lease drift %v: want at least 0 and under 0.5", t.LeaseDrift)
+	}
+	if n := len(cfg.GossipKey); n != 0 && n != 16 && n != 24 && n != 32 {
+		bad("gossip key of %d bytes: want 16, 24 or 32", n)
 	}
 	if t.LeaseDuration < 0 || t.SuspicionMult < 1 {
 		bad("negative lease duration or suspicion multiplier")

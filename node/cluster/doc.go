@@ -7,8 +7,14 @@
 // gossips liveness and each node's metadata: a fast hint, never the
 // authority.
 //
-// It imports metadata (the raft log on bbolt) and replication (the rules)
-// and nothing of node or transport: the node layer carries forwarded
-// requests to the leader through a Forwarder it implements. A Cluster is
-// safe for concurrent use; several run in one process (no globals).
+// With the cluster's PKI (Config.TLS, Config.GossipKey), raft's
+// connections are mutual TLS 1.3 and gossip is encrypted with memberlist's
+// keyring: a node of another CA, or without the key, neither votes nor is
+// heard (tls.go).
+//
+// It imports metadata (the raft log on bbolt), replication (the rules) and
+// internal/pki, and nothing of node or transport: the node layer carries
+// forwarded requests to the leader through a Forwarder it implements. A
+// Cluster is safe for concurrent use; several run in one process (no
+// globals).
 package cluster

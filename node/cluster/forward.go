@@ -170,7 +170,7 @@ func (c *Cluster) AddVoter(ctx context.Context, m Member) error {
 	if err := m.validate(); err != nil {
 		return err
 	}
-	c.gossip.add(m)
+	c.addMember(m)
 	_, err := c.toLeader(ctx, ForwardRequest{Kind: KindAddVoter, From: c.self, Member: &m})
 	return err
 }
@@ -377,7 +377,7 @@ func (c *Cluster) addVoterHere(ctx context.Context, m Member) error {
 	if err := m.validate(); err != nil {
 		return fmt.Errorf("%w: %v", ErrBadRequest, err)
 	}
-	c.gossip.add(m)
+	c.addMember(m)
 	return c.changeConfiguration(ctx, c.raft.AddVoter(raft.ServerID(m.Name), raft.ServerAddress(m.Raft), 0, 0))
 }
 

@@ -72,7 +72,7 @@ type seenNode struct {
 	meta  []byte
 }
 
-func startGossip(self Member, members []Member, t Timing, logger *hclogger, changed func()) (*gossip, error) {
+func startGossip(self Member, members []Member, t Timing, key []byte, logger *hclogger, changed func()) (*gossip, error) {
 	g := &gossip{
 		self: self.Name, t: t, logger: logger, changed: changed,
 		members:   map[string]Member{},
@@ -112,6 +112,13 @@ func startGossip(self Member, members []Member, t Timing, logger *hclogger, chan
 	// accepted once it has been dead this long.
 	mc.DeadNodeReclaimTime = 10 * time.Second
 	mc.Delegate, mc.Events = g, g
+	if len(key) > 0 {
+		// Every message and push/pull encrypted and authenticated with
+		// the cluster's key (AES-GCM): one that does not decrypt is
+		// dropped, so a node without the key is no member.
+		mc.SecretKey = slices.Clone(key)
+		mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = true, true
+	}
 	mc.Logger = log.New(logger.StandardWriter(nil), "", 0)
 	if g.list, err = memberlist.Create(mc); err != nil {
 		return nil, fmt.Errorf("start gossip on %s: %w", self.Gossip, err)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/replvol/replvol/internal/pki"
 )
 
 // testTiming is tuned for loopback: raft notices a lost leader within
@@ -48,6 +51,13 @@ type testNet struct {
 	byRaft   map[string]string // raft address → node name
 	spare    map[string]bool   // added at runtime: NoBootstrap
 	listened map[string]net.Listener
+	// With withTLS: each node's certificate and gossip key; logs keeps
+	// what each node logged at WARN and above.
+	tls  map[string]*pki.Bundle
+	keys map[string][]byte
+	logs map[string]*testLogWriter
+	// logLevel is the least level logged (default WARN).
+	logLevel slog.Level
 }
 
 func member(name string) Member  { return Member{Name: name} }
@@ -58,6 +68,8 @@ func newTestNet(t *testing.T, members ...Member) *testNet {
 		t: t, members: map[string]Member{}, dirs: map[string]string{}, running: map[string]*Cluster{},
 		layers: map[string]*faultLayer{}, cut: map[string]bool{}, byRaft: map[string]string{},
 		spare: map[string]bool{}, listened: map[string]net.Listener{},
+		tls: map[string]*pki.Bundle{}, keys: map[string][]byte{}, logs: map[string]*testLogWriter{},
+		logLevel: slog.LevelWarn,
 	}
 	for _, m := range members {
 		n.initial = append(n.initial, n.define(m))
@@ -126,9 +138,19 @@ func (n *testNet) start(name string) *Cluster {
 		}
 	}
 	layer := &faultLayer{Listener: ln, net: n, name: name, conns: map[net.Conn]bool{}}
+	n.mu.Lock()
+	logs := n.logs[name]
+	if logs == nil {
+		logs = newTestLogWriter(n.t)
+		logs.level = n.logLevel
+		n.logs[name] = logs
+	}
+	bundle, key := n.tls[name], n.keys[name]
+	n.mu.Unlock()
 	c, err := Open(Config{
-		Self: name, Members: members, Dir: n.dirs[name], Logger: testLogger(n.t),
+		Self: name, Members: members, Dir: n.dirs[name], Logger: logs.logger(),
 		RaftListener: layer, Forward: n.forwarder(name), NoBootstrap: n.spare[name], Timing: testTiming,
+		TLS: bundle, GossipKey: key,
 	})
 	if err != nil {
 		n.t.Fatalf("open %s: %v", name, err)
@@ -337,27 +359,94 @@ func (l *faultLayer) closeAll() {
 	clear(l.conns)
 }
 
-// testLogger logs warnings and errors to the test's log, until the test
-// ends (raft's goroutines may log a little after Close).
-func testLogger(t *testing.T) *slog.Logger {
-	w := &testLogWriter{t: t}
+// withTLS gives every member defined so far a certificate of one new CA
+// (replctl certs init) and its gossip key: raft runs over TLS and gossip
+// is encrypted.
+func (n *testNet) withTLS() {
+	n.mu.Lock()
+	var names []string
+	for name := range n.members {
+		names = append(names, name)
+	}
+	n.mu.Unlock()
+	n.issue(names...)
+}
+
+// stranger gives the named members certificates of another CA, and that
+// CA's gossip key: nodes of another cluster at the members' addresses.
+func (n *testNet) stranger(names ...string) { n.issue(names...) }
+
+func (n *testNet) issue(names ...string) {
+	dir := n.t.TempDir()
+	var hs []pki.Holder
+	for _, name := range names {
+		hs = append(hs, pki.Holder{Identity: pki.Identity{Role: pki.RoleNode, Name: name}, Hosts: []string{"127.0.0.1"}})
+	}
+	if _, err := pki.Init(dir, hs, false); err != nil {
+		n.t.Fatal(err)
+	}
+	key, err := pki.LoadGossipKey(filepath.Join(dir, pki.GossipFile))
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, name := range names {
+		b, err := pki.Load(filepath.Join(dir, pki.CAFile), filepath.Join(dir, pki.CertFile(name)), filepath.Join(dir, pki.KeyFile(name)))
+		if err != nil {
+			n.t.Fatal(err)
+		}
+		n.tls[name], n.keys[name] = b, key
+	}
+}
+
+// logsOf is what the node logged at logLevel and above.
+func (n *testNet) logsOf(name string) []string {
+	n.mu.Lock()
+	w := n.logs[name]
+	n.mu.Unlock()
+	if w == nil {
+		return nil
+	}
+	return w.lines()
+}
+
+// newTestLogWriter logs warnings and errors to the test's log, until the
+// test ends (raft's goroutines may log a little after Close), and keeps
+// them.
+func newTestLogWriter(t *testing.T) *testLogWriter {
+	w := &testLogWriter{t: t, level: slog.LevelWarn}
 	t.Cleanup(w.stop)
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	return w
+}
+
+func (w *testLogWriter) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: w.level}))
 }
 
 type testLogWriter struct {
+	level   slog.Level
 	mu      sync.Mutex
 	t       *testing.T
 	stopped bool
+	kept    []string
 }
 
 func (w *testLogWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	line := strings.TrimRight(string(p), "\n")
+	w.kept = append(w.kept, line)
 	if !w.stopped {
-		w.t.Log(strings.TrimRight(string(p), "\n"))
+		w.t.Log(line)
 	}
 	return len(p), nil
+}
+
+func (w *testLogWriter) lines() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.kept)
 }
 
 func (w *testLogWriter) stop() {

@@ -11,6 +11,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
+
+	"github.com/replvol/replvol/internal/logonce"
 )
 
 // hclogger makes raft's logs (hclog) records of the node's slog logger.
@@ -132,12 +134,34 @@ func (h *hclogger) StandardLogger(*hclog.StandardLoggerOptions) *log.Logger {
 }
 
 // StandardWriter takes the lines of a standard logger, like memberlist's
-// "[DEBUG] memberlist: …", and logs each at the level its prefix names.
+// "[DEBUG] memberlist: …", and logs each at the level its prefix names. A
+// warning or error that repeats one logged lately, from the same host, is
+// logged at DEBUG: memberlist logs a message that does not decrypt (a node
+// without the cluster's gossip key) at every packet, several a second.
+// Only the level depends on the text; no decision does.
 func (h *hclogger) StandardWriter(*hclog.StandardLoggerOptions) io.Writer {
-	return stdWriter{h}
+	return stdWriter{h: h, once: logonce.New(refusalQuiet, maxRefusalsKept, nil)}
 }
 
-type stdWriter struct{ h *hclogger }
+type stdWriter struct {
+	h    *hclogger
+	once *logonce.Set
+}
+
+// portless is line with the port of its "from=HOST:PORT" (memberlist's
+// LogAddress) taken out: a peer's TCP connections come from a new port
+// each.
+func portless(line string) string {
+	fields := strings.Fields(line)
+	for i, f := range fields {
+		if addr, ok := strings.CutPrefix(f, "from="); ok {
+			if host, _, err := net.SplitHostPort(addr); err == nil {
+				fields[i] = "from=" + host
+			}
+		}
+	}
+	return strings.Join(fields, " ")
+}
 
 func (w stdWriter) Write(p []byte) (int, error) {
 	line := strings.TrimSpace(string(p))
@@ -150,6 +174,9 @@ func (w stdWriter) Write(p []byte) (int, error) {
 			level, line = l, strings.TrimSpace(rest)
 			break
 		}
+	}
+	if level >= hclog.Warn && !w.once.First(portless(line)) {
+		level = hclog.Debug
 	}
 	w.h.Log(level, line)
 	return len(p), nil

@@ -1,0 +1,5 @@
+// Package logonce remembers what was logged, so that a refusal repeated at
+// every retry of a peer (a TLS handshake, a stream) is logged once per
+// peer and cause, and again only after a quiet spell. It imports nothing
+// of the project; a Set may be used concurrently.
+package logonce
