@@ -38,8 +38,9 @@ func withTLS(t testing.TB, c *testCluster) string {
 }
 
 // TestANodeStartsOnlyWithItsOwnCertificate: a node whose certificate file
-// names another node, or whose files are missing, does not start, and says
-// which file and why.
+// names another node, whose files are missing or unreadable, whose key is
+// not its certificate's, or whose CA file holds no certificate, does not
+// start, and says which file and why.
 func TestANodeStartsOnlyWithItsOwnCertificate(t *testing.T) {
 	c := newTestCluster(t, 4<<20)
 	dir := withTLS(t, c)
@@ -50,6 +51,28 @@ func TestANodeStartsOnlyWithItsOwnCertificate(t *testing.T) {
 	c.cfg.TLS.Cert, c.cfg.TLS.Key = filepath.Join(dir, "nope-{node}.crt"), filepath.Join(dir, "{node}.key")
 	if _, err := New(c.cfg, "alpha", Options{}); err == nil || !strings.Contains(err.Error(), "nope-alpha.crt") {
 		t.Fatalf("alpha started without its certificate file: %v", err)
+	}
+	c.cfg.TLS.Cert, c.cfg.TLS.Key = filepath.Join(dir, "alpha.crt"), filepath.Join(dir, "beta.key")
+	if _, err := New(c.cfg, "alpha", Options{}); err == nil || !strings.Contains(err.Error(), "alpha.crt with key") || !strings.Contains(err.Error(), "beta.key") {
+		t.Fatalf("alpha started with beta's key: %v", err)
+	}
+	c.cfg.TLS.Key = filepath.Join(dir, "{node}.key")
+	if err := os.WriteFile(filepath.Join(dir, "empty-ca.crt"), []byte("not a certificate\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.cfg.TLS.CA = filepath.Join(dir, "empty-ca.crt")
+	if _, err := New(c.cfg, "alpha", Options{}); err == nil || !strings.Contains(err.Error(), "empty-ca.crt: no PEM certificate in it") {
+		t.Fatalf("alpha started with a CA file that holds no certificate: %v", err)
+	}
+	c.cfg.TLS.CA = filepath.Join(dir, "ca.crt")
+	// A key that cannot be read (a directory in its place: root reads any
+	// file whatever its mode).
+	if err := os.Mkdir(filepath.Join(dir, "dir.key"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	c.cfg.TLS.Key = filepath.Join(dir, "dir.key")
+	if _, err := New(c.cfg, "alpha", Options{}); err == nil || !strings.Contains(err.Error(), "dir.key") {
+		t.Fatalf("alpha started with an unreadable key: %v", err)
 	}
 }
 

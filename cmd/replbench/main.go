@@ -24,6 +24,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/replvol/replvol/internal/pki"
 	"github.com/replvol/replvol/node"
 	"github.com/replvol/replvol/transport"
 )
@@ -44,7 +45,12 @@ const tReplvolExt = "replvol-ext"
 // ratio to replvol, measured in the same rounds.
 const tReplvolTLS = "replvol-tls"
 
-var allTargets = []string{tReplvol, tReplvolExt, tReplvolTLS, tNbdkit, tQuorum}
+// tNbdkitTLS is nbdkit's file plugin over TLS (GnuTLS, --tls=require
+// with client certificates): what TLS costs an unreplicated NBD server on
+// the same machine, beside replvol-tls's cost.
+const tNbdkitTLS = "nbdkit-tls"
+
+var allTargets = []string{tReplvol, tReplvolExt, tReplvolTLS, tNbdkit, tNbdkitTLS, tQuorum}
 
 type workload struct {
 	Name    string // short id used in JSON
@@ -154,7 +160,7 @@ func run() int {
 	flag.StringVar(&sizeStr, "size", "1GiB", "volume/image size of every target")
 	flag.StringVar(&spanStr, "span", "512MiB", "region of the volume the workloads touch (clamped to the export size)")
 	flag.BoolVar(&cfg.jsonOut, "json", false, "print the results as JSON instead of a table")
-	flag.StringVar(&targetsStr, "targets", strings.Join(allTargets, ","), "comma-separated targets: replvol,replvol-ext,replvol-tls,nbdkit,quorum")
+	flag.StringVar(&targetsStr, "targets", strings.Join(allTargets, ","), "comma-separated targets: replvol,replvol-ext,replvol-tls,nbdkit,nbdkit-tls,quorum")
 	flag.StringVar(&cfg.dir, "dir", "", "parent directory for the temporary images (default: $TMPDIR)")
 	flag.StringVar(&cfg.replctl, "replctl", "", "prebuilt replctl binary (default: go build ./cmd/replctl)")
 	flag.BoolVar(&cfg.keepLogs, "keep-logs", false, "keep the server logs (the images are always removed)")
@@ -313,7 +319,7 @@ func printTable(w io.Writer, rep *report) {
 		fmt.Fprintf(w, "  %-8s %s\n", "client:", v)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprint(tw, "workload\tunit\treplvol\treplvol-ext\treplvol-tls\tnbdkit\tquorum\treplvol/nbdkit\treplvol/quorum\tinternal/external\ttls/plaintext\t\n")
+	fmt.Fprint(tw, "workload\tunit\treplvol\treplvol-ext\treplvol-tls\tnbdkit\tnbdkit-tls\tquorum\treplvol/nbdkit\treplvol/quorum\tinternal/external\treplvol tls/plain\tnbdkit tls/plain\t\n")
 	for _, r := range rep.Rows {
 		fmt.Fprintf(tw, "%s\t%s\t", r.Label, r.Unit)
 		for _, t := range allTargets {
@@ -323,7 +329,7 @@ func printTable(w io.Writer, rep *report) {
 				fmt.Fprint(tw, "-\t")
 			}
 		}
-		for _, k := range []string{"replvol/nbdkit", "replvol/quorum", "replvol/replvol-ext", "replvol-tls/replvol"} {
+		for _, k := range []string{"replvol/nbdkit", "replvol/quorum", "replvol/replvol-ext", "replvol-tls/replvol", "nbdkit-tls/nbdkit"} {
 			if v, ok := r.Ratios[k]; ok {
 				fmt.Fprintf(tw, "%.2fx\t", v)
 			} else {
@@ -443,7 +449,9 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 		case tReplvolTLS:
 			t, err = b.startReplvol(ctx, "internal", "--tls")
 		case tNbdkit:
-			t, err = b.startNbdkit(ctx)
+			t, err = b.startNbdkit(ctx, false)
+		case tNbdkitTLS:
+			t, err = b.startNbdkit(ctx, true)
 		case tQuorum:
 			t, err = b.startQuorum(ctx)
 		}
@@ -568,6 +576,11 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 			}
 			if c, ok := r.Targets[tReplvolTLS]; ok && rv.Median > 0 {
 				r.Ratios[tReplvolTLS+"/"+tReplvol] = c.Median / rv.Median
+			}
+		}
+		if nk, ok := r.Targets[tNbdkit]; ok && nk.Median > 0 {
+			if c, ok := r.Targets[tNbdkitTLS]; ok {
+				r.Ratios[tNbdkitTLS+"/"+tNbdkit] = c.Median / nk.Median
 			}
 		}
 	}
@@ -734,8 +747,11 @@ func (b *bench) demoInSync(ctx context.Context, t *target) (ok bool, what string
 // ---------------------------------------------------------------------------
 // targets
 
-func (b *bench) startNbdkit(ctx context.Context) (*target, error) {
-	img := filepath.Join(b.tmp, "plain.img")
+func (b *bench) startNbdkit(ctx context.Context, withTLS bool) (*target, error) {
+	name, img := tNbdkit, filepath.Join(b.tmp, "plain.img")
+	if withTLS {
+		name, img = tNbdkitTLS, filepath.Join(b.tmp, "plain-tls.img")
+	}
 	if err := prealloc(img, b.cfg.size); err != nil {
 		return nil, err
 	}
@@ -743,15 +759,43 @@ func (b *bench) startNbdkit(ctx context.Context) (*target, error) {
 	if err != nil {
 		return nil, err
 	}
-	p, err := b.start("nbdkit", nil, "nbdkit", "--exit-with-parent", "-f", "-p", strconv.Itoa(port), "-i", "127.0.0.1", "file", img)
+	argv := []string{"nbdkit", "--exit-with-parent", "-f", "-p", strconv.Itoa(port), "-i", "127.0.0.1"}
+	uri := fmt.Sprintf("nbd://127.0.0.1:%d", port)
+	if withTLS {
+		// The certificates replctl certs init makes: nbdkit serves with
+		// a node's, fio comes with the NBD client's.
+		dir := filepath.Join(b.tmp, "nbdkit-tls")
+		if _, err := pki.Init(dir, []pki.Holder{{Identity: pki.Identity{Role: pki.RoleNode, Name: "nbdkit"}, Hosts: []string{"127.0.0.1", "localhost"}}}, true); err != nil {
+			return nil, err
+		}
+		server := filepath.Join(dir, "server")
+		if err := os.MkdirAll(server, 0o700); err != nil {
+			return nil, err
+		}
+		for from, to := range map[string]string{pki.CAFile: "ca-cert.pem", pki.CertFile("nbdkit"): "server-cert.pem", pki.KeyFile("nbdkit"): "server-key.pem"} {
+			data, err := os.ReadFile(filepath.Join(dir, from))
+			if err != nil {
+				return nil, err
+			}
+			if err := os.WriteFile(filepath.Join(server, to), data, 0o600); err != nil {
+				return nil, err
+			}
+		}
+		argv = append(argv, "--tls=require", "--tls-certificates="+server, "--tls-verify-peer")
+		uri = fmt.Sprintf("nbds://127.0.0.1:%d/?tls-certificates=%s", port, filepath.Join(dir, pki.NBDClientDir))
+	}
+	p, err := b.start(name, nil, append(argv, "file", img)...)
 	if err != nil {
 		return nil, err
 	}
-	uri := fmt.Sprintf("nbd://127.0.0.1:%d", port)
 	if err := waitNBD(ctx, uri, p, 30*time.Second); err != nil {
 		return nil, err
 	}
-	return &target{name: tNbdkit, uri: uri, version: firstLine(ctx, "nbdkit", "--version") + " file plugin", procs: []*proc{p}}, nil
+	version := firstLine(ctx, "nbdkit", "--version") + " file plugin"
+	if withTLS {
+		version += ", --tls=require --tls-verify-peer"
+	}
+	return &target{name: name, uri: uri, version: version, procs: []*proc{p}}, nil
 }
 
 func (b *bench) startQuorum(ctx context.Context) (*target, error) {
