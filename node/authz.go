@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/replvol/replvol/internal/logonce"
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 
 	"github.com/replvol/replvol/internal/pki"
 	"github.com/replvol/replvol/transport"
@@ -226,28 +226,15 @@ func hostOf(addr string) string {
 }
 
 // refusalLog logs each refusal once per peer and cause: a client that
-// retries in a loop gets one line.
-type refusalLog struct {
-	mu   sync.Mutex
-	seen map[string]bool
+// retries in a loop gets one line (again after a quiet spell).
+type refusalLog struct{ once *logonce.Set }
+
+func newRefusalLog() *refusalLog {
+	return &refusalLog{once: logonce.New(refusalQuiet, maxRefusalsKept, nil)}
 }
 
-// maxRefusalsRemembered bounds refusalLog: past it, it starts over (a
-// line may then repeat).
-const maxRefusalsRemembered = 4096
-
 func (r *refusalLog) note(n *Node, host, cause, msg string, args ...any) {
-	r.mu.Lock()
-	key := host + "\x00" + cause
-	first := !r.seen[key]
-	if first {
-		if r.seen == nil || len(r.seen) >= maxRefusalsRemembered {
-			r.seen = map[string]bool{}
-		}
-		r.seen[key] = true
-	}
-	r.mu.Unlock()
-	if first {
+	if r.once.First(host + "\x00" + cause) {
 		n.log.Warn(msg, args...)
 	}
 }

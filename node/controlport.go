@@ -54,7 +54,7 @@ type guardedListener struct {
 
 func newGuardedListener(n *Node, inner net.Listener, what string, tlsConfig *tls.Config, max, per int) *guardedListener {
 	l := &guardedListener{inner: inner, tlsConfig: tlsConfig, max: max, per: per, log: n.log, what: what,
-		refusals: &n.refusals, node: n, ready: make(chan net.Conn), done: make(chan struct{}), perHost: map[string]int{}}
+		refusals: n.refusals, node: n, ready: make(chan net.Conn), done: make(chan struct{}), perHost: map[string]int{}}
 	go l.acceptLoop()
 	return l
 }

@@ -103,7 +103,7 @@ type Node struct {
 	tls       *pki.Bundle
 	gossipKey []byte
 	// refusals logs each refused peer or caller once per cause.
-	refusals refusalLog
+	refusals *refusalLog
 	// bootID is the operating system's boot this node runs in.
 	bootID string
 	// stateDir holds the node's state and its unix socket.
@@ -179,6 +179,7 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 		n.bootID = bootID()
 	}
 	n.dataRefusals = logonce.New(refusalQuiet, maxRefusalsKept, nil)
+	n.refusals = newRefusalLog()
 	if err := n.loadTLS(); err != nil {
 		return nil, err
 	}

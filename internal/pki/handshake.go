@@ -178,7 +178,7 @@ func ExplainHandshake(err error) *HandshakeError {
 		e.Cause, e.alert = CauseRefusedByPeer, alert
 		return e
 	}
-	if errors.Is(err, ErrCertificateRequired) {
+	if errors.Is(err, ErrNoCertificate) {
 		e.Cause = CauseNoCertificate
 		return e
 	}
@@ -188,12 +188,8 @@ func ExplainHandshake(err error) *HandshakeError {
 	return nil
 }
 
-// ErrCertificateRequired: a client presented no certificate to a server
-// configured by RequireCertificate.
-var ErrCertificateRequired = errors.New("no certificate presented: a certificate of the cluster's CA is required")
-
 // RequireCertificate changes conf, a ServerConfig(true, ...), so that a
-// client without a certificate is refused with ErrCertificateRequired (a
+// client without a certificate is refused with ErrNoCertificate (a
 // value ExplainHandshake knows) rather than crypto/tls's text; any
 // certificate given is verified as before. It returns conf.
 func RequireCertificate(conf *tls.Config) *tls.Config {
@@ -201,7 +197,7 @@ func RequireCertificate(conf *tls.Config) *tls.Config {
 	conf.ClientAuth = tls.VerifyClientCertIfGiven
 	conf.VerifyConnection = func(cs tls.ConnectionState) error {
 		if len(cs.PeerCertificates) == 0 {
-			return ErrCertificateRequired
+			return ErrNoCertificate
 		}
 		if verify != nil {
 			return verify(cs)
