@@ -47,17 +47,29 @@ type membership struct {
 	standing Standing
 	voters   []string  // the cluster's voters, as told
 	since    time.Time // when it learned its standing
+	// cfgIndex is the index of this node's raft configuration when it
+	// learned it is not a voter: only a newer configuration with it as a
+	// voter (replctl node add) makes it one again.
+	cfgIndex uint64
 }
 
-// set records standing (with the voters told); it reports a change.
-func (m *membership) set(s Standing, voters []string, now time.Time) bool {
+// set records standing (with the voters told, and the index of this
+// node's configuration then); it reports a change.
+func (m *membership) set(s Standing, voters []string, now time.Time, cfgIndex uint64) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	changed := m.standing != s || !slices.Equal(m.voters, voters)
 	if changed {
-		m.standing, m.voters, m.since = s, slices.Clone(voters), now
+		m.standing, m.voters, m.since, m.cfgIndex = s, slices.Clone(voters), now, cfgIndex
 	}
 	return changed
+}
+
+// cfgIndexThen is the configuration index recorded with the standing.
+func (m *membership) cfgIndexThen() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.cfgIndex
 }
 
 func (m *membership) get() (Standing, []string, time.Time) {
@@ -127,7 +139,7 @@ func (c *Cluster) configVoters() ([]string, bool) {
 func (c *Cluster) learnVoters(voters []string) {
 	now := time.Now()
 	if slices.Contains(voters, c.self) {
-		if c.member.set("", nil, now) {
+		if c.member.set("", nil, now, 0) {
 			c.logger.Info("this node is a raft voter again", "voters", voters)
 			c.signalChanged()
 		}
@@ -137,7 +149,7 @@ func (c *Cluster) learnVoters(voters []string) {
 	if own, ok := c.configVoters(); ok && !slices.Contains(own, c.self) && c.cfg.NoBootstrap {
 		standing = Joining
 	}
-	if c.member.set(standing, voters, now) {
+	if c.member.set(standing, voters, now, c.configIndex()) {
 		c.logger.Warn(standingText(c.self, standing, voters))
 		c.leaderChange.fire() // waiters for a leader give up
 		c.signalChanged()
@@ -146,7 +158,8 @@ func (c *Cluster) learnVoters(voters []string) {
 
 // watchMembership runs until ctx ends: once this node has heard from no
 // leader for a few election timeouts, it asks the other members whom the
-// cluster counts as voters; a leader reaching it again ends a removal.
+// cluster counts as voters; a leader reaching it again with a
+// configuration that has it as a voter ends a removal.
 func (c *Cluster) watchMembership(ctx context.Context) {
 	tick := time.NewTicker(c.cfg.Timing.RejoinInterval)
 	defer tick.Stop()
@@ -157,10 +170,10 @@ func (c *Cluster) watchMembership(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
-		_, _, learned := c.member.get()
-		if c.hasLeader(learned) {
+		standing, _, learned := c.member.get()
+		if c.hasLeader(learned) && (standing == "" || c.votesInOwnConfig()) {
 			leaderless = time.Time{}
-			if c.member.set("", nil, time.Now()) {
+			if c.member.set("", nil, time.Now(), 0) {
 				c.logger.Info("a raft leader reaches this node: it is a voter again")
 				c.signalChanged()
 			}
@@ -183,6 +196,33 @@ func (c *Cluster) watchMembership(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// votesInOwnConfig reports whether this node's latest raft configuration
+// is newer than the one it had when it learned it is not a voter, and has
+// it as a voter. A removed node that a leader still reaches (in the
+// moments after the removal its own log may never hold) is a voter again
+// only once a configuration with it arrives: replctl node add.
+func (c *Cluster) votesInOwnConfig() bool {
+	f := c.raft.GetConfiguration()
+	if f.Error() != nil || f.Index() <= c.member.cfgIndexThen() {
+		return false
+	}
+	for _, srv := range f.Configuration().Servers {
+		if string(srv.ID) == c.self && srv.Suffrage == raft.Voter {
+			return true
+		}
+	}
+	return false
+}
+
+// configIndex is the index of this node's latest raft configuration.
+func (c *Cluster) configIndex() uint64 {
+	f := c.raft.GetConfiguration()
+	if f.Error() != nil {
+		return 0
+	}
+	return f.Index()
 }
 
 // askVoters asks every other member, at once, for the cluster's voters;
