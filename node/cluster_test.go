@@ -648,3 +648,50 @@ func TestChecksumResyncSendsOnlyDifferingBlocks(t *testing.T) {
 	}
 	c.requireIdentical()
 }
+
+// A stream from a node whose replication wire is two versions apart is
+// refused before anything else, in words naming both versions; one from a
+// node before versioning (no field) is judged as usual.
+func TestAStreamFromAWireVersionTwoApartIsRefused(t *testing.T) {
+	c := newTestCluster(t, 8<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	ctx := context.Background()
+	sum := sha256.Sum256(c.disk("beta"))
+	for _, tc := range []struct {
+		wire    int
+		refused replication.Refusal
+	}{
+		{replication.WireVersion + 2, replication.RefusedWireVersion},
+		{0, replication.RefusedStaleEpoch},
+	} {
+		cl, err := transport.DialRepl(c.nodes["beta"].lnRepl.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := cl.Open(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hello := replication.Hello{Volume: "vol0", From: "alpha", To: "beta", Epoch: 0, Size: 8 << 20, Wire: tc.wire}
+		if err := sendJSON(s, replication.FrameHello, hello); err != nil {
+			t.Fatal(err)
+		}
+		reply, err := recvHelloReply(s)
+		s.Close()
+		cl.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if reply.Accepted || reply.Refused != tc.refused || reply.Wire != replication.WireVersion {
+			t.Fatalf("wire %d: %+v, want refused %s and wire %d", tc.wire, reply, tc.refused, replication.WireVersion)
+		}
+		if tc.refused == replication.RefusedWireVersion && !strings.Contains(reply.Reason, fmt.Sprintf("version %d", tc.wire)) {
+			t.Fatalf("wire %d: reason %q does not name the version", tc.wire, reply.Reason)
+		}
+	}
+	if sha256.Sum256(c.disk("beta")) != sum {
+		t.Fatal("a refused stream changed beta's disk")
+	}
+}

@@ -63,7 +63,7 @@ func (p *peer) connect(ctx context.Context) error {
 
 	v.mu.Lock()
 	hello := replication.Hello{Volume: v.name, From: v.self, To: p.name, Epoch: v.d.epoch, Size: v.size, Generation: v.d.gens.Current, UUIDs: v.uuidsLocked(p.name),
-		Settings: v.agreedSettings()}
+		Settings: v.agreedSettings(), Wire: replication.WireVersion}
 	v.mu.Unlock()
 	if err := sendJSON(stream, replication.FrameHello, hello); err != nil {
 		return fmt.Errorf("connect to %s at %s: %w", p.name, p.addr, err)
@@ -73,6 +73,11 @@ func (p *peer) connect(ctx context.Context) error {
 	timer.Stop()
 	if err != nil {
 		return fmt.Errorf("handshake with %s at %s: %w", p.name, p.addr, err)
+	}
+	if err := replication.CheckWireVersion(v.self, p.name, reply.Wire); err != nil {
+		// A peer from before the check accepts any primary: this side
+		// refuses for it, before any data moves.
+		return refusalOf(replication.HelloReply{Refused: replication.RefusedWireVersion, Reason: err.Error()})
 	}
 	v.compareSettings(p.name, reply.Settings)
 	if !reply.Accepted {
@@ -363,6 +368,12 @@ func sendJSON(s *transport.ReplStream, t replication.FrameType, v any) error {
 	f := transport.NewFrame(len(data) + 1)
 	f.SetBytes(append(append(f.Bytes(), byte(t)), data...))
 	return s.Send(f)
+}
+
+// sendHelloReply answers a Hello, with this node's wire version.
+func sendHelloReply(s *transport.ReplStream, r replication.HelloReply) error {
+	r.Wire = replication.WireVersion
+	return sendJSON(s, replication.FrameHelloReply, r)
 }
 
 // recvHello receives the Hello that opens a stream.

@@ -71,16 +71,19 @@ func (n *Node) handleStream(s *transport.ReplStream) error {
 	if err != nil {
 		return err
 	}
+	if err := replication.CheckWireVersion(n.name, hello.From, hello.Wire); err != nil {
+		return sendHelloReply(s, replication.HelloReply{Refused: replication.RefusedWireVersion, Reason: err.Error()})
+	}
 	v, ok := n.vols[hello.Volume]
 	if !ok {
-		return sendJSON(s, replication.FrameHelloReply, replication.HelloReply{
+		return sendHelloReply(s, replication.HelloReply{
 			Reason: fmt.Sprintf("node %s holds no volume %q", n.name, hello.Volume),
 		})
 	}
 	// Only a node's certificate gets here (with tls:): the one that
 	// names the sender.
 	if reply, accepted := n.streamIdentity(s, hello); !accepted {
-		return sendJSON(s, replication.FrameHelloReply, reply)
+		return sendHelloReply(s, reply)
 	}
 	return v.serveStream(s, hello)
 }
@@ -199,7 +202,7 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 			v.node.emit(metadata.Event{Volume: v.name, Kind: kind, Peer: h.From, Reason: string(reply.Refused), Message: reply.Reason})
 		}
 		reply.Settings = v.agreedSettings()
-		return sendJSON(s, replication.FrameHelloReply, reply)
+		return sendHelloReply(s, reply)
 	}
 	v.lastRefusal = ""
 	adopt := v.discard != nil || h.Epoch > v.d.epoch || v.d.primary != h.From
@@ -259,7 +262,7 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 	// marks a few blocks more, which the resync copies once more.
 	reply.Changed = replication.CoarsenRuns(reply.Changed, replication.MaxHandshakeRuns)
 	reply.Discard = replication.CoarsenRuns(reply.Discard, replication.MaxHandshakeRuns)
-	if err := sendJSON(s, replication.FrameHelloReply, reply); err != nil {
+	if err := sendHelloReply(s, reply); err != nil {
 		return err
 	}
 	v.log.Info("replicating from primary", "primary", h.From, "epoch", h.Epoch)

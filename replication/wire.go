@@ -269,6 +269,9 @@ type Hello struct {
 	// Settings are the primary's settings that must agree (nil from an
 	// older node).
 	Settings *Settings `json:"settings,omitempty"`
+	// Wire is the sender's replication wire version (WireVersion; 0 from a
+	// node before versioning: PeerWireVersion).
+	Wire int `json:"wire,omitempty"`
 }
 
 // Refusal says why a node did not take a replication stream.
@@ -347,6 +350,8 @@ type HelloReply struct {
 	// Settings are the secondary's settings that must agree, sent with
 	// a refusal too (nil from an older node).
 	Settings *Settings `json:"settings,omitempty"`
+	// Wire is the secondary's replication wire version, as in Hello.
+	Wire int `json:"wire,omitempty"`
 }
 
 // DecodeHello decodes a FrameHello frame: the JSON Hello a primary opens a
