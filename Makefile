@@ -19,7 +19,7 @@ FUZZMINIMIZETIME ?= 1s
 # What CI gives each fuzz target (make test).
 CI_FUZZTIME ?= 10s
 
-.PHONY: all test fmt-check vet lint fuzz bench demo deps vuln
+.PHONY: all test fmt-check vet lint fuzz bench demo deps vuln build install deb static
 
 all: test
 
@@ -86,3 +86,77 @@ bench:
 
 demo:
 	$(GO) run ./cmd/replctl demo $(DEMOFLAGS)
+
+# --- Building, installing, packaging ---------------------------------------
+#
+# make build     bin/replnode and bin/replctl (static: CGO_ENABLED=0), their
+#                man pages (replctl's generated from its commands, replnode's
+#                deploy/man/replnode.8) and replctl's shell completions
+# make install   all of it under $(DESTDIR)$(PREFIX) (default /usr/local),
+#                the unit with ExecStart pointing at $(BINDIR)/replnode
+# make deb       build/replvol_VERSION_ARCH.deb with nfpm $(NFPM_VERSION)
+#
+# VERSION is the release the binaries print (replctl --version): the last
+# tag vX.Y.Z, else 0.0.0+git.COMMIT.
+VERSION     ?= $(shell v=$$(git describe --tags --match 'v[0-9]*' 2>/dev/null); \
+	if [ -n "$$v" ]; then echo "$${v\#v}"; else echo "0.0.0+git.$$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"; fi)
+PREFIX      ?= /usr/local
+BINDIR      ?= $(PREFIX)/bin
+MANDIR      ?= $(PREFIX)/share/man
+DOCDIR      ?= $(PREFIX)/share/doc/replvol
+# systemd reads /usr/local/lib/systemd/system and /lib/systemd/system alike.
+UNITDIR     ?= $(PREFIX)/lib/systemd/system
+SYSCONFDIR  ?= /etc
+STATEDIR    ?= /var/lib/replvol
+BASHCOMPDIR ?= $(PREFIX)/share/bash-completion/completions
+ZSHCOMPDIR  ?= $(PREFIX)/share/zsh/site-functions
+FISHCOMPDIR ?= $(PREFIX)/share/fish/vendor_completions.d
+BUILD       ?= build
+GOFLAGS_BUILD ?= -trimpath
+LDFLAGS     ?= -s -w
+# The packaging tool, pinned; the go command builds it (the module proxy
+# serves it) without making it a dependency of the project's packages.
+NFPM_VERSION ?= v2.45.2
+NFPM        ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@$(NFPM_VERSION)
+DEB_ARCH    ?= $(shell $(GO) env GOARCH)
+
+static:
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -ldflags '$(LDFLAGS) -X main.version=$(VERSION)' -o $(BUILD)/bin/ ./cmd/replnode ./cmd/replctl
+
+build: static
+	rm -rf $(BUILD)/man $(BUILD)/completion
+	$(BUILD)/bin/replctl man --dir $(BUILD)/man/man1
+	mkdir -p $(BUILD)/man/man8 $(BUILD)/completion
+	cp deploy/man/replnode.8 $(BUILD)/man/man8/
+	gzip -9nf $(BUILD)/man/man1/*.1 $(BUILD)/man/man8/*.8
+	$(BUILD)/bin/replctl completion bash >$(BUILD)/completion/replctl.bash
+	$(BUILD)/bin/replctl completion zsh >$(BUILD)/completion/_replctl
+	$(BUILD)/bin/replctl completion fish >$(BUILD)/completion/replctl.fish
+
+install: build
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man8 \
+		$(DESTDIR)$(DOCDIR) $(DESTDIR)$(SYSCONFDIR)/replvol \
+		$(DESTDIR)$(BASHCOMPDIR) $(DESTDIR)$(ZSHCOMPDIR) $(DESTDIR)$(FISHCOMPDIR)
+	install -d -m 0700 $(DESTDIR)$(STATEDIR)
+	install -m 0755 $(BUILD)/bin/replnode $(BUILD)/bin/replctl $(DESTDIR)$(BINDIR)/
+	sed -e 's|/usr/local/bin/replnode|$(BINDIR)/replnode|' \
+		-e 's|/usr/share/doc/replvol/|$(DOCDIR)/|g' \
+		-e 's|/etc/replvol/|$(SYSCONFDIR)/replvol/|g' \
+		deploy/replnode.service >$(DESTDIR)$(UNITDIR)/replnode.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/replnode.service
+	install -m 0644 $(BUILD)/man/man1/*.1.gz $(DESTDIR)$(MANDIR)/man1/
+	install -m 0644 $(BUILD)/man/man8/*.8.gz $(DESTDIR)$(MANDIR)/man8/
+	install -m 0644 README.md docs/production.md deploy/cluster.example.yaml deploy/alerts.yaml $(DESTDIR)$(DOCDIR)/
+	install -m 0644 deploy/cluster.example.yaml $(DESTDIR)$(SYSCONFDIR)/replvol/cluster.example.yaml
+	install -m 0644 $(BUILD)/completion/replctl.bash $(DESTDIR)$(BASHCOMPDIR)/replctl
+	install -m 0644 $(BUILD)/completion/_replctl $(DESTDIR)$(ZSHCOMPDIR)/_replctl
+	install -m 0644 $(BUILD)/completion/replctl.fish $(DESTDIR)$(FISHCOMPDIR)/replctl.fish
+
+# The .deb: what make install puts under /usr, the unit in
+# /lib/systemd/system, the example config a conffile (deploy/nfpm.yaml).
+deb:
+	rm -rf $(BUILD)/deb-root
+	$(MAKE) install DESTDIR=$(abspath $(BUILD))/deb-root PREFIX=/usr UNITDIR=/lib/systemd/system \
+		ZSHCOMPDIR=/usr/share/zsh/vendor-completions
+	DEB_VERSION='$(VERSION)' DEB_ARCH='$(DEB_ARCH)' DEB_ROOT='$(abspath $(BUILD))/deb-root' $(NFPM) package \
+		--config deploy/nfpm.yaml --packager deb --target $(BUILD)/

@@ -19,6 +19,9 @@ TOOLS=(nbdinfo nbdcopy nbdfuse nbdsh qemu-io qemu-img qemu-nbd fio nbdkit fuserm
 # promtool (Debian package prometheus) lints /metrics and deploy/alerts.yaml.
 APT_PACKAGES+=(prometheus)
 TOOLS+=(promtool)
+# systemd-analyze verifies the unit the .deb installs (deploy/deb_test.go).
+APT_PACKAGES+=(systemd)
+TOOLS+=(systemd-analyze)
 # chromium: the status page's end-to-end test drives it headless (go-rod,
 # never a downloaded browser).
 APT_PACKAGES+=(chromium)

@@ -17,14 +17,28 @@ func main() {
 	os.Exit(run(os.Args[1:]))
 }
 
-func run(args []string) int {
+// options are replnode's command line (its man page,
+// deploy/man/replnode.8, describes every flag: TestTheManPageDescribesEveryFlag).
+type options struct {
+	configPath, name, stateDir, logLevel *string
+	join, showVersion                    *bool
+}
+
+func newFlags() (*flag.FlagSet, options) {
 	fs := flag.NewFlagSet("replnode", flag.ContinueOnError)
-	configPath := fs.String("config", "", "cluster config file (YAML); SIGHUP re-reads it")
-	name := fs.String("node", "", "this node's name in the config")
-	stateDir := fs.String("state-dir", "", "directory for the node's state (default: nodes[].state_dir, else state-NODE next to the config)")
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	join := fs.Bool("join", false, "this node was added to a running cluster (replctl node add): do not bootstrap raft, wait for the leader")
-	showVersion := fs.Bool("version", false, "print the version and exit")
+	return fs, options{
+		configPath:  fs.String("config", "", "cluster config file (YAML); SIGHUP re-reads it"),
+		name:        fs.String("node", "", "this node's name in the config"),
+		stateDir:    fs.String("state-dir", "", "directory for the node's state (default: nodes[].state_dir, else state-NODE next to the config)"),
+		logLevel:    fs.String("log-level", "info", "debug, info, warn or error"),
+		join:        fs.Bool("join", false, "this node was added to a running cluster (replctl node add): do not bootstrap raft, wait for the leader"),
+		showVersion: fs.Bool("version", false, "print the version and exit"),
+	}
+}
+
+func run(args []string) int {
+	fs, o := newFlags()
+	configPath, name, stateDir, logLevel, join, showVersion := o.configPath, o.name, o.stateDir, o.logLevel, o.join, o.showVersion
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
