@@ -1,0 +1,35 @@
+# replvol in a container: replnode and replctl, static (CGO_ENABLED=0), on
+# distroless/static (no shell, no libc: CA certificates, /etc/passwd, tzdata).
+#
+#   docker build -t replvol .                  (deploy/compose.yaml does it too)
+#   docker run --rm replvol --version
+#
+# The image runs replnode with its state in /var/lib/replvol (a volume);
+# give it the cluster file at /etc/replvol/cluster.yaml and its node name:
+#   docker run -v ./cluster.yaml:/etc/replvol/cluster.yaml:ro -v alpha-state:/var/lib/replvol \
+#     -v alpha-data:/data replvol --config /etc/replvol/cluster.yaml --node alpha
+# It runs as root: replnode opens the backing files or devices given in the
+# cluster file (a block device needs --device). replctl in the container
+# reaches the node through its unix socket: docker exec NAME replctl status.
+#
+# The builder is pinned to the Go every make target uses (Makefile).
+FROM golang:1.27.3-bookworm AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+ARG VERSION=0.0.0+container
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/ ./cmd/replnode ./cmd/replctl
+RUN mkdir -m 0700 /out/state
+
+FROM gcr.io/distroless/static-debian12
+COPY --from=build /out/replnode /out/replctl /usr/bin/
+COPY --from=build /out/state /var/lib/replvol
+COPY deploy/cluster.example.yaml /etc/replvol/cluster.example.yaml
+ENV REPLCTL_ADDR=unix:///var/lib/replvol/control.sock
+VOLUME ["/var/lib/replvol"]
+# control (HTTP page, /metrics, gRPC), replication, NBD, raft, gossip (TCP and UDP)
+EXPOSE 7800 7801 7802 7803 7804 7804/udp
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["/usr/bin/replnode", "--state-dir", "/var/lib/replvol"]
+CMD ["--help"]
