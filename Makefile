@@ -99,7 +99,7 @@ demo:
 # VERSION is the release the binaries print (replctl --version): the last
 # tag vX.Y.Z, else 0.0.0+git.COMMIT.
 VERSION     ?= $(shell v=$$(git describe --tags --match 'v[0-9]*' 2>/dev/null); \
-	if [ -n "$$v" ]; then echo "$${v\#v}"; else echo "0.0.0+git.$$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"; fi)
+	if [ -n "$$v" ]; then echo "$$v" | sed 's/^v//'; else echo "0.0.0+git.$$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"; fi)
 PREFIX      ?= /usr/local
 BINDIR      ?= $(PREFIX)/bin
 MANDIR      ?= $(PREFIX)/share/man
