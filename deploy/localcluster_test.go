@@ -115,10 +115,13 @@ func randomBytes(t *testing.T, n int) []byte {
 }
 
 // freeBasePort returns a base port P such that P..P+24 are free on
-// 127.0.0.1 (the script's loopback mode uses P+0..4, +10..14, +20..24).
+// 127.0.0.1 (the script's loopback mode uses P+0..4, +10..14, +20..24),
+// between 10000 and the kernel's ephemeral range (from 32768 here), where
+// no outgoing connection takes one meanwhile (internal/testport's range).
 func freeBasePort(t *testing.T) int {
 	for range 50 {
-		base := 20000 + int(randomBytes(t, 2)[0])*100
+		b := randomBytes(t, 2)
+		base := 10000 + (int(b[0])<<8|int(b[1]))%22700
 		free := true
 		for p := base; p < base+25 && free; p++ {
 			ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
@@ -132,7 +135,7 @@ func freeBasePort(t *testing.T) int {
 			return base
 		}
 	}
-	t.Fatal("no 25 free ports in a row on 127.0.0.1")
+	t.Fatal("no 25 free ports in a row on 127.0.0.1 between 10000 and 32767")
 	return 0
 }
 
