@@ -694,4 +694,8 @@ func TestAStreamFromAWireVersionTwoApartIsRefused(t *testing.T) {
 	if sha256.Sum256(c.disk("beta")) != sum {
 		t.Fatal("a refused stream changed beta's disk")
 	}
+	// The primary's replica line names the cause with its fixed word.
+	if r := refusalOf(replication.HelloReply{Refused: replication.RefusedWireVersion, Reason: "x"}); r.cause != CauseWireVersion || r.final {
+		t.Fatalf("a wire-version refusal: cause %s, final %v", r.cause, r.final)
+	}
 }

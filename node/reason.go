@@ -53,6 +53,9 @@ const (
 	// peer's (of another CA, naming another node), or this node's by the
 	// peer.
 	CauseIdentity Cause = "identity-refused"
+	// CauseWireVersion: the two nodes' replication wire versions are more
+	// than one apart (retried: an upgrade of one of them ends it).
+	CauseWireVersion Cause = "wire-version"
 )
 
 // reason is a Cause and its words.
@@ -120,6 +123,8 @@ func refusalOf(r replication.HelloReply) *refusal {
 		out.cause = CauseAdminDown
 	case replication.RefusedIdentity:
 		out.cause = CauseIdentity
+	case replication.RefusedWireVersion:
+		out.cause = CauseWireVersion
 	default:
 		out.cause = CauseRefused
 	}
