@@ -53,6 +53,12 @@ const (
 	// peer's (of another CA, naming another node), or this node's by the
 	// peer.
 	CauseIdentity Cause = "identity-refused"
+	// CauseNoVolume: the peer's cluster file does not list the volume
+	// (it was not reloaded yet after the volume was added): retried.
+	CauseNoVolume Cause = "no-such-volume"
+	// CauseRemoved: the volume was removed from this node's cluster file
+	// and is stopping.
+	CauseRemoved Cause = "removed"
 )
 
 // reason is a Cause and its words.
@@ -120,6 +126,8 @@ func refusalOf(r replication.HelloReply) *refusal {
 		out.cause = CauseAdminDown
 	case replication.RefusedIdentity:
 		out.cause = CauseIdentity
+	case replication.RefusedNoVolume:
+		out.cause = CauseNoVolume
 	default:
 		out.cause = CauseRefused
 	}
