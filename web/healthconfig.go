@@ -25,7 +25,7 @@ func configWarnings(st *transport.ClusterStatus) []Warning {
 				Detail: fmt.Sprintf("%s runs it and %s does not: a primary's stream to a node whose file lacks it is refused (no-such-volume) and retried, and what that node misses is marked for it.",
 					strings.Join(d.In, " and "), strings.Join(d.NotIn, " and ")),
 				Command: "systemctl reload replnode",
-				Where:   fmt.Sprintf("on every node whose file changed, once the files agree (to add it: on %s; to remove it: on %s)", strings.Join(d.NotIn, " and "), strings.Join(d.In, " and ")),
+				Where:   fmt.Sprintf("on every node whose file changed, once the files agree: to add it, on %s; to remove it, on %s", strings.Join(d.NotIn, " and "), strings.Join(d.In, " and ")),
 			})
 		}
 		for _, node := range slices.Sorted(maps.Keys(d.NotApplied)) {

@@ -20,7 +20,7 @@ func TestPageWarnsWhileTheNodesFilesDisagree(t *testing.T) {
 	}
 	p := render(t, pageInput{Status: st})
 	for _, tc := range []struct{ id, text, where string }{
-		{"warning-config-differs-vol1", "Volume vol1 is in the cluster file of alpha but not in beta's.", "to add it: on beta; to remove it: on alpha"},
+		{"warning-config-differs-vol1", "Volume vol1 is in the cluster file of alpha but not in beta's.", "to add it, on beta; to remove it, on alpha"},
 		{"warning-config-not-applied-vol2-alpha", "Node alpha does not run volume vol2 as its cluster file says.", "on alpha"},
 	} {
 		if got := p.text(tc.id + "-text"); !strings.Contains(got, tc.text) {
