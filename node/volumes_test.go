@@ -278,6 +278,17 @@ func TestAVolumeRemovedAtRuntimeKeepsItsDiskAndResumesWithABitmapResync(t *testi
 		t.Fatal("vol1 came back without what was written to it")
 	}
 	requireSameData(t, next.Volumes[1])
+	// Exported again under the same name.
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	cl, err := nbdtest.Dial(dctx, c.nodes["alpha"].NBDAddr(), "vol1")
+	if err != nil {
+		t.Fatalf("vol1's export once added back: %v", err)
+	}
+	defer cl.Close()
+	if b, err := cl.Read(2<<20, 64<<10); err != nil || !bytes.Equal(b, pattern(4, 64<<10)) {
+		t.Fatalf("NBD read of vol1 added back: %v", err)
+	}
 }
 
 // TestRemovingAPrimaryWithNBDClientsIsRefused: alpha's file drops vol1
