@@ -87,11 +87,11 @@ type clusterState struct {
 
 // openCluster starts raft and gossip when the config has their addresses.
 func (n *Node) openCluster(dir string, opts Options) error {
-	if !n.cfg.Clustered() {
+	if !n.config().Clustered() {
 		return nil
 	}
 	var members []cluster.Member
-	for _, nc := range n.cfg.Nodes {
+	for _, nc := range n.config().Nodes {
 		members = append(members, cluster.Member{Name: nc.Name, Raft: nc.Raft, Gossip: nc.Gossip, Witness: nc.IsWitness()})
 	}
 	timing := opts.ClusterTiming
@@ -107,10 +107,10 @@ func (n *Node) openCluster(dir string, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("node %s: cluster: %w", n.name, err)
 	}
-	auto, why := n.cfg.FailoverMode()
+	auto, why := n.config().FailoverMode()
 	n.cl = &clusterState{c: c, auto: auto, why: why, lease: timing.LeaseDuration, watch: cluster.Watch{Every: clusterTick},
 		promoting: map[string]bool{}, failoverWhy: map[string]string{}, termSeen: map[string]termSeen{}}
-	for _, v := range n.vols {
+	for _, v := range n.volumes() {
 		v.auth = auto
 	}
 	return nil
@@ -171,7 +171,7 @@ func (c *control) Membership(ctx context.Context, r *transport.MembershipRequest
 			return nil, status.Errorf(codes.FailedPrecondition, "remove voter %s: %v", r.Node, err)
 		}
 	} else {
-		nc, ok := n.cfg.Node(r.Node)
+		nc, ok := n.config().Node(r.Node)
 		if !ok {
 			return nil, status.Errorf(codes.NotFound, "node %q is not in the config: add it to every node's config file first", r.Node)
 		}
@@ -211,7 +211,7 @@ func (n *Node) clusterLoop(stop <-chan struct{}) {
 		}
 		auth := n.cl.c.Authority()
 		st := n.cl.c.Status()
-		for _, v := range n.vols {
+		for _, v := range n.volumes() {
 			va, ok := auth.Volume(v.name)
 			v.followAuthority(va, ok)
 		}
@@ -270,7 +270,7 @@ func (n *Node) moveLeadership(st cluster.Status, leading time.Time) {
 		return
 	}
 	primaryHere := false
-	for _, v := range n.vols {
+	for _, v := range n.volumes() {
 		v.mu.Lock()
 		primaryHere = primaryHere || v.role == replication.Primary
 		v.mu.Unlock()
@@ -280,7 +280,7 @@ func (n *Node) moveLeadership(st cluster.Status, leading time.Time) {
 	}
 	auth := n.cl.c.Authority()
 	primaries := map[string]bool{}
-	for _, vc := range n.cfg.Volumes {
+	for _, vc := range n.config().Volumes {
 		if va, ok := auth.Volume(vc.Name); ok {
 			primaries[va.Primary] = true
 		}
@@ -312,7 +312,7 @@ func (n *Node) moveLeadership(st cluster.Status, leading time.Time) {
 // gossipMeta is what this node gossips: each volume's disk state here.
 func (n *Node) gossipMeta() []byte {
 	disks := map[string]string{}
-	for name, v := range n.vols {
+	for name, v := range n.volumes() {
 		v.mu.Lock()
 		disks[name] = string(v.diskState)
 		v.mu.Unlock()
@@ -338,7 +338,7 @@ func (n *Node) failover(auth replication.Authority, st cluster.Status, office, o
 		alive[m.Name] = m.State == cluster.Alive
 		liveness[m.Name] = m.State
 	}
-	for _, vc := range n.cfg.Volumes {
+	for _, vc := range n.config().Volumes {
 		va, ok := auth.Volume(vc.Name)
 		if !ok || va.Primary == "" {
 			n.setFailoverWhy(vc.Name, "")
@@ -427,7 +427,7 @@ func (n *Node) setFailoverWhy(volume, why string) {
 // clusterInfo is the cluster section of the status.
 func (n *Node) clusterInfo() (transport.ClusterInfo, map[string]string) {
 	if n.cl == nil {
-		_, why := n.cfg.FailoverMode()
+		_, why := n.config().FailoverMode()
 		return transport.ClusterInfo{Failover: "off", Reason: why}, nil
 	}
 	st := n.cl.c.Status()
@@ -525,7 +525,9 @@ func (v *Volume) background(kind string, f func()) {
 	if v.tasks == nil {
 		v.tasks = map[string]bool{}
 	}
-	if v.tasks[kind] {
+	if v.tasks[kind] || isClosed(v.stopping) {
+		// Nothing starts on a volume that is shutting down (a cluster
+		// step may still hold a volume just removed).
 		v.mu.Unlock()
 		return
 	}
@@ -673,7 +675,7 @@ func (v *Volume) adoptEpoch(primary string, epoch uint64) {
 func (v *Volume) ensureLeaseLoop(epoch uint64) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.leaseEpoch == epoch && v.leaseStop != nil {
+	if v.leaseEpoch == epoch && v.leaseStop != nil || isClosed(v.stopping) {
 		return
 	}
 	if v.leaseStop != nil {

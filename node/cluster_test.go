@@ -113,7 +113,7 @@ func (c *testCluster) stop(name string) {
 	delete(c.nodes, name)
 }
 
-func (c *testCluster) vol(name string) *Volume { return c.nodes[name].vols["vol0"] }
+func (c *testCluster) vol(name string) *Volume { return c.nodes[name].volumes()["vol0"] }
 
 func (c *testCluster) any() *Node {
 	for _, n := range c.nodes {

@@ -206,6 +206,16 @@ func (v VolumeConfig) VolumeUUID() metadata.VolumeUUID {
 	return u
 }
 
+// volume returns the volume named name, or nil.
+func (c *Config) volume(name string) *VolumeConfig {
+	for i := range c.Volumes {
+		if c.Volumes[i].Name == name {
+			return &c.Volumes[i]
+		}
+	}
+	return nil
+}
+
 // nodeName returns the name of the node with metadata id id.
 func (c *Config) nodeName(id uint32) string {
 	for _, n := range c.Nodes {

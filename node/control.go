@@ -83,15 +83,16 @@ func (n *Node) nodeInfo(nc NodeConfig) transport.NodeInfo {
 }
 
 func (n *Node) nodeStatus(events int) *transport.NodeStatus {
-	ns := &transport.NodeStatus{Node: n.nodeInfo(n.self), Failover: n.failoverReasons()}
+	ns := &transport.NodeStatus{Node: n.nodeInfo(n.self), Failover: n.failoverReasons(), Config: n.configStatus()}
 	ns.Node.Alive = true
-	names := make([]string, 0, len(n.vols))
-	for name := range n.vols {
+	vols := n.volumes()
+	names := make([]string, 0, len(vols))
+	for name := range vols {
 		names = append(names, name)
 	}
 	sort.Strings(names)
 	for _, name := range names {
-		ns.Volumes = append(ns.Volumes, n.vols[name].status())
+		ns.Volumes = append(ns.Volumes, vols[name].status())
 	}
 	if events > 0 {
 		evs, err := n.store.Events(events)
@@ -160,11 +161,12 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 	var membership map[string]string
 	cs.Cluster, membership = n.clusterInfo()
 
-	views := make([]*transport.NodeStatus, len(n.cfg.Nodes))
-	errs := make([]error, len(n.cfg.Nodes))
-	reach := make([]string, len(n.cfg.Nodes)) // why a node was not reached
+	cfg := n.config()
+	views := make([]*transport.NodeStatus, len(cfg.Nodes))
+	errs := make([]error, len(cfg.Nodes))
+	reach := make([]string, len(cfg.Nodes)) // why a node was not reached
 	var wg sync.WaitGroup
-	for i, nc := range n.cfg.Nodes {
+	for i, nc := range cfg.Nodes {
 		if nc.Name == n.name {
 			views[i] = n.nodeStatus(events)
 			continue
@@ -190,14 +192,14 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 		}()
 	}
 	wg.Wait()
-	for i, nc := range n.cfg.Nodes {
+	for i, nc := range cfg.Nodes {
 		// Only the leader decides failovers: its reasons are the ones.
 		if nc.Name == cs.Cluster.Leader && nc.Name != n.name && views[i] != nil && views[i].Failover != "" {
 			cs.Cluster.Reason = joinReason(cs.Cluster.Reason, views[i].Failover)
 		}
 	}
 	byNode := map[string]map[string]transport.LocalVolume{}
-	for i, nc := range n.cfg.Nodes {
+	for i, nc := range cfg.Nodes {
 		info := n.nodeInfo(nc)
 		info.Membership = membership[nc.Name]
 		if views[i] != nil {
@@ -215,11 +217,18 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 		}
 		cs.Nodes = append(cs.Nodes, info)
 	}
+	files := map[string]*transport.NodeConfigStatus{}
+	for i, nc := range cfg.Nodes {
+		if views[i] != nil {
+			files[nc.Name] = views[i].Config
+		}
+	}
+	cs.ConfigDiffers = configDifferences(files)
 	var auth replication.Authority
 	if n.cl != nil {
 		auth = n.cl.c.Authority()
 	}
-	for _, vc := range n.cfg.Volumes {
+	for _, vc := range cfg.Volumes {
 		vs := transport.VolumeStatus{Name: vc.Name, Size: int64(vc.Size), Protocol: vc.ProtocolOrDefault(), ResyncRate: int64(vc.ResyncRate),
 			OnCongestion: string(settingsOf(vc).congestion.Policy)}
 		va, _ := auth.Volume(vc.Name)
@@ -371,12 +380,7 @@ func (n *Node) nbdURIFromStatus(nodes []transport.NodeInfo, node, volume string)
 // primary takes the role back.
 func (c *control) Primary(ctx context.Context, r *transport.PrimaryRequest) (*transport.PrimaryReply, error) {
 	n := c.n
-	var vc *VolumeConfig
-	for i := range n.cfg.Volumes {
-		if n.cfg.Volumes[i].Name == r.Volume {
-			vc = &n.cfg.Volumes[i]
-		}
-	}
+	vc := n.config().volume(r.Volume)
 	if vc == nil {
 		return nil, status.Errorf(codes.NotFound, "no volume %q in the cluster", r.Volume)
 	}

@@ -21,7 +21,7 @@ func (c *testCluster) crash(name string) {
 	n.http.Close()
 	n.httpUnix.Close()
 	n.nbd.Shutdown(canceledContext())
-	for _, v := range n.vols {
+	for _, v := range n.volumes() {
 		close(v.stopping)
 		v.stopPeers()
 		v.detachIncoming()

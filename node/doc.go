@@ -2,7 +2,10 @@
 // its volumes (the replicated IO path on the primary, the applier on a
 // secondary), the NBD export, the replication and control servers and the
 // web status page. Several Nodes may run in one process: nothing here is
-// global. Node and Volume methods are safe for concurrent use.
+// global. Node and Volume methods are safe for concurrent use. Volumes are
+// added and removed while the node runs (volumes.go, on a SIGHUP): the
+// node's config and volume map are replaced whole, never changed in
+// place, and read through config() and volumes().
 //
 // A primary runs one peer per secondary (peer.go), which dials it. The
 // handshake (handshake.go) sends both nodes' generation sets;

@@ -17,9 +17,10 @@ import (
 // peerIDs returns the metadata ids of a volume's other nodes.
 func (n *Node) peerIDs(vc VolumeConfig) []uint32 {
 	var ids []uint32
-	for _, nc := range n.cfg.Nodes {
+	cfg := n.config()
+	for _, nc := range cfg.Nodes {
 		if _, ok := vc.Disks[nc.Name]; ok && nc.Name != n.name {
-			ids = append(ids, n.cfg.NodeID(nc.Name))
+			ids = append(ids, cfg.NodeID(nc.Name))
 		}
 	}
 	return ids
@@ -111,7 +112,7 @@ func (f mdFile) Sync() error { return f.File.Sync() }
 func (n *Node) openMD(vc VolumeConfig, disk Disk) (*metadata.MD, func() error, error) {
 	opts := metadata.MDOptions{
 		Placement: metadata.Internal, DeviceSize: disk.Size(), Volume: vc.VolumeUUID(),
-		NodeID: n.cfg.NodeID(n.name), Peers: n.peerIDs(vc), ALExtents: vc.ALExtents,
+		NodeID: n.config().NodeID(n.name), Peers: n.peerIDs(vc), ALExtents: vc.ALExtents,
 		// The bitmaps cover the volume, not whatever the device holds
 		// beyond it and its metadata.
 		VolumeSize: int64(vc.Size),
@@ -182,7 +183,8 @@ func CreateMetadata(cfg *Config, name, volume, stateDir string, force bool) (str
 	if stateDir == "" {
 		stateDir = self.StateDir
 	}
-	n := &Node{cfg: cfg, name: name, self: self, log: discardLogger()}
+	n := &Node{name: name, self: self, log: discardLogger()}
+	n.cfg.Store(cfg)
 	st, err := metadata.Open(filepath.Join(stateDir, "state.db"))
 	if err != nil {
 		return "", err

@@ -138,7 +138,7 @@ func TestCreateMetadataOverwritesOnlyWithForceAndForcesAFullResync(t *testing.T)
 	}
 	t.Log(msg)
 	n := c.start("beta")
-	if d := n.vols["vol0"].status().Disk; d != "Inconsistent" {
+	if d := n.volumes()["vol0"].status().Disk; d != "Inconsistent" {
 		t.Fatalf("after create-md beta's disk is %s, want Inconsistent", d)
 	}
 	c.waitInSync()

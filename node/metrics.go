@@ -290,8 +290,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		r.Collect(ch)
 	}
 	n := c.n
-	for _, name := range sortedNames(n.vols) {
-		c.collectVolume(ch, n.vols[name])
+	vols := n.volumes()
+	for _, name := range sortedNames(vols) {
+		c.collectVolume(ch, vols[name])
 	}
 	if n.nbd != nil && !n.self.IsWitness() {
 		c.collectNBD(ch)
@@ -468,7 +469,7 @@ func (c *collector) collectRaft(ch chan<- prometheus.Metric) {
 	for _, v := range voters {
 		c.isLeader.send(ch, gaugeBool(v == info.Leader), v)
 	}
-	for _, nc := range n.cfg.Nodes {
+	for _, nc := range n.config().Nodes {
 		state := membership[nc.Name]
 		if state == "" {
 			state = string(cluster.Unknown)

@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -90,13 +91,20 @@ type stateStore interface {
 
 // Node is one running replvol node.
 type Node struct {
-	cfg  *Config
+	// cfg is the config the node runs with, and vols the volumes it
+	// holds. Both are replaced whole when volumes are added or removed
+	// at runtime (volumes.go) and never changed once published: read
+	// them through config() and volumes(), once per use.
+	cfg  atomic.Pointer[Config]
+	vols atomic.Pointer[map[string]*Volume]
 	name string
 	self NodeConfig
 	log  *slog.Logger
+	// opts are the options the node was made with (a volume added at
+	// runtime opens its disk as New did).
+	opts Options
 
 	store stateStore
-	vols  map[string]*Volume
 	// tls is this node's certificate and the cluster's CA (nil: the
 	// config has no tls: section, every link is plaintext); gossipKey is
 	// memberlist's key.
@@ -140,7 +148,13 @@ type Node struct {
 	// raft) logged lately: each once per peer and cause.
 	dataRefusals *logonce.Set
 
-	mu      sync.Mutex
+	// volMu serialises the changes of the volumes (ApplyVolumes) with
+	// each other and with Close.
+	volMu sync.Mutex
+
+	mu sync.Mutex
+	// view is what the last ApplyVolumes left unlike the file.
+	view    configView
 	clients map[string]*transport.ControlClient
 	// statusFailed: the nodes whose last status ask failed (askStatus).
 	statusFailed map[string]bool
@@ -163,12 +177,14 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	n := &Node{
-		cfg: cfg, name: name, self: self, log: log.With("node", name),
-		vols: map[string]*Volume{}, clients: map[string]*transport.ControlClient{}, statusFailed: map[string]bool{},
+		name: name, self: self, log: log.With("node", name), opts: opts,
+		clients: map[string]*transport.ControlClient{}, statusFailed: map[string]bool{},
 		lnControl: opts.Control, lnRepl: opts.Replication, lnNBD: opts.NBD,
 		stopLoop: make(chan struct{}), wrapStream: opts.WrapStream, bootID: opts.bootID,
 		controlConns: maxControlConns, controlConnsPerHost: maxControlConnsPerHost,
 	}
+	n.cfg.Store(cfg)
+	n.vols.Store(&map[string]*Volume{})
 	if opts.controlConns > 0 {
 		n.controlConns = opts.controlConns
 	}
@@ -203,71 +219,89 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 	// size: max is this node's recorded size of the volume, or what its
 	// disk holds when the volume is new here.
 	file := cfg
-	if n.cfg, err = n.resolveSizes(cfg); err != nil {
+	if cfg, err = n.resolveSizes(cfg); err != nil {
 		st.Close()
 		return nil, err
 	}
-	cfg = n.cfg
 	preferred := balanceByGroup(cfg, name)
+	vols := map[string]*Volume{}
 	for i := range cfg.Volumes {
 		vc := cfg.Volumes[i]
-		dc, ok := vc.Disks[name]
-		if !ok {
+		if _, ok := vc.Disks[name]; !ok {
 			continue
 		}
-		disk, mp, err := n.openDisk(vc, dc, preferred[vc.Name], opts)
+		v, err := n.openVolume(vc, file.Volumes[i].Size == SizeMax, preferred[vc.Name])
 		if err != nil {
-			n.closeVolumes()
-			st.Close()
-			return nil, fmt.Errorf("volume %s: %w", vc.Name, err)
-		}
-		if vc.Size == SizeMax {
-			size, err := n.usableSize(vc, disk)
-			if err != nil {
-				disk.Close()
-				n.closeVolumes()
-				st.Close()
-				return nil, fmt.Errorf("volume %s: %w", vc.Name, err)
-			}
-			vc.Size = VolumeSize(size)
-			cfg.Volumes[i].Size = vc.Size
-			n.event(vc.Name, "size-max", fmt.Sprintf("size: max: the volume is %d bytes (%s), the largest %s holds after its metadata; recorded, it stays so", size, sizeText(size), dc.Paths[0].Path))
-		}
-		md, closeMD, err := n.openMD(vc, disk)
-		if err != nil {
-			disk.Close()
-			n.closeVolumes()
-			st.Close()
-			return nil, fmt.Errorf("volume %s: %w", vc.Name, err)
-		}
-		v, err := newVolume(n, vc, disk, md)
-		if err != nil {
-			closeMD()
-			disk.Close()
-			n.closeVolumes()
+			closeVolumes(vols)
 			st.Close()
 			return nil, err
 		}
-		v.closeMD = closeMD
-		v.mp = mp
-		v.sizeMax = file.Volumes[i].Size == SizeMax
-		n.vols[vc.Name] = v
+		if vc.Size == SizeMax {
+			cfg.Volumes[i].Size = v.cfg.Size // cfg is resolveSizes' copy
+		}
+		vols[vc.Name] = v
 	}
+	n.cfg.Store(cfg)
+	n.vols.Store(&vols)
 	if err := n.openCluster(dir, opts); err != nil {
-		n.closeVolumes()
+		closeVolumes(vols)
 		st.Close()
 		return nil, err
 	}
 	return n, nil
 }
 
-func (n *Node) closeVolumes() {
-	for _, v := range n.vols {
+// openVolume opens this node's disk and metadata of volume vc (creating
+// the metadata of a volume new here) and its state. sizeMax: the file
+// says size: max; vc.Size is then this node's recorded size, or SizeMax
+// for a volume it never ran, resolved here from what the disk holds.
+func (n *Node) openVolume(vc VolumeConfig, sizeMax bool, preferred int) (*Volume, error) {
+	dc := vc.Disks[n.name]
+	disk, mp, err := n.openDisk(vc, dc, preferred, n.opts)
+	if err != nil {
+		return nil, fmt.Errorf("volume %s: %w", vc.Name, err)
+	}
+	if vc.Size == SizeMax {
+		size, err := n.usableSize(vc, disk)
+		if err != nil {
+			disk.Close()
+			return nil, fmt.Errorf("volume %s: %w", vc.Name, err)
+		}
+		vc.Size = VolumeSize(size)
+		n.event(vc.Name, "size-max", fmt.Sprintf("size: max: the volume is %d bytes (%s), the largest %s holds after its metadata; recorded, it stays so", size, sizeText(size), dc.Paths[0].Path))
+	}
+	md, closeMD, err := n.openMD(vc, disk)
+	if err != nil {
+		disk.Close()
+		return nil, fmt.Errorf("volume %s: %w", vc.Name, err)
+	}
+	v, err := newVolume(n, vc, disk, md)
+	if err != nil {
+		closeMD()
+		disk.Close()
+		return nil, err
+	}
+	v.closeMD = closeMD
+	v.mp = mp
+	v.sizeMax = sizeMax
+	return v, nil
+}
+
+// closeVolumes closes volumes that were opened and never started.
+func closeVolumes(vols map[string]*Volume) {
+	for _, v := range vols {
 		v.md.Close()
 		v.closeMD()
 		v.disk.Close()
 	}
 }
+
+// config is the config the node runs with now; it must not be changed.
+func (n *Node) config() *Config { return n.cfg.Load() }
+
+// volumes are the volumes this node holds now, by name; the map must not
+// be changed (setVolumes publishes a new one).
+func (n *Node) volumes() map[string]*Volume { return *n.vols.Load() }
 
 // Name is the node's name.
 func (n *Node) Name() string { return n.name }
@@ -367,7 +401,7 @@ func (n *Node) Start() error {
 		ErrorLog:          slog.NewLogLogger(n.log.With("part", "control").Handler(), slog.LevelDebug),
 	}
 
-	for _, v := range n.vols {
+	for _, v := range n.volumes() {
 		v.start()
 	}
 	if !n.self.IsWitness() {
@@ -456,9 +490,11 @@ func (n *Node) Close() error {
 	if n.nbd != nil {
 		n.nbd.Shutdown(ctx)
 	}
-	for _, v := range n.vols {
+	n.volMu.Lock() // a volume being added or removed is done first
+	for _, v := range n.volumes() {
 		v.shutdown()
 	}
+	n.volMu.Unlock()
 	if n.cl != nil {
 		if err := n.cl.c.Close(); err != nil {
 			n.log.Warn("close the cluster", "err", err)
@@ -495,7 +531,7 @@ func (n *Node) peerEvent(volume, kind, peer, msg string) {
 
 // client returns a control client for another node.
 func (n *Node) client(name string) (*transport.ControlClient, error) {
-	nc, ok := n.cfg.Node(name)
+	nc, ok := n.config().Node(name)
 	if !ok {
 		return nil, fmt.Errorf("no node %q in the config", name)
 	}
@@ -524,10 +560,11 @@ func (n *Node) client(name string) (*transport.ControlClient, error) {
 
 // volume returns the named volume held by this node.
 func (n *Node) volume(name string) (*Volume, error) {
-	v, ok := n.vols[name]
+	vols := n.volumes()
+	v, ok := vols[name]
 	if !ok {
 		var names []string
-		for k := range n.vols {
+		for k := range vols {
 			names = append(names, k)
 		}
 		sort.Strings(names)
@@ -540,7 +577,7 @@ var errNotFound = errors.New("not found")
 
 // nbdURI is the export URI of a volume on a node.
 func (n *Node) nbdURI(node, volume string) string {
-	nc, ok := n.cfg.Node(node)
+	nc, ok := n.config().Node(node)
 	if !ok {
 		return ""
 	}
@@ -554,7 +591,7 @@ func (n *Node) nbdURI(node, volume string) string {
 // nbdScheme is the scheme of the volumes' NBD URIs: nbds (libnbd's NBD over TLS) when every
 // client must use TLS, as the cluster file says for every node.
 func (n *Node) nbdScheme() string {
-	if n.cfg.TLS.NBDPolicy() == NBDTLSRequired {
+	if n.config().TLS.NBDPolicy() == NBDTLSRequired {
 		return "nbds"
 	}
 	return "nbd"
@@ -574,7 +611,7 @@ func (n *Node) nbdConfig() nbd.Config {
 	}
 	cfg.TLS = n.tls.ServerConfig(true, pki.Roles(pki.RoleNBDClient, pki.RoleOperator))
 	cfg.TLSCertificatesHint = nbdCertificatesHint
-	switch policy := n.cfg.TLS.NBDPolicy(); policy {
+	switch policy := n.config().TLS.NBDPolicy(); policy {
 	case NBDTLSRequired:
 		cfg.TLSPolicy = nbd.TLSRequired
 	case NBDTLSOptional:
@@ -617,7 +654,7 @@ func (r *resolver) Lookup(name string) (nbd.Export, error) {
 func (r *resolver) List() []string {
 	n := (*Node)(r)
 	var out []string
-	for name, v := range n.vols {
+	for name, v := range n.volumes() {
 		v.mu.Lock()
 		if v.role == replication.Primary && v.ioOpen {
 			out = append(out, name)
@@ -651,7 +688,7 @@ func (n *Node) nbdClients(volume string) []nbdClient {
 // Without a tls: section it says, once, that the cluster is
 // unauthenticated.
 func (n *Node) loadTLS() error {
-	t := n.cfg.TLS
+	t := n.config().TLS
 	if t == nil {
 		n.log.Warn("the cluster is unauthenticated: every link is plaintext and anyone who reaches this node's ports can command it and read its volumes; add a tls: section (replctl certs init writes the files)")
 		return nil

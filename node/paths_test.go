@@ -164,7 +164,7 @@ func TestPathsOfAnotherLUNAreRefused(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		n.closeVolumes()
+		closeVolumes(n.volumes())
 		n.store.Close()
 	}
 	c.cfg.Volumes[0].Disks["alpha"] = MultiPath(a, b)
@@ -260,7 +260,7 @@ func TestByGroupBalanceIsTheDefaultWithGroups(t *testing.T) {
 	c.start("beta")
 	active := map[string]bool{}
 	for _, vol := range []string{"vol0", "vol1"} {
-		for _, p := range c.nodes["alpha"].vols[vol].pathStatus() {
+		for _, p := range c.nodes["alpha"].volumes()[vol].pathStatus() {
 			if p.Preferred {
 				active[p.Group] = true
 			}

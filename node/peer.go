@@ -91,8 +91,8 @@ type peer struct {
 }
 
 func newPeer(v *Volume, name string) *peer {
-	nc, _ := v.node.cfg.Node(name)
-	bm, ok := v.md.Bitmap(v.node.cfg.NodeID(name))
+	nc, _ := v.node.config().Node(name)
+	bm, ok := v.md.Bitmap(v.node.config().NodeID(name))
 	if !ok {
 		panic(fmt.Sprintf("metadata of %s has no bitmap for peer %s", v.name, name)) // openMD created one per peer
 	}

@@ -56,6 +56,12 @@ const (
 	// CauseWireVersion: the two nodes' replication wire versions are more
 	// than one apart (retried: an upgrade of one of them ends it).
 	CauseWireVersion Cause = "wire-version"
+	// CauseNoVolume: the peer's cluster file does not list the volume
+	// (it was not reloaded yet after the volume was added): retried.
+	CauseNoVolume Cause = "no-such-volume"
+	// CauseRemoved: the volume was removed from this node's cluster file
+	// and is stopping.
+	CauseRemoved Cause = "removed"
 )
 
 // reason is a Cause and its words.
@@ -125,6 +131,8 @@ func refusalOf(r replication.HelloReply) *refusal {
 		out.cause = CauseIdentity
 	case replication.RefusedWireVersion:
 		out.cause = CauseWireVersion
+	case replication.RefusedNoVolume:
+		out.cause = CauseNoVolume
 	default:
 		out.cause = CauseRefused
 	}

@@ -17,7 +17,7 @@ import (
 func onPrimary[Resp any](ctx context.Context, c *control, volume, what string,
 	here func(v *Volume) (*Resp, error), there func(api transport.ControlServer) (*Resp, error)) (*Resp, error) {
 	n := c.n
-	if v, ok := n.vols[volume]; ok {
+	if v, ok := n.volumes()[volume]; ok {
 		v.mu.Lock()
 		primary := v.role == replication.Primary
 		v.mu.Unlock()

@@ -74,10 +74,14 @@ func (n *Node) handleStream(s *transport.ReplStream) error {
 	if err := replication.CheckWireVersion(n.name, hello.From, hello.Wire); err != nil {
 		return sendHelloReply(s, replication.HelloReply{Refused: replication.RefusedWireVersion, Reason: err.Error()})
 	}
-	v, ok := n.vols[hello.Volume]
+	v, ok := n.volumes()[hello.Volume]
 	if !ok {
+		// Its file does not list the volume (yet): the primary tries again,
+		// so the nodes may be reloaded in any order.
 		return sendHelloReply(s, replication.HelloReply{
-			Reason: fmt.Sprintf("node %s holds no volume %q", n.name, hello.Volume),
+			Refused: replication.RefusedNoVolume,
+			Reason: fmt.Sprintf("%s runs no volume %q: its cluster file does not list it (add it there and run systemctl reload replnode on %s), or lists no disk of it for %s",
+				n.name, hello.Volume, n.name, n.name),
 		})
 	}
 	// Only a node's certificate gets here (with tls:): the one that
@@ -143,7 +147,7 @@ func (v *Volume) refuseLocked(h replication.Hello) replication.HelloReply {
 			r.Reason = fmt.Sprintf("%s is Primary for %s itself at epoch %d; %s claims epoch %d too: two primaries, refusing (split brain)", v.self, v.name, v.d.epoch, h.From, h.Epoch)
 		}
 		r.Rule, r.PrimarySince = d.Rule, v.d.primarySince
-		if bm, ok := v.md.Bitmap(v.node.cfg.NodeID(h.From)); ok {
+		if bm, ok := v.md.Bitmap(v.node.config().NodeID(h.From)); ok {
 			r.Changes = bm.Bytes()
 		}
 		return r
@@ -249,7 +253,7 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 	v.mu.Lock()
 	reply := replication.HelloReply{Accepted: true, Generation: v.d.gens.Current, Disk: v.diskState, Epoch: v.d.epoch, UUIDs: v.uuidsLocked(h.From),
 		Settings: v.agreedSettings()}
-	if bm, ok := v.md.Bitmap(v.node.cfg.NodeID(h.From)); ok && bm.Count() > 0 {
+	if bm, ok := v.md.Bitmap(v.node.config().NodeID(h.From)); ok && bm.Count() > 0 {
 		// What this node changed, or may have (its activity log after a
 		// crash as primary), that the primary does not have.
 		reply.Changed, reply.Changes = bitmapRuns(bm), bm.Bytes()
@@ -358,6 +362,10 @@ func (v *Volume) applyStream(s *transport.ReplStream, in *incoming, from string)
 		case f = <-frames:
 		case err := <-rerr:
 			return err
+		case <-v.stopping:
+			// The volume stops (a removal, a node's shutdown): the
+			// stream ends now, not at the primary's next frame.
+			return fmt.Errorf("%s on %s is stopping", v.name, v.self)
 		}
 		var ack replication.Ack
 		for f != nil {
@@ -545,7 +553,7 @@ func (v *Volume) apply(in *incoming, entries []replication.Entry, readReply func
 			// toward the primary (writes of an earlier term of its own,
 			// its activity log after a crash as primary) is in. Left
 			// marked, it would be resynced again at every reconnection.
-			if bm, ok := v.md.Bitmap(v.node.cfg.NodeID(in.from)); ok {
+			if bm, ok := v.md.Bitmap(v.node.config().NodeID(in.from)); ok {
 				bm.ClearBits(0, v.size)
 			}
 			in.setState(replication.Connected)

@@ -75,7 +75,7 @@ func TestAnAdjustOfEveryNodeIsNoMismatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, n := range []*Node{alpha, beta} {
-		v := n.vols["vol0"]
+		v := n.volumes()["vol0"]
 		eventually(t, func() bool { return v.settingsChecks.Load() > 0 }, n.name+" compares its settings after the change")
 	}
 	for _, n := range []*Node{alpha, beta} {

@@ -187,7 +187,7 @@ func (v *Volume) discardMyData(ctx context.Context, yes bool) (int64, error) {
 	var from replication.Generation
 	for name := range v.cfg.Disks {
 		g, ok := v.d.gens.Bitmaps[name]
-		bm, held := v.md.Bitmap(v.node.cfg.NodeID(name))
+		bm, held := v.md.Bitmap(v.node.config().NodeID(name))
 		if name != v.self && ok && held && bm.Bytes() >= bytes {
 			bytes, from, runs = bm.Bytes(), g, bitmapRuns(bm)
 		}

@@ -289,7 +289,7 @@ func (v *Volume) peerAnswered(peer string, pulling bool) {
 // servableLocked reports whether nothing but waiting/fencing kept this
 // primary from serving. Callers hold v.mu.
 func (v *Volume) servableLocked() bool {
-	return v.role == replication.Primary && v.discard == nil && v.why.cause != CauseStateWriteFailed
+	return v.role == replication.Primary && v.discard == nil && v.why.cause != CauseStateWriteFailed && !isClosed(v.stopping)
 }
 
 // startPeersLocked starts one replication sender for every other node that
@@ -817,7 +817,7 @@ func (v *Volume) uuidsLocked(peer string) replication.UUIDSet {
 	if u.Current.IsZero() {
 		u.Current = v.d.syncGen
 	}
-	u.CrashedPrimary, u.NodeID = v.crashedPrimary, v.node.cfg.NodeID(v.self)
+	u.CrashedPrimary, u.NodeID = v.crashedPrimary, v.node.config().NodeID(v.self)
 	return u
 }
 
@@ -827,9 +827,10 @@ func (v *Volume) currentGeneration() replication.Generation {
 	return v.d.gens.Current
 }
 
-// shutdown stops the volume for a node shutdown. A primary drains its IO
-// and flushes; the state is marked clean only when that all worked.
-func (v *Volume) shutdown() {
+// shutdown stops the volume for a node shutdown (or its removal). A
+// primary drains its IO and flushes; the state is marked clean only when
+// that all worked, and shutdown reports whether it was.
+func (v *Volume) shutdown() bool {
 	v.mu.Lock()
 	wasOpen := v.ioOpen
 	v.ioOpen = false
@@ -843,7 +844,10 @@ func (v *Volume) shutdown() {
 	} else if err := v.disk.Sync(); err != nil {
 		clean = false
 	}
+	// Under v.mu: no background task starts once it is closed (background).
+	v.mu.Lock()
 	close(v.stopping)
+	v.mu.Unlock()
 	v.bg.Wait()
 	v.stopPeers()
 	v.detachIncoming()
@@ -876,6 +880,7 @@ func (v *Volume) shutdown() {
 	}
 	v.closeMD()
 	v.disk.Close()
+	return clean
 }
 
 // status reports this node's view of the volume.

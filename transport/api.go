@@ -14,6 +14,10 @@ type ClusterStatus struct {
 	Cluster ClusterInfo    `json:"cluster"`
 	Nodes   []NodeInfo     `json:"nodes"`
 	Volumes []VolumeStatus `json:"volumes"`
+	// ConfigDiffers lists the volumes the reachable nodes' cluster files
+	// do not agree on, and the volumes a node does not run as its file
+	// says (a removal it refused, an addition that failed).
+	ConfigDiffers []ConfigDifference `json:"config_differs,omitempty"`
 	// Warnings are what an operator should act on, most urgent first,
 	// each with the command that fixes it: the status page's "Needs
 	// attention" and replctl status --check. The node fills them in
@@ -48,6 +52,13 @@ const (
 	WarningOutdated       = "outdated"
 	WarningInconsistent   = "inconsistent"
 	WarningPathDown       = "path-down"
+	// WarningConfigDiffers: a volume is in some nodes' cluster files and
+	// not in others'.
+	WarningConfigDiffers = "config-differs"
+	// WarningConfigNotApplied: a node does not run a volume as its file
+	// says: it keeps one its file dropped (a primary with NBD clients), or
+	// could not add one.
+	WarningConfigNotApplied = "config-not-applied"
 )
 
 // Warning is one thing an operator should act on, and how.
@@ -164,6 +175,20 @@ type SettingMismatch struct {
 	Primary string `json:"primary,omitempty"`
 }
 
+// ConfigDifference is one volume the nodes' cluster files, or what the
+// nodes run of them, do not agree on.
+type ConfigDifference struct {
+	Volume string `json:"volume"`
+	// In and NotIn name the reachable nodes whose file lists the volume
+	// and those whose file does not (both set when the files disagree).
+	In    []string `json:"in,omitempty"`
+	NotIn []string `json:"not_in,omitempty"`
+	// NotApplied maps a node that does not run the volume as its file
+	// says to why: it keeps running one its file dropped, or could not
+	// add one its file lists.
+	NotApplied map[string]string `json:"not_applied,omitempty"`
+}
+
 // Replica returns node's replica of v, or nil when node holds none.
 func (v *VolumeStatus) Replica(node string) *ReplicaStatus {
 	for i := range v.Replicas {
@@ -278,6 +303,24 @@ type NodeStatus struct {
 	// Failover is, on the raft leader, why it does not fail a volume over
 	// now (empty elsewhere).
 	Failover string `json:"failover,omitempty"`
+	// Config is what the node's cluster file lists, as the node applied
+	// it (nil from an older node).
+	Config *NodeConfigStatus `json:"config,omitempty"`
+}
+
+// NodeConfigStatus is the node's cluster file as it runs it: the volumes
+// the file lists (every node's file should list the same), and where the
+// node does not run what the file says.
+type NodeConfigStatus struct {
+	// Volumes the node's file lists, sorted, whether it holds a disk of
+	// them or not.
+	Volumes []string `json:"volumes"`
+	// Kept maps a volume the file no longer lists, which the node keeps
+	// running, to why (a primary with NBD clients is not stopped).
+	Kept map[string]string `json:"kept,omitempty"`
+	// NotAdded maps a volume the file lists, which the node could not
+	// add at its last reload, to why.
+	NotAdded map[string]string `json:"not_added,omitempty"`
 }
 
 // LocalVolume is one volume as the node holding it sees it.

@@ -109,6 +109,7 @@ func healthWarnings(st *transport.ClusterStatus) []Warning {
 		}
 		add(w)
 	}
+	out = append(out, configWarnings(st)...)
 	for i := range st.Volumes {
 		out = append(out, volumeWarnings(&st.Volumes[i], st.Cluster, down)...)
 	}

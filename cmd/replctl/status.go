@@ -356,6 +356,18 @@ func printStatus(w io.Writer, st *transport.ClusterStatus, pal palette, now time
 		nodes.add(plain(n.Name), plain(n.Role), state, plain(n.Control), plain(nbd))
 	}
 	nodes.render(w, pal)
+	// The nodes' files disagree on a volume, or a node does not run one
+	// as its file says: the volume lines below are one node's file.
+	for _, x := range warningsOf(st, "") {
+		if x.Kind == transport.WarningConfigDiffers || x.Kind == transport.WarningConfigNotApplied {
+			line := "! " + x.Text
+			if x.Kind == transport.WarningConfigNotApplied && x.Detail != "" {
+				line += " " + plainMessage(firstLine(x.Detail))
+			}
+			fmt.Fprintln(w, pal.paint(colorYellow, line))
+			fmt.Fprintf(w, "  fix: %s (%s)\n", x.Command, x.Where)
+		}
+	}
 	cluster := len(cl.Voters) > 0
 	for i := range st.Volumes {
 		printVolume(w, &st.Volumes[i], warningsOf(st, st.Volumes[i].Name), cluster, pal, now)

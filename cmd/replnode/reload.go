@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -15,12 +16,15 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// SIGHUP re-reads the config file. What can change online is applied
-// through the node's own control API, as replctl adjust would: today each
-// volume's protocol and on_congestion. Every other difference from the
-// config the node runs with is logged as needing a restart (and logged
-// again on the next SIGHUP while it stays). A file that does not load is
-// logged and ignored: the node keeps running as it was.
+// SIGHUP re-reads the config file. What can change online is applied: a
+// volume added to the file is created and started, one removed from it
+// is stopped with its disk and metadata kept (node.ApplyVolumes), and each
+// remaining volume's protocol, on_congestion and resync_rate are changed
+// through the node's own control API, as replctl adjust would. Every
+// other difference from the config the node runs with is logged as
+// needing a restart (and logged again on the next SIGHUP while it stays).
+// A file that does not load is logged and ignored: the node keeps running
+// as it was.
 
 // reloader holds the config the node runs with.
 type reloader struct {
@@ -29,6 +33,13 @@ type reloader struct {
 	control string // the node's own unix socket: no certificate needed
 	log     *slog.Logger
 	running *node.Config
+	// volumes adds and removes the node's volumes (the node itself).
+	volumes volumeApplier
+}
+
+// volumeApplier is the node's ApplyVolumes.
+type volumeApplier interface {
+	ApplyVolumes(next *node.Config) []node.VolumeChange
 }
 
 // change is one difference between two configs, by its field's path in
@@ -38,11 +49,13 @@ type change struct {
 	old, new string
 }
 
-// onlineChange is what to apply online to a volume: its protocol and
-// congestion policy (the effective new values; "" when neither changed),
-// and its resync rate when rateChanged.
+// onlineChange is what to apply online to a volume: op when the file
+// added or removed it; else its protocol and congestion policy (the
+// effective new values; "" when neither changed), and its resync rate
+// when rateChanged.
 type onlineChange struct {
 	volume                       string
+	op                           node.VolumeOp
 	protocol, onCongestion       string
 	oldProtocol, oldOnCongestion string
 	// named is the file's on_congestion, or node.DefaultPolicy when it
@@ -71,7 +84,12 @@ func (r *reloader) reload(ctx context.Context) {
 	for _, c := range restart {
 		r.log.Warn(fmt.Sprintf("field %s changed: restart to apply", c.field), "old", c.old, "new", c.new)
 	}
-	if len(online) == 0 && len(restart) == 0 {
+	// Always: it also clears what the node says of a volume it kept or
+	// could not add, once the file no longer asks for it.
+	r.applyVolumes(cfg)
+	all := len(online)
+	online = slices.DeleteFunc(online, func(oc onlineChange) bool { return oc.op != "" })
+	if all == 0 && len(restart) == 0 {
 		r.log.Info("SIGHUP: the config is unchanged")
 		return
 	}
@@ -114,15 +132,50 @@ func (r *reloader) reload(ctx context.Context) {
 	}
 }
 
-// planReload compares the running config with the new one: the settings
-// to apply online for this node's volumes, and the differences that need
-// a restart.
+// applyVolumes makes the node run the volumes the file lists, and keeps
+// what it did in r.running.
+func (r *reloader) applyVolumes(cfg *node.Config) {
+	if r.volumes == nil {
+		return
+	}
+	for _, c := range r.volumes.ApplyVolumes(cfg) {
+		where := "this node holds a disk of it"
+		if !c.Held {
+			where = "this node holds no disk of it"
+		}
+		switch {
+		case c.Err != nil && c.Op == node.VolumeRemoved:
+			r.log.Error("SIGHUP: volume not removed: it keeps running", "volume", c.Volume, "err", c.Err)
+			continue
+		case c.Err != nil:
+			r.log.Error("SIGHUP: volume not added", "volume", c.Volume, "err", c.Err)
+			continue
+		case c.Op == node.VolumeAdded:
+			r.log.Info("SIGHUP: volume added", "volume", c.Volume, "disk", where)
+			r.running.Volumes = append(r.running.Volumes, *volumeNamed(cfg, c.Volume))
+		case c.Op == node.VolumeRemoved:
+			r.log.Info("SIGHUP: volume removed: stopped, its disk and metadata kept", "volume", c.Volume, "disk", where)
+			r.running.Volumes = slices.DeleteFunc(r.running.Volumes, func(v node.VolumeConfig) bool { return v.Name == c.Volume })
+		}
+	}
+}
+
+// planReload compares the running config with the new one: what to
+// apply online (the volumes added and removed, on every node; the
+// settings of this node's volumes), and the differences that need a
+// restart.
 func planReload(running, next *node.Config, self string) ([]onlineChange, []change) {
 	var online []onlineChange
 	inBoth := map[string]bool{}
+	for _, ov := range running.Volumes {
+		if volumeNamed(next, ov.Name) == nil {
+			online = append(online, onlineChange{volume: ov.Name, op: node.VolumeRemoved})
+		}
+	}
 	for _, nv := range next.Volumes {
 		ov := volumeNamed(running, nv.Name)
 		if ov == nil {
+			online = append(online, onlineChange{volume: nv.Name, op: node.VolumeAdded})
 			continue
 		}
 		inBoth[nv.Name] = true
@@ -151,7 +204,8 @@ func planReload(running, next *node.Config, self string) ([]onlineChange, []chan
 	diffValues("", reflect.ValueOf(*running), reflect.ValueOf(*next), &restart)
 	kept := restart[:0]
 	for _, c := range restart {
-		onlineField := false
+		// A volume added or removed as a whole is applied online.
+		onlineField := c.field == "volumes["+volumeOf(c.field)+"]"
 		for v := range inBoth {
 			switch c.field {
 			case "volumes[" + v + "].protocol", "volumes[" + v + "].on_congestion", "volumes[" + v + "].resync_rate":
@@ -172,6 +226,17 @@ func planReload(running, next *node.Config, self string) ([]onlineChange, []chan
 		}
 	}
 	return online, restart
+}
+
+// volumeOf is the volume a field path names ("volumes[vol0].size": vol0),
+// or "".
+func volumeOf(field string) string {
+	rest, ok := strings.CutPrefix(field, "volumes[")
+	if !ok {
+		return ""
+	}
+	name, _, _ := strings.Cut(rest, "]")
+	return name
 }
 
 // effective is the protocol and congestion policy a volume's config means.

@@ -1,6 +1,10 @@
 package main
 
 import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -42,9 +46,11 @@ func loadConfig(t *testing.T, text string) *node.Config {
 }
 
 // TestPlanReload pins what a SIGHUP does with each kind of change: a
-// volume's protocol, on_congestion and resync_rate are applied online (with the
-// congestion policy a restart would give), on the nodes that hold it;
-// everything else is named, by its path in the file, as needing a restart.
+// volume added to or removed from the file is applied online on every
+// node (whether it holds a disk of it or not); a volume's protocol,
+// on_congestion and resync_rate are applied online (with the congestion
+// policy a restart would give), on the nodes that hold it; everything
+// else is named, by its path in the file, as needing a restart.
 func TestPlanReload(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
@@ -72,7 +78,21 @@ func TestPlanReload(t *testing.T) {
 		{"a multipath path renamed, a volume added", func(s string) string {
 			s = strings.Replace(s, "{name: p1, path: /tmp/a1.img}", "{name: p2, path: /tmp/a1.img}", 1)
 			return s + "  - {name: vol2, size: 64MiB, protocol: C, primary: alpha, disks: {alpha: /tmp/a2.img, beta: /tmp/b2.img}}\n"
-		}, "alpha", nil, []string{"volumes[vol1].disks[alpha].paths[p1]", "volumes[vol1].disks[alpha].paths[p2]", "volumes[vol2]"}},
+		}, "alpha", []onlineChange{{volume: "vol2", op: node.VolumeAdded}}, []string{"volumes[vol1].disks[alpha].paths[p1]", "volumes[vol1].disks[alpha].paths[p2]"}},
+		{"a volume added is added on a node that holds no disk of it too", func(s string) string {
+			return s + "  - {name: vol2, size: 64MiB, protocol: C, primary: alpha, disks: {alpha: /tmp/a2.img, beta: /tmp/b2.img}}\n"
+		}, "gamma", []onlineChange{{volume: "vol2", op: node.VolumeAdded}}, nil},
+		{"a volume removed", func(s string) string {
+			return s[:strings.Index(s, "  - name: vol1")]
+		}, "beta", []onlineChange{{volume: "vol1", op: node.VolumeRemoved}}, nil},
+		{"a volume removed and another added with its disks", func(s string) string {
+			return strings.Replace(s, "name: vol1", "name: vol9", 1)
+		}, "alpha", []onlineChange{{volume: "vol1", op: node.VolumeRemoved}, {volume: "vol9", op: node.VolumeAdded}}, nil},
+		{"a volume added next to a node added: the node needs a restart", func(s string) string {
+			s = strings.Replace(s, "volumes:", `  - {name: gamma, control: "127.0.0.1:7806", replication: "127.0.0.1:7807", nbd: "127.0.0.1:7808", state_dir: /tmp/c}
+volumes:`, 1)
+			return s + "  - {name: vol2, size: 64MiB, protocol: C, primary: gamma, disks: {gamma: /tmp/c2.img, beta: /tmp/b2.img}}\n"
+		}, "alpha", []onlineChange{{volume: "vol2", op: node.VolumeAdded}}, []string{"nodes[gamma]"}},
 		{"a volume this node does not hold changes protocol: nothing to do here", func(s string) string {
 			return strings.Replace(s, "protocol: C\n    primary: alpha", "protocol: A\n    primary: alpha", 1)
 		}, "gamma", nil, nil},
@@ -154,4 +174,93 @@ func TestSdNotify(t *testing.T) {
 	if err := sdNotify("READY=1"); err != nil {
 		t.Fatalf("without NOTIFY_SOCKET: %v", err)
 	}
+}
+
+// fakeVolumes stands for the node's ApplyVolumes: it records the files it
+// was given and refuses to remove the volumes named in refuse.
+type fakeVolumes struct {
+	running map[string]bool
+	refuse  map[string]bool
+	calls   int
+}
+
+func (f *fakeVolumes) ApplyVolumes(next *node.Config) []node.VolumeChange {
+	f.calls++
+	var out []node.VolumeChange
+	for name := range f.running {
+		if volumeNamed(next, name) != nil {
+			continue
+		}
+		c := node.VolumeChange{Volume: name, Op: node.VolumeRemoved, Held: true}
+		if f.refuse[name] {
+			c.Err = fmt.Errorf("%w: 1 NBD client", node.ErrHasClients)
+		} else {
+			delete(f.running, name)
+		}
+		out = append(out, c)
+	}
+	for _, vc := range next.Volumes {
+		if !f.running[vc.Name] {
+			f.running[vc.Name] = true
+			out = append(out, node.VolumeChange{Volume: vc.Name, Op: node.VolumeAdded, Held: true})
+		}
+	}
+	return out
+}
+
+// TestReloadKeepsWhatTheNodeRuns: the reloader's idea of the running
+// config follows what the node did: a volume added is in it (its settings
+// are compared at the next SIGHUP), a removal the node refused leaves the
+// volume in it, so the next SIGHUP asks again, and a removal done takes it
+// out. Every SIGHUP hands the node the file, changed or not.
+func TestReloadKeepsWhatTheNodeRuns(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cluster.yaml")
+	write := func(text string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(baseConfig)
+	running, err := node.LoadConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := &fakeVolumes{running: map[string]bool{"vol0": true, "vol1": true}, refuse: map[string]bool{"vol1": true}}
+	r := &reloader{path: path, name: "alpha", log: slog.New(slog.NewTextHandler(io.Discard, nil)), running: running, volumes: fake}
+	names := func() []string {
+		var out []string
+		for _, v := range r.running.Volumes {
+			out = append(out, v.Name)
+		}
+		slices.Sort(out)
+		return out
+	}
+
+	write(baseConfig[:strings.Index(baseConfig, "  - name: vol1")] + "  - {name: vol2, size: 64MiB, protocol: C, primary: alpha, disks: {alpha: /tmp/a2.img, beta: /tmp/b2.img}}\n")
+	r.reload(context.Background())
+	if got, want := names(), []string{"vol0", "vol1", "vol2"}; !slices.Equal(got, want) {
+		t.Fatalf("after adding vol2 and a refused removal of vol1: running %q, want %q", got, want)
+	}
+	if online, _ := planReload(r.running, loadConfig(t, readFile(t, path)), "alpha"); !slices.Equal(online, []onlineChange{{volume: "vol1", op: node.VolumeRemoved}}) {
+		t.Fatalf("the refused removal is not planned again: %+v", online)
+	}
+	delete(fake.refuse, "vol1")
+	r.reload(context.Background())
+	if got, want := names(), []string{"vol0", "vol2"}; !slices.Equal(got, want) {
+		t.Fatalf("after the removal: running %q, want %q", got, want)
+	}
+	r.reload(context.Background())
+	if fake.calls != 3 {
+		t.Fatalf("ApplyVolumes called %d times for 3 SIGHUPs, want every time", fake.calls)
+	}
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }

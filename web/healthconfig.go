@@ -1,0 +1,58 @@
+package web
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/replvol/replvol/transport"
+)
+
+// configWarnings warns of each volume the nodes' cluster files disagree
+// on (it is in some files and not in others: the nodes whose file lacks
+// it do not replicate it), and of each node that does not run a volume as
+// its file says (it keeps a primary with NBD clients that its file
+// dropped, or could not add one), with what ends it.
+func configWarnings(st *transport.ClusterStatus) []Warning {
+	var out []Warning
+	for _, d := range st.ConfigDiffers {
+		if len(d.In) > 0 && len(d.NotIn) > 0 {
+			out = append(out, Warning{
+				ID: elementID("warning", transport.WarningConfigDiffers, d.Volume), Kind: transport.WarningConfigDiffers,
+				Severity: severityWarning, Volume: d.Volume,
+				Text: fmt.Sprintf("Volume %s is in the cluster file of %s but not in %s.", d.Volume, nodeList(d.In), filesOf(d.NotIn)),
+				Detail: fmt.Sprintf("%s runs it and %s does not: a primary's stream to a node whose file lacks it is refused (no-such-volume) and retried, and what that node misses is marked for it.",
+					strings.Join(d.In, " and "), strings.Join(d.NotIn, " and ")),
+				Command: "systemctl reload replnode",
+				Where:   fmt.Sprintf("on every node whose file changed, once the files agree: to add it, on %s; to remove it, on %s", strings.Join(d.NotIn, " and "), strings.Join(d.In, " and ")),
+			})
+		}
+		for _, node := range slices.Sorted(maps.Keys(d.NotApplied)) {
+			out = append(out, Warning{
+				ID: elementID("warning", transport.WarningConfigNotApplied, d.Volume, node), Kind: transport.WarningConfigNotApplied,
+				Severity: severityWarning, Volume: d.Volume, Node: node,
+				Text:    fmt.Sprintf("Node %s does not run volume %s as its cluster file says.", node, d.Volume),
+				Detail:  d.NotApplied[node],
+				Command: "systemctl reload replnode", Where: "on " + node + ", once that is fixed",
+			})
+		}
+	}
+	return out
+}
+
+// nodeList lists nodes for people: "alpha", "alpha and beta", "alpha, beta and gamma".
+func nodeList(nodes []string) string {
+	if len(nodes) < 2 {
+		return strings.Join(nodes, "")
+	}
+	return strings.Join(nodes[:len(nodes)-1], ", ") + " and " + nodes[len(nodes)-1]
+}
+
+// filesOf is "beta's", or "the files of beta and gamma".
+func filesOf(nodes []string) string {
+	if len(nodes) == 1 {
+		return nodes[0] + "'s"
+	}
+	return "the files of " + nodeList(nodes)
+}

@@ -1,0 +1,62 @@
+package web
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/replvol/replvol/transport"
+)
+
+// TestPageWarnsWhileTheNodesFilesDisagree: a volume in some nodes'
+// cluster files and not in others' is a config-differs warning naming
+// both sides and the reload that ends it; a node that does not run a
+// volume as its file says (a removal it refused, an addition that failed)
+// is a config-not-applied warning on that node with its reason.
+func TestPageWarnsWhileTheNodesFilesDisagree(t *testing.T) {
+	st := healthyCluster()
+	st.ConfigDiffers = []transport.ConfigDifference{
+		{Volume: "vol1", In: []string{"alpha"}, NotIn: []string{"beta"}},
+		{Volume: "vol2", NotApplied: map[string]string{"alpha": "keeps running it: the primary has NBD clients: 127.0.0.1:5000"}},
+	}
+	p := render(t, pageInput{Status: st})
+	for _, tc := range []struct{ id, text, where string }{
+		{"warning-config-differs-vol1", "Volume vol1 is in the cluster file of alpha but not in beta's.", "to add it, on beta; to remove it, on alpha"},
+		{"warning-config-not-applied-vol2-alpha", "Node alpha does not run volume vol2 as its cluster file says.", "on alpha"},
+	} {
+		if got := p.text(tc.id + "-text"); !strings.Contains(got, tc.text) {
+			t.Errorf("%s: text %q, want it to say %q", tc.id, got, tc.text)
+		}
+		if got := p.text(tc.id + "-command"); got != "systemctl reload replnode" {
+			t.Errorf("%s: command %q, want the reload", tc.id, got)
+		}
+		if !strings.Contains(p.text(tc.id), tc.where) {
+			t.Errorf("%s: %q does not say where: %q", tc.id, p.text(tc.id), tc.where)
+		}
+	}
+	if !strings.Contains(p.text("warning-config-not-applied-vol2-alpha"), "127.0.0.1:5000") {
+		t.Errorf("the refused removal does not name the client: %q", p.text("warning-config-not-applied-vol2-alpha"))
+	}
+	for _, w := range Warnings(st) {
+		if w.Volume == "vol1" && w.Kind != transport.WarningConfigDiffers || w.Volume == "vol2" && w.Kind != transport.WarningConfigNotApplied {
+			t.Errorf("warning %s has kind %q", w.ID, w.Kind)
+		}
+	}
+}
+
+func TestNodeLists(t *testing.T) {
+	for _, tc := range []struct {
+		nodes         []string
+		list, filesOf string
+	}{
+		{[]string{"beta"}, "beta", "beta's"},
+		{[]string{"beta", "gamma"}, "beta and gamma", "the files of beta and gamma"},
+		{[]string{"alpha", "beta", "gamma"}, "alpha, beta and gamma", "the files of alpha, beta and gamma"},
+	} {
+		if got := nodeList(tc.nodes); got != tc.list {
+			t.Errorf("nodeList(%q) = %q, want %q", tc.nodes, got, tc.list)
+		}
+		if got := filesOf(tc.nodes); got != tc.filesOf {
+			t.Errorf("filesOf(%q) = %q, want %q", tc.nodes, got, tc.filesOf)
+		}
+	}
+}
