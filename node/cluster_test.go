@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -94,7 +95,7 @@ func (c *testCluster) start(name string) *Node {
 	c.t.Helper()
 	opts := c.opts[name]
 	opts.wrapStore = func(s stateStore) stateStore { return &faultyStore{stateStore: s} }
-	n, err := New(c.cfg, name, opts)
+	n, err := New(c.cfg.clone(), name, opts)
 	if err != nil {
 		c.t.Fatalf("start %s: %v", name, err)
 	}
@@ -103,6 +104,28 @@ func (c *testCluster) start(name string) *Node {
 	}
 	c.nodes[name] = n
 	return n
+}
+
+// clone is a deep copy of the config: each node of a test cluster reads
+// its own, as each replnode reads its own file, so a test may change c.cfg
+// for the next start while the other nodes run.
+func (c *Config) clone() *Config {
+	out := *c
+	out.Nodes = slices.Clone(c.Nodes)
+	out.Volumes = slices.Clone(c.Volumes)
+	for i, v := range out.Volumes {
+		disks := make(map[string]DiskConfig, len(v.Disks))
+		for name, d := range v.Disks {
+			d.Paths = slices.Clone(d.Paths)
+			disks[name] = d
+		}
+		out.Volumes[i].Disks = disks
+	}
+	if c.TLS != nil {
+		tls := *c.TLS
+		out.TLS = &tls
+	}
+	return &out
 }
 
 func (c *testCluster) stop(name string) {
