@@ -128,6 +128,16 @@ func TestManyWritersOverSeveralConnections(t *testing.T) {
 	if _, err := p.ReadAt(big, 0); err != nil || !bytes.Equal(big, want) {
 		t.Fatalf("ReadAt of the whole export: %v", err)
 	}
+	// Zeroes and trims reach the export, and zeroes read back as zeroes.
+	if err := p.WriteZeroes(4096, 3<<20); err != nil {
+		t.Fatalf("WriteZeroes: %v", err)
+	}
+	if !bytes.Equal(mem.Bytes(4096, 3<<20), make([]byte, 3<<20)) {
+		t.Fatal("WriteZeroes left data")
+	}
+	if err := p.Trim(0, exportSize); err != nil || mem.Calls(nbdtest.OpTrim) == 0 {
+		t.Fatalf("Trim: %v, %d trims reached the export", err, mem.Calls(nbdtest.OpTrim))
+	}
 	if _, err := p.ReadAt(make([]byte, 2), exportSize-1); err == nil {
 		t.Error("a read past the end was sent")
 	}

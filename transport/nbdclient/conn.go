@@ -144,15 +144,29 @@ func (c *Conn) Trim(off, length int64) error {
 	if !c.export.CanTrim() {
 		return nil
 	}
-	if err := c.check(off, 0); err != nil {
-		return err
+	return c.ranged(cmdTrim, off, length)
+}
+
+// ErrUnsupported is a request the server did not say it takes.
+var ErrUnsupported = errors.New("the NBD server does not take this request")
+
+// WriteZeroes makes length bytes at off read as zeroes, letting the server deallocate them
+// (NBD_CMD_WRITE_ZEROES); ErrUnsupported when the server does not take it.
+func (c *Conn) WriteZeroes(off, length int64) error {
+	if !c.export.CanWriteZeroes() {
+		return ErrUnsupported
 	}
-	if length < 0 || length > c.export.Size-off {
-		return fmt.Errorf("trim of %d bytes at %d: past the end of the %d-byte export", length, off, c.export.Size)
+	return c.ranged(cmdWriteZeroes, off, length)
+}
+
+// ranged sends cmd for length bytes at off, in requests of at most the export's maximum.
+func (c *Conn) ranged(cmd uint16, off, length int64) error {
+	if off < 0 || length < 0 || length > c.export.Size-off {
+		return fmt.Errorf("%d bytes at %d: outside the %d-byte export", length, off, c.export.Size)
 	}
 	for length > 0 {
 		n := min(length, int64(c.export.maxRequest()))
-		if err := c.send(cmdTrim, uint64(off), uint32(n), nil, nil); err != nil {
+		if err := c.send(cmd, uint64(off), uint32(n), nil, nil); err != nil {
 			return err
 		}
 		off, length = off+n, length-n

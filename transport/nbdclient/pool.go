@@ -125,6 +125,15 @@ func (p *Pool) Trim(off, length int64) error {
 	return c.Trim(off, length)
 }
 
+// WriteZeroes zeroes a range (see Conn.WriteZeroes).
+func (p *Pool) WriteZeroes(off, length int64) error {
+	c, err := p.pick()
+	if err != nil {
+		return err
+	}
+	return c.WriteZeroes(off, length)
+}
+
 // Close closes every connection (see Conn.Close).
 func (p *Pool) Close() error {
 	var errs []error

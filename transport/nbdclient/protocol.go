@@ -32,6 +32,8 @@ const (
 	cmdDisc  = 2
 	cmdFlush = 3
 	cmdTrim  = 4
+
+	cmdWriteZeroes = 6
 )
 
 // Transmission flags of an export (Export.Flags).
@@ -70,6 +72,9 @@ func (e Export) CanFlush() bool { return e.Flags&FlagSendFlush != 0 }
 
 // CanTrim: the server takes NBD_CMD_TRIM.
 func (e Export) CanTrim() bool { return e.Flags&FlagSendTrim != 0 }
+
+// CanWriteZeroes: the server takes NBD_CMD_WRITE_ZEROES.
+func (e Export) CanWriteZeroes() bool { return e.Flags&FlagSendWriteZeroes != 0 }
 
 // CanMultiConn: several connections to the export see one another's writes, and a flush on
 // one covers the writes answered on all.
