@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/replvol/replvol/transport/nbdclient"
 )
@@ -98,6 +99,22 @@ func serveKernel(cfg HelperConfig, logger *log.Logger, tell func(ready), stop <-
 		runtime.LockOSThread()
 		doIt <- ioctl(f, nbdDoIt, 0)
 	}()
+	// NBD_DO_IT starts the device, then blocks: ready once the kernel shows it running.
+	for waited := time.Duration(0); !nbdConnected(dev); waited += 20 * time.Millisecond {
+		select {
+		case err := <-doIt:
+			_ = ioctl(f, nbdClearSock, 0)
+			return fmt.Errorf("%s: NBD_DO_IT: %v", dev, err)
+		default:
+		}
+		if waited > 10*time.Second {
+			_ = ioctl(f, nbdDisconnect, 0)
+			<-doIt
+			_ = ioctl(f, nbdClearSock, 0)
+			return fmt.Errorf("%s did not start within 10 s of NBD_DO_IT", dev)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	logger.Printf("serving %s (%d bytes, %d NBD connections) as %s", cfg.URI, ex.Size, n, dev)
 	tell(ready{Device: dev, Size: ex.Size, Connections: n})
 	for {
