@@ -223,8 +223,9 @@ func checkFiles(t *testing.T, dir string, sums map[string]string) {
 // TestE2EMountSwitchOverAndMountOnTheNewPrimary: replctl mount --mkfs on
 // alpha (TLS cluster: nbds:// with the nbd-client certificate; FUSE and a
 // loop device), files written, replctl umount (everything it set up gone,
-// a second umount nothing to do), a switchover to beta, replctl mount on
-// beta reads the files back. replctl mount on the secondary is refused,
+// a second umount nothing to do; a switchover before it is refused,
+// saying to unmount), a switchover to beta, replctl mount on beta reads
+// the files back. replctl mount on the secondary is refused,
 // naming the primary, before and after the switchover, and sets nothing up.
 func TestE2EMountSwitchOverAndMountOnTheNewPrimary(t *testing.T) {
 	e2e(t)
@@ -262,6 +263,10 @@ func TestE2EMountSwitchOverAndMountOnTheNewPrimary(t *testing.T) {
 	sums := writeFiles(t, mntA, 1)
 	if r := mount("alpha", mntA); r.ok() || !strings.Contains(r.out, "already mounted") {
 		t.Fatalf("a second replctl mount on %s: %s", mntA, r)
+	}
+	// A switchover is refused while the primary is mounted, saying how to unmount.
+	if r := c.ctl("alpha", "primary", volName, "--node", "beta"); r.ok() || !strings.Contains(r.out, "replctl umount DIR on alpha") {
+		t.Fatalf("a switchover while alpha has the volume mounted: %s; want it refused, naming replctl umount", r)
 	}
 	if r := umount("alpha", mntA); !r.ok() || !strings.Contains(r.out, "unmounted") {
 		t.Fatalf("replctl umount %s: %s", mntA, r)
