@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the tools the test suite, the linters and the benchmark need:
 # NBD clients and servers (libnbd-bin, python3-libnbd, qemu-utils, fio, nbdkit),
-# FUSE and loop tooling (fuse3, e2fsprogs, util-linux), network namespaces
+# FUSE and loop tooling (fuse3, e2fsprogs, xfsprogs, util-linux), network namespaces
 # for partition tests (iproute2), staticcheck and govulncheck.
 #
 # Idempotent: apt is skipped when every tool is already present, and
@@ -19,6 +19,9 @@ TOOLS=(nbdinfo nbdcopy nbdfuse nbdsh qemu-io qemu-img qemu-nbd fio nbdkit fuserm
 # promtool (Debian package prometheus) lints /metrics and deploy/alerts.yaml.
 APT_PACKAGES+=(prometheus)
 TOOLS+=(promtool)
+# xfsprogs: replctl mount --mkfs --fstype xfs is tested (internal/volmount).
+APT_PACKAGES+=(xfsprogs)
+TOOLS+=(mkfs.xfs)
 # chromium: the status page's end-to-end test drives it headless (go-rod,
 # never a downloaded browser).
 APT_PACKAGES+=(chromium)

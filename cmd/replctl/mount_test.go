@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/replvol/replvol/internal/pki"
 	"github.com/replvol/replvol/transport"
 )
 
@@ -62,4 +63,35 @@ func roleOf(node, primary string) string {
 		return "Primary"
 	}
 	return "Secondary"
+}
+
+// TestMountOfATLSExportNeedsTheNBDClientsCertificate: an nbds:// export is refused before
+// anything is set up unless --tls-dir holds the NBD client's certificate, saying where it
+// should be; a plaintext export needs none.
+func TestMountOfATLSExportNeedsTheNBDClientsCertificate(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := pki.Init(dir, []pki.Holder{{Identity: pki.Identity{Role: pki.RoleNode, Name: "alpha"}, Hosts: []string{"127.0.0.1"}}}, false); err != nil {
+		t.Fatal(err)
+	}
+	const export = "nbds://127.0.0.1:7802/vol0"
+	for _, tc := range []struct {
+		name, tlsDir, uri string
+		mentions          string
+	}{
+		{"no --tls-dir", "", export, "pass --tls-dir DIR"},
+		{"a --tls-dir without nbd-client/", t.TempDir(), export, "with nbd-client/"},
+		{"the directory certs init wrote", dir, export, ""},
+		{"a plaintext export", "", "nbd://127.0.0.1:7802/vol0", ""},
+	} {
+		err := (&globals{tlsDir: tc.tlsDir}).checkNBDCertificate(tc.uri)
+		if tc.mentions == "" {
+			if err != nil {
+				t.Errorf("%s: %v", tc.name, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.mentions) || exitCode(err) != exitUsage {
+			t.Errorf("%s: %v (exit code %d), want a usage error saying %q", tc.name, err, exitCode(err), tc.mentions)
+		}
+	}
 }
