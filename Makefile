@@ -143,7 +143,12 @@ install: build
 		-e 's|/usr/share/doc/replvol/|$(DOCDIR)/|g' \
 		-e 's|/etc/replvol/|$(SYSCONFDIR)/replvol/|g' \
 		deploy/replnode.service >$(DESTDIR)$(UNITDIR)/replnode.service
-	chmod 0644 $(DESTDIR)$(UNITDIR)/replnode.service
+	sed -e 's|/usr/local/bin/replctl|$(BINDIR)/replctl|g' \
+		-e 's|/usr/share/doc/replvol/|$(DOCDIR)/|g' \
+		-e 's|/etc/replvol/|$(SYSCONFDIR)/replvol/|g' \
+		-e 's|/var/lib/replvol/|$(STATEDIR)/|g' \
+		deploy/replvol-mount@.service >'$(DESTDIR)$(UNITDIR)/replvol-mount@.service'
+	chmod 0644 $(DESTDIR)$(UNITDIR)/replnode.service '$(DESTDIR)$(UNITDIR)/replvol-mount@.service'
 	install -m 0644 $(BUILD)/man/man1/*.1.gz $(DESTDIR)$(MANDIR)/man1/
 	install -m 0644 $(BUILD)/man/man8/*.8.gz $(DESTDIR)$(MANDIR)/man8/
 	install -m 0644 README.md docs/production.md deploy/cluster.example.yaml deploy/alerts.yaml $(DESTDIR)$(DOCDIR)/

@@ -14,6 +14,7 @@ var debFiles = []string{
 	"/usr/bin/replnode",
 	"/usr/bin/replctl",
 	"/lib/systemd/system/replnode.service",
+	"/lib/systemd/system/replvol-mount@.service",
 	"/etc/replvol/cluster.example.yaml",
 	"/usr/share/man/man1/replctl.1.gz",
 	"/usr/share/man/man1/replctl-status.1.gz",
@@ -83,15 +84,27 @@ func TestTheDebInstallsAndItsUnitVerifies(t *testing.T) {
 	// binary exists and is executable, and the settings' values; it
 	// exits non-zero on an error. A warning is printed but passes: none
 	// is allowed either.
-	r := run("", time.Minute, nil, analyze, "verify", "/lib/systemd/system/replnode.service")
-	t.Logf("systemd-analyze verify /lib/systemd/system/replnode.service: %s", r)
-	if !r.ok() {
-		t.Errorf("systemd-analyze verify failed: %s", r)
-	}
-	for _, line := range strings.Split(strings.TrimSpace(r.out), "\n") {
-		if strings.Contains(line, "replnode.service") {
-			t.Errorf("systemd-analyze verify warns about the unit: %s", line)
+	// The mount unit is a template: verify checks it as an instance.
+	for _, u := range []string{"replnode.service", "replvol-mount@.service"} {
+		path := "/lib/systemd/system/" + u
+		r := run("", time.Minute, nil, analyze, "verify", path)
+		t.Logf("systemd-analyze verify %s: %s", path, r)
+		if !r.ok() {
+			t.Errorf("systemd-analyze verify %s failed: %s", path, r)
 		}
+		stem := strings.TrimSuffix(strings.TrimSuffix(u, ".service"), "@")
+		for _, line := range strings.Split(strings.TrimSpace(r.out), "\n") {
+			if strings.Contains(line, stem) {
+				t.Errorf("systemd-analyze verify warns about %s: %s", u, line)
+			}
+		}
+	}
+	mount, err := os.ReadFile("/lib/systemd/system/replvol-mount@.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(mount), "ExecStart=/usr/bin/replctl ") || strings.Contains(string(mount), "/usr/local/") {
+		t.Errorf("the installed mount unit does not run /usr/bin/replctl:\n%s", mount)
 	}
 	unit, err := os.ReadFile("/lib/systemd/system/replnode.service")
 	if err != nil {

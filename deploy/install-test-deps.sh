@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the tools the test suite, the linters and the benchmark need:
 # NBD clients and servers (libnbd-bin, python3-libnbd, qemu-utils, fio, nbdkit),
-# FUSE and loop tooling (fuse3, e2fsprogs, util-linux), network namespaces
+# FUSE and loop tooling (fuse3, e2fsprogs, xfsprogs, util-linux), network namespaces
 # for partition tests (iproute2), staticcheck and govulncheck.
 #
 # Idempotent: apt is skipped when every tool is already present, and
@@ -22,6 +22,9 @@ TOOLS+=(promtool)
 # systemd-analyze verifies the unit the .deb installs (deploy/deb_test.go).
 APT_PACKAGES+=(systemd)
 TOOLS+=(systemd-analyze)
+# xfsprogs: replctl mount --mkfs --fstype xfs is tested (internal/volmount).
+APT_PACKAGES+=(xfsprogs)
+TOOLS+=(mkfs.xfs)
 # chromium: the status page's end-to-end test drives it headless (go-rod,
 # never a downloaded browser).
 APT_PACKAGES+=(chromium)

@@ -20,6 +20,7 @@ func TestMakeInstallHonoursDestdirAndPrefix(t *testing.T) {
 		"opt/replvol/bin/replnode",
 		"opt/replvol/bin/replctl",
 		"opt/replvol/lib/systemd/system/replnode.service",
+		"opt/replvol/lib/systemd/system/replvol-mount@.service",
 		"opt/replvol/share/man/man1/replctl.1.gz",
 		"opt/replvol/share/man/man1/replctl-primary.1.gz",
 		"opt/replvol/share/man/man8/replnode.8.gz",
@@ -43,6 +44,13 @@ func TestMakeInstallHonoursDestdirAndPrefix(t *testing.T) {
 	}
 	if strings.Contains(string(unit), "/usr/local/") {
 		t.Errorf("the installed unit still names /usr/local/:\n%s", unit)
+	}
+	mount, err := os.ReadFile(filepath.Join(dest, "opt/replvol/lib/systemd/system/replvol-mount@.service"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(mount), "ExecStart=/opt/replvol/bin/replctl --addr unix:///var/lib/replvol/control.sock") || strings.Contains(string(mount), "/usr/local/") {
+		t.Errorf("the installed mount unit does not run /opt/replvol/bin/replctl:\n%s", mount)
 	}
 	// The completions are replctl's own, which ask the cluster for names.
 	for _, f := range []string{"opt/replvol/share/bash-completion/completions/replctl", "opt/replvol/share/fish/vendor_completions.d/replctl.fish", "opt/replvol/share/zsh/site-functions/_replctl"} {

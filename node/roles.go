@@ -45,8 +45,8 @@ func (v *Volume) clientsError(what string) error {
 		list = append(list, fmt.Sprintf("%s (connected since %s)", c.addr, c.since.UTC().Format(time.RFC3339)))
 	}
 	sort.Strings(list)
-	return fmt.Errorf("%w: %s refused: %d NBD client(s) of %s on %s: %s; unmount the file system and disconnect them (nbd-client -d, or stop nbdfuse/qemu) first",
-		ErrHasClients, what, len(clients), v.name, v.self, strings.Join(list, ", "))
+	return fmt.Errorf("%w: %s refused: %d NBD client(s) of %s on %s: %s; unmount the file system and disconnect them (replctl umount DIR on %s, nbd-client -d, or stop nbdfuse/qemu) first",
+		ErrHasClients, what, len(clients), v.name, v.self, strings.Join(list, ", "), v.self)
 }
 
 // waitBudget is how long a request may wait for something: timeout, but

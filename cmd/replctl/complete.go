@@ -205,9 +205,20 @@ var (
 		"service-time": "the active path with the least bytes in flight per throughput",
 		"active-read":  "reads as queue-length, every write on the preferred path",
 	}
+	fstypeValues = map[string]string{"ext4": "", "xfs": ""}
+	viaValues    = map[string]string{
+		"auto":   "kernel when /dev/nbd0 exists, else fuse",
+		"kernel": "the kernel's nbd driver (/dev/nbdN)",
+		"fuse":   "a FUSE file on a loop device",
+	}
 	colorValues    = map[string]string{"auto": "on a terminal, unless NO_COLOR is set", "always": "", "never": ""}
 	metadataValues = map[string]string{"internal": "at the end of the backing file", "external": "in a separate file"}
 )
+
+// dirs completes a directory (the shell's own completion, directories only).
+func dirs(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+	return nil, cobra.ShellCompDirectiveFilterDirs
+}
 
 // knownAddrs completes --addr from the clusters replctl has seen.
 func knownAddrs(_ *cobra.Command, _ []string, toComplete string) ([]string, cobra.ShellCompDirective) {
@@ -290,6 +301,16 @@ func registerCompletions(root *cobra.Command, g *globals) {
 			}
 		case "replctl node add", "replctl node remove":
 			cmd.ValidArgsFunction = c.nodeArg()
+		case "replctl mount":
+			vol := c.volumes(0)
+			cmd.ValidArgsFunction = func(cmd *cobra.Command, args []string, toComplete string) ([]string, cobra.ShellCompDirective) {
+				if len(args) == 0 {
+					return vol(cmd, args, toComplete)
+				}
+				return dirs(cmd, args, toComplete)
+			}
+		case "replctl umount":
+			cmd.ValidArgsFunction = dirs
 		case "replctl events", "replctl demo", "replctl node", "replctl path":
 			cmd.ValidArgsFunction = cobra.NoFileCompletions
 		}
@@ -303,6 +324,12 @@ func registerCompletions(root *cobra.Command, g *globals) {
 			flag(cmd, "protocol", fixed(protocolValues))
 			flag(cmd, "on-congestion", fixed(congestionValues))
 			flag(cmd, "resync-rate", cobra.NoFileCompletions)
+		case "replctl mount":
+			flag(cmd, "fstype", fixed(fstypeValues))
+			flag(cmd, "via", fixed(viaValues))
+			flag(cmd, "run-dir", dirs)
+		case "replctl umount":
+			flag(cmd, "run-dir", dirs)
 		case "replctl demo":
 			flag(cmd, "metadata", fixed(metadataValues))
 			flag(cmd, "size", cobra.NoFileCompletions)

@@ -1,8 +1,10 @@
 // Command replctl is the operator's tool: it talks to any node's control
 // API (status, events, primary, connect, disconnect, resync, verify, path,
 // adjust, node), with the operator's certificate from --tls-dir or
-// through a node's unix socket, writes the cluster's certificates (certs
-// init) and runs a local two-node demo. One file per subcommand;
+// through a node's unix socket, mounts a volume's file system on its
+// primary and unmounts it (mount, umount: internal/volmount, with the
+// hidden mount-helper as the NBD client), writes the cluster's
+// certificates (certs init) and runs a local two-node demo. One file per subcommand;
 // errors.go puts failures in words, table.go lays out and colours tables.
 // Client commands reach nodes only through package transport.
 package main

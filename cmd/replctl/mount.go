@@ -1,0 +1,329 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/replvol/replvol/internal/pki"
+	"github.com/replvol/replvol/internal/volmount"
+	"github.com/replvol/replvol/transport"
+	"github.com/replvol/replvol/transport/nbdclient"
+	"github.com/spf13/cobra"
+)
+
+// mountHelperCommand is the hidden command replctl mount starts as its helper process.
+const mountHelperCommand = "mount-helper"
+
+// runDirFlag adds --run-dir, where replctl mount keeps its records.
+func runDirFlag(cmd *cobra.Command, dir *string) {
+	def := os.Getenv("REPLCTL_RUN_DIR")
+	if def == "" {
+		def = volmount.DefaultRunDir
+	}
+	cmd.Flags().StringVar(dir, "run-dir", def, "where replctl mount records what it set up, for replctl umount (env REPLCTL_RUN_DIR)")
+}
+
+func newMount(g *globals) *cobra.Command {
+	var (
+		fstype, via, options, runDir string
+		mkfs, force                  bool
+		connections                  int
+		ioTimeout                    time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "mount [VOLUME DIR] [--fstype ext4|xfs] [--mkfs [--force]]",
+		Short: "Mount a volume's file system on DIR, on the volume's primary",
+		Long: `Mount VOLUME's file system on DIR. Run it as root on the volume's primary: on a
+secondary it is refused, naming the primary. replctl asks the node at --addr
+(its unix socket on the node's host: --addr unix:///var/lib/replvol/control.sock)
+for the export, then attaches it:
+
+  - with /dev/nbd* (the nbd kernel module), through the kernel's nbd driver, as
+    /dev/nbdN, with --connections connections when the server offers multi-conn;
+  - otherwise as a file served through FUSE by a helper process (replctl
+    mount-helper, the NBD client) and put on a loop device.
+
+An nbds:// export (a cluster with a tls: section) is reached with the NBD client's
+certificate in --tls-dir's nbd-client/ directory, as replctl certs init wrote it.
+With --mkfs a file system is made first (--fstype, ext4 by default); --mkfs on a
+volume that holds one is refused unless --force. What was set up is recorded in
+--run-dir; replctl umount DIR undoes it. Without arguments, lists the mounts
+replctl mount made on this host.`,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) != 0 && len(args) != 2 {
+				return fmt.Errorf("accepts VOLUME and DIR (or nothing, to list), received %d argument(s)", len(args))
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			reg := volmount.Registry{Dir: runDir}
+			if len(args) == 0 {
+				return listMounts(cmd, reg)
+			}
+			switch {
+			case fstype != "" && fstype != "ext4" && fstype != "xfs":
+				return usageErrorf("--fstype %q: replctl mount makes and mounts ext4 or xfs", fstype)
+			case force && !mkfs:
+				return usageErrorf("--force goes with --mkfs: it lets --mkfs replace a file system")
+			case connections < 1 || connections > nbdclient.MaxConnections:
+				return usageErrorf("--connections %d: give 1 to %d", connections, nbdclient.MaxConnections)
+			case ioTimeout < 0:
+				return usageErrorf("--io-timeout %s: give a duration (0: no timeout)", ioTimeout)
+			}
+			switch volmount.Via(via) {
+			case volmount.ViaAuto, volmount.ViaKernel, volmount.ViaFUSE:
+			default:
+				return usageErrorf("--via %q: give auto, kernel or fuse", via)
+			}
+			volume := args[0]
+			dir, err := mountPoint(args[1])
+			if err != nil {
+				return err
+			}
+			if os.Geteuid() != 0 {
+				return errors.New("replctl mount attaches a device and mounts a file system: run it as root")
+			}
+			uri, err := g.exportToMount(cmd, volume)
+			if err != nil {
+				return err
+			}
+			exe, err := os.Executable()
+			if err != nil {
+				return fmt.Errorf("find replctl's own executable for the helper: %w", err)
+			}
+			rec, err := volmount.Mount(cmd.Context(), volmount.Request{
+				Dir: dir, Volume: volume, URI: uri, TLSDir: g.tlsDir, Via: volmount.Via(via),
+				FSType: fstype, MakeFS: mkfs, Force: force, Options: options,
+				Connections: connections, IOTimeout: ioTimeout,
+				Helper: []string{exe, mountHelperCommand}, Registry: reg,
+			})
+			if err != nil {
+				return err
+			}
+			how := "the kernel's nbd driver"
+			if rec.Via == volmount.ViaFUSE {
+				how = "a FUSE file on a loop device"
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s mounted on %s: %s on %s (%s), from %s over %d NBD connections; replctl umount %s undoes it\n",
+				volume, dir, rec.FSType, rec.Device, how, rec.Export, rec.Connections, dir)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&fstype, "fstype", "", "the file system: ext4 or xfs (default: the one the volume holds; ext4 with --mkfs)")
+	cmd.Flags().BoolVar(&mkfs, "mkfs", false, "make the file system first")
+	cmd.Flags().BoolVar(&force, "force", false, "with --mkfs: replace the file system the volume holds (what it holds is lost)")
+	cmd.Flags().StringVarP(&options, "options", "o", "", "mount options, as mount -o takes them (noatime,discard, ...)")
+	cmd.Flags().StringVar(&via, "via", string(volmount.ViaAuto), "how to attach: auto (kernel when /dev/nbd0 exists, else fuse), kernel or fuse")
+	cmd.Flags().IntVar(&connections, "connections", 4, "NBD connections, when the server offers multi-conn")
+	cmd.Flags().DurationVar(&ioTimeout, "io-timeout", time.Minute, "fail a request the primary does not answer in this time with an IO error (0: wait for ever)")
+	runDirFlag(cmd, &runDir)
+	return cmd
+}
+
+// mountPoint is DIR made absolute with its symbolic links resolved; it must be a directory.
+func mountPoint(arg string) (string, error) {
+	abs, err := filepath.Abs(arg)
+	if err != nil {
+		return "", usageErrorf("DIR %q: %v", arg, err)
+	}
+	dir, err := filepath.EvalSymlinks(abs)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", usageErrorf("DIR %s does not exist: create it (mkdir -p %s)", abs, abs)
+	}
+	if err != nil {
+		return "", usageErrorf("DIR %s: %v", abs, err)
+	}
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		return "", usageErrorf("DIR %s is not a directory", abs)
+	}
+	if dir == "/" {
+		return "", usageErrorf("DIR /: choose a directory of its own")
+	}
+	return dir, nil
+}
+
+// exportToMount asks the node at --addr for volume's export: it must be the volume's primary
+// and serve it. A primary that does not serve yet (just promoted: replctl mount in its
+// on_promote) is waited for, until --timeout.
+func (g *globals) exportToMount(cmd *cobra.Command, volume string) (string, error) {
+	k, err := g.dial(cmd, "")
+	if err != nil {
+		return "", err
+	}
+	defer k.close()
+	for {
+		st, err := k.status()
+		if err != nil {
+			return "", k.fail(err, volume, "")
+		}
+		uri, waitFor, err := mountTarget(st, volume)
+		if err != nil {
+			return "", err
+		}
+		if waitFor == "" {
+			return uri, g.checkNBDCertificate(uri)
+		}
+		select {
+		case <-k.ctx.Done():
+			return "", fmt.Errorf("%s: waited %s (--timeout) for it to serve", waitFor, g.timeout)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// checkNBDCertificate checks, before anything is set up, that an nbds:// export can be
+// reached: --tls-dir must hold the NBD client's certificate.
+func (g *globals) checkNBDCertificate(uri string) error {
+	u, err := nbdclient.ParseURI(uri)
+	if err != nil {
+		return fmt.Errorf("the node gave the export %q: %w", uri, err)
+	}
+	if !u.TLS {
+		return nil
+	}
+	if g.tlsDir == "" {
+		return usageErrorf("%s is served over TLS: pass --tls-dir DIR (or set REPLCTL_TLS_DIR), the directory replctl certs init wrote, whose %s/ holds the NBD client's certificate", uri, pki.NBDClientDir)
+	}
+	if _, err := pki.LoadNBDClient(g.tlsDir); err != nil {
+		return usageErrorf("--tls-dir %s: the NBD client's certificate: %v; point --tls-dir at the directory replctl certs init wrote (with %s/)", g.tlsDir, err, pki.NBDClientDir)
+	}
+	return nil
+}
+
+// notPrimaryError: replctl mount asked a node that is not the volume's primary.
+type notPrimaryError struct {
+	Volume, Here, Role, Primary string
+}
+
+func (e *notPrimaryError) Error() string {
+	here := fmt.Sprintf("%s is %s on %s (the node at --addr)", e.Volume, e.Role, e.Here)
+	if e.Role == "" {
+		here = fmt.Sprintf("%s holds no copy of %s (it is the node at --addr)", e.Here, e.Volume)
+	}
+	if e.Primary == "" {
+		return here + " and it has no primary now: make one primary (replctl primary " + e.Volume + " --node NODE), then run replctl mount there"
+	}
+	return fmt.Sprintf("%s: its primary is %s; run replctl mount on %s", here, e.Primary, e.Primary)
+}
+
+// mountTarget decides from the status of the node at --addr whether volume may be mounted
+// there: its export's URI; or waitFor, why to wait (it is the primary and does not serve
+// yet); or an error (an unknown volume, a node that is not its primary).
+func mountTarget(st *transport.ClusterStatus, volume string) (uri, waitFor string, err error) {
+	if err := checkNames(st, volume, ""); err != nil {
+		return "", "", err
+	}
+	var vs *transport.VolumeStatus
+	for i := range st.Volumes {
+		if st.Volumes[i].Name == volume {
+			vs = &st.Volumes[i]
+		}
+	}
+	var here *transport.ReplicaStatus
+	for i := range vs.Replicas {
+		if vs.Replicas[i].Node == st.From {
+			here = &vs.Replicas[i]
+		}
+	}
+	if vs.Primary != st.From || here == nil {
+		role := ""
+		if here != nil {
+			role = here.Role
+		}
+		return "", "", &notPrimaryError{Volume: volume, Here: st.From, Role: role, Primary: vs.Primary}
+	}
+	if vs.NBDURI == "" {
+		why := here.Reason
+		if why == "" {
+			why = "disk " + here.Disk + ", " + here.Replication
+		}
+		return "", fmt.Sprintf("%s is primary on %s but does not serve IO yet (%s)", volume, st.From, why), nil
+	}
+	return vs.NBDURI, "", nil
+}
+
+// listMounts prints the mounts replctl mount made on this host.
+func listMounts(cmd *cobra.Command, reg volmount.Registry) error {
+	recs, err := reg.List()
+	if err != nil {
+		return err
+	}
+	w := cmd.OutOrStdout()
+	if len(recs) == 0 {
+		fmt.Fprintf(w, "no mounts made by replctl mount (records in %s)\n", reg.Dir)
+		return nil
+	}
+	t := &table{}
+	t.add(plain("DIR"), plain("VOLUME"), plain("FSTYPE"), plain("DEVICE"), plain("VIA"), plain("EXPORT"), plain("HELPER"))
+	for _, r := range recs {
+		helper := "gone"
+		if r.Helper.Alive() {
+			helper = fmt.Sprintf("pid %d", r.Helper.PID)
+		}
+		state := r.FSType
+		if !r.Mounted {
+			state = "not mounted: replctl umount " + r.Dir
+		}
+		t.add(plain(r.Dir), plain(r.Volume), plain(state), plain(r.Device), plain(string(r.Via)), plain(r.Export), plain(helper))
+	}
+	t.render(w, palette{})
+	return nil
+}
+
+func newUmount() *cobra.Command {
+	var runDir string
+	cmd := &cobra.Command{
+		Use:   "umount DIR",
+		Short: "Unmount what replctl mount mounted on DIR and detach the volume",
+		Long: `Undo replctl mount DIR, in order: unmount the file system (which writes it out
+and flushes the volume), detach the loop device, stop the helper process (it
+flushes and disconnects; with the kernel's driver it disconnects /dev/nbdN).
+Something replctl mount did not mount on DIR is refused; a DIR where nothing is
+mounted is nothing to do. It asks no node, so a failover's on_demote may run it
+when the volume is no longer served here.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			abs, err := filepath.Abs(args[0])
+			if err != nil {
+				return usageErrorf("DIR %q: %v", args[0], err)
+			}
+			dir := abs
+			if resolved, err := filepath.EvalSymlinks(abs); err == nil {
+				dir = resolved
+			}
+			if os.Geteuid() != 0 {
+				return errors.New("replctl umount unmounts a file system and detaches a device: run it as root")
+			}
+			rec, err := volmount.Unmount(cmd.Context(), volmount.Registry{Dir: runDir}, dir)
+			if err != nil {
+				return err
+			}
+			if rec == nil {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: nothing mounted there; nothing to do\n", dir)
+				return nil
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s unmounted; %s detached (%s)\n", dir, rec.Volume, rec.Export)
+			return nil
+		},
+	}
+	runDirFlag(cmd, &runDir)
+	return cmd
+}
+
+// newMountHelper is the helper process of replctl mount (hidden): the NBD client, and the
+// FUSE server of the export's file. Its arguments are volmount.HelperConfig's.
+func newMountHelper() *cobra.Command {
+	return &cobra.Command{
+		Use:                mountHelperCommand,
+		Short:              "The process that serves a mount of replctl mount (started by it)",
+		Hidden:             true,
+		DisableFlagParsing: true,
+		RunE: func(_ *cobra.Command, args []string) error {
+			os.Exit(volmount.RunHelper(args))
+			return nil
+		},
+	}
+}

@@ -1,0 +1,428 @@
+package main
+
+// replctl mount and umount as root on the FUSE path (this kind of machine
+// has no nbd module): replnode processes over TLS, the export nbds://,
+// reached with the cluster's nbd-client certificate.
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/replvol/replvol/internal/volmount"
+)
+
+// needMountTools skips (fails under CI=true) a test that mounts: it needs
+// root, /dev/fuse and the tools replctl mount runs.
+func needMountTools(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		missing(t, "replctl mount needs root (FUSE, a loop device, mount)")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		missing(t, "replctl mount needs /dev/fuse: %v", err)
+	}
+	RequireTool(t, "mkfs.ext4", "e2fsprogs")
+	RequireTool(t, "losetup", "util-linux")
+	RequireTool(t, "blkid", "util-linux")
+	RequireTool(t, "mount", "mount")
+}
+
+// mountRunDirs are the run directories of a test's replctl mounts (one per
+// node: each node is a host of its own, its run directory base/run-NODE);
+// cleanUp undoes whatever they record and checks nothing is left, even
+// when the test failed.
+type mountRunDirs struct {
+	t    *testing.T
+	base string
+	dirs map[string]string // node -> run directory
+	root string            // every mount point is under it
+}
+
+// newMountRunDirs names a run directory per node, and a root for mount
+// points. Call cleanUpAtTheEnd once the nodes started: cleanups run last
+// first, so the mounts are then undone while the nodes still serve.
+func newMountRunDirs(t *testing.T, nodes ...string) *mountRunDirs {
+	m := &mountRunDirs{t: t, base: t.TempDir(), dirs: map[string]string{}, root: t.TempDir()}
+	for _, n := range nodes {
+		m.dirs[n] = filepath.Join(m.base, "run-"+n)
+	}
+	return m
+}
+
+// cleanUpAtTheEnd registers cleanUp.
+func (m *mountRunDirs) cleanUpAtTheEnd() { m.t.Cleanup(m.cleanUp) }
+
+// mountPoint makes and returns a mount point named name.
+func (m *mountRunDirs) mountPoint(name string) string {
+	dir := filepath.Join(m.root, name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		m.t.Fatal(err)
+	}
+	return dir
+}
+
+// cleanUp undoes every recorded mount with replctl umount, forces what
+// that leaves, and fails the test if anything is left then.
+func (m *mountRunDirs) cleanUp() {
+	t := m.t
+	for _, run := range m.dirs {
+		recs, _ := volmount.Registry{Dir: run}.List()
+		for _, rec := range recs {
+			if r := runCmd(time.Minute, nil, replctlBin, "umount", rec.Dir, "--run-dir", run); !r.ok() {
+				t.Errorf("cleanup: replctl umount %s: %s; forcing", rec.Dir, r)
+				_ = syscall.Unmount(rec.Dir, syscall.MNT_DETACH)
+				if rec.Loop != "" {
+					_ = exec.Command("losetup", "-d", rec.Loop).Run()
+				}
+				_ = rec.Helper.Signal(syscall.SIGKILL)
+				_ = syscall.Unmount(rec.FUSEDir, syscall.MNT_DETACH)
+			}
+		}
+	}
+	if left := m.leftovers(); len(left) > 0 {
+		t.Errorf("left behind after the test:\n  %s", strings.Join(left, "\n  "))
+		m.force()
+	}
+}
+
+// leftovers lists what replctl mount set up that is still there: mounts
+// under the mount points' root or a run directory, loop devices over a file
+// of a run directory, helper processes of a run directory, records.
+func (m *mountRunDirs) leftovers() []string {
+	var left []string
+	under := func(p string) bool {
+		if strings.HasPrefix(p, m.root+"/") {
+			return true
+		}
+		for _, run := range m.dirs {
+			if strings.HasPrefix(p, run+"/") || strings.HasPrefix(p, run+".") {
+				return true
+			}
+		}
+		return false
+	}
+	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) > 4 && under(f[4]) {
+				left = append(left, "a mount on "+f[4])
+			}
+		}
+	}
+	loops, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, p := range loops {
+		if b, err := os.ReadFile(p); err == nil && under(strings.TrimSpace(string(b))) {
+			left = append(left, fmt.Sprintf("%s over %s", filepath.Base(filepath.Dir(filepath.Dir(p))), strings.TrimSpace(string(b))))
+		}
+	}
+	for _, pid := range m.helpers() {
+		left = append(left, fmt.Sprintf("helper process %d", pid))
+	}
+	for node, run := range m.dirs {
+		if recs, _ := (volmount.Registry{Dir: run}).List(); len(recs) > 0 {
+			left = append(left, fmt.Sprintf("%d records in %s's run directory", len(recs), node))
+		}
+	}
+	return left
+}
+
+// helpers are the processes whose command line names a run directory.
+func (m *mountRunDirs) helpers() []int {
+	var pids []int
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || !bytes.Contains(b, []byte(mountHelperCommand)) {
+			continue
+		}
+		for _, run := range m.dirs {
+			if bytes.Contains(b, []byte(run)) {
+				if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p))); err == nil {
+					pids = append(pids, pid)
+				}
+			}
+		}
+	}
+	return pids
+}
+
+// force removes what is left, so that one failed test does not leave the
+// machine to the next.
+func (m *mountRunDirs) force() {
+	for _, pid := range m.helpers() {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], m.root+"/") {
+				_ = syscall.Unmount(f[4], syscall.MNT_DETACH)
+			}
+		}
+	}
+	loops, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, p := range loops {
+		for _, run := range m.dirs {
+			if b, err := os.ReadFile(p); err == nil && strings.HasPrefix(strings.TrimSpace(string(b)), run) {
+				_ = exec.Command("losetup", "-d", "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(p)))).Run()
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			for _, run := range m.dirs {
+				if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], run) {
+					_ = syscall.Unmount(f[4], syscall.MNT_DETACH)
+				}
+			}
+		}
+	}
+}
+
+// writeFiles writes files of random content and sizes under dir, syncs
+// them, and returns each one's sha256 by name.
+func writeFiles(t *testing.T, dir string, seed uint64) map[string]string {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, 2))
+	sums := map[string]string{}
+	for i, n := range []int{1, 4096, 100000, 3 << 20} {
+		name := filepath.Join(fmt.Sprintf("d%d", i%2), fmt.Sprintf("f%d.bin", i))
+		b := make([]byte, n)
+		for j := range b {
+			b[j] = byte(rng.Uint32())
+		}
+		if err := os.MkdirAll(filepath.Join(dir, filepath.Dir(name)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		sums[name] = sha256File(t, filepath.Join(dir, name))
+	}
+	mustRun(t, time.Minute, RequireTool(t, "sync", "coreutils"))
+	return sums
+}
+
+// checkFiles fails the test unless dir holds the files of sums.
+func checkFiles(t *testing.T, dir string, sums map[string]string) {
+	t.Helper()
+	for name, sum := range sums {
+		if got := sha256File(t, filepath.Join(dir, name)); got != sum {
+			t.Errorf("%s: sha256 %s, want %s", filepath.Join(dir, name), got, sum)
+		}
+	}
+}
+
+// TestE2EMountSwitchOverAndMountOnTheNewPrimary: replctl mount --mkfs on
+// alpha (TLS cluster: nbds:// with the nbd-client certificate; FUSE and a
+// loop device), files written, replctl umount (everything it set up gone,
+// a second umount nothing to do; a switchover before it is refused,
+// saying to unmount), a switchover to beta, replctl mount on beta reads
+// the files back. replctl mount on the secondary is refused,
+// naming the primary, before and after the switchover, and sets nothing up.
+func TestE2EMountSwitchOverAndMountOnTheNewPrimary(t *testing.T) {
+	e2e(t)
+	needMountTools(t)
+	c := newProcClusterN(t, clusterOpts{TLS: true, Size: 64 << 20})
+	c.startAll()
+	c.waitInSync("alpha")
+	runs := newMountRunDirs(t, "alpha", "beta")
+	runs.cleanUpAtTheEnd()
+	mntA, mntB := runs.mountPoint("alpha"), runs.mountPoint("beta")
+	mount := func(node string, args ...string) result {
+		return runCmd(2*time.Minute, nil, replctlBin, c.ctlArgs(node, append(append([]string{"mount", volName}, args...), "--run-dir", runs.dirs[node]))...)
+	}
+	umount := func(node, dir string) result {
+		return runCmd(2*time.Minute, nil, replctlBin, "umount", dir, "--run-dir", runs.dirs[node])
+	}
+
+	// On the secondary: refused, naming the primary; nothing set up.
+	r := mount("beta", mntB, "--mkfs")
+	if r.code != exitFailed || !strings.Contains(r.out, "its primary is alpha") || !strings.Contains(r.out, "run replctl mount on alpha") {
+		t.Fatalf("replctl mount on the secondary beta: %s; want exit 1 naming alpha", r)
+	}
+	if left := runs.leftovers(); len(left) > 0 {
+		t.Fatalf("a refused mount left %v", left)
+	}
+
+	r = mount("alpha", mntA, "--mkfs")
+	if !r.ok() || !strings.Contains(r.out, "vol0 mounted on "+mntA) || !strings.Contains(r.out, "nbds://") {
+		t.Fatalf("replctl mount --mkfs on alpha: %s", r)
+	}
+	t.Logf("%s", strings.TrimSpace(r.out))
+	if list := runCmd(30*time.Second, nil, replctlBin, "mount", "--run-dir", runs.dirs["alpha"]); !list.ok() || !strings.Contains(list.out, mntA) || !strings.Contains(list.out, "ext4") {
+		t.Fatalf("replctl mount (list): %s", list)
+	}
+	sums := writeFiles(t, mntA, 1)
+	if r := mount("alpha", mntA); r.ok() || !strings.Contains(r.out, "already mounted") {
+		t.Fatalf("a second replctl mount on %s: %s", mntA, r)
+	}
+	// A switchover is refused while the primary is mounted, saying how to unmount.
+	if r := c.ctl("alpha", "primary", volName, "--node", "beta"); r.ok() || !strings.Contains(r.out, "replctl umount DIR on alpha") {
+		t.Fatalf("a switchover while alpha has the volume mounted: %s; want it refused, naming replctl umount", r)
+	}
+	if r := umount("alpha", mntA); !r.ok() || !strings.Contains(r.out, "unmounted") {
+		t.Fatalf("replctl umount %s: %s", mntA, r)
+	}
+	if left := runs.leftovers(); len(left) > 0 {
+		t.Fatalf("replctl umount left %v", left)
+	}
+	if r := umount("alpha", mntA); !r.ok() || !strings.Contains(r.out, "nothing to do") {
+		t.Fatalf("a second replctl umount %s: %s", mntA, r)
+	}
+	if v := c.mustStatus("alpha"); !v.inSync() {
+		t.Fatalf("after the umount the replicas are not in sync: %+v", v.Replicas)
+	}
+
+	c.mustCtl("alpha", "primary", volName, "--node", "beta")
+	c.waitFor("beta", "beta primary and serving", 30*time.Second, func(v *volumeStatus) bool { return v.Primary == "beta" && v.NBDURI != "" })
+	if r := mount("alpha", mntA); r.code != exitFailed || !strings.Contains(r.out, "its primary is beta") {
+		t.Fatalf("replctl mount on the old primary alpha: %s; want exit 1 naming beta", r)
+	}
+	r = mount("beta", mntB)
+	if !r.ok() {
+		t.Fatalf("replctl mount on beta: %s", r)
+	}
+	checkFiles(t, mntB, sums)
+	if r := umount("beta", mntB); !r.ok() {
+		t.Fatalf("replctl umount %s: %s", mntB, r)
+	}
+	if left := runs.leftovers(); len(left) > 0 {
+		t.Fatalf("replctl umount left %v", left)
+	}
+}
+
+// TestE2EHooksMountOnPromoteAndUnmountOnDemote: the volume's on_promote
+// runs replctl mount (through the node's unix socket; the export over TLS
+// with --tls-dir's nbd-client certificate) and on_demote replctl umount,
+// as the README's hooks do; alpha, beta and a witness, raft and gossip.
+//   - Failover: alpha, with the volume mounted, is killed (kill -9). beta
+//     takes over and its on_promote mounts the volume, with every file
+//     alpha synced. alpha comes back as a Secondary, and its on_demote
+//     unmounts the file system whose export died under it, without
+//     hanging, leaving nothing behind.
+//   - Switchover: the operator unmounts on beta (a switchover is refused
+//     while the primary has NBD clients) and switches to alpha: alpha's
+//     on_promote mounts it with beta's files too, and beta's on_demote
+//     finds nothing to do.
+func TestE2EHooksMountOnPromoteAndUnmountOnDemote(t *testing.T) {
+	e2e(t)
+	needMountTools(t)
+	runs := newMountRunDirs(t, "alpha", "beta")
+	hook := filepath.Join(runs.base, "hook.sh")
+	c := newProcClusterN(t, clusterOpts{Raft: true, Witness: true, TLS: true, Size: 64 << 20, OnPromote: hook + " promote", OnDemote: hook + " demote"})
+	script := fmt.Sprintf(`#!/bin/sh
+exec >>%[1]s/hook-$REPLVOL_NODE.log 2>&1
+echo "$1 on $REPLVOL_NODE at epoch $REPLVOL_EPOCH: $REPLVOL_EXPORT"
+case "$1" in
+promote) %[2]s --addr unix://%[3]s/$REPLVOL_NODE/control.sock --tls-dir %[4]s mount "$REPLVOL_VOLUME" %[5]s/$REPLVOL_NODE --run-dir %[1]s/run-$REPLVOL_NODE ;;
+demote) %[2]s umount %[5]s/$REPLVOL_NODE --run-dir %[1]s/run-$REPLVOL_NODE ;;
+esac
+`, runs.base, replctlBin, c.dir, c.tlsDir, runs.root)
+	if err := os.WriteFile(hook, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c.startAll()
+	c.waitFor("alpha", "in sync, and raft knows both replicas UpToDate", syncTimeout, raftInSync)
+	runs.cleanUpAtTheEnd()
+	mnt := map[string]string{"alpha": runs.mountPoint("alpha"), "beta": runs.mountPoint("beta")}
+	hookLogs := func() string {
+		var b strings.Builder
+		for _, n := range []string{"alpha", "beta"} {
+			log, _ := os.ReadFile(filepath.Join(runs.base, "hook-"+n+".log"))
+			fmt.Fprintf(&b, "%s's hooks:\n%s\n", n, log)
+		}
+		return b.String()
+	}
+	// mounted says, by node, whether its mount point holds a file system.
+	mounted := func() map[string]bool {
+		out := map[string]bool{}
+		b, _ := os.ReadFile("/proc/self/mountinfo")
+		for _, line := range strings.Split(string(b), "\n") {
+			for node, dir := range mnt {
+				if f := strings.Fields(line); len(f) > 4 && f[4] == dir {
+					out[node] = true
+				}
+			}
+		}
+		return out
+	}
+	// waitMounted waits until exactly the nodes of want have the volume
+	// mounted, and every other node has no record left.
+	waitMounted := func(what string, want ...string) {
+		t.Helper()
+		deadline := time.Now().Add(90 * time.Second)
+		for {
+			m := mounted()
+			ok := len(m) == len(want)
+			for _, n := range want {
+				ok = ok && m[n]
+			}
+			for node, run := range runs.dirs {
+				if recs, _ := (volmount.Registry{Dir: run}).List(); !m[node] && len(recs) > 0 {
+					ok = false
+				}
+			}
+			if ok {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: after 90 s mounted on %v, want %v\n%s", what, m, want, hookLogs())
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+
+	start := time.Now()
+	r := runCmd(2*time.Minute, nil, replctlBin, c.ctlArgs("alpha", []string{"mount", volName, mnt["alpha"], "--mkfs", "--run-dir", runs.dirs["alpha"]})...)
+	if !r.ok() {
+		t.Fatalf("replctl mount --mkfs on alpha: %s", r)
+	}
+	sums := writeFiles(t, mnt["alpha"], 1)
+
+	// Failover.
+	c.kill("alpha")
+	waitMounted("alpha killed: beta's on_promote mounts", "alpha", "beta")
+	checkFiles(t, mnt["beta"], sums)
+	for name, sum := range writeFiles(t, filepath.Join(mnt["beta"], "from-beta"), 2) {
+		sums[filepath.Join("from-beta", name)] = sum
+	}
+	c.start("alpha")
+	waitMounted("alpha back: its on_demote unmounts", "beta")
+	c.waitFor("beta", "alpha back in sync", syncTimeout, raftInSync)
+
+	// Switchover: unmount first, as the switchover asks.
+	if r := runCmd(2*time.Minute, nil, replctlBin, "umount", mnt["beta"], "--run-dir", runs.dirs["beta"]); !r.ok() {
+		t.Fatalf("replctl umount on beta: %s", r)
+	}
+	c.mustCtl("beta", "primary", volName, "--node", "alpha")
+	waitMounted("switched over to alpha: its on_promote mounts", "alpha")
+	checkFiles(t, mnt["alpha"], sums)
+
+	for _, n := range []string{"alpha", "beta"} {
+		evs, err := c.eventsSince(n, "hook-failed", start)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range evs {
+			t.Errorf("%s: %s", n, e.Message)
+		}
+	}
+	if log, _ := os.ReadFile(filepath.Join(runs.base, "hook-beta.log")); !strings.Contains(string(log), "nothing to do") {
+		t.Errorf("beta's on_demote after the switchover did not find its mount point empty\n%s", hookLogs())
+	}
+	t.Log(hookLogs())
+	if r := runCmd(2*time.Minute, nil, replctlBin, "umount", mnt["alpha"], "--run-dir", runs.dirs["alpha"]); !r.ok() {
+		t.Fatalf("replctl umount on alpha: %s", r)
+	}
+	if left := runs.leftovers(); len(left) > 0 {
+		t.Fatalf("left %v", left)
+	}
+}

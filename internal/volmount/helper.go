@@ -1,0 +1,225 @@
+package volmount
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/replvol/replvol/internal/pki"
+	"github.com/replvol/replvol/transport/nbdclient"
+)
+
+// HelperConfig is what the helper process is told: it is the NBD client of one mount, and
+// for ViaFUSE the FUSE server of the export's file, until it is told to stop (SIGTERM) or its
+// FUSE file system is unmounted.
+type HelperConfig struct {
+	Via Via
+	// URI is the export's; TLSDir holds the NBD client's certificate (pki.LoadNBDClient)
+	// when the URI is nbds://.
+	URI    string
+	TLSDir string
+	// FUSEDir is where the FUSE file system is mounted (ViaFUSE), Name the file's name in it.
+	FUSEDir, Name string
+	// Connections is how many NBD connections to open when the server offers multi-conn.
+	Connections int
+	// IOTimeout bounds each NBD request (0: none); the kernel's nbd driver gets it too.
+	IOTimeout time.Duration
+}
+
+// Args are the command-line arguments that ParseHelperArgs reads back.
+func (c HelperConfig) Args() []string {
+	args := []string{"--via", string(c.Via), "--uri", c.URI, "--connections", fmt.Sprint(c.Connections), "--io-timeout", c.IOTimeout.String()}
+	if c.TLSDir != "" {
+		args = append(args, "--tls-dir", c.TLSDir)
+	}
+	if c.FUSEDir != "" {
+		args = append(args, "--fuse-dir", c.FUSEDir, "--name", c.Name)
+	}
+	return args
+}
+
+// ParseHelperArgs reads the arguments Args wrote.
+func ParseHelperArgs(args []string) (HelperConfig, error) {
+	var c HelperConfig
+	fs := flag.NewFlagSet("mount-helper", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var via string
+	fs.StringVar(&via, "via", "", "")
+	fs.StringVar(&c.URI, "uri", "", "")
+	fs.StringVar(&c.TLSDir, "tls-dir", "", "")
+	fs.StringVar(&c.FUSEDir, "fuse-dir", "", "")
+	fs.StringVar(&c.Name, "name", "", "")
+	fs.IntVar(&c.Connections, "connections", 1, "")
+	fs.DurationVar(&c.IOTimeout, "io-timeout", 0, "")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	c.Via = Via(via)
+	switch {
+	case fs.NArg() != 0:
+		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
+	case c.Via != ViaFUSE && c.Via != ViaKernel:
+		return c, fmt.Errorf("--via %q: want fuse or kernel", via)
+	case c.URI == "":
+		return c, errors.New("--uri missing")
+	case c.Via == ViaFUSE && (c.FUSEDir == "" || c.Name == ""):
+		return c, errors.New("--fuse-dir and --name missing")
+	}
+	return c, nil
+}
+
+// ready is what the helper tells Mount on its file descriptor 3, as one JSON object, once it
+// serves (or why it cannot).
+type ready struct {
+	File        string `json:"file,omitempty"`
+	Device      string `json:"device,omitempty"`
+	Size        int64  `json:"size,omitempty"`
+	Connections int    `json:"connections,omitempty"`
+	Error       string `json:"error,omitempty"`
+}
+
+// readyFD is the helper's file descriptor for its ready message.
+const readyFD = 3
+
+// RunHelper is the helper process's main: it serves until SIGTERM (or until its FUSE file
+// system is unmounted), then flushes, disconnects and returns the exit status. Its log is its
+// standard error.
+func RunHelper(args []string) int {
+	logger := log.New(os.Stderr, "", log.LstdFlags)
+	out := os.NewFile(readyFD, "ready")
+	tell := func(r ready) {
+		if out == nil {
+			return
+		}
+		_ = json.NewEncoder(out).Encode(r)
+		out.Close()
+		out = nil
+	}
+	cfg, err := ParseHelperArgs(args)
+	if err != nil {
+		tell(ready{Error: err.Error()})
+		logger.Print(err)
+		return 2
+	}
+	signal.Ignore(syscall.SIGHUP, syscall.SIGPIPE)
+	stop := make(chan os.Signal, 4)
+	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+	switch cfg.Via {
+	case ViaFUSE:
+		err = serveFUSE(cfg, logger, tell, stop)
+	default:
+		err = serveKernel(cfg, logger, tell, stop)
+	}
+	if err != nil {
+		tell(ready{Error: err.Error()})
+		logger.Print(err)
+		return 1
+	}
+	logger.Print("stopped")
+	return 0
+}
+
+// dialTimeout bounds the helper's connections to the export.
+const dialTimeout = 30 * time.Second
+
+// tlsFor is the TLS configuration for the export at uri: nil for nbd://, the NBD client's
+// certificate from tlsDir for nbds://.
+func tlsFor(uri nbdclient.URI, tlsDir string) (*nbdclient.Options, error) {
+	opts := &nbdclient.Options{}
+	if !uri.TLS {
+		return opts, nil
+	}
+	if tlsDir == "" {
+		return nil, fmt.Errorf("%s is NBD over TLS: pass --tls-dir DIR, the directory replctl certs init wrote (its %s/ holds the NBD client's certificate)", uri, pki.NBDClientDir)
+	}
+	b, err := pki.LoadNBDClient(tlsDir)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-dir %s: the NBD client's certificate: %w", tlsDir, err)
+	}
+	opts.TLS = b.ClientConfig(uri.Addr, pki.Roles(pki.RoleNode))
+	return opts, nil
+}
+
+// openExport opens cfg's export, refusing a read-only one.
+func openExport(cfg HelperConfig) (*nbdclient.Pool, error) {
+	uri, err := nbdclient.ParseURI(cfg.URI)
+	if err != nil {
+		return nil, err
+	}
+	uri = uri.Local()
+	opts, err := tlsFor(uri, cfg.TLSDir)
+	if err != nil {
+		return nil, err
+	}
+	opts.Timeout = cfg.IOTimeout
+	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
+	defer cancel()
+	pool, err := nbdclient.Open(ctx, uri.Addr, uri.Export, cfg.Connections, *opts)
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", uri, err)
+	}
+	if pool.Export().ReadOnly() {
+		pool.Close()
+		return nil, fmt.Errorf("%s is read-only: the node serving it is not the volume's primary", uri)
+	}
+	return pool, nil
+}
+
+// serveFUSE serves the export as a file until the FUSE file system is unmounted; a stop
+// signal unmounts it (when the loop device is gone: a busy file system stays, and the next
+// signal tries again).
+func serveFUSE(cfg HelperConfig, logger *log.Logger, tell func(ready), stop <-chan os.Signal) error {
+	pool, err := openExport(cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	srv, err := mountFUSE(cfg.FUSEDir, cfg.Name, "replvol:"+pool.Export().Name, pool, logger)
+	if err != nil {
+		return fmt.Errorf("mount the FUSE file system on %s: %w", cfg.FUSEDir, err)
+	}
+	file := filepath.Join(cfg.FUSEDir, cfg.Name)
+	logger.Printf("serving %s (%d bytes, %d NBD connections) as %s", cfg.URI, pool.Size(), pool.Connections(), file)
+	tell(ready{File: file, Size: pool.Size(), Connections: pool.Connections()})
+	done := make(chan struct{})
+	go func() {
+		srv.Wait()
+		close(done)
+	}()
+	for {
+		select {
+		case <-done:
+			if err := pool.Flush(); err != nil {
+				logger.Printf("the last flush: %v", err)
+			}
+			return nil
+		case sig := <-stop:
+			logger.Printf("%s: unmounting %s", sig, cfg.FUSEDir)
+			if err := unmountFUSE(srv, 5*time.Second); err != nil {
+				logger.Printf("cannot unmount %s yet (%v): still serving", cfg.FUSEDir, err)
+			}
+		}
+	}
+}
+
+// unmountFUSE unmounts the FUSE file system, trying again for a while when it is busy (a
+// loop device just detached lets go of the file a moment later).
+func unmountFUSE(srv interface{ Unmount() error }, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		err := srv.Unmount()
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -1,0 +1,176 @@
+package volmount
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// DefaultRunDir is where records of what replctl mount set up are kept: under /run, so that
+// they go with a reboot, as the mounts do.
+const DefaultRunDir = "/run/replvol/mounts"
+
+// Via is how an export is attached.
+type Via string
+
+// The ways of attaching an export.
+const (
+	// ViaAuto: the kernel's nbd driver when /dev/nbd0 exists, FUSE otherwise.
+	ViaAuto Via = "auto"
+	// ViaKernel: /dev/nbdN, through the kernel's nbd driver.
+	ViaKernel Via = "kernel"
+	// ViaFUSE: a file served through FUSE, on a loop device.
+	ViaFUSE Via = "fuse"
+)
+
+// Record is what was set up for one mount point, saved after every step, so that Unmount
+// undoes what exists even when Mount stopped half way.
+type Record struct {
+	// Dir is the mount point: absolute, symbolic links resolved.
+	Dir    string `json:"dir"`
+	Volume string `json:"volume"`
+	// Export is the NBD URI the helper connected to.
+	Export string `json:"export"`
+	Via    Via    `json:"via"`
+	// Helper is the process that is the NBD client (and the FUSE server).
+	Helper Process `json:"helper,omitzero"`
+	// FUSEDir is the FUSE file system's mount point and File the export as a file in it
+	// (ViaFUSE); Loop the loop device over File.
+	FUSEDir string `json:"fuse_dir,omitempty"`
+	File    string `json:"file,omitempty"`
+	Loop    string `json:"loop,omitempty"`
+	// Connections is how many NBD connections the helper holds.
+	Connections int `json:"connections,omitempty"`
+	// Device is the block device mounted on Dir: Loop, or /dev/nbdN.
+	Device string `json:"device,omitempty"`
+	FSType string `json:"fstype,omitempty"`
+	// Mounted: the file system was mounted on Dir.
+	Mounted bool      `json:"mounted"`
+	Created time.Time `json:"created"`
+}
+
+// Registry keeps the records of a run directory.
+type Registry struct {
+	// Dir is the run directory (DefaultRunDir).
+	Dir string
+}
+
+// ErrAlreadyMounted: a record exists for the mount point.
+var ErrAlreadyMounted = errors.New("already mounted by replctl mount")
+
+// ErrNoRecord: no record exists for the mount point.
+var ErrNoRecord = errors.New("not mounted by replctl mount")
+
+// key names a mount point's files in the run directory.
+func key(dir string) string {
+	return url.PathEscape(strings.TrimPrefix(filepath.Clean(dir), "/"))
+}
+
+func (r Registry) recordPath(dir string) string { return filepath.Join(r.Dir, key(dir)+".json") }
+
+// LogPath is where the helper of dir's mount writes its log.
+func (r Registry) LogPath(dir string) string { return filepath.Join(r.Dir, key(dir)+".log") }
+
+// FUSEDir is the FUSE mount point for dir's mount.
+func (r Registry) FUSEDir(dir string) string { return filepath.Join(r.Dir, key(dir)+".fuse") }
+
+// Create saves rec as a new record; ErrAlreadyMounted when one exists for its Dir.
+func (r Registry) Create(rec *Record) error {
+	if err := os.MkdirAll(r.Dir, 0o700); err != nil {
+		return fmt.Errorf("run directory: %w", err)
+	}
+	f, err := os.OpenFile(r.recordPath(rec.Dir), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("%s: %w", rec.Dir, ErrAlreadyMounted)
+	}
+	if err != nil {
+		return err
+	}
+	f.Close()
+	return r.Save(rec)
+}
+
+// Save replaces rec's record, atomically.
+func (r Registry) Save(rec *Record) error {
+	b, err := json.MarshalIndent(rec, "", "  ")
+	if err != nil {
+		return err
+	}
+	path := r.recordPath(rec.Dir)
+	tmp, err := os.CreateTemp(r.Dir, ".record-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(append(b, '\n')); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+// Load reads dir's record; ErrNoRecord when there is none.
+func (r Registry) Load(dir string) (*Record, error) {
+	b, err := os.ReadFile(r.recordPath(dir))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%s: %w", dir, ErrNoRecord)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var rec Record
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return nil, fmt.Errorf("the record of %s (%s) is damaged: %v; remove it once nothing of the mount is left", dir, r.recordPath(dir), err)
+	}
+	return &rec, nil
+}
+
+// Remove deletes dir's record and its helper's log.
+func (r Registry) Remove(dir string) error {
+	os.Remove(r.LogPath(dir))
+	if err := os.Remove(r.recordPath(dir)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// List returns every record.
+func (r Registry) List() ([]*Record, error) {
+	entries, err := os.ReadDir(r.Dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []*Record
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasSuffix(name, ".json") || strings.HasPrefix(name, ".") {
+			continue
+		}
+		dir, err := url.PathUnescape(strings.TrimSuffix(name, ".json"))
+		if err != nil {
+			continue
+		}
+		rec, err := r.Load("/" + dir)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, rec)
+	}
+	return out, nil
+}

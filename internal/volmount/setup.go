@@ -1,0 +1,291 @@
+package volmount
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// FSTypes are the file systems Mount makes with MakeFS.
+var FSTypes = []string{"ext4", "xfs"}
+
+// Request is one mount: Volume's export at URI, on Dir.
+type Request struct {
+	// Dir is the mount point: absolute, symbolic links resolved, an existing directory.
+	Dir    string
+	Volume string
+	URI    string
+	// TLSDir holds the NBD client's certificate, for an nbds:// URI.
+	TLSDir string
+	Via    Via
+	// FSType is the file system to mount or make ("": the one found; ext4 to make).
+	FSType string
+	// MakeFS makes a file system first; Force lets it replace one the device holds.
+	MakeFS, Force bool
+	// Options are mount(8)'s -o options ("" for none).
+	Options string
+	// Connections and IOTimeout are the helper's (HelperConfig).
+	Connections int
+	IOTimeout   time.Duration
+	// Helper is the command line that runs RunHelper, the helper's arguments appended
+	// (replctl's: its own executable and its hidden mount-helper command).
+	Helper []string
+	// Registry keeps the record.
+	Registry Registry
+}
+
+// HasFileSystemError: MakeFS without Force on a device that holds a file system.
+type HasFileSystemError struct {
+	Volume, Device, FSType string
+}
+
+func (e *HasFileSystemError) Error() string {
+	return fmt.Sprintf("%s already holds a file system (%s on %s): --mkfs would destroy it; mount it without --mkfs, or add --force to make a new one and lose what it holds", e.Volume, e.FSType, e.Device)
+}
+
+// NoFileSystemError: a device without a file system and no MakeFS.
+type NoFileSystemError struct{ Volume string }
+
+func (e *NoFileSystemError) Error() string {
+	return fmt.Sprintf("%s holds no file system: add --mkfs to make one (ext4, or --fstype xfs)", e.Volume)
+}
+
+// helperReadyTimeout bounds the helper's start: it connects (dialTimeout) and mounts FUSE.
+const helperReadyTimeout = dialTimeout + 30*time.Second
+
+// Mount attaches req's export and mounts its file system on req.Dir, recording every step;
+// when a step fails, what was done is undone. It returns the record.
+func Mount(ctx context.Context, req Request) (*Record, error) {
+	via, err := chooseVia(req.Via, haveDevice("/dev/nbd0"), haveDevice("/dev/fuse"))
+	if err != nil {
+		return nil, err
+	}
+	fi, err := os.Stat(req.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("mount point: %w", err)
+	}
+	if !fi.IsDir() {
+		return nil, fmt.Errorf("mount point %s is not a directory", req.Dir)
+	}
+	mounts, err := readMounts()
+	if err != nil {
+		return nil, err
+	}
+	if _, err := req.Registry.Load(req.Dir); err == nil {
+		return nil, fmt.Errorf("%s: %w (run replctl umount %s first)", req.Dir, ErrAlreadyMounted, req.Dir)
+	}
+	if m, ok := mountedOn(mounts, req.Dir); ok {
+		return nil, fmt.Errorf("%s is already a mount point (%s, %s): unmount it first, or choose another directory", req.Dir, m.Source, m.FSType)
+	}
+	rec := &Record{Dir: req.Dir, Volume: req.Volume, Export: req.URI, Via: via, Created: time.Now().UTC()}
+	if err := req.Registry.Create(rec); err != nil {
+		return nil, fmt.Errorf("%w (run replctl umount %s first)", err, req.Dir)
+	}
+	if err := setUp(ctx, req, rec); err != nil {
+		// Undo with a context of its own: ctx may be what ended.
+		undoCtx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if uerr := teardown(undoCtx, realHost{}, req.Registry, rec); uerr != nil {
+			return nil, fmt.Errorf("%w; undoing what was set up failed too (%v): run replctl umount %s", err, uerr, req.Dir)
+		}
+		return nil, err
+	}
+	return rec, nil
+}
+
+// setUp does Mount's steps, saving rec after each.
+func setUp(ctx context.Context, req Request, rec *Record) error {
+	reg := req.Registry
+	cfg := HelperConfig{Via: rec.Via, URI: req.URI, TLSDir: req.TLSDir, Connections: req.Connections, IOTimeout: req.IOTimeout}
+	if rec.Via == ViaFUSE {
+		cfg.FUSEDir, cfg.Name = reg.FUSEDir(req.Dir), req.Volume
+		if err := os.Mkdir(cfg.FUSEDir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+			return err
+		}
+		rec.FUSEDir = cfg.FUSEDir
+	}
+	r, err := startHelper(ctx, req, cfg, rec)
+	if err != nil {
+		return err
+	}
+	rec.File, rec.Device, rec.Connections = r.File, r.Device, r.Connections
+	if err := reg.Save(rec); err != nil {
+		return err
+	}
+	if rec.Via == ViaFUSE {
+		// The loop device is set up here, never in the helper: the process that serves the
+		// file must not wait on the device over it.
+		out, err := runTool(ctx, "losetup", "--find", "--show", rec.File)
+		if err != nil {
+			return err
+		}
+		rec.Loop = strings.TrimSpace(out)
+		rec.Device = rec.Loop
+		if err := reg.Save(rec); err != nil {
+			return err
+		}
+	}
+	found, err := probeFS(ctx, rec.Device)
+	if err != nil {
+		return err
+	}
+	fstype := found
+	switch {
+	case req.MakeFS:
+		if found != "" && !req.Force {
+			return &HasFileSystemError{Volume: req.Volume, Device: rec.Device, FSType: found}
+		}
+		fstype = req.FSType
+		if fstype == "" {
+			fstype = "ext4"
+		}
+		if err := makeFS(ctx, fstype, rec.Device, req.Force); err != nil {
+			return err
+		}
+	case found == "":
+		return &NoFileSystemError{Volume: req.Volume}
+	case req.FSType != "" && req.FSType != found:
+		return fmt.Errorf("%s holds %s, not %s: drop --fstype to mount it as it is, or --mkfs --force to make %s and lose what it holds", req.Volume, found, req.FSType, req.FSType)
+	}
+	rec.FSType = fstype
+	if err := reg.Save(rec); err != nil {
+		return err
+	}
+	args := []string{"-t", fstype}
+	if req.Options != "" {
+		args = append(args, "-o", req.Options)
+	}
+	if _, err := runTool(ctx, "mount", append(args, rec.Device, req.Dir)...); err != nil {
+		return err
+	}
+	rec.Mounted = true
+	return reg.Save(rec)
+}
+
+// startHelper starts the helper process, detached (a session of its own, its output in the
+// record's log), and waits for its ready message.
+func startHelper(ctx context.Context, req Request, cfg HelperConfig, rec *Record) (ready, error) {
+	if len(req.Helper) == 0 {
+		return ready{}, errors.New("no helper command")
+	}
+	logPath := req.Registry.LogPath(req.Dir)
+	logFile, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return ready{}, err
+	}
+	defer logFile.Close()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return ready{}, err
+	}
+	defer pr.Close()
+	cmd := exec.Command(req.Helper[0], append(append([]string(nil), req.Helper[1:]...), cfg.Args()...)...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.ExtraFiles = []*os.File{pw} // its file descriptor 3 (readyFD)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd.Dir = "/"
+	err = cmd.Start()
+	pw.Close()
+	if err != nil {
+		return ready{}, fmt.Errorf("start the helper: %w", err)
+	}
+	if p, err := processOf(cmd.Process.Pid); err == nil {
+		rec.Helper = p
+	} else {
+		rec.Helper = Process{PID: cmd.Process.Pid}
+	}
+	// Reap it when it ends, should this process outlive it.
+	go func() { _ = cmd.Wait() }()
+	if err := req.Registry.Save(rec); err != nil {
+		return ready{}, err
+	}
+	type answer struct {
+		r   ready
+		err error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		b, err := io.ReadAll(io.LimitReader(pr, 64<<10))
+		var r ready
+		if err == nil {
+			if len(bytes.TrimSpace(b)) == 0 {
+				err = errors.New("the helper ended without saying why")
+			} else {
+				err = json.Unmarshal(b, &r)
+			}
+		}
+		got <- answer{r, err}
+	}()
+	timer := time.NewTimer(helperReadyTimeout)
+	defer timer.Stop()
+	select {
+	case a := <-got:
+		switch {
+		case a.err != nil:
+			return ready{}, fmt.Errorf("the helper: %v (its log: %s)", a.err, tail(logPath))
+		case a.r.Error != "":
+			return ready{}, errors.New(a.r.Error)
+		}
+		return a.r, nil
+	case <-timer.C:
+		return ready{}, fmt.Errorf("the helper was not ready after %s (its log: %s)", helperReadyTimeout, tail(logPath))
+	case <-ctx.Done():
+		return ready{}, ctx.Err()
+	}
+}
+
+// tail is the end of a log file, for an error message.
+func tail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return path
+	}
+	s := strings.TrimSpace(string(b))
+	if len(s) > 800 {
+		s = "..." + s[len(s)-800:]
+	}
+	if s == "" {
+		return path + ", empty"
+	}
+	return s
+}
+
+// probeFS is the type of file system on device ("" when blkid finds none).
+func probeFS(ctx context.Context, device string) (string, error) {
+	out, err := runTool(ctx, "blkid", "--probe", "--output", "value", "--match-tag", "TYPE", device)
+	var te *ToolError
+	if errors.As(err, &te) && te.Code == 2 {
+		return "", nil // blkid: nothing found
+	}
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(out), nil
+}
+
+// makeFS makes an fstype file system on device; force lets mkfs overwrite one (Mount checked
+// that the user asked for it).
+func makeFS(ctx context.Context, fstype, device string, force bool) error {
+	var args []string
+	switch fstype {
+	case "ext4":
+		args = []string{"-q", "-F"}
+	case "xfs":
+		args = []string{"-q"}
+		if force {
+			args = append(args, "-f")
+		}
+	default:
+		return fmt.Errorf("--fstype %q: replctl mount makes %s", fstype, strings.Join(FSTypes, " or "))
+	}
+	_, err := runTool(ctx, "mkfs."+fstype, append(args, device)...)
+	return err
+}

@@ -1,0 +1,6 @@
+// Package nbdclient is the NBD client replctl mount runs: the fixed newstyle handshake with
+// NBD_OPT_STARTTLS and NBD_OPT_GO, then simple replies with many requests in flight on a
+// connection, and a Pool of several connections when the server offers multi-conn.
+// It imports nothing of the project; the methods of a Conn and of a Pool may be called from
+// many goroutines at once.
+package nbdclient
