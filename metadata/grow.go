@@ -143,6 +143,27 @@ func (md *MD) Grow(opts GrowOptions) (GrowReport, error) {
 	return rep, nil
 }
 
+// CheckGrow says, changing nothing, whether Grow to opts would succeed as
+// far as room goes (ErrShrink, a *NoRoomError), and whether the metadata
+// would move.
+func (md *MD) CheckGrow(opts GrowOptions) (moves bool, err error) {
+	md.growMu.Lock()
+	defer md.growMu.Unlock()
+	md.mu.Lock()
+	cur, geo := md.volumeSize, md.geo
+	md.mu.Unlock()
+	switch {
+	case opts.VolumeSize < cur:
+		return false, fmt.Errorf("%w: the volume is %d bytes; %d is smaller", ErrShrink, cur, opts.VolumeSize)
+	case opts.VolumeSize == cur:
+		return false, nil
+	case opts.VolumeSize > maxDataSize:
+		return false, errorf("volume size %d: want at most %d bytes", opts.VolumeSize, int64(maxDataSize))
+	}
+	target, err := md.grownGeometry(opts, geo)
+	return err == nil && target != geo, err
+}
+
 // grownGeometry is the layout that holds a volume of opts.VolumeSize
 // bytes: geo itself when it does, or a refusal.
 func (md *MD) grownGeometry(opts GrowOptions, geo geometry) (geometry, error) {
