@@ -454,3 +454,70 @@ func TestAResizeCutShortLeavesTheOldSizeOrTheNew(t *testing.T) {
 		t.Fatalf("beta's metadata is laid out for %d bytes, want %d", sb.DeviceSize, big)
 	}
 }
+
+// TestResizeWithExternalMetadataNeedsTheDiskAndTheFileGrown: with
+// external metadata the data disk must hold the new size and the metadata
+// file the bitmaps for it: each is refused in turn, naming the disk, then
+// the file, and what it lacks; grown, the volume grows and the replicas
+// are identical.
+func TestResizeWithExternalMetadataNeedsTheDiskAndTheFileGrown(t *testing.T) {
+	c := newTestCluster(t, resizeFrom)
+	c.cfg.Volumes[0].Metadata = "external"
+	for _, name := range []string{"alpha", "beta"} {
+		dc := c.cfg.Volumes[0].Disks[name]
+		c.growDisk(name, 0)
+		c.growDisk(name, resizeFrom)
+		dc.Meta = dc.Paths[0].Path + ".md"
+		n, _ := metadata.ExternalSize(resizeFrom, 0, 1)
+		if err := os.WriteFile(dc.Meta, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(dc.Meta, n); err != nil {
+			t.Fatal(err)
+		}
+		c.cfg.Volumes[0].Disks[name] = dc
+	}
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	writeRandomBlocks(t, c.vol("alpha"), 100, 5)
+
+	alphaDisk := c.cfg.Volumes[0].Disks["alpha"].Paths[0].Path
+	_, err := c.resize("alpha", &transport.ResizeRequest{Size: resizeTo})
+	if msg := status.Convert(err).Message(); !strings.Contains(msg, "the disk "+alphaDisk+" holds 67108864 bytes (64.0MiB); vol0 at 256.0MiB needs 268435456: it lacks 201326592 bytes") {
+		t.Fatalf("data disks not grown: %v", err)
+	}
+	c.growDisk("alpha", resizeTo)
+	c.growDisk("beta", resizeTo)
+	_, err = c.resize("alpha", &transport.ResizeRequest{Size: resizeTo})
+	need, _ := metadata.ExternalSize(resizeTo, 0, 1)
+	meta := c.cfg.Volumes[0].Disks["alpha"].Meta
+	if msg := status.Convert(err).Message(); !strings.Contains(msg, "the metadata file "+meta+" holds") || !strings.Contains(msg, "truncate -s "+itoa(need)+" "+meta) {
+		t.Fatalf("metadata files not grown: %v", err)
+	}
+	for _, name := range []string{"alpha", "beta"} {
+		if err := os.Truncate(c.cfg.Volumes[0].Disks[name].Meta, need); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reply, err := c.resize("alpha", &transport.ResizeRequest{Size: resizeTo})
+	if err != nil {
+		t.Fatalf("resize with everything grown: %v", err)
+	}
+	for _, d := range reply.Nodes {
+		if !d.MetadataMoved || !strings.Contains(d.Text, "its bitmaps were laid out again in") {
+			t.Fatalf("%s: %+v", d.Node, d)
+		}
+	}
+	if err := c.vol("alpha").WriteAt(context.Background(), pattern(3, 8192), resizeTo-8192, false); err != nil {
+		t.Fatal(err)
+	}
+	c.waitInSync()
+	c.requireIdenticalUpTo(resizeTo)
+	c.stop("beta")
+	c.start("beta")
+	c.waitInSync()
+	if got := c.vol("beta").size.Load(); got != resizeTo {
+		t.Fatalf("beta restarted at %d bytes", got)
+	}
+}
