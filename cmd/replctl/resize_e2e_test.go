@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -114,6 +116,44 @@ func TestE2EResizeUnderFioVerify(t *testing.T) {
 		t.Fatalf("replctl status does not show the new size:\n%s", text)
 	}
 	compareFiles(t, c.disk("alpha"), c.disk("beta"), to)
+
+	// The file takes the new size without a restart: a SIGHUP finds it
+	// is what the nodes run at. A size nobody grew to is named, with the
+	// command that grows to it.
+	cfg, err := os.ReadFile(c.cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []struct{ size, warn string }{{"268435456", ""}, {"1073741824", "editing the file does not resize a volume; grow every node's disk, then replctl resize vol0 1073741824"}} {
+		edited := strings.Replace(string(cfg), "size: "+itoa(from), "size: "+step.size, 1)
+		if err := os.WriteFile(c.cfgPath, []byte(edited), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		logPath := filepath.Join(c.dir, "alpha.log")
+		start, _ := os.ReadFile(logPath)
+		if err := c.procs["alpha"].Process.Signal(syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		marker := "SIGHUP: the config file does not load"
+		deadline := time.Now().Add(10 * time.Second)
+		var logged string
+		for {
+			b, _ := os.ReadFile(logPath)
+			logged = string(b[len(start):])
+			if step.warn == "" || strings.Contains(logged, step.warn) || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if step.warn == "" {
+			time.Sleep(time.Second) // what a SIGHUP logs, it logs by then
+			if strings.Contains(logged, "size") || strings.Contains(logged, marker) {
+				t.Fatalf("SIGHUP with size %s in the file logged:\n%s", step.size, logged)
+			}
+		} else if !strings.Contains(logged, step.warn) {
+			t.Fatalf("SIGHUP with size %s in the file does not say %q; log:\n%s", step.size, step.warn, logged)
+		}
+	}
 }
 
 // scribble writes 1 MiB of a pattern of seed at off into the file at

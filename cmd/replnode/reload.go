@@ -68,10 +68,11 @@ func (r *reloader) reload(ctx context.Context) {
 		return
 	}
 	online, restart := planReload(r.running, cfg, r.name)
+	restart, sized := r.sizes(ctx, cfg, restart)
 	for _, c := range restart {
 		r.log.Warn(fmt.Sprintf("field %s changed: restart to apply", c.field), "old", c.old, "new", c.new)
 	}
-	if len(online) == 0 && len(restart) == 0 {
+	if len(online) == 0 && len(restart) == 0 && !sized {
 		r.log.Info("SIGHUP: the config is unchanged")
 		return
 	}
