@@ -147,6 +147,9 @@ type ActivityLog struct {
 	slots       int
 	ringBlocks  int
 	txPerCommit int
+	// ringOffset is where the ring lives on the metadata device. MD.Grow
+	// moves it, owning the log (committing) meanwhile.
+	ringOffset int64
 
 	mu         sync.Mutex
 	extents    map[uint64]*alExtent
@@ -186,7 +189,7 @@ func newBatch() *alBatch { return &alBatch{done: make(chan struct{})} }
 func newActivityLog(md *MD) *ActivityLog {
 	n := md.geo.alExtents
 	a := &ActivityLog{
-		md: md, slots: n, ringBlocks: md.geo.alBlocks,
+		md: md, slots: n, ringBlocks: md.geo.alBlocks, ringOffset: md.geo.alOffset,
 		txPerCommit: alTxPerCommit(n, md.geo.alBlocks),
 		extents:     map[uint64]*alExtent{},
 		next:        newBatch(),
@@ -481,21 +484,84 @@ func (a *ActivityLog) writeTransaction(typ uint32, ups []alUpdate) error {
 	for _, u := range ups {
 		a.disk[u.Slot] = u.Extent
 	}
-	n := min(alContextPerTx, a.slots-a.cursor)
-	tx := alTransaction{
-		Type: typ, Seq: a.seq + 1, ALExtents: uint32(a.slots), Updates: ups,
-		ContextStart: uint32(a.cursor), Context: a.disk[a.cursor : a.cursor+n],
+	seq, cursor, err := a.writeNext(a.ringOffset, typ, ups, a.seq, a.cursor)
+	if err != nil {
+		return err
 	}
-	off := a.md.geo.alOffset + int64(tx.Seq%uint64(a.ringBlocks))*MDBlockSize
-	if _, err := a.md.dev.WriteAt(encodeALTransaction(a.md.volume, &tx), off); err != nil {
-		return fmt.Errorf("write activity log: %w", err)
-	}
-	a.seq = tx.Seq
-	a.cursor = (a.cursor + n) % a.slots
+	a.seq, a.cursor = seq, cursor
 	a.mu.Lock()
 	a.stats.Transactions++
 	a.mu.Unlock()
 	return nil
+}
+
+// writeNext writes, into the ring at ring, the transaction that follows
+// seq with the window of context at cursor, and returns the Seq and
+// cursor after it. It changes nothing in a.
+func (a *ActivityLog) writeNext(ring int64, typ uint32, ups []alUpdate, seq uint64, cursor int) (uint64, int, error) {
+	n := min(alContextPerTx, a.slots-cursor)
+	tx := alTransaction{
+		Type: typ, Seq: seq + 1, ALExtents: uint32(a.slots), Updates: ups,
+		ContextStart: uint32(cursor), Context: a.disk[cursor : cursor+n],
+	}
+	off := ring + int64(tx.Seq%uint64(a.ringBlocks))*MDBlockSize
+	if _, err := a.md.dev.WriteAt(encodeALTransaction(a.md.volume, &tx), off); err != nil {
+		return seq, cursor, fmt.Errorf("write activity log: %w", err)
+	}
+	return tx.Seq, (cursor + n) % a.slots, nil
+}
+
+// own waits for a commit under way to end and takes the ring for the
+// caller: no transaction is written until release. Admissions of hot
+// extents go on meanwhile; cold ones wait. A failed log refuses.
+func (a *ActivityLog) own() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for a.committing {
+		ch := a.changed
+		a.mu.Unlock()
+		<-ch
+		a.mu.Lock()
+	}
+	if a.failed != nil {
+		return a.failed
+	}
+	a.committing = true
+	return nil
+}
+
+// release gives the ring back after own, committing what queued
+// meanwhile. fail, when not nil, fails the log instead (the disk must be
+// detached).
+func (a *ActivityLog) release(fail error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.committing = false
+	if fail != nil && a.failed == nil {
+		a.failed = fmt.Errorf("activity log failed, the disk must be detached: %w", fail)
+	}
+	a.commitQueued()
+	a.signal()
+}
+
+// writeRingAt writes, into a zeroed ring at ring, transactions that
+// describe every slot as a.disk holds it (the slots as last committed),
+// without syncing, and returns the Seq and cursor after them. The caller
+// owns the log.
+func (a *ActivityLog) writeRingAt(ring int64) (uint64, int, error) {
+	zero := make([]byte, int64(a.ringBlocks)*MDBlockSize)
+	if _, err := a.md.dev.WriteAt(zero, ring); err != nil {
+		return a.seq, a.cursor, fmt.Errorf("clear activity log: %w", err)
+	}
+	seq, cursor := a.seq, a.cursor
+	for covered := 0; covered < a.slots; {
+		covered += min(alContextPerTx, a.slots-cursor)
+		var err error
+		if seq, cursor, err = a.writeNext(ring, alTypeUpdate, nil, seq, cursor); err != nil {
+			return seq, cursor, err
+		}
+	}
+	return seq, cursor, nil
 }
 
 // Done releases the extents of a write admitted with the same range.

@@ -44,6 +44,7 @@ type PeerBitmap struct {
 	flushMu sync.Mutex // serialises Flush/FlushRange so writes land in order
 
 	mu     sync.Mutex
+	volume int64 // bytes covered: the volume's size (MD.Grow extends it)
 	blocks int64
 	pages  []*bitmapPage
 	counts []uint16 // set bits per page
@@ -62,7 +63,7 @@ func newPeerBitmap(md *MD, slot int, node uint32) *PeerBitmap {
 	n := ceilDiv64(blocks, BitsPerPage)
 	return &PeerBitmap{
 		md: md, slot: slot, node: node,
-		blocks: blocks,
+		volume: md.volumeSize, blocks: blocks,
 		pages:  make([]*bitmapPage, n),
 		counts: make([]uint16, n),
 		dirty:  make([]uint64, ceilDiv64(n, 64)),
@@ -74,19 +75,28 @@ func (b *PeerBitmap) Node() uint32 { return b.node }
 
 // Blocks returns the number of 4 KiB blocks the bitmap covers: those of
 // the volume, the last one possibly partial.
-func (b *PeerBitmap) Blocks() int64 { return b.blocks }
+func (b *PeerBitmap) Blocks() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.blocks
+}
 
 // pageOffset is where page i of this slot lives on the metadata device.
-func (b *PeerBitmap) pageOffset(i int64) int64 {
-	return b.md.geo.bitmapOffset + (int64(b.slot)*b.md.geo.bitmapPages+i)*MDBlockSize
+// The geometry changes only in MD.Grow, which holds every flushMu: call it
+// holding b.flushMu, or before the bitmap is shared.
+func (b *PeerBitmap) pageOffset(i int64) int64 { return pageOffsetIn(b.md.geo, b.slot, i) }
+
+// pageOffsetIn is where page i of slot lives in geometry g.
+func pageOffsetIn(g geometry, slot int, i int64) int64 {
+	return g.bitmapOffset + (int64(slot)*g.bitmapPages+i)*MDBlockSize
 }
 
 func (b *PeerBitmap) markDirty(i int64) { b.dirty[i/64] |= 1 << (i % 64) }
 
 // blockRange returns the blocks [first, last] touched by the part of
-// [off, off+length) inside the volume.
+// [off, off+length) inside the volume; b.mu is held.
 func (b *PeerBitmap) blockRange(off, length int64) (first, last int64, ok bool) {
-	if length <= 0 || off < 0 || off >= b.md.volumeSize {
+	if length <= 0 || off < 0 || off >= b.volume {
 		return 0, 0, false
 	}
 	first = off / bytesPerBit
@@ -115,11 +125,11 @@ func (b *PeerBitmap) ClearBits(off, length int64) {
 	end := off + length
 	first := ceilDiv64(off, bytesPerBit)
 	last := end/bytesPerBit - 1
-	if end >= b.md.volumeSize { // a partial last block counts as whole
-		last = b.blocks - 1
-	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if end >= b.volume { // a partial last block counts as whole
+		last = b.blocks - 1
+	}
 	if first <= last {
 		b.setRange(first, min(last, b.blocks-1), false)
 	}
@@ -244,7 +254,7 @@ func (b *PeerBitmap) Bytes() int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	n := b.set * bytesPerBit
-	if past := b.blocks*bytesPerBit - b.md.volumeSize; past > 0 && b.test(b.blocks-1) {
+	if past := b.blocks*bytesPerBit - b.volume; past > 0 && b.test(b.blocks-1) {
 		n -= past
 	}
 	return n
@@ -317,21 +327,24 @@ func (b *PeerBitmap) PagesWritten() int64 {
 
 // Flush writes every dirty page and syncs the device if it wrote any.
 func (b *PeerBitmap) Flush() error {
-	_, err := b.flushPages(0, int64(len(b.pages))-1)
+	_, err := b.flushPages(0, -1)
 	return err
 }
 
 // FlushRange writes the dirty pages covering [off, off+length), syncs the
 // device if it wrote any, and returns how many it wrote.
 func (b *PeerBitmap) FlushRange(off, length int64) (int, error) {
+	b.mu.Lock()
 	first, last, ok := b.blockRange(off, length)
+	b.mu.Unlock()
 	if !ok {
 		return 0, nil
 	}
 	return b.flushPages(first/BitsPerPage, last/BitsPerPage)
 }
 
-// flushPages writes the dirty pages among [first, last] and syncs.
+// flushPages writes the dirty pages among [first, last] (last < 0: to the
+// last page) and syncs.
 func (b *PeerBitmap) flushPages(first, last int64) (int, error) {
 	b.flushMu.Lock()
 	defer b.flushMu.Unlock()
@@ -341,6 +354,9 @@ func (b *PeerBitmap) flushPages(first, last int64) (int, error) {
 	}
 	var outs []out
 	b.mu.Lock()
+	if last < 0 {
+		last = int64(len(b.pages)) - 1
+	}
 	for i := first; i <= last; i++ {
 		if b.dirty[i/64]&(1<<(i%64)) == 0 {
 			continue

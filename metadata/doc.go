@@ -10,7 +10,7 @@
 //     out-of-sync bitmap per peer covering the volume's size
 //     (MDOptions.VolumeSize), placed at the end of the backing device
 //     (internal) or in a separate file (external). layout.go documents the
-//     format byte by byte.
+//     format byte by byte; MD.Grow grows it with its volume, online.
 //
 // It must not import node, transport or web. Store, RaftStore, MD,
 // ActivityLog and PeerBitmap are safe for concurrent use.

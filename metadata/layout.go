@@ -74,6 +74,14 @@
 // pages past the volume's last page are neither read nor written, and the
 // bits of the last page past the volume's end are written clear and
 // ignored on load.
+//
+// Growing a volume (MD.Grow, grow.go) writes the pages it gains clear
+// where the layout holds them. Where it does not, the layout is computed
+// again for the new size (internal: the grown device's, so the whole area
+// moves to its new end; external: the volume's, so the bitmaps of the
+// peer slots after the first move within the file), written whole at the
+// new place and switched to by a superblock: the format stays the one
+// above, for a larger device.
 
 package metadata
 

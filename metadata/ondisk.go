@@ -273,7 +273,7 @@ type MDOptions struct {
 	// the last page past the volume's end are ignored on load (an older
 	// build may have set them). Opening with a larger VolumeSize than
 	// before is not a resize: the range gained holds whatever its pages
-	// say, and the caller must mark it out of sync itself.
+	// say. MD.Grow is the resize: it writes those pages clear first.
 	VolumeSize int64
 	// Volume and NodeID must match the metadata OpenMD finds. A zero
 	// Volume skips the check (for inspection tools).
@@ -318,8 +318,6 @@ type CorruptPage struct {
 // concurrent use.
 type MD struct {
 	dev            MDDevice
-	geo            geometry
-	volumeSize     int64 // bytes the bitmaps cover: MDOptions.VolumeSize, ≤ geo.dataSize
 	volume         VolumeUUID
 	crashedPrimary bool
 	crashedReplica bool
@@ -327,8 +325,16 @@ type MD struct {
 	al             *ActivityLog
 	report         LoadReport
 
-	mu sync.Mutex // guards sb and superblock writes
+	// growMu serialises Grow.
+	growMu sync.Mutex
+
+	mu sync.Mutex // guards sb, superblock writes, geo and volumeSize
 	sb Superblock
+	// geo is where the metadata lives. Only Grow changes it, holding mu,
+	// every bitmap's flushMu and the activity log's ring: read it
+	// holding one of those (or before md is shared).
+	geo        geometry
+	volumeSize int64 // bytes the bitmaps cover: MDOptions.VolumeSize, ≤ geo.dataSize
 }
 
 // deviceSize finds the size of dev when the caller did not give it.
@@ -551,8 +557,12 @@ func CreateMD(dev MDDevice, opts MDOptions) (*MD, error) {
 
 // writeSuperblock writes sb into the slot its Seq selects and syncs.
 // The caller holds md.mu (or owns md exclusively).
-func (md *MD) writeSuperblock(sb *Superblock) error {
-	off := md.geo.sbOffset[sb.Seq%superblockSlots]
+func (md *MD) writeSuperblock(sb *Superblock) error { return md.writeSuperblockAt(md.geo, sb) }
+
+// writeSuperblockAt writes sb into the slot of geometry g its Seq selects
+// and syncs.
+func (md *MD) writeSuperblockAt(g geometry, sb *Superblock) error {
+	off := g.sbOffset[sb.Seq%superblockSlots]
 	if _, err := md.dev.WriteAt(encodeSuperblock(sb), off); err != nil {
 		return fmt.Errorf("write superblock: %w", err)
 	}
@@ -627,14 +637,27 @@ func (md *MD) CrashedReplica() bool { return md.crashedReplica }
 
 // UsableSize is the number of bytes the volume may use: with internal
 // metadata, the backing device less the metadata area.
-func (md *MD) UsableSize() int64 { return md.geo.dataSize }
+func (md *MD) UsableSize() int64 {
+	md.mu.Lock()
+	defer md.mu.Unlock()
+	return md.geo.dataSize
+}
 
 // VolumeSize is the number of bytes the volume uses and its bitmaps cover:
-// MDOptions.VolumeSize, or UsableSize when that was zero.
-func (md *MD) VolumeSize() int64 { return md.volumeSize }
+// MDOptions.VolumeSize, or UsableSize when that was zero; Grow makes it
+// larger.
+func (md *MD) VolumeSize() int64 {
+	md.mu.Lock()
+	defer md.mu.Unlock()
+	return md.volumeSize
+}
 
 // Placement says where the metadata lives.
-func (md *MD) Placement() Placement { return md.geo.placement }
+func (md *MD) Placement() Placement {
+	md.mu.Lock()
+	defer md.mu.Unlock()
+	return md.geo.placement
+}
 
 // Report returns what OpenMD found out of order.
 func (md *MD) Report() LoadReport { return md.report }
@@ -705,18 +728,19 @@ func (md *MD) flushBitmapRange(off, length int64) (int, error) {
 // peer.
 func (md *MD) ApplyActivityLog() (int64, error) {
 	var marked int64
+	volume := md.VolumeSize()
 	if md.report.ALIncomplete {
 		for _, bm := range md.bitmaps {
 			bm.SetAll()
 		}
-		marked = md.volumeSize
+		marked = volume
 	} else {
 		for _, e := range md.al.ActiveExtents() {
 			start := extentStart(e)
-			if start >= md.volumeSize {
+			if start >= volume {
 				continue
 			}
-			n := min(int64(ExtentSize), md.volumeSize-start)
+			n := min(int64(ExtentSize), volume-start)
 			for _, bm := range md.bitmaps {
 				bm.SetBits(start, n)
 			}

@@ -53,6 +53,10 @@ type VolumeState struct {
 	// in: a node that went down while applying replicated writes lost
 	// its page cache only if the machine booted since.
 	BootID string `json:"boot_id,omitempty"`
+	// MDDeviceSize is, for internal metadata, the backing device size
+	// the metadata is laid out for, whose end holds its superblock: a
+	// disk that grew since (and was not resized onto yet) opens there.
+	MDDeviceSize int64 `json:"md_device_size,omitempty"`
 }
 
 // Event is one line of a node's history.

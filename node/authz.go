@@ -51,6 +51,7 @@ var methodAccess = map[string]access{
 	transport.MethodVerify:         accessCommand,
 	transport.MethodMembership:     accessCommand,
 	transport.MethodAdjust:         accessCommand,
+	transport.MethodResize:         accessCommand,
 	transport.MethodClusterForward: accessNodes,
 }
 

@@ -63,6 +63,8 @@ func TestWhoMayCallWhat(t *testing.T) {
 		{"a node demotes the old primary in a switchover", transport.MethodDemote, alpha, false, "alpha", codes.OK, ""},
 		{"a node promotes the new primary in a switchover", transport.MethodPromote, alpha, false, "alpha", codes.OK, ""},
 		{"a node forwards an operator's adjust", transport.MethodAdjust, alpha, false, "alpha", codes.OK, ""},
+		{"a node asks each node to grow its copy in a resize", transport.MethodResize, alpha, false, "alpha", codes.OK, ""},
+		{"a node's certificate resizes a volume itself", transport.MethodResize, alpha, false, "", codes.PermissionDenied, "may not run Resize"},
 		{"a node forwards a path action", transport.MethodPathAction, alpha, false, "alpha", codes.OK, ""},
 		{"a node forwards a resync to the primary", transport.MethodResync, alpha, false, "alpha", codes.OK, ""},
 		{"a node forwards a verify to the primary", transport.MethodVerify, alpha, false, "alpha", codes.OK, ""},

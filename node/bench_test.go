@@ -45,9 +45,9 @@ func benchmarkWrites(b *testing.B, secure bool, size int64, random bool) {
 				if i > int64(b.N) {
 					return
 				}
-				off := (i % (v.size / size)) * size
+				off := (i % (v.size.Load() / size)) * size
 				if random {
-					off = r.Int64N(v.size/size) * size
+					off = r.Int64N(v.size.Load()/size) * size
 				}
 				if err := v.WriteAt(context.Background(), buf, off, false); err != nil {
 					b.Error(err)

@@ -198,7 +198,12 @@ func (c *testCluster) disk(name string) []byte {
 
 func (c *testCluster) requireIdentical() {
 	c.t.Helper()
-	size := int64(c.cfg.Volumes[0].Size)
+	c.requireIdenticalUpTo(int64(c.cfg.Volumes[0].Size))
+}
+
+// requireIdenticalUpTo is requireIdentical for the first size bytes.
+func (c *testCluster) requireIdenticalUpTo(size int64) {
+	c.t.Helper()
 	var names []string
 	for name := range c.cfg.Volumes[0].Disks {
 		names = append(names, name)
@@ -405,7 +410,7 @@ func writeRandomBlocks(t *testing.T, v *Volume, n int, seed uint64) int {
 	r := rand.New(rand.NewPCG(seed, 1))
 	blocks := map[int64]bool{}
 	for i := range n {
-		b := r.Int64N(v.size / 4096)
+		b := r.Int64N(v.size.Load() / 4096)
 		blocks[b] = true
 		if err := v.WriteAt(context.Background(), pattern(byte(i), 4096), b*4096, false); err != nil {
 			t.Fatal(err)

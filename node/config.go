@@ -422,6 +422,11 @@ func (s VolumeSize) MarshalYAML() (any, error) {
 	return int64(s), nil
 }
 
+// ParseVolumeSize reads a volume's size as the config file's size: does:
+// ParseSize's units, a size in decimal units rounded up to a whole 4 KiB,
+// or max (SizeMax).
+func ParseVolumeSize(s string) (VolumeSize, error) { return parseVolumeSize(s) }
+
 func parseVolumeSize(s string) (VolumeSize, error) {
 	if strings.EqualFold(strings.TrimSpace(s), "max") {
 		return SizeMax, nil

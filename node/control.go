@@ -267,13 +267,18 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 			// Only a primary that serves IO has an export to give out.
 			vs.NBDURI = n.nbdURIFromStatus(cs.Nodes, vs.Primary, vc.Name)
 		}
-		if vs.Size == int64(SizeMax) {
-			// size: max: what the nodes that hold the volume resolved.
-			vs.Size = 0
+		if vs.Size == int64(SizeMax) || primaryView == nil {
+			// size: max: what the nodes that hold the volume resolved;
+			// and without a primary, what they run at (an online resize
+			// grows it past the file's).
+			var resolved int64
 			for _, node := range slices.Sorted(maps.Keys(byNode)) {
-				if lv, ok := byNode[node][vc.Name]; ok && vs.Size == 0 {
-					vs.Size = lv.Size
+				if lv, ok := byNode[node][vc.Name]; ok && lv.Size > resolved {
+					resolved = lv.Size
 				}
+			}
+			if resolved > 0 || vs.Size == int64(SizeMax) {
+				vs.Size = resolved
 			}
 		}
 		if primaryView != nil && primaryView.Size > 0 {
@@ -310,7 +315,7 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 				rs.Role, rs.Disk, rs.Replication = lv.Role, lv.Disk, lv.Replication
 				rs.ResyncedBytes, rs.Generation, rs.Reason, rs.ReasonCode = lv.ResyncedBytes, lv.Generation, lv.Reason, lv.ReasonCode
 				rs.Paths = lv.Paths
-				rs.Metadata, rs.UsableBytes = lv.Metadata, lv.UsableBytes
+				rs.Metadata, rs.UsableBytes, rs.Size = lv.Metadata, lv.UsableBytes, lv.Size
 				if lv.Role == string(replication.Primary) {
 					rs.OutOfSyncBytes = lv.LocalMissingBytes
 				}

@@ -197,7 +197,7 @@ func (v *Volume) copyMissingFromPeer(ctx context.Context, wait func(context.Cont
 		}
 		cursor = start + n
 		off := start * replication.BlockSize
-		length := min(n*replication.BlockSize, v.size-off)
+		length := min(n*replication.BlockSize, v.size.Load()-off)
 		if wait != nil {
 			if err := wait(ctx); err != nil {
 				return err

@@ -33,7 +33,7 @@ type fileDisk struct {
 	// burn CPU; parked goroutines do not.
 	wmu     sync.Mutex
 	f       *os.File
-	size    int64
+	size    atomic.Int64
 	noPunch atomic.Bool
 	zeroes  []byte
 }
@@ -65,10 +65,33 @@ func OpenDisk(path string, size int64) (Disk, error) {
 		f.Close()
 		return nil, fmt.Errorf("backing disk %s: fadvise: %w", path, err)
 	}
-	return &fileDisk{f: f, size: end, zeroes: make([]byte, 1<<20)}, nil
+	d := &fileDisk{f: f, zeroes: make([]byte, 1<<20)}
+	d.size.Store(end)
+	return d, nil
 }
 
-func (d *fileDisk) Size() int64 { return d.size }
+func (d *fileDisk) Size() int64 { return d.size.Load() }
+
+// remeasurer is a Disk whose device may grow under it (a file made
+// larger, a LUN grown by its storage): Remeasure reads its size again.
+type remeasurer interface {
+	Remeasure() (int64, error)
+}
+
+// Remeasure reads the size of the file or device again; Size reports it
+// from then on. A device never shrinks under a volume: a smaller size is
+// refused and Size stays.
+func (d *fileDisk) Remeasure() (int64, error) {
+	end, err := d.f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return d.Size(), err
+	}
+	if end < d.Size() {
+		return d.Size(), fmt.Errorf("%s shrank from %d to %d bytes under the volume", d.f.Name(), d.Size(), end)
+	}
+	d.size.Store(end)
+	return end, nil
+}
 
 func (d *fileDisk) ReadAt(p []byte, off int64) (int, error) {
 	n, err := d.f.ReadAt(p, off)

@@ -34,6 +34,11 @@
 // depended on it does not happen. Why a volume or a link is not doing its
 // job is a typed Cause (reason.go), never matched from its words.
 //
+// An online resize (resize.go) grows every replica while IO runs, the
+// secondaries before the primary, which only then takes writes past the
+// old end and shows new NBD connections the new size; the range gained
+// reads as zeroes on every disk, so nothing is copied or resynced.
+//
 // The control port (controlport.go) is HTTPS with a tls: section, and
 // every node also serves it on STATE_DIR/control.sock; authz.go decides
 // who may call what (authorize, a pure rule) and marks the calls a node

@@ -163,7 +163,7 @@ func TestThreeDataReplicasResyncOnlyWhatEachMissed(t *testing.T) {
 	}
 	eventually(t, func() bool {
 		return !a.peers["beta"].verifying.Load() && !a.peers["gamma"].verifying.Load() &&
-			a.peers["beta"].verifyDone.Load() == a.size && a.peers["gamma"].verifyDone.Load() == a.size
+			a.peers["beta"].verifyDone.Load() == a.size.Load() && a.peers["gamma"].verifyDone.Load() == a.size.Load()
 	}, "both verifies finished")
 	if f := a.peers["beta"].verifyFound.Load() + a.peers["gamma"].verifyFound.Load(); f != 0 {
 		t.Fatalf("verify found %d bytes out of sync", f)
@@ -236,8 +236,8 @@ func TestResyncOfOneSecondary(t *testing.T) {
 		t.Fatalf("resync --node gamma: %+v, want gamma resynced by alpha", r)
 	}
 	c.waitInSync()
-	if moved := c.vol("gamma").resynced.Load() - gammaBefore; moved != a.size {
-		t.Fatalf("gamma received %d bytes, want the whole volume (%d)", moved, a.size)
+	if moved := c.vol("gamma").resynced.Load() - gammaBefore; moved != a.size.Load() {
+		t.Fatalf("gamma received %d bytes, want the whole volume (%d)", moved, a.size.Load())
 	}
 	if moved := c.vol("beta").resynced.Load() - betaBefore; moved != 0 {
 		t.Fatalf("beta, not named, received %d bytes", moved)

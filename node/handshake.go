@@ -62,7 +62,7 @@ func (p *peer) connect(ctx context.Context) error {
 	defer stream.Close()
 
 	v.mu.Lock()
-	hello := replication.Hello{Volume: v.name, From: v.self, To: p.name, Epoch: v.d.epoch, Size: v.size, Generation: v.d.gens.Current, UUIDs: v.uuidsLocked(p.name),
+	hello := replication.Hello{Volume: v.name, From: v.self, To: p.name, Epoch: v.d.epoch, Size: v.size.Load(), Generation: v.d.gens.Current, UUIDs: v.uuidsLocked(p.name),
 		Settings: v.agreedSettings(), Wire: replication.WireVersion}
 	v.mu.Unlock()
 	if err := sendJSON(stream, replication.FrameHello, hello); err != nil {
@@ -91,6 +91,12 @@ func (p *peer) connect(ctx context.Context) error {
 	// step: a write is either marked before it or queued after it.
 	s := newSession(hctx, p, stream, v.cfg.peerTimeout())
 	v.stateMu.Lock()
+	if size := v.size.Load(); size != hello.Size {
+		// The volume grew during the handshake (resize.go): the peer
+		// agreed to the old size. Ask again with the new one.
+		v.stateMu.Unlock()
+		return fmt.Errorf("%s grew to %d bytes during the handshake with %s: connecting again", v.name, size, p.name)
+	}
 	plan, err := p.decide(reply)
 	if err != nil {
 		v.stateMu.Unlock()
@@ -299,7 +305,7 @@ func (p *peer) planPull(d replication.UUIDDecision, reply replication.HelloReply
 		v.localMissing.SetRange(r[0]*replication.BlockSize, r[1]*replication.BlockSize)
 	}
 	if d.Outcome == replication.FullResyncTarget {
-		v.localMissing.SetRange(0, v.size)
+		v.localMissing.SetRange(0, v.size.Load())
 	} else {
 		for _, r := range reply.Changed {
 			v.localMissing.SetRange(r[0]*replication.BlockSize, r[1]*replication.BlockSize)
@@ -318,7 +324,7 @@ func (p *peer) planPull(d replication.UUIDDecision, reply replication.HelloReply
 	if err != nil {
 		return plan, err
 	}
-	p.bm.ClearBits(0, v.size)
+	p.bm.ClearBits(0, v.size.Load())
 	return plan, nil
 }
 

@@ -54,14 +54,24 @@ func (n *Node) usableSize(vc VolumeConfig, disk Disk) (int64, error) {
 	return size, nil
 }
 
-// resolveSizes gives each volume this node holds whose file says size:
-// max its size here: the size this node recorded when it first ran the
-// volume, or, for a volume it has never run, 0 (usableSize decides once
-// the disk is open). The config returned is a copy when anything changed.
+// resolveSizes gives each volume this node holds its size here: the size
+// this node recorded when it last ran the volume, whatever the file says,
+// since the recorded size is what its disk and metadata hold (an online
+// resize grows it before the operator edits the file); for a volume it
+// has never run, the file's (size: max: 0, and usableSize decides once
+// the disk is open). A file that says another size is warned about, with
+// what to do. The config returned is a copy when anything changed.
 func (n *Node) resolveSizes(cfg *Config) (*Config, error) {
 	var out *Config
 	for i, vc := range cfg.Volumes {
-		if _, held := vc.Disks[n.name]; !held || vc.Size != SizeMax {
+		if _, held := vc.Disks[n.name]; !held {
+			continue
+		}
+		st, known, err := n.store.Volume(vc.Name)
+		if err != nil {
+			return nil, err
+		}
+		if vc.Size != SizeMax && (!known || st.Size == int64(vc.Size) || st.Size == 0) {
 			continue
 		}
 		if out == nil {
@@ -69,18 +79,33 @@ func (n *Node) resolveSizes(cfg *Config) (*Config, error) {
 			c.Volumes = slices.Clone(cfg.Volumes)
 			out = &c
 		}
-		st, known, err := n.store.Volume(vc.Name)
-		if err != nil {
-			return nil, err
+		if !known {
+			continue
 		}
-		if known {
-			out.Volumes[i].Size = VolumeSize(st.Size)
+		out.Volumes[i].Size = VolumeSize(st.Size)
+		if vc.Size != SizeMax {
+			n.warnSizeDiffers(vc.Name, int64(vc.Size), st.Size)
 		}
 	}
 	if out == nil {
 		return cfg, nil
 	}
 	return out, nil
+}
+
+// warnSizeDiffers says that the file gives a volume another size than the
+// one this node recorded, and runs at the recorded one.
+func (n *Node) warnSizeDiffers(volume string, file, recorded int64) {
+	var msg string
+	if recorded > file {
+		msg = fmt.Sprintf("the config file says size %d (%s) for %s, but it was resized online to %d (%s) on %s: %s runs it at %d. Put size: %d in volumes[%s] of the file on every node (a SIGHUP then takes it)",
+			file, sizeText(file), volume, recorded, sizeText(recorded), n.name, n.name, recorded, recorded, volume)
+	} else {
+		msg = fmt.Sprintf("the config file says size %d (%s) for %s, but %s's copy is %d (%s): it runs at %d, and its peers refuse it while theirs is larger. To grow it to the file's size: make its disk hold that size with its metadata, then replctl resize %s %d --node %s",
+			file, sizeText(file), volume, n.name, recorded, sizeText(recorded), recorded, volume, file, n.name)
+	}
+	n.log.Warn(msg, "volume", volume)
+	n.event(volume, "size-differs", msg)
 }
 
 // syncedMDDevice is the metadata device of internal metadata: every write
@@ -133,6 +158,19 @@ func (n *Node) openMD(vc VolumeConfig, disk Disk) (*metadata.MD, func() error, e
 		dev, closeDev, where = mdFile{f}, f.Close, path
 	}
 	md, err := metadata.OpenMD(dev, opts)
+	if (errors.Is(err, metadata.ErrNoMetadata) || errors.Is(err, metadata.ErrCorrupt)) && opts.Placement == metadata.Internal {
+		// The disk grew since the metadata was laid out at its end (and
+		// no resize moved it yet): it is where this node last saw it.
+		if st, known, serr := n.store.Volume(vc.Name); serr == nil && known && st.MDDeviceSize > 0 && st.MDDeviceSize < opts.DeviceSize {
+			at := opts
+			at.DeviceSize = st.MDDeviceSize
+			if found, ferr := metadata.OpenMD(dev, at); ferr == nil {
+				md, err = found, nil
+				n.event(vc.Name, "disk-grew", fmt.Sprintf("%s holds %d bytes (%s), more than the %d it held when its metadata was laid out: the metadata is at the end of that size; replctl resize %s SIZE moves it to the new end once the volume needs the room",
+					vc.Disks[n.name].Paths[0].Path, opts.DeviceSize, sizeText(opts.DeviceSize), st.MDDeviceSize, vc.Name))
+			}
+		}
+	}
 	if errors.Is(err, metadata.ErrNoMetadata) {
 		// Only a volume this node has never run gets new metadata: if the
 		// node has state for it, the metadata was lost or the disk swapped,

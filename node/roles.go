@@ -235,7 +235,7 @@ func (v *Volume) promote(epoch uint64, gen replication.Generation) error {
 func (v *Volume) clearPeerBitmaps() {
 	for _, id := range v.node.peerIDs(v.cfg) {
 		if bm, ok := v.md.Bitmap(id); ok {
-			bm.ClearBits(0, v.size)
+			bm.ClearBits(0, v.size.Load())
 		}
 	}
 }

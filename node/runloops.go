@@ -70,7 +70,7 @@ func (p *peer) resync(s *session) error {
 			}
 			cursor = start + n
 			off := start * replication.BlockSize
-			length := min(n*replication.BlockSize, v.size-off)
+			length := min(n*replication.BlockSize, v.size.Load()-off)
 			unlock, err := v.locks.Lock(ctx, off, length)
 			if err != nil {
 				return nil, nil, err
@@ -202,7 +202,7 @@ func allBlocks(length int64) []uint32 {
 // session restarts at the end, and the reconnection resyncs them.
 func (p *peer) verify(s *session, repair bool) {
 	v := p.v
-	p.verifyTotal.Store(v.size)
+	p.verifyTotal.Store(v.size.Load())
 	p.verifyDone.Store(0)
 	p.verifyFound.Store(0)
 	began := time.Now()
@@ -219,10 +219,10 @@ func (p *peer) verify(s *session, repair bool) {
 	}()
 	off := int64(0)
 	next := func() (*pending, func(), error) {
-		if off >= v.size {
+		if off >= v.size.Load() {
 			return nil, nil, nil
 		}
-		runOff, length := off, min(run, v.size-off)
+		runOff, length := off, min(run, v.size.Load()-off)
 		off += length
 		unlock, err := v.locks.Lock(ctx, runOff, length)
 		if err != nil {

@@ -98,7 +98,7 @@ func (v *Volume) refuseLocked(h replication.Hello) replication.HelloReply {
 	refuse := func(code replication.Refusal, format string, a ...any) replication.HelloReply {
 		return replication.HelloReply{Refused: code, Reason: fmt.Sprintf(format, a...), Epoch: v.d.epoch, Primary: v.role == replication.Primary}
 	}
-	if v.discard != nil && h.To == v.self && !v.adminDown && h.Size == v.size {
+	if v.discard != nil && h.To == v.self && !v.adminDown && h.Size == v.size.Load() {
 		// The operator told this node to give up its data: it follows the
 		// next primary that connects, whatever epoch it saw before.
 		return replication.HelloReply{}
@@ -108,14 +108,23 @@ func (v *Volume) refuseLocked(h replication.Hello) replication.HelloReply {
 		return refuse(replication.RefusedWrongNode, "stream for %s reached %s", h.To, v.self)
 	case v.adminDown:
 		return refuse(replication.RefusedAdminDown, "%s is disconnected from %s by the operator (replctl connect %s --node %s)", v.self, v.name, v.name, v.self)
-	case h.Size != v.size:
-		why := ""
+	case h.Size != v.size.Load():
+		mine := v.size.Load()
 		if v.sizeMax {
-			why = " (size: max gave each node the largest size its own disk holds, and the disks differ)"
+			return refuse(replication.RefusedSize, "volume %s is %d bytes on %s but %d on %s (size: max gave each node the largest size its own disk holds, and the disks differ): a volume has one size on every node. "+
+				"Give size: %d (%s's) in the file on every node; then on %s stop replnode, make its disk hold that size, run replctl create-md %s --node %s --force --yes (its copy starts over: a full resync follows) and start it",
+				v.name, mine, v.self, h.Size, h.From, h.Size, h.From, v.self, v.name, v.self)
 		}
-		return refuse(replication.RefusedSize, "volume %s is %d bytes on %s but %d on %s%s: a volume has one size on every node. "+
-			"Give size: %d (%s's) in the file on every node; then on %s stop replnode, make its disk hold that size, run replctl create-md %s --node %s --force --yes (its copy starts over: a full resync follows) and start it",
-			v.name, v.size, v.self, h.Size, h.From, why, h.Size, h.From, v.self, v.name, v.self)
+		// Most likely a resize left the smaller behind (it was down, or
+		// the resize stopped half-way): growing it costs no copy.
+		smaller, larger := v.self, h.Size
+		if h.Size < mine {
+			smaller, larger = h.From, mine
+		}
+		return refuse(replication.RefusedSize, "volume %s is %d bytes on %s but %d on %s: a volume has one size on every node. "+
+			"If a resize left %s behind, grow it: replctl resize %s %d --node %s (once its disk holds that size with its metadata); "+
+			"or, to start %s's copy over at %s's size, give size: %d in the file on every node, then on %s stop replnode, make its disk hold that size, run replctl create-md %s --node %s --force --yes (a full resync follows) and start it",
+			v.name, mine, v.self, h.Size, h.From, smaller, v.name, larger, smaller, v.self, h.From, h.Size, v.self, v.name, v.self)
 	}
 	// A sender of an older epoch than this primary's is a primary no
 	// longer (it crashed or was cut off, and this node took over): it
@@ -172,7 +181,7 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 		v.compareSettings(h.From, h.Settings)
 	}
 	v.mu.Lock()
-	if v.role == replication.Primary && h.To == v.self && !v.adminDown && h.Size == v.size && h.Epoch > v.d.epoch && v.discard == nil {
+	if v.role == replication.Primary && h.To == v.self && !v.adminDown && h.Size == v.size.Load() && h.Epoch > v.d.epoch && v.discard == nil {
 		// A primary of a newer epoch took over while this one was away.
 		// Follow it unless both changed the data: what this node wrote
 		// meanwhile stays marked, and the new primary copies it. If both
@@ -436,9 +445,9 @@ func (v *Volume) apply(in *incoming, entries []replication.Entry, readReply func
 	needSync := false
 	for i := range entries {
 		e := &entries[i]
-		if e.Off < 0 || e.Off+e.Length > v.size {
+		if e.Off < 0 || e.Off+e.Length > v.size.Load() {
 			if e.Op != replication.OpFlush && e.Op != replication.OpSyncStart && e.Op != replication.OpSyncDone {
-				return fail(e, fmt.Errorf("entry beyond the volume end (%d+%d > %d)", e.Off, e.Length, v.size))
+				return fail(e, fmt.Errorf("entry beyond the volume end (%d+%d > %d)", e.Off, e.Length, v.size.Load()))
 			}
 		}
 		var err error
@@ -554,7 +563,7 @@ func (v *Volume) apply(in *incoming, entries []replication.Entry, readReply func
 			// its activity log after a crash as primary) is in. Left
 			// marked, it would be resynced again at every reconnection.
 			if bm, ok := v.md.Bitmap(v.node.config().NodeID(in.from)); ok {
-				bm.ClearBits(0, v.size)
+				bm.ClearBits(0, v.size.Load())
 			}
 			in.setState(replication.Connected)
 		default:

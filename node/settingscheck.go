@@ -30,7 +30,7 @@ const settingsSettle = time.Second
 // agreedSettings are this node's settings of the volume that must agree.
 func (v *Volume) agreedSettings() *replication.Settings {
 	sb, _ := replication.ParseAfterSplitBrain(v.cfg.AfterSB)
-	return &replication.Settings{Protocol: string(v.settings().protocol), AfterSB: sb, Size: v.size}
+	return &replication.Settings{Protocol: string(v.settings().protocol), AfterSB: sb, Size: v.size.Load()}
 }
 
 // settingsOfStatus are the settings a node reports in its status.

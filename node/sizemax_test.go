@@ -53,7 +53,7 @@ func TestSizeMaxIsWhatTheDisksHold(t *testing.T) {
 	beta := c.start("beta")
 	c.waitInSync()
 	for _, name := range []string{"alpha", "beta"} {
-		if got := c.vol(name).size; got != want {
+		if got := c.vol(name).size.Load(); got != want {
 			t.Fatalf("%s: size %d, want %d (what its disk holds after the metadata)", name, got, want)
 		}
 	}
@@ -100,7 +100,7 @@ func TestSizeMaxStaysWhenTheDiskGrows(t *testing.T) {
 	}
 	c.start("beta")
 	c.waitInSync()
-	if got := c.vol("beta").size; got != size {
+	if got := c.vol("beta").size.Load(); got != size {
 		t.Fatalf("after beta's disk grew: size %d, want %d as before", got, size)
 	}
 }
@@ -180,7 +180,7 @@ func TestCreateMetadataWithSizeMax(t *testing.T) {
 	c.start("alpha")
 	c.start("beta")
 	c.waitInSync()
-	if got := c.vol("beta").size; got != want {
+	if got := c.vol("beta").size.Load(); got != want {
 		t.Fatalf("beta: size %d after create-md, want %d", got, want)
 	}
 }

@@ -55,7 +55,7 @@ func (v *Volume) adoptDisk() error {
 	}); err != nil {
 		return err
 	}
-	v.localMissing.ClearRange(0, v.size)
+	v.localMissing.ClearRange(0, v.size.Load())
 	epoch := v.epoch()
 	v.log.Warn("disk adopted as the volume's data", "epoch", epoch, "generation", next)
 	v.node.event(v.name, "forced-primary", fmt.Sprintf("%s made its disk the data of %s (new generation %s, epoch %d): the other nodes get a full resync", v.self, v.name, next, epoch))

@@ -29,6 +29,8 @@ type durable struct {
 	localStale bool
 	// primarySince is when this node last became primary (unix ns).
 	primarySince int64
+	// size is the volume's size on this node (an online resize grows it).
+	size int64
 }
 
 func (d durable) clone() durable {
@@ -84,10 +86,14 @@ func (v *Volume) write(d durable, clean, mirror bool) error {
 	for peer, g := range d.gens.Bitmaps {
 		bitmaps[peer] = g
 	}
+	var mdDevice int64
+	if sb := v.md.Superblock(); sb.Placement == metadata.Internal {
+		mdDevice = sb.DeviceSize
+	}
 	err := v.node.store.PutVolume(v.name, metadata.VolumeState{
-		Epoch: d.epoch, Primary: d.primary, Generation: d.gens.Current, Clean: clean, Size: v.size,
+		Epoch: d.epoch, Primary: d.primary, Generation: d.gens.Current, Clean: clean, Size: d.size,
 		LocalStale: d.localStale, PeerBitmaps: bitmaps, PrimarySince: d.primarySince, SyncGeneration: d.syncGen,
-		BootID: v.node.bootID,
+		BootID: v.node.bootID, MDDeviceSize: mdDevice,
 	})
 	if err != nil {
 		return fmt.Errorf("write the state of %s: %w", v.name, err)

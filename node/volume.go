@@ -23,7 +23,9 @@ type Volume struct {
 	node *Node
 	cfg  VolumeConfig
 	name string
-	size int64
+	// size is the volume's size here: durable.size, published once on
+	// stable storage (an online resize grows it: resize.go).
+	size atomic.Int64
 	self string
 	disk Disk
 	mp   *multipath.Device // nil for a single-path disk
@@ -42,6 +44,8 @@ type Volume struct {
 	// stateMu serialises changes of the durable state (commit) with their
 	// persistence; v.mu is not held while the state is written.
 	stateMu sync.Mutex
+	// resizeMu serialises online resizes of the volume (resize.go).
+	resizeMu sync.Mutex
 
 	mu sync.Mutex
 	// d is the durable state; it changes only through commit.
@@ -133,7 +137,7 @@ type Volume struct {
 
 func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD) (*Volume, error) {
 	v := &Volume{
-		node: n, cfg: cfg, name: cfg.Name, size: int64(cfg.Size), self: n.name, disk: disk, md: md,
+		node: n, cfg: cfg, name: cfg.Name, self: n.name, disk: disk, md: md,
 		closeMD: func() error { return nil },
 		log:     n.log.With("volume", cfg.Name),
 		peers:   map[string]*peer{},
@@ -141,6 +145,7 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD) (*Volume, 
 		localMissing: replication.NewBitmap(int64(cfg.Size)),
 		stopping:     make(chan struct{}),
 	}
+	v.size.Store(int64(cfg.Size))
 	v.set.Store(settingsOf(cfg))
 	st, ok, err := n.store.Volume(cfg.Name)
 	if err != nil {
@@ -150,14 +155,16 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD) (*Volume, 
 	case !ok:
 		// A new volume: the configured primary's data is the truth; every
 		// other node needs a full sync.
-		st = metadata.VolumeState{Epoch: 1, Primary: cfg.Primary, Size: v.size}
+		st = metadata.VolumeState{Epoch: 1, Primary: cfg.Primary, Size: v.size.Load()}
 		if cfg.Primary == v.self {
 			st.Generation = replication.NewGeneration()
 		}
 		v.fresh = true
 		v.node.event(v.name, "created", fmt.Sprintf("new volume, primary %s at epoch 1", cfg.Primary))
-	case st.Size != v.size:
-		return nil, fmt.Errorf("volume %s: the config says size %d but this node's state says %d; resizing is not supported: restore the old size (or, to start this node's copy over at the new size, with a full resync from its peer: replctl create-md %s --node %s --force --yes)", v.name, v.size, st.Size, v.name, v.self)
+	case st.Size != v.size.Load():
+		// The disk and metadata must be opened at the size this node
+		// recorded (resolveSizes).
+		return nil, fmt.Errorf("volume %s: opened at %d bytes, but this node recorded %d: open it at its recorded size", v.name, v.size.Load(), st.Size)
 	}
 	v.crashedPrimary = md.CrashedPrimary()
 	if md.CrashedPrimary() {
@@ -187,6 +194,7 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD) (*Volume, 
 		v.node.event(v.name, "metadata-repaired", fmt.Sprintf("metadata load: %d bitmap pages failed their checksum (their range is resynced in full); other superblock slot: %q", len(rep.CorruptBitmapPages), rep.OtherSlot))
 	}
 	d := loadDurable(st, md.Superblock())
+	d.size = v.size.Load()
 	if d.localStale {
 		// This disk was detached and missed writes: whatever its role was,
 		// it holds no consistent data until a full resync.
@@ -321,7 +329,7 @@ func (v *Volume) rebuildPeerListLocked() {
 }
 
 // Size implements nbd.Export.
-func (v *Volume) Size() int64 { return v.size }
+func (v *Volume) Size() int64 { return v.size.Load() }
 
 // Description implements nbd.Describer.
 func (v *Volume) Description() string {
@@ -501,6 +509,11 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 		return err
 	}
 	defer v.io.Done()
+	if size := v.size.Load(); e.Off < 0 || e.Length < 0 || e.Off+e.Length > size {
+		// Past the end: NBD never sends it; past the old end during a
+		// resize, the peers may not hold it yet.
+		return fmt.Errorf("%s: write at %d+%d beyond the volume's %d bytes (%w)", v.name, e.Off, e.Length, size, syscall.EINVAL)
+	}
 	v.lastWrite.Store(time.Now().UnixNano())
 	release, err := v.locks.Lock(ctx, e.Off, e.Length)
 	if err != nil {
@@ -887,7 +900,7 @@ func (v *Volume) shutdown() bool {
 func (v *Volume) status() transport.LocalVolume {
 	v.mu.Lock()
 	lv := transport.LocalVolume{
-		Name: v.name, Size: v.size, Protocol: string(v.settings().protocol), ResyncRate: v.settings().resyncRate,
+		Name: v.name, Size: v.size.Load(), Protocol: string(v.settings().protocol), ResyncRate: v.settings().resyncRate,
 		OnCongestion: string(v.settings().congestion.Policy),
 		Role:         string(v.role), Disk: string(v.diskState), Epoch: v.d.epoch, Primary: v.d.primary,
 		Generation: v.d.gens.Current.String(), Reason: v.why.text, ReasonCode: string(v.why.cause),

@@ -141,4 +141,22 @@ func (b *Bitmap) NextRun(from, max int64) (start, n int64, ok bool) {
 }
 
 // Blocks returns the number of blocks the bitmap covers.
-func (b *Bitmap) Blocks() int64 { return b.blocks }
+func (b *Bitmap) Blocks() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.blocks
+}
+
+// Grow makes the bitmap cover a volume of size bytes; the blocks gained
+// are in sync. A smaller size changes nothing.
+func (b *Bitmap) Grow(size int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	blocks := (size + BlockSize - 1) / BlockSize
+	if blocks <= b.blocks {
+		return
+	}
+	words := make([]uint64, (blocks+63)/64)
+	copy(words, b.words)
+	b.words, b.blocks = words, blocks
+}

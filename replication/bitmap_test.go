@@ -127,3 +127,27 @@ func TestSharedRangeLocksWaitForWritesOnly(t *testing.T) {
 		t.Fatalf("%d ranges still held", r.Len())
 	}
 }
+
+// TestBitmapGrowKeepsTheMarksAndAddsClearBlocks: a bitmap grown with its
+// volume keeps every mark, its partial last word included, and the blocks
+// gained are in sync; a smaller size changes nothing.
+func TestBitmapGrowKeepsTheMarksAndAddsClearBlocks(t *testing.T) {
+	b := NewBitmap(100 * BlockSize)
+	b.SetAll()
+	b.ClearRange(10*BlockSize, BlockSize)
+	b.Grow(1000 * BlockSize)
+	if b.Blocks() != 1000 || b.Count() != 99 {
+		t.Fatalf("after Grow: %d blocks, %d set; want 1000, 99", b.Blocks(), b.Count())
+	}
+	if start, n, ok := b.NextRun(11, 1<<20); !ok || start != 11 || n != 89 {
+		t.Fatalf("run after the cleared block: %d+%d %v, want 11+89", start, n, ok)
+	}
+	if b.AnySet(100*BlockSize, 900*BlockSize) {
+		t.Fatal("a block gained is marked")
+	}
+	b.SetRange(999*BlockSize, BlockSize)
+	b.Grow(10 * BlockSize)
+	if b.Blocks() != 1000 || b.Count() != 100 {
+		t.Fatalf("after a smaller Grow: %d blocks, %d set", b.Blocks(), b.Count())
+	}
+}

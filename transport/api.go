@@ -243,6 +243,10 @@ type ReplicaStatus struct {
 	// external); UsableBytes what the backing device holds for data.
 	Metadata    string `json:"metadata,omitempty"`
 	UsableBytes int64  `json:"usable_bytes,omitempty"`
+	// Size is the volume's size on this replica, as its node reports it
+	// (0 when it did not answer): one left behind by a resize is smaller
+	// than the volume's, and refused by its peers until it grows.
+	Size int64 `json:"size,omitempty"`
 	// Reason explains a StandAlone or refused connection, or why a
 	// primary holds its IO; ReasonCode is the same as a fixed word
 	// (waiting-for-peer, fenced, split-brain, ...) for tools.
@@ -603,4 +607,54 @@ type AdjustedNode struct {
 	Protocol     string `json:"protocol"`
 	OnCongestion string `json:"on_congestion"`
 	ResyncRate   int64  `json:"resync_rate"` // bytes per second; 0: no cap
+}
+
+// ResizeRequest grows a volume online to Size bytes (a multiple of 4096):
+// on every node that holds it, the secondaries first and the primary last
+// (only then do new NBD connections see the new size), after every node
+// said it can; or, with Node, on that node alone (one that was down during
+// a resize catches up so). Check only asks each node whether it can.
+type ResizeRequest struct {
+	Volume string `json:"volume"`
+	Size   int64  `json:"size"`
+	Node   string `json:"node,omitempty"`
+	Check  bool   `json:"check,omitempty"`
+}
+
+// ResizeReply says what each node did, in the order it did it.
+type ResizeReply struct {
+	Volume string        `json:"volume"`
+	Size   int64         `json:"size"`
+	Nodes  []ResizedNode `json:"nodes"`
+}
+
+// Actions of a ResizedNode.
+const (
+	// ResizeGrew: the node grew its copy.
+	ResizeGrew = "grew"
+	// ResizeAlready: the node's copy was that size already.
+	ResizeAlready = "already"
+	// ResizeCan: (Check) the node can grow its copy.
+	ResizeCan = "can-grow"
+)
+
+// ResizedNode is one node's part of a resize.
+type ResizedNode struct {
+	Node string `json:"node"`
+	// Role is the node's role for the volume (Primary, Secondary).
+	Role string `json:"role"`
+	// Action is ResizeGrew, ResizeAlready or ResizeCan.
+	Action  string `json:"action"`
+	OldSize int64  `json:"old_size"`
+	Size    int64  `json:"size"`
+	// ZeroedBytes is the range gained, made to read as zeroes on this
+	// node's disk (punched where it can be) instead of being copied.
+	ZeroedBytes int64 `json:"zeroed_bytes,omitempty"`
+	// MetadataMoved: the metadata moved (internal: from offset
+	// MetadataFrom to MetadataTo of the grown disk).
+	MetadataMoved bool  `json:"metadata_moved,omitempty"`
+	MetadataFrom  int64 `json:"metadata_from,omitempty"`
+	MetadataTo    int64 `json:"metadata_to,omitempty"`
+	// Text is the node's own account, in words.
+	Text string `json:"text"`
 }

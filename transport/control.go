@@ -37,6 +37,8 @@ type ControlServer interface {
 	Membership(context.Context, *MembershipRequest) (*MembershipReply, error)
 	// Adjust changes a volume's replication settings online.
 	Adjust(context.Context, *AdjustRequest) (*AdjustReply, error)
+	// Resize grows a volume online.
+	Resize(context.Context, *ResizeRequest) (*ResizeReply, error)
 	// Events streams the node's events (history first, then live) to
 	// send until ctx ends or send fails.
 	Events(ctx context.Context, r *EventsRequest, send func(*Event) error) error
@@ -96,6 +98,7 @@ var controlDesc = grpc.ServiceDesc{
 		unary(MethodClusterForward, ControlServer.ClusterForward),
 		unary(MethodMembership, ControlServer.Membership),
 		unary(MethodAdjust, ControlServer.Adjust),
+		unary(MethodResize, ControlServer.Resize),
 	},
 	Streams: []grpc.StreamDesc{{
 		StreamName:    MethodEvents,
@@ -298,6 +301,11 @@ func (c *ControlClient) Membership(ctx context.Context, r *MembershipRequest) (*
 // Adjust changes a volume's replication settings online.
 func (c *ControlClient) Adjust(ctx context.Context, r *AdjustRequest) (*AdjustReply, error) {
 	return invoke[AdjustReply](ctx, c, MethodAdjust, r)
+}
+
+// Resize grows a volume online.
+func (c *ControlClient) Resize(ctx context.Context, r *ResizeRequest) (*ResizeReply, error) {
+	return invoke[ResizeReply](ctx, c, MethodResize, r)
 }
 
 // Events streams a node's events to fn until ctx ends, fn fails or the

@@ -30,6 +30,7 @@ const (
 	MethodClusterForward = "ClusterForward"
 	MethodMembership     = "Membership"
 	MethodAdjust         = "Adjust"
+	MethodResize         = "Resize"
 	MethodEvents         = "Events"
 )
 

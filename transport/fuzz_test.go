@@ -83,6 +83,10 @@ func (c *recordingControl) Adjust(_ context.Context, r *AdjustRequest) (*AdjustR
 	return record[AdjustRequest, AdjustReply](c, r)
 }
 
+func (c *recordingControl) Resize(_ context.Context, r *ResizeRequest) (*ResizeReply, error) {
+	return record[ResizeRequest, ResizeReply](c, r)
+}
+
 func (c *recordingControl) Events(_ context.Context, r *EventsRequest, _ func(*Event) error) error {
 	c.got = append(c.got, r)
 	return nil
@@ -133,6 +137,7 @@ func seedControlRequests() []controlSeed {
 		"ClusterForward": &ClusterMessage{Body: []byte(`{"kind":"renew-lease","from":"alpha","volume":"vol0","epoch":3}`)},
 		"Membership":     &MembershipRequest{Node: "witness", Remove: true},
 		"Adjust":         &AdjustRequest{Volume: "vol0", Protocol: "B", OnCongestion: "pull-ahead"},
+		"Resize":         &ResizeRequest{Volume: "vol0", Size: 256 << 20, Node: "beta", Check: true},
 		"Events":         &EventsRequest{History: 100, Since: time.Date(2025, 1, 2, 3, 4, 5, 6, time.UTC), State: true},
 	}
 	var seeds []controlSeed
@@ -148,8 +153,9 @@ func seedControlRequests() []controlSeed {
 		controlSeed{uint16(2), []byte(`{"volume":"vol0","node":"beta","timeout":-1,"force":true,"yes":true}`)},
 		controlSeed{uint16(4), []byte(`{"epoch":-1}`)},
 		controlSeed{uint16(10), []byte(`{"body":"not base64"}`)},
-		controlSeed{uint16(13), []byte(`{"since":"10000-01-01T00:00:00Z"}`)},
-		controlSeed{uint16(13), []byte(`{"since":"2025-01-02T03:04:05+23:59","history":-5}`)},
+		controlSeed{uint16(14), []byte(`{"since":"10000-01-01T00:00:00Z"}`)},
+		controlSeed{uint16(14), []byte(`{"since":"2025-01-02T03:04:05+23:59","history":-5}`)},
+		controlSeed{uint16(13), []byte(`{"volume":"vol0","size":-4096}`)},
 		controlSeed{uint16(1), []byte("\x00\x00\x00\x00\x05hello")},
 		controlSeed{uint16(65535), []byte(`[]`)},
 	)

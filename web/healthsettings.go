@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/replvol/replvol/transport"
@@ -52,6 +53,18 @@ func settingsWarnings(v *transport.VolumeStatus) []Warning {
 			w.Command, w.Where = "systemctl restart replnode", where
 		case settingSize:
 			w.Detail = "The nodes do not replicate until the sizes agree: the secondary's refusal says how to fix it."
+			// Most likely a resize left a node behind (it was down, or
+			// the resize stopped half-way): grow the smaller ones.
+			var largest int64
+			for _, val := range m.Values {
+				if n, err := strconv.ParseInt(val, 10, 64); err == nil && n > largest {
+					largest = n
+				}
+			}
+			if largest > 0 {
+				w.Command = fmt.Sprintf("replctl resize %s %d", v.Name, largest)
+				w.Risk = "Every node's disk must hold that size with its metadata first (the command names one that does not, and changes nothing then); the range gained reads as zeroes, nothing is resynced. A volume only grows."
+			}
 		}
 		out = append(out, w)
 	}

@@ -278,7 +278,7 @@ func registerCompletions(root *cobra.Command, g *globals) {
 		switch cmd.CommandPath() {
 		case "replctl status", "replctl verify", "replctl path list", "replctl path rotate":
 			cmd.ValidArgsFunction = c.volumes(0)
-		case "replctl primary", "replctl connect", "replctl disconnect", "replctl resync", "replctl adjust":
+		case "replctl primary", "replctl connect", "replctl disconnect", "replctl resync", "replctl adjust", "replctl resize":
 			cmd.ValidArgsFunction = c.volumes(0)
 		case "replctl path fail", "replctl path restore":
 			vol, path := c.volumes(0), c.paths(cmd.Flags().Lookup("node").Value.String)

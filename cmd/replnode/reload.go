@@ -81,6 +81,7 @@ func (r *reloader) reload(ctx context.Context) {
 		return
 	}
 	online, restart := planReload(r.running, cfg, r.name)
+	restart, sized := r.sizes(ctx, cfg, restart)
 	for _, c := range restart {
 		r.log.Warn(fmt.Sprintf("field %s changed: restart to apply", c.field), "old", c.old, "new", c.new)
 	}
@@ -89,7 +90,7 @@ func (r *reloader) reload(ctx context.Context) {
 	r.applyVolumes(cfg)
 	all := len(online)
 	online = slices.DeleteFunc(online, func(oc onlineChange) bool { return oc.op != "" })
-	if all == 0 && len(restart) == 0 {
+	if all == 0 && len(restart) == 0 && !sized {
 		r.log.Info("SIGHUP: the config is unchanged")
 		return
 	}

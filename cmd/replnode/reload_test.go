@@ -128,8 +128,9 @@ volumes:`, 1)
 }
 
 // TestPlanReloadSizeMax: size: max is a size like any other for a
-// SIGHUP: unchanged, nothing to do; changed, a restart is named, and the
-// log says max, not a number.
+// SIGHUP: unchanged, nothing to do; changed, planReload names it, saying
+// max, not a number (takeSizes then tells what a size in the file means:
+// TestTakeSizes).
 func TestPlanReloadSizeMax(t *testing.T) {
 	withMax := strings.Replace(baseConfig, "size: 64MiB\n    protocol: C\n    primary: alpha", "size: max\n    protocol: C\n    primary: alpha", 1)
 	if withMax == baseConfig {

@@ -86,7 +86,20 @@ func (d *Device) SetInjector(inj Injector) {
 }
 
 // Size returns the device size.
-func (d *Device) Size() int64 { return d.size }
+func (d *Device) Size() int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.size
+}
+
+// Grow makes the device size bytes long, as a LUN grown by its storage
+// (or a file by truncate): the bytes gained read as zeroes. A size below
+// the current one is ignored. The change is durable at once.
+func (d *Device) Grow(size int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.size = max(d.size, size)
+}
 
 // Count returns how many operations of a kind ran, and their bytes.
 func (d *Device) Count(k OpKind) (ops, bytes int64) {

@@ -68,8 +68,12 @@ type serverConn struct {
 	generation uint64 // closeGeneration of the name last looked up; owned by the serve goroutine
 
 	// Transmission phase. workers is owned by the serve goroutine.
-	export      Export
-	readOnly    bool
+	export   Export
+	readOnly bool
+	// size is the export's size this client was told: an export that
+	// grows later (an online resize) keeps it for this connection, as
+	// NBD has no way to tell a client; a new connection sees the new one.
+	size        int64
 	work        chan *request
 	workers     int
 	workerGroup sync.WaitGroup
@@ -382,8 +386,9 @@ func (c *serverConn) exportNameOption(data []byte, noZeroes bool) (Export, bool)
 			"export", name, "err", err)
 		return nil, false
 	}
+	size := max(export.Size(), 0)
 	b := make([]byte, 10, 10+reservedZeroesSize)
-	binary.BigEndian.PutUint64(b[0:], uint64(max(export.Size(), 0)))
+	binary.BigEndian.PutUint64(b[0:], uint64(size))
 	binary.BigEndian.PutUint16(b[8:], flags)
 	if !noZeroes {
 		b = b[:10+reservedZeroesSize]
@@ -392,7 +397,7 @@ func (c *serverConn) exportNameOption(data []byte, noZeroes bool) (Export, bool)
 		c.logReadError("handshake", err)
 		return nil, false
 	}
-	c.enter(export, name, flags)
+	c.enter(export, name, flags, size)
 	return export, true
 }
 
@@ -426,9 +431,10 @@ func (c *serverConn) infoOption(option uint32, data []byte) (Export, error) {
 		}
 	}
 
+	size := max(export.Size(), 0)
 	info := make([]byte, 0, 14)
 	info = binary.BigEndian.AppendUint16(info, infoExport)
-	info = binary.BigEndian.AppendUint64(info, uint64(max(export.Size(), 0)))
+	info = binary.BigEndian.AppendUint64(info, uint64(size))
 	info = binary.BigEndian.AppendUint16(info, flags)
 	if err := c.sendOptionReply(option, repInfo, info); err != nil {
 		return nil, err
@@ -460,7 +466,7 @@ func (c *serverConn) infoOption(option uint32, data []byte) (Export, error) {
 	if option != optGo {
 		return nil, nil
 	}
-	c.enter(export, req.name, flags)
+	c.enter(export, req.name, flags, size)
 	return export, nil
 }
 
@@ -495,11 +501,12 @@ func (c *serverConn) attachRefusal(name string, replyType uint32) string {
 	return "server is shutting down"
 }
 
-func (c *serverConn) enter(export Export, name string, flags uint16) {
+func (c *serverConn) enter(export Export, name string, flags uint16, size int64) {
 	c.export = export
 	c.readOnly = flags&transmitReadOnly != 0
+	c.size = size
 	c.log = c.log.With("export", name)
-	c.log.Debug("nbd: transmission started", "size", export.Size(), "flags", flags)
+	c.log.Debug("nbd: transmission started", "size", size, "flags", flags)
 }
 
 // clientMessage is err's text made fit for an option error reply.
@@ -557,7 +564,7 @@ func (c *serverConn) transmit(export Export) {
 			c.log.Debug("nbd: client disconnected")
 			return
 		}
-		errno := header.check(export.Size(), c.readOnly)
+		errno := header.check(c.size, c.readOnly)
 		cost := int64(minRequestCost)
 		if c.drainRequest() {
 			// Nothing is carried out: the reply costs no budget.

@@ -20,7 +20,9 @@ import (
 //
 // Errors: wrap a syscall.Errno (EPERM, ENOSPC, EINVAL, ESHUTDOWN, EROFS) to choose the NBD error;
 // anything else is EIO. The server never calls a method with a range outside [0, Size()) or with
-// length 0, and never passes ReadAt or WriteAt more than MaxRequestLength bytes.
+// length 0, and never passes ReadAt or WriteAt more than MaxRequestLength bytes. Size may grow
+// (an online resize): each connection keeps the size it was told at its handshake, since NBD
+// cannot tell a client of a new one, and a new connection sees the new size.
 type Export interface {
 	Size() int64
 	// ReadAt must not keep p after it returns, even when ctx is cancelled: p is then reused.

@@ -1,0 +1,408 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/replvol/replvol/internal/human"
+	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/replication"
+	"github.com/replvol/replvol/transport"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Online resize (replctl resize, DRBD's drbdadm resize). The operator
+// grows every node's backing disk first (a file, a LUN), then asks any
+// node; that node asks every node of the volume whether it can hold the
+// new size (its disk with the metadata, or the external metadata file),
+// and only when all can does it grow them: the secondaries first, the
+// primary last. Each node grows alone (Volume.grow): its metadata covers
+// the range gained (metadata.MD.Grow, which moves internal metadata to
+// the end of a grown disk), the range gained is made to read as zeroes
+// on its own disk (a hole punched, nothing copied: every replica holds
+// zeroes there, so they agree without a resync), and then the new size is
+// recorded. A primary exposes the new size (to new NBD connections, to
+// writes past the old end) only once every peer it streams to has grown,
+// so no write reaches a peer past its end. A node that was down during a
+// resize comes back at its old size; its peers refuse it, naming the
+// sizes, until it is grown alone (replctl resize VOL SIZE --node N).
+
+// Refusals of a resize, checked with errors.Is. Each changes nothing.
+var (
+	// ErrShrink: the size asked for is below the volume's.
+	ErrShrink = errors.New("a volume only grows")
+	// ErrNoRoom: a disk, or an external metadata file, cannot hold the
+	// size with the metadata.
+	ErrNoRoom = errors.New("no room to grow")
+	// ErrPeerNotGrown: a primary was to grow while a peer it streams to
+	// is still smaller.
+	ErrPeerNotGrown = errors.New("a peer has not grown yet")
+	// ErrDiskDetached: the node's disk is out of service.
+	ErrDiskDetached = errors.New("the disk is detached")
+)
+
+// growCommitTries bounds the tries of a primary to record its new size
+// while peers (re)connect: each new stream is checked again.
+const growCommitTries = 5
+
+// grow makes this node's copy of the volume size bytes (or, with check,
+// says whether it can, changing nothing).
+//
+// Order: the metadata covers the range gained (MD.Grow), then that range
+// reads as zeroes on the disk, synced, BEFORE the new size is recorded
+// (commit: the node's store, the superblock); the new size is on stable
+// storage BEFORE anything uses it (the export's size, writes past the old
+// end, the handshake). A crash before the record leaves the old size, the
+// metadata grown past it (unused); after, the new size.
+func (v *Volume) grow(ctx context.Context, size int64, check bool) (transport.ResizedNode, error) {
+	v.resizeMu.Lock()
+	defer v.resizeMu.Unlock()
+	v.mu.Lock()
+	role := v.role
+	v.mu.Unlock()
+	old := v.size.Load()
+	out := transport.ResizedNode{Node: v.self, Role: string(role), OldSize: old, Size: size}
+	switch {
+	case size < old:
+		return out, fmt.Errorf("%w: %s is %d bytes (%s) on %s; %d (%s) is smaller, and shrinking would cut off data a filesystem may use; nothing changed",
+			ErrShrink, v.name, old, human.Bytes(old), v.self, size, human.Bytes(size))
+	case size == old:
+		out.Action, out.Text = transport.ResizeAlready, fmt.Sprintf("%s is %s on %s already", v.name, human.Bytes(size), v.self)
+		return out, nil
+	case v.isDetached():
+		return out, fmt.Errorf("%w: %s's disk of %s is out of service: it grows once it is attached again; nothing changed", ErrDiskDetached, v.self, v.name)
+	}
+	if r, ok := v.disk.(remeasurer); ok {
+		if _, err := r.Remeasure(); err != nil {
+			return out, fmt.Errorf("measure %s: %w; nothing changed", v.diskName(), err)
+		}
+	}
+	moves, err := v.checkRoom(size)
+	if err != nil {
+		return out, err
+	}
+	var seen map[string]*session
+	if role == replication.Primary && !check {
+		// (A check comes before the secondaries grow: they are asked
+		// when the primary grows.)
+		if seen, err = v.peersGrown(ctx, size); err != nil {
+			return out, err
+		}
+	}
+	if check {
+		out.Action = transport.ResizeCan
+		out.Text = fmt.Sprintf("%s can grow %s from %s to %s", v.self, v.name, human.Bytes(old), human.Bytes(size))
+		if moves {
+			out.Text += "; its metadata moves to the end of " + v.diskName()
+		}
+		return out, nil
+	}
+
+	rep, err := v.md.Grow(metadata.GrowOptions{VolumeSize: size, DeviceSize: v.disk.Size()})
+	if err != nil {
+		return out, v.roomWords(size, fmt.Errorf("grow the metadata: %w", err))
+	}
+	if err := v.disk.Zero(old, size-old); err != nil {
+		return out, fmt.Errorf("make the %s gained read as zeroes on %s: %w; %s stays %s", human.Bytes(size-old), v.diskName(), err, v.name, human.Bytes(old))
+	}
+	if err := v.disk.Sync(); err != nil {
+		return out, fmt.Errorf("sync %s: %w; %s stays %s", v.diskName(), err, v.name, human.Bytes(old))
+	}
+	for try := 1; ; try++ {
+		v.stateMu.Lock()
+		// A primary records its size only while every stream it has is
+		// one it found grown: a peer that connected meanwhile is asked
+		// again (the handshake decides under stateMu too).
+		if role == replication.Primary && !sameSessions(seen, v.sessions()) {
+			v.stateMu.Unlock()
+			if try == growCommitTries {
+				return out, fmt.Errorf("%w: %s's peers kept reconnecting while it grew; run the resize again", ErrPeerNotGrown, v.self)
+			}
+			if seen, err = v.peersGrown(ctx, size); err != nil {
+				return out, err
+			}
+			continue
+		}
+		err = v.commit(func(d *durable) { d.size = size }, func() {
+			v.localMissing.Grow(size)
+			v.size.Store(size)
+		})
+		v.stateMu.Unlock()
+		break
+	}
+	if err != nil {
+		return out, fmt.Errorf("record the new size of %s: %w; it stays %s", v.name, err, human.Bytes(old))
+	}
+	out.Action, out.ZeroedBytes = transport.ResizeGrew, size-old
+	out.MetadataMoved, out.MetadataFrom, out.MetadataTo = rep.Moved, rep.OldOffset, rep.Offset
+	out.Text = fmt.Sprintf("%s grew %s from %s to %s: the %s gained reads as zeroes (nothing copied, nothing to resync)",
+		v.self, v.name, human.Bytes(old), human.Bytes(size), human.Bytes(size-old))
+	switch {
+	case rep.Moved && v.md.Placement() == metadata.Internal:
+		out.Text += fmt.Sprintf("; its metadata moved to the end of %s (%s)", v.diskName(), human.Bytes(rep.DeviceSize))
+	case rep.Moved:
+		out.Text += "; its bitmaps were laid out again in " + v.cfg.Disks[v.self].Meta
+	}
+	if role == replication.Primary {
+		out.Text += fmt.Sprintf("; new NBD connections see %s, connected clients keep %s until they reconnect", human.Bytes(size), human.Bytes(old))
+	}
+	v.log.Info("volume grown", "from", old, "to", size, "metadata_moved", rep.Moved)
+	v.node.event(v.name, "resized", out.Text)
+	return out, nil
+}
+
+// sessions returns the streams this node runs to its peers now.
+func (v *Volume) sessions() map[string]*session {
+	out := map[string]*session{}
+	for _, p := range v.streamingPeers() {
+		if s := p.session(); s != nil {
+			out[p.name] = s
+		}
+	}
+	return out
+}
+
+// sameSessions reports whether every stream in now was in seen.
+func sameSessions(seen, now map[string]*session) bool {
+	for name, s := range now {
+		if seen[name] != s {
+			return false
+		}
+	}
+	return true
+}
+
+// peersGrown checks that every peer this primary streams to holds size
+// bytes already (the secondaries grow first): a write past a peer's end
+// would fail there. It returns the streams it checked. A peer not
+// connected is no obstacle: it misses writes in its bitmap, and the
+// handshake refuses it until it grows.
+func (v *Volume) peersGrown(ctx context.Context, size int64) (map[string]*session, error) {
+	seen := v.sessions()
+	names := make([]string, 0, len(seen))
+	for name := range seen {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		ns, err := v.node.askStatus(ctx, name, 0)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s streams %s to %s, which did not say its size (%s); nothing changed",
+				ErrPeerNotGrown, v.self, v.name, name, status.Convert(err).Message())
+		}
+		for _, lv := range ns.Volumes {
+			if lv.Name == v.name && lv.Size < size {
+				return nil, fmt.Errorf("%w: %s streams %s to %s, which is still %s: the secondaries grow before the primary exposes the new size; grow it first (replctl resize %s %d --node %s, or replctl resize %s %d for every node in that order); nothing changed",
+					ErrPeerNotGrown, v.self, v.name, name, human.Bytes(lv.Size), v.name, size, name, v.name, size)
+			}
+		}
+	}
+	return seen, nil
+}
+
+// checkRoom checks, changing nothing, that this node's disk (and external
+// metadata file) hold size bytes with the metadata; moves says the
+// internal metadata must move to the disk's new end.
+func (v *Volume) checkRoom(size int64) (moves bool, err error) {
+	if v.cfg.External() {
+		if have := v.disk.Size(); have < size {
+			return false, v.roomWords(size, &metadata.NoRoomError{Volume: size, Have: have, Need: size})
+		}
+	}
+	moves, err = v.md.CheckGrow(metadata.GrowOptions{VolumeSize: size, DeviceSize: v.disk.Size()})
+	if err != nil {
+		return false, v.roomWords(size, err)
+	}
+	return moves, nil
+}
+
+// roomWords puts a refusal for want of room into words naming the disk or
+// file, how much it holds, needs and lacks, and how to grow it.
+func (v *Volume) roomWords(size int64, err error) error {
+	var room *metadata.NoRoomError
+	if !errors.As(err, &room) {
+		return err
+	}
+	lack := room.Need - room.Have
+	what, how := v.diskName(), "grow it first"
+	path := v.cfg.Disks[v.self].Paths[0].Path
+	switch {
+	case room.MetadataFile:
+		what = "the metadata file " + v.cfg.Disks[v.self].Meta
+		how = fmt.Sprintf("grow it first (truncate -s %d %s)", room.Need, v.cfg.Disks[v.self].Meta)
+	case v.mp != nil:
+		how = "a multipath disk is measured when the node starts and replvol does not grow one online yet: it must hold the size from the start"
+	default:
+		if fi, serr := os.Stat(path); serr == nil && fi.Mode().IsRegular() {
+			how = fmt.Sprintf("grow it first (truncate -s %d %s)", room.Need, path)
+		} else {
+			how = "grow the LUN first (on the storage, then rescan it)"
+		}
+	}
+	var words string
+	switch {
+	case room.MetadataFile:
+		words = fmt.Sprintf("%s holds %d bytes (%s); %s at %s needs %d (%s) of metadata: it lacks %d bytes (%s)",
+			what, room.Have, human.Bytes(room.Have), v.name, human.Bytes(size), room.Need, human.Bytes(room.Need), lack, human.Bytes(lack))
+	case room.Move:
+		words = fmt.Sprintf("%s holds %d bytes (%s): too little for the metadata at its end to move clear of its old copy for %s at %s; it needs %d (%s): it lacks %d bytes (%s)",
+			what, room.Have, human.Bytes(room.Have), v.name, human.Bytes(size), room.Need, human.Bytes(room.Need), lack, human.Bytes(lack))
+	case v.cfg.External():
+		words = fmt.Sprintf("%s holds %d bytes (%s); %s at %s needs %d: it lacks %d bytes (%s)",
+			what, room.Have, human.Bytes(room.Have), v.name, human.Bytes(size), room.Need, lack, human.Bytes(lack))
+	default:
+		words = fmt.Sprintf("%s holds %d bytes (%s); %s at %s needs %d (%s) with its internal metadata: it lacks %d bytes (%s)",
+			what, room.Have, human.Bytes(room.Have), v.name, human.Bytes(size), room.Need, human.Bytes(room.Need), lack, human.Bytes(lack))
+	}
+	return fmt.Errorf("%w on %s: %s; %s, then run the resize again; nothing changed", ErrNoRoom, v.self, words, how)
+}
+
+// diskName names this node's disk of the volume for people.
+func (v *Volume) diskName() string {
+	dc := v.cfg.Disks[v.self]
+	if len(dc.Paths) == 1 {
+		return "the disk " + dc.Paths[0].Path
+	}
+	var paths []string
+	for _, p := range dc.Paths {
+		paths = append(paths, p.Name+" ("+p.Path+")")
+	}
+	return "the multipath disk of " + strings.Join(paths, ", ")
+}
+
+// Resize grows a volume online: on r.Node alone when set (this node:
+// here), otherwise on every node that holds it, after each said it can,
+// the secondaries first and the primary last.
+func (c *control) Resize(ctx context.Context, r *transport.ResizeRequest) (*transport.ResizeReply, error) {
+	n := c.n
+	if r.Size <= 0 || r.Size%metadata.MDBlockSize != 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "size %d: want a positive multiple of 4096 bytes", r.Size)
+	}
+	reply := &transport.ResizeReply{Volume: r.Volume, Size: r.Size}
+	if r.Node == n.name {
+		v, err := n.volume(r.Volume)
+		if err != nil {
+			return nil, grpcError(err)
+		}
+		one, err := v.grow(ctx, r.Size, r.Check)
+		if err != nil {
+			return nil, grpcError(err)
+		}
+		reply.Nodes = append(reply.Nodes, one)
+		return reply, nil
+	}
+	vc := n.config().volume(r.Volume)
+	if vc == nil {
+		return nil, status.Errorf(codes.NotFound, "no volume %q in the cluster", r.Volume)
+	}
+	if r.Node != "" {
+		if _, ok := vc.Disks[r.Node]; !ok {
+			return nil, status.Errorf(codes.NotFound, "node %q holds no disk of %s", r.Node, r.Volume)
+		}
+		api, err := n.peerAPI(r.Node)
+		if err != nil {
+			return nil, grpcError(err)
+		}
+		return api.Resize(ctx, r)
+	}
+	order, err := n.resizeOrder(ctx, vc)
+	if err != nil {
+		return nil, err
+	}
+	// Every node says it can, or nothing changes anywhere.
+	var refusals []string
+	for _, name := range order {
+		one, err := n.resizeOn(ctx, name, r, true)
+		if err != nil {
+			refusals = append(refusals, status.Convert(err).Message())
+			continue
+		}
+		reply.Nodes = append(reply.Nodes, one)
+	}
+	if len(refusals) > 0 {
+		return nil, status.Errorf(codes.FailedPrecondition, "%s cannot grow to %d bytes (%s): %s",
+			r.Volume, r.Size, human.Bytes(r.Size), strings.Join(refusals, "; "))
+	}
+	if r.Check {
+		return reply, nil
+	}
+	reply.Nodes = nil
+	for _, name := range order {
+		one, err := n.resizeOn(ctx, name, r, false)
+		if err != nil {
+			var grew []string
+			for _, d := range reply.Nodes {
+				grew = append(grew, d.Node)
+			}
+			done := "no node grew"
+			if len(grew) > 0 {
+				done = strings.Join(grew, ", ") + " grew (and stays so: a volume only grows)"
+			}
+			return reply, status.Errorf(codes.FailedPrecondition, "%s; %s did not: %s; once that is fixed, run replctl resize %s %d again (the nodes grown say they are already)",
+				done, name, status.Convert(err).Message(), r.Volume, r.Size)
+		}
+		reply.Nodes = append(reply.Nodes, one)
+	}
+	return reply, nil
+}
+
+// resizeOn asks node name to grow its copy (or, with check, whether it can).
+func (n *Node) resizeOn(ctx context.Context, name string, r *transport.ResizeRequest, check bool) (transport.ResizedNode, error) {
+	api, err := n.peerAPI(name)
+	if err != nil {
+		return transport.ResizedNode{}, err
+	}
+	one, err := api.Resize(ctx, &transport.ResizeRequest{Volume: r.Volume, Size: r.Size, Node: name, Check: check})
+	if err != nil {
+		return transport.ResizedNode{}, err
+	}
+	if len(one.Nodes) != 1 {
+		return transport.ResizedNode{}, fmt.Errorf("%s answered for %d nodes", name, len(one.Nodes))
+	}
+	return one.Nodes[0], nil
+}
+
+// resizeOrder lists the nodes that hold vc, the primary last; it refuses
+// while one of them cannot be reached.
+func (n *Node) resizeOrder(ctx context.Context, vc *VolumeConfig) ([]string, error) {
+	cs, err := n.clusterStatus(ctx, 0)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	var vs transport.VolumeStatus
+	for _, s := range cs.Volumes {
+		if s.Name == vc.Name {
+			vs = s
+		}
+	}
+	var order, down []string
+	for _, rs := range vs.Replicas {
+		if !rs.Reachable {
+			why := ""
+			for _, ni := range cs.Nodes {
+				if ni.Name == rs.Node && ni.Error != "" {
+					why = " (" + ni.Error + ")"
+				}
+			}
+			down = append(down, rs.Node+why)
+			continue
+		}
+		if rs.Node != vs.Primary {
+			order = append(order, rs.Node)
+		}
+	}
+	if len(down) > 0 {
+		return nil, status.Errorf(codes.FailedPrecondition, "%s cannot be reached: a resize grows every node of %s, the secondaries first; start it and run the resize again, or grow the nodes that are up one at a time with --node (the primary last) and the others with --node once they are back (their peers refuse them until then); nothing changed",
+			strings.Join(down, ", "), vc.Name)
+	}
+	sort.Strings(order)
+	if _, ok := vc.Disks[vs.Primary]; ok {
+		order = append(order, vs.Primary)
+	}
+	return order, nil
+}
