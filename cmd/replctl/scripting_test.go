@@ -102,13 +102,19 @@ func TestReadmeStatusSampleMatchesTheOutput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The whole sample; excerpts (starting "...") elsewhere are skipped.
 	const head = "```\n$ replctl status\n"
-	i := strings.Index(string(readme), head)
-	if i < 0 {
-		t.Fatal("the README has no replctl status sample")
+	sample := ""
+	for rest := string(readme); sample == ""; {
+		i := strings.Index(rest, head)
+		if i < 0 {
+			t.Fatal("the README has no whole replctl status sample")
+		}
+		rest = rest[i+len(head):]
+		if !strings.HasPrefix(rest, "...\n") {
+			sample = rest[:strings.Index(rest, "```\n")]
+		}
 	}
-	sample := string(readme[i+len(head):])
-	sample = sample[:strings.Index(sample, "```\n")]
 
 	now := time.Date(2026, 12, 1, 16, 0, 0, 0, time.UTC)
 	st := &transport.ClusterStatus{
