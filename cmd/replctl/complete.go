@@ -213,6 +213,7 @@ var (
 	}
 	colorValues    = map[string]string{"auto": "on a terminal, unless NO_COLOR is set", "always": "", "never": ""}
 	metadataValues = map[string]string{"internal": "at the end of the backing file", "external": "in a separate file"}
+	nbdTLSValues   = map[string]string{"required": "nbds:// only", "optional": "nbds:// and nbd://", "off": "plain nbd://"}
 )
 
 // dirs completes a directory (the shell's own completion, directories only).
@@ -332,6 +333,7 @@ func registerCompletions(root *cobra.Command, g *globals) {
 			flag(cmd, "run-dir", dirs)
 		case "replctl demo":
 			flag(cmd, "metadata", fixed(metadataValues))
+			flag(cmd, "nbd-tls", fixed(nbdTLSValues))
 			flag(cmd, "size", cobra.NoFileCompletions)
 		case "replctl create-md":
 			configPath := cmd.Flags().Lookup("config").Value.String

@@ -29,6 +29,7 @@ func newDemo() *cobra.Command {
 		paths    int
 		mdPlace  string
 		withTLS  bool
+		nbdTLS   string
 	)
 	cmd := &cobra.Command{
 		Use:   "demo",
@@ -59,9 +60,15 @@ takes --tls-dir DIR/tls (or talks to DIR/alpha/control.sock).`,
 			if basePort < 0 || basePort > 65535-5 {
 				return usageErrorf("--base-port %d: want 0 (free ports) or 1-65530", basePort)
 			}
+			switch {
+			case nbdTLS != node.NBDTLSRequired && nbdTLS != node.NBDTLSOptional && nbdTLS != node.NBDTLSOff:
+				return usageErrorf("--nbd-tls %q: want required, optional or off", nbdTLS)
+			case cmd.Flags().Changed("nbd-tls") && !withTLS:
+				return usageErrorf("--nbd-tls needs --tls: without it no link is TLS")
+			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			return runDemo(ctx, cmd.OutOrStdout(), dir, basePort, bytes, paths, mdPlace, withTLS)
+			return runDemo(ctx, cmd.OutOrStdout(), dir, basePort, bytes, paths, mdPlace, withTLS, nbdTLS)
 		},
 	}
 	cmd.Flags().StringVar(&dir, "dir", "", "directory for the disks, state and logs (default: a fresh temp dir, removed at exit)")
@@ -70,10 +77,11 @@ takes --tls-dir DIR/tls (or talks to DIR/alpha/control.sock).`,
 	cmd.Flags().StringVar(&mdPlace, "metadata", "internal", "where each node keeps the volume's metadata: internal (end of the backing file) or external (a separate file)")
 	cmd.Flags().IntVar(&paths, "paths", 0, "give each node this many multipath paths (p0, p1, ...) to its backing file")
 	cmd.Flags().BoolVar(&withTLS, "tls", false, "mutual TLS on every link, with a fresh CA in DIR/tls (NBD over TLS: nbds://)")
+	cmd.Flags().StringVar(&nbdTLS, "nbd-tls", node.NBDTLSRequired, "with --tls, the NBD export's TLS: required (nbds:// only), optional or off (plain nbd://, the other links still TLS)")
 	return cmd
 }
 
-func runDemo(ctx context.Context, out io.Writer, dir string, basePort int, size int64, paths int, mdPlace string, withTLS bool) (err error) {
+func runDemo(ctx context.Context, out io.Writer, dir string, basePort int, size int64, paths int, mdPlace string, withTLS bool, nbdTLS string) (err error) {
 	if dir == "" {
 		dir, err = os.MkdirTemp("", "replvol-demo-")
 		if err != nil {
@@ -173,7 +181,7 @@ func runDemo(ctx context.Context, out io.Writer, dir string, basePort int, size 
 		if _, err := pki.Init(tlsDir, holders, true); err != nil {
 			return err
 		}
-		cfg.TLS = &node.TLSConfig{CA: filepath.Join(tlsDir, pki.CAFile), Cert: filepath.Join(tlsDir, "{node}.crt"), Key: filepath.Join(tlsDir, "{node}.key"), NBD: node.NBDTLSRequired}
+		cfg.TLS = &node.TLSConfig{CA: filepath.Join(tlsDir, pki.CAFile), Cert: filepath.Join(tlsDir, "{node}.crt"), Key: filepath.Join(tlsDir, "{node}.key"), NBD: nbdTLS}
 	}
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -217,10 +225,14 @@ func runDemo(ctx context.Context, out io.Writer, dir string, basePort int, size 
 	if err := waitInSync(ctx, "unix://"+filepath.Join(cfg.Nodes[0].StateDir, "control.sock"), 10*time.Minute); err != nil {
 		return err
 	}
-	if withTLS {
+	switch {
+	case withTLS && nbdTLS == node.NBDTLSOff:
+		fmt.Fprintf(out, "try: REPLCTL_ADDR=%s REPLCTL_TLS_DIR=%s replctl status\n", cfg.Nodes[0].Control, tlsDir)
+		fmt.Fprintf(out, "nbd://%s/vol0\n", cfg.Nodes[0].NBD)
+	case withTLS:
 		fmt.Fprintf(out, "try: REPLCTL_ADDR=%s REPLCTL_TLS_DIR=%s replctl status\n", cfg.Nodes[0].Control, tlsDir)
 		fmt.Fprintf(out, "nbds://%s/vol0?tls-certificates=%s\n", cfg.Nodes[0].NBD, filepath.Join(tlsDir, pki.NBDClientDir))
-	} else {
+	default:
 		fmt.Fprintf(out, "try: REPLCTL_ADDR=%s replctl status\n", cfg.Nodes[0].Control)
 		fmt.Fprintf(out, "nbd://%s/vol0\n", cfg.Nodes[0].NBD)
 	}

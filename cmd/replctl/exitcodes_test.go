@@ -66,6 +66,8 @@ func TestExitCodesOfTheCommandLine(t *testing.T) {
 		{"flags that exclude each other", []string{"events", "--node", "beta", "--all", "--addr", closed}, exitUsage, "give --node NAME or --all, not both"},
 		{"nothing to adjust", []string{"adjust", "vol0", "--addr", closed}, exitUsage, "nothing to adjust"},
 		{"a bad size", []string{"demo", "--size", "lots"}, exitUsage, "--size"},
+		{"an NBD TLS policy without TLS", []string{"demo", "--nbd-tls", "off"}, exitUsage, "--nbd-tls needs --tls"},
+		{"no such NBD TLS policy", []string{"demo", "--tls", "--nbd-tls", "maybe"}, exitUsage, "want required, optional or off"},
 		{"a resize to no size", []string{"resize", "vol0", "lots", "--addr", closed}, exitUsage, `SIZE: size "lots"`},
 		{"a resize to a size that is no whole block", []string{"resize", "vol0", "1000", "--addr", closed}, exitUsage, "SIZE: 1000 bytes is not a positive multiple of 4096"},
 		{"a resize to max", []string{"resize", "vol0", "max", "--addr", closed}, exitUsage, "give the size to grow to"},
@@ -171,6 +173,7 @@ func TestCompletionOfFixedValues(t *testing.T) {
 		{[]string{"--addr", closed, "path", "policy", "vol0", ""}, "active-read failover queue-length round-robin service-time"},
 		{[]string{"status", "--color", ""}, "always auto never"},
 		{[]string{"demo", "--metadata", ""}, "external internal"},
+		{[]string{"demo", "--nbd-tls", ""}, "off optional required"},
 		{[]string{"--addr", closed, "primary", ""}, ""},
 		{[]string{"--addr", closed, "primary", "vol0", "--node", ""}, ""},
 	} {

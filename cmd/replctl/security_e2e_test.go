@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"io"
@@ -157,4 +158,44 @@ func (c *procCluster) mustStatusVia(node string) *volumeStatus {
 		c.t.Fatal(err)
 	}
 	return v
+}
+
+// TestE2EDemoWithTLSOnItsLinksOnly: replctl demo --tls --nbd-tls off (what
+// replbench's replvol-tls-links measures) serves a plain nbd:// export
+// that reads back what it wrote, while the control API still demands the
+// operator's certificate and the replica is in sync over mutual TLS.
+func TestE2EDemoWithTLSOnItsLinksOnly(t *testing.T) {
+	e2e(t)
+	d := startDemo(t, "--tls", "--nbd-tls", "off")
+	if !strings.HasPrefix(d.uri, "nbd://") {
+		t.Fatalf("demo --nbd-tls off exports %s, want a plain nbd:// URI", d.uri)
+	}
+	qemuIO(t, d.uri, "write -P 0x5a 0 1M", "flush")
+	if out := qemuIO(t, d.uri, "read -P 0x5a 0 1M"); !strings.Contains(out, "read 1048576/1048576") {
+		t.Fatalf("qemu-io read back over plain NBD: %s", out)
+	}
+	// Without the operator's certificate the control API refuses.
+	if r := runCmd(30*time.Second, nil, replctlBin, "--addr", d.nodes["alpha"].Control, "--timeout", "5s", "status"); r.ok() {
+		t.Fatalf("replctl status without a certificate against a TLS control API: %s; want it refused", r)
+	}
+	d.tlsDir = filepath.Join(d.dir, "tls")
+	d.waitInSync("alpha")
+	if !bytes.Equal(readDisk(t, d.disk("alpha"), 1<<20), readDisk(t, d.disk("beta"), 1<<20)) {
+		t.Fatal("the replicas' first MiB differ after the write over TLS replication")
+	}
+}
+
+// readDisk is the first n bytes of a backing file.
+func readDisk(t *testing.T, path string, n int) []byte {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, n)
+	if _, err := io.ReadFull(f, b); err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
