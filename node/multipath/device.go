@@ -603,27 +603,20 @@ func (d *Device) lookup(name string) (*pathState, error) {
 // Fail marks a path FAIL until Restore (gmultipath fail). The checker
 // does not reinstate it.
 func (d *Device) Fail(name string) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	ps, err := d.lookup(name)
-	if err != nil {
-		return err
-	}
-	now := time.Now()
-	ps.operatorFailed = true
-	if d.views[ps.index].Health != Failed {
-		d.setHealth(ps, Failed, "failed by the operator", now)
-	} else {
-		ps.reason = "failed by the operator"
-	}
-	d.settle(now)
-	return nil
+	return d.setByOperator(name, Failed, "failed by the operator")
 }
 
 // Restore makes a path carry IO again at once (gmultipath restore; the
 // manual failback). A path that still does not work fails again at its
 // next IO, which is retried elsewhere.
 func (d *Device) Restore(name string) error {
+	return d.setByOperator(name, Healthy, "restored by the operator")
+}
+
+// setByOperator is Fail (h Failed) and Restore (h Healthy): the path
+// stays failed by the operator exactly while h is Failed. A path failed
+// already by its IO or probes takes the operator's reason.
+func (d *Device) setByOperator(name string, h Health, reason string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	ps, err := d.lookup(name)
@@ -631,9 +624,11 @@ func (d *Device) Restore(name string) error {
 		return err
 	}
 	now := time.Now()
-	ps.operatorFailed = false
-	if d.views[ps.index].Health != Healthy {
-		d.setHealth(ps, Healthy, "restored by the operator", now)
+	ps.operatorFailed = h == Failed
+	if d.views[ps.index].Health != h {
+		d.setHealth(ps, h, reason, now)
+	} else if h == Failed {
+		ps.reason = reason
 	}
 	d.settle(now)
 	return nil
