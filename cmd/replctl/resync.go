@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -120,41 +119,11 @@ func resyncState(st *transport.ClusterStatus, volume, node string) (running, isP
 // waitResync prints progress until every replica of volume is UpToDate
 // and Connected, or ctx ends (Ctrl-C: the resync goes on).
 func waitResync(ctx context.Context, c *transport.ControlClient, volume string, out io.Writer, tty bool, pal palette) error {
-	tick := time.NewTicker(500 * time.Millisecond)
-	defer tick.Stop()
-	var last string
-	for {
-		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		st, err := c.ClusterStatus(sctx, &transport.StatusRequest{})
-		cancel()
-		if ctx.Err() != nil {
-			if tty {
-				fmt.Fprintln(out)
-			}
-			return errors.New("stopped waiting; the resync goes on (replctl status shows it)")
-		}
-		if err != nil {
-			return unreachableError(fmt.Errorf("lost the node while waiting (the resync goes on): %s", plainMessage(err.Error())))
-		}
+	poll := progressPoll{what: "resync", every: 500 * time.Millisecond, color: colorYellow, changes: true}
+	return waitProgress(ctx, c, out, tty, pal, poll, func(st *transport.ClusterStatus) (string, string, bool) {
 		line, finished := resyncLine(st, volume)
-		switch {
-		case finished:
-			if tty {
-				fmt.Fprint(out, "\r\033[K")
-			}
-			fmt.Fprintln(out, line)
-			return nil
-		case tty:
-			fmt.Fprintf(out, "\r\033[K%s", pal.paint(colorYellow, line))
-		case line != last:
-			fmt.Fprintln(out, line)
-		}
-		last = line
-		select {
-		case <-ctx.Done():
-		case <-tick.C:
-		}
-	}
+		return line, line, finished
+	})
 }
 
 // resyncLine renders one progress line: a bar, percent, speed and ETA of

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -52,22 +51,11 @@ resynced as soon as the verify ends (one command, where DRBD needs two).
 
 func waitVerify(ctx context.Context, c *transport.ControlClient, volume string, out io.Writer, repair bool, pal palette) error {
 	tty := isTerminal(out)
-	tick := time.NewTicker(300 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		st, err := c.ClusterStatus(sctx, &transport.StatusRequest{})
-		cancel()
-		if ctx.Err() != nil {
-			if tty {
-				fmt.Fprintln(out)
-			}
-			return errors.New("stopped waiting; the verify goes on (replctl status shows it)")
-		}
-		if err != nil {
-			return unreachableError(fmt.Errorf("lost the node while waiting (the verify goes on): %s", plainMessage(err.Error())))
-		}
-		running, found, done, total, rate := false, int64(0), int64(0), int64(0), int64(0)
+	var found int64
+	poll := progressPoll{what: "verify", every: 300 * time.Millisecond, color: colorCyan}
+	err := waitProgress(ctx, c, out, tty, pal, poll, func(st *transport.ClusterStatus) (string, string, bool) {
+		running, done, total, rate := false, int64(0), int64(0), int64(0)
+		found = 0
 		for _, v := range st.Volumes {
 			if v.Name != volume {
 				continue
@@ -86,25 +74,19 @@ func waitVerify(ctx context.Context, c *transport.ControlClient, volume string, 
 		}
 		line := fmt.Sprintf("%s: verify %5.1f%%, %s out of sync", volume, pct, humanBytes(found))
 		if !running && total > 0 && done >= total {
-			if tty {
-				fmt.Fprint(out, "\r\033[K")
-			}
-			fmt.Fprintln(out, line)
-			if repair && found > 0 {
-				return waitResync(ctx, c, volume, out, tty, pal)
-			}
-			return nil
+			return line, line, true
 		}
-		if tty {
-			speed := "?"
-			if rate > 0 {
-				speed = humanBytes(rate)
-			}
-			fmt.Fprintf(out, "\r\033[K%s", pal.paint(colorCyan, fmt.Sprintf("%s %s %s/s ETA %s", line, bar(pct, 30), speed, eta(total-done, rate))))
+		speed := "?"
+		if rate > 0 {
+			speed = humanBytes(rate)
 		}
-		select {
-		case <-ctx.Done():
-		case <-tick.C:
-		}
+		return line, fmt.Sprintf("%s %s %s/s ETA %s", line, bar(pct, 30), speed, eta(total-done, rate)), false
+	})
+	if err != nil {
+		return err
 	}
+	if repair && found > 0 {
+		return waitResync(ctx, c, volume, out, tty, pal)
+	}
+	return nil
 }
