@@ -570,14 +570,7 @@ func (c *Config) problems() []Problem {
 	addrs := map[string]string{}
 	for i, n := range c.Nodes {
 		f := fmt.Sprintf("nodes[%d]", i)
-		if n.Name == "" {
-			bad(f+".name", "missing")
-		} else if !validName(n.Name) {
-			bad(f+".name", "%q: use letters, digits, '-' and '_' only", n.Name)
-		} else if names[n.Name] {
-			bad(f+".name", "%q is used by two nodes", n.Name)
-		}
-		names[n.Name] = true
+		checkName(bad, f+".name", n.Name, names, "nodes")
 		switch n.Role {
 		case "", RoleData, RoleWitness:
 		default:
@@ -643,14 +636,7 @@ func (c *Config) problems() []Problem {
 	vols := map[string]bool{}
 	for i, v := range c.Volumes {
 		f := fmt.Sprintf("volumes[%d]", i)
-		if v.Name == "" {
-			bad(f+".name", "missing")
-		} else if !validName(v.Name) {
-			bad(f+".name", "%q: use letters, digits, '-' and '_' only", v.Name)
-		} else if vols[v.Name] {
-			bad(f+".name", "%q is used by two volumes", v.Name)
-		}
-		vols[v.Name] = true
+		checkName(bad, f+".name", v.Name, vols, "volumes")
 		if v.Size <= 0 && v.Size != SizeMax {
 			bad(f+".size", "missing: give the volume size, e.g. 1GiB, or max (the largest size every disk holds after its metadata)")
 		} else if v.Size != SizeMax && v.Size%4096 != 0 {
@@ -795,6 +781,20 @@ func (v VolumeConfig) ProtocolOrDefault() string {
 		return "C"
 	}
 	return v.Protocol
+}
+
+// checkName is the one rule for the names of nodes and of volumes: given,
+// of letters, digits, '-' and '_' only, and not used by two of them (seen
+// holds the names before this one, of what; name joins it).
+func checkName(bad func(field, format string, args ...any), field, name string, seen map[string]bool, what string) {
+	if name == "" {
+		bad(field, "missing")
+	} else if !validName(name) {
+		bad(field, "%q: use letters, digits, '-' and '_' only", name)
+	} else if seen[name] {
+		bad(field, "%q is used by two %s", name, what)
+	}
+	seen[name] = true
 }
 
 func validName(s string) bool {
