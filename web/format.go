@@ -5,23 +5,13 @@ import (
 	"math"
 	"strings"
 	"time"
+
+	"github.com/replvol/replvol/internal/human"
 )
 
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < 0 {
-		return "-" + humanBytes(-n)
-	}
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
-}
+// humanBytes is n bytes for people, with a space before the unit (the
+// project's one formatter).
+func humanBytes(n int64) string { return human.SpacedBytes(n) }
 
 func formatPercent(f float64) string { return fmt.Sprintf("%.1f%%", f) }
 

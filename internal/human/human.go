@@ -4,18 +4,24 @@ import "fmt"
 
 // Bytes is n bytes in binary units with one decimal: 512B, 4.0KiB,
 // 64.0MiB, 1.5GiB.
-func Bytes(n int64) string {
+func Bytes(n int64) string { return bytesWith(n, "") }
+
+// SpacedBytes is Bytes with a space before the unit, as the status page
+// writes it: 512 B, 4.0 KiB, 64.0 MiB.
+func SpacedBytes(n int64) string { return bytesWith(n, " ") }
+
+func bytesWith(n int64, space string) string {
 	const unit = 1024
 	if n < 0 {
-		return "-" + Bytes(-n)
+		return "-" + bytesWith(-n, space)
 	}
 	if n < unit {
-		return fmt.Sprintf("%dB", n)
+		return fmt.Sprintf("%d%sB", n, space)
 	}
 	div, exp := int64(unit), 0
 	for m := n / unit; m >= unit; m /= unit {
 		div *= unit
 		exp++
 	}
-	return fmt.Sprintf("%.1f%ciB", float64(n)/float64(div), "KMGTPE"[exp])
+	return fmt.Sprintf("%.1f%s%ciB", float64(n)/float64(div), space, "KMGTPE"[exp])
 }

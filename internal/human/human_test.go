@@ -14,3 +14,16 @@ func TestBytes(t *testing.T) {
 		}
 	}
 }
+
+func TestSpacedBytes(t *testing.T) {
+	for _, tc := range []struct {
+		n    int64
+		want string
+	}{
+		{0, "0 B"}, {1023, "1023 B"}, {1024, "1.0 KiB"}, {64 << 20, "64.0 MiB"}, {-4096, "-4.0 KiB"},
+	} {
+		if got := SpacedBytes(tc.n); got != tc.want {
+			t.Errorf("SpacedBytes(%d) = %q, want %q", tc.n, got, tc.want)
+		}
+	}
+}
