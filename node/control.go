@@ -36,6 +36,22 @@ func (n *Node) peerAPI(name string) (transport.ControlServer, error) {
 	return n.client(name)
 }
 
+// forward hands a request that names another node (node) to that node's
+// control API, where call runs it. It reports false, and calls nothing,
+// when node is "" or this node: the request is this node's to run. A node
+// the config does not name is NotFound.
+func forward[Resp any](n *Node, node string, call func(api transport.ControlServer) (*Resp, error)) (*Resp, bool, error) {
+	if node == "" || node == n.name {
+		return nil, false, nil
+	}
+	api, err := n.peerAPI(node)
+	if err != nil {
+		return nil, true, status.Error(codes.NotFound, err.Error())
+	}
+	reply, err := call(api)
+	return reply, true, err
+}
+
 // grpcError gives err a status code the CLI can act on.
 func grpcError(err error) error {
 	if err == nil {
@@ -513,20 +529,14 @@ func (c *control) Disconnect(ctx context.Context, r *transport.ConnectRequest) (
 
 func (c *control) setConnected(ctx context.Context, r *transport.ConnectRequest, up bool) (*transport.ConnectReply, error) {
 	n := c.n
-	target := r.Node
-	if target == "" {
-		target = n.name
-	}
-	if target != n.name {
-		api, err := n.peerAPI(target)
-		if err != nil {
-			return nil, status.Error(codes.NotFound, err.Error())
-		}
-		fwd := &transport.ConnectRequest{Volume: r.Volume, Node: target, DiscardMyData: r.DiscardMyData, Yes: r.Yes}
+	if reply, ok, err := forward(n, r.Node, func(api transport.ControlServer) (*transport.ConnectReply, error) {
+		fwd := &transport.ConnectRequest{Volume: r.Volume, Node: r.Node, DiscardMyData: r.DiscardMyData, Yes: r.Yes}
 		if up {
 			return api.Connect(ctx, fwd)
 		}
 		return api.Disconnect(ctx, fwd)
+	}); ok {
+		return reply, err
 	}
 	v, err := n.volume(r.Volume)
 	if err != nil {

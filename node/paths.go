@@ -133,18 +133,10 @@ func (v *Volume) pathStatus() []transport.PathStatus {
 // paths, forwarding it there when needed.
 func (c *control) PathAction(ctx context.Context, r *transport.PathRequest) (*transport.PathReply, error) {
 	n := c.n
-	target := r.Node
-	if target == "" {
-		target = n.name
-	}
-	if target != n.name {
-		api, err := n.peerAPI(target)
-		if err != nil {
-			return nil, status.Error(codes.NotFound, err.Error())
-		}
-		fwd := *r
-		fwd.Node = target
-		return api.PathAction(ctx, &fwd)
+	if reply, ok, err := forward(n, r.Node, func(api transport.ControlServer) (*transport.PathReply, error) {
+		return api.PathAction(ctx, r)
+	}); ok {
+		return reply, err
 	}
 	v, err := n.volume(r.Volume)
 	if err != nil {

@@ -304,11 +304,10 @@ func (c *control) Resize(ctx context.Context, r *transport.ResizeRequest) (*tran
 		if _, ok := vc.Disks[r.Node]; !ok {
 			return nil, status.Errorf(codes.NotFound, "node %q holds no disk of %s", r.Node, r.Volume)
 		}
-		api, err := n.peerAPI(r.Node)
-		if err != nil {
-			return nil, grpcError(err)
-		}
-		return api.Resize(ctx, r)
+		there, _, err := forward(n, r.Node, func(api transport.ControlServer) (*transport.ResizeReply, error) {
+			return api.Resize(ctx, r)
+		})
+		return there, err
 	}
 	order, err := n.resizeOrder(ctx, vc)
 	if err != nil {

@@ -36,11 +36,8 @@ func onPrimary[Resp any](ctx context.Context, c *control, volume, what string,
 		if vs.NBDURI == "" || vs.Primary == n.name {
 			return nil, status.Errorf(codes.FailedPrecondition, "%s has no reachable primary to %s", volume, what)
 		}
-		api, err := n.peerAPI(vs.Primary)
-		if err != nil {
-			return nil, grpcError(err)
-		}
-		return there(api)
+		reply, _, err := forward(n, vs.Primary, there)
+		return reply, err
 	}
 	return nil, status.Errorf(codes.NotFound, "no volume %q in the cluster", volume)
 }
