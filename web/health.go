@@ -8,39 +8,6 @@ import (
 	"github.com/replvol/replvol/transport"
 )
 
-// The states the page reads, in DRBD's words (the replication package's
-// names; web imports only transport's status types).
-const (
-	rolePrimary = "Primary"
-
-	diskUpToDate     = "UpToDate"
-	diskOutdated     = "Outdated"
-	diskInconsistent = "Inconsistent"
-	diskDiskless     = "Diskless"
-	diskFailed       = "Failed"
-
-	replStandAlone  = "StandAlone"
-	replConnecting  = "Connecting"
-	replConnected   = "Connected"
-	replSyncSource  = "SyncSource"
-	replSyncTarget  = "SyncTarget"
-	replPausedSyncS = "PausedSyncS"
-	replPausedSyncT = "PausedSyncT"
-	replVerifyS     = "VerifyS"
-	replVerifyT     = "VerifyT"
-	replBehind      = "Behind"
-
-	pathFailed = "FAIL"
-
-	// reason codes (node.Cause)
-	causeWaitingForPeer = "waiting-for-peer"
-	causeSplitBrain     = "split-brain"
-	causeDetached       = "detached"
-	causeAdminDown      = "disconnected-by-operator"
-	causeDiskFailed     = "disk-failed"
-	causeStateWrite     = "state-write-failed"
-)
-
 // Severities of a warning, most urgent first.
 const (
 	severityCritical = transport.SeverityCritical
@@ -143,14 +110,14 @@ func volumeWarnings(v *transport.VolumeStatus, c transport.ClusterInfo, down map
 	// the node whose changes go, suggested as the one that is not primary.
 	var split []string
 	for _, r := range v.Replicas {
-		if r.ReasonCode == causeSplitBrain {
+		if r.ReasonCode == transport.ReasonSplitBrain {
 			split = append(split, r.Node)
 		}
 	}
 	if len(split) > 0 {
 		victim := split[0]
 		for _, r := range v.Replicas {
-			if r.Node != v.Primary && r.ReasonCode == causeSplitBrain {
+			if r.Node != v.Primary && r.ReasonCode == transport.ReasonSplitBrain {
 				victim = r.Node
 				break
 			}
@@ -168,13 +135,13 @@ func volumeWarnings(v *transport.VolumeStatus, c transport.ClusterInfo, down map
 	switch {
 	case primary == nil || v.Primary == "":
 		add(noPrimaryWarning(v, c, down, "has no primary"))
-	case !primary.Reachable || primary.Role != rolePrimary:
+	case !primary.Reachable || primary.Role != transport.RolePrimary:
 		if !down[v.Primary] {
 			add(noPrimaryWarning(v, c, down, fmt.Sprintf("has no serving primary (%s does not answer as primary)", v.Primary)))
 		} else {
 			add(noPrimaryWarning(v, c, down, fmt.Sprintf("lost its primary %s", v.Primary)))
 		}
-	case primary.ReasonCode == causeWaitingForPeer:
+	case primary.ReasonCode == transport.ReasonWaitingForPeer:
 		primaryUp = true
 		add(Warning{
 			ID: elementID("warning", transport.WarningWaitingForPeer, vol, primary.Node), Kind: transport.WarningWaitingForPeer, Severity: severityCritical, Node: primary.Node,
@@ -183,7 +150,7 @@ func volumeWarnings(v *transport.VolumeStatus, c transport.ClusterInfo, down map
 			Command: fmt.Sprintf("replctl primary %s --node %s --force --yes", vol, primary.Node),
 			Risk:    "Start the peer instead if you can. Forcing makes this node's data the truth: writes a peer took after this node last saw it are lost, and the peers get resynced from it.",
 		})
-	case primary.ReasonCode == causeAdminDown:
+	case primary.ReasonCode == transport.ReasonAdminDown:
 		// The operator disconnected the primary itself (say, before it
 		// was forced to primary): it serves alone and the returning peers
 		// wait, Connecting, for a connect that only the operator gives.
@@ -229,7 +196,7 @@ func noPrimaryWarning(v *transport.VolumeStatus, c transport.ClusterInfo, down m
 		Text: fmt.Sprintf("%s %s: no IO is served.", v.Name, what),
 	}
 	usable := func(r *transport.ReplicaStatus) bool {
-		return r.Node != v.Primary && r.Reachable && r.Disk != diskDiskless && r.Disk != diskFailed && r.Disk != diskInconsistent && !isFailed(r)
+		return r.Node != v.Primary && r.Reachable && r.Disk != transport.DiskDiskless && r.Disk != transport.DiskFailed && r.Disk != transport.DiskInconsistent && !isFailed(r)
 	}
 	// Raft fails over with a quorum, or once it elects a leader: a
 	// majority of the voters is up (the old primary may have led).
@@ -242,7 +209,7 @@ func noPrimaryWarning(v *transport.VolumeStatus, c transport.ClusterInfo, down m
 	if c.Failover == "auto" && (c.Quorum || 2*up > len(c.Voters)) {
 		for i := range v.Replicas {
 			r := &v.Replicas[i]
-			if usable(r) && r.Raft == diskUpToDate {
+			if usable(r) && r.Raft == transport.DiskUpToDate {
 				lost := "the old primary"
 				if v.Primary != "" {
 					lost = v.Primary
@@ -259,10 +226,10 @@ func noPrimaryWarning(v *transport.VolumeStatus, c transport.ClusterInfo, down m
 	var best *transport.ReplicaStatus
 	for i := range v.Replicas {
 		r := &v.Replicas[i]
-		if !r.Reachable || r.Disk != diskUpToDate {
+		if !r.Reachable || r.Disk != transport.DiskUpToDate {
 			continue
 		}
-		if best == nil || (r.Raft == diskUpToDate && best.Raft != diskUpToDate) {
+		if best == nil || (r.Raft == transport.DiskUpToDate && best.Raft != transport.DiskUpToDate) {
 			best = r
 		}
 	}
@@ -277,7 +244,7 @@ func noPrimaryWarning(v *transport.VolumeStatus, c transport.ClusterInfo, down m
 	var last *transport.ReplicaStatus // the best copy left: Consistent, then Outdated
 	for i := range v.Replicas {
 		r := &v.Replicas[i]
-		if usable(r) && (last == nil || (r.Disk == "Consistent" && last.Disk != "Consistent")) {
+		if usable(r) && (last == nil || (r.Disk == transport.DiskConsistent && last.Disk != transport.DiskConsistent)) {
 			last = r
 		}
 	}
@@ -322,33 +289,33 @@ func replicaWarnings(v *transport.VolumeStatus, r, primary *transport.ReplicaSta
 			Text: text, Detail: r.Reason, Command: command, Risk: risk})
 	}
 	connect := fmt.Sprintf("replctl connect %s --node %s", vol, n)
-	isPrimary := r.Role == rolePrimary
+	isPrimary := r.Role == transport.RolePrimary
 	// The operator disconnected the primary: the volume's one-copy
 	// warning names the fix, for the primary and for its waiting peers.
-	primaryDown := primaryUp && primary != nil && primary.ReasonCode == causeAdminDown
+	primaryDown := primaryUp && primary != nil && primary.ReasonCode == transport.ReasonAdminDown
 	// The primary's replication is the worst of its peers': the peers'
 	// rows carry the link warnings, unless the operator disconnected the
 	// primary itself.
-	linkOwner := !isPrimary || r.ReasonCode == causeAdminDown
+	linkOwner := !isPrimary || r.ReasonCode == transport.ReasonAdminDown
 
 	switch {
-	case r.ReasonCode == causeSplitBrain:
+	case r.ReasonCode == transport.ReasonSplitBrain:
 		// one warning for the volume above
-	case primaryDown && (r.Node == primary.Node || r.Replication == replConnecting):
+	case primaryDown && (r.Node == primary.Node || r.Replication == transport.ReplConnecting):
 		// the volume's one-copy warning above
-	case r.Replication == replStandAlone && linkOwner:
+	case r.Replication == transport.ReplStandAlone && linkOwner:
 		add(transport.WarningStandAlone, severityWarning,
 			fmt.Sprintf("%s is StandAlone on %s: it does not replicate and will not retry by itself.", n, vol),
 			connect, "")
-	case r.Replication == replConnecting && !isPrimary && primaryUp:
+	case r.Replication == transport.ReplConnecting && !isPrimary && primaryUp:
 		add(transport.WarningConnecting, severityWarning,
 			fmt.Sprintf("%s is not connected to the primary of %s (Connecting): it retries by itself; the primary tracks what changes.", n, vol),
 			"", "")
-	case r.Replication == replPausedSyncS || r.Replication == replPausedSyncT:
+	case r.Replication == transport.ReplPausedSyncS || r.Replication == transport.ReplPausedSyncT:
 		add(transport.WarningResyncPaused, severityWarning,
 			fmt.Sprintf("The resync of %s to %s is paused: %s stays Inconsistent.", vol, n, n),
 			fmt.Sprintf("replctl resync %s --resume", vol), "")
-	case r.Replication == replBehind:
+	case r.Replication == transport.ReplBehind:
 		add(transport.WarningBehind, severityWarning,
 			fmt.Sprintf("%s is Behind on %s: the primary pulled ahead under congestion; %s (%s) of acknowledged writes are only on the primary until the catch-up resync.",
 				n, vol, humanBytes(r.LagBytes), humanSeconds(r.LagSeconds)),
@@ -357,7 +324,7 @@ func replicaWarnings(v *transport.VolumeStatus, r, primary *transport.ReplicaSta
 	}
 
 	switch {
-	case r.ReasonCode == causeDetached || (r.Disk == diskDiskless && !isFailed(r)):
+	case r.ReasonCode == transport.ReasonDetached || (r.Disk == transport.DiskDiskless && !isFailed(r)):
 		cmd, risk := "", ""
 		if p := firstFailedPath(r); p != "" {
 			cmd = fmt.Sprintf("replctl path restore %s %s --node %s", vol, p, n)
@@ -371,15 +338,15 @@ func replicaWarnings(v *transport.VolumeStatus, r, primary *transport.ReplicaSta
 		add(transport.WarningDiskFailed, severityCritical,
 			fmt.Sprintf("%s's disk of %s failed (%s): it holds no usable copy.", n, vol, r.Disk),
 			"", "")
-	case r.Disk == diskOutdated && !isPrimary:
+	case r.Disk == transport.DiskOutdated && !isPrimary:
 		cmd := ""
-		if r.Replication == replStandAlone {
+		if r.Replication == transport.ReplStandAlone {
 			cmd = connect
 		}
 		add(transport.WarningOutdated, severityWarning,
 			fmt.Sprintf("%s's copy of %s is Outdated: it misses writes and cannot be promoted; it catches up by resync once connected.", n, vol),
 			cmd, "")
-	case r.Disk == diskInconsistent && !isPrimary:
+	case r.Disk == transport.DiskInconsistent && !isPrimary:
 		if syncing(r) {
 			add(transport.WarningInconsistent, severityInfo,
 				fmt.Sprintf("%s's copy of %s is Inconsistent until its resync ends%s.", n, vol, etaWords(r)),
@@ -387,7 +354,7 @@ func replicaWarnings(v *transport.VolumeStatus, r, primary *transport.ReplicaSta
 			break
 		}
 		cmd := connect
-		if r.Replication == replConnected {
+		if r.Replication == transport.ReplConnected {
 			cmd = fmt.Sprintf("replctl resync %s", vol)
 		}
 		add(transport.WarningInconsistent, severityWarning,
@@ -396,7 +363,7 @@ func replicaWarnings(v *transport.VolumeStatus, r, primary *transport.ReplicaSta
 	}
 
 	for _, p := range r.Paths {
-		if p.State != pathFailed {
+		if p.State != transport.PathFail {
 			continue
 		}
 		out = append(out, Warning{
@@ -410,12 +377,12 @@ func replicaWarnings(v *transport.VolumeStatus, r, primary *transport.ReplicaSta
 }
 
 func isFailed(r *transport.ReplicaStatus) bool {
-	return r.Disk == diskFailed || r.ReasonCode == causeDiskFailed || r.ReasonCode == causeStateWrite
+	return r.Disk == transport.DiskFailed || r.ReasonCode == transport.ReasonDiskFailed || r.ReasonCode == transport.ReasonStateWrite
 }
 
 func syncing(r *transport.ReplicaStatus) bool {
 	switch r.Replication {
-	case replSyncSource, replSyncTarget, replPausedSyncS, replPausedSyncT:
+	case transport.ReplSyncSource, transport.ReplSyncTarget, transport.ReplPausedSyncS, transport.ReplPausedSyncT:
 		return true
 	}
 	return false
@@ -430,7 +397,7 @@ func etaWords(r *transport.ReplicaStatus) string {
 
 func firstFailedPath(r *transport.ReplicaStatus) string {
 	for _, p := range r.Paths {
-		if p.State == pathFailed {
+		if p.State == transport.PathFail {
 			return p.Path
 		}
 	}

@@ -313,7 +313,7 @@ func (m *monitor) record(now time.Time, v transport.VolumeStatus, views map[stri
 	var cur *ioCounters
 	if ns := views[v.Primary]; ns != nil {
 		for _, lv := range ns.Volumes {
-			if lv.Name == v.Name && lv.Role == rolePrimary {
+			if lv.Name == v.Name && lv.Role == transport.RolePrimary {
 				cur = &ioCounters{Node: v.Primary, At: now, Ops: lv.Reads + lv.Writes, Bytes: lv.ReadBytes + lv.WriteBytes}
 			}
 		}

@@ -291,14 +291,14 @@ func buildReplica(v *transport.VolumeStatus, r *transport.ReplicaStatus) replica
 		Reason: r.Reason, ReasonCode: r.ReasonCode, Unreachable: !r.Reachable,
 	}
 	// A primary's replication is its peers' worst: their rows show it.
-	rv.Problem = !r.Reachable || rv.DiskClass == classBad || (rv.ReplicationClass == classBad && r.Role != rolePrimary)
+	rv.Problem = !r.Reachable || rv.DiskClass == classBad || (rv.ReplicationClass == classBad && r.Role != transport.RolePrimary)
 	// The primary's replication is its peers' worst: the peers' rows
 	// carry their resyncs.
-	if r.ResyncTotalBytes > 0 || (syncing(r) && r.Role != rolePrimary) {
+	if r.ResyncTotalBytes > 0 || (syncing(r) && r.Role != transport.RolePrimary) {
 		rv.Resync = resyncProgress(r)
 	}
 	switch {
-	case r.VerifyTotalBytes > 0 && (r.VerifyDoneBytes < r.VerifyTotalBytes || r.Replication == replVerifyS || r.Replication == replVerifyT):
+	case r.VerifyTotalBytes > 0 && (r.VerifyDoneBytes < r.VerifyTotalBytes || r.Replication == transport.ReplVerifyS || r.Replication == transport.ReplVerifyT):
 		rv.Verify = bar(r.VerifyDoneBytes, r.VerifyTotalBytes, r.VerifyRate, classWarn)
 		if eta, ok := etaAt(r.VerifyTotalBytes-r.VerifyDoneBytes, r.VerifyRate); ok {
 			rv.Verify.ETA = humanDuration(eta)
@@ -318,7 +318,7 @@ func resyncProgress(r *transport.ReplicaStatus) *progressView {
 	if eta, ok := resyncETA(r); ok {
 		p.ETA = humanDuration(eta)
 	}
-	if r.Replication == replPausedSyncS || r.Replication == replPausedSyncT {
+	if r.Replication == transport.ReplPausedSyncS || r.Replication == transport.ReplPausedSyncT {
 		p.Class, p.ETA = classIdle, "paused"
 	}
 	p.Title = fmt.Sprintf("resync %s of %s", p.Done, p.Total)
@@ -401,12 +401,12 @@ const (
 // nothing; a Diskless or StandAlone replica is never green.
 func stateClass(s string) string {
 	switch s {
-	case diskUpToDate, replConnected, "alive", "ACTIVE", "yes":
+	case transport.DiskUpToDate, transport.ReplConnected, "alive", transport.PathActive, "yes":
 		return classOK
-	case replSyncSource, replSyncTarget, replVerifyS, replVerifyT, replBehind, "Ahead",
-		diskInconsistent, "Consistent", "Attaching", "suspect", replConnecting, replPausedSyncS, replPausedSyncT:
+	case transport.ReplSyncSource, transport.ReplSyncTarget, transport.ReplVerifyS, transport.ReplVerifyT, transport.ReplBehind, transport.ReplAhead,
+		transport.DiskInconsistent, transport.DiskConsistent, transport.DiskAttaching, "suspect", transport.ReplConnecting, transport.ReplPausedSyncS, transport.ReplPausedSyncT:
 		return classWarn
-	case replStandAlone, diskOutdated, diskDiskless, diskFailed, "dead", "unreachable", pathFailed, "NO":
+	case transport.ReplStandAlone, transport.DiskOutdated, transport.DiskDiskless, transport.DiskFailed, "dead", "unreachable", transport.PathFail, "NO":
 		return classBad
 	}
 	return classIdle
