@@ -54,6 +54,13 @@ func (v *Volume) detachIncoming() {
 	if in == nil {
 		return
 	}
+	v.endIncoming(in)
+}
+
+// endIncoming stops the stream in and, if it is still the volume's
+// current one, drops it: the disk state goes back to what an idle
+// secondary's is (a Failed disk stays Failed).
+func (v *Volume) endIncoming(in *incoming) {
 	in.stop()
 	v.mu.Lock()
 	if v.incoming == in {
@@ -247,17 +254,7 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 	if old != nil {
 		old.stop()
 	}
-	defer func() {
-		in.stop()
-		v.mu.Lock()
-		if v.incoming == in {
-			v.incoming = nil
-			if v.diskState != replication.Failed {
-				v.diskState = v.idleDiskState()
-			}
-		}
-		v.mu.Unlock()
-	}()
+	defer v.endIncoming(in)
 
 	v.mu.Lock()
 	reply := replication.HelloReply{Accepted: true, Generation: v.d.gens.Current, Disk: v.diskState, Epoch: v.d.epoch, UUIDs: v.uuidsLocked(h.From),
