@@ -598,10 +598,7 @@ func (v *Volume) takeOverAt(epoch uint64) {
 		d.gens = d.gens.Promoted()
 	}, func() {
 		v.discard = nil
-		v.diskState = replication.UpToDate
-		v.why, v.fenced, v.waiting = reason{}, false, false
-		v.resetPeersLocked()
-		v.ioOpen = true
+		v.becomePrimaryLocked()
 	})
 	if err != nil {
 		v.log.Error("take over: write the state", "err", err)
@@ -627,12 +624,7 @@ func (v *Volume) yieldTo(primary string, epoch uint64) {
 	v.why = because(CauseFenced, "the cluster names %s primary at epoch %d", primary, epoch)
 	v.mu.Unlock()
 	v.stopLease()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	v.node.nbd.CloseExportContext(ctx, v.name)
-	cancel()
-	v.io.Wait()
-	v.stopPeers()
-	if err := v.md.FlushBitmaps(); err != nil {
+	if err := v.quiesce(); err != nil {
 		v.log.Error("step down: flush bitmaps", "err", err)
 	}
 	v.stateMu.Lock()

@@ -217,10 +217,7 @@ func (v *Volume) promote(epoch uint64, gen replication.Generation) error {
 		d.epoch, d.primary, d.primarySince = epoch, v.self, time.Now().UnixNano()
 		d.gens = d.gens.Promoted()
 	}, func() {
-		v.diskState = replication.UpToDate
-		v.why, v.fenced, v.waiting = reason{}, false, false
-		v.resetPeersLocked()
-		v.ioOpen = true
+		v.becomePrimaryLocked()
 	})
 	if err != nil {
 		return err
@@ -283,12 +280,7 @@ func (v *Volume) stepDown(h replication.Hello) error {
 		return nil
 	}
 	to, epoch, rule := h.From, h.Epoch, d.String()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	v.node.nbd.CloseExportContext(ctx, v.name)
-	cancel()
-	v.io.Wait()
-	v.stopPeers()
-	if err := v.md.FlushBitmaps(); err != nil {
+	if err := v.quiesce(); err != nil {
 		return err
 	}
 	v.stateMu.Lock()
@@ -350,6 +342,16 @@ func (v *Volume) setAdminDown(down bool) {
 		e.Reason = string(CauseAdminDown)
 	}
 	v.node.emit(e)
+}
+
+// becomePrimaryLocked is what a node that has just recorded itself
+// primary holds in memory: its disk UpToDate, no reason, not fenced nor
+// waiting, fresh senders for its peers, and IO open.
+func (v *Volume) becomePrimaryLocked() {
+	v.diskState = replication.UpToDate
+	v.why, v.fenced, v.waiting = reason{}, false, false
+	v.resetPeersLocked()
+	v.ioOpen = true
 }
 
 // resetPeersLocked gives a new primary fresh senders for every peer,
@@ -420,10 +422,7 @@ func (v *Volume) retake(epoch uint64, gen replication.Generation) error {
 		return err
 	}
 	err := v.commit(func(d *durable) { d.primary = v.self }, func() {
-		v.diskState = replication.UpToDate
-		v.why, v.fenced, v.waiting = reason{}, false, false
-		v.resetPeersLocked()
-		v.ioOpen = true
+		v.becomePrimaryLocked()
 	})
 	if err != nil {
 		return err
@@ -434,4 +433,17 @@ func (v *Volume) retake(epoch uint64, gen replication.Generation) error {
 	v.node.event(v.name, "primary-again", fmt.Sprintf("%s took %s back at epoch %d: the switchover was not recorded", v.self, v.name, epoch))
 	v.runHook("on_promote", epoch)
 	return nil
+}
+
+// quiesce is the first half of a step down: the NBD export closes (its
+// clients have 10 s to finish), IO in flight drains, the peers stop, and
+// the bitmaps are flushed, all BEFORE the state may name another primary.
+// The error is the flush's.
+func (v *Volume) quiesce() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	v.node.nbd.CloseExportContext(ctx, v.name)
+	cancel()
+	v.io.Wait()
+	v.stopPeers()
+	return v.md.FlushBitmaps()
 }

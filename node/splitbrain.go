@@ -93,11 +93,8 @@ func (v *Volume) takeOver(change func(*durable)) error {
 		d.gens = d.gens.Promoted()
 	}, func() {
 		v.discard = nil
-		v.diskState = replication.UpToDate
-		v.why, v.fenced, v.waiting = reason{}, false, false
 		v.leaseExempt = auth
-		v.resetPeersLocked()
-		v.ioOpen = true
+		v.becomePrimaryLocked()
 	})
 	if err == nil {
 		v.runHook("on_promote", epoch)
