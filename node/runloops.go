@@ -208,15 +208,8 @@ func (p *peer) verify(s *session, repair bool) {
 	began := time.Now()
 	p.verifyStart.Store(began.UnixNano())
 	run := int64(resyncRunBlocks * replication.BlockSize)
-	ctx, cancel := context.WithCancel(s.ctx)
+	ctx, cancel := v.untilStopping(s.ctx)
 	defer cancel()
-	go func() {
-		select {
-		case <-v.stopping:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	off := int64(0)
 	next := func() (*pending, func(), error) {
 		if off >= v.size.Load() {
@@ -261,4 +254,18 @@ func (p *peer) verify(s *session, repair bool) {
 		s.cancel() // the reconnection resyncs the marked blocks
 	}
 	v.node.peerEvent(v.name, "verify-done", p.name, msg)
+}
+
+// untilStopping is a context of parent that also ends when the volume
+// stops; cancel ends it, and its watcher, sooner.
+func (v *Volume) untilStopping(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(parent)
+	go func() {
+		select {
+		case <-v.stopping:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }

@@ -109,15 +109,8 @@ func (v *Volume) checkSettingsSoon() {
 			return
 		case <-time.After(settingsSettle):
 		}
-		ctx, cancel := context.WithCancel(context.Background())
+		ctx, cancel := v.untilStopping(context.Background())
 		defer cancel()
-		go func() {
-			select {
-			case <-v.stopping:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
 		for _, peer := range slices.Sorted(maps.Keys(v.cfg.Disks)) {
 			if peer == v.self {
 				continue
