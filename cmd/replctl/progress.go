@@ -20,6 +20,16 @@ type progressPoll struct {
 	changes bool
 }
 
+// waitResync prints progress until every replica of volume is UpToDate
+// and Connected, or ctx ends (Ctrl-C: the resync goes on).
+func waitResync(ctx context.Context, c *transport.ControlClient, volume string, out io.Writer, tty bool, pal palette) error {
+	poll := progressPoll{what: "resync", every: 500 * time.Millisecond, color: colorYellow, changes: true}
+	return waitProgress(ctx, c, out, tty, pal, poll, func(st *transport.ClusterStatus) (string, string, bool) {
+		line, finished := resyncLine(st, volume)
+		return line, line, finished
+	})
+}
+
 // waitProgress reads the cluster's status every p.every and renders it
 // until render says it has finished, or ctx ends (Ctrl-C: the work goes
 // on). line is the line a pipe is shown, and the last line; live is what

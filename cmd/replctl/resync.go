@@ -1,11 +1,8 @@
 package main
 
 import (
-	"context"
 	"fmt"
-	"io"
 	"strings"
-	"time"
 
 	"github.com/replvol/replvol/transport"
 	"github.com/spf13/cobra"
@@ -114,16 +111,6 @@ func resyncState(st *transport.ClusterStatus, volume, node string) (running, isP
 		}
 	}
 	return running, isPaused
-}
-
-// waitResync prints progress until every replica of volume is UpToDate
-// and Connected, or ctx ends (Ctrl-C: the resync goes on).
-func waitResync(ctx context.Context, c *transport.ControlClient, volume string, out io.Writer, tty bool, pal palette) error {
-	poll := progressPoll{what: "resync", every: 500 * time.Millisecond, color: colorYellow, changes: true}
-	return waitProgress(ctx, c, out, tty, pal, poll, func(st *transport.ClusterStatus) (string, string, bool) {
-		line, finished := resyncLine(st, volume)
-		return line, line, finished
-	})
 }
 
 // resyncLine renders one progress line: a bar, percent, speed and ETA of
