@@ -52,6 +52,37 @@ func forward[Resp any](n *Node, node string, call func(api transport.ControlServ
 	return reply, true, err
 }
 
+// volumeHeldBy is the cluster's config of volume for a command that
+// names node ("" for every node that holds it): NotFound when the cluster
+// has no such volume, or node holds no disk of it.
+func (n *Node) volumeHeldBy(volume, node string) (*VolumeConfig, error) {
+	vc := n.config().volume(volume)
+	if vc == nil {
+		return nil, status.Errorf(codes.NotFound, "no volume %q in the cluster", volume)
+	}
+	if node != "" {
+		if _, ok := vc.Disks[node]; !ok {
+			return nil, status.Errorf(codes.NotFound, "node %q holds no disk of %s", node, volume)
+		}
+	}
+	return vc, nil
+}
+
+// volumeStatus is what the cluster's status says of volume; found is
+// false when it names no such volume.
+func (n *Node) volumeStatus(ctx context.Context, volume string) (vs transport.VolumeStatus, found bool, err error) {
+	cs, err := n.clusterStatus(ctx, 0)
+	if err != nil {
+		return vs, false, grpcError(err)
+	}
+	for _, v := range cs.Volumes {
+		if v.Name == volume {
+			vs, found = v, true
+		}
+	}
+	return vs, found, nil
+}
+
 // grpcError gives err a status code the CLI can act on.
 func grpcError(err error) error {
 	if err == nil {
@@ -102,12 +133,7 @@ func (n *Node) nodeStatus(events int) *transport.NodeStatus {
 	ns := &transport.NodeStatus{Node: n.nodeInfo(n.self), Failover: n.failoverReasons(), Config: n.configStatus()}
 	ns.Node.Alive = true
 	vols := n.volumes()
-	names := make([]string, 0, len(vols))
-	for name := range vols {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(vols)) {
 		ns.Volumes = append(ns.Volumes, vols[name].status())
 	}
 	if events > 0 {
@@ -414,15 +440,9 @@ func (c *control) Primary(ctx context.Context, r *transport.PrimaryRequest) (*tr
 			return nil, status.Error(codes.FailedPrecondition, err.Error())
 		}
 	}
-	cs, err := n.clusterStatus(ctx, 0)
+	vs, _, err := n.volumeStatus(ctx, r.Volume)
 	if err != nil {
-		return nil, grpcError(err)
-	}
-	var vs transport.VolumeStatus
-	for _, v := range cs.Volumes {
-		if v.Name == r.Volume {
-			vs = v
-		}
+		return nil, err
 	}
 	if r.Force {
 		return c.forcePrimary(ctx, r, vs)
@@ -593,14 +613,8 @@ func (c *control) forcePrimary(ctx context.Context, r *transport.PrimaryRequest,
 	if err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "forced promotion of %s failed: %s", r.Node, status.Convert(err).Message())
 	}
-	st, _ := c.n.clusterStatus(ctx, 0)
-	epoch := uint64(0)
-	for _, v := range st.Volumes {
-		if v.Name == r.Volume {
-			epoch = v.Epoch
-		}
-	}
-	return &transport.PrimaryReply{Volume: r.Volume, Primary: r.Node, Epoch: epoch, NBDURI: p.NBDURI}, nil
+	now, _, _ := c.n.volumeStatus(ctx, r.Volume)
+	return &transport.PrimaryReply{Volume: r.Volume, Primary: r.Node, Epoch: now.Epoch, NBDURI: p.NBDURI}, nil
 }
 
 // switchoverByRaft finishes a planned switchover in authority mode: the old

@@ -137,14 +137,9 @@ func (c *control) Adjust(ctx context.Context, r *transport.AdjustRequest) (*tran
 		return &transport.AdjustReply{Nodes: []transport.AdjustedNode{{Node: n.name, Protocol: string(s.protocol),
 			OnCongestion: string(s.congestion.Policy), ResyncRate: s.resyncRate}}}, nil
 	}
-	vc := n.config().volume(r.Volume)
-	if vc == nil {
-		return nil, status.Errorf(codes.NotFound, "no volume %q in the cluster", r.Volume)
-	}
-	if r.Node != "" {
-		if _, ok := vc.Disks[r.Node]; !ok {
-			return nil, status.Errorf(codes.NotFound, "node %q holds no disk of %s", r.Node, r.Volume)
-		}
+	vc, err := n.volumeHeldBy(r.Volume, r.Node)
+	if err != nil {
+		return nil, err
 	}
 	reply := &transport.AdjustReply{}
 	var nodes []string

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 
@@ -184,12 +186,7 @@ func sameSessions(seen, now map[string]*session) bool {
 // handshake refuses it until it grows.
 func (v *Volume) peersGrown(ctx context.Context, size int64) (map[string]*session, error) {
 	seen := v.sessions()
-	names := make([]string, 0, len(seen))
-	for name := range seen {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(seen)) {
 		ns, err := v.node.askStatus(ctx, name, 0)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %s streams %s to %s, which did not say its size (%s); nothing changed",
@@ -296,14 +293,11 @@ func (c *control) Resize(ctx context.Context, r *transport.ResizeRequest) (*tran
 		reply.Nodes = append(reply.Nodes, one)
 		return reply, nil
 	}
-	vc := n.config().volume(r.Volume)
-	if vc == nil {
-		return nil, status.Errorf(codes.NotFound, "no volume %q in the cluster", r.Volume)
+	vc, err := n.volumeHeldBy(r.Volume, r.Node)
+	if err != nil {
+		return nil, err
 	}
 	if r.Node != "" {
-		if _, ok := vc.Disks[r.Node]; !ok {
-			return nil, status.Errorf(codes.NotFound, "node %q holds no disk of %s", r.Node, r.Volume)
-		}
 		there, _, err := forward(n, r.Node, func(api transport.ControlServer) (*transport.ResizeReply, error) {
 			return api.Resize(ctx, r)
 		})

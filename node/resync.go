@@ -25,21 +25,17 @@ func onPrimary[Resp any](ctx context.Context, c *control, volume, what string,
 			return here(v)
 		}
 	}
-	cs, err := n.clusterStatus(ctx, 0)
-	if err != nil {
-		return nil, grpcError(err)
+	vs, found, err := n.volumeStatus(ctx, volume)
+	switch {
+	case err != nil:
+		return nil, err
+	case !found:
+		return nil, status.Errorf(codes.NotFound, "no volume %q in the cluster", volume)
+	case vs.NBDURI == "" || vs.Primary == n.name:
+		return nil, status.Errorf(codes.FailedPrecondition, "%s has no reachable primary to %s", volume, what)
 	}
-	for _, vs := range cs.Volumes {
-		if vs.Name != volume {
-			continue
-		}
-		if vs.NBDURI == "" || vs.Primary == n.name {
-			return nil, status.Errorf(codes.FailedPrecondition, "%s has no reachable primary to %s", volume, what)
-		}
-		reply, _, err := forward(n, vs.Primary, there)
-		return reply, err
-	}
-	return nil, status.Errorf(codes.NotFound, "no volume %q in the cluster", volume)
+	reply, _, err := forward(n, vs.Primary, there)
+	return reply, err
 }
 
 // Resync runs on any node: the volume's primary starts, pauses or resumes
