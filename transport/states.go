@@ -36,6 +36,22 @@ const (
 	PathFail    = "FAIL"
 )
 
+// Syncing says whether a replication state is a resync's, running or
+// paused.
+func Syncing(repl string) bool {
+	switch repl {
+	case ReplSyncSource, ReplSyncTarget, ReplPausedSyncS, ReplPausedSyncT:
+		return true
+	}
+	return false
+}
+
+// SyncPaused says whether a replication state is a paused resync's.
+func SyncPaused(repl string) bool { return repl == ReplPausedSyncS || repl == ReplPausedSyncT }
+
+// Verifying says whether a replication state is an online verify's.
+func Verifying(repl string) bool { return repl == ReplVerifyS || repl == ReplVerifyT }
+
 // Reason codes the status's readers act on (a ReasonCode; the node's
 // Cause).
 const (

@@ -311,7 +311,7 @@ func replicaWarnings(v *transport.VolumeStatus, r, primary *transport.ReplicaSta
 		add(transport.WarningConnecting, severityWarning,
 			fmt.Sprintf("%s is not connected to the primary of %s (Connecting): it retries by itself; the primary tracks what changes.", n, vol),
 			"", "")
-	case r.Replication == transport.ReplPausedSyncS || r.Replication == transport.ReplPausedSyncT:
+	case transport.SyncPaused(r.Replication):
 		add(transport.WarningResyncPaused, severityWarning,
 			fmt.Sprintf("The resync of %s to %s is paused: %s stays Inconsistent.", vol, n, n),
 			fmt.Sprintf("replctl resync %s --resume", vol), "")
@@ -347,7 +347,7 @@ func replicaWarnings(v *transport.VolumeStatus, r, primary *transport.ReplicaSta
 			fmt.Sprintf("%s's copy of %s is Outdated: it misses writes and cannot be promoted; it catches up by resync once connected.", n, vol),
 			cmd, "")
 	case r.Disk == transport.DiskInconsistent && !isPrimary:
-		if syncing(r) {
+		if transport.Syncing(r.Replication) {
 			add(transport.WarningInconsistent, severityInfo,
 				fmt.Sprintf("%s's copy of %s is Inconsistent until its resync ends%s.", n, vol, etaWords(r)),
 				"", "")
@@ -378,14 +378,6 @@ func replicaWarnings(v *transport.VolumeStatus, r, primary *transport.ReplicaSta
 
 func isFailed(r *transport.ReplicaStatus) bool {
 	return r.Disk == transport.DiskFailed || r.ReasonCode == transport.ReasonDiskFailed || r.ReasonCode == transport.ReasonStateWrite
-}
-
-func syncing(r *transport.ReplicaStatus) bool {
-	switch r.Replication {
-	case transport.ReplSyncSource, transport.ReplSyncTarget, transport.ReplPausedSyncS, transport.ReplPausedSyncT:
-		return true
-	}
-	return false
 }
 
 func etaWords(r *transport.ReplicaStatus) string {

@@ -294,11 +294,11 @@ func buildReplica(v *transport.VolumeStatus, r *transport.ReplicaStatus) replica
 	rv.Problem = !r.Reachable || rv.DiskClass == classBad || (rv.ReplicationClass == classBad && r.Role != transport.RolePrimary)
 	// The primary's replication is its peers' worst: the peers' rows
 	// carry their resyncs.
-	if r.ResyncTotalBytes > 0 || (syncing(r) && r.Role != transport.RolePrimary) {
+	if r.ResyncTotalBytes > 0 || (transport.Syncing(r.Replication) && r.Role != transport.RolePrimary) {
 		rv.Resync = resyncProgress(r)
 	}
 	switch {
-	case r.VerifyTotalBytes > 0 && (r.VerifyDoneBytes < r.VerifyTotalBytes || r.Replication == transport.ReplVerifyS || r.Replication == transport.ReplVerifyT):
+	case r.VerifyTotalBytes > 0 && (r.VerifyDoneBytes < r.VerifyTotalBytes || transport.Verifying(r.Replication)):
 		rv.Verify = bar(r.VerifyDoneBytes, r.VerifyTotalBytes, r.VerifyRate, classWarn)
 		if eta, ok := etaAt(r.VerifyTotalBytes-r.VerifyDoneBytes, r.VerifyRate); ok {
 			rv.Verify.ETA = humanDuration(eta)
@@ -318,7 +318,7 @@ func resyncProgress(r *transport.ReplicaStatus) *progressView {
 	if eta, ok := resyncETA(r); ok {
 		p.ETA = humanDuration(eta)
 	}
-	if r.Replication == transport.ReplPausedSyncS || r.Replication == transport.ReplPausedSyncT {
+	if transport.SyncPaused(r.Replication) {
 		p.Class, p.ETA = classIdle, "paused"
 	}
 	p.Title = fmt.Sprintf("resync %s of %s", p.Done, p.Total)

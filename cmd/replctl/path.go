@@ -131,9 +131,9 @@ func printPaths(w io.Writer, paths []transport.PathStatus, pal palette) {
 		}
 		state := cell{p.State, colorGreen}
 		switch p.State {
-		case "FAIL":
+		case transport.PathFail:
 			state.color = colorRed
-		case "PASSIVE":
+		case transport.PathPassive:
 			state.color = colorNone
 		}
 		errs := plain(fmt.Sprint(p.Errors))

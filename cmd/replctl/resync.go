@@ -103,9 +103,9 @@ func resyncState(st *transport.ClusterStatus, volume, node string) (running, isP
 		for _, r := range v.Replicas {
 			switch {
 			case node != "" && r.Node != node:
-			case paused(r.Replication):
+			case transport.SyncPaused(r.Replication):
 				isPaused = true
-			case syncing(r.Replication):
+			case transport.Syncing(r.Replication):
 				running = true
 			}
 		}
@@ -124,7 +124,7 @@ func resyncLine(st *transport.ClusterStatus, volume string) (string, bool) {
 		inSync := true
 		for i := range v.Replicas {
 			r := &v.Replicas[i]
-			if r.Disk != "UpToDate" || r.Replication != "Connected" || r.OutOfSyncBytes != 0 {
+			if r.Disk != transport.DiskUpToDate || r.Replication != transport.ReplConnected || r.OutOfSyncBytes != 0 {
 				inSync = false
 			}
 			if r.ResyncTotalBytes > 0 && (worst == nil || r.SyncProgress < worst.SyncProgress) {

@@ -421,7 +421,7 @@ func printVolume(w io.Writer, v *transport.VolumeStatus, ws []transport.Warning,
 		r := &v.Replicas[i]
 		role := plain(r.Role)
 		switch r.Role {
-		case "Primary":
+		case transport.RolePrimary:
 			role.color = colorBold
 		case "Unknown", "":
 			role.color = colorDim
@@ -440,7 +440,7 @@ func printVolume(w io.Writer, v *transport.VolumeStatus, ws []transport.Warning,
 			switch r.Raft {
 			case "":
 				raft.text = "-"
-			case "UpToDate":
+			case transport.DiskUpToDate:
 				raft.color = colorGreen
 			default:
 				raft.color = colorYellow
@@ -469,26 +469,26 @@ func syncCell(v *transport.VolumeStatus, r *transport.ReplicaStatus, now time.Ti
 	switch {
 	case !r.Reachable:
 		return cell{"unknown", colorDim}
-	case r.Disk == "Diskless" || r.Disk == "Failed" || r.Disk == "DUnknown":
+	case r.Disk == transport.DiskDiskless || r.Disk == transport.DiskFailed || r.Disk == "DUnknown":
 		return cell{"no disk", colorRed}
-	case r.Role == "Primary" && r.OutOfSyncBytes > 0 && v.Size > 0:
+	case r.Role == transport.RolePrimary && r.OutOfSyncBytes > 0 && v.Size > 0:
 		// A primary whose disk missed writes copies them back from a peer.
 		pct := 100 * (1 - float64(r.OutOfSyncBytes)/float64(v.Size))
 		return cell{fmt.Sprintf("%s %5.1f%% copying back from a peer", bar(pct, width), pct), colorYellow}
-	case r.Role == "Primary" && syncing(r.Replication):
+	case r.Role == transport.RolePrimary && transport.Syncing(r.Replication):
 		return cell{"resync source", colorNone} // the peers' rows show the progress
-	case r.Role == "Primary" && verifying(r.Replication):
+	case r.Role == transport.RolePrimary && transport.Verifying(r.Replication):
 		return cell{"verify source", colorNone}
-	case syncing(r.Replication) && r.ResyncTotalBytes > 0:
+	case transport.Syncing(r.Replication) && r.ResyncTotalBytes > 0:
 		pct := 100 * float64(r.ResyncDoneBytes) / float64(r.ResyncTotalBytes)
 		text := fmt.Sprintf("%s %5.1f%% %s/s ETA %s", bar(pct, width), pct, humanBytes(r.ResyncRate), eta(r.ResyncTotalBytes-r.ResyncDoneBytes, r.ResyncRate))
-		if paused(r.Replication) {
+		if transport.SyncPaused(r.Replication) {
 			text = fmt.Sprintf("%s %5.1f%% paused (replctl resync %s --resume)", bar(pct, width), pct, v.Name)
 		}
 		return cell{text, colorYellow}
-	case syncing(r.Replication):
+	case transport.Syncing(r.Replication):
 		return cell{"resync starting", colorYellow}
-	case verifying(r.Replication) && r.VerifyTotalBytes > 0:
+	case transport.Verifying(r.Replication) && r.VerifyTotalBytes > 0:
 		pct := 100 * float64(r.VerifyDoneBytes) / float64(r.VerifyTotalBytes)
 		rate := r.VerifyRate
 		speed := "?"
@@ -500,13 +500,13 @@ func syncCell(v *transport.VolumeStatus, r *transport.ReplicaStatus, now time.Ti
 			text += fmt.Sprintf(", %s differ", humanBytes(r.VerifyFoundBytes))
 		}
 		return cell{text, colorCyan}
-	case r.Replication == "StandAlone":
+	case r.Replication == transport.ReplStandAlone:
 		return cell{"not replicating", colorRed}
-	case r.Replication == "Connecting" || r.Replication == "Unknown":
+	case r.Replication == transport.ReplConnecting || r.Replication == "Unknown":
 		return cell{"not connected", colorYellow}
-	case r.Disk == "UpToDate" && r.Replication == "Connected" && r.OutOfSyncBytes == 0:
+	case r.Disk == transport.DiskUpToDate && r.Replication == transport.ReplConnected && r.OutOfSyncBytes == 0:
 		return cell{"in sync", colorGreen}
-	case r.Disk == "UpToDate":
+	case r.Disk == transport.DiskUpToDate:
 		return cell{fmt.Sprintf("UpToDate, %s", r.Replication), colorYellow}
 	}
 	return cell{fmt.Sprintf("%.1f%%", r.SyncProgress), colorYellow}
@@ -557,17 +557,17 @@ func volumeWarnings(v *transport.VolumeStatus, ws []transport.Warning) []cell {
 		}
 		var what []string
 		color := colorYellow
-		if r.Disk != "UpToDate" {
+		if r.Disk != transport.DiskUpToDate {
 			what = append(what, r.Disk)
-			if r.Disk == "Diskless" || r.Disk == "Failed" {
+			if r.Disk == transport.DiskDiskless || r.Disk == transport.DiskFailed {
 				color = colorRed
 			}
 		}
 		// A primary's replication is the worst of its peers': their own
 		// entries say it.
-		if r.Role != "Primary" && (r.Replication == "StandAlone" || r.Replication == "Connecting") {
+		if r.Role != transport.RolePrimary && (r.Replication == transport.ReplStandAlone || r.Replication == transport.ReplConnecting) {
 			what = append(what, r.Replication)
-			if r.Replication == "StandAlone" {
+			if r.Replication == transport.ReplStandAlone {
 				color = colorRed
 			}
 		}
@@ -575,7 +575,7 @@ func volumeWarnings(v *transport.VolumeStatus, ws []transport.Warning) []cell {
 			warns = append(warns, cell{"! " + r.Node + " " + strings.Join(what, " "), color})
 		}
 		for _, p := range r.Paths {
-			if p.State == "FAIL" {
+			if p.State == transport.PathFail {
 				warns = append(warns, cell{fmt.Sprintf("! %s path %s failed", r.Node, p.Path), colorRed})
 			}
 		}

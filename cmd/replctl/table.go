@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/replvol/replvol/internal/human"
+	"github.com/replvol/replvol/transport"
 	"golang.org/x/term"
 )
 
@@ -105,9 +106,9 @@ func (t *table) render(w io.Writer, p palette) {
 
 func diskColor(disk string) string {
 	switch disk {
-	case "UpToDate":
+	case transport.DiskUpToDate:
 		return colorGreen
-	case "Diskless", "Failed":
+	case transport.DiskDiskless, transport.DiskFailed:
 		return colorRed
 	case "DUnknown", "":
 		return colorDim
@@ -117,9 +118,9 @@ func diskColor(disk string) string {
 
 func replicationColor(repl string) string {
 	switch repl {
-	case "Connected":
+	case transport.ReplConnected:
 		return colorGreen
-	case "StandAlone":
+	case transport.ReplStandAlone:
 		return colorRed
 	case "Unknown", "":
 		return colorDim
@@ -128,18 +129,6 @@ func replicationColor(repl string) string {
 }
 
 // syncing reports whether a replication state is a resync under way.
-func syncing(repl string) bool {
-	switch repl {
-	case "SyncSource", "SyncTarget", "PausedSyncS", "PausedSyncT":
-		return true
-	}
-	return false
-}
-
-func paused(repl string) bool { return repl == "PausedSyncS" || repl == "PausedSyncT" }
-
-func verifying(repl string) bool { return repl == "VerifyS" || repl == "VerifyT" }
-
 // bar is a progress bar of width characters for pct percent.
 func bar(pct float64, width int) string {
 	pct = min(max(pct, 0), 100)

@@ -61,7 +61,7 @@ func waitVerify(ctx context.Context, c *transport.ControlClient, volume string, 
 				continue
 			}
 			for _, r := range v.Replicas {
-				running = running || verifying(r.Replication)
+				running = running || transport.Verifying(r.Replication)
 				found += r.VerifyFoundBytes
 				done += r.VerifyDoneBytes
 				total += r.VerifyTotalBytes
