@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/internal/pki"
 	"github.com/replvol/replvol/node/cluster"
 	"github.com/replvol/replvol/replication"
@@ -439,22 +440,12 @@ func (n *Node) clusterInfo() (transport.ClusterInfo, map[string]string) {
 			info.Reason = "no quorum: no raft leader with a majority is in reach; primaries hold their IO when their lease runs out, and nobody is promoted"
 		}
 	}
-	info.Reason = joinReason(info.Reason, n.failoverReasons())
+	info.Reason = human.Join(info.Reason, n.failoverReasons())
 	membership := map[string]string{}
 	for _, m := range st.Members {
 		membership[m.Name] = string(m.State)
 	}
 	return info, membership
-}
-
-func joinReason(a, b string) string {
-	switch {
-	case a == "":
-		return b
-	case b == "":
-		return a
-	}
-	return a + "; " + b
 }
 
 // --- a volume in authority mode ---
@@ -860,7 +851,7 @@ func (n *Node) failoverReasons() string {
 	sort.Strings(whys)
 	out := ""
 	for _, w := range whys {
-		out = joinReason(out, w)
+		out = human.Join(out, w)
 	}
 	return out
 }

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/node/cluster"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
@@ -237,7 +238,7 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 	for i, nc := range cfg.Nodes {
 		// Only the leader decides failovers: its reasons are the ones.
 		if nc.Name == cs.Cluster.Leader && nc.Name != n.name && views[i] != nil && views[i].Failover != "" {
-			cs.Cluster.Reason = joinReason(cs.Cluster.Reason, views[i].Failover)
+			cs.Cluster.Reason = human.Join(cs.Cluster.Reason, views[i].Failover)
 		}
 	}
 	byNode := map[string]map[string]transport.LocalVolume{}

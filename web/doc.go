@@ -6,6 +6,6 @@
 // events, reading other nodes' /api/node. Warnings, the pure rule that
 // turns a status into what needs attention and how to fix it, is the one
 // the node fills the status's JSON with. It imports only transport's
-// status types and internal/human's byte counts; handlers are safe for
-// concurrent use.
+// status types and internal/human's wording of bytes and clauses;
+// handlers are safe for concurrent use.
 package web

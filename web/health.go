@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/transport"
 )
 
@@ -43,7 +44,7 @@ func healthWarnings(st *transport.ClusterStatus) []Warning {
 		down[n.Name] = true
 		detail := n.Error
 		if n.Membership == "dead" {
-			detail = joinWords("gossip says dead", detail)
+			detail = human.Join("gossip says dead", detail)
 		}
 		w := Warning{
 			ID: elementID("warning", transport.WarningNodeDown, n.Name), Kind: transport.WarningNodeDown, Severity: severityWarning, Node: n.Name,
@@ -72,7 +73,7 @@ func healthWarnings(st *transport.ClusterStatus) []Warning {
 		}
 		if len(gone) > 0 {
 			w.Command, w.Where = "systemctl start replnode", "on "+strings.Join(gone, " and ")
-			w.Detail = joinWords(fmt.Sprintf("a majority needs %d of them up", len(c.Voters)/2+1), c.Reason)
+			w.Detail = human.Join(fmt.Sprintf("a majority needs %d of them up", len(c.Voters)/2+1), c.Reason)
 		}
 		add(w)
 	}
@@ -394,14 +395,4 @@ func firstFailedPath(r *transport.ReplicaStatus) string {
 		}
 	}
 	return ""
-}
-
-func joinWords(a, b string) string {
-	switch {
-	case a == "":
-		return b
-	case b == "":
-		return a
-	}
-	return a + "; " + b
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/transport"
 )
 
@@ -355,7 +356,7 @@ func etaAt(left, rate int64) (time.Duration, bool) {
 func buildPath(volume, node string, p transport.PathStatus) pathView {
 	note := p.Reason
 	if p.Preferred {
-		note = joinWords("preferred", note)
+		note = human.Join("preferred", note)
 	}
 	return pathView{
 		ID: elementID("path", volume, node, p.Path), Path: p.Path,

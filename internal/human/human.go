@@ -25,3 +25,15 @@ func bytesWith(n int64, space string) string {
 	}
 	return fmt.Sprintf("%.1f%s%ciB", float64(n)/float64(div), space, "KMGTPE"[exp])
 }
+
+// Join puts two clauses together as "a; b", either of which may be
+// empty (then it is the other alone).
+func Join(a, b string) string {
+	switch {
+	case a == "":
+		return b
+	case b == "":
+		return a
+	}
+	return a + "; " + b
+}

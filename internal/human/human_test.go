@@ -27,3 +27,13 @@ func TestSpacedBytes(t *testing.T) {
 		}
 	}
 }
+
+func TestJoin(t *testing.T) {
+	for _, tc := range []struct{ a, b, want string }{
+		{"", "", ""}, {"a", "", "a"}, {"", "b", "b"}, {"a", "b", "a; b"},
+	} {
+		if got := Join(tc.a, tc.b); got != tc.want {
+			t.Errorf("Join(%q, %q) = %q, want %q", tc.a, tc.b, got, tc.want)
+		}
+	}
+}
