@@ -66,12 +66,18 @@ func (p *peer) connect(ctx context.Context) error {
 		Settings: v.agreedSettings(), Wire: replication.WireVersion}
 	v.mu.Unlock()
 	if err := sendJSON(stream, replication.FrameHello, hello); err != nil {
+		if ref := tlsRefusal(p.name, err); ref != nil {
+			return ref // the handshake failed under the open stream
+		}
 		return fmt.Errorf("connect to %s at %s: %w", p.name, p.addr, err)
 	}
 	timer := time.AfterFunc(helloTimeout, cancelHello)
 	reply, err := recvHelloReply(stream)
 	timer.Stop()
 	if err != nil {
+		if ref := tlsRefusal(p.name, err); ref != nil {
+			return ref
+		}
 		return fmt.Errorf("handshake with %s at %s: %w", p.name, p.addr, err)
 	}
 	if err := replication.CheckWireVersion(v.self, p.name, reply.Wire); err != nil {
