@@ -223,18 +223,20 @@ func (n *Node) clusterLoop(stop <-chan struct{}) {
 		}
 		leading := n.cl.leadingSince
 		n.cl.mu.Unlock()
-		n.failover(n.decide(auth, st, office, observing, now))
-		if n.cl.auto && !leading.IsZero() {
-			n.moveLeadership(st, leading, now)
+		d := n.decide(auth, st, office, observing, leading, now)
+		n.failover(d)
+		if d.HandOff != "" {
+			n.handOff(d.HandOff, now)
 		}
 	}
 }
 
 // decide gathers what the leader knows at now and asks cluster.Decide
 // what to fail over: the volumes of the config, raft's authority (auth)
-// and status (st), the leases granted here, this node's office and since
-// when it observes (Watch.Step), and the terms it saw.
-func (n *Node) decide(auth replication.Authority, st cluster.Status, office, observing, now time.Time) cluster.Decision {
+// and status (st), the leases granted here, this node's office, since
+// when it observes (Watch.Step) and settles (leading), the terms it saw,
+// and whether it serves as a primary.
+func (n *Node) decide(auth replication.Authority, st cluster.Status, office, observing, leading, now time.Time) cluster.Decision {
 	volumes := n.config().Volumes
 	names := make([]string, 0, len(volumes))
 	renewals := cluster.Renewals{Lease: n.cl.lease, Volumes: make(map[string]cluster.Renewal, len(volumes))}
@@ -246,7 +248,14 @@ func (n *Node) decide(auth replication.Authority, st cluster.Status, office, obs
 	n.cl.mu.Lock()
 	terms := maps.Clone(n.cl.termSeen)
 	n.cl.mu.Unlock()
-	leader := cluster.Leader{Office: office, Observing: observing, Failover: n.cl.failoverConfig(), Terms: terms}
+	primaryHere := false
+	for _, v := range n.volumes() {
+		v.mu.Lock()
+		primaryHere = primaryHere || v.role == replication.Primary
+		v.mu.Unlock()
+	}
+	leader := cluster.Leader{Office: office, Observing: observing, Failover: n.cl.failoverConfig(), Terms: terms,
+		Settling: leading, PrimaryHere: primaryHere}
 	return cluster.Decide(names, auth, st, renewals, leader, now)
 }
 
@@ -255,49 +264,11 @@ func (cs *clusterState) failoverConfig() cluster.FailoverConfig {
 	return cluster.FailoverConfig{Auto: cs.auto, Why: cs.why}
 }
 
-// leadershipSettle is how long a node leads before it hands leadership
-// off a primary (no flapping right after an election).
-const leadershipSettle = 2 * time.Second
-
-// moveLeadership hands raft's leadership to an alive voter that is no
-// volume's primary (a witness first) when this leader serves as a
-// primary: then killing the primary does not also kill the leader, and a
-// failover waits for the lease only, not for an election and a new
-// leader's wait.
-func (n *Node) moveLeadership(st cluster.Status, leading, now time.Time) {
-	if now.Sub(leading) < leadershipSettle {
-		return
-	}
-	primaryHere := false
-	for _, v := range n.volumes() {
-		v.mu.Lock()
-		primaryHere = primaryHere || v.role == replication.Primary
-		v.mu.Unlock()
-	}
-	if !primaryHere {
-		return
-	}
-	auth := n.cl.c.Authority()
-	primaries := map[string]bool{}
-	for _, vc := range n.config().Volumes {
-		if va, ok := auth.Volume(vc.Name); ok {
-			primaries[va.Primary] = true
-		}
-	}
-	to := ""
-	for _, m := range st.Members {
-		if m.Name == n.name || !m.Voter || m.State != cluster.Alive || primaries[m.Name] {
-			continue
-		}
-		if to == "" || m.Witness {
-			to = m.Name
-		}
-	}
-	if to == "" {
-		return
-	}
+// handOff hands raft's leadership to the voter to, as cluster.Decide
+// says (a leader that serves as a primary).
+func (n *Node) handOff(to string, now time.Time) {
 	n.cl.mu.Lock()
-	n.cl.leadingSince = now // try again no sooner than leadershipSettle
+	n.cl.leadingSince = now // try again no sooner than cluster.LeadershipSettle
 	n.cl.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()

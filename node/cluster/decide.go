@@ -19,7 +19,8 @@ import (
 // (it leads and observes, FailoverNow), when a primary counts as lost
 // (PrimaryWatch.Judge, with the time the leader itself observed), who
 // takes over (replication.ChooseFailover, among the alive data nodes,
-// never the primary gossip sees alive but raft cannot reach).
+// never the primary gossip sees alive but raft cannot reach), and whether
+// a leader that serves as a primary hands its leadership off (handOff).
 
 // Reason says, as a value, why Decide fails a volume over or leaves it
 // alone.
@@ -117,6 +118,12 @@ type Leader struct {
 	// (Decision.Seen merged in): a new primary is given StarvedAfter from
 	// then to renew its first lease.
 	Terms map[string]Term
+	// Settling is since when this node leads as its loop saw it, or since
+	// it last tried to hand the leadership off (zero when it does not
+	// lead): it hands off no sooner than LeadershipSettle after.
+	Settling time.Time
+	// PrimaryHere: this node serves as primary of a volume.
+	PrimaryHere bool
 }
 
 // Proposal is a failover to propose: To becomes primary of Volume at
@@ -160,6 +167,8 @@ type Decision struct {
 	Left []LeftAlone
 	// Seen are the terms first seen on this pass: keep them for the next.
 	Seen map[string]Term
+	// HandOff is the voter to hand raft's leadership to, "" for none.
+	HandOff string
 }
 
 // FailoverNow says whether the leader fails primaries over by itself now,
@@ -181,8 +190,10 @@ func FailoverNow(st Status, cfg FailoverConfig) (auto bool, why string) {
 // authority, the cluster as this node sees it (members: gossip's liveness
 // of each node, raft's voters, this node's standing), the lease renewals
 // it granted and its own state as leader.
+//
+// It also says whether the leader hands its leadership off (HandOff).
 func Decide(volumes []string, authority replication.Authority, members Status, renewals Renewals, leader Leader, now time.Time) Decision {
-	var d Decision
+	d := Decision{HandOff: handOff(volumes, authority, members, leader, now)}
 	auto, _ := FailoverNow(members, leader.Failover)
 	switch {
 	case leader.Observing.IsZero():
@@ -252,6 +263,37 @@ func Decide(volumes []string, authority replication.Authority, members Status, r
 			Why: lost, Idle: verdict.Idle, Office: leader.Office})
 	}
 	return d
+}
+
+// LeadershipSettle is how long a node leads before it hands leadership
+// off a primary (no flapping right after an election).
+const LeadershipSettle = 2 * time.Second
+
+// handOff returns the alive voter, no volume's primary (a witness first),
+// to hand raft's leadership to when this leader serves as a primary (in
+// authority mode, once settled): then killing the primary does not also
+// kill the leader, and a failover waits for the lease only, not for an
+// election and a new leader's wait. "" for none.
+func handOff(volumes []string, authority replication.Authority, members Status, leader Leader, now time.Time) string {
+	if !leader.Failover.Auto || leader.Settling.IsZero() || now.Sub(leader.Settling) < LeadershipSettle || !leader.PrimaryHere {
+		return ""
+	}
+	primaries := map[string]bool{}
+	for _, vol := range volumes {
+		if va, ok := authority.Volume(vol); ok {
+			primaries[va.Primary] = true
+		}
+	}
+	to := ""
+	for _, m := range members.Members {
+		if m.Name == members.Self || !m.Voter || m.State != Alive || primaries[m.Name] {
+			continue
+		}
+		if to == "" || m.Witness {
+			to = m.Name
+		}
+	}
+	return to
 }
 
 // lostWords says how a primary was lost, as status and events say it.

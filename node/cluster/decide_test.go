@@ -194,3 +194,46 @@ func TestDecideSeveralVolumes(t *testing.T) {
 		t.Errorf("got %+v\nwant %+v", got, want)
 	}
 }
+
+// TestDecideHandOff: a leader that serves as a primary hands raft's
+// leadership to an alive voter that is no volume's primary, a witness
+// first, once it has led for LeadershipSettle, and only in authority mode.
+func TestDecideHandOff(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	auth := replication.Authority{Volumes: map[string]replication.VolumeAuthority{
+		"vol0": {Primary: "alpha", Epoch: 2, DataNodes: []string{"alpha", "beta"}, UpToDate: []string{"alpha", "beta"}},
+		"vol1": {Primary: "gamma", Epoch: 2, DataNodes: []string{"alpha", "gamma"}, UpToDate: []string{"alpha", "gamma"}},
+	}}
+	member := func(name string, state Liveness, voter, witness bool) MemberState {
+		return MemberState{Name: name, State: state, Voter: voter, Witness: witness}
+	}
+	all := []MemberState{member("alpha", Alive, true, false), member("beta", Alive, true, false),
+		member("gamma", Alive, true, false), member("witness", Alive, true, true)}
+	settled := Leader{Failover: FailoverConfig{Auto: true}, Settling: t0, PrimaryHere: true}
+	cases := []struct {
+		name    string
+		members []MemberState
+		leader  Leader
+		now     time.Time
+		want    string
+	}{
+		{"settled, a primary: the witness first", all, settled, t0.Add(LeadershipSettle), "witness"},
+		{"not settled yet after taking office", all, settled, t0.Add(LeadershipSettle - time.Millisecond), ""},
+		{"no primary here", all, Leader{Failover: settled.Failover, Settling: t0}, t0.Add(time.Minute), ""},
+		{"not leading", all, Leader{Failover: settled.Failover, PrimaryHere: true}, t0.Add(time.Minute), ""},
+		{"not in authority mode", all, Leader{Settling: t0, PrimaryHere: true}, t0.Add(time.Minute), ""},
+		{"the witness dead: a voter that is no volume's primary",
+			[]MemberState{all[0], all[1], all[2], member("witness", Dead, true, true)}, settled, t0.Add(time.Minute), "beta"},
+		{"only primaries and non-voters left",
+			[]MemberState{all[0], member("beta", Alive, false, false), all[2], member("witness", Left, true, true)}, settled, t0.Add(time.Minute), ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			members := Status{Self: "alpha", Leader: "alpha", Quorum: true, Voters: []string{"alpha", "beta", "gamma", "witness"}, Members: c.members}
+			d := Decide([]string{"vol0", "vol1"}, auth, members, Renewals{Lease: time.Second}, c.leader, c.now)
+			if d.HandOff != c.want {
+				t.Errorf("hand off to %q, want %q", d.HandOff, c.want)
+			}
+		})
+	}
+}
