@@ -11,6 +11,7 @@ import (
 
 	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -223,7 +224,7 @@ func CreateMetadata(cfg *Config, name, volume, stateDir string, force bool) (str
 	}
 	n := &Node{name: name, self: self, log: discardLogger()}
 	n.cfg.Store(cfg)
-	st, err := metadata.Open(filepath.Join(stateDir, "state.db"))
+	st, err := statefile.Open(filepath.Join(stateDir, "state.db"))
 	if err != nil {
 		return "", err
 	}

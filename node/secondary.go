@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
@@ -212,7 +212,7 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 			if reply.Refused == replication.RefusedSplitBrain {
 				kind = "split-brain"
 			}
-			v.node.emit(metadata.Event{Volume: v.name, Kind: kind, Peer: h.From, Reason: string(reply.Refused), Message: reply.Reason})
+			v.node.emit(statefile.Event{Volume: v.name, Kind: kind, Peer: h.From, Reason: string(reply.Refused), Message: reply.Reason})
 		}
 		reply.Settings = v.agreedSettings()
 		return sendHelloReply(s, reply)

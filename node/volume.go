@@ -11,6 +11,7 @@ import (
 
 	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/node/multipath"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
@@ -155,7 +156,7 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD) (*Volume, 
 	case !ok:
 		// A new volume: the configured primary's data is the truth; every
 		// other node needs a full sync.
-		st = metadata.VolumeState{Epoch: 1, Primary: cfg.Primary, Size: v.size.Load()}
+		st = statefile.VolumeState{Epoch: 1, Primary: cfg.Primary, Size: v.size.Load()}
 		if cfg.Primary == v.self {
 			st.Generation = replication.NewGeneration()
 		}
