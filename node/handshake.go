@@ -90,7 +90,7 @@ func (p *peer) connect(ctx context.Context) error {
 
 	// Decide, and switch new writes from the bitmap to the stream, in one
 	// step: a write is either marked before it or queued after it.
-	s := newSession(hctx, p, stream, v.cfg.peerTimeout())
+	s := newSession(hctx, p, stream, v.cfg.PeerTimeoutOrDefault())
 	v.stateMu.Lock()
 	if size := v.size.Load(); size != hello.Size {
 		// The volume grew during the handshake (resize.go): the peer

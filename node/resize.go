@@ -296,7 +296,7 @@ func (c *control) Resize(ctx context.Context, r *transport.ResizeRequest) (*tran
 		reply.Nodes = append(reply.Nodes, one)
 		return reply, nil
 	}
-	vc := n.config().volume(r.Volume)
+	vc := n.config().Volume(r.Volume)
 	if vc == nil {
 		return nil, status.Errorf(codes.NotFound, "no volume %q in the cluster", r.Volume)
 	}

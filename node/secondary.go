@@ -347,7 +347,7 @@ func (v *Volume) applyStream(s *transport.ReplStream, in *incoming, from string)
 	}()
 	var applying atomic.Bool
 	go func() {
-		tick := time.NewTicker(max(v.cfg.peerTimeout()/4, 10*time.Millisecond))
+		tick := time.NewTicker(max(v.cfg.PeerTimeoutOrDefault()/4, 10*time.Millisecond))
 		defer tick.Stop()
 		for {
 			select {

@@ -104,7 +104,7 @@ func (v *Volume) write(d durable, clean, mirror bool) error {
 		sb.History = [metadata.HistorySlots]replication.Generation{}
 		copy(sb.History[:], d.gens.History)
 		for i := range sb.Peers {
-			sb.Peers[i].Bitmap = bitmaps[v.node.config().nodeName(sb.Peers[i].NodeID)]
+			sb.Peers[i].Bitmap = bitmaps[v.node.config().NodeName(sb.Peers[i].NodeID)]
 		}
 		if d.gens.Current.IsZero() {
 			sb.Flags &^= metadata.FlagConsistent | metadata.FlagUpToDate
