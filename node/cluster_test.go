@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replvol/replvol/backing"
 	"github.com/replvol/replvol/internal/testport"
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/replication"
@@ -350,7 +351,7 @@ func (d *recordingDisk) WriteAt(p []byte, off int64) (int, error) {
 }
 
 func (d *recordingDisk) WriteAtSync(p []byte, off int64) error {
-	err := writeSync(d.Disk, p, off)
+	err := backing.WriteSync(d.Disk, p, off)
 	d.record(fmt.Sprintf("fua@%d", off))
 	return err
 }

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/replvol/replvol/backing"
 	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
@@ -457,7 +458,7 @@ func (v *Volume) apply(in *incoming, entries []replication.Entry, readReply func
 				break
 			}
 			if e.Flags&replication.EntryFUA != 0 {
-				err = writeSync(v.disk, e.Data, e.Off)
+				err = backing.WriteSync(v.disk, e.Data, e.Off)
 			} else {
 				_, err = v.disk.WriteAt(e.Data, e.Off)
 			}
@@ -509,7 +510,7 @@ func (v *Volume) apply(in *incoming, entries []replication.Entry, readReply func
 			_, err = v.disk.WriteAt(e.Data, e.Off)
 			v.resynced.Add(e.Length)
 		case replication.OpResyncZero:
-			if hf, ok := v.disk.(holeFinder); !ok || !hf.IsHole(e.Off, e.Length) {
+			if hf, ok := v.disk.(backing.HoleFinder); !ok || !hf.IsHole(e.Off, e.Length) {
 				err = v.disk.Zero(e.Off, e.Length)
 			}
 			v.resynced.Add(e.Length)

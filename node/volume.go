@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/replvol/replvol/backing"
 	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/metadata/statefile"
@@ -436,7 +437,7 @@ func (v *Volume) WriteAt(ctx context.Context, p []byte, off int64, fua bool) err
 		e := replication.Entry{Op: replication.OpWrite, Flags: flags, Off: off, Length: n, Data: part}
 		err := v.replicate(ctx, e, func() error {
 			if fua {
-				return writeSync(v.disk, part, e.Off)
+				return backing.WriteSync(v.disk, part, e.Off)
 			}
 			_, err := v.disk.WriteAt(part, e.Off)
 			return err
