@@ -385,7 +385,7 @@ func (n *Node) nbdURIFromStatus(nodes []transport.NodeInfo, node, volume string)
 // primary takes the role back.
 func (c *control) Primary(ctx context.Context, r *transport.PrimaryRequest) (*transport.PrimaryReply, error) {
 	n := c.n
-	vc := n.config().volume(r.Volume)
+	vc := n.config().Volume(r.Volume)
 	if vc == nil {
 		return nil, status.Errorf(codes.NotFound, "no volume %q in the cluster", r.Volume)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
@@ -95,7 +96,7 @@ func (p *peer) connect(ctx context.Context) error {
 
 	// Decide, and switch new writes from the bitmap to the stream, in one
 	// step: a write is either marked before it or queued after it.
-	s := newSession(hctx, p, stream, v.cfg.peerTimeout())
+	s := newSession(hctx, p, stream, v.cfg.PeerTimeoutOrDefault())
 	v.stateMu.Lock()
 	if size := v.size.Load(); size != hello.Size {
 		// The volume grew during the handshake (resize.go): the peer
@@ -147,7 +148,7 @@ func (p *peer) connect(ctx context.Context) error {
 	p.mu.Lock()
 	now := p.state
 	p.mu.Unlock()
-	v.node.emit(metadata.Event{Volume: v.name, Kind: "connected", Peer: p.name, Old: string(was), New: string(now), Message: fmt.Sprintf("%s connected: %s by rule=%s; %s out of sync on %s, %s on %s", p.name, plan.outcome, plan.rule, human.Bytes(p.bm.Bytes()), p.name, human.Bytes(v.localMissing.Bytes()), v.self)})
+	v.node.emit(statefile.Event{Volume: v.name, Kind: "connected", Peer: p.name, Old: string(was), New: string(now), Message: fmt.Sprintf("%s connected: %s by rule=%s; %s out of sync on %s, %s on %s", p.name, plan.outcome, plan.rule, human.Bytes(p.bm.Bytes()), p.name, human.Bytes(v.localMissing.Bytes()), v.self)})
 
 	var work func() error
 	switch {

@@ -137,7 +137,7 @@ func (c *control) Adjust(ctx context.Context, r *transport.AdjustRequest) (*tran
 		return &transport.AdjustReply{Nodes: []transport.AdjustedNode{{Node: n.name, Protocol: string(s.protocol),
 			OnCongestion: string(s.congestion.Policy), ResyncRate: s.resyncRate}}}, nil
 	}
-	vc := n.config().volume(r.Volume)
+	vc := n.config().Volume(r.Volume)
 	if vc == nil {
 		return nil, status.Errorf(codes.NotFound, "no volume %q in the cluster", r.Volume)
 	}

@@ -22,9 +22,9 @@
 // keyring: a node of another CA, or without the key, neither votes nor is
 // heard (tls.go).
 //
-// It imports metadata (the raft log on bbolt), replication (the rules) and
-// internal/pki, and nothing of node or transport: the node layer carries
-// forwarded requests to the leader through a Forwarder it implements. A
-// Cluster is safe for concurrent use; several run in one process (no
-// globals).
+// It imports metadata/raftlog (the raft log on bbolt), replication (the
+// rules) and internal/pki, and nothing of node or transport: the node
+// layer carries forwarded requests to the leader through a Forwarder it
+// implements. A Cluster is safe for concurrent use; several run in one
+// process (no globals).
 package cluster
