@@ -52,12 +52,6 @@ const clusterTick = 250 * time.Millisecond
 // about this long after its last renewal.
 const defaultLeaseDuration = 1500 * time.Millisecond
 
-// termSeen is a primary's term and when this node first saw it.
-type termSeen struct {
-	epoch uint64
-	since time.Time
-}
-
 // clusterState is a clustered node's part.
 type clusterState struct {
 	c *cluster.Cluster
@@ -77,9 +71,9 @@ type clusterState struct {
 	// leadingSince: when this node last became leader (zero when not).
 	leadingSince time.Time
 	// termSeen: per volume, the primary's term (epoch) this node last
-	// saw and since when: a new primary is given starvedAfter from then
-	// to renew its first lease.
-	termSeen map[string]termSeen
+	// saw and since when (cluster.Decision.Seen): a new primary is given
+	// cluster.StarvedAfter from then to renew its first lease.
+	termSeen map[string]cluster.Term
 	// promoting: volumes with a failover proposal in flight.
 	promoting map[string]bool
 	// failoverWhy: per volume, why the leader does not fail over now.
@@ -110,7 +104,7 @@ func (n *Node) openCluster(dir string, opts Options) error {
 	}
 	auto, why := n.config().FailoverMode()
 	n.cl = &clusterState{c: c, auto: auto, why: why, lease: timing.LeaseDuration, watch: cluster.Watch{Every: clusterTick},
-		promoting: map[string]bool{}, failoverWhy: map[string]string{}, termSeen: map[string]termSeen{}}
+		promoting: map[string]bool{}, failoverWhy: map[string]string{}, termSeen: map[string]cluster.Term{}}
 	for _, v := range n.volumes() {
 		v.auth = auto
 	}
@@ -226,80 +220,56 @@ func (n *Node) clusterLoop(stop <-chan struct{}) {
 		case st.Leader != n.name:
 			n.cl.leadingSince = time.Time{}
 		case n.cl.leadingSince.IsZero():
-			n.cl.leadingSince = time.Now()
+			n.cl.leadingSince = now
 		}
 		leading := n.cl.leadingSince
 		n.cl.mu.Unlock()
-		auto, _ := n.cl.failoverNow(st)
-		if observing.IsZero() || !auto {
-			n.clearFailoverWhy() // only a failing-over leader's reasons hold
-		}
-		if auto && !observing.IsZero() {
-			n.failover(auth, st, office, observing, now)
-		}
-		if n.cl.auto && !leading.IsZero() {
-			n.moveLeadership(st, leading)
+		d := n.decide(auth, st, office, observing, leading, now)
+		n.failover(d)
+		if d.HandOff != "" {
+			n.handOff(d.HandOff, now)
 		}
 	}
 }
 
-// failoverNow says whether the leader fails primaries over by itself now,
-// and why not: the config decides authority mode at start (failover: off,
-// fewer than three nodes), raft's live voters from then on (replctl node
-// remove may leave two).
-func (cs *clusterState) failoverNow(st cluster.Status) (auto bool, why string) {
-	switch {
-	case st.Standing != "":
-		return false, st.NotAVoter
-	case !cs.auto:
-		return false, cs.why
+// decide gathers what the leader knows at now and asks cluster.Decide
+// what to fail over: the volumes of the config, raft's authority (auth)
+// and status (st), the leases granted here, this node's office, since
+// when it observes (Watch.Step) and settles (leading), the terms it saw,
+// and whether it serves as a primary.
+func (n *Node) decide(auth replication.Authority, st cluster.Status, office, observing, leading, now time.Time) cluster.Decision {
+	volumes := n.config().Volumes
+	names := make([]string, 0, len(volumes))
+	renewals := cluster.Renewals{Lease: n.cl.lease, Volumes: make(map[string]cluster.Renewal, len(volumes))}
+	for _, vc := range volumes {
+		names = append(names, vc.Name)
+		last, renewing := n.cl.c.LeaseWatch(vc.Name)
+		renewals.Volumes[vc.Name] = cluster.Renewal{Last: last, Renewing: renewing}
 	}
-	return cluster.AutoFailover(st.Voters)
-}
-
-// leadershipSettle is how long a node leads before it hands leadership
-// off a primary (no flapping right after an election).
-const leadershipSettle = 2 * time.Second
-
-// moveLeadership hands raft's leadership to an alive voter that is no
-// volume's primary (a witness first) when this leader serves as a
-// primary: then killing the primary does not also kill the leader, and a
-// failover waits for the lease only, not for an election and a new
-// leader's wait.
-func (n *Node) moveLeadership(st cluster.Status, leading time.Time) {
-	if time.Since(leading) < leadershipSettle {
-		return
-	}
+	n.cl.mu.Lock()
+	terms := maps.Clone(n.cl.termSeen)
+	n.cl.mu.Unlock()
 	primaryHere := false
 	for _, v := range n.volumes() {
 		v.mu.Lock()
 		primaryHere = primaryHere || v.role == replication.Primary
 		v.mu.Unlock()
 	}
-	if !primaryHere {
-		return
-	}
-	auth := n.cl.c.Authority()
-	primaries := map[string]bool{}
-	for _, vc := range n.config().Volumes {
-		if va, ok := auth.Volume(vc.Name); ok {
-			primaries[va.Primary] = true
-		}
-	}
-	to := ""
-	for _, m := range st.Members {
-		if m.Name == n.name || !m.Voter || m.State != cluster.Alive || primaries[m.Name] {
-			continue
-		}
-		if to == "" || m.Witness {
-			to = m.Name
-		}
-	}
-	if to == "" {
-		return
-	}
+	leader := cluster.Leader{Office: office, Observing: observing, Failover: n.cl.failoverConfig(), Terms: terms,
+		Settling: leading, PrimaryHere: primaryHere}
+	return cluster.Decide(names, auth, st, renewals, leader, now)
+}
+
+// failoverConfig is the config's failover mode, fixed at start.
+func (cs *clusterState) failoverConfig() cluster.FailoverConfig {
+	return cluster.FailoverConfig{Auto: cs.auto, Why: cs.why}
+}
+
+// handOff hands raft's leadership to the voter to, as cluster.Decide
+// says (a leader that serves as a primary).
+func (n *Node) handOff(to string, now time.Time) {
 	n.cl.mu.Lock()
-	n.cl.leadingSince = time.Now() // try again no sooner than leadershipSettle
+	n.cl.leadingSince = now // try again no sooner than cluster.LeadershipSettle
 	n.cl.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
@@ -325,92 +295,51 @@ func (n *Node) gossipMeta() []byte {
 	return b
 }
 
-// failover is the leader's duty: a volume whose primary counts as lost
-// (cluster.PrimaryWatch: gossip reports it gone, or it renewed no lease
-// for cluster.StarvedAfter of the time this leader observed, since
-// observing) is handed to an alive UpToDate node. The promotion itself
+// failover carries out the leader's decision (cluster.Decide): it says
+// in status why volumes are not failed over, and proposes each failover
+// once at a time, in the office it was decided in. The promotion itself
 // waits (in the cluster) until no lease of the old primary can still be
-// valid, and is dropped if this node's office (taken at office) ends
-// meanwhile.
-func (n *Node) failover(auth replication.Authority, st cluster.Status, office, observing, now time.Time) {
-	alive := map[string]bool{}
-	liveness := map[string]cluster.Liveness{}
-	for _, m := range st.Members {
-		alive[m.Name] = m.State == cluster.Alive
-		liveness[m.Name] = m.State
+// valid, and is dropped if that office ends meanwhile.
+func (n *Node) failover(d cluster.Decision) {
+	if d.Off != 0 {
+		n.clearFailoverWhy() // only a failing-over leader's reasons hold
+		return
 	}
-	for _, vc := range n.config().Volumes {
-		va, ok := auth.Volume(vc.Name)
-		if !ok || va.Primary == "" {
-			n.setFailoverWhy(vc.Name, "")
-			continue
-		}
-		w := cluster.PrimaryWatch{Liveness: cluster.Unknown, Observing: observing, TermSeen: n.termSeenAt(vc.Name, va.Epoch, now)}
-		if l, ok := liveness[va.Primary]; ok {
-			w.Liveness = l
-		}
-		w.LastRenewal, w.Renewing = n.cl.c.LeaseWatch(vc.Name)
-		verdict := w.Judge(now, n.cl.lease)
-		if !verdict.Lost {
-			n.setFailoverWhy(vc.Name, "")
-			continue
-		}
-		lostWhy := "lost"
-		candidates := alive
-		if verdict.CutOff {
-			// Alive to gossip, but renewing no lease: it is cut off from
-			// the leader (its raft and control links), and its IO froze
-			// when its lease ran out. Another node serves instead.
-			lostWhy = fmt.Sprintf("alive to gossip but has renewed no lease for %.1fs (cut off from the raft leader)", verdict.Idle.Seconds())
-			candidates = maps.Clone(alive)
-			delete(candidates, va.Primary)
-		}
-		node, ok, why := replication.ChooseFailover(va, candidates, va.DataNodes)
-		if !ok {
-			n.setFailoverWhy(vc.Name, fmt.Sprintf("primary %s is %s and no node can take over: %s", va.Primary, lostWhy, why))
-			continue
-		}
+	n.cl.mu.Lock()
+	maps.Copy(n.cl.termSeen, d.Seen)
+	n.cl.mu.Unlock()
+	for _, l := range d.Left {
+		n.setFailoverWhy(l.Volume, l.Status())
+	}
+	for _, p := range d.Proposals {
 		n.cl.mu.Lock()
-		busy := n.cl.promoting[vc.Name]
-		n.cl.promoting[vc.Name] = true
+		busy := n.cl.promoting[p.Volume]
+		n.cl.promoting[p.Volume] = true
 		n.cl.mu.Unlock()
 		if busy {
 			continue
 		}
-		n.setFailoverWhy(vc.Name, fmt.Sprintf("primary %s is %s: promoting %s once its lease has run out", va.Primary, lostWhy, node))
+		n.setFailoverWhy(p.Volume, p.Status())
 		n.wg.Add(1)
-		go func(volume string, va replication.VolumeAuthority, lostWhy string) {
+		go func(p cluster.Proposal) {
 			defer n.wg.Done()
 			defer func() {
 				n.cl.mu.Lock()
-				delete(n.cl.promoting, volume)
+				delete(n.cl.promoting, p.Volume)
 				n.cl.mu.Unlock()
 			}()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			began := time.Now()
-			nva, err := n.cl.c.ProposeAsLeader(ctx, replication.FailoverCommand(volume, va.Epoch, node, false, time.Now().UTC(), va.Primary+" "+lostWhy), office)
+			nva, err := n.cl.c.ProposeAsLeader(ctx, p.Command(time.Now().UTC()), p.Office)
 			if err != nil {
-				n.log.Warn("failover proposal failed", "volume", volume, "to", node, "err", err)
+				n.log.Warn("failover proposal failed", "volume", p.Volume, "to", p.To, "err", err)
 				return
 			}
-			n.log.Warn("failover: promoted", "volume", volume, "from", va.Primary, "to", nva.Primary, "epoch", nva.Epoch, "waited", time.Since(began), "why", lostWhy)
-			n.event(volume, "failover", fmt.Sprintf("%s %s: %s promoted at epoch %d (raft leader %s)", va.Primary, lostWhy, nva.Primary, nva.Epoch, n.name))
-		}(vc.Name, va, lostWhy)
+			n.log.Warn("failover: promoted", "volume", p.Volume, "from", p.From, "to", nva.Primary, "epoch", nva.Epoch, "waited", time.Since(began), "why", p.Lost())
+			n.event(p.Volume, "failover", fmt.Sprintf("%s %s: %s promoted at epoch %d (raft leader %s)", p.From, p.Lost(), nva.Primary, nva.Epoch, n.name))
+		}(p)
 	}
-}
-
-// termSeenAt returns when this node first saw volume's primary at epoch
-// (now, the first time it asks).
-func (n *Node) termSeenAt(volume string, epoch uint64, now time.Time) time.Time {
-	n.cl.mu.Lock()
-	defer n.cl.mu.Unlock()
-	ts, ok := n.cl.termSeen[volume]
-	if !ok || ts.epoch != epoch {
-		ts = termSeen{epoch: epoch, since: now}
-		n.cl.termSeen[volume] = ts
-	}
-	return ts.since
 }
 
 func (n *Node) clearFailoverWhy() {
@@ -432,7 +361,7 @@ func (n *Node) clusterInfo() (transport.ClusterInfo, map[string]string) {
 		return transport.ClusterInfo{Failover: "off", Reason: why}, nil
 	}
 	st := n.cl.c.Status()
-	auto, why := n.cl.failoverNow(st)
+	auto, why := cluster.FailoverNow(st, n.cl.failoverConfig())
 	info := transport.ClusterInfo{Leader: st.Leader, Quorum: st.Quorum, Voters: st.Voters, Failover: "off", Reason: why, Standing: string(st.Standing)}
 	if auto {
 		info.Failover = "auto"

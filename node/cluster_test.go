@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replvol/replvol/backing"
 	"github.com/replvol/replvol/internal/testport"
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/replication"
@@ -95,7 +96,7 @@ func (c *testCluster) start(name string) *Node {
 	c.t.Helper()
 	opts := c.opts[name]
 	opts.wrapStore = func(s stateStore) stateStore { return &faultyStore{stateStore: s} }
-	n, err := New(c.cfg.clone(), name, opts)
+	n, err := New(cloneConfig(c.cfg), name, opts)
 	if err != nil {
 		c.t.Fatalf("start %s: %v", name, err)
 	}
@@ -106,10 +107,10 @@ func (c *testCluster) start(name string) *Node {
 	return n
 }
 
-// clone is a deep copy of the config: each node of a test cluster reads
+// cloneConfig is a deep copy of the config: each node of a test cluster reads
 // its own, as each replnode reads its own file, so a test may change c.cfg
 // for the next start while the other nodes run.
-func (c *Config) clone() *Config {
+func cloneConfig(c *Config) *Config {
 	out := *c
 	out.Nodes = slices.Clone(c.Nodes)
 	out.Volumes = slices.Clone(c.Volumes)
@@ -350,7 +351,7 @@ func (d *recordingDisk) WriteAt(p []byte, off int64) (int, error) {
 }
 
 func (d *recordingDisk) WriteAtSync(p []byte, off int64) error {
-	err := writeSync(d.Disk, p, off)
+	err := backing.WriteSync(d.Disk, p, off)
 	d.record(fmt.Sprintf("fua@%d", off))
 	return err
 }

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/node/cluster"
 )
 
@@ -50,8 +50,8 @@ type clusterWatch struct {
 	noLeaderSince, noQuorumSince time.Time
 }
 
-func (w *clusterWatch) observe(self string, st cluster.Status, now time.Time) []metadata.Event {
-	var out []metadata.Event
+func (w *clusterWatch) observe(self string, st cluster.Status, now time.Time) []statefile.Event {
+	var out []statefile.Event
 	switch {
 	case st.Leader != "":
 		w.noLeaderSince = time.Time{}
@@ -64,7 +64,7 @@ func (w *clusterWatch) observe(self string, st cluster.Status, now time.Time) []
 			default:
 				msg = fmt.Sprintf("raft leader is now %s (was %s)", st.Leader, w.leader)
 			}
-			out = append(out, metadata.Event{Kind: "raft-leader", Old: w.leader, New: st.Leader, Message: msg})
+			out = append(out, statefile.Event{Kind: "raft-leader", Old: w.leader, New: st.Leader, Message: msg})
 			w.leader = st.Leader
 		}
 	case w.leader != "" && w.leader != "none":
@@ -73,7 +73,7 @@ func (w *clusterWatch) observe(self string, st cluster.Status, now time.Time) []
 			w.noLeaderSince = now
 		}
 		if now.Sub(w.noLeaderSince) >= quorumGrace {
-			out = append(out, metadata.Event{Kind: "raft-leader", Old: w.leader, New: "none",
+			out = append(out, statefile.Event{Kind: "raft-leader", Old: w.leader, New: "none",
 				Message: fmt.Sprintf("raft has no leader (was %s): an election is under way or no majority is in reach", w.leader)})
 			w.leader = "none"
 		}
@@ -82,7 +82,7 @@ func (w *clusterWatch) observe(self string, st cluster.Status, now time.Time) []
 	case st.Quorum:
 		w.noQuorumSince = time.Time{}
 		if w.lost {
-			out = append(out, metadata.Event{Kind: "quorum-regained", Old: "no quorum", New: "quorum",
+			out = append(out, statefile.Event{Kind: "quorum-regained", Old: "no quorum", New: "quorum",
 				Message: fmt.Sprintf("%s is in contact with a raft majority again (leader %s): failover and lease renewals work", self, st.Leader)})
 		}
 		w.quorum, w.lost = true, false
@@ -91,7 +91,7 @@ func (w *clusterWatch) observe(self string, st cluster.Status, now time.Time) []
 			w.noQuorumSince = now
 		}
 		if now.Sub(w.noQuorumSince) >= quorumGrace {
-			out = append(out, metadata.Event{Kind: "quorum-lost", Old: "quorum", New: "no quorum",
+			out = append(out, statefile.Event{Kind: "quorum-lost", Old: "quorum", New: "no quorum",
 				Message: fmt.Sprintf("%s is cut off from the raft majority: no failover, and its primaries freeze their IO when their lease runs out", self)})
 			w.lost = true
 		}
@@ -113,7 +113,7 @@ func (w *leaseWatch) note(v *Volume, epoch uint64, err error) {
 	v.mu.Unlock()
 	switch {
 	case held && w.lost:
-		v.node.emit(metadata.Event{Volume: v.name, Kind: "lease-regained", Old: "frozen", New: "serving",
+		v.node.emit(statefile.Event{Volume: v.name, Kind: "lease-regained", Old: "frozen", New: "serving",
 			Message: fmt.Sprintf("%s's lease as primary of %s at epoch %d is renewed: IO goes on", v.self, v.name, epoch)})
 		w.lost = false
 	case !held && w.held && !w.lost:
@@ -121,7 +121,7 @@ func (w *leaseWatch) note(v *Volume, epoch uint64, err error) {
 		if err != nil {
 			msg += " (" + err.Error() + ")"
 		}
-		v.node.emit(metadata.Event{Volume: v.name, Kind: "lease-lost", Old: "serving", New: "frozen", Message: msg})
+		v.node.emit(statefile.Event{Volume: v.name, Kind: "lease-lost", Old: "serving", New: "frozen", Message: msg})
 		w.lost = true
 	}
 	w.held = w.held || held

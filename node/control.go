@@ -57,7 +57,7 @@ func forward[Resp any](n *Node, node string, call func(api transport.ControlServ
 // names node ("" for every node that holds it): NotFound when the cluster
 // has no such volume, or node holds no disk of it.
 func (n *Node) volumeHeldBy(volume, node string) (*VolumeConfig, error) {
-	vc := n.config().volume(volume)
+	vc := n.config().Volume(volume)
 	if vc == nil {
 		return nil, status.Errorf(codes.NotFound, "no volume %q in the cluster", volume)
 	}
@@ -428,7 +428,7 @@ func (n *Node) nbdURIFromStatus(nodes []transport.NodeInfo, node, volume string)
 // primary takes the role back.
 func (c *control) Primary(ctx context.Context, r *transport.PrimaryRequest) (*transport.PrimaryReply, error) {
 	n := c.n
-	vc := n.config().volume(r.Volume)
+	vc := n.config().Volume(r.Volume)
 	if vc == nil {
 		return nil, status.Errorf(codes.NotFound, "no volume %q in the cluster", r.Volume)
 	}

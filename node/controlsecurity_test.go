@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replvol/replvol/config"
 	"github.com/replvol/replvol/internal/pki"
 	"github.com/replvol/replvol/node/cluster"
 	"github.com/replvol/replvol/transport"
@@ -417,7 +418,7 @@ func TestTheTLSSectionLoadsFromTheFile(t *testing.T) {
 volumes:
   - {name: vol0, size: 1GiB, primary: alpha, disks: {alpha: /tmp/a.img, beta: /tmp/b.img}}
 `
-	cfg, err := parseConfig("cluster.yaml", []byte(base+`tls:
+	cfg, err := config.Parse("cluster.yaml", []byte(base+`tls:
   ca: /etc/replvol/tls/ca.crt
   cert: /etc/replvol/tls/{node}.crt
   key: /etc/replvol/tls/{node}.key
@@ -429,10 +430,10 @@ volumes:
 	if cfg.TLS == nil || cfg.TLS.CertFor("beta") != "/etc/replvol/tls/beta.crt" || cfg.TLS.KeyFor("alpha") != "/etc/replvol/tls/alpha.key" || cfg.TLS.NBDPolicy() != NBDTLSOptional {
 		t.Fatalf("tls: %+v", cfg.TLS)
 	}
-	if cfg, err := parseConfig("cluster.yaml", []byte(base)); err != nil || cfg.TLS != nil {
+	if cfg, err := config.Parse("cluster.yaml", []byte(base)); err != nil || cfg.TLS != nil {
 		t.Fatalf("a file without tls: %+v %v", cfg, err)
 	}
-	_, err = parseConfig("cluster.yaml", []byte(base+"tls:\n  ca: /ca.crt\n  cert: /{node}.crt\n  key: /{node}.key\n  certs: /x\n"))
+	_, err = config.Parse("cluster.yaml", []byte(base+"tls:\n  ca: /ca.crt\n  cert: /{node}.crt\n  key: /{node}.key\n  certs: /x\n"))
 	if err == nil || !strings.Contains(err.Error(), "cluster.yaml:10: tls.certs: unknown key") {
 		t.Fatalf("a misspelt key in tls: %v", err)
 	}

@@ -44,6 +44,13 @@
 // who may call what (authorize, a pure rule) and marks the calls a node
 // forwards on someone's behalf.
 //
+// Its cluster file is package config's (node names its types by alias),
+// its disks package backing's, and its durable files metadata's (the
+// volume's on-disk metadata), metadata/statefile's (state.db) and, through
+// node/cluster, metadata/raftlog's (raft.db). cmd/replnode, replbench and
+// replctl's demo (cmd/replctl/internal/demo) call it; replctl's other
+// commands never link it (layering_test.go).
+//
 // Lock order: v.stateMu, then p.mu, then s.mu, then v.mu. v.stateMu is
 // never taken while waiting for an entry's ack; v.mu is never held while
 // the state is written.

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -23,7 +23,7 @@ import (
 type faultyStore struct {
 	stateStore
 	mu     sync.Mutex
-	failIf func(metadata.VolumeState) bool
+	failIf func(statefile.VolumeState) bool
 	block  chan struct{}
 	failed atomic.Int64
 	puts   atomic.Int64
@@ -31,7 +31,7 @@ type faultyStore struct {
 
 var errInjectedStore = errors.New("injected state store failure")
 
-func (s *faultyStore) PutVolume(name string, st metadata.VolumeState) error {
+func (s *faultyStore) PutVolume(name string, st statefile.VolumeState) error {
 	s.mu.Lock()
 	failIf, block := s.failIf, s.block
 	s.mu.Unlock()
@@ -46,7 +46,7 @@ func (s *faultyStore) PutVolume(name string, st metadata.VolumeState) error {
 	return s.stateStore.PutVolume(name, st)
 }
 
-func (s *faultyStore) set(failIf func(metadata.VolumeState) bool) {
+func (s *faultyStore) set(failIf func(statefile.VolumeState) bool) {
 	s.mu.Lock()
 	s.failIf = failIf
 	s.mu.Unlock()
@@ -56,7 +56,7 @@ func (s *faultyStore) set(failIf func(metadata.VolumeState) bool) {
 // (installed at its start; it passes everything through until set).
 func wrapStore(n *Node) *faultyStore { return n.store.(*faultyStore) }
 
-func always(metadata.VolumeState) bool { return true }
+func always(statefile.VolumeState) bool { return true }
 
 // TestAWriteAPeerMissesFailsWhenTheNewGenerationCannotBeRecorded: the
 // first write beta misses must move alpha to a new generation, durably,
@@ -105,7 +105,7 @@ func TestAPeerIsNotUpToDateUntilItsBitmapIsRetiredDurably(t *testing.T) {
 		t.Fatal("alpha does not track beta after writes it missed")
 	}
 	fs := wrapStore(c.nodes["alpha"])
-	retiring := func(st metadata.VolumeState) bool { _, ok := st.PeerBitmaps["beta"]; return !ok }
+	retiring := func(st statefile.VolumeState) bool { _, ok := st.PeerBitmaps["beta"]; return !ok }
 	fs.set(retiring)
 	c.vol("beta").setAdminDown(false)
 	eventually(t, func() bool { return fs.failed.Load() >= 2 }, "two failed retirements (the connection is retried)")
@@ -138,7 +138,7 @@ func TestADiskIsNotDetachedUnlessTheStoreRecordsIt(t *testing.T) {
 	c.waitInSync()
 	v := c.vol("alpha")
 	fs := wrapStore(c.nodes["alpha"])
-	fs.set(func(st metadata.VolumeState) bool { return st.LocalStale })
+	fs.set(func(st statefile.VolumeState) bool { return st.LocalStale })
 	v.disk.(*failingDisk).fail.Store(true)
 	if err := v.WriteAt(context.Background(), pattern(1, 4096), 0, false); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("write to a failed disk that cannot be detached durably: %v, want EIO", err)

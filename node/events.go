@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/internal/human"
-	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
@@ -28,7 +28,7 @@ type eventHub struct {
 const subscriberBuffer = 256
 
 // emit records e and sends it to every subscriber.
-func (n *Node) emit(e metadata.Event) {
+func (n *Node) emit(e statefile.Event) {
 	stored, err := n.store.AddEvent(e)
 	if err != nil {
 		n.log.Warn("record event", "err", err)
@@ -45,7 +45,7 @@ func (n *Node) emit(e metadata.Event) {
 	}
 }
 
-func (n *Node) transportEvent(e metadata.Event) transport.Event {
+func (n *Node) transportEvent(e statefile.Event) transport.Event {
 	return transport.Event{Seq: e.Seq, Time: e.Time, Node: n.name, Volume: e.Volume, Kind: e.Kind, Message: e.Message,
 		Peer: e.Peer, Old: e.Old, New: e.New, Reason: e.Reason}
 }

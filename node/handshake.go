@@ -9,6 +9,7 @@ import (
 
 	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
@@ -66,12 +67,18 @@ func (p *peer) connect(ctx context.Context) error {
 		Settings: v.agreedSettings(), Wire: replication.WireVersion}
 	v.mu.Unlock()
 	if err := sendJSON(stream, replication.FrameHello, hello); err != nil {
+		if ref := tlsRefusal(p.name, err); ref != nil {
+			return ref // the handshake failed under the open stream
+		}
 		return fmt.Errorf("connect to %s at %s: %w", p.name, p.addr, err)
 	}
 	timer := time.AfterFunc(helloTimeout, cancelHello)
 	reply, err := recvHelloReply(stream)
 	timer.Stop()
 	if err != nil {
+		if ref := tlsRefusal(p.name, err); ref != nil {
+			return ref
+		}
 		return fmt.Errorf("handshake with %s at %s: %w", p.name, p.addr, err)
 	}
 	if err := replication.CheckWireVersion(v.self, p.name, reply.Wire); err != nil {
@@ -89,7 +96,7 @@ func (p *peer) connect(ctx context.Context) error {
 
 	// Decide, and switch new writes from the bitmap to the stream, in one
 	// step: a write is either marked before it or queued after it.
-	s := newSession(hctx, p, stream, v.cfg.peerTimeout())
+	s := newSession(hctx, p, stream, v.cfg.PeerTimeoutOrDefault())
 	v.stateMu.Lock()
 	if size := v.size.Load(); size != hello.Size {
 		// The volume grew during the handshake (resize.go): the peer
@@ -141,7 +148,7 @@ func (p *peer) connect(ctx context.Context) error {
 	p.mu.Lock()
 	now := p.state
 	p.mu.Unlock()
-	v.node.emit(metadata.Event{Volume: v.name, Kind: "connected", Peer: p.name, Old: string(was), New: string(now), Message: fmt.Sprintf("%s connected: %s by rule=%s; %s out of sync on %s, %s on %s", p.name, plan.outcome, plan.rule, human.Bytes(p.bm.Bytes()), p.name, human.Bytes(v.localMissing.Bytes()), v.self)})
+	v.node.emit(statefile.Event{Volume: v.name, Kind: "connected", Peer: p.name, Old: string(was), New: string(now), Message: fmt.Sprintf("%s connected: %s by rule=%s; %s out of sync on %s, %s on %s", p.name, plan.outcome, plan.rule, human.Bytes(p.bm.Bytes()), p.name, human.Bytes(v.localMissing.Bytes()), v.self)})
 
 	var work func() error
 	switch {

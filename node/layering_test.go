@@ -1,7 +1,13 @@
 package node
 
 import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"maps"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -14,7 +20,7 @@ func TestLayering(t *testing.T) {
 		"github.com/replvol/replvol/replication": {"/transport", "/node", "/web", "/metadata", "google.golang.org/grpc", "go.etcd.io/bbolt"},
 		"github.com/replvol/replvol/transport":   {"/node", "/web", "/metadata"},
 		"github.com/replvol/replvol/web":         {"/node", "/metadata", "/replication"},
-		"github.com/replvol/replvol/metadata":    {"/node", "/transport", "/web"},
+		"github.com/replvol/replvol/metadata":    {"/node", "/transport", "/web", "go.etcd.io/bbolt", "github.com/hashicorp/raft"},
 	}
 	for pkg, bad := range forbidden {
 		out, err := exec.Command("go", "list", "-deps", pkg).Output()
@@ -33,4 +39,93 @@ func TestLayering(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestReplctlLayering pins issue 17's seam: replctl reaches nodes only
+// through transport and reads the cluster file through config, so its
+// code links neither the node nor raft, memberlist or bbolt. Only its demo
+// package runs nodes; only backing (create-md, which resets the volume's
+// entry in the node's bbolt state.db) links bbolt, and not raft or
+// memberlist. Each rule walks the import graph from a package, not
+// entering the packages it exempts, and names the import chain of what it
+// finds.
+func TestReplctlLayering(t *testing.T) {
+	const (
+		mod     = "github.com/replvol/replvol"
+		replctl = mod + "/cmd/replctl"
+		demo    = replctl + "/internal/demo"
+	)
+	// A name ending in /... stands for its subpackages too.
+	daemon := []string{mod + "/node", mod + "/node/cluster/...", "github.com/hashicorp/raft/...", "github.com/hashicorp/memberlist/..."}
+	bbolt := []string{"go.etcd.io/bbolt/..."}
+	rules := []struct {
+		from      string
+		exempt    []string
+		forbidden []string
+	}{
+		{replctl, []string{demo}, daemon},
+		{replctl, []string{demo, mod + "/backing"}, bbolt},
+		{mod + "/backing", nil, daemon},
+		{mod + "/config", nil, append(append([]string{mod + "/transport/..."}, daemon...), bbolt...)},
+	}
+	graph := importGraph(t, replctl, mod+"/backing", mod+"/config")
+	if _, ok := graph[demo]; !ok {
+		t.Fatalf("replctl does not import %s: update this test", demo)
+	}
+	for _, r := range rules {
+		deps := reachable(graph, r.from, r.exempt)
+		for _, dep := range slices.Sorted(maps.Keys(deps)) {
+			chain := deps[dep]
+			for _, f := range r.forbidden {
+				if dep == strings.TrimSuffix(f, "/...") || strings.HasSuffix(f, "/...") && strings.HasPrefix(dep, strings.TrimSuffix(f, "...")) {
+					t.Errorf("%s imports %s: %s", r.from, dep, strings.Join(chain, " -> "))
+				}
+			}
+		}
+	}
+}
+
+// importGraph maps each package that pkgs depend on (pkgs included) to
+// its imports, as go list -deps reports them.
+func importGraph(t *testing.T, pkgs ...string) map[string][]string {
+	t.Helper()
+	out, err := exec.Command("go", append([]string{"list", "-deps", "-json=ImportPath,Imports"}, pkgs...)...).Output()
+	if err != nil {
+		t.Fatalf("go list %v: %v", pkgs, err)
+	}
+	graph := map[string][]string{}
+	for dec := json.NewDecoder(bytes.NewReader(out)); ; {
+		var p struct {
+			ImportPath string
+			Imports    []string
+		}
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatalf("go list output: %v", err)
+		}
+		graph[p.ImportPath] = p.Imports
+	}
+	return graph
+}
+
+// reachable returns every package from imports, directly or not, without
+// entering the exempt ones, each with the chain of imports that reaches
+// it.
+func reachable(graph map[string][]string, from string, exempt []string) map[string][]string {
+	chains := map[string][]string{from: {from}}
+	queue := []string{from}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		for _, dep := range graph[p] {
+			if _, seen := chains[dep]; seen || slices.Contains(exempt, dep) {
+				continue
+			}
+			chains[dep] = append(append([]string(nil), chains[p]...), dep)
+			queue = append(queue, dep)
+		}
+	}
+	delete(chains, from)
+	return chains
 }

@@ -3,55 +3,26 @@ package node
 import (
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
-	"path/filepath"
 	"slices"
 
-	"github.com/replvol/replvol/internal/human"
+	"github.com/replvol/replvol/backing"
 	"github.com/replvol/replvol/metadata"
-	"github.com/replvol/replvol/replication"
 )
 
 // peerIDs returns the metadata ids of a volume's other nodes.
-func (n *Node) peerIDs(vc VolumeConfig) []uint32 {
-	var ids []uint32
-	cfg := n.config()
-	for _, nc := range cfg.Nodes {
-		if _, ok := vc.Disks[nc.Name]; ok && nc.Name != n.name {
-			ids = append(ids, cfg.NodeID(nc.Name))
-		}
-	}
-	return ids
-}
+func (n *Node) peerIDs(vc VolumeConfig) []uint32 { return backing.PeerIDs(n.config(), n.name, vc) }
 
-// requiredDiskSize is what the backing device must hold: the volume, plus
-// internal metadata at its end. For size: max not resolved yet, one block
-// of data.
+// requiredDiskSize is what the backing device must hold
+// (backing.RequiredSize).
 func (n *Node) requiredDiskSize(vc VolumeConfig) (int64, error) {
-	size := int64(vc.Size)
-	if vc.Size == SizeMax {
-		size = metadata.MDBlockSize
-	}
-	if vc.External() {
-		return size, nil
-	}
-	return metadata.InternalDeviceSize(size, vc.ALExtents, max(1, len(n.peerIDs(vc))))
+	return backing.RequiredSize(n.config(), n.name, vc)
 }
 
 // usableSize is the largest volume this node's disk holds after its
-// metadata: what size: max means on this node.
+// metadata (backing.UsableSize).
 func (n *Node) usableSize(vc VolumeConfig, disk Disk) (int64, error) {
-	placement, peers := metadata.Internal, max(1, len(n.peerIDs(vc)))
-	if vc.External() {
-		placement = metadata.External
-	}
-	size, err := metadata.UsableSize(placement, disk.Size(), vc.ALExtents, peers)
-	if err != nil || size <= 0 {
-		return 0, fmt.Errorf("size: max: the disk %s (%d bytes) holds no volume beside its metadata (%v): give a larger disk", vc.Disks[n.name].Paths[0].Path, disk.Size(), err)
-	}
-	return size, nil
+	return backing.UsableSize(n.config(), n.name, vc, disk)
 }
 
 // resolveSizes gives each volume this node holds its size here: the size
@@ -108,29 +79,6 @@ func (n *Node) warnSizeDiffers(volume string, file, recorded int64) {
 	n.event(volume, "size-differs", msg)
 }
 
-// syncedMDDevice is the metadata device of internal metadata: every write
-// is durable on its own (pwritev2 with RWF_DSYNC), so Sync has nothing
-// left to do. A Sync of the backing device itself would also flush every
-// dirty data page of the volume: metadata IO would cost what the data
-// costs, the slowdown DRBD users met with internal metadata (seeds/003).
-type syncedMDDevice struct{ d Disk }
-
-func (s syncedMDDevice) ReadAt(p []byte, off int64) (int, error) { return s.d.ReadAt(p, off) }
-
-func (s syncedMDDevice) WriteAt(p []byte, off int64) (int, error) {
-	if err := writeSync(s.d, p, off); err != nil {
-		return 0, err
-	}
-	return len(p), nil
-}
-
-func (s syncedMDDevice) Sync() error { return nil }
-
-// mdFile is an external metadata file.
-type mdFile struct{ *os.File }
-
-func (f mdFile) Sync() error { return f.File.Sync() }
-
 // openMD opens the volume's on-disk metadata on this node, creating it on
 // a disk that has none yet (a new volume). It refuses metadata of another
 // volume or node, of a newer format, or corrupt, and says which.
@@ -145,17 +93,17 @@ func (n *Node) openMD(vc VolumeConfig, disk Disk) (*metadata.MD, func() error, e
 	if len(opts.Peers) == 0 {
 		opts.Peers = []uint32{0}
 	}
-	var dev metadata.MDDevice = syncedMDDevice{disk}
+	var dev metadata.MDDevice = backing.SyncedMDDevice{Disk: disk}
 	closeDev := func() error { return nil }
 	where := fmt.Sprintf("the end of %s", vc.Disks[n.name].Paths[0].Path)
 	if vc.External() {
 		path := vc.Disks[n.name].Meta
 		f, err := os.OpenFile(path, os.O_RDWR, 0)
 		if err != nil {
-			return nil, nil, fmt.Errorf("external metadata %s: %w (create it: truncate -s %d %s)", path, err, externalSize(vc, len(opts.Peers)), path)
+			return nil, nil, fmt.Errorf("external metadata %s: %w (create it: truncate -s %d %s)", path, err, backing.ExternalSize(vc, len(opts.Peers)), path)
 		}
 		opts.Placement, opts.DeviceSize = metadata.External, int64(vc.Size)
-		dev, closeDev, where = mdFile{f}, f.Close, path
+		dev, closeDev, where = backing.MDFile{File: f}, f.Close, path
 	}
 	md, err := metadata.OpenMD(dev, opts)
 	if (errors.Is(err, metadata.ErrNoMetadata) || errors.Is(err, metadata.ErrCorrupt)) && opts.Placement == metadata.Internal {
@@ -191,109 +139,11 @@ func (n *Node) openMD(vc VolumeConfig, disk Disk) (*metadata.MD, func() error, e
 	return md, closeDev, nil
 }
 
-func externalSize(vc VolumeConfig, peers int) int64 {
-	n, err := metadata.ExternalSize(int64(vc.Size), vc.ALExtents, peers)
-	if err != nil {
-		return 0
-	}
-	return n
-}
-
-// CreateMetadata initialises a volume's metadata on this node's disk, as
-// DRBD's create-md: offline (the node must be stopped), and over existing
-// metadata only with force. The node's data then counts as Inconsistent,
-// so it gets a full resync from its peer, unless the volume is new.
+// CreateMetadata initialises a volume's metadata on node name's disk,
+// offline (backing.CreateMetadata).
 func CreateMetadata(cfg *Config, name, volume, stateDir string, force bool) (string, error) {
-	var vc *VolumeConfig
-	for i := range cfg.Volumes {
-		if cfg.Volumes[i].Name == volume {
-			vc = &cfg.Volumes[i]
-		}
-	}
-	if vc == nil {
-		return "", fmt.Errorf("no volume %q in the config", volume)
-	}
-	dc, ok := vc.Disks[name]
-	if !ok {
-		return "", fmt.Errorf("node %s holds no disk of %s", name, volume)
-	}
-	self, _ := cfg.Node(name)
-	if stateDir == "" {
-		stateDir = self.StateDir
-	}
-	n := &Node{name: name, self: self, log: discardLogger()}
-	n.cfg.Store(cfg)
-	st, err := metadata.Open(filepath.Join(stateDir, "state.db"))
-	if err != nil {
-		return "", err
-	}
-	defer st.Close()
-	n.store = st
-	disk, mp, err := n.openDisk(*vc, dc, 0, Options{})
-	if err != nil {
-		return "", err
-	}
-	defer disk.Close()
-	_ = mp
-	if vc.Size == SizeMax {
-		// The copy on this node starts over: size: max is what its disk
-		// holds now.
-		size, err := n.usableSize(*vc, disk)
-		if err != nil {
-			return "", err
-		}
-		resolved := *vc
-		resolved.Size = VolumeSize(size)
-		vc = &resolved
-	}
-	opts := metadata.MDOptions{
-		Placement: metadata.Internal, DeviceSize: disk.Size(), Volume: vc.VolumeUUID(),
-		NodeID: cfg.NodeID(name), Peers: n.peerIDs(*vc), ALExtents: vc.ALExtents, Overwrite: force,
-		VolumeSize: int64(vc.Size),
-	}
-	if len(opts.Peers) == 0 {
-		opts.Peers = []uint32{0}
-	}
-	var dev metadata.MDDevice = syncedMDDevice{disk}
-	where := "the end of " + dc.Paths[0].Path
-	if vc.External() {
-		f, err := os.OpenFile(dc.Meta, os.O_RDWR|os.O_CREATE, 0o600)
-		if err != nil {
-			return "", err
-		}
-		defer f.Close()
-		size := externalSize(*vc, len(opts.Peers))
-		if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() && fi.Size() < size {
-			if err := f.Truncate(size); err != nil {
-				return "", err
-			}
-		}
-		opts.Placement, opts.DeviceSize, dev, where = metadata.External, int64(vc.Size), mdFile{f}, dc.Meta
-	}
-	md, err := metadata.CreateMD(dev, opts)
-	if err != nil {
-		return "", fmt.Errorf("create-md at %s: %w", where, err)
-	}
-	md.Close()
-	// What this disk holds is no longer tied to any generation.
-	vs, known, err := st.Volume(volume)
-	if err != nil {
-		return "", err
-	}
-	if known {
-		// A primary stays primary: it copies everything from a peer that
-		// holds the data, and serves reads from it meanwhile.
-		vs.Generation, vs.SyncGeneration, vs.PeerBitmaps, vs.LocalStale = replication.Generation{}, replication.Generation{}, nil, false
-		// The copy starts over at the size the file gives now.
-		vs.Size = int64(vc.Size)
-		if err := st.PutVolume(volume, vs); err != nil {
-			return "", err
-		}
-	}
-	return fmt.Sprintf("created %s metadata for %s at %s (volume %d bytes, %s; usable %s)", opts.Placement, volume, where, vc.Size, human.Bytes(int64(vc.Size)), human.Bytes(md.UsableSize())), nil
+	return backing.CreateMetadata(cfg, name, volume, stateDir, force)
 }
-
-func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // sizeText is a size for people: "1.5GiB", "512.0MiB", "4096B".
 func sizeText(n int64) string {

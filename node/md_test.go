@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
@@ -201,7 +202,7 @@ func TestUnrelatedDataIsNeverOverwritten(t *testing.T) {
 	c.start("beta")
 	c.waitInSync()
 	c.stop("beta")
-	st, err := metadata.Open(filepath.Join(c.dir, "beta", "state.db"))
+	st, err := statefile.Open(filepath.Join(c.dir, "beta", "state.db"))
 	if err != nil {
 		t.Fatal(err)
 	}

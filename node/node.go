@@ -20,7 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/replvol/replvol/internal/logonce"
 	"github.com/replvol/replvol/internal/pki"
-	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/node/cluster"
 	"github.com/replvol/replvol/node/multipath"
 	"github.com/replvol/replvol/replication"
@@ -78,14 +78,14 @@ func bootID() string {
 	return strings.TrimSpace(string(b))
 }
 
-// stateStore is the node's own durable state (metadata.Store: bbolt):
+// stateStore is the node's own durable state (statefile.Store: bbolt):
 // volume states and the event history. Tests wrap it to inject failures.
 type stateStore interface {
-	Volume(name string) (metadata.VolumeState, bool, error)
+	Volume(name string) (statefile.VolumeState, bool, error)
 	// PutVolume is durable BEFORE it returns.
-	PutVolume(name string, st metadata.VolumeState) error
-	AddEvent(e metadata.Event) (metadata.Event, error)
-	Events(n int) ([]metadata.Event, error)
+	PutVolume(name string, st statefile.VolumeState) error
+	AddEvent(e statefile.Event) (statefile.Event, error)
+	Events(n int) ([]statefile.Event, error)
 	Close() error
 }
 
@@ -208,7 +208,7 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 		return nil, fmt.Errorf("node %s: no state directory: set nodes[].state_dir in the config or pass --state-dir", name)
 	}
 	n.stateDir = dir
-	st, err := metadata.Open(filepath.Join(dir, "state.db"))
+	st, err := statefile.Open(filepath.Join(dir, "state.db"))
 	if err != nil {
 		return nil, err
 	}
@@ -521,12 +521,12 @@ func (n *Node) Close() error {
 
 // event records one line of history; failures only reach the log.
 func (n *Node) event(volume, kind, msg string) {
-	n.emit(metadata.Event{Volume: volume, Kind: kind, Message: msg})
+	n.emit(statefile.Event{Volume: volume, Kind: kind, Message: msg})
 }
 
 // peerEvent records an event about one peer of a volume.
 func (n *Node) peerEvent(volume, kind, peer, msg string) {
-	n.emit(metadata.Event{Volume: volume, Kind: kind, Peer: peer, Message: msg})
+	n.emit(statefile.Event{Volume: volume, Kind: kind, Peer: peer, Message: msg})
 }
 
 // client returns a control client for another node.

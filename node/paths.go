@@ -5,81 +5,21 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"time"
 
+	"github.com/replvol/replvol/backing"
 	"github.com/replvol/replvol/node/multipath"
 	"github.com/replvol/replvol/transport"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
 
-// openDisk opens one node's backing LUN of a volume: a plain file or
-// device, or a multipath device over several labelled paths.
+// openDisk opens one node's backing LUN of a volume (backing.Open).
 func (n *Node) openDisk(vc VolumeConfig, dc DiskConfig, preferred int, opts Options) (Disk, *multipath.Device, error) {
 	size, err := n.requiredDiskSize(vc)
 	if err != nil {
 		return nil, nil, err
 	}
-	if !dc.Multipath() {
-		open := opts.OpenDisk
-		if open == nil {
-			open = OpenDisk
-		}
-		d, err := open(dc.Paths[0].Path, size)
-		return d, nil, err
-	}
-	openPath := opts.OpenPath
-	if openPath == nil {
-		openPath = func(pc PathConfig) (multipath.Path, error) { return multipath.OpenFilePath(pc.Name, pc.Path) }
-	}
-	var paths []multipath.Path
-	closeAll := func() {
-		for _, p := range paths {
-			p.Close()
-		}
-	}
-	cfg := multipath.Config{
-		RRMinIO:       dc.RRMinIO,
-		Preferred:     preferred,
-		CheckInterval: time.Duration(dc.CheckInterval),
-		IOTimeout:     time.Duration(dc.IOTimeout),
-		NoPathRetry:   dc.NoPathRetry,
-		Label:         true,
-
-		ReinstateHoldoff: time.Duration(dc.ReinstateHoldoff),
-	}
-	if dc.NoPathRetry < 0 {
-		cfg.NoPathRetry = multipath.NoPathFail
-	}
-	if dc.Policy != "" {
-		cfg.Policy, _ = multipath.ParsePolicy(dc.Policy)
-	}
-	if dc.Failback != "" {
-		cfg.Failback, _ = multipath.ParseFailback(dc.Failback)
-	}
-	log := n.log.With("volume", vc.Name, "part", "multipath")
-	cfg.OnChange = func(e multipath.Event) {
-		log.Info("path state", "path", e.Path, "state", e.State.String(), "reason", e.Reason)
-	}
-	for _, pc := range dc.Paths {
-		p, err := openPath(pc)
-		if err != nil {
-			closeAll()
-			return nil, nil, fmt.Errorf("path %s (%s): %w", pc.Name, pc.Path, err)
-		}
-		paths = append(paths, p)
-		cfg.Groups = append(cfg.Groups, pc.Group)
-	}
-	dev, err := multipath.Open(paths, cfg)
-	if err != nil {
-		closeAll()
-		return nil, nil, err
-	}
-	if dev.Size() < size {
-		dev.Close()
-		return nil, nil, fmt.Errorf("the LUN behind %s holds %d usable bytes (after replvol's 4 KiB label) but the volume and its metadata need %d: grow it or shrink the volume", dc.Paths[0].Path, dev.Size(), size)
-	}
-	return dev, dev, nil
+	return backing.Open(vc, dc, size, preferred, opts.OpenDisk, opts.OpenPath, n.log)
 }
 
 // balanceByGroup picks, for each of this node's multipath volumes whose

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
@@ -173,7 +174,7 @@ func (p *peer) run(ctx context.Context) {
 		if why.cause != lastCause {
 			if err != nil {
 				p.v.log.Warn("replication to peer down; retrying", "peer", p.name, "cause", why.cause, "err", err)
-				p.v.node.emit(metadata.Event{Volume: p.v.name, Kind: "peer-lost", Peer: p.name, Old: string(was), New: string(replication.Connecting),
+				p.v.node.emit(statefile.Event{Volume: p.v.name, Kind: "peer-lost", Peer: p.name, Old: string(was), New: string(replication.Connecting),
 					Reason: string(why.cause), Message: fmt.Sprintf("replication to %s down (%s): %v; retrying", p.name, why.cause, err)})
 			}
 			lastCause = why.cause
@@ -226,7 +227,7 @@ func (p *peer) refused(ref *refusal) {
 		level = slog.LevelWarn
 	}
 	v.log.Log(context.Background(), level, "refused to sync", "peer", p.name, "cause", ref.cause, "rule", ref.rule, "reason", why.text)
-	v.node.emit(metadata.Event{Volume: v.name, Kind: kind, Peer: p.name, Old: string(was), New: string(replication.StandAlone), Reason: string(ref.cause),
+	v.node.emit(statefile.Event{Volume: v.name, Kind: kind, Peer: p.name, Old: string(was), New: string(replication.StandAlone), Reason: string(ref.cause),
 		Message: fmt.Sprintf("%s: %s", p.name, why.text)})
 }
 

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/replvol/replvol/backing"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -43,7 +44,7 @@ func (d *volatileDisk) WriteAt(p []byte, off int64) (int, error) {
 }
 
 func (d *volatileDisk) WriteAtSync(p []byte, off int64) error {
-	if err := writeSync(d.Disk, p, off); err != nil {
+	if err := backing.WriteSync(d.Disk, p, off); err != nil {
 		return err
 	}
 	d.mu.Lock()

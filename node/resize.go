@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/replvol/replvol/backing"
 	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/replication"
@@ -79,7 +80,7 @@ func (v *Volume) grow(ctx context.Context, size int64, check bool) (transport.Re
 	case v.isDetached():
 		return out, fmt.Errorf("%w: %s's disk of %s is out of service: it grows once it is attached again; nothing changed", ErrDiskDetached, v.self, v.name)
 	}
-	if r, ok := v.disk.(remeasurer); ok {
+	if r, ok := v.disk.(backing.Remeasurer); ok {
 		if _, err := r.Remeasure(); err != nil {
 			return out, fmt.Errorf("measure %s: %w; nothing changed", v.diskName(), err)
 		}

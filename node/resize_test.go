@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/transport"
 	"github.com/replvol/replvol/transport/nbd/nbdtest"
 	"google.golang.org/grpc/codes"
@@ -390,7 +391,9 @@ func TestANodeDownDuringAResizeIsRefusedAndCatchesUpAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	beta := c.start("beta")
-	e := waitForEvent(t, beta, "refused", func(e metadata.Event) bool { return e.Reason == "size-mismatch" || strings.Contains(e.Message, "size") })
+	e := waitForEvent(t, beta, "refused", func(e statefile.Event) bool {
+		return e.Reason == "size-mismatch" || strings.Contains(e.Message, "size")
+	})
 	for _, part := range []string{"67108864 bytes on beta but 268435456 on alpha", "replctl resize vol0 268435456 --node beta"} {
 		if !strings.Contains(e.Message, part) {
 			t.Fatalf("beta's refusal %q does not say %q", e.Message, part)
@@ -422,7 +425,7 @@ func TestAResizeCutShortLeavesTheOldSizeOrTheNew(t *testing.T) {
 	big := deviceSizeFor(t, resizeTo, 1) + 64*mib
 	c.growDisk("alpha", big)
 	c.growDisk("beta", big)
-	wrapStore(c.nodes["beta"]).set(func(st metadata.VolumeState) bool { return st.Size == resizeTo })
+	wrapStore(c.nodes["beta"]).set(func(st statefile.VolumeState) bool { return st.Size == resizeTo })
 	_, err := c.resize("alpha", &transport.ResizeRequest{Size: resizeTo})
 	if err == nil || !strings.Contains(status.Convert(err).Message(), "record the new size") {
 		t.Fatalf("resize with beta's store failing: %v", err)

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/internal/human"
-	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -337,7 +337,7 @@ func (v *Volume) setAdminDown(down bool) {
 	if down {
 		what = "disconnected"
 	}
-	e := metadata.Event{Volume: v.name, Kind: what, Message: fmt.Sprintf("%s %s by the operator", v.self, what)}
+	e := statefile.Event{Volume: v.name, Kind: what, Message: fmt.Sprintf("%s %s by the operator", v.self, what)}
 	if down {
 		e.Reason = string(CauseAdminDown)
 	}

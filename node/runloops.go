@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/replvol/replvol/backing"
 	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/replication"
 )
@@ -121,7 +122,7 @@ func (p *peer) resync(s *session) error {
 func (p *peer) resyncEntry(s *session, off, length int64, csums bool) (*pending, error) {
 	v := p.v
 	pd := newPending(replication.Entry{})
-	switch hf, isHF := v.disk.(holeFinder); {
+	switch hf, isHF := v.disk.(backing.HoleFinder); {
 	case csums:
 		bp, err := readBlock(v.disk, off, length)
 		if err != nil {

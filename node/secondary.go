@@ -7,7 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/backing"
+	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
@@ -219,7 +220,7 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 			if reply.Refused == replication.RefusedSplitBrain {
 				kind = "split-brain"
 			}
-			v.node.emit(metadata.Event{Volume: v.name, Kind: kind, Peer: h.From, Reason: string(reply.Refused), Message: reply.Reason})
+			v.node.emit(statefile.Event{Volume: v.name, Kind: kind, Peer: h.From, Reason: string(reply.Refused), Message: reply.Reason})
 		}
 		reply.Settings = v.agreedSettings()
 		return sendHelloReply(s, reply)
@@ -344,7 +345,7 @@ func (v *Volume) applyStream(s *transport.ReplStream, in *incoming, from string)
 	}()
 	var applying atomic.Bool
 	go func() {
-		tick := time.NewTicker(max(v.cfg.peerTimeout()/4, 10*time.Millisecond))
+		tick := time.NewTicker(max(v.cfg.PeerTimeoutOrDefault()/4, 10*time.Millisecond))
 		defer tick.Stop()
 		for {
 			select {
@@ -454,7 +455,7 @@ func (v *Volume) apply(in *incoming, entries []replication.Entry, readReply func
 				break
 			}
 			if e.Flags&replication.EntryFUA != 0 {
-				err = writeSync(v.disk, e.Data, e.Off)
+				err = backing.WriteSync(v.disk, e.Data, e.Off)
 			} else {
 				_, err = v.disk.WriteAt(e.Data, e.Off)
 			}
@@ -506,7 +507,7 @@ func (v *Volume) apply(in *incoming, entries []replication.Entry, readReply func
 			_, err = v.disk.WriteAt(e.Data, e.Off)
 			v.resynced.Add(e.Length)
 		case replication.OpResyncZero:
-			if hf, ok := v.disk.(holeFinder); !ok || !hf.IsHole(e.Off, e.Length) {
+			if hf, ok := v.disk.(backing.HoleFinder); !ok || !hf.IsHole(e.Off, e.Length) {
 				err = v.disk.Zero(e.Off, e.Length)
 			}
 			v.resynced.Add(e.Length)

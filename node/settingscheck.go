@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
@@ -72,7 +72,7 @@ func (v *Volume) compareSettings(peer string, theirs *replication.Settings) {
 	v.mu.Unlock()
 	if text == "" {
 		v.log.Info("settings agree with the peer again", "peer", peer)
-		v.node.emit(metadata.Event{Volume: v.name, Kind: "settings-agree", Peer: peer,
+		v.node.emit(statefile.Event{Volume: v.name, Kind: "settings-agree", Peer: peer,
 			Message: fmt.Sprintf("the settings that must agree (protocol, after_sb, size) agree with %s again", peer)})
 		return
 	}
@@ -81,7 +81,7 @@ func (v *Volume) compareSettings(peer string, theirs *replication.Settings) {
 	for _, d := range diffs {
 		names = append(names, string(d.Setting))
 	}
-	v.node.emit(metadata.Event{Volume: v.name, Kind: "settings-mismatch", Peer: peer, Reason: strings.Join(names, ","),
+	v.node.emit(statefile.Event{Volume: v.name, Kind: "settings-mismatch", Peer: peer, Reason: strings.Join(names, ","),
 		Message: text + ". " + strings.Join(fixes, " ")})
 }
 

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/transport"
 )
 
@@ -52,7 +52,7 @@ func TestOneNodeReloadsAnotherProtocol(t *testing.T) {
 	if _, err := (&control{n: beta}).Adjust(ctx, &transport.AdjustRequest{Volume: "vol0", Node: "beta", Protocol: "C"}); err != nil {
 		t.Fatal(err)
 	}
-	waitForEvent(t, beta, "settings-agree", func(e metadata.Event) bool { return e.Peer == "alpha" })
+	waitForEvent(t, beta, "settings-agree", func(e statefile.Event) bool { return e.Peer == "alpha" })
 	if got := c.status().Volumes[0].SettingMismatches; got != nil {
 		t.Fatalf("mismatches after beta is back on C: %+v", got)
 	}
@@ -129,7 +129,7 @@ func TestHandshakeComparesSettings(t *testing.T) {
 	}
 }
 
-func countKind(evs []metadata.Event, kind string) int {
+func countKind(evs []statefile.Event, kind string) int {
 	n := 0
 	for _, e := range evs {
 		if e.Kind == kind {

@@ -7,12 +7,13 @@ import (
 	"testing"
 
 	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/metadata/statefile"
 )
 
 // waitForEvent waits for an event of kind in n's history and returns it.
-func waitForEvent(t *testing.T, n *Node, kind string, match func(metadata.Event) bool) metadata.Event {
+func waitForEvent(t *testing.T, n *Node, kind string, match func(statefile.Event) bool) statefile.Event {
 	t.Helper()
-	var found metadata.Event
+	var found statefile.Event
 	eventually(t, func() bool {
 		evs, err := n.store.Events(500)
 		if err != nil {
@@ -64,7 +65,7 @@ func TestSizeMaxIsWhatTheDisksHold(t *testing.T) {
 		t.Fatal("New changed the config it was given")
 	}
 	for _, n := range []*Node{alpha, beta} {
-		waitForEvent(t, n, "size-max", func(e metadata.Event) bool { return strings.Contains(e.Message, "stays so") })
+		waitForEvent(t, n, "size-max", func(e statefile.Event) bool { return strings.Contains(e.Message, "stays so") })
 	}
 
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -90,7 +91,7 @@ func (v *Volume) write(d durable, clean, mirror bool) error {
 	if sb := v.md.Superblock(); sb.Placement == metadata.Internal {
 		mdDevice = sb.DeviceSize
 	}
-	err := v.node.store.PutVolume(v.name, metadata.VolumeState{
+	err := v.node.store.PutVolume(v.name, statefile.VolumeState{
 		Epoch: d.epoch, Primary: d.primary, Generation: d.gens.Current, Clean: clean, Size: d.size,
 		LocalStale: d.localStale, PeerBitmaps: bitmaps, PrimarySince: d.primarySince, SyncGeneration: d.syncGen,
 		BootID: v.node.bootID, MDDeviceSize: mdDevice,
@@ -103,7 +104,7 @@ func (v *Volume) write(d durable, clean, mirror bool) error {
 		sb.History = [metadata.HistorySlots]replication.Generation{}
 		copy(sb.History[:], d.gens.History)
 		for i := range sb.Peers {
-			sb.Peers[i].Bitmap = bitmaps[v.node.config().nodeName(sb.Peers[i].NodeID)]
+			sb.Peers[i].Bitmap = bitmaps[v.node.config().NodeName(sb.Peers[i].NodeID)]
 		}
 		if d.gens.Current.IsZero() {
 			sb.Flags &^= metadata.FlagConsistent | metadata.FlagUpToDate
@@ -123,7 +124,7 @@ func (v *Volume) write(d durable, clean, mirror bool) error {
 
 // loadDurable builds the state a volume starts with from the node's store
 // and its superblock.
-func loadDurable(st metadata.VolumeState, sb metadata.Superblock) durable {
+func loadDurable(st statefile.VolumeState, sb metadata.Superblock) durable {
 	d := durable{
 		epoch: st.Epoch, primary: st.Primary, localStale: st.LocalStale, primarySince: st.PrimarySince,
 		gens: replication.Generations{Current: st.Generation, History: append([]replication.Generation(nil), sb.History[:]...)},

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/internal/pki"
-	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
@@ -70,13 +70,13 @@ func (n *Node) refusedConnection(link string, remote net.Addr, err error) {
 		return
 	}
 	n.log.Warn("refused a connection", "link", link, "reason", words)
-	n.emit(metadata.Event{Kind: "refused", Reason: string(he.Cause), Message: fmt.Sprintf("%s: refused a connection: %s", link, words)})
+	n.emit(statefile.Event{Kind: "refused", Reason: string(he.Cause), Message: fmt.Sprintf("%s: refused a connection: %s", link, words)})
 }
 
 // raftRefused records a refusal of a raft connection (logged already, once
 // per peer and cause, by node/cluster) as an event.
 func (n *Node) raftRefused(words string) {
-	n.emit(metadata.Event{Kind: "refused", Reason: string(CauseIdentity), Message: words})
+	n.emit(statefile.Event{Kind: "refused", Reason: string(CauseIdentity), Message: words})
 }
 
 // streamIdentity refuses a stream whose Hello claims a sender its TLS
@@ -99,7 +99,7 @@ func (n *Node) streamIdentity(s *transport.ReplStream, h replication.Hello) (rep
 	words := fmt.Sprintf("a stream for %s claims to come from %s but presented %s: a node's certificate stands for that node only", h.Volume, h.From, presented)
 	if n.dataRefusals.First("stream " + h.From + " " + got.String()) {
 		n.log.Warn("refused replication stream", "from", h.From, "refusal", replication.RefusedIdentity, "reason", words)
-		n.emit(metadata.Event{Volume: h.Volume, Kind: "refused", Peer: h.From, Reason: string(replication.RefusedIdentity), Message: words})
+		n.emit(statefile.Event{Volume: h.Volume, Kind: "refused", Peer: h.From, Reason: string(replication.RefusedIdentity), Message: words})
 	} else {
 		n.log.Debug("refused replication stream again", "from", h.From, "refusal", replication.RefusedIdentity)
 	}

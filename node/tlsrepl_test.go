@@ -277,6 +277,11 @@ func TestAStrangerWithAnotherCACannotConnectReplicateOrVote(t *testing.T) {
 			t.Errorf("%s: logged %d times at WARN, want once:\n%s", tc.what, got, logs)
 		}
 	}
+	// The refusal is one cause however far the connection got before the
+	// handshake failed (gRPC opens the stream first): never a lost peer.
+	if got := logs.count("level=WARN", "replication to peer down", "peer=beta", "cause=peer-lost", "certificate"); got != 0 {
+		t.Errorf("the stranger's refused handshake was logged %d times as a lost peer:\n%s", got, logs)
+	}
 	if logs.count("level=DEBUG", "replication to peer still down", "peer=beta") < 2 {
 		t.Errorf("alpha did not retry beta (and log it at DEBUG):\n%s", logs)
 	}

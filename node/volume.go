@@ -9,8 +9,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/replvol/replvol/backing"
 	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/node/multipath"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
@@ -155,7 +157,7 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD) (*Volume, 
 	case !ok:
 		// A new volume: the configured primary's data is the truth; every
 		// other node needs a full sync.
-		st = metadata.VolumeState{Epoch: 1, Primary: cfg.Primary, Size: v.size.Load()}
+		st = statefile.VolumeState{Epoch: 1, Primary: cfg.Primary, Size: v.size.Load()}
 		if cfg.Primary == v.self {
 			st.Generation = replication.NewGeneration()
 		}
@@ -435,7 +437,7 @@ func (v *Volume) WriteAt(ctx context.Context, p []byte, off int64, fua bool) err
 		e := replication.Entry{Op: replication.OpWrite, Flags: flags, Off: off, Length: n, Data: part}
 		err := v.replicate(ctx, e, func() error {
 			if fua {
-				return writeSync(v.disk, part, e.Off)
+				return backing.WriteSync(v.disk, part, e.Off)
 			}
 			_, err := v.disk.WriteAt(part, e.Off)
 			return err

@@ -88,7 +88,7 @@ func (n *Node) ApplyVolumes(next *Config) []VolumeChange {
 	var changes []VolumeChange
 	view := configView{kept: map[string]string{}, notAdded: map[string]string{}}
 	for _, vc := range n.config().Volumes {
-		if next.volume(vc.Name) != nil {
+		if next.Volume(vc.Name) != nil {
 			continue
 		}
 		_, held := vc.Disks[n.name]
@@ -99,7 +99,7 @@ func (n *Node) ApplyVolumes(next *Config) []VolumeChange {
 		changes = append(changes, VolumeChange{Volume: vc.Name, Op: VolumeRemoved, Held: held, Err: err})
 	}
 	for _, vc := range next.Volumes {
-		if n.config().volume(vc.Name) != nil {
+		if n.config().Volume(vc.Name) != nil {
 			continue
 		}
 		_, held := vc.Disks[n.name]

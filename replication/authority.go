@@ -366,32 +366,49 @@ func (va VolumeAuthority) IsOutdated(node string) bool {
 // one it returns false and why, for status. dataNodes are the nodes the
 // caller counts as data nodes now (a witness never is); alive is the
 // caller's view (gossip).
-func ChooseFailover(va VolumeAuthority, alive map[string]bool, dataNodes []string) (node string, ok bool, why string) {
-	var dead []string               // UpToDate data nodes besides the primary, not alive
+func ChooseFailover(va VolumeAuthority, alive map[string]bool, dataNodes []string) (node string, ok bool, why FailoverRefusal) {
+	why.Primary = va.Primary
 	for _, n := range va.UpToDate { // sorted: the first alive one wins
 		if n == va.Primary || !slices.Contains(dataNodes, n) {
 			continue
 		}
 		if alive[n] {
-			return n, true, ""
+			return n, true, FailoverRefusal{}
 		}
-		dead = append(dead, n)
+		why.NotAlive = append(why.NotAlive, n)
 	}
-	var outdatedAlive []string
 	for _, n := range va.Outdated {
 		if n != va.Primary && alive[n] && slices.Contains(dataNodes, n) {
-			outdatedAlive = append(outdatedAlive, n)
+			why.OutdatedAlive = append(why.OutdatedAlive, n)
 		}
 	}
-	if len(dead) == 0 {
-		why = fmt.Sprintf("no UpToDate data node besides the primary %s", va.Primary)
-	} else {
-		why = fmt.Sprintf("no UpToDate node alive (%s not alive)", strings.Join(dead, ", "))
-	}
-	if len(outdatedAlive) > 0 {
-		why += fmt.Sprintf("; %s alive but Outdated (only a forced promotion takes it)", strings.Join(outdatedAlive, ", "))
-	}
 	return "", false, why
+}
+
+// FailoverRefusal is why ChooseFailover found no node to take over.
+type FailoverRefusal struct {
+	Primary string
+	// NotAlive are the UpToDate data nodes besides the primary, none
+	// alive; OutdatedAlive the alive data nodes raft has Outdated.
+	NotAlive, OutdatedAlive []string
+}
+
+// String says it in words, for status ("" for the zero value: no
+// refusal).
+func (r FailoverRefusal) String() string {
+	if r.Primary == "" && r.NotAlive == nil && r.OutdatedAlive == nil {
+		return ""
+	}
+	var why string
+	if len(r.NotAlive) == 0 {
+		why = fmt.Sprintf("no UpToDate data node besides the primary %s", r.Primary)
+	} else {
+		why = fmt.Sprintf("no UpToDate node alive (%s not alive)", strings.Join(r.NotAlive, ", "))
+	}
+	if len(r.OutdatedAlive) > 0 {
+		why += fmt.Sprintf("; %s alive but Outdated (only a forced promotion takes it)", strings.Join(r.OutdatedAlive, ", "))
+	}
+	return why
 }
 
 func (va VolumeAuthority) clone() VolumeAuthority {

@@ -246,7 +246,7 @@ func TestChooseFailover(t *testing.T) {
 				dataNodes = tc.data
 			}
 			got, ok, why := ChooseFailover(tc.va, alive, dataNodes)
-			if got != tc.want || ok != (tc.want != "") || why != tc.why {
+			if got != tc.want || ok != (tc.want != "") || why.String() != tc.why {
 				t.Errorf("got %q %v %q, want %q %q", got, ok, why, tc.want, tc.why)
 			}
 		})

@@ -4,6 +4,7 @@
 // pure decision of what a (re)connection must resync.
 //
 // It performs no I/O and imports none of the project's I/O packages
-// (transport, node, web); node drives it. Types document their own
+// (transport, node, web, metadata); node drives it, and config, metadata
+// and backing use its types and words. Types document their own
 // concurrency rules.
 package replication

@@ -309,31 +309,3 @@ func compareEqualCurrent(local, peer UUIDSet, localRole, peerRole Role) UUIDDeci
 		return decide(BitmapResyncTarget, RuleCrashedPrimary, 40)
 	}
 }
-
-// WithNewCurrent returns s after the node starts a new data generation g
-// while this peer is away (a primary losing the peer and writing, or a
-// disconnected node promoted and writing): the old current generation
-// becomes the bitmap UUID, or goes into the history when the bitmap
-// already tracks an older one (the bitmap then still covers every change).
-func (s UUIDSet) WithNewCurrent(g Generation) UUIDSet {
-	if s.Bitmap.IsZero() {
-		s.Bitmap = s.Current
-	} else {
-		s.History = pushHistory(s.History, s.Current)
-	}
-	s.Current = g
-	return s
-}
-
-// WithResyncFinishedAsSource returns the SyncSource's set after a resync
-// ends: its bitmap UUID moves into the history.
-func (s UUIDSet) WithResyncFinishedAsSource() UUIDSet { return s.withBitmapRetired() }
-
-// WithResyncFinishedAsTarget returns the SyncTarget's set after a resync
-// from source ends: it adopts the source's generations as the source
-// records them (WithResyncFinishedAsSource), keeping its own flags.
-func (s UUIDSet) WithResyncFinishedAsTarget(source UUIDSet) UUIDSet {
-	adopted := source.withBitmapRetired()
-	adopted.CrashedPrimary, adopted.NodeID = s.CrashedPrimary, s.NodeID
-	return adopted
-}

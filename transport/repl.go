@@ -193,7 +193,7 @@ func (c *answeredConn) Read(p []byte) (int, error) {
 
 // lastHandshake is how a replication client's last TLS handshake ended
 // (awaitVerdict included): its error; nil when it succeeded, or when the
-// last connect did not get as far (a new connect clears it).
+// last connect did not get as far (a failed dial clears it).
 type lastHandshake struct {
 	mu  sync.Mutex
 	err error
@@ -267,13 +267,27 @@ func NewReplStream(s MsgStream, cancel context.CancelFunc) *ReplStream {
 type ReplStream struct {
 	s      MsgStream
 	cancel context.CancelFunc
+	// refused explains a client stream's error as its connection's
+	// failed TLS handshake, or is nil (ReplClient.Open sets it).
+	refused func(error) *StreamError
 }
 
 // Send queues a frame; the frame is consumed.
-func (r *ReplStream) Send(f *Frame) error { return streamError(r.s.SendMsg(f)) }
+func (r *ReplStream) Send(f *Frame) error { return r.err(r.s.SendMsg(f)) }
 
 // Recv reads the next frame into f (reusing its buffer).
-func (r *ReplStream) Recv(f *Frame) error { return streamError(r.s.RecvMsg(f)) }
+func (r *ReplStream) Recv(f *Frame) error { return r.err(r.s.RecvMsg(f)) }
+
+// err is a Send's or Recv's error in words: the TLS handshake's refusal
+// when that is what ended the stream.
+func (r *ReplStream) err(err error) error {
+	if err != nil && r.refused != nil {
+		if se := r.refused(err); se != nil {
+			return se
+		}
+	}
+	return streamError(err)
+}
 
 // Context is the stream's context; it ends when the stream does.
 func (r *ReplStream) Context() context.Context { return r.s.Context() }
@@ -371,9 +385,16 @@ func DialRepl(addr string, opts ...ReplOption) (*ReplClient, error) {
 		readBuffer = 0 // TLS buffers a record already (see NewReplServer)
 		last = &lastHandshake{}
 		creds = &watchedCreds{TransportCredentials: credentials.NewTLS(o.tls), last: last}
+		// The last outcome stands until the next one: a handshake's, or
+		// a dial that did not get as far. (Cleared when a dial starts,
+		// the refusal was lost to gRPC's next attempt racing the stream
+		// that failed, and a refused certificate read as a lost peer.)
 		dial = func(ctx context.Context, addr string) (net.Conn, error) {
-			last.set(nil)
-			return d.dial(ctx, addr)
+			conn, err := d.dial(ctx, addr)
+			if err != nil {
+				last.set(nil)
+			}
+			return conn, err
 		}
 	}
 	cc, err := grpc.NewClient("passthrough:///"+addr,
@@ -405,7 +426,10 @@ func (c *ReplClient) Open(ctx context.Context) (*ReplStream, error) {
 		}
 		return nil, c.dialer.openError(err)
 	}
-	return &ReplStream{s: s, cancel: cancel}, nil
+	// gRPC opens the stream before the connection is up: a handshake that
+	// fails then surfaces at the first Send or Recv, and is told the same.
+	refused := func(err error) *StreamError { return c.handshake.refused(c.dialer.addr, err) }
+	return &ReplStream{s: s, cancel: cancel, refused: refused}, nil
 }
 
 // Close closes the connection.

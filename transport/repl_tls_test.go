@@ -221,6 +221,11 @@ func TestReplicationStreamIsMutualTLS(t *testing.T) {
 			return c
 		}(), "server", pki.CauseOtherCA, "alpha presented a certificate of another CA: node alpha"},
 		{"a plaintext client", nil, "server", pki.CauseNotTLS, "does not speak TLS"},
+		// The server's certificate is of another CA than the client's:
+		// told so however far the stream got (gRPC opens it before the
+		// handshake ends, so the refusal may come at the first Send).
+		{"a client of another cluster", stranger.ClientConfig(srv.addr, nil),
+			"client", pki.CauseOtherCA, "presented a certificate of another CA"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := srv.failures()

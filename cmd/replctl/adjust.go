@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/replvol/replvol/node"
+	"github.com/replvol/replvol/config"
 	"github.com/replvol/replvol/transport"
 	"github.com/spf13/cobra"
 )
@@ -30,7 +30,7 @@ The change holds until the node restarts; put it in the config file to keep it.`
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cmd.Flags().Changed("resync-rate") {
-				rate, err := node.ParseSize(strings.TrimSuffix(resyncRate, "/s"))
+				rate, err := config.ParseSize(strings.TrimSuffix(resyncRate, "/s"))
 				if err != nil {
 					return usageErrorf("--resync-rate: %v, per second (0 lifts the cap)", err)
 				}

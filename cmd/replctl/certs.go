@@ -9,8 +9,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/replvol/replvol/config"
 	"github.com/replvol/replvol/internal/pki"
-	"github.com/replvol/replvol/node"
 	"github.com/spf13/cobra"
 )
 
@@ -47,7 +47,7 @@ every certificate it signed would have to be replaced.`,
 			if configPath == "" || dir == "" {
 				return usageErrorf("--config FILE and --dir DIR are required")
 			}
-			cfg, err := node.LoadConfig(configPath)
+			cfg, err := config.LoadConfig(configPath)
 			if err != nil {
 				return err
 			}
@@ -82,7 +82,7 @@ var wildcardHosts = []string{"localhost", "127.0.0.1", "::1"}
 // certHolders are the nodes of cfg with the hosts their certificates
 // cover: the hosts of their addresses, and extra (NODE=HOST). notes say,
 // per node, what a wildcard address made it cover.
-func certHolders(cfg *node.Config, extra []string) ([]pki.Holder, []string, error) {
+func certHolders(cfg *config.Config, extra []string) ([]pki.Holder, []string, error) {
 	more := map[string][]string{}
 	for _, e := range extra {
 		name, host, ok := strings.Cut(e, "=")
@@ -138,7 +138,7 @@ func certHolders(cfg *node.Config, extra []string) ([]pki.Holder, []string, erro
 
 // printCertsInit says what was written, what goes where, and the tls:
 // section the cluster file needs.
-func printCertsInit(out io.Writer, cfg *node.Config, dir string, holders []pki.Holder, notes []string, files int) {
+func printCertsInit(out io.Writer, cfg *config.Config, dir string, holders []pki.Holder, notes []string, files int) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		abs = dir

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/replvol/replvol/node"
+	"github.com/replvol/replvol/config"
 	"github.com/replvol/replvol/transport"
 	"github.com/spf13/cobra"
 )
@@ -243,7 +243,7 @@ func configNames(configPath func() string, what string) cobra.CompletionFunc {
 		if configPath() == "" || (what != "node" && len(args) != 0) {
 			return nil, cobra.ShellCompDirectiveNoFileComp
 		}
-		cfg, err := node.LoadConfig(configPath())
+		cfg, err := config.LoadConfig(configPath())
 		if err != nil {
 			return nil, cobra.ShellCompDirectiveNoFileComp
 		}

@@ -4,8 +4,9 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/replvol/replvol/backing"
+	"github.com/replvol/replvol/config"
 	"github.com/replvol/replvol/metadata"
-	"github.com/replvol/replvol/node"
 	"github.com/spf13/cobra"
 )
 
@@ -31,11 +32,11 @@ its peer.`,
 			if force && !yes {
 				return fmt.Errorf("--force discards %s's metadata on %s: what its peers miss is forgotten and this disk is resynced in full; add --yes to go ahead", args[0], nodeName)
 			}
-			cfg, err := node.LoadConfig(configPath)
+			cfg, err := config.LoadConfig(configPath)
 			if err != nil {
 				return err
 			}
-			msg, err := node.CreateMetadata(cfg, nodeName, args[0], stateDir, force)
+			msg, err := backing.CreateMetadata(cfg, nodeName, args[0], stateDir, force)
 			if errors.Is(err, metadata.ErrMetadataExists) {
 				again := fmt.Sprintf("replctl create-md %s --config %s --node %s", args[0], configPath, nodeName)
 				if stateDir != "" {

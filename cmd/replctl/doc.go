@@ -4,7 +4,11 @@
 // through a node's unix socket, mounts a volume's file system on its
 // primary and unmounts it (mount, umount: internal/volmount, with the
 // hidden mount-helper as the NBD client), writes the cluster's
-// certificates (certs init) and runs a local two-node demo. One file per subcommand;
-// errors.go puts failures in words, table.go lays out and colours tables.
-// Client commands reach nodes only through package transport.
+// certificates (certs init), creates a volume's metadata offline
+// (create-md: package backing) and runs a local two-node demo (package
+// internal/demo). One file per subcommand; errors.go puts failures in
+// words, table.go lays out and colours tables. Client commands reach nodes
+// only through package transport, and read the cluster file through
+// package config: only internal/demo imports node, raft or memberlist, and
+// only create-md's package backing bbolt (node/layering_test.go checks).
 package main

@@ -3,8 +3,8 @@ package main
 import (
 	"fmt"
 
+	"github.com/replvol/replvol/config"
 	"github.com/replvol/replvol/internal/human"
-	"github.com/replvol/replvol/node"
 	"github.com/replvol/replvol/transport"
 	"github.com/spf13/cobra"
 )
@@ -42,11 +42,11 @@ restarts runs at the size it recorded, and warns that the file differs.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			volume := args[0]
-			size, err := node.ParseVolumeSize(args[1])
+			size, err := config.ParseVolumeSize(args[1])
 			switch {
 			case err != nil:
 				return usageErrorf("SIZE: %v", err)
-			case size == node.SizeMax:
+			case size == config.SizeMax:
 				return usageErrorf("SIZE: give the size to grow to, such as 256MiB (max is for the config file)")
 			case size <= 0 || size%4096 != 0:
 				return usageErrorf("SIZE: %d bytes is not a positive multiple of 4096", size)

@@ -14,7 +14,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
-	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/metadata/raftlog"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -25,7 +25,7 @@ type Cluster struct {
 	self   string
 	logger *slog.Logger
 
-	store *metadata.RaftStore
+	store *raftlog.RaftStore
 	fsm   *fsm
 	raft  *raft.Raft
 	// observer tells of every leader change (followers included).
@@ -109,7 +109,7 @@ func Open(cfg Config) (c *Cluster, err error) {
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("cluster state directory: %w", err)
 	}
-	if c.store, err = metadata.OpenRaftStore(filepath.Join(cfg.Dir, "raft.db")); err != nil {
+	if c.store, err = raftlog.OpenRaftStore(filepath.Join(cfg.Dir, "raft.db")); err != nil {
 		return nil, err
 	}
 	undo = append(undo, func() { _ = c.store.Close() })

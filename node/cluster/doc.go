@@ -7,14 +7,24 @@
 // gossips liveness and each node's metadata: a fast hint, never the
 // authority.
 //
+// The leader's failover decision lives in one pure function, Decide
+// (decide.go): from the authority, the members, the lease renewals it
+// granted, its own office and observation (Watch) and a time, it returns
+// the failovers to propose, why it leaves every other volume alone, and
+// whether a leader that serves as a primary hands its leadership off; it
+// reads no clock and calls neither raft nor the network. The node layer
+// gathers those inputs once per pass, proposes with ProposeAsLeader, and
+// the leases (lease.go) hold each promotion until no old lease can be
+// valid.
+//
 // With the cluster's PKI (Config.TLS, Config.GossipKey), raft's
 // connections are mutual TLS 1.3 and gossip is encrypted with memberlist's
 // keyring: a node of another CA, or without the key, neither votes nor is
 // heard (tls.go).
 //
-// It imports metadata (the raft log on bbolt), replication (the rules) and
-// internal/pki, and nothing of node or transport: the node layer carries
-// forwarded requests to the leader through a Forwarder it implements. A
-// Cluster is safe for concurrent use; several run in one process (no
-// globals).
+// It imports metadata/raftlog (the raft log on bbolt), replication (the
+// rules) and internal/pki, and nothing of node or transport: the node
+// layer carries forwarded requests to the leader through a Forwarder it
+// implements. A Cluster is safe for concurrent use; several run in one
+// process (no globals).
 package cluster

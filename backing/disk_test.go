@@ -1,4 +1,4 @@
-package node
+package backing
 
 import (
 	"bytes"
@@ -22,7 +22,10 @@ func TestFileDiskWritesLargeBuffersWhole(t *testing.T) {
 	}
 	defer d.Close()
 	const off = 4096 + 17
-	p := pattern(5, 3*maxWriteChunk+123)
+	p := make([]byte, 3*maxWriteChunk+123)
+	for i := range p {
+		p[i] = 5 + byte(i%251)
+	}
 	if n, err := d.WriteAt(p, off); err != nil || n != len(p) {
 		t.Fatalf("WriteAt: %d, %v", n, err)
 	}

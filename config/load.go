@@ -1,4 +1,4 @@
-package node
+package config
 
 import (
 	"fmt"
@@ -73,9 +73,9 @@ type configLoader struct {
 	values   int
 }
 
-// parseConfig decodes and validates a config file's text; file names it
-// in the problems.
-func parseConfig(file string, data []byte) (*Config, error) {
+// Parse decodes and validates a config file's text, as LoadConfig does;
+// file names it in the problems.
+func Parse(file string, data []byte) (*Config, error) {
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
 		// Syntax: yaml.v3's parser stops at the first error, which names

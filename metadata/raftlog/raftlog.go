@@ -1,4 +1,4 @@
-package metadata
+package raftlog
 
 import (
 	"encoding/binary"
@@ -8,8 +8,13 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/metadata/statefile"
 	bolt "go.etcd.io/bbolt"
 )
+
+// castagnoli is the CRC-32C table of the entries' checksums.
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // RaftStore is the cluster's raft log (raft.LogStore) and stable state
 // (raft.StableStore: current term, last vote) on one bbolt file of its own,
@@ -54,17 +59,17 @@ var ErrKeyNotFound = errors.New("not found")
 
 // raftStoreOpenTimeout bounds the wait for the file lock: a second
 // opener (another replnode on the same state directory) fails with
-// ErrInUse instead of hanging.
+// statefile.ErrInUse instead of hanging.
 const raftStoreOpenTimeout = 2 * time.Second
 
 // OpenRaftStore opens (creating if needed) the raft store at path. It
-// fails with ErrInUse, after 2 s, if another process holds the file.
+// fails with statefile.ErrInUse, after 2 s, if another process holds the file.
 func OpenRaftStore(path string) (*RaftStore, error) {
 	return openRaftStore(path, raftStoreOpenTimeout)
 }
 
 func openRaftStore(path string, timeout time.Duration) (*RaftStore, error) {
-	db, err := openBolt(path, "raft store", timeout, bucketRaftLogs, bucketRaftStable)
+	db, err := statefile.OpenBolt(path, "raft store", timeout, bucketRaftLogs, bucketRaftStable)
 	if err != nil {
 		return nil, err
 	}
@@ -192,14 +197,14 @@ func (s *RaftStore) GetUint64(key []byte) (uint64, error) {
 		return 0, err
 	}
 	if len(v) != 8 {
-		return 0, fmt.Errorf("%w: raft stable key %q holds %d bytes, not a uint64", ErrCorrupt, key, len(v))
+		return 0, fmt.Errorf("%w: raft stable key %q holds %d bytes, not a uint64", metadata.ErrCorrupt, key, len(v))
 	}
 	return binary.BigEndian.Uint64(v), nil
 }
 
 // Encoding of one raft.Log (little-endian, like the volume metadata):
 //
-//	 0 1  encoding version (1); a higher one is refused (ErrNewerFormat)
+//	 0 1  encoding version (1); a higher one is refused (metadata.ErrNewerFormat)
 //	 1 1  Type (raft.LogType)
 //	 2 1  flags: 1 Data is not nil, 2 Extensions is not nil
 //	 3 1  zero
@@ -249,19 +254,19 @@ func encodeRaftLog(l *raft.Log) ([]byte, error) {
 }
 
 // decodeRaftLog parses the entry stored under index into l, copying Data
-// and Extensions out of v. It returns ErrCorrupt (wrapped) for a value
-// that is not a whole, checksummed entry of that index, and ErrNewerFormat
+// and Extensions out of v. It returns metadata.ErrCorrupt (wrapped) for a value
+// that is not a whole, checksummed entry of that index, and metadata.ErrNewerFormat
 // for a newer encoding.
 func decodeRaftLog(index uint64, v []byte, l *raft.Log) error {
 	le := binary.LittleEndian
 	corrupt := func(format string, args ...any) error {
-		return fmt.Errorf("%w: raft log %d: "+format, append([]any{ErrCorrupt, index}, args...)...)
+		return fmt.Errorf("%w: raft log %d: "+format, append([]any{metadata.ErrCorrupt, index}, args...)...)
 	}
 	if len(v) < raftLogHeaderSize+4 {
 		return corrupt("%d bytes", len(v))
 	}
 	if v[0] > raftLogVersion {
-		return fmt.Errorf("%w: raft log %d: encoding %d, this build reads up to %d; upgrade replvol", ErrNewerFormat, index, v[0], raftLogVersion)
+		return fmt.Errorf("%w: raft log %d: encoding %d, this build reads up to %d; upgrade replvol", metadata.ErrNewerFormat, index, v[0], raftLogVersion)
 	}
 	body := v[:len(v)-4]
 	if got, want := crc32.Checksum(body, castagnoli), le.Uint32(v[len(body):]); got != want {

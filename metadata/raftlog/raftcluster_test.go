@@ -1,4 +1,4 @@
-package metadata
+package raftlog
 
 import (
 	"encoding/json"

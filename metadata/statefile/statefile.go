@@ -1,4 +1,4 @@
-package metadata
+package statefile
 
 import (
 	"encoding/binary"
@@ -87,19 +87,19 @@ var ErrInUse = errors.New("in use by another replnode")
 // Open opens (creating if needed) the state file at path. It fails with
 // ErrInUse, after 2 s, if another process holds the file.
 func Open(path string) (*Store, error) {
-	db, err := openBolt(path, "state file", 2*time.Second, bucketVolumes, bucketEvents)
+	db, err := OpenBolt(path, "state file", 2*time.Second, bucketVolumes, bucketEvents)
 	if err != nil {
 		return nil, err
 	}
 	return &Store{db: db}, nil
 }
 
-// openBolt opens (creating it and its directory if needed) the bbolt
+// OpenBolt opens (creating it and its directory if needed) the bbolt
 // file at path, called what in errors, waiting at most timeout for its
 // lock, and creates the buckets. A file it creates has its directory
 // entry synced BEFORE it returns, so that what is committed to it cannot
 // vanish with the entry in a crash.
-func openBolt(path, what string, timeout time.Duration, buckets ...[]byte) (*bolt.DB, error) {
+func OpenBolt(path, what string, timeout time.Duration, buckets ...[]byte) (*bolt.DB, error) {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("state directory: %w", err)

@@ -1,4 +1,4 @@
-package metadata
+package raftlog
 
 import (
 	"bytes"
@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/metadata/statefile"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 )
@@ -238,8 +240,8 @@ func TestRaftStoreStable(t *testing.T) {
 			t.Fatalf("GetUint64 after SetUint64(%d): %d, %v", n, got, err)
 		}
 	}
-	if _, err := s.GetUint64(key); !errors.Is(err, ErrCorrupt) {
-		t.Fatalf("GetUint64 of a 6-byte value: %v, want ErrCorrupt", err)
+	if _, err := s.GetUint64(key); !errors.Is(err, metadata.ErrCorrupt) {
+		t.Fatalf("GetUint64 of a 6-byte value: %v, want metadata.ErrCorrupt", err)
 	}
 	if err := s.Set(nil, []byte("x")); err == nil {
 		t.Fatal("Set of an empty key succeeded")
@@ -247,7 +249,7 @@ func TestRaftStoreStable(t *testing.T) {
 }
 
 // TestRaftStoreReopen: logs and stable state survive Close and Open; a
-// second opener fails fast, with ErrInUse, while the first holds the file.
+// second opener fails fast, with statefile.ErrInUse, while the first holds the file.
 func TestRaftStoreReopen(t *testing.T) {
 	s, path := newRaftStore(t)
 	if err := s.StoreLogs(commandLogs(3, 40)); err != nil {
@@ -265,8 +267,8 @@ func TestRaftStoreReopen(t *testing.T) {
 
 	start := time.Now()
 	_, err := openRaftStore(path, 100*time.Millisecond)
-	if !errors.Is(err, ErrInUse) || !errors.Is(err, berrors.ErrTimeout) {
-		t.Fatalf("second open: %v, want ErrInUse", err)
+	if !errors.Is(err, statefile.ErrInUse) || !errors.Is(err, berrors.ErrTimeout) {
+		t.Fatalf("second open: %v, want statefile.ErrInUse", err)
 	}
 	if took := time.Since(start); took > 2*time.Second {
 		t.Fatalf("second open took %v", took)
@@ -318,10 +320,10 @@ func TestRaftStoreCorruptEntryIsAnError(t *testing.T) {
 		edit  func(v []byte) []byte
 		want  error
 	}{
-		{"a bit flipped in the data", 1, func(v []byte) []byte { v[raftLogHeaderSize] ^= 1; return v }, ErrCorrupt},
-		{"cut short", 1, func(v []byte) []byte { return v[:20] }, ErrCorrupt},
-		{"entry 1 stored under index 2", 2, func(v []byte) []byte { return v }, ErrCorrupt},
-		{"a newer encoding", 3, func(v []byte) []byte { v[0] = raftLogVersion + 1; return v }, ErrNewerFormat},
+		{"a bit flipped in the data", 1, func(v []byte) []byte { v[raftLogHeaderSize] ^= 1; return v }, metadata.ErrCorrupt},
+		{"cut short", 1, func(v []byte) []byte { return v[:20] }, metadata.ErrCorrupt},
+		{"entry 1 stored under index 2", 2, func(v []byte) []byte { return v }, metadata.ErrCorrupt},
+		{"a newer encoding", 3, func(v []byte) []byte { v[0] = raftLogVersion + 1; return v }, metadata.ErrNewerFormat},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -1,0 +1,9 @@
+// Package backing is a node's backing device of a volume: opening it (a
+// file or block device, OpenDisk, or a multipath device over several
+// labelled paths, Open), what its metadata takes of it (RequiredSize,
+// UsableSize), and creating that metadata offline (CreateMetadata, for
+// replctl create-md). It imports config, metadata, metadata/statefile
+// (the state.db that create-md resets, hence bbolt) and node/multipath,
+// never node, raft or memberlist. node and replctl call it; a Disk allows
+// concurrent calls.
+package backing
