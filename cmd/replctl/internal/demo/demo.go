@@ -253,7 +253,7 @@ func waitInSync(ctx context.Context, addr string, timeout time.Duration) error {
 func allInSync(st *transport.ClusterStatus) bool {
 	for _, v := range st.Volumes {
 		for _, r := range v.Replicas {
-			if r.Disk != "UpToDate" || r.Replication != "Connected" || r.OutOfSyncBytes != 0 {
+			if r.Disk != transport.DiskUpToDate || r.Replication != transport.ReplConnected || r.OutOfSyncBytes != 0 {
 				return false
 			}
 		}
