@@ -104,21 +104,10 @@ type GrowReport struct {
 func (md *MD) Grow(opts GrowOptions) (GrowReport, error) {
 	md.growMu.Lock()
 	defer md.growMu.Unlock()
-	md.mu.Lock()
-	cur, geo := md.volumeSize, md.geo
-	md.mu.Unlock()
+	cur, geo, target, grows, err := md.planGrow(opts)
 	rep := GrowReport{OldVolumeSize: cur, VolumeSize: cur, OldDeviceSize: geo.deviceSize, DeviceSize: geo.deviceSize,
 		OldOffset: geo.mdOffset, Offset: geo.mdOffset}
-	switch {
-	case opts.VolumeSize < cur:
-		return rep, fmt.Errorf("%w: the volume is %d bytes; %d is smaller", ErrShrink, cur, opts.VolumeSize)
-	case opts.VolumeSize == cur:
-		return rep, nil
-	case opts.VolumeSize > maxDataSize:
-		return rep, errorf("volume size %d: want at most %d bytes", opts.VolumeSize, int64(maxDataSize))
-	}
-	target, err := md.grownGeometry(opts, geo)
-	if err != nil {
+	if err != nil || !grows {
 		return rep, err
 	}
 	if target == geo {
@@ -149,19 +138,28 @@ func (md *MD) Grow(opts GrowOptions) (GrowReport, error) {
 func (md *MD) CheckGrow(opts GrowOptions) (moves bool, err error) {
 	md.growMu.Lock()
 	defer md.growMu.Unlock()
+	_, geo, target, grows, err := md.planGrow(opts)
+	return err == nil && grows && target != geo, err
+}
+
+// planGrow is the metadata's volume size and geometry now (cur, geo) and
+// the geometry a Grow to opts needs (target); grows is false when the
+// size is the same. A smaller size is ErrShrink, one the disk cannot hold
+// a *NoRoomError. Callers hold growMu.
+func (md *MD) planGrow(opts GrowOptions) (cur int64, geo, target geometry, grows bool, err error) {
 	md.mu.Lock()
-	cur, geo := md.volumeSize, md.geo
+	cur, geo = md.volumeSize, md.geo
 	md.mu.Unlock()
 	switch {
 	case opts.VolumeSize < cur:
-		return false, fmt.Errorf("%w: the volume is %d bytes; %d is smaller", ErrShrink, cur, opts.VolumeSize)
+		return cur, geo, geo, false, fmt.Errorf("%w: the volume is %d bytes; %d is smaller", ErrShrink, cur, opts.VolumeSize)
 	case opts.VolumeSize == cur:
-		return false, nil
+		return cur, geo, geo, false, nil
 	case opts.VolumeSize > maxDataSize:
-		return false, errorf("volume size %d: want at most %d bytes", opts.VolumeSize, int64(maxDataSize))
+		return cur, geo, geo, false, errorf("volume size %d: want at most %d bytes", opts.VolumeSize, int64(maxDataSize))
 	}
-	target, err := md.grownGeometry(opts, geo)
-	return err == nil && target != geo, err
+	target, err = md.grownGeometry(opts, geo)
+	return cur, geo, target, err == nil, err
 }
 
 // grownGeometry is the layout that holds a volume of opts.VolumeSize
