@@ -77,7 +77,16 @@ replctl() { "$dir/bin/replctl" ${REPLCTL_TLS_DIR:+--tls-dir "$REPLCTL_TLS_DIR"} 
 control() { local v="CONTROL_$1"; echo "${!v}"; }
 
 # pid_alive PIDFILE: the node whose pid the file holds still runs.
-pid_alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# pid_alive PIDFILE: the process runs. A process killed but not yet
+# reaped (a zombie, state Z) does not: kill -0 still finds it.
+pid_alive() {
+	[[ -f $1 ]] || return 1
+	local pid state
+	pid=$(cat "$1")
+	kill -0 "$pid" 2>/dev/null || return 1
+	state=$(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1)
+	[[ -n $state && $state != Z ]]
+}
 
 # launch NODE: starts the node in the background, in its namespace when
 # there is one, in a session of its own (it outlives this script), with
@@ -384,6 +393,12 @@ kill)
 	load
 	pid_alive "$dir/pids/$target" || die "$target does not run"
 	kill -9 "$(cat "$dir/pids/$target")"
+	# Gone before this returns: a start-node right after finds it dead.
+	for _ in $(seq 100); do
+		pid_alive "$dir/pids/$target" || break
+		sleep 0.1
+	done
+	pid_alive "$dir/pids/$target" && die "$target (pid $(cat "$dir/pids/$target")) still runs 10 s after kill -9"
 	echo "local-cluster: killed $target (kill -9)"
 	;;
 start-node)
