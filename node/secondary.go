@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -298,14 +299,14 @@ func causeOfRefusal(r replication.Refusal) Cause {
 // are waiting, all are applied and one ack covers them. While a batch
 // takes long to apply (a flush of much data), the peer is told every
 // quarter of the peer timeout that this node is alive (an ack of nothing),
-// so that a slow disk is not taken for a hung node.
+// so that a slow disk is not taken for a hung node. One goroutine
+// (streamSender) alone writes to the stream: the receipts (protocol B),
+// the heartbeats, the read replies and the acks reach it through one
+// channel, each writer's frames in the order it queued them.
 func (v *Volume) applyStream(s *transport.ReplStream, in *incoming, from string) error {
-	var sendMu sync.Mutex
-	send := func(f *transport.Frame) error {
-		sendMu.Lock()
-		defer sendMu.Unlock()
-		return s.Send(f)
-	}
+	out := newStreamSender(s)
+	defer out.close()
+	send := out.send
 	frames := make(chan *transport.Frame, 8)
 	free := make(chan *transport.Frame, 10)
 	for range cap(free) {
@@ -369,6 +370,8 @@ func (v *Volume) applyStream(s *transport.ReplStream, in *incoming, from string)
 		case f = <-frames:
 		case err := <-rerr:
 			return err
+		case <-out.failed:
+			return out.err
 		case <-v.stopping:
 			// The volume stops (a removal, a node's shutdown): the
 			// stream ends now, not at the primary's next frame.
@@ -596,4 +599,80 @@ func (v *Volume) logApplied(e *replication.Entry) error {
 		return fmt.Errorf("activity log: %w", err)
 	}
 	return nil
+}
+
+// errStreamSenderEnded: a frame was queued after the stream's end.
+var errStreamSenderEnded = errors.New("the stream to the primary has ended")
+
+// streamSender is the one goroutine that writes a secondary's stream:
+// send queues a frame for it, in order. After the first failed write it
+// takes no more frames, and send returns that error.
+type streamSender struct {
+	s      *transport.ReplStream
+	out    chan *transport.Frame
+	stop   chan struct{} // closed by close: send what is queued, then end
+	failed chan struct{} // closed once a write failed; err is then set
+	ended  chan struct{} // closed when the goroutine has returned
+	err    error
+}
+
+func newStreamSender(s *transport.ReplStream) *streamSender {
+	ss := &streamSender{s: s, out: make(chan *transport.Frame, 16), stop: make(chan struct{}), failed: make(chan struct{}), ended: make(chan struct{})}
+	go ss.run()
+	return ss
+}
+
+func (ss *streamSender) run() {
+	defer close(ss.ended)
+	write := func(f *transport.Frame) bool {
+		if err := ss.s.Send(f); err != nil {
+			ss.err = err
+			close(ss.failed)
+			return false
+		}
+		return true
+	}
+	for {
+		select {
+		case f := <-ss.out:
+			if !write(f) {
+				return
+			}
+		case <-ss.stop:
+			// What was queued before the stream's end still goes out
+			// (an ack saying why the secondary stops).
+			for {
+				select {
+				case f := <-ss.out:
+					if !write(f) {
+						return
+					}
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+// send queues f; it fails once a write to the stream failed.
+func (ss *streamSender) send(f *transport.Frame) error {
+	select {
+	case ss.out <- f:
+		return nil
+	case <-ss.failed:
+		return ss.err
+	case <-ss.ended:
+		return errStreamSenderEnded
+	}
+}
+
+// close sends what is queued and waits for the goroutine to end (or for
+// the stream's context to end, when a write cannot complete).
+func (ss *streamSender) close() {
+	close(ss.stop)
+	select {
+	case <-ss.ended:
+	case <-ss.s.Context().Done():
+	}
 }
