@@ -25,66 +25,65 @@ var errCongested = errors.New("the peer's send buffer is full (on_congestion: di
 type admission int
 
 const (
-	admitSend admission = iota // queue it for the peer
-	admitMark                  // the peer is Behind: mark its blocks instead
+	admitSend  admission = iota // queued for the peer
+	admitMark                   // the peer is Behind: mark its blocks instead
+	admitEnded                  // the session ended: the write was not taken
 )
 
-// admit decides, under protocol A or B, whether a write of n bytes is
-// shipped or marked, waiting for room when the policy says so.
-func (s *session) admit(n int64, set *settings) admission {
-	for {
-		s.mu.Lock()
-		if s.cong == nil || s.congPolicy != set.congestion.Policy {
-			s.cong, _ = replication.NewCongestion(set.congestion, time.Now())
-			s.congPolicy = set.congestion.Policy
-		}
-		if s.ahead {
-			s.mu.Unlock()
-			return admitMark
-		}
-		_, acts := s.stepLocked(n)
-		switch {
-		case acts.Has(replication.StartMarking), acts.Has(replication.MarkOne):
-			s.mu.Unlock()
-			return admitMark
-		case acts.Has(replication.WaitForRoom) && s.appBytes > 0:
-			room := s.room
-			s.mu.Unlock()
-			select {
-			case <-room:
-			case <-s.ctx.Done():
-				return admitSend // the dying session's end marks it
-			}
-			continue
-		}
-		s.appBytes += n
-		s.mu.Unlock()
-		return admitSend
+// admit decides, on the loop, whether an application write under protocol
+// A or B is shipped or marked; while the policy says to wait for room it
+// holds the write until an ack frees some (released).
+func (s *session) admit(sub submission) {
+	set := s.p.v.settings()
+	if s.cong == nil || s.congPolicy != set.congestion.Policy {
+		s.cong, _ = replication.NewCongestion(set.congestion, time.Now())
+		s.congPolicy = set.congestion.Policy
 	}
+	if s.ahead {
+		sub.answer <- admitMark
+		return
+	}
+	n := sub.pd.wire
+	_, acts := s.step(n)
+	switch {
+	case acts.Has(replication.StartMarking), acts.Has(replication.MarkOne):
+		sub.answer <- admitMark
+		return
+	case acts.Has(replication.WaitForRoom) && s.appBytes > 0:
+		s.waiting = append(s.waiting, sub)
+		return
+	}
+	s.appBytes += n
+	s.publish()
+	sub.pd.lagSeq = s.p.writeSeq.Add(1)
+	s.accept(sub.pd)
+	sub.answer <- admitSend
 }
 
-// stepLocked runs the controller with n more bytes queued and performs its
-// actions; callers hold s.mu.
-func (s *session) stepLocked(n int64) (replication.ReplState, replication.CongestionActions) {
+// step runs the controller with n more bytes queued and performs its
+// actions, in order, on the loop: the peer's state changes here.
+func (s *session) step(n int64) (replication.ReplState, replication.CongestionActions) {
 	p := s.p
 	st, acts := s.cong.Step(replication.CongestionInput{
 		Now: time.Now(), Queued: s.appBytes + n,
 		CatchUpRunning: s.catchingUp, CatchUpLeft: p.bm.Bytes(),
 	})
 	if acts.Has(replication.Disconnect) {
-		go s.fail(fmt.Errorf("%w: %s", errCongested, p.name))
+		s.fail(fmt.Errorf("%w: %s", errCongested, p.name))
 	}
 	if acts.Has(replication.StartMarking) {
 		s.ahead = true
+		s.publish()
 		s.catchUpPaused.Store(true)
-		go p.setState(s, replication.Ahead)
+		p.setState(s, replication.Ahead, "")
 		p.v.log.Warn("peer congested: Ahead, marking its blocks instead of shipping them", "peer", p.name, "queued", s.appBytes+n)
 	}
 	if acts.Has(replication.ResumeStreaming) {
 		s.ahead = false
+		s.publish()
 		s.catchUpPaused.Store(false)
 		if st == replication.Connected {
-			go p.setState(s, replication.Connected)
+			p.setState(s, replication.Connected, "")
 		}
 	}
 	if acts.Has(replication.StartCatchUp) && !s.catchingUp {
@@ -98,28 +97,24 @@ func (s *session) stepLocked(n int64) (replication.ReplState, replication.Conges
 	return st, acts
 }
 
-// resyncRun registers a resync run [off, off+length) read and queued, not
-// yet acknowledged; its ack clears its bits through clearRun.
-func (s *session) resyncRun(off, length int64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.runs == nil {
-		s.runs = map[int64]int64{}
-	}
-	s.runs[off] = length
+// publish makes the congestion state readable outside the loop.
+func (s *session) publish() {
+	s.pubAppBytes.Store(s.appBytes)
+	s.pubAhead.Store(s.ahead)
 }
 
 // markBehind marks e's blocks for the peer; blocks under resync runs in
 // flight are remembered: those runs carry older data, and their acks must
-// leave the marks. Marking and clearRun exclude each other (s.mu).
-func (s *session) markBehind(e *replication.Entry) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.remarkLocked(e.Off, e.Length)
-	markEntry(s.p.bm, e)
+// leave the marks. It runs on the loop, so marking and clearRun exclude
+// each other; false: the session ended, nothing was marked.
+func (s *session) markBehind(e *replication.Entry) bool {
+	return s.do(func() {
+		s.remark(e.Off, e.Length)
+		markEntry(s.p.bm, e)
+	})
 }
 
-func (s *session) remarkLocked(off, length int64) {
+func (s *session) remark(off, length int64) {
 	for roff, rlen := range s.runs {
 		lo, hi := max(off, roff), min(off+length, roff+rlen)
 		for b := lo / replication.BlockSize; b*replication.BlockSize < hi; b++ {
@@ -133,10 +128,8 @@ func (s *session) remarkLocked(off, length int64) {
 
 // clearRun clears, once the peer acknowledged the run [off, off+length),
 // the bits of its blocks that were not marked again while it was in
-// flight; it reports the bytes cleared.
+// flight; it reports the bytes cleared. It runs on the loop.
 func (s *session) clearRun(off, length int64) int64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	delete(s.runs, off)
 	var keep []int64
 	for b := off / replication.BlockSize; b*replication.BlockSize < off+length; b++ {
@@ -163,22 +156,39 @@ func (s *session) clearRun(off, length int64) int64 {
 }
 
 // released: n bytes of an application write left the send buffer (the
-// peer acknowledged it, or the session ended).
+// peer acknowledged it, or the session ended); the writes held for room
+// are admitted again, in order, until one is held again.
 func (s *session) released(n int64) {
-	s.mu.Lock()
 	s.appBytes -= n
-	close(s.room)
-	s.room = make(chan struct{})
-	s.mu.Unlock()
+	s.publish()
+	waiting := s.waiting
+	s.waiting = nil
+	for i, w := range waiting {
+		s.admit(w)
+		if len(s.waiting) > 0 {
+			s.waiting = append(s.waiting, waiting[i+1:]...)
+			return
+		}
+	}
 }
 
 // congestionTick lets time-based exits happen on an idle link.
 func (s *session) congestionTick() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.cong != nil {
-		s.stepLocked(0)
+		s.step(0)
 	}
+}
+
+// congested reports whether the session's send buffer is past its high
+// water mark (reads then stay away from the peer when-congested-remote).
+func (s *session) congested() bool {
+	return s.pubAhead.Load() || s.pubAppBytes.Load() > s.p.v.settings().congestion.SendBuffer/2
+}
+
+// setCatchingUp tells the loop whether a resync of the peer runs: the
+// congestion controller starts no catch-up meanwhile.
+func (s *session) setCatchingUp(running bool) {
+	s.do(func() { s.catchingUp = running })
 }
 
 // catchUp resyncs what was marked while Ahead: the peer is Inconsistent,
@@ -186,11 +196,7 @@ func (s *session) congestionTick() {
 // end (the resync's OpSyncDone).
 func (s *session) catchUp() {
 	p := s.p
-	defer func() {
-		s.mu.Lock()
-		s.catchingUp = false
-		s.mu.Unlock()
-	}()
+	defer s.setCatchingUp(false)
 	v := p.v
 	v.mu.Lock()
 	from, ok := v.d.gens.Bitmaps[p.name]
@@ -198,12 +204,10 @@ func (s *session) catchUp() {
 	if !ok {
 		return // nothing was marked under a generation of its own
 	}
-	p.setState(s, replication.SyncSource)
-	p.mu.Lock()
+	s.do(func() { p.setState(s, replication.SyncSource, "") })
 	p.resyncTotal.Store(p.bm.Bytes())
 	p.resyncDone.Store(0)
 	p.resyncStart.Store(time.Now().UnixNano())
-	p.mu.Unlock()
 	if !s.enqueue(newPending(replication.Entry{Op: replication.OpSyncStart, Data: from[:]})) {
 		return
 	}
@@ -217,11 +221,15 @@ func (s *session) catchUp() {
 	p.lagMu.Unlock()
 }
 
-// setState sets the peer's replication state while s is its session.
-func (p *peer) setState(s *session, st replication.ReplState) {
+// setState sets the peer's replication state (and its disk state, when
+// disk is not empty) while s is its session.
+func (p *peer) setState(s *session, st replication.ReplState, disk string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.sess == s {
 		p.state = st
+		if disk != "" {
+			p.peerDisk = disk
+		}
 	}
 }

@@ -111,7 +111,7 @@ func (p *peer) connect(ctx context.Context) error {
 	}
 	var done *pending
 	if !plan.sync && !plan.pull {
-		done = p.syncDone(s, v.currentGeneration())
+		done = p.syncDone(v.currentGeneration())
 	}
 	p.mu.Lock()
 	was := p.state
@@ -130,12 +130,13 @@ func (p *peer) connect(ctx context.Context) error {
 		p.resyncTotal.Store(p.bm.Bytes())
 		p.resyncDone.Store(0)
 		p.resyncStart.Store(time.Now().UnixNano())
-		s.enqueue(newPending(replication.Entry{Op: replication.OpSyncStart, Data: plan.syncGen[:]}))
+		s.preload(newPending(replication.Entry{Op: replication.OpSyncStart, Data: plan.syncGen[:]}))
 	default:
 		p.state = replication.Connected
-		s.enqueue(done)
+		s.preload(done)
 	}
 	p.mu.Unlock()
+	s.start()
 	v.stateMu.Unlock()
 	if late {
 		// A block was marked between the decision and the switch to the
@@ -155,14 +156,8 @@ func (p *peer) connect(ctx context.Context) error {
 	case plan.sync:
 		work = func() error {
 			// The congestion controller starts no catch-up meanwhile.
-			s.mu.Lock()
-			s.catchingUp = true
-			s.mu.Unlock()
-			defer func() {
-				s.mu.Lock()
-				s.catchingUp = false
-				s.mu.Unlock()
-			}()
+			s.setCatchingUp(true)
+			defer s.setCatchingUp(false)
 			return p.resync(s)
 		}
 	case plan.pull:
@@ -364,7 +359,7 @@ func (p *peer) pull(s *session, peerGen replication.Generation) error {
 			v.stateMu.Unlock()
 			return err
 		}
-		s.enqueue(p.syncDone(s, peerGen))
+		s.enqueue(p.syncDone(peerGen))
 		p.pulling.Store(false)
 		v.stateMu.Unlock()
 		v.log.Info("pulled newer data from the peer", "peer", p.name, "bytes", total, "seconds", time.Since(began).Seconds())

@@ -271,40 +271,41 @@ func (p *peer) splitBrain(ref *refusal) reason {
 func (p *peer) submit(e replication.Entry, proto byte, held *countdown) (*pending, error) {
 	for {
 		if s := p.session(); s != nil {
-			// The send buffer holds what crosses the link: a TRIM or
-			// WRITE_ZEROES of any range costs only its header.
-			wire := int64(e.EncodedLen())
-			if proto != 'C' && changesData(e.Op) {
-				if s.admit(wire, p.v.settings()) == admitMark {
-					return nil, p.markBehind(&e)
-				}
-			}
 			pd := newPending(e)
 			pd.peer = p
-			if proto != 'C' && changesData(e.Op) {
-				pd.finished = func(bool) { s.released(wire) }
+			congestion := proto != 'C' && changesData(e.Op)
+			if congestion {
+				// The send buffer holds what crosses the link: a TRIM or
+				// WRITE_ZEROES of any range costs only its header.
+				pd.wire = int64(e.EncodedLen())
 			}
-			if changesData(e.Op) {
-				pd.lagSeq = p.writeSeq.Add(1)
-				if proto == 'B' {
-					pd.received = make(chan struct{})
-				}
+			if changesData(e.Op) && proto == 'B' {
+				pd.received = make(chan struct{})
 			}
 			if held != nil {
 				held.add()
-				release := pd.finished
-				pd.finished = func(acked bool) {
-					if release != nil {
-						release(acked)
-					}
-					held.done()
+				pd.held = held
+			}
+			var got admission
+			if congestion {
+				got = s.submit(pd)
+			} else {
+				if changesData(e.Op) {
+					pd.lagSeq = p.writeSeq.Add(1)
+				}
+				got = admitEnded
+				if s.enqueue(pd) {
+					got = admitSend
 				}
 			}
-			if s.enqueue(pd) {
+			if got == admitSend {
 				return pd, nil
 			}
 			if held != nil {
 				held.done()
+			}
+			if got == admitMark {
+				return nil, p.markBehind(&e)
 			}
 			continue // it just ended: its end marks what it held
 		}
@@ -332,9 +333,7 @@ func (p *peer) submit(e replication.Entry, proto byte, held *countdown) (*pendin
 func (p *peer) markBehind(e *replication.Entry) error {
 	err := p.v.track(p, true)
 	before := p.bm.Count()
-	if s := p.session(); s != nil {
-		s.markBehind(e)
-	} else {
+	if s := p.session(); s == nil || !s.markBehind(e) {
 		markEntry(p.bm, e)
 	}
 	// The lag counts blocks newly marked, not a block twice.
@@ -349,10 +348,9 @@ func (p *peer) markBehind(e *replication.Entry) error {
 // syncDone builds the entry that makes the peer UpToDate at gen: the peer
 // adopts this node's lineage (its history, with the peer's bitmap
 // generation retired into it, as it is here once the peer acks). Once the
-// peer acknowledged it, the bitmap generation is retired here, durably,
-// BEFORE the peer counts as UpToDate; if that write fails, the peer does
-// not, and the session ends.
-func (p *peer) syncDone(s *session, gen replication.Generation) *pending {
+// peer acknowledged it, syncDoneAcked retires the bitmap generation here,
+// durably, BEFORE the peer counts as UpToDate.
+func (p *peer) syncDone(gen replication.Generation) *pending {
 	v := p.v
 	v.mu.Lock()
 	after := v.d.gens.ResyncFinishedAsSource(p.name)
@@ -362,43 +360,47 @@ func (p *peer) syncDone(s *session, gen replication.Generation) *pending {
 		data = append(data, h[:]...)
 	}
 	pd := newPending(replication.Entry{Op: replication.OpSyncDone, Data: data})
-	pd.onAck = func() {
-		v.stateMu.Lock()
-		defer v.stateMu.Unlock()
-		v.mu.Lock()
-		current := v.d.gens.Current == gen
-		tracked := v.d.gens.Tracking(p.name)
-		v.mu.Unlock()
-		p.mu.Lock()
-		inSync := p.sess == s && current && p.bm.Count() == 0
-		p.held = gen
-		p.mu.Unlock()
-		if !inSync {
-			return
-		}
-		p.lagMu.Lock()
-		p.lag.CaughtUp()
-		p.lagMu.Unlock()
-		install := func() { v.crashedPrimary = false }
-		if tracked {
-			err := v.commit(func(d *durable) { d.gens = d.gens.ResyncFinishedAsSource(p.name) }, install)
-			if err != nil {
-				v.log.Error("peer in sync, but its bitmap generation cannot be retired durably; it stays out of sync", "peer", p.name, "err", err)
-				s.fail(fmt.Errorf("%w: %v", ErrStateWrite, err))
-				return
-			}
-		} else {
-			v.mu.Lock()
-			install()
-			v.mu.Unlock()
-		}
-		p.mu.Lock()
-		if p.sess == s {
-			p.state, p.peerDisk = replication.Connected, string(replication.UpToDate)
-		}
-		p.mu.Unlock()
-	}
+	pd.kind, pd.gen = entrySyncDone, gen
 	return pd
+}
+
+// syncDoneAcked runs once the peer acknowledged syncDone(gen) on session
+// s, off s's loop (it takes the state lock and writes stable storage). It
+// reports whether the peer is now in sync: the loop then makes it
+// Connected and UpToDate. If the bitmap generation cannot be retired
+// durably, the peer is not, and the session ends.
+func (p *peer) syncDoneAcked(s *session, gen replication.Generation) bool {
+	v := p.v
+	v.stateMu.Lock()
+	defer v.stateMu.Unlock()
+	v.mu.Lock()
+	current := v.d.gens.Current == gen
+	tracked := v.d.gens.Tracking(p.name)
+	v.mu.Unlock()
+	p.mu.Lock()
+	inSync := p.sess == s && current && p.bm.Count() == 0
+	p.held = gen
+	p.mu.Unlock()
+	if !inSync {
+		return false
+	}
+	p.lagMu.Lock()
+	p.lag.CaughtUp()
+	p.lagMu.Unlock()
+	install := func() { v.crashedPrimary = false }
+	if tracked {
+		err := v.commit(func(d *durable) { d.gens = d.gens.ResyncFinishedAsSource(p.name) }, install)
+		if err != nil {
+			v.log.Error("peer in sync, but its bitmap generation cannot be retired durably; it stays out of sync", "peer", p.name, "err", err)
+			s.fail(fmt.Errorf("%w: %v", ErrStateWrite, err))
+			return false
+		}
+	} else {
+		v.mu.Lock()
+		install()
+		v.mu.Unlock()
+	}
+	return true
 }
 
 // announceGeneration tells an in-sync peer the primary's new generation.
@@ -408,7 +410,7 @@ func (p *peer) announceGeneration(gen replication.Generation) {
 	connected := p.state == replication.Connected
 	p.mu.Unlock()
 	if s != nil && connected {
-		s.enqueue(p.syncDone(s, gen))
+		s.enqueue(p.syncDone(gen))
 	}
 }
 
@@ -439,7 +441,7 @@ func (p *peer) read(ctx context.Context, buf []byte, off int64) error {
 		return fmt.Errorf("%s is not connected and in sync", p.name)
 	}
 	pd := newPending(replication.Entry{Op: replication.OpRead, Off: off, Length: int64(len(buf))})
-	pd.readBuf = buf
+	pd.kind, pd.readBuf = entryRead, buf
 	if !s.enqueue(pd) {
 		return fmt.Errorf("read from %s: %w", p.name, errSessionEnded)
 	}
@@ -455,10 +457,9 @@ func (p *peer) read(ctx context.Context, buf []byte, off int64) error {
 	}
 	if gone != nil {
 		// The caller takes buf back: an answer arriving later must not
-		// write into it (readReply copies under s.mu).
-		s.mu.Lock()
-		pd.readBuf = nil
-		s.mu.Unlock()
+		// write into it (readReply copies on the loop, which has ended or
+		// drops the buffer here).
+		s.do(func() { pd.readBuf = nil })
 		return gone
 	}
 	if !pd.readOK {

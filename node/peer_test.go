@@ -63,7 +63,7 @@ func TestAnEntryQueuedDuringAHeartbeatIsSent(t *testing.T) {
 	defer cancel()
 	g.ctx = ctx
 	s := newSession(ctx, p, transport.NewReplStream(g, cancel), 400*time.Millisecond)
-	go func() { _ = s.send() }()
+	go func() { _ = s.run(nil) }()
 	<-g.entered // the heartbeat is out (an idle stream probes every timeout/4)
 	pd := newPending(replication.Entry{Op: replication.OpFlush})
 	if !s.enqueue(pd) {

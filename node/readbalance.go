@@ -80,11 +80,3 @@ func anySet(bm *metadata.PeerBitmap, off, length int64) bool {
 	start, _, ok := bm.NextRun(first, 1)
 	return ok && start <= last
 }
-
-// congested reports whether the session's send buffer is past its high
-// water mark (reads then stay away from the peer when-congested-remote).
-func (s *session) congested() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.ahead || s.appBytes > s.p.v.settings().congestion.SendBuffer/2
-}

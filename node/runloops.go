@@ -98,7 +98,7 @@ func (p *peer) resync(s *session) error {
 	}
 	// Everything marked is on the peer: hand it the current generation.
 	v.stateMu.Lock()
-	pd := p.syncDone(s, v.currentGeneration())
+	pd := p.syncDone(v.currentGeneration())
 	ok := s.enqueue(pd)
 	v.stateMu.Unlock()
 	if !ok {
@@ -130,29 +130,9 @@ func (p *peer) resyncEntry(s *session, off, length int64, csums bool) (*pending,
 		}
 		pd.e = replication.Entry{Op: replication.OpVerify, Off: off, Length: length, Data: replication.AppendChecksums(nil, (*bp)[:length])}
 		resyncBufs.Put(bp)
-		var differ []uint32
-		pd.onReply = func(st replication.AckStatus, data []byte) {
-			idx, err := replication.DecodeMismatches(data, (length+replication.BlockSize-1)/replication.BlockSize)
-			if st != replication.AckOK || err != nil {
-				idx = allBlocks(length)
-			}
-			differ = idx
-		}
-		pd.onAck = func() {
-			// Matching blocks are in sync; differing ones stay marked
-			// for the data pass.
-			same, next := int64(0), 0
-			for b := int64(0); b*replication.BlockSize < length; b++ {
-				if next < len(differ) && int64(differ[next]) == b {
-					next++
-					continue
-				}
-				p.bm.ClearBits(off+b*replication.BlockSize, replication.BlockSize)
-				same += replication.BlockSize
-			}
-			p.resyncDone.Add(min(same, length))
-			p.csumsSkipped.Add(min(same, length))
-		}
+		// Its reply lists the blocks that differ; its ack clears the
+		// others (session.complete).
+		pd.kind = entryCsums
 		return pd, nil
 	case isHF && hf.IsHole(off, length):
 		pd.e = replication.Entry{Op: replication.OpResyncZero, Off: off, Length: length}
@@ -166,24 +146,12 @@ func (p *peer) resyncEntry(s *session, off, length int64, csums bool) (*pending,
 			resyncBufs.Put(bp)
 		} else {
 			pd.e = replication.Entry{Op: replication.OpResyncData, Off: off, Length: length, Data: buf}
-			pd.release = func() { resyncBufs.Put(bp) }
+			pd.buf = bp
 		}
 	}
-	// Blocks marked again while this run is in flight (pull-ahead) keep
-	// their marks: the run carries their older data.
-	s.resyncRun(off, length)
-	pd.finished = func(acked bool) {
-		if !acked {
-			s.clearRun(off, 0)
-		}
-	}
-	pd.onAck = func() {
-		cleared := s.clearRun(off, length)
-		p.resyncDone.Add(length)
-		p.lagMu.Lock()
-		p.lag.Resynced(cleared)
-		p.lagMu.Unlock()
-	}
+	// Its ack clears the run's bits but those marked again while it was
+	// in flight (session.clearRun).
+	pd.kind = entryResync
 	return pd, nil
 }
 
@@ -229,17 +197,8 @@ func (p *peer) verify(s *session, repair bool) {
 		}
 		pd := newPending(replication.Entry{Op: replication.OpVerify, Off: runOff, Length: length, Data: replication.AppendChecksums(nil, (*bp)[:length])})
 		resyncBufs.Put(bp)
-		pd.onReply = func(st replication.AckStatus, data []byte) {
-			idx, err := replication.DecodeMismatches(data, (length+replication.BlockSize-1)/replication.BlockSize)
-			if st != replication.AckOK || err != nil {
-				idx = allBlocks(length) // the peer could not read: count the whole run
-			}
-			for _, i := range idx {
-				p.bm.SetBits(runOff+int64(i)*replication.BlockSize, replication.BlockSize)
-				p.verifyFound.Add(replication.BlockSize)
-			}
-		}
-		pd.onAck = func() { p.verifyDone.Add(length) }
+		// Its reply marks the blocks that differ (session.readReply).
+		pd.kind = entryVerify
 		return pd, unlock, nil
 	}
 	if err := s.window(resyncWindow).runs(ctx, nil, next); err != nil {

@@ -39,7 +39,10 @@ var (
 	errPeerDiskFailed = errors.New("the peer failed to write an entry to its disk")
 )
 
-// pending is one entry on its way to a peer.
+// pending is one entry on its way to a peer: a future its submitter waits
+// on (done). What completing it does is data, read by the session's loop:
+// the send-buffer bytes it frees, the countdown it holds, the window slot
+// it takes, the pooled buffer it returns, and its kind.
 type pending struct {
 	e    replication.Entry
 	done chan struct{}
@@ -48,34 +51,54 @@ type pending struct {
 	// waiting for it must fail. Both are read after done.
 	acked bool
 	err   error
+	kind  entryKind
 	// readBuf receives an OpRead's data; readOK says it arrived whole.
+	// The loop writes them; the submitter reads them after done.
 	readBuf []byte
 	readOK  bool
-	// onReply takes the FrameReadReply answering this entry (OpVerify).
-	onReply func(st replication.AckStatus, data []byte)
-	// onAck runs on the receiving goroutine when the peer acknowledged
-	// the entry, BEFORE done is closed.
-	onAck func()
-	// finished runs once the entry is completed, acknowledged or not.
-	finished func(acked bool)
-	// release frees the entry's data buffer once it is encoded.
-	release func()
+	// differ (entryCsums): the blocks whose checksums the peer found
+	// different, set by its FrameReadReply.
+	differ []uint32
+	// gen (entrySyncDone): the generation the peer adopts; inSync: once
+	// acknowledged, it made the peer UpToDate (syncDoneAcked).
+	gen    replication.Generation
+	inSync bool
 	// received, for a write under protocol B, is closed when the peer has
 	// received the entry (or it completed).
 	received chan struct{}
 	recvDone bool
+	// wire is the bytes of an application write held in the send buffer
+	// (protocols A and B) until the entry completes.
+	wire int64
+	// held is done once the entry completes (the activity log's extent).
+	held *countdown
+	// slot is a run loop's window slot, freed once the entry completes.
+	slot chan struct{}
+	// buf is the pooled buffer behind e.Data, returned once encoded.
+	buf *[]byte
 	// lagSeq numbers a write among the peer's writes, for its lag; peer
 	// is the peer it goes to.
 	lagSeq uint64
 	peer   *peer
 }
 
+// entryKind says what the session's loop does when an entry completes.
+type entryKind int
+
+const (
+	entryPlain    entryKind = iota // nothing more than closing done
+	entryRead                      // OpRead: its reply fills readBuf
+	entryResync                    // a resync run: its ack clears its bits
+	entryCsums                     // a resync run's checksums: the ack clears the blocks found equal
+	entryVerify                    // a verify run: its reply marks the blocks found different
+	entrySyncDone                  // the peer is UpToDate at gen once it acks (syncDone)
+)
+
 func newPending(e replication.Entry) *pending {
 	return &pending{e: e, done: make(chan struct{})}
 }
 
-// markReceived closes received, once. It runs on the session's receiving
-// goroutine, or in end once that goroutine has returned.
+// markReceived closes received, once. Only the session's loop calls it.
 func (pd *pending) markReceived() {
 	if pd.received != nil && !pd.recvDone {
 		pd.recvDone = true
@@ -83,70 +106,108 @@ func (pd *pending) markReceived() {
 	}
 }
 
-func (pd *pending) complete(acked bool, err error) {
-	pd.acked, pd.err = acked, err
-	pd.markReceived()
-	if acked && pd.onAck != nil {
-		pd.onAck()
-	}
-	if pd.release != nil {
-		pd.release()
-		pd.release = nil
-	}
-	if pd.finished != nil {
-		pd.finished(acked)
-	}
-	close(pd.done)
-}
-
 // session is one replication stream to a peer, from the end of its
-// handshake to its failure. One goroutine (send) owns the sending side: it
-// alone numbers entries, batches them into frames and writes them;
-// everybody else only queues (enqueue). Another (receive) completes entries
-// as the peer acknowledges them. The session ends at the first error, when
-// its context ends, or when the peer answers nothing for its timeout; end
-// then marks every entry the peer did not acknowledge in the peer's bitmap.
+// handshake to its failure. One goroutine, its loop, owns everything the
+// stream holds: the queue, the entries in flight, their sequence numbers,
+// the frames awaiting acks, the congestion controller and the resync runs
+// in flight. Everybody else talks to it through channels: writers submit
+// entries and get the pending back as a future (enqueue, submit), the
+// receiving goroutine hands it the peer's acks and replies, the sending
+// goroutine takes the frames it built. The session ends at the first error,
+// when its context ends, or when the peer answers nothing for its timeout;
+// the loop then marks every entry the peer did not acknowledge in the
+// peer's bitmap.
 type session struct {
 	p       *peer
 	stream  *transport.ReplStream
 	ctx     context.Context
 	cancel  context.CancelFunc
 	timeout time.Duration
-	// wake is signalled when entries are queued or a frame slot opens.
-	wake     chan struct{}
+
 	lastRecv atomic.Int64 // unix ns of the last frame received
 	errc     chan error   // the first error ends the session
 
-	mu       sync.Mutex
-	closed   bool
+	// Into the loop.
+	submits chan submission
+	acks    chan ackMsg
+	replies chan replyMsg
+	calls   chan func()
+	works   chan func() error
+	synced  chan *pending // a syncDone whose commit (syncDoneAcked) returned
+	// Out of the loop: frames for the sending goroutine.
+	out chan *transport.Frame
+	// ended is closed when the loop stops taking messages; finished once
+	// it completed every entry; err is then the session's error.
+	ended    chan struct{}
+	finished chan struct{}
+	err      error
+	started  bool // start ran (touched by the goroutine that runs the handshake)
+
+	// For readers outside the loop (read balancing, resync pacing).
+	pubAppBytes   atomic.Int64
+	pubAhead      atomic.Bool
+	catchUpPaused atomic.Bool
+
+	// Owned by the loop.
 	queue    []*pending
 	inflight []*pending
 	// frames holds the last sequence number of each frame awaiting its
 	// ack, oldest first.
 	frames  []uint64
 	nextSeq uint64
-
-	// Congestion (congestion.go), under mu: appBytes is the application
-	// writes queued and not acknowledged; room is closed (and replaced)
-	// when it shrinks; ahead: the peer is Behind, writes are marked;
-	// catchingUp: the catch-up resync runs (extra tracks it).
-	appBytes      int64
-	room          chan struct{}
-	cong          *replication.Congestion
-	congPolicy    replication.OnCongestion
-	ahead         bool
-	catchingUp    bool
-	catchUpPaused atomic.Bool
-	extra         sync.WaitGroup
+	// held: completions waiting behind a syncDone whose commit runs, in
+	// ack order; committing is that syncDone.
+	held       []*pending
+	committing *pending
+	// Congestion (congestion.go): appBytes is the application writes
+	// queued and not acknowledged; waiting the writes held for room;
+	// ahead: the peer is Behind, writes are marked; catchingUp: the
+	// catch-up resync (or the connection's resync) runs.
+	appBytes   int64
+	waiting    []submission
+	cong       *replication.Congestion
+	congPolicy replication.OnCongestion
+	ahead      bool
+	catchingUp bool
+	// extra counts the goroutines the loop started (work, catch-up,
+	// commits); it waits for them before it completes what is left.
+	extra sync.WaitGroup
 	// runs are the resync runs in flight (offset → length); remarked the
 	// blocks marked again meanwhile (their runs' acks keep the marks).
 	runs     map[int64]int64
 	remarked map[int64]bool
 }
 
+// submission is an entry for the loop; admit (an application write under
+// protocol A or B) asks the congestion controller first and answers.
+type submission struct {
+	pd     *pending
+	admit  bool
+	answer chan admission
+}
+
+// ackMsg is an ack from the receiving goroutine: up to seq, received
+// (protocol B) or acknowledged.
+type ackMsg struct {
+	seq      uint64
+	received bool
+}
+
+// replyMsg is a FrameReadReply; the receiving goroutine waits for the
+// loop's verdict (err) before it reuses the frame behind data.
+type replyMsg struct {
+	seq  uint64
+	st   replication.AckStatus
+	data []byte
+	err  chan error
+}
+
 func newSession(ctx context.Context, p *peer, s *transport.ReplStream, timeout time.Duration) *session {
 	sctx, cancel := context.WithCancel(ctx)
-	ss := &session{p: p, stream: s, ctx: sctx, cancel: cancel, timeout: timeout, wake: make(chan struct{}, 1), errc: make(chan error, 1), room: make(chan struct{})}
+	ss := &session{p: p, stream: s, ctx: sctx, cancel: cancel, timeout: timeout, errc: make(chan error, 1),
+		submits: make(chan submission), acks: make(chan ackMsg, 64), replies: make(chan replyMsg), calls: make(chan func()),
+		works: make(chan func() error), synced: make(chan *pending, 1), out: make(chan *transport.Frame, maxFramesInFlight+1),
+		ended: make(chan struct{}), finished: make(chan struct{})}
 	ss.lastRecv.Store(time.Now().UnixNano())
 	return ss
 }
@@ -160,46 +221,89 @@ func (s *session) fail(err error) {
 	s.cancel()
 }
 
-// enqueue hands pd to the sending goroutine. It reports false when the
-// session has ended: pd was not taken.
-func (s *session) enqueue(pd *pending) bool {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return false
+// preload queues pd before the loop starts (the handshake's first entry).
+func (s *session) preload(pd *pending) {
+	if s.started {
+		panic("session: preload after start")
 	}
 	s.queue = append(s.queue, pd)
-	s.mu.Unlock()
-	s.kick()
-	return true
 }
 
-func (s *session) kick() {
+// enqueue hands pd to the loop. It reports false when the session has
+// ended: pd was not taken.
+func (s *session) enqueue(pd *pending) bool {
 	select {
-	case s.wake <- struct{}{}:
-	default:
+	case s.submits <- submission{pd: pd}:
+		return true
+	case <-s.ended:
+		return false
 	}
 }
 
-// run drives the stream until it fails or ctx ends, then hands back what
-// the peer did not acknowledge. work, when not nil, runs beside it (a
-// resync or a pull); its error ends the session too.
-func (s *session) run(work func() error) error {
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); s.fail(s.send()) }()
-	go func() { defer wg.Done(); s.fail(s.receive()) }()
-	if work != nil {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := work(); err != nil {
-				s.fail(err)
-			}
-		}()
+// submit hands an application write under protocol A or B to the loop,
+// which asks the congestion controller: admitSend (queued), admitMark (the
+// peer is Behind: mark its blocks) or admitEnded (pd was not taken). It
+// waits while the policy holds the write for room.
+func (s *session) submit(pd *pending) admission {
+	answer := make(chan admission, 1)
+	select {
+	case s.submits <- submission{pd: pd, admit: true, answer: answer}:
+		return <-answer
+	case <-s.ended:
+		return admitEnded
 	}
+}
+
+// do runs f on the loop and returns once it ran; false: the loop ended,
+// f did not run.
+func (s *session) do(f func()) bool {
+	ran := make(chan struct{})
+	select {
+	case s.calls <- func() { f(); close(ran) }:
+		<-ran
+		return true
+	case <-s.ended:
+		return false
+	}
+}
+
+// start starts the loop and the sending and receiving goroutines.
+func (s *session) start() {
+	if s.started {
+		return
+	}
+	s.started = true
+	go s.loop()
+}
+
+// run drives the stream until it fails or ctx ends, then returns once the
+// loop handed back what the peer did not acknowledge. work, when not nil,
+// runs beside it (a resync or a pull); its error ends the session too.
+func (s *session) run(work func() error) error {
+	s.start()
+	if work != nil {
+		select {
+		case s.works <- work:
+		case <-s.ended:
+		}
+	}
+	<-s.finished
+	return s.err
+}
+
+// loop is the session's owner: see session.
+func (s *session) loop() {
+	defer close(s.finished)
+	var io sync.WaitGroup
+	io.Add(2)
+	go func() { defer io.Done(); s.fail(s.send()) }()
+	go func() { defer io.Done(); s.fail(s.receive()) }()
 	tick := time.NewTicker(max(s.timeout/4, 10*time.Millisecond))
+	hb := time.NewTicker(min(s.timeout/4, maxHeartbeatInterval))
 	var err error
+	if err = s.sendQueued(); err != nil {
+		s.fail(err)
+	}
 wait:
 	for {
 		select {
@@ -218,57 +322,70 @@ wait:
 				err = fmt.Errorf("%w: %s answered nothing for %s", ErrPeerTimeout, s.p.name, quiet.Round(time.Millisecond))
 				break wait
 			}
+			continue
+		case <-hb.C:
+			s.congestionTick()
+			if len(s.queue) == 0 && len(s.inflight) == 0 && len(s.out) == 0 {
+				f := transport.NewFrame(replication.BatchHeaderLen)
+				f.SetBytes(replication.AppendBatchHeader(f.Bytes(), 0))
+				s.out <- f // room: only the loop sends, and out is empty
+			}
+		case sub := <-s.submits:
+			if sub.admit {
+				s.admit(sub)
+			} else {
+				s.accept(sub.pd)
+			}
+		case m := <-s.acks:
+			s.acked(m)
+		case m := <-s.replies:
+			m.err <- s.readReply(m)
+		case pd := <-s.synced:
+			s.syncCommitted(pd)
+		case f := <-s.calls:
+			f()
+		case work := <-s.works:
+			s.extra.Add(1)
+			go func() {
+				defer s.extra.Done()
+				if err := work(); err != nil {
+					s.fail(err)
+				}
+			}()
+		}
+		if err := s.sendQueued(); err != nil {
+			s.fail(err)
 		}
 	}
 	tick.Stop()
+	hb.Stop()
 	s.cancel()
 	s.stream.Close()
-	wg.Wait()
+	s.closeToNew()
+	io.Wait()
 	s.extra.Wait()
 	s.end()
-	return err
+	s.err = err
 }
 
-// send is the sending goroutine: it sends what is queued, in queue order,
-// batched into frames, and probes an idle stream with an empty batch.
-func (s *session) send() error {
-	hb := time.NewTicker(min(s.timeout/4, maxHeartbeatInterval))
-	defer hb.Stop()
-	for {
-		select {
-		case <-s.ctx.Done():
-			return nil
-		case <-s.wake:
-		case <-hb.C:
-			s.congestionTick()
-			s.mu.Lock()
-			idle := len(s.queue) == 0 && len(s.inflight) == 0
-			s.mu.Unlock()
-			if idle {
-				f := transport.NewFrame(replication.BatchHeaderLen)
-				f.SetBytes(replication.AppendBatchHeader(f.Bytes(), 0))
-				if err := s.stream.Send(f); err != nil {
-					return fmt.Errorf("send to %s: %w", s.p.name, err)
-				}
-				continue
-			}
+// accept queues pd; the loop owns it from here.
+func (s *session) accept(pd *pending) {
+	switch pd.kind {
+	case entryResync:
+		// Blocks marked again while this run is in flight (pull-ahead)
+		// keep their marks: the run carries their older data.
+		if s.runs == nil {
+			s.runs = map[int64]int64{}
 		}
-		if err := s.sendQueued(); err != nil {
-			return err
-		}
+		s.runs[pd.e.Off] = pd.e.Length
 	}
+	s.queue = append(s.queue, pd)
 }
 
-// sendQueued sends queued entries until the queue is empty or every frame
-// slot is taken.
+// sendQueued hands queued entries, batched into frames, to the sending
+// goroutine until the queue is empty or every frame slot is taken.
 func (s *session) sendQueued() error {
-	var batch []*pending
-	for {
-		s.mu.Lock()
-		if len(s.queue) == 0 || len(s.frames) >= maxFramesInFlight {
-			s.mu.Unlock()
-			return nil
-		}
+	for len(s.queue) > 0 && len(s.frames) < maxFramesInFlight {
 		size := replication.BatchHeaderLen
 		k := 0
 		for k < len(s.queue) && k < maxBatchEntries {
@@ -279,8 +396,7 @@ func (s *session) sendQueued() error {
 			size += n
 			k++
 		}
-		batch = append(batch[:0], s.queue[:k]...)
-		s.queue = s.queue[k:]
+		batch := s.queue[:k]
 		receipt := false
 		for _, pd := range batch {
 			s.nextSeq++
@@ -289,32 +405,49 @@ func (s *session) sendQueued() error {
 			receipt = receipt || pd.received != nil
 		}
 		s.frames = append(s.frames, s.nextSeq)
-		s.mu.Unlock()
-
 		f := transport.NewFrame(size)
 		b := replication.AppendBatchHeaderReceipt(f.Bytes(), len(batch), receipt)
 		for _, pd := range batch {
 			b = replication.AppendEntry(b, &pd.e)
-			if pd.release != nil {
-				pd.release()
-				pd.release = nil
+			if pd.buf != nil {
+				resyncBufs.Put(pd.buf)
+				pd.buf, pd.e.Data = nil, nil
 			}
 		}
-		clear(batch)
 		f.SetBytes(b)
+		clear(s.queue[:k])
+		s.queue = s.queue[k:]
 		s.p.framesSent.Add(1)
 		s.p.entriesSent.Add(uint64(k))
-		if err := s.stream.Send(f); err != nil {
-			return fmt.Errorf("send to %s: %w", s.p.name, err)
+		select {
+		case s.out <- f: // out has room for every frame in flight
+		case <-s.ctx.Done():
+			return nil
+		}
+	}
+	return nil
+}
+
+// send is the sending goroutine: it writes the frames the loop built, in
+// order.
+func (s *session) send() error {
+	for {
+		select {
+		case <-s.ctx.Done():
+			return nil
+		case f := <-s.out:
+			if err := s.stream.Send(f); err != nil {
+				return fmt.Errorf("send to %s: %w", s.p.name, err)
+			}
 		}
 	}
 }
 
-// receive completes entries as the peer acknowledges them.
+// receive hands the peer's acks and replies to the loop.
 func (s *session) receive() error {
 	f := &transport.Frame{}
 	defer f.Release()
-	var done []*pending
+	verdict := make(chan error, 1)
 	for {
 		if err := s.stream.Recv(f); err != nil {
 			if s.ctx.Err() != nil {
@@ -324,7 +457,16 @@ func (s *session) receive() error {
 		}
 		s.lastRecv.Store(time.Now().UnixNano())
 		if b := f.Bytes(); len(b) > 0 && replication.FrameType(b[0]) == replication.FrameReadReply {
-			if err := s.readReply(b); err != nil {
+			seq, st, data, err := replication.DecodeReadReply(b)
+			if err != nil {
+				return err
+			}
+			select {
+			case s.replies <- replyMsg{seq: seq, st: st, data: data, err: verdict}:
+			case <-s.ended:
+				return nil
+			}
+			if err := <-verdict; err != nil {
 				return err
 			}
 			continue
@@ -339,82 +481,185 @@ func (s *session) receive() error {
 		if ack.Seq == 0 {
 			continue // a heartbeat's ack, or the peer saying it is busy
 		}
-		if ack.Status == replication.AckReceived {
-			// Protocol B: the peer holds these entries in memory.
-			s.mu.Lock()
-			for _, pd := range s.inflight {
-				if pd.e.Seq > ack.Seq {
-					break
-				}
-				pd.markReceived()
-			}
-			s.mu.Unlock()
-			continue
-		}
-		s.mu.Lock()
-		k := 0
-		for k < len(s.inflight) && s.inflight[k].e.Seq <= ack.Seq {
-			k++
-		}
-		done = append(done[:0], s.inflight[:k]...)
-		s.inflight = s.inflight[k:]
-		fr := 0
-		for fr < len(s.frames) && s.frames[fr] <= ack.Seq {
-			fr++
-		}
-		s.frames = s.frames[fr:]
-		s.mu.Unlock()
-		var lagSeq uint64
-		for _, pd := range done {
-			lagSeq = max(lagSeq, pd.lagSeq)
-			pd.complete(true, nil)
-		}
-		if lagSeq > 0 {
-			s.p.lagMu.Lock()
-			s.p.lag.PeerAcked(lagSeq)
-			s.p.lagMu.Unlock()
-		}
-		clear(done)
-		if fr > 0 {
-			s.kick() // a frame slot opened
+		select {
+		case s.acks <- ackMsg{seq: ack.Seq, received: ack.Status == replication.AckReceived}:
+		case <-s.ended:
+			return nil
 		}
 	}
 }
 
-// readReply hands an OpRead's or OpVerify's answer to its entry.
-func (s *session) readReply(frame []byte) error {
-	seq, st, data, err := replication.DecodeReadReply(frame)
-	if err != nil {
-		return err
+// acked completes the entries up to m.seq (or, protocol B, marks them
+// received).
+func (s *session) acked(m ackMsg) {
+	if m.received {
+		// Protocol B: the peer holds these entries in memory.
+		for _, pd := range s.inflight {
+			if pd.e.Seq > m.seq {
+				break
+			}
+			pd.markReceived()
+		}
+		return
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	k := 0
+	for k < len(s.inflight) && s.inflight[k].e.Seq <= m.seq {
+		k++
+	}
+	done := s.inflight[:k]
+	fr := 0
+	for fr < len(s.frames) && s.frames[fr] <= m.seq {
+		fr++
+	}
+	s.frames = s.frames[fr:]
+	var lagSeq uint64
+	for _, pd := range done {
+		lagSeq = max(lagSeq, pd.lagSeq)
+		s.ackedOne(pd)
+	}
+	clear(done)
+	s.inflight = s.inflight[k:]
+	if lagSeq > 0 {
+		s.p.lagMu.Lock()
+		s.p.lag.PeerAcked(lagSeq)
+		s.p.lagMu.Unlock()
+	}
+}
+
+// ackedOne completes pd, acknowledged, in ack order: behind a syncDone
+// whose commit runs, it waits for that commit.
+func (s *session) ackedOne(pd *pending) {
+	switch {
+	case s.committing != nil:
+		s.held = append(s.held, pd)
+	case pd.kind == entrySyncDone:
+		// The commit takes the volume's state lock and writes stable
+		// storage: not on the loop, which keeps taking entries meanwhile.
+		s.committing = pd
+		pd.markReceived()
+		s.extra.Add(1)
+		go func() {
+			defer s.extra.Done()
+			pd.inSync = s.p.syncDoneAcked(s, pd.gen)
+			s.synced <- pd
+		}()
+	default:
+		s.complete(pd, true, nil)
+	}
+}
+
+// syncCommitted finishes a syncDone once its commit returned, and the
+// completions held behind it.
+func (s *session) syncCommitted(pd *pending) {
+	if s.committing != pd {
+		panic("session: a syncDone committed that was not committing")
+	}
+	s.committing = nil
+	if pd.inSync {
+		s.p.setState(s, replication.Connected, string(replication.UpToDate))
+	}
+	s.complete(pd, true, nil)
+	held := s.held
+	s.held = nil
+	for _, h := range held {
+		s.ackedOne(h)
+	}
+}
+
+// complete finishes pd: what its kind does, then the resources it holds,
+// then done. Only the loop calls it (and end, on the loop's goroutine).
+func (s *session) complete(pd *pending, acked bool, err error) {
+	p := s.p
+	pd.acked, pd.err = acked, err
+	pd.markReceived()
+	switch pd.kind {
+	case entryResync:
+		if !acked {
+			s.clearRun(pd.e.Off, 0)
+			break
+		}
+		cleared := s.clearRun(pd.e.Off, pd.e.Length)
+		p.resyncDone.Add(pd.e.Length)
+		p.lagMu.Lock()
+		p.lag.Resynced(cleared)
+		p.lagMu.Unlock()
+	case entryCsums:
+		if !acked {
+			break
+		}
+		// Matching blocks are in sync; differing ones stay marked for the
+		// data pass.
+		off, length := pd.e.Off, pd.e.Length
+		same, next := int64(0), 0
+		for b := int64(0); b*replication.BlockSize < length; b++ {
+			if next < len(pd.differ) && int64(pd.differ[next]) == b {
+				next++
+				continue
+			}
+			p.bm.ClearBits(off+b*replication.BlockSize, replication.BlockSize)
+			same += replication.BlockSize
+		}
+		p.resyncDone.Add(min(same, length))
+		p.csumsSkipped.Add(min(same, length))
+	case entryVerify:
+		if acked {
+			p.verifyDone.Add(pd.e.Length)
+		}
+	}
+	if pd.buf != nil {
+		resyncBufs.Put(pd.buf)
+		pd.buf, pd.e.Data = nil, nil
+	}
+	if pd.wire > 0 {
+		s.released(pd.wire)
+	}
+	if pd.held != nil {
+		pd.held.done()
+	}
+	if pd.slot != nil {
+		<-pd.slot
+	}
+	close(pd.done)
+}
+
+// readReply hands an OpRead's or a run's checksum answer to its entry.
+func (s *session) readReply(m replyMsg) error {
 	for _, pd := range s.inflight {
-		if pd.e.Seq != seq {
+		if pd.e.Seq != m.seq {
 			continue
 		}
-		switch {
-		case pd.onReply != nil:
-			pd.onReply(st, data)
-		case pd.e.Op == replication.OpRead:
-			if st == replication.AckOK && pd.readBuf != nil && len(data) == len(pd.readBuf) {
-				copy(pd.readBuf, data)
+		switch pd.kind {
+		case entryCsums, entryVerify:
+			blocks := (pd.e.Length + replication.BlockSize - 1) / replication.BlockSize
+			idx, err := replication.DecodeMismatches(m.data, blocks)
+			if m.st != replication.AckOK || err != nil {
+				idx = allBlocks(pd.e.Length) // the peer could not read: the whole run
+			}
+			if pd.kind == entryCsums {
+				pd.differ = idx
+				break
+			}
+			for _, i := range idx {
+				s.p.bm.SetBits(pd.e.Off+int64(i)*replication.BlockSize, replication.BlockSize)
+				s.p.verifyFound.Add(replication.BlockSize)
+			}
+		case entryRead:
+			if m.st == replication.AckOK && pd.readBuf != nil && len(m.data) == len(pd.readBuf) {
+				copy(pd.readBuf, m.data)
 				pd.readOK = true
 			}
 		default:
-			return fmt.Errorf("%s answered entry %d, not a read, with data", s.p.name, seq)
+			return fmt.Errorf("%s answered entry %d, not a read, with data", s.p.name, m.seq)
 		}
 		return nil
 	}
-	return fmt.Errorf("%s answered a read %d that is not in flight", s.p.name, seq)
+	return fmt.Errorf("%s answered a read %d that is not in flight", s.p.name, m.seq)
 }
 
-// end closes the session to new entries and hands back every entry the
-// peer did not acknowledge: their blocks are marked in the peer's bitmap,
-// after the volume durably started tracking the peer (a new generation).
-// When that tracking cannot be made durable, the entries complete with the
-// error, and no write waiting for them may succeed.
-func (s *session) end() {
+// closeToNew ends the peer's stream (writes go to its bitmap from here)
+// and the loop's taking of messages; the writes it holds for room try
+// again, and find the stream gone.
+func (s *session) closeToNew() {
 	p := s.p
 	p.mu.Lock()
 	if p.sess == s {
@@ -422,11 +667,28 @@ func (s *session) end() {
 		p.peerDisk = dUnknown
 	}
 	p.mu.Unlock()
-	s.mu.Lock()
-	s.closed = true
+	close(s.ended)
+	for _, w := range s.waiting {
+		w.answer <- admitEnded
+	}
+	s.waiting = nil
+}
+
+// end hands back every entry the peer did not acknowledge: their blocks
+// are marked in the peer's bitmap, after the volume durably started
+// tracking the peer (a new generation). When that tracking cannot be made
+// durable, the entries complete with the error, and no write waiting for
+// them may succeed. It runs on the loop's goroutine once every other
+// goroutine of the session returned.
+func (s *session) end() {
+	p := s.p
+	// A syncDone the peer acknowledged, and what waits behind it.
+	for s.committing != nil {
+		s.extra.Wait()
+		s.syncCommitted(<-s.synced)
+	}
 	left := append(s.inflight, s.queue...)
 	s.inflight, s.queue, s.frames = nil, nil, nil
-	s.mu.Unlock()
 	// What the peer did not acknowledge is marked for it now.
 	p.lagMu.Lock()
 	p.lag.Disconnected()
@@ -440,7 +702,7 @@ func (s *session) end() {
 	}
 	for _, pd := range left {
 		markEntry(p.bm, &pd.e)
-		pd.complete(false, err)
+		s.complete(pd, false, err)
 	}
 }
 
@@ -477,7 +739,8 @@ func (w *window) inFlight() int { return len(w.slots) }
 // reports none left (pd nil) and every entry sent has completed. next runs
 // with a slot held; unlock, when next returns one, is called once the
 // entry is queued (a range lock held across its read and its queueing).
-// pace runs before each slot is taken.
+// pace runs before each slot is taken. The entry frees its slot when it
+// completes.
 func (w *window) runs(ctx context.Context, pace func() error, next func() (pd *pending, unlock func(), err error)) error {
 	for {
 		if pace != nil {
@@ -496,18 +759,15 @@ func (w *window) runs(ctx context.Context, pace func() error, next func() (pd *p
 			}
 			return w.drain(ctx)
 		}
-		fin := pd.finished
-		pd.finished = func(acked bool) {
-			if fin != nil {
-				fin(acked)
-			}
-			<-w.slots
-		}
+		pd.slot = w.slots
 		ok := w.s.enqueue(pd)
 		if unlock != nil {
 			unlock()
 		}
 		if !ok {
+			if pd.buf != nil {
+				resyncBufs.Put(pd.buf)
+			}
 			<-w.slots
 			return errSessionEnded
 		}
