@@ -176,9 +176,9 @@ func TestAPeerThatStopsReadingCostsAWriteAtMostThePeerTimeout(t *testing.T) {
 	g.ctx = ctx
 	const timeout = 300 * time.Millisecond
 	s := newSession(context.Background(), p, transport.NewReplStream(g, cancel), timeout)
-	p.mu.Lock()
-	p.sess, p.state, p.peerDisk = s, replication.Connected, string(replication.UpToDate)
-	p.mu.Unlock()
+	p.update(func(pv *peerView) {
+		pv.sess, pv.state, pv.peerDisk = s, replication.Connected, string(replication.UpToDate)
+	})
 	ended := make(chan error, 1)
 	began := time.Now()
 	go func() { ended <- s.run(nil) }()

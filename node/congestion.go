@@ -224,12 +224,12 @@ func (s *session) catchUp() {
 // setState sets the peer's replication state (and its disk state, when
 // disk is not empty) while s is its session.
 func (p *peer) setState(s *session, st replication.ReplState, disk string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.sess == s {
-		p.state = st
-		if disk != "" {
-			p.peerDisk = disk
+	p.update(func(pv *peerView) {
+		if pv.sess == s {
+			pv.state = st
+			if disk != "" {
+				pv.peerDisk = disk
+			}
 		}
-	}
+	})
 }

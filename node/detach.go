@@ -35,7 +35,7 @@ func (v *Volume) detach(cause error) bool {
 	peers := v.peerList
 	v.mu.Unlock()
 	var inSync bool
-	for _, p := range peers { // p.mu is never taken under v.mu
+	for _, p := range peers {
 		inSync = inSync || p.inSync()
 	}
 	if !inSync {

@@ -113,29 +113,29 @@ func (p *peer) connect(ctx context.Context) error {
 	if !plan.sync && !plan.pull {
 		done = p.syncDone(v.currentGeneration())
 	}
-	p.mu.Lock()
-	was := p.state
-	p.sess, p.rule, p.decision, p.why = s, plan.rule, plan.outcome, reason{}
 	late := !plan.sync && !plan.pull && p.bm.Count() > 0
+	next := peerView{sess: s, rule: plan.rule, decision: plan.outcome, peerDisk: p.snapshot().peerDisk, held: p.snapshot().held}
 	switch {
 	case plan.pull:
 		// The peer is the source: it holds every block this node misses.
-		p.state, p.peerDisk = replication.Connected, string(replication.UpToDate)
+		next.state, next.peerDisk = replication.Connected, string(replication.UpToDate)
 		p.pullTotal.Store(v.localMissing.Bytes())
 		p.resyncStart.Store(time.Now().UnixNano())
 		p.pulling.Store(true)
 	case plan.sync:
-		p.state, p.peerDisk = replication.SyncSource, string(replication.Inconsistent)
+		next.state, next.peerDisk = replication.SyncSource, string(replication.Inconsistent)
 		// The progress counters restart before the state says SyncSource.
 		p.resyncTotal.Store(p.bm.Bytes())
 		p.resyncDone.Store(0)
 		p.resyncStart.Store(time.Now().UnixNano())
 		s.preload(newPending(replication.Entry{Op: replication.OpSyncStart, Data: plan.syncGen[:]}))
 	default:
-		p.state = replication.Connected
+		next.state = replication.Connected
 		s.preload(done)
 	}
-	p.mu.Unlock()
+	// Writes find the stream from here (markUnlessStreaming decides under
+	// v.stateMu, held here): a write is marked before it or queued after.
+	was := p.update(func(pv *peerView) { held := pv.held; *pv = next; pv.held = held }).state
 	s.start()
 	v.stateMu.Unlock()
 	if late {
@@ -146,9 +146,7 @@ func (p *peer) connect(ctx context.Context) error {
 	}
 	v.peerAnswered(p.name, plan.pull)
 	v.log.Info("peer connected", "peer", p.name, "rule", plan.rule, "decision", plan.outcome, "out_of_sync", p.bm.Bytes(), "local_missing", v.localMissing.Bytes())
-	p.mu.Lock()
-	now := p.state
-	p.mu.Unlock()
+	now := p.snapshot().state
 	v.node.emit(statefile.Event{Volume: v.name, Kind: "connected", Peer: p.name, Old: string(was), New: string(now), Message: fmt.Sprintf("%s connected: %s by rule=%s; %s out of sync on %s, %s on %s", p.name, plan.outcome, plan.rule, human.Bytes(p.bm.Bytes()), p.name, human.Bytes(v.localMissing.Bytes()), v.self)})
 
 	var work func() error

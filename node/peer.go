@@ -33,19 +33,14 @@ type peer struct {
 	// client is used by the run goroutine only.
 	client *transport.ReplClient
 
-	mu       sync.Mutex
-	sess     *session // nil while not streaming
-	state    replication.ReplState
-	peerDisk string
-	why      reason
-	rule     string // the generation rule of the last connection
-	decision string // and what it decided
-	// held is the generation the peer last acknowledged holding: when it
-	// stops receiving writes, its bitmap starts from there.
-	held replication.Generation
+	// view is the peer's replication state, replaced whole (update) by
+	// the goroutines that own it in turn: the peer's run goroutine (the
+	// handshake) and its session's loop. Readers take one consistent
+	// snapshot (view.Load) without a lock.
+	view atomic.Pointer[peerView]
 	// unpaused is closed while resync may run; replaced by an open channel
-	// while the operator has it paused.
-	unpaused chan struct{}
+	// while the operator has it paused (setPaused).
+	unpaused atomic.Pointer[chan struct{}]
 
 	// pulling: this primary copies newer data from the peer (it is the
 	// SyncTarget); pullTotal is what it missed when the copy began.
@@ -77,12 +72,7 @@ type peer struct {
 	verifyStart atomic.Int64 // unix nanoseconds when the verify began
 
 	// The last resync (or pull) that finished.
-	lastResync struct {
-		sync.Mutex
-		bytes   int64
-		seconds float64
-		ended   time.Time
-	}
+	lastResync atomic.Pointer[lastResync]
 
 	wg      sync.WaitGroup
 	running atomic.Bool
@@ -91,25 +81,61 @@ type peer struct {
 	resumeSeq atomic.Int64
 }
 
+// peerView is one snapshot of a peer's replication state.
+type peerView struct {
+	sess     *session // nil while not streaming
+	state    replication.ReplState
+	peerDisk string
+	why      reason
+	rule     string // the generation rule of the last connection
+	decision string // and what it decided
+	// held is the generation the peer last acknowledged holding: when it
+	// stops receiving writes, its bitmap starts from there.
+	held replication.Generation
+}
+
+// lastResync is the last resync (or pull) that finished.
+type lastResync struct {
+	bytes   int64
+	seconds float64
+	ended   time.Time
+}
+
+// closedChan is a closed channel: resync is not paused.
+var closedChan = func() *chan struct{} { c := make(chan struct{}); close(c); return &c }()
+
+// snapshot returns the peer's replication state now.
+func (p *peer) snapshot() *peerView { return p.view.Load() }
+
+// update replaces the peer's view by change applied to a copy, and returns
+// the view it replaced. The view has one writer at a time (see view); the
+// compare-and-swap keeps an operator's reason written meanwhile.
+func (p *peer) update(change func(*peerView)) *peerView {
+	for {
+		old := p.view.Load()
+		next := *old
+		change(&next)
+		if p.view.CompareAndSwap(old, &next) {
+			return old
+		}
+	}
+}
+
 func newPeer(v *Volume, name string) *peer {
 	nc, _ := v.node.config().Node(name)
 	bm, ok := v.md.Bitmap(v.node.config().NodeID(name))
 	if !ok {
 		panic(fmt.Sprintf("metadata of %s has no bitmap for peer %s", v.name, name)) // openMD created one per peer
 	}
-	p := &peer{
-		v: v, name: name, addr: nc.Replication, bm: bm,
-		state: replication.StandAlone, peerDisk: dUnknown,
-		unpaused: make(chan struct{}),
-	}
-	close(p.unpaused)
+	p := &peer{v: v, name: name, addr: nc.Replication, bm: bm}
+	p.view.Store(&peerView{state: replication.StandAlone, peerDisk: dUnknown})
+	p.unpaused.Store(closedChan)
+	p.lastResync.Store(&lastResync{})
 	return p
 }
 
 func (p *peer) start(ctx context.Context) {
-	p.mu.Lock()
-	p.state, p.why = replication.Connecting, reason{}
-	p.mu.Unlock()
+	p.update(func(pv *peerView) { pv.state, pv.why = replication.Connecting, reason{} })
 	p.wg.Add(1)
 	p.running.Store(true)
 	go func() {
@@ -122,11 +148,7 @@ func (p *peer) start(ctx context.Context) {
 func (p *peer) wait() { p.wg.Wait() }
 
 // session returns the running session, or nil.
-func (p *peer) session() *session {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.sess
-}
+func (p *peer) session() *session { return p.snapshot().sess }
 
 // run connects, streams and reconnects until ctx ends or a refusal that
 // only an operator can lift (split brain, unrelated data, a newer primary).
@@ -166,10 +188,7 @@ func (p *peer) run(ctx context.Context) {
 		default:
 			why = reason{cause: CausePeerLost, text: err.Error()}
 		}
-		p.mu.Lock()
-		was := p.state
-		p.state, p.why = replication.Connecting, why
-		p.mu.Unlock()
+		was := p.update(func(pv *peerView) { pv.state, pv.why = replication.Connecting, why }).state
 		// A lost peer is worth a warning once, not every retry.
 		if why.cause != lastCause {
 			if err != nil {
@@ -190,11 +209,9 @@ func (p *peer) run(ctx context.Context) {
 		}
 		delay = min(delay*2, 2*time.Second)
 	}
-	p.mu.Lock()
 	if ctx.Err() != nil {
-		p.state = replication.StandAlone
+		p.update(func(pv *peerView) { pv.state = replication.StandAlone })
 	}
-	p.mu.Unlock()
 }
 
 // refused records a refusal that holds until an operator acts: the peer is
@@ -216,10 +233,7 @@ func (p *peer) refused(ref *refusal) {
 		kind = "split-brain"
 		why = p.splitBrain(ref)
 	}
-	p.mu.Lock()
-	was := p.state
-	p.state, p.why = replication.StandAlone, why
-	p.mu.Unlock()
+	was := p.update(func(pv *peerView) { pv.state, pv.why = replication.StandAlone, why }).state
 	level := slog.LevelError
 	if ref.cause == CauseFenced {
 		// An old primary meeting the new one: the expected way back,
@@ -318,14 +332,25 @@ func (p *peer) submit(e replication.Entry, proto byte, held *countdown) (*pendin
 			markEntry(p.bm, &e)
 			return nil, err
 		}
-		p.mu.Lock()
-		if p.sess == nil {
-			markEntry(p.bm, &e)
-			p.mu.Unlock()
+		if p.v.markUnlessStreaming(p, &e) {
 			return nil, nil
 		}
-		p.mu.Unlock() // a session started meanwhile: the entry goes to it
+		// a session started meanwhile: the entry goes to it
 	}
+}
+
+// markUnlessStreaming marks e for p unless a stream to p started: the
+// handshake switches writes to the stream under v.stateMu, so each write
+// is marked before the switch or queued after it. It reports whether e
+// was marked.
+func (v *Volume) markUnlessStreaming(p *peer, e *replication.Entry) bool {
+	v.stateMu.Lock()
+	defer v.stateMu.Unlock()
+	if p.session() != nil {
+		return false
+	}
+	markEntry(p.bm, e)
+	return true
 }
 
 // markBehind marks e for a peer that is Behind (pull-ahead), after the
@@ -377,10 +402,7 @@ func (p *peer) syncDoneAcked(s *session, gen replication.Generation) bool {
 	current := v.d.gens.Current == gen
 	tracked := v.d.gens.Tracking(p.name)
 	v.mu.Unlock()
-	p.mu.Lock()
-	inSync := p.sess == s && current && p.bm.Count() == 0
-	p.held = gen
-	p.mu.Unlock()
+	inSync := p.update(func(pv *peerView) { pv.held = gen }).sess == s && current && p.bm.Count() == 0
 	if !inSync {
 		return false
 	}
@@ -405,11 +427,8 @@ func (p *peer) syncDoneAcked(s *session, gen replication.Generation) bool {
 
 // announceGeneration tells an in-sync peer the primary's new generation.
 func (p *peer) announceGeneration(gen replication.Generation) {
-	p.mu.Lock()
-	s := p.sess
-	connected := p.state == replication.Connected
-	p.mu.Unlock()
-	if s != nil && connected {
+	pv := p.snapshot()
+	if s := pv.sess; s != nil && pv.state == replication.Connected {
 		s.enqueue(p.syncDone(gen))
 	}
 }
@@ -417,27 +436,23 @@ func (p *peer) announceGeneration(gen replication.Generation) {
 // inSync reports whether the peer holds every write: connected, its disk
 // UpToDate, nothing marked for it.
 func (p *peer) inSync() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.sess != nil && p.state == replication.Connected && p.peerDisk == string(replication.UpToDate) && p.bm.Count() == 0
+	pv := p.snapshot()
+	return pv.sess != nil && pv.state == replication.Connected && pv.peerDisk == string(replication.UpToDate) && p.bm.Count() == 0
 }
 
 // connected reports whether the stream to the peer is up and not resyncing.
 func (p *peer) connected() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.sess != nil && p.state == replication.Connected
+	pv := p.snapshot()
+	return pv.sess != nil && pv.state == replication.Connected
 }
 
 // read reads [off, off+len(buf)) from the peer's disk, which must be in
 // sync. It serves the primary while its own disk is detached, and a
 // primary that copies newer data from its peer.
 func (p *peer) read(ctx context.Context, buf []byte, off int64) error {
-	p.mu.Lock()
-	s := p.sess
-	ok := s != nil && p.state == replication.Connected && p.peerDisk == string(replication.UpToDate)
-	p.mu.Unlock()
-	if !ok {
+	pv := p.snapshot()
+	s := pv.sess
+	if s == nil || pv.state != replication.Connected || pv.peerDisk != string(replication.UpToDate) {
 		return fmt.Errorf("%s is not connected and in sync", p.name)
 	}
 	pd := newPending(replication.Entry{Op: replication.OpRead, Off: off, Length: int64(len(buf))})
@@ -469,25 +484,24 @@ func (p *peer) read(ctx context.Context, buf []byte, off int64) error {
 }
 
 func (p *peer) status() transport.PeerStatus {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	pv := p.snapshot()
 	lagBytes, lagAge := p.lagOf(time.Now())
 	ps := transport.PeerStatus{
-		Node: p.name, Replication: string(p.state), PeerDisk: p.peerDisk,
+		Node: p.name, Replication: string(pv.state), PeerDisk: pv.peerDisk,
 		LagBytes: lagBytes, LagSeconds: lagAge.Seconds(),
-		OutOfSyncBytes: p.bm.Bytes(), SyncRule: p.rule, SyncDecision: p.decision,
-		Reason: p.why.text, ReasonCode: string(p.why.cause),
+		OutOfSyncBytes: p.bm.Bytes(), SyncRule: pv.rule, SyncDecision: pv.decision,
+		Reason: pv.why.text, ReasonCode: string(pv.why.cause),
 		ResyncSentBytes: p.resyncSent.Load(),
 		FramesSent:      p.framesSent.Load(),
 		EntriesSent:     p.entriesSent.Load(),
 	}
 	paused := false
 	select {
-	case <-p.unpaused:
+	case <-*p.unpaused.Load():
 	default:
 		paused = true
 	}
-	if p.state == replication.SyncSource {
+	if pv.state == replication.SyncSource {
 		ps.ResyncTotalBytes = p.resyncTotal.Load()
 		ps.ResyncDoneBytes = p.resyncDone.Load()
 		if secs := time.Since(time.Unix(0, p.resyncStart.Load())).Seconds(); secs > 0 {
@@ -508,7 +522,7 @@ func (p *peer) status() transport.PeerStatus {
 			ps.ResyncRate = int64(float64(ps.ResyncDoneBytes) / secs)
 		}
 	}
-	if p.v.tracking(p.name) && p.sess == nil {
+	if p.v.tracking(p.name) && pv.sess == nil {
 		ps.PeerDisk = string(replication.Outdated)
 	}
 	ps.VerifyDoneBytes, ps.VerifyTotalBytes, ps.VerifyFoundBytes = p.verifyDone.Load(), p.verifyTotal.Load(), p.verifyFound.Load()
@@ -517,11 +531,10 @@ func (p *peer) status() transport.PeerStatus {
 			ps.VerifyRate = int64(float64(ps.VerifyDoneBytes) / secs)
 		}
 	}
-	p.lastResync.Lock()
-	ps.LastResyncBytes, ps.LastResyncSeconds, ps.LastResyncEnded = p.lastResync.bytes, p.lastResync.seconds, p.lastResync.ended
-	p.lastResync.Unlock()
+	last := p.lastResync.Load()
+	ps.LastResyncBytes, ps.LastResyncSeconds, ps.LastResyncEnded = last.bytes, last.seconds, last.ended
 	ps.ResyncSkippedBytes = p.csumsSkipped.Load()
-	if p.verifying.Load() && p.state == replication.Connected {
+	if p.verifying.Load() && pv.state == replication.Connected {
 		ps.Replication = string(replication.VerifyS)
 	}
 	return ps
@@ -530,34 +543,38 @@ func (p *peer) status() transport.PeerStatus {
 // resyncFinished records a finished resync (or pull) of bytes that took
 // seconds.
 func (p *peer) resyncFinished(bytes int64, seconds float64) {
-	p.lastResync.Lock()
-	p.lastResync.bytes, p.lastResync.seconds, p.lastResync.ended = bytes, seconds, time.Now()
-	p.lastResync.Unlock()
+	p.lastResync.Store(&lastResync{bytes: bytes, seconds: seconds, ended: time.Now()})
 }
 
 // setPaused pauses or resumes this peer's resync.
 func (p *peer) setPaused(paused bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	select {
-	case <-p.unpaused:
-		if paused {
-			p.unpaused = make(chan struct{})
-		}
-	default:
-		if !paused {
-			close(p.unpaused)
+	for {
+		old := p.unpaused.Load()
+		select {
+		case <-*old:
+			if !paused {
+				return
+			}
+			open := make(chan struct{})
+			if p.unpaused.CompareAndSwap(old, &open) {
+				return
+			}
+		default:
+			if paused {
+				return
+			}
+			if p.unpaused.CompareAndSwap(old, closedChan) {
+				close(*old) // only the swap that took it out closes it
+				return
+			}
 		}
 	}
 }
 
 // waitUnpaused returns when resync may run, or with ctx's error.
 func (p *peer) waitUnpaused(ctx context.Context) error {
-	p.mu.Lock()
-	unpaused := p.unpaused
-	p.mu.Unlock()
 	select {
-	case <-unpaused:
+	case <-*p.unpaused.Load():
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()

@@ -39,12 +39,11 @@ func (v *Volume) readTarget(off, length int64) *peer {
 	peers := v.streamingPeers()
 	views := make([]replication.PeerReadView, len(peers))
 	for i, p := range peers {
-		p.mu.Lock()
+		pv := p.snapshot()
 		views[i] = replication.PeerReadView{
-			Repl: p.state, Disk: replication.DiskState(p.peerDisk), Pending: int(p.pendingReads.Load()),
-			Congested: p.sess != nil && p.sess.congested(),
+			Repl: pv.state, Disk: replication.DiskState(pv.peerDisk), Pending: int(p.pendingReads.Load()),
+			Congested: pv.sess != nil && pv.sess.congested(),
 		}
-		p.mu.Unlock()
 		lag, _ := p.lagOf(time.Now())
 		views[i].InSync = lag == 0 && !anySet(p.bm, off, length)
 	}

@@ -53,9 +53,8 @@ func (c *control) Resync(ctx context.Context, r *transport.ResyncRequest) (*tran
 // holds until an operator acts stands between this primary and p.
 func (p *peer) resyncRefusal() error {
 	v := p.v
-	p.mu.Lock()
-	state, cause := p.state, p.why.cause
-	p.mu.Unlock()
+	pv := p.snapshot()
+	state, cause := pv.state, pv.why.cause
 	v.mu.Lock()
 	_, split := v.splitBrain[p.name]
 	v.mu.Unlock()

@@ -325,9 +325,7 @@ func (v *Volume) setAdminDown(down bool) {
 		if role == replication.Primary {
 			v.stopPeers()
 			for _, p := range v.streamingPeers() {
-				p.mu.Lock()
-				p.why = because(CauseAdminDown, "disconnected by operator")
-				p.mu.Unlock()
+				p.update(func(pv *peerView) { pv.why = because(CauseAdminDown, "disconnected by operator") })
 			}
 		} else {
 			v.detachIncoming()

@@ -661,12 +661,11 @@ func (s *session) readReply(m replyMsg) error {
 // again, and find the stream gone.
 func (s *session) closeToNew() {
 	p := s.p
-	p.mu.Lock()
-	if p.sess == s {
-		p.sess = nil
-		p.peerDisk = dUnknown
-	}
-	p.mu.Unlock()
+	p.update(func(pv *peerView) {
+		if pv.sess == s {
+			pv.sess, pv.peerDisk = nil, dUnknown
+		}
+	})
 	close(s.ended)
 	for _, w := range s.waiting {
 		w.answer <- admitEnded

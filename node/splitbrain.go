@@ -254,9 +254,7 @@ func (v *Volume) resumePeers() {
 	ctx := v.peersCtxValue
 	v.mu.Unlock()
 	for _, p := range peers {
-		p.mu.Lock()
-		stopping := p.state == replication.StandAlone
-		p.mu.Unlock()
+		stopping := p.snapshot().state == replication.StandAlone
 		if stopping {
 			p.wait()
 		}

@@ -794,9 +794,7 @@ func (v *Volume) track(p *peer, behind bool) error {
 		// writes complete only on both).
 		return nil
 	}
-	p.mu.Lock()
-	held := p.held
-	p.mu.Unlock()
+	held := p.snapshot().held
 	next := replication.NewGeneration()
 	var from replication.Generation
 	err := v.commit(func(d *durable) {
