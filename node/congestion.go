@@ -110,7 +110,13 @@ func (s *session) publish() {
 func (s *session) markBehind(e *replication.Entry) bool {
 	return s.do(func() {
 		s.remark(e.Off, e.Length)
+		before := s.p.bm.Count()
 		markEntry(s.p.bm, e)
+		// The lag counts blocks newly marked, not a block twice.
+		if n := (s.p.bm.Count() - before) * replication.BlockSize; n > 0 {
+			s.p.lag.Marked(n, time.Now())
+			s.publishLag()
+		}
 	})
 }
 
@@ -216,9 +222,10 @@ func (s *session) catchUp() {
 		s.fail(err)
 		return
 	}
-	p.lagMu.Lock()
-	p.lag.CaughtUp()
-	p.lagMu.Unlock()
+	s.do(func() {
+		p.lag.CaughtUp()
+		s.publishLag()
+	})
 }
 
 // setState sets the peer's replication state (and its disk state, when

@@ -57,9 +57,11 @@ type peer struct {
 	entriesSent  atomic.Uint64
 
 	// lag accounts what clients were told is written but the peer does
-	// not hold yet (protocols A and B); writeSeq numbers its writes.
-	lagMu    sync.Mutex
+	// not hold yet (protocols A and B); writeSeq numbers its writes. The
+	// running session's loop owns lag (each session's loop in turn, which
+	// hands it on at its end) and publishes lagView after each change.
 	lag      replication.Lag
+	lagView  atomic.Pointer[lagView]
 	writeSeq atomic.Uint64
 	// pendingReads counts reads sent to the peer and not answered.
 	pendingReads atomic.Int64
@@ -286,7 +288,7 @@ func (p *peer) submit(e replication.Entry, proto byte, held *countdown) (*pendin
 	for {
 		if s := p.session(); s != nil {
 			pd := newPending(e)
-			pd.peer = p
+			pd.sess = s
 			congestion := proto != 'C' && changesData(e.Op)
 			if congestion {
 				// The send buffer holds what crosses the link: a TRIM or
@@ -357,15 +359,10 @@ func (v *Volume) markUnlessStreaming(p *peer, e *replication.Entry) bool {
 // volume durably started tracking it, as for a peer that is gone.
 func (p *peer) markBehind(e *replication.Entry) error {
 	err := p.v.track(p, true)
-	before := p.bm.Count()
 	if s := p.session(); s == nil || !s.markBehind(e) {
+		// The stream ended meanwhile: its end marked what it held; the
+		// lag of this write is not counted.
 		markEntry(p.bm, e)
-	}
-	// The lag counts blocks newly marked, not a block twice.
-	if n := (p.bm.Count() - before) * replication.BlockSize; n > 0 {
-		p.lagMu.Lock()
-		p.lag.Marked(n, time.Now())
-		p.lagMu.Unlock()
 	}
 	return err
 }
@@ -406,9 +403,6 @@ func (p *peer) syncDoneAcked(s *session, gen replication.Generation) bool {
 	if !inSync {
 		return false
 	}
-	p.lagMu.Lock()
-	p.lag.CaughtUp()
-	p.lagMu.Unlock()
 	install := func() { v.crashedPrimary = false }
 	if tracked {
 		err := v.commit(func(d *durable) { d.gens = d.gens.ResyncFinishedAsSource(p.name) }, install)

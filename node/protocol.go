@@ -116,9 +116,18 @@ const DefaultPolicy = "default"
 // lagOf reports a peer's lag: bytes acknowledged to clients but not yet on
 // the peer (plus blocks marked while Ahead) and the age of the oldest.
 func (p *peer) lagOf(now time.Time) (int64, time.Duration) {
-	p.lagMu.Lock()
-	defer p.lagMu.Unlock()
-	return p.lag.Bytes(), p.lag.Age(now)
+	lv := p.lagView.Load()
+	if lv == nil {
+		return 0, 0
+	}
+	return lv.bytes, replication.AgeSince(lv.oldest, now)
+}
+
+// lagView is a snapshot of a peer's lag, published by the loop that owns
+// it.
+type lagView struct {
+	bytes  int64
+	oldest time.Time
 }
 
 // Adjust changes a volume's settings on every node holding it (on r.Node

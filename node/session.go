@@ -76,10 +76,10 @@ type pending struct {
 	slot chan struct{}
 	// buf is the pooled buffer behind e.Data, returned once encoded.
 	buf *[]byte
-	// lagSeq numbers a write among the peer's writes, for its lag; peer
-	// is the peer it goes to.
+	// lagSeq numbers a write among the peer's writes, for its lag; sess
+	// is the session it went to.
 	lagSeq uint64
-	peer   *peer
+	sess   *session
 }
 
 // entryKind says what the session's loop does when an entry completes.
@@ -520,9 +520,8 @@ func (s *session) acked(m ackMsg) {
 	clear(done)
 	s.inflight = s.inflight[k:]
 	if lagSeq > 0 {
-		s.p.lagMu.Lock()
 		s.p.lag.PeerAcked(lagSeq)
-		s.p.lagMu.Unlock()
+		s.publishLag()
 	}
 }
 
@@ -556,6 +555,8 @@ func (s *session) syncCommitted(pd *pending) {
 	}
 	s.committing = nil
 	if pd.inSync {
+		s.p.lag.CaughtUp()
+		s.publishLag()
 		s.p.setState(s, replication.Connected, string(replication.UpToDate))
 	}
 	s.complete(pd, true, nil)
@@ -580,9 +581,8 @@ func (s *session) complete(pd *pending, acked bool, err error) {
 		}
 		cleared := s.clearRun(pd.e.Off, pd.e.Length)
 		p.resyncDone.Add(pd.e.Length)
-		p.lagMu.Lock()
 		p.lag.Resynced(cleared)
-		p.lagMu.Unlock()
+		s.publishLag()
 	case entryCsums:
 		if !acked {
 			break
@@ -656,6 +656,23 @@ func (s *session) readReply(m replyMsg) error {
 	return fmt.Errorf("%s answered a read %d that is not in flight", s.p.name, m.seq)
 }
 
+// completedLocally tells the loop that the write it numbered seq was
+// acknowledged to its client at (protocols A and B), for the peer's lag;
+// the lag counts it when this returns. A write whose session ended is not
+// counted: its blocks are marked.
+func (s *session) completedLocally(seq uint64, bytes int64, at time.Time) {
+	s.do(func() {
+		s.p.lag.Completed(seq, bytes, at)
+		s.publishLag()
+	})
+}
+
+// publishLag makes the peer's lag readable outside the loop.
+func (s *session) publishLag() {
+	l := &s.p.lag
+	s.p.lagView.Store(&lagView{bytes: l.Bytes(), oldest: l.Oldest()})
+}
+
 // closeToNew ends the peer's stream (writes go to its bitmap from here)
 // and the loop's taking of messages; the writes it holds for room try
 // again, and find the stream gone.
@@ -689,9 +706,8 @@ func (s *session) end() {
 	left := append(s.inflight, s.queue...)
 	s.inflight, s.queue, s.frames = nil, nil, nil
 	// What the peer did not acknowledge is marked for it now.
-	p.lagMu.Lock()
 	p.lag.Disconnected()
-	p.lagMu.Unlock()
+	s.publishLag()
 	var err error
 	for _, pd := range left {
 		if changesData(pd.e.Op) {

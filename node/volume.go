@@ -689,12 +689,10 @@ func waitReceived(waits []*pending) error {
 func (v *Volume) lagged(waits []*pending, bytes int64) {
 	now := time.Now()
 	for _, w := range waits {
-		if w.peer == nil || w.lagSeq == 0 {
+		if w.sess == nil || w.lagSeq == 0 {
 			continue
 		}
-		w.peer.lagMu.Lock()
-		w.peer.lag.Completed(w.lagSeq, bytes, now)
-		w.peer.lagMu.Unlock()
+		w.sess.completedLocally(w.lagSeq, bytes, now)
 	}
 }
 

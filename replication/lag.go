@@ -124,6 +124,12 @@ func (l *Lag) Bytes() int64 {
 // Age is lag_seconds: how long ago the oldest write counted in Bytes was
 // acknowledged to its client (or marked); 0 without lag.
 func (l *Lag) Age(now time.Time) time.Duration {
+	return AgeSince(l.Oldest(), now)
+}
+
+// Oldest is when the oldest write counted in Bytes was acknowledged to its
+// client (or marked); zero without lag.
+func (l *Lag) Oldest() time.Time {
 	var oldest time.Time
 	if l.head < len(l.queue) {
 		oldest = l.queue[l.head].oldest
@@ -131,6 +137,12 @@ func (l *Lag) Age(now time.Time) time.Duration {
 	if l.marked > 0 && (oldest.IsZero() || l.markedAt.Before(oldest)) {
 		oldest = l.markedAt
 	}
+	return oldest
+}
+
+// AgeSince is the age at now of a lag whose oldest write is oldest (Age,
+// from a copy of Oldest).
+func AgeSince(oldest, now time.Time) time.Duration {
 	if oldest.IsZero() || now.Before(oldest) {
 		return 0
 	}
