@@ -19,7 +19,7 @@ FUZZMINIMIZETIME ?= 1s
 # What CI gives each fuzz target (make test).
 CI_FUZZTIME ?= 10s
 
-.PHONY: all test fmt-check vet lint fuzz bench demo deps vuln build install deb static
+.PHONY: all test test-locks fmt-check vet lint fuzz bench demo deps vuln build install deb static
 
 all: test
 
@@ -31,6 +31,12 @@ deps:
 test: deps fmt-check vet
 	$(GO) test -race -count=1 -timeout 20m ./...
 	$(MAKE) fuzz FUZZTIME=$(CI_FUZZTIME)
+
+# node's suite with every mutex of package node checked for lock-order
+# inversions (the deadlock build tag: node/lock_deadlock.go; the order is
+# in node/doc.go). About as long as node's part of make test, so apart.
+test-locks:
+	$(GO) test -race -count=1 -tags deadlock -timeout 20m ./node/
 
 fmt-check:
 	@out=$$(gofmt -l .); \

@@ -8,7 +8,6 @@ import (
 	"maps"
 	"path/filepath"
 	"sort"
-	"sync"
 	"time"
 
 	"github.com/replvol/replvol/internal/human"
@@ -67,7 +66,7 @@ type clusterState struct {
 	// not observe (a pause of its process) is not held against a primary.
 	watch cluster.Watch
 
-	mu sync.Mutex
+	mu mutex
 	// leadingSince: when this node last became leader (zero when not).
 	leadingSince time.Time
 	// termSeen: per volume, the primary's term (epoch) this node last

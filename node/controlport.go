@@ -45,7 +45,7 @@ type guardedListener struct {
 	ready      chan net.Conn
 	done       chan struct{}
 	closeOnce  sync.Once
-	mu         sync.Mutex
+	mu         mutex
 	open       int
 	perHost    map[string]int
 	refused    int // refused since the last line about it

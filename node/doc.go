@@ -14,13 +14,20 @@
 // the peer what it lacks (SyncTarget, reading those blocks from the peer
 // meanwhile), or refuses (split brain, unrelated data). Both sides also
 // compare the settings that must agree (settingscheck.go). Each stream is a
-// session (session.go): one goroutine owns its sending side, one takes its
-// acks, and resync and verify push their runs through one windowed loop
-// (runloops.go). A secondary (secondary.go) applies the stream in order;
-// an old primary reached by a primary of a newer epoch steps down when
-// nothing is lost by following it, and stops its IO at once when the data
-// diverged. A node that restarts as primary serves no IO until a peer has
-// compared generations and epochs with it.
+// session (session.go) with one owner loop: it alone holds the queue, the
+// entries in flight, their sequence numbers, the congestion controller
+// (congestion.go), the resync runs in flight and the peer's lag, and makes
+// the session's changes of the peer's state, in order. Writers, the resync
+// and verify windows (runloops.go) and catch-up submit entries through a
+// channel and wait on the pending they get back; the receiving goroutine
+// hands it acks and replies as messages; one sending goroutine writes the
+// frames it builds. Readers see the peer's state and lag as snapshots the
+// owners publish. A secondary (secondary.go) applies the stream in order,
+// and one goroutine writes its side of it; an old primary reached by a
+// primary of a newer epoch steps down when nothing is lost by following
+// it, and stops its IO at once when the data diverged. A node that
+// restarts as primary serves no IO until a peer has compared generations
+// and epochs with it.
 //
 // With a tls: section (tls.go) the replication stream is mutual TLS 1.3:
 // a primary streams only to the node its certificate names, and a
@@ -51,7 +58,14 @@
 // replctl's demo (cmd/replctl/internal/demo) call it; replctl's other
 // commands never link it (layering_test.go).
 //
-// Lock order: v.stateMu, then p.mu, then s.mu, then v.mu. v.stateMu is
-// never taken while waiting for an entry's ack; v.mu is never held while
-// the state is written.
+// Lock order, outermost first; a goroutine holding one takes only those
+// after it: n.volMu, v.resizeMu, in.applyMu, v.stateMu, v.mu; then the
+// leaves, under which nothing is taken: n.mu, n.cl.mu, v.rb.mu,
+// n.events.mu, the metrics' eventCounts.mu and statusCache.mu, and the
+// control port's listener mu. These are every mutex of the package (type
+// mutex, lock.go); the peer and session code declares none, and a
+// session's loop takes v.stateMu and v.mu only at its end (startTracking).
+// v.stateMu is never taken while waiting for an entry's ack; v.mu is never
+// held while the state is written. go test -tags deadlock (make test-locks)
+// checks the order at run time.
 package node

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/replvol/replvol/internal/human"
@@ -20,7 +19,7 @@ import (
 
 // eventHub fans events out to subscribers.
 type eventHub struct {
-	mu   sync.Mutex
+	mu   mutex
 	subs map[chan transport.Event]struct{}
 }
 

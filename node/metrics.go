@@ -3,7 +3,6 @@ package node
 import (
 	"context"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -569,7 +568,7 @@ func sortedNames[V any](m map[string]V) []string {
 
 // eventCounts counts the node's events by kind.
 type eventCounts struct {
-	mu     sync.Mutex
+	mu     mutex
 	byKind map[string]uint64
 }
 
@@ -607,7 +606,7 @@ type statusCache struct {
 	ctx   context.Context // ends when the node stops
 	fetch func(context.Context) (*transport.ClusterStatus, error)
 
-	mu   sync.Mutex
+	mu   mutex
 	last *transport.ClusterStatus
 	at   time.Time
 	// running is closed when the assembly under way ends; nil when none

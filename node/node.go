@@ -150,9 +150,9 @@ type Node struct {
 
 	// volMu serialises the changes of the volumes (ApplyVolumes) with
 	// each other and with Close.
-	volMu sync.Mutex
+	volMu mutex
 
-	mu sync.Mutex
+	mu mutex
 	// view is what the last ApplyVolumes left unlike the file.
 	view    configView
 	clients map[string]*transport.ControlClient

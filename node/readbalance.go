@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -20,7 +19,7 @@ import (
 
 // readBalancer is a volume's picker and the pending counts it weighs.
 type readBalancer struct {
-	mu     sync.Mutex
+	mu     mutex
 	picker replication.ReadPicker
 	// local counts reads in flight on the local disk.
 	local atomic.Int64

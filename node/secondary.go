@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -20,24 +19,20 @@ type incoming struct {
 
 	// applyMu is held while a batch is applied; once stopped is set no
 	// further batch of this stream touches the disk.
-	applyMu sync.Mutex
+	applyMu mutex
 	stopped bool
 
-	mu sync.Mutex
-	st replication.ReplState
+	st atomic.Pointer[replication.ReplState]
 }
 
 func (in *incoming) state() replication.ReplState {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	return in.st
+	if st := in.st.Load(); st != nil {
+		return *st
+	}
+	return ""
 }
 
-func (in *incoming) setState(s replication.ReplState) {
-	in.mu.Lock()
-	in.st = s
-	in.mu.Unlock()
-}
+func (in *incoming) setState(s replication.ReplState) { in.st.Store(&s) }
 
 // stop ends the stream's effect on the disk: it returns after any batch
 // being applied is done, and no later batch is applied. The stream itself
@@ -248,7 +243,8 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 	default:
 	}
 	old := v.incoming
-	in := &incoming{from: h.From, st: replication.Connected}
+	in := &incoming{from: h.From}
+	in.setState(replication.Connected)
 	v.incoming = in
 	v.why = reason{}
 	delete(v.splitBrain, h.From)

@@ -45,11 +45,11 @@ type Volume struct {
 
 	// stateMu serialises changes of the durable state (commit) with their
 	// persistence; v.mu is not held while the state is written.
-	stateMu sync.Mutex
+	stateMu mutex
 	// resizeMu serialises online resizes of the volume (resize.go).
-	resizeMu sync.Mutex
+	resizeMu mutex
 
-	mu sync.Mutex
+	mu mutex
 	// d is the durable state; it changes only through commit.
 	d    durable
 	role replication.Role // Primary when d.primary is this node
