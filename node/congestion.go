@@ -103,35 +103,6 @@ func (s *session) publish() {
 	s.pubAhead.Store(s.ahead)
 }
 
-// markBehind marks e's blocks for the peer; blocks under resync runs in
-// flight are remembered: those runs carry older data, and their acks must
-// leave the marks. It runs on the loop, so marking and clearRun exclude
-// each other; false: the session ended, nothing was marked.
-func (s *session) markBehind(e *replication.Entry) bool {
-	return s.do(func() {
-		s.remark(e.Off, e.Length)
-		before := s.p.bm.Count()
-		markEntry(s.p.bm, e)
-		// The lag counts blocks newly marked, not a block twice.
-		if n := (s.p.bm.Count() - before) * replication.BlockSize; n > 0 {
-			s.p.lag.Marked(n, time.Now())
-			s.publishLag()
-		}
-	})
-}
-
-func (s *session) remark(off, length int64) {
-	for roff, rlen := range s.runs {
-		lo, hi := max(off, roff), min(off+length, roff+rlen)
-		for b := lo / replication.BlockSize; b*replication.BlockSize < hi; b++ {
-			if s.remarked == nil {
-				s.remarked = map[int64]bool{}
-			}
-			s.remarked[b] = true
-		}
-	}
-}
-
 // clearRun clears, once the peer acknowledged the run [off, off+length),
 // the bits of its blocks that were not marked again while it was in
 // flight; it reports the bytes cleared. It runs on the loop.

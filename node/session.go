@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
@@ -227,44 +226,6 @@ func (s *session) preload(pd *pending) {
 		panic("session: preload after start")
 	}
 	s.queue = append(s.queue, pd)
-}
-
-// enqueue hands pd to the loop. It reports false when the session has
-// ended: pd was not taken.
-func (s *session) enqueue(pd *pending) bool {
-	select {
-	case s.submits <- submission{pd: pd}:
-		return true
-	case <-s.ended:
-		return false
-	}
-}
-
-// submit hands an application write under protocol A or B to the loop,
-// which asks the congestion controller: admitSend (queued), admitMark (the
-// peer is Behind: mark its blocks) or admitEnded (pd was not taken). It
-// waits while the policy holds the write for room.
-func (s *session) submit(pd *pending) admission {
-	answer := make(chan admission, 1)
-	select {
-	case s.submits <- submission{pd: pd, admit: true, answer: answer}:
-		return <-answer
-	case <-s.ended:
-		return admitEnded
-	}
-}
-
-// do runs f on the loop and returns once it ran; false: the loop ended,
-// f did not run.
-func (s *session) do(f func()) bool {
-	ran := make(chan struct{})
-	select {
-	case s.calls <- func() { f(); close(ran) }:
-		<-ran
-		return true
-	case <-s.ended:
-		return false
-	}
 }
 
 // start starts the loop and the sending and receiving goroutines.
@@ -656,17 +617,6 @@ func (s *session) readReply(m replyMsg) error {
 	return fmt.Errorf("%s answered a read %d that is not in flight", s.p.name, m.seq)
 }
 
-// completedLocally tells the loop that the write it numbered seq was
-// acknowledged to its client at (protocols A and B), for the peer's lag;
-// the lag counts it when this returns. A write whose session ended is not
-// counted: its blocks are marked.
-func (s *session) completedLocally(seq uint64, bytes int64, at time.Time) {
-	s.do(func() {
-		s.p.lag.Completed(seq, bytes, at)
-		s.publishLag()
-	})
-}
-
 // publishLag makes the peer's lag readable outside the loop.
 func (s *session) publishLag() {
 	l := &s.p.lag
@@ -718,21 +668,6 @@ func (s *session) end() {
 	for _, pd := range left {
 		markEntry(p.bm, &pd.e)
 		s.complete(pd, false, err)
-	}
-}
-
-// changesData reports whether an entry of op changes blocks.
-func changesData(op replication.Op) bool {
-	switch op {
-	case replication.OpWrite, replication.OpZero, replication.OpTrim:
-		return true
-	}
-	return false
-}
-
-func markEntry(bm *metadata.PeerBitmap, e *replication.Entry) {
-	if changesData(e.Op) {
-		bm.SetBits(e.Off, e.Length)
 	}
 }
 
