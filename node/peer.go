@@ -33,10 +33,13 @@ type peer struct {
 	// client is used by the run goroutine only.
 	client *transport.ReplClient
 
-	// view is the peer's replication state, replaced whole (update) by
-	// the goroutines that own it in turn: the peer's run goroutine (the
-	// handshake) and its session's loop. Readers take one consistent
-	// snapshot (view.Load) without a lock.
+	// view is the peer's replication state, replaced whole (update). The
+	// peer's run goroutine (connecting, the handshake, a refusal) and its
+	// session's loop (every state change while it streams) own it in
+	// turn; besides them only a syncDone's commit sets held (under
+	// v.stateMu, which track reads it under) and an operator's disconnect
+	// sets the reason. Readers take one consistent snapshot (view.Load)
+	// without a lock.
 	view atomic.Pointer[peerView]
 	// unpaused is closed while resync may run; replaced by an open channel
 	// while the operator has it paused (setPaused).
@@ -110,8 +113,8 @@ var closedChan = func() *chan struct{} { c := make(chan struct{}); close(c); ret
 func (p *peer) snapshot() *peerView { return p.view.Load() }
 
 // update replaces the peer's view by change applied to a copy, and returns
-// the view it replaced. The view has one writer at a time (see view); the
-// compare-and-swap keeps an operator's reason written meanwhile.
+// the view it replaced. The compare-and-swap keeps a change made meanwhile
+// by another writer (see view): none is lost, and none waits.
 func (p *peer) update(change func(*peerView)) *peerView {
 	for {
 		old := p.view.Load()
