@@ -225,7 +225,23 @@ type fvCluster struct {
 	size          int64 // the volume's
 	alExtents     int   // 0: the default
 	readBalancing string
-	disks         map[string]string // data node -> backing file or device
+	disks         map[string]string // data node -> backing file or device (of vol0)
+	// volumes, when set, are the volumes instead of vol0 alone, each
+	// node's disk of each at volumeDisk (the idle phase).
+	volumes []string
+}
+
+// disk is node's backing file of vol.
+func (c *fvCluster) disk(vol, node string) string {
+	if len(c.volumes) == 0 {
+		return c.disks[node]
+	}
+	return c.volumeDisk(vol, node)
+}
+
+// volumeDisk is where node's disk of vol is when c.volumes is set.
+func (c *fvCluster) volumeDisk(vol, node string) string {
+	return filepath.Join(c.dir, "disks-"+node, vol+".img")
 }
 
 // setup builds the binaries and writes the config and the backing files.
@@ -340,17 +356,24 @@ func (c *fvCluster) writeConfig() error {
 		}
 		fmt.Fprintf(&cfg, ", state_dir: %q}\n", filepath.Join(c.dir, name))
 	}
-	fmt.Fprintf(&cfg, "volumes:\n  - name: %s\n    size: %d\n    protocol: C\n    primary: alpha\n", fvVol, c.size)
-	if c.alExtents > 0 {
-		fmt.Fprintf(&cfg, "    al_extents: %d\n", c.alExtents)
+	cfg.WriteString("volumes:\n")
+	volumes := c.volumes
+	if len(volumes) == 0 {
+		volumes = []string{fvVol}
 	}
-	if c.readBalancing != "" {
-		fmt.Fprintf(&cfg, "    read_balancing: %s\n", c.readBalancing)
-	}
-	cfg.WriteString("    disks:\n")
-	for _, name := range c.order {
-		if !c.nodes[name].witness {
-			fmt.Fprintf(&cfg, "      %s: %q\n", name, c.disks[name])
+	for _, vol := range volumes {
+		fmt.Fprintf(&cfg, "  - name: %s\n    size: %d\n    protocol: C\n    primary: alpha\n", vol, c.size)
+		if c.alExtents > 0 {
+			fmt.Fprintf(&cfg, "    al_extents: %d\n", c.alExtents)
+		}
+		if c.readBalancing != "" {
+			fmt.Fprintf(&cfg, "    read_balancing: %s\n", c.readBalancing)
+		}
+		cfg.WriteString("    disks:\n")
+		for _, name := range c.order {
+			if !c.nodes[name].witness {
+				fmt.Fprintf(&cfg, "      %s: %q\n", name, c.disk(vol, name))
+			}
 		}
 	}
 	c.cfgPath = filepath.Join(c.dir, "cluster.yaml")
@@ -519,13 +542,18 @@ func (c *fvCluster) ctl(ctx context.Context, node string, args ...string) ([]byt
 	return exec.CommandContext(cctx, c.replctl, args...).CombinedOutput()
 }
 
-// status is vol0's entry in `replctl status --json` asked of node.
-func (c *fvCluster) status(ctx context.Context, node string) (*transport.VolumeStatus, error) {
+// statusAll is `replctl status --json` asked of node.
+func (c *fvCluster) statusAll(ctx context.Context, node string) (*transport.ClusterStatus, error) {
 	out, err := c.ctl(ctx, node, "status", "--json", "--timeout", "5s")
 	if err != nil {
 		return nil, fmt.Errorf("replctl status --json --addr %s: %v: %s", c.nodes[node].control, err, strings.TrimSpace(string(out)))
 	}
-	st, err := parseStatus(out)
+	return parseStatus(out)
+}
+
+// status is vol0's entry in `replctl status --json` asked of node.
+func (c *fvCluster) status(ctx context.Context, node string) (*transport.VolumeStatus, error) {
+	st, err := c.statusAll(ctx, node)
 	if err != nil {
 		return nil, err
 	}
