@@ -98,8 +98,7 @@ func renderBook(rep *report, plot string) string {
 			fmt.Fprintf(&b, "| %s | %s |\n", k, mdCell(v))
 		}
 	}
-	fmt.Fprintf(&b, "\n## Page-cache state\n\n%s. After each drop at most %s of the targets' files stayed resident.\n\n",
-		rep.PageCache, fmtBytes(rep.PageCacheResident))
+	fmt.Fprintf(&b, "\n## Page-cache state\n\n%s%s.\n\n", rep.PageCache, residentNote(rep))
 	fmt.Fprintf(&b, "## Issue 19 targets\n\n")
 	fmt.Fprintf(&b, "Ratios are to nbdkit's file plugin. The limit is the issue's measured limit of a 2-core box "+
 		"(from the floors of loopback TCP, 470-550 us/MiB, and cached pwrite, 75-115 us/MiB).\n\n")

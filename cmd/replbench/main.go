@@ -384,7 +384,7 @@ func printTable(w io.Writer, rep *report) {
 	fmt.Fprintf(w, "replbench  %s  nproc=%d  rounds=%d  runtime=%s  size=%s  span=%s  (median per cell)\n",
 		rep.Date, rep.Nproc, rep.Rounds, rep.Runtime, fmtSize(rep.Size), fmtSize(rep.Span))
 	fmt.Fprintf(w, "  machine: %s\n", rep.Machine)
-	fmt.Fprintf(w, "  page cache: %s (most left resident after a drop: %s)\n", rep.PageCache, fmtBytes(rep.PageCacheResident))
+	fmt.Fprintf(w, "  page cache: %s%s\n", rep.PageCache, residentNote(rep))
 	for _, t := range allTargets {
 		if v, ok := rep.Versions[t]; ok {
 			fmt.Fprintf(w, "  %-8s %s\n", t+":", v)

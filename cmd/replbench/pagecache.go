@@ -47,6 +47,15 @@ func pageCacheHow(mode string) string {
 		"no root, the rest of the machine untouched), mincore checking that nothing stayed resident"
 }
 
+// residentNote says, after the page-cache description, how much stayed
+// resident after the drops (nothing under --page-cache keep: no drops).
+func residentNote(rep *report) string {
+	if rep.PageCacheMode != cacheDrop {
+		return ""
+	}
+	return fmt.Sprintf(" (the most that stayed resident after a drop: %s of the targets' files)", fmtBytes(rep.PageCacheResident))
+}
+
 // prefillBlock is the block size of the prefill in a mode.
 func prefillBlock(mode string) string {
 	if mode == cacheKeep {
