@@ -146,7 +146,7 @@ var seriesColours = []string{"#4e79a7", "#f28e2b", "#59a14f", "#e15759"}
 const (
 	panelW, panelH = 440, 280
 	plotCols       = 2
-	barTop         = 48 // title and legend above the bars
+	barTop         = 60 // title, unit, legend and the tallest bar's value above the bars
 	barBottom      = 40 // labels below
 	barSide        = 40
 )
@@ -170,10 +170,10 @@ func plotPanels(rep *report) []panel {
 			}
 		}
 	}
-	md := panel{title: "metadata placement (replvol, protocol C)", unit: "IOPS / MB/s", series: []string{"internal", "external"}}
+	md := panel{title: "metadata placement (replvol, protocol C)", unit: "IOPS", series: []string{"internal", "external"}}
 	for _, r := range rep.Rows {
 		in, ext := r.Targets[tReplvol], r.Targets[tReplvolExt]
-		if in != nil && ext != nil {
+		if in != nil && ext != nil && r.Unit == md.unit { // one scale: the 8K workloads
 			md.bars = append(md.bars, bar{label: r.Label, value: in.Median}, bar{label: "", value: ext.Median, series: 1})
 		}
 	}
@@ -199,13 +199,14 @@ func plotPanels(rep *report) []panel {
 func renderSVG(rep *report) string {
 	ps := plotPanels(rep)
 	rows := (len(ps) + plotCols - 1) / plotCols
-	w, h := plotCols*panelW, rows*panelH+30
+	w, h := plotCols*panelW, rows*panelH+44
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="11">`+"\n", w, h, w, h)
 	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="white"/>`+"\n", w, h)
-	fmt.Fprintf(&b, `<text x="10" y="20" font-size="14" font-weight="bold">replbench %s (%s)</text>`+"\n", html.EscapeString(rep.Date), html.EscapeString(rep.Machine.String()))
+	fmt.Fprintf(&b, `<text x="10" y="18" font-size="14" font-weight="bold">replbench %s</text>`+"\n", html.EscapeString(rep.Date))
+	fmt.Fprintf(&b, `<text x="10" y="34" fill="#555">%s</text>`+"\n", html.EscapeString(rep.Machine.String()))
 	for i, p := range ps {
-		drawPanel(&b, p, (i%plotCols)*panelW, 30+(i/plotCols)*panelH)
+		drawPanel(&b, p, (i%plotCols)*panelW, 44+(i/plotCols)*panelH)
 	}
 	b.WriteString("</svg>\n")
 	return b.String()
@@ -244,7 +245,11 @@ func drawPanel(b *strings.Builder, p panel, x0, y0 int) {
 			x, base-hgt, slot*0.8, hgt, seriesColours[br.series%len(seriesColours)], html.EscapeString(strings.TrimSpace(br.label+" "+fmtNum(br.value))), html.EscapeString(p.unit))
 		fmt.Fprintf(b, `<text x="%.1f" y="%.1f" text-anchor="middle" font-size="9">%s</text>`+"\n", x+slot*0.4, base-hgt-3, fmtNum(br.value))
 		if br.label != "" {
-			fmt.Fprintf(b, `<text x="%.1f" y="%.1f" text-anchor="middle">%s</text>`+"\n", x+slot*0.4, base+14, html.EscapeString(br.label))
+			mid := x + slot*0.4
+			if i+1 < len(p.bars) && p.bars[i+1].label == "" { // a group of two: the label under both
+				mid += slot / 2
+			}
+			fmt.Fprintf(b, `<text x="%.1f" y="%.1f" text-anchor="middle">%s</text>`+"\n", mid, base+14, html.EscapeString(br.label))
 		}
 	}
 	b.WriteString("</g>\n")

@@ -229,6 +229,9 @@ type fvCluster struct {
 	// volumes, when set, are the volumes instead of vol0 alone, each
 	// node's disk of each at volumeDisk (the idle phase).
 	volumes []string
+	// startTimeout bounds a start until the control address answers
+	// (0: 30 s); a node opens every volume before it listens.
+	startTimeout time.Duration
 }
 
 // disk is node's backing file of vol.
@@ -461,7 +464,11 @@ func (c *fvCluster) start(ctx context.Context, name string) error {
 		return err
 	}
 	n.proc = p
-	deadline := time.Now().Add(30 * time.Second)
+	timeout := 30 * time.Second
+	if c.startTimeout > 0 {
+		timeout = c.startTimeout
+	}
+	deadline := time.Now().Add(timeout)
 	for {
 		conn, err := net.DialTimeout("tcp", n.control, time.Second)
 		if err == nil {
@@ -472,7 +479,7 @@ func (c *fvCluster) start(ctx context.Context, name string) error {
 			return fmt.Errorf("replnode %s exited (%v) before listening on %s; log %s", name, p.exitErr(), n.control, p.log)
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("replnode %s: %s not answering after 30s: %v; log %s", name, n.control, err, p.log)
+			return fmt.Errorf("replnode %s: %s not answering after %s: %v; log %s", name, n.control, timeout, err, p.log)
 		}
 		if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
 			return err

@@ -81,7 +81,7 @@ func (b *bench) idlePhase(ctx context.Context) (rep *idleReport, err error) {
 		Volumes: n,
 		WindowS: b.cfg.idleWindow.Seconds(),
 	}
-	c := &fvCluster{b: b, label: "idle", size: idleVolumeSize, primary: "alpha"}
+	c := &fvCluster{b: b, label: "idle", size: idleVolumeSize, primary: "alpha", startTimeout: idleSyncTimeout}
 	c.dir = filepath.Join(b.tmp, "idle")
 	defer func() {
 		if err != nil {
