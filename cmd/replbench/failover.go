@@ -164,10 +164,7 @@ func (b *bench) failoverPhase(ctx context.Context) (rep *failoverReport, err err
 	c := &fvCluster{b: b, nodes: map[string]*fvNode{}, used: map[int]bool{}}
 	defer func() {
 		if err != nil {
-			// Before the stop: which replnode died by itself.
-			if d := c.diagnose(); d != "" {
-				err = fmt.Errorf("%w [%s]", err, d)
-			}
+			err = c.failed(err)
 			rep.Error = err.Error()
 		}
 		c.stopAll()
@@ -502,6 +499,29 @@ func (c *fvCluster) stopAll() {
 			n.proc.stop()
 		}
 	}
+}
+
+// failed is err with the replnode processes that died by themselves named
+// (call it before stopping them).
+func (c *fvCluster) failed(err error) error {
+	if d := c.diagnose(); d != "" {
+		return fmt.Errorf("%w [%s]", err, d)
+	}
+	return err
+}
+
+// setupDataNodes builds the binaries and gives data nodes alpha and beta,
+// no witness, their addresses; it returns the size of a backing file of
+// a c.size volume with internal metadata.
+func (c *fvCluster) setupDataNodes(ctx context.Context) (int64, error) {
+	if err := c.build(ctx); err != nil {
+		return 0, err
+	}
+	c.order = append([]string(nil), fvDataNodes...)
+	if err := c.allocate(); err != nil {
+		return 0, err
+	}
+	return metadata.InternalDeviceSize(c.size, 0, len(fvDataNodes)-1)
 }
 
 // diagnose names the replnode processes that exited by themselves.

@@ -22,8 +22,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/replvol/replvol/metadata"
 )
 
 const (
@@ -85,22 +83,13 @@ func (b *bench) idlePhase(ctx context.Context) (rep *idleReport, err error) {
 	c.dir = filepath.Join(b.tmp, "idle")
 	defer func() {
 		if err != nil {
-			if d := c.diagnose(); d != "" {
-				err = fmt.Errorf("%w [%s]", err, d)
-			}
+			err = c.failed(err)
 			rep.Error = err.Error()
 		}
 		c.stopAll()
 		os.RemoveAll(c.dir) // the secondary's files fill up as they sync
 	}()
-	if err := c.build(ctx); err != nil {
-		return rep, err
-	}
-	c.order = append([]string(nil), fvDataNodes...)
-	if err := c.allocate(); err != nil {
-		return rep, err
-	}
-	devSize, err := metadata.InternalDeviceSize(idleVolumeSize, 0, len(fvDataNodes)-1)
+	devSize, err := c.setupDataNodes(ctx)
 	if err != nil {
 		return rep, err
 	}
@@ -167,7 +156,7 @@ func (b *bench) idlePhase(ctx context.Context) (rep *idleReport, err error) {
 	logf("idle: measuring CPU and RSS over %s", b.cfg.idleWindow)
 	before := map[string]int64{}
 	for _, name := range fvDataNodes {
-		if before[name], err = procTicks(c.nodes[name].proc.cmd.Process.Pid); err != nil {
+		if before[name], err = readProc(c.nodes[name].proc.cmd.Process.Pid, "stat", parseProcStatTicks); err != nil {
 			return rep, err
 		}
 	}
@@ -178,11 +167,11 @@ func (b *bench) idlePhase(ctx context.Context) (rep *idleReport, err error) {
 	elapsed := time.Since(start).Seconds()
 	for _, name := range fvDataNodes {
 		pid := c.nodes[name].proc.cmd.Process.Pid
-		after, err := procTicks(pid)
+		after, err := readProc(pid, "stat", parseProcStatTicks)
 		if err != nil {
 			return rep, err
 		}
-		rss, err := procRSS(pid)
+		rss, err := readProc(pid, "status", parseVmRSS)
 		if err != nil {
 			return rep, err
 		}
@@ -193,13 +182,13 @@ func (b *bench) idlePhase(ctx context.Context) (rep *idleReport, err error) {
 	return rep, nil
 }
 
-// procTicks is the process's user + system CPU time in USER_HZ ticks.
-func procTicks(pid int) (int64, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+// readProc reads /proc/PID/FILE and parses it.
+func readProc(pid int, file string, parse func(string) (int64, error)) (int64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", pid, file))
 	if err != nil {
 		return 0, err
 	}
-	return parseProcStatTicks(string(data))
+	return parse(string(data))
 }
 
 // parseProcStatTicks reads utime + stime (fields 14 and 15) of a
@@ -223,15 +212,6 @@ func parseProcStatTicks(stat string) (int64, error) {
 		sum += v
 	}
 	return sum, nil
-}
-
-// procRSS is the process's resident memory in bytes.
-func procRSS(pid int) (int64, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	return parseVmRSS(string(data))
 }
 
 // parseVmRSS reads the VmRSS line ("VmRSS:   12345 kB") of

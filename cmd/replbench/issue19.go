@@ -74,7 +74,7 @@ func issueTargets(rep *report) []issueTarget {
 	add := func(workload string, got *float64, unit, cmp string, bound float64, limit, note string) int {
 		t := issueTarget{Workload: workload, Got: got, Unit: unit, Target: cmp + " " + strconv.FormatFloat(bound, 'f', -1, 64),
 			Limit: limit, Status: judge(got, cmp, bound), Note: note}
-		if got == nil && note == "" {
+		if got == nil {
 			t.Note = notMeasured
 		}
 		out = append(out, t)
@@ -131,7 +131,7 @@ func issueTargets(rep *report) []issueTarget {
 	var syncS, cpu, rss *float64
 	idleNote := ""
 	if r := rep.Idle; r != nil {
-		if r.UpToDate > 0 {
+		if r.SyncSeconds > 0 { // the wait ran (to the bound when not all made it)
 			syncS = fptr(r.SyncSeconds)
 		}
 		if p := r.primary(); p != nil {
