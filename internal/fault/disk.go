@@ -57,29 +57,16 @@ func (d *Disk) WriteAtSync(p []byte, off int64) error {
 
 func (d *Disk) write(p []byte, off int64, fua bool) (int, error) {
 	f, err := d.Before(context.Background(), Write, off, int64(len(p)), fua)
-	if err != nil && (f.Tear == 0 || err != f.Err) {
-		return 0, err
-	}
-	kept := p[:f.Kept(len(p))]
-	if len(kept) > 0 {
-		var werr error
+	return f.Write(p, err, func(kept []byte) (err error) {
 		switch {
 		case fua && len(kept) == len(p):
-			werr = d.writeSync(kept, off)
+			return d.writeSync(kept, off)
 		case f.Lose && !fua:
 			d.keep(off, int64(len(kept)))
-			_, werr = d.inner.WriteAt(kept, off)
-		default:
-			_, werr = d.inner.WriteAt(kept, off)
 		}
-		if werr != nil {
-			return 0, werr
-		}
-	}
-	if err != nil {
-		return len(kept), err
-	}
-	return len(p), nil
+		_, err = d.inner.WriteAt(kept, off)
+		return err
+	})
 }
 
 type syncWriter interface {

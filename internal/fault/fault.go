@@ -97,6 +97,27 @@ func (f Fault) Kept(length int) int {
 	return length
 }
 
+// Write carries out a write of p under f, the fault Point.Before returned
+// with err: write stores the part of p that lands (not called when none
+// does), and Write returns what the write reports: len(p) and nil when
+// the fault hides what it did, the bytes that landed and err when it
+// fails.
+func (f Fault) Write(p []byte, err error, write func(kept []byte) error) (int, error) {
+	if err != nil && (f.Tear == 0 || err != f.Err) {
+		return 0, err
+	}
+	kept := p[:f.Kept(len(p))]
+	if len(kept) > 0 {
+		if werr := write(kept); werr != nil {
+			return 0, werr
+		}
+	}
+	if err != nil {
+		return len(kept), err
+	}
+	return len(p), nil
+}
+
 // Injector chooses the fault of each operation. It is called concurrently
 // and must not block.
 type Injector interface {
