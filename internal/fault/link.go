@@ -25,6 +25,7 @@ type Link struct {
 	mu      sync.Mutex
 	conns   map[*Conn]struct{}
 	cut     chan struct{} // non-nil while partitioned; closed by Heal
+	refuse  bool          // Cut: listeners close what they accept
 	delay   time.Duration
 	dropped int
 }
@@ -42,21 +43,33 @@ func (l *Link) Partition() {
 	}
 }
 
-// Heal ends a partition: held bytes go on.
+// Cut is a partition that resets instead of holding: every open
+// connection closes (Drop), and the link's listeners close what they
+// accept, until Heal.
+func (l *Link) Cut() {
+	l.mu.Lock()
+	l.refuse = true
+	l.mu.Unlock()
+	l.Drop()
+}
+
+// Heal ends a partition or a cut: held bytes go on, connections are
+// accepted again.
 func (l *Link) Heal() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.refuse = false
 	if l.cut != nil {
 		close(l.cut)
 		l.cut = nil
 	}
 }
 
-// Partitioned reports whether the link is cut.
+// Partitioned reports whether the link is partitioned or cut.
 func (l *Link) Partitioned() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.cut != nil
+	return l.cut != nil || l.refuse
 }
 
 // SetDelay makes every write on the link wait d first (0: none).
@@ -67,7 +80,7 @@ func (l *Link) SetDelay(d time.Duration) {
 }
 
 // Drop closes every open connection of the link and returns how many.
-// Later connections work.
+// Later connections work (unless the link is Cut).
 func (l *Link) Drop() int {
 	l.mu.Lock()
 	conns := make([]*Conn, 0, len(l.conns))
@@ -105,11 +118,19 @@ type listener struct {
 }
 
 func (ln *listener) Accept() (net.Conn, error) {
-	c, err := ln.Listener.Accept()
-	if err != nil {
-		return nil, err
+	for {
+		c, err := ln.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		ln.link.mu.Lock()
+		refuse := ln.link.refuse
+		ln.link.mu.Unlock()
+		if !refuse {
+			return ln.link.Conn(c), nil
+		}
+		c.Close()
 	}
-	return ln.link.Conn(c), nil
 }
 
 // Conn wraps c.

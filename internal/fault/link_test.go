@@ -11,14 +11,10 @@ import (
 
 // pair is a TCP connection over loopback whose server side is wrapped by
 // l.
-func pair(t *testing.T, l *Link) (client, server net.Conn) {
+func pair(t *testing.T, l *Link) (net.Conn, net.Conn) {
 	t.Helper()
-	inner, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	inner := mustListen(t)
 	ln := l.Listen(inner)
-	t.Cleanup(func() { ln.Close() })
 	accepted := make(chan net.Conn, 1)
 	go func() {
 		c, err := ln.Accept()
@@ -27,11 +23,11 @@ func pair(t *testing.T, l *Link) (client, server net.Conn) {
 		}
 		accepted <- c
 	}()
-	client, err = net.Dial("tcp", inner.Addr().String())
+	client, err := net.Dial("tcp", inner.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
-	server = <-accepted
+	server := <-accepted
 	t.Cleanup(func() { client.Close(); server.Close() })
 	return client, server
 }
@@ -112,4 +108,55 @@ func TestDelaySlowsEveryWrite(t *testing.T) {
 	if _, err := io.ReadFull(client, make([]byte, 3)); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestCutResetsAndRefusesUntilHeal: a cut closes what is open and every
+// connection accepted until the heal; then connections work again.
+func TestCutResetsAndRefusesUntilHeal(t *testing.T) {
+	l := NewLink()
+	client, _ := pair(t, l)
+	ln := l.Listen(mustListen(t))
+	l.Cut()
+	if !l.Partitioned() || l.Open() != 0 {
+		t.Fatalf("after a cut: partitioned %v, %d open", l.Partitioned(), l.Open())
+	}
+	if _, err := client.Read(make([]byte, 1)); err == nil {
+		t.Fatal("the client read from a cut connection")
+	}
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			accepted <- c
+		}
+	}()
+	refused, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer refused.Close()
+	if _, err := refused.Read(make([]byte, 1)); err == nil {
+		t.Fatal("a connection made across a cut was served")
+	}
+	l.Heal()
+	served, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer served.Close()
+	c := <-accepted
+	defer c.Close()
+	if l.Open() != 1 {
+		t.Fatalf("%d open after the heal, want 1", l.Open())
+	}
+}
+
+func mustListen(t *testing.T) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
 }
