@@ -56,3 +56,24 @@ func TestAPartitionedSecondaryCatchesUpByBitmapAfterTheHeal(t *testing.T) {
 	}
 	c.requireIdentical()
 }
+
+// TestADroppedReplicationLinkReconnects: every replication connection
+// between alpha and beta is reset while alpha writes. The writes go on,
+// the nodes connect again by themselves, and the replicas end identical.
+func TestADroppedReplicationLinkReconnects(t *testing.T) {
+	c, link := partitionableCluster(t, 8<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	a := c.vol("alpha")
+	writeRandomBlocks(t, a, 20, 31)
+	if n := link.Drop(); n == 0 {
+		t.Fatal("no replication connection to drop: the test shows nothing")
+	}
+	writeRandomBlocks(t, a, 20, 37)
+	c.waitInSync()
+	if link.Open() == 0 {
+		t.Fatal("in sync again, but over no connection of the link")
+	}
+	c.requireIdentical()
+}
