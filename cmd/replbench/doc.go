@@ -88,7 +88,9 @@
 // Connected and in sync on both (alpha's `replctl status --json`, at most
 // 180 s; else it says how many made it), then measures each node's CPU
 // over --idle-window (utime+stime of /proc/PID/stat, % of one core) and
-// its VmRSS.
+// its VmRSS. With --idle-profile PREFIX it also saves alpha's CPU profile
+// over the window and its heap profile after it, from its control port's
+// /debug/pprof/ (PREFIX.cpu.pprof, PREFIX.heap.pprof).
 //
 // Last, issue 19's targets (issue19.go), one row each with the measured
 // figure, the target, the limit of a 2-core box the issue measured and
@@ -116,7 +118,7 @@
 //	    [--targets replvol,nbdkit,quorum] [--span 512MiB] [--dir DIR]
 //	    [--protocols=true] [--read-balancing=true] [--read-throttle 50MiB]
 //	    [--failover-runs 10] [--page-cache drop|keep] [--fresh=true]
-//	    [--idle-volumes 1000] [--idle-window 20s] [--book docs/perf.md]
+//	    [--idle-volumes 1000] [--idle-window 20s] [--idle-profile PREFIX] [--book docs/perf.md]
 //
 // All child processes, loop devices, cgroups and temporary files are
 // removed on exit, also on Ctrl-C or SIGTERM.

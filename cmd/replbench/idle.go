@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -161,10 +162,23 @@ func (b *bench) idlePhase(ctx context.Context) (rep *idleReport, err error) {
 		}
 	}
 	start := time.Now()
+	profiled := make(chan error, 1)
+	if b.cfg.idleProfile != "" {
+		go func() { profiled <- c.profile(ctx, "alpha", "profile", b.cfg.idleWindow, b.cfg.idleProfile+".cpu.pprof") }()
+	}
 	if err := sleepCtx(ctx, b.cfg.idleWindow); err != nil {
 		return rep, err
 	}
 	elapsed := time.Since(start).Seconds()
+	if b.cfg.idleProfile != "" {
+		if err := <-profiled; err != nil {
+			return rep, err
+		}
+		if err := c.profile(ctx, "alpha", "heap", 0, b.cfg.idleProfile+".heap.pprof"); err != nil {
+			return rep, err
+		}
+		logf("idle: alpha's profiles in %s.cpu.pprof and %s.heap.pprof (go tool pprof -top FILE)", b.cfg.idleProfile, b.cfg.idleProfile)
+	}
 	for _, name := range fvDataNodes {
 		pid := c.nodes[name].proc.cmd.Process.Pid
 		after, err := readProc(pid, "stat", parseProcStatTicks)
@@ -180,6 +194,36 @@ func (b *bench) idlePhase(ctx context.Context) (rep *idleReport, err error) {
 			RSSMiB: float64(rss) / (1 << 20)})
 	}
 	return rep, nil
+}
+
+// profile saves node's pprof profile kind (profile: CPU for d; heap)
+// from its control port's /debug/pprof/ to file.
+func (c *fvCluster) profile(ctx context.Context, node, kind string, d time.Duration, file string) error {
+	url := fmt.Sprintf("http://%s/debug/pprof/%s", c.nodes[node].control, kind)
+	if d > 0 {
+		url += fmt.Sprintf("?seconds=%d", int(d.Seconds()))
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("profile %s: %w", node, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("profile %s: %s", node, resp.Status)
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // readProc reads /proc/PID/FILE and parses it.

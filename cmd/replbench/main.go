@@ -165,6 +165,7 @@ type config struct {
 	fresh       bool          // the fresh sparse-volume phase (fresh.go)
 	idleVolumes int           // idle phase: volumes (0: skip; idle.go)
 	idleWindow  time.Duration // idle phase: how long the CPU is measured
+	idleProfile string        // idle phase: save the primary's profiles (PREFIX.cpu.pprof, PREFIX.heap.pprof)
 	book        string        // write the book (perf.md and perf.svg beside it) here ("": none)
 }
 
@@ -194,6 +195,7 @@ func run() int {
 	flag.BoolVar(&cfg.fresh, "fresh", true, "run the fresh sparse-volume phase (8K randwrite qd16 into a new replvol demo and a new sparse nbdkit file; needs targets replvol and nbdkit)")
 	flag.IntVar(&cfg.idleVolumes, "idle-volumes", 1000, "idle phase: volumes of 16 MiB on two replnode processes, then their idle CPU and RSS (0: skip)")
 	flag.DurationVar(&cfg.idleWindow, "idle-window", 20*time.Second, "idle phase: how long the idle CPU is measured")
+	flag.StringVar(&cfg.idleProfile, "idle-profile", "", "idle phase: save the primary's CPU profile over the window and its heap profile after it to PREFIX.cpu.pprof and PREFIX.heap.pprof")
 	flag.StringVar(&cfg.book, "book", "", "write the book here (markdown; the SVG plot beside it, same name with .svg), e.g. docs/perf.md")
 	flag.Parse()
 
