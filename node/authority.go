@@ -14,6 +14,7 @@ import (
 	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/internal/pki"
 	"github.com/replvol/replvol/node/cluster"
+	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 	"google.golang.org/grpc/codes"
@@ -397,7 +398,7 @@ func (v *Volume) followAuthority(va replication.VolumeAuthority, ok bool) {
 		return
 	}
 	v.mu.Lock()
-	exempt := v.leaseExempt
+	exempt := v.serving == volstate.OpenWithoutLease
 	v.mu.Unlock()
 	switch {
 	case exempt && role == replication.Primary && va.Epoch < epoch:
@@ -481,8 +482,8 @@ func (v *Volume) proposeOnce(kind string, cmd replication.AuthorityCommand) {
 func (v *Volume) confirmed() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.waiting && v.servableLocked() && !v.d.gens.Current.IsZero() {
-		v.waiting, v.ioOpen = false, true
+	if v.serving == volstate.Waiting && v.servableLocked() && !v.d.gens.Current.IsZero() {
+		v.serving = volstate.Open
 		if v.why.cause == CauseWaitingForPeer {
 			v.why = reason{}
 		}
@@ -518,7 +519,7 @@ func (v *Volume) takeOverAt(epoch uint64) {
 		d.gens = d.gens.Promoted()
 	}, func() {
 		v.discard = nil
-		v.becomePrimaryLocked()
+		v.becomePrimaryLocked(volstate.Open)
 	})
 	if err != nil {
 		v.log.Error("take over: write the state", "err", err)
@@ -540,7 +541,7 @@ func (v *Volume) yieldTo(primary string, epoch uint64) {
 		v.mu.Unlock()
 		return
 	}
-	v.ioOpen, v.fenced = false, true
+	v.serving = volstate.Fenced
 	v.why = because(CauseFenced, "the cluster names %s primary at epoch %d", primary, epoch)
 	v.mu.Unlock()
 	v.stopLease()
@@ -549,7 +550,7 @@ func (v *Volume) yieldTo(primary string, epoch uint64) {
 	}
 	v.stateMu.Lock()
 	err := v.commit(func(d *durable) { d.primary, d.epoch = primary, epoch }, func() {
-		v.fenced, v.waiting, v.why = false, false, v.splitBrainReasonLocked()
+		v.serving, v.why = volstate.Stopped, v.splitBrainReasonLocked()
 		v.diskState = v.idleDiskState()
 	})
 	v.stateMu.Unlock()
@@ -627,7 +628,9 @@ func (v *Volume) renewLeases(ctx context.Context, epoch uint64) {
 			v.mu.Lock()
 			if v.leaseEpoch == epoch && until.After(v.lease) {
 				v.lease = until
-				v.leaseExempt = false
+				if v.serving == volstate.OpenWithoutLease {
+					v.serving = volstate.Open
+				}
 				v.wakeLeaseWaitersLocked()
 			}
 			v.mu.Unlock()
@@ -671,7 +674,7 @@ func (v *Volume) wakeLeaseWaitersLocked() {
 // leaseHeldLocked reports whether this primary may complete IO now: it
 // holds a valid lease, or it is not in authority mode. Callers hold v.mu.
 func (v *Volume) leaseHeldLocked() bool {
-	return !v.auth || v.leaseExempt || time.Now().Before(v.lease)
+	return !v.auth || v.serving == volstate.OpenWithoutLease || time.Now().Before(v.lease)
 }
 
 // holdLease returns once this primary holds a valid lease: IO freezes
@@ -680,7 +683,7 @@ func (v *Volume) leaseHeldLocked() bool {
 func (v *Volume) holdLease(ctx context.Context) error {
 	for {
 		v.mu.Lock()
-		if v.role != replication.Primary || (!v.ioOpen && !v.leaseHeldLocked()) {
+		if v.role != replication.Primary || (!v.serving.IsOpen() && !v.leaseHeldLocked()) {
 			v.mu.Unlock()
 			return fmt.Errorf("%s on %s: %w (%w)", v.name, v.self, ErrNotServing, errShutdown)
 		}
@@ -738,7 +741,7 @@ func (v *Volume) ensureOutdated(peer string) error {
 		}
 		v.log.Warn("cannot record an Outdated peer in raft yet; the write waits", "peer", peer, "err", err)
 		v.mu.Lock()
-		serving := v.ioOpen && v.role == replication.Primary
+		serving := v.serving.IsOpen() && v.role == replication.Primary
 		v.mu.Unlock()
 		if !serving || isClosed(v.stopping) {
 			return fmt.Errorf("%s on %s: %w (%w)", v.name, v.self, ErrNotServing, errShutdown)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/metadata/statefile"
+	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -114,12 +115,15 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 			to, v.self, st.Replication, st.PeerDisk, human.Bytes(st.OutOfSyncBytes), reasonSuffix(st.Reason))
 	}
 	v.mu.Lock()
-	wasOpen := v.ioOpen
-	v.ioOpen = false
+	was := v.serving
+	v.serving = volstate.Stopped
 	v.mu.Unlock()
 	reopen := func(err error) (uint64, replication.Generation, error) {
 		v.mu.Lock()
-		v.ioOpen = wasOpen
+		if v.serving == volstate.Stopped {
+			// Unless a fence (a newer primary) stopped it meanwhile.
+			v.serving = was
+		}
 		v.mu.Unlock()
 		return 0, replication.Generation{}, err
 	}
@@ -143,7 +147,7 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 		gen, epoch = d.gens.Current, d.epoch
 		d.primary = to
 	}, func() {
-		v.fenced, v.waiting = false, false
+		v.serving = volstate.Stopped
 		v.diskState = v.idleDiskState()
 	})
 	v.stateMu.Unlock()
@@ -217,7 +221,7 @@ func (v *Volume) promote(epoch uint64, gen replication.Generation) error {
 		d.epoch, d.primary, d.primarySince = epoch, v.self, time.Now().UnixNano()
 		d.gens = d.gens.Promoted()
 	}, func() {
-		v.becomePrimaryLocked()
+		v.becomePrimaryLocked(volstate.Open)
 	})
 	if err != nil {
 		return err
@@ -244,11 +248,11 @@ func (v *Volume) clearPeerBitmaps() {
 func (v *Volume) fence(epoch uint64, why string) {
 	v.mu.Lock()
 	v.knownEpoch = max(v.knownEpoch, epoch)
-	if v.role != replication.Primary || v.fenced {
+	if v.role != replication.Primary || v.serving == volstate.Fenced {
 		v.mu.Unlock()
 		return
 	}
-	v.fenced, v.ioOpen = true, false
+	v.serving = volstate.Fenced
 	v.why = because(CauseFenced, "fenced: %s", why)
 	v.mu.Unlock()
 	v.log.Warn("fenced: a primary of a newer epoch exists; IO stopped", "reason", why)
@@ -269,7 +273,9 @@ func (v *Volume) stepDown(h replication.Hello) error {
 		v.mu.Unlock()
 		return nil
 	}
-	v.ioOpen = false
+	if v.serving.IsOpen() {
+		v.serving = volstate.Stopped
+	}
 	v.mu.Unlock()
 	v.io.Wait()
 	v.mu.Lock()
@@ -285,7 +291,7 @@ func (v *Volume) stepDown(h replication.Hello) error {
 	}
 	v.stateMu.Lock()
 	err := v.commit(func(d *durable) { d.primary, d.epoch = to, epoch }, func() {
-		v.fenced, v.waiting, v.why = false, false, reason{}
+		v.serving, v.why = volstate.Stopped, reason{}
 		v.diskState = v.idleDiskState()
 	})
 	v.stateMu.Unlock()
@@ -345,13 +351,14 @@ func (v *Volume) setAdminDown(down bool) {
 }
 
 // becomePrimaryLocked is what a node that has just recorded itself
-// primary holds in memory: its disk UpToDate, no reason, not fenced nor
-// waiting, fresh senders for its peers, and IO open.
-func (v *Volume) becomePrimaryLocked() {
+// primary holds in memory: its disk UpToDate, no reason, fresh senders
+// for its peers, and IO open (serving: Open, or OpenWithoutLease when
+// forced without a quorum).
+func (v *Volume) becomePrimaryLocked(serving volstate.Serving) {
 	v.diskState = replication.UpToDate
-	v.why, v.fenced, v.waiting = reason{}, false, false
+	v.why = reason{}
 	v.resetPeersLocked()
-	v.ioOpen = true
+	v.serving = serving
 }
 
 // resetPeersLocked gives a new primary fresh senders for every peer,
@@ -422,7 +429,7 @@ func (v *Volume) retake(epoch uint64, gen replication.Generation) error {
 		return err
 	}
 	err := v.commit(func(d *durable) { d.primary = v.self }, func() {
-		v.becomePrimaryLocked()
+		v.becomePrimaryLocked(volstate.Open)
 	})
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/internal/human"
+	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 	"google.golang.org/grpc/codes"
@@ -93,8 +94,11 @@ func (v *Volume) takeOver(change func(*durable)) error {
 		d.gens = d.gens.Promoted()
 	}, func() {
 		v.discard = nil
-		v.leaseExempt = auth
-		v.becomePrimaryLocked()
+		serving := volstate.Open
+		if auth {
+			serving = volstate.OpenWithoutLease
+		}
+		v.becomePrimaryLocked(serving)
 	})
 	if err == nil {
 		v.runHook("on_promote", epoch)
@@ -125,7 +129,7 @@ func (v *Volume) forcePromote() error {
 		return fmt.Errorf("%s on %s is in the middle of a resync (disk %s): its data is part old, part new; it cannot be promoted, even by force", v.name, v.self, v.diskState)
 	}
 	empty := v.d.gens.Current.IsZero()
-	serving := v.role == replication.Primary && v.ioOpen
+	serving := v.role == replication.Primary && v.serving.IsOpen()
 	from := v.d.primary
 	v.mu.Unlock()
 	if serving && !empty {
@@ -205,7 +209,7 @@ func (v *Volume) discardMyData(ctx context.Context, yes bool) (int64, error) {
 	if role == replication.Primary {
 		// Stop serving: requests in flight are answered first.
 		v.mu.Lock()
-		v.ioOpen = false
+		v.serving = volstate.Stopped
 		v.mu.Unlock()
 		closeCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		v.node.nbd.CloseExportContext(closeCtx, v.name)
@@ -218,7 +222,7 @@ func (v *Volume) discardMyData(ctx context.Context, yes bool) (int64, error) {
 	}
 	v.stateMu.Lock()
 	err := v.commit(func(d *durable) { d.primary = "" }, func() {
-		v.fenced, v.waiting = false, false
+		v.serving = volstate.Stopped
 		v.discard = &discardInfo{from: from, runs: runs}
 		v.diskState = v.idleDiskState()
 		v.why = because(CauseDiscarding, "discarding its %s of changes: waiting for the primary to overwrite them", human.Bytes(bytes))
