@@ -38,6 +38,10 @@ type PrimaryReached struct {
 	UUIDs replication.UUIDSet
 }
 
+// NewerPrimary: a peer answered this node's stream that a primary of
+// Epoch, newer than this node's, exists (it refused the stream).
+type NewerPrimary struct{ Epoch uint64 }
+
 // PeerLost: the stream Session to Peer ended.
 type PeerLost struct {
 	Peer    string
@@ -160,6 +164,7 @@ type Stop struct{}
 func (Started) isEvent()             {}
 func (PeerConnected) isEvent()       {}
 func (PrimaryReached) isEvent()      {}
+func (NewerPrimary) isEvent()        {}
 func (PeerLost) isEvent()            {}
 func (PeerCongested) isEvent()       {}
 func (PeerDrained) isEvent()         {}

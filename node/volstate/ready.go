@@ -142,7 +142,7 @@ func Apply(s State, e Event, persist func(Ready) error) (State, []Action, error)
 func persistFailed(s State, e Event) State {
 	if _, ok := e.(WriteMissed); ok && s.Role() == replication.Primary {
 		s = s.Clone()
-		s.Serving, s.Why = Stopped, StateWriteFailed
+		s.Serving, s.Why = Stopped, CauseStateWriteFailed
 	}
 	return s
 }

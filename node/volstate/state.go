@@ -52,24 +52,20 @@ func (s Serving) String() string {
 // its lease when Open).
 func (s Serving) IsOpen() bool { return s == Open || s == OpenWithoutLease }
 
-// Cause is why the volume is not doing its usual job (node maps it to its
-// own typed causes and words).
+// Cause is why the volume is not doing its usual job: node's cause words
+// (node.Cause), which node gives its own texts.
 type Cause string
 
 // Causes the state machine sets.
 const (
-	NoCause          Cause = ""
-	WaitingForPeer   Cause = "waiting-for-peer"
-	WaitingForRaft   Cause = "waiting-for-cluster"
-	FencedByEpoch    Cause = "fenced"
-	FencedByRaft     Cause = "fenced-by-cluster"
-	SplitBrain       Cause = "split-brain"
-	Discarding       Cause = "discarding"
-	Pulling          Cause = "pulling"
-	Detached         Cause = "detached"
-	Reattaching      Cause = "reattaching"
-	StateWriteFailed Cause = "state-write-failed"
-	Handover         Cause = "handover"
+	CauseNone             Cause = ""
+	CauseWaitingForPeer   Cause = "waiting-for-peer"
+	CauseFenced           Cause = "fenced"
+	CauseSplitBrain       Cause = "split-brain"
+	CauseDiscarding       Cause = "discarding"
+	CausePulling          Cause = "pulling"
+	CauseDetached         Cause = "detached"
+	CauseStateWriteFailed Cause = "state-write-failed"
 )
 
 // Durable is the part of the state that survives a restart; it changes

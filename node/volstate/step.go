@@ -38,6 +38,8 @@ func Step(s State, e Event) (State, Ready) {
 		rd = s.peerConnected(e)
 	case PrimaryReached:
 		rd = s.primaryReached(e)
+	case NewerPrimary:
+		rd = s.fence(e.Epoch)
 	case PeerLost:
 		if p, ok := s.Peers[e.Peer]; ok && p.Session == e.Session {
 			p.Repl, p.Pulling = replication.Connecting, false
@@ -72,14 +74,14 @@ func Step(s State, e Event) (State, Ready) {
 		rd = s.detach()
 	case DiskWorks:
 		if s.Disk == replication.Diskless {
-			s.Disk, s.Why = replication.Inconsistent, Reattaching
+			s.Disk, s.Why = replication.Inconsistent, CauseDetached
 			rd.Actions = []Action{{Kind: Notify, Detail: "attaching"}, {Kind: CopyMissing}}
 		}
 	case LocalResyncFinished:
 		if s.Durable.LocalStale && s.Disk == replication.Inconsistent {
 			d := s.Durable.Clone()
 			d.LocalStale = false
-			s.Durable, s.Disk, s.Why = d, replication.UpToDate, NoCause
+			s.Durable, s.Disk, s.Why = d, replication.UpToDate, CauseNone
 			rd.Persist = &d
 			rd.Actions = []Action{{Kind: Notify, Detail: "attached"}}
 		}
@@ -93,7 +95,7 @@ func Step(s State, e Event) (State, Ready) {
 		rd = s.handedOver()
 	case HandoverAborted:
 		if p := s.Pending; p != nil && p.Kind == PendingHandover {
-			s.Serving, s.Why, s.Pending = p.Was, NoCause, nil
+			s.Serving, s.Pending = p.Was, nil
 		}
 	case Promote:
 		rd = s.promote(e)
@@ -139,12 +141,12 @@ func (s *State) start() Ready {
 	rd := Ready{Indicator: SetIndicator, Actions: []Action{{Kind: StartPeers}}}
 	switch {
 	case s.Durable.Gens.Current.IsZero():
-		s.Serving, s.Why = Stopped, WaitingForPeer
+		s.Serving, s.Why = Stopped, CauseWaitingForPeer
 	case s.Auth && !s.Fresh:
-		s.Serving, s.Why = Waiting, WaitingForRaft
+		s.Serving, s.Why = Waiting, CauseWaitingForPeer
 		rd.Actions = append(rd.Actions, Action{Kind: Notify, Detail: "waiting-for-peer"})
 	case !s.Fresh && len(s.Peers) > 0:
-		s.Serving, s.Why = Waiting, WaitingForPeer
+		s.Serving, s.Why = Waiting, CauseWaitingForPeer
 		rd.Actions = append(rd.Actions, Action{Kind: Notify, Detail: "waiting-for-peer"})
 	default:
 		s.Serving = Open
@@ -155,7 +157,7 @@ func (s *State) start() Ready {
 // servable reports whether nothing but waiting or fencing keeps this
 // primary from serving.
 func (s *State) servable() bool {
-	return s.Role() == replication.Primary && !s.Discard && s.Why != StateWriteFailed && !s.Stopping
+	return s.Role() == replication.Primary && !s.Discard && s.Why != CauseStateWriteFailed && !s.Stopping
 }
 
 // fence stops this primary's IO because a primary of a newer epoch
@@ -165,7 +167,7 @@ func (s *State) fence(epoch uint64) Ready {
 	if s.Role() != replication.Primary || s.Serving == Fenced {
 		return Ready{}
 	}
-	s.Serving, s.Why = Fenced, FencedByEpoch
+	s.Serving, s.Why = Fenced, CauseFenced
 	return Ready{Actions: []Action{{Kind: Notify, Detail: "fenced", Epoch: epoch}}}
 }
 
@@ -216,7 +218,7 @@ func (s *State) peerConnected(e PeerConnected) Ready {
 			}
 			delete(x.Gens.Bitmaps, e.Peer)
 		})
-		s.Disk, s.Why = replication.Inconsistent, Pulling
+		s.Disk, s.Why = replication.Inconsistent, CausePulling
 		rd.Actions = []Action{{Kind: StartPull, Peer: e.Peer}}
 	case s.Durable.Gens.Current.IsZero():
 		return refuse("no-source")
@@ -259,10 +261,10 @@ func (s *State) peerAnswered(peer string, pulling bool) {
 	if held {
 		s.Serving = Stopped
 	}
-	if s.Why == WaitingForPeer || s.Why == FencedByEpoch || s.Why == SplitBrain {
-		s.Why = NoCause
+	if s.Why == CauseWaitingForPeer || s.Why == CauseFenced || s.Why == CauseSplitBrain {
+		s.Why = CauseNone
 		if pulling {
-			s.Why = Pulling
+			s.Why = CausePulling
 		}
 	}
 	if !s.Serving.IsOpen() && (held || pulling) && s.servable() {
@@ -284,7 +286,11 @@ func (s *State) primaryReached(e PrimaryReached) Ready {
 		if d.Outcome.IsSplitBrain() || d.Outcome == replication.UnrelatedData {
 			return s.fence(e.Epoch)
 		}
-		return s.beginStepDown(e.From, e.Epoch, Stopped, s.Why, true, e.UUIDs)
+		serving := s.Serving
+		if serving.IsOpen() {
+			serving = Stopped
+		}
+		return s.beginStepDown(e.From, e.Epoch, serving, s.Why, true, e.UUIDs)
 	}
 	if s.AdminDown {
 		return Ready{}
@@ -296,7 +302,7 @@ func (s *State) primaryReached(e PrimaryReached) Ready {
 			p := s.Peers[e.From]
 			p.SplitBrainRule = d.Rule
 			s.Peers[e.From] = p
-			s.Why = SplitBrain
+			s.Why = CauseSplitBrain
 			return Ready{Actions: []Action{{Kind: Notify, Detail: "split-brain", Peer: e.From}}}
 		case d.Outcome == replication.UnrelatedData, e.Epoch < s.Durable.Epoch,
 			e.Epoch == s.Durable.Epoch && s.Durable.Primary != "" && s.Durable.Primary != e.From:
@@ -310,8 +316,8 @@ func (s *State) primaryReached(e PrimaryReached) Ready {
 	p := s.Peers[e.From]
 	p.SplitBrainRule = ""
 	s.Peers[e.From] = p
-	if s.Why == SplitBrain {
-		s.Why = NoCause
+	if s.Why == CauseSplitBrain {
+		s.Why = CauseNone
 	}
 	return rd
 }
@@ -349,11 +355,11 @@ func (s *State) quiesced() Ready {
 		}
 	}
 	rd := Ready{Indicator: ClearIndicator, Persist: s.persist(func(d *Durable) { d.Primary, d.Epoch = p.To, p.Epoch })}
-	s.Serving, s.Why = Stopped, NoCause
+	s.Serving, s.Why = Stopped, CauseNone
 	s.stopPeers()
 	if s.InSplitBrain() {
 		// A step-down does not resolve a split brain.
-		s.Why = SplitBrain
+		s.Why = CauseSplitBrain
 	}
 	s.Disk = s.IdleDisk()
 	rd.Actions = []Action{{Kind: Notify, Detail: "stepped-down", Peer: p.To, Epoch: p.Epoch}, {Kind: RunHook, Detail: "on_demote", Epoch: p.Epoch}}
@@ -390,8 +396,8 @@ func (s *State) followAuthority(e AuthorityChanged) Ready {
 		rd.Actions = s.ensureLease(epoch)
 		if s.Serving == Waiting && s.servable() && !s.Durable.Gens.Current.IsZero() {
 			s.Serving = Open
-			if s.Why == WaitingForPeer || s.Why == WaitingForRaft {
-				s.Why = NoCause
+			if s.Why == CauseWaitingForPeer {
+				s.Why = CauseNone
 			}
 		}
 	case e.Primary != s.Self && role == replication.Primary && e.Epoch >= epoch:
@@ -399,7 +405,7 @@ func (s *State) followAuthority(e AuthorityChanged) Ready {
 			// Its last attempt failed: drain and write again.
 			return Ready{Actions: []Action{{Kind: DrainIO}}}
 		}
-		rd = s.beginStepDown(e.Primary, e.Epoch, Fenced, FencedByRaft, false, replication.UUIDSet{})
+		rd = s.beginStepDown(e.Primary, e.Epoch, Fenced, CauseFenced, false, replication.UUIDSet{})
 		rd.Actions = append([]Action{{Kind: StopLease}}, rd.Actions...)
 		s.LeaseEpoch, s.LeaseUntil = 0, time.Time{}
 	case e.Primary != s.Self && e.Epoch > epoch:
@@ -449,7 +455,7 @@ func (s *State) becomePrimary(epoch uint64, now time.Time, byRaft bool) Ready {
 // serveAsPrimary is what a node that has just recorded itself primary
 // holds: its disk UpToDate, no cause, fresh senders, IO open.
 func (s *State) serveAsPrimary(serving Serving) []Action {
-	s.Disk, s.Why, s.Serving, s.Pending = replication.UpToDate, NoCause, serving, nil
+	s.Disk, s.Why, s.Serving, s.Pending = replication.UpToDate, CauseNone, serving, nil
 	for name, p := range s.Peers {
 		s.Peers[name] = Peer{Repl: replication.Connecting, SplitBrainRule: p.SplitBrainRule}
 	}
@@ -545,7 +551,7 @@ func (s *State) demote(e Demote) Ready {
 		return Ready{Err: fmt.Errorf("%w: %s", ErrNoReplica, e.To)}
 	}
 	s.Pending = &Pending{Kind: PendingHandover, To: e.To, Epoch: s.Durable.Epoch, Was: s.Serving}
-	s.Serving, s.Why = Stopped, Handover
+	s.Serving = Stopped
 	return Ready{Actions: []Action{{Kind: DrainIO}}}
 }
 
@@ -558,7 +564,7 @@ func (s *State) handedOver() Ready {
 	}
 	s.Pending = nil
 	rd := Ready{Indicator: ClearIndicator, Persist: s.persist(func(d *Durable) { d.Primary = p.To })}
-	s.Serving, s.Why = Stopped, NoCause
+	s.Serving = Stopped
 	s.Disk = s.IdleDisk()
 	s.stopPeers()
 	rd.Actions = []Action{{Kind: StopPeers}}
@@ -584,7 +590,7 @@ func (s *State) discardMyData() Ready {
 				return Ready{Err: fmt.Errorf("%w %s", ErrStreaming, name)}
 			}
 		}
-		s.Serving, s.Why = Stopped, Discarding
+		s.Serving = Stopped
 		s.Pending = &Pending{Kind: PendingDiscard}
 		return Ready{Actions: []Action{{Kind: DrainIO}}}
 	}
@@ -603,7 +609,7 @@ func (s *State) stopPeers() {
 }
 
 func (s *State) becomeDiscarding() {
-	s.Serving, s.Discard, s.Why = Stopped, true, Discarding
+	s.Serving, s.Discard, s.Why = Stopped, true, CauseDiscarding
 	s.stopPeers()
 	s.Disk = s.IdleDisk()
 }
@@ -623,7 +629,7 @@ func (s *State) detach() Ready {
 		return Ready{}
 	}
 	rd := Ready{Persist: s.persist(func(d *Durable) { d.LocalStale = true })}
-	s.Disk, s.Why = replication.Diskless, Detached
+	s.Disk, s.Why = replication.Diskless, CauseDetached
 	rd.Actions = []Action{{Kind: Notify, Detail: "detached"}, {Kind: Reattach}}
 	return rd
 }
@@ -658,7 +664,7 @@ func (s *State) resyncFinished(e ResyncFinished) Ready {
 			d.SyncGen = replication.Generation{}
 		})
 		p.Pulling = false
-		s.Disk, s.Why = replication.UpToDate, NoCause
+		s.Disk, s.Why = replication.UpToDate, CauseNone
 		if s.Role() != replication.Primary {
 			s.Disk = replication.Consistent
 			if s.Discard {

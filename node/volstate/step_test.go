@@ -219,6 +219,8 @@ func (h *harness) event(t *testing.T, d *datadriven.TestData, s *State) Event {
 			e.Epoch = other.Durable.Epoch
 		}
 		return e
+	case "newer-primary":
+		return NewerPrimary{Epoch: argUint(t, d, "epoch")}
 	case "peer-lost":
 		return PeerLost{Peer: peerName, Session: session}
 	case "peer-congested":
@@ -350,7 +352,7 @@ func formatReady(rd Ready) string {
 func format(s State) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s: %s %s disk=%s", s.Self, s.Role(), s.Serving, s.Disk)
-	if s.Why != NoCause {
+	if s.Why != CauseNone {
 		fmt.Fprintf(&b, " why=%s", s.Why)
 	}
 	fmt.Fprintf(&b, " %s\n", formatDurable(s.Durable))
