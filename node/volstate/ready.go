@@ -15,16 +15,14 @@ const (
 	// KeepIndicator: unchanged.
 	KeepIndicator Indicator = iota
 	// SetIndicator: set BEFORE Persist is written (and so BEFORE the
-	// first write of the new primary).
+	// first write of the new primary). It is cleared by an action
+	// (ClearPrimaryIndicator), AFTER the state names another primary.
 	SetIndicator
-	// ClearIndicator: cleared AFTER Persist is written (the bitmaps are
-	// flushed by then).
-	ClearIndicator
 )
 
 // Ready is what a step asks of the driver, in this order: the indicator
-// when set, Persist, the indicator when cleared, all on stable storage
-// BEFORE anything else; then Actions, in order. When a write fails the
+// when set, then Persist, both on stable storage BEFORE anything else;
+// then Actions, in order. When a write fails the
 // driver keeps the old state and performs none of the Actions (Apply).
 type Ready struct {
 	Persist   *Durable
@@ -45,6 +43,15 @@ const (
 	// DrainIO: close the NBD export, answer the requests in flight, stop
 	// the peers' senders and flush the bitmaps; then step Quiesced.
 	DrainIO ActionKind = iota + 1
+	// WaitIO: answer the requests in flight; then step Quiesced.
+	WaitIO
+	// HandOverIO: close the export, answer the requests in flight, flush
+	// every replica and wait until the peer holds every write; then step
+	// HandedOver (or HandoverAborted).
+	HandOverIO
+	// ClearPrimaryIndicator: flush the bitmaps, then clear the primary
+	// indicator (the state names another primary by then).
+	ClearPrimaryIndicator
 	// StartPeers: start a sender for every peer (a restarted primary).
 	StartPeers
 	// ResetPeers: fresh senders for every peer, started unless the
@@ -81,7 +88,7 @@ const (
 )
 
 var actionNames = map[ActionKind]string{
-	DrainIO: "drain-io", StartPeers: "start-peers", ResetPeers: "reset-peers", StopPeers: "stop-peers",
+	DrainIO: "drain-io", WaitIO: "wait-io", HandOverIO: "hand-over-io", ClearPrimaryIndicator: "clear-primary-indicator", StartPeers: "start-peers", ResetPeers: "reset-peers", StopPeers: "stop-peers",
 	DetachIncoming: "detach-incoming", ClearPeerBitmaps: "clear-peer-bitmaps", ClearLocalMissing: "clear-local-missing",
 	StartLease: "start-lease", StopLease: "stop-lease", ReleaseLease: "release-lease", Propose: "propose",
 	StartResync: "start-resync", StartPull: "start-pull", Reattach: "reattach", CopyMissing: "copy-missing",

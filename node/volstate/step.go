@@ -324,10 +324,14 @@ func (s *State) primaryReached(e PrimaryReached) Ready {
 
 // beginStepDown stops this primary's IO (serving: Stopped, or Fenced when
 // raft named another) and has the driver drain it; Quiesced completes the
-// step down.
+// step down. With recheck the requests in flight are answered first and
+// the generations compared again, then the rest drains.
 func (s *State) beginStepDown(to string, epoch uint64, serving Serving, why Cause, recheck bool, uuids replication.UUIDSet) Ready {
 	s.Serving, s.Why = serving, why
 	s.Pending = &Pending{Kind: PendingStepDown, To: to, Epoch: epoch, Recheck: recheck, UUIDs: uuids}
+	if recheck {
+		return Ready{Actions: []Action{{Kind: WaitIO}}}
+	}
 	return Ready{Actions: []Action{{Kind: DrainIO}}}
 }
 
@@ -337,24 +341,27 @@ func (s *State) quiesced() Ready {
 	if p == nil || p.Kind == PendingHandover {
 		return Ready{}
 	}
-	s.Pending = nil
-	switch p.Kind {
-	case PendingDiscard:
-		rd := Ready{Indicator: ClearIndicator, Persist: s.persist(func(d *Durable) { d.Primary = "" })}
+	if p.Kind == PendingDiscard {
+		s.Pending = nil
+		rd := Ready{Persist: s.persist(func(d *Durable) { d.Primary = "" })}
 		s.becomeDiscarding()
-		rd.Actions = []Action{{Kind: RunHook, Detail: "on_demote", Epoch: s.Durable.Epoch}, {Kind: Notify, Detail: "discard-my-data"}}
+		rd.Actions = []Action{{Kind: ClearPrimaryIndicator}, {Kind: RunHook, Detail: "on_demote", Epoch: s.Durable.Epoch}, {Kind: Notify, Detail: "discard-my-data"}}
 		return rd
 	}
 	if p.Recheck {
 		// A write that completed since the handshake may have started a
 		// new generation: compare again; a divergence now is a split
-		// brain, and the newer epoch wins.
+		// brain, and the newer epoch wins. Otherwise the rest drains.
 		d := replication.CompareUUIDs(s.UUIDs(p.To), p.UUIDs, replication.Secondary, replication.Primary)
 		if d.Outcome.IsSplitBrain() || d.Outcome == replication.UnrelatedData {
+			s.Pending = nil
 			return s.fence(p.Epoch)
 		}
+		s.Pending = &Pending{Kind: PendingStepDown, To: p.To, Epoch: p.Epoch}
+		return Ready{Actions: []Action{{Kind: DrainIO}}}
 	}
-	rd := Ready{Indicator: ClearIndicator, Persist: s.persist(func(d *Durable) { d.Primary, d.Epoch = p.To, p.Epoch })}
+	s.Pending = nil
+	rd := Ready{Persist: s.persist(func(d *Durable) { d.Primary, d.Epoch = p.To, p.Epoch })}
 	s.Serving, s.Why = Stopped, CauseNone
 	s.stopPeers()
 	if s.InSplitBrain() {
@@ -362,7 +369,7 @@ func (s *State) quiesced() Ready {
 		s.Why = CauseSplitBrain
 	}
 	s.Disk = s.IdleDisk()
-	rd.Actions = []Action{{Kind: Notify, Detail: "stepped-down", Peer: p.To, Epoch: p.Epoch}, {Kind: RunHook, Detail: "on_demote", Epoch: p.Epoch}}
+	rd.Actions = []Action{{Kind: ClearPrimaryIndicator}, {Kind: Notify, Detail: "stepped-down", Peer: p.To, Epoch: p.Epoch}, {Kind: RunHook, Detail: "on_demote", Epoch: p.Epoch}}
 	return rd
 }
 
@@ -552,7 +559,7 @@ func (s *State) demote(e Demote) Ready {
 	}
 	s.Pending = &Pending{Kind: PendingHandover, To: e.To, Epoch: s.Durable.Epoch, Was: s.Serving}
 	s.Serving = Stopped
-	return Ready{Actions: []Action{{Kind: DrainIO}}}
+	return Ready{Actions: []Action{{Kind: HandOverIO, Peer: e.To}}}
 }
 
 // handedOver completes a switchover: this node is Secondary under the new
@@ -563,16 +570,17 @@ func (s *State) handedOver() Ready {
 		return Ready{Err: ErrNoPendingChange}
 	}
 	s.Pending = nil
-	rd := Ready{Indicator: ClearIndicator, Persist: s.persist(func(d *Durable) { d.Primary = p.To })}
+	rd := Ready{Persist: s.persist(func(d *Durable) { d.Primary = p.To })}
 	s.Serving = Stopped
 	s.Disk = s.IdleDisk()
 	s.stopPeers()
 	rd.Actions = []Action{{Kind: StopPeers}}
 	if s.Auth {
+		// The lease goes back: the new primary need not wait it out.
 		rd.Actions = append(rd.Actions, Action{Kind: StopLease}, Action{Kind: ReleaseLease, Epoch: p.Epoch})
 		s.LeaseEpoch, s.LeaseUntil = 0, time.Time{}
 	}
-	rd.Actions = append(rd.Actions, Action{Kind: Notify, Detail: "demoted", Peer: p.To, Epoch: p.Epoch}, Action{Kind: RunHook, Detail: "on_demote", Epoch: p.Epoch})
+	rd.Actions = append(rd.Actions, Action{Kind: ClearPrimaryIndicator}, Action{Kind: Notify, Detail: "demoted", Peer: p.To, Epoch: p.Epoch}, Action{Kind: RunHook, Detail: "on_demote", Epoch: p.Epoch})
 	return rd
 }
 

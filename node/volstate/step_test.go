@@ -328,9 +328,6 @@ func formatWrite(rd Ready) string {
 	if rd.Persist != nil {
 		parts = append(parts, formatDurable(*rd.Persist))
 	}
-	if rd.Indicator == ClearIndicator {
-		parts = append(parts, "clear-indicator")
-	}
 	return strings.Join(parts, " then ")
 }
 
