@@ -492,78 +492,46 @@ func (v *Volume) confirmed() {
 }
 
 // takeOverAt makes this node primary at epoch, as the cluster decided (a
-// failover or a switchover). Its disk must hold the volume's data.
+// failover or a switchover). Its disk must hold the volume's data: the
+// same transition as a handover's promotion (volstate.AuthorityChanged).
 func (v *Volume) takeOverAt(epoch uint64) {
-	v.mu.Lock()
-	stale := v.d.gens.Current.IsZero() || !v.d.syncGen.IsZero() || v.d.localStale
-	already := v.role == replication.Primary && v.d.epoch >= epoch
-	v.mu.Unlock()
-	if already {
-		return
-	}
-	if stale {
-		v.log.Error("the cluster named this node primary, but its disk holds no consistent data; not serving", "epoch", epoch)
-		v.node.event(v.name, "promotion-refused", fmt.Sprintf("the cluster named %s primary at epoch %d, but its disk is not UpToDate", v.self, epoch))
-		return
-	}
-	v.detachIncoming()
-	v.stateMu.Lock()
-	defer v.stateMu.Unlock()
-	v.clearPeerBitmaps()
-	if err := v.md.SetPrimary(true); err != nil {
-		v.log.Error("take over: set the primary indicator", "err", err)
-		return
-	}
-	err := v.commit(func(d *durable) {
-		d.epoch, d.primary, d.primarySince = epoch, v.self, time.Now().UnixNano()
-		d.gens = d.gens.Promoted()
-	}, func() {
-		v.discard = nil
-		v.becomePrimaryLocked(volstate.Open)
-	})
+	err := v.drive(volstate.AuthorityChanged{Known: true, Primary: v.self, Epoch: epoch, Now: time.Now()}, driveOptions{notify: func(a volstate.Action) {
+		switch a.Detail {
+		case "promoted":
+			v.log.Warn("promoted by the cluster", "epoch", a.Epoch)
+			v.node.event(v.name, "promoted", fmt.Sprintf("%s is primary of %s at epoch %d (decided by raft)", v.self, v.name, a.Epoch))
+		case "promotion-refused":
+			v.log.Error("the cluster named this node primary, but its disk holds no consistent data; not serving", "epoch", a.Epoch)
+			v.node.event(v.name, "promotion-refused", fmt.Sprintf("the cluster named %s primary at epoch %d, but its disk is not UpToDate", v.self, a.Epoch))
+		}
+	}})
 	if err != nil {
 		v.log.Error("take over: write the state", "err", err)
-		return
 	}
-	v.ensureLeaseLoop(epoch)
-	v.log.Warn("promoted by the cluster", "epoch", epoch)
-	v.node.event(v.name, "promoted", fmt.Sprintf("%s is primary of %s at epoch %d (decided by raft)", v.self, v.name, epoch))
-	v.runHook("on_promote", epoch)
 }
 
 // yieldTo stops this primary's IO at once because the cluster names
 // another primary (at epoch), then makes it Secondary: requests in flight
 // are answered, what it wrote stays marked for the new primary to copy
-// (or overwrite), and on_demote runs.
+// (or overwrite), and on_demote runs. One transition with stepDown
+// (volstate.AuthorityChanged, then Quiesced).
 func (v *Volume) yieldTo(primary string, epoch uint64) {
-	v.mu.Lock()
-	if v.role != replication.Primary {
-		v.mu.Unlock()
-		return
-	}
-	v.serving = volstate.Fenced
-	v.why = because(CauseFenced, "the cluster names %s primary at epoch %d", primary, epoch)
-	v.mu.Unlock()
-	v.stopLease()
-	if err := v.quiesce(); err != nil {
-		v.log.Error("step down: flush bitmaps", "err", err)
-	}
-	v.stateMu.Lock()
-	err := v.commit(func(d *durable) { d.primary, d.epoch = primary, epoch }, func() {
-		v.serving, v.why = volstate.Stopped, v.splitBrainReasonLocked()
-		v.diskState = v.idleDiskState()
+	err := v.drive(volstate.AuthorityChanged{Known: true, Primary: primary, Epoch: epoch, Now: time.Now()}, driveOptions{
+		texts: func(volstate.Cause) reason {
+			return because(CauseFenced, "the cluster names %s primary at epoch %d", primary, epoch)
+		},
+		notify: func(a volstate.Action) {
+			v.log.Warn("stepped down: the cluster names another primary", "primary", a.Peer, "epoch", a.Epoch)
+			v.node.event(v.name, "stepped-down", fmt.Sprintf("%s is Secondary: the cluster names %s primary at epoch %d", v.self, a.Peer, a.Epoch))
+		},
+		drainFailed: func(err error) bool {
+			v.log.Error("step down: flush bitmaps", "err", err)
+			return true
+		},
 	})
-	v.stateMu.Unlock()
 	if err != nil {
 		v.log.Error("step down: write the state", "err", err)
-		return
 	}
-	if err := v.md.SetPrimary(false); err != nil {
-		v.log.Error("step down: clear the primary indicator", "err", err)
-	}
-	v.log.Warn("stepped down: the cluster names another primary", "primary", primary, "epoch", epoch)
-	v.node.event(v.name, "stepped-down", fmt.Sprintf("%s is Secondary: the cluster names %s primary at epoch %d", v.self, primary, epoch))
-	v.runHook("on_demote", epoch)
 }
 
 // adoptEpoch records, durably, that primary holds epoch: streams of older

@@ -186,50 +186,24 @@ func reasonSuffix(r string) string {
 
 // promote makes this node primary at epoch. It must hold exactly the
 // data the old primary handed over (gen); the primary indicator and the
-// epoch are durable BEFORE the first write is accepted.
+// epoch are durable BEFORE the first write is accepted (volstate.Promote).
 func (v *Volume) promote(epoch uint64, gen replication.Generation) error {
 	v.mu.Lock()
-	if v.role == replication.Primary {
-		defer v.mu.Unlock()
-		if v.d.epoch == epoch && v.d.gens.Current == gen {
-			return nil
-		}
-		return fmt.Errorf("%s is already primary on %s at epoch %d", v.name, v.self, v.d.epoch)
-	}
-	if v.d.gens.Current != gen || gen.IsZero() {
-		defer v.mu.Unlock()
-		return fmt.Errorf("%s on %s holds generation %s, the primary handed over %s: this copy is not up to date, refusing to promote it", v.name, v.self, v.d.gens.Current, gen)
-	}
-	if epoch <= v.d.epoch {
-		defer v.mu.Unlock()
-		return fmt.Errorf("stale epoch %d: %s has seen epoch %d", epoch, v.self, v.d.epoch)
-	}
+	held, seen := v.d.gens.Current, v.d.epoch
 	v.mu.Unlock()
-	v.detachIncoming()
-	v.stateMu.Lock()
-	defer v.stateMu.Unlock()
-	if v.currentGeneration() != gen {
-		return fmt.Errorf("%s on %s changed generation during promotion", v.name, v.self)
+	err := v.drive(volstate.Promote{Epoch: epoch, Gen: gen, Now: time.Now()}, driveOptions{notify: func(a volstate.Action) {
+		v.log.Info("promoted", "epoch", a.Epoch)
+		v.node.event(v.name, "promoted", fmt.Sprintf("%s is primary for %s at epoch %d", v.self, v.name, a.Epoch))
+	}})
+	switch {
+	case errors.Is(err, volstate.ErrAlreadyPrimary):
+		return fmt.Errorf("%s is already primary on %s at epoch %d", v.name, v.self, seen)
+	case errors.Is(err, volstate.ErrNotUpToDate):
+		return fmt.Errorf("%s on %s holds generation %s, the primary handed over %s: this copy is not up to date, refusing to promote it", v.name, v.self, held, gen)
+	case errors.Is(err, volstate.ErrStaleEpoch):
+		return fmt.Errorf("stale epoch %d: %s has seen epoch %d", epoch, v.self, seen)
 	}
-	// Bitmaps of an earlier term mean nothing now: this node held every
-	// write, so it starts with every peer in sync.
-	v.clearPeerBitmaps()
-	if err := v.md.SetPrimary(true); err != nil {
-		return err
-	}
-	err := v.commit(func(d *durable) {
-		d.epoch, d.primary, d.primarySince = epoch, v.self, time.Now().UnixNano()
-		d.gens = d.gens.Promoted()
-	}, func() {
-		v.becomePrimaryLocked(volstate.Open)
-	})
-	if err != nil {
-		return err
-	}
-	v.log.Info("promoted", "epoch", epoch)
-	v.node.event(v.name, "promoted", fmt.Sprintf("%s is primary for %s at epoch %d", v.self, v.name, epoch))
-	v.runHook("on_promote", epoch)
-	return nil
+	return err
 }
 
 // clearPeerBitmaps clears every peer's bitmap (in memory; flushed later).
@@ -246,17 +220,16 @@ func (v *Volume) clearPeerBitmaps() {
 // Primary until that primary reaches it, then steps down, or finds a split
 // brain. A peer that takes this node's stream again lifts the fence.
 func (v *Volume) fence(epoch uint64, why string) {
-	v.mu.Lock()
-	v.knownEpoch = max(v.knownEpoch, epoch)
-	if v.role != replication.Primary || v.serving == volstate.Fenced {
-		v.mu.Unlock()
-		return
+	err := v.drive(volstate.NewerPrimary{Epoch: epoch}, driveOptions{
+		texts: func(volstate.Cause) reason { return because(CauseFenced, "fenced: %s", why) },
+		notify: func(volstate.Action) {
+			v.log.Warn("fenced: a primary of a newer epoch exists; IO stopped", "reason", why)
+			v.node.event(v.name, "fenced", fmt.Sprintf("%s stops IO: %s", v.self, why))
+		},
+	})
+	if err != nil {
+		v.log.Error("fence", "err", err)
 	}
-	v.serving = volstate.Fenced
-	v.why = because(CauseFenced, "fenced: %s", why)
-	v.mu.Unlock()
-	v.log.Warn("fenced: a primary of a newer epoch exists; IO stopped", "reason", why)
-	v.node.event(v.name, "fenced", fmt.Sprintf("%s stops IO: %s", v.self, why))
 }
 
 // stepDown makes a primary Secondary because a primary of a newer epoch
@@ -266,45 +239,35 @@ func (v *Volume) fence(epoch uint64, why string) {
 // completed since that comparison may have started a new generation, so
 // once no write is in flight the comparison is made again; if it now finds
 // a split brain, this node stops its IO (the newer epoch wins) and stays
-// primary, and the caller refuses the stream as a split brain.
+// primary, and the caller refuses the stream as a split brain. One
+// transition with yieldTo (volstate.PrimaryReached, then Quiesced).
 func (v *Volume) stepDown(h replication.Hello) error {
-	v.mu.Lock()
-	if v.role != replication.Primary {
-		v.mu.Unlock()
+	if v.roleNow() != replication.Primary {
 		return nil
 	}
-	if v.serving.IsOpen() {
-		v.serving = volstate.Stopped
-	}
-	v.mu.Unlock()
-	v.io.Wait()
-	v.mu.Lock()
-	d := replication.CompareUUIDs(v.uuidsLocked(h.From), h.UUIDs, replication.Secondary, replication.Primary)
-	v.mu.Unlock()
-	if d.Outcome.IsSplitBrain() || d.Outcome == replication.UnrelatedData {
-		v.fence(h.Epoch, fmt.Sprintf("%s is primary at the newer epoch %d and the data diverged (%v)", h.From, h.Epoch, d))
-		return nil
-	}
-	to, epoch, rule := h.From, h.Epoch, d.String()
-	if err := v.quiesce(); err != nil {
-		return err
-	}
-	v.stateMu.Lock()
-	err := v.commit(func(d *durable) { d.primary, d.epoch = to, epoch }, func() {
-		v.serving, v.why = volstate.Stopped, reason{}
-		v.diskState = v.idleDiskState()
+	return v.drive(volstate.PrimaryReached{From: h.From, Epoch: h.Epoch, UUIDs: h.UUIDs}, driveOptions{
+		texts: func(volstate.Cause) reason {
+			return because(CauseFenced, "fenced: %s is primary at the newer epoch %d and the data diverged", h.From, h.Epoch)
+		},
+		notify: func(a volstate.Action) {
+			switch a.Detail {
+			case "fenced":
+				why := fmt.Sprintf("%s is primary at the newer epoch %d and the data diverged", h.From, h.Epoch)
+				v.log.Warn("fenced: a primary of a newer epoch exists; IO stopped", "reason", why)
+				v.node.event(v.name, "fenced", fmt.Sprintf("%s stops IO: %s", v.self, why))
+			case "stepped-down":
+				v.log.Warn("stepped down: a primary of a newer epoch took over", "primary", a.Peer, "epoch", a.Epoch)
+				v.node.event(v.name, "stepped-down", fmt.Sprintf("%s is Secondary: %s is primary at epoch %d and nothing is lost by following it", v.self, a.Peer, a.Epoch))
+			}
+		},
 	})
-	v.stateMu.Unlock()
-	if err != nil {
-		return err
-	}
-	if err := v.md.SetPrimary(false); err != nil {
-		return err
-	}
-	v.log.Warn("stepped down: a primary of a newer epoch took over", "primary", to, "epoch", epoch, "rule", rule)
-	v.node.event(v.name, "stepped-down", fmt.Sprintf("%s is Secondary: %s is primary at epoch %d and nothing is lost by following it (%s)", v.self, to, epoch, rule))
-	v.runHook("on_demote", epoch)
-	return nil
+}
+
+// roleNow is the volume's role.
+func (v *Volume) roleNow() replication.Role {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.role
 }
 
 // setAdminDown disconnects (down) or reconnects this node's replication of
@@ -348,17 +311,6 @@ func (v *Volume) setAdminDown(down bool) {
 		e.Reason = string(CauseAdminDown)
 	}
 	v.node.emit(e)
-}
-
-// becomePrimaryLocked is what a node that has just recorded itself
-// primary holds in memory: its disk UpToDate, no reason, fresh senders
-// for its peers, and IO open (serving: Open, or OpenWithoutLease when
-// forced without a quorum).
-func (v *Volume) becomePrimaryLocked(serving volstate.Serving) {
-	v.diskState = replication.UpToDate
-	v.why = reason{}
-	v.resetPeersLocked()
-	v.serving = serving
 }
 
 // resetPeersLocked gives a new primary fresh senders for every peer,
@@ -410,36 +362,28 @@ func (v *Volume) inSplitBrain() bool {
 }
 
 // retake makes this node primary again at epoch after a switchover that
-// raft did not record: it handed over gen, and raft still names it.
+// raft did not record: it handed over gen, and raft still names it
+// (volstate.Retake).
 func (v *Volume) retake(epoch uint64, gen replication.Generation) error {
-	v.mu.Lock()
-	ok := v.d.epoch == epoch && v.d.gens.Current == gen && v.role != replication.Primary
-	v.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("%s on %s: cannot take back epoch %d generation %s (it holds epoch %d, generation %s)", v.name, v.self, epoch, gen, v.d.epoch, v.d.gens.Current)
-	}
+	e := volstate.Retake{Epoch: epoch, Gen: gen}
 	if cl := v.node.cl; cl != nil {
-		if va, ok := cl.c.Authority().Volume(v.name); ok && (va.Primary != v.self || va.Epoch != epoch) {
-			return fmt.Errorf("%s on %s: raft names %s primary at epoch %d: not taking it back", v.name, v.self, va.Primary, va.Epoch)
+		if va, ok := cl.c.Authority().Volume(v.name); ok {
+			e.AuthorityKnown, e.AuthorityPrimary, e.AuthorityEpoch = true, va.Primary, va.Epoch
 		}
 	}
-	v.stateMu.Lock()
-	defer v.stateMu.Unlock()
-	if err := v.md.SetPrimary(true); err != nil {
-		return err
+	v.mu.Lock()
+	held, seen := v.d.gens.Current, v.d.epoch
+	v.mu.Unlock()
+	err := v.drive(e, driveOptions{notify: func(a volstate.Action) {
+		v.node.event(v.name, "primary-again", fmt.Sprintf("%s took %s back at epoch %d: the switchover was not recorded", v.self, v.name, a.Epoch))
+	}})
+	switch {
+	case errors.Is(err, volstate.ErrCannotTakeBack):
+		return fmt.Errorf("%s on %s: cannot take back epoch %d generation %s (it holds epoch %d, generation %s)", v.name, v.self, epoch, gen, seen, held)
+	case errors.Is(err, volstate.ErrRaftNamesOther):
+		return fmt.Errorf("%s on %s: raft names %s primary at epoch %d: not taking it back", v.name, v.self, e.AuthorityPrimary, e.AuthorityEpoch)
 	}
-	err := v.commit(func(d *durable) { d.primary = v.self }, func() {
-		v.becomePrimaryLocked(volstate.Open)
-	})
-	if err != nil {
-		return err
-	}
-	if v.auth {
-		v.ensureLeaseLoop(epoch)
-	}
-	v.node.event(v.name, "primary-again", fmt.Sprintf("%s took %s back at epoch %d: the switchover was not recorded", v.self, v.name, epoch))
-	v.runHook("on_promote", epoch)
-	return nil
+	return err
 }
 
 // quiesce is the first half of a step down: the NBD export closes (its

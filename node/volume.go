@@ -75,6 +75,9 @@ type Volume struct {
 	// settingsChecks counts the checks after an online change that ran
 	// to the end (tests wait on it).
 	settingsChecks atomic.Int64
+	// roleChange is a role change under way (a step-down waiting for its
+	// IO to drain): the state machine's, kept between its steps.
+	roleChange *volstate.Pending
 	// knownEpoch is the highest epoch heard of from a peer.
 	knownEpoch uint64
 	// splitBrain names the peers this node found a split brain with (and

@@ -20,11 +20,15 @@ const (
 	SetIndicator
 )
 
-// Ready is what a step asks of the driver, in this order: the indicator
-// when set, then Persist, both on stable storage BEFORE anything else;
-// then Actions, in order. When a write fails the
+// Ready is what a step asks of the driver, in this order: Prepare, what
+// must be done BEFORE the new state may exist (the old primary's stream
+// ended, the peers' bitmaps cleared); the indicator when set, then
+// Persist, both on stable storage BEFORE the new state is installed; then
+// Actions, in order. ResetPeers among them is done in the same step as
+// the install, before any IO sees the new role. When a write fails the
 // driver keeps the old state and performs none of the Actions (Apply).
 type Ready struct {
+	Prepare   []Action
 	Persist   *Durable
 	Indicator Indicator
 	Actions   []Action
@@ -55,7 +59,7 @@ const (
 	// StartPeers: start a sender for every peer (a restarted primary).
 	StartPeers
 	// ResetPeers: fresh senders for every peer, started unless the
-	// operator disconnected this node.
+	// operator disconnected this node (with the install of the state).
 	ResetPeers
 	// StopPeers: stop the senders and wait for them.
 	StopPeers
@@ -125,18 +129,22 @@ func (a Action) String() string {
 	return b.String()
 }
 
-// Apply steps s with e and hands the step's writes to persist (the
-// driver's durable commit). Only once they are on stable storage does the
-// volume take the new state and are the actions returned: when persist
-// fails the volume keeps s (a failed write of a new generation stops its
-// IO) and the event's actions do not happen.
-func Apply(s State, e Event, persist func(Ready) error) (State, []Action, error) {
+// Apply steps s with e. It hands the step's preparations to prepare and
+// its writes to persist (the driver's durable commit, which installs next
+// in the same step once the writes are on stable storage). Only then does
+// the volume take the new state and are the actions returned: when
+// persist fails the volume keeps s (a failed write of a new generation
+// stops its IO) and the event's actions do not happen.
+func Apply(s State, e Event, prepare func([]Action), persist func(rd Ready, next State) error) (State, []Action, error) {
 	next, rd := Step(s, e)
 	if rd.Err != nil {
 		return s, nil, rd.Err
 	}
+	if len(rd.Prepare) > 0 {
+		prepare(rd.Prepare)
+	}
 	if rd.needsWrite() {
-		if err := persist(rd); err != nil {
+		if err := persist(rd, next); err != nil {
 			return persistFailed(s, e), nil, err
 		}
 	}

@@ -449,10 +449,12 @@ func (s *State) becomePrimary(epoch uint64, now time.Time, byRaft bool) Ready {
 		x.Epoch, x.Primary, x.PrimarySince = epoch, s.Self, now
 		x.Gens = x.Gens.Promoted()
 	})}
-	rd.Actions = []Action{{Kind: DetachIncoming}, {Kind: ClearPeerBitmaps}}
+	// Bitmaps of an earlier term mean nothing now: this node held every
+	// write, so it starts with every peer in sync.
+	rd.Prepare = []Action{{Kind: DetachIncoming}, {Kind: ClearPeerBitmaps}}
 	s.Discard = false
-	rd.Actions = append(rd.Actions, s.serveAsPrimary(Open)...)
-	if s.Auth {
+	rd.Actions = s.serveAsPrimary(Open)
+	if byRaft {
 		rd.Actions = append(rd.Actions, s.ensureLease(epoch)...)
 	}
 	rd.Actions = append(rd.Actions, Action{Kind: Notify, Detail: "promoted", Epoch: epoch}, Action{Kind: RunHook, Detail: "on_promote", Epoch: epoch})
@@ -532,19 +534,21 @@ func (s *State) force(e Force) Ready {
 		}
 		x.Gens = x.Gens.Promoted()
 	})}
-	rd.Actions = []Action{{Kind: StopPeers}, {Kind: DetachIncoming}}
-	if empty {
-		rd.Actions = append(rd.Actions, Action{Kind: ClearLocalMissing})
-	} else {
-		rd.Actions = append(rd.Actions, Action{Kind: ClearPeerBitmaps})
+	rd.Prepare = []Action{{Kind: StopPeers}, {Kind: DetachIncoming}}
+	if !empty {
+		rd.Prepare = append(rd.Prepare, Action{Kind: ClearPeerBitmaps})
 	}
 	s.Discard = false
 	serving := Open
 	if s.Auth {
 		serving = OpenWithoutLease
 	}
-	rd.Actions = append(rd.Actions, s.serveAsPrimary(serving)...)
-	rd.Actions = append(rd.Actions, Action{Kind: RunHook, Detail: "on_promote", Epoch: epoch}, Action{Kind: Notify, Detail: "forced-primary", Epoch: epoch})
+	rd.Actions = s.serveAsPrimary(serving)
+	rd.Actions = append(rd.Actions, Action{Kind: RunHook, Detail: "on_promote", Epoch: epoch})
+	if empty {
+		rd.Actions = append(rd.Actions, Action{Kind: ClearLocalMissing})
+	}
+	rd.Actions = append(rd.Actions, Action{Kind: Notify, Detail: "forced-primary", Epoch: epoch})
 	return rd
 }
 

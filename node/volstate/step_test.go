@@ -125,7 +125,11 @@ func (h *harness) run(t *testing.T, d *datadriven.TestData) string {
 		} else {
 			_, fail := arg(d, "fail")
 			var wrote Ready
-			next, acts, err := Apply(*s, e, func(rd Ready) error {
+			next, acts, err := Apply(*s, e, func(prep []Action) {
+				for _, a := range prep {
+					fmt.Fprintf(&b, "prepare: %s\n", a)
+				}
+			}, func(rd Ready, _ State) error {
 				wrote = rd
 				if fail {
 					return errors.New("injected write error")
@@ -336,6 +340,9 @@ func formatReady(rd Ready) string {
 	if rd.Err != nil {
 		fmt.Fprintf(&b, "refused: %v\n", rd.Err)
 		return b.String()
+	}
+	for _, a := range rd.Prepare {
+		fmt.Fprintf(&b, "prepare: %s\n", a)
 	}
 	if rd.needsWrite() {
 		b.WriteString("write: " + formatWrite(rd) + "\n")
