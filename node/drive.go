@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -103,7 +104,8 @@ type driveOptions struct {
 	// drainFailed says whether a step-down goes on after its drain failed
 	// (the bitmaps could not be flushed); it returns the error otherwise.
 	drainFailed func(error) bool
-	// install runs under v.mu with the install of the first step's state.
+	// install runs under v.mu with the install of the state a step
+	// wrote (not with steps that write nothing).
 	install func()
 }
 
@@ -127,12 +129,10 @@ func (v *Volume) drive(e volstate.Event, opts driveOptions) error {
 			v.detachIncoming()
 		}
 	}
-	install := opts.install
 	for {
 		v.stateMu.Lock()
-		acts, err := v.stepLocked(e, opts.texts, install)
+		acts, err := v.stepLocked(e, opts.texts, opts.install)
 		v.stateMu.Unlock()
-		install = nil
 		if err != nil {
 			return err
 		}
@@ -207,9 +207,6 @@ func (v *Volume) stepLocked(e volstate.Event, texts func(volstate.Cause) reason,
 	if !installed {
 		v.mu.Lock()
 		v.installLocked(old, next, volstate.Ready{Actions: acts}, texts)
-		if install != nil {
-			install()
-		}
 		v.mu.Unlock()
 	}
 	return acts, nil
@@ -232,6 +229,12 @@ func (v *Volume) perform(a volstate.Action, opts driveOptions) error {
 		v.ensureLeaseLoop(a.Epoch)
 	case volstate.StopLease:
 		v.stopLease()
+	case volstate.ReleaseLease:
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		if err := v.node.cl.c.ReleaseLease(ctx, v.name, a.Epoch); err != nil {
+			v.log.Warn("release the lease", "err", err)
+		}
+		cancel()
 	case volstate.ClearPrimaryIndicator:
 		// Every write is done: the bitmaps out, THEN the indicator off.
 		// The role changed already; a failure leaves the indicator set,

@@ -114,17 +114,20 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 		return 0, replication.Generation{}, fmt.Errorf("%s is not in sync with %s (replication %s, disk %s, %s out of sync%s)",
 			to, v.self, st.Replication, st.PeerDisk, human.Bytes(st.OutOfSyncBytes), reasonSuffix(st.Reason))
 	}
-	v.mu.Lock()
-	was := v.serving
-	v.serving = volstate.Stopped
-	v.mu.Unlock()
+	// IO stops: the handover begins (volstate.Demote); it ends with
+	// HandedOver, or HandoverAborted reopens IO as it was.
+	v.stateMu.Lock()
+	_, err := v.stepLocked(volstate.Demote{To: to}, nil, nil)
+	v.stateMu.Unlock()
+	if err != nil {
+		return 0, replication.Generation{}, fmt.Errorf("%s on %s: %w", v.name, v.self, err)
+	}
 	reopen := func(err error) (uint64, replication.Generation, error) {
-		v.mu.Lock()
-		if v.serving == volstate.Stopped {
-			// Unless a fence (a newer primary) stopped it meanwhile.
-			v.serving = was
+		v.stateMu.Lock()
+		if _, aerr := v.stepLocked(volstate.HandoverAborted{}, nil, nil); aerr != nil {
+			v.log.Error("reopen IO after a failed handover", "err", aerr)
 		}
-		v.mu.Unlock()
+		v.stateMu.Unlock()
 		return 0, replication.Generation{}, err
 	}
 	// A client that attached just before IO stopped is refused too.
@@ -139,41 +142,28 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 	if !waitFor(ctx, 5*time.Second, inSync) {
 		return reopen(fmt.Errorf("%s fell out of sync during the handover", to))
 	}
-	v.stateMu.Lock()
-	var gen replication.Generation
-	var epoch uint64
 	// Until the new primary's stream arrives, point NBD clients at it.
-	err := v.commit(func(d *durable) {
-		gen, epoch = d.gens.Current, d.epoch
-		d.primary = to
-	}, func() {
-		v.serving = volstate.Stopped
-		v.diskState = v.idleDiskState()
-	})
+	v.stateMu.Lock()
+	v.mu.Lock()
+	gen, epoch := v.d.gens.Current, v.d.epoch
+	v.mu.Unlock()
+	acts, err := v.stepLocked(volstate.HandedOver{}, nil, nil)
 	v.stateMu.Unlock()
 	if err != nil {
 		return reopen(err)
 	}
-	v.stopPeers()
-	if v.auth {
-		// The lease goes back: the new primary need not wait it out.
-		v.stopLease()
-		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		if err := v.node.cl.c.ReleaseLease(rctx, v.name, epoch); err != nil {
-			v.log.Warn("release the lease", "err", err)
-		}
-		cancel()
-	}
-	// Every write is done and on both disks: no activity log to apply if
-	// this node crashes from here on.
-	if err := v.md.FlushBitmaps(); err == nil {
-		if err := v.md.SetPrimary(false); err != nil {
-			v.log.Error("clear the primary indicator", "err", err)
+	// Then the senders stop, the lease goes back (the new primary need
+	// not wait it out), and, every write being on both disks, the primary
+	// indicator goes: no activity log to apply after a crash from here on.
+	opts := driveOptions{notify: func(a volstate.Action) {
+		v.log.Info("demoted", "to", a.Peer, "epoch", a.Epoch)
+		v.node.event(v.name, "demoted", fmt.Sprintf("%s handed %s over to %s at epoch %d", v.self, v.name, a.Peer, a.Epoch))
+	}}
+	for _, a := range acts {
+		if err := v.perform(a, opts); err != nil {
+			v.log.Error("after the handover", "action", a.String(), "err", err)
 		}
 	}
-	v.log.Info("demoted", "to", to, "epoch", epoch)
-	v.node.event(v.name, "demoted", fmt.Sprintf("%s handed %s over to %s at epoch %d", v.self, v.name, to, epoch))
-	v.runHook("on_demote", epoch)
 	return epoch, gen, nil
 }
 

@@ -138,39 +138,27 @@ func (v *Volume) discardMyData(ctx context.Context, yes bool) (int64, error) {
 	if !yes {
 		return bytes, nil
 	}
-	if role == replication.Primary {
-		// Stop serving: requests in flight are answered first.
-		v.mu.Lock()
-		v.serving = volstate.Stopped
-		v.mu.Unlock()
-		closeCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		v.node.nbd.CloseExportContext(closeCtx, v.name)
-		cancel()
-		v.io.Wait()
-		v.stopPeers()
+	if role != replication.Primary {
+		// A primary's drain flushes them (volstate's DrainIO).
+		if err := v.md.FlushBitmaps(); err != nil {
+			return 0, err
+		}
 	}
-	if err := v.md.FlushBitmaps(); err != nil {
-		return 0, err
-	}
-	v.stateMu.Lock()
-	err := v.commit(func(d *durable) { d.primary = "" }, func() {
-		v.serving = volstate.Stopped
-		v.discard = &discardInfo{from: from, runs: runs}
-		v.diskState = v.idleDiskState()
-		v.why = because(CauseDiscarding, "discarding its %s of changes: waiting for the primary to overwrite them", human.Bytes(bytes))
+	// A primary stops serving, answers the requests in flight, stops its
+	// senders and flushes its bitmaps BEFORE it gives up the role.
+	err := v.drive(volstate.DiscardMyData{}, driveOptions{
+		texts: func(volstate.Cause) reason {
+			return because(CauseDiscarding, "discarding its %s of changes: waiting for the primary to overwrite them", human.Bytes(bytes))
+		},
+		install: func() { v.discard = &discardInfo{from: from, runs: runs} },
+		notify: func(volstate.Action) {
+			v.log.Warn("discarding my data", "bytes", bytes)
+			v.node.event(v.name, "discard-my-data", fmt.Sprintf("%s gives up %s of changes made since the split brain", v.self, human.Bytes(bytes)))
+		},
 	})
-	v.stateMu.Unlock()
 	if err != nil {
 		return 0, err
 	}
-	if role == replication.Primary {
-		if err := v.md.SetPrimary(false); err != nil {
-			return 0, err
-		}
-		v.runHook("on_demote", v.epoch())
-	}
-	v.log.Warn("discarding my data", "bytes", bytes)
-	v.node.event(v.name, "discard-my-data", fmt.Sprintf("%s gives up %s of changes made since the split brain", v.self, human.Bytes(bytes)))
 	return bytes, nil
 }
 

@@ -95,7 +95,11 @@ func Step(s State, e Event) (State, Ready) {
 		rd = s.handedOver()
 	case HandoverAborted:
 		if p := s.Pending; p != nil && p.Kind == PendingHandover {
-			s.Serving, s.Pending = p.Was, nil
+			s.Pending = nil
+			if s.Serving == Stopped {
+				// Unless a newer primary fenced it meanwhile.
+				s.Serving = p.Was
+			}
 		}
 	case Promote:
 		rd = s.promote(e)
