@@ -408,8 +408,7 @@ func (v *Volume) followAuthority(va replication.VolumeAuthority, ok bool) {
 	case va.Primary == v.self && va.Epoch > epoch:
 		v.background("take-over", func() { v.takeOverAt(va.Epoch) })
 	case va.Primary == v.self && va.Epoch == epoch && primary == v.self:
-		v.ensureLeaseLoop(va.Epoch)
-		v.confirmed()
+		v.confirmed(va.Epoch)
 	case va.Primary != v.self && role == replication.Primary && va.Epoch >= epoch:
 		v.background("step-down", func() { v.yieldTo(va.Primary, va.Epoch) })
 	case va.Primary != v.self && va.Epoch > epoch:
@@ -477,16 +476,27 @@ func (v *Volume) proposeOnce(kind string, cmd replication.AuthorityCommand) {
 	})
 }
 
-// confirmed: the state machine names this node primary at its epoch. A
-// node that restarted as primary serves (once its lease is granted).
-func (v *Volume) confirmed() {
+// confirmed: the state machine names this node primary at its epoch: the
+// renewals of its lease run, and a node that restarted as primary serves
+// (once its lease is granted). A cluster step that finds both so costs no
+// state machine step.
+func (v *Volume) confirmed(epoch uint64) {
 	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.serving == volstate.Waiting && v.servableLocked() && !v.d.gens.Current.IsZero() {
-		v.serving = volstate.Open
-		if v.why.cause == CauseWaitingForPeer {
-			v.why = reason{}
-		}
+	waiting := v.serving == volstate.Waiting
+	settled := !waiting && v.leaseEpoch == epoch && v.leaseStop != nil
+	v.mu.Unlock()
+	if settled {
+		return
+	}
+	err := v.drive(volstate.AuthorityChanged{Known: true, Primary: v.self, Epoch: epoch, Now: time.Now()}, driveOptions{})
+	if err != nil {
+		v.log.Error("follow the cluster", "err", err)
+		return
+	}
+	v.mu.Lock()
+	serving := v.serving.IsOpen()
+	v.mu.Unlock()
+	if waiting && serving {
 		v.log.Info("the cluster confirms this node as primary: serving IO")
 	}
 }
@@ -537,15 +547,7 @@ func (v *Volume) yieldTo(primary string, epoch uint64) {
 // adoptEpoch records, durably, that primary holds epoch: streams of older
 // epochs are refused from now on.
 func (v *Volume) adoptEpoch(primary string, epoch uint64) {
-	v.stateMu.Lock()
-	defer v.stateMu.Unlock()
-	v.mu.Lock()
-	newer := epoch > v.d.epoch && v.role != replication.Primary
-	v.mu.Unlock()
-	if !newer {
-		return
-	}
-	if err := v.commit(func(d *durable) { d.primary, d.epoch = primary, epoch }, nil); err != nil {
+	if err := v.drive(volstate.AuthorityChanged{Known: true, Primary: primary, Epoch: epoch, Now: time.Now()}, driveOptions{}); err != nil {
 		v.log.Error("adopt the cluster's epoch", "err", err)
 	}
 }
