@@ -217,6 +217,10 @@ func (v *Volume) perform(a volstate.Action, opts driveOptions) error {
 	switch a.Kind {
 	case volstate.ResetPeers:
 		// Done with the install.
+	case volstate.StartPeers:
+		v.mu.Lock()
+		v.startPeersLocked()
+		v.mu.Unlock()
 	case volstate.StopPeers:
 		v.stopPeers()
 	case volstate.DetachIncoming:

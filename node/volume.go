@@ -235,37 +235,39 @@ func (v *Volume) idleDiskState() replication.DiskState {
 // primary before this start serves no IO until a peer has compared
 // generations and epochs with it: a primary of a newer epoch may have
 // taken over while it was away (DRBD's wait-for-connection). An operator
-// lifts that with replctl primary --force --yes.
+// lifts that with replctl primary --force --yes. The primary indicator is
+// on disk BEFORE the first write (volstate.Started).
 func (v *Volume) start() {
 	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.role != replication.Primary {
-		return
+	copying, epoch := v.d.gens.Current.IsZero(), v.d.epoch
+	v.mu.Unlock()
+	waiting := func() reason {
+		switch {
+		case copying:
+			// A primary that went down while copying newer data from its
+			// peer serves again once the peer says which blocks it misses.
+			return because(CauseWaitingForPeer, "waiting for a peer with the data this node was copying")
+		case v.auth:
+			return because(CauseWaitingForPeer, "%s restarted as primary of %s and is waiting for the cluster: it serves no IO until raft confirms it is still the primary at epoch %d and grants it a lease", v.self, v.name, epoch)
+		}
+		return because(CauseWaitingForPeer, "%s restarted as primary of %s and is waiting for a peer: it serves no IO until a peer has compared generations and epochs with it (another node may have been promoted meanwhile); if every peer is gone for good, make it serve with replctl primary %s --node %s --force --yes", v.self, v.name, v.name, v.self)
 	}
-	// The primary indicator is on disk BEFORE the first write.
-	if err := v.md.SetPrimary(true); err != nil {
+	err := v.drive(volstate.Started{}, driveOptions{
+		texts: func(volstate.Cause) reason { return waiting() },
+		notify: func(volstate.Action) {
+			if v.auth {
+				v.log.Warn("restarted as primary: waiting for the cluster before serving IO")
+			} else {
+				v.log.Warn("restarted as primary: waiting for a peer before serving IO")
+			}
+			v.node.event(v.name, "waiting-for-peer", waiting().text)
+		},
+	})
+	if err != nil {
 		v.log.Error("cannot set the primary indicator; not serving", "err", err)
+		v.mu.Lock()
 		v.why = because(CauseStateWriteFailed, "metadata write failed: %v", err)
-		return
-	}
-	v.startPeersLocked()
-	switch {
-	case v.d.gens.Current.IsZero():
-		// A primary that went down while copying newer data from its peer
-		// serves again once the peer says which blocks it misses.
-		v.why = because(CauseWaitingForPeer, "waiting for a peer with the data this node was copying")
-	case v.auth && !v.fresh:
-		v.serving = volstate.Waiting
-		v.why = because(CauseWaitingForPeer, "%s restarted as primary of %s and is waiting for the cluster: it serves no IO until raft confirms it is still the primary at epoch %d and grants it a lease", v.self, v.name, v.d.epoch)
-		v.log.Warn("restarted as primary: waiting for the cluster before serving IO")
-		v.node.event(v.name, "waiting-for-peer", v.why.text)
-	case !v.fresh && len(v.peers) > 0:
-		v.serving = volstate.Waiting
-		v.why = because(CauseWaitingForPeer, "%s restarted as primary of %s and is waiting for a peer: it serves no IO until a peer has compared generations and epochs with it (another node may have been promoted meanwhile); if every peer is gone for good, make it serve with replctl primary %s --node %s --force --yes", v.self, v.name, v.name, v.self)
-		v.log.Warn("restarted as primary: waiting for a peer before serving IO")
-		v.node.event(v.name, "waiting-for-peer", v.why.text)
-	default:
-		v.serving = volstate.Open
+		v.mu.Unlock()
 	}
 }
 

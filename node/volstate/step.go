@@ -138,7 +138,6 @@ func (s *State) persist(change func(*Durable)) *Durable {
 // compared generations and epochs with it: a newer primary may have
 // taken over while it was away.
 func (s *State) start() Ready {
-	s.Disk = s.IdleDisk()
 	if s.Role() != replication.Primary {
 		return Ready{}
 	}
