@@ -45,9 +45,10 @@
 // promotion, stepDown (a newer primary reached this one) and yieldTo (raft
 // names another) one step-down, and retake, forcePromote, demote (with
 // HandedOver or HandoverAborted), fence and discardMyData are events too.
-// A volume's start is the event Started. A peer's answer lifting a wait
-// or a fence (peerAnswered), a detach and a failed generation write still
-// set the serving state directly, as the state machine says they do.
+// A volume's start (Started) and a peer's answer lifting a wait or a
+// fence (PeerAnswered) are events too. A failed generation write and a
+// shutdown still stop the serving state directly, as the state machine
+// says they do; a detach is the disk state Diskless there.
 //
 // An online resize (resize.go) grows every replica while IO runs, the
 // secondaries before the primary, which only then takes writes past the

@@ -273,39 +273,23 @@ func (v *Volume) start() {
 
 // peerAnswered is called when a peer took this primary's stream (the
 // handshake decided): no primary of a newer epoch holds that peer, so a
-// primary waiting for a peer, or fenced, serves again. pulling: the blocks
-// this node misses are known, so writes need wait no longer either.
+// primary waiting for a peer, or fenced, serves again (in authority mode
+// raft, not a peer, says who is primary). pulling: the blocks this node
+// misses are known, so writes need wait no longer either
+// (volstate.PeerAnswered).
 func (v *Volume) peerAnswered(peer string, pulling bool) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	delete(v.splitBrain, peer)
-	held := v.serving == volstate.Waiting || v.serving == volstate.Fenced
-	if v.role != replication.Primary || (v.auth && held) {
-		// In authority mode raft, not a peer, says who is primary.
-		return
-	}
-	if held {
-		v.serving = volstate.Stopped
-	}
-	if v.why.cause == CauseWaitingForPeer || v.why.cause == CauseFenced || v.why.cause == CauseSplitBrain {
-		v.why = reason{}
-		if pulling {
-			v.why = because(CausePulling, "copying %s of newer data from %s", human.Bytes(v.localMissing.Bytes()), peer)
-		}
-	}
-	if !v.serving.IsOpen() && (held || pulling) && v.servableLocked() {
-		v.serving = volstate.Open
-		if held {
+	err := v.drive(volstate.PeerAnswered{Peer: peer, Pulling: pulling}, driveOptions{
+		texts: func(volstate.Cause) reason {
+			return because(CausePulling, "copying %s of newer data from %s", human.Bytes(v.localMissing.Bytes()), peer)
+		},
+		notify: func(volstate.Action) {
 			v.log.Info("a peer answered: serving IO", "peer", peer)
 			v.node.event(v.name, "serving", fmt.Sprintf("%s took %s's stream: %s serves IO", peer, v.self, v.self))
-		}
+		},
+	})
+	if err != nil {
+		v.log.Error("a peer answered", "err", err)
 	}
-}
-
-// servableLocked reports whether nothing but waiting/fencing kept this
-// primary from serving. Callers hold v.mu.
-func (v *Volume) servableLocked() bool {
-	return v.role == replication.Primary && v.discard == nil && v.why.cause != CauseStateWriteFailed && !isClosed(v.stopping)
 }
 
 // startPeersLocked starts one replication sender for every other node that

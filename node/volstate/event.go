@@ -30,6 +30,14 @@ type PeerConnected struct {
 	NextGen     replication.Generation
 }
 
+// PeerAnswered: Peer took this primary's stream, as the handshake
+// decided (node's side of PeerConnected); Pulling: this node copies newer
+// data from it.
+type PeerAnswered struct {
+	Peer    string
+	Pulling bool
+}
+
 // PrimaryReached: the primary From opened a stream to this node at Epoch
 // with its generations (the receiving side of a handshake).
 type PrimaryReached struct {
@@ -163,6 +171,7 @@ type Stop struct{}
 
 func (Started) isEvent()             {}
 func (PeerConnected) isEvent()       {}
+func (PeerAnswered) isEvent()        {}
 func (PrimaryReached) isEvent()      {}
 func (NewerPrimary) isEvent()        {}
 func (PeerLost) isEvent()            {}

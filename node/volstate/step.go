@@ -40,6 +40,8 @@ func Step(s State, e Event) (State, Ready) {
 		rd = s.primaryReached(e)
 	case NewerPrimary:
 		rd = s.fence(e.Epoch)
+	case PeerAnswered:
+		rd = s.peerAnswered(e.Peer, e.Pulling)
 	case PeerLost:
 		if p, ok := s.Peers[e.Peer]; ok && p.Session == e.Session {
 			p.Repl, p.Pulling = replication.Connecting, false
@@ -232,7 +234,7 @@ func (s *State) peerConnected(e PeerConnected) Ready {
 		p.Repl = replication.Connected
 	}
 	s.Peers[e.Peer] = p
-	s.peerAnswered(e.Peer, p.Pulling)
+	rd.Actions = append(rd.Actions, s.peerAnswered(e.Peer, p.Pulling).Actions...)
 	return rd
 }
 
@@ -253,12 +255,12 @@ func (s *State) startResync(e PeerConnected) Ready {
 // peerAnswered: a peer took this primary's stream, so no primary of a
 // newer epoch holds that peer: a primary waiting for a peer, or fenced,
 // serves again; in authority mode raft, not a peer, says so.
-func (s *State) peerAnswered(peer string, pulling bool) {
+func (s *State) peerAnswered(peer string, pulling bool) Ready {
 	p := s.Peers[peer]
 	p.SplitBrainRule = ""
 	s.Peers[peer] = p
 	if s.Role() != replication.Primary || (s.Auth && (s.Serving == Waiting || s.Serving == Fenced)) {
-		return
+		return Ready{}
 	}
 	held := s.Serving == Waiting || s.Serving == Fenced
 	if held {
@@ -272,7 +274,11 @@ func (s *State) peerAnswered(peer string, pulling bool) {
 	}
 	if !s.Serving.IsOpen() && (held || pulling) && s.servable() {
 		s.Serving = Open
+		if held {
+			return Ready{Actions: []Action{{Kind: Notify, Detail: "serving", Peer: peer}}}
+		}
 	}
+	return Ready{}
 }
 
 // primaryReached is the receiving side of a handshake with the primary

@@ -217,6 +217,10 @@ func (h *harness) event(t *testing.T, d *datadriven.TestData, s *State) Event {
 			e.DiscardFrom = other.Discard
 		}
 		return e
+	case "peer-answered":
+		e := PeerAnswered{Peer: peerName}
+		_, e.Pulling = arg(d, "pulling")
+		return e
 	case "primary-reached":
 		e := PrimaryReached{From: peerName, Epoch: argUint(t, d, "epoch"), UUIDs: uuids()}
 		if modelled {
