@@ -45,10 +45,11 @@
 // promotion, stepDown (a newer primary reached this one) and yieldTo (raft
 // names another) one step-down, and retake, forcePromote, demote (with
 // HandedOver or HandoverAborted), fence and discardMyData are events too.
-// A volume's start (Started) and a peer's answer lifting a wait or a
-// fence (PeerAnswered) are events too. A failed generation write and a
-// shutdown still stop the serving state directly, as the state machine
-// says they do; a detach is the disk state Diskless there.
+// A volume's start (Started), a peer's answer lifting a wait or a fence
+// (PeerAnswered) and a write that misses a peer (WriteMissed: a new
+// generation, or IO stopped when it cannot be written) are events too.
+// A shutdown still stops the serving state directly; a detach is the disk
+// state Diskless in the state machine, and a flag here.
 //
 // An online resize (resize.go) grows every replica while IO runs, the
 // secondaries before the primary, which only then takes writes past the

@@ -199,8 +199,14 @@ func (v *Volume) stepLocked(e volstate.Event, texts func(volstate.Cause) reason,
 	if err != nil {
 		// What the failure itself changes (a primary that cannot record
 		// a new generation stops its IO); nothing else.
+		failed := texts
+		if w, ok := e.(volstate.WriteMissed); ok {
+			failed = func(volstate.Cause) reason {
+				return because(CauseStateWriteFailed, "%s could not record durably that %s misses writes (%v): IO stopped; fix the node's state directory or disk, then restart it", v.self, w.Peer, err)
+			}
+		}
 		v.mu.Lock()
-		v.installLocked(old, next, volstate.Ready{}, texts)
+		v.installLocked(old, next, volstate.Ready{}, failed)
 		v.mu.Unlock()
 		return nil, err
 	}

@@ -787,25 +787,28 @@ func (v *Volume) track(p *peer, behind bool) error {
 	p.mu.Lock()
 	held := p.held
 	p.mu.Unlock()
+	// Without the new generation on disk a restart could take the peer
+	// for up to date: when it cannot be written, IO stops rather than
+	// risk it (volstate.WriteMissed).
 	next := replication.NewGeneration()
-	var from replication.Generation
-	err := v.commit(func(d *durable) {
-		d.gens = d.gens.PeerMisses(p.name, held, next)
-		from = d.gens.Bitmaps[p.name]
-	}, nil)
+	acts, err := v.stepLocked(volstate.WriteMissed{Peer: p.name, Held: held, Next: next}, nil, nil)
 	if err != nil {
-		// Without the new generation on disk a restart could take the peer
-		// for up to date: stop accepting writes rather than risk it.
 		v.log.Error("cannot persist a new generation; stopping IO", "peer", p.name, "err", err)
 		v.mu.Lock()
-		v.serving = volstate.Stopped
-		v.why = because(CauseStateWriteFailed, "%s could not record durably that %s misses writes (%v): IO stopped; fix the node's state directory or disk, then restart it", v.self, p.name, err)
+		why := v.why.text
 		v.mu.Unlock()
-		v.node.event(v.name, "state-write-failed", v.why.text)
+		v.node.event(v.name, "state-write-failed", why)
 		return fmt.Errorf("%w: %v", ErrStateWrite, err)
 	}
-	v.log.Info("peer out of sync: new generation", "peer", p.name, "bitmap_generation", from, "generation", next)
-	v.node.event(v.name, "new-generation", fmt.Sprintf("%s is not connected: writes are tracked in its bitmap from %s; current generation %s", p.name, from, next))
+	v.mu.Lock()
+	from := v.d.gens.Bitmaps[p.name]
+	v.mu.Unlock()
+	for _, a := range acts {
+		v.perform(a, driveOptions{notify: func(volstate.Action) {
+			v.log.Info("peer out of sync: new generation", "peer", p.name, "bitmap_generation", from, "generation", next)
+			v.node.event(v.name, "new-generation", fmt.Sprintf("%s is not connected: writes are tracked in its bitmap from %s; current generation %s", p.name, from, next))
+		}})
+	}
 	// Peers still in sync get the new generation in their stream.
 	for _, q := range v.streamingPeers() {
 		if q != p {
