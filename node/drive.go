@@ -96,8 +96,9 @@ func (v *Volume) installLocked(old, next volstate.State, rd volstate.Ready, text
 // causes they set and of the events they record, and what a drain that
 // failed means.
 type driveOptions struct {
-	// texts gives the reason of a cause the step sets (nil: none but no
-	// cause and a split brain are set).
+	// texts gives the reason for a cause the steps set, other than none
+	// and a split brain (which have their usual reasons); nil when they
+	// set no other.
 	texts func(volstate.Cause) reason
 	// notify logs and records a Notify action.
 	notify func(volstate.Action)
@@ -150,9 +151,7 @@ func (v *Volume) drive(e volstate.Event, opts driveOptions) error {
 				}
 				again = true
 			default:
-				if err := v.perform(a, opts); err != nil {
-					return err
-				}
+				v.perform(a, opts)
 			}
 		}
 		if !again {
@@ -219,7 +218,7 @@ func (v *Volume) stepLocked(e volstate.Event, texts func(volstate.Cause) reason,
 }
 
 // perform does one action of a step.
-func (v *Volume) perform(a volstate.Action, opts driveOptions) error {
+func (v *Volume) perform(a volstate.Action, opts driveOptions) {
 	switch a.Kind {
 	case volstate.ResetPeers:
 		// Done with the install.
@@ -256,6 +255,13 @@ func (v *Volume) perform(a volstate.Action, opts driveOptions) error {
 		if err != nil {
 			v.log.Error("clear the primary indicator", "err", err)
 		}
+	case volstate.Propose:
+		switch a.Detail {
+		case "init":
+			v.proposeOnce("init", replication.InitCommand(v.name, v.self, a.Epoch, v.dataNodes()))
+		case "reclaim":
+			v.proposeOnce("reclaim", replication.FailoverCommand(v.name, a.Epoch, v.self, true, time.Now().UTC(), "forced by the operator while raft had no quorum"))
+		}
 	case volstate.RunHook:
 		v.runHook(a.Detail, a.Epoch)
 	case volstate.Notify:
@@ -265,5 +271,4 @@ func (v *Volume) perform(a volstate.Action, opts driveOptions) error {
 	default:
 		panic(fmt.Sprintf("volume %s: no driver for the action %s", v.name, a))
 	}
-	return nil
 }

@@ -160,9 +160,7 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 		v.node.event(v.name, "demoted", fmt.Sprintf("%s handed %s over to %s at epoch %d", v.self, v.name, a.Peer, a.Epoch))
 	}}
 	for _, a := range acts {
-		if err := v.perform(a, opts); err != nil {
-			v.log.Error("after the handover", "action", a.String(), "err", err)
-		}
+		v.perform(a, opts)
 	}
 	return epoch, gen, nil
 }
