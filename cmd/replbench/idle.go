@@ -164,7 +164,9 @@ func (b *bench) idlePhase(ctx context.Context) (rep *idleReport, err error) {
 	start := time.Now()
 	profiled := make(chan error, 1)
 	if b.cfg.idleProfile != "" {
-		go func() { profiled <- c.profile(ctx, "alpha", "profile", b.cfg.idleWindow, b.cfg.idleProfile+".cpu.pprof") }()
+		go func() {
+			profiled <- c.profile(ctx, "alpha", "profile", b.cfg.idleWindow, b.cfg.idleProfile+".cpu.pprof")
+		}()
 	}
 	if err := sleepCtx(ctx, b.cfg.idleWindow); err != nil {
 		return rep, err
