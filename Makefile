@@ -80,15 +80,23 @@ fuzz:
 vuln:
 	GOVULNCHECK=$(GOVULNCHECK) ./deploy/vulncheck.sh $(VULNFLAGS)
 
-# One run: fio through NBD against replvol, nbdkit and a QEMU quorum mirror,
-# then failover and switchover times (10 runs each; BENCHFLAGS=-failover-runs=0
-# skips them), then the multipath figures (path choice cost, throttled paths,
-# path loss).
+# One run: fio through NBD against replvol, nbdkit and a QEMU quorum mirror
+# (every target's files in the same page-cache state), a fresh sparse volume,
+# read balancing, failover and switchover times (10 runs each;
+# BENCHFLAGS=-failover-runs=0 skips them), the idle cost of 1,000 volumes,
+# then the multipath figures (path choice cost, throttled paths, path loss).
+# It writes the book, $(BOOK) and the plot beside it (.svg): the date, the
+# machine, issue 19's targets with the machine's limits, every table, and
+# the multipath figures appended. An ad-hoc `go run ./cmd/replbench` writes
+# no book unless given --book.
+BOOK ?= docs/perf.md
 bench:
-	$(GO) run ./cmd/replbench $(BENCHFLAGS)
+	$(GO) run ./cmd/replbench --book $(BOOK) $(BENCHFLAGS)
 	@echo
 	@echo "multipath (each path throttled to 100 MB/s; x-capacity = share of the paths' total bandwidth delivered):"
-	$(GO) test -run '^$$' -bench . -benchmem ./node/multipath/ | grep -E '^(Benchmark|ok)' 
+	$(GO) test -run '^$$' -bench . -benchmem ./node/multipath/ | grep -E '^(Benchmark|ok)' | tee $(BOOK).multipath
+	@{ printf '\n## Multipath\n\nnode/multipath'"'"'s Go benchmark (each path throttled to 100 MB/s; x-capacity: the share of the paths'"'"' total bandwidth delivered):\n\n```text\n'; \
+		cat $(BOOK).multipath; printf '```\n'; } >>$(BOOK); rm -f $(BOOK).multipath
 
 demo:
 	$(GO) run ./cmd/replctl demo $(DEMOFLAGS)

@@ -35,8 +35,12 @@ type fileDisk struct {
 	f       *os.File
 	size    atomic.Int64
 	noPunch atomic.Bool
-	zeroes  []byte
 }
+
+// zeroes is the source of Zero's writes where a hole cannot be punched.
+// It is only ever read: shared by every disk, it costs no memory until
+// used (and then the kernel's zero page).
+var zeroes [1 << 20]byte
 
 // OpenDisk opens the backing file or device at path and checks that it
 // holds at least size bytes.
@@ -65,7 +69,7 @@ func OpenDisk(path string, size int64) (Disk, error) {
 		f.Close()
 		return nil, fmt.Errorf("backing disk %s: fadvise: %w", path, err)
 	}
-	d := &fileDisk{f: f, zeroes: make([]byte, 1<<20)}
+	d := &fileDisk{f: f}
 	d.size.Store(end)
 	return d, nil
 }
@@ -137,8 +141,8 @@ func (d *fileDisk) Zero(off, length int64) error {
 		d.noPunch.Store(true)
 	}
 	for length > 0 {
-		n := min(length, int64(len(d.zeroes)))
-		if _, err := d.f.WriteAt(d.zeroes[:n], off); err != nil {
+		n := min(length, int64(len(zeroes)))
+		if _, err := d.f.WriteAt(zeroes[:n], off); err != nil {
 			return err
 		}
 		off += n

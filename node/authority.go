@@ -13,6 +13,7 @@ import (
 	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/internal/pki"
 	"github.com/replvol/replvol/node/cluster"
+	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 	"google.golang.org/grpc/codes"
@@ -396,7 +397,7 @@ func (v *Volume) followAuthority(va replication.VolumeAuthority, ok bool) {
 		return
 	}
 	v.mu.Lock()
-	exempt := v.leaseExempt
+	exempt := v.serving == volstate.OpenWithoutLease
 	v.mu.Unlock()
 	switch {
 	case exempt && role == replication.Primary && va.Epoch < epoch:
@@ -406,8 +407,7 @@ func (v *Volume) followAuthority(va replication.VolumeAuthority, ok bool) {
 	case va.Primary == v.self && va.Epoch > epoch:
 		v.background("take-over", func() { v.takeOverAt(va.Epoch) })
 	case va.Primary == v.self && va.Epoch == epoch && primary == v.self:
-		v.ensureLeaseLoop(va.Epoch)
-		v.confirmed()
+		v.confirmed(va.Epoch)
 	case va.Primary != v.self && role == replication.Primary && va.Epoch >= epoch:
 		v.background("step-down", func() { v.yieldTo(va.Primary, va.Epoch) })
 	case va.Primary != v.self && va.Epoch > epoch:
@@ -475,107 +475,78 @@ func (v *Volume) proposeOnce(kind string, cmd replication.AuthorityCommand) {
 	})
 }
 
-// confirmed: the state machine names this node primary at its epoch. A
-// node that restarted as primary serves (once its lease is granted).
-func (v *Volume) confirmed() {
+// confirmed: the state machine names this node primary at its epoch: the
+// renewals of its lease run, and a node that restarted as primary serves
+// (once its lease is granted). A cluster step that finds both so costs no
+// state machine step.
+func (v *Volume) confirmed(epoch uint64) {
 	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.waiting && v.servableLocked() && !v.d.gens.Current.IsZero() {
-		v.waiting, v.ioOpen = false, true
-		if v.why.cause == CauseWaitingForPeer {
-			v.why = reason{}
-		}
+	waiting := v.serving == volstate.Waiting
+	settled := !waiting && v.leaseEpoch == epoch && v.leaseStop != nil
+	v.mu.Unlock()
+	if settled {
+		return
+	}
+	err := v.drive(volstate.AuthorityChanged{Known: true, Primary: v.self, Epoch: epoch, Now: time.Now()}, driveOptions{})
+	if err != nil {
+		v.log.Error("follow the cluster", "err", err)
+		return
+	}
+	v.mu.Lock()
+	serving := v.serving.IsOpen()
+	v.mu.Unlock()
+	if waiting && serving {
 		v.log.Info("the cluster confirms this node as primary: serving IO")
 	}
 }
 
 // takeOverAt makes this node primary at epoch, as the cluster decided (a
-// failover or a switchover). Its disk must hold the volume's data.
+// failover or a switchover). Its disk must hold the volume's data: the
+// same transition as a handover's promotion (volstate.AuthorityChanged).
 func (v *Volume) takeOverAt(epoch uint64) {
-	v.mu.Lock()
-	stale := v.d.gens.Current.IsZero() || !v.d.syncGen.IsZero() || v.d.localStale
-	already := v.role == replication.Primary && v.d.epoch >= epoch
-	v.mu.Unlock()
-	if already {
-		return
-	}
-	if stale {
-		v.log.Error("the cluster named this node primary, but its disk holds no consistent data; not serving", "epoch", epoch)
-		v.node.event(v.name, "promotion-refused", fmt.Sprintf("the cluster named %s primary at epoch %d, but its disk is not UpToDate", v.self, epoch))
-		return
-	}
-	v.detachIncoming()
-	v.stateMu.Lock()
-	defer v.stateMu.Unlock()
-	v.clearPeerBitmaps()
-	if err := v.md.SetPrimary(true); err != nil {
-		v.log.Error("take over: set the primary indicator", "err", err)
-		return
-	}
-	err := v.commit(func(d *durable) {
-		d.epoch, d.primary, d.primarySince = epoch, v.self, time.Now().UnixNano()
-		d.gens = d.gens.Promoted()
-	}, func() {
-		v.discard = nil
-		v.becomePrimaryLocked()
-	})
+	err := v.drive(volstate.AuthorityChanged{Known: true, Primary: v.self, Epoch: epoch, Now: time.Now()}, driveOptions{notify: func(a volstate.Action) {
+		switch a.Detail {
+		case "promoted":
+			v.log.Warn("promoted by the cluster", "epoch", a.Epoch)
+			v.node.event(v.name, "promoted", fmt.Sprintf("%s is primary of %s at epoch %d (decided by raft)", v.self, v.name, a.Epoch))
+		case "promotion-refused":
+			v.log.Error("the cluster named this node primary, but its disk holds no consistent data; not serving", "epoch", a.Epoch)
+			v.node.event(v.name, "promotion-refused", fmt.Sprintf("the cluster named %s primary at epoch %d, but its disk is not UpToDate", v.self, a.Epoch))
+		}
+	}})
 	if err != nil {
 		v.log.Error("take over: write the state", "err", err)
-		return
 	}
-	v.ensureLeaseLoop(epoch)
-	v.log.Warn("promoted by the cluster", "epoch", epoch)
-	v.node.event(v.name, "promoted", fmt.Sprintf("%s is primary of %s at epoch %d (decided by raft)", v.self, v.name, epoch))
-	v.runHook("on_promote", epoch)
 }
 
 // yieldTo stops this primary's IO at once because the cluster names
 // another primary (at epoch), then makes it Secondary: requests in flight
 // are answered, what it wrote stays marked for the new primary to copy
-// (or overwrite), and on_demote runs.
+// (or overwrite), and on_demote runs. One transition with stepDown
+// (volstate.AuthorityChanged, then Quiesced).
 func (v *Volume) yieldTo(primary string, epoch uint64) {
-	v.mu.Lock()
-	if v.role != replication.Primary {
-		v.mu.Unlock()
-		return
-	}
-	v.ioOpen, v.fenced = false, true
-	v.why = because(CauseFenced, "the cluster names %s primary at epoch %d", primary, epoch)
-	v.mu.Unlock()
-	v.stopLease()
-	if err := v.quiesce(); err != nil {
-		v.log.Error("step down: flush bitmaps", "err", err)
-	}
-	v.stateMu.Lock()
-	err := v.commit(func(d *durable) { d.primary, d.epoch = primary, epoch }, func() {
-		v.fenced, v.waiting, v.why = false, false, v.splitBrainReasonLocked()
-		v.diskState = v.idleDiskState()
+	err := v.drive(volstate.AuthorityChanged{Known: true, Primary: primary, Epoch: epoch, Now: time.Now()}, driveOptions{
+		texts: func(volstate.Cause) reason {
+			return because(CauseFenced, "the cluster names %s primary at epoch %d", primary, epoch)
+		},
+		notify: func(a volstate.Action) {
+			v.log.Warn("stepped down: the cluster names another primary", "primary", a.Peer, "epoch", a.Epoch)
+			v.node.event(v.name, "stepped-down", fmt.Sprintf("%s is Secondary: the cluster names %s primary at epoch %d", v.self, a.Peer, a.Epoch))
+		},
+		drainFailed: func(err error) bool {
+			v.log.Error("step down: flush bitmaps", "err", err)
+			return true
+		},
 	})
-	v.stateMu.Unlock()
 	if err != nil {
 		v.log.Error("step down: write the state", "err", err)
-		return
 	}
-	if err := v.md.SetPrimary(false); err != nil {
-		v.log.Error("step down: clear the primary indicator", "err", err)
-	}
-	v.log.Warn("stepped down: the cluster names another primary", "primary", primary, "epoch", epoch)
-	v.node.event(v.name, "stepped-down", fmt.Sprintf("%s is Secondary: the cluster names %s primary at epoch %d", v.self, primary, epoch))
-	v.runHook("on_demote", epoch)
 }
 
 // adoptEpoch records, durably, that primary holds epoch: streams of older
 // epochs are refused from now on.
 func (v *Volume) adoptEpoch(primary string, epoch uint64) {
-	v.stateMu.Lock()
-	defer v.stateMu.Unlock()
-	v.mu.Lock()
-	newer := epoch > v.d.epoch && v.role != replication.Primary
-	v.mu.Unlock()
-	if !newer {
-		return
-	}
-	if err := v.commit(func(d *durable) { d.primary, d.epoch = primary, epoch }, nil); err != nil {
+	if err := v.drive(volstate.AuthorityChanged{Known: true, Primary: primary, Epoch: epoch, Now: time.Now()}, driveOptions{}); err != nil {
 		v.log.Error("adopt the cluster's epoch", "err", err)
 	}
 }
@@ -626,7 +597,9 @@ func (v *Volume) renewLeases(ctx context.Context, epoch uint64) {
 			v.mu.Lock()
 			if v.leaseEpoch == epoch && until.After(v.lease) {
 				v.lease = until
-				v.leaseExempt = false
+				if v.serving == volstate.OpenWithoutLease {
+					v.serving = volstate.Open
+				}
 				v.wakeLeaseWaitersLocked()
 			}
 			v.mu.Unlock()
@@ -670,7 +643,7 @@ func (v *Volume) wakeLeaseWaitersLocked() {
 // leaseHeldLocked reports whether this primary may complete IO now: it
 // holds a valid lease, or it is not in authority mode. Callers hold v.mu.
 func (v *Volume) leaseHeldLocked() bool {
-	return !v.auth || v.leaseExempt || time.Now().Before(v.lease)
+	return !v.auth || v.serving == volstate.OpenWithoutLease || time.Now().Before(v.lease)
 }
 
 // holdLease returns once this primary holds a valid lease: IO freezes
@@ -679,7 +652,7 @@ func (v *Volume) leaseHeldLocked() bool {
 func (v *Volume) holdLease(ctx context.Context) error {
 	for {
 		v.mu.Lock()
-		if v.role != replication.Primary || (!v.ioOpen && !v.leaseHeldLocked()) {
+		if v.role != replication.Primary || (!v.serving.IsOpen() && !v.leaseHeldLocked()) {
 			v.mu.Unlock()
 			return fmt.Errorf("%s on %s: %w (%w)", v.name, v.self, ErrNotServing, errShutdown)
 		}
@@ -737,7 +710,7 @@ func (v *Volume) ensureOutdated(peer string) error {
 		}
 		v.log.Warn("cannot record an Outdated peer in raft yet; the write waits", "peer", peer, "err", err)
 		v.mu.Lock()
-		serving := v.ioOpen && v.role == replication.Primary
+		serving := v.serving.IsOpen() && v.role == replication.Primary
 		v.mu.Unlock()
 		if !serving || isClosed(v.stopping) {
 			return fmt.Errorf("%s on %s: %w (%w)", v.name, v.self, ErrNotServing, errShutdown)

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/replvol/replvol/backing"
+	"github.com/replvol/replvol/internal/fault"
 	"github.com/replvol/replvol/internal/testport"
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/replication"
@@ -331,54 +331,10 @@ func TestOverlappingConcurrentWritesLeaveReplicasIdentical(t *testing.T) {
 	c.requireIdentical()
 }
 
-// recordingDisk records the order of writes and syncs on a disk.
-type recordingDisk struct {
-	Disk
-	mu  sync.Mutex
-	ops []string
-}
-
-func (d *recordingDisk) record(op string) {
-	d.mu.Lock()
-	d.ops = append(d.ops, op)
-	d.mu.Unlock()
-}
-
-func (d *recordingDisk) WriteAt(p []byte, off int64) (int, error) {
-	n, err := d.Disk.WriteAt(p, off)
-	d.record(fmt.Sprintf("write@%d", off))
-	return n, err
-}
-
-func (d *recordingDisk) WriteAtSync(p []byte, off int64) error {
-	err := backing.WriteSync(d.Disk, p, off)
-	d.record(fmt.Sprintf("fua@%d", off))
-	return err
-}
-
-func (d *recordingDisk) Sync() error {
-	err := d.Disk.Sync()
-	d.record("sync")
-	return err
-}
-
-func (d *recordingDisk) last() string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if len(d.ops) == 0 {
-		return ""
-	}
-	return d.ops[len(d.ops)-1]
-}
-
 func TestFlushAndFUAAreDurableOnThePeerBeforeTheyComplete(t *testing.T) {
 	c := newTestCluster(t, 4<<20)
-	rec := &recordingDisk{}
-	c.opts["beta"] = Options{OpenDisk: func(path string, size int64) (Disk, error) {
-		d, err := OpenDisk(path, size)
-		rec.Disk = d
-		return rec, err
-	}}
+	rec := &opRecorder{}
+	c.opts["beta"] = Options{OpenDisk: openFaulty(func(d *fault.Disk) { d.Add(rec) })}
 	c.start("alpha")
 	c.start("beta")
 	c.waitInSync()

@@ -3,10 +3,8 @@ package node
 import (
 	"bytes"
 	"context"
-	"errors"
 	"os"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -107,16 +105,12 @@ func TestLosingEveryPathDetachesTheDiskAndServesFromThePeer(t *testing.T) {
 // serve from, so the IO error reaches the client.
 func TestDetachNeedsAPeerInSync(t *testing.T) {
 	c := newTestCluster(t, 4<<20)
-	c.opts["alpha"] = Options{OpenDisk: func(path string, size int64) (Disk, error) {
-		d, err := OpenDisk(path, size)
-		return &failingDisk{Disk: d}, err
-	}}
+	c.opts["alpha"] = Options{OpenDisk: openFaulty(nil)}
 	c.start("alpha")
 	c.start("beta")
 	c.waitInSync()
 	c.vol("alpha").setAdminDown(true)
-	fd := c.vol("alpha").disk.(*failingDisk)
-	fd.fail.Store(true)
+	failReadsAndWrites(c.faultDisk("alpha"))
 	if err := c.vol("alpha").WriteAt(context.Background(), pattern(1, 4096), 0, false); err == nil {
 		t.Fatal("a write that reached no disk succeeded")
 	}
@@ -124,25 +118,3 @@ func TestDetachNeedsAPeerInSync(t *testing.T) {
 		t.Fatal("detached with no peer in sync")
 	}
 }
-
-// failingDisk fails every write and read while fail is set.
-type failingDisk struct {
-	Disk
-	fail atomic.Bool
-}
-
-func (d *failingDisk) WriteAt(p []byte, off int64) (int, error) {
-	if d.fail.Load() {
-		return 0, errInjectedDisk
-	}
-	return d.Disk.WriteAt(p, off)
-}
-
-func (d *failingDisk) ReadAt(p []byte, off int64) (int, error) {
-	if d.fail.Load() {
-		return 0, errInjectedDisk
-	}
-	return d.Disk.ReadAt(p, off)
-}
-
-var errInjectedDisk = errors.New("injected disk error")

@@ -41,6 +41,23 @@
 // depended on it does not happen. Why a volume or a link is not doing its
 // job is a typed Cause (reason.go), never matched from its words.
 //
+// A volume's role and serving state (one volstate.Serving: Open,
+// OpenWithoutLease, Waiting, Fenced, Stopped) change through its state
+// machine, node/volstate, a pure function of (state, event). The driver
+// (drive.go) steps it, writes what the step makes durable (the primary
+// indicator, then the state, through commit) BEFORE it installs the new
+// state, and only then performs the step's actions (drain the IO, stop the
+// senders, start the lease, run the hooks). The role functions build an
+// event and drive it: promote and takeOverAt (raft's choice) are one
+// promotion, stepDown (a newer primary reached this one) and yieldTo (raft
+// names another) one step-down, and retake, forcePromote, demote (with
+// HandedOver or HandoverAborted), fence and discardMyData are events too.
+// A volume's start (Started), a peer's answer lifting a wait or a fence
+// (PeerAnswered) and a write that misses a peer (WriteMissed: a new
+// generation, or IO stopped when it cannot be written) are events too.
+// A shutdown still stops the serving state directly; a detach is the disk
+// state Diskless in the state machine, and a flag here.
+//
 // An online resize (resize.go) grows every replica while IO runs, the
 // secondaries before the primary, which only then takes writes past the
 // old end and shows new NBD connections the new size; the range gained

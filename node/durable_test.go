@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replvol/replvol/internal/fault"
 	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/replication"
 )
@@ -129,17 +130,14 @@ func TestAPeerIsNotUpToDateUntilItsBitmapIsRetiredDurably(t *testing.T) {
 // and the client gets the IO error.
 func TestADiskIsNotDetachedUnlessTheStoreRecordsIt(t *testing.T) {
 	c := newTestCluster(t, 4<<20)
-	c.opts["alpha"] = Options{OpenDisk: func(path string, size int64) (Disk, error) {
-		d, err := OpenDisk(path, size)
-		return &failingDisk{Disk: d}, err
-	}}
+	c.opts["alpha"] = Options{OpenDisk: openFaulty(nil)}
 	c.start("alpha")
 	c.start("beta")
 	c.waitInSync()
 	v := c.vol("alpha")
 	fs := wrapStore(c.nodes["alpha"])
 	fs.set(func(st statefile.VolumeState) bool { return st.LocalStale })
-	v.disk.(*failingDisk).fail.Store(true)
+	failReadsAndWrites(c.faultDisk("alpha"))
 	if err := v.WriteAt(context.Background(), pattern(1, 4096), 0, false); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("write to a failed disk that cannot be detached durably: %v, want EIO", err)
 	}
@@ -208,22 +206,18 @@ func TestStateWritesDoNotHoldUpReads(t *testing.T) {
 func TestASecondaryOutOfSpaceCatchesUpByBitmap(t *testing.T) {
 	const size = 16 << 20
 	c := newTestCluster(t, size)
-	c.opts["beta"] = Options{OpenDisk: func(path string, size int64) (Disk, error) {
-		d, err := OpenDisk(path, size)
-		return &fullDisk{Disk: d}, err
-	}}
+	c.opts["beta"] = Options{OpenDisk: openFaulty(nil)}
 	c.start("alpha")
 	c.start("beta")
 	c.waitInSync()
-	full := c.vol("beta").disk.(*fullDisk)
-	full.full.Store(true)
+	roomAgain := c.faultDisk("beta").Add(fault.On(fault.Write).Err(syscall.ENOSPC))
 	blocks := writeRandomBlocks(t, c.vol("alpha"), 40, 17)
 	eventually(t, func() bool { return c.vol("alpha").tracking("beta") }, "alpha tracks what beta misses")
 	eventually(t, func() bool {
 		return c.vol("alpha").peers["beta"].status().ReasonCode == string(CauseDiskFailed)
 	}, "alpha says beta's disk failed")
 	moved := replica(c.status(), "beta").ResyncedBytes
-	full.full.Store(false)
+	roomAgain()
 	c.waitInSync()
 	got := replica(c.status(), "beta").ResyncedBytes - moved
 	c.requireDecision("alpha", "beta", replication.RuleBitmapSelf, "source-use-bitmap")
@@ -231,17 +225,4 @@ func TestASecondaryOutOfSpaceCatchesUpByBitmap(t *testing.T) {
 		t.Fatalf("after running out of space beta received %d bytes, want the %d blocks it missed at most (%d bytes), not a full resync", got, blocks, blocks*4096)
 	}
 	c.requireIdentical()
-}
-
-// fullDisk fails writes with ENOSPC while full is set.
-type fullDisk struct {
-	Disk
-	full atomic.Bool
-}
-
-func (d *fullDisk) WriteAt(p []byte, off int64) (int, error) {
-	if d.full.Load() {
-		return 0, syscall.ENOSPC
-	}
-	return d.Disk.WriteAt(p, off)
 }

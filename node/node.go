@@ -634,7 +634,7 @@ func (r *resolver) Lookup(name string) (nbd.Export, error) {
 		return nil, err
 	}
 	v.mu.Lock()
-	role, open, primary, why := v.role, v.ioOpen, v.d.primary, v.why.text
+	role, open, primary, why := v.role, v.serving.IsOpen(), v.d.primary, v.why.text
 	v.mu.Unlock()
 	if role == replication.Primary && open {
 		return v, nil
@@ -656,7 +656,7 @@ func (r *resolver) List() []string {
 	var out []string
 	for name, v := range n.volumes() {
 		v.mu.Lock()
-		if v.role == replication.Primary && v.ioOpen {
+		if v.role == replication.Primary && v.serving.IsOpen() {
 			out = append(out, name)
 		}
 		v.mu.Unlock()

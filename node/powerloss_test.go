@@ -2,94 +2,12 @@ package node
 
 import (
 	"bytes"
-	"os"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"testing"
 
-	"github.com/replvol/replvol/backing"
-	"github.com/replvol/replvol/replication"
+	"github.com/replvol/replvol/internal/fault"
 )
-
-// volatileDisk is a disk with a volatile cache, for fault injection: it
-// keeps the old content of every block written since the last Sync (a
-// write with FUA is durable at once), and loseUnsynced puts that content
-// back in the file, as a power loss would leave it.
-type volatileDisk struct {
-	Disk
-	mu  sync.Mutex
-	pre map[int64][]byte // block → its content at the last Sync
-}
-
-func (d *volatileDisk) keep(off, length int64) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.pre == nil {
-		d.pre = map[int64][]byte{}
-	}
-	for b := off / replication.BlockSize; b*replication.BlockSize < off+length; b++ {
-		if _, ok := d.pre[b]; ok {
-			continue
-		}
-		old := make([]byte, replication.BlockSize)
-		if _, err := d.Disk.ReadAt(old, b*replication.BlockSize); err == nil {
-			d.pre[b] = old
-		}
-	}
-}
-
-func (d *volatileDisk) WriteAt(p []byte, off int64) (int, error) {
-	d.keep(off, int64(len(p)))
-	return d.Disk.WriteAt(p, off)
-}
-
-func (d *volatileDisk) WriteAtSync(p []byte, off int64) error {
-	if err := backing.WriteSync(d.Disk, p, off); err != nil {
-		return err
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for b := off / replication.BlockSize; b*replication.BlockSize < off+int64(len(p)); b++ {
-		delete(d.pre, b)
-	}
-	return nil
-}
-
-func (d *volatileDisk) Zero(off, length int64) error {
-	d.keep(off, length)
-	return d.Disk.Zero(off, length)
-}
-
-func (d *volatileDisk) Sync() error {
-	err := d.Disk.Sync()
-	if err == nil {
-		d.mu.Lock()
-		d.pre = nil
-		d.mu.Unlock()
-	}
-	return err
-}
-
-// loseUnsynced writes the content of the last Sync back into the file at
-// path (the disk is closed) and returns how many blocks went back.
-func (d *volatileDisk) loseUnsynced(t *testing.T, path string) int {
-	t.Helper()
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for b, old := range d.pre {
-		if _, err := f.WriteAt(old, b*replication.BlockSize); err != nil {
-			t.Fatal(err)
-		}
-	}
-	n := len(d.pre)
-	d.pre = nil
-	return n
-}
 
 // TestAPowerLossOfTheSecondaryResyncsItsActivityLog: beta acknowledges
 // writes once they are in its page cache. A power loss then takes some
@@ -100,12 +18,13 @@ func (d *volatileDisk) loseUnsynced(t *testing.T, path string) int {
 func TestAPowerLossOfTheSecondaryResyncsItsActivityLog(t *testing.T) {
 	const size = 16 << 20
 	c := newTestCluster(t, size)
-	vd := &volatileDisk{}
-	opts := Options{OpenDisk: func(path string, size int64) (Disk, error) {
-		d, err := OpenDisk(path, size)
-		vd.Disk = d
-		return vd, err
-	}}
+	// beta's disk has a volatile cache: what it acknowledged since its
+	// last sync (but a write with FUA) a power loss takes away.
+	var vd atomic.Pointer[fault.Disk]
+	opts := Options{OpenDisk: openFaulty(func(d *fault.Disk) {
+		d.Add(fault.On(fault.Write, fault.Zero).Lose())
+		vd.Store(d)
+	})}
 	c.opts["beta"] = opts
 	c.start("alpha")
 	c.start("beta")
@@ -126,7 +45,7 @@ func TestAPowerLossOfTheSecondaryResyncsItsActivityLog(t *testing.T) {
 	writeRandomBlocks(t, a, 200, 7)
 	c.crash("beta")
 	path := c.cfg.Volumes[0].Disks["beta"].Paths[0].Path
-	if lost := vd.loseUnsynced(t, path); lost == 0 {
+	if lost := loseUnsynced(t, vd.Load(), path); lost == 0 {
 		t.Fatal("beta had no unsynced write to lose: the test shows nothing")
 	}
 	if bytes.Equal(c.disk("alpha")[:size], c.disk("beta")[:size]) {

@@ -2,61 +2,28 @@ package node
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/replvol/replvol/internal/fault"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
 
-// gatedDisk holds every write while closed (a slow or stuck disk).
-type gatedDisk struct {
-	Disk
-	mu   sync.Mutex
-	gate chan struct{} // nil: open
-}
-
-func (d *gatedDisk) close() {
-	d.mu.Lock()
-	d.gate = make(chan struct{})
-	d.mu.Unlock()
-}
-
-func (d *gatedDisk) open() {
-	d.mu.Lock()
-	if d.gate != nil {
-		close(d.gate)
-		d.gate = nil
-	}
-	d.mu.Unlock()
-}
-
-func (d *gatedDisk) WriteAt(p []byte, off int64) (int, error) {
-	d.mu.Lock()
-	g := d.gate
-	d.mu.Unlock()
-	if g != nil {
-		<-g
-	}
-	return d.Disk.WriteAt(p, off)
-}
-
-// newGatedCluster is alpha and beta in sync, beta's disk behind a gate.
-func newGatedCluster(t *testing.T) (*testCluster, *gatedDisk) {
+// newGatedCluster is alpha and beta in sync, beta's disk writing behind a
+// gate (open until the test shuts it: a slow or stuck disk).
+func newGatedCluster(t *testing.T) (*testCluster, *fault.Gate) {
 	t.Helper()
 	c := newTestCluster(t, 8<<20)
-	c.opts["beta"] = Options{OpenDisk: func(path string, size int64) (Disk, error) {
-		d, err := OpenDisk(path, size)
-		return &gatedDisk{Disk: d}, err
-	}}
+	g := fault.NewGate()
+	g.Open()
+	c.opts["beta"] = Options{OpenDisk: openFaulty(func(d *fault.Disk) { d.Add(fault.On(fault.Write).Hold(g)) })}
 	c.start("alpha")
 	c.start("beta")
 	c.waitInSync()
-	g := c.vol("beta").disk.(*gatedDisk)
-	t.Cleanup(g.open)
+	t.Cleanup(g.Open)
 	return c, g
 }
 
@@ -84,7 +51,7 @@ func writeWithin(t *testing.T, v *Volume, off int64, d time.Duration) (done chan
 func TestEachProtocolCompletesAWriteWhenItPromises(t *testing.T) {
 	c, gate := newGatedCluster(t)
 	a := c.vol("alpha")
-	gate.close()
+	gate.Shut()
 	pendingC, ok := writeWithin(t, a, 0, 500*time.Millisecond)
 	if ok {
 		t.Fatal("protocol C: a write completed while the peer's disk had not written it")
@@ -104,7 +71,7 @@ func TestEachProtocolCompletesAWriteWhenItPromises(t *testing.T) {
 	if lag := a.peers["beta"].status().LagBytes; lag < 8192 {
 		t.Fatalf("lag %d bytes with two acknowledged writes beta does not hold, want at least 8192", lag)
 	}
-	gate.open()
+	gate.Open()
 	if err := <-pendingC; err != nil {
 		t.Fatal(err)
 	}

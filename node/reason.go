@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -12,18 +13,18 @@ import (
 // (reason) is for people. Status shows both (reason_code, reason).
 type Cause string
 
-// Causes.
+// Causes. Those the volume's state machine sets are its words.
 const (
 	CauseNone Cause = ""
 	// CauseWaitingForPeer: a node that restarted as primary serves no IO
 	// until a peer compared generations and epochs with it (DRBD's
 	// wait-for-connection), or an operator forces it.
-	CauseWaitingForPeer Cause = "waiting-for-peer"
+	CauseWaitingForPeer = Cause(volstate.CauseWaitingForPeer)
 	// CauseFenced: a primary of a newer epoch exists; IO stopped.
-	CauseFenced Cause = "fenced"
+	CauseFenced = Cause(volstate.CauseFenced)
 	// CauseSplitBrain: both nodes changed the data since their last common
 	// generation; neither syncs until a policy or an operator picks a victim.
-	CauseSplitBrain Cause = "split-brain"
+	CauseSplitBrain = Cause(volstate.CauseSplitBrain)
 	// CauseUnrelated: the peer's data shares no generation with this node's.
 	CauseUnrelated Cause = "unrelated-data"
 	// CauseNoSource: the generations say the peer holds newer data but it
@@ -32,15 +33,15 @@ const (
 	// CauseAdminDown: the operator disconnected this node.
 	CauseAdminDown Cause = "disconnected-by-operator"
 	// CauseDetached: the local disk failed and is out of service.
-	CauseDetached Cause = "detached"
+	CauseDetached = Cause(volstate.CauseDetached)
 	// CauseDiscarding: the operator told this node to give up its changes
 	// after a split brain; it waits for the primary to overwrite them.
-	CauseDiscarding Cause = "discarding"
+	CauseDiscarding = Cause(volstate.CauseDiscarding)
 	// CausePulling: this primary copies newer data from its peer.
-	CausePulling Cause = "pulling"
+	CausePulling = Cause(volstate.CausePulling)
 	// CauseStateWriteFailed: the volume's state could not be written to
 	// stable storage; IO stopped rather than risk a wrong UpToDate.
-	CauseStateWriteFailed Cause = "state-write-failed"
+	CauseStateWriteFailed = Cause(volstate.CauseStateWriteFailed)
 	// CauseDiskFailed: a replicated write failed on this secondary's disk.
 	CauseDiskFailed Cause = "disk-failed"
 	// CausePeerLost: the link to the peer failed; it is being retried.

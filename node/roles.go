@@ -10,6 +10,7 @@ import (
 
 	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/metadata/statefile"
+	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -113,14 +114,20 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 		return 0, replication.Generation{}, fmt.Errorf("%s is not in sync with %s (replication %s, disk %s, %s out of sync%s)",
 			to, v.self, st.Replication, st.PeerDisk, human.Bytes(st.OutOfSyncBytes), reasonSuffix(st.Reason))
 	}
-	v.mu.Lock()
-	wasOpen := v.ioOpen
-	v.ioOpen = false
-	v.mu.Unlock()
+	// IO stops: the handover begins (volstate.Demote); it ends with
+	// HandedOver, or HandoverAborted reopens IO as it was.
+	v.stateMu.Lock()
+	_, err := v.stepLocked(volstate.Demote{To: to}, nil, nil)
+	v.stateMu.Unlock()
+	if err != nil {
+		return 0, replication.Generation{}, fmt.Errorf("%s on %s: %w", v.name, v.self, err)
+	}
 	reopen := func(err error) (uint64, replication.Generation, error) {
-		v.mu.Lock()
-		v.ioOpen = wasOpen
-		v.mu.Unlock()
+		v.stateMu.Lock()
+		if _, aerr := v.stepLocked(volstate.HandoverAborted{}, nil, nil); aerr != nil {
+			v.log.Error("reopen IO after a failed handover", "err", aerr)
+		}
+		v.stateMu.Unlock()
 		return 0, replication.Generation{}, err
 	}
 	// A client that attached just before IO stopped is refused too.
@@ -135,41 +142,26 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 	if !waitFor(ctx, 5*time.Second, inSync) {
 		return reopen(fmt.Errorf("%s fell out of sync during the handover", to))
 	}
-	v.stateMu.Lock()
-	var gen replication.Generation
-	var epoch uint64
 	// Until the new primary's stream arrives, point NBD clients at it.
-	err := v.commit(func(d *durable) {
-		gen, epoch = d.gens.Current, d.epoch
-		d.primary = to
-	}, func() {
-		v.fenced, v.waiting = false, false
-		v.diskState = v.idleDiskState()
-	})
+	v.stateMu.Lock()
+	v.mu.Lock()
+	gen, epoch := v.d.gens.Current, v.d.epoch
+	v.mu.Unlock()
+	acts, err := v.stepLocked(volstate.HandedOver{}, nil, nil)
 	v.stateMu.Unlock()
 	if err != nil {
 		return reopen(err)
 	}
-	v.stopPeers()
-	if v.auth {
-		// The lease goes back: the new primary need not wait it out.
-		v.stopLease()
-		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		if err := v.node.cl.c.ReleaseLease(rctx, v.name, epoch); err != nil {
-			v.log.Warn("release the lease", "err", err)
-		}
-		cancel()
+	// Then the senders stop, the lease goes back (the new primary need
+	// not wait it out), and, every write being on both disks, the primary
+	// indicator goes: no activity log to apply after a crash from here on.
+	opts := driveOptions{notify: func(a volstate.Action) {
+		v.log.Info("demoted", "to", a.Peer, "epoch", a.Epoch)
+		v.node.event(v.name, "demoted", fmt.Sprintf("%s handed %s over to %s at epoch %d", v.self, v.name, a.Peer, a.Epoch))
+	}}
+	for _, a := range acts {
+		v.perform(a, opts)
 	}
-	// Every write is done and on both disks: no activity log to apply if
-	// this node crashes from here on.
-	if err := v.md.FlushBitmaps(); err == nil {
-		if err := v.md.SetPrimary(false); err != nil {
-			v.log.Error("clear the primary indicator", "err", err)
-		}
-	}
-	v.log.Info("demoted", "to", to, "epoch", epoch)
-	v.node.event(v.name, "demoted", fmt.Sprintf("%s handed %s over to %s at epoch %d", v.self, v.name, to, epoch))
-	v.runHook("on_demote", epoch)
 	return epoch, gen, nil
 }
 
@@ -182,50 +174,24 @@ func reasonSuffix(r string) string {
 
 // promote makes this node primary at epoch. It must hold exactly the
 // data the old primary handed over (gen); the primary indicator and the
-// epoch are durable BEFORE the first write is accepted.
+// epoch are durable BEFORE the first write is accepted (volstate.Promote).
 func (v *Volume) promote(epoch uint64, gen replication.Generation) error {
 	v.mu.Lock()
-	if v.role == replication.Primary {
-		defer v.mu.Unlock()
-		if v.d.epoch == epoch && v.d.gens.Current == gen {
-			return nil
-		}
-		return fmt.Errorf("%s is already primary on %s at epoch %d", v.name, v.self, v.d.epoch)
-	}
-	if v.d.gens.Current != gen || gen.IsZero() {
-		defer v.mu.Unlock()
-		return fmt.Errorf("%s on %s holds generation %s, the primary handed over %s: this copy is not up to date, refusing to promote it", v.name, v.self, v.d.gens.Current, gen)
-	}
-	if epoch <= v.d.epoch {
-		defer v.mu.Unlock()
-		return fmt.Errorf("stale epoch %d: %s has seen epoch %d", epoch, v.self, v.d.epoch)
-	}
+	held, seen := v.d.gens.Current, v.d.epoch
 	v.mu.Unlock()
-	v.detachIncoming()
-	v.stateMu.Lock()
-	defer v.stateMu.Unlock()
-	if v.currentGeneration() != gen {
-		return fmt.Errorf("%s on %s changed generation during promotion", v.name, v.self)
+	err := v.drive(volstate.Promote{Epoch: epoch, Gen: gen, Now: time.Now()}, driveOptions{notify: func(a volstate.Action) {
+		v.log.Info("promoted", "epoch", a.Epoch)
+		v.node.event(v.name, "promoted", fmt.Sprintf("%s is primary for %s at epoch %d", v.self, v.name, a.Epoch))
+	}})
+	switch {
+	case errors.Is(err, volstate.ErrAlreadyPrimary):
+		return fmt.Errorf("%s is already primary on %s at epoch %d", v.name, v.self, seen)
+	case errors.Is(err, volstate.ErrNotUpToDate):
+		return fmt.Errorf("%s on %s holds generation %s, the primary handed over %s: this copy is not up to date, refusing to promote it", v.name, v.self, held, gen)
+	case errors.Is(err, volstate.ErrStaleEpoch):
+		return fmt.Errorf("stale epoch %d: %s has seen epoch %d", epoch, v.self, seen)
 	}
-	// Bitmaps of an earlier term mean nothing now: this node held every
-	// write, so it starts with every peer in sync.
-	v.clearPeerBitmaps()
-	if err := v.md.SetPrimary(true); err != nil {
-		return err
-	}
-	err := v.commit(func(d *durable) {
-		d.epoch, d.primary, d.primarySince = epoch, v.self, time.Now().UnixNano()
-		d.gens = d.gens.Promoted()
-	}, func() {
-		v.becomePrimaryLocked()
-	})
-	if err != nil {
-		return err
-	}
-	v.log.Info("promoted", "epoch", epoch)
-	v.node.event(v.name, "promoted", fmt.Sprintf("%s is primary for %s at epoch %d", v.self, v.name, epoch))
-	v.runHook("on_promote", epoch)
-	return nil
+	return err
 }
 
 // clearPeerBitmaps clears every peer's bitmap (in memory; flushed later).
@@ -242,17 +208,16 @@ func (v *Volume) clearPeerBitmaps() {
 // Primary until that primary reaches it, then steps down, or finds a split
 // brain. A peer that takes this node's stream again lifts the fence.
 func (v *Volume) fence(epoch uint64, why string) {
-	v.mu.Lock()
-	v.knownEpoch = max(v.knownEpoch, epoch)
-	if v.role != replication.Primary || v.fenced {
-		v.mu.Unlock()
-		return
+	err := v.drive(volstate.NewerPrimary{Epoch: epoch}, driveOptions{
+		texts: func(volstate.Cause) reason { return because(CauseFenced, "fenced: %s", why) },
+		notify: func(volstate.Action) {
+			v.log.Warn("fenced: a primary of a newer epoch exists; IO stopped", "reason", why)
+			v.node.event(v.name, "fenced", fmt.Sprintf("%s stops IO: %s", v.self, why))
+		},
+	})
+	if err != nil {
+		v.log.Error("fence", "err", err)
 	}
-	v.fenced, v.ioOpen = true, false
-	v.why = because(CauseFenced, "fenced: %s", why)
-	v.mu.Unlock()
-	v.log.Warn("fenced: a primary of a newer epoch exists; IO stopped", "reason", why)
-	v.node.event(v.name, "fenced", fmt.Sprintf("%s stops IO: %s", v.self, why))
 }
 
 // stepDown makes a primary Secondary because a primary of a newer epoch
@@ -262,43 +227,35 @@ func (v *Volume) fence(epoch uint64, why string) {
 // completed since that comparison may have started a new generation, so
 // once no write is in flight the comparison is made again; if it now finds
 // a split brain, this node stops its IO (the newer epoch wins) and stays
-// primary, and the caller refuses the stream as a split brain.
+// primary, and the caller refuses the stream as a split brain. One
+// transition with yieldTo (volstate.PrimaryReached, then Quiesced).
 func (v *Volume) stepDown(h replication.Hello) error {
-	v.mu.Lock()
-	if v.role != replication.Primary {
-		v.mu.Unlock()
+	if v.roleNow() != replication.Primary {
 		return nil
 	}
-	v.ioOpen = false
-	v.mu.Unlock()
-	v.io.Wait()
-	v.mu.Lock()
-	d := replication.CompareUUIDs(v.uuidsLocked(h.From), h.UUIDs, replication.Secondary, replication.Primary)
-	v.mu.Unlock()
-	if d.Outcome.IsSplitBrain() || d.Outcome == replication.UnrelatedData {
-		v.fence(h.Epoch, fmt.Sprintf("%s is primary at the newer epoch %d and the data diverged (%v)", h.From, h.Epoch, d))
-		return nil
-	}
-	to, epoch, rule := h.From, h.Epoch, d.String()
-	if err := v.quiesce(); err != nil {
-		return err
-	}
-	v.stateMu.Lock()
-	err := v.commit(func(d *durable) { d.primary, d.epoch = to, epoch }, func() {
-		v.fenced, v.waiting, v.why = false, false, reason{}
-		v.diskState = v.idleDiskState()
+	return v.drive(volstate.PrimaryReached{From: h.From, Epoch: h.Epoch, UUIDs: h.UUIDs}, driveOptions{
+		texts: func(volstate.Cause) reason {
+			return because(CauseFenced, "fenced: %s is primary at the newer epoch %d and the data diverged", h.From, h.Epoch)
+		},
+		notify: func(a volstate.Action) {
+			switch a.Detail {
+			case "fenced":
+				why := fmt.Sprintf("%s is primary at the newer epoch %d and the data diverged", h.From, h.Epoch)
+				v.log.Warn("fenced: a primary of a newer epoch exists; IO stopped", "reason", why)
+				v.node.event(v.name, "fenced", fmt.Sprintf("%s stops IO: %s", v.self, why))
+			case "stepped-down":
+				v.log.Warn("stepped down: a primary of a newer epoch took over", "primary", a.Peer, "epoch", a.Epoch)
+				v.node.event(v.name, "stepped-down", fmt.Sprintf("%s is Secondary: %s is primary at epoch %d and nothing is lost by following it", v.self, a.Peer, a.Epoch))
+			}
+		},
 	})
-	v.stateMu.Unlock()
-	if err != nil {
-		return err
-	}
-	if err := v.md.SetPrimary(false); err != nil {
-		return err
-	}
-	v.log.Warn("stepped down: a primary of a newer epoch took over", "primary", to, "epoch", epoch, "rule", rule)
-	v.node.event(v.name, "stepped-down", fmt.Sprintf("%s is Secondary: %s is primary at epoch %d and nothing is lost by following it (%s)", v.self, to, epoch, rule))
-	v.runHook("on_demote", epoch)
-	return nil
+}
+
+// roleNow is the volume's role.
+func (v *Volume) roleNow() replication.Role {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.role
 }
 
 // setAdminDown disconnects (down) or reconnects this node's replication of
@@ -340,16 +297,6 @@ func (v *Volume) setAdminDown(down bool) {
 		e.Reason = string(CauseAdminDown)
 	}
 	v.node.emit(e)
-}
-
-// becomePrimaryLocked is what a node that has just recorded itself
-// primary holds in memory: its disk UpToDate, no reason, not fenced nor
-// waiting, fresh senders for its peers, and IO open.
-func (v *Volume) becomePrimaryLocked() {
-	v.diskState = replication.UpToDate
-	v.why, v.fenced, v.waiting = reason{}, false, false
-	v.resetPeersLocked()
-	v.ioOpen = true
 }
 
 // resetPeersLocked gives a new primary fresh senders for every peer,
@@ -401,36 +348,28 @@ func (v *Volume) inSplitBrain() bool {
 }
 
 // retake makes this node primary again at epoch after a switchover that
-// raft did not record: it handed over gen, and raft still names it.
+// raft did not record: it handed over gen, and raft still names it
+// (volstate.Retake).
 func (v *Volume) retake(epoch uint64, gen replication.Generation) error {
-	v.mu.Lock()
-	ok := v.d.epoch == epoch && v.d.gens.Current == gen && v.role != replication.Primary
-	v.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("%s on %s: cannot take back epoch %d generation %s (it holds epoch %d, generation %s)", v.name, v.self, epoch, gen, v.d.epoch, v.d.gens.Current)
-	}
+	e := volstate.Retake{Epoch: epoch, Gen: gen}
 	if cl := v.node.cl; cl != nil {
-		if va, ok := cl.c.Authority().Volume(v.name); ok && (va.Primary != v.self || va.Epoch != epoch) {
-			return fmt.Errorf("%s on %s: raft names %s primary at epoch %d: not taking it back", v.name, v.self, va.Primary, va.Epoch)
+		if va, ok := cl.c.Authority().Volume(v.name); ok {
+			e.AuthorityKnown, e.AuthorityPrimary, e.AuthorityEpoch = true, va.Primary, va.Epoch
 		}
 	}
-	v.stateMu.Lock()
-	defer v.stateMu.Unlock()
-	if err := v.md.SetPrimary(true); err != nil {
-		return err
+	v.mu.Lock()
+	held, seen := v.d.gens.Current, v.d.epoch
+	v.mu.Unlock()
+	err := v.drive(e, driveOptions{notify: func(a volstate.Action) {
+		v.node.event(v.name, "primary-again", fmt.Sprintf("%s took %s back at epoch %d: the switchover was not recorded", v.self, v.name, a.Epoch))
+	}})
+	switch {
+	case errors.Is(err, volstate.ErrCannotTakeBack):
+		return fmt.Errorf("%s on %s: cannot take back epoch %d generation %s (it holds epoch %d, generation %s)", v.name, v.self, epoch, gen, seen, held)
+	case errors.Is(err, volstate.ErrRaftNamesOther):
+		return fmt.Errorf("%s on %s: raft names %s primary at epoch %d: not taking it back", v.name, v.self, e.AuthorityPrimary, e.AuthorityEpoch)
 	}
-	err := v.commit(func(d *durable) { d.primary = v.self }, func() {
-		v.becomePrimaryLocked()
-	})
-	if err != nil {
-		return err
-	}
-	if v.auth {
-		v.ensureLeaseLoop(epoch)
-	}
-	v.node.event(v.name, "primary-again", fmt.Sprintf("%s took %s back at epoch %d: the switchover was not recorded", v.self, v.name, epoch))
-	v.runHook("on_promote", epoch)
-	return nil
+	return err
 }
 
 // quiesce is the first half of a step down: the NBD export closes (its

@@ -2,10 +2,12 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/replvol/replvol/internal/human"
+	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 	"google.golang.org/grpc/codes"
@@ -40,68 +42,6 @@ func (v *Volume) autoDiscard(other string, policy replication.AfterSplitBrain) {
 	}
 }
 
-// adoptDisk makes this node's disk, which holds no consistent generation
-// (its metadata was created afresh), the volume's data: DRBD's initial
-// "primary --force". It starts a new generation; every peer then gets a
-// full resync from this node.
-func (v *Volume) adoptDisk() error {
-	v.stopPeers()
-	v.detachIncoming()
-	v.stateMu.Lock()
-	defer v.stateMu.Unlock()
-	next := replication.NewGeneration()
-	if err := v.takeOver(func(d *durable) {
-		d.gens, d.syncGen = d.gens.Adopted(next), replication.Generation{}
-	}); err != nil {
-		return err
-	}
-	v.localMissing.ClearRange(0, v.size.Load())
-	epoch := v.epoch()
-	v.log.Warn("disk adopted as the volume's data", "epoch", epoch, "generation", next)
-	v.node.event(v.name, "forced-primary", fmt.Sprintf("%s made its disk the data of %s (new generation %s, epoch %d): the other nodes get a full resync", v.self, v.name, next, epoch))
-	return nil
-}
-
-// takeOver makes this node primary at a new epoch, above every epoch it
-// heard of, with every peer counted in sync until a write misses it, and
-// starts serving; change, when not nil, is committed with it. The primary
-// indicator and the epoch are durable BEFORE the first write. Callers hold
-// v.stateMu.
-func (v *Volume) takeOver(change func(*durable)) error {
-	if err := v.md.SetPrimary(true); err != nil {
-		return err
-	}
-	v.mu.Lock()
-	epoch := max(v.d.epoch, v.knownEpoch) + 1
-	wasPrimary, auth := v.role == replication.Primary, v.auth
-	v.mu.Unlock()
-	if auth {
-		// Forced without a quorum (with one, raft promotes): an epoch
-		// above raft's too; it serves without a lease until raft records it.
-		if va, ok := v.node.cl.c.Authority().Volume(v.name); ok {
-			epoch = max(epoch, va.Epoch+1)
-		}
-	}
-	err := v.commit(func(d *durable) {
-		if change != nil {
-			change(d)
-		}
-		d.epoch, d.primary = epoch, v.self
-		if !wasPrimary {
-			d.primarySince = time.Now().UnixNano()
-		}
-		d.gens = d.gens.Promoted()
-	}, func() {
-		v.discard = nil
-		v.leaseExempt = auth
-		v.becomePrimaryLocked()
-	})
-	if err == nil {
-		v.runHook("on_promote", epoch)
-	}
-	return err
-}
-
 // discardInfo is what a node that discards its data hands its next
 // primary: its changes since the split, to be overwritten.
 type discardInfo struct {
@@ -111,51 +51,47 @@ type discardInfo struct {
 
 // forcePromote makes this node primary without a handover (the old
 // primary is gone, or this node restarted as primary and no peer answers),
-// at a new epoch. Its first write that a peer does not see starts a new
+// at a new epoch above every epoch it heard of (and raft's, when raft
+// answers without a quorum: it then serves without a lease until raft
+// records it). Its first write that a peer does not see starts a new
 // generation, and the blocks it writes from then on are tracked against
 // the one it held. So an old primary that comes back without writes of its
 // own catches up by bitmap; one that wrote while this node has not is
 // followed: it steps down and this node copies its writes (no acknowledged
 // write is lost); if both wrote, that is a split brain, detected and not
-// synced.
+// synced. A disk that holds no consistent generation (its metadata was
+// created afresh) is made the volume's data: DRBD's initial "primary
+// --force", a new generation, and a full resync of every peer.
 func (v *Volume) forcePromote() error {
 	v.mu.Lock()
-	if !v.d.syncGen.IsZero() {
-		defer v.mu.Unlock()
-		return fmt.Errorf("%s on %s is in the middle of a resync (disk %s): its data is part old, part new; it cannot be promoted, even by force", v.name, v.self, v.diskState)
-	}
-	empty := v.d.gens.Current.IsZero()
-	serving := v.role == replication.Primary && v.ioOpen
-	from := v.d.primary
+	empty, from, disk := v.d.gens.Current.IsZero(), v.d.primary, v.diskState
 	v.mu.Unlock()
-	if serving && !empty {
-		return nil
+	e := volstate.Force{Now: time.Now(), NewGen: replication.NewGeneration()}
+	if v.auth {
+		if va, ok := v.node.cl.c.Authority().Volume(v.name); ok {
+			e.AuthorityEpoch = va.Epoch
+		}
 	}
-	if empty {
-		return v.adoptDisk()
+	err := v.drive(e, driveOptions{notify: func(a volstate.Action) {
+		if empty {
+			v.log.Warn("disk adopted as the volume's data", "epoch", a.Epoch, "generation", e.NewGen)
+			v.node.event(v.name, "forced-primary", fmt.Sprintf("%s made its disk the data of %s (new generation %s, epoch %d): the other nodes get a full resync", v.self, v.name, e.NewGen, a.Epoch))
+			return
+		}
+		v.mu.Lock()
+		gen := v.d.gens.Current
+		if from != "" && from != v.self {
+			v.forcedOver = &transport.Failover{From: from, To: v.self, Epoch: a.Epoch, At: time.Now().UTC(),
+				Reason: "forced by the operator (replctl primary --force)", Forced: true}
+		}
+		v.mu.Unlock()
+		v.log.Warn("forced to primary", "epoch", a.Epoch, "generation", gen)
+		v.node.event(v.name, "forced-primary", fmt.Sprintf("%s forced to primary at epoch %d with generation %s", v.self, a.Epoch, gen))
+	}})
+	if errors.Is(err, volstate.ErrMidResync) {
+		return fmt.Errorf("%s on %s is in the middle of a resync (disk %s): its data is part old, part new; it cannot be promoted, even by force", v.name, v.self, disk)
 	}
-	v.stopPeers()
-	v.detachIncoming()
-	v.stateMu.Lock()
-	defer v.stateMu.Unlock()
-	v.clearPeerBitmaps()
-	// The generation moves on at the first write no peer sees (as after
-	// any promotion): until then this node holds exactly the data it had,
-	// and an old primary that comes back with writes of its own is
-	// followed, not split from.
-	if err := v.takeOver(nil); err != nil {
-		return err
-	}
-	v.mu.Lock()
-	epoch, gen := v.d.epoch, v.d.gens.Current
-	if from != "" && from != v.self {
-		v.forcedOver = &transport.Failover{From: from, To: v.self, Epoch: epoch, At: time.Now().UTC(),
-			Reason: "forced by the operator (replctl primary --force)", Forced: true}
-	}
-	v.mu.Unlock()
-	v.log.Warn("forced to primary", "epoch", epoch, "generation", gen)
-	v.node.event(v.name, "forced-primary", fmt.Sprintf("%s forced to primary at epoch %d with generation %s", v.self, epoch, gen))
-	return nil
+	return err
 }
 
 // discardMyData is the operator's resolution of a split brain on the
@@ -202,39 +138,27 @@ func (v *Volume) discardMyData(ctx context.Context, yes bool) (int64, error) {
 	if !yes {
 		return bytes, nil
 	}
-	if role == replication.Primary {
-		// Stop serving: requests in flight are answered first.
-		v.mu.Lock()
-		v.ioOpen = false
-		v.mu.Unlock()
-		closeCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		v.node.nbd.CloseExportContext(closeCtx, v.name)
-		cancel()
-		v.io.Wait()
-		v.stopPeers()
+	if role != replication.Primary {
+		// A primary's drain flushes them (volstate's DrainIO).
+		if err := v.md.FlushBitmaps(); err != nil {
+			return 0, err
+		}
 	}
-	if err := v.md.FlushBitmaps(); err != nil {
-		return 0, err
-	}
-	v.stateMu.Lock()
-	err := v.commit(func(d *durable) { d.primary = "" }, func() {
-		v.fenced, v.waiting = false, false
-		v.discard = &discardInfo{from: from, runs: runs}
-		v.diskState = v.idleDiskState()
-		v.why = because(CauseDiscarding, "discarding its %s of changes: waiting for the primary to overwrite them", human.Bytes(bytes))
+	// A primary stops serving, answers the requests in flight, stops its
+	// senders and flushes its bitmaps BEFORE it gives up the role.
+	err := v.drive(volstate.DiscardMyData{}, driveOptions{
+		texts: func(volstate.Cause) reason {
+			return because(CauseDiscarding, "discarding its %s of changes: waiting for the primary to overwrite them", human.Bytes(bytes))
+		},
+		install: func() { v.discard = &discardInfo{from: from, runs: runs} },
+		notify: func(volstate.Action) {
+			v.log.Warn("discarding my data", "bytes", bytes)
+			v.node.event(v.name, "discard-my-data", fmt.Sprintf("%s gives up %s of changes made since the split brain", v.self, human.Bytes(bytes)))
+		},
 	})
-	v.stateMu.Unlock()
 	if err != nil {
 		return 0, err
 	}
-	if role == replication.Primary {
-		if err := v.md.SetPrimary(false); err != nil {
-			return 0, err
-		}
-		v.runHook("on_demote", v.epoch())
-	}
-	v.log.Warn("discarding my data", "bytes", bytes)
-	v.node.event(v.name, "discard-my-data", fmt.Sprintf("%s gives up %s of changes made since the split brain", v.self, human.Bytes(bytes)))
 	return bytes, nil
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/node/multipath"
+	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
@@ -63,7 +64,9 @@ type Volume struct {
 	// fresh: the volume was created by this start (no state before).
 	fresh     bool
 	diskState replication.DiskState
-	ioOpen    bool // primary serving IO
+	// serving is what this node does with IO (volstate.Serving: open,
+	// open without a lease, waiting for a peer, fenced, or stopped).
+	serving volstate.Serving
 	// sizeMax: the file says size: max (size is what this node resolved).
 	sizeMax bool
 	// settingDiffs holds, per peer, how the settings that must agree
@@ -72,10 +75,9 @@ type Volume struct {
 	// settingsChecks counts the checks after an online change that ran
 	// to the end (tests wait on it).
 	settingsChecks atomic.Int64
-	// waiting: restarted as primary, it serves nothing until a peer
-	// compared generations and epochs with it (or an operator forces it).
-	waiting bool
-	fenced  bool // IO stopped: a primary of a newer epoch exists
+	// roleChange is a role change under way (a step-down waiting for its
+	// IO to drain): the state machine's, kept between its steps.
+	roleChange *volstate.Pending
 	// knownEpoch is the highest epoch heard of from a peer.
 	knownEpoch uint64
 	// splitBrain names the peers this node found a split brain with (and
@@ -112,13 +114,13 @@ type Volume struct {
 	// Authority mode (authority.go): auth says the cluster decides the
 	// primary. lease is how long this primary may complete IO (leaseWake
 	// is closed when it is renewed); leaseStop ends the renewals of the
-	// term leaseEpoch; leaseExempt: forced to primary without a quorum.
-	auth        bool
-	lease       time.Time
-	leaseWake   chan struct{}
-	leaseStop   context.CancelFunc
-	leaseEpoch  uint64
-	leaseExempt bool
+	// term leaseEpoch. A primary forced without a quorum serves without
+	// a lease (serving OpenWithoutLease) until raft records it.
+	auth       bool
+	lease      time.Time
+	leaseWake  chan struct{}
+	leaseStop  context.CancelFunc
+	leaseEpoch uint64
 	// outdated: peers raft has recorded Outdated at this epoch.
 	outdated map[string]uint64
 	// tasks: background tasks running, by kind.
@@ -233,73 +235,61 @@ func (v *Volume) idleDiskState() replication.DiskState {
 // primary before this start serves no IO until a peer has compared
 // generations and epochs with it: a primary of a newer epoch may have
 // taken over while it was away (DRBD's wait-for-connection). An operator
-// lifts that with replctl primary --force --yes.
+// lifts that with replctl primary --force --yes. The primary indicator is
+// on disk BEFORE the first write (volstate.Started).
 func (v *Volume) start() {
 	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.role != replication.Primary {
-		return
+	copying, epoch := v.d.gens.Current.IsZero(), v.d.epoch
+	v.mu.Unlock()
+	waiting := func() reason {
+		switch {
+		case copying:
+			// A primary that went down while copying newer data from its
+			// peer serves again once the peer says which blocks it misses.
+			return because(CauseWaitingForPeer, "waiting for a peer with the data this node was copying")
+		case v.auth:
+			return because(CauseWaitingForPeer, "%s restarted as primary of %s and is waiting for the cluster: it serves no IO until raft confirms it is still the primary at epoch %d and grants it a lease", v.self, v.name, epoch)
+		}
+		return because(CauseWaitingForPeer, "%s restarted as primary of %s and is waiting for a peer: it serves no IO until a peer has compared generations and epochs with it (another node may have been promoted meanwhile); if every peer is gone for good, make it serve with replctl primary %s --node %s --force --yes", v.self, v.name, v.name, v.self)
 	}
-	// The primary indicator is on disk BEFORE the first write.
-	if err := v.md.SetPrimary(true); err != nil {
+	err := v.drive(volstate.Started{}, driveOptions{
+		texts: func(volstate.Cause) reason { return waiting() },
+		notify: func(volstate.Action) {
+			if v.auth {
+				v.log.Warn("restarted as primary: waiting for the cluster before serving IO")
+			} else {
+				v.log.Warn("restarted as primary: waiting for a peer before serving IO")
+			}
+			v.node.event(v.name, "waiting-for-peer", waiting().text)
+		},
+	})
+	if err != nil {
 		v.log.Error("cannot set the primary indicator; not serving", "err", err)
+		v.mu.Lock()
 		v.why = because(CauseStateWriteFailed, "metadata write failed: %v", err)
-		return
-	}
-	v.startPeersLocked()
-	switch {
-	case v.d.gens.Current.IsZero():
-		// A primary that went down while copying newer data from its peer
-		// serves again once the peer says which blocks it misses.
-		v.why = because(CauseWaitingForPeer, "waiting for a peer with the data this node was copying")
-	case v.auth && !v.fresh:
-		v.waiting = true
-		v.why = because(CauseWaitingForPeer, "%s restarted as primary of %s and is waiting for the cluster: it serves no IO until raft confirms it is still the primary at epoch %d and grants it a lease", v.self, v.name, v.d.epoch)
-		v.log.Warn("restarted as primary: waiting for the cluster before serving IO")
-		v.node.event(v.name, "waiting-for-peer", v.why.text)
-	case !v.fresh && len(v.peers) > 0:
-		v.waiting = true
-		v.why = because(CauseWaitingForPeer, "%s restarted as primary of %s and is waiting for a peer: it serves no IO until a peer has compared generations and epochs with it (another node may have been promoted meanwhile); if every peer is gone for good, make it serve with replctl primary %s --node %s --force --yes", v.self, v.name, v.name, v.self)
-		v.log.Warn("restarted as primary: waiting for a peer before serving IO")
-		v.node.event(v.name, "waiting-for-peer", v.why.text)
-	default:
-		v.ioOpen = true
+		v.mu.Unlock()
 	}
 }
 
 // peerAnswered is called when a peer took this primary's stream (the
 // handshake decided): no primary of a newer epoch holds that peer, so a
-// primary waiting for a peer, or fenced, serves again. pulling: the blocks
-// this node misses are known, so writes need wait no longer either.
+// primary waiting for a peer, or fenced, serves again (in authority mode
+// raft, not a peer, says who is primary). pulling: the blocks this node
+// misses are known, so writes need wait no longer either
+// (volstate.PeerAnswered).
 func (v *Volume) peerAnswered(peer string, pulling bool) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	delete(v.splitBrain, peer)
-	if v.role != replication.Primary || (v.auth && (v.waiting || v.fenced)) {
-		// In authority mode raft, not a peer, says who is primary.
-		return
-	}
-	wasWaiting, wasFenced := v.waiting, v.fenced
-	v.waiting, v.fenced = false, false
-	if v.why.cause == CauseWaitingForPeer || v.why.cause == CauseFenced || v.why.cause == CauseSplitBrain {
-		v.why = reason{}
-		if pulling {
-			v.why = because(CausePulling, "copying %s of newer data from %s", human.Bytes(v.localMissing.Bytes()), peer)
-		}
-	}
-	if !v.ioOpen && (wasWaiting || wasFenced || pulling) && v.servableLocked() {
-		v.ioOpen = true
-		if wasWaiting || wasFenced {
+	err := v.drive(volstate.PeerAnswered{Peer: peer, Pulling: pulling}, driveOptions{
+		texts: func(volstate.Cause) reason {
+			return because(CausePulling, "copying %s of newer data from %s", human.Bytes(v.localMissing.Bytes()), peer)
+		},
+		notify: func(volstate.Action) {
 			v.log.Info("a peer answered: serving IO", "peer", peer)
 			v.node.event(v.name, "serving", fmt.Sprintf("%s took %s's stream: %s serves IO", peer, v.self, v.self))
-		}
+		},
+	})
+	if err != nil {
+		v.log.Error("a peer answered", "err", err)
 	}
-}
-
-// servableLocked reports whether nothing but waiting/fencing kept this
-// primary from serving. Callers hold v.mu.
-func (v *Volume) servableLocked() bool {
-	return v.role == replication.Primary && v.discard == nil && v.why.cause != CauseStateWriteFailed && !isClosed(v.stopping)
 }
 
 // startPeersLocked starts one replication sender for every other node that
@@ -351,7 +341,7 @@ func (v *Volume) enter(ctx context.Context) error {
 		case v.role != replication.Primary:
 			v.mu.Unlock()
 			return fmt.Errorf("%s is not primary on %s any more: %w (%w)", v.name, v.self, ErrNotPrimary, errShutdown)
-		case !v.ioOpen:
+		case !v.serving.IsOpen():
 			why := v.why.text
 			if why == "" {
 				why = "switchover or shutdown in progress"
@@ -793,25 +783,28 @@ func (v *Volume) track(p *peer, behind bool) error {
 		return nil
 	}
 	held := p.snapshot().held
+	// Without the new generation on disk a restart could take the peer
+	// for up to date: when it cannot be written, IO stops rather than
+	// risk it (volstate.WriteMissed).
 	next := replication.NewGeneration()
-	var from replication.Generation
-	err := v.commit(func(d *durable) {
-		d.gens = d.gens.PeerMisses(p.name, held, next)
-		from = d.gens.Bitmaps[p.name]
-	}, nil)
+	acts, err := v.stepLocked(volstate.WriteMissed{Peer: p.name, Held: held, Next: next}, nil, nil)
 	if err != nil {
-		// Without the new generation on disk a restart could take the peer
-		// for up to date: stop accepting writes rather than risk it.
 		v.log.Error("cannot persist a new generation; stopping IO", "peer", p.name, "err", err)
 		v.mu.Lock()
-		v.ioOpen = false
-		v.why = because(CauseStateWriteFailed, "%s could not record durably that %s misses writes (%v): IO stopped; fix the node's state directory or disk, then restart it", v.self, p.name, err)
+		why := v.why.text
 		v.mu.Unlock()
-		v.node.event(v.name, "state-write-failed", v.why.text)
+		v.node.event(v.name, "state-write-failed", why)
 		return fmt.Errorf("%w: %v", ErrStateWrite, err)
 	}
-	v.log.Info("peer out of sync: new generation", "peer", p.name, "bitmap_generation", from, "generation", next)
-	v.node.event(v.name, "new-generation", fmt.Sprintf("%s is not connected: writes are tracked in its bitmap from %s; current generation %s", p.name, from, next))
+	v.mu.Lock()
+	from := v.d.gens.Bitmaps[p.name]
+	v.mu.Unlock()
+	for _, a := range acts {
+		v.perform(a, driveOptions{notify: func(volstate.Action) {
+			v.log.Info("peer out of sync: new generation", "peer", p.name, "bitmap_generation", from, "generation", next)
+			v.node.event(v.name, "new-generation", fmt.Sprintf("%s is not connected: writes are tracked in its bitmap from %s; current generation %s", p.name, from, next))
+		}})
+	}
 	// Peers still in sync get the new generation in their stream.
 	for _, q := range v.streamingPeers() {
 		if q != p {
@@ -843,8 +836,8 @@ func (v *Volume) currentGeneration() replication.Generation {
 // that all worked, and shutdown reports whether it was.
 func (v *Volume) shutdown() bool {
 	v.mu.Lock()
-	wasOpen := v.ioOpen
-	v.ioOpen = false
+	wasOpen := v.serving.IsOpen()
+	v.serving = volstate.Stopped
 	v.mu.Unlock()
 	v.io.Wait()
 	clean := true
@@ -902,7 +895,7 @@ func (v *Volume) status() transport.LocalVolume {
 		OnCongestion: string(v.settings().congestion.Policy),
 		Role:         string(v.role), Disk: string(v.diskState), Epoch: v.d.epoch, Primary: v.d.primary,
 		Generation: v.d.gens.Current.String(), Reason: v.why.text, ReasonCode: string(v.why.cause),
-		Serving:  v.role == replication.Primary && v.ioOpen,
+		Serving:  v.role == replication.Primary && v.serving.IsOpen(),
 		Metadata: v.md.Placement().String(), UsableBytes: v.md.UsableSize(),
 		AfterSB: string(v.agreedSettings().AfterSB),
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/transport"
 )
 
@@ -259,7 +260,7 @@ func (n *Node) removeVolume(name string, held bool) error {
 // worked.
 func (v *Volume) stop() bool {
 	v.mu.Lock()
-	v.ioOpen = false
+	v.serving = volstate.Stopped
 	v.why = because(CauseRemoved, "%s was removed from the cluster file", v.name)
 	v.mu.Unlock()
 	if nbd := v.node.nbd; nbd != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"io"
 	"net"
 	"path/filepath"
 	"strings"
@@ -12,10 +13,6 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/internal/pki"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/status"
 )
 
 func tlsBundles(t *testing.T, names ...string) map[string]*pki.Bundle {
@@ -176,29 +173,31 @@ func TestReplicationStreamIsMutualTLS(t *testing.T) {
 			t.Fatalf("a frame of the limit: %v", err)
 		}
 		err := roundTrip(t, alpha, MaxFrameSize+1)
-		if status.Code(err) != codes.ResourceExhausted {
-			t.Fatalf("a frame one byte over the limit: %v (%v)", err, status.Code(err))
+		if !errors.Is(err, ErrFrameTooLarge) {
+			t.Fatalf("a frame one byte over the limit: %v", err)
 		}
-		// A sender that ignores the limit: the server refuses the frame.
-		cc, err := grpc.NewClient("passthrough:///"+srv.addr,
-			grpc.WithTransportCredentials(credentials.NewTLS(b["alpha"].ClientConfig(srv.addr, nil))),
-			grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawCodec{})))
+		// A sender that ignores the limit: the server refuses the frame on
+		// its header, and says so.
+		conn, err := tls.Dial("tcp", srv.addr, b["alpha"].ClientConfig(srv.addr, nil))
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer cc.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		gs, err := cc.NewStream(ctx, &replStreamDesc, replStreamMethod)
-		if err != nil {
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(20 * time.Second))
+		var pre [len(streamPreamble)]byte
+		if _, err := conn.Write(streamPreamble[:]); err != nil {
 			t.Fatal(err)
 		}
-		f := NewFrame(MaxFrameSize + 1)
-		f.SetBytes(append(f.Bytes(), make([]byte, MaxFrameSize+1)...))
-		if err := gs.SendMsg(f); err != nil {
+		if _, err := io.ReadFull(conn, pre[:]); err != nil || pre != streamPreamble {
+			t.Fatalf("preamble %q: %v", pre, err)
+		}
+		var hdr [frameHeaderLen]byte
+		putHeader(hdr[:], kindFrame, MaxFrameSize+1)
+		if _, err := conn.Write(hdr[:]); err != nil {
 			t.Fatalf("the unlimited sender could not send: %v", err)
 		}
-		if err := gs.RecvMsg(&Frame{}); status.Code(err) != codes.ResourceExhausted {
+		err = newFrameConn(context.Background(), conn, nil).RecvMsg(&Frame{})
+		if !errors.Is(err, ErrFrameTooLarge) || !strings.Contains(err.Error(), "frame too large for the peer") {
 			t.Fatalf("the server took a frame over the limit: %v", err)
 		}
 	})

@@ -129,16 +129,6 @@ func (d *dialer) unreachable(err error) *StreamError {
 	return &StreamError{words: words, Reach: code, addr: d.addr, why: why, err: err, dial: dialErr}
 }
 
-// openError is a stream that could not be opened, in words.
-func (d *dialer) openError(err error) error {
-	if status.Code(err) == codes.Unavailable {
-		if se := d.unreachable(err); se != nil {
-			return se
-		}
-	}
-	return streamError(err)
-}
-
 // callError puts a failed control call into words: a call that could not
 // reach its node says why, one its own deadline cut off says how long it
 // waited for an answer; anything else (the node's own refusals, in words

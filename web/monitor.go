@@ -196,6 +196,7 @@ func (m *monitor) sample(ctx context.Context) (busy bool) {
 	ctx, cancel := context.WithTimeout(ctx, sampleTimeout)
 	defer cancel()
 	now := time.Now()
+	viewed := m.viewers.Load() > 0 // after now: a page that opened since is counted
 	st, err := m.src.Status(ctx)
 	statusErr := ""
 	if err != nil {
@@ -227,10 +228,17 @@ func (m *monitor) sample(ctx context.Context) (busy bool) {
 			busy = busy || r.Resync != nil || r.Verify != nil
 		}
 	}
-	sections, err := renderSections(pv)
-	if err != nil {
-		// A template that cannot render is a bug, not a state of the cluster.
-		panic(fmt.Sprintf("web: render the status page: %v", err))
+	// Only an open page reads the sections: with none open, the sample
+	// keeps the sparklines and events and renders nothing (a page that
+	// opens wakes the sampler, and waits for a frame taken after it
+	// opened, which sees it).
+	var sections []section
+	if viewed {
+		var err error
+		if sections, err = renderSections(pv); err != nil {
+			// A template that cannot render is a bug, not a state of the cluster.
+			panic(fmt.Sprintf("web: render the status page: %v", err))
+		}
 	}
 	f := &frame{At: now, Title: pv.Title, Sections: sections, IO: in.IO, Events: in.Events}
 	for _, v := range pv.Volumes {

@@ -18,7 +18,21 @@
 // Workloads: 8K random write at iodepth 16, 1M sequential write at iodepth 4,
 // 8K random read at iodepth 16. Every target's images are preallocated and
 // filled with one sequential write over the benchmark span before round one,
-// so reads return real data. Each round runs every workload on every target
+// so reads return real data.
+//
+// Page cache (pagecache.go, --page-cache): nbdkit writes its file in the
+// sizes fio sends and replvol its disk in 64 KiB pieces, so a 1 MiB fill
+// leaves nbdkit's file in large folios that every later 8K write walks
+// (issue 19). Under drop (the default) the fill writes 64 KiB blocks into
+// every target, and before every measured run every regular file of every
+// target is written back (fdatasync) and dropped from the page cache
+// (POSIX_FADV_DONTNEED, per file: no root, nothing else on the machine
+// dropped), mincore counting what stayed resident: every run, reads
+// included, starts with none of any target's data cached. keep is the
+// old state (1 MiB fill, `sync` between runs) for comparison. The table's
+// header says which.
+//
+// Each round runs every workload on every target
 // back to back (the target order rotates per round); the table shows the
 // median per cell, the ratios replvol/nbdkit and replvol/quorum, and PASS or
 // MISS for the project's goals (never a hard failure):
@@ -38,8 +52,13 @@
 // 0.8x nbdkit. After each run on the demo the next waits until it is in
 // sync again.
 //
-// After the fio phases and the resync figure (their servers stopped), the
-// read-balancing phase (readbalance.go) runs replnode processes alpha
+// After the fio phases and the resync figure, their servers stopped, the
+// fresh phase (fresh.go, --fresh) starts, per round, a new replvol demo
+// (sparse disks) and nbdkit on a new sparse file of --size, runs 8K random
+// write qd16 once on each (nothing prefilled: every write allocates) and
+// removes them; it prints the medians and their ratio.
+//
+// Then the read-balancing phase (readbalance.go) runs replnode processes alpha
 // (primary) and beta, each backing file behind a loop device and each
 // replnode in a cgroup that caps its reads of that device (--read-throttle
 // per disk; cgroup v2 io.max, else v1 blkio; without root, losetup or a
@@ -63,12 +82,43 @@
 // run, and PASS or MISS for the goal: failover median <= 2 s, never over
 // 5 s.
 //
+// Then the idle phase (idle.go, --idle-volumes N, 0 skips) starts replnode
+// processes alpha (primary of all) and beta, no raft, with N volumes of
+// 16 MiB on sparse files, times how long until every volume is UpToDate,
+// Connected and in sync on both (alpha's `replctl status --json`, at most
+// 180 s; else it says how many made it), then measures each node's CPU
+// over --idle-window (utime+stime of /proc/PID/stat, % of one core) and
+// its VmRSS. With --idle-profile PREFIX it also saves alpha's CPU profile
+// over the window and its heap profile after it, from its control port's
+// /debug/pprof/ (PREFIX.cpu.pprof, PREFIX.heap.pprof).
+//
+// Last, issue 19's targets (issue19.go), one row each with the measured
+// figure, the target, the limit of a 2-core box the issue measured and
+// PASS, MISS or n/a (not measured, or not the target's setup: fewer than
+// 10 kills, other than 1,000 idle volumes, --page-cache keep): 8K random
+// write qd16 protocol C >= 0.6x nbdkit (limit ~0.7x), the same into a
+// fresh sparse volume >= 0.55x (~0.7x), 1M sequential write qd4 protocol
+// C >= 0.35x (0.37-0.4x) and local-only >= 0.85x (~0.9x), failover median
+// <= 1 s and worst <= 1.5 s, 1,000 idle volumes UpToDate within 60 s and
+// their primary's node at most 2% of a core and 256 MiB.
+//
+// With --book FILE (make bench: docs/perf.md) it also writes the book
+// (book.go): FILE in markdown (the date; the machine: CPU model, cores,
+// kernel, Go, memory; how the page cache was equalised; the targets; every
+// table above) and beside it FILE's name with .svg, a plot it draws
+// itself: IOPS and 1M MB/s per protocol, 8K qd1 latency p50/p99 per
+// protocol, metadata placement (internal vs external), resync against a
+// raw copy, and every failover and switchover. make bench appends
+// node/multipath's benchmark output to FILE; the plot leaves the
+// multipath path count out.
+//
 // Usage:
 //
 //	go run ./cmd/replbench [--rounds 3] [--runtime 6s] [--json]
 //	    [--targets replvol,nbdkit,quorum] [--span 512MiB] [--dir DIR]
 //	    [--protocols=true] [--read-balancing=true] [--read-throttle 50MiB]
-//	    [--failover-runs 10]
+//	    [--failover-runs 10] [--page-cache drop|keep] [--fresh=true]
+//	    [--idle-volumes 1000] [--idle-window 20s] [--idle-profile PREFIX] [--book docs/perf.md]
 //
 // All child processes, loop devices, cgroups and temporary files are
 // removed on exit, also on Ctrl-C or SIGTERM.

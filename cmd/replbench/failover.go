@@ -164,10 +164,7 @@ func (b *bench) failoverPhase(ctx context.Context) (rep *failoverReport, err err
 	c := &fvCluster{b: b, nodes: map[string]*fvNode{}, used: map[int]bool{}}
 	defer func() {
 		if err != nil {
-			// Before the stop: which replnode died by itself.
-			if d := c.diagnose(); d != "" {
-				err = fmt.Errorf("%w [%s]", err, d)
-			}
+			err = c.failed(err)
 			rep.Error = err.Error()
 		}
 		c.stopAll()
@@ -225,7 +222,26 @@ type fvCluster struct {
 	size          int64 // the volume's
 	alExtents     int   // 0: the default
 	readBalancing string
-	disks         map[string]string // data node -> backing file or device
+	disks         map[string]string // data node -> backing file or device (of vol0)
+	// volumes, when set, are the volumes instead of vol0 alone, each
+	// node's disk of each at volumeDisk (the idle phase).
+	volumes []string
+	// startTimeout bounds a start until the control address answers
+	// (0: 30 s); a node opens every volume before it listens.
+	startTimeout time.Duration
+}
+
+// disk is node's backing file of vol.
+func (c *fvCluster) disk(vol, node string) string {
+	if len(c.volumes) == 0 {
+		return c.disks[node]
+	}
+	return c.volumeDisk(vol, node)
+}
+
+// volumeDisk is where node's disk of vol is when c.volumes is set.
+func (c *fvCluster) volumeDisk(vol, node string) string {
+	return filepath.Join(c.dir, "disks-"+node, vol+".img")
 }
 
 // setup builds the binaries and writes the config and the backing files.
@@ -340,17 +356,24 @@ func (c *fvCluster) writeConfig() error {
 		}
 		fmt.Fprintf(&cfg, ", state_dir: %q}\n", filepath.Join(c.dir, name))
 	}
-	fmt.Fprintf(&cfg, "volumes:\n  - name: %s\n    size: %d\n    protocol: C\n    primary: alpha\n", fvVol, c.size)
-	if c.alExtents > 0 {
-		fmt.Fprintf(&cfg, "    al_extents: %d\n", c.alExtents)
+	cfg.WriteString("volumes:\n")
+	volumes := c.volumes
+	if len(volumes) == 0 {
+		volumes = []string{fvVol}
 	}
-	if c.readBalancing != "" {
-		fmt.Fprintf(&cfg, "    read_balancing: %s\n", c.readBalancing)
-	}
-	cfg.WriteString("    disks:\n")
-	for _, name := range c.order {
-		if !c.nodes[name].witness {
-			fmt.Fprintf(&cfg, "      %s: %q\n", name, c.disks[name])
+	for _, vol := range volumes {
+		fmt.Fprintf(&cfg, "  - name: %s\n    size: %d\n    protocol: C\n    primary: alpha\n", vol, c.size)
+		if c.alExtents > 0 {
+			fmt.Fprintf(&cfg, "    al_extents: %d\n", c.alExtents)
+		}
+		if c.readBalancing != "" {
+			fmt.Fprintf(&cfg, "    read_balancing: %s\n", c.readBalancing)
+		}
+		cfg.WriteString("    disks:\n")
+		for _, name := range c.order {
+			if !c.nodes[name].witness {
+				fmt.Fprintf(&cfg, "      %s: %q\n", name, c.disk(vol, name))
+			}
 		}
 	}
 	c.cfgPath = filepath.Join(c.dir, "cluster.yaml")
@@ -438,7 +461,11 @@ func (c *fvCluster) start(ctx context.Context, name string) error {
 		return err
 	}
 	n.proc = p
-	deadline := time.Now().Add(30 * time.Second)
+	timeout := 30 * time.Second
+	if c.startTimeout > 0 {
+		timeout = c.startTimeout
+	}
+	deadline := time.Now().Add(timeout)
 	for {
 		conn, err := net.DialTimeout("tcp", n.control, time.Second)
 		if err == nil {
@@ -449,7 +476,7 @@ func (c *fvCluster) start(ctx context.Context, name string) error {
 			return fmt.Errorf("replnode %s exited (%v) before listening on %s; log %s", name, p.exitErr(), n.control, p.log)
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("replnode %s: %s not answering after 30s: %v; log %s", name, n.control, err, p.log)
+			return fmt.Errorf("replnode %s: %s not answering after %s: %v; log %s", name, n.control, timeout, err, p.log)
 		}
 		if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
 			return err
@@ -472,6 +499,29 @@ func (c *fvCluster) stopAll() {
 			n.proc.stop()
 		}
 	}
+}
+
+// failed is err with the replnode processes that died by themselves named
+// (call it before stopping them).
+func (c *fvCluster) failed(err error) error {
+	if d := c.diagnose(); d != "" {
+		return fmt.Errorf("%w [%s]", err, d)
+	}
+	return err
+}
+
+// setupDataNodes builds the binaries and gives data nodes alpha and beta,
+// no witness, their addresses; it returns the size of a backing file of
+// a c.size volume with internal metadata.
+func (c *fvCluster) setupDataNodes(ctx context.Context) (int64, error) {
+	if err := c.build(ctx); err != nil {
+		return 0, err
+	}
+	c.order = append([]string(nil), fvDataNodes...)
+	if err := c.allocate(); err != nil {
+		return 0, err
+	}
+	return metadata.InternalDeviceSize(c.size, 0, len(fvDataNodes)-1)
 }
 
 // diagnose names the replnode processes that exited by themselves.
@@ -519,13 +569,18 @@ func (c *fvCluster) ctl(ctx context.Context, node string, args ...string) ([]byt
 	return exec.CommandContext(cctx, c.replctl, args...).CombinedOutput()
 }
 
-// status is vol0's entry in `replctl status --json` asked of node.
-func (c *fvCluster) status(ctx context.Context, node string) (*transport.VolumeStatus, error) {
+// statusAll is `replctl status --json` asked of node.
+func (c *fvCluster) statusAll(ctx context.Context, node string) (*transport.ClusterStatus, error) {
 	out, err := c.ctl(ctx, node, "status", "--json", "--timeout", "5s")
 	if err != nil {
 		return nil, fmt.Errorf("replctl status --json --addr %s: %v: %s", c.nodes[node].control, err, strings.TrimSpace(string(out)))
 	}
-	st, err := parseStatus(out)
+	return parseStatus(out)
+}
+
+// status is vol0's entry in `replctl status --json` asked of node.
+func (c *fvCluster) status(ctx context.Context, node string) (*transport.VolumeStatus, error) {
+	st, err := c.statusAll(ctx, node)
 	if err != nil {
 		return nil, err
 	}

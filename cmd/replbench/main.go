@@ -160,6 +160,13 @@ type config struct {
 	protocols     bool  // protocols A, B, C and local-only in the fio rounds
 	readBalancing bool  // the read-balancing phase
 	readThrottle  int64 // read-balancing phase: read bytes/s per node's disk (0: no throttle)
+
+	pageCache   string        // cacheDrop or cacheKeep (pagecache.go)
+	fresh       bool          // the fresh sparse-volume phase (fresh.go)
+	idleVolumes int           // idle phase: volumes (0: skip; idle.go)
+	idleWindow  time.Duration // idle phase: how long the CPU is measured
+	idleProfile string        // idle phase: save the primary's profiles (PREFIX.cpu.pprof, PREFIX.heap.pprof)
+	book        string        // write the book (perf.md and perf.svg beside it) here ("": none)
 }
 
 func main() {
@@ -184,6 +191,12 @@ func run() int {
 	flag.BoolVar(&cfg.readBalancing, "read-balancing", true, "run the read-balancing phase (prefer-local vs round-robin on two throttled replicas)")
 	var throttleStr string
 	flag.StringVar(&throttleStr, "read-throttle", "50MiB", "read-balancing phase: read bandwidth per second of each node's disk (cgroup blkio/io throttle on a loop device; 0: unthrottled)")
+	flag.StringVar(&cfg.pageCache, "page-cache", cacheDrop, "page-cache state of the targets' files: drop (64 KiB prefill; every target's files written back and dropped from the cache before every run) or keep (1 MiB prefill, the cache as runs leave it)")
+	flag.BoolVar(&cfg.fresh, "fresh", true, "run the fresh sparse-volume phase (8K randwrite qd16 into a new replvol demo and a new sparse nbdkit file; needs targets replvol and nbdkit)")
+	flag.IntVar(&cfg.idleVolumes, "idle-volumes", 1000, "idle phase: volumes of 16 MiB on two replnode processes, then their idle CPU and RSS (0: skip)")
+	flag.DurationVar(&cfg.idleWindow, "idle-window", 20*time.Second, "idle phase: how long the idle CPU is measured")
+	flag.StringVar(&cfg.idleProfile, "idle-profile", "", "idle phase: save the primary's CPU profile over the window and its heap profile after it to PREFIX.cpu.pprof and PREFIX.heap.pprof")
+	flag.StringVar(&cfg.book, "book", "", "write the book here (markdown; the SVG plot beside it, same name with .svg), e.g. docs/perf.md")
 	flag.Parse()
 
 	var err error
@@ -214,8 +227,12 @@ func run() int {
 			cfg.targets = append(cfg.targets, t)
 		}
 	}
-	if len(cfg.targets) == 0 || cfg.rounds < 1 || cfg.runtime < time.Second || cfg.failoverRuns < 0 {
-		fmt.Fprintln(os.Stderr, "replbench: need at least one target, --rounds >= 1, --runtime >= 1s and --failover-runs >= 0")
+	if len(cfg.targets) == 0 || cfg.rounds < 1 || cfg.runtime < time.Second || cfg.failoverRuns < 0 || cfg.idleVolumes < 0 || cfg.idleWindow < time.Second {
+		fmt.Fprintln(os.Stderr, "replbench: need at least one target, --rounds >= 1, --runtime >= 1s, --failover-runs >= 0, --idle-volumes >= 0 and --idle-window >= 1s")
+		return 2
+	}
+	if cfg.pageCache != cacheDrop && cfg.pageCache != cacheKeep {
+		fmt.Fprintf(os.Stderr, "replbench: --page-cache %q: want drop or keep\n", cfg.pageCache)
 		return 2
 	}
 	slices.SortFunc(cfg.targets, func(a, b string) int {
@@ -228,6 +245,14 @@ func run() int {
 	b := &bench{cfg: cfg}
 	rep, err := b.run(ctx)
 	b.cleanup()
+	if err == nil {
+		rep.Issue19 = issueTargets(rep)
+	}
+	if err == nil && cfg.book != "" {
+		if err = writeBook(cfg.book, rep); err == nil {
+			logf("book written: %s and %s", cfg.book, svgPath(cfg.book))
+		}
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			fmt.Fprintln(os.Stderr, "replbench: interrupted")
@@ -244,19 +269,7 @@ func run() int {
 			return 1
 		}
 	} else {
-		printTable(os.Stdout, rep)
-		if rep.Protocols != nil {
-			fmt.Println()
-			printProtocols(os.Stdout, rep.Protocols)
-		}
-		if rep.ReadBalancing != nil {
-			fmt.Println()
-			printReadBalancing(os.Stdout, rep.ReadBalancing)
-		}
-		if rep.Failover != nil {
-			fmt.Println()
-			printFailover(os.Stdout, rep.Failover)
-		}
+		printReport(os.Stdout, rep)
 	}
 	code := 0
 	if rep.ReadBalancing != nil && rep.ReadBalancing.Error != "" {
@@ -265,6 +278,14 @@ func run() int {
 	}
 	if rep.Failover != nil && rep.Failover.Error != "" {
 		fmt.Fprintln(os.Stderr, "replbench: failover phase:", rep.Failover.Error)
+		code = 1
+	}
+	if rep.Fresh != nil && rep.Fresh.Error != "" {
+		fmt.Fprintln(os.Stderr, "replbench: fresh phase:", rep.Fresh.Error)
+		code = 1
+	}
+	if rep.Idle != nil && rep.Idle.Error != "" {
+		fmt.Fprintln(os.Stderr, "replbench: idle phase:", rep.Idle.Error)
 		code = 1
 	}
 	return code
@@ -296,6 +317,7 @@ type goalResult struct {
 type report struct {
 	Date     string            `json:"date"`
 	Nproc    int               `json:"nproc"`
+	Machine  machine           `json:"machine"`
 	Rounds   int               `json:"rounds"`
 	Runtime  string            `json:"runtime"`
 	Size     int64             `json:"size_bytes"`
@@ -305,11 +327,22 @@ type report struct {
 	Rows     []*row            `json:"results"`
 	Goals    []goalResult      `json:"goals"`
 	Resync   *resyncResult     `json:"resync,omitempty"`
+	// PageCache says how every target's files were put in the same
+	// page-cache state (pagecache.go); PageCacheResident is the most
+	// that stayed resident after a drop, in bytes.
+	PageCacheMode     string `json:"page_cache_mode"`
+	PageCache         string `json:"page_cache"`
+	PageCacheResident int64  `json:"page_cache_resident_max_bytes"`
 	// Protocols: replvol under protocols A, B and C and local-only,
 	// measured in the same rounds as the table above.
 	Protocols     *protocolReport    `json:"protocols,omitempty"`
 	ReadBalancing *readBalanceReport `json:"read_balancing,omitempty"`
 	Failover      *failoverReport    `json:"failover,omitempty"`
+	Fresh         *freshReport       `json:"fresh,omitempty"`
+	Idle          *idleReport        `json:"idle,omitempty"`
+	// Issue19 is every target of issue 19 with the limit of this
+	// machine beside it (issue19.go).
+	Issue19 []issueTarget `json:"issue19_targets"`
 }
 
 // resyncResult compares a full resync with a raw copy of the same file.
@@ -322,9 +355,38 @@ type resyncResult struct {
 	Status     string  `json:"status"`
 }
 
+// printReport prints every table of the report (the book embeds it too).
+func printReport(w io.Writer, rep *report) {
+	printTable(w, rep)
+	if rep.Protocols != nil {
+		fmt.Fprintln(w)
+		printProtocols(w, rep.Protocols)
+	}
+	if rep.Fresh != nil {
+		fmt.Fprintln(w)
+		printFresh(w, rep.Fresh)
+	}
+	if rep.ReadBalancing != nil {
+		fmt.Fprintln(w)
+		printReadBalancing(w, rep.ReadBalancing)
+	}
+	if rep.Failover != nil {
+		fmt.Fprintln(w)
+		printFailover(w, rep.Failover)
+	}
+	if rep.Idle != nil {
+		fmt.Fprintln(w)
+		printIdle(w, rep.Idle)
+	}
+	fmt.Fprintln(w)
+	printIssueTargets(w, rep.Issue19)
+}
+
 func printTable(w io.Writer, rep *report) {
 	fmt.Fprintf(w, "replbench  %s  nproc=%d  rounds=%d  runtime=%s  size=%s  span=%s  (median per cell)\n",
 		rep.Date, rep.Nproc, rep.Rounds, rep.Runtime, fmtSize(rep.Size), fmtSize(rep.Span))
+	fmt.Fprintf(w, "  machine: %s\n", rep.Machine)
+	fmt.Fprintf(w, "  page cache: %s%s\n", rep.PageCache, residentNote(rep))
 	for _, t := range allTargets {
 		if v, ok := rep.Versions[t]; ok {
 			fmt.Fprintf(w, "  %-8s %s\n", t+":", v)
@@ -410,6 +472,9 @@ type target struct {
 	name    string
 	uri     string
 	version string
+	// files are the target's files and directories: what a drop of the
+	// page cache covers.
+	files   []string
 	control string  // replvol: alpha's control API
 	disk    string  // replvol: alpha's backing file
 	procs   []*proc // the server processes behind the URI
@@ -443,13 +508,16 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 	b.targets = map[string]*target{}
 
 	rep := &report{
-		Date:     time.Now().Format(time.RFC3339),
-		Nproc:    runtime.NumCPU(),
-		Rounds:   b.cfg.rounds,
-		Runtime:  b.cfg.runtime.String(),
-		Size:     b.cfg.size,
-		Versions: map[string]string{"fio": firstLine(ctx, "fio", "--version")},
-		URIs:     map[string]string{},
+		Date:          time.Now().Format(time.RFC3339),
+		Nproc:         runtime.NumCPU(),
+		Rounds:        b.cfg.rounds,
+		Runtime:       b.cfg.runtime.String(),
+		Size:          b.cfg.size,
+		Versions:      map[string]string{"fio": firstLine(ctx, "fio", "--version")},
+		URIs:          map[string]string{},
+		Machine:       machineInfo(),
+		PageCache:     pageCacheHow(b.cfg.pageCache),
+		PageCacheMode: b.cfg.pageCache,
 	}
 	span := b.cfg.span
 	for _, name := range b.cfg.targets {
@@ -490,16 +558,35 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 	}
 	rep.Span = span
 
+	fill := prefillBlock(b.cfg.pageCache)
 	for _, name := range b.cfg.targets {
-		logf("prefilling %s (%s sequential write)", name, fmtSize(span))
-		if _, err := b.fio(ctx, b.targets[name].uri, "fill", "write", "1m", 4, span, fioOnce); err != nil {
+		logf("prefilling %s (%s sequential write, %s blocks)", name, fmtSize(span), fill)
+		if _, err := b.fio(ctx, b.targets[name].uri, "fill", "write", fill, 4, span, fioOnce); err != nil {
 			return nil, fmt.Errorf("prefill %s: %w%s", name, err, b.targets[name].diagnose())
 		}
 	}
-	// Every target starts from the same page-cache state: the prefill
-	// written back, nothing dirty.
-	if out, err := exec.CommandContext(ctx, "sync").CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("sync after prefill: %v: %s", err, out)
+	// Every target starts from the same page-cache state (pagecache.go).
+	var cacheFiles []string
+	for _, name := range b.cfg.targets {
+		cacheFiles = append(cacheFiles, b.targets[name].files...)
+	}
+	equalise := func() error {
+		// No run pays for the writeback of the one before it.
+		if out, err := exec.CommandContext(ctx, "sync").CombinedOutput(); err != nil {
+			return fmt.Errorf("sync: %v: %s", err, out)
+		}
+		if b.cfg.pageCache != cacheDrop {
+			return nil
+		}
+		resident, err := dropFileCaches(cacheFiles)
+		if err != nil {
+			return fmt.Errorf("dropping the targets' page cache: %w", err)
+		}
+		rep.PageCacheResident = max(rep.PageCacheResident, resident)
+		return nil
+	}
+	if err := equalise(); err != nil {
+		return nil, fmt.Errorf("after the prefill: %w", err)
 	}
 
 	rows := map[string]*row{}
@@ -537,9 +624,8 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 						return nil, fmt.Errorf("round %d %s on %s: %w%s", round+1, w.Name, name, err, t.diagnose())
 					}
 				}
-				// No run pays for the writeback of the one before it.
-				if out, err := exec.CommandContext(ctx, "sync").CombinedOutput(); err != nil {
-					return nil, fmt.Errorf("sync: %v: %s", err, out)
+				if err := equalise(); err != nil {
+					return nil, err
 				}
 				var mon *lagMonitor
 				if proto != nil && (name == pA || name == pB) {
@@ -634,13 +720,24 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 		}
 		rep.Resync = r
 	}
-	if b.cfg.readBalancing || b.cfg.failoverRuns > 0 {
+	if b.cfg.fresh || b.cfg.readBalancing || b.cfg.failoverRuns > 0 || b.cfg.idleVolumes > 0 {
 		// The fio targets are done: stop them so that they do not share
 		// the machine with the clusters measured next.
 		for _, t := range b.targets {
 			for _, p := range t.procs {
 				p.stop()
 			}
+		}
+	}
+	if b.cfg.fresh {
+		if b.targets[tReplvol] == nil || b.targets[tNbdkit] == nil {
+			rep.Fresh = &freshReport{Skipped: "needs the targets replvol and nbdkit"}
+		} else {
+			fr, err := b.freshPhase(ctx, span)
+			if err != nil && ctx.Err() != nil {
+				return nil, err
+			}
+			rep.Fresh = fr // on error, what was measured and fr.Error
 		}
 	}
 	if b.cfg.readBalancing {
@@ -656,6 +753,13 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 			return nil, err
 		}
 		rep.Failover = fr // on error, what was measured and fr.Error
+	}
+	if b.cfg.idleVolumes > 0 {
+		ir, err := b.idlePhase(ctx)
+		if err != nil && ctx.Err() != nil {
+			return nil, err
+		}
+		rep.Idle = ir // on error, what was measured and ir.Error
 	}
 	return rep, nil
 }
@@ -774,6 +878,11 @@ func (b *bench) startNbdkit(ctx context.Context, withTLS bool) (*target, error) 
 	if err := prealloc(img, b.cfg.size); err != nil {
 		return nil, err
 	}
+	return b.serveNbdkit(ctx, name, img, withTLS)
+}
+
+// serveNbdkit serves img with nbdkit's file plugin, as target name.
+func (b *bench) serveNbdkit(ctx context.Context, name, img string, withTLS bool) (*target, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -814,7 +923,7 @@ func (b *bench) startNbdkit(ctx context.Context, withTLS bool) (*target, error) 
 	if withTLS {
 		version += ", --tls=require --tls-verify-peer"
 	}
-	return &target{name: name, uri: uri, version: version, procs: []*proc{p}}, nil
+	return &target{name: name, uri: uri, version: version, procs: []*proc{p}, files: []string{img}}, nil
 }
 
 func (b *bench) startQuorum(ctx context.Context) (*target, error) {
@@ -855,7 +964,8 @@ func (b *bench) startQuorum(ctx context.Context) (*target, error) {
 	if err := waitNBD(ctx, uri, pq, 30*time.Second); err != nil {
 		return nil, err
 	}
-	return &target{name: tQuorum, uri: uri, version: firstLine(ctx, "qemu-nbd", "--version") + " quorum(file, nbd->nbdkit)", procs: []*proc{pc, pq}}, nil
+	return &target{name: tQuorum, uri: uri, version: firstLine(ctx, "qemu-nbd", "--version") + " quorum(file, nbd->nbdkit)", procs: []*proc{pc, pq},
+		files: []string{local, child}}, nil
 }
 
 func (b *bench) startReplvol(ctx context.Context, md string, extra ...string) (*target, error) {
@@ -877,13 +987,18 @@ func (b *bench) startReplvol(ctx context.Context, md string, extra ...string) (*
 		}
 	}
 	b.replctlBin = bin
-	variant := md + strings.Join(extra, "")
-	dir := filepath.Join(b.tmp, "demo-"+variant)
+	return b.startDemo(ctx, filepath.Join(b.tmp, "demo-"+md+strings.Join(extra, "")), md, extra...)
+}
+
+// startDemo runs `replctl demo` in dir (its disks are sparse files there)
+// and waits until it serves.
+func (b *bench) startDemo(ctx context.Context, dir, md string, extra ...string) (*target, error) {
+	bin := b.replctlBin
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
 	lines := make(chan string, 64)
-	p, err := b.start("replvol-demo-"+variant, lines, append([]string{bin, "demo", "--dir", dir, "--base-port", "0", "--size", fmtSize(b.cfg.size), "--metadata", md}, extra...)...)
+	p, err := b.start("replvol-"+filepath.Base(dir), lines, append([]string{bin, "demo", "--dir", dir, "--base-port", "0", "--size", fmtSize(b.cfg.size), "--metadata", md}, extra...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -937,7 +1052,7 @@ func (b *bench) startReplvol(ctx context.Context, md string, extra ...string) (*
 		name = tReplvolExt
 	}
 	return &target{name: name, uri: uri, version: ver + " demo, " + md + " metadata, primary " + uri, procs: []*proc{p},
-		control: control, disk: filepath.Join(dir, "alpha", "vol0.img")}, nil
+		control: control, disk: filepath.Join(dir, "alpha", "vol0.img"), files: []string{dir}}, nil
 }
 
 // ---------------------------------------------------------------------------

@@ -32,7 +32,6 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/transport"
 	"golang.org/x/sys/unix"
 )
@@ -141,9 +140,7 @@ func (b *bench) readBalancePhase(ctx context.Context) (rep *readBalanceReport, e
 	env := &rbEnv{c: c, files: map[string]string{}, loops: map[string]*loopDev{}}
 	defer func() {
 		if err != nil {
-			if d := c.diagnose(); d != "" {
-				err = fmt.Errorf("%w [%s]", err, d)
-			}
+			err = c.failed(err)
 			rep.Error = err.Error()
 		}
 		env.teardown()
@@ -153,14 +150,7 @@ func (b *bench) readBalancePhase(ctx context.Context) (rep *readBalanceReport, e
 	if err := os.MkdirAll(c.dir, 0o755); err != nil {
 		return rep, err
 	}
-	if err := c.build(ctx); err != nil {
-		return rep, err
-	}
-	c.order = append([]string(nil), fvDataNodes...)
-	if err := c.allocate(); err != nil {
-		return rep, err
-	}
-	devSize, err := metadata.InternalDeviceSize(size, 0, len(fvDataNodes)-1)
+	devSize, err := c.setupDataNodes(ctx)
 	if err != nil {
 		return rep, err
 	}

@@ -1,71 +1,58 @@
 package mdtest
 
 import (
-	"errors"
+	"context"
 	"fmt"
 	"io"
 	"sync"
+
+	"github.com/replvol/replvol/internal/fault"
 )
 
 // SectorSize is the unit a torn write keeps or loses.
-const SectorSize = 512
+const SectorSize = fault.SectorSize
 
 // chunk is the sparse storage unit.
 const chunk = 4096
 
 // ErrInjected is the error an Injector returns by default.
-var ErrInjected = errors.New("mdtest: injected I/O error")
+var ErrInjected = fault.ErrInjected
 
-// OpKind is the kind of a device operation.
-type OpKind int
+// OpKind is the kind of a device operation: OpRead, OpWrite or OpSync.
+type OpKind = fault.Kind
 
 // Operation kinds.
 const (
-	OpRead OpKind = iota
-	OpWrite
-	OpSync
+	OpRead  = fault.Read
+	OpWrite = fault.Write
+	OpSync  = fault.Sync
 )
 
-func (k OpKind) String() string {
-	return [...]string{"read", "write", "sync"}[k]
-}
-
 // Op is one operation, numbered from 1 per kind in the order issued.
-type Op struct {
-	Kind OpKind
-	Off  int64
-	Len  int
-	N    int64
-}
+type Op = fault.Op
 
-// Fault is what an Injector decides for an operation.
-type Fault struct {
-	// Err fails the operation (nothing is read, written or synced).
-	Err error
-	// Drop makes a write report success but change nothing: a lost write.
-	Drop bool
-	// Tear, for a write, keeps only the first Tear sectors of it on the
-	// device, as if power failed in the middle; the write reports success.
-	// Zero means no tear.
-	Tear int
-}
+// Fault is what an Injector decides for an operation. A device carries
+// out its Err (nothing is read, written or synced), Drop (a write reports
+// success and changes nothing: a lost write) and Tear (a write keeps only
+// its first Tear sectors, as if power failed in the middle, and reports
+// success).
+type Fault = fault.Fault
 
 // Injector chooses the fault for each operation; nil means none.
-type Injector func(Op) Fault
+type Injector = fault.InjectorFunc
 
 // Device is an in-memory, sparse device. Reads see every write; Crash
-// returns what a power loss would leave: only what was synced. It is safe
-// for concurrent use.
+// returns what a power loss would leave: only what was synced. Its Point
+// chooses the faults (SetInjector, or Add a fault.Rule) and counts the
+// operations. It is safe for concurrent use.
 type Device struct {
+	fault.Point
 	mu      sync.Mutex
 	size    int64
 	current map[int64]*[chunk]byte
 	durable map[int64]*[chunk]byte
 	// pending writes since the last sync, in order, for torn crashes.
 	pending []write
-	inject  Injector
-	n       [3]int64
-	bytes   [3]int64
 }
 
 type write struct {
@@ -80,9 +67,11 @@ func NewDevice(size int64) *Device {
 
 // SetInjector installs inj (nil removes it).
 func (d *Device) SetInjector(inj Injector) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.inject = inj
+	if inj == nil {
+		d.Point.SetInjector(nil)
+		return
+	}
+	d.Point.SetInjector(inj)
 }
 
 // Size returns the device size.
@@ -101,20 +90,8 @@ func (d *Device) Grow(size int64) {
 	d.size = max(d.size, size)
 }
 
-// Count returns how many operations of a kind ran, and their bytes.
-func (d *Device) Count(k OpKind) (ops, bytes int64) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.n[k], d.bytes[k]
-}
-
-func (d *Device) fault(k OpKind, off int64, n int) Fault {
-	d.n[k]++
-	d.bytes[k] += int64(n)
-	if d.inject == nil {
-		return Fault{}
-	}
-	return d.inject(Op{Kind: k, Off: off, Len: n, N: d.n[k]})
+func (d *Device) before(k OpKind, off int64, n int) (Fault, error) {
+	return d.Before(context.Background(), k, off, int64(n), false)
 }
 
 // ReadAt implements io.ReaderAt.
@@ -124,8 +101,8 @@ func (d *Device) ReadAt(p []byte, off int64) (int, error) {
 	if off < 0 || off >= d.size {
 		return 0, io.EOF
 	}
-	if f := d.fault(OpRead, off, len(p)); f.Err != nil {
-		return 0, f.Err
+	if _, err := d.before(OpRead, off, len(p)); err != nil {
+		return 0, err
 	}
 	n := len(p)
 	if rest := d.size - off; int64(n) > rest {
@@ -145,28 +122,20 @@ func (d *Device) WriteAt(p []byte, off int64) (int, error) {
 	if off < 0 || off+int64(len(p)) > d.size {
 		return 0, fmt.Errorf("mdtest: write [%d,+%d) beyond device size %d", off, len(p), d.size)
 	}
-	f := d.fault(OpWrite, off, len(p))
-	switch {
-	case f.Err != nil:
-		return 0, f.Err
-	case f.Drop:
-		return len(p), nil
-	}
-	data := p
-	if f.Tear > 0 && f.Tear*SectorSize < len(p) {
-		data = p[:f.Tear*SectorSize]
-	}
-	copyIn(d.current, data, off)
-	d.pending = append(d.pending, write{off, append([]byte(nil), data...)})
-	return len(p), nil
+	f, err := d.before(OpWrite, off, len(p))
+	return f.Write(p, err, func(data []byte) error {
+		copyIn(d.current, data, off)
+		d.pending = append(d.pending, write{off, append([]byte(nil), data...)})
+		return nil
+	})
 }
 
 // Sync makes every write so far durable.
 func (d *Device) Sync() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if f := d.fault(OpSync, 0, 0); f.Err != nil {
-		return f.Err
+	if _, err := d.before(OpSync, 0, 0); err != nil {
+		return err
 	}
 	for _, w := range d.pending {
 		copyIn(d.durable, w.data, w.off)

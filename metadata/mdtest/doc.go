@@ -1,5 +1,7 @@
-// Package mdtest provides a fault-injecting, crashable in-memory device for
-// tests of on-disk metadata: it keeps what was written apart from what was
-// synced, so a simulated crash keeps only the synced bytes (and, if asked,
-// the torn prefix of an unsynced write). It imports nothing of replvol.
+// Package mdtest provides a crashable in-memory device for tests of
+// on-disk metadata: it keeps what was written apart from what was synced,
+// so a simulated crash keeps only the synced bytes (and, if asked, the
+// torn prefix of an unsynced write). Its faults are package fault's. It
+// imports nothing of replvol but internal/fault; a Device may be used
+// concurrently.
 package mdtest

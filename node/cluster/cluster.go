@@ -34,6 +34,8 @@ type Cluster struct {
 	// tls is raft's TLS stream layer (nil without Config.TLS).
 	tls          *tlsLayer
 	leases       *leases
+	renewer      renewer
+	barriers     sharedBarrier
 	leaderChange *broadcast
 	// member is what this node learned of its own standing in raft
 	// (membership.go).

@@ -17,8 +17,11 @@ type ForwardKind string
 
 // Requests to the leader.
 const (
-	KindPropose      ForwardKind = "propose"
-	KindRenewLease   ForwardKind = "renew-lease"
+	KindPropose    ForwardKind = "propose"
+	KindRenewLease ForwardKind = "renew-lease"
+	// KindRenewLeases renews several volumes' leases of one node at once
+	// (renewals.go); KindRenewLease, one, is still answered.
+	KindRenewLeases  ForwardKind = "renew-leases"
 	KindReleaseLease ForwardKind = "release-lease"
 	KindAddVoter     ForwardKind = "add-voter"
 	KindRemoveVoter  ForwardKind = "remove-voter"
@@ -39,6 +42,7 @@ type ForwardRequest struct {
 	Epoch   uint64                        `json:"epoch,omitempty"`   // leases
 	Member  *Member                       `json:"member,omitempty"`  // add-voter, remove-voter (Name only)
 	Voters  []string                      `json:"voters,omitempty"`  // removed
+	Leases  []LeaseClaim                  `json:"leases,omitempty"`  // renew-leases
 }
 
 // ForwardReply is the leader's answer. Code is empty on success; otherwise
@@ -55,6 +59,8 @@ type ForwardReply struct {
 	// configuration, and whether it hears from a leader with a majority.
 	Voters []string `json:"voters,omitempty"`
 	Quorum bool     `json:"quorum,omitempty"`
+	// Leases answers KindRenewLeases, a grant per claim in its order.
+	Leases []LeaseGrant `json:"leases,omitempty"`
 }
 
 // Errors of this package, checked with errors.Is.
@@ -270,6 +276,11 @@ func (c *Cluster) HandleForward(ctx context.Context, req ForwardRequest) Forward
 		va, err = c.proposeHere(ctx, *req.Command)
 	case req.Kind == KindRenewLease:
 		err = c.grantLease(ctx, req.From, req.Volume, req.Epoch)
+	case req.Kind == KindRenewLeases:
+		grants, err := c.grantLeases(ctx, req.From, req.Leases)
+		r := replyOf(va, err)
+		r.Leases = grants
+		return r
 	case req.Kind == KindReleaseLease:
 		err = c.releaseLease(req.From, req.Volume, req.Epoch)
 	case req.Kind == KindAddVoter && req.Member != nil:

@@ -16,6 +16,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/replvol/replvol/internal/fault"
 	"github.com/replvol/replvol/internal/pki"
 )
 
@@ -46,10 +47,9 @@ type testNet struct {
 	initial  []Member // the cluster file every bootstrapping node gets
 	dirs     map[string]string
 	running  map[string]*Cluster
-	layers   map[string]*faultLayer
-	cut      map[string]bool
-	byRaft   map[string]string // raft address → node name
-	spare    map[string]bool   // added at runtime: NoBootstrap
+	links    map[string]*fault.Link // each node's raft connections
+	byRaft   map[string]string      // raft address → node name
+	spare    map[string]bool        // added at runtime: NoBootstrap
 	listened map[string]net.Listener
 	// With withTLS: each node's certificate and gossip key; logs keeps
 	// what each node logged at WARN and above.
@@ -66,7 +66,7 @@ func witness(name string) Member { return Member{Name: name, Witness: true} }
 func newTestNet(t *testing.T, members ...Member) *testNet {
 	n := &testNet{
 		t: t, members: map[string]Member{}, dirs: map[string]string{}, running: map[string]*Cluster{},
-		layers: map[string]*faultLayer{}, cut: map[string]bool{}, byRaft: map[string]string{},
+		links: map[string]*fault.Link{}, byRaft: map[string]string{},
 		spare: map[string]bool{}, listened: map[string]net.Listener{},
 		tls: map[string]*pki.Bundle{}, keys: map[string][]byte{}, logs: map[string]*testLogWriter{},
 		logLevel: slog.LevelWarn,
@@ -137,7 +137,8 @@ func (n *testNet) start(name string) *Cluster {
 			n.t.Fatalf("listen again on %s: %v", m.Raft, err)
 		}
 	}
-	layer := &faultLayer{Listener: ln, net: n, name: name, conns: map[net.Conn]bool{}}
+	link := n.link(name)
+	layer := &faultLayer{Listener: link.Listen(ln), net: n, name: name, link: link}
 	n.mu.Lock()
 	logs := n.logs[name]
 	if logs == nil {
@@ -156,7 +157,7 @@ func (n *testNet) start(name string) *Cluster {
 		n.t.Fatalf("open %s: %v", name, err)
 	}
 	n.mu.Lock()
-	n.running[name], n.layers[name] = c, layer
+	n.running[name] = c
 	n.mu.Unlock()
 	return c
 }
@@ -207,30 +208,28 @@ func (n *testNet) nodes() []*Cluster {
 	return out
 }
 
+// link is the fault.Link of the node's raft connections.
+func (n *testNet) link(name string) *fault.Link {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	l := n.links[name]
+	if l == nil {
+		l = fault.NewLink()
+		n.links[name] = l
+	}
+	return l
+}
+
 // partition cuts the node off (also before it starts): its raft
 // connections close, no new one opens, and forwarded requests from or to
 // it fail.
-func (n *testNet) partition(name string) {
-	n.mu.Lock()
-	n.cut[name] = true
-	layer := n.layers[name]
-	n.mu.Unlock()
-	if layer != nil {
-		layer.closeAll()
-	}
-}
+func (n *testNet) partition(name string) { n.link(name).Cut() }
 
-func (n *testNet) heal(name string) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	delete(n.cut, name)
-}
+func (n *testNet) heal(name string) { n.link(name).Heal() }
 
 func (n *testNet) isCut(names ...string) bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
 	for _, name := range names {
-		if n.cut[name] {
+		if name != "" && n.link(name).Partitioned() {
 			return true
 		}
 	}
@@ -303,31 +302,14 @@ func testContext(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
-// faultLayer is a node's raft stream layer (net.Listener and Dial): it
-// refuses every connection from or to a partitioned node and closes those
-// it had when the node is cut off.
+// faultLayer is a node's raft stream layer (net.Listener and Dial) on
+// the node's fault.Link: a cut of the link closes the connections it had
+// and refuses every new one from or to the node.
 type faultLayer struct {
 	net.Listener
 	net  *testNet
 	name string
-
-	mu    sync.Mutex
-	conns map[net.Conn]bool
-}
-
-func (l *faultLayer) Accept() (net.Conn, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		if l.net.isCut(l.name) {
-			c.Close()
-			continue
-		}
-		l.track(c)
-		return c, nil
-	}
+	link *fault.Link
 }
 
 func (l *faultLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
@@ -338,25 +320,10 @@ func (l *faultLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.C
 		return nil, errPartitioned
 	}
 	c, err := net.DialTimeout("tcp", string(addr), timeout)
-	if err == nil {
-		l.track(c)
+	if err != nil {
+		return nil, err
 	}
-	return c, err
-}
-
-func (l *faultLayer) track(c net.Conn) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.conns[c] = true
-}
-
-func (l *faultLayer) closeAll() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for c := range l.conns {
-		c.Close()
-	}
-	clear(l.conns)
+	return l.link.Conn(c), nil
 }
 
 // withTLS gives every member defined so far a certificate of one new CA

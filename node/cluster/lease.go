@@ -143,9 +143,13 @@ func (l *leases) release(volume string) {
 // until ctx ends. Errors: ErrStaleEpoch or ErrNotPrimary (another node is
 // primary: stop), ErrPromotionPending (a switchover is waiting for this
 // lease to run out), ErrNoQuorum, or the Forwarder's.
+//
+// The renewals of all of this node's volumes travel together
+// (renewals.go): one request to the leader and one raft barrier there per
+// round, however many volumes this node serves.
 func (c *Cluster) RenewLease(ctx context.Context, volume string, epoch uint64) (validUntil time.Time, err error) {
-	sent := time.Now()
-	if _, err := c.toLeader(ctx, ForwardRequest{Kind: KindRenewLease, From: c.self, Volume: volume, Epoch: epoch}); err != nil {
+	sent, err := c.renew(ctx, LeaseClaim{Volume: volume, Epoch: epoch})
+	if err != nil {
 		return time.Time{}, fmt.Errorf("renew the lease of %s at epoch %d: %w", volume, epoch, err)
 	}
 	return sent.Add(c.leases.duration), nil
@@ -242,7 +246,7 @@ func (c *Cluster) grantLease(ctx context.Context, from, volume string, epoch uin
 	}
 	granted := false
 	defer func() { c.leases.end(volume, granted, time.Now()) }()
-	if err := c.barrier(ctx); err != nil {
+	if err := c.grantBarrier(ctx); err != nil {
 		return err
 	}
 	err := c.checkHolder(from, volume, epoch)

@@ -1,12 +1,13 @@
 package faultpath
 
 import (
-	"errors"
-	"fmt"
+	"context"
 	"io"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/replvol/replvol/internal/fault"
 )
 
 // Inner is the path a fault path wraps: multipath.Path, restated so that
@@ -22,178 +23,80 @@ type Inner interface {
 }
 
 // Op is the kind of operation an Injector is asked about.
-type Op uint8
+type Op = fault.Kind
 
+// The operations of a path.
 const (
-	OpRead Op = iota
-	OpWrite
-	OpSync
-	OpZero
+	OpRead  = fault.Read
+	OpWrite = fault.Write
+	OpSync  = fault.Sync
+	OpZero  = fault.Zero
 )
 
-func (o Op) String() string {
-	switch o {
-	case OpRead:
-		return "read"
-	case OpWrite:
-		return "write"
-	case OpSync:
-		return "sync"
-	case OpZero:
-		return "zero"
-	}
-	return fmt.Sprintf("Op(%d)", o)
-}
+// Fault is what happens to one operation (package fault's): a path
+// carries out its Delay, Hang, Err, and for writes Drop and Tear.
+type Fault = fault.Fault
 
-// Fault is what happens to one operation. The zero Fault lets it through.
-type Fault struct {
-	Delay time.Duration // wait this long first
-	Hang  bool          // then block until Release or Close
-	Err   error         // then fail with Err instead of doing the operation
-}
+// Injector chooses the fault of each operation; a fault.Rule is one.
+type Injector = fault.Injector
 
-// Injector chooses the fault of each operation. It may be called
-// concurrently and must not block (a Fault's Delay or Hang does that).
-type Injector interface {
-	Inject(op Op, off, length int64) Fault
-}
-
-// InjectorFunc is an Injector.
+// InjectorFunc is an Injector that is told the operation's kind and
+// extent.
 type InjectorFunc func(op Op, off, length int64) Fault
 
-func (f InjectorFunc) Inject(op Op, off, length int64) Fault { return f(op, off, length) }
+// Inject implements Injector.
+func (f InjectorFunc) Inject(op fault.Op) Fault { return f(op.Kind, op.Off, op.Len) }
 
 // ErrInjected is the error the helpers inject: an EIO-like path error.
-var ErrInjected = errors.New("faultpath: injected IO error")
+var ErrInjected = fault.ErrInjected
 
 // ErrClosed is what a hung or later operation returns once the path is
 // closed.
-var ErrClosed = errors.New("faultpath: path closed")
+var ErrClosed = fault.ErrClosed
 
 // Always injects f into every operation.
-func Always(f Fault) Injector {
-	return InjectorFunc(func(Op, int64, int64) Fault { return f })
-}
+func Always(f Fault) Injector { return fault.Always(f) }
 
 // Ops injects f into the operations of the given kinds only.
-func Ops(f Fault, ops ...Op) Injector {
-	var mask uint32
-	for _, o := range ops {
-		mask |= 1 << o
-	}
-	return InjectorFunc(func(o Op, _, _ int64) Fault {
-		if mask&(1<<o) != 0 {
-			return f
-		}
-		return Fault{}
-	})
-}
+func Ops(f Fault, ops ...Op) Injector { return fault.On(ops...).Fault(f) }
 
 // Step is one phase of a Schedule.
-type Step struct {
-	For   time.Duration
-	Fault Fault
-}
+type Step = fault.Step
 
 // Schedule injects each step's fault for its duration, counted from
 // start, and nothing after the last step; with repeat it starts over.
 // It reads the time package's clock, which testing/synctest fakes.
 func Schedule(start time.Time, repeat bool, steps ...Step) Injector {
-	var total time.Duration
-	for _, s := range steps {
-		total += s.For
-	}
-	return InjectorFunc(func(Op, int64, int64) Fault {
-		at := time.Since(start)
-		if at < 0 || total <= 0 {
-			return Fault{}
-		}
-		if repeat {
-			at %= total
-		}
-		for _, s := range steps {
-			if at < s.For {
-				return s.Fault
-			}
-			at -= s.For
-		}
-		return Fault{}
-	})
+	return fault.Schedule(start, repeat, steps...)
 }
 
 // Flapping fails every operation with ErrInjected for down, then lets
 // them through for up, over and over from start.
 func Flapping(start time.Time, down, up time.Duration) Injector {
-	return Schedule(start, true, Step{For: down, Fault: Fault{Err: ErrInjected}}, Step{For: up})
+	return fault.Flapping(start, down, up)
 }
 
-// Path is a path with faults.
+// Path is a path with faults. Its Point (SetInjector, Add, Release,
+// Injected, Count) chooses them.
 type Path struct {
-	inner    Inner
-	injector atomic.Pointer[Injector]
-	rate     atomic.Int64 // bytes/s, 0 = unlimited
-	injected atomic.Uint64
+	fault.Point
+	inner Inner
+	rate  atomic.Int64 // bytes/s, 0 = unlimited
 
-	mu     sync.Mutex
-	gate   chan struct{} // closed by Release
-	closed chan struct{}
-	done   bool
-	next   time.Time // the throttle's pipe is busy until then
+	mu   sync.Mutex
+	next time.Time // the throttle's pipe is busy until then
 }
 
-// New wraps inner; it injects nothing until SetInjector or SetRate.
-func New(inner Inner) *Path {
-	return &Path{inner: inner, gate: make(chan struct{}), closed: make(chan struct{})}
-}
-
-// SetInjector chooses the faults from now on; nil injects none.
-func (p *Path) SetInjector(inj Injector) {
-	if inj == nil {
-		p.injector.Store(nil)
-		return
-	}
-	p.injector.Store(&inj)
-}
+// New wraps inner; it injects nothing until SetInjector, Add or SetRate.
+func New(inner Inner) *Path { return &Path{inner: inner} }
 
 // SetRate limits reads and writes to bytesPerSecond (a token bucket
 // without burst: transfers go down one pipe one after another); 0 lifts
 // the limit.
 func (p *Path) SetRate(bytesPerSecond int64) { p.rate.Store(bytesPerSecond) }
 
-// Release wakes every operation hung so far.
-func (p *Path) Release() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	close(p.gate)
-	p.gate = make(chan struct{})
-}
-
-// Injected counts the operations that got an error or a hang.
-func (p *Path) Injected() uint64 { return p.injected.Load() }
-
-func (p *Path) before(o Op, off, length int64) error {
-	ip := p.injector.Load()
-	if ip == nil {
-		return nil
-	}
-	f := (*ip).Inject(o, off, length)
-	if f.Err != nil || f.Hang {
-		p.injected.Add(1)
-	}
-	if f.Delay > 0 {
-		time.Sleep(f.Delay)
-	}
-	if f.Hang {
-		p.mu.Lock()
-		gate := p.gate
-		p.mu.Unlock()
-		select {
-		case <-gate:
-		case <-p.closed:
-			return ErrClosed
-		}
-	}
-	return f.Err
+func (p *Path) before(o Op, off, length int64) (Fault, error) {
+	return p.Before(context.Background(), o, off, length, false)
 }
 
 // throttle waits until the pipe has carried n more bytes.
@@ -218,7 +121,7 @@ func (p *Path) Name() string { return p.inner.Name() }
 func (p *Path) Size() (int64, error) { return p.inner.Size() }
 
 func (p *Path) ReadAt(b []byte, off int64) (int, error) {
-	if err := p.before(OpRead, off, int64(len(b))); err != nil {
+	if _, err := p.before(OpRead, off, int64(len(b))); err != nil {
 		return 0, err
 	}
 	p.throttle(len(b))
@@ -226,22 +129,23 @@ func (p *Path) ReadAt(b []byte, off int64) (int, error) {
 }
 
 func (p *Path) WriteAt(b []byte, off int64) (int, error) {
-	if err := p.before(OpWrite, off, int64(len(b))); err != nil {
-		return 0, err
-	}
-	p.throttle(len(b))
-	return p.inner.WriteAt(b, off)
+	f, err := p.before(OpWrite, off, int64(len(b)))
+	return f.Write(b, err, func(kept []byte) error {
+		p.throttle(len(kept))
+		_, err := p.inner.WriteAt(kept, off)
+		return err
+	})
 }
 
 func (p *Path) Sync() error {
-	if err := p.before(OpSync, 0, 0); err != nil {
+	if _, err := p.before(OpSync, 0, 0); err != nil {
 		return err
 	}
 	return p.inner.Sync()
 }
 
 func (p *Path) Zero(off, length int64) error {
-	if err := p.before(OpZero, off, length); err != nil {
+	if _, err := p.before(OpZero, off, length); err != nil {
 		return err
 	}
 	return p.inner.Zero(off, length)
@@ -250,11 +154,6 @@ func (p *Path) Zero(off, length int64) error {
 // Close releases hung operations (they fail with ErrClosed) and closes
 // the inner path.
 func (p *Path) Close() error {
-	p.mu.Lock()
-	if !p.done {
-		p.done = true
-		close(p.closed)
-	}
-	p.mu.Unlock()
+	p.Point.Close()
 	return p.inner.Close()
 }

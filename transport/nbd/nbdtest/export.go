@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+
+	"github.com/replvol/replvol/internal/fault"
 )
 
 // Device is the method set of nbd.Export, repeated here so that this package does not import the
@@ -34,6 +36,11 @@ const (
 
 func (o Op) String() string {
 	return [...]string{"read", "write", "write-zeroes", "trim", "flush"}[o]
+}
+
+// Kind is the fault.Kind of o: a flush is a Sync, a write-zeroes a Zero.
+func (o Op) Kind() fault.Kind {
+	return [...]fault.Kind{fault.Read, fault.Write, fault.Zero, fault.Trim, fault.Sync}[o]
 }
 
 // MemExport is a memory-backed Device that also checks its callers: a call with a range outside
@@ -168,17 +175,29 @@ func (f InjectorFunc) Inject(ctx context.Context, op Op, off, length int64) erro
 	return f(ctx, op, off, length)
 }
 
-// FailOn returns an Injector that fails every op in ops with err.
-func FailOn(err error, ops ...Op) Injector {
-	return InjectorFunc(func(_ context.Context, op Op, _, _ int64) error {
-		for _, o := range ops {
-			if o == op {
-				return err
-			}
-		}
-		return nil
+// Rule makes an Injector of a fault.Injector (a fault.Rule, told in
+// fault.Kind: a flush is a Sync, a write-zeroes a Zero): the call waits out
+// the fault's Delay and holds, until ctx ends, and fails with its Err.
+func Rule(inj fault.Injector) Injector {
+	var p fault.Point
+	p.Add(inj)
+	return InjectorFunc(func(ctx context.Context, op Op, off, length int64) error {
+		_, err := p.Before(ctx, op.Kind(), off, length, false)
+		return err
 	})
 }
+
+// kinds is the fault.Kind of each op.
+func kinds(ops []Op) []fault.Kind {
+	out := make([]fault.Kind, len(ops))
+	for i, o := range ops {
+		out[i] = o.Kind()
+	}
+	return out
+}
+
+// FailOn returns an Injector that fails every op in ops with err.
+func FailOn(err error, ops ...Op) Injector { return Rule(fault.On(kinds(ops)...).Err(err)) }
 
 // FaultyExport runs Injector before every call of the inner Device.
 type FaultyExport struct {
@@ -226,37 +245,16 @@ func (f *FaultyExport) Flush(ctx context.Context) error {
 	return f.Device.Flush(ctx)
 }
 
-// Gate is an Injector that holds the chosen operations until Open: the slow export. Each held
-// operation is announced on Entered first, so a test knows it is in flight without sleeping.
+// Gate is an Injector that holds the chosen operations until Open: the
+// slow export. Each held operation is announced on Entered first, so a
+// test knows it is in flight without sleeping.
 type Gate struct {
-	ops     map[Op]bool
-	Entered chan Op
-	open    chan struct{}
-	once    sync.Once
+	*fault.Gate
+	Injector
 }
 
-// NewGate returns a closed Gate holding ops. Entered has room for 1024 announcements.
+// NewGate returns a shut Gate holding ops.
 func NewGate(ops ...Op) *Gate {
-	g := &Gate{ops: make(map[Op]bool), Entered: make(chan Op, 1024), open: make(chan struct{})}
-	for _, o := range ops {
-		g.ops[o] = true
-	}
-	return g
+	g := fault.NewGate()
+	return &Gate{Gate: g, Injector: Rule(fault.On(kinds(ops)...).Hold(g))}
 }
-
-// Inject implements Injector.
-func (g *Gate) Inject(ctx context.Context, op Op, _, _ int64) error {
-	if !g.ops[op] {
-		return nil
-	}
-	g.Entered <- op
-	select {
-	case <-g.open:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// Open releases every held operation, now and later.
-func (g *Gate) Open() { g.once.Do(func() { close(g.open) }) }

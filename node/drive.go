@@ -1,0 +1,274 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/replvol/replvol/node/volstate"
+	"github.com/replvol/replvol/replication"
+)
+
+// The driver of the volume's state machine (node/volstate): a role
+// changes only through drive, which steps the machine with an event,
+// writes what the step must make durable (the primary indicator when it
+// is set, then the durable state, through commit) BEFORE the new state is
+// installed, and only then performs the step's actions. When a write
+// fails, nothing changes and no action is performed.
+
+// model is the durable state as the state machine holds it.
+func (d durable) model() volstate.Durable {
+	m := volstate.Durable{Epoch: d.epoch, Primary: d.primary, Gens: d.gens.Clone(), SyncGen: d.syncGen, LocalStale: d.localStale}
+	if d.primarySince != 0 {
+		m.PrimarySince = time.Unix(0, d.primarySince)
+	}
+	return m
+}
+
+// take makes d hold m (the size is not the state machine's).
+func (d *durable) take(m volstate.Durable) {
+	d.epoch, d.primary, d.gens, d.syncGen, d.localStale = m.Epoch, m.Primary, m.Gens.Clone(), m.SyncGen, m.LocalStale
+	d.primarySince = 0
+	if !m.PrimarySince.IsZero() {
+		d.primarySince = m.PrimarySince.UnixNano()
+	}
+}
+
+// modelLocked is the volume as its state machine sees it. The peers'
+// replication states are not read (their lock comes after v.mu): the
+// transitions driven here do not depend on them. Callers hold v.mu.
+func (v *Volume) modelLocked() volstate.State {
+	s := volstate.State{
+		Self: v.self, Durable: v.d.model(), Serving: v.serving, Disk: v.diskState, Why: volstate.Cause(v.why.cause),
+		Peers: map[string]volstate.Peer{}, KnownEpoch: v.knownEpoch, Auth: v.auth, Fresh: v.fresh,
+		CrashedPrimary: v.crashedPrimary, AdminDown: v.adminDown, Discard: v.discard != nil,
+		LeaseEpoch: v.leaseEpoch, LeaseUntil: v.lease, Pending: v.roleChange, Stopping: isClosed(v.stopping),
+	}
+	for name := range v.cfg.Disks {
+		if name != v.self {
+			s.Peers[name] = volstate.Peer{Repl: replication.Connecting, SplitBrainRule: v.splitBrain[name]}
+		}
+	}
+	return s
+}
+
+// installLocked takes what the step from old to next changed (and only
+// that: a field another goroutine changed meanwhile stays as it is). The
+// durable state is commit's to install. Callers hold v.mu.
+func (v *Volume) installLocked(old, next volstate.State, rd volstate.Ready, texts func(volstate.Cause) reason) {
+	if next.Serving != old.Serving {
+		v.serving = next.Serving
+	}
+	if next.Disk != old.Disk {
+		v.diskState = next.Disk
+	}
+	if next.Why != old.Why {
+		switch {
+		case next.Why == volstate.CauseNone:
+			v.why = reason{}
+		case next.Why == volstate.CauseSplitBrain:
+			v.why = v.splitBrainReasonLocked()
+		case texts != nil:
+			v.why = texts(next.Why)
+		default:
+			panic(fmt.Sprintf("volume %s: a step set the cause %q and no text for it", v.name, next.Why))
+		}
+	}
+	v.knownEpoch = max(v.knownEpoch, next.KnownEpoch)
+	v.roleChange = next.Pending
+	if old.Discard && !next.Discard {
+		v.discard = nil
+	}
+	for name, p := range next.Peers {
+		if rule := old.Peers[name].SplitBrainRule; rule != "" && p.SplitBrainRule == "" {
+			delete(v.splitBrain, name)
+		}
+	}
+	for _, a := range rd.Actions {
+		if a.Kind == volstate.ResetPeers {
+			// Fresh senders in the same step as the new role.
+			v.resetPeersLocked()
+		}
+	}
+}
+
+// driveOptions says how a role function's steps read: the texts of the
+// causes they set and of the events they record, and what a drain that
+// failed means.
+type driveOptions struct {
+	// texts gives the reason for a cause the steps set, other than none
+	// and a split brain (which have their usual reasons); nil when they
+	// set no other.
+	texts func(volstate.Cause) reason
+	// notify logs and records a Notify action.
+	notify func(volstate.Action)
+	// drainFailed says whether a step-down goes on after its drain failed
+	// (the bitmaps could not be flushed); it returns the error otherwise.
+	drainFailed func(error) bool
+	// install runs under v.mu with the install of the state a step
+	// wrote (not with steps that write nothing).
+	install func()
+}
+
+// drive runs e through the volume's state machine and performs what it
+// says, feeding Quiesced back once the IO a pending change waited for has
+// drained. The steps' preparations that wait for the senders or the
+// incoming stream run first, without v.stateMu (those take it); the step
+// is then taken again under v.stateMu, on the state as it is by then.
+func (v *Volume) drive(e volstate.Event, opts driveOptions) error {
+	v.mu.Lock()
+	_, rd := volstate.Step(v.modelLocked(), e)
+	v.mu.Unlock()
+	if rd.Err != nil {
+		return rd.Err
+	}
+	for _, a := range rd.Prepare {
+		switch a.Kind {
+		case volstate.StopPeers:
+			v.stopPeers()
+		case volstate.DetachIncoming:
+			v.detachIncoming()
+		}
+	}
+	for {
+		v.stateMu.Lock()
+		acts, err := v.stepLocked(e, opts.texts, opts.install)
+		v.stateMu.Unlock()
+		if err != nil {
+			return err
+		}
+		again := false
+		for _, a := range acts {
+			switch a.Kind {
+			case volstate.WaitIO:
+				v.io.Wait()
+				again = true
+			case volstate.DrainIO:
+				if err := v.quiesce(); err != nil {
+					if opts.drainFailed == nil || !opts.drainFailed(err) {
+						return err
+					}
+				}
+				again = true
+			default:
+				v.perform(a, opts)
+			}
+		}
+		if !again {
+			return nil
+		}
+		e = volstate.Quiesced{}
+	}
+}
+
+// stepLocked steps the state machine with e: the preparations that need
+// no wait, then the writes (volstate.Apply: the indicator, then the state
+// through commit, which installs the new state in the same step), and
+// returns the actions. Callers hold v.stateMu.
+func (v *Volume) stepLocked(e volstate.Event, texts func(volstate.Cause) reason, install func()) ([]volstate.Action, error) {
+	v.mu.Lock()
+	old := v.modelLocked()
+	v.mu.Unlock()
+	prepare := func(prep []volstate.Action) {
+		for _, a := range prep {
+			if a.Kind == volstate.ClearPeerBitmaps {
+				v.clearPeerBitmaps()
+			}
+		}
+	}
+	installed := false
+	persist := func(rd volstate.Ready, next volstate.State) error {
+		if rd.Indicator == volstate.SetIndicator {
+			if err := v.md.SetPrimary(true); err != nil {
+				return err
+			}
+		}
+		if rd.Persist == nil {
+			return nil
+		}
+		installed = true
+		return v.commit(func(d *durable) { d.take(*rd.Persist) }, func() {
+			v.installLocked(old, next, rd, texts)
+			if install != nil {
+				install()
+			}
+		})
+	}
+	next, acts, err := volstate.Apply(old, e, prepare, persist)
+	if err != nil {
+		// What the failure itself changes (a primary that cannot record
+		// a new generation stops its IO); nothing else.
+		failed := texts
+		if w, ok := e.(volstate.WriteMissed); ok {
+			failed = func(volstate.Cause) reason {
+				return because(CauseStateWriteFailed, "%s could not record durably that %s misses writes (%v): IO stopped; fix the node's state directory or disk, then restart it", v.self, w.Peer, err)
+			}
+		}
+		v.mu.Lock()
+		v.installLocked(old, next, volstate.Ready{}, failed)
+		v.mu.Unlock()
+		return nil, err
+	}
+	if !installed {
+		v.mu.Lock()
+		v.installLocked(old, next, volstate.Ready{Actions: acts}, texts)
+		v.mu.Unlock()
+	}
+	return acts, nil
+}
+
+// perform does one action of a step.
+func (v *Volume) perform(a volstate.Action, opts driveOptions) {
+	switch a.Kind {
+	case volstate.ResetPeers:
+		// Done with the install.
+	case volstate.StartPeers:
+		v.mu.Lock()
+		v.startPeersLocked()
+		v.mu.Unlock()
+	case volstate.StopPeers:
+		v.stopPeers()
+	case volstate.DetachIncoming:
+		v.detachIncoming()
+	case volstate.ClearPeerBitmaps:
+		v.clearPeerBitmaps()
+	case volstate.ClearLocalMissing:
+		v.localMissing.ClearRange(0, v.size.Load())
+	case volstate.StartLease:
+		v.ensureLeaseLoop(a.Epoch)
+	case volstate.StopLease:
+		v.stopLease()
+	case volstate.ReleaseLease:
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		if err := v.node.cl.c.ReleaseLease(ctx, v.name, a.Epoch); err != nil {
+			v.log.Warn("release the lease", "err", err)
+		}
+		cancel()
+	case volstate.ClearPrimaryIndicator:
+		// Every write is done: the bitmaps out, THEN the indicator off.
+		// The role changed already; a failure leaves the indicator set,
+		// which costs a resync of the activity log after a crash.
+		err := v.md.FlushBitmaps()
+		if err == nil {
+			err = v.md.SetPrimary(false)
+		}
+		if err != nil {
+			v.log.Error("clear the primary indicator", "err", err)
+		}
+	case volstate.Propose:
+		switch a.Detail {
+		case "init":
+			v.proposeOnce("init", replication.InitCommand(v.name, v.self, a.Epoch, v.dataNodes()))
+		case "reclaim":
+			v.proposeOnce("reclaim", replication.FailoverCommand(v.name, a.Epoch, v.self, true, time.Now().UTC(), "forced by the operator while raft had no quorum"))
+		}
+	case volstate.RunHook:
+		v.runHook(a.Detail, a.Epoch)
+	case volstate.Notify:
+		if opts.notify != nil {
+			opts.notify(a)
+		}
+	default:
+		panic(fmt.Sprintf("volume %s: no driver for the action %s", v.name, a))
+	}
+}

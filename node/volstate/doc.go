@@ -1,0 +1,11 @@
+// Package volstate is one volume's state machine on one node, as a pure
+// function: Step(state, event) returns the next state and a Ready, what
+// must be on stable storage (Persist, the primary indicator) BEFORE the
+// Actions may be performed. Role changes, the serving state and the
+// peers' replication states change only here; node's driver persists,
+// then performs.
+//
+// It may import the replication package and the standard library, never
+// node, raft, memberlist or grpc, and it reads no clock: time comes in
+// events. It is not safe for concurrent use: one driver per volume steps it.
+package volstate

@@ -1,0 +1,197 @@
+package volstate
+
+import (
+	"time"
+
+	"github.com/replvol/replvol/replication"
+)
+
+// Event is something that happened to the volume; Step says what follows.
+type Event interface{ isEvent() }
+
+// Started: the node opened the volume with its durable state.
+type Started struct{}
+
+// PeerConnected: this primary's handshake with Peer got the peer's
+// answer: its generations toward this node, whether it is a primary and
+// at which epoch, and its disk. Marked: blocks are marked for the peer on
+// either side. DiscardFrom: the peer gives up its changes after a split
+// brain. NextGen is the generation a resync that starts without a bitmap
+// generation takes.
+type PeerConnected struct {
+	Peer        string
+	Session     uint64
+	UUIDs       replication.UUIDSet
+	PeerPrimary bool
+	PeerEpoch   uint64
+	PeerDisk    replication.DiskState
+	Marked      bool
+	DiscardFrom bool
+	NextGen     replication.Generation
+}
+
+// PeerAnswered: Peer took this primary's stream, as the handshake
+// decided (node's side of PeerConnected); Pulling: this node copies newer
+// data from it.
+type PeerAnswered struct {
+	Peer    string
+	Pulling bool
+}
+
+// PrimaryReached: the primary From opened a stream to this node at Epoch
+// with its generations (the receiving side of a handshake).
+type PrimaryReached struct {
+	From  string
+	Epoch uint64
+	UUIDs replication.UUIDSet
+}
+
+// NewerPrimary: a peer answered this node's stream that a primary of
+// Epoch, newer than this node's, exists (it refused the stream).
+type NewerPrimary struct{ Epoch uint64 }
+
+// PeerLost: the stream Session to Peer ended.
+type PeerLost struct {
+	Peer    string
+	Session uint64
+}
+
+// PeerCongested: the congestion controller of stream Session started
+// marking Peer's writes instead of shipping them (DRBD's Ahead).
+type PeerCongested struct {
+	Peer    string
+	Session uint64
+}
+
+// PeerDrained: the congestion controller of stream Session ships Peer's
+// writes again.
+type PeerDrained struct {
+	Peer    string
+	Session uint64
+}
+
+// AuthorityChanged: raft's state machine names Primary at Epoch for the
+// volume (Known false: nobody registered it yet).
+type AuthorityChanged struct {
+	Known   bool
+	Primary string
+	Epoch   uint64
+	Now     time.Time
+}
+
+// LeaseRenewed: the renewals of the term Epoch got a lease until Until.
+type LeaseRenewed struct {
+	Epoch uint64
+	Until time.Time
+}
+
+// DiskFailed: an IO on the local disk failed.
+type DiskFailed struct{}
+
+// DiskWorks: a probe of the detached disk succeeded.
+type DiskWorks struct{}
+
+// LocalResyncFinished: the blocks the local disk missed were copied back
+// from a peer and synced.
+type LocalResyncFinished struct{}
+
+// WriteMissed: this primary starts a write Peer will not see (it is not
+// connected); Peer last held Held (zero: the current generation), and the
+// data moves on to Next.
+type WriteMissed struct {
+	Peer       string
+	Held, Next replication.Generation
+}
+
+// ResyncFinished: a resync with Peer ended. As target (a pull), this node
+// now holds Current and descends from History.
+type ResyncFinished struct {
+	Peer     string
+	AsTarget bool
+	Current  replication.Generation
+	History  []replication.Generation
+}
+
+// Quiesced: the IO a pending role change waited for has drained (the
+// export closed, requests in flight answered, senders stopped, bitmaps
+// flushed).
+type Quiesced struct{}
+
+// HandedOver: the peer of a pending handover is in sync with everything
+// this node wrote.
+type HandedOver struct{}
+
+// HandoverAborted: a pending handover failed; this node goes on serving.
+type HandoverAborted struct{}
+
+// Promote is the operator's (or a switchover's) promotion at Epoch of a
+// node that holds exactly the data the old primary handed over (Gen).
+type Promote struct {
+	Epoch uint64
+	Gen   replication.Generation
+	Now   time.Time
+}
+
+// Retake makes this node primary again at Epoch after a switchover raft
+// did not record: it handed over Gen, and raft (when known) still names it.
+type Retake struct {
+	Epoch            uint64
+	Gen              replication.Generation
+	AuthorityKnown   bool
+	AuthorityPrimary string
+	AuthorityEpoch   uint64
+}
+
+// Force is replctl primary --force: primary without a handover, at an
+// epoch above every epoch heard of (and above raft's, AuthorityEpoch,
+// when it answers). A disk with no consistent data is adopted as the
+// volume's data with NewGen.
+type Force struct {
+	Now            time.Time
+	NewGen         replication.Generation
+	AuthorityEpoch uint64
+}
+
+// Demote begins a switchover to To.
+type Demote struct{ To string }
+
+// DiscardMyData: the operator resolves a split brain with this node as
+// its victim.
+type DiscardMyData struct{}
+
+// Disconnect and Connect: the operator disconnects or reconnects this
+// node's replication of the volume.
+type (
+	Disconnect struct{}
+	Connect    struct{}
+)
+
+// Stop: the volume shuts down.
+type Stop struct{}
+
+func (Started) isEvent()             {}
+func (PeerConnected) isEvent()       {}
+func (PeerAnswered) isEvent()        {}
+func (PrimaryReached) isEvent()      {}
+func (NewerPrimary) isEvent()        {}
+func (PeerLost) isEvent()            {}
+func (PeerCongested) isEvent()       {}
+func (PeerDrained) isEvent()         {}
+func (AuthorityChanged) isEvent()    {}
+func (LeaseRenewed) isEvent()        {}
+func (DiskFailed) isEvent()          {}
+func (DiskWorks) isEvent()           {}
+func (LocalResyncFinished) isEvent() {}
+func (WriteMissed) isEvent()         {}
+func (ResyncFinished) isEvent()      {}
+func (Quiesced) isEvent()            {}
+func (HandedOver) isEvent()          {}
+func (HandoverAborted) isEvent()     {}
+func (Promote) isEvent()             {}
+func (Retake) isEvent()              {}
+func (Force) isEvent()               {}
+func (Demote) isEvent()              {}
+func (DiscardMyData) isEvent()       {}
+func (Disconnect) isEvent()          {}
+func (Connect) isEvent()             {}
+func (Stop) isEvent()                {}

@@ -1,0 +1,735 @@
+package volstate
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/replvol/replvol/replication"
+)
+
+// Errors of refused operator commands (node wraps them in its own).
+var (
+	ErrNotPrimary      = errors.New("not primary")
+	ErrAlreadyPrimary  = errors.New("already primary")
+	ErrNotUpToDate     = errors.New("this copy is not up to date")
+	ErrStaleEpoch      = errors.New("stale epoch")
+	ErrMidResync       = errors.New("in the middle of a resync")
+	ErrNotSplitBrain   = errors.New("not in a split brain")
+	ErrStreaming       = errors.New("streams to a peer")
+	ErrNoReplica       = errors.New("no such replica")
+	ErrRaftNamesOther  = errors.New("raft names another primary")
+	ErrCannotTakeBack  = errors.New("cannot take back the epoch")
+	ErrNoPendingChange = errors.New("no role change pending")
+)
+
+// Step is the volume's rules: the state after e, and what must be
+// written (BEFORE anything else) and done. It changes nothing in s.
+func Step(s State, e Event) (State, Ready) {
+	s = s.Clone()
+	if s.Peers == nil {
+		s.Peers = map[string]Peer{}
+	}
+	var rd Ready
+	switch e := e.(type) {
+	case Started:
+		rd = s.start()
+	case PeerConnected:
+		rd = s.peerConnected(e)
+	case PrimaryReached:
+		rd = s.primaryReached(e)
+	case NewerPrimary:
+		rd = s.fence(e.Epoch)
+	case PeerAnswered:
+		rd = s.peerAnswered(e.Peer, e.Pulling)
+	case PeerLost:
+		if p, ok := s.Peers[e.Peer]; ok && p.Session == e.Session {
+			p.Repl, p.Pulling = replication.Connecting, false
+			if s.AdminDown {
+				p.Repl = replication.StandAlone
+			}
+			s.Peers[e.Peer] = p
+		}
+	case PeerCongested:
+		// Ahead only while this stream marks the peer's writes: a late
+		// event of a stream that ended, or of a peer not streaming,
+		// changes nothing.
+		if p, ok := s.Peers[e.Peer]; ok && p.Session == e.Session && p.Repl == replication.Connected {
+			p.Repl = replication.Ahead
+			s.Peers[e.Peer] = p
+		}
+	case PeerDrained:
+		if p, ok := s.Peers[e.Peer]; ok && p.Session == e.Session && p.Repl == replication.Ahead {
+			p.Repl = replication.Connected
+			s.Peers[e.Peer] = p
+		}
+	case AuthorityChanged:
+		rd = s.followAuthority(e)
+	case LeaseRenewed:
+		if s.LeaseEpoch == e.Epoch && e.Epoch == s.Durable.Epoch && e.Until.After(s.LeaseUntil) {
+			s.LeaseUntil = e.Until
+			if s.Serving == OpenWithoutLease {
+				s.Serving = Open
+			}
+		}
+	case DiskFailed:
+		rd = s.detach()
+	case DiskWorks:
+		if s.Disk == replication.Diskless {
+			s.Disk, s.Why = replication.Inconsistent, CauseDetached
+			rd.Actions = []Action{{Kind: Notify, Detail: "attaching"}, {Kind: CopyMissing}}
+		}
+	case LocalResyncFinished:
+		if s.Durable.LocalStale && s.Disk == replication.Inconsistent {
+			d := s.Durable.Clone()
+			d.LocalStale = false
+			s.Durable, s.Disk, s.Why = d, replication.UpToDate, CauseNone
+			rd.Persist = &d
+			rd.Actions = []Action{{Kind: Notify, Detail: "attached"}}
+		}
+	case WriteMissed:
+		rd = s.writeMissed(e)
+	case ResyncFinished:
+		rd = s.resyncFinished(e)
+	case Quiesced:
+		rd = s.quiesced()
+	case HandedOver:
+		rd = s.handedOver()
+	case HandoverAborted:
+		if p := s.Pending; p != nil && p.Kind == PendingHandover {
+			s.Pending = nil
+			if s.Serving == Stopped {
+				// Unless a newer primary fenced it meanwhile.
+				s.Serving = p.Was
+			}
+		}
+	case Promote:
+		rd = s.promote(e)
+	case Retake:
+		rd = s.retake(e)
+	case Force:
+		rd = s.force(e)
+	case Demote:
+		rd = s.demote(e)
+	case DiscardMyData:
+		rd = s.discardMyData()
+	case Disconnect:
+		rd = s.setAdminDown(true)
+	case Connect:
+		rd = s.setAdminDown(false)
+	case Stop:
+		s.Stopping, s.Serving = true, Stopped
+		rd.Actions = []Action{{Kind: StopLease}}
+	default:
+		panic(fmt.Sprintf("volstate: unknown event %T", e))
+	}
+	return s, rd
+}
+
+// persist makes d the durable state and returns it for Ready.Persist.
+func (s *State) persist(change func(*Durable)) *Durable {
+	d := s.Durable.Clone()
+	change(&d)
+	s.Durable = d
+	c := d.Clone()
+	return &c
+}
+
+// start begins serving the role the node woke up with. A node that was
+// primary before this start serves no IO until a peer (or raft) has
+// compared generations and epochs with it: a newer primary may have
+// taken over while it was away.
+func (s *State) start() Ready {
+	if s.Role() != replication.Primary {
+		return Ready{}
+	}
+	rd := Ready{Indicator: SetIndicator, Actions: []Action{{Kind: StartPeers}}}
+	switch {
+	case s.Durable.Gens.Current.IsZero():
+		s.Serving, s.Why = Stopped, CauseWaitingForPeer
+	case s.Auth && !s.Fresh:
+		s.Serving, s.Why = Waiting, CauseWaitingForPeer
+		rd.Actions = append(rd.Actions, Action{Kind: Notify, Detail: "waiting-for-peer"})
+	case !s.Fresh && len(s.Peers) > 0:
+		s.Serving, s.Why = Waiting, CauseWaitingForPeer
+		rd.Actions = append(rd.Actions, Action{Kind: Notify, Detail: "waiting-for-peer"})
+	default:
+		s.Serving = Open
+	}
+	return rd
+}
+
+// servable reports whether nothing but waiting or fencing keeps this
+// primary from serving.
+func (s *State) servable() bool {
+	return s.Role() == replication.Primary && !s.Discard && s.Why != CauseStateWriteFailed && !s.Stopping
+}
+
+// fence stops this primary's IO because a primary of a newer epoch
+// exists (one writer). It stays primary until that primary reaches it.
+func (s *State) fence(epoch uint64) Ready {
+	s.KnownEpoch = max(s.KnownEpoch, epoch)
+	if s.Role() != replication.Primary || s.Serving == Fenced {
+		return Ready{}
+	}
+	s.Serving, s.Why = Fenced, CauseFenced
+	return Ready{Actions: []Action{{Kind: Notify, Detail: "fenced", Epoch: epoch}}}
+}
+
+// peerConnected is a primary's handshake decided (replication.CompareUUIDs,
+// DRBD's table), then the peer's answer lifting a wait or a fence.
+func (s *State) peerConnected(e PeerConnected) Ready {
+	if s.Role() != replication.Primary {
+		return Ready{}
+	}
+	p := s.Peers[e.Peer]
+	p.Session, p.Pulling = e.Session, false
+	refuse := func(rule string) Ready {
+		p.Repl = replication.StandAlone
+		s.Peers[e.Peer] = p
+		return Ready{Actions: []Action{{Kind: Notify, Detail: "refused " + rule, Peer: e.Peer}}}
+	}
+	if e.PeerPrimary && e.PeerEpoch > s.Durable.Epoch {
+		// A primary of a newer epoch: this one stops its IO and waits
+		// for it to connect (then steps down), split brain or not.
+		d := replication.CompareUUIDs(s.UUIDs(e.Peer), e.UUIDs, replication.Secondary, replication.Primary)
+		if d.Outcome.IsSplitBrain() {
+			p.SplitBrainRule = d.Rule
+		}
+		rd := refuse("newer-epoch")
+		rd.Actions = append(rd.Actions, s.fence(e.PeerEpoch).Actions...)
+		return rd
+	}
+	d := replication.CompareUUIDs(s.UUIDs(e.Peer), e.UUIDs, replication.Primary, replication.Secondary)
+	var rd Ready
+	switch {
+	case e.DiscardFrom:
+		p.Repl = replication.SyncSource
+		rd = s.startResync(e)
+	case d.Outcome == replication.UnrelatedData:
+		return refuse(d.Rule)
+	case d.Outcome.IsSplitBrain():
+		p.SplitBrainRule = d.Rule
+		return refuse(d.Rule)
+	case d.Outcome.IsTarget():
+		if e.PeerDisk != replication.UpToDate && e.PeerDisk != replication.Consistent {
+			return refuse("no-source")
+		}
+		p.Repl, p.Pulling = replication.Connected, true
+		rd.Persist = s.persist(func(x *Durable) {
+			if !x.Gens.Current.IsZero() {
+				x.SyncGen = x.Gens.Current
+				x.Gens = x.Gens.Inconsistent()
+			}
+			delete(x.Gens.Bitmaps, e.Peer)
+		})
+		s.Disk, s.Why = replication.Inconsistent, CausePulling
+		rd.Actions = []Action{{Kind: StartPull, Peer: e.Peer}}
+	case s.Durable.Gens.Current.IsZero():
+		return refuse("no-source")
+	case d.Outcome.IsSource() || e.Marked:
+		p.Repl = replication.SyncSource
+		rd = s.startResync(e)
+	default:
+		p.Repl = replication.Connected
+	}
+	s.Peers[e.Peer] = p
+	rd.Actions = append(rd.Actions, s.peerAnswered(e.Peer, p.Pulling).Actions...)
+	return rd
+}
+
+// startResync records, durably, the generation the peer's copy will be
+// (its bitmap generation, or a fresh one), so that an interrupted resync
+// resumes from the bitmap.
+func (s *State) startResync(e PeerConnected) Ready {
+	g, ok := s.Durable.Gens.Bitmaps[e.Peer]
+	if !ok || g.IsZero() {
+		g = e.NextGen
+	}
+	return Ready{
+		Persist: s.persist(func(x *Durable) { x.Gens = x.Gens.ResyncStartedAsSource(e.Peer, g) }),
+		Actions: []Action{{Kind: StartResync, Peer: e.Peer}},
+	}
+}
+
+// peerAnswered: a peer took this primary's stream, so no primary of a
+// newer epoch holds that peer: a primary waiting for a peer, or fenced,
+// serves again; in authority mode raft, not a peer, says so.
+func (s *State) peerAnswered(peer string, pulling bool) Ready {
+	p := s.Peers[peer]
+	p.SplitBrainRule = ""
+	s.Peers[peer] = p
+	if s.Role() != replication.Primary || (s.Auth && (s.Serving == Waiting || s.Serving == Fenced)) {
+		return Ready{}
+	}
+	held := s.Serving == Waiting || s.Serving == Fenced
+	if held {
+		s.Serving = Stopped
+	}
+	if s.Why == CauseWaitingForPeer || s.Why == CauseFenced || s.Why == CauseSplitBrain {
+		s.Why = CauseNone
+		if pulling {
+			s.Why = CausePulling
+		}
+	}
+	if !s.Serving.IsOpen() && (held || pulling) && s.servable() {
+		s.Serving = Open
+		if held {
+			return Ready{Actions: []Action{{Kind: Notify, Detail: "serving", Peer: peer}}}
+		}
+	}
+	return Ready{}
+}
+
+// primaryReached is the receiving side of a handshake with the primary
+// From. An older primary reached by a primary of a newer epoch follows it
+// (steps down) when nothing is lost by that, and stops its IO at once when
+// the data diverged; a secondary records the newer epoch BEFORE it
+// applies the first write of that primary.
+func (s *State) primaryReached(e PrimaryReached) Ready {
+	if s.Role() == replication.Primary {
+		if s.AdminDown || s.Discard || e.Epoch <= s.Durable.Epoch {
+			return Ready{}
+		}
+		d := replication.CompareUUIDs(s.UUIDs(e.From), e.UUIDs, replication.Secondary, replication.Primary)
+		if d.Outcome.IsSplitBrain() || d.Outcome == replication.UnrelatedData {
+			return s.fence(e.Epoch)
+		}
+		serving := s.Serving
+		if serving.IsOpen() {
+			serving = Stopped
+		}
+		return s.beginStepDown(e.From, e.Epoch, serving, s.Why, true, e.UUIDs)
+	}
+	if s.AdminDown {
+		return Ready{}
+	}
+	if !s.Discard {
+		d := replication.CompareUUIDs(s.UUIDs(e.From), e.UUIDs, replication.Secondary, replication.Primary)
+		switch {
+		case d.Outcome.IsSplitBrain():
+			p := s.Peers[e.From]
+			p.SplitBrainRule = d.Rule
+			s.Peers[e.From] = p
+			s.Why = CauseSplitBrain
+			return Ready{Actions: []Action{{Kind: Notify, Detail: "split-brain", Peer: e.From}}}
+		case d.Outcome == replication.UnrelatedData, e.Epoch < s.Durable.Epoch,
+			e.Epoch == s.Durable.Epoch && s.Durable.Primary != "" && s.Durable.Primary != e.From:
+			return Ready{Actions: []Action{{Kind: Notify, Detail: "refused", Peer: e.From}}}
+		}
+	}
+	var rd Ready
+	if s.Discard || e.Epoch > s.Durable.Epoch || s.Durable.Primary != e.From {
+		rd.Persist = s.persist(func(x *Durable) { x.Epoch, x.Primary = e.Epoch, e.From })
+	}
+	p := s.Peers[e.From]
+	p.SplitBrainRule = ""
+	s.Peers[e.From] = p
+	if s.Why == CauseSplitBrain {
+		s.Why = CauseNone
+	}
+	return rd
+}
+
+// beginStepDown stops this primary's IO (serving: Stopped, or Fenced when
+// raft named another) and has the driver drain it; Quiesced completes the
+// step down. With recheck the requests in flight are answered first and
+// the generations compared again, then the rest drains.
+func (s *State) beginStepDown(to string, epoch uint64, serving Serving, why Cause, recheck bool, uuids replication.UUIDSet) Ready {
+	s.Serving, s.Why = serving, why
+	s.Pending = &Pending{Kind: PendingStepDown, To: to, Epoch: epoch, Recheck: recheck, UUIDs: uuids}
+	if recheck {
+		return Ready{Actions: []Action{{Kind: WaitIO}}}
+	}
+	return Ready{Actions: []Action{{Kind: DrainIO}}}
+}
+
+// quiesced completes the role change that waited for IO to drain.
+func (s *State) quiesced() Ready {
+	p := s.Pending
+	if p == nil || p.Kind == PendingHandover {
+		return Ready{}
+	}
+	if p.Kind == PendingDiscard {
+		s.Pending = nil
+		rd := Ready{Persist: s.persist(func(d *Durable) { d.Primary = "" })}
+		s.becomeDiscarding()
+		rd.Actions = []Action{{Kind: ClearPrimaryIndicator}, {Kind: RunHook, Detail: "on_demote", Epoch: s.Durable.Epoch}, {Kind: Notify, Detail: "discard-my-data"}}
+		return rd
+	}
+	if p.Recheck {
+		// A write that completed since the handshake may have started a
+		// new generation: compare again; a divergence now is a split
+		// brain, and the newer epoch wins. Otherwise the rest drains.
+		d := replication.CompareUUIDs(s.UUIDs(p.To), p.UUIDs, replication.Secondary, replication.Primary)
+		if d.Outcome.IsSplitBrain() || d.Outcome == replication.UnrelatedData {
+			s.Pending = nil
+			return s.fence(p.Epoch)
+		}
+		s.Pending = &Pending{Kind: PendingStepDown, To: p.To, Epoch: p.Epoch}
+		return Ready{Actions: []Action{{Kind: DrainIO}}}
+	}
+	s.Pending = nil
+	rd := Ready{Persist: s.persist(func(d *Durable) { d.Primary, d.Epoch = p.To, p.Epoch })}
+	s.Serving, s.Why = Stopped, CauseNone
+	s.stopPeers()
+	if s.InSplitBrain() {
+		// A step-down does not resolve a split brain.
+		s.Why = CauseSplitBrain
+	}
+	s.Disk = s.IdleDisk()
+	rd.Actions = []Action{{Kind: ClearPrimaryIndicator}, {Kind: Notify, Detail: "stepped-down", Peer: p.To, Epoch: p.Epoch}, {Kind: RunHook, Detail: "on_demote", Epoch: p.Epoch}}
+	return rd
+}
+
+// followAuthority does what raft's state machine says.
+func (s *State) followAuthority(e AuthorityChanged) Ready {
+	role, epoch := s.Role(), s.Durable.Epoch
+	if !e.Known {
+		// Nobody registered the volume yet: its primary does.
+		if role == replication.Primary {
+			return Ready{Actions: []Action{{Kind: Propose, Detail: "init", Epoch: epoch}}}
+		}
+		return Ready{}
+	}
+	if !s.Auth {
+		return Ready{}
+	}
+	var rd Ready
+	switch {
+	case s.Serving == OpenWithoutLease && role == replication.Primary && e.Epoch < epoch:
+		// Forced to primary without a quorum: now that raft answers,
+		// it records this node.
+		rd = Ready{Actions: []Action{{Kind: Propose, Detail: "reclaim", Epoch: e.Epoch}}}
+	case e.Primary == s.Self && e.Epoch > epoch:
+		rd = s.becomePrimary(e.Epoch, e.Now, true)
+		if rd.Err != nil {
+			// No stale promotion: the disk does not hold the data.
+			rd = Ready{Actions: []Action{{Kind: Notify, Detail: "promotion-refused", Epoch: e.Epoch}}}
+		}
+		return rd
+	case e.Primary == s.Self && e.Epoch == epoch && role == replication.Primary:
+		rd.Actions = s.ensureLease(epoch)
+		if s.Serving == Waiting && s.servable() && !s.Durable.Gens.Current.IsZero() {
+			s.Serving = Open
+			if s.Why == CauseWaitingForPeer {
+				s.Why = CauseNone
+			}
+		}
+	case e.Primary != s.Self && role == replication.Primary && e.Epoch >= epoch:
+		if p := s.Pending; p != nil && p.Kind == PendingStepDown && p.To == e.Primary && p.Epoch == e.Epoch {
+			// Its last attempt failed: drain and write again.
+			return Ready{Actions: []Action{{Kind: DrainIO}}}
+		}
+		rd = s.beginStepDown(e.Primary, e.Epoch, Fenced, CauseFenced, false, replication.UUIDSet{})
+		rd.Actions = append([]Action{{Kind: StopLease}}, rd.Actions...)
+		s.LeaseEpoch, s.LeaseUntil = 0, time.Time{}
+	case e.Primary != s.Self && e.Epoch > epoch:
+		rd.Persist = s.persist(func(d *Durable) { d.Primary, d.Epoch = e.Primary, e.Epoch })
+	}
+	return rd
+}
+
+// ensureLease starts the renewals of epoch's term unless they run.
+func (s *State) ensureLease(epoch uint64) []Action {
+	if s.LeaseEpoch == epoch {
+		return nil
+	}
+	s.LeaseEpoch, s.LeaseUntil = epoch, time.Time{}
+	return []Action{{Kind: StartLease, Epoch: epoch}}
+}
+
+// becomePrimary is the one promotion of a node that holds the volume's
+// data: a handover (Promote), raft's choice (a failover or a switchover),
+// the primary indicator and the epoch durable BEFORE the first write.
+// byRaft: the disk must be consistent (no stale promotion); the lease
+// loop of the new term starts.
+func (s *State) becomePrimary(epoch uint64, now time.Time, byRaft bool) Ready {
+	d := s.Durable
+	if byRaft {
+		if s.Role() == replication.Primary && d.Epoch >= epoch {
+			return Ready{}
+		}
+		if d.Gens.Current.IsZero() || !d.SyncGen.IsZero() || d.LocalStale {
+			return Ready{Err: fmt.Errorf("%w: its disk holds no consistent data", ErrNotUpToDate)}
+		}
+	}
+	rd := Ready{Indicator: SetIndicator, Persist: s.persist(func(x *Durable) {
+		x.Epoch, x.Primary, x.PrimarySince = epoch, s.Self, now
+		x.Gens = x.Gens.Promoted()
+	})}
+	// Bitmaps of an earlier term mean nothing now: this node held every
+	// write, so it starts with every peer in sync.
+	rd.Prepare = []Action{{Kind: DetachIncoming}, {Kind: ClearPeerBitmaps}}
+	s.Discard = false
+	rd.Actions = s.serveAsPrimary(Open)
+	if byRaft {
+		rd.Actions = append(rd.Actions, s.ensureLease(epoch)...)
+	}
+	rd.Actions = append(rd.Actions, Action{Kind: Notify, Detail: "promoted", Epoch: epoch}, Action{Kind: RunHook, Detail: "on_promote", Epoch: epoch})
+	return rd
+}
+
+// serveAsPrimary is what a node that has just recorded itself primary
+// holds: its disk UpToDate, no cause, fresh senders, IO open.
+func (s *State) serveAsPrimary(serving Serving) []Action {
+	s.Disk, s.Why, s.Serving, s.Pending = replication.UpToDate, CauseNone, serving, nil
+	for name, p := range s.Peers {
+		s.Peers[name] = Peer{Repl: replication.Connecting, SplitBrainRule: p.SplitBrainRule}
+	}
+	return []Action{{Kind: ResetPeers}}
+}
+
+// promote is a handover's promotion: this node must hold exactly the
+// generation the old primary handed over, at a newer epoch.
+func (s *State) promote(e Promote) Ready {
+	d := s.Durable
+	switch {
+	case s.Role() == replication.Primary && d.Epoch == e.Epoch && d.Gens.Current == e.Gen:
+		return Ready{}
+	case s.Role() == replication.Primary:
+		return Ready{Err: fmt.Errorf("%w at epoch %d", ErrAlreadyPrimary, d.Epoch)}
+	case d.Gens.Current != e.Gen || e.Gen.IsZero():
+		return Ready{Err: fmt.Errorf("%w: it holds generation %s, the primary handed over %s", ErrNotUpToDate, d.Gens.Current, e.Gen)}
+	case e.Epoch <= d.Epoch:
+		return Ready{Err: fmt.Errorf("%w %d: it has seen epoch %d", ErrStaleEpoch, e.Epoch, d.Epoch)}
+	}
+	return s.becomePrimary(e.Epoch, e.Now, false)
+}
+
+// retake makes this node primary again at its own epoch after a
+// switchover raft did not record.
+func (s *State) retake(e Retake) Ready {
+	d := s.Durable
+	if d.Epoch != e.Epoch || d.Gens.Current != e.Gen || s.Role() == replication.Primary {
+		return Ready{Err: fmt.Errorf("%w %d generation %s (it holds epoch %d, generation %s)", ErrCannotTakeBack, e.Epoch, e.Gen, d.Epoch, d.Gens.Current)}
+	}
+	if e.AuthorityKnown && (e.AuthorityPrimary != s.Self || e.AuthorityEpoch != e.Epoch) {
+		return Ready{Err: fmt.Errorf("%w: %s at epoch %d", ErrRaftNamesOther, e.AuthorityPrimary, e.AuthorityEpoch)}
+	}
+	rd := Ready{Indicator: SetIndicator, Persist: s.persist(func(x *Durable) { x.Primary = s.Self })}
+	rd.Actions = s.serveAsPrimary(Open)
+	if s.Auth {
+		rd.Actions = append(rd.Actions, s.ensureLease(e.Epoch)...)
+	}
+	rd.Actions = append(rd.Actions, Action{Kind: Notify, Detail: "primary-again", Epoch: e.Epoch}, Action{Kind: RunHook, Detail: "on_promote", Epoch: e.Epoch})
+	return rd
+}
+
+// force makes this node primary without a handover, at an epoch above
+// every epoch it heard of; in authority mode it serves without a lease
+// until raft records it.
+func (s *State) force(e Force) Ready {
+	d := s.Durable
+	if !d.SyncGen.IsZero() {
+		return Ready{Err: fmt.Errorf("%w: its data is part old, part new; it cannot be promoted, even by force", ErrMidResync)}
+	}
+	empty := d.Gens.Current.IsZero()
+	if s.Role() == replication.Primary && s.Serving.IsOpen() && !empty {
+		return Ready{}
+	}
+	wasPrimary := s.Role() == replication.Primary
+	epoch := max(d.Epoch, s.KnownEpoch) + 1
+	if s.Auth {
+		epoch = max(epoch, e.AuthorityEpoch+1)
+	}
+	rd := Ready{Indicator: SetIndicator, Persist: s.persist(func(x *Durable) {
+		if empty {
+			x.Gens, x.SyncGen = x.Gens.Adopted(e.NewGen), replication.Generation{}
+		}
+		x.Epoch, x.Primary = epoch, s.Self
+		if !wasPrimary {
+			x.PrimarySince = e.Now
+		}
+		x.Gens = x.Gens.Promoted()
+	})}
+	rd.Prepare = []Action{{Kind: StopPeers}, {Kind: DetachIncoming}}
+	if !empty {
+		rd.Prepare = append(rd.Prepare, Action{Kind: ClearPeerBitmaps})
+	}
+	s.Discard = false
+	serving := Open
+	if s.Auth {
+		serving = OpenWithoutLease
+	}
+	rd.Actions = s.serveAsPrimary(serving)
+	rd.Actions = append(rd.Actions, Action{Kind: RunHook, Detail: "on_promote", Epoch: epoch})
+	if empty {
+		rd.Actions = append(rd.Actions, Action{Kind: ClearLocalMissing})
+	}
+	rd.Actions = append(rd.Actions, Action{Kind: Notify, Detail: "forced-primary", Epoch: epoch})
+	return rd
+}
+
+// demote begins a switchover to e.To: IO stops; HandedOver completes it
+// once the peer holds everything, HandoverAborted reopens IO.
+func (s *State) demote(e Demote) Ready {
+	if s.Role() != replication.Primary {
+		return Ready{Err: ErrNotPrimary}
+	}
+	if _, ok := s.Peers[e.To]; !ok {
+		return Ready{Err: fmt.Errorf("%w: %s", ErrNoReplica, e.To)}
+	}
+	s.Pending = &Pending{Kind: PendingHandover, To: e.To, Epoch: s.Durable.Epoch, Was: s.Serving}
+	s.Serving = Stopped
+	return Ready{Actions: []Action{{Kind: HandOverIO, Peer: e.To}}}
+}
+
+// handedOver completes a switchover: this node is Secondary under the new
+// primary, durably, then releases its lease.
+func (s *State) handedOver() Ready {
+	p := s.Pending
+	if p == nil || p.Kind != PendingHandover {
+		return Ready{Err: ErrNoPendingChange}
+	}
+	s.Pending = nil
+	rd := Ready{Persist: s.persist(func(d *Durable) { d.Primary = p.To })}
+	s.Serving = Stopped
+	s.Disk = s.IdleDisk()
+	s.stopPeers()
+	rd.Actions = []Action{{Kind: StopPeers}}
+	if s.Auth {
+		// The lease goes back: the new primary need not wait it out.
+		rd.Actions = append(rd.Actions, Action{Kind: StopLease}, Action{Kind: ReleaseLease, Epoch: p.Epoch})
+		s.LeaseEpoch, s.LeaseUntil = 0, time.Time{}
+	}
+	rd.Actions = append(rd.Actions, Action{Kind: ClearPrimaryIndicator}, Action{Kind: Notify, Detail: "demoted", Peer: p.To, Epoch: p.Epoch}, Action{Kind: RunHook, Detail: "on_demote", Epoch: p.Epoch})
+	return rd
+}
+
+// discardMyData resolves a split brain with this node as the victim: it
+// gives up its data and follows the next primary that connects. The
+// victim may already be a Secondary (a step-down does not resolve a split
+// brain); a primary that streams to a peer is never one.
+func (s *State) discardMyData() Ready {
+	if !s.InSplitBrain() {
+		return Ready{Err: ErrNotSplitBrain}
+	}
+	if s.Role() == replication.Primary {
+		for name, p := range s.Peers {
+			if p.streaming() {
+				return Ready{Err: fmt.Errorf("%w %s", ErrStreaming, name)}
+			}
+		}
+		s.Serving = Stopped
+		s.Pending = &Pending{Kind: PendingDiscard}
+		return Ready{Actions: []Action{{Kind: DrainIO}}}
+	}
+	rd := Ready{Persist: s.persist(func(d *Durable) { d.Primary = "" })}
+	s.becomeDiscarding()
+	rd.Actions = []Action{{Kind: Notify, Detail: "discard-my-data"}}
+	return rd
+}
+
+// stopPeers: a node that is no longer primary streams to nobody (a split
+// brain found with a peer stays known).
+func (s *State) stopPeers() {
+	for name, p := range s.Peers {
+		s.Peers[name] = Peer{Repl: replication.Connecting, SplitBrainRule: p.SplitBrainRule}
+	}
+}
+
+func (s *State) becomeDiscarding() {
+	s.Serving, s.Discard, s.Why = Stopped, true, CauseDiscarding
+	s.stopPeers()
+	s.Disk = s.IdleDisk()
+}
+
+// detach takes a failed local disk out of service: a primary goes on
+// through a peer in sync; the mark is durable BEFORE any write skips the
+// disk. Without such a peer nothing changes and the IO error stands.
+func (s *State) detach() Ready {
+	if s.Disk == replication.Diskless || s.Role() != replication.Primary {
+		return Ready{}
+	}
+	inSync := false
+	for name, p := range s.Peers {
+		inSync = inSync || (p.Repl == replication.Connected && !s.Durable.Gens.Tracking(name))
+	}
+	if !inSync {
+		return Ready{}
+	}
+	rd := Ready{Persist: s.persist(func(d *Durable) { d.LocalStale = true })}
+	s.Disk, s.Why = replication.Diskless, CauseDetached
+	rd.Actions = []Action{{Kind: Notify, Detail: "detached"}, {Kind: Reattach}}
+	return rd
+}
+
+// writeMissed moves the generation on when a write misses a peer, so the
+// peer can never again look as up to date as this primary.
+func (s *State) writeMissed(e WriteMissed) Ready {
+	g := s.Durable.Gens
+	if s.Role() != replication.Primary || g.Tracking(e.Peer) || g.Current.IsZero() {
+		return Ready{}
+	}
+	if p := s.Peers[e.Peer]; p.Repl == replication.Connected || p.Repl == replication.SyncSource {
+		// The write goes to its stream.
+		return Ready{}
+	}
+	rd := Ready{Persist: s.persist(func(d *Durable) { d.Gens = d.Gens.PeerMisses(e.Peer, e.Held, e.Next) })}
+	rd.Actions = []Action{{Kind: Notify, Detail: "new-generation", Peer: e.Peer}}
+	return rd
+}
+
+// resyncFinished ends a resync: as source the peer is in sync, as target
+// this node holds the source's generation.
+func (s *State) resyncFinished(e ResyncFinished) Ready {
+	p, ok := s.Peers[e.Peer]
+	if !ok {
+		return Ready{}
+	}
+	var rd Ready
+	if e.AsTarget {
+		rd.Persist = s.persist(func(d *Durable) {
+			d.Gens = d.Gens.ResyncFinishedAsTarget(e.Peer, e.Current, e.History)
+			d.SyncGen = replication.Generation{}
+		})
+		p.Pulling = false
+		s.Disk, s.Why = replication.UpToDate, CauseNone
+		if s.Role() != replication.Primary {
+			s.Disk = replication.Consistent
+			if s.Discard {
+				s.Discard = false
+			}
+		}
+	} else {
+		rd.Persist = s.persist(func(d *Durable) { d.Gens = d.Gens.ResyncFinishedAsSource(e.Peer) })
+		if p.Repl == replication.SyncSource {
+			p.Repl = replication.Connected
+		}
+	}
+	s.Peers[e.Peer] = p
+	return rd
+}
+
+// setAdminDown disconnects or reconnects this node's replication.
+func (s *State) setAdminDown(down bool) Ready {
+	if s.AdminDown == down {
+		return Ready{}
+	}
+	s.AdminDown = down
+	primary := s.Role() == replication.Primary
+	var rd Ready
+	switch {
+	case down && primary:
+		rd.Actions = []Action{{Kind: StopPeers}}
+		for name, p := range s.Peers {
+			p.Repl = replication.StandAlone
+			s.Peers[name] = p
+		}
+	case down:
+		rd.Actions = []Action{{Kind: DetachIncoming}}
+	case primary:
+		rd.Actions = []Action{{Kind: StartPeers}}
+		for name, p := range s.Peers {
+			p.Repl = replication.Connecting
+			s.Peers[name] = p
+		}
+	}
+	what := "connected"
+	if down {
+		what = "disconnected"
+	}
+	rd.Actions = append(rd.Actions, Action{Kind: Notify, Detail: what})
+	return rd
+}

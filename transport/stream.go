@@ -1,0 +1,336 @@
+package transport
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// The replication stream's framing, under the replication wire format
+// (package replication encodes what a frame says; this file only carries
+// it). One TCP connection carries one stream, mutual TLS 1.3 over it when
+// the cluster has a tls: section, as DRBD's stream is one TCP connection
+// per resource and direction:
+//
+//	client → server: streamPreamble (8 bytes)
+//	server → client: streamPreamble (the server took the stream)
+//	then, both ways, until one end closes:
+//	    kind (1 byte) | length (4 bytes, big endian) | length bytes
+//
+// A kindFrame carries one Frame. A kindEnd says why its sender ends the
+// stream (endCode, then the reason in words) and is the last thing it
+// sends; a clean end (endClean without words) reads as io.EOF. A length
+// over MaxFrameSize ends the stream before a byte of the frame is
+// buffered: the receiver answers with endTooLarge.
+//
+// A frame goes out in one write from the buffer it was built in: NewFrame
+// keeps room for the header in front of the bytes, so neither end copies
+// a frame on its own (the kernel and TLS do; a frame without that room,
+// one received and sent on, goes as a writev of header and bytes). The
+// receiver reads each frame into a pooled buffer of its size.
+const (
+	frameHeaderLen = 5
+	kindFrame      = 0
+	kindEnd        = 1
+	// maxEndLen bounds an end's words.
+	maxEndLen = 4 << 10
+)
+
+// streamPreamble opens a replication stream both ways: "RVREPL", then the
+// framing's version, 2 (1 was the stream over gRPC, which spoke HTTP/2
+// here instead).
+var streamPreamble = [8]byte{'R', 'V', 'R', 'E', 'P', 'L', 0, 2}
+
+// endCode says why a stream ended, in its kindEnd.
+type endCode byte
+
+const (
+	// endClean: the sender is done (a handler that returned nil, a
+	// client that closed); words, if any, say why.
+	endClean endCode = 0
+	// endError: the server's handler failed; the words are its error.
+	endError endCode = 1
+	// endTooLarge: the receiver refused a frame over MaxFrameSize.
+	endTooLarge endCode = 2
+)
+
+// ErrFrameTooLarge is a frame over MaxFrameSize: Send refuses to send it,
+// and a receiver ends the stream with it rather than buffer it.
+var ErrFrameTooLarge = errors.New("frame over the replication frame limit")
+
+// Liveness of an idle or stuck connection, as the kernel checks it: a peer
+// that answers no keepalive probe for about 4 s, or leaves sent bytes
+// unacknowledged that long (its host gone, the network cut), ends the
+// stream. A peer that is alive but slow keeps it: its kernel acknowledges.
+const (
+	keepaliveIdle     = 2 * time.Second
+	keepaliveInterval = time.Second
+	keepaliveCount    = 2
+	userTimeout       = 4 * time.Second
+)
+
+// tuneConn sets a replication connection's liveness checks and disables
+// Nagle (a frame is written whole, and an ack must not wait).
+func tuneConn(c net.Conn) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return
+	}
+	tc.SetNoDelay(true)
+	tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: keepaliveIdle, Interval: keepaliveInterval, Count: keepaliveCount})
+	if raw, err := tc.SyscallConn(); err == nil {
+		raw.Control(func(fd uintptr) {
+			unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(userTimeout/time.Millisecond))
+		})
+	}
+}
+
+// frameConn is one replication stream over a connection: a MsgStream
+// whose SendMsg takes and RecvMsg fills a *Frame. One goroutine may send
+// while another receives.
+type frameConn struct {
+	conn net.Conn
+	// tcp: the connection is a plain TCP one, so a header and the
+	// frame's bytes go out in one writev.
+	tcp   bool
+	r     *bufio.Reader
+	state *tls.ConnectionState
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	stop   func() bool // context.AfterFunc's: closes conn when ctx ends
+
+	hdr  [frameHeaderLen]byte // the sender's, for frames without room
+	rhdr [frameHeaderLen]byte // the receiver's
+
+	// wmu serialises the sender and the end (close, a refused frame):
+	// an end never lands inside a frame. One sender takes it uncontended.
+	wmu     sync.Mutex
+	endOnce sync.Once
+}
+
+// readBufferSize is a stream's read buffer: acks and small frames come
+// out of it several to a read; a larger frame is read straight into its
+// own buffer past it.
+const readBufferSize = 32 << 10
+
+func newFrameConn(parent context.Context, conn net.Conn, state *tls.ConnectionState) *frameConn {
+	ctx, cancel := context.WithCancel(parent)
+	_, tcp := conn.(*net.TCPConn)
+	fc := &frameConn{conn: conn, tcp: tcp, r: bufio.NewReaderSize(conn, readBufferSize), state: state, ctx: ctx, cancel: cancel}
+	fc.stop = context.AfterFunc(ctx, func() { conn.Close() })
+	return fc
+}
+
+func (fc *frameConn) Context() context.Context { return fc.ctx }
+
+// SendMsg sends m, a *Frame, and releases its buffer.
+func (fc *frameConn) SendMsg(m any) error {
+	f, ok := m.(*Frame)
+	if !ok {
+		return fmt.Errorf("replication stream: cannot send %T", m)
+	}
+	defer f.Release()
+	if f.buf == nil {
+		return errors.New("replication stream: cannot send a released frame")
+	}
+	n := len(f.Bytes())
+	fc.wmu.Lock()
+	defer fc.wmu.Unlock()
+	if n > MaxFrameSize {
+		return &StreamError{words: fmt.Sprintf("frame too large for the peer: %d bytes, the limit is %d", n, MaxFrameSize), err: ErrFrameTooLarge}
+	}
+	var err error
+	if f.head {
+		b := *f.buf
+		putHeader(b, kindFrame, n)
+		_, err = fc.conn.Write(b)
+	} else {
+		putHeader(fc.hdr[:], kindFrame, n)
+		err = fc.writeTwo(fc.hdr[:], f.Bytes())
+	}
+	if err != nil {
+		return fc.fail(err)
+	}
+	return nil
+}
+
+// writeTwo writes a header and the bytes after it: one writev on TCP.
+func (fc *frameConn) writeTwo(hdr, b []byte) error {
+	if fc.tcp {
+		bufs := net.Buffers{hdr, b}
+		_, err := bufs.WriteTo(fc.conn)
+		return err
+	}
+	if _, err := fc.conn.Write(hdr); err != nil {
+		return err
+	}
+	_, err := fc.conn.Write(b)
+	return err
+}
+
+func putHeader(b []byte, kind byte, n int) {
+	b[0] = kind
+	binary.BigEndian.PutUint32(b[1:frameHeaderLen], uint32(n))
+}
+
+// RecvMsg reads the next frame into m, a *Frame, reusing its buffer when
+// it is large enough. The peer's end reads as io.EOF when clean, else as
+// a *StreamError in its words.
+func (fc *frameConn) RecvMsg(m any) error {
+	f, ok := m.(*Frame)
+	if !ok {
+		return fmt.Errorf("replication stream: cannot receive into %T", m)
+	}
+	if _, err := io.ReadFull(fc.r, fc.rhdr[:]); err != nil {
+		return fc.fail(err)
+	}
+	kind, n := fc.rhdr[0], int(binary.BigEndian.Uint32(fc.rhdr[1:]))
+	switch {
+	case kind == kindEnd:
+		return fc.peerEnded(n)
+	case kind != kindFrame:
+		fc.end(endError, fmt.Sprintf("unknown frame kind %d", kind))
+		return fc.fail(fmt.Errorf("%w: the peer sent a frame of unknown kind %d", errMalformed, kind))
+	case n > MaxFrameSize:
+		fc.end(endTooLarge, fmt.Sprintf("a frame of %d bytes, the limit is %d", n, MaxFrameSize))
+		fc.linger()
+		return &StreamError{words: fmt.Sprintf("the peer sent a frame of %d bytes, over the limit of %d", n, MaxFrameSize), err: ErrFrameTooLarge}
+	}
+	if f.buf == nil || cap(*f.buf) < n {
+		f.Release()
+		f.buf = framePool.Get(n)
+	}
+	f.head = false
+	*f.buf = (*f.buf)[:n]
+	if _, err := io.ReadFull(fc.r, *f.buf); err != nil {
+		return fc.fail(err)
+	}
+	return nil
+}
+
+// errMalformed is a stream whose bytes are not the framing.
+var errMalformed = errors.New("malformed replication stream")
+
+// peerEnded reads the peer's end of n bytes and returns what it says.
+func (fc *frameConn) peerEnded(n int) error {
+	if n < 1 || n > maxEndLen+1 {
+		return fc.fail(fmt.Errorf("%w: an end of %d bytes", errMalformed, n))
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(fc.r, b); err != nil {
+		return fc.fail(err)
+	}
+	fc.cancel()
+	code, words := endCode(b[0]), string(b[1:])
+	switch code {
+	case endClean:
+		if words == "" {
+			return io.EOF
+		}
+		return &StreamError{words: "the peer ended the stream: " + words, err: io.EOF}
+	case endTooLarge:
+		return &StreamError{words: "frame too large for the peer: " + words, err: ErrFrameTooLarge}
+	}
+	return &StreamError{words: "the peer ended the stream: " + words, err: errPeerEnded}
+}
+
+// errPeerEnded is a stream the peer ended with an error of its own.
+var errPeerEnded = errors.New("the peer ended the stream")
+
+// fail ends the stream after a read or write failed, and says why in
+// words: closed here, or lost.
+func (fc *frameConn) fail(err error) error {
+	local := fc.ctx.Err() != nil
+	fc.cancel()
+	switch {
+	case local:
+		return &StreamError{words: "stream closed here", err: context.Canceled}
+	case errors.Is(err, errMalformed):
+		return &StreamError{words: err.Error(), err: err}
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return &StreamError{words: "connection lost: the peer closed the connection", err: io.ErrUnexpectedEOF}
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return &StreamError{words: "connection lost: no answer from the peer in time", err: err}
+	}
+	return &StreamError{words: "connection lost: " + DialWords(err), err: err}
+}
+
+// close ends a client's stream: a clean end, unless a Send is under way
+// (stuck on a peer that does not read), then the connection goes.
+func (fc *frameConn) close() {
+	if fc.ctx.Err() == nil {
+		fc.end(endClean, "")
+	}
+	fc.cancel()
+}
+
+// end sends the stream's last word, once, and stops sending: a half
+// close, so that what was sent before it arrives before the connection
+// goes (closing with unread bytes would reset it and lose them). It is
+// not sent while a Send is under way.
+func (fc *frameConn) end(code endCode, words string) {
+	if !fc.wmu.TryLock() {
+		return
+	}
+	defer fc.wmu.Unlock()
+	fc.endOnce.Do(func() {
+		if len(words) > maxEndLen {
+			words = words[:maxEndLen]
+		}
+		b := make([]byte, frameHeaderLen+1+len(words))
+		putHeader(b, kindEnd, 1+len(words))
+		b[frameHeaderLen] = byte(code)
+		copy(b[frameHeaderLen+1:], words)
+		fc.conn.SetWriteDeadline(time.Now().Add(time.Second))
+		fc.conn.Write(b)
+		switch c := fc.conn.(type) {
+		case *net.TCPConn:
+			c.CloseWrite()
+		case *tls.Conn:
+			c.CloseWrite()
+		}
+	})
+}
+
+// linger ends the stream and closes its connection once the peer closed
+// its side, or after a short while: the bytes sent last then reach it.
+func (fc *frameConn) linger() {
+	if !fc.stop() {
+		return // closed already
+	}
+	fc.cancel()
+	go func() {
+		fc.conn.SetReadDeadline(time.Now().Add(lingerTime))
+		io.Copy(io.Discard, fc.conn)
+		fc.conn.Close()
+	}()
+}
+
+// lingerTime bounds how long a stream that ended waits for its peer to
+// take its last bytes.
+const lingerTime = 2 * time.Second
+
+// framePool holds frame buffers: gRPC's tiered pool of byte slices
+// (google.golang.org/grpc/mem), which the control API shares.
+var framePool = poolOf()
+
+// hasRoom reports whether b begins frameHeaderLen bytes into base, so that
+// base[:frameHeaderLen+len(b)] is the header and b.
+func hasRoom(base, b []byte) bool {
+	if cap(base) <= frameHeaderLen || cap(b) == 0 {
+		return cap(b) == 0
+	}
+	return unsafe.SliceData(b) == &base[:cap(base)][frameHeaderLen]
+}

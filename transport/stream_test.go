@@ -1,0 +1,171 @@
+package transport
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+// byteConn is a connection that reads from fixed bytes and takes every
+// write: what a hostile peer sent, after the preambles.
+type byteConn struct {
+	net.Conn // nil: the methods below are the only ones called
+	r        *bytes.Reader
+	wrote    bytes.Buffer
+	closed   bool
+}
+
+func (c *byteConn) Read(p []byte) (int, error)       { return c.r.Read(p) }
+func (c *byteConn) Write(p []byte) (int, error)      { return c.wrote.Write(p) }
+func (c *byteConn) Close() error                     { c.closed = true; return nil }
+func (c *byteConn) SetDeadline(time.Time) error      { return nil }
+func (c *byteConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *byteConn) SetWriteDeadline(time.Time) error { return nil }
+
+// encodeFrames is a stream of the given frames, then a clean end.
+func encodeFrames(frames ...[]byte) []byte {
+	var b []byte
+	for _, f := range frames {
+		var hdr [frameHeaderLen]byte
+		putHeader(hdr[:], kindFrame, len(f))
+		b = append(append(b, hdr[:]...), f...)
+	}
+	var hdr [frameHeaderLen]byte
+	putHeader(hdr[:], kindEnd, 1)
+	return append(append(b, hdr[:]...), byte(endClean))
+}
+
+// decodeAll reads frames from b as a receiver does, until the stream
+// ends: the frames, and how it ended.
+func decodeAll(b []byte) ([][]byte, error) {
+	fc := newFrameConn(context.Background(), &byteConn{r: bytes.NewReader(b)}, nil)
+	defer fc.cancel()
+	var got [][]byte
+	f := &Frame{}
+	defer f.Release()
+	for {
+		if err := fc.RecvMsg(f); err != nil {
+			return got, err
+		}
+		got = append(got, bytes.Clone(f.Bytes()))
+	}
+}
+
+// TestTheFramingRoundTrips: frames of every size class read back as they
+// were sent, in order, and a clean end reads as io.EOF.
+func TestTheFramingRoundTrips(t *testing.T) {
+	want := [][]byte{{}, []byte("a"), bytes.Repeat([]byte{7}, readBufferSize-3), bytes.Repeat([]byte{9}, 3*readBufferSize+1), []byte("last")}
+	got, err := decodeAll(encodeFrames(want...))
+	if err != io.EOF {
+		t.Fatalf("the stream ended with %v, want io.EOF", err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("read %d frames, sent %d", len(got), len(want))
+	}
+	for i := range want {
+		if !bytes.Equal(got[i], want[i]) {
+			t.Fatalf("frame %d: %d bytes differ from the %d sent", i, len(got[i]), len(want[i]))
+		}
+	}
+}
+
+// TestAStreamThatIsNotTheFramingEndsInWords: a truncated frame, an
+// unknown kind, an end without a code and an oversized header each end
+// the stream with a *StreamError, never a panic or an allocation of the
+// size a header claims.
+func TestAStreamThatIsNotTheFramingEndsInWords(t *testing.T) {
+	frame := encodeFrames([]byte("0123456789"))
+	for _, tc := range []struct {
+		name string
+		b    []byte
+		want string
+		is   error
+	}{
+		{"cut inside a frame", frame[:frameHeaderLen+4], "connection lost: the peer closed the connection", io.ErrUnexpectedEOF},
+		{"cut inside a header", frame[:3], "connection lost: the peer closed the connection", io.ErrUnexpectedEOF},
+		{"no end", frame[:frameHeaderLen+10], "connection lost: the peer closed the connection", io.ErrUnexpectedEOF},
+		{"an unknown kind", []byte{9, 0, 0, 0, 1, 'x'}, "unknown kind 9", errMalformed},
+		{"an end without a code", []byte{kindEnd, 0, 0, 0, 0}, "an end of 0 bytes", errMalformed},
+		{"an end too long", []byte{kindEnd, 0, 1, 0, 0}, "an end of 65536 bytes", errMalformed},
+		{"a frame over the limit", []byte{kindFrame, 0xff, 0xff, 0xff, 0xff}, "the peer sent a frame of 4294967295 bytes, over the limit", ErrFrameTooLarge},
+		{"the peer's error", append([]byte{kindEnd, 0, 0, 0, 5, byte(endError)}, "dead"...), "the peer ended the stream: dead", errPeerEnded},
+		{"the peer refused a frame", append([]byte{kindEnd, 0, 0, 0, 4, byte(endTooLarge)}, "big"...), "frame too large for the peer: big", ErrFrameTooLarge},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := decodeAll(tc.b)
+			var se *StreamError
+			if !errors.As(err, &se) || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, tc.is) {
+				t.Fatalf("ended with %v (%T), want a *StreamError saying %q that is %v", err, err, tc.want, tc.is)
+			}
+		})
+	}
+}
+
+// TestAFrameGoesOutInOneWrite: a frame built with NewFrame keeps room for
+// its header and is written once, header and bytes together; one without
+// that room (SetBytes of another slice) goes out whole too.
+func TestAFrameGoesOutInOneWrite(t *testing.T) {
+	c := &countingConn{}
+	fc := newFrameConn(context.Background(), c, nil)
+	defer fc.cancel()
+	f := NewFrame(4)
+	f.SetBytes(append(f.Bytes(), "abcd"...))
+	if !f.head {
+		t.Fatal("a frame grown in place lost its room for the header")
+	}
+	if err := fc.SendMsg(f); err != nil {
+		t.Fatal(err)
+	}
+	if c.writes != 1 {
+		t.Fatalf("a frame took %d writes, want 1", c.writes)
+	}
+	g := NewFrame(1)
+	g.SetBytes([]byte("elsewhere"))
+	if err := fc.SendMsg(g); err != nil {
+		t.Fatal(err)
+	}
+	got, err := decodeAll(append(c.buf.Bytes(), kindEnd, 0, 0, 0, 1, byte(endClean)))
+	if err != io.EOF || len(got) != 2 || string(got[0]) != "abcd" || string(got[1]) != "elsewhere" {
+		t.Fatalf("read back %q, %v", got, err)
+	}
+}
+
+type countingConn struct {
+	byteConn
+	buf    bytes.Buffer
+	writes int
+}
+
+func (c *countingConn) Write(p []byte) (int, error) { c.writes++; return c.buf.Write(p) }
+
+// FuzzReplStreamDecoder: whatever a peer sends after the preambles, the
+// receiver ends in an error (io.EOF or a *StreamError), never a panic,
+// and never returns a frame over MaxFrameSize; the frames it returns are
+// what a sender of them would have written.
+func FuzzReplStreamDecoder(f *testing.F) {
+	f.Add(encodeFrames([]byte("hello"), nil, bytes.Repeat([]byte{1}, 100)))
+	f.Add([]byte{kindFrame, 0, 0, 0, 3, 'a', 'b'})
+	f.Add(append([]byte{kindEnd, 0, 0, 0, 3, byte(endError)}, "no"...))
+	f.Add([]byte{kindFrame, 0x7f, 0xff, 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		frames, err := decodeAll(b)
+		var se *StreamError
+		if err != io.EOF && !errors.As(err, &se) {
+			t.Fatalf("ended with %v (%T)", err, err)
+		}
+		for _, fr := range frames {
+			if len(fr) > MaxFrameSize {
+				t.Fatalf("a frame of %d bytes", len(fr))
+			}
+		}
+		// The frames read are a prefix of b, as encodeFrames writes them.
+		if enc := encodeFrames(frames...); len(frames) > 0 && !bytes.HasPrefix(b, enc[:len(enc)-frameHeaderLen-1]) {
+			t.Fatalf("decoded frames do not re-encode to the stream's start")
+		}
+	})
+}
