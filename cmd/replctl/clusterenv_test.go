@@ -72,7 +72,15 @@ type clusterOpts struct {
 	// required).
 	TLS    bool
 	NBDTLS string
+	// Volumes is how many volumes (default 1): vol0, then idle0001,
+	// idle0002, ..., each of Size on a backing file of its own per data
+	// node, alpha their first primary.
+	Volumes int
 }
+
+// extraVolumeName is the name of newProcClusterN's volume i (1-based),
+// past vol0.
+func extraVolumeName(i int) string { return fmt.Sprintf("idle%04d", i) }
 
 // newProcClusterN writes the config opts describes and starts nothing
 // yet. Volume vol0's first primary is alpha. On 127.0.0.1 every port is a
@@ -182,6 +190,11 @@ func newProcClusterN(t *testing.T, opts clusterOpts) *procCluster {
 			t.Fatal(err)
 		}
 		disks[name] = img
+		for i := 1; i < opts.Volumes; i++ {
+			if err := os.Truncate(writeEmpty(t, filepath.Join(dir, name+"-"+extraVolumeName(i)+".img")), devSize); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	fmt.Fprintf(&cfg, "volumes:\n  - name: %s\n    size: %d\n    protocol: %s\n    primary: alpha\n    al_extents: %d\n",
 		volName, opts.Size, opts.Protocol, opts.ALExtents)
@@ -217,6 +230,15 @@ func newProcClusterN(t *testing.T, opts clusterOpts) *procCluster {
 			fmt.Fprintf(&cfg, "      %s: %q\n", name, img)
 		}
 	}
+	for i := 1; i < opts.Volumes; i++ {
+		vol := extraVolumeName(i)
+		fmt.Fprintf(&cfg, "  - name: %s\n    size: %d\n    protocol: %s\n    primary: alpha\n    al_extents: %d\n    disks:\n", vol, opts.Size, opts.Protocol, opts.ALExtents)
+		for _, name := range c.names {
+			if _, ok := disks[name]; ok {
+				fmt.Fprintf(&cfg, "      %s: %q\n", name, filepath.Join(dir, name+"-"+vol+".img"))
+			}
+		}
+	}
 	c.cfgPath = filepath.Join(dir, "cluster.yaml")
 	if err := os.WriteFile(c.cfgPath, []byte(cfg.String()), 0o644); err != nil {
 		t.Fatal(err)
@@ -225,6 +247,15 @@ func newProcClusterN(t *testing.T, opts clusterOpts) *procCluster {
 		c.initTLS(opts.Raft, opts.NBDTLS)
 	}
 	return c
+}
+
+// writeEmpty creates the empty file path and returns path.
+func writeEmpty(t *testing.T, path string) string {
+	t.Helper()
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // initTLS runs replctl certs init on the cluster file into DIR/tls, and
