@@ -50,7 +50,7 @@ const clusterTick = 250 * time.Millisecond
 
 // defaultLeaseDuration is the primary's lease: a lost primary is replaced
 // about this long after its last renewal.
-const defaultLeaseDuration = 1500 * time.Millisecond
+const defaultLeaseDuration = 600 * time.Millisecond
 
 // clusterState is a clustered node's part.
 type clusterState struct {

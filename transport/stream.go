@@ -123,7 +123,7 @@ type frameConn struct {
 // readBufferSize is a stream's read buffer: acks and small frames come
 // out of it several to a read; a larger frame is read straight into its
 // own buffer past it.
-const readBufferSize = 32 << 10
+const readBufferSize = 16 << 10
 
 func newFrameConn(parent context.Context, conn net.Conn, state *tls.ConnectionState) *frameConn {
 	ctx, cancel := context.WithCancel(parent)
