@@ -22,7 +22,9 @@
 // channel and wait on the pending they get back; the receiving goroutine
 // hands it acks and replies as messages; one sending goroutine writes the
 // frames it builds. Readers see the peer's state and lag as snapshots the
-// owners publish. A secondary (secondary.go) applies the stream in order,
+// owners publish. The streams of all volumes to one peer node share one
+// heartbeat (pairbeat.go): one of them probes the node, and an idle
+// stream owes nothing while the node answers on any. A secondary (secondary.go) applies the stream in order,
 // and one goroutine writes its side of it; an old primary reached by a
 // primary of a newer epoch steps down when nothing is lost by following
 // it, and stops its IO at once when the data diverged. A node that

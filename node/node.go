@@ -160,6 +160,9 @@ type Node struct {
 	statusFailed map[string]bool
 	wg           sync.WaitGroup
 	closed       bool
+	// beats are the heartbeats shared by the streams to each peer node,
+	// by its name (pairbeat.go).
+	beats sync.Map
 }
 
 // New opens the node's state and disks. Nothing listens until Start.

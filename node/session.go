@@ -125,6 +125,9 @@ type session struct {
 
 	lastRecv atomic.Int64 // unix ns of the last frame received
 	errc     chan error   // the first error ends the session
+	// beat is the probe this stream shares with the other volumes'
+	// streams to the same node (pairbeat.go); nil for a bare test peer.
+	beat *pairBeat
 
 	// Into the loop.
 	submits chan submission
@@ -208,7 +211,16 @@ func newSession(ctx context.Context, p *peer, s *transport.ReplStream, timeout t
 		works: make(chan func() error), synced: make(chan *pending, 1), out: make(chan *transport.Frame, maxFramesInFlight+1),
 		ended: make(chan struct{}), finished: make(chan struct{})}
 	ss.lastRecv.Store(time.Now().UnixNano())
+	if p.v != nil && p.v.node != nil {
+		ss.beat = p.v.node.pairBeat(p.name)
+	}
 	return ss
+}
+
+// idle reports whether the stream holds nothing: no entry queued, none
+// awaiting its ack, no frame on its way out. Only the loop calls it.
+func (s *session) idle() bool {
+	return len(s.queue) == 0 && len(s.inflight) == 0 && len(s.out) == 0
 }
 
 // fail ends the session with err (the first error wins).
@@ -259,14 +271,18 @@ func (s *session) loop() {
 	io.Add(2)
 	go func() { defer io.Done(); s.fail(s.send()) }()
 	go func() { defer io.Done(); s.fail(s.receive()) }()
-	tick := time.NewTicker(max(s.timeout/4, 10*time.Millisecond))
-	hb := time.NewTicker(min(s.timeout/4, maxHeartbeatInterval))
+	// One tick both checks that the peer answers and probes it: a quarter
+	// of the timeout, at most maxHeartbeatInterval.
+	every := max(min(s.timeout/4, maxHeartbeatInterval), 10*time.Millisecond)
+	tick := time.NewTicker(every)
+	defer s.beat.leave(s)
 	var err error
 	if err = s.sendQueued(); err != nil {
 		s.fail(err)
 	}
 wait:
 	for {
+		idleBefore := s.idle()
 		select {
 		case err = <-s.errc:
 			break wait
@@ -278,19 +294,26 @@ wait:
 			break wait
 		case <-tick.C:
 			// A hung peer (a stopped process, a dead link) sends nothing:
-			// not even the ack of a heartbeat.
-			if quiet := time.Since(time.Unix(0, s.lastRecv.Load())); quiet > s.timeout {
+			// not even the ack of a heartbeat. A busy stream is judged by
+			// its own acks; an idle one owes nothing, and the peer node
+			// answering on any stream will do.
+			now := time.Now().UnixNano()
+			idle := s.idle()
+			quiet := time.Duration(now - s.lastRecv.Load())
+			if idle {
+				quiet = s.beat.quietSince(now, s.lastRecv.Load())
+			}
+			if quiet > s.timeout {
 				err = fmt.Errorf("%w: %s answered nothing for %s", ErrPeerTimeout, s.p.name, quiet.Round(time.Millisecond))
 				break wait
 			}
-			continue
-		case <-hb.C:
 			s.congestionTick()
-			if len(s.queue) == 0 && len(s.inflight) == 0 && len(s.out) == 0 {
+			if idle && (s.beat.carries(s) || s.beat.quietSince(now, 0) >= 2*every) {
 				f := transport.NewFrame(replication.BatchHeaderLen)
 				f.SetBytes(replication.AppendBatchHeader(f.Bytes(), 0))
 				s.out <- f // room: only the loop sends, and out is empty
 			}
+			continue
 		case sub := <-s.submits:
 			if sub.admit {
 				s.admit(sub)
@@ -314,12 +337,16 @@ wait:
 				}
 			}()
 		}
+		if idleBefore && !s.idle() {
+			// The stream owed the peer nothing until now: its silence
+			// counts from here.
+			s.lastRecv.Store(time.Now().UnixNano())
+		}
 		if err := s.sendQueued(); err != nil {
 			s.fail(err)
 		}
 	}
 	tick.Stop()
-	hb.Stop()
 	s.cancel()
 	s.stream.Close()
 	s.closeToNew()
@@ -416,7 +443,9 @@ func (s *session) receive() error {
 			}
 			return fmt.Errorf("receive from %s: %w", s.p.name, err)
 		}
-		s.lastRecv.Store(time.Now().UnixNano())
+		now := time.Now().UnixNano()
+		s.lastRecv.Store(now)
+		s.beat.heard(now)
 		if b := f.Bytes(); len(b) > 0 && replication.FrameType(b[0]) == replication.FrameReadReply {
 			seq, st, data, err := replication.DecodeReadReply(b)
 			if err != nil {

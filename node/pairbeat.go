@@ -1,0 +1,65 @@
+package node
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// A node probes each peer node once, not once per volume: the streams of
+// all volumes between two nodes share a pairBeat. While a stream is idle
+// it owes nothing, and the pair's probe says whether the peer node
+// answers: one stream at a time, the carrier, sends the heartbeats, and
+// any idle stream sends one too when nothing was heard from the peer
+// node for two heartbeat intervals (the carrier busy or gone). A stream that
+// waits for acks is judged by what it received itself, as before; one
+// that goes from idle to busy starts its clock then. A thousand idle
+// volumes on two nodes thus cost one probe per interval, where they cost
+// a thousand.
+type pairBeat struct {
+	// lastHeard is when a frame last arrived from the peer node on any
+	// stream (unix ns).
+	lastHeard atomic.Int64
+	// carrier is the stream that probes the peer node (nil: none yet).
+	carrier atomic.Pointer[session]
+}
+
+// pairBeat returns the heartbeat this node shares with peer node name.
+func (n *Node) pairBeat(name string) *pairBeat {
+	b, _ := n.beats.LoadOrStore(name, &pairBeat{})
+	return b.(*pairBeat)
+}
+
+// heard notes a frame from the peer node at now.
+func (b *pairBeat) heard(now int64) {
+	if b != nil {
+		b.lastHeard.Store(now)
+	}
+}
+
+// carries reports whether s probes the pair, taking the carrier's place
+// when it is free. Without a pair (a test's bare peer), every stream
+// probes for itself.
+func (b *pairBeat) carries(s *session) bool {
+	if b == nil {
+		return true
+	}
+	c := b.carrier.Load()
+	return c == s || c == nil && b.carrier.CompareAndSwap(nil, s)
+}
+
+// leave gives up s's place as the carrier, if it holds it.
+func (b *pairBeat) leave(s *session) {
+	if b != nil {
+		b.carrier.CompareAndSwap(s, nil)
+	}
+}
+
+// quietSince is how long nothing was heard from the peer node, at now
+// (unix ns); a stream's own time when there is no pair.
+func (b *pairBeat) quietSince(now, own int64) time.Duration {
+	last := own
+	if b != nil {
+		last = max(last, b.lastHeard.Load())
+	}
+	return time.Duration(now - last)
+}
