@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/internal/pki"
-	"google.golang.org/grpc/mem"
 )
 
 // Frame is one message of the replication stream: an encoded frame of the
@@ -66,8 +65,6 @@ func (f *Frame) Release() {
 		f.buf = nil
 	}
 }
-
-func poolOf() mem.BufferPool { return mem.DefaultBufferPool() }
 
 // MaxFrameSize bounds one replication message, both ways and on both
 // ends: the longest frame the replication wire format makes, a batch of

@@ -322,9 +322,10 @@ func (fc *frameConn) linger() {
 // take its last bytes.
 const lingerTime = 2 * time.Second
 
-// framePool holds frame buffers: gRPC's tiered pool of byte slices
-// (google.golang.org/grpc/mem), which the control API shares.
-var framePool = poolOf()
+// framePool holds frame buffers (pool.go). It is shared by every stream
+// of the process, as sync.Pool is meant to be; it holds no state of any
+// node.
+var framePool = &bufferPool{}
 
 // hasRoom reports whether b begins frameHeaderLen bytes into base, so that
 // base[:frameHeaderLen+len(b)] is the header and b.
