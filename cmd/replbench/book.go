@@ -13,6 +13,7 @@ import (
 	"html"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 
@@ -75,10 +76,18 @@ func svgPath(book string) string {
 // writeBook writes the book and its plot.
 func writeBook(book string, rep *report) error {
 	plot := svgPath(book)
-	if err := os.WriteFile(plot, []byte(renderSVG(rep)), 0o644); err != nil {
+	if err := os.WriteFile(plot, []byte(scrubTemp(renderSVG(rep), os.TempDir())), 0o644); err != nil {
 		return err
 	}
-	return os.WriteFile(book, []byte(renderBook(rep, filepath.Base(plot))), 0o644)
+	return os.WriteFile(book, []byte(scrubTemp(renderBook(rep, filepath.Base(plot)), os.TempDir())), 0o644)
+}
+
+// scrubTemp replaces the run's temporary directories under tmp (a TLS
+// target's certificate directory in its URI) with $TMPDIR/replbench-N:
+// the book is committed, and names no path of the machine that wrote it.
+func scrubTemp(text, tmp string) string {
+	re := regexp.MustCompile(regexp.QuoteMeta(filepath.Join(tmp, "replbench-")) + `[0-9]+`)
+	return re.ReplaceAllString(text, "$$TMPDIR/replbench-N")
 }
 
 // renderBook is the book's markdown; plot is the SVG's name beside it.

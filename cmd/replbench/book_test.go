@@ -287,3 +287,15 @@ func TestDropFileCachesLeavesNothingResident(t *testing.T) {
 		t.Errorf("%d bytes still resident after the drop", resident)
 	}
 }
+
+// TestTheBookNamesNoPathOfTheMachine: a TLS target's URI names its
+// certificate directory under the run's temporary directory; the book
+// says $TMPDIR instead.
+func TestTheBookNamesNoPathOfTheMachine(t *testing.T) {
+	in := "nbds://127.0.0.1:35517/vol0?tls-certificates=/var/tmp/x/replbench-664908031/demo/tls/nbd-client and /var/tmp/x/replbench-1/a"
+	got := scrubTemp(in, "/var/tmp/x")
+	want := "nbds://127.0.0.1:35517/vol0?tls-certificates=$TMPDIR/replbench-N/demo/tls/nbd-client and $TMPDIR/replbench-N/a"
+	if got != want {
+		t.Fatalf("scrubTemp = %q, want %q", got, want)
+	}
+}
