@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"strconv"
@@ -43,21 +42,13 @@ func TestE2EAThousandVolumesOnTwoNodesAreUpToDateWithinAMinute(t *testing.T) {
 	window := 5 * time.Second
 	time.Sleep(window)
 	cpu := float64(procTicks(t, pid)-before) / 100 / window.Seconds() * 100
-	t.Logf("idle primary alpha with %d volumes: %.1f%% of a core over %s, %s", volumes, cpu, window, procRSS(t, pid))
+	t.Logf("idle primary alpha with %d volumes: %.1f%% of a core over %s, RSS %d MiB", volumes, cpu, window, floodRSS(t, pid)>>20)
 }
 
 // volumesInSync counts the volumes node's status shows in sync.
 func (c *procCluster) volumesInSync(node string) (int, error) {
-	r := c.ctl(node, "status", "--json")
-	if !r.ok() {
-		return 0, fmt.Errorf("replctl status --json: %s", r)
-	}
-	js := r.out
-	if i := strings.IndexByte(js, '{'); i > 0 {
-		js = js[i:]
-	}
-	var s statusDoc
-	if err := json.Unmarshal([]byte(js), &s); err != nil {
+	s, err := c.clusterStatus(node)
+	if err != nil {
 		return 0, err
 	}
 	n := 0
@@ -86,19 +77,4 @@ func procTicks(t *testing.T, pid int) int64 {
 		sum += v
 	}
 	return sum
-}
-
-// procRSS is a process's VmRSS line.
-func procRSS(t *testing.T, pid int) string {
-	t.Helper()
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range strings.Split(string(status), "\n") {
-		if strings.HasPrefix(l, "VmRSS:") {
-			return "RSS " + strings.TrimSpace(strings.TrimPrefix(l, "VmRSS:"))
-		}
-	}
-	return "RSS unknown"
 }

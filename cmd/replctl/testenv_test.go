@@ -531,11 +531,11 @@ func (v *volumeStatus) inSync() bool {
 	return true
 }
 
-// status asks a node for the cluster status and returns vol0's entry.
-func (d *demo) status(node string) (*statusDoc, *volumeStatus, error) {
+// clusterStatus asks a node for the cluster status (replctl status --json).
+func (d *demo) clusterStatus(node string) (*statusDoc, error) {
 	r := d.ctl(node, "status", "--json")
 	if !r.ok() {
-		return nil, nil, fmt.Errorf("replctl status --json: %s", r)
+		return nil, fmt.Errorf("replctl status --json: %s", r)
 	}
 	var s statusDoc
 	js := r.out
@@ -543,14 +543,25 @@ func (d *demo) status(node string) (*statusDoc, *volumeStatus, error) {
 		js = js[i:]
 	}
 	if err := json.Unmarshal([]byte(js), &s); err != nil {
-		return nil, nil, fmt.Errorf("replctl status --json: %v in %q", err, r.out)
+		return nil, fmt.Errorf("replctl status --json: %v in %q", err, r.out)
 	}
+	return &s, nil
+}
+
+// status asks a node for the cluster status and returns vol0's entry.
+func (d *demo) status(node string) (*statusDoc, *volumeStatus, error) {
+	s, err := d.clusterStatus(node)
+	if err != nil {
+		return nil, nil, err
+	}
+	var names []string
 	for i := range s.Volumes {
 		if s.Volumes[i].Name == volName {
-			return &s, &s.Volumes[i], nil
+			return s, &s.Volumes[i], nil
 		}
+		names = append(names, s.Volumes[i].Name)
 	}
-	return &s, nil, fmt.Errorf("no volume %s in status: %s", volName, r.out)
+	return s, nil, fmt.Errorf("no volume %s in status (volumes: %v)", volName, names)
 }
 
 func (d *demo) mustStatus(node string) *volumeStatus {
