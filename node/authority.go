@@ -706,7 +706,14 @@ func (v *Volume) ensureOutdated(peer string) error {
 			v.mu.Unlock()
 			return nil
 		case errors.Is(err, replication.ErrStaleEpoch), errors.Is(err, replication.ErrNotPrimary):
-			return fmt.Errorf("%w: %s is no longer primary of %s at epoch %d: %v", ErrStaleEpoch, v.self, v.name, epoch, err)
+			if !v.awaitReclaim(epoch) {
+				return fmt.Errorf("%w: %s is no longer primary of %s at epoch %d: %v", ErrStaleEpoch, v.self, v.name, epoch, err)
+			}
+			// Forced to primary while raft had no quorum, and raft
+			// answers before it recorded this node: the reclaim does
+			// (every other node Outdated with it), then this is asked
+			// again.
+			continue
 		}
 		v.log.Warn("cannot record an Outdated peer in raft yet; the write waits", "peer", peer, "err", err)
 		v.mu.Lock()
@@ -716,6 +723,33 @@ func (v *Volume) ensureOutdated(peer string) error {
 			return fmt.Errorf("%s on %s: %w (%w)", v.name, v.self, ErrNotServing, errShutdown)
 		}
 	}
+}
+
+// awaitReclaim waits a while for raft to record this node, forced to
+// primary at epoch while raft had no quorum (followAuthority proposes
+// it): until its lease is renewed (raft has it primary at that epoch), it
+// steps down, or a third of a lease passed. It reports false, at once,
+// when this node is not such a primary, or not any more.
+func (v *Volume) awaitReclaim(epoch uint64) bool {
+	v.mu.Lock()
+	forced := v.serving == volstate.OpenWithoutLease && v.role == replication.Primary && v.d.epoch == epoch
+	if v.leaseWake == nil {
+		v.leaseWake = make(chan struct{})
+	}
+	wake := v.leaseWake
+	v.mu.Unlock()
+	if !forced {
+		return false
+	}
+	timer := time.NewTimer(v.node.cl.lease / 3)
+	defer timer.Stop()
+	select {
+	case <-wake:
+	case <-timer.C:
+	case <-v.stopping:
+		return false
+	}
+	return true
 }
 
 // outdateBeforeResync makes raft record peer Outdated when the connection

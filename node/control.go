@@ -603,7 +603,9 @@ func (c *control) forcePrimary(ctx context.Context, r *transport.PrimaryRequest,
 	if !r.Yes {
 		return nil, status.Errorf(codes.FailedPrecondition, "--force makes %s primary without a handover from %q: writes %q acknowledged after it lost %s are not on %s (its disk is %s, generation %s), and if %q still serves clients the two will diverge (split brain). Add --yes to go ahead", r.Node, vs.Primary, vs.Primary, r.Node, r.Node, target.Disk, target.Generation, vs.Primary)
 	}
-	if cl := c.n.cl; cl != nil && cl.auto && cl.c.Status().Quorum {
+	// Between two raft leaders (the old one just died) a quorum is about
+	// to form: the promotion goes through raft then, not around it.
+	if cl := c.n.cl; cl != nil && cl.auto && cl.c.AwaitQuorum(ctx) {
 		return c.forceByRaft(ctx, r)
 	}
 	api, err := c.n.peerAPI(r.Node)

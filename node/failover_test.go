@@ -358,3 +358,50 @@ func TestACrashedPrimaryRestartedAfterTheFailoverIsNoSplitBrain(t *testing.T) {
 	}
 	c.requireIdentical()
 }
+
+// TestAPrimaryForcedWithoutAQuorumKeepsItsWritesWhenRaftReturns: with
+// the witness and then alpha gone, beta is forced to primary around raft,
+// at an epoch raft has not recorded. Its first write misses alpha, so it
+// waits for raft to record alpha Outdated. When the witness returns, raft
+// answers that beta is not its primary yet: the write waits for beta's
+// own record (which makes alpha Outdated with it) and completes; it is
+// not failed. Raft ends with beta primary at beta's epoch and alpha
+// Outdated.
+func TestAPrimaryForcedWithoutAQuorumKeepsItsWritesWhenRaftReturns(t *testing.T) {
+	c := startRaftServing(t, 8<<20)
+	c.stop("wit")
+	c.crash("alpha")
+	ctl, err := transport.DialControl(c.nodes["beta"].ControlAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := ctl.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true, Yes: true}); err != nil {
+		t.Fatalf("forced promotion of beta without a quorum: %v", err)
+	}
+	b := c.vol("beta")
+	if st := b.status(); st.Role != string(replication.Primary) || !st.Serving {
+		t.Fatalf("beta after the forced promotion: %+v", st)
+	}
+	wrote := make(chan error, 1)
+	go func() { wrote <- b.WriteAt(ctx, pattern(7, 4096), 2<<20, false) }()
+	c.start("wit")
+	select {
+	case err := <-wrote:
+		if err != nil {
+			t.Fatalf("beta's write once raft answered again: %v; want it completed", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("beta's write did not complete once raft answered again")
+	}
+	eventually(t, func() bool {
+		va, ok := c.nodes["wit"].cl.c.Authority().Volume("vol0")
+		return ok && va.Primary == "beta" && va.Epoch == b.epoch() && va.IsOutdated("alpha")
+	}, "raft records beta primary at its epoch and alpha Outdated")
+	got := make([]byte, 4096)
+	if err := b.ReadAt(context.Background(), got, 2<<20); err != nil || !bytes.Equal(got, pattern(7, 4096)) {
+		t.Fatalf("beta reads back its write: %v", err)
+	}
+}

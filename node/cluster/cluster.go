@@ -291,6 +291,36 @@ func (c *Cluster) Status() Status {
 	return s
 }
 
+// AwaitQuorum returns true once this node sees a leader with a quorum,
+// waiting at most as long as raft takes to replace a lost leader (two
+// heartbeat and election timeouts), or until ctx ends. A quorum that is
+// only between leaders (the old one just died, the election runs) is
+// seen; one that cannot form is not waited for.
+func (c *Cluster) AwaitQuorum(ctx context.Context) bool {
+	if c.Status().Quorum {
+		return true
+	}
+	t := c.cfg.Timing
+	ctx, cancel := context.WithTimeout(ctx, 2*(t.HeartbeatTimeout+t.ElectionTimeout))
+	defer cancel()
+	for {
+		if _, err := c.waitLeader(ctx); err != nil {
+			return false
+		}
+		if c.Status().Quorum {
+			return true
+		}
+		// A leader named but not heard from lately: look again soon.
+		timer := time.NewTimer(t.HeartbeatTimeout / 4)
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			return false
+		}
+	}
+}
+
 // waitLeader returns the leader's name once one is known, or ErrNoQuorum
 // when ctx ends first.
 func (c *Cluster) waitLeader(ctx context.Context) (string, error) {

@@ -525,3 +525,39 @@ func TestAJoiningNodeIsNotAVoterUntilAdded(t *testing.T) {
 		t.Fatalf("a proposal through d once added: %v", err)
 	}
 }
+
+// TestAwaitQuorumWaitsOutAnElectionButNotALostMajority: right after the
+// leader stops, a follower sees no quorum, yet one forms within the
+// election: AwaitQuorum says so. With two of three voters gone none can
+// form, and it says so within its bound.
+func TestAwaitQuorumWaitsOutAnElectionButNotALostMajority(t *testing.T) {
+	n := newTestNet(t, member("a"), member("b"), witness("w"))
+	n.startAll()
+	leader := n.waitLeader(t)
+	n.stop(leader.self)
+	var rest []*Cluster
+	for _, c := range n.nodes() {
+		if c != leader {
+			rest = append(rest, c)
+		}
+	}
+	// The election has not ended while rest[0] sees no quorum.
+	waitFor(t, rest[0].self+" sees the leader gone", 5*time.Second, func() bool { return !rest[0].Status().Quorum })
+	ctx := testContext(t, 20*time.Second)
+	if !rest[0].AwaitQuorum(ctx) {
+		t.Fatalf("%s: no quorum awaited after the leader %s stopped, with two of three voters up", rest[0].self, leader.self)
+	}
+	if !rest[0].Status().Quorum {
+		t.Fatalf("AwaitQuorum said yes, but %s's status has no quorum", rest[0].self)
+	}
+	n.stop(rest[1].self)
+	waitFor(t, rest[0].self+" loses its quorum", 5*time.Second, func() bool { return !rest[0].Status().Quorum })
+	began := time.Now()
+	if rest[0].AwaitQuorum(ctx) {
+		t.Fatalf("%s awaited a quorum alone of three voters", rest[0].self)
+	}
+	tm := rest[0].cfg.Timing
+	if took, bound := time.Since(began), 2*(tm.HeartbeatTimeout+tm.ElectionTimeout)+time.Second; took > bound {
+		t.Fatalf("AwaitQuorum without a majority returned after %s, want within %s", took, bound)
+	}
+}
