@@ -22,6 +22,12 @@ const (
 	// open; idleInterval while none is (the sparklines still fill).
 	viewedInterval = time.Second
 	idleInterval   = 5 * time.Second
+	// idlePerVolumes: with no page open, a cluster of more volumes than
+	// this is sampled as much less often as it has more (a sample reads
+	// every volume of every node), down to maxIdleInterval, which still
+	// leaves the sparklines ten points of their window.
+	idlePerVolumes  = 100
+	maxIdleInterval = ioWindow / 10
 	// busyInterval, while a page is open and a resync or verify runs,
 	// moves its bar smoothly.
 	busyInterval = 500 * time.Millisecond
@@ -150,8 +156,8 @@ func (m *monitor) run(ctx context.Context) {
 		case <-m.kick:
 			soon(0)
 		case <-timer.C:
-			busy := m.sample(ctx)
-			interval := idleInterval
+			busy, volumes := m.sample(ctx)
+			interval := idleEvery(volumes)
 			switch {
 			case m.viewers.Load() == 0:
 			case busy:
@@ -189,10 +195,19 @@ func (m *monitor) follow(ctx context.Context, out chan<- transport.Event) {
 	}
 }
 
+// idleEvery is the sampling interval with no page open, for a cluster of
+// volumes volumes.
+func idleEvery(volumes int) time.Duration {
+	if volumes <= idlePerVolumes {
+		return idleInterval
+	}
+	return min(maxIdleInterval, idleInterval*time.Duration(volumes)/idlePerVolumes)
+}
+
 // sample reads the status, this node's and the other nodes' own views
 // (their IO counters and events), and publishes a frame. It says whether
-// a resync or verify is under way.
-func (m *monitor) sample(ctx context.Context) (busy bool) {
+// a resync or verify is under way, and how many volumes the cluster has.
+func (m *monitor) sample(ctx context.Context) (busy bool, volumes int) {
 	ctx, cancel := context.WithTimeout(ctx, sampleTimeout)
 	defer cancel()
 	now := time.Now()
@@ -223,6 +238,7 @@ func (m *monitor) sample(ctx context.Context) (busy bool) {
 		}
 	}
 	pv := buildPage(in)
+	volumes = len(pv.Volumes)
 	for _, v := range pv.Volumes {
 		for _, r := range v.Replicas {
 			busy = busy || r.Resync != nil || r.Verify != nil
@@ -245,7 +261,7 @@ func (m *monitor) sample(ctx context.Context) (busy bool) {
 		f.VolumeIDs = append(f.VolumeIDs, v.ID)
 	}
 	m.publish(f)
-	return busy
+	return busy, volumes
 }
 
 // nodeViews is every reachable node's own view, by name: this node's from

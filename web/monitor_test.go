@@ -2,6 +2,7 @@ package web
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -28,6 +29,11 @@ func TestMonitorSamplingSchedule(t *testing.T) {
 			b := st.Volumes[0].Replica("beta")
 			b.Disk, b.Replication, b.ResyncDoneBytes, b.ResyncTotalBytes = "Inconsistent", "SyncTarget", 1, 2
 		}},
+		// A sample reads every volume: with none open, a large cluster
+		// is sampled less often, in proportion, down to a limit.
+		{name: "no page open, 300 volumes", want: 3 * idleInterval, bend: volumes(300)},
+		{name: "no page open, 1000 volumes", want: maxIdleInterval, bend: volumes(1000)},
+		{name: "a page open, 1000 volumes", viewers: 1, want: viewedInterval, bend: volumes(1000)},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -58,6 +64,17 @@ func TestMonitorSamplingSchedule(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// volumes makes a cluster of n volumes, each like its first.
+func volumes(n int) func(st *transport.ClusterStatus) {
+	return func(st *transport.ClusterStatus) {
+		for i := len(st.Volumes); i < n; i++ {
+			v := st.Volumes[0]
+			v.Name = fmt.Sprintf("vol%d", i)
+			st.Volumes = append(st.Volumes, v)
+		}
 	}
 }
 
