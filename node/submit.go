@@ -13,6 +13,25 @@ import (
 // here either sends to the session's loop and waits for it (enqueue,
 // submit, do) or, without a stream, marks the peer's bitmap.
 
+// submitAll hands e to every peer under protocol proto: the pendings to
+// wait for, and the first error of a peer whose missing of e could not be
+// tracked durably. Each pending holds held (when not nil) until it
+// completes.
+func (v *Volume) submitAll(e replication.Entry, proto byte, held *countdown) ([]*pending, error) {
+	var waits []*pending
+	var first error
+	for _, p := range v.streamingPeers() {
+		w, err := p.submit(e, proto, held)
+		if w != nil {
+			waits = append(waits, w)
+		}
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	return waits, first
+}
+
 // submit hands one write-type entry (or a flush) to the peer. It returns a
 // pending to wait for when the entry went into the stream, or nil when the
 // peer is not streaming: the blocks are then marked in its bitmap, after
