@@ -96,8 +96,18 @@ func (v *Volume) piece(off, length int64) int64 {
 	return min(length, (off/size+1)*size-off)
 }
 
-// replicate runs one write-type request: ordered behind earlier overlapping
-// requests, sent to the peers, applied locally, complete when all are.
+// replicate runs one write-type request through the write's pipeline, its
+// stages in the order they run, each in one place:
+//
+//  1. admit: ordered behind earlier overlapping requests (the range lock),
+//     the extent durably in the activity log;
+//  2. ship: each peer's session takes e, or what the peer misses is marked
+//     in its bitmap, after the volume durably tracks it (submit.go);
+//  3. write here, or mark what a detached disk misses;
+//  4. wait for the peers as the protocol says (C every ack, B every
+//     receipt, A none);
+//  5. complete: under A and B each peer's lag counts the write from now;
+//     the write completes under a valid lease.
 func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func() error) error {
 	if err := v.enter(ctx); err != nil {
 		return err
@@ -109,6 +119,8 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 		return fmt.Errorf("%s: write at %d+%d beyond the volume's %d bytes (%w)", v.name, e.Off, e.Length, size, syscall.EINVAL)
 	}
 	v.lastWrite.Store(time.Now().UnixNano())
+
+	// 1. Admit.
 	release, err := v.locks.Lock(ctx, e.Off, e.Length)
 	if err != nil {
 		return err
@@ -150,13 +162,19 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	if err := v.throttleLag(ctx, proto); err != nil {
 		return err
 	}
+
+	// 2. Ship.
 	waits, serr := v.submitAll(e, proto, held)
 	if serr != nil {
 		// A peer misses this write and that could not be tracked durably:
 		// it must not be acknowledged, so it is not written here either.
-		waitAll(waits)
+		for _, w := range waits {
+			<-w.done
+		}
 		return fmt.Errorf("write at %d: %w (%w)", e.Off, serr, syscall.EIO)
 	}
+
+	// 3. Write here.
 	// A detached disk is skipped; what it misses is marked BEFORE the
 	// write completes.
 	v.mu.Lock()
@@ -177,16 +195,52 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 			}
 		}
 	}
+
+	// 4. Wait for the peers. acked: a peer at least took the write; perr:
+	// the first failure to track a write a peer did not take.
 	var acked bool
 	var perr error
 	switch proto {
-	case 'C':
-		acked, perr = waitAll(waits)
-	case 'B':
-		perr = waitReceived(waits)
+	case 'C': // every ack (or completion)
+		for _, w := range waits {
+			<-w.done
+			acked = acked || w.acked
+			if w.err != nil && perr == nil {
+				perr = w.err
+			}
+		}
+	case 'B': // every receipt; a failure to track ends the wait
+	receipts:
+		for _, w := range waits {
+			<-w.received
+			select {
+			case <-w.done:
+				if w.err != nil {
+					perr = w.err
+					break receipts
+				}
+			default:
+			}
+		}
 	}
+
+	// 5. Complete. Under A and B the client has the write before its peers
+	// do: each peer's loop counts it in the peer's lag from now, before this
+	// returns. A write whose session ended is not counted: its blocks are
+	// marked.
 	if proto != 'C' && lerr == nil {
-		v.lagged(waits, e.Length)
+		now := time.Now()
+		for _, w := range waits {
+			if w.sess == nil || w.lagSeq == 0 {
+				continue
+			}
+			ran := make(chan struct{})
+			select {
+			case w.sess.completions <- localCompletion{seq: w.lagSeq, bytes: e.Length, at: now, ran: ran}:
+				<-ran
+			case <-w.sess.ended:
+			}
+		}
 	}
 	switch {
 	case perr != nil:
@@ -240,35 +294,6 @@ func (v *Volume) flushAll() error {
 	return nil
 }
 
-// waitReceived waits until every pending was received by its peer (or
-// completed): protocol B. err is the first failure to track an entry a
-// peer did not take.
-func waitReceived(waits []*pending) error {
-	for _, w := range waits {
-		<-w.received
-		select {
-		case <-w.done:
-			if w.err != nil {
-				return w.err
-			}
-		default:
-		}
-	}
-	return nil
-}
-
-// lagged records, for protocols A and B, the write just acknowledged to
-// the client that its peers do not hold yet.
-func (v *Volume) lagged(waits []*pending, bytes int64) {
-	now := time.Now()
-	for _, w := range waits {
-		if w.sess == nil || w.lagSeq == 0 {
-			continue
-		}
-		w.sess.completedLocally(w.lagSeq, bytes, now)
-	}
-}
-
 // throttleLag holds a write back, under protocols A and B, while a
 // connected peer lags by max_lag or more (replication.ThrottleForLag).
 func (v *Volume) throttleLag(ctx context.Context, proto byte) error {
@@ -308,6 +333,7 @@ func (c *countdown) done() {
 
 // waitAll waits for every pending: acked says at least one peer took the
 // entry; err is the first failure to track an entry a peer did not take.
+// A flush waits so; a write waits so under protocol C, in its stage 4.
 func waitAll(waits []*pending) (acked bool, err error) {
 	for _, w := range waits {
 		<-w.done
