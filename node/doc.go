@@ -22,7 +22,13 @@
 // channel and wait on the pending they get back; the receiving goroutine
 // hands it acks and replies as messages; one sending goroutine writes the
 // frames it builds. Readers see the peer's state and lag as snapshots the
-// owners publish. The streams of all volumes to one peer node share one
+// owners publish. A write on the primary (write.go) is one pipeline, its
+// stages in the order they run: admit (the range lock, then the extent
+// durably in the activity log), ship (submit.go: each peer's session takes
+// the entry, or the peer's bitmap marks it once the volume durably tracks
+// the peer), write locally (or mark what a detached disk misses), wait as
+// the protocol says, complete (each peer's loop counts it in the lag, as a
+// message). The streams of all volumes to one peer node share one
 // heartbeat (pairbeat.go): one of them probes the node, and an idle
 // stream owes nothing while the node answers on any. A secondary (secondary.go) applies the stream in order,
 // and one goroutine writes its side of it; an old primary reached by a

@@ -134,8 +134,12 @@ type session struct {
 	acks    chan ackMsg
 	replies chan replyMsg
 	calls   chan func()
-	works   chan func() error
-	synced  chan *pending // a syncDone whose commit (syncDoneAcked) returned
+	// A writer's news (submit.go): blocks a Behind peer misses, a write
+	// acknowledged to its client.
+	behind      chan behindMark
+	completions chan localCompletion
+	works       chan func() error
+	synced      chan *pending // a syncDone whose commit (syncDoneAcked) returned
 	// Out of the loop: frames for the sending goroutine.
 	out chan *transport.Frame
 	// ended is closed when the loop stops taking messages; finished once
@@ -208,6 +212,7 @@ func newSession(ctx context.Context, p *peer, s *transport.ReplStream, timeout t
 	sctx, cancel := context.WithCancel(ctx)
 	ss := &session{p: p, stream: s, ctx: sctx, cancel: cancel, timeout: timeout, errc: make(chan error, 1),
 		submits: make(chan submission), acks: make(chan ackMsg, 64), replies: make(chan replyMsg), calls: make(chan func()),
+		behind: make(chan behindMark), completions: make(chan localCompletion),
 		works: make(chan func() error), synced: make(chan *pending, 1), out: make(chan *transport.Frame, maxFramesInFlight+1),
 		ended: make(chan struct{}), finished: make(chan struct{})}
 	ss.lastRecv.Store(time.Now().UnixNano())
@@ -328,6 +333,10 @@ wait:
 			s.syncCommitted(pd)
 		case f := <-s.calls:
 			f()
+		case m := <-s.behind:
+			s.markedBehind(m)
+		case c := <-s.completions:
+			s.completedLocally(c)
 		case work := <-s.works:
 			s.extra.Add(1)
 			go func() {
@@ -354,6 +363,19 @@ wait:
 	s.extra.Wait()
 	s.end()
 	s.err = err
+}
+
+// do runs f on the loop and returns once it ran; false: the loop ended,
+// f did not run.
+func (s *session) do(f func()) bool {
+	ran := make(chan struct{})
+	select {
+	case s.calls <- func() { f(); close(ran) }:
+		<-ran
+		return true
+	case <-s.ended:
+		return false
+	}
 }
 
 // accept queues pd; the loop owns it from here.

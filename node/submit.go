@@ -7,29 +7,54 @@ import (
 	"github.com/replvol/replvol/replication"
 )
 
-// The write-facing side of a peer: what a writer (Volume.replicate,
-// through submitAll) calls to hand an entry to the peer's session, or to
-// mark it for the peer when it is not streaming or is Behind. Everything
-// here either sends to the session's loop and waits for it (enqueue,
-// submit, do) or, without a stream, marks the peer's bitmap.
+// The write-facing side of the peers, stage 2 of a write (write.go): what
+// a writer calls to hand an entry to each peer's session, or to mark it
+// for the peer when it is not streaming or is Behind, in the order a write
+// calls it. Everything here either sends to the session's loop and waits
+// for it (enqueue, submit, markBehind) or, without a stream, marks the
+// peer's bitmap. The loop's side of a writer's messages follows: the
+// blocks a Behind peer misses, and the completion a write sends at its end
+// (stage 5).
+
+// submitAll hands e to every peer under protocol proto: the pendings to
+// wait for, and the first error of a peer whose missing of e could not be
+// tracked durably. Each pending holds held (when not nil) until it
+// completes.
+func (v *Volume) submitAll(e replication.Entry, proto byte, held *countdown) ([]*pending, error) {
+	var waits []*pending
+	var first error
+	for _, p := range v.streamingPeers() {
+		w, err := p.submit(e, proto, held)
+		if w != nil {
+			waits = append(waits, w)
+		}
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	return waits, first
+}
 
 // submit hands one write-type entry (or a flush) to the peer. It returns a
 // pending to wait for when the entry went into the stream, or nil when the
-// peer is not streaming: the blocks are then marked in its bitmap, after
-// the volume durably started tracking the peer. err says that tracking
-// could not be made durable: the write must not complete.
+// peer misses it: it is not streaming, or it is Behind (pull-ahead). The
+// blocks it misses are then marked in its bitmap, after the volume durably
+// started tracking the peer. err says that tracking could not be made
+// durable: the write must not complete.
 func (p *peer) submit(e replication.Entry, proto byte, held *countdown) (*pending, error) {
+	changes := changesData(e.Op)
 	for {
+		var err error
 		if s := p.session(); s != nil {
 			pd := newPending(e)
 			pd.sess = s
-			congestion := proto != 'C' && changesData(e.Op)
+			congestion := proto != 'C' && changes
 			if congestion {
 				// The send buffer holds what crosses the link: a TRIM or
 				// WRITE_ZEROES of any range costs only its header.
 				pd.wire = int64(e.EncodedLen())
 			}
-			if changesData(e.Op) && proto == 'B' {
+			if changes && proto == 'B' {
 				pd.received = make(chan struct{})
 			}
 			if held != nil {
@@ -40,7 +65,7 @@ func (p *peer) submit(e replication.Entry, proto byte, held *countdown) (*pendin
 			if congestion {
 				got = s.submit(pd)
 			} else {
-				if changesData(e.Op) {
+				if changes {
 					pd.lagSeq = p.writeSeq.Add(1)
 				}
 				got = admitEnded
@@ -54,51 +79,36 @@ func (p *peer) submit(e replication.Entry, proto byte, held *countdown) (*pendin
 			if held != nil {
 				held.done()
 			}
-			if got == admitMark {
-				return nil, p.markBehind(&e)
+			if got == admitEnded {
+				continue // it just ended: its end marks what it held
 			}
-			continue // it just ended: its end marks what it held
+			// admitMark: the peer is Behind. It misses the write as a peer
+			// that is gone does, once the volume durably tracks it; its
+			// loop marks the blocks.
+			err = p.v.track(p, true)
+			if s := p.session(); s != nil && s.markBehind(&e) {
+				return nil, err
+			}
+			// The stream ended meanwhile: its end marked what it held;
+			// this write is marked here, and its lag is not counted.
+		} else {
+			if !changes {
+				// A flush the peer misses changes no block of it: nothing
+				// to mark, and no reason to leave the generation it shares.
+				return nil, nil
+			}
+			if err = p.v.startTracking(p); err == nil {
+				if p.v.markUnlessStreaming(p, &e) {
+					return nil, nil
+				}
+				continue // a session started meanwhile: the entry goes to it
+			}
 		}
-		if !changesData(e.Op) {
-			// A flush the peer misses changes no block of it: nothing to
-			// mark, and no reason to leave the generation it shares.
-			return nil, nil
-		}
-		if err := p.v.startTracking(p); err != nil {
-			markEntry(p.bm, &e)
-			return nil, err
-		}
-		if p.v.markUnlessStreaming(p, &e) {
-			return nil, nil
-		}
-		// a session started meanwhile: the entry goes to it
+		// Both ways here e changes blocks: they are marked without the
+		// stream.
+		p.bm.SetBits(e.Off, e.Length)
+		return nil, err
 	}
-}
-
-// markUnlessStreaming marks e for p unless a stream to p started: the
-// handshake switches writes to the stream under v.stateMu, so each write
-// is marked before the switch or queued after it. It reports whether e
-// was marked.
-func (v *Volume) markUnlessStreaming(p *peer, e *replication.Entry) bool {
-	v.stateMu.Lock()
-	defer v.stateMu.Unlock()
-	if p.session() != nil {
-		return false
-	}
-	markEntry(p.bm, e)
-	return true
-}
-
-// markBehind marks e for a peer that is Behind (pull-ahead), after the
-// volume durably started tracking it, as for a peer that is gone.
-func (p *peer) markBehind(e *replication.Entry) error {
-	err := p.v.track(p, true)
-	if s := p.session(); s == nil || !s.markBehind(e) {
-		// The stream ended meanwhile: its end marked what it held; the
-		// lag of this write is not counted.
-		markEntry(p.bm, e)
-	}
-	return err
 }
 
 // enqueue hands pd to the loop. It reports false when the session has
@@ -126,12 +136,13 @@ func (s *session) submit(pd *pending) admission {
 	}
 }
 
-// do runs f on the loop and returns once it ran; false: the loop ended,
-// f did not run.
-func (s *session) do(f func()) bool {
+// markBehind has the loop mark e's blocks for its Behind peer
+// (markedBehind) and returns once they are marked; false: the session
+// ended, nothing was marked.
+func (s *session) markBehind(e *replication.Entry) bool {
 	ran := make(chan struct{})
 	select {
-	case s.calls <- func() { f(); close(ran) }:
+	case s.behind <- behindMark{e: e, ran: ran}:
 		<-ran
 		return true
 	case <-s.ended:
@@ -139,32 +150,61 @@ func (s *session) do(f func()) bool {
 	}
 }
 
-// completedLocally tells the loop that the write it numbered seq was
-// acknowledged to its client at (protocols A and B), for the peer's lag;
-// the lag counts it when this returns. A write whose session ended is not
-// counted: its blocks are marked.
-func (s *session) completedLocally(seq uint64, bytes int64, at time.Time) {
-	s.do(func() {
-		s.p.lag.Completed(seq, bytes, at)
-		s.publishLag()
-	})
+// markUnlessStreaming marks e for p unless a stream to p started: the
+// handshake switches writes to the stream under v.stateMu, so each write
+// is marked before the switch or queued after it. It reports whether e
+// was marked.
+func (v *Volume) markUnlessStreaming(p *peer, e *replication.Entry) bool {
+	v.stateMu.Lock()
+	defer v.stateMu.Unlock()
+	if p.session() != nil {
+		return false
+	}
+	p.bm.SetBits(e.Off, e.Length)
+	return true
 }
 
-// markBehind marks e's blocks for the peer; blocks under resync runs in
-// flight are remembered: those runs carry older data, and their acks must
-// leave the marks. It runs on the loop, so marking and clearRun exclude
-// each other; false: the session ended, nothing was marked.
-func (s *session) markBehind(e *replication.Entry) bool {
-	return s.do(func() {
-		s.remark(e.Off, e.Length)
-		before := s.p.bm.Count()
-		markEntry(s.p.bm, e)
-		// The lag counts blocks newly marked, not a block twice.
-		if n := (s.p.bm.Count() - before) * replication.BlockSize; n > 0 {
-			s.p.lag.Marked(n, time.Now())
-			s.publishLag()
-		}
-	})
+// What a writer tells the loop, as messages; ran is closed once the loop
+// has taken the news in, so the writer sees it counted when it goes on.
+
+// behindMark: the Behind peer misses e (session.markBehind).
+type behindMark struct {
+	e   *replication.Entry
+	ran chan struct{}
+}
+
+// localCompletion: the write the loop numbered seq (lagSeq), of bytes, was
+// acknowledged to its client at, under protocol A or B, while the peer may
+// not hold it yet (Volume.replicate).
+type localCompletion struct {
+	seq   uint64
+	bytes int64
+	at    time.Time
+	ran   chan struct{}
+}
+
+// markedBehind marks the blocks of m.e for the peer; blocks under resync
+// runs in flight are remembered: those runs carry older data, and their
+// acks must leave the marks. It runs on the loop, so marking and clearRun
+// exclude each other.
+func (s *session) markedBehind(m behindMark) {
+	s.remark(m.e.Off, m.e.Length)
+	before := s.p.bm.Count()
+	markEntry(s.p.bm, m.e)
+	// The lag counts blocks newly marked, not a block twice.
+	if n := (s.p.bm.Count() - before) * replication.BlockSize; n > 0 {
+		s.p.lag.Marked(n, time.Now())
+		s.publishLag()
+	}
+	close(m.ran)
+}
+
+// completedLocally counts, on the loop, a write its client has in the
+// peer's lag.
+func (s *session) completedLocally(c localCompletion) {
+	s.p.lag.Completed(c.seq, c.bytes, c.at)
+	s.publishLag()
+	close(c.ran)
 }
 
 func (s *session) remark(off, length int64) {

@@ -1,0 +1,346 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/replvol/replvol/backing"
+	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/replication"
+)
+
+// WriteAt implements nbd.Export. It returns after the local disk AND every
+// connected peer wrote p (protocol C); a peer that is not connected has the
+// blocks marked out of sync instead, BEFORE this returns.
+func (v *Volume) WriteAt(ctx context.Context, p []byte, off int64, fua bool) error {
+	defer v.latency.observe(opWrite, time.Now())
+	var flags uint8
+	if fua {
+		flags = replication.EntryFUA
+	}
+	v.writes.Add(1)
+	v.writeBytes.Add(uint64(len(p)))
+	for {
+		n := v.piece(off, int64(len(p)))
+		part := p[:n]
+		e := replication.Entry{Op: replication.OpWrite, Flags: flags, Off: off, Length: n, Data: part}
+		err := v.replicate(ctx, e, func() error {
+			if fua {
+				return backing.WriteSync(v.disk, part, e.Off)
+			}
+			_, err := v.disk.WriteAt(part, e.Off)
+			return err
+		})
+		if err != nil || n == int64(len(p)) {
+			return err
+		}
+		p, off = p[n:], off+n
+	}
+}
+
+// WriteZeroes implements nbd.Export. The blocks become holes where the
+// disk can punch them, here and on every peer.
+func (v *Volume) WriteZeroes(ctx context.Context, off, length int64, fua bool) error {
+	defer v.latency.observe(opWriteZeroes, time.Now())
+	return v.zeroRange(ctx, replication.OpZero, off, length, fua)
+}
+
+// Trim implements nbd.Export. Trimmed blocks read back as zeroes on every
+// replica, so the replicas stay identical.
+func (v *Volume) Trim(ctx context.Context, off, length int64) error {
+	defer v.latency.observe(opTrim, time.Now())
+	return v.zeroRange(ctx, replication.OpTrim, off, length, false)
+}
+
+// zeroRange replicates a TRIM or WRITE_ZEROES piece by piece: NBD allows
+// up to 4 GiB in one request (mkfs, fstrim and blkdiscard send that much),
+// far more than one replication entry carries.
+func (v *Volume) zeroRange(ctx context.Context, op replication.Op, off, length int64, fua bool) error {
+	var flags uint8
+	if fua {
+		flags = replication.EntryFUA
+	}
+	for {
+		n := v.piece(off, length)
+		e := replication.Entry{Op: op, Flags: flags, Off: off, Length: n}
+		err := v.replicate(ctx, e, func() error {
+			if err := v.disk.Zero(e.Off, e.Length); err != nil {
+				return err
+			}
+			if fua {
+				return v.disk.Sync()
+			}
+			return nil
+		})
+		if err != nil || n == length {
+			return err
+		}
+		off, length = off+n, length-n
+	}
+}
+
+// piece returns how much of [off, off+length) one replicated request
+// carries: at most one replication entry (replication.MaxEntryLength),
+// and no more activity-log extents than half the log holds, so that a
+// request never waits for more hot extents than the log has (a write that
+// needs all of them at once could never be admitted). Pieces end on
+// multiples of their size, so each touches as few extents as it can.
+func (v *Volume) piece(off, length int64) int64 {
+	size := int64(replication.MaxEntryLength)
+	if slots := int64(v.md.ActivityLog().Extents()); slots > 0 {
+		size = min(size, max(1, slots/2)*metadata.ExtentSize)
+	}
+	return min(length, (off/size+1)*size-off)
+}
+
+// replicate runs one write-type request through the write's pipeline, its
+// stages in the order they run, each in one place:
+//
+//  1. admit: ordered behind earlier overlapping requests (the range lock),
+//     the extent durably in the activity log;
+//  2. ship: each peer's session takes e, or what the peer misses is marked
+//     in its bitmap, after the volume durably tracks it (submit.go);
+//  3. write here, or mark what a detached disk misses;
+//  4. wait for the peers as the protocol says (C every ack, B every
+//     receipt, A none);
+//  5. complete: under A and B each peer's lag counts the write from now;
+//     the write completes under a valid lease.
+func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func() error) error {
+	if err := v.enter(ctx); err != nil {
+		return err
+	}
+	defer v.io.Done()
+	if size := v.size.Load(); e.Off < 0 || e.Length < 0 || e.Off+e.Length > size {
+		// Past the end: NBD never sends it; past the old end during a
+		// resize, the peers may not hold it yet.
+		return fmt.Errorf("%s: write at %d+%d beyond the volume's %d bytes (%w)", v.name, e.Off, e.Length, size, syscall.EINVAL)
+	}
+	v.lastWrite.Store(time.Now().UnixNano())
+
+	// 1. Admit.
+	release, err := v.locks.Lock(ctx, e.Off, e.Length)
+	if err != nil {
+		return err
+	}
+	defer release()
+	// The extent is in the activity log, durably, BEFORE the data is
+	// written anywhere: after a crash, only the log's extents can differ.
+	// A detached disk gets no data, so it needs no log entry; a log that
+	// cannot be written means the disk failed: detach it.
+	al := v.md.ActivityLog()
+	alFailed := false
+	// The extent leaves the log's working set only once every peer has
+	// the write: under protocols A and B that is after this returns.
+	held := &countdown{}
+	held.add()
+	defer held.done()
+	if !v.isDetached() {
+		if err := al.Admit(ctx, e.Off, e.Length); err != nil {
+			v.log.Error("activity log", "err", err)
+			if !v.detach(err) {
+				return fmt.Errorf("activity log: %w", syscall.EIO)
+			}
+			alFailed = true
+		} else {
+			held.f = func() { al.Done(e.Off, e.Length) }
+		}
+	}
+	proto := v.settings().protocol
+	v.mu.Lock()
+	if v.detached || alFailed || v.d.gens.Current.IsZero() {
+		// Only a peer holds the whole volume: wait for it (protocol C).
+		proto = 'C'
+	}
+	v.mu.Unlock()
+	if proto == 'A' && e.Data != nil {
+		// The entry outlives this call; the client's buffer does not.
+		e.Data = append([]byte(nil), e.Data...)
+	}
+	if err := v.throttleLag(ctx, proto); err != nil {
+		return err
+	}
+
+	// 2. Ship.
+	waits, serr := v.submitAll(e, proto, held)
+	if serr != nil {
+		// A peer misses this write and that could not be tracked durably:
+		// it must not be acknowledged, so it is not written here either.
+		for _, w := range waits {
+			<-w.done
+		}
+		return fmt.Errorf("write at %d: %w (%w)", e.Off, serr, syscall.EIO)
+	}
+
+	// 3. Write here.
+	// A detached disk is skipped; what it misses is marked BEFORE the
+	// write completes.
+	v.mu.Lock()
+	skipped := v.detached || alFailed
+	if skipped {
+		v.localMissing.SetRange(e.Off, e.Length)
+	}
+	// While this primary copies newer data from its peer, only the peer's
+	// copy is whole: a write the peer did not take fails.
+	pulling := v.d.gens.Current.IsZero()
+	v.mu.Unlock()
+	var lerr error
+	if !skipped {
+		if lerr = local(); lerr != nil {
+			v.log.Error("local write failed", "op", e.Op, "off", e.Off, "len", e.Length, "err", lerr)
+			if skipped = v.detach(lerr); skipped {
+				v.localMissing.SetRange(e.Off, e.Length)
+			}
+		}
+	}
+
+	// 4. Wait for the peers. acked: a peer at least took the write; perr:
+	// the first failure to track a write a peer did not take.
+	var acked bool
+	var perr error
+	switch proto {
+	case 'C': // every ack (or completion)
+		for _, w := range waits {
+			<-w.done
+			acked = acked || w.acked
+			if w.err != nil && perr == nil {
+				perr = w.err
+			}
+		}
+	case 'B': // every receipt; a failure to track ends the wait
+	receipts:
+		for _, w := range waits {
+			<-w.received
+			select {
+			case <-w.done:
+				if w.err != nil {
+					perr = w.err
+					break receipts
+				}
+			default:
+			}
+		}
+	}
+
+	// 5. Complete. Under A and B the client has the write before its peers
+	// do: each peer's loop counts it in the peer's lag from now, before this
+	// returns. A write whose session ended is not counted: its blocks are
+	// marked.
+	if proto != 'C' && lerr == nil {
+		now := time.Now()
+		for _, w := range waits {
+			if w.sess == nil || w.lagSeq == 0 {
+				continue
+			}
+			ran := make(chan struct{})
+			select {
+			case w.sess.completions <- localCompletion{seq: w.lagSeq, bytes: e.Length, at: now, ran: ran}:
+				<-ran
+			case <-w.sess.ended:
+			}
+		}
+	}
+	switch {
+	case perr != nil:
+		return fmt.Errorf("write at %d: %w (%w)", e.Off, perr, syscall.EIO)
+	case skipped && !acked:
+		return fmt.Errorf("write at %d: %w (%w)", e.Off, errNoCopy, syscall.EIO)
+	case pulling && !acked:
+		return fmt.Errorf("write at %d: %s is copying newer data from its peer and the peer did not take the write; it completes again once the peer is back (%w)", e.Off, v.self, syscall.EIO)
+	case !skipped && lerr != nil:
+		return fmt.Errorf("local write: %w", syscall.EIO)
+	}
+	// Completed only under a valid lease (authority mode).
+	return v.holdLease(ctx)
+}
+
+// Flush implements nbd.Export: every write completed before it is durable
+// on the local disk AND on every connected peer when it returns.
+func (v *Volume) Flush(ctx context.Context) error {
+	defer v.latency.observe(opFlush, time.Now())
+	if err := v.enter(ctx); err != nil {
+		return err
+	}
+	defer v.io.Done()
+	v.flushes.Add(1)
+	if err := v.flushAll(); err != nil {
+		return err
+	}
+	return v.holdLease(ctx)
+}
+
+func (v *Volume) flushAll() error {
+	waits, _ := v.submitAll(replication.Entry{Op: replication.OpFlush}, 'C', nil)
+	var err error
+	if !v.isDetached() {
+		if err = v.disk.Sync(); err != nil {
+			v.log.Error("local flush failed", "err", err)
+			if v.detach(err) {
+				err = nil
+			}
+		}
+	}
+	acked, perr := waitAll(waits)
+	switch {
+	case err != nil:
+		return fmt.Errorf("local flush: %w", syscall.EIO)
+	case perr != nil:
+		return fmt.Errorf("flush: %w (%w)", perr, syscall.EIO)
+	case v.isDetached() && !acked:
+		return fmt.Errorf("flush: %w (%w)", errNoCopy, syscall.EIO)
+	}
+	return nil
+}
+
+// throttleLag holds a write back, under protocols A and B, while a
+// connected peer lags by max_lag or more (replication.ThrottleForLag).
+func (v *Volume) throttleLag(ctx context.Context, proto byte) error {
+	maxLag := v.settings().maxLag
+	if proto == 'C' || maxLag <= 0 {
+		return nil
+	}
+	for _, p := range v.streamingPeers() {
+		for {
+			lag, _ := p.lagOf(time.Now())
+			if !replication.ThrottleForLag(maxLag, lag, p.session() != nil) {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}
+	return nil
+}
+
+// countdown runs f once every holder is done.
+type countdown struct {
+	n atomic.Int32
+	f func()
+}
+
+func (c *countdown) add() { c.n.Add(1) }
+
+func (c *countdown) done() {
+	if c.n.Add(-1) == 0 && c.f != nil {
+		c.f()
+	}
+}
+
+// waitAll waits for every pending: acked says at least one peer took the
+// entry; err is the first failure to track an entry a peer did not take.
+// A flush waits so; a write waits so under protocol C, in its stage 4.
+func waitAll(waits []*pending) (acked bool, err error) {
+	for _, w := range waits {
+		<-w.done
+		acked = acked || w.acked
+		if w.err != nil && err == nil {
+			err = w.err
+		}
+	}
+	return acked, err
+}
