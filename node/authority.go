@@ -10,6 +10,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/internal/pki"
 	"github.com/replvol/replvol/node/cluster"
@@ -62,6 +63,10 @@ type clusterState struct {
 	why  string
 	// lease is the primary's lease duration.
 	lease time.Duration
+	// clock is the cluster's (Cluster.Clock): the cluster loop's steps,
+	// the renewals' pace and the primary's check of its lease keep the
+	// time its leases are granted in.
+	clock clock.Clock
 
 	// watch follows clusterLoop's steps (it owns it): time this node did
 	// not observe (a pause of its process) is not held against a primary.
@@ -103,7 +108,7 @@ func (n *Node) openCluster(dir string, opts Options) error {
 		return fmt.Errorf("node %s: cluster: %w", n.name, err)
 	}
 	auto, why := n.config().FailoverMode()
-	n.cl = &clusterState{c: c, auto: auto, why: why, lease: timing.LeaseDuration, watch: cluster.Watch{Every: clusterTick},
+	n.cl = &clusterState{c: c, auto: auto, why: why, lease: timing.LeaseDuration, clock: c.Clock(), watch: cluster.Watch{Every: clusterTick},
 		promoting: map[string]bool{}, failoverWhy: map[string]string{}, termSeen: map[string]cluster.Term{}}
 	for _, v := range n.volumes() {
 		v.auth = auto
@@ -182,7 +187,7 @@ func (c *control) Membership(ctx context.Context, r *transport.MembershipRequest
 // state machine says, and the leader fails over volumes whose primary is
 // lost.
 func (n *Node) clusterLoop(stop <-chan struct{}) {
-	tick := time.NewTicker(clusterTick)
+	tick := n.cl.clock.NewTicker(clusterTick)
 	defer tick.Stop()
 	var meta []byte
 	for {
@@ -190,11 +195,11 @@ func (n *Node) clusterLoop(stop <-chan struct{}) {
 		case <-stop:
 			return
 		case <-n.cl.c.Changed():
-		case <-tick.C:
+		case <-tick.C():
 		}
 		// One clock reading per step: if the process pauses within the
 		// step, what it decides holds for that moment.
-		now := time.Now()
+		now := n.cl.clock.Now()
 		office := n.cl.c.LeadingSince()
 		observing, gap := n.cl.watch.Step(now, office)
 		switch {
@@ -609,12 +614,12 @@ func (v *Volume) renewLeases(ctx context.Context, epoch uint64) {
 		if ctx.Err() == nil {
 			watch.note(v, epoch, err)
 		}
-		t := time.NewTimer(every)
+		t := cl.clock.NewTimer(every)
 		select {
 		case <-ctx.Done():
 		case <-v.stopping:
 			cancel()
-		case <-t.C:
+		case <-t.C():
 		}
 		t.Stop()
 		if isClosed(v.stopping) {
@@ -643,7 +648,7 @@ func (v *Volume) wakeLeaseWaitersLocked() {
 // leaseHeldLocked reports whether this primary may complete IO now: it
 // holds a valid lease, or it is not in authority mode. Callers hold v.mu.
 func (v *Volume) leaseHeldLocked() bool {
-	return !v.auth || v.serving == volstate.OpenWithoutLease || time.Now().Before(v.lease)
+	return !v.auth || v.serving == volstate.OpenWithoutLease || v.node.cl.clock.Now().Before(v.lease)
 }
 
 // holdLease returns once this primary holds a valid lease: IO freezes
@@ -741,11 +746,11 @@ func (v *Volume) awaitReclaim(epoch uint64) bool {
 	if !forced {
 		return false
 	}
-	timer := time.NewTimer(v.node.cl.lease / 3)
+	timer := v.node.cl.clock.NewTimer(v.node.cl.lease / 3)
 	defer timer.Stop()
 	select {
 	case <-wake:
-	case <-timer.C:
+	case <-timer.C():
 	case <-v.stopping:
 		return false
 	}

@@ -167,24 +167,20 @@ func replica(st *transport.ClusterStatus, node string) transport.ReplicaStatus {
 // waitInSync waits until every replica is UpToDate and Connected.
 func (c *testCluster) waitInSync() {
 	c.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		st := c.status()
+	var st *transport.ClusterStatus
+	if !within(30*time.Second, 10*time.Millisecond, func() bool {
+		st = c.status()
 		ok := true
 		for _, r := range st.Volumes[0].Replicas {
 			ok = ok && r.Disk == "UpToDate" && r.Replication == "Connected" && r.OutOfSyncBytes == 0
 		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			// What every goroutine waits on says why.
-			var dump strings.Builder
-			pprof.Lookup("goroutine").WriteTo(&dump, 1)
-			c.t.Log(dump.String())
-			c.t.Fatalf("replicas not in sync: %+v", st.Volumes[0].Replicas)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return ok
+	}) {
+		// What every goroutine waits on says why.
+		var dump strings.Builder
+		pprof.Lookup("goroutine").WriteTo(&dump, 1)
+		c.t.Log(dump.String())
+		c.t.Fatalf("replicas not in sync: %+v", st.Volumes[0].Replicas)
 	}
 }
 
@@ -258,12 +254,8 @@ func holeUpTo(f *os.File, off, n int64) bool {
 // eventually waits for cond, which an asynchronous event makes true.
 func eventually(t *testing.T, cond func() bool, what string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting: %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !within(10*time.Second, 10*time.Millisecond, cond) {
+		t.Fatalf("timed out waiting: %s", what)
 	}
 }
 

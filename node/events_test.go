@@ -46,12 +46,19 @@ loop:
 		t.Fatal(err)
 	}
 	defer acl.Close()
+	alpha := c.nodes["alpha"]
+	subscribers := func() int {
+		alpha.events.mu.Lock()
+		defer alpha.events.mu.Unlock()
+		return len(alpha.events.subs)
+	}
+	before := subscribers()
 	onAlpha := make(chan *transport.Event, 64)
 	go acl.Events(ctx, &transport.EventsRequest{}, func(e *transport.Event) error {
 		onAlpha <- e
 		return nil
 	})
-	time.Sleep(200 * time.Millisecond) // the live stream is subscribed
+	eventually(t, func() bool { return subscribers() > before }, "alpha's live stream is subscribed")
 	c.vol("beta").setAdminDown(true)
 	c.vol("beta").setAdminDown(false)
 	// The primary's record of beta coming back names the peer and the

@@ -67,16 +67,13 @@ func waitMetric(t *testing.T, n *Node, what string, cond func(float64) bool, nam
 	t.Helper()
 	var got float64
 	var ok bool
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		if got, ok = metricValue(t, n, name, labels...); ok && cond(got) {
-			return got
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %s%v on %s is %v (present: %v)", what, name, labels, n.name, got, ok)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !within(15*time.Second, 20*time.Millisecond, func() bool {
+		got, ok = metricValue(t, n, name, labels...)
+		return ok && cond(got)
+	}) {
+		t.Fatalf("%s: %s%v on %s is %v (present: %v)", what, name, labels, n.name, got, ok)
 	}
+	return got
 }
 
 // scrapeFamily returns the lines of a scrape about one family.

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -89,6 +90,7 @@ func TestAdjustChangesTheProtocolWhileWriting(t *testing.T) {
 	ctx := context.Background()
 	stop := make(chan struct{})
 	errs := make(chan error, 1)
+	var wrote atomic.Int64
 	go func() {
 		defer close(errs)
 		for i := 0; ; i++ {
@@ -101,6 +103,7 @@ func TestAdjustChangesTheProtocolWhileWriting(t *testing.T) {
 				errs <- err
 				return
 			}
+			wrote.Add(1)
 		}
 	}()
 	resynced := replica(c.status(), "beta").ResyncedBytes
@@ -109,7 +112,8 @@ func TestAdjustChangesTheProtocolWhileWriting(t *testing.T) {
 		if err != nil || len(r.Nodes) != 2 {
 			t.Fatalf("adjust to %s: %+v, %v", p, r, err)
 		}
-		time.Sleep(100 * time.Millisecond) // writes run under it
+		from := wrote.Load()
+		eventually(t, func() bool { return wrote.Load() >= from+64 || len(errs) > 0 }, "writes run under protocol "+p)
 	}
 	close(stop)
 	if err := <-errs; err != nil {

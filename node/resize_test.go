@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -94,7 +95,7 @@ func (c *testCluster) nbdSize(name string) int64 {
 type writer struct {
 	stop   chan struct{}
 	done   sync.WaitGroup
-	writes int
+	writes atomic.Int64
 }
 
 func startWriter(t *testing.T, v *Volume, limit int64) *writer {
@@ -120,16 +121,23 @@ func startWriter(t *testing.T, v *Volume, limit int64) *writer {
 					return
 				}
 			}
-			w.writes++
+			w.writes.Add(1)
 		}
 	}()
 	return w
 }
 
-func (w *writer) end() int {
+func (w *writer) end() int64 {
 	close(w.stop)
 	w.done.Wait()
-	return w.writes
+	return w.writes.Load()
+}
+
+// waitWrites waits until the writer has completed n more writes.
+func (w *writer) waitWrites(t *testing.T, n int64, what string) {
+	t.Helper()
+	from := w.writes.Load()
+	eventually(t, func() bool { return w.writes.Load() >= from+n }, what)
 }
 
 // TestResizeWhileWritingGrowsEveryReplicaWithoutAResync: alpha serves
@@ -172,12 +180,12 @@ func TestResizeWhileWritingGrowsEveryReplicaWithoutAResync(t *testing.T) {
 				c.scribble(name, resizeTo-mib, byte(20+i))
 			}
 			w := startWriter(t, c.vol("alpha"), resizeFrom)
-			time.Sleep(50 * time.Millisecond)
+			w.waitWrites(t, 64, "writes before the resize")
 			reply, err := c.resize("alpha", &transport.ResizeRequest{Size: resizeTo})
 			if err != nil {
 				t.Fatalf("resize: %v", err)
 			}
-			time.Sleep(50 * time.Millisecond)
+			w.waitWrites(t, 64, "writes after the resize")
 			writes := w.end()
 			if len(reply.Nodes) != 2 || reply.Nodes[0].Node != "beta" || reply.Nodes[1].Node != "alpha" {
 				t.Fatalf("resize went %+v, want beta then alpha", reply.Nodes)

@@ -70,20 +70,16 @@ func (c *testCluster) statusOf(from, name string) (*transport.ClusterStatus, *tr
 // and Connected.
 func (c *testCluster) waitVolumeInSync(name string) {
 	c.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, vs := c.statusOf("alpha", name)
+	var vs *transport.VolumeStatus
+	if !within(30*time.Second, 10*time.Millisecond, func() bool {
+		_, vs = c.statusOf("alpha", name)
 		ok := vs != nil && len(vs.Replicas) > 0
 		for _, r := range vs.Replicas {
 			ok = ok && r.Disk == "UpToDate" && r.Replication == "Connected" && r.OutOfSyncBytes == 0
 		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("replicas of %s not in sync: %+v", name, vs)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return ok
+	}) {
+		c.t.Fatalf("replicas of %s not in sync: %+v", name, vs)
 	}
 }
 

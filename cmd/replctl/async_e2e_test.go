@@ -198,26 +198,26 @@ func TestE2EProtocolGuaranteesOnPrimaryCrash(t *testing.T) {
 				// Wait for lag (in the send buffer, or marked while
 				// Behind), stop the clients, then read the lag: from
 				// then on it can only shrink.
-				deadline := time.Now().Add(20 * time.Second)
-				for {
-					v, err := c.asyncStatus("alpha")
+				var v *volumeStatus
+				var err error
+				if !within(20*time.Second, 50*time.Millisecond, func() bool {
+					v, err = c.asyncStatus("alpha")
 					var b *replicaStatus
 					if err == nil {
 						b = v.replica("beta")
 					}
 					if b != nil && tc.onCongestion == "block" && b.LagBytes >= tc.sendBuffer/2 {
-						break
+						return true
 					}
 					if b != nil && tc.onCongestion == "pull-ahead" && b.Replication == "Behind" {
 						if b.Disk != "UpToDate" {
 							t.Fatalf("beta Behind but %s the first time status shows it", b.Disk)
 						}
-						break
+						return true
 					}
-					if time.Now().After(deadline) {
-						t.Fatalf("no lag to speak of after 20 s (%v): %+v", err, v)
-					}
-					time.Sleep(50 * time.Millisecond)
+					return false
+				}) {
+					t.Fatalf("no lag to speak of after 20 s (%v): %+v", err, v)
 				}
 				aw.stop()
 			}

@@ -92,17 +92,15 @@ func (c *procCluster) unthrottle(node string) {
 func (c *procCluster) forcePrimary(node string) time.Duration {
 	c.t.Helper()
 	began := time.Now()
-	deadline := began.Add(20 * time.Second)
-	for {
-		r := c.ctl(node, "primary", volName, "--node", node, "--force", "--yes")
-		if r.ok() {
-			break
+	var r result
+	if !within(20*time.Second, 200*time.Millisecond, func() bool {
+		r = c.ctl(node, "primary", volName, "--node", node, "--force", "--yes")
+		if !r.ok() {
+			c.t.Logf("replctl primary --force on %s not accepted yet: %s", node, r)
 		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("replctl primary %s --node %s --force --yes: %s", volName, node, r)
-		}
-		c.t.Logf("replctl primary --force on %s not accepted yet: %s", node, r)
-		time.Sleep(200 * time.Millisecond)
+		return r.ok()
+	}) {
+		c.t.Fatalf("replctl primary %s --node %s --force --yes: %s", volName, node, r)
 	}
 	return time.Since(began)
 }
@@ -114,16 +112,15 @@ func (c *procCluster) dialExport(dial dialFunc, node string, timeout time.Durati
 	c.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	for {
-		conn, err := dialRawNBDVia(ctx, dial, c.uri(node), 2*time.Second, 10*time.Second)
-		if err == nil {
-			return conn
-		}
-		if ctx.Err() != nil {
-			c.t.Fatalf("%s's export: %v", node, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	var conn *rawNBD
+	var err error
+	if !within(timeout, 50*time.Millisecond, func() bool {
+		conn, err = dialRawNBDVia(ctx, dial, c.uri(node), 2*time.Second, 10*time.Second)
+		return err == nil || ctx.Err() != nil
+	}) || err != nil {
+		c.t.Fatalf("%s's export: %v", node, err)
 	}
+	return conn
 }
 
 // flush sends NBD_CMD_FLUSH and returns the server's errno.

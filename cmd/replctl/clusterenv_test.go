@@ -446,23 +446,23 @@ func (c *procCluster) anyStatus(skip ...string) (*statusDoc, *volumeStatus, erro
 // want as vol0's primary ("" : any primary) and returns the primary.
 func (c *procCluster) waitPrimary(want string, timeout time.Duration, skip ...string) string {
 	c.t.Helper()
-	deadline := time.Now().Add(timeout)
-	var last string
-	for {
+	var last, primary string
+	if !within(timeout, 100*time.Millisecond, func() bool {
 		_, v, err := c.anyStatus(skip...)
 		if err == nil && v.Primary != "" && (want == "" || v.Primary == want) {
-			return v.Primary
+			primary = v.Primary
+			return true
 		}
 		if err != nil {
 			last = err.Error()
 		} else {
 			last = fmt.Sprintf("primary %q epoch %d", v.Primary, v.Epoch)
 		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("vol0's primary is not %q after %s; last: %s", want, timeout, last)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return false
+	}) {
+		c.t.Fatalf("vol0's primary is not %q after %s; last: %s", want, timeout, last)
 	}
+	return primary
 }
 
 // hookRun is one line of hooks.log (clusterOpts.RecordHooks).

@@ -153,11 +153,7 @@ func TestE2EASIGHUPOfOneNodeIsAMismatch(t *testing.T) {
 // configWaitUntil polls cond for up to 20 s.
 func configWaitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !within(20*time.Second, 50*time.Millisecond, cond) {
+		t.Fatalf("timed out waiting for %s", what)
 	}
 }

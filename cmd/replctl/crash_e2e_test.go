@@ -149,20 +149,20 @@ func (c *procCluster) uri(name string) string {
 func (c *procCluster) waitListening(name string, timeout time.Duration) {
 	t := c.t
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		conn, err := net.DialTimeout("tcp", c.nodes[name].Control, time.Second)
+	var err error
+	if !within(timeout, 50*time.Millisecond, func() bool {
+		var conn net.Conn
+		conn, err = net.DialTimeout("tcp", c.nodes[name].Control, time.Second)
 		if err == nil {
 			conn.Close()
-			return
+			return true
 		}
 		if ps := c.procs[name].ProcessState; ps != nil {
 			t.Fatalf("replnode %s exited (%s) before listening on %s", name, ps, c.nodes[name].Control)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("replnode %s: control address %s not answering after %s: %v", name, c.nodes[name].Control, timeout, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return false
+	}) {
+		t.Fatalf("replnode %s: control address %s not answering after %s: %v", name, c.nodes[name].Control, timeout, err)
 	}
 }
 

@@ -446,20 +446,18 @@ func attach(t *testing.T, uri, dir string) *fuseDisk {
 			<-fd.done
 		}
 	})
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	if !within(20*time.Second, 50*time.Millisecond, func() bool {
 		if fi, err := os.Stat(fd.file); err == nil && fi.Mode().IsRegular() && fi.Size() == demoSize {
-			break
+			return true
 		}
 		select {
 		case <-fd.done:
 			t.Fatalf("nbdfuse %s exited: %s", uri, log.tail(2000))
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nbdfuse: %s did not appear with size %d: %s", fd.file, demoSize, log.tail(2000))
-		}
-		time.Sleep(50 * time.Millisecond)
+		return false
+	}) {
+		t.Fatalf("nbdfuse: %s did not appear with size %d: %s", fd.file, demoSize, log.tail(2000))
 	}
 	fd.loop = strings.TrimSpace(mustRun(t, 30*time.Second, losetup, "-f", "--show", fd.file))
 	t.Cleanup(func() {

@@ -408,17 +408,17 @@ func TestE2EAPausedMajorityDoesNotDeposeAHealthyPrimary(t *testing.T) {
 		// The leader must be among the paused: alpha, a primary, hands
 		// leadership off itself within a few seconds.
 		var leader string
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			s, _, err := c.status("alpha")
+		var s *statusDoc
+		var err error
+		if !within(20*time.Second, 200*time.Millisecond, func() bool {
+			s, _, err = c.status("alpha")
 			if err == nil && slices.Contains(majority, s.Cluster.Leader) && s.Cluster.Quorum {
 				leader = s.Cluster.Leader
-				break
+				return true
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("round %d: the raft leader is not beta or the witness after 20 s: %+v, %v", round, s, err)
-			}
-			time.Sleep(200 * time.Millisecond)
+			return false
+		}) {
+			t.Fatalf("round %d: the raft leader is not beta or the witness after 20 s: %+v, %v", round, s, err)
 		}
 		other := majority[0]
 		if other == leader {

@@ -69,12 +69,8 @@ func TestE2EReadFloodKeepsMemoryBounded(t *testing.T) {
 		}
 	}
 	// The flood has taken hold once the primary holds a good part of its node budget in replies.
-	deadline := time.Now().Add(30 * time.Second)
-	for floodRSS(t, pid)-rest < nodeBudget/2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the flood never took hold: RSS %d MiB, at rest %d MiB", floodRSS(t, pid)>>20, rest>>20)
-		}
-		time.Sleep(100 * time.Millisecond)
+	if !within(30*time.Second, 100*time.Millisecond, func() bool { return floodRSS(t, pid)-rest >= nodeBudget/2 }) {
+		t.Fatalf("the flood never took hold: RSS %d MiB, at rest %d MiB", floodRSS(t, pid)>>20, rest>>20)
 	}
 
 	// A well-behaved client, one request at a time, 4 KiB to 1 MiB, is served within seconds.
@@ -117,25 +113,18 @@ func TestE2EReadFloodKeepsMemoryBounded(t *testing.T) {
 
 	closeFlood()
 	closed := time.Now()
-	deadline = closed.Add(30 * time.Second)
-	for {
-		now := floodRSS(t, pid)
-		if now-rest <= backBound {
-			t.Logf("after the flood: RSS %d MiB (%+d MiB over rest) %v after its connections closed", now>>20, (now-rest)>>20, time.Since(closed).Round(time.Millisecond))
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("RSS still %d MiB (%d MiB over rest) 30 s after the flood's connections closed, want within %d MiB",
-				now>>20, (now-rest)>>20, backBound>>20)
-		}
-		time.Sleep(200 * time.Millisecond)
+	var now int64
+	if !within(30*time.Second, 200*time.Millisecond, func() bool {
+		now = floodRSS(t, pid)
+		return now-rest <= backBound
+	}) {
+		t.Fatalf("RSS still %d MiB (%d MiB over rest) 30 s after the flood's connections closed, want within %d MiB",
+			now>>20, (now-rest)>>20, backBound>>20)
 	}
+	t.Logf("after the flood: RSS %d MiB (%+d MiB over rest) %v after its connections closed", now>>20, (now-rest)>>20, time.Since(closed).Round(time.Millisecond))
 	// What the pool kept is given back once idle for a trim interval or two (not asserted: the
 	// Go heap's share returns at the runtime's pace).
-	deadline = time.Now().Add(20 * time.Second)
-	for floodRSS(t, pid)-rest > 16<<20 && time.Now().Before(deadline) {
-		time.Sleep(200 * time.Millisecond)
-	}
+	within(20*time.Second, 200*time.Millisecond, func() bool { return floodRSS(t, pid)-rest <= 16<<20 })
 	t.Logf("%v after the flood: RSS %d MiB, at rest %d MiB", time.Since(closed).Round(time.Millisecond), floodRSS(t, pid)>>20, rest>>20)
 	qemuIO(t, uri, "read -P 0x5a 4M 1M")
 }

@@ -381,16 +381,15 @@ func TestHarnessNetnsPartition(t *testing.T) {
 // not) alive.
 func waitNodeAlive(t *testing.T, via string, status func() result, node string, want bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
 	var last string
-	for {
+	if !within(15*time.Second, 100*time.Millisecond, func() bool {
 		r := status()
 		if r.ok() {
 			s, err := parseStatus(r.out)
 			if err == nil {
 				alive, listed := s.nodeAlive(node)
 				if listed && alive == want {
-					return
+					return true
 				}
 				last = fmt.Sprintf("listed %v alive %v", listed, alive)
 			} else {
@@ -399,10 +398,9 @@ func waitNodeAlive(t *testing.T, via string, status func() result, node string, 
 		} else {
 			last = r.String()
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("status %s: node %s alive is not %v after 15s; last: %s", via, node, want, last)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return false
+	}) {
+		t.Fatalf("status %s: node %s alive is not %v after 15s; last: %s", via, node, want, last)
 	}
 }
 

@@ -21,21 +21,18 @@ func TestE2EAThousandVolumesOnTwoNodesAreUpToDateWithinAMinute(t *testing.T) {
 	c := newProcClusterN(t, clusterOpts{Volumes: volumes, Size: 16 << 20})
 	start := time.Now()
 	c.startAll()
-	deadline := start.Add(60 * time.Second)
 	last := -1
-	for {
-		n, err := c.volumesInSync("alpha")
+	var n int
+	var err error
+	if !within(time.Until(start.Add(60*time.Second)), time.Second, func() bool {
+		n, err = c.volumesInSync("alpha")
 		if n != last {
 			t.Logf("%d of %d volumes UpToDate and in sync after %s", n, volumes, time.Since(start).Round(100*time.Millisecond))
 			last = n
 		}
-		if n == volumes {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d volumes UpToDate and in sync 60 s after the start (last status error: %v)", n, volumes, err)
-		}
-		time.Sleep(time.Second)
+		return n == volumes
+	}) {
+		t.Fatalf("%d of %d volumes UpToDate and in sync 60 s after the start (last status error: %v)", n, volumes, err)
 	}
 	pid := c.procs["alpha"].Process.Pid
 	before := procTicks(t, pid)

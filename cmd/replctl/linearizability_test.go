@@ -125,9 +125,9 @@ func (r *opRecorder) history() []histOp {
 // completed since the recorder started, and fails the test after timeout.
 func (r *opRecorder) waitCompleted(t testing.TB, node string, n int, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		got := 0
+	got := 0
+	if !within(timeout, 20*time.Millisecond, func() bool {
+		got = 0
 		r.mu.Lock()
 		for _, op := range r.ops {
 			if op.Outcome == opOK && (node == "" || op.Node == node) {
@@ -135,13 +135,9 @@ func (r *opRecorder) waitCompleted(t testing.TB, node string, n int, timeout tim
 			}
 		}
 		r.mu.Unlock()
-		if got >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d of %d operations completed on %q after %s (%s)", got, n, node, timeout, historySummary(r.history()))
-		}
-		time.Sleep(20 * time.Millisecond)
+		return got >= n
+	}) {
+		t.Fatalf("only %d of %d operations completed on %q after %s (%s)", got, n, node, timeout, historySummary(r.history()))
 	}
 }
 

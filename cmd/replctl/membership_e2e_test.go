@@ -68,12 +68,10 @@ func TestE2EAReplacedNodeJoinsAsAVoterWithAFullResync(t *testing.T) {
 		t.Fatalf("replctl node add gamma: %q", out)
 	}
 	for _, n := range []string{"alpha", "beta", "gamma"} {
-		deadline := time.Now().Add(20 * time.Second)
-		for !slices.Equal(voters(n), []string{"alpha", "beta", "gamma"}) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s counts voters %v after node add gamma", n, voters(n))
-			}
-			time.Sleep(200 * time.Millisecond)
+		if !within(20*time.Second, 200*time.Millisecond, func() bool {
+			return slices.Equal(voters(n), []string{"alpha", "beta", "gamma"})
+		}) {
+			t.Fatalf("%s counts voters %v after node add gamma", n, voters(n))
 		}
 	}
 	v := c.waitFor("alpha", "the new gamma in sync, and UpToDate in raft", syncTimeout, raftInSync)

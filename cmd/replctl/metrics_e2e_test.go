@@ -71,8 +71,9 @@ func TestE2EMetricsPassPromtool(t *testing.T) {
 // is cached for a second), and returns the last body.
 func metricsScrapeUntil(t *testing.T, url string, lines []string) string {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	var body string
+	var lacking []string
+	if !within(15*time.Second, 200*time.Millisecond, func() bool {
 		resp, err := http.Get(url)
 		if err != nil {
 			t.Fatalf("GET %s: %v", url, err)
@@ -82,21 +83,18 @@ func metricsScrapeUntil(t *testing.T, url string, lines []string) string {
 		if err != nil || resp.StatusCode != http.StatusOK {
 			t.Fatalf("GET %s: %s %v", url, resp.Status, err)
 		}
-		body := string(b)
-		var lacking []string
+		body = string(b)
+		lacking = nil
 		for _, l := range lines {
 			if !strings.Contains(body, "\n"+l+"\n") {
 				lacking = append(lacking, l)
 			}
 		}
-		if len(lacking) == 0 {
-			return body
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("GET %s lacks %q after 15 s:\n%s", url, lacking, body)
-		}
-		time.Sleep(200 * time.Millisecond)
+		return len(lacking) == 0
+	}) {
+		t.Fatalf("GET %s lacks %q after 15 s:\n%s", url, lacking, body)
 	}
+	return body
 }
 
 // metricsSampleOf returns the value of one series in a scrape (-1 when absent).

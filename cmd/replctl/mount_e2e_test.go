@@ -358,9 +358,9 @@ esac
 	// mounted, and every other node has no record left.
 	waitMounted := func(what string, want ...string) {
 		t.Helper()
-		deadline := time.Now().Add(90 * time.Second)
-		for {
-			m := mounted()
+		var m map[string]bool
+		if !within(90*time.Second, 200*time.Millisecond, func() bool {
+			m = mounted()
 			ok := len(m) == len(want)
 			for _, n := range want {
 				ok = ok && m[n]
@@ -370,13 +370,9 @@ esac
 					ok = false
 				}
 			}
-			if ok {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: after 90 s mounted on %v, want %v\n%s", what, m, want, hookLogs())
-			}
-			time.Sleep(200 * time.Millisecond)
+			return ok
+		}) {
+			t.Fatalf("%s: after 90 s mounted on %v, want %v\n%s", what, m, want, hookLogs())
 		}
 	}
 

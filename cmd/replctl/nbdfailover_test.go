@@ -403,9 +403,11 @@ func (w *ackWriter) snapshot() (acked, unacked []ackedWrite, full bool) {
 // (nil: any), and returns the first such write (earliest acknowledgement).
 func (w *ackWriter) waitAck(t *testing.T, since time.Time, timeout time.Duration, what string, cond func(ackedWrite) bool) ackedWrite {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		acked, unacked, full := w.snapshot()
+	var found ackedWrite
+	var acked, unacked []ackedWrite
+	if !within(timeout, 20*time.Millisecond, func() bool {
+		var full bool
+		acked, unacked, full = w.snapshot()
 		var first *ackedWrite
 		for i := range acked {
 			a := &acked[i]
@@ -414,22 +416,23 @@ func (w *ackWriter) waitAck(t *testing.T, since time.Time, timeout time.Duration
 			}
 		}
 		if first != nil {
-			return *first
+			found = *first
+			return true
 		}
 		if full {
 			t.Fatalf("%s: the ack writer filled its area [%d, %d) first", what, w.o.Base, w.o.Limit)
 		}
-		if time.Now().After(deadline) {
-			last := "none"
-			if len(unacked) > 0 {
-				u := unacked[len(unacked)-1]
-				last = fmt.Sprintf("#%d on %s: %s", u.Seq, u.Node, u.Err)
-			}
-			t.Fatalf("%s: no such acknowledged write after %s (%d acknowledged, %d not; last failure %s)",
-				what, timeout, len(acked), len(unacked), last)
+		return false
+	}) {
+		last := "none"
+		if len(unacked) > 0 {
+			u := unacked[len(unacked)-1]
+			last = fmt.Sprintf("#%d on %s: %s", u.Seq, u.Node, u.Err)
 		}
-		time.Sleep(20 * time.Millisecond)
+		t.Fatalf("%s: no such acknowledged write after %s (%d acknowledged, %d not; last failure %s)",
+			what, timeout, len(acked), len(unacked), last)
 	}
+	return found
 }
 
 // ackPattern is write seq's block: 128 records of (magic, seq, off, ^seq).

@@ -329,10 +329,7 @@ func (l *netLab) remove() {
 	for _, n := range nodes {
 		// The host end goes with the namespace's end, which the kernel
 		// destroys asynchronously; unless setup stopped before the move.
-		deadline := time.Now().Add(5 * time.Second)
-		for linkExists(l.ipBin, n.veth) && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
-		}
+		within(5*time.Second, 20*time.Millisecond, func() bool { return !linkExists(l.ipBin, n.veth) })
 		if linkExists(l.ipBin, n.veth) {
 			r := runCmd(10*time.Second, nil, l.ipBin, "link", "del", n.veth)
 			if !r.ok() && linkExists(l.ipBin, n.veth) {
@@ -345,10 +342,7 @@ func (l *netLab) remove() {
 		bridges = append(bridges, l.sideBridge)
 		for _, n := range nodes {
 			// Gone with the namespace, like eth0's pair.
-			deadline := time.Now().Add(5 * time.Second)
-			for linkExists(l.ipBin, l.sideVeth(n)) && time.Now().Before(deadline) {
-				time.Sleep(20 * time.Millisecond)
-			}
+			within(5*time.Second, 20*time.Millisecond, func() bool { return !linkExists(l.ipBin, l.sideVeth(n)) })
 			if linkExists(l.ipBin, l.sideVeth(n)) {
 				if r := runCmd(10*time.Second, nil, l.ipBin, "link", "del", l.sideVeth(n)); !r.ok() && linkExists(l.ipBin, l.sideVeth(n)) {
 					t.Errorf("network lab cleanup: ip link del %s: %s", l.sideVeth(n), r)
@@ -422,23 +416,21 @@ func pollTCP(dial dialFunc, addr string, timeout time.Duration, want bool) error
 		var d net.Dialer
 		dial = d.DialContext
 	}
-	deadline := time.Now().Add(timeout)
-	for {
+	var err error
+	if within(timeout, 50*time.Millisecond, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-		c, err := dial(ctx, "tcp", addr)
+		var c net.Conn
+		c, err = dial(ctx, "tcp", addr)
 		cancel()
 		if err == nil {
 			c.Close()
 		}
-		if (err == nil) == want {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			if want {
-				return fmt.Errorf("%s: no TCP connection after %s: %v", addr, timeout, err)
-			}
-			return fmt.Errorf("%s: still accepts TCP connections after %s", addr, timeout)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return (err == nil) == want
+	}) {
+		return nil
 	}
+	if want {
+		return fmt.Errorf("%s: no TCP connection after %s: %v", addr, timeout, err)
+	}
+	return fmt.Errorf("%s: still accepts TCP connections after %s", addr, timeout)
 }

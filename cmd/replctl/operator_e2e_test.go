@@ -68,21 +68,28 @@ func (b *bgCmd) errs() string {
 // waitFor polls until cond holds, failing the test after timeout.
 func (b *bgCmd) waitFor(what string, timeout time.Duration, cond func() bool) {
 	b.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
+	exited := false
+	if within(timeout, 50*time.Millisecond, func() bool {
+		if cond() {
+			return true
+		}
 		select {
 		case <-b.done:
-			if cond() {
-				return
-			}
-			b.t.Fatalf("replctl %s exited (%v) before %s\nstdout:\n%s\nstderr:\n%s", b.name, b.err, what, b.out(), b.errs())
+			exited = true
+			return true
 		default:
+			return false
 		}
-		if time.Now().After(deadline) {
-			b.t.Fatalf("replctl %s: not %s after %s\nstdout:\n%s\nstderr:\n%s", b.name, what, timeout, b.out(), b.errs())
-		}
-		time.Sleep(50 * time.Millisecond)
+	}) && !exited {
+		return
 	}
+	if exited {
+		if cond() {
+			return
+		}
+		b.t.Fatalf("replctl %s exited (%v) before %s\nstdout:\n%s\nstderr:\n%s", b.name, b.err, what, b.out(), b.errs())
+	}
+	b.t.Fatalf("replctl %s: not %s after %s\nstdout:\n%s\nstderr:\n%s", b.name, what, timeout, b.out(), b.errs())
 }
 
 // interrupt sends Ctrl-C and returns the exit code.
@@ -493,16 +500,12 @@ func TestE2EReplnodeSIGHUP(t *testing.T) {
 	alphaLog := filepath.Join(c.dir, "alpha.log")
 	waitLog := func(what string) {
 		t.Helper()
-		deadline := time.Now().Add(15 * time.Second)
-		for {
-			b, _ := os.ReadFile(alphaLog)
-			if bytes.Contains(b, []byte(what)) {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("alpha's log has no %q after 15s:\n%s", what, b)
-			}
-			time.Sleep(50 * time.Millisecond)
+		var b []byte
+		if !within(15*time.Second, 50*time.Millisecond, func() bool {
+			b, _ = os.ReadFile(alphaLog)
+			return bytes.Contains(b, []byte(what))
+		}) {
+			t.Fatalf("alpha's log has no %q after 15s:\n%s", what, b)
 		}
 	}
 	waitLog("field volumes[vol0].csums changed: restart to apply")

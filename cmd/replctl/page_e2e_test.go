@@ -464,17 +464,15 @@ func (bp *browserPage) waitGone(id string, timeout time.Duration) {
 
 func (bp *browserPage) poll(what string, timeout time.Duration, check func() (string, bool)) string {
 	bp.t.Helper()
-	deadline := time.Now().Add(max(timeout, 0))
-	for {
-		got, ok := check()
-		if ok {
-			return got
-		}
-		if time.Now().After(deadline) {
-			bp.t.Fatalf("the page did not show %s within %s (last: %q)", what, timeout.Round(time.Millisecond), got)
-		}
-		time.Sleep(50 * time.Millisecond)
+	var got string
+	if !within(max(timeout, 0), 50*time.Millisecond, func() bool {
+		var ok bool
+		got, ok = check()
+		return ok
+	}) {
+		bp.t.Fatalf("the page did not show %s within %s (last: %q)", what, timeout.Round(time.Millisecond), got)
 	}
+	return got
 }
 
 // screenshot saves the whole page as a PNG artifact and logs its path.

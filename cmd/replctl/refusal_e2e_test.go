@@ -103,16 +103,11 @@ func TestE2ESwitchoverIsRefusedWhileTheOldPrimaryHasClients(t *testing.T) {
 	client.close()
 	closed = true
 	// The server notices the close asynchronously: retry until it lets go.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	if !within(20*time.Second, 200*time.Millisecond, func() bool {
 		r = d.ctl("alpha", "primary", volName, "--node", "beta")
-		if r.ok() {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("switchover after the client disconnected: %s", r)
-		}
-		time.Sleep(200 * time.Millisecond)
+		return r.ok()
+	}) {
+		t.Fatalf("switchover after the client disconnected: %s", r)
 	}
 	d.waitFor("beta", "beta Primary", 30*time.Second, func(v *volumeStatus) bool {
 		b := v.replica("beta")

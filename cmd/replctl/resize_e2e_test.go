@@ -135,16 +135,12 @@ func TestE2EResizeUnderFioVerify(t *testing.T) {
 			t.Fatal(err)
 		}
 		marker := "SIGHUP: the config file does not load"
-		deadline := time.Now().Add(10 * time.Second)
 		var logged string
-		for {
+		within(10*time.Second, 100*time.Millisecond, func() bool {
 			b, _ := os.ReadFile(logPath)
 			logged = string(b[len(start):])
-			if step.warn == "" || strings.Contains(logged, step.warn) || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return step.warn == "" || strings.Contains(logged, step.warn)
+		})
 		if step.warn == "" {
 			time.Sleep(time.Second) // what a SIGHUP logs, it logs by then
 			if strings.Contains(logged, "size") || strings.Contains(logged, marker) {

@@ -228,12 +228,13 @@ func TestE2ECleanRestartsAfterAFailoverResyncNothing(t *testing.T) {
 		<-fioDone
 	})
 	// Kill alpha once it has written 64 MiB, in the middle of the writes.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		n, err := c.writeBytes("alpha")
+	var n uint64
+	var err error
+	if !within(30*time.Second, 20*time.Millisecond, func() bool {
+		n, err = c.writeBytes("alpha")
 		if err == nil && n >= 64<<20 {
 			t.Logf("alpha wrote %d bytes; kill -9", n)
-			break
+			return true
 		}
 		select {
 		case err := <-fioDone:
@@ -241,10 +242,9 @@ func TestE2ECleanRestartsAfterAFailoverResyncNothing(t *testing.T) {
 			t.Fatalf("fio ended (%v) before alpha wrote 64 MiB (%d bytes)", err, n)
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("alpha wrote %d bytes (%v) in 30 s of fio, want 64 MiB", n, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return false
+	}) {
+		t.Fatalf("alpha wrote %d bytes (%v) in 30 s of fio, want 64 MiB", n, err)
 	}
 	c.kill("alpha")
 
@@ -315,17 +315,16 @@ func newStoppedPair(t *testing.T, size int64, cmd string) *procCluster {
 
 // qemuIOEventually retries the qemu-io commands against uri until they
 // succeed, for at most within; it reports how long that took.
-func qemuIOEventually(t *testing.T, within time.Duration, what, uri string, cmds ...string) time.Duration {
+func qemuIOEventually(t *testing.T, limit time.Duration, what, uri string, cmds ...string) time.Duration {
 	t.Helper()
 	began := time.Now()
-	for {
-		r, ok := tryQemuIOWithin(t, 20*time.Second, uri, cmds...)
-		if ok {
-			return time.Since(began)
-		}
-		if time.Since(began) > within {
-			t.Fatalf("%s does not serve %s %s: %s", uri, within, what, r)
-		}
-		time.Sleep(200 * time.Millisecond)
+	var r result
+	if !within(limit, 200*time.Millisecond, func() bool {
+		var ok bool
+		r, ok = tryQemuIOWithin(t, 20*time.Second, uri, cmds...)
+		return ok
+	}) {
+		t.Fatalf("%s does not serve %s %s: %s", uri, limit, what, r)
 	}
+	return time.Since(began)
 }

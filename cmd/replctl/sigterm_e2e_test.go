@@ -79,12 +79,8 @@ func TestE2ESIGTERMOfAPrimaryUnderWritesCostsTheClientNoError(t *testing.T) {
 		return lastOK[node].After(since)
 	}
 	waitWrites := func(node string, since time.Time, what string) {
-		deadline := time.Now().Add(30 * time.Second)
-		for !writesOn(node, since) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: no write acknowledged by %s", what, node)
-			}
-			time.Sleep(20 * time.Millisecond)
+		if !within(30*time.Second, 20*time.Millisecond, func() bool { return writesOn(node, since) }) {
+			t.Fatalf("%s: no write acknowledged by %s", what, node)
 		}
 	}
 	for round := 1; round <= 10; round++ {

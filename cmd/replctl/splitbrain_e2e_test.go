@@ -135,16 +135,12 @@ func TestE2ESplitBrainUnderRaftIsResolvedByDiscardMyData(t *testing.T) {
 	c.kill("alpha")
 	c.start("beta")
 	c.waitListening("beta", 20*time.Second)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		r := c.ctlFrom(witnessName, witnessName, "primary", volName, "--node", "beta", "--force", "--yes")
-		if r.ok() {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("replctl primary vol0 --node beta --force --yes: %s", r)
-		}
-		time.Sleep(500 * time.Millisecond)
+	var r result
+	if !within(30*time.Second, 500*time.Millisecond, func() bool {
+		r = c.ctlFrom(witnessName, witnessName, "primary", volName, "--node", "beta", "--force", "--yes")
+		return r.ok()
+	}) {
+		t.Fatalf("replctl primary vol0 --node beta --force --yes: %s", r)
 	}
 	qemuIO(t, c.uri("beta"), "write -P 0xb2 2M 64k", "flush")
 	c.start("alpha")

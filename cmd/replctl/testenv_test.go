@@ -582,12 +582,13 @@ func (d *demo) waitFor(node, what string, timeout time.Duration, cond func(*volu
 // waitForEvery is waitFor polling every interval.
 func (d *demo) waitForEvery(interval time.Duration, node, what string, timeout time.Duration, cond func(*volumeStatus) bool) *volumeStatus {
 	d.t.Helper()
-	deadline := time.Now().Add(timeout)
 	var last string
-	for {
+	var got *volumeStatus
+	if !within(timeout, interval, func() bool {
 		_, v, err := d.status(node)
 		if err == nil && cond(v) {
-			return v
+			got = v
+			return true
 		}
 		if err != nil {
 			last = err.Error()
@@ -595,11 +596,11 @@ func (d *demo) waitForEvery(interval time.Duration, node, what string, timeout t
 			b, _ := json.Marshal(v)
 			last = string(b)
 		}
-		if time.Now().After(deadline) {
-			d.t.Fatalf("%s: not reached after %s; last status: %s", what, timeout, last)
-		}
-		time.Sleep(interval)
+		return false
+	}) {
+		d.t.Fatalf("%s: not reached after %s; last status: %s", what, timeout, last)
 	}
+	return got
 }
 
 func (d *demo) waitInSync(node string) *volumeStatus {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/metadata/raftlog"
 	"github.com/replvol/replvol/replication"
 )
@@ -81,6 +82,7 @@ func Open(cfg Config) (c *Cluster, err error) {
 		}()
 	}
 	cfg.Timing = cfg.Timing.withDefaults()
+	cfg.clock = clock.Or(cfg.clock)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -221,7 +223,7 @@ func (c *Cluster) watchRaft(notify <-chan bool, observations <-chan raft.Observa
 		case <-c.ctx.Done():
 			return
 		case leader := <-notify:
-			c.leases.setLeader(leader, time.Now())
+			c.leases.setLeader(leader, c.cfg.clock.Now())
 			c.logger.Info("raft leadership", "leader", leader)
 		case <-observations:
 		}

@@ -130,20 +130,18 @@ func TestLeaseRunsOutBeforeLeaseFree(t *testing.T) {
 	// a moment (an outcome-unknown barrier): a renewal then fails for
 	// that reason. It must never succeed, and once raft settles it is
 	// refused for its epoch.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		_, err := primary.RenewLease(ctx, "vol", 1)
+	if !within(5*time.Second, 50*time.Millisecond, func() bool {
+		_, err = primary.RenewLease(ctx, "vol", 1)
 		if err == nil {
 			t.Fatal("the old primary renewed its lease at its old epoch")
 		}
 		if errors.Is(err, replication.ErrStaleEpoch) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the old primary renews at its old epoch: %v, want ErrStaleEpoch", err)
+			return true
 		}
 		t.Logf("renewal right after the heal: %v; again", err)
-		time.Sleep(50 * time.Millisecond)
+		return false
+	}) {
+		t.Fatalf("the old primary renews at its old epoch: %v, want ErrStaleEpoch", err)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/internal/pki"
 )
 
@@ -68,6 +69,13 @@ type Config struct {
 	// which raft allows.
 	NoBootstrap bool
 	Timing      Timing
+
+	// clock keeps the time of the leases: when a leader took office, when
+	// a renewal was sent and a grant ended, when no lease can still be
+	// valid (LeaseFree, and Propose's wait for it). Nil is clock.Real(); a
+	// test of the package sets a clock.Fake. Raft and gossip keep real
+	// time.
+	clock clock.Clock
 }
 
 // Timing holds the timeouts; a zero field takes its default.

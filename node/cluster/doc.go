@@ -15,7 +15,10 @@
 // reads no clock and calls neither raft nor the network. The node layer
 // gathers those inputs once per pass, proposes with ProposeAsLeader, and
 // the leases (lease.go) hold each promotion until no old lease can be
-// valid.
+// valid. The leases keep the cluster's clock (internal/clock: the real one
+// unless a test of this package sets a Fake; Cluster.Clock names it for the
+// node layer, which compares its leases and paces its renewals by it); raft
+// and gossip keep real time.
 //
 // With the cluster's PKI (Config.TLS, Config.GossipKey), raft's
 // connections are mutual TLS 1.3 and gossip is encrypted with memberlist's

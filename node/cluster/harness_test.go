@@ -16,6 +16,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/internal/fault"
 	"github.com/replvol/replvol/internal/pki"
 )
@@ -58,6 +59,8 @@ type testNet struct {
 	logs map[string]*testLogWriter
 	// logLevel is the least level logged (default WARN).
 	logLevel slog.Level
+	// clock, when set before a node starts, keeps its leases' time.
+	clock clock.Clock
 }
 
 func member(name string) Member  { return Member{Name: name} }
@@ -151,7 +154,7 @@ func (n *testNet) start(name string) *Cluster {
 	c, err := Open(Config{
 		Self: name, Members: members, Dir: n.dirs[name], Logger: logs.logger(),
 		RaftListener: layer, Forward: n.forwarder(name), NoBootstrap: n.spare[name], Timing: testTiming,
-		TLS: bundle, GossipKey: key,
+		TLS: bundle, GossipKey: key, clock: n.clock,
 	})
 	if err != nil {
 		n.t.Fatalf("open %s: %v", name, err)
@@ -287,13 +290,23 @@ func (n *testNet) follower(t *testing.T, leader *Cluster) *Cluster {
 // every 2 ms until it holds or timeout passes.
 func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
+	if !within(timeout, 2*time.Millisecond, cond) {
+		t.Fatalf("%s: not within %v", what, timeout)
+	}
+}
+
+// within calls cond every interval until it holds or timeout has passed,
+// and reports whether it held: the package's one polling loop (waitFor's,
+// and that of a wait whose caller says itself what a timeout means).
+func within(timeout, interval time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, timeout)
+			return false
 		}
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(interval)
 	}
+	return true
 }
 
 func testContext(t *testing.T, d time.Duration) context.Context {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -136,7 +137,7 @@ func (l *leases) release(volume string) {
 
 // RenewLease asks the leader to renew this node's lease as primary of
 // volume at epoch. The lease is valid until the returned time, on the
-// monotonic clock: compare it with time.Now(), never store or send it. It
+// monotonic clock: compare it with Clock().Now(), never store or send it. It
 // runs from the moment the request was SENT, for
 // LeaseDuration×(1−LeaseDrift). Give ctx a deadline before the current
 // lease ends: cut off from the leader, RenewLease waits for another one
@@ -154,6 +155,12 @@ func (c *Cluster) RenewLease(ctx context.Context, volume string, epoch uint64) (
 	}
 	return sent.Add(c.leases.duration), nil
 }
+
+// Clock returns the clock the leases keep (the real one unless a test of
+// this package set another): RenewLease's validUntil, LeaseWatch's grants
+// and LeadingSince are its times, and a caller compares them with its Now
+// and waits on its timers.
+func (c *Cluster) Clock() clock.Clock { return c.cfg.clock }
 
 // ReleaseLease gives up this node's lease of volume at epoch, so that a
 // switchover need not wait for it to run out. Call it only AFTER the
@@ -186,7 +193,7 @@ func (c *Cluster) LeaseIdle(volume string) time.Duration {
 	if c.raft.State() != raft.Leader {
 		return 0
 	}
-	return c.leases.idle(volume, time.Now())
+	return c.leases.idle(volume, c.cfg.clock.Now())
 }
 
 // watch returns this node's last grant of volume's lease (zero: none)
@@ -233,7 +240,7 @@ func (c *Cluster) LeadingSince() time.Time {
 // waits for it before a promotion that changes the primary.
 func (c *Cluster) LeaseFree(volume string) bool {
 	at, pending, leading := c.leases.freeAt(volume)
-	return leading && !pending && !time.Now().Before(at) && c.raft.State() == raft.Leader
+	return leading && !pending && !c.cfg.clock.Now().Before(at) && c.raft.State() == raft.Leader
 }
 
 // grantLease is the leader's side of RenewLease.
@@ -245,7 +252,7 @@ func (c *Cluster) grantLease(ctx context.Context, from, volume string, epoch uin
 		return err
 	}
 	granted := false
-	defer func() { c.leases.end(volume, granted, time.Now()) }()
+	defer func() { c.leases.end(volume, granted, c.cfg.clock.Now()) }()
 	if err := c.grantBarrier(ctx); err != nil {
 		return err
 	}
@@ -289,17 +296,17 @@ func (c *Cluster) waitLeaseFree(ctx context.Context, volume string, office time.
 		if !office.IsZero() && !c.leases.office().Equal(office) {
 			return errNotLeader
 		}
-		wait := time.Until(at)
+		wait := c.cfg.clock.Until(at)
 		if !pending && wait <= 0 {
 			return nil
 		}
 		if pending || wait <= 0 {
 			wait = c.cfg.Timing.LeaseDuration // a grant's end fires changed
 		}
-		timer := time.NewTimer(wait)
+		timer := c.cfg.clock.NewTimer(wait)
 		select {
 		case <-changed:
-		case <-timer.C:
+		case <-timer.C():
 		case <-ctx.Done():
 			timer.Stop()
 			return fmt.Errorf("waiting for the lease of %s to run out: %w", volume, ctx.Err())

@@ -11,13 +11,13 @@ import (
 // and ends no-path queueing when it has lasted NoPathRetry intervals.
 func (d *Device) checker() {
 	defer close(d.checked)
-	t := time.NewTicker(d.cfg.CheckInterval)
+	t := d.cfg.clock.NewTicker(d.cfg.CheckInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-d.quit:
 			return
-		case <-t.C:
+		case <-t.C():
 			d.check()
 		}
 	}
@@ -44,7 +44,7 @@ func (d *Device) check() {
 
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	now := time.Now()
+	now := d.cfg.clock.Now()
 	for k, ps := range targets {
 		d.applyProbe(ps, results[k], now)
 	}

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/replvol/replvol/internal/clock"
 )
 
 // Defaults of Config.
@@ -99,6 +101,12 @@ type Config struct {
 	// every change of it. It is called with the device's lock held: it
 	// must return quickly and must not call the Device.
 	OnChange func(Event)
+
+	// clock keeps the time of the path rules: the checker's interval,
+	// failback, flap damping, the no-path queue and the statistics. Nil is
+	// clock.Real(); a test of the package sets a clock.Fake. The IO
+	// timeout of a request runs on real time.
+	clock clock.Clock
 }
 
 // Event is a change of one path's state.
@@ -110,6 +118,7 @@ type Event struct {
 }
 
 func (c Config) withDefaults() Config {
+	c.clock = clock.Or(c.clock)
 	if c.RRMinIO == 0 {
 		c.RRMinIO = DefaultRRMinIO
 	}

@@ -42,6 +42,14 @@ func memDevice(t testing.TB, n int, size int64, cfg Config) (*Device, []*faultpa
 
 var failIO = faultpath.Always(faultpath.Fault{Err: syscall.EIO})
 
+// advance lets d of a synctest bubble's virtual time pass, then waits until
+// every goroutine of the bubble is durably blocked: what the timers that
+// fell due did is done. Call it only inside synctest.Test.
+func advance(d time.Duration) {
+	time.Sleep(d)
+	synctest.Wait()
+}
+
 // recorder collects a Device's events for a test to wait on.
 type recorder chan Event
 
@@ -318,10 +326,10 @@ func TestCheckerRestoresPaths(t *testing.T) {
 		wantStates(t, d, "p0=FAIL p1=ACTIVE")
 		fps[0].SetInjector(nil)
 	}
-	// at sleeps until just after the tick at offset from start.
+	// at lets the bubble's time run until just after the tick at offset
+	// from start.
 	at := func(start time.Time, offset time.Duration) {
-		time.Sleep(time.Until(start.Add(offset)))
-		synctest.Wait()
+		advance(time.Until(start.Add(offset)))
 	}
 
 	t.Run("failback immediate", func(t *testing.T) {
@@ -450,8 +458,7 @@ func TestNoPathQueues(t *testing.T) {
 				t.Errorf("next write: %v after %s, want ErrNoPath at once", err, time.Since(start))
 			}
 			fps[1].SetInjector(nil)
-			time.Sleep(tick)
-			synctest.Wait()
+			advance(tick)
 			if _, err := d.WriteAt(make([]byte, block), 0); err != nil {
 				t.Errorf("write after a path returned: %v", err)
 			}
@@ -485,7 +492,7 @@ func TestNoPathQueues(t *testing.T) {
 				_, err := d.WriteAt(buf, 3*block)
 				done <- err
 			}()
-			time.Sleep(2*tick + time.Second)
+			advance(2*tick + time.Second)
 			select {
 			case err := <-done:
 				t.Fatalf("write returned %v while no path worked", err)

@@ -108,7 +108,7 @@ func (ps *pathState) work(r *request) {
 
 func (d *Device) execute(r *request) {
 	p := r.ps.path
-	start := time.Now()
+	start := d.cfg.clock.Now()
 	var err error
 	switch r.op {
 	case opRead:
@@ -142,7 +142,7 @@ func (d *Device) execute(r *request) {
 	if r.op == opProbe {
 		d.probeDone(r.ps)
 	} else {
-		d.finish(r.ps, r.op, r.length, err, start, time.Now())
+		d.finish(r.ps, r.op, r.length, err, start, d.cfg.clock.Now())
 	}
 	if r.state.CompareAndSwap(reqPending, reqDone) {
 		r.done <- struct{}{}

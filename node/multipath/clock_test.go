@@ -1,0 +1,46 @@
+package multipath
+
+import (
+	"testing"
+	"time"
+
+	"github.com/replvol/replvol/internal/clock"
+)
+
+// TestPathRulesKeepTheInjectedClock: the checker's interval, failback and
+// flap damping run on the Device's clock. With a clock.Fake, a failed path
+// comes back at the first check interval of the fake's time and, failed
+// again, not before ReinstateHoldoff of it has passed since it came back;
+// the test waits on the Device's events, and no real time need pass.
+func TestPathRulesKeepTheInjectedClock(t *testing.T) {
+	const tick = DefaultCheckInterval
+	fake := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	events := make(recorder, 64)
+	d, fps, _ := memDevice(t, 2, 1<<20, Config{clock: fake, OnChange: events.hook})
+	defer d.Close()
+	fake.WaitArmed(1) // the checker's ticker
+	failP0 := func() {
+		t.Helper()
+		fps[0].SetInjector(failIO)
+		if _, err := d.ReadAt(make([]byte, block), 0); err != nil {
+			t.Fatal(err)
+		}
+		wantStates(t, d, "p0=FAIL p1=ACTIVE")
+		events.waitFor(t, "p0", Fail) // and every event before it
+		fps[0].SetInjector(nil)
+	}
+
+	failP0()
+	fake.Advance(tick - time.Nanosecond)
+	wantStates(t, d, "p0=FAIL p1=ACTIVE")
+	fake.Advance(time.Nanosecond)
+	events.waitFor(t, "p0", Active)
+	wantStates(t, d, "p0=ACTIVE p1=PASSIVE")
+
+	failP0()
+	fake.Advance(DefaultReinstateHoldoff - time.Nanosecond)
+	wantStates(t, d, "p0=FAIL p1=ACTIVE")
+	fake.Advance(time.Nanosecond)
+	events.waitFor(t, "p0", Active)
+	wantStates(t, d, "p0=ACTIVE p1=PASSIVE")
+}
