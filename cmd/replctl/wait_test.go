@@ -1,6 +1,10 @@
 package main
 
-import "time"
+import (
+	"time"
+
+	"github.com/replvol/replvol/internal/poll"
+)
 
 // within calls cond every interval until it holds or timeout has passed, and
 // reports whether it held.
@@ -11,12 +15,5 @@ import "time"
 // waitNodeAlive), and states what it waits for in cond and what a timeout
 // means in its caller's failure message.
 func within(timeout, interval time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(interval)
-	}
-	return true
+	return poll.Within(timeout, interval, cond)
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/internal/fault"
 	"github.com/replvol/replvol/internal/pki"
+	"github.com/replvol/replvol/internal/poll"
 )
 
 // testTiming is tuned for loopback: raft notices a lost leader within
@@ -299,14 +300,7 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool)
 // and reports whether it held: the package's one polling loop (waitFor's,
 // and that of a wait whose caller says itself what a timeout means).
 func within(timeout, interval time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(interval)
-	}
-	return true
+	return poll.Within(timeout, interval, cond)
 }
 
 func testContext(t *testing.T, d time.Duration) context.Context {
