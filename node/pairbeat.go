@@ -10,7 +10,9 @@ import (
 // it owes nothing, and the pair's probe says whether the peer node
 // answers: one stream at a time, the carrier, sends the heartbeats, and
 // any idle stream sends one too when nothing was heard from the peer
-// node for two heartbeat intervals (the carrier busy or gone). A stream that
+// node for two heartbeat intervals (the carrier busy or gone). An idle
+// stream that is not the carrier rests without a ticker until the carrier
+// leaves (rest). A stream that
 // waits for acks is judged by what it received itself, as before; one
 // that goes from idle to busy starts its clock then. A thousand idle
 // volumes on two nodes thus cost one probe per interval, where they cost
@@ -21,6 +23,9 @@ type pairBeat struct {
 	lastHeard atomic.Int64
 	// carrier is the stream that probes the peer node (nil: none yet).
 	carrier atomic.Pointer[session]
+	// wake is closed when the carrier leaves: the resting streams look
+	// again (nil: none rests since the last carrier left).
+	wake atomic.Pointer[chan struct{}]
 }
 
 // pairBeat returns the heartbeat this node shares with peer node name.
@@ -47,11 +52,41 @@ func (b *pairBeat) carries(s *session) bool {
 	return c == s || c == nil && b.carrier.CompareAndSwap(nil, s)
 }
 
-// leave gives up s's place as the carrier, if it holds it.
+// leave gives up s's place as the carrier, if it holds it, and wakes
+// the streams that rested on it.
 func (b *pairBeat) leave(s *session) {
-	if b != nil {
-		b.carrier.CompareAndSwap(s, nil)
+	if b != nil && b.carrier.CompareAndSwap(s, nil) {
+		if w := b.wake.Swap(nil); w != nil {
+			close(*w)
+		}
 	}
+}
+
+// rest returns a channel closed when the carrier leaves, for s, an idle
+// stream that another stream carries for; nil when s must tick itself:
+// it carries, no stream does, or there is no pair.
+func (b *pairBeat) rest(s *session) <-chan struct{} {
+	if b == nil {
+		return nil
+	}
+	if c := b.carrier.Load(); c == nil || c == s {
+		return nil
+	}
+	w := b.wake.Load()
+	if w == nil {
+		ch := make(chan struct{})
+		if b.wake.CompareAndSwap(nil, &ch) {
+			w = &ch
+		} else if w = b.wake.Load(); w == nil {
+			return nil // the carrier left meanwhile
+		}
+	}
+	// A carrier that left before w was taken did not close it: look
+	// again. One that leaves from now on closes it.
+	if c := b.carrier.Load(); c == nil || c == s {
+		return nil
+	}
+	return *w
 }
 
 // quietSince is how long nothing was heard from the peer node, at now

@@ -71,6 +71,9 @@ func TestIdleVolumesShareOneHeartbeatPerPeerNode(t *testing.T) {
 		t.Fatalf("4 heartbeats within %s: the idle volumes probe beta each on its own, want one probe per %s", took.Round(time.Millisecond), every)
 	}
 
+	// The carrier ticks; the other idle streams rest without a ticker.
+	eventually(t, func() bool { return restingStreams(c, volumes) == volumes-1 }, fmt.Sprintf("%d of the %d idle streams rest", volumes-1, volumes))
+
 	link.Partition()
 	cut := time.Now()
 	for i := range volumes {
@@ -84,4 +87,18 @@ func TestIdleVolumesShareOneHeartbeatPerPeerNode(t *testing.T) {
 	for i := range volumes {
 		c.waitVolumeInSync(fmt.Sprintf("vol%d", i))
 	}
+	eventually(t, func() bool { return restingStreams(c, volumes) == volumes-1 }, "the new streams rest again but one")
+}
+
+// restingStreams counts alpha's streams to beta, of vol0 to vol(n-1),
+// that rest without a ticker.
+func restingStreams(c *testCluster, n int) int {
+	resting := 0
+	for i := range n {
+		v := c.nodes["alpha"].volumes()[fmt.Sprintf("vol%d", i)]
+		if s := v.peers["beta"].session(); s != nil && s.resting.Load() {
+			resting++
+		}
+	}
+	return resting
 }

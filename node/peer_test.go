@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replvol/replvol/internal/fault"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
@@ -132,4 +133,36 @@ func TestAHungPeerCostsAWriteAtMostThePeerTimeout(t *testing.T) {
 	if !v.tracking("beta") {
 		t.Fatal("the volume does not track beta after it missed a write")
 	}
+}
+
+// TestASecondaryOnASlowDiskIsNotTakenForHung: beta's disk takes three
+// peer timeouts to write one block. While it applies the write beta
+// tells alpha it is alive, so alpha keeps the stream (no timeout, no
+// reconnection) and the write completes on both, acknowledged.
+func TestASecondaryOnASlowDiskIsNotTakenForHung(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	c := newTestCluster(t, 4<<20)
+	c.cfg.Volumes[0].PeerTimeout = Duration(timeout)
+	var slow *fault.Disk
+	c.opts["beta"] = Options{OpenDisk: openFaulty(func(d *fault.Disk) { slow = d })}
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	slow.Add(fault.On(fault.Write).Range(1<<20, 4096).Delay(3 * timeout))
+	v := c.vol("alpha")
+	s := v.peers["beta"].session()
+	began := time.Now()
+	if err := v.WriteAt(context.Background(), pattern(9, 4096), 1<<20, false); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(began); took < 3*timeout {
+		t.Fatalf("the write completed after %s, before beta's disk took it (%s)", took, 3*timeout)
+	}
+	if now := v.peers["beta"].session(); now != s {
+		t.Fatal("alpha replaced its stream to beta while beta's disk was slow: it took beta for hung")
+	}
+	if v.peers["beta"].bm.Test(1 << 20 / replication.BlockSize) {
+		t.Fatal("the write is marked for beta: alpha gave up on it")
+	}
+	c.requireIdentical()
 }

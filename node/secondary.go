@@ -340,23 +340,38 @@ func (v *Volume) applyStream(s *transport.ReplStream, in *incoming, from string)
 			}
 		}
 	}()
+	// While a batch is applied (a slow disk may take long), an empty ack
+	// every quarter of the timeout tells the primary this node is alive.
+	// The ticker runs only from an apply's start until a tick finds none
+	// running: an idle stream keeps no ticker.
 	var applying atomic.Bool
+	applyStarted := make(chan struct{}, 1)
 	go func() {
-		tick := time.NewTicker(max(v.cfg.PeerTimeoutOrDefault()/4, 10*time.Millisecond))
-		defer tick.Stop()
+		every := max(v.cfg.PeerTimeoutOrDefault()/4, 10*time.Millisecond)
 		for {
 			select {
 			case <-done:
 				return
-			case <-tick.C:
-				if applying.Load() {
-					af := transport.NewFrame(32)
-					af.SetBytes(replication.AppendAck(af.Bytes(), replication.Ack{}))
-					if send(af) != nil {
-						return
+			case <-applyStarted:
+			}
+			tick := time.NewTicker(every)
+			for running := true; running; {
+				select {
+				case <-done:
+					tick.Stop()
+					return
+				case <-tick.C:
+					if running = applying.Load(); running {
+						af := transport.NewFrame(32)
+						af.SetBytes(replication.AppendAck(af.Bytes(), replication.Ack{}))
+						if send(af) != nil {
+							tick.Stop()
+							return
+						}
 					}
 				}
 			}
+			tick.Stop()
 		}
 	}()
 	var entries []replication.Entry
@@ -386,6 +401,10 @@ func (v *Volume) applyStream(s *transport.ReplStream, in *incoming, from string)
 				return fmt.Errorf("stream from %s replaced or stopped", from)
 			}
 			applying.Store(true)
+			select {
+			case applyStarted <- struct{}{}:
+			default:
+			}
 			a := v.apply(in, entries, func(seq uint64, st replication.AckStatus, data []byte) error {
 				rf := transport.NewFrame(replication.ReadReplyHeaderLen + len(data))
 				rf.SetBytes(replication.AppendReadReply(rf.Bytes(), seq, st, data))

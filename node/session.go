@@ -128,6 +128,9 @@ type session struct {
 	// beat is the probe this stream shares with the other volumes'
 	// streams to the same node (pairbeat.go); nil for a bare test peer.
 	beat *pairBeat
+	// resting: the loop rests without a ticker (restOn), published for
+	// status and tests.
+	resting atomic.Bool
 
 	// Into the loop.
 	submits chan submission
@@ -228,6 +231,44 @@ func (s *session) idle() bool {
 	return len(s.queue) == 0 && len(s.inflight) == 0 && len(s.out) == 0
 }
 
+// checkPeer is the loop's tick: it fails with ErrPeerTimeout when the
+// peer answered nothing for the timeout, lets the congestion controller's
+// time pass, and probes the peer when this idle stream is the pair's
+// carrier or nothing was heard from the peer node for two intervals.
+func (s *session) checkPeer(every time.Duration) error {
+	// A hung peer (a stopped process, a dead link) sends nothing: not
+	// even the ack of a heartbeat. A busy stream is judged by its own
+	// acks; an idle one owes nothing, and the peer node answering on any
+	// stream will do.
+	now := time.Now().UnixNano()
+	idle := s.idle()
+	quiet := time.Duration(now - s.lastRecv.Load())
+	if idle {
+		quiet = s.beat.quietSince(now, s.lastRecv.Load())
+	}
+	if quiet > s.timeout {
+		return fmt.Errorf("%w: %s answered nothing for %s", ErrPeerTimeout, s.p.name, quiet.Round(time.Millisecond))
+	}
+	s.congestionTick()
+	if idle && (s.beat.carries(s) || s.beat.quietSince(now, 0) >= 2*every) {
+		f := transport.NewFrame(replication.BatchHeaderLen)
+		f.SetBytes(replication.AppendBatchHeader(f.Bytes(), 0))
+		s.out <- f // room: only the loop sends, and out is empty
+	}
+	return nil
+}
+
+// restOn returns what wakes this stream while it rests without a ticker,
+// or nil when it must tick: it is busy, the congestion controller has
+// time to keep (Ahead, a catch-up, writes held for room, blocks marked),
+// or no other stream of the pair carries the probe.
+func (s *session) restOn() <-chan struct{} {
+	if !s.idle() || len(s.waiting) > 0 || s.ahead || s.catchingUp || s.p.bm.Bytes() > 0 {
+		return nil
+	}
+	return s.beat.rest(s)
+}
+
 // fail ends the session with err (the first error wins).
 func (s *session) fail(err error) {
 	select {
@@ -280,6 +321,23 @@ func (s *session) loop() {
 	// of the timeout, at most maxHeartbeatInterval.
 	every := max(min(s.timeout/4, maxHeartbeatInterval), 10*time.Millisecond)
 	tick := time.NewTicker(every)
+	// An idle stream that another stream of the pair probes for rests:
+	// its ticker stops and it waits on rest, which wakes it when that
+	// carrier leaves (it failed, or its volume went). A thousand idle
+	// volumes thus keep one ticker per peer node.
+	var rest <-chan struct{}
+	rested := func() {
+		switch r := s.restOn(); {
+		case r != nil && rest == nil:
+			tick.Stop()
+			rest = r
+			s.resting.Store(true)
+		case r == nil && rest != nil:
+			rest = nil
+			tick.Reset(every)
+			s.resting.Store(false)
+		}
+	}
 	defer s.beat.leave(s)
 	var err error
 	if err = s.sendQueued(); err != nil {
@@ -298,27 +356,22 @@ wait:
 			}
 			break wait
 		case <-tick.C:
-			// A hung peer (a stopped process, a dead link) sends nothing:
-			// not even the ack of a heartbeat. A busy stream is judged by
-			// its own acks; an idle one owes nothing, and the peer node
-			// answering on any stream will do.
-			now := time.Now().UnixNano()
-			idle := s.idle()
-			quiet := time.Duration(now - s.lastRecv.Load())
-			if idle {
-				quiet = s.beat.quietSince(now, s.lastRecv.Load())
-			}
-			if quiet > s.timeout {
-				err = fmt.Errorf("%w: %s answered nothing for %s", ErrPeerTimeout, s.p.name, quiet.Round(time.Millisecond))
+			if err = s.checkPeer(every); err != nil {
 				break wait
 			}
-			s.congestionTick()
-			if idle && (s.beat.carries(s) || s.beat.quietSince(now, 0) >= 2*every) {
-				f := transport.NewFrame(replication.BatchHeaderLen)
-				f.SetBytes(replication.AppendBatchHeader(f.Bytes(), 0))
-				s.out <- f // room: only the loop sends, and out is empty
-			}
+			// A heartbeat sent is no work of the stream's own: its
+			// silence does not start over, and it may rest.
+			rested()
 			continue
+		case <-rest:
+			// The carrier left: this stream looks at once, as on a tick,
+			// and may carry from now on.
+			rest = nil
+			tick.Reset(every)
+			s.resting.Store(false)
+			if err = s.checkPeer(every); err != nil {
+				break wait
+			}
 		case sub := <-s.submits:
 			if sub.admit {
 				s.admit(sub)
@@ -354,6 +407,7 @@ wait:
 		if err := s.sendQueued(); err != nil {
 			s.fail(err)
 		}
+		rested()
 	}
 	tick.Stop()
 	s.cancel()
