@@ -74,7 +74,7 @@ func (s *Sim) ship(n *node, w *write, p string) {
 func (s *Sim) noteSplitWrite(n *node, w *write) {
 	if w.shipped && len(w.missed) > 0 && !w.split {
 		w.split = true
-		s.check.diverging(s, w.block, fmt.Sprintf("write %d of %s went to some peers and misses others", w.id, n.name))
+		s.check.diverging(s, unackedWriteDivergence, w.block, fmt.Sprintf("write %d of %s went to some peers and misses others", w.id, n.name))
 	}
 }
 
@@ -105,7 +105,7 @@ func (s *Sim) abandon(n *node, w *write) {
 	for _, p := range slices.Sorted(maps.Keys(w.missed)) {
 		n.mark(p, w.block)
 		if !n.durable.Gens.Tracking(p) {
-			s.check.diverging(s, w.block, fmt.Sprintf("write %d failed on %s missing %s, no generation moved", w.id, n.name, p))
+			s.check.diverging(s, unackedWriteDivergence, w.block, fmt.Sprintf("write %d failed on %s missing %s, no generation moved", w.id, n.name, p))
 		}
 	}
 	s.finish(n, w)
@@ -155,6 +155,18 @@ func (s *Sim) progress(n *node, w *write) writeState {
 		delete(w.missed, p)
 	}
 	if len(w.waiting) > 0 && s.cfg.mutation != mutAckWithoutPeer {
+		return writeWaits
+	}
+	if len(n.announcing) > 0 && !s.cfg.strict {
+		// TODO(sim-finding-generation-announce-not-awaited): node
+		// completes a write without waiting for its peers in sync to
+		// take the new generation it announced (a sync-done entry): if
+		// the primary then crashes, an in-sync peer holds the write
+		// under the old generation, which the Outdated peer holds too;
+		// promoted, it counts the Outdated peer in sync, resyncs nothing
+		// and records it UpToDate: an acknowledged write is missing on
+		// a node raft may promote next. The sim waits for the
+		// announcement (-strict does not: seed 1146).
 		return writeWaits
 	}
 	if !n.disk.flush(s.now) {
@@ -224,7 +236,7 @@ func (s *Sim) deliver() {
 func (s *Sim) receive(n *node, m msg) {
 	from := s.node(m.from)
 	switch m.kind {
-	case msgWrite, msgSyncStart, msgSyncData:
+	case msgWrite, msgSyncStart, msgSyncData, msgSyncGen:
 		if n.incoming.from != m.from || n.incoming.id != m.session {
 			return
 		}
@@ -261,6 +273,7 @@ func (s *Sim) receive(n *node, m msg) {
 				return
 			}
 		}
+	case msgSyncGen:
 		// The resynced data is durable BEFORE the generation says so.
 		if !n.disk.flush(s.now) {
 			s.breakConnection(from, n)
@@ -268,11 +281,20 @@ func (s *Sim) receive(n *node, m msg) {
 		}
 		_ = s.drive(n, volstate.ResyncFinished{Peer: m.from, AsTarget: true, Current: m.sync.current, History: m.sync.history})
 		if m.announce {
+			s.link(n.name, m.from).send(msg{at: s.now.Add(tick), from: n.name, to: m.from, session: m.session, kind: msgGenAck})
 			return
 		}
 		clear(n.marks[m.from])
-		s.link(n.name, m.from).send(msg{at: s.now.Add(tick), from: n.name, to: m.from, session: m.session, kind: msgSyncDone})
+		s.link(n.name, m.from).send(msg{at: s.now.Add(tick), from: n.name, to: m.from, session: m.session, kind: msgSyncDone, sync: m.sync})
+	case msgGenAck:
+		delete(n.announcing, m.from)
 	case msgSyncDone:
+		if m.sync.current != n.durable.Gens.Current {
+			// The generation moved on since (node's syncDoneAcked): not
+			// in sync yet; the current one follows.
+			n.syncDone[m.from] = syncDue{session: m.session, at: s.now}
+			return
+		}
 		// The blocks the resync copied are in (a block marked again
 		// since stays marked).
 		for b := range n.resyncing[m.from] {
@@ -289,7 +311,8 @@ func (s *Sim) receive(n *node, m msg) {
 func (s *Sim) announceGeneration(n *node, missed string) {
 	for _, p := range n.peers {
 		if sid, ok := n.sessions[p]; ok && p != missed && n.st.Peers[p].Repl == replication.Connected {
-			s.link(n.name, p).send(msg{at: s.now.Add(tick), from: n.name, to: p, session: sid, kind: msgSyncData, announce: true,
+			n.announcing[p] = true
+			s.link(n.name, p).send(msg{at: s.now.Add(tick), from: n.name, to: p, session: sid, kind: msgSyncGen, announce: true,
 				sync: syncGens{current: n.durable.Gens.Current, history: slices.Clone(n.durable.Gens.History)}})
 		}
 	}
@@ -313,6 +336,11 @@ func (s *Sim) startResync(n *node, peer string) {
 	for b := range copied {
 		n.resyncing[peer][b] = true
 	}
+	for _, w := range n.writes {
+		if _, ok := copied[w.block]; ok {
+			s.check.diverging(s, unackedWriteDivergence, w.block, fmt.Sprintf("write %d of %s copied to %s by a resync before it was acknowledged", w.id, n.name, peer))
+		}
+	}
 	if s.cfg.mutation == mutSkipResyncCopy {
 		// The bug: the marked blocks count as copied.
 		for b := range n.marks[peer] {
@@ -322,8 +350,25 @@ func (s *Sim) startResync(n *node, peer string) {
 	s.tracef("%s: resync %s: %d blocks", n.name, peer, len(copied))
 	l := s.link(n.name, peer)
 	l.send(msg{at: s.now.Add(tick), from: n.name, to: peer, session: sid, kind: msgSyncStart, sync: syncGens{gen: n.durable.Gens.Bitmaps[peer]}})
-	l.send(msg{at: s.now.Add(2 * tick), from: n.name, to: peer, session: sid, kind: msgSyncData, blocks: copied,
-		sync: syncGens{current: n.durable.Gens.Current, history: slices.Clone(n.durable.Gens.History)}})
+	l.send(msg{at: s.now.Add(tick), from: n.name, to: peer, session: sid, kind: msgSyncData, blocks: copied})
+	// The sync-done entry, with the generation the source holds then,
+	// follows the blocks (node enqueues it once the last block is sent).
+	n.syncDone[peer] = syncDue{session: sid, at: s.now.Add(2 * tick)}
+}
+
+// sendSyncDone sends the sync-done entries that are due.
+func (s *Sim) sendSyncDone(n *node) {
+	for _, p := range slices.Sorted(maps.Keys(n.syncDone)) {
+		due := n.syncDone[p]
+		if s.now.Before(due.at) {
+			continue
+		}
+		delete(n.syncDone, p)
+		if n.sessions[p] == due.session {
+			s.link(n.name, p).send(msg{at: s.now.Add(tick), from: n.name, to: p, session: due.session, kind: msgSyncGen,
+				sync: syncGens{current: n.durable.Gens.Current, history: slices.Clone(n.durable.Gens.History)}})
+		}
+	}
 }
 
 // pull copies the peer's data to this primary (all of it: the sim does
@@ -335,7 +380,28 @@ func (s *Sim) pull(n *node, peer string) {
 	// orders them with the writes; the sim does not model that).
 	s.failWrites(n, "pull")
 	for b := range blocks {
-		n.disk.cache[b] = q.disk.read(b)
+		v := q.disk.read(b)
+		if v == n.disk.read(b) {
+			continue
+		}
+		n.disk.cache[b] = v
+		// What changes here goes to the other peers too: in their
+		// streams, or marked.
+		for _, p := range n.peers {
+			if p == peer {
+				continue
+			}
+			if sid, ok := n.sessions[p]; ok {
+				s.nextWrite++
+				s.link(n.name, p).send(msg{at: s.now.Add(tick), from: n.name, to: p, session: sid, kind: msgWrite, id: s.nextWrite, block: b, value: v})
+				if n.inflight[p] == nil {
+					n.inflight[p] = map[int64]int{}
+				}
+				n.inflight[p][s.nextWrite] = b
+			} else {
+				n.mark(p, b)
+			}
+		}
 	}
 	n.disk.flush(s.now)
 	clear(n.marks[peer])

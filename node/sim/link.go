@@ -13,11 +13,16 @@ const (
 	// msgSyncStart: the resync begins; the target is Inconsistent from
 	// here, resuming from gen.
 	msgSyncStart
-	// msgSyncData: the marked blocks and the source's generations; the
-	// target holds them once it has flushed.
+	// msgSyncData: the marked blocks.
 	msgSyncData
+	// msgSyncGen: the source's sync-done entry, its generations: the
+	// target holds them once it has flushed (also a primary's new
+	// generation announced to a peer in sync).
+	msgSyncGen
 	// msgSyncDone: the target holds the source's data.
 	msgSyncDone
+	// msgGenAck: the peer took the generation a primary announced.
+	msgGenAck
 )
 
 func (k msgKind) String() string {
@@ -30,8 +35,12 @@ func (k msgKind) String() string {
 		return "sync-start"
 	case msgSyncData:
 		return "sync-data"
+	case msgSyncGen:
+		return "sync-gen"
 	case msgSyncDone:
 		return "sync-done"
+	case msgGenAck:
+		return "gen-ack"
 	}
 	return "msg(?)"
 }
@@ -46,8 +55,8 @@ type msg struct {
 	block    int
 	value    int64
 	blocks   map[int]int64 // msgSyncData
-	announce bool          // msgSyncData: only a new generation, no resync
-	sync     syncGens      // msgSyncStart, msgSyncData
+	announce bool          // msgSyncGen: only a new generation, no resync
+	sync     syncGens      // msgSyncStart, msgSyncGen
 }
 
 // link is the network between two nodes: it is cut (a partition) or not,

@@ -30,6 +30,7 @@ type node struct {
 	disk      *disk
 	marks     map[string]map[int]bool // durable bitmaps, per peer
 	al        map[int]int             // the activity log: blocks with writes in flight
+	alMarked  map[int]bool            // blocks the activity log marked at the last restart
 
 	outdated map[string]uint64 // peers raft recorded Outdated, at which epoch (ensureOutdated's memo)
 	// outdatedRetry: ensureOutdated proposes again no sooner.
@@ -38,9 +39,12 @@ type node struct {
 	incoming      session           // the stream of a primary applied here
 	// resyncing: per peer, the blocks a resync under way copies.
 	resyncing map[string]map[int]bool
-	inflight  map[string]map[int64]int // per peer, the writes its stream holds unanswered (by block)
-	writes    []*write
-	follow    []volstate.Event // events the actions feed back (Quiesced)
+	syncDone  map[string]syncDue // sync-done entries to send, per peer
+	// announcing: peers sent a new generation that did not take it yet.
+	announcing map[string]bool
+	inflight   map[string]map[int64]int // per peer, the writes its stream holds unanswered (by block)
+	writes     []*write
+	follow     []volstate.Event // events the actions feed back (Quiesced)
 
 	renewing      bool
 	lastRenew     time.Time
@@ -49,6 +53,12 @@ type node struct {
 	nextDial      map[string]time.Time
 	handoverUntil time.Time
 	reattachAt    time.Time
+}
+
+// syncDue is a sync-done entry to send on stream session at at.
+type syncDue struct {
+	session uint64
+	at      time.Time
 }
 
 type session struct {
@@ -76,7 +86,7 @@ type syncGens struct {
 var startedEvent = volstate.Started{}
 
 func newNode(name string, data []string, gen replication.Generation) *node {
-	n := &node{name: name, up: true, disk: newDisk(blocks), marks: map[string]map[int]bool{}, al: map[int]int{}}
+	n := &node{name: name, up: true, disk: newDisk(blocks), marks: map[string]map[int]bool{}, al: map[int]int{}, alMarked: map[int]bool{}}
 	for _, p := range data {
 		if p != name {
 			n.peers = append(n.peers, p)
@@ -100,7 +110,8 @@ func (n *node) boot() {
 		n.st.Disk = replication.Inconsistent
 	}
 	n.outdated, n.sessions, n.nextDial = map[string]uint64{}, map[string]uint64{}, map[string]time.Time{}
-	n.inflight, n.resyncing = map[string]map[int64]int{}, map[string]map[int]bool{}
+	n.inflight, n.resyncing, n.syncDone = map[string]map[int64]int{}, map[string]map[int]bool{}, map[string]syncDue{}
+	n.announcing = map[string]bool{}
 	n.incoming, n.writes, n.follow = session{}, nil, nil
 	n.renewing, n.authVersion, n.handoverUntil, n.reattachAt = false, -1, time.Time{}, time.Time{}
 }
@@ -171,8 +182,8 @@ func (s *Sim) perform(n *node, a volstate.Action) {
 		// reached the peer but sits unflushed here is lost or torn by a
 		// power loss after the step-down, with no activity log to mark
 		// it (the indicator is clear): the two copies differ, unmarked
-		// (seed 736 before this flush).
-		if !n.disk.flush(s.now) {
+		// (-strict runs without this flush).
+		if !s.cfg.strict && !n.disk.flush(s.now) {
 			return // the indicator stays: the restart marks the activity log
 		}
 		n.indicator = false
@@ -184,6 +195,15 @@ func (s *Sim) perform(n *node, a volstate.Action) {
 			s.endStream(s.node(in.from), n.name)
 		}
 	case volstate.ClearPeerBitmaps:
+		for _, b := range slices.Sorted(maps.Keys(n.alMarked)) {
+			for _, p := range n.peers {
+				if n.marks[p][b] {
+					s.check.diverging(s, promotionClearsActivityLog, b, fmt.Sprintf("%s's activity log mark for %s", n.name, p))
+					break
+				}
+			}
+		}
+		clear(n.alMarked)
 		for _, m := range n.marks {
 			clear(m)
 		}
@@ -252,6 +272,7 @@ func (s *Sim) tickNode(n *node) {
 	if p := n.st.Pending; p != nil && p.Kind == volstate.PendingHandover {
 		s.handover(n, p.To)
 	}
+	s.sendSyncDone(n)
 	s.progressWrites(n)
 }
 
@@ -374,11 +395,15 @@ func (s *Sim) dropStream(p *node, peer string, sid uint64) {
 	for _, id := range slices.Sorted(maps.Keys(p.inflight[peer])) {
 		b := p.inflight[peer][id]
 		p.mark(peer, b)
-		s.check.diverging(s, b, fmt.Sprintf("write %d of %s unanswered by %s when the stream ended", id, p.name, peer))
+		s.check.diverging(s, unackedWriteDivergence, b, fmt.Sprintf("write %d of %s unanswered by %s when the stream ended", id, p.name, peer))
 	}
 	delete(p.inflight, peer)
+	announced := p.announcing[peer]
+	delete(p.announcing, peer)
 	for _, w := range p.writes {
-		if w.waiting[peer] {
+		if w.waiting[peer] || announced {
+			// A write that waited for the peer, or for its taking the
+			// new generation, misses it.
 			delete(w.waiting, peer)
 			w.missed[peer] = true
 		}
@@ -448,6 +473,7 @@ func (s *Sim) restart(n *node) {
 		for _, p := range n.peers {
 			n.mark(p, b)
 		}
+		n.alMarked[b] = true
 	}
 	clear(n.al)
 	n.boot()

@@ -73,6 +73,9 @@ type Config struct {
 	ThreeDataNodes bool
 
 	mutation mutation
+	// strict: no skip of the sim's findings (see finding), and no data
+	// flush at a step-down (TODO(sim-finding-stepdown-unflushed)).
+	strict bool
 }
 
 // Sim is the simulated cluster.
