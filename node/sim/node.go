@@ -30,7 +30,6 @@ type node struct {
 	disk      *disk
 	marks     map[string]map[int]bool // durable bitmaps, per peer
 	al        map[int]int             // the activity log: blocks with writes in flight
-	alMarked  map[int]bool            // blocks the activity log marked at the last restart
 
 	outdated map[string]uint64 // peers raft recorded Outdated, at which epoch (ensureOutdated's memo)
 	// outdatedRetry: ensureOutdated proposes again no sooner.
@@ -86,7 +85,7 @@ type syncGens struct {
 var startedEvent = volstate.Started{}
 
 func newNode(name string, data []string, gen replication.Generation) *node {
-	n := &node{name: name, up: true, disk: newDisk(blocks), marks: map[string]map[int]bool{}, al: map[int]int{}, alMarked: map[int]bool{}}
+	n := &node{name: name, up: true, disk: newDisk(blocks), marks: map[string]map[int]bool{}, al: map[int]int{}}
 	for _, p := range data {
 		if p != name {
 			n.peers = append(n.peers, p)
@@ -176,16 +175,6 @@ func (s *Sim) perform(n *node, a volstate.Action) {
 	case volstate.HandOverIO:
 		n.handoverUntil = s.now.Add(handoverTimeout)
 	case volstate.ClearPrimaryIndicator:
-		// TODO(sim-finding-stepdown-unflushed): the sim flushes the data
-		// disk BEFORE the indicator goes; node's quiesce flushes only the
-		// bitmaps. Without this flush a write failed by the drain that
-		// reached the peer but sits unflushed here is lost or torn by a
-		// power loss after the step-down, with no activity log to mark
-		// it (the indicator is clear): the two copies differ, unmarked
-		// (-strict runs without this flush).
-		if !s.cfg.strict && !n.disk.flush(s.now) {
-			return // the indicator stays: the restart marks the activity log
-		}
 		n.indicator = false
 	case volstate.StartPeers, volstate.ResetPeers, volstate.StopPeers:
 		s.stopSenders(n)
@@ -195,17 +184,11 @@ func (s *Sim) perform(n *node, a volstate.Action) {
 			s.endStream(s.node(in.from), n.name)
 		}
 	case volstate.ClearPeerBitmaps:
-		for _, b := range slices.Sorted(maps.Keys(n.alMarked)) {
-			for _, p := range n.peers {
-				if n.marks[p][b] {
-					s.check.diverging(s, promotionClearsActivityLog, b, fmt.Sprintf("%s's activity log mark for %s", n.name, p))
-					break
-				}
+		for _, p := range n.peers {
+			for _, b := range slices.Sorted(maps.Keys(n.marks[p])) {
+				s.check.diverging(s, promotionClearsMarks, b, fmt.Sprintf("%s's mark for %s", n.name, p))
 			}
-		}
-		clear(n.alMarked)
-		for _, m := range n.marks {
-			clear(m)
+			clear(n.marks[p])
 		}
 	case volstate.ClearLocalMissing:
 		// The sim keeps no map of blocks the local disk misses: a
@@ -352,7 +335,7 @@ func (s *Sim) handshake(p, q *node) {
 		}
 		return
 	}
-	s.tracef("%s: stream to %s session %d (%s)", p.name, q.name, sid, repl)
+	s.tracef("%s: stream to %s session %d (%s; %s by %s)", p.name, q.name, sid, repl, d.Outcome, d.Rule)
 }
 
 // endStream ends primary p's stream to peer (both ends, and what it
@@ -473,7 +456,6 @@ func (s *Sim) restart(n *node) {
 		for _, p := range n.peers {
 			n.mark(p, b)
 		}
-		n.alMarked[b] = true
 	}
 	clear(n.al)
 	n.boot()

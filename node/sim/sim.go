@@ -73,9 +73,8 @@ type Config struct {
 	ThreeDataNodes bool
 
 	mutation mutation
-	// strict: no skip of the sim's findings (see finding), and no data
-	// flush at a step-down (TODO(sim-finding-stepdown-unflushed)).
-	strict bool
+	// strict: the findings the sim does not work around (see finding).
+	strict finding
 }
 
 // Sim is the simulated cluster.
