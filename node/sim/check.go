@@ -48,12 +48,13 @@ type checker struct {
 	forced map[string]bool
 	// split: a forced promotion without raft may have left two primaries.
 	split bool
-	// unrecorded are blocks of failed writes that missed a peer whose
-	// miss moved no generation (see unrecordedMiss).
-	unrecorded map[int]bool
+	// mayDiffer are blocks invariant 4 skips until a write to them is
+	// acknowledged: a finding worked around (diverging), a forced
+	// promotion (forgetDifferences).
+	mayDiffer map[int]bool
 }
 
-func newChecker() checker { return checker{forced: map[string]bool{}, unrecorded: map[int]bool{}} }
+func newChecker() checker { return checker{forced: map[string]bool{}, mayDiffer: map[int]bool{}} }
 
 // finding is a problem the sim found in the rules and mechanism it
 // models after node's (not fixed here: production code is untouched).
@@ -144,7 +145,7 @@ func (c *checker) diverging(s *Sim, f finding, block int, why string) {
 	if !s.worksAround(f) || f == unackedWriteDivergence && !s.cfg.ThreeDataNodes {
 		return
 	}
-	c.unrecorded[block] = true
+	c.mayDiffer[block] = true
 	s.tracef("check: block %d may diverge (%s, %s): invariant 4 skips it until a write to it is acknowledged", block, f, why)
 }
 
@@ -155,7 +156,7 @@ func (c *checker) acknowledged(s *Sim, n *node, w *write) {
 	}
 	c.acked[w.block] = w.id
 	c.acks++
-	delete(c.unrecorded, w.block)
+	delete(c.mayDiffer, w.block)
 	s.tracef("%s: write %d block %d acknowledged", n.name, w.id, w.block)
 }
 
@@ -207,7 +208,7 @@ func (c *checker) forgetDifferences(s *Sim) {
 			seen = append(seen, n.disk.read(b))
 		}
 		if slices.Min(seen) != slices.Max(seen) {
-			c.unrecorded[b] = true
+			c.mayDiffer[b] = true
 		}
 	}
 }
@@ -285,7 +286,7 @@ func (s *Sim) checkInSync(p *node) {
 			continue
 		}
 		for b := range blocks {
-			if pv, qv := p.disk.read(b), q.disk.read(b); pv != qv && !s.check.unrecorded[b] {
+			if pv, qv := p.disk.read(b), q.disk.read(b); pv != qv && !s.check.mayDiffer[b] {
 				s.fail(ReplicasEqualInSync, "%s and %s in sync, block %d holds %d and %d", p.name, name, b, pv, qv)
 				return
 			}
