@@ -92,6 +92,33 @@ func TestReplctlLayering(t *testing.T) {
 	}
 }
 
+// TestSimLayering pins the simulation's seam (node/sim): it runs the pure
+// rules (volstate, replication, cluster.Decide) over models of its own,
+// so nothing it links, apart from the cluster package it takes Decide
+// from, is the node or a package of I/O: no node, transport, metadata,
+// backing or config, and no raft, memberlist, gRPC or bbolt.
+func TestSimLayering(t *testing.T) {
+	const (
+		mod = "github.com/replvol/replvol"
+		sim = mod + "/node/sim"
+	)
+	forbidden := []string{mod + "/node", mod + "/node/multipath/...", mod + "/transport/...", mod + "/web/...", mod + "/metadata/...",
+		mod + "/backing/...", mod + "/config/...", "google.golang.org/grpc/...", "go.etcd.io/bbolt/...",
+		"github.com/hashicorp/raft/...", "github.com/hashicorp/memberlist/..."}
+	graph := importGraph(t, sim)
+	if !slices.Contains(graph[sim], mod+"/node/cluster") {
+		t.Fatalf("%s does not import node/cluster: update this test", sim)
+	}
+	deps := reachable(graph, sim, []string{mod + "/node/cluster"})
+	for _, dep := range slices.Sorted(maps.Keys(deps)) {
+		for _, f := range forbidden {
+			if dep == strings.TrimSuffix(f, "/...") || strings.HasSuffix(f, "/...") && strings.HasPrefix(dep, strings.TrimSuffix(f, "...")) {
+				t.Errorf("%s imports %s: %s", sim, dep, strings.Join(deps[dep], " -> "))
+			}
+		}
+	}
+}
+
 // importGraph maps each package that pkgs depend on (pkgs included) to
 // its imports, as go list -deps reports them.
 func importGraph(t *testing.T, pkgs ...string) map[string][]string {

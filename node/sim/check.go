@@ -1,0 +1,301 @@
+package sim
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/replvol/replvol/node/volstate"
+	"github.com/replvol/replvol/replication"
+)
+
+// Invariant names one of DESIGN.md §2's invariants as the sim checks it.
+type Invariant uint8
+
+const (
+	// NoAckedWriteLost: every block reads back, on the current serving
+	// primary, the last acknowledged value or a later one.
+	NoAckedWriteLost Invariant = iota + 1
+	// OneWriter: never two primaries serving under leases that overlap.
+	OneWriter
+	// NoStalePromotion: a node that lacks an acknowledged write is never
+	// promoted without force.
+	NoStalePromotion
+	// ReplicasEqualInSync: a primary and a peer it counts in sync (no
+	// marked blocks, nothing in flight) hold the same blocks.
+	ReplicasEqualInSync
+)
+
+func (i Invariant) String() string {
+	switch i {
+	case NoAckedWriteLost:
+		return "no-acknowledged-write-lost"
+	case OneWriter:
+		return "one-writer"
+	case NoStalePromotion:
+		return "no-stale-promotion"
+	case ReplicasEqualInSync:
+		return "replicas-equal-in-sync"
+	}
+	return "invariant(?)"
+}
+
+// checker holds what the invariants are checked against.
+type checker struct {
+	acked [blocks]int64 // the last acknowledged value of each block
+	acks  int
+	// forced: the node's next promotion is an operator's forced one.
+	forced map[string]bool
+	// split: a forced promotion without raft may have left two primaries.
+	split bool
+	// mayDiffer are blocks invariant 4 skips until a write to them is
+	// acknowledged: a finding worked around (diverging), a forced
+	// promotion (forgetDifferences).
+	mayDiffer map[int]bool
+}
+
+func newChecker() checker { return checker{forced: map[string]bool{}, mayDiffer: map[int]bool{}} }
+
+// finding is a problem the sim found in the rules and mechanism it
+// models after node's (not fixed here: production code is untouched).
+// By default the sim works around each one, as its TODO says, so that
+// the run goes on to find others; Config.strict names the findings it
+// does not work around (-strict NAME,... or all), which then fail. In
+// none of them does the sim see an acknowledged write lost unless it is
+// strict about one that says so.
+type finding uint8
+
+const (
+	// TODO(sim-finding-unacked-write-divergence), three data nodes: an
+	// unacknowledged write reaches one peer and not the other, and
+	// nothing on the two marks it: it fails after its local write and
+	// its streams, missing a peer before raft recorded it Outdated (no
+	// generation moved); or the primary is cut off (raft cannot record
+	// the miss) and never acknowledges it; or its stream ends with the
+	// write unanswered (a crash, a partition); or a resync copies its
+	// block before it is acknowledged. The two count each other in sync
+	// once one of them takes over. Worked around: invariant 4 skips the
+	// block until a write to it is acknowledged. Seed 93.
+	unackedWriteDivergence finding = 1 << iota
+	// TODO(sim-finding-promotion-clears-marks): a node marks for its
+	// peers the blocks it may hold and they may not: its activity log's
+	// at a restart after a crash as primary, a write that failed after
+	// its local write. When raft promotes it again before a peer resynced
+	// them, ClearPeerBitmaps (becomePrimary's "this node held every
+	// write") drops the marks, and the peer, in sync by generations,
+	// keeps its older blocks. Worked around as the one above. Seed 1460
+	// (two data nodes).
+	promotionClearsMarks
+	// TODO(sim-finding-generation-announce-not-awaited): see progress.
+	// Worked around: a write waits for the announcement's ack. Seed 1146.
+	generationAnnounceNotAwaited
+	// TODO(sim-finding-lost-sync-done-ack): see receive (msgSyncGen).
+	// Worked around: the ack is never lost. Seed 9588. The same root,
+	// not worked around: a resync of marked blocks between equal
+	// generations tracks the peer from a fresh bitmap generation while
+	// the primary keeps its own; interrupted before the peer took the
+	// sync-start, the peer keeps the primary's generation while the
+	// primary's later writes only mark it (seed 6711, three data nodes:
+	// invariant 4, then the peer is recorded UpToDate in raft).
+	lostSyncDoneAck
+)
+
+var findingNames = map[finding]string{
+	unackedWriteDivergence:       "unacked-write-divergence",
+	promotionClearsMarks:         "promotion-clears-marks",
+	generationAnnounceNotAwaited: "generation-announce-not-awaited",
+	lostSyncDoneAck:              "lost-sync-done-ack",
+}
+
+func (f finding) String() string {
+	if n, ok := findingNames[f]; ok {
+		return "sim-finding-" + n
+	}
+	return "finding(?)"
+}
+
+// parseFindings reads a -strict list: names (without sim-finding-),
+// comma separated, or all.
+func parseFindings(list string) (finding, error) {
+	var fs finding
+	for _, name := range strings.Split(list, ",") {
+		name = strings.TrimPrefix(strings.TrimSpace(name), "sim-finding-")
+		if name == "" {
+			continue
+		}
+		if name == "all" {
+			for f := range findingNames {
+				fs |= f
+			}
+			continue
+		}
+		found := false
+		for f, n := range findingNames {
+			if n == name {
+				fs, found = fs|f, true
+			}
+		}
+		if !found {
+			return 0, fmt.Errorf("no finding %q", name)
+		}
+	}
+	return fs, nil
+}
+
+// worksAround reports whether the run works around finding f.
+func (s *Sim) worksAround(f finding) bool { return s.cfg.strict&f == 0 }
+
+// diverging notes that block may now differ between nodes that will
+// count each other in sync, by finding f (why says how).
+func (c *checker) diverging(s *Sim, f finding, block int, why string) {
+	if !s.worksAround(f) || f == unackedWriteDivergence && !s.cfg.ThreeDataNodes {
+		return
+	}
+	c.mayDiffer[block] = true
+	s.tracef("check: block %d may diverge (%s, %s): invariant 4 skips it until a write to it is acknowledged", block, f, why)
+}
+
+func (c *checker) acknowledged(s *Sim, n *node, w *write) {
+	if c.split {
+		s.tracef("%s: write %d acknowledged during a forced split (not counted)", n.name, w.id)
+		return
+	}
+	c.acked[w.block] = w.id
+	c.acks++
+	delete(c.mayDiffer, w.block)
+	s.tracef("%s: write %d block %d acknowledged", n.name, w.id, w.block)
+}
+
+// lacks returns the first block whose acknowledged value n does not hold
+// (nor a later one: a write that tore a block after it was acknowledged
+// was not acknowledged itself, and counts as later).
+func (c *checker) lacks(n *node) (block int, has int64, ok bool) {
+	for b := range blocks {
+		if v := n.disk.read(b); max(v, -v) < c.acked[b] {
+			return b, v, true
+		}
+	}
+	return 0, 0, false
+}
+
+// promoted checks invariant 3 when n became primary by e.
+func (c *checker) promoted(s *Sim, n *node, e volstate.Event) {
+	if _, force := e.(volstate.Force); force {
+		return // the operator's (forcedHere)
+	}
+	if c.forced[n.name] || c.split {
+		delete(c.forced, n.name)
+		return
+	}
+	if b, v, ok := c.lacks(n); ok {
+		s.fail(NoStalePromotion, "%s promoted at epoch %d by %T holds %d in block %d, acknowledged %d", n.name, n.st.Durable.Epoch, e, v, b, c.acked[b])
+	}
+}
+
+// forcedHere: the operator forced n to primary while raft had no
+// quorum. The command may lose any write acknowledged before it, and
+// until one primary is left, named by raft, two sides may serve (a split
+// brain the operator chose): writes acknowledged meanwhile count for
+// neither, and invariants 1 and 3 start again once it is resolved.
+func (c *checker) forcedHere(s *Sim, n *node) {
+	c.acked, c.split = [blocks]int64{}, true
+	c.forgetDifferences(s)
+	s.tracef("check: forced primary %s: writes acknowledged so far may be lost; invariants 1 and 3 wait for one primary", n.name)
+}
+
+// forgetDifferences: a forced promotion counts every peer in sync (it
+// clears the bitmaps) and promises nothing of the blocks the copies
+// differ in then; invariant 4 skips them until a write to them is
+// acknowledged.
+func (c *checker) forgetDifferences(s *Sim) {
+	for b := range blocks {
+		var seen []int64
+		for _, n := range s.dataNodes() {
+			seen = append(seen, n.disk.read(b))
+		}
+		if slices.Min(seen) != slices.Max(seen) {
+			c.mayDiffer[b] = true
+		}
+	}
+}
+
+// resolved reports whether a forced split is over: one data node holds
+// itself primary, the one raft names at its epoch.
+func (s *Sim) resolved() bool {
+	va, known := s.raft.auth.Volume(volume)
+	primaries := 0
+	for _, n := range s.dataNodes() {
+		if n.durable.Primary == n.name {
+			primaries++
+			if !known || va.Primary != n.name || va.Epoch != n.durable.Epoch {
+				return false
+			}
+		}
+	}
+	return primaries == 1
+}
+
+// forcedByRaft: raft applied an operator's forced promotion of n (after
+// the lease fence): it may lose any write acknowledged before it.
+func (c *checker) forcedByRaft(s *Sim, n *node) {
+	c.forced[n.name] = n.st.Role() != replication.Primary
+	c.acked = [blocks]int64{}
+	c.forgetDifferences(s)
+	s.tracef("check: raft forced %s: writes acknowledged so far may be lost", n.name)
+}
+
+// checkAll checks invariants 1, 2 and 4 (3 is checked at promotions).
+func (s *Sim) checkAll() {
+	if s.check.split && s.resolved() {
+		s.check.split = false
+		s.tracef("check: the forced split is resolved")
+	}
+	va, known := s.raft.auth.Volume(volume)
+	var leased []string
+	for _, n := range s.dataNodes() {
+		if !n.up {
+			continue
+		}
+		st := n.st
+		if st.Serving == volstate.Open && volstate.Admit(st, s.now) == volstate.Serve {
+			leased = append(leased, n.name)
+		}
+		// The current primary: raft's, or one forced while raft had no
+		// quorum that raft has not heard of yet.
+		current := known && va.Primary == n.name && va.Epoch == st.Durable.Epoch && st.Serving.IsOpen() ||
+			st.Serving == volstate.OpenWithoutLease && (!known || va.Epoch < st.Durable.Epoch)
+		if st.Role() != replication.Primary || !current || st.Disk != replication.UpToDate {
+			continue
+		}
+		if b, v, ok := s.check.lacks(n); ok && !s.check.split {
+			s.fail(NoAckedWriteLost, "primary %s (epoch %d) reads %d in block %d, acknowledged %d", n.name, st.Durable.Epoch, v, b, s.check.acked[b])
+		}
+		s.checkInSync(n)
+	}
+	if len(leased) > 1 {
+		s.fail(OneWriter, "%v serve with leases at once", leased)
+	}
+}
+
+// checkInSync checks invariant 4 for primary p and each peer it counts in
+// sync: connected, no marks either side, nothing in flight.
+func (s *Sim) checkInSync(p *node) {
+	if len(p.writes) > 0 {
+		return
+	}
+	for _, name := range p.peers {
+		q := s.node(name)
+		sid, ok := p.sessions[name]
+		if !ok || !q.up || q.incoming.id != sid || p.st.Peers[name].Repl != replication.Connected || p.durable.Gens.Tracking(name) ||
+			len(p.marks[name]) > 0 || len(q.marks[p.name]) > 0 || !s.link(p.name, name).idle() ||
+			q.durable.Gens.Current.IsZero() || !q.durable.SyncGen.IsZero() {
+			continue
+		}
+		for b := range blocks {
+			if pv, qv := p.disk.read(b), q.disk.read(b); pv != qv && !s.check.mayDiffer[b] {
+				s.fail(ReplicasEqualInSync, "%s and %s in sync, block %d holds %d and %d", p.name, name, b, pv, qv)
+				return
+			}
+		}
+	}
+}

@@ -1,0 +1,482 @@
+package sim
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/replvol/replvol/node/volstate"
+	"github.com/replvol/replvol/replication"
+)
+
+// node is one simulated node: a data node's volume (its real volstate
+// State, what its metadata holds durably, its disk) and the mechanism
+// node's driver would run around it; the witness has only liveness.
+type node struct {
+	name    string
+	witness bool
+	peers   []string // the other data nodes, sorted
+
+	up          bool
+	restartAt   time.Time
+	pausedAt    time.Time
+	pausedUntil time.Time
+
+	st        volstate.State
+	durable   volstate.Durable // the metadata: written BEFORE a state that holds it is installed
+	indicator bool             // the primary indicator
+	disk      *disk
+	marks     map[string]map[int]bool // durable bitmaps, per peer
+	al        map[int]int             // the activity log: blocks with writes in flight
+
+	outdated map[string]uint64 // peers raft recorded Outdated, at which epoch (ensureOutdated's memo)
+	// outdatedRetry: ensureOutdated proposes again no sooner.
+	outdatedRetry time.Time
+	sessions      map[string]uint64 // this primary's streams, per peer
+	incoming      session           // the stream of a primary applied here
+	// resyncing: per peer, the blocks a resync under way copies.
+	resyncing map[string]map[int]bool
+	syncDone  map[string]syncDue // sync-done entries to send, per peer
+	// announcing: peers sent a new generation that did not take it yet.
+	announcing map[string]bool
+	inflight   map[string]map[int64]int // per peer, the writes its stream holds unanswered (by block)
+	writes     []*write
+	follow     []volstate.Event // events the actions feed back (Quiesced)
+
+	renewing      bool
+	lastRenew     time.Time
+	authVersion   int
+	authAt        time.Time
+	nextDial      map[string]time.Time
+	handoverUntil time.Time
+	reattachAt    time.Time
+}
+
+// syncDue is a sync-done entry to send on stream session at at.
+type syncDue struct {
+	session uint64
+	at      time.Time
+}
+
+type session struct {
+	from string
+	id   uint64
+}
+
+// write is a client write in flight on a primary.
+type write struct {
+	id      int64 // also the value written
+	block   int
+	epoch   uint64
+	started time.Time
+	waiting map[string]bool // peers whose ack it waits for
+	missed  map[string]bool // peers it misses, not yet recorded
+	shipped bool            // it went to a stream
+	split   bool            // noted as split between peers
+}
+
+type syncGens struct {
+	gen, current replication.Generation
+	history      []replication.Generation
+}
+
+var startedEvent = volstate.Started{}
+
+func newNode(name string, data []string, gen replication.Generation) *node {
+	n := &node{name: name, up: true, disk: newDisk(blocks), marks: map[string]map[int]bool{}, al: map[int]int{}}
+	for _, p := range data {
+		if p != name {
+			n.peers = append(n.peers, p)
+			n.marks[p] = map[int]bool{}
+		}
+	}
+	history := make([]replication.Generation, replication.HistorySlots)
+	n.durable = volstate.Durable{Epoch: 1, Primary: data[0], Gens: replication.Generations{Current: gen, History: history}}
+	n.boot()
+	return n
+}
+
+// boot is the volume opened with its durable state (a start or restart).
+func (n *node) boot() {
+	n.st = volstate.State{Self: n.name, Durable: n.durable.Clone(), Auth: true, CrashedPrimary: n.indicator, Peers: map[string]volstate.Peer{}}
+	for _, p := range n.peers {
+		n.st.Peers[p] = volstate.Peer{Repl: replication.Connecting}
+	}
+	n.st.Disk = n.st.IdleDisk()
+	if n.durable.LocalStale {
+		n.st.Disk = replication.Inconsistent
+	}
+	n.outdated, n.sessions, n.nextDial = map[string]uint64{}, map[string]uint64{}, map[string]time.Time{}
+	n.inflight, n.resyncing, n.syncDone = map[string]map[int64]int{}, map[string]map[int]bool{}, map[string]syncDue{}
+	n.announcing = map[string]bool{}
+	n.incoming, n.writes, n.follow = session{}, nil, nil
+	n.renewing, n.authVersion, n.handoverUntil, n.reattachAt = false, -1, time.Time{}, time.Time{}
+}
+
+func (n *node) running(now time.Time) bool { return n.up && !now.Before(n.pausedUntil) }
+
+func (n *node) paused(now time.Time) bool { return n.up && now.Before(n.pausedUntil) }
+
+// drive steps the volume with e the way node's driver does: the step's
+// preparations, then its writes (the indicator, the durable state) BEFORE
+// the new state is installed, then its actions.
+func (s *Sim) drive(n *node, e volstate.Event) error {
+	old := n.st
+	next, acts, err := volstate.Apply(n.st, e, func(prep []volstate.Action) {
+		for _, a := range prep {
+			s.perform(n, a)
+		}
+	}, func(rd volstate.Ready, _ volstate.State) error {
+		if rd.Indicator == volstate.SetIndicator {
+			n.indicator = true
+		}
+		if rd.Persist != nil {
+			n.durable = rd.Persist.Clone()
+		}
+		return nil
+	})
+	name := strings.TrimPrefix(fmt.Sprintf("%T", e), "volstate.")
+	if err != nil {
+		s.tracef("%s: %s refused: %v", n.name, name, err)
+		return err
+	}
+	n.st = next
+	if len(acts) > 0 || old.Serving != next.Serving || old.Role() != next.Role() || old.Durable.Epoch != next.Durable.Epoch ||
+		old.Disk != next.Disk || !maps.Equal(old.Peers, next.Peers) {
+		s.tracef("%s: %s -> %s %s epoch %d disk %s peers %s %v", n.name, name, next.Role(), next.Serving, next.Durable.Epoch, next.Disk, peerStates(next), acts)
+	}
+	if old.Role() != replication.Primary && next.Role() == replication.Primary {
+		s.check.promoted(s, n, e)
+	}
+	for _, a := range acts {
+		s.perform(n, a)
+	}
+	for len(n.follow) > 0 {
+		f := n.follow[0]
+		n.follow = n.follow[1:]
+		_ = s.drive(n, f)
+	}
+	return nil
+}
+
+// perform does one action: every kind volstate names is mapped; an
+// unknown one panics, so that none is silently ignored.
+func (s *Sim) perform(n *node, a volstate.Action) {
+	switch a.Kind {
+	case volstate.DrainIO:
+		s.failWrites(n, "drain")
+		s.stopSenders(n)
+		n.follow = append(n.follow, volstate.Quiesced{})
+	case volstate.WaitIO:
+		s.failWrites(n, "wait-io")
+		n.follow = append(n.follow, volstate.Quiesced{})
+	case volstate.HandOverIO:
+		n.handoverUntil = s.now.Add(handoverTimeout)
+	case volstate.ClearPrimaryIndicator:
+		n.indicator = false
+	case volstate.StartPeers, volstate.ResetPeers, volstate.StopPeers:
+		s.stopSenders(n)
+		clear(n.nextDial)
+	case volstate.DetachIncoming:
+		if in := n.incoming; in.from != "" {
+			s.endStream(s.node(in.from), n.name)
+		}
+	case volstate.ClearPeerBitmaps:
+		for _, p := range n.peers {
+			for _, b := range slices.Sorted(maps.Keys(n.marks[p])) {
+				s.check.diverging(s, promotionClearsMarks, b, fmt.Sprintf("%s's mark for %s", n.name, p))
+			}
+			clear(n.marks[p])
+		}
+	case volstate.ClearLocalMissing:
+		// The sim keeps no map of blocks the local disk misses: a
+		// detached (Diskless) primary takes no client writes.
+	case volstate.StartLease:
+		n.renewing, n.lastRenew = true, time.Time{}
+	case volstate.StopLease:
+		n.renewing = false
+	case volstate.ReleaseLease:
+		s.raft.release(s, n, a.Epoch)
+	case volstate.Propose:
+		switch a.Detail {
+		case "init":
+			_, _ = s.raft.apply(s, n, replication.InitCommand(volume, n.name, a.Epoch, s.data))
+		case "reclaim":
+			_ = s.raft.promote(s, n, replication.FailoverCommand(volume, a.Epoch, n.name, true, s.now, "forced by the operator while raft had no quorum"), true)
+		default:
+			panic("sim: no proposal " + a.Detail)
+		}
+	case volstate.StartResync:
+		s.startResync(n, a.Peer)
+	case volstate.StartPull:
+		s.pull(n, a.Peer)
+	case volstate.Reattach:
+		n.reattachAt = s.now.Add(time.Second)
+	case volstate.CopyMissing:
+		n.follow = append(n.follow, volstate.LocalResyncFinished{})
+	case volstate.RunHook, volstate.Notify:
+		// Traced with the step.
+	default:
+		panic(fmt.Sprintf("sim: %s: no driver for the action %s", n.name, a))
+	}
+}
+
+// tickNode is one pass of a running data node's loops.
+func (s *Sim) tickNode(n *node) {
+	if n.st.Disk == replication.Diskless && !n.reattachAt.IsZero() && !s.now.Before(n.reattachAt) && !s.now.Before(n.disk.failUntil) {
+		n.reattachAt = time.Time{}
+		_ = s.drive(n, volstate.DiskWorks{})
+	}
+	s.followAuthority(n)
+	if n.renewing && n.st.LeaseEpoch != 0 && s.now.Sub(n.lastRenew) >= renewEvery {
+		n.lastRenew = s.now
+		if s.raft.grant(s, n, n.st.LeaseEpoch) {
+			_ = s.drive(n, volstate.LeaseRenewed{Epoch: n.st.LeaseEpoch, Until: s.now.Add(leaseDuration)})
+		}
+	}
+	if n.st.Role() == replication.Primary && !n.st.AdminDown {
+		for _, p := range n.peers {
+			repl := n.st.Peers[p].Repl
+			if _, ok := n.sessions[p]; ok || (repl != replication.Connecting && repl != replication.StandAlone) || s.now.Before(n.nextDial[p]) {
+				continue
+			}
+			wait := dialEvery
+			if repl == replication.StandAlone {
+				wait *= 4
+			}
+			n.nextDial[p] = s.now.Add(wait)
+			if q := s.node(p); s.reachable(n, q) {
+				s.handshake(n, q)
+			}
+		}
+	}
+	if p := n.st.Pending; p != nil && p.Kind == volstate.PendingHandover {
+		s.handover(n, p.To)
+	}
+	s.sendSyncDone(n)
+	s.progressWrites(n)
+}
+
+// followAuthority tells the volume what raft committed (when it changed,
+// and again now and then, as node's loop does), and has a primary record
+// its peers in sync UpToDate.
+func (s *Sim) followAuthority(n *node) {
+	if !s.raft.reach(s, n) {
+		return
+	}
+	if s.raft.version == n.authVersion && s.now.Sub(n.authAt) < redeliverEvery {
+		return
+	}
+	n.authVersion, n.authAt = s.raft.version, s.now
+	va, known := s.raft.auth.Volume(volume)
+	_ = s.drive(n, volstate.AuthorityChanged{Known: known, Primary: va.Primary, Epoch: va.Epoch, Now: s.now})
+	if !known || va.Primary != n.name || n.st.Role() != replication.Primary {
+		return
+	}
+	for _, p := range n.peers {
+		if _, ok := n.sessions[p]; ok && n.st.Peers[p].Repl == replication.Connected && !n.durable.Gens.Tracking(p) &&
+			len(n.marks[p]) == 0 && !va.IsUpToDate(p) {
+			// Forget that raft has it Outdated BEFORE it may say otherwise.
+			delete(n.outdated, p)
+			_, _ = s.raft.apply(s, n, replication.MarkUpToDateCommand(volume, va.Epoch, p))
+		}
+	}
+}
+
+// handshake is primary p's stream reaching q: q's side (PrimaryReached),
+// then p's side with q's answer (PeerConnected). It is atomic in the sim.
+func (s *Sim) handshake(p, q *node) {
+	_ = s.drive(q, volstate.PrimaryReached{From: p.name, Epoch: p.st.Durable.Epoch, UUIDs: p.st.UUIDs(q.name)})
+	if !p.running(s.now) || !q.running(s.now) || p.st.Role() != replication.Primary {
+		return
+	}
+	qs := q.st
+	epoch := p.st.Durable.Epoch
+	s.nextSession++
+	sid := s.nextSession
+	switch {
+	case qs.Role() == replication.Primary:
+		if qs.Durable.Epoch > epoch {
+			_ = s.drive(p, volstate.PeerConnected{Peer: q.name, Session: sid, UUIDs: qs.UUIDs(p.name), PeerPrimary: true, PeerEpoch: qs.Durable.Epoch, PeerDisk: qs.Disk})
+		}
+		return
+	case qs.Durable.Epoch > epoch:
+		_ = s.drive(p, volstate.NewerPrimary{Epoch: qs.Durable.Epoch})
+		return
+	case qs.Durable.Primary != p.name || qs.Durable.Epoch != epoch || qs.AdminDown:
+		return // refused
+	}
+	if in := q.incoming; in.from != "" && in.from != p.name {
+		s.endStream(s.node(in.from), q.name)
+	}
+	p.sessions[q.name] = sid
+	q.incoming = session{from: p.name, id: sid}
+	// node's handshake plan marks what the rules do not: every block for
+	// a full resync, and (the sim keeps no finer record) for a victim of
+	// a split brain that discards its data.
+	d := replication.CompareUUIDs(p.st.UUIDs(q.name), qs.UUIDs(p.name), replication.Primary, replication.Secondary)
+	if d.Outcome == replication.FullResyncSource || qs.Discard {
+		for b := range blocks {
+			p.mark(q.name, b)
+		}
+	}
+	marked := len(p.marks[q.name]) > 0 || len(q.marks[p.name]) > 0
+	err := s.drive(p, volstate.PeerConnected{Peer: q.name, Session: sid, UUIDs: qs.UUIDs(p.name), PeerEpoch: qs.Durable.Epoch,
+		PeerDisk: qs.IdleDisk(), Marked: marked, DiscardFrom: qs.Discard, NextGen: s.newGen()})
+	repl := p.st.Peers[q.name].Repl
+	if err != nil || p.sessions[q.name] != sid || (repl != replication.Connected && repl != replication.SyncSource) || p.st.Role() != replication.Primary {
+		if p.sessions[q.name] == sid {
+			delete(p.sessions, q.name)
+		}
+		if q.incoming.id == sid {
+			q.incoming = session{}
+		}
+		return
+	}
+	s.tracef("%s: stream to %s session %d (%s; %s by %s)", p.name, q.name, sid, repl, d.Outcome, d.Rule)
+}
+
+// endStream ends primary p's stream to peer (both ends, and what it
+// carried); p steps PeerLost and its writes waiting for peer miss it.
+func (s *Sim) endStream(p *node, peer string) {
+	sid, ok := p.sessions[peer]
+	if !ok {
+		return
+	}
+	s.dropStream(p, peer, sid)
+	s.tracef("%s: stream to %s session %d ended", p.name, peer, sid)
+	if p.up {
+		_ = s.drive(p, volstate.PeerLost{Peer: peer, Session: sid})
+	}
+}
+
+// breakConnection ends the streams between a and b either way.
+func (s *Sim) breakConnection(a, b *node) {
+	s.endStream(a, b.name)
+	s.endStream(b, a.name)
+	s.link(a.name, b.name).reset()
+}
+
+// stopSenders ends this node's streams (volstate set its peers' states).
+func (s *Sim) stopSenders(n *node) {
+	for _, p := range slices.Sorted(maps.Keys(n.sessions)) {
+		s.dropStream(n, p, n.sessions[p])
+	}
+}
+
+// dropStream ends p's stream sid to peer: the writes it held unanswered
+// are marked for peer (they may have missed it), and the writes waiting
+// for them miss the peer.
+func (s *Sim) dropStream(p *node, peer string, sid uint64) {
+	delete(p.sessions, peer)
+	s.link(p.name, peer).reset()
+	if q := s.node(peer); q.incoming.id == sid {
+		q.incoming = session{}
+	}
+	for _, id := range slices.Sorted(maps.Keys(p.inflight[peer])) {
+		b := p.inflight[peer][id]
+		p.mark(peer, b)
+		s.check.diverging(s, unackedWriteDivergence, b, fmt.Sprintf("write %d of %s unanswered by %s when the stream ended", id, p.name, peer))
+	}
+	delete(p.inflight, peer)
+	announced := p.announcing[peer]
+	delete(p.announcing, peer)
+	for _, w := range p.writes {
+		if w.waiting[peer] || announced {
+			// A write that waited for the peer, or for its taking the
+			// new generation, misses it.
+			delete(w.waiting, peer)
+			w.missed[peer] = true
+		}
+	}
+}
+
+// handover waits until the peer holds every write, then completes the
+// switchover through raft (or aborts it, or takes the volume back).
+func (s *Sim) handover(n *node, to string) {
+	if s.now.After(n.handoverUntil) {
+		_ = s.drive(n, volstate.HandoverAborted{})
+		return
+	}
+	q := s.node(to)
+	if _, ok := n.sessions[to]; !ok || len(n.writes) > 0 || n.st.Peers[to].Repl != replication.Connected || n.durable.Gens.Tracking(to) ||
+		len(n.marks[to]) > 0 || len(q.marks[n.name]) > 0 || !s.link(n.name, to).idle() || !s.raft.reach(s, n) {
+		return
+	}
+	epoch, gen := n.durable.Epoch, n.durable.Gens.Current
+	if s.drive(n, volstate.HandedOver{}) != nil {
+		return
+	}
+	_, err := s.raft.apply(s, n, replication.MarkUpToDateCommand(volume, epoch, to))
+	if err == nil {
+		err = s.raft.promote(s, n, replication.PromoteCommand(volume, epoch, to, false), false)
+	}
+	if err != nil {
+		s.tracef("%s: switchover to %s not recorded: %v", n.name, to, err)
+		va, known := s.raft.auth.Volume(volume)
+		_ = s.drive(n, volstate.Retake{Epoch: epoch, Gen: gen, AuthorityKnown: known, AuthorityPrimary: va.Primary, AuthorityEpoch: va.Epoch})
+	}
+}
+
+// crash stops n at once: its cache is lost (and may tear), its streams
+// break, its writes in flight are never answered.
+func (s *Sim) crash(n *node) {
+	n.up, n.restartAt = false, s.now.Add(s.duration(time.Second, 5*time.Second))
+	n.pausedUntil = time.Time{}
+	s.tracef("CRASH %s", n.name)
+	if n.witness {
+		return
+	}
+	// The activity log covers every write not known durable: what the
+	// cache held is marked for every peer at the restart.
+	for b := range n.disk.cache {
+		n.al[b]++
+	}
+	lost, tornBlocks := n.disk.crash(s.rng, s.chance(0.5))
+	s.tracef("%s: cache lost %v, torn %v", n.name, lost, tornBlocks)
+	for _, m := range s.dataNodes() {
+		if m != n {
+			s.breakConnection(n, m)
+		}
+	}
+	n.writes = nil
+}
+
+// restart opens the volume again from what survived: the activity log's
+// blocks are marked for every peer (they may differ anywhere).
+func (s *Sim) restart(n *node) {
+	n.up = true
+	s.tracef("RESTART %s", n.name)
+	if n.witness {
+		return
+	}
+	for b := range n.al {
+		for _, p := range n.peers {
+			n.mark(p, b)
+		}
+	}
+	clear(n.al)
+	n.boot()
+	_ = s.drive(n, startedEvent)
+}
+
+// peerStates says each peer's replication state, for the trace.
+func peerStates(st volstate.State) string {
+	var b strings.Builder
+	for _, p := range slices.Sorted(maps.Keys(st.Peers)) {
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, "%s=%s", p, st.Peers[p].Repl)
+	}
+	return b.String()
+}
+
+// mark marks block for peer in the bitmap (durably); a resync under way
+// does not clear it.
+func (n *node) mark(peer string, block int) {
+	n.marks[peer][block] = true
+	delete(n.resyncing[peer], block)
+}

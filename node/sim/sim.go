@@ -1,0 +1,246 @@
+package sim
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/replvol/replvol/replication"
+)
+
+// Timing of the simulated cluster, in virtual time.
+const (
+	tick            = 50 * time.Millisecond
+	leaseDuration   = 2 * time.Second
+	renewEvery      = 500 * time.Millisecond
+	electionTimeout = time.Second
+	decideEvery     = 250 * time.Millisecond
+	deadAfter       = time.Second // gossip declares an unreachable node dead
+	dialEvery       = 300 * time.Millisecond
+	connTimeout     = time.Second // a connection to a paused node breaks
+	redeliverEvery  = time.Second // the authority is told again
+	writeTimeout    = 4 * time.Second
+	handoverTimeout = 3 * time.Second
+	blocks          = 8
+	volume          = "vol"
+	witness         = "witness"
+)
+
+// mutation is a bug planted on purpose (set only by tests), to show that
+// an invariant check fails when the rule it guards is broken.
+type mutation uint8
+
+const (
+	noMutation mutation = iota
+	// mutAckWithoutPeer acknowledges a write without waiting for the
+	// peers that take it (invariant 1).
+	mutAckWithoutPeer
+	// mutSkipLeaseFence promotes without waiting out the old primary's
+	// lease (invariant 2).
+	mutSkipLeaseFence
+	// mutBypassOutdated has the leader promote an Outdated candidate
+	// Decide refused, forcing it past the authority (invariant 3).
+	mutBypassOutdated
+	// mutSkipResyncCopy finishes a resync without copying the marked
+	// blocks (invariant 4).
+	mutSkipResyncCopy
+)
+
+func (m mutation) String() string {
+	switch m {
+	case noMutation:
+		return "none"
+	case mutAckWithoutPeer:
+		return "ack-without-peer"
+	case mutSkipLeaseFence:
+		return "skip-lease-fence"
+	case mutBypassOutdated:
+		return "bypass-outdated"
+	case mutSkipResyncCopy:
+		return "skip-resync-copy"
+	}
+	return "mutation(?)"
+}
+
+// Config is one simulation run.
+type Config struct {
+	Seed  uint64
+	Steps int
+	// ThreeDataNodes: alpha, beta and gamma, no witness (else alpha,
+	// beta and a witness).
+	ThreeDataNodes bool
+
+	mutation mutation
+	// strict: the findings the sim does not work around (see finding).
+	strict finding
+}
+
+// Sim is the simulated cluster.
+type Sim struct {
+	cfg   Config
+	rng   *rand.Rand
+	start time.Time
+	now   time.Time
+	step  int
+
+	nodes []*node // data nodes, then the witness
+	data  []string
+	links map[[2]string]*link
+	raft  *raft
+
+	nextSession uint64
+	nextWrite   int64
+	check       checker
+
+	trace   []string
+	failure *Failure
+}
+
+// New builds the cluster of cfg: alpha primary of a fresh volume that
+// every data node holds (one generation), all connected.
+func New(cfg Config) *Sim {
+	s := &Sim{
+		cfg:   cfg,
+		rng:   rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
+		start: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
+		links: map[[2]string]*link{},
+	}
+	s.now = s.start
+	s.data = []string{"alpha", "beta"}
+	if cfg.ThreeDataNodes {
+		s.data = append(s.data, "gamma")
+	}
+	gen := s.newGen()
+	for _, name := range s.data {
+		s.nodes = append(s.nodes, newNode(name, s.data, gen))
+	}
+	voters := slices.Clone(s.data)
+	if !cfg.ThreeDataNodes {
+		s.nodes = append(s.nodes, &node{name: witness, witness: true, up: true})
+		voters = append(voters, witness)
+	}
+	for i, a := range s.nodes {
+		for _, b := range s.nodes[i+1:] {
+			s.links[[2]string{a.name, b.name}] = newLink()
+		}
+	}
+	s.raft = newRaft(voters)
+	s.check = newChecker()
+	s.nodes[0].st.Fresh = true
+	for _, n := range s.dataNodes() {
+		s.drive(n, startedEvent)
+	}
+	return s
+}
+
+// Failure is an invariant that broke.
+type Failure struct {
+	Seed      uint64
+	Step      int
+	At        time.Duration
+	Invariant Invariant
+	Detail    string
+	Trace     []string
+	// also lists every invariant broken in that step.
+	also []Invariant
+}
+
+// Broke reports whether inv broke in the failing step.
+func (f *Failure) Broke(inv Invariant) bool { return slices.Contains(f.also, inv) }
+
+func (f *Failure) Error() string {
+	return fmt.Sprintf("seed %d step %d (t=%v): invariant %s broken: %s", f.Seed, f.Step, f.At, f.Invariant, f.Detail)
+}
+
+// Run runs the steps, checking the invariants after each; it returns the
+// first failure, nil when every check held.
+func (s *Sim) Run() *Failure {
+	for s.step = 1; s.step <= s.cfg.Steps && s.failure == nil; s.step++ {
+		s.now = s.now.Add(tick)
+		s.faults()
+		s.raft.tick(s)
+		s.deliver()
+		for _, n := range s.dataNodes() {
+			if n.running(s.now) {
+				s.tickNode(n)
+			}
+		}
+		s.client()
+		s.operator()
+		s.checkAll()
+	}
+	return s.failure
+}
+
+// Trace is every line the run traced.
+func (s *Sim) Trace() []string { return s.trace }
+
+func (s *Sim) tracef(format string, args ...any) {
+	s.trace = append(s.trace, fmt.Sprintf("%4d %8s ", s.step, s.now.Sub(s.start))+fmt.Sprintf(format, args...))
+}
+
+func (s *Sim) fail(inv Invariant, format string, args ...any) {
+	detail := fmt.Sprintf(format, args...)
+	s.tracef("INVARIANT %s BROKEN: %s", inv, detail)
+	if s.failure != nil {
+		s.failure.Detail += "; " + inv.String() + ": " + detail
+		s.failure.also = append(s.failure.also, inv)
+		return
+	}
+	s.failure = &Failure{Seed: s.cfg.Seed, Step: s.step, At: s.now.Sub(s.start), Invariant: inv, Detail: detail}
+	s.failure.also = []Invariant{inv}
+}
+
+// newGen is a generation from the seeded source (replication's own
+// NewGeneration reads the system's randomness).
+func (s *Sim) newGen() replication.Generation {
+	var g replication.Generation
+	for i := range g {
+		g[i] = byte(s.rng.UintN(256))
+	}
+	return g
+}
+
+func (s *Sim) node(name string) *node {
+	for _, n := range s.nodes {
+		if n.name == name {
+			return n
+		}
+	}
+	panic("sim: no node " + name)
+}
+
+func (s *Sim) dataNodes() []*node { return s.nodes[:len(s.data)] }
+
+func (s *Sim) link(a, b string) *link {
+	if a > b {
+		a, b = b, a
+	}
+	return s.links[[2]string{a, b}]
+}
+
+// reachable reports whether a and b are running and no partition cuts
+// them apart.
+func (s *Sim) reachable(a, b *node) bool {
+	if !a.running(s.now) || !b.running(s.now) {
+		return false
+	}
+	return a == b || !s.link(a.name, b.name).cut
+}
+
+func (s *Sim) chance(p float64) bool { return s.rng.Float64() < p }
+
+func (s *Sim) duration(min, max time.Duration) time.Duration {
+	return min + time.Duration(s.rng.Int64N(int64(max-min)+1))
+}
+
+// Summary says in one line what the run did (for the trace's end).
+func (s *Sim) Summary() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "seed %d: %d steps, %d writes acknowledged", s.cfg.Seed, s.step-1, s.check.acks)
+	va, _ := s.raft.auth.Volume(volume)
+	fmt.Fprintf(&b, ", authority primary %s epoch %d", va.Primary, va.Epoch)
+	return b.String()
+}
