@@ -335,11 +335,16 @@ func (p *peer) syncDoneAcked(s *session, gen replication.Generation) bool {
 }
 
 // announceGeneration tells an in-sync peer the primary's new generation.
-func (p *peer) announceGeneration(gen replication.Generation) {
+// It returns the entry that carries it, to wait for (nil: the peer is
+// not in sync, or its stream ended).
+func (p *peer) announceGeneration(gen replication.Generation) *pending {
 	pv := p.snapshot()
 	if s := pv.sess; s != nil && pv.state == replication.Connected {
-		s.enqueue(p.syncDone(gen))
+		if pd := p.syncDone(gen); s.enqueue(pd) {
+			return pd
+		}
 	}
+	return nil
 }
 
 // inSync reports whether the peer holds every write: connected, its disk

@@ -493,3 +493,33 @@ func TestAFlushAloneKeepsTheGeneration(t *testing.T) {
 	c.waitInSync()
 	c.requireDecision("alpha", "beta", replication.RuleReconnected, "no-sync")
 }
+
+// TestAWriteAPeerMissesCompletesOnceThePeersInSyncHoldTheNewGeneration:
+// alpha, beta and gamma in sync; gamma is disconnected. alpha's first
+// write without gamma moves alpha to a new generation, and the write
+// completes only once beta, which took the write, holds that generation
+// durably: were alpha to crash right then, beta and gamma must not look
+// alike (gamma lacks the write). Found by node/sim
+// (sim-finding-generation-announce-not-awaited). Every disconnected
+// period is tried.
+func TestAWriteAPeerMissesCompletesOnceThePeersInSyncHoldTheNewGeneration(t *testing.T) {
+	c := newTestClusterOf(t, 4<<20, "alpha", "beta", "gamma")
+	for _, n := range []string{"alpha", "beta", "gamma"} {
+		c.start(n)
+	}
+	c.waitInSync()
+	a, b, g := c.vol("alpha"), c.vol("beta"), c.vol("gamma")
+	for period := range 6 {
+		g.setAdminDown(true)
+		eventually(t, func() bool { return a.peers["gamma"].session() == nil }, "gamma disconnected")
+		if err := a.WriteAt(context.Background(), pattern(byte(period+1), 4096), int64(period)*4096, false); err != nil {
+			t.Fatal(err)
+		}
+		if ag, bg := a.currentGeneration(), b.currentGeneration(); ag != bg {
+			t.Fatalf("period %d: the write gamma missed completed with alpha at generation %s and beta, which took it, still at %s", period, ag, bg)
+		}
+		g.setAdminDown(false)
+		c.waitInSync()
+	}
+	c.requireIdentical()
+}

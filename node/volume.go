@@ -437,13 +437,29 @@ func (v *Volume) track(p *peer, behind bool) error {
 	if err := v.ensureOutdated(p.name); err != nil {
 		return err
 	}
+	announced, err := v.trackLocked(p, behind)
+	// The peers still in sync hold the new generation, durably, BEFORE
+	// the write that missed p completes: were this primary to crash right
+	// after, a peer that took the write but not the generation would look
+	// as up to date as p, which lacks it, and a resync between them would
+	// copy nothing. (Once per disconnected period: the next writes find p
+	// tracked.)
+	for _, pd := range announced {
+		<-pd.done
+	}
+	return err
+}
+
+// trackLocked is track's part under v.stateMu: the new generation, and
+// its announcement to the peers still in sync (the pendings to wait for).
+func (v *Volume) trackLocked(p *peer, behind bool) ([]*pending, error) {
 	v.stateMu.Lock()
 	defer v.stateMu.Unlock()
 	if !behind && p.session() != nil {
 		// The peer connected meanwhile (its handshake decided under
 		// stateMu): the write goes to its stream; moving the generation
 		// on now would leave the peer's UpToDate behind.
-		return nil
+		return nil, nil
 	}
 	v.mu.Lock()
 	skip := v.d.gens.Tracking(p.name) || v.d.gens.Current.IsZero()
@@ -452,7 +468,7 @@ func (v *Volume) track(p *peer, behind bool) error {
 		// Already tracked, or this node is copying newer data from the
 		// peer: it has no generation of its own to move on from (and its
 		// writes complete only on both).
-		return nil
+		return nil, nil
 	}
 	held := p.snapshot().held
 	// Without the new generation on disk a restart could take the peer
@@ -466,7 +482,7 @@ func (v *Volume) track(p *peer, behind bool) error {
 		why := v.why.text
 		v.mu.Unlock()
 		v.node.event(v.name, "state-write-failed", why)
-		return fmt.Errorf("%w: %v", ErrStateWrite, err)
+		return nil, fmt.Errorf("%w: %v", ErrStateWrite, err)
 	}
 	v.mu.Lock()
 	from := v.d.gens.Bitmaps[p.name]
@@ -478,12 +494,16 @@ func (v *Volume) track(p *peer, behind bool) error {
 		}})
 	}
 	// Peers still in sync get the new generation in their stream.
+	var announced []*pending
 	for _, q := range v.streamingPeers() {
-		if q != p {
-			q.announceGeneration(next)
+		if q == p {
+			continue
+		}
+		if pd := q.announceGeneration(next); pd != nil {
+			announced = append(announced, pd)
 		}
 	}
-	return nil
+	return announced, nil
 }
 
 // uuidsLocked returns this node's generation set toward peer, as the

@@ -86,9 +86,6 @@ const (
 	// keeps its older blocks. Worked around as the one above. Seed 1460
 	// (two data nodes).
 	promotionClearsMarks
-	// TODO(sim-finding-generation-announce-not-awaited): see progress.
-	// Worked around: a write waits for the announcement's ack. Seed 1146.
-	generationAnnounceNotAwaited
 	// TODO(sim-finding-lost-sync-done-ack): see receive (msgSyncGen).
 	// Worked around: the ack is never lost. Seed 9588. The same root,
 	// not worked around: a resync of marked blocks between equal
@@ -101,10 +98,9 @@ const (
 )
 
 var findingNames = map[finding]string{
-	unackedWriteDivergence:       "unacked-write-divergence",
-	promotionClearsMarks:         "promotion-clears-marks",
-	generationAnnounceNotAwaited: "generation-announce-not-awaited",
-	lostSyncDoneAck:              "lost-sync-done-ack",
+	unackedWriteDivergence: "unacked-write-divergence",
+	promotionClearsMarks:   "promotion-clears-marks",
+	lostSyncDoneAck:        "lost-sync-done-ack",
 }
 
 func (f finding) String() string {

@@ -157,16 +157,13 @@ func (s *Sim) progress(n *node, w *write) writeState {
 	if len(w.waiting) > 0 && s.cfg.mutation != mutAckWithoutPeer {
 		return writeWaits
 	}
-	if len(n.announcing) > 0 && s.worksAround(generationAnnounceNotAwaited) {
-		// TODO(sim-finding-generation-announce-not-awaited): node
-		// completes a write without waiting for its peers in sync to
-		// take the new generation it announced (a sync-done entry): if
-		// the primary then crashes, an in-sync peer holds the write
-		// under the old generation, which the Outdated peer holds too;
-		// promoted, it counts the Outdated peer in sync, resyncs nothing
-		// and records it UpToDate: an acknowledged write is missing on
-		// a node raft may promote next. The sim waits for the
-		// announcement.
+	if len(n.announcing) > 0 && s.cfg.mutation != mutAnnounceNotAwaited {
+		// A write completes only once the peers in sync took the new
+		// generation it announced (node's Volume.track waits for the
+		// sync-done entries): were the primary to crash first, an
+		// in-sync peer would hold the write under the old generation,
+		// which the Outdated peer holds too, and, promoted, count that
+		// peer in sync and record it UpToDate without the write.
 		return writeWaits
 	}
 	if !n.disk.flush(s.now) {

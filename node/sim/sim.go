@@ -46,6 +46,11 @@ const (
 	// mutSkipResyncCopy finishes a resync without copying the marked
 	// blocks (invariant 4).
 	mutSkipResyncCopy
+	// mutAnnounceNotAwaited completes a write a peer missed before the
+	// peers in sync took the new generation it announced: the node did
+	// so until the sim found it (sim-finding-generation-announce-not-
+	// awaited, fixed in Volume.track).
+	mutAnnounceNotAwaited
 )
 
 func (m mutation) String() string {
@@ -60,6 +65,8 @@ func (m mutation) String() string {
 		return "bypass-outdated"
 	case mutSkipResyncCopy:
 		return "skip-resync-copy"
+	case mutAnnounceNotAwaited:
+		return "announce-not-awaited"
 	}
 	return "mutation(?)"
 }

@@ -93,15 +93,24 @@ func TestSimCatchesPlantedBugs(t *testing.T) {
 	cases := []struct {
 		mutation mutation
 		broke    Invariant
+		// seed, when set, is the one seed to run (a bug only some
+		// three-node seeds reach); else seeds 1 to 300 are tried.
+		seed uint64
 	}{
-		{mutAckWithoutPeer, NoAckedWriteLost},
-		{mutSkipLeaseFence, OneWriter},
-		{mutBypassOutdated, NoStalePromotion},
-		{mutSkipResyncCopy, ReplicasEqualInSync},
+		{mutAckWithoutPeer, NoAckedWriteLost, 0},
+		{mutSkipLeaseFence, OneWriter, 0},
+		{mutBypassOutdated, NoStalePromotion, 0},
+		{mutSkipResyncCopy, ReplicasEqualInSync, 0},
+		// The sim found this one in node; it is fixed there.
+		{mutAnnounceNotAwaited, ReplicasEqualInSync, 1146},
 	}
 	for _, c := range cases {
 		t.Run(c.mutation.String(), func(t *testing.T) {
-			for sd := uint64(1); sd <= 300; sd++ {
+			first, last := uint64(1), uint64(300)
+			if c.seed != 0 {
+				first, last = c.seed, c.seed
+			}
+			for sd := first; sd <= last; sd++ {
 				cfg := configFor(sd, *steps)
 				cfg.mutation = c.mutation
 				if _, f := run(cfg); f != nil && f.Broke(c.broke) {
@@ -127,10 +136,9 @@ func strictFlag() string {
 // it does.
 func TestSimFindingsReproduce(t *testing.T) {
 	seeds := map[finding]uint64{
-		unackedWriteDivergence:       93,
-		promotionClearsMarks:         1460,
-		generationAnnounceNotAwaited: 1146,
-		lostSyncDoneAck:              9588,
+		unackedWriteDivergence: 93,
+		promotionClearsMarks:   1460,
+		lostSyncDoneAck:        9588,
 	}
 	for _, f := range slices.Sorted(maps.Keys(seeds)) {
 		sd := seeds[f]
