@@ -166,8 +166,12 @@ func (c *control) Membership(ctx context.Context, r *transport.MembershipRequest
 	if err := n.cl.c.NotAVoter(); err != nil {
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
 	}
+	// The voters as the leader committed them: this node may learn of
+	// the change only at the leader's next heartbeat.
+	var voters []string
+	var err error
 	if r.Remove {
-		if err := n.cl.c.RemoveVoter(ctx, r.Node); err != nil {
+		if voters, err = n.cl.c.RemoveVoter(ctx, r.Node); err != nil {
 			return nil, status.Errorf(codes.FailedPrecondition, "remove voter %s: %v", r.Node, err)
 		}
 	} else {
@@ -176,11 +180,14 @@ func (c *control) Membership(ctx context.Context, r *transport.MembershipRequest
 			return nil, status.Errorf(codes.NotFound, "node %q is not in the config: add it to every node's config file first", r.Node)
 		}
 		m := cluster.Member{Name: nc.Name, Raft: nc.Raft, Gossip: nc.Gossip, Witness: nc.IsWitness()}
-		if err := n.cl.c.AddVoter(ctx, m); err != nil {
+		if voters, err = n.cl.c.AddVoter(ctx, m); err != nil {
 			return nil, status.Errorf(codes.FailedPrecondition, "add voter %s: %v", r.Node, err)
 		}
 	}
-	return &transport.MembershipReply{Voters: n.cl.c.Status().Voters}, nil
+	if len(voters) == 0 {
+		voters = n.cl.c.Status().Voters
+	}
+	return &transport.MembershipReply{Voters: voters}, nil
 }
 
 // clusterLoop follows the authority: each volume held here does what the
@@ -422,12 +429,7 @@ func (v *Volume) followAuthority(va replication.VolumeAuthority, ok bool) {
 		// Peers in sync that the state machine does not know UpToDate yet.
 		for _, p := range v.streamingPeers() {
 			if p.inSync() && !va.IsUpToDate(p.name) {
-				// Forget that raft has it Outdated BEFORE it may say
-				// otherwise: a write it misses later records it again.
-				v.mu.Lock()
-				delete(v.outdated, p.name)
-				v.mu.Unlock()
-				v.proposeOnce("up-to-date "+p.name, replication.MarkUpToDateCommand(v.name, va.Epoch, p.name))
+				v.proposeUpToDate(p.name, va.Epoch)
 			}
 		}
 	}
@@ -467,6 +469,41 @@ func (v *Volume) background(kind string, f func()) {
 		}()
 		f()
 	}()
+}
+
+// proposeUpToDate has raft record peer UpToDate at epoch, in the
+// background, one proposal per peer at a time. What this node knows raft
+// has Outdated is forgotten BEFORE raft may say otherwise, and again once
+// it did: a write the peer misses from then on records it Outdated again,
+// and that record waits for this one (ensureOutdated), so that raft never
+// ends with the peer UpToDate after a write it missed.
+func (v *Volume) proposeUpToDate(peer string, epoch uint64) {
+	v.mu.Lock()
+	if _, busy := v.upToDate[peer]; busy {
+		v.mu.Unlock()
+		return
+	}
+	if v.upToDate == nil {
+		v.upToDate = map[string]chan struct{}{}
+	}
+	done := make(chan struct{})
+	v.upToDate[peer] = done
+	delete(v.outdated, peer)
+	v.forgets++
+	v.mu.Unlock()
+	v.background("propose up-to-date "+peer, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := v.node.cl.c.Propose(ctx, replication.MarkUpToDateCommand(v.name, epoch, peer)); err != nil {
+			v.log.Debug("proposal failed", "op", replication.OpMarkUpToDate, "err", err)
+		}
+		v.mu.Lock()
+		delete(v.outdated, peer)
+		v.forgets++
+		delete(v.upToDate, peer)
+		v.mu.Unlock()
+		close(done)
+	})
 }
 
 // proposeOnce proposes cmd in the background, one of each kind at a time.
@@ -693,11 +730,20 @@ func (v *Volume) ensureOutdated(peer string) error {
 	v.mu.Lock()
 	auth, epoch := v.auth, v.d.epoch
 	known := v.outdated[peer] == epoch
+	upToDate := v.upToDate[peer]
 	v.mu.Unlock()
 	if !auth || known {
 		return nil
 	}
+	if upToDate != nil {
+		// Raft is being told the peer is UpToDate: this record lands
+		// after that one, or raft would end with it UpToDate.
+		<-upToDate
+	}
 	for {
+		v.mu.Lock()
+		forgets := v.forgets
+		v.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), cl.lease)
 		_, err := cl.c.Propose(ctx, replication.MarkOutdatedCommand(v.name, epoch, peer))
 		cancel()
@@ -707,7 +753,11 @@ func (v *Volume) ensureOutdated(peer string) error {
 			if v.outdated == nil {
 				v.outdated = map[string]uint64{}
 			}
-			v.outdated[peer] = epoch
+			if v.forgets == forgets {
+				// Not if an UpToDate was proposed meanwhile: it may
+				// land after this record.
+				v.outdated[peer] = epoch
+			}
 			v.mu.Unlock()
 			return nil
 		case errors.Is(err, replication.ErrStaleEpoch), errors.Is(err, replication.ErrNotPrimary):

@@ -121,7 +121,14 @@ type Volume struct {
 	leaseStop  context.CancelFunc
 	leaseEpoch uint64
 	// outdated: peers raft has recorded Outdated at this epoch.
+	// upToDate: the proposals that raft record a peer UpToDate again, in
+	// flight (closed when done); ensureOutdated waits for one before it
+	// records the peer Outdated, so that the two land in that order.
+	// forgets counts the times outdated entries were forgotten: a record
+	// made across one is not cached.
 	outdated map[string]uint64
+	upToDate map[string]chan struct{}
+	forgets  uint64
 	// tasks: background tasks running, by kind.
 	tasks map[string]bool
 

@@ -378,8 +378,10 @@ func TestAddAndRemoveVoter(t *testing.T) {
 	follower := n.follower(t, leader)
 	d := n.defineSpare(member("d"))
 	dc := n.start("d")
-	if err := follower.AddVoter(ctx, d); err != nil {
-		t.Fatalf("add d: %v", err)
+	// Each change answers with the voters the leader committed, whatever
+	// the follower that asked has learned yet.
+	if voters, err := follower.AddVoter(ctx, d); err != nil || !slices.Equal(voters, []string{"a", "b", "d", "w"}) {
+		t.Fatalf("add d: voters %v, %v; want a b d w", voters, err)
 	}
 	for _, c := range n.nodes() {
 		waitFor(t, c.self+" counts d a voter", 5*time.Second, func() bool {
@@ -390,8 +392,8 @@ func TestAddAndRemoveVoter(t *testing.T) {
 		return reflect.DeepEqual(dc.Authority(), leader.Authority())
 	})
 
-	if err := follower.RemoveVoter(ctx, "d"); err != nil {
-		t.Fatalf("remove d: %v", err)
+	if voters, err := follower.RemoveVoter(ctx, "d"); err != nil || !slices.Equal(voters, []string{"a", "b", "w"}) {
+		t.Fatalf("remove d: voters %v, %v; want a b w", voters, err)
 	}
 	for _, name := range []string{"a", "b", "w"} {
 		c := n.node(name)
@@ -438,7 +440,7 @@ func removeWitness(t *testing.T, n *testNet, leader *Cluster) *Cluster {
 		}
 		leader = n.waitLeader(t)
 	}
-	if err := leader.RemoveVoter(testContext(t, 5*time.Second), "w"); err != nil {
+	if _, err := leader.RemoveVoter(testContext(t, 5*time.Second), "w"); err != nil {
 		t.Fatalf("remove w: %v", err)
 	}
 	return n.node("w")
@@ -512,7 +514,7 @@ func TestAJoiningNodeIsNotAVoterUntilAdded(t *testing.T) {
 	if _, err := dc.Propose(testContext(t, 5*time.Second), replication.MarkOutdatedCommand("vol", 1, "b")); !errors.Is(err, ErrNotAVoter) {
 		t.Fatalf("a proposal through the joining d: %v, want ErrNotAVoter", err)
 	}
-	if err := leader.AddVoter(testContext(t, 5*time.Second), d); err != nil {
+	if _, err := leader.AddVoter(testContext(t, 5*time.Second), d); err != nil {
 		t.Fatalf("add d: %v", err)
 	}
 	waitFor(t, "d, added, is a voter", 5*time.Second, func() bool {

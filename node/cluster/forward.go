@@ -171,25 +171,28 @@ func (c *Cluster) Propose(ctx context.Context, cmd replication.AuthorityCommand)
 }
 
 // AddVoter adds m to raft as a voter (runtime membership); m's node runs
-// with NoBootstrap. It also gossips with m from now on.
-func (c *Cluster) AddVoter(ctx context.Context, m Member) error {
+// with NoBootstrap. It also gossips with m from now on. It returns the
+// voters once the leader committed the change, as the leader has them
+// (this node may learn of it a heartbeat later).
+func (c *Cluster) AddVoter(ctx context.Context, m Member) ([]string, error) {
 	if err := m.validate(); err != nil {
-		return err
+		return nil, err
 	}
 	c.addMember(m)
-	_, err := c.toLeader(ctx, ForwardRequest{Kind: KindAddVoter, From: c.self, Member: &m})
-	return err
+	reply, err := c.toLeader(ctx, ForwardRequest{Kind: KindAddVoter, From: c.self, Member: &m})
+	return reply.Voters, err
 }
 
 // RemoveVoter removes the node from raft. A removed follower is not told:
 // it hears from no leader any more and starts no election; close it. A
-// removed leader steps down and shuts its raft down.
-func (c *Cluster) RemoveVoter(ctx context.Context, name string) error {
-	_, err := c.toLeader(ctx, ForwardRequest{Kind: KindRemoveVoter, From: c.self, Member: &Member{Name: name}})
+// removed leader steps down and shuts its raft down. It returns the voters
+// once the leader committed the change, as AddVoter does.
+func (c *Cluster) RemoveVoter(ctx context.Context, name string) ([]string, error) {
+	reply, err := c.toLeader(ctx, ForwardRequest{Kind: KindRemoveVoter, From: c.self, Member: &Member{Name: name}})
 	if err == nil {
 		c.gossip.remove(name)
 	}
-	return err
+	return reply.Voters, err
 }
 
 // toLeader runs req on the leader: here if this node leads, else through
@@ -284,15 +287,25 @@ func (c *Cluster) HandleForward(ctx context.Context, req ForwardRequest) Forward
 	case req.Kind == KindReleaseLease:
 		err = c.releaseLease(req.From, req.Volume, req.Epoch)
 	case req.Kind == KindAddVoter && req.Member != nil:
-		err = c.addVoterHere(ctx, *req.Member)
+		if err = c.addVoterHere(ctx, *req.Member); err == nil {
+			return c.committedVoters()
+		}
 	case req.Kind == KindRemoveVoter && req.Member != nil && req.Member.Name != "":
 		if err = c.changeConfiguration(ctx, c.raft.RemoveServer(raft.ServerID(req.Member.Name), 0, 0)); err == nil {
 			c.tellRemoved(ctx, req.Member.Name)
+			return c.committedVoters()
 		}
 	default:
 		err = fmt.Errorf("%w: %s from %s", ErrBadRequest, req.Kind, req.From)
 	}
 	return replyOf(va, err)
+}
+
+// committedVoters answers a membership change the leader committed: the
+// voters of its configuration now.
+func (c *Cluster) committedVoters() ForwardReply {
+	voters, _ := c.configVoters()
+	return ForwardReply{Voters: voters}
 }
 
 // ProposeAsLeader applies cmd on this node only, and only while it leads

@@ -175,7 +175,7 @@ func TestANodeAddedAtRuntimeIsReachedOverTLS(t *testing.T) {
 	n.startAll()
 	leader := n.waitLeader(t)
 	dc := n.start("d")
-	if err := leader.AddVoter(testContext(t, 5*time.Second), d); err != nil {
+	if _, err := leader.AddVoter(testContext(t, 5*time.Second), d); err != nil {
 		t.Fatalf("add d: %v", err)
 	}
 	for _, c := range n.nodes() {
