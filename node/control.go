@@ -572,11 +572,6 @@ func (c *control) setConnected(ctx context.Context, r *transport.ConnectRequest,
 	v.setAdminDown(!up)
 	if up {
 		v.resumePeers()
-		v.mu.Lock()
-		if v.discard == nil && v.why.cause == CauseSplitBrain {
-			v.why = reason{}
-		}
-		v.mu.Unlock()
 	}
 	return &transport.ConnectReply{Node: n.name, Replication: v.status().Replication, Done: true}, nil
 }

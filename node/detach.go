@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/internal/human"
+	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -21,10 +22,13 @@ var errNoCopy = errors.New("the local disk is detached and no peer is in sync")
 // detach does: the primary goes on serving, reading from and writing to a
 // peer that is in sync, and marks what the local disk misses. It reports
 // whether the volume is (now) detached; it is not when no peer could take
-// over, and the IO error must then reach the client.
+// over, and the IO error must then reach the client. The state machine
+// decides (volstate.DiskFailed); the stale mark is durable BEFORE any
+// write skips this disk: after a restart this copy must never pass for up
+// to date.
 func (v *Volume) detach(cause error) bool {
 	v.mu.Lock()
-	if v.detached {
+	if v.detachedLocked() {
 		v.mu.Unlock()
 		return true
 	}
@@ -42,37 +46,28 @@ func (v *Volume) detach(cause error) bool {
 		return false
 	}
 	v.stateMu.Lock()
-	defer v.stateMu.Unlock()
-	if v.isDetached() {
-		return true
-	}
-	// The mark is durable BEFORE any write skips this disk: after a
-	// restart this copy must never pass for up to date. The node's store
-	// must take it; the superblock, on the failing disk, may not.
-	err := v.commitMirror(false, func(d *durable) { d.localStale = true }, func() {
-		v.detached = true
-		v.diskState = replication.Diskless
-		v.why = because(CauseDetached, "disk detached after an IO error: %v", cause)
-	})
+	acts, err := v.stepLocked(volstate.DiskFailed{PeerInSync: true}, func(volstate.Cause) reason {
+		return because(CauseDetached, "disk detached after an IO error: %v", cause)
+	}, nil)
+	v.stateMu.Unlock()
 	if err != nil {
 		v.log.Error("cannot record durably that the disk is detached: not detaching; the IO error reaches the client", "cause", cause, "err", err)
 		return false
 	}
-	v.log.Error("local disk detached; serving from the peer", "cause", cause)
-	v.node.event(v.name, "detached", fmt.Sprintf("%s detached its disk (%v); IO goes to the peer until it comes back", v.self, cause))
-	v.bg.Add(1)
-	go func() {
-		defer v.bg.Done()
-		v.reattachLoop()
-	}()
-	return true
+	for _, a := range acts {
+		v.perform(a, driveOptions{notify: func(volstate.Action) {
+			v.log.Error("local disk detached; serving from the peer", "cause", cause)
+			v.node.event(v.name, "detached", fmt.Sprintf("%s detached its disk (%v); IO goes to the peer until it comes back", v.self, cause))
+		}})
+	}
+	return v.isDetached()
 }
 
 // needsPeer reports whether [off, off+length) must be read from a peer:
 // the local disk is detached or still misses some of those blocks.
 func (v *Volume) needsPeer(off, length int64) bool {
 	v.mu.Lock()
-	detached := v.detached
+	detached := v.detachedLocked()
 	v.mu.Unlock()
 	return detached || v.localMissing.AnySet(off, length)
 }
@@ -80,8 +75,12 @@ func (v *Volume) needsPeer(off, length int64) bool {
 func (v *Volume) isDetached() bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return v.detached
+	return v.detachedLocked()
 }
+
+// detachedLocked reports whether the local disk is out of service.
+// Callers hold v.mu.
+func (v *Volume) detachedLocked() bool { return v.diskState == replication.Diskless }
 
 // readFromPeer reads through any peer that is in sync.
 func (v *Volume) readFromPeer(ctx context.Context, p []byte, off int64) error {
@@ -99,7 +98,10 @@ func (v *Volume) readFromPeer(ctx context.Context, p []byte, off int64) error {
 }
 
 // reattachLoop probes the detached disk until it works again, then copies
-// back what it missed from a peer and puts it in service.
+// back what it missed from a peer and puts it in service: DiskWorks (the
+// disk Inconsistent while the copy runs), then LocalResyncFinished, which
+// records it UpToDate; AttachFailed takes it out of service again when the
+// copy or that record fails.
 func (v *Volume) reattachLoop() {
 	tick := time.NewTicker(reattachInterval)
 	defer tick.Stop()
@@ -109,15 +111,29 @@ func (v *Volume) reattachLoop() {
 			return
 		case <-tick.C:
 		}
-		if !v.diskWorks() {
-			continue
-		}
 		v.mu.Lock()
-		v.detached = false
-		v.diskState = replication.Inconsistent
-		v.why = because(CauseDetached, "disk back: copying the blocks it missed from the peer")
+		disk := v.diskState
 		v.mu.Unlock()
-		v.node.event(v.name, "attaching", fmt.Sprintf("%s: disk works again; resyncing %s from the peer", v.self, human.Bytes(v.localMissing.Bytes())))
+		switch {
+		case disk != replication.Diskless && disk != replication.Inconsistent:
+			return // in service again, or no longer this loop's
+		case !v.diskWorks():
+			continue
+		case disk == replication.Diskless:
+			v.stateMu.Lock()
+			acts, err := v.stepLocked(volstate.DiskWorks{}, func(volstate.Cause) reason {
+				return because(CauseDetached, "disk back: copying the blocks it missed from the peer")
+			}, nil)
+			v.stateMu.Unlock()
+			if err != nil {
+				continue
+			}
+			for _, a := range acts {
+				if a.Kind == volstate.Notify {
+					v.node.event(v.name, "attaching", fmt.Sprintf("%s: disk works again; resyncing %s from the peer", v.self, human.Bytes(v.localMissing.Bytes())))
+				}
+			}
+		}
 		err := v.copyMissingFromPeer(context.Background(), nil)
 		if err == nil {
 			// The activity log may have failed with the disk: write it
@@ -126,7 +142,7 @@ func (v *Volume) reattachLoop() {
 		}
 		if err != nil {
 			v.log.Warn("resync from peer failed; detaching again", "err", err)
-			v.redetach(because(CauseDetached, "disk detached: %v", err))
+			v.attachFailed(because(CauseDetached, "disk detached: %v", err))
 			continue
 		}
 		v.stateMu.Lock()
@@ -135,14 +151,11 @@ func (v *Volume) reattachLoop() {
 			v.stateMu.Unlock()
 			continue
 		}
-		err = v.commit(func(d *durable) { d.localStale = false }, func() {
-			v.diskState = replication.UpToDate
-			v.why = reason{}
-		})
+		_, err = v.stepLocked(volstate.LocalResyncFinished{}, nil, nil)
 		v.stateMu.Unlock()
 		if err != nil {
 			v.log.Error("disk in sync again, but that cannot be recorded; it stays out of service", "err", err)
-			v.redetach(because(CauseDetached, "disk in sync, but the state cannot be written: %v", err))
+			v.attachFailed(because(CauseDetached, "disk in sync, but the state cannot be written: %v", err))
 			continue
 		}
 		v.log.Info("local disk attached and in sync again")
@@ -151,14 +164,14 @@ func (v *Volume) reattachLoop() {
 	}
 }
 
-// redetach takes a disk that was being attached out of service again (its
-// stale mark is still on stable storage).
-func (v *Volume) redetach(why reason) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	v.detached = true
-	v.diskState = replication.Diskless
-	v.why = why
+// attachFailed takes a disk that was being attached out of service again
+// (its stale mark is still on stable storage), saying why.
+func (v *Volume) attachFailed(why reason) {
+	v.stateMu.Lock()
+	defer v.stateMu.Unlock()
+	if _, err := v.stepLocked(volstate.AttachFailed{}, func(volstate.Cause) reason { return why }, nil); err != nil {
+		v.log.Error("take the disk out of service again", "err", err)
+	}
 }
 
 // diskWorks probes the local disk: a path must be usable (multipath) and a

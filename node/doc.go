@@ -62,7 +62,10 @@
 // HandedOver or HandoverAborted), fence and discardMyData are events too.
 // A volume's start (Started), a peer's answer lifting a wait or a fence
 // (PeerAnswered) and a write that misses a peer (WriteMissed: a new
-// generation, or IO stopped when it cannot be written) are events too.
+// generation, or IO stopped when it cannot be written) are events too,
+// and so are the operator's disconnect and connect (Disconnect, Connect:
+// the senders stopped or started, the operator's cause, and a connect's
+// retry after a split brain).
 // A shutdown still stops the serving state directly; a detach is the disk
 // state Diskless in the state machine, and a flag here.
 //

@@ -74,6 +74,9 @@ func (v *Volume) installLocked(old, next volstate.State, rd volstate.Ready, text
 			panic(fmt.Sprintf("volume %s: a step set the cause %q and no text for it", v.name, next.Why))
 		}
 	}
+	if next.AdminDown != old.AdminDown {
+		v.adminDown = next.AdminDown
+	}
 	v.knownEpoch = max(v.knownEpoch, next.KnownEpoch)
 	v.roleChange = next.Pending
 	if old.Discard && !next.Discard {
@@ -187,7 +190,10 @@ func (v *Volume) stepLocked(e volstate.Event, texts func(volstate.Cause) reason,
 			return nil
 		}
 		installed = true
-		return v.commit(func(d *durable) { d.take(*rd.Persist) }, func() {
+		// A disk's failure is recorded in the node's store alone: the
+		// superblock is on the failing disk, which may not take it.
+		_, failing := e.(volstate.DiskFailed)
+		return v.commitMirror(!failing, func(d *durable) { d.take(*rd.Persist) }, func() {
 			v.installLocked(old, next, rd, texts)
 			if install != nil {
 				install()
@@ -232,6 +238,12 @@ func (v *Volume) perform(a volstate.Action, opts driveOptions) {
 		v.detachIncoming()
 	case volstate.ClearPeerBitmaps:
 		v.clearPeerBitmaps()
+	case volstate.Reattach:
+		v.bg.Add(1)
+		go func() {
+			defer v.bg.Done()
+			v.reattachLoop()
+		}()
 	case volstate.ClearLocalMissing:
 		v.localMissing.ClearRange(0, v.size.Load())
 	case volstate.StartLease:

@@ -261,42 +261,29 @@ func (v *Volume) roleNow() replication.Role {
 // setAdminDown disconnects (down) or reconnects this node's replication of
 // the volume, as the operator asked.
 func (v *Volume) setAdminDown(down bool) {
-	v.mu.Lock()
-	if v.adminDown == down {
-		v.mu.Unlock()
+	var e volstate.Event = volstate.Connect{}
+	if down {
+		e = volstate.Disconnect{}
+	}
+	err := v.drive(e, driveOptions{
+		texts: func(volstate.Cause) reason { return because(CauseAdminDown, "disconnected by operator") },
+		notify: func(a volstate.Action) {
+			ev := statefile.Event{Volume: v.name, Kind: a.Detail, Message: fmt.Sprintf("%s %s by the operator", v.self, a.Detail)}
+			if down {
+				ev.Reason = string(CauseAdminDown)
+			}
+			v.node.emit(ev)
+		},
+	})
+	if err != nil {
+		v.log.Error("operator's connect or disconnect", "down", down, "err", err)
 		return
 	}
-	v.adminDown = down
-	role := v.role
-	switch {
-	case down:
-		v.why = because(CauseAdminDown, "disconnected by operator")
-	case v.why.cause == CauseAdminDown:
-		v.why = reason{}
-	}
-	if role == replication.Primary && !down {
-		v.startPeersLocked()
-	}
-	v.mu.Unlock()
 	if down {
-		if role == replication.Primary {
-			v.stopPeers()
-			for _, p := range v.streamingPeers() {
-				p.update(func(pv *peerView) { pv.why = because(CauseAdminDown, "disconnected by operator") })
-			}
-		} else {
-			v.detachIncoming()
+		for _, p := range v.streamingPeers() {
+			p.update(func(pv *peerView) { pv.why = because(CauseAdminDown, "disconnected by operator") })
 		}
 	}
-	what := "connected"
-	if down {
-		what = "disconnected"
-	}
-	e := statefile.Event{Volume: v.name, Kind: what, Message: fmt.Sprintf("%s %s by the operator", v.self, what)}
-	if down {
-		e.Reason = string(CauseAdminDown)
-	}
-	v.node.emit(e)
 }
 
 // resetPeersLocked gives a new primary fresh senders for every peer,

@@ -89,10 +89,10 @@ type Volume struct {
 	peerList  []*peer
 	peersCtx  context.CancelFunc
 	adminDown bool // operator disconnected this node
-	// detached: the local disk failed and is out of service; the primary
-	// reads and writes through a peer. localMissing marks the blocks this
-	// disk misses (d.localStale says so durably).
-	detached     bool
+	// The local disk is detached (out of service after it failed: the
+	// primary reads and writes through a peer) while diskState is
+	// Diskless (detachedLocked). localMissing marks the blocks this disk
+	// misses (d.localStale says so durably).
 	localMissing *replication.Bitmap
 	// discard is set on a node that gives up its data after a split brain.
 	discard *discardInfo

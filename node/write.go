@@ -150,7 +150,7 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	}
 	proto := v.settings().protocol
 	v.mu.Lock()
-	if v.detached || alFailed || v.d.gens.Current.IsZero() {
+	if v.detachedLocked() || alFailed || v.d.gens.Current.IsZero() {
 		// Only a peer holds the whole volume: wait for it (protocol C).
 		proto = 'C'
 	}
@@ -178,7 +178,7 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	// A detached disk is skipped; what it misses is marked BEFORE the
 	// write completes.
 	v.mu.Lock()
-	skipped := v.detached || alFailed
+	skipped := v.detachedLocked() || alFailed
 	if skipped {
 		v.localMissing.SetRange(e.Off, e.Length)
 	}

@@ -44,7 +44,7 @@ func (s *Sim) client() {
 	if !n.disk.write(block, w.id, s.now) {
 		s.tracef("%s: write %d block %d: disk error", n.name, w.id, block)
 		s.finish(n, w)
-		_ = s.drive(n, volstate.DiskFailed{})
+		_ = s.drive(n, diskFailed(n))
 		return
 	}
 	for _, p := range n.peers {
@@ -168,7 +168,7 @@ func (s *Sim) progress(n *node, w *write) writeState {
 	}
 	if !n.disk.flush(s.now) {
 		s.tracef("%s: write %d: flush failed", n.name, w.id)
-		_ = s.drive(n, volstate.DiskFailed{})
+		_ = s.drive(n, diskFailed(n))
 		return writeFailed
 	}
 	// The lease is checked right before the write completes.
@@ -419,4 +419,15 @@ func (s *Sim) pull(n *node, peer string) {
 	clear(q.marks[n.name])
 	s.tracef("%s: pulled every block from %s", n.name, peer)
 	n.follow = append(n.follow, volstate.ResyncFinished{Peer: peer, AsTarget: true, Current: q.durable.Gens.Current, History: slices.Clone(q.durable.Gens.History)})
+}
+
+// diskFailed is the event of n's disk failing: whether a peer holds every
+// write is read from n's state, as node reads its peers (connected, not
+// tracked in a bitmap).
+func diskFailed(n *node) volstate.DiskFailed {
+	var e volstate.DiskFailed
+	for name, p := range n.st.Peers {
+		e.PeerInSync = e.PeerInSync || (p.Repl == replication.Connected && !n.st.Durable.Gens.Tracking(name))
+	}
+	return e
 }

@@ -85,11 +85,18 @@ type LeaseRenewed struct {
 	Until time.Time
 }
 
-// DiskFailed: an IO on the local disk failed.
-type DiskFailed struct{}
+// DiskFailed: an IO on the local disk failed. PeerInSync: a peer holds
+// every write (connected, its disk UpToDate, nothing marked for it), as
+// the node sees it then.
+type DiskFailed struct{ PeerInSync bool }
 
 // DiskWorks: a probe of the detached disk succeeded.
 type DiskWorks struct{}
+
+// AttachFailed: the copy back of what a reattached disk missed failed, or
+// its end could not be recorded: the disk is out of service again (still
+// stale on stable storage), and its probes go on.
+type AttachFailed struct{}
 
 // LocalResyncFinished: the blocks the local disk missed were copied back
 // from a peer and synced.
@@ -181,6 +188,7 @@ func (AuthorityChanged) isEvent()    {}
 func (LeaseRenewed) isEvent()        {}
 func (DiskFailed) isEvent()          {}
 func (DiskWorks) isEvent()           {}
+func (AttachFailed) isEvent()        {}
 func (LocalResyncFinished) isEvent() {}
 func (WriteMissed) isEvent()         {}
 func (ResyncFinished) isEvent()      {}

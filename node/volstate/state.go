@@ -66,6 +66,8 @@ const (
 	CausePulling          Cause = "pulling"
 	CauseDetached         Cause = "detached"
 	CauseStateWriteFailed Cause = "state-write-failed"
+	// CauseAdminDown: the operator disconnected this node from the volume.
+	CauseAdminDown Cause = "disconnected-by-operator"
 )
 
 // Durable is the part of the state that survives a restart; it changes
@@ -203,6 +205,10 @@ func (s State) Role() replication.Role {
 // IdleDisk is the disk state of a node that is in no stream.
 func (s State) IdleDisk() replication.DiskState {
 	switch {
+	case s.Durable.LocalStale && (s.Disk == replication.Diskless || s.Disk == replication.Inconsistent):
+		// A detached disk stays out of service (or being copied back),
+		// whatever the role: it misses writes its peers hold.
+		return s.Disk
 	case s.Durable.Gens.Current.IsZero():
 		return replication.Inconsistent
 	case s.Role() == replication.Primary:

@@ -73,7 +73,11 @@ func Step(s State, e Event) (State, Ready) {
 			}
 		}
 	case DiskFailed:
-		rd = s.detach()
+		rd = s.detach(e)
+	case AttachFailed:
+		if s.Disk == replication.Inconsistent && s.Durable.LocalStale {
+			s.Disk, s.Why = replication.Diskless, CauseDetached
+		}
 	case DiskWorks:
 		if s.Disk == replication.Diskless {
 			s.Disk, s.Why = replication.Inconsistent, CauseDetached
@@ -638,15 +642,8 @@ func (s *State) becomeDiscarding() {
 // detach takes a failed local disk out of service: a primary goes on
 // through a peer in sync; the mark is durable BEFORE any write skips the
 // disk. Without such a peer nothing changes and the IO error stands.
-func (s *State) detach() Ready {
-	if s.Disk == replication.Diskless || s.Role() != replication.Primary {
-		return Ready{}
-	}
-	inSync := false
-	for name, p := range s.Peers {
-		inSync = inSync || (p.Repl == replication.Connected && !s.Durable.Gens.Tracking(name))
-	}
-	if !inSync {
+func (s *State) detach(e DiskFailed) Ready {
+	if s.Disk == replication.Diskless || s.Role() != replication.Primary || !e.PeerInSync {
 		return Ready{}
 	}
 	rd := Ready{Persist: s.persist(func(d *Durable) { d.LocalStale = true })}
@@ -704,11 +701,23 @@ func (s *State) resyncFinished(e ResyncFinished) Ready {
 
 // setAdminDown disconnects or reconnects this node's replication.
 func (s *State) setAdminDown(down bool) Ready {
+	if !down && s.Why == CauseSplitBrain && !s.Discard {
+		// A connect is also the operator's retry after a split brain
+		// (found again if it still holds); a discard in progress keeps
+		// its cause.
+		s.Why = CauseNone
+	}
 	if s.AdminDown == down {
 		return Ready{}
 	}
 	s.AdminDown = down
 	primary := s.Role() == replication.Primary
+	switch {
+	case down:
+		s.Why = CauseAdminDown
+	case s.Why == CauseAdminDown:
+		s.Why = CauseNone
+	}
 	var rd Ready
 	switch {
 	case down && primary:

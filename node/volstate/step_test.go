@@ -241,7 +241,15 @@ func (h *harness) event(t *testing.T, d *datadriven.TestData, s *State) Event {
 	case "lease-renewed":
 		return LeaseRenewed{Epoch: argUint(t, d, "epoch"), Until: argTime(t, d, "until")}
 	case "disk-failed":
-		return DiskFailed{}
+		// A peer holds every write: connected and not tracked in a
+		// bitmap, as the node sees it.
+		e := DiskFailed{}
+		for name, p := range s.Peers {
+			e.PeerInSync = e.PeerInSync || (p.Repl == replication.Connected && !s.Durable.Gens.Tracking(name))
+		}
+		return e
+	case "attach-failed":
+		return AttachFailed{}
 	case "disk-works":
 		return DiskWorks{}
 	case "local-resync-finished":
