@@ -210,6 +210,10 @@ func (p *peer) decide(reply replication.HelloReply) (syncPlan, error) {
 	local, gens := v.uuidsLocked(p.name), v.d.gens.Clone()
 	v.mu.Unlock()
 	d := replication.CompareUUIDs(local, reply.UUIDs, replication.Primary, replication.Secondary)
+	// What the peer holds now (a resync between equal generations tracks
+	// it while it holds this node's current one).
+	p.setMayHold(reply.UUIDs.Current)
+	p.mayHoldUnknown = false
 	plan := syncPlan{rule: d.Rule, outcome: d.Outcome.String()}
 	mark := func(runs [][2]int64) {
 		for _, r := range runs {

@@ -69,6 +69,22 @@ type peer struct {
 	// pendingReads counts reads sent to the peer and not answered.
 	pendingReads atomic.Int64
 
+	// mayHold is the generation the peer may hold while this primary
+	// tracks it: the one it reported in the last handshake, or that of
+	// the latest sync-done built for it, set BEFORE the entry can reach
+	// the peer (which may commit it and never have its ack arrive: the
+	// stream ends, a crash). mayHoldUnknown: no handshake since this peer
+	// was made (a restart), so the peer may hold the current generation
+	// (a sync-done acknowledged to a primary that crashed); guarded by
+	// v.stateMu. A write that misses the peer while it may hold the
+	// current generation moves the primary on, tracked or not
+	// (trackLocked): the peer must never look as up to date as the
+	// primary. The current generation only ever moves to a fresh one, so
+	// the latest generation the peer may have taken is the only one that
+	// can be current.
+	mayHold        atomic.Pointer[replication.Generation]
+	mayHoldUnknown bool
+
 	// Online verify of this peer.
 	verifying   atomic.Bool
 	verifyDone  atomic.Int64
@@ -132,7 +148,7 @@ func newPeer(v *Volume, name string) *peer {
 	if !ok {
 		panic(fmt.Sprintf("metadata of %s has no bitmap for peer %s", v.name, name)) // openMD created one per peer
 	}
-	p := &peer{v: v, name: name, addr: nc.Replication, bm: bm}
+	p := &peer{v: v, name: name, addr: nc.Replication, bm: bm, mayHoldUnknown: true}
 	p.view.Store(&peerView{state: replication.StandAlone, peerDisk: dUnknown})
 	p.unpaused.Store(closedChan)
 	p.lastResync.Store(&lastResync{})
@@ -289,6 +305,8 @@ func (p *peer) splitBrain(ref *refusal) reason {
 // durably, BEFORE the peer counts as UpToDate.
 func (p *peer) syncDone(gen replication.Generation) *pending {
 	v := p.v
+	// From here the peer may hold gen, acknowledged or not.
+	p.setMayHold(gen)
 	v.mu.Lock()
 	after := v.d.gens.ResyncFinishedAsSource(p.name)
 	v.mu.Unlock()
@@ -299,6 +317,17 @@ func (p *peer) syncDone(gen replication.Generation) *pending {
 	pd := newPending(replication.Entry{Op: replication.OpSyncDone, Data: data})
 	pd.kind, pd.gen = entrySyncDone, gen
 	return pd
+}
+
+// setMayHold records that the peer may hold gen (mayHold).
+func (p *peer) setMayHold(gen replication.Generation) { p.mayHold.Store(&gen) }
+
+// mayHoldNow is the generation the peer may hold (mayHold); zero: none.
+func (p *peer) mayHoldNow() replication.Generation {
+	if g := p.mayHold.Load(); g != nil {
+		return *g
+	}
+	return replication.Generation{}
 }
 
 // syncDoneAcked runs once the peer acknowledged syncDone(gen) on session

@@ -3,9 +3,11 @@ package node
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -520,6 +522,130 @@ func TestAWriteAPeerMissesCompletesOnceThePeersInSyncHoldTheNewGeneration(t *tes
 		}
 		g.setAdminDown(false)
 		c.waitInSync()
+	}
+	c.requireIdentical()
+}
+
+// syncDoneAckCutter is alpha's stream toward gamma: once cut reports true
+// for a frame gamma sent, that frame is dropped and the stream fails, and
+// every stream toward gamma fails while blocked is set.
+type syncDoneAckCutter struct {
+	s       *transport.ReplStream
+	cut     func() bool
+	blocked *atomic.Bool
+}
+
+var errCutByTest = errors.New("stream cut by the test")
+
+func (c syncDoneAckCutter) SendMsg(m any) error {
+	if c.blocked.Load() {
+		return errCutByTest
+	}
+	return c.s.Send(m.(*transport.Frame))
+}
+
+func (c syncDoneAckCutter) RecvMsg(m any) error {
+	if c.blocked.Load() {
+		return errCutByTest
+	}
+	if err := c.s.Recv(m.(*transport.Frame)); err != nil {
+		return err
+	}
+	if c.cut() {
+		c.blocked.Store(true)
+		return errCutByTest
+	}
+	return nil
+}
+
+func (c syncDoneAckCutter) Context() context.Context { return c.s.Context() }
+
+// TestAPeerThatMayHoldTheGenerationOfAnUnacknowledgedSyncDoneNeverLooksUpToDate:
+// alpha, beta and gamma in sync; gamma misses a write and is resynced.
+// gamma commits alpha's generation on the sync-done, but its ack never
+// reaches alpha: the stream is cut right then, and stays down (and, in
+// the second case, alpha crashes and restarts before it writes again).
+// alpha, which still tracks gamma, then writes what gamma misses: gamma
+// must not be left at the generation alpha and beta hold (were alpha to
+// die, beta would find gamma in sync and resync nothing, and gamma, which
+// lacks an acknowledged write, could be promoted). When gamma comes back
+// it is resynced. Found by node/sim (sim-finding-lost-sync-done-ack, seed
+// 9588).
+func TestAPeerThatMayHoldTheGenerationOfAnUnacknowledgedSyncDoneNeverLooksUpToDate(t *testing.T) {
+	t.Run("stream-cut", func(t *testing.T) { testUnacknowledgedSyncDone(t, false) })
+	t.Run("then-primary-crash", func(t *testing.T) { testUnacknowledgedSyncDone(t, true) })
+}
+
+func testUnacknowledgedSyncDone(t *testing.T, crash bool) {
+	c := newTestClusterOf(t, 4<<20, "alpha", "beta", "gamma")
+	var armed, blocked atomic.Bool
+	opts := c.opts["alpha"]
+	opts.WrapStream = func(peer string, s *transport.ReplStream) *transport.ReplStream {
+		if peer != "gamma" {
+			return s
+		}
+		cut := func() bool {
+			if !armed.Load() {
+				return false
+			}
+			g := c.vol("gamma").currentGeneration()
+			return !g.IsZero() && g == c.vol("alpha").currentGeneration()
+		}
+		return transport.NewReplStream(syncDoneAckCutter{s: s, cut: cut, blocked: &blocked}, s.Close)
+	}
+	c.opts["alpha"] = opts
+	for _, n := range []string{"alpha", "beta", "gamma"} {
+		c.start(n)
+	}
+	c.waitInSync()
+	a, b, g := c.vol("alpha"), c.vol("beta"), c.vol("gamma")
+	ctx := context.Background()
+
+	// gamma misses a write: alpha tracks it and moves on.
+	g.setAdminDown(true)
+	eventually(t, func() bool { return a.peers["gamma"].session() == nil }, "gamma disconnected")
+	if err := a.WriteAt(ctx, pattern(1, 4096), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	// gamma is resynced; the sync-done's ack is lost.
+	armed.Store(true)
+	g.setAdminDown(false)
+	eventually(t, func() bool { return blocked.Load() }, "the stream to gamma cut after gamma took the sync-done")
+	eventually(t, func() bool { return a.peers["gamma"].session() == nil }, "alpha's stream to gamma ended")
+	held := g.currentGeneration()
+	if !a.tracking("gamma") || held != a.currentGeneration() {
+		t.Fatalf("the scenario did not happen: alpha tracks gamma: %v, gamma at %s, alpha at %s", a.tracking("gamma"), held, a.currentGeneration())
+	}
+	if crash {
+		// What alpha knew of the lost ack is gone with it.
+		c.crash("alpha")
+		c.start("alpha")
+		a = c.vol("alpha")
+		eventually(t, func() bool { return a.peers["beta"].inSync() }, "beta back in sync with the restarted alpha")
+		if !a.tracking("gamma") || held != a.currentGeneration() {
+			t.Fatalf("after the restart: alpha tracks gamma: %v, gamma at %s, alpha at %s", a.tracking("gamma"), held, a.currentGeneration())
+		}
+	}
+
+	// alpha writes what gamma misses.
+	if err := a.WriteAt(ctx, pattern(2, 4096), 8192, false); err != nil {
+		t.Fatal(err)
+	}
+	if ag, bg := a.currentGeneration(), b.currentGeneration(); ag == held || bg == held {
+		t.Fatalf("a write gamma missed completed with gamma at generation %s, alpha at %s and beta at %s: gamma looks as up to date as the nodes that hold the write", held, ag, bg)
+	}
+	if u := g.currentGeneration(); u != held {
+		t.Fatalf("gamma moved from %s to %s while cut off", held, u)
+	}
+
+	// gamma comes back: it is resynced, not taken for in sync.
+	armed.Store(false)
+	blocked.Store(false)
+	c.waitInSync()
+	if r, d := c.decided("alpha", "gamma"); d == replication.NoResync.String() {
+		t.Fatalf("alpha found gamma in sync by rule %s", r)
+	} else {
+		t.Logf("alpha toward gamma: %s by rule %s", d, r)
 	}
 	c.requireIdentical()
 }

@@ -431,8 +431,10 @@ func (v *Volume) epoch() uint64 {
 // startTracking is called BEFORE a write completes without reaching peer
 // p. The first time in a disconnected period it starts p's bitmap from the
 // generation p holds and moves the primary to a new generation, durably,
-// so that p can never again look as up to date as the primary. When that
-// cannot be written, the volume stops serving IO and the error is
+// so that p can never again look as up to date as the primary. A peer
+// tracked already moves it on too when it may hold the current generation
+// (peer.mayHold: a sync-done whose ack never came), its bitmap kept. When
+// that cannot be written, the volume stops serving IO and the error is
 // returned: the write must fail.
 func (v *Volume) startTracking(p *peer) error { return v.track(p, false) }
 
@@ -450,7 +452,7 @@ func (v *Volume) track(p *peer, behind bool) error {
 	// after, a peer that took the write but not the generation would look
 	// as up to date as p, which lacks it, and a resync between them would
 	// copy nothing. (Once per disconnected period: the next writes find p
-	// tracked.)
+	// tracked, and not holding the current generation.)
 	for _, pd := range announced {
 		<-pd.done
 	}
@@ -469,11 +471,16 @@ func (v *Volume) trackLocked(p *peer, behind bool) ([]*pending, error) {
 		return nil, nil
 	}
 	v.mu.Lock()
-	skip := v.d.gens.Tracking(p.name) || v.d.gens.Current.IsZero()
+	current, tracked := v.d.gens.Current, v.d.gens.Tracking(p.name)
 	v.mu.Unlock()
-	if skip {
-		// Already tracked, or this node is copying newer data from the
-		// peer: it has no generation of its own to move on from (and its
+	mayHold := p.mayHoldNow()
+	if p.mayHoldUnknown {
+		mayHold = current
+	}
+	if (tracked && mayHold != current) || current.IsZero() {
+		// Already tracked (and the peer cannot hold the current
+		// generation), or this node is copying newer data from the peer:
+		// it has no generation of its own to move on from (and its
 		// writes complete only on both).
 		return nil, nil
 	}
@@ -482,7 +489,7 @@ func (v *Volume) trackLocked(p *peer, behind bool) ([]*pending, error) {
 	// for up to date: when it cannot be written, IO stops rather than
 	// risk it (volstate.WriteMissed).
 	next := replication.NewGeneration()
-	acts, err := v.stepLocked(volstate.WriteMissed{Peer: p.name, Held: held, Next: next}, nil, nil)
+	acts, err := v.stepLocked(volstate.WriteMissed{Peer: p.name, Held: held, Next: next, MayHold: mayHold}, nil, nil)
 	if err != nil {
 		v.log.Error("cannot persist a new generation; stopping IO", "peer", p.name, "err", err)
 		v.mu.Lock()
@@ -492,8 +499,12 @@ func (v *Volume) trackLocked(p *peer, behind bool) ([]*pending, error) {
 		return nil, fmt.Errorf("%w: %v", ErrStateWrite, err)
 	}
 	v.mu.Lock()
-	from := v.d.gens.Bitmaps[p.name]
+	from, moved := v.d.gens.Bitmaps[p.name], v.d.gens.Current != current
 	v.mu.Unlock()
+	if moved {
+		// The peer holds none of the generations from here on.
+		p.mayHoldUnknown = false
+	}
 	for _, a := range acts {
 		v.perform(a, driveOptions{notify: func(volstate.Action) {
 			v.log.Info("peer out of sync: new generation", "peer", p.name, "bitmap_generation", from, "generation", next)

@@ -70,6 +70,25 @@ func (g Generations) PeerMisses(peer string, held, next Generation) Generations 
 	return c
 }
 
+// TrackedPeerMayHoldCurrent is the primary starting to write without
+// peer, whose changes it tracks already, but which may hold its current
+// generation all the same: the peer committed a sync-done (or a generation
+// announcement) whose acknowledgement never came, or a resync between
+// equal generations was cut off before the peer took it. The primary
+// moves to next, so that peer can never again look as up to date as the
+// primary, and keeps the peer's bitmap (it marks every block the peer may
+// miss); the old current generation goes into the history. An untracked
+// peer, or an Inconsistent primary, changes nothing (PeerMisses is theirs).
+func (g Generations) TrackedPeerMayHoldCurrent(peer string, next Generation) Generations {
+	if !g.Tracking(peer) || g.Current.IsZero() {
+		return g.Clone()
+	}
+	c := g.Clone()
+	c.History = pushHistory(c.History, g.Current)
+	c.Current = next
+	return c
+}
+
 // ResyncFinishedAsSource is the SyncSource after peer holds every block
 // and the current generation: peer's bitmap generation retires into the
 // history (DRBD keeps it there) and peer is in sync.

@@ -226,3 +226,52 @@ func TestCompareUUIDsSymmetric(t *testing.T) {
 		}
 	}
 }
+
+// TestATrackedPeerThatMayHoldTheCurrentGenerationIsNeverInSync: the
+// primary tracks a peer from a bitmap generation and finished a resync
+// toward it; the peer may have committed the sync-done (the primary's
+// current generation) without the primary seeing its ack. The next write
+// without the peer moves the primary on (TrackedPeerMayHoldCurrent), its
+// bitmap kept: the peer at the primary's old generation is resynced in
+// full (never found in sync), and a peer that never took the sync-done
+// resumes from the bitmap; a third node in sync with the primary, which
+// took the new generation, is the source toward it too.
+func TestATrackedPeerThatMayHoldTheCurrentGenerationIsNeverInSync(t *testing.T) {
+	primary := Generations{Current: genA, History: []Generation{genC}}.Clone()
+	before := primary.Clone()
+	primary = primary.PeerMisses("s", empty, genB) // bitmap from genA, current genB
+	tookSyncDone := primary.Clone()
+	tookSyncDone.Bitmaps = nil // the peer's own set after the sync-done: genB
+	if d := CompareUUIDs(primary.Toward("s"), tookSyncDone.Toward("p"), Primary, Secondary); d.Outcome != BitmapResyncSource {
+		t.Fatalf("before any further write the peer that took the sync-done is resynced from the bitmap: %v", d)
+	}
+
+	moved := primary.TrackedPeerMayHoldCurrent("s", genD)
+	if moved.Current != genD || moved.Bitmaps["s"] != genA || moved.History[0] != genB {
+		t.Fatalf("moved on: %+v; want current %s, the bitmap from %s kept, %s first in the history", moved, genD, genA, genB)
+	}
+	if primary.Current != genB {
+		t.Fatal("TrackedPeerMayHoldCurrent changed its receiver")
+	}
+	d := CompareUUIDs(moved.Toward("s"), tookSyncDone.Toward("p"), Primary, Secondary)
+	if d.Outcome != FullResyncSource || d.Rule != RuleHistorySelf {
+		t.Fatalf("the peer that took the sync-done: %v, want a full resync by %s", d, RuleHistorySelf)
+	}
+	if d := CompareUUIDs(moved.Toward("s"), before.Toward("p"), Primary, Secondary); d.Outcome != BitmapResyncSource || d.Rule != RuleBitmapSelf {
+		t.Fatalf("the peer that never took it: %v, want a bitmap resync", d)
+	}
+	third := tookSyncDone.Clone()
+	third.Current, third.History = genD, moved.History // announced
+	if d := CompareUUIDs(third.Toward("s"), tookSyncDone.Toward("x"), Primary, Secondary); d.Outcome != FullResyncSource {
+		t.Fatalf("a third node that took the new generation, toward the peer: %v", d)
+	}
+
+	// An untracked peer (PeerMisses is its transition) or an Inconsistent
+	// primary changes nothing.
+	if g := before.TrackedPeerMayHoldCurrent("s", genD); g.Current != genA || g.Tracking("s") {
+		t.Fatalf("untracked peer: %+v", g)
+	}
+	if g := primary.Inconsistent().TrackedPeerMayHoldCurrent("s", genD); !g.Current.IsZero() {
+		t.Fatalf("Inconsistent primary: %+v", g)
+	}
+}

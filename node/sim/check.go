@@ -86,21 +86,11 @@ const (
 	// keeps its older blocks. Worked around as the one above. Seed 1460
 	// (two data nodes).
 	promotionClearsMarks
-	// TODO(sim-finding-lost-sync-done-ack): see receive (msgSyncGen).
-	// Worked around: the ack is never lost. Seed 9588. The same root,
-	// not worked around: a resync of marked blocks between equal
-	// generations tracks the peer from a fresh bitmap generation while
-	// the primary keeps its own; interrupted before the peer took the
-	// sync-start, the peer keeps the primary's generation while the
-	// primary's later writes only mark it (seed 6711, three data nodes:
-	// invariant 4, then the peer is recorded UpToDate in raft).
-	lostSyncDoneAck
 )
 
 var findingNames = map[finding]string{
 	unackedWriteDivergence: "unacked-write-divergence",
 	promotionClearsMarks:   "promotion-clears-marks",
-	lostSyncDoneAck:        "lost-sync-done-ack",
 }
 
 func (f finding) String() string {

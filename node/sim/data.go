@@ -142,12 +142,22 @@ func (s *Sim) progress(n *node, w *write) writeState {
 			delete(w.missed, p)
 			continue
 		}
-		if !n.durable.Gens.Tracking(p) {
-			before := n.durable.Gens.Current
-			if err := s.drive(n, volstate.WriteMissed{Peer: p, Held: before, Next: s.newGen()}); err != nil {
+		before := n.durable.Gens.Current
+		mayHold := n.mayHold[p]
+		if n.mayHoldUnknown[p] {
+			mayHold = before
+		}
+		if s.cfg.mutation == mutMayHoldIgnored {
+			mayHold = replication.Generation{}
+		}
+		// A tracked peer moves the generation on only when it may hold
+		// the current one (node's trackLocked).
+		if !n.durable.Gens.Tracking(p) || mayHold == before {
+			if err := s.drive(n, volstate.WriteMissed{Peer: p, Held: before, Next: s.newGen(), MayHold: mayHold}); err != nil {
 				return writeFailed
 			}
 			if n.durable.Gens.Current != before {
+				delete(n.mayHoldUnknown, p)
 				s.announceGeneration(n, p)
 			}
 		}
@@ -282,21 +292,11 @@ func (s *Sim) receive(n *node, m msg) {
 			return
 		}
 		clear(n.marks[m.from])
-		done := msg{at: s.now.Add(tick), from: n.name, to: m.from, session: m.session, kind: msgSyncDone, sync: m.sync}
-		if s.worksAround(lostSyncDoneAck) {
-			// TODO(sim-finding-lost-sync-done-ack): the target holds the
-			// source's generation from here, durably; if this ack is lost
-			// (a crash, a dropped connection) the source keeps tracking
-			// the peer, so its later writes only mark the bitmap and move
-			// no generation: the peer's generation stays equal to the
-			// primary's though it misses acknowledged writes, and a third
-			// node that takes over finds it in sync by generations (no
-			// resync) and records it UpToDate in raft. The sim hands the
-			// ack over at once.
-			s.receive(from, done)
-			return
-		}
-		s.link(n.name, m.from).send(done)
+		// The target holds the source's generation from here, durably;
+		// this ack may be lost (a crash, a dropped connection): the
+		// source then takes the peer to hold it (mayHold), and its next
+		// write that misses the peer moves its generation on.
+		s.link(n.name, m.from).send(msg{at: s.now.Add(tick), from: n.name, to: m.from, session: m.session, kind: msgSyncDone, sync: m.sync})
 	case msgGenAck:
 		delete(n.announcing, m.from)
 	case msgSyncDone:
@@ -323,6 +323,7 @@ func (s *Sim) announceGeneration(n *node, missed string) {
 	for _, p := range n.peers {
 		if sid, ok := n.sessions[p]; ok && p != missed && n.st.Peers[p].Repl == replication.Connected {
 			n.announcing[p] = true
+			n.mayHold[p] = n.durable.Gens.Current
 			s.link(n.name, p).send(msg{at: s.now.Add(tick), from: n.name, to: p, session: sid, kind: msgSyncGen, announce: true,
 				sync: syncGens{current: n.durable.Gens.Current, history: slices.Clone(n.durable.Gens.History)}})
 		}
@@ -376,6 +377,9 @@ func (s *Sim) sendSyncDone(n *node) {
 		}
 		delete(n.syncDone, p)
 		if n.sessions[p] == due.session {
+			// The peer may hold it from here, acknowledged or not
+			// (node's peer.syncDone).
+			n.mayHold[p] = n.durable.Gens.Current
 			s.link(n.name, p).send(msg{at: s.now.Add(tick), from: n.name, to: p, session: due.session, kind: msgSyncGen,
 				sync: syncGens{current: n.durable.Gens.Current, history: slices.Clone(n.durable.Gens.History)}})
 		}

@@ -41,9 +41,16 @@ type node struct {
 	syncDone  map[string]syncDue // sync-done entries to send, per peer
 	// announcing: peers sent a new generation that did not take it yet.
 	announcing map[string]bool
-	inflight   map[string]map[int64]int // per peer, the writes its stream holds unanswered (by block)
-	writes     []*write
-	follow     []volstate.Event // events the actions feed back (Quiesced)
+	// mayHold: per peer, the generation it may hold while tracked (node's
+	// peer.mayHold): the one it reported in the last handshake, or that
+	// of the latest sync-done (or announcement) sent to it, acknowledged
+	// or not; mayHoldUnknown: no handshake since the volume opened (it
+	// may hold the current one).
+	mayHold        map[string]replication.Generation
+	mayHoldUnknown map[string]bool
+	inflight       map[string]map[int64]int // per peer, the writes its stream holds unanswered (by block)
+	writes         []*write
+	follow         []volstate.Event // events the actions feed back (Quiesced)
 
 	renewing      bool
 	lastRenew     time.Time
@@ -111,6 +118,10 @@ func (n *node) boot() {
 	n.outdated, n.sessions, n.nextDial = map[string]uint64{}, map[string]uint64{}, map[string]time.Time{}
 	n.inflight, n.resyncing, n.syncDone = map[string]map[int64]int{}, map[string]map[int]bool{}, map[string]syncDue{}
 	n.announcing = map[string]bool{}
+	n.mayHold, n.mayHoldUnknown = map[string]replication.Generation{}, map[string]bool{}
+	for _, p := range n.peers {
+		n.mayHoldUnknown[p] = true
+	}
 	n.incoming, n.writes, n.follow = session{}, nil, nil
 	n.renewing, n.authVersion, n.handoverUntil, n.reattachAt = false, -1, time.Time{}, time.Time{}
 }
@@ -313,6 +324,9 @@ func (s *Sim) handshake(p, q *node) {
 	}
 	p.sessions[q.name] = sid
 	q.incoming = session{from: p.name, id: sid}
+	// What the peer holds now (node's decide).
+	p.mayHold[q.name] = qs.UUIDs(p.name).Current
+	delete(p.mayHoldUnknown, q.name)
 	// node's handshake plan marks what the rules do not: every block for
 	// a full resync, and (the sim keeps no finer record) for a victim of
 	// a split brain that discards its data.

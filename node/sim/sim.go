@@ -51,6 +51,13 @@ const (
 	// so until the sim found it (sim-finding-generation-announce-not-
 	// awaited, fixed in Volume.track).
 	mutAnnounceNotAwaited
+	// mutMayHoldIgnored moves no generation when a write misses a peer
+	// the primary tracks already, even when that peer may hold the
+	// current one (a sync-done or announcement it took whose ack never
+	// came, a resync between equal generations cut off): the node did so
+	// until the sim found it (sim-finding-lost-sync-done-ack, fixed in
+	// Volume.trackLocked with peer.mayHold).
+	mutMayHoldIgnored
 )
 
 func (m mutation) String() string {
@@ -67,6 +74,8 @@ func (m mutation) String() string {
 		return "skip-resync-copy"
 	case mutAnnounceNotAwaited:
 		return "announce-not-awaited"
+	case mutMayHoldIgnored:
+		return "may-hold-ignored"
 	}
 	return "mutation(?)"
 }

@@ -104,10 +104,13 @@ type LocalResyncFinished struct{}
 
 // WriteMissed: this primary starts a write Peer will not see (it is not
 // connected); Peer last held Held (zero: the current generation), and the
-// data moves on to Next.
+// data moves on to Next. MayHold, when not zero, is a generation Peer may
+// hold though this node tracks it (a sync-done whose ack never came, a
+// resync between equal generations cut off): when it is the current one,
+// the data moves on all the same, Peer's bitmap kept.
 type WriteMissed struct {
-	Peer       string
-	Held, Next replication.Generation
+	Peer                string
+	Held, Next, MayHold replication.Generation
 }
 
 // ResyncFinished: a resync with Peer ended. As target (a pull), this node

@@ -656,14 +656,24 @@ func (s *State) detach(e DiskFailed) Ready {
 // peer can never again look as up to date as this primary.
 func (s *State) writeMissed(e WriteMissed) Ready {
 	g := s.Durable.Gens
-	if s.Role() != replication.Primary || g.Tracking(e.Peer) || g.Current.IsZero() {
+	// A tracked peer misses nothing new by generations, unless it may
+	// hold the current one (it must never look as up to date as this
+	// primary).
+	mayHold := g.Tracking(e.Peer) && e.MayHold == g.Current
+	if s.Role() != replication.Primary || (g.Tracking(e.Peer) && !mayHold) || g.Current.IsZero() {
 		return Ready{}
 	}
 	if p := s.Peers[e.Peer]; p.Repl == replication.Connected || p.Repl == replication.SyncSource {
 		// The write goes to its stream.
 		return Ready{}
 	}
-	rd := Ready{Persist: s.persist(func(d *Durable) { d.Gens = d.Gens.PeerMisses(e.Peer, e.Held, e.Next) })}
+	rd := Ready{Persist: s.persist(func(d *Durable) {
+		if mayHold {
+			d.Gens = d.Gens.TrackedPeerMayHoldCurrent(e.Peer, e.Next)
+		} else {
+			d.Gens = d.Gens.PeerMisses(e.Peer, e.Held, e.Next)
+		}
+	})}
 	rd.Actions = []Action{{Kind: Notify, Detail: "new-generation", Peer: e.Peer}}
 	return rd
 }

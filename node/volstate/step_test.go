@@ -255,7 +255,7 @@ func (h *harness) event(t *testing.T, d *datadriven.TestData, s *State) Event {
 	case "local-resync-finished":
 		return LocalResyncFinished{}
 	case "write-missed":
-		return WriteMissed{Peer: peerName, Held: gen(argOr(d, "held", "")), Next: gen(argOr(d, "next", ""))}
+		return WriteMissed{Peer: peerName, Held: gen(argOr(d, "held", "")), Next: gen(argOr(d, "next", "")), MayHold: gen(argOr(d, "may-hold", ""))}
 	case "resync-finished":
 		e := ResyncFinished{Peer: peerName}
 		_, e.AsTarget = arg(d, "target")
