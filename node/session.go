@@ -263,10 +263,17 @@ func (s *session) checkPeer(every time.Duration) error {
 // time to keep (Ahead, a catch-up, writes held for room, blocks marked),
 // or no other stream of the pair carries the probe.
 func (s *session) restOn() <-chan struct{} {
-	if !s.idle() || len(s.waiting) > 0 || s.ahead || s.catchingUp || s.p.bm.Bytes() > 0 {
+	if !s.idle() || len(s.waiting) > 0 || s.ahead || s.catchingUp {
 		return nil
 	}
-	return s.beat.rest(s)
+	// The pair's check first: it is atomic loads, and the carrier (the
+	// only stream of a single volume) stops there, while the bitmap's
+	// count takes its lock; a loop turns idle after every ack at qd1.
+	rest := s.beat.rest(s)
+	if rest == nil || s.p.bm.Bytes() > 0 {
+		return nil
+	}
+	return rest
 }
 
 // fail ends the session with err (the first error wins).
