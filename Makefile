@@ -27,9 +27,11 @@ deps:
 	./deploy/install-test-deps.sh
 
 # gofmt check + vet + the whole suite with the race detector (unit, integration, e2e),
-# then every fuzz target for $(CI_FUZZTIME).
+# then every fuzz target for $(CI_FUZZTIME). The end-to-end tests that
+# spend their time waiting for a cluster (e2eBeside in cmd/replctl) run
+# three at a time.
 test: deps fmt-check vet
-	$(GO) test -race -count=1 -timeout 20m ./...
+	$(GO) test -race -count=1 -parallel 3 -timeout 20m ./...
 	$(MAKE) fuzz FUZZTIME=$(CI_FUZZTIME)
 
 # node's suite with every mutex of package node checked for lock-order

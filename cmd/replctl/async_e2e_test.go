@@ -52,7 +52,7 @@ type crashConsistencyOpts struct {
 // block and a 1 MiB send buffer, batches larger than the buffer: the
 // peer is about a send buffer behind when the primary dies.
 func TestE2ECrashConsistencyUnderProtocolA(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	t.Run("link-with-room", func(t *testing.T) {
 		runCrashConsistency(t, crashConsistencyOpts{
 			Rounds: 20, Size: 256 << 20, PerBatch: 16,
@@ -171,7 +171,7 @@ func runCrashConsistency(t *testing.T, o crashConsistencyOpts) {
 //     stop as soon as status shows the peer Behind, before the catch-up
 //     would make it Inconsistent.
 func TestE2EProtocolGuaranteesOnPrimaryCrash(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	for _, tc := range []struct {
 		name, protocol, onCongestion string
 		sendBuffer                   int64
@@ -274,7 +274,7 @@ func TestE2EProtocolGuaranteesOnPrimaryCrash(t *testing.T) {
 // shows the last protocol, the replicas end in sync with nothing
 // resynced, and an online verify finds nothing.
 func TestE2EProtocolChangesOnlineUnderFioVerify(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	fio := RequireTool(t, "fio", "fio")
 	const (
 		size    = 64 << 20
@@ -525,7 +525,7 @@ func runPullAheadOverASlowLink(t *testing.T, opts clusterOpts, rate string, adju
 // acknowledged write: a catch-up run read before an overwrite must not
 // clear the mark that overwrite set.
 func TestE2EPullAheadCatchUpKeepsEveryOverwrite(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	const (
 		size    = 64 << 20
 		area    = 16 << 20

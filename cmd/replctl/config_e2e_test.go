@@ -88,7 +88,7 @@ volumes:
 // the setting and each node's value; replctl adjust to the primary's
 // value ends it, and beta says so.
 func TestE2EASIGHUPOfOneNodeIsAMismatch(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	c := newProcCluster(t, 64<<20, 61)
 	c.start("alpha")
 	c.start("beta")

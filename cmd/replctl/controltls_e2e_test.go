@@ -88,7 +88,7 @@ volumes:
 // and readable without one. Restarted with a second CA's files, beta is
 // refused by alpha, whose status says why (error_code tls).
 func TestE2EATLSClusterIsCommandedWithTheOperatorsCertificate(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	c := newProcClusterN(t, clusterOpts{TLS: true})
 	c.startAll()
 	c.waitInSync("alpha")

@@ -288,7 +288,7 @@ func (c *procCluster) disk(name string) string { return filepath.Join(c.dir, nam
 // and restarts it: the resync moves at most the activity log's extents
 // (al_extents × 4 MiB), not the volume, and the replicas end identical.
 func TestE2EKill9PrimaryResyncsOnlyTheActivityLog(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	fio := RequireTool(t, "fio", "fio")
 	const (
 		size      = 128 << 20

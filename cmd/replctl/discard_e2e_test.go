@@ -13,7 +13,7 @@ import (
 // Connected throughout, nothing is resynced, no peer is lost, the ranges
 // are holes on beta too, and the two disks are identical.
 func TestE2ELargeDiscardsAndZeroesKeepThePeerInSync(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	RequireTool(t, "qemu-io", "qemu-utils")
 	const size = 1 << 30
 	d := startDemo(t, "--size", "1GiB")

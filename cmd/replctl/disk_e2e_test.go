@@ -15,7 +15,7 @@ import (
 // the same data over the volume, a switchover completes, and the export is
 // exactly the volume's size.
 func TestE2EDiskLargerThanTheVolumeSyncsAndVerifies(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	RequireTool(t, "qemu-io", "qemu-utils")
 	nbdinfo := RequireTool(t, "nbdinfo", "libnbd-bin")
 	const (

@@ -351,7 +351,7 @@ volumes:
 }
 
 func TestE2ECatchUp(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	RequireTool(t, "qemu-io", "qemu-utils")
 	d := startDemo(t)
 	v := d.waitInSync("alpha")

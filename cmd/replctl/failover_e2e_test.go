@@ -81,7 +81,7 @@ func TestE2EKill9ThePrimaryThreeTimes(t *testing.T) {
 // the loss of either is the loss of the quorum: failover is off, status
 // says so naming the quorum, and killing the primary promotes nobody.
 func TestE2ETwoDataNodesWithoutAWitnessDoNotFailOver(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	c := newProcClusterN(t, clusterOpts{Raft: true, Size: 32 << 20})
 	c.startAll()
 	v := c.waitInSync("alpha")
@@ -111,7 +111,7 @@ func TestE2ETwoDataNodesWithoutAWitnessDoNotFailOver(t *testing.T) {
 // alpha dies nobody is promoted and status says why. The operator can
 // still force beta, through raft, knowing what is lost.
 func TestE2EAnOutdatedNodeIsNotPromotedByItself(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	RequireTool(t, "qemu-io", "qemu-utils")
 	c := newProcClusterN(t, clusterOpts{Raft: true, Witness: true, Size: 32 << 20})
 	c.startAll()
@@ -167,7 +167,7 @@ func TestE2ESwitchoverToADisconnectedOutdatedNodeIsRefusedAtOnce(t *testing.T) {
 // blocks it missed move to it, beta receives nothing, and an online verify
 // finds nothing out of sync.
 func TestE2EThreeDataReplicasResyncOnlyWhatEachMissed(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	RequireTool(t, "qemu-io", "qemu-utils")
 	c := newProcClusterN(t, clusterOpts{DataNodes: 3, Size: 64 << 20})
 	c.startAll()
@@ -236,7 +236,7 @@ func raftInSync(v *volumeStatus) bool {
 // Secondary, no split brain is reported, and the clients' register
 // history is linearizable.
 func TestE2EAPartitionedPrimaryIsReplaced(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	c := newProcClusterN(t, clusterOpts{Raft: true, Witness: true, Netns: true, Size: 64 << 20})
 	c.startAll()
 	c.waitFor("beta", "in sync, and raft knows both replicas UpToDate", syncTimeout, raftInSync)
@@ -288,7 +288,7 @@ func TestE2EAPartitionedPrimaryIsReplaced(t *testing.T) {
 // acknowledged is lost, and once eth0 is back alpha is beta's UpToDate
 // Secondary, with no split brain.
 func TestE2EAPrimaryCutOffFromRaftButNotGossipIsReplaced(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	c := newProcClusterN(t, clusterOpts{Raft: true, Witness: true, Netns: true, GossipNet: true, Size: 32 << 20})
 	c.startAll()
 	c.waitFor("beta", "in sync, and raft knows both replicas UpToDate", syncTimeout, raftInSync)
@@ -362,7 +362,7 @@ func noAckAfter(t *testing.T, acked []ackedWrite, node string, when time.Time) {
 // primary leaves beta alone, one voter of three: nobody is promoted, and
 // status says there is no quorum.
 func TestE2ENoFailoverWithoutAMajority(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	c := newProcClusterN(t, clusterOpts{Raft: true, Witness: true, Size: 32 << 20})
 	c.startAll()
 	c.waitFor("alpha", "in sync, and raft knows both replicas UpToDate", syncTimeout, raftInSync)
@@ -391,7 +391,7 @@ func TestE2ENoFailoverWithoutAMajority(t *testing.T) {
 // acknowledged write is lost. The leader must not count the time it could
 // not observe as time alpha renewed nothing.
 func TestE2EAPausedMajorityDoesNotDeposeAHealthyPrimary(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	c := newProcClusterN(t, clusterOpts{Raft: true, Witness: true, Size: 64 << 20})
 	c.startAll()
 	v := c.waitFor("alpha", "in sync, and raft knows both replicas UpToDate", syncTimeout, raftInSync)

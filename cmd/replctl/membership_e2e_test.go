@@ -17,7 +17,7 @@ import (
 // volume serves writes. Then gamma counts in the majority: with alpha
 // killed, beta and gamma elect a leader and fail the volume over.
 func TestE2EAReplacedNodeJoinsAsAVoterWithAFullResync(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	RequireTool(t, "qemu-io", "qemu-utils")
 	const size = 64 << 20
 	c := newProcClusterN(t, clusterOpts{DataNodes: 3, Raft: true, Size: size})

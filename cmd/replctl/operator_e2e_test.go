@@ -239,7 +239,7 @@ func TestE2EEventsJSONShowsDisconnectThenConnect(t *testing.T) {
 // it recorded meanwhile is shown. Following that node alone, the command
 // ends with an error saying so.
 func TestE2EEventsWhenANodeGoesAway(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	c := newProcCluster(t, 64<<20, 61)
 	c.start("alpha")
 	c.start("beta")
@@ -389,7 +389,7 @@ func TestE2EResyncPauseWithNothingToPause(t *testing.T) {
 // happened. No raw gRPC text reaches the operator. Each exits 3: a node
 // could not be reached (issue 15).
 func TestE2EUnreachableNodeInWords(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	cache := []string{"XDG_CACHE_HOME=" + t.TempDir()}
 	rawGRPC := func(out string) bool {
 		return strings.Contains(out, "rpc error") || strings.Contains(out, "code =") || strings.Contains(out, "desc =")

@@ -11,7 +11,7 @@ import (
 // node, fails and restores alpha's paths with replctl while fio writes and
 // verifies through NBD: no error reaches fio, and the replicas end equal.
 func TestE2EMultipathPathFlapsUnderFioVerify(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	fio := RequireTool(t, "fio", "fio")
 	d := startDemo(t, "--paths", "2")
 
@@ -78,7 +78,7 @@ func TestE2EMultipathPathFlapsUnderFioVerify(t *testing.T) {
 // detached and NBD clients go on reading and writing through beta; when a
 // path is restored the disk re-attaches and catches up.
 func TestE2EAllPathsFailedDetachesAndServesFromThePeer(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	d := startDemo(t, "--paths", "2")
 	qemuIO(t, d.uri, "write -P 0x31 0 1M")
 	d.mustCtl("alpha", "path", "fail", "vol0", "p0", "--node", "alpha")

@@ -14,7 +14,7 @@ import (
 // volume it must be refused, naming the split brain it needs, and change
 // nothing: the primary keeps serving, the secondary stays UpToDate.
 func TestE2EDiscardMyDataIsRefusedOutsideASplitBrain(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	RequireTool(t, "qemu-io", "qemu-utils")
 	for _, tc := range []struct {
 		name, victim string

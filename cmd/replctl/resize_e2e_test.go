@@ -23,7 +23,7 @@ import (
 // The range gained held different bytes on the two disks before (as a
 // grown LUN holds whatever it held): the resize makes it zeroes on both.
 func TestE2EResizeUnderFioVerify(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	fio := RequireTool(t, "fio", "fio")
 	nbdinfo := RequireTool(t, "nbdinfo", "libnbd-bin")
 	qemu := RequireTool(t, "qemu-io", "qemu-utils")

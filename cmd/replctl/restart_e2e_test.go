@@ -105,7 +105,7 @@ func assertWaitingReason(t *testing.T, c *procCluster, name string) {
 // write and say it waits (and how to force it); when beta answers again,
 // alpha follows it: no split brain, beta's writes intact.
 func TestE2ERestartedPrimaryServesNothingUntilAPeerAnswers(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	RequireTool(t, "qemu-io", "qemu-utils")
 	const size = 64 << 20
 	c := newProcCluster(t, size, 61)
@@ -153,7 +153,7 @@ func TestE2ERestartedPrimaryServesNothingUntilAPeerAnswers(t *testing.T) {
 // how to force it. `replctl primary --force --yes` makes it serve; when the
 // peer comes back it catches up with the write.
 func TestE2EPrimaryRestartedAloneWaitsUntilForced(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	RequireTool(t, "qemu-io", "qemu-utils")
 	const size = 64 << 20
 	c := newStoppedPair(t, size, "write -P 0x21 0 1M")
@@ -206,7 +206,7 @@ func TestE2ECleanlyRestartedPrimaryServesOnceItsPeerIsUp(t *testing.T) {
 // and catches up. From then on a clean restart of alpha, with no write in
 // between, must resync nothing: rule no-sync, resynced_bytes 0.
 func TestE2ECleanRestartsAfterAFailoverResyncNothing(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	fio := RequireTool(t, "fio", "fio")
 	RequireTool(t, "qemu-io", "qemu-utils")
 	const size = 256 << 20

@@ -29,7 +29,7 @@ import (
 //     replicate or vote: alpha serves on, beta stays out of date and out of
 //     the majority, and once beta returns with its own files it catches up.
 func TestE2EACertifiedClusterAdmitsOnlyItsOwn(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	nbdinfo := RequireTool(t, "nbdinfo", "libnbd-bin")
 	RequireTool(t, "qemu-io", "qemu-utils")
 	c := newProcClusterN(t, clusterOpts{Raft: true, Witness: true, TLS: true, NBDTLS: "required", Size: 64 << 20})

@@ -21,7 +21,7 @@ import (
 // no split brain. No node records a split-brain event or logs one, each
 // round ends in sync, and every acknowledged write reads back.
 func TestE2EKill9AndRestartOfThePrimaryIsNoSplitBrain(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	const size = 256 << 20
 	c := newProcClusterN(t, clusterOpts{Raft: true, Witness: true, Size: size})
 	c.startAll()
@@ -124,7 +124,7 @@ func logLineWith(t *testing.T, path, s string) string {
 // its own write gone. A full resync of alpha cannot cross the split brain:
 // it is refused with the reason, exit non-zero, and changes nothing.
 func TestE2ESplitBrainUnderRaftIsResolvedByDiscardMyData(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	RequireTool(t, "qemu-io", "qemu-utils")
 	const size = 64 << 20
 	c := newProcClusterN(t, clusterOpts{Raft: true, Witness: true, Size: size})

@@ -140,6 +140,18 @@ func e2e(t *testing.T) {
 	}
 }
 
+// e2eBeside is e2e for a test whose time goes into waiting for the
+// cluster (leases, elections, failovers, restarts) and which asserts no
+// time of its own: it runs beside the other such tests, go test's
+// -parallel at a time (GOMAXPROCS by default), after the package's other
+// tests. Each cluster has its own directories, ports (testport) and
+// network namespaces, so they do not meet.
+func e2eBeside(t *testing.T) {
+	t.Helper()
+	e2e(t)
+	t.Parallel()
+}
+
 func inCI() bool { return os.Getenv("CI") == "true" }
 
 // RequireTool returns the path of an external tool. A missing tool fails
