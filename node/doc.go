@@ -31,7 +31,9 @@
 // message). The streams of all volumes to one peer node share one
 // heartbeat (pairbeat.go): one of them probes the node, and an idle
 // stream owes nothing while the node answers on any. A secondary (secondary.go) applies the stream in order,
-// and one goroutine writes its side of it; an old primary reached by a
+// through node/applier: its read loop, the ordered apply of each batch,
+// and the one goroutine that writes its side of it; secondary.go keeps
+// the handshake, the refusals and the epochs. An old primary reached by a
 // primary of a newer epoch steps down when nothing is lost by following
 // it, and stops its IO at once when the data diverged. A node that
 // restarts as primary serves no IO until a peer has compared generations
@@ -95,5 +97,7 @@
 // session's loop takes v.stateMu and v.mu only at its end (startTracking).
 // v.stateMu is never taken while waiting for an entry's ack; v.mu is never
 // held while the state is written. go test -tags deadlock (make test-locks)
-// checks the order at run time.
+// checks the order at run time. in.applyMu, a stream's apply lock, is
+// node/applier's, of the same kind (its lock.go): that build checks it
+// with these.
 package node

@@ -402,8 +402,8 @@ func replLinksOf(v *Volume, lv transport.LocalVolume) []replLink {
 	}
 	l := replLink{peer: primary}
 	if in != nil {
-		l.peer, l.connected = in.from, true
-		l.inSync = in.state() == replication.Connected && disk == replication.UpToDate
+		l.peer, l.connected = in.From(), true
+		l.inSync = in.State() == replication.Connected && disk == replication.UpToDate
 	}
 	if l.peer == "" || l.peer == v.self {
 		return nil

@@ -1,47 +1,14 @@
 package node
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"sync/atomic"
-	"time"
 
 	"github.com/replvol/replvol/backing"
 	"github.com/replvol/replvol/metadata/statefile"
+	"github.com/replvol/replvol/node/applier"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
-
-// incoming is a secondary's end of the stream from its primary.
-type incoming struct {
-	from string
-
-	// applyMu is held while a batch is applied; once stopped is set no
-	// further batch of this stream touches the disk.
-	applyMu mutex
-	stopped bool
-
-	st atomic.Pointer[replication.ReplState]
-}
-
-func (in *incoming) state() replication.ReplState {
-	if st := in.st.Load(); st != nil {
-		return *st
-	}
-	return ""
-}
-
-func (in *incoming) setState(s replication.ReplState) { in.st.Store(&s) }
-
-// stop ends the stream's effect on the disk: it returns after any batch
-// being applied is done, and no later batch is applied. The stream itself
-// ends when its handler next wakes up.
-func (in *incoming) stop() {
-	in.applyMu.Lock()
-	in.stopped = true
-	in.applyMu.Unlock()
-}
 
 // detachIncoming stops the current stream from the primary, if any.
 func (v *Volume) detachIncoming() {
@@ -57,8 +24,8 @@ func (v *Volume) detachIncoming() {
 // endIncoming stops the stream in and, if it is still the volume's
 // current one, drops it: the disk state goes back to what an idle
 // secondary's is (a Failed disk stays Failed).
-func (v *Volume) endIncoming(in *incoming) {
-	in.stop()
+func (v *Volume) endIncoming(in *applier.Stream) {
+	in.Stop()
 	v.mu.Lock()
 	if v.incoming == in {
 		v.incoming = nil
@@ -178,8 +145,9 @@ func (v *Volume) refuseLocked(h replication.Hello) replication.HelloReply {
 // older primary: the older one is fenced.
 const ruleNewerEpoch = "newer-epoch"
 
-// serveStream applies the primary's stream to the local disk, in order,
-// acknowledging each batch after its last entry is written.
+// serveStream takes the primary's stream, or refuses it, and then applies
+// it to the local disk, in order, acknowledging each batch after its last
+// entry is written (node/applier).
 func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error {
 	if h.To == v.self {
 		v.compareSettings(h.From, h.Settings)
@@ -243,14 +211,14 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 	default:
 	}
 	old := v.incoming
-	in := &incoming{from: h.From}
-	in.setState(replication.Connected)
+	in := applier.NewStream(h.From)
+	in.SetState(replication.Connected)
 	v.incoming = in
 	v.why = reason{}
 	delete(v.splitBrain, h.From)
 	v.mu.Unlock()
 	if old != nil {
-		old.stop()
+		old.Stop()
 	}
 	defer v.endIncoming(in)
 
@@ -274,7 +242,7 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 		return err
 	}
 	v.log.Info("replicating from primary", "primary", h.From, "epoch", h.Epoch)
-	return v.applyStream(s, in, h.From)
+	return in.Run(s, v.applied())
 }
 
 // causeOfRefusal is the Cause a secondary records for refusing a stream.
@@ -290,404 +258,84 @@ func causeOfRefusal(r replication.Refusal) Cause {
 	return CauseRefused
 }
 
-// applyStream applies the stream's batches in order. A reader goroutine
-// keeps frames coming while this one applies them; when several frames
-// are waiting, all are applied and one ack covers them. While a batch
-// takes long to apply (a flush of much data), the peer is told every
-// quarter of the peer timeout that this node is alive (an ack of nothing),
-// so that a slow disk is not taken for a hung node. One goroutine
-// (streamSender) alone writes to the stream: the receipts (protocol B),
-// the heartbeats, the read replies and the acks reach it through one
-// channel, each writer's frames in the order it queued them.
-func (v *Volume) applyStream(s *transport.ReplStream, in *incoming, from string) error {
-	out := newStreamSender(s)
-	defer out.close()
-	send := out.send
-	frames := make(chan *transport.Frame, 8)
-	free := make(chan *transport.Frame, 10)
-	for range cap(free) {
-		free <- &transport.Frame{}
-	}
-	rerr := make(chan error, 1)
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		for {
-			var f *transport.Frame
-			select {
-			case f = <-free:
-			case <-done:
-				return
-			}
-			if err := s.Recv(f); err != nil {
-				rerr <- err
-				return
-			}
-			// Protocol B: say so as soon as the batch is here, before it
-			// is applied.
-			if seq, receipt, err := replication.BatchReceipt(f.Bytes()); err == nil && receipt && seq != 0 {
-				af := transport.NewFrame(32)
-				af.SetBytes(replication.AppendAck(af.Bytes(), replication.Ack{Seq: seq, Status: replication.AckReceived}))
-				if err := send(af); err != nil {
-					rerr <- err
-					return
-				}
-			}
-			select {
-			case frames <- f:
-			case <-done:
-				return
-			}
-		}
-	}()
-	// While a batch is applied (a slow disk may take long), an empty ack
-	// every quarter of the timeout tells the primary this node is alive.
-	// The ticker runs only from an apply's start until a tick finds none
-	// running: an idle stream keeps no ticker.
-	var applying atomic.Bool
-	applyStarted := make(chan struct{}, 1)
-	go func() {
-		every := max(v.cfg.PeerTimeoutOrDefault()/4, 10*time.Millisecond)
-		for {
-			select {
-			case <-done:
-				return
-			case <-applyStarted:
-			}
-			tick := time.NewTicker(every)
-			for running := true; running; {
-				select {
-				case <-done:
-					tick.Stop()
-					return
-				case <-tick.C:
-					if running = applying.Load(); running {
-						af := transport.NewFrame(32)
-						af.SetBytes(replication.AppendAck(af.Bytes(), replication.Ack{}))
-						if send(af) != nil {
-							tick.Stop()
-							return
-						}
-					}
-				}
-			}
-			tick.Stop()
-		}
-	}()
-	var entries []replication.Entry
-	for {
-		var f *transport.Frame
-		select {
-		case f = <-frames:
-		case err := <-rerr:
-			return err
-		case <-out.failed:
-			return out.err
-		case <-v.stopping:
-			// The volume stops (a removal, a node's shutdown): the
-			// stream ends now, not at the primary's next frame.
-			return fmt.Errorf("%s on %s is stopping", v.name, v.self)
-		}
-		var ack replication.Ack
-		for f != nil {
-			var err error
-			entries, err = replication.DecodeBatch(f.Bytes(), entries[:0])
-			if err != nil {
-				return err
-			}
-			in.applyMu.Lock()
-			if in.stopped {
-				in.applyMu.Unlock()
-				return fmt.Errorf("stream from %s replaced or stopped", from)
-			}
-			applying.Store(true)
-			select {
-			case applyStarted <- struct{}{}:
-			default:
-			}
-			a := v.apply(in, entries, func(seq uint64, st replication.AckStatus, data []byte) error {
-				rf := transport.NewFrame(replication.ReadReplyHeaderLen + len(data))
-				rf.SetBytes(replication.AppendReadReply(rf.Bytes(), seq, st, data))
-				return send(rf)
-			})
-			applying.Store(false)
-			in.applyMu.Unlock()
-			free <- f
-			f = nil
-			if a.Seq != 0 || a.Status != replication.AckOK {
-				ack = a
-			}
-			if a.Status != replication.AckOK {
-				break
-			}
-			select {
-			case f = <-frames:
-			default:
-			}
-		}
-		af := transport.NewFrame(32)
-		af.SetBytes(replication.AppendAck(af.Bytes(), ack))
-		if err := send(af); err != nil {
-			return err
-		}
-		if ack.Status != replication.AckOK {
-			return fmt.Errorf("replication from %s stopped: %s", from, ack.Message)
-		}
+// applied is the volume as the applier writes a stream to it.
+func (v *Volume) applied() *applier.Volume {
+	return &applier.Volume{
+		Name: v.name, Self: v.self,
+		Disk: appliedDisk{v.disk}, ActivityLog: v.md.ActivityLog(),
+		Size: &v.size, Resynced: &v.resynced, Buffers: &resyncBufs,
+		PeerTimeout: v.cfg.PeerTimeoutOrDefault(), Stopping: v.stopping,
+		Log: v.log, State: appliedState{v},
 	}
 }
 
-// apply writes a batch's entries to the local disk in order and returns the
-// ack for it. Entries flagged FUA, and flushes, are durable BEFORE the ack.
-// OpRead entries are answered through readReply, BEFORE the ack.
-func (v *Volume) apply(in *incoming, entries []replication.Entry, readReply func(seq uint64, st replication.AckStatus, data []byte) error) replication.Ack {
-	if len(entries) == 0 {
-		return replication.Ack{}
-	}
-	ack := replication.Ack{Seq: entries[len(entries)-1].Seq}
-	fail := func(e *replication.Entry, err error) replication.Ack {
-		v.log.Error("applying replicated entry failed", "op", e.Op, "off", e.Off, "len", e.Length, "err", err)
-		// The primary marks every entry of this batch for this node (it
-		// gets no ack for them): this disk is its generation plus some of
-		// them, applied in order, which a resync of those blocks repairs.
-		// The generation stays, so that resync is of the marked blocks,
-		// not a full one.
-		v.mu.Lock()
-		v.diskState = replication.Failed
-		v.why = because(CauseDiskFailed, "a replicated write failed on %s (%v): the primary marks the blocks it sent and resyncs them once the disk takes writes again", v.self, err)
-		v.mu.Unlock()
-		v.node.event(v.name, "apply-failed", v.why.text)
-		return replication.Ack{Seq: ack.Seq, Status: replication.AckIOError, Message: fmt.Sprintf("%s: %v", v.self, err)}
-	}
-	needSync := false
-	for i := range entries {
-		e := &entries[i]
-		if e.Off < 0 || e.Off+e.Length > v.size.Load() {
-			if e.Op != replication.OpFlush && e.Op != replication.OpSyncStart && e.Op != replication.OpSyncDone {
-				return fail(e, fmt.Errorf("entry beyond the volume end (%d+%d > %d)", e.Off, e.Length, v.size.Load()))
-			}
-		}
-		var err error
-		switch e.Op {
-		case replication.OpWrite:
-			if err = v.logApplied(e); err != nil {
-				break
-			}
-			if e.Flags&replication.EntryFUA != 0 {
-				err = backing.WriteSync(v.disk, e.Data, e.Off)
-			} else {
-				_, err = v.disk.WriteAt(e.Data, e.Off)
-			}
-			v.md.ActivityLog().Done(e.Off, e.Length)
-		case replication.OpZero, replication.OpTrim:
-			if err = v.logApplied(e); err != nil {
-				break
-			}
-			err = v.disk.Zero(e.Off, e.Length)
-			v.md.ActivityLog().Done(e.Off, e.Length)
-			needSync = needSync || e.Flags&replication.EntryFUA != 0
-		case replication.OpFlush:
-			err = v.disk.Sync()
-		case replication.OpVerify:
-			bp := resyncBufs.Get().(*[]byte)
-			buf := *bp
-			if int64(cap(buf)) < e.Length {
-				buf = make([]byte, e.Length)
-			}
-			buf = buf[:e.Length]
-			st, mism := replication.AckOK, []byte(nil)
-			if _, rerr := v.disk.ReadAt(buf, e.Off); rerr != nil {
-				st = replication.AckIOError
-			} else {
-				mism = replication.EncodeMismatches(replication.Mismatches(buf, e.Data))
-			}
-			resyncBufs.Put(bp)
-			if err = readReply(e.Seq, st, mism); err != nil {
-				return replication.Ack{Seq: ack.Seq, Status: replication.AckIOError, Message: err.Error()}
-			}
-		case replication.OpRead:
-			bp := resyncBufs.Get().(*[]byte)
-			buf := *bp
-			if int64(cap(buf)) < e.Length {
-				buf = make([]byte, e.Length)
-			}
-			buf = buf[:e.Length]
-			st := replication.AckOK
-			if _, rerr := v.disk.ReadAt(buf, e.Off); rerr != nil {
-				v.log.Error("read for the primary failed", "off", e.Off, "len", e.Length, "err", rerr)
-				st, buf = replication.AckIOError, nil
-			}
-			err = readReply(e.Seq, st, buf)
-			resyncBufs.Put(bp)
-			if err != nil {
-				return replication.Ack{Seq: ack.Seq, Status: replication.AckIOError, Message: err.Error()}
-			}
-		case replication.OpResyncData:
-			_, err = v.disk.WriteAt(e.Data, e.Off)
-			v.resynced.Add(e.Length)
-		case replication.OpResyncZero:
-			if hf, ok := v.disk.(backing.HoleFinder); !ok || !hf.IsHole(e.Off, e.Length) {
-				err = v.disk.Zero(e.Off, e.Length)
-			}
-			v.resynced.Add(e.Length)
-		case replication.OpSyncStart:
-			// From here until OpSyncDone this disk is Inconsistent, durably,
-			// BEFORE any resync data is written. It remembers the
-			// generation the source's bitmap starts from: a reconnection
-			// resumes the resync from that bitmap.
-			var g replication.Generation
-			if len(e.Data) != len(g) {
-				return fail(e, fmt.Errorf("sync-start entry with %d-byte generation", len(e.Data)))
-			}
-			copy(g[:], e.Data)
-			v.stateMu.Lock()
-			err = v.commit(func(d *durable) {
-				d.gens, d.syncGen = d.gens.Inconsistent(), g
-			}, func() { v.diskState = replication.Inconsistent })
-			v.stateMu.Unlock()
-			in.setState(replication.SyncTarget)
-		case replication.OpSyncDone:
-			var g replication.Generation
-			if len(e.Data) < len(g) || len(e.Data)%len(g) != 0 {
-				return fail(e, fmt.Errorf("sync-done entry of %d bytes: want a generation and its history", len(e.Data)))
-			}
-			copy(g[:], e.Data)
-			var history []replication.Generation
-			for rest := e.Data[len(g):]; len(rest) > 0; rest = rest[len(g):] {
-				var h replication.Generation
-				copy(h[:], rest)
-				history = append(history, h)
-			}
-			// The resynced data is durable BEFORE the generation says so.
-			if err = v.disk.Sync(); err != nil {
-				break
-			}
-			v.stateMu.Lock()
-			err = v.commit(func(d *durable) {
-				d.gens, d.syncGen = d.gens.ResyncFinishedAsTarget(in.from, g, history), replication.Generation{}
-			}, func() {
-				if v.discard != nil {
-					v.discard, v.why = nil, reason{}
-				}
-				v.diskState = replication.UpToDate
-			})
-			v.stateMu.Unlock()
-			if err != nil {
-				break
-			}
-			// This node holds the primary's data now: whatever it marked
-			// toward the primary (writes of an earlier term of its own,
-			// its activity log after a crash as primary) is in. Left
-			// marked, it would be resynced again at every reconnection.
-			if bm, ok := v.md.Bitmap(v.node.config().NodeID(in.from)); ok {
-				bm.ClearBits(0, v.size.Load())
-			}
-			in.setState(replication.Connected)
-		default:
-			err = fmt.Errorf("unknown op %d", e.Op)
-		}
-		if err != nil {
-			return fail(e, err)
-		}
-	}
-	if needSync {
-		if err := v.disk.Sync(); err != nil {
-			return fail(&entries[len(entries)-1], err)
-		}
-	}
-	return ack
+// appliedDisk is the volume's disk as the applier writes it: a write
+// made durable by itself where the disk can (backing.WriteSync), holes
+// found where it can tell them (backing.HoleFinder).
+type appliedDisk struct{ Disk }
+
+func (d appliedDisk) WriteSync(p []byte, off int64) error { return backing.WriteSync(d.Disk, p, off) }
+
+func (d appliedDisk) IsHole(off, length int64) bool {
+	hf, ok := d.Disk.(backing.HoleFinder)
+	return ok && hf.IsHole(off, length)
 }
 
-// logApplied readies a replicated write the way the primary made it: the
-// replica indicator and the write's activity log extents are on stable
-// storage BEFORE the write is issued, which then ends with the activity
-// log's Done. After a crash, those extents are what this node may have
-// acknowledged and then lost with a volatile cache (a power loss), and
-// they are resynced from the primary (metadata.MD.CrashedReplica).
-func (v *Volume) logApplied(e *replication.Entry) error {
+// appliedState is what the volume decides while a stream is applied
+// (applier.State): the applier calls it holding the stream's apply lock,
+// which comes before v.stateMu and v.mu.
+type appliedState struct{ v *Volume }
+
+func (s appliedState) MarkReplica() error {
+	v := s.v
 	if !v.replicaMarked.Load() {
 		if err := v.md.SetReplica(true); err != nil {
-			return fmt.Errorf("set the replica indicator: %w", err)
+			return err
 		}
 		v.replicaMarked.Store(true)
-	}
-	if err := v.md.ActivityLog().Admit(context.Background(), e.Off, e.Length); err != nil {
-		return fmt.Errorf("activity log: %w", err)
 	}
 	return nil
 }
 
-// errStreamSenderEnded: a frame was queued after the stream's end.
-var errStreamSenderEnded = errors.New("the stream to the primary has ended")
-
-// streamSender is the one goroutine that writes a secondary's stream:
-// send queues a frame for it, in order. After the first failed write it
-// takes no more frames, and send returns that error.
-type streamSender struct {
-	s      *transport.ReplStream
-	out    chan *transport.Frame
-	stop   chan struct{} // closed by close: send what is queued, then end
-	failed chan struct{} // closed once a write failed; err is then set
-	ended  chan struct{} // closed when the goroutine has returned
-	err    error
+func (s appliedState) SyncStarted(from replication.Generation) error {
+	v := s.v
+	v.stateMu.Lock()
+	defer v.stateMu.Unlock()
+	return v.commit(func(d *durable) {
+		d.gens, d.syncGen = d.gens.Inconsistent(), from
+	}, func() { v.diskState = replication.Inconsistent })
 }
 
-func newStreamSender(s *transport.ReplStream) *streamSender {
-	ss := &streamSender{s: s, out: make(chan *transport.Frame, 16), stop: make(chan struct{}), failed: make(chan struct{}), ended: make(chan struct{})}
-	go ss.run()
-	return ss
-}
-
-func (ss *streamSender) run() {
-	defer close(ss.ended)
-	write := func(f *transport.Frame) bool {
-		if err := ss.s.Send(f); err != nil {
-			ss.err = err
-			close(ss.failed)
-			return false
+func (s appliedState) SyncFinished(primary string, g replication.Generation, history []replication.Generation) error {
+	v := s.v
+	v.stateMu.Lock()
+	err := v.commit(func(d *durable) {
+		d.gens, d.syncGen = d.gens.ResyncFinishedAsTarget(primary, g, history), replication.Generation{}
+	}, func() {
+		if v.discard != nil {
+			v.discard, v.why = nil, reason{}
 		}
-		return true
+		v.diskState = replication.UpToDate
+	})
+	v.stateMu.Unlock()
+	if err != nil {
+		return err
 	}
-	for {
-		select {
-		case f := <-ss.out:
-			if !write(f) {
-				return
-			}
-		case <-ss.stop:
-			// What was queued before the stream's end still goes out
-			// (an ack saying why the secondary stops).
-			for {
-				select {
-				case f := <-ss.out:
-					if !write(f) {
-						return
-					}
-				default:
-					return
-				}
-			}
-		}
+	// This node holds the primary's data now: whatever it marked toward
+	// the primary (writes of an earlier term of its own, its activity log
+	// after a crash as primary) is in. Left marked, it would be resynced
+	// again at every reconnection.
+	if bm, ok := v.md.Bitmap(v.node.config().NodeID(primary)); ok {
+		bm.ClearBits(0, v.size.Load())
 	}
+	return nil
 }
 
-// send queues f; it fails once a write to the stream failed.
-func (ss *streamSender) send(f *transport.Frame) error {
-	select {
-	case ss.out <- f:
-		return nil
-	case <-ss.failed:
-		return ss.err
-	case <-ss.ended:
-		return errStreamSenderEnded
-	}
-}
-
-// close sends what is queued and waits for the goroutine to end (or for
-// the stream's context to end, when a write cannot complete).
-func (ss *streamSender) close() {
-	close(ss.stop)
-	select {
-	case <-ss.ended:
-	case <-ss.s.Context().Done():
-	}
+func (s appliedState) Failed(err error) {
+	v := s.v
+	v.mu.Lock()
+	v.diskState = replication.Failed
+	v.why = because(CauseDiskFailed, "a replicated write failed on %s (%v): the primary marks the blocks it sent and resyncs them once the disk takes writes again", v.self, err)
+	v.mu.Unlock()
+	v.node.event(v.name, "apply-failed", v.why.text)
 }

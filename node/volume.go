@@ -12,6 +12,7 @@ import (
 	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/metadata/statefile"
+	"github.com/replvol/replvol/node/applier"
 	"github.com/replvol/replvol/node/multipath"
 	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
@@ -101,7 +102,7 @@ type Volume struct {
 	// stopping is closed at shutdown; bg tracks background goroutines.
 	stopping chan struct{}
 	bg       sync.WaitGroup
-	incoming *incoming
+	incoming *applier.Stream
 	why      reason // why the volume is not doing its usual job
 	// lastRefusal is the last reason this secondary refused a stream for
 	// (logged once per reason).
@@ -656,7 +657,7 @@ func (v *Volume) status() transport.LocalVolume {
 			lv.Reason, lv.ReasonCode = "disconnected by operator", string(CauseAdminDown)
 		}
 	case in != nil:
-		lv.Replication = string(in.state())
+		lv.Replication = string(in.State())
 	default:
 		lv.Replication = string(replication.Connecting)
 	}

@@ -1,0 +1,22 @@
+// Package applier is the receiving side of replication on a secondary: it
+// applies a primary's stream to the local disk in order (writes with their
+// activity log extents, discards, flushes, resync data; reads and verifies
+// answered BEFORE the ack), acknowledges what it applied, one ack for the
+// batches that were waiting, and writes the secondary's side of the stream
+// from one goroutine. Package node takes the stream (the handshake, the
+// refusals, the epoch adoption, a step-down or a fence) and then calls
+// Stream.Run; what only the volume decides when an entry changes its state
+// (a resync's start and end, the replica indicator, a failed disk) it
+// reaches through the State interface.
+//
+// It imports replication, transport and the standard library (and
+// go-deadlock under the deadlock tag): never package node, node/cluster,
+// backing, metadata, config or web, nor raft, memberlist or bbolt (node's
+// TestLayering).
+//
+// One goroutine (node's stream handler) calls Run for a Stream; Stop,
+// State, SetState and From may be called from any goroutine meanwhile.
+// Stop waits for the batch being applied. Run calls State's methods with
+// the stream's apply lock held, which comes before the volume's stateMu
+// and mu in node's lock order (node/doc.go).
+package applier
