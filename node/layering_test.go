@@ -13,8 +13,11 @@ import (
 )
 
 // TestLayering pins the package seams of DESIGN.md §7: the replication
-// rules import none of the project's I/O packages, and the control API
-// client that replctl uses does not link the daemon.
+// rules import none of the project's I/O packages, the control API
+// client that replctl uses does not link the daemon, and the stream to a
+// peer (node/session) does not reach back into the node. A rule forbids a
+// package and its subpackages; one starting with = forbids that package
+// alone.
 func TestLayering(t *testing.T) {
 	forbidden := map[string][]string{
 		"github.com/replvol/replvol/replication": {"/transport", "/node", "/web", "/metadata", "google.golang.org/grpc", "go.etcd.io/bbolt"},
@@ -25,6 +28,9 @@ func TestLayering(t *testing.T) {
 		// the standard library, nothing of the node or the cluster.
 		"github.com/replvol/replvol/node/volstate": {"/node", "/transport", "/web", "/metadata", "/backing", "/config",
 			"google.golang.org/grpc", "go.etcd.io/bbolt", "github.com/hashicorp/raft", "github.com/hashicorp/memberlist"},
+		// The stream to one peer: the node calls it, never the other way.
+		"github.com/replvol/replvol/node/session": {"=/node", "/node/cluster", "/web",
+			"go.etcd.io/bbolt", "github.com/hashicorp/raft", "github.com/hashicorp/memberlist"},
 	}
 	for pkg, bad := range forbidden {
 		out, err := exec.Command("go", "list", "-deps", pkg).Output()
@@ -36,11 +42,11 @@ func TestLayering(t *testing.T) {
 				continue
 			}
 			for _, b := range bad {
-				name := b
-				if strings.HasPrefix(b, "/") {
-					name = "github.com/replvol/replvol" + b
+				name, exact := strings.CutPrefix(b, "=")
+				if strings.HasPrefix(name, "/") {
+					name = "github.com/replvol/replvol" + name
 				}
-				if dep == name || strings.HasPrefix(dep, name+"/") {
+				if dep == name || !exact && strings.HasPrefix(dep, name+"/") {
 					t.Errorf("%s imports %s", pkg, dep)
 				}
 			}
