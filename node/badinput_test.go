@@ -181,21 +181,21 @@ func TestAPeerThatStopsReadingCostsAWriteAtMostThePeerTimeout(t *testing.T) {
 	})
 	ended := make(chan error, 1)
 	began := time.Now()
-	go func() { ended <- s.run(nil) }()
+	go func() { ended <- s.Run(nil) }()
 	pd, err := p.submit(replication.Entry{Op: replication.OpWrite, Off: 8192, Length: 4096, Data: make([]byte, 4096)}, 'C', nil)
 	if err != nil || pd == nil {
 		t.Fatalf("submit to a streaming peer: %v, %v", pd, err)
 	}
 	select {
-	case <-pd.done:
+	case <-pd.Done():
 	case <-time.After(10 * timeout):
 		t.Fatal("the write still waits for the peer that stopped reading")
 	}
 	if took := time.Since(began); took > timeout+time.Second {
 		t.Fatalf("the peer held the write %s, want about the peer timeout (%s)", took, timeout)
 	}
-	if pd.acked || pd.err != nil {
-		t.Fatalf("entry completed acked=%v err=%v, want unacknowledged and tracked", pd.acked, pd.err)
+	if pd.Acked() || pd.Err() != nil {
+		t.Fatalf("entry completed acked=%v err=%v, want unacknowledged and tracked", pd.Acked(), pd.Err())
 	}
 	if err := <-ended; !errors.Is(err, ErrPeerTimeout) {
 		t.Fatalf("session ended with %v, want ErrPeerTimeout", err)

@@ -14,14 +14,16 @@
 // the peer what it lacks (SyncTarget, reading those blocks from the peer
 // meanwhile), or refuses (split brain, unrelated data). Both sides also
 // compare the settings that must agree (settingscheck.go). Each stream is a
-// session (session.go) with one owner loop: it alone holds the queue, the
-// entries in flight, their sequence numbers, the congestion controller
-// (congestion.go), the resync runs in flight and the peer's lag, and makes
-// the session's changes of the peer's state, in order. Writers, the resync
+// session (package node/session) with one owner loop: it alone holds the
+// queue, the entries in flight, their sequence numbers, the congestion
+// controller, the resync runs in flight and the peer's lag, and makes the
+// session's changes of the peer's state, in order. Writers, the resync
 // and verify windows (runloops.go) and catch-up submit entries through a
 // channel and wait on the pending they get back; the receiving goroutine
 // hands it acks and replies as messages; one sending goroutine writes the
-// frames it builds. Readers see the peer's state and lag as snapshots the
+// frames it builds. The session reaches the peer and its volume only
+// through session.Peer, which the peer implements (peersession.go).
+// Readers see the peer's state and lag as snapshots the
 // owners publish. A write on the primary (write.go) is one pipeline, its
 // stages in the order they run: admit (the range lock, then the extent
 // durably in the activity log), ship (submit.go: each peer's session takes
@@ -29,7 +31,7 @@
 // the peer), write locally (or mark what a detached disk misses), wait as
 // the protocol says, complete (each peer's loop counts it in the lag, as a
 // message). The streams of all volumes to one peer node share one
-// heartbeat (pairbeat.go): one of them probes the node, and an idle
+// heartbeat (session.PairBeat): one of them probes the node, and an idle
 // stream owes nothing while the node answers on any. A secondary (secondary.go) applies the stream in order,
 // through node/applier: its read loop, the ordered apply of each batch,
 // and the one goroutine that writes its side of it; secondary.go keeps
@@ -94,7 +96,8 @@
 // n.events.mu, the metrics' eventCounts.mu and statusCache.mu, and the
 // control port's listener mu. These are every mutex of the package (type
 // mutex, lock.go); the peer and session code declares none, and a
-// session's loop takes v.stateMu and v.mu only at its end (startTracking).
+// session's loop takes v.stateMu and v.mu only at its end (startTracking,
+// through session.Peer).
 // v.stateMu is never taken while waiting for an entry's ack; v.mu is never
 // held while the state is written. go test -tags deadlock (make test-locks)
 // checks the order at run time. in.applyMu, a stream's apply lock, is

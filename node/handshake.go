@@ -10,6 +10,7 @@ import (
 	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/metadata/statefile"
+	"github.com/replvol/replvol/node/session"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
@@ -109,7 +110,7 @@ func (p *peer) connect(ctx context.Context) error {
 		v.stateMu.Unlock()
 		return err
 	}
-	var done *pending
+	var done *session.Pending
 	if !plan.sync && !plan.pull {
 		done = p.syncDone(v.currentGeneration())
 	}
@@ -128,21 +129,21 @@ func (p *peer) connect(ctx context.Context) error {
 		p.resyncTotal.Store(p.bm.Bytes())
 		p.resyncDone.Store(0)
 		p.resyncStart.Store(time.Now().UnixNano())
-		s.preload(newPending(replication.Entry{Op: replication.OpSyncStart, Data: plan.syncGen[:]}))
+		s.Preload(session.NewPending(replication.Entry{Op: replication.OpSyncStart, Data: plan.syncGen[:]}))
 	default:
 		next.state = replication.Connected
-		s.preload(done)
+		s.Preload(done)
 	}
 	// Writes find the stream from here (markUnlessStreaming decides under
 	// v.stateMu, held here): a write is marked before it or queued after.
 	was := p.update(func(pv *peerView) { held := pv.held; *pv = next; pv.held = held }).state
-	s.start()
+	s.Start()
 	v.stateMu.Unlock()
 	if late {
 		// A block was marked between the decision and the switch to the
 		// stream: decide again, with it.
 		v.log.Warn("blocks marked during the handshake; reconnecting to resync them", "peer", p.name)
-		s.cancel()
+		s.Cancel()
 	}
 	v.peerAnswered(p.name, plan.pull)
 	v.log.Info("peer connected", "peer", p.name, "rule", plan.rule, "decision", plan.outcome, "out_of_sync", p.bm.Bytes(), "local_missing", v.localMissing.Bytes())
@@ -154,14 +155,14 @@ func (p *peer) connect(ctx context.Context) error {
 	case plan.sync:
 		work = func() error {
 			// The congestion controller starts no catch-up meanwhile.
-			s.setCatchingUp(true)
-			defer s.setCatchingUp(false)
+			s.SetCatchingUp(true)
+			defer s.SetCatchingUp(false)
 			return p.resync(s)
 		}
 	case plan.pull:
 		work = func() error { return p.pull(s, plan.peerGen) }
 	}
-	err = s.run(work)
+	err = s.Run(work)
 	p.pulling.Store(false)
 	if ctx.Err() != nil {
 		return nil
@@ -335,12 +336,12 @@ func (p *peer) planPull(d replication.UUIDDecision, reply replication.HelloReply
 // pull copies from the peer every block this primary misses, then takes
 // the peer's generation and tells the peer it is in sync. Reads of the
 // missing blocks go to the peer meanwhile (DRBD 9's primary SyncTarget).
-func (p *peer) pull(s *session, peerGen replication.Generation) error {
+func (p *peer) pull(s *session.Session, peerGen replication.Generation) error {
 	v := p.v
 	began, total := time.Now(), v.localMissing.Bytes()
 	v.node.peerEvent(v.name, "pull", p.name, fmt.Sprintf("%s copies %s of newer data from %s", v.self, human.Bytes(total), p.name))
 	for {
-		if err := v.copyMissingFromPeer(s.ctx, p.waitUnpaused); err != nil {
+		if err := v.copyMissingFromPeer(s.Context(), p.waitUnpaused); err != nil {
 			return err
 		}
 		v.stateMu.Lock()
@@ -361,7 +362,7 @@ func (p *peer) pull(s *session, peerGen replication.Generation) error {
 			v.stateMu.Unlock()
 			return err
 		}
-		s.enqueue(p.syncDone(peerGen))
+		s.Enqueue(p.syncDone(peerGen))
 		p.pulling.Store(false)
 		v.stateMu.Unlock()
 		v.log.Info("pulled newer data from the peer", "peer", p.name, "bytes", total, "seconds", time.Since(began).Seconds())

@@ -14,9 +14,10 @@ import (
 
 // TestLayering pins the package seams of DESIGN.md §7: the replication
 // rules import none of the project's I/O packages, the control API
-// client that replctl uses does not link the daemon, and the applier
-// (node/applier) does not reach back up into the node. A name stands for
-// that package and its subpackages; with a leading = for that package
+// client that replctl uses does not link the daemon, and the parts split
+// out of the node (the stream to a peer, node/session; the receiving side,
+// node/applier) do not reach back up into it. A rule forbids a package and
+// its subpackages; one starting with = forbids that package
 // alone.
 func TestLayering(t *testing.T) {
 	forbidden := map[string][]string{
@@ -31,6 +32,9 @@ func TestLayering(t *testing.T) {
 		// The receiving side of replication: the volume reaches it, not
 		// the other way round.
 		"github.com/replvol/replvol/node/applier": {"=/node", "/node/cluster", "/web", "/metadata", "/backing", "/config",
+			"go.etcd.io/bbolt", "github.com/hashicorp/raft", "github.com/hashicorp/memberlist"},
+		// The stream to one peer: the node calls it, never the other way.
+		"github.com/replvol/replvol/node/session": {"=/node", "/node/cluster", "/web",
 			"go.etcd.io/bbolt", "github.com/hashicorp/raft", "github.com/hashicorp/memberlist"},
 	}
 	for pkg, bad := range forbidden {

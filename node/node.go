@@ -161,7 +161,7 @@ type Node struct {
 	wg           sync.WaitGroup
 	closed       bool
 	// beats are the heartbeats shared by the streams to each peer node,
-	// by its name (pairbeat.go).
+	// by its name (session.PairBeat).
 	beats sync.Map
 }
 

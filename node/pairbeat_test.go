@@ -96,7 +96,7 @@ func restingStreams(c *testCluster, n int) int {
 	resting := 0
 	for i := range n {
 		v := c.nodes["alpha"].volumes()[fmt.Sprintf("vol%d", i)]
-		if s := v.peers["beta"].session(); s != nil && s.resting.Load() {
+		if s := v.peers["beta"].session(); s != nil && s.Resting() {
 			resting++
 		}
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/metadata/statefile"
+	"github.com/replvol/replvol/node/session"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
@@ -20,7 +21,8 @@ const dUnknown = "DUnknown"
 
 // peer is the primary's side of replication to one secondary. Its run
 // goroutine connects (handshake.go decides what the connection does),
-// runs a session per stream (session.go), and reconnects; while no session
+// runs a session per stream (package session; peersession.go is the
+// peer as a session sees it), and reconnects; while no session
 // runs, writes mark the peer's bitmap instead.
 type peer struct {
 	v    *Volume
@@ -104,7 +106,7 @@ type peer struct {
 
 // peerView is one snapshot of a peer's replication state.
 type peerView struct {
-	sess     *session // nil while not streaming
+	sess     *session.Session // nil while not streaming
 	state    replication.ReplState
 	peerDisk string
 	why      reason
@@ -169,7 +171,7 @@ func (p *peer) start(ctx context.Context) {
 func (p *peer) wait() { p.wg.Wait() }
 
 // session returns the running session, or nil.
-func (p *peer) session() *session { return p.snapshot().sess }
+func (p *peer) session() *session.Session { return p.snapshot().sess }
 
 // run connects, streams and reconnects until ctx ends or a refusal that
 // only an operator can lift (split brain, unrelated data, a newer primary).
@@ -204,7 +206,7 @@ func (p *peer) run(ctx context.Context) {
 			why = reason{cause: ref.cause, text: err.Error()}
 		case errors.Is(err, ErrPeerTimeout):
 			why = reason{cause: CausePeerTimeout, text: err.Error()}
-		case errors.Is(err, errPeerDiskFailed):
+		case errors.Is(err, session.ErrPeerDiskFailed):
 			why = reason{cause: CauseDiskFailed, text: err.Error()}
 		default:
 			why = reason{cause: CausePeerLost, text: err.Error()}
@@ -301,9 +303,9 @@ func (p *peer) splitBrain(ref *refusal) reason {
 // syncDone builds the entry that makes the peer UpToDate at gen: the peer
 // adopts this node's lineage (its history, with the peer's bitmap
 // generation retired into it, as it is here once the peer acks). Once the
-// peer acknowledged it, syncDoneAcked retires the bitmap generation here,
+// peer acknowledged it, SyncDoneAcked retires the bitmap generation here,
 // durably, BEFORE the peer counts as UpToDate.
-func (p *peer) syncDone(gen replication.Generation) *pending {
+func (p *peer) syncDone(gen replication.Generation) *session.Pending {
 	v := p.v
 	// From here the peer may hold gen, acknowledged or not.
 	p.setMayHold(gen)
@@ -314,8 +316,8 @@ func (p *peer) syncDone(gen replication.Generation) *pending {
 	for _, h := range after.History {
 		data = append(data, h[:]...)
 	}
-	pd := newPending(replication.Entry{Op: replication.OpSyncDone, Data: data})
-	pd.kind, pd.gen = entrySyncDone, gen
+	pd := session.NewPending(replication.Entry{Op: replication.OpSyncDone, Data: data})
+	pd.Kind, pd.Gen = session.EntrySyncDone, gen
 	return pd
 }
 
@@ -330,12 +332,12 @@ func (p *peer) mayHoldNow() replication.Generation {
 	return replication.Generation{}
 }
 
-// syncDoneAcked runs once the peer acknowledged syncDone(gen) on session
+// SyncDoneAcked runs once the peer acknowledged syncDone(gen) on session
 // s, off s's loop (it takes the state lock and writes stable storage). It
 // reports whether the peer is now in sync: the loop then makes it
 // Connected and UpToDate. If the bitmap generation cannot be retired
 // durably, the peer is not, and the session ends.
-func (p *peer) syncDoneAcked(s *session, gen replication.Generation) bool {
+func (p *peer) SyncDoneAcked(s *session.Session, gen replication.Generation) bool {
 	v := p.v
 	v.stateMu.Lock()
 	defer v.stateMu.Unlock()
@@ -352,7 +354,7 @@ func (p *peer) syncDoneAcked(s *session, gen replication.Generation) bool {
 		err := v.commit(func(d *durable) { d.gens = d.gens.ResyncFinishedAsSource(p.name) }, install)
 		if err != nil {
 			v.log.Error("peer in sync, but its bitmap generation cannot be retired durably; it stays out of sync", "peer", p.name, "err", err)
-			s.fail(fmt.Errorf("%w: %v", ErrStateWrite, err))
+			s.Fail(fmt.Errorf("%w: %v", ErrStateWrite, err))
 			return false
 		}
 	} else {
@@ -366,10 +368,10 @@ func (p *peer) syncDoneAcked(s *session, gen replication.Generation) bool {
 // announceGeneration tells an in-sync peer the primary's new generation.
 // It returns the entry that carries it, to wait for (nil: the peer is
 // not in sync, or its stream ended).
-func (p *peer) announceGeneration(gen replication.Generation) *pending {
+func (p *peer) announceGeneration(gen replication.Generation) *session.Pending {
 	pv := p.snapshot()
 	if s := pv.sess; s != nil && pv.state == replication.Connected {
-		if pd := p.syncDone(gen); s.enqueue(pd) {
+		if pd := p.syncDone(gen); s.Enqueue(pd) {
 			return pd
 		}
 	}
@@ -398,29 +400,29 @@ func (p *peer) read(ctx context.Context, buf []byte, off int64) error {
 	if s == nil || pv.state != replication.Connected || pv.peerDisk != string(replication.UpToDate) {
 		return fmt.Errorf("%s is not connected and in sync", p.name)
 	}
-	pd := newPending(replication.Entry{Op: replication.OpRead, Off: off, Length: int64(len(buf))})
-	pd.kind, pd.readBuf = entryRead, buf
-	if !s.enqueue(pd) {
-		return fmt.Errorf("read from %s: %w", p.name, errSessionEnded)
+	pd := session.NewPending(replication.Entry{Op: replication.OpRead, Off: off, Length: int64(len(buf))})
+	pd.Kind, pd.ReadBuf = session.EntryRead, buf
+	if !s.Enqueue(pd) {
+		return fmt.Errorf("read from %s: %w", p.name, session.ErrEnded)
 	}
 	var gone error
 	select {
-	case <-pd.done:
+	case <-pd.Done():
 	case <-ctx.Done():
 		gone = ctx.Err()
-	case <-s.ctx.Done():
+	case <-s.Context().Done():
 		// The session's end completes pd, but only after its work (this
 		// read's caller) returned: do not wait for it.
-		gone = fmt.Errorf("read from %s: %w", p.name, errSessionEnded)
+		gone = fmt.Errorf("read from %s: %w", p.name, session.ErrEnded)
 	}
 	if gone != nil {
 		// The caller takes buf back: an answer arriving later must not
 		// write into it (readReply copies on the loop, which has ended or
 		// drops the buffer here).
-		s.do(func() { pd.readBuf = nil })
+		s.Do(func() { pd.ReadBuf = nil })
 		return gone
 	}
-	if !pd.readOK {
+	if !pd.ReadOK() {
 		return fmt.Errorf("read of %d bytes at %d from %s failed", len(buf), off, p.name)
 	}
 	return nil
@@ -528,7 +530,7 @@ func (p *peer) waitUnpaused(ctx context.Context) error {
 // (a full resync after fullResync, the blocks verify marked).
 func (p *peer) restartSession() {
 	if s := p.session(); s != nil {
-		s.cancel()
+		s.Cancel()
 	}
 }
 

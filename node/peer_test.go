@@ -51,39 +51,6 @@ func (g *gateStream) RecvMsg(any) error {
 
 func (g *gateStream) Context() context.Context { return g.ctx }
 
-// TestAnEntryQueuedDuringAHeartbeatIsSent: a write queued while an idle
-// stream's heartbeat is on the wire waits for the one sending goroutine,
-// which sends it as soon as the heartbeat is out (an earlier design left
-// the sending to "whoever finds nobody sending", and once nobody did).
-func TestAnEntryQueuedDuringAHeartbeatIsSent(t *testing.T) {
-	c := newTestCluster(t, 8<<20)
-	c.start("alpha")
-	p := newPeer(c.vol("alpha"), "beta")
-	g := newGateStream()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	g.ctx = ctx
-	s := newSession(ctx, p, transport.NewReplStream(g, cancel), 400*time.Millisecond)
-	go func() { _ = s.run(nil) }()
-	<-g.entered // the heartbeat is out (an idle stream probes every timeout/4)
-	pd := newPending(replication.Entry{Op: replication.OpFlush})
-	if !s.enqueue(pd) {
-		t.Fatal("a running session refused an entry")
-	}
-	close(g.gate)
-	if n := <-g.sent; n != 0 {
-		t.Fatalf("first frame carried %d entries, want the empty heartbeat", n)
-	}
-	select {
-	case n := <-g.sent:
-		if n != 1 {
-			t.Fatalf("the next frame carried %d entries, want the queued flush", n)
-		}
-	case <-time.After(2 * time.Second):
-		t.Fatal("the entry queued during the heartbeat was never sent")
-	}
-}
-
 // TestAHungPeerCostsAWriteAtMostThePeerTimeout: a peer that takes the
 // stream and then answers nothing (a SIGSTOPped process: TCP is up, the
 // sends even go through) is given up after peer_timeout: the write waiting
@@ -107,19 +74,19 @@ func TestAHungPeerCostsAWriteAtMostThePeerTimeout(t *testing.T) {
 	})
 	ended := make(chan error, 1)
 	began := time.Now()
-	go func() { ended <- s.run(nil) }()
+	go func() { ended <- s.Run(nil) }()
 	pd, err := p.submit(replication.Entry{Op: replication.OpWrite, Off: 4096, Length: 4096, Data: make([]byte, 4096)}, 'C', nil)
 	if err != nil || pd == nil {
 		t.Fatalf("submit to a streaming peer: %v, %v", pd, err)
 	}
 	select {
-	case <-pd.done:
+	case <-pd.Done():
 	case <-time.After(10 * timeout):
 		t.Fatal("the write still waits for the hung peer")
 	}
 	took := time.Since(began)
-	if pd.acked || pd.err != nil {
-		t.Fatalf("entry completed acked=%v err=%v, want unacknowledged and tracked", pd.acked, pd.err)
+	if pd.Acked() || pd.Err() != nil {
+		t.Fatalf("entry completed acked=%v err=%v, want unacknowledged and tracked", pd.Acked(), pd.Err())
 	}
 	if took < timeout || took > timeout+time.Second {
 		t.Fatalf("the hung peer held the write %s, want about the peer timeout (%s)", took, timeout)

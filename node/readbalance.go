@@ -41,7 +41,7 @@ func (v *Volume) readTarget(off, length int64) *peer {
 		pv := p.snapshot()
 		views[i] = replication.PeerReadView{
 			Repl: pv.state, Disk: replication.DiskState(pv.peerDisk), Pending: int(p.pendingReads.Load()),
-			Congested: pv.sess != nil && pv.sess.congested(),
+			Congested: pv.sess != nil && pv.sess.Congested(),
 		}
 		lag, _ := p.lagOf(time.Now())
 		views[i].InSync = lag == 0 && !anySet(p.bm, off, length)

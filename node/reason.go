@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/replvol/replvol/node/session"
 	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 )
@@ -89,7 +90,7 @@ var (
 	// ErrUnrelated: the peer's data shares no generation with ours.
 	ErrUnrelated = errors.New("unrelated data")
 	// ErrPeerTimeout: the peer answered nothing for peer_timeout.
-	ErrPeerTimeout = errors.New("peer timed out")
+	ErrPeerTimeout = session.ErrPeerTimeout
 	// ErrStateWrite: the volume's state could not be made durable.
 	ErrStateWrite = errors.New("state not durable")
 	// ErrHasClients: a switchover was refused while NBD clients are

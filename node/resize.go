@@ -13,6 +13,7 @@ import (
 	"github.com/replvol/replvol/backing"
 	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/node/session"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 	"google.golang.org/grpc/codes"
@@ -89,7 +90,7 @@ func (v *Volume) grow(ctx context.Context, size int64, check bool) (transport.Re
 	if err != nil {
 		return out, err
 	}
-	var seen map[string]*session
+	var seen map[string]*session.Session
 	if role == replication.Primary && !check {
 		// (A check comes before the secondaries grow: they are asked
 		// when the primary grows.)
@@ -160,8 +161,8 @@ func (v *Volume) grow(ctx context.Context, size int64, check bool) (transport.Re
 }
 
 // sessions returns the streams this node runs to its peers now.
-func (v *Volume) sessions() map[string]*session {
-	out := map[string]*session{}
+func (v *Volume) sessions() map[string]*session.Session {
+	out := map[string]*session.Session{}
 	for _, p := range v.streamingPeers() {
 		if s := p.session(); s != nil {
 			out[p.name] = s
@@ -171,7 +172,7 @@ func (v *Volume) sessions() map[string]*session {
 }
 
 // sameSessions reports whether every stream in now was in seen.
-func sameSessions(seen, now map[string]*session) bool {
+func sameSessions(seen, now map[string]*session.Session) bool {
 	for name, s := range now {
 		if seen[name] != s {
 			return false
@@ -185,7 +186,7 @@ func sameSessions(seen, now map[string]*session) bool {
 // would fail there. It returns the streams it checked. A peer not
 // connected is no obstacle: it misses writes in its bitmap, and the
 // handshake refuses it until it grows.
-func (v *Volume) peersGrown(ctx context.Context, size int64) (map[string]*session, error) {
+func (v *Volume) peersGrown(ctx context.Context, size int64) (map[string]*session.Session, error) {
 	seen := v.sessions()
 	for _, name := range slices.Sorted(maps.Keys(seen)) {
 		ns, err := v.node.askStatus(ctx, name, 0)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/replvol/replvol/backing"
 	"github.com/replvol/replvol/internal/human"
+	"github.com/replvol/replvol/node/session"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -41,30 +42,30 @@ func readBlock(d Disk, off, length int64) (*[]byte, error) {
 // checksums and only the blocks the peer lacks are sent (DRBD's
 // csums-alg); later passes send data: what the checksums showed differs,
 // and what was written meanwhile.
-func (p *peer) resync(s *session) error {
-	v, ctx := p.v, s.ctx
+func (p *peer) resync(s *session.Session) error {
+	v, ctx := p.v, s.Context()
 	p.resyncTotal.Store(p.bm.Bytes())
 	began := time.Unix(0, p.resyncStart.Load())
 	var pacer resyncPacer
 	var wire int64 // data bytes sent (zero ranges cost no bandwidth)
-	w := s.window(resyncWindow)
+	w := s.Window(resyncWindow)
 	pace := func() error {
 		if err := p.waitUnpaused(ctx); err != nil {
 			return err
 		}
 		// A catch-up pauses while its peer is Behind again (congestion).
-		for s.catchUpPaused.Load() {
+		for s.CatchUpPaused() {
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
 			case <-time.After(10 * time.Millisecond):
 			}
 		}
-		return v.resyncPace(ctx, &pacer, wire, w.inFlight)
+		return v.resyncPace(ctx, &pacer, wire, w.InFlight)
 	}
 	for csums := v.cfg.Csums; ; csums = false {
 		cursor := int64(0)
-		next := func() (*pending, func(), error) {
+		next := func() (*session.Pending, func(), error) {
 			start, n, ok := p.bm.NextRun(cursor, resyncRunBlocks)
 			if !ok {
 				return nil, nil, nil
@@ -84,12 +85,12 @@ func (p *peer) resync(s *session) error {
 			if !csums {
 				p.resyncSent.Add(length)
 			}
-			if pd.e.Op == replication.OpResyncData {
+			if pd.Entry.Op == replication.OpResyncData {
 				wire += length
 			}
 			return pd, unlock, nil
 		}
-		if err := w.runs(ctx, pace, next); err != nil {
+		if err := w.Runs(ctx, pace, next); err != nil {
 			return err
 		}
 		if p.bm.Count() == 0 {
@@ -99,13 +100,13 @@ func (p *peer) resync(s *session) error {
 	// Everything marked is on the peer: hand it the current generation.
 	v.stateMu.Lock()
 	pd := p.syncDone(v.currentGeneration())
-	ok := s.enqueue(pd)
+	ok := s.Enqueue(pd)
 	v.stateMu.Unlock()
 	if !ok {
-		return errSessionEnded
+		return session.ErrEnded
 	}
 	select {
-	case <-pd.done:
+	case <-pd.Done():
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -119,49 +120,40 @@ func (p *peer) resync(s *session) error {
 
 // resyncEntry reads one run and builds its entry: checksums (csums),
 // a zero range, or the data. Its ack clears the run's bits.
-func (p *peer) resyncEntry(s *session, off, length int64, csums bool) (*pending, error) {
+func (p *peer) resyncEntry(s *session.Session, off, length int64, csums bool) (*session.Pending, error) {
 	v := p.v
-	pd := newPending(replication.Entry{})
+	pd := session.NewPending(replication.Entry{})
 	switch hf, isHF := v.disk.(backing.HoleFinder); {
 	case csums:
 		bp, err := readBlock(v.disk, off, length)
 		if err != nil {
 			return nil, fmt.Errorf("resync: %w", err)
 		}
-		pd.e = replication.Entry{Op: replication.OpVerify, Off: off, Length: length, Data: replication.AppendChecksums(nil, (*bp)[:length])}
+		pd.Entry = replication.Entry{Op: replication.OpVerify, Off: off, Length: length, Data: replication.AppendChecksums(nil, (*bp)[:length])}
 		resyncBufs.Put(bp)
 		// Its reply lists the blocks that differ; its ack clears the
-		// others (session.complete).
-		pd.kind = entryCsums
+		// others (Session.complete).
+		pd.Kind = session.EntryCsums
 		return pd, nil
 	case isHF && hf.IsHole(off, length):
-		pd.e = replication.Entry{Op: replication.OpResyncZero, Off: off, Length: length}
+		pd.Entry = replication.Entry{Op: replication.OpResyncZero, Off: off, Length: length}
 	default:
 		bp, err := readBlock(v.disk, off, length)
 		if err != nil {
 			return nil, fmt.Errorf("resync: %w", err)
 		}
 		if buf := (*bp)[:length]; bytes.Equal(buf, zeroBlock[:length]) {
-			pd.e = replication.Entry{Op: replication.OpResyncZero, Off: off, Length: length}
+			pd.Entry = replication.Entry{Op: replication.OpResyncZero, Off: off, Length: length}
 			resyncBufs.Put(bp)
 		} else {
-			pd.e = replication.Entry{Op: replication.OpResyncData, Off: off, Length: length, Data: buf}
-			pd.buf = bp
+			pd.Entry = replication.Entry{Op: replication.OpResyncData, Off: off, Length: length, Data: buf}
+			pd.Buf = bp
 		}
 	}
 	// Its ack clears the run's bits but those marked again while it was
-	// in flight (session.clearRun).
-	pd.kind = entryResync
+	// in flight (Session.clearRun).
+	pd.Kind = session.EntryResync
 	return pd, nil
-}
-
-// allBlocks lists every block index of a run of length bytes.
-func allBlocks(length int64) []uint32 {
-	idx := make([]uint32, 0, (length+replication.BlockSize-1)/replication.BlockSize)
-	for i := range uint32((length + replication.BlockSize - 1) / replication.BlockSize) {
-		idx = append(idx, i)
-	}
-	return idx
 }
 
 // verify compares the peer's copy with the local one, a run at a time
@@ -169,7 +161,7 @@ func allBlocks(length int64) []uint32 {
 // its checksums queued in order with the writes, so both sides compare the
 // same state. Differing blocks are marked out of sync; with repair the
 // session restarts at the end, and the reconnection resyncs them.
-func (p *peer) verify(s *session, repair bool) {
+func (p *peer) verify(s *session.Session, repair bool) {
 	v := p.v
 	p.verifyTotal.Store(v.size.Load())
 	p.verifyDone.Store(0)
@@ -177,10 +169,10 @@ func (p *peer) verify(s *session, repair bool) {
 	began := time.Now()
 	p.verifyStart.Store(began.UnixNano())
 	run := int64(resyncRunBlocks * replication.BlockSize)
-	ctx, cancel := v.untilStopping(s.ctx)
+	ctx, cancel := v.untilStopping(s.Context())
 	defer cancel()
 	off := int64(0)
-	next := func() (*pending, func(), error) {
+	next := func() (*session.Pending, func(), error) {
 		if off >= v.size.Load() {
 			return nil, nil, nil
 		}
@@ -195,13 +187,13 @@ func (p *peer) verify(s *session, repair bool) {
 			unlock()
 			return nil, nil, fmt.Errorf("verify: local %w", err)
 		}
-		pd := newPending(replication.Entry{Op: replication.OpVerify, Off: runOff, Length: length, Data: replication.AppendChecksums(nil, (*bp)[:length])})
+		pd := session.NewPending(replication.Entry{Op: replication.OpVerify, Off: runOff, Length: length, Data: replication.AppendChecksums(nil, (*bp)[:length])})
 		resyncBufs.Put(bp)
-		// Its reply marks the blocks that differ (session.readReply).
-		pd.kind = entryVerify
+		// Its reply marks the blocks that differ (Session.readReply).
+		pd.Kind = session.EntryVerify
 		return pd, unlock, nil
 	}
-	if err := s.window(resyncWindow).runs(ctx, nil, next); err != nil {
+	if err := s.Window(resyncWindow).Runs(ctx, nil, next); err != nil {
 		v.log.Warn("verify stopped", "peer", p.name, "err", err)
 		v.node.peerEvent(v.name, "verify-stopped", p.name, fmt.Sprintf("verify of %s stopped after %s: %v", p.name, human.Bytes(p.verifyDone.Load()), err))
 		return
@@ -211,7 +203,7 @@ func (p *peer) verify(s *session, repair bool) {
 	v.log.Info("verify finished", "peer", p.name, "out_of_sync", found)
 	if found > 0 && repair {
 		msg += "; resyncing them"
-		s.cancel() // the reconnection resyncs the marked blocks
+		s.Cancel() // the reconnection resyncs the marked blocks
 	}
 	v.node.peerEvent(v.name, "verify-done", p.name, msg)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/node/applier"
 	"github.com/replvol/replvol/node/multipath"
+	"github.com/replvol/replvol/node/session"
 	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
@@ -455,14 +456,14 @@ func (v *Volume) track(p *peer, behind bool) error {
 	// copy nothing. (Once per disconnected period: the next writes find p
 	// tracked, and not holding the current generation.)
 	for _, pd := range announced {
-		<-pd.done
+		<-pd.Done()
 	}
 	return err
 }
 
 // trackLocked is track's part under v.stateMu: the new generation, and
 // its announcement to the peers still in sync (the pendings to wait for).
-func (v *Volume) trackLocked(p *peer, behind bool) ([]*pending, error) {
+func (v *Volume) trackLocked(p *peer, behind bool) ([]*session.Pending, error) {
 	v.stateMu.Lock()
 	defer v.stateMu.Unlock()
 	if !behind && p.session() != nil {
@@ -513,7 +514,7 @@ func (v *Volume) trackLocked(p *peer, behind bool) ([]*pending, error) {
 		}})
 	}
 	// Peers still in sync get the new generation in their stream.
-	var announced []*pending
+	var announced []*session.Pending
 	for _, q := range v.streamingPeers() {
 		if q == p {
 			continue

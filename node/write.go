@@ -9,6 +9,7 @@ import (
 
 	"github.com/replvol/replvol/backing"
 	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/node/session"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -136,7 +137,7 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	// the write: under protocols A and B that is after this returns.
 	held := &countdown{}
 	held.add()
-	defer held.done()
+	defer held.Done()
 	if !v.isDetached() {
 		if err := al.Admit(ctx, e.Off, e.Length); err != nil {
 			v.log.Error("activity log", "err", err)
@@ -169,7 +170,7 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 		// A peer misses this write and that could not be tracked durably:
 		// it must not be acknowledged, so it is not written here either.
 		for _, w := range waits {
-			<-w.done
+			<-w.Done()
 		}
 		return fmt.Errorf("write at %d: %w (%w)", e.Off, serr, syscall.EIO)
 	}
@@ -203,20 +204,20 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	switch proto {
 	case 'C': // every ack (or completion)
 		for _, w := range waits {
-			<-w.done
-			acked = acked || w.acked
-			if w.err != nil && perr == nil {
-				perr = w.err
+			<-w.Done()
+			acked = acked || w.Acked()
+			if w.Err() != nil && perr == nil {
+				perr = w.Err()
 			}
 		}
 	case 'B': // every receipt; a failure to track ends the wait
 	receipts:
 		for _, w := range waits {
-			<-w.received
+			<-w.Received
 			select {
-			case <-w.done:
-				if w.err != nil {
-					perr = w.err
+			case <-w.Done():
+				if w.Err() != nil {
+					perr = w.Err()
 					break receipts
 				}
 			default:
@@ -231,15 +232,10 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	if proto != 'C' && lerr == nil {
 		now := time.Now()
 		for _, w := range waits {
-			if w.sess == nil || w.lagSeq == 0 {
+			if w.Session == nil || w.LagSeq == 0 {
 				continue
 			}
-			ran := make(chan struct{})
-			select {
-			case w.sess.completions <- localCompletion{seq: w.lagSeq, bytes: e.Length, at: now, ran: ran}:
-				<-ran
-			case <-w.sess.ended:
-			}
+			w.Session.CompletedLocally(w.LagSeq, e.Length, now)
 		}
 	}
 	switch {
@@ -325,7 +321,8 @@ type countdown struct {
 
 func (c *countdown) add() { c.n.Add(1) }
 
-func (c *countdown) done() {
+// Done releases one hold (session.Hold: an entry's, once it completed).
+func (c *countdown) Done() {
 	if c.n.Add(-1) == 0 && c.f != nil {
 		c.f()
 	}
@@ -334,12 +331,12 @@ func (c *countdown) done() {
 // waitAll waits for every pending: acked says at least one peer took the
 // entry; err is the first failure to track an entry a peer did not take.
 // A flush waits so; a write waits so under protocol C, in its stage 4.
-func waitAll(waits []*pending) (acked bool, err error) {
+func waitAll(waits []*session.Pending) (acked bool, err error) {
 	for _, w := range waits {
-		<-w.done
-		acked = acked || w.acked
-		if w.err != nil && err == nil {
-			err = w.err
+		<-w.Done()
+		acked = acked || w.Acked()
+		if w.Err() != nil && err == nil {
+			err = w.Err()
 		}
 	}
 	return acked, err

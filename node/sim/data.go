@@ -301,7 +301,7 @@ func (s *Sim) receive(n *node, m msg) {
 		delete(n.announcing, m.from)
 	case msgSyncDone:
 		if m.sync.current != n.durable.Gens.Current {
-			// The generation moved on since (node's syncDoneAcked): not
+			// The generation moved on since (node's SyncDoneAcked): not
 			// in sync yet; the current one follows.
 			n.syncDone[m.from] = syncDue{session: m.session, at: s.now}
 			return

@@ -1,4 +1,4 @@
-package node
+package session
 
 import (
 	"errors"
@@ -21,33 +21,33 @@ import (
 // errCongested: the congestion policy disconnect dropped the link.
 var errCongested = errors.New("the peer's send buffer is full (on_congestion: disconnect)")
 
-// admission is what a session does with a write under congestion.
-type admission int
+// Admission is what a session does with a write under congestion.
+type Admission int
 
 const (
-	admitSend  admission = iota // queued for the peer
-	admitMark                   // the peer is Behind: mark its blocks instead
-	admitEnded                  // the session ended: the write was not taken
+	AdmitSend  Admission = iota // queued for the peer
+	AdmitMark                   // the peer is Behind: mark its blocks instead
+	AdmitEnded                  // the session ended: the write was not taken
 )
 
 // admit decides, on the loop, whether an application write under protocol
 // A or B is shipped or marked; while the policy says to wait for room it
 // holds the write until an ack frees some (released).
-func (s *session) admit(sub submission) {
-	set := s.p.v.settings()
-	if s.cong == nil || s.congPolicy != set.congestion.Policy {
-		s.cong, _ = replication.NewCongestion(set.congestion, time.Now())
-		s.congPolicy = set.congestion.Policy
+func (s *Session) admit(sub submission) {
+	set := s.peer.Congestion()
+	if s.cong == nil || s.congPolicy != set.Policy {
+		s.cong, _ = replication.NewCongestion(set, time.Now())
+		s.congPolicy = set.Policy
 	}
 	if s.ahead {
-		sub.answer <- admitMark
+		sub.answer <- AdmitMark
 		return
 	}
-	n := sub.pd.wire
+	n := sub.pd.Wire
 	_, acts := s.step(n)
 	switch {
 	case acts.Has(replication.StartMarking), acts.Has(replication.MarkOne):
-		sub.answer <- admitMark
+		sub.answer <- AdmitMark
 		return
 	case acts.Has(replication.WaitForRoom) && s.appBytes > 0:
 		s.waiting = append(s.waiting, sub)
@@ -55,35 +55,34 @@ func (s *session) admit(sub submission) {
 	}
 	s.appBytes += n
 	s.publish()
-	sub.pd.lagSeq = s.p.writeSeq.Add(1)
+	sub.pd.LagSeq = s.cfg.WriteSeq.Add(1)
 	s.accept(sub.pd)
-	sub.answer <- admitSend
+	sub.answer <- AdmitSend
 }
 
 // step runs the controller with n more bytes queued and performs its
 // actions, in order, on the loop: the peer's state changes here.
-func (s *session) step(n int64) (replication.ReplState, replication.CongestionActions) {
-	p := s.p
+func (s *Session) step(n int64) (replication.ReplState, replication.CongestionActions) {
 	st, acts := s.cong.Step(replication.CongestionInput{
 		Now: time.Now(), Queued: s.appBytes + n,
-		CatchUpRunning: s.catchingUp, CatchUpLeft: p.bm.Bytes(),
+		CatchUpRunning: s.catchingUp, CatchUpLeft: s.bm.Bytes(),
 	})
 	if acts.Has(replication.Disconnect) {
-		s.fail(fmt.Errorf("%w: %s", errCongested, p.name))
+		s.Fail(fmt.Errorf("%w: %s", errCongested, s.name))
 	}
 	if acts.Has(replication.StartMarking) {
 		s.ahead = true
 		s.publish()
 		s.catchUpPaused.Store(true)
-		p.setState(s, replication.Ahead, "")
-		p.v.log.Warn("peer congested: Ahead, marking its blocks instead of shipping them", "peer", p.name, "queued", s.appBytes+n)
+		s.peer.SetState(s, replication.Ahead, "")
+		s.cfg.Log.Warn("peer congested: Ahead, marking its blocks instead of shipping them", "peer", s.name, "queued", s.appBytes+n)
 	}
 	if acts.Has(replication.ResumeStreaming) {
 		s.ahead = false
 		s.publish()
 		s.catchUpPaused.Store(false)
 		if st == replication.Connected {
-			p.setState(s, replication.Connected, "")
+			s.peer.SetState(s, replication.Connected, "")
 		}
 	}
 	if acts.Has(replication.StartCatchUp) && !s.catchingUp {
@@ -98,7 +97,7 @@ func (s *session) step(n int64) (replication.ReplState, replication.CongestionAc
 }
 
 // publish makes the congestion state readable outside the loop.
-func (s *session) publish() {
+func (s *Session) publish() {
 	s.pubAppBytes.Store(s.appBytes)
 	s.pubAhead.Store(s.ahead)
 }
@@ -106,7 +105,7 @@ func (s *session) publish() {
 // clearRun clears, once the peer acknowledged the run [off, off+length),
 // the bits of its blocks that were not marked again while it was in
 // flight; it reports the bytes cleared. It runs on the loop.
-func (s *session) clearRun(off, length int64) int64 {
+func (s *Session) clearRun(off, length int64) int64 {
 	delete(s.runs, off)
 	var keep []int64
 	for b := off / replication.BlockSize; b*replication.BlockSize < off+length; b++ {
@@ -115,7 +114,7 @@ func (s *session) clearRun(off, length int64) int64 {
 			delete(s.remarked, b)
 		}
 	}
-	bm := s.p.bm
+	bm := s.bm
 	if len(keep) == 0 {
 		bm.ClearBits(off, length)
 		return length
@@ -135,7 +134,7 @@ func (s *session) clearRun(off, length int64) int64 {
 // released: n bytes of an application write left the send buffer (the
 // peer acknowledged it, or the session ended); the writes held for room
 // are admitted again, in order, until one is held again.
-func (s *session) released(n int64) {
+func (s *Session) released(n int64) {
 	s.appBytes -= n
 	s.publish()
 	waiting := s.waiting
@@ -150,64 +149,37 @@ func (s *session) released(n int64) {
 }
 
 // congestionTick lets time-based exits happen on an idle link.
-func (s *session) congestionTick() {
+func (s *Session) congestionTick() {
 	if s.cong != nil {
 		s.step(0)
 	}
 }
 
-// congested reports whether the session's send buffer is past its high
+// Congested reports whether the session's send buffer is past its high
 // water mark (reads then stay away from the peer when-congested-remote).
-func (s *session) congested() bool {
-	return s.pubAhead.Load() || s.pubAppBytes.Load() > s.p.v.settings().congestion.SendBuffer/2
+func (s *Session) Congested() bool {
+	return s.pubAhead.Load() || s.pubAppBytes.Load() > s.peer.Congestion().SendBuffer/2
 }
 
-// setCatchingUp tells the loop whether a resync of the peer runs: the
+// CatchUpPaused reports whether a catch-up resync should wait: the peer
+// is Behind again.
+func (s *Session) CatchUpPaused() bool { return s.catchUpPaused.Load() }
+
+// SetCatchingUp tells the loop whether a resync of the peer runs: the
 // congestion controller starts no catch-up meanwhile.
-func (s *session) setCatchingUp(running bool) {
-	s.do(func() { s.catchingUp = running })
+func (s *Session) SetCatchingUp(running bool) {
+	s.Do(func() { s.catchingUp = running })
 }
 
-// catchUp resyncs what was marked while Ahead: the peer is Inconsistent,
-// durably, BEFORE the first block (OpSyncStart), and UpToDate again at the
-// end (the resync's OpSyncDone).
-func (s *session) catchUp() {
-	p := s.p
-	defer s.setCatchingUp(false)
-	v := p.v
-	v.mu.Lock()
-	from, ok := v.d.gens.Bitmaps[p.name]
-	v.mu.Unlock()
-	if !ok {
-		return // nothing was marked under a generation of its own
-	}
-	s.do(func() { p.setState(s, replication.SyncSource, "") })
-	p.resyncTotal.Store(p.bm.Bytes())
-	p.resyncDone.Store(0)
-	p.resyncStart.Store(time.Now().UnixNano())
-	if !s.enqueue(newPending(replication.Entry{Op: replication.OpSyncStart, Data: from[:]})) {
+// catchUp resyncs what was marked while Ahead (Peer.CatchUp), then
+// counts the peer caught up in its lag.
+func (s *Session) catchUp() {
+	defer s.SetCatchingUp(false)
+	if !s.peer.CatchUp(s) {
 		return
 	}
-	v.log.Info("catching up a peer that was Behind", "peer", p.name, "bytes", p.bm.Bytes())
-	if err := p.resync(s); err != nil {
-		s.fail(err)
-		return
-	}
-	s.do(func() {
-		p.lag.CaughtUp()
+	s.Do(func() {
+		s.lag.CaughtUp()
 		s.publishLag()
-	})
-}
-
-// setState sets the peer's replication state (and its disk state, when
-// disk is not empty) while s is its session.
-func (p *peer) setState(s *session, st replication.ReplState, disk string) {
-	p.update(func(pv *peerView) {
-		if pv.sess == s {
-			pv.state = st
-			if disk != "" {
-				pv.peerDisk = disk
-			}
-		}
 	})
 }

@@ -1,13 +1,15 @@
-package node
+package session
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
@@ -32,92 +34,202 @@ const (
 )
 
 var (
-	// errSessionEnded: an entry was handed to a stream that had just ended.
-	errSessionEnded = errors.New("replication stream ended")
-	// errPeerDiskFailed: the peer could not apply an entry to its disk.
-	errPeerDiskFailed = errors.New("the peer failed to write an entry to its disk")
+	// ErrEnded: an entry was handed to a stream that had just ended.
+	ErrEnded = errors.New("replication stream ended")
+	// ErrPeerDiskFailed: the peer could not apply an entry to its disk.
+	ErrPeerDiskFailed = errors.New("the peer failed to write an entry to its disk")
+	// ErrPeerTimeout: the peer answered nothing for the session's
+	// timeout (node.ErrPeerTimeout is this error).
+	ErrPeerTimeout = errors.New("peer timed out")
 )
 
-// pending is one entry on its way to a peer: a future its submitter waits
-// on (done). What completing it does is data, read by the session's loop:
-// the send-buffer bytes it frees, the countdown it holds, the window slot
-// it takes, the pooled buffer it returns, and its kind.
-type pending struct {
-	e    replication.Entry
+// Peer is what a session needs of the peer it streams to, besides the
+// values in its Config: the node's peer implements it. Each method says
+// who calls it and whether it may block; SetState, Ended, PublishLag and
+// Congestion do not (they swap or load atomic values).
+type Peer interface {
+	// SetState sets the peer's replication state (and its disk state,
+	// when disk is not empty) while s is its session. The loop calls it,
+	// and CatchUp through s.Do.
+	SetState(s *Session, st replication.ReplState, disk string)
+	// SyncDoneAcked runs once the peer acknowledged the entry that makes
+	// it UpToDate at gen (EntrySyncDone), on a goroutine of its own: it
+	// may take the volume's state lock, write stable storage and call
+	// s.Fail, while the loop goes on. It reports whether the peer is now
+	// in sync: the loop then makes it Connected and UpToDate.
+	SyncDoneAcked(s *Session, gen replication.Generation) bool
+	// Ended: s takes no more entries, and writes go to the peer's bitmap
+	// from here. The loop calls it once, as it stops.
+	Ended(s *Session)
+	// StartTracking makes the volume durably track the peer (a new
+	// generation) BEFORE the loop marks in Config.Bitmap the entries the
+	// peer did not acknowledge; an error fails the writes among them. The
+	// loop calls it at its end, once every other goroutine of the session
+	// returned; it may block: it takes the volume's locks and writes
+	// stable storage.
+	StartTracking() error
+	// PublishLag makes Config.Lag readable outside the loop; the loop
+	// calls it after each change.
+	PublishLag()
+	// CatchUp resyncs what was marked while the peer was Behind, on a
+	// goroutine the loop starts (and waits for at its end): it blocks for
+	// the whole resync, talks to the loop through s (Do, Enqueue, Window,
+	// Fail) and reports whether the peer caught up.
+	CatchUp(s *Session) bool
+	// Congestion is the volume's congestion settings now; the loop and
+	// Congested's callers call it.
+	Congestion() replication.CongestionConfig
+}
+
+// Config is the values a session streams with. The pointers are the
+// peer's own: they outlive the session, which changes them only from its
+// loop (Lag, Bitmap's marks and clears) or atomically.
+type Config struct {
+	// Name names the peer node in errors and logs.
+	Name string
+	// Timeout: the session ends when the peer answers nothing for it.
+	Timeout time.Duration
+	// Bitmap marks the blocks the peer misses.
+	Bitmap *metadata.PeerBitmap
+	// Lag is what clients were told is written but the peer does not
+	// hold yet; the loop owns it while the session runs (each session's
+	// loop in turn, which hands it on at its end).
+	Lag *replication.Lag
+	// WriteSeq numbers the peer's writes, for Lag.
+	WriteSeq *atomic.Uint64
+	// Counters are the peer's counters the session adds to.
+	Counters Counters
+	// Beat is the probe this stream shares with the other volumes'
+	// streams to the same node (pairbeat.go); nil: it probes for itself.
+	Beat *PairBeat
+	// Log is the volume's logger.
+	Log *slog.Logger
+	// FreeBuffer takes back a Pending's Buf once its entry is encoded (or
+	// was not taken). It must not block.
+	FreeBuffer func(*[]byte)
+}
+
+// Counters are the peer's progress counters a session adds to; status
+// reads them at any time.
+type Counters struct {
+	FramesSent, EntriesSent *atomic.Uint64
+	// ResyncDone: resync bytes acknowledged; ChecksumsSkipped: those a
+	// checksum showed were in sync; VerifyDone: verify bytes compared;
+	// VerifyFound: those found different.
+	ResyncDone, ChecksumsSkipped, VerifyDone, VerifyFound *atomic.Int64
+}
+
+// Hold is held by an entry until it completes (a write's extent in the
+// activity log). The loop calls Done once then; it must not block.
+type Hold interface{ Done() }
+
+// Pending is one entry on its way to a peer: a future its submitter waits
+// on (Done). What completing it does is data, read by the session's loop:
+// the send-buffer bytes it frees, the hold it releases, the window slot
+// it takes, the pooled buffer it returns, and its kind. The submitter sets
+// the exported fields before it hands the entry over, and does not touch
+// them after (but through Session.Do); it reads the results after Done.
+type Pending struct {
+	Entry replication.Entry
+	Kind  EntryKind
+	// ReadBuf receives an OpRead's data (ReadOK says it arrived whole).
+	ReadBuf []byte
+	// Gen (EntrySyncDone): the generation the peer adopts.
+	Gen replication.Generation
+	// Received, for a write under protocol B, is closed when the peer has
+	// received the entry (or it completed).
+	Received chan struct{}
+	// Wire is the bytes of an application write held in the send buffer
+	// (protocols A and B) until the entry completes.
+	Wire int64
+	// Held is released once the entry completes.
+	Held Hold
+	// Buf is the pooled buffer behind Entry.Data, returned
+	// (Config.FreeBuffer) once encoded.
+	Buf *[]byte
+	// LagSeq numbers a write among the peer's writes, for its lag;
+	// Session is the session it went to.
+	LagSeq  uint64
+	Session *Session
+
 	done chan struct{}
 	// acked: the peer acknowledged the entry. err: it did not, and what
 	// the peer misses could not be tracked durably either, so a write
 	// waiting for it must fail. Both are read after done.
 	acked bool
 	err   error
-	kind  entryKind
-	// readBuf receives an OpRead's data; readOK says it arrived whole.
-	// The loop writes them; the submitter reads them after done.
-	readBuf []byte
-	readOK  bool
-	// differ (entryCsums): the blocks whose checksums the peer found
+	// readOK: an OpRead's data arrived whole. The loop writes it and
+	// ReadBuf; the submitter reads them after done.
+	readOK bool
+	// differ (EntryCsums): the blocks whose checksums the peer found
 	// different, set by its FrameReadReply.
 	differ []uint32
-	// gen (entrySyncDone): the generation the peer adopts; inSync: once
-	// acknowledged, it made the peer UpToDate (syncDoneAcked).
-	gen    replication.Generation
-	inSync bool
-	// received, for a write under protocol B, is closed when the peer has
-	// received the entry (or it completed).
-	received chan struct{}
+	// inSync (EntrySyncDone): once acknowledged, it made the peer
+	// UpToDate (Peer.SyncDoneAcked).
+	inSync   bool
 	recvDone bool
-	// wire is the bytes of an application write held in the send buffer
-	// (protocols A and B) until the entry completes.
-	wire int64
-	// held is done once the entry completes (the activity log's extent).
-	held *countdown
 	// slot is a run loop's window slot, freed once the entry completes.
 	slot chan struct{}
-	// buf is the pooled buffer behind e.Data, returned once encoded.
-	buf *[]byte
-	// lagSeq numbers a write among the peer's writes, for its lag; sess
-	// is the session it went to.
-	lagSeq uint64
-	sess   *session
 }
 
-// entryKind says what the session's loop does when an entry completes.
-type entryKind int
+// EntryKind says what the session's loop does when an entry completes.
+type EntryKind int
 
 const (
-	entryPlain    entryKind = iota // nothing more than closing done
-	entryRead                      // OpRead: its reply fills readBuf
-	entryResync                    // a resync run: its ack clears its bits
-	entryCsums                     // a resync run's checksums: the ack clears the blocks found equal
-	entryVerify                    // a verify run: its reply marks the blocks found different
-	entrySyncDone                  // the peer is UpToDate at gen once it acks (syncDone)
+	EntryPlain    EntryKind = iota // nothing more than closing done
+	EntryRead                      // OpRead: its reply fills ReadBuf
+	EntryResync                    // a resync run: its ack clears its bits
+	EntryCsums                     // a resync run's checksums: the ack clears the blocks found equal
+	EntryVerify                    // a verify run: its reply marks the blocks found different
+	EntrySyncDone                  // the peer is UpToDate at Gen once it acks (syncDone)
 )
 
-func newPending(e replication.Entry) *pending {
-	return &pending{e: e, done: make(chan struct{})}
+// NewPending returns the pending of e, a plain entry until its submitter
+// says otherwise.
+func NewPending(e replication.Entry) *Pending {
+	return &Pending{Entry: e, done: make(chan struct{})}
 }
 
-// markReceived closes received, once. Only the session's loop calls it.
-func (pd *pending) markReceived() {
-	if pd.received != nil && !pd.recvDone {
+// Done is closed once the entry completed: acknowledged or not.
+func (pd *Pending) Done() <-chan struct{} { return pd.done }
+
+// Acked reports, after Done, whether the peer acknowledged the entry.
+func (pd *Pending) Acked() bool { return pd.acked }
+
+// Err is, after Done, why a write waiting for the entry must fail: the
+// peer did not acknowledge it, and what it misses could not be tracked
+// durably either.
+func (pd *Pending) Err() error { return pd.err }
+
+// ReadOK reports, after Done, whether an OpRead's data arrived whole in
+// ReadBuf.
+func (pd *Pending) ReadOK() bool { return pd.readOK }
+
+// markReceived closes Received, once. Only the session's loop calls it.
+func (pd *Pending) markReceived() {
+	if pd.Received != nil && !pd.recvDone {
 		pd.recvDone = true
-		close(pd.received)
+		close(pd.Received)
 	}
 }
 
-// session is one replication stream to a peer, from the end of its
+// Session is one replication stream to a peer, from the end of its
 // handshake to its failure. One goroutine, its loop, owns everything the
 // stream holds: the queue, the entries in flight, their sequence numbers,
 // the frames awaiting acks, the congestion controller and the resync runs
 // in flight. Everybody else talks to it through channels: writers submit
-// entries and get the pending back as a future (enqueue, submit), the
+// entries and get the pending back as a future (Enqueue, Submit), the
 // receiving goroutine hands it the peer's acks and replies, the sending
 // goroutine takes the frames it built. The session ends at the first error,
 // when its context ends, or when the peer answers nothing for its timeout;
 // the loop then marks every entry the peer did not acknowledge in the
 // peer's bitmap.
-type session struct {
-	p       *peer
+type Session struct {
+	peer    Peer
+	name    string
+	bm      *metadata.PeerBitmap
+	lag     *replication.Lag
+	cfg     Config
 	stream  *transport.ReplStream
 	ctx     context.Context
 	cancel  context.CancelFunc
@@ -127,7 +239,7 @@ type session struct {
 	errc     chan error   // the first error ends the session
 	// beat is the probe this stream shares with the other volumes'
 	// streams to the same node (pairbeat.go); nil for a bare test peer.
-	beat *pairBeat
+	beat *PairBeat
 	// resting: the loop rests without a ticker (restOn), published for
 	// status and tests.
 	resting atomic.Bool
@@ -142,7 +254,7 @@ type session struct {
 	behind      chan behindMark
 	completions chan localCompletion
 	works       chan func() error
-	synced      chan *pending // a syncDone whose commit (syncDoneAcked) returned
+	synced      chan *Pending // a syncDone whose commit (Peer.SyncDoneAcked) returned
 	// Out of the loop: frames for the sending goroutine.
 	out chan *transport.Frame
 	// ended is closed when the loop stops taking messages; finished once
@@ -150,7 +262,7 @@ type session struct {
 	ended    chan struct{}
 	finished chan struct{}
 	err      error
-	started  bool // start ran (touched by the goroutine that runs the handshake)
+	started  bool // Start ran (touched by the goroutine that runs the handshake)
 
 	// For readers outside the loop (read balancing, resync pacing).
 	pubAppBytes   atomic.Int64
@@ -158,16 +270,16 @@ type session struct {
 	catchUpPaused atomic.Bool
 
 	// Owned by the loop.
-	queue    []*pending
-	inflight []*pending
+	queue    []*Pending
+	inflight []*Pending
 	// frames holds the last sequence number of each frame awaiting its
 	// ack, oldest first.
 	frames  []uint64
 	nextSeq uint64
 	// held: completions waiting behind a syncDone whose commit runs, in
 	// ack order; committing is that syncDone.
-	held       []*pending
-	committing *pending
+	held       []*Pending
+	committing *Pending
 	// Congestion (congestion.go): appBytes is the application writes
 	// queued and not acknowledged; waiting the writes held for room;
 	// ahead: the peer is Behind, writes are marked; catchingUp: the
@@ -190,9 +302,9 @@ type session struct {
 // submission is an entry for the loop; admit (an application write under
 // protocol A or B) asks the congestion controller first and answers.
 type submission struct {
-	pd     *pending
+	pd     *Pending
 	admit  bool
-	answer chan admission
+	answer chan Admission
 }
 
 // ackMsg is an ack from the receiving goroutine: up to seq, received
@@ -211,23 +323,33 @@ type replyMsg struct {
 	err  chan error
 }
 
-func newSession(ctx context.Context, p *peer, s *transport.ReplStream, timeout time.Duration) *session {
+// New makes the session of a stream whose handshake is done; Start (or
+// Run) starts it. It ends with ctx.
+func New(ctx context.Context, p Peer, s *transport.ReplStream, cfg Config) *Session {
 	sctx, cancel := context.WithCancel(ctx)
-	ss := &session{p: p, stream: s, ctx: sctx, cancel: cancel, timeout: timeout, errc: make(chan error, 1),
+	ss := &Session{peer: p, name: cfg.Name, bm: cfg.Bitmap, lag: cfg.Lag, cfg: cfg, beat: cfg.Beat,
+		stream: s, ctx: sctx, cancel: cancel, timeout: cfg.Timeout, errc: make(chan error, 1),
 		submits: make(chan submission), acks: make(chan ackMsg, 64), replies: make(chan replyMsg), calls: make(chan func()),
 		behind: make(chan behindMark), completions: make(chan localCompletion),
-		works: make(chan func() error), synced: make(chan *pending, 1), out: make(chan *transport.Frame, maxFramesInFlight+1),
+		works: make(chan func() error), synced: make(chan *Pending, 1), out: make(chan *transport.Frame, maxFramesInFlight+1),
 		ended: make(chan struct{}), finished: make(chan struct{})}
 	ss.lastRecv.Store(time.Now().UnixNano())
-	if p.v != nil && p.v.node != nil {
-		ss.beat = p.v.node.pairBeat(p.name)
-	}
 	return ss
 }
 
+// Context ends when the session does.
+func (s *Session) Context() context.Context { return s.ctx }
+
+// Cancel ends the session; what it held is marked for the peer.
+func (s *Session) Cancel() { s.cancel() }
+
+// Resting reports whether the loop rests without a ticker (another
+// stream to the same node probes it).
+func (s *Session) Resting() bool { return s.resting.Load() }
+
 // idle reports whether the stream holds nothing: no entry queued, none
 // awaiting its ack, no frame on its way out. Only the loop calls it.
-func (s *session) idle() bool {
+func (s *Session) idle() bool {
 	return len(s.queue) == 0 && len(s.inflight) == 0 && len(s.out) == 0
 }
 
@@ -235,7 +357,7 @@ func (s *session) idle() bool {
 // peer answered nothing for the timeout, lets the congestion controller's
 // time pass, and probes the peer when this idle stream is the pair's
 // carrier or nothing was heard from the peer node for two intervals.
-func (s *session) checkPeer(every time.Duration) error {
+func (s *Session) checkPeer(every time.Duration) error {
 	// A hung peer (a stopped process, a dead link) sends nothing: not
 	// even the ack of a heartbeat. A busy stream is judged by its own
 	// acks; an idle one owes nothing, and the peer node answering on any
@@ -247,7 +369,7 @@ func (s *session) checkPeer(every time.Duration) error {
 		quiet = s.beat.quietSince(now, s.lastRecv.Load())
 	}
 	if quiet > s.timeout {
-		return fmt.Errorf("%w: %s answered nothing for %s", ErrPeerTimeout, s.p.name, quiet.Round(time.Millisecond))
+		return fmt.Errorf("%w: %s answered nothing for %s", ErrPeerTimeout, s.name, quiet.Round(time.Millisecond))
 	}
 	s.congestionTick()
 	if idle && (s.beat.carries(s) || s.beat.quietSince(now, 0) >= 2*every) {
@@ -262,7 +384,7 @@ func (s *session) checkPeer(every time.Duration) error {
 // or nil when it must tick: it is busy, the congestion controller has
 // time to keep (Ahead, a catch-up, writes held for room, blocks marked),
 // or no other stream of the pair carries the probe.
-func (s *session) restOn() <-chan struct{} {
+func (s *Session) restOn() <-chan struct{} {
 	if !s.idle() || len(s.waiting) > 0 || s.ahead || s.catchingUp {
 		return nil
 	}
@@ -270,14 +392,14 @@ func (s *session) restOn() <-chan struct{} {
 	// only stream of a single volume) stops there, while the bitmap's
 	// count takes its lock; a loop turns idle after every ack at qd1.
 	rest := s.beat.rest(s)
-	if rest == nil || s.p.bm.Bytes() > 0 {
+	if rest == nil || s.bm.Bytes() > 0 {
 		return nil
 	}
 	return rest
 }
 
-// fail ends the session with err (the first error wins).
-func (s *session) fail(err error) {
+// Fail ends the session with err (the first error wins).
+func (s *Session) Fail(err error) {
 	select {
 	case s.errc <- err:
 	default:
@@ -285,16 +407,16 @@ func (s *session) fail(err error) {
 	s.cancel()
 }
 
-// preload queues pd before the loop starts (the handshake's first entry).
-func (s *session) preload(pd *pending) {
+// Preload queues pd before the loop starts (the handshake's first entry).
+func (s *Session) Preload(pd *Pending) {
 	if s.started {
 		panic("session: preload after start")
 	}
 	s.queue = append(s.queue, pd)
 }
 
-// start starts the loop and the sending and receiving goroutines.
-func (s *session) start() {
+// Start starts the loop and the sending and receiving goroutines.
+func (s *Session) Start() {
 	if s.started {
 		return
 	}
@@ -302,11 +424,11 @@ func (s *session) start() {
 	go s.loop()
 }
 
-// run drives the stream until it fails or ctx ends, then returns once the
+// Run drives the stream until it fails or ctx ends, then returns once the
 // loop handed back what the peer did not acknowledge. work, when not nil,
 // runs beside it (a resync or a pull); its error ends the session too.
-func (s *session) run(work func() error) error {
-	s.start()
+func (s *Session) Run(work func() error) error {
+	s.Start()
 	if work != nil {
 		select {
 		case s.works <- work:
@@ -317,13 +439,13 @@ func (s *session) run(work func() error) error {
 	return s.err
 }
 
-// loop is the session's owner: see session.
-func (s *session) loop() {
+// loop is the session's owner: see Session.
+func (s *Session) loop() {
 	defer close(s.finished)
 	var io sync.WaitGroup
 	io.Add(2)
-	go func() { defer io.Done(); s.fail(s.send()) }()
-	go func() { defer io.Done(); s.fail(s.receive()) }()
+	go func() { defer io.Done(); s.Fail(s.send()) }()
+	go func() { defer io.Done(); s.Fail(s.receive()) }()
 	// One tick both checks that the peer answers and probes it: a quarter
 	// of the timeout, at most maxHeartbeatInterval.
 	every := max(min(s.timeout/4, maxHeartbeatInterval), 10*time.Millisecond)
@@ -348,7 +470,7 @@ func (s *session) loop() {
 	defer s.beat.leave(s)
 	var err error
 	if err = s.sendQueued(); err != nil {
-		s.fail(err)
+		s.Fail(err)
 	}
 wait:
 	for {
@@ -402,7 +524,7 @@ wait:
 			go func() {
 				defer s.extra.Done()
 				if err := work(); err != nil {
-					s.fail(err)
+					s.Fail(err)
 				}
 			}()
 		}
@@ -412,7 +534,7 @@ wait:
 			s.lastRecv.Store(time.Now().UnixNano())
 		}
 		if err := s.sendQueued(); err != nil {
-			s.fail(err)
+			s.Fail(err)
 		}
 		rested()
 	}
@@ -426,9 +548,9 @@ wait:
 	s.err = err
 }
 
-// do runs f on the loop and returns once it ran; false: the loop ended,
+// Do runs f on the loop and returns once it ran; false: the loop ended,
 // f did not run.
-func (s *session) do(f func()) bool {
+func (s *Session) Do(f func()) bool {
 	ran := make(chan struct{})
 	select {
 	case s.calls <- func() { f(); close(ran) }:
@@ -440,27 +562,27 @@ func (s *session) do(f func()) bool {
 }
 
 // accept queues pd; the loop owns it from here.
-func (s *session) accept(pd *pending) {
-	switch pd.kind {
-	case entryResync:
+func (s *Session) accept(pd *Pending) {
+	switch pd.Kind {
+	case EntryResync:
 		// Blocks marked again while this run is in flight (pull-ahead)
 		// keep their marks: the run carries their older data.
 		if s.runs == nil {
 			s.runs = map[int64]int64{}
 		}
-		s.runs[pd.e.Off] = pd.e.Length
+		s.runs[pd.Entry.Off] = pd.Entry.Length
 	}
 	s.queue = append(s.queue, pd)
 }
 
 // sendQueued hands queued entries, batched into frames, to the sending
 // goroutine until the queue is empty or every frame slot is taken.
-func (s *session) sendQueued() error {
+func (s *Session) sendQueued() error {
 	for len(s.queue) > 0 && len(s.frames) < maxFramesInFlight {
 		size := replication.BatchHeaderLen
 		k := 0
 		for k < len(s.queue) && k < maxBatchEntries {
-			n := s.queue[k].e.EncodedLen()
+			n := s.queue[k].Entry.EncodedLen()
 			if k > 0 && size+n > maxBatchBytes {
 				break
 			}
@@ -471,25 +593,25 @@ func (s *session) sendQueued() error {
 		receipt := false
 		for _, pd := range batch {
 			s.nextSeq++
-			pd.e.Seq = s.nextSeq
+			pd.Entry.Seq = s.nextSeq
 			s.inflight = append(s.inflight, pd)
-			receipt = receipt || pd.received != nil
+			receipt = receipt || pd.Received != nil
 		}
 		s.frames = append(s.frames, s.nextSeq)
 		f := transport.NewFrame(size)
 		b := replication.AppendBatchHeaderReceipt(f.Bytes(), len(batch), receipt)
 		for _, pd := range batch {
-			b = replication.AppendEntry(b, &pd.e)
-			if pd.buf != nil {
-				resyncBufs.Put(pd.buf)
-				pd.buf, pd.e.Data = nil, nil
+			b = replication.AppendEntry(b, &pd.Entry)
+			if pd.Buf != nil {
+				s.cfg.FreeBuffer(pd.Buf)
+				pd.Buf, pd.Entry.Data = nil, nil
 			}
 		}
 		f.SetBytes(b)
 		clear(s.queue[:k])
 		s.queue = s.queue[k:]
-		s.p.framesSent.Add(1)
-		s.p.entriesSent.Add(uint64(k))
+		s.cfg.Counters.FramesSent.Add(1)
+		s.cfg.Counters.EntriesSent.Add(uint64(k))
 		select {
 		case s.out <- f: // out has room for every frame in flight
 		case <-s.ctx.Done():
@@ -501,21 +623,21 @@ func (s *session) sendQueued() error {
 
 // send is the sending goroutine: it writes the frames the loop built, in
 // order.
-func (s *session) send() error {
+func (s *Session) send() error {
 	for {
 		select {
 		case <-s.ctx.Done():
 			return nil
 		case f := <-s.out:
 			if err := s.stream.Send(f); err != nil {
-				return fmt.Errorf("send to %s: %w", s.p.name, err)
+				return fmt.Errorf("send to %s: %w", s.name, err)
 			}
 		}
 	}
 }
 
 // receive hands the peer's acks and replies to the loop.
-func (s *session) receive() error {
+func (s *Session) receive() error {
 	f := &transport.Frame{}
 	defer f.Release()
 	verdict := make(chan error, 1)
@@ -524,7 +646,7 @@ func (s *session) receive() error {
 			if s.ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("receive from %s: %w", s.p.name, err)
+			return fmt.Errorf("receive from %s: %w", s.name, err)
 		}
 		now := time.Now().UnixNano()
 		s.lastRecv.Store(now)
@@ -549,7 +671,7 @@ func (s *session) receive() error {
 			return err
 		}
 		if ack.Status != replication.AckOK && ack.Status != replication.AckReceived {
-			return fmt.Errorf("%w: %s", errPeerDiskFailed, ack.Message)
+			return fmt.Errorf("%w: %s", ErrPeerDiskFailed, ack.Message)
 		}
 		if ack.Seq == 0 {
 			continue // a heartbeat's ack, or the peer saying it is busy
@@ -564,11 +686,11 @@ func (s *session) receive() error {
 
 // acked completes the entries up to m.seq (or, protocol B, marks them
 // received).
-func (s *session) acked(m ackMsg) {
+func (s *Session) acked(m ackMsg) {
 	if m.received {
 		// Protocol B: the peer holds these entries in memory.
 		for _, pd := range s.inflight {
-			if pd.e.Seq > m.seq {
+			if pd.Entry.Seq > m.seq {
 				break
 			}
 			pd.markReceived()
@@ -576,7 +698,7 @@ func (s *session) acked(m ackMsg) {
 		return
 	}
 	k := 0
-	for k < len(s.inflight) && s.inflight[k].e.Seq <= m.seq {
+	for k < len(s.inflight) && s.inflight[k].Entry.Seq <= m.seq {
 		k++
 	}
 	done := s.inflight[:k]
@@ -587,24 +709,24 @@ func (s *session) acked(m ackMsg) {
 	s.frames = s.frames[fr:]
 	var lagSeq uint64
 	for _, pd := range done {
-		lagSeq = max(lagSeq, pd.lagSeq)
+		lagSeq = max(lagSeq, pd.LagSeq)
 		s.ackedOne(pd)
 	}
 	clear(done)
 	s.inflight = s.inflight[k:]
 	if lagSeq > 0 {
-		s.p.lag.PeerAcked(lagSeq)
+		s.lag.PeerAcked(lagSeq)
 		s.publishLag()
 	}
 }
 
 // ackedOne completes pd, acknowledged, in ack order: behind a syncDone
 // whose commit runs, it waits for that commit.
-func (s *session) ackedOne(pd *pending) {
+func (s *Session) ackedOne(pd *Pending) {
 	switch {
 	case s.committing != nil:
 		s.held = append(s.held, pd)
-	case pd.kind == entrySyncDone:
+	case pd.Kind == EntrySyncDone:
 		// The commit takes the volume's state lock and writes stable
 		// storage: not on the loop, which keeps taking entries meanwhile.
 		s.committing = pd
@@ -612,7 +734,7 @@ func (s *session) ackedOne(pd *pending) {
 		s.extra.Add(1)
 		go func() {
 			defer s.extra.Done()
-			pd.inSync = s.p.syncDoneAcked(s, pd.gen)
+			pd.inSync = s.peer.SyncDoneAcked(s, pd.Gen)
 			s.synced <- pd
 		}()
 	default:
@@ -622,15 +744,15 @@ func (s *session) ackedOne(pd *pending) {
 
 // syncCommitted finishes a syncDone once its commit returned, and the
 // completions held behind it.
-func (s *session) syncCommitted(pd *pending) {
+func (s *Session) syncCommitted(pd *Pending) {
 	if s.committing != pd {
 		panic("session: a syncDone committed that was not committing")
 	}
 	s.committing = nil
 	if pd.inSync {
-		s.p.lag.CaughtUp()
+		s.lag.CaughtUp()
 		s.publishLag()
-		s.p.setState(s, replication.Connected, string(replication.UpToDate))
+		s.peer.SetState(s, replication.Connected, string(replication.UpToDate))
 	}
 	s.complete(pd, true, nil)
 	held := s.held
@@ -642,52 +764,52 @@ func (s *session) syncCommitted(pd *pending) {
 
 // complete finishes pd: what its kind does, then the resources it holds,
 // then done. Only the loop calls it (and end, on the loop's goroutine).
-func (s *session) complete(pd *pending, acked bool, err error) {
-	p := s.p
+func (s *Session) complete(pd *Pending, acked bool, err error) {
+	c := &s.cfg.Counters
 	pd.acked, pd.err = acked, err
 	pd.markReceived()
-	switch pd.kind {
-	case entryResync:
+	switch pd.Kind {
+	case EntryResync:
 		if !acked {
-			s.clearRun(pd.e.Off, 0)
+			s.clearRun(pd.Entry.Off, 0)
 			break
 		}
-		cleared := s.clearRun(pd.e.Off, pd.e.Length)
-		p.resyncDone.Add(pd.e.Length)
-		p.lag.Resynced(cleared)
+		cleared := s.clearRun(pd.Entry.Off, pd.Entry.Length)
+		c.ResyncDone.Add(pd.Entry.Length)
+		s.lag.Resynced(cleared)
 		s.publishLag()
-	case entryCsums:
+	case EntryCsums:
 		if !acked {
 			break
 		}
 		// Matching blocks are in sync; differing ones stay marked for the
 		// data pass.
-		off, length := pd.e.Off, pd.e.Length
+		off, length := pd.Entry.Off, pd.Entry.Length
 		same, next := int64(0), 0
 		for b := int64(0); b*replication.BlockSize < length; b++ {
 			if next < len(pd.differ) && int64(pd.differ[next]) == b {
 				next++
 				continue
 			}
-			p.bm.ClearBits(off+b*replication.BlockSize, replication.BlockSize)
+			s.bm.ClearBits(off+b*replication.BlockSize, replication.BlockSize)
 			same += replication.BlockSize
 		}
-		p.resyncDone.Add(min(same, length))
-		p.csumsSkipped.Add(min(same, length))
-	case entryVerify:
+		c.ResyncDone.Add(min(same, length))
+		c.ChecksumsSkipped.Add(min(same, length))
+	case EntryVerify:
 		if acked {
-			p.verifyDone.Add(pd.e.Length)
+			c.VerifyDone.Add(pd.Entry.Length)
 		}
 	}
-	if pd.buf != nil {
-		resyncBufs.Put(pd.buf)
-		pd.buf, pd.e.Data = nil, nil
+	if pd.Buf != nil {
+		s.cfg.FreeBuffer(pd.Buf)
+		pd.Buf, pd.Entry.Data = nil, nil
 	}
-	if pd.wire > 0 {
-		s.released(pd.wire)
+	if pd.Wire > 0 {
+		s.released(pd.Wire)
 	}
-	if pd.held != nil {
-		pd.held.done()
+	if pd.Held != nil {
+		pd.Held.Done()
 	}
 	if pd.slot != nil {
 		<-pd.slot
@@ -696,58 +818,50 @@ func (s *session) complete(pd *pending, acked bool, err error) {
 }
 
 // readReply hands an OpRead's or a run's checksum answer to its entry.
-func (s *session) readReply(m replyMsg) error {
+func (s *Session) readReply(m replyMsg) error {
 	for _, pd := range s.inflight {
-		if pd.e.Seq != m.seq {
+		if pd.Entry.Seq != m.seq {
 			continue
 		}
-		switch pd.kind {
-		case entryCsums, entryVerify:
-			blocks := (pd.e.Length + replication.BlockSize - 1) / replication.BlockSize
+		switch pd.Kind {
+		case EntryCsums, EntryVerify:
+			blocks := (pd.Entry.Length + replication.BlockSize - 1) / replication.BlockSize
 			idx, err := replication.DecodeMismatches(m.data, blocks)
 			if m.st != replication.AckOK || err != nil {
-				idx = allBlocks(pd.e.Length) // the peer could not read: the whole run
+				idx = allBlocks(pd.Entry.Length) // the peer could not read: the whole run
 			}
-			if pd.kind == entryCsums {
+			if pd.Kind == EntryCsums {
 				pd.differ = idx
 				break
 			}
 			for _, i := range idx {
-				s.p.bm.SetBits(pd.e.Off+int64(i)*replication.BlockSize, replication.BlockSize)
-				s.p.verifyFound.Add(replication.BlockSize)
+				s.bm.SetBits(pd.Entry.Off+int64(i)*replication.BlockSize, replication.BlockSize)
+				s.cfg.Counters.VerifyFound.Add(replication.BlockSize)
 			}
-		case entryRead:
-			if m.st == replication.AckOK && pd.readBuf != nil && len(m.data) == len(pd.readBuf) {
-				copy(pd.readBuf, m.data)
+		case EntryRead:
+			if m.st == replication.AckOK && pd.ReadBuf != nil && len(m.data) == len(pd.ReadBuf) {
+				copy(pd.ReadBuf, m.data)
 				pd.readOK = true
 			}
 		default:
-			return fmt.Errorf("%s answered entry %d, not a read, with data", s.p.name, m.seq)
+			return fmt.Errorf("%s answered entry %d, not a read, with data", s.name, m.seq)
 		}
 		return nil
 	}
-	return fmt.Errorf("%s answered a read %d that is not in flight", s.p.name, m.seq)
+	return fmt.Errorf("%s answered a read %d that is not in flight", s.name, m.seq)
 }
 
 // publishLag makes the peer's lag readable outside the loop.
-func (s *session) publishLag() {
-	l := &s.p.lag
-	s.p.lagView.Store(&lagView{bytes: l.Bytes(), oldest: l.Oldest()})
-}
+func (s *Session) publishLag() { s.peer.PublishLag() }
 
 // closeToNew ends the peer's stream (writes go to its bitmap from here)
 // and the loop's taking of messages; the writes it holds for room try
 // again, and find the stream gone.
-func (s *session) closeToNew() {
-	p := s.p
-	p.update(func(pv *peerView) {
-		if pv.sess == s {
-			pv.sess, pv.peerDisk = nil, dUnknown
-		}
-	})
+func (s *Session) closeToNew() {
+	s.peer.Ended(s)
 	close(s.ended)
 	for _, w := range s.waiting {
-		w.answer <- admitEnded
+		w.answer <- AdmitEnded
 	}
 	s.waiting = nil
 }
@@ -758,8 +872,7 @@ func (s *session) closeToNew() {
 // durable, the entries complete with the error, and no write waiting for
 // them may succeed. It runs on the loop's goroutine once every other
 // goroutine of the session returned.
-func (s *session) end() {
-	p := s.p
+func (s *Session) end() {
 	// A syncDone the peer acknowledged, and what waits behind it.
 	for s.committing != nil {
 		s.extra.Wait()
@@ -768,42 +881,43 @@ func (s *session) end() {
 	left := append(s.inflight, s.queue...)
 	s.inflight, s.queue, s.frames = nil, nil, nil
 	// What the peer did not acknowledge is marked for it now.
-	p.lag.Disconnected()
+	s.lag.Disconnected()
 	s.publishLag()
 	var err error
 	for _, pd := range left {
-		if changesData(pd.e.Op) {
-			err = p.v.startTracking(p)
+		if ChangesData(pd.Entry.Op) {
+			err = s.peer.StartTracking()
 			break
 		}
 	}
 	for _, pd := range left {
-		markEntry(p.bm, &pd.e)
+		markEntry(s.bm, &pd.Entry)
 		s.complete(pd, false, err)
 	}
 }
 
-// window keeps at most a fixed number of entries of one run loop (resync,
+// Window keeps at most a fixed number of entries of one run loop (resync,
 // verify) awaiting their acks on a session.
-type window struct {
-	s     *session
+type Window struct {
+	s     *Session
 	slots chan struct{}
 }
 
-func (s *session) window(size int) *window {
-	return &window{s: s, slots: make(chan struct{}, size)}
+// Window returns a window of size entries on s.
+func (s *Session) Window(size int) *Window {
+	return &Window{s: s, slots: make(chan struct{}, size)}
 }
 
-// inFlight is the number of entries sent and not yet completed.
-func (w *window) inFlight() int { return len(w.slots) }
+// InFlight is the number of entries sent and not yet completed.
+func (w *Window) InFlight() int { return len(w.slots) }
 
-// runs sends the entries next produces, one per free slot, until next
+// Runs sends the entries next produces, one per free slot, until next
 // reports none left (pd nil) and every entry sent has completed. next runs
 // with a slot held; unlock, when next returns one, is called once the
 // entry is queued (a range lock held across its read and its queueing).
 // pace runs before each slot is taken. The entry frees its slot when it
 // completes.
-func (w *window) runs(ctx context.Context, pace func() error, next func() (pd *pending, unlock func(), err error)) error {
+func (w *Window) Runs(ctx context.Context, pace func() error, next func() (pd *Pending, unlock func(), err error)) error {
 	for {
 		if pace != nil {
 			if err := pace(); err != nil {
@@ -822,33 +936,33 @@ func (w *window) runs(ctx context.Context, pace func() error, next func() (pd *p
 			return w.drain(ctx)
 		}
 		pd.slot = w.slots
-		ok := w.s.enqueue(pd)
+		ok := w.s.Enqueue(pd)
 		if unlock != nil {
 			unlock()
 		}
 		if !ok {
-			if pd.buf != nil {
-				resyncBufs.Put(pd.buf)
+			if pd.Buf != nil {
+				w.s.cfg.FreeBuffer(pd.Buf)
 			}
 			<-w.slots
-			return errSessionEnded
+			return ErrEnded
 		}
 	}
 }
 
-func (w *window) acquire(ctx context.Context) error {
+func (w *Window) acquire(ctx context.Context) error {
 	select {
 	case w.slots <- struct{}{}:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-w.s.ctx.Done():
-		return errSessionEnded
+		return ErrEnded
 	}
 }
 
 // drain waits until every entry sent through the window has completed.
-func (w *window) drain(ctx context.Context) error {
+func (w *Window) drain(ctx context.Context) error {
 	for range cap(w.slots) {
 		if err := w.acquire(ctx); err != nil {
 			return err
@@ -858,4 +972,13 @@ func (w *window) drain(ctx context.Context) error {
 		<-w.slots
 	}
 	return nil
+}
+
+// allBlocks lists every block index of a run of length bytes.
+func allBlocks(length int64) []uint32 {
+	idx := make([]uint32, 0, (length+replication.BlockSize-1)/replication.BlockSize)
+	for i := range uint32((length + replication.BlockSize - 1) / replication.BlockSize) {
+		idx = append(idx, i)
+	}
+	return idx
 }

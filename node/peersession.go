@@ -1,0 +1,101 @@
+package node
+
+import (
+	"context"
+	"time"
+
+	"github.com/replvol/replvol/node/session"
+	"github.com/replvol/replvol/replication"
+	"github.com/replvol/replvol/transport"
+)
+
+// The peer as its sessions see it (session.Peer): what a stream to the
+// peer changes of the peer and its volume, and the catch-up resync it
+// starts after congestion.
+
+var _ session.Peer = (*peer)(nil)
+
+// newSession makes p's session of stream s, whose handshake is done.
+func newSession(ctx context.Context, p *peer, s *transport.ReplStream, timeout time.Duration) *session.Session {
+	cfg := session.Config{
+		Name: p.name, Timeout: timeout, Bitmap: p.bm, Lag: &p.lag, WriteSeq: &p.writeSeq,
+		Counters: session.Counters{
+			FramesSent: &p.framesSent, EntriesSent: &p.entriesSent,
+			ResyncDone: &p.resyncDone, ChecksumsSkipped: &p.csumsSkipped, VerifyDone: &p.verifyDone, VerifyFound: &p.verifyFound,
+		},
+		FreeBuffer: func(b *[]byte) { resyncBufs.Put(b) },
+	}
+	if p.v != nil {
+		cfg.Log = p.v.log
+		if p.v.node != nil {
+			cfg.Beat = p.v.node.pairBeat(p.name)
+		}
+	}
+	return session.New(ctx, p, s, cfg)
+}
+
+// pairBeat returns the heartbeat this node shares with peer node name.
+func (n *Node) pairBeat(name string) *session.PairBeat {
+	b, _ := n.beats.LoadOrStore(name, &session.PairBeat{})
+	return b.(*session.PairBeat)
+}
+
+// SetState sets the peer's replication state (and its disk state, when
+// disk is not empty) while s is its session.
+func (p *peer) SetState(s *session.Session, st replication.ReplState, disk string) {
+	p.update(func(pv *peerView) {
+		if pv.sess == s {
+			pv.state = st
+			if disk != "" {
+				pv.peerDisk = disk
+			}
+		}
+	})
+}
+
+// Ended ends the peer's stream s: writes go to its bitmap from here.
+func (p *peer) Ended(s *session.Session) {
+	p.update(func(pv *peerView) {
+		if pv.sess == s {
+			pv.sess, pv.peerDisk = nil, dUnknown
+		}
+	})
+}
+
+// StartTracking makes the volume track the peer, durably.
+func (p *peer) StartTracking() error { return p.v.startTracking(p) }
+
+// PublishLag makes the peer's lag readable outside the session's loop.
+func (p *peer) PublishLag() {
+	l := &p.lag
+	p.lagView.Store(&lagView{bytes: l.Bytes(), oldest: l.Oldest()})
+}
+
+// Congestion is the volume's congestion settings now.
+func (p *peer) Congestion() replication.CongestionConfig { return p.v.settings().congestion }
+
+// CatchUp resyncs what was marked while Ahead: the peer is Inconsistent,
+// durably, BEFORE the first block (OpSyncStart), and UpToDate again at the
+// end (the resync's OpSyncDone). It reports whether the peer caught up.
+func (p *peer) CatchUp(s *session.Session) bool {
+	v := p.v
+	v.mu.Lock()
+	from, ok := v.d.gens.Bitmaps[p.name]
+	v.mu.Unlock()
+	if !ok {
+		return false // nothing was marked under a generation of its own
+	}
+	s.Do(func() { p.SetState(s, replication.SyncSource, "") })
+	p.resyncTotal.Store(p.bm.Bytes())
+	p.resyncDone.Store(0)
+	p.resyncStart.Store(time.Now().UnixNano())
+	if !s.Enqueue(session.NewPending(replication.Entry{Op: replication.OpSyncStart, Data: from[:]})) {
+		return false
+	}
+	v.log.Info("catching up a peer that was Behind", "peer", p.name, "bytes", p.bm.Bytes())
+	if err := p.resync(s); err != nil {
+		s.Fail(err)
+		return false
+	}
+	return true
+}

@@ -1,0 +1,23 @@
+// Package session is the primary's replication stream to one peer, from
+// the end of its handshake to its failure (session.go): the entries on
+// their way, batched into frames, their acks, the congestion controller
+// (congestion.go), the resync and verify runs in flight (Window), the
+// peer's lag, and the heartbeat the streams to one peer node share
+// (pairbeat.go). What the peer misses when the stream ends is marked in its
+// bitmap, after the volume durably tracks it.
+//
+// It imports the replication rules, transport's stream, metadata's
+// bitmap and the standard library; never the node (github.com/replvol/
+// replvol/node), node/cluster, web, raft, memberlist or bbolt
+// (layering_test.go in the node). The node's peer implements Peer and
+// hands the session its values in a Config: that is the whole way back.
+//
+// One goroutine, each session's loop, owns everything it holds. Many
+// goroutines call it at once: the writers (Enqueue, Submit, MarkBehind,
+// CompletedLocally), the resync and verify windows (Window.Runs), the
+// catch-up resync and whoever reads the state (Congested, CatchUpPaused,
+// Resting, Context) or ends it (Cancel, Fail). They talk to the loop
+// through channels and wait on the Pending they get back; the receiving
+// goroutine hands the loop acks and replies as messages; one sending
+// goroutine writes the frames it builds. The package declares no mutex.
+package session

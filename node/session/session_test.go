@@ -1,0 +1,107 @@
+package session
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/replvol/replvol/replication"
+	"github.com/replvol/replvol/transport"
+)
+
+// gateStream is a replication stream whose sends wait at a gate; it
+// reports each frame's entry count once sent. Its receiving side hears
+// nothing, like a peer that hangs.
+type gateStream struct {
+	ctx     context.Context
+	entered chan struct{} // a send is waiting at the gate
+	gate    chan struct{}
+	sent    chan int
+}
+
+func newGateStream() *gateStream {
+	return &gateStream{ctx: context.Background(), entered: make(chan struct{}, 16), gate: make(chan struct{}), sent: make(chan int, 16)}
+}
+
+func (g *gateStream) SendMsg(m any) error {
+	g.entered <- struct{}{}
+	select {
+	case <-g.gate:
+	case <-g.ctx.Done():
+		return g.ctx.Err()
+	}
+	var entries []replication.Entry
+	entries, err := replication.DecodeBatch(m.(*transport.Frame).Bytes(), entries)
+	if err != nil {
+		return err
+	}
+	select {
+	case g.sent <- len(entries):
+	default: // nobody counts these frames
+	}
+	return nil
+}
+
+func (g *gateStream) RecvMsg(any) error {
+	<-g.ctx.Done()
+	return g.ctx.Err()
+}
+
+func (g *gateStream) Context() context.Context { return g.ctx }
+
+// loosePeer is a Peer with no volume behind it: its state changes go
+// nowhere and nothing it misses is tracked. It serves tests whose entries
+// change no block (the session then never touches the bitmap).
+type loosePeer struct{}
+
+func (loosePeer) SetState(*Session, replication.ReplState, string)    {}
+func (loosePeer) SyncDoneAcked(*Session, replication.Generation) bool { return false }
+func (loosePeer) Ended(*Session)                                      {}
+func (loosePeer) StartTracking() error                                { return nil }
+func (loosePeer) PublishLag()                                         {}
+func (loosePeer) CatchUp(*Session) bool                               { return false }
+func (loosePeer) Congestion() replication.CongestionConfig            { return replication.CongestionConfig{} }
+
+// looseConfig is a Config for a loosePeer named beta.
+func looseConfig(timeout time.Duration) Config {
+	return Config{
+		Name: "beta", Timeout: timeout, Lag: &replication.Lag{}, WriteSeq: &atomic.Uint64{},
+		Counters: Counters{
+			FramesSent: &atomic.Uint64{}, EntriesSent: &atomic.Uint64{},
+			ResyncDone: &atomic.Int64{}, ChecksumsSkipped: &atomic.Int64{}, VerifyDone: &atomic.Int64{}, VerifyFound: &atomic.Int64{},
+		},
+		Log: slog.Default(), FreeBuffer: func(*[]byte) {},
+	}
+}
+
+// TestAnEntryQueuedDuringAHeartbeatIsSent: a write queued while an idle
+// stream's heartbeat is on the wire waits for the one sending goroutine,
+// which sends it as soon as the heartbeat is out (an earlier design left
+// the sending to "whoever finds nobody sending", and once nobody did).
+func TestAnEntryQueuedDuringAHeartbeatIsSent(t *testing.T) {
+	g := newGateStream()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	g.ctx = ctx
+	s := New(ctx, loosePeer{}, transport.NewReplStream(g, cancel), looseConfig(400*time.Millisecond))
+	go func() { _ = s.Run(nil) }()
+	<-g.entered // the heartbeat is out (an idle stream probes every timeout/4)
+	pd := NewPending(replication.Entry{Op: replication.OpFlush})
+	if !s.Enqueue(pd) {
+		t.Fatal("a running session refused an entry")
+	}
+	close(g.gate)
+	if n := <-g.sent; n != 0 {
+		t.Fatalf("first frame carried %d entries, want the empty heartbeat", n)
+	}
+	select {
+	case n := <-g.sent:
+		if n != 1 {
+			t.Fatalf("the next frame carried %d entries, want the queued flush", n)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("the entry queued during the heartbeat was never sent")
+	}
+}
