@@ -12,11 +12,12 @@ import (
 )
 
 // Node is what the control API asks of the node it runs on: package node
-// implements it. Its methods are called concurrently, one call per
-// goroutine gRPC serves; none blocks for longer than the call's context
-// lets it, apart from what the node's own rules wait for (a demotion's
-// drain, a switchover). Errors are the node's: the handlers give them a
-// status code (GRPCError) unless they carry one.
+// implements it. Its methods are called concurrently, from the goroutine
+// gRPC serves each call on, and may block as long as the node's work
+// takes (a status asks every node, a demotion drains the IO, a
+// switchover waits for the new primary to serve). Errors are the node's:
+// the handlers give them a status code (GRPCError) unless they carry
+// one.
 type Node interface {
 	// Name is the node's name in the cluster's config.
 	Name() string
@@ -60,8 +61,9 @@ type Node interface {
 // node's rules: the decisions (may it be promoted, does its data go) are
 // the node's.
 type Volume interface {
-	// Demote hands the primary role over to node to: the volume stops
-	// IO and waits up to timeout for to to hold every write.
+	// Demote hands the primary role over to node to: IO stops, every
+	// replica is flushed, and to must be in sync (within timeout); on
+	// any failure the volume goes on serving as primary.
 	Demote(ctx context.Context, to string, timeout time.Duration) (epoch uint64, gen replication.Generation, err error)
 	// Promote makes this node primary at epoch, after a handover that
 	// left gen.
