@@ -12,7 +12,6 @@ import (
 
 	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/internal/human"
-	"github.com/replvol/replvol/internal/pki"
 	"github.com/replvol/replvol/node/cluster"
 	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
@@ -137,29 +136,24 @@ func (n *Node) forward(ctx context.Context, to string, req cluster.ForwardReques
 	return reply, nil
 }
 
-func (c *control) ClusterForward(ctx context.Context, r *transport.ClusterMessage) (*transport.ClusterMessage, error) {
-	if c.n.cl == nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "node %s runs no cluster (no raft/gossip addresses in its config)", c.n.name)
+// clusterMessage handles a cluster message another node forwarded (the
+// control API's ClusterForward), once sender let it through.
+func (n *Node) clusterMessage(ctx context.Context, body []byte, sender func(from string) error) ([]byte, error) {
+	if n.cl == nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "node %s runs no cluster (no raft/gossip addresses in its config)", n.name)
 	}
 	var req cluster.ForwardRequest
-	if err := json.Unmarshal(r.Body, &req); err != nil {
+	if err := json.Unmarshal(body, &req); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "cluster message: %v", err)
 	}
-	if who, ok := callerOf(ctx); ok && who.id.Role == pki.RoleNode && who.id.Name != req.From {
-		// A node speaks for itself only: beta's certificate cannot renew
-		// alpha's lease.
-		why := fmt.Sprintf("a cluster message from %s came with the certificate of %s", req.From, who.id)
-		return nil, c.n.refuse(who, transport.MethodClusterForward, verdict{code: codes.PermissionDenied, why: why})
-	}
-	body, err := json.Marshal(c.n.cl.c.HandleForward(ctx, req))
-	if err != nil {
+	if err := sender(req.From); err != nil {
 		return nil, err
 	}
-	return &transport.ClusterMessage{Body: body}, nil
+	return json.Marshal(n.cl.c.HandleForward(ctx, req))
 }
 
-func (c *control) Membership(ctx context.Context, r *transport.MembershipRequest) (*transport.MembershipReply, error) {
-	n := c.n
+// membership adds or removes a raft voter (the control API's Membership).
+func (n *Node) membership(ctx context.Context, r *transport.MembershipRequest) (*transport.MembershipReply, error) {
 	if n.cl == nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "node %s runs no cluster (no raft/gossip addresses in its config)", n.name)
 	}

@@ -440,7 +440,7 @@ func TestSwitchoverKeepsEveryByteAndFencesTheOldPrimary(t *testing.T) {
 	if err := c.vol("alpha").WriteAt(ctx, want, 4096, false); err != nil {
 		t.Fatal(err)
 	}
-	api := &control{n: c.nodes["alpha"]}
+	api := c.nodes["alpha"].api
 	r, err := api.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta"})
 	if err != nil {
 		t.Fatal(err)
@@ -501,7 +501,7 @@ func TestSwitchoverToAnOutOfSyncNodeIsRefusedAndNothingChanges(t *testing.T) {
 	c.vol("alpha").setAdminDown(true)
 	writeRandomBlocks(t, c.vol("alpha"), 5, 4)
 	ctx := context.Background()
-	_, err := (&control{n: c.nodes["beta"]}).Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Timeout: 300 * time.Millisecond})
+	_, err := c.nodes["beta"].api.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Timeout: 300 * time.Millisecond})
 	if err == nil || !strings.Contains(err.Error(), "not in sync") {
 		t.Fatalf("switchover to an out-of-sync node: %v", err)
 	}
@@ -543,7 +543,7 @@ func TestFullResyncCanBePausedAndResumed(t *testing.T) {
 	c.waitInSync()
 	writeRandomBlocks(t, c.vol("alpha"), 50, 6)
 	before := replica(c.status(), "beta").ResyncedBytes
-	api := &control{n: c.nodes["beta"]} // any node forwards to the primary
+	api := c.nodes["beta"].api // any node forwards to the primary
 	ctx := context.Background()
 	if _, err := api.Resync(ctx, &transport.ResyncRequest{Volume: "vol0", Pause: true}); err != nil {
 		t.Fatal(err)
@@ -556,7 +556,7 @@ func TestFullResyncCanBePausedAndResumed(t *testing.T) {
 		b := replica(c.status(), "beta")
 		return b.Replication == "PausedSyncT" && b.Disk == "Inconsistent" && b.ResyncDoneBytes == 0
 	}, "beta Inconsistent and paused")
-	if _, err := (&control{n: c.nodes["alpha"]}).Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Timeout: 100 * time.Millisecond}); err == nil {
+	if _, err := c.nodes["alpha"].api.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Timeout: 100 * time.Millisecond}); err == nil {
 		t.Fatal("an Inconsistent node was promoted")
 	}
 	if _, err := api.Resync(ctx, &transport.ResyncRequest{Volume: "vol0", Resume: true}); err != nil {
@@ -583,7 +583,7 @@ func TestResyncRateCapHoldsTheResyncBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	began := time.Now()
-	if _, err := (&control{n: c.nodes["alpha"]}).Resync(context.Background(), &transport.ResyncRequest{Volume: "vol0"}); err != nil {
+	if _, err := c.nodes["alpha"].api.Resync(context.Background(), &transport.ResyncRequest{Volume: "vol0"}); err != nil {
 		t.Fatal(err)
 	}
 	c.waitInSync()
@@ -616,7 +616,7 @@ func TestChecksumResyncSendsOnlyDifferingBlocks(t *testing.T) {
 	}
 	f.Close()
 	before := replica(c.status(), "beta").ResyncedBytes
-	if _, err := (&control{n: c.nodes["alpha"]}).Resync(ctx, &transport.ResyncRequest{Volume: "vol0"}); err != nil {
+	if _, err := c.nodes["alpha"].api.Resync(ctx, &transport.ResyncRequest{Volume: "vol0"}); err != nil {
 		t.Fatal(err)
 	}
 	c.waitInSync()

@@ -78,10 +78,13 @@
 // old end and shows new NBD connections the new size; the range gained
 // reads as zeroes on every disk, so nothing is copied or resynced.
 //
-// The control port (controlport.go) is HTTPS with a tls: section, and
-// every node also serves it on STATE_DIR/control.sock; authz.go decides
-// who may call what (authorize, a pure rule) and marks the calls a node
-// forwards on someone's behalf.
+// The control port is HTTPS with a tls: section, and every node also
+// serves it on STATE_DIR/control.sock. The control API is package
+// node/control: its handlers, its Gate (who may call what: authorize, a
+// pure rule; and the marks of the calls a node forwards on someone's
+// behalf) and the port's Listener. It runs the node through
+// control.Node, which controlapi.go adapts; what a command decides (a
+// switchover, switchover.go; discard-my-data) stays here.
 //
 // Its cluster file is package config's (node names its types by alias),
 // its disks package backing's, and its durable files metadata's (the
@@ -93,11 +96,11 @@
 // Lock order, outermost first; a goroutine holding one takes only those
 // after it: n.volMu, v.resizeMu, in.applyMu, v.stateMu, v.mu; then the
 // leaves, under which nothing is taken: n.mu, n.cl.mu, v.rb.mu,
-// n.events.mu, the metrics' eventCounts.mu and statusCache.mu, and the
-// control port's listener mu. These are every mutex of the package (type
-// mutex, lock.go); the peer and session code declares none, and a
-// session's loop takes v.stateMu and v.mu only at its end (startTracking,
-// through session.Peer).
+// n.events.mu, the metrics' eventCounts.mu and statusCache.mu (the
+// control port's listener mu, a leaf too, is node/control's). These are
+// every mutex of the package (type mutex, lock.go); the peer and session
+// code declares none, and a session's loop takes v.stateMu and v.mu only
+// at its end (startTracking, through session.Peer).
 // v.stateMu is never taken while waiting for an entry's ack; v.mu is never
 // held while the state is written. go test -tags deadlock (make test-locks)
 // checks the order at run time. in.applyMu, a stream's apply lock, is

@@ -1,7 +1,6 @@
 package node
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"time"
@@ -62,53 +61,6 @@ func (n *Node) subscribe() (<-chan transport.Event, func()) {
 		n.events.mu.Lock()
 		delete(n.events.subs, ch)
 		n.events.mu.Unlock()
-	}
-}
-
-// Events streams this node's events: the last r.History first (oldest
-// first), then, with r.State, its current state (stateEvents), then every
-// new one as it happens, until ctx ends. It subscribes before it looks, so
-// nothing that happens meanwhile is missed (it may show twice).
-func (c *control) Events(ctx context.Context, r *transport.EventsRequest, send func(*transport.Event) error) error {
-	n := c.n
-	live, cancel := n.subscribe()
-	defer cancel()
-	var last uint64
-	if r.History > 0 {
-		past, err := n.store.Events(r.History)
-		if err != nil {
-			return grpcError(err)
-		}
-		for _, e := range past {
-			if !r.Since.IsZero() && e.Time.Before(r.Since) {
-				continue
-			}
-			te := n.transportEvent(e)
-			if err := send(&te); err != nil {
-				return err
-			}
-			last = e.Seq
-		}
-	}
-	if r.State {
-		for _, e := range n.stateEvents(time.Now()) {
-			if err := send(&e); err != nil {
-				return err
-			}
-		}
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case e := <-live:
-			if e.Seq != 0 && e.Seq <= last {
-				continue // already sent from the history
-			}
-			if err := send(&e); err != nil {
-				return err
-			}
-		}
 	}
 }
 

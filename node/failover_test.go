@@ -181,7 +181,7 @@ func TestRepeatedSwitchoversThroughRaft(t *testing.T) {
 	c.start("beta")
 	c.waitInSync()
 	ctx := context.Background()
-	api := &control{n: c.nodes["wit"]}
+	api := c.nodes["wit"].api
 	to := "beta"
 	for i := range 10 {
 		eventually(t, func() bool {
@@ -213,7 +213,7 @@ func TestResyncOfOneSecondary(t *testing.T) {
 	a := c.vol("alpha")
 	writeRandomBlocks(t, a, 20, 43)
 	betaBefore, gammaBefore := c.vol("beta").resynced.Load(), c.vol("gamma").resynced.Load()
-	api := &control{n: c.nodes["beta"]} // forwarded to the primary
+	api := c.nodes["beta"].api // forwarded to the primary
 	ctx := context.Background()
 	for _, tc := range []struct {
 		node string
@@ -271,7 +271,7 @@ func TestTwoVotersLeftMeanNoAutomaticFailover(t *testing.T) {
 	eventually(t, func() bool { return c.status().Cluster.Failover == "auto" }, "failover auto with three voters")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	r, err := (&control{n: c.nodes["alpha"]}).Membership(ctx, &transport.MembershipRequest{Node: "wit", Remove: true})
+	r, err := c.nodes["alpha"].api.Membership(ctx, &transport.MembershipRequest{Node: "wit", Remove: true})
 	if err != nil || !slices.Equal(r.Voters, []string{"alpha", "beta"}) {
 		t.Fatalf("remove the witness: %+v, %v", r, err)
 	}
@@ -299,7 +299,7 @@ func TestSwitchoverToADisconnectedOutdatedNodeIsRefusedAtOnce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // replctl's default --timeout
 	defer cancel()
 	eventually(t, func() bool { return a.WriteAt(ctx, pattern(1, 4096), 0, false) == nil }, "alpha serves under its lease")
-	if _, err := (&control{n: c.nodes["wit"]}).Disconnect(ctx, &transport.ConnectRequest{Volume: "vol0", Node: "beta"}); err != nil {
+	if _, err := c.nodes["wit"].api.Disconnect(ctx, &transport.ConnectRequest{Volume: "vol0", Node: "beta"}); err != nil {
 		t.Fatal(err)
 	}
 	writeRandomBlocks(t, a, 5, 7)
@@ -309,7 +309,7 @@ func TestSwitchoverToADisconnectedOutdatedNodeIsRefusedAtOnce(t *testing.T) {
 	}, "raft has beta Outdated")
 
 	start := time.Now()
-	_, err := (&control{n: c.nodes["wit"]}).Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta"})
+	_, err := c.nodes["wit"].api.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta"})
 	took := time.Since(start)
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("switchover to the disconnected, Outdated beta: %v; want FailedPrecondition", err)

@@ -249,7 +249,7 @@ func TestUnrelatedDataIsNeverOverwritten(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.start("beta")
-	if _, err := (&control{n: c.nodes["alpha"]}).Connect(context.Background(), &transport.ConnectRequest{Volume: "vol0"}); err != nil {
+	if _, err := c.nodes["alpha"].api.Connect(context.Background(), &transport.ConnectRequest{Volume: "vol0"}); err != nil {
 		t.Fatal(err)
 	}
 	c.waitInSync()

@@ -164,7 +164,7 @@ replvol_replica_role{node="beta",state="Unknown",volume="vol0"} 0
 	}
 	checkScrape(t, alpha)
 
-	ctl := &control{n: alpha}
+	ctl := alpha.api
 	if _, err := ctl.Disconnect(ctx, &transport.ConnectRequest{Volume: "vol0"}); err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +209,7 @@ func TestMetricsOfPaths(t *testing.T) {
 	c.waitInSync()
 	alpha := c.nodes["alpha"]
 	p := func(name string) []string { return []string{"volume=vol0", "node=alpha", "path=" + name} }
-	if _, err := (&control{n: alpha}).PathAction(context.Background(), &transport.PathRequest{Volume: "vol0", Action: "fail", Path: "p0"}); err != nil {
+	if _, err := alpha.api.PathAction(context.Background(), &transport.PathRequest{Volume: "vol0", Action: "fail", Path: "p0"}); err != nil {
 		t.Fatal(err)
 	}
 	waitMetric(t, alpha, "p0 failed", metricIs(1), "replvol_path_state", append(p("p0"), "state=FAIL")...)

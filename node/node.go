@@ -22,6 +22,7 @@ import (
 	"github.com/replvol/replvol/internal/pki"
 	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/node/cluster"
+	"github.com/replvol/replvol/node/control"
 	"github.com/replvol/replvol/node/multipath"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
@@ -111,7 +112,12 @@ type Node struct {
 	tls       *pki.Bundle
 	gossipKey []byte
 	// refusals logs each refused peer or caller once per cause.
-	refusals *refusalLog
+	refusals *control.RefusalLog
+	// gate authorizes the control API's calls (node/control).
+	gate *control.Gate
+	// api is this node's control API (node/control), on the node's
+	// adapter (controlapi.go).
+	api *control.Server
 	// bootID is the operating system's boot this node runs in.
 	bootID string
 	// stateDir holds the node's state and its unix socket.
@@ -184,7 +190,7 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 		clients: map[string]*transport.ControlClient{}, statusFailed: map[string]bool{},
 		lnControl: opts.Control, lnRepl: opts.Replication, lnNBD: opts.NBD,
 		stopLoop: make(chan struct{}), wrapStream: opts.WrapStream, bootID: opts.bootID,
-		controlConns: maxControlConns, controlConnsPerHost: maxControlConnsPerHost,
+		controlConns: control.MaxConns, controlConnsPerHost: control.MaxConnsPerHost,
 	}
 	n.cfg.Store(cfg)
 	n.vols.Store(&map[string]*Volume{})
@@ -198,10 +204,12 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 		n.bootID = bootID()
 	}
 	n.dataRefusals = logonce.New(refusalQuiet, maxRefusalsKept, nil)
-	n.refusals = newRefusalLog()
+	n.refusals = control.NewRefusalLog(n.log, refusalQuiet, maxRefusalsKept)
 	if err := n.loadTLS(); err != nil {
 		return nil, err
 	}
+	n.gate = control.NewGate(n.name, n.tls, n.log, n.refusals)
+	n.api = control.NewServer(controlNode{n}, n.gate)
 	n.life, n.endLife = context.WithCancel(context.Background())
 	dir := opts.StateDir
 	if dir == "" {
@@ -332,7 +340,7 @@ func (n *Node) Start() error {
 		if ln, err = transport.ListenUnix(n.unixPath); err != nil {
 			err = fmt.Errorf("node %s: listen on the unix socket %s: %w", n.name, n.unixPath, err)
 		} else {
-			n.lnUnix = newGuardedListener(n, ln, "unix socket", nil, n.controlConns, n.controlConns)
+			n.lnUnix = control.NewListener(ln, "unix socket", nil, n.controlConns, n.controlConns, n.log, n.refusals)
 		}
 	}
 	if err != nil {
@@ -344,19 +352,19 @@ func (n *Node) Start() error {
 		controlTLS = n.tls.AskingServerConfig()
 		controlTLS.NextProtos = []string{"h2", "http/1.1"}
 	}
-	n.lnControl = newGuardedListener(n, n.lnControl, "control", controlTLS, n.controlConns, n.controlConnsPerHost)
+	n.lnControl = control.NewListener(n.lnControl, "control", controlTLS, n.controlConns, n.controlConnsPerHost, n.log, n.refusals)
 
 	n.registry = prometheus.NewRegistry()
 	n.registry.MustRegister(newCollector(n))
 	n.nbd = nbd.NewServer(n.nbdConfig())
 	n.repl = transport.NewReplServer(n.handleStream, n.replServerOptions()...)
-	n.ctlGRPC = transport.NewControlGRPC(&control{n: n}, transport.WithAuthorize(n.authorizeCall))
+	n.ctlGRPC = transport.NewControlGRPC(n.api, transport.WithAuthorize(n.gate.Authorize))
 	mux := web.NewMux(web.Source{
 		Status:   func(ctx context.Context) (*transport.ClusterStatus, error) { return n.clusterStatus(ctx, 20) },
 		Node:     func(context.Context) (*transport.NodeStatus, error) { return n.nodeStatus(50), nil },
 		Registry: n.registry,
 		Events: func(ctx context.Context, history int, fn func(*transport.Event) error) error {
-			return (&control{n: n}).Events(ctx, &transport.EventsRequest{History: history}, fn)
+			return n.api.Events(ctx, &transport.EventsRequest{History: history}, fn)
 		},
 		Peer: func(ctx context.Context, ni transport.NodeInfo) (*transport.NodeStatus, error) {
 			api, err := n.peerAPI(ni.Name)
@@ -367,7 +375,7 @@ func (n *Node) Start() error {
 		},
 		Context: n.life,
 	})
-	handler := n.guardHTTP(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	handler := n.gate.GuardHTTP(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
 			n.ctlGRPC.ServeHTTP(w, r)
 			return
@@ -396,7 +404,7 @@ func (n *Node) Start() error {
 	n.httpUnix = &http.Server{
 		Protocols: &plain,
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			handler.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), localKey{}, true)))
+			handler.ServeHTTP(w, r.WithContext(control.Local(r.Context())))
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       5 * time.Minute,
@@ -543,13 +551,13 @@ func (n *Node) client(name string) (*transport.ControlClient, error) {
 	if c, ok := n.clients[name]; ok {
 		return c, nil
 	}
-	opts := []transport.DialOption{transport.WithOutgoing(n.outgoing)}
+	opts := []transport.DialOption{transport.WithOutgoing(n.gate.Outgoing)}
 	if n.tls != nil {
 		// The node dialed must be the one the config names there.
 		opts = append(opts, transport.WithTLS(n.tls.ClientConfig(nc.Control, pki.Exactly(pki.Identity{Role: pki.RoleNode, Name: name}))),
 			transport.WithHandshakeFailure(func(err error) {
 				why := transport.TLSWords(err)
-				n.refusals.note(n, name, why, "refused the control port of a node", "peer", name, "addr", nc.Control, "why", why)
+				n.refusals.Note(name, why, "refused the control port of a node", "peer", name, "addr", nc.Control, "why", why)
 			}))
 	}
 	c, err := transport.DialControl(nc.Control, opts...)
@@ -576,7 +584,9 @@ func (n *Node) volume(name string) (*Volume, error) {
 	return v, nil
 }
 
-var errNotFound = errors.New("not found")
+// errNotFound is control.ErrNotFound: the control API answers it
+// NotFound.
+var errNotFound = control.ErrNotFound
 
 // nbdURI is the export URI of a volume on a node.
 func (n *Node) nbdURI(node, volume string) string {

@@ -1,7 +1,6 @@
 package node
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"sort"
@@ -69,22 +68,14 @@ func (v *Volume) pathStatus() []transport.PathStatus {
 	return out
 }
 
-// PathAction runs an operator's path command on the node that owns the
-// paths, forwarding it there when needed.
-func (c *control) PathAction(ctx context.Context, r *transport.PathRequest) (*transport.PathReply, error) {
-	n := c.n
-	if reply, ok, err := forward(n, r.Node, func(api transport.ControlServer) (*transport.PathReply, error) {
-		return api.PathAction(ctx, r)
-	}); ok {
-		return reply, err
-	}
-	v, err := n.volume(r.Volume)
-	if err != nil {
-		return nil, grpcError(err)
-	}
+// pathAction runs an operator's path command (the control API's
+// PathAction, on the node that owns the paths).
+func (v *Volume) pathAction(r *transport.PathRequest) (*transport.PathReply, error) {
+	n := v.node
 	if v.mp == nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "%s on %s has a single-path disk; configure disks.%s.paths to use multipath", r.Volume, n.name, n.name)
 	}
+	var err error
 	switch r.Action {
 	case "fail":
 		err = v.mp.Fail(r.Path)

@@ -58,7 +58,7 @@ func TestPathFailuresNeverReachTheVolumesClient(t *testing.T) {
 	})
 	p0 = findFaultPath(t, c)
 	p0.SetInjector(inj)
-	if _, err := (&control{n: c.nodes["alpha"]}).PathAction(context.Background(), &transport.PathRequest{Volume: "vol0", Action: "policy", Policy: "round-robin"}); err != nil {
+	if _, err := c.nodes["alpha"].api.PathAction(context.Background(), &transport.PathRequest{Volume: "vol0", Action: "policy", Policy: "round-robin"}); err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
@@ -113,7 +113,7 @@ func TestPathCommandsAndMultipathConfigErrors(t *testing.T) {
 	c.start("alpha")
 	c.start("beta")
 	c.waitInSync()
-	api := &control{n: c.nodes["beta"]} // forwards to alpha
+	api := c.nodes["beta"].api // forwards to alpha
 	ctx := context.Background()
 	r, err := api.PathAction(ctx, &transport.PathRequest{Volume: "vol0", Node: "alpha", Action: "fail", Path: "p0"})
 	if err != nil {

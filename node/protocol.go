@@ -1,16 +1,10 @@
 package node
 
 import (
-	"context"
 	"fmt"
-	"sort"
-	"strings"
 	"time"
 
 	"github.com/replvol/replvol/replication"
-	"github.com/replvol/replvol/transport"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // settings are a volume's replication settings that replctl adjust changes
@@ -128,57 +122,6 @@ func (p *peer) lagOf(now time.Time) (int64, time.Duration) {
 type lagView struct {
 	bytes  int64
 	oldest time.Time
-}
-
-// Adjust changes a volume's settings on every node holding it (on r.Node
-// only, when set): the protocol and the congestion policy, online.
-func (c *control) Adjust(ctx context.Context, r *transport.AdjustRequest) (*transport.AdjustReply, error) {
-	n := c.n
-	if r.Node == n.name {
-		v, err := n.volume(r.Volume)
-		if err != nil {
-			return nil, grpcError(err)
-		}
-		s, err := v.adjust(r.Protocol, r.OnCongestion, r.ResyncRate)
-		if err != nil {
-			return nil, status.Error(codes.InvalidArgument, err.Error())
-		}
-		return &transport.AdjustReply{Nodes: []transport.AdjustedNode{{Node: n.name, Protocol: string(s.protocol),
-			OnCongestion: string(s.congestion.Policy), ResyncRate: s.resyncRate}}}, nil
-	}
-	vc, err := n.volumeHeldBy(r.Volume, r.Node)
-	if err != nil {
-		return nil, err
-	}
-	reply := &transport.AdjustReply{}
-	var nodes []string
-	for name := range vc.Disks {
-		if r.Node == "" || r.Node == name {
-			nodes = append(nodes, name)
-		}
-	}
-	sort.Strings(nodes)
-	var errs []string
-	for _, name := range nodes {
-		api, err := n.peerAPI(name)
-		if err == nil {
-			var one *transport.AdjustReply
-			fwd := *r
-			fwd.Node = name
-			if one, err = api.Adjust(ctx, &fwd); err == nil {
-				reply.Nodes = append(reply.Nodes, one.Nodes...)
-				continue
-			}
-			if status.Code(err) == codes.InvalidArgument {
-				return nil, err // the same on every node: nothing changed
-			}
-		}
-		errs = append(errs, fmt.Sprintf("%s: %s", name, status.Convert(err).Message()))
-	}
-	if len(errs) > 0 {
-		return reply, status.Errorf(codes.Unavailable, "adjusted %d of %d nodes; not: %s (run replctl adjust again once they are up)", len(reply.Nodes), len(nodes), strings.Join(errs, "; "))
-	}
-	return reply, nil
 }
 
 // rateText is a resync rate for people: "no cap" or "50.0MiB/s".

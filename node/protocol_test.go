@@ -86,7 +86,7 @@ func TestEachProtocolCompletesAWriteWhenItPromises(t *testing.T) {
 // write fails and no resync follows.
 func TestAdjustChangesTheProtocolWhileWriting(t *testing.T) {
 	c := newSyncedCluster(t, 16<<20)
-	api := &control{n: c.nodes["beta"]}
+	api := c.nodes["beta"].api
 	ctx := context.Background()
 	stop := make(chan struct{})
 	errs := make(chan error, 1)
@@ -175,7 +175,7 @@ func TestAdjustResyncRateOnline(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	api := &control{n: c.nodes["beta"]}
+	api := c.nodes["beta"].api
 	adjust := func(rate int64) {
 		t.Helper()
 		r, err := api.Adjust(ctx, &transport.AdjustRequest{Volume: "vol0", ResyncRate: &rate})

@@ -7,7 +7,6 @@ import (
 	"maps"
 	"os"
 	"slices"
-	"sort"
 	"strings"
 
 	"github.com/replvol/replvol/backing"
@@ -16,7 +15,6 @@ import (
 	"github.com/replvol/replvol/node/session"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
 
@@ -272,132 +270,4 @@ func (v *Volume) diskName() string {
 		paths = append(paths, p.Name+" ("+p.Path+")")
 	}
 	return "the multipath disk of " + strings.Join(paths, ", ")
-}
-
-// Resize grows a volume online: on r.Node alone when set (this node:
-// here), otherwise on every node that holds it, after each said it can,
-// the secondaries first and the primary last.
-func (c *control) Resize(ctx context.Context, r *transport.ResizeRequest) (*transport.ResizeReply, error) {
-	n := c.n
-	if r.Size <= 0 || r.Size%metadata.MDBlockSize != 0 {
-		return nil, status.Errorf(codes.InvalidArgument, "size %d: want a positive multiple of 4096 bytes", r.Size)
-	}
-	reply := &transport.ResizeReply{Volume: r.Volume, Size: r.Size}
-	if r.Node == n.name {
-		v, err := n.volume(r.Volume)
-		if err != nil {
-			return nil, grpcError(err)
-		}
-		one, err := v.grow(ctx, r.Size, r.Check)
-		if err != nil {
-			return nil, grpcError(err)
-		}
-		reply.Nodes = append(reply.Nodes, one)
-		return reply, nil
-	}
-	vc, err := n.volumeHeldBy(r.Volume, r.Node)
-	if err != nil {
-		return nil, err
-	}
-	if r.Node != "" {
-		there, _, err := forward(n, r.Node, func(api transport.ControlServer) (*transport.ResizeReply, error) {
-			return api.Resize(ctx, r)
-		})
-		return there, err
-	}
-	order, err := n.resizeOrder(ctx, vc)
-	if err != nil {
-		return nil, err
-	}
-	// Every node says it can, or nothing changes anywhere.
-	var refusals []string
-	for _, name := range order {
-		one, err := n.resizeOn(ctx, name, r, true)
-		if err != nil {
-			refusals = append(refusals, status.Convert(err).Message())
-			continue
-		}
-		reply.Nodes = append(reply.Nodes, one)
-	}
-	if len(refusals) > 0 {
-		return nil, status.Errorf(codes.FailedPrecondition, "%s cannot grow to %d bytes (%s): %s",
-			r.Volume, r.Size, human.Bytes(r.Size), strings.Join(refusals, "; "))
-	}
-	if r.Check {
-		return reply, nil
-	}
-	reply.Nodes = nil
-	for _, name := range order {
-		one, err := n.resizeOn(ctx, name, r, false)
-		if err != nil {
-			var grew []string
-			for _, d := range reply.Nodes {
-				grew = append(grew, d.Node)
-			}
-			done := "no node grew"
-			if len(grew) > 0 {
-				done = strings.Join(grew, ", ") + " grew (and stays so: a volume only grows)"
-			}
-			return reply, status.Errorf(codes.FailedPrecondition, "%s; %s did not: %s; once that is fixed, run replctl resize %s %d again (the nodes grown say they are already)",
-				done, name, status.Convert(err).Message(), r.Volume, r.Size)
-		}
-		reply.Nodes = append(reply.Nodes, one)
-	}
-	return reply, nil
-}
-
-// resizeOn asks node name to grow its copy (or, with check, whether it can).
-func (n *Node) resizeOn(ctx context.Context, name string, r *transport.ResizeRequest, check bool) (transport.ResizedNode, error) {
-	api, err := n.peerAPI(name)
-	if err != nil {
-		return transport.ResizedNode{}, err
-	}
-	one, err := api.Resize(ctx, &transport.ResizeRequest{Volume: r.Volume, Size: r.Size, Node: name, Check: check})
-	if err != nil {
-		return transport.ResizedNode{}, err
-	}
-	if len(one.Nodes) != 1 {
-		return transport.ResizedNode{}, fmt.Errorf("%s answered for %d nodes", name, len(one.Nodes))
-	}
-	return one.Nodes[0], nil
-}
-
-// resizeOrder lists the nodes that hold vc, the primary last; it refuses
-// while one of them cannot be reached.
-func (n *Node) resizeOrder(ctx context.Context, vc *VolumeConfig) ([]string, error) {
-	cs, err := n.clusterStatus(ctx, 0)
-	if err != nil {
-		return nil, grpcError(err)
-	}
-	var vs transport.VolumeStatus
-	for _, s := range cs.Volumes {
-		if s.Name == vc.Name {
-			vs = s
-		}
-	}
-	var order, down []string
-	for _, rs := range vs.Replicas {
-		if !rs.Reachable {
-			why := ""
-			for _, ni := range cs.Nodes {
-				if ni.Name == rs.Node && ni.Error != "" {
-					why = " (" + ni.Error + ")"
-				}
-			}
-			down = append(down, rs.Node+why)
-			continue
-		}
-		if rs.Node != vs.Primary {
-			order = append(order, rs.Node)
-		}
-	}
-	if len(down) > 0 {
-		return nil, status.Errorf(codes.FailedPrecondition, "%s cannot be reached: a resize grows every node of %s, the secondaries first; start it and run the resize again, or grow the nodes that are up one at a time with --node (the primary last) and the others with --node once they are back (their peers refuse them until then); nothing changed",
-			strings.Join(down, ", "), vc.Name)
-	}
-	sort.Strings(order)
-	if _, ok := vc.Disks[vs.Primary]; ok {
-		order = append(order, vs.Primary)
-	}
-	return order, nil
 }

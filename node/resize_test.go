@@ -67,7 +67,7 @@ func (c *testCluster) resize(via string, r *transport.ResizeRequest) (*transport
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	return (&control{n: c.nodes[via]}).Resize(ctx, r)
+	return c.nodes[via].api.Resize(ctx, r)
 }
 
 // nbdSize is the export size a new NBD connection to node name is told.

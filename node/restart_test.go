@@ -49,7 +49,7 @@ func TestAWaitingPrimaryServesWhenForced(t *testing.T) {
 	c.start("alpha")
 	v := c.vol("alpha")
 	epoch := v.epoch()
-	if _, err := (&control{n: c.nodes["alpha"]}).Primary(context.Background(), &transport.PrimaryRequest{Volume: "vol0", Node: "alpha", Force: true, Yes: true}); err != nil {
+	if _, err := c.nodes["alpha"].api.Primary(context.Background(), &transport.PrimaryRequest{Volume: "vol0", Node: "alpha", Force: true, Yes: true}); err != nil {
 		t.Fatal(err)
 	}
 	if !v.status().Serving || v.epoch() <= epoch {

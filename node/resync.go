@@ -1,7 +1,6 @@
 package node
 
 import (
-	"context"
 	"fmt"
 	"sort"
 	"strings"
@@ -11,43 +10,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
-
-// onPrimary runs a volume command where it belongs: here when this node
-// is the volume's primary, else forwarded to the primary.
-func onPrimary[Resp any](ctx context.Context, c *control, volume, what string,
-	here func(v *Volume) (*Resp, error), there func(api transport.ControlServer) (*Resp, error)) (*Resp, error) {
-	n := c.n
-	if v, ok := n.volumes()[volume]; ok {
-		v.mu.Lock()
-		primary := v.role == replication.Primary
-		v.mu.Unlock()
-		if primary {
-			return here(v)
-		}
-	}
-	vs, found, err := n.volumeStatus(ctx, volume)
-	switch {
-	case err != nil:
-		return nil, err
-	case !found:
-		return nil, status.Errorf(codes.NotFound, "no volume %q in the cluster", volume)
-	case vs.NBDURI == "" || vs.Primary == n.name:
-		return nil, status.Errorf(codes.FailedPrecondition, "%s has no reachable primary to %s", volume, what)
-	}
-	reply, _, err := forward(n, vs.Primary, there)
-	return reply, err
-}
-
-// Resync runs on any node: the volume's primary starts, pauses or resumes
-// the resync of its peers.
-func (c *control) Resync(ctx context.Context, r *transport.ResyncRequest) (*transport.ResyncReply, error) {
-	return onPrimary(ctx, c, r.Volume, "resync from", func(v *Volume) (*transport.ResyncReply, error) {
-		if r.From != "" && r.From != c.n.name {
-			return nil, status.Errorf(codes.FailedPrecondition, "%s is primary for %s; a resync runs from the primary: drop --from, or first run replctl primary %s --node %s", c.n.name, r.Volume, r.Volume, r.From)
-		}
-		return v.resync(r.Pause, r.Resume, r.Node)
-	}, func(api transport.ControlServer) (*transport.ResyncReply, error) { return api.Resync(ctx, r) })
-}
 
 // resyncRefusal says why a full resync of p cannot happen: a refusal that
 // holds until an operator acts stands between this primary and p.

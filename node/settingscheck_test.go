@@ -26,7 +26,7 @@ func TestOneNodeReloadsAnotherProtocol(t *testing.T) {
 		t.Fatalf("mismatches before any change: %+v", st.Volumes[0].SettingMismatches)
 	}
 	ctx := context.Background()
-	if _, err := (&control{n: beta}).Adjust(ctx, &transport.AdjustRequest{Volume: "vol0", Node: "beta", Protocol: "B"}); err != nil {
+	if _, err := beta.api.Adjust(ctx, &transport.AdjustRequest{Volume: "vol0", Node: "beta", Protocol: "B"}); err != nil {
 		t.Fatal(err)
 	}
 	e := waitForEvent(t, beta, "settings-mismatch", nil)
@@ -49,7 +49,7 @@ func TestOneNodeReloadsAnotherProtocol(t *testing.T) {
 		}
 	}
 
-	if _, err := (&control{n: beta}).Adjust(ctx, &transport.AdjustRequest{Volume: "vol0", Node: "beta", Protocol: "C"}); err != nil {
+	if _, err := beta.api.Adjust(ctx, &transport.AdjustRequest{Volume: "vol0", Node: "beta", Protocol: "C"}); err != nil {
 		t.Fatal(err)
 	}
 	waitForEvent(t, beta, "settings-agree", func(e statefile.Event) bool { return e.Peer == "alpha" })
@@ -71,7 +71,7 @@ func TestAnAdjustOfEveryNodeIsNoMismatch(t *testing.T) {
 	alpha := c.start("alpha")
 	beta := c.start("beta")
 	c.waitInSync()
-	if _, err := (&control{n: alpha}).Adjust(context.Background(), &transport.AdjustRequest{Volume: "vol0", Protocol: "B"}); err != nil {
+	if _, err := alpha.api.Adjust(context.Background(), &transport.AdjustRequest{Volume: "vol0", Protocol: "B"}); err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range []*Node{alpha, beta} {

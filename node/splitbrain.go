@@ -35,7 +35,7 @@ func (v *Volume) autoDiscard(other string, policy replication.AfterSplitBrain) {
 	}
 	v.node.event(v.name, "split-brain-resolved", fmt.Sprintf("policy %s: %s discards its %s of changes and resyncs from %s", policy, v.self, human.Bytes(bytes), other))
 	if api, err := v.node.peerAPI(other); err == nil {
-		ctx := v.node.onBehalfOfPolicy(ctx, "the split-brain policy (after_sb)")
+		ctx := v.node.gate.OnBehalfOfPolicy(ctx, "the split-brain policy (after_sb)")
 		if _, err := api.Connect(ctx, &transport.ConnectRequest{Volume: v.name, Node: other}); err != nil {
 			v.log.Warn("ask the other node to connect", "node", other, "err", err)
 		}
@@ -190,21 +190,21 @@ func (v *Volume) resumePeers() {
 
 // resolveSplitBrain runs connect --discard-my-data on the victim, then has
 // every other node of the volume try again.
-func (c *control) resolveSplitBrain(ctx context.Context, v *Volume, yes bool) (*transport.ConnectReply, error) {
+func (v *Volume) resolveSplitBrain(ctx context.Context, yes bool) (*transport.ConnectReply, error) {
 	bytes, err := v.discardMyData(ctx, yes)
 	if err != nil {
 		return nil, grpcError(err)
 	}
-	reply := &transport.ConnectReply{Node: c.n.name, DiscardBytes: bytes, Done: yes}
+	reply := &transport.ConnectReply{Node: v.node.name, DiscardBytes: bytes, Done: yes}
 	if !yes {
 		reply.Replication = v.status().Replication
 		return reply, nil
 	}
 	for name := range v.cfg.Disks {
-		if name == c.n.name {
+		if name == v.node.name {
 			continue
 		}
-		if api, err := c.n.peerAPI(name); err == nil {
+		if api, err := v.node.peerAPI(name); err == nil {
 			api.Connect(ctx, &transport.ConnectRequest{Volume: v.name, Node: name})
 		}
 	}

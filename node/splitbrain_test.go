@@ -30,7 +30,7 @@ func TestSplitBrainIsDetectedAndDiscardMyDataRollsBackOnlyTheVictim(t *testing.T
 	if err := c.vol("alpha").WriteAt(ctx, base, 0, false); err != nil {
 		t.Fatal(err)
 	}
-	alphaAPI, betaAPI := &control{n: c.nodes["alpha"]}, &control{n: c.nodes["beta"]}
+	alphaAPI, betaAPI := c.nodes["alpha"].api, c.nodes["beta"].api
 
 	// The split: no stream either way.
 	c.vol("alpha").setAdminDown(true)
@@ -122,7 +122,7 @@ func TestForcedPrimaryThenOldPrimaryReturnsWithoutWrites(t *testing.T) {
 	c.waitInSync()
 	ctx := context.Background()
 	c.stop("alpha")
-	betaAPI := &control{n: c.nodes["beta"]}
+	betaAPI := c.nodes["beta"].api
 	if _, err := betaAPI.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true}); err == nil || !strings.Contains(err.Error(), "--yes") {
 		t.Fatalf("forced promotion without --yes: %v", err)
 	}
@@ -165,7 +165,7 @@ func TestForcedPrimaryWhileDisconnectedRunsOnOneCopy(t *testing.T) {
 	ctx := context.Background()
 	c.vol("beta").setAdminDown(true)
 	c.stop("alpha")
-	if _, err := (&control{n: c.nodes["beta"]}).Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true, Yes: true}); err != nil {
+	if _, err := c.nodes["beta"].api.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true, Yes: true}); err != nil {
 		t.Fatal(err)
 	}
 	st := c.status()
@@ -203,7 +203,7 @@ func TestForcedPrimaryWithoutWritesCopiesTheOldPrimarysWrites(t *testing.T) {
 	c.stop("alpha")
 	before := replica(c.status(), "beta").ResyncedBytes
 	c.vol("beta").setAdminDown(false)
-	if _, err := (&control{n: c.nodes["beta"]}).Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true, Yes: true}); err != nil {
+	if _, err := c.nodes["beta"].api.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true, Yes: true}); err != nil {
 		t.Fatal(err)
 	}
 	c.start("alpha")
@@ -253,7 +253,7 @@ func TestSplitBrainPoliciesPickTheVictimThemselves(t *testing.T) {
 			// Split: beta is forced to primary while alpha cannot see it.
 			c.vol("alpha").setAdminDown(true)
 			c.vol("beta").setAdminDown(true)
-			if _, err := (&control{n: c.nodes["beta"]}).Promote(ctx, &transport.PromoteRequest{Volume: "vol0", Force: true}); err != nil {
+			if _, err := c.nodes["beta"].api.Promote(ctx, &transport.PromoteRequest{Volume: "vol0", Force: true}); err != nil {
 				t.Fatal(err)
 			}
 			writeRandomBlocks(t, c.vol("beta"), 10, 41)
@@ -283,7 +283,7 @@ func TestAnOldPrimaryIsFencedByANewerEpoch(t *testing.T) {
 	c := newSyncedCluster(t, 16<<20)
 	ctx := context.Background()
 	c.stop("alpha")
-	if _, err := (&control{n: c.nodes["beta"]}).Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true, Yes: true}); err != nil {
+	if _, err := c.nodes["beta"].api.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true, Yes: true}); err != nil {
 		t.Fatal(err)
 	}
 	writeRandomBlocks(t, c.vol("beta"), 10, 31)
@@ -327,7 +327,7 @@ func TestSplitBrainUnderRaftIsResolvedByDiscardMyDataAfterTheStepDown(t *testing
 		st, err := c.nodes["wit"].clusterStatus(ctx, 0)
 		return err == nil && c.nodes["wit"].cl.c.Status().Quorum && replica(st, "beta").Reachable
 	}, "beta and the witness hold a raft quorum, beta answers")
-	witAPI := &control{n: c.nodes["wit"]}
+	witAPI := c.nodes["wit"].api
 	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	if _, err := witAPI.Primary(wctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true, Yes: true}); err != nil {
@@ -345,7 +345,7 @@ func TestSplitBrainUnderRaftIsResolvedByDiscardMyDataAfterTheStepDown(t *testing
 			b.peers["alpha"].status().Replication == string(replication.StandAlone)
 	}, "alpha stepped down to Secondary, in a split brain with beta")
 
-	betaAPI := &control{n: c.nodes["beta"]}
+	betaAPI := c.nodes["beta"].api
 	if _, err := betaAPI.Resync(ctx, &transport.ResyncRequest{Volume: "vol0", Node: "alpha"}); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "--discard-my-data") {
 		t.Fatalf("a full resync of alpha across the split brain: %v; want it refused, naming connect --discard-my-data", err)
 	}

@@ -20,7 +20,7 @@ func TestEventsStartWithTheCurrentState(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	got := make(chan transport.Event, 64)
-	go (&control{n: c.nodes["alpha"]}).Events(ctx, &transport.EventsRequest{State: true}, func(e *transport.Event) error {
+	go c.nodes["alpha"].api.Events(ctx, &transport.EventsRequest{State: true}, func(e *transport.Event) error {
 		got <- *e
 		return nil
 	})

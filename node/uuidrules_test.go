@@ -127,7 +127,7 @@ func TestUUIDRuleJustCreatedSelf(t *testing.T) {
 		t.Fatalf("pull progress %d of %d, want part of %d", p.ResyncDoneBytes, p.ResyncTotalBytes, size)
 	}
 	// replctl resync --pause / --resume hold the copy like any resync.
-	api := &control{n: c.nodes["beta"]}
+	api := c.nodes["beta"].api
 	if _, err := api.Resync(context.Background(), &transport.ResyncRequest{Volume: "vol0", Pause: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func TestUUIDRuleJustCreatedBoth(t *testing.T) {
 	if err := c.vol("alpha").WriteAt(context.Background(), pattern(1, 4096), 0, false); err == nil {
 		t.Fatal("a primary without data took a write")
 	}
-	if _, err := (&control{n: c.nodes["beta"]}).Primary(context.Background(), &transport.PrimaryRequest{Volume: "vol0", Node: "alpha", Force: true, Yes: true}); err != nil {
+	if _, err := c.nodes["beta"].api.Primary(context.Background(), &transport.PrimaryRequest{Volume: "vol0", Node: "alpha", Force: true, Yes: true}); err != nil {
 		t.Fatal(err)
 	}
 	c.waitInSync()
@@ -325,7 +325,7 @@ func TestInterruptedResyncResumesWhereItStopped(t *testing.T) {
 			if err := c.vol("alpha").WriteAt(ctx, pattern(3, size), 0, false); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := (&control{n: c.nodes["alpha"]}).Resync(ctx, &transport.ResyncRequest{Volume: "vol0"}); err != nil {
+			if _, err := c.nodes["alpha"].api.Resync(ctx, &transport.ResyncRequest{Volume: "vol0"}); err != nil {
 				t.Fatal(err)
 			}
 			eventually(t, func() bool {
@@ -367,7 +367,7 @@ func TestUUIDRuleSyncTargetMissedFinish(t *testing.T) {
 	state := filepath.Join(c.dir, "alpha", "state.db")
 	before := c.snapshot("alpha")[state] // alpha's bitmap generation toward beta
 	c.vol("beta").setAdminDown(false)
-	if _, err := (&control{n: c.nodes["beta"]}).Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true, Yes: true}); err != nil {
+	if _, err := c.nodes["beta"].api.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true, Yes: true}); err != nil {
 		t.Fatal(err)
 	}
 	c.start("alpha")
@@ -442,7 +442,7 @@ func TestInterruptedPullCopiesThePeersChangesAgain(t *testing.T) {
 	want := c.disk("alpha")
 	c.stop("alpha")
 	c.vol("beta").setAdminDown(false)
-	if _, err := (&control{n: c.nodes["beta"]}).Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true, Yes: true}); err != nil {
+	if _, err := c.nodes["beta"].api.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true, Yes: true}); err != nil {
 		t.Fatal(err)
 	}
 	c.cfg.Volumes[0].ResyncRate = 1 << 20

@@ -1,7 +1,6 @@
 package node
 
 import (
-	"context"
 	"fmt"
 	"sort"
 
@@ -9,14 +8,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
-
-// Verify runs on any node: the primary compares every block of the volume
-// with each connected secondary, online, while IO goes on.
-func (c *control) Verify(ctx context.Context, r *transport.VerifyRequest) (*transport.VerifyReply, error) {
-	return onPrimary(ctx, c, r.Volume, "verify against",
-		func(v *Volume) (*transport.VerifyReply, error) { return v.startVerify(r.Repair) },
-		func(api transport.ControlServer) (*transport.VerifyReply, error) { return api.Verify(ctx, r) })
-}
 
 // startVerify starts a verify of every peer that is connected and in sync.
 func (v *Volume) startVerify(repair bool) (*transport.VerifyReply, error) {

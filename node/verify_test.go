@@ -31,7 +31,7 @@ func TestOnlineVerifyFindsSilentDivergenceAndRepairsIt(t *testing.T) {
 	f.Sync()
 	f.Close()
 
-	api := &control{n: c.nodes["beta"]}
+	api := c.nodes["beta"].api
 	r, err := api.Verify(ctx, &transport.VerifyRequest{Volume: "vol0"})
 	if err != nil || r.Primary != "alpha" {
 		t.Fatalf("verify: %+v %v", r, err)

@@ -1,4 +1,4 @@
-package node
+package control
 
 import (
 	"crypto/tls"
@@ -21,45 +21,49 @@ import (
 // the ones beyond refused (closed at once, and logged) and costs the node
 // no more file descriptors than these.
 const (
-	maxControlConns        = 1024
-	maxControlConnsPerHost = 256
-	// controlHandshakeTimeout bounds a TLS handshake: a client that
+	MaxConns        = 1024
+	MaxConnsPerHost = 256
+	// handshakeTimeout bounds a TLS handshake: a client that
 	// connects and says nothing holds its slot no longer.
-	controlHandshakeTimeout = 10 * time.Second
+	handshakeTimeout = 10 * time.Second
 	// refusedLogEvery: while connections are refused for the limit, one
 	// line says how many, at most this often.
 	refusedLogEvery = 10 * time.Second
 )
 
-// guardedListener accepts a port's connections within the limits and,
-// with tlsConfig set, hands out only those whose TLS handshake succeeded,
-// as *tls.Conn (net/http negotiates HTTP/2 by ALPN on them).
-type guardedListener struct {
+// Listener accepts a port's connections within the limits and, with
+// tlsConfig set, hands out only those whose TLS handshake succeeded, as
+// *tls.Conn (net/http negotiates HTTP/2 by ALPN on them). Its accept loop
+// and each handshake run on goroutines of their own; Accept, Close and a
+// connection's Close may be called from any goroutine.
+type Listener struct {
 	inner      net.Listener
 	tlsConfig  *tls.Config
 	max, per   int
 	log        *slog.Logger
 	what       string
-	refusals   *refusalLog
-	node       *Node
+	refusals   *RefusalLog
 	ready      chan net.Conn
 	done       chan struct{}
 	closeOnce  sync.Once
-	mu         mutex
+	mu         sync.Mutex // a leaf: nothing is taken under it
 	open       int
 	perHost    map[string]int
 	refused    int // refused since the last line about it
 	lastLogged time.Time
 }
 
-func newGuardedListener(n *Node, inner net.Listener, what string, tlsConfig *tls.Config, max, per int) *guardedListener {
-	l := &guardedListener{inner: inner, tlsConfig: tlsConfig, max: max, per: per, log: n.log, what: what,
-		refusals: n.refusals, node: n, ready: make(chan net.Conn), done: make(chan struct{}), perHost: map[string]int{}}
+// NewListener guards inner: at most max connections in all and per from
+// one host; what names the port in the log lines, which go to log, and
+// the refusals to refusals. tlsConfig is nil for a plaintext port.
+func NewListener(inner net.Listener, what string, tlsConfig *tls.Config, max, per int, log *slog.Logger, refusals *RefusalLog) *Listener {
+	l := &Listener{inner: inner, tlsConfig: tlsConfig, max: max, per: per, log: log, what: what,
+		refusals: refusals, ready: make(chan net.Conn), done: make(chan struct{}), perHost: map[string]int{}}
 	go l.acceptLoop()
 	return l
 }
 
-func (l *guardedListener) acceptLoop() {
+func (l *Listener) acceptLoop() {
 	for {
 		c, err := l.inner.Accept()
 		if err != nil {
@@ -91,7 +95,7 @@ func (l *guardedListener) acceptLoop() {
 }
 
 // admit counts a new connection from host, or refuses it beyond a limit.
-func (l *guardedListener) admit(host string) bool {
+func (l *Listener) admit(host string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var why string
@@ -113,7 +117,7 @@ func (l *guardedListener) admit(host string) bool {
 	return false
 }
 
-func (l *guardedListener) release(host string) {
+func (l *Listener) release(host string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.open--
@@ -122,7 +126,7 @@ func (l *guardedListener) release(host string) {
 	}
 }
 
-func (l *guardedListener) handOut(c net.Conn) {
+func (l *Listener) handOut(c net.Conn) {
 	select {
 	case l.ready <- c:
 	case <-l.done:
@@ -138,9 +142,9 @@ var (
 	plainTLSAlert   = []byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x46} // fatal protocol_version
 )
 
-func (l *guardedListener) handshake(c net.Conn) {
+func (l *Listener) handshake(c net.Conn) {
 	tc := tls.Server(c, l.tlsConfig)
-	c.SetDeadline(time.Now().Add(controlHandshakeTimeout))
+	c.SetDeadline(time.Now().Add(handshakeTimeout))
 	err := tc.Handshake()
 	c.SetDeadline(time.Time{})
 	if err == nil {
@@ -160,16 +164,16 @@ func (l *guardedListener) handshake(c net.Conn) {
 			}
 		}
 		why := "a client spoke plaintext to this TLS port: a replctl without --tls-dir, a node without the cluster's tls: section, or a browser at http://"
-		l.refusals.note(l.node, hostOf(from), why, "refused a "+l.what+" connection", "from", from, "why", why)
+		l.refusals.Note(hostOf(from), why, "refused a "+l.what+" connection", "from", from, "why", why)
 	case errors.Is(err, io.EOF):
 		// A look at the port (replctl's probe, a node's liveness check).
 		l.log.Debug("a "+l.what+" connection closed before its TLS handshake", "from", from)
 	case errors.As(err, &ne) && ne.Timeout():
-		why := fmt.Sprintf("no TLS handshake within %s", controlHandshakeTimeout)
-		l.refusals.note(l.node, hostOf(from), why, "refused a "+l.what+" connection", "from", from, "why", why)
+		why := fmt.Sprintf("no TLS handshake within %s", handshakeTimeout)
+		l.refusals.Note(hostOf(from), why, "refused a "+l.what+" connection", "from", from, "why", why)
 	default:
 		why := "the TLS handshake failed: " + err.Error()
-		l.refusals.note(l.node, hostOf(from), why, "refused a "+l.what+" connection", "from", from, "why", why)
+		l.refusals.Note(hostOf(from), why, "refused a "+l.what+" connection", "from", from, "why", why)
 	}
 	tc.Close()
 }
@@ -184,7 +188,7 @@ func looksLikeHTTP1(hdr [5]byte) bool {
 	return false
 }
 
-func (l *guardedListener) Accept() (net.Conn, error) {
+func (l *Listener) Accept() (net.Conn, error) {
 	select {
 	case c := <-l.ready:
 		return c, nil
@@ -193,7 +197,7 @@ func (l *guardedListener) Accept() (net.Conn, error) {
 	}
 }
 
-func (l *guardedListener) Close() error {
+func (l *Listener) Close() error {
 	var err error
 	l.closeOnce.Do(func() {
 		close(l.done)
@@ -202,7 +206,7 @@ func (l *guardedListener) Close() error {
 	return err
 }
 
-func (l *guardedListener) Addr() net.Addr { return l.inner.Addr() }
+func (l *Listener) Addr() net.Addr { return l.inner.Addr() }
 
 // countedConn gives its slot back when it closes.
 type countedConn struct {

@@ -1,14 +1,16 @@
-package node
+package control
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/replvol/replvol/internal/logonce"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
+	"time"
 
+	"github.com/replvol/replvol/internal/logonce"
 	"github.com/replvol/replvol/internal/pki"
 	"github.com/replvol/replvol/transport"
 	"google.golang.org/grpc/codes"
@@ -150,63 +152,99 @@ func callerOf(ctx context.Context) (caller, bool) {
 // localKey marks a request that came through the unix socket.
 type localKey struct{}
 
+// Local marks a request's context as come through the node's unix
+// socket: whoever may open the socket may call what it serves.
+func Local(ctx context.Context) context.Context { return context.WithValue(ctx, localKey{}, true) }
+
 func isLocal(ctx context.Context) bool { return ctx.Value(localKey{}) != nil }
 
-// outgoing marks a call this node makes within another's (an operator's
-// command it forwards, or a step of it) as forwarded on that one's behalf.
-// The node's own calls (status, raft) go unmarked.
-func (n *Node) outgoing(ctx context.Context) context.Context {
+// Gate is the control API's gate on one node: it learns who calls,
+// applies the rule (authorize), logs the refusals and marks the calls the
+// node forwards. Its methods are safe for concurrent use.
+type Gate struct {
+	// name is the node's.
+	name string
+	// tls is the node's certificate and the cluster's CA (nil: the
+	// config has no tls: section, and every call is let in).
+	tls      *pki.Bundle
+	log      *slog.Logger
+	refusals *RefusalLog
+}
+
+// NewGate returns the gate of node name, which logs to log and notes
+// its refusals in refusals; tls is nil without a tls: section.
+func NewGate(name string, tls *pki.Bundle, log *slog.Logger, refusals *RefusalLog) *Gate {
+	return &Gate{name: name, tls: tls, log: log, refusals: refusals}
+}
+
+// Outgoing marks a call this node makes within another's (an operator's
+// command it forwards, or a step of it) as forwarded on that one's
+// behalf. The node's own calls (status, raft) go unmarked.
+func (g *Gate) Outgoing(ctx context.Context) context.Context {
 	c, ok := callerOf(ctx)
 	if !ok {
 		return ctx
 	}
-	return transport.Forwarded(ctx, n.name, c.principal(n.name))
+	return transport.Forwarded(ctx, g.name, c.principal(g.name))
 }
 
-// onBehalfOfPolicy is the context of a command the node sends by itself,
+// OnBehalfOfPolicy is the context of a command the node sends by itself,
 // as a rule of the config says (the split-brain policy): marked as
 // forwarded on the rule's behalf.
-func (n *Node) onBehalfOfPolicy(ctx context.Context, rule string) context.Context {
-	return withCaller(ctx, caller{by: n.name, whom: rule + " of node " + n.name})
+func (g *Gate) OnBehalfOfPolicy(ctx context.Context, rule string) context.Context {
+	return withCaller(ctx, caller{by: g.name, whom: rule + " of node " + g.name})
 }
 
-// authorizeCall is the control API's gate: it learns who calls, applies
-// the rule, and records the caller in the call's context.
-func (n *Node) authorizeCall(ctx context.Context, method string) (context.Context, error) {
+// Authorize is the control API's gate (transport.WithAuthorize): it
+// learns who calls, applies the rule, and records the caller in the
+// call's context.
+func (g *Gate) Authorize(ctx context.Context, method string) (context.Context, error) {
 	c := caller{local: isLocal(ctx), addr: transport.PeerAddr(ctx)}
 	c.by, c.whom = transport.ForwardedBy(ctx)
 	if c.local {
 		if v := authorize(method, pki.Identity{}, true, ""); !v.allowed {
-			return nil, n.refuse(c, method, v)
+			return nil, g.refuse(c, method, v)
 		}
 		return withCaller(ctx, c), nil
 	}
-	if n.tls == nil {
+	if g.tls == nil {
 		// A cluster without TLS: every call is let in, as before.
 		return withCaller(ctx, c), nil
 	}
-	id, err := n.tls.Caller(transport.PeerTLS(ctx))
+	id, err := g.tls.Caller(transport.PeerTLS(ctx))
 	switch {
 	case errors.Is(err, pki.ErrNoCertificate):
 	case err != nil:
-		return nil, n.refuse(c, method, verdict{code: codes.Unauthenticated,
+		return nil, g.refuse(c, method, verdict{code: codes.Unauthenticated,
 			why: fmt.Sprintf("the certificate presented is not one of this cluster's (%v): pass the --tls-dir of this cluster's replctl certs init", err)})
 	default:
 		c.id = id
 	}
 	v := authorize(method, c.id, false, c.by)
 	if !v.allowed {
-		return nil, n.refuse(c, method, v)
+		return nil, g.refuse(c, method, v)
 	}
 	if c.by != "" && methodAccess[method] == accessCommand {
-		n.log.Info("forwarded command", "method", method, "forwarded_by", c.by, "on_behalf_of", c.whom, "from", c.addr)
+		g.log.Info("forwarded command", "method", method, "forwarded_by", c.by, "on_behalf_of", c.whom, "from", c.addr)
 	}
 	return withCaller(ctx, c), nil
 }
 
+// speaksFor refuses a cluster message (a raft proposal, a lease
+// renewal) that says it comes from node from, when the node's certificate
+// that sent it names another: a node speaks for itself only, and beta's
+// certificate cannot renew alpha's lease.
+func (g *Gate) speaksFor(ctx context.Context, from string) error {
+	if who, ok := callerOf(ctx); ok && who.id.Role == pki.RoleNode && who.id.Name != from {
+		why := fmt.Sprintf("a cluster message from %s came with the certificate of %s", from, who.id)
+		return g.refuse(who, transport.MethodClusterForward, verdict{code: codes.PermissionDenied, why: why})
+	}
+	return nil
+}
+
 // refuse logs a refusal (once per peer and cause) and returns it as the
 // call's error.
-func (n *Node) refuse(c caller, method string, v verdict) error {
+func (g *Gate) refuse(c caller, method string, v verdict) error {
 	who := "no certificate"
 	switch {
 	case c.local:
@@ -214,7 +252,7 @@ func (n *Node) refuse(c caller, method string, v verdict) error {
 	case c.id != (pki.Identity{}):
 		who = "certificate of " + c.id.String()
 	}
-	n.refusals.note(n, hostOf(c.addr), v.why, "refused a control call", "method", method, "from", c.addr, "caller", who, "code", v.code.String(), "why", v.why)
+	g.refusals.Note(hostOf(c.addr), v.why, "refused a control call", "method", method, "from", c.addr, "caller", who, "code", v.code.String(), "why", v.why)
 	return status.Error(v.code, v.why)
 }
 
@@ -226,30 +264,38 @@ func hostOf(addr string) string {
 	return addr
 }
 
-// refusalLog logs each refusal once per peer and cause: a client that
-// retries in a loop gets one line (again after a quiet spell).
-type refusalLog struct{ once *logonce.Set }
-
-func newRefusalLog() *refusalLog {
-	return &refusalLog{once: logonce.New(refusalQuiet, maxRefusalsKept, nil)}
+// RefusalLog logs each refusal once per peer and cause: a client that
+// retries in a loop gets one line (again after a quiet spell). Its
+// methods are safe for concurrent use.
+type RefusalLog struct {
+	once *logonce.Set
+	log  *slog.Logger
 }
 
-func (r *refusalLog) note(n *Node, host, cause, msg string, args ...any) {
+// NewRefusalLog logs to log, a refusal again once it has not recurred
+// for quiet, and remembers at most max peers and causes.
+func NewRefusalLog(log *slog.Logger, quiet time.Duration, max int) *RefusalLog {
+	return &RefusalLog{once: logonce.New(quiet, max, nil), log: log}
+}
+
+// Note logs msg and args as a warning, unless the refusal of host for
+// cause was logged lately.
+func (r *RefusalLog) Note(host, cause, msg string, args ...any) {
 	if r.once.First(host + "\x00" + cause) {
-		n.log.Warn(msg, args...)
+		r.log.Warn(msg, args...)
 	}
 }
 
 // pprofWords say who may read /debug/pprof/.
 const pprofWords = "/debug/pprof/ needs the operator's certificate (e.g. curl --cacert ca.crt --cert operator.crt --key operator.key), or the node's unix socket"
 
-// guardHTTP lets the page, /api/... and /metrics be read by anyone (they
+// GuardHTTP lets the page, /api/... and /metrics be read by anyone (they
 // are read-only: every route is a GET), and /debug/pprof/ only with the
 // operator's certificate or through the unix socket.
-func (n *Node) guardHTTP(next http.Handler) http.Handler {
+func (g *Gate) GuardHTTP(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if n.tls != nil && strings.HasPrefix(r.URL.Path, "/debug/pprof") && !isLocal(r.Context()) {
-			id, err := n.tls.Caller(r.TLS)
+		if g.tls != nil && strings.HasPrefix(r.URL.Path, "/debug/pprof") && !isLocal(r.Context()) {
+			id, err := g.tls.Caller(r.TLS)
 			why := ""
 			switch {
 			case errors.Is(err, pki.ErrNoCertificate):
@@ -260,7 +306,7 @@ func (n *Node) guardHTTP(next http.Handler) http.Handler {
 				why = fmt.Sprintf("%s; this request came with the certificate of %s", pprofWords, id)
 			}
 			if why != "" {
-				n.refusals.note(n, hostOf(r.RemoteAddr), why, "refused a profile request", "path", r.URL.Path, "from", r.RemoteAddr, "why", why)
+				g.refusals.Note(hostOf(r.RemoteAddr), why, "refused a profile request", "path", r.URL.Path, "from", r.RemoteAddr, "why", why)
 				http.Error(w, why, http.StatusForbidden)
 				return
 			}

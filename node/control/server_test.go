@@ -1,0 +1,140 @@
+package control
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/replvol/replvol/transport"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// fakeNode is a node of two (alpha, this one, and beta) that holds no
+// volume itself; the cluster's config names vol0 on both. It records
+// whether a request reached a decision of the node's.
+type fakeNode struct {
+	decided []string
+}
+
+func (f *fakeNode) Name() string { return "alpha" }
+
+func (f *fakeNode) Peer(name string) (transport.ControlServer, error) {
+	return nil, fmt.Errorf("no node %q in the config", name)
+}
+
+func (f *fakeNode) Volume(name string) (Volume, error) {
+	return nil, fmt.Errorf("%w: node alpha holds no volume %q (it holds: )", ErrNotFound, name)
+}
+
+func (f *fakeNode) Disks(volume string) ([]string, bool) {
+	if volume != "vol0" {
+		return nil, false
+	}
+	return []string{"alpha", "beta"}, true
+}
+
+func (f *fakeNode) NBDURI(volume string) string                 { return "nbd://alpha/" + volume }
+func (f *fakeNode) NodeStatus(events int) *transport.NodeStatus { return &transport.NodeStatus{} }
+
+func (f *fakeNode) ClusterStatus(ctx context.Context, events int) (*transport.ClusterStatus, error) {
+	// vol0 has no reachable primary.
+	return &transport.ClusterStatus{Volumes: []transport.VolumeStatus{{Name: "vol0", Primary: "beta"}}}, nil
+}
+
+func (f *fakeNode) Subscribe() (<-chan transport.Event, func()) { return nil, func() {} }
+func (f *fakeNode) History(max int) ([]transport.Event, error)  { return nil, nil }
+func (f *fakeNode) StateEvents(now time.Time) []transport.Event { return nil }
+
+func (f *fakeNode) Switchover(ctx context.Context, r *transport.PrimaryRequest) (*transport.PrimaryReply, error) {
+	f.decided = append(f.decided, "switchover")
+	return &transport.PrimaryReply{Volume: r.Volume, Primary: r.Node}, nil
+}
+
+func (f *fakeNode) Membership(ctx context.Context, r *transport.MembershipRequest) (*transport.MembershipReply, error) {
+	f.decided = append(f.decided, "membership")
+	return &transport.MembershipReply{}, nil
+}
+
+func (f *fakeNode) ClusterMessage(ctx context.Context, body []byte, sender func(from string) error) ([]byte, error) {
+	f.decided = append(f.decided, "cluster message")
+	return nil, nil
+}
+
+// TestTheHandlersCheckTheRequestBeforeTheNodeDecides: a request the
+// control API can tell is wrong (a volume the cluster lacks, a node that
+// holds no disk of it, a size or a generation that is not one, a node the
+// config does not name) is answered with the code the CLI acts on, and
+// reaches no decision of the node's.
+func TestTheHandlersCheckTheRequestBeforeTheNodeDecides(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		call  func(s *Server) error
+		code  codes.Code
+		words string
+	}{
+		{"a switchover of a volume the cluster lacks", func(s *Server) error {
+			_, err := s.Primary(ctx, &transport.PrimaryRequest{Volume: "nope", Node: "beta"})
+			return err
+		}, codes.NotFound, `no volume "nope" in the cluster`},
+		{"a switchover to a node that holds no disk of the volume", func(s *Server) error {
+			_, err := s.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "gamma"})
+			return err
+		}, codes.InvalidArgument, "choose one of the nodes in volumes[].disks"},
+		{"a resize to a size that is not a multiple of 4096", func(s *Server) error {
+			_, err := s.Resize(ctx, &transport.ResizeRequest{Volume: "vol0", Size: 4097})
+			return err
+		}, codes.InvalidArgument, "want a positive multiple of 4096 bytes"},
+		{"a resize on a node that holds no disk of the volume", func(s *Server) error {
+			_, err := s.Resize(ctx, &transport.ResizeRequest{Volume: "vol0", Size: 8192, Node: "gamma"})
+			return err
+		}, codes.NotFound, `node "gamma" holds no disk of vol0`},
+		{"a disconnect forwarded to a node the config does not name", func(s *Server) error {
+			_, err := s.Disconnect(ctx, &transport.ConnectRequest{Volume: "vol0", Node: "gamma"})
+			return err
+		}, codes.NotFound, `no node "gamma" in the config`},
+		{"a connect of a volume this node does not hold", func(s *Server) error {
+			_, err := s.Connect(ctx, &transport.ConnectRequest{Volume: "vol0"})
+			return err
+		}, codes.NotFound, "holds no volume"},
+		{"a promotion of a volume this node does not hold", func(s *Server) error {
+			_, err := s.Promote(ctx, &transport.PromoteRequest{Volume: "vol0", Generation: "not a generation"})
+			return err
+		}, codes.NotFound, "holds no volume"},
+		{"a resync of a volume with no reachable primary", func(s *Server) error {
+			_, err := s.Resync(ctx, &transport.ResyncRequest{Volume: "vol0"})
+			return err
+		}, codes.FailedPrecondition, "vol0 has no reachable primary to resync from"},
+		{"a verify of a volume the cluster lacks", func(s *Server) error {
+			_, err := s.Verify(ctx, &transport.VerifyRequest{Volume: "nope"})
+			return err
+		}, codes.NotFound, `no volume "nope" in the cluster`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node := &fakeNode{}
+			err := tc.call(NewServer(node, NewGate("alpha", nil, nil, nil)))
+			if status.Code(err) != tc.code || !strings.Contains(status.Convert(err).Message(), tc.words) {
+				t.Fatalf("got %v; want %s saying %q", err, tc.code, tc.words)
+			}
+			if len(node.decided) > 0 {
+				t.Fatalf("the node decided %v", node.decided)
+			}
+		})
+	}
+}
+
+// TestASwitchoverTheRequestAllowsIsTheNodesToDecide: once the volume and
+// the target check out, the handler hands the switchover to the node.
+func TestASwitchoverTheRequestAllowsIsTheNodesToDecide(t *testing.T) {
+	node := &fakeNode{}
+	s := NewServer(node, NewGate("alpha", nil, nil, nil))
+	if _, err := s.Primary(context.Background(), &transport.PrimaryRequest{Volume: "vol0", Node: "beta"}); err != nil {
+		t.Fatal(err)
+	}
+	if len(node.decided) != 1 || node.decided[0] != "switchover" {
+		t.Fatalf("the node decided %v", node.decided)
+	}
+}
