@@ -16,6 +16,7 @@ import (
 
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
+	"github.com/replvol/replvol/transport/repltest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -169,11 +170,10 @@ func TestAPeerThatStopsReadingCostsAWriteAtMostThePeerTimeout(t *testing.T) {
 	c.start("alpha")
 	v := c.vol("alpha")
 	p := v.peers["beta"]
-	v.stopPeers()        // this test drives the session itself
-	g := newGateStream() // the gate never opens: every send blocks
+	v.stopPeers() // this test drives the session itself
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	g.ctx = ctx
+	g := repltest.NewGateStream(ctx) // the gate never opens: every send blocks
 	const timeout = 300 * time.Millisecond
 	s := newSession(context.Background(), p, transport.NewReplStream(g, cancel), timeout)
 	p.update(func(pv *peerView) {

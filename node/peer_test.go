@@ -9,47 +9,8 @@ import (
 	"github.com/replvol/replvol/internal/fault"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
+	"github.com/replvol/replvol/transport/repltest"
 )
-
-// gateStream is a replication stream whose sends wait at a gate; it
-// reports each frame's entry count once sent. Its receiving side hears
-// nothing, like a peer that hangs.
-type gateStream struct {
-	ctx     context.Context
-	entered chan struct{} // a send is waiting at the gate
-	gate    chan struct{}
-	sent    chan int
-}
-
-func newGateStream() *gateStream {
-	return &gateStream{ctx: context.Background(), entered: make(chan struct{}, 16), gate: make(chan struct{}), sent: make(chan int, 16)}
-}
-
-func (g *gateStream) SendMsg(m any) error {
-	g.entered <- struct{}{}
-	select {
-	case <-g.gate:
-	case <-g.ctx.Done():
-		return g.ctx.Err()
-	}
-	var entries []replication.Entry
-	entries, err := replication.DecodeBatch(m.(*transport.Frame).Bytes(), entries)
-	if err != nil {
-		return err
-	}
-	select {
-	case g.sent <- len(entries):
-	default: // nobody counts these frames
-	}
-	return nil
-}
-
-func (g *gateStream) RecvMsg(any) error {
-	<-g.ctx.Done()
-	return g.ctx.Err()
-}
-
-func (g *gateStream) Context() context.Context { return g.ctx }
 
 // TestAHungPeerCostsAWriteAtMostThePeerTimeout: a peer that takes the
 // stream and then answers nothing (a SIGSTOPped process: TCP is up, the
@@ -62,11 +23,10 @@ func TestAHungPeerCostsAWriteAtMostThePeerTimeout(t *testing.T) {
 	v := c.vol("alpha")
 	p := v.peers["beta"]
 	v.stopPeers() // this test drives the session itself
-	g := newGateStream()
-	close(g.gate) // sends go through; nothing ever comes back
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	g.ctx = ctx
+	g := repltest.NewGateStream(ctx)
+	close(g.Gate) // sends go through; nothing ever comes back
 	const timeout = 300 * time.Millisecond
 	s := newSession(context.Background(), p, transport.NewReplStream(g, cancel), timeout)
 	p.update(func(pv *peerView) {

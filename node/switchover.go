@@ -18,11 +18,7 @@ func (n *Node) volumeStatus(ctx context.Context, volume string) (vs transport.Vo
 	if err != nil {
 		return vs, false, grpcError(err)
 	}
-	for _, v := range cs.Volumes {
-		if v.Name == volume {
-			vs, found = v, true
-		}
-	}
+	vs, found = cs.Volume(volume)
 	return vs, found, nil
 }
 
@@ -181,11 +177,9 @@ func (n *Node) waitServing(ctx context.Context, volume, node string) (string, er
 		if err != nil {
 			return false
 		}
-		for _, vs := range cs.Volumes {
-			if vs.Name == volume && vs.Primary == node && vs.NBDURI != "" {
-				last = vs.NBDURI
-				return true
-			}
+		if vs, ok := cs.Volume(volume); ok && vs.Primary == node && vs.NBDURI != "" {
+			last = vs.NBDURI
+			return true
 		}
 		return false
 	})

@@ -25,6 +25,17 @@ type ClusterStatus struct {
 	Warnings []Warning `json:"warnings"`
 }
 
+// Volume is what the status says of the named volume; false when it names
+// no such volume.
+func (cs *ClusterStatus) Volume(name string) (VolumeStatus, bool) {
+	for _, v := range cs.Volumes {
+		if v.Name == name {
+			return v, true
+		}
+	}
+	return VolumeStatus{}, false
+}
+
 // Severities of a Warning, most urgent first.
 const (
 	// SeverityCritical: data at risk or IO stopped.

@@ -207,10 +207,8 @@ func (s *statusView) frame(cmd *cobra.Command) ([]byte, []transport.Warning, err
 		if err := checkNames(st, s.volume, ""); err != nil {
 			return nil, nil, err
 		}
-		for _, v := range st.Volumes {
-			if v.Name == s.volume {
-				st.Volumes = []transport.VolumeStatus{v}
-			}
+		if v, ok := st.Volume(s.volume); ok {
+			st.Volumes = []transport.VolumeStatus{v}
 		}
 	}
 	st.Warnings = warningsOf(st, s.volume)

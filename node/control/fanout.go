@@ -159,12 +159,7 @@ func (s *Server) resizeOrder(ctx context.Context, volume string, holders []strin
 	if err != nil {
 		return nil, GRPCError(err)
 	}
-	var vs transport.VolumeStatus
-	for _, st := range cs.Volumes {
-		if st.Name == volume {
-			vs = st
-		}
-	}
+	vs, _ := cs.Volume(volume)
 	var order, down []string
 	for _, rs := range vs.Replicas {
 		if !rs.Reachable {

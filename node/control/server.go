@@ -200,11 +200,7 @@ func (s *Server) volumeStatus(ctx context.Context, volume string) (vs transport.
 	if err != nil {
 		return vs, false, GRPCError(err)
 	}
-	for _, v := range cs.Volumes {
-		if v.Name == volume {
-			vs, found = v, true
-		}
-	}
+	vs, found = cs.Volume(volume)
 	return vs, found, nil
 }
 

@@ -9,47 +9,8 @@ import (
 
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
+	"github.com/replvol/replvol/transport/repltest"
 )
-
-// gateStream is a replication stream whose sends wait at a gate; it
-// reports each frame's entry count once sent. Its receiving side hears
-// nothing, like a peer that hangs.
-type gateStream struct {
-	ctx     context.Context
-	entered chan struct{} // a send is waiting at the gate
-	gate    chan struct{}
-	sent    chan int
-}
-
-func newGateStream() *gateStream {
-	return &gateStream{ctx: context.Background(), entered: make(chan struct{}, 16), gate: make(chan struct{}), sent: make(chan int, 16)}
-}
-
-func (g *gateStream) SendMsg(m any) error {
-	g.entered <- struct{}{}
-	select {
-	case <-g.gate:
-	case <-g.ctx.Done():
-		return g.ctx.Err()
-	}
-	var entries []replication.Entry
-	entries, err := replication.DecodeBatch(m.(*transport.Frame).Bytes(), entries)
-	if err != nil {
-		return err
-	}
-	select {
-	case g.sent <- len(entries):
-	default: // nobody counts these frames
-	}
-	return nil
-}
-
-func (g *gateStream) RecvMsg(any) error {
-	<-g.ctx.Done()
-	return g.ctx.Err()
-}
-
-func (g *gateStream) Context() context.Context { return g.ctx }
 
 // loosePeer is a Peer with no volume behind it: its state changes go
 // nowhere and nothing it misses is tracked. It serves tests whose entries
@@ -81,23 +42,22 @@ func looseConfig(timeout time.Duration) Config {
 // which sends it as soon as the heartbeat is out (an earlier design left
 // the sending to "whoever finds nobody sending", and once nobody did).
 func TestAnEntryQueuedDuringAHeartbeatIsSent(t *testing.T) {
-	g := newGateStream()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	g.ctx = ctx
+	g := repltest.NewGateStream(ctx)
 	s := New(ctx, loosePeer{}, transport.NewReplStream(g, cancel), looseConfig(400*time.Millisecond))
 	go func() { _ = s.Run(nil) }()
-	<-g.entered // the heartbeat is out (an idle stream probes every timeout/4)
+	<-g.Entered // the heartbeat is out (an idle stream probes every timeout/4)
 	pd := NewPending(replication.Entry{Op: replication.OpFlush})
 	if !s.Enqueue(pd) {
 		t.Fatal("a running session refused an entry")
 	}
-	close(g.gate)
-	if n := <-g.sent; n != 0 {
+	close(g.Gate)
+	if n := <-g.Sent; n != 0 {
 		t.Fatalf("first frame carried %d entries, want the empty heartbeat", n)
 	}
 	select {
-	case n := <-g.sent:
+	case n := <-g.Sent:
 		if n != 1 {
 			t.Fatalf("the next frame carried %d entries, want the queued flush", n)
 		}
