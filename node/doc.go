@@ -7,6 +7,25 @@
 // node's config and volume map are replaced whole, never changed in
 // place, and read through config() and volumes().
 //
+// What is not the volume's data path or the wiring of a node is a package
+// of its own below this one, each importing nothing of it (TestLayering):
+//   - node/volstate: the volume's state machine, a pure Step; this
+//     package's driver (drive.go) persists, then performs;
+//   - node/cluster: raft, gossip, the leases and the failover decision
+//     (Decide, pure);
+//   - node/session: the primary's stream to one peer, one owner loop;
+//   - node/applier: a secondary's apply of the primary's stream;
+//   - node/control: the control API's handlers, authorization and port;
+//   - node/multipath: the userspace multipath device;
+//   - node/sim: the seeded simulation of volstate, cluster and the data
+//     path (it links nothing of this package).
+//
+// What stays here is the volume: its write and read path (write.go,
+// submit.go, readbalance.go, detach.go), its peers (peer.go, handshake.go,
+// runloops.go), its role functions as events of its state machine
+// (roles.go, drive.go), and the node that holds the volumes, the state
+// store and the servers (node.go, volumes.go, authority.go).
+//
 // A primary runs one peer per secondary (peer.go), which dials it. The
 // handshake (handshake.go) sends both nodes' generation sets;
 // replication.CompareUUIDs decides, and the primary then streams writes
