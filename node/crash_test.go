@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/replvol/replvol/replication"
+	"github.com/replvol/replvol/transport"
 )
 
 // crash stops a node the way kill -9 would: servers gone, nothing
@@ -129,6 +130,47 @@ func TestCleanRestartOfBothNodesResyncsNothing(t *testing.T) {
 	}
 	if p := c.vol("alpha").peers["beta"].status(); p.SyncRule != replication.RuleReconnected || p.SyncDecision != "no-sync" {
 		t.Fatalf("rule %q, decision %q", p.SyncRule, p.SyncDecision)
+	}
+	c.requireIdentical()
+}
+
+// TestAPromotionKeepsTheBlocksMarkedForThePeers: alpha crashes as primary
+// after writing to three extents, so at its restart it marks those
+// activity-log extents for beta (beta may lack what alpha wrote last).
+// beta is down, so alpha waits, and the operator forces it: a promotion
+// at a new epoch. The marks survive it, and when beta returns those
+// extents are resynced. A promotion used to clear every peer's bitmap
+// ("this node held every write"), and a write that reached alpha's disk
+// but not beta's stayed different on the two while both counted in sync
+// (the sim's promotion-clears-marks).
+func TestAPromotionKeepsTheBlocksMarkedForThePeers(t *testing.T) {
+	const size = 64 << 20
+	c := newTestCluster(t, size)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	ctx := context.Background()
+	for _, off := range []int64{0, 20 << 20, 40<<20 + 4096} {
+		if err := c.vol("alpha").WriteAt(ctx, pattern(9, 8192), off, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.crash("alpha")
+	c.stop("beta")
+	c.start("alpha")
+	v := c.vol("alpha")
+	epoch := v.epoch()
+	if _, err := c.nodes["alpha"].api.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "alpha", Force: true, Yes: true}); err != nil {
+		t.Fatal(err)
+	}
+	if !v.status().Serving || v.epoch() <= epoch {
+		t.Fatalf("forced: serving %v, epoch %d (was %d)", v.status().Serving, v.epoch(), epoch)
+	}
+	c.start("beta")
+	c.waitInSync()
+	moved := replica(c.status(), "beta").ResyncedBytes // counted since alpha's restart
+	if moved <= 0 || moved > 3*(4<<20) {
+		t.Fatalf("after the forced promotion of the crashed primary, resync moved %d bytes; want its 3 activity-log extents (more than 0, at most %d)", moved, 3*(4<<20))
 	}
 	c.requireIdentical()
 }

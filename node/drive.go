@@ -172,13 +172,9 @@ func (v *Volume) stepLocked(e volstate.Event, texts func(volstate.Cause) reason,
 	v.mu.Lock()
 	old := v.modelLocked()
 	v.mu.Unlock()
-	prepare := func(prep []volstate.Action) {
-		for _, a := range prep {
-			if a.Kind == volstate.ClearPeerBitmaps {
-				v.clearPeerBitmaps()
-			}
-		}
-	}
+	// What must wait for the senders or the incoming stream ran in drive,
+	// before v.stateMu was taken.
+	prepare := func([]volstate.Action) {}
 	installed := false
 	persist := func(rd volstate.Ready, next volstate.State) error {
 		if rd.Indicator == volstate.SetIndicator {
@@ -236,8 +232,6 @@ func (v *Volume) perform(a volstate.Action, opts driveOptions) {
 		v.stopPeers()
 	case volstate.DetachIncoming:
 		v.detachIncoming()
-	case volstate.ClearPeerBitmaps:
-		v.clearPeerBitmaps()
 	case volstate.Reattach:
 		v.bg.Add(1)
 		go func() {

@@ -194,15 +194,6 @@ func (v *Volume) promote(epoch uint64, gen replication.Generation) error {
 	return err
 }
 
-// clearPeerBitmaps clears every peer's bitmap (in memory; flushed later).
-func (v *Volume) clearPeerBitmaps() {
-	for _, id := range v.node.peerIDs(v.cfg) {
-		if bm, ok := v.md.Bitmap(id); ok {
-			bm.ClearBits(0, v.size.Load())
-		}
-	}
-}
-
 // fence stops this primary's IO because a primary of a newer epoch exists
 // (one writer): requests in flight complete, new ones fail. It stays
 // Primary until that primary reaches it, then steps down, or finds a split

@@ -146,8 +146,10 @@ func (g Generations) Adopted(next Generation) Generations {
 }
 
 // Promoted is a node taking over as primary with every peer counted in
-// sync (a handover, or a forced promotion: bitmaps of an earlier term mean
-// nothing now; a write that misses a peer starts its bitmap).
+// sync by generation (a handover, raft's choice, or a forced promotion:
+// the bitmap generations of an earlier term mean nothing now; a write
+// that misses a peer starts its bitmap). The blocks the node marked for
+// its peers stay marked: they are resynced all the same.
 func (g Generations) Promoted() Generations {
 	c := g.Clone()
 	c.Bitmaps = nil

@@ -77,20 +77,10 @@ const (
 	// once one of them takes over. Worked around: invariant 4 skips the
 	// block until a write to it is acknowledged. Seed 93.
 	unackedWriteDivergence finding = 1 << iota
-	// TODO(sim-finding-promotion-clears-marks): a node marks for its
-	// peers the blocks it may hold and they may not: its activity log's
-	// at a restart after a crash as primary, a write that failed after
-	// its local write. When raft promotes it again before a peer resynced
-	// them, ClearPeerBitmaps (becomePrimary's "this node held every
-	// write") drops the marks, and the peer, in sync by generations,
-	// keeps its older blocks. Worked around as the one above. Seed 1460
-	// (two data nodes).
-	promotionClearsMarks
 )
 
 var findingNames = map[finding]string{
 	unackedWriteDivergence: "unacked-write-divergence",
-	promotionClearsMarks:   "promotion-clears-marks",
 }
 
 func (f finding) String() string {

@@ -160,6 +160,11 @@ func (s *Sim) drive(n *node, e volstate.Event) error {
 	}
 	if old.Role() != replication.Primary && next.Role() == replication.Primary {
 		s.check.promoted(s, n, e)
+		if s.cfg.mutation == mutPromotionClearsMarks && next.Durable.Epoch > old.Durable.Epoch {
+			for _, p := range n.peers {
+				clear(n.marks[p])
+			}
+		}
 	}
 	for _, a := range acts {
 		s.perform(n, a)
@@ -193,13 +198,6 @@ func (s *Sim) perform(n *node, a volstate.Action) {
 	case volstate.DetachIncoming:
 		if in := n.incoming; in.from != "" {
 			s.endStream(s.node(in.from), n.name)
-		}
-	case volstate.ClearPeerBitmaps:
-		for _, p := range n.peers {
-			for _, b := range slices.Sorted(maps.Keys(n.marks[p])) {
-				s.check.diverging(s, promotionClearsMarks, b, fmt.Sprintf("%s's mark for %s", n.name, p))
-			}
-			clear(n.marks[p])
 		}
 	case volstate.ClearLocalMissing:
 		// The sim keeps no map of blocks the local disk misses: a

@@ -58,6 +58,12 @@ const (
 	// until the sim found it (sim-finding-lost-sync-done-ack, fixed in
 	// Volume.trackLocked with peer.mayHold).
 	mutMayHoldIgnored
+	// mutPromotionClearsMarks clears the blocks a node marked for its
+	// peers when it is promoted at a new epoch (a handover, raft's
+	// choice, a forced promotion): the node did so until the sim found
+	// it (sim-finding-promotion-clears-marks, fixed in volstate's
+	// becomePrimary and force).
+	mutPromotionClearsMarks
 )
 
 func (m mutation) String() string {
@@ -76,6 +82,8 @@ func (m mutation) String() string {
 		return "announce-not-awaited"
 	case mutMayHoldIgnored:
 		return "may-hold-ignored"
+	case mutPromotionClearsMarks:
+		return "promotion-clears-marks"
 	}
 	return "mutation(?)"
 }

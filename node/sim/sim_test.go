@@ -107,6 +107,9 @@ func TestSimCatchesPlantedBugs(t *testing.T) {
 		// generations cut off before the peer took it).
 		{mutMayHoldIgnored, ReplicasEqualInSync, 9588},
 		{mutMayHoldIgnored, ReplicasEqualInSync, 6711},
+		// And this one: a promotion dropped the blocks the node marked
+		// for its peers (its activity log after a crash as primary).
+		{mutPromotionClearsMarks, ReplicasEqualInSync, 1460},
 	}
 	for _, c := range cases {
 		t.Run(c.mutation.String(), func(t *testing.T) {
@@ -141,7 +144,6 @@ func strictFlag() string {
 func TestSimFindingsReproduce(t *testing.T) {
 	seeds := map[finding]uint64{
 		unackedWriteDivergence: 93,
-		promotionClearsMarks:   1460,
 	}
 	for _, f := range slices.Sorted(maps.Keys(seeds)) {
 		sd := seeds[f]

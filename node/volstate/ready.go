@@ -65,8 +65,6 @@ const (
 	StopPeers
 	// DetachIncoming: end the stream of a primary applied here.
 	DetachIncoming
-	// ClearPeerBitmaps: a new primary counts every peer in sync.
-	ClearPeerBitmaps
 	// ClearLocalMissing: the local disk misses nothing (it was adopted).
 	ClearLocalMissing
 	// StartLease: run the lease renewals of term Epoch.
@@ -93,7 +91,7 @@ const (
 
 var actionNames = map[ActionKind]string{
 	DrainIO: "drain-io", WaitIO: "wait-io", HandOverIO: "hand-over-io", ClearPrimaryIndicator: "clear-primary-indicator", StartPeers: "start-peers", ResetPeers: "reset-peers", StopPeers: "stop-peers",
-	DetachIncoming: "detach-incoming", ClearPeerBitmaps: "clear-peer-bitmaps", ClearLocalMissing: "clear-local-missing",
+	DetachIncoming: "detach-incoming", ClearLocalMissing: "clear-local-missing",
 	StartLease: "start-lease", StopLease: "stop-lease", ReleaseLease: "release-lease", Propose: "propose",
 	StartResync: "start-resync", StartPull: "start-pull", Reattach: "reattach", CopyMissing: "copy-missing",
 	RunHook: "run-hook", Notify: "notify",

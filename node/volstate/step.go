@@ -462,9 +462,15 @@ func (s *State) becomePrimary(epoch uint64, now time.Time, byRaft bool) Ready {
 		x.Epoch, x.Primary, x.PrimarySince = epoch, s.Self, now
 		x.Gens = x.Gens.Promoted()
 	})}
-	// Bitmaps of an earlier term mean nothing now: this node held every
-	// write, so it starts with every peer in sync.
-	rd.Prepare = []Action{{Kind: DetachIncoming}, {Kind: ClearPeerBitmaps}}
+	// The bitmap generations of an earlier term are dropped (a write that
+	// misses a peer starts a new one), but not the blocks marked toward
+	// the peers: they are what a peer may lack of this node's data (its
+	// activity log after a crash as primary, a write that failed after
+	// the local write), and the new term's first resync to that peer
+	// copies them, even between equal generations. Clearing them left a
+	// peer in sync by generations with blocks this node changed (the
+	// sim's promotion-clears-marks, seed 1460).
+	rd.Prepare = []Action{{Kind: DetachIncoming}}
 	s.Discard = false
 	rd.Actions = s.serveAsPrimary(Open)
 	if byRaft {
@@ -548,9 +554,6 @@ func (s *State) force(e Force) Ready {
 		x.Gens = x.Gens.Promoted()
 	})}
 	rd.Prepare = []Action{{Kind: StopPeers}, {Kind: DetachIncoming}}
-	if !empty {
-		rd.Prepare = append(rd.Prepare, Action{Kind: ClearPeerBitmaps})
-	}
 	s.Discard = false
 	serving := Open
 	if s.Auth {
