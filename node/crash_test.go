@@ -48,21 +48,28 @@ func canceledContext() context.Context {
 	return ctx
 }
 
+// syncedWithThreeExtentsWritten is alpha and beta in sync on a 64 MiB
+// volume, after alpha wrote 8 KiB of pattern seed into each of three
+// 4 MiB activity-log extents.
+func syncedWithThreeExtentsWritten(t *testing.T, seed byte) *testCluster {
+	t.Helper()
+	c := newTestCluster(t, 64<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	for _, off := range []int64{0, 20 << 20, 40<<20 + 4096} {
+		if err := c.vol("alpha").WriteAt(context.Background(), pattern(seed, 8192), off, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c
+}
+
 // TestPrimaryCrashResyncsOnlyTheActivityLog: the primary crashes after
 // writing to three 4 MiB extents; when it comes back, only those extents
 // are resynced, not the volume.
 func TestPrimaryCrashResyncsOnlyTheActivityLog(t *testing.T) {
-	const size = 64 << 20
-	c := newTestCluster(t, size)
-	c.start("alpha")
-	c.start("beta")
-	c.waitInSync()
-	ctx := context.Background()
-	for _, off := range []int64{0, 20 << 20, 40<<20 + 4096} {
-		if err := c.vol("alpha").WriteAt(ctx, pattern(7, 8192), off, false); err != nil {
-			t.Fatal(err)
-		}
-	}
+	c := syncedWithThreeExtentsWritten(t, 7)
 	before := replica(c.status(), "beta").ResyncedBytes
 	c.crash("alpha")
 	c.start("alpha")
@@ -144,17 +151,8 @@ func TestCleanRestartOfBothNodesResyncsNothing(t *testing.T) {
 // but not beta's stayed different on the two while both counted in sync
 // (the sim's promotion-clears-marks).
 func TestAPromotionKeepsTheBlocksMarkedForThePeers(t *testing.T) {
-	const size = 64 << 20
-	c := newTestCluster(t, size)
-	c.start("alpha")
-	c.start("beta")
-	c.waitInSync()
+	c := syncedWithThreeExtentsWritten(t, 9)
 	ctx := context.Background()
-	for _, off := range []int64{0, 20 << 20, 40<<20 + 4096} {
-		if err := c.vol("alpha").WriteAt(ctx, pattern(9, 8192), off, false); err != nil {
-			t.Fatal(err)
-		}
-	}
 	c.crash("alpha")
 	c.stop("beta")
 	c.start("alpha")
