@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -181,7 +182,7 @@ func (s *Server) resizeOrder(ctx context.Context, volume string, holders []strin
 			strings.Join(down, ", "), volume)
 	}
 	sort.Strings(order)
-	if holds(holders, vs.Primary) {
+	if slices.Contains(holders, vs.Primary) {
 		order = append(order, vs.Primary)
 	}
 	return order, nil

@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/replvol/replvol/replication"
@@ -178,19 +179,10 @@ func (s *Server) volumeHeldBy(volume, node string) ([]string, error) {
 	if !found {
 		return nil, status.Errorf(codes.NotFound, "no volume %q in the cluster", volume)
 	}
-	if node != "" && !holds(nodes, node) {
+	if node != "" && !slices.Contains(nodes, node) {
 		return nil, status.Errorf(codes.NotFound, "node %q holds no disk of %s", node, volume)
 	}
 	return nodes, nil
-}
-
-func holds(nodes []string, node string) bool {
-	for _, n := range nodes {
-		if n == node {
-			return true
-		}
-	}
-	return false
 }
 
 // volumeStatus is what the cluster's status says of volume; found is
@@ -222,7 +214,7 @@ func (s *Server) Primary(ctx context.Context, r *transport.PrimaryRequest) (*tra
 	if !found {
 		return nil, status.Errorf(codes.NotFound, "no volume %q in the cluster", r.Volume)
 	}
-	if !holds(nodes, r.Node) {
+	if !slices.Contains(nodes, r.Node) {
 		return nil, status.Errorf(codes.InvalidArgument, "node %q holds no disk of %s; choose one of the nodes in volumes[].disks", r.Node, r.Volume)
 	}
 	return s.node.Switchover(ctx, r)
