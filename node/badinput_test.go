@@ -16,7 +16,6 @@ import (
 
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
-	"github.com/replvol/replvol/transport/repltest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -166,22 +165,9 @@ func firstLine(b []byte) string {
 // unacknowledged, its blocks are marked for the peer, and the stream is
 // given up with ErrPeerTimeout, freeing what it held.
 func TestAPeerThatStopsReadingCostsAWriteAtMostThePeerTimeout(t *testing.T) {
-	c := newTestCluster(t, 8<<20)
-	c.start("alpha")
-	v := c.vol("alpha")
-	p := v.peers["beta"]
-	v.stopPeers() // this test drives the session itself
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	g := repltest.NewGateStream(ctx) // the gate never opens: every send blocks
 	const timeout = 300 * time.Millisecond
-	s := newSession(context.Background(), p, transport.NewReplStream(g, cancel), timeout)
-	p.update(func(pv *peerView) {
-		pv.sess, pv.state, pv.peerDisk = s, replication.Connected, string(replication.UpToDate)
-	})
-	ended := make(chan error, 1)
+	_, p, ended := streamToGatedBeta(t, false, timeout) // the gate never opens: every send blocks
 	began := time.Now()
-	go func() { ended <- s.Run(nil) }()
 	pd, err := p.submit(replication.Entry{Op: replication.OpWrite, Off: 8192, Length: 4096, Data: make([]byte, 4096)}, 'C', nil)
 	if err != nil || pd == nil {
 		t.Fatalf("submit to a streaming peer: %v, %v", pd, err)

@@ -12,29 +12,41 @@ import (
 	"github.com/replvol/replvol/transport/repltest"
 )
 
+// streamToGatedBeta starts alpha alone and runs a session to its peer
+// beta over a GateStream (open: sends go through; else every send
+// blocks, a peer that stops reading), with beta Connected and UpToDate.
+// The test drives that session itself; ended gets what its Run returns.
+func streamToGatedBeta(t *testing.T, open bool, timeout time.Duration) (v *Volume, p *peer, ended chan error) {
+	t.Helper()
+	c := newTestCluster(t, 8<<20)
+	c.start("alpha")
+	v = c.vol("alpha")
+	p = v.peers["beta"]
+	v.stopPeers()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	g := repltest.NewGateStream(ctx)
+	if open {
+		close(g.Gate)
+	}
+	s := newSession(context.Background(), p, transport.NewReplStream(g, cancel), timeout)
+	p.update(func(pv *peerView) {
+		pv.sess, pv.state, pv.peerDisk = s, replication.Connected, string(replication.UpToDate)
+	})
+	ended = make(chan error, 1)
+	go func() { ended <- s.Run(nil) }()
+	return v, p, ended
+}
+
 // TestAHungPeerCostsAWriteAtMostThePeerTimeout: a peer that takes the
 // stream and then answers nothing (a SIGSTOPped process: TCP is up, the
 // sends even go through) is given up after peer_timeout: the write waiting
 // for it completes, unacknowledged, its blocks marked for the peer after
 // the volume started tracking it.
 func TestAHungPeerCostsAWriteAtMostThePeerTimeout(t *testing.T) {
-	c := newTestCluster(t, 8<<20)
-	c.start("alpha")
-	v := c.vol("alpha")
-	p := v.peers["beta"]
-	v.stopPeers() // this test drives the session itself
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	g := repltest.NewGateStream(ctx)
-	close(g.Gate) // sends go through; nothing ever comes back
 	const timeout = 300 * time.Millisecond
-	s := newSession(context.Background(), p, transport.NewReplStream(g, cancel), timeout)
-	p.update(func(pv *peerView) {
-		pv.sess, pv.state, pv.peerDisk = s, replication.Connected, string(replication.UpToDate)
-	})
-	ended := make(chan error, 1)
+	v, p, ended := streamToGatedBeta(t, true, timeout) // sends go through; nothing ever comes back
 	began := time.Now()
-	go func() { ended <- s.Run(nil) }()
 	pd, err := p.submit(replication.Entry{Op: replication.OpWrite, Off: 4096, Length: 4096, Data: make([]byte, 4096)}, 'C', nil)
 	if err != nil || pd == nil {
 		t.Fatalf("submit to a streaming peer: %v, %v", pd, err)
