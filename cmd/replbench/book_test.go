@@ -44,8 +44,8 @@ func sampleReport() *report {
 		Fresh:  &freshReport{Replvol: c(5000), Nbdkit: c(10000), Ratio: fptr(0.5)},
 		Resync: &resyncResult{Bytes: 1 << 30, ResyncMBs: 400, CopyMBs: 500, Ratio: 0.8, Status: "PASS"},
 		Failover: &failoverReport{Runs: 10, Failover: &phaseTiming{MedianS: 0.9, WorstS: 1.7,
-			Runs: []runTiming{{"alpha", "beta", 0.8}, {"beta", "alpha", 0.9}, {"alpha", "beta", 0.9}, {"beta", "alpha", 0.9}, {"alpha", "beta", 0.9},
-				{"beta", "alpha", 0.9}, {"alpha", "beta", 0.9}, {"beta", "alpha", 0.9}, {"alpha", "beta", 0.9}, {"beta", "alpha", 1.7}}}},
+			Runs: []runTiming{{From: "alpha", To: "beta", Seconds: 0.8}, {From: "beta", To: "alpha", Seconds: 0.9}, {From: "alpha", To: "beta", Seconds: 0.9}, {From: "beta", To: "alpha", Seconds: 0.9}, {From: "alpha", To: "beta", Seconds: 0.9},
+				{From: "beta", To: "alpha", Seconds: 0.9}, {From: "alpha", To: "beta", Seconds: 0.9}, {From: "beta", To: "alpha", Seconds: 0.9}, {From: "alpha", To: "beta", Seconds: 0.9}, {From: "beta", To: "alpha", Seconds: 1.7}}}},
 		Idle: &idleReport{Volumes: 1000, UpToDate: 1000, SyncSeconds: 42, WindowS: 20,
 			Nodes: []idleNode{{Name: "alpha", CPUPct: 45, RSSMiB: 1145}, {Name: "beta", CPUPct: 30, RSSMiB: 900}}},
 	}
@@ -107,7 +107,7 @@ func TestIssueTargetsRefuseAVerdictOutsideTheTargetsSetup(t *testing.T) {
 		note   string
 	}{
 		{"fewer kills than the target counts", func(r *report) {
-			r.Failover.Failover = &phaseTiming{MedianS: 0.5, WorstS: 0.6, Runs: []runTiming{{"alpha", "beta", 0.5}, {"beta", "alpha", 0.6}}}
+			r.Failover.Failover = &phaseTiming{MedianS: 0.5, WorstS: 0.6, Runs: []runTiming{{From: "alpha", To: "beta", Seconds: 0.5}, {From: "beta", To: "alpha", Seconds: 0.6}}}
 		}, "failover median", statusNA, "2 kills, the target counts >= 10"},
 		{"fewer idle volumes than 1,000", func(r *report) { r.Idle.Volumes, r.Idle.UpToDate = 20, 20 }, "1000 idle volumes: CPU", statusNA, "20 volumes, the target is about 1000"},
 		{"not every idle volume UpToDate in time", func(r *report) { r.Idle.UpToDate = 600 }, "1000 idle volumes of 16 MiB: all UpToDate", statusMiss, "only 600 of 1000 volumes UpToDate within 3m0s"},

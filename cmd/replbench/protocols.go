@@ -26,10 +26,8 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -414,19 +412,8 @@ func startLagMonitor(ctx context.Context, control string) *lagMonitor {
 }
 
 func (m *lagMonitor) poll(ctx context.Context, control string) error {
-	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(cctx, http.MethodGet, "http://"+control+"/api/node", nil)
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
 	var st transport.NodeStatus
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+	if err := getNodeView(ctx, control, 2*time.Second, &st); err != nil {
 		return err
 	}
 	m.mu.Lock()

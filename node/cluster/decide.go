@@ -267,7 +267,7 @@ func Decide(volumes []string, authority replication.Authority, members Status, r
 
 // LeadershipSettle is how long a node leads before it hands leadership
 // off a primary (no flapping right after an election).
-const LeadershipSettle = 2 * time.Second
+const LeadershipSettle = 500 * time.Millisecond
 
 // handOff returns the alive voter, no volume's primary (a witness first),
 // to hand raft's leadership to when this leader serves as a primary (in
