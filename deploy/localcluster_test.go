@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/replvol/replvol/internal/testport"
 )
 
 // localCluster drives one deploy/local-cluster.sh cluster in a test.
@@ -115,28 +116,12 @@ func randomBytes(t *testing.T, n int) []byte {
 }
 
 // freeBasePort returns a base port P such that P..P+24 are free on
-// 127.0.0.1 (the script's loopback mode uses P+0..4, +10..14, +20..24),
-// between 10000 and the kernel's ephemeral range (from 32768 here), where
-// no outgoing connection takes one meanwhile (internal/testport's range).
+// 127.0.0.1 (the script's loopback mode uses P+0..4, +10..14, +20..24)
+// and reserved for t against the other test processes (internal/testport),
+// below the kernel's ephemeral range, where no outgoing connection takes
+// one meanwhile.
 func freeBasePort(t *testing.T) int {
-	for range 50 {
-		b := randomBytes(t, 2)
-		base := 10000 + (int(b[0])<<8|int(b[1]))%22700
-		free := true
-		for p := base; p < base+25 && free; p++ {
-			ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
-			if err != nil {
-				free = false
-				continue
-			}
-			ln.Close()
-		}
-		if free {
-			return base
-		}
-	}
-	t.Fatal("no 25 free ports in a row on 127.0.0.1 between 10000 and 32767")
-	return 0
+	return testport.PickRun(t, 25)
 }
 
 // deploy/local-cluster.sh starts three replnode processes (alpha, beta,
