@@ -179,10 +179,11 @@ func (c *checker) forcedHere(s *Sim, n *node) {
 	s.tracef("check: forced primary %s: writes acknowledged so far may be lost; invariants 1 and 3 wait for one primary", n.name)
 }
 
-// forgetDifferences: a forced promotion counts every peer in sync (it
-// clears the bitmaps) and promises nothing of the blocks the copies
-// differ in then; invariant 4 skips them until a write to them is
-// acknowledged.
+// forgetDifferences: a forced promotion counts every peer in sync by
+// generation and promises nothing of the blocks the copies differ in then
+// (the blocks it marked for them are still resynced, but a peer's own
+// changes it never saw are not); invariant 4 skips them until a write to
+// them is acknowledged.
 func (c *checker) forgetDifferences(s *Sim) {
 	for b := range blocks {
 		var seen []int64
