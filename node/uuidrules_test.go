@@ -113,12 +113,15 @@ func TestUUIDRuleJustCreatedSelf(t *testing.T) {
 	c.cfg.Volumes[0].ResyncRate = 2 << 20
 	c.start("alpha")
 	// While alpha copies, it serves: reads of what it lacks come from beta.
+	// The stream shows SyncTarget a moment before the handshake's end
+	// opens alpha's IO (peerAnswered), so the wait is for both.
 	eventually(t, func() bool {
 		st := c.status()
 		return replica(st, "alpha").Replication == string(replication.SyncTarget) &&
 			replica(st, "beta").Replication == string(replication.SyncSource) &&
-			replica(st, "alpha").Disk == string(replication.Inconsistent)
-	}, "alpha SyncTarget from beta, Inconsistent")
+			replica(st, "alpha").Disk == string(replication.Inconsistent) &&
+			c.vol("alpha").status().Serving
+	}, "alpha SyncTarget from beta, Inconsistent, serving")
 	got := make([]byte, size)
 	if err := c.vol("alpha").ReadAt(context.Background(), got, 0); err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("alpha does not read beta's data while copying it (err %v)", err)
