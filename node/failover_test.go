@@ -116,8 +116,14 @@ func TestAnOutdatedNodeIsNotPromoted(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The proposal returned once the leader applied it: its state
-	// machine says so already.
-	leader := c.nodes[c.status().Cluster.Leader]
+	// machine says so already. (A leader that is the primary hands its
+	// leadership off after cluster.LeadershipSettle, so the leader is
+	// looked up once one is known.)
+	var leader *Node
+	eventually(t, func() bool {
+		leader = c.nodes[c.status().Cluster.Leader]
+		return leader != nil
+	}, "a raft leader known")
 	va, _ := leader.cl.c.Authority().Volume("vol0")
 	if !va.IsOutdated("beta") {
 		t.Fatalf("a write beta missed completed, but raft does not have beta Outdated: %+v", va)
