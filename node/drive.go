@@ -177,9 +177,6 @@ func (v *Volume) stepLocked(e volstate.Event, texts func(volstate.Cause) reason,
 	prepare := func([]volstate.Action) {}
 	installed := false
 	persist := func(rd volstate.Ready, next volstate.State) error {
-		if v.closed {
-			return fmt.Errorf("%s on %s is shut down: %w", v.name, v.self, errShutdown)
-		}
 		if rd.Indicator == volstate.SetIndicator {
 			if err := v.md.SetPrimary(true); err != nil {
 				return err

@@ -54,9 +54,6 @@ func (v *Volume) commit(change func(*durable), install func()) error {
 // written does not fail it (the store alone is the truth at the next
 // start): for a disk being detached, whose superblock lives on that disk.
 func (v *Volume) commitMirror(mirror bool, change func(*durable), install func()) error {
-	if v.closed {
-		return fmt.Errorf("%s on %s is shut down: %w", v.name, v.self, errShutdown)
-	}
 	v.mu.Lock()
 	d := v.d.clone()
 	v.mu.Unlock()

@@ -48,10 +48,6 @@ type Volume struct {
 	// stateMu serialises changes of the durable state (commit) with their
 	// persistence; v.mu is not held while the state is written.
 	stateMu mutex
-	// closed: the volume's metadata and disk are closed (shutdown, under
-	// stateMu); a change of the durable state is refused from then on.
-	// Guarded by stateMu.
-	closed bool
 	// resizeMu serialises online resizes of the volume (resize.go).
 	resizeMu mutex
 
@@ -571,12 +567,7 @@ func (v *Volume) shutdown() bool {
 	v.bg.Wait()
 	v.stopPeers()
 	v.detachIncoming()
-	// stateMu is held until the disk is closed: a stream handler still
-	// running (one that steps this primary down) changes the state before
-	// this, or finds the volume closed (commitMirror), never a closed disk.
 	v.stateMu.Lock()
-	defer v.stateMu.Unlock()
-	v.closed = true
 	v.mu.Lock()
 	d := v.d.clone()
 	v.mu.Unlock()
@@ -584,6 +575,7 @@ func (v *Volume) shutdown() bool {
 		v.log.Error("write state at shutdown", "err", err)
 		clean = false
 	}
+	v.stateMu.Unlock()
 	// Bitmaps out, THEN the primary indicator off: a clean stop leaves no
 	// activity log to apply. The replica indicator goes off once the
 	// writes applied as a secondary are synced (the stream from the
