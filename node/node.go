@@ -501,6 +501,13 @@ func (n *Node) Close() error {
 	if n.nbd != nil {
 		n.nbd.Shutdown(ctx)
 	}
+	if n.repl != nil {
+		// No stream from a primary is served once the volumes close their
+		// disks: one still handled could step a volume down and write its
+		// superblock to a closed disk. The peers see the connection go
+		// and then find nobody listening.
+		n.repl.Stop()
+	}
 	n.volMu.Lock() // a volume being added or removed is done first
 	for _, v := range n.volumes() {
 		v.shutdown()
@@ -510,9 +517,6 @@ func (n *Node) Close() error {
 		if err := n.cl.c.Close(); err != nil {
 			n.log.Warn("close the cluster", "err", err)
 		}
-	}
-	if n.repl != nil {
-		n.repl.Stop()
 	}
 	if n.http != nil {
 		n.ctlGRPC.Stop()

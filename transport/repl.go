@@ -168,6 +168,9 @@ type ReplServer struct {
 	stopped   bool
 	listeners map[net.Listener]struct{}
 	conns     map[net.Conn]struct{}
+	// handlers counts the connections whose handler has not returned:
+	// added under mu while not stopped, so Stop's Wait sees them all.
+	handlers sync.WaitGroup
 }
 
 // NewReplServer returns a server that hands each stream to h.
@@ -212,7 +215,8 @@ func (s *ReplServer) Serve(l net.Listener) error {
 	}
 }
 
-// track adds c to the connections Stop closes; false once stopped.
+// track adds c to the connections Stop closes and waits for; false
+// once stopped.
 func (s *ReplServer) track(c net.Conn) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -220,6 +224,7 @@ func (s *ReplServer) track(c net.Conn) bool {
 		return false
 	}
 	s.conns[c] = struct{}{}
+	s.handlers.Add(1)
 	return true
 }
 
@@ -234,6 +239,14 @@ func (s *ReplServer) untrack(c net.Conn) {
 // handler's error in words.
 func (s *ReplServer) serveConn(raw net.Conn) {
 	defer s.untrack(raw)
+	handled := false
+	handlerDone := func() {
+		if !handled {
+			handled = true
+			s.handlers.Done()
+		}
+	}
+	defer handlerDone()
 	tuneConn(raw)
 	raw.SetDeadline(time.Now().Add(handshakeTimeout))
 	conn := raw
@@ -264,6 +277,7 @@ func (s *ReplServer) serveConn(raw net.Conn) {
 	raw.SetDeadline(time.Time{})
 	fc := newFrameConn(context.Background(), conn, state)
 	err := s.h(&ReplStream{s: fc, tls: state})
+	handlerDone()
 	if err != nil {
 		fc.end(endError, err.Error())
 	} else {
@@ -272,11 +286,11 @@ func (s *ReplServer) serveConn(raw net.Conn) {
 	fc.linger()
 }
 
-// Stop closes the listeners and every connection; handlers see their
-// streams fail and return.
+// Stop closes the listeners and every connection, and returns once every
+// handler has: handlers see their streams fail, and no stream is served
+// after Stop (a node closes its volumes' disks next).
 func (s *ReplServer) Stop() {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.stopped = true
 	for l := range s.listeners {
 		l.Close()
@@ -284,6 +298,8 @@ func (s *ReplServer) Stop() {
 	for c := range s.conns {
 		c.Close()
 	}
+	s.mu.Unlock()
+	s.handlers.Wait()
 }
 
 // ReplClient opens replication streams to one peer, each on a connection

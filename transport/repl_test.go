@@ -1,10 +1,13 @@
 package transport
 
 import (
+	"context"
 	"errors"
 	"io"
+	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -44,5 +47,60 @@ func TestStreamErrorsAreWords(t *testing.T) {
 	}
 	if streamError(nil) != nil {
 		t.Error("streamError(nil) is not nil")
+	}
+}
+
+// TestStopReturnsOnceEveryHandlerHas: a node closes its volumes' disks
+// after its replication server stops, so Stop may not return while a
+// handler still runs (one that goes on after its stream failed, as a
+// step-down writing the superblock does).
+func TestStopReturnsOnceEveryHandlerHas(t *testing.T) {
+	started, recvFailed, release := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	srv := NewReplServer(func(s *ReplStream) error {
+		close(started)
+		f := &Frame{}
+		err := s.Recv(f)
+		if err == nil {
+			t.Error("the stream delivered a frame nobody sent")
+		}
+		close(recvFailed)
+		<-release
+		return err
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	c, err := DialRepl(ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := c.Open(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	<-started
+	stopped := make(chan struct{})
+	go func() { srv.Stop(); close(stopped) }()
+	<-recvFailed // the connection is closed: the handler's stream failed
+	select {
+	case <-stopped:
+		t.Fatal("Stop returned while a handler still ran")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Stop did not return after the handler did")
+	}
+	if err := <-served; err != nil {
+		t.Errorf("Serve after Stop: %v", err)
 	}
 }
