@@ -31,8 +31,10 @@ deps:
 # spend their time waiting for a cluster (e2eBeside in cmd/replctl) run
 # three at a time.
 test: deps fmt-check vet
-	$(GO) test -race -count=1 -parallel 3 -timeout 20m ./...
-	$(MAKE) fuzz FUZZTIME=$(CI_FUZZTIME)
+	@start=$$(date +%s); set -x; $(GO) test -race -count=1 -parallel 3 -timeout 20m ./... && \
+		{ set +x; } 2>/dev/null && echo "make test: the suite took $$(( $$(date +%s) - start )) s"
+	@start=$$(date +%s); $(MAKE) fuzz FUZZTIME=$(CI_FUZZTIME) && \
+		echo "make test: fuzzing took $$(( $$(date +%s) - start )) s"
 
 # node's suite with every mutex of package node checked for lock-order
 # inversions (the deadlock build tag: node/lock_deadlock.go; the order is

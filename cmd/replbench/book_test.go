@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -297,5 +298,46 @@ func TestTheBookNamesNoPathOfTheMachine(t *testing.T) {
 	want := "nbds://127.0.0.1:35517/vol0?tls-certificates=$TMPDIR/replbench-N/demo/tls/nbd-client and $TMPDIR/replbench-N/a"
 	if got != want {
 		t.Fatalf("scrubTemp = %q, want %q", got, want)
+	}
+}
+
+// TestTheServersCPUPerIOExplainsTheWriteRatios: where a run measured the
+// servers' CPU per IO, the 8K and 1M rows say what each IO cost replvol's
+// nodes and nbdkit, and the book prints the table of it; a run that did
+// not measure it says nothing of it.
+func TestTheServersCPUPerIOExplainsTheWriteRatios(t *testing.T) {
+	rep := sampleReport()
+	for _, r := range rep.Rows {
+		if r.Workload == "randwrite-8k" {
+			r.Targets[tReplvol].CPUPerIO, r.Targets[tNbdkit].CPUPerIO = 28.8, 10.7
+			r.Targets[tReplvol].ClientCPUPerIO, r.Targets[tNbdkit].ClientCPUPerIO = 4.2, 4.3
+		}
+	}
+	rep.Issue19 = issueTargets(rep)
+	got := targetByPrefix(t, rep.Issue19, "8K randwrite qd16, protocol C")
+	// (10.7+4.3)/(28.8+4.2) = 15/33
+	if want := "CPU per IO, server+client: replvol 28.8+4.20 us, nbdkit 10.7+4.30 us (servers 2.7x); the CPU allows 0.45x"; got.Note != want {
+		t.Errorf("8K row's note %q, want %q", got.Note, want)
+	}
+	if got := targetByPrefix(t, rep.Issue19, "1M seqwrite qd4, protocol C"); got.Note != "" {
+		t.Errorf("1M row's note %q: its CPU was not measured", got.Note)
+	}
+	md := renderBook(rep, "perf.svg")
+	if !strings.Contains(md, "CPU per IO, us:") || !strings.Contains(md, "28.8+4.20") || !strings.Contains(md, "2.69x  0.45x") {
+		t.Errorf("the book lacks the CPU-per-IO table:\n%s", md)
+	}
+	if strings.Contains(renderBook(sampleReport(), "perf.svg"), "CPU per IO") {
+		t.Error("a run that measured no CPU per IO prints a table of it")
+	}
+}
+
+func TestCPUPerIOCountsTheIOsOfTheRampAndTheRuntime(t *testing.T) {
+	// 3 s of CPU (300 ticks) over 7 s at 10,000 IOPS: 70,000 IOs, 42.9 us each.
+	got := cpuPerIO(300, &fioResult{IOPS: 10000}, 7*time.Second)
+	if got < 42.8 || got > 42.9 {
+		t.Errorf("cpuPerIO = %.3f us, want 42.86", got)
+	}
+	if got := cpuPerIO(300, &fioResult{}, 7*time.Second); got != 0 {
+		t.Errorf("cpuPerIO of a run without IO = %v, want 0", got)
 	}
 }

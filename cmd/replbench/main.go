@@ -297,6 +297,16 @@ func run() int {
 type cell struct {
 	Median  float64   `json:"median"`
 	Samples []float64 `json:"samples"`
+	// CPUPerIO is the median CPU time the target's server processes
+	// spent per IO (microseconds; every node of a replvol demo, nbdkit
+	// alone, qemu-nbd and its nbdkit for the quorum), over the samples
+	// in CPUPerIOSamples: what separates the targets when the machine's
+	// two cores are the limit.
+	CPUPerIO        float64   `json:"cpu_us_per_io,omitempty"`
+	CPUPerIOSamples []float64 `json:"cpu_us_per_io_samples,omitempty"`
+	// ClientCPUPerIO is the same of the client, fio (median).
+	ClientCPUPerIO        float64   `json:"client_cpu_us_per_io,omitempty"`
+	ClientCPUPerIOSamples []float64 `json:"client_cpu_us_per_io_samples,omitempty"`
 }
 
 type row struct {
@@ -416,6 +426,7 @@ func printTable(w io.Writer, rep *report) {
 		fmt.Fprint(tw, "\n")
 	}
 	tw.Flush()
+	printCPUPerIO(w, rep)
 	fmt.Fprintln(w, "goals:")
 	for _, g := range rep.Goals {
 		got := "-"
@@ -428,6 +439,63 @@ func printTable(w io.Writer, rep *report) {
 		fmt.Fprintf(w, "resync: full resync of %s: %.0f MB/s; raw copy (%s): %.0f MB/s\n", fmtSize(r.Bytes), r.ResyncMBs, r.CopyMethod, r.CopyMBs)
 		fmt.Fprintf(w, "  %-34s %6.2fx  %s\n", "resync >= 0.8x raw copy", r.Ratio, r.Status)
 	}
+}
+
+// printCPUPerIO prints the server processes' CPU time per IO of each
+// workload and target, and replvol's over nbdkit's: when the cores are
+// the limit, the throughput ratio is about the inverse of that.
+func printCPUPerIO(w io.Writer, rep *report) {
+	measured := false
+	for _, r := range rep.Rows {
+		for _, c := range r.Targets {
+			measured = measured || c.CPUPerIO > 0
+		}
+	}
+	if !measured {
+		return
+	}
+	fmt.Fprintln(w, "CPU per IO, us: server (every process behind the URI: both nodes of the replvol demo) + client (fio);")
+	fmt.Fprintln(w, "  bound: nbdkit's server+client over replvol's, the throughput ratio the CPU time allows when the cores are the limit:")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprint(tw, "workload\t")
+	for _, t := range allTargets {
+		fmt.Fprintf(tw, "%s\t", t)
+	}
+	fmt.Fprint(tw, "replvol/nbdkit server\tbound\t\n")
+	for _, r := range rep.Rows {
+		fmt.Fprintf(tw, "%s\t", r.Label)
+		for _, t := range allTargets {
+			if c, ok := r.Targets[t]; ok && c.CPUPerIO > 0 {
+				fmt.Fprintf(tw, "%s+%s\t", fmtNum(c.CPUPerIO), fmtNum(c.ClientCPUPerIO))
+			} else {
+				fmt.Fprint(tw, "-\t")
+			}
+		}
+		if v, ok := cpuRatio(r); ok {
+			fmt.Fprintf(tw, "%.2fx\t%.2fx\t\n", v, cpuBound(r))
+		} else {
+			fmt.Fprint(tw, "-\t-\t\n")
+		}
+	}
+	tw.Flush()
+}
+
+// cpuBound is the throughput ratio of replvol to nbdkit that their CPU
+// time per IO (server and client) allows when the machine's cores are
+// the limit: nbdkit's over replvol's. Call it where cpuRatio is ok.
+func cpuBound(r *row) float64 {
+	rv, nk := r.Targets[tReplvol], r.Targets[tNbdkit]
+	return (nk.CPUPerIO + nk.ClientCPUPerIO) / (rv.CPUPerIO + rv.ClientCPUPerIO)
+}
+
+// cpuRatio is replvol's server CPU per IO over nbdkit's in row r.
+func cpuRatio(r *row) (float64, bool) {
+	rv, ok1 := r.Targets[tReplvol]
+	nk, ok2 := r.Targets[tNbdkit]
+	if !ok1 || !ok2 || rv.CPUPerIO <= 0 || nk.CPUPerIO <= 0 {
+		return 0, false
+	}
+	return rv.CPUPerIO / nk.CPUPerIO, true
 }
 
 func fmtNum(v float64) string {
@@ -478,6 +546,31 @@ type target struct {
 	control string  // replvol: alpha's control API
 	disk    string  // replvol: alpha's backing file
 	procs   []*proc // the server processes behind the URI
+}
+
+// cpuTicks is the CPU time the server processes of t have used, in
+// USER_HZ ticks (utime + stime); false when one cannot be read.
+func (t *target) cpuTicks() (int64, bool) {
+	var sum int64
+	for _, p := range t.procs {
+		v, err := readProc(p.cmd.Process.Pid, "stat", parseProcStatTicks)
+		if err != nil {
+			return 0, false
+		}
+		sum += v
+	}
+	return sum, len(t.procs) > 0
+}
+
+// cpuPerIO is the CPU time per IO, in microseconds, of ticks used over a
+// fio run of res: its IOs are counted at the measured rate over the ramp
+// and the runtime (fio does IO at that rate in both).
+func cpuPerIO(ticks int64, res *fioResult, window time.Duration) float64 {
+	ios := res.IOPS * window.Seconds()
+	if ios <= 0 {
+		return 0
+	}
+	return float64(ticks) / userHZ * 1e6 / ios
 }
 
 // diagnose names the server processes of t that have exited.
@@ -631,7 +724,9 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 				if proto != nil && (name == pA || name == pB) {
 					mon = startLagMonitor(ctx, t.control)
 				}
+				cpu0, cpuOK := t.cpuTicks()
 				res, err := b.fio(ctx, t.uri, w.Name, w.RW, w.BS, w.IODepth, span, fioTimed)
+				cpu1, cpuOK1 := t.cpuTicks()
 				obs := mon.stop()
 				if err != nil {
 					time.Sleep(200 * time.Millisecond) // let a dying server be reaped
@@ -646,6 +741,11 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 				if r, ok := rows[w.Name]; ok {
 					if c, ok := r.Targets[name]; ok {
 						c.Samples = append(c.Samples, v)
+						if cpuOK && cpuOK1 {
+							window := b.cfg.ramp + b.cfg.runtime
+							c.CPUPerIOSamples = append(c.CPUPerIOSamples, cpuPerIO(cpu1-cpu0, res, window))
+							c.ClientCPUPerIOSamples = append(c.ClientCPUPerIOSamples, cpuPerIO(int64(res.ClientCPU*userHZ/time.Second), res, window))
+						}
 					}
 				}
 				if proto != nil {
@@ -670,6 +770,10 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 	for _, r := range rep.Rows {
 		for _, c := range r.Targets {
 			c.Median = median(c.Samples)
+			if len(c.CPUPerIOSamples) > 0 {
+				c.CPUPerIO = median(c.CPUPerIOSamples)
+				c.ClientCPUPerIO = median(c.ClientCPUPerIOSamples)
+			}
 		}
 		if rv, ok := r.Targets[tReplvol]; ok {
 			for _, ref := range []string{tNbdkit, tQuorum, tReplvolExt} {
@@ -1195,6 +1299,8 @@ type fioResult struct {
 	// p50 152 vs 155 us), and can be a few microseconds.
 	LatP50, LatP99   float64
 	ClatP50, ClatP99 float64
+	// ClientCPU is the CPU time fio itself used, start to exit.
+	ClientCPU time.Duration
 }
 
 // fioMode is how long a fio run lasts.
@@ -1293,7 +1399,8 @@ func (b *bench) fio(ctx context.Context, uri, name, rw, bs string, qd int, span 
 		return 0
 	}
 	return &fioResult{IOPS: d.IOPS, BW: d.BW,
-		LatP50: pct(d.Lat, 50), LatP99: pct(d.Lat, 99), ClatP50: pct(d.Clat, 50), ClatP99: pct(d.Clat, 99)}, nil
+		LatP50: pct(d.Lat, 50), LatP99: pct(d.Lat, 99), ClatP50: pct(d.Clat, 50), ClatP99: pct(d.Clat, 99),
+		ClientCPU: cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()}, nil
 }
 
 // ---------------------------------------------------------------------------
