@@ -75,7 +75,7 @@ const (
 	// write unanswered (a crash, a partition); or a resync copies its
 	// block before it is acknowledged. The two count each other in sync
 	// once one of them takes over. Worked around: invariant 4 skips the
-	// block until a write to it is acknowledged. Seed 93.
+	// block until a write to it is acknowledged. Seed 369.
 	unackedWriteDivergence finding = 1 << iota
 )
 

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -320,6 +321,22 @@ func (s *Sim) handshake(p, q *node) {
 	if in := q.incoming; in.from != "" && in.from != p.name {
 		s.endStream(s.node(in.from), q.name)
 	}
+	d := replication.CompareUUIDs(p.st.UUIDs(q.name), qs.UUIDs(p.name), replication.Primary, replication.Secondary)
+	// A connection that will resync the peer (its disk Inconsistent
+	// meanwhile) has raft record it Outdated first, BEFORE the decision
+	// (node's outdateBeforeResync): the handshake waits for raft as a
+	// write that misses the peer does, and a primary raft does not know
+	// at its epoch (forced without quorum, not yet reclaimed) resyncs
+	// nobody. Until then the peer has no stream and takes nothing of it.
+	resyncs := d.Outcome.IsSource() || len(p.marks[q.name]) > 0 || len(q.marks[p.name]) > 0 || qs.Discard
+	if resyncs && s.cfg.mutation != mutResyncNotOutdated {
+		if err := s.ensureOutdated(p, q.name); err != nil {
+			if !errors.Is(err, errWait) {
+				s.tracef("%s: handshake with %s: %v", p.name, q.name, err)
+			}
+			return
+		}
+	}
 	p.sessions[q.name] = sid
 	q.incoming = session{from: p.name, id: sid}
 	// What the peer holds now (node's decide).
@@ -328,7 +345,6 @@ func (s *Sim) handshake(p, q *node) {
 	// node's handshake plan marks what the rules do not: every block for
 	// a full resync, and (the sim keeps no finer record) for a victim of
 	// a split brain that discards its data.
-	d := replication.CompareUUIDs(p.st.UUIDs(q.name), qs.UUIDs(p.name), replication.Primary, replication.Secondary)
 	if d.Outcome == replication.FullResyncSource || qs.Discard {
 		for b := range blocks {
 			p.mark(q.name, b)

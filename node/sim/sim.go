@@ -64,6 +64,13 @@ const (
 	// it (sim-finding-promotion-clears-marks, fixed in volstate's
 	// becomePrimary and force).
 	mutPromotionClearsMarks
+	// mutResyncNotOutdated starts a resync at a connection without
+	// raft recording the peer Outdated first (node's outdateBeforeResync):
+	// a primary forced without quorum, its writes waiting for the
+	// reclaim (unmarked, unshipped), resyncs a peer and hands it its
+	// generation, so that the peer counts in sync without them (seed
+	// 3468).
+	mutResyncNotOutdated
 )
 
 func (m mutation) String() string {
@@ -84,6 +91,8 @@ func (m mutation) String() string {
 		return "may-hold-ignored"
 	case mutPromotionClearsMarks:
 		return "promotion-clears-marks"
+	case mutResyncNotOutdated:
+		return "resync-not-outdated"
 	}
 	return "mutation(?)"
 }
