@@ -750,6 +750,28 @@ func (md *MD) ApplyActivityLog() (int64, error) {
 	return marked, md.FlushBitmaps()
 }
 
+// MarkActivityLog marks every extent of the activity log out of sync in
+// bm (one peer's bitmap) and flushes it: the extents this node wrote last,
+// as primary or applying a primary's writes. Nothing past the volume's
+// end is marked. It returns the bytes marked.
+func (md *MD) MarkActivityLog(bm *PeerBitmap) (int64, error) {
+	var marked int64
+	volume := md.VolumeSize()
+	for _, e := range md.al.ActiveExtents() {
+		start := extentStart(e)
+		if start >= volume {
+			continue
+		}
+		n := min(int64(ExtentSize), volume-start)
+		bm.SetBits(start, n)
+		marked += n
+	}
+	if marked == 0 {
+		return 0, nil
+	}
+	return marked, bm.Flush()
+}
+
 // Close flushes the bitmaps; it does not close the device. Call it only
 // after every admitted write is Done. It leaves the primary indicator as it is (SetPrimary(false) first
 // for a clean stop as primary).

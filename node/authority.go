@@ -716,14 +716,23 @@ func (v *Volume) holdLease(ctx context.Context) error {
 // Inconsistent): an Outdated node is never promoted by itself. It waits
 // (the write freezes) while raft has no quorum, and fails when this node
 // is no longer the primary or stops serving.
-func (v *Volume) ensureOutdated(peer string) error {
+func (v *Volume) ensureOutdated(peer string) error { return v.recordOutdated(peer, false) }
+
+// recordOutdated is ensureOutdated; with ask it asks raft even when this
+// node remembers a record at its epoch. A handshake that resyncs the
+// peer asks: the memory may be stale (another primary of a newer epoch
+// had raft record the peer UpToDate since), and raft refuses a primary it
+// no longer knows at its epoch, so that a fenced primary resyncs nobody
+// (a peer told to discard its data would take the old primary's copy
+// while raft counts it UpToDate: the sim's seed 12906).
+func (v *Volume) recordOutdated(peer string, ask bool) error {
 	cl := v.node.cl
 	if cl == nil {
 		return nil
 	}
 	v.mu.Lock()
 	auth, epoch := v.auth, v.d.epoch
-	known := v.outdated[peer] == epoch
+	known := v.outdated[peer] == epoch && !ask
 	upToDate := v.upToDate[peer]
 	v.mu.Unlock()
 	if !auth || known {
@@ -814,7 +823,7 @@ func (p *peer) outdateBeforeResync(reply replication.HelloReply) error {
 	}
 	d := replication.CompareUUIDs(local, reply.UUIDs, replication.Primary, replication.Secondary)
 	if d.Outcome.IsSource() || p.bm.Count() > 0 || len(reply.Changed) > 0 || !reply.DiscardFrom.IsZero() {
-		return v.ensureOutdated(p.name)
+		return v.recordOutdated(p.name, true)
 	}
 	return nil
 }

@@ -173,8 +173,18 @@ func (v *Volume) stepLocked(e volstate.Event, texts func(volstate.Cause) reason,
 	old := v.modelLocked()
 	v.mu.Unlock()
 	// What must wait for the senders or the incoming stream ran in drive,
-	// before v.stateMu was taken.
-	prepare := func([]volstate.Action) {}
+	// before v.stateMu was taken; the activity log's marks are written
+	// here, under it, BEFORE the state that needs them.
+	prepare := func(prep []volstate.Action) error {
+		for _, a := range prep {
+			if a.Kind == volstate.MarkActivityLog {
+				if err := v.markActivityLog(a.Peer); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
 	installed := false
 	persist := func(rd volstate.Ready, next volstate.State) error {
 		if rd.Indicator == volstate.SetIndicator {

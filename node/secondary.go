@@ -4,8 +4,10 @@ import (
 	"fmt"
 
 	"github.com/replvol/replvol/backing"
+	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/node/applier"
+	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
@@ -193,9 +195,20 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 	adopt := v.discard != nil || h.Epoch > v.d.epoch || v.d.primary != h.From
 	v.mu.Unlock()
 	if adopt {
-		// The new epoch is durable BEFORE the first write of its primary.
+		// The new epoch is durable BEFORE the first write of its primary;
+		// when another node took over, this node's activity log is marked
+		// toward it BEFORE that (the reply below reports the marks).
 		v.stateMu.Lock()
-		err := v.commit(func(d *durable) { d.epoch, d.primary = h.Epoch, h.From }, nil)
+		v.mu.Lock()
+		reconcile := h.Epoch > v.d.epoch && volstate.Reconciles(v.d.primary, v.self, h.From, len(v.cfg.Disks)-1)
+		v.mu.Unlock()
+		err := error(nil)
+		if reconcile {
+			err = v.markActivityLog(h.From)
+		}
+		if err == nil {
+			err = v.commit(func(d *durable) { d.epoch, d.primary = h.Epoch, h.From }, nil)
+		}
 		v.stateMu.Unlock()
 		if err != nil {
 			return err
@@ -243,6 +256,28 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 	}
 	v.log.Info("replicating from primary", "primary", h.From, "epoch", h.Epoch)
 	return in.Run(s, v.applied())
+}
+
+// markActivityLog marks the activity log's extents out of sync toward
+// peer, durably (volstate.MarkActivityLog): the primary changed, and a
+// write of the old one still in flight may be here and not on peer, or
+// on peer and not here. The resync of the new term copies them from the
+// new primary. Callers hold v.stateMu.
+func (v *Volume) markActivityLog(peer string) error {
+	bm, ok := v.md.Bitmap(v.node.config().NodeID(peer))
+	if !ok {
+		return nil
+	}
+	marked, err := v.md.MarkActivityLog(bm)
+	if err != nil {
+		return fmt.Errorf("mark the activity log toward %s: %w", peer, err)
+	}
+	if marked > 0 {
+		v.log.Info("primary changed: the activity log's extents are marked for the new term's resync", "peer", peer, "bytes", marked)
+		v.node.peerEvent(v.name, "reconcile", peer, fmt.Sprintf("the primary of %s changed: the %s %s wrote last (its activity log) are resynced between it and %s, in case a write of the old primary was in flight",
+			v.name, human.Bytes(marked), v.self, peer))
+	}
+	return nil
 }
 
 // causeOfRefusal is the Cause a secondary records for refusing a stream.

@@ -1,9 +1,7 @@
 package sim
 
 import (
-	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
@@ -49,87 +47,11 @@ type checker struct {
 	// split: a forced promotion without raft may have left two primaries.
 	split bool
 	// mayDiffer are blocks invariant 4 skips until a write to them is
-	// acknowledged: a finding worked around (diverging), a forced
-	// promotion (forgetDifferences).
+	// acknowledged: what a forced promotion leaves (forgetDifferences).
 	mayDiffer map[int]bool
 }
 
 func newChecker() checker { return checker{forced: map[string]bool{}, mayDiffer: map[int]bool{}} }
-
-// finding is a problem the sim found in the rules and mechanism it
-// models after node's (not fixed here: production code is untouched).
-// By default the sim works around each one, as its TODO says, so that
-// the run goes on to find others; Config.strict names the findings it
-// does not work around (-strict NAME,... or all), which then fail. In
-// none of them does the sim see an acknowledged write lost unless it is
-// strict about one that says so.
-type finding uint8
-
-const (
-	// TODO(sim-finding-unacked-write-divergence), three data nodes: an
-	// unacknowledged write reaches one peer and not the other, and
-	// nothing on the two marks it: it fails after its local write and
-	// its streams, missing a peer before raft recorded it Outdated (no
-	// generation moved); or the primary is cut off (raft cannot record
-	// the miss) and never acknowledges it; or its stream ends with the
-	// write unanswered (a crash, a partition); or a resync copies its
-	// block before it is acknowledged. The two count each other in sync
-	// once one of them takes over. Worked around: invariant 4 skips the
-	// block until a write to it is acknowledged. Seed 369.
-	unackedWriteDivergence finding = 1 << iota
-)
-
-var findingNames = map[finding]string{
-	unackedWriteDivergence: "unacked-write-divergence",
-}
-
-func (f finding) String() string {
-	if n, ok := findingNames[f]; ok {
-		return "sim-finding-" + n
-	}
-	return "finding(?)"
-}
-
-// parseFindings reads a -strict list: names (without sim-finding-),
-// comma separated, or all.
-func parseFindings(list string) (finding, error) {
-	var fs finding
-	for _, name := range strings.Split(list, ",") {
-		name = strings.TrimPrefix(strings.TrimSpace(name), "sim-finding-")
-		if name == "" {
-			continue
-		}
-		if name == "all" {
-			for f := range findingNames {
-				fs |= f
-			}
-			continue
-		}
-		found := false
-		for f, n := range findingNames {
-			if n == name {
-				fs, found = fs|f, true
-			}
-		}
-		if !found {
-			return 0, fmt.Errorf("no finding %q", name)
-		}
-	}
-	return fs, nil
-}
-
-// worksAround reports whether the run works around finding f.
-func (s *Sim) worksAround(f finding) bool { return s.cfg.strict&f == 0 }
-
-// diverging notes that block may now differ between nodes that will
-// count each other in sync, by finding f (why says how).
-func (c *checker) diverging(s *Sim, f finding, block int, why string) {
-	if !s.worksAround(f) || f == unackedWriteDivergence && !s.cfg.ThreeDataNodes {
-		return
-	}
-	c.mayDiffer[block] = true
-	s.tracef("check: block %d may diverge (%s, %s): invariant 4 skips it until a write to it is acknowledged", block, f, why)
-}
 
 func (c *checker) acknowledged(s *Sim, n *node, w *write) {
 	if c.split {

@@ -31,6 +31,13 @@ type node struct {
 	disk      *disk
 	marks     map[string]map[int]bool // durable bitmaps, per peer
 	al        map[int]int             // the activity log: blocks with writes in flight
+	// logged is the rest of the activity log's working set: the blocks
+	// written here, as primary or applied from a primary's stream. node's
+	// log keeps the extents used last, at least as many as a primary has
+	// writes in flight (its Admit waits for a free one); the sim's volume
+	// is smaller than any log, which so holds every block written. It
+	// survives a crash, as the log does.
+	logged map[int]bool
 
 	outdated map[string]uint64 // peers raft recorded Outdated, at which epoch (ensureOutdated's memo)
 	// outdatedRetry: ensureOutdated proposes again no sooner.
@@ -82,7 +89,6 @@ type write struct {
 	waiting map[string]bool // peers whose ack it waits for
 	missed  map[string]bool // peers it misses, not yet recorded
 	shipped bool            // it went to a stream
-	split   bool            // noted as split between peers
 }
 
 type syncGens struct {
@@ -93,7 +99,7 @@ type syncGens struct {
 var startedEvent = volstate.Started{}
 
 func newNode(name string, data []string, gen replication.Generation) *node {
-	n := &node{name: name, up: true, disk: newDisk(blocks), marks: map[string]map[int]bool{}, al: map[int]int{}}
+	n := &node{name: name, up: true, disk: newDisk(blocks), marks: map[string]map[int]bool{}, al: map[int]int{}, logged: map[int]bool{}}
 	for _, p := range data {
 		if p != name {
 			n.peers = append(n.peers, p)
@@ -136,10 +142,11 @@ func (n *node) paused(now time.Time) bool { return n.up && now.Before(n.pausedUn
 // the new state is installed, then its actions.
 func (s *Sim) drive(n *node, e volstate.Event) error {
 	old := n.st
-	next, acts, err := volstate.Apply(n.st, e, func(prep []volstate.Action) {
+	next, acts, err := volstate.Apply(n.st, e, func(prep []volstate.Action) error {
 		for _, a := range prep {
 			s.perform(n, a)
 		}
+		return nil
 	}, func(rd volstate.Ready, _ volstate.State) error {
 		if rd.Indicator == volstate.SetIndicator {
 			n.indicator = true
@@ -226,6 +233,14 @@ func (s *Sim) perform(n *node, a volstate.Action) {
 		n.reattachAt = s.now.Add(time.Second)
 	case volstate.CopyMissing:
 		n.follow = append(n.follow, volstate.LocalResyncFinished{})
+	case volstate.MarkActivityLog:
+		if s.cfg.noReconcile {
+			return
+		}
+		for b := range n.logged {
+			n.mark(a.Peer, b)
+		}
+		s.tracef("%s: activity log %v marked toward %s", n.name, slices.Sorted(maps.Keys(n.logged)), a.Peer)
 	case volstate.RunHook, volstate.Notify:
 		// Traced with the step.
 	default:
@@ -330,7 +345,7 @@ func (s *Sim) handshake(p, q *node) {
 	// nobody. Until then the peer has no stream and takes nothing of it.
 	resyncs := d.Outcome.IsSource() || len(p.marks[q.name]) > 0 || len(q.marks[p.name]) > 0 || qs.Discard
 	if resyncs && s.cfg.mutation != mutResyncNotOutdated {
-		if err := s.ensureOutdated(p, q.name); err != nil {
+		if err := s.recordOutdated(p, q.name); err != nil {
 			if !errors.Is(err, errWait) {
 				s.tracef("%s: handshake with %s: %v", p.name, q.name, err)
 			}
@@ -406,7 +421,6 @@ func (s *Sim) dropStream(p *node, peer string, sid uint64) {
 	for _, id := range slices.Sorted(maps.Keys(p.inflight[peer])) {
 		b := p.inflight[peer][id]
 		p.mark(peer, b)
-		s.check.diverging(s, unackedWriteDivergence, b, fmt.Sprintf("write %d of %s unanswered by %s when the stream ended", id, p.name, peer))
 	}
 	delete(p.inflight, peer)
 	announced := p.announcing[peer]

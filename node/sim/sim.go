@@ -106,8 +106,11 @@ type Config struct {
 	ThreeDataNodes bool
 
 	mutation mutation
-	// strict: the findings the sim does not work around (see finding).
-	strict finding
+	// noReconcile (tests only): a change of primary marks no activity
+	// log (volstate.MarkActivityLog does nothing). That reconciliation
+	// also repairs what some planted bugs break, so they are planted
+	// without it.
+	noReconcile bool
 }
 
 // Sim is the simulated cluster.

@@ -22,7 +22,7 @@ const (
 
 // Ready is what a step asks of the driver, in this order: Prepare, what
 // must be done BEFORE the new state may exist (the old primary's stream
-// ended, the peers' bitmaps cleared); the indicator when set, then
+// ended, the activity log marked toward a peer); the indicator when set, then
 // Persist, both on stable storage BEFORE the new state is installed; then
 // Actions, in order. ResetPeers among them is done in the same step as
 // the install, before any IO sees the new role. When a write fails the
@@ -87,6 +87,15 @@ const (
 	RunHook
 	// Notify: log and record the event Detail (with Peer, Epoch).
 	Notify
+	// MarkActivityLog (a preparation): mark every extent of the activity
+	// log out of sync toward Peer and flush that bitmap. The log holds
+	// the extents this node wrote last, as primary or applying a
+	// primary's stream; when the primary changes, a write of the old one
+	// still in flight may have reached this node and not Peer, or Peer
+	// and not this node, with no generation moved and nothing marked.
+	// The new primary copies those extents to its peers (DRBD 9
+	// reconciles the same way after it loses a primary).
+	MarkActivityLog
 )
 
 var actionNames = map[ActionKind]string{
@@ -94,7 +103,7 @@ var actionNames = map[ActionKind]string{
 	DetachIncoming: "detach-incoming", ClearLocalMissing: "clear-local-missing",
 	StartLease: "start-lease", StopLease: "stop-lease", ReleaseLease: "release-lease", Propose: "propose",
 	StartResync: "start-resync", StartPull: "start-pull", Reattach: "reattach", CopyMissing: "copy-missing",
-	RunHook: "run-hook", Notify: "notify",
+	RunHook: "run-hook", Notify: "notify", MarkActivityLog: "mark-activity-log",
 }
 
 func (k ActionKind) String() string {
@@ -131,15 +140,17 @@ func (a Action) String() string {
 // its writes to persist (the driver's durable commit, which installs next
 // in the same step once the writes are on stable storage). Only then does
 // the volume take the new state and are the actions returned: when
-// persist fails the volume keeps s (a failed write of a new generation
-// stops its IO) and the event's actions do not happen.
-func Apply(s State, e Event, prepare func([]Action), persist func(rd Ready, next State) error) (State, []Action, error) {
+// prepare or persist fails the volume keeps s (a failed write of a new
+// generation stops its IO) and the event's actions do not happen.
+func Apply(s State, e Event, prepare func([]Action) error, persist func(rd Ready, next State) error) (State, []Action, error) {
 	next, rd := Step(s, e)
 	if rd.Err != nil {
 		return s, nil, rd.Err
 	}
 	if len(rd.Prepare) > 0 {
-		prepare(rd.Prepare)
+		if err := prepare(rd.Prepare); err != nil {
+			return persistFailed(s, e), nil, err
+		}
 	}
 	if rd.needsWrite() {
 		if err := persist(rd, next); err != nil {

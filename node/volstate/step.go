@@ -3,6 +3,8 @@ package volstate
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/replvol/replvol/replication"
@@ -324,6 +326,9 @@ func (s *State) primaryReached(e PrimaryReached) Ready {
 	}
 	var rd Ready
 	if s.Discard || e.Epoch > s.Durable.Epoch || s.Durable.Primary != e.From {
+		if e.Epoch > s.Durable.Epoch {
+			rd.Prepare = s.reconcileWith(e.From)
+		}
 		rd.Persist = s.persist(func(x *Durable) { x.Epoch, x.Primary = e.Epoch, e.From })
 	}
 	p := s.Peers[e.From]
@@ -374,7 +379,7 @@ func (s *State) quiesced() Ready {
 		return Ready{Actions: []Action{{Kind: DrainIO}}}
 	}
 	s.Pending = nil
-	rd := Ready{Persist: s.persist(func(d *Durable) { d.Primary, d.Epoch = p.To, p.Epoch })}
+	rd := Ready{Prepare: s.reconcileWith(p.To), Persist: s.persist(func(d *Durable) { d.Primary, d.Epoch = p.To, p.Epoch })}
 	s.Serving, s.Why = Stopped, CauseNone
 	s.stopPeers()
 	if s.InSplitBrain() {
@@ -429,9 +434,41 @@ func (s *State) followAuthority(e AuthorityChanged) Ready {
 		rd.Actions = append([]Action{{Kind: StopLease}}, rd.Actions...)
 		s.LeaseEpoch, s.LeaseUntil = 0, time.Time{}
 	case e.Primary != s.Self && e.Epoch > epoch:
+		if mark := s.reconcileWith(e.Primary); mark != nil {
+			// The old primary's stream is ended first: a write of it
+			// applied after the log is marked would be in no mark.
+			rd.Prepare = append([]Action{{Kind: DetachIncoming}}, mark...)
+		}
 		rd.Persist = s.persist(func(d *Durable) { d.Primary, d.Epoch = e.Primary, e.Epoch })
 	}
 	return rd
+}
+
+// reconcileWith is what a node prepares when it learns that primary took
+// over from another (or from this node, which steps down): its activity
+// log marked toward the new primary BEFORE it records the change, and so
+// before the new primary's first handshake, which reports the marks and
+// has the primary copy them. A write of the old primary still in flight
+// may have reached this node and not the new primary; and a primary that
+// steps down may hold, in its log, writes it applied as a secondary of
+// an earlier primary that the new one never got.
+func (s *State) reconcileWith(primary string) []Action {
+	if !Reconciles(s.Durable.Primary, s.Self, primary, len(s.Peers)) {
+		return nil
+	}
+	return []Action{{Kind: MarkActivityLog, Peer: primary}}
+}
+
+// Reconciles says whether self, whose durable state names old primary and
+// which has peers other data nodes, marks its activity log toward primary
+// when it learns of it (from raft, from the new primary's stream, or by
+// stepping down): when another node than old and self took over, and
+// there are three data nodes or more. With two, the old primary is the
+// only other node: what it wrote in flight is its own log's, marked by
+// the rules of a stepped-down or crashed primary, and what the new one
+// applied as its secondary came from it.
+func Reconciles(old, self, primary string, peers int) bool {
+	return peers >= 2 && old != "" && old != primary && primary != self
 }
 
 // ensureLease starts the renewals of epoch's term unless they run.
@@ -471,6 +508,19 @@ func (s *State) becomePrimary(epoch uint64, now time.Time, byRaft bool) Ready {
 	// peer in sync by generations with blocks this node changed (the
 	// sim's promotion-clears-marks, seed 1460).
 	rd.Prepare = []Action{{Kind: DetachIncoming}}
+	if byRaft && d.Primary != "" && d.Primary != s.Self && len(s.Peers) >= 2 {
+		// Raft's choice after another primary: a write of the old one
+		// still in flight may have reached this node and not a peer. Its
+		// activity log is marked toward every peer but the old primary
+		// (what that one wrote, it holds) BEFORE the promotion is
+		// durable, so that the first resync of the term copies it; the
+		// peers mark theirs toward this node (reconcileWith).
+		for _, p := range slices.Sorted(maps.Keys(s.Peers)) {
+			if p != d.Primary {
+				rd.Prepare = append(rd.Prepare, Action{Kind: MarkActivityLog, Peer: p})
+			}
+		}
+	}
 	s.Discard = false
 	rd.Actions = s.serveAsPrimary(Open)
 	if byRaft {

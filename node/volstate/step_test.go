@@ -125,10 +125,11 @@ func (h *harness) run(t *testing.T, d *datadriven.TestData) string {
 		} else {
 			_, fail := arg(d, "fail")
 			var wrote Ready
-			next, acts, err := Apply(*s, e, func(prep []Action) {
+			next, acts, err := Apply(*s, e, func(prep []Action) error {
 				for _, a := range prep {
 					fmt.Fprintf(&b, "prepare: %s\n", a)
 				}
+				return nil
 			}, func(rd Ready, _ State) error {
 				wrote = rd
 				if fail {

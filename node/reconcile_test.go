@@ -1,0 +1,103 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/replvol/replvol/internal/fault"
+	"github.com/replvol/replvol/node/cluster"
+)
+
+// TestAFailoverReconcilesAWriteThatReachedOneSecondary: three data nodes
+// under raft. alpha, the primary, writes a block that reaches gamma and
+// not beta (beta's link holds it), and crashes before it acknowledges the
+// write or gives up on beta: raft still has both UpToDate, and nothing on
+// beta or gamma marks the block. Whichever of them raft promotes, the two
+// must not count each other in sync while the block differs: the
+// activity logs are marked across the change of primary (volstate's
+// MarkActivityLog) and the block is resynced from the new primary. This
+// was the sim's finding unacked-write-divergence.
+func TestAFailoverReconcilesAWriteThatReachedOneSecondary(t *testing.T) {
+	const size = 8 << 20
+	c := newTestClusterOf(t, size, "alpha", "beta", "gamma")
+	for i := range c.cfg.Nodes {
+		c.cfg.Nodes[i].Raft, c.cfg.Nodes[i].Gossip = freeAddr(t), freeAddr(t)
+	}
+	if err := c.cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	link := fault.NewLink()
+	timing := cluster.Timing{HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond, LeaseDuration: 900 * time.Millisecond}
+	for _, nc := range c.cfg.Nodes {
+		o := c.opts[nc.Name]
+		o.ClusterTiming = timing
+		if nc.Name == "beta" {
+			ln, err := net.Listen("tcp", nc.Replication)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o.Replication = link.Listen(ln)
+		}
+		c.opts[nc.Name] = o
+	}
+	for _, n := range []string{"alpha", "beta", "gamma"} {
+		c.start(n)
+	}
+	c.waitInSync()
+	ctx := context.Background()
+	a := c.vol("alpha")
+	eventually(t, func() bool { return a.WriteAt(ctx, pattern(1, 64<<10), 0, false) == nil }, "alpha serves under its lease")
+	eventually(t, func() bool {
+		va, ok := c.nodes["alpha"].cl.c.Authority().Volume("vol0")
+		return ok && va.IsUpToDate("beta") && va.IsUpToDate("gamma")
+	}, "raft knows beta and gamma UpToDate")
+
+	const off = 3 << 20
+	written := pattern(9, 4096)
+	link.Partition()
+	go a.WriteAt(ctx, written, off, false) // never acknowledged: alpha crashes
+	onDisk := func(name string) []byte {
+		b := make([]byte, len(written))
+		if _, err := c.vol(name).disk.ReadAt(b, off); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	eventually(t, func() bool { return bytes.Equal(onDisk("gamma"), written) }, "the write reached gamma")
+	c.crash("alpha")
+	link.Drop() // what the link held for beta goes with alpha
+	link.Heal()
+	if bytes.Equal(onDisk("beta"), written) {
+		t.Fatal("the write reached beta too: the test shows nothing")
+	}
+	if !within(30*time.Second, 20*time.Millisecond, func() bool {
+		st := c.status()
+		if len(st.Volumes) == 0 || st.Volumes[0].Primary == "alpha" || st.Volumes[0].Primary == "" {
+			return false
+		}
+		other := map[string]string{"beta": "gamma", "gamma": "beta"}[st.Volumes[0].Primary]
+		r := replica(st, other)
+		return r.Disk == "UpToDate" && r.Replication == "Connected" && r.OutOfSyncBytes == 0
+	}) {
+		t.Fatalf("no new primary with the other secondary in sync: %+v", c.status().Volumes[0])
+	}
+	st := c.status()
+	t.Logf("raft promoted %s", st.Volumes[0].Primary)
+	if b, g := onDisk("beta"), onDisk("gamma"); !bytes.Equal(b, g) {
+		t.Fatalf("beta and gamma count each other in sync, but the block at %d differs (beta holds the write: %v, gamma: %v)",
+			off, bytes.Equal(b, written), bytes.Equal(g, written))
+	}
+	// The whole volume, not only that block.
+	for _, name := range []string{"beta", "gamma"} {
+		if err := c.vol(name).disk.Sync(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	x, y := c.disk("beta"), c.disk("gamma")
+	if !bytes.Equal(x[:size], y[:size]) {
+		t.Fatal("beta's and gamma's copies differ")
+	}
+}
