@@ -322,6 +322,26 @@ func TestTheServersCPUPerIOExplainsTheWriteRatios(t *testing.T) {
 	if got := targetByPrefix(t, rep.Issue19, "1M seqwrite qd4, protocol C"); got.Note != "" {
 		t.Errorf("1M row's note %q: its CPU was not measured", got.Note)
 	}
+	// The fresh phase and local-only (the protocol rounds) say it too.
+	rep.Fresh.Replvol.CPUPerIO, rep.Fresh.Replvol.ClientCPUPerIO = 30, 5
+	rep.Fresh.Nbdkit.CPUPerIO, rep.Fresh.Nbdkit.ClientCPUPerIO = 10, 4
+	for _, r := range rep.Protocols.Rows {
+		switch r.Name {
+		case "local-only":
+			r.SeqWrite.CPUPerIO, r.SeqWrite.ClientCPUPerIO = 400, 250
+		case "nbdkit":
+			r.SeqWrite.CPUPerIO, r.SeqWrite.ClientCPUPerIO = 320, 250
+		}
+	}
+	rep.Issue19 = issueTargets(rep)
+	for prefix, want := range map[string]string{
+		"8K randwrite qd16 into a fresh": "replvol 30.0+5.00 us, nbdkit 10.0+4.00 us (servers 3.0x); the CPU allows 0.40x",
+		"1M seqwrite qd4, local-only":    "replvol 400+250 us, nbdkit 320+250 us (servers 1.2x); the CPU allows 0.88x",
+	} {
+		if got := targetByPrefix(t, rep.Issue19, prefix); !strings.HasSuffix(got.Note, want) {
+			t.Errorf("%s: note %q, want it to end %q", prefix, got.Note, want)
+		}
+	}
 	md := renderBook(rep, "perf.svg")
 	if !strings.Contains(md, "CPU per IO, us:") || !strings.Contains(md, "28.8+4.20") || !strings.Contains(md, "2.69x  0.45x") {
 		t.Errorf("the book lacks the CPU-per-IO table:\n%s", md)

@@ -32,8 +32,9 @@ func (b *bench) freshPhase(ctx context.Context, span int64) (rep *freshReport, e
 	rep = &freshReport{Setup: fmt.Sprintf("%s into a new %s volume per round: a fresh replvol demo (sparse disks, protocol C) and nbdkit on a fresh sparse file; over %s, one run each per round",
 		w.Label, fmtSize(b.cfg.size), fmtSize(span))}
 	var rv, nk []float64
+	var rvCPU, nkCPU cell
 	defer func() {
-		rep.Replvol, rep.Nbdkit = mkCell(rv), mkCell(nk)
+		rep.Replvol, rep.Nbdkit = withCPU(mkCell(rv), &rvCPU), withCPU(mkCell(nk), &nkCPU)
 		rep.Ratio = ratioOf(rep.Replvol, rep.Nbdkit)
 		if err != nil {
 			rep.Error = err.Error()
@@ -66,15 +67,17 @@ func (b *bench) freshPhase(ctx context.Context, span int64) (rep *freshReport, e
 			runs = []*target{plain, demo}
 		}
 		for _, t := range runs {
-			res, err := b.fio(ctx, t.uri, "fresh-"+w.Name, w.RW, w.BS, w.IODepth, span, fioTimed)
+			res, err := b.fioOn(ctx, t, "fresh-"+w.Name, w.RW, w.BS, w.IODepth, span)
 			if err != nil {
 				return rep, fmt.Errorf("round %d on %s: %w%s", round+1, t.name, err, t.diagnose())
 			}
 			v := w.value(res)
 			if t == demo {
 				rv = append(rv, v)
+				rvCPU.addCPU(res)
 			} else {
 				nk = append(nk, v)
+				nkCPU.addCPU(res)
 			}
 			logf("fresh: round %d/%d  %-18s %-13s %10s %s", round+1, b.cfg.rounds, w.Label, t.name, fmtNum(v), w.Unit)
 		}

@@ -97,40 +97,45 @@ func issueTargets(rep *report) []issueTarget {
 	// cpuNote says what each IO cost the servers in CPU, where the rows
 	// measured it: on two cores shared by the client and the servers,
 	// the throughput ratio follows the inverse of the CPU ratio.
-	cpuNote := func(w string) string {
-		note := cacheNote
+	withNote := func(note, more string) string {
+		if note != "" && more != "" {
+			return note + "; " + more
+		}
+		return note + more
+	}
+	cpuNoteOf := func(w string) string {
 		for _, r := range rep.Rows {
-			if r.Workload != w {
-				continue
-			}
-			if v, ok := cpuRatio(r); ok {
-				rv, nk := r.Targets[tReplvol], r.Targets[tNbdkit]
-				cpu := fmt.Sprintf("CPU per IO, server+client: replvol %s+%s us, nbdkit %s+%s us (servers %.1fx); the CPU allows %.2fx",
-					fmtNum(rv.CPUPerIO), fmtNum(rv.ClientCPUPerIO), fmtNum(nk.CPUPerIO), fmtNum(nk.ClientCPUPerIO), v, cpuBound(r))
-				if note != "" {
-					note += "; "
-				}
-				note += cpu
+			if r.Workload == w {
+				return withNote(cacheNote, cpuNote(r.Targets[tReplvol], r.Targets[tNbdkit]))
 			}
 		}
-		return note
+		return cacheNote
 	}
-	add("8K randwrite qd16, protocol C, like for like", mainRatio("randwrite-8k"), unitRatio, atLeast, 0.6, limit8K, cpuNote("randwrite-8k"))
+	add("8K randwrite qd16, protocol C, like for like", mainRatio("randwrite-8k"), unitRatio, atLeast, 0.6, limit8K, cpuNoteOf("randwrite-8k"))
 	var fresh *float64
+	freshNote := ""
 	if rep.Fresh != nil {
-		fresh = rep.Fresh.Ratio
+		fresh, freshNote = rep.Fresh.Ratio, cpuNote(rep.Fresh.Replvol, rep.Fresh.Nbdkit)
 	}
-	add("8K randwrite qd16 into a fresh sparse volume", fresh, unitRatio, atLeast, 0.55, limit8K, "")
-	add("1M seqwrite qd4, protocol C", mainRatio("seqwrite-1m"), unitRatio, atLeast, 0.35, limit1M, cpuNote("seqwrite-1m"))
+	add("8K randwrite qd16 into a fresh sparse volume", fresh, unitRatio, atLeast, 0.55, limit8K, freshNote)
+	add("1M seqwrite qd4, protocol C", mainRatio("seqwrite-1m"), unitRatio, atLeast, 0.35, limit1M, cpuNoteOf("seqwrite-1m"))
 	var local *float64
+	localNote := cacheNote
 	if rep.Protocols != nil {
+		var lo, nk *protocolRow
 		for _, r := range rep.Protocols.Rows {
-			if r.Name == "local-only" {
-				local = r.SeqWriteRatio
+			switch r.Name {
+			case "local-only":
+				lo, local = r, r.SeqWriteRatio
+			case tNbdkit:
+				nk = r
 			}
 		}
+		if lo != nil && nk != nil {
+			localNote = withNote(cacheNote, cpuNote(lo.SeqWrite, nk.SeqWrite))
+		}
 	}
-	add("1M seqwrite qd4, local-only", local, unitRatio, atLeast, 0.85, limitLocal1M, cacheNote)
+	add("1M seqwrite qd4, local-only", local, unitRatio, atLeast, 0.85, limitLocal1M, localNote)
 
 	var median, worst *float64
 	killsNote := ""

@@ -471,8 +471,8 @@ func printCPUPerIO(w io.Writer, rep *report) {
 				fmt.Fprint(tw, "-\t")
 			}
 		}
-		if v, ok := cpuRatio(r); ok {
-			fmt.Fprintf(tw, "%.2fx\t%.2fx\t\n", v, cpuBound(r))
+		if v, ok := cpuRatio(r.Targets[tReplvol], r.Targets[tNbdkit]); ok {
+			fmt.Fprintf(tw, "%.2fx\t%.2fx\t\n", v, cpuBound(r.Targets[tReplvol], r.Targets[tNbdkit]))
 		} else {
 			fmt.Fprint(tw, "-\t-\t\n")
 		}
@@ -480,19 +480,28 @@ func printCPUPerIO(w io.Writer, rep *report) {
 	tw.Flush()
 }
 
-// cpuBound is the throughput ratio of replvol to nbdkit that their CPU
-// time per IO (server and client) allows when the machine's cores are
-// the limit: nbdkit's over replvol's. Call it where cpuRatio is ok.
-func cpuBound(r *row) float64 {
-	rv, nk := r.Targets[tReplvol], r.Targets[tNbdkit]
+// cpuBound is the throughput ratio of replvol (rv) to nbdkit (nk) that
+// their CPU time per IO (server and client) allows when the machine's
+// cores are the limit: nbdkit's over replvol's. Call it where cpuRatio
+// is ok.
+func cpuBound(rv, nk *cell) float64 {
 	return (nk.CPUPerIO + nk.ClientCPUPerIO) / (rv.CPUPerIO + rv.ClientCPUPerIO)
 }
 
-// cpuRatio is replvol's server CPU per IO over nbdkit's in row r.
-func cpuRatio(r *row) (float64, bool) {
-	rv, ok1 := r.Targets[tReplvol]
-	nk, ok2 := r.Targets[tNbdkit]
-	if !ok1 || !ok2 || rv.CPUPerIO <= 0 || nk.CPUPerIO <= 0 {
+// cpuNote says what each IO cost replvol (rv) and nbdkit (nk) in CPU,
+// and the ratio that allows; "" where it was not measured.
+func cpuNote(rv, nk *cell) string {
+	v, ok := cpuRatio(rv, nk)
+	if !ok {
+		return ""
+	}
+	return fmt.Sprintf("CPU per IO, server+client: replvol %s+%s us, nbdkit %s+%s us (servers %.1fx); the CPU allows %.2fx",
+		fmtNum(rv.CPUPerIO), fmtNum(rv.ClientCPUPerIO), fmtNum(nk.CPUPerIO), fmtNum(nk.ClientCPUPerIO), v, cpuBound(rv, nk))
+}
+
+// cpuRatio is replvol's (rv) server CPU per IO over nbdkit's (nk).
+func cpuRatio(rv, nk *cell) (float64, bool) {
+	if rv == nil || nk == nil || rv.CPUPerIO <= 0 || nk.CPUPerIO <= 0 {
 		return 0, false
 	}
 	return rv.CPUPerIO / nk.CPUPerIO, true
@@ -571,6 +580,47 @@ func cpuPerIO(ticks int64, res *fioResult, window time.Duration) float64 {
 		return 0
 	}
 	return float64(ticks) / userHZ * 1e6 / ios
+}
+
+// fioOn is a timed fio run against t that also measures the CPU time
+// per IO of t's server processes and of fio (fioResult.ServerCPUPerIO).
+func (b *bench) fioOn(ctx context.Context, t *target, name, rw, bs string, qd int, span int64) (*fioResult, error) {
+	cpu0, ok0 := t.cpuTicks()
+	res, err := b.fio(ctx, t.uri, name, rw, bs, qd, span, fioTimed)
+	if err != nil {
+		return nil, err
+	}
+	if cpu1, ok1 := t.cpuTicks(); ok0 && ok1 {
+		window := b.cfg.ramp + b.cfg.runtime
+		res.ServerCPUPerIO = cpuPerIO(cpu1-cpu0, res, window)
+		res.ClientCPUPerIO = cpuPerIO(int64(res.ClientCPU*userHZ/time.Second), res, window)
+	}
+	return res, nil
+}
+
+// addCPU adds the CPU times per IO of run r to c's samples.
+func (c *cell) addCPU(r *fioResult) {
+	if r.ServerCPUPerIO > 0 {
+		c.CPUPerIOSamples = append(c.CPUPerIOSamples, r.ServerCPUPerIO)
+		c.ClientCPUPerIOSamples = append(c.ClientCPUPerIOSamples, r.ClientCPUPerIO)
+	}
+}
+
+// settleCPU sets c's CPU medians from its samples.
+func (c *cell) settleCPU() {
+	if len(c.CPUPerIOSamples) > 0 {
+		c.CPUPerIO, c.ClientCPUPerIO = median(c.CPUPerIOSamples), median(c.ClientCPUPerIOSamples)
+	}
+}
+
+// withCPU is c with the CPU samples of cpu (and their medians); c may be
+// nil.
+func withCPU(c, cpu *cell) *cell {
+	if c != nil && cpu != nil {
+		c.CPUPerIOSamples, c.ClientCPUPerIOSamples = cpu.CPUPerIOSamples, cpu.ClientCPUPerIOSamples
+		c.settleCPU()
+	}
+	return c
 }
 
 // diagnose names the server processes of t that have exited.
@@ -724,9 +774,7 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 				if proto != nil && (name == pA || name == pB) {
 					mon = startLagMonitor(ctx, t.control)
 				}
-				cpu0, cpuOK := t.cpuTicks()
-				res, err := b.fio(ctx, t.uri, w.Name, w.RW, w.BS, w.IODepth, span, fioTimed)
-				cpu1, cpuOK1 := t.cpuTicks()
+				res, err := b.fioOn(ctx, t, w.Name, w.RW, w.BS, w.IODepth, span)
 				obs := mon.stop()
 				if err != nil {
 					time.Sleep(200 * time.Millisecond) // let a dying server be reaped
@@ -741,11 +789,7 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 				if r, ok := rows[w.Name]; ok {
 					if c, ok := r.Targets[name]; ok {
 						c.Samples = append(c.Samples, v)
-						if cpuOK && cpuOK1 {
-							window := b.cfg.ramp + b.cfg.runtime
-							c.CPUPerIOSamples = append(c.CPUPerIOSamples, cpuPerIO(cpu1-cpu0, res, window))
-							c.ClientCPUPerIOSamples = append(c.ClientCPUPerIOSamples, cpuPerIO(int64(res.ClientCPU*userHZ/time.Second), res, window))
-						}
+						c.addCPU(res)
 					}
 				}
 				if proto != nil {
@@ -770,10 +814,7 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 	for _, r := range rep.Rows {
 		for _, c := range r.Targets {
 			c.Median = median(c.Samples)
-			if len(c.CPUPerIOSamples) > 0 {
-				c.CPUPerIO = median(c.CPUPerIOSamples)
-				c.ClientCPUPerIO = median(c.ClientCPUPerIOSamples)
-			}
+			c.settleCPU()
 		}
 		if rv, ok := r.Targets[tReplvol]; ok {
 			for _, ref := range []string{tNbdkit, tQuorum, tReplvolExt} {
@@ -1301,6 +1342,10 @@ type fioResult struct {
 	ClatP50, ClatP99 float64
 	// ClientCPU is the CPU time fio itself used, start to exit.
 	ClientCPU time.Duration
+	// ServerCPUPerIO and ClientCPUPerIO are the CPU time per IO, in
+	// microseconds, of the target's server processes and of fio, over a
+	// timed run (fioOn); 0 where not measured.
+	ServerCPUPerIO, ClientCPUPerIO float64
 }
 
 // fioMode is how long a fio run lasts.

@@ -82,6 +82,7 @@ type protoRun struct {
 
 type protoCell struct {
 	values, p50, p99, clat50, clat99 []float64
+	cpu                              cell // CPU per IO samples
 	monitored, ahead                 int
 	maxLag                           int64
 }
@@ -170,6 +171,7 @@ func (p *protoRun) record(w workload, name string, r *fioResult, obs lagObs) {
 		m[name] = c
 	}
 	c.values = append(c.values, w.value(r))
+	c.cpu.addCPU(r)
 	c.p50 = append(c.p50, r.LatP50)
 	c.p99 = append(c.p99, r.LatP99)
 	c.clat50 = append(c.clat50, r.ClatP50)
@@ -253,19 +255,25 @@ func (p *protoRun) report() *protocolReport {
 		}
 		return nil
 	}
-	value := func(c *protoCell) []float64 { return c.values }
 	p50 := func(c *protoCell) []float64 { return c.p50 }
 	p99 := func(c *protoCell) []float64 { return c.p99 }
 	clat50 := func(c *protoCell) []float64 { return c.clat50 }
 	clat99 := func(c *protoCell) []float64 { return c.clat99 }
-	nbdRand := vals("randwrite-8k", tNbdkit, value)
-	nbdSeq := vals("seqwrite-1m", tNbdkit, value)
+	// The write cells carry the CPU per IO of their runs.
+	writes := func(w, name string) *cell {
+		if c := get(w, name); c != nil {
+			return withCPU(mkCell(c.values), &c.cpu)
+		}
+		return nil
+	}
+	nbdRand := writes("randwrite-8k", tNbdkit)
+	nbdSeq := writes("seqwrite-1m", tNbdkit)
 	localP50 := vals(latWorkload.Name, pLocal, p50)
 	localP99 := vals(latWorkload.Name, pLocal, p99)
 	for _, pr := range protoRows {
 		row := &protocolRow{Name: pr.label}
-		row.RandWrite = vals("randwrite-8k", pr.name, value)
-		row.SeqWrite = vals("seqwrite-1m", pr.name, value)
+		row.RandWrite = writes("randwrite-8k", pr.name)
+		row.SeqWrite = writes("seqwrite-1m", pr.name)
 		if pr.name != tNbdkit {
 			row.RandWriteRatio = ratioOf(row.RandWrite, nbdRand)
 			row.SeqWriteRatio = ratioOf(row.SeqWrite, nbdSeq)
