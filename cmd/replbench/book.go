@@ -119,7 +119,7 @@ func renderBook(rep *report, plot string) string {
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", mdCell(t.Workload), fmtTargetValue(t), mdCell(fmtTargetBound(t)), limit, t.Status, mdCell(t.Note))
 	}
-	fmt.Fprintf(&b, "\nWhere a target is missed, and why, with the profiles that show it: [perf-gaps.md](perf-gaps.md) (written by hand, not by this run).\n")
+	fmt.Fprintf(&b, "\nThe note beside a write ratio is this run's CPU time per IO of each target's processes (server) and of fio (client): on two cores shared by both, the ratio the CPU allows is nbdkit's total over replvol's. Where replvol's CPU goes on 8K writes, by a profile taken in this run, is the table \"where replvol's CPU goes\" below. Where a target is missed, and why, with earlier profiles and what was tried: [perf-gaps.md](perf-gaps.md) (written by hand, not by this run).\n")
 	fmt.Fprintf(&b, "\n![IOPS and latency per protocol, metadata placement, resync throughput and failover times](%s)\n\n", plot)
 	fmt.Fprintf(&b, "The plot leaves out the multipath path count: `make bench` runs node/multipath's Go benchmark after replbench and appends its output below.\n\n")
 	fmt.Fprintf(&b, "## Every table of the run\n\n```text\n")

@@ -163,6 +163,7 @@ type config struct {
 
 	pageCache   string        // cacheDrop or cacheKeep (pagecache.go)
 	fresh       bool          // the fresh sparse-volume phase (fresh.go)
+	profile     bool          // the write profile (cpuprofile.go)
 	idleVolumes int           // idle phase: volumes (0: skip; idle.go)
 	idleWindow  time.Duration // idle phase: how long the CPU is measured
 	idleProfile string        // idle phase: save the primary's profiles (PREFIX.cpu.pprof, PREFIX.heap.pprof)
@@ -192,6 +193,7 @@ func run() int {
 	var throttleStr string
 	flag.StringVar(&throttleStr, "read-throttle", "50MiB", "read-balancing phase: read bandwidth per second of each node's disk (cgroup blkio/io throttle on a loop device; 0: unthrottled)")
 	flag.StringVar(&cfg.pageCache, "page-cache", cacheDrop, "page-cache state of the targets' files: drop (64 KiB prefill; every target's files written back and dropped from the cache before every run) or keep (1 MiB prefill, the cache as runs leave it)")
+	flag.BoolVar(&cfg.profile, "write-profile", true, "profile the replvol demo's CPU under one more 8K randwrite qd16 run and say where it goes (needs the target replvol)")
 	flag.BoolVar(&cfg.fresh, "fresh", true, "run the fresh sparse-volume phase (8K randwrite qd16 into a new replvol demo and a new sparse nbdkit file; needs targets replvol and nbdkit)")
 	flag.IntVar(&cfg.idleVolumes, "idle-volumes", 1000, "idle phase: volumes of 16 MiB on two replnode processes, then their idle CPU and RSS (0: skip)")
 	flag.DurationVar(&cfg.idleWindow, "idle-window", 20*time.Second, "idle phase: how long the idle CPU is measured")
@@ -280,6 +282,10 @@ func run() int {
 		fmt.Fprintln(os.Stderr, "replbench: failover phase:", rep.Failover.Error)
 		code = 1
 	}
+	if rep.Profile != nil && rep.Profile.Error != "" {
+		fmt.Fprintln(os.Stderr, "replbench: write profile:", rep.Profile.Error)
+		code = 1
+	}
 	if rep.Fresh != nil && rep.Fresh.Error != "" {
 		fmt.Fprintln(os.Stderr, "replbench: fresh phase:", rep.Fresh.Error)
 		code = 1
@@ -349,6 +355,7 @@ type report struct {
 	ReadBalancing *readBalanceReport `json:"read_balancing,omitempty"`
 	Failover      *failoverReport    `json:"failover,omitempty"`
 	Fresh         *freshReport       `json:"fresh,omitempty"`
+	Profile       *writeProfile      `json:"write_profile,omitempty"`
 	Idle          *idleReport        `json:"idle,omitempty"`
 	// Issue19 is every target of issue 19 with the limit of this
 	// machine beside it (issue19.go).
@@ -371,6 +378,10 @@ func printReport(w io.Writer, rep *report) {
 	if rep.Protocols != nil {
 		fmt.Fprintln(w)
 		printProtocols(w, rep.Protocols)
+	}
+	if rep.Profile != nil {
+		fmt.Fprintln(w)
+		printWriteProfile(w, rep.Profile)
 	}
 	if rep.Fresh != nil {
 		fmt.Fprintln(w)
@@ -857,6 +868,15 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 			}
 		}
 		rep.Goals = append(rep.Goals, gr)
+	}
+	if t, ok := b.targets[tReplvol]; ok && b.cfg.profile {
+		if err := equalise(); err != nil {
+			return nil, err
+		}
+		rep.Profile = b.profilePhase(ctx, t, span)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
 	}
 	if t, ok := b.targets[tReplvol]; ok {
 		r, err := b.resyncPhase(ctx, t)
