@@ -115,17 +115,16 @@ func TestAnOutdatedNodeIsNotPromoted(t *testing.T) {
 	if err := a.WriteAt(ctx, pattern(2, 4096), 4096, false); err != nil {
 		t.Fatal(err)
 	}
-	// The proposal returned once the leader applied it: its state
-	// machine says so already. (A leader that is the primary hands its
-	// leadership off after cluster.LeadershipSettle, so the leader is
-	// looked up once one is known.)
-	var leader *Node
-	eventually(t, func() bool {
-		leader = c.nodes[c.status().Cluster.Leader]
-		return leader != nil
-	}, "a raft leader known")
-	va, _ := leader.cl.c.Authority().Volume("vol0")
-	if !va.IsOutdated("beta") {
+	// The write completed once raft committed the record: every state
+	// machine applies it. (A leader that is the primary hands its
+	// leadership off after cluster.LeadershipSettle, and a new leader may
+	// not have applied every committed entry yet when it is asked: the
+	// witness's state machine is read, until it has.)
+	var va replication.VolumeAuthority
+	if !within(5*time.Second, 10*time.Millisecond, func() bool {
+		va, _ = c.nodes["wit"].cl.c.Authority().Volume("vol0")
+		return va.IsOutdated("beta")
+	}) {
 		t.Fatalf("a write beta missed completed, but raft does not have beta Outdated: %+v", va)
 	}
 	c.crash("alpha")
