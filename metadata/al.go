@@ -1,7 +1,6 @@
 package metadata
 
 import (
-	"container/list"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -151,16 +150,21 @@ type ActivityLog struct {
 	// moves it, owning the log (committing) meanwhile.
 	ringOffset int64
 
-	mu         sync.Mutex
-	extents    map[uint64]*alExtent
-	lru        list.List // committed extents with no write in flight, oldest first
-	free       []int     // free slots
-	next       *alBatch  // admissions waiting for the next commit
-	committing bool      // a leader is writing a batch
-	changed    chan struct{}
-	failed     error
-	stats      ALStats
-	onEnqueue  func() // test hook: a cold extent joined the next batch
+	mu      sync.Mutex
+	extents map[uint64]*alExtent
+	// lru holds the committed extents with no write in flight, oldest
+	// first: an intrusive list (alExtent.prev, .next), so that a write
+	// to a hot extent allocates nothing.
+	lruHead, lruTail *alExtent
+	free             []int    // free slots
+	next             *alBatch // admissions waiting for the next commit
+	committing       bool     // a leader is writing a batch
+	// changed is closed by signal for the goroutines waiting for a
+	// Done or a commit; nil while nobody waits (waitChan makes it).
+	changed   chan struct{}
+	failed    error
+	stats     ALStats
+	onEnqueue func() // test hook: a cold extent joined the next batch
 
 	// Owned by the goroutine that set committing (or by open/create).
 	disk   []uint32 // slot contents as last written
@@ -173,7 +177,9 @@ type alExtent struct {
 	slot   int
 	refs   int
 	batch  *alBatch // non-nil until the transaction naming it is durable
-	elem   *list.Element
+	// inLRU: in the lru list, between prev and next.
+	inLRU      bool
+	prev, next *alExtent
 }
 
 type alBatch struct {
@@ -193,7 +199,6 @@ func newActivityLog(md *MD) *ActivityLog {
 		txPerCommit: alTxPerCommit(n, md.geo.alBlocks),
 		extents:     map[uint64]*alExtent{},
 		next:        newBatch(),
-		changed:     make(chan struct{}),
 		disk:        make([]uint32, n),
 	}
 	for i := range a.disk {
@@ -276,7 +281,7 @@ func (a *ActivityLog) resetHotSet() {
 			continue
 		}
 		x := &alExtent{number: uint64(e), slot: s}
-		x.elem = a.lru.PushBack(x)
+		a.lruPushBack(x)
 		a.extents[uint64(e)] = x
 	}
 }
@@ -324,7 +329,7 @@ func (a *ActivityLog) Admit(ctx context.Context, off, length int64) error {
 			a.commitQueued()
 			continue
 		}
-		ch := a.changed
+		ch := a.waitChan()
 		a.mu.Unlock()
 		select {
 		case <-ch:
@@ -350,9 +355,8 @@ func (a *ActivityLog) Admit(ctx context.Context, off, length int64) error {
 func (a *ActivityLog) acquire(e uint64) *alExtent {
 	if x := a.extents[e]; x != nil {
 		x.refs++
-		if x.elem != nil {
-			a.lru.Remove(x.elem)
-			x.elem = nil
+		if x.inLRU {
+			a.lruRemove(x)
 		}
 		if x.batch == nil {
 			a.stats.Hits++
@@ -362,8 +366,8 @@ func (a *ActivityLog) acquire(e uint64) *alExtent {
 	slot := -1
 	if n := len(a.free); n > 0 {
 		slot, a.free = a.free[n-1], a.free[:n-1]
-	} else if el := a.lru.Front(); el != nil {
-		v := a.lru.Remove(el).(*alExtent)
+	} else if v := a.lruHead; v != nil {
+		a.lruRemove(v)
 		delete(a.extents, v.number)
 		slot = v.slot
 		a.next.evicted = append(a.next.evicted, v.number)
@@ -427,7 +431,7 @@ func (a *ActivityLog) commitQueued() {
 		for _, x := range b.extents {
 			x.batch = nil
 			if x.refs == 0 && a.extents[x.number] == x {
-				x.elem = a.lru.PushBack(x)
+				a.lruPushBack(x)
 			}
 		}
 		close(b.done)
@@ -443,8 +447,44 @@ func (a *ActivityLog) commitQueued() {
 
 // signal wakes the admissions waiting for an evictable extent.
 func (a *ActivityLog) signal() {
-	close(a.changed)
-	a.changed = make(chan struct{})
+	if a.changed != nil {
+		close(a.changed)
+		a.changed = nil
+	}
+}
+
+// waitChan is the channel the next signal closes. a.mu is held.
+func (a *ActivityLog) waitChan() chan struct{} {
+	if a.changed == nil {
+		a.changed = make(chan struct{})
+	}
+	return a.changed
+}
+
+// lruPushBack puts x, not in the list, at its end. a.mu is held.
+func (a *ActivityLog) lruPushBack(x *alExtent) {
+	x.prev, x.next, x.inLRU = a.lruTail, nil, true
+	if a.lruTail != nil {
+		a.lruTail.next = x
+	} else {
+		a.lruHead = x
+	}
+	a.lruTail = x
+}
+
+// lruRemove takes x out of the list. a.mu is held.
+func (a *ActivityLog) lruRemove(x *alExtent) {
+	if x.prev != nil {
+		x.prev.next = x.next
+	} else {
+		a.lruHead = x.next
+	}
+	if x.next != nil {
+		x.next.prev = x.prev
+	} else {
+		a.lruTail = x.prev
+	}
+	x.prev, x.next, x.inLRU = nil, nil, false
 }
 
 // commit makes batch b durable: the bitmap pages of the evicted extents
@@ -518,7 +558,7 @@ func (a *ActivityLog) own() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for a.committing {
-		ch := a.changed
+		ch := a.waitChan()
 		a.mu.Unlock()
 		<-ch
 		a.mu.Lock()
@@ -583,7 +623,7 @@ func (a *ActivityLog) releaseLocked(first, end uint64) {
 		}
 		x.refs--
 		if x.refs == 0 && x.batch == nil {
-			x.elem = a.lru.PushBack(x)
+			a.lruPushBack(x)
 			a.signal()
 		}
 	}
@@ -624,7 +664,7 @@ func (a *ActivityLog) Reset() error {
 		return nil
 	}
 	for a.committing {
-		ch := a.changed
+		ch := a.waitChan()
 		a.mu.Unlock()
 		<-ch
 		a.mu.Lock()
