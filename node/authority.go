@@ -411,13 +411,13 @@ func (v *Volume) followAuthority(va replication.VolumeAuthority, ok bool) {
 		// records this node (at the epoch after its own).
 		v.proposeOnce("reclaim", replication.FailoverCommand(v.name, va.Epoch, v.self, true, time.Now().UTC(), "forced by the operator while raft had no quorum"))
 	case va.Primary == v.self && va.Epoch > epoch:
-		v.background("take-over", func() { v.takeOverAt(va.Epoch) })
+		v.background("take-over", func() { v.takeOverAt(va.Epoch, va.FailedOverAt(va.Epoch)) })
 	case va.Primary == v.self && va.Epoch == epoch && primary == v.self:
 		v.confirmed(va.Epoch)
 	case va.Primary != v.self && role == replication.Primary && va.Epoch >= epoch:
 		v.background("step-down", func() { v.yieldTo(va.Primary, va.Epoch) })
 	case va.Primary != v.self && va.Epoch > epoch:
-		v.background("adopt-epoch", func() { v.adoptEpoch(va.Primary, va.Epoch) })
+		v.background("adopt-epoch", func() { v.adoptEpoch(va.Primary, va.Epoch, va.FailedOverAt(va.Epoch)) })
 	}
 	if role == replication.Primary && va.Primary == v.self {
 		// Peers in sync that the state machine does not know UpToDate yet.
@@ -537,10 +537,11 @@ func (v *Volume) confirmed(epoch uint64) {
 }
 
 // takeOverAt makes this node primary at epoch, as the cluster decided (a
-// failover or a switchover). Its disk must hold the volume's data: the
+// failover, or a switchover). Its disk must hold the volume's data: the
 // same transition as a handover's promotion (volstate.AuthorityChanged).
-func (v *Volume) takeOverAt(epoch uint64) {
-	err := v.drive(volstate.AuthorityChanged{Known: true, Primary: v.self, Epoch: epoch, Now: time.Now()}, driveOptions{notify: func(a volstate.Action) {
+func (v *Volume) takeOverAt(epoch uint64, failover bool) {
+	v.handedOver.Store(!failover)
+	err := v.drive(volstate.AuthorityChanged{Known: true, Primary: v.self, Epoch: epoch, Now: time.Now(), Failover: failover}, driveOptions{notify: func(a volstate.Action) {
 		switch a.Detail {
 		case "promoted":
 			v.log.Warn("promoted by the cluster", "epoch", a.Epoch)
@@ -579,10 +580,10 @@ func (v *Volume) yieldTo(primary string, epoch uint64) {
 	}
 }
 
-// adoptEpoch records, durably, that primary holds epoch: streams of older
-// epochs are refused from now on.
-func (v *Volume) adoptEpoch(primary string, epoch uint64) {
-	if err := v.drive(volstate.AuthorityChanged{Known: true, Primary: primary, Epoch: epoch, Now: time.Now()}, driveOptions{}); err != nil {
+// adoptEpoch records, durably, that primary holds epoch (after a
+// failover: failover): streams of older epochs are refused from now on.
+func (v *Volume) adoptEpoch(primary string, epoch uint64, failover bool) {
+	if err := v.drive(volstate.AuthorityChanged{Known: true, Primary: primary, Epoch: epoch, Now: time.Now(), Failover: failover}, driveOptions{}); err != nil {
 		v.log.Error("adopt the cluster's epoch", "err", err)
 	}
 }

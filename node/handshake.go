@@ -65,7 +65,7 @@ func (p *peer) connect(ctx context.Context) error {
 
 	v.mu.Lock()
 	hello := replication.Hello{Volume: v.name, From: v.self, To: p.name, Epoch: v.d.epoch, Size: v.size.Load(), Generation: v.d.gens.Current, UUIDs: v.uuidsLocked(p.name),
-		Settings: v.agreedSettings(), Wire: replication.WireVersion}
+		Settings: v.agreedSettings(), Wire: replication.WireVersion, HandedOver: v.handedOver.Load()}
 	v.mu.Unlock()
 	if err := sendJSON(stream, replication.FrameHello, hello); err != nil {
 		if ref := tlsRefusal(p.name, err); ref != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/replvol/replvol/internal/fault"
 	"github.com/replvol/replvol/node/cluster"
+	"github.com/replvol/replvol/transport"
 )
 
 // TestAFailoverReconcilesAWriteThatReachedOneSecondary: three data nodes
@@ -22,38 +23,9 @@ import (
 // was the sim's finding unacked-write-divergence.
 func TestAFailoverReconcilesAWriteThatReachedOneSecondary(t *testing.T) {
 	const size = 8 << 20
-	c := newTestClusterOf(t, size, "alpha", "beta", "gamma")
-	for i := range c.cfg.Nodes {
-		c.cfg.Nodes[i].Raft, c.cfg.Nodes[i].Gossip = freeAddr(t), freeAddr(t)
-	}
-	if err := c.cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	link := fault.NewLink()
-	timing := cluster.Timing{HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond, LeaseDuration: 900 * time.Millisecond}
-	for _, nc := range c.cfg.Nodes {
-		o := c.opts[nc.Name]
-		o.ClusterTiming = timing
-		if nc.Name == "beta" {
-			ln, err := net.Listen("tcp", nc.Replication)
-			if err != nil {
-				t.Fatal(err)
-			}
-			o.Replication = link.Listen(ln)
-		}
-		c.opts[nc.Name] = o
-	}
-	for _, n := range []string{"alpha", "beta", "gamma"} {
-		c.start(n)
-	}
-	c.waitInSync()
+	c, link := startThreeUnderRaft(t, size)
 	ctx := context.Background()
 	a := c.vol("alpha")
-	eventually(t, func() bool { return a.WriteAt(ctx, pattern(1, 64<<10), 0, false) == nil }, "alpha serves under its lease")
-	eventually(t, func() bool {
-		va, ok := c.nodes["alpha"].cl.c.Authority().Volume("vol0")
-		return ok && va.IsUpToDate("beta") && va.IsUpToDate("gamma")
-	}, "raft knows beta and gamma UpToDate")
 
 	const off = 3 << 20
 	written := pattern(9, 4096)
@@ -100,4 +72,75 @@ func TestAFailoverReconcilesAWriteThatReachedOneSecondary(t *testing.T) {
 	if !bytes.Equal(x[:size], y[:size]) {
 		t.Fatal("beta's and gamma's copies differ")
 	}
+}
+
+// startThreeUnderRaft starts vol0 on alpha (primary), beta and gamma, the
+// three of them raft voters with tight timings, beta's replication
+// listener behind the returned link; it returns once alpha serves under
+// its lease and raft knows beta and gamma UpToDate.
+func startThreeUnderRaft(t *testing.T, size int64) (*testCluster, *fault.Link) {
+	t.Helper()
+	c := newTestClusterOf(t, size, "alpha", "beta", "gamma")
+	for i := range c.cfg.Nodes {
+		c.cfg.Nodes[i].Raft, c.cfg.Nodes[i].Gossip = freeAddr(t), freeAddr(t)
+	}
+	if err := c.cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	link := fault.NewLink()
+	timing := cluster.Timing{HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond, LeaseDuration: 900 * time.Millisecond}
+	for _, nc := range c.cfg.Nodes {
+		o := c.opts[nc.Name]
+		o.ClusterTiming = timing
+		if nc.Name == "beta" {
+			ln, err := net.Listen("tcp", nc.Replication)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o.Replication = link.Listen(ln)
+		}
+		c.opts[nc.Name] = o
+	}
+	for _, n := range []string{"alpha", "beta", "gamma"} {
+		c.start(n)
+	}
+	c.waitInSync()
+	a := c.vol("alpha")
+	eventually(t, func() bool { return a.WriteAt(context.Background(), pattern(1, 64<<10), 0, false) == nil }, "alpha serves under its lease")
+	eventually(t, func() bool {
+		va, ok := c.nodes["alpha"].cl.c.Authority().Volume("vol0")
+		return ok && va.IsUpToDate("beta") && va.IsUpToDate("gamma")
+	}, "raft knows beta and gamma UpToDate")
+	return c, link
+}
+
+// TestASwitchoverReconcilesNothing: a planned switchover hands over with
+// no write in flight, so it marks no activity log: after it, with writes
+// all over the volume before, nobody is resynced and every node stays
+// UpToDate (a reconciliation would make the secondaries Inconsistent for
+// as long as it copies their logs' extents).
+func TestASwitchoverReconcilesNothing(t *testing.T) {
+	const size = 16 << 20
+	c, _ := startThreeUnderRaft(t, size)
+	ctx := context.Background()
+	a := c.vol("alpha")
+	writeRandomBlocks(t, a, 64, 47) // every extent of the log is hot
+	c.waitInSync()
+	before := map[string]int64{}
+	for _, n := range []string{"alpha", "beta", "gamma"} {
+		before[n] = c.vol(n).resynced.Load()
+	}
+	if _, err := c.nodes["gamma"].api.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Timeout: 10 * time.Second}); err != nil {
+		t.Fatalf("switchover to beta: %v", err)
+	}
+	if err := c.vol("beta").WriteAt(ctx, pattern(5, 4096), 0, false); err != nil {
+		t.Fatalf("beta serves after the switchover: %v", err)
+	}
+	c.waitInSync()
+	for _, n := range []string{"alpha", "beta", "gamma"} {
+		if moved := c.vol(n).resynced.Load() - before[n]; moved != 0 {
+			t.Errorf("%s received %d bytes by resync after a switchover, want none", n, moved)
+		}
+	}
+	c.requireIdentical()
 }

@@ -179,6 +179,7 @@ func (v *Volume) promote(epoch uint64, gen replication.Generation) error {
 	v.mu.Lock()
 	held, seen := v.d.gens.Current, v.d.epoch
 	v.mu.Unlock()
+	v.handedOver.Store(true)
 	err := v.drive(volstate.Promote{Epoch: epoch, Gen: gen, Now: time.Now()}, driveOptions{notify: func(a volstate.Action) {
 		v.log.Info("promoted", "epoch", a.Epoch)
 		v.node.event(v.name, "promoted", fmt.Sprintf("%s is primary for %s at epoch %d", v.self, v.name, a.Epoch))
@@ -329,6 +330,7 @@ func (v *Volume) inSplitBrain() bool {
 // raft did not record: it handed over gen, and raft still names it
 // (volstate.Retake).
 func (v *Volume) retake(epoch uint64, gen replication.Generation) error {
+	v.handedOver.Store(false)
 	e := volstate.Retake{Epoch: epoch, Gen: gen}
 	if cl := v.node.cl; cl != nil {
 		if va, ok := cl.c.Authority().Volume(v.name); ok {

@@ -202,6 +202,7 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 		v.mu.Lock()
 		reconcile := h.Epoch > v.d.epoch && volstate.Reconciles(v.d.primary, v.self, h.From, len(v.cfg.Disks)-1)
 		v.mu.Unlock()
+		reconcile = reconcile && !h.HandedOver && !v.handedOverAt(h.Epoch)
 		err := error(nil)
 		if reconcile {
 			err = v.markActivityLog(h.From)
@@ -256,6 +257,19 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 	}
 	v.log.Info("replicating from primary", "primary", h.From, "epoch", h.Epoch)
 	return in.Run(s, v.applied())
+}
+
+// handedOverAt reports whether this node knows that the promotion at
+// epoch was a handover (raft's state machine here is at that epoch and
+// recorded no failover at it). Not knowing (no raft, or its state machine
+// here behind) counts as a failover: the activity log is reconciled.
+func (v *Volume) handedOverAt(epoch uint64) bool {
+	cl := v.node.cl
+	if cl == nil {
+		return false
+	}
+	va, ok := cl.c.Authority().Volume(v.name)
+	return ok && va.Epoch == epoch && !va.FailedOverAt(epoch)
 }
 
 // markActivityLog marks the activity log's extents out of sync toward

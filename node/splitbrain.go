@@ -63,6 +63,7 @@ type discardInfo struct {
 // created afresh) is made the volume's data: DRBD's initial "primary
 // --force", a new generation, and a full resync of every peer.
 func (v *Volume) forcePromote() error {
+	v.handedOver.Store(false)
 	v.mu.Lock()
 	empty, from, disk := v.d.gens.Current.IsZero(), v.d.primary, v.diskState
 	v.mu.Unlock()

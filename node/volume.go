@@ -62,6 +62,11 @@ type Volume struct {
 	// replicaMarked: the replica indicator is on stable storage (set
 	// before the first replicated write applied here; metadata.FlagReplica).
 	replicaMarked atomic.Bool
+	// handedOver: this primary's term began with a handover (a
+	// switchover); its hellos say so (replication.Hello.HandedOver). Set
+	// BEFORE the promotion, so that no hello of the new term goes out
+	// without it.
+	handedOver atomic.Bool
 	// fresh: the volume was created by this start (no state before).
 	fresh     bool
 	diskState replication.DiskState

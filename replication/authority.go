@@ -347,6 +347,13 @@ func (va VolumeAuthority) CheckPrimary(node string, epoch uint64) error {
 	return nil
 }
 
+// FailedOverAt reports whether the promotion at epoch was a failover (no
+// handover from the old primary), as far as va knows: the last failover
+// is of that epoch.
+func (va VolumeAuthority) FailedOverAt(epoch uint64) bool {
+	return va.LastFailover != nil && va.LastFailover.Epoch == epoch
+}
+
 // IsUpToDate reports whether the cluster counts node as holding every
 // acknowledged write.
 func (va VolumeAuthority) IsUpToDate(node string) bool {

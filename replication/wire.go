@@ -272,6 +272,11 @@ type Hello struct {
 	// Wire is the sender's replication wire version (WireVersion; 0 from a
 	// node before versioning: PeerWireVersion).
 	Wire int `json:"wire,omitempty"`
+	// HandedOver: the sender's term as primary began with a handover from
+	// the old primary (a switchover), which leaves no write in flight; a
+	// peer adopting it then reconciles no activity log. False (or absent)
+	// when it failed over, was forced, or does not know.
+	HandedOver bool `json:"handed_over,omitempty"`
 }
 
 // Refusal says why a node did not take a replication stream.

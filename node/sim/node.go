@@ -296,7 +296,7 @@ func (s *Sim) followAuthority(n *node) {
 	}
 	n.authVersion, n.authAt = s.raft.version, s.now
 	va, known := s.raft.auth.Volume(volume)
-	_ = s.drive(n, volstate.AuthorityChanged{Known: known, Primary: va.Primary, Epoch: va.Epoch, Now: s.now})
+	_ = s.drive(n, volstate.AuthorityChanged{Known: known, Primary: va.Primary, Epoch: va.Epoch, Now: s.now, Failover: va.FailedOverAt(va.Epoch)})
 	if !known || va.Primary != n.name || n.st.Role() != replication.Primary {
 		return
 	}
@@ -313,7 +313,12 @@ func (s *Sim) followAuthority(n *node) {
 // handshake is primary p's stream reaching q: q's side (PrimaryReached),
 // then p's side with q's answer (PeerConnected). It is atomic in the sim.
 func (s *Sim) handshake(p, q *node) {
-	_ = s.drive(q, volstate.PrimaryReached{From: p.name, Epoch: p.st.Durable.Epoch, UUIDs: p.st.UUIDs(q.name)})
+	// What q's raft knows of p's promotion (node's handedOverAt; the sim
+	// has one view of raft).
+	pe := p.st.Durable.Epoch
+	va, known := s.raft.auth.Volume(volume)
+	handedOver := known && va.Epoch == pe && !va.FailedOverAt(pe)
+	_ = s.drive(q, volstate.PrimaryReached{From: p.name, Epoch: pe, UUIDs: p.st.UUIDs(q.name), HandedOver: handedOver})
 	if !p.running(s.now) || !q.running(s.now) || p.st.Role() != replication.Primary {
 		return
 	}

@@ -44,6 +44,10 @@ type PrimaryReached struct {
 	From  string
 	Epoch uint64
 	UUIDs replication.UUIDSet
+	// HandedOver: this node knows From's promotion at Epoch was a
+	// handover (raft recorded no failover at it); when it does not know,
+	// a newer primary is taken to have failed over (AuthorityChanged).
+	HandedOver bool
 }
 
 // NewerPrimary: a peer answered this node's stream that a primary of
@@ -77,6 +81,11 @@ type AuthorityChanged struct {
 	Primary string
 	Epoch   uint64
 	Now     time.Time
+	// Failover: Primary took over at Epoch without a handover from the
+	// old primary (replication.VolumeAuthority.FailedOverAt): a write of
+	// the old one may have been in flight, and the activity logs are
+	// reconciled. A handover leaves none in flight.
+	Failover bool
 }
 
 // LeaseRenewed: the renewals of the term Epoch got a lease until Until.

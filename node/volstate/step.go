@@ -326,7 +326,7 @@ func (s *State) primaryReached(e PrimaryReached) Ready {
 	}
 	var rd Ready
 	if s.Discard || e.Epoch > s.Durable.Epoch || s.Durable.Primary != e.From {
-		if e.Epoch > s.Durable.Epoch {
+		if e.Epoch > s.Durable.Epoch && !e.HandedOver {
 			rd.Prepare = s.reconcileWith(e.From)
 		}
 		rd.Persist = s.persist(func(x *Durable) { x.Epoch, x.Primary = e.Epoch, e.From })
@@ -411,7 +411,7 @@ func (s *State) followAuthority(e AuthorityChanged) Ready {
 		// it records this node.
 		rd = Ready{Actions: []Action{{Kind: Propose, Detail: "reclaim", Epoch: e.Epoch}}}
 	case e.Primary == s.Self && e.Epoch > epoch:
-		rd = s.becomePrimary(e.Epoch, e.Now, true)
+		rd = s.becomePrimary(e.Epoch, e.Now, true, e.Failover)
 		if rd.Err != nil {
 			// No stale promotion: the disk does not hold the data.
 			rd = Ready{Actions: []Action{{Kind: Notify, Detail: "promotion-refused", Epoch: e.Epoch}}}
@@ -434,7 +434,7 @@ func (s *State) followAuthority(e AuthorityChanged) Ready {
 		rd.Actions = append([]Action{{Kind: StopLease}}, rd.Actions...)
 		s.LeaseEpoch, s.LeaseUntil = 0, time.Time{}
 	case e.Primary != s.Self && e.Epoch > epoch:
-		if mark := s.reconcileWith(e.Primary); mark != nil {
+		if mark := s.reconcileWith(e.Primary); mark != nil && e.Failover {
 			// The old primary's stream is ended first: a write of it
 			// applied after the log is marked would be in no mark.
 			rd.Prepare = append([]Action{{Kind: DetachIncoming}}, mark...)
@@ -484,8 +484,9 @@ func (s *State) ensureLease(epoch uint64) []Action {
 // data: a handover (Promote), raft's choice (a failover or a switchover),
 // the primary indicator and the epoch durable BEFORE the first write.
 // byRaft: the disk must be consistent (no stale promotion); the lease
-// loop of the new term starts.
-func (s *State) becomePrimary(epoch uint64, now time.Time, byRaft bool) Ready {
+// loop of the new term starts. failover: raft promoted this node without a
+// handover from the old primary (its activity log is reconciled).
+func (s *State) becomePrimary(epoch uint64, now time.Time, byRaft, failover bool) Ready {
 	d := s.Durable
 	if byRaft {
 		if s.Role() == replication.Primary && d.Epoch >= epoch {
@@ -508,9 +509,9 @@ func (s *State) becomePrimary(epoch uint64, now time.Time, byRaft bool) Ready {
 	// peer in sync by generations with blocks this node changed (the
 	// sim's promotion-clears-marks, seed 1460).
 	rd.Prepare = []Action{{Kind: DetachIncoming}}
-	if byRaft && d.Primary != "" && d.Primary != s.Self && len(s.Peers) >= 2 {
-		// Raft's choice after another primary: a write of the old one
-		// still in flight may have reached this node and not a peer. Its
+	if failover && d.Primary != "" && d.Primary != s.Self && len(s.Peers) >= 2 {
+		// Raft's choice after another primary failed: a write of the old
+		// one still in flight may have reached this node and not a peer. Its
 		// activity log is marked toward every peer but the old primary
 		// (what that one wrote, it holds) BEFORE the promotion is
 		// durable, so that the first resync of the term copies it; the
@@ -554,7 +555,7 @@ func (s *State) promote(e Promote) Ready {
 	case e.Epoch <= d.Epoch:
 		return Ready{Err: fmt.Errorf("%w %d: it has seen epoch %d", ErrStaleEpoch, e.Epoch, d.Epoch)}
 	}
-	return s.becomePrimary(e.Epoch, e.Now, false)
+	return s.becomePrimary(e.Epoch, e.Now, false, false)
 }
 
 // retake makes this node primary again at its own epoch after a

@@ -224,6 +224,7 @@ func (h *harness) event(t *testing.T, d *datadriven.TestData, s *State) Event {
 		return e
 	case "primary-reached":
 		e := PrimaryReached{From: peerName, Epoch: argUint(t, d, "epoch"), UUIDs: uuids()}
+		_, e.HandedOver = arg(d, "handed-over")
 		if modelled {
 			e.Epoch = other.Durable.Epoch
 		}
@@ -238,7 +239,8 @@ func (h *harness) event(t *testing.T, d *datadriven.TestData, s *State) Event {
 		return PeerDrained{Peer: peerName, Session: session}
 	case "authority":
 		_, unknown := arg(d, "unknown")
-		return AuthorityChanged{Known: !unknown, Primary: argOr(d, "primary", ""), Epoch: argUint(t, d, "epoch"), Now: argTime(t, d, "now")}
+		_, failover := arg(d, "failover")
+		return AuthorityChanged{Known: !unknown, Primary: argOr(d, "primary", ""), Epoch: argUint(t, d, "epoch"), Now: argTime(t, d, "now"), Failover: failover}
 	case "lease-renewed":
 		return LeaseRenewed{Epoch: argUint(t, d, "epoch"), Until: argTime(t, d, "until")}
 	case "disk-failed":
