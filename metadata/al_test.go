@@ -350,6 +350,35 @@ func TestApplyActivityLogAfterCrashedPrimary(t *testing.T) {
 	}
 }
 
+// TestMarkActivityLogTowardOnePeer: at a failover a node marks its log's
+// extents (hot or not, with a write in flight or done) toward the new
+// primary only, durably: another peer's bitmap is untouched, and a crash
+// right after keeps the marks.
+func TestMarkActivityLogTowardOnePeer(t *testing.T) {
+	opts := testOptions(Internal)
+	opts.Peers = []uint32{nodeBeta, 3}
+	dev, md := newTestMD(t, opts)
+	al := md.ActivityLog()
+	admit(t, al, 2)
+	admit(t, al, 7)
+	done(al, 2)
+	b, _ := md.Bitmap(nodeBeta)
+	marked, err := md.MarkActivityLog(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 2 * int64(ExtentSize); marked != want || b.Bytes() != want || !b.Test(2*ExtentSize/4096) || !b.Test(7*ExtentSize/4096) || b.Test(0) {
+		t.Fatalf("marked %d, bitmap %d bytes; want extents 2 and 7 (%d bytes)", marked, b.Bytes(), want)
+	}
+	if other, _ := md.Bitmap(3); other.Bytes() != 0 {
+		t.Fatalf("peer 3's bitmap got %d bytes", other.Bytes())
+	}
+	md2 := reopen(t, dev.Crash(), opts)
+	if b2, _ := md2.Bitmap(nodeBeta); b2.Bytes() != marked {
+		t.Fatalf("after a crash beta's bitmap holds %d bytes, want %d", b2.Bytes(), marked)
+	}
+}
+
 // TestALLargeBatch: a batch larger than one transaction (64 updates) is
 // written as several, at most ring − ceil(al-extents/920) − 1 per sync, so
 // that a crash tearing or reordering the unsynced ones never destroys what

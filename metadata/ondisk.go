@@ -727,34 +727,37 @@ func (md *MD) flushBitmapRange(off, length int64) (int, error) {
 // volume's end (VolumeSize) is marked. It returns the bytes marked per
 // peer.
 func (md *MD) ApplyActivityLog() (int64, error) {
-	var marked int64
-	volume := md.VolumeSize()
 	if md.report.ALIncomplete {
 		for _, bm := range md.bitmaps {
 			bm.SetAll()
 		}
-		marked = volume
-	} else {
-		for _, e := range md.al.ActiveExtents() {
-			start := extentStart(e)
-			if start >= volume {
-				continue
-			}
-			n := min(int64(ExtentSize), volume-start)
-			for _, bm := range md.bitmaps {
-				bm.SetBits(start, n)
-			}
-			marked += n
-		}
+		return md.VolumeSize(), md.FlushBitmaps()
 	}
+	marked := md.markActivityLog(md.bitmaps...)
 	return marked, md.FlushBitmaps()
 }
 
 // MarkActivityLog marks every extent of the activity log out of sync in
 // bm (one peer's bitmap) and flushes it: the extents this node wrote last,
-// as primary or applying a primary's writes. Nothing past the volume's
-// end is marked. It returns the bytes marked.
+// as primary or applying a primary's writes. If the log could not be
+// reconstructed when it was opened (Report().ALIncomplete), what was
+// written before is unknown and the whole volume is marked. Nothing past
+// the volume's end is marked. It returns the bytes marked.
 func (md *MD) MarkActivityLog(bm *PeerBitmap) (int64, error) {
+	if md.report.ALIncomplete {
+		bm.SetAll()
+		return md.VolumeSize(), bm.Flush()
+	}
+	marked := md.markActivityLog(bm)
+	if marked == 0 {
+		return 0, nil
+	}
+	return marked, bm.Flush()
+}
+
+// markActivityLog sets the bits of every extent of the activity log,
+// within the volume, in bms; it returns the bytes marked in each.
+func (md *MD) markActivityLog(bms ...*PeerBitmap) int64 {
 	var marked int64
 	volume := md.VolumeSize()
 	for _, e := range md.al.ActiveExtents() {
@@ -763,13 +766,12 @@ func (md *MD) MarkActivityLog(bm *PeerBitmap) (int64, error) {
 			continue
 		}
 		n := min(int64(ExtentSize), volume-start)
-		bm.SetBits(start, n)
+		for _, bm := range bms {
+			bm.SetBits(start, n)
+		}
 		marked += n
 	}
-	if marked == 0 {
-		return 0, nil
-	}
-	return marked, bm.Flush()
+	return marked
 }
 
 // Close flushes the bitmaps; it does not close the device. Call it only

@@ -445,7 +445,8 @@ func (s *State) followAuthority(e AuthorityChanged) Ready {
 }
 
 // reconcileWith is what a node prepares when it learns that primary took
-// over from another (or from this node, which steps down): its activity
+// over from another without a handover (a failover; or this node, a
+// primary, steps down for a newer one): its activity
 // log marked toward the new primary BEFORE it records the change, and so
 // before the new primary's first handshake, which reports the marks and
 // has the primary copy them. A write of the old primary still in flight
