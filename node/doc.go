@@ -83,9 +83,14 @@
 // promotion, stepDown (a newer primary reached this one) and yieldTo (raft
 // names another) one step-down, and retake, forcePromote, demote (with
 // HandedOver or HandoverAborted), fence and discardMyData are events too.
-// A volume's start (Started), a peer's answer lifting a wait or a fence
-// (PeerAnswered) and a write that misses a peer (WriteMissed: a new
-// generation, or IO stopped when it cannot be written) are events too,
+// A volume's start (Started), a handshake's decision (PeerConnected: the
+// generation rules refuse, resync or pull, durably; handshake.go marks the
+// blocks that move, then renders a refusal in words), a peer's answer
+// lifting a wait or a fence (PeerAnswered, once the stream carries
+// writes), the end of a resync either way (ResyncFinished: the peer's
+// bitmap generation retired, or the pulled generation taken) and a write
+// that misses a peer (WriteMissed: a new generation, or IO stopped when it
+// cannot be written) are events too,
 // and so are the operator's disconnect and connect (Disconnect, Connect:
 // the senders stopped or started, the operator's cause, and a connect's
 // retry after a split brain).

@@ -39,7 +39,7 @@ func (d *durable) take(m volstate.Durable) {
 // transitions driven here do not depend on them. Callers hold v.mu.
 func (v *Volume) modelLocked() volstate.State {
 	s := volstate.State{
-		Self: v.self, Durable: v.d.model(), Serving: v.serving, Disk: v.diskState, Why: volstate.Cause(v.why.cause),
+		Self: v.self, SelfID: v.node.config().NodeID(v.self), Durable: v.d.model(), Serving: v.serving, Disk: v.diskState, Why: volstate.Cause(v.why.cause),
 		Peers: map[string]volstate.Peer{}, KnownEpoch: v.knownEpoch, Auth: v.auth, Fresh: v.fresh,
 		CrashedPrimary: v.crashedPrimary, AdminDown: v.adminDown, Discard: v.discard != nil,
 		LeaseEpoch: v.leaseEpoch, LeaseUntil: v.lease, Pending: v.roleChange, Stopping: isClosed(v.stopping),
@@ -73,6 +73,9 @@ func (v *Volume) installLocked(old, next volstate.State, rd volstate.Ready, text
 		default:
 			panic(fmt.Sprintf("volume %s: a step set the cause %q and no text for it", v.name, next.Why))
 		}
+	}
+	if next.CrashedPrimary != old.CrashedPrimary {
+		v.crashedPrimary = next.CrashedPrimary
 	}
 	if next.AdminDown != old.AdminDown {
 		v.adminDown = next.AdminDown

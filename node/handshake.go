@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/node/session"
+	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
@@ -201,15 +203,21 @@ func runsBytes(runs [][2]int64) int64 {
 	return n
 }
 
-// decide compares this primary's generations with the peer's
-// (replication.CompareUUIDs, DRBD's table) and prepares what the
-// connection does; every state change it needs is durable BEFORE it
-// returns. Callers hold v.stateMu.
+// decide compares this primary's generations with the peer's and
+// prepares what the connection does. It marks the blocks the connection
+// moves (node's bitmaps, which the state machine does not hold), then the
+// volume's rules decide (volstate.PeerConnected: DRBD's table,
+// replication.CompareUUIDs): a refusal, a resync or a pull, whose state
+// is durable BEFORE this returns. Callers hold v.stateMu.
 func (p *peer) decide(reply replication.HelloReply) (syncPlan, error) {
 	v := p.v
 	v.mu.Lock()
-	local, gens := v.uuidsLocked(p.name), v.d.gens.Clone()
+	local, gens, role := v.uuidsLocked(p.name), v.d.gens.Clone(), v.role
 	v.mu.Unlock()
+	if role != replication.Primary {
+		// It stepped down during the handshake; its senders stop.
+		return syncPlan{}, fmt.Errorf("%s is no longer the primary of %s: not connecting %s", v.self, v.name, p.name)
+	}
 	d := replication.CompareUUIDs(local, reply.UUIDs, replication.Primary, replication.Secondary)
 	// What the peer holds now (a resync between equal generations tracks
 	// it while it holds this node's current one).
@@ -221,9 +229,10 @@ func (p *peer) decide(reply replication.HelloReply) (syncPlan, error) {
 			p.bm.SetBits(r[0]*replication.BlockSize, r[1]*replication.BlockSize)
 		}
 	}
-	repair, repaired := func(*durable) {}, false
+	discard := !reply.DiscardFrom.IsZero()
+	sourceOK := reply.Disk == replication.UpToDate || reply.Disk == replication.Consistent
 	switch {
-	case !reply.DiscardFrom.IsZero():
+	case discard:
 		// The peer gives up its changes since the split: resync what it
 		// changed and what we changed, if we share that starting point.
 		// That point is this node's bitmap generation for the peer, or,
@@ -239,98 +248,84 @@ func (p *peer) decide(reply replication.HelloReply) (syncPlan, error) {
 			p.bm.SetAll()
 			plan.rule, plan.outcome = "discard-my-data-unrelated", replication.FullResyncSource.String()
 		}
-		plan.sync = true
-	case d.Outcome == replication.UnrelatedData:
-		return plan, &refusal{cause: CauseUnrelated, final: true, rule: d.Rule}
-	case d.Outcome.IsSplitBrain():
-		return plan, &refusal{
-			cause: CauseSplitBrain, final: true, rule: d.Rule,
-			text: fmt.Sprintf("%s and %s both changed the data since their last common generation (%v)", v.self, p.name, d),
-			peer: replication.SplitBrainSide{Changes: changedBytes(reply), PrimarySince: reply.PrimarySince},
-		}
+	case d.Outcome == replication.UnrelatedData || d.Outcome.IsSplitBrain() || (d.Outcome.IsTarget() && !sourceOK):
+		// Refused: nothing moves.
 	case d.Outcome.IsTarget():
-		if reply.Disk != replication.UpToDate && reply.Disk != replication.Consistent {
-			return plan, &refusal{cause: CauseNoSource, final: true, rule: d.Rule,
-				text: fmt.Sprintf("%s holds newer data than this primary (%v) but its disk is %s: nothing consistent to copy", p.name, d, reply.Disk)}
-		}
-		return p.planPull(d, reply)
+		p.markPull(d, reply)
 	default:
-		if d.Repair != nil && !d.Repair.Bitmap.IsZero() {
-			b := d.Repair.Bitmap
-			repair, repaired = func(x *durable) { x.gens = x.gens.ResyncStartedAsSource(p.name, b) }, true
-			gens = gens.ResyncStartedAsSource(p.name, b)
-		}
 		mark(reply.Changed)
 		if d.Outcome == replication.FullResyncSource {
 			p.bm.SetAll()
 		}
-		plan.sync = d.Outcome.IsSource() || p.bm.Count() > 0
-		if d.Outcome == replication.NoResync && plan.sync {
-			plan.outcome = replication.BitmapResyncSource.String() + " (blocks marked)"
+	}
+	pulling := func(volstate.Cause) reason {
+		return because(CausePulling, "%s holds newer data (%v): copying %s from it", p.name, d, human.Bytes(v.localMissing.Bytes()))
+	}
+	acts, err := v.stepLocked(volstate.PeerConnected{Peer: p.name, UUIDs: reply.UUIDs, PeerDisk: reply.Disk,
+		Marked: p.bm.Count() > 0, DiscardFrom: discard, NextGen: replication.NewGeneration()}, pulling, nil)
+	if err != nil {
+		return plan, err
+	}
+	for _, a := range acts {
+		switch a.Kind {
+		case volstate.RefusePeer:
+			return plan, p.handshakeRefusal(a.Cause, d, reply)
+		case volstate.StartPull:
+			// The peer's copy of what was marked for it is the one to
+			// keep: it is copied back (markPull), not sent.
+			p.bm.ClearBits(0, v.size.Load())
+			plan.pull, plan.peerGen = true, reply.UUIDs.Current
+		case volstate.StartResync:
+			// The peer's copy will be this bitmap's generation plus the
+			// blocks sent.
+			v.mu.Lock()
+			plan.sync, plan.syncGen = true, v.d.gens.Bitmaps[p.name]
+			v.mu.Unlock()
+			if d.Outcome == replication.NoResync && !discard {
+				plan.outcome = replication.BitmapResyncSource.String() + " (blocks marked)"
+			}
 		}
 	}
-	if gens.Current.IsZero() {
-		// This primary holds no consistent data and the peer holds none
-		// newer: there is nothing to serve or to copy.
-		return plan, &refusal{cause: CauseNoSource, final: true, rule: d.Rule, text: fmt.Sprintf(
-			"neither %s nor %s holds data of %s to copy (%v); make one node's data the volume's with replctl primary %s --node NODE --force --yes (a full resync to the other follows)",
-			v.self, p.name, v.name, d, v.name)}
-	}
-	if !plan.sync {
-		if repaired {
-			return plan, v.commit(repair, nil)
-		}
-		return plan, nil
-	}
-	// The peer's copy will be this bitmap's generation plus the blocks
-	// sent; a resync that begins without one gets a fresh one, so that an
-	// interrupted resync resumes from the bitmap (the peer reports it).
-	g, ok := gens.Bitmaps[p.name]
-	if !ok || g.IsZero() {
-		g = replication.NewGeneration()
-	}
-	plan.syncGen = g
-	return plan, v.commit(func(x *durable) {
-		repair(x)
-		x.gens = x.gens.ResyncStartedAsSource(p.name, g)
-	}, nil)
+	return plan, nil
 }
 
-// planPull prepares this primary to copy newer data from the peer: the
-// blocks it misses are marked, and it is Inconsistent, durably, BEFORE any
-// block is copied (its old generation kept to resume from). Callers hold
-// v.stateMu.
-func (p *peer) planPull(d replication.UUIDDecision, reply replication.HelloReply) (syncPlan, error) {
+// handshakeRefusal puts the rules' refusal of a connection into words.
+func (p *peer) handshakeRefusal(cause volstate.Cause, d replication.UUIDDecision, reply replication.HelloReply) *refusal {
 	v := p.v
-	plan := syncPlan{rule: d.Rule, outcome: d.Outcome.String(), pull: true, peerGen: reply.UUIDs.Current}
-	// Everything this node marked for the peer is copied back from it
-	// too: the peer's copy of those blocks is the one to keep (writes
-	// made during a pull complete only on both nodes).
+	ref := &refusal{cause: Cause(cause), final: true, rule: d.Rule}
+	switch Cause(cause) {
+	case CauseSplitBrain:
+		ref.text = fmt.Sprintf("%s and %s both changed the data since their last common generation (%v)", v.self, p.name, d)
+		ref.peer = replication.SplitBrainSide{Changes: changedBytes(reply), PrimarySince: reply.PrimarySince}
+	case CauseNoSource:
+		if d.Outcome.IsTarget() && reply.DiscardFrom.IsZero() {
+			ref.text = fmt.Sprintf("%s holds newer data than this primary (%v) but its disk is %s: nothing consistent to copy", p.name, d, reply.Disk)
+			break
+		}
+		// This primary holds no consistent data and the peer holds none
+		// newer: there is nothing to serve or to copy.
+		ref.text = fmt.Sprintf("neither %s nor %s holds data of %s to copy (%v); make one node's data the volume's with replctl primary %s --node NODE --force --yes (a full resync to the other follows)",
+			v.self, p.name, v.name, d, v.name)
+	}
+	return ref
+}
+
+// markPull marks what this primary copies from a peer that holds newer
+// data, BEFORE the rules make it Inconsistent: every block it marked for
+// the peer (the peer's copy of those is the one to keep: writes made during
+// a pull complete only on both nodes) and what the peer changed.
+func (p *peer) markPull(d replication.UUIDDecision, reply replication.HelloReply) {
+	v := p.v
 	for _, r := range bitmapRuns(p.bm) {
 		v.localMissing.SetRange(r[0]*replication.BlockSize, r[1]*replication.BlockSize)
 	}
 	if d.Outcome == replication.FullResyncTarget {
 		v.localMissing.SetRange(0, v.size.Load())
-	} else {
-		for _, r := range reply.Changed {
-			v.localMissing.SetRange(r[0]*replication.BlockSize, r[1]*replication.BlockSize)
-		}
+		return
 	}
-	err := v.commit(func(x *durable) {
-		if !x.gens.Current.IsZero() {
-			x.syncGen = x.gens.Current
-			x.gens = x.gens.Inconsistent()
-		}
-		delete(x.gens.Bitmaps, p.name)
-	}, func() {
-		v.diskState = replication.Inconsistent
-		v.why = because(CausePulling, "%s holds newer data (%v): copying %s from it", p.name, d, human.Bytes(v.localMissing.Bytes()))
-	})
-	if err != nil {
-		return plan, err
+	for _, r := range reply.Changed {
+		v.localMissing.SetRange(r[0]*replication.BlockSize, r[1]*replication.BlockSize)
 	}
-	p.bm.ClearBits(0, v.size.Load())
-	return plan, nil
 }
 
 // pull copies from the peer every block this primary misses, then takes
@@ -351,13 +346,10 @@ func (p *peer) pull(s *session.Session, peerGen replication.Generation) error {
 		}
 		// The copied data is durable (copyMissingFromPeer synced) BEFORE
 		// the generation says this disk holds it.
-		err := v.commit(func(x *durable) {
-			x.gens = x.gens.ResyncFinishedAsTarget(p.name, peerGen, x.gens.History)
-			x.syncGen = replication.Generation{}
-		}, func() {
-			v.diskState = replication.UpToDate
-			v.why = reason{}
-		})
+		v.mu.Lock()
+		history := slices.Clone(v.d.gens.History)
+		v.mu.Unlock()
+		_, err := v.stepLocked(volstate.ResyncFinished{Peer: p.name, AsTarget: true, Current: peerGen, History: history}, nil, nil)
 		if err != nil {
 			v.stateMu.Unlock()
 			return err

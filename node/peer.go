@@ -12,6 +12,7 @@ import (
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/node/session"
+	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
@@ -343,24 +344,17 @@ func (p *peer) SyncDoneAcked(s *session.Session, gen replication.Generation) boo
 	defer v.stateMu.Unlock()
 	v.mu.Lock()
 	current := v.d.gens.Current == gen
-	tracked := v.d.gens.Tracking(p.name)
 	v.mu.Unlock()
 	inSync := p.update(func(pv *peerView) { pv.held = gen }).sess == s && current && p.bm.Count() == 0
 	if !inSync {
 		return false
 	}
-	install := func() { v.crashedPrimary = false }
-	if tracked {
-		err := v.commit(func(d *durable) { d.gens = d.gens.ResyncFinishedAsSource(p.name) }, install)
-		if err != nil {
-			v.log.Error("peer in sync, but its bitmap generation cannot be retired durably; it stays out of sync", "peer", p.name, "err", err)
-			s.Fail(fmt.Errorf("%w: %v", ErrStateWrite, err))
-			return false
-		}
-	} else {
-		v.mu.Lock()
-		install()
-		v.mu.Unlock()
+	// The volume's rules retire the peer's bitmap generation (when it
+	// was tracked), durably, and forget a crash of this primary.
+	if _, err := v.stepLocked(volstate.ResyncFinished{Peer: p.name}, nil, nil); err != nil {
+		v.log.Error("peer in sync, but its bitmap generation cannot be retired durably; it stays out of sync", "peer", p.name, "err", err)
+		s.Fail(fmt.Errorf("%w: %v", ErrStateWrite, err))
+		return false
 	}
 	return true
 }

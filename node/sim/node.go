@@ -17,6 +17,7 @@ import (
 // node's driver would run around it; the witness has only liveness.
 type node struct {
 	name    string
+	id      uint32 // its node ID (volstate.State.SelfID)
 	witness bool
 	peers   []string // the other data nodes, sorted
 
@@ -99,7 +100,7 @@ type syncGens struct {
 var startedEvent = volstate.Started{}
 
 func newNode(name string, data []string, gen replication.Generation) *node {
-	n := &node{name: name, up: true, disk: newDisk(blocks), marks: map[string]map[int]bool{}, al: map[int]int{}, logged: map[int]bool{}}
+	n := &node{name: name, id: uint32(slices.Index(data, name) + 1), up: true, disk: newDisk(blocks), marks: map[string]map[int]bool{}, al: map[int]int{}, logged: map[int]bool{}}
 	for _, p := range data {
 		if p != name {
 			n.peers = append(n.peers, p)
@@ -114,7 +115,7 @@ func newNode(name string, data []string, gen replication.Generation) *node {
 
 // boot is the volume opened with its durable state (a start or restart).
 func (n *node) boot() {
-	n.st = volstate.State{Self: n.name, Durable: n.durable.Clone(), Auth: true, CrashedPrimary: n.indicator, Peers: map[string]volstate.Peer{}}
+	n.st = volstate.State{Self: n.name, SelfID: n.id, Durable: n.durable.Clone(), Auth: true, CrashedPrimary: n.indicator, Peers: map[string]volstate.Peer{}}
 	for _, p := range n.peers {
 		n.st.Peers[p] = volstate.Peer{Repl: replication.Connecting}
 	}
@@ -241,8 +242,8 @@ func (s *Sim) perform(n *node, a volstate.Action) {
 			n.mark(a.Peer, b)
 		}
 		s.tracef("%s: activity log %v marked toward %s", n.name, slices.Sorted(maps.Keys(n.logged)), a.Peer)
-	case volstate.RunHook, volstate.Notify:
-		// Traced with the step.
+	case volstate.RunHook, volstate.Notify, volstate.RefusePeer:
+		// Traced with the step (a refused peer stays StandAlone).
 	default:
 		panic(fmt.Sprintf("sim: %s: no driver for the action %s", n.name, a))
 	}
@@ -374,6 +375,11 @@ func (s *Sim) handshake(p, q *node) {
 	err := s.drive(p, volstate.PeerConnected{Peer: q.name, Session: sid, UUIDs: qs.UUIDs(p.name), PeerEpoch: qs.Durable.Epoch,
 		PeerDisk: qs.IdleDisk(), Marked: marked, DiscardFrom: qs.Discard, NextGen: s.newGen()})
 	repl := p.st.Peers[q.name].Repl
+	if err == nil && p.sessions[q.name] == sid && (repl == replication.Connected || repl == replication.SyncSource) {
+		// The stream carries writes: the peer's answer (node steps it
+		// once the session runs).
+		_ = s.drive(p, volstate.PeerAnswered{Peer: q.name, Pulling: p.st.Peers[q.name].Pulling})
+	}
 	if err != nil || p.sessions[q.name] != sid || (repl != replication.Connected && repl != replication.SyncSource) || p.st.Role() != replication.Primary {
 		if p.sessions[q.name] == sid {
 			delete(p.sessions, q.name)

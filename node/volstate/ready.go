@@ -96,6 +96,9 @@ const (
 	// The new primary copies those extents to its peers (DRBD 9
 	// reconciles the same way after it loses a primary).
 	MarkActivityLog
+	// RefusePeer: the handshake with Peer refuses to sync either way, by the
+	// generation rule Detail, for Cause: the peer is StandAlone.
+	RefusePeer
 )
 
 var actionNames = map[ActionKind]string{
@@ -103,7 +106,7 @@ var actionNames = map[ActionKind]string{
 	DetachIncoming: "detach-incoming", ClearLocalMissing: "clear-local-missing",
 	StartLease: "start-lease", StopLease: "stop-lease", ReleaseLease: "release-lease", Propose: "propose",
 	StartResync: "start-resync", StartPull: "start-pull", Reattach: "reattach", CopyMissing: "copy-missing",
-	RunHook: "run-hook", Notify: "notify", MarkActivityLog: "mark-activity-log",
+	RunHook: "run-hook", Notify: "notify", MarkActivityLog: "mark-activity-log", RefusePeer: "refuse-peer",
 }
 
 func (k ActionKind) String() string {
@@ -119,6 +122,8 @@ type Action struct {
 	Peer   string
 	Epoch  uint64
 	Detail string
+	// Cause is why, for a Refuse.
+	Cause Cause
 }
 
 func (a Action) String() string {
@@ -132,6 +137,9 @@ func (a Action) String() string {
 	}
 	if a.Epoch != 0 {
 		fmt.Fprintf(&b, " epoch=%d", a.Epoch)
+	}
+	if a.Cause != CauseNone {
+		b.WriteString(" cause=" + string(a.Cause))
 	}
 	return b.String()
 }

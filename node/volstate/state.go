@@ -66,6 +66,10 @@ const (
 	CausePulling          Cause = "pulling"
 	CauseDetached         Cause = "detached"
 	CauseStateWriteFailed Cause = "state-write-failed"
+	// CauseUnrelated: a peer's data shares no generation with this node's.
+	CauseUnrelated Cause = "unrelated-data"
+	// CauseNoSource: neither side of a connection holds data to copy.
+	CauseNoSource Cause = "no-source"
 	// CauseAdminDown: the operator disconnected this node from the volume.
 	CauseAdminDown Cause = "disconnected-by-operator"
 )
@@ -121,8 +125,10 @@ func (p Peer) streaming() bool {
 
 // State is one volume on one node: everything its rules read.
 type State struct {
-	// Self names this node.
-	Self string
+	// Self names this node, and SelfID is its node ID (it breaks the
+	// tie of the generation rules when both nodes crashed as primary).
+	Self   string
+	SelfID uint32
 	// Durable is what is on stable storage.
 	Durable Durable
 	// Serving is what it does with IO.
@@ -234,7 +240,7 @@ func (s State) UUIDs(peer string) replication.UUIDSet {
 	if u.Current.IsZero() {
 		u.Current = s.Durable.SyncGen
 	}
-	u.CrashedPrimary = s.CrashedPrimary
+	u.CrashedPrimary, u.NodeID = s.CrashedPrimary, s.SelfID
 	return u
 }
 

@@ -183,17 +183,20 @@ func (s *State) fence(epoch uint64) Ready {
 }
 
 // peerConnected is a primary's handshake decided (replication.CompareUUIDs,
-// DRBD's table), then the peer's answer lifting a wait or a fence.
+// DRBD's table): the peer's state, what the resync starts from, durably,
+// or a refusal (a RefusePeer action with its cause). The peer's answer that
+// lifts a wait or a fence is PeerAnswered, which the driver steps once the
+// stream carries writes.
 func (s *State) peerConnected(e PeerConnected) Ready {
 	if s.Role() != replication.Primary {
 		return Ready{}
 	}
 	p := s.Peers[e.Peer]
 	p.Session, p.Pulling = e.Session, false
-	refuse := func(rule string) Ready {
+	refuse := func(rule string, why Cause) Ready {
 		p.Repl = replication.StandAlone
 		s.Peers[e.Peer] = p
-		return Ready{Actions: []Action{{Kind: Notify, Detail: "refused " + rule, Peer: e.Peer}}}
+		return Ready{Actions: []Action{{Kind: RefusePeer, Detail: rule, Peer: e.Peer, Cause: why}}}
 	}
 	if e.PeerPrimary && e.PeerEpoch > s.Durable.Epoch {
 		// A primary of a newer epoch: this one stops its IO and waits
@@ -202,7 +205,7 @@ func (s *State) peerConnected(e PeerConnected) Ready {
 		if d.Outcome.IsSplitBrain() {
 			p.SplitBrainRule = d.Rule
 		}
-		rd := refuse("newer-epoch")
+		rd := refuse("newer-epoch", CauseFenced)
 		rd.Actions = append(rd.Actions, s.fence(e.PeerEpoch).Actions...)
 		return rd
 	}
@@ -210,16 +213,19 @@ func (s *State) peerConnected(e PeerConnected) Ready {
 	var rd Ready
 	switch {
 	case e.DiscardFrom:
+		if s.Durable.Gens.Current.IsZero() {
+			return refuse("no-source", CauseNoSource)
+		}
 		p.Repl = replication.SyncSource
 		rd = s.startResync(e)
 	case d.Outcome == replication.UnrelatedData:
-		return refuse(d.Rule)
+		return refuse(d.Rule, CauseUnrelated)
 	case d.Outcome.IsSplitBrain():
 		p.SplitBrainRule = d.Rule
-		return refuse(d.Rule)
+		return refuse(d.Rule, CauseSplitBrain)
 	case d.Outcome.IsTarget():
 		if e.PeerDisk != replication.UpToDate && e.PeerDisk != replication.Consistent {
-			return refuse("no-source")
+			return refuse(d.Rule, CauseNoSource)
 		}
 		p.Repl, p.Pulling = replication.Connected, true
 		rd.Persist = s.persist(func(x *Durable) {
@@ -232,7 +238,7 @@ func (s *State) peerConnected(e PeerConnected) Ready {
 		s.Disk, s.Why = replication.Inconsistent, CausePulling
 		rd.Actions = []Action{{Kind: StartPull, Peer: e.Peer}}
 	case s.Durable.Gens.Current.IsZero():
-		return refuse("no-source")
+		return refuse(d.Rule, CauseNoSource)
 	case d.Outcome.IsSource() || e.Marked:
 		p.Repl = replication.SyncSource
 		rd = s.startResync(e)
@@ -240,7 +246,6 @@ func (s *State) peerConnected(e PeerConnected) Ready {
 		p.Repl = replication.Connected
 	}
 	s.Peers[e.Peer] = p
-	rd.Actions = append(rd.Actions, s.peerAnswered(e.Peer, p.Pulling).Actions...)
 	return rd
 }
 
@@ -755,7 +760,14 @@ func (s *State) resyncFinished(e ResyncFinished) Ready {
 			}
 		}
 	} else {
-		rd.Persist = s.persist(func(d *Durable) { d.Gens = d.Gens.ResyncFinishedAsSource(e.Peer) })
+		// The peer holds every write of this node's current generation:
+		// its bitmap generation retires (when it was tracked), and a
+		// crash of this primary before now no longer counts in the
+		// comparison of generations.
+		if s.Durable.Gens.Tracking(e.Peer) {
+			rd.Persist = s.persist(func(d *Durable) { d.Gens = d.Gens.ResyncFinishedAsSource(e.Peer) })
+		}
+		s.CrashedPrimary = false
 		if p.Repl == replication.SyncSource {
 			p.Repl = replication.Connected
 		}

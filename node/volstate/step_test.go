@@ -395,6 +395,9 @@ func format(s State) string {
 	if s.Discard {
 		flags = append(flags, "discard")
 	}
+	if s.CrashedPrimary {
+		flags = append(flags, "crashed-primary")
+	}
 	if s.KnownEpoch > 0 {
 		flags = append(flags, fmt.Sprintf("known-epoch=%d", s.KnownEpoch))
 	}
