@@ -632,13 +632,7 @@ func (v *Volume) renewLeases(ctx context.Context, epoch uint64) {
 		cancel()
 		if err == nil {
 			v.mu.Lock()
-			if v.leaseEpoch == epoch && until.After(v.lease) {
-				v.lease = until
-				if v.serving == volstate.OpenWithoutLease {
-					v.serving = volstate.Open
-				}
-				v.wakeLeaseWaitersLocked()
-			}
+			v.leaseRenewedLocked(volstate.LeaseRenewed{Epoch: epoch, Until: until})
 			v.mu.Unlock()
 		} else if ctx.Err() == nil {
 			v.log.Debug("lease not renewed", "epoch", epoch, "err", err)
@@ -658,6 +652,36 @@ func (v *Volume) renewLeases(ctx context.Context, epoch uint64) {
 			return
 		}
 	}
+}
+
+// leaseRenewedLocked takes a renewal through the volume's rules
+// (volstate.LeaseRenewed: the lease of the current term runs until
+// e.Until, and a primary forced without raft serves under it from now).
+// Callers hold v.mu.
+func (v *Volume) leaseRenewedLocked(e volstate.LeaseRenewed) {
+	old := v.lease
+	v.stepUnwrittenLocked(e)
+	if !v.lease.Equal(old) {
+		v.wakeLeaseWaitersLocked()
+	}
+}
+
+// stepUnwrittenLocked steps the volume's rules with an event whose rule
+// writes nothing (a lease renewal, a stop), under v.mu alone: such a step
+// never waits behind a commit that holds v.stateMu. It installs what the
+// step changed, the lease's end with it, and returns the actions, for the
+// caller to perform once it released v.mu. Callers hold v.mu.
+func (v *Volume) stepUnwrittenLocked(e volstate.Event) []volstate.Action {
+	old := v.modelLocked()
+	next, rd := volstate.Step(old, e)
+	if rd.Persist != nil || rd.Indicator != volstate.KeepIndicator || len(rd.Prepare) > 0 || rd.Err != nil {
+		panic(fmt.Sprintf("volume %s: the step of %T asks for writes: %+v", v.name, e, rd))
+	}
+	if !next.LeaseUntil.Equal(old.LeaseUntil) {
+		v.lease = next.LeaseUntil
+	}
+	v.installLocked(old, next, rd, nil)
+	return rd.Actions
 }
 
 func isClosed(ch <-chan struct{}) bool {

@@ -94,8 +94,13 @@
 // and so are the operator's disconnect and connect (Disconnect, Connect:
 // the senders stopped or started, the operator's cause, and a connect's
 // retry after a split brain).
-// A shutdown still stops the serving state directly; a detach is the disk
-// state Diskless in the state machine, and a flag here.
+// A lease renewal (LeaseRenewed) and a shutdown or removal (Stop) write
+// nothing: they are stepped under v.mu alone (stepUnwrittenLocked), so a
+// renewal never waits behind a commit. A detach is the disk state
+// Diskless in the state machine, and a flag here. What stays outside the
+// state machine is a stream's own news (a peer lost, congested, drained):
+// the session's loop sets the peer's state (peersession.go), as it must
+// not take the volume's state lock.
 //
 // An online resize (resize.go) grows every replica while IO runs, the
 // secondaries before the primary, which only then takes writes past the

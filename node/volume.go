@@ -552,10 +552,14 @@ func (v *Volume) currentGeneration() replication.Generation {
 // primary drains its IO and flushes; the state is marked clean only when
 // that all worked, and shutdown reports whether it was.
 func (v *Volume) shutdown() bool {
+	// The volume's rules stop its IO and its lease renewals (Stop).
 	v.mu.Lock()
 	wasOpen := v.serving.IsOpen()
-	v.serving = volstate.Stopped
+	acts := v.stepUnwrittenLocked(volstate.Stop{})
 	v.mu.Unlock()
+	for _, a := range acts {
+		v.perform(a, driveOptions{})
+	}
 	v.io.Wait()
 	clean := true
 	if wasOpen {

@@ -260,7 +260,13 @@ func (n *Node) removeVolume(name string, held bool) error {
 // worked.
 func (v *Volume) stop() bool {
 	v.mu.Lock()
-	v.serving = volstate.Stopped
+	for _, a := range v.stepUnwrittenLocked(volstate.Stop{}) {
+		if a.Kind == volstate.StopLease {
+			// Once the clients are gone (below).
+			continue
+		}
+		panic(fmt.Sprintf("volume %s: a stop asks for %s", v.name, a))
+	}
 	v.why = because(CauseRemoved, "%s was removed from the cluster file", v.name)
 	v.mu.Unlock()
 	if nbd := v.node.nbd; nbd != nil {
