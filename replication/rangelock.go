@@ -10,14 +10,21 @@ import (
 // that do not overlap run concurrently, and so do shared ones (reads) that
 // overlap each other. Safe for concurrent use.
 type RangeLocks struct {
-	mu     sync.Mutex
-	active map[*rangeLock]struct{}
+	mu sync.Mutex
+	// active holds the held and waiting ranges, in no order: a write
+	// path holds a few (its queue depth), which a slice scans faster than
+	// a map is iterated.
+	active []*rangeLock
 }
 
 type rangeLock struct {
+	r        *RangeLocks
 	off, end int64
 	shared   bool
-	done     chan struct{}
+	idx      int // its place in r.active
+	// done is made when a later request first waits for this one (most
+	// never meet an overlap), and closed at its release. Guarded by r.mu.
+	done chan struct{}
 }
 
 // Lock waits for every earlier overlapping holder of [off, off+length) to
@@ -35,34 +42,46 @@ func (r *RangeLocks) LockShared(ctx context.Context, off, length int64) (release
 }
 
 func (r *RangeLocks) lock(ctx context.Context, off, length int64, shared bool) (release func(), err error) {
-	me := &rangeLock{off: off, end: off + length, shared: shared, done: make(chan struct{})}
+	me := &rangeLock{r: r, off: off, end: off + length, shared: shared}
+	var buf [4]chan struct{}
+	wait := buf[:0]
 	r.mu.Lock()
-	if r.active == nil {
-		r.active = make(map[*rangeLock]struct{})
-	}
-	var wait []chan struct{}
-	for l := range r.active {
+	for _, l := range r.active {
 		if l.off < me.end && me.off < l.end && !(shared && l.shared) {
+			if l.done == nil {
+				l.done = make(chan struct{})
+			}
 			wait = append(wait, l.done)
 		}
 	}
-	r.active[me] = struct{}{}
+	me.idx = len(r.active)
+	r.active = append(r.active, me)
 	r.mu.Unlock()
-	release = func() {
-		r.mu.Lock()
-		delete(r.active, me)
-		r.mu.Unlock()
-		close(me.done)
-	}
 	for _, w := range wait {
 		select {
 		case <-w:
 		case <-ctx.Done():
-			release()
+			me.release()
 			return nil, ctx.Err()
 		}
 	}
-	return release, nil
+	return me.release, nil
+}
+
+// release takes l out of the active ranges and wakes what waits for it.
+func (l *rangeLock) release() {
+	r := l.r
+	r.mu.Lock()
+	last := len(r.active) - 1
+	moved := r.active[last]
+	r.active[l.idx], moved.idx = moved, l.idx
+	r.active[last] = nil
+	r.active = r.active[:last]
+	done := l.done
+	r.mu.Unlock()
+	if done != nil {
+		close(done)
+	}
 }
 
 // Len returns the number of held or waiting ranges.
