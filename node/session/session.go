@@ -244,17 +244,14 @@ type Session struct {
 	// status and tests.
 	resting atomic.Bool
 
-	// Into the loop.
-	submits chan submission
-	acks    chan ackMsg
-	replies chan replyMsg
-	calls   chan func()
-	// A writer's news (submit.go): blocks a Behind peer misses, a write
-	// acknowledged to its client.
-	behind      chan behindMark
-	completions chan localCompletion
-	works       chan func() error
-	synced      chan *Pending // a syncDone whose commit (Peer.SyncDoneAcked) returned
+	// Into the loop: inbox takes the writers' and callers' messages
+	// (unbuffered: a sender knows the loop took it), fromPeer the
+	// receiving goroutine's acks and read replies, synced a syncDone whose
+	// commit (Peer.SyncDoneAcked) returned. Few channels keep the loop's
+	// select short: a select locks every channel it waits on.
+	inbox    chan inMsg
+	fromPeer chan peerMsg
+	synced   chan *Pending
 	// Out of the loop: frames for the sending goroutine.
 	out chan *transport.Frame
 	// ended is closed when the loop stops taking messages; finished once
@@ -299,6 +296,37 @@ type Session struct {
 	remarked map[int64]bool
 }
 
+// inMsg is a message into the loop (Session.inbox), of one kind: an entry
+// (Enqueue, Submit), the blocks a Behind peer misses (MarkBehind), a
+// write acknowledged to its client (CompletedLocally), a call (Do), or a
+// work to run beside the loop (Run).
+type inMsg struct {
+	kind       inKind
+	sub        submission
+	behind     behindMark
+	completion localCompletion
+	call       func()
+	work       func() error
+}
+
+type inKind uint8
+
+const (
+	inSubmit inKind = iota + 1
+	inBehind
+	inCompletion
+	inCall
+	inWork
+)
+
+// peerMsg is the receiving goroutine's news: an ack, or a read reply
+// (isReply).
+type peerMsg struct {
+	ack     ackMsg
+	isReply bool
+	reply   replyMsg
+}
+
 // submission is an entry for the loop; admit (an application write under
 // protocol A or B) asks the congestion controller first and answers.
 type submission struct {
@@ -329,9 +357,8 @@ func New(ctx context.Context, p Peer, s *transport.ReplStream, cfg Config) *Sess
 	sctx, cancel := context.WithCancel(ctx)
 	ss := &Session{peer: p, name: cfg.Name, bm: cfg.Bitmap, lag: cfg.Lag, cfg: cfg, beat: cfg.Beat,
 		stream: s, ctx: sctx, cancel: cancel, timeout: cfg.Timeout, errc: make(chan error, 1),
-		submits: make(chan submission), acks: make(chan ackMsg, 64), replies: make(chan replyMsg), calls: make(chan func()),
-		behind: make(chan behindMark), completions: make(chan localCompletion),
-		works: make(chan func() error), synced: make(chan *Pending, 1), out: make(chan *transport.Frame, maxFramesInFlight+1),
+		inbox: make(chan inMsg), fromPeer: make(chan peerMsg, 64), synced: make(chan *Pending, 1),
+		out:   make(chan *transport.Frame, maxFramesInFlight+1),
 		ended: make(chan struct{}), finished: make(chan struct{})}
 	ss.lastRecv.Store(time.Now().UnixNano())
 	return ss
@@ -431,7 +458,7 @@ func (s *Session) Run(work func() error) error {
 	s.Start()
 	if work != nil {
 		select {
-		case s.works <- work:
+		case s.inbox <- inMsg{kind: inWork, work: work}:
 		case <-s.ended:
 		}
 	}
@@ -501,32 +528,16 @@ wait:
 			if err = s.checkPeer(every); err != nil {
 				break wait
 			}
-		case sub := <-s.submits:
-			if sub.admit {
-				s.admit(sub)
+		case m := <-s.inbox:
+			s.take(m)
+		case m := <-s.fromPeer:
+			if m.isReply {
+				m.reply.err <- s.readReply(m.reply)
 			} else {
-				s.accept(sub.pd)
+				s.acked(m.ack)
 			}
-		case m := <-s.acks:
-			s.acked(m)
-		case m := <-s.replies:
-			m.err <- s.readReply(m)
 		case pd := <-s.synced:
 			s.syncCommitted(pd)
-		case f := <-s.calls:
-			f()
-		case m := <-s.behind:
-			s.markedBehind(m)
-		case c := <-s.completions:
-			s.completedLocally(c)
-		case work := <-s.works:
-			s.extra.Add(1)
-			go func() {
-				defer s.extra.Done()
-				if err := work(); err != nil {
-					s.Fail(err)
-				}
-			}()
 		}
 		if idleBefore && !s.idle() {
 			// The stream owed the peer nothing until now: its silence
@@ -548,12 +559,40 @@ wait:
 	s.err = err
 }
 
+// take handles a message of the inbox.
+func (s *Session) take(m inMsg) {
+	switch m.kind {
+	case inSubmit:
+		if m.sub.admit {
+			s.admit(m.sub)
+		} else {
+			s.accept(m.sub.pd)
+		}
+	case inBehind:
+		s.markedBehind(m.behind)
+	case inCompletion:
+		s.completedLocally(m.completion)
+	case inCall:
+		m.call()
+	case inWork:
+		s.extra.Add(1)
+		go func() {
+			defer s.extra.Done()
+			if err := m.work(); err != nil {
+				s.Fail(err)
+			}
+		}()
+	default:
+		panic(fmt.Sprintf("session: a message of no kind (%d)", m.kind))
+	}
+}
+
 // Do runs f on the loop and returns once it ran; false: the loop ended,
 // f did not run.
 func (s *Session) Do(f func()) bool {
 	ran := make(chan struct{})
 	select {
-	case s.calls <- func() { f(); close(ran) }:
+	case s.inbox <- inMsg{kind: inCall, call: func() { f(); close(ran) }}:
 		<-ran
 		return true
 	case <-s.ended:
@@ -657,12 +696,19 @@ func (s *Session) receive() error {
 				return err
 			}
 			select {
-			case s.replies <- replyMsg{seq: seq, st: st, data: data, err: verdict}:
+			case s.fromPeer <- peerMsg{isReply: true, reply: replyMsg{seq: seq, st: st, data: data, err: verdict}}:
 			case <-s.ended:
 				return nil
 			}
-			if err := <-verdict; err != nil {
-				return err
+			// The loop may end with the reply still queued: then it
+			// never answers.
+			select {
+			case err := <-verdict:
+				if err != nil {
+					return err
+				}
+			case <-s.ended:
+				return nil
 			}
 			continue
 		}
@@ -677,7 +723,7 @@ func (s *Session) receive() error {
 			continue // a heartbeat's ack, or the peer saying it is busy
 		}
 		select {
-		case s.acks <- ackMsg{seq: ack.Seq, received: ack.Status == replication.AckReceived}:
+		case s.fromPeer <- peerMsg{ack: ackMsg{seq: ack.Seq, received: ack.Status == replication.AckReceived}}:
 		case <-s.ended:
 			return nil
 		}

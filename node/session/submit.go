@@ -17,7 +17,7 @@ import (
 // ended: pd was not taken.
 func (s *Session) Enqueue(pd *Pending) bool {
 	select {
-	case s.submits <- submission{pd: pd}:
+	case s.inbox <- inMsg{kind: inSubmit, sub: submission{pd: pd}}:
 		return true
 	case <-s.ended:
 		return false
@@ -31,7 +31,7 @@ func (s *Session) Enqueue(pd *Pending) bool {
 func (s *Session) Submit(pd *Pending) Admission {
 	answer := make(chan Admission, 1)
 	select {
-	case s.submits <- submission{pd: pd, admit: true, answer: answer}:
+	case s.inbox <- inMsg{kind: inSubmit, sub: submission{pd: pd, admit: true, answer: answer}}:
 		return <-answer
 	case <-s.ended:
 		return AdmitEnded
@@ -44,7 +44,7 @@ func (s *Session) Submit(pd *Pending) Admission {
 func (s *Session) MarkBehind(e *replication.Entry) bool {
 	ran := make(chan struct{})
 	select {
-	case s.behind <- behindMark{e: e, ran: ran}:
+	case s.inbox <- inMsg{kind: inBehind, behind: behindMark{e: e, ran: ran}}:
 		<-ran
 		return true
 	case <-s.ended:
@@ -60,7 +60,7 @@ func (s *Session) MarkBehind(e *replication.Entry) bool {
 func (s *Session) CompletedLocally(seq uint64, bytes int64, at time.Time) {
 	ran := make(chan struct{})
 	select {
-	case s.completions <- localCompletion{seq: seq, bytes: bytes, at: at, ran: ran}:
+	case s.inbox <- inMsg{kind: inCompletion, completion: localCompletion{seq: seq, bytes: bytes, at: at, ran: ran}}:
 		<-ran
 	case <-s.ended:
 	}
