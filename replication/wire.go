@@ -130,6 +130,17 @@ func BatchReceipt(frame []byte) (lastSeq uint64, receipt bool, err error) {
 
 // AppendEntry appends e's encoding to a batch frame.
 func AppendEntry(dst []byte, e *Entry) []byte {
+	dst = AppendEntryHeader(dst, e)
+	if e.Op.HasPayload() {
+		dst = append(dst, e.Data...)
+	}
+	return dst
+}
+
+// AppendEntryHeader appends e's encoding without its payload (e.Data,
+// when e.Op has one), which must follow it in the frame: a sender that
+// writes the payload from where it lies appends the header only.
+func AppendEntryHeader(dst []byte, e *Entry) []byte {
 	length := e.Length
 	if e.Op.HasPayload() && e.Op != OpVerify {
 		length = int64(len(e.Data))
@@ -137,11 +148,7 @@ func AppendEntry(dst []byte, e *Entry) []byte {
 	dst = append(dst, byte(e.Op), e.Flags, 0, 0)
 	dst = binary.BigEndian.AppendUint32(dst, uint32(length))
 	dst = binary.BigEndian.AppendUint64(dst, e.Seq)
-	dst = binary.BigEndian.AppendUint64(dst, uint64(e.Off))
-	if e.Op.HasPayload() {
-		dst = append(dst, e.Data...)
-	}
-	return dst
+	return binary.BigEndian.AppendUint64(dst, uint64(e.Off))
 }
 
 // ErrBadFrame is returned for a frame that does not decode.

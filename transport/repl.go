@@ -23,6 +23,47 @@ type Frame struct {
 	// head: *buf keeps frameHeaderLen bytes of room in front of the
 	// frame's bytes, so it goes out in one write (stream.go).
 	head bool
+	// refs are bytes the frame carries by reference (Ref), in order.
+	refs []frameRef
+}
+
+// frameRef is a piece of a frame held by reference: b goes after the
+// first at bytes of the frame's own bytes.
+type frameRef struct {
+	at int
+	b  []byte
+}
+
+// Ref makes b part of the frame, after the first at bytes of Bytes(), by
+// reference: on a plain TCP stream it is written from where it lies (one
+// writev for the frame), on TLS it is copied once into the record. b must
+// not change until Send returned or the frame was released. References
+// come in order (at never decreases) and at is at most len(Bytes()) when
+// the frame is sent.
+func (f *Frame) Ref(at int, b []byte) {
+	if len(b) > 0 {
+		f.refs = append(f.refs, frameRef{at: at, b: b})
+	}
+}
+
+// AppendContents appends the frame's whole contents to dst: its bytes,
+// with what it holds by reference in place.
+func (f *Frame) AppendContents(dst []byte) []byte {
+	own, prev := f.Bytes(), 0
+	for _, r := range f.refs {
+		dst = append(append(dst, own[prev:r.at]...), r.b...)
+		prev = r.at
+	}
+	return append(dst, own[prev:]...)
+}
+
+// Len is the frame's length: its bytes and what it holds by reference.
+func (f *Frame) Len() int {
+	n := len(f.Bytes())
+	for _, r := range f.refs {
+		n += len(r.b)
+	}
+	return n
 }
 
 // Bytes returns the frame's contents.
@@ -64,6 +105,7 @@ func (f *Frame) Release() {
 		framePool.Put(f.buf)
 		f.buf = nil
 	}
+	f.refs = nil
 }
 
 // MaxFrameSize bounds one replication message, both ways and on both

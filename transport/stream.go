@@ -145,18 +145,21 @@ func (fc *frameConn) SendMsg(m any) error {
 	if f.buf == nil {
 		return errors.New("replication stream: cannot send a released frame")
 	}
-	n := len(f.Bytes())
+	n := f.Len()
 	fc.wmu.Lock()
 	defer fc.wmu.Unlock()
 	if n > MaxFrameSize {
 		return &StreamError{words: fmt.Sprintf("frame too large for the peer: %d bytes, the limit is %d", n, MaxFrameSize), err: ErrFrameTooLarge}
 	}
 	var err error
-	if f.head {
+	switch {
+	case len(f.refs) > 0:
+		err = fc.writeRefs(f, n)
+	case f.head:
 		b := *f.buf
 		putHeader(b, kindFrame, n)
 		_, err = fc.conn.Write(b)
-	} else {
+	default:
 		putHeader(fc.hdr[:], kindFrame, n)
 		err = fc.writeTwo(fc.hdr[:], f.Bytes())
 	}
@@ -164,6 +167,45 @@ func (fc *frameConn) SendMsg(m any) error {
 		return fc.fail(err)
 	}
 	return nil
+}
+
+// writeRefs writes a frame of n bytes that holds some by reference: its
+// header, its own bytes and the references in order, with one writev on
+// TCP; on TLS they are copied into one buffer first, so that the frame
+// is one record, not one per piece. Callers hold fc.wmu.
+func (fc *frameConn) writeRefs(f *Frame, n int) error {
+	own := f.Bytes()
+	if last := f.refs[len(f.refs)-1].at; last > len(own) {
+		return fmt.Errorf("replication stream: a reference at %d of a frame of %d bytes", last, len(own))
+	}
+	var hdr []byte
+	if f.head {
+		hdr = (*f.buf)[:frameHeaderLen]
+	} else {
+		hdr = fc.hdr[:]
+	}
+	putHeader(hdr, kindFrame, n)
+	if !fc.tcp {
+		b := framePool.Get(frameHeaderLen + n)
+		defer framePool.Put(b)
+		_, err := fc.conn.Write(f.AppendContents(append((*b)[:0], hdr...)))
+		return err
+	}
+	bufs := make(net.Buffers, 0, 2*len(f.refs)+2)
+	bufs = append(bufs, hdr)
+	prev := 0
+	for _, r := range f.refs {
+		if r.at > prev {
+			bufs = append(bufs, own[prev:r.at])
+		}
+		bufs = append(bufs, r.b)
+		prev = r.at
+	}
+	if prev < len(own) {
+		bufs = append(bufs, own[prev:])
+	}
+	_, err := bufs.WriteTo(fc.conn)
+	return err
 }
 
 // writeTwo writes a header and the bytes after it: one writev on TCP.

@@ -135,6 +135,98 @@ func TestAFrameGoesOutInOneWrite(t *testing.T) {
 	}
 }
 
+// TestAFrameCarriesItsReferencesInOrder: bytes a frame holds by
+// reference (Ref) arrive where they were placed, between its own bytes,
+// over plain TCP (one writev) and over a connection that is not TCP (TLS:
+// one write of the frame copied whole), for a frame with room for its
+// header and one without.
+func TestAFrameCarriesItsReferencesInOrder(t *testing.T) {
+	build := func(head bool) (*Frame, []byte) {
+		f := NewFrame(16)
+		b := append(f.Bytes(), "hd"...)
+		f.Ref(len(b), []byte("AAAA"))
+		f.Ref(len(b), []byte("BB")) // two references in a row
+		b = append(b, "mid"...)
+		f.Ref(len(b), bytes.Repeat([]byte{'C'}, 3*readBufferSize))
+		b = append(b, "tail"...)
+		if head {
+			f.SetBytes(b)
+		} else {
+			f.SetBytes(bytes.Clone(b))
+		}
+		want := "hdAAAABBmid" + strings.Repeat("C", 3*readBufferSize) + "tail"
+		return f, []byte(want)
+	}
+	t.Run("not TCP", func(t *testing.T) {
+		for _, head := range []bool{true, false} {
+			c := &countingConn{}
+			fc := newFrameConn(context.Background(), c, nil)
+			f, want := build(head)
+			if f.Len() != len(want) {
+				t.Fatalf("Len() = %d, want %d", f.Len(), len(want))
+			}
+			if err := fc.SendMsg(f); err != nil {
+				t.Fatal(err)
+			}
+			fc.cancel()
+			if c.writes != 1 {
+				t.Fatalf("the frame took %d writes, want 1", c.writes)
+			}
+			got, err := decodeAll(append(c.buf.Bytes(), kindEnd, 0, 0, 0, 1, byte(endClean)))
+			if err != io.EOF || len(got) != 1 || !bytes.Equal(got[0], want) {
+				t.Fatalf("head %v: read back %d frames (%v), want the frame of %d bytes", head, len(got), err, len(want))
+			}
+		}
+	})
+	t.Run("TCP", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		accepted := make(chan net.Conn, 1)
+		go func() {
+			c, _ := ln.Accept()
+			accepted <- c
+		}()
+		client, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		server := <-accepted
+		if server == nil {
+			t.Fatal("no connection accepted")
+		}
+		send := newFrameConn(context.Background(), client, nil)
+		recv := newFrameConn(context.Background(), server, nil)
+		defer send.cancel()
+		defer recv.cancel()
+		var wants [][]byte
+		go func() {
+			for _, head := range []bool{true, false} {
+				f, _ := build(head)
+				if err := send.SendMsg(f); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+		for _, head := range []bool{true, false} {
+			_, want := build(head)
+			wants = append(wants, want)
+		}
+		f := &Frame{}
+		defer f.Release()
+		for i, want := range wants {
+			if err := recv.RecvMsg(f); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(f.Bytes(), want) {
+				t.Fatalf("frame %d: %d bytes differ from the %d sent", i, len(f.Bytes()), len(want))
+			}
+		}
+	})
+}
+
 type countingConn struct {
 	byteConn
 	buf    bytes.Buffer

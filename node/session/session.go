@@ -104,8 +104,9 @@ type Config struct {
 	Beat *PairBeat
 	// Log is the volume's logger.
 	Log *slog.Logger
-	// FreeBuffer takes back a Pending's Buf once its entry is encoded (or
-	// was not taken). It must not block.
+	// FreeBuffer takes back a Pending's Buf once its entry is encoded, or,
+	// when the frame carries the payload by reference, once the entry
+	// completed (or was not taken). It must not block.
 	FreeBuffer func(*[]byte)
 }
 
@@ -145,7 +146,8 @@ type Pending struct {
 	// Held is released once the entry completes.
 	Held Hold
 	// Buf is the pooled buffer behind Entry.Data, returned
-	// (Config.FreeBuffer) once encoded.
+	// (Config.FreeBuffer) once encoded, or once the entry completed when
+	// its frame carried it by reference.
 	Buf *[]byte
 	// LagSeq numbers a write among the peer's writes, for its lag;
 	// Session is the session it went to.
@@ -618,14 +620,22 @@ func (s *Session) accept(pd *Pending) {
 // goroutine until the queue is empty or every frame slot is taken.
 func (s *Session) sendQueued() error {
 	for len(s.queue) > 0 && len(s.frames) < maxFramesInFlight {
-		size := replication.BatchHeaderLen
+		// size is the batch's length, own the bytes the frame holds
+		// itself: a payload of byReference bytes or more goes out from
+		// where it lies.
+		size, own := replication.BatchHeaderLen, replication.BatchHeaderLen
 		k := 0
 		for k < len(s.queue) && k < maxBatchEntries {
-			n := s.queue[k].Entry.EncodedLen()
+			e := &s.queue[k].Entry
+			n := e.EncodedLen()
 			if k > 0 && size+n > maxBatchBytes {
 				break
 			}
 			size += n
+			own += n
+			if refersTo(e) {
+				own -= len(e.Data)
+			}
 			k++
 		}
 		batch := s.queue[:k]
@@ -637,9 +647,18 @@ func (s *Session) sendQueued() error {
 			receipt = receipt || pd.Received != nil
 		}
 		s.frames = append(s.frames, s.nextSeq)
-		f := transport.NewFrame(size)
+		f := transport.NewFrame(own)
 		b := replication.AppendBatchHeaderReceipt(f.Bytes(), len(batch), receipt)
 		for _, pd := range batch {
+			if refersTo(&pd.Entry) {
+				// The payload stays where it is until the frame is
+				// written: the writer waits for the entry (protocols B
+				// and C), the entry owns a copy (A), or its buffer is
+				// freed when it completes (a resync run).
+				b = replication.AppendEntryHeader(b, &pd.Entry)
+				f.Ref(len(b), pd.Entry.Data)
+				continue
+			}
 			b = replication.AppendEntry(b, &pd.Entry)
 			if pd.Buf != nil {
 				s.cfg.FreeBuffer(pd.Buf)
@@ -658,6 +677,16 @@ func (s *Session) sendQueued() error {
 		}
 	}
 	return nil
+}
+
+// byReference is the smallest payload a frame carries by reference
+// rather than by copy: below it a copy costs less than a piece of a
+// writev.
+const byReference = 2048
+
+// refersTo reports whether a frame carries e's payload by reference.
+func refersTo(e *replication.Entry) bool {
+	return e.Op.HasPayload() && len(e.Data) >= byReference
 }
 
 // send is the sending goroutine: it writes the frames the loop built, in

@@ -34,7 +34,7 @@ func (g *GateStream) SendMsg(m any) error {
 		return g.ctx.Err()
 	}
 	var entries []replication.Entry
-	entries, err := replication.DecodeBatch(m.(*transport.Frame).Bytes(), entries)
+	entries, err := replication.DecodeBatch(m.(*transport.Frame).AppendContents(nil), entries)
 	if err != nil {
 		return err
 	}
