@@ -21,7 +21,16 @@ func BenchmarkReplicatedWrite1M(b *testing.B) { benchmarkWrites(b, false, 1<<20,
 // BenchmarkReplicatedWrite1MTLS: the same over mutual TLS.
 func BenchmarkReplicatedWrite1MTLS(b *testing.B) { benchmarkWrites(b, true, 1<<20, false) }
 
+// BenchmarkLocalOnlyWrite1M: 1 MiB sequential writes at queue depth 16
+// with the peer disconnected (replctl disconnect): every write goes to the
+// local disk and the peer's bitmap.
+func BenchmarkLocalOnlyWrite1M(b *testing.B) { benchmarkWritesOf(b, false, 1<<20, false, true) }
+
 func benchmarkWrites(b *testing.B, secure bool, size int64, random bool) {
+	benchmarkWritesOf(b, secure, size, random, false)
+}
+
+func benchmarkWritesOf(b *testing.B, secure bool, size int64, random, localOnly bool) {
 	c := newTestCluster(b, 256<<20)
 	if secure {
 		withTLS(b, c)
@@ -30,6 +39,9 @@ func benchmarkWrites(b *testing.B, secure bool, size int64, random bool) {
 	c.start("beta")
 	c.waitInSync()
 	v := c.vol("alpha")
+	if localOnly {
+		v.setAdminDown(true)
+	}
 	var next atomic.Int64
 	b.SetBytes(size)
 	b.ResetTimer()
