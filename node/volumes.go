@@ -259,14 +259,11 @@ func (n *Node) removeVolume(name string, held bool) error {
 // flushed, and its state is marked clean. It reports whether all of that
 // worked.
 func (v *Volume) stop() bool {
+	// The volume's rules stop its IO now; the lease is stopped by
+	// shutdown, which steps Stop again and performs its actions, once the
+	// clients are gone.
 	v.mu.Lock()
-	for _, a := range v.stepUnwrittenLocked(volstate.Stop{}) {
-		if a.Kind == volstate.StopLease {
-			// Once the clients are gone (below).
-			continue
-		}
-		panic(fmt.Sprintf("volume %s: a stop asks for %s", v.name, a))
-	}
+	_ = v.stepUnwrittenLocked(volstate.Stop{})
 	v.why = because(CauseRemoved, "%s was removed from the cluster file", v.name)
 	v.mu.Unlock()
 	if nbd := v.node.nbd; nbd != nil {
@@ -276,7 +273,6 @@ func (v *Volume) stop() bool {
 		}
 		cancel()
 	}
-	v.stopLease()
 	return v.shutdown()
 }
 

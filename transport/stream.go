@@ -113,6 +113,9 @@ type frameConn struct {
 
 	hdr  [frameHeaderLen]byte // the sender's, for frames without room
 	rhdr [frameHeaderLen]byte // the receiver's
+	// iov is the sender's writev of a frame with references (writeRefs),
+	// kept between frames; guarded by wmu.
+	iov net.Buffers
 
 	// wmu serialises the sender and the end (close, a refused frame):
 	// an end never lands inside a frame. One sender takes it uncontended.
@@ -191,8 +194,7 @@ func (fc *frameConn) writeRefs(f *Frame, n int) error {
 		_, err := fc.conn.Write(f.AppendContents(append((*b)[:0], hdr...)))
 		return err
 	}
-	bufs := make(net.Buffers, 0, 2*len(f.refs)+2)
-	bufs = append(bufs, hdr)
+	bufs := append(fc.iov[:0], hdr)
 	prev := 0
 	for _, r := range f.refs {
 		if r.at > prev {
@@ -204,7 +206,10 @@ func (fc *frameConn) writeRefs(f *Frame, n int) error {
 	if prev < len(own) {
 		bufs = append(bufs, own[prev:])
 	}
+	fc.iov = bufs
 	_, err := bufs.WriteTo(fc.conn)
+	// No reference to a client's buffer outlives the frame.
+	clear(fc.iov[:cap(fc.iov)])
 	return err
 }
 
