@@ -97,10 +97,13 @@
 // A lease renewal (LeaseRenewed) and a shutdown or removal (Stop) write
 // nothing: they are stepped under v.mu alone (stepUnwrittenLocked), so a
 // renewal never waits behind a commit. A detach is the disk state
-// Diskless in the state machine, and a flag here. What stays outside the
-// state machine is a stream's own news (a peer lost, congested, drained):
-// the session's loop sets the peer's state (peersession.go), as it must
-// not take the volume's state lock.
+// Diskless in the state machine, and a flag here. A stream's own news
+// (a peer lost, congested, drained, catching up, in sync:
+// volstate.StreamEvent) changes that peer's state alone, by volstate's
+// rule (Peer.Streamed), which is also the congestion controller's: the
+// session's loop and the peer's connect loop step it on the peer's view
+// (peersession.go, peer.go), as they must not take the volume's state
+// lock.
 //
 // An online resize (resize.go) grows every replica while IO runs, the
 // secondaries before the primary, which only then takes writes past the

@@ -117,7 +117,7 @@ func (p *peer) connect(ctx context.Context) error {
 		done = p.syncDone(v.currentGeneration())
 	}
 	late := !plan.sync && !plan.pull && p.bm.Count() > 0
-	next := peerView{sess: s, rule: plan.rule, decision: plan.outcome, peerDisk: p.snapshot().peerDisk, held: p.snapshot().held}
+	next := peerView{sess: s, sid: s.ID(), rule: plan.rule, decision: plan.outcome, peerDisk: p.snapshot().peerDisk, held: p.snapshot().held}
 	switch {
 	case plan.pull:
 		// The peer is the source: it holds every block this node misses.

@@ -44,6 +44,8 @@ type peer struct {
 	// sets the reason. Readers take one consistent snapshot (view.Load)
 	// without a lock.
 	view atomic.Pointer[peerView]
+	// sessions numbers the peer's streams (the last one made).
+	sessions atomic.Uint64
 	// unpaused is closed while resync may run; replaced by an open channel
 	// while the operator has it paused (setPaused).
 	unpaused atomic.Pointer[chan struct{}]
@@ -107,8 +109,11 @@ type peer struct {
 
 // peerView is one snapshot of a peer's replication state.
 type peerView struct {
-	sess     *session.Session // nil while not streaming
-	state    replication.ReplState
+	sess  *session.Session // nil while not streaming
+	state replication.ReplState
+	// sid numbers the stream state belongs to (session.Config.ID): the
+	// news of another stream changes nothing (stream).
+	sid      uint64
 	peerDisk string
 	why      reason
 	rule     string // the generation rule of the last connection
@@ -116,6 +121,24 @@ type peerView struct {
 	// held is the generation the peer last acknowledged holding: when it
 	// stops receiving writes, its bitmap starts from there.
 	held replication.Generation
+}
+
+// stream steps the view's replication state with news of one of the
+// peer's streams, by volstate's rule; a peer in sync is also UpToDate.
+// down: the peer's link is stopped (not re-established).
+func (pv *peerView) stream(e volstate.StreamEvent, down bool) {
+	pv.state = volstate.Peer{Repl: pv.state, Session: pv.sid}.Streamed(e, down).Repl
+	_, inSync := e.(volstate.PeerInSync)
+	if _, sid := e.Stream(); inSync && sid == pv.sid && pv.state == replication.Connected {
+		// Not while Ahead: the peer misses what is marked meanwhile.
+		pv.peerDisk = string(replication.UpToDate)
+	}
+}
+
+// lost steps the loss of the stream the view shows (every stream of the
+// peer ended); down: the link is not re-established.
+func (pv *peerView) lost(peer string, down bool) {
+	pv.stream(volstate.PeerLost{Peer: peer, Session: pv.sid}, down)
 }
 
 // lastResync is the last resync (or pull) that finished.
@@ -212,7 +235,9 @@ func (p *peer) run(ctx context.Context) {
 		default:
 			why = reason{cause: CausePeerLost, text: err.Error()}
 		}
-		was := p.update(func(pv *peerView) { pv.state, pv.why = replication.Connecting, why }).state
+		// connect returns once its stream ended: the stream the view shows,
+		// this attempt's or an older one, is lost.
+		was := p.update(func(pv *peerView) { pv.lost(p.name, false); pv.why = why }).state
 		// A lost peer is worth a warning once, not every retry.
 		if why.cause != lastCause {
 			if err != nil {
@@ -234,7 +259,8 @@ func (p *peer) run(ctx context.Context) {
 		delay = min(delay*2, 2*time.Second)
 	}
 	if ctx.Err() != nil {
-		p.update(func(pv *peerView) { pv.state = replication.StandAlone })
+		// The link is stopped: its last stream is lost for good.
+		p.update(func(pv *peerView) { pv.lost(p.name, true) })
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/internal/fault"
+	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 	"github.com/replvol/replvol/transport/repltest"
@@ -31,7 +32,7 @@ func streamToGatedBeta(t *testing.T, open bool, timeout time.Duration) (v *Volum
 	}
 	s := newSession(context.Background(), p, transport.NewReplStream(g, cancel), timeout)
 	p.update(func(pv *peerView) {
-		pv.sess, pv.state, pv.peerDisk = s, replication.Connected, string(replication.UpToDate)
+		pv.sess, pv.sid, pv.state, pv.peerDisk = s, s.ID(), replication.Connected, string(replication.UpToDate)
 	})
 	ended = make(chan error, 1)
 	go func() { ended <- s.Run(nil) }()
@@ -104,4 +105,40 @@ func TestASecondaryOnASlowDiskIsNotTakenForHung(t *testing.T) {
 		t.Fatal("the write is marked for beta: alpha gave up on it")
 	}
 	c.requireIdentical()
+}
+
+// TestAPeerShowsWhatItsStreamSaysByTheRules: the news of a peer's stream
+// reaches the peer's view through volstate's rule. A resync paused by
+// congestion is Ahead, and SyncSource again once drained; a sync-done
+// acknowledged while Ahead leaves the peer Ahead and its disk as it was;
+// the news of an older stream changes nothing; a stopped link is
+// StandAlone.
+func TestAPeerShowsWhatItsStreamSaysByTheRules(t *testing.T) {
+	pv := peerView{sid: 2, state: replication.SyncSource, peerDisk: string(replication.Inconsistent)}
+	for i, c := range []struct {
+		e    volstate.StreamEvent
+		want replication.ReplState
+		disk replication.DiskState
+	}{
+		{volstate.PeerCongested{Session: 1}, replication.SyncSource, replication.Inconsistent},
+		{volstate.PeerCongested{Session: 2}, replication.Ahead, replication.Inconsistent},
+		{volstate.PeerInSync{Session: 2}, replication.Ahead, replication.Inconsistent},
+		{volstate.PeerDrained{Session: 2, Resyncing: true}, replication.SyncSource, replication.Inconsistent},
+		{volstate.PeerInSync{Session: 1}, replication.SyncSource, replication.Inconsistent},
+		{volstate.PeerInSync{Session: 2}, replication.Connected, replication.UpToDate},
+		{volstate.PeerCatchingUp{Session: 2}, replication.SyncSource, replication.UpToDate},
+	} {
+		pv.stream(c.e, false)
+		if pv.state != c.want || pv.peerDisk != string(c.disk) {
+			t.Fatalf("step %d, %T of session %d: %s with disk %s; want %s with disk %s", i, c.e, pv.sid, pv.state, pv.peerDisk, c.want, c.disk)
+		}
+	}
+	pv.lost("beta", false)
+	if pv.state != replication.Connecting {
+		t.Fatalf("a lost stream shows %s; want Connecting", pv.state)
+	}
+	pv.lost("beta", true)
+	if pv.state != replication.StandAlone {
+		t.Fatalf("a stopped link shows %s; want StandAlone", pv.state)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/node/session"
+	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
@@ -18,7 +19,7 @@ var _ session.Peer = (*peer)(nil)
 // newSession makes p's session of stream s, whose handshake is done.
 func newSession(ctx context.Context, p *peer, s *transport.ReplStream, timeout time.Duration) *session.Session {
 	cfg := session.Config{
-		Name: p.name, Timeout: timeout, Bitmap: p.bm, Lag: &p.lag, WriteSeq: &p.writeSeq,
+		Name: p.name, ID: p.sessions.Add(1), Timeout: timeout, Bitmap: p.bm, Lag: &p.lag, WriteSeq: &p.writeSeq,
 		Counters: session.Counters{
 			FramesSent: &p.framesSent, EntriesSent: &p.entriesSent,
 			ResyncDone: &p.resyncDone, ChecksumsSkipped: &p.csumsSkipped, VerifyDone: &p.verifyDone, VerifyFound: &p.verifyFound,
@@ -40,17 +41,11 @@ func (n *Node) pairBeat(name string) *session.PairBeat {
 	return b.(*session.PairBeat)
 }
 
-// SetState sets the peer's replication state (and its disk state, when
-// disk is not empty) while s is its session.
-func (p *peer) SetState(s *session.Session, st replication.ReplState, disk string) {
-	p.update(func(pv *peerView) {
-		if pv.sess == s {
-			pv.state = st
-			if disk != "" {
-				pv.peerDisk = disk
-			}
-		}
-	})
+// Stream steps the peer's replication state with news of its stream s
+// (volstate's rule), on the peer's view alone: the session's loop takes
+// no lock of the volume.
+func (p *peer) Stream(s *session.Session, e volstate.StreamEvent) {
+	p.update(func(pv *peerView) { pv.stream(e, false) })
 }
 
 // Ended ends the peer's stream s: writes go to its bitmap from here.
@@ -85,7 +80,7 @@ func (p *peer) CatchUp(s *session.Session) bool {
 	if !ok {
 		return false // nothing was marked under a generation of its own
 	}
-	s.Do(func() { p.SetState(s, replication.SyncSource, "") })
+	s.Do(func() { p.Stream(s, volstate.PeerCatchingUp{Peer: p.name, Session: s.ID()}) })
 	p.resyncTotal.Store(p.bm.Bytes())
 	p.resyncDone.Store(0)
 	p.resyncStart.Store(time.Now().UnixNano())

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -74,16 +75,16 @@ func (s *Session) step(n int64) (replication.ReplState, replication.CongestionAc
 		s.ahead = true
 		s.publish()
 		s.catchUpPaused.Store(true)
-		s.peer.SetState(s, replication.Ahead, "")
+		s.peer.Stream(s, volstate.PeerCongested{Peer: s.name, Session: s.cfg.ID})
 		s.cfg.Log.Warn("peer congested: Ahead, marking its blocks instead of shipping them", "peer", s.name, "queued", s.appBytes+n)
 	}
 	if acts.Has(replication.ResumeStreaming) {
 		s.ahead = false
 		s.publish()
 		s.catchUpPaused.Store(false)
-		if st == replication.Connected {
-			s.peer.SetState(s, replication.Connected, "")
-		}
+		// Back to the resync Ahead paused, or to the catch-up starting
+		// now (replication.SyncSource), else Connected.
+		s.peer.Stream(s, volstate.PeerDrained{Peer: s.name, Session: s.cfg.ID, Resyncing: st == replication.SyncSource || s.catchingUp})
 	}
 	if acts.Has(replication.StartCatchUp) && !s.catchingUp {
 		s.catchingUp = true

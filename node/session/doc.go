@@ -6,8 +6,10 @@
 // (pairbeat.go). What the peer misses when the stream ends is marked in its
 // bitmap, after the volume durably tracks it.
 //
-// It imports the replication rules, transport's stream, metadata's
-// bitmap and the standard library; never the node (github.com/replvol/
+// It imports the replication rules, the volume's state machine (the rule
+// of what the peer is shown as its stream congests, drains, catches up or
+// gets in sync: volstate.StreamEvent, which the loop hands Peer.Stream),
+// transport's stream, metadata's bitmap and the standard library; never the node (github.com/replvol/
 // replvol/node), node/cluster, web, raft, memberlist or bbolt
 // (layering_test.go in the node). The node's peer implements Peer and
 // hands the session its values in a Config: that is the whole way back.

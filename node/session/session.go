@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
@@ -45,13 +46,15 @@ var (
 
 // Peer is what a session needs of the peer it streams to, besides the
 // values in its Config: the node's peer implements it. Each method says
-// who calls it and whether it may block; SetState, Ended, PublishLag and
+// who calls it and whether it may block; Stream, Ended, PublishLag and
 // Congestion do not (they swap or load atomic values).
 type Peer interface {
-	// SetState sets the peer's replication state (and its disk state,
-	// when disk is not empty) while s is its session. The loop calls it,
+	// Stream steps the peer's replication state with news of s, by
+	// volstate's rule (volstate.Peer.Streamed): it congested, drained,
+	// started a catch-up, or the peer acknowledged the primary's
+	// generation (PeerInSync: its disk is UpToDate). The loop calls it,
 	// and CatchUp through s.Do.
-	SetState(s *Session, st replication.ReplState, disk string)
+	Stream(s *Session, e volstate.StreamEvent)
 	// SyncDoneAcked runs once the peer acknowledged the entry that makes
 	// it UpToDate at gen (EntrySyncDone), on a goroutine of its own: it
 	// may take the volume's state lock, write stable storage and call
@@ -87,6 +90,9 @@ type Peer interface {
 type Config struct {
 	// Name names the peer node in errors and logs.
 	Name string
+	// ID numbers the session among the peer's streams: the news of an
+	// older stream does not change the peer's state (volstate.StreamEvent).
+	ID uint64
 	// Timeout: the session ends when the peer answers nothing for it.
 	Timeout time.Duration
 	// Bitmap marks the blocks the peer misses.
@@ -365,6 +371,9 @@ func New(ctx context.Context, p Peer, s *transport.ReplStream, cfg Config) *Sess
 	ss.lastRecv.Store(time.Now().UnixNano())
 	return ss
 }
+
+// ID numbers the session among its peer's streams (Config.ID).
+func (s *Session) ID() uint64 { return s.cfg.ID }
 
 // Context ends when the session does.
 func (s *Session) Context() context.Context { return s.ctx }
@@ -827,7 +836,7 @@ func (s *Session) syncCommitted(pd *Pending) {
 	if pd.inSync {
 		s.lag.CaughtUp()
 		s.publishLag()
-		s.peer.SetState(s, replication.Connected, string(replication.UpToDate))
+		s.peer.Stream(s, volstate.PeerInSync{Peer: s.name, Session: s.cfg.ID})
 	}
 	s.complete(pd, true, nil)
 	held := s.held

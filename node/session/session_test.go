@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 	"github.com/replvol/replvol/transport/repltest"
@@ -17,7 +18,7 @@ import (
 // change no block (the session then never touches the bitmap).
 type loosePeer struct{}
 
-func (loosePeer) SetState(*Session, replication.ReplState, string)    {}
+func (loosePeer) Stream(*Session, volstate.StreamEvent)               {}
 func (loosePeer) SyncDoneAcked(*Session, replication.Generation) bool { return false }
 func (loosePeer) Ended(*Session)                                      {}
 func (loosePeer) StartTracking() error                                { return nil }

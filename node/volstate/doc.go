@@ -3,7 +3,10 @@
 // must be on stable storage (Persist, the primary indicator) BEFORE the
 // Actions may be performed. Role changes, the serving state and the
 // peers' replication states change only here; node's driver persists,
-// then performs.
+// then performs. A stream's own news about its peer (StreamEvent: lost,
+// congested, drained, catching up, in sync) changes that peer's state
+// alone, by Peer.Streamed, so node's session loop steps it on the peer
+// without the volume's locks.
 //
 // It may import the replication package and the standard library, never
 // node, raft, memberlist or grpc, and it reads no clock: time comes in

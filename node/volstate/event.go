@@ -54,6 +54,16 @@ type PrimaryReached struct {
 // Epoch, newer than this node's, exists (it refused the stream).
 type NewerPrimary struct{ Epoch uint64 }
 
+// StreamEvent is news of one stream to one peer: the peer's replication
+// state alone follows (Peer.Streamed), so a driver may step it on the
+// peer's view without the volume's locks (node's session loop does).
+// An event of a stream other than the peer's current one changes nothing.
+type StreamEvent interface {
+	Event
+	// Stream names the peer and the stream.
+	Stream() (peer string, session uint64)
+}
+
 // PeerLost: the stream Session to Peer ended.
 type PeerLost struct {
 	Peer    string
@@ -61,18 +71,41 @@ type PeerLost struct {
 }
 
 // PeerCongested: the congestion controller of stream Session started
-// marking Peer's writes instead of shipping them (DRBD's Ahead).
+// marking Peer's writes instead of shipping them (DRBD's Ahead); a
+// resync of the peer pauses meanwhile.
 type PeerCongested struct {
 	Peer    string
 	Session uint64
 }
 
 // PeerDrained: the congestion controller of stream Session ships Peer's
-// writes again.
+// writes again; Resyncing: a resync of the peer (the one Ahead paused, or
+// the catch-up of what was marked meanwhile) goes on.
 type PeerDrained struct {
+	Peer      string
+	Session   uint64
+	Resyncing bool
+}
+
+// PeerCatchingUp: stream Session started the catch-up resync of the
+// blocks marked for Peer under congestion.
+type PeerCatchingUp struct {
 	Peer    string
 	Session uint64
 }
+
+// PeerInSync: Peer acknowledged, on stream Session, that it holds this
+// primary's generation (the sync-done of a resync or of a catch-up).
+type PeerInSync struct {
+	Peer    string
+	Session uint64
+}
+
+func (e PeerLost) Stream() (string, uint64)       { return e.Peer, e.Session }
+func (e PeerCongested) Stream() (string, uint64)  { return e.Peer, e.Session }
+func (e PeerDrained) Stream() (string, uint64)    { return e.Peer, e.Session }
+func (e PeerCatchingUp) Stream() (string, uint64) { return e.Peer, e.Session }
+func (e PeerInSync) Stream() (string, uint64)     { return e.Peer, e.Session }
 
 // AuthorityChanged: raft's state machine names Primary at Epoch for the
 // volume (Known false: nobody registered it yet).
@@ -196,6 +229,8 @@ func (NewerPrimary) isEvent()        {}
 func (PeerLost) isEvent()            {}
 func (PeerCongested) isEvent()       {}
 func (PeerDrained) isEvent()         {}
+func (PeerCatchingUp) isEvent()      {}
+func (PeerInSync) isEvent()          {}
 func (AuthorityChanged) isEvent()    {}
 func (LeaseRenewed) isEvent()        {}
 func (DiskFailed) isEvent()          {}

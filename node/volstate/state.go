@@ -114,6 +114,58 @@ type Peer struct {
 	Pulling bool
 }
 
+// Streamed is the rule of a stream's own news: the peer's state after e.
+// down: replication of the volume is down (the operator disconnected it,
+// or it stops), so a lost stream is not re-established. The congestion
+// controller (replication.Congestion) decides when a stream congests and
+// drains; this rule says what the peer is shown meanwhile:
+//
+//   - Ahead only while its stream marks its writes: from Connected or from
+//     a resync (which pauses), never while writes are shipped, never for a
+//     peer not streaming;
+//   - drained, back to the resync when one goes on, else Connected;
+//   - a catch-up is SyncSource, unless the peer is Ahead again;
+//   - in sync once it acknowledged the primary's generation, unless it
+//     is Ahead (its blocks are marked again).
+func (p Peer) Streamed(e StreamEvent, down bool) Peer {
+	if _, session := e.Stream(); session != p.Session {
+		return p
+	}
+	switch e := e.(type) {
+	case PeerLost:
+		p.Repl, p.Pulling = replication.Connecting, false
+		if down {
+			p.Repl = replication.StandAlone
+		}
+	case PeerCongested:
+		if p.Repl == replication.Connected || p.Repl == replication.SyncSource {
+			p.Repl = replication.Ahead
+		}
+	case PeerDrained:
+		if p.Repl == replication.Ahead {
+			p.Repl = replication.Connected
+			if e.Resyncing {
+				p.Repl = replication.SyncSource
+			}
+		}
+	case PeerCatchingUp:
+		if p.Repl == replication.Connected {
+			p.Repl = replication.SyncSource
+		}
+	case PeerInSync:
+		p = p.inSync()
+	}
+	return p
+}
+
+// inSync: the peer holds the primary's generation.
+func (p Peer) inSync() Peer {
+	if p.Repl == replication.SyncSource {
+		p.Repl = replication.Connected
+	}
+	return p
+}
+
 // streaming reports whether the peer takes this primary's stream.
 func (p Peer) streaming() bool {
 	switch p.Repl {

@@ -44,26 +44,10 @@ func Step(s State, e Event) (State, Ready) {
 		rd = s.fence(e.Epoch)
 	case PeerAnswered:
 		rd = s.peerAnswered(e.Peer, e.Pulling)
-	case PeerLost:
-		if p, ok := s.Peers[e.Peer]; ok && p.Session == e.Session {
-			p.Repl, p.Pulling = replication.Connecting, false
-			if s.AdminDown {
-				p.Repl = replication.StandAlone
-			}
-			s.Peers[e.Peer] = p
-		}
-	case PeerCongested:
-		// Ahead only while this stream marks the peer's writes: a late
-		// event of a stream that ended, or of a peer not streaming,
-		// changes nothing.
-		if p, ok := s.Peers[e.Peer]; ok && p.Session == e.Session && p.Repl == replication.Connected {
-			p.Repl = replication.Ahead
-			s.Peers[e.Peer] = p
-		}
-	case PeerDrained:
-		if p, ok := s.Peers[e.Peer]; ok && p.Session == e.Session && p.Repl == replication.Ahead {
-			p.Repl = replication.Connected
-			s.Peers[e.Peer] = p
+	case StreamEvent:
+		name, _ := e.Stream()
+		if p, ok := s.Peers[name]; ok {
+			s.Peers[name] = p.Streamed(e, s.AdminDown || s.Stopping)
 		}
 	case AuthorityChanged:
 		rd = s.followAuthority(e)
@@ -768,9 +752,7 @@ func (s *State) resyncFinished(e ResyncFinished) Ready {
 			rd.Persist = s.persist(func(d *Durable) { d.Gens = d.Gens.ResyncFinishedAsSource(e.Peer) })
 		}
 		s.CrashedPrimary = false
-		if p.Repl == replication.SyncSource {
-			p.Repl = replication.Connected
-		}
+		p = p.inSync()
 	}
 	s.Peers[e.Peer] = p
 	return rd

@@ -236,7 +236,13 @@ func (h *harness) event(t *testing.T, d *datadriven.TestData, s *State) Event {
 	case "peer-congested":
 		return PeerCongested{Peer: peerName, Session: session}
 	case "peer-drained":
-		return PeerDrained{Peer: peerName, Session: session}
+		e := PeerDrained{Peer: peerName, Session: session}
+		_, e.Resyncing = arg(d, "resyncing")
+		return e
+	case "peer-catching-up":
+		return PeerCatchingUp{Peer: peerName, Session: session}
+	case "peer-in-sync":
+		return PeerInSync{Peer: peerName, Session: session}
 	case "authority":
 		_, unknown := arg(d, "unknown")
 		_, failover := arg(d, "failover")
