@@ -222,7 +222,7 @@ func (v *Volume) copyMissingFromPeer(ctx context.Context, wait func(context.Cont
 			return err
 		}
 		copied += length
-		release, err := v.locks.Lock(ctx, off, length)
+		hold, err := v.locks.Lock(ctx, off, length)
 		if err != nil {
 			return err
 		}
@@ -237,7 +237,7 @@ func (v *Volume) copyMissingFromPeer(ctx context.Context, wait func(context.Cont
 			v.resynced.Add(length)
 		}
 		resyncBufs.Put(bp)
-		release()
+		hold.Release()
 		if err != nil {
 			return err
 		}

@@ -73,10 +73,11 @@ func (p *peer) resync(s *session.Session) error {
 			cursor = start + n
 			off := start * replication.BlockSize
 			length := min(n*replication.BlockSize, v.size.Load()-off)
-			unlock, err := v.locks.Lock(ctx, off, length)
+			hold, err := v.locks.Lock(ctx, off, length)
 			if err != nil {
 				return nil, nil, err
 			}
+			unlock := hold.Release
 			pd, err := p.resyncEntry(s, off, length, csums)
 			if err != nil {
 				unlock()
@@ -178,10 +179,11 @@ func (p *peer) verify(s *session.Session, repair bool) {
 		}
 		runOff, length := off, min(run, v.size.Load()-off)
 		off += length
-		unlock, err := v.locks.Lock(ctx, runOff, length)
+		hold, err := v.locks.Lock(ctx, runOff, length)
 		if err != nil {
 			return nil, nil, err
 		}
+		unlock := hold.Release
 		bp, err := readBlock(v.disk, runOff, length)
 		if err != nil {
 			unlock()

@@ -14,11 +14,10 @@ import (
 // session's (package session, submit.go).
 
 // submitAll hands e to every peer under protocol proto: the pendings to
-// wait for, and the first error of a peer whose missing of e could not be
-// tracked durably. Each pending holds held (when not nil) until it
-// completes.
-func (v *Volume) submitAll(e replication.Entry, proto byte, held *countdown) ([]*session.Pending, error) {
-	var waits []*session.Pending
+// wait for, appended to waits, and the first error of a peer whose missing
+// of e could not be tracked durably. Each pending holds held (when not
+// nil) until it completes.
+func (v *Volume) submitAll(waits []*session.Pending, e replication.Entry, proto byte, held *countdown) ([]*session.Pending, error) {
 	var first error
 	for _, p := range v.streamingPeers() {
 		w, err := p.submit(e, proto, held)
@@ -83,7 +82,8 @@ func (p *peer) submit(e replication.Entry, proto byte, held *countdown) (*sessio
 			// that is gone does, once the volume durably tracks it; its
 			// loop marks the blocks.
 			err = p.v.track(p, true)
-			if s := p.session(); s != nil && s.MarkBehind(&e) {
+			// A copy, so that e stays on the stack on the common path.
+			if s, missed := p.session(), e; s != nil && s.MarkBehind(&missed) {
 				return nil, err
 			}
 			// The stream ended meanwhile: its end marked what it held;

@@ -391,11 +391,11 @@ func (v *Volume) ReadAt(ctx context.Context, p []byte, off int64) error {
 	v.readBytes.Add(uint64(len(p)))
 	// A read never sees a write that has not completed: it could still
 	// fail and be missing on the peer a failover promotes.
-	release, err := v.locks.LockShared(ctx, off, int64(len(p)))
+	hold, err := v.locks.LockShared(ctx, off, int64(len(p)))
 	if err != nil {
 		return err
 	}
-	defer release()
+	defer hold.Release()
 	if v.needsPeer(off, int64(len(p))) {
 		if err := v.readFromPeer(ctx, p, off); err != nil {
 			return err

@@ -122,11 +122,11 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	v.lastWrite.Store(time.Now().UnixNano())
 
 	// 1. Admit.
-	release, err := v.locks.Lock(ctx, e.Off, e.Length)
+	hold, err := v.locks.Lock(ctx, e.Off, e.Length)
 	if err != nil {
 		return err
 	}
-	defer release()
+	defer hold.Release()
 	// The extent is in the activity log, durably, BEFORE the data is
 	// written anywhere: after a crash, only the log's extents can differ.
 	// A detached disk gets no data, so it needs no log entry; a log that
@@ -146,7 +146,7 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 			}
 			alFailed = true
 		} else {
-			held.f = func() { al.Done(e.Off, e.Length) }
+			held.al, held.off, held.length = al, e.Off, e.Length
 		}
 	}
 	proto := v.settings().protocol
@@ -165,7 +165,8 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	}
 
 	// 2. Ship.
-	waits, serr := v.submitAll(e, proto, held)
+	var room [2]*session.Pending // a pending per peer, on the stack
+	waits, serr := v.submitAll(room[:0], e, proto, held)
 	if serr != nil {
 		// A peer misses this write and that could not be tracked durably:
 		// it must not be acknowledged, so it is not written here either.
@@ -268,7 +269,7 @@ func (v *Volume) Flush(ctx context.Context) error {
 }
 
 func (v *Volume) flushAll() error {
-	waits, _ := v.submitAll(replication.Entry{Op: replication.OpFlush}, 'C', nil)
+	waits, _ := v.submitAll(nil, replication.Entry{Op: replication.OpFlush}, 'C', nil)
 	var err error
 	if !v.isDetached() {
 		if err = v.disk.Sync(); err != nil {
@@ -313,18 +314,21 @@ func (v *Volume) throttleLag(ctx context.Context, proto byte) error {
 	return nil
 }
 
-// countdown runs f once every holder is done.
+// countdown takes a write's extent out of the activity log's working set
+// (al, when not nil) once every holder is done. (Fields, not a closure: a
+// closure would move the write's entry to the heap.)
 type countdown struct {
-	n atomic.Int32
-	f func()
+	n           atomic.Int32
+	al          *metadata.ActivityLog
+	off, length int64
 }
 
 func (c *countdown) add() { c.n.Add(1) }
 
 // Done releases one hold (session.Hold: an entry's, once it completed).
 func (c *countdown) Done() {
-	if c.n.Add(-1) == 0 && c.f != nil {
-		c.f()
+	if c.n.Add(-1) == 0 && c.al != nil {
+		c.al.Done(c.off, c.length)
 	}
 }
 

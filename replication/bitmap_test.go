@@ -60,8 +60,8 @@ func TestRangeLocksOrderOverlappingOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rel2()
-	got := make(chan func())
+	rel2.Release()
+	got := make(chan *RangeHold)
 	go func() {
 		rel, _ := r.Lock(ctx, 100, 10) // overlaps the first
 		got <- rel
@@ -71,8 +71,8 @@ func TestRangeLocksOrderOverlappingOnly(t *testing.T) {
 		t.Fatal("overlapping lock did not wait")
 	case <-time.After(50 * time.Millisecond):
 	}
-	rel1()
-	(<-got)()
+	rel1.Release()
+	(<-got).Release()
 	// A waiter whose context ends gives up and holds nothing.
 	rel3, _ := r.Lock(ctx, 0, 10)
 	cctx, cancel := context.WithCancel(ctx)
@@ -80,7 +80,7 @@ func TestRangeLocksOrderOverlappingOnly(t *testing.T) {
 	if _, err := r.Lock(cctx, 5, 10); err == nil {
 		t.Fatal("cancelled lock succeeded")
 	}
-	rel3()
+	rel3.Release()
 	if r.Len() != 0 {
 		t.Fatalf("%d ranges still held", r.Len())
 	}
@@ -98,7 +98,7 @@ func TestSharedRangeLocksWaitForWritesOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wrote := make(chan func())
+	wrote := make(chan *RangeHold)
 	go func() {
 		rel, _ := r.Lock(ctx, 4096, 4096)
 		wrote <- rel
@@ -108,10 +108,10 @@ func TestSharedRangeLocksWaitForWritesOnly(t *testing.T) {
 		t.Fatal("a write went ahead of the reads holding its range")
 	case <-time.After(50 * time.Millisecond):
 	}
-	read1()
-	read2()
+	read1.Release()
+	read2.Release()
 	relWrite := <-wrote
-	readDone := make(chan func())
+	readDone := make(chan *RangeHold)
 	go func() {
 		rel, _ := r.LockShared(ctx, 0, 4097) // overlaps the write by a byte
 		readDone <- rel
@@ -121,8 +121,8 @@ func TestSharedRangeLocksWaitForWritesOnly(t *testing.T) {
 		t.Fatal("a read went ahead of the write holding its range")
 	case <-time.After(50 * time.Millisecond):
 	}
-	relWrite()
-	(<-readDone)() // released here, so the count below cannot race it
+	relWrite.Release()
+	(<-readDone).Release() // released here, so the count below cannot race it
 	if r.Len() != 0 {
 		t.Fatalf("%d ranges still held", r.Len())
 	}

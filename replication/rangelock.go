@@ -14,10 +14,12 @@ type RangeLocks struct {
 	// active holds the held and waiting ranges, in no order: a write
 	// path holds a few (its queue depth), which a slice scans faster than
 	// a map is iterated.
-	active []*rangeLock
+	active []*RangeHold
 }
 
-type rangeLock struct {
+// RangeHold is one request's hold on its range, from Lock or LockShared
+// until its Release.
+type RangeHold struct {
 	r        *RangeLocks
 	off, end int64
 	shared   bool
@@ -28,21 +30,21 @@ type rangeLock struct {
 }
 
 // Lock waits for every earlier overlapping holder of [off, off+length) to
-// release, and returns the release function for this one. It returns the
-// context's error if ctx ends first; then nothing is held.
-func (r *RangeLocks) Lock(ctx context.Context, off, length int64) (release func(), err error) {
+// release, and returns this one's hold, to be released once. It returns
+// the context's error if ctx ends first; then nothing is held.
+func (r *RangeLocks) Lock(ctx context.Context, off, length int64) (*RangeHold, error) {
 	return r.lock(ctx, off, length, false)
 }
 
 // LockShared is Lock for a reader: it waits only for earlier overlapping
 // exclusive holders (writes), so it never sees a write that has not
 // completed; later writes wait for it.
-func (r *RangeLocks) LockShared(ctx context.Context, off, length int64) (release func(), err error) {
+func (r *RangeLocks) LockShared(ctx context.Context, off, length int64) (*RangeHold, error) {
 	return r.lock(ctx, off, length, true)
 }
 
-func (r *RangeLocks) lock(ctx context.Context, off, length int64, shared bool) (release func(), err error) {
-	me := &rangeLock{r: r, off: off, end: off + length, shared: shared}
+func (r *RangeLocks) lock(ctx context.Context, off, length int64, shared bool) (*RangeHold, error) {
+	me := &RangeHold{r: r, off: off, end: off + length, shared: shared}
 	var buf [4]chan struct{}
 	wait := buf[:0]
 	r.mu.Lock()
@@ -61,15 +63,17 @@ func (r *RangeLocks) lock(ctx context.Context, off, length int64, shared bool) (
 		select {
 		case <-w:
 		case <-ctx.Done():
-			me.release()
+			me.Release()
 			return nil, ctx.Err()
 		}
 	}
-	return me.release, nil
+	return me, nil
 }
 
-// release takes l out of the active ranges and wakes what waits for it.
-func (l *rangeLock) release() {
+// Release takes l out of the active ranges and wakes what waits for it.
+// (A hold, not a release function, is what Lock returns: a method value
+// would cost every request an allocation.)
+func (l *RangeHold) Release() {
 	r := l.r
 	r.mu.Lock()
 	last := len(r.active) - 1

@@ -26,12 +26,12 @@ func TestRangeLocksNeverLetOverlappingWritersIn(t *testing.T) {
 				first := rng.IntN(blocks)
 				n := min(1+rng.IntN(4), blocks-first)
 				shared := rng.IntN(3) == 0
-				var release func()
+				var hold *RangeHold
 				var err error
 				if shared {
-					release, err = r.LockShared(context.Background(), int64(first)*BlockSize, int64(n)*BlockSize)
+					hold, err = r.LockShared(context.Background(), int64(first)*BlockSize, int64(n)*BlockSize)
 				} else {
-					release, err = r.Lock(context.Background(), int64(first)*BlockSize, int64(n)*BlockSize)
+					hold, err = r.Lock(context.Background(), int64(first)*BlockSize, int64(n)*BlockSize)
 				}
 				if err != nil {
 					t.Error(err)
@@ -54,7 +54,7 @@ func TestRangeLocksNeverLetOverlappingWritersIn(t *testing.T) {
 						writers[b].Add(-1)
 					}
 				}
-				release()
+				hold.Release()
 			}
 		}()
 	}
@@ -69,16 +69,16 @@ func TestRangeLocksNeverLetOverlappingWritersIn(t *testing.T) {
 func BenchmarkRangeLocksQueueDepth16(b *testing.B) {
 	var r RangeLocks
 	ctx := context.Background()
-	held := make([]func(), 15)
+	held := make([]*RangeHold, 15)
 	for i := range held {
 		held[i], _ = r.Lock(ctx, int64(i+1)<<20, 8192)
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		release, _ := r.Lock(ctx, 0, 8192)
-		release()
+		hold, _ := r.Lock(ctx, 0, 8192)
+		hold.Release()
 	}
-	for _, release := range held {
-		release()
+	for _, hold := range held {
+		hold.Release()
 	}
 }
