@@ -41,10 +41,11 @@ func (n *Node) pairBeat(name string) *session.PairBeat {
 	return b.(*session.PairBeat)
 }
 
-// Stream steps the peer's replication state with news of its stream s
-// (volstate's rule), on the peer's view alone: the session's loop takes
-// no lock of the volume.
-func (p *peer) Stream(s *session.Session, e volstate.StreamEvent) {
+// Stream steps the peer's replication state with news of one of its
+// streams (volstate's rule), on the peer's view alone: the session's loop
+// takes no lock of the volume. The news of a stream other than the one
+// the view shows changes nothing.
+func (p *peer) Stream(e volstate.StreamEvent) {
 	p.update(func(pv *peerView) { pv.stream(e, false) })
 }
 
@@ -80,7 +81,7 @@ func (p *peer) CatchUp(s *session.Session) bool {
 	if !ok {
 		return false // nothing was marked under a generation of its own
 	}
-	s.Do(func() { p.Stream(s, volstate.PeerCatchingUp{Peer: p.name, Session: s.ID()}) })
+	s.Do(func() { p.Stream(volstate.PeerCatchingUp{Peer: p.name, Session: s.ID()}) })
 	p.resyncTotal.Store(p.bm.Bytes())
 	p.resyncDone.Store(0)
 	p.resyncStart.Store(time.Now().UnixNano())

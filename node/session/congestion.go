@@ -75,7 +75,7 @@ func (s *Session) step(n int64) (replication.ReplState, replication.CongestionAc
 		s.ahead = true
 		s.publish()
 		s.catchUpPaused.Store(true)
-		s.peer.Stream(s, volstate.PeerCongested{Peer: s.name, Session: s.cfg.ID})
+		s.peer.Stream(volstate.PeerCongested{Peer: s.name, Session: s.cfg.ID})
 		s.cfg.Log.Warn("peer congested: Ahead, marking its blocks instead of shipping them", "peer", s.name, "queued", s.appBytes+n)
 	}
 	if acts.Has(replication.ResumeStreaming) {
@@ -84,7 +84,7 @@ func (s *Session) step(n int64) (replication.ReplState, replication.CongestionAc
 		s.catchUpPaused.Store(false)
 		// Back to the resync Ahead paused, or to the catch-up starting
 		// now (replication.SyncSource), else Connected.
-		s.peer.Stream(s, volstate.PeerDrained{Peer: s.name, Session: s.cfg.ID, Resyncing: st == replication.SyncSource || s.catchingUp})
+		s.peer.Stream(volstate.PeerDrained{Peer: s.name, Session: s.cfg.ID, Resyncing: st == replication.SyncSource || s.catchingUp})
 	}
 	if acts.Has(replication.StartCatchUp) && !s.catchingUp {
 		s.catchingUp = true

@@ -49,12 +49,13 @@ var (
 // who calls it and whether it may block; Stream, Ended, PublishLag and
 // Congestion do not (they swap or load atomic values).
 type Peer interface {
-	// Stream steps the peer's replication state with news of s, by
-	// volstate's rule (volstate.Peer.Streamed): it congested, drained,
-	// started a catch-up, or the peer acknowledged the primary's
-	// generation (PeerInSync: its disk is UpToDate). The loop calls it,
-	// and CatchUp through s.Do.
-	Stream(s *Session, e volstate.StreamEvent)
+	// Stream steps the peer's replication state with news of a stream
+	// (the event names it by Config.ID), by volstate's rule
+	// (volstate.Peer.Streamed): it congested, drained, started a
+	// catch-up, or the peer acknowledged the primary's generation
+	// (PeerInSync: its disk is UpToDate unless it is Ahead). The loop
+	// calls it, and CatchUp through s.Do.
+	Stream(e volstate.StreamEvent)
 	// SyncDoneAcked runs once the peer acknowledged the entry that makes
 	// it UpToDate at gen (EntrySyncDone), on a goroutine of its own: it
 	// may take the volume's state lock, write stable storage and call
@@ -836,7 +837,7 @@ func (s *Session) syncCommitted(pd *Pending) {
 	if pd.inSync {
 		s.lag.CaughtUp()
 		s.publishLag()
-		s.peer.Stream(s, volstate.PeerInSync{Peer: s.name, Session: s.cfg.ID})
+		s.peer.Stream(volstate.PeerInSync{Peer: s.name, Session: s.cfg.ID})
 	}
 	s.complete(pd, true, nil)
 	held := s.held

@@ -18,7 +18,7 @@ import (
 // change no block (the session then never touches the bitmap).
 type loosePeer struct{}
 
-func (loosePeer) Stream(*Session, volstate.StreamEvent)               {}
+func (loosePeer) Stream(volstate.StreamEvent)                         {}
 func (loosePeer) SyncDoneAcked(*Session, replication.Generation) bool { return false }
 func (loosePeer) Ended(*Session)                                      {}
 func (loosePeer) StartTracking() error                                { return nil }
