@@ -358,7 +358,9 @@ func (bp *browserPage) checkStyle(selector string, want map[string]string) {
 type browserPage struct {
 	t    *testing.T
 	page *rod.Page
-	// artifacts is where screenshots go (kept after the test).
+	// artifacts is where screenshots go: kept when the test fails (their
+	// paths are in its log), or when REPLVOL_KEEP_SCREENSHOTS is set;
+	// removed when it passes.
 	artifacts string
 }
 
@@ -401,8 +403,11 @@ func openBrowserPage(t *testing.T, ctx context.Context, bin string) *browserPage
 	}
 	bp := &browserPage{t: t, page: page, artifacts: artifacts}
 	t.Cleanup(func() {
-		if t.Failed() {
+		switch {
+		case t.Failed():
 			bp.screenshot("failed")
+		case os.Getenv("REPLVOL_KEEP_SCREENSHOTS") == "":
+			_ = os.RemoveAll(artifacts)
 		}
 	})
 	return bp
