@@ -192,18 +192,43 @@ func TestAdjustResyncRateOnline(t *testing.T) {
 	if _, err := api.Adjust(ctx, &transport.AdjustRequest{Volume: "vol0", ResyncRate: &negative}); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("a negative rate: %v, want InvalidArgument", err)
 	}
-	adjust(512 << 10) // 16 MiB at 512 KiB/s: 32 s
-	if st, err := api.ClusterStatus(ctx, &transport.StatusRequest{}); err != nil || st.Volumes[0].ResyncRate != 512<<10 {
+	const rate = 512 << 10 // 16 MiB at 512 KiB/s: 32 s
+	adjust(rate)
+	if st, err := api.ClusterStatus(ctx, &transport.StatusRequest{}); err != nil || st.Volumes[0].ResyncRate != rate {
 		t.Fatalf("status after the adjust: %v, %v", st, err)
 	}
+	// The cap bounds the resync from above and the resync moves under it:
+	// the pacer lets a run of resyncRunBlocks go at once, then one run per
+	// run's worth of the rate. Every sample until 2 MiB more than that
+	// first run moved (4 s at the rate) is at most two runs more than the
+	// rate allows since before the resync began; and the 2 MiB move
+	// within 10 × the 4 s the rate gives them: a stalled or crawling
+	// resync fails here, an uncapped one above.
+	const (
+		run    = resyncRunBlocks * replication.BlockSize
+		target = run + 2<<20
+		slack  = 2 * run
+		factor = 10
+	)
+	expect := time.Duration(float64(target-run) / rate * float64(time.Second))
 	before := c.vol("beta").resynced.Load()
+	began := time.Now()
 	if _, err := api.Resync(ctx, &transport.ResyncRequest{Volume: "vol0"}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second)
-	if moved := c.vol("beta").resynced.Load() - before; moved > 4<<20 {
-		t.Fatalf("%d bytes resynced in the first second under a 512 KiB/s cap", moved)
+	var moved int64
+	if !within(factor*expect, 10*time.Millisecond, func() bool {
+		moved = c.vol("beta").resynced.Load() - before
+		if most := slack + int64(time.Since(began).Seconds()*rate); moved > most {
+			t.Fatalf("%d bytes resynced %s after the resync began under a %d B/s cap: want at most %d",
+				moved, time.Since(began).Round(time.Millisecond), rate, most)
+		}
+		return moved >= target
+	}) {
+		t.Fatalf("the resync under a %d B/s cap moved %d bytes in %s: want %d within %s (%d × what the cap allows)",
+			rate, moved, factor*expect, target, factor*expect, factor)
 	}
+	t.Logf("the capped resync moved %d bytes in %s (the cap allows it in %s after the first run)", moved, time.Since(began).Round(time.Millisecond), expect)
 	adjust(0)
 	eventually(t, func() bool { return c.vol("beta").resynced.Load()-before == 16<<20 }, "the uncapped resync finished")
 	c.waitInSync()
