@@ -127,15 +127,69 @@ func TestAnOutdatedNodeIsNotPromoted(t *testing.T) {
 	}) {
 		t.Fatalf("a write beta missed completed, but raft does not have beta Outdated: %+v", va)
 	}
+	epoch := va.Epoch
 	c.crash("alpha")
 	eventually(t, func() bool {
 		return c.status().Cluster.Reason != ""
 	}, "status says why nobody takes over")
-	// The leader decided: nobody is promoted.
-	if st := c.vol("beta").status(); st.Role == string(replication.Primary) {
-		t.Fatal("an Outdated node was promoted by itself")
-	}
+	holdNotPromoted(t, c, "beta", "alpha", epoch)
 	t.Logf("cluster: %+v", c.status().Cluster)
+}
+
+// holdNotPromoted asserts, on every look, that candidate is not primary
+// and that no live node's raft state machine records another primary
+// than lost or another epoch than epoch, until the raft leader's own
+// inputs can no longer change its decision: gossip declared lost gone
+// (dead or left), and the leader has watched lost renew nothing for longer
+// than every wait of its failover rules (UnknownGrace plus twice
+// StarvedAfter, so several lease periods). Then no promotion may be in
+// flight on any node. A promotion that comes only on a later pass of the
+// leader fails here, not only one made when status first gives a reason.
+func holdNotPromoted(t *testing.T, c *testCluster, candidate, lost string, epoch uint64) {
+	t.Helper()
+	lease := c.opts[candidate].ClusterTiming.LeaseDuration
+	settled := cluster.UnknownGrace + 2*cluster.StarvedAfter(lease)
+	began := time.Now()
+	looks := 0
+	var why string
+	if !within(settled+30*time.Second, 20*time.Millisecond, func() bool {
+		looks++
+		if st := c.vol(candidate).status(); st.Role == string(replication.Primary) || st.Serving {
+			t.Fatalf("%s, Outdated, became primary (serving %v) %s after %s died", candidate, st.Serving, time.Since(began).Round(time.Millisecond), lost)
+		}
+		leader := ""
+		for name, n := range c.nodes {
+			if va, ok := n.cl.c.Authority().Volume("vol0"); !ok || va.Primary != lost || va.Epoch != epoch {
+				t.Fatalf("%s's raft state machine has primary %s at epoch %d %s after %s died, want %s at %d",
+					name, va.Primary, va.Epoch, time.Since(began).Round(time.Millisecond), lost, lost, epoch)
+			}
+			if !n.cl.c.LeadingSince().IsZero() {
+				leader = name
+			}
+		}
+		if why = c.status().Cluster.Reason; why == "" || leader == "" {
+			return false
+		}
+		l := c.nodes[leader].cl.c
+		gone := false
+		for _, m := range l.Status().Members {
+			if m.Name == lost {
+				gone = m.State == cluster.Dead || m.State == cluster.Left
+			}
+		}
+		return gone && l.LeaseIdle("vol0") >= settled
+	}) {
+		t.Fatalf("the raft leader did not watch %s gone for %s within %s (status: %s)", lost, settled, settled+30*time.Second, why)
+	}
+	for name, n := range c.nodes {
+		n.cl.mu.Lock()
+		busy := n.cl.promoting["vol0"]
+		n.cl.mu.Unlock()
+		if busy {
+			t.Fatalf("%s is proposing a promotion of vol0 %s after %s died", name, time.Since(began).Round(time.Millisecond), lost)
+		}
+	}
+	t.Logf("%s not promoted over %d looks in %s after the first reason; status: %s", candidate, looks, time.Since(began).Round(time.Millisecond), why)
 }
 
 // TestThreeDataReplicasResyncOnlyWhatEachMissed: a volume on alpha, beta
