@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/replvol/replvol/replication"
 )
 
 // crashConsistencyOpts shapes one run of the crash-consistency loop.
@@ -364,33 +366,47 @@ func TestE2EProtocolChangesOnlineUnderFioVerify(t *testing.T) {
 
 // TestE2EPullAheadOverASlowLink: each node in its own network namespace,
 // fio (8 KiB random writes, queue depth 16) runs next to the primary under
-// protocol A with pull-ahead. First with beta disconnected: the local
-// rate. Then with alpha's link throttled: the rate stays at least 0.7 ×
-// the local one, status shows beta Behind (alpha Ahead) with its lag while
-// fio runs; once the link is free beta catches up and an online verify
-// finds nothing. Pull-ahead comes either from the file (with a 1 MiB send
+// protocol A with pull-ahead while alpha's link is throttled. Protocol A
+// with pull-ahead acknowledges writes before the peer has them: fio gets
+// more bytes acknowledged than the link could have carried in that time
+// plus the send buffer (a write that waited for the link, as under
+// on_congestion block, could not), status shows beta Behind (alpha Ahead)
+// with its lag while fio runs, and once the link is free every write
+// arrives: beta catches up, an online verify finds nothing and the disks
+// are equal. Pull-ahead comes either from the file (with a 1 MiB send
 // buffer, over 8 Mbit/s), or from A's own default: a volume on protocol C
 // whose file names no policy, changed by `replctl adjust --protocol A`
-// and nothing else (the default send buffer, over 40 Mbit/s).
+// and nothing else (the default send buffer, over 40 Mbit/s). How fast
+// pull-ahead writes against local-only is a benchmark's figure, not this
+// test's: make bench's protocols table (cmd/replbench protocols.go,
+// replvol-A and replvol-local beside nbdkit).
 func TestE2EPullAheadOverASlowLink(t *testing.T) {
 	e2e(t)
 	for _, tc := range []struct {
-		name   string
-		opts   clusterOpts
-		rate   string
-		adjust bool
+		name       string
+		opts       clusterOpts
+		rate       string
+		bitsPerSec int64
+		adjust     bool
 	}{
-		{"named in the file", clusterOpts{Protocol: "A", OnCongestion: "pull-ahead", SendBuffer: 1 << 20}, "8mbit", false},
-		{"protocol A's default after adjust", clusterOpts{Protocol: "C"}, "40mbit", true},
+		{"named in the file", clusterOpts{Protocol: "A", OnCongestion: "pull-ahead", SendBuffer: 1 << 20}, "8mbit", 8e6, false},
+		{"protocol A's default after adjust", clusterOpts{Protocol: "C"}, "40mbit", 40e6, true},
 	} {
-		t.Run(tc.name, func(t *testing.T) { runPullAheadOverASlowLink(t, tc.opts, tc.rate, tc.adjust) })
+		t.Run(tc.name, func(t *testing.T) { runPullAheadOverASlowLink(t, tc.opts, tc.rate, tc.bitsPerSec, tc.adjust) })
 	}
 }
 
-func runPullAheadOverASlowLink(t *testing.T, opts clusterOpts, rate string, adjust bool) {
+func runPullAheadOverASlowLink(t *testing.T, opts clusterOpts, rate string, bitsPerSec int64, adjust bool) {
 	fio := RequireTool(t, "fio", "fio")
-	const size = 64 << 20
+	const (
+		size    = 64 << 20
+		runtime = 10 * time.Second
+	)
 	opts.Netns, opts.Size = true, size
+	sendBuffer := opts.SendBuffer
+	if sendBuffer == 0 {
+		sendBuffer = replication.DefaultSendBuffer // the file names none
+	}
 	c := newProcClusterN(t, opts)
 	c.startAll()
 	c.waitInSync("alpha")
@@ -400,109 +416,82 @@ func runPullAheadOverASlowLink(t *testing.T, opts clusterOpts, rate string, adju
 			return v.Protocol == "A" && v.OnCongestion == "pull-ahead"
 		})
 	}
-	// runFio measures the primary's 8 KiB random write rate from inside
-	// its namespace (over lo: fio's own traffic is not throttled).
-	runFio := func() (fioResult, error) {
-		r := runCmdIn(t.TempDir(), time.Minute, nil, c.lab.ipBin, "netns", "exec", c.lab.namespace("alpha"), fio,
-			"--name=rate", "--ioengine=nbd", "--uri="+c.uri("alpha"), "--rw=randwrite", "--bs=8k", "--size=32M",
-			"--iodepth=16", "--runtime=5", "--time_based", "--randrepeat=0", "--output-format=json")
+	c.throttle("alpha", rate)
+	// fio runs from inside alpha's namespace (over lo: its own traffic is
+	// not throttled); only the replication to beta crosses the slow link.
+	type fioRun struct {
+		res  fioResult
+		err  error
+		took time.Duration
+	}
+	fioDone := make(chan fioRun, 1)
+	go func() {
+		began := time.Now()
+		r := runCmdIn(t.TempDir(), time.Minute+runtime, nil, c.lab.ipBin, "netns", "exec", c.lab.namespace("alpha"), fio,
+			"--name=slowlink", "--ioengine=nbd", "--uri="+c.uri("alpha"), "--rw=randwrite", "--bs=8k", "--size=32M",
+			"--iodepth=16", fmt.Sprintf("--runtime=%d", int(runtime.Seconds())), "--time_based", "--randrepeat=0", "--output-format=json")
+		took := time.Since(began)
 		if !r.ok() {
-			return fioResult{}, fmt.Errorf("fio in alpha's namespace: %s", r)
+			fioDone <- fioRun{err: fmt.Errorf("fio in alpha's namespace: %s", r), took: took}
+			return
 		}
 		res, err := parseFio(r.out)
-		if err == nil && (res.Error != 0 || res.Write.IOPS <= 0) {
-			err = fmt.Errorf("fio: error %d, %f IOPS", res.Error, res.Write.IOPS)
+		if err == nil && (res.Error != 0 || res.Write.IOBytes <= 0) {
+			err = fmt.Errorf("fio: error %d, %d bytes written", res.Error, res.Write.IOBytes)
 		}
-		return res, err
-	}
-
-	// measure runs fio once with beta disconnected, then over the slow
-	// link with pull-ahead, and leaves the link throttled.
-	type measured struct {
-		local, slow   float64
+		fioDone <- fioRun{res, err, took}
+	}()
+	var (
 		sawBehind     bool
 		maxLag        int64
 		maxLagSeconds float64
 		states        []string
-	}
-	measure := func() measured {
-		var m measured
-		c.mustCtl("alpha", "disconnect", volName, "--node", "beta")
-		c.waitFor("alpha", "beta disconnected", 20*time.Second, func(v *volumeStatus) bool {
-			r := v.replica("beta")
-			return r != nil && r.Replication != "Connected"
-		})
-		local, err := runFio()
-		if err != nil {
-			t.Fatal(err)
+		run           fioRun
+	)
+	for polling := true; polling; {
+		select {
+		case run = <-fioDone:
+			polling = false
+			continue
+		default:
 		}
-		m.local = local.Write.IOPS
-		c.mustCtl("alpha", "connect", volName, "--node", "beta")
-		c.waitInSync("alpha")
-		c.throttle("alpha", rate)
-		type fioRun struct {
-			res fioResult
-			err error
-		}
-		fioDone := make(chan fioRun, 1)
-		go func() {
-			res, err := runFio()
-			fioDone <- fioRun{res, err}
-		}()
-		var slow fioRun
-		for polling := true; polling; {
-			select {
-			case slow = <-fioDone:
-				polling = false
-				continue
-			default:
-			}
-			if v, err := c.asyncStatus("beta"); err == nil {
-				a, b := v.replica("alpha"), v.replica("beta")
-				if a != nil && b != nil {
-					st := a.Replication + "/" + b.Replication
-					if len(m.states) == 0 || m.states[len(m.states)-1] != st {
-						m.states = append(m.states, st)
-					}
-					if b.Replication == "Behind" && a.Replication == "Ahead" {
-						m.sawBehind = true
-						if b.LagBytes > m.maxLag {
-							m.maxLag, m.maxLagSeconds = b.LagBytes, b.LagSeconds
-						}
+		if v, err := c.asyncStatus("beta"); err == nil {
+			a, b := v.replica("alpha"), v.replica("beta")
+			if a != nil && b != nil {
+				st := a.Replication + "/" + b.Replication
+				if len(states) == 0 || states[len(states)-1] != st {
+					states = append(states, st)
+				}
+				if b.Replication == "Behind" && a.Replication == "Ahead" {
+					sawBehind = true
+					if b.LagBytes > maxLag {
+						maxLag, maxLagSeconds = b.LagBytes, b.LagSeconds
 					}
 				}
 			}
-			time.Sleep(100 * time.Millisecond)
 		}
-		if slow.err != nil {
-			t.Fatal(slow.err)
-		}
-		m.slow = slow.res.Write.IOPS
-		return m
-	}
-	// The ratio is of two rates measured on a shared 2-core machine: a
-	// result below the bar is measured again (a real regression fails
-	// every attempt); every attempt is logged.
-	var m measured
-	for attempt := 1; attempt <= 3; attempt++ {
-		if attempt > 1 {
-			c.unthrottle("alpha")
-			c.waitInSync("alpha")
-		}
-		m = measure()
-		t.Logf("attempt %d: 8 KiB random writes: %.0f IOPS with beta disconnected, %.0f IOPS over a %s link with pull-ahead: ratio %.2f",
-			attempt, m.local, m.slow, rate, m.slow/m.local)
-		t.Logf("attempt %d: states seen (alpha/beta): %s; largest lag while Behind: %d bytes, %.2f s", attempt, strings.Join(m.states, " → "), m.maxLag, m.maxLagSeconds)
-		if m.slow/m.local >= 0.7 {
-			break
+		select {
+		case run = <-fioDone:
+			polling = false
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	if !m.sawBehind || m.maxLag <= 0 {
+	if run.err != nil {
+		t.Fatal(run.err)
+	}
+	// What the link could have carried while fio ran (its whole run,
+	// connecting included), the send buffer's worth queued on top, and
+	// tbf's burst and fio's queue in flight as slack.
+	carried := int64(run.took.Seconds()*float64(bitsPerSec)/8) + sendBuffer + 1<<20
+	acked := run.res.Write.IOBytes
+	t.Logf("over a %s link with pull-ahead: %d bytes acknowledged in %s, the link could carry %d with the send buffer; states seen (alpha/beta): %s; largest lag while Behind: %d bytes, %.2f s",
+		rate, acked, run.took.Round(time.Millisecond), carried, strings.Join(states, " → "), maxLag, maxLagSeconds)
+	if acked <= carried {
+		t.Errorf("over a %s link with pull-ahead fio got %d bytes acknowledged in %s, no more than the link carries with a %d-byte send buffer (%d): the writes waited for the peer",
+			rate, acked, run.took.Round(time.Millisecond), sendBuffer, carried)
+	}
+	if !sawBehind || maxLag <= 0 {
 		t.Errorf("status never showed beta Behind (alpha Ahead) with a lag while fio ran over the slow link")
-	}
-	if ratio := m.slow / m.local; ratio < 0.7 {
-		t.Errorf("over the slow link with pull-ahead the primary wrote %.0f IOPS, %.2f × its %.0f IOPS with the peer disconnected: want at least 0.7 ×",
-			m.slow, ratio, m.local)
 	}
 
 	c.unthrottle("alpha")
