@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -34,6 +35,9 @@ type procCluster struct {
 	names []string
 	// lab, when set, runs each node in its own network namespace.
 	lab *netLab
+	// env adds variables to a node's environment (notifyOf's
+	// NOTIFY_SOCKET) from its next start on.
+	env map[string][]string
 }
 
 // newProcCluster writes a two-node config for a size-byte volume with
@@ -95,6 +99,9 @@ func (c *procCluster) start(name string, extra ...string) {
 	}
 	cmd := c.command(name, append([]string{"--config", c.cfgPath, "--node", name, "--log-level", "warn"}, extra...)...)
 	cmd.Stdout, cmd.Stderr = log, log
+	if e := c.env[name]; len(e) > 0 {
+		cmd.Env = append(os.Environ(), e...)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -106,6 +113,55 @@ func (c *procCluster) start(name string, extra ...string) {
 		}
 		log.Close()
 	})
+}
+
+// notifications hears what a replnode tells systemd (sd_notify):
+// READY=1 once it serves, RELOADING=1 and READY=1 again around a SIGHUP.
+type notifications struct {
+	t    *testing.T
+	name string
+	conn *net.UnixConn
+}
+
+// notifyOf gives node name a notification socket of the test's (as
+// systemd's Type=notify does) from its next start on.
+func (c *procCluster) notifyOf(name string) *notifications {
+	t := c.t
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "notify")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if c.env == nil {
+		c.env = map[string][]string{}
+	}
+	c.env[name] = append(c.env[name], "NOTIFY_SOCKET="+sock)
+	return &notifications{t: t, name: name, conn: conn}
+}
+
+// reloaded waits until the node has handled a SIGHUP: RELOADING=1, then
+// READY=1 (what it logs for the reload, it has logged by then).
+func (n *notifications) reloaded() {
+	n.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	reloading := false
+	buf := make([]byte, 512)
+	for {
+		n.conn.SetReadDeadline(deadline)
+		k, err := n.conn.Read(buf)
+		if err != nil {
+			n.t.Fatalf("%s did not tell systemd a SIGHUP was handled (RELOADING=1, then READY=1) in 30 s: %v", n.name, err)
+		}
+		msg := string(buf[:k])
+		switch {
+		case strings.HasPrefix(msg, "RELOADING=1"):
+			reloading = true
+		case reloading && strings.HasPrefix(msg, "READY=1"):
+			return
+		}
+	}
 }
 
 // stop ends node name's replnode cleanly (SIGTERM).
@@ -241,6 +297,29 @@ func (c *procCluster) writeBytes(name string) (uint64, error) {
 	return 0, fmt.Errorf("/api/node on %s: no volume %s", name, volName)
 }
 
+// waitWritten waits until node name's vol0 has written at least n bytes
+// as primary (/api/node), while a client whose end fioDone reports keeps
+// writing: the test fails if the client ends first, or after a minute.
+// An end it reads from fioDone it puts back.
+func (c *procCluster) waitWritten(name string, n uint64, fioDone chan error) {
+	t := c.t
+	t.Helper()
+	var wrote uint64
+	var err error
+	if !within(time.Minute, 20*time.Millisecond, func() bool {
+		select {
+		case end := <-fioDone:
+			fioDone <- end
+			t.Fatalf("the client ended (%v) before %s wrote %d bytes (%d so far)", end, name, n, wrote)
+		default:
+		}
+		wrote, err = c.writeBytes(name)
+		return err == nil && wrote >= n
+	}) {
+		t.Fatalf("%s wrote %d bytes in a minute, want %d (last error: %v)", name, wrote, n, err)
+	}
+}
+
 // eventsSince returns node name's recent events of the given kind at or
 // after since, oldest first.
 func (c *procCluster) eventsSince(name, kind string, since time.Time) ([]nodeEvent, error) {
@@ -307,10 +386,14 @@ func TestE2EKill9PrimaryResyncsOnlyTheActivityLog(t *testing.T) {
 	if err := fioCmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(1500 * time.Millisecond)
+	fioDone := make(chan error, 1)
+	go func() { fioDone <- fioCmd.Wait() }()
+	// 16 MiB of random 4 KiB writes over 32 extents: more extents than
+	// the activity log holds have been hot, and fio goes on writing.
+	c.waitWritten("alpha", 16<<20, fioDone)
 	c.procs["alpha"].Process.Kill() // SIGKILL in the middle of the writes
 	c.procs["alpha"].Wait()
-	fioCmd.Wait() // fio fails: its server is gone
+	<-fioDone // fio fails: its server is gone
 	c.start("alpha")
 	v := c.waitInSync("beta")
 	moved := v.replica("beta").Resynced - before

@@ -40,6 +40,7 @@ func TestE2EResizeUnderFioVerify(t *testing.T) {
 		scribble(t, c.disk(name), 100<<20, byte(0x10+i))
 		scribble(t, c.disk(name), to-(1<<20), byte(0x20+i))
 	}
+	hup := c.notifyOf("alpha")
 	c.startAll()
 	c.waitInSync("alpha")
 	before := c.mustStatus("alpha").replica("beta").Resynced
@@ -58,7 +59,7 @@ func TestE2EResizeUnderFioVerify(t *testing.T) {
 	}
 	fioDone := make(chan error, 1)
 	go func() { fioDone <- fioCmd.Wait() }()
-	time.Sleep(time.Second)
+	c.waitWritten("alpha", 8<<20, fioDone)
 
 	r := c.ctl("alpha", "resize", volName, "256MiB")
 	select {
@@ -142,10 +143,10 @@ func TestE2EResizeUnderFioVerify(t *testing.T) {
 			return step.warn == "" || strings.Contains(logged, step.warn)
 		})
 		if step.warn == "" {
-			// Nothing shows this SIGHUP was handled (the nodes log at
-			// WARN): what it logs, it logs within a second. The next step
+			// The reload is over when alpha tells systemd READY=1 again:
+			// what it logs, it has logged then, and the next step
 			// rewrites the file only then, so this reload read this one.
-			time.Sleep(time.Second)
+			hup.reloaded()
 			b, _ := os.ReadFile(logPath)
 			logged = string(b[len(start):])
 			if strings.Contains(logged, "size") || strings.Contains(logged, marker) {
