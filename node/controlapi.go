@@ -93,6 +93,10 @@ func (c controlNode) ClusterMessage(ctx context.Context, body []byte, sender fun
 	return c.n.clusterMessage(ctx, body, sender)
 }
 
+func (c controlNode) Claim(_ context.Context, r *transport.ClaimRequest) (*transport.ClaimReply, error) {
+	return c.n.claim(r)
+}
+
 // controlVolume is a volume as the control API sees it.
 type controlVolume struct{ v *Volume }
 

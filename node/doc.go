@@ -116,7 +116,11 @@
 // pure rule; and the marks of the calls a node forwards on someone's
 // behalf) and the port's Listener. It runs the node through
 // control.Node, which controlapi.go adapts; what a command decides (a
-// switchover, switchover.go; discard-my-data) stays here.
+// switchover, switchover.go; discard-my-data) stays here. So do the mount
+// claims (claims.go): a primary gives a volume's claim to one replctl
+// mount at a time, for its term, while the connections made under it are
+// open and the mount's --io-timeout after; a switchover is refused while
+// one lasts, naming the mount's host and directory.
 //
 // Its cluster file is package config's (node names its types by alias),
 // its disks package backing's, and its durable files metadata's (the
@@ -128,7 +132,8 @@
 // Lock order, outermost first; a goroutine holding one takes only those
 // after it: n.volMu, v.resizeMu, in.applyMu, v.stateMu, v.mu; then the
 // leaves, under which nothing is taken: n.mu, n.cl.mu, v.rb.mu,
-// n.events.mu, the metrics' eventCounts.mu and statusCache.mu (the
+// n.events.mu, n.claims.mu (claims.go: the mount claims), the metrics'
+// eventCounts.mu and statusCache.mu (the
 // control port's listener mu, a leaf too, is node/control's). These are
 // every mutex of the package (type mutex, lock.go); the peer and session
 // code declares none, and a session's loop takes v.stateMu and v.mu only

@@ -169,6 +169,9 @@ type Node struct {
 	// beats are the heartbeats shared by the streams to each peer node,
 	// by its name (session.PairBeat).
 	beats sync.Map
+	// claims are the mount claims of the volumes this node is primary of
+	// (claims.go).
+	claims mountClaims
 }
 
 // New opens the node's state and disks. Nothing listens until Start.
@@ -190,6 +193,7 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 		clients: map[string]*transport.ControlClient{}, statusFailed: map[string]bool{},
 		lnControl: opts.Control, lnRepl: opts.Replication, lnNBD: opts.NBD,
 		stopLoop: make(chan struct{}), wrapStream: opts.WrapStream, bootID: opts.bootID,
+		claims:       mountClaims{wake: make(chan struct{}, 1)},
 		controlConns: control.MaxConns, controlConnsPerHost: control.MaxConnsPerHost,
 	}
 	n.cfg.Store(cfg)
@@ -418,6 +422,7 @@ func (n *Node) Start() error {
 	if !n.self.IsWitness() {
 		n.serve(func() error { return n.nbd.Serve(n.lnNBD) })
 		n.serve(func() error { return n.repl.Serve(n.lnRepl) })
+		n.serve(func() error { n.watchClaims(n.stopLoop); return nil })
 	}
 	if n.cl != nil {
 		n.serve(func() error { n.clusterLoop(n.stopLoop); return nil })
@@ -686,16 +691,19 @@ func (r *resolver) List() []string {
 type nbdClient struct {
 	addr  string
 	since time.Time
+	// export is the volume it uses.
+	export string
 }
 
-// nbdClients lists the NBD clients connected to a volume's export here.
+// nbdClients lists the NBD clients connected to a volume's export here
+// (every export's for "").
 func (n *Node) nbdClients(volume string) []nbdClient {
 	if n.nbd == nil {
 		return nil
 	}
 	var out []nbdClient
 	for _, c := range n.nbd.Clients(volume) {
-		out = append(out, nbdClient{addr: c.RemoteAddr, since: c.Since})
+		out = append(out, nbdClient{addr: c.RemoteAddr, since: c.Since, export: c.Export})
 	}
 	return out
 }

@@ -94,7 +94,8 @@ var (
 	// ErrStateWrite: the volume's state could not be made durable.
 	ErrStateWrite = errors.New("state not durable")
 	// ErrHasClients: a switchover was refused while NBD clients are
-	// connected to the old primary.
+	// connected to the old primary, or a mount holds the volume's claim
+	// there (claims.go).
 	ErrHasClients = errors.New("the primary has NBD clients")
 	// ErrNotSplitBrain: discard-my-data outside a split brain.
 	ErrNotSplitBrain = errors.New("not in a split brain")

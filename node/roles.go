@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
-	"strings"
 	"time"
 
 	"github.com/replvol/replvol/internal/human"
@@ -33,21 +31,17 @@ func (v *Volume) stopPeers() {
 	}
 }
 
-// clientsError refuses a role change while NBD clients use the export
-// here, naming them: a mounted file system would get I/O errors (DRBD
-// refuses to demote a device held open).
+// clientsError refuses a role change while the export is used here,
+// naming what uses it: the mount that holds the volume's claim (its host
+// and directory, and how to unmount it) and the NBD clients. A mounted
+// file system would get I/O errors (DRBD refuses to demote a device held
+// open).
 func (v *Volume) clientsError(what string) error {
-	clients := v.node.nbdClients(v.name)
-	if len(clients) == 0 {
+	words := v.node.clientWords(v)
+	if words == "" {
 		return nil
 	}
-	var list []string
-	for _, c := range clients {
-		list = append(list, fmt.Sprintf("%s (connected since %s)", c.addr, c.since.UTC().Format(time.RFC3339)))
-	}
-	sort.Strings(list)
-	return fmt.Errorf("%w: %s refused: %d NBD client(s) of %s on %s: %s; unmount the file system and disconnect them (replctl umount DIR on %s, nbd-client -d, or stop nbdfuse/qemu) first",
-		ErrHasClients, what, len(clients), v.name, v.self, strings.Join(list, ", "), v.self)
+	return fmt.Errorf("%w: %s refused: %s", ErrHasClients, what, words)
 }
 
 // waitBudget is how long a request may wait for something: timeout, but

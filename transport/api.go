@@ -669,3 +669,63 @@ type ResizedNode struct {
 	// Text is the node's own account, in words.
 	Text string `json:"text"`
 }
+
+// MountHolder names one mount of replctl mount: the host it runs on (its
+// host name), its mount point there, and the claim's ID, a random word kept
+// in the mount's record on that host, which only that mount presents.
+type MountHolder struct {
+	Host string `json:"host"`
+	Dir  string `json:"dir"`
+	ID   string `json:"id"`
+}
+
+// The actions of a ClaimRequest.
+const (
+	// ClaimTake takes the volume's claim for the holder, BEFORE the mount
+	// connects to the export: refused while another holder's claim lasts.
+	// Taking it again with the same ID renews it (a mount made again from
+	// its record).
+	ClaimTake = "take"
+	// ClaimConfirm says the holder's NBD connections are made, BEFORE its
+	// file system is made or mounted: refused when the claim is no longer
+	// the holder's (it lapsed and was taken, or the primary restarted or
+	// changed since it was taken).
+	ClaimConfirm = "confirm"
+	// ClaimRelease gives the claim back (replctl umount): a claim of
+	// another ID is left as it is.
+	ClaimRelease = "release"
+)
+
+// ClaimRequest takes, confirms or gives back the mount claim of Volume on
+// its primary, the node that receives it (it is not forwarded: the claim
+// is the primary's, as the export the mount connects to). A volume is
+// mounted at most once: while a claim lasts, another holder's take is
+// refused, naming the holder. A confirmed claim lasts while NBD
+// connections made to the export since it was taken are open, and Grace
+// after the last one closed; one not confirmed yet, Grace or two minutes
+// after it was taken, whichever is longer. It ends with the primary's
+// term: a switchover is refused while it lasts, and a failover or a
+// restart of the primary ends the connections it covers for good (the
+// mount's client does not reconnect).
+type ClaimRequest struct {
+	Volume string      `json:"volume"`
+	Action string      `json:"action"`
+	Holder MountHolder `json:"holder"`
+	// Grace is the mount's --io-timeout (0: one minute).
+	Grace time.Duration `json:"grace,omitempty"`
+}
+
+// ClaimReply is the volume's claim after the request: Held is false when
+// it has none (a release that was done, or found none).
+type ClaimReply struct {
+	Volume string `json:"volume"`
+	// Node is the primary that keeps the claim, Epoch its term.
+	Node  string `json:"node"`
+	Epoch uint64 `json:"epoch,omitempty"`
+	Held  bool   `json:"held"`
+	// Holder, Taken and Connections describe the claim that is held:
+	// Connections is how many NBD connections made since Taken are open.
+	Holder      MountHolder `json:"holder,omitzero"`
+	Taken       time.Time   `json:"taken,omitzero"`
+	Connections int         `json:"connections,omitempty"`
+}

@@ -39,6 +39,9 @@ type ControlServer interface {
 	Adjust(context.Context, *AdjustRequest) (*AdjustReply, error)
 	// Resize grows a volume online.
 	Resize(context.Context, *ResizeRequest) (*ResizeReply, error)
+	// Claim takes, confirms or gives back a volume's mount claim on its
+	// primary (replctl mount and umount).
+	Claim(context.Context, *ClaimRequest) (*ClaimReply, error)
 	// Events streams the node's events (history first, then live) to
 	// send until ctx ends or send fails.
 	Events(ctx context.Context, r *EventsRequest, send func(*Event) error) error
@@ -99,6 +102,7 @@ var controlDesc = grpc.ServiceDesc{
 		unary(MethodMembership, ControlServer.Membership),
 		unary(MethodAdjust, ControlServer.Adjust),
 		unary(MethodResize, ControlServer.Resize),
+		unary(MethodClaim, ControlServer.Claim),
 	},
 	Streams: []grpc.StreamDesc{{
 		StreamName:    MethodEvents,
@@ -306,6 +310,11 @@ func (c *ControlClient) Adjust(ctx context.Context, r *AdjustRequest) (*AdjustRe
 // Resize grows a volume online.
 func (c *ControlClient) Resize(ctx context.Context, r *ResizeRequest) (*ResizeReply, error) {
 	return invoke[ResizeReply](ctx, c, MethodResize, r)
+}
+
+// Claim takes, confirms or gives back a volume's mount claim.
+func (c *ControlClient) Claim(ctx context.Context, r *ClaimRequest) (*ClaimReply, error) {
+	return invoke[ClaimReply](ctx, c, MethodClaim, r)
 }
 
 // Events streams a node's events to fn until ctx ends, fn fails or the

@@ -31,6 +31,7 @@ const (
 	MethodMembership     = "Membership"
 	MethodAdjust         = "Adjust"
 	MethodResize         = "Resize"
+	MethodClaim          = "Claim"
 	MethodEvents         = "Events"
 )
 

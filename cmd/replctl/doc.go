@@ -3,7 +3,9 @@
 // adjust, node), with the operator's certificate from --tls-dir or
 // through a node's unix socket, mounts a volume's file system on its
 // primary and unmounts it (mount, umount: internal/volmount, with the
-// hidden mount-helper as the NBD client), writes the cluster's
+// hidden mount-helper as the NBD client; mountclaim.go asks the primary
+// for the volume's mount claim, so that it is mounted at most once),
+// writes the cluster's
 // certificates (certs init), creates a volume's metadata offline
 // (create-md: package backing) and runs a local two-node demo (package
 // internal/demo). One file per subcommand; errors.go puts failures in

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/replvol/replvol/internal/pki"
@@ -12,6 +13,7 @@ import (
 	"github.com/replvol/replvol/transport"
 	"github.com/replvol/replvol/transport/nbdclient"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // mountHelperCommand is the hidden command replctl mount starts as its helper process.
@@ -51,7 +53,19 @@ certificate in --tls-dir's nbd-client/ directory, as replctl certs init wrote it
 With --mkfs a file system is made first (--fstype, ext4 by default); --mkfs on a
 volume that holds one is refused unless --force. What was set up is recorded in
 --run-dir; replctl umount DIR undoes it. Without arguments, lists the mounts
-replctl mount made on this host.`,
+replctl mount made on this host.
+
+A volume is mounted at most once, on any host: before it connects, replctl mount
+takes the volume's claim from the primary, naming this host, DIR and an ID kept
+in the record. A mount of a volume mounted elsewhere is refused, naming that
+host and directory and how to unmount it; --force does not change that. The
+primary keeps the claim while the mount's NBD connections are open and
+--io-timeout (a minute with 0) after the last one closed, so that a host that
+crashed does not hold the volume for ever; a switchover is refused while it
+lasts. replctl umount gives it back. A failover ends it (the mount's client
+does not follow the primary), so the new primary's on_promote can mount at once.
+When the helper of a mount on DIR is gone (it crashed), replctl mount on DIR
+again undoes what is left and mounts it again under the same claim.`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) != 0 && len(args) != 2 {
 				return fmt.Errorf("accepts VOLUME and DIR (or nothing, to list), received %d argument(s)", len(args))
@@ -86,7 +100,7 @@ replctl mount made on this host.`,
 			if os.Geteuid() != 0 {
 				return errors.New("replctl mount attaches a device and mounts a file system: run it as root")
 			}
-			uri, err := g.exportToMount(cmd, volume)
+			uri, primary, err := g.exportToMount(cmd, volume, func(addr string) string { return retryMount(cmd, args, addr) })
 			if err != nil {
 				return err
 			}
@@ -94,11 +108,19 @@ replctl mount made on this host.`,
 			if err != nil {
 				return fmt.Errorf("find replctl's own executable for the helper: %w", err)
 			}
+			tlsDir := g.tlsDir
+			if tlsDir != "" {
+				if tlsDir, err = filepath.Abs(tlsDir); err != nil {
+					return usageErrorf("--tls-dir %s: %v", g.tlsDir, err)
+				}
+			}
 			rec, err := volmount.Mount(cmd.Context(), volmount.Request{
 				Dir: dir, Volume: volume, URI: uri, TLSDir: g.tlsDir, Via: volmount.Via(via),
 				FSType: fstype, MakeFS: mkfs, Force: force, Options: options,
 				Connections: connections, IOTimeout: ioTimeout,
 				Helper: []string{exe, mountHelperCommand}, Registry: reg,
+				Claim:   &volmount.Claim{Node: primary, Addr: g.addr, TLSDir: tlsDir, Grace: ioTimeout},
+				Claimer: claimer{timeout: g.timeout},
 			})
 			if err != nil {
 				return err
@@ -107,8 +129,8 @@ replctl mount made on this host.`,
 			if rec.Via == volmount.ViaFUSE {
 				how = "a FUSE file on a loop device"
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s mounted on %s: %s on %s (%s), from %s over %d NBD connections; replctl umount %s undoes it\n",
-				volume, dir, rec.FSType, rec.Device, how, rec.Export, rec.Connections, dir)
+			fmt.Fprintf(cmd.OutOrStdout(), "%s mounted on %s: %s on %s (%s), from %s over %d NBD connections, claimed on %s for %s; replctl umount %s undoes it\n",
+				volume, dir, rec.FSType, rec.Device, how, rec.Export, rec.Connections, primary, rec.Claim.Host, dir)
 			return nil
 		},
 	}
@@ -147,31 +169,65 @@ func mountPoint(arg string) (string, error) {
 
 // exportToMount asks the node at --addr for volume's export: it must be the volume's primary
 // and serve it. A primary that does not serve yet (just promoted: replctl mount in its
-// on_promote) is waited for, until --timeout.
-func (g *globals) exportToMount(cmd *cobra.Command, volume string) (string, error) {
+// on_promote) is waited for, until --timeout. It returns the export's URI and the primary's
+// name; retry is the command to run at the primary's control address, for a refusal.
+func (g *globals) exportToMount(cmd *cobra.Command, volume string, retry func(addr string) string) (uri, primary string, err error) {
 	k, err := g.dial(cmd, "")
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	defer k.close()
 	for {
 		st, err := k.status()
 		if err != nil {
-			return "", k.fail(err, volume, "")
+			return "", "", k.fail(err, volume, "")
 		}
 		uri, waitFor, err := mountTarget(st, volume)
+		var np *notPrimaryError
+		if errors.As(err, &np) && np.PrimaryAddr != "" {
+			np.Retry = retry(np.PrimaryAddr)
+		}
 		if err != nil {
-			return "", err
+			return "", "", err
 		}
 		if waitFor == "" {
-			return uri, g.checkNBDCertificate(uri)
+			return uri, st.From, g.checkNBDCertificate(uri)
 		}
 		select {
 		case <-k.ctx.Done():
-			return "", fmt.Errorf("%s: waited %s (--timeout) for it to serve", waitFor, g.timeout)
+			return "", "", fmt.Errorf("%s: waited %s (--timeout) for it to serve", waitFor, g.timeout)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// retryMount is the replctl mount command of cmd, with args, at the control address addr:
+// the flags the user gave, --addr replaced.
+func retryMount(cmd *cobra.Command, args []string, addr string) string {
+	words := []string{"replctl", "--addr", shellWord(addr), "mount"}
+	for _, a := range args {
+		words = append(words, shellWord(a))
+	}
+	cmd.Flags().Visit(func(f *pflag.Flag) {
+		switch {
+		case f.Name == "addr":
+		case f.Value.Type() == "bool" && f.Value.String() == "true":
+			words = append(words, "--"+f.Name)
+		default:
+			words = append(words, "--"+f.Name, shellWord(f.Value.String()))
+		}
+	})
+	return strings.Join(words, " ")
+}
+
+// shellWord quotes s for a shell when it needs it.
+func shellWord(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./:=,@%+", r))
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // checkNBDCertificate checks, before anything is set up, that an nbds:// export can be
@@ -196,6 +252,9 @@ func (g *globals) checkNBDCertificate(uri string) error {
 // notPrimaryError: replctl mount asked a node that is not the volume's primary.
 type notPrimaryError struct {
 	Volume, Here, Role, Primary string
+	// PrimaryAddr is the primary's control address ("" when unknown); Retry the command
+	// that mounts there (replctl mount's, --addr PrimaryAddr).
+	PrimaryAddr, Retry string
 }
 
 func (e *notPrimaryError) Error() string {
@@ -205,6 +264,12 @@ func (e *notPrimaryError) Error() string {
 	}
 	if e.Primary == "" {
 		return here + " and it has no primary now: make one primary (replctl primary " + e.Volume + " --node NODE), then run replctl mount there"
+	}
+	switch {
+	case e.Retry != "":
+		return fmt.Sprintf("%s: its primary is %s; run replctl mount on %s: %s", here, e.Primary, e.Primary, e.Retry)
+	case e.PrimaryAddr != "":
+		return fmt.Sprintf("%s: its primary is %s; run replctl mount on %s (--addr %s)", here, e.Primary, e.Primary, e.PrimaryAddr)
 	}
 	return fmt.Sprintf("%s: its primary is %s; run replctl mount on %s", here, e.Primary, e.Primary)
 }
@@ -233,7 +298,13 @@ func mountTarget(st *transport.ClusterStatus, volume string) (uri, waitFor strin
 		if here != nil {
 			role = here.Role
 		}
-		return "", "", &notPrimaryError{Volume: volume, Here: st.From, Role: role, Primary: vs.Primary}
+		np := &notPrimaryError{Volume: volume, Here: st.From, Role: role, Primary: vs.Primary}
+		for _, n := range st.Nodes {
+			if n.Name == vs.Primary {
+				np.PrimaryAddr = n.Control
+			}
+		}
+		return "", "", np
 	}
 	if vs.NBDURI == "" {
 		why := here.Reason
@@ -279,11 +350,18 @@ func newUmount() *cobra.Command {
 		Use:   "umount DIR",
 		Short: "Unmount what replctl mount mounted on DIR and detach the volume",
 		Long: `Undo replctl mount DIR, in order: unmount the file system (which writes it out
-and flushes the volume), detach the loop device, stop the helper process (it
+and flushes the volume), detach the loop device once nothing else uses it (a
+probe that holds it open is waited for, up to 30 s), stop the helper process (it
 flushes and disconnects; with the kernel's driver it disconnects /dev/nbdN).
 Something replctl mount did not mount on DIR is refused; a DIR where nothing is
-mounted is nothing to do. It asks no node, so a failover's on_demote may run it
-when the volume is no longer served here.`,
+mounted is nothing to do. A step that fails stops it, saying why, what is left
+and to run replctl umount DIR again once the cause is gone.
+
+Then it gives the volume's claim back to the primary, at the address replctl
+mount used: another host may mount the volume from then on. Undoing the mount
+asks no node, so a failover's on_demote may run it when the volume is no longer
+served here; a claim it cannot give back (the primary is down or changed) is
+said, and lapses by itself --io-timeout after the mount's connections closed.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			abs, err := filepath.Abs(args[0])
@@ -305,7 +383,11 @@ when the volume is no longer served here.`,
 				fmt.Fprintf(cmd.OutOrStdout(), "%s: nothing mounted there; nothing to do\n", dir)
 				return nil
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s unmounted; %s detached (%s)\n", dir, rec.Volume, rec.Export)
+			claim := ""
+			if rec.Claim != nil {
+				claim = "; " + giveBack(cmd.Context(), rec)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s unmounted; %s detached (%s)%s\n", dir, rec.Volume, rec.Export, claim)
 			return nil
 		},
 	}

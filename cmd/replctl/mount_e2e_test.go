@@ -243,10 +243,12 @@ func TestE2EMountSwitchOverAndMountOnTheNewPrimary(t *testing.T) {
 		return runCmd(2*time.Minute, nil, replctlBin, "umount", dir, "--run-dir", runs.dirs[node])
 	}
 
-	// On the secondary: refused, naming the primary; nothing set up.
+	// On the secondary: refused, naming the primary and the command that mounts there;
+	// nothing set up.
 	r := mount("beta", mntB, "--mkfs")
-	if r.code != exitFailed || !strings.Contains(r.out, "its primary is alpha") || !strings.Contains(r.out, "run replctl mount on alpha") {
-		t.Fatalf("replctl mount on the secondary beta: %s; want exit 1 naming alpha", r)
+	retry := "run replctl mount on alpha: replctl --addr " + c.nodes["alpha"].Control + " mount vol0 " + mntB + " --mkfs"
+	if r.code != exitFailed || !strings.Contains(r.out, "its primary is alpha") || !strings.Contains(r.out, retry) {
+		t.Fatalf("replctl mount on the secondary beta: %s; want exit 1 naming alpha and saying %q", r, retry)
 	}
 	if left := runs.leftovers(); len(left) > 0 {
 		t.Fatalf("a refused mount left %v", left)
@@ -264,11 +266,14 @@ func TestE2EMountSwitchOverAndMountOnTheNewPrimary(t *testing.T) {
 	if r := mount("alpha", mntA); r.ok() || !strings.Contains(r.out, "already mounted") {
 		t.Fatalf("a second replctl mount on %s: %s", mntA, r)
 	}
-	// A switchover is refused while the primary is mounted, saying how to unmount.
-	if r := c.ctl("alpha", "primary", volName, "--node", "beta"); r.ok() || !strings.Contains(r.out, "replctl umount DIR on alpha") {
-		t.Fatalf("a switchover while alpha has the volume mounted: %s; want it refused, naming replctl umount", r)
+	// A switchover is refused while the primary is mounted, naming the mount's host and
+	// directory and how to unmount it.
+	host, _ := os.Hostname()
+	if r := c.ctl("alpha", "primary", volName, "--node", "beta"); r.ok() || !strings.Contains(r.out, "vol0 is mounted on host "+host+" at "+mntA) ||
+		!strings.Contains(r.out, "replctl umount "+mntA+", on "+host) {
+		t.Fatalf("a switchover while alpha has the volume mounted: %s; want it refused, naming the mount (%s, %s) and replctl umount", r, host, mntA)
 	}
-	if r := umount("alpha", mntA); !r.ok() || !strings.Contains(r.out, "unmounted") {
+	if r := umount("alpha", mntA); !r.ok() || !strings.Contains(r.out, "unmounted") || !strings.Contains(r.out, "its claim on alpha given back") {
 		t.Fatalf("replctl umount %s: %s", mntA, r)
 	}
 	if left := runs.leftovers(); len(left) > 0 {
@@ -421,4 +426,177 @@ esac
 	if left := runs.leftovers(); len(left) > 0 {
 		t.Fatalf("left %v", left)
 	}
+}
+
+// TestE2EAVolumeIsMountedOnceOnAnyHost (issue 27): vol0 mounted on alpha's
+// host at a, a second replctl mount of it is refused, naming the host and a
+// and how to unmount it: on the same host at b, and from a second run
+// directory standing for another host at c, with --mkfs --force too (the
+// files on a are intact). After replctl umount a, the other host mounts it.
+// Its helper killed (a client host that crashed), the same mount is made
+// again from its record at once; killed again, the claim lasts while its
+// connections are gone for --io-timeout, then the first host mounts it.
+func TestE2EAVolumeIsMountedOnceOnAnyHost(t *testing.T) {
+	e2e(t)
+	needMountTools(t)
+	c := newProcClusterN(t, clusterOpts{TLS: true, Size: 64 << 20})
+	c.startAll()
+	c.waitInSync("alpha")
+	runs := newMountRunDirs(t, "alpha", "other")
+	runs.cleanUpAtTheEnd()
+	mntA, mntB, mntC := runs.mountPoint("a"), runs.mountPoint("b"), runs.mountPoint("c")
+	mount := func(run, dir string, args ...string) result {
+		return runCmd(2*time.Minute, nil, replctlBin, c.ctlArgs("alpha", append([]string{"mount", volName, dir, "--run-dir", runs.dirs[run]}, args...))...)
+	}
+	umount := func(run, dir string) result {
+		return runCmd(2*time.Minute, nil, replctlBin, "umount", dir, "--run-dir", runs.dirs[run])
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mountedOn := func(dir string) bool {
+		b, _ := os.ReadFile("/proc/self/mountinfo")
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) > 4 && f[4] == dir {
+				return true
+			}
+		}
+		return false
+	}
+	refusedNaming := func(what string, r result, dir string) {
+		t.Helper()
+		for _, words := range []string{"vol0 is mounted already, on host " + host + " at " + dir, "--force does not change that", "replctl umount " + dir + ", on " + host} {
+			if r.ok() || !strings.Contains(r.out, words) {
+				t.Fatalf("%s: %s; want it refused, saying %q", what, r, words)
+			}
+		}
+	}
+
+	if r := mount("alpha", mntA, "--mkfs"); !r.ok() || !strings.Contains(r.out, "claimed on alpha for "+host) {
+		t.Fatalf("replctl mount --mkfs at a: %s", r)
+	}
+	sums := writeFiles(t, mntA, 1)
+	refusedNaming("a second mount on the same host", mount("alpha", mntB), mntA)
+	refusedNaming("a mount with --mkfs --force from another host", mount("other", mntC, "--mkfs", "--force"), mntA)
+	for _, dir := range []string{mntB, mntC} {
+		if mountedOn(dir) {
+			t.Fatalf("a refused mount mounted %s", dir)
+		}
+	}
+	if recs, _ := (volmount.Registry{Dir: runs.dirs["other"]}).List(); len(recs) != 0 {
+		t.Fatalf("a refused mount left records: %+v", recs)
+	}
+	checkFiles(t, mntA, sums)
+
+	if r := umount("alpha", mntA); !r.ok() || !strings.Contains(r.out, "its claim on alpha given back") {
+		t.Fatalf("replctl umount a: %s", r)
+	}
+	if r := mount("other", mntC, "--io-timeout", "10s"); !r.ok() {
+		t.Fatalf("the other host's mount after replctl umount a: %s", r)
+	}
+	checkFiles(t, mntC, sums)
+
+	// Its helper dies: the same mount is made again from its record, under the same claim.
+	rec, err := volmount.Registry{Dir: runs.dirs["other"]}.Load(mntC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rec.Helper.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if r := mount("other", mntC, "--io-timeout", "10s"); !r.ok() {
+		t.Fatalf("replctl mount of c again, its helper killed: %s", r)
+	}
+	again, err := volmount.Registry{Dir: runs.dirs["other"]}.Load(mntC)
+	if err != nil || again.Claim == nil || again.Claim.ID != rec.Claim.ID || again.Helper == rec.Helper {
+		t.Fatalf("the record of the mount made again: %+v, %v; want a new helper under claim %s", again, err, rec.Claim.ID)
+	}
+	checkFiles(t, mntC, sums)
+
+	// Killed again, and not mounted again: its claim lasts 10 s past its connections.
+	killed := time.Now()
+	if err := again.Helper.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	var last result
+	if !within(90*time.Second, 500*time.Millisecond, func() bool {
+		last = mount("alpha", mntB)
+		if !last.ok() {
+			refusedNaming("a mount while the crashed host's claim lasts", last, mntC)
+		}
+		return last.ok()
+	}) {
+		t.Fatalf("the crashed host's claim did not lapse: %s", last)
+	}
+	if took := time.Since(killed); took < 10*time.Second {
+		t.Fatalf("mounted %s after the other host's helper was killed: its claim lasted less than its --io-timeout (10s)", took)
+	}
+	checkFiles(t, mntB, sums)
+	if r := umount("other", mntC); !r.ok() {
+		t.Fatalf("replctl umount of the crashed mount c: %s", r)
+	}
+	if r := umount("alpha", mntB); !r.ok() {
+		t.Fatalf("replctl umount b: %s", r)
+	}
+	if left := runs.leftovers(); len(left) > 0 {
+		t.Fatalf("left %v", left)
+	}
+}
+
+// TestE2EUmountAfterARefusedMkfsWaitsForAProbeOfTheLoopDevice (issue 27,
+// item 8): after a refused replctl mount --mkfs, replctl umount of the
+// volume's mount stopped half way, the loop device still holding its file
+// 10 s after it was detached: something held the device open (udev's blkid
+// probes a loop device when it changes), so the detach only marked it to
+// let go at its last close. Here a probe holds the loop device open for 12
+// s from before the umount: the umount waits for it with the helper serving
+// its reads, detaches the device once nothing uses it, and leaves nothing.
+func TestE2EUmountAfterARefusedMkfsWaitsForAProbeOfTheLoopDevice(t *testing.T) {
+	e2e(t)
+	needMountTools(t)
+	c := newProcClusterN(t, clusterOpts{TLS: true, Size: 64 << 20})
+	c.startAll()
+	c.waitInSync("alpha")
+	runs := newMountRunDirs(t, "alpha", "other")
+	runs.cleanUpAtTheEnd()
+	mntA, mntB := runs.mountPoint("a"), runs.mountPoint("b")
+	mount := func(run, dir string, args ...string) result {
+		return runCmd(2*time.Minute, nil, replctlBin, c.ctlArgs("alpha", append([]string{"mount", volName, dir, "--run-dir", runs.dirs[run]}, args...))...)
+	}
+	if r := mount("alpha", mntA, "--mkfs"); !r.ok() {
+		t.Fatalf("replctl mount --mkfs at a: %s", r)
+	}
+	sums := writeFiles(t, mntA, 1)
+	if r := mount("other", mntB, "--mkfs"); r.ok() {
+		t.Fatalf("replctl mount --mkfs of the mounted volume: %s; want it refused", r)
+	}
+	rec, err := volmount.Registry{Dir: runs.dirs["alpha"]}.Load(mntA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe, err := os.Open(rec.Loop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := probe.ReadAt(make([]byte, 4096), 1024); err != nil {
+		t.Fatalf("the probe reads %s: %v", rec.Loop, err)
+	}
+	probed := time.AfterFunc(12*time.Second, func() { probe.Close() })
+	defer func() {
+		if probed.Stop() {
+			probe.Close()
+		}
+	}()
+	r := runCmd(2*time.Minute, nil, replctlBin, "umount", mntA, "--run-dir", runs.dirs["alpha"])
+	if !r.ok() || !strings.Contains(r.out, "unmounted") {
+		t.Fatalf("replctl umount a while a probe held its loop device: %s", r)
+	}
+	if left := runs.leftovers(); len(left) > 0 {
+		t.Fatalf("replctl umount left %v", left)
+	}
+	if r := mount("other", mntB); !r.ok() {
+		t.Fatalf("the mount at b after the umount: %s", r)
+	}
+	checkFiles(t, mntB, sums)
 }

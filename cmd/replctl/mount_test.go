@@ -14,7 +14,7 @@ import (
 // (just promoted) is waited for.
 func TestMountTarget(t *testing.T) {
 	status := func(from, primary, uri string, reason string) *transport.ClusterStatus {
-		return &transport.ClusterStatus{From: from, Volumes: []transport.VolumeStatus{{
+		return &transport.ClusterStatus{From: from, Nodes: []transport.NodeInfo{{Name: "alpha", Control: "10.0.0.1:7800"}, {Name: "beta", Control: "10.0.0.2:7800"}}, Volumes: []transport.VolumeStatus{{
 			Name: "vol0", Primary: primary, NBDURI: uri,
 			Replicas: []transport.ReplicaStatus{
 				{Node: "alpha", Role: roleOf("alpha", primary), Disk: "UpToDate", Replication: "Connected", Reason: reason},
@@ -31,7 +31,7 @@ func TestMountTarget(t *testing.T) {
 		mentions []string
 	}{
 		{"the primary, serving", status("alpha", "alpha", "nbds://10.0.0.1:7802/vol0", ""), "vol0", "nbds://10.0.0.1:7802/vol0", "", nil},
-		{"a secondary", status("beta", "alpha", "nbds://10.0.0.1:7802/vol0", ""), "vol0", "", "", []string{"vol0 is Secondary on beta", "its primary is alpha", "run replctl mount on alpha"}},
+		{"a secondary", status("beta", "alpha", "nbds://10.0.0.1:7802/vol0", ""), "vol0", "", "", []string{"vol0 is Secondary on beta", "its primary is alpha", "run replctl mount on alpha (--addr 10.0.0.1:7800)"}},
 		{"a node with no copy", status("witness", "alpha", "nbd://10.0.0.1:7802/vol0", ""), "vol0", "", "", []string{"witness holds no copy of vol0", "its primary is alpha"}},
 		{"no primary", status("beta", "", "", ""), "vol0", "", "", []string{"it has no primary now", "replctl primary vol0 --node NODE"}},
 		{"the primary, not serving yet", status("alpha", "alpha", "", "waiting for a peer"), "vol0", "", "vol0 is primary on alpha but does not serve IO yet (waiting for a peer)", nil},
@@ -51,7 +51,7 @@ func TestMountTarget(t *testing.T) {
 				}
 			}
 			var np *notPrimaryError
-			if tc.name == "a secondary" && (!errors.As(err, &np) || np.Primary != "alpha" || exitCode(err) != exitFailed) {
+			if tc.name == "a secondary" && (!errors.As(err, &np) || np.Primary != "alpha" || np.PrimaryAddr != "10.0.0.1:7800" || exitCode(err) != exitFailed) {
 				t.Errorf("a secondary's refusal: %#v, exit code %d", err, exitCode(err))
 			}
 		})
@@ -93,5 +93,26 @@ func TestMountOfATLSExportNeedsTheNBDClientsCertificate(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.mentions) || exitCode(err) != exitUsage {
 			t.Errorf("%s: %v (exit code %d), want a usage error saying %q", tc.name, err, exitCode(err), tc.mentions)
 		}
+	}
+}
+
+// TestAMountOnASecondaryGivesTheCommandForThePrimary: the refusal of replctl mount on a node
+// that is not the primary gives the command to run instead: the user's own, at the primary's
+// control address (the flags given kept, --addr replaced, words with spaces quoted).
+func TestAMountOnASecondaryGivesTheCommandForThePrimary(t *testing.T) {
+	root := newRoot()
+	mount, _, err := root.Find([]string{"mount"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mount.ParseFlags([]string{"--addr", "unix:///var/lib/replvol/control.sock", "--tls-dir", "/etc/replvol/tls", "--mkfs", "-o", "noatime", "--run-dir", "/run/my mounts"}); err != nil {
+		t.Fatal(err)
+	}
+	err = &notPrimaryError{Volume: "vol0", Here: "alpha", Role: "Secondary", Primary: "beta", PrimaryAddr: "127.0.0.1:7803",
+		Retry: retryMount(mount, []string{"vol0", "/mnt/vol0"}, "127.0.0.1:7803")}
+	want := "vol0 is Secondary on alpha (the node at --addr): its primary is beta; run replctl mount on beta: " +
+		"replctl --addr 127.0.0.1:7803 mount vol0 /mnt/vol0 --mkfs --options noatime --run-dir '/run/my mounts' --tls-dir /etc/replvol/tls"
+	if err.Error() != want {
+		t.Fatalf("the refusal says\n%s\nwant\n%s", err, want)
 	}
 }

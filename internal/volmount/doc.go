@@ -2,7 +2,15 @@
 // replctl mount and umount: through the kernel's nbd driver when /dev/nbd* exists, otherwise
 // as a file served through FUSE by a helper process and put on a loop device. It records what
 // it set up under a run directory, so that Unmount undoes exactly that, in order, and finds
-// nothing to do the second time. It may import transport/nbdclient and internal/pki, nothing
-// of the node. Its functions are for one caller per mount point at a time (the record's
-// creation is the lock).
+// nothing to do the second time; a step that fails says what is left (StepError). It may
+// import transport/nbdclient and internal/pki, nothing of the node. Its functions are for one
+// caller per mount point at a time (the record's creation is the lock).
+//
+// A volume is mounted at most once, on any host: Mount takes the volume's claim from its
+// primary through a Claimer (replctl's control API client) BEFORE the helper connects, with
+// the claim's ID saved in the record first, and confirms it BEFORE any file system is probed,
+// made or mounted; another mount's claim refuses it, --force or not. The primary keeps the
+// claim while the mount's NBD connections are open and its --io-timeout after; replctl umount
+// gives it back after Unmount. A record whose helper is gone (it crashed) is a mount to make
+// again: Mount undoes what is left of it and takes the claim again under the record's ID.
 package volmount

@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -286,5 +288,77 @@ func TestMountOverFUSEMakesWritesAndUnmountsEverything(t *testing.T) {
 			}
 			requireNothingLeft(t, reg, &Record{Dir: dir, FUSEDir: reg.FUSEDir(dir)})
 		})
+	}
+}
+
+// fakeClaimer records the claim calls and what the record held at each; refuse makes it
+// refuse that action.
+type fakeClaimer struct {
+	calls  []string
+	refuse ClaimAction
+}
+
+func (c *fakeClaimer) Claim(_ context.Context, action ClaimAction, rec *Record) error {
+	c.calls = append(c.calls, fmt.Sprintf("%s helper=%v file=%v loop=%v fs=%q id=%v", action, rec.Helper.PID != 0, rec.File != "", rec.Loop != "", rec.FSType, rec.Claim.ID != ""))
+	if action == c.refuse {
+		return fmt.Errorf("vol0 is mounted already, on host web1 at /srv/data")
+	}
+	return nil
+}
+
+// TestMountTakesTheClaimBeforeItConnectsAndConfirmsItBeforeTheFileSystem: the claim is taken
+// BEFORE the helper starts (the record saved with its ID first), confirmed once the helper
+// is connected and BEFORE the loop device, the probe or a mkfs, and given back when a later
+// step fails. A refused take sets nothing up, and a refused confirm is undone before any
+// file system is touched, --mkfs --force or not.
+func TestMountTakesTheClaimBeforeItConnectsAndConfirmsItBeforeTheFileSystem(t *testing.T) {
+	needRoot(t, "losetup", "blkid", "mount", "mkfs.ext4")
+	t.Setenv(helperEnv, "1")
+	uri, tlsDir, _ := tlsExport(t, 64<<20)
+	reg := Registry{Dir: filepath.Join(t.TempDir(), "run")}
+	cleanUpAfter(t, reg)
+	dir := filepath.Join(t.TempDir(), "mnt")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	req := Request{Dir: dir, Volume: "vol0", URI: uri, TLSDir: tlsDir, Via: ViaFUSE, Connections: 2,
+		IOTimeout: time.Minute, Helper: []string{os.Args[0]}, Registry: reg, Claim: &Claim{Addr: "unix:///x", Host: "web2"}}
+
+	refused := &fakeClaimer{refuse: ClaimTake}
+	req.Claimer, req.MakeFS, req.Force = refused, true, true
+	if _, err := Mount(ctx, req); err == nil || !strings.Contains(err.Error(), "mounted already") {
+		t.Fatalf("a mount whose claim is refused: %v", err)
+	}
+	if want := []string{"take helper=false file=false loop=false fs=\"\" id=true"}; !reflect.DeepEqual(refused.calls, want) {
+		t.Fatalf("claim calls %q, want %q", refused.calls, want)
+	}
+	requireNothingLeft(t, reg, &Record{Dir: dir, FUSEDir: reg.FUSEDir(dir)})
+
+	lost := &fakeClaimer{refuse: ClaimConfirm}
+	req.Claimer = lost
+	if _, err := Mount(ctx, req); err == nil {
+		t.Fatal("a mount whose claim was lost while it connected went on")
+	}
+	if want := []string{"take helper=false file=false loop=false fs=\"\" id=true", "confirm helper=true file=true loop=false fs=\"\" id=true", "release helper=true file=true loop=false fs=\"\" id=true"}; !reflect.DeepEqual(lost.calls, want) {
+		t.Fatalf("claim calls %q, want %q", lost.calls, want)
+	}
+	requireNothingLeft(t, reg, &Record{Dir: dir, FUSEDir: reg.FUSEDir(dir)})
+
+	granted := &fakeClaimer{}
+	req.Claimer = granted
+	rec, err := Mount(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"take helper=false file=false loop=false fs=\"\" id=true", "confirm helper=true file=true loop=false fs=\"\" id=true"}; !reflect.DeepEqual(granted.calls, want) {
+		t.Fatalf("claim calls %q, want %q", granted.calls, want)
+	}
+	if rec.Claim == nil || rec.Claim.Host != "web2" || len(rec.Claim.ID) != 16 {
+		t.Fatalf("the record's claim: %+v", rec.Claim)
+	}
+	if _, err := Unmount(ctx, reg, dir); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -12,8 +12,9 @@ import (
 // mountEntry is one line of /proc/self/mountinfo.
 type mountEntry struct {
 	// Dir is the mount point, Source what is mounted (a device, or the FUSE file system's
-	// name), FSType its type (ext4, fuse.replvol, ...).
-	Dir, Source, FSType string
+	// name), FSType its type (ext4, fuse.replvol, ...), Dev the device number of its file
+	// system, MAJOR:MINOR (7:3 for /dev/loop3).
+	Dir, Source, FSType, Dev string
 }
 
 // readMounts reads this process's mount table.
@@ -44,7 +45,7 @@ func parseMountinfo(r io.Reader) ([]mountEntry, error) {
 		if len(fields) < 5 || sep < 0 || len(fields) < sep+3 {
 			return nil, fmt.Errorf("mountinfo: malformed line %q", sc.Text())
 		}
-		out = append(out, mountEntry{Dir: unescapeOctal(fields[4]), FSType: fields[sep+1], Source: unescapeOctal(fields[sep+2])})
+		out = append(out, mountEntry{Dir: unescapeOctal(fields[4]), FSType: fields[sep+1], Source: unescapeOctal(fields[sep+2]), Dev: fields[2]})
 	}
 	return out, sc.Err()
 }

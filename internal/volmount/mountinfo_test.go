@@ -18,7 +18,7 @@ func TestParseMountinfo(t *testing.T) {
 		t.Fatalf("%d mounts, %v", len(mounts), err)
 	}
 	m, ok := mountedOn(mounts, "/srv/my data")
-	if !ok || m.Source != "/dev/nbd0" || m.FSType != "xfs" {
+	if !ok || m.Source != "/dev/nbd0" || m.FSType != "xfs" || m.Dev != "43:0" {
 		t.Fatalf("on /srv/my data: %+v %v, want the xfs on top", m, ok)
 	}
 	m, ok = mountedOn(mounts, "/run/replvol/mounts/srv%2Fdata.fuse")

@@ -53,6 +53,28 @@ type Record struct {
 	// Mounted: the file system was mounted on Dir.
 	Mounted bool      `json:"mounted"`
 	Created time.Time `json:"created"`
+	// Claim is the mount's claim on the volume's primary (nil: none was
+	// asked for), saved BEFORE it is taken, so that umount gives it back
+	// whatever step Mount stopped at.
+	Claim *Claim `json:"claim,omitempty"`
+}
+
+// Claim is a mount's claim on its volume: the primary keeps it, so that the
+// volume is mounted at most once, on any host (transport.ClaimRequest).
+type Claim struct {
+	// ID is the claim's, made at the first Mount on Dir and kept when the
+	// mount is made again from its record; Host is this host's name.
+	ID   string `json:"id"`
+	Host string `json:"host"`
+	// Node is the primary that holds it, Addr the control address
+	// replctl mount reached it at (--addr) and TLSDir its --tls-dir:
+	// replctl umount gives the claim back there.
+	Node   string `json:"node,omitempty"`
+	Addr   string `json:"addr"`
+	TLSDir string `json:"tls_dir,omitempty"`
+	// Grace is how long the claim lasts after the mount's connections
+	// closed: its --io-timeout.
+	Grace time.Duration `json:"grace,omitempty"`
 }
 
 // Registry keeps the records of a run directory.

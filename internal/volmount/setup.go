@@ -3,6 +3,8 @@ package volmount
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -40,6 +42,37 @@ type Request struct {
 	Helper []string
 	// Registry keeps the record.
 	Registry Registry
+	// Claim and Claimer: the volume's claim on its primary, and who asks for it (nil: no
+	// claim is asked for). Mount fills in the claim's ID (a new one, or the record's when
+	// it mounts again from a record whose helper is gone) and Host when empty.
+	Claim   *Claim
+	Claimer Claimer
+}
+
+// ClaimAction is what a Claimer is asked to do with a mount's claim.
+type ClaimAction string
+
+// The claim actions (transport.ClaimTake, ClaimConfirm, ClaimRelease).
+const (
+	ClaimTake    ClaimAction = "take"
+	ClaimConfirm ClaimAction = "confirm"
+	ClaimRelease ClaimAction = "release"
+)
+
+// Claimer asks the volume's primary about the claim of rec (rec.Claim, for rec.Volume and
+// rec.Dir): take it, confirm it, or give it back. An error is the primary's refusal, in
+// words, or why it could not be asked.
+type Claimer interface {
+	Claim(ctx context.Context, action ClaimAction, rec *Record) error
+}
+
+// newClaimID is a claim's ID: 16 random hex digits.
+func newClaimID() (string, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("a claim ID: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
 }
 
 // HasFileSystemError: MakeFS without Force on a device that holds a file system.
@@ -63,6 +96,14 @@ const helperReadyTimeout = dialTimeout + 30*time.Second
 
 // Mount attaches req's export and mounts its file system on req.Dir, recording every step;
 // when a step fails, what was done is undone. It returns the record.
+//
+// With a Claimer, the record is saved with the claim BEFORE the claim is taken (so that
+// Unmount finds it whatever happens next), the claim is taken BEFORE the helper connects to
+// the export, and confirmed once it is connected, BEFORE any file system is probed, made or
+// mounted: a volume another mount holds is refused before anything is set up, --force or
+// not. A record of req.Dir whose helper is gone (it crashed, or was killed) is a mount to make
+// again: what is left of it is undone, and the claim is taken again with the record's ID,
+// which the primary knows as the same mount's.
 func Mount(ctx context.Context, req Request) (*Record, error) {
 	via, err := chooseVia(req.Via, haveDevice("/dev/nbd0"), haveDevice("/dev/fuse"))
 	if err != nil {
@@ -75,30 +116,86 @@ func Mount(ctx context.Context, req Request) (*Record, error) {
 	if !fi.IsDir() {
 		return nil, fmt.Errorf("mount point %s is not a directory", req.Dir)
 	}
+	var claim *Claim
+	if req.Claimer != nil {
+		c := Claim{}
+		if req.Claim != nil {
+			c = *req.Claim
+		}
+		claim = &c
+	}
+	old, err := req.Registry.Load(req.Dir)
+	switch {
+	case errors.Is(err, ErrNoRecord):
+	case err != nil:
+		return nil, err
+	case old.Volume != req.Volume || old.Helper.Alive():
+		return nil, fmt.Errorf("%s: %w (%s; run replctl umount %s first)", req.Dir, ErrAlreadyMounted, old.Volume, req.Dir)
+	default:
+		// Its helper is gone: what is left of that mount is undone, and the claim is the
+		// record's.
+		if err := teardown(ctx, realHost{}, req.Registry, old); err != nil {
+			return nil, fmt.Errorf("%s was mounted by replctl mount and its helper (process %d) is gone; undoing what is left of it, to mount it again, failed: %w", req.Dir, old.Helper.PID, err)
+		}
+		if claim != nil && old.Claim != nil {
+			claim.ID = old.Claim.ID
+		}
+	}
 	mounts, err := readMounts()
 	if err != nil {
 		return nil, err
 	}
-	if _, err := req.Registry.Load(req.Dir); err == nil {
-		return nil, fmt.Errorf("%s: %w (run replctl umount %s first)", req.Dir, ErrAlreadyMounted, req.Dir)
-	}
 	if m, ok := mountedOn(mounts, req.Dir); ok {
 		return nil, fmt.Errorf("%s is already a mount point (%s, %s): unmount it first, or choose another directory", req.Dir, m.Source, m.FSType)
 	}
-	rec := &Record{Dir: req.Dir, Volume: req.Volume, Export: req.URI, Via: via, Created: time.Now().UTC()}
+	if claim != nil {
+		if claim.ID == "" {
+			if claim.ID, err = newClaimID(); err != nil {
+				return nil, err
+			}
+		}
+		if claim.Host == "" {
+			if claim.Host, err = os.Hostname(); err != nil {
+				return nil, fmt.Errorf("this host's name, for the claim: %w", err)
+			}
+		}
+	}
+	rec := &Record{Dir: req.Dir, Volume: req.Volume, Export: req.URI, Via: via, Created: time.Now().UTC(), Claim: claim}
 	if err := req.Registry.Create(rec); err != nil {
 		return nil, fmt.Errorf("%w (run replctl umount %s first)", err, req.Dir)
+	}
+	if claim != nil {
+		if err := req.Claimer.Claim(ctx, ClaimTake, rec); err != nil {
+			// Nothing was set up: the record goes.
+			if rerr := req.Registry.Remove(req.Dir); rerr != nil {
+				return nil, fmt.Errorf("%w; and removing the record failed (%v): run replctl umount %s", err, rerr, req.Dir)
+			}
+			return nil, err
+		}
 	}
 	if err := setUp(ctx, req, rec); err != nil {
 		// Undo with a context of its own: ctx may be what ended.
 		undoCtx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		if uerr := teardown(undoCtx, realHost{}, req.Registry, rec); uerr != nil {
-			return nil, fmt.Errorf("%w; undoing what was set up failed too (%v): run replctl umount %s", err, uerr, req.Dir)
+			return nil, fmt.Errorf("%w; undoing what was set up failed too: %v", err, uerr)
+		}
+		if claim != nil {
+			if rerr := req.Claimer.Claim(undoCtx, ClaimRelease, rec); rerr != nil {
+				return nil, fmt.Errorf("%w; everything set up was undone, but the claim was not given back (%v): it lapses by itself once the mount's connections are closed for %s", err, rerr, claimGrace(claim))
+			}
 		}
 		return nil, err
 	}
 	return rec, nil
+}
+
+// claimGrace is how long a claim lasts after its connections closed, in words.
+func claimGrace(c *Claim) string {
+	if c == nil || c.Grace <= 0 {
+		return "a minute"
+	}
+	return c.Grace.String()
 }
 
 // setUp does Mount's steps, saving rec after each.
@@ -119,6 +216,13 @@ func setUp(ctx context.Context, req Request, rec *Record) error {
 	rec.File, rec.Device, rec.Connections = r.File, r.Device, r.Connections
 	if err := reg.Save(rec); err != nil {
 		return err
+	}
+	// The helper's connections are made: the claim must still be this mount's BEFORE
+	// anything reads, makes or mounts a file system.
+	if rec.Claim != nil && req.Claimer != nil {
+		if err := req.Claimer.Claim(ctx, ClaimConfirm, rec); err != nil {
+			return err
+		}
 	}
 	if rec.Via == ViaFUSE {
 		// The loop device is set up here, never in the helper: the process that serves the

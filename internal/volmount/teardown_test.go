@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -22,7 +23,20 @@ type fakeHost struct {
 	ignoresTERM, leavesFUSE bool
 	fuseDir                 string
 	busy                    map[string]bool
-	log                     []string
+	// usedBy uses the loop devices for the next usedFor looks at them (-1: for ever).
+	usedBy  deviceUsers
+	usedFor int
+	log     []string
+}
+
+func (h *fakeHost) deviceUsers(dev, except string) (deviceUsers, error) {
+	if h.usedFor == 0 {
+		return deviceUsers{}, nil
+	}
+	if h.usedFor > 0 {
+		h.usedFor--
+	}
+	return h.usedBy, nil
 }
 
 func (h *fakeHost) mounts() ([]mountEntry, error) {
@@ -250,5 +264,84 @@ func TestUnmountRefusesWhenTheMountPointHoldsSomethingElse(t *testing.T) {
 	h.table["/srv/data"] = mountEntry{Dir: "/srv/data", Source: "tmpfs", FSType: "tmpfs"}
 	if _, err := unmountWith(context.Background(), h, reg, "/srv/data"); err == nil || len(h.log) != 0 {
 		t.Fatalf("Unmount over another mount: %v, did %q", err, h.log)
+	}
+}
+
+// TestAFailedStepSaysWhatIsLeftAndHowToFinish: the file system is unmounted, but a process
+// keeps the loop device open past the wait (as udev's probe might, or anything that opened
+// it): the loop device is not detached half way (a detach of a device in use only marks it
+// to let go at its last close), the helper its reader needs keeps serving, and the error
+// names the step, who holds the device, everything that is left and the command that
+// finishes the job. Once the process is gone, that command does.
+func TestAFailedStepSaysWhatIsLeftAndHowToFinish(t *testing.T) {
+	reg := Registry{Dir: t.TempDir()}
+	h, rec := fuseSetUp(t, reg)
+	h.usedBy, h.usedFor = deviceUsers{Processes: []string{"process 812 (systemd-udevd)"}}, -1
+	_, err := unmountWith(context.Background(), h, reg, "/srv/data")
+	var step *StepError
+	var inUse *LoopInUseError
+	if !errors.As(err, &step) || !errors.As(err, &inUse) {
+		t.Fatalf("Unmount with the loop device held open: %v; want a StepError of a LoopInUseError", err)
+	}
+	for _, words := range []string{
+		"replctl umount /srv/data stopped at: detach the loop device /dev/loop3",
+		"the loop device /dev/loop3 is still open by process 812 (systemd-udevd) after 30s",
+		"Left: the loop device /dev/loop3 over " + rec.File,
+		"the FUSE mount at " + rec.FUSEDir,
+		"the helper, process 4242 (its log: " + reg.LogPath("/srv/data") + ")",
+		"the record " + reg.recordPath("/srv/data"),
+		"run replctl umount /srv/data again to finish",
+	} {
+		if !strings.Contains(err.Error(), words) {
+			t.Errorf("the error does not say %q:\n%s", words, err)
+		}
+	}
+	if strings.Contains(err.Error(), "the file system (ext4") {
+		t.Errorf("the error counts the file system, which was unmounted, as left: %s", err)
+	}
+	if want := []string{"umount /srv/data 0"}; !reflect.DeepEqual(h.log, want) {
+		t.Fatalf("done %q, want only %q: nothing detached or stopped while the device is in use", h.log, want)
+	}
+	if _, err := reg.Load("/srv/data"); err != nil {
+		t.Fatalf("the record after a failed step: %v", err)
+	}
+
+	h.usedFor, h.log = 0, nil
+	if _, err := unmountWith(context.Background(), h, reg, "/srv/data"); err != nil {
+		t.Fatalf("replctl umount again once the process is gone: %v", err)
+	}
+	if want := []string{"losetup -d /dev/loop3", "signal terminated", "rmdir " + rec.FUSEDir}; !reflect.DeepEqual(h.log, want) {
+		t.Fatalf("the second run did %q, want %q", h.log, want)
+	}
+}
+
+// TestAProbeOfTheLoopDeviceIsWaitedForBeforeTheDetach: a process that holds the loop device
+// open for a moment (a probe) is waited for, the helper serving meanwhile; the device is
+// detached once nothing uses it, and the teardown goes on.
+func TestAProbeOfTheLoopDeviceIsWaitedForBeforeTheDetach(t *testing.T) {
+	reg := Registry{Dir: t.TempDir()}
+	h, rec := fuseSetUp(t, reg)
+	h.usedBy, h.usedFor = deviceUsers{Processes: []string{"process 77 (blkid)"}}, 40 // 2 s of looks
+	if _, err := unmountWith(context.Background(), h, reg, "/srv/data"); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"umount /srv/data 0", "losetup -d /dev/loop3", "signal terminated", "rmdir " + rec.FUSEDir}; !reflect.DeepEqual(h.log, want) {
+		t.Fatalf("done %q, want %q", h.log, want)
+	}
+}
+
+// TestALoopDeviceMountedElsewhereIsNotDetached: the loop device also mounted elsewhere (a
+// copy of the mount in another mount namespace) is refused at once, naming where: a
+// detach would leave that file system without its disk.
+func TestALoopDeviceMountedElsewhereIsNotDetached(t *testing.T) {
+	reg := Registry{Dir: t.TempDir()}
+	h, _ := fuseSetUp(t, reg)
+	h.usedBy, h.usedFor = deviceUsers{Mounts: []string{"/srv/data in the mount namespace of process 900 (backup)"}}, -1
+	_, err := unmountWith(context.Background(), h, reg, "/srv/data")
+	if err == nil || !strings.Contains(err.Error(), "the loop device /dev/loop3 is mounted on /srv/data in the mount namespace of process 900 (backup)") {
+		t.Fatalf("Unmount with the loop device mounted elsewhere: %v", err)
+	}
+	if len(h.log) != 1 || !h.running {
+		t.Fatalf("done %q: want only the file system unmounted here", h.log)
 	}
 }

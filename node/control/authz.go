@@ -54,6 +54,7 @@ var methodAccess = map[string]access{
 	transport.MethodMembership:     accessCommand,
 	transport.MethodAdjust:         accessCommand,
 	transport.MethodResize:         accessCommand,
+	transport.MethodClaim:          accessCommand,
 	transport.MethodClusterForward: accessNodes,
 }
 

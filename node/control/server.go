@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/replvol/replvol/replication"
@@ -55,6 +56,11 @@ type Node interface {
 	// answer's. sender refuses the message, by the node it says it comes
 	// from, before anything is done with it; it does not block.
 	ClusterMessage(ctx context.Context, body []byte, sender func(from string) error) ([]byte, error)
+	// Claim takes, confirms or gives back the mount claim of r.Volume
+	// here, once the request was checked: the volume is the cluster's,
+	// and the holder is named. It refuses a volume this node is not the
+	// primary of, naming the primary.
+	Claim(ctx context.Context, r *transport.ClaimRequest) (*transport.ClaimReply, error)
 }
 
 // Volume is what the control API asks of one volume the node holds. Its
@@ -343,6 +349,31 @@ func (s *Server) ClusterForward(ctx context.Context, r *transport.ClusterMessage
 
 func (s *Server) Membership(ctx context.Context, r *transport.MembershipRequest) (*transport.MembershipReply, error) {
 	return s.node.Membership(ctx, r)
+}
+
+// Claim runs replctl mount's claim on this node, which must be the
+// volume's primary: it is not forwarded, since the claim covers the
+// connections to this node's export, which the mount uses.
+func (s *Server) Claim(ctx context.Context, r *transport.ClaimRequest) (*transport.ClaimReply, error) {
+	if _, found := s.node.Disks(r.Volume); !found {
+		return nil, status.Errorf(codes.NotFound, "no volume %q in the cluster", r.Volume)
+	}
+	switch r.Action {
+	case transport.ClaimTake, transport.ClaimConfirm, transport.ClaimRelease:
+	default:
+		return nil, status.Errorf(codes.InvalidArgument, "claim action %q: want %s, %s or %s", r.Action, transport.ClaimTake, transport.ClaimConfirm, transport.ClaimRelease)
+	}
+	h := r.Holder
+	switch {
+	case h.ID == "":
+		return nil, status.Error(codes.InvalidArgument, "a claim needs the holder's ID (replctl mount makes one and keeps it in the mount's record)")
+	case r.Action != transport.ClaimRelease && (h.Host == "" || !strings.HasPrefix(h.Dir, "/")):
+		return nil, status.Errorf(codes.InvalidArgument, "a claim names its holder: the host (%q) and the mount point, an absolute path (%q)", h.Host, h.Dir)
+	case r.Grace < 0:
+		return nil, status.Errorf(codes.InvalidArgument, "claim grace %s: give 0 or more", r.Grace)
+	}
+	reply, err := s.node.Claim(ctx, r)
+	return reply, GRPCError(err)
 }
 
 // Events streams this node's events: the last r.History first (oldest

@@ -58,6 +58,11 @@ func (f *fakeNode) Membership(ctx context.Context, r *transport.MembershipReques
 	return &transport.MembershipReply{}, nil
 }
 
+func (f *fakeNode) Claim(ctx context.Context, r *transport.ClaimRequest) (*transport.ClaimReply, error) {
+	f.decided = append(f.decided, "claim")
+	return &transport.ClaimReply{Volume: r.Volume, Node: "alpha"}, nil
+}
+
 func (f *fakeNode) ClusterMessage(ctx context.Context, body []byte, sender func(from string) error) ([]byte, error) {
 	f.decided = append(f.decided, "cluster message")
 	return nil, nil
@@ -112,6 +117,22 @@ func TestTheHandlersCheckTheRequestBeforeTheNodeDecides(t *testing.T) {
 			_, err := s.Verify(ctx, &transport.VerifyRequest{Volume: "nope"})
 			return err
 		}, codes.NotFound, `no volume "nope" in the cluster`},
+		{"a mount claim of a volume the cluster lacks", func(s *Server) error {
+			_, err := s.Claim(ctx, &transport.ClaimRequest{Volume: "nope", Action: transport.ClaimTake, Holder: transport.MountHolder{Host: "h", Dir: "/mnt", ID: "1"}})
+			return err
+		}, codes.NotFound, `no volume "nope" in the cluster`},
+		{"a mount claim that names no holder", func(s *Server) error {
+			_, err := s.Claim(ctx, &transport.ClaimRequest{Volume: "vol0", Action: transport.ClaimTake, Holder: transport.MountHolder{ID: "1"}})
+			return err
+		}, codes.InvalidArgument, "a claim names its holder"},
+		{"a mount claim without the holder's ID", func(s *Server) error {
+			_, err := s.Claim(ctx, &transport.ClaimRequest{Volume: "vol0", Action: transport.ClaimRelease, Holder: transport.MountHolder{Host: "h", Dir: "/mnt"}})
+			return err
+		}, codes.InvalidArgument, "a claim needs the holder's ID"},
+		{"a mount claim of an unknown action", func(s *Server) error {
+			_, err := s.Claim(ctx, &transport.ClaimRequest{Volume: "vol0", Action: "steal", Holder: transport.MountHolder{Host: "h", Dir: "/mnt", ID: "1"}})
+			return err
+		}, codes.InvalidArgument, `claim action "steal"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			node := &fakeNode{}
