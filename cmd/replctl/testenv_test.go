@@ -349,7 +349,7 @@ func startDemo(t *testing.T, extra ...string) *demo {
 				d.nodes[m[1]] = demoNode{Name: m[1], Control: m[2], Replication: m[3], NBD: m[4]}
 			}
 			switch {
-			case strings.HasPrefix(l, "nbd://") && d.uri == "":
+			case (strings.HasPrefix(l, "nbd://") || strings.HasPrefix(l, "nbds://")) && d.uri == "":
 				d.uri = strings.Fields(l)[0]
 			case l == "ready":
 				ready = true
