@@ -2,7 +2,7 @@
 #
 # Every target builds and tests with go1.27.3, which the go command fetches
 # once from the Go module proxy (76 MB): Go 1.26.8's standard library has
-# denial-of-service vulnerabilities our control port reaches (README, "Known
+# denial-of-service vulnerabilities our control port reaches (docs/development.md, "Known
 # vulnerabilities"), and its fuzz coordinator can fail a target that found
 # nothing (go.dev/issue/75804). The code still builds with Go 1.26
 # (go.mod); GOTOOLCHAIN=local uses the Go on the PATH.
@@ -78,7 +78,7 @@ fuzz:
 
 # Reports the known vulnerabilities (govulncheck) that the code reaches,
 # with the database built offline from the Go module proxy
-# (deploy/vulncheck.sh); README "Known vulnerabilities" lists what it
+# (deploy/vulncheck.sh); docs/development.md, "Known vulnerabilities", lists what it
 # found and why each does or does not apply. VULNFLAGS="-show verbose"
 # also lists those the code does not call.
 vuln:
@@ -169,7 +169,9 @@ install: build
 	chmod 0644 $(DESTDIR)$(UNITDIR)/replnode.service '$(DESTDIR)$(UNITDIR)/replvol-mount@.service'
 	install -m 0644 $(BUILD)/man/man1/*.1.gz $(DESTDIR)$(MANDIR)/man1/
 	install -m 0644 $(BUILD)/man/man8/*.8.gz $(DESTDIR)$(MANDIR)/man8/
-	install -m 0644 README.md docs/production.md deploy/cluster.example.yaml deploy/alerts.yaml $(DESTDIR)$(DOCDIR)/
+	install -d $(DESTDIR)$(DOCDIR)/docs
+	install -m 0644 README.md CHANGELOG.md deploy/cluster.example.yaml deploy/alerts.yaml $(DESTDIR)$(DOCDIR)/
+	install -m 0644 docs/*.md docs/*.svg $(DESTDIR)$(DOCDIR)/docs/
 	install -m 0644 deploy/cluster.example.yaml $(DESTDIR)$(SYSCONFDIR)/replvol/cluster.example.yaml
 	install -m 0644 $(BUILD)/completion/replctl.bash $(DESTDIR)$(BASHCOMPDIR)/replctl
 	install -m 0644 $(BUILD)/completion/_replctl $(DESTDIR)$(ZSHCOMPDIR)/_replctl

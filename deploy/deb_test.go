@@ -22,7 +22,8 @@ var debFiles = []string{
 	"/usr/share/bash-completion/completions/replctl",
 	"/usr/share/zsh/vendor-completions/_replctl",
 	"/usr/share/fish/vendor_completions.d/replctl.fish",
-	"/usr/share/doc/replvol/production.md",
+	"/usr/share/doc/replvol/docs/production.md",
+	"/usr/share/doc/replvol/README.md",
 	"/var/lib/replvol",
 }
 

@@ -27,7 +27,8 @@ func TestMakeInstallHonoursDestdirAndPrefix(t *testing.T) {
 		"opt/replvol/share/bash-completion/completions/replctl",
 		"opt/replvol/share/zsh/site-functions/_replctl",
 		"opt/replvol/share/fish/vendor_completions.d/replctl.fish",
-		"opt/replvol/share/doc/replvol/production.md",
+		"opt/replvol/share/doc/replvol/docs/production.md",
+		"opt/replvol/share/doc/replvol/README.md",
 		"etc/replvol/cluster.example.yaml",
 		"var/lib/replvol",
 	} {
