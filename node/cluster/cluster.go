@@ -33,7 +33,9 @@ type Cluster struct {
 	observer *raft.Observer
 	gossip   *gossip
 	// tls is raft's TLS stream layer (nil without Config.TLS).
-	tls          *tlsLayer
+	tls *tlsLayer
+	// trans is raft's transport, which checks each inbound RPC's sender.
+	trans        *gatedTransport
 	leases       *leases
 	renewer      renewer
 	barriers     sharedBarrier
@@ -131,12 +133,13 @@ func Open(cfg Config) (c *Cluster, err error) {
 		c.tls = newTLSLayer(raw, cfg.TLS, cfg.Members, cfg.Timing.RaftIOTimeout, logger, cfg.Refused)
 		stream = c.tls
 	}
-	trans := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-		Stream:  stream,
-		MaxPool: 3,
-		Timeout: cfg.Timing.RaftIOTimeout,
-		Logger:  hcl.Named("net"),
+	// Every inbound RPC is checked against its connection's certificate
+	// and raft's voters before raft sees it (rpcgate.go).
+	trans := newGatedTransport(gateConfig{
+		listener: stream, withTLS: cfg.TLS != nil, members: cfg.Members,
+		timeout: cfg.Timing.RaftIOTimeout, logger: logger, hcl: hcl.Named("net"), refused: cfg.Refused,
 	})
+	c.trans = trans
 	undo = append(undo, func() { _ = trans.Close() })
 
 	rc := raft.DefaultConfig()
@@ -174,6 +177,14 @@ func Open(cfg Config) (c *Cluster, err error) {
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
 	c.raft.RegisterObserver(c.observer)
+	trans.start(func() (raft.Configuration, string, bool) {
+		f := c.raft.GetConfiguration()
+		if f.Error() != nil {
+			return raft.Configuration{}, "", false
+		}
+		_, leader := c.raft.LeaderWithID()
+		return f.Configuration(), string(leader), true
+	})
 	undo = append(undo, func() {
 		c.raft.DeregisterObserver(c.observer)
 		_ = c.raft.Shutdown().Error()
@@ -423,6 +434,7 @@ func (s *streamLayer) Dial(a raft.ServerAddress, timeout time.Duration) (net.Con
 // member added at runtime (AddVoter).
 func (c *Cluster) addMember(m Member) {
 	c.gossip.add(m)
+	c.trans.learn(m)
 	if c.tls != nil {
 		c.tls.learn(m)
 	}

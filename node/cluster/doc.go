@@ -23,7 +23,10 @@
 // With the cluster's PKI (Config.TLS, Config.GossipKey), raft's
 // connections are mutual TLS 1.3 and gossip is encrypted with memberlist's
 // keyring: a node of another CA, or without the key, neither votes nor is
-// heard (tls.go).
+// heard (tls.go). Raft's transport checks every inbound RPC before raft
+// sees it: the node it names must be the node of its connection's
+// certificate, a voter (or, for AppendEntries and InstallSnapshot, a node
+// of the cluster file), at its raft address (rpcgate.go).
 //
 // It imports metadata/raftlog (the raft log on bbolt), replication (the
 // rules) and internal/pki, and nothing of node or transport: the node

@@ -62,6 +62,9 @@ type testNet struct {
 	logLevel slog.Level
 	// clock, when set before a node starts, keeps its leases' time.
 	clock clock.Clock
+	// timing is what a node starts with (testTiming unless a test sets
+	// another before it starts the nodes).
+	timing Timing
 }
 
 func member(name string) Member  { return Member{Name: name} }
@@ -73,7 +76,7 @@ func newTestNet(t *testing.T, members ...Member) *testNet {
 		links: map[string]*fault.Link{}, byRaft: map[string]string{},
 		spare: map[string]bool{}, listened: map[string]net.Listener{},
 		tls: map[string]*pki.Bundle{}, keys: map[string][]byte{}, logs: map[string]*testLogWriter{},
-		logLevel: slog.LevelWarn,
+		logLevel: slog.LevelWarn, timing: testTiming,
 	}
 	for _, m := range members {
 		n.initial = append(n.initial, n.define(m))
@@ -150,11 +153,11 @@ func (n *testNet) start(name string) *Cluster {
 		logs.level = n.logLevel
 		n.logs[name] = logs
 	}
-	bundle, key := n.tls[name], n.keys[name]
+	bundle, key, timing := n.tls[name], n.keys[name], n.timing
 	n.mu.Unlock()
 	c, err := Open(Config{
 		Self: name, Members: members, Dir: n.dirs[name], Logger: logs.logger(),
-		RaftListener: layer, Forward: n.forwarder(name), NoBootstrap: n.spare[name], Timing: testTiming,
+		RaftListener: layer, Forward: n.forwarder(name), NoBootstrap: n.spare[name], Timing: timing,
 		TLS: bundle, GossipKey: key, clock: n.clock,
 	})
 	if err != nil {
@@ -343,17 +346,42 @@ func (n *testNet) withTLS() {
 		names = append(names, name)
 	}
 	n.mu.Unlock()
-	n.issue(names...)
+	n.issue(names)
+}
+
+// withTLSAnd is withTLS, and gives the CA's certificates also to the
+// outsiders: nodes of no cluster file, which never start. It returns the
+// bundle of each outsider and of the operator (by name, "operator").
+func (n *testNet) withTLSAnd(outsiders ...string) map[string]*pki.Bundle {
+	n.mu.Lock()
+	var names []string
+	for name := range n.members {
+		names = append(names, name)
+	}
+	n.mu.Unlock()
+	dir := n.issue(names, outsiders...)
+	out := map[string]*pki.Bundle{}
+	for _, name := range append(outsiders, "operator") {
+		b, err := pki.Load(filepath.Join(dir, pki.CAFile), filepath.Join(dir, pki.CertFile(name)), filepath.Join(dir, pki.KeyFile(name)))
+		if err != nil {
+			n.t.Fatal(err)
+		}
+		out[name] = b
+	}
+	return out
 }
 
 // stranger gives the named members certificates of another CA, and that
 // CA's gossip key: nodes of another cluster at the members' addresses.
-func (n *testNet) stranger(names ...string) { n.issue(names...) }
+func (n *testNet) stranger(names ...string) { n.issue(names) }
 
-func (n *testNet) issue(names ...string) {
+// issue makes a new CA, gives the named members its certificates and
+// gossip key, writes certificates for the outsiders too, and returns the
+// directory of the files.
+func (n *testNet) issue(names []string, outsiders ...string) string {
 	dir := n.t.TempDir()
 	var hs []pki.Holder
-	for _, name := range names {
+	for _, name := range append(slices.Clone(names), outsiders...) {
 		hs = append(hs, pki.Holder{Identity: pki.Identity{Role: pki.RoleNode, Name: name}, Hosts: []string{"127.0.0.1"}})
 	}
 	if _, err := pki.Init(dir, hs, false); err != nil {
@@ -372,6 +400,7 @@ func (n *testNet) issue(names ...string) {
 		}
 		n.tls[name], n.keys[name] = b, key
 	}
+	return dir
 }
 
 // logsOf is what the node logged at logLevel and above.
