@@ -15,6 +15,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/replvol/replvol/internal/clock"
+	"github.com/replvol/replvol/internal/logonce"
 	"github.com/replvol/replvol/metadata/raftlog"
 	"github.com/replvol/replvol/replication"
 )
@@ -45,6 +46,9 @@ type Cluster struct {
 	member membership
 
 	changed chan struct{}
+	// forwardRefusals: a refused forwarded request is logged once per
+	// sender and kind.
+	forwardRefusals *logonce.Set
 
 	ctx       context.Context // ends at Close
 	cancel    context.CancelFunc
@@ -96,10 +100,11 @@ func Open(cfg Config) (c *Cluster, err error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	c = &Cluster{
 		cfg: cfg, self: cfg.Self, logger: logger,
-		leases:       newLeases(cfg.Timing),
-		leaderChange: newBroadcast(),
-		changed:      make(chan struct{}, 1),
-		ctx:          ctx, cancel: cancel,
+		leases:          newLeases(cfg.Timing),
+		leaderChange:    newBroadcast(),
+		changed:         make(chan struct{}, 1),
+		forwardRefusals: logonce.New(refusalQuiet, maxRefusalsKept, nil),
+		ctx:             ctx, cancel: cancel,
 	}
 	c.fsm = &fsm{applied: c.signalChanged}
 	var undo []func()

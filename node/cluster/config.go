@@ -58,9 +58,9 @@ type Config struct {
 	// message and push/pull (memberlist's keyring, 16, 24 or 32 bytes): a
 	// node without the key is not a member. Nil: plaintext.
 	GossipKey []byte
-	// Refused, when set, is told each refusal of a raft connection (in
-	// words, once per peer and cause) for the node's events. It must not
-	// block.
+	// Refused, when set, is told each refusal of a raft connection, of a
+	// raft RPC or of a forwarded request (in words, once per peer and
+	// cause) for the node's events. It must not block.
 	Refused func(words string)
 	// NoBootstrap is for a node added at runtime (replctl node add): it
 	// starts with no raft configuration and waits for the leader's

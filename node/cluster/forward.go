@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -85,6 +87,10 @@ var (
 	// errNotLeader: the node asked is not the leader; the sender retries
 	// with the leader it learns of next.
 	errNotLeader = errors.New("not the raft leader")
+	// ErrSenderNotAVoter: a forwarded request from a node that is not a
+	// voter of this node's raft configuration (or names no sender);
+	// nothing was done.
+	ErrSenderNotAVoter = errors.New("the sender is not a raft voter")
 )
 
 // errorCodes name the error classes that cross a forward.
@@ -106,6 +112,7 @@ var errorCodes = []struct {
 	{"bad-request", ErrBadRequest},
 	{"not-leader", errNotLeader},
 	{"not-a-voter", ErrNotAVoter},
+	{"sender-not-a-voter", ErrSenderNotAVoter},
 }
 
 // replyOf encodes the leader's result.
@@ -257,14 +264,24 @@ func (c *Cluster) forwardTo(ctx context.Context, leader string, req ForwardReque
 
 // HandleForward runs a forwarded request on this node, the leader. Its
 // errors travel in the reply; a node that is not (any more) the leader
-// answers so, and the sender tries the next leader.
+// answers so, and the sender tries the next leader. Only a voter of this
+// node's raft configuration may ask anything but the voters (a removed or
+// joining node asks them): req.From names the sender, which the node
+// layer binds to the certificate of the call (a node speaks for itself
+// only), and a node of the CA that is no voter (removed, or never added)
+// neither proposes, nor renews or releases a lease, nor changes the
+// membership, nor tells this node it was removed.
 func (c *Cluster) HandleForward(ctx context.Context, req ForwardRequest) ForwardReply {
 	if c.ctx.Err() != nil {
 		return replyOf(replication.VolumeAuthority{}, ErrClosed)
 	}
-	switch req.Kind {
-	case KindVoters:
+	if req.Kind == KindVoters {
 		return c.votersReply()
+	}
+	if err := c.checkSender(req); err != nil {
+		return replyOf(replication.VolumeAuthority{}, err)
+	}
+	switch req.Kind {
 	case KindRemoved:
 		c.learnVoters(req.Voters)
 		return ForwardReply{}
@@ -445,4 +462,27 @@ func waitFuture(ctx context.Context, f raft.Future) error {
 		return fmt.Errorf("%w: %w", ErrNoQuorum, err)
 	}
 	return err
+}
+
+// checkSender refuses a forwarded request whose sender is not a voter of
+// this node's latest raft configuration, and logs the refusal once per
+// sender and cause.
+func (c *Cluster) checkSender(req ForwardRequest) error {
+	voters, _ := c.configVoters()
+	if req.From != "" && slices.Contains(voters, req.From) {
+		return nil
+	}
+	words := fmt.Sprintf("cluster: refused a forwarded %s request from %q: it is not a voter of this node's raft configuration (voters: %s)", req.Kind, req.From, strings.Join(voters, ", "))
+	if req.From == "" {
+		words = fmt.Sprintf("cluster: refused a forwarded %s request that names no sender", req.Kind)
+	}
+	if c.forwardRefusals.First(req.From + " " + string(req.Kind)) {
+		c.logger.Warn(words)
+		if c.cfg.Refused != nil {
+			c.cfg.Refused(words)
+		}
+	} else {
+		c.logger.Debug(words)
+	}
+	return fmt.Errorf("%w: %s", ErrSenderNotAVoter, words)
 }
