@@ -159,9 +159,9 @@ func header(id, addr string) raft.RPCHeader {
 	return raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(id), Addr: []byte(addr)}
 }
 
-func appendEntries(id, addr string, commit uint64) func(*forger, Member) error {
+func appendEntries(id, addr string, term, commit uint64) func(*forger, Member) error {
 	return func(f *forger, to Member) error {
-		req := &raft.AppendEntriesRequest{RPCHeader: header(id, addr), Term: hugeTerm, LeaderCommitIndex: commit}
+		req := &raft.AppendEntriesRequest{RPCHeader: header(id, addr), Term: term, LeaderCommitIndex: commit}
 		return f.AppendEntries(raft.ServerID(to.Name), raft.ServerAddress(to.Raft), req, &raft.AppendEntriesResponse{})
 	}
 }
@@ -237,8 +237,10 @@ func viewOf(c *Cluster) raftView {
 // once per certificate and cause.
 func TestForgedRaftRPCsChangeNoTermNorLeader(t *testing.T) {
 	n := newTestNet(t, member("a"), member("b"), witness("w"))
-	n.timing.HeartbeatTimeout, n.timing.ElectionTimeout, n.timing.LeaderLeaseTimeout = time.Second, time.Second, 500*time.Millisecond
-	n.timing.LeaseDuration = 2 * time.Second
+	// Slower raft than the package's other tests: a busy machine that
+	// holds a node up for a moment must not make an election of its own.
+	n.timing.HeartbeatTimeout, n.timing.ElectionTimeout, n.timing.LeaderLeaseTimeout = 1500*time.Millisecond, 1500*time.Millisecond, 1500*time.Millisecond
+	n.timing.LeaseDuration = 3 * time.Second
 	others := n.withTLSAnd("x")
 	n.startAll()
 	leader := n.waitLeader(t)
@@ -303,16 +305,19 @@ func TestForgedRaftRPCsChangeNoTermNorLeader(t *testing.T) {
 
 	mallory := "127.0.0.1:1"
 	forgeries := []forgery{
-		{"a heartbeat as mallory", appendEntries("mallory", mallory, 0)},
-		{"an AppendEntries as mallory with a commit index", appendEntries("mallory", mallory, 1)},
+		{"a heartbeat as mallory", appendEntries("mallory", mallory, hugeTerm, 0)},
+		{"an AppendEntries as mallory with a commit index", appendEntries("mallory", mallory, hugeTerm, 1)},
 		{"a pipelined AppendEntries as mallory", pipelined("mallory", mallory)},
-		{"a heartbeat in another node's name", appendEntries(other.Name, other.Raft, 0)},
-		{"an AppendEntries in the leader's name", appendEntries(leader.self, n.members[leader.self].Raft, 1)},
+		{"a heartbeat in another node's name", appendEntries(other.Name, other.Raft, hugeTerm, 0)},
+		// At the term in force: a follower would take the sender for
+		// its leader without a new term.
+		{"a heartbeat in another node's name at the current term", appendEntries(other.Name, other.Raft, before[other.Name].term, 0)},
+		{"an AppendEntries in the leader's name", appendEntries(leader.self, n.members[leader.self].Raft, hugeTerm, 1)},
 		{"a RequestVote in another node's name", requestVote(other.Name, other.Raft)},
 		{"a RequestVote as mallory", requestVote("mallory", mallory)},
 		{"a RequestPreVote in another node's name", requestPreVote(other.Name, other.Raft)},
 		{"a TimeoutNow in the leader's name", timeoutNow(leader.self, n.members[leader.self].Raft)},
-		{"a heartbeat in its own name at another node's address", appendEntries(own.Name, other.Raft, 0)},
+		{"a heartbeat in its own name at another node's address", appendEntries(own.Name, other.Raft, hugeTerm, 0)},
 		{"a TimeoutNow in its own name (it does not lead)", timeoutNow(own.Name, own.Raft)},
 		// Last: before the gate, raft panicked on this one (a snapshot
 		// without a configuration), taking the node down.
@@ -347,10 +352,10 @@ attack:
 					}
 				}
 			}
-			if err := appendEntries("x", "127.0.0.1:2", 0)(outsider, to); err == nil {
+			if err := appendEntries("x", "127.0.0.1:2", hugeTerm, 0)(outsider, to); err == nil {
 				t.Errorf("a heartbeat of node x, in no configuration, to %s was answered", to.Name)
 			}
-			if err := appendEntries(own.Name, own.Raft, 0)(operator, to); err == nil {
+			if err := appendEntries(own.Name, own.Raft, hugeTerm, 0)(operator, to); err == nil {
 				t.Errorf("a heartbeat with the operator's certificate to %s was answered", to.Name)
 			}
 		}
