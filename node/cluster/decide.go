@@ -44,7 +44,8 @@ const (
 	// PrimaryRenewed: the primary renewed its lease within StarvedAfter
 	// of the time this leader observed (since its office, its own
 	// resumption, the primary's term, or the last renewal), and gossip
-	// does not say it is gone: a healthy primary, or one whose lease has
+	// does not say it is gone, or it renewed within
+	// RenewalOverrulesGossip: a healthy primary, or one whose lease has
 	// not starved yet.
 	PrimaryRenewed
 	// NoUpToDateCandidate: the primary is lost, and no UpToDate data node
@@ -55,7 +56,8 @@ const (
 	// one).
 	CandidateOutdated
 	// PrimaryGone: gossip declared the primary dead or gone, or never
-	// heard of it in UnknownGrace: another node takes over.
+	// heard of it in UnknownGrace, and it renewed nothing within
+	// RenewalOverrulesGossip: another node takes over.
 	PrimaryGone
 	// PrimaryCutOff: gossip sees the primary alive, but it renewed no
 	// lease for StarvedAfter of the time this leader observed: it is cut

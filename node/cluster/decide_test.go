@@ -11,8 +11,8 @@ import (
 // The leader's failover decision as a table: for each situation, what
 // Decide proposes, and why it leaves each other volume alone. A primary is
 // failed over only by a leader that observes, with failover on, when
-// gossip says it is gone or it renewed no lease for two leases of time the
-// leader itself observed, and only to an alive UpToDate data node that is
+// gossip says it is gone and it renewed nothing for half a lease, or it
+// renewed no lease for two leases of time the leader itself observed, and only to an alive UpToDate data node that is
 // not the primary.
 
 func TestDecideFailover(t *testing.T) {
@@ -99,23 +99,26 @@ func TestDecideFailover(t *testing.T) {
 			want: Decision{Left: []LeftAlone{{Volume: "vol", Why: PrimaryRenewed, Primary: "alpha"}},
 				Seen: map[string]Term{"vol": {Epoch: 4, Since: at(10000)}}}},
 		{name: "gossip declared the primary dead: beta takes over",
-			authority: authority(healthy), members: alphaDead, renewals: renewed(at(9900)), leader: leading, now: at(10000),
+			authority: authority(healthy), members: alphaDead, renewals: renewed(at(9000)), leader: leading, now: at(10000),
 			want: promote(PrimaryGone, 0)},
+		{name: "gossip declared the primary dead, but it renewed 100 ms ago: gossip is a hint, nothing is proposed",
+			authority: authority(healthy), members: alphaDead, renewals: renewed(at(9900)), leader: leading, now: at(10000),
+			want: left(PrimaryRenewed, 100*time.Millisecond)},
 		{name: "gossip never heard of the primary, past the grace",
-			authority: authority(healthy), renewals: renewed(at(9900)), leader: leading, now: at(6000),
+			authority: authority(healthy), renewals: renewed(at(1000)), leader: leading, now: at(6000),
 			members: status(three, map[string]Liveness{"beta": Alive, "witness": Alive}),
 			want:    promote(PrimaryGone, 0)},
 		{name: "the primary is dead and beta alive but Outdated: no promotion",
-			authority: authority(volume([]string{"alpha"}, []string{"beta"})), members: alphaDead, renewals: renewed(at(9900)), leader: leading, now: at(10000),
+			authority: authority(volume([]string{"alpha"}, []string{"beta"})), members: alphaDead, renewals: renewed(at(9000)), leader: leading, now: at(10000),
 			want: Decision{Left: []LeftAlone{{Volume: "vol", Why: CandidateOutdated, Primary: "alpha", Lost: PrimaryGone,
 				Refusal: replication.FailoverRefusal{Primary: "alpha", OutdatedAlive: []string{"beta"}}}}}},
 		{name: "the primary and the UpToDate beta are dead",
-			authority: authority(healthy), renewals: renewed(at(9900)), leader: leading, now: at(10000),
+			authority: authority(healthy), renewals: renewed(at(9000)), leader: leading, now: at(10000),
 			members: status(three, map[string]Liveness{"alpha": Dead, "beta": Dead, "witness": Alive}),
 			want: Decision{Left: []LeftAlone{{Volume: "vol", Why: NoUpToDateCandidate, Primary: "alpha", Lost: PrimaryGone,
 				Refusal: replication.FailoverRefusal{Primary: "alpha", NotAlive: []string{"beta"}}}}}},
 		{name: "a witness is never chosen, even one the authority lists UpToDate",
-			authority: authority(volume([]string{"alpha", "arbiter", "beta"}, nil)), renewals: renewed(at(9900)), leader: leading, now: at(10000),
+			authority: authority(volume([]string{"alpha", "arbiter", "beta"}, nil)), renewals: renewed(at(9000)), leader: leading, now: at(10000),
 			members: status([]string{"alpha", "arbiter", "beta"}, map[string]Liveness{"alpha": Dead, "arbiter": Alive, "beta": Alive}),
 			want:    promote(PrimaryGone, 0)},
 		{name: "no quorum: raft elected nobody, this node leads nothing and decides nothing",

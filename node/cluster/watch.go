@@ -10,7 +10,11 @@ import (
 // lost? These are pure rules of (observations, now); the node layer's
 // cluster loop feeds them its clock and acts on the verdict.
 //
-// Gossip declaring the primary dead or gone is enough. A primary that
+// Gossip declaring the primary dead or gone is enough, unless the primary
+// renewed its lease through this leader lately: gossip is a hint, carried
+// under one key that every node holds and naming no certificate (a
+// holder of the key can say any node is dead), and a primary that renews
+// is in touch with the leader whatever gossip says. A primary that
 // gossip sees alive but that renews no lease is cut off from the leader;
 // it counts as lost once it has renewed nothing for StarvedAfter, counted
 // only over time the leader itself observed: since it took office, since
@@ -28,8 +32,16 @@ import (
 func StarvedAfter(lease time.Duration) time.Duration { return 2 * lease }
 
 // UnknownGrace: a member gossip never heard of counts as lost once the
-// leader has observed this long.
+// leader has observed this long (unless it renews).
 const UnknownGrace = 5 * time.Second
+
+// RenewalOverrulesGossip is how recent a grant of the primary's lease
+// must be to overrule gossip that says the primary is dead, gone or
+// unknown: half a lease. A live primary renews every third of a lease; a
+// dead one's last grant is half a lease old well before no lease of it
+// can still be valid (LeaseDuration×(1+drift) after the grant, when the
+// promotion may complete), so waiting for it delays no failover.
+func RenewalOverrulesGossip(lease time.Duration) time.Duration { return lease / 2 }
 
 // Watch follows a leader's observation loop, a loop that runs at least
 // every Every: a step that comes more than GapAfter(Every) after the one
@@ -98,14 +110,18 @@ func (w PrimaryWatch) Judge(now time.Time, lease time.Duration) PrimaryVerdict {
 	if w.Observing.IsZero() {
 		return PrimaryVerdict{} // a node that does not lead judges nothing
 	}
+	renewedLately := w.Renewing || (!w.LastRenewal.IsZero() && now.Sub(w.LastRenewal) < RenewalOverrulesGossip(lease))
 	switch w.Liveness {
 	case Dead, Left:
-		return PrimaryVerdict{Lost: true}
-	case Unknown:
-		if now.Sub(w.Observing) > UnknownGrace {
+		if !renewedLately {
 			return PrimaryVerdict{Lost: true}
 		}
-		// Not heard of yet: judged by its renewals meanwhile.
+		// Gossip says it is gone, but it renews: judged by its renewals.
+	case Unknown:
+		if now.Sub(w.Observing) > UnknownGrace && !renewedLately {
+			return PrimaryVerdict{Lost: true}
+		}
+		// Not heard of yet, or renewing: judged by its renewals.
 	}
 	if w.Renewing {
 		return PrimaryVerdict{}

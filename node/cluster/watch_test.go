@@ -7,7 +7,8 @@ import (
 )
 
 // The leader's watch: a primary counts as lost when gossip says it is
-// gone, or when it renewed no lease for two leases of time the leader
+// gone and it renewed nothing for half a lease (its renewals overrule
+// gossip), or when it renewed no lease for two leases of time the leader
 // itself observed. Time the leader could not observe (before it took
 // office, during a pause of its own process) is never held against the
 // primary.
@@ -30,8 +31,20 @@ func TestJudgePrimary(t *testing.T) {
 			PrimaryWatch{Liveness: Left, Observing: at(0)}, at(100), PrimaryVerdict{Lost: true}},
 		{"never heard of by gossip, renewing, shortly after the leader took office",
 			PrimaryWatch{Liveness: Unknown, Observing: at(0), LastRenewal: at(3800)}, at(4000), PrimaryVerdict{Idle: 200 * time.Millisecond}},
-		{"never heard of by gossip, renewing, for longer than the grace",
-			PrimaryWatch{Liveness: Unknown, Observing: at(0), LastRenewal: at(5000)}, at(5100), PrimaryVerdict{Lost: true}},
+		{"never heard of by gossip for longer than the grace, but renewing: its renewals overrule gossip",
+			PrimaryWatch{Liveness: Unknown, Observing: at(0), LastRenewal: at(5000)}, at(5100), PrimaryVerdict{Idle: 100 * time.Millisecond}},
+		{"never heard of by gossip for longer than the grace, last renewal half a lease ago",
+			PrimaryWatch{Liveness: Unknown, Observing: at(0), LastRenewal: at(4350)}, at(5100), PrimaryVerdict{Lost: true}},
+		{"gossip declared the primary dead, but it renewed 100 ms ago: a hint, not the authority",
+			PrimaryWatch{Liveness: Dead, Observing: at(0), TermSeen: at(0), LastRenewal: at(9900)}, at(10000), PrimaryVerdict{Idle: 100 * time.Millisecond}},
+		{"gossip declared the primary dead, and a renewal is in progress",
+			PrimaryWatch{Liveness: Dead, Observing: at(0), TermSeen: at(0), LastRenewal: at(1000), Renewing: true}, at(10000), PrimaryVerdict{}},
+		{"gossip declared the primary dead, last renewal just under half a lease ago",
+			PrimaryWatch{Liveness: Dead, Observing: at(0), TermSeen: at(0), LastRenewal: at(9251)}, at(10000), PrimaryVerdict{Idle: 749 * time.Millisecond}},
+		{"gossip declared the primary dead, last renewal half a lease ago",
+			PrimaryWatch{Liveness: Dead, Observing: at(0), TermSeen: at(0), LastRenewal: at(9250)}, at(10000), PrimaryVerdict{Lost: true}},
+		{"the primary left, and renewed nothing since",
+			PrimaryWatch{Liveness: Left, Observing: at(0), TermSeen: at(0), LastRenewal: at(8000)}, at(10000), PrimaryVerdict{Lost: true}},
 		{"never heard of by gossip, and the leader just resumed from a long pause",
 			PrimaryWatch{Liveness: Unknown, Observing: at(10000), LastRenewal: at(1000)}, at(10200), PrimaryVerdict{Idle: 200 * time.Millisecond}},
 		{"never heard of by gossip, renewing nothing for two leases",
