@@ -201,7 +201,7 @@ func Open(cfg Config) (c *Cluster, err error) {
 	}()
 	undo = append(undo, c.wg.Wait) // after cancel, before the shutdown
 
-	if c.gossip, err = startGossip(self, cfg.Members, cfg.Timing, cfg.GossipKey, newHclogger(logger, "gossip"), c.signalChanged); err != nil {
+	if c.gossip, err = startGossip(self, cfg.Members, cfg.Timing, cfg.GossipKey, newHclogger(logger, "gossip"), c.signalChanged, c.isVoter); err != nil {
 		return nil, err
 	}
 	c.wg.Add(2)
@@ -463,4 +463,19 @@ func (c *Cluster) TransferLeadership(ctx context.Context, to string) error {
 		return fmt.Errorf("transfer leadership to %s: not a voter", to)
 	}
 	return waitFuture(ctx, c.raft.LeadershipTransferToServer(raft.ServerID(to), raft.ServerAddress(addr)))
+}
+
+// isVoter reports whether name is a voter of raft's latest configuration
+// (read without waiting on raft).
+func (c *Cluster) isVoter(name string) bool {
+	f := c.raft.GetConfiguration()
+	if f.Error() != nil {
+		return false
+	}
+	for _, srv := range f.Configuration().Servers {
+		if string(srv.ID) == name && srv.Suffrage == raft.Voter {
+			return true
+		}
+	}
+	return false
 }

@@ -391,6 +391,18 @@ func TestAddAndRemoveVoter(t *testing.T) {
 	waitFor(t, "d receives the state machine", 5*time.Second, func() bool {
 		return reflect.DeepEqual(dc.Authority(), leader.Authority())
 	})
+	// d is in no cluster file of the others: gossip takes it once it is
+	// a voter (it announced itself before), and every node sees it.
+	for _, c := range n.nodes() {
+		waitFor(t, c.self+" sees d alive", 5*time.Second, func() bool {
+			for _, m := range c.Status().Members {
+				if m.Name == "d" {
+					return m.State == Alive
+				}
+			}
+			return false
+		})
+	}
 
 	if voters, err := follower.RemoveVoter(ctx, "d"); err != nil || !slices.Equal(voters, []string{"a", "b", "w"}) {
 		t.Fatalf("remove d: voters %v, %v; want a b w", voters, err)

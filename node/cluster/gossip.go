@@ -56,7 +56,10 @@ type gossip struct {
 	t       Timing
 	logger  *hclogger
 	changed func() // must not block
-	list    *memberlist.Memberlist
+	// voter reports whether a name is a voter of raft's latest
+	// configuration; it must not block (memberlist's lock is held).
+	voter func(name string) bool
+	list  *memberlist.Memberlist
 
 	mu      sync.Mutex
 	members map[string]Member // whom to gossip with: the cluster file, AddVoter
@@ -72,9 +75,9 @@ type seenNode struct {
 	meta  []byte
 }
 
-func startGossip(self Member, members []Member, t Timing, key []byte, logger *hclogger, changed func()) (*gossip, error) {
+func startGossip(self Member, members []Member, t Timing, key []byte, logger *hclogger, changed func(), voter func(string) bool) (*gossip, error) {
 	g := &gossip{
-		self: self.Name, t: t, logger: logger, changed: changed,
+		self: self.Name, t: t, logger: logger, changed: changed, voter: voter,
 		members:   map[string]Member{},
 		seen:      map[string]seenNode{},
 		metaDirty: make(chan struct{}, 1),
@@ -111,7 +114,7 @@ func startGossip(self Member, members []Member, t Timing, key []byte, logger *hc
 	// A node that comes back with another address (a replaced machine) is
 	// accepted once it has been dead this long.
 	mc.DeadNodeReclaimTime = 10 * time.Second
-	mc.Delegate, mc.Events = g, g
+	mc.Delegate, mc.Events, mc.Alive = g, g, g
 	if len(key) > 0 {
 		// Every message and push/pull encrypted and authenticated with
 		// the cluster's key (AES-GCM): one that does not decrypt is
@@ -254,6 +257,31 @@ func (g *gossip) NotifyLeave(n *memberlist.Node) {
 	} else {
 		g.record(n, Dead)
 	}
+}
+
+// NotifyAlive (memberlist.AliveDelegate, under memberlist's nodeLock)
+// takes a node gossip tells of only if it is one of the cluster's: of
+// this node's cluster file, added at runtime, or a voter of raft's
+// configuration. Gossip binds no name to a certificate (its messages are
+// sealed with one key every node holds, and name their sender
+// themselves), so this is all that can be bound: a holder of the key can
+// still speak for any of the cluster's nodes, which is why gossip decides
+// nothing on its own (watch.go: a primary that renews is not lost,
+// whatever gossip says; the metadata is only shown). memberlist logs the
+// refusal (StandardWriter: once per name and cause). A node added at
+// runtime that is in no cluster file of this node's is taken once raft
+// made it a voter: the leader, which gossips with it from the AddVoter
+// on, tells of it then (or a later push/pull does).
+func (g *gossip) NotifyAlive(n *memberlist.Node) error {
+	if n.Name == g.self {
+		return nil
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if _, ok := g.members[n.Name]; ok || (g.voter != nil && g.voter(n.Name)) {
+		return nil
+	}
+	return fmt.Errorf("%q is no node of this cluster (of its cluster file, added at runtime, or a raft voter): gossip counts only the cluster's nodes", n.Name)
 }
 
 // memberlist.Delegate: only the metadata is used.

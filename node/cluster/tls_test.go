@@ -2,15 +2,18 @@ package cluster
 
 import (
 	"io"
+	"log"
 	"log/slog"
 	"net"
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	"github.com/hashicorp/raft"
 
 	"github.com/replvol/replvol/replication"
@@ -204,5 +207,66 @@ func TestANodeAddedAtRuntimeIsReachedOverTLS(t *testing.T) {
 	})
 	if got := count(n.logsOf(next.self), "an address in no cluster file", "address="+d.Raft, `certificate="node d"`); got != 1 {
 		t.Fatalf("%s logged d's certificate %d times, want once:\n%s", next.self, got, strings.Join(n.logsOf(next.self), "\n"))
+	}
+}
+
+// TestGossipCountsOnlyTheClustersNodes: a process with the cluster's
+// gossip key (every node holds it) gossips as "mallory": no node counts
+// mallory a member, and each logs the refusal once. The key names no
+// node, so the name is all gossip can bind; what gossip says decides
+// nothing alone (watch.go).
+func TestGossipCountsOnlyTheClustersNodes(t *testing.T) {
+	n := newTestNet(t, member("a"), member("b"), witness("w"))
+	n.withTLS()
+	n.startAll()
+	n.waitLeader(t)
+	host, port, err := net.SplitHostPort(freeGossipAddr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mc := memberlist.DefaultLANConfig()
+	mc.Name, mc.Label = "mallory", "replvol"
+	mc.BindAddr = host
+	if mc.BindPort, err = strconv.Atoi(port); err != nil {
+		t.Fatal(err)
+	}
+	mc.AdvertisePort = mc.BindPort
+	mc.SecretKey, mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = n.keys["a"], true, true
+	mc.Logger = log.New(io.Discard, "", 0)
+	mallory, err := memberlist.Create(mc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = mallory.Shutdown() })
+	var addrs []string
+	for _, m := range n.initial {
+		addrs = append(addrs, m.Gossip)
+	}
+	if joined, err := mallory.Join(addrs); err != nil || joined != len(addrs) {
+		t.Fatalf("mallory reached %d of the nodes' gossip: %v", joined, err)
+	}
+	listed := func(c *Cluster) bool {
+		for _, m := range c.Status().Members {
+			if m.Name == "mallory" {
+				return true
+			}
+		}
+		return false
+	}
+	refusal := `memberlist: ignoring alive message for 'mallory': \"mallory\" is no node of this cluster`
+	for _, c := range n.nodes() {
+		waitFor(t, c.self+" takes or refuses mallory", 5*time.Second, func() bool {
+			return listed(c) || count(n.logsOf(c.self), refusal) > 0
+		})
+	}
+	// Gossip rounds go by: mallory announces itself again and again.
+	time.Sleep(5 * testTiming.RejoinInterval)
+	for _, c := range n.nodes() {
+		if listed(c) {
+			t.Errorf("%s counts mallory a member: %+v", c.self, c.Status().Members)
+		}
+		if got := count(n.logsOf(c.self), refusal); got != 1 {
+			t.Errorf("%s logged the refusal of mallory %d times, want once:\n%s", c.self, got, strings.Join(n.logsOf(c.self), "\n"))
+		}
 	}
 }
