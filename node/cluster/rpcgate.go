@@ -31,8 +31,9 @@ import (
 // connection, so each accepted connection gets a NetworkTransport of its
 // own (raft's decoding, unchanged, heartbeat fast path included), whose
 // RPCs are checked against that connection's certificate and passed to
-// the one Consumer raft reads. Outbound RPCs (and pipelines) go through
-// a NetworkTransport that only dials. An RPC is let through when
+// the one Consumer raft reads. Outbound RPCs go through a
+// NetworkTransport that only dials, one batch at a time (no pipelining).
+// An RPC is let through when
 //   - it names a sender (an ID and an address),
 //   - with TLS, the ID is the node its connection's certificate names,
 //   - the ID is a voter of this node's latest raft configuration; a vote
@@ -238,8 +239,15 @@ func newGatedTransport(cfg gateConfig) *gatedTransport {
 	t.NetworkTransport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream:  &dialOnly{StreamLayer: cfg.listener, done: make(chan struct{})},
 		MaxPool: 3,
-		Timeout: cfg.timeout,
-		Logger:  cfg.hcl,
+		// No pipelining: raft's pipelined replication (v1.8.0) can block
+		// for good once a follower refuses a batch while the next is on
+		// its way (TestARefusedAppendNeverWedgesReplication). One batch
+		// at a time costs this cluster's small raft traffic nothing that
+		// matters (hashicorp/raft PR #541 measured pipelining as worth
+		// little).
+		MaxRPCsInFlight: 1,
+		Timeout:         cfg.timeout,
+		Logger:          cfg.hcl,
 	})
 	return t
 }

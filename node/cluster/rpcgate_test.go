@@ -5,6 +5,9 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"strings"
 	"sync"
@@ -393,5 +396,159 @@ attack:
 			return count(n.logsOf(m.Name), "raft: refused a connection", "operator operator") == 1
 		})
 		requireLoggedOnce(t, m.Name, n.logsOf(m.Name))
+	}
+}
+
+// fickleFollower is a raft follower made of raft's NetworkTransport
+// alone: it answers heartbeats at once and every AppendEntries with
+// success, but the next one with a refusal once told to (as a follower
+// does whose log does not match, or that learned of a newer term). It
+// keeps no log (the leader trusts its answers).
+type fickleFollower struct {
+	trans      *raft.NetworkTransport
+	refuseNext atomic.Bool
+	// refused counts the AppendEntries refused.
+	refused atomic.Int64
+	done    chan struct{}
+}
+
+func newFickleFollower(t *testing.T) *fickleFollower {
+	trans, err := raft.NewTCPTransport("127.0.0.1:0", nil, 2, time.Second, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fickleFollower{trans: trans, done: make(chan struct{})}
+	trans.SetHeartbeatHandler(func(rpc raft.RPC) {
+		req := rpc.Command.(*raft.AppendEntriesRequest)
+		rpc.Respond(&raft.AppendEntriesResponse{Term: req.Term, Success: true}, nil)
+	})
+	go func() {
+		for {
+			select {
+			case rpc := <-trans.Consumer():
+				f.answer(rpc)
+			case <-f.done:
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		close(f.done)
+		trans.Close()
+	})
+	return f
+}
+
+func (f *fickleFollower) answer(rpc raft.RPC) {
+	req, ok := rpc.Command.(*raft.AppendEntriesRequest)
+	if !ok {
+		rpc.Respond(nil, fmt.Errorf("a fickle follower takes AppendEntries only"))
+		return
+	}
+	last := req.PrevLogEntry
+	if n := len(req.Entries); n > 0 {
+		last = req.Entries[n-1].Index
+	}
+	if f.refuseNext.CompareAndSwap(true, false) {
+		f.refused.Add(1)
+		rpc.Respond(&raft.AppendEntriesResponse{Term: req.Term, LastLog: req.PrevLogEntry, Success: false}, nil)
+		return
+	}
+	rpc.Respond(&raft.AppendEntriesResponse{Term: req.Term, LastLog: last, Success: true}, nil)
+}
+
+type countingFSM struct{ applied atomic.Int64 }
+
+func (f *countingFSM) Apply(*raft.Log) any                 { f.applied.Add(1); return nil }
+func (f *countingFSM) Snapshot() (raft.FSMSnapshot, error) { return nil, errors.New("no snapshots") }
+func (f *countingFSM) Restore(io.ReadCloser) error         { return errors.New("no snapshots") }
+
+// TestARefusedAppendNeverWedgesReplication: a leader on this package's
+// transport, with a follower that refuses an AppendEntries now and then
+// while the leader keeps committing: after each refusal the leader goes
+// on committing, and it shuts down. raft's pipelined replication (which
+// the transport no longer offers) could block for good after a refused
+// batch: its decoder stopped on the refusal, the pipeline's answer reader
+// waited to hand it the next answer, and the next batch waited for the
+// answer reader. The leader replicated to that follower never again (so,
+// without a majority, it committed nothing) while its heartbeats kept it
+// leader, and its Shutdown waited forever. A refusal comes from a
+// follower whose log does not match, from one that saw a newer term, or
+// from the RPC gate (rpcgate.go), whose error answer counts as one.
+func TestARefusedAppendNeverWedgesReplication(t *testing.T) {
+	follower := newFickleFollower(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := newStreamLayer(ln, ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	members := []Member{{Name: "leader", Raft: ln.Addr().String()}, {Name: "follower", Raft: string(follower.trans.LocalAddr())}}
+	trans := newGatedTransport(gateConfig{listener: raw, members: members, timeout: time.Second,
+		logger: slog.New(slog.DiscardHandler), hcl: hclog.NewNullLogger()})
+	conf := raft.DefaultConfig()
+	conf.LocalID = "leader"
+	conf.Logger = hclog.NewNullLogger()
+	store := raft.NewInmemStore()
+	snaps := raft.NewInmemSnapshotStore()
+	servers := raft.Configuration{Servers: []raft.Server{{Suffrage: raft.Voter, ID: "leader", Address: raft.ServerAddress(members[0].Raft)}}}
+	if err := raft.BootstrapCluster(conf, store, store, snaps, trans, servers); err != nil {
+		t.Fatal(err)
+	}
+	fsm := &countingFSM{}
+	r, err := raft.NewRaft(conf, fsm, store, store, snaps, trans)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	applying := make(chan struct{})
+	t.Cleanup(func() {
+		close(stop)
+		shutdown := make(chan error, 1)
+		go func() { shutdown <- r.Shutdown().Error() }()
+		select {
+		case <-shutdown:
+		case <-time.After(10 * time.Second):
+			t.Error("the leader's raft did not shut down within 10 s")
+			return
+		}
+		<-applying // their proposals end with the shutdown
+	})
+	trans.start(func() (raft.Configuration, string, bool) {
+		f := r.GetConfiguration()
+		_, leader := r.LeaderWithID()
+		return f.Configuration(), string(leader), f.Error() == nil
+	})
+	waitFor(t, "the leader leads", 5*time.Second, func() bool { return r.State() == raft.Leader })
+	if err := r.AddVoter("follower", follower.trans.LocalAddr(), 0, 5*time.Second).Error(); err != nil {
+		t.Fatal(err)
+	}
+	var appliers sync.WaitGroup
+	for range 8 { // entries all along, from several writers: a batch goes out before the one before is answered
+		appliers.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_ = r.Apply([]byte("x"), time.Second).Error()
+			}
+		})
+	}
+	go func() {
+		appliers.Wait()
+		close(applying)
+	}()
+	for round := range 20 {
+		refused := follower.refused.Load()
+		follower.refuseNext.Store(true)
+		waitFor(t, "the follower refuses a batch", 5*time.Second, func() bool { return follower.refused.Load() > refused })
+		before := fsm.applied.Load()
+		if !within(5*time.Second, time.Millisecond, func() bool { return fsm.applied.Load() > before+1 }) {
+			t.Fatalf("round %d: after the follower refused a batch, the leader (leading: %v) commits nothing", round, r.State() == raft.Leader)
+		}
 	}
 }
