@@ -63,6 +63,9 @@ type gossip struct {
 
 	mu      sync.Mutex
 	members map[string]Member // whom to gossip with: the cluster file, AddVoter
+	// refused are the names NotifyAlive refused; one that becomes a
+	// voter is fetched again (admitRefused).
+	refused map[string]bool
 	seen    map[string]seenNode
 	meta    []byte
 	// metaDirty asks run to gossip a new meta.
@@ -79,6 +82,7 @@ func startGossip(self Member, members []Member, t Timing, key []byte, logger *hc
 	g := &gossip{
 		self: self.Name, t: t, logger: logger, changed: changed, voter: voter,
 		members:   map[string]Member{},
+		refused:   map[string]bool{},
 		seen:      map[string]seenNode{},
 		metaDirty: make(chan struct{}, 1),
 	}
@@ -142,6 +146,7 @@ func (g *gossip) run(ctx context.Context) {
 			return
 		case <-tick.C:
 			g.rejoin()
+			g.admitRefused()
 		case <-g.metaDirty:
 			if err := g.list.UpdateNode(g.t.RejoinInterval); err != nil {
 				g.logger.Debug("gossip the node's metadata", "err", err)
@@ -165,6 +170,38 @@ func (g *gossip) rejoin() {
 	slices.Sort(addrs)
 	if n, err := g.list.Join(addrs); err != nil {
 		g.logger.Debug("gossip: join", "addresses", addrs, "joined", n, "err", err)
+	}
+}
+
+// admitRefused fetches the state of the nodes alive again (a push/pull)
+// once a name NotifyAlive refused has become a voter: a node added at
+// runtime, in no cluster file of this node's, whose announcements came
+// before raft told this node it is a voter; the leader, which gossips
+// with it from the AddVoter on, tells of it.
+func (g *gossip) admitRefused() {
+	var addrs []string
+	g.mu.Lock()
+	admitted := false
+	for name := range g.refused {
+		if g.voter != nil && g.voter(name) {
+			delete(g.refused, name)
+			admitted = true
+		}
+	}
+	if admitted {
+		for name, m := range g.members {
+			if name != g.self && g.seen[name].state == Alive {
+				addrs = append(addrs, m.Gossip)
+			}
+		}
+	}
+	g.mu.Unlock()
+	if len(addrs) == 0 {
+		return
+	}
+	slices.Sort(addrs)
+	if n, err := g.list.Join(addrs); err != nil {
+		g.logger.Debug("gossip: fetch the state of the nodes alive for a new voter", "addresses", addrs, "reached", n, "err", err)
 	}
 }
 
@@ -270,8 +307,7 @@ func (g *gossip) NotifyLeave(n *memberlist.Node) {
 // whatever gossip says; the metadata is only shown). memberlist logs the
 // refusal (StandardWriter: once per name and cause). A node added at
 // runtime that is in no cluster file of this node's is taken once raft
-// made it a voter: the leader, which gossips with it from the AddVoter
-// on, tells of it then (or a later push/pull does).
+// made it a voter (admitRefused).
 func (g *gossip) NotifyAlive(n *memberlist.Node) error {
 	if n.Name == g.self {
 		return nil
@@ -280,6 +316,9 @@ func (g *gossip) NotifyAlive(n *memberlist.Node) error {
 	defer g.mu.Unlock()
 	if _, ok := g.members[n.Name]; ok || (g.voter != nil && g.voter(n.Name)) {
 		return nil
+	}
+	if len(g.refused) < maxRefusalsKept {
+		g.refused[n.Name] = true
 	}
 	return fmt.Errorf("%q is no node of this cluster (of its cluster file, added at runtime, or a raft voter): gossip counts only the cluster's nodes", n.Name)
 }
