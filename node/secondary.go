@@ -58,8 +58,11 @@ func (n *Node) handleStream(s *transport.ReplStream) error {
 		})
 	}
 	// Only a node's certificate gets here (with tls:): the one that
-	// names the sender.
+	// names the sender, and a node that holds the volume.
 	if reply, accepted := n.streamIdentity(s, hello); !accepted {
+		return sendHelloReply(s, reply)
+	}
+	if reply, accepted := v.streamSender(hello); !accepted {
 		return sendHelloReply(s, reply)
 	}
 	return v.serveStream(s, hello)

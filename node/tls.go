@@ -106,6 +106,26 @@ func (n *Node) streamIdentity(s *transport.ReplStream, h replication.Hello) (rep
 	return replication.HelloReply{Refused: replication.RefusedIdentity, Reason: words}, false
 }
 
+// streamSender refuses a stream from a node that holds no disk of the
+// volume (a witness, a node of the CA outside the volume): only the
+// volume's nodes stream it, and another one's Hello, whatever epoch it
+// claims, neither makes this primary step down nor writes this
+// secondary. Logged once per sender and volume.
+func (v *Volume) streamSender(h replication.Hello) (replication.HelloReply, bool) {
+	if _, ok := v.cfg.Disks[h.From]; ok {
+		return replication.HelloReply{}, true
+	}
+	words := fmt.Sprintf("a stream for %s comes from %s, which holds no disk of %s in %s's cluster file: only the volume's nodes stream it", h.Volume, h.From, h.Volume, v.self)
+	n := v.node
+	if n.dataRefusals.First("sender " + h.From + " " + h.Volume) {
+		n.log.Warn("refused replication stream", "from", h.From, "volume", h.Volume, "refusal", replication.RefusedIdentity, "reason", words)
+		n.emit(statefile.Event{Volume: h.Volume, Kind: "refused", Peer: h.From, Reason: string(replication.RefusedIdentity), Message: words})
+	} else {
+		n.log.Debug("refused replication stream again", "from", h.From, "volume", h.Volume, "refusal", replication.RefusedIdentity)
+	}
+	return replication.HelloReply{Refused: replication.RefusedIdentity, Reason: words}, false
+}
+
 // tlsRefusal is a connection to peer whose TLS handshake failed, as the
 // refusal the peer loop retries and status shows ("beta presented a
 // certificate of another CA: ..."); nil when err is no TLS failure.

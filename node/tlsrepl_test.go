@@ -321,3 +321,49 @@ func TestACertificateOfBetaCannotStandInForAlpha(t *testing.T) {
 		t.Fatalf("beta took the impostor's stream: %+v", r)
 	}
 }
+
+// TestANodeWithoutADiskOfTheVolumeCannotStreamIt: the witness's own
+// certificate (it holds no disk of vol0) opens a stream in its own name at
+// a newer epoch, with the generations alpha would send: beta does not
+// take it as its new primary, and alpha, the primary, does not step down.
+// Both refuse it in words, log it once, and replication goes on.
+func TestANodeWithoutADiskOfTheVolumeCannotStreamIt(t *testing.T) {
+	const size = 8 << 20
+	c := newRaftCluster(t, size)
+	dir := withTLS(t, c)
+	logs := map[string]*lineLog{"alpha": captureLog(c, "alpha"), "beta": captureLog(c, "beta")}
+	c.start("wit")
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	a := c.vol("alpha")
+	a.mu.Lock()
+	uuids, epoch := a.uuidsLocked("beta"), a.d.epoch
+	a.mu.Unlock()
+	wit := loadBundle(t, dir, "wit")
+	for range 2 {
+		for _, to := range []string{"beta", "alpha"} {
+			addr := c.nodes[to].lnRepl.Addr().String()
+			hello := replication.Hello{Volume: "vol0", From: "wit", To: to, Epoch: epoch + 1, Size: size, UUIDs: uuids, Wire: replication.WireVersion}
+			reply, err := openStream(t, addr, hello, transport.ReplTLS(wit.ClientConfig(addr, pki.Exactly(nodeIdentity(to)))))
+			if err != nil {
+				t.Fatalf("the witness's stream to %s: %v", to, err)
+			}
+			if reply.Accepted || reply.Refused != replication.RefusedIdentity || !strings.Contains(reply.Reason, "comes from wit, which holds no disk of vol0") {
+				t.Fatalf("the witness's stream to %s at epoch %d: %+v", to, epoch+1, reply)
+			}
+		}
+	}
+	for _, name := range []string{"alpha", "beta"} {
+		if got := logs[name].count("level=WARN", "refused replication stream", "from=wit"); got != 1 {
+			t.Errorf("%s logged the witness's stream %d times at WARN, want once:\n%s", name, got, logs[name])
+		}
+	}
+	st := c.status()
+	if st.Volumes[0].Primary != "alpha" || replica(st, "alpha").Role != "Primary" || replica(st, "beta").Replication != "Connected" {
+		t.Fatalf("after the witness's streams: primary %s, alpha %s, beta %s", st.Volumes[0].Primary, replica(st, "alpha").Role, replica(st, "beta").Replication)
+	}
+	writeRandomBlocks(t, a, 20, 7)
+	c.waitInSync()
+	c.requireIdentical()
+}

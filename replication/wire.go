@@ -300,11 +300,12 @@ const (
 	RefusedStaleEpoch   Refusal = "stale-epoch"
 	RefusedOtherPrimary Refusal = "epoch-of-another-primary"
 	// RefusedIdentity: the stream's Hello names a sender (From) that the
-	// TLS certificate it came with does not name: a certificate of one
-	// node cannot stand in for another. Not final: a sender given its
-	// own certificate (a restart with the right files) connects at its
-	// next try, without an operator's connect; the refusal is logged
-	// once, not at every try.
+	// TLS certificate it came with does not name (a certificate of one
+	// node cannot stand in for another), or one that holds no disk of
+	// the volume in the refusing node's cluster file. Not final: a
+	// sender given its own certificate (a restart with the right files)
+	// connects at its next try, without an operator's connect; the
+	// refusal is logged once, not at every try.
 	RefusedIdentity Refusal = "identity-mismatch"
 	// RefusedNewerEpoch: the refusing node is primary at a newer epoch;
 	// the sender, an older primary, stops its IO (it is fenced) and
