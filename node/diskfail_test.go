@@ -177,8 +177,15 @@ func (l *nbdLoad) stop() []string {
 	if l.stdin != nil {
 		l.stdin.Close()
 		l.stdin = nil
+		select {
+		case <-l.done:
+		case <-time.After(2 * time.Minute):
+			// A node that no longer answers: the test fails, and leaves
+			// no process behind.
+			l.cmd.Process.Kill()
+			<-l.done
+		}
 		err := l.cmd.Wait()
-		<-l.done
 		if err != nil {
 			l.mu.Lock()
 			l.errors = append(l.errors, fmt.Sprintf("nbdsh: %v: %s", err, l.stderr.String()))
