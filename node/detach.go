@@ -1,67 +1,197 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"syscall"
-	"time"
 
+	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/internal/human"
+	"github.com/replvol/replvol/node/multipath"
 	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 )
 
-// reattachInterval is how often a detached disk is probed.
-const reattachInterval = time.Second
-
 // errNoCopy: the local disk is detached and no peer holds the data.
 var errNoCopy = errors.New("the local disk is detached and no peer is in sync")
 
+// errAttachAborted: the disk failed again while it was being re-attached.
+var errAttachAborted = errors.New("the disk failed again while it was being re-attached")
+
+// diskOp is the kind of a local disk operation.
+type diskOp uint8
+
+const (
+	diskRead  diskOp = iota + 1
+	diskWrite        // a write, a write of zeroes or a trim
+	diskSync
+	diskLog // an activity-log transaction
+	diskPath
+)
+
+func (o diskOp) String() string {
+	switch o {
+	case diskRead:
+		return "read"
+	case diskWrite:
+		return "write"
+	case diskSync:
+		return "flush"
+	case diskLog:
+		return "activity-log write"
+	case diskPath:
+		return "path check"
+	}
+	return fmt.Sprintf("diskOp(%d)", o)
+}
+
+// diskFailure is one failed operation on the local disk: where it failed
+// (length 0 for a flush, the activity log and the paths) and why.
+type diskFailure struct {
+	op          diskOp
+	off, length int64
+	err         error
+}
+
+func (f diskFailure) Error() string {
+	if f.length > 0 {
+		return fmt.Sprintf("%s of %s at %s: %v", f.op, human.Bytes(f.length), human.Bytes(f.off), f.err)
+	}
+	return fmt.Sprintf("%s: %v", f.op, f.err)
+}
+
+func (f diskFailure) Unwrap() error { return f.err }
+
+const (
+	// maxFailedAreas is how many failed extents a detach keeps for its
+	// probes; maxProbeLength caps each.
+	maxFailedAreas = 8
+	maxProbeLength = 1 << 20
+)
+
+// diskWatch is what a volume keeps of its local disk's failures, for the
+// re-attach (the fields under v.mu unless said otherwise).
+type diskWatch struct {
+	// failed: the extents where the disk failed since it was last in
+	// service (each at most maxProbeLength, at most maxFailedAreas).
+	failed []diskFailure
+	// last is the last failure.
+	last diskFailure
+	// running: a reattachLoop runs; there is one at most.
+	running bool
+	// localWrites counts the client writes admitted to the local disk
+	// that have not finished writing to it (atomic; incremented under
+	// v.mu, and only while the disk is in service).
+	localWrites atomic.Int64
+	// rule is the back-off and flap rule; only the running loop uses it.
+	rule *reattachState
+	// probes counts the probes made (tests wait on it).
+	probes atomic.Int64
+}
+
+// recordFailureLocked keeps f for the probes. Callers hold v.mu.
+func (w *diskWatch) recordFailureLocked(f diskFailure) {
+	w.last = f
+	if f.length <= 0 || len(w.failed) >= maxFailedAreas {
+		return
+	}
+	f.length = min(f.length, maxProbeLength)
+	for _, a := range w.failed {
+		if a.off <= f.off && f.off+f.length <= a.off+a.length {
+			return
+		}
+	}
+	w.failed = append(w.failed, f)
+}
+
 // detach takes a failed local disk out of service, as DRBD's on-io-error
 // detach does: the primary goes on serving, reading from and writing to a
-// peer that is in sync, and marks what the local disk misses. It reports
-// whether the volume is (now) detached; it is not when no peer could take
-// over, and the IO error must then reach the client. The state machine
-// decides (volstate.DiskFailed); the stale mark is durable BEFORE any
-// write skips this disk: after a restart this copy must never pass for up
-// to date.
-func (v *Volume) detach(cause error) bool {
-	v.mu.Lock()
-	if v.detachedLocked() {
-		v.mu.Unlock()
-		return true
-	}
-	if v.role != replication.Primary {
-		v.mu.Unlock()
-		return false
-	}
-	peers := v.peerList
-	v.mu.Unlock()
-	var inSync bool
-	for _, p := range peers {
-		inSync = inSync || p.inSync()
-	}
-	if !inSync {
-		return false
-	}
+// peer that is in sync, and marks what the local disk misses. f is the
+// operation that failed; [missOff, missOff+missLen) is what the request
+// did not write to the local disk (nothing for a read).
+//
+// It reports whether the request may be served through a peer: the disk
+// is out of service (now, or already: a request in flight when another
+// detached it, or when a re-attach began), and what it misses is marked.
+// It does not when no peer could take over; the IO error must then reach
+// the client. The state machine decides (volstate.DiskFailed); the stale
+// mark is durable BEFORE any write skips this disk: after a restart this
+// copy must never pass for up to date. The blocks the request missed are
+// marked under v.stateMu, BEFORE it completes: a re-attach, which ends
+// under v.stateMu once nothing is marked, then copies them back.
+func (v *Volume) detach(f diskFailure, missOff, missLen int64) bool {
 	v.stateMu.Lock()
-	acts, err := v.stepLocked(volstate.DiskFailed{PeerInSync: true}, func(volstate.Cause) reason {
-		return because(CauseDetached, "disk detached after an IO error: %v", cause)
-	}, nil)
-	v.stateMu.Unlock()
-	if err != nil {
-		v.log.Error("cannot record durably that the disk is detached: not detaching; the IO error reaches the client", "cause", cause, "err", err)
-		return false
+	v.mu.Lock()
+	disk, role, peers := v.diskState, v.role, v.peerList
+	v.mu.Unlock()
+	var acts []volstate.Action
+	if disk != replication.Diskless {
+		inSync := false
+		for _, p := range peers {
+			inSync = inSync || p.inSync()
+		}
+		if role != replication.Primary || !inSync {
+			v.stateMu.Unlock()
+			return false
+		}
+		var err error
+		acts, err = v.stepLocked(volstate.DiskFailed{PeerInSync: true}, func(volstate.Cause) reason {
+			return because(CauseDetached, "disk detached after an IO error (%v); reading and writing through the peer", f)
+		}, nil)
+		if err != nil {
+			v.stateMu.Unlock()
+			v.log.Error("cannot record durably that the disk is detached: not detaching; the IO error reaches the client", "cause", f, "err", err)
+			return false
+		}
 	}
+	v.mu.Lock()
+	detached := v.detachedLocked()
+	if detached {
+		v.dw.recordFailureLocked(f)
+		if missLen > 0 {
+			v.localMissing.SetRange(missOff, missLen)
+		}
+		if f.op == diskRead && f.length > 0 {
+			// What the disk could not read is copied back from the peer
+			// before the disk serves it again (md rewrites a bad sector).
+			v.localMissing.SetRange(f.off, f.length)
+		}
+	}
+	v.mu.Unlock()
+	v.stateMu.Unlock()
 	for _, a := range acts {
 		v.perform(a, driveOptions{notify: func(volstate.Action) {
-			v.log.Error("local disk detached; serving from the peer", "cause", cause)
-			v.node.event(v.name, "detached", fmt.Sprintf("%s detached its disk (%v); IO goes to the peer until it comes back", v.self, cause))
+			if disk == replication.Inconsistent {
+				// The re-attach under way fails; its loop says so.
+				return
+			}
+			v.log.Error("local disk detached; serving from the peer until it works again", "cause", f.Error())
+			v.node.event(v.name, "detached", fmt.Sprintf("%s detached its disk (%v); IO goes to the peer until it works again", v.self, f))
 		}})
 	}
-	return v.isDetached()
+	return detached
 }
+
+// admitLocal decides, once per write, whether it goes to the local disk:
+// while the disk is detached it does not, and the blocks it misses are
+// marked now, BEFORE it is shipped. A write admitted to the local disk
+// counts in localWrites until localDone.
+func (v *Volume) admitLocal(off, length int64) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.detachedLocked() {
+		v.localMissing.SetRange(off, length)
+		return false
+	}
+	v.dw.localWrites.Add(1)
+	return true
+}
+
+// localDone ends a write admitted to the local disk.
+func (v *Volume) localDone() { v.dw.localWrites.Add(-1) }
 
 // needsPeer reports whether [off, off+length) must be read from a peer:
 // the local disk is detached or still misses some of those blocks.
@@ -97,98 +227,276 @@ func (v *Volume) readFromPeer(ctx context.Context, p []byte, off int64) error {
 	return fmt.Errorf("%w (%w)", errNoCopy, syscall.EIO)
 }
 
-// reattachLoop probes the detached disk until it works again, then copies
-// back what it missed from a peer and puts it in service: DiskWorks (the
-// disk Inconsistent while the copy runs), then LocalResyncFinished, which
-// records it UpToDate; AttachFailed takes it out of service again when the
-// copy or that record fails.
+// reattachLoop puts a detached disk back in service once it works again:
+// it probes the disk where it failed, backing off while the probes fail
+// (reattachState's rule), and once they have passed for long enough it
+// copies back what the disk missed from a peer: DiskWorks (the disk
+// Inconsistent while the copy runs: writes go to it, reads of what it
+// misses go to the peer), then LocalResyncFinished, which records it
+// UpToDate. AttachFailed takes it out of service again when the copy or
+// that record fails, and so does an IO that fails meanwhile (DiskFailed);
+// the probes then go on, backing off further. One loop runs at most; each
+// transition is logged once, and failing probes once per back-off.
 func (v *Volume) reattachLoop() {
-	tick := time.NewTicker(reattachInterval)
-	defer tick.Stop()
+	v.mu.Lock()
+	if v.dw.running {
+		v.mu.Unlock()
+		return // the running loop sees the new detach
+	}
+	v.dw.running = true
+	if v.dw.rule == nil {
+		v.dw.rule = newReattachState(v.node.opts.reattach)
+	}
+	rule := v.dw.rule
+	v.mu.Unlock()
+	clk := clock.Or(rule.p.clock)
+	timer := clk.NewTimer(rule.Detached(clk.Now()))
+	defer timer.Stop()
+	passing := false
 	for {
 		select {
 		case <-v.stopping:
+			v.mu.Lock()
+			v.dw.running = false
+			v.mu.Unlock()
 			return
-		case <-tick.C:
+		case <-timer.C():
 		}
 		v.mu.Lock()
 		disk := v.diskState
 		v.mu.Unlock()
-		switch {
-		case disk != replication.Diskless && disk != replication.Inconsistent:
-			return // in service again, or no longer this loop's
-		case !v.diskWorks():
-			continue
-		case disk == replication.Diskless:
-			v.stateMu.Lock()
-			acts, err := v.stepLocked(volstate.DiskWorks{}, func(volstate.Cause) reason {
-				return because(CauseDetached, "disk back: copying the blocks it missed from the peer")
-			}, nil)
-			v.stateMu.Unlock()
-			if err != nil {
+		switch disk {
+		case replication.Diskless:
+			err := v.probeDisk()
+			if errors.Is(err, errWritesInFlight) {
+				// Not yet: no probe was made.
+				timer.Reset(rule.p.Probe)
 				continue
 			}
-			for _, a := range acts {
-				if a.Kind == volstate.Notify {
-					v.node.event(v.name, "attaching", fmt.Sprintf("%s: disk works again; resyncing %s from the peer", v.self, human.Bytes(v.localMissing.Bytes())))
+			v.dw.probes.Add(1)
+			verdict := rule.Probed(clk.Now(), err == nil)
+			switch {
+			case err != nil:
+				passing = false
+				if verdict.Log {
+					v.log.Warn("detached disk still fails its probe; it stays detached", "err", err.Error(), "next_probe_in", verdict.Wait.String())
 				}
+			case !verdict.Attach && !passing:
+				passing = true
+				v.log.Info("detached disk passes its probe; it is re-attached once its probes pass for long enough", "for", rule.StableFor().String())
 			}
-		}
-		err := v.copyMissingFromPeer(context.Background(), nil)
-		if err == nil {
-			// The activity log may have failed with the disk: write it
-			// out again before it guards writes.
-			err = v.md.ActivityLog().Reset()
-		}
-		if err != nil {
-			v.log.Warn("resync from peer failed; detaching again", "err", err)
-			v.attachFailed(because(CauseDetached, "disk detached: %v", err))
+			if !verdict.Attach {
+				timer.Reset(verdict.Wait)
+				continue
+			}
+			passing = false
+			if !v.diskWorks(rule) {
+				timer.Reset(rule.p.Probe)
+				continue
+			}
+		case replication.Inconsistent:
+			// Being re-attached: copy back what it misses.
+		default:
+			if v.endReattach() {
+				return // in service again, by another way
+			}
+			timer.Reset(0)
 			continue
 		}
+		err := v.copyBack()
+		if err == nil {
+			v.log.Info("local disk re-attached and in sync again")
+			v.node.event(v.name, "attached", fmt.Sprintf("%s: disk re-attached and UpToDate again", v.self))
+			rule.Attached(clk.Now())
+			if v.endReattach() {
+				return
+			}
+			// It failed again already: a flap.
+			timer.Reset(rule.Detached(clk.Now()))
+			continue
+		}
+		verdict := rule.AttachFailed(clk.Now())
+		if errors.Is(err, errAttachAborted) {
+			v.mu.Lock()
+			err = v.dw.last
+			v.mu.Unlock()
+		}
+		v.log.Warn("re-attach failed; the disk is detached again", "err", err.Error(), "next_probe_in", verdict.Wait.String())
+		timer.Reset(verdict.Wait)
+	}
+}
+
+// diskWorks puts a disk whose probes passed back toward service: the disk
+// is Inconsistent while what it missed is copied back. It reports whether
+// it did (a stopped volume, or a state that cannot be written, does not).
+func (v *Volume) diskWorks(rule *reattachState) bool {
+	v.stateMu.Lock()
+	acts, err := v.stepLocked(volstate.DiskWorks{}, func(volstate.Cause) reason {
+		return because(CauseDetached, "disk works again: copying the blocks it missed from the peer")
+	}, nil)
+	v.mu.Lock()
+	attaching := v.diskState == replication.Inconsistent
+	v.mu.Unlock()
+	v.stateMu.Unlock()
+	if err != nil || !attaching {
+		return false
+	}
+	for _, a := range acts {
+		if a.Kind == volstate.Notify {
+			v.node.event(v.name, "attaching", fmt.Sprintf("%s: disk works again (its probes passed for %s); copying the %s it missed from the peer", v.self, rule.StableFor(), human.Bytes(v.localMissing.Bytes())))
+		}
+	}
+	return true
+}
+
+// copyBack copies what the disk being re-attached missed from a peer and
+// records it UpToDate; on failure the disk is out of service again.
+func (v *Volume) copyBack() error {
+	for {
+		err := v.copyMissingFromPeer(context.Background(), func(context.Context) error {
+			if v.isDetached() {
+				return errAttachAborted
+			}
+			return nil
+		})
+		if err == nil {
+			// The activity log may have failed with the disk: write it
+			// out again before it guards writes (the probe did, unless it
+			// failed since).
+			if err = v.md.ActivityLog().Reset(); err != nil {
+				err = diskFailure{op: diskLog, err: err}
+			}
+		}
 		v.stateMu.Lock()
-		if v.localMissing.Count() > 0 {
-			// A write failed over to the peer during the copy: go again.
+		v.mu.Lock()
+		disk := v.diskState
+		v.mu.Unlock()
+		switch {
+		case disk != replication.Inconsistent:
+			// An IO failed meanwhile and detached the disk again.
+			v.stateMu.Unlock()
+			return errAttachAborted
+		case err != nil:
+			var f diskFailure
+			if errors.As(err, &f) {
+				v.mu.Lock()
+				v.dw.recordFailureLocked(f) // the next probes check it too
+				v.mu.Unlock()
+			}
+			v.attachFailedLocked(err)
+			v.stateMu.Unlock()
+			return err
+		case v.localMissing.Count() > 0:
+			// A write admitted while the disk was detached marked its
+			// blocks after the copy passed them: go again.
 			v.stateMu.Unlock()
 			continue
 		}
 		_, err = v.stepLocked(volstate.LocalResyncFinished{}, nil, nil)
-		v.stateMu.Unlock()
 		if err != nil {
 			v.log.Error("disk in sync again, but that cannot be recorded; it stays out of service", "err", err)
-			v.attachFailed(because(CauseDetached, "disk in sync, but the state cannot be written: %v", err))
-			continue
+			v.attachFailedLocked(fmt.Errorf("disk in sync, but the state cannot be written: %w", err))
 		}
-		v.log.Info("local disk attached and in sync again")
-		v.node.event(v.name, "attached", fmt.Sprintf("%s: disk attached and UpToDate again", v.self))
-		return
+		v.stateMu.Unlock()
+		return err
 	}
 }
 
-// attachFailed takes a disk that was being attached out of service again
-// (its stale mark is still on stable storage), saying why.
-func (v *Volume) attachFailed(why reason) {
-	v.stateMu.Lock()
-	defer v.stateMu.Unlock()
-	if _, err := v.stepLocked(volstate.AttachFailed{}, func(volstate.Cause) reason { return why }, nil); err != nil {
+// attachFailedLocked takes a disk that was being attached out of service
+// again (its stale mark is still on stable storage), saying why. Callers
+// hold v.stateMu.
+func (v *Volume) attachFailedLocked(why error) {
+	if _, err := v.stepLocked(volstate.AttachFailed{}, func(volstate.Cause) reason {
+		return because(CauseDetached, "disk detached again while it was re-attached: %v", why)
+	}, nil); err != nil {
 		v.log.Error("take the disk out of service again", "err", err)
 	}
 }
 
-// diskWorks probes the local disk: a path must be usable (multipath) and a
-// read of the first block must succeed.
-func (v *Volume) diskWorks() bool {
+// endReattach ends the loop, unless the disk is out of service again:
+// then the loop goes on (a detach that came while it ended started none).
+func (v *Volume) endReattach() bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.diskState == replication.Diskless || v.diskState == replication.Inconsistent {
+		return false
+	}
+	v.dw.running, v.dw.failed = false, nil
+	return true
+}
+
+// errWritesInFlight: a probe waits for the writes that were going to the
+// disk when it was detached.
+var errWritesInFlight = errors.New("writes admitted before the detach are still in flight")
+
+// probeDisk checks the detached disk where it failed: a path must be
+// usable (multipath), the activity log must take its ring again when it
+// failed, each failed extent must be read, written and read back the
+// same, and a flush must succeed. With no extent recorded (a flush or
+// the activity log failed) the first block is probed.
+//
+// A PROBE NEVER LEAVES OTHER DATA ON THE DISK THAN WAS THERE, AND NEVER
+// RACES A CLIENT'S WRITE: IT WRITES BACK THE BYTES IT HAS JUST READ, AND
+// ONLY WHILE NO CLIENT WRITE CAN REACH THE DISK (IT IS DISKLESS, SO NO
+// WRITE IS ADMITTED TO IT, AND NO WRITE ADMITTED BEFORE THE DETACH IS
+// STILL WRITING: localWrites IS ZERO). THE PROBED BLOCKS ARE MARKED
+// MISSING BEFORE THE PROBE WRITES THEM, SO THE COPY BACK REWRITES THEM
+// FROM THE PEER BEFORE THE DISK SERVES THEM AGAIN. The probe never holds
+// a range lock: a client request never waits for a probe of a failing
+// disk.
+func (v *Volume) probeDisk() error {
 	if v.mp != nil {
 		usable := false
 		for _, p := range v.mp.Paths() {
-			usable = usable || p.State.String() != "FAIL"
+			usable = usable || p.State != multipath.Fail
 		}
 		if !usable {
-			return false
+			return diskFailure{op: diskPath, err: multipath.ErrNoPath}
 		}
 	}
-	buf := make([]byte, replication.BlockSize)
-	_, err := v.disk.ReadAt(buf, 0)
-	return err == nil
+	v.mu.Lock()
+	if !v.detachedLocked() || v.dw.localWrites.Load() > 0 {
+		v.mu.Unlock()
+		return errWritesInFlight
+	}
+	areas := append([]diskFailure(nil), v.dw.failed...)
+	v.mu.Unlock()
+	if len(areas) == 0 {
+		areas = append(areas, diskFailure{off: 0, length: min(replication.BlockSize, v.size.Load())})
+	}
+	if err := v.md.ActivityLog().Reset(); err != nil {
+		return diskFailure{op: diskLog, err: err}
+	}
+	for _, a := range areas {
+		if err := v.probeArea(a.off, a.length); err != nil {
+			return err
+		}
+	}
+	if err := v.disk.Sync(); err != nil {
+		return diskFailure{op: diskSync, err: err}
+	}
+	return nil
+}
+
+// probeArea reads [off, off+length), writes it back and reads it again
+// (see probeDisk for why that is safe).
+func (v *Volume) probeArea(off, length int64) error {
+	v.localMissing.SetRange(off, length)
+	buf := make([]byte, 2*length)
+	was, again := buf[:length], buf[length:]
+	if _, err := v.disk.ReadAt(was, off); err != nil {
+		return diskFailure{op: diskRead, off: off, length: length, err: err}
+	}
+	if _, err := v.disk.WriteAt(was, off); err != nil {
+		return diskFailure{op: diskWrite, off: off, length: length, err: err}
+	}
+	if _, err := v.disk.ReadAt(again, off); err != nil {
+		return diskFailure{op: diskRead, off: off, length: length, err: err}
+	}
+	if !bytes.Equal(was, again) {
+		return diskFailure{op: diskRead, off: off, length: length, err: errors.New("read back other data than the probe wrote")}
+	}
+	return nil
 }
 
 // copyMissingFromPeer copies every block the local disk misses from a
@@ -230,7 +538,9 @@ func (v *Volume) copyMissingFromPeer(ctx context.Context, wait func(context.Cont
 		buf := (*bp)[:length]
 		err = v.readFromPeer(ctx, buf, off)
 		if err == nil {
-			_, err = v.disk.WriteAt(buf, off)
+			if _, werr := v.disk.WriteAt(buf, off); werr != nil {
+				err = diskFailure{op: diskWrite, off: off, length: length, err: werr}
+			}
 		}
 		if err == nil {
 			v.localMissing.ClearRange(off, length)
@@ -242,5 +552,8 @@ func (v *Volume) copyMissingFromPeer(ctx context.Context, wait func(context.Cont
 			return err
 		}
 	}
-	return v.disk.Sync()
+	if err := v.disk.Sync(); err != nil {
+		return diskFailure{op: diskSync, err: err}
+	}
+	return nil
 }

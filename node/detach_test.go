@@ -5,9 +5,12 @@ import (
 	"context"
 	"os"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/replvol/replvol/internal/clock"
+	"github.com/replvol/replvol/internal/fault"
 	"github.com/replvol/replvol/node/multipath"
 	"github.com/replvol/replvol/node/multipath/faultpath"
 )
@@ -29,7 +32,7 @@ func TestLosingEveryPathDetachesTheDiskAndServesFromThePeer(t *testing.T) {
 	c.cfg.Volumes[0].Disks["alpha"] = dc
 	var mu sync.Mutex
 	var faults []*faultpath.Path
-	c.opts["alpha"] = Options{OpenPath: func(pc PathConfig) (multipath.Path, error) {
+	c.opts["alpha"] = Options{reattach: reattachPolicy{Probe: 50 * time.Millisecond, Stable: 200 * time.Millisecond}, OpenPath: func(pc PathConfig) (multipath.Path, error) {
 		p, err := multipath.OpenFilePath(pc.Name, pc.Path)
 		if err != nil {
 			return nil, err
@@ -117,4 +120,117 @@ func TestDetachNeedsAPeerInSync(t *testing.T) {
 	if c.vol("alpha").isDetached() {
 		t.Fatal("detached with no peer in sync")
 	}
+}
+
+// TestAWriteInFlightAtTheDetachHoldsTheReattachBackAndIsServedByThePeer:
+// a write to 1 MiB is at alpha's disk (held there) when another write
+// fails and detaches the disk. The disk is not probed, so not re-attached,
+// while that write is in flight, however long: a probe writes back what it
+// reads, and must never race a client's write. When the held write fails
+// too, the peer serves it and the client sees no error; once the disk is
+// repaired it is re-attached once and holds both writes.
+func TestAWriteInFlightAtTheDetachHoldsTheReattachBackAndIsServedByThePeer(t *testing.T) {
+	c := newTestCluster(t, 8<<20)
+	fc := clock.NewFake(time.Now())
+	c.opts["alpha"] = Options{OpenDisk: openFaulty(nil), reattach: reattachPolicy{clock: fc}}
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	ctx := context.Background()
+	v := c.vol("alpha")
+	fd := c.faultDisk("alpha")
+
+	gate := fault.NewGate()
+	t.Cleanup(gate.Open) // before the nodes close, when the test fails early
+	fd.Add(fault.On(fault.Write).Range(1<<20, 4096).Hold(gate).Err(syscall.EIO))
+	held := make(chan error, 1)
+	go func() { held <- v.WriteAt(ctx, pattern(1, 4096), 1<<20, false) }()
+	<-gate.Entered // the write is at alpha's disk
+	repair := fd.Add(fault.On(fault.Write).Range(3<<20, 4096).Err(syscall.EIO))
+	if err := v.WriteAt(ctx, pattern(2, 4096), 3<<20, false); err != nil {
+		t.Fatalf("a write that failed on alpha's disk with beta in sync: %v", err)
+	}
+	if !v.isDetached() {
+		t.Fatal("alpha's disk failed a write and is not detached")
+	}
+	repair()
+	// Ten seconds of probe times pass, three times the 3 s a disk must
+	// pass its probes for: no probe is made while the write is in flight.
+	for i := range 10 {
+		// The loop waits on the clock again, or it ended (re-attached).
+		if !within(10*time.Second, time.Millisecond, func() bool { return fc.Armed() > 0 || !v.isDetached() }) {
+			t.Fatalf("the re-attach loop neither waits on its clock nor re-attached: %+v", replica(c.status(), "alpha"))
+		}
+		if n := v.dw.probes.Load(); n != 0 || !v.isDetached() {
+			t.Fatalf("%d s after the detach, with a write in flight since: %d probes, alpha's disk %s; want none, Diskless", i, n, replica(c.status(), "alpha").Disk)
+		}
+		fc.Advance(time.Second)
+	}
+
+	gate.Open()
+	if err := <-held; err != nil {
+		t.Fatalf("the write in flight at the detach failed on alpha's disk with beta in sync: %v", err)
+	}
+	fd.SetInjector(nil) // repaired
+	attached := func() bool { return replica(c.status(), "alpha").Disk == "UpToDate" }
+	for i := 0; !attached(); i++ {
+		if i > 30 || !within(10*time.Second, time.Millisecond, func() bool { return fc.Armed() > 0 || attached() }) {
+			t.Fatalf("alpha's disk not re-attached after %d s of probes: %+v", i, replica(c.status(), "alpha"))
+		}
+		if !attached() {
+			fc.Advance(time.Second)
+		}
+	}
+	c.waitInSync()
+	c.requireIdentical()
+	if a := c.disk("alpha"); !bytes.Equal(a[1<<20:1<<20+4096], pattern(1, 4096)) || !bytes.Equal(a[3<<20:3<<20+4096], pattern(2, 4096)) {
+		t.Fatal("alpha's disk does not hold the two writes made while it failed")
+	}
+	if kinds := c.eventKinds("alpha"); kinds["detached"] != 1 || kinds["attached"] != 1 {
+		t.Fatalf("alpha's events: %d detached, %d attached; want 1 and 1", kinds["detached"], kinds["attached"])
+	}
+}
+
+// TestALocalReadThatFailsIsServedByThePeerAndItsBlocksAreCopiedBack: a
+// read fails on alpha's disk while beta is in sync: the client gets
+// beta's data, and the disk is detached. The blocks that could not be
+// read come back from the repair holding other data (a drive that
+// remapped them reads zeroes): the re-attach copies them from beta, as md
+// rewrites a bad sector, and the replicas end identical.
+func TestALocalReadThatFailsIsServedByThePeerAndItsBlocksAreCopiedBack(t *testing.T) {
+	c := newTestCluster(t, 8<<20)
+	c.opts["alpha"] = Options{OpenDisk: openFaulty(nil), reattach: reattachPolicy{Probe: 10 * time.Millisecond, Stable: 50 * time.Millisecond}}
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	ctx := context.Background()
+	v := c.vol("alpha")
+	fd := c.faultDisk("alpha")
+	want := pattern(7, 1<<20)
+	if err := v.WriteAt(ctx, want, 2<<20, false); err != nil {
+		t.Fatal(err)
+	}
+
+	reads := fault.On(fault.Read).Range(2<<20, 1<<20).Err(syscall.EIO)
+	fd.Add(reads)
+	got := make([]byte, len(want))
+	if err := v.ReadAt(ctx, got, 2<<20); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("a read that failed on alpha's disk with beta in sync: %v, the data written %v", err, bytes.Equal(got, want))
+	}
+	if !v.isDetached() {
+		t.Fatal("alpha's disk failed a read and is not detached")
+	}
+	// The probes read where the read failed: the disk stays detached.
+	eventually(t, func() bool { return reads.Hits() >= 3 }, "alpha's disk probed where it failed")
+	if !v.isDetached() {
+		t.Fatal("alpha's disk re-attached while it fails to read where it failed")
+	}
+	c.scribble("alpha", 2<<20, 0)
+	fd.SetInjector(nil) // repaired
+	eventually(t, func() bool {
+		r := replica(c.status(), "alpha")
+		return r.Disk == "UpToDate" && r.OutOfSyncBytes == 0
+	}, "alpha's disk re-attached")
+	c.waitInSync()
+	c.requireIdentical()
 }

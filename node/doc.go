@@ -97,7 +97,9 @@
 // A lease renewal (LeaseRenewed) and a shutdown or removal (Stop) write
 // nothing: they are stepped under v.mu alone (stepUnwrittenLocked), so a
 // renewal never waits behind a commit. A detach is the disk state
-// Diskless in the state machine, and a flag here. A stream's own news
+// Diskless in the state machine, and a flag here; one loop per volume
+// (detach.go) probes the detached disk where it failed and puts it back
+// by reattachState's rule (reattach.go: back-off, passing time, flaps). A stream's own news
 // (a peer lost, congested, drained, catching up, in sync:
 // volstate.StreamEvent) changes that peer's state alone, by volstate's
 // rule (Peer.Streamed), which is also the congestion controller's: the

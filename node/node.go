@@ -67,6 +67,9 @@ type Options struct {
 	// controlConns and controlConnsPerHost, when set, replace the
 	// control port's connection limits (tests).
 	controlConns, controlConnsPerHost int
+	// reattach, when set, replaces the probes' timing of a detached disk
+	// (its zero fields keep their defaults) and their clock (tests).
+	reattach reattachPolicy
 }
 
 // bootID identifies the running boot of the operating system ("" when it

@@ -101,6 +101,9 @@ type Volume struct {
 	// Diskless (detachedLocked). localMissing marks the blocks this disk
 	// misses (d.localStale says so durably).
 	localMissing *replication.Bitmap
+	// dw is what the volume keeps of its disk's failures, for the
+	// re-attach (detach.go).
+	dw diskWatch
 	// discard is set on a node that gives up its data after a split brain.
 	discard *discardInfo
 	// peersCtxValue is the context the running senders were started with.
@@ -410,7 +413,7 @@ func (v *Volume) ReadAt(ctx context.Context, p []byte, off int64) error {
 	}
 	if err := v.readLocal(p, off); err != nil {
 		v.log.Error("local read failed", "off", off, "len", len(p), "err", err)
-		if v.detach(err) {
+		if v.detach(diskFailure{op: diskRead, off: off, length: int64(len(p)), err: err}, 0, 0) {
 			if err := v.readFromPeer(ctx, p, off); err != nil {
 				return err
 			}

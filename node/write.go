@@ -130,28 +130,38 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	// The extent is in the activity log, durably, BEFORE the data is
 	// written anywhere: after a crash, only the log's extents can differ.
 	// A detached disk gets no data, so it needs no log entry; a log that
-	// cannot be written means the disk failed: detach it.
+	// cannot be written means the disk failed: detach it. Whether the
+	// write goes to the local disk is decided here, once (admitLocal): a
+	// write admitted while the disk is detached marks what it misses now,
+	// and never reaches the disk, even when the disk is re-attached before
+	// it completes.
 	al := v.md.ActivityLog()
-	alFailed := false
+	toDisk := v.admitLocal(e.Off, e.Length)
+	defer func() {
+		if toDisk {
+			v.localDone()
+		}
+	}()
 	// The extent leaves the log's working set only once every peer has
 	// the write: under protocols A and B that is after this returns.
 	held := &countdown{}
 	held.add()
 	defer held.Done()
-	if !v.isDetached() {
+	if toDisk {
 		if err := al.Admit(ctx, e.Off, e.Length); err != nil {
 			v.log.Error("activity log", "err", err)
-			if !v.detach(err) {
+			toDisk = false
+			v.localDone()
+			if !v.detach(diskFailure{op: diskLog, err: err}, e.Off, e.Length) {
 				return fmt.Errorf("activity log: %w", syscall.EIO)
 			}
-			alFailed = true
 		} else {
 			held.al, held.off, held.length = al, e.Off, e.Length
 		}
 	}
 	proto := v.settings().protocol
 	v.mu.Lock()
-	if v.detachedLocked() || alFailed || v.d.gens.Current.IsZero() {
+	if !toDisk || v.d.gens.Current.IsZero() {
 		// Only a peer holds the whole volume: wait for it (protocol C).
 		proto = 'C'
 	}
@@ -178,10 +188,11 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 
 	// 3. Write here.
 	// A detached disk is skipped; what it misses is marked BEFORE the
-	// write completes.
+	// write completes (at admission, or here when the disk was detached
+	// since, or by detach when this write fails).
 	v.mu.Lock()
-	skipped := v.detachedLocked() || alFailed
-	if skipped {
+	skipped := !toDisk || v.detachedLocked()
+	if skipped && toDisk {
 		v.localMissing.SetRange(e.Off, e.Length)
 	}
 	// While this primary copies newer data from its peer, only the peer's
@@ -190,19 +201,29 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	v.mu.Unlock()
 	var lerr error
 	if !skipped {
-		if lerr = local(); lerr != nil {
-			v.log.Error("local write failed", "op", e.Op, "off", e.Off, "len", e.Length, "err", lerr)
-			if skipped = v.detach(lerr); skipped {
-				v.localMissing.SetRange(e.Off, e.Length)
-			}
-		}
+		lerr = local()
+	}
+	if toDisk {
+		// Done with the disk, before a detach (probes wait for it).
+		toDisk = false
+		v.localDone()
+	}
+	if lerr != nil {
+		v.log.Error("local write failed", "op", e.Op, "off", e.Off, "len", e.Length, "err", lerr)
+		skipped = v.detach(diskFailure{op: diskWrite, off: e.Off, length: e.Length, err: lerr}, e.Off, e.Length)
 	}
 
 	// 4. Wait for the peers. acked: a peer at least took the write; perr:
-	// the first failure to track a write a peer did not take.
+	// the first failure to track a write a peer did not take. A write the
+	// local disk did not take waits for every ack, whatever the protocol:
+	// only a peer holds it.
 	var acked bool
 	var perr error
-	switch proto {
+	wait := proto
+	if skipped {
+		wait = 'C'
+	}
+	switch wait {
 	case 'C': // every ack (or completion)
 		for _, w := range waits {
 			<-w.Done()
@@ -230,7 +251,7 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	// do: each peer's loop counts it in the peer's lag from now, before this
 	// returns. A write whose session ended is not counted: its blocks are
 	// marked.
-	if proto != 'C' && lerr == nil {
+	if wait != 'C' && lerr == nil {
 		now := time.Now()
 		for _, w := range waits {
 			if w.Session == nil || w.LagSeq == 0 {
@@ -274,7 +295,7 @@ func (v *Volume) flushAll() error {
 	if !v.isDetached() {
 		if err = v.disk.Sync(); err != nil {
 			v.log.Error("local flush failed", "err", err)
-			if v.detach(err) {
+			if v.detach(diskFailure{op: diskSync, err: err}, 0, 0) {
 				err = nil
 			}
 		}
