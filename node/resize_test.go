@@ -242,7 +242,7 @@ func TestResizeWhileWritingGrowsEveryReplicaWithoutAResync(t *testing.T) {
 			}
 			for _, n := range []*Node{alpha, beta} {
 				e := waitForEvent(t, n, "size-differs", nil)
-				if !strings.Contains(e.Message, "Put size: 268435456 in volumes[vol0]") {
+				if !strings.Contains(e.Message, "Put size: 256MiB in volumes[vol0]") {
 					t.Fatalf("the warning does not say what to put in the file: %q", e.Message)
 				}
 			}
