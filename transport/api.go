@@ -134,6 +134,10 @@ type NodeInfo struct {
 	// another node, or one side without the tls: section).
 	Error     string `json:"error,omitempty"`
 	ErrorCode string `json:"error_code,omitempty"`
+	// Version is the release the node runs (replnode --version's first
+	// word: 1.4.0, 0.0.0~git20261205134441.7d6bd45); empty for a node
+	// that did not answer, or an older one.
+	Version string `json:"version,omitempty"`
 }
 
 // VolumeStatus is one volume across its replicas.

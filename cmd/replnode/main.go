@@ -84,7 +84,7 @@ func run(args []string, out, errOut io.Writer) int {
 	// and a SIGTERM stops the node once started.
 	sig := make(chan os.Signal, 4)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	n, err := node.New(cfg, *name, node.Options{StateDir: dir, Logger: log, Join: *join})
+	n, err := node.New(cfg, *name, node.Options{StateDir: dir, Logger: log, Join: *join, Version: release()})
 	if err != nil {
 		fmt.Fprintf(errOut, "replnode: %v\n", err)
 		return 1
