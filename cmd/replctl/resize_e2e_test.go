@@ -128,7 +128,7 @@ func TestE2EResizeUnderFioVerify(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, step := range []struct{ size, warn string }{{"268435456", ""}, {"1073741824", "editing the file does not resize a volume; grow every node's disk, then replctl resize vol0 1073741824"}} {
+	for _, step := range []struct{ size, warn string }{{"268435456", ""}, {"1073741824", "volumes[vol0].size is 1GiB in the file, but vol0 runs at 256MiB on this node: editing the file does not resize a volume; grow every node's disk, then replctl resize vol0 1GiB"}} {
 		edited := strings.Replace(string(cfg), "size: "+itoa(from), "size: "+step.size, 1)
 		if err := os.WriteFile(c.cfgPath, []byte(edited), 0o644); err != nil {
 			t.Fatal(err)
