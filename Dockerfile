@@ -18,8 +18,10 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-ARG VERSION=0.0.0+container
-RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/ ./cmd/replnode ./cmd/replctl
+# The release comes from the checkout copied in (its tags and commit, as
+# make builds it); --build-arg VERSION=1.4.0 sets it for a tree without .git.
+ARG VERSION=
+RUN CGO_ENABLED=0 go build -trimpath -buildvcs=auto -ldflags "-s -w -X main.version=${VERSION}" -o /out/ ./cmd/replnode ./cmd/replctl
 RUN mkdir -m 0700 /out/state
 
 FROM gcr.io/distroless/static-debian12

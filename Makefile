@@ -114,10 +114,13 @@ demo:
 #                the unit with ExecStart pointing at $(BINDIR)/replnode
 # make deb       build/replvol_VERSION_ARCH.deb with nfpm $(NFPM_VERSION)
 #
-# VERSION is the release the binaries print (replctl --version): the last
-# tag vX.Y.Z, else 0.0.0+git.COMMIT.
-VERSION     ?= $(shell v=$$(git describe --tags --match 'v[0-9]*' 2>/dev/null); \
-	if [ -n "$$v" ]; then echo "$$v" | sed 's/^v//'; else echo "0.0.0+git.$$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"; fi)
+# The release the binaries print (replctl --version), the nodes' status
+# shows and the .deb takes comes from the build: go build stamps the
+# module's version from the checkout's tags and commit (a tag vX.Y.Z is
+# 1.4.0; a commit past a tag or with none 0.0.0~git20261205134441.7d6bd45,
+# +dirty for uncommitted changes; internal/buildinfo). VERSION=1.4.0 sets
+# it instead, for a build outside a git checkout.
+VERSION     ?=
 PREFIX      ?= /usr/local
 BINDIR      ?= $(PREFIX)/bin
 MANDIR      ?= $(PREFIX)/share/man
@@ -130,8 +133,9 @@ BASHCOMPDIR ?= $(PREFIX)/share/bash-completion/completions
 ZSHCOMPDIR  ?= $(PREFIX)/share/zsh/site-functions
 FISHCOMPDIR ?= $(PREFIX)/share/fish/vendor_completions.d
 BUILD       ?= build
-GOFLAGS_BUILD ?= -trimpath
-LDFLAGS     ?= -s -w
+# -buildvcs=auto: stamp the commit even where GOFLAGS turns it off.
+GOFLAGS_BUILD ?= -trimpath -buildvcs=auto
+LDFLAGS     ?= -s -w $(if $(VERSION),-X main.version=$(VERSION))
 # The packaging tool, pinned; the go command builds it (the module proxy
 # serves it) without making it a dependency of the project's packages.
 NFPM_VERSION ?= v2.45.2
@@ -139,7 +143,7 @@ NFPM        ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@$(NFPM_VERSION)
 DEB_ARCH    ?= $(shell $(GO) env GOARCH)
 
 static:
-	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -ldflags '$(LDFLAGS) -X main.version=$(VERSION)' -o $(BUILD)/bin/ ./cmd/replnode ./cmd/replctl
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -ldflags '$(LDFLAGS)' -o $(BUILD)/bin/ ./cmd/replnode ./cmd/replctl
 
 build: static
 	rm -rf $(BUILD)/man $(BUILD)/completion
@@ -183,5 +187,5 @@ deb:
 	rm -rf $(BUILD)/deb-root
 	$(MAKE) install DESTDIR=$(abspath $(BUILD))/deb-root PREFIX=/usr UNITDIR=/lib/systemd/system \
 		ZSHCOMPDIR=/usr/share/zsh/vendor-completions
-	DEB_VERSION='$(VERSION)' DEB_ARCH='$(DEB_ARCH)' DEB_ROOT='$(abspath $(BUILD))/deb-root' $(NFPM) package \
+	DEB_VERSION="$$($(BUILD)/bin/replctl version --release)" DEB_ARCH='$(DEB_ARCH)' DEB_ROOT='$(abspath $(BUILD))/deb-root' $(NFPM) package \
 		--config deploy/nfpm.yaml --packager deb --target $(BUILD)/

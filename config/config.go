@@ -582,11 +582,20 @@ func (c *Config) problems() []Problem {
 		if n.IsWitness() && n.Raft == "" {
 			bad(f+".raft", "missing: a witness only votes in raft; give raft and gossip addresses")
 		}
-		for _, a := range []struct{ field, value string }{
-			{"control", n.Control}, {"replication", n.Replication}, {"nbd", n.NBD}, {"raft", n.Raft}, {"gossip", n.Gossip},
+		for _, a := range []struct{ field, value, what string }{
+			{"control", n.Control, ""}, {"replication", n.Replication, "replicates nothing"}, {"nbd", n.NBD, "serves no NBD"}, {"raft", n.Raft, ""}, {"gossip", n.Gossip, ""},
 		} {
 			ff := f + "." + a.field
-			optional := a.field == "raft" || a.field == "gossip" || (n.IsWitness() && a.field != "control")
+			if n.IsWitness() && a.what != "" {
+				// A witness listens on neither: an address given here
+				// looks served, and is not.
+				if a.value != "" {
+					bad(ff, "%q: a witness holds no disk and %s, so it listens on no %s address: remove this line, or make %s a data node (role: data, with a disk in each volume)",
+						a.value, a.what, a.field, n.Name)
+				}
+				continue
+			}
+			optional := a.field == "raft" || a.field == "gossip"
 			if a.value == "" && optional {
 				continue
 			}

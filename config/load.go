@@ -75,7 +75,11 @@ type configLoader struct {
 
 // Parse decodes and validates a config file's text, as LoadConfig does;
 // file names it in the problems.
-func Parse(file string, data []byte) (*Config, error) {
+func Parse(file string, data []byte) (*Config, error) { return parse(file, data, "") }
+
+// parse is Parse; for a node ("" for none) it checks what the file names
+// for it on this host too (LoadNodeConfig), in the same report.
+func parse(file string, data []byte, node string) (*Config, error) {
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
 		// Syntax: yaml.v3's parser stops at the first error, which names
@@ -102,7 +106,11 @@ func Parse(file string, data []byte) (*Config, error) {
 			}
 		}
 	}
-	for _, p := range c.problems() {
+	ps := c.problems()
+	if node != "" {
+		ps = append(ps, c.nodeProblems(file, node)...)
+	}
+	for _, p := range ps {
 		if l.isRefused(p.Field) {
 			continue
 		}

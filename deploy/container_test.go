@@ -222,4 +222,13 @@ func TestTheDockerfileBuildsStaticBinaries(t *testing.T) {
 			t.Errorf("%s --version: %q, want the VERSION the build was given", bin, v)
 		}
 	}
+	// Without VERSION (the Dockerfile's default), the release and the
+	// commit come from the checkout the image copies in, as make's do.
+	head := strings.TrimSpace(mustRun(t, "git rev-parse HEAD", repoRoot(t), 10*time.Second, nil, "git", "rev-parse", "HEAD"))
+	plain := strings.ReplaceAll(build, "${VERSION}", "")
+	mustRun(t, "the Dockerfile's build without VERSION", repoRoot(t), 10*time.Minute, nil, "sh", "-c", strings.ReplaceAll(plain, "/out/", out+"/"))
+	v := mustRun(t, "replctl --version", "", 10*time.Second, nil, filepath.Join(out, "replctl"), "--version")
+	if !strings.Contains(v, "revision "+head[:12]) || strings.HasPrefix(v, "replctl dev") || strings.HasPrefix(v, "replctl 0.0.0+container") {
+		t.Errorf("replctl built as the Dockerfile builds it, without VERSION: %q; want the release and the revision %s of the checkout", v, head[:12])
+	}
 }

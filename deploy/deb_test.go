@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ var debFiles = []string{
 	"/etc/replvol/cluster.example.yaml",
 	"/usr/share/man/man1/replctl.1.gz",
 	"/usr/share/man/man1/replctl-status.1.gz",
+	"/usr/share/man/man1/replctl-mount.1.gz",
 	"/usr/share/man/man8/replnode.8.gz",
 	"/usr/share/bash-completion/completions/replctl",
 	"/usr/share/zsh/vendor-completions/_replctl",
@@ -115,18 +117,33 @@ func TestTheDebInstallsAndItsUnitVerifies(t *testing.T) {
 		t.Errorf("the installed unit does not start /usr/bin/replnode:\n%s", unit)
 	}
 
+	// The package's version is the binaries' release, which names the
+	// commit they were built from (or its tag): it said 0.0.0+git...,
+	// and the binaries "dev".
+	debVersion := strings.TrimSpace(mustRun(t, "the package's version", "", 10*time.Second, nil, "dpkg-query", "-W", "-f=${Version}", "replvol"))
+	head := strings.TrimSpace(mustRun(t, "git rev-parse HEAD", root, 10*time.Second, nil, "git", "rev-parse", "HEAD"))
+	t.Logf("the package's version: %s (HEAD %s)", debVersion, head)
+	if !strings.Contains(debVersion, head[:7]) && !regexp.MustCompile(`^[0-9]+\.[0-9]+\.[0-9]+`).MatchString(debVersion) || strings.HasPrefix(debVersion, "0.0.0+") {
+		t.Errorf("the package's version %s names neither a tag nor the commit %s", debVersion, head[:7])
+	}
 	for _, bin := range []string{"replctl", "replnode"} {
 		v := mustRun(t, bin+" --version", "", 10*time.Second, nil, "/usr/bin/"+bin, "--version")
 		t.Logf("%s --version: %s", bin, strings.TrimSpace(v))
-		if !strings.HasPrefix(v, bin+" ") || strings.Contains(v, " dev ") {
-			t.Errorf("%s --version: %q, want the release make deb built", bin, v)
+		if !strings.HasPrefix(v, bin+" "+debVersion+" (") || !strings.Contains(v, "revision "+head[:12]) {
+			t.Errorf("%s --version: %q, want the package's version %s and the revision %s", bin, v, debVersion, head[:12])
 		}
 	}
 	if man, err := requireToolQuiet("man"); err == nil {
-		for _, page := range []string{"replctl", "replctl-status", "replnode"} {
+		for _, page := range []string{"replctl", "replctl-status", "replctl-mount", "replnode"} {
 			if r := run("", 10*time.Second, nil, man, "-w", page); !r.ok() || !strings.HasPrefix(strings.TrimSpace(r.out), "/usr/share/man/") {
 				t.Errorf("man -w %s: %s", page, r)
 			}
+		}
+		// Each page is headed by its own command: man replctl-mount
+		// showed REPLCTL(1).
+		r := run("", 10*time.Second, []string{"MANWIDTH=80"}, man, "-P", "cat", "replctl-mount")
+		if first, _, _ := strings.Cut(strings.TrimSpace(r.out), "\n"); !r.ok() || !strings.HasPrefix(first, "REPLCTL-MOUNT(1)") {
+			t.Errorf("man replctl-mount begins %q, want REPLCTL-MOUNT(1): %s", first, r)
 		}
 	}
 	// bash: the completion file registers replctl's completion function.

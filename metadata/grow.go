@@ -27,12 +27,21 @@ type NoRoomError struct {
 	// one is in force (a crash finds one of the two).
 	Move bool
 	// Volume is the size asked for; Have the size of the device or file;
-	// Need the smallest size that holds the volume with its metadata.
+	// Need the smallest size that holds the volume with its metadata (0
+	// when none does: see Limit).
 	Volume, Have, Need int64
+	// Holds is the largest volume the device or file holds as it is now
+	// (the largest size Grow accepts).
+	Holds int64
+	// Limit, when not zero, is the largest volume the format holds with
+	// this metadata: no device holds Volume (Need is 0).
+	Limit int64
 }
 
 func (e *NoRoomError) Error() string {
 	switch {
+	case e.Limit != 0:
+		return fmt.Sprintf("no device holds a %d-byte volume with its metadata: the format holds at most %d bytes; the device holds %d bytes, a volume of at most %d", e.Volume, e.Limit, e.Have, e.Holds)
 	case e.MetadataFile:
 		return fmt.Sprintf("the metadata file holds %d bytes; a %d-byte volume needs %d bytes of metadata: %d more", e.Have, e.Volume, e.Need, e.Need-e.Have)
 	case e.Move:
@@ -134,12 +143,66 @@ func (md *MD) Grow(opts GrowOptions) (GrowReport, error) {
 
 // CheckGrow says, changing nothing, whether Grow to opts would succeed as
 // far as room goes (ErrShrink, a *NoRoomError), and whether the metadata
-// would move.
+// would move. It costs no I/O beyond measuring the device.
 func (md *MD) CheckGrow(opts GrowOptions) (moves bool, err error) {
 	md.growMu.Lock()
 	defer md.growMu.Unlock()
 	_, geo, target, grows, err := md.planGrow(opts)
 	return err == nil && grows && target != geo, err
+}
+
+// GrowLimit is the largest volume Grow accepts now on a device of
+// given bytes (zero asks the device; external metadata ignores it
+// and measures its file): what the device, or the external metadata
+// file, holds with the metadata. It changes nothing.
+func (md *MD) GrowLimit(given int64) (int64, error) {
+	md.growMu.Lock()
+	defer md.growMu.Unlock()
+	md.mu.Lock()
+	geo := md.geo
+	md.mu.Unlock()
+	if geo.placement == External {
+		given = 0
+	}
+	dev, err := deviceSize(md.dev, given)
+	if err != nil {
+		return 0, err
+	}
+	return holds(geo, dev), nil
+}
+
+// holds is the largest volume a Grow accepts in layout geo on a device
+// (internal) or metadata file (external) of dev bytes.
+func holds(geo geometry, dev int64) int64 {
+	if geo.placement == External {
+		fixed := int64(superblockSlots + geo.alBlocks)
+		pages := (dev/MDBlockSize - fixed) / int64(geo.peerSlots)
+		if pages <= 0 {
+			return 0
+		}
+		return min(pages*BitsPerPage*bytesPerBit, maxDataSize)
+	}
+	best := geo.dataSize
+	if dev > geo.deviceSize {
+		g, err := computeGeometry(Internal, dev, geo.alExtents, geo.peerSlots)
+		if err == nil && g.mdOffset >= floorBlock(geo.deviceSize) {
+			best = max(best, g.dataSize)
+		}
+	}
+	return best
+}
+
+// formatLimit is the largest volume the format holds in a layout like
+// geo: with internal metadata, what a device of the largest size leaves.
+func formatLimit(geo geometry) int64 {
+	if geo.placement == External {
+		return maxDataSize
+	}
+	g, err := computeGeometry(Internal, maxDataSize, geo.alExtents, geo.peerSlots)
+	if err != nil {
+		return 0
+	}
+	return g.dataSize
 }
 
 // planGrow is the metadata's volume size and geometry now (cur, geo) and
@@ -155,8 +218,20 @@ func (md *MD) planGrow(opts GrowOptions) (cur int64, geo, target geometry, grows
 		return cur, geo, geo, false, fmt.Errorf("%w: the volume is %d bytes; %d is smaller", ErrShrink, cur, opts.VolumeSize)
 	case opts.VolumeSize == cur:
 		return cur, geo, geo, false, nil
-	case opts.VolumeSize > maxDataSize:
-		return cur, geo, geo, false, errorf("volume size %d: want at most %d bytes", opts.VolumeSize, int64(maxDataSize))
+	}
+	if limit := formatLimit(geo); opts.VolumeSize > limit {
+		room := &NoRoomError{Volume: opts.VolumeSize, Limit: limit}
+		if geo.placement == Internal {
+			room.Have, err = deviceSize(md.dev, opts.DeviceSize)
+		} else {
+			room.Have, err = deviceSize(md.dev, 0)
+			room.MetadataFile = true
+		}
+		if err != nil {
+			return cur, geo, geo, false, err
+		}
+		room.Holds = holds(geo, room.Have)
+		return cur, geo, geo, false, room
 	}
 	target, err = md.grownGeometry(opts, geo)
 	return cur, geo, target, err == nil, err
@@ -176,7 +251,7 @@ func (md *MD) grownGeometry(opts GrowOptions, geo geometry) (geometry, error) {
 			return geo, err
 		}
 		if have < need {
-			return geo, &NoRoomError{MetadataFile: true, Volume: opts.VolumeSize, Have: have, Need: need}
+			return geo, &NoRoomError{MetadataFile: true, Volume: opts.VolumeSize, Have: have, Need: need, Holds: holds(geo, have)}
 		}
 		return g, nil
 	}
@@ -192,28 +267,40 @@ func (md *MD) grownGeometry(opts GrowOptions, geo geometry) (geometry, error) {
 	}
 	oldEnd := floorBlock(geo.deviceSize)
 	g, err := computeGeometry(Internal, dev, geo.alExtents, geo.peerSlots)
+	room := &NoRoomError{Volume: opts.VolumeSize, Have: dev, Holds: holds(geo, dev)}
 	if err != nil || g.dataSize < opts.VolumeSize {
-		need := deviceFor(opts.VolumeSize, 0, 0, geo.alExtents, geo.peerSlots)
-		if need <= dev {
-			need = deviceFor(opts.VolumeSize, 0, dev, geo.alExtents, geo.peerSlots)
+		room.Need = deviceFor(opts.VolumeSize, 0, 0, geo.alExtents, geo.peerSlots)
+		if room.Need <= dev {
+			room.Need = deviceFor(opts.VolumeSize, 0, dev, geo.alExtents, geo.peerSlots)
 		}
-		return geo, &NoRoomError{Volume: opts.VolumeSize, Have: dev, Need: need}
+	} else if g.mdOffset < oldEnd {
+		room.Move = true
+		room.Need = deviceFor(opts.VolumeSize, oldEnd, dev, geo.alExtents, geo.peerSlots)
+	} else {
+		return g, nil
 	}
-	if g.mdOffset < oldEnd {
-		return geo, &NoRoomError{Move: true, Volume: opts.VolumeSize, Have: dev, Need: deviceFor(opts.VolumeSize, oldEnd, dev, geo.alExtents, geo.peerSlots)}
+	if room.Need == 0 {
+		// No device of the format's largest size holds it (with its
+		// metadata clear of the old copy).
+		room.Move, room.Limit = false, formatLimit(geo)
 	}
-	return g, nil
+	return geo, room
 }
 
 // deviceFor is the smallest device, a multiple of 4 KiB and at least
 // from bytes, whose internal metadata leaves volume bytes usable and
-// starts at or past mdFrom.
+// starts at or past mdFrom; 0 when no device the format allows (at most
+// maxDataSize) does. Each step grows the device by what it lacked, so it
+// takes a few steps, never more than the format's size allows.
 func deviceFor(volume, mdFrom, from int64, alExtents, peers int) int64 {
 	dev := max(floorBlock(volume+MDBlockSize-1), floorBlock(from+MDBlockSize-1))
-	for {
+	for dev <= maxDataSize {
 		g, err := computeGeometry(Internal, dev, alExtents, peers)
 		if err != nil {
-			dev += MDBlockSize
+			if g.mdSize == 0 || floorBlock(dev) > g.mdSize {
+				return 0 // not a question of size
+			}
+			dev = g.mdSize + MDBlockSize // too small for its metadata
 			continue
 		}
 		short := max(volume-g.dataSize, mdFrom-g.mdOffset)
@@ -222,6 +309,7 @@ func deviceFor(volume, mdFrom, from int64, alExtents, peers int) int64 {
 		}
 		dev += floorBlock(short + MDBlockSize - 1)
 	}
+	return 0
 }
 
 // pagesOf is the number of bitmap pages a volume of size bytes uses.

@@ -277,6 +277,8 @@ func TestGrowRefusesWhatItCannotDoAndChangesNothing(t *testing.T) {
 			NoRoomError{Volume: 256 * mib, Have: small, Need: deviceFor(256*mib, 0, 0, DefaultALExtents, 1)}},
 		{"a device grown by less than its metadata", growCase{placement: Internal, peers: []uint32{nodeBeta}, devBefore: small, devAfter: small + 16*1024, volBefore: 64 * mib}, 64*mib + 8192, ErrVolumeTooLarge,
 			NoRoomError{Move: true, Volume: 64*mib + 8192, Have: small + 16*1024, Need: deviceFor(64*mib+8192, small, 0, DefaultALExtents, 1)}},
+		{"a volume no device holds with its metadata (the format's largest)", growCase{placement: Internal, peers: []uint32{nodeBeta}, devBefore: small, devAfter: small, volBefore: 64 * mib}, maxDataSize, ErrVolumeTooLarge,
+			NoRoomError{Volume: maxDataSize, Have: small, Limit: internalLimit(t, 1)}},
 		{"an external metadata file for the old size", growCase{placement: External, peers: []uint32{nodeBeta, 3}, volBefore: 64 * mib, volAfter: 64 * mib}, 256 * mib, ErrVolumeTooLarge, NoRoomError{MetadataFile: true}},
 	}
 	for _, tc := range cases {
@@ -294,12 +296,18 @@ func TestGrowRefusesWhatItCannotDoAndChangesNothing(t *testing.T) {
 					tc.wantRoom.Volume, tc.wantRoom.Have = tc.vol, dev.Size()
 					tc.wantRoom.Need, _ = ExternalSize(tc.vol, 0, 2)
 				}
-				if *room != tc.wantRoom {
+				got := *room
+				got.Holds = 0 // checked below, by growing to it
+				if got != tc.wantRoom {
 					t.Fatalf("refusal %+v, want %+v", *room, tc.wantRoom)
 				}
-				if room.Need <= room.Have {
+				if room.Limit == 0 && room.Need <= room.Have {
 					t.Fatalf("refusal needs %d of a %d-byte device", room.Need, room.Have)
 				}
+				if room.Holds < tc.c.volBefore || room.Holds >= tc.vol {
+					t.Fatalf("refusal says the device holds a volume of %d bytes: not between the volume's %d and the %d refused", room.Holds, tc.c.volBefore, tc.vol)
+				}
+				defer checkHolds(t, tc.c, room.Holds)
 			}
 			t.Logf("refused: %v", err)
 			if !bytes.Equal(dev.Snapshot(0, int(dev.Size())), before) {
@@ -317,6 +325,34 @@ func TestGrowRefusesWhatItCannotDoAndChangesNothing(t *testing.T) {
 	dev.Grow(cases[2].wantRoom.Need)
 	if _, err := md.Grow(GrowOptions{VolumeSize: cases[2].vol, DeviceSize: cases[2].wantRoom.Need}); err != nil {
 		t.Fatalf("Grow on a device of the size the refusal named: %v", err)
+	}
+}
+
+// internalLimit is the largest volume internal metadata for peers peers
+// holds: what a device of the format's largest size leaves.
+func internalLimit(t *testing.T, peers int) int64 {
+	g, err := computeGeometry(Internal, maxDataSize, DefaultALExtents, peers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g.dataSize
+}
+
+// checkHolds checks that the volume of c holds is the largest c's device
+// takes: GrowLimit says so, a Grow one block larger is refused, and a
+// Grow to it succeeds.
+func checkHolds(t *testing.T, c growCase, holds int64) {
+	t.Helper()
+	dev, md, _ := c.setUp(t)
+	dev.Grow(c.devAfter)
+	if got, err := md.GrowLimit(c.devAfter); err != nil || got != holds {
+		t.Fatalf("GrowLimit = %d, %v; the refusal said %d", got, err, holds)
+	}
+	if _, err := md.Grow(GrowOptions{VolumeSize: holds + MDBlockSize, DeviceSize: c.devAfter}); !errors.Is(err, ErrVolumeTooLarge) {
+		t.Fatalf("Grow one block past the %d bytes the refusal said the device holds: %v, want a refusal", holds, err)
+	}
+	if _, err := md.Grow(GrowOptions{VolumeSize: holds, DeviceSize: c.devAfter}); err != nil {
+		t.Fatalf("Grow to the %d bytes the refusal said the device holds: %v", holds, err)
 	}
 }
 

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"maps"
 	"path/filepath"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/replvol/replvol/internal/clock"
@@ -160,11 +162,19 @@ func (n *Node) membership(ctx context.Context, r *transport.MembershipRequest) (
 	if err := n.cl.c.NotAVoter(); err != nil {
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
 	}
+	if r.Node == "" {
+		return nil, status.Error(codes.InvalidArgument, "no node named: give the name of the node to add or remove (replctl status lists the voters)")
+	}
 	// The voters as the leader committed them: this node may learn of
 	// the change only at the leader's next heartbeat.
 	var voters []string
 	var err error
 	if r.Remove {
+		// Raft removes a server it does not have without a word: a
+		// misspelt name would look removed.
+		if now := n.cl.c.Status().Voters; !slices.Contains(now, r.Node) {
+			return nil, status.Errorf(codes.NotFound, "%q is not a raft voter, so there is nothing to remove: the voters are %s", r.Node, strings.Join(now, ", "))
+		}
 		if voters, err = n.cl.c.RemoveVoter(ctx, r.Node); err != nil {
 			return nil, status.Errorf(codes.FailedPrecondition, "remove voter %s: %v", r.Node, err)
 		}

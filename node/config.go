@@ -32,6 +32,11 @@ const (
 // (config.LoadConfig).
 func LoadConfig(path string) (*Config, error) { return config.LoadConfig(path) }
 
+// LoadNodeConfig is LoadConfig for the node named name, on its host: the
+// file's problems and those of the files it names for the node (its TLS
+// certificates), in one report (config.LoadNodeConfig).
+func LoadNodeConfig(path, name string) (*Config, error) { return config.LoadNodeConfig(path, name) }
+
 // ParseSize reads a size with an optional unit (config.ParseSize).
 func ParseSize(s string) (int64, error) { return config.ParseSize(s) }
 

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/replvol/replvol/backing"
+	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/metadata"
 )
 
@@ -69,8 +70,8 @@ func (n *Node) resolveSizes(cfg *Config) (*Config, error) {
 func (n *Node) warnSizeDiffers(volume string, file, recorded int64) {
 	var msg string
 	if recorded > file {
-		msg = fmt.Sprintf("the config file says size %d (%s) for %s, but it was resized online to %d (%s) on %s: %s runs it at %d. Put size: %d in volumes[%s] of the file on every node (a SIGHUP then takes it)",
-			file, sizeText(file), volume, recorded, sizeText(recorded), n.name, n.name, recorded, recorded, volume)
+		msg = fmt.Sprintf("the config file says size %d (%s) for %s, but it was resized online to %d (%s) on %s: %s runs it at %d. Put size: %s in volumes[%s] of the file on every node (a SIGHUP then takes it)",
+			file, sizeText(file), volume, recorded, sizeText(recorded), n.name, n.name, recorded, human.ExactBytes(recorded), volume)
 	} else {
 		msg = fmt.Sprintf("the config file says size %d (%s) for %s, but %s's copy is %d (%s): it runs at %d, and its peers refuse it while theirs is larger. To grow it to the file's size: make its disk hold that size with its metadata, then replctl resize %s %d --node %s",
 			file, sizeText(file), volume, n.name, recorded, sizeText(recorded), recorded, volume, file, n.name)

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/replvol/replvol/internal/buildinfo"
 	"github.com/replvol/replvol/internal/logonce"
 	"github.com/replvol/replvol/internal/pki"
 	"github.com/replvol/replvol/metadata/statefile"
@@ -55,6 +56,10 @@ type Options struct {
 	// Join: this node was added to a running cluster (replctl node add);
 	// it does not bootstrap raft but waits for the leader to add it.
 	Join bool
+	// Version is the release of the program that runs the node, which
+	// its status shows (replnode's, with -ldflags); empty: the release
+	// the binary's build info gives (internal/buildinfo).
+	Version string
 	// WrapStream, when set, wraps each replication stream this node opens
 	// to a peer: tests put a slow or failing link there.
 	WrapStream func(peer string, s *transport.ReplStream) *transport.ReplStream
@@ -209,6 +214,9 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 	}
 	if n.bootID == "" {
 		n.bootID = bootID()
+	}
+	if n.opts.Version == "" {
+		n.opts.Version = buildinfo.Read("").Release
 	}
 	n.dataRefusals = logonce.New(refusalQuiet, maxRefusalsKept, nil)
 	n.refusals = control.NewRefusalLog(n.log, refusalQuiet, maxRefusalsKept)

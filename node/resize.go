@@ -69,26 +69,26 @@ func (v *Volume) grow(ctx context.Context, size int64, check bool) (transport.Re
 	v.mu.Unlock()
 	old := v.size.Load()
 	out := transport.ResizedNode{Node: v.self, Role: string(role), OldSize: old, Size: size}
-	switch {
-	case size < old:
-		return out, fmt.Errorf("%w: %s is %d bytes (%s) on %s; %d (%s) is smaller, and shrinking would cut off data a filesystem may use; nothing changed",
-			ErrShrink, v.name, old, human.Bytes(old), v.self, size, human.Bytes(size))
-	case size == old:
+	if size == old {
 		out.Action, out.Text = transport.ResizeAlready, fmt.Sprintf("%s is %s on %s already", v.name, human.Bytes(size), v.self)
 		return out, nil
-	case v.isDetached():
-		return out, fmt.Errorf("%w: %s's disk of %s is out of service: it grows once it is attached again; nothing changed", ErrDiskDetached, v.self, v.name)
 	}
-	if r, ok := v.disk.(backing.Remeasurer); ok {
-		if _, err := r.Remeasure(); err != nil {
-			return out, fmt.Errorf("measure %s: %w; nothing changed", v.diskName(), err)
+	moves, refused := v.canGrow(size, old)
+	out.MaxSize = v.growLimit()
+	if refused != nil {
+		if check {
+			// A check's refusal is its answer: the node's words and the
+			// largest size it holds, which whoever asked every node sums
+			// up once.
+			out.Action, out.Text = transport.ResizeCannot, refused.words
+			return out, nil
 		}
+		return out, refused
 	}
-	moves, err := v.checkRoom(size)
-	if err != nil {
-		return out, err
-	}
-	var seen map[string]*session.Session
+	var (
+		seen map[string]*session.Session
+		err  error
+	)
 	if role == replication.Primary && !check {
 		// (A check comes before the secondaries grow: they are asked
 		// when the primary grows.)
@@ -107,7 +107,10 @@ func (v *Volume) grow(ctx context.Context, size int64, check bool) (transport.Re
 
 	rep, err := v.md.Grow(metadata.GrowOptions{VolumeSize: size, DeviceSize: v.disk.Size()})
 	if err != nil {
-		return out, v.roomWords(size, fmt.Errorf("grow the metadata: %w", err))
+		if room := v.roomWords(size, err); room != err {
+			return out, room
+		}
+		return out, fmt.Errorf("grow the metadata: %w; %s stays %s", err, v.name, human.Bytes(old))
 	}
 	if err := v.disk.Zero(old, size-old); err != nil {
 		return out, fmt.Errorf("make the %s gained read as zeroes on %s: %w; %s stays %s", human.Bytes(size-old), v.diskName(), err, v.name, human.Bytes(old))
@@ -158,6 +161,64 @@ func (v *Volume) grow(ctx context.Context, size int64, check bool) (transport.Re
 	return out, nil
 }
 
+// growRefusal is a resize this node refuses, changing nothing: its cause
+// (ErrShrink, ErrNoRoom, ErrDiskDetached, or why the disk could not be
+// measured), and words that name the disk and say what to do.
+type growRefusal struct {
+	cause error
+	words string
+}
+
+func (r *growRefusal) Error() string { return r.words + "; nothing changed" }
+
+// refuse is a refusal for cause, in the words of format and args after
+// the cause's own.
+func refuse(cause error, format string, args ...any) *growRefusal {
+	return &growRefusal{cause, cause.Error() + ": " + fmt.Sprintf(format, args...)}
+}
+
+func (r *growRefusal) Unwrap() error { return r.cause }
+
+// canGrow checks, changing nothing and costing no I/O beyond measuring
+// the disk, that this node can grow the volume from old to size bytes;
+// moves says the internal metadata must move to the disk's new end.
+func (v *Volume) canGrow(size, old int64) (moves bool, refused *growRefusal) {
+	switch {
+	case size < old:
+		return false, refuse(ErrShrink, "%s is %d bytes (%s) on %s; %d (%s) is smaller, and shrinking would cut off data a filesystem may use",
+			v.name, old, human.Bytes(old), v.self, size, human.Bytes(size))
+	case v.isDetached():
+		return false, refuse(ErrDiskDetached, "%s's disk of %s is out of service: it grows once it is attached again", v.self, v.name)
+	}
+	if r, ok := v.disk.(backing.Remeasurer); ok {
+		if _, err := r.Remeasure(); err != nil {
+			return false, &growRefusal{err, fmt.Sprintf("cannot measure %s on %s: %v", v.diskName(), v.self, err)}
+		}
+	}
+	moves, err := v.checkRoom(size)
+	if err != nil {
+		var room *growRefusal
+		if errors.As(err, &room) {
+			return false, room
+		}
+		return false, &growRefusal{err, fmt.Sprintf("cannot check the room on %s on %s: %v", v.diskName(), v.self, err)}
+	}
+	return moves, nil
+}
+
+// growLimit is the largest size this node's disk (and external metadata
+// file) holds the volume at now, with its metadata; 0 when it cannot say.
+func (v *Volume) growLimit() int64 {
+	limit, err := v.md.GrowLimit(v.disk.Size())
+	if err != nil {
+		return 0
+	}
+	if v.cfg.External() {
+		limit = min(limit, v.disk.Size()&^(metadata.MDBlockSize-1))
+	}
+	return limit
+}
+
 // sessions returns the streams this node runs to its peers now.
 func (v *Volume) sessions() map[string]*session.Session {
 	out := map[string]*session.Session{}
@@ -204,11 +265,12 @@ func (v *Volume) peersGrown(ctx context.Context, size int64) (map[string]*sessio
 
 // checkRoom checks, changing nothing, that this node's disk (and external
 // metadata file) hold size bytes with the metadata; moves says the
-// internal metadata must move to the disk's new end.
+// internal metadata must move to the disk's new end. A want of room is a
+// *growRefusal.
 func (v *Volume) checkRoom(size int64) (moves bool, err error) {
 	if v.cfg.External() {
 		if have := v.disk.Size(); have < size {
-			return false, v.roomWords(size, &metadata.NoRoomError{Volume: size, Have: have, Need: size})
+			return false, v.roomWords(size, &metadata.NoRoomError{Volume: size, Have: have, Need: size, Holds: v.growLimit()})
 		}
 	}
 	moves, err = v.md.CheckGrow(metadata.GrowOptions{VolumeSize: size, DeviceSize: v.disk.Size()})
@@ -219,7 +281,9 @@ func (v *Volume) checkRoom(size int64) (moves bool, err error) {
 }
 
 // roomWords puts a refusal for want of room into words naming the disk or
-// file, how much it holds, needs and lacks, and how to grow it.
+// file, how much it holds, needs and lacks, the largest size it holds the
+// volume at, and how to grow it (a *growRefusal); other errors are
+// returned as they are.
 func (v *Volume) roomWords(size int64, err error) error {
 	var room *metadata.NoRoomError
 	if !errors.As(err, &room) {
@@ -229,8 +293,10 @@ func (v *Volume) roomWords(size int64, err error) error {
 	what, how := v.diskName(), "grow it first"
 	path := v.cfg.Disks[v.self].Paths[0].Path
 	switch {
+	case room.Limit != 0:
+		how = fmt.Sprintf("no disk holds %s at %s with its metadata (the most one holds is %s): give a smaller size",
+			v.name, human.Bytes(size), human.Bytes(room.Limit))
 	case room.MetadataFile:
-		what = "the metadata file " + v.cfg.Disks[v.self].Meta
 		how = fmt.Sprintf("grow it first (truncate -s %d %s)", room.Need, v.cfg.Disks[v.self].Meta)
 	case v.mp != nil:
 		how = "a multipath disk is measured when the node starts and replvol does not grow one online yet: it must hold the size from the start"
@@ -241,8 +307,13 @@ func (v *Volume) roomWords(size int64, err error) error {
 			how = "grow the LUN first (on the storage, then rescan it)"
 		}
 	}
+	if room.MetadataFile {
+		what = "the metadata file " + v.cfg.Disks[v.self].Meta
+	}
 	var words string
 	switch {
+	case room.Limit != 0:
+		words = fmt.Sprintf("%s holds %d bytes (%s)", what, room.Have, human.Bytes(room.Have))
 	case room.MetadataFile:
 		words = fmt.Sprintf("%s holds %d bytes (%s); %s at %s needs %d (%s) of metadata: it lacks %d bytes (%s)",
 			what, room.Have, human.Bytes(room.Have), v.name, human.Bytes(size), room.Need, human.Bytes(room.Need), lack, human.Bytes(lack))
@@ -256,7 +327,10 @@ func (v *Volume) roomWords(size int64, err error) error {
 		words = fmt.Sprintf("%s holds %d bytes (%s); %s at %s needs %d (%s) with its internal metadata: it lacks %d bytes (%s)",
 			what, room.Have, human.Bytes(room.Have), v.name, human.Bytes(size), room.Need, human.Bytes(room.Need), lack, human.Bytes(lack))
 	}
-	return fmt.Errorf("%w on %s: %s; %s, then run the resize again; nothing changed", ErrNoRoom, v.self, words, how)
+	if room.Holds > 0 {
+		words += fmt.Sprintf("; %s fits on it at up to %s (%d bytes) now", v.name, human.Bytes(room.Holds), room.Holds)
+	}
+	return &growRefusal{ErrNoRoom, fmt.Sprintf("%v on %s: %s; %s", ErrNoRoom, v.self, words, how)}
 }
 
 // diskName names this node's disk of the volume for people.

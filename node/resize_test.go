@@ -242,7 +242,7 @@ func TestResizeWhileWritingGrowsEveryReplicaWithoutAResync(t *testing.T) {
 			}
 			for _, n := range []*Node{alpha, beta} {
 				e := waitForEvent(t, n, "size-differs", nil)
-				if !strings.Contains(e.Message, "Put size: 268435456 in volumes[vol0]") {
+				if !strings.Contains(e.Message, "Put size: 256MiB in volumes[vol0]") {
 					t.Fatalf("the warning does not say what to put in the file: %q", e.Message)
 				}
 			}
@@ -294,6 +294,7 @@ func TestResizeRefusesWhatItCannotDoAndChangesNothing(t *testing.T) {
 	need := deviceSizeFor(t, resizeTo, 1)
 	fi, _ := os.Stat(betaDisk)
 	sb := map[string]metadata.Superblock{"alpha": c.vol("alpha").md.Superblock(), "beta": c.vol("beta").md.Superblock()}
+	alphaSize, _ := os.Stat(alphaDisk)
 	for _, tc := range []struct {
 		name  string
 		size  int64
@@ -302,7 +303,17 @@ func TestResizeRefusesWhatItCannotDoAndChangesNothing(t *testing.T) {
 		{"a smaller size", 32 * mib, []string{"a volume only grows", "vol0 is 67108864 bytes (64.0MiB) on alpha", "32.0MiB", "nothing changed"}},
 		{"a size beta's disk cannot hold", resizeTo, []string{
 			"on beta", "the disk " + betaDisk + " holds " + itoa(fi.Size()),
-			"needs " + itoa(need), "it lacks " + itoa(need-fi.Size()), "truncate -s " + itoa(need) + " " + betaDisk, "nothing changed"}},
+			"needs " + itoa(need), "it lacks " + itoa(need-fi.Size()), "truncate -s " + itoa(need) + " " + betaDisk, "nothing changed",
+			"vol0 is 64.0MiB, the most every node's disk holds now"}},
+		// No disk holds 1 PiB with its metadata (the format's largest):
+		// each node names its disk, what it holds and the largest size
+		// it holds the volume at. (The check looped for ever before.)
+		{"a size no disk holds", 1 << 50, []string{
+			"vol0 cannot grow to 1.0PiB (1125899906842624 bytes); nothing changed:",
+			"no room to grow on alpha: the disk " + alphaDisk + " holds " + itoa(alphaSize.Size()), "vol0 fits on it at up to 256.0MiB (268435456 bytes) now",
+			"no room to grow on beta: the disk " + betaDisk + " holds " + itoa(fi.Size()), "vol0 fits on it at up to 64.0MiB (67108864 bytes) now",
+			"no disk holds vol0 at 1.0PiB with its metadata (the most one holds is 1024.0TiB): give a smaller size",
+			"vol0 is 64.0MiB, the most every node's disk holds now"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := c.resize("alpha", &transport.ResizeRequest{Size: tc.size})
@@ -315,6 +326,9 @@ func TestResizeRefusesWhatItCannotDoAndChangesNothing(t *testing.T) {
 				if !strings.Contains(msg, w) {
 					t.Errorf("the refusal does not say %q", w)
 				}
+			}
+			if n := strings.Count(msg, "nothing changed"); n != 1 {
+				t.Errorf("the refusal says %d times that nothing changed, want once", n)
 			}
 			for _, n := range []string{"alpha", "beta"} {
 				v := c.vol(n)
@@ -331,6 +345,13 @@ func TestResizeRefusesWhatItCannotDoAndChangesNothing(t *testing.T) {
 				}
 			}
 		})
+	}
+	// A refusal leaves nothing behind that holds the volume: once beta's
+	// disk is grown, the resize goes through (it waited behind the
+	// endless check before).
+	c.growDisk("beta", need)
+	if _, err := c.resize("alpha", &transport.ResizeRequest{Size: resizeTo}); err != nil {
+		t.Fatalf("resize to %d after the refusals, with every disk grown: %v", int64(resizeTo), err)
 	}
 }
 

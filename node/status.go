@@ -28,6 +28,7 @@ func (n *Node) nodeInfo(nc NodeConfig) transport.NodeInfo {
 	if nc.Name != n.name {
 		return info
 	}
+	info.Version = n.opts.Version
 	for _, a := range []struct {
 		ln  net.Listener
 		dst *string
@@ -156,6 +157,7 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 		info.Membership = membership[nc.Name]
 		if views[i] != nil {
 			info.Alive = true
+			info.Version = views[i].Node.Version
 			byNode[nc.Name] = map[string]transport.LocalVolume{}
 			for _, lv := range views[i].Volumes {
 				byNode[nc.Name][lv.Name] = lv

@@ -134,6 +134,10 @@ type NodeInfo struct {
 	// another node, or one side without the tls: section).
 	Error     string `json:"error,omitempty"`
 	ErrorCode string `json:"error_code,omitempty"`
+	// Version is the release the node runs (replnode --version's first
+	// word: 1.4.0, 0.0.0~git20261205134441.7d6bd45); empty for a node
+	// that did not answer, or an older one.
+	Version string `json:"version,omitempty"`
 }
 
 // VolumeStatus is one volume across its replicas.
@@ -647,6 +651,9 @@ const (
 	ResizeAlready = "already"
 	// ResizeCan: (Check) the node can grow its copy.
 	ResizeCan = "can-grow"
+	// ResizeCannot: (Check) the node cannot grow its copy; Text says
+	// why and what to do, MaxSize the largest size it can grow to now.
+	ResizeCannot = "cannot-grow"
 )
 
 // ResizedNode is one node's part of a resize.
@@ -654,10 +661,13 @@ type ResizedNode struct {
 	Node string `json:"node"`
 	// Role is the node's role for the volume (Primary, Secondary).
 	Role string `json:"role"`
-	// Action is ResizeGrew, ResizeAlready or ResizeCan.
+	// Action is ResizeGrew, ResizeAlready, ResizeCan or ResizeCannot.
 	Action  string `json:"action"`
 	OldSize int64  `json:"old_size"`
 	Size    int64  `json:"size"`
+	// MaxSize is the largest size the node's disk (and external metadata
+	// file) holds the volume at now, with its metadata (0: unknown).
+	MaxSize int64 `json:"max_size,omitempty"`
 	// ZeroedBytes is the range gained, made to read as zeroes on this
 	// node's disk (punched where it can be) instead of being copied.
 	ZeroedBytes int64 `json:"zeroed_bytes,omitempty"`

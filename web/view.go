@@ -50,7 +50,9 @@ type clusterView struct {
 
 type nodeView struct {
 	ID, Name, Role, State, StateClass, Control, Replication, NBD, Error string
-	Leader, Self                                                        bool
+	// Version is the release the node runs ("" when it did not answer).
+	Version      string
+	Leader, Self bool
 }
 
 type volumeView struct {
@@ -183,7 +185,7 @@ func buildNode(st *transport.ClusterStatus, n transport.NodeInfo) nodeView {
 	return nodeView{
 		ID: elementID("node", n.Name), Name: n.Name, Role: orDefault(n.Role, "data"),
 		State: state, StateClass: stateClass(state),
-		Control: n.Control, Replication: n.Replication, NBD: n.NBD, Error: n.Error,
+		Control: n.Control, Replication: n.Replication, NBD: n.NBD, Error: n.Error, Version: n.Version,
 		Leader: n.Name == st.Cluster.Leader, Self: n.Name == st.From,
 	}
 }

@@ -210,7 +210,7 @@ func (k *call) peerUnreachable(node string) error {
 // tlsRefused is a node at --addr with which no TLS came about, and what
 // to do: a refusal (exit code 1), the node answered.
 func (g *globals) tlsRefused(se *transport.StreamError) error {
-	hint := "; pass --tls-dir DIR (or set REPLCTL_TLS_DIR) to the directory replctl certs init wrote, with ca.crt, operator.crt and operator.key, or, on the node's host, use its unix socket (--addr unix:///var/lib/replvol/control.sock: control.sock in its state directory)"
+	hint := "; pass --tls-dir DIR (or set REPLCTL_TLS_DIR) to the directory replctl certs init wrote, with ca.crt, operator.crt and operator.key, " + unixSocketHint(g.addr)
 	if g.tlsDir != "" {
 		hint = fmt.Sprintf("; is --tls-dir %s this cluster's (replctl certs init of its cluster file)?", g.tlsDir)
 	}

@@ -75,6 +75,7 @@ func TestExitCodesOfTheCommandLine(t *testing.T) {
 		{"a node that is not running", []string{"status", "--addr", closed}, exitUnreachable, "cannot reach a node at " + closed},
 		{"events of a node that is not running", []string{"events", "--addr", closed}, exitUnreachable, "cannot reach a node at " + closed},
 		{"a command to a node that is not running", []string{"primary", "vol0", "--node", "beta", "--addr", closed}, exitUnreachable, "cannot reach a node at " + closed},
+		{"an empty node name", []string{"node", "remove", "", "--addr", closed}, exitUsage, "NAME is empty: give the node's name"},
 		{"create-md without a config", []string{"create-md", "vol0"}, exitUsage, "--config FILE and --node NAME are required"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

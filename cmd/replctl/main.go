@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/replvol/replvol/internal/pki"
 	"github.com/replvol/replvol/transport"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 const defaultAddr = "127.0.0.1:7800"
@@ -75,7 +78,7 @@ func newRoot() *cobra.Command {
 	root.PersistentFlags().DurationVar(&g.timeout, "timeout", 60*time.Second, "how long to wait for the cluster")
 	root.PersistentFlags().StringVar(&g.color, "color", "auto", "colours: auto (on a terminal, unless NO_COLOR is set), always or never")
 	root.AddCommand(newStatus(g), newEvents(g), newPrimary(g), newConnect(g, true), newConnect(g, false), newResync(g), newVerify(g), newPath(g), newNode(g), newAdjust(g), newMount(g), newUmount(), newMountHelper(), newCreateMD(), newCerts(), newDemo(), newMan())
-	root.AddCommand(newResize(g))
+	root.AddCommand(newResize(g), newVersion())
 	markUsageErrors(root)
 	registerCompletions(root, g)
 	return root
@@ -85,7 +88,7 @@ func newRoot() *cobra.Command {
 // wrong number of arguments) usage errors, exit code 2. A command that
 // only groups others prints its help, and names an unknown subcommand.
 func markUsageErrors(root *cobra.Command) {
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return asUsage(err) })
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return asUsage(suggestFlag(c, err)) })
 	var walk func(c *cobra.Command)
 	walk = func(c *cobra.Command) {
 		switch {
@@ -117,6 +120,65 @@ func unknownSubcommand(c *cobra.Command, args []string) error {
 		msg += fmt.Sprintf(" (did you mean %s?)", strings.Join(s, " or "))
 	}
 	return usageErrorf("%s", msg)
+}
+
+// suggestFlag adds to an unknown long flag the nearest flags command c
+// has (its own and those it inherits): --wtach, did you mean --watch?
+func suggestFlag(c *cobra.Command, err error) error {
+	var ne *pflag.NotExistError
+	if !errors.As(err, &ne) || ne.GetSpecifiedShortnames() != "" {
+		return err
+	}
+	typed := ne.GetSpecifiedName()
+	best, near := 0, []string(nil)
+	c.Flags().VisitAll(func(f *pflag.Flag) {
+		if f.Hidden {
+			return
+		}
+		d := editDistance(typed, f.Name)
+		if strings.HasPrefix(f.Name, typed) && len(typed) >= 2 {
+			d = 1 // --wat for --watch
+		}
+		switch {
+		case d > 2 || d > len(typed)/2:
+		case near == nil || d < best:
+			best, near = d, []string{"--" + f.Name}
+		case d == best:
+			near = append(near, "--"+f.Name)
+		}
+	})
+	if len(near) == 0 {
+		return err
+	}
+	sort.Strings(near)
+	return fmt.Errorf("%w (did you mean %s?)", err, strings.Join(near, " or "))
+}
+
+// editDistance is the Levenshtein distance of a and b, a swap of two
+// neighbours counting one (Damerau's optimal string alignment): wtach is
+// one from watch.
+func editDistance(a, b string) int {
+	prev2 := make([]int, len(b)+1)
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				cur[j] = min(cur[j], prev2[j-2]+1)
+			}
+		}
+		prev2, prev, cur = prev, cur, prev2
+	}
+	return prev[len(b)]
 }
 
 // call is one command's conversation with the node at --addr: the client,

@@ -28,10 +28,11 @@ func newMan() *cobra.Command {
 			}
 			root := cmd.Root()
 			root.DisableAutoGenTag = true
+			// No Title: each page is titled by its command (REPLCTL-MOUNT
+			// for replctl mount), as man prints it in its header.
 			header := &doc.GenManHeader{
-				Title:   "REPLCTL",
 				Section: "1",
-				Source:  "replvol " + version,
+				Source:  "replvol " + release(),
 				Manual:  "replvol manual",
 			}
 			if err := doc.GenManTree(root, header, dir); err != nil {

@@ -157,3 +157,56 @@ func TestE2EARemovedWitnessSaysSoAndTwoVotersMeanNoFailover(t *testing.T) {
 		t.Fatalf("after the refused switchover the primary is %s, want alpha", v.Primary)
 	}
 }
+
+// TestE2ENodeRemoveRefusesWhatIsNoVoter: replctl node remove nosuch
+// exited 0 (raft removes a server it does not have without a word), and
+// node remove "" answered "malformed forward request". A name that is no
+// node of the cluster is refused naming the nodes, an empty one is a
+// usage error, a node that is no longer a voter is refused naming the
+// voters; none changes the voters. Removing a voter still works.
+func TestE2ENodeRemoveRefusesWhatIsNoVoter(t *testing.T) {
+	e2eBeside(t)
+	c := newProcClusterN(t, clusterOpts{Raft: true, Witness: true})
+	c.startAll()
+	c.waitFor("alpha", "in sync, and raft knows every replica UpToDate", syncTimeout, raftInSync)
+	voters := func() []string {
+		st, _, err := c.status("alpha")
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := slices.Clone(st.Cluster.Voters)
+		slices.Sort(v)
+		return v
+	}
+	all := []string{"alpha", "beta", "witness"}
+	if got := voters(); !slices.Equal(got, all) {
+		t.Fatalf("voters at the start: %v", got)
+	}
+	for _, tc := range []struct {
+		name string
+		code int
+		says string
+	}{
+		{"nosuch", exitFailed, `no node "nosuch" in the cluster: the nodes are alpha, beta, witness`},
+		{"", exitUsage, "NAME is empty: give the node's name"},
+	} {
+		r := c.ctl("alpha", "node", "remove", tc.name)
+		if r.code != tc.code || !strings.Contains(r.out, tc.says) {
+			t.Fatalf("replctl node remove %q: %s; want exit %d saying %q", tc.name, r, tc.code, tc.says)
+		}
+		if got := voters(); !slices.Equal(got, all) {
+			t.Fatalf("voters after replctl node remove %q: %v", tc.name, got)
+		}
+	}
+	if out := c.mustCtl("beta", "node", "remove", "witness"); !strings.Contains(out, "voters: alpha beta") {
+		t.Fatalf("replctl node remove witness: %q", out)
+	}
+	// alpha hears of the change at the leader's next heartbeat.
+	if !within(20*time.Second, 100*time.Millisecond, func() bool { return slices.Equal(voters(), []string{"alpha", "beta"}) }) {
+		t.Fatalf("alpha counts voters %v after node remove witness", voters())
+	}
+	r := c.ctl("alpha", "node", "remove", "witness")
+	if r.code != exitFailed || !strings.Contains(r.out, `"witness" is not a raft voter, so there is nothing to remove: the voters are alpha, beta`) {
+		t.Fatalf("replctl node remove witness once more: %s; want a refusal naming the voters", r)
+	}
+}

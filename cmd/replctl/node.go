@@ -20,6 +20,9 @@ func newNode(g *globals) *cobra.Command {
 			Short: short,
 			Args:  cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
+				if strings.TrimSpace(args[0]) == "" {
+					return usageErrorf("NAME is empty: give the node's name (replctl status lists the nodes and the voters)")
+				}
 				k, err := g.dial(cmd, "the membership change")
 				if err != nil {
 					return err

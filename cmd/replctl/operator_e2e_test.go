@@ -340,15 +340,33 @@ func TestE2EUnknownVolumeOrNodeListsTheValidOnes(t *testing.T) {
 	}
 }
 
-// TestE2EVersionFlags: both binaries say their version (dev unless set
-// at build time), the Go version, and nothing else is needed to ask.
+// TestE2EVersionFlags: both binaries, built in a checkout, say the
+// release the module's version gives (a built binary said "replctl dev"),
+// the Go version, and the commit they were built from with its time;
+// replctl version --release says the release alone, a valid Debian
+// version (make deb takes it); -ldflags sets the release instead.
 func TestE2EVersionFlags(t *testing.T) {
 	e2e(t)
-	want := regexp.MustCompile(`^(replctl|replnode) dev \(` + regexp.QuoteMeta(runtime.Version()) + `(, revision [0-9a-f]{12}(\+modified)?)?\)\n$`)
+	head := gitHead(t)
+	want := regexp.MustCompile(`^(replctl|replnode) ([0-9][A-Za-z0-9.+~]*) \(` + regexp.QuoteMeta(runtime.Version()) + `, revision ([0-9a-f]{12})(\+modified)? of [0-9TZ:-]+\)\n$`)
 	for _, bin := range []string{replctlBin, replnode(t)} {
 		r := runCmd(10*time.Second, nil, bin, "--version")
-		if !r.ok() || !want.MatchString(r.out) || !strings.HasPrefix(r.out, filepath.Base(bin)) {
+		m := want.FindStringSubmatch(r.out)
+		if !r.ok() || m == nil || m[1] != filepath.Base(bin) {
 			t.Errorf("%s --version: %s; want %s", filepath.Base(bin), r, want)
+			continue
+		}
+		if head != "" && m[3] != head[:12] {
+			t.Errorf("%s --version names revision %s; the checkout is at %s", filepath.Base(bin), m[3], head)
+		}
+		if head != "" && !strings.Contains(m[2], head[:7]) && !regexp.MustCompile(`^[0-9]+\.[0-9]+\.[0-9]+(\+dirty)?$`).MatchString(m[2]) {
+			t.Errorf("%s --version: release %s names neither a tag nor the commit %s", filepath.Base(bin), m[2], head[:7])
+		}
+		if bin == replctlBin {
+			rel := runCmd(10*time.Second, nil, bin, "version", "--release")
+			if !rel.ok() || strings.TrimSpace(rel.out) != m[2] {
+				t.Errorf("replctl version --release: %s; want %s", rel, m[2])
+			}
 		}
 	}
 	// -ldflags sets the release (replnode's version.go is the same).
@@ -360,6 +378,21 @@ func TestE2EVersionFlags(t *testing.T) {
 	if !r.ok() || !strings.HasPrefix(r.out, "replctl 1.2.3-test ("+runtime.Version()) {
 		t.Errorf("replctl built with -X main.version=1.2.3-test: %s", r)
 	}
+}
+
+// gitHead is the commit the checkout is at; "" (the test skips what
+// needs it) outside a git checkout, which fails the test under CI=true.
+func gitHead(t *testing.T) string {
+	t.Helper()
+	r := runCmd(10*time.Second, nil, "git", "rev-parse", "HEAD")
+	if !r.ok() || len(strings.TrimSpace(r.out)) != 40 {
+		if inCI() {
+			t.Fatalf("CI=true: git rev-parse HEAD: %s", r)
+		}
+		t.Logf("not a git checkout (%s): the commit is not checked", r)
+		return ""
+	}
+	return strings.TrimSpace(r.out)
 }
 
 // TestE2EResyncPauseWithNothingToPause: pausing when no resync runs says

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 
 	"github.com/replvol/replvol/config"
 	"github.com/replvol/replvol/internal/human"
@@ -67,20 +68,35 @@ restarts runs at the size it recorded, and warns that the file differs.`,
 			if err != nil {
 				return k.fail(err, volume, nodeName)
 			}
-			out := cmd.OutOrStdout()
-			for _, d := range reply.Nodes {
-				fmt.Fprintf(out, "%s (%s): %s\n", d.Node, d.Role, d.Text)
-			}
-			if check {
-				fmt.Fprintf(out, "every node can grow %s to %s; nothing changed (--check)\n", volume, human.Bytes(int64(size)))
-				return nil
-			}
-			fmt.Fprintf(out, "%s is %s (%d bytes). Put size: %d in volumes[%s] of the cluster file on every node, then reload replnode there (systemctl reload replnode): until then a node that restarts runs at its recorded size and warns that the file differs. NBD clients connected before keep the old size until they reconnect.\n",
-				volume, human.Bytes(int64(size)), size, size, volume)
-			return nil
+			return resizeReport(cmd.OutOrStdout(), reply, volume, size, nodeName, check)
 		},
 	}
 	cmd.Flags().StringVar(&nodeName, "node", "", "grow this node only (one that was down during a resize)")
 	cmd.Flags().BoolVar(&check, "check", false, "ask every node whether it can grow, change nothing")
 	return cmd
+}
+
+// resizeReport prints what each node did, each in its own words (they
+// name the node), then, once, what the operator does next. A node that
+// cannot grow (a check of one node) is a refusal: it changed nothing.
+func resizeReport(out io.Writer, reply *transport.ResizeReply, volume string, size config.VolumeSize, nodeName string, check bool) error {
+	for _, d := range reply.Nodes {
+		if d.Action == transport.ResizeCannot {
+			return fmt.Errorf("%s cannot grow to %s (%d bytes); nothing changed: %s", volume, human.Bytes(int64(size)), size, d.Text)
+		}
+	}
+	for _, d := range reply.Nodes {
+		fmt.Fprintln(out, d.Text)
+	}
+	where := "on every node"
+	if nodeName != "" {
+		where = "on " + nodeName
+	}
+	if check {
+		fmt.Fprintf(out, "%s can grow to %s %s; nothing changed (--check)\n", volume, human.Bytes(int64(size)), where)
+		return nil
+	}
+	fmt.Fprintf(out, "%s is %s %s. Next, put size: %s in volumes[%s] of the cluster file on every node and reload replnode there (systemctl reload replnode): until then a node that restarts runs at its recorded size and warns that the file differs.\n",
+		volume, human.Bytes(int64(size)), where, human.ExactBytes(int64(size)), volume)
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -72,10 +73,13 @@ func TestE2EResizeUnderFioVerify(t *testing.T) {
 	}
 	t.Logf("replctl resize:\n%s", r.out)
 	lines := strings.Split(strings.TrimSpace(r.out), "\n")
-	if len(lines) != 3 || !strings.HasPrefix(lines[0], "beta (Secondary): beta grew vol0 from 64.0MiB to 256.0MiB") ||
-		!strings.HasPrefix(lines[1], "alpha (Primary): alpha grew vol0 from 64.0MiB to 256.0MiB") ||
-		!strings.Contains(lines[2], "Put size: 268435456 in volumes[vol0]") {
-		t.Fatalf("replctl resize does not say beta grew, then alpha, then what to put in the file:\n%s", r.out)
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "beta grew vol0 from 64.0MiB to 256.0MiB") ||
+		!strings.HasPrefix(lines[1], "alpha grew vol0 from 64.0MiB to 256.0MiB") ||
+		!strings.HasPrefix(lines[2], "vol0 is 256.0MiB on every node. Next, put size: 256MiB in volumes[vol0]") {
+		t.Fatalf("replctl resize does not say beta grew, then alpha, then what to put in the file (in units, once):\n%s", r.out)
+	}
+	if n := strings.Count(r.out, "until they reconnect"); n != 1 {
+		t.Fatalf("replctl resize says %d times that connected clients keep the old size, want once:\n%s", n, r.out)
 	}
 
 	if err := <-fioDone; err != nil {
@@ -125,7 +129,7 @@ func TestE2EResizeUnderFioVerify(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, step := range []struct{ size, warn string }{{"268435456", ""}, {"1073741824", "editing the file does not resize a volume; grow every node's disk, then replctl resize vol0 1073741824"}} {
+	for _, step := range []struct{ size, warn string }{{"268435456", ""}, {"1073741824", "volumes[vol0].size is 1GiB in the file, but vol0 runs at 256MiB on this node: editing the file does not resize a volume; grow every node's disk, then replctl resize vol0 1GiB"}} {
 		edited := strings.Replace(string(cfg), "size: "+itoa(from), "size: "+step.size, 1)
 		if err := os.WriteFile(c.cfgPath, []byte(edited), 0o644); err != nil {
 			t.Fatal(err)
@@ -156,6 +160,104 @@ func TestE2EResizeUnderFioVerify(t *testing.T) {
 			t.Fatalf("SIGHUP with size %s in the file does not say %q; log:\n%s", step.size, step.warn, logged)
 		}
 	}
+}
+
+// TestE2EAResizeNoDiskHoldsIsRefusedAtOnce: `replctl resize vol0 1PiB`
+// on disks that hold 128 MiB is refused at once (it ran into --timeout,
+// twice, while beta burnt a core in an endless check), naming each node's
+// disk, what it holds and the largest size every disk holds, saying once
+// that nothing changed. No node's size changed, no node keeps a core busy
+// afterwards, and a resize to a size the disks hold goes through right
+// after (it timed out too).
+func TestE2EAResizeNoDiskHoldsIsRefusedAtOnce(t *testing.T) {
+	e2e(t) // it times the refusal: not beside the other clusters
+	const (
+		from = 64 << 20
+		to   = 128 << 20
+	)
+	disk, err := metadata.InternalDeviceSize(to, 61, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newProcClusterN(t, clusterOpts{Size: from, DiskSize: disk})
+	c.startAll()
+	c.waitInSync("alpha")
+
+	start := time.Now()
+	r := c.ctl("alpha", "resize", volName, "1PiB")
+	took := time.Since(start)
+	t.Logf("replctl resize vol0 1PiB (%s):\n%s", took.Round(time.Millisecond), r.out)
+	if r.code != exitFailed {
+		t.Fatalf("replctl resize vol0 1PiB: %s; want a refusal (exit %d)", r, exitFailed)
+	}
+	// The bug took 10 to 60 s (--timeout); a refusal costs no I/O.
+	if took > 5*time.Second {
+		t.Errorf("the refusal took %s: a size no disk holds is refused at once", took)
+	}
+	want := []string{
+		"vol0 cannot grow to 1.0PiB (1125899906842624 bytes); nothing changed:",
+		"every node's disk holds vol0 at up to 128.0MiB (134217728 bytes) now",
+	}
+	for _, name := range []string{"alpha", "beta"} {
+		want = append(want, "no room to grow on "+name+": the disk "+c.disk(name)+" holds "+itoa(disk)+" bytes")
+	}
+	for _, w := range want {
+		if !strings.Contains(r.out, w) {
+			t.Errorf("the refusal does not say %q", w)
+		}
+	}
+	if n := strings.Count(r.out, "nothing changed"); n != 1 {
+		t.Errorf("the refusal says %d times that nothing changed, want once", n)
+	}
+	for _, name := range []string{"alpha", "beta"} {
+		if v := c.mustStatus(name); string(v.Size) != itoa(from) {
+			t.Fatalf("%s says vol0 is %s bytes after the refusal, want %d", name, v.Size, from)
+		}
+	}
+
+	// Nothing keeps running: the nodes' CPU over two seconds from the
+	// refusal, in which a resize to a size the disks hold goes through,
+	// stays far below the core the endless check burnt.
+	cpu := map[string]time.Duration{}
+	for _, name := range []string{"alpha", "beta"} {
+		cpu[name] = procCPU(t, c.procs[name].Process.Pid)
+	}
+	since := time.Now()
+	start = time.Now()
+	r = c.ctl("alpha", "resize", volName, "128MiB")
+	if !r.ok() || !strings.Contains(r.out, "vol0 is 128.0MiB on every node") {
+		t.Fatalf("replctl resize vol0 128MiB right after the refusal: %s", r)
+	}
+	t.Logf("replctl resize vol0 128MiB (%s):\n%s", time.Since(start).Round(time.Millisecond), r.out)
+	// The window over which the CPU is measured (no state is waited
+	// for): the CPU time counts what ran, however busy the machine.
+	time.Sleep(time.Until(since.Add(2 * time.Second)))
+	wall := time.Since(since)
+	for _, name := range []string{"alpha", "beta"} {
+		used := procCPU(t, c.procs[name].Process.Pid) - cpu[name]
+		t.Logf("%s used %s of CPU in %s", name, used, wall.Round(time.Millisecond))
+		if used > wall/2 {
+			t.Errorf("%s used %s of CPU in %s after the refusal: something keeps running", name, used, wall.Round(time.Millisecond))
+		}
+	}
+}
+
+// procCPU is the CPU time process pid has used (user and system).
+func procCPU(t *testing.T, pid int) time.Duration {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("/proc", itoa(int64(pid)), "stat"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The fields after the command's name, which is in parentheses.
+	fields := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	utime, err1 := strconv.ParseInt(fields[11], 10, 64)
+	stime, err2 := strconv.ParseInt(fields[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		t.Fatalf("/proc/%d/stat: %q", pid, b)
+	}
+	// Linux counts in USER_HZ, 100 a second on every architecture Go runs on.
+	return time.Duration(utime+stime) * 10 * time.Millisecond
 }
 
 // scribble writes 1 MiB of a pattern of seed at off into the file at

@@ -110,7 +110,9 @@ func goCommand() string {
 func goBuild(out, pkg string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, goCommand(), "build", "-o", out, pkg)
+	// -buildvcs=auto: the binaries name their commit, as make builds
+	// them, even where GOFLAGS turns stamping off.
+	cmd := exec.CommandContext(ctx, goCommand(), "build", "-buildvcs=auto", "-o", out, pkg)
 	return cmd.CombinedOutput()
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -14,7 +15,7 @@ import (
 )
 
 func main() {
-	os.Exit(run(os.Args[1:]))
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
 // options are replnode's command line (its man page,
@@ -36,31 +37,36 @@ func newFlags() (*flag.FlagSet, options) {
 	}
 }
 
-func run(args []string) int {
+// run is replnode with args; it prints to out and says what went wrong
+// on errOut, and returns the exit status.
+func run(args []string, out, errOut io.Writer) int {
 	fs, o := newFlags()
+	fs.SetOutput(errOut)
 	configPath, name, stateDir, logLevel, join, showVersion := o.configPath, o.name, o.stateDir, o.logLevel, o.join, o.showVersion
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if *showVersion {
-		fmt.Println("replnode " + versionString())
+		fmt.Fprintln(out, "replnode "+versionString())
 		return 0
 	}
 	if *configPath == "" || *name == "" {
-		fmt.Fprintln(os.Stderr, "replnode: --config FILE and --node NAME are required")
+		fmt.Fprintln(errOut, "replnode: --config FILE and --node NAME are required")
 		fs.Usage()
 		return 2
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		fmt.Fprintf(os.Stderr, "replnode: --log-level %q: want debug, info, warn or error\n", *logLevel)
+		fmt.Fprintf(errOut, "replnode: --log-level %q: want debug, info, warn or error\n", *logLevel)
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log := slog.New(slog.NewTextHandler(errOut, &slog.HandlerOptions{Level: level}))
 
-	cfg, err := node.LoadConfig(*configPath)
+	// Every problem of the file, and of the files it names for this node
+	// (its certificates), in one report.
+	cfg, err := node.LoadNodeConfig(*configPath, *name)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "replnode: %v\n", err)
+		fmt.Fprintf(errOut, "replnode: %v\n", err)
 		return 1
 	}
 	dir := *stateDir
@@ -71,20 +77,20 @@ func run(args []string) int {
 	// with a config of its own.
 	running, err := node.LoadConfig(*configPath)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "replnode: %v\n", err)
+		fmt.Fprintf(errOut, "replnode: %v\n", err)
 		return 1
 	}
 	// Signals are caught from here on: a SIGHUP during the start waits,
 	// and a SIGTERM stops the node once started.
 	sig := make(chan os.Signal, 4)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	n, err := node.New(cfg, *name, node.Options{StateDir: dir, Logger: log, Join: *join})
+	n, err := node.New(cfg, *name, node.Options{StateDir: dir, Logger: log, Join: *join, Version: release()})
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "replnode: %v\n", err)
+		fmt.Fprintf(errOut, "replnode: %v\n", err)
 		return 1
 	}
 	if err := n.Start(); err != nil {
-		fmt.Fprintf(os.Stderr, "replnode: %v\n", err)
+		fmt.Fprintf(errOut, "replnode: %v\n", err)
 		n.Close()
 		return 1
 	}
@@ -103,7 +109,7 @@ func run(args []string) int {
 	log.Info("stopping")
 	notify(log, "STOPPING=1")
 	if err := n.Close(); err != nil {
-		fmt.Fprintf(os.Stderr, "replnode: stop: %v\n", err)
+		fmt.Fprintf(errOut, "replnode: stop: %v\n", err)
 		return 1
 	}
 	return 0

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/node"
 	"github.com/replvol/replvol/transport"
 	"google.golang.org/grpc/status"
@@ -81,7 +82,8 @@ func (r *reloader) sizes(ctx context.Context, next *node.Config, restart []chang
 			}
 			continue
 		}
-		r.log.Warn(fmt.Sprintf("SIGHUP: volumes[%s].size is %d in the file, but %s runs at %d on this node: editing the file does not resize a volume; grow every node's disk, then replctl resize %s %d", s.volume, s.file, s.volume, s.runs, s.volume, s.file))
+		r.log.Warn(fmt.Sprintf("SIGHUP: volumes[%s].size is %s in the file, but %s runs at %s on this node: editing the file does not resize a volume; grow every node's disk, then replctl resize %s %s",
+			s.volume, human.ExactBytes(s.file), s.volume, human.ExactBytes(s.runs), s.volume, human.ExactBytes(s.file)))
 	}
 	return kept, true
 }

@@ -28,6 +28,19 @@ func TestSpacedBytes(t *testing.T) {
 	}
 }
 
+func TestExactBytes(t *testing.T) {
+	for _, tc := range []struct {
+		n    int64
+		want string
+	}{
+		{0, "0"}, {1000, "1000"}, {4096, "4KiB"}, {4100 << 10, "4100KiB"}, {256 << 20, "256MiB"}, {1 << 30, "1GiB"}, {3 << 29, "1536MiB"}, {1 << 50, "1PiB"}, {5 << 50, "5PiB"},
+	} {
+		if got := ExactBytes(tc.n); got != tc.want {
+			t.Errorf("ExactBytes(%d) = %q, want %q", tc.n, got, tc.want)
+		}
+	}
+}
+
 func TestJoin(t *testing.T) {
 	for _, tc := range []struct{ a, b, want string }{
 		{"", "", ""}, {"a", "", "a"}, {"", "b", "b"}, {"a", "b", "a; b"},

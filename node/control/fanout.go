@@ -100,19 +100,35 @@ func (s *Server) Resize(ctx context.Context, r *transport.ResizeRequest) (*trans
 	if err != nil {
 		return nil, err
 	}
-	// Every node says it can, or nothing changes anywhere.
+	// Every node says it can, or nothing changes anywhere. A check costs
+	// no I/O: a size no disk holds is refused at once.
 	var refusals []string
+	limit, now := int64(-1), int64(0)
 	for _, name := range order {
 		one, err := s.resizeOn(ctx, name, r, true)
-		if err != nil {
-			refusals = append(refusals, status.Convert(err).Message())
+		if err == nil {
+			now = max(now, one.OldSize)
+		}
+		switch {
+		case err != nil:
+			refusals = append(refusals, name+": "+status.Convert(err).Message())
+			limit = 0
+			continue
+		case one.MaxSize <= 0:
+			limit = 0
+		case limit < 0:
+			limit = one.MaxSize
+		default:
+			limit = min(limit, one.MaxSize)
+		}
+		if one.Action == transport.ResizeCannot {
+			refusals = append(refusals, one.Text)
 			continue
 		}
 		reply.Nodes = append(reply.Nodes, one)
 	}
 	if len(refusals) > 0 {
-		return nil, status.Errorf(codes.FailedPrecondition, "%s cannot grow to %d bytes (%s): %s",
-			r.Volume, r.Size, human.Bytes(r.Size), strings.Join(refusals, "; "))
+		return nil, status.Error(codes.FailedPrecondition, resizeRefusal(r, refusals, limit, now))
 	}
 	if r.Check {
 		return reply, nil
@@ -135,6 +151,28 @@ func (s *Server) Resize(ctx context.Context, r *transport.ResizeRequest) (*trans
 		reply.Nodes = append(reply.Nodes, one)
 	}
 	return reply, nil
+}
+
+// resizeRefusal says once that a resize to r.Size was refused and that
+// nothing changed, each node's refusal on a line of its own (they name
+// the disk and what to do), and, when every node said it (limit > 0), the
+// largest size all of them hold the volume at now (the volume is now
+// bytes).
+func resizeRefusal(r *transport.ResizeRequest, refusals []string, limit, now int64) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s cannot grow to %s (%d bytes); nothing changed:", r.Volume, human.Bytes(r.Size), r.Size)
+	for _, why := range refusals {
+		b.WriteString("\n  " + why)
+	}
+	switch {
+	case limit <= 0 || limit >= r.Size:
+	case limit > now:
+		fmt.Fprintf(&b, "\nevery node's disk holds %s at up to %s (%d bytes) now: grow the disks named first, or give a size of at most that",
+			r.Volume, human.Bytes(limit), limit)
+	default:
+		fmt.Fprintf(&b, "\n%s is %s, the most every node's disk holds now: grow the disks named first", r.Volume, human.Bytes(now))
+	}
+	return b.String()
 }
 
 // resizeOn asks node name to grow its copy (or, with check, whether it can).
