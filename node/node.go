@@ -366,6 +366,7 @@ func (n *Node) Start() error {
 		Events: func(ctx context.Context, history int, fn func(*transport.Event) error) error {
 			return n.api.Events(ctx, &transport.EventsRequest{History: history}, fn)
 		},
+		History: func(_ context.Context, max int) ([]transport.Event, error) { return controlNode{n}.History(max) },
 		Peer: func(ctx context.Context, ni transport.NodeInfo) (*transport.NodeStatus, error) {
 			api, err := n.peerAPI(ni.Name)
 			if err != nil {
