@@ -160,8 +160,11 @@ type Node struct {
 
 	mu mutex
 	// view is what the last ApplyVolumes left unlike the file.
-	view    configView
-	clients map[string]*transport.ControlClient
+	view configView
+	// failedReload is the last reload's failure (reload.go), nil when it
+	// loaded.
+	failedReload *transport.FailedReload
+	clients      map[string]*transport.ControlClient
 	// statusFailed: the nodes whose last status ask failed (askStatus).
 	statusFailed map[string]bool
 	wg           sync.WaitGroup

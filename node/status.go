@@ -42,6 +42,7 @@ func (n *Node) nodeInfo(nc NodeConfig) transport.NodeInfo {
 func (n *Node) nodeStatus(events int) *transport.NodeStatus {
 	ns := &transport.NodeStatus{Node: n.nodeInfo(n.self), Failover: n.failoverReasons(), Config: n.configStatus()}
 	ns.Node.Alive = true
+	ns.Node.FailedReload = n.failedReloadView()
 	vols := n.volumes()
 	for _, name := range slices.Sorted(maps.Keys(vols)) {
 		ns.Volumes = append(ns.Volumes, vols[name].status())
@@ -156,6 +157,7 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 		info.Membership = membership[nc.Name]
 		if views[i] != nil {
 			info.Alive = true
+			info.FailedReload = views[i].Node.FailedReload
 			byNode[nc.Name] = map[string]transport.LocalVolume{}
 			for _, lv := range views[i].Volumes {
 				byNode[nc.Name][lv.Name] = lv

@@ -77,6 +77,7 @@ func healthWarnings(st *transport.ClusterStatus) []Warning {
 		}
 		add(w)
 	}
+	out = append(out, reloadWarnings(st)...)
 	out = append(out, configWarnings(st)...)
 	for i := range st.Volumes {
 		out = append(out, volumeWarnings(&st.Volumes[i], st.Cluster, down)...)

@@ -41,6 +41,33 @@ func configWarnings(st *transport.ClusterStatus) []Warning {
 	return out
 }
 
+// reloadWarnings warns of each node whose last reload failed: its file
+// does not load, so the change the operator made is not in force (and a
+// restart of that node would fail), with the file's first problems.
+func reloadWarnings(st *transport.ClusterStatus) []Warning {
+	var out []Warning
+	for _, n := range st.Nodes {
+		fr := n.FailedReload
+		if fr == nil {
+			continue
+		}
+		detail := strings.Join(fr.Problems, "\n")
+		if fr.More > 0 {
+			detail += fmt.Sprintf("\n(and %d more: see the node's log)", fr.More)
+		}
+		out = append(out, Warning{
+			ID: elementID("warning", transport.WarningReloadFailed, n.Name), Kind: transport.WarningReloadFailed,
+			Severity: severityWarning, Node: n.Name,
+			Text: fmt.Sprintf("The last reload of %s failed at %s: its cluster file %s does not load, so %s runs on with the config it had (and would not start with this file).",
+				n.Name, fr.At.UTC().Format("15:04:05 UTC"), fr.File, n.Name),
+			Detail:  detail,
+			Command: "systemctl reload replnode",
+			Where:   fmt.Sprintf("on %s, once %s is fixed", n.Name, fr.File),
+		})
+	}
+	return out
+}
+
 // nodeList lists nodes for people: "alpha", "alpha and beta", "alpha, beta and gamma".
 func nodeList(nodes []string) string {
 	if len(nodes) < 2 {

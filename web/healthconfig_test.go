@@ -60,3 +60,38 @@ func TestNodeLists(t *testing.T) {
 		}
 	}
 }
+
+// TestAFailedReloadIsAWarning: beta's last reload found its file broken.
+// The warning names the node, the file and its first problems (file:line,
+// as the loader words them), and the reload that clears it; beta's row
+// in the node table says so. It is about the node, not its replicas: vol0
+// is not marked as a problem volume.
+func TestAFailedReloadIsAWarning(t *testing.T) {
+	st := healthyCluster()
+	nodeInfo(st, "beta").FailedReload = &transport.FailedReload{
+		File: "/etc/replvol/cluster.yaml", At: testNow,
+		Problems: []string{`/etc/replvol/cluster.yaml:12: volumes[0].protocl: unknown key; did you mean "protocol"?`},
+		More:     2,
+	}
+	ws := Warnings(st)
+	if len(ws) != 1 {
+		t.Fatalf("warnings %+v, want one", ws)
+	}
+	w := ws[0]
+	if w.Kind != transport.WarningReloadFailed || w.Severity != severityWarning || w.Node != "beta" || w.Volume != "" ||
+		!strings.Contains(w.Text, "The last reload of beta failed at 15:09:26 UTC: its cluster file /etc/replvol/cluster.yaml does not load, so beta runs on with the config it had") ||
+		!strings.Contains(w.Detail, "/etc/replvol/cluster.yaml:12: volumes[0].protocl: unknown key") || !strings.Contains(w.Detail, "and 2 more") ||
+		w.Command != "systemctl reload replnode" || w.Where != "on beta, once /etc/replvol/cluster.yaml is fixed" {
+		t.Errorf("warning %+v", w)
+	}
+	p := render(t, pageInput{Status: st})
+	if got := p.text("node-beta-reload"); got != "last reload failed at 15:09:26 UTC: /etc/replvol/cluster.yaml does not load" {
+		t.Errorf("beta's node row says %q", got)
+	}
+	if p.has("vol-vol0-severity") || strings.Contains(p.attr("replica-vol0-beta", "class"), "problem") {
+		t.Errorf("a failed reload of beta marks vol0 as a problem volume")
+	}
+	if got := p.text("warning-reload-failed-beta-text"); !strings.Contains(got, "The last reload of beta failed") {
+		t.Errorf("Needs attention says %q", got)
+	}
+}

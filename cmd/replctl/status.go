@@ -347,6 +347,12 @@ func printStatus(w io.Writer, st *transport.ClusterStatus, pal palette, now time
 			state.text += ", gossip: " + n.Membership
 			state.color = colorRed
 		}
+		if n.FailedReload != nil {
+			state.text += ", last reload failed"
+			if state.color == colorGreen {
+				state.color = colorYellow
+			}
+		}
 		nbd := n.NBD
 		if nbd == "" {
 			nbd = "-"
@@ -354,10 +360,18 @@ func printStatus(w io.Writer, st *transport.ClusterStatus, pal palette, now time
 		nodes.add(plain(n.Name), plain(n.Role), state, plain(n.Control), plain(nbd))
 	}
 	nodes.render(w, pal)
-	// The nodes' files disagree on a volume, or a node does not run one
-	// as its file says: the volume lines below are one node's file.
+	// A node's last reload failed, the nodes' files disagree on a volume,
+	// or a node does not run one as its file says: the volume lines below
+	// are one node's file.
 	for _, x := range warningsOf(st, "") {
-		if x.Kind == transport.WarningConfigDiffers || x.Kind == transport.WarningConfigNotApplied {
+		switch x.Kind {
+		case transport.WarningReloadFailed:
+			fmt.Fprintln(w, pal.paint(colorYellow, "! "+x.Text))
+			for _, problem := range strings.Split(x.Detail, "\n") {
+				fmt.Fprintf(w, "    %s\n", problem)
+			}
+			fmt.Fprintf(w, "  fix: %s (%s)\n", x.Command, x.Where)
+		case transport.WarningConfigDiffers, transport.WarningConfigNotApplied:
 			line := "! " + x.Text
 			if x.Kind == transport.WarningConfigNotApplied && x.Detail != "" {
 				line += " " + plainMessage(firstLine(x.Detail))

@@ -1,0 +1,131 @@
+package main
+
+// End-to-end: what status, its JSON, --check and the events say of a
+// reload that failed (issue 27, item 6).
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/replvol/replvol/transport"
+)
+
+// TestE2EAFailedReloadShowsUntilAReloadLoads: the cluster file gets a
+// typo (protocl: B) and beta gets a SIGHUP. beta runs on as it was, and
+// says so everywhere an operator looks, through either node: status names
+// beta, the file and its problem at its line; --json holds it
+// (nodes[].failed_reload) with the warning reload-failed; --check exits 4
+// with it; beta's events record it. The file fixed and beta reloaded
+// again, all of it is gone and --check exits 0.
+func TestE2EAFailedReloadShowsUntilAReloadLoads(t *testing.T) {
+	e2eBeside(t)
+	c := newProcCluster(t, 32<<20, 61)
+	c.start("alpha")
+	c.start("beta")
+	c.waitListening("alpha", 30*time.Second)
+	c.waitListening("beta", 30*time.Second)
+	c.waitInSync("alpha")
+
+	orig, err := os.ReadFile(c.cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	broken := strings.Replace(string(orig), "protocol: C,", "protocl: B,", 1)
+	if broken == string(orig) {
+		t.Fatalf("the harness's config changed shape:\n%s", orig)
+	}
+	line := 1 + strings.Count(broken[:strings.Index(broken, "protocl")], "\n")
+	problem := fmt.Sprintf("%s:%d: volumes[0].protocl: unknown key", c.cfgPath, line)
+	if err := os.WriteFile(c.cfgPath, []byte(broken), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	hup := func() {
+		t.Helper()
+		if err := c.procs["beta"].Process.Signal(syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hup()
+
+	var st transport.ClusterStatus
+	configWaitUntil(t, "status through alpha shows beta's failed reload", func() bool {
+		st = clusterStatusOf(t, c, "alpha")
+		n := nodeOf(&st, "beta")
+		return n != nil && n.FailedReload != nil
+	})
+	fr := nodeOf(&st, "beta").FailedReload
+	if fr.File != c.cfgPath || len(fr.Problems) != 1 || !strings.HasPrefix(fr.Problems[0], problem) || fr.At.Before(began.Add(-time.Second)) {
+		t.Errorf("status --json: beta's failed_reload %+v, want %s and the problem %q", fr, c.cfgPath, problem)
+	}
+	if a := nodeOf(&st, "alpha"); a == nil || a.FailedReload != nil {
+		t.Errorf("status --json: alpha %+v, whose file was not reloaded", a)
+	}
+	var found *transport.Warning
+	for i, w := range st.Warnings {
+		if w.Kind == transport.WarningReloadFailed {
+			found = &st.Warnings[i]
+		}
+	}
+	if found == nil || found.Node != "beta" || found.Severity != transport.SeverityWarning || !strings.Contains(found.Detail, problem) {
+		t.Errorf("status --json: warnings %+v, want reload-failed on beta with the problem", st.Warnings)
+	}
+	if v := volumeOf(&st, volName); v == nil || v.Protocol != "C" {
+		t.Errorf("status --json: vol0 %+v, want it running protocol C as before", v)
+	}
+
+	for _, via := range []string{"alpha", "beta"} {
+		out := c.mustCtl(via, "status")
+		for _, want := range []string{"alive, last reload failed", "! The last reload of beta failed", "its cluster file " + c.cfgPath + " does not load",
+			problem, "fix: systemctl reload replnode (on beta, once " + c.cfgPath + " is fixed)"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("replctl status via %s does not say %q:\n%s", via, want, out)
+			}
+		}
+		r := c.ctl(via, "status", "--check")
+		if r.code != exitWarning || !strings.Contains(r.out, "WARNING The last reload of beta failed") {
+			t.Errorf("replctl status --check via %s: exit %d, want %d with the failed reload:\n%s", via, r.code, exitWarning, r.out)
+		}
+	}
+	evs, err := c.eventsSince("beta", "reload-failed", began)
+	if err != nil || len(evs) != 1 || !strings.Contains(evs[0].Message, c.cfgPath+" does not load") || !strings.Contains(evs[0].Message, problem) {
+		t.Errorf("beta's reload-failed events %+v (%v): want one naming the file and the problem", evs, err)
+	}
+
+	// Fixed: the next reload loads, and clears it all.
+	if err := os.WriteFile(c.cfgPath, orig, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	hup()
+	configWaitUntil(t, "beta's failed reload cleared", func() bool {
+		st = clusterStatusOf(t, c, "alpha")
+		n := nodeOf(&st, "beta")
+		return n != nil && n.FailedReload == nil
+	})
+	for _, w := range st.Warnings {
+		if w.Kind == transport.WarningReloadFailed {
+			t.Errorf("status --json still warns: %+v", w)
+		}
+	}
+	if r := c.ctl("beta", "status", "--check"); r.code != 0 || !strings.Contains(r.out, "warnings: none") || strings.Contains(r.out, "reload failed") {
+		t.Errorf("replctl status --check after a reload that loads: exit %d, want 0:\n%s", r.code, r.out)
+	}
+	configWaitUntil(t, "beta's reloaded event", func() bool {
+		evs, err := c.eventsSince("beta", "reloaded", began)
+		return err == nil && len(evs) == 1 && strings.Contains(evs[0].Message, "the failed reload of") && strings.Contains(evs[0].Message, "is over")
+	})
+}
+
+// nodeOf is what st says of the node name.
+func nodeOf(st *transport.ClusterStatus, name string) *transport.NodeInfo {
+	for i := range st.Nodes {
+		if st.Nodes[i].Name == name {
+			return &st.Nodes[i]
+		}
+	}
+	return nil
+}
