@@ -308,6 +308,18 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 				}
 				rs.SyncRule, rs.SyncDecision = pv.SyncRule, pv.SyncDecision
 			}
+			if _, runs := byNode[node][vc.Name]; !runs {
+				if f, answered := files[node]; answered && f != nil && !slices.Contains(f.Volumes, vc.Name) {
+					// The node is alive and answered: it runs no replica
+					// because its file does not list the volume (the
+					// primary's refusal, when it has one, says so too).
+					rs.Reachable = true
+					if rs.ReasonCode != transport.ReasonNoSuchVolume {
+						rs.Reason = fmt.Sprintf("%s is alive, but %s is not in its cluster file: it runs no replica of %s until its file has it and it is reloaded", node, vc.Name, vc.Name)
+						rs.ReasonCode = transport.ReasonNoSuchVolume
+					}
+				}
+			}
 			switch {
 			case rs.ResyncTotalBytes > 0:
 				rs.SyncProgress = 100 * float64(rs.ResyncDoneBytes) / float64(rs.ResyncTotalBytes)

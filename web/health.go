@@ -79,7 +79,16 @@ func healthWarnings(st *transport.ClusterStatus) []Warning {
 	}
 	out = append(out, reloadWarnings(st)...)
 	out = append(out, configWarnings(st)...)
+	differs := filesDisagree(st)
 	for i := range st.Volumes {
+		if differs[st.Volumes[i].Name] {
+			// Half added or half removed: a node whose file lacks it
+			// runs no replica and refuses its stream, and a primary
+			// whose file lacks it serves nothing. Those follow from the
+			// files and end when they agree: config-differs alone says
+			// what to do.
+			continue
+		}
 		out = append(out, volumeWarnings(&st.Volumes[i], st.Cluster, down)...)
 	}
 	slices.SortStableFunc(out, func(a, b Warning) int { return severityRank(a.Severity) - severityRank(b.Severity) })

@@ -1,16 +1,19 @@
 package main
 
 // End-to-end: what status, its JSON, --check and the events say of a
-// reload that failed (issue 27, item 6).
+// reload that failed, and of a volume added to one node's file only
+// (issue 27, items 6 and 7).
 
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/transport"
 )
 
@@ -118,6 +121,100 @@ func TestE2EAFailedReloadShowsUntilAReloadLoads(t *testing.T) {
 		evs, err := c.eventsSince("beta", "reloaded", began)
 		return err == nil && len(evs) == 1 && strings.Contains(evs[0].Message, "the failed reload of") && strings.Contains(evs[0].Message, "is over")
 	})
+}
+
+// TestE2EAHalfAddedVolumeIsDiagnosedAsConfigDiffers: alpha, beta and a
+// witness run vol0. vol1, whose primary is beta, is added to the file and
+// only alpha is reloaded. beta is alive and serves vol0: status shows it
+// as alive without vol1 in its file, not as unreachable, and the one thing
+// to do is the reload of beta and the witness (config-differs): no
+// no-primary, no "replctl connect vol1 --node alpha", which would not
+// help. Once beta and the witness are reloaded, vol1 is in sync and
+// nothing is left to warn about.
+func TestE2EAHalfAddedVolumeIsDiagnosedAsConfigDiffers(t *testing.T) {
+	e2eBeside(t)
+	const size = 32 << 20
+	c := newProcClusterN(t, clusterOpts{Raft: true, Witness: true, Size: size})
+	c.startAll()
+	c.waitFor("alpha", "in sync, and raft knows both replicas UpToDate", syncTimeout, raftInSync)
+
+	orig, err := os.ReadFile(c.cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	devSize, err := metadata.InternalDeviceSize(size, 61, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	disks := map[string]string{}
+	for _, n := range []string{"alpha", "beta"} {
+		disks[n] = filepath.Join(c.dir, n+"-vol1.img")
+		if err := os.Truncate(writeEmpty(t, disks[n]), devSize); err != nil {
+			t.Fatal(err)
+		}
+	}
+	withVol1 := string(orig) + fmt.Sprintf("  - {name: vol1, size: %d, protocol: C, primary: beta, al_extents: 61, disks: {alpha: %q, beta: %q}}\n",
+		size, disks["alpha"], disks["beta"])
+	if err := os.WriteFile(c.cfgPath, []byte(withVol1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	hup := func(name string) {
+		t.Helper()
+		if err := c.procs[name].Process.Signal(syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hup("alpha")
+
+	var st transport.ClusterStatus
+	configWaitUntil(t, "alpha runs vol1 and status sees the files differ", func() bool {
+		st = clusterStatusOf(t, c, "alpha")
+		v := volumeOf(&st, "vol1")
+		return v != nil && v.Replica("alpha") != nil && v.Replica("alpha").Reachable && len(st.ConfigDiffers) == 1
+	})
+	v := volumeOf(&st, "vol1")
+	if b := v.Replica("beta"); b == nil || !b.Reachable || b.ReasonCode != transport.ReasonNoSuchVolume || !strings.Contains(b.Reason, "beta is alive, but vol1 is not in its cluster file") {
+		t.Errorf("status --json: beta's replica of vol1 %+v, want reachable with reason_code %s", b, transport.ReasonNoSuchVolume)
+	}
+	if len(st.Warnings) != 1 || st.Warnings[0].Kind != transport.WarningConfigDiffers || st.Warnings[0].Volume != "vol1" ||
+		!strings.Contains(st.Warnings[0].Where, "to add it, on beta and witness") {
+		t.Errorf("status --json: warnings %+v, want config-differs of vol1 alone, naming the reload on beta and witness", st.Warnings)
+	}
+	out := c.mustCtl("alpha", "status")
+	for _, want := range []string{"alive, does not have vol1 in its cluster file", "Volume vol1 is in the cluster file of alpha but not in the files of beta and witness.",
+		"! not served: its primary beta does not have it in its cluster file"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("replctl status does not say %q:\n%s", want, out)
+		}
+	}
+	for _, wrong := range []string{"unreachable", "DUnknown"} {
+		if strings.Contains(out, wrong) {
+			t.Errorf("replctl status says %q of a node that is alive:\n%s", wrong, out)
+		}
+	}
+	r := c.ctl("alpha", "status", "--check")
+	if r.code != exitWarning || !strings.Contains(r.out, "warnings: 1 warning") || strings.Contains(r.out, "CRITICAL") || strings.Contains(r.out, "replctl connect") {
+		t.Errorf("replctl status --check: exit %d, want %d with the one warning to reload:\n%s", r.code, exitWarning, r.out)
+	}
+
+	hup("beta")
+	hup(witnessName)
+	configWaitUntil(t, "vol1 in sync on alpha and beta, nothing to warn about", func() bool {
+		st = clusterStatusOf(t, c, "alpha")
+		v := volumeOf(&st, "vol1")
+		if v == nil || v.Primary != "beta" || len(st.Warnings) != 0 || st.ConfigDiffers != nil {
+			return false
+		}
+		for _, r := range v.Replicas {
+			if !r.Reachable || r.Disk != transport.DiskUpToDate || r.Replication != transport.ReplConnected {
+				return false
+			}
+		}
+		return true
+	})
+	if r := c.ctl("alpha", "status", "--check"); r.code != 0 {
+		t.Errorf("replctl status --check once the files agree: exit %d, want 0:\n%s", r.code, r.out)
+	}
 }
 
 // nodeOf is what st says of the node name.

@@ -426,3 +426,27 @@ func TestEventsMergeByTime(t *testing.T) {
 		t.Fatalf("merged order %v, want started disconnected connected:\n%s", kinds, out.String())
 	}
 }
+
+// TestStatusWordsOfAReplicaOutsideItsNodesFile: a node that is alive and
+// does not have the volume in its file shows as such, not as
+// unreachable.
+func TestStatusWordsOfAReplicaOutsideItsNodesFile(t *testing.T) {
+	st := sampleStatus()
+	v := &st.Volumes[0]
+	v.Primary, v.NBDURI = "beta", ""
+	v.Replicas[0].Role, v.Replicas[0].Disk, v.Replicas[0].Replication = "Secondary", "Inconsistent", "Connecting"
+	b := &v.Replicas[1]
+	b.Role, b.Disk, b.Replication, b.ReasonCode, b.Reason = "Unknown", "DUnknown", "Unknown", transport.ReasonNoSuchVolume, "beta is alive, but vol0 is not in its cluster file"
+	var out bytes.Buffer
+	printStatus(&out, st, palette{}, time.Now())
+	for _, want := range []string{"alive, does not have vol0 in its cluster file", "! not served: its primary beta does not have it in its cluster file"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("status lacks %q:\n%s", want, out.String())
+		}
+	}
+	for _, wrong := range []string{"unreachable", "DUnknown", "no primary serving IO"} {
+		if strings.Contains(out.String(), wrong) {
+			t.Errorf("status says %q:\n%s", wrong, out.String())
+		}
+	}
+}

@@ -431,6 +431,19 @@ func printVolume(w io.Writer, v *transport.VolumeStatus, ws []transport.Warning,
 	t.add(head...)
 	for i := range v.Replicas {
 		r := &v.Replicas[i]
+		if r.Reachable && r.ReasonCode == transport.ReasonNoSuchVolume {
+			// Alive, but the volume is not in its file: nothing to show
+			// but why.
+			row := []cell{plain(r.Node), {"-", colorDim}, {"-", colorDim}, {"-", colorDim}, plain("-"), {"not in its file", colorYellow}}
+			if async {
+				row = append(row, plain("-"))
+			}
+			if cluster {
+				row = append(row, plain("-"))
+			}
+			t.add(append(row, plain("-"), plain(fmt.Sprintf("alive, does not have %s in its cluster file", v.Name)))...)
+			continue
+		}
 		role := plain(r.Role)
 		switch r.Role {
 		case transport.RolePrimary:
@@ -554,7 +567,10 @@ func lagCell(v *transport.VolumeStatus, r *transport.ReplicaStatus) cell {
 // ws) a volume that runs on one copy.
 func volumeWarnings(v *transport.VolumeStatus, ws []transport.Warning) []cell {
 	var warns []cell
-	if v.NBDURI == "" {
+	switch p := v.Replica(v.Primary); {
+	case v.NBDURI == "" && p != nil && p.Reachable && p.ReasonCode == transport.ReasonNoSuchVolume:
+		warns = append(warns, cell{fmt.Sprintf("! not served: its primary %s does not have it in its cluster file", p.Node), colorYellow})
+	case v.NBDURI == "":
 		warns = append(warns, cell{"! no primary serving IO", colorRed})
 	}
 	for _, x := range ws {
@@ -565,6 +581,12 @@ func volumeWarnings(v *transport.VolumeStatus, ws []transport.Warning) []cell {
 	for _, r := range v.Replicas {
 		if !r.Reachable {
 			warns = append(warns, cell{"! " + r.Node + " unreachable", colorRed})
+			continue
+		}
+		if r.ReasonCode == transport.ReasonNoSuchVolume {
+			if r.Node != v.Primary {
+				warns = append(warns, cell{fmt.Sprintf("! %s alive, %s not in its cluster file", r.Node, v.Name), colorYellow})
+			}
 			continue
 		}
 		var what []string
