@@ -1,8 +1,8 @@
 package main
 
 // End-to-end: what status, its JSON, --check and the events say of a
-// reload that failed, and of a volume added to one node's file only
-// (issue 27, items 6 and 7).
+// reload that failed, of a volume added to one node's file only, of a
+// disconnect, and of a resync under way (issue 27, items 6, 7 and 9).
 
 import (
 	"fmt"
@@ -214,6 +214,80 @@ func TestE2EAHalfAddedVolumeIsDiagnosedAsConfigDiffers(t *testing.T) {
 	})
 	if r := c.ctl("alpha", "status", "--check"); r.code != 0 {
 		t.Errorf("replctl status --check once the files agree: exit %d, want 0:\n%s", r.code, r.out)
+	}
+}
+
+// TestE2EDisconnectAndResyncSayTheVolumeRunsOnOneCopy: replctl disconnect
+// without --node acts on the node at --addr; here that is alpha, the
+// primary, and it says that vol0 now runs on alpha's copy alone, and how
+// to connect it again. A secondary disconnected says the same from its
+// side. While the connect's resync runs (throttled, so that it lasts),
+// beta is an Inconsistent SyncTarget and status --check warns that vol0
+// runs on one good copy; once beta is UpToDate, --check exits 0.
+func TestE2EDisconnectAndResyncSayTheVolumeRunsOnOneCopy(t *testing.T) {
+	e2eBeside(t)
+	RequireTool(t, "qemu-io", "qemu-utils")
+	d := startDemo(t)
+	d.waitInSync("alpha")
+
+	out := d.mustCtl("alpha", "disconnect", volName)
+	for _, want := range []string{"vol0 on alpha: StandAlone", "(no --node given: alpha is the node at --addr)",
+		"alpha is the primary of vol0 and now replicates it to nobody: vol0 runs on one copy, alpha's. beta gets none of its writes until it is connected again",
+		"reconnect: replctl connect vol0 --node alpha"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("replctl disconnect vol0 (via alpha, the primary) does not say %q:\n%s", want, out)
+		}
+	}
+	d.mustCtl("alpha", "connect", volName)
+	d.waitInSync("alpha")
+
+	out = d.mustCtl("alpha", "disconnect", volName, "--node", "beta")
+	for _, want := range []string{"vol0 on beta: StandAlone", "beta no longer replicates vol0 and misses its writes from now on", "vol0 runs on one copy, alpha's.",
+		"reconnect: replctl connect vol0 --node beta"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("replctl disconnect vol0 --node beta does not say %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "no --node given") {
+		t.Errorf("replctl disconnect with --node says it was not given:\n%s", out)
+	}
+
+	// 64 MiB written while beta is away, resynced at 4 MiB/s: about 16 s.
+	qemuIO(t, d.uri, "write -P 0x5a 0 64M", "flush")
+	d.mustCtl("alpha", "adjust", volName, "--resync-rate", "4MiB")
+	d.mustCtl("alpha", "connect", volName, "--node", "beta")
+	// --check's view lies within beta's resync when the status before it
+	// and the status after it both show beta Inconsistent: once its resync
+	// started, beta stays Inconsistent until it is UpToDate.
+	inconsistent := func() (syncing, done bool) {
+		b := d.mustStatus("alpha").replica("beta")
+		return b.Disk == transport.DiskInconsistent, b.Disk == transport.DiskUpToDate && b.Replication == transport.ReplConnected && b.OutOfSync == 0
+	}
+	checked := false
+	if !within(syncTimeout, 100*time.Millisecond, func() bool {
+		before, done := inconsistent()
+		if done {
+			t.Fatalf("beta was UpToDate before status --check saw its resync: the resync cap did not hold")
+		}
+		if !before {
+			return false // not started yet
+		}
+		r := d.ctl("alpha", "status", "--check")
+		if after, _ := inconsistent(); !after {
+			return false // it ended meanwhile: look again
+		}
+		checked = true
+		if r.code != exitWarning || !strings.Contains(r.out, "beta's copy of vol0 is Inconsistent until its resync ends") ||
+			!strings.Contains(r.out, "until then vol0 runs on one good copy, alpha's") {
+			t.Errorf("replctl status --check while beta resyncs: exit %d, want %d and the one-copy warning:\n%s", r.code, exitWarning, r.out)
+		}
+		return true
+	}) || !checked {
+		t.Fatalf("status --check never ran while beta resynced")
+	}
+	d.waitInSync("alpha")
+	if r := d.ctl("alpha", "status", "--check"); r.code != 0 || !strings.Contains(r.out, "warnings: none") {
+		t.Errorf("replctl status --check once beta is UpToDate: exit %d, want 0:\n%s", r.code, r.out)
 	}
 }
 

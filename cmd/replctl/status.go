@@ -37,9 +37,11 @@ Colours on a terminal only (--color, NO_COLOR).
 --check, for scripts and monitoring, also lists what the status page's
 "Needs attention" shows (each warning with the command that fixes it) and
 exits 0 when there is nothing to warn about, 4 when the worst is a warning
-(redundancy lost or degraded: a StandAlone replica, a node down) and 5 when
-it is critical (IO stopped or data at risk: a split brain, no primary, no
-quorum). With --json the warnings are in the JSON's "warnings".`,
+(redundancy lost or degraded: a StandAlone replica, a node down, a replica
+still resyncing while the volume runs on one good copy, a node whose last
+reload failed) and 5 when it is critical (IO stopped or data at risk: a
+split brain, no primary, no quorum). With --json the warnings are in the
+JSON's "warnings".`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			volume := ""
