@@ -478,4 +478,12 @@ func TestStatusWordsOfAReplicaOutsideItsNodesFile(t *testing.T) {
 			t.Errorf("status says %q:\n%s", wrong, out.String())
 		}
 	}
+
+	st = sampleStatus()
+	st.Volumes[0].Replicas[1].SyncRule, st.Volumes[0].Replicas[1].SyncDecision = "just-created-peer", "source-set-bitmap"
+	out.Reset()
+	printStatus(&out, st, palette{}, time.Now())
+	if !strings.Contains(out.String(), "last connect: resynced all of it, as its copy was new") || strings.Contains(out.String(), "rule") {
+		t.Errorf("the note of beta's last connect is not in words:\n%s", out.String())
+	}
 }

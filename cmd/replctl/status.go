@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 	"github.com/replvol/replvol/web"
 	"github.com/spf13/cobra"
@@ -476,7 +477,8 @@ func printVolume(w io.Writer, v *transport.VolumeStatus, ws []transport.Warning,
 		}
 		note := r.Reason
 		if note == "" && r.SyncDecision != "" && r.SyncDecision != "no-sync" {
-			note = "last connect: " + r.SyncDecision + " by rule=" + r.SyncRule
+			// Words; the rule's name is in --json (sync_rule).
+			note = "last connect: " + replication.ConnectWords(r.SyncDecision, r.SyncRule)
 		}
 		if !r.Reachable {
 			note = strings.TrimSpace("unreachable (shown as its peer sees it) " + note)
