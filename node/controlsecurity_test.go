@@ -312,7 +312,7 @@ func TestThePagesAreReadableAndProfilesNeedTheOperator(t *testing.T) {
 		}
 		defer resp.Body.Close()
 		if resp.Header.Get("Content-Type") == "text/event-stream" {
-			return resp.StatusCode, "(a stream)", resp.ProtoMajor // /api/events follows the events
+			return resp.StatusCode, "(a stream)", resp.ProtoMajor // a stream never ends
 		}
 		body, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(body), resp.ProtoMajor

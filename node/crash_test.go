@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/replvol/replvol/replication"
@@ -169,6 +170,52 @@ func TestAPromotionKeepsTheBlocksMarkedForThePeers(t *testing.T) {
 	moved := replica(c.status(), "beta").ResyncedBytes // counted since alpha's restart
 	if moved <= 0 || moved > 3*(4<<20) {
 		t.Fatalf("after the forced promotion of the crashed primary, resync moved %d bytes; want its 3 activity-log extents (more than 0, at most %d)", moved, 3*(4<<20))
+	}
+	c.requireIdentical()
+}
+
+// TestACrashedPrimaryForgetsItsCrashOnceResynced: alpha crashes as
+// primary and beta is forced to primary; alpha comes back as beta's
+// secondary and is resynced from it (its activity log's extents too), so
+// nothing of the crash is left. A clean disconnect and connect of alpha by
+// the operator afterwards is "reconnected", with nothing to resync: the
+// crash of a primary counts until a resync has made the two copies alike,
+// not for the rest of the process's life (every connection resynced the
+// activity log again, and status named a crash that was over). Nor is a
+// later crash of alpha, as a secondary, one of a primary: the indicator
+// alpha went down with came off its disk when it followed beta.
+func TestACrashedPrimaryForgetsItsCrashOnceResynced(t *testing.T) {
+	c := syncedWithThreeExtentsWritten(t, 9)
+	c.crash("alpha")
+	ctx := context.Background()
+	if _, err := c.nodes["beta"].api.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true, Yes: true}); err != nil {
+		t.Fatal(err)
+	}
+	c.start("alpha")
+	c.waitInSync()
+	if st := c.status(); st.Volumes[0].Primary != "beta" || replica(st, "alpha").Role != "Secondary" {
+		t.Fatalf("primary %s, alpha %s: want beta primary and alpha its secondary", st.Volumes[0].Primary, replica(st, "alpha").Role)
+	}
+	rule, decision := c.decided("beta", "alpha")
+	t.Logf("alpha's return after its crash: %s by rule %s", decision, rule)
+
+	c.vol("alpha").setAdminDown(true)
+	eventually(t, func() bool {
+		p := c.vol("beta").peers["alpha"].status()
+		return p.Replication != string(replication.Connected) && strings.Contains(p.Reason, "by the operator")
+	}, "beta sees alpha disconnected by the operator")
+	c.vol("alpha").setAdminDown(false)
+	c.waitInSync()
+	c.requireDecision("beta", "alpha", replication.RuleReconnected, "no-sync")
+
+	// alpha crashing now, as a secondary, is no crash of a primary when
+	// it comes back (what it may have lost of its applied writes is
+	// resynced, by the rule of equal generations).
+	c.crash("alpha")
+	c.start("alpha")
+	c.waitInSync()
+	if rule, decision := c.decided("beta", "alpha"); rule != replication.RuleReconnected {
+		t.Fatalf("after alpha crashed as a secondary, beta decided %q by rule %q, want rule %q", decision, rule, replication.RuleReconnected)
 	}
 	c.requireIdentical()
 }

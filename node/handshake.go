@@ -150,7 +150,10 @@ func (p *peer) connect(ctx context.Context) error {
 	v.peerAnswered(p.name, plan.pull)
 	v.log.Info("peer connected", "peer", p.name, "rule", plan.rule, "decision", plan.outcome, "out_of_sync", p.bm.Bytes(), "local_missing", v.localMissing.Bytes())
 	now := p.snapshot().state
-	v.node.emit(statefile.Event{Volume: v.name, Kind: "connected", Peer: p.name, Old: string(was), New: string(now), Message: fmt.Sprintf("%s connected: %s by rule=%s; %s out of sync on %s, %s on %s", p.name, plan.outcome, plan.rule, human.Bytes(p.bm.Bytes()), p.name, human.Bytes(v.localMissing.Bytes()), v.self)})
+	// Words for people; the rule's name is the event's reason (JSON).
+	v.node.emit(statefile.Event{Volume: v.name, Kind: "connected", Peer: p.name, Old: string(was), New: string(now), Reason: plan.rule,
+		Message: fmt.Sprintf("%s connected: %s; %s out of sync on %s, %s on %s", p.name, replication.ConnectWords(plan.outcome, plan.rule),
+			human.Bytes(p.bm.Bytes()), p.name, human.Bytes(v.localMissing.Bytes()), v.self)})
 
 	var work func() error
 	switch {

@@ -168,8 +168,11 @@ type Node struct {
 
 	mu mutex
 	// view is what the last ApplyVolumes left unlike the file.
-	view    configView
-	clients map[string]*transport.ControlClient
+	view configView
+	// failedReload is the last reload's failure (reload.go), nil when it
+	// loaded.
+	failedReload *transport.FailedReload
+	clients      map[string]*transport.ControlClient
 	// statusFailed: the nodes whose last status ask failed (askStatus).
 	statusFailed map[string]bool
 	wg           sync.WaitGroup
@@ -381,6 +384,7 @@ func (n *Node) Start() error {
 		Events: func(ctx context.Context, history int, fn func(*transport.Event) error) error {
 			return n.api.Events(ctx, &transport.EventsRequest{History: history}, fn)
 		},
+		History: func(_ context.Context, max int) ([]transport.Event, error) { return controlNode{n}.History(max) },
 		Peer: func(ctx context.Context, ni transport.NodeInfo) (*transport.NodeStatus, error) {
 			api, err := n.peerAPI(ni.Name)
 			if err != nil {

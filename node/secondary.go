@@ -368,6 +368,12 @@ func (s appliedState) SyncFinished(primary string, g replication.Generation, his
 			v.discard, v.why = nil, reason{}
 		}
 		v.diskState = replication.UpToDate
+		// A crash of this node as primary is over: what its activity log
+		// held that the primary did not is the primary's data now (its
+		// extents were marked, and resynced). Left set, every later
+		// connection, a clean one too, was decided by the rule
+		// crashed-primary and resynced the log's extents again.
+		v.crashedPrimary = false
 	})
 	v.stateMu.Unlock()
 	if err != nil {

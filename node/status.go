@@ -43,6 +43,7 @@ func (n *Node) nodeInfo(nc NodeConfig) transport.NodeInfo {
 func (n *Node) nodeStatus(events int) *transport.NodeStatus {
 	ns := &transport.NodeStatus{Node: n.nodeInfo(n.self), Failover: n.failoverReasons(), Config: n.configStatus()}
 	ns.Node.Alive = true
+	ns.Node.FailedReload = n.failedReloadView()
 	vols := n.volumes()
 	for _, name := range slices.Sorted(maps.Keys(vols)) {
 		ns.Volumes = append(ns.Volumes, vols[name].status())
@@ -158,6 +159,7 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 		if views[i] != nil {
 			info.Alive = true
 			info.Version = views[i].Node.Version
+			info.FailedReload = views[i].Node.FailedReload
 			byNode[nc.Name] = map[string]transport.LocalVolume{}
 			for _, lv := range views[i].Volumes {
 				byNode[nc.Name][lv.Name] = lv
@@ -307,6 +309,18 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 					rs.Reason, rs.ReasonCode = pv.Reason, pv.ReasonCode
 				}
 				rs.SyncRule, rs.SyncDecision = pv.SyncRule, pv.SyncDecision
+			}
+			if _, runs := byNode[node][vc.Name]; !runs {
+				if f, answered := files[node]; answered && f != nil && !slices.Contains(f.Volumes, vc.Name) {
+					// The node is alive and answered: it runs no replica
+					// because its file does not list the volume (the
+					// primary's refusal, when it has one, says so too).
+					rs.Reachable = true
+					if rs.ReasonCode != transport.ReasonNoSuchVolume {
+						rs.Reason = fmt.Sprintf("%s is alive, but %s is not in its cluster file: it runs no replica of %s until its file has it and it is reloaded", node, vc.Name, vc.Name)
+						rs.ReasonCode = transport.ReasonNoSuchVolume
+					}
+				}
 			}
 			switch {
 			case rs.ResyncTotalBytes > 0:

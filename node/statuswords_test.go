@@ -45,6 +45,7 @@ func TestStatusWordsAreTheStatesTheNodeReports(t *testing.T) {
 		{transport.ReasonAdminDown, string(CauseAdminDown)},
 		{transport.ReasonDiskFailed, string(CauseDiskFailed)},
 		{transport.ReasonStateWrite, string(CauseStateWriteFailed)},
+		{transport.ReasonNoSuchVolume, string(CauseNoVolume)},
 	} {
 		if tc.word != tc.state {
 			t.Errorf("transport's word %q stands for the state %q", tc.word, tc.state)

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
 
@@ -80,7 +81,9 @@ func TestProbeTellsAStoppedNodeFromAHungOne(t *testing.T) {
 
 // TestEventsSayBytesInWordsAndTheStateBefore: the first sync's events
 // read "4.0MiB out of sync on beta" and "finished: 4.0MiB in", not raw
-// byte counts, and the connect names the state it left.
+// byte counts, the connect names the state it left, and says what it did
+// and why in words ("resynced all of it, as its copy was new"), the
+// generation rule's name being its reason, not its message.
 func TestEventsSayBytesInWordsAndTheStateBefore(t *testing.T) {
 	c := newTestCluster(t, 4<<20)
 	c.start("alpha")
@@ -95,7 +98,10 @@ func TestEventsSayBytesInWordsAndTheStateBefore(t *testing.T) {
 		for _, e := range evs {
 			switch e.Kind {
 			case "connected":
-				connected = e.Peer == "beta" && strings.Contains(e.Message, "4.0MiB out of sync on beta, 0B on alpha") && e.Old != "" && e.New == "SyncSource"
+				// What the connection did, and why, in words; the rule's
+				// name is the reason.
+				connected = e.Peer == "beta" && strings.Contains(e.Message, "beta connected: resynced all of it, as its copy was new; 4.0MiB out of sync on beta, 0B on alpha") &&
+					!strings.Contains(e.Message, "rule") && e.Reason == replication.RuleJustCreatedPeer && e.Old != "" && e.New == "SyncSource"
 				if !connected {
 					t.Logf("connected: %+v", e)
 				}

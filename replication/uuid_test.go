@@ -3,6 +3,7 @@ package replication
 import (
 	"encoding/binary"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -273,5 +274,37 @@ func TestATrackedPeerThatMayHoldTheCurrentGenerationIsNeverInSync(t *testing.T) 
 	}
 	if g := primary.Inconsistent().TrackedPeerMayHoldCurrent("s", genD); !g.Current.IsZero() {
 		t.Fatalf("Inconsistent primary: %+v", g)
+	}
+}
+
+// TestConnectWordsAreForPeople: every rule and decision of the table has
+// words, and none of them is a rule's name: status notes and events say
+// what a connection did and why without DRBD's names.
+func TestConnectWordsAreForPeople(t *testing.T) {
+	rules := []string{RuleJustCreatedBoth, RuleJustCreatedSelf, RuleJustCreatedPeer, RuleSyncSourceMissedFinish,
+		RuleSyncTargetPeerMissedFinish, RuleSyncSourcePeerMissedFinish, RuleSyncTargetMissedFinish, RuleReconnected,
+		RuleCrashedPrimary, RuleBitmapPeer, RuleHistoryPeer, RuleBitmapSelf, RuleHistorySelf, RuleBitmapBoth,
+		RuleHistoryBoth, RuleUnrelated}
+	outcomes := []UUIDOutcome{NoResync, BitmapResyncSource, BitmapResyncTarget, FullResyncSource, FullResyncTarget,
+		SplitBrainAutoRecover, SplitBrainDisconnect, UnrelatedData}
+	for _, rule := range rules {
+		for _, o := range outcomes {
+			got := ConnectWords(o.String(), rule)
+			for _, name := range append(rules, o.String(), "rule=") {
+				if strings.Contains(got, name) {
+					t.Errorf("ConnectWords(%q, %q) = %q: names %q", o, rule, got, name)
+				}
+			}
+		}
+	}
+	for _, tc := range []struct{ decision, rule, want string }{
+		{"source-set-bitmap", RuleJustCreatedPeer, "resynced all of it, as its copy was new"},
+		{"no-sync", RuleReconnected, "nothing to resync, as both held the same data"},
+		{"source-use-bitmap (blocks marked)", RuleReconnected, "resynced the blocks marked for it, as both held the same data"},
+		{"source-use-bitmap", "some-future-rule", "resynced the blocks that changed (rule some-future-rule)"},
+	} {
+		if got := ConnectWords(tc.decision, tc.rule); got != tc.want {
+			t.Errorf("ConnectWords(%q, %q) = %q, want %q", tc.decision, tc.rule, got, tc.want)
+		}
 	}
 }

@@ -70,6 +70,9 @@ const (
 	// says: it keeps one its file dropped (a primary with NBD clients), or
 	// could not add one.
 	WarningConfigNotApplied = "config-not-applied"
+	// WarningReloadFailed: a node's last reload found its cluster file
+	// broken; it runs on with the config it had.
+	WarningReloadFailed = "reload-failed"
 )
 
 // Warning is one thing an operator should act on, and how.
@@ -138,6 +141,22 @@ type NodeInfo struct {
 	// word: 1.4.0, 0.0.0~git20261205134441.7d6bd45); empty for a node
 	// that did not answer, or an older one.
 	Version string `json:"version,omitempty"`
+	// FailedReload is set while the node's last reload (SIGHUP) failed:
+	// its cluster file did not load, and it runs on with the config it
+	// had. A reload that loads clears it.
+	FailedReload *FailedReload `json:"failed_reload,omitempty"`
+}
+
+// FailedReload is a reload whose cluster file did not load.
+type FailedReload struct {
+	// File is the cluster file the node read.
+	File string    `json:"file"`
+	At   time.Time `json:"at"`
+	// Problems are the first problems the file's loader found, one a
+	// line as it words them ("FILE:LINE: FIELD: what is wrong"); More
+	// counts those left out.
+	Problems []string `json:"problems"`
+	More     int      `json:"more,omitempty"`
 }
 
 // VolumeStatus is one volume across its replicas.

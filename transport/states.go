@@ -61,4 +61,9 @@ const (
 	ReasonAdminDown      = "disconnected-by-operator"
 	ReasonDiskFailed     = "disk-failed"
 	ReasonStateWrite     = "state-write-failed"
+	// ReasonNoSuchVolume: the replica's node is alive, but its cluster
+	// file does not list the volume (it was not reloaded since the
+	// volume was added, or its file dropped it): it runs no replica, and
+	// refuses the primary's stream.
+	ReasonNoSuchVolume = "no-such-volume"
 )

@@ -77,8 +77,18 @@ func healthWarnings(st *transport.ClusterStatus) []Warning {
 		}
 		add(w)
 	}
+	out = append(out, reloadWarnings(st)...)
 	out = append(out, configWarnings(st)...)
+	differs := filesDisagree(st)
 	for i := range st.Volumes {
+		if differs[st.Volumes[i].Name] {
+			// Half added or half removed: a node whose file lacks it
+			// runs no replica and refuses its stream, and a primary
+			// whose file lacks it serves nothing. Those follow from the
+			// files and end when they agree: config-differs alone says
+			// what to do.
+			continue
+		}
 		out = append(out, volumeWarnings(&st.Volumes[i], st.Cluster, down)...)
 	}
 	slices.SortStableFunc(out, func(a, b Warning) int { return severityRank(a.Severity) - severityRank(b.Severity) })
@@ -349,9 +359,12 @@ func replicaWarnings(v *transport.VolumeStatus, r, primary *transport.ReplicaSta
 			cmd, "")
 	case r.Disk == transport.DiskInconsistent && !isPrimary:
 		if transport.Syncing(r.Replication) {
-			add(transport.WarningInconsistent, severityInfo,
-				fmt.Sprintf("%s's copy of %s is Inconsistent until its resync ends%s.", n, vol, etaWords(r)),
-				"", "")
+			// Redundancy is not back until the resync ends: an
+			// Inconsistent copy cannot take over (it fixes itself, so
+			// no command).
+			text := fmt.Sprintf("%s's copy of %s is Inconsistent until its resync ends%s; until then %s runs on %s.",
+				n, vol, etaWords(r), vol, goodCopies(v))
+			add(transport.WarningInconsistent, severityWarning, text, "", "")
 			break
 		}
 		cmd := connect
@@ -375,6 +388,27 @@ func replicaWarnings(v *transport.VolumeStatus, r, primary *transport.ReplicaSta
 		})
 	}
 	return out
+}
+
+// goodCopies says, in words, which copies of v hold all its data and can
+// take over: the primary's and every other UpToDate one it replicates to.
+func goodCopies(v *transport.VolumeStatus) string {
+	var good []string
+	for _, r := range v.Replicas {
+		if !r.Reachable || r.Disk != transport.DiskUpToDate {
+			continue
+		}
+		if r.Node == v.Primary || r.Replication == transport.ReplConnected {
+			good = append(good, r.Node+"'s")
+		}
+	}
+	switch len(good) {
+	case 0:
+		return "no UpToDate copy"
+	case 1:
+		return "one good copy, " + good[0]
+	}
+	return fmt.Sprintf("%d good copies, %s", len(good), nodeList(good))
 }
 
 func isFailed(r *transport.ReplicaStatus) bool {

@@ -18,12 +18,23 @@ func configWarnings(st *transport.ClusterStatus) []Warning {
 	var out []Warning
 	for _, d := range st.ConfigDiffers {
 		if len(d.In) > 0 && len(d.NotIn) > 0 {
+			runs, doesNot := "runs", "does not"
+			if len(d.In) > 1 {
+				runs = "run"
+			}
+			if len(d.NotIn) > 1 {
+				doesNot = "do not"
+			}
+			detail := fmt.Sprintf("%s %s it and %s %s: a primary's stream to a node whose file lacks it is refused (no-such-volume) and retried, and what that node misses is marked for it.",
+				strings.Join(d.In, " and "), runs, strings.Join(d.NotIn, " and "), doesNot)
+			if v, ok := st.Volume(d.Volume); ok && slices.Contains(d.NotIn, v.Primary) {
+				detail = fmt.Sprintf("Its primary %s is alive but its file lacks it, so no IO is served until %s runs it; %s", v.Primary, v.Primary, detail)
+			}
 			out = append(out, Warning{
 				ID: elementID("warning", transport.WarningConfigDiffers, d.Volume), Kind: transport.WarningConfigDiffers,
 				Severity: severityWarning, Volume: d.Volume,
-				Text: fmt.Sprintf("Volume %s is in the cluster file of %s but not in %s.", d.Volume, nodeList(d.In), filesOf(d.NotIn)),
-				Detail: fmt.Sprintf("%s runs it and %s does not: a primary's stream to a node whose file lacks it is refused (no-such-volume) and retried, and what that node misses is marked for it.",
-					strings.Join(d.In, " and "), strings.Join(d.NotIn, " and ")),
+				Text:    fmt.Sprintf("Volume %s is in the cluster file of %s but not in %s.", d.Volume, nodeList(d.In), filesOf(d.NotIn)),
+				Detail:  detail,
 				Command: "systemctl reload replnode",
 				Where:   fmt.Sprintf("on every node whose file changed, once the files agree: to add it, on %s; to remove it, on %s", strings.Join(d.NotIn, " and "), strings.Join(d.In, " and ")),
 			})
@@ -37,6 +48,44 @@ func configWarnings(st *transport.ClusterStatus) []Warning {
 				Command: "systemctl reload replnode", Where: "on " + node + ", once that is fixed",
 			})
 		}
+	}
+	return out
+}
+
+// filesDisagree names the volumes the reachable nodes' files disagree on.
+func filesDisagree(st *transport.ClusterStatus) map[string]bool {
+	out := map[string]bool{}
+	for _, d := range st.ConfigDiffers {
+		if len(d.In) > 0 && len(d.NotIn) > 0 {
+			out[d.Volume] = true
+		}
+	}
+	return out
+}
+
+// reloadWarnings warns of each node whose last reload failed: its file
+// does not load, so the change the operator made is not in force (and a
+// restart of that node would fail), with the file's first problems.
+func reloadWarnings(st *transport.ClusterStatus) []Warning {
+	var out []Warning
+	for _, n := range st.Nodes {
+		fr := n.FailedReload
+		if fr == nil {
+			continue
+		}
+		detail := strings.Join(fr.Problems, "\n")
+		if fr.More > 0 {
+			detail += fmt.Sprintf("\n(and %d more: see the node's log)", fr.More)
+		}
+		out = append(out, Warning{
+			ID: elementID("warning", transport.WarningReloadFailed, n.Name), Kind: transport.WarningReloadFailed,
+			Severity: severityWarning, Node: n.Name,
+			Text: fmt.Sprintf("The last reload of %s failed at %s: its cluster file %s does not load, so %s runs on with the config it had (and would not start with this file).",
+				n.Name, fr.At.UTC().Format("15:04:05 UTC"), fr.File, n.Name),
+			Detail:  detail,
+			Command: "systemctl reload replnode",
+			Where:   fmt.Sprintf("on %s, once %s is fixed", n.Name, fr.File),
+		})
 	}
 	return out
 }

@@ -60,3 +60,73 @@ func TestNodeLists(t *testing.T) {
 		}
 	}
 }
+
+// TestAHalfAddedVolumeIsConfigDiffersAlone: vol1 was added to alpha's
+// file only and alpha reloaded; its primary, beta, is alive and serves
+// vol0 but its file lacks vol1. beta's replica is shown as alive without
+// vol1 in its file (not unreachable), and the one warning is
+// config-differs, naming the reload on beta and the witness: no
+// no-primary, no "connect alpha" (neither would help).
+func TestAHalfAddedVolumeIsConfigDiffersAlone(t *testing.T) {
+	st := healthyCluster()
+	st.Volumes = append(st.Volumes, transport.VolumeStatus{
+		Name: "vol1", Size: 1 << 30, Protocol: "C", Primary: "beta", Epoch: 1,
+		Replicas: []transport.ReplicaStatus{
+			{Node: "alpha", Role: "Secondary", Disk: "Inconsistent", Replication: "Connecting", Reachable: true},
+			{Node: "beta", Role: "Unknown", Disk: "DUnknown", Replication: "Unknown", Reachable: true,
+				ReasonCode: transport.ReasonNoSuchVolume, Reason: "beta is alive, but vol1 is not in its cluster file: it runs no replica of vol1 until its file has it and it is reloaded"},
+		},
+	})
+	st.ConfigDiffers = []transport.ConfigDifference{{Volume: "vol1", In: []string{"alpha"}, NotIn: []string{"beta", "witness"}}}
+	ws := Warnings(st)
+	if len(ws) != 1 || ws[0].Kind != transport.WarningConfigDiffers || ws[0].Volume != "vol1" {
+		t.Fatalf("warnings %+v, want config-differs of vol1 alone", ws)
+	}
+	w := ws[0]
+	if w.Severity != severityWarning || w.Command != "systemctl reload replnode" || !strings.Contains(w.Where, "to add it, on beta and witness") ||
+		!strings.Contains(w.Detail, "Its primary beta is alive but its file lacks it, so no IO is served until beta runs it") {
+		t.Errorf("config-differs %+v: want the reload on beta and witness, and that its primary beta lacks it", w)
+	}
+	p := render(t, pageInput{Status: st})
+	if got := p.text("replica-vol1-beta-reason"); !strings.Contains(got, "beta is alive, but vol1 is not in its cluster file") || strings.Contains(got, "unreachable") {
+		t.Errorf("beta's row of vol1 says %q: want alive, vol1 not in its file", got)
+	}
+	if cls := p.attr("replica-vol1-beta", "class"); strings.Contains(cls, "unreachable") {
+		t.Errorf("beta's row of vol1 is marked %q", cls)
+	}
+}
+
+// TestAFailedReloadIsAWarning: beta's last reload found its file broken.
+// The warning names the node, the file and its first problems (file:line,
+// as the loader words them), and the reload that clears it; beta's row
+// in the node table says so. It is about the node, not its replicas: vol0
+// is not marked as a problem volume.
+func TestAFailedReloadIsAWarning(t *testing.T) {
+	st := healthyCluster()
+	nodeInfo(st, "beta").FailedReload = &transport.FailedReload{
+		File: "/etc/replvol/cluster.yaml", At: testNow,
+		Problems: []string{`/etc/replvol/cluster.yaml:12: volumes[0].protocl: unknown key; did you mean "protocol"?`},
+		More:     2,
+	}
+	ws := Warnings(st)
+	if len(ws) != 1 {
+		t.Fatalf("warnings %+v, want one", ws)
+	}
+	w := ws[0]
+	if w.Kind != transport.WarningReloadFailed || w.Severity != severityWarning || w.Node != "beta" || w.Volume != "" ||
+		!strings.Contains(w.Text, "The last reload of beta failed at 15:09:26 UTC: its cluster file /etc/replvol/cluster.yaml does not load, so beta runs on with the config it had") ||
+		!strings.Contains(w.Detail, "/etc/replvol/cluster.yaml:12: volumes[0].protocl: unknown key") || !strings.Contains(w.Detail, "and 2 more") ||
+		w.Command != "systemctl reload replnode" || w.Where != "on beta, once /etc/replvol/cluster.yaml is fixed" {
+		t.Errorf("warning %+v", w)
+	}
+	p := render(t, pageInput{Status: st})
+	if got := p.text("node-beta-reload"); got != "last reload failed at 15:09:26 UTC: /etc/replvol/cluster.yaml does not load" {
+		t.Errorf("beta's node row says %q", got)
+	}
+	if p.has("vol-vol0-severity") || strings.Contains(p.attr("replica-vol0-beta", "class"), "problem") {
+		t.Errorf("a failed reload of beta marks vol0 as a problem volume")
+	}
+	if got := p.text("warning-reload-failed-beta-text"); !strings.Contains(got, "The last reload of beta failed") {
+		t.Errorf("Needs attention says %q", got)
+	}
+}

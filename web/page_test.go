@@ -61,10 +61,10 @@ func TestPageStates(t *testing.T) {
 					"replica-vol0-beta-replication": "SyncTarget", "replica-vol0-beta-disk": "Inconsistent",
 					"replica-vol0-beta-resync-percent": "25.0%", "replica-vol0-beta-resync-rate": "32.0 MiB/s",
 					"replica-vol0-beta-resync-eta": "6 s", "replica-vol0-beta-oos": "192.0 MiB",
-					"warning-inconsistent-vol0-beta-text": "until its resync ends, in about 6 s",
+					"warning-inconsistent-vol0-beta-text": "until its resync ends, in about 6 s; until then vol0 runs on one good copy, alpha's.",
 				},
 				absent: []string{"warning-inconsistent-vol0-beta-command", "replica-vol0-alpha-resync"},
-				class:  map[string]string{"warning-inconsistent-vol0-beta": "info", "topo-link-alpha-beta": "warn", "replica-vol0-beta-disk": "warn"},
+				class:  map[string]string{"warning-inconsistent-vol0-beta": "warning", "topo-link-alpha-beta": "warn", "replica-vol0-beta-disk": "warn"},
 			},
 		},
 		{

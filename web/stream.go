@@ -15,8 +15,10 @@ import (
 )
 
 // The live streams are Server-Sent Events: /api/stream sends the page the
-// sections that changed (the page's script swaps them in), /api/events
-// this node's events as JSON.
+// sections that changed (the page's script swaps them in), and
+// /api/events, to a client that asks for a stream, this node's events
+// as they happen. /api/events is the node's event history: a plain GET
+// (a browser, curl) gets the last events as a JSON array.
 
 // keepalive is how often an idle stream sends a comment, so that proxies
 // and the browser see it alive.
@@ -144,21 +146,37 @@ func (h *handlers) stream(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// events serves /api/events: this node's events as SSE ("event" events,
-// id the sequence number), the last ?history=N (default 20) first. A
-// client that reconnects with Last-Event-ID gets what it missed, if the
-// node still holds it.
+// defaultHistory is how many past events /api/events gives without
+// ?history=N.
+const defaultHistory = 20
+
+// wantsStream says whether a request of /api/events asks for the live
+// stream: it accepts text/event-stream (EventSource sends that), names
+// the last event it saw (a reconnecting EventSource), or says ?follow.
+func wantsStream(r *http.Request) bool {
+	if r.Header.Get("Last-Event-ID") != "" || r.URL.Query().Has("follow") {
+		return true
+	}
+	for _, accept := range r.Header.Values("Accept") {
+		for _, mt := range strings.Split(accept, ",") {
+			mt, _, _ = strings.Cut(mt, ";")
+			if strings.EqualFold(strings.TrimSpace(mt), "text/event-stream") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// events serves /api/events, this node's event history: the last
+// ?history=N (default 20), oldest first. A plain GET gets them as a JSON
+// array. A client that asks for a stream (wantsStream) gets them as SSE
+// ("event" events, id the sequence number), then each new event as it
+// happens; one that reconnects with Last-Event-ID gets what it missed, if
+// the node still holds it.
 func (h *handlers) events(w http.ResponseWriter, r *http.Request) {
 	h.bind(r)
-	if h.src.Events == nil {
-		http.NotFound(w, r)
-		return
-	}
-	if h.mon.life.Err() != nil {
-		w.WriteHeader(http.StatusNoContent)
-		return
-	}
-	history := 20
+	history := defaultHistory
 	if s := r.URL.Query().Get("history"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 0 {
@@ -166,6 +184,18 @@ func (h *handlers) events(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		history = n
+	}
+	if !wantsStream(r) {
+		h.eventHistory(w, r, history)
+		return
+	}
+	if h.src.Events == nil {
+		http.NotFound(w, r)
+		return
+	}
+	if h.mon.life.Err() != nil {
+		w.WriteHeader(http.StatusNoContent)
+		return
 	}
 	var after uint64
 	if s := r.Header.Get("Last-Event-ID"); s != "" {
@@ -211,6 +241,25 @@ func (h *handlers) events(w http.ResponseWriter, r *http.Request) {
 		}
 		return out.send("event: event\ndata: %s\n\n", data)
 	})
+}
+
+// eventHistory answers /api/events with the node's last n events as a
+// JSON array, oldest first.
+func (h *handlers) eventHistory(w http.ResponseWriter, r *http.Request, n int) {
+	if h.src.History == nil {
+		http.NotFound(w, r)
+		return
+	}
+	events, err := h.src.History(r.Context(), n)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	if events == nil {
+		events = []transport.Event{}
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	writeJSON(w, events)
 }
 
 // sseWriter writes one Server-Sent Events stream. It is safe for

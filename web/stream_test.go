@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -103,6 +104,11 @@ func (f *fakeSource) source() Source {
 				}
 			}
 		},
+		History: func(_ context.Context, n int) ([]transport.Event, error) {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			return append([]transport.Event(nil), f.events[max(0, len(f.events)-n):]...), nil
+		},
 	}
 }
 
@@ -128,6 +134,7 @@ func openSSE(t *testing.T, url string, header http.Header) *sseReader {
 	if err != nil {
 		t.Fatal(err)
 	}
+	req.Header.Set("Accept", "text/event-stream") // as EventSource asks
 	for k, v := range header {
 		req.Header[k] = v
 	}
@@ -438,6 +445,103 @@ func TestEventsStreamHistoryThenLive(t *testing.T) {
 	s2 := openSSE(t, srv.URL+"/api/events?history=3", http.Header{"Last-Event-ID": {"4"}})
 	if e, _ := s2.next(); e.id != "5" {
 		t.Errorf("after Last-Event-ID 4 the first id is %q, want 5", e.id)
+	}
+}
+
+// TestEventsIsTheEventHistory: /api/events is the node's event history,
+// as the README and the page's link call it. A plain GET (a browser, curl)
+// gets the last 20 events, or ?history=N, oldest first, as a JSON array,
+// and the response ends; a client that asks for a stream (Accept:
+// text/event-stream, as EventSource sends, or ?follow) gets them as
+// server-sent events and stays to follow.
+func TestEventsIsTheEventHistory(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	fake := newFakeSource(healthyCluster())
+	for i := 1; i <= 30; i++ {
+		fake.events = append(fake.events, transport.Event{Seq: uint64(i), Node: "alpha", Kind: "k", Message: fmt.Sprintf("event %d", i)})
+	}
+	srv := httptest.NewServer(NewMux(fake.sourceUntil(ctx)))
+	defer srv.Close()
+	defer cancel()
+
+	history := func(url string, header http.Header) []uint64 {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodGet, url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range header {
+			req.Header[k] = v
+		}
+		hc := http.Client{Timeout: 10 * time.Second} // a stream would never end
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatalf("GET %s: %v", url, err)
+		}
+		defer resp.Body.Close()
+		if ct := resp.Header.Get("Content-Type"); resp.StatusCode != http.StatusOK || ct != "application/json" {
+			t.Fatalf("GET %s: %s, Content-Type %q: want the history as JSON", url, resp.Status, ct)
+		}
+		var evs []transport.Event
+		if err := json.NewDecoder(resp.Body).Decode(&evs); err != nil {
+			t.Fatalf("GET %s: %v", url, err)
+		}
+		var seqs []uint64
+		for _, e := range evs {
+			seqs = append(seqs, e.Seq)
+		}
+		return seqs
+	}
+	span := func(from, to uint64) []uint64 {
+		var out []uint64
+		for i := from; i <= to; i++ {
+			out = append(out, i)
+		}
+		return out
+	}
+	if got := history(srv.URL+"/api/events", nil); !slices.Equal(got, span(11, 30)) {
+		t.Errorf("GET /api/events: events %v, want the last 20 (11..30), oldest first", got)
+	}
+	browser := http.Header{"Accept": {"text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}}
+	if got := history(srv.URL+"/api/events?history=3", browser); !slices.Equal(got, span(28, 30)) {
+		t.Errorf("GET /api/events?history=3 from a browser: events %v, want 28..30", got)
+	}
+	if got := history(srv.URL+"/api/events?history=0", nil); len(got) != 0 {
+		t.Errorf("GET /api/events?history=0: events %v, want none", got)
+	}
+
+	// Asked for a stream: the history, then what happens.
+	for _, url := range []string{srv.URL + "/api/events", srv.URL + "/api/events?follow"} {
+		req, err := http.NewRequest(http.MethodGet, url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(url, "follow") {
+			req.Header.Set("Accept", "text/event-stream")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+			resp.Body.Close()
+			t.Fatalf("GET %s asking for a stream: Content-Type %q", url, ct)
+		}
+		sc := bufio.NewScanner(resp.Body)
+		s := &sseReader{t: t, body: resp.Body, sc: sc}
+		var ids []string
+		for len(ids) < defaultHistory {
+			e, ok := s.next()
+			if !ok {
+				t.Fatalf("%s: the stream ended after %v", url, ids)
+			}
+			ids = append(ids, e.id)
+		}
+		if ids[0] != "11" || ids[len(ids)-1] != "30" {
+			t.Errorf("%s: the stream began with ids %v, want 11..30", url, ids)
+		}
+		resp.Body.Close()
 	}
 }
 

@@ -51,7 +51,9 @@ type clusterView struct {
 type nodeView struct {
 	ID, Name, Role, State, StateClass, Control, Replication, NBD, Error string
 	// Version is the release the node runs ("" when it did not answer).
-	Version      string
+	Version string
+	// Reload says that the node's last reload failed ("" when not).
+	Reload       string
 	Leader, Self bool
 }
 
@@ -182,12 +184,16 @@ func buildCluster(st *transport.ClusterStatus) clusterView {
 
 func buildNode(st *transport.ClusterStatus, n transport.NodeInfo) nodeView {
 	state := nodeState(n)
-	return nodeView{
+	nv := nodeView{
 		ID: elementID("node", n.Name), Name: n.Name, Role: orDefault(n.Role, "data"),
 		State: state, StateClass: stateClass(state),
 		Control: n.Control, Replication: n.Replication, NBD: n.NBD, Error: n.Error, Version: n.Version,
 		Leader: n.Name == st.Cluster.Leader, Self: n.Name == st.From,
 	}
+	if fr := n.FailedReload; fr != nil {
+		nv.Reload = fmt.Sprintf("last reload failed at %s: %s does not load", fr.At.UTC().Format("15:04:05 UTC"), fr.File)
+	}
+	return nv
 }
 
 // nodeState is gossip's word for a node when there is one, else whether
@@ -217,7 +223,7 @@ func problemRank(severity string) int {
 // concerns says whether w is about node's replica of volume: it names
 // both, or it names the node for every volume (the node is down).
 func concerns(w *Warning, volume, node string) bool {
-	return w.Node == node && (w.Volume == volume || w.Volume == "")
+	return w.Node == node && (w.Volume == volume || w.Kind == transport.WarningNodeDown)
 }
 
 // volumeSeverity is the worst severity (critical or warning) of the
@@ -230,7 +236,8 @@ func volumeSeverity(v *transport.VolumeStatus, ws []Warning) string {
 			continue
 		}
 		about := w.Volume == v.Name
-		if w.Volume == "" && w.Node != "" {
+		if w.Kind == transport.WarningNodeDown {
+			// A node down: every replica it holds is.
 			about = v.Replica(w.Node) != nil
 		}
 		if about && (worst == "" || severityRank(w.Severity) < severityRank(worst)) {
@@ -418,9 +425,9 @@ func stateClass(s string) string {
 func eventClass(kind string) string {
 	switch kind {
 	case "split-brain", "fenced", "detached", "state-write-failed", "apply-failed", "hook-failed",
-		"unrelated-data", "promotion-refused", "path-fail", "disconnected", "refused", "peer-lost":
+		"unrelated-data", "promotion-refused", "path-fail", "disconnected", "refused", "peer-lost", "reload-failed":
 		return classBad
-	case "connected", "resync-done", "attached", "pull-done", "verify-done", "split-brain-resolved", "path-restore":
+	case "connected", "resync-done", "attached", "pull-done", "verify-done", "split-brain-resolved", "path-restore", "reloaded":
 		return classOK
 	}
 	return classIdle

@@ -25,6 +25,8 @@ type Source struct {
 	// Events streams the node's events to fn: the last history first,
 	// then each new one, until ctx ends or fn fails.
 	Events func(ctx context.Context, history int, fn func(*transport.Event) error) error
+	// History returns the node's last n events, oldest first.
+	History func(ctx context.Context, n int) ([]transport.Event, error)
 	// Peer reports another node's own view, for the IO counters of a
 	// primary elsewhere and that node's events. Nil reads the node's
 	// /api/node on its control address.
@@ -42,8 +44,9 @@ const contentSecurity = "default-src 'none'; script-src 'self'; style-src 'self'
 	"connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
 // NewMux returns the handler for the status page "/" (its assets and its
-// live stream /api/stream), "/api/status", "/api/node", "/api/events",
-// "/metrics" and pprof.
+// live stream /api/stream), "/api/status", "/api/node", "/api/events" (the
+// event history as JSON, or as a live stream to a client that asks for
+// text/event-stream), "/metrics" and pprof.
 func NewMux(src Source) *http.ServeMux {
 	parent := src.Context
 	if parent == nil {

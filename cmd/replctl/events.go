@@ -449,13 +449,13 @@ func eventColor(kind string) string {
 	switch kind {
 	case "split-brain", "refused", "unrelated-data", "fenced", "detached", "hook-failed", "apply-failed",
 		"state-write-failed", "verify-stopped", "promotion-refused", "resync-failed", "path-fail", "peer-lost",
-		"quorum-lost", "lease-lost", "remove-refused":
+		"quorum-lost", "lease-lost", "remove-refused", "reload-failed":
 		return colorRed
 	case "disconnected", "waiting-for-peer", "resync", "verify", "stale-disk", "crashed-primary", "attaching",
 		"new-generation", "failover", "forced-primary", "discard-my-data", "stopped", "volume-removed":
 		return colorYellow
 	case "connected", "resync-done", "verify-done", "attached", "pull-done", "split-brain-resolved", "path-restore",
-		"serving", "started", "quorum-regained", "lease-regained", "volume-added":
+		"serving", "started", "quorum-regained", "lease-regained", "volume-added", "reloaded":
 		return colorGreen
 	case "raft-leader":
 		return colorCyan

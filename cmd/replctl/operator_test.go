@@ -203,9 +203,9 @@ func TestStatusWarnsOnTheVolumeLine(t *testing.T) {
 }
 
 // TestStatusCheckVerdict pins status --check's exit codes: 0 with nothing
-// to warn about (info, such as a resync under way, is not), 4 when the
-// worst is a warning (a StandAlone replica), 5 when one is critical (a
-// split brain), and the warnings listed with their fixes.
+// to warn about, 4 when the worst is a warning (a StandAlone replica; a
+// resync under way, while the volume runs on one good copy), 5 when one
+// is critical (a split brain), and the warnings listed with their fixes.
 func TestStatusCheckVerdict(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -216,9 +216,10 @@ func TestStatusCheckVerdict(t *testing.T) {
 		unlisted []string
 	}{
 		{"healthy", func(*transport.VolumeStatus) {}, 0, []string{"warnings: none"}, "", nil},
-		{"a resync under way is no warning", func(v *transport.VolumeStatus) {
+		{"a resync under way: one good copy until it ends", func(v *transport.VolumeStatus) {
 			v.Replicas[1].Disk, v.Replicas[1].Replication = "Inconsistent", "SyncTarget"
-		}, 0, []string{"warnings: none"}, "", []string{"INFO"}},
+		}, exitWarning, []string{"warnings: 1 warning", "WARNING beta's copy of vol0 is Inconsistent until its resync ends; until then vol0 runs on one good copy, alpha's."},
+			"1 warning", []string{"fix:"}},
 		{"a StandAlone replica", func(v *transport.VolumeStatus) {
 			v.Replicas[1].Replication = "StandAlone"
 		}, exitWarning, []string{"warnings: 1 warning", "WARNING beta is StandAlone on vol0", "fix: replctl connect vol0 --node beta"}, "1 warning", nil},
@@ -424,5 +425,65 @@ func TestEventsMergeByTime(t *testing.T) {
 	}
 	if strings.Join(kinds, " ") != "started disconnected connected" {
 		t.Fatalf("merged order %v, want started disconnected connected:\n%s", kinds, out.String())
+	}
+}
+
+// TestDisconnectSaysWhatIsLeft: after a disconnect, replctl says which
+// copies still hold every write, who misses them and how to reconnect;
+// with three replicas a secondary's disconnect leaves two copies.
+func TestDisconnectSaysWhatIsLeft(t *testing.T) {
+	st := sampleStatus()
+	st.Volumes[0].Replicas[1].Replication = "StandAlone"
+	got := strings.Join(disconnectedWords(st, "vol0", "alpha", true), "\n")
+	for _, want := range []string{"(no --node given: alpha is the node at --addr)", "vol0 runs on one copy, alpha's", "beta gets none of its writes",
+		"reconnect: replctl connect vol0 --node alpha"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the primary disconnected:\n%s\nwant %q", got, want)
+		}
+	}
+	three := sampleStatus()
+	three.Volumes[0].Replicas = append(three.Volumes[0].Replicas,
+		transport.ReplicaStatus{Node: "gamma", Role: "Secondary", Disk: "UpToDate", Replication: "Connected", Reachable: true})
+	three.Volumes[0].Replicas[1].Replication = "StandAlone"
+	got = strings.Join(disconnectedWords(three, "vol0", "beta", false), "\n")
+	for _, want := range []string{"beta no longer replicates vol0", "vol0 runs on 2 copies, alpha's and gamma's.", "reconnect: replctl connect vol0 --node beta"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("a secondary of three disconnected:\n%s\nwant %q", got, want)
+		}
+	}
+	if strings.Contains(got, "--addr") {
+		t.Errorf("with --node given it says the node at --addr:\n%s", got)
+	}
+}
+
+// TestStatusWordsOfAReplicaOutsideItsNodesFile: a node that is alive and
+// does not have the volume in its file shows as such, not as
+// unreachable, and its last connection reads in words, not rule names.
+func TestStatusWordsOfAReplicaOutsideItsNodesFile(t *testing.T) {
+	st := sampleStatus()
+	v := &st.Volumes[0]
+	v.Primary, v.NBDURI = "beta", ""
+	v.Replicas[0].Role, v.Replicas[0].Disk, v.Replicas[0].Replication = "Secondary", "Inconsistent", "Connecting"
+	b := &v.Replicas[1]
+	b.Role, b.Disk, b.Replication, b.ReasonCode, b.Reason = "Unknown", "DUnknown", "Unknown", transport.ReasonNoSuchVolume, "beta is alive, but vol0 is not in its cluster file"
+	var out bytes.Buffer
+	printStatus(&out, st, palette{}, time.Now())
+	for _, want := range []string{"alive, does not have vol0 in its cluster file", "! not served: its primary beta does not have it in its cluster file"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("status lacks %q:\n%s", want, out.String())
+		}
+	}
+	for _, wrong := range []string{"unreachable", "DUnknown", "no primary serving IO"} {
+		if strings.Contains(out.String(), wrong) {
+			t.Errorf("status says %q:\n%s", wrong, out.String())
+		}
+	}
+
+	st = sampleStatus()
+	st.Volumes[0].Replicas[1].SyncRule, st.Volumes[0].Replicas[1].SyncDecision = "just-created-peer", "source-set-bitmap"
+	out.Reset()
+	printStatus(&out, st, palette{}, time.Now())
+	if !strings.Contains(out.String(), "last connect: resynced all of it, as its copy was new") || strings.Contains(out.String(), "rule") {
+		t.Errorf("the note of beta's last connect is not in words:\n%s", out.String())
 	}
 }

@@ -33,6 +33,10 @@ import (
 // pageWait bounds each wait for the page to show something.
 const pageWait = 3 * time.Second
 
+// pageWidth is the browser window's width: a laptop's screen, where the
+// page must fit without scrolling sideways.
+const pageWidth = 1280
+
 func TestE2EStatusPage(t *testing.T) {
 	e2e(t)
 	chromium := RequireTool(t, "chromium", "chromium")
@@ -157,6 +161,7 @@ func TestE2EStatusPage(t *testing.T) {
 		t.Errorf("the disconnect event does not name beta: %q", events)
 	}
 	t.Logf("recent events list the disconnect: %q", events)
+	bp.checkEventsSeparateMessageAndChange()
 
 	if !bp.eval(`() => window.replvolOpenedOnce === true`).Value.Bool() {
 		t.Errorf("the page was reloaded")
@@ -251,6 +256,11 @@ func TestE2EStatusPageThroughAFailover(t *testing.T) {
 	for _, seen := range bp.eval(`() => window.replvolNoPrimary`).Value.Arr() {
 		t.Logf("while beta took over, the page said: %q", seen.Str())
 	}
+	// Three nodes, one of them with its error, at 1280 px: the node
+	// table fits, its last column (NBD) in view, and the page does not
+	// scroll sideways.
+	bp.waitPresent("node-alpha-error", pageWait)
+	bp.checkFitsTheWindow("table.nodes", "#node-beta td:last-child")
 	amber := map[string]string{"backgroundColor": "rgb(255, 244, 214)", "borderLeftColor": "rgb(154, 103, 0)"}
 	bp.checkStyle("warning-node-down-alpha", amber)
 	bp.checkStyle("warning-node-down-alpha .sev", map[string]string{"color": "rgb(154, 103, 0)"})
@@ -354,6 +364,64 @@ func (bp *browserPage) checkStyle(selector string, want map[string]string) {
 	}
 }
 
+// checkFitsTheWindow checks that the page does not scroll sideways, that
+// the element table (a CSS selector) shows all its width (no overflow:
+// its scrollWidth is its clientWidth) and ends inside the window, and
+// that the element last (a cell of its last column) is in view.
+func (bp *browserPage) checkFitsTheWindow(table, last string) {
+	bp.t.Helper()
+	m := bp.eval(`(table, last) => {
+		const t = document.querySelector(table), c = document.querySelector(last), d = document.documentElement;
+		if (!t || !c) return null;
+		return {pageScroll: d.scrollWidth, pageClient: d.clientWidth, tableScroll: t.scrollWidth, tableClient: t.clientWidth,
+			tableRight: t.getBoundingClientRect().right, lastRight: c.getBoundingClientRect().right, window: window.innerWidth};
+	}`, table, last).Value
+	if m.Nil() {
+		bp.t.Fatalf("no %s or no %s on the page", table, last)
+	}
+	num := func(k string) float64 { return m.Get(k).Num() }
+	if num("pageScroll") > num("pageClient") {
+		bp.t.Errorf("the page scrolls sideways at %.0f px: %.0f px wide", num("window"), num("pageScroll"))
+	}
+	if num("tableScroll") > num("tableClient") {
+		bp.t.Errorf("%s overflows: %.0f px of content in %.0f px", table, num("tableScroll"), num("tableClient"))
+	}
+	if num("tableRight") > num("window") || num("lastRight") > num("window") {
+		bp.t.Errorf("%s ends at %.0f px and %s at %.0f px, past the %.0f px window", table, num("tableRight"), last, num("lastRight"), num("window"))
+	}
+	bp.screenshot("fits-the-window")
+}
+
+// checkEventsSeparateMessageAndChange checks that each recent event with
+// a state change shows its message and the change as two elements, set
+// apart: a gap of a few pixels on one line (or the change on a line of
+// its own), the change in a box of its own.
+func (bp *browserPage) checkEventsSeparateMessageAndChange() {
+	bp.t.Helper()
+	res := bp.eval(`() => {
+		const out = [];
+		for (const li of document.querySelectorAll("#events li.event")) {
+			const c = li.querySelector(".change");
+			if (!c) continue;
+			const m = li.querySelector(".msg");
+			if (!m || m.contains(c) || c.contains(m)) { out.push({id: li.id, apart: false, why: "not two elements"}); continue; }
+			const mr = m.getBoundingClientRect(), cr = c.getBoundingClientRect(), s = getComputedStyle(c);
+			const gap = cr.top >= mr.bottom - 1 ? 99 : cr.left - mr.right;
+			const boxed = s.borderLeftStyle !== "none" && parseFloat(s.borderLeftWidth) > 0;
+			out.push({id: li.id, apart: gap >= 6 && boxed, why: "gap " + gap.toFixed(1) + " px, boxed " + boxed});
+		}
+		return out;
+	}`).Value.Arr()
+	if len(res) == 0 {
+		bp.t.Errorf("no recent event with a state change on the page")
+	}
+	for _, r := range res {
+		if !r.Get("apart").Bool() {
+			bp.t.Errorf("event %s runs its message into its state change: %s", r.Get("id").Str(), r.Get("why").Str())
+		}
+	}
+}
+
 // browserPage is one page of a headless Chromium.
 type browserPage struct {
 	t    *testing.T
@@ -394,7 +462,7 @@ func openBrowserPage(t *testing.T, ctx context.Context, bin string) *browserPage
 	if err != nil {
 		t.Fatalf("open a page: %v", err)
 	}
-	if err := (proto.EmulationSetDeviceMetricsOverride{Width: 1400, Height: 1000, DeviceScaleFactor: 1}).Call(page); err != nil {
+	if err := (proto.EmulationSetDeviceMetricsOverride{Width: pageWidth, Height: 1000, DeviceScaleFactor: 1}).Call(page); err != nil {
 		t.Fatalf("set the window size: %v", err)
 	}
 	artifacts, err := os.MkdirTemp("", "replvol-page-e2e-")

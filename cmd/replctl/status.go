@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 	"github.com/replvol/replvol/web"
 	"github.com/spf13/cobra"
@@ -37,9 +38,11 @@ Colours on a terminal only (--color, NO_COLOR).
 --check, for scripts and monitoring, also lists what the status page's
 "Needs attention" shows (each warning with the command that fixes it) and
 exits 0 when there is nothing to warn about, 4 when the worst is a warning
-(redundancy lost or degraded: a StandAlone replica, a node down) and 5 when
-it is critical (IO stopped or data at risk: a split brain, no primary, no
-quorum). With --json the warnings are in the JSON's "warnings".`,
+(redundancy lost or degraded: a StandAlone replica, a node down, a replica
+still resyncing while the volume runs on one good copy, a node whose last
+reload failed) and 5 when it is critical (IO stopped or data at risk: a
+split brain, no primary, no quorum). With --json the warnings are in the
+JSON's "warnings".`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			volume := ""
@@ -347,6 +350,12 @@ func printStatus(w io.Writer, st *transport.ClusterStatus, pal palette, now time
 			state.text += ", gossip: " + n.Membership
 			state.color = colorRed
 		}
+		if n.FailedReload != nil {
+			state.text += ", last reload failed"
+			if state.color == colorGreen {
+				state.color = colorYellow
+			}
+		}
 		nbd := n.NBD
 		if nbd == "" {
 			nbd = "-"
@@ -354,10 +363,18 @@ func printStatus(w io.Writer, st *transport.ClusterStatus, pal palette, now time
 		nodes.add(plain(n.Name), plain(n.Role), state, plain(n.Control), plain(nbd))
 	}
 	nodes.render(w, pal)
-	// The nodes' files disagree on a volume, or a node does not run one
-	// as its file says: the volume lines below are one node's file.
+	// A node's last reload failed, the nodes' files disagree on a volume,
+	// or a node does not run one as its file says: the volume lines below
+	// are one node's file.
 	for _, x := range warningsOf(st, "") {
-		if x.Kind == transport.WarningConfigDiffers || x.Kind == transport.WarningConfigNotApplied {
+		switch x.Kind {
+		case transport.WarningReloadFailed:
+			fmt.Fprintln(w, pal.paint(colorYellow, "! "+x.Text))
+			for _, problem := range strings.Split(x.Detail, "\n") {
+				fmt.Fprintf(w, "    %s\n", problem)
+			}
+			fmt.Fprintf(w, "  fix: %s (%s)\n", x.Command, x.Where)
+		case transport.WarningConfigDiffers, transport.WarningConfigNotApplied:
 			line := "! " + x.Text
 			if x.Kind == transport.WarningConfigNotApplied && x.Detail != "" {
 				line += " " + plainMessage(firstLine(x.Detail))
@@ -417,6 +434,19 @@ func printVolume(w io.Writer, v *transport.VolumeStatus, ws []transport.Warning,
 	t.add(head...)
 	for i := range v.Replicas {
 		r := &v.Replicas[i]
+		if r.Reachable && r.ReasonCode == transport.ReasonNoSuchVolume {
+			// Alive, but the volume is not in its file: nothing to show
+			// but why.
+			row := []cell{plain(r.Node), {"-", colorDim}, {"-", colorDim}, {"-", colorDim}, plain("-"), {"not in its file", colorYellow}}
+			if async {
+				row = append(row, plain("-"))
+			}
+			if cluster {
+				row = append(row, plain("-"))
+			}
+			t.add(append(row, plain("-"), plain(fmt.Sprintf("alive, does not have %s in its cluster file", v.Name)))...)
+			continue
+		}
 		role := plain(r.Role)
 		switch r.Role {
 		case transport.RolePrimary:
@@ -447,7 +477,8 @@ func printVolume(w io.Writer, v *transport.VolumeStatus, ws []transport.Warning,
 		}
 		note := r.Reason
 		if note == "" && r.SyncDecision != "" && r.SyncDecision != "no-sync" {
-			note = "last connect: " + r.SyncDecision + " by rule=" + r.SyncRule
+			// Words; the rule's name is in --json (sync_rule).
+			note = "last connect: " + replication.ConnectWords(r.SyncDecision, r.SyncRule)
 		}
 		if !r.Reachable {
 			note = strings.TrimSpace("unreachable (shown as its peer sees it) " + note)
@@ -540,7 +571,10 @@ func lagCell(v *transport.VolumeStatus, r *transport.ReplicaStatus) cell {
 // ws) a volume that runs on one copy.
 func volumeWarnings(v *transport.VolumeStatus, ws []transport.Warning) []cell {
 	var warns []cell
-	if v.NBDURI == "" {
+	switch p := v.Replica(v.Primary); {
+	case v.NBDURI == "" && p != nil && p.Reachable && p.ReasonCode == transport.ReasonNoSuchVolume:
+		warns = append(warns, cell{fmt.Sprintf("! not served: its primary %s does not have it in its cluster file", p.Node), colorYellow})
+	case v.NBDURI == "":
 		warns = append(warns, cell{"! no primary serving IO", colorRed})
 	}
 	for _, x := range ws {
@@ -551,6 +585,12 @@ func volumeWarnings(v *transport.VolumeStatus, ws []transport.Warning) []cell {
 	for _, r := range v.Replicas {
 		if !r.Reachable {
 			warns = append(warns, cell{"! " + r.Node + " unreachable", colorRed})
+			continue
+		}
+		if r.ReasonCode == transport.ReasonNoSuchVolume {
+			if r.Node != v.Primary {
+				warns = append(warns, cell{fmt.Sprintf("! %s alive, %s not in its cluster file", r.Node, v.Name), colorYellow})
+			}
 			continue
 		}
 		var what []string

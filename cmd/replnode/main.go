@@ -97,7 +97,7 @@ func run(args []string, out, errOut io.Writer) int {
 	if err := sdNotify("READY=1\nSTATUS=serving, control API on " + n.ControlAddr()); err != nil {
 		log.Warn("systemd notification", "err", err)
 	}
-	r := &reloader{path: *configPath, name: *name, control: n.ControlSocket(), log: log, running: running, volumes: n}
+	r := &reloader{path: *configPath, name: *name, control: n.ControlSocket(), log: log, running: running, volumes: n, report: n}
 	for s := range sig {
 		if s != syscall.SIGHUP {
 			break

@@ -24,7 +24,8 @@ import (
 // other difference from the config the node runs with is logged as
 // needing a restart (and logged again on the next SIGHUP while it stays).
 // A file that does not load is logged and ignored: the node keeps running
-// as it was.
+// as it was, and says so until a reload loads (node.Node.ReloadFailed:
+// status, its warnings and --check, and an event).
 
 // reloader holds the config the node runs with.
 type reloader struct {
@@ -35,6 +36,16 @@ type reloader struct {
 	running *node.Config
 	// volumes adds and removes the node's volumes (the node itself).
 	volumes volumeApplier
+	// report tells the node how each reload went (the node itself; nil:
+	// only logged).
+	report reloadReporter
+}
+
+// reloadReporter is the node's record of the last reload: a file that
+// did not load (shown until one loads), or one that did.
+type reloadReporter interface {
+	ReloadFailed(file string, err error, now time.Time)
+	Reloaded(file string)
 }
 
 // volumeApplier is the node's ApplyVolumes.
@@ -74,11 +85,16 @@ func (r *reloader) reload(ctx context.Context) {
 		for _, problem := range strings.Split(err.Error(), "\n") {
 			r.log.Error("SIGHUP: config problem: " + problem)
 		}
+		r.failed(err)
 		return
 	}
 	if _, ok := cfg.Node(r.name); !ok {
 		r.log.Error("SIGHUP: the new config has no node "+r.name+"; nothing changed, the node runs on with the config it has", "config", r.path)
+		r.failed(fmt.Errorf("%s: nodes: there is no node %s (this node): add it back, or stop replnode here", r.path, r.name))
 		return
+	}
+	if r.report != nil {
+		r.report.Reloaded(r.path)
 	}
 	online, restart := planReload(r.running, cfg, r.name)
 	restart, sized := r.sizes(ctx, cfg, restart)
@@ -130,6 +146,13 @@ func (r *reloader) reload(ctx context.Context) {
 				}
 			}
 		}
+	}
+}
+
+// failed tells the node that the reload failed with err.
+func (r *reloader) failed(err error) {
+	if r.report != nil {
+		r.report.ReloadFailed(r.path, err, time.Now())
 	}
 }
 

@@ -265,3 +265,53 @@ func readFile(t *testing.T, path string) string {
 	}
 	return string(b)
 }
+
+// fakeReports records what the reloader tells the node of each reload.
+type fakeReports struct {
+	failed   []error
+	reloaded int
+}
+
+func (f *fakeReports) ReloadFailed(_ string, err error, _ time.Time) {
+	f.failed = append(f.failed, err)
+}
+func (f *fakeReports) Reloaded(string) { f.reloaded++ }
+
+// TestAFailedReloadIsToldToTheNode: a file that does not load, or that
+// no longer names this node, is told to the node (which shows it in
+// status until a reload loads) with the loader's problems, file:line
+// first; a file that loads is told too, and changes nothing else.
+func TestAFailedReloadIsToldToTheNode(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cluster.yaml")
+	write := func(text string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(baseConfig)
+	running, err := node.LoadConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reports := &fakeReports{}
+	r := &reloader{path: path, name: "alpha", log: slog.New(slog.NewTextHandler(io.Discard, nil)), running: running, report: reports}
+
+	broken := strings.Replace(baseConfig, "protocol:", "protocl:", 1)
+	write(broken)
+	r.reload(context.Background())
+	line := 1 + strings.Count(broken[:strings.Index(broken, "protocl")], "\n")
+	if want := fmt.Sprintf("%s:%d: volumes[0].protocl: unknown key", path, line); len(reports.failed) != 1 || !strings.HasPrefix(reports.failed[0].Error(), want) || reports.reloaded != 0 {
+		t.Fatalf("after a broken file: failed %v, reloaded %d; want one failure saying %q", reports.failed, reports.reloaded, want)
+	}
+	write(strings.ReplaceAll(baseConfig, "alpha", "gamma"))
+	r.reload(context.Background())
+	if len(reports.failed) != 2 || !strings.Contains(reports.failed[1].Error(), "there is no node alpha") {
+		t.Fatalf("after a file without this node: failed %v", reports.failed)
+	}
+	write(baseConfig)
+	r.reload(context.Background())
+	if len(reports.failed) != 2 || reports.reloaded != 1 {
+		t.Fatalf("after the file loads again: failed %v, reloaded %d; want it told once", reports.failed, reports.reloaded)
+	}
+}

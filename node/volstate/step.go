@@ -735,6 +735,10 @@ func (s *State) resyncFinished(e ResyncFinished) Ready {
 			d.Gens = d.Gens.ResyncFinishedAsTarget(e.Peer, e.Current, e.History)
 			d.SyncGen = replication.Generation{}
 		})
+		// This node holds the peer's data now, its activity log's
+		// extents too (they were marked, and copied): a crash of it as
+		// primary before no longer counts.
+		s.CrashedPrimary = false
 		p.Pulling = false
 		s.Disk, s.Why = replication.UpToDate, CauseNone
 		if s.Role() != replication.Primary {
