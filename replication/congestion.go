@@ -9,20 +9,33 @@ package replication
 // The pull-ahead policy has hysteresis, so that it does not flap between
 // Ahead and the catch-up resync as DRBD's does (LINBIT/drbd#46: a loop of
 // PausedSyncS -> Ahead -> PausedSyncS several times a second, each round
-// restarting the resync of the whole bitmap):
+// restarting the resync of the whole bitmap), and so that a burst is not
+// taken for a link that cannot carry the write rate:
 //
-//   - enter Ahead when the fill reaches high water (default 90% of
-//     send_buffer);
+//   - enter Ahead when the fill is at or above high water (default 90% of
+//     send_buffer) and has been so for Sustain (default 500 ms) longer than
+//     it has been below: a congestion clock runs forward while the fill is
+//     at or above high water and back, to zero at most, while it is below.
+//     A link that cannot carry the rate keeps the buffer full most of the
+//     time (an ack of a large frame drains it for a moment, and the writes
+//     waiting fill it again); a burst the link carries (the peer's disk, or
+//     a busy machine, paused the stream for a moment) fills it for a
+//     moment. Until the clock reaches Sustain writes are shipped, and once
+//     the buffer is full a write waits for room (WaitForRoom). A link that
+//     went Ahead in the last minute has shown that it cannot carry the
+//     rate: it goes Ahead again at high water, as soon as the dwell and
+//     the cap allow;
 //   - leave Ahead only after the fill has stayed below low water (default
 //     25%) for Hold (default 1 s) without a break;
 //   - every change into or out of Ahead waits MinDwell (default 2 s) after
 //     the previous state change;
 //   - Ahead is entered at most MaxAheadPerMinute times (default 10) in any
 //     60 s;
-//   - when the fill reaches high water but a dwell or the cap forbids
-//     Ahead, a write that would overfill the buffer is marked instead of
-//     shipped (MarkOne), without a state change: the primary never waits
-//     for the link, and never ships more than send_buffer.
+//   - when the fill has been high for Sustain but a dwell or the cap
+//     forbids Ahead, a write that would overfill the buffer is marked
+//     instead of shipped (MarkOne), without a state change: the primary
+//     waits for the link no longer than Sustain, and never ships more
+//     than send_buffer.
 //
 // The catch-up after Ahead resyncs only the blocks still marked: pausing
 // it keeps what it already cleared. Queued counts the application's writes
@@ -109,6 +122,7 @@ const (
 	DefaultHighWaterPercent  = 90
 	DefaultLowWaterPercent   = 25
 	DefaultCongestionHold    = time.Second
+	DefaultCongestionSustain = 500 * time.Millisecond
 	DefaultCongestionDwell   = 2 * time.Second
 	DefaultMaxAheadPerMinute = 10
 )
@@ -126,6 +140,10 @@ type CongestionConfig struct {
 	// LowWaterPercent of SendBuffer: below it for Hold, Ahead ends.
 	LowWaterPercent int
 	Hold            time.Duration
+	// Sustain: under pull-ahead, Ahead begins once the fill has been at or
+	// above high water this much longer than below it (the congestion
+	// clock); a burst is absorbed.
+	Sustain time.Duration
 	// MinDwell is the least time between a state change and a change into
 	// or out of Ahead.
 	MinDwell time.Duration
@@ -139,6 +157,7 @@ func (c CongestionConfig) WithDefaults() CongestionConfig {
 	setDefault(&c.HighWaterPercent, DefaultHighWaterPercent)
 	setDefault(&c.LowWaterPercent, DefaultLowWaterPercent)
 	setDefault(&c.Hold, DefaultCongestionHold)
+	setDefault(&c.Sustain, DefaultCongestionSustain)
 	setDefault(&c.MinDwell, DefaultCongestionDwell)
 	setDefault(&c.MaxAheadPerMinute, DefaultMaxAheadPerMinute)
 	return c
@@ -164,8 +183,8 @@ func (c CongestionConfig) Validate() error {
 	if c.LowWaterPercent <= 0 || c.LowWaterPercent >= c.HighWaterPercent || c.HighWaterPercent > 100 {
 		errs = append(errs, fmt.Sprintf("water marks %d%% and %d%%: want 0 < low < high <= 100", c.LowWaterPercent, c.HighWaterPercent))
 	}
-	if c.Hold < 0 || c.MinDwell < 0 {
-		errs = append(errs, fmt.Sprintf("hold %v and dwell %v: want no negative time", c.Hold, c.MinDwell))
+	if c.Hold < 0 || c.MinDwell < 0 || c.Sustain < 0 {
+		errs = append(errs, fmt.Sprintf("hold %v, dwell %v and sustain %v: want no negative time", c.Hold, c.MinDwell, c.Sustain))
 	}
 	if c.MaxAheadPerMinute < 1 {
 		errs = append(errs, fmt.Sprintf("max Ahead per minute %d: want at least 1", c.MaxAheadPerMinute))
@@ -194,7 +213,8 @@ type CongestionActions uint8
 // Congestion actions.
 const (
 	// WaitForRoom: hold the next write until an ack brings Queued below
-	// SendBuffer (one write may then overshoot it).
+	// SendBuffer (one write may then overshoot it). Under pull-ahead only
+	// while a burst lasts: once Ahead begins, the writes held are marked.
 	WaitForRoom CongestionActions = 1 << iota
 	// StartMarking: stop shipping writes to the peer; mark their blocks in
 	// its bitmap (durably, BEFORE the write is acknowledged) instead.
@@ -246,8 +266,14 @@ type Congestion struct {
 	since   time.Time // when the current state began
 	changed bool      // a state change happened (since counts for MinDwell)
 	lowFrom time.Time // since when Queued is below low; zero when it is not
-	aheads  []time.Time
-	next    int // the oldest entry of aheads, overwritten next
+	// congested is the congestion clock: it runs forward while the fill is
+	// at or above high and back, to zero at most, while it is below. last
+	// is the previous step, lastHigh whether its fill was at or above high.
+	congested time.Duration
+	last      time.Time
+	lastHigh  bool
+	aheads    []time.Time
+	next      int // the oldest entry of aheads, overwritten next
 }
 
 // NewCongestion returns the controller of a connection established at
@@ -263,6 +289,7 @@ func NewCongestion(cfg CongestionConfig, now time.Time) (*Congestion, error) {
 		low:    cfg.SendBuffer * int64(cfg.LowWaterPercent) / 100,
 		state:  Connected,
 		since:  now,
+		last:   now,
 		aheads: make([]time.Time, cfg.MaxAheadPerMinute),
 	}, nil
 }
@@ -296,6 +323,14 @@ func (c *Congestion) Step(in CongestionInput) (ReplState, CongestionActions) {
 	} else {
 		c.lowFrom = time.Time{}
 	}
+	if dt := in.Now.Sub(c.last); dt > 0 {
+		if c.lastHigh {
+			c.congested += dt
+		} else {
+			c.congested = max(0, c.congested-dt)
+		}
+	}
+	c.last, c.lastHigh = in.Now, in.Queued >= c.high
 	if c.state == Connecting {
 		return c.state, 0
 	}
@@ -329,6 +364,10 @@ func (c *Congestion) pullAhead(in CongestionInput) (ReplState, CongestionActions
 		if in.Queued < c.high {
 			return c.state, 0
 		}
+		if c.congested < c.cfg.Sustain && !c.aheadWithin(in.Now, time.Minute) {
+			// A burst so far: shipped, or held while the buffer is full.
+			return c.state, c.waitIfFull(in)
+		}
 		if !c.dwelt(in.Now) || !c.aheadAllowed(in.Now) {
 			if c.waitIfFull(in) != 0 {
 				return c.state, MarkOne
@@ -341,6 +380,7 @@ func (c *Congestion) pullAhead(in CongestionInput) (ReplState, CongestionActions
 		}
 		c.aheads[c.next] = in.Now
 		c.next = (c.next + 1) % len(c.aheads)
+		c.congested = 0 // the next entry takes a congestion of its own
 		c.become(Ahead, in.Now)
 		return c.state, acts
 	case Ahead:
@@ -367,6 +407,13 @@ func (c *Congestion) waitIfFull(in CongestionInput) CongestionActions {
 // dwelt reports whether MinDwell has passed since the last state change.
 func (c *Congestion) dwelt(now time.Time) bool {
 	return !c.changed || now.Sub(c.since) >= c.cfg.MinDwell
+}
+
+// aheadWithin reports whether the last entry into Ahead happened in the
+// span before now.
+func (c *Congestion) aheadWithin(now time.Time, span time.Duration) bool {
+	last := c.aheads[(c.next+len(c.aheads)-1)%len(c.aheads)]
+	return !last.IsZero() && now.Sub(last) < span
 }
 
 // aheadAllowed reports whether fewer than MaxAheadPerMinute entries into

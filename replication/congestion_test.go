@@ -22,19 +22,55 @@ type congestionStep struct {
 
 func TestCongestionSituations(t *testing.T) {
 	const ms = time.Millisecond
-	pullAhead := CongestionConfig{Policy: CongestionPullAhead, SendBuffer: 100}
+	const sustain = 100 * ms
+	pullAhead := CongestionConfig{Policy: CongestionPullAhead, SendBuffer: 100, Sustain: sustain}
+	// sustained is steps that begin Ahead at 0, after a full buffer for
+	// the sustain: the steps move on by it.
+	sustained := func(steps ...congestionStep) []congestionStep {
+		out := []congestionStep{{At: 0, Queued: 100, State: Connected, Actions: WaitForRoom}}
+		for _, s := range steps {
+			s.At += sustain
+			out = append(out, s)
+		}
+		return out
+	}
 	cases := []struct {
 		name  string
 		cfg   CongestionConfig
 		steps []congestionStep
 	}{
-		{"a full buffer under pull-ahead goes Ahead", pullAhead, []congestionStep{
+		{"a full buffer for the sustain goes Ahead", pullAhead, []congestionStep{
 			{At: 0, Queued: 50, State: Connected},
-			{At: 10 * ms, Queued: 100, State: Ahead, Actions: StartMarking},
+			{At: 10 * ms, Queued: 100, State: Connected, Actions: WaitForRoom},
+			{At: 10*ms + sustain, Queued: 100, State: Ahead, Actions: StartMarking},
 		}},
-		{"pull-ahead goes Ahead at high water, before the buffer is full", pullAhead, []congestionStep{
+		{"pull-ahead goes Ahead at high water held for the sustain, before the buffer is full", pullAhead, []congestionStep{
 			{At: 0, Queued: 89, State: Connected},
-			{At: 1 * ms, Queued: 90, State: Ahead, Actions: StartMarking},
+			{At: 1 * ms, Queued: 90, State: Connected},
+			{At: 1*ms + sustain, Queued: 90, State: Ahead, Actions: StartMarking},
+		}},
+		{"a burst shorter than the sustain stays Connected: writes are shipped, then wait for room", pullAhead, []congestionStep{
+			{At: 0, Queued: 50, State: Connected},
+			{At: 10 * ms, Queued: 95, State: Connected},
+			{At: 20 * ms, Queued: 100, State: Connected, Actions: WaitForRoom},
+			{At: 50 * ms, Queued: 120, State: Connected, Actions: WaitForRoom},
+			{At: 10*ms + sustain - 1*ms, Queued: 100, State: Connected, Actions: WaitForRoom},
+			{At: 10*ms + sustain, Queued: 20, State: Connected}, // the link carried it
+			// As long below as it was above: the clock is back at zero, and
+			// a new burst needs the whole sustain.
+			{At: 10*ms + 2*sustain, Queued: 95, State: Connected},
+			{At: 10*ms + 3*sustain - 1*ms, Queued: 100, State: Connected, Actions: WaitForRoom},
+			{At: 10*ms + 3*sustain, Queued: 100, State: Ahead, Actions: StartMarking},
+		}},
+		{"a link that cannot carry the rate goes Ahead though acks drain the fill for moments", pullAhead, []congestionStep{
+			{At: 0, Queued: 100, State: Connected, Actions: WaitForRoom},
+			{At: 30 * ms, Queued: 10, State: Connected},
+			{At: 31 * ms, Queued: 100, State: Connected, Actions: WaitForRoom},
+			{At: 60 * ms, Queued: 30, State: Connected},
+			{At: 61 * ms, Queued: 100, State: Connected, Actions: WaitForRoom},
+			// 102 ms above high water, 2 below.
+			{At: sustain + 3*ms, Queued: 100, State: Connected, Actions: WaitForRoom},
+			{At: sustain + 4*ms, Queued: 95, State: Ahead, Actions: StartMarking},
 		}},
 		{"block waits for room and never goes Ahead", CongestionConfig{Policy: CongestionBlock, SendBuffer: 100}, []congestionStep{
 			{At: 0, Queued: 95, State: Connected},
@@ -47,75 +83,83 @@ func TestCongestionSituations(t *testing.T) {
 			{At: 1 * ms, Queued: 90, State: Connecting, Actions: Disconnect},
 			{At: 2 * ms, Queued: 100, State: Connecting},
 		}},
-		{"a brief dip below low water does not end Ahead", pullAhead, []congestionStep{
-			{At: 0, Queued: 100, State: Ahead, Actions: StartMarking},
-			{At: 3 * time.Second, Queued: 10, Left: 40, State: Ahead},
-			{At: 3*time.Second + 900*ms, Queued: 30, Left: 40, State: Ahead},
-			{At: 4*time.Second + 100*ms, Queued: 10, Left: 40, State: Ahead},
-			{At: 5 * time.Second, Queued: 10, Left: 40, State: Ahead},
-			{At: 5*time.Second + 100*ms, Queued: 10, Left: 40, State: SyncSource, Actions: ResumeStreaming | StartCatchUp},
-		}},
-		{"Ahead ends no sooner than the dwell, however low the fill", pullAhead, []congestionStep{
-			{At: 0, Queued: 100, State: Ahead, Actions: StartMarking},
-			{At: 1 * ms, Queued: 0, Left: 40, State: Ahead},
-			{At: 1*time.Second + 1*ms, Queued: 0, Left: 40, State: Ahead},
-			{At: 2 * time.Second, Queued: 0, Left: 40, State: SyncSource, Actions: ResumeStreaming | StartCatchUp},
-		}},
-		{"catch-up done and buffer low returns to streaming", pullAhead, []congestionStep{
-			{At: 0, Queued: 100, State: Ahead, Actions: StartMarking},
-			{At: 2 * time.Second, Queued: 0, Left: 40, State: Ahead},
-			{At: 3 * time.Second, Queued: 0, Left: 40, State: SyncSource, Actions: ResumeStreaming | StartCatchUp},
-			{At: 4 * time.Second, Queued: 5, Running: true, Left: 10, State: SyncSource},
-			{At: 4*time.Second + 10*ms, Queued: 5, Running: true, State: SyncSource},
-			{At: 4*time.Second + 20*ms, Queued: 5, State: Connected},
-		}},
-		{"Ahead with nothing marked returns straight to streaming", pullAhead, []congestionStep{
-			{At: 0, Queued: 100, State: Ahead, Actions: StartMarking},
-			{At: 1 * time.Second, Queued: 0, State: Ahead},
-			{At: 2 * time.Second, Queued: 0, State: Connected, Actions: ResumeStreaming},
-		}},
-		{"congestion during the catch-up within the dwell marks the write instead of going Ahead", pullAhead, []congestionStep{
-			{At: 0, Queued: 100, State: Ahead, Actions: StartMarking},
-			{At: 1 * time.Second, Queued: 0, Left: 40, State: Ahead},
-			{At: 2 * time.Second, Queued: 0, Left: 40, State: SyncSource, Actions: ResumeStreaming | StartCatchUp},
-			{At: 2*time.Second + 50*ms, Queued: 95, Running: true, Left: 30, State: SyncSource},
-			{At: 2*time.Second + 60*ms, Queued: 100, Running: true, Left: 30, State: SyncSource, Actions: MarkOne},
-			{At: 4 * time.Second, Queued: 100, Running: true, Left: 20, State: Ahead, Actions: StartMarking | PauseCatchUp},
-		}},
-		{"congestion during the catch-up after the dwell pauses it and goes Ahead again", pullAhead, []congestionStep{
-			{At: 0, Queued: 100, State: Ahead, Actions: StartMarking},
-			{At: 1 * time.Second, Queued: 0, Left: 40, State: Ahead},
-			{At: 2 * time.Second, Queued: 0, Left: 40, State: SyncSource, Actions: ResumeStreaming | StartCatchUp},
-			{At: 4 * time.Second, Queued: 90, Running: true, Left: 20, State: Ahead, Actions: StartMarking | PauseCatchUp},
-		}},
-		{"the catch-up's end is not held back by the dwell", pullAhead, []congestionStep{
-			{At: 0, Queued: 100, State: Ahead, Actions: StartMarking},
-			{At: 1 * time.Second, Queued: 0, Left: 4, State: Ahead},
-			{At: 2 * time.Second, Queued: 0, Left: 4, State: SyncSource, Actions: ResumeStreaming | StartCatchUp},
-			{At: 2*time.Second + 1*ms, Queued: 0, State: Connected},
-		}},
+		{"a brief dip below low water does not end Ahead", pullAhead, sustained(
+			congestionStep{At: 0, Queued: 100, State: Ahead, Actions: StartMarking},
+			congestionStep{At: 3 * time.Second, Queued: 10, Left: 40, State: Ahead},
+			congestionStep{At: 3*time.Second + 900*ms, Queued: 30, Left: 40, State: Ahead},
+			congestionStep{At: 4*time.Second + 100*ms, Queued: 10, Left: 40, State: Ahead},
+			congestionStep{At: 5 * time.Second, Queued: 10, Left: 40, State: Ahead},
+			congestionStep{At: 5*time.Second + 100*ms, Queued: 10, Left: 40, State: SyncSource, Actions: ResumeStreaming | StartCatchUp},
+		)},
+		{"Ahead ends no sooner than the dwell, however low the fill", pullAhead, sustained(
+			congestionStep{At: 0, Queued: 100, State: Ahead, Actions: StartMarking},
+			congestionStep{At: 1 * ms, Queued: 0, Left: 40, State: Ahead},
+			congestionStep{At: 1*time.Second + 1*ms, Queued: 0, Left: 40, State: Ahead},
+			congestionStep{At: 2 * time.Second, Queued: 0, Left: 40, State: SyncSource, Actions: ResumeStreaming | StartCatchUp},
+		)},
+		{"catch-up done and buffer low returns to streaming", pullAhead, sustained(
+			congestionStep{At: 0, Queued: 100, State: Ahead, Actions: StartMarking},
+			congestionStep{At: 2 * time.Second, Queued: 0, Left: 40, State: Ahead},
+			congestionStep{At: 3 * time.Second, Queued: 0, Left: 40, State: SyncSource, Actions: ResumeStreaming | StartCatchUp},
+			congestionStep{At: 4 * time.Second, Queued: 5, Running: true, Left: 10, State: SyncSource},
+			congestionStep{At: 4*time.Second + 10*ms, Queued: 5, Running: true, State: SyncSource},
+			congestionStep{At: 4*time.Second + 20*ms, Queued: 5, State: Connected},
+		)},
+		{"Ahead with nothing marked returns straight to streaming", pullAhead, sustained(
+			congestionStep{At: 0, Queued: 100, State: Ahead, Actions: StartMarking},
+			congestionStep{At: 1 * time.Second, Queued: 0, State: Ahead},
+			congestionStep{At: 2 * time.Second, Queued: 0, State: Connected, Actions: ResumeStreaming},
+		)},
+		{"congestion during the catch-up within the dwell marks the write instead of going Ahead", pullAhead, sustained(
+			congestionStep{At: 0, Queued: 100, State: Ahead, Actions: StartMarking},
+			congestionStep{At: 1 * time.Second, Queued: 0, Left: 40, State: Ahead},
+			congestionStep{At: 2 * time.Second, Queued: 0, Left: 40, State: SyncSource, Actions: ResumeStreaming | StartCatchUp},
+			congestionStep{At: 2*time.Second + 50*ms, Queued: 95, Running: true, Left: 30, State: SyncSource},
+			congestionStep{At: 2*time.Second + 60*ms, Queued: 100, Running: true, Left: 30, State: SyncSource, Actions: MarkOne},
+			congestionStep{At: 4 * time.Second, Queued: 100, Running: true, Left: 20, State: Ahead, Actions: StartMarking | PauseCatchUp},
+		)},
+		{"congestion during the catch-up after the dwell pauses it and goes Ahead again", pullAhead, sustained(
+			congestionStep{At: 0, Queued: 100, State: Ahead, Actions: StartMarking},
+			congestionStep{At: 1 * time.Second, Queued: 0, Left: 40, State: Ahead},
+			congestionStep{At: 2 * time.Second, Queued: 0, Left: 40, State: SyncSource, Actions: ResumeStreaming | StartCatchUp},
+			congestionStep{At: 4 * time.Second, Queued: 90, Running: true, Left: 20, State: Ahead, Actions: StartMarking | PauseCatchUp},
+		)},
+		{"the catch-up's end is not held back by the dwell", pullAhead, sustained(
+			congestionStep{At: 0, Queued: 100, State: Ahead, Actions: StartMarking},
+			congestionStep{At: 1 * time.Second, Queued: 0, Left: 4, State: Ahead},
+			congestionStep{At: 2 * time.Second, Queued: 0, Left: 4, State: SyncSource, Actions: ResumeStreaming | StartCatchUp},
+			congestionStep{At: 2*time.Second + 1*ms, Queued: 0, State: Connected},
+		)},
 		{"a third entry into Ahead within a minute marks writes without going Ahead when the cap is two",
-			CongestionConfig{Policy: CongestionPullAhead, SendBuffer: 100, MaxAheadPerMinute: 2}, []congestionStep{
-				{At: 0, Queued: 100, State: Ahead, Actions: StartMarking},
-				{At: 1 * time.Second, Queued: 0, State: Ahead},
-				{At: 2 * time.Second, Queued: 0, State: Connected, Actions: ResumeStreaming},
-				{At: 4 * time.Second, Queued: 100, State: Ahead, Actions: StartMarking},
-				{At: 5 * time.Second, Queued: 0, State: Ahead},
-				{At: 6 * time.Second, Queued: 0, State: Connected, Actions: ResumeStreaming},
-				{At: 8 * time.Second, Queued: 100, State: Connected, Actions: MarkOne},
-				{At: 59 * time.Second, Queued: 100, State: Connected, Actions: MarkOne},
-				{At: 60 * time.Second, Queued: 100, State: Ahead, Actions: StartMarking},
-			}},
-		{"blocks marked without going Ahead are caught up once the link has had room", pullAhead, []congestionStep{
-			{At: 0, Queued: 100, State: Ahead, Actions: StartMarking},
-			{At: 1 * time.Second, Queued: 0, State: Ahead},
-			{At: 2 * time.Second, Queued: 0, State: Connected, Actions: ResumeStreaming},
-			{At: 2*time.Second + 10*ms, Queued: 100, State: Connected, Actions: MarkOne},
-			{At: 2*time.Second + 20*ms, Queued: 5, Left: 8, State: Connected},
-			{At: 3*time.Second + 30*ms, Queued: 5, Left: 8, State: SyncSource, Actions: StartCatchUp},
-		}},
-		{"a first congestion right after connecting goes Ahead at once", pullAhead, []congestionStep{
-			{At: 1 * ms, Queued: 95, State: Ahead, Actions: StartMarking},
+			CongestionConfig{Policy: CongestionPullAhead, SendBuffer: 100, Sustain: sustain, MaxAheadPerMinute: 2}, sustained(
+				congestionStep{At: 0, Queued: 100, State: Ahead, Actions: StartMarking},
+				congestionStep{At: 1 * time.Second, Queued: 0, State: Ahead},
+				congestionStep{At: 2 * time.Second, Queued: 0, State: Connected, Actions: ResumeStreaming},
+				congestionStep{At: 4 * time.Second, Queued: 100, State: Ahead, Actions: StartMarking},
+				congestionStep{At: 5 * time.Second, Queued: 0, State: Ahead},
+				congestionStep{At: 6 * time.Second, Queued: 0, State: Connected, Actions: ResumeStreaming},
+				congestionStep{At: 8 * time.Second, Queued: 100, State: Connected, Actions: MarkOne},
+				congestionStep{At: 59 * time.Second, Queued: 100, State: Connected, Actions: MarkOne},
+				congestionStep{At: 60 * time.Second, Queued: 100, State: Ahead, Actions: StartMarking},
+			)},
+		{"blocks marked without going Ahead are caught up once the link has had room", pullAhead, sustained(
+			congestionStep{At: 0, Queued: 100, State: Ahead, Actions: StartMarking},
+			congestionStep{At: 1 * time.Second, Queued: 0, State: Ahead},
+			congestionStep{At: 2 * time.Second, Queued: 0, State: Connected, Actions: ResumeStreaming},
+			congestionStep{At: 2*time.Second + 10*ms, Queued: 100, State: Connected, Actions: MarkOne},
+			congestionStep{At: 2*time.Second + 20*ms, Queued: 5, Left: 8, State: Connected},
+			congestionStep{At: 3*time.Second + 30*ms, Queued: 5, Left: 8, State: SyncSource, Actions: StartCatchUp},
+		)},
+		{"a minute after the last Ahead, a burst is a burst again", pullAhead, sustained(
+			congestionStep{At: 0, Queued: 100, State: Ahead, Actions: StartMarking},
+			congestionStep{At: 1 * time.Second, Queued: 0, State: Ahead},
+			congestionStep{At: 2 * time.Second, Queued: 0, State: Connected, Actions: ResumeStreaming},
+			congestionStep{At: time.Minute, Queued: 100, State: Connected, Actions: WaitForRoom},
+			congestionStep{At: time.Minute + sustain, Queued: 100, State: Ahead, Actions: StartMarking},
+		)},
+		{"a first congestion right after connecting goes Ahead once sustained, without a dwell", pullAhead, []congestionStep{
+			{At: 1 * ms, Queued: 95, State: Connected},
+			{At: 1*ms + sustain, Queued: 95, State: Ahead, Actions: StartMarking},
 		}},
 	}
 	start := time.Unix(1_000_000, 0)
@@ -172,7 +216,7 @@ func TestCongestionDoesNotFlap(t *testing.T) {
 		}},
 	}
 	hysteresis := CongestionConfig{Policy: CongestionPullAhead, SendBuffer: 1 << 20}
-	none := CongestionConfig{Policy: CongestionPullAhead, SendBuffer: 1 << 20, Hold: time.Nanosecond, MinDwell: time.Nanosecond, MaxAheadPerMinute: 1 << 20}
+	none := CongestionConfig{Policy: CongestionPullAhead, SendBuffer: 1 << 20, Hold: time.Nanosecond, MinDwell: time.Nanosecond, Sustain: time.Nanosecond, MaxAheadPerMinute: 1 << 20}
 	for _, load := range loads {
 		t.Run(load.name, func(t *testing.T) {
 			got := simulateCongestion(t, hysteresis, duration, load.fill)
@@ -283,6 +327,7 @@ func TestCongestionConfig(t *testing.T) {
 		{"high water above the buffer", CongestionConfig{Policy: CongestionBlock, HighWaterPercent: 120}, "want 0 < low < high <= 100"},
 		{"a negative buffer", CongestionConfig{Policy: CongestionBlock, SendBuffer: -1}, "send_buffer -1"},
 		{"a negative hold", CongestionConfig{Policy: CongestionBlock, Hold: -time.Second}, "no negative time"},
+		{"a negative sustain", CongestionConfig{Policy: CongestionPullAhead, Sustain: -time.Second}, "no negative time"},
 		{"a negative cap", CongestionConfig{Policy: CongestionBlock, MaxAheadPerMinute: -1}, "at least 1"},
 	}
 	for _, c := range cases {

@@ -13,11 +13,13 @@ import (
 // the application's writes queued for a peer and not yet acknowledged
 // fill its send buffer. block holds the next write until there is room;
 // disconnect drops the link (what it held is marked and resynced);
-// pull-ahead (A only) stops shipping: the peer is Behind, its blocks are
-// marked instead (after the generation moved on, durably, as for a peer
-// that is gone), and once the link has had room for a while a catch-up
-// resync of the marked blocks brings it back (the peer is Inconsistent
-// during the catch-up, as a SyncTarget is).
+// pull-ahead (A only) stops shipping once the fill has stayed high for a
+// while (a shorter burst holds a write while the buffer is full, as block
+// does): the peer is Behind, its blocks are marked instead (after the
+// generation moved on, durably, as for a peer that is gone), and once the
+// link has had room for a while a catch-up resync of the marked blocks
+// brings it back (the peer is Inconsistent during the catch-up, as a
+// SyncTarget is).
 
 // errCongested: the congestion policy disconnect dropped the link.
 var errCongested = errors.New("the peer's send buffer is full (on_congestion: disconnect)")
@@ -77,6 +79,7 @@ func (s *Session) step(n int64) (replication.ReplState, replication.CongestionAc
 		s.catchUpPaused.Store(true)
 		s.peer.Stream(volstate.PeerCongested{Peer: s.name, Session: s.cfg.ID})
 		s.cfg.Log.Warn("peer congested: Ahead, marking its blocks instead of shipping them", "peer", s.name, "queued", s.appBytes+n)
+		s.readmit() // the writes held while the burst lasted are marked now
 	}
 	if acts.Has(replication.ResumeStreaming) {
 		s.ahead = false
@@ -138,6 +141,12 @@ func (s *Session) clearRun(off, length int64) int64 {
 func (s *Session) released(n int64) {
 	s.appBytes -= n
 	s.publish()
+	s.readmit()
+}
+
+// readmit admits the writes held for room again, in order, until one is
+// held again.
+func (s *Session) readmit() {
 	waiting := s.waiting
 	s.waiting = nil
 	for i, w := range waiting {
@@ -155,6 +164,10 @@ func (s *Session) congestionTick() {
 		s.step(0)
 	}
 }
+
+// Queued is the bytes of application writes queued for the peer and not
+// yet acknowledged by it: the send buffer's fill.
+func (s *Session) Queued() int64 { return s.pubAppBytes.Load() }
 
 // Congested reports whether the session's send buffer is past its high
 // water mark (reads then stay away from the peer when-congested-remote).

@@ -42,11 +42,12 @@ type serverConn struct {
 	cancel     context.CancelFunc
 	done       chan struct{} // closed when the connection is closed and all its workers have returned
 	// stopReading is closed when the connection can carry no more replies (a reply write
-	// failed or stalled, or forceClose) or begins draining: a reader waiting for budget drops
-	// the request it holds, which no Export call has seen, and stops.
+	// failed or stalled, or forceClose) or is drained while negotiating: a reader waiting for
+	// budget drops the request it holds, which no Export call has seen, and stops.
 	stopReading chan struct{}
 	stopOnce    sync.Once
 	budget      connBudget
+	timing      drainTiming // the Server's, as the connection was accepted
 
 	// Guarded by srv.mu.
 	attached   bool
@@ -55,15 +56,21 @@ type serverConn struct {
 
 	mu       sync.Mutex // guards the fields below and every change of the read deadline
 	draining bool
-	// transmitting: the handshake is over. A draining connection in
-	// transmission goes on reading until its client is quiet (drainQuiet)
-	// or sends NBD_CMD_DISC, answering what it reads with NBD_ESHUTDOWN,
-	// but no longer than drainEnd.
+	// transmitting: the export is attached, so the client may send requests. A draining
+	// connection in transmission goes on reading until its client is quiet (drainQuiet) or
+	// sends NBD_CMD_DISC, answering what it reads with NBD_ESHUTDOWN, but no longer than
+	// drainEnd.
 	transmitting bool
-	drainEnd     time.Time
-	// drainStarted is closed when the drain begins: a reader waiting for
-	// budget drops the request it holds, which no Export call has seen.
+	// inRequest: the reader is within a request (the read deadline is the request's own).
+	inRequest  bool
+	quietUntil time.Time // while draining: the client is quiet if no request comes before
+	drainEnd   time.Time
+	// drainStarted is closed when the drain begins: a reader waiting for the node's budget
+	// answers the request it holds NBD_ESHUTDOWN; no Export call has seen it.
 	drainStarted chan struct{}
+	// drained: the reader stopped because the drain was over; closeConn ends the connection
+	// in order. Owned by the serve goroutine.
+	drained bool
 
 	generation uint64 // closeGeneration of the name last looked up; owned by the serve goroutine
 
@@ -133,6 +140,7 @@ func newServerConn(s *Server, conn net.Conn) *serverConn {
 		stopReading:  make(chan struct{}),
 		drainStarted: make(chan struct{}),
 		budget:       connBudget{limit: s.connectionBudget, reserve: s.reserve},
+		timing:       s.drainTiming, // startConn holds s.mu
 	}
 }
 
@@ -152,18 +160,36 @@ func (c *serverConn) serve() {
 // Draining a connection in transmission (NBD's soft disconnect): the requests already received
 // are carried out and answered; a request that arrives after the drain began is answered with
 // NBD_ESHUTDOWN without being carried out, which tells the client that nothing happened and that
-// it should disconnect (and may retry elsewhere). The connection closes once the client sent
-// NBD_CMD_DISC or nothing for drainQuiet, and at the latest drainLimit after the drain began.
-// A client writing as the server stops thus sees every request answered, none cut off.
+// it should disconnect (and may retry elsewhere). The reader stops at a request boundary once
+// the client sent NBD_CMD_DISC, or nothing for drainQuiet and no byte waits in the socket, and
+// at the latest drainLimit after the drain began; a request the client began to send is read
+// to its end. Once every request read is answered, the server ends the connection in order
+// (closeInOrder): the client reads every reply, then EOF. A request the client sent after the
+// reader's last read gets no reply and was not carried out; the client sees the connection end,
+// never a reset.
 const (
 	drainQuiet = 100 * time.Millisecond
 	drainLimit = 2 * time.Second
+	// drainLinger bounds how long an ended connection reads what its client still sends.
+	drainLinger = 2 * time.Second
 )
 
-// beginDrain makes the connection wind down: requests handed to workers are answered, new ones
-// get NBD_ESHUTDOWN, then the connection closes (see drainQuiet). A request still waiting for
-// budget is dropped unstarted, so that a drain does not wait for budget other connections hold.
-// Connections still negotiating just close.
+// drainTiming is how a Server's connections wind down; tests shorten it.
+type drainTiming struct {
+	quiet, limit, linger time.Duration
+	// readerStopped, if set, is called when a draining connection's reader has stopped.
+	readerStopped func()
+}
+
+var defaultDrainTiming = drainTiming{quiet: drainQuiet, limit: drainLimit, linger: drainLinger}
+
+// errDrained ends transmission: the drain is over and the reader stopped at a request boundary.
+var errDrained = errors.New("nbd: drained: the client is quiet")
+
+// beginDrain makes the connection wind down: requests read are answered, new ones get
+// NBD_ESHUTDOWN, then the connection ends (see drainQuiet). A request waiting for the node's
+// budget is answered NBD_ESHUTDOWN at once, so that a drain does not wait for budget other
+// connections hold. Connections still negotiating just close.
 func (c *serverConn) beginDrain() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -177,8 +203,31 @@ func (c *serverConn) beginDrain() {
 		c.stopOnce.Do(func() { close(c.stopReading) })
 		return
 	}
-	c.drainEnd = time.Now().Add(drainLimit)
-	_ = c.conn.SetReadDeadline(time.Now().Add(drainQuiet))
+	now := time.Now()
+	c.quietUntil, c.drainEnd = now.Add(c.timing.quiet), now.Add(c.timing.limit)
+	if !c.inRequest {
+		_ = c.conn.SetReadDeadline(c.boundaryDeadlineLocked())
+	}
+}
+
+// markTransmitting records that the client may send requests from now on (its export was
+// attached): a drain from here on answers them instead of closing at once.
+func (c *serverConn) markTransmitting() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.transmitting = true
+}
+
+// boundaryDeadlineLocked is the read deadline at a request boundary during a drain.
+func (c *serverConn) boundaryDeadlineLocked() time.Time {
+	return earliest(c.quietUntil, c.drainEnd)
+}
+
+func earliest(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // drainRequest reports whether the connection is draining; if so, the request just read is
@@ -187,15 +236,44 @@ func (c *serverConn) drainRequest() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.draining {
-		next := time.Now().Add(drainQuiet)
-		if next.After(c.drainEnd) {
-			next = c.drainEnd
+		c.quietUntil = time.Now().Add(c.timing.quiet)
+		if !c.inRequest {
+			_ = c.conn.SetReadDeadline(c.boundaryDeadlineLocked())
 		}
-		_ = c.conn.SetReadDeadline(next)
 	}
 	return c.draining
 }
 
+// drainOver is asked when a read at a request boundary hit its deadline. The drain is over
+// when the client sent no request for drainQuiet and no byte of one waits in the socket, or
+// drainLimit passed. A request that arrived as the quiet time ran out, or before a reader that
+// came late (a busy machine) got to it, is read and answered: closing with it unread would
+// reset the connection. Otherwise the deadline is renewed: the drain's, or when bytes wait,
+// StallTimeout's, as for a request begun (an expired deadline fails a read before it looks
+// at the socket).
+func (c *serverConn) drainOver() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.draining {
+		_ = c.conn.SetReadDeadline(time.Time{}) // a request's deadline left over
+		return false
+	}
+	now := time.Now()
+	if !now.Before(c.drainEnd) {
+		return true
+	}
+	if now.Before(c.quietUntil) {
+		_ = c.conn.SetReadDeadline(c.boundaryDeadlineLocked())
+		return false
+	}
+	if !socketHasInput(c.conn) {
+		return true
+	}
+	_ = c.conn.SetReadDeadline(now.Add(c.srv.stallTimeout))
+	return false
+}
+
+// setReadDeadline sets the read deadline of the negotiation, unless the connection drains.
 func (c *serverConn) setReadDeadline(t time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -205,10 +283,66 @@ func (c *serverConn) setReadDeadline(t time.Time) {
 	_ = c.conn.SetReadDeadline(t)
 }
 
+// setRequestDeadline sets the read deadline within a request: a drain does not cut it short.
+func (c *serverConn) setRequestDeadline(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.inRequest = true
+	_ = c.conn.SetReadDeadline(t)
+}
+
+// atBoundary is called when the reader has read a request to its end: the read deadline is
+// the drain's, or none.
+func (c *serverConn) atBoundary() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.inRequest = false
+	if c.draining {
+		_ = c.conn.SetReadDeadline(c.boundaryDeadlineLocked())
+	} else {
+		_ = c.conn.SetReadDeadline(time.Time{})
+	}
+}
+
 func (c *serverConn) isDraining() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.draining
+}
+
+// closeInOrder ends a connection whose drain is over; every request read is answered by now.
+// The server says it is done (TLS close_notify, then a TCP FIN after the last reply), then
+// reads and throws away what the client still sends, until the client closes too or sends
+// nothing for drainQuiet, for at most drainLinger; then it closes. Closing with bytes unread
+// would reset the connection instead, and a reset makes the server's kernel throw away the
+// replies it has not sent yet, and the client read "connection reset" where it should read its
+// replies and then EOF. A client that sends after the FIN reached it reads EOF all the same.
+func (c *serverConn) closeInOrder() {
+	end := time.Now().Add(c.timing.linger)
+	if c.tls != nil {
+		c.progress.watch(0)
+		_ = c.conn.SetWriteDeadline(end)
+		_ = c.tls.CloseWrite()
+	}
+	if tcp, ok := c.conn.(interface{ CloseWrite() error }); ok && tcp.CloseWrite() == nil {
+		var discard [4096]byte
+		quiet := time.Now().Add(c.timing.quiet)
+		for time.Now().Before(end) {
+			c.mu.Lock()
+			_ = c.conn.SetReadDeadline(earliest(quiet, end))
+			c.mu.Unlock()
+			_, err := c.conn.Read(discard[:])
+			switch {
+			case err == nil:
+				quiet = time.Now().Add(c.timing.quiet)
+			case !errors.Is(err, os.ErrDeadlineExceeded) || !socketHasInput(c.conn):
+				end = time.Time{} // the client closed, or is quiet
+			default:
+				quiet = end // bytes wait (a late reader): read them
+			}
+		}
+	}
+	_ = c.conn.Close()
 }
 
 func (c *serverConn) forceClose() {
@@ -379,6 +513,8 @@ func (c *serverConn) exportNameOption(data []byte, noZeroes bool) (Export, bool)
 	if err == nil {
 		if replyType, ok := c.srv.attach(c, name, c.generation); !ok {
 			err = errors.New(c.attachRefusal(name, replyType))
+		} else {
+			c.markTransmitting()
 		}
 	}
 	if err != nil {
@@ -429,6 +565,7 @@ func (c *serverConn) infoOption(option uint32, data []byte) (Export, error) {
 		if replyType, ok := c.srv.attach(c, req.name, c.generation); !ok {
 			return nil, c.sendOptionReply(option, replyType, []byte(c.attachRefusal(req.name, replyType)))
 		}
+		c.markTransmitting()
 	}
 
 	size := max(export.Size(), 0)
@@ -539,9 +676,6 @@ func (c *serverConn) transmit(export Export) {
 			panic(fmt.Sprintf("nbd: connection ended with every reply sent or dropped, yet holding %d bytes of budget", held))
 		}
 	}()
-	c.mu.Lock()
-	c.transmitting = true
-	c.mu.Unlock()
 	c.growReadBuffer()
 	if c.progress != nil {
 		c.progress.watch(c.srv.stallTimeout)
@@ -549,8 +683,16 @@ func (c *serverConn) transmit(export Export) {
 	stats := &c.srv.stats
 	var headerBytes [requestHeaderSize]byte
 	for {
-		if _, err := io.ReadFull(c.r, headerBytes[:]); err != nil {
-			c.logReadError("transmission", err)
+		if err := c.readHeader(headerBytes[:]); err != nil {
+			if errors.Is(err, errDrained) {
+				c.drained = true
+				if c.timing.readerStopped != nil {
+					c.timing.readerStopped()
+				}
+				c.log.Debug("nbd: drained: the client is quiet; ending the connection once every request read is answered")
+			} else {
+				c.logReadError("transmission", err)
+			}
 			return
 		}
 		header, err := parseRequestHeader(&headerBytes)
@@ -570,34 +712,41 @@ func (c *serverConn) transmit(export Export) {
 			// Nothing is carried out: the reply costs no budget.
 			errno, cost = errnoShutdown, 0
 		}
-		if errno != 0 {
-			if header.hasPayload() {
-				if _, err := io.CopyN(io.Discard, c.r, int64(header.length)); err != nil {
-					c.logReadError("transmission", err)
-					return
+		if errno == 0 {
+			if req := c.newRequest(header, requestCost(header)); req != nil {
+				if header.hasPayload() {
+					req.payload = c.srv.buffers.get(int(header.length))
+					if err := c.readPayload(req.payload.b); err != nil {
+						c.release(req)
+						c.logReadError("transmission", err)
+						return
+					}
 				}
+				c.dispatch(req)
+				continue
 			}
-			stats.errors[kind].Add(1)
-			req := c.newRequest(header, cost)
-			if req == nil {
+			if c.broken() {
 				return
 			}
-			c.sendReply(req, header.handle, errno, nil)
-			continue
-		}
-		req := c.newRequest(header, requestCost(header))
-		if req == nil {
-			return
+			// The drain began while it waited for the node's budget. The server read it, so
+			// it is answered, and not carried out.
+			errno, cost = errnoShutdown, 0
 		}
 		if header.hasPayload() {
-			req.payload = c.srv.buffers.get(int(header.length))
-			if err := c.readPayload(req.payload.b); err != nil {
-				c.release(req)
+			if err := c.skipPayload(int64(header.length)); err != nil {
 				c.logReadError("transmission", err)
 				return
 			}
 		}
-		c.dispatch(req)
+		stats.errors[kind].Add(1)
+		req := c.newRequest(header, cost)
+		if req == nil && !c.broken() {
+			req = c.newRequest(header, 0) // the drain began while it waited: answered all the same
+		}
+		if req == nil {
+			return
+		}
+		c.sendReply(req, header.handle, errno, nil)
 	}
 }
 
@@ -606,7 +755,7 @@ func (c *serverConn) transmit(export Export) {
 func (c *serverConn) newRequest(header requestHeader, cost int64) *request {
 	fromReserve, ok := c.acquire(cost)
 	if !ok {
-		c.log.Debug("nbd: request dropped unstarted: the connection broke or began draining while it waited for budget",
+		c.log.Debug("nbd: request not started: the connection broke or began draining while it waited for budget",
 			"cmd", header.cmd, "length", header.length)
 		return nil
 	}
@@ -617,28 +766,73 @@ func (c *serverConn) newRequest(header requestHeader, cost int64) *request {
 
 var errStalled = errors.New("nbd: client stalled")
 
-// readPayload reads a WRITE payload. When the payload is not already buffered, a read deadline
-// of StallTimeout, renewed while bytes arrive, keeps a client that stops in the middle from
-// holding the request's budget for ever.
+// readHeader reads the next request's header into p. At a request boundary the read deadline
+// is only a drain's: it returns errDrained once the drain is over (drainOver). A header begun
+// is read to its end, as a payload is.
+func (c *serverConn) readHeader(p []byte) error {
+	for {
+		n, err := io.ReadFull(c.r, p)
+		if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
+			return err
+		}
+		if n > 0 {
+			return c.readRest(p[n:])
+		}
+		if c.drainOver() {
+			return errDrained
+		}
+	}
+}
+
+// readPayload reads a WRITE payload.
 func (c *serverConn) readPayload(p []byte) error {
 	if c.r.Buffered() >= len(p) {
 		_, err := io.ReadFull(c.r, p)
 		return err
 	}
-	defer c.setReadDeadline(time.Time{})
-	for {
-		c.setReadDeadline(time.Now().Add(c.srv.stallTimeout))
+	return c.readRest(p)
+}
+
+// readRest reads p, the rest of a request the client began to send.
+func (c *serverConn) readRest(p []byte) error {
+	return c.readWithin(func() (progress, left int64, err error) {
 		n, err := io.ReadFull(c.r, p)
-		if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) || c.isDraining() {
+		p = p[n:]
+		return int64(n), int64(len(p)), err
+	})
+}
+
+// skipPayload reads and throws away the payload of a request that is not carried out.
+func (c *serverConn) skipPayload(n int64) error {
+	if int64(c.r.Buffered()) >= n {
+		_, err := c.r.Discard(int(n))
+		return err
+	}
+	return c.readWithin(func() (progress, left int64, err error) {
+		m, err := io.CopyN(io.Discard, c.r, n)
+		n -= m
+		return m, n, err
+	})
+}
+
+// readWithin runs read, which reads what is left of a request, until it is done. A read
+// deadline of StallTimeout, renewed while bytes arrive, keeps a client that stops in the middle
+// from holding the connection and the request's budget for ever. A drain does not cut a request
+// short: a request the server began to read is answered.
+func (c *serverConn) readWithin(read func() (progress, left int64, err error)) error {
+	defer c.atBoundary()
+	for {
+		c.setRequestDeadline(time.Now().Add(c.srv.stallTimeout))
+		progress, left, err := read()
+		if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
 			return err
 		}
-		if n == 0 {
+		if progress == 0 {
 			c.srv.stats.stalled.Add(1)
-			c.log.Warn("nbd: client sends no more of a WRITE payload; closing the connection",
-				"stall_timeout", c.srv.stallTimeout, "missing_bytes", len(p))
+			c.log.Warn("nbd: client sends no more of a request it began; closing the connection",
+				"stall_timeout", c.srv.stallTimeout, "missing_bytes", left)
 			return errStalled
 		}
-		p = p[n:]
 	}
 }
 

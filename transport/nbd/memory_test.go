@@ -261,12 +261,19 @@ func TestCloseExportDoesNotWaitForBudgetOthersHold(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := s.CloseExportContext(ctx, "a"); err != nil {
-		t.Fatalf("CloseExport(a) waited for budget the flood on another export holds: %v", err)
+	closed := make(chan error, 1)
+	go func() { closed <- s.CloseExportContext(ctx, "a") }()
+	// The READ never reached the Export, but the server read it: it is answered
+	// NBD_ESHUTDOWN, and the connection then ends in order.
+	if rep, err := a.Receive(); err != nil || rep.Errno != 108 {
+		t.Fatalf("the READ waiting for the node budget as its export closed: %+v, %v; want NBD_ESHUTDOWN", rep, err)
 	}
-	// The READ never reached the Export: it is dropped, not answered.
 	if err := a.WaitClosed(); err != nil {
 		t.Fatal(err)
+	}
+	a.Close()
+	if err := <-closed; err != nil {
+		t.Fatalf("CloseExport(a) waited for budget the flood on another export holds: %v", err)
 	}
 	if st := s.Stats(); st.WaitingRequests != 1 || st.NodeBudgetHeld != nbd.MaxRequestLength {
 		t.Fatalf("after CloseExport(a): %d waiting, %d of the node budget held; want the flood's 1 and all of it", st.WaitingRequests, st.NodeBudgetHeld)

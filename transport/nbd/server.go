@@ -316,6 +316,8 @@ type Server struct {
 	// closeGeneration[name] is bumped by CloseExport, so that a handshake whose Lookup raced
 	// with CloseExport does not enter transmission on a closed export.
 	closeGeneration map[string]uint64
+	// drainTiming is how connections wind down (see drainQuiet); each copies it as it is accepted.
+	drainTiming drainTiming
 
 	stats counters
 }
@@ -344,6 +346,7 @@ func NewServer(cfg Config) *Server {
 		refusedLog:       newLogLimiter(logInterval),
 		tlsFailedLog:     newLogLimiter(logInterval),
 		tlsRequiredLog:   newLogLimiter(logInterval),
+		drainTiming:      defaultDrainTiming,
 		listeners:        make(map[net.Listener]struct{}),
 		conns:            make(map[*serverConn]struct{}),
 		closeGeneration:  make(map[string]uint64),
@@ -387,10 +390,10 @@ func (s *Server) Serve(l net.Listener) error {
 }
 
 // Shutdown stops accepting connections, closes connections still negotiating, answers every
-// request already received on connections in transmission (but for one still waiting for
-// budget: no Export call has seen it, and it is dropped), and then closes them. If ctx ends
-// first, the remaining connections are closed at once (their Export calls see a cancelled ctx)
-// and ctx's error is returned.
+// request read on connections in transmission (carried out, or NBD_ESHUTDOWN for those that
+// arrive during the drain), and then ends them in order: the client reads every reply, then
+// EOF (see drainQuiet). If ctx ends first, the remaining connections are closed at once (their
+// Export calls see a cancelled ctx) and ctx's error is returned.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.shutdown = true

@@ -121,8 +121,13 @@ func (c *serverConn) growReadBuffer() {
 
 // closeConn closes the connection as serve ends. A TLS connection not broken before says
 // close_notify first (proto.md: after NBD_CMD_DISC the server closes the TLS session, then
-// TCP), for at most closeNotifyTimeout, so a client that reads nothing holds nobody.
+// TCP), for at most closeNotifyTimeout, so a client that reads nothing holds nobody. A drained
+// connection ends in order (closeInOrder).
 func (c *serverConn) closeConn() {
+	if c.drained && !c.broken() {
+		c.closeInOrder()
+		return
+	}
 	if c.tls != nil && !c.broken() {
 		c.progress.watch(0)
 		timer := time.AfterFunc(closeNotifyTimeout, func() { _ = c.conn.Close() })

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/internal/pki"
+	"github.com/replvol/replvol/internal/poll"
 	"github.com/replvol/replvol/transport/nbd"
 	"github.com/replvol/replvol/transport/nbd/nbdtest"
 	"github.com/replvol/replvol/transport/nbdclient"
@@ -367,5 +368,90 @@ func TestParseURI(t *testing.T) {
 		if _, err := nbdclient.ParseURI(bad); !errors.Is(err, nbdclient.ErrBadURI) {
 			t.Errorf("ParseURI(%q): %v, want ErrBadURI", bad, err)
 		}
+	}
+}
+
+// TestAServerShuttingDownIsASoftDisconnect: while the server drains, a request it reads is
+// answered NBD_ESHUTDOWN (ErrShutdown); from then on the connection takes no new request (it
+// fails with ErrShutdown, unsent), the request in flight gets its answer, and the client then
+// disconnects by itself (NBD_CMD_DISC), as the protocol asks, so the server's Shutdown returns.
+func TestAServerShuttingDownIsASoftDisconnect(t *testing.T) {
+	mem := nbdtest.NewMemExport(exportSize)
+	gate := nbdtest.NewGate(nbdtest.OpWrite)
+	addr, srv := serve(t, resolver{"vol": &nbdtest.FaultyExport{Device: mem, Injector: gate}})
+	t.Cleanup(gate.Open)
+	c, err := nbdclient.Dial(ctx(t), addr, "vol", nbdclient.Options{Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	held := make(chan error, 1)
+	go func() {
+		_, err := c.WriteAt([]byte("held"), 0)
+		held <- err
+	}()
+	<-gate.Entered
+	shutdown := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		shutdown <- srv.Shutdown(ctx)
+	}()
+	if !poll.Within(20*time.Second, time.Millisecond, func() bool { return srv.Stats().DrainingConnections == 1 }) {
+		t.Fatal("the connection does not drain")
+	}
+	if _, err := c.WriteAt([]byte("late"), 4096); !errors.Is(err, nbdclient.ErrShutdown) {
+		t.Fatalf("a write while the server drains: %v, want ErrShutdown", err)
+	}
+	sent := srv.Stats().Requests.Write
+	if _, err := c.WriteAt([]byte("next"), 8192); !errors.Is(err, nbdclient.ErrShutdown) {
+		t.Fatalf("a write after ErrShutdown: %v, want ErrShutdown", err)
+	}
+	if got := srv.Stats().Requests.Write; got != sent {
+		t.Errorf("the write after ErrShutdown was sent (%d writes read, %d before)", got, sent)
+	}
+	if err := c.Err(); !errors.Is(err, nbdclient.ErrShutdown) {
+		t.Errorf("Err: %v, want ErrShutdown", err)
+	}
+	gate.Open()
+	if err := <-held; err != nil {
+		t.Fatalf("the write in flight as the drain began: %v", err)
+	}
+	// The client disconnects once nothing is in flight; the server then closes at once.
+	if err := <-shutdown; err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if got := srv.Stats().Requests.Disconnect; got != 1 {
+		t.Errorf("%d NBD_CMD_DISC read, want the client's 1", got)
+	}
+	if string(mem.Bytes(0, 4)) != "held" || string(mem.Bytes(4096, 4)) == "late" || string(mem.Bytes(8192, 4)) == "next" {
+		t.Error("the export does not hold just the write answered OK")
+	}
+}
+
+// TestAServerEndingTheConnectionIsTyped: a server that ends the connection in order (EOF
+// between replies) with a request in flight breaks the connection with ErrServerClosed, not a
+// bare EOF, so that a caller can tell it from a network failure.
+func TestAServerEndingTheConnectionIsTyped(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		c, err := l.Accept()
+		if err == nil {
+			fakeServer(c, nbdclient.FlagHasFlags) // reads the first request, closes
+		}
+	}()
+	c, err := nbdclient.Dial(ctx(t), l.Addr().String(), "vol", nbdclient.Options{Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_, err = c.ReadAt(make([]byte, 512), 0)
+	var broken *nbdclient.BrokenError
+	if !errors.Is(err, nbdclient.ErrServerClosed) || !errors.As(err, &broken) {
+		t.Fatalf("a read the server ended the connection on: %v, want a BrokenError of ErrServerClosed", err)
 	}
 }

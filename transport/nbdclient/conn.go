@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -31,8 +32,23 @@ var ErrTimeout = errors.New("the NBD server did not answer in time")
 
 // BrokenError is a request on a connection that broke (the server closed it, the network
 // failed, a request timed out, or the server broke the protocol): Err says why. Whether the
-// requests in flight then were carried out is unknown.
+// requests in flight then were carried out is unknown, but for ErrServerClosed from a server
+// that drains (see there).
 type BrokenError struct{ Err error }
+
+// ErrServerClosed is why a connection broke when the server ended it in order (an EOF between
+// two replies, after every reply it sent) with requests in flight. A server that drains on
+// shutdown, as replvol's does, answers every request it read before it ends the connection:
+// those requests were then not carried out, and may be sent again, to the server that serves
+// the export now. A server that crashed may have carried them out.
+var ErrServerClosed = errors.New("the NBD server ended the connection")
+
+// ErrShutdown is the server's answer to a request while it shuts down (NBD_ESHUTDOWN): the
+// request was not carried out. The connection then takes no new request (they fail with
+// ErrShutdown, unsent); the requests in flight get their answers, and then the client
+// disconnects (NBD_CMD_DISC), as the protocol asks. Connect again, to the server that serves
+// the export now.
+const ErrShutdown = Errno(syscall.ESHUTDOWN)
 
 func (e *BrokenError) Error() string { return "NBD connection lost: " + e.Err.Error() }
 func (e *BrokenError) Unwrap() error { return e.Err }
@@ -51,6 +67,9 @@ type Conn struct {
 	pending map[uint64]*call
 	next    uint64
 	err     error // why the connection is no longer usable; nil while it is
+	// disconnect: the server answered ErrShutdown; once no request is in flight the reader
+	// sends NBD_CMD_DISC.
+	disconnect bool
 
 	readerDone chan struct{}
 }
@@ -256,7 +275,10 @@ func (c *Conn) readReplies() {
 	defer close(c.readerDone)
 	var hdr [16]byte
 	for {
-		if _, err := io.ReadFull(c.r, hdr[:]); err != nil {
+		if n, err := io.ReadFull(c.r, hdr[:]); err != nil {
+			if n == 0 && errors.Is(err, io.EOF) {
+				err = ErrServerClosed
+			}
 			c.fail(err)
 			break
 		}
@@ -276,7 +298,11 @@ func (c *Conn) readReplies() {
 			break
 		}
 		if errno != 0 {
+			if Errno(errno) == ErrShutdown {
+				c.shutDown()
+			}
 			cl.done <- Errno(errno)
+			c.disconnectWhenIdle()
 			continue
 		}
 		if len(cl.dest) > 0 {
@@ -287,6 +313,7 @@ func (c *Conn) readReplies() {
 			}
 		}
 		cl.done <- nil
+		c.disconnectWhenIdle()
 	}
 	c.mu.Lock()
 	err := c.err
@@ -296,6 +323,42 @@ func (c *Conn) readReplies() {
 	for _, cl := range left {
 		cl.done <- err
 	}
+}
+
+// shutDown makes the connection take no new request: the server is shutting down.
+func (c *Conn) shutDown() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err == nil {
+		c.err = ErrShutdown
+		c.disconnect = true
+	}
+}
+
+// disconnectWhenIdle sends NBD_CMD_DISC once the server answered ErrShutdown and no request
+// is in flight; the server then closes the connection, and the reader stops.
+func (c *Conn) disconnectWhenIdle() {
+	c.mu.Lock()
+	send := c.disconnect && len(c.pending) == 0
+	if send {
+		c.disconnect = false
+	}
+	c.mu.Unlock()
+	if send {
+		c.sendDisconnect()
+	}
+}
+
+// sendDisconnect writes NBD_CMD_DISC.
+func (c *Conn) sendDisconnect() error {
+	var hdr [28]byte
+	binary.BigEndian.PutUint32(hdr[0:], magicRequest)
+	binary.BigEndian.PutUint16(hdr[6:], cmdDisc)
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	_ = c.conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	_, err := c.conn.Write(hdr[:])
+	return err
 }
 
 // Close ends the connection: NBD_CMD_DISC when it is sound (the server answers the requests
@@ -309,14 +372,7 @@ func (c *Conn) Close() error {
 	}
 	c.mu.Unlock()
 	if sound {
-		var hdr [28]byte
-		binary.BigEndian.PutUint32(hdr[0:], magicRequest)
-		binary.BigEndian.PutUint16(hdr[6:], cmdDisc)
-		c.wmu.Lock()
-		_ = c.conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
-		_, err := c.conn.Write(hdr[:])
-		c.wmu.Unlock()
-		if err == nil {
+		if err := c.sendDisconnect(); err == nil {
 			select {
 			case <-c.readerDone:
 			case <-time.After(5 * time.Second):
