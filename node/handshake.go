@@ -298,17 +298,17 @@ func (p *peer) handshakeRefusal(cause volstate.Cause, d replication.UUIDDecision
 	ref := &refusal{cause: Cause(cause), final: true, rule: d.Rule}
 	switch Cause(cause) {
 	case CauseSplitBrain:
-		ref.text = fmt.Sprintf("%s and %s both changed the data since their last common generation (%v)", v.self, p.name, d)
+		ref.text = fmt.Sprintf("%s and %s both changed the data since their last common generation: %s", v.self, p.name, replication.RuleWords(d.Rule))
 		ref.peer = replication.SplitBrainSide{Changes: changedBytes(reply), PrimarySince: reply.PrimarySince}
 	case CauseNoSource:
 		if d.Outcome.IsTarget() && reply.DiscardFrom.IsZero() {
-			ref.text = fmt.Sprintf("%s holds newer data than this primary (%v) but its disk is %s: nothing consistent to copy", p.name, d, reply.Disk)
+			ref.text = fmt.Sprintf("%s holds newer data than this primary (%s) but its disk is %s: nothing consistent to copy", p.name, replication.RuleWords(d.Rule), reply.Disk)
 			break
 		}
 		// This primary holds no consistent data and the peer holds none
 		// newer: there is nothing to serve or to copy.
-		ref.text = fmt.Sprintf("neither %s nor %s holds data of %s to copy (%v); make one node's data the volume's with replctl primary %s --node NODE --force --yes (a full resync to the other follows)",
-			v.self, p.name, v.name, d, v.name)
+		ref.text = fmt.Sprintf("neither %s nor %s holds data of %s to copy; make one node's data the volume's with replctl primary %s --node NODE --force --yes (a full resync to the other follows)",
+			v.self, p.name, v.name, v.name)
 	}
 	return ref
 }

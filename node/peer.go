@@ -274,7 +274,7 @@ func (p *peer) refused(ref *refusal) {
 	case CauseUnrelated:
 		kind = "unrelated-data"
 		if why.text == "" {
-			why.text = fmt.Sprintf("%s: not syncing either way; if %s's data should go, run replctl create-md %s --force --yes on it (a full resync follows)", ref.rule, p.name, v.name)
+			why.text = fmt.Sprintf("%s: not syncing either way; if %s's data should go, run replctl create-md %s --force --yes on it (a full resync follows)", replication.RuleWords(ref.rule), p.name, v.name)
 		}
 	case CauseFenced:
 		kind = "fenced"
@@ -283,7 +283,14 @@ func (p *peer) refused(ref *refusal) {
 		kind = "split-brain"
 		why = p.splitBrain(ref)
 	}
-	was := p.update(func(pv *peerView) { pv.state, pv.why = replication.StandAlone, why }).state
+	was := p.update(func(pv *peerView) {
+		pv.state, pv.why = replication.StandAlone, why
+		if ref.rule != "" {
+			// The rule that refused is the last connection's rule
+			// (sync_rule in the JSON); the words are in why.
+			pv.rule = ref.rule
+		}
+	}).state
 	level := slog.LevelError
 	if ref.cause == CauseFenced {
 		// An old primary meeting the new one: the expected way back,
@@ -303,7 +310,7 @@ func (p *peer) splitBrain(ref *refusal) reason {
 	v := p.v
 	text := fmt.Sprintf("split-brain: %s and %s both took writes as primary; resolve with replctl connect %s --discard-my-data --node VICTIM", v.self, p.name, v.name)
 	if ref.rule != "" {
-		text = fmt.Sprintf("split-brain (%s): %s and %s both changed the data; resolve with replctl connect %s --discard-my-data --node VICTIM", ref.rule, v.self, p.name, v.name)
+		text = fmt.Sprintf("split-brain: %s and %s both changed the data since they last met, and nothing says whose changes to keep; resolve with replctl connect %s --discard-my-data --node VICTIM", v.self, p.name, v.name)
 	}
 	v.noteSplitBrain(p.name, ref.rule)
 	if ref.peerPrimary && ref.peerEpoch > v.epoch() {

@@ -307,7 +307,7 @@ func (v *Volume) noteSplitBrainLocked(peer, rule string) {
 // not resolve one. Callers hold v.mu.
 func (v *Volume) splitBrainReasonLocked() reason {
 	for peer, rule := range v.splitBrain {
-		return because(CauseSplitBrain, "split-brain (%s): %s and %s both changed %s since their last common generation; resolve with replctl connect %s --discard-my-data --node VICTIM", rule, v.self, peer, v.name, v.name)
+		return because(CauseSplitBrain, "split-brain: %s and %s both changed %s since their last common generation (%s); resolve with replctl connect %s --discard-my-data --node VICTIM", v.self, peer, v.name, replication.RuleWords(rule), v.name)
 	}
 	return reason{}
 }

@@ -122,12 +122,12 @@ func (v *Volume) refuseLocked(h replication.Hello) replication.HelloReply {
 		return r
 	}
 	if d.Outcome == replication.UnrelatedData {
-		r := refuse(replication.RefusedUnrelated, "unrelated data (%s): %s and %s share no generation; if %s's data should go, run replctl create-md %s --force --yes on it (a full resync follows)", d.Rule, v.self, h.From, v.self, v.name)
+		r := refuse(replication.RefusedUnrelated, "unrelated data: %s and %s share no generation; if %s's data should go, run replctl create-md %s --force --yes on it (a full resync follows)", v.self, h.From, v.self, v.name)
 		r.Rule = d.Rule
 		return r
 	}
 	if d.Outcome.IsSplitBrain() || v.role == replication.Primary {
-		r := refuse(replication.RefusedSplitBrain, "split-brain (%s): %s and %s both changed %s since their last common generation; resolve with replctl connect %s --discard-my-data --node VICTIM", d.Rule, v.self, h.From, v.name, v.name)
+		r := refuse(replication.RefusedSplitBrain, "split-brain: %s and %s both changed %s since their last common generation (%s); resolve with replctl connect %s --discard-my-data --node VICTIM", v.self, h.From, v.name, replication.RuleWords(d.Rule), v.name)
 		if v.role == replication.Primary && !d.Outcome.IsSplitBrain() {
 			r.Reason = fmt.Sprintf("%s is Primary for %s itself at epoch %d; %s claims epoch %d too: two primaries, refusing (split brain)", v.self, v.name, v.d.epoch, h.From, h.Epoch)
 		}

@@ -63,7 +63,15 @@ func TestSplitBrainIsDetectedAndDiscardMyDataRollsBackOnlyTheVictim(t *testing.T
 	for _, n := range []string{"alpha", "beta"} {
 		eventually(t, func() bool {
 			lv := c.vol(n).status()
-			return lv.Replication == "StandAlone" && strings.HasPrefix(lv.Reason, "split-brain") && strings.Contains(lv.Reason, replication.RuleBitmapBoth)
+			return lv.Replication == "StandAlone" && strings.HasPrefix(lv.Reason, "split-brain") && lv.SplitBrainRule == replication.RuleBitmapBoth
+		}, n+" StandAlone with reason split-brain")
+		// Words for people in the reason; the rule's name is in the JSON.
+		if lv := c.vol(n).status(); strings.Contains(lv.Reason, replication.RuleBitmapBoth) || strings.Contains(lv.Reason, "rule=") {
+			t.Fatalf("%s's split-brain reason names the rule: %q", n, lv.Reason)
+		}
+		eventually(t, func() bool {
+			lv := c.vol(n).status()
+			return strings.Contains(lv.Reason, "both had written since they last met") || strings.Contains(lv.Reason, "nothing says whose changes to keep")
 		}, n+" StandAlone with reason split-brain")
 	}
 	// One writer: alpha, primary at the older epoch, stopped its IO the

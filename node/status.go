@@ -270,6 +270,7 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 				rs.Reachable = true
 				rs.Role, rs.Disk, rs.Replication = lv.Role, lv.Disk, lv.Replication
 				rs.ResyncedBytes, rs.Generation, rs.Reason, rs.ReasonCode = lv.ResyncedBytes, lv.Generation, lv.Reason, lv.ReasonCode
+				rs.SplitBrainRule = lv.SplitBrainRule
 				rs.Paths = lv.Paths
 				rs.Metadata, rs.UsableBytes, rs.Size = lv.Metadata, lv.UsableBytes, lv.Size
 				if lv.Role == string(replication.Primary) {

@@ -302,7 +302,7 @@ func TestUUIDRuleHistoryBoth(t *testing.T) {
 	c.vol("beta").setAdminDown(false)
 	for _, n := range []string{"alpha", "beta"} {
 		eventually(t, func() bool {
-			return strings.Contains(c.vol(n).status().Reason, replication.RuleHistoryBoth)
+			return c.vol(n).status().SplitBrainRule == replication.RuleHistoryBoth
 		}, n+" sees a split brain by rule history-both")
 	}
 	a, b := c.disk("alpha"), c.disk("beta")

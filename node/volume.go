@@ -627,6 +627,11 @@ func (v *Volume) status() transport.LocalVolume {
 		c := *f
 		lv.LastFailover = &c
 	}
+	for peer, rule := range v.splitBrain {
+		if lv.SplitBrainRule == "" || peer < lv.SplitBrainPeer {
+			lv.SplitBrainPeer, lv.SplitBrainRule = peer, rule
+		}
+	}
 	peers := make([]*peer, 0, len(v.peers))
 	for _, p := range v.peers {
 		peers = append(peers, p)

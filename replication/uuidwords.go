@@ -46,6 +46,16 @@ var decisionWords = map[string]string{
 	UnrelatedData.String():         "refused: the data of the two has no common history",
 }
 
+// RuleWords says in words why a rule decided ("both had written since
+// they last met (a split brain)"); a rule it does not know is named as it
+// is.
+func RuleWords(rule string) string {
+	if why, ok := ruleWords[rule]; ok {
+		return why
+	}
+	return "rule " + rule
+}
+
 // ConnectWords says in words what a peer's last connection did (decision,
 // a UUIDOutcome's String as status and events carry it, possibly with a
 // note in parentheses) and why (rule): "resynced all of it, as its copy

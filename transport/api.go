@@ -288,8 +288,12 @@ type ReplicaStatus struct {
 	ReasonCode string `json:"reason_code,omitempty"`
 	// SyncRule and SyncDecision: the generation rule that decided the
 	// replica's last connection, and what it decided (DRBD's words).
-	SyncRule     string `json:"sync_rule,omitempty"`
-	SyncDecision string `json:"sync_decision,omitempty"`
+	SyncRule string `json:"sync_rule,omitempty"`
+	// SplitBrainRule: while the replica's node is in a split brain, the
+	// generation rule that found it (bitmap-both, history-both); Reason
+	// says it in words.
+	SplitBrainRule string `json:"split_brain_rule,omitempty"`
+	SyncDecision   string `json:"sync_decision,omitempty"`
 	// Reachable is false when the node did not answer; the fields then come
 	// from its peer's view.
 	Reachable bool `json:"reachable"`
@@ -381,8 +385,13 @@ type LocalVolume struct {
 	// Replication is this node's own link state: for a secondary its link
 	// to the primary, for the primary the worst of its peers.
 	Replication string `json:"replication"`
-	Reason      string `json:"reason,omitempty"`
-	ReasonCode  string `json:"reason_code,omitempty"`
+	// SplitBrainPeer and SplitBrainRule: while this node is in a split
+	// brain, the peer it found it with and the generation rule that found
+	// it (bitmap-both, history-both); Reason says it in words.
+	SplitBrainPeer string `json:"split_brain_peer,omitempty"`
+	SplitBrainRule string `json:"split_brain_rule,omitempty"`
+	Reason         string `json:"reason,omitempty"`
+	ReasonCode     string `json:"reason_code,omitempty"`
 	// Serving: this node is primary and serves IO (not waiting for a
 	// peer, fenced or in a switchover).
 	Serving    bool         `json:"serving,omitempty"`
