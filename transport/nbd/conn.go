@@ -16,6 +16,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/replvol/replvol/internal/connlimit"
 )
 
 // serverConn is one client connection. Its goroutine (serve) negotiates and then reads requests;
@@ -47,6 +49,9 @@ type serverConn struct {
 	stopReading chan struct{}
 	stopOnce    sync.Once
 	budget      connBudget
+	// slot is the connection's place in the Server's connection limits: Negotiated once it
+	// enters transmission, Released when it is removed.
+	slot *connlimit.Slot
 
 	// Guarded by srv.mu.
 	attached   bool
@@ -117,7 +122,7 @@ const (
 	transmissionReadBuffer = 64 << 10
 )
 
-func newServerConn(s *Server, conn net.Conn) *serverConn {
+func newServerConn(s *Server, conn net.Conn, slot *connlimit.Slot) *serverConn {
 	ctx, cancel := context.WithCancel(context.Background())
 	remote := conn.RemoteAddr().String()
 	return &serverConn{
@@ -133,6 +138,7 @@ func newServerConn(s *Server, conn net.Conn) *serverConn {
 		stopReading:  make(chan struct{}),
 		drainStarted: make(chan struct{}),
 		budget:       connBudget{limit: s.connectionBudget, reserve: s.reserve},
+		slot:         slot,
 	}
 }
 
@@ -242,7 +248,8 @@ func (c *serverConn) logReadError(phase string, err error) {
 // NBD_OPT_EXPORT_NAME, or ok=false if the connection must close. Each option is handled on its
 // own: nothing an option looked up survives into the next one.
 func (c *serverConn) negotiate() (export Export, ok bool) {
-	deadline := time.Now().Add(c.srv.handshakeTimeout)
+	// HandshakeTimeout, or less while the port is under pressure (Config).
+	deadline := c.slot.Deadline()
 	c.setReadDeadline(deadline)
 	_ = c.conn.SetWriteDeadline(deadline)
 	defer func() {
