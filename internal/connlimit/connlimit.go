@@ -505,13 +505,22 @@ func (s *Slot) Negotiated() bool {
 }
 
 // Release gives the slot back: the connection is closed. It may be
-// called more than once, and after the Limiter closed the connection.
+// called more than once, and after the Limiter closed the connection. A
+// connection released in its handshake at or past its deadline is counted
+// (and logged) as a SlowHandshake: its owner closed it for the deadline.
 func (s *Slot) Release() {
 	l := s.l
+	now := l.clock.Now()
+	var lines []logLine
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if s.phase != ended {
+	if s.phase == handshaking && !now.Before(s.deadline) {
+		lines = l.endLocked(s, SlowHandshake, now, lines)
+	} else if s.phase != ended {
 		l.dropLocked(s)
+	}
+	l.mu.Unlock()
+	for _, line := range lines {
+		l.emit(line)
 	}
 }
 

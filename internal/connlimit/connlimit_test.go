@@ -249,6 +249,17 @@ func TestAHandshakeHasADeadlineThatShortensUnderPressure(t *testing.T) {
 	if st := b.l.Stats(); st.Count(SlowHandshake) != 7 || st.Open != 2 {
 		t.Fatalf("stats %+v: want 7 slow handshakes closed, and the 2 youngest left (no pressure now)", st)
 	}
+	// An owner that closes a handshake at its deadline, before any sweep,
+	// counts it as slow too; one that closes it sooner (a client that went
+	// away) does not.
+	early, _ := b.admit("10.1.0.6")
+	early.Release()
+	late, _ := b.admit("10.1.0.7")
+	b.clock.Advance(5 * time.Second)
+	late.Release()
+	if st := b.l.Stats(); st.Count(SlowHandshake) != 8 || st.Open != 2 {
+		t.Fatalf("stats %+v: want the handshake released at its deadline counted slow, the one released sooner not", st)
+	}
 }
 
 // TestRefusalsAreLoggedALinePerAddressAndInterval: the first refusal of
