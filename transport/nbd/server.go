@@ -603,6 +603,7 @@ func (s *Server) startConn(conn net.Conn) {
 }
 
 func (s *Server) removeConn(c *serverConn) {
+	c.slot.Release() // outside s.mu: it may log
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.conns, c)
@@ -610,7 +611,6 @@ func (s *Server) removeConn(c *serverConn) {
 		s.transmitting--
 	}
 	s.stats.open.Add(-1)
-	c.slot.Release()
 }
 
 // exportGeneration is read before Lookup and passed to attach after it.
