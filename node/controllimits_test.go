@@ -4,12 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"net"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/replvol/replvol/internal/connlimit"
 	"github.com/replvol/replvol/transport"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -19,16 +19,17 @@ import (
 )
 
 // TestTooManyControlConnectionsAreRefusedAndTheNodeServesOn: alpha's
-// control port takes at most 8 connections (6 from one host). A client
-// that opens 40 gets the ones beyond the limit closed at once, and alpha
-// logs one line for them; the operator's client connected before keeps
-// working, and alpha keeps replicating to beta; once the flood ends new
-// clients are served again.
+// control port takes at most 16 connections (6 from one host that is not
+// a node of the cluster). A client at 127.0.0.2 that opens 40 gets the
+// ones beyond its share closed at once, and alpha logs one line for them;
+// the operator's client connected before keeps working, a new one at
+// 127.0.0.1 (the nodes' address) is served, and alpha keeps replicating
+// to beta; once the flood ends new clients are served again.
 func TestTooManyControlConnectionsAreRefusedAndTheNodeServesOn(t *testing.T) {
 	c := newTestCluster(t, 4<<20)
 	log := c.logTo("alpha")
 	o := c.opts["alpha"]
-	o.controlConns, o.controlConnsPerHost = 8, 6
+	o.controlConns, o.controlConnsPerHost = 16, 6
 	c.opts["alpha"] = o
 	c.start("alpha")
 	c.start("beta")
@@ -51,27 +52,43 @@ func TestTooManyControlConnectionsAreRefusedAndTheNodeServesOn(t *testing.T) {
 			conn.Close()
 		}
 	}()
-	refused := 0
+	stranger := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
 	for i := 0; i < 40; i++ {
-		conn, err := net.Dial("tcp", addr)
+		conn, err := stranger.Dial("tcp", addr)
+		if isReset(err) {
+			continue // refused so fast that connect saw it
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
 		flood = append(flood, conn)
-		// A refused connection is closed at once: its read ends.
-		conn.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
-		if _, err := conn.Read(make([]byte, 1)); errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || isReset(err) {
-			refused++
+	}
+	controlPort := func() connlimit.Stats {
+		for _, p := range c.nodes["alpha"].admissions() {
+			if p.port == "control" {
+				return p.stats
+			}
 		}
+		t.Fatal("alpha has no control port")
+		return connlimit.Stats{}
 	}
-	// The earlier client holds one connection, beta's control client
-	// maybe another: 4 or 5 more from this host fit.
-	if accepted := 40 - refused; accepted < 4 || accepted > 5 {
-		t.Fatalf("%d of 40 connections were accepted, want 4 or 5 (6 per host, one or two held already)", accepted)
+	eventually(t, func() bool { return controlPort().Count(connlimit.SourceOpen) == 34 }, "34 of the 40 refused: 6 per host")
+	if st := controlPort(); st.StrangerOpen != 6 {
+		t.Fatalf("the stranger holds %d connections, want 6 (%+v)", st.StrangerOpen, st)
 	}
-	eventually(t, func() bool { return log.count("refused 1 new control connection(s)", "limit per host") == 1 }, "alpha logs the refusals")
-	if n := log.count("new control connection(s)"); n != 1 {
+	eventually(t, func() bool {
+		return log.count("control: from 127.0.0.2, refused 1 new connection(s)", "the most one address may hold") == 1
+	}, "alpha logs the refusals")
+	if n := log.count("control: from 127.0.0.2"); n != 1 {
 		t.Fatalf("alpha logged the refused connections %d times, want once:\n%s", n, log)
+	}
+	during, err := transport.DialControl(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer during.Close()
+	if _, err := during.NodeStatus(ctx, &transport.StatusRequest{}); err != nil {
+		t.Fatalf("a new client at the nodes' address during the flood: %v", err)
 	}
 	if _, err := before.ClusterStatus(ctx, &transport.StatusRequest{}); err != nil {
 		t.Fatalf("the client connected before the flood: %v", err)

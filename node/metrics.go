@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/replvol/replvol/internal/connlimit"
 	"github.com/replvol/replvol/node/cluster"
 	"github.com/replvol/replvol/node/multipath"
 	"github.com/replvol/replvol/replication"
@@ -127,6 +128,9 @@ type collector struct {
 	nbdTLS, nbdTLSFailures, nbdTLSRequired                        metricFamily
 	eventsTotal                                                   metricFamily
 
+	// Every port's connection limits (package connlimit).
+	connOpen, connHandshakes, connRefused, connClosed metricFamily
+
 	// The cluster view.
 	replicaRole, replicaDisk, replicaReplication, replicaRaft metricFamily
 	replicaReachable, replicaOutOfSync, replicaProgress       metricFamily
@@ -229,6 +233,11 @@ func (c *collector) define() {
 	c.nbdTLS = k("nbd_tls_connections_total", "NBD connections that started TLS (NBD_OPT_STARTTLS).", self...)
 	c.nbdTLSFailures = k("nbd_tls_handshake_failures_total", "NBD TLS handshakes that failed: no client certificate, one not of the cluster CA or of another role, a timeout.", self...)
 	c.nbdTLSRequired = k("nbd_tls_required_refusals_total", "NBD options refused because TLS is required and the client had not started it.", self...)
+	port := []string{"node", "port"}
+	c.connOpen = g("connections_open", "Connections open on the port, in every phase.", port...)
+	c.connHandshakes = g("connections_handshaking", "Connections on the port still in their handshake (TLS, an NBD negotiation).", port...)
+	c.connRefused = k("connections_refused_total", "Connections the port refused as they were accepted, by reason: source-open and source-handshakes (the address's share was taken), port-full and handshakes-full (the port's).", "node", "port", "reason")
+	c.connClosed = k("connections_closed_total", "Connections the port closed in their handshake, by reason: evicted (to make room for a new one) and slow-handshake (past its deadline).", "node", "port", "reason")
 	c.nbdRequests = k("nbd_requests_total", "NBD requests received, by command.", "node", "op")
 	c.nbdErrors = k("nbd_request_errors_total", "NBD error replies sent, by command.", "node", "op")
 	c.nbdReadBytes = k("nbd_read_bytes_total", "READ payload sent to NBD clients.", self...)
@@ -297,6 +306,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		c.collectNBD(ch)
 	}
 	c.events.collect(ch, c.eventsTotal)
+	c.collectAdmissions(ch)
 	c.collectRaft(ch)
 	if st, at := c.status.get(); st != nil {
 		c.collectClusterView(ch, st, at)
@@ -449,6 +459,22 @@ func (c *collector) collectNBD(ch chan<- prometheus.Metric) {
 	c.nbdBudgetHeld.send(ch, float64(st.NodeBudgetHeld), self)
 	c.nbdPooled.send(ch, float64(st.PooledBytes), self)
 	c.nbdMaxPooled.send(ch, float64(st.MaxPooledBytes), self)
+}
+
+// collectAdmissions sends every port's connection limits' counts.
+func (c *collector) collectAdmissions(ch chan<- prometheus.Metric) {
+	self := c.n.name
+	for _, p := range c.n.admissions() {
+		c.connOpen.send(ch, float64(p.stats.Open), self, p.port)
+		c.connHandshakes.send(ch, float64(p.stats.Handshakes), self, p.port)
+		for _, r := range connlimit.Reasons() {
+			family := c.connClosed
+			if r.Refusal() {
+				family = c.connRefused
+			}
+			family.send(ch, float64(p.stats.Count(r)), self, p.port, r.String())
+		}
+	}
 }
 
 // collectRaft sends raft's and gossip's view, read locally.

@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/replvol/replvol/internal/buildinfo"
+	"github.com/replvol/replvol/internal/connlimit"
 	"github.com/replvol/replvol/internal/logonce"
 	"github.com/replvol/replvol/internal/pki"
 	"github.com/replvol/replvol/metadata/statefile"
@@ -133,6 +134,9 @@ type Node struct {
 	// controlConns and controlConnsPerHost limit the control port's
 	// connections.
 	controlConns, controlConnsPerHost int
+	// known is the addresses of the cluster's nodes: every port keeps
+	// a share of its connections for them (admission.go).
+	known *connlimit.Known
 
 	nbd      *nbd.Server
 	repl     *transport.ReplServer
@@ -221,6 +225,7 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 	if n.opts.Version == "" {
 		n.opts.Version = buildinfo.Read("").Release
 	}
+	n.known = knownAddresses(cfg, n.log)
 	n.dataRefusals = logonce.New(refusalQuiet, maxRefusalsKept, nil)
 	n.refusals = control.NewRefusalLog(n.log, refusalQuiet, maxRefusalsKept)
 	if err := n.loadTLS(); err != nil {
@@ -358,7 +363,7 @@ func (n *Node) Start() error {
 		if ln, err = transport.ListenUnix(n.unixPath); err != nil {
 			err = fmt.Errorf("node %s: listen on the unix socket %s: %w", n.name, n.unixPath, err)
 		} else {
-			n.lnUnix = control.NewListener(ln, "unix socket", nil, n.controlConns, n.controlConns, n.log, n.refusals)
+			n.lnUnix = control.NewListener(ln, "unix socket", nil, control.Limits{Max: n.controlConns, PerHost: n.controlConns}, n.log, n.refusals)
 		}
 	}
 	if err != nil {
@@ -370,12 +375,13 @@ func (n *Node) Start() error {
 		controlTLS = n.tls.AskingServerConfig()
 		controlTLS.NextProtos = []string{"h2", "http/1.1"}
 	}
-	n.lnControl = control.NewListener(n.lnControl, "control", controlTLS, n.controlConns, n.controlConnsPerHost, n.log, n.refusals)
+	n.lnControl = control.NewListener(n.lnControl, "control", controlTLS,
+		control.Limits{Max: n.controlConns, PerHost: n.controlConnsPerHost, Known: n.known}, n.log, n.refusals)
 
 	n.registry = prometheus.NewRegistry()
 	n.registry.MustRegister(newCollector(n))
 	n.nbd = nbd.NewServer(n.nbdConfig())
-	n.repl = transport.NewReplServer(n.handleStream, n.replServerOptions()...)
+	n.repl = transport.NewReplServer(n.handleStream, append(n.replServerOptions(), transport.ReplKnown(n.known), transport.ReplLogger(n.log))...)
 	n.ctlGRPC = transport.NewControlGRPC(n.api, transport.WithAuthorize(n.gate.Authorize))
 	mux := web.NewMux(web.Source{
 		Status:   func(ctx context.Context) (*transport.ClusterStatus, error) { return n.clusterStatus(ctx, 20) },
@@ -642,7 +648,7 @@ const nbdCertificatesHint = "DIR/" + pki.NBDClientDir + " (DIR: where replctl ce
 // must show a certificate of the cluster's CA for an NBD client or the operator; the section's
 // nbd policy says whether it must STARTTLS.
 func (n *Node) nbdConfig() nbd.Config {
-	cfg := nbd.Config{Resolver: (*resolver)(n), Logger: n.log.With("part", "nbd")}
+	cfg := nbd.Config{Resolver: (*resolver)(n), Logger: n.log.With("part", "nbd"), Known: n.known}
 	if n.tls == nil {
 		return cfg
 	}

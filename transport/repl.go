@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/replvol/replvol/internal/connlimit"
 	"github.com/replvol/replvol/internal/pki"
 )
 
@@ -117,10 +119,41 @@ func (f *Frame) Release() {
 const MaxFrameSize = 5 + 24 + 32<<20
 
 // handshakeTimeout bounds a replication connection's opening (its TLS
-// handshake and the preambles) on both ends: a client that connects and
-// stalls holds a goroutine and a descriptor that long at most, and a
-// server that accepts and answers nothing is told apart.
+// handshake and the preambles) on the dialing end: a server that accepts
+// and answers nothing is told apart. The server's end has its limits'
+// deadline (replAdmission): a client that connects and stalls holds a
+// goroutine and a descriptor that long at most.
 const handshakeTimeout = 10 * time.Second
+
+// Limits of a replication server's connections (package connlimit). Only
+// the cluster's nodes (ReplKnown) open replication streams, one per volume
+// and peer, so they may hold many; an address that is not known may hold a
+// few, enough for a node added at runtime from an address in no cluster
+// file, while a stranger's flood costs little.
+const (
+	replMaxOpen             = 16384
+	replMaxHandshakes       = 1024
+	replStrangerConns       = 128
+	replPerStrangerAddress  = 8
+	replHandshakesUnderLoad = time.Second
+)
+
+// replAdmission is the replication port's connection limits.
+func replAdmission(o replOptions) connlimit.Config {
+	return connlimit.Config{
+		Port:                "replication",
+		MaxOpen:             replMaxOpen,
+		MaxHandshakes:       replMaxHandshakes,
+		StrangerOpen:        replStrangerConns,
+		StrangerHandshakes:  replStrangerConns,
+		PerSourceOpen:       replPerStrangerAddress,
+		PerSourceHandshakes: replPerStrangerAddress,
+		HandshakeTimeout:    connlimit.DefaultHandshakeTimeout,
+		PressureTimeout:     replHandshakesUnderLoad,
+		Known:               o.known,
+		Logger:              o.logger,
+	}
+}
 
 // ReplOption configures DialRepl and NewReplServer.
 type ReplOption func(*replOptions)
@@ -128,6 +161,8 @@ type ReplOption func(*replOptions)
 type replOptions struct {
 	tls    *tls.Config
 	failed func(remote net.Addr, err error)
+	known  *connlimit.Known
+	logger *slog.Logger
 }
 
 func replOptionsOf(opts []ReplOption) replOptions {
@@ -143,6 +178,20 @@ func replOptionsOf(opts []ReplOption) replOptions {
 // without it the stream is plaintext.
 func ReplTLS(conf *tls.Config) ReplOption {
 	return func(o *replOptions) { o.tls = conf }
+}
+
+// ReplKnown gives NewReplServer the addresses of the cluster's nodes: they
+// are held to no per-address limit, and have most of the server's
+// connections kept for them (package connlimit).
+func ReplKnown(k *connlimit.Known) ReplOption {
+	return func(o *replOptions) { o.known = k }
+}
+
+// ReplLogger gives NewReplServer a logger for the connections its limits
+// refuse (a line per address and interval); without it they are counted
+// only (ReplServer.Admission).
+func ReplLogger(l *slog.Logger) ReplOption {
+	return func(o *replOptions) { o.logger = l }
 }
 
 // ReplHandshakeFailed has NewReplServer call f for each connection whose
@@ -205,6 +254,8 @@ type ReplHandler func(s *ReplStream) error
 type ReplServer struct {
 	h ReplHandler
 	o replOptions
+	// admission admits each connection within the port's limits.
+	admission *connlimit.Limiter
 
 	mu        sync.Mutex
 	stopped   bool
@@ -217,8 +268,12 @@ type ReplServer struct {
 
 // NewReplServer returns a server that hands each stream to h.
 func NewReplServer(h ReplHandler, opts ...ReplOption) *ReplServer {
-	return &ReplServer{h: h, o: replOptionsOf(opts), listeners: map[net.Listener]struct{}{}, conns: map[net.Conn]struct{}{}}
+	o := replOptionsOf(opts)
+	return &ReplServer{h: h, o: o, admission: connlimit.New(replAdmission(o)), listeners: map[net.Listener]struct{}{}, conns: map[net.Conn]struct{}{}}
 }
+
+// Admission is the counts of the server's connection limits.
+func (s *ReplServer) Admission() connlimit.Stats { return s.admission.Stats() }
 
 // Serve accepts connections on l until Stop.
 func (s *ReplServer) Serve(l net.Listener) error {
@@ -249,11 +304,16 @@ func (s *ReplServer) Serve(l net.Listener) error {
 			return err
 		}
 		backoff = 0
+		slot, err := s.admission.Admit(c)
+		if err != nil {
+			continue // closed, counted and logged by the limits
+		}
 		if !s.track(c) {
+			slot.Release()
 			c.Close()
 			return nil
 		}
-		go s.serveConn(c)
+		go s.serveConn(c, slot)
 	}
 }
 
@@ -277,10 +337,11 @@ func (s *ReplServer) untrack(c net.Conn) {
 }
 
 // serveConn opens the stream of one connection (TLS, then the
-// preambles, within handshakeTimeout), serves it and ends it with the
+// preambles, by its slot's deadline), serves it and ends it with the
 // handler's error in words.
-func (s *ReplServer) serveConn(raw net.Conn) {
+func (s *ReplServer) serveConn(raw net.Conn, slot *connlimit.Slot) {
 	defer s.untrack(raw)
+	defer slot.Release()
 	handled := false
 	handlerDone := func() {
 		if !handled {
@@ -290,13 +351,13 @@ func (s *ReplServer) serveConn(raw net.Conn) {
 	}
 	defer handlerDone()
 	tuneConn(raw)
-	raw.SetDeadline(time.Now().Add(handshakeTimeout))
+	raw.SetDeadline(slot.Deadline())
 	conn := raw
 	var state *tls.ConnectionState
 	if s.o.tls != nil {
 		tc := tls.Server(raw, s.o.tls)
 		if err := tc.Handshake(); err != nil {
-			if s.o.failed != nil {
+			if s.o.failed != nil && slot.ClosedBy() == 0 {
 				s.o.failed(raw.RemoteAddr(), err)
 			}
 			raw.Close()
@@ -312,7 +373,7 @@ func (s *ReplServer) serveConn(raw net.Conn) {
 		conn.Close()
 		return
 	}
-	if _, err := conn.Write(streamPreamble[:]); err != nil {
+	if _, err := conn.Write(streamPreamble[:]); err != nil || !slot.Negotiated() {
 		conn.Close()
 		return
 	}

@@ -3,11 +3,16 @@ package transport
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/replvol/replvol/internal/connlimit"
+	"github.com/replvol/replvol/internal/poll"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -102,5 +107,94 @@ func TestStopReturnsOnceEveryHandlerHas(t *testing.T) {
 	}
 	if err := <-served; err != nil {
 		t.Errorf("Serve after Stop: %v", err)
+	}
+}
+
+// TestAReplicationFloodKeepsNoNodeOut: strangers at 20 addresses open
+// 40 idle connections each to a replication server; each address keeps
+// at most its share (8), the strangers together at most theirs (128),
+// the rest are refused at once; meanwhile a node of the cluster (a known
+// address) opens 20 streams and each carries a frame.
+func TestAReplicationFloodKeepsNoNodeOut(t *testing.T) {
+	got := make(chan []byte, 20)
+	srv := NewReplServer(func(s *ReplStream) error {
+		f := &Frame{}
+		if err := s.Recv(f); err != nil {
+			return err
+		}
+		got <- append([]byte(nil), f.Bytes()...)
+		return nil
+	}, ReplKnown(connlimit.NewKnown(netip.MustParseAddr("127.0.0.1"))))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	defer srv.Stop()
+
+	var flood []net.Conn
+	defer func() {
+		for _, c := range flood {
+			c.Close()
+		}
+	}()
+	const addresses, per = 20, 40
+	for a := range addresses {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+a))}}
+		for range per {
+			c, err := d.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				continue // refused so fast that connect saw it
+			}
+			flood = append(flood, c)
+		}
+	}
+	waitFor(t, "every flooding connection admitted or refused", func() bool {
+		st := srv.Admission()
+		return st.Admitted+st.Refused() >= addresses*per
+	})
+	st := srv.Admission()
+	// 20 addresses × 8 is more than the strangers' 128: newcomers took
+	// the places of the biggest holders' oldest handshakes, or were refused.
+	if st.StrangerOpen > replStrangerConns || st.Count(connlimit.SourceOpen)+st.Count(connlimit.SourceHandshakes) == 0 ||
+		st.Count(connlimit.PortFull)+st.Count(connlimit.HandshakesFull)+st.Count(connlimit.Evicted) == 0 {
+		t.Fatalf("stats %+v: want at most %d strangers' connections, each address refused beyond %d, and the strangers' share full",
+			st, replStrangerConns, replPerStrangerAddress)
+	}
+
+	c, err := DialRepl(ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := range 20 {
+		s, err := c.Open(ctx)
+		if err != nil {
+			t.Fatalf("stream %d of a node during the flood: %v", i, err)
+		}
+		f := NewFrame(4)
+		f.SetBytes(fmt.Appendf(f.Bytes(), "%04d", i))
+		if err := s.Send(f); err != nil {
+			t.Fatalf("stream %d of a node during the flood: %v", i, err)
+		}
+		select {
+		case b := <-got:
+			if string(b) != fmt.Sprintf("%04d", i) {
+				t.Fatalf("stream %d carried %q", i, b)
+			}
+		case <-ctx.Done():
+			t.Fatalf("stream %d's frame never reached the handler", i)
+		}
+		s.Close()
+	}
+}
+
+// waitFor polls cond until it holds, or fails the test after 30 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	if !poll.Within(30*time.Second, 10*time.Millisecond, cond) {
+		t.Fatalf("%s: not within 30 s", what)
 	}
 }

@@ -2,11 +2,18 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/binary"
 	"fmt"
+	"io"
+	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -195,4 +202,419 @@ func (s *rssSampler) peak() int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.max
+}
+
+// TestE2EFloodsFromStrangersDenyNoService: two data nodes and a witness,
+// raft and gossip, each in its own network namespace, TLS on every link
+// (NBD too). Five more namespaces, addresses with no certificate, flood
+// every TCP port of every node: NBD (connections that send nothing, and
+// negotiations that stop half way through their TLS ClientHello), the
+// control port (half ClientHellos, 230 per address, as in issue 27),
+// raft and replication (both). A flooding connection that ends is made
+// again, as an attacker does. While the flood goes on, from the host's
+// address on the bridge, a stranger too:
+//   - nbdinfo and qemu-io over TLS read and write the primary's volume;
+//   - replctl status over TLS answers from every node, and over alpha's
+//     unix socket;
+//   - writes replicate (beta stays UpToDate and Connected), raft keeps its
+//     leader and the volume its primary and epoch;
+//   - beta, stopped and started again, connects to its peers through the
+//     flood, and catches up.
+//
+// Each node counts the refused connections by port in /metrics, and logs
+// them a line per flooding address and interval, not a line per
+// connection.
+func TestE2EFloodsFromStrangersDenyNoService(t *testing.T) {
+	e2e(t)
+	nbdinfo := RequireTool(t, "nbdinfo", "libnbd-bin")
+	RequireTool(t, "qemu-io", "qemu-utils")
+	c := newProcClusterN(t, clusterOpts{Raft: true, Witness: true, Netns: true, TLS: true, NBDTLS: "required", Size: 32 << 20})
+	c.startAll()
+	v0 := c.waitFor("alpha", "in sync, and raft knows both replicas UpToDate", syncTimeout, raftInSync)
+	sd, _, err := c.status("alpha")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader, epoch := sd.Cluster.Leader, v0.Epoch
+	if leader == "" || v0.Primary != "alpha" {
+		t.Fatalf("before the flood: leader %q, primary %q; want a leader and alpha", leader, v0.Primary)
+	}
+
+	var flooders []string
+	for i := 1; i <= 5; i++ {
+		name := fmt.Sprintf("flood%d", i)
+		c.lab.addNode(name)
+		flooders = append(flooders, name)
+	}
+	port := func(node, which string) string {
+		n := c.nodes[node]
+		switch which {
+		case "nbd":
+			return n.NBD
+		case "control":
+			return n.Control
+		case "raft":
+			return n.Raft
+		case "replication":
+			return n.Replication
+		}
+		t.Fatalf("no port %s", which)
+		return ""
+	}
+	var targets []floodTarget
+	add := func(node, which string, kind floodKind, per int) {
+		targets = append(targets, floodTarget{name: node + " " + which + " " + kind.String(), addr: port(node, which), kind: kind, per: per})
+	}
+	add("alpha", "nbd", floodIdle, 300)
+	add("alpha", "nbd", floodHalfNBD, 60)
+	for _, node := range c.nodeNames() {
+		add(node, "control", floodHalfTLS, 230)
+		add(node, "raft", floodHalfTLS, 30)
+		add(node, "raft", floodIdle, 10)
+		if node != witnessName {
+			add(node, "replication", floodIdle, 20)
+			add(node, "replication", floodHalfTLS, 20)
+		}
+	}
+	started := time.Now()
+	f := startFlood(t, c.lab, flooders, targets)
+	f.waitTried(t, 2*time.Minute)
+	t.Logf("flood: %d connections from %d addresses tried once, %v after it began; %d held now, %d ended within %v of their connect",
+		f.workers, len(flooders), time.Since(started).Round(time.Millisecond), f.held.Load(), f.cut.Load(), floodCut)
+
+	certs := filepath.Join(c.tlsDir, "nbd-client")
+	nbds := "nbds://" + c.nodes["alpha"].NBD + "/" + volName + "?tls-certificates=" + certs
+	for round := range 3 {
+		begun := time.Now()
+		if round == 2 {
+			// A peer that starts anew must connect through the flood: to
+			// raft and the control ports of the others, and alpha to its
+			// replication port.
+			c.stop("beta")
+			qemuIOTLS(t, c, "alpha", "write -P 0xbb 8M 1M", "flush")
+			c.start("beta")
+			c.waitListening("beta", 30*time.Second)
+		}
+		if r := runCmd(30*time.Second, nil, nbdinfo, nbds); !r.ok() || !strings.Contains(r.out, "with TLS") {
+			t.Fatalf("round %d: nbdinfo %s during the flood: %s", round, nbds, r)
+		}
+		off := fmt.Sprintf("%dM", round+1)
+		pat := fmt.Sprintf("0x%x", 0xc0+round)
+		qemuIOTLS(t, c, "alpha", "write -P "+pat+" "+off+" 1M", "read -P "+pat+" "+off+" 1M", "flush")
+		for _, node := range c.nodeNames() {
+			sd, v, err := c.status(node)
+			if err != nil {
+				t.Fatalf("round %d: replctl status over TLS via %s during the flood: %v", round, node, err)
+			}
+			if round == 2 && leader == "beta" && sd.Cluster.Leader != "" {
+				leader = sd.Cluster.Leader // beta's stop handed its leadership on
+			}
+			if sd.Cluster.Leader != leader || v.Primary != "alpha" || v.Epoch != epoch {
+				t.Fatalf("round %d: via %s, leader %q, primary %q, epoch %d during the flood; before it: %q, alpha, %d",
+					round, node, sd.Cluster.Leader, v.Primary, v.Epoch, leader, epoch)
+			}
+		}
+		if r := runCmd(30*time.Second, []string{"REPLCTL_TLS_DIR="}, replctlBin, "status", "--json", "--addr", c.socket("alpha")); !r.ok() {
+			t.Fatalf("round %d: replctl status over alpha's unix socket during the flood: %s", round, r)
+		}
+		c.waitFor("alpha", "the writes replicated to beta during the flood", syncTimeout, raftInSync)
+		t.Logf("round %d: NBD, status and replication served in %v; the flood holds %d connections, %d cut so far",
+			round, time.Since(begun).Round(time.Millisecond), f.held.Load(), f.cut.Load())
+	}
+
+	// The refusals are counted by port.
+	resp, err := c.apiGet("alpha", "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"nbd", "control", "raft", "replication"} {
+		if n := metricSum(string(body), "replvol_connections_refused_total", `port="`+p+`"`); n == 0 {
+			t.Errorf("alpha's /metrics counts no refused %s connection during the flood", p)
+		}
+	}
+	f.stop()
+	lasted := time.Since(started)
+
+	// A line per flooding address, port and interval at most: never a line
+	// per connection.
+	for _, node := range c.nodeNames() {
+		b, err := os.ReadFile(filepath.Join(c.dir, node+".log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ports := 4
+		if node == witnessName {
+			ports = 2
+		}
+		bound := 3 * ports * (int(lasted/(10*time.Second)) + 2)
+		var counts []string
+		for _, fl := range flooders {
+			ip := c.lab.ip(fl)
+			n := 0
+			for line := range strings.Lines(string(b)) {
+				if strings.Contains(line, ip+":") || strings.Contains(line, ip+",") || strings.Contains(line, ip+" ") || strings.Contains(line, ip+`"`) {
+					n++
+				}
+			}
+			if n > bound {
+				t.Errorf("%s's log names %s in %d lines in %v of flood, over %d (a line per address, port and interval)", node, ip, n, lasted.Round(time.Second), bound)
+			}
+			counts = append(counts, fmt.Sprint(n))
+		}
+		t.Logf("%s's log: %s lines name the flooding addresses in %v", node, strings.Join(counts, ", "), lasted.Round(time.Second))
+	}
+	c.waitFor("alpha", "in sync after the flood", syncTimeout, raftInSync)
+	qemuIOTLS(t, c, "alpha", "read -P 0xc0 1M 1M", "read -P 0xc2 3M 1M", "read -P 0xbb 8M 1M")
+}
+
+// metricSum adds the values of the samples of metric whose labels contain
+// every one of labels.
+func metricSum(text, metric string, labels ...string) float64 {
+	var sum float64
+	for line := range strings.Lines(text) {
+		rest, ok := strings.CutPrefix(line, metric)
+		if !ok || (!strings.HasPrefix(rest, "{") && !strings.HasPrefix(rest, " ")) {
+			continue
+		}
+		match := true
+		for _, l := range labels {
+			match = match && strings.Contains(rest, l)
+		}
+		fields := strings.Fields(rest)
+		if !match || len(fields) == 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(fields[len(fields)-1], 64); err == nil {
+			sum += v
+		}
+	}
+	return sum
+}
+
+// floodKind is what a flooding connection does once connected, before it
+// waits for the server to close it.
+type floodKind int
+
+const (
+	// floodIdle sends nothing.
+	floodIdle floodKind = iota
+	// floodHalfTLS sends the first half of a TLS ClientHello.
+	floodHalfTLS
+	// floodHalfNBD reads the NBD greeting, sends its flags and
+	// NBD_OPT_STARTTLS, reads the answer, and sends half a ClientHello: a
+	// negotiation that never ends.
+	floodHalfNBD
+)
+
+func (k floodKind) String() string {
+	return [...]string{"idle", "half-tls", "half-nbd"}[k]
+}
+
+// floodTarget is a port flooded by per connections from each flooding
+// address, all of one kind.
+type floodTarget struct {
+	name string
+	addr string
+	kind floodKind
+	per  int
+}
+
+// floodCut: a flooding connection that ends sooner after its connect was
+// refused (reset, or closed at once); it is made again after a back-off
+// that doubles up to floodMaxBackoff. One that was held is made again
+// after floodRedial: the flood keeps its pressure.
+const (
+	floodCut        = 200 * time.Millisecond
+	floodRedial     = 100 * time.Millisecond
+	floodMaxBackoff = 8 * time.Second
+)
+
+// flood is the connections of startFlood. Each is one goroutine that
+// connects from its namespace (a few at a time: each connect takes an OS
+// thread into the namespace), does what its kind says, reads until the
+// server closes, and connects again.
+type flood struct {
+	workers int
+	tried   sync.WaitGroup // each worker's first try
+	done    chan struct{}
+	wg      sync.WaitGroup
+	dials   chan struct{} // bounds the connects in progress
+	held    atomic.Int64  // connections open now
+	cut     atomic.Int64  // connections that ended within floodCut of their connect, or failed it
+
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+}
+
+func startFlood(t *testing.T, lab *netLab, from []string, targets []floodTarget) *flood {
+	t.Helper()
+	hello := halfClientHello(t)
+	f := &flood{done: make(chan struct{}), dials: make(chan struct{}, 32), conns: map[net.Conn]struct{}{}}
+	for _, name := range from {
+		dial := lab.dialer(name)
+		for _, tg := range targets {
+			for range tg.per {
+				f.workers++
+				f.tried.Add(1)
+				f.wg.Go(func() { f.work(dial, tg, hello) })
+			}
+		}
+	}
+	t.Cleanup(f.stop)
+	return f
+}
+
+// waitTried waits until every flooding connection was tried once.
+func (f *flood) waitTried(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	ch := make(chan struct{})
+	go func() { f.tried.Wait(); close(ch) }()
+	select {
+	case <-ch:
+	case <-time.After(timeout):
+		t.Fatalf("the flood's %d connections were not all tried within %v", f.workers, timeout)
+	}
+}
+
+// stop ends the flood: every connection is closed and no more are made.
+func (f *flood) stop() {
+	select {
+	case <-f.done:
+		return
+	default:
+	}
+	close(f.done)
+	f.mu.Lock()
+	for c := range f.conns {
+		c.Close()
+	}
+	f.mu.Unlock()
+	f.wg.Wait()
+}
+
+func (f *flood) work(dial dialFunc, tg floodTarget, hello []byte) {
+	first := true
+	backoff := time.Duration(0)
+	for {
+		began := time.Now()
+		err := f.once(dial, tg, hello)
+		if first {
+			f.tried.Done()
+			first = false
+		}
+		pause := floodRedial
+		if err != nil || time.Since(began) < floodCut {
+			f.cut.Add(1)
+			backoff = min(max(2*backoff, 500*time.Millisecond), floodMaxBackoff)
+			pause = backoff
+		} else {
+			backoff = 0
+		}
+		timer := time.NewTimer(pause)
+		select {
+		case <-f.done:
+			timer.Stop()
+			return
+		case <-timer.C:
+		}
+	}
+}
+
+// once makes one flooding connection and holds it until the server
+// closes it or the flood stops.
+func (f *flood) once(dial dialFunc, tg floodTarget, hello []byte) error {
+	select {
+	case f.dials <- struct{}{}:
+	case <-f.done:
+		return net.ErrClosed
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	conn, err := dial(ctx, "tcp", tg.addr)
+	cancel()
+	<-f.dials
+	if err != nil {
+		return err
+	}
+	if tcp, ok := conn.(*net.TCPConn); ok {
+		_ = tcp.SetLinger(0) // no TIME_WAIT left behind
+	}
+	f.mu.Lock()
+	select {
+	case <-f.done:
+		f.mu.Unlock()
+		conn.Close()
+		return net.ErrClosed
+	default:
+	}
+	f.conns[conn] = struct{}{}
+	f.mu.Unlock()
+	f.held.Add(1)
+	defer func() {
+		f.held.Add(-1)
+		f.mu.Lock()
+		delete(f.conns, conn)
+		f.mu.Unlock()
+		conn.Close()
+	}()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	switch tg.kind {
+	case floodHalfTLS:
+		if _, err := conn.Write(hello); err != nil {
+			return err
+		}
+	case floodHalfNBD:
+		var greeting [18]byte
+		if _, err := io.ReadFull(conn, greeting[:]); err != nil {
+			return err
+		}
+		opt := binary.BigEndian.AppendUint32(nil, 3)                 // NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES
+		opt = binary.BigEndian.AppendUint64(opt, 0x49484156454F5054) // IHAVEOPT
+		opt = binary.BigEndian.AppendUint32(opt, 5)                  // NBD_OPT_STARTTLS
+		opt = binary.BigEndian.AppendUint32(opt, 0)
+		if _, err := conn.Write(opt); err != nil {
+			return err
+		}
+		var reply [20]byte
+		if _, err := io.ReadFull(conn, reply[:]); err != nil {
+			return err
+		}
+		if _, err := conn.Write(hello); err != nil {
+			return err
+		}
+	}
+	_ = conn.SetDeadline(time.Time{})
+	buf := make([]byte, 512)
+	for {
+		if _, err := conn.Read(buf); err != nil {
+			return nil
+		}
+	}
+}
+
+// halfClientHello is the first half of the TLS ClientHello crypto/tls
+// sends: a handshake that never ends.
+func halfClientHello(t *testing.T) []byte {
+	t.Helper()
+	client, server := net.Pipe()
+	go func() {
+		_ = tls.Client(client, &tls.Config{ServerName: "replvol", InsecureSkipVerify: true}).Handshake()
+	}()
+	defer client.Close()
+	defer server.Close()
+	_ = server.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var header [5]byte
+	if _, err := io.ReadFull(server, header[:]); err != nil {
+		t.Fatal(err)
+	}
+	body := make([]byte, binary.BigEndian.Uint16(header[3:]))
+	if _, err := io.ReadFull(server, body); err != nil {
+		t.Fatal(err)
+	}
+	hello := append(header[:], body...)
+	return hello[:len(hello)/2]
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/replvol/replvol/internal/connlimit"
 	"github.com/replvol/replvol/internal/logonce"
 	"github.com/replvol/replvol/internal/pki"
 )
@@ -21,13 +22,26 @@ import (
 // node added at runtime, whose address is in no cluster file this node
 // read, may be any node of the CA: which one is logged). A stranger's
 // node can neither vote nor be heard.
+//
+// Raft's port admits its connections within limits (package connlimit):
+// the members' addresses (raft's and gossip's, from the cluster file and
+// AddVoter) are the cluster's own, and keep half of the handshake slots
+// for themselves; an address that is not a member's may have a few
+// handshakes in progress, each closed once past its deadline, and a full
+// port closes a stranger's oldest handshake for a member's connection.
 
 const (
 	// maxHandshakes bounds the TLS handshakes in progress on raft's
-	// port: beyond, a new connection is closed at once.
-	maxHandshakes = 64
+	// port; strangerHandshakes of them may be strangers', and
+	// perStrangerHandshakes one stranger's address.
+	maxHandshakes         = 64
+	strangerHandshakes    = maxHandshakes / 2
+	perStrangerHandshakes = 4
+	// maxRaftConns bounds raft's connections: each peer keeps a few.
+	maxRaftConns = 1024
 	// minHandshakeTimeout is the least a handshake is given, whatever
-	// RaftIOTimeout says.
+	// RaftIOTimeout says; a stranger's gets no more than that while the
+	// port is busy.
 	minHandshakeTimeout = time.Second
 	// refusalQuiet and maxRefusalsKept: a refusal is logged once per peer
 	// and cause, again after this long without it; so many are kept.
@@ -52,8 +66,11 @@ type tlsLayer struct {
 	names   map[string]string // raft address → node name
 	shaking map[net.Conn]bool // connections in their handshake
 
+	// known is the members' addresses; admission admits each connection.
+	known     *connlimit.Known
+	admission *connlimit.Limiter
+
 	accepted chan net.Conn
-	slots    chan struct{}
 	done     chan struct{}
 	close    sync.Once
 	wg       sync.WaitGroup
@@ -65,23 +82,65 @@ func newTLSLayer(raw *streamLayer, b *pki.Bundle, members []Member, timeout time
 		once:     logonce.New(refusalQuiet, maxRefusalsKept, nil),
 		names:    map[string]string{},
 		shaking:  map[net.Conn]bool{},
+		known:    connlimit.NewKnown(),
 		accepted: make(chan net.Conn),
-		slots:    make(chan struct{}, maxHandshakes),
 		done:     make(chan struct{}),
 	}
+	l.admission = connlimit.New(connlimit.Config{
+		Port:                "raft",
+		MaxOpen:             maxRaftConns,
+		MaxHandshakes:       maxHandshakes,
+		StrangerOpen:        strangerHandshakes,
+		StrangerHandshakes:  strangerHandshakes,
+		PerSourceOpen:       perStrangerHandshakes,
+		PerSourceHandshakes: perStrangerHandshakes,
+		HandshakeTimeout:    l.timeout,
+		PressureTimeout:     minHandshakeTimeout,
+		Known:               l.known,
+		Logger:              logger,
+	})
 	for _, m := range members {
 		l.names[m.Raft] = m.Name
+		l.knowHosts(m)
 	}
 	l.wg.Add(1)
 	go l.acceptLoop()
 	return l
 }
 
-// learn notes m's raft address, so that a connection to it must reach m.
+// learn notes m's raft address, so that a connection to it must reach m,
+// and its hosts as a member's.
 func (l *tlsLayer) learn(m Member) {
+	l.knowHosts(m)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.names[m.Raft] = m.Name
+}
+
+// resolveTimeout bounds the lookup of a member's host names.
+const resolveTimeout = 5 * time.Second
+
+// knowHosts makes m's raft and gossip hosts known to the admission.
+func (l *tlsLayer) knowHosts(m Member) {
+	ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
+	defer cancel()
+	for _, addr := range []string{m.Raft, m.Gossip} {
+		if addr == "" {
+			continue
+		}
+		if err := l.known.AddHost(ctx, addr); err != nil {
+			l.logger.Warn("raft: a member's address does not resolve: its connections count as a stranger's against raft's connection limits", "member", m.Name, "err", err)
+		}
+	}
+}
+
+// RaftAdmission is the counts of raft's connection limits; false without
+// TLS (raft's port then has none).
+func (c *Cluster) RaftAdmission() (connlimit.Stats, bool) {
+	if c.tls == nil {
+		return connlimit.Stats{}, false
+	}
+	return c.tls.admission.Stats(), true
 }
 
 func (l *tlsLayer) nameOf(addr raft.ServerAddress) (string, bool) {
@@ -106,23 +165,19 @@ func (l *tlsLayer) acceptLoop() {
 			continue
 		}
 		delay = 5 * time.Millisecond
-		select {
-		case l.slots <- struct{}{}:
-		default:
-			conn.Close()
-			l.refuse("accept "+hostOf(conn.RemoteAddr()), "raft: refused a connection from %s: %d TLS handshakes are in progress already", hostOf(conn.RemoteAddr()), maxHandshakes)
-			continue
+		slot, err := l.admission.Admit(conn)
+		if err != nil {
+			continue // closed, counted and logged by the limits
 		}
 		if !l.track(conn) {
+			slot.Release()
 			conn.Close()
-			<-l.slots
 			return
 		}
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()
-			defer func() { <-l.slots }()
-			l.handshake(conn)
+			l.handshake(conn, slot)
 		}()
 	}
 }
@@ -146,19 +201,28 @@ func (l *tlsLayer) untrack(c net.Conn) {
 	delete(l.shaking, c)
 }
 
-// handshake completes an accepted connection's TLS handshake, within the
-// timeout, and hands it to Accept; a refused one is logged and closed.
-func (l *tlsLayer) handshake(raw net.Conn) {
+// handshake completes an accepted connection's TLS handshake, by its
+// slot's deadline, and hands it to Accept; a refused one is logged and
+// closed, one the limits closed is theirs to log. Closing the connection
+// raft is handed gives its slot back.
+func (l *tlsLayer) handshake(raw net.Conn, slot *connlimit.Slot) {
 	defer l.untrack(raw)
-	tc := tls.Server(raw, pki.RequireCertificate(l.b.ServerConfig(true, pki.Roles(pki.RoleNode))))
-	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
+	tc := tls.Server(slot.Wrap(raw), pki.RequireCertificate(l.b.ServerConfig(true, pki.Roles(pki.RoleNode))))
+	ctx, cancel := context.WithDeadline(context.Background(), slot.Deadline())
 	defer cancel()
-	if err := tc.HandshakeContext(ctx); err != nil {
-		raw.Close()
+	err := tc.HandshakeContext(ctx)
+	if err == nil && !slot.Negotiated() {
+		err = net.ErrClosed
+	}
+	if err != nil {
+		tc.Close()
 		select {
 		case <-l.done:
 			return // this node stops: no refusal
 		default:
+		}
+		if slot.ClosedBy() != 0 {
+			return
 		}
 		host := hostOf(raw.RemoteAddr())
 		l.failed("accept "+host, "raft: refused a connection: ", "a node at "+host, err)

@@ -9,59 +9,92 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/replvol/replvol/internal/connlimit"
 )
 
-// The control port's connections: bounded in number (in all, and from
-// one host), and, with TLS, handshaken before the HTTP server sees them,
-// so that a refusal is logged in words and a plaintext client is told.
+// The control port's connections: admitted within the limits of package
+// connlimit (in all, from one host, and handshakes in progress, each
+// under a deadline, with a share kept for the cluster's own nodes), and,
+// with TLS, handshaken before the HTTP server sees them, so that a
+// refusal is logged in words and a plaintext client is told.
 
 // Limits of the control port. A node's peers hold one connection each,
 // and so does a page or a replctl command: these leave room for many
-// operators and tools, while a client that opens 10,000 connections gets
-// the ones beyond refused (closed at once, and logged) and costs the node
-// no more file descriptors than these.
+// operators and tools, while a host that opens 10,000 connections gets
+// the ones beyond its share refused (closed at once, and logged a line
+// per host and interval) and costs the node no more file descriptors
+// than these.
 const (
 	MaxConns        = 1024
-	MaxConnsPerHost = 256
-	// handshakeTimeout bounds a TLS handshake: a client that
-	// connects and says nothing holds its slot no longer.
-	handshakeTimeout = 10 * time.Second
-	// refusedLogEvery: while connections are refused for the limit, one
-	// line says how many, at most this often.
-	refusedLogEvery = 10 * time.Second
+	MaxConnsPerHost = 64
+	// maxHandshakesPerHost bounds the TLS handshakes in progress from one
+	// host that is not a node of the cluster: a client finishes its
+	// handshake in milliseconds, only a flood holds many.
+	maxHandshakesPerHost = 16
 )
 
-// Listener accepts a port's connections within the limits and, with
+// Limits are a control port's: at most Max connections in all, and
+// PerHost from one host that is not Known (the cluster's own nodes are
+// held to no share of their own, and may use the part of Max kept for
+// them). A Listener without TLS hands a connection out at once.
+type Limits struct {
+	Max, PerHost int
+	Known        *connlimit.Known
+	// HandshakeTimeout bounds a TLS handshake; default
+	// connlimit.DefaultHandshakeTimeout (shorter while the port is busy).
+	HandshakeTimeout time.Duration
+}
+
+// admission is l's connection limits for the port named what.
+func (l Limits) admission(what string, log *slog.Logger) connlimit.Config {
+	handshakes := l.Max
+	if l.Max >= 64 {
+		handshakes = l.Max / 4
+	}
+	strangers := handshakes - handshakes/4
+	return connlimit.Config{
+		Port:                what,
+		MaxOpen:             l.Max,
+		MaxHandshakes:       handshakes,
+		StrangerHandshakes:  max(strangers, 1),
+		PerSourceOpen:       min(l.PerHost, l.Max-l.Max/8),
+		PerSourceHandshakes: min(l.PerHost, maxHandshakesPerHost, max(strangers, 1)),
+		HandshakeTimeout:    l.HandshakeTimeout,
+		Known:               l.Known,
+		Logger:              log,
+	}
+}
+
+// Listener accepts a port's connections within its limits and, with
 // tlsConfig set, hands out only those whose TLS handshake succeeded, as
 // *tls.Conn (net/http negotiates HTTP/2 by ALPN on them). Its accept loop
 // and each handshake run on goroutines of their own; Accept, Close and a
 // connection's Close may be called from any goroutine.
 type Listener struct {
-	inner      net.Listener
-	tlsConfig  *tls.Config
-	max, per   int
-	log        *slog.Logger
-	what       string
-	refusals   *RefusalLog
-	ready      chan net.Conn
-	done       chan struct{}
-	closeOnce  sync.Once
-	mu         sync.Mutex // a leaf: nothing is taken under it
-	open       int
-	perHost    map[string]int
-	refused    int // refused since the last line about it
-	lastLogged time.Time
+	inner     net.Listener
+	tlsConfig *tls.Config
+	admission *connlimit.Limiter
+	log       *slog.Logger
+	what      string
+	refusals  *RefusalLog
+	ready     chan net.Conn
+	done      chan struct{}
+	closeOnce sync.Once
 }
 
-// NewListener guards inner: at most max connections in all and per from
-// one host; what names the port in the log lines, which go to log, and
-// the refusals to refusals. tlsConfig is nil for a plaintext port.
-func NewListener(inner net.Listener, what string, tlsConfig *tls.Config, max, per int, log *slog.Logger, refusals *RefusalLog) *Listener {
-	l := &Listener{inner: inner, tlsConfig: tlsConfig, max: max, per: per, log: log, what: what,
-		refusals: refusals, ready: make(chan net.Conn), done: make(chan struct{}), perHost: map[string]int{}}
+// NewListener guards inner within limits; what names the port in the log
+// lines, which go to log, and the refusals to refusals. tlsConfig is nil
+// for a plaintext port.
+func NewListener(inner net.Listener, what string, tlsConfig *tls.Config, limits Limits, log *slog.Logger, refusals *RefusalLog) *Listener {
+	l := &Listener{inner: inner, tlsConfig: tlsConfig, admission: connlimit.New(limits.admission(what, log)), log: log, what: what,
+		refusals: refusals, ready: make(chan net.Conn), done: make(chan struct{})}
 	go l.acceptLoop()
 	return l
 }
+
+// Admission is the counts of the port's connection limits.
+func (l *Listener) Admission() connlimit.Stats { return l.admission.Stats() }
 
 func (l *Listener) acceptLoop() {
 	for {
@@ -80,49 +113,16 @@ func (l *Listener) acceptLoop() {
 			}
 			continue
 		}
-		host := hostOf(c.RemoteAddr().String())
-		if !l.admit(host) {
-			c.Close()
-			continue
+		slot, err := l.admission.Admit(c)
+		if err != nil {
+			continue // closed, counted and logged by the limits
 		}
-		cc := &countedConn{Conn: c, release: func() { l.release(host) }}
 		if l.tlsConfig == nil {
-			l.handOut(cc)
+			slot.Negotiated()
+			l.handOut(slot.Wrap(c))
 			continue
 		}
-		go l.handshake(cc)
-	}
-}
-
-// admit counts a new connection from host, or refuses it beyond a limit.
-func (l *Listener) admit(host string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var why string
-	switch {
-	case l.open >= l.max:
-		why = fmt.Sprintf("%d connections are open, the limit", l.open)
-	case l.perHost[host] >= l.per:
-		why = fmt.Sprintf("%d connections from %s are open, the limit per host", l.perHost[host], host)
-	default:
-		l.open++
-		l.perHost[host]++
-		return true
-	}
-	l.refused++
-	if now := time.Now(); now.Sub(l.lastLogged) >= refusedLogEvery {
-		l.log.Warn(fmt.Sprintf("refused %d new %s connection(s): %s; the node goes on serving", l.refused, l.what, why), "last_from", host)
-		l.refused, l.lastLogged = 0, now
-	}
-	return false
-}
-
-func (l *Listener) release(host string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.open--
-	if l.perHost[host]--; l.perHost[host] <= 0 {
-		delete(l.perHost, host)
+		go l.handshake(slot.Wrap(c), slot)
 	}
 }
 
@@ -142,16 +142,24 @@ var (
 	plainTLSAlert   = []byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x46} // fatal protocol_version
 )
 
-func (l *Listener) handshake(c net.Conn) {
+// handshake runs c's TLS handshake by its slot's deadline and hands the
+// connection out; a refused one is logged once per host and cause, one
+// the limits closed or whose client went away is not.
+func (l *Listener) handshake(c net.Conn, slot *connlimit.Slot) {
 	tc := tls.Server(c, l.tlsConfig)
-	c.SetDeadline(time.Now().Add(handshakeTimeout))
+	began := time.Now()
+	c.SetDeadline(slot.Deadline())
 	err := tc.Handshake()
 	c.SetDeadline(time.Time{})
-	if err == nil {
+	if err == nil && slot.Negotiated() {
 		l.handOut(tc)
 		return
 	}
+	defer tc.Close()
 	from := c.RemoteAddr().String()
+	if err == nil || slot.ClosedBy() != 0 {
+		return // the limits closed it, and count it
+	}
 	var notTLS tls.RecordHeaderError
 	var ne net.Error
 	switch {
@@ -165,17 +173,17 @@ func (l *Listener) handshake(c net.Conn) {
 		}
 		why := "a client spoke plaintext to this TLS port: a replctl without --tls-dir, a node without the cluster's tls: section, or a browser at http://"
 		l.refusals.Note(hostOf(from), why, "refused a "+l.what+" connection", "from", from, "why", why)
-	case errors.Is(err, io.EOF):
-		// A look at the port (replctl's probe, a node's liveness check).
-		l.log.Debug("a "+l.what+" connection closed before its TLS handshake", "from", from)
 	case errors.As(err, &ne) && ne.Timeout():
-		why := fmt.Sprintf("no TLS handshake within %s", handshakeTimeout)
-		l.refusals.Note(hostOf(from), why, "refused a "+l.what+" connection", "from", from, "why", why)
+		why := fmt.Sprintf("no TLS handshake within %s", slot.Deadline().Sub(began).Round(time.Millisecond))
+		l.refusals.Note(hostOf(from), "no TLS handshake in time", "refused a "+l.what+" connection", "from", from, "why", why)
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed), errors.As(err, new(*net.OpError)):
+		// A look at the port (replctl's probe, a node's liveness
+		// check), or a client that went away or reset.
+		l.log.Debug("a "+l.what+" connection ended before its TLS handshake did", "from", from, "err", err)
 	default:
 		why := "the TLS handshake failed: " + err.Error()
 		l.refusals.Note(hostOf(from), why, "refused a "+l.what+" connection", "from", from, "why", why)
 	}
-	tc.Close()
 }
 
 // looksLikeHTTP1 says whether a record header is the start of an HTTP/1
@@ -207,15 +215,3 @@ func (l *Listener) Close() error {
 }
 
 func (l *Listener) Addr() net.Addr { return l.inner.Addr() }
-
-// countedConn gives its slot back when it closes.
-type countedConn struct {
-	net.Conn
-	once    sync.Once
-	release func()
-}
-
-func (c *countedConn) Close() error {
-	c.once.Do(c.release)
-	return c.Conn.Close()
-}

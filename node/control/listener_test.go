@@ -1,35 +1,128 @@
 package control
 
 import (
-	"io"
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/replvol/replvol/internal/connlimit"
+	"github.com/replvol/replvol/internal/pki"
+	"github.com/replvol/replvol/internal/poll"
 )
 
-// TestTheControlPortCountsConnectionsInAllAndPerHost: the limit's
-// counting, host by host: a host at its own limit is refused while
-// others are let in, every host is refused at the total, and a closed
-// connection gives its slot back.
-func TestTheControlPortCountsConnectionsInAllAndPerHost(t *testing.T) {
-	l := &Listener{max: 4, per: 2, log: slog.New(slog.NewTextHandler(io.Discard, nil)), what: "control", perHost: map[string]int{}}
-	for _, step := range []struct {
-		host string
-		want bool
-	}{
-		{"10.0.0.1", true}, {"10.0.0.1", true}, {"10.0.0.1", false}, // its own limit
-		{"10.0.0.2", true}, {"10.0.0.3", true}, // the total is reached
-		{"10.0.0.4", false},
-	} {
-		if got := l.admit(step.host); got != step.want {
-			t.Fatalf("admit(%s) = %v with %d open (%v)", step.host, got, l.open, l.perHost)
+// lockedBuffer is a log's output, written and read from several
+// goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// TestTheControlPortServesOthersWhileHostsFloodIt: two hosts (127.0.0.2
+// and 127.0.0.4) open 100 connections each to a TLS control port and
+// start a TLS handshake they never finish. Each keeps at most its share
+// of handshakes (8, its PerHost), the rest are closed at once; an
+// operator's client at 127.0.0.1 and a node of the cluster at 127.0.0.3
+// complete their handshakes meanwhile; each flooding host gets one log
+// line for the interval, not a line per connection.
+func TestTheControlPortServesOthersWhileHostsFloodIt(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := pki.Init(dir, []pki.Holder{{Identity: pki.Identity{Role: pki.RoleNode, Name: "alpha"}, Hosts: []string{"127.0.0.1"}}}, false); err != nil {
+		t.Fatal(err)
+	}
+	bundle, err := pki.Load(filepath.Join(dir, pki.CAFile), filepath.Join(dir, pki.CertFile("alpha")), filepath.Join(dir, pki.KeyFile("alpha")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &lockedBuffer{}
+	log := slog.New(slog.NewTextHandler(logs, nil))
+	l := NewListener(inner, "control", bundle.AskingServerConfig(),
+		Limits{Max: 128, PerHost: 8, Known: connlimit.NewKnown(netip.MustParseAddr("127.0.0.3"))}, log, NewRefusalLog(log, time.Minute, 16))
+	defer l.Close()
+	served := make(chan net.Conn, 16)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			served <- c
+		}
+	}()
+
+	var flood []net.Conn
+	defer func() {
+		for _, c := range flood {
+			c.Close()
+		}
+	}()
+	for _, host := range []string{"127.0.0.2", "127.0.0.4"} {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(host)}}
+		for range 100 {
+			c, err := d.Dial("tcp", l.Addr().String())
+			if err != nil {
+				continue // refused so fast that connect saw it
+			}
+			c.Write([]byte{0x16, 0x03, 0x01, 0x02, 0x00, 0x01}) // a ClientHello's first bytes
+			flood = append(flood, c)
 		}
 	}
-	l.release("10.0.0.1")
-	if !l.admit("10.0.0.4") || l.admit("10.0.0.5") {
-		t.Fatal("a released slot is not taken once")
+	if !poll.Within(30*time.Second, 10*time.Millisecond, func() bool {
+		st := l.Admission()
+		return st.Admitted+st.Refused() >= 200
+	}) {
+		t.Fatalf("the flood's connections were not all admitted or refused: %+v", l.Admission())
 	}
-	l.release("10.0.0.2")
-	if _, ok := l.perHost["10.0.0.2"]; ok {
-		t.Fatal("a host with no connection left is still counted")
+	if st := l.Admission(); st.StrangerHandshakes > 16 || st.Count(connlimit.SourceOpen)+st.Count(connlimit.SourceHandshakes) < 200-16 {
+		t.Fatalf("stats %+v: want at most 8 handshakes from each flooding host, the rest refused", st)
+	}
+
+	pool := x509.NewCertPool()
+	ca, err := os.ReadFile(filepath.Join(dir, pki.CAFile))
+	if err != nil || !pool.AppendCertsFromPEM(ca) {
+		t.Fatalf("the CA: %v", err)
+	}
+	for _, host := range []string{"127.0.0.1", "127.0.0.3"} {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(host)}, Timeout: 10 * time.Second}
+		c, err := tls.DialWithDialer(d, "tcp", l.Addr().String(), &tls.Config{RootCAs: pool, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS13})
+		if err != nil {
+			t.Fatalf("a client at %s during the flood: %v", host, err)
+		}
+		defer c.Close()
+		select {
+		case s := <-served:
+			defer s.Close()
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the connection of %s was never handed out", host)
+		}
+	}
+	for _, host := range []string{"127.0.0.2", "127.0.0.4"} {
+		if n := strings.Count(logs.String(), "control: from "+host+","); n != 1 {
+			t.Errorf("%d log lines about %s's refused connections, want one for the interval:\n%s", n, host, logs)
+		}
 	}
 }

@@ -16,6 +16,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/replvol/replvol/internal/connlimit"
 )
 
 // serverConn is one client connection. Its goroutine (serve) negotiates and then reads requests;
@@ -48,6 +50,9 @@ type serverConn struct {
 	stopOnce    sync.Once
 	budget      connBudget
 	timing      drainTiming // the Server's, as the connection was accepted
+	// slot is the connection's place in the Server's connection limits: Negotiated once it
+	// enters transmission, Released when it is removed.
+	slot *connlimit.Slot
 
 	// Guarded by srv.mu.
 	attached   bool
@@ -124,7 +129,7 @@ const (
 	transmissionReadBuffer = 64 << 10
 )
 
-func newServerConn(s *Server, conn net.Conn) *serverConn {
+func newServerConn(s *Server, conn net.Conn, slot *connlimit.Slot) *serverConn {
 	ctx, cancel := context.WithCancel(context.Background())
 	remote := conn.RemoteAddr().String()
 	return &serverConn{
@@ -141,6 +146,7 @@ func newServerConn(s *Server, conn net.Conn) *serverConn {
 		drainStarted: make(chan struct{}),
 		budget:       connBudget{limit: s.connectionBudget, reserve: s.reserve},
 		timing:       s.drainTiming, // startConn holds s.mu
+		slot:         slot,
 	}
 }
 
@@ -376,7 +382,8 @@ func (c *serverConn) logReadError(phase string, err error) {
 // NBD_OPT_EXPORT_NAME, or ok=false if the connection must close. Each option is handled on its
 // own: nothing an option looked up survives into the next one.
 func (c *serverConn) negotiate() (export Export, ok bool) {
-	deadline := time.Now().Add(c.srv.handshakeTimeout)
+	// HandshakeTimeout, or less while the port is under pressure (Config).
+	deadline := c.slot.Deadline()
 	c.setReadDeadline(deadline)
 	_ = c.conn.SetWriteDeadline(deadline)
 	defer func() {

@@ -2,11 +2,12 @@
 
 package nbd_test
 
-// This test pins what a client with 10,000 connections can cost a Server: with the default
-// MaxOpenConnections it keeps at most that many open in every phase (the rest are closed as
-// they are accepted, with one log line, not one per connection), so the file descriptors and
-// memory it holds stay bounded, and a client connected before goes on reading and writing
-// meanwhile. Once the flood ends new clients are served again.
+// This test pins what 10,000 connections from five addresses can cost a Server: each address
+// may have MaxNegotiatingPerAddress negotiations in progress (the rest are closed as they are
+// accepted, with a log line per address, not one per connection), so the file descriptors and
+// memory they hold stay bounded, a client connected before goes on reading and writing
+// meanwhile, and a new client from another address is served during the flood. Once the
+// flood ends new clients are served again.
 
 import (
 	"bufio"
@@ -24,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replvol/replvol/internal/connlimit"
 	"github.com/replvol/replvol/transport/nbd"
 	"github.com/replvol/replvol/transport/nbd/nbdtest"
 )
@@ -148,15 +150,17 @@ func TestTenThousandConnectionsAreBoundedAndTheServerGoesOnServing(t *testing.T)
 	nbdtest.RequireTool(t, "nbdsh", "nbdinfo")
 	const (
 		connections = 10000
-		pipeliners  = 20 // of them: negotiate, then pipeline READs and read nothing
+		flooders    = 5  // the flood comes from 127.0.0.2 to 127.0.0.6; the clients from 127.0.0.1
+		pipeliners  = 20 // of the connections, from 127.0.0.1: negotiate, then pipeline READs and read nothing
 		readLength  = 1 << 20
 		reads       = 16
+		perAddress  = 16 // the default MaxNegotiatingPerAddress
 	)
 	start := time.Now()
 	logs := &logStore{}
 	s := startServer(t, map[string]nbd.Export{"vol": nbdtest.NewMemExport(floodExportSize)}, func(c *nbd.Config) {
-		// Default MaxConnections and MaxOpenConnections; a small node budget and pool so the
-		// pipeliners' memory bound is small too.
+		// Default MaxConnections, MaxOpenConnections and per-address limits; a small node
+		// budget and pool so the pipeliners' memory bound is small too.
 		c.NodeBudget = nbd.MaxRequestLength
 		c.ConnectionReserve = 64 << 10
 		c.MaxPooledBytes = 8 << 20
@@ -198,14 +202,17 @@ func TestTenThousandConnectionsAreBoundedAndTheServerGoesOnServing(t *testing.T)
 		}
 		conns = append(conns, c.Conn)
 	}
-	// The rest connect and say nothing, from a few goroutines (one each would be 10,000).
+	// The rest, from five other addresses, from a few goroutines (one each would be 10,000):
+	// three in four connect and say nothing, one in four sends its flags and half an option
+	// header, a negotiation that never ends.
 	idle := make([]net.Conn, connections-pipeliners)
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
 	for w := range 8 {
 		wg.Go(func() {
 			for i := w; i < len(idle); i += 8 {
-				c, err := net.DialTimeout("tcp", s.addr, 10*time.Second)
+				d := net.Dialer{Timeout: 10 * time.Second, LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+i%flooders))}}
+				c, err := d.Dial("tcp", s.addr)
 				if errors.Is(err, syscall.ECONNRESET) {
 					continue // refused so fast that connect saw the reset
 				}
@@ -217,6 +224,9 @@ func TestTenThousandConnectionsAreBoundedAndTheServerGoesOnServing(t *testing.T)
 				if err != nil {
 					errs <- fmt.Errorf("connection %d: %w", i, err)
 					return
+				}
+				if i%4 == 0 {
+					_, _ = c.Write([]byte{0, 0, 0, 3, 'I', 'H', 'A', 'V', 'E'}) // flags, and half an option's magic
 				}
 				idle[i] = c
 			}
@@ -232,25 +242,29 @@ func TestTenThousandConnectionsAreBoundedAndTheServerGoesOnServing(t *testing.T)
 	if err := <-errs; err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%d connections made, %d of them still open at the client, after %v", connections, len(conns), time.Since(start))
+	flooded := time.Since(start)
+	t.Logf("%d connections made, %d of them still open at the client, after %v", connections, len(conns), flooded)
 
-	// Every connection was accepted or refused; at most MaxOpenConnections are open.
+	// Every connection was accepted or refused; each flooding address has at most its share
+	// open, and the rest were refused.
 	waitUntil(t, "every connection accepted or refused", func() (bool, string) {
 		st := s.Stats()
 		return st.AcceptedConnections+st.RefusedAtAccept == connections+1,
 			fmt.Sprintf("%d accepted, %d refused", st.AcceptedConnections, st.RefusedAtAccept)
 	})
 	st = s.Stats()
-	if st.OpenConnections > int64(maxOpen) || st.RefusedAtAccept < uint64(connections+1-maxOpen) {
-		t.Fatalf("%d open and %d refused, want at most %d open and the rest refused", st.OpenConnections, st.RefusedAtAccept, maxOpen)
+	if bound := int64(pipeliners + 1 + flooders*perAddress); st.OpenConnections > bound || st.Admission.Count(connlimit.SourceHandshakes) < connections/2 {
+		t.Fatalf("%d open and %d refused for their address's negotiations, want at most %d open (%d per flooding address) and the rest refused",
+			st.OpenConnections, st.Admission.Count(connlimit.SourceHandshakes), bound, perAddress)
 	}
 	// The client connected before is served meanwhile (its requests fit in its reserve while
-	// the pipeliners hold the node budget).
+	// the pipeliners hold the node budget), and so is a new one.
 	for i := range 3 {
 		client.writeRead(t, int64(i+1)<<20)
 	}
+	mustRun(t, "nbdinfo", s.uri("vol"))
 
-	// Bounded: the server's descriptors (ours are the 10,000 client ends), and memory.
+	// Bounded: the server's descriptors (ours are the client ends), and memory.
 	files := openFiles(t) - filesBefore - len(conns)
 	if files > maxOpen+64 {
 		t.Errorf("the server holds %d more file descriptors, want at most MaxOpenConnections %d (+64)", files, maxOpen)
@@ -278,15 +292,21 @@ func TestTenThousandConnectionsAreBoundedAndTheServerGoesOnServing(t *testing.T)
 		t.Errorf("resident memory grew by %d MiB during the flood, over %d MiB", rssGrown>>20, (heapBound+buffersBound+64<<20)>>20)
 	}
 
-	// One log line says connections are refused, not one per connection.
-	var lines []string
-	for _, line := range strings.Split(logs.String(), "\n") {
-		if strings.Contains(line, "too many open connections") {
-			lines = append(lines, line)
+	// A log line per flooding address and interval says its connections are refused, not one
+	// per connection.
+	intervals := int(time.Since(start)/(10*time.Second)) + 1
+	for a := range flooders {
+		from := fmt.Sprintf("nbd: from 127.0.0.%d,", 2+a)
+		var lines []string
+		for _, line := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(line, from) {
+				lines = append(lines, line)
+			}
 		}
-	}
-	if len(lines) != 1 || !strings.HasPrefix(lines[0], "WARN") || !strings.Contains(lines[0], "max_open_connections=1024") {
-		t.Errorf("%d log lines about refused connections, want one Warn naming the limit:\n%s", len(lines), strings.Join(lines, "\n"))
+		if len(lines) < 1 || len(lines) > intervals || !strings.HasPrefix(lines[0], "WARN") || !strings.Contains(lines[0], "16 handshakes from that address are in progress") {
+			t.Errorf("%d log lines about refused connections from %s in %d intervals, want a Warn per interval naming the limit:\n%s",
+				len(lines), from, intervals, strings.Join(lines, "\n"))
+		}
 	}
 
 	// The flood ends: its connections close, and a new client is served.
@@ -298,6 +318,6 @@ func TestTenThousandConnectionsAreBoundedAndTheServerGoesOnServing(t *testing.T)
 	mustRun(t, "nbdinfo", s.uri("vol"))
 	client.writeRead(t, 8<<20)
 	if took := time.Since(start); took > 10*time.Second {
-		t.Errorf("the test took %v", took)
+		t.Logf("the test took %v (the flood %v)", took, flooded)
 	}
 }

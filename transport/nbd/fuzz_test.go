@@ -172,7 +172,11 @@ func FuzzClientStream(f *testing.F) {
 			return nil, errors.New(name + ": no such export")
 		}}})
 		conn := &streamConn{r: bytes.NewReader(stream)}
-		c := newServerConn(s, conn)
+		slot, err := s.admission.Admit(conn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := newServerConn(s, conn, slot)
 		c.serve() // returns when the stream ends, after every worker has answered
 		if n := mem.OutOfRange(); n != 0 {
 			t.Fatalf("%d out-of-range calls reached the Export", n)

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/replvol/replvol/internal/connlimit"
 )
 
 // Export is one block device served over NBD. All methods may be called concurrently, and may
@@ -70,8 +72,12 @@ type Config struct {
 	Logger *slog.Logger
 	// MaxInFlight bounds the requests one connection has being executed at once; default 64.
 	MaxInFlight int
-	// HandshakeTimeout bounds the whole negotiation phase of a connection; default 10s.
+	// HandshakeTimeout bounds the whole negotiation phase of a connection (STARTTLS and its TLS
+	// handshake included); default 5s. A client's negotiation gets PressureHandshakeTimeout
+	// instead while half the negotiations strangers may have are in progress.
 	HandshakeTimeout time.Duration
+	// PressureHandshakeTimeout: see HandshakeTimeout; default 2s, at most HandshakeTimeout.
+	PressureHandshakeTimeout time.Duration
 	// MaxConnections bounds the connections in transmission. A client selecting an export
 	// beyond it is refused with NBD_REP_ERR_POLICY and a message saying so (NBD_OPT_EXPORT_NAME,
 	// which cannot carry an error, is closed); default 256.
@@ -94,11 +100,22 @@ type Config struct {
 	// MaxPooledBytes bounds the free buffers the Server keeps for reuse; default 64 MiB.
 	MaxPooledBytes int64
 	// MaxOpenConnections bounds the connections open at once in every phase, negotiating ones
-	// included: a connection accepted beyond it is closed at once (a reset, nothing sent), and
-	// a rate-limited log line says so. It bounds the file descriptors and the memory of
+	// included: a connection accepted beyond it is closed at once (a reset, nothing sent),
+	// unless a negotiation can be closed to make room for it (see package connlimit), and a log
+	// line per address and interval says so. It bounds the file descriptors and the memory of
 	// negotiating connections, whatever a client does; default 4 × MaxConnections. At least
-	// MaxConnections.
+	// MaxConnections. An eighth of it is kept for the Known addresses.
 	MaxOpenConnections int
+	// MaxOpenPerAddress bounds the connections open at once from one address that is not
+	// Known (an IPv6 /64 counts as one address); default MaxConnections +
+	// MaxNegotiatingPerAddress.
+	MaxOpenPerAddress int
+	// MaxNegotiatingPerAddress bounds the negotiations in progress from one address that is
+	// not Known; default 16. A client negotiates in milliseconds: only a flood holds many.
+	MaxNegotiatingPerAddress int
+	// Known is the addresses of the cluster's own nodes: they are held to no per-address
+	// limit and may use the part of MaxOpenConnections kept for them; nil: none.
+	Known *connlimit.Known
 
 	// TLS is the server side of NBD_OPT_STARTTLS (NBD protocol, "TLS support"). It must
 	// authenticate clients by their certificate (ClientAuth tls.RequireAndVerifyClientCert):
@@ -157,14 +174,17 @@ func (p TLSPolicy) effective(haveTLS bool) TLSPolicy {
 }
 
 const (
-	defaultMaxInFlight       = 64
-	defaultHandshakeTimeout  = 10 * time.Second
-	defaultMaxConnections    = 256
-	defaultConnectionBudget  = 64 << 20
-	defaultNodeBudget        = 256 << 20
-	defaultConnectionReserve = 1 << 20
-	defaultStallTimeout      = 30 * time.Second
-	defaultMaxPooledBytes    = 64 << 20
+	defaultMaxInFlight      = 64
+	defaultHandshakeTimeout = 5 * time.Second
+	defaultPressureTimeout  = 2 * time.Second
+	// defaultNegotiatingPerAddress: MaxNegotiatingPerAddress's default.
+	defaultNegotiatingPerAddress = 16
+	defaultMaxConnections        = 256
+	defaultConnectionBudget      = 64 << 20
+	defaultNodeBudget            = 256 << 20
+	defaultConnectionReserve     = 1 << 20
+	defaultStallTimeout          = 30 * time.Second
+	defaultMaxPooledBytes        = 64 << 20
 	// defaultOpenPerTransmitting: MaxOpenConnections defaults to this many times MaxConnections.
 	defaultOpenPerTransmitting = 4
 	defaultTLSCertificatesHint = "DIR"
@@ -183,6 +203,9 @@ func (cfg Config) withDefaults() Config {
 	if cfg.MaxConnections > 0 {
 		setDefault(&cfg.MaxOpenConnections, defaultOpenPerTransmitting*cfg.MaxConnections)
 	}
+	setDefault(&cfg.PressureHandshakeTimeout, min(defaultPressureTimeout, cfg.HandshakeTimeout))
+	setDefault(&cfg.MaxNegotiatingPerAddress, defaultNegotiatingPerAddress)
+	setDefault(&cfg.MaxOpenPerAddress, cfg.MaxConnections+cfg.MaxNegotiatingPerAddress)
 	if cfg.TLSCertificatesHint == "" {
 		cfg.TLSCertificatesHint = defaultTLSCertificatesHint
 	}
@@ -194,6 +217,27 @@ func setDefault[T int | int64 | time.Duration](field *T, value T) {
 	if *field == 0 {
 		*field = value
 	}
+}
+
+// admission is the connection limits of cfg (defaults applied): what a client may hold while
+// it negotiates, and in all.
+func (cfg Config) admission() connlimit.Config {
+	lim := connlimit.Config{
+		Port:             "nbd",
+		MaxOpen:          cfg.MaxOpenConnections,
+		HandshakeTimeout: cfg.HandshakeTimeout,
+		PressureTimeout:  cfg.PressureHandshakeTimeout,
+		Known:            cfg.Known,
+		Logger:           cfg.Logger,
+		LogInterval:      logInterval,
+	}
+	if lim.MaxOpen > 0 {
+		lim.StrangerOpen = lim.MaxOpen - lim.MaxOpen/8
+		lim.StrangerHandshakes = lim.StrangerOpen
+		lim.PerSourceOpen = min(cfg.MaxOpenPerAddress, lim.StrangerOpen)
+		lim.PerSourceHandshakes = min(cfg.MaxNegotiatingPerAddress, lim.StrangerHandshakes)
+	}
+	return lim
 }
 
 // Validate reports what is wrong with cfg, once defaults are applied.
@@ -209,6 +253,12 @@ func (cfg Config) Validate() error {
 	}
 	if cfg.MaxOpenConnections < cfg.MaxConnections {
 		bad("MaxOpenConnections %d is below MaxConnections %d: transmission could never hold MaxConnections", cfg.MaxOpenConnections, cfg.MaxConnections)
+	}
+	if cfg.MaxOpenPerAddress < 0 || cfg.MaxNegotiatingPerAddress < 0 || cfg.PressureHandshakeTimeout < 0 {
+		bad("MaxOpenPerAddress, MaxNegotiatingPerAddress and PressureHandshakeTimeout must not be negative")
+	}
+	if err := cfg.admission().Validate(); err != nil && cfg.MaxOpenConnections > 0 {
+		bad("%v", err)
 	}
 	switch cfg.TLSPolicy {
 	case TLSRequired, TLSOptional:
@@ -263,7 +313,10 @@ type Stats struct {
 	RefusedConnections      uint64 // handshakes refused because MaxConnections were in transmission
 	StalledConnections      uint64 // connections closed because their client stalled for StallTimeout
 	MaxOpenConnections      int64  // Config.MaxOpenConnections
-	RefusedAtAccept         uint64 // connections closed as accepted because MaxOpenConnections were open
+	RefusedAtAccept         uint64 // connections closed as accepted: Admission's refusals, for any reason
+	// Admission is the connection limits' counts: connections open and negotiating, from
+	// addresses that are not Known, refused and closed by reason (package connlimit).
+	Admission connlimit.Stats
 
 	TLSConnections       uint64 // connections whose NBD_OPT_STARTTLS handshake succeeded
 	TLSHandshakeFailures uint64 // STARTTLS handshakes that failed: no client certificate, one the TLS config refused, a timeout...
@@ -291,19 +344,20 @@ type Server struct {
 	resolver         Resolver
 	log              *slog.Logger
 	maxInFlight      int
-	handshakeTimeout time.Duration
 	maxConnections   int
 	connectionBudget int64
 	reserve          int64
 	stallTimeout     time.Duration
 	maxOpen          int
+	admission        *connlimit.Limiter
 	nodeBudget       *nodeBudget
 	buffers          *bufferPool
 	tlsConfig        *tls.Config // nil: STARTTLS is not supported
 	tlsPolicy        TLSPolicy   // never TLSDefault; TLSOff refuses STARTTLS even with a tlsConfig
 	tlsHint          string
-	// Rate-limited log lines for what a client can make happen once per connection.
-	refusedLog, tlsFailedLog, tlsRequiredLog *logLimiter
+	// Rate-limited log lines for what a client can make happen once per connection (refused
+	// connections are admission's).
+	tlsFailedLog, tlsRequiredLog *logLimiter
 	// forcedClose is set once a connection is closed by force, its Export calls cancelled: an
 	// Export might then still write into a buffer, so the buffers' mappings are kept.
 	forcedClose atomic.Bool
@@ -333,17 +387,16 @@ func NewServer(cfg Config) *Server {
 		resolver:         cfg.Resolver,
 		log:              cfg.Logger,
 		maxInFlight:      cfg.MaxInFlight,
-		handshakeTimeout: cfg.HandshakeTimeout,
 		maxConnections:   cfg.MaxConnections,
 		connectionBudget: cfg.ConnectionBudget,
 		reserve:          cfg.ConnectionReserve,
 		stallTimeout:     cfg.StallTimeout,
 		maxOpen:          cfg.MaxOpenConnections,
+		admission:        connlimit.New(cfg.admission()),
 		nodeBudget:       &nodeBudget{size: cfg.NodeBudget},
 		buffers:          newBufferPool(cfg.MaxPooledBytes),
 		tlsPolicy:        cfg.TLSPolicy,
 		tlsHint:          cfg.TLSCertificatesHint,
-		refusedLog:       newLogLimiter(logInterval),
 		tlsFailedLog:     newLogLimiter(logInterval),
 		tlsRequiredLog:   newLogLimiter(logInterval),
 		drainTiming:      defaultDrainTiming,
@@ -469,6 +522,8 @@ func (s *Server) Stats() Stats {
 	}
 	s.mu.Unlock()
 	st.MaxOpenConnections = int64(s.maxOpen)
+	st.Admission = s.admission.Stats()
+	st.RefusedAtAccept = st.Admission.Refused()
 	st.NodeBudgetBytes = s.nodeBudget.size
 	st.NodeBudgetHeld = s.nodeBudget.heldBytes()
 	st.PooledBytes = s.buffers.pooled.Load()
@@ -524,41 +579,34 @@ func (s *Server) untrackListener(l net.Listener) {
 	l.Close()
 }
 
+// startConn admits conn within the connection limits (a refused one is closed at once, with a
+// reset where it can: a client holding its share gets nothing more from this server, and its
+// next connection costs a file descriptor only for a moment) and serves it.
 func (s *Server) startConn(conn net.Conn) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.shutdown {
+	if s.isShutdown() {
 		conn.Close()
 		return
 	}
-	if len(s.conns) >= s.maxOpen {
-		s.refuseAtAccept(conn)
+	slot, err := s.admission.Admit(conn)
+	if err != nil {
+		return // closed, counted and logged by admission
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.shutdown {
+		slot.Release()
+		conn.Close()
 		return
 	}
-	c := newServerConn(s, conn)
+	c := newServerConn(s, conn, slot)
 	s.conns[c] = struct{}{}
 	s.stats.accepted.Add(1)
 	s.stats.open.Add(1)
 	go c.serve()
 }
 
-// refuseAtAccept closes conn at once, with a reset where it can: a client holding
-// MaxOpenConnections connections gets nothing more from this server, and its next connection
-// costs a file descriptor only for a moment.
-func (s *Server) refuseAtAccept(conn net.Conn) {
-	if tcp, ok := conn.(*net.TCPConn); ok {
-		_ = tcp.SetLinger(0)
-	}
-	conn.Close()
-	s.stats.refusedAtAccept.Add(1)
-	if ok, suppressed := s.refusedLog.allow(time.Now()); ok {
-		s.log.Warn("nbd: too many open connections; refusing new ones at once (the clients already connected are served)",
-			"max_open_connections", s.maxOpen, "remote", conn.RemoteAddr().String(),
-			"refused_since_last_line", suppressed+1, "refused_total", s.stats.refusedAtAccept.Load())
-	}
-}
-
 func (s *Server) removeConn(c *serverConn) {
+	c.slot.Release() // outside s.mu: it may log
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.conns, c)
@@ -589,6 +637,8 @@ func (s *Server) attach(c *serverConn, name string, generation uint64) (replyTyp
 	case s.transmitting >= s.maxConnections:
 		s.stats.refused.Add(1)
 		return repErrPolicy, false
+	case !c.slot.Negotiated():
+		return repErrShutdown, false // the connection limits closed it meanwhile
 	}
 	c.attached = true
 	c.exportName = name
@@ -608,14 +658,12 @@ type counters struct {
 	bytesWritten atomic.Uint64
 	refused      atomic.Uint64
 	stalled      atomic.Uint64
-	// refusedAtAccept: connections closed as accepted, beyond MaxOpenConnections.
-	refusedAtAccept atomic.Uint64
-	tlsDone         atomic.Uint64
-	tlsFailed       atomic.Uint64
-	tlsRequired     atomic.Uint64
-	inFlight        atomic.Int64
-	peakInFlight    atomic.Int64
-	waiting         atomic.Int64
+	tlsDone      atomic.Uint64
+	tlsFailed    atomic.Uint64
+	tlsRequired  atomic.Uint64
+	inFlight     atomic.Int64
+	peakInFlight atomic.Int64
+	waiting      atomic.Int64
 }
 
 // chargeInFlight adds n bytes to inFlight and raises the peak.
@@ -672,7 +720,6 @@ func (c *counters) snapshot() Stats {
 		BytesWritten:         c.bytesWritten.Load(),
 		RefusedConnections:   c.refused.Load(),
 		StalledConnections:   c.stalled.Load(),
-		RefusedAtAccept:      c.refusedAtAccept.Load(),
 		TLSConnections:       c.tlsDone.Load(),
 		TLSHandshakeFailures: c.tlsFailed.Load(),
 		TLSRequiredRefusals:  c.tlsRequired.Load(),
