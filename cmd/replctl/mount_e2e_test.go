@@ -51,11 +51,47 @@ type mountRunDirs struct {
 // points. Call cleanUpAtTheEnd once the nodes started: cleanups run last
 // first, so the mounts are then undone while the nodes still serve.
 func newMountRunDirs(t *testing.T, nodes ...string) *mountRunDirs {
-	m := &mountRunDirs{t: t, base: t.TempDir(), dirs: map[string]string{}, root: t.TempDir()}
+	top := sharedMountTree(t)
+	m := &mountRunDirs{t: t, base: filepath.Join(top, "runs"), dirs: map[string]string{}, root: filepath.Join(top, "mnt")}
+	for _, d := range []string{m.base, m.root} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, n := range nodes {
 		m.dirs[n] = filepath.Join(m.base, "run-"+n)
 	}
 	return m
+}
+
+// sharedMountTree is a temporary directory bind-mounted onto itself as a
+// shared mount, for the test's mounts (FUSE, file systems) to be made
+// under. A process that another test starts with ip netns exec gets a
+// mount namespace of its own, a copy of this one made a slave of it: with
+// a private tree the copies of this test's mounts would stay there after
+// replctl umount (which then rightly refuses to detach a loop device
+// mounted elsewhere); under a shared tree the unmounts propagate to the
+// copies, as they would on a host whose root is shared (systemd's
+// default). Its cleanup unmounts it, after the mounts under it are gone.
+func sharedMountTree(t *testing.T) string {
+	t.Helper()
+	top := t.TempDir()
+	if os.Geteuid() != 0 {
+		return top // the mount tests need root and say so
+	}
+	if err := syscall.Mount(top, top, "", syscall.MS_BIND, ""); err != nil {
+		t.Fatalf("bind-mounting %s onto itself: %v", top, err)
+	}
+	t.Cleanup(func() {
+		if err := syscall.Unmount(top, 0); err != nil {
+			t.Errorf("unmounting the test's mount tree %s: %v", top, err)
+			_ = syscall.Unmount(top, syscall.MNT_DETACH)
+		}
+	})
+	if err := syscall.Mount("", top, "", syscall.MS_SHARED, ""); err != nil {
+		t.Fatalf("making %s a shared mount: %v", top, err)
+	}
+	return top
 }
 
 // cleanUpAtTheEnd registers cleanUp.
@@ -599,4 +635,54 @@ func TestE2EUmountAfterARefusedMkfsWaitsForAProbeOfTheLoopDevice(t *testing.T) {
 		t.Fatalf("the mount at b after the umount: %s", r)
 	}
 	checkFiles(t, mntB, sums)
+}
+
+// TestAnUnmountUnderTheSharedTreeReachesAnotherNamespacesCopy: a mount
+// made under sharedMountTree, then copied into a mount namespace made as
+// ip netns exec makes one (unshare, then everything a slave), is gone
+// from that namespace too once it is unmounted here. Without the shared
+// tree the copy stays, and replctl umount of a mount test finds its loop
+// device mounted elsewhere whenever another test started a namespaced
+// replnode meanwhile.
+func TestAnUnmountUnderTheSharedTreeReachesAnotherNamespacesCopy(t *testing.T) {
+	if os.Geteuid() != 0 {
+		missing(t, "mounting needs root")
+	}
+	unshare := RequireTool(t, "unshare", "util-linux")
+	top := sharedMountTree(t)
+	dir := filepath.Join(top, "tmp")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	mounted := true
+	defer func() {
+		if mounted {
+			_ = syscall.Unmount(dir, syscall.MNT_DETACH)
+		}
+	}()
+	other := exec.Command(unshare, "--mount", "--propagation", "slave", "sleep", "60")
+	if err := other.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = other.Process.Kill(); _ = other.Wait() }()
+	inOther := func() bool {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", other.Process.Pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Contains(string(b), " "+dir+" ")
+	}
+	if !within(5*time.Second, 10*time.Millisecond, inOther) {
+		t.Fatalf("the other namespace has no copy of %s", dir)
+	}
+	if err := syscall.Unmount(dir, 0); err != nil {
+		t.Fatal(err)
+	}
+	mounted = false
+	if inOther() {
+		t.Fatalf("%s is unmounted here but still mounted in the namespace of process %d", dir, other.Process.Pid)
+	}
 }
