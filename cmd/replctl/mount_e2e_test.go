@@ -675,8 +675,16 @@ func TestAnUnmountUnderTheSharedTreeReachesAnotherNamespacesCopy(t *testing.T) {
 		}
 		return strings.Contains(string(b), " "+dir+" ")
 	}
-	if !within(5*time.Second, 10*time.Millisecond, inOther) {
-		t.Fatalf("the other namespace has no copy of %s", dir)
+	ours, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unshared := func() bool {
+		ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", other.Process.Pid))
+		return err == nil && ns != ours
+	}
+	if !within(5*time.Second, 10*time.Millisecond, func() bool { return unshared() && inOther() }) {
+		t.Fatalf("process %d has no mount namespace of its own with a copy of %s", other.Process.Pid, dir)
 	}
 	if err := syscall.Unmount(dir, 0); err != nil {
 		t.Fatal(err)
