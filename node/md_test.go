@@ -239,7 +239,7 @@ func TestUnrelatedDataIsNeverOverwritten(t *testing.T) {
 	c.start("beta")
 	eventually(t, func() bool {
 		p := c.vol("alpha").peers["beta"].status()
-		return p.Replication == "StandAlone" && strings.HasPrefix(p.Reason, "unrelated data") && strings.Contains(p.Reason, replication.RuleUnrelated)
+		return p.Replication == "StandAlone" && strings.HasPrefix(p.Reason, "unrelated data") && p.SyncRule == replication.RuleUnrelated
 	}, "alpha refuses beta's unrelated data")
 	c.stop("beta")
 	if data() != sum {

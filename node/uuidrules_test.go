@@ -177,7 +177,7 @@ func TestUUIDRuleJustCreatedBoth(t *testing.T) {
 	c.start("alpha")
 	eventually(t, func() bool {
 		p := c.vol("alpha").peers["beta"].status()
-		return p.Replication == "StandAlone" && strings.Contains(p.Reason, replication.RuleJustCreatedBoth) && strings.Contains(p.Reason, "--force --yes")
+		return p.Replication == "StandAlone" && p.SyncRule == replication.RuleJustCreatedBoth && !strings.Contains(p.Reason, replication.RuleJustCreatedBoth) && strings.Contains(p.Reason, "--force --yes")
 	}, "alpha refuses: neither node holds data")
 	if err := c.vol("alpha").WriteAt(context.Background(), pattern(1, 4096), 0, false); err == nil {
 		t.Fatal("a primary without data took a write")

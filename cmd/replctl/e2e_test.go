@@ -494,6 +494,17 @@ func (fd *fuseDisk) detach() {
 		fd.mount = false
 	}
 	mustRun(t, time.Minute, RequireTool(t, "losetup", "util-linux"), "-d", fd.loop)
+	// losetup -d only marks a loop device that is still open (a probe of
+	// the device that just changed, the file system's last release) to be
+	// cleared at its last close; until then it holds the FUSE file, and
+	// fusermount3 -u would find the FUSE mount busy.
+	backing := filepath.Join("/sys/block", filepath.Base(fd.loop), "loop", "backing_file")
+	if !within(30*time.Second, 20*time.Millisecond, func() bool {
+		_, err := os.Stat(backing)
+		return os.IsNotExist(err)
+	}) {
+		t.Fatalf("%s still holds %s 30s after losetup -d", fd.loop, fd.file)
+	}
 	fd.loop = ""
 	mustRun(t, 30*time.Second, RequireTool(t, "fusermount3", "fuse3"), "-u", fd.fuse)
 	select {
