@@ -164,12 +164,18 @@ func (g *gossip) rejoin() {
 		}
 	}
 	g.mu.Unlock()
+	g.join(addrs, "gossip: join")
+}
+
+// join joins the gossip of the nodes at addrs (none: nothing to do),
+// logging a failure at debug level under what.
+func (g *gossip) join(addrs []string, what string) {
 	if len(addrs) == 0 {
 		return
 	}
 	slices.Sort(addrs)
 	if n, err := g.list.Join(addrs); err != nil {
-		g.logger.Debug("gossip: join", "addresses", addrs, "joined", n, "err", err)
+		g.logger.Debug(what, "addresses", addrs, "reached", n, "err", err)
 	}
 }
 
@@ -196,13 +202,7 @@ func (g *gossip) admitRefused() {
 		}
 	}
 	g.mu.Unlock()
-	if len(addrs) == 0 {
-		return
-	}
-	slices.Sort(addrs)
-	if n, err := g.list.Join(addrs); err != nil {
-		g.logger.Debug("gossip: fetch the state of the nodes alive for a new voter", "addresses", addrs, "reached", n, "err", err)
-	}
+	g.join(addrs, "gossip: fetch the state of the nodes alive for a new voter")
 }
 
 func (g *gossip) add(m Member) {
