@@ -46,7 +46,11 @@ func (n *Node) nodeStatus(events int) *transport.NodeStatus {
 	ns.Node.FailedReload = n.failedReloadView()
 	vols := n.volumes()
 	for _, name := range slices.Sorted(maps.Keys(vols)) {
-		ns.Volumes = append(ns.Volumes, vols[name].status())
+		lv := vols[name].status()
+		if c := n.mountClaimOf(vols[name], n.nbdClients(name)); c != nil {
+			lv.Mount = &transport.MountStatus{Holder: c.holder, Since: c.taken, Connections: c.open}
+		}
+		ns.Volumes = append(ns.Volumes, lv)
 	}
 	if events > 0 {
 		evs, err := n.store.Events(events)
@@ -222,6 +226,9 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 		case primaryView.Serving:
 			// Only a primary that serves IO has an export to give out.
 			vs.NBDURI = n.nbdURIFromStatus(cs.Nodes, vs.Primary, vc.Name)
+		}
+		if primaryView != nil {
+			vs.Mount = primaryView.Mount
 		}
 		if vs.Size == int64(SizeMax) || primaryView == nil {
 			// size: max: what the nodes that hold the volume resolved;

@@ -178,6 +178,9 @@ type VolumeStatus struct {
 	// from the old primary (automatic, or forced by the operator); nil
 	// when there was none.
 	LastFailover *Failover `json:"last_failover,omitempty"`
+	// Mount is the volume's mount claim on its primary (replctl mount):
+	// nil when nobody holds it.
+	Mount *MountStatus `json:"mount,omitempty"`
 	// SettingMismatches lists the settings that must agree on every node
 	// of the volume and do not, as the reachable nodes report them.
 	SettingMismatches []SettingMismatch `json:"setting_mismatches,omitempty"`
@@ -390,8 +393,11 @@ type LocalVolume struct {
 	// it (bitmap-both, history-both); Reason says it in words.
 	SplitBrainPeer string `json:"split_brain_peer,omitempty"`
 	SplitBrainRule string `json:"split_brain_rule,omitempty"`
-	Reason         string `json:"reason,omitempty"`
-	ReasonCode     string `json:"reason_code,omitempty"`
+	// Mount is the volume's mount claim this node holds as its primary
+	// (nil: none).
+	Mount      *MountStatus `json:"mount,omitempty"`
+	Reason     string       `json:"reason,omitempty"`
+	ReasonCode string       `json:"reason_code,omitempty"`
 	// Serving: this node is primary and serves IO (not waiting for a
 	// peer, fenced or in a switchover).
 	Serving    bool         `json:"serving,omitempty"`
@@ -715,6 +721,15 @@ type MountHolder struct {
 	Host string `json:"host"`
 	Dir  string `json:"dir"`
 	ID   string `json:"id"`
+}
+
+// MountStatus is a volume's mount claim in force on its primary: who
+// mounted it (replctl mount), since when, and how many of the mount's NBD
+// connections are open.
+type MountStatus struct {
+	Holder      MountHolder `json:"holder"`
+	Since       time.Time   `json:"since"`
+	Connections int         `json:"connections"`
 }
 
 // The actions of a ClaimRequest.

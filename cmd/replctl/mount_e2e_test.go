@@ -524,6 +524,19 @@ func TestE2EAVolumeIsMountedOnceOnAnyHost(t *testing.T) {
 		t.Fatalf("a refused mount left records: %+v", recs)
 	}
 	checkFiles(t, mntA, sums)
+	// Status names the mount, from any node: in the JSON and in words.
+	for _, node := range []string{"alpha", "beta"} {
+		_, v, err := c.status(node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m := v.Mount; m == nil || m.Holder.Host != host || m.Holder.Dir != mntA || m.Connections == 0 {
+			t.Fatalf("status via %s: mount %+v, want host %s, directory %s and its connections", node, m, host, mntA)
+		}
+	}
+	if r := c.ctl("beta", "status"); !r.ok() || !strings.Contains(r.out, "mounted on host "+host+" at "+mntA+" by replctl mount") {
+		t.Fatalf("replctl status via beta does not name the mount on %s at %s: %s", host, mntA, r)
+	}
 
 	if r := umount("alpha", mntA); !r.ok() || !strings.Contains(r.out, "its claim on alpha given back") {
 		t.Fatalf("replctl umount a: %s", r)
@@ -532,6 +545,9 @@ func TestE2EAVolumeIsMountedOnceOnAnyHost(t *testing.T) {
 		t.Fatalf("the other host's mount after replctl umount a: %s", r)
 	}
 	checkFiles(t, mntC, sums)
+	if _, v, err := c.status("alpha"); err != nil || v.Mount == nil || v.Mount.Holder.Dir != mntC {
+		t.Fatalf("status after the other host mounted at %s: %+v (%v)", mntC, v.Mount, err)
+	}
 
 	// Its helper dies: the same mount is made again from its record, under the same claim.
 	rec, err := volmount.Registry{Dir: runs.dirs["other"]}.Load(mntC)

@@ -500,6 +500,14 @@ type volumeStatus struct {
 	Replicas     []replicaStatus `json:"replicas"`
 	// ResyncRate is the primary's resync cap (bytes/s; 0: none).
 	ResyncRate int64 `json:"resync_rate"`
+	// Mount is the mount claim on the primary (replctl mount).
+	Mount *struct {
+		Holder struct {
+			Host string `json:"host"`
+			Dir  string `json:"dir"`
+		} `json:"holder"`
+		Connections int `json:"connections"`
+	} `json:"mount"`
 }
 
 type replicaStatus struct {
