@@ -130,7 +130,9 @@ func TestGarbageOnEveryPortIsRefusedAndTheNodeKeepsServing(t *testing.T) {
 				t.Logf("%s: answered %q, then closed (%v)", port.name, firstLine(got), err)
 			}
 			if port.logged {
-				eventually(t, func() bool { return len(log.problemsSince(logged)) > 0 }, port.name+" logs the garbage")
+				if !within(30*time.Second, 10*time.Millisecond, func() bool { return len(log.problemsSince(logged)) > 0 }) {
+					t.Fatalf("%s logged nothing of the garbage in 30 s", port.name)
+				}
 				t.Logf("%s logged: %s", port.name, log.problemsSince(logged)[0])
 			}
 		})
@@ -143,14 +145,24 @@ func TestGarbageOnEveryPortIsRefusedAndTheNodeKeepsServing(t *testing.T) {
 	}
 	c.waitInSync()
 	c.requireIdentical()
-	st := c.status()
-	if st.Cluster.Leader == "" {
-		t.Fatalf("no raft leader after the garbage: %+v", st.Cluster)
-	}
-	for _, n := range st.Nodes {
-		if !n.Alive || n.Membership != "alive" {
-			t.Fatalf("%s not alive after the garbage: %+v", n.Name, n)
+	// A leader that is the primary hands its office on after a while, and
+	// gossip may suspect a node for a moment on a busy machine: what must
+	// hold is that raft has a leader and gossip sees every node alive
+	// again, not at one look.
+	var st *transport.ClusterStatus
+	if !within(30*time.Second, 20*time.Millisecond, func() bool {
+		st = c.status()
+		if st.Cluster.Leader == "" {
+			return false
 		}
+		for _, n := range st.Nodes {
+			if !n.Alive || n.Membership != "alive" {
+				return false
+			}
+		}
+		return true
+	}) {
+		t.Fatalf("30 s after the garbage, no raft leader or a node not alive: %+v, nodes %+v", st.Cluster, st.Nodes)
 	}
 }
 
