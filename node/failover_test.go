@@ -378,8 +378,11 @@ func TestSwitchoverToADisconnectedOutdatedNodeIsRefusedAtOnce(t *testing.T) {
 			t.Errorf("the refusal %q does not say %q", status.Convert(err).Message(), words)
 		}
 	}
-	if took > time.Second {
-		t.Errorf("the refusal came after %s, want within a second", took)
+	// At once: not at the command's 10 s timeout, which a wait for a
+	// resync nothing will bring would reach. (5 s, not less: a loaded CI
+	// machine delays the status round the refusal is made from.)
+	if took > 5*time.Second {
+		t.Errorf("the refusal came after %s, want at once, well within the command's 10 s timeout", took)
 	}
 	t.Logf("refused in %s: %s", took.Round(time.Millisecond), status.Convert(err).Message())
 	if err := a.WriteAt(ctx, pattern(2, 4096), 4096, false); err != nil {
