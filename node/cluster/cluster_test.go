@@ -489,6 +489,26 @@ func TestARemovedVoterSaysSoAndRefusesAtOnce(t *testing.T) {
 	requireNotAVoter(t, w, Removed, words)
 }
 
+// TestARemovedLeaderSaysSoAndNamesTheVoters: the witness leads when it is
+// removed (the node layer hands the office to it); it learns the voters
+// from its own removal, not from a message to itself, which it would
+// refuse as from a node that is no voter any more.
+func TestARemovedLeaderSaysSoAndNamesTheVoters(t *testing.T) {
+	n, leader := threeNodes(t)
+	if leader.self != "w" {
+		if err := leader.TransferLeadership(testContext(t, 5*time.Second), "w"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := n.node("w")
+	waitFor(t, "w leads", 5*time.Second, func() bool { return w.raft.State() == raft.Leader })
+	if _, err := w.RemoveVoter(testContext(t, 5*time.Second), "w"); err != nil {
+		t.Fatalf("w removes itself: %v", err)
+	}
+	// At once: its removal, not a later question to the others, told it.
+	requireNotAVoter(t, w, Removed, "this node (w) was removed from the cluster; it is no longer a voter; the voters are a, b")
+}
+
 // TestANodeRemovedWhileCutOffLearnsItByAsking: the witness is cut off
 // when it is removed, so nobody can tell it; once the cut heals it hears
 // from no leader, asks the others, and learns it.

@@ -271,6 +271,12 @@ func (c *Cluster) tellRemoved(ctx context.Context, name string) {
 	if !ok || slices.Contains(voters, name) {
 		return
 	}
+	if name == c.self {
+		// The leader removed itself: it needs no message, and would
+		// refuse its own, from a node that is no voter any more.
+		c.learnVoters(voters)
+		return
+	}
 	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
 	if _, err := c.cfg.Forward(ctx, name, ForwardRequest{Kind: KindRemoved, From: c.self, Voters: voters}); err != nil {
