@@ -3,7 +3,7 @@
 // labelled paths, Open), what its metadata takes of it (RequiredSize,
 // UsableSize), and creating that metadata offline (CreateMetadata, for
 // replctl create-md). It imports config, metadata, metadata/statefile
-// (the state.db that create-md resets, hence bbolt) and node/multipath,
+// (the state.db that create-md resets, hence bbolt) and multipath,
 // never node, raft or memberlist. node and replctl call it; a Disk allows
 // concurrent calls.
 package backing

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/config"
-	"github.com/replvol/replvol/node/multipath"
+	"github.com/replvol/replvol/multipath"
 )
 
 // Open opens one node's backing LUN dc of volume vc, which must hold

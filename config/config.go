@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/metadata"
-	"github.com/replvol/replvol/node/multipath"
+	"github.com/replvol/replvol/multipath"
 	"github.com/replvol/replvol/replication"
 	"gopkg.in/yaml.v3"
 )

@@ -4,7 +4,7 @@
 // size and duration syntax (ParseSize, ParseVolumeSize); LoadNodeConfig
 // adds, in the same report, what only a node's host can check (files.go).
 // It imports replication, metadata (the on-disk format's limits),
-// node/multipath (its policy words) and internal/pki (to read TLS files),
+// multipath (its policy words) and internal/pki (to read TLS files),
 // never node, transport, raft, memberlist or bbolt:
 // node (which names its types as its own) and replctl's offline commands
 // call it. A loaded Config is read-only; share it freely.

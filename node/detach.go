@@ -10,7 +10,7 @@ import (
 
 	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/internal/human"
-	"github.com/replvol/replvol/node/multipath"
+	"github.com/replvol/replvol/multipath"
 	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 )

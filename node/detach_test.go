@@ -11,8 +11,8 @@ import (
 
 	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/internal/fault"
-	"github.com/replvol/replvol/node/multipath"
-	"github.com/replvol/replvol/node/multipath/faultpath"
+	"github.com/replvol/replvol/multipath"
+	"github.com/replvol/replvol/multipath/faultpath"
 )
 
 // TestLosingEveryPathDetachesTheDiskAndServesFromThePeer: all of alpha's

@@ -117,7 +117,7 @@ func TestSimLayering(t *testing.T) {
 		mod = "github.com/replvol/replvol"
 		sim = mod + "/node/sim"
 	)
-	forbidden := []string{mod + "/node", mod + "/node/multipath/...", mod + "/transport/...", mod + "/web/...", mod + "/metadata/...",
+	forbidden := []string{mod + "/node", mod + "/multipath/...", mod + "/transport/...", mod + "/web/...", mod + "/metadata/...",
 		mod + "/backing/...", mod + "/config/...", "google.golang.org/grpc/...", "go.etcd.io/bbolt/...",
 		"github.com/hashicorp/raft/...", "github.com/hashicorp/memberlist/..."}
 	graph := importGraph(t, sim)
@@ -177,4 +177,36 @@ func reachable(graph map[string][]string, from string, exempt []string) map[stri
 	}
 	delete(chains, from)
 	return chains
+}
+
+// TestImportsOnlyGoDown pins the house's floors: the node (node and its
+// subpackages) sits above every other package of the module, and only
+// the commands (cmd/...) sit above the node. So no package outside node/
+// and cmd/ imports a package of node/, directly or through another: a
+// part that several layers use (the multipath device, which config
+// parses the words of and backing opens) lives below the node, not in it.
+func TestImportsOnlyGoDown(t *testing.T) {
+	const mod = "github.com/replvol/replvol"
+	out, err := exec.Command("go", "list", mod+"/...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	var below []string
+	for _, p := range strings.Fields(string(out)) {
+		if p != mod+"/node" && !strings.HasPrefix(p, mod+"/node/") && !strings.HasPrefix(p, mod+"/cmd/") {
+			below = append(below, p)
+		}
+	}
+	if len(below) < 10 {
+		t.Fatalf("only %d packages below the node: update this test", len(below))
+	}
+	graph := importGraph(t, below...)
+	for _, p := range below {
+		deps := reachable(graph, p, nil)
+		for _, dep := range slices.Sorted(maps.Keys(deps)) {
+			if dep == mod+"/node" || strings.HasPrefix(dep, mod+"/node/") {
+				t.Errorf("%s imports %s: %s", p, dep, strings.Join(deps[dep], " -> "))
+			}
+		}
+	}
 }

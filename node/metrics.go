@@ -9,8 +9,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/replvol/replvol/internal/connlimit"
+	"github.com/replvol/replvol/multipath"
 	"github.com/replvol/replvol/node/cluster"
-	"github.com/replvol/replvol/node/multipath"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )

@@ -6,7 +6,7 @@ import (
 	"sort"
 
 	"github.com/replvol/replvol/backing"
-	"github.com/replvol/replvol/node/multipath"
+	"github.com/replvol/replvol/multipath"
 	"github.com/replvol/replvol/transport"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"

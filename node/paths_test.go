@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/replvol/replvol/node/multipath"
-	"github.com/replvol/replvol/node/multipath/faultpath"
+	"github.com/replvol/replvol/multipath"
+	"github.com/replvol/replvol/multipath/faultpath"
 	"github.com/replvol/replvol/transport"
 	"github.com/replvol/replvol/transport/nbd/nbdtest"
 )

@@ -3,7 +3,7 @@ package node
 import (
 	"testing"
 
-	"github.com/replvol/replvol/node/multipath"
+	"github.com/replvol/replvol/multipath"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )

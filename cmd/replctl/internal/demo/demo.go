@@ -15,8 +15,8 @@ import (
 	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/internal/pki"
 	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/multipath"
 	"github.com/replvol/replvol/node"
-	"github.com/replvol/replvol/node/multipath"
 	"github.com/replvol/replvol/transport"
 )
 

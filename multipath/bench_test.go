@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/replvol/replvol/node/multipath/faultpath"
+	"github.com/replvol/replvol/multipath/faultpath"
 )
 
 // BenchmarkChoose is the pure selector's cost per IO (goal: ≤ 1 µs, no

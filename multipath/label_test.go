@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/replvol/replvol/node/multipath/faultpath"
+	"github.com/replvol/replvol/multipath/faultpath"
 )
 
 func TestLabelRoundTrip(t *testing.T) {

@@ -14,7 +14,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/replvol/replvol/node/multipath/faultpath"
+	"github.com/replvol/replvol/multipath/faultpath"
 )
 
 const block = 4096
