@@ -57,24 +57,6 @@ type Cluster struct {
 	closeErr  error
 }
 
-// Status is the cluster as this node sees it.
-type Status struct {
-	Self string `json:"self"`
-	// Leader is the raft leader's name, "" when none is known.
-	Leader string `json:"leader"`
-	// Quorum: a leader is known and had contact with a majority recently
-	// (it is this node, which steps down after LeaderLeaseTimeout without
-	// one, or it reached this node within HeartbeatTimeout).
-	Quorum  bool          `json:"quorum"`
-	Voters  []string      `json:"voters"`
-	Members []MemberState `json:"members"`
-	// Standing is set when this node is not a voter (removed, or joining
-	// and not added yet): then Leader is "", Quorum false, Voters the
-	// cluster's as told, and NotAVoter says it in words.
-	Standing  Standing `json:"standing,omitempty"`
-	NotAVoter string   `json:"not_a_voter,omitempty"`
-}
-
 // Open starts this node's raft and gossip. A node without raft state
 // bootstraps with every member as a voter (unless NoBootstrap); one with
 // state resumes from its raft log and latest snapshot. The Cluster owns

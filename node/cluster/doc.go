@@ -7,9 +7,11 @@
 // gossips liveness and each node's metadata: a fast hint, never the
 // authority.
 //
-// The leader's failover decision lives in one pure function, Decide
-// (decide.go): from the authority, the members, the lease renewals it
-// granted, its own office and observation (Watch) and a time, it returns
+// The leader's failover decision lives in one pure function, Decide, in
+// package node/failover (which links no raft; the cluster names it and
+// its types for its callers): from the authority, the members, the lease
+// renewals it granted, its own office and observation (Watch) and a
+// time, it returns
 // the failovers to propose, why it leaves every other volume alone, and
 // whether a leader that serves as a primary hands its leadership off; it
 // reads no clock and calls neither raft nor the network. The node layer

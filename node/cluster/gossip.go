@@ -14,37 +14,6 @@ import (
 	"github.com/hashicorp/memberlist"
 )
 
-// Liveness is what gossip says of a node: a hint, never the authority.
-type Liveness string
-
-// Liveness values. memberlist v0.7.0 tells no event when it merely
-// suspects a node, and the nodes its Members returns point into its own
-// state (reading their State races with its updates), so a suspected node
-// stays Alive until it is declared Dead: within about 1 s with the
-// default Timing (suspicion included).
-const (
-	Alive Liveness = "alive"
-	// Dead: its probes failed and the suspicion ran out, unrefuted.
-	Dead Liveness = "dead"
-	// Left: it announced its leave.
-	Left Liveness = "left"
-	// Unknown: a member never heard of since this node started.
-	Unknown Liveness = "unknown"
-)
-
-// MemberState is one node as this node sees it.
-type MemberState struct {
-	Name  string   `json:"name"`
-	State Liveness `json:"state"`
-	// Since is when this node learned State (zero for Unknown).
-	Since   time.Time `json:"since,omitzero"`
-	Witness bool      `json:"witness,omitempty"`
-	// Voter: a voter in the latest raft configuration.
-	Voter bool `json:"voter"`
-	// Meta is what the node gave SetMeta, as last gossiped.
-	Meta []byte `json:"meta,omitempty"`
-}
-
 // gossip runs memberlist for one node. Memberlist calls the delegate
 // methods below with its own locks held (NotifyJoin, NotifyLeave and
 // NotifyUpdate under its nodeLock): they only record the event under mu,
@@ -303,7 +272,7 @@ func (g *gossip) NotifyLeave(n *memberlist.Node) {
 // sealed with one key every node holds, and name their sender
 // themselves), so this is all that can be bound: a holder of the key can
 // still speak for any of the cluster's nodes, which is why gossip decides
-// nothing on its own (watch.go: a primary that renews is not lost,
+// nothing on its own (node/failover's watch: a primary that renews is not lost,
 // whatever gossip says; the metadata is only shown). memberlist logs the
 // refusal (StandardWriter: once per name and cause). A node added at
 // runtime that is in no cluster file of this node's is taken once raft

@@ -25,18 +25,6 @@ import (
 // NoBootstrap and not added yet learns the same way that it is not a
 // voter yet.
 
-// Standing is this node's place in raft, when it is not a voter.
-type Standing string
-
-// Standings. The empty Standing is a voter's (or a node that knows no
-// better).
-const (
-	// Removed: it was a voter and the cluster removed it.
-	Removed Standing = "removed"
-	// Joining: it started with NoBootstrap and is not a voter yet.
-	Joining Standing = "joining"
-)
-
 // ErrNotAVoter: this node is not (any more) a raft voter; nothing that
 // needs the leader can be done through it.
 var ErrNotAVoter = errors.New("not a raft voter")
