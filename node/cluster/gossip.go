@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/replvol/replvol/internal/clock"
 )
 
 // gossip runs memberlist for one node. Memberlist calls the delegate
@@ -23,6 +25,7 @@ import (
 type gossip struct {
 	self    string
 	t       Timing
+	clock   clock.Clock // the rejoin ticks and the members' since
 	logger  *hclogger
 	changed func() // must not block
 	// voter reports whether a name is a voter of raft's latest
@@ -47,9 +50,9 @@ type seenNode struct {
 	meta  []byte
 }
 
-func startGossip(self Member, members []Member, t Timing, key []byte, logger *hclogger, changed func(), voter func(string) bool) (*gossip, error) {
+func startGossip(self Member, members []Member, t Timing, key []byte, logger *hclogger, changed func(), voter func(string) bool, clk clock.Clock) (*gossip, error) {
 	g := &gossip{
-		self: self.Name, t: t, logger: logger, changed: changed, voter: voter,
+		self: self.Name, t: t, clock: clk, logger: logger, changed: changed, voter: voter,
 		members:   map[string]Member{},
 		refused:   map[string]bool{},
 		seen:      map[string]seenNode{},
@@ -106,14 +109,14 @@ func startGossip(self Member, members []Member, t Timing, key []byte, logger *hc
 // RejoinInterval (memberlist does not reconnect after a partition by
 // itself), and gossips new metadata. It returns when ctx ends.
 func (g *gossip) run(ctx context.Context) {
-	tick := time.NewTicker(g.t.RejoinInterval)
+	tick := g.clock.NewTicker(g.t.RejoinInterval)
 	defer tick.Stop()
 	g.rejoin()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-tick.C():
 			g.rejoin()
 			g.admitRefused()
 		case <-g.metaDirty:
@@ -245,7 +248,7 @@ func (g *gossip) record(n *memberlist.Node, state Liveness) {
 	g.mu.Lock()
 	s := g.seen[n.Name]
 	if s.state != state {
-		s.state, s.since = state, time.Now()
+		s.state, s.since = state, g.clock.Now()
 	}
 	s.meta = slices.Clone(n.Meta)
 	g.seen[n.Name] = s

@@ -158,7 +158,7 @@ func (n *testNet) start(name string) *Cluster {
 	c, err := Open(Config{
 		Self: name, Members: members, Dir: n.dirs[name], Logger: logs.logger(),
 		RaftListener: layer, Forward: n.forwarder(name), NoBootstrap: n.spare[name], Timing: timing,
-		TLS: bundle, GossipKey: key, clock: n.clock,
+		TLS: bundle, GossipKey: key, Clock: n.clock,
 	})
 	if err != nil {
 		n.t.Fatalf("open %s: %v", name, err)
