@@ -60,7 +60,7 @@ type testNet struct {
 	logs map[string]*testLogWriter
 	// logLevel is the least level logged (default WARN).
 	logLevel slog.Level
-	// clock, when set before a node starts, keeps its leases' time.
+	// clock, when set before a node starts, is its Config.Clock.
 	clock clock.Clock
 	// timing is what a node starts with (testTiming unless a test sets
 	// another before it starts the nodes).
