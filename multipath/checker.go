@@ -11,7 +11,7 @@ import (
 // and ends no-path queueing when it has lasted NoPathRetry intervals.
 func (d *Device) checker() {
 	defer close(d.checked)
-	t := d.cfg.clock.NewTicker(d.cfg.CheckInterval)
+	t := d.cfg.Clock.NewTicker(d.cfg.CheckInterval)
 	defer t.Stop()
 	for {
 		select {
@@ -44,7 +44,7 @@ func (d *Device) check() {
 
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	now := d.cfg.clock.Now()
+	now := d.cfg.Clock.Now()
 	for k, ps := range targets {
 		d.applyProbe(ps, results[k], now)
 	}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/internal/clock"
+	"github.com/replvol/replvol/multipath/faultpath"
 )
 
 // TestPathRulesKeepTheInjectedClock: the checker's interval, failback and
@@ -16,7 +17,7 @@ func TestPathRulesKeepTheInjectedClock(t *testing.T) {
 	const tick = DefaultCheckInterval
 	fake := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	events := make(recorder, 64)
-	d, fps, _ := memDevice(t, 2, 1<<20, Config{clock: fake, OnChange: events.hook})
+	d, fps, _ := memDevice(t, 2, 1<<20, Config{Clock: fake, OnChange: events.hook})
 	defer d.Close()
 	fake.WaitArmed(1) // the checker's ticker
 	failP0 := func() {
@@ -40,4 +41,44 @@ func TestPathRulesKeepTheInjectedClock(t *testing.T) {
 		events.waitFor(t, "p0", Active)
 		wantStates(t, d, "p0=ACTIVE p1=PASSIVE")
 	}
+}
+
+// TestAHungPathTimesOutOnTheInjectedClock: a request's IO timeout runs on
+// the Device's clock. With a clock.Fake, a write to a path that hangs
+// waits until the fake moves IOTimeout on, then fails the path and
+// completes on the other.
+func TestAHungPathTimesOutOnTheInjectedClock(t *testing.T) {
+	fake := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	d, fps, _ := memDevice(t, 2, 1<<20, Config{Clock: fake, IOTimeout: time.Second, CheckInterval: time.Hour})
+	defer d.Close()
+	defer fps[0].Release()
+	fake.WaitArmed(1) // the checker's ticker
+	fps[0].SetInjector(faultpath.Always(faultpath.Fault{Hang: true}))
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := d.WriteAt(make([]byte, block), 0)
+		wrote <- err
+	}()
+	armed := make(chan struct{})
+	go func() { fake.WaitArmed(2); close(armed) }()
+	select {
+	case <-armed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the write armed no IO timeout on the injected clock")
+	}
+	select {
+	case err := <-wrote:
+		t.Fatalf("the write to a hung path returned (%v) before its IO timeout", err)
+	default:
+	}
+	fake.Advance(time.Second)
+	select {
+	case err := <-wrote:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the write outlived its IO timeout on the injected clock")
+	}
+	wantStates(t, d, "p0=FAIL p1=ACTIVE")
 }

@@ -102,11 +102,11 @@ type Config struct {
 	// must return quickly and must not call the Device.
 	OnChange func(Event)
 
-	// clock keeps the time of the path rules: the checker's interval,
-	// failback, flap damping, the no-path queue and the statistics. Nil is
-	// clock.Real(); a test of the package sets a clock.Fake. The IO
-	// timeout of a request runs on real time.
-	clock clock.Clock
+	// Clock keeps the time of the path rules: the checker's interval,
+	// failback, flap damping, the no-path queue, the statistics and each
+	// request's IO timeout. Nil is clock.Real(); a test sets a clock.Fake
+	// (or runs in a testing/synctest bubble, which fakes the real one).
+	Clock clock.Clock
 }
 
 // Event is a change of one path's state.
@@ -118,7 +118,7 @@ type Event struct {
 }
 
 func (c Config) withDefaults() Config {
-	c.clock = clock.Or(c.clock)
+	c.Clock = clock.Or(c.Clock)
 	if c.RRMinIO == 0 {
 		c.RRMinIO = DefaultRRMinIO
 	}

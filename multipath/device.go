@@ -137,7 +137,7 @@ func Open(paths []Path, cfg Config) (*Device, error) {
 		choice:   Choice{Policy: cfg.Policy, Preferred: cfg.Preferred, Last: cfg.Preferred, RRMinIO: cfg.RRMinIO},
 		home:     cfg.Preferred,
 	}
-	d.reqs.New = func() any { return newRequest() }
+	d.reqs.New = func() any { return newRequest(d.cfg.Clock) }
 	groups := map[string]int{}
 	names := map[string]bool{}
 	for i, p := range paths {
@@ -163,7 +163,7 @@ func Open(paths []Path, cfg Config) (*Device, error) {
 		close(d.quit)
 		return nil, err
 	}
-	now := d.cfg.clock.Now()
+	now := d.cfg.Clock.Now()
 	d.mu.Lock()
 	for _, ps := range d.paths {
 		ps.changedAt = now
@@ -472,7 +472,7 @@ func (d *Device) pick(dir Direction, size int64) (*pathState, uint64, <-chan str
 	}
 	ps, v := d.paths[i], &d.views[i]
 	if v.InFlight == 0 {
-		ps.busyStart = d.cfg.clock.Now()
+		ps.busyStart = d.cfg.Clock.Now()
 	}
 	v.InFlight++
 	v.InFlightBytes += size
@@ -525,7 +525,7 @@ func (d *Device) fail(ps *pathState, gen uint64, o op, err error) {
 	if gen != ps.gen || d.views[ps.index].Health == Failed {
 		return // already failed, or reinstated since the IO was issued
 	}
-	now := d.cfg.clock.Now()
+	now := d.cfg.Clock.Now()
 	d.setHealth(ps, Failed, fmt.Sprintf("%s error: %v", o, err), now)
 	d.settle(now)
 }
@@ -623,7 +623,7 @@ func (d *Device) setByOperator(name string, h Health, reason string) error {
 	if err != nil {
 		return err
 	}
-	now := d.cfg.clock.Now()
+	now := d.cfg.Clock.Now()
 	ps.operatorFailed = h == Failed
 	if d.views[ps.index].Health != h {
 		d.setHealth(ps, h, reason, now)
@@ -641,7 +641,7 @@ func (d *Device) Rotate() {
 	defer d.mu.Unlock()
 	i := Rotate(d.views, d.choice.Preferred)
 	d.choice.Preferred, d.home = i, i
-	d.settle(d.cfg.clock.Now())
+	d.settle(d.cfg.Clock.Now())
 }
 
 // SetPolicy changes the policy online; the next IO follows it.
@@ -652,7 +652,7 @@ func (d *Device) SetPolicy(p Policy) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.choice.Policy = p
-	d.settle(d.cfg.clock.Now())
+	d.settle(d.cfg.Clock.Now())
 	return nil
 }
 
@@ -667,7 +667,7 @@ func (d *Device) Policy() Policy {
 func (d *Device) Paths() []PathStats {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	now := d.cfg.clock.Now()
+	now := d.cfg.Clock.Now()
 	out := make([]PathStats, len(d.paths))
 	for i, ps := range d.paths {
 		v := &d.views[i]

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/replvol/replvol/internal/clock"
 )
 
 type op uint8
@@ -45,11 +47,11 @@ type request struct {
 
 	state atomic.Uint32
 	done  chan struct{} // one signal when the worker finished and the caller still waits
-	timer *time.Timer
+	timer clock.Timer   // the IO timeout, on the Device's clock
 }
 
-func newRequest() *request {
-	t := time.NewTimer(time.Hour)
+func newRequest(c clock.Clock) *request {
+	t := c.NewTimer(time.Hour)
 	t.Stop()
 	return &request{done: make(chan struct{}, 1), timer: t}
 }
@@ -76,7 +78,7 @@ func (d *Device) attempt(r *request) bool {
 	case <-r.done:
 		r.timer.Stop()
 		return true
-	case <-r.timer.C:
+	case <-r.timer.C():
 		if r.state.CompareAndSwap(reqPending, reqAbandoned) {
 			return false
 		}
@@ -108,7 +110,7 @@ func (ps *pathState) work(r *request) {
 
 func (d *Device) execute(r *request) {
 	p := r.ps.path
-	start := d.cfg.clock.Now()
+	start := d.cfg.Clock.Now()
 	var err error
 	switch r.op {
 	case opRead:
@@ -142,7 +144,7 @@ func (d *Device) execute(r *request) {
 	if r.op == opProbe {
 		d.probeDone(r.ps)
 	} else {
-		d.finish(r.ps, r.op, r.length, err, start, d.cfg.clock.Now())
+		d.finish(r.ps, r.op, r.length, err, start, d.cfg.Clock.Now())
 	}
 	if r.state.CompareAndSwap(reqPending, reqDone) {
 		r.done <- struct{}{}

@@ -29,6 +29,11 @@ func TestLayering(t *testing.T) {
 		// the standard library, nothing of the node or the cluster.
 		"github.com/replvol/replvol/node/volstate": {"/node", "/transport", "/web", "/metadata", "/backing", "/config",
 			"google.golang.org/grpc", "go.etcd.io/bbolt", "github.com/hashicorp/raft", "github.com/hashicorp/memberlist"},
+		// The leader's failover rule is pure: the replication rules and
+		// the standard library, nothing of raft, gossip or the node (the
+		// simulation runs it).
+		"github.com/replvol/replvol/node/failover": {"/node", "/transport", "/web", "/metadata", "/backing", "/config",
+			"google.golang.org/grpc", "go.etcd.io/bbolt", "github.com/hashicorp/raft", "github.com/hashicorp/memberlist"},
 		// The receiving side of replication: the volume reaches it, not
 		// the other way round.
 		"github.com/replvol/replvol/node/applier": {"=/node", "/node/cluster", "/web", "/metadata", "/backing", "/config",
@@ -108,23 +113,23 @@ func TestReplctlLayering(t *testing.T) {
 }
 
 // TestSimLayering pins the simulation's seam (node/sim): it runs the pure
-// rules (volstate, replication, cluster.Decide) over models of its own,
-// so nothing it links, apart from the cluster package it takes Decide
-// from, is the node or a package of I/O: no node, transport, metadata,
-// backing or config, and no raft, memberlist, gRPC or bbolt.
+// rules (volstate, replication, failover.Decide) over models of its own,
+// so nothing it links is the node or a package of I/O: no node, cluster,
+// transport, metadata, backing or config, and no raft, memberlist, gRPC
+// or bbolt.
 func TestSimLayering(t *testing.T) {
 	const (
 		mod = "github.com/replvol/replvol"
 		sim = mod + "/node/sim"
 	)
-	forbidden := []string{mod + "/node", mod + "/multipath/...", mod + "/transport/...", mod + "/web/...", mod + "/metadata/...",
+	forbidden := []string{mod + "/node", mod + "/node/cluster/...", mod + "/multipath/...", mod + "/transport/...", mod + "/web/...", mod + "/metadata/...",
 		mod + "/backing/...", mod + "/config/...", "google.golang.org/grpc/...", "go.etcd.io/bbolt/...",
 		"github.com/hashicorp/raft/...", "github.com/hashicorp/memberlist/..."}
 	graph := importGraph(t, sim)
-	if !slices.Contains(graph[sim], mod+"/node/cluster") {
-		t.Fatalf("%s does not import node/cluster: update this test", sim)
+	if !slices.Contains(graph[sim], mod+"/node/failover") {
+		t.Fatalf("%s does not import node/failover: update this test", sim)
 	}
-	deps := reachable(graph, sim, []string{mod + "/node/cluster"})
+	deps := reachable(graph, sim, nil)
 	for _, dep := range slices.Sorted(maps.Keys(deps)) {
 		for _, f := range forbidden {
 			if dep == strings.TrimSuffix(f, "/...") || strings.HasSuffix(f, "/...") && strings.HasPrefix(dep, strings.TrimSuffix(f, "...")) {

@@ -232,7 +232,7 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 		return nil, err
 	}
 	n.gate = control.NewGate(n.name, n.tls, n.log, n.refusals)
-	n.api = control.NewServer(controlNode{n}, n.gate)
+	n.api = control.NewServer(controlNode{n}, n.gate, nil)
 	n.life, n.endLife = context.WithCancel(context.Background())
 	dir := opts.StateDir
 	if dir == "" {

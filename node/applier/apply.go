@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -36,6 +37,9 @@ type Volume struct {
 	Stopping <-chan struct{}
 	Log      *slog.Logger
 	State    State
+	// Clock paces the empty acks of a long apply. Nil is clock.Real(); a
+	// test sets a clock.Fake.
+	Clock clock.Clock
 }
 
 // Disk is the local disk a stream is written to (package node's backing

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
@@ -104,6 +105,7 @@ func (in *Stream) Run(s *transport.ReplStream, v *Volume) error {
 	// running: an idle stream keeps no ticker.
 	var applying atomic.Bool
 	applyStarted := make(chan struct{}, 1)
+	clk := clock.Or(v.Clock)
 	go func() {
 		every := max(v.PeerTimeout/4, 10*time.Millisecond)
 		for {
@@ -112,13 +114,13 @@ func (in *Stream) Run(s *transport.ReplStream, v *Volume) error {
 				return
 			case <-applyStarted:
 			}
-			tick := time.NewTicker(every)
+			tick := clk.NewTicker(every)
 			for running := true; running; {
 				select {
 				case <-done:
 					tick.Stop()
 					return
-				case <-tick.C:
+				case <-tick.C():
 					if running = applying.Load(); running {
 						af := transport.NewFrame(32)
 						af.SetBytes(replication.AppendAck(af.Bytes(), replication.Ack{}))

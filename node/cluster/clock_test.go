@@ -1,8 +1,15 @@
 package cluster
 
 import (
+	"errors"
+	"log/slog"
+	"net"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
 
 	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/replication"
@@ -13,13 +20,30 @@ import (
 // shared by the nodes, a switchover away from a primary that renewed its
 // lease waits on the fake's timer, LeaseFree stays false until the fake
 // reaches LeaseDuration×(1+LeaseDrift) past the renewal, and the promotion
-// completes as soon as it does, after the primary's lease ran out.
+// completes as soon as it does, after the primary's lease ran out. Gossip's
+// view of the members is dated on the same clock.
 func TestTheLeasesKeepTheInjectedClock(t *testing.T) {
-	fake := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	fake := clock.NewFake(start)
 	n := newTestNet(t, member("a"), member("b"), witness("w"))
 	n.clock = fake
 	n.startAll()
 	leader := n.waitLeader(t)
+	for _, c := range n.nodes() {
+		waitFor(t, c.self+" sees every member alive", 10*time.Second, func() bool {
+			for _, m := range c.Status().Members {
+				if m.State != Alive {
+					return false
+				}
+			}
+			return true
+		})
+		for _, m := range c.Status().Members {
+			if !m.Since.Equal(start) {
+				t.Errorf("%s sees %s alive since %v, want the injected clock's %v", c.self, m.Name, m.Since, start)
+			}
+		}
+	}
 	ctx := testContext(t, 10*time.Second)
 	if _, err := leader.Propose(ctx, replication.InitCommand("vol", "a", 1, []string{"a", "b"})); err != nil {
 		t.Fatal(err)
@@ -64,4 +88,68 @@ func TestTheLeasesKeepTheInjectedClock(t *testing.T) {
 	if !validUntil.Before(fake.Now()) {
 		t.Errorf("b was promoted at %v, not after a's lease ran out at %v", fake.Now(), validUntil)
 	}
+}
+
+// stuckLayer is a raft stream layer whose Accept fails with what the test
+// sends on results, counting its calls on calls.
+type stuckLayer struct {
+	net.Listener
+	results chan error
+	calls   chan struct{}
+	closed  chan struct{}
+	once    sync.Once
+}
+
+func (l *stuckLayer) Accept() (net.Conn, error) {
+	l.calls <- struct{}{}
+	select {
+	case err := <-l.results:
+		return nil, err
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *stuckLayer) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return l.Listener.Close()
+}
+
+func (l *stuckLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	return nil, errors.New("no dialing in this test")
+}
+
+// TestAFailedRaftAcceptPausesOnTheInjectedClock: after a failed accept,
+// raft's port pauses on the cluster's clock before it accepts again.
+func TestAFailedRaftAcceptPausesOnTheInjectedClock(t *testing.T) {
+	fake := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer := &stuckLayer{Listener: ln, results: make(chan error), calls: make(chan struct{}, 4), closed: make(chan struct{})}
+	trans := newGatedTransport(gateConfig{listener: layer, timeout: time.Second, clock: fake,
+		logger: slog.New(slog.DiscardHandler), hcl: hclog.NewNullLogger()})
+	defer trans.Close()
+	trans.start(func() (raft.Configuration, string, bool) { return raft.Configuration{}, "", false })
+	within := func(what string, c <-chan struct{}) {
+		t.Helper()
+		select {
+		case <-c:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("not within 10s: %s", what)
+		}
+	}
+	within("the first accept", layer.calls)
+	layer.results <- errors.New("accept: too many open files")
+	armed := make(chan struct{})
+	go func() { fake.WaitArmed(1); close(armed) }()
+	within("the pause is armed on the injected clock", armed)
+	select {
+	case <-layer.calls:
+		t.Fatal("raft's port accepted again before its pause ran out")
+	default:
+	}
+	fake.Advance(5 * time.Millisecond)
+	within("the accept after the pause", layer.calls)
 }

@@ -26,6 +26,11 @@ type Cluster struct {
 	cfg    Config // with Timing defaults
 	self   string
 	logger *slog.Logger
+	// raftTime is the clock raft keeps, the real one (hashicorp/raft
+	// takes none): its LastContact is a time of it, so the age of a
+	// contact, and the times compared with one (membership's since), are
+	// read on it, never on cfg.Clock.
+	raftTime clock.Clock
 
 	store *raftlog.RaftStore
 	fsm   *fsm
@@ -57,24 +62,6 @@ type Cluster struct {
 	closeErr  error
 }
 
-// Status is the cluster as this node sees it.
-type Status struct {
-	Self string `json:"self"`
-	// Leader is the raft leader's name, "" when none is known.
-	Leader string `json:"leader"`
-	// Quorum: a leader is known and had contact with a majority recently
-	// (it is this node, which steps down after LeaderLeaseTimeout without
-	// one, or it reached this node within HeartbeatTimeout).
-	Quorum  bool          `json:"quorum"`
-	Voters  []string      `json:"voters"`
-	Members []MemberState `json:"members"`
-	// Standing is set when this node is not a voter (removed, or joining
-	// and not added yet): then Leader is "", Quorum false, Voters the
-	// cluster's as told, and NotAVoter says it in words.
-	Standing  Standing `json:"standing,omitempty"`
-	NotAVoter string   `json:"not_a_voter,omitempty"`
-}
-
 // Open starts this node's raft and gossip. A node without raft state
 // bootstraps with every member as a voter (unless NoBootstrap); one with
 // state resumes from its raft log and latest snapshot. The Cluster owns
@@ -88,7 +75,7 @@ func Open(cfg Config) (c *Cluster, err error) {
 		}()
 	}
 	cfg.Timing = cfg.Timing.withDefaults()
-	cfg.clock = clock.Or(cfg.clock)
+	cfg.Clock = clock.Or(cfg.Clock)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -99,7 +86,7 @@ func Open(cfg Config) (c *Cluster, err error) {
 	logger := cfg.Logger.With("cluster", cfg.Self)
 	ctx, cancel := context.WithCancel(context.Background())
 	c = &Cluster{
-		cfg: cfg, self: cfg.Self, logger: logger,
+		cfg: cfg, self: cfg.Self, logger: logger, raftTime: clock.Real(),
 		leases:          newLeases(cfg.Timing),
 		leaderChange:    newBroadcast(),
 		changed:         make(chan struct{}, 1),
@@ -135,14 +122,14 @@ func Open(cfg Config) (c *Cluster, err error) {
 	}
 	var stream raft.StreamLayer = raw
 	if cfg.TLS != nil {
-		c.tls = newTLSLayer(raw, cfg.TLS, cfg.Members, cfg.Timing.RaftIOTimeout, logger, cfg.Refused)
+		c.tls = newTLSLayer(raw, cfg.TLS, cfg.Members, cfg.Timing.RaftIOTimeout, logger, cfg.Refused, cfg.Clock)
 		stream = c.tls
 	}
 	// Every inbound RPC is checked against its connection's certificate
 	// and raft's voters before raft sees it (rpcgate.go).
 	trans := newGatedTransport(gateConfig{
 		listener: stream, withTLS: cfg.TLS != nil, members: cfg.Members,
-		timeout: cfg.Timing.RaftIOTimeout, logger: logger, hcl: hcl.Named("net"), refused: cfg.Refused,
+		timeout: cfg.Timing.RaftIOTimeout, logger: logger, hcl: hcl.Named("net"), refused: cfg.Refused, clock: cfg.Clock,
 	})
 	c.trans = trans
 	undo = append(undo, func() { _ = trans.Close() })
@@ -201,7 +188,7 @@ func Open(cfg Config) (c *Cluster, err error) {
 	}()
 	undo = append(undo, c.wg.Wait) // after cancel, before the shutdown
 
-	if c.gossip, err = startGossip(self, cfg.Members, cfg.Timing, cfg.GossipKey, newHclogger(logger, "gossip"), c.signalChanged, c.isVoter); err != nil {
+	if c.gossip, err = startGossip(self, cfg.Members, cfg.Timing, cfg.GossipKey, newHclogger(logger, "gossip"), c.signalChanged, c.isVoter, cfg.Clock); err != nil {
 		return nil, err
 	}
 	c.wg.Add(2)
@@ -239,7 +226,7 @@ func (c *Cluster) watchRaft(notify <-chan bool, observations <-chan raft.Observa
 		case <-c.ctx.Done():
 			return
 		case leader := <-notify:
-			c.leases.setLeader(leader, c.cfg.clock.Now())
+			c.leases.setLeader(leader, c.cfg.Clock.Now())
 			c.logger.Info("raft leadership", "leader", leader)
 		case <-observations:
 		}
@@ -282,7 +269,7 @@ func (c *Cluster) Status() Status {
 	case c.raft.State() == raft.Leader:
 		s.Quorum = s.Leader == c.self
 	default:
-		s.Quorum = time.Since(c.raft.LastContact()) < c.cfg.Timing.HeartbeatTimeout
+		s.Quorum = c.raftTime.Since(c.raft.LastContact()) < c.cfg.Timing.HeartbeatTimeout
 	}
 	voterSet := map[string]bool{}
 	if f := c.raft.GetConfiguration(); f.Error() == nil {
@@ -322,18 +309,23 @@ func (c *Cluster) AwaitQuorum(ctx context.Context) bool {
 	ctx, cancel := context.WithTimeout(ctx, 2*(t.HeartbeatTimeout+t.ElectionTimeout))
 	defer cancel()
 	for {
+		// Taken before the look: a heartbeat or a leader change after it
+		// wakes this loop.
+		contact, changed := c.trans.contact.wait(), c.leaderChange.wait()
 		if _, err := c.waitLeader(ctx); err != nil {
 			return false
 		}
 		if c.Status().Quorum {
 			return true
 		}
-		// A leader named but not heard from lately: look again soon.
-		timer := time.NewTimer(t.HeartbeatTimeout / 4)
+		// A leader named but not heard from lately: look again at its
+		// next heartbeat, or when another leader is named.
 		select {
-		case <-timer.C:
+		case <-contact:
+		case <-changed:
 		case <-ctx.Done():
-			timer.Stop()
+			return false
+		case <-c.ctx.Done():
 			return false
 		}
 	}
@@ -361,20 +353,17 @@ func (c *Cluster) waitForLeader(ctx context.Context, ok func(id string) bool) (s
 		if _, id := c.raft.LeaderWithID(); ok(string(id)) {
 			return string(id), nil
 		}
-		// The observer drops an event when its channel is full: look
-		// again after a heartbeat timeout anyway.
-		timer := time.NewTimer(c.cfg.Timing.HeartbeatTimeout)
+		// Raft sets its leader BEFORE it tells the observer, and the
+		// observer drops an event only while its channel is full: the
+		// events queued then fire changed after the dropped change, so
+		// the look after them sees it. No timer is needed.
 		select {
 		case <-changed:
-		case <-timer.C:
 		case <-ctx.Done():
-			timer.Stop()
 			return "", fmt.Errorf("%w: %w", ErrNoQuorum, ctx.Err())
 		case <-c.ctx.Done():
-			timer.Stop()
 			return "", ErrClosed
 		}
-		timer.Stop()
 	}
 }
 

@@ -69,13 +69,17 @@ type Config struct {
 	// which raft allows.
 	NoBootstrap bool
 	Timing      Timing
-
-	// clock keeps the time of the leases: when a leader took office, when
-	// a renewal was sent and a grant ended, when no lease can still be
-	// valid (LeaseFree, and Propose's wait for it). Nil is clock.Real(); a
-	// test of the package sets a clock.Fake. Raft and gossip keep real
-	// time.
-	clock clock.Clock
+	// Clock keeps the cluster's own time: the leases (when a leader took
+	// office, when a renewal was sent and a grant ended, when no lease
+	// can still be valid: LeaseFree, and Propose's wait for it), when
+	// gossip last changed its mind of a member, the pauses of the rejoin
+	// and membership loops, of a retried proposal and of a failed accept,
+	// and the raft port's handshake deadlines. Nil is clock.Real(); a test
+	// sets a clock.Fake. Raft and memberlist keep real time, which they
+	// take no clock for: what is compared with raft's own times (its last
+	// contact with the leader, a context's deadline handed to raft) is
+	// read on the real clock (Cluster.raftTime).
+	Clock clock.Clock
 }
 
 // Timing holds the timeouts; a zero field takes its default.

@@ -7,18 +7,24 @@
 // gossips liveness and each node's metadata: a fast hint, never the
 // authority.
 //
-// The leader's failover decision lives in one pure function, Decide
-// (decide.go): from the authority, the members, the lease renewals it
-// granted, its own office and observation (Watch) and a time, it returns
+// The leader's failover decision lives in one pure function, Decide, in
+// package node/failover (which links no raft; the cluster names it and
+// its types for its callers): from the authority, the members, the lease
+// renewals it granted, its own office and observation (Watch) and a
+// time, it returns
 // the failovers to propose, why it leaves every other volume alone, and
 // whether a leader that serves as a primary hands its leadership off; it
 // reads no clock and calls neither raft nor the network. The node layer
 // gathers those inputs once per pass, proposes with ProposeAsLeader, and
 // the leases (lease.go) hold each promotion until no old lease can be
-// valid. The leases keep the cluster's clock (internal/clock: the real one
-// unless a test of this package sets a Fake; Cluster.Clock names it for the
-// node layer, which compares its leases and paces its renewals by it); raft
-// and gossip keep real time.
+// valid. The cluster's own time is an injected clock (Config.Clock,
+// internal/clock: the real one unless a test sets a Fake; Cluster.Clock
+// names it for the node layer, which compares its leases and paces its
+// renewals by it): the leases, gossip's dates, the pauses of its loops.
+// Raft and memberlist keep real time; what is compared with raft's own
+// times (its last contact with the leader) is read on the real clock, and
+// the waits on raft's state wait on its events (leader changes,
+// heartbeats), never on a timer.
 //
 // With the cluster's PKI (Config.TLS, Config.GossipKey), raft's
 // connections are mutual TLS 1.3 and gossip is encrypted with memberlist's

@@ -231,10 +231,12 @@ func (c *Cluster) toLeader(ctx context.Context, req ForwardRequest) (ForwardRepl
 		if errors.Is(err, ErrOutcomeUnknown) && req.Kind == KindPropose {
 			// The leader lost its office while committing: run the
 			// command again (every command may run twice, see above).
+			pause := c.cfg.Clock.NewTimer(50 * time.Millisecond)
 			select {
 			case <-ctx.Done():
+				pause.Stop()
 				return reply, err
-			case <-time.After(50 * time.Millisecond):
+			case <-pause.C():
 			}
 			continue
 		}
@@ -391,7 +393,7 @@ func (c *Cluster) apply(ctx context.Context, cmd replication.AuthorityCommand) (
 	if err != nil {
 		return replication.VolumeAuthority{}, fmt.Errorf("%w: %v", replication.ErrBadCommand, err)
 	}
-	f := c.raft.Apply(data, enqueueTimeout(ctx))
+	f := c.raft.Apply(data, c.enqueueTimeout(ctx))
 	if err := waitFuture(ctx, f); err != nil {
 		return replication.VolumeAuthority{}, fmt.Errorf("%s %s: %w", cmd.Op, cmd.Volume, err)
 	}
@@ -404,7 +406,7 @@ func (c *Cluster) apply(ctx context.Context, cmd replication.AuthorityCommand) (
 // this node as leader after the call began, and the state machine is
 // current.
 func (c *Cluster) barrier(ctx context.Context) error {
-	err := waitFuture(ctx, c.raft.Barrier(enqueueTimeout(ctx)))
+	err := waitFuture(ctx, c.raft.Barrier(c.enqueueTimeout(ctx)))
 	switch {
 	case errors.Is(err, raft.ErrLeadershipLost):
 		return errNotLeader // a barrier changes nothing: the next leader may take the request
@@ -430,10 +432,11 @@ func (c *Cluster) changeConfiguration(ctx context.Context, f raft.IndexFuture) e
 }
 
 // enqueueTimeout bounds raft's wait to take an entry: ctx's deadline, or
-// none.
-func enqueueTimeout(ctx context.Context) time.Duration {
+// none. Both the deadline (the context package's) and raft's timeout are
+// real time.
+func (c *Cluster) enqueueTimeout(ctx context.Context) time.Duration {
 	if d, ok := ctx.Deadline(); ok {
-		return max(time.Until(d), time.Millisecond)
+		return max(c.raftTime.Until(d), time.Millisecond)
 	}
 	return 0
 }

@@ -12,38 +12,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/replvol/replvol/internal/clock"
 )
-
-// Liveness is what gossip says of a node: a hint, never the authority.
-type Liveness string
-
-// Liveness values. memberlist v0.7.0 tells no event when it merely
-// suspects a node, and the nodes its Members returns point into its own
-// state (reading their State races with its updates), so a suspected node
-// stays Alive until it is declared Dead: within about 1 s with the
-// default Timing (suspicion included).
-const (
-	Alive Liveness = "alive"
-	// Dead: its probes failed and the suspicion ran out, unrefuted.
-	Dead Liveness = "dead"
-	// Left: it announced its leave.
-	Left Liveness = "left"
-	// Unknown: a member never heard of since this node started.
-	Unknown Liveness = "unknown"
-)
-
-// MemberState is one node as this node sees it.
-type MemberState struct {
-	Name  string   `json:"name"`
-	State Liveness `json:"state"`
-	// Since is when this node learned State (zero for Unknown).
-	Since   time.Time `json:"since,omitzero"`
-	Witness bool      `json:"witness,omitempty"`
-	// Voter: a voter in the latest raft configuration.
-	Voter bool `json:"voter"`
-	// Meta is what the node gave SetMeta, as last gossiped.
-	Meta []byte `json:"meta,omitempty"`
-}
 
 // gossip runs memberlist for one node. Memberlist calls the delegate
 // methods below with its own locks held (NotifyJoin, NotifyLeave and
@@ -54,6 +25,7 @@ type MemberState struct {
 type gossip struct {
 	self    string
 	t       Timing
+	clock   clock.Clock // the rejoin ticks and the members' since
 	logger  *hclogger
 	changed func() // must not block
 	// voter reports whether a name is a voter of raft's latest
@@ -78,9 +50,9 @@ type seenNode struct {
 	meta  []byte
 }
 
-func startGossip(self Member, members []Member, t Timing, key []byte, logger *hclogger, changed func(), voter func(string) bool) (*gossip, error) {
+func startGossip(self Member, members []Member, t Timing, key []byte, logger *hclogger, changed func(), voter func(string) bool, clk clock.Clock) (*gossip, error) {
 	g := &gossip{
-		self: self.Name, t: t, logger: logger, changed: changed, voter: voter,
+		self: self.Name, t: t, clock: clk, logger: logger, changed: changed, voter: voter,
 		members:   map[string]Member{},
 		refused:   map[string]bool{},
 		seen:      map[string]seenNode{},
@@ -137,14 +109,14 @@ func startGossip(self Member, members []Member, t Timing, key []byte, logger *hc
 // RejoinInterval (memberlist does not reconnect after a partition by
 // itself), and gossips new metadata. It returns when ctx ends.
 func (g *gossip) run(ctx context.Context) {
-	tick := time.NewTicker(g.t.RejoinInterval)
+	tick := g.clock.NewTicker(g.t.RejoinInterval)
 	defer tick.Stop()
 	g.rejoin()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-tick.C():
 			g.rejoin()
 			g.admitRefused()
 		case <-g.metaDirty:
@@ -276,7 +248,7 @@ func (g *gossip) record(n *memberlist.Node, state Liveness) {
 	g.mu.Lock()
 	s := g.seen[n.Name]
 	if s.state != state {
-		s.state, s.since = state, time.Now()
+		s.state, s.since = state, g.clock.Now()
 	}
 	s.meta = slices.Clone(n.Meta)
 	g.seen[n.Name] = s
@@ -303,7 +275,7 @@ func (g *gossip) NotifyLeave(n *memberlist.Node) {
 // sealed with one key every node holds, and name their sender
 // themselves), so this is all that can be bound: a holder of the key can
 // still speak for any of the cluster's nodes, which is why gossip decides
-// nothing on its own (watch.go: a primary that renews is not lost,
+// nothing on its own (node/failover's watch: a primary that renews is not lost,
 // whatever gossip says; the metadata is only shown). memberlist logs the
 // refusal (StandardWriter: once per name and cause). A node added at
 // runtime that is in no cluster file of this node's is taken once raft

@@ -60,7 +60,7 @@ type testNet struct {
 	logs map[string]*testLogWriter
 	// logLevel is the least level logged (default WARN).
 	logLevel slog.Level
-	// clock, when set before a node starts, keeps its leases' time.
+	// clock, when set before a node starts, is its Config.Clock.
 	clock clock.Clock
 	// timing is what a node starts with (testTiming unless a test sets
 	// another before it starts the nodes).
@@ -158,7 +158,7 @@ func (n *testNet) start(name string) *Cluster {
 	c, err := Open(Config{
 		Self: name, Members: members, Dir: n.dirs[name], Logger: logs.logger(),
 		RaftListener: layer, Forward: n.forwarder(name), NoBootstrap: n.spare[name], Timing: timing,
-		TLS: bundle, GossipKey: key, clock: n.clock,
+		TLS: bundle, GossipKey: key, Clock: n.clock,
 	})
 	if err != nil {
 		n.t.Fatalf("open %s: %v", name, err)

@@ -156,11 +156,11 @@ func (c *Cluster) RenewLease(ctx context.Context, volume string, epoch uint64) (
 	return sent.Add(c.leases.duration), nil
 }
 
-// Clock returns the clock the leases keep (the real one unless a test of
-// this package set another): RenewLease's validUntil, LeaseWatch's grants
+// Clock returns the clock the leases keep (Config.Clock; the real one
+// unless a test set another): RenewLease's validUntil, LeaseWatch's grants
 // and LeadingSince are its times, and a caller compares them with its Now
 // and waits on its timers.
-func (c *Cluster) Clock() clock.Clock { return c.cfg.clock }
+func (c *Cluster) Clock() clock.Clock { return c.cfg.Clock }
 
 // ReleaseLease gives up this node's lease of volume at epoch, so that a
 // switchover need not wait for it to run out. Call it only AFTER the
@@ -193,7 +193,7 @@ func (c *Cluster) LeaseIdle(volume string) time.Duration {
 	if c.raft.State() != raft.Leader {
 		return 0
 	}
-	return c.leases.idle(volume, c.cfg.clock.Now())
+	return c.leases.idle(volume, c.cfg.Clock.Now())
 }
 
 // watch returns this node's last grant of volume's lease (zero: none)
@@ -240,7 +240,7 @@ func (c *Cluster) LeadingSince() time.Time {
 // waits for it before a promotion that changes the primary.
 func (c *Cluster) LeaseFree(volume string) bool {
 	at, pending, leading := c.leases.freeAt(volume)
-	return leading && !pending && !c.cfg.clock.Now().Before(at) && c.raft.State() == raft.Leader
+	return leading && !pending && !c.cfg.Clock.Now().Before(at) && c.raft.State() == raft.Leader
 }
 
 // grantLease is the leader's side of RenewLease.
@@ -252,7 +252,7 @@ func (c *Cluster) grantLease(ctx context.Context, from, volume string, epoch uin
 		return err
 	}
 	granted := false
-	defer func() { c.leases.end(volume, granted, c.cfg.clock.Now()) }()
+	defer func() { c.leases.end(volume, granted, c.cfg.Clock.Now()) }()
 	if err := c.grantBarrier(ctx); err != nil {
 		return err
 	}
@@ -296,14 +296,14 @@ func (c *Cluster) waitLeaseFree(ctx context.Context, volume string, office time.
 		if !office.IsZero() && !c.leases.office().Equal(office) {
 			return errNotLeader
 		}
-		wait := c.cfg.clock.Until(at)
+		wait := c.cfg.Clock.Until(at)
 		if !pending && wait <= 0 {
 			return nil
 		}
 		if pending || wait <= 0 {
 			wait = c.cfg.Timing.LeaseDuration // a grant's end fires changed
 		}
-		timer := c.cfg.clock.NewTimer(wait)
+		timer := c.cfg.Clock.NewTimer(wait)
 		select {
 		case <-changed:
 		case <-timer.C():

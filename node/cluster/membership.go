@@ -25,18 +25,6 @@ import (
 // NoBootstrap and not added yet learns the same way that it is not a
 // voter yet.
 
-// Standing is this node's place in raft, when it is not a voter.
-type Standing string
-
-// Standings. The empty Standing is a voter's (or a node that knows no
-// better).
-const (
-	// Removed: it was a voter and the cluster removed it.
-	Removed Standing = "removed"
-	// Joining: it started with NoBootstrap and is not a voter yet.
-	Joining Standing = "joining"
-)
-
 // ErrNotAVoter: this node is not (any more) a raft voter; nothing that
 // needs the leader can be done through it.
 var ErrNotAVoter = errors.New("not a raft voter")
@@ -113,7 +101,7 @@ func (c *Cluster) hasLeader(since time.Time) bool {
 		return string(id) == c.self
 	default:
 		last := c.raft.LastContact()
-		return last.After(since) && time.Since(last) < c.cfg.Timing.HeartbeatTimeout
+		return last.After(since) && c.raftTime.Since(last) < c.cfg.Timing.HeartbeatTimeout
 	}
 }
 
@@ -137,7 +125,7 @@ func (c *Cluster) configVoters() ([]string, bool) {
 // learnVoters takes the cluster's voters as another node (with a leader)
 // reports them: without this node, it is not a voter.
 func (c *Cluster) learnVoters(voters []string) {
-	now := time.Now()
+	now := c.raftTime.Now() // compared with raft's LastContact (hasLeader)
 	if slices.Contains(voters, c.self) {
 		if c.member.set("", nil, now, 0) {
 			c.logger.Info("this node is a raft voter again", "voters", voters)
@@ -161,25 +149,25 @@ func (c *Cluster) learnVoters(voters []string) {
 // cluster counts as voters; a leader reaching it again with a
 // configuration that has it as a voter ends a removal.
 func (c *Cluster) watchMembership(ctx context.Context) {
-	tick := time.NewTicker(c.cfg.Timing.RejoinInterval)
+	tick := c.cfg.Clock.NewTicker(c.cfg.Timing.RejoinInterval)
 	defer tick.Stop()
 	var leaderless time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-tick.C():
 		}
 		standing, _, learned := c.member.get()
 		if c.hasLeader(learned) && (standing == "" || c.votesInOwnConfig()) {
 			leaderless = time.Time{}
-			if c.member.set("", nil, time.Now(), 0) {
+			if c.member.set("", nil, c.raftTime.Now(), 0) {
 				c.logger.Info("a raft leader reaches this node: it is a voter again")
 				c.signalChanged()
 			}
 			continue
 		}
-		now := time.Now()
+		now := c.cfg.Clock.Now()
 		if leaderless.IsZero() {
 			leaderless = now
 		}

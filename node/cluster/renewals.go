@@ -120,7 +120,7 @@ func (c *Cluster) sendBatch(batch []*renewal) {
 			claims = append(claims, r.claim)
 		}
 	}
-	sent := c.cfg.clock.Now()
+	sent := c.cfg.Clock.Now()
 	reply, err := c.toLeader(ctx, ForwardRequest{Kind: KindRenewLeases, From: c.self, Leases: claims})
 	for _, r := range batch {
 		res := renewed{sent: sent, err: err}
@@ -214,7 +214,7 @@ func (c *Cluster) grantLeases(ctx context.Context, from string, claims []LeaseCl
 	began := make([]bool, len(claims))
 	granted := make([]bool, len(claims))
 	defer func() {
-		now := c.cfg.clock.Now()
+		now := c.cfg.Clock.Now()
 		for i, cl := range claims {
 			if began[i] {
 				c.leases.end(cl.Volume, granted[i], now)

@@ -15,6 +15,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 
+	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/internal/logonce"
 	"github.com/replvol/replvol/internal/pki"
 )
@@ -197,6 +198,9 @@ type gateConfig struct {
 	hcl     hclog.Logger
 	// refused is told each refusal logged (Config.Refused); nil: none.
 	refused func(words string)
+	// clock paces the pause after a failed accept and the address
+	// book's lookups; nil: the real one.
+	clock clock.Clock
 }
 
 // gatedTransport is raft's transport with each inbound RPC checked against
@@ -211,6 +215,9 @@ type gatedTransport struct {
 	once *logonce.Set
 
 	consume chan raft.RPC
+	// contact fires after each heartbeat that raft took: a follower's
+	// LastContact is new then (AwaitQuorum waits on it).
+	contact *broadcast
 
 	mu        sync.Mutex
 	heartbeat func(raft.RPC)
@@ -225,9 +232,11 @@ type gatedTransport struct {
 }
 
 func newGatedTransport(cfg gateConfig) *gatedTransport {
+	cfg.clock = clock.Or(cfg.clock)
 	t := &gatedTransport{
 		cfg:     cfg,
-		book:    newAddrBook(cfg.logger),
+		book:    newAddrBook(cfg.logger, cfg.clock),
+		contact: newBroadcast(),
 		once:    logonce.New(refusalQuiet, maxRefusalsKept, nil),
 		consume: make(chan raft.RPC),
 		inbound: map[*inboundConn]bool{},
@@ -312,10 +321,12 @@ func (t *gatedTransport) acceptLoop() {
 	for {
 		conn, err := t.cfg.listener.Accept()
 		if err != nil {
+			pause := t.cfg.clock.NewTimer(delay)
 			select {
 			case <-t.done:
+				pause.Stop()
 				return
-			case <-time.After(delay):
+			case <-pause.C():
 			}
 			delay = min(2*delay, time.Second)
 			continue
@@ -382,7 +393,8 @@ func (t *gatedTransport) onHeartbeat(in *inboundConn, rpc raft.RPC) {
 		return
 	}
 	if fn := t.heartbeatHandler(); fn != nil {
-		fn(rpc)
+		fn(rpc) // raft's fast path: it has taken the heartbeat on return
+		t.contact.fire()
 		return
 	}
 	t.deliver(in, rpc)
@@ -525,6 +537,7 @@ func (d *dialOnly) Close() error {
 // and again (at most every addrRetry) when an RPC names another.
 type addrBook struct {
 	logger  *slog.Logger
+	clock   clock.Clock // when a lookup started, for addrRetry
 	resolve func(addr string) (string, error)
 
 	mu       sync.Mutex
@@ -539,12 +552,12 @@ type addrBook struct {
 // while RPCs name another form of it.
 const addrRetry = 10 * time.Second
 
-func newAddrBook(logger *slog.Logger) *addrBook {
+func newAddrBook(logger *slog.Logger, clk clock.Clock) *addrBook {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	return &addrBook{
-		logger: logger,
+		logger: logger, clock: clock.Or(clk),
 		resolve: func(addr string) (string, error) {
 			a, err := net.ResolveTCPAddr("tcp", addr)
 			if err != nil {
@@ -610,10 +623,10 @@ func (b *addrBook) lookUp(addr string) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.closed || time.Since(b.tried[addr]) < addrRetry {
+	if b.closed || b.clock.Since(b.tried[addr]) < addrRetry {
 		return
 	}
-	b.tried[addr] = time.Now()
+	b.tried[addr] = b.clock.Now()
 	b.wg.Add(1)
 	go func() {
 		defer b.wg.Done()

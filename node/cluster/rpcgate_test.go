@@ -31,7 +31,7 @@ func TestJudgeRaftRPC(t *testing.T) {
 	const aAddr, bAddr, dAddr = "10.0.0.1:7803", "10.0.0.2:7803", "10.0.0.4:7803"
 	voters := map[string]string{"a": aAddr, "b": bAddr, "w": "10.0.0.3:7803"}
 	members := map[string]string{"a": aAddr, "b": bAddr, "w": "10.0.0.3:7803", "d": dAddr}
-	book := newAddrBook(nil)
+	book := newAddrBook(nil, nil)
 	senders := rpcSenders{voters: voters, members: members, leader: "a", same: book.same}
 	cases := []struct {
 		name    string
@@ -92,7 +92,7 @@ func TestJudgeRaftRPC(t *testing.T) {
 // a node listens on, its host name resolved; the book takes that form for
 // a cluster file's address with a host name once it has looked it up.
 func TestARaftAddressWithAHostNameIsMatchedResolved(t *testing.T) {
-	b := newAddrBook(nil)
+	b := newAddrBook(nil, nil)
 	lookups := make(chan string, 4)
 	b.resolve = func(addr string) (string, error) {
 		lookups <- addr

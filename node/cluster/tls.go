@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/internal/connlimit"
 	"github.com/replvol/replvol/internal/logonce"
 	"github.com/replvol/replvol/internal/pki"
@@ -61,6 +62,7 @@ type tlsLayer struct {
 	// refused is told each refusal logged (Config.Refused); nil: none.
 	refused func(words string)
 	once    *logonce.Set
+	clock   clock.Clock // the handshakes' deadlines, the pause after a failed accept
 
 	mu      sync.Mutex
 	names   map[string]string // raft address → node name
@@ -76,9 +78,10 @@ type tlsLayer struct {
 	wg       sync.WaitGroup
 }
 
-func newTLSLayer(raw *streamLayer, b *pki.Bundle, members []Member, timeout time.Duration, logger *slog.Logger, refused func(string)) *tlsLayer {
+func newTLSLayer(raw *streamLayer, b *pki.Bundle, members []Member, timeout time.Duration, logger *slog.Logger, refused func(string), clk clock.Clock) *tlsLayer {
+	clk = clock.Or(clk)
 	l := &tlsLayer{
-		raw: raw, b: b, timeout: max(timeout, minHandshakeTimeout), logger: logger, refused: refused,
+		raw: raw, b: b, timeout: max(timeout, minHandshakeTimeout), logger: logger, refused: refused, clock: clk,
 		once:     logonce.New(refusalQuiet, maxRefusalsKept, nil),
 		names:    map[string]string{},
 		shaking:  map[net.Conn]bool{},
@@ -98,6 +101,7 @@ func newTLSLayer(raw *streamLayer, b *pki.Bundle, members []Member, timeout time
 		PressureTimeout:     minHandshakeTimeout,
 		Known:               l.known,
 		Logger:              logger,
+		Clock:               clk,
 	})
 	for _, m := range members {
 		l.names[m.Raft] = m.Name
@@ -156,10 +160,12 @@ func (l *tlsLayer) acceptLoop() {
 	for {
 		conn, err := l.raw.Accept()
 		if err != nil {
+			pause := l.clock.NewTimer(delay)
 			select {
 			case <-l.done:
+				pause.Stop()
 				return
-			case <-time.After(delay):
+			case <-pause.C():
 			}
 			delay = min(2*delay, time.Second)
 			continue

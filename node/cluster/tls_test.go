@@ -214,7 +214,7 @@ func TestANodeAddedAtRuntimeIsReachedOverTLS(t *testing.T) {
 // gossip key (every node holds it) gossips as "mallory": no node counts
 // mallory a member, and each logs the refusal once. The key names no
 // node, so the name is all gossip can bind; what gossip says decides
-// nothing alone (watch.go).
+// nothing alone (node/failover's watch).
 func TestGossipCountsOnlyTheClustersNodes(t *testing.T) {
 	n := newTestNet(t, member("a"), member("b"), witness("w"))
 	n.withTLS()

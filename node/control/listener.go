@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/internal/connlimit"
 )
 
@@ -44,6 +45,10 @@ type Limits struct {
 	// HandshakeTimeout bounds a TLS handshake; default
 	// connlimit.DefaultHandshakeTimeout (shorter while the port is busy).
 	HandshakeTimeout time.Duration
+	// Clock is the port's time: the handshakes' deadlines, the limits'
+	// log intervals, the pause after a failed accept. Nil is
+	// clock.Real().
+	Clock clock.Clock
 }
 
 // admission is l's connection limits for the port named what.
@@ -63,6 +68,7 @@ func (l Limits) admission(what string, log *slog.Logger) connlimit.Config {
 		HandshakeTimeout:    l.HandshakeTimeout,
 		Known:               l.Known,
 		Logger:              log,
+		Clock:               l.Clock,
 	}
 }
 
@@ -78,6 +84,7 @@ type Listener struct {
 	log       *slog.Logger
 	what      string
 	refusals  *RefusalLog
+	clock     clock.Clock
 	ready     chan net.Conn
 	done      chan struct{}
 	closeOnce sync.Once
@@ -88,7 +95,7 @@ type Listener struct {
 // for a plaintext port.
 func NewListener(inner net.Listener, what string, tlsConfig *tls.Config, limits Limits, log *slog.Logger, refusals *RefusalLog) *Listener {
 	l := &Listener{inner: inner, tlsConfig: tlsConfig, admission: connlimit.New(limits.admission(what, log)), log: log, what: what,
-		refusals: refusals, ready: make(chan net.Conn), done: make(chan struct{})}
+		refusals: refusals, clock: clock.Or(limits.Clock), ready: make(chan net.Conn), done: make(chan struct{})}
 	go l.acceptLoop()
 	return l
 }
@@ -106,10 +113,12 @@ func (l *Listener) acceptLoop() {
 			}
 			// Out of file descriptors, or a connection aborted: the
 			// listener itself is fine.
+			pause := l.clock.NewTimer(5 * time.Millisecond)
 			select {
 			case <-l.done:
+				pause.Stop()
 				return
-			case <-time.After(5 * time.Millisecond):
+			case <-pause.C():
 			}
 			continue
 		}
@@ -147,7 +156,7 @@ var (
 // the limits closed or whose client went away is not.
 func (l *Listener) handshake(c net.Conn, slot *connlimit.Slot) {
 	tc := tls.Server(c, l.tlsConfig)
-	began := time.Now()
+	began := l.clock.Now()
 	c.SetDeadline(slot.Deadline())
 	err := tc.Handshake()
 	c.SetDeadline(time.Time{})

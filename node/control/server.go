@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 	"google.golang.org/grpc/codes"
@@ -130,15 +131,18 @@ func GRPCError(err error) error {
 // Server implements the control API of a node (transport.ControlServer)
 // on the node it is given.
 type Server struct {
-	node Node
-	gate *Gate
+	node  Node
+	gate  *Gate
+	clock clock.Clock
 }
 
 var _ transport.ControlServer = (*Server)(nil)
 
 // NewServer returns the control API of node, whose calls gate authorized.
-func NewServer(node Node, gate *Gate) *Server {
-	return &Server{node: node, gate: gate}
+// clk is the node's time, at which the state events say the state (nil:
+// clock.Real()).
+func NewServer(node Node, gate *Gate, clk clock.Clock) *Server {
+	return &Server{node: node, gate: gate, clock: clock.Or(clk)}
 }
 
 // forward hands a request that names another node (node) to that node's
@@ -400,7 +404,7 @@ func (s *Server) Events(ctx context.Context, r *transport.EventsRequest, send fu
 		}
 	}
 	if r.State {
-		for _, e := range s.node.StateEvents(time.Now()) {
+		for _, e := range s.node.StateEvents(s.clock.Now()) {
 			if err := send(&e); err != nil {
 				return err
 			}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/transport"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -17,6 +18,8 @@ import (
 // whether a request reached a decision of the node's.
 type fakeNode struct {
 	decided []string
+	// stateAt is the time StateEvents was last asked for.
+	stateAt time.Time
 }
 
 func (f *fakeNode) Name() string { return "alpha" }
@@ -46,7 +49,10 @@ func (f *fakeNode) ClusterStatus(ctx context.Context, events int) (*transport.Cl
 
 func (f *fakeNode) Subscribe() (<-chan transport.Event, func()) { return nil, func() {} }
 func (f *fakeNode) History(max int) ([]transport.Event, error)  { return nil, nil }
-func (f *fakeNode) StateEvents(now time.Time) []transport.Event { return nil }
+func (f *fakeNode) StateEvents(now time.Time) []transport.Event {
+	f.stateAt = now
+	return []transport.Event{{Time: now, Kind: "state"}}
+}
 
 func (f *fakeNode) Switchover(ctx context.Context, r *transport.PrimaryRequest) (*transport.PrimaryReply, error) {
 	f.decided = append(f.decided, "switchover")
@@ -136,7 +142,7 @@ func TestTheHandlersCheckTheRequestBeforeTheNodeDecides(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			node := &fakeNode{}
-			err := tc.call(NewServer(node, NewGate("alpha", nil, nil, nil)))
+			err := tc.call(NewServer(node, NewGate("alpha", nil, nil, nil), nil))
 			if status.Code(err) != tc.code || !strings.Contains(status.Convert(err).Message(), tc.words) {
 				t.Fatalf("got %v; want %s saying %q", err, tc.code, tc.words)
 			}
@@ -151,11 +157,33 @@ func TestTheHandlersCheckTheRequestBeforeTheNodeDecides(t *testing.T) {
 // the target check out, the handler hands the switchover to the node.
 func TestASwitchoverTheRequestAllowsIsTheNodesToDecide(t *testing.T) {
 	node := &fakeNode{}
-	s := NewServer(node, NewGate("alpha", nil, nil, nil))
+	s := NewServer(node, NewGate("alpha", nil, nil, nil), nil)
 	if _, err := s.Primary(context.Background(), &transport.PrimaryRequest{Volume: "vol0", Node: "beta"}); err != nil {
 		t.Fatal(err)
 	}
 	if len(node.decided) != 1 || node.decided[0] != "switchover" {
 		t.Fatalf("the node decided %v", node.decided)
+	}
+}
+
+// TestTheStateEventsAreAtTheInjectedClocksNow: an events request that asks
+// for the current state gets the node's state at the server's clock's now.
+func TestTheStateEventsAreAtTheInjectedClocksNow(t *testing.T) {
+	fake := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	node := &fakeNode{}
+	s := NewServer(node, NewGate("alpha", nil, nil, nil), fake)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var got []transport.Event
+	err := s.Events(ctx, &transport.EventsRequest{State: true}, func(e *transport.Event) error {
+		got = append(got, *e)
+		cancel() // the state is all this test waits for
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !node.stateAt.Equal(fake.Now()) || len(got) != 1 || !got[0].Time.Equal(fake.Now()) {
+		t.Fatalf("the state was asked for at %v and sent as %+v; want both at the injected clock's %v", node.stateAt, got, fake.Now())
 	}
 }

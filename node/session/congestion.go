@@ -3,7 +3,6 @@ package session
 import (
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
@@ -39,7 +38,7 @@ const (
 func (s *Session) admit(sub submission) {
 	set := s.peer.Congestion()
 	if s.cong == nil || s.congPolicy != set.Policy {
-		s.cong, _ = replication.NewCongestion(set, time.Now())
+		s.cong, _ = replication.NewCongestion(set, s.cfg.Clock.Now())
 		s.congPolicy = set.Policy
 	}
 	if s.ahead {
@@ -67,7 +66,7 @@ func (s *Session) admit(sub submission) {
 // actions, in order, on the loop: the peer's state changes here.
 func (s *Session) step(n int64) (replication.ReplState, replication.CongestionActions) {
 	st, acts := s.cong.Step(replication.CongestionInput{
-		Now: time.Now(), Queued: s.appBytes + n,
+		Now: s.cfg.Clock.Now(), Queued: s.appBytes + n,
 		CatchUpRunning: s.catchingUp, CatchUpLeft: s.bm.Bytes(),
 	})
 	if acts.Has(replication.Disconnect) {

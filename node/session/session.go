@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
@@ -115,6 +116,10 @@ type Config struct {
 	// when the frame carries the payload by reference, once the entry
 	// completed (or was not taken). It must not block.
 	FreeBuffer func(*[]byte)
+	// Clock keeps the session's time: the heartbeat ticks, the peer's
+	// silence against Timeout, the congestion controller's and the lag's
+	// times. Nil is clock.Real(); a test sets a clock.Fake.
+	Clock clock.Clock
 }
 
 // Counters are the peer's progress counters a session adds to; status
@@ -363,13 +368,14 @@ type replyMsg struct {
 // New makes the session of a stream whose handshake is done; Start (or
 // Run) starts it. It ends with ctx.
 func New(ctx context.Context, p Peer, s *transport.ReplStream, cfg Config) *Session {
+	cfg.Clock = clock.Or(cfg.Clock)
 	sctx, cancel := context.WithCancel(ctx)
 	ss := &Session{peer: p, name: cfg.Name, bm: cfg.Bitmap, lag: cfg.Lag, cfg: cfg, beat: cfg.Beat,
 		stream: s, ctx: sctx, cancel: cancel, timeout: cfg.Timeout, errc: make(chan error, 1),
 		inbox: make(chan inMsg), fromPeer: make(chan peerMsg, 64), synced: make(chan *Pending, 1),
 		out:   make(chan *transport.Frame, maxFramesInFlight+1),
 		ended: make(chan struct{}), finished: make(chan struct{})}
-	ss.lastRecv.Store(time.Now().UnixNano())
+	ss.lastRecv.Store(cfg.Clock.Now().UnixNano())
 	return ss
 }
 
@@ -401,7 +407,7 @@ func (s *Session) checkPeer(every time.Duration) error {
 	// even the ack of a heartbeat. A busy stream is judged by its own
 	// acks; an idle one owes nothing, and the peer node answering on any
 	// stream will do.
-	now := time.Now().UnixNano()
+	now := s.cfg.Clock.Now().UnixNano()
 	idle := s.idle()
 	quiet := time.Duration(now - s.lastRecv.Load())
 	if idle {
@@ -488,7 +494,7 @@ func (s *Session) loop() {
 	// One tick both checks that the peer answers and probes it: a quarter
 	// of the timeout, at most maxHeartbeatInterval.
 	every := max(min(s.timeout/4, maxHeartbeatInterval), 10*time.Millisecond)
-	tick := time.NewTicker(every)
+	tick := s.cfg.Clock.NewTicker(every)
 	// An idle stream that another stream of the pair probes for rests:
 	// its ticker stops and it waits on rest, which wakes it when that
 	// carrier leaves (it failed, or its volume went). A thousand idle
@@ -523,7 +529,7 @@ wait:
 			default:
 			}
 			break wait
-		case <-tick.C:
+		case <-tick.C():
 			if err = s.checkPeer(every); err != nil {
 				break wait
 			}
@@ -554,7 +560,7 @@ wait:
 		if idleBefore && !s.idle() {
 			// The stream owed the peer nothing until now: its silence
 			// counts from here.
-			s.lastRecv.Store(time.Now().UnixNano())
+			s.lastRecv.Store(s.cfg.Clock.Now().UnixNano())
 		}
 		if err := s.sendQueued(); err != nil {
 			s.Fail(err)
@@ -726,7 +732,7 @@ func (s *Session) receive() error {
 			}
 			return fmt.Errorf("receive from %s: %w", s.name, err)
 		}
-		now := time.Now().UnixNano()
+		now := s.cfg.Clock.Now().UnixNano()
 		s.lastRecv.Store(now)
 		s.beat.heard(now)
 		if b := f.Bytes(); len(b) > 0 && replication.FrameType(b[0]) == replication.FrameReadReply {

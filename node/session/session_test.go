@@ -2,11 +2,13 @@ package session
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
@@ -64,5 +66,64 @@ func TestAnEntryQueuedDuringAHeartbeatIsSent(t *testing.T) {
 		}
 	case <-time.After(2 * time.Second):
 		t.Fatal("the entry queued during the heartbeat was never sent")
+	}
+}
+
+// waitArmed waits until f has n timers armed, failing the test after a
+// deadline (a session that never arms its ticker on f keeps real time).
+func waitArmed(t *testing.T, f *clock.Fake, n int) {
+	t.Helper()
+	armed := make(chan struct{})
+	go func() { f.WaitArmed(n); close(armed) }()
+	select {
+	case <-armed:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the session armed no ticker on the injected clock")
+	}
+}
+
+// TestThePeersSilenceIsCountedOnTheInjectedClock: a session ticks, probes
+// and judges the peer's silence on Config.Clock. Against a peer that
+// answers nothing, with a timeout of an hour, the session stands through
+// an hour of the fake clock (its tick then still sends a heartbeat) and
+// ends with ErrPeerTimeout at the next tick, whatever the real time.
+func TestThePeersSilenceIsCountedOnTheInjectedClock(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	fake := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	g := repltest.NewGateStream(ctx)
+	close(g.Gate)
+	cfg := looseConfig(time.Hour)
+	cfg.Clock = fake
+	s := New(ctx, loosePeer{}, transport.NewReplStream(g, cancel), cfg)
+	ended := make(chan error, 1)
+	go func() { ended <- s.Run(nil) }()
+	waitArmed(t, fake, 1)
+
+	fake.Advance(time.Hour) // one tick: silent for the timeout, not past it
+	select {
+	case n := <-g.Sent:
+		if n != 0 {
+			t.Fatalf("the tick sent a frame of %d entries, want the empty heartbeat", n)
+		}
+	case err := <-ended:
+		t.Fatalf("the session ended after a silence of exactly its timeout: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no heartbeat after a tick of the injected clock")
+	}
+	select {
+	case err := <-ended:
+		t.Fatalf("the session ended after a silence of exactly its timeout: %v", err)
+	default:
+	}
+
+	fake.Advance(maxHeartbeatInterval) // the next tick: past the timeout
+	select {
+	case err := <-ended:
+		if !errors.Is(err, ErrPeerTimeout) {
+			t.Fatalf("the session ended with %v, want ErrPeerTimeout", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the session outlived its timeout on the injected clock")
 	}
 }

@@ -95,7 +95,7 @@ func (s *Session) markedBehind(m behindMark) {
 	markEntry(s.bm, m.e)
 	// The lag counts blocks newly marked, not a block twice.
 	if n := (s.bm.Count() - before) * replication.BlockSize; n > 0 {
-		s.lag.Marked(n, time.Now())
+		s.lag.Marked(n, s.cfg.Clock.Now())
 		s.publishLag()
 	}
 	close(m.ran)

@@ -3,14 +3,14 @@
 // witness, or three data nodes, each data node running the real volume state machine
 // (volstate.Step through volstate.Apply), raft's committed state the real
 // replication.Authority, and a modelled raft leader running the real
-// cluster.Decide. Only the mechanism around those rules is modelled: disks
+// failover.Decide. Only the mechanism around those rules is modelled: disks
 // with a volatile write cache, replication links, leases, the data path
 // and resync, the clock. One PCG source seeded from the seed drives
 // everything and the invariants of DESIGN.md §2 are checked after every
 // step, so a seed replays a failure exactly.
 //
-// It may import volstate, cluster, replication and the standard library,
-// never node (nothing of the node's I/O). It runs on one goroutine, reads
-// no wall clock and never sleeps: virtual time moves only when the
-// scheduler advances it. A Sim is not safe for concurrent use.
+// It may import volstate, failover, replication and the standard library,
+// never node or cluster (nothing of the node's I/O, no raft, memberlist or
+// bbolt). It runs on one goroutine, reads no wall clock and never sleeps:
+// virtual time moves only when the scheduler advances it. A Sim is not safe for concurrent use.
 package sim

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/replvol/replvol/node/cluster"
+	"github.com/replvol/replvol/node/failover"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -13,7 +13,7 @@ import (
 // leader is a live voter that reaches a majority of the voters; a
 // proposal from a node that reaches the leader is committed at once and
 // applied with the real Authority.Apply. The leader grants the leases,
-// runs the real cluster.Decide, and applies a promotion only once no
+// runs the real failover.Decide, and applies a promotion only once no
 // lease of the old primary can still be valid (the lease fence).
 type raft struct {
 	voters  []string
@@ -27,7 +27,7 @@ type raft struct {
 	// leader does not know the old one's: it waits from its office).
 	lastGrant  time.Time
 	pending    *promotion
-	terms      map[string]cluster.Term
+	terms      map[string]failover.Term
 	seen       map[string]time.Time
 	lastDecide time.Time
 }
@@ -77,7 +77,7 @@ func (r *raft) tick(s *Sim) {
 			v := r.voters[(first+i)%len(r.voters)]
 			if l := s.node(v); l.running(s.now) && r.quorum(s, l) {
 				r.leader, r.office, r.lastGrant = v, s.now, time.Time{}
-				r.terms, r.seen, r.lastDecide = map[string]cluster.Term{}, map[string]time.Time{}, time.Time{}
+				r.terms, r.seen, r.lastDecide = map[string]failover.Term{}, map[string]time.Time{}, time.Time{}
 				s.tracef("raft: %s leads", v)
 				break
 			}
@@ -184,19 +184,19 @@ func (r *raft) release(s *Sim, n *node, epoch uint64) {
 	}
 }
 
-// decide runs the real cluster.Decide and proposes what it says.
+// decide runs the real failover.Decide and proposes what it says.
 func (r *raft) decide(s *Sim) {
-	st := cluster.Status{Self: r.leader, Leader: r.leader, Quorum: true, Voters: r.voters}
+	st := failover.Status{Self: r.leader, Leader: r.leader, Quorum: true, Voters: r.voters}
 	for _, n := range s.nodes {
-		live := cluster.Alive
+		live := failover.Alive
 		if seen, ok := r.seen[n.name]; !ok || s.now.Sub(seen) > deadAfter {
-			live = cluster.Dead
+			live = failover.Dead
 		}
-		st.Members = append(st.Members, cluster.MemberState{Name: n.name, State: live, Voter: true, Witness: n.witness})
+		st.Members = append(st.Members, failover.MemberState{Name: n.name, State: live, Voter: true, Witness: n.witness})
 	}
-	renewals := cluster.Renewals{Lease: leaseDuration, Volumes: map[string]cluster.Renewal{volume: {Last: r.lastGrant}}}
-	leader := cluster.Leader{Office: r.office, Observing: r.office, Failover: cluster.FailoverConfig{Auto: true}, Terms: r.terms}
-	d := cluster.Decide([]string{volume}, r.auth, st, renewals, leader, s.now)
+	renewals := failover.Renewals{Lease: leaseDuration, Volumes: map[string]failover.Renewal{volume: {Last: r.lastGrant}}}
+	leader := failover.Leader{Office: r.office, Observing: r.office, Failover: failover.FailoverConfig{Auto: true}, Terms: r.terms}
+	d := failover.Decide([]string{volume}, r.auth, st, renewals, leader, s.now)
 	for v, t := range d.Seen {
 		r.terms[v] = t
 	}
@@ -208,7 +208,7 @@ func (r *raft) decide(s *Sim) {
 		}
 	}
 	for _, left := range d.Left {
-		if s.cfg.mutation == mutBypassOutdated && left.Why == cluster.CandidateOutdated && r.pending == nil {
+		if s.cfg.mutation == mutBypassOutdated && left.Why == failover.CandidateOutdated && r.pending == nil {
 			to := left.Refusal.OutdatedAlive[0]
 			va, _ := r.auth.Volume(volume)
 			s.tracef("raft: MUTATION promotes Outdated %s", to)

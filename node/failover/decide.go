@@ -1,4 +1,4 @@
-package cluster
+package failover
 
 import (
 	"fmt"
