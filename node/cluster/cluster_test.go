@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
 	"slices"
 	"strings"
@@ -591,5 +592,41 @@ func TestAwaitQuorumWaitsOutAnElectionButNotALostMajority(t *testing.T) {
 	tm := rest[0].cfg.Timing
 	if took, bound := time.Since(began), 2*(tm.HeartbeatTimeout+tm.ElectionTimeout)+time.Second; took > bound {
 		t.Fatalf("AwaitQuorum without a majority returned after %s, want within %s", took, bound)
+	}
+}
+
+// TestAMembershipChangeWhoseOutcomeIsUnknownIsRunAgain: a leader that
+// loses its office while it commits a membership change answers "outcome
+// unknown" (a loaded machine saw it: "leadership lost while committing
+// log"). The change is asked again, of the next leader, as a proposal is:
+// adding a voter twice, or removing one twice, is the same configuration.
+// Here each change is committed and its answer lost on the way back.
+func TestAMembershipChangeWhoseOutcomeIsUnknownIsRunAgain(t *testing.T) {
+	n, leader := threeNodes(t)
+	ctx := testContext(t, 10*time.Second)
+	follower := n.follower(t, leader)
+	d := n.defineSpare(member("d"))
+	n.start("d")
+	lost := map[ForwardKind]int{}
+	n.mu.Lock()
+	n.reply = func(req ForwardRequest, r ForwardReply) ForwardReply {
+		if (req.Kind == KindAddVoter || req.Kind == KindRemoveVoter) && r.Err() == nil && lost[req.Kind] == 0 {
+			lost[req.Kind]++
+			return replyOf(replication.VolumeAuthority{}, fmt.Errorf("raft configuration change: %w: leadership lost while committing log", ErrOutcomeUnknown))
+		}
+		return r
+	}
+	n.mu.Unlock()
+
+	if voters, err := follower.AddVoter(ctx, d); err != nil || !slices.Equal(voters, []string{"a", "b", "d", "w"}) {
+		t.Fatalf("add d, its first answer lost: voters %v, %v; want a b d w", voters, err)
+	}
+	if voters, err := follower.RemoveVoter(ctx, "d"); err != nil || !slices.Equal(voters, []string{"a", "b", "w"}) {
+		t.Fatalf("remove d, its first answer lost: voters %v, %v; want a b w", voters, err)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if lost[KindAddVoter] != 1 || lost[KindRemoveVoter] != 1 {
+		t.Fatalf("answers lost: %v; want one of each change", lost)
 	}
 }

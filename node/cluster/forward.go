@@ -228,9 +228,11 @@ func (c *Cluster) toLeader(ctx context.Context, req ForwardRequest) (ForwardRepl
 			continue
 		}
 		err = reply.Err()
-		if errors.Is(err, ErrOutcomeUnknown) && req.Kind == KindPropose {
+		if errors.Is(err, ErrOutcomeUnknown) && (req.Kind == KindPropose || req.Kind == KindAddVoter || req.Kind == KindRemoveVoter) {
 			// The leader lost its office while committing: run the
-			// command again (every command may run twice, see above).
+			// command again (every command may run twice, see above; a
+			// membership change twice is the same configuration, which
+			// raft commits again unchanged).
 			pause := c.cfg.Clock.NewTimer(50 * time.Millisecond)
 			select {
 			case <-ctx.Done():

@@ -65,6 +65,10 @@ type testNet struct {
 	// timing is what a node starts with (testTiming unless a test sets
 	// another before it starts the nodes).
 	timing Timing
+	// reply, when set, is given every forwarded request's reply (as the
+	// leader sent it) and returns the reply its sender receives: a fault
+	// of the way back.
+	reply func(req ForwardRequest, r ForwardReply) ForwardReply
 }
 
 func member(name string) Member  { return Member{Name: name} }
@@ -253,16 +257,24 @@ func (n *testNet) forwarder(from string) Forwarder {
 			return ForwardReply{}, fmt.Errorf("test network: %s is not running", leader)
 		}
 		n.forwards.Add(1)
-		return c.HandleForward(ctx, req), nil
+		r := c.HandleForward(ctx, req)
+		n.mu.Lock()
+		fault := n.reply
+		n.mu.Unlock()
+		if fault != nil {
+			r = fault(req, r)
+		}
+		return r, nil
 	}
 }
 
 // waitLeader waits until every running node names the same running
-// leader with a quorum, and returns it.
+// leader with a quorum, and returns it. An election under a flood of
+// strangers on a loaded machine took more than 5 s: it gets 15.
 func (n *testNet) waitLeader(t *testing.T) *Cluster {
 	t.Helper()
 	var leader *Cluster
-	waitFor(t, "one leader every running node agrees on", 5*time.Second, func() bool {
+	waitFor(t, "one leader every running node agrees on", 15*time.Second, func() bool {
 		leader = nil
 		var name string
 		for _, c := range n.nodes() {
