@@ -179,6 +179,7 @@ func (l *Listener) handshake(c net.Conn, slot *connlimit.Slot) {
 			} else {
 				notTLS.Conn.Write(plainTLSAlert)
 			}
+			l.drain(notTLS.Conn, slot)
 		}
 		why := "a client spoke plaintext to this TLS port: a replctl without --tls-dir, a node without the cluster's tls: section, or a browser at http://"
 		l.refusals.Note(hostOf(from), why, "refused a "+l.what+" connection", "from", from, "why", why)
@@ -193,6 +194,26 @@ func (l *Listener) handshake(c net.Conn, slot *connlimit.Slot) {
 		why := "the TLS handshake failed: " + err.Error()
 		l.refusals.Note(hostOf(from), why, "refused a "+l.what+" connection", "from", from, "why", why)
 	}
+}
+
+// drainFor bounds how long a refused plaintext client is read after its
+// answer: long enough for a client to read the answer and hang up.
+const drainFor = time.Second
+
+// drain reads and drops what a refused client sent, until it hangs up (or
+// drainFor, its slot's deadline or 64 KiB is reached), before the
+// connection is closed. A socket closed with unread bytes in its receive
+// buffer resets the connection, and a client whose reset came before it
+// read (or while it still wrote its request) never sees the answer: a
+// plaintext replctl on a loaded machine then said the port "answers
+// nothing" instead of "requires TLS".
+func (l *Listener) drain(c net.Conn, slot *connlimit.Slot) {
+	until := l.clock.Now().Add(drainFor)
+	if d := slot.Deadline(); !d.IsZero() && d.Before(until) {
+		until = d
+	}
+	c.SetReadDeadline(until)
+	io.CopyN(io.Discard, c, 64<<10)
 }
 
 // looksLikeHTTP1 says whether a record header is the start of an HTTP/1

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -124,5 +126,55 @@ func TestTheControlPortServesOthersWhileHostsFloodIt(t *testing.T) {
 		if n := strings.Count(logs.String(), "control: from "+host+","); n != 1 {
 			t.Errorf("%d log lines about %s's refused connections, want one for the interval:\n%s", n, host, logs)
 		}
+	}
+}
+
+// TestAPlaintextClientReadsTheAnswerAndAnOrderlyClose: a client that
+// speaks plaintext to a TLS control port (replctl without certificates:
+// gRPC's preface and its first frames) gets a TLS alert, and the port
+// reads what it sent before it closes, so the close is a FIN, not a reset.
+// Closed with the client's bytes unread, the socket reset the connection,
+// and a client that read after the reset, or still wrote, never saw the
+// alert: on a loaded machine replctl said the node "answers nothing"
+// instead of "requires TLS". The read after the alert tells a reset
+// (ECONNRESET) from an orderly close (EOF).
+func TestAPlaintextClientReadsTheAnswerAndAnOrderlyClose(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := pki.Init(dir, []pki.Holder{{Identity: pki.Identity{Role: pki.RoleNode, Name: "alpha"}, Hosts: []string{"127.0.0.1"}}}, false); err != nil {
+		t.Fatal(err)
+	}
+	bundle, err := pki.Load(filepath.Join(dir, pki.CAFile), filepath.Join(dir, pki.CertFile("alpha")), filepath.Join(dir, pki.KeyFile("alpha")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	l := NewListener(inner, "control", bundle.AskingServerConfig(), Limits{Max: 8, PerHost: 8}, log, NewRefusalLog(log, time.Minute, 16))
+	defer l.Close()
+
+	c, err := net.Dial("tcp", inner.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// gRPC's client preface, then frames the port never reads.
+	if _, err := c.Write(append([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), make([]byte, 4096)...)); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	answer := make([]byte, len(plainTLSAlert))
+	if _, err := io.ReadFull(c, answer); err != nil {
+		t.Fatalf("the answer to a plaintext client: %v", err)
+	}
+	if !bytes.Equal(answer, plainTLSAlert) {
+		t.Fatalf("the answer to a plaintext client is % x, want a TLS alert % x", answer, plainTLSAlert)
+	}
+	// The client reads on (replctl hangs up here); the port, which read
+	// everything it was sent, closes in order when its drain ends.
+	if n, err := c.Read(make([]byte, 1)); n != 0 || !errors.Is(err, io.EOF) {
+		t.Fatalf("after the answer: %d bytes, %v; want an orderly close (EOF), not a reset", n, err)
 	}
 }
