@@ -346,13 +346,13 @@ func (n *Node) failover(d cluster.Decision) {
 			}()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			began := time.Now()
-			nva, err := n.cl.c.ProposeAsLeader(ctx, p.Command(time.Now().UTC()), p.Office)
+			began := n.clock.Now()
+			nva, err := n.cl.c.ProposeAsLeader(ctx, p.Command(n.clock.Now().UTC()), p.Office)
 			if err != nil {
 				n.log.Warn("failover proposal failed", "volume", p.Volume, "to", p.To, "err", err)
 				return
 			}
-			n.log.Warn("failover: promoted", "volume", p.Volume, "from", p.From, "to", nva.Primary, "epoch", nva.Epoch, "waited", time.Since(began), "why", p.Lost())
+			n.log.Warn("failover: promoted", "volume", p.Volume, "from", p.From, "to", nva.Primary, "epoch", nva.Epoch, "waited", n.clock.Since(began), "why", p.Lost())
 			n.event(p.Volume, "failover", fmt.Sprintf("%s %s: %s promoted at epoch %d (raft leader %s)", p.From, p.Lost(), nva.Primary, nva.Epoch, n.name))
 		}(p)
 	}
@@ -419,7 +419,7 @@ func (v *Volume) followAuthority(va replication.VolumeAuthority, ok bool) {
 	case exempt && role == replication.Primary && va.Epoch < epoch:
 		// Forced to primary without a quorum: now that raft answers, it
 		// records this node (at the epoch after its own).
-		v.proposeOnce("reclaim", replication.FailoverCommand(v.name, va.Epoch, v.self, true, time.Now().UTC(), "forced by the operator while raft had no quorum"))
+		v.proposeOnce("reclaim", replication.FailoverCommand(v.name, va.Epoch, v.self, true, v.clock.Now().UTC(), "forced by the operator while raft had no quorum"))
 	case va.Primary == v.self && va.Epoch > epoch:
 		v.background("take-over", func() { v.takeOverAt(va.Epoch, va.FailedOverAt(va.Epoch)) })
 	case va.Primary == v.self && va.Epoch == epoch && primary == v.self:
@@ -533,7 +533,7 @@ func (v *Volume) confirmed(epoch uint64) {
 	if settled {
 		return
 	}
-	err := v.drive(volstate.AuthorityChanged{Known: true, Primary: v.self, Epoch: epoch, Now: time.Now()}, driveOptions{})
+	err := v.drive(volstate.AuthorityChanged{Known: true, Primary: v.self, Epoch: epoch, Now: v.clock.Now()}, driveOptions{})
 	if err != nil {
 		v.log.Error("follow the cluster", "err", err)
 		return
@@ -551,7 +551,7 @@ func (v *Volume) confirmed(epoch uint64) {
 // same transition as a handover's promotion (volstate.AuthorityChanged).
 func (v *Volume) takeOverAt(epoch uint64, failover bool) {
 	v.handedOver.Store(!failover)
-	err := v.drive(volstate.AuthorityChanged{Known: true, Primary: v.self, Epoch: epoch, Now: time.Now(), Failover: failover}, driveOptions{notify: func(a volstate.Action) {
+	err := v.drive(volstate.AuthorityChanged{Known: true, Primary: v.self, Epoch: epoch, Now: v.clock.Now(), Failover: failover}, driveOptions{notify: func(a volstate.Action) {
 		switch a.Detail {
 		case "promoted":
 			v.log.Warn("promoted by the cluster", "epoch", a.Epoch)
@@ -572,7 +572,7 @@ func (v *Volume) takeOverAt(epoch uint64, failover bool) {
 // (or overwrite), and on_demote runs. One transition with stepDown
 // (volstate.AuthorityChanged, then Quiesced).
 func (v *Volume) yieldTo(primary string, epoch uint64) {
-	err := v.drive(volstate.AuthorityChanged{Known: true, Primary: primary, Epoch: epoch, Now: time.Now()}, driveOptions{
+	err := v.drive(volstate.AuthorityChanged{Known: true, Primary: primary, Epoch: epoch, Now: v.clock.Now()}, driveOptions{
 		texts: func(volstate.Cause) reason {
 			return because(CauseFenced, "the cluster names %s primary at epoch %d", primary, epoch)
 		},
@@ -593,7 +593,7 @@ func (v *Volume) yieldTo(primary string, epoch uint64) {
 // adoptEpoch records, durably, that primary holds epoch (after a
 // failover: failover): streams of older epochs are refused from now on.
 func (v *Volume) adoptEpoch(primary string, epoch uint64, failover bool) {
-	if err := v.drive(volstate.AuthorityChanged{Known: true, Primary: primary, Epoch: epoch, Now: time.Now(), Failover: failover}, driveOptions{}); err != nil {
+	if err := v.drive(volstate.AuthorityChanged{Known: true, Primary: primary, Epoch: epoch, Now: v.clock.Now(), Failover: failover}, driveOptions{}); err != nil {
 		v.log.Error("adopt the cluster's epoch", "err", err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
@@ -210,9 +211,10 @@ type mountClaims struct {
 	byVolume map[string]*mountClaim
 	// wake tells the watch loop a claim was taken (buffered, one).
 	wake chan struct{}
-	// clock is the time (nil: time.Now); a claim's connections are
-	// counted by the NBD server's time of their handshake, so a test's
-	// clock may run ahead of it, never behind.
+	// base is the node's clock. clock, when set, replaces its Now (tests);
+	// a claim's connections are counted by the NBD server's time of their
+	// handshake, so a test's clock may run ahead of it, never behind.
+	base  clock.Clock
 	clock atomic.Pointer[func() time.Time]
 }
 
@@ -220,7 +222,7 @@ func (c *mountClaims) now() time.Time {
 	if f := c.clock.Load(); f != nil {
 		return (*f)()
 	}
-	return time.Now()
+	return c.base.Now()
 }
 
 // primaryTerm is the volume's epoch and whether this node is its primary,
@@ -342,10 +344,12 @@ func (n *Node) watchClaims(stop <-chan struct{}) {
 		case <-n.claims.wake:
 		}
 		for n.lookAtClaims() {
+			t := n.clock.NewTimer(claimWatchEvery)
 			select {
 			case <-stop:
+				t.Stop()
 				return
-			case <-time.After(claimWatchEvery):
+			case <-t.C():
 			}
 		}
 	}

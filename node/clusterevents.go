@@ -20,19 +20,19 @@ const quorumGrace = time.Second
 // clusterEvents records the cluster's events until stop closes. It looks
 // at each leader change and every clusterTick.
 func (n *Node) clusterEvents(stop <-chan struct{}) {
-	tick := time.NewTicker(clusterTick)
+	tick := n.clock.NewTicker(clusterTick)
 	defer tick.Stop()
 	var w clusterWatch
 	for {
 		changed := n.cl.c.LeaderChanged()
-		for _, e := range w.observe(n.name, n.cl.c.Status(), time.Now()) {
+		for _, e := range w.observe(n.name, n.cl.c.Status(), n.clock.Now()) {
 			n.emit(e)
 		}
 		select {
 		case <-stop:
 			return
 		case <-changed:
-		case <-tick.C:
+		case <-tick.C():
 		}
 	}
 }

@@ -26,6 +26,13 @@
 // (roles.go, drive.go), and the node that holds the volumes, the state
 // store and the servers (node.go, volumes.go, authority.go).
 //
+// Time: the node reads the time and makes its timers only on its clock
+// (Node.clock, internal/clock; tests may give a clock.Fake), never through
+// the time package (TestTheNodeReadsTimeOnlyThroughItsClock); the leases
+// keep the cluster's (Cluster.Clock). Nothing polls a state: its writer
+// notifies its changes (Volume.changed, changes.go) and a waiter looks
+// again then (waitUntil), or at a timer of the clock.
+//
 // A primary runs one peer per secondary (peer.go), which dials it. The
 // handshake (handshake.go) sends both nodes' generation sets;
 // replication.CompareUUIDs decides, and the primary then streams writes

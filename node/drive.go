@@ -96,6 +96,7 @@ func (v *Volume) installLocked(old, next volstate.State, rd volstate.Ready, text
 			v.resetPeersLocked()
 		}
 	}
+	v.changed.notify()
 }
 
 // driveOptions says how a role function's steps read: the texts of the
@@ -279,7 +280,7 @@ func (v *Volume) perform(a volstate.Action, opts driveOptions) {
 		case "init":
 			v.proposeOnce("init", replication.InitCommand(v.name, v.self, a.Epoch, v.dataNodes()))
 		case "reclaim":
-			v.proposeOnce("reclaim", replication.FailoverCommand(v.name, a.Epoch, v.self, true, time.Now().UTC(), "forced by the operator while raft had no quorum"))
+			v.proposeOnce("reclaim", replication.FailoverCommand(v.name, a.Epoch, v.self, true, v.clock.Now().UTC(), "forced by the operator while raft had no quorum"))
 		}
 	case volstate.RunHook:
 		v.runHook(a.Detail, a.Epoch)

@@ -75,9 +75,9 @@ func (p *peer) connect(ctx context.Context) error {
 		}
 		return fmt.Errorf("connect to %s at %s: %w", p.name, p.addr, err)
 	}
-	timer := time.AfterFunc(helloTimeout, cancelHello)
+	stopTimer := afterFunc(v.clock, helloTimeout, cancelHello)
 	reply, err := recvHelloReply(stream)
-	timer.Stop()
+	stopTimer()
 	if err != nil {
 		if ref := tlsRefusal(p.name, err); ref != nil {
 			return ref
@@ -123,14 +123,14 @@ func (p *peer) connect(ctx context.Context) error {
 		// The peer is the source: it holds every block this node misses.
 		next.state, next.peerDisk = replication.Connected, string(replication.UpToDate)
 		p.pullTotal.Store(v.localMissing.Bytes())
-		p.resyncStart.Store(time.Now().UnixNano())
-		p.pulling.Store(true)
+		p.resyncStart.Store(p.v.clock.Now().UnixNano())
+		p.setPulling(true)
 	case plan.sync:
 		next.state, next.peerDisk = replication.SyncSource, string(replication.Inconsistent)
 		// The progress counters restart before the state says SyncSource.
 		p.resyncTotal.Store(p.bm.Bytes())
 		p.resyncDone.Store(0)
-		p.resyncStart.Store(time.Now().UnixNano())
+		p.resyncStart.Store(p.v.clock.Now().UnixNano())
 		s.Preload(session.NewPending(replication.Entry{Op: replication.OpSyncStart, Data: plan.syncGen[:]}))
 	default:
 		next.state = replication.Connected
@@ -168,7 +168,7 @@ func (p *peer) connect(ctx context.Context) error {
 		work = func() error { return p.pull(s, plan.peerGen) }
 	}
 	err = s.Run(work)
-	p.pulling.Store(false)
+	p.setPulling(false)
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -336,7 +336,7 @@ func (p *peer) markPull(d replication.UUIDDecision, reply replication.HelloReply
 // missing blocks go to the peer meanwhile (DRBD 9's primary SyncTarget).
 func (p *peer) pull(s *session.Session, peerGen replication.Generation) error {
 	v := p.v
-	began, total := time.Now(), v.localMissing.Bytes()
+	began, total := p.v.clock.Now(), v.localMissing.Bytes()
 	v.node.peerEvent(v.name, "pull", p.name, fmt.Sprintf("%s copies %s of newer data from %s", v.self, human.Bytes(total), p.name))
 	for {
 		if err := v.copyMissingFromPeer(s.Context(), p.waitUnpaused); err != nil {
@@ -358,10 +358,10 @@ func (p *peer) pull(s *session.Session, peerGen replication.Generation) error {
 			return err
 		}
 		s.Enqueue(p.syncDone(peerGen))
-		p.pulling.Store(false)
+		p.setPulling(false)
 		v.stateMu.Unlock()
-		v.log.Info("pulled newer data from the peer", "peer", p.name, "bytes", total, "seconds", time.Since(began).Seconds())
-		v.node.peerEvent(v.name, "pull-done", p.name, fmt.Sprintf("%s copied %s from %s in %.1fs: UpToDate", v.self, human.Bytes(total), p.name, time.Since(began).Seconds()))
+		v.log.Info("pulled newer data from the peer", "peer", p.name, "bytes", total, "seconds", p.v.clock.Since(began).Seconds())
+		v.node.peerEvent(v.name, "pull-done", p.name, fmt.Sprintf("%s copied %s from %s in %.1fs: UpToDate", v.self, human.Bytes(total), p.name, p.v.clock.Since(began).Seconds()))
 		return nil
 	}
 }

@@ -37,7 +37,7 @@ func (v *Volume) runHook(kind string, epoch uint64) {
 			fmt.Sprintf("REPLVOL_EPOCH=%d", epoch), "REPLVOL_EXPORT="+export, "REPLVOL_HOOK="+kind)
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
-		began := time.Now()
+		began := v.clock.Now()
 		err := cmd.Run()
 		tail := strings.TrimSpace(out.String())
 		if len(tail) > 512 {
@@ -45,10 +45,10 @@ func (v *Volume) runHook(kind string, epoch uint64) {
 		}
 		if err != nil {
 			v.log.Error("hook failed", "hook", kind, "command", command, "err", err, "output", tail)
-			v.node.event(v.name, "hook-failed", fmt.Sprintf("%s %q failed after %.1fs: %v: %s", kind, command, time.Since(began).Seconds(), err, tail))
+			v.node.event(v.name, "hook-failed", fmt.Sprintf("%s %q failed after %.1fs: %v: %s", kind, command, v.clock.Since(began).Seconds(), err, tail))
 			return
 		}
 		v.log.Info("hook ran", "hook", kind, "command", command, "output", tail)
-		v.node.event(v.name, "hook", fmt.Sprintf("%s %q ran in %.1fs", kind, command, time.Since(began).Seconds()))
+		v.node.event(v.name, "hook", fmt.Sprintf("%s %q ran in %.1fs", kind, command, v.clock.Since(began).Seconds()))
 	}()
 }

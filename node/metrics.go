@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/internal/connlimit"
 	"github.com/replvol/replvol/multipath"
 	"github.com/replvol/replvol/node/cluster"
@@ -147,7 +148,7 @@ func newCollector(n *Node) *collector {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &collector{
 		n:      n,
-		status: newStatusCache(ctx, func(ctx context.Context) (*transport.ClusterStatus, error) { return n.clusterStatus(ctx, 0) }),
+		status: newStatusCache(ctx, n.clock, func(ctx context.Context) (*transport.ClusterStatus, error) { return n.clusterStatus(ctx, 0) }),
 		events: &eventCounts{byKind: map[string]uint64{}},
 		runtime: []prometheus.Collector{
 			collectors.NewGoCollector(),
@@ -363,7 +364,7 @@ func (c *collector) collectVolume(ch chan<- prometheus.Metric, v *Volume) {
 	if v.mp == nil {
 		return
 	}
-	now := time.Now()
+	now := v.clock.Now()
 	for _, p := range v.mp.Paths() {
 		labels := []string{v.name, self, p.Name}
 		c.pathState.stateSet(ch, stateValues.path, p.State.String(), labels...)
@@ -506,7 +507,7 @@ func (c *collector) collectRaft(ch chan<- prometheus.Metric) {
 // collectClusterView sends every replica's state as st, assembled at at,
 // says.
 func (c *collector) collectClusterView(ch chan<- prometheus.Metric, st *transport.ClusterStatus, at time.Time) {
-	c.statusAge.send(ch, time.Since(at).Seconds())
+	c.statusAge.send(ch, c.n.clock.Since(at).Seconds())
 	for _, ni := range st.Nodes {
 		c.nodeReachable.send(ch, gaugeBool(ni.Alive), ni.Name)
 	}
@@ -560,9 +561,12 @@ type ioLatency [numIOOps]struct {
 	sumNanos atomic.Int64
 }
 
-// observe records one request of kind op that began at began.
-func (l *ioLatency) observe(op ioOp, began time.Time) {
-	d := time.Since(began)
+// observe records one request of kind op that began at began, by the
+// volume's clock.
+func (v *Volume) observe(op ioOp, began time.Time) { v.latency.observe(op, v.clock.Since(began)) }
+
+// observe records one request of kind op that took d.
+func (l *ioLatency) observe(op ioOp, d time.Duration) {
 	i, _ := slices.BinarySearch(latencyBounds, d.Seconds())
 	l[op].counts[i].Add(1)
 	l[op].sumNanos.Add(int64(d))
@@ -630,6 +634,7 @@ func (e *eventCounts) collect(ch chan<- prometheus.Metric, m metricFamily) {
 // never holds a scrape for longer than that.
 type statusCache struct {
 	ctx   context.Context // ends when the node stops
+	clock clock.Clock
 	fetch func(context.Context) (*transport.ClusterStatus, error)
 
 	mu   mutex
@@ -640,15 +645,15 @@ type statusCache struct {
 	running chan struct{}
 }
 
-func newStatusCache(ctx context.Context, fetch func(context.Context) (*transport.ClusterStatus, error)) *statusCache {
-	return &statusCache{ctx: ctx, fetch: fetch}
+func newStatusCache(ctx context.Context, clk clock.Clock, fetch func(context.Context) (*transport.ClusterStatus, error)) *statusCache {
+	return &statusCache{ctx: ctx, clock: clock.Or(clk), fetch: fetch}
 }
 
 // get returns the cluster view and when it was assembled; nil when none
 // could be assembled yet.
 func (s *statusCache) get() (*transport.ClusterStatus, time.Time) {
 	s.mu.Lock()
-	if s.last != nil && time.Since(s.at) < clusterViewTTL {
+	if s.last != nil && s.clock.Since(s.at) < clusterViewTTL {
 		defer s.mu.Unlock()
 		return s.last, s.at
 	}
@@ -660,11 +665,11 @@ func (s *statusCache) get() (*transport.ClusterStatus, time.Time) {
 	}
 	s.mu.Unlock()
 	if done != nil {
-		wait := time.NewTimer(clusterViewWait)
+		wait := s.clock.NewTimer(clusterViewWait)
 		defer wait.Stop()
 		select {
 		case <-done:
-		case <-wait.C:
+		case <-wait.C():
 		case <-s.ctx.Done():
 		}
 	}
@@ -682,6 +687,6 @@ func (s *statusCache) refresh(done chan struct{}) {
 	defer s.mu.Unlock()
 	s.running = nil
 	if err == nil && st != nil {
-		s.last, s.at = st, time.Now()
+		s.last, s.at = st, s.clock.Now()
 	}
 }

@@ -280,7 +280,7 @@ func TestAScrapeWaitsBrieflyForASlowClusterView(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		answers := make(chan *transport.ClusterStatus)
 		var fetches atomic.Int32
-		s := newStatusCache(t.Context(), func(ctx context.Context) (*transport.ClusterStatus, error) {
+		s := newStatusCache(t.Context(), nil, func(ctx context.Context) (*transport.ClusterStatus, error) {
 			fetches.Add(1)
 			select {
 			case st := <-answers:

@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/replvol/replvol/internal/buildinfo"
+	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/internal/connlimit"
 	"github.com/replvol/replvol/internal/logonce"
 	"github.com/replvol/replvol/internal/pki"
@@ -76,6 +77,10 @@ type Options struct {
 	// reattach, when set, replaces the probes' timing of a detached disk
 	// (its zero fields keep their defaults) and their clock (tests).
 	reattach reattachPolicy
+	// clock, when set, is the node's time (tests set a clock.Fake); nil
+	// is clock.Real(). The leases keep the cluster's clock
+	// (Cluster.Clock).
+	clock clock.Clock
 }
 
 // bootID identifies the running boot of the operating system ("" when it
@@ -110,6 +115,9 @@ type Node struct {
 	name string
 	self NodeConfig
 	log  *slog.Logger
+	// clock is the node's time (Options.clock): every reading of the time
+	// and every timer of the node and its volumes is made on it.
+	clock clock.Clock
 	// opts are the options the node was made with (a volume added at
 	// runtime opens its disk as New did).
 	opts Options
@@ -204,11 +212,11 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	n := &Node{
-		name: name, self: self, log: log.With("node", name), opts: opts,
+		name: name, self: self, log: log.With("node", name), opts: opts, clock: clock.Or(opts.clock),
 		clients: map[string]*transport.ControlClient{}, statusFailed: map[string]bool{},
 		lnControl: opts.Control, lnRepl: opts.Replication, lnNBD: opts.NBD,
 		stopLoop: make(chan struct{}), wrapStream: opts.WrapStream, bootID: opts.bootID,
-		claims:       mountClaims{wake: make(chan struct{}, 1)},
+		claims:       mountClaims{wake: make(chan struct{}, 1), base: clock.Or(opts.clock)},
 		controlConns: control.MaxConns, controlConnsPerHost: control.MaxConnsPerHost,
 	}
 	n.cfg.Store(cfg)

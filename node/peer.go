@@ -163,6 +163,7 @@ func (p *peer) update(change func(*peerView)) *peerView {
 		next := *old
 		change(&next)
 		if p.view.CompareAndSwap(old, &next) {
+			p.v.changed.notify()
 			return old
 		}
 	}
@@ -209,7 +210,7 @@ func (p *peer) run(ctx context.Context) {
 	delay := 100 * time.Millisecond
 	var lastCause Cause = "start"
 	for ctx.Err() == nil {
-		began := time.Now()
+		began := p.v.clock.Now()
 		seq := p.resumeSeq.Load()
 		err := p.connect(ctx)
 		if ctx.Err() != nil {
@@ -249,13 +250,10 @@ func (p *peer) run(ctx context.Context) {
 		} else if err != nil {
 			p.v.log.Debug("replication to peer still down", "peer", p.name, "err", err)
 		}
-		if time.Since(began) > 5*time.Second {
+		if p.v.clock.Since(began) > 5*time.Second {
 			delay = 100 * time.Millisecond
 		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(delay):
-		}
+		waitOut(ctx, p.v.clock, delay)
 		delay = min(delay*2, 2*time.Second)
 	}
 	if ctx.Err() != nil {
@@ -353,6 +351,13 @@ func (p *peer) syncDone(gen replication.Generation) *session.Pending {
 	pd := session.NewPending(replication.Entry{Op: replication.OpSyncDone, Data: data})
 	pd.Kind, pd.Gen = session.EntrySyncDone, gen
 	return pd
+}
+
+// setPulling says whether this primary copies newer data from the peer
+// (pulling).
+func (p *peer) setPulling(on bool) {
+	p.pulling.Store(on)
+	p.v.changed.notify()
 }
 
 // setMayHold records that the peer may hold gen (mayHold).
@@ -457,7 +462,7 @@ func (p *peer) read(ctx context.Context, buf []byte, off int64) error {
 
 func (p *peer) status() transport.PeerStatus {
 	pv := p.snapshot()
-	lagBytes, lagAge := p.lagOf(time.Now())
+	lagBytes, lagAge := p.lagOf(p.v.clock.Now())
 	ps := transport.PeerStatus{
 		Node: p.name, Replication: string(pv.state), PeerDisk: pv.peerDisk,
 		LagBytes: lagBytes, LagSeconds: lagAge.Seconds(),
@@ -476,7 +481,7 @@ func (p *peer) status() transport.PeerStatus {
 	if pv.state == replication.SyncSource {
 		ps.ResyncTotalBytes = p.resyncTotal.Load()
 		ps.ResyncDoneBytes = p.resyncDone.Load()
-		if secs := time.Since(time.Unix(0, p.resyncStart.Load())).Seconds(); secs > 0 {
+		if secs := p.v.clock.Since(time.Unix(0, p.resyncStart.Load())).Seconds(); secs > 0 {
 			ps.ResyncRate = int64(float64(ps.ResyncDoneBytes) / secs)
 		}
 		if paused {
@@ -490,7 +495,7 @@ func (p *peer) status() transport.PeerStatus {
 		}
 		ps.ResyncTotalBytes = p.pullTotal.Load()
 		ps.ResyncDoneBytes = max(0, ps.ResyncTotalBytes-p.v.localMissing.Bytes())
-		if secs := time.Since(time.Unix(0, p.resyncStart.Load())).Seconds(); secs > 0 {
+		if secs := p.v.clock.Since(time.Unix(0, p.resyncStart.Load())).Seconds(); secs > 0 {
 			ps.ResyncRate = int64(float64(ps.ResyncDoneBytes) / secs)
 		}
 	}
@@ -499,7 +504,7 @@ func (p *peer) status() transport.PeerStatus {
 	}
 	ps.VerifyDoneBytes, ps.VerifyTotalBytes, ps.VerifyFoundBytes = p.verifyDone.Load(), p.verifyTotal.Load(), p.verifyFound.Load()
 	if p.verifying.Load() {
-		if secs := time.Since(time.Unix(0, p.verifyStart.Load())).Seconds(); secs > 0 {
+		if secs := p.v.clock.Since(time.Unix(0, p.verifyStart.Load())).Seconds(); secs > 0 {
 			ps.VerifyRate = int64(float64(ps.VerifyDoneBytes) / secs)
 		}
 	}
@@ -515,7 +520,7 @@ func (p *peer) status() transport.PeerStatus {
 // resyncFinished records a finished resync (or pull) of bytes that took
 // seconds.
 func (p *peer) resyncFinished(bytes int64, seconds float64) {
-	p.lastResync.Store(&lastResync{bytes: bytes, seconds: seconds, ended: time.Now()})
+	p.lastResync.Store(&lastResync{bytes: bytes, seconds: seconds, ended: p.v.clock.Now()})
 }
 
 // setPaused pauses or resumes this peer's resync.
@@ -529,6 +534,7 @@ func (p *peer) setPaused(paused bool) {
 			}
 			open := make(chan struct{})
 			if p.unpaused.CompareAndSwap(old, &open) {
+				p.v.changed.notify()
 				return
 			}
 		default:
@@ -537,6 +543,7 @@ func (p *peer) setPaused(paused bool) {
 			}
 			if p.unpaused.CompareAndSwap(old, closedChan) {
 				close(*old) // only the swap that took it out closes it
+				p.v.changed.notify()
 				return
 			}
 		}

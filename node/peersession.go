@@ -65,6 +65,7 @@ func (p *peer) StartTracking() error { return p.v.startTracking(p) }
 func (p *peer) PublishLag() {
 	l := &p.lag
 	p.lagView.Store(&lagView{bytes: l.Bytes(), oldest: l.Oldest()})
+	p.v.changed.notify()
 }
 
 // Congestion is the volume's congestion settings now.
@@ -84,7 +85,7 @@ func (p *peer) CatchUp(s *session.Session) bool {
 	s.Do(func() { p.Stream(volstate.PeerCatchingUp{Peer: p.name, Session: s.ID()}) })
 	p.resyncTotal.Store(p.bm.Bytes())
 	p.resyncDone.Store(0)
-	p.resyncStart.Store(time.Now().UnixNano())
+	p.resyncStart.Store(p.v.clock.Now().UnixNano())
 	if !s.Enqueue(session.NewPending(replication.Entry{Op: replication.OpSyncStart, Data: from[:]})) {
 		return false
 	}

@@ -3,7 +3,6 @@ package node
 import (
 	"context"
 	"sync/atomic"
-	"time"
 
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/replication"
@@ -43,7 +42,7 @@ func (v *Volume) readTarget(off, length int64) *peer {
 			Repl: pv.state, Disk: replication.DiskState(pv.peerDisk), Pending: int(p.pendingReads.Load()),
 			Congested: pv.sess != nil && pv.sess.Congested(),
 		}
-		lag, _ := p.lagOf(time.Now())
+		lag, _ := p.lagOf(v.clock.Now())
 		views[i].InSync = lag == 0 && !anySet(p.bm, off, length)
 	}
 	v.rb.mu.Lock()

@@ -37,7 +37,7 @@ type reattachPolicy struct {
 	// LogEvery: once the back-off is at MaxBackoff, a failing probe is
 	// logged again at most this often (each lower level is logged once).
 	LogEvery time.Duration
-	// clock is the loop's (nil: the real one); the rule itself is given
+	// clock is the loop's (nil: the volume's); the rule itself is given
 	// the times.
 	clock clock.Clock
 }

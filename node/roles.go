@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/node/volstate"
@@ -47,12 +48,13 @@ func (v *Volume) clientsError(what string) error {
 // waitBudget is how long a request may wait for something: timeout, but
 // ending a little before ctx's deadline (the caller's, over gRPC), so that
 // the caller gets the reason rather than its own timeout.
-func waitBudget(ctx context.Context, timeout time.Duration) time.Duration {
+// ctx's deadline is read on clk (the node's: real but in tests).
+func waitBudget(ctx context.Context, clk clock.Clock, timeout time.Duration) time.Duration {
 	d, ok := ctx.Deadline()
 	if !ok {
 		return timeout
 	}
-	left := time.Until(d)
+	left := clk.Until(d)
 	return max(min(timeout, left-min(time.Second, left/4)), 0)
 }
 
@@ -84,10 +86,12 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 	}
 	// Wait for a resync under way before stopping IO; not for what
 	// waiting cannot bring (replication.JudgeSwitchover), and not past
-	// the caller's deadline, so that it gets the reason.
-	began := time.Now()
+	// the caller's deadline, so that it gets the reason. The verdict is
+	// judged again at each change of the peer or the volume, and once
+	// the link's grace has passed.
+	began := v.clock.Now()
 	var refusal string
-	waitFor(ctx, waitBudget(ctx, timeout), func() bool {
+	waitUntil(ctx, v.clock, waitBudget(ctx, v.clock, timeout), &v.changed, func() bool {
 		st := p.status()
 		v.mu.Lock()
 		down := v.adminDown
@@ -95,10 +99,10 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 		verdict, why := replication.JudgeSwitchover(v.name, v.self, replication.SwitchoverPeer{
 			Name: to, Replication: replication.ReplState(st.Replication), Disk: st.PeerDisk, OutOfSyncBytes: st.OutOfSyncBytes,
 			Down: st.Reason, ByOperator: down || st.ReasonCode == string(CauseAdminDown),
-		}, time.Since(began))
+		}, v.clock.Since(began))
 		refusal = why
 		return verdict != replication.SwitchoverWait
-	})
+	}, replication.SwitchoverLinkGrace)
 	if refusal != "" {
 		v.log.Info("switchover refused", "to", to, "why", refusal)
 		return 0, replication.Generation{}, errors.New(refusal)
@@ -133,7 +137,7 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 	if err := v.flushAll(); err != nil {
 		return reopen(err)
 	}
-	if !waitFor(ctx, 5*time.Second, inSync) {
+	if !waitUntil(ctx, v.clock, 5*time.Second, &v.changed, inSync) {
 		return reopen(fmt.Errorf("%s fell out of sync during the handover", to))
 	}
 	// Until the new primary's stream arrives, point NBD clients at it.
@@ -174,7 +178,7 @@ func (v *Volume) promote(epoch uint64, gen replication.Generation) error {
 	held, seen := v.d.gens.Current, v.d.epoch
 	v.mu.Unlock()
 	v.handedOver.Store(true)
-	err := v.drive(volstate.Promote{Epoch: epoch, Gen: gen, Now: time.Now()}, driveOptions{notify: func(a volstate.Action) {
+	err := v.drive(volstate.Promote{Epoch: epoch, Gen: gen, Now: v.clock.Now()}, driveOptions{notify: func(a volstate.Action) {
 		v.log.Info("promoted", "epoch", a.Epoch)
 		v.node.event(v.name, "promoted", fmt.Sprintf("%s is primary for %s at epoch %d", v.self, v.name, a.Epoch))
 	}})

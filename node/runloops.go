@@ -49,19 +49,26 @@ func (p *peer) resync(s *session.Session) error {
 	var pacer resyncPacer
 	var wire int64 // data bytes sent (zero ranges cost no bandwidth)
 	w := s.Window(resyncWindow)
+	flight := &runsInFlight{count: w.InFlight}
 	pace := func() error {
 		if err := p.waitUnpaused(ctx); err != nil {
 			return err
 		}
-		// A catch-up pauses while its peer is Behind again (congestion).
-		for s.CatchUpPaused() {
+		// A catch-up pauses while its peer is Behind again (congestion):
+		// the session says it is not any more BEFORE it steps the peer's
+		// state (PeerDrained), which notifies v.changed.
+		for {
+			changed := v.changed.wait()
+			if !s.CatchUpPaused() {
+				break
+			}
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
-			case <-time.After(10 * time.Millisecond):
+			case <-changed:
 			}
 		}
-		return v.resyncPace(ctx, &pacer, wire, w.InFlight)
+		return v.resyncPace(ctx, &pacer, wire, flight)
 	}
 	for csums := v.cfg.Csums; ; csums = false {
 		cursor := int64(0)
@@ -89,6 +96,7 @@ func (p *peer) resync(s *session.Session) error {
 			if pd.Entry.Op == replication.OpResyncData {
 				wire += length
 			}
+			flight.add(pd)
 			return pd, unlock, nil
 		}
 		if err := w.Runs(ctx, pace, next); err != nil {
@@ -112,7 +120,7 @@ func (p *peer) resync(s *session.Session) error {
 		return ctx.Err()
 	}
 	total := p.resyncTotal.Load()
-	secs := time.Since(began).Seconds()
+	secs := p.v.clock.Since(began).Seconds()
 	v.log.Info("resync finished", "peer", p.name, "bytes", total, "seconds", secs)
 	p.resyncFinished(total, secs)
 	v.node.peerEvent(v.name, "resync-done", p.name, fmt.Sprintf("resync to %s finished: %s in %.1fs", p.name, human.Bytes(total), secs))
@@ -167,7 +175,7 @@ func (p *peer) verify(s *session.Session, repair bool) {
 	p.verifyTotal.Store(v.size.Load())
 	p.verifyDone.Store(0)
 	p.verifyFound.Store(0)
-	began := time.Now()
+	began := p.v.clock.Now()
 	p.verifyStart.Store(began.UnixNano())
 	run := int64(resyncRunBlocks * replication.BlockSize)
 	ctx, cancel := v.untilStopping(s.Context())
@@ -201,7 +209,7 @@ func (p *peer) verify(s *session.Session, repair bool) {
 		return
 	}
 	found := p.verifyFound.Load()
-	msg := fmt.Sprintf("verify of %s finished in %.1fs: %s out of sync", p.name, time.Since(began).Seconds(), human.Bytes(found))
+	msg := fmt.Sprintf("verify of %s finished in %.1fs: %s out of sync", p.name, p.v.clock.Since(began).Seconds(), human.Bytes(found))
 	v.log.Info("verify finished", "peer", p.name, "out_of_sync", found)
 	if found > 0 && repair {
 		msg += "; resyncing them"

@@ -104,13 +104,11 @@ func (v *Volume) checkSettingsSoon() {
 	v.bg.Add(1)
 	go func() {
 		defer v.bg.Done()
-		select {
-		case <-v.stopping:
-			return
-		case <-time.After(settingsSettle):
-		}
 		ctx, cancel := v.untilStopping(context.Background())
 		defer cancel()
+		if !waitOut(ctx, v.clock, settingsSettle) {
+			return
+		}
 		for _, peer := range slices.Sorted(maps.Keys(v.cfg.Disks)) {
 			if peer == v.self {
 				continue

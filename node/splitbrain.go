@@ -67,7 +67,7 @@ func (v *Volume) forcePromote() error {
 	v.mu.Lock()
 	empty, from, disk := v.d.gens.Current.IsZero(), v.d.primary, v.diskState
 	v.mu.Unlock()
-	e := volstate.Force{Now: time.Now(), NewGen: replication.NewGeneration()}
+	e := volstate.Force{Now: v.clock.Now(), NewGen: replication.NewGeneration()}
 	if v.auth {
 		if va, ok := v.node.cl.c.Authority().Volume(v.name); ok {
 			e.AuthorityEpoch = va.Epoch
@@ -82,7 +82,7 @@ func (v *Volume) forcePromote() error {
 		v.mu.Lock()
 		gen := v.d.gens.Current
 		if from != "" && from != v.self {
-			v.forcedOver = &transport.Failover{From: from, To: v.self, Epoch: a.Epoch, At: time.Now().UTC(),
+			v.forcedOver = &transport.Failover{From: from, To: v.self, Epoch: a.Epoch, At: v.clock.Now().UTC(),
 				Reason: "forced by the operator (replctl primary --force)", Forced: true}
 		}
 		v.mu.Unlock()

@@ -68,6 +68,7 @@ func (v *Volume) commitMirror(mirror bool, change func(*durable), install func()
 		install()
 	}
 	v.mu.Unlock()
+	v.changed.notify()
 	return nil
 }
 

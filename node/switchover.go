@@ -158,7 +158,7 @@ func (n *Node) switchoverByRaft(ctx context.Context, r *transport.PrimaryRequest
 // primary's lease is waited out, every other node becomes Outdated.
 func (n *Node) forceByRaft(ctx context.Context, r *transport.PrimaryRequest) (*transport.PrimaryReply, error) {
 	va, _ := n.cl.c.Authority().Volume(r.Volume)
-	nva, err := n.cl.c.Propose(ctx, replication.FailoverCommand(r.Volume, va.Epoch, r.Node, true, time.Now().UTC(), "forced by the operator (replctl primary --force)"))
+	nva, err := n.cl.c.Propose(ctx, replication.FailoverCommand(r.Volume, va.Epoch, r.Node, true, n.clock.Now().UTC(), "forced by the operator (replctl primary --force)"))
 	if err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "forced promotion of %s through raft failed: %v", r.Node, err)
 	}
@@ -169,10 +169,23 @@ func (n *Node) forceByRaft(ctx context.Context, r *transport.PrimaryRequest) (*t
 	return &transport.PrimaryReply{Volume: r.Volume, Primary: r.Node, Epoch: nva.Epoch, NBDURI: uri}, nil
 }
 
+// servingAskEvery is how often waitServing asks the cluster again. Whether
+// another node serves a volume is its state, and nothing on the wire
+// notifies its every change (its events do not cover each change of what
+// it serves): it is asked, each time after the last answer came.
+const servingAskEvery = 20 * time.Millisecond
+
+// servingWait is how long waitServing waits.
+const servingWait = 15 * time.Second
+
 // waitServing waits until node serves volume; it returns the export.
 func (n *Node) waitServing(ctx context.Context, volume, node string) (string, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := afterFunc(n.clock, servingWait, cancel)
+	defer stop()
 	var last string
-	ok := waitFor(ctx, 15*time.Second, func() bool {
+	serving := func() bool {
 		cs, err := n.clusterStatus(ctx, 0)
 		if err != nil {
 			return false
@@ -182,9 +195,13 @@ func (n *Node) waitServing(ctx context.Context, volume, node string) (string, er
 			return true
 		}
 		return false
-	})
+	}
+	ok := serving()
+	for !ok && waitOut(ctx, n.clock, servingAskEvery) {
+		ok = serving()
+	}
 	if !ok {
-		return "", fmt.Errorf("%s is not serving %s after 15 s", node, volume)
+		return "", fmt.Errorf("%s is not serving %s after %.0f s", node, volume, servingWait.Seconds())
 	}
 	return last, nil
 }

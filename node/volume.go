@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/metadata/statefile"
@@ -37,6 +38,8 @@ type Volume struct {
 	md      *metadata.MD
 	closeMD func() error
 	log     *slog.Logger
+	// clock is the node's (Node.clock).
+	clock clock.Clock
 
 	// locks orders overlapping writes and resync reads.
 	locks replication.RangeLocks
@@ -153,6 +156,10 @@ type Volume struct {
 	flushes    atomic.Uint64
 	// latency records each request's latency for /metrics (metrics.go).
 	latency ioLatency
+	// changed is notified at each change of the volume's state or of a
+	// peer's (its view, its lag, its resync paused or pulling): what a
+	// waiter for a peer's or the volume's state waits on (waitUntil).
+	changed changes
 }
 
 func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD) (*Volume, error) {
@@ -160,6 +167,7 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD) (*Volume, 
 		node: n, cfg: cfg, name: cfg.Name, self: n.name, disk: disk, md: md,
 		closeMD: func() error { return nil },
 		log:     n.log.With("volume", cfg.Name),
+		clock:   n.clock,
 		peers:   map[string]*peer{},
 
 		localMissing: replication.NewBitmap(int64(cfg.Size)),
@@ -385,7 +393,7 @@ func (v *Volume) streamingPeers() []*peer {
 
 // ReadAt implements nbd.Export: reads are served from the local disk.
 func (v *Volume) ReadAt(ctx context.Context, p []byte, off int64) error {
-	defer v.latency.observe(opRead, time.Now())
+	defer v.observe(opRead, v.clock.Now())
 	if err := v.enter(ctx); err != nil {
 		return err
 	}
@@ -693,16 +701,4 @@ func rank(s replication.ReplState) int {
 	default:
 		return 3
 	}
-}
-
-// waitFor polls cond until it holds or the timeout passes.
-func waitFor(ctx context.Context, timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return false
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return true
 }

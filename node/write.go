@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"sync/atomic"
 	"syscall"
-	"time"
 
 	"github.com/replvol/replvol/backing"
 	"github.com/replvol/replvol/metadata"
@@ -17,7 +16,7 @@ import (
 // connected peer wrote p (protocol C); a peer that is not connected has the
 // blocks marked out of sync instead, BEFORE this returns.
 func (v *Volume) WriteAt(ctx context.Context, p []byte, off int64, fua bool) error {
-	defer v.latency.observe(opWrite, time.Now())
+	defer v.observe(opWrite, v.clock.Now())
 	var flags uint8
 	if fua {
 		flags = replication.EntryFUA
@@ -45,14 +44,14 @@ func (v *Volume) WriteAt(ctx context.Context, p []byte, off int64, fua bool) err
 // WriteZeroes implements nbd.Export. The blocks become holes where the
 // disk can punch them, here and on every peer.
 func (v *Volume) WriteZeroes(ctx context.Context, off, length int64, fua bool) error {
-	defer v.latency.observe(opWriteZeroes, time.Now())
+	defer v.observe(opWriteZeroes, v.clock.Now())
 	return v.zeroRange(ctx, replication.OpZero, off, length, fua)
 }
 
 // Trim implements nbd.Export. Trimmed blocks read back as zeroes on every
 // replica, so the replicas stay identical.
 func (v *Volume) Trim(ctx context.Context, off, length int64) error {
-	defer v.latency.observe(opTrim, time.Now())
+	defer v.observe(opTrim, v.clock.Now())
 	return v.zeroRange(ctx, replication.OpTrim, off, length, false)
 }
 
@@ -119,7 +118,7 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 		// resize, the peers may not hold it yet.
 		return fmt.Errorf("%s: write at %d+%d beyond the volume's %d bytes (%w)", v.name, e.Off, e.Length, size, syscall.EINVAL)
 	}
-	v.lastWrite.Store(time.Now().UnixNano())
+	v.lastWrite.Store(v.clock.Now().UnixNano())
 
 	// 1. Admit.
 	hold, err := v.locks.Lock(ctx, e.Off, e.Length)
@@ -252,7 +251,7 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	// returns. A write whose session ended is not counted: its blocks are
 	// marked.
 	if wait != 'C' && lerr == nil {
-		now := time.Now()
+		now := v.clock.Now()
 		for _, w := range waits {
 			if w.Session == nil || w.LagSeq == 0 {
 				continue
@@ -277,7 +276,7 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 // Flush implements nbd.Export: every write completed before it is durable
 // on the local disk AND on every connected peer when it returns.
 func (v *Volume) Flush(ctx context.Context) error {
-	defer v.latency.observe(opFlush, time.Now())
+	defer v.observe(opFlush, v.clock.Now())
 	if err := v.enter(ctx); err != nil {
 		return err
 	}
@@ -313,7 +312,9 @@ func (v *Volume) flushAll() error {
 }
 
 // throttleLag holds a write back, under protocols A and B, while a
-// connected peer lags by max_lag or more (replication.ThrottleForLag).
+// connected peer lags by max_lag or more (replication.ThrottleForLag). It
+// looks again at each change of the volume's or a peer's state (a
+// published lag, a stream that ended: v.changed).
 func (v *Volume) throttleLag(ctx context.Context, proto byte) error {
 	maxLag := v.settings().maxLag
 	if proto == 'C' || maxLag <= 0 {
@@ -321,14 +322,15 @@ func (v *Volume) throttleLag(ctx context.Context, proto byte) error {
 	}
 	for _, p := range v.streamingPeers() {
 		for {
-			lag, _ := p.lagOf(time.Now())
+			changed := v.changed.wait()
+			lag, _ := p.lagOf(v.clock.Now())
 			if !replication.ThrottleForLag(maxLag, lag, p.session() != nil) {
 				break
 			}
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
-			case <-time.After(time.Millisecond):
+			case <-changed:
 			}
 		}
 	}

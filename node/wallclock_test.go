@@ -1,0 +1,100 @@
+package node
+
+import (
+	"context"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/replvol/replvol/internal/clock"
+)
+
+// wallClockReads are the functions of package time that read the real
+// clock or wait on it.
+var wallClockReads = map[string]bool{
+	"Now": true, "Since": true, "Until": true, "After": true, "AfterFunc": true,
+	"NewTimer": true, "NewTicker": true, "Tick": true, "Sleep": true,
+}
+
+// TestTheNodeReadsTimeOnlyThroughItsClock: package node's code (not its
+// tests) reads the time and waits only through the node's injected
+// internal/clock.Clock (Node.clock, Volume.clock), so that a test can run
+// it on a clock.Fake; nothing calls time.Now, time.Sleep, time.After and
+// the like directly (issue 28, item 5).
+func TestTheNodeReadsTimeOnlyThroughItsClock(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, parser.SkipObjectResolution)
+		if err != nil {
+			t.Fatal(err)
+		}
+		timePkg := ""
+		for _, imp := range f.Imports {
+			if path, _ := strconv.Unquote(imp.Path.Value); path == "time" {
+				timePkg = "time"
+				if imp.Name != nil {
+					timePkg = imp.Name.Name
+				}
+			}
+		}
+		if timePkg == "" {
+			continue
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			sel, ok := n.(*ast.SelectorExpr)
+			if !ok {
+				return true
+			}
+			if id, ok := sel.X.(*ast.Ident); ok && id.Name == timePkg && wallClockReads[sel.Sel.Name] {
+				t.Errorf("%s: time.%s: read the time through the node's clock (Node.clock, Volume.clock)", fset.Position(sel.Pos()), sel.Sel.Name)
+			}
+			return true
+		})
+	}
+}
+
+// TestAVolumeKeepsTimeOnTheNodesClock: a node made with a clock reads the
+// time from it, for its volumes too: on a clock.Fake that does not move,
+// a volume's requests take no time by its latency histograms, and its last
+// write began at the fake's time.
+func TestAVolumeKeepsTimeOnTheNodesClock(t *testing.T) {
+	c := newTestCluster(t, 8<<20)
+	start := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	c.opts["alpha"] = Options{clock: clock.NewFake(start)}
+	c.start("alpha")
+	v := c.vol("alpha")
+	ctx := context.Background()
+	if err := v.WriteAt(ctx, pattern(1, 4096), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.ReadAt(ctx, make([]byte, 4096), 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range []ioOp{opWrite, opFlush, opRead} {
+		var n uint64
+		for i := range v.latency[op].counts {
+			n += v.latency[op].counts[i].Load()
+		}
+		if sum := time.Duration(v.latency[op].sumNanos.Load()); n != 1 || sum != 0 {
+			t.Errorf("%s: %d requests took %v in all, want one that took no time on a clock that does not move", ioOpNames[op], n, sum)
+		}
+	}
+	if got := time.Unix(0, v.lastWrite.Load()); !got.Equal(start) {
+		t.Errorf("the last write began at %v, want the fake clock's %v", got, start)
+	}
+}
