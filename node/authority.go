@@ -103,7 +103,7 @@ func (n *Node) openCluster(dir string, opts Options) error {
 		Self: n.name, Members: members, Dir: filepath.Join(dir, "raft"),
 		Logger: n.log.With("part", "cluster"), RaftListener: opts.Raft,
 		Forward: n.forward, Timing: timing, NoBootstrap: opts.Join,
-		TLS: n.tls, GossipKey: n.gossipKey, Refused: n.raftRefused,
+		TLS: n.tls, GossipKey: n.gossipKey, Refused: n.raftRefused, Clock: n.clock,
 	})
 	if err != nil {
 		return fmt.Errorf("node %s: cluster: %w", n.name, err)

@@ -78,8 +78,8 @@ type Options struct {
 	// (its zero fields keep their defaults) and their clock (tests).
 	reattach reattachPolicy
 	// clock, when set, is the node's time (tests set a clock.Fake); nil
-	// is clock.Real(). The leases keep the cluster's clock
-	// (Cluster.Clock).
+	// is clock.Real(). The cluster (its leases: Cluster.Clock), the
+	// control port, the sessions and the applier keep it too.
 	clock clock.Clock
 }
 
@@ -240,7 +240,7 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 		return nil, err
 	}
 	n.gate = control.NewGate(n.name, n.tls, n.log, n.refusals)
-	n.api = control.NewServer(controlNode{n}, n.gate, nil)
+	n.api = control.NewServer(controlNode{n}, n.gate, n.clock)
 	n.life, n.endLife = context.WithCancel(context.Background())
 	dir := opts.StateDir
 	if dir == "" {
@@ -371,7 +371,7 @@ func (n *Node) Start() error {
 		if ln, err = transport.ListenUnix(n.unixPath); err != nil {
 			err = fmt.Errorf("node %s: listen on the unix socket %s: %w", n.name, n.unixPath, err)
 		} else {
-			n.lnUnix = control.NewListener(ln, "unix socket", nil, control.Limits{Max: n.controlConns, PerHost: n.controlConns}, n.log, n.refusals)
+			n.lnUnix = control.NewListener(ln, "unix socket", nil, control.Limits{Max: n.controlConns, PerHost: n.controlConns, Clock: n.clock}, n.log, n.refusals)
 		}
 	}
 	if err != nil {
@@ -384,7 +384,7 @@ func (n *Node) Start() error {
 		controlTLS.NextProtos = []string{"h2", "http/1.1"}
 	}
 	n.lnControl = control.NewListener(n.lnControl, "control", controlTLS,
-		control.Limits{Max: n.controlConns, PerHost: n.controlConnsPerHost, Known: n.known}, n.log, n.refusals)
+		control.Limits{Max: n.controlConns, PerHost: n.controlConnsPerHost, Known: n.known, Clock: n.clock}, n.log, n.refusals)
 
 	n.registry = prometheus.NewRegistry()
 	n.registry.MustRegister(newCollector(n))

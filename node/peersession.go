@@ -27,7 +27,7 @@ func newSession(ctx context.Context, p *peer, s *transport.ReplStream, timeout t
 		FreeBuffer: func(b *[]byte) { resyncBufs.Put(b) },
 	}
 	if p.v != nil {
-		cfg.Log = p.v.log
+		cfg.Log, cfg.Clock = p.v.log, p.v.clock
 		if p.v.node != nil {
 			cfg.Beat = p.v.node.pairBeat(p.name)
 		}

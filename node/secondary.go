@@ -317,7 +317,7 @@ func (v *Volume) applied() *applier.Volume {
 		Disk: appliedDisk{v.disk}, ActivityLog: v.md.ActivityLog(),
 		Size: &v.size, Resynced: &v.resynced, Buffers: &resyncBufs,
 		PeerTimeout: v.cfg.PeerTimeoutOrDefault(), Stopping: v.stopping,
-		Log: v.log, State: appliedState{v},
+		Log: v.log, State: appliedState{v}, Clock: v.clock,
 	}
 }
 
