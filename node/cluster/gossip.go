@@ -8,10 +8,11 @@ import (
 	"net"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // Liveness is what gossip says of a node: a hint, never the authority.
@@ -61,7 +62,7 @@ type gossip struct {
 	voter func(name string) bool
 	list  *memberlist.Memberlist
 
-	mu      sync.Mutex
+	mu      lockorder.Mutex
 	members map[string]Member // whom to gossip with: the cluster file, AddVoter
 	// refused are the names NotifyAlive refused; one that becomes a
 	// voter is fetched again (admitRefused).

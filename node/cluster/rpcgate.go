@@ -15,6 +15,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 
+	"github.com/replvol/replvol/internal/lockorder"
 	"github.com/replvol/replvol/internal/logonce"
 	"github.com/replvol/replvol/internal/pki"
 )
@@ -212,7 +213,7 @@ type gatedTransport struct {
 
 	consume chan raft.RPC
 
-	mu        sync.Mutex
+	mu        lockorder.Mutex
 	heartbeat func(raft.RPC)
 	config    func() (raft.Configuration, string, bool)
 	inbound   map[*inboundConn]bool
@@ -527,7 +528,7 @@ type addrBook struct {
 	logger  *slog.Logger
 	resolve func(addr string) (string, error)
 
-	mu       sync.Mutex
+	mu       lockorder.Mutex
 	byName   map[string]string
 	resolved map[string]string    // an address with a host name → as resolved
 	tried    map[string]time.Time // when its lookup last started

@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/replvol/replvol/internal/connlimit"
+	"github.com/replvol/replvol/internal/lockorder"
 	"github.com/replvol/replvol/internal/logonce"
 	"github.com/replvol/replvol/internal/pki"
 )
@@ -62,7 +63,7 @@ type tlsLayer struct {
 	refused func(words string)
 	once    *logonce.Set
 
-	mu      sync.Mutex
+	mu      lockorder.Mutex
 	names   map[string]string // raft address → node name
 	shaking map[net.Conn]bool // connections in their handshake
 
