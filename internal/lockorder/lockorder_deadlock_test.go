@@ -17,9 +17,11 @@ import (
 func TestAnInversionFailsTheProcess(t *testing.T) {
 	if os.Getenv("LOCKORDER_INVERT") == "1" {
 		var a, b Mutex
+		held := 0
 		lockBoth := func(first, second *Mutex) {
 			first.Lock()
 			second.Lock()
+			held++
 			second.Unlock()
 			first.Unlock()
 		}
@@ -27,7 +29,7 @@ func TestAnInversionFailsTheProcess(t *testing.T) {
 		go func() { lockBoth(&a, &b); close(done) }()
 		<-done
 		lockBoth(&b, &a)
-		os.Exit(0) // not reached when the inversion is caught
+		os.Exit(held - 2) // 0; not reached when the inversion is caught
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestAnInversionFailsTheProcess$")
 	cmd.Env = append(os.Environ(), "LOCKORDER_INVERT=1")
@@ -44,12 +46,14 @@ func TestAnInversionFailsTheProcess(t *testing.T) {
 // taken in one order, by several goroutines, fail nothing.
 func TestOrderedLocksPass(t *testing.T) {
 	var a, b Mutex
+	n := 0
 	done := make(chan struct{})
 	for range 4 {
 		go func() {
 			for range 100 {
 				a.Lock()
 				b.Lock()
+				n++
 				b.Unlock()
 				a.Unlock()
 			}
@@ -58,5 +62,8 @@ func TestOrderedLocksPass(t *testing.T) {
 	}
 	for range 4 {
 		<-done
+	}
+	if n != 400 {
+		t.Fatalf("%d of 400 turns counted", n)
 	}
 }
