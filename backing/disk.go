@@ -5,10 +5,11 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sync"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // Disk is a node's backing store for one volume: io.ReaderAt + io.WriterAt
@@ -31,7 +32,7 @@ type fileDisk struct {
 	// wmu serialises writes. The kernel serialises buffered writes to one
 	// file on its inode lock anyway, but contending writers spin there and
 	// burn CPU; parked goroutines do not.
-	wmu     sync.Mutex
+	wmu     lockorder.Mutex
 	f       *os.File
 	size    atomic.Int64
 	noPunch atomic.Bool

@@ -6,4 +6,7 @@
 // (the state.db that create-md resets, hence bbolt) and multipath,
 // never node, raft or memberlist. node and replctl call it; a Disk allows
 // concurrent calls.
+//
+// Its one mutex, a Disk's wmu (chunked writes land whole), is held while
+// the file is written; nothing of the project is locked under it.
 package backing

@@ -8,7 +8,8 @@ import (
 	"hash/crc32"
 	"io"
 	"slices"
-	"sync"
+
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // AL transaction types.
@@ -150,7 +151,7 @@ type ActivityLog struct {
 	// moves it, owning the log (committing) meanwhile.
 	ringOffset int64
 
-	mu      sync.Mutex
+	mu      lockorder.Mutex
 	extents map[uint64]*alExtent
 	// lru holds the committed extents with no write in flight, oldest
 	// first: an intrusive list (alExtent.prev, .next), so that a write

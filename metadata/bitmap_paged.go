@@ -7,8 +7,9 @@ import (
 	"hash/crc32"
 	"io"
 	"math/bits"
-	"sync"
 	"unsafe"
+
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // bitmapPage is the in-memory bits of one on-disk page (4088 bytes).
@@ -41,9 +42,9 @@ type PeerBitmap struct {
 	slot int
 	node uint32
 
-	flushMu sync.Mutex // serialises Flush/FlushRange so writes land in order
+	flushMu lockorder.Mutex // serialises Flush/FlushRange so writes land in order
 
-	mu     sync.Mutex
+	mu     lockorder.Mutex
 	volume int64 // bytes covered: the volume's size (MD.Grow extends it)
 	blocks int64
 	pages  []*bitmapPage

@@ -10,4 +10,15 @@
 // bbolt, raft, node, transport or web, so that config and replctl's
 // offline commands link it alone. node and backing call it; MD,
 // ActivityLog and PeerBitmap are safe for concurrent use.
+//
+// Lock order (internal/lockorder's mutexes; go test -tags deadlock checks
+// it), outermost first: an MD's growMu (a Grow), then each PeerBitmap's
+// flushMu (a Grow's move takes every one, in md.bitmaps' order; a flush
+// takes its own), then the MD's mu, then a PeerBitmap's mu. An
+// ActivityLog's mu is taken under growMu (a Grow owns the log) and holds
+// nothing of this package: the log releases it for its IO and its bitmap
+// flushes. The device's own lock (internal/fault's or mdtest's, in tests)
+// comes after all of them: the superblock is written under the MD's mu.
+// UpdateSuperblock runs its caller's function under the MD's mu, which
+// must take no lock.
 package metadata

@@ -8,8 +8,8 @@ import (
 	"hash/crc32"
 	"io"
 	"os"
-	"sync"
 
+	"github.com/replvol/replvol/internal/lockorder"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -326,9 +326,9 @@ type MD struct {
 	report         LoadReport
 
 	// growMu serialises Grow.
-	growMu sync.Mutex
+	growMu lockorder.Mutex
 
-	mu sync.Mutex // guards sb, superblock writes, geo and volumeSize
+	mu lockorder.Mutex // guards sb, superblock writes, geo and volumeSize
 	sb Superblock
 	// geo is where the metadata lives. Only Grow changes it, holding mu,
 	// every bitmap's flushMu and the activity log's ring: read it

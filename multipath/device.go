@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 var (
@@ -63,7 +65,7 @@ type Device struct {
 	quit     chan struct{}
 	checked  chan struct{} // closed when the checker has stopped
 
-	mu          sync.Mutex
+	mu          lockorder.Mutex
 	views       []PathView // what the selector sees, index-aligned with paths
 	choice      Choice     // the selector's state; Preferred is the preferred path
 	home        int        // the path failback returns to

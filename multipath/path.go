@@ -5,11 +5,12 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sync"
 	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // Path is one route to the LUN. Implementations must allow concurrent
@@ -59,8 +60,8 @@ type filePath struct {
 	f       *os.File
 	fd      int
 	direct  bool
-	sector  int64      // O_DIRECT alignment of offsets and lengths
-	rmw     sync.Mutex // serialises unaligned O_DIRECT writes
+	sector  int64           // O_DIRECT alignment of offsets and lengths
+	rmw     lockorder.Mutex // serialises unaligned O_DIRECT writes
 	noPunch atomic.Bool
 }
 

@@ -142,14 +142,16 @@
 // after it: n.volMu, v.resizeMu, in.applyMu, v.stateMu, v.mu; then the
 // leaves, under which nothing is taken: n.mu, n.cl.mu, v.rb.mu,
 // n.events.mu, n.claims.mu (claims.go: the mount claims), the metrics'
-// eventCounts.mu and statusCache.mu (the
-// control port's listener mu, a leaf too, is node/control's). These are
-// every mutex of the package (type mutex, lock.go); the peer and session
+// eventCounts.mu and statusCache.mu. These are every mutex of the
+// package (type mutex, lock.go: internal/lockorder's); the mutexes of the
+// packages it calls under them (metadata, replication's bitmaps and
+// range locks, node/cluster, transport, internal/connlimit) come after
+// them, in the order their doc.go gives. The peer and session
 // code declares none, and a session's loop takes v.stateMu and v.mu only
 // at its end (startTracking, through session.Peer).
 // v.stateMu is never taken while waiting for an entry's ack; v.mu is never
 // held while the state is written. go test -tags deadlock (make test-locks)
-// checks the order at run time. in.applyMu, a stream's apply lock, is
-// node/applier's, of the same kind (its lock.go): that build checks it
-// with these.
+// (and make test) checks the order at run time, with every other mutex
+// of the process. in.applyMu, a stream's apply lock, is node/applier's,
+// of the same kind (its lock.go).
 package node

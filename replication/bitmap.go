@@ -2,7 +2,8 @@ package replication
 
 import (
 	"math/bits"
-	"sync"
+
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // BlockSize is the granularity of out-of-sync tracking: one bit per 4 KiB.
@@ -11,7 +12,7 @@ const BlockSize = 4096
 // Bitmap records which 4 KiB blocks of a volume are out of sync with one
 // peer. It is safe for concurrent use.
 type Bitmap struct {
-	mu     sync.Mutex
+	mu     lockorder.Mutex
 	words  []uint64
 	blocks int64
 	set    int64

@@ -7,4 +7,8 @@
 // (transport, node, web, metadata); node drives it, and config, metadata
 // and backing use its types and words. Types document their own
 // concurrency rules.
+//
+// Its two mutexes, a Bitmap's and a RangeLock's, are leaves
+// (internal/lockorder's): nothing is taken or called under them; a
+// RangeLock's waiters wait after unlocking.
 package replication

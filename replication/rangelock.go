@@ -2,7 +2,8 @@ package replication
 
 import (
 	"context"
-	"sync"
+
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // RangeLocks orders overlapping requests: a request waits until every
@@ -10,7 +11,7 @@ import (
 // that do not overlap run concurrently, and so do shared ones (reads) that
 // overlap each other. Safe for concurrent use.
 type RangeLocks struct {
-	mu sync.Mutex
+	mu lockorder.Mutex
 	// active holds the held and waiting ranges, in no order: a write
 	// path holds a few (its queue depth), which a slice scans faster than
 	// a map is iterated.

@@ -9,4 +9,12 @@
 // NBD server. It converts between the wire and Go values and holds no
 // replication rules. Clients and servers here are safe for concurrent use
 // except where a type says otherwise.
+//
+// Lock order (internal/lockorder's mutexes; go test -tags deadlock checks
+// it): a ReplServer's mu closes its listeners and connections under it,
+// whose Close may take internal/connlimit's Limiter mu or, in tests,
+// internal/fault's; a stream's write mutex (wmu) is held while the frame
+// is written to the connection (internal/fault's Conn takes its mutexes in
+// Write). A ReplClient's mu and a Dialer's mu are leaves: streams are
+// closed, and connections dialled, after unlocking.
 package transport

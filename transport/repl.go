@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/internal/connlimit"
+	"github.com/replvol/replvol/internal/lockorder"
 	"github.com/replvol/replvol/internal/pki"
 )
 
@@ -257,7 +258,7 @@ type ReplServer struct {
 	// admission admits each connection within the port's limits.
 	admission *connlimit.Limiter
 
-	mu        sync.Mutex
+	mu        lockorder.Mutex
 	stopped   bool
 	listeners map[net.Listener]struct{}
 	conns     map[net.Conn]struct{}
@@ -413,7 +414,7 @@ type ReplClient struct {
 	// dialer puts a connection that failed into words.
 	dialer *dialer
 
-	mu      sync.Mutex
+	mu      lockorder.Mutex
 	closed  bool
 	streams map[*frameConn]struct{}
 }

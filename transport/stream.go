@@ -15,6 +15,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // The replication stream's framing, under the replication wire format
@@ -119,7 +121,7 @@ type frameConn struct {
 
 	// wmu serialises the sender and the end (close, a refused frame):
 	// an end never lands inside a frame. One sender takes it uncontended.
-	wmu     sync.Mutex
+	wmu     lockorder.Mutex
 	endOnce sync.Once
 }
 

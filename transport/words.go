@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -17,6 +16,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
+
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // Errors in words. gRPC reports a failed call as text ("rpc error: code =
@@ -170,7 +171,7 @@ type dialer struct {
 	// tls: the client speaks TLS (handshakeCreds report to it).
 	tls bool
 
-	mu      sync.Mutex
+	mu      lockorder.Mutex
 	dialing int   // TCP connects in progress
 	err     error // the last connect's error; nil once one succeeded
 	conn    *answerConn

@@ -8,4 +8,10 @@
 // the node fills the status's JSON with. It imports only transport's
 // status types and internal/human's wording of bytes and clauses;
 // handlers are safe for concurrent use.
+//
+// Its mutexes (the monitor's, a fan-out's, an event stream's, the
+// handler's) are leaves of internal/lockorder's kind: an event stream's
+// mu is held while a line is written and flushed to its client, and the
+// handler's while it registers with an http.Server; no other lock of the
+// project is taken under them.
 package web

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/replvol/replvol/internal/lockorder"
 	"github.com/replvol/replvol/transport"
 )
 
@@ -74,7 +75,7 @@ type monitor struct {
 	viewers atomic.Int32
 	kick    chan struct{}
 
-	mu      sync.Mutex
+	mu      lockorder.Mutex
 	cur     *frame
 	changed chan struct{} // closed when cur is replaced
 
@@ -277,7 +278,7 @@ func (m *monitor) nodeViews(ctx context.Context, st *transport.ClusterStatus) ma
 	if st == nil {
 		return views
 	}
-	var mu sync.Mutex
+	var mu lockorder.Mutex
 	var wg sync.WaitGroup
 	for _, n := range st.Nodes {
 		if n.Name == m.self || n.Name == st.From || !n.Alive || n.Control == "" {

@@ -8,9 +8,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/replvol/replvol/internal/lockorder"
 	"github.com/replvol/replvol/transport"
 )
 
@@ -265,7 +265,7 @@ func (h *handlers) eventHistory(w http.ResponseWriter, r *http.Request, n int) {
 // sseWriter writes one Server-Sent Events stream. It is safe for
 // concurrent use, and writes nothing once closed (the handler returned).
 type sseWriter struct {
-	mu     sync.Mutex
+	mu     lockorder.Mutex
 	w      http.ResponseWriter
 	rc     *http.ResponseController
 	closed bool

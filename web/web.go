@@ -6,11 +6,11 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/pprof"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/replvol/replvol/internal/lockorder"
 	"github.com/replvol/replvol/transport"
 )
 
@@ -116,7 +116,7 @@ type handlers struct {
 	mon  *monitor
 	stop context.CancelFunc
 
-	mu      sync.Mutex
+	mu      lockorder.Mutex
 	servers map[*http.Server]bool
 }
 

@@ -122,4 +122,8 @@
 //
 // All child processes, loop devices, cgroups and temporary files are
 // removed on exit, also on Ctrl-C or SIGTERM.
+//
+// Its mutexes (the result collectors of protocols.go, failover.go and
+// main.go) are leaves: each guards a slice or a map while it is appended
+// to.
 package main

@@ -37,11 +37,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
+	"github.com/replvol/replvol/internal/lockorder"
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/transport"
 	"github.com/replvol/replvol/transport/nbd/nbdtest"
@@ -721,7 +721,7 @@ type fvWriter struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
-	mu      sync.Mutex
+	mu      lockorder.Mutex
 	watch   *fvWatch
 	acks    map[string]int64
 	failed  int64

@@ -24,6 +24,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/replvol/replvol/internal/lockorder"
 	"github.com/replvol/replvol/internal/pki"
 	"github.com/replvol/replvol/node"
 	"github.com/replvol/replvol/transport"
@@ -548,7 +549,7 @@ func median(xs []float64) float64 {
 type bench struct {
 	cfg     config
 	tmp     string
-	mu      sync.Mutex
+	mu      lockorder.Mutex
 	procs   []*proc // in start order; stopped in reverse
 	targets map[string]*target
 

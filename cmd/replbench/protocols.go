@@ -30,10 +30,10 @@ import (
 	"io"
 	"slices"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
+	"github.com/replvol/replvol/internal/lockorder"
 	"github.com/replvol/replvol/transport"
 )
 
@@ -395,7 +395,7 @@ func (o lagObs) String() string {
 type lagMonitor struct {
 	cancel context.CancelFunc
 	done   chan struct{}
-	mu     sync.Mutex
+	mu     lockorder.Mutex
 	obs    lagObs
 }
 

@@ -13,4 +13,7 @@
 // only through package transport, and read the cluster file through
 // package config: only internal/demo imports node, raft or memberlist, and
 // only create-md's package backing bbolt (node/layering_test.go checks).
+//
+// Its one mutex (events.go: the writes of a watch to out and errOut) is
+// a leaf.
 package main

@@ -9,9 +9,9 @@ import (
 	"io"
 	"net"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/replvol/replvol/internal/lockorder"
 	"github.com/replvol/replvol/transport"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/codes"
@@ -181,7 +181,7 @@ type eventFollower struct {
 	// g dials the nodes (with --tls-dir's certificate); nil: plaintext.
 	g *globals
 
-	mu sync.Mutex // serialises writes to out and errOut
+	mu lockorder.Mutex // serialises writes to out and errOut
 	// arrivals counts the events run received (run's goroutine only).
 	arrivals uint64
 }

@@ -9,4 +9,8 @@
 // time.Until, time.NewTimer and time.NewTicker. Where a test is goroutines
 // and timers with no real network, testing/synctest is the simpler choice:
 // it virtualises the time package itself, Real included.
+//
+// A Fake's mutex is a leaf (internal/lockorder's): its timers fire by a
+// send that never blocks, and no callback runs under it; code that holds
+// its own mutex may read the Fake.
 package clock

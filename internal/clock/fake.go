@@ -4,6 +4,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // Fake is a Clock for tests: its time moves only by Advance. A timer or
@@ -13,7 +15,7 @@ import (
 // timer's channel holds one value and a ticker drops the ticks its reader
 // missed. A Fake is safe for concurrent use.
 type Fake struct {
-	mu      sync.Mutex
+	mu      lockorder.Mutex
 	now     time.Time
 	seq     uint64
 	waiters []*fakeTimer // armed, in no order

@@ -7,10 +7,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"sync"
 	"time"
 
 	"github.com/replvol/replvol/internal/clock"
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // Config is one port's limits. MaxOpen is required; a zero field takes
@@ -220,7 +220,7 @@ type Limiter struct {
 	clock clock.Clock
 	log   *slog.Logger
 
-	mu                               sync.Mutex // a leaf: nothing is called under it
+	mu                               lockorder.Mutex // a leaf: nothing is called under it
 	open, handshakes                 int
 	strangerOpen, strangerHandshakes int
 	sources                          map[Source]*source

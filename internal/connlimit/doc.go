@@ -11,6 +11,11 @@
 //
 // Every listener of a node uses it (NBD, control, raft, replication);
 // what differs between them is their Config. It imports nothing of the
-// project but internal/clock; a Limiter and its Slots may be used from
+// project but internal/clock and internal/lockorder; a Limiter and its Slots may be used from
 // many goroutines at once.
+//
+// Its mutexes are leaves: a Limiter's mu (nothing is called under it; the
+// connections it closes are closed after unlocking) and a Known's
+// RWMutex, read before the Limiter's is taken. Other packages take the
+// Limiter's mu under theirs by closing a connection (a Slot's Release).
 package connlimit

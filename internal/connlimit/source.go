@@ -5,7 +5,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"sync"
+
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // Source is what the limits count connections by: an IPv4 address, an
@@ -61,7 +62,7 @@ func (s Source) String() string {
 // connections are always known. A nil *Known knows no address. Its
 // methods may be called concurrently.
 type Known struct {
-	mu    sync.RWMutex
+	mu    lockorder.RWMutex
 	addrs map[netip.Addr]struct{}
 }
 

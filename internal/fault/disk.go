@@ -3,7 +3,8 @@ package fault
 import (
 	"context"
 	"io"
-	"sync"
+
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // Inner is the disk a Disk wraps: backing.Disk, restated so that this
@@ -25,7 +26,7 @@ type Disk struct {
 	Point
 	inner Inner
 
-	mu  sync.Mutex
+	mu  lockorder.Mutex
 	pre map[int64][]byte // sector → its content at the last Sync
 }
 

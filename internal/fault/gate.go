@@ -2,7 +2,8 @@ package fault
 
 import (
 	"context"
-	"sync"
+
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // Gate holds operations while it is shut: a slow or stuck device. Each
@@ -11,7 +12,7 @@ import (
 // knows an operation is in flight without sleeping.
 type Gate struct {
 	Entered chan Op
-	mu      sync.Mutex
+	mu      lockorder.Mutex
 	shut    chan struct{} // nil while open
 }
 

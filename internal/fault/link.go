@@ -5,6 +5,8 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // Link is the network between nodes, as far as the connections it wraps
@@ -22,7 +24,7 @@ import (
 // or a dialer's connections (Conn): a connection held on one side is
 // enough, as the other side's writes only reach the kernel's buffers.
 type Link struct {
-	mu      sync.Mutex
+	mu      lockorder.Mutex
 	conns   map[*Conn]struct{}
 	cut     chan struct{} // non-nil while partitioned; closed by Heal
 	refuse  bool          // Cut: listeners close what they accept
@@ -147,7 +149,7 @@ type Conn struct {
 	net.Conn
 	link *Link
 
-	mu            sync.Mutex
+	mu            lockorder.Mutex
 	readDeadline  time.Time
 	writeDeadline time.Time
 	held          []byte // read, but cut off by a deadline

@@ -3,8 +3,9 @@ package fault
 import (
 	"context"
 	"slices"
-	"sync"
 	"time"
+
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // Point is where a wrapper asks for faults: it numbers and counts the
@@ -13,7 +14,7 @@ import (
 // Injectors may be added and removed while operations run. The zero Point
 // injects nothing and is ready to use.
 type Point struct {
-	mu        sync.Mutex
+	mu        lockorder.Mutex
 	injectors []*Injector // pointers, so that one injector added twice is removed once
 	n, bytes  [numKinds]int64
 	injected  int64

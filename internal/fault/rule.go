@@ -2,8 +2,9 @@ package fault
 
 import (
 	"math/rand/v2"
-	"sync"
 	"time"
+
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // Rule is an Injector built from clauses: which operations it matches
@@ -27,7 +28,7 @@ type Rule struct {
 	prob   float64
 	torn   bool
 	fault  Fault
-	mu     sync.Mutex
+	mu     lockorder.Mutex
 	rng    *rand.Rand
 	seen   int64 // matching operations, before Prob and Times
 	hits   int64

@@ -1,8 +1,9 @@
 package logonce
 
 import (
-	"sync"
 	"time"
+
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // Set is the keys logged recently. A key names a peer and a cause ("raft
@@ -12,7 +13,7 @@ type Set struct {
 	max   int
 	now   func() time.Time
 
-	mu   sync.Mutex
+	mu   lockorder.Mutex
 	seen map[string]time.Time
 }
 

@@ -4,9 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"sync"
 
 	"github.com/replvol/replvol/internal/fault"
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // SectorSize is the unit a torn write keeps or loses.
@@ -47,7 +47,7 @@ type Injector = fault.InjectorFunc
 // operations. It is safe for concurrent use.
 type Device struct {
 	fault.Point
-	mu      sync.Mutex
+	mu      lockorder.Mutex
 	size    int64
 	current map[int64]*[chunk]byte
 	durable map[int64]*[chunk]byte

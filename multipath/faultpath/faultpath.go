@@ -3,11 +3,11 @@ package faultpath
 import (
 	"context"
 	"io"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/replvol/replvol/internal/fault"
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // Inner is the path a fault path wraps: multipath.Path, restated so that
@@ -83,7 +83,7 @@ type Path struct {
 	inner Inner
 	rate  atomic.Int64 // bytes/s, 0 = unlimited
 
-	mu   sync.Mutex
+	mu   lockorder.Mutex
 	next time.Time // the throttle's pipe is busy until then
 }
 

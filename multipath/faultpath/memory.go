@@ -2,13 +2,14 @@ package faultpath
 
 import (
 	"io"
-	"sync"
+
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // Memory is an in-memory LUN for tests and benchmarks; Path hands out
 // routes to it.
 type Memory struct {
-	mu   sync.RWMutex
+	mu   lockorder.RWMutex
 	data []byte
 }
 

@@ -10,7 +10,7 @@
 // reaches through the State interface.
 //
 // It imports replication, transport and the standard library (and
-// go-deadlock under the deadlock tag): never package node, node/cluster,
+// internal/lockorder, its mutex type): never package node, node/cluster,
 // backing, metadata, config or web, nor raft, memberlist or bbolt (node's
 // TestLayering).
 //

@@ -1,10 +1,8 @@
-//go:build !deadlock
-
 package applier
 
-import "sync"
+import "github.com/replvol/replvol/internal/lockorder"
 
-// mutex is the stream's apply lock. A build with the deadlock tag
-// (lock_deadlock.go) swaps in one that checks the lock order of package
-// node's doc.go, which this lock is part of.
-type mutex = sync.Mutex
+// mutex is the stream's apply lock: internal/lockorder's, which a build
+// with the deadlock tag swaps for one that checks its order with package
+// node's mutexes (node's doc.go), whose order it is part of.
+type mutex = lockorder.Mutex

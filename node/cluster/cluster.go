@@ -15,6 +15,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/replvol/replvol/internal/clock"
+	"github.com/replvol/replvol/internal/lockorder"
 	"github.com/replvol/replvol/internal/logonce"
 	"github.com/replvol/replvol/metadata/raftlog"
 	"github.com/replvol/replvol/replication"
@@ -370,7 +371,7 @@ func (c *Cluster) waitForLeader(ctx context.Context, ok func(id string) bool) (s
 // broadcast wakes every waiter at once: wait returns a channel that the
 // next fire closes.
 type broadcast struct {
-	mu sync.Mutex
+	mu lockorder.Mutex
 	ch chan struct{}
 }
 

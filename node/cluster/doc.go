@@ -39,4 +39,17 @@
 // layer carries forwarded requests to the leader through a Forwarder it
 // implements. A Cluster is safe for concurrent use; several run in one
 // process (no globals).
+//
+// Lock order (internal/lockorder's mutexes; go test -tags deadlock checks
+// it): a Cluster's leases.mu before leases.changed's broadcast mu (a lease
+// change wakes the waiters under it); gatedTransport.mu and tlsLayer.mu
+// close connections under them, whose Close may take internal/connlimit's
+// Limiter mu (a slot given back) or, in tests, internal/fault's link mu;
+// gossip.mu asks raft for its configuration (isVoter: raft's own locks,
+// which take none of these). Every other mutex is a leaf, under which
+// nothing is taken: fsm.mu (the FSM signals its change after unlocking),
+// membership.mu, renewer.mu, sharedBarrier.mu, addrBook.mu and the
+// broadcasts'. No two of this package's mutexes are held at once but
+// leases.mu and its broadcast's. The node layer holds none of its own
+// mutexes but its state locks (package node's doc.go) when it calls in.
 package cluster

@@ -4,10 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"sync"
 
 	"github.com/hashicorp/raft"
 
+	"github.com/replvol/replvol/internal/lockorder"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -17,7 +17,7 @@ import (
 // readers take the state under mu. The state is a value that Apply
 // replaces and never changes, so a snapshot keeps it without copying.
 type fsm struct {
-	mu      sync.Mutex
+	mu      lockorder.Mutex
 	state   replication.Authority
 	applied func() // signals Changed; must not block
 }

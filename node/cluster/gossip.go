@@ -8,12 +8,12 @@ import (
 	"net"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/memberlist"
 
 	"github.com/replvol/replvol/internal/clock"
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // gossip runs memberlist for one node. Memberlist calls the delegate
@@ -33,7 +33,7 @@ type gossip struct {
 	voter func(name string) bool
 	list  *memberlist.Memberlist
 
-	mu      sync.Mutex
+	mu      lockorder.Mutex
 	members map[string]Member // whom to gossip with: the cluster file, AddVoter
 	// refused are the names NotifyAlive refused; one that becomes a
 	// voter is fetched again (admitRefused).

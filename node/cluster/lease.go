@@ -3,12 +3,12 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
 
 	"github.com/replvol/replvol/internal/clock"
+	"github.com/replvol/replvol/internal/lockorder"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -42,7 +42,7 @@ import (
 type leases struct {
 	duration, hold time.Duration // LeaseDuration×(1−drift), ×(1+drift)
 
-	mu sync.Mutex
+	mu lockorder.Mutex
 	// leader and since mirror raft's NotifyCh: this node leads since.
 	leader bool
 	since  time.Time

@@ -6,10 +6,11 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // A node removed from raft (replctl node remove) hears from no leader any
@@ -31,7 +32,7 @@ var ErrNotAVoter = errors.New("not a raft voter")
 
 // membership holds what this node learned of its own standing.
 type membership struct {
-	mu       sync.Mutex
+	mu       lockorder.Mutex
 	standing Standing
 	voters   []string  // the cluster's voters, as told
 	since    time.Time // when it learned its standing

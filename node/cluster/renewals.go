@@ -3,11 +3,11 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
 
+	"github.com/replvol/replvol/internal/lockorder"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -55,7 +55,7 @@ type renewed struct {
 // (group commit: no call waits for a timer, and the batches grow with
 // the load).
 type renewer struct {
-	mu      sync.Mutex
+	mu      lockorder.Mutex
 	queue   []*renewal
 	sending bool
 }
@@ -141,7 +141,7 @@ func (c *Cluster) sendBatch(batch []*renewal) {
 // have been appended before the caller's request arrived), and the
 // callers that arrive while one runs share the next.
 type sharedBarrier struct {
-	mu      sync.Mutex
+	mu      lockorder.Mutex
 	running bool
 	// next is the barrier the callers arriving now wait for; it starts
 	// when the running one ends.

@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/replvol/replvol/internal/clock"
+	"github.com/replvol/replvol/internal/lockorder"
 	"github.com/replvol/replvol/internal/logonce"
 	"github.com/replvol/replvol/internal/pki"
 )
@@ -219,7 +220,7 @@ type gatedTransport struct {
 	// LastContact is new then (AwaitQuorum waits on it).
 	contact *broadcast
 
-	mu        sync.Mutex
+	mu        lockorder.Mutex
 	heartbeat func(raft.RPC)
 	config    func() (raft.Configuration, string, bool)
 	inbound   map[*inboundConn]bool
@@ -540,7 +541,7 @@ type addrBook struct {
 	clock   clock.Clock // when a lookup started, for addrRetry
 	resolve func(addr string) (string, error)
 
-	mu       sync.Mutex
+	mu       lockorder.Mutex
 	byName   map[string]string
 	resolved map[string]string    // an address with a host name → as resolved
 	tried    map[string]time.Time // when its lookup last started

@@ -13,6 +13,7 @@ import (
 
 	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/internal/connlimit"
+	"github.com/replvol/replvol/internal/lockorder"
 	"github.com/replvol/replvol/internal/logonce"
 	"github.com/replvol/replvol/internal/pki"
 )
@@ -64,7 +65,7 @@ type tlsLayer struct {
 	once    *logonce.Set
 	clock   clock.Clock // the handshakes' deadlines, the pause after a failed accept
 
-	mu      sync.Mutex
+	mu      lockorder.Mutex
 	names   map[string]string // raft address → node name
 	shaking map[net.Conn]bool // connections in their handshake
 

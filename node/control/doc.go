@@ -17,5 +17,6 @@
 // request: a Server's and a Gate's methods are called concurrently, and
 // so call Node's and Volume's. A Listener's accept loop and handshakes run
 // on goroutines of their own, and Accept and Close may be called from any.
-// Its one mutex (a Listener's mu) is a leaf: nothing is taken under it.
+// It declares no mutex: a Listener's admission counts are
+// internal/connlimit's, whose Limiter mutex is a leaf.
 package control

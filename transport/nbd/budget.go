@@ -3,7 +3,8 @@ package nbd
 import (
 	"container/list"
 	"fmt"
-	"sync"
+
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // Every request holds bytes of a budget from the moment the reader takes its header until its
@@ -31,7 +32,7 @@ func requestCost(h requestHeader) int64 {
 type nodeBudget struct {
 	size int64
 
-	mu      sync.Mutex
+	mu      lockorder.Mutex
 	held    int64
 	waiters list.List // of *budgetWaiter, oldest first
 }
@@ -112,7 +113,7 @@ func (b *nodeBudget) heldBytes() int64 {
 type connBudget struct {
 	limit, reserve int64
 
-	mu          sync.Mutex
+	mu          lockorder.Mutex
 	held        int64         // all the connection holds, <= limit
 	reserveHeld int64         // the part of held charged to the reserve, <= reserve
 	released    chan struct{} // closed at the next release; nil unless the reader waits for one

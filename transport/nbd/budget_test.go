@@ -87,10 +87,6 @@ func TestBufferPoolKeepsAtMostItsCapAndReusesIt(t *testing.T) {
 	} else {
 		p.put(reused)
 	}
-	if allocs := testing.AllocsPerRun(100, func() { p.put(p.get(size - 100)) }); allocs != 0 {
-		t.Fatalf("a pooled get and put allocate %v times", allocs)
-	}
-
 	// Unused since the trim before last: given back.
 	p.trim()
 	if got := p.pooled.Load(); got != 3*size {

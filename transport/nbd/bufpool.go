@@ -2,9 +2,10 @@ package nbd
 
 import (
 	"math/bits"
-	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // Payload buffers come in power-of-two size classes, 512 B to MaxRequestLength. Each Server keeps
@@ -57,7 +58,7 @@ type bufferPool struct {
 }
 
 type bufferClassPool struct {
-	mu   sync.Mutex
+	mu   lockorder.Mutex
 	free []*buffer // oldest first; get takes from the end
 	// idle is the fewest buffers free since the last trim: that many were not needed.
 	idle int

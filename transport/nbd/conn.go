@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/internal/connlimit"
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // serverConn is one client connection. Its goroutine (serve) negotiates and then reads requests;
@@ -59,7 +60,7 @@ type serverConn struct {
 	exportName string
 	since      time.Time // when it entered transmission
 
-	mu       sync.Mutex // guards the fields below and every change of the read deadline
+	mu       lockorder.Mutex // guards the fields below and every change of the read deadline
 	draining bool
 	// transmitting: the export is attached, so the client may send requests. A draining
 	// connection in transmission goes on reading until its client is quiet (drainQuiet) or
@@ -96,9 +97,9 @@ type serverConn struct {
 	// writev, until the queue is empty. Under load that is one syscall for
 	// many replies: a writer first yields once while other requests are
 	// still running (executing), so that their replies join its writev.
-	writeMu  sync.Mutex // guards the fields below
-	writing  bool       // a worker is writing the queue
-	queue    []*request // replies waiting for the writer; their buffers stay valid until written
+	writeMu  lockorder.Mutex // guards the fields below
+	writing  bool            // a worker is writing the queue
+	queue    []*request      // replies waiting for the writer; their buffers stay valid until written
 	spare    []*request
 	writeErr error // the first failed reply write
 	// Owned by the current writer.

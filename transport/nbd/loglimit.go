@@ -1,8 +1,9 @@
 package nbd
 
 import (
-	"sync"
 	"time"
+
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // logInterval is the least time between two lines of one rate-limited kind: what a client can
@@ -14,7 +15,7 @@ const logInterval = 10 * time.Second
 type logLimiter struct {
 	interval time.Duration
 
-	mu         sync.Mutex
+	mu         lockorder.Mutex
 	next       time.Time // no line before this
 	suppressed uint64    // events not logged since the last line
 }

@@ -10,11 +10,11 @@ import (
 	"log/slog"
 	"net"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/replvol/replvol/internal/connlimit"
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // Export is one block device served over NBD. All methods may be called concurrently, and may
@@ -362,7 +362,7 @@ type Server struct {
 	// Export might then still write into a buffer, so the buffers' mappings are kept.
 	forcedClose atomic.Bool
 
-	mu           sync.Mutex
+	mu           lockorder.Mutex
 	shutdown     bool
 	listeners    map[net.Listener]struct{}
 	conns        map[*serverConn]struct{}

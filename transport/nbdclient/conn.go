@@ -9,9 +9,10 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"sync"
 	"syscall"
 	"time"
+
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // Options shape a connection.
@@ -61,9 +62,9 @@ type Conn struct {
 	export  Export
 	timeout time.Duration
 
-	wmu sync.Mutex // one request's header and payload are written together
+	wmu lockorder.Mutex // one request's header and payload are written together
 
-	mu      sync.Mutex
+	mu      lockorder.Mutex
 	pending map[uint64]*call
 	next    uint64
 	err     error // why the connection is no longer usable; nil while it is

@@ -9,8 +9,9 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"sync"
 	"time"
+
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // Wire values, written out from NetworkBlockDevice/nbd doc/proto.md.
@@ -329,7 +330,7 @@ type Client struct {
 	r    *bufio.Reader
 	Info ExportInfo
 
-	mu         sync.Mutex
+	mu         lockorder.Mutex
 	pending    map[uint64]uint32 // handle -> READ length expected on success (0 otherwise)
 	nextHandle uint64
 }

@@ -3,11 +3,11 @@ package nbdtest
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"syscall"
 
 	"github.com/replvol/replvol/internal/fault"
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // Device is the method set of nbd.Export, repeated here so that this package does not import the
@@ -47,7 +47,7 @@ func (o Op) Kind() fault.Kind {
 // the device or a zero length fails with EINVAL and is counted in OutOfRange, which tests
 // assert stays zero. Trim zeroes the range.
 type MemExport struct {
-	mu   sync.RWMutex
+	mu   lockorder.RWMutex
 	data []byte
 
 	calls      [numOps]atomic.Int64
