@@ -67,7 +67,7 @@ type Cluster struct {
 // bootstraps with every member as a voter (unless NoBootstrap); one with
 // state resumes from its raft log and latest snapshot. The Cluster owns
 // cfg.RaftListener from now on, also when Open fails.
-func Open(cfg Config) (c *Cluster, err error) {
+func Open(cfg Config) (_ *Cluster, err error) {
 	if cfg.RaftListener != nil {
 		defer func() {
 			if err != nil {
@@ -86,7 +86,10 @@ func Open(cfg Config) (c *Cluster, err error) {
 	}
 	logger := cfg.Logger.With("cluster", cfg.Self)
 	ctx, cancel := context.WithCancel(context.Background())
-	c = &Cluster{
+	// c, not the result: the undo below, and the goroutines started
+	// before a later step fails, use it after a return sets the result
+	// to nil.
+	c := &Cluster{
 		cfg: cfg, self: cfg.Self, logger: logger, raftTime: clock.Real(),
 		leases:          newLeases(cfg.Timing),
 		leaderChange:    newBroadcast(),

@@ -3,6 +3,7 @@ package cluster
 import (
 	"errors"
 	"fmt"
+	"net"
 	"reflect"
 	"slices"
 	"strings"
@@ -629,4 +630,31 @@ func TestAMembershipChangeWhoseOutcomeIsUnknownIsRunAgain(t *testing.T) {
 	if lost[KindAddVoter] != 1 || lost[KindRemoveVoter] != 1 {
 		t.Fatalf("answers lost: %v; want one of each change", lost)
 	}
+}
+
+// TestAClusterWhoseGossipCannotStartFailsToOpenAndCleansUp: a node whose
+// gossip address is taken opens no cluster: Open says why, and undoes
+// what it started (raft, the goroutines that watch it). It dereferenced
+// a nil Cluster in that undo (Open's result, set to nil by the return)
+// and raced with the goroutine that watches raft.
+func TestAClusterWhoseGossipCannotStartFailsToOpenAndCleansUp(t *testing.T) {
+	taken, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	self := Member{Name: "a", Raft: ln.Addr().String(), Gossip: taken.LocalAddr().String()}
+	c, err := Open(Config{Self: "a", Members: []Member{self}, Dir: t.TempDir(), RaftListener: ln, Timing: testTiming})
+	if err == nil {
+		c.Close()
+		t.Fatalf("Open with gossip's address %s taken: no error", self.Gossip)
+	}
+	if c != nil {
+		t.Fatalf("Open failed (%v) and returned a cluster", err)
+	}
+	t.Logf("Open: %v", err)
 }
