@@ -40,6 +40,24 @@ func (b *lockedBuffer) String() string {
 	return b.b.String()
 }
 
+// alphasPort returns the directory of a cluster's certificates, that of
+// its node alpha, and a port on 127.0.0.1 for alpha's listener.
+func alphasPort(t *testing.T) (dir string, bundle *pki.Bundle, inner net.Listener) {
+	t.Helper()
+	dir = t.TempDir()
+	if _, err := pki.Init(dir, []pki.Holder{{Identity: pki.Identity{Role: pki.RoleNode, Name: "alpha"}, Hosts: []string{"127.0.0.1"}}}, false); err != nil {
+		t.Fatal(err)
+	}
+	bundle, err := pki.Load(filepath.Join(dir, pki.CAFile), filepath.Join(dir, pki.CertFile("alpha")), filepath.Join(dir, pki.KeyFile("alpha")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inner, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	return dir, bundle, inner
+}
+
 // TestTheControlPortServesOthersWhileHostsFloodIt: two hosts (127.0.0.2
 // and 127.0.0.4) open 100 connections each to a TLS control port and
 // start a TLS handshake they never finish. Each keeps at most its share
@@ -48,18 +66,7 @@ func (b *lockedBuffer) String() string {
 // complete their handshakes meanwhile; each flooding host gets one log
 // line for the interval, not a line per connection.
 func TestTheControlPortServesOthersWhileHostsFloodIt(t *testing.T) {
-	dir := t.TempDir()
-	if _, err := pki.Init(dir, []pki.Holder{{Identity: pki.Identity{Role: pki.RoleNode, Name: "alpha"}, Hosts: []string{"127.0.0.1"}}}, false); err != nil {
-		t.Fatal(err)
-	}
-	bundle, err := pki.Load(filepath.Join(dir, pki.CAFile), filepath.Join(dir, pki.CertFile("alpha")), filepath.Join(dir, pki.KeyFile("alpha")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	inner, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, bundle, inner := alphasPort(t)
 	logs := &lockedBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, nil))
 	l := NewListener(inner, "control", bundle.AskingServerConfig(),
@@ -139,18 +146,7 @@ func TestTheControlPortServesOthersWhileHostsFloodIt(t *testing.T) {
 // instead of "requires TLS". The read after the alert tells a reset
 // (ECONNRESET) from an orderly close (EOF).
 func TestAPlaintextClientReadsTheAnswerAndAnOrderlyClose(t *testing.T) {
-	dir := t.TempDir()
-	if _, err := pki.Init(dir, []pki.Holder{{Identity: pki.Identity{Role: pki.RoleNode, Name: "alpha"}, Hosts: []string{"127.0.0.1"}}}, false); err != nil {
-		t.Fatal(err)
-	}
-	bundle, err := pki.Load(filepath.Join(dir, pki.CAFile), filepath.Join(dir, pki.CertFile("alpha")), filepath.Join(dir, pki.KeyFile("alpha")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	inner, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, bundle, inner := alphasPort(t)
 	log := slog.New(slog.DiscardHandler)
 	l := NewListener(inner, "control", bundle.AskingServerConfig(), Limits{Max: 8, PerHost: 8}, log, NewRefusalLog(log, time.Minute, 16))
 	defer l.Close()
