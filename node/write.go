@@ -321,10 +321,15 @@ func (v *Volume) throttleLag(ctx context.Context, proto byte) error {
 		return nil
 	}
 	for _, p := range v.streamingPeers() {
-		for {
-			changed := v.changed.wait()
+		held := func() bool {
 			lag, _ := p.lagOf(v.clock.Now())
-			if !replication.ThrottleForLag(maxLag, lag, p.session() != nil) {
+			return replication.ThrottleForLag(maxLag, lag, p.session() != nil)
+		}
+		for held() {
+			// Taken only when held (it makes a channel), and looked again
+			// after: a change between the looks wakes the wait.
+			changed := v.changed.wait()
+			if !held() {
 				break
 			}
 			select {
