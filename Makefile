@@ -111,7 +111,7 @@ bench:
 	@echo
 	@echo "multipath (each path throttled to 100 MB/s; x-capacity = share of the paths' total bandwidth delivered):"
 	$(GO) test -run '^$$' -bench . -benchmem ./multipath/ | grep -E '^(Benchmark|ok)' | tee $(BOOK).multipath
-	@{ printf '\n## Multipath\n\nnode/multipath'"'"'s Go benchmark (each path throttled to 100 MB/s; x-capacity: the share of the paths'"'"' total bandwidth delivered):\n\n```text\n'; \
+	@{ printf '\n## Multipath\n\nmultipath'"'"'s Go benchmark (each path throttled to 100 MB/s; x-capacity: the share of the paths'"'"' total bandwidth delivered):\n\n```text\n'; \
 		cat $(BOOK).multipath; printf '```\n'; } >>$(BOOK); rm -f $(BOOK).multipath
 
 demo:
