@@ -34,9 +34,10 @@ func (d *durable) take(m volstate.Durable) {
 	}
 }
 
-// modelLocked is the volume as its state machine sees it. The peers'
-// replication states are not read (their lock comes after v.mu): the
-// transitions driven here do not depend on them. Callers hold v.mu.
+// modelLocked is the volume as its state machine sees it, the peers'
+// replication states as their views show them now (a view is read
+// without a lock; a peer's handshake changes it under v.stateMu, which
+// steps hold). Callers hold v.mu.
 func (v *Volume) modelLocked() volstate.State {
 	s := volstate.State{
 		Self: v.self, SelfID: v.node.config().NodeID(v.self), Durable: v.d.model(), Serving: v.serving, Disk: v.diskState, Why: volstate.Cause(v.why.cause),
@@ -45,9 +46,15 @@ func (v *Volume) modelLocked() volstate.State {
 		LeaseEpoch: v.leaseEpoch, LeaseUntil: v.lease, Pending: v.roleChange, Stopping: isClosed(v.stopping),
 	}
 	for name := range v.cfg.Disks {
-		if name != v.self {
-			s.Peers[name] = volstate.Peer{Repl: replication.Connecting, SplitBrainRule: v.splitBrain[name]}
+		if name == v.self {
+			continue
 		}
+		mp := volstate.Peer{Repl: replication.Connecting, SplitBrainRule: v.splitBrain[name]}
+		if p := v.peers[name]; p != nil {
+			pv := p.snapshot()
+			mp.Repl, mp.Session, mp.Pulling = pv.repl(), pv.sid, p.pulling.Load()
+		}
+		s.Peers[name] = mp
 	}
 	return s
 }

@@ -135,6 +135,17 @@ func (pv *peerView) stream(e volstate.StreamEvent, down bool) {
 	}
 }
 
+// repl is the peer's replication state as the volume's rules read it: a
+// view whose stream ended (Ended: writes go to the bitmap from there on)
+// streams nothing, though its state shows the loss only once the link
+// stepped it (lost).
+func (pv *peerView) repl() replication.ReplState {
+	if pv.sess == nil && pv.state != replication.StandAlone {
+		return replication.Connecting
+	}
+	return pv.state
+}
+
 // lost steps the loss of the stream the view shows (every stream of the
 // peer ended); down: the link is not re-established.
 func (pv *peerView) lost(peer string, down bool) {

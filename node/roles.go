@@ -316,14 +316,6 @@ func (v *Volume) splitBrainReasonLocked() reason {
 	return reason{}
 }
 
-// inSplitBrain reports whether this node found a split brain with a peer
-// and has not connected to it since.
-func (v *Volume) inSplitBrain() bool {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return len(v.splitBrain) > 0
-}
-
 // retake makes this node primary again at epoch after a switchover that
 // raft did not record: it handed over gen, and raft still names it
 // (volstate.Retake).

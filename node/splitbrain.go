@@ -105,13 +105,9 @@ func (v *Volume) forcePromote() error {
 // applies to a primary that streams to a peer: that would throw away good
 // data and leave the volume without a primary.
 func (v *Volume) discardMyData(ctx context.Context, yes bool) (int64, error) {
-	if !v.inSplitBrain() {
-		return 0, status.Errorf(codes.FailedPrecondition, "%v: %s on %s is not in a split brain with any peer: --discard-my-data only resolves one (it throws this node's changes away); nothing changed. See replctl status", ErrNotSplitBrain, v.name, v.self)
-	}
-	for _, p := range v.streamingPeers() {
-		if p.session() != nil {
-			return 0, status.Errorf(codes.FailedPrecondition, "%v: %s is primary of %s and streams to %s: it is not the victim of a split brain; nothing changed", ErrNotSplitBrain, v.self, v.name, p.name)
-		}
+	// The machine's rule refuses it (also when asked only for the bytes).
+	if err := v.discardRefused(volstate.DiscardMyData{}); err != nil {
+		return 0, err
 	}
 	// What this node changed since the split is what its bitmap toward
 	// the other side marks (the largest, with three or more replicas).
@@ -158,9 +154,33 @@ func (v *Volume) discardMyData(ctx context.Context, yes bool) (int64, error) {
 		},
 	})
 	if err != nil {
-		return 0, err
+		return 0, v.discardRefusal(err)
 	}
 	return bytes, nil
+}
+
+// discardRefused asks the volume's rules, without changing anything,
+// whether e (a discard of this node's data) may run now, and words their
+// refusal.
+func (v *Volume) discardRefused(e volstate.DiscardMyData) error {
+	v.mu.Lock()
+	_, rd := volstate.Step(v.modelLocked(), e)
+	v.mu.Unlock()
+	return v.discardRefusal(rd.Err)
+}
+
+// discardRefusal words the rules' refusal of a discard (nil: none).
+func (v *Volume) discardRefusal(err error) error {
+	var streams *volstate.StreamsToPeer
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &streams):
+		return status.Errorf(codes.FailedPrecondition, "%v: %s is primary of %s and streams to %s: it is not the victim of a split brain; nothing changed", ErrNotSplitBrain, v.self, v.name, streams.Peer)
+	case errors.Is(err, volstate.ErrNotSplitBrain):
+		return status.Errorf(codes.FailedPrecondition, "%v: %s on %s is not in a split brain with any peer: --discard-my-data only resolves one (it throws this node's changes away); nothing changed. See replctl status", ErrNotSplitBrain, v.name, v.self)
+	}
+	return err
 }
 
 // resumePeers restarts senders that stopped (split brain) on a primary.

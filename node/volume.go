@@ -482,24 +482,18 @@ func (v *Volume) track(p *peer, behind bool) error {
 func (v *Volume) trackLocked(p *peer, behind bool) ([]*session.Pending, error) {
 	v.stateMu.Lock()
 	defer v.stateMu.Unlock()
-	if !behind && p.session() != nil {
-		// The peer connected meanwhile (its handshake decided under
-		// stateMu): the write goes to its stream; moving the generation
-		// on now would leave the peer's UpToDate behind.
-		return nil, nil
-	}
 	v.mu.Lock()
-	current, tracked := v.d.gens.Current, v.d.gens.Tracking(p.name)
-	v.mu.Unlock()
+	current := v.d.gens.Current
 	mayHold := p.mayHoldNow()
 	if p.mayHoldUnknown {
 		mayHold = current
 	}
-	if (tracked && mayHold != current) || current.IsZero() {
-		// Already tracked (and the peer cannot hold the current
-		// generation), or this node is copying newer data from the peer:
-		// it has no generation of its own to move on from (and its
-		// writes complete only on both).
+	moves := volstate.MissMovesGeneration(v.d.gens, p.name, mayHold)
+	v.mu.Unlock()
+	if !moves {
+		// The write path's fast way out, by the machine's own rule: the
+		// peer is tracked already (and cannot hold the current
+		// generation), or this node copies newer data from it.
 		return nil, nil
 	}
 	held := p.snapshot().held
@@ -507,7 +501,7 @@ func (v *Volume) trackLocked(p *peer, behind bool) ([]*session.Pending, error) {
 	// for up to date: when it cannot be written, IO stops rather than
 	// risk it (volstate.WriteMissed).
 	next := replication.NewGeneration()
-	acts, err := v.stepLocked(volstate.WriteMissed{Peer: p.name, Held: held, Next: next, MayHold: mayHold}, nil, nil)
+	acts, err := v.stepLocked(volstate.WriteMissed{Peer: p.name, Held: held, Next: next, MayHold: mayHold, Behind: behind}, nil, nil)
 	if err != nil {
 		v.log.Error("cannot persist a new generation; stopping IO", "peer", p.name, "err", err)
 		v.mu.Lock()

@@ -144,15 +144,20 @@ type AttachFailed struct{}
 // from a peer and synced.
 type LocalResyncFinished struct{}
 
-// WriteMissed: this primary starts a write Peer will not see (it is not
-// connected); Peer last held Held (zero: the current generation), and the
-// data moves on to Next. MayHold, when not zero, is a generation Peer may
-// hold though this node tracks it (a sync-done whose ack never came, a
-// resync between equal generations cut off): when it is the current one,
-// the data moves on all the same, Peer's bitmap kept.
+// WriteMissed: this primary starts a write Peer may not see (it has no
+// stream, or its stream is Behind); Peer last held Held (zero: the
+// current generation), and the data moves on to Next. MayHold, when not
+// zero, is a generation Peer may hold though this node tracks it (a
+// sync-done whose ack never came, a resync between equal generations cut
+// off): when it is the current one, the data moves on all the same,
+// Peer's bitmap kept. Behind: the peer's stream took the write to mark,
+// not to ship (pull-ahead decided by the stream, which the peer's state
+// may not show yet). A write to a peer that streams and is not behind
+// goes to its stream: it misses nothing.
 type WriteMissed struct {
 	Peer                string
 	Held, Next, MayHold replication.Generation
+	Behind              bool
 }
 
 // ResyncFinished: a resync with Peer ended. As target (a pull), this node

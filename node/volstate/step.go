@@ -25,6 +25,15 @@ var (
 	ErrNoPendingChange = errors.New("no role change pending")
 )
 
+// StreamsToPeer refuses a discard of a primary's data while it streams
+// to Peer: it is not the victim of a split brain. It is ErrStreaming.
+type StreamsToPeer struct{ Peer string }
+
+func (e *StreamsToPeer) Error() string { return ErrStreaming.Error() + " " + e.Peer }
+
+// Is makes a StreamsToPeer ErrStreaming.
+func (e *StreamsToPeer) Is(target error) bool { return target == ErrStreaming }
+
 // Step is the volume's rules: the state after e, and what must be
 // written (BEFORE anything else) and done. It changes nothing in s.
 func Step(s State, e Event) (State, Ready) {
@@ -656,7 +665,7 @@ func (s *State) discardMyData() Ready {
 	if s.Role() == replication.Primary {
 		for name, p := range s.Peers {
 			if p.streaming() {
-				return Ready{Err: fmt.Errorf("%w %s", ErrStreaming, name)}
+				return Ready{Err: &StreamsToPeer{Peer: name}}
 			}
 		}
 		s.Serving = Stopped
@@ -700,15 +709,13 @@ func (s *State) detach(e DiskFailed) Ready {
 // peer can never again look as up to date as this primary.
 func (s *State) writeMissed(e WriteMissed) Ready {
 	g := s.Durable.Gens
-	// A tracked peer misses nothing new by generations, unless it may
-	// hold the current one (it must never look as up to date as this
-	// primary).
 	mayHold := g.Tracking(e.Peer) && e.MayHold == g.Current
-	if s.Role() != replication.Primary || (g.Tracking(e.Peer) && !mayHold) || g.Current.IsZero() {
+	if s.Role() != replication.Primary || !MissMovesGeneration(g, e.Peer, e.MayHold) {
 		return Ready{}
 	}
-	if p := s.Peers[e.Peer]; p.Repl == replication.Connected || p.Repl == replication.SyncSource {
-		// The write goes to its stream.
+	if p := s.Peers[e.Peer]; p.streaming() && p.Repl != replication.Ahead && !e.Behind {
+		// The write goes to its stream (the peer connected meanwhile:
+		// moving the generation on would leave its UpToDate behind).
 		return Ready{}
 	}
 	rd := Ready{Persist: s.persist(func(d *Durable) {
@@ -720,6 +727,20 @@ func (s *State) writeMissed(e WriteMissed) Ready {
 	})}
 	rd.Actions = []Action{{Kind: Notify, Detail: "new-generation", Peer: e.Peer}}
 	return rd
+}
+
+// MissMovesGeneration is the generations' half of WriteMissed's rule
+// (the other half is the peer's stream): whether a write peer misses
+// moves the data on to a new generation. A tracked peer misses nothing
+// new by generations, unless it may hold the current one (mayHold: it
+// must never look as up to date as this primary); a node copying newer
+// data from a peer (no current generation) has none to move on from. The
+// write path asks it before it steps the machine, which asks it again.
+func MissMovesGeneration(g replication.Generations, peer string, mayHold replication.Generation) bool {
+	if g.Current.IsZero() {
+		return false
+	}
+	return !g.Tracking(peer) || mayHold == g.Current
 }
 
 // resyncFinished ends a resync: as source the peer is in sync, as target

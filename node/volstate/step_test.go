@@ -264,7 +264,9 @@ func (h *harness) event(t *testing.T, d *datadriven.TestData, s *State) Event {
 	case "local-resync-finished":
 		return LocalResyncFinished{}
 	case "write-missed":
-		return WriteMissed{Peer: peerName, Held: gen(argOr(d, "held", "")), Next: gen(argOr(d, "next", "")), MayHold: gen(argOr(d, "may-hold", ""))}
+		e := WriteMissed{Peer: peerName, Held: gen(argOr(d, "held", "")), Next: gen(argOr(d, "next", "")), MayHold: gen(argOr(d, "may-hold", ""))}
+		_, e.Behind = arg(d, "behind")
+		return e
 	case "resync-finished":
 		e := ResyncFinished{Peer: peerName}
 		_, e.AsTarget = arg(d, "target")
