@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"fmt"
+	"maps"
 	"slices"
 
 	"github.com/replvol/replvol/node/volstate"
@@ -11,10 +13,35 @@ import (
 type Invariant uint8
 
 const (
-	// NoAckedWriteLost: every block reads back, on the current serving
-	// primary, the last acknowledged value or a later one.
+	// NoAckedWriteLost (§2.1), two checks:
+	//
+	// Durable: a write is durable once it is acknowledged FUA, or once a
+	// FLUSH the client sent after its acknowledgement completed (it
+	// "protects" it). Every replica raft counts UpToDate (the nodes the
+	// authority could promote without force, the primary among them)
+	// holds on stable storage, in each block, the last protected write or
+	// a later one (a later write that tore the block counts as later: a
+	// write in flight may tear what it overwrites), after every step,
+	// whether it is up or down. A forced promotion of X (--force, through
+	// raft or without quorum) accepts X's data: each block's protected
+	// write becomes what X holds on stable storage where X holds less
+	// (what the operator's command says may be lost); later protections
+	// count as before, except during a forced split (below), when no
+	// write or flush is counted.
+	//
+	// Readable: the current serving primary reads, in every block, the
+	// last acknowledged write or a later one, but a write acknowledged
+	// and not yet protected may be lost by a crash of any node that held
+	// it in its cache only: a crash forgets those blocks' unprotected
+	// acknowledgements.
 	NoAckedWriteLost Invariant = iota + 1
-	// OneWriter: never two primaries serving under leases that overlap.
+	// OneWriter (§2.3): never two nodes serving under leases at once;
+	// and a node serving without a lease (OpenWithoutLease) serves
+	// beside another only as the split DESIGN.md allows: the operator
+	// forced it while it reached no raft leader (the node alone could not
+	// ask raft), and it has not been told since that raft names another
+	// primary at its epoch or later. A node that opens without a lease in
+	// any other way, or keeps serving once told, is a second writer.
 	OneWriter
 	// NoStalePromotion: a node that lacks an acknowledged write is never
 	// promoted without force.
@@ -22,6 +49,28 @@ const (
 	// ReplicasEqualInSync: a primary and a peer it counts in sync (no
 	// marked blocks, nothing in flight) hold the same blocks.
 	ReplicasEqualInSync
+	// CatchUpCostsWhatChanged (§2.4): a resync (or a pull) copies only
+	// blocks written on either side since the two were last in sync
+	// (a write attempted, applied from a stream, resynced, or a cache a
+	// crash lost), plus the activity log's blocks a reconciliation or a
+	// restart marked; every block only when the rules chose a full resync
+	// (unrelated generations, or a split brain's victim discarding its
+	// data, which the sim always copies whole). A resync that copies
+	// more, or a full copy where the rules chose a bitmap one, fails.
+	CatchUpCostsWhatChanged
+	// SecondaryIsAPrefix (§2.5, protocol C): a secondary applies its
+	// primary's stream in the order it was sent, each entry once, so that
+	// what reads see on it is always the primary's stream up to some
+	// entry (checked at each entry applied: every block holds what the
+	// stream's prefix up to it holds). A flush entry makes that prefix
+	// durable; what a crash leaves is then the state at the last FLUSH
+	// boundary plus some of the writes after it, as a local disk's cache
+	// does, and those blocks are the activity log's.
+	SecondaryIsAPrefix
+	// BadInputChangesNothing (§2.6): a request the node refuses (a write
+	// past the end, an entry of a stream that is not its own) changes
+	// no byte of any replica, in cache or on stable storage.
+	BadInputChangesNothing
 )
 
 func (i Invariant) String() string {
@@ -34,14 +83,69 @@ func (i Invariant) String() string {
 		return "no-stale-promotion"
 	case ReplicasEqualInSync:
 		return "replicas-equal-in-sync"
+	case CatchUpCostsWhatChanged:
+		return "catch-up-costs-what-changed"
+	case SecondaryIsAPrefix:
+		return "secondary-is-a-prefix"
+	case BadInputChangesNothing:
+		return "bad-input-changes-nothing"
 	}
 	return "invariant(?)"
 }
 
+// Finding is a defect of production the sim found, which a check
+// tolerates in the exact situation it describes (and reports), so that
+// every seed still runs every check.
+type Finding uint8
+
+const (
+	// FindingFlushSkipsPeerCache: node's Flush completes without a peer
+	// that has no stream when the FLUSH is sent, or whose stream ends
+	// before it acknowledged the flush entry (session.end completes a
+	// flush entry with no error, submit skips a peer without a stream:
+	// "a flush the peer misses changes no block of it"), and nothing
+	// records that peer Outdated; yet the peer acknowledged the writes
+	// before the FLUSH from its volatile cache. The client is told they
+	// are durable while a replica raft counts UpToDate holds them in its
+	// cache only: its power loss, then the primary's, loses them.
+	FindingFlushSkipsPeerCache Finding = iota + 1
+	// FindingResyncNotInActivityLog: a resync target writes the blocks
+	// it is sent (node's applier, OpResyncData) outside its activity log
+	// and marks them toward no third node. With three data nodes, a
+	// primary that crashed and came back resyncs its log's extents, its
+	// own unacknowledged writes among them, to one peer; when raft then
+	// promotes the other peer, which never had them, the reconciliation
+	// marks only the activity logs' blocks, and the two count each other
+	// in sync while a block differs (ReplicasEqualInSync). Seeds in
+	// knownFindingSeeds.
+	FindingResyncNotInActivityLog
+)
+
+func (f Finding) String() string {
+	switch f {
+	case FindingFlushSkipsPeerCache:
+		return "flush-skips-peer-cache"
+	case FindingResyncNotInActivityLog:
+		return "resync-not-in-activity-log"
+	}
+	return "finding(?)"
+}
+
+// findingHit is one time a run met a known finding.
+type findingHit struct {
+	finding Finding
+	step    int
+	detail  string
+}
+
 // checker holds what the invariants are checked against.
 type checker struct {
-	acked [blocks]int64 // the last acknowledged value of each block
-	acks  int
+	acked []int64 // the last acknowledged value of each block
+	// protected: the last write to each block acknowledged FUA or before
+	// a FLUSH that completed.
+	protected []int64
+	acks      int
+	flushes   int
 	// forced: the node's next promotion is an operator's forced one.
 	forced map[string]bool
 	// split: a forced promotion without raft may have left two primaries.
@@ -49,9 +153,41 @@ type checker struct {
 	// mayDiffer are blocks invariant 4 skips until a write to them is
 	// acknowledged: what a forced promotion leaves (forgetDifferences).
 	mayDiffer map[int]bool
+	// forcedAlone: nodes the operator forced while they reached no raft
+	// leader (the split one-writer allows).
+	forcedAlone map[string]bool
+	// excused: per node and block, the protected write up to which its
+	// lack is FindingFlushSkipsPeerCache.
+	excused  map[string]map[int]int64
+	findings []findingHit
+	// wrote: per node and block, the latest write it took in its cache
+	// (as primary, or applied from a stream).
+	wrote map[string]map[int]int64
+	// changed: per pair of data nodes, the blocks that may differ between
+	// them since they were last in sync (invariant 4).
+	changed map[[2]string]map[int]bool
+	// streams: per session, what the primary sent on it (invariant 5).
+	streams map[uint64]*streamLog
 }
 
-func newChecker() checker { return checker{forced: map[string]bool{}, mayDiffer: map[int]bool{}} }
+// streamLog is one stream's data entries in the order sent, and how far
+// its receiver applied them.
+type streamLog struct {
+	entries []streamEntry
+	applied int
+	state   map[int]int64 // each block after the entries applied
+}
+
+type streamEntry struct {
+	block int
+	value int64
+}
+
+func newChecker() checker {
+	return checker{acked: make([]int64, blocks), protected: make([]int64, blocks), forced: map[string]bool{}, mayDiffer: map[int]bool{},
+		forcedAlone: map[string]bool{}, excused: map[string]map[int]int64{}, wrote: map[string]map[int]int64{},
+		changed: map[[2]string]map[int]bool{}, streams: map[uint64]*streamLog{}}
+}
 
 func (c *checker) acknowledged(s *Sim, n *node, w *write) {
 	if c.split {
@@ -61,15 +197,174 @@ func (c *checker) acknowledged(s *Sim, n *node, w *write) {
 	c.acked[w.block] = w.id
 	c.acks++
 	delete(c.mayDiffer, w.block)
-	s.tracef("%s: write %d block %d acknowledged", n.name, w.id, w.block)
+	if w.fua {
+		c.protected[w.block] = max(c.protected[w.block], w.id)
+	}
+	s.tracef("%s: write %d block %d acknowledged (fua %t)", n.name, w.id, w.block, w.fua)
 }
 
-// lacks returns the first block whose acknowledged value n does not hold
+// flushed: n completed flush f; the writes acknowledged before it was
+// sent are protected. A peer that did not flush for it, holding one of
+// them in its cache only, is the finding FindingFlushSkipsPeerCache when
+// raft counts it UpToDate, now or once its primary records it so after a
+// reconnection without resync: traced, and that lack excused.
+func (c *checker) flushed(s *Sim, n *node, f *flushOp) {
+	c.flushes++
+	if f.covered == nil {
+		s.tracef("%s: flush %d completed during a forced split (not counted)", n.name, f.id)
+		return
+	}
+	for b, v := range f.covered {
+		c.protected[b] = max(c.protected[b], v)
+	}
+	s.tracef("%s: flush %d completed (unflushed peers %v)", n.name, f.id, slices.Sorted(maps.Keys(f.unflushed)))
+	va, known := s.raft.auth.Volume(volume)
+	for _, p := range slices.Sorted(maps.Keys(f.unflushed)) {
+		r := s.node(p)
+		var lacking []int
+		for b, v := range f.covered {
+			if held := r.disk.stable(b); max(held, -held) < v && c.wrote[p][b] >= v {
+				lacking = append(lacking, b)
+				if c.excused[p] == nil {
+					c.excused[p] = map[int]int64{}
+				}
+				c.excused[p][b] = max(c.excused[p][b], v)
+			}
+		}
+		if len(lacking) > 0 {
+			hit := findingHit{finding: FindingFlushSkipsPeerCache, step: s.step,
+				detail: fmt.Sprintf("%s's flush %d completed while %s (UpToDate in raft now: %t; its primary records it UpToDate once it connects in sync) holds blocks %v in its cache only",
+					n.name, f.id, p, known && va.IsUpToDate(p), lacking)}
+			c.findings = append(c.findings, hit)
+			s.tracef("KNOWN FINDING %s: %s", hit.finding, hit.detail)
+		}
+	}
+}
+
+// crashed: n's cache is about to be lost: the acknowledgements of its
+// blocks that no FLUSH protected may be lost with it.
+func (c *checker) crashed(s *Sim, n *node) {
+	for b := range n.disk.cache {
+		c.acked[b] = c.protected[b]
+	}
+}
+
+// applied: n applied message m of its incoming stream: it must hold the
+// stream's prefix up to m (invariant 5).
+func (c *checker) applied(s *Sim, n *node, m msg) {
+	l := c.streams[m.session]
+	if l == nil || m.seq == 0 {
+		return
+	}
+	first := m.seq
+	if m.kind == msgSyncData {
+		first = m.seq - len(m.blocks) + 1
+	}
+	if first != l.applied+1 {
+		s.fail(SecondaryIsAPrefix, "%s applied entries %d..%d of session %d after entry %d", n.name, first, m.seq, m.session, l.applied)
+	}
+	for ; l.applied < m.seq; l.applied++ {
+		e := l.entries[l.applied]
+		l.state[e.block] = e.value
+	}
+	for _, b := range slices.Sorted(maps.Keys(l.state)) {
+		if v := n.disk.read(b); v != l.state[b] {
+			s.fail(SecondaryIsAPrefix, "%s applied session %d up to entry %d: block %d holds %d, the stream %d", n.name, m.session, m.seq, b, v, l.state[b])
+			return
+		}
+	}
+}
+
+// took records that n's cache took value in block.
+func (c *checker) took(n *node, block int, value int64) {
+	if c.wrote[n.name] == nil {
+		c.wrote[n.name] = map[int]int64{}
+	}
+	c.wrote[n.name][block] = max(c.wrote[n.name][block], value)
+}
+
+// sent records a data entry (block, value) a primary sent on session sid;
+// it returns its place in the stream.
+func (c *checker) sent(sid uint64, block int, value int64) int {
+	l := c.streams[sid]
+	if l == nil {
+		l = &streamLog{state: map[int]int64{}}
+		c.streams[sid] = l
+	}
+	l.entries = append(l.entries, streamEntry{block, value})
+	return len(l.entries)
+}
+
+func pair(a, b string) [2]string {
+	if a > b {
+		a, b = b, a
+	}
+	return [2]string{a, b}
+}
+
+// allow records that block may differ between a and b (invariant 4).
+func (c *checker) allow(a, b string, block int) {
+	k := pair(a, b)
+	if c.changed[k] == nil {
+		c.changed[k] = map[int]bool{}
+	}
+	c.changed[k][block] = true
+}
+
+// copied checks invariant 4 when from copies blocks to to. What from
+// lacks by a known finding, to lacks too once it took from's copy.
+func (c *checker) copied(s *Sim, from, to string, blocks []int, how string) {
+	for _, b := range blocks {
+		if e := c.excused[from][b]; e > c.excused[to][b] {
+			if c.excused[to] == nil {
+				c.excused[to] = map[int]int64{}
+			}
+			c.excused[to][b] = e
+		}
+	}
+	for _, b := range blocks {
+		if !c.changed[pair(from, to)][b] {
+			s.fail(CatchUpCostsWhatChanged, "%s's %s to %s copies block %d, which neither changed since they were last in sync nor is in an activity log marked (%d blocks may differ, %d copied)",
+				from, how, to, b, len(c.changed[pair(from, to)]), len(blocks))
+			return
+		}
+	}
+}
+
+// diskImage is every data node's disk, cache and stable storage.
+type diskImage []struct {
+	durable []int64
+	cache   map[int]int64
+}
+
+func (s *Sim) snapshot() diskImage {
+	var im diskImage
+	for _, n := range s.dataNodes() {
+		im = append(im, struct {
+			durable []int64
+			cache   map[int]int64
+		}{slices.Clone(n.disk.durable), maps.Clone(n.disk.cache)})
+	}
+	return im
+}
+
+// unchanged checks invariant 6: no replica changed since before.
+func (c *checker) unchanged(s *Sim, before diskImage) {
+	for i, n := range s.dataNodes() {
+		if !slices.Equal(before[i].durable, n.disk.durable) || !maps.Equal(before[i].cache, n.disk.cache) {
+			s.fail(BadInputChangesNothing, "a refused request changed %s's disk", n.name)
+			return
+		}
+	}
+}
+
+// lacks returns the first block whose acknowledged value n does not read
 // (nor a later one: a write that tore a block after it was acknowledged
-// was not acknowledged itself, and counts as later).
+// was not acknowledged itself, and counts as later), but where that lack
+// is FindingFlushSkipsPeerCache's.
 func (c *checker) lacks(n *node) (block int, has int64, ok bool) {
-	for b := range blocks {
-		if v := n.disk.read(b); max(v, -v) < c.acked[b] {
+	for b := range c.acked {
+		if v := n.disk.read(b); max(v, -v) < c.acked[b] && c.excused[n.name][b] < c.acked[b] {
 			return b, v, true
 		}
 	}
@@ -91,14 +386,34 @@ func (c *checker) promoted(s *Sim, n *node, e volstate.Event) {
 }
 
 // forcedHere: the operator forced n to primary while raft had no
-// quorum. The command may lose any write acknowledged before it, and
-// until one primary is left, named by raft, two sides may serve (a split
-// brain the operator chose): writes acknowledged meanwhile count for
-// neither, and invariants 1 and 3 start again once it is resolved.
+// quorum. The command may lose what n lacks (forgive); until one primary
+// is left, named by raft, two sides may serve (a split brain the operator
+// chose): writes acknowledged and flushes completed meanwhile count for
+// neither, and the primary's readable check and invariant 3 start again
+// once it is resolved. The forced node may serve beside another (one
+// writer) only when it reached no raft leader.
 func (c *checker) forcedHere(s *Sim, n *node) {
-	c.acked, c.split = [blocks]int64{}, true
+	c.split = true
+	if !s.raft.reach(s, n) {
+		c.forcedAlone[n.name] = true
+	}
+	c.forgive(s, n)
 	c.forgetDifferences(s)
-	s.tracef("check: forced primary %s: writes acknowledged so far may be lost; invariants 1 and 3 wait for one primary", n.name)
+	s.tracef("check: forced primary %s: writes it lacks may be lost; invariants 1 (readable) and 3 wait for one primary", n.name)
+}
+
+// forgive: a forced promotion of n accepts n's data. Each block's
+// protected write becomes what n holds on stable storage where n holds
+// less, its acknowledged one what n reads where n reads less.
+func (c *checker) forgive(s *Sim, n *node) {
+	for b := range blocks {
+		if v := n.disk.stable(b); max(v, -v) < c.protected[b] {
+			c.protected[b] = max(v, -v)
+		}
+		if v := n.disk.read(b); max(v, -v) < c.acked[b] {
+			c.acked[b] = max(v, -v)
+		}
+	}
 }
 
 // forgetDifferences: a forced promotion counts every peer in sync by
@@ -135,29 +450,38 @@ func (s *Sim) resolved() bool {
 }
 
 // forcedByRaft: raft applied an operator's forced promotion of n (after
-// the lease fence): it may lose any write acknowledged before it.
+// the lease fence): it may lose what n lacks.
 func (c *checker) forcedByRaft(s *Sim, n *node) {
 	c.forced[n.name] = n.st.Role() != replication.Primary
-	c.acked = [blocks]int64{}
+	c.forgive(s, n)
 	c.forgetDifferences(s)
-	s.tracef("check: raft forced %s: writes acknowledged so far may be lost", n.name)
+	s.tracef("check: raft forced %s: writes it lacks may be lost", n.name)
 }
 
-// checkAll checks invariants 1, 2 and 4 (3 is checked at promotions).
+// checkAll checks invariants 1, 2 and 4 (3 is checked at promotions, 5
+// at each entry applied, 6 at each bad request).
 func (s *Sim) checkAll() {
 	if s.check.split && s.resolved() {
 		s.check.split = false
 		s.tracef("check: the forced split is resolved")
 	}
 	va, known := s.raft.auth.Volume(volume)
-	var leased []string
+	var leased, unleased []*node
 	for _, n := range s.dataNodes() {
 		if !n.up {
 			continue
 		}
 		st := n.st
-		if st.Serving == volstate.Open && volstate.Admit(st, s.now) == volstate.Serve {
-			leased = append(leased, n.name)
+		if st.Serving != volstate.OpenWithoutLease {
+			delete(s.check.forcedAlone, n.name)
+		}
+		if volstate.Admit(st, s.now) == volstate.Serve {
+			switch st.Serving {
+			case volstate.Open:
+				leased = append(leased, n)
+			case volstate.OpenWithoutLease:
+				unleased = append(unleased, n)
+			}
 		}
 		// The current primary: raft's, or one forced while raft had no
 		// quorum that raft has not heard of yet.
@@ -172,16 +496,57 @@ func (s *Sim) checkAll() {
 		s.checkInSync(n)
 	}
 	if len(leased) > 1 {
-		s.fail(OneWriter, "%v serve with leases at once", leased)
+		s.fail(OneWriter, "%v serve with leases at once", names(leased))
+	}
+	if len(leased)+len(unleased) > 1 {
+		for _, x := range unleased {
+			told := known && va.Primary != x.name && va.Epoch >= x.st.Durable.Epoch && x.authVersion == s.raft.version
+			if !s.check.forcedAlone[x.name] || told {
+				others := slices.DeleteFunc(append(slices.Clone(leased), unleased...), func(m *node) bool { return m == x })
+				s.fail(OneWriter, "%s serves without a lease beside %v (forced while it reached no raft leader: %t; told raft's primary %s at epoch %d since: %t)",
+					x.name, names(others), s.check.forcedAlone[x.name], va.Primary, va.Epoch, told)
+			}
+		}
+	}
+	if known {
+		s.checkDurable(va)
+	}
+}
+
+func names(ns []*node) []string {
+	var out []string
+	for _, n := range ns {
+		out = append(out, n.name)
+	}
+	return out
+}
+
+// checkDurable checks invariant 1's durable half: every replica raft
+// counts UpToDate holds every protected write on stable storage.
+func (s *Sim) checkDurable(va replication.VolumeAuthority) {
+	c := &s.check
+	for _, n := range s.dataNodes() {
+		if !va.IsUpToDate(n.name) {
+			continue
+		}
+		for b, want := range c.protected {
+			if v := n.disk.stable(b); max(v, -v) < want && c.excused[n.name][b] < want {
+				s.fail(NoAckedWriteLost, "%s, UpToDate in raft at epoch %d, holds %d in block %d on stable storage; write %d was acknowledged FUA or before a FLUSH that completed",
+					n.name, va.Epoch, v, b, want)
+				return
+			}
+		}
 	}
 }
 
 // checkInSync checks invariant 4 for primary p and each peer it counts in
-// sync: connected, no marks either side, nothing in flight.
+// sync: connected, no marks either side, nothing in flight. A pair found
+// equal starts invariant 4's changed set again.
 func (s *Sim) checkInSync(p *node) {
 	if len(p.writes) > 0 {
 		return
 	}
+	var equal []string
 	for _, name := range p.peers {
 		q := s.node(name)
 		sid, ok := p.sessions[name]
@@ -190,11 +555,26 @@ func (s *Sim) checkInSync(p *node) {
 			q.durable.Gens.Current.IsZero() || !q.durable.SyncGen.IsZero() {
 			continue
 		}
+		same := true
 		for b := range blocks {
-			if pv, qv := p.disk.read(b), q.disk.read(b); pv != qv && !s.check.mayDiffer[b] {
-				s.fail(ReplicasEqualInSync, "%s and %s in sync, block %d holds %d and %d", p.name, name, b, pv, qv)
-				return
+			if pv, qv := p.disk.read(b), q.disk.read(b); pv != qv {
+				if !s.check.mayDiffer[b] {
+					s.fail(ReplicasEqualInSync, "%s and %s in sync, block %d holds %d and %d", p.name, name, b, pv, qv)
+					return
+				}
+				same = false
 			}
+		}
+		if same {
+			equal = append(equal, name)
+			delete(s.check.changed, pair(p.name, name))
+		}
+	}
+	if len(equal) == 2 {
+		// Both equal to p: equal to each other, and what either marked
+		// for the other is still to copy.
+		if q, r := s.node(equal[0]), s.node(equal[1]); len(q.marks[r.name]) == 0 && len(r.marks[q.name]) == 0 {
+			delete(s.check.changed, pair(q.name, r.name))
 		}
 	}
 }

@@ -9,10 +9,17 @@ import (
 	"github.com/replvol/replvol/replication"
 )
 
-// The data path: the client writes to whoever serves; the primary writes
-// locally and ships to its streams (protocol C); a write completes when
-// the local disk flushed it and every stream acknowledged it, a peer it
-// misses recorded Outdated in raft first and marked in the bitmap.
+// The data path, as node's write.go runs it: the client writes to whoever
+// serves; the primary writes to its disk's cache and ships to its streams
+// (protocol C); a write completes once it is in the local cache and every
+// stream acknowledged it (the secondary's applier writes to its cache and
+// acknowledges), a peer it misses recorded Outdated in raft first and
+// marked in the bitmap. Nothing is durable until a FLUSH, but a FUA write:
+// it is written through, here and on every peer. A FLUSH (node's
+// flushAll) syncs the local disk and sends a flush entry to every peer
+// with a stream, in order after the writes, and completes once each of
+// those acknowledged it or its stream ended; a peer without a stream is
+// skipped ("a flush the peer misses changes no block of it").
 
 var errWait = errors.New("waits for raft")
 
@@ -31,6 +38,15 @@ func (s *Sim) client() {
 		return
 	}
 	n := serving[s.rng.IntN(len(serving))]
+	switch r := s.rng.Float64(); {
+	case r < pBadInput:
+		s.badInput(n)
+		return
+	case r < pBadInput+pFlush:
+		s.startFlush(n)
+		return
+	}
+	fua := s.chance(pFUA)
 	block := s.rng.IntN(blocks)
 	for _, w := range n.writes {
 		if w.block == block {
@@ -38,10 +54,10 @@ func (s *Sim) client() {
 		}
 	}
 	s.nextWrite++
-	w := &write{id: s.nextWrite, block: block, epoch: n.st.Durable.Epoch, started: s.now, waiting: map[string]bool{}, missed: map[string]bool{}}
+	w := &write{id: s.nextWrite, block: block, fua: fua, epoch: n.st.Durable.Epoch, started: s.now, waiting: map[string]bool{}, missed: map[string]bool{}}
 	n.al[block]++
 	n.logged[block] = true
-	if !n.disk.write(block, w.id, s.now) {
+	if !s.diskWrite(n, block, w.id, fua) {
 		s.tracef("%s: write %d block %d: disk error", n.name, w.id, block)
 		s.finish(n, w)
 		_ = s.drive(n, diskFailed(n))
@@ -60,7 +76,9 @@ func (s *Sim) client() {
 
 // ship sends w to p's stream.
 func (s *Sim) ship(n *node, w *write, p string) {
-	s.link(n.name, p).send(msg{at: s.now.Add(s.duration(tick/2, 3*tick)), from: n.name, to: p, session: n.sessions[p], kind: msgWrite, id: w.id, block: w.block, value: w.id})
+	sid := n.sessions[p]
+	s.link(n.name, p).send(msg{at: s.now.Add(s.duration(tick/2, 3*tick)), from: n.name, to: p, session: sid, kind: msgWrite, id: w.id, block: w.block, value: w.id, fua: w.fua,
+		seq: s.check.sent(sid, w.block, w.id)})
 	w.waiting[p], w.shipped = true, true
 	if n.inflight[p] == nil {
 		n.inflight[p] = map[int64]int{}
@@ -162,11 +180,6 @@ func (s *Sim) progress(n *node, w *write) writeState {
 		// peer in sync and record it UpToDate without the write.
 		return writeWaits
 	}
-	if !n.disk.flush(s.now) {
-		s.tracef("%s: write %d: flush failed", n.name, w.id)
-		_ = s.drive(n, diskFailed(n))
-		return writeFailed
-	}
 	// The lease is checked right before the write completes.
 	if volstate.Admit(n.st, s.now) != volstate.Serve || n.st.Durable.Epoch != w.epoch {
 		s.tracef("%s: write %d not completed (%s)", n.name, w.id, volstate.Admit(n.st, s.now))
@@ -215,6 +228,10 @@ func (s *Sim) failWrites(n *node, why string) {
 		s.tracef("%s: write %d failed (%s)", n.name, w.id, why)
 		s.abandon(n, w)
 	}
+	for _, f := range n.flushes {
+		s.tracef("%s: flush %d failed (%s)", n.name, f.id, why)
+	}
+	n.flushes = nil
 }
 
 // deliver hands every due message to its running receiver.
@@ -227,7 +244,11 @@ func (s *Sim) deliver() {
 			if m == n {
 				continue
 			}
-			for _, x := range s.link(m.name, n.name).due(n.name, s.now) {
+			due := s.link(m.name, n.name).due(n.name, s.now)
+			if s.cfg.mutation == mutApplyReordered {
+				slices.Reverse(due)
+			}
+			for _, x := range due {
 				s.receive(n, x)
 			}
 		}
@@ -237,7 +258,7 @@ func (s *Sim) deliver() {
 func (s *Sim) receive(n *node, m msg) {
 	from := s.node(m.from)
 	switch m.kind {
-	case msgWrite, msgSyncStart, msgSyncData, msgSyncGen:
+	case msgWrite, msgSyncStart, msgSyncData, msgSyncGen, msgFlush:
 		if n.incoming.from != m.from || n.incoming.id != m.session {
 			return
 		}
@@ -249,11 +270,14 @@ func (s *Sim) receive(n *node, m msg) {
 	switch m.kind {
 	case msgWrite:
 		n.logged[m.block] = true // in the activity log BEFORE the write
-		if !n.disk.write(m.block, m.value, s.now) || !n.disk.flush(s.now) {
+		// The applier writes to the cache (a FUA entry through it) and
+		// acknowledges: durable at the primary's next FLUSH.
+		if !s.diskWrite(n, m.block, m.value, m.fua) {
 			s.tracef("%s: write %d from %s: disk error, connection dropped", n.name, m.id, m.from)
 			s.breakConnection(from, n)
 			return
 		}
+		s.check.applied(s, n, m)
 		s.link(n.name, m.from).send(msg{at: s.now.Add(s.duration(tick/2, 3*tick)), from: n.name, to: m.from, session: m.session, kind: msgAck, id: m.id})
 	case msgAck:
 		delete(n.inflight[m.from], m.id)
@@ -270,9 +294,24 @@ func (s *Sim) receive(n *node, m msg) {
 		s.tracef("%s: sync-start from %s", n.name, m.from)
 	case msgSyncData:
 		for _, b := range slices.Sorted(maps.Keys(m.blocks)) {
-			if !n.disk.write(b, m.blocks[b], s.now) {
+			if !s.diskWrite(n, b, m.blocks[b], false) {
 				s.breakConnection(from, n)
 				return
+			}
+		}
+		s.check.applied(s, n, m)
+	case msgFlush:
+		// The applier syncs the disk BEFORE it acknowledges the flush.
+		if !n.disk.flush(s.now) {
+			s.tracef("%s: flush %d from %s: disk error, connection dropped", n.name, m.id, m.from)
+			s.breakConnection(from, n)
+			return
+		}
+		s.link(n.name, m.from).send(msg{at: s.now.Add(s.duration(tick/2, 3*tick)), from: n.name, to: m.from, session: m.session, kind: msgFlushAck, id: m.id})
+	case msgFlushAck:
+		for _, f := range n.flushes {
+			if f.id == m.id {
+				delete(f.waiting, m.from)
 			}
 		}
 	case msgSyncGen:
@@ -350,9 +389,14 @@ func (s *Sim) startResync(n *node, peer string) {
 		}
 	}
 	s.tracef("%s: resync %s: %d blocks", n.name, peer, len(copied))
+	s.check.copied(s, n.name, peer, slices.Sorted(maps.Keys(copied)), "resync")
 	l := s.link(n.name, peer)
 	l.send(msg{at: s.now.Add(tick), from: n.name, to: peer, session: sid, kind: msgSyncStart, sync: syncGens{gen: n.durable.Gens.Bitmaps[peer]}})
-	l.send(msg{at: s.now.Add(tick), from: n.name, to: peer, session: sid, kind: msgSyncData, blocks: copied})
+	seq := 0
+	for _, b := range slices.Sorted(maps.Keys(copied)) {
+		seq = s.check.sent(sid, b, copied[b])
+	}
+	l.send(msg{at: s.now.Add(tick), from: n.name, to: peer, session: sid, kind: msgSyncData, blocks: copied, seq: seq})
 	// The sync-done entry, with the generation the source holds then,
 	// follows the blocks (node enqueues it once the last block is sent).
 	n.syncDone[peer] = syncDue{session: sid, at: s.now.Add(2 * tick)}
@@ -389,7 +433,10 @@ func (s *Sim) pull(n *node, peer string) {
 		if v == n.disk.read(b) {
 			continue
 		}
+		s.check.copied(s, peer, n.name, []int{b}, "pull")
+		s.touch(n, b)
 		n.disk.cache[b] = v
+		s.check.took(n, b, v)
 		// What changes here goes to the other peers too: in their
 		// streams, or marked.
 		for _, p := range n.peers {
@@ -398,7 +445,7 @@ func (s *Sim) pull(n *node, peer string) {
 			}
 			if sid, ok := n.sessions[p]; ok {
 				s.nextWrite++
-				s.link(n.name, p).send(msg{at: s.now.Add(tick), from: n.name, to: p, session: sid, kind: msgWrite, id: s.nextWrite, block: b, value: v})
+				s.link(n.name, p).send(msg{at: s.now.Add(tick), from: n.name, to: p, session: sid, kind: msgWrite, id: s.nextWrite, block: b, value: v, seq: s.check.sent(sid, b, v)})
 				if n.inflight[p] == nil {
 					n.inflight[p] = map[int64]int{}
 				}

@@ -39,6 +39,22 @@ func (d *disk) write(block int, v int64, now time.Time) bool {
 	return true
 }
 
+// writeFUA writes v to block durably (FUA): it lands in the cache and
+// that block is made durable at once; the rest of the cache stays
+// volatile. It fails while the disk fails.
+func (d *disk) writeFUA(block int, v int64, now time.Time) bool {
+	if !d.write(block, v, now) {
+		return false
+	}
+	d.durable[block] = v
+	delete(d.cache, block)
+	return true
+}
+
+// stable returns what block holds on stable storage: what a power loss
+// now could leave at least (a write in the cache may yet land too).
+func (d *disk) stable(block int) int64 { return d.durable[block] }
+
 // flush makes every cached write durable; it fails while the disk fails.
 func (d *disk) flush(now time.Time) bool {
 	if now.Before(d.failUntil) {

@@ -7,7 +7,12 @@
 // with a volatile write cache, replication links, leases, the data path
 // and resync, the clock. One PCG source seeded from the seed drives
 // everything and the invariants of DESIGN.md §2 are checked after every
-// step, so a seed replays a failure exactly.
+// step, so a seed replays a failure exactly. Writes are acknowledged as
+// node acknowledges them: from the disks' volatile caches (protocol C:
+// the primary's and its streaming peers'), durable at a FLUSH or when
+// FUA; a crash loses or tears what a cache held. check.go states each
+// invariant as checked, and the defects of production the checks found
+// (Finding, knownFindingSeeds).
 //
 // It may import volstate, failover, replication and the standard library,
 // never node or cluster (nothing of the node's I/O, no raft, memberlist or

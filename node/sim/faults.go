@@ -19,6 +19,14 @@ const (
 	pDiscard   = 0.02 // while a split brain stands
 )
 
+// The client's requests: of the steps it sends one, these shares are a
+// bad request, a FLUSH; of its writes, pFUA are FUA.
+const (
+	pBadInput = 0.03
+	pFlush    = 0.15
+	pFUA      = 0.1
+)
+
 // faults injects this step's faults and ends those that are over.
 func (s *Sim) faults() {
 	for _, n := range s.nodes {
@@ -112,7 +120,7 @@ func (s *Sim) operator() {
 	if cutOff && s.chance(pForce) {
 		x := s.dataNodes()[s.rng.IntN(len(s.data))]
 		if x != p && x.running(s.now) && !x.durable.Gens.Current.IsZero() {
-			if s.raft.reach(s, x) {
+			if s.raft.reach(s, x) && s.cfg.mutation != mutForceLocally {
 				s.tracef("OPERATOR primary --force %s (through raft)", x.name)
 				_ = s.raft.promote(s, x, replication.FailoverCommand(volume, va.Epoch, x.name, true, s.now, "forced by the operator"), true)
 			} else {

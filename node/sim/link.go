@@ -23,6 +23,12 @@ const (
 	msgSyncDone
 	// msgGenAck: the peer took the generation a primary announced.
 	msgGenAck
+	// msgFlush: a client's FLUSH, in order after the writes before it:
+	// the secondary syncs its disk, then acknowledges.
+	msgFlush
+	// msgFlushAck: the secondary's disk holds durably every entry before
+	// flush id.
+	msgFlushAck
 )
 
 func (k msgKind) String() string {
@@ -41,6 +47,10 @@ func (k msgKind) String() string {
 		return "sync-done"
 	case msgGenAck:
 		return "gen-ack"
+	case msgFlush:
+		return "flush"
+	case msgFlushAck:
+		return "flush-ack"
 	}
 	return "msg(?)"
 }
@@ -51,9 +61,13 @@ type msg struct {
 	from, to string
 	session  uint64
 	kind     msgKind
-	id       int64 // write number (msgWrite, msgAck)
+	id       int64 // write number (msgWrite, msgAck); flush number (msgFlush, msgFlushAck)
 	block    int
 	value    int64
+	fua      bool // msgWrite: written through to stable storage
+	// seq is the entry's place in its stream (msgWrite, msgSyncData: that
+	// of its last block), as the checker recorded it at the send.
+	seq      int
 	blocks   map[int]int64 // msgSyncData
 	announce bool          // msgSyncGen: only a new generation, no resync
 	sync     syncGens      // msgSyncStart, msgSyncGen

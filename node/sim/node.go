@@ -59,6 +59,7 @@ type node struct {
 	mayHoldUnknown map[string]bool
 	inflight       map[string]map[int64]int // per peer, the writes its stream holds unanswered (by block)
 	writes         []*write
+	flushes        []*flushOp       // the client's FLUSHes in flight
 	follow         []volstate.Event // events the actions feed back (Quiesced)
 
 	renewing      bool
@@ -85,6 +86,7 @@ type session struct {
 type write struct {
 	id      int64 // also the value written
 	block   int
+	fua     bool
 	epoch   uint64
 	started time.Time
 	waiting map[string]bool // peers whose ack it waits for
@@ -130,7 +132,7 @@ func (n *node) boot() {
 	for _, p := range n.peers {
 		n.mayHoldUnknown[p] = true
 	}
-	n.incoming, n.writes, n.follow = session{}, nil, nil
+	n.incoming, n.writes, n.flushes, n.follow = session{}, nil, nil, nil
 	n.renewing, n.authVersion, n.handoverUntil, n.reattachAt = false, -1, time.Time{}, time.Time{}
 }
 
@@ -240,6 +242,7 @@ func (s *Sim) perform(n *node, a volstate.Action) {
 		}
 		for b := range n.logged {
 			n.mark(a.Peer, b)
+			s.check.allow(n.name, a.Peer, b)
 		}
 		s.tracef("%s: activity log %v marked toward %s", n.name, slices.Sorted(maps.Keys(n.logged)), a.Peer)
 	case volstate.RunHook, volstate.Notify, volstate.RefusePeer:
@@ -283,6 +286,7 @@ func (s *Sim) tickNode(n *node) {
 	}
 	s.sendSyncDone(n)
 	s.progressWrites(n)
+	s.progressFlushes(n)
 }
 
 // followAuthority tells the volume what raft committed (when it changed,
@@ -369,6 +373,11 @@ func (s *Sim) handshake(p, q *node) {
 	if d.Outcome == replication.FullResyncSource || qs.Discard {
 		for b := range blocks {
 			p.mark(q.name, b)
+			s.check.allow(p.name, q.name, b)
+		}
+	} else if resyncs && s.cfg.mutation == mutFullResync {
+		for b := range blocks {
+			p.mark(q.name, b)
 		}
 	}
 	marked := len(p.marks[q.name]) > 0 || len(q.marks[p.name]) > 0
@@ -434,6 +443,15 @@ func (s *Sim) dropStream(p *node, peer string, sid uint64) {
 		p.mark(peer, b)
 	}
 	delete(p.inflight, peer)
+	for _, f := range p.flushes {
+		if f.waiting[peer] {
+			// node's session end: a flush the peer did not acknowledge
+			// completes (no error, not acknowledged); only entries that
+			// change data start tracking the peer.
+			delete(f.waiting, peer)
+			f.unflushed[peer] = true
+		}
+	}
 	announced := p.announcing[peer]
 	delete(p.announcing, peer)
 	for _, w := range p.writes {
@@ -486,7 +504,9 @@ func (s *Sim) crash(n *node) {
 	// cache held is marked for every peer at the restart.
 	for b := range n.disk.cache {
 		n.al[b]++
+		s.touch(n, b)
 	}
+	s.check.crashed(s, n)
 	lost, tornBlocks := n.disk.crash(s.rng, s.chance(0.5))
 	s.tracef("%s: cache lost %v, torn %v", n.name, lost, tornBlocks)
 	for _, m := range s.dataNodes() {
@@ -494,7 +514,7 @@ func (s *Sim) crash(n *node) {
 			s.breakConnection(n, m)
 		}
 	}
-	n.writes = nil
+	n.writes, n.flushes = nil, nil
 }
 
 // restart opens the volume again from what survived: the activity log's
@@ -508,6 +528,7 @@ func (s *Sim) restart(n *node) {
 	for b := range n.al {
 		for _, p := range n.peers {
 			n.mark(p, b)
+			s.check.allow(n.name, p, b)
 		}
 	}
 	clear(n.al)

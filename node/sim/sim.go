@@ -23,7 +23,7 @@ const (
 	redeliverEvery  = time.Second // the authority is told again
 	writeTimeout    = 4 * time.Second
 	handoverTimeout = 3 * time.Second
-	blocks          = 8
+	blocks          = 64
 	volume          = "vol"
 	witness         = "witness"
 )
@@ -71,6 +71,24 @@ const (
 	// generation, so that the peer counts in sync without them (seed
 	// 3468).
 	mutResyncNotOutdated
+	// mutFlushNotAwaited completes a FLUSH without waiting for the peers'
+	// flush acknowledgements (invariant 1, durable).
+	mutFlushNotAwaited
+	// mutFlushSkipsLocal completes a FLUSH without syncing the local disk
+	// (invariant 1, durable).
+	mutFlushSkipsLocal
+	// mutForceLocally has the operator's --force take the node's own path
+	// (OpenWithoutLease) though the node reaches raft (one writer).
+	mutForceLocally
+	// mutFullResync copies every block at a resync the rules planned from
+	// the bitmaps (invariant 4).
+	mutFullResync
+	// mutApplyReordered has a secondary apply the writes that arrive
+	// together in the reverse order (invariant 5).
+	mutApplyReordered
+	// mutBadWriteWraps writes a write past the volume's end at its
+	// offset modulo the size instead of refusing it (invariant 6).
+	mutBadWriteWraps
 )
 
 func (m mutation) String() string {
@@ -93,6 +111,18 @@ func (m mutation) String() string {
 		return "promotion-clears-marks"
 	case mutResyncNotOutdated:
 		return "resync-not-outdated"
+	case mutFlushNotAwaited:
+		return "flush-not-awaited"
+	case mutFlushSkipsLocal:
+		return "flush-skips-local"
+	case mutForceLocally:
+		return "force-locally"
+	case mutFullResync:
+		return "full-resync"
+	case mutApplyReordered:
+		return "apply-reordered"
+	case mutBadWriteWraps:
+		return "bad-write-wraps"
 	}
 	return "mutation(?)"
 }
@@ -128,6 +158,7 @@ type Sim struct {
 
 	nextSession uint64
 	nextWrite   int64
+	nextFlush   int64
 	check       checker
 
 	trace   []string
@@ -275,7 +306,7 @@ func (s *Sim) duration(min, max time.Duration) time.Duration {
 // Summary says in one line what the run did (for the trace's end).
 func (s *Sim) Summary() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "seed %d: %d steps, %d writes acknowledged", s.cfg.Seed, s.step-1, s.check.acks)
+	fmt.Fprintf(&b, "seed %d: %d steps, %d writes acknowledged, %d flushes completed, %d known findings met", s.cfg.Seed, s.step-1, s.check.acks, s.check.flushes, len(s.check.findings))
 	va, _ := s.raft.auth.Volume(volume)
 	fmt.Fprintf(&b, ", authority primary %s epoch %d", va.Primary, va.Epoch)
 	return b.String()

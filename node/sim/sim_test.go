@@ -3,6 +3,7 @@ package sim
 import (
 	"flag"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ var (
 	steps     = flag.Int("steps", 600, "steps per seed (each is 50ms of virtual time)")
 	firstSeed = flag.Uint64("first-seed", 1, "the first of the seeds TestSim runs")
 	showTrace = flag.Bool("fulltrace", false, "print the whole trace of -seed (go test keeps -trace for itself)")
+	survey    = flag.Bool("survey", false, "TestSim runs every seed and lists each failure instead of stopping at the first")
 )
 
 // run runs one seed; it returns the failure (with the trace's end) and
@@ -57,16 +59,39 @@ func TestSim(t *testing.T) {
 		n = min(n, 100)
 	}
 	began := time.Now()
-	acks := 0
+	acks, flushes := 0, 0
+	found, hits := map[Finding][]uint64{}, map[Finding]int{}
 	for i := range uint64(n) {
 		s, f := run(configFor(*firstSeed+i, *steps))
+		if f != nil && *survey {
+			t.Errorf("seed %d step %d: %s: %s", f.Seed, f.Step, f.Invariant, f.Detail)
+			continue
+		}
+		if k, ok := knownFindingSeeds[*firstSeed+i]; ok && f != nil && f.Broke(k.broke) {
+			found[k.finding] = append(found[k.finding], f.Seed)
+			hits[k.finding]++
+			continue
+		}
 		if f != nil {
 			t.Fatal(report(f))
 		}
 		acks += s.check.acks
+		flushes += s.check.flushes
+		for _, h := range s.check.findings {
+			if len(found[h.finding]) < 10 && !slices.Contains(found[h.finding], s.cfg.Seed) {
+				found[h.finding] = append(found[h.finding], s.cfg.Seed)
+			}
+			hits[h.finding]++
+		}
 	}
 	d := time.Since(began)
-	t.Logf("%d seeds x %d steps in %v (%.0f seeds/s), %d writes acknowledged", n, *steps, d.Round(time.Millisecond), float64(n)/d.Seconds(), acks)
+	t.Logf("%d seeds x %d steps in %v (%.0f seeds/s), %d writes acknowledged, %d flushes completed", n, *steps, d.Round(time.Millisecond), float64(n)/d.Seconds(), acks, flushes)
+	for f, seeds := range found {
+		// A known finding of production the checks tolerate where it
+		// arises, so that each seed still runs every check: said, never
+		// silent.
+		t.Logf("known finding %s met %d times, first in seeds %v (replay one with -seed N -fulltrace)", f, hits[f], seeds)
+	}
 }
 
 // TestSimIsDeterministic: the same seed gives the same trace.
@@ -87,7 +112,9 @@ func TestSimCatchesPlantedBugs(t *testing.T) {
 		mutation mutation
 		broke    Invariant
 		// seed, when set, is the one seed to run (a bug only some
-		// three-node seeds reach); else seeds 1 to 300 are tried.
+		// seeds reach; chosen anew when the model changes the seeds'
+		// runs, as issue 28's cache and 64 blocks did); else seeds 1 to
+		// 300 are tried.
 		seed uint64
 		// noReconcile: planted without the reconciliation of a change of
 		// primary (volstate.MarkActivityLog), which repairs what the bug
@@ -99,23 +126,35 @@ func TestSimCatchesPlantedBugs(t *testing.T) {
 		{mutBypassOutdated, NoStalePromotion, 0, false},
 		{mutSkipResyncCopy, ReplicasEqualInSync, 0, false},
 		// The sim found this one in node; it is fixed there.
-		{mutAnnounceNotAwaited, ReplicasEqualInSync, 639, true},
+		{mutAnnounceNotAwaited, ReplicasEqualInSync, 276, true},
 		// So were these two (a lost sync-done ack; a resync between equal
 		// generations cut off before the peer took it).
-		{mutMayHoldIgnored, ReplicasEqualInSync, 189, true},
-		{mutMayHoldIgnored, ReplicasEqualInSync, 462, true},
+		{mutMayHoldIgnored, ReplicasEqualInSync, 96, true},
+		{mutMayHoldIgnored, ReplicasEqualInSync, 300, true},
 		// And this one: a promotion dropped the blocks the node marked
 		// for its peers (its activity log after a crash as primary).
-		{mutPromotionClearsMarks, ReplicasEqualInSync, 468, true},
+		{mutPromotionClearsMarks, ReplicasEqualInSync, 3, true},
 		// The sim did this until seed 3468 showed it (node's handshake
-		// never did: outdateBeforeResync). Seed 93 shows it since a
-		// resync's end clears the crashed-primary mark, as node's does.
-		{mutResyncNotOutdated, ReplicasEqualInSync, 93, true},
+		// never did: outdateBeforeResync). Seed 87 shows it since the
+		// sim's disks acknowledge from their cache (issue 28).
+		{mutResyncNotOutdated, ReplicasEqualInSync, 87, true},
 		// And the node did this until the sim's finding
 		// unacked-write-divergence: a write of a primary lost while in
 		// flight reached one secondary and not another, and the two
 		// counted each other in sync (no reconciliation at all).
 		{noMutation, ReplicasEqualInSync, 369, true},
+		// The checks of issue 28: a FLUSH must wait for the peers' flush
+		// acknowledgements and sync the local disk (invariant 1, durable);
+		// a node forced while it reaches raft is no allowed split (one
+		// writer); a resync planned from the bitmaps copies only what
+		// changed (4); a secondary applies its stream in order (5); a
+		// refused request writes nothing (6).
+		{mutFlushNotAwaited, NoAckedWriteLost, 0, false},
+		{mutFlushSkipsLocal, NoAckedWriteLost, 0, false},
+		{mutForceLocally, OneWriter, 0, false},
+		{mutFullResync, CatchUpCostsWhatChanged, 0, false},
+		{mutApplyReordered, SecondaryIsAPrefix, 0, false},
+		{mutBadWriteWraps, BadInputChangesNothing, 0, false},
 	}
 	for _, c := range cases {
 		name := c.mutation.String()
@@ -145,6 +184,35 @@ func TestSimCatchesPlantedBugs(t *testing.T) {
 			}
 			t.Fatalf("no seed of 300 broke %s with the bug %s planted", c.broke, c.mutation)
 		})
+	}
+}
+
+// knownFindingSeeds are seeds that fail on a defect of production the
+// sim found, not yet fixed there (check.go's Finding says each): TestSim
+// reports them and goes on; TestSimKnownFindings pins that each still
+// fails so (once node is fixed, the seed passes: move it to regressions).
+var knownFindingSeeds = map[uint64]struct {
+	finding Finding
+	broke   Invariant
+}{
+	264: {FindingResyncNotInActivityLog, ReplicasEqualInSync},
+}
+
+// TestSimKnownFindings: each known finding's seed still fails by it.
+func TestSimKnownFindings(t *testing.T) {
+	for sd, k := range knownFindingSeeds {
+		_, f := run(configFor(sd, *steps))
+		if f == nil || !f.Broke(k.broke) {
+			t.Errorf("seed %d no longer breaks %s (finding %s): if node was fixed, move it to regressions; got %v", sd, k.broke, k.finding, f)
+			continue
+		}
+		t.Logf("seed %d: known finding %s: %v", sd, k.finding, f)
+	}
+	// FindingFlushSkipsPeerCache is tolerated where it arises, in most
+	// seeds: seed 1 meets it (its trace says KNOWN FINDING).
+	s, _ := run(configFor(1, *steps))
+	if !slices.ContainsFunc(s.check.findings, func(h findingHit) bool { return h.finding == FindingFlushSkipsPeerCache }) {
+		t.Errorf("seed 1 no longer meets %s: if node's Flush was fixed, drop the finding and its excuse", FindingFlushSkipsPeerCache)
 	}
 }
 
