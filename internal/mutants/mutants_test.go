@@ -258,3 +258,41 @@ func TestMutantsFailsOnAMutationItCannotJudge(t *testing.T) {
 		}
 	}
 }
+
+// When the simulation fails with no mutation planted, the tool stops and
+// says so: no mutation runs. The go command is a script that fails every
+// go test as TestSim did on a real failure (the fault injected) and
+// records how it was called.
+func TestMutantsStopsWhenTheControlFails(t *testing.T) {
+	root, err := moduleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	calls := filepath.Join(dir, "calls")
+	capture, err := filepath.Abs(filepath.Join("testdata", "sim-one-writer.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := "#!/bin/sh\necho \"$*\" >>'" + calls + "'\ncase \"$1\" in\n" +
+		"list) [ \"$2\" = -m ] && echo github.com/replvol/replvol || echo github.com/replvol/replvol/node/sim; exit 0;;\n" +
+		"test) cat '" + capture + "'; exit 1;;\nesac\nexit 0\n"
+	goCmd := filepath.Join(dir, "go")
+	if err := os.WriteFile(goCmd, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	o := options{root: root, seeds: 3, timeout: time.Minute, goCmd: goCmd, mutations: mutations}
+	err = run(context.Background(), o, &out)
+	if err == nil || errors.Is(err, errFailed) || !strings.Contains(err.Error(), "fails with no mutation planted") ||
+		!strings.Contains(err.Error(), "one-writer at seed 5 step 169") {
+		t.Fatalf("err %v, want the control's failure (one-writer at seed 5 step 169)\n%s", err, out.String())
+	}
+	b, err := os.ReadFile(calls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count("\n"+string(b), "\ntest "); n != 1 || strings.Contains(string(b), "-overlay") {
+		t.Fatalf("go was called so, want one go test and no overlay:\n%s", b)
+	}
+}
