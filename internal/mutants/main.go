@@ -317,16 +317,28 @@ func list(w io.Writer, root string, ms []Mutation, tmp string) error {
 }
 
 // replay runs one seed of m with its whole trace, printing go test's
-// output.
+// output; it returns an error when the seed broke an invariant.
 func replay(ctx context.Context, o options, m Mutation, tmp string, w io.Writer) error {
 	pl, err := plant(o.root, m, filepath.Join(tmp, "replay"))
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "%s planted in %s; seed %d:\n", m.Name, pl.Where(), o.seed)
-	out, _, err := o.sim(ctx, pl.Overlay, "-seed", fmt.Sprint(o.seed), "-fulltrace", "-v")
+	out, exitOK, err := o.sim(ctx, pl.Overlay, "-seed", fmt.Sprint(o.seed), "-fulltrace", "-v")
 	fmt.Fprint(w, out)
-	return err
+	if err != nil {
+		return err
+	}
+	outcome, f, perr := parseSimOutput(out, exitOK)
+	switch outcome {
+	case Failed:
+		return fmt.Errorf("with %s planted, seed %d broke %s at step %d (the sim's replay line above runs without the mutation: %s)",
+			m.Name, f.Seed, f.Invariant, f.Step, replayCommand(m.Name, f.Seed))
+	case Broken:
+		return perr
+	}
+	fmt.Fprintf(w, "with %s planted, seed %d held every invariant\n", m.Name, o.seed)
+	return nil
 }
 
 // simDeps is the set of the module's packages (as "./node/volstate") the

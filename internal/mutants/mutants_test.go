@@ -207,7 +207,7 @@ func TestParseSimOutputWithoutAFailure(t *testing.T) {
 
 // The tool run for real on one mutation the simulation catches today
 // (a primary that serves after its lease ran out): CAUGHT, with the
-// invariant, a seed and a step.
+// invariant, a seed and a step; and its replay command replays it.
 func TestMutantsCatchesServingAfterTheLease(t *testing.T) {
 	root, err := moduleRoot()
 	if err != nil {
@@ -223,8 +223,21 @@ func TestMutantsCatchesServingAfterTheLease(t *testing.T) {
 	if m == nil {
 		t.Fatalf("no CAUGHT line with its seed and step:\n%s", out.String())
 	}
-	if seed, _ := strconv.Atoi(m[1]); seed < 1 || seed > 20 || m[3] != m[1] {
+	seed, _ := strconv.ParseUint(m[1], 10, 64)
+	if seed < 1 || seed > 20 || m[3] != m[1] {
 		t.Fatalf("seed %s (replay %s), want one of the 20 run:\n%s", m[1], m[3], out.String())
+	}
+
+	// Its replay runs that seed with the mutation and breaks the same
+	// invariant at the same step, the whole trace printed.
+	out.Reset()
+	o.seed = seed
+	err = run(context.Background(), o, &out)
+	if want := "broke one-writer at step " + m[2] + " "; err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("replay of seed %d: err %v, want %q", seed, err, want)
+	}
+	if !strings.Contains(out.String(), "INVARIANT one-writer BROKEN") || !strings.Contains(out.String(), "=== RUN   TestSim") {
+		t.Fatalf("the replay printed no trace of the broken invariant:\n%s", tail(out.String(), 20))
 	}
 }
 
