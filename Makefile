@@ -19,7 +19,7 @@ FUZZMINIMIZETIME ?= 1s
 # What CI gives each fuzz target (make test).
 CI_FUZZTIME ?= 10s
 
-.PHONY: all test test-locks fmt-check vet lint fuzz bench demo deps vuln build install deb static
+.PHONY: all test test-locks fmt-check vet lint fuzz mutants bench demo deps vuln build install deb static
 
 all: test
 
@@ -87,6 +87,18 @@ fuzz:
 		done; \
 		exit 1; \
 	fi
+
+# Plants, one at a time, each fault of internal/mutants/mutations.go in the
+# production code (a go test -overlay: the tree is not touched), runs the
+# simulation (TestSim, $(MUTANT_SEEDS) seeds) against it and prints which
+# it caught, with the invariant, seed, step and replay command, and which
+# it MISSED. It fails when one is missed or no longer applies (the code it
+# patches changed), and stops when the simulation fails with no mutation.
+# MUTANTSFLAGS='-only NAME' runs one; go run ./internal/mutants -list
+# lists them.
+MUTANT_SEEDS ?= 1000
+mutants:
+	$(GO) run ./internal/mutants -seeds $(MUTANT_SEEDS) $(MUTANTSFLAGS)
 
 # Reports the known vulnerabilities (govulncheck) that the code reaches,
 # with the database built offline from the Go module proxy

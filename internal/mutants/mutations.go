@@ -1,0 +1,130 @@
+package main
+
+// Edit is one patch of a mutation: in File (slash-separated, from the
+// module's root), the text Find, which must occur exactly once, becomes
+// Replace.
+type Edit struct {
+	File    string
+	Find    string
+	Replace string
+}
+
+// Mutation is one fault planted in production code: the rule it breaks
+// and its edits, applied in order (an edit finds its text in the file as
+// the edits before it left it).
+type Mutation struct {
+	Name  string
+	Rule  string
+	Edits []Edit
+}
+
+// mutations is every fault make mutants plants. Adding one is one entry:
+// the smallest patch that breaks the rule where production holds it.
+var mutations = []Mutation{
+	{
+		Name: "no-lease-fence",
+		Rule: "raft's leader promotes a new primary without waiting until no lease of the old one can still be valid",
+		Edits: []Edit{{
+			File:    "node/cluster/lease.go",
+			Find:    "\t\tif !pending && wait <= 0 {\n\t\t\treturn nil\n\t\t}",
+			Replace: "\t\tif true {\n\t\t\treturn nil\n\t\t}",
+		}},
+	},
+	{
+		Name: "serve-after-lease",
+		Rule: "a primary in authority mode serves IO after its lease ran out (the old primary's side of the lease fence)",
+		Edits: []Edit{{
+			File:    "node/volstate/state.go",
+			Find:    "case !s.Auth || s.Serving == OpenWithoutLease || now.Before(s.LeaseUntil):",
+			Replace: "case !s.Auth || s.Serving == OpenWithoutLease || true:",
+		}},
+	},
+	{
+		Name: "resync-gen-not-persisted",
+		Rule: "a secondary that starts a resync as its target does not record the generation the resync resumes from",
+		Edits: []Edit{{
+			File:    "node/secondary.go",
+			Find:    "d.gens, d.syncGen = d.gens.Inconsistent(), from",
+			Replace: "d.gens = d.gens.Inconsistent()",
+		}},
+	},
+	{
+		Name: "pull-gen-not-persisted",
+		Rule: "a primary that starts to pull newer data from a peer does not record the generation its disk held (SyncGen)",
+		Edits: []Edit{{
+			File:    "node/volstate/step.go",
+			Find:    "\t\t\t\tx.SyncGen = x.Gens.Current\n",
+			Replace: "",
+		}},
+	},
+	{
+		Name: "reconciles-false",
+		Rule: "no node marks its activity log toward a new primary that took over from another (Reconciles is false)",
+		Edits: []Edit{{
+			File:    "node/volstate/step.go",
+			Find:    "return peers >= 2 && old != \"\" && old != primary && primary != self",
+			Replace: "return false",
+		}},
+	},
+	{
+		Name: "handover-keeps-lease",
+		Rule: "a handover stops the old primary's renewals but does not hand its lease back (no ReleaseLease)",
+		Edits: []Edit{{
+			File:    "node/volstate/step.go",
+			Find:    "rd.Actions = append(rd.Actions, Action{Kind: StopLease}, Action{Kind: ReleaseLease, Epoch: p.Epoch})",
+			Replace: "rd.Actions = append(rd.Actions, Action{Kind: StopLease})",
+		}},
+	},
+	{
+		Name: "ack-before-peer-under-c",
+		Rule: "under protocol C a write completes without waiting for its peers' acks",
+		Edits: []Edit{{
+			File:    "node/write.go",
+			Find:    "case 'C': // every ack (or completion)",
+			Replace: "case 'c': // every ack (or completion)",
+		}},
+	},
+	{
+		Name: "bitmap-bit-after-ack",
+		Rule: "the blocks a peer that is not streaming misses are marked in its bitmap by a goroutine of their own, so the write may complete before they are",
+		Edits: []Edit{{
+			File:    "node/submit.go",
+			Find:    "\tp.bm.SetBits(e.Off, e.Length)\n\treturn true\n",
+			Replace: "\toff, length := e.Off, e.Length\n\tgo func() {\n\t\tv.stateMu.Lock()\n\t\tdefer v.stateMu.Unlock()\n\t\tp.bm.SetBits(off, length)\n\t}()\n\treturn true\n",
+		}},
+	},
+	{
+		Name: "al-after-data-write",
+		Rule: "a write's extent enters the activity log after the data is written to the local disk, not before",
+		Edits: []Edit{
+			{
+				File:    "node/write.go",
+				Find:    "\tif toDisk {\n\t\tif err := al.Admit(ctx, e.Off, e.Length); err != nil {",
+				Replace: "\tif toDisk && false {\n\t\tif err := al.Admit(ctx, e.Off, e.Length); err != nil {",
+			},
+			{
+				File:    "node/write.go",
+				Find:    "\tif !skipped {\n\t\tlerr = local()\n\t}\n",
+				Replace: "\tif !skipped {\n\t\tlerr = local()\n\t\tif lerr == nil && al.Admit(ctx, e.Off, e.Length) == nil {\n\t\t\theld.al, held.off, held.length = al, e.Off, e.Length\n\t\t}\n\t}\n",
+			},
+		},
+	},
+	{
+		Name: "secondary-accepts-stale-epoch",
+		Rule: "a secondary takes the stream of a primary whose epoch is older than the one it has seen",
+		Edits: []Edit{{
+			File:    "node/secondary.go",
+			Find:    "\tcase h.Epoch < v.d.epoch:\n\t\treturn refuse(replication.RefusedStaleEpoch,",
+			Replace: "\tcase false:\n\t\treturn refuse(replication.RefusedStaleEpoch,",
+		}},
+	},
+	{
+		Name: "volstate-accepts-stale-epoch",
+		Rule: "the receiving side's rule (volstate's PrimaryReached) adopts a primary whose epoch is older than the one it has seen",
+		Edits: []Edit{{
+			File:    "node/volstate/step.go",
+			Find:    "case d.Outcome == replication.UnrelatedData, e.Epoch < s.Durable.Epoch,",
+			Replace: "case d.Outcome == replication.UnrelatedData,",
+		}},
+	},
+}
