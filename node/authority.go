@@ -528,7 +528,7 @@ func (v *Volume) proposeOnce(kind string, cmd replication.AuthorityCommand) {
 func (v *Volume) confirmed(epoch uint64) {
 	v.mu.Lock()
 	waiting := v.serving == volstate.Waiting
-	settled := !waiting && v.leaseEpoch == epoch && v.leaseStop != nil
+	settled := !waiting && v.leaseLoop == epoch && v.leaseStop != nil
 	v.mu.Unlock()
 	if settled {
 		return
@@ -604,14 +604,14 @@ func (v *Volume) adoptEpoch(primary string, epoch uint64, failover bool) {
 func (v *Volume) ensureLeaseLoop(epoch uint64) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.leaseEpoch == epoch && v.leaseStop != nil || isClosed(v.stopping) {
+	if v.leaseLoop == epoch && v.leaseStop != nil || isClosed(v.stopping) {
 		return
 	}
 	if v.leaseStop != nil {
 		v.leaseStop()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	v.leaseStop, v.leaseEpoch = cancel, epoch
+	v.leaseStop, v.leaseLoop = cancel, epoch
 	v.bg.Add(1)
 	go func() {
 		defer v.bg.Done()
@@ -619,15 +619,15 @@ func (v *Volume) ensureLeaseLoop(epoch uint64) {
 	}()
 }
 
-// stopLease ends the renewals; the lease runs out by itself.
+// stopLease ends the renewals (the step that asked for it ended the
+// lease: IO waiting for one fails over to its deadline or its role).
 func (v *Volume) stopLease() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.leaseStop != nil {
 		v.leaseStop()
-		v.leaseStop, v.leaseEpoch = nil, 0
+		v.leaseStop, v.leaseLoop = nil, 0
 	}
-	v.lease = time.Time{}
 	v.wakeLeaseWaitersLocked()
 }
 
@@ -669,11 +669,7 @@ func (v *Volume) renewLeases(ctx context.Context, epoch uint64) {
 // e.Until, and a primary forced without raft serves under it from now).
 // Callers hold v.mu.
 func (v *Volume) leaseRenewedLocked(e volstate.LeaseRenewed) {
-	old := v.lease
-	v.stepUnwrittenLocked(e)
-	if !v.lease.Equal(old) {
-		v.wakeLeaseWaitersLocked()
-	}
+	v.stepUnwrittenLocked(e, nil)
 }
 
 // stepUnwrittenLocked steps the volume's rules with an event whose rule
@@ -681,16 +677,13 @@ func (v *Volume) leaseRenewedLocked(e volstate.LeaseRenewed) {
 // never waits behind a commit that holds v.stateMu. It installs what the
 // step changed, the lease's end with it, and returns the actions, for the
 // caller to perform once it released v.mu. Callers hold v.mu.
-func (v *Volume) stepUnwrittenLocked(e volstate.Event) []volstate.Action {
+func (v *Volume) stepUnwrittenLocked(e volstate.Event, texts func(volstate.Cause) reason) []volstate.Action {
 	old := v.modelLocked()
 	next, rd := volstate.Step(old, e)
 	if rd.Persist != nil || rd.Indicator != volstate.KeepIndicator || len(rd.Prepare) > 0 || rd.Err != nil {
 		panic(fmt.Sprintf("volume %s: the step of %T asks for writes: %+v", v.name, e, rd))
 	}
-	if !next.LeaseUntil.Equal(old.LeaseUntil) {
-		v.lease = next.LeaseUntil
-	}
-	v.installLocked(old, next, rd, nil)
+	v.installLocked(old, next, rd, texts)
 	return rd.Actions
 }
 

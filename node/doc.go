@@ -97,13 +97,23 @@
 // writes), the end of a resync either way (ResyncFinished: the peer's
 // bitmap generation retired, or the pulled generation taken) and a write
 // that misses a peer (WriteMissed: a new generation, or IO stopped when it
-// cannot be written) are events too,
+// cannot be written; a peer that streams takes the write) are events too,
 // and so are the operator's disconnect and connect (Disconnect, Connect:
 // the senders stopped or started, the operator's cause, and a connect's
-// retry after a split brain).
-// A lease renewal (LeaseRenewed) and a shutdown or removal (Stop) write
-// nothing: they are stepped under v.mu alone (stepUnwrittenLocked), so a
-// renewal never waits behind a commit. A detach is the disk state
+// retry after a split brain). The receiving side is stepped the same way:
+// the loaded state at open (Opened: a stale disk comes back Inconsistent
+// and Secondary), a primary's stream reaching this node (PrimaryReached:
+// the rules refuse it with the answer's code, RefuseStream, which
+// secondary.go words, or take it, the epoch durable first), a resync into
+// this disk (ResyncStarted, ResyncFinished), its stream's end
+// (IncomingEnded), a replicated write that failed (ReplicaWriteFailed) and
+// a split brain a peer reported (SplitBrainFound). The machine reads the
+// peers' real states (their views, lock-free), and only a step's install
+// writes the volume's state (TestOnlyTheStepsWriteTheVolumesState).
+// A lease renewal (LeaseRenewed), a shutdown or removal (Stop) and the
+// other steps that write nothing (a stream's end, a failed replicated
+// write, a split brain reported) are stepped under v.mu alone
+// (stepUnwrittenLocked), so a renewal never waits behind a commit. A detach is the disk state
 // Diskless in the state machine, and a flag here; one loop per volume
 // (detach.go) probes the detached disk where it failed and puts it back
 // by reattachState's rule (reattach.go: back-off, passing time, flaps). A stream's own news

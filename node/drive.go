@@ -69,12 +69,24 @@ func (v *Volume) installLocked(old, next volstate.State, rd volstate.Ready, text
 	if next.Disk != old.Disk {
 		v.diskState = next.Disk
 	}
+	for name, p := range next.Peers {
+		if rule := p.SplitBrainRule; rule != "" && rule != old.Peers[name].SplitBrainRule {
+			v.noteSplitBrainLocked(name, rule)
+		}
+	}
 	if next.Why != old.Why {
 		switch {
 		case next.Why == volstate.CauseNone:
 			v.why = reason{}
 		case next.Why == volstate.CauseSplitBrain:
+			// The step's own words when it has some for it (a policy that
+			// names a victim, a refusal's answer), else the usual ones.
 			v.why = v.splitBrainReasonLocked()
+			if texts != nil {
+				if r := texts(next.Why); r.cause == CauseSplitBrain {
+					v.why = r
+				}
+			}
 		case texts != nil:
 			v.why = texts(next.Why)
 		default:
@@ -86,6 +98,13 @@ func (v *Volume) installLocked(old, next volstate.State, rd volstate.Ready, text
 	}
 	if next.AdminDown != old.AdminDown {
 		v.adminDown = next.AdminDown
+	}
+	if next.LeaseEpoch != old.LeaseEpoch {
+		v.leaseEpoch = next.LeaseEpoch
+	}
+	if !next.LeaseUntil.Equal(old.LeaseUntil) {
+		v.lease = next.LeaseUntil
+		v.wakeLeaseWaitersLocked()
 	}
 	v.knownEpoch = max(v.knownEpoch, next.KnownEpoch)
 	v.roleChange = next.Pending
@@ -221,7 +240,9 @@ func (v *Volume) stepLocked(e volstate.Event, texts func(volstate.Cause) reason,
 	if err != nil {
 		// What the failure itself changes (a primary that cannot record
 		// a new generation stops its IO); nothing else.
-		failed := texts
+		failed := func(volstate.Cause) reason {
+			return because(CauseStateWriteFailed, "metadata write failed: %v", err)
+		}
 		if w, ok := e.(volstate.WriteMissed); ok {
 			failed = func(volstate.Cause) reason {
 				return because(CauseStateWriteFailed, "%s could not record durably that %s misses writes (%v): IO stopped; fix the node's state directory or disk, then restart it", v.self, w.Peer, err)
@@ -295,6 +316,8 @@ func (v *Volume) perform(a volstate.Action, opts driveOptions) {
 		if opts.notify != nil {
 			opts.notify(a)
 		}
+	case volstate.RefuseStream:
+		// The stream's handler answers it (primaryReached).
 	default:
 		panic(fmt.Sprintf("volume %s: no driver for the action %s", v.name, a))
 	}

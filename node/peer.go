@@ -321,7 +321,6 @@ func (p *peer) splitBrain(ref *refusal) reason {
 	if ref.rule != "" {
 		text = fmt.Sprintf("split-brain: %s and %s both changed the data since they last met, and nothing says whose changes to keep; resolve with replctl connect %s --discard-my-data --node VICTIM", v.self, p.name, v.name)
 	}
-	v.noteSplitBrain(p.name, ref.rule)
 	if ref.peerPrimary && ref.peerEpoch > v.epoch() {
 		v.fence(ref.peerEpoch, fmt.Sprintf("%s is primary at the newer epoch %d and the data diverged (split brain)", p.name, ref.peerEpoch))
 	}
@@ -337,10 +336,11 @@ func (p *peer) splitBrain(ref *refusal) reason {
 		}
 		text = fmt.Sprintf("split-brain: policy %s makes %s discard its changes", policy, who)
 	}
+	why := reason{cause: CauseSplitBrain, text: text}
 	v.mu.Lock()
-	v.why = reason{cause: CauseSplitBrain, text: text}
+	v.stepUnwrittenLocked(volstate.SplitBrainFound{Peer: p.name, Rule: ref.rule}, func(volstate.Cause) reason { return why })
 	v.mu.Unlock()
-	return reason{cause: CauseSplitBrain, text: text}
+	return why
 }
 
 // syncDone builds the entry that makes the peer UpToDate at gen: the peer

@@ -223,8 +223,11 @@ func (v *Volume) stepDown(h replication.Hello) error {
 	if v.roleNow() != replication.Primary {
 		return nil
 	}
-	return v.drive(volstate.PrimaryReached{From: h.From, Epoch: h.Epoch, UUIDs: h.UUIDs}, driveOptions{
-		texts: func(volstate.Cause) reason {
+	return v.drive(v.reached(h), driveOptions{
+		texts: func(c volstate.Cause) reason {
+			if c == volstate.CauseUnrelated {
+				return because(CauseUnrelated, "unrelated data: %s and %s share no generation; %s is primary at the newer epoch %d: this node's IO stopped", v.self, h.From, h.From, h.Epoch)
+			}
 			return because(CauseFenced, "fenced: %s is primary at the newer epoch %d and the data diverged", h.From, h.Epoch)
 		},
 		notify: func(a volstate.Action) {
@@ -292,13 +295,8 @@ func (v *Volume) resetPeersLocked() {
 	}
 }
 
-// noteSplitBrain records a split brain found with peer (by rule).
-func (v *Volume) noteSplitBrain(peer, rule string) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	v.noteSplitBrainLocked(peer, rule)
-}
-
+// noteSplitBrainLocked installs a split brain the rules found with peer
+// (by rule). Callers hold v.mu.
 func (v *Volume) noteSplitBrainLocked(peer, rule string) {
 	if v.splitBrain == nil {
 		v.splitBrain = map[string]string{}

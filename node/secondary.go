@@ -31,9 +31,8 @@ func (v *Volume) endIncoming(in *applier.Stream) {
 	v.mu.Lock()
 	if v.incoming == in {
 		v.incoming = nil
-		if v.diskState != replication.Failed {
-			v.diskState = v.idleDiskState()
-		}
+		// A Failed disk stays Failed (volstate.IncomingEnded).
+		v.stepUnwrittenLocked(volstate.IncomingEnded{}, nil)
 	}
 	v.mu.Unlock()
 }
@@ -68,87 +67,113 @@ func (n *Node) handleStream(s *transport.ReplStream) error {
 	return v.serveStream(s, hello)
 }
 
-// refuseLocked says why this node will not take a stream, or returns a
-// zero reply when it will. Callers hold v.mu.
-func (v *Volume) refuseLocked(h replication.Hello) replication.HelloReply {
-	refuse := func(code replication.Refusal, format string, a ...any) replication.HelloReply {
-		return replication.HelloReply{Refused: code, Reason: fmt.Sprintf(format, a...), Epoch: v.d.epoch, Primary: v.role == replication.Primary}
-	}
-	if v.discard != nil && h.To == v.self && !v.adminDown && h.Size == v.size.Load() {
-		// The operator told this node to give up its data: it follows the
-		// next primary that connects, whatever epoch it saw before.
-		return replication.HelloReply{}
-	}
-	switch {
-	case h.To != v.self:
-		return refuse(replication.RefusedWrongNode, "stream for %s reached %s", h.To, v.self)
-	case v.adminDown:
-		return refuse(replication.RefusedAdminDown, "%s is disconnected from %s by the operator (replctl connect %s --node %s)", v.self, v.name, v.name, v.self)
-	case h.Size != v.size.Load():
-		mine := v.size.Load()
-		if v.sizeMax {
-			return refuse(replication.RefusedSize, "volume %s is %d bytes on %s but %d on %s (size: max gave each node the largest size its own disk holds, and the disks differ): a volume has one size on every node. "+
-				"Give size: %d (%s's) in the file on every node; then on %s stop replnode, make its disk hold that size, run replctl create-md %s --node %s --force --yes (its copy starts over: a full resync follows) and start it",
-				v.name, mine, v.self, h.Size, h.From, h.Size, h.From, v.self, v.name, v.self)
+// refusalLocked is a refusal's answer. Callers hold v.mu.
+func (v *Volume) refusalLocked(code replication.Refusal, format string, a ...any) replication.HelloReply {
+	return replication.HelloReply{Refused: code, Reason: fmt.Sprintf(format, a...), Epoch: v.d.epoch, Primary: v.role == replication.Primary}
+}
+
+// streamRefusalLocked puts the rules' refusal of h's stream (a
+// RefuseStream action) into the answer the primary gets. Callers hold
+// v.mu.
+func (v *Volume) streamRefusalLocked(h replication.Hello, a volstate.Action) replication.HelloReply {
+	var r replication.HelloReply
+	switch a.Refusal {
+	case replication.RefusedWrongNode:
+		r = v.refusalLocked(a.Refusal, "stream for %s reached %s", h.To, v.self)
+	case replication.RefusedAdminDown:
+		r = v.refusalLocked(a.Refusal, "%s is disconnected from %s by the operator (replctl connect %s --node %s)", v.self, v.name, v.name, v.self)
+	case replication.RefusedSize:
+		r = v.sizeRefusalLocked(h)
+	case replication.RefusedNewerEpoch:
+		r = v.refusalLocked(a.Refusal, "%s is primary for %s at epoch %d; %s's epoch %d is older: it follows %s once %s reaches it", v.self, v.name, v.d.epoch, h.From, h.Epoch, v.self, v.self)
+	case replication.RefusedUnrelated:
+		r = v.refusalLocked(a.Refusal, "unrelated data: %s and %s share no generation; if %s's data should go, run replctl create-md %s --force --yes on it (a full resync follows)", v.self, h.From, v.self, v.name)
+	case replication.RefusedSplitBrain:
+		r = v.refusalLocked(a.Refusal, "split-brain: %s and %s both changed %s since their last common generation (%s); resolve with replctl connect %s --discard-my-data --node VICTIM", v.self, h.From, v.name, replication.RuleWords(a.Detail), v.name)
+		if v.role == replication.Primary && h.Epoch == v.d.epoch {
+			if d := replication.CompareUUIDs(v.uuidsLocked(h.From), h.UUIDs, replication.Primary, replication.Primary); !d.Outcome.IsSplitBrain() {
+				// Words only: the data did not diverge, two nodes serve.
+				r.Reason = fmt.Sprintf("%s is Primary for %s itself at epoch %d; %s claims epoch %d too: two primaries, refusing (split brain)", v.self, v.name, v.d.epoch, h.From, h.Epoch)
+			}
 		}
-		// Most likely a resize left the smaller behind (it was down, or
-		// the resize stopped half-way): growing it costs no copy.
-		smaller, larger := v.self, h.Size
-		if h.Size < mine {
-			smaller, larger = h.From, mine
-		}
-		return refuse(replication.RefusedSize, "volume %s is %d bytes on %s but %d on %s: a volume has one size on every node. "+
-			"If a resize left %s behind, grow it: replctl resize %s %d --node %s (once its disk holds that size with its metadata); "+
-			"or, to start %s's copy over at %s's size, give size: %d in the file on every node, then on %s stop replnode, make its disk hold that size, run replctl create-md %s --node %s --force --yes (a full resync follows) and start it",
-			v.name, mine, v.self, h.Size, h.From, smaller, v.name, larger, smaller, v.self, h.From, h.Size, v.self, v.name, v.self)
-	}
-	// A sender of an older epoch than this primary's is a primary no
-	// longer (it crashed or was cut off, and this node took over): it
-	// compares as the Secondary it is about to be. With equal generations,
-	// what it wrote beyond them was never acknowledged (its activity log's
-	// extents): this node's copy wins, as DRBD resyncs a crashed primary's
-	// log from the new primary. Only a divergence of the data is a split
-	// brain, not two nodes that each remember being primary.
-	senderRole := replication.Primary
-	if v.role == replication.Primary && h.Epoch < v.d.epoch {
-		senderRole = replication.Secondary
-	}
-	d := replication.CompareUUIDs(v.uuidsLocked(h.From), h.UUIDs, v.role, senderRole)
-	if v.role == replication.Primary && h.Epoch < v.d.epoch && !d.Outcome.IsSplitBrain() {
-		// The sender is an old primary: this node took over at a newer
-		// epoch and reaches it itself.
-		r := refuse(replication.RefusedNewerEpoch, "%s is primary for %s at epoch %d; %s's epoch %d is older: it follows %s once %s reaches it", v.self, v.name, v.d.epoch, h.From, h.Epoch, v.self, v.self)
-		r.Rule = ruleNewerEpoch
-		return r
-	}
-	if d.Outcome == replication.UnrelatedData {
-		r := refuse(replication.RefusedUnrelated, "unrelated data: %s and %s share no generation; if %s's data should go, run replctl create-md %s --force --yes on it (a full resync follows)", v.self, h.From, v.self, v.name)
-		r.Rule = d.Rule
-		return r
-	}
-	if d.Outcome.IsSplitBrain() || v.role == replication.Primary {
-		r := refuse(replication.RefusedSplitBrain, "split-brain: %s and %s both changed %s since their last common generation (%s); resolve with replctl connect %s --discard-my-data --node VICTIM", v.self, h.From, v.name, replication.RuleWords(d.Rule), v.name)
-		if v.role == replication.Primary && !d.Outcome.IsSplitBrain() {
-			r.Reason = fmt.Sprintf("%s is Primary for %s itself at epoch %d; %s claims epoch %d too: two primaries, refusing (split brain)", v.self, v.name, v.d.epoch, h.From, h.Epoch)
-		}
-		r.Rule, r.PrimarySince = d.Rule, v.d.primarySince
+		r.PrimarySince = v.d.primarySince
 		if bm, ok := v.md.Bitmap(v.node.config().NodeID(h.From)); ok {
 			r.Changes = bm.Bytes()
 		}
-		return r
+	case replication.RefusedStaleEpoch:
+		r = v.refusalLocked(a.Refusal, "stale epoch: %s sent epoch %d but %s has seen epoch %d (primary %s)", h.From, h.Epoch, v.self, v.d.epoch, v.d.primary)
+	case replication.RefusedOtherPrimary:
+		r = v.refusalLocked(a.Refusal, "epoch %d belongs to %s, not %s", h.Epoch, v.d.primary, h.From)
+	default:
+		panic(fmt.Sprintf("volume %s: no words for the refusal %q", v.name, a.Refusal))
 	}
-	switch {
-	case h.Epoch < v.d.epoch:
-		return refuse(replication.RefusedStaleEpoch, "stale epoch: %s sent epoch %d but %s has seen epoch %d (primary %s)", h.From, h.Epoch, v.self, v.d.epoch, v.d.primary)
-	case h.Epoch == v.d.epoch && v.d.primary != "" && h.From != v.d.primary:
-		return refuse(replication.RefusedOtherPrimary, "epoch %d belongs to %s, not %s", h.Epoch, v.d.primary, h.From)
-	}
-	return replication.HelloReply{}
+	r.Rule = a.Detail
+	return r
 }
 
-// ruleNewerEpoch names the refusal a primary of a newer epoch gives an
-// older primary: the older one is fenced.
-const ruleNewerEpoch = "newer-epoch"
+// sizeRefusalLocked words the refusal of a stream whose volume is not
+// this node's size. Callers hold v.mu.
+func (v *Volume) sizeRefusalLocked(h replication.Hello) replication.HelloReply {
+	mine := v.size.Load()
+	if v.sizeMax {
+		return v.refusalLocked(replication.RefusedSize, "volume %s is %d bytes on %s but %d on %s (size: max gave each node the largest size its own disk holds, and the disks differ): a volume has one size on every node. "+
+			"Give size: %d (%s's) in the file on every node; then on %s stop replnode, make its disk hold that size, run replctl create-md %s --node %s --force --yes (its copy starts over: a full resync follows) and start it",
+			v.name, mine, v.self, h.Size, h.From, h.Size, h.From, v.self, v.name, v.self)
+	}
+	// Most likely a resize left the smaller behind (it was down, or the
+	// resize stopped half-way): growing it costs no copy.
+	smaller, larger := v.self, h.Size
+	if h.Size < mine {
+		smaller, larger = h.From, mine
+	}
+	return v.refusalLocked(replication.RefusedSize, "volume %s is %d bytes on %s but %d on %s: a volume has one size on every node. "+
+		"If a resize left %s behind, grow it: replctl resize %s %d --node %s (once its disk holds that size with its metadata); "+
+		"or, to start %s's copy over at %s's size, give size: %d in the file on every node, then on %s stop replnode, make its disk hold that size, run replctl create-md %s --node %s --force --yes (a full resync follows) and start it",
+		v.name, mine, v.self, h.Size, h.From, smaller, v.name, larger, smaller, v.self, h.From, h.Size, v.self, v.name, v.self)
+}
+
+// reached is the event of h's stream reaching this node.
+func (v *Volume) reached(h replication.Hello) volstate.PrimaryReached {
+	return volstate.PrimaryReached{From: h.From, Epoch: h.Epoch, UUIDs: h.UUIDs, HandedOver: h.HandedOver || v.handedOverAt(h.Epoch),
+		Misdirected: h.To != v.self, SizeDiffers: h.Size != v.size.Load()}
+}
+
+// primaryReached takes h's stream through the volume's rules
+// (volstate.PrimaryReached) under v.stateMu: they refuse it, or take it,
+// the new epoch and primary durable BEFORE the first write of the
+// primary, and, when another node took over, this node's activity log
+// marked toward it BEFORE that (the reply reports the marks). It returns
+// the refusal's answer (zero when taken).
+func (v *Volume) primaryReached(h replication.Hello) (replication.HelloReply, error) {
+	e := v.reached(h)
+	v.stateMu.Lock()
+	defer v.stateMu.Unlock()
+	// The refusal's words are the why the step records: a dry step finds
+	// them first (the state holds still under v.stateMu).
+	v.mu.Lock()
+	_, rd := volstate.Step(v.modelLocked(), e)
+	var reply replication.HelloReply
+	for _, a := range rd.Actions {
+		if a.Kind == volstate.RefuseStream {
+			reply = v.streamRefusalLocked(h, a)
+		}
+	}
+	v.mu.Unlock()
+	acts, err := v.stepLocked(e, func(volstate.Cause) reason {
+		return reason{cause: causeOfRefusal(reply.Refused), text: reply.Reason}
+	}, nil)
+	if err != nil {
+		return replication.HelloReply{}, err
+	}
+	for _, a := range acts {
+		if a.Kind == volstate.RefuseStream && reply.Refused != a.Refusal {
+			v.mu.Lock()
+			reply = v.streamRefusalLocked(h, a)
+			v.mu.Unlock()
+		}
+	}
+	return reply, nil
+}
 
 // serveStream takes the primary's stream, or refuses it, and then applies
 // it to the local disk, in order, acknowledging each batch after its last
@@ -158,27 +183,23 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 		v.compareSettings(h.From, h.Settings)
 	}
 	v.mu.Lock()
-	if v.role == replication.Primary && h.To == v.self && !v.adminDown && h.Size == v.size.Load() && h.Epoch > v.d.epoch && v.discard == nil {
-		// A primary of a newer epoch took over while this one was away.
-		// Follow it unless both changed the data: what this node wrote
-		// meanwhile stays marked, and the new primary copies it. If both
-		// did, this older primary stops its IO at once all the same.
-		d := replication.CompareUUIDs(v.uuidsLocked(h.From), h.UUIDs, replication.Secondary, replication.Primary)
-		v.mu.Unlock()
-		if d.Outcome.IsSplitBrain() || d.Outcome == replication.UnrelatedData {
-			v.fence(h.Epoch, fmt.Sprintf("%s is primary at the newer epoch %d and the data diverged (%v)", h.From, h.Epoch, d))
-		} else if err := v.stepDown(h); err != nil {
+	newer := v.role == replication.Primary && h.Epoch > v.d.epoch
+	v.mu.Unlock()
+	if newer {
+		// A primary of a newer epoch took over while this one was away:
+		// the rules step this one down (what it wrote meanwhile stays
+		// marked, and the new primary copies it), or, when both changed
+		// the data, stop its IO at once all the same (stepDown).
+		if err := v.stepDown(h); err != nil {
 			return err
 		}
-		v.mu.Lock()
 	}
-	if reply := v.refuseLocked(h); reply.Refused != "" {
-		if reply.Refused != replication.RefusedNewerEpoch {
-			v.why = reason{cause: causeOfRefusal(reply.Refused), text: reply.Reason}
-		}
-		if reply.Refused == replication.RefusedSplitBrain {
-			v.noteSplitBrainLocked(h.From, reply.Rule)
-		}
+	reply, err := v.primaryReached(h)
+	if err != nil {
+		return err
+	}
+	if reply.Refused != "" {
+		v.mu.Lock()
 		again := v.lastRefusal == reply.Reason
 		v.lastRefusal = reply.Reason
 		v.mu.Unlock()
@@ -194,30 +215,9 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 		reply.Settings = v.agreedSettings()
 		return sendHelloReply(s, reply)
 	}
+	v.mu.Lock()
 	v.lastRefusal = ""
-	adopt := v.discard != nil || h.Epoch > v.d.epoch || v.d.primary != h.From
 	v.mu.Unlock()
-	if adopt {
-		// The new epoch is durable BEFORE the first write of its primary;
-		// when another node took over, this node's activity log is marked
-		// toward it BEFORE that (the reply below reports the marks).
-		v.stateMu.Lock()
-		v.mu.Lock()
-		reconcile := h.Epoch > v.d.epoch && volstate.Reconciles(v.d.primary, v.self, h.From, len(v.cfg.Disks)-1)
-		v.mu.Unlock()
-		reconcile = reconcile && !h.HandedOver && !v.handedOverAt(h.Epoch)
-		err := error(nil)
-		if reconcile {
-			err = v.markActivityLog(h.From)
-		}
-		if err == nil {
-			err = v.commit(func(d *durable) { d.epoch, d.primary = h.Epoch, h.From }, nil)
-		}
-		v.stateMu.Unlock()
-		if err != nil {
-			return err
-		}
-	}
 	v.mu.Lock()
 	select {
 	case <-v.stopping:
@@ -231,8 +231,6 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 	in := applier.NewStream(h.From)
 	in.SetState(replication.Connected)
 	v.incoming = in
-	v.why = reason{}
-	delete(v.splitBrain, h.From)
 	v.mu.Unlock()
 	if old != nil {
 		old.Stop()
@@ -240,7 +238,7 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 	defer v.endIncoming(in)
 
 	v.mu.Lock()
-	reply := replication.HelloReply{Accepted: true, Generation: v.d.gens.Current, Disk: v.diskState, Epoch: v.d.epoch, UUIDs: v.uuidsLocked(h.From),
+	reply = replication.HelloReply{Accepted: true, Generation: v.d.gens.Current, Disk: v.diskState, Epoch: v.d.epoch, UUIDs: v.uuidsLocked(h.From),
 		Settings: v.agreedSettings()}
 	if bm, ok := v.md.Bitmap(v.node.config().NodeID(h.From)); ok && bm.Count() > 0 {
 		// What this node changed, or may have (its activity log after a
@@ -353,28 +351,23 @@ func (s appliedState) SyncStarted(from replication.Generation) error {
 	v := s.v
 	v.stateMu.Lock()
 	defer v.stateMu.Unlock()
-	return v.commit(func(d *durable) {
-		d.gens, d.syncGen = d.gens.Inconsistent(), from
-	}, func() { v.diskState = replication.Inconsistent })
+	v.mu.Lock()
+	primary := v.d.primary
+	v.mu.Unlock()
+	_, err := v.stepLocked(volstate.ResyncStarted{Peer: primary, From: from}, nil, nil)
+	return err
 }
 
 func (s appliedState) SyncFinished(primary string, g replication.Generation, history []replication.Generation) error {
 	v := s.v
+	// The disk holds the primary's generation now, UpToDate; a discard is
+	// over; and a crash of this node as primary is over too: what its
+	// activity log held that the primary did not is the primary's data
+	// now (its extents were marked, and resynced). Left set, every later
+	// connection, a clean one too, was decided by the rule crashed-primary
+	// and resynced the log's extents again (volstate.ResyncFinished).
 	v.stateMu.Lock()
-	err := v.commit(func(d *durable) {
-		d.gens, d.syncGen = d.gens.ResyncFinishedAsTarget(primary, g, history), replication.Generation{}
-	}, func() {
-		if v.discard != nil {
-			v.discard, v.why = nil, reason{}
-		}
-		v.diskState = replication.UpToDate
-		// A crash of this node as primary is over: what its activity log
-		// held that the primary did not is the primary's data now (its
-		// extents were marked, and resynced). Left set, every later
-		// connection, a clean one too, was decided by the rule
-		// crashed-primary and resynced the log's extents again.
-		v.crashedPrimary = false
-	})
+	_, err := v.stepLocked(volstate.ResyncFinished{Peer: primary, AsTarget: true, Current: g, History: history}, nil, nil)
 	v.stateMu.Unlock()
 	if err != nil {
 		return err
@@ -391,9 +384,9 @@ func (s appliedState) SyncFinished(primary string, g replication.Generation, his
 
 func (s appliedState) Failed(err error) {
 	v := s.v
+	why := because(CauseDiskFailed, "a replicated write failed on %s (%v): the primary marks the blocks it sent and resyncs them once the disk takes writes again", v.self, err)
 	v.mu.Lock()
-	v.diskState = replication.Failed
-	v.why = because(CauseDiskFailed, "a replicated write failed on %s (%v): the primary marks the blocks it sent and resyncs them once the disk takes writes again", v.self, err)
+	v.stepUnwrittenLocked(volstate.ReplicaWriteFailed{}, func(volstate.Cause) reason { return why })
 	v.mu.Unlock()
-	v.node.event(v.name, "apply-failed", v.why.text)
+	v.node.event(v.name, "apply-failed", why.text)
 }

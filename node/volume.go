@@ -124,15 +124,17 @@ type Volume struct {
 	forcedOver *transport.Failover
 
 	// Authority mode (authority.go): auth says the cluster decides the
-	// primary. lease is how long this primary may complete IO (leaseWake
-	// is closed when it is renewed); leaseStop ends the renewals of the
-	// term leaseEpoch. A primary forced without a quorum serves without
-	// a lease (serving OpenWithoutLease) until raft records it.
+	// primary. lease is how long this primary may complete IO, in the
+	// term leaseEpoch (the state machine's; leaseWake is closed when it
+	// changes); leaseStop ends the renewals of the term leaseLoop. A
+	// primary forced without a quorum serves without a lease (serving
+	// OpenWithoutLease) until raft records it.
 	auth       bool
 	lease      time.Time
+	leaseEpoch uint64
 	leaseWake  chan struct{}
 	leaseStop  context.CancelFunc
-	leaseEpoch uint64
+	leaseLoop  uint64
 	// outdated: peers raft has recorded Outdated at this epoch.
 	// upToDate: the proposals that raft record a peer UpToDate again, in
 	// flight (closed when done); ensureOutdated waits for one before it
@@ -223,36 +225,27 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD) (*Volume, 
 	}
 	d := loadDurable(st, md.Superblock())
 	d.size = v.size.Load()
-	if d.localStale {
-		// This disk was detached and missed writes: whatever its role was,
-		// it holds no consistent data until a full resync.
-		d.gens = d.gens.Inconsistent()
-		if d.primary == v.self {
-			d.primary = ""
-		}
-		v.node.event(v.name, "stale-disk", "this disk missed writes while detached: it comes back Inconsistent and Secondary")
-	}
 	// Not clean from here on, durably, BEFORE anything else happens.
 	if err := v.write(d, false, true); err != nil {
 		return nil, err
 	}
 	v.d = d
 	v.role = roleOf(d.primary, v.self)
-	v.diskState = v.idleDiskState()
-	return v, nil
-}
-
-// idleDiskState is the disk state of a node that is not in a stream.
-// Callers hold v.mu (or own v).
-func (v *Volume) idleDiskState() replication.DiskState {
-	switch {
-	case v.d.gens.Current.IsZero():
-		return replication.Inconsistent
-	case v.role == replication.Primary:
-		return replication.UpToDate
-	default:
-		return replication.Consistent
+	// The rules take the loaded state (volstate.Opened): a disk that was
+	// detached and missed writes comes back Inconsistent and Secondary,
+	// whatever its role was, durably.
+	v.stateMu.Lock()
+	acts, err := v.stepLocked(volstate.Opened{}, nil, nil)
+	v.stateMu.Unlock()
+	if err != nil {
+		return nil, err
 	}
+	for _, a := range acts {
+		v.perform(a, driveOptions{notify: func(volstate.Action) {
+			v.node.event(v.name, "stale-disk", "this disk missed writes while detached: it comes back Inconsistent and Secondary")
+		}})
+	}
+	return v, nil
 }
 
 // start begins serving the role the node woke up with. A node that was
@@ -288,10 +281,8 @@ func (v *Volume) start() {
 		},
 	})
 	if err != nil {
+		// The rules record why (volstate's persistFailed).
 		v.log.Error("cannot set the primary indicator; not serving", "err", err)
-		v.mu.Lock()
-		v.why = because(CauseStateWriteFailed, "metadata write failed: %v", err)
-		v.mu.Unlock()
 	}
 }
 
@@ -560,7 +551,7 @@ func (v *Volume) shutdown() bool {
 	// The volume's rules stop its IO and its lease renewals (Stop).
 	v.mu.Lock()
 	wasOpen := v.serving.IsOpen()
-	acts := v.stepUnwrittenLocked(volstate.Stop{})
+	acts := v.stepUnwrittenLocked(volstate.Stop{}, nil)
 	v.mu.Unlock()
 	for _, a := range acts {
 		v.perform(a, driveOptions{})

@@ -263,8 +263,9 @@ func (v *Volume) stop() bool {
 	// shutdown, which steps Stop again and performs its actions, once the
 	// clients are gone.
 	v.mu.Lock()
-	_ = v.stepUnwrittenLocked(volstate.Stop{})
-	v.why = because(CauseRemoved, "%s was removed from the cluster file", v.name)
+	_ = v.stepUnwrittenLocked(volstate.Stop{Removed: true}, func(volstate.Cause) reason {
+		return because(CauseRemoved, "%s was removed from the cluster file", v.name)
+	})
 	v.mu.Unlock()
 	if nbd := v.node.nbd; nbd != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -41,11 +41,11 @@ var mutations = []Mutation{
 	},
 	{
 		Name: "resync-gen-not-persisted",
-		Rule: "a secondary that starts a resync as its target does not record the generation the resync resumes from",
+		Rule: "a secondary that starts a resync as its target does not record the generation the resync resumes from (volstate's ResyncStarted)",
 		Edits: []Edit{{
-			File:    "node/secondary.go",
-			Find:    "d.gens, d.syncGen = d.gens.Inconsistent(), from",
-			Replace: "d.gens = d.gens.Inconsistent()",
+			File:    "node/volstate/step.go",
+			Find:    "d.Gens, d.SyncGen = d.Gens.Inconsistent(), e.From",
+			Replace: "d.Gens = d.Gens.Inconsistent()",
 		}},
 	},
 	{
@@ -111,20 +111,11 @@ var mutations = []Mutation{
 	},
 	{
 		Name: "secondary-accepts-stale-epoch",
-		Rule: "a secondary takes the stream of a primary whose epoch is older than the one it has seen",
-		Edits: []Edit{{
-			File:    "node/secondary.go",
-			Find:    "\tcase h.Epoch < v.d.epoch:\n\t\treturn refuse(replication.RefusedStaleEpoch,",
-			Replace: "\tcase false:\n\t\treturn refuse(replication.RefusedStaleEpoch,",
-		}},
-	},
-	{
-		Name: "volstate-accepts-stale-epoch",
-		Rule: "the receiving side's rule (volstate's PrimaryReached) adopts a primary whose epoch is older than the one it has seen",
+		Rule: "a secondary takes the stream of a primary whose epoch is older than the one it has seen (volstate's PrimaryReached, which node's serveStream steps)",
 		Edits: []Edit{{
 			File:    "node/volstate/step.go",
-			Find:    "case d.Outcome == replication.UnrelatedData, e.Epoch < s.Durable.Epoch,",
-			Replace: "case d.Outcome == replication.UnrelatedData,",
+			Find:    "\t\tcase e.Epoch < s.Durable.Epoch:\n\t\t\treturn s.refuseStream(e.From, replication.RefusedStaleEpoch,",
+			Replace: "\t\tcase false:\n\t\t\treturn s.refuseStream(e.From, replication.RefusedStaleEpoch,",
 		}},
 	},
 }

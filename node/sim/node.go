@@ -245,7 +245,7 @@ func (s *Sim) perform(n *node, a volstate.Action) {
 			s.check.allow(n.name, a.Peer, b)
 		}
 		s.tracef("%s: activity log %v marked toward %s", n.name, slices.Sorted(maps.Keys(n.logged)), a.Peer)
-	case volstate.RunHook, volstate.Notify, volstate.RefusePeer:
+	case volstate.RunHook, volstate.Notify, volstate.RefusePeer, volstate.RefuseStream:
 		// Traced with the step (a refused peer stays StandAlone).
 	default:
 		panic(fmt.Sprintf("sim: %s: no driver for the action %s", n.name, a))

@@ -9,8 +9,34 @@ import (
 // Event is something that happened to the volume; Step says what follows.
 type Event interface{ isEvent() }
 
+// Opened: the node loaded the volume's durable state (before Started).
+type Opened struct{}
+
 // Started: the node opened the volume with its durable state.
 type Started struct{}
+
+// ResyncStarted: a resync into this disk from the primary Peer began: the
+// disk holds no consistent data until it ends, and resumes from From.
+type ResyncStarted struct {
+	Peer string
+	From replication.Generation
+}
+
+// ReplicaWriteFailed: a write of the primary's stream failed on this
+// node's disk: the primary marks what it sent, and resyncs it once the
+// disk takes writes again.
+type ReplicaWriteFailed struct{}
+
+// IncomingEnded: the stream of the primary applied here ended.
+type IncomingEnded struct{}
+
+// SplitBrainFound: this primary's connection to Peer found that both
+// changed the data since they last met, by the generation rule Rule (the
+// peer's refusal, or this node's handshake); "" when the peer gave none.
+type SplitBrainFound struct {
+	Peer string
+	Rule string
+}
 
 // PeerConnected: this primary's handshake with Peer got the peer's
 // answer: its generations toward this node, whether it is a primary and
@@ -44,6 +70,9 @@ type PrimaryReached struct {
 	From  string
 	Epoch uint64
 	UUIDs replication.UUIDSet
+	// Misdirected: the stream is for another node. SizeDiffers: the
+	// primary's volume is not this node's size.
+	Misdirected, SizeDiffers bool
 	// HandedOver: this node knows From's promotion at Epoch was a
 	// handover (raft recorded no failover at it); when it does not know,
 	// a newer primary is taken to have failed over (AuthorityChanged).
@@ -223,10 +252,16 @@ type (
 	Connect    struct{}
 )
 
-// Stop: the volume shuts down.
-type Stop struct{}
+// Stop: the volume shuts down; Removed: because the cluster file no
+// longer lists it.
+type Stop struct{ Removed bool }
 
+func (Opened) isEvent()              {}
 func (Started) isEvent()             {}
+func (ResyncStarted) isEvent()       {}
+func (ReplicaWriteFailed) isEvent()  {}
+func (IncomingEnded) isEvent()       {}
+func (SplitBrainFound) isEvent()     {}
 func (PeerConnected) isEvent()       {}
 func (PeerAnswered) isEvent()        {}
 func (PrimaryReached) isEvent()      {}

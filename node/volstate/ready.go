@@ -99,6 +99,9 @@ const (
 	// RefusePeer: the handshake with Peer refuses to sync either way, by the
 	// generation rule Detail, for Cause: the peer is StandAlone.
 	RefusePeer
+	// RefuseStream: this node refuses the stream of the primary Peer
+	// (PrimaryReached), answering Refusal, by the rule Detail.
+	RefuseStream
 )
 
 var actionNames = map[ActionKind]string{
@@ -107,6 +110,7 @@ var actionNames = map[ActionKind]string{
 	StartLease: "start-lease", StopLease: "stop-lease", ReleaseLease: "release-lease", Propose: "propose",
 	StartResync: "start-resync", StartPull: "start-pull", Reattach: "reattach", CopyMissing: "copy-missing",
 	RunHook: "run-hook", Notify: "notify", MarkActivityLog: "mark-activity-log", RefusePeer: "refuse-peer",
+	RefuseStream: "refuse-stream",
 }
 
 func (k ActionKind) String() string {
@@ -124,6 +128,8 @@ type Action struct {
 	Detail string
 	// Cause is why, for a Refuse.
 	Cause Cause
+	// Refusal is the answer a RefuseStream gives the primary.
+	Refusal replication.Refusal
 }
 
 func (a Action) String() string {
@@ -140,6 +146,9 @@ func (a Action) String() string {
 	}
 	if a.Cause != CauseNone {
 		b.WriteString(" cause=" + string(a.Cause))
+	}
+	if a.Refusal != "" {
+		b.WriteString(" refusal=" + string(a.Refusal))
 	}
 	return b.String()
 }
@@ -170,11 +179,20 @@ func Apply(s State, e Event, prepare func([]Action) error, persist func(rd Ready
 
 // persistFailed is s after the writes of e failed: nothing changes,
 // except that a primary that could not record that a peer misses writes
-// stops its IO (a restart could take that peer for up to date).
+// stops its IO (a restart could take that peer for up to date), and the
+// why of a start that could not be written.
 func persistFailed(s State, e Event) State {
-	if _, ok := e.(WriteMissed); ok && s.Role() == replication.Primary {
+	switch e.(type) {
+	case WriteMissed:
+		if s.Role() == replication.Primary {
+			s = s.Clone()
+			s.Serving, s.Why = Stopped, CauseStateWriteFailed
+		}
+	case Started:
+		// A restarted primary that cannot set its indicator serves
+		// nothing (it never began), and says why.
 		s = s.Clone()
-		s.Serving, s.Why = Stopped, CauseStateWriteFailed
+		s.Why = CauseStateWriteFailed
 	}
 	return s
 }

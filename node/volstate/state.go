@@ -72,6 +72,13 @@ const (
 	CauseNoSource Cause = "no-source"
 	// CauseAdminDown: the operator disconnected this node from the volume.
 	CauseAdminDown Cause = "disconnected-by-operator"
+	// CauseRefused: this node refused a primary's stream (an older epoch,
+	// or the epoch of another primary).
+	CauseRefused Cause = "refused"
+	// CauseDiskFailed: a replicated write failed on this secondary's disk.
+	CauseDiskFailed Cause = "disk-failed"
+	// CauseRemoved: the cluster file no longer lists the volume.
+	CauseRemoved Cause = "removed"
 )
 
 // Durable is the part of the state that survives a restart; it changes

@@ -43,8 +43,29 @@ func Step(s State, e Event) (State, Ready) {
 	}
 	var rd Ready
 	switch e := e.(type) {
+	case Opened:
+		rd = s.opened()
 	case Started:
 		rd = s.start()
+	case ResyncStarted:
+		rd.Persist = s.persist(func(d *Durable) { d.Gens, d.SyncGen = d.Gens.Inconsistent(), e.From })
+		s.Disk = replication.Inconsistent
+	case ReplicaWriteFailed:
+		s.Disk, s.Why = replication.Failed, CauseDiskFailed
+		rd.Actions = []Action{{Kind: Notify, Detail: "apply-failed"}}
+	case IncomingEnded:
+		if s.Disk != replication.Failed {
+			s.Disk = s.IdleDisk()
+		}
+	case SplitBrainFound:
+		if p, ok := s.Peers[e.Peer]; ok {
+			p.SplitBrainRule = e.Rule
+			if p.SplitBrainRule == "" {
+				p.SplitBrainRule = RuleTwoPrimaries
+			}
+			s.Peers[e.Peer] = p
+			s.Why = CauseSplitBrain
+		}
 	case PeerConnected:
 		rd = s.peerConnected(e)
 	case PrimaryReached:
@@ -117,7 +138,12 @@ func Step(s State, e Event) (State, Ready) {
 	case Connect:
 		rd = s.setAdminDown(false)
 	case Stop:
+		// The lease runs out by itself: requests in flight complete
+		// under it while the export drains.
 		s.Stopping, s.Serving = true, Stopped
+		if e.Removed {
+			s.Why = CauseRemoved
+		}
 		rd.Actions = []Action{{Kind: StopLease}}
 	default:
 		panic(fmt.Sprintf("volstate: unknown event %T", e))
@@ -132,6 +158,25 @@ func (s *State) persist(change func(*Durable)) *Durable {
 	s.Durable = d
 	c := d.Clone()
 	return &c
+}
+
+// opened takes the durable state the node loaded: a disk that was
+// detached and missed writes comes back Inconsistent and Secondary,
+// whatever its role was (durably, before anything else), and the disk
+// state is an idle one.
+func (s *State) opened() Ready {
+	var rd Ready
+	if s.Durable.LocalStale {
+		rd.Persist = s.persist(func(d *Durable) {
+			d.Gens = d.Gens.Inconsistent()
+			if d.Primary == s.Self {
+				d.Primary = ""
+			}
+		})
+		rd.Actions = []Action{{Kind: Notify, Detail: "stale-disk"}}
+	}
+	s.Disk = s.IdleDisk()
+	return rd
 }
 
 // start begins serving the role the node woke up with. A node that was
@@ -291,13 +336,33 @@ func (s *State) peerAnswered(peer string, pulling bool) Ready {
 // the data diverged; a secondary records the newer epoch BEFORE it
 // applies the first write of that primary.
 func (s *State) primaryReached(e PrimaryReached) Ready {
+	switch {
+	case e.Misdirected:
+		return s.refuseStream(e.From, replication.RefusedWrongNode, "", CauseRefused)
+	case s.AdminDown:
+		// The operator's disconnect stays the why.
+		return Ready{Actions: []Action{{Kind: RefuseStream, Peer: e.From, Refusal: replication.RefusedAdminDown}}}
+	case e.SizeDiffers:
+		return s.refuseStream(e.From, replication.RefusedSize, "", CauseRefused)
+	}
 	if s.Role() == replication.Primary {
-		if s.AdminDown || s.Discard || e.Epoch <= s.Durable.Epoch {
+		if s.Discard {
 			return Ready{}
+		}
+		if e.Epoch <= s.Durable.Epoch {
+			return s.refuseOlderPrimary(e)
 		}
 		d := replication.CompareUUIDs(s.UUIDs(e.From), e.UUIDs, replication.Secondary, replication.Primary)
 		if d.Outcome.IsSplitBrain() || d.Outcome == replication.UnrelatedData {
-			return s.fence(e.Epoch)
+			// The newer epoch wins: this primary stops its IO, and
+			// refuses the stream of data that diverged from its own.
+			rd := s.fence(e.Epoch)
+			refusal, why := replication.RefusedSplitBrain, CauseSplitBrain
+			if d.Outcome == replication.UnrelatedData {
+				refusal, why = replication.RefusedUnrelated, CauseUnrelated
+			}
+			rd.Actions = append(rd.Actions, s.refuseStream(e.From, refusal, d.Rule, why).Actions...)
+			return rd
 		}
 		serving := s.Serving
 		if serving.IsOpen() {
@@ -305,21 +370,17 @@ func (s *State) primaryReached(e PrimaryReached) Ready {
 		}
 		return s.beginStepDown(e.From, e.Epoch, serving, s.Why, true, e.UUIDs)
 	}
-	if s.AdminDown {
-		return Ready{}
-	}
 	if !s.Discard {
 		d := replication.CompareUUIDs(s.UUIDs(e.From), e.UUIDs, replication.Secondary, replication.Primary)
 		switch {
+		case d.Outcome == replication.UnrelatedData:
+			return s.refuseStream(e.From, replication.RefusedUnrelated, d.Rule, CauseUnrelated)
 		case d.Outcome.IsSplitBrain():
-			p := s.Peers[e.From]
-			p.SplitBrainRule = d.Rule
-			s.Peers[e.From] = p
-			s.Why = CauseSplitBrain
-			return Ready{Actions: []Action{{Kind: Notify, Detail: "split-brain", Peer: e.From}}}
-		case d.Outcome == replication.UnrelatedData, e.Epoch < s.Durable.Epoch,
-			e.Epoch == s.Durable.Epoch && s.Durable.Primary != "" && s.Durable.Primary != e.From:
-			return Ready{Actions: []Action{{Kind: Notify, Detail: "refused", Peer: e.From}}}
+			return s.refuseStream(e.From, replication.RefusedSplitBrain, d.Rule, CauseSplitBrain)
+		case e.Epoch < s.Durable.Epoch:
+			return s.refuseStream(e.From, replication.RefusedStaleEpoch, "", CauseRefused)
+		case e.Epoch == s.Durable.Epoch && s.Durable.Primary != "" && s.Durable.Primary != e.From:
+			return s.refuseStream(e.From, replication.RefusedOtherPrimary, "", CauseRefused)
 		}
 	}
 	var rd Ready
@@ -329,13 +390,57 @@ func (s *State) primaryReached(e PrimaryReached) Ready {
 		}
 		rd.Persist = s.persist(func(x *Durable) { x.Epoch, x.Primary = e.Epoch, e.From })
 	}
+	// The stream is taken: nothing keeps this node from following it (a
+	// split brain with From is over, and an earlier refusal too).
 	p := s.Peers[e.From]
 	p.SplitBrainRule = ""
 	s.Peers[e.From] = p
-	if s.Why == CauseSplitBrain {
-		s.Why = CauseNone
-	}
+	s.Why = CauseNone
 	return rd
+}
+
+// refuseOlderPrimary is a primary's answer to the stream of a primary of
+// its own epoch or an older one. The sender of an older epoch is a
+// primary no longer (it crashed or was cut off, and this node took over):
+// it compares as the Secondary it is about to be, and only a divergence
+// of the data is a split brain, not two nodes that each remember being
+// primary. A sender of the same epoch is a second primary: refused as a
+// split brain.
+func (s *State) refuseOlderPrimary(e PrimaryReached) Ready {
+	older := e.Epoch < s.Durable.Epoch
+	sender := replication.Primary
+	if older {
+		sender = replication.Secondary
+	}
+	d := replication.CompareUUIDs(s.UUIDs(e.From), e.UUIDs, replication.Primary, sender)
+	switch {
+	case older && !d.Outcome.IsSplitBrain():
+		// This node reaches the old primary itself, which follows it.
+		return Ready{Actions: []Action{{Kind: RefuseStream, Peer: e.From, Refusal: replication.RefusedNewerEpoch, Detail: RuleNewerEpoch}}}
+	case d.Outcome == replication.UnrelatedData:
+		return s.refuseStream(e.From, replication.RefusedUnrelated, d.Rule, CauseUnrelated)
+	}
+	return s.refuseStream(e.From, replication.RefusedSplitBrain, d.Rule, CauseSplitBrain)
+}
+
+// RuleTwoPrimaries is the split brain of two nodes that both took writes
+// as primary, when the peer that found it named no generation rule.
+const RuleTwoPrimaries = "two-primaries"
+
+// RuleNewerEpoch names the refusal a primary of a newer epoch gives an
+// older primary: the older one is fenced.
+const RuleNewerEpoch = "newer-epoch"
+
+// refuseStream refuses the stream of the primary from, by rule, and
+// records why: a split brain with from is known until it connects.
+func (s *State) refuseStream(from string, refusal replication.Refusal, rule string, why Cause) Ready {
+	if why == CauseSplitBrain {
+		p := s.Peers[from]
+		p.SplitBrainRule = rule
+		s.Peers[from] = p
+	}
+	s.Why = why
+	return Ready{Actions: []Action{{Kind: RefuseStream, Peer: from, Refusal: refusal, Detail: rule, Cause: why}}}
 }
 
 // beginStepDown stops this primary's IO (serving: Stopped, or Fenced when
@@ -763,7 +868,11 @@ func (s *State) resyncFinished(e ResyncFinished) Ready {
 		p.Pulling = false
 		s.Disk, s.Why = replication.UpToDate, CauseNone
 		if s.Role() != replication.Primary {
-			s.Disk = replication.Consistent
+			// In sync with the primary it follows, UpToDate while its
+			// stream lasts; a copy from another node is Consistent.
+			if e.Peer != s.Durable.Primary {
+				s.Disk = replication.Consistent
+			}
 			if s.Discard {
 				s.Discard = false
 			}

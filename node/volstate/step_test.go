@@ -182,6 +182,7 @@ func (h *harness) init(t *testing.T, d *datadriven.TestData) string {
 	_, s.Auth = arg(d, "auth")
 	_, s.Fresh = arg(d, "fresh")
 	_, s.CrashedPrimary = arg(d, "crashed")
+	_, s.Durable.LocalStale = arg(d, "local-stale")
 	s.Disk = s.IdleDisk()
 	h.nodes[name] = &s
 	return format(s)
@@ -206,8 +207,18 @@ func (h *harness) event(t *testing.T, d *datadriven.TestData, s *State) Event {
 	}
 	session := argUint(t, d, "session")
 	switch kind {
+	case "opened":
+		return Opened{}
 	case "start":
 		return Started{}
+	case "resync-started":
+		return ResyncStarted{Peer: peerName, From: gen(argOr(d, "from-gen", ""))}
+	case "replica-write-failed":
+		return ReplicaWriteFailed{}
+	case "incoming-ended":
+		return IncomingEnded{}
+	case "split-brain-found":
+		return SplitBrainFound{Peer: peerName, Rule: argOr(d, "rule", "")}
 	case "peer-connected":
 		e := PeerConnected{Peer: peerName, Session: session, UUIDs: uuids(), PeerDisk: replication.DiskState(argOr(d, "their-disk", "Consistent")),
 			NextGen: gen(argOr(d, "next", "")), PeerEpoch: argUint(t, d, "their-epoch")}
@@ -225,6 +236,8 @@ func (h *harness) event(t *testing.T, d *datadriven.TestData, s *State) Event {
 	case "primary-reached":
 		e := PrimaryReached{From: peerName, Epoch: argUint(t, d, "epoch"), UUIDs: uuids()}
 		_, e.HandedOver = arg(d, "handed-over")
+		_, e.Misdirected = arg(d, "misdirected")
+		_, e.SizeDiffers = arg(d, "size-differs")
 		if modelled {
 			e.Epoch = other.Durable.Epoch
 		}

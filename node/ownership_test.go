@@ -1,0 +1,111 @@
+package node
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+)
+
+// machineFields are the Volume fields that hold the state machine's
+// state (node/volstate): the role, the serving state, the disk state, the
+// why, the durable state (epoch, primary, generations), the peers' split
+// brains, a discard, the crashed-primary mark, the operator's disconnect,
+// the epochs heard of, a pending role change, and the lease.
+var machineFields = map[string]bool{
+	"role": true, "serving": true, "diskState": true, "why": true, "d": true,
+	"splitBrain": true, "discard": true, "crashedPrimary": true, "adminDown": true,
+	"knownEpoch": true, "roleChange": true, "lease": true, "leaseEpoch": true,
+}
+
+// machineWriters are the functions allowed to write them: the install of
+// a step (drive.go), the commit of the durable state a step persists
+// (state.go; a resize's size goes through it too), the install of a split
+// brain a step found, the install hooks a step's caller gives it
+// (driveOptions.install), and the constructor, which loads the state
+// before the first step.
+var machineWriters = map[string]bool{
+	"installLocked": true, "commitMirror": true, "noteSplitBrainLocked": true, "newVolume": true,
+}
+
+// TestOnlyTheStepsWriteTheVolumesState: no code of package node outside
+// the install of a state machine step writes the volume's state (issue
+// 28: the rules that are tested are the rules that run). It parses the
+// package's non-test files for assignments to, and deletes from, the
+// fields above, and names every writer outside machineWriters.
+func TestOnlyTheStepsWriteTheVolumesState(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	var bad []string
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, decl := range f.Decls {
+			fn, ok := decl.(*ast.FuncDecl)
+			if !ok || fn.Body == nil || machineWriters[fn.Name.Name] {
+				continue
+			}
+			ast.Inspect(fn.Body, func(n ast.Node) bool {
+				var targets []ast.Expr
+				switch n := n.(type) {
+				case *ast.KeyValueExpr:
+					// driveOptions.install runs in the step's install.
+					if id, ok := n.Key.(*ast.Ident); ok && id.Name == "install" {
+						return false
+					}
+				case *ast.AssignStmt:
+					targets = n.Lhs
+				case *ast.IncDecStmt:
+					targets = []ast.Expr{n.X}
+				case *ast.CallExpr:
+					if id, ok := n.Fun.(*ast.Ident); ok && id.Name == "delete" && len(n.Args) > 0 {
+						targets = n.Args[:1]
+					}
+				}
+				for _, x := range targets {
+					if field, ok := volumeField(x); ok && machineFields[field] {
+						bad = append(bad, fset.Position(x.Pos()).String()+" "+fn.Name.Name+" writes v."+field)
+					}
+				}
+				return true
+			})
+		}
+	}
+	sort.Strings(bad)
+	if len(bad) > 0 {
+		t.Fatalf("the volume's state is written outside a step's install (step the state machine instead):\n  %s", strings.Join(bad, "\n  "))
+	}
+}
+
+// volumeField returns the Volume field x writes, through v.F, v.F[k] or
+// v.F.G (v being a *Volume, named v as everywhere in package node).
+func volumeField(x ast.Expr) (string, bool) {
+	for {
+		switch e := x.(type) {
+		case *ast.IndexExpr:
+			x = e.X
+			continue
+		case *ast.SelectorExpr:
+			if id, ok := e.X.(*ast.Ident); ok && id.Name == "v" {
+				return e.Sel.Name, true
+			}
+			x = e.X
+			continue
+		case *ast.ParenExpr:
+			x = e.X
+			continue
+		}
+		return "", false
+	}
+}
