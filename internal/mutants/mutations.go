@@ -25,9 +25,9 @@ var mutations = []Mutation{
 		Name: "no-lease-fence",
 		Rule: "raft's leader promotes a new primary without waiting until no lease of the old one can still be valid",
 		Edits: []Edit{{
-			File:    "node/cluster/lease.go",
-			Find:    "\t\tif !pending && wait <= 0 {\n\t\t\treturn nil\n\t\t}",
-			Replace: "\t\tif true {\n\t\t\treturn nil\n\t\t}",
+			File:    "node/failover/lease.go",
+			Find:    "free = !f.Renewal.Renewing && !now.Before(at)",
+			Replace: "free = true",
 		}},
 	},
 	{

@@ -208,8 +208,8 @@ func TestPromotionWaitsForTheLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the leader has led for a lease's hold", 3*time.Second, func() bool {
-		at, _, leading := leader.leases.freeAt("none")
-		return leading && time.Now().After(at)
+		f, leading := leader.leases.fenceOf("none")
+		return leading && time.Now().After(f.FreeAt())
 	})
 	if err := b.ReleaseLease(ctx, "vol", 2); err != nil {
 		t.Fatal(err)
@@ -251,7 +251,7 @@ func TestLeaderChange(t *testing.T) {
 		t.Errorf("a new leader after %v, want under 2 s", elected)
 	}
 	waitFor(t, "the new leader's lease view", time.Second, func() bool {
-		_, _, leading := next.leases.freeAt("vol")
+		_, leading := next.leases.fenceOf("vol")
 		return leading
 	})
 	next.leases.mu.Lock()

@@ -9,6 +9,7 @@ import (
 
 	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/internal/lockorder"
+	"github.com/replvol/replvol/node/failover"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -76,16 +77,13 @@ func (l *leases) setLeader(leader bool, now time.Time) {
 	l.changed.fire()
 }
 
-// freeAt returns when volume's lease is free (no grant pending), or
-// pending; leading is false when this node is not the leader.
-func (l *leases) freeAt(volume string) (at time.Time, pending, leading bool) {
+// fenceOf is what this node knows of volume's lease for the lease fence
+// (failover.LeaseFence); leading is false when this node is not the
+// leader.
+func (l *leases) fenceOf(volume string) (f failover.LeaseFence, leading bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	at = l.since.Add(l.hold)
-	if g, ok := l.lastGrant[volume]; ok && g.Add(l.hold).After(at) {
-		at = g.Add(l.hold)
-	}
-	return at, l.pending[volume] > 0, l.leader
+	return failover.LeaseFence{Office: l.since, Renewal: failover.Renewal{Last: l.lastGrant[volume], Renewing: l.pending[volume] > 0}, Hold: l.hold}, l.leader
 }
 
 // begin starts a grant, unless a promotion fenced the volume. The grant
@@ -239,8 +237,9 @@ func (c *Cluster) LeadingSince() time.Time {
 // and no grant is in progress. On any other node it is false. Propose
 // waits for it before a promotion that changes the primary.
 func (c *Cluster) LeaseFree(volume string) bool {
-	at, pending, leading := c.leases.freeAt(volume)
-	return leading && !pending && !c.cfg.Clock.Now().Before(at) && c.raft.State() == raft.Leader
+	f, leading := c.leases.fenceOf(volume)
+	free, _ := f.Wait(c.cfg.Clock.Now())
+	return leading && free && c.raft.State() == raft.Leader
 }
 
 // grantLease is the leader's side of RenewLease.
@@ -289,18 +288,19 @@ func (c *Cluster) releaseLease(from, volume string, epoch uint64) error {
 func (c *Cluster) waitLeaseFree(ctx context.Context, volume string, office time.Time) error {
 	for {
 		changed := c.leases.changed.wait()
-		at, pending, leading := c.leases.freeAt(volume)
+		f, leading := c.leases.fenceOf(volume)
 		if !leading || c.raft.State() != raft.Leader {
 			return errNotLeader
 		}
 		if !office.IsZero() && !c.leases.office().Equal(office) {
 			return errNotLeader
 		}
-		wait := c.cfg.Clock.Until(at)
-		if !pending && wait <= 0 {
+		// The rule is failover's (LeaseFence), which the simulation runs.
+		free, wait := f.Wait(c.cfg.Clock.Now())
+		if free {
 			return nil
 		}
-		if pending || wait <= 0 {
+		if wait <= 0 {
 			wait = c.cfg.Timing.LeaseDuration // a grant's end fires changed
 		}
 		timer := c.cfg.Clock.NewTimer(wait)

@@ -145,10 +145,14 @@ func (r *raft) promote(s *Sim, from *node, cmd replication.AuthorityCommand, ope
 	return nil
 }
 
-// leaseFree: no lease of the volume can still be valid (the leader
-// granted none for a lease, and has led for a lease).
+// leaseFree: no lease of the volume can still be valid, by the
+// production rule (failover.LeaseFence, which node/cluster's
+// waitLeaseFree runs): the leader granted none for a lease, and has led
+// for a lease. The sim's grants are atomic (none is ever in progress) and
+// its clocks do not drift (the hold is the lease).
 func (r *raft) leaseFree(s *Sim) bool {
-	return !s.now.Before(r.lastGrant.Add(leaseDuration)) && !s.now.Before(r.office.Add(leaseDuration))
+	free, _ := failover.LeaseFence{Office: r.office, Renewal: failover.Renewal{Last: r.lastGrant}, Hold: leaseDuration}.Wait(s.now)
+	return free
 }
 
 func (r *raft) applyPending(s *Sim) {
