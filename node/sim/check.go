@@ -119,6 +119,16 @@ const (
 	// in sync while a block differs (ReplicasEqualInSync). Seeds in
 	// knownFindingSeeds.
 	FindingResyncNotInActivityLog
+	// FindingHistoryFullResync: a primary whose generation moved on
+	// from one its peer holds, with no bitmap generation naming it (the
+	// peer took a sync-done whose ack never came, and a write then missed
+	// the peer: TrackedPeerMayHoldCurrent), resyncs that peer in full by
+	// the rule history-self, though its bitmap holds every block written
+	// since. Invariant 4 (catch-up costs what changed) tolerates that
+	// full copy, traced; any other full resync of a disk that held data
+	// (an interrupted resync whose target did not record the generation
+	// it resumes from comes back with none: just-created-peer) breaks it.
+	FindingHistoryFullResync
 )
 
 func (f Finding) String() string {
@@ -127,6 +137,8 @@ func (f Finding) String() string {
 		return "flush-skips-peer-cache"
 	case FindingResyncNotInActivityLog:
 		return "resync-not-in-activity-log"
+	case FindingHistoryFullResync:
+		return "history-full-resync"
 	}
 	return "finding(?)"
 }
@@ -309,6 +321,32 @@ func (c *checker) allow(a, b string, block int) {
 		c.changed[k] = map[int]bool{}
 	}
 	c.changed[k][block] = true
+}
+
+// historyFullResync: p resyncs q in full by the rule history-self
+// (FindingHistoryFullResync): traced, and allowed by invariant 4.
+func (c *checker) historyFullResync(s *Sim, p, q *node) {
+	for b := range blocks {
+		c.allow(p.name, q.name, b)
+	}
+	hit := findingHit{finding: FindingHistoryFullResync, step: s.step,
+		detail: fmt.Sprintf("%s resyncs %s in full (history-self): %d blocks changed since they were last in sync", p.name, q.name, len(c.changed[pair(p.name, q.name)]))}
+	c.findings = append(c.findings, hit)
+	s.tracef("KNOWN FINDING %s: %s", hit.finding, hit.detail)
+}
+
+// staleOpened: n's volume opened with a disk that was detached
+// (LocalStale): the rules make it Inconsistent with no generation
+// (volstate's Opened), so that the next resync into it copies every
+// block (the sim, like node, keeps no record across a restart of what a
+// detached disk missed). Invariant 4 allows that copy whole.
+func (c *checker) staleOpened(s *Sim, n *node) {
+	for _, p := range n.peers {
+		for b := range blocks {
+			c.allow(n.name, p, b)
+		}
+	}
+	s.tracef("check: %s opened with a stale disk: a full resync into it is allowed", n.name)
 }
 
 // copied checks invariant 4 when from copies blocks to to. What from

@@ -274,7 +274,7 @@ func (s *Sim) receive(n *node, m msg) {
 		// acknowledges: durable at the primary's next FLUSH.
 		if !s.diskWrite(n, m.block, m.value, m.fua) {
 			s.tracef("%s: write %d from %s: disk error, connection dropped", n.name, m.id, m.from)
-			s.breakConnection(from, n)
+			s.replicaWriteFailed(from, n)
 			return
 		}
 		s.check.applied(s, n, m)
@@ -287,15 +287,23 @@ func (s *Sim) receive(n *node, m msg) {
 			}
 		}
 	case msgSyncStart:
-		// Inconsistent, durably, BEFORE any resync data is written.
-		n.durable.Gens, n.durable.SyncGen = n.durable.Gens.Inconsistent(), m.sync.gen
-		n.st.Durable = n.durable.Clone()
-		n.st.Disk = replication.Inconsistent
+		// Inconsistent, durably, with the generation the resync resumes
+		// from, BEFORE any resync data is written (node's applier calls
+		// SyncStarted, which steps volstate.ResyncStarted): when that
+		// write fails, no data moves and the stream ends.
 		s.tracef("%s: sync-start from %s", n.name, m.from)
+		resumes := m.sync.gen
+		if s.cfg.mutation == mutResyncResumesFromNothing {
+			resumes = replication.Generation{}
+		}
+		if s.drive(n, volstate.ResyncStarted{Peer: m.from, From: resumes}) != nil {
+			s.breakConnection(from, n)
+			return
+		}
 	case msgSyncData:
 		for _, b := range slices.Sorted(maps.Keys(m.blocks)) {
 			if !s.diskWrite(n, b, m.blocks[b], false) {
-				s.breakConnection(from, n)
+				s.replicaWriteFailed(from, n)
 				return
 			}
 		}
@@ -348,6 +356,14 @@ func (s *Sim) receive(n *node, m msg) {
 		delete(n.resyncing, m.from)
 		_ = s.drive(n, volstate.ResyncFinished{Peer: m.from})
 	}
+}
+
+// replicaWriteFailed: a write of p's stream failed on n's disk: the rules
+// record it (node's applier calls Failed: volstate.ReplicaWriteFailed)
+// and the stream ends.
+func (s *Sim) replicaWriteFailed(p, n *node) {
+	_ = s.drive(n, volstate.ReplicaWriteFailed{})
+	s.breakConnection(p, n)
 }
 
 // announceGeneration: the peers in sync (but missed) get the primary's

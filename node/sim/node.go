@@ -61,6 +61,9 @@ type node struct {
 	writes         []*write
 	flushes        []*flushOp       // the client's FLUSHes in flight
 	follow         []volstate.Event // events the actions feed back (Quiesced)
+	// driving: a step of this node's volume is under way (its actions
+	// run); an event they cause here waits in follow.
+	driving bool
 
 	renewing      bool
 	lastRenew     time.Time
@@ -121,10 +124,6 @@ func (n *node) boot() {
 	for _, p := range n.peers {
 		n.st.Peers[p] = volstate.Peer{Repl: replication.Connecting}
 	}
-	n.st.Disk = n.st.IdleDisk()
-	if n.durable.LocalStale {
-		n.st.Disk = replication.Inconsistent
-	}
 	n.outdated, n.sessions, n.nextDial = map[string]uint64{}, map[string]uint64{}, map[string]time.Time{}
 	n.inflight, n.resyncing, n.syncDone = map[string]map[int64]int{}, map[string]map[int]bool{}, map[string]syncDue{}
 	n.announcing = map[string]bool{}
@@ -144,6 +143,16 @@ func (n *node) paused(now time.Time) bool { return n.up && now.Before(n.pausedUn
 // preparations, then its writes (the indicator, the durable state) BEFORE
 // the new state is installed, then its actions.
 func (s *Sim) drive(n *node, e volstate.Event) error {
+	_, err := s.driveActs(n, e)
+	return err
+}
+
+// driveActs is drive, and returns the step's actions (a RefuseStream
+// among them is the answer a primary's stream gets).
+func (s *Sim) driveActs(n *node, e volstate.Event) ([]volstate.Action, error) {
+	wasDriving := n.driving
+	n.driving = true
+	defer func() { n.driving = wasDriving }()
 	old := n.st
 	next, acts, err := volstate.Apply(n.st, e, func(prep []volstate.Action) error {
 		for _, a := range prep {
@@ -162,7 +171,7 @@ func (s *Sim) drive(n *node, e volstate.Event) error {
 	name := strings.TrimPrefix(fmt.Sprintf("%T", e), "volstate.")
 	if err != nil {
 		s.tracef("%s: %s refused: %v", n.name, name, err)
-		return err
+		return nil, err
 	}
 	n.st = next
 	if len(acts) > 0 || old.Serving != next.Serving || old.Role() != next.Role() || old.Durable.Epoch != next.Durable.Epoch ||
@@ -180,12 +189,39 @@ func (s *Sim) drive(n *node, e volstate.Event) error {
 	for _, a := range acts {
 		s.perform(n, a)
 	}
+	if wasDriving {
+		return acts, nil // the outer step runs what follows
+	}
 	for len(n.follow) > 0 {
 		f := n.follow[0]
 		n.follow = n.follow[1:]
 		_ = s.drive(n, f)
 	}
-	return nil
+	return acts, nil
+}
+
+// stepNode has n's volume take e: now, or, while a step of it runs (e is an
+// effect of its actions), once that step is done (node's loop takes its
+// events one at a time).
+func (s *Sim) stepNode(n *node, e volstate.Event) {
+	if n.driving {
+		n.follow = append(n.follow, e)
+		return
+	}
+	_ = s.drive(n, e)
+}
+
+// bootVolume opens n's volume: the rules take the loaded state (volstate.Opened;
+// a disk that was detached comes back Inconsistent and Secondary,
+// durably), then it starts (volstate.Started), as node's open and start do.
+func (s *Sim) bootVolume(n *node) {
+	n.boot()
+	stale := n.durable.LocalStale
+	_ = s.drive(n, volstate.Opened{})
+	if stale {
+		s.check.staleOpened(s, n)
+	}
+	_ = s.drive(n, startedEvent)
 }
 
 // perform does one action: every kind volstate names is mapped; an
@@ -323,7 +359,22 @@ func (s *Sim) handshake(p, q *node) {
 	pe := p.st.Durable.Epoch
 	va, known := s.raft.auth.Volume(volume)
 	handedOver := known && va.Epoch == pe && !va.FailedOverAt(pe)
-	_ = s.drive(q, volstate.PrimaryReached{From: p.name, Epoch: pe, UUIDs: p.st.UUIDs(q.name), HandedOver: handedOver})
+	reached := volstate.PrimaryReached{From: p.name, Epoch: pe, UUIDs: p.st.UUIDs(q.name), HandedOver: handedOver}
+	if q.st.Role() == replication.Primary && pe > q.st.Durable.Epoch {
+		// A primary of a newer epoch reaches an older one: the rules step
+		// it down first, or fence it (node's serveStream and stepDown).
+		_ = s.drive(q, reached)
+	}
+	// Then the rules take the stream or refuse it (node's primaryReached):
+	// their RefuseStream action is the answer.
+	acts, err := s.driveActs(q, reached)
+	refusal := replication.Refusal("")
+	var rule string
+	for _, a := range acts {
+		if a.Kind == volstate.RefuseStream {
+			refusal, rule = a.Refusal, a.Detail
+		}
+	}
 	if !p.running(s.now) || !q.running(s.now) || p.st.Role() != replication.Primary {
 		return
 	}
@@ -332,16 +383,23 @@ func (s *Sim) handshake(p, q *node) {
 	s.nextSession++
 	sid := s.nextSession
 	switch {
+	case err != nil:
+		return
 	case qs.Role() == replication.Primary:
 		if qs.Durable.Epoch > epoch {
 			_ = s.drive(p, volstate.PeerConnected{Peer: q.name, Session: sid, UUIDs: qs.UUIDs(p.name), PeerPrimary: true, PeerEpoch: qs.Durable.Epoch, PeerDisk: qs.Disk})
 		}
 		return
-	case qs.Durable.Epoch > epoch:
-		_ = s.drive(p, volstate.NewerPrimary{Epoch: qs.Durable.Epoch})
+	case refusal == replication.RefusedSplitBrain:
+		// The secondary found that both changed the data: the primary
+		// records the split brain with it (node's peer.splitBrain).
+		_ = s.drive(p, volstate.SplitBrainFound{Peer: q.name, Rule: rule})
 		return
-	case qs.Durable.Primary != p.name || qs.Durable.Epoch != epoch || qs.AdminDown:
-		return // refused
+	case refusal != "":
+		// A stale epoch, another primary's epoch, unrelated data, an
+		// operator's disconnect: refused; the primary tries again (raft
+		// tells a stale one it is no longer primary).
+		return
 	}
 	if in := q.incoming; in.from != "" && in.from != p.name {
 		s.endStream(s.node(in.from), q.name)
@@ -370,10 +428,21 @@ func (s *Sim) handshake(p, q *node) {
 	// node's handshake plan marks what the rules do not: every block for
 	// a full resync, and (the sim keeps no finer record) for a victim of
 	// a split brain that discards its data.
-	if d.Outcome == replication.FullResyncSource || qs.Discard {
+	// Invariant 4 allows the discard's full copy; a full resync the
+	// rules chose by generations is no excuse (an interrupted resync
+	// resumes from the bitmap: its target recorded the generation it
+	// resumes from), only what the checker knows changed is.
+	if qs.Discard {
 		for b := range blocks {
 			p.mark(q.name, b)
 			s.check.allow(p.name, q.name, b)
+		}
+	} else if d.Outcome == replication.FullResyncSource {
+		if d.Rule == replication.RuleHistorySelf {
+			s.check.historyFullResync(s, p, q)
+		}
+		for b := range blocks {
+			p.mark(q.name, b)
 		}
 	} else if resyncs && s.cfg.mutation == mutFullResync {
 		for b := range blocks {
@@ -381,7 +450,7 @@ func (s *Sim) handshake(p, q *node) {
 		}
 	}
 	marked := len(p.marks[q.name]) > 0 || len(q.marks[p.name]) > 0
-	err := s.drive(p, volstate.PeerConnected{Peer: q.name, Session: sid, UUIDs: qs.UUIDs(p.name), PeerEpoch: qs.Durable.Epoch,
+	err = s.drive(p, volstate.PeerConnected{Peer: q.name, Session: sid, UUIDs: qs.UUIDs(p.name), PeerEpoch: qs.Durable.Epoch,
 		PeerDisk: qs.IdleDisk(), Marked: marked, DiscardFrom: qs.Discard, NextGen: s.newGen()})
 	repl := p.st.Peers[q.name].Repl
 	if err == nil && p.sessions[q.name] == sid && (repl == replication.Connected || repl == replication.SyncSource) {
@@ -395,6 +464,7 @@ func (s *Sim) handshake(p, q *node) {
 		}
 		if q.incoming.id == sid {
 			q.incoming = session{}
+			s.stepNode(q, volstate.IncomingEnded{})
 		}
 		return
 	}
@@ -437,6 +507,10 @@ func (s *Sim) dropStream(p *node, peer string, sid uint64) {
 	s.link(p.name, peer).reset()
 	if q := s.node(peer); q.incoming.id == sid {
 		q.incoming = session{}
+		if q.up {
+			// node's endIncoming.
+			s.stepNode(q, volstate.IncomingEnded{})
+		}
 	}
 	for _, id := range slices.Sorted(maps.Keys(p.inflight[peer])) {
 		b := p.inflight[peer][id]
@@ -532,8 +606,7 @@ func (s *Sim) restart(n *node) {
 		}
 	}
 	clear(n.al)
-	n.boot()
-	_ = s.drive(n, startedEvent)
+	s.bootVolume(n)
 }
 
 // peerStates says each peer's replication state, for the trace.

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -89,6 +90,10 @@ const (
 	// mutBadWriteWraps writes a write past the volume's end at its
 	// offset modulo the size instead of refusing it (invariant 6).
 	mutBadWriteWraps
+	// mutResyncResumesFromNothing: a resync target records no generation
+	// its resync resumes from (invariant 4: interrupted, it comes back
+	// with no data by generations, and is copied whole).
+	mutResyncResumesFromNothing
 )
 
 func (m mutation) String() string {
@@ -123,6 +128,8 @@ func (m mutation) String() string {
 		return "apply-reordered"
 	case mutBadWriteWraps:
 		return "bad-write-wraps"
+	case mutResyncResumesFromNothing:
+		return "resync-resumes-from-nothing"
 	}
 	return "mutation(?)"
 }
@@ -197,7 +204,8 @@ func New(cfg Config) *Sim {
 	s.check = newChecker()
 	s.nodes[0].st.Fresh = true
 	for _, n := range s.dataNodes() {
-		s.drive(n, startedEvent)
+		_ = s.drive(n, volstate.Opened{})
+		_ = s.drive(n, startedEvent)
 	}
 	return s
 }

@@ -155,6 +155,10 @@ func TestSimCatchesPlantedBugs(t *testing.T) {
 		{mutFullResync, CatchUpCostsWhatChanged, 0, false},
 		{mutApplyReordered, SecondaryIsAPrefix, 0, false},
 		{mutBadWriteWraps, BadInputChangesNothing, 0, false},
+		// The receiving side steps volstate (ResyncStarted): a target
+		// that records no generation to resume from is copied whole
+		// after an interruption, which invariant 4 no longer excuses.
+		{mutResyncResumesFromNothing, CatchUpCostsWhatChanged, 0, false},
 	}
 	for _, c := range cases {
 		name := c.mutation.String()
@@ -196,6 +200,9 @@ var knownFindingSeeds = map[uint64]struct {
 	broke   Invariant
 }{
 	264: {FindingResyncNotInActivityLog, ReplicasEqualInSync},
+	// The same with a write in flight: alpha resyncs beta a block its
+	// write in flight changed; gamma, promoted, never had it.
+	993: {FindingResyncNotInActivityLog, ReplicasEqualInSync},
 }
 
 // TestSimKnownFindings: each known finding's seed still fails by it.
