@@ -124,8 +124,10 @@ const (
 	// peer took a sync-done whose ack never came, and a write then missed
 	// the peer: TrackedPeerMayHoldCurrent), resyncs that peer in full by
 	// the rule history-self, though its bitmap holds every block written
-	// since. Invariant 4 (catch-up costs what changed) tolerates that
-	// full copy, traced; any other full resync of a disk that held data
+	// since; and a primary that pulls from a peer whose generation moved
+	// on from its own so pulls in full by the rule history-peer.
+	// Invariant 4 (catch-up costs what changed) tolerates those full
+	// copies, traced; any other full resync of a disk that held data
 	// (an interrupted resync whose target did not record the generation
 	// it resumes from comes back with none: just-created-peer) breaks it.
 	FindingHistoryFullResync
@@ -323,14 +325,15 @@ func (c *checker) allow(a, b string, block int) {
 	c.changed[k][block] = true
 }
 
-// historyFullResync: p resyncs q in full by the rule history-self
+// historyFullResync: p's data goes to q in full by the rule
+// history-self (a resync) or history-peer (q pulls)
 // (FindingHistoryFullResync): traced, and allowed by invariant 4.
 func (c *checker) historyFullResync(s *Sim, p, q *node) {
 	for b := range blocks {
 		c.allow(p.name, q.name, b)
 	}
 	hit := findingHit{finding: FindingHistoryFullResync, step: s.step,
-		detail: fmt.Sprintf("%s resyncs %s in full (history-self): %d blocks changed since they were last in sync", p.name, q.name, len(c.changed[pair(p.name, q.name)]))}
+		detail: fmt.Sprintf("%s's data goes to %s in full (history rule): %d blocks changed since they were last in sync", p.name, q.name, len(c.changed[pair(p.name, q.name)]))}
 	c.findings = append(c.findings, hit)
 	s.tracef("KNOWN FINDING %s: %s", hit.finding, hit.detail)
 }

@@ -30,7 +30,10 @@ func (s *Sim) client() {
 	}
 	var serving []*node
 	for _, n := range s.dataNodes() {
-		if n.running(s.now) && volstate.Admit(n.st, s.now) == volstate.Serve && n.st.Disk != replication.Diskless {
+		// A primary pulling newer data takes no writes meanwhile (node's
+		// pull orders them with the blocks it copies; the sim does not
+		// model that).
+		if n.running(s.now) && volstate.Admit(n.st, s.now) == volstate.Serve && n.st.Disk != replication.Diskless && len(n.pulls) == 0 {
 			serving = append(serving, n)
 		}
 	}
@@ -436,20 +439,54 @@ func (s *Sim) sendSyncDone(n *node) {
 	}
 }
 
-// pull copies the peer's data to this primary (all of it: the sim does
-// not track which blocks differ) and takes the peer's generation.
-func (s *Sim) pull(n *node, peer string) {
-	q := s.node(peer)
-	// The sim's pull is atomic: it answers the writes in flight first
-	// (node's pull reads the missing blocks from the peer meanwhile and
-	// orders them with the writes; the sim does not model that).
+// startPull begins a pull of newer data from peer on its stream: the
+// writes in flight are answered first, and the copy ends a little later
+// (progressPulls), unless the stream ends or the node crashes before:
+// the pull then starts again at the next connection, from what the
+// node's durable state recorded.
+func (s *Sim) startPull(n *node, peer string) {
 	s.failWrites(n, "pull")
+	due := n.pulls[peer]
+	due.session, due.at = n.sessions[peer], s.now.Add(s.duration(tick, 6*tick))
+	n.pulls[peer] = due
+	s.tracef("%s: pull from %s (full %t) until %v", n.name, peer, due.full, due.at.Sub(s.start))
+}
+
+// progressPulls completes the pulls that are due, and forgets those
+// whose stream ended.
+func (s *Sim) progressPulls(n *node) {
+	for _, p := range slices.Sorted(maps.Keys(n.pulls)) {
+		due := n.pulls[p]
+		switch {
+		case n.sessions[p] != due.session:
+			delete(n.pulls, p)
+			s.tracef("%s: pull from %s cut off", n.name, p)
+		case due.at.IsZero():
+			// Planned at the handshake, not started.
+		case !s.now.Before(due.at):
+			delete(n.pulls, p)
+			s.pull(n, p, due.full)
+		}
+	}
+}
+
+// pull copies to this primary what the rules planned (the blocks marked
+// on either side, or every block for a full resync) and takes the peer's
+// generation.
+func (s *Sim) pull(n *node, peer string, full bool) {
+	q := s.node(peer)
+	var planned []int
 	for b := range blocks {
+		if full || n.marks[peer][b] || q.marks[n.name][b] {
+			planned = append(planned, b)
+		}
+	}
+	s.check.copied(s, peer, n.name, planned, "pull")
+	for _, b := range planned {
 		v := q.disk.read(b)
 		if v == n.disk.read(b) {
 			continue
 		}
-		s.check.copied(s, peer, n.name, []int{b}, "pull")
 		s.touch(n, b)
 		n.disk.cache[b] = v
 		s.check.took(n, b, v)
@@ -474,8 +511,8 @@ func (s *Sim) pull(n *node, peer string) {
 	n.disk.flush(s.now)
 	clear(n.marks[peer])
 	clear(q.marks[n.name])
-	s.tracef("%s: pulled every block from %s", n.name, peer)
-	n.follow = append(n.follow, volstate.ResyncFinished{Peer: peer, AsTarget: true, Current: q.durable.Gens.Current, History: slices.Clone(q.durable.Gens.History)})
+	s.tracef("%s: pulled %d blocks from %s", n.name, len(planned), peer)
+	s.stepNode(n, volstate.ResyncFinished{Peer: peer, AsTarget: true, Current: q.durable.Gens.Current, History: slices.Clone(q.durable.Gens.History)})
 }
 
 // diskFailed is the event of n's disk failing: whether a peer holds every

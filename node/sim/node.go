@@ -61,6 +61,10 @@ type node struct {
 	writes         []*write
 	flushes        []*flushOp       // the client's FLUSHes in flight
 	follow         []volstate.Event // events the actions feed back (Quiesced)
+	// pulls: per peer, a pull of newer data from it under way (node's
+	// pull copies while the stream lasts): when it ends, and whether it
+	// copies every block (a full resync as target).
+	pulls map[string]pullDue
 	// driving: a step of this node's volume is under way (its actions
 	// run); an event they cause here waits in follow.
 	driving bool
@@ -72,6 +76,13 @@ type node struct {
 	nextDial      map[string]time.Time
 	handoverUntil time.Time
 	reattachAt    time.Time
+}
+
+// pullDue is a pull under way on stream session, done at at.
+type pullDue struct {
+	session uint64
+	at      time.Time
+	full    bool
 }
 
 // syncDue is a sync-done entry to send on stream session at at.
@@ -126,7 +137,7 @@ func (n *node) boot() {
 	}
 	n.outdated, n.sessions, n.nextDial = map[string]uint64{}, map[string]uint64{}, map[string]time.Time{}
 	n.inflight, n.resyncing, n.syncDone = map[string]map[int64]int{}, map[string]map[int]bool{}, map[string]syncDue{}
-	n.announcing = map[string]bool{}
+	n.announcing, n.pulls = map[string]bool{}, map[string]pullDue{}
 	n.mayHold, n.mayHoldUnknown = map[string]replication.Generation{}, map[string]bool{}
 	for _, p := range n.peers {
 		n.mayHoldUnknown[p] = true
@@ -267,7 +278,7 @@ func (s *Sim) perform(n *node, a volstate.Action) {
 	case volstate.StartResync:
 		s.startResync(n, a.Peer)
 	case volstate.StartPull:
-		s.pull(n, a.Peer)
+		s.startPull(n, a.Peer)
 	case volstate.Reattach:
 		n.reattachAt = s.now.Add(time.Second)
 	case volstate.CopyMissing:
@@ -321,6 +332,7 @@ func (s *Sim) tickNode(n *node) {
 		s.handover(n, p.To)
 	}
 	s.sendSyncDone(n)
+	s.progressPulls(n)
 	s.progressWrites(n)
 	s.progressFlushes(n)
 }
@@ -422,6 +434,14 @@ func (s *Sim) handshake(p, q *node) {
 	}
 	p.sessions[q.name] = sid
 	q.incoming = session{from: p.name, id: sid}
+	if d.Outcome == replication.FullResyncTarget {
+		// node's handshake plan: a full resync as target copies every
+		// block from the peer.
+		p.pulls[q.name] = pullDue{session: sid, full: true}
+		if d.Rule == replication.RuleHistoryPeer {
+			s.check.historyFullResync(s, q, p)
+		}
+	}
 	// What the peer holds now (node's decide).
 	p.mayHold[q.name] = qs.UUIDs(p.name).Current
 	delete(p.mayHoldUnknown, q.name)

@@ -126,7 +126,7 @@ func TestSimCatchesPlantedBugs(t *testing.T) {
 		{mutBypassOutdated, NoStalePromotion, 0, false},
 		{mutSkipResyncCopy, ReplicasEqualInSync, 0, false},
 		// The sim found this one in node; it is fixed there.
-		{mutAnnounceNotAwaited, ReplicasEqualInSync, 276, true},
+		{mutAnnounceNotAwaited, ReplicasEqualInSync, 1395, true},
 		// So were these two (a lost sync-done ack; a resync between equal
 		// generations cut off before the peer took it).
 		{mutMayHoldIgnored, ReplicasEqualInSync, 96, true},
