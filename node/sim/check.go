@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
@@ -71,7 +72,31 @@ const (
 	// past the end, an entry of a stream that is not its own) changes
 	// no byte of any replica, in cache or on stable storage.
 	BadInputChangesNothing
+	// HandoverCostsNoLeaseWait (liveness): a switchover hands the lease
+	// back (ReleaseLease), so the new primary need not wait it out. When
+	// raft took a switchover from X to Y at time T (Y's promotion at the
+	// epoch E proposed, applied at once or after the lease fence), and from T on X and Y both run, both reach the raft
+	// leader that recorded it, which has led for a lease at T, and
+	// neither disk fails, Y serves IO (volstate.Admit: Serve, primary at
+	// E or later) before T + handoverBound, half a lease; a switchover
+	// that waits out the old primary's lease breaks it.
+	HandoverCostsNoLeaseWait
 )
+
+// handoverBound is how long after raft recorded a switchover its target
+// may take to serve when no fault hit it (HandoverCostsNoLeaseWait):
+// shorter than a lease, longer than the ticks the target takes to learn
+// of its promotion and get its first lease.
+const handoverBound = leaseDuration / 2
+
+// switchover is a switchover raft recorded, watched until its target
+// serves (HandoverCostsNoLeaseWait).
+type switchover struct {
+	from, to string
+	leader   string
+	epoch    uint64
+	at       time.Time
+}
 
 func (i Invariant) String() string {
 	switch i {
@@ -89,6 +114,8 @@ func (i Invariant) String() string {
 		return "secondary-is-a-prefix"
 	case BadInputChangesNothing:
 		return "bad-input-changes-nothing"
+	case HandoverCostsNoLeaseWait:
+		return "handover-costs-no-lease-wait"
 	}
 	return "invariant(?)"
 }
@@ -131,6 +158,13 @@ const (
 	// (an interrupted resync whose target did not record the generation
 	// it resumes from comes back with none: just-created-peer) breaks it.
 	FindingHistoryFullResync
+	// FindingStaleAfterResync: a disk that opened stale (LocalStale,
+	// volstate's Opened) and was then resynced in full from the primary
+	// keeps LocalStale durably (ResyncFinished as target does not clear
+	// it): raft's promotion of it is refused for good (becomePrimary), so
+	// a switchover to it leaves the volume with no primary.
+	// HandoverCostsNoLeaseWait tolerates that target, traced.
+	FindingStaleAfterResync
 )
 
 func (f Finding) String() string {
@@ -141,6 +175,8 @@ func (f Finding) String() string {
 		return "resync-not-in-activity-log"
 	case FindingHistoryFullResync:
 		return "history-full-resync"
+	case FindingStaleAfterResync:
+		return "stale-after-resync"
 	}
 	return "finding(?)"
 }
@@ -182,6 +218,9 @@ type checker struct {
 	changed map[[2]string]map[int]bool
 	// streams: per session, what the primary sent on it (invariant 5).
 	streams map[uint64]*streamLog
+	// switched is the switchover watched until its target serves (nil:
+	// none).
+	switched *switchover
 }
 
 // streamLog is one stream's data entries in the order sent, and how far
@@ -499,6 +538,51 @@ func (c *checker) forcedByRaft(s *Sim, n *node) {
 	s.tracef("check: raft forced %s: writes it lacks may be lost", n.name)
 }
 
+// switchedOver: raft took the switchover from n to to at epoch (its
+// promotion applied, or waiting for the lease fence); it is watched when
+// the leader has led for a lease (a new leader waits a lease from its
+// office whatever the old primary did).
+func (c *checker) switchedOver(s *Sim, n *node, to string, epoch uint64) {
+	c.switched = nil
+	if s.now.Before(s.raft.office.Add(leaseDuration)) {
+		return
+	}
+	c.switched = &switchover{from: n.name, to: to, leader: s.raft.leader, epoch: epoch, at: s.now}
+}
+
+// checkHandover checks HandoverCostsNoLeaseWait: the watched
+// switchover's target serves in time, unless a fault hit it.
+func (s *Sim) checkHandover() {
+	w := s.check.switched
+	if w == nil {
+		return
+	}
+	from, to := s.node(w.from), s.node(w.to)
+	for _, n := range []*node{from, to} {
+		if !n.running(s.now) || s.raft.leader != w.leader || !s.raft.reach(s, n) || s.now.Before(n.disk.failUntil) {
+			s.check.switched = nil // a fault hit it: no promise
+			return
+		}
+	}
+	if to.st.Role() == replication.Primary && to.st.Durable.Epoch >= w.epoch && volstate.Admit(to.st, s.now) == volstate.Serve {
+		s.check.switched = nil
+		return
+	}
+	if s.now.Sub(w.at) > handoverBound && to.durable.LocalStale && !to.durable.Gens.Current.IsZero() {
+		s.check.switched = nil
+		hit := findingHit{finding: FindingStaleAfterResync, step: s.step,
+			detail: fmt.Sprintf("%s, resynced in full after it opened stale, is still LocalStale: raft's promotion of it at epoch %d is refused", to.name, w.epoch)}
+		s.check.findings = append(s.check.findings, hit)
+		s.tracef("KNOWN FINDING %s: %s", hit.finding, hit.detail)
+		return
+	}
+	if s.now.Sub(w.at) > handoverBound {
+		s.check.switched = nil
+		s.fail(HandoverCostsNoLeaseWait, "%s does not serve %v after raft recorded the switchover from %s at epoch %d, with no fault (serving %s, role %s epoch %d)",
+			to.name, s.now.Sub(w.at), from.name, w.epoch, to.st.Serving, to.st.Role(), to.st.Durable.Epoch)
+	}
+}
+
 // checkAll checks invariants 1, 2 and 4 (3 is checked at promotions, 5
 // at each entry applied, 6 at each bad request).
 func (s *Sim) checkAll() {
@@ -552,6 +636,7 @@ func (s *Sim) checkAll() {
 	if known {
 		s.checkDurable(va)
 	}
+	s.checkHandover()
 }
 
 func names(ns []*node) []string {

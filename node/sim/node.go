@@ -265,6 +265,9 @@ func (s *Sim) perform(n *node, a volstate.Action) {
 	case volstate.StopLease:
 		n.renewing = false
 	case volstate.ReleaseLease:
+		if s.cfg.mutation == mutHandoverKeepsLease {
+			return
+		}
 		s.raft.release(s, n, a.Epoch)
 	case volstate.Propose:
 		switch a.Detail {
@@ -577,6 +580,9 @@ func (s *Sim) handover(n *node, to string) {
 	_, err := s.raft.apply(s, n, replication.MarkUpToDateCommand(volume, epoch, to))
 	if err == nil {
 		err = s.raft.promote(s, n, replication.PromoteCommand(volume, epoch, to, false), false)
+	}
+	if err == nil {
+		s.check.switchedOver(s, n, to, epoch+1)
 	}
 	if err != nil {
 		s.tracef("%s: switchover to %s not recorded: %v", n.name, to, err)

@@ -94,6 +94,9 @@ const (
 	// its resync resumes from (invariant 4: interrupted, it comes back
 	// with no data by generations, and is copied whole).
 	mutResyncResumesFromNothing
+	// mutHandoverKeepsLease: a switchover does not hand the old
+	// primary's lease back (HandoverCostsNoLeaseWait).
+	mutHandoverKeepsLease
 )
 
 func (m mutation) String() string {
@@ -130,6 +133,8 @@ func (m mutation) String() string {
 		return "bad-write-wraps"
 	case mutResyncResumesFromNothing:
 		return "resync-resumes-from-nothing"
+	case mutHandoverKeepsLease:
+		return "handover-keeps-lease"
 	}
 	return "mutation(?)"
 }
