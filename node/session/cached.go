@@ -113,19 +113,20 @@ func (c *cachedSet) reset() {
 func (c *cachedSet) empty() bool { return len(c.runs) == 0 }
 
 // cachedOnAck reports whether the peer's ack of pd means the entry's blocks
-// are in its cache, not yet durable: a write, a zeroing, a trim or resync
-// data that is not FUA (the applier makes a FUA entry durable BEFORE its
-// ack), and a resync run's checksums (the blocks found equal are cleared
-// on what the peer read, which may lie in its cache).
+// are in its cache, not yet durable, on a peer that may be promoted: a
+// write, a zeroing or a trim that is not FUA (the applier makes a FUA entry
+// durable BEFORE its ack). Resync runs are not kept: their target is
+// Inconsistent until the sync-done entry, which it acknowledges only once
+// its disk is synced, and a resync cut off resumes from the runs not yet
+// acknowledged. (A power loss of the target in between loses runs whose
+// bits were cleared: not covered here.)
 func cachedOnAck(pd *Pending) bool {
 	e := &pd.Entry
 	switch e.Op {
 	case replication.OpWrite, replication.OpZero, replication.OpTrim:
 		return e.Flags&replication.EntryFUA == 0
-	case replication.OpResyncData, replication.OpResyncZero:
-		return true
 	}
-	return pd.Kind == EntryCsums
+	return false
 }
 
 // durableOnAck reports whether the peer's ack of e means everything it
