@@ -109,24 +109,12 @@ const (
 	// are durable while a replica raft counts UpToDate holds them in its
 	// cache only: its power loss, then the primary's, loses them.
 	FindingFlushSkipsPeerCache Finding = iota + 1
-	// FindingResyncNotInActivityLog: a resync target writes the blocks
-	// it is sent (node's applier, OpResyncData) outside its activity log
-	// and marks them toward no third node. With three data nodes, a
-	// primary that crashed and came back resyncs its log's extents, its
-	// own unacknowledged writes among them, to one peer; when raft then
-	// promotes the other peer, which never had them, the reconciliation
-	// marks only the activity logs' blocks, and the two count each other
-	// in sync while a block differs (ReplicasEqualInSync). Seeds in
-	// knownFindingSeeds.
-	FindingResyncNotInActivityLog
 )
 
 func (f Finding) String() string {
 	switch f {
 	case FindingFlushSkipsPeerCache:
 		return "flush-skips-peer-cache"
-	case FindingResyncNotInActivityLog:
-		return "resync-not-in-activity-log"
 	}
 	return "finding(?)"
 }
