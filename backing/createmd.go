@@ -2,7 +2,6 @@ package backing
 
 import (
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 
@@ -44,7 +43,7 @@ func CreateMetadata(cfg *config.Config, name, volume, stateDir string, force boo
 	if err != nil {
 		return "", err
 	}
-	disk, _, err := Open(*vc, dc, required, 0, nil, nil, slog.New(slog.DiscardHandler))
+	disk, _, err := Open(*vc, dc, required, OpenOptions{})
 	if err != nil {
 		return "", err
 	}

@@ -6,15 +6,35 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/config"
+	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/multipath"
 )
 
+// OpenOptions say how Open opens a backing LUN. Their zero value opens
+// real files and devices on the real clock, and logs nothing.
+type OpenOptions struct {
+	// Preferred is the multipath device's preferred path (its index).
+	Preferred int
+	// OpenDisk and OpenPath open a plain disk and one path of a multipath
+	// disk; nil means OpenDisk and multipath.OpenFilePath.
+	OpenDisk func(path string, size int64) (Disk, error)
+	OpenPath func(config.PathConfig) (multipath.Path, error)
+	// Log receives the path state changes; nil discards them.
+	Log *slog.Logger
+	// Clock keeps the multipath device's time (multipath.Config.Clock: its
+	// checker, failback, flap damping, no-path queue and IO timeouts);
+	// nil is clock.Real().
+	Clock clock.Clock
+}
+
 // Open opens one node's backing LUN dc of volume vc, which must hold
 // size bytes (RequiredSize): a plain file or device, or a multipath device
-// over several labelled paths. openDisk and openPath open a plain disk and
-// one path of a multipath disk; nil means OpenDisk and
-// multipath.OpenFilePath. Path state changes go to log.
-func Open(vc config.VolumeConfig, dc config.DiskConfig, size int64, preferred int, openDisk func(path string, size int64) (Disk, error), openPath func(config.PathConfig) (multipath.Path, error), log *slog.Logger) (Disk, *multipath.Device, error) {
+// over several labelled paths, as o says.
+func Open(vc config.VolumeConfig, dc config.DiskConfig, size int64, o OpenOptions) (Disk, *multipath.Device, error) {
+	openDisk, openPath, log := o.OpenDisk, o.OpenPath, o.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	if !dc.Multipath() {
 		if openDisk == nil {
 			openDisk = OpenDisk
@@ -33,13 +53,14 @@ func Open(vc config.VolumeConfig, dc config.DiskConfig, size int64, preferred in
 	}
 	cfg := multipath.Config{
 		RRMinIO:       dc.RRMinIO,
-		Preferred:     preferred,
+		Preferred:     o.Preferred,
 		CheckInterval: time.Duration(dc.CheckInterval),
 		IOTimeout:     time.Duration(dc.IOTimeout),
 		NoPathRetry:   dc.NoPathRetry,
 		Label:         true,
 
 		ReinstateHoldoff: time.Duration(dc.ReinstateHoldoff),
+		Clock:            clock.Or(o.Clock),
 	}
 	if dc.NoPathRetry < 0 {
 		cfg.NoPathRetry = multipath.NoPathFail

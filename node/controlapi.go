@@ -156,6 +156,10 @@ func (c controlVolume) Resync(pause, resume bool, only string) (*transport.Resyn
 	return c.v.resync(pause, resume, only)
 }
 
+func (c controlVolume) AwaitServing(ctx context.Context, epoch uint64) (uint64, error) {
+	return c.v.awaitServing(ctx, epoch)
+}
+
 func (c controlVolume) StartVerify(repair bool) (*transport.VerifyReply, error) {
 	return c.v.startVerify(repair)
 }

@@ -23,6 +23,13 @@ func (c *testCluster) crash(name string) {
 	n.http.Close()
 	n.httpUnix.Close()
 	n.nbd.Shutdown(canceledContext())
+	// What the node does from here on reaches neither raft nor its state
+	// store, as after a kill -9: the end of a primary's streams (which
+	// tracks a peer and has raft record it Outdated) writes nothing.
+	if n.cl != nil {
+		n.cl.c.Close()
+	}
+	n.store.Close()
 	for _, v := range n.volumes() {
 		close(v.stopping)
 		v.stopPeers()
@@ -32,15 +39,11 @@ func (c *testCluster) crash(name string) {
 	}
 	close(n.stopLoop)
 	n.endLife()
-	if n.cl != nil {
-		n.cl.c.Close()
-	}
 	n.closeListeners()
 	n.wg.Wait()
 	for _, cl := range n.clients {
 		cl.Close()
 	}
-	n.store.Close()
 }
 
 func canceledContext() context.Context {

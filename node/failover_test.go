@@ -200,6 +200,11 @@ func TestThreeDataReplicasResyncOnlyWhatEachMissed(t *testing.T) {
 	c := startThreeInSync(t, 16<<20)
 	a := c.vol("alpha")
 	writeRandomBlocks(t, a, 20, 41)
+	// Flushed: gamma holds them durably (what it held only in its cache
+	// when it went down would be marked for it too).
+	if err := a.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	betaBefore := c.vol("beta").resynced.Load()
 	c.crash("gamma")
 	blocks := writeRandomBlocks(t, a, 60, 42)

@@ -71,6 +71,9 @@ type Options struct {
 	// bootID, when set, stands for the operating system's boot id (tests
 	// simulate a reboot with it).
 	bootID string
+	// wrapControl, when set, wraps the control API this node serves on
+	// its port (tests stand a node of an earlier release there).
+	wrapControl func(transport.ControlServer) transport.ControlServer
 	// controlConns and controlConnsPerHost, when set, replace the
 	// control port's connection limits (tests).
 	controlConns, controlConnsPerHost int
@@ -390,7 +393,11 @@ func (n *Node) Start() error {
 	n.registry.MustRegister(newCollector(n))
 	n.nbd = nbd.NewServer(n.nbdConfig())
 	n.repl = transport.NewReplServer(n.handleStream, append(n.replServerOptions(), transport.ReplKnown(n.known), transport.ReplLogger(n.log))...)
-	n.ctlGRPC = transport.NewControlGRPC(n.api, transport.WithAuthorize(n.gate.Authorize))
+	var served transport.ControlServer = n.api
+	if n.opts.wrapControl != nil {
+		served = n.opts.wrapControl(served)
+	}
+	n.ctlGRPC = transport.NewControlGRPC(served, transport.WithAuthorize(n.gate.Authorize))
 	mux := web.NewMux(web.Source{
 		Status:   func(ctx context.Context) (*transport.ClusterStatus, error) { return n.clusterStatus(ctx, 20) },
 		Node:     func(context.Context) (*transport.NodeStatus, error) { return n.nodeStatus(50), nil },

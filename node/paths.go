@@ -18,7 +18,9 @@ func (n *Node) openDisk(vc VolumeConfig, dc DiskConfig, preferred int, opts Opti
 	if err != nil {
 		return nil, nil, err
 	}
-	return backing.Open(vc, dc, size, preferred, opts.OpenDisk, opts.OpenPath, n.log)
+	return backing.Open(vc, dc, size, backing.OpenOptions{
+		Preferred: preferred, OpenDisk: opts.OpenDisk, OpenPath: opts.OpenPath, Log: n.log, Clock: n.clock,
+	})
 }
 
 // balanceByGroup picks, for each of this node's multipath volumes whose

@@ -121,6 +121,10 @@ type peerView struct {
 	// held is the generation the peer last acknowledged holding: when it
 	// stops receiving writes, its bitmap starts from there.
 	held replication.Generation
+	// ending is the last stream that ended (Ended): a FLUSH that finds no
+	// stream waits until it marked what the peer may hold only in its
+	// cache (session.Session.Finished; submit.go).
+	ending *session.Session
 }
 
 // stream steps the view's replication state with news of one of the

@@ -49,12 +49,14 @@ func (p *peer) Stream(e volstate.StreamEvent) {
 	p.update(func(pv *peerView) { pv.stream(e, false) })
 }
 
-// Ended ends the peer's stream s: writes go to its bitmap from here.
+// Ended ends the peer's stream s: writes go to its bitmap from here, and
+// a FLUSH waits for s's end (submit).
 func (p *peer) Ended(s *session.Session) {
 	p.update(func(pv *peerView) {
 		if pv.sess == s {
 			pv.sess, pv.peerDisk = nil, dUnknown
 		}
+		pv.ending = s
 	})
 }
 

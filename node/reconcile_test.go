@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/replvol/replvol/internal/fault"
+	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/node/cluster"
+	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
 
@@ -143,4 +146,59 @@ func TestASwitchoverReconcilesNothing(t *testing.T) {
 		}
 	}
 	c.requireIdentical()
+}
+
+// TestWhatAResyncTargetGotIsMarkedAtAChangeOfPrimary: three data nodes;
+// beta misses a write of alpha's (the operator disconnected it) and gets
+// it by resync, gamma by the stream. Were alpha then lost, the
+// reconciliation of the change of primary marks beta's activity log
+// toward the third node (volstate.MarkActivityLog): the block beta got
+// by resync must be among what it marks, for a block a primary back from
+// a crash resyncs to one peer (its own unacknowledged write) may be on
+// no other (the sim's finding resync-not-in-activity-log, seed 264).
+func TestWhatAResyncTargetGotIsMarkedAtAChangeOfPrimary(t *testing.T) {
+	const size = 16 << 20
+	c := newTestClusterOf(t, size, "alpha", "beta", "gamma")
+	for _, n := range []string{"alpha", "beta", "gamma"} {
+		c.start(n)
+	}
+	c.waitInSync()
+	ctx := context.Background()
+	a, b := c.vol("alpha"), c.vol("beta")
+	const off = 12 << 20 // an extent no write touched yet
+	extent := uint64(off / metadata.ExtentSize)
+	if slices.Contains(b.md.ActivityLog().ActiveExtents(), extent) {
+		t.Fatalf("beta's activity log holds extent %d before the test wrote it: the test shows nothing", extent)
+	}
+	towardGamma, ok := b.md.Bitmap(b.node.config().NodeID("gamma"))
+	if !ok {
+		t.Fatal("beta keeps no bitmap for gamma")
+	}
+
+	b.setAdminDown(true)
+	eventually(t, func() bool { return a.peers["beta"].status().Replication == "Connecting" }, "alpha sees beta refusing the stream")
+	written := pattern(7, 4096)
+	if err := a.WriteAt(ctx, written, off, false); err != nil {
+		t.Fatal(err)
+	}
+	before := b.resynced.Load()
+	b.setAdminDown(false)
+	c.waitInSync()
+	if got := b.resynced.Load() - before; got != 4096 {
+		t.Fatalf("beta got %d bytes by resync, want the 4096 of the write", got)
+	}
+	c.requireIdentical()
+
+	if !slices.Contains(b.md.ActivityLog().ActiveExtents(), extent) {
+		t.Errorf("beta's activity log %v lacks extent %d, which it got by resync", b.md.ActivityLog().ActiveExtents(), extent)
+	}
+	b.stateMu.Lock()
+	err := b.markActivityLog("gamma")
+	b.stateMu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !towardGamma.Test(off / replication.BlockSize) {
+		t.Errorf("the reconciliation toward gamma does not mark the block at %d beta got by resync", off)
+	}
 }

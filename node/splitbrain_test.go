@@ -30,6 +30,11 @@ func TestSplitBrainIsDetectedAndDiscardMyDataRollsBackOnlyTheVictim(t *testing.T
 	if err := c.vol("alpha").WriteAt(ctx, base, 0, false); err != nil {
 		t.Fatal(err)
 	}
+	// Flushed: beta holds it durably (a write beta held only in its
+	// cache at the split would be marked for it too).
+	if err := c.vol("alpha").Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
 	alphaAPI, betaAPI := c.nodes["alpha"].api, c.nodes["beta"].api
 
 	// The split: no stream either way.

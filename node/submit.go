@@ -35,8 +35,10 @@ func (v *Volume) submitAll(waits []*session.Pending, e replication.Entry, proto 
 // pending to wait for when the entry went into the stream, or nil when the
 // peer misses it: it is not streaming, or it is Behind (pull-ahead). The
 // blocks it misses are then marked in its bitmap, after the volume durably
-// started tracking the peer. err says that tracking could not be made
-// durable: the write must not complete.
+// started tracking the peer. A flush the peer misses waits for the end of
+// its last stream, which marks what the peer acknowledged from its cache
+// (session.Session.end). err says that tracking could not be made
+// durable: the write or flush must not complete.
 func (p *peer) submit(e replication.Entry, proto byte, held *countdown) (*session.Pending, error) {
 	changes := session.ChangesData(e.Op)
 	for {
@@ -92,6 +94,13 @@ func (p *peer) submit(e replication.Entry, proto byte, held *countdown) (*sessio
 			if !changes {
 				// A flush the peer misses changes no block of it: nothing
 				// to mark, and no reason to leave the generation it shares.
+				// But a stream that just ended may still be marking what
+				// the peer acknowledged from its cache: the flush completes
+				// only once that is durable, and fails when it could not be.
+				if ended := p.snapshot().ending; ended != nil {
+					<-ended.Finished()
+					return nil, ended.MarkErr()
+				}
 				return nil, nil
 			}
 			if err = p.v.startTracking(p); err == nil {

@@ -147,7 +147,7 @@ func (n *Node) switchoverByRaft(ctx context.Context, r *transport.PrimaryRequest
 		}
 		return nil, status.Errorf(codes.FailedPrecondition, "raft did not record %s as primary (%s); %s is primary again", r.Node, msg, old)
 	}
-	uri, err := n.waitServing(ctx, r.Volume, r.Node)
+	uri, err := n.waitServing(ctx, r.Volume, r.Node, va.Epoch)
 	if err != nil {
 		return nil, status.Errorf(codes.DeadlineExceeded, "raft made %s primary at epoch %d, but it does not serve yet: %v", r.Node, va.Epoch, err)
 	}
@@ -162,28 +162,68 @@ func (n *Node) forceByRaft(ctx context.Context, r *transport.PrimaryRequest) (*t
 	if err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "forced promotion of %s through raft failed: %v", r.Node, err)
 	}
-	uri, err := n.waitServing(ctx, r.Volume, r.Node)
+	uri, err := n.waitServing(ctx, r.Volume, r.Node, nva.Epoch)
 	if err != nil {
 		return nil, status.Errorf(codes.DeadlineExceeded, "raft made %s primary at epoch %d, but it does not serve yet: %v", r.Node, nva.Epoch, err)
 	}
 	return &transport.PrimaryReply{Volume: r.Volume, Primary: r.Node, Epoch: nva.Epoch, NBDURI: uri}, nil
 }
 
-// servingAskEvery is how often waitServing asks the cluster again. Whether
-// another node serves a volume is its state, and nothing on the wire
-// notifies its every change (its events do not cover each change of what
-// it serves): it is asked, each time after the last answer came.
-const servingAskEvery = 20 * time.Millisecond
-
 // servingWait is how long waitServing waits.
 const servingWait = 15 * time.Second
 
-// waitServing waits until node serves volume; it returns the export.
-func (n *Node) waitServing(ctx context.Context, volume, node string) (string, error) {
+// waitServing waits until node serves volume as its primary at epoch (or
+// a later one); it returns the export. The node is asked once
+// (AwaitServing), and answers when it serves: it waits on its volume's
+// changes, so no one polls.
+func (n *Node) waitServing(ctx context.Context, volume, node string, epoch uint64) (string, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stop := afterFunc(n.clock, servingWait, cancel)
 	defer stop()
+	notServing := fmt.Errorf("%s is not serving %s after %.0f s", node, volume, servingWait.Seconds())
+	if api, err := n.peerAPI(node); err == nil {
+		_, err := api.AwaitServing(ctx, &transport.AwaitServingRequest{Volume: volume, Epoch: epoch})
+		switch {
+		case err == nil:
+			// The export as the cluster's status gives it (the address
+			// of node that the config names), which the switchover
+			// reports.
+			return n.servingURI(node, volume), nil
+		case ctx.Err() != nil:
+			return "", notServing
+		}
+	}
+	// A node of an earlier release has no AwaitServing (it answers
+	// codes.Unimplemented); and a call that failed otherwise (the node
+	// restarting) is no answer either: ask the cluster's status instead,
+	// as those releases did, until the deadline.
+	if uri, ok := n.askServing(ctx, volume, node); ok {
+		return uri, nil
+	}
+	return "", notServing
+}
+
+// servingURI is the export of volume on node as the cluster's status
+// gives it.
+func (n *Node) servingURI(node, volume string) string {
+	nc, ok := n.config().Node(node)
+	if !ok {
+		return ""
+	}
+	return n.nbdURIFromStatus([]transport.NodeInfo{n.nodeInfo(nc)}, node, volume)
+}
+
+// servingAskEvery is how often askServing asks the cluster again.
+// Nothing on the wire of a node of an earlier release notifies its every
+// change of what it serves (AwaitServing is newer): it is asked, each
+// time after the last answer came.
+const servingAskEvery = 20 * time.Millisecond
+
+// askServing asks the cluster's status whether node serves volume until
+// it does (true, with the export) or ctx ends (false): waitServing's way
+// with a node that cannot be waited on.
+func (n *Node) askServing(ctx context.Context, volume, node string) (string, bool) {
 	var last string
 	serving := func() bool {
 		cs, err := n.clusterStatus(ctx, 0)
@@ -200,8 +240,29 @@ func (n *Node) waitServing(ctx context.Context, volume, node string) (string, er
 	for !ok && waitOut(ctx, n.clock, servingAskEvery) {
 		ok = serving()
 	}
-	if !ok {
-		return "", fmt.Errorf("%s is not serving %s after %.0f s", node, volume, servingWait.Seconds())
+	return last, ok
+}
+
+// awaitServingMax bounds how long a volume waits to serve for one
+// AwaitServing call, whose caller gives no shorter deadline.
+const awaitServingMax = time.Minute
+
+// awaitServing waits until this node serves the volume as its primary at
+// epoch or a later one, and returns the epoch it serves at. It looks
+// again at each change of the volume (its role, serving state and epoch
+// change only where v.changed is notified), and gives up when ctx ends or
+// awaitServingMax passed on the volume's clock, with an error wrapping
+// context.DeadlineExceeded.
+func (v *Volume) awaitServing(ctx context.Context, epoch uint64) (uint64, error) {
+	var at uint64
+	serving := func() bool {
+		v.mu.Lock()
+		defer v.mu.Unlock()
+		at = v.d.epoch
+		return v.role == replication.Primary && v.serving.IsOpen() && v.d.epoch >= epoch
 	}
-	return last, nil
+	if waitUntil(ctx, v.clock, awaitServingMax, &v.changed, serving) {
+		return at, nil
+	}
+	return 0, fmt.Errorf("%s does not serve %s at epoch %d or later (epoch %d now): %w", v.self, v.name, epoch, at, context.DeadlineExceeded)
 }

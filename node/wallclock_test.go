@@ -25,11 +25,12 @@ var wallClockReads = map[string]bool{
 // package node and of the packages of the node's and the replication's
 // working parts reads the time and waits only through an injected
 // internal/clock.Clock (Node.clock, Volume.clock, each part's
-// Config.Clock), so that a test can run it on a clock.Fake; nothing calls
-// time.Now, time.Sleep, time.After and the like directly (issue 28, item
-// 5). internal/clock's Real is the one place the real clock is read.
+// Config.Clock, backing.OpenOptions.Clock), so that a test can run it on
+// a clock.Fake; nothing calls time.Now, time.Sleep, time.After and the
+// like directly (issue 28, item 5). internal/clock's Real is the one
+// place the real clock is read.
 func TestTheNodeReadsTimeOnlyThroughItsClock(t *testing.T) {
-	dirs := []string{".", "cluster", "session", "applier", "control", "failover", "volstate", "../multipath"}
+	dirs := []string{".", "cluster", "session", "applier", "control", "failover", "volstate", "../multipath", "../backing"}
 	fset := token.NewFileSet()
 	checked := 0
 	for _, dir := range dirs {
@@ -106,5 +107,28 @@ func TestAVolumeKeepsTimeOnTheNodesClock(t *testing.T) {
 	}
 	if got := time.Unix(0, v.lastWrite.Load()); !got.Equal(start) {
 		t.Errorf("the last write began at %v, want the fake clock's %v", got, start)
+	}
+}
+
+// TestAMultipathDiskKeepsTimeOnTheNodesClock: the node opens a multipath
+// disk on its own clock (backing.OpenOptions.Clock), so that the path
+// rules run on it too: on a clock.Fake moved an hour on, each path of
+// alpha's disk has been in its state exactly that hour.
+func TestAMultipathDiskKeepsTimeOnTheNodesClock(t *testing.T) {
+	c, _ := multipathCluster(t, 4<<20)
+	fake := clock.NewFake(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	o := c.opts["alpha"]
+	o.clock = fake
+	c.opts["alpha"] = o
+	c.start("alpha")
+	mp := c.vol("alpha").mp
+	if mp == nil {
+		t.Fatal("alpha's disk of two paths opened without a multipath device")
+	}
+	fake.Advance(time.Hour)
+	for _, ps := range mp.Paths() {
+		if ps.SinceChange != time.Hour {
+			t.Errorf("path %s: in its state %v after the node's fake clock moved an hour on, want exactly an hour: the disk does not keep the node's clock", ps.Name, ps.SinceChange)
+		}
 	}
 }

@@ -288,8 +288,12 @@ func (v *Volume) Flush(ctx context.Context) error {
 	return v.holdLease(ctx)
 }
 
+// flushAll flushes the local disk and every peer. A peer whose stream
+// ended before it acknowledged the flush was tracked, and what it
+// acknowledged from its cache marked, BEFORE this returns (its session's
+// end); when that could not be made durable, the flush fails.
 func (v *Volume) flushAll() error {
-	waits, _ := v.submitAll(nil, replication.Entry{Op: replication.OpFlush}, 'C', nil)
+	waits, serr := v.submitAll(nil, replication.Entry{Op: replication.OpFlush}, 'C', nil)
 	var err error
 	if !v.isDetached() {
 		if err = v.disk.Sync(); err != nil {
@@ -300,6 +304,9 @@ func (v *Volume) flushAll() error {
 		}
 	}
 	acked, perr := waitAll(waits)
+	if perr == nil {
+		perr = serr
+	}
 	switch {
 	case err != nil:
 		return fmt.Errorf("local flush: %w", syscall.EIO)

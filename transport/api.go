@@ -549,6 +549,21 @@ type PromoteReply struct {
 	NBDURI string `json:"nbd_uri"`
 }
 
+// AwaitServingRequest asks a node to answer once it serves Volume as its
+// primary at Epoch or a later one (a switchover's coordinator waits on it
+// for the new primary). The call's deadline bounds the wait.
+type AwaitServingRequest struct {
+	Volume string `json:"volume"`
+	Epoch  uint64 `json:"epoch,omitempty"`
+}
+
+// AwaitServingReply says the node serves the volume: at Epoch, on its
+// export NBDURI.
+type AwaitServingReply struct {
+	Epoch  uint64 `json:"epoch"`
+	NBDURI string `json:"nbd_uri"`
+}
+
 // ConnectRequest changes whether Node replicates Volume.
 type ConnectRequest struct {
 	Volume string `json:"volume"`

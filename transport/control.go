@@ -42,6 +42,11 @@ type ControlServer interface {
 	// Claim takes, confirms or gives back a volume's mount claim on its
 	// primary (replctl mount and umount).
 	Claim(context.Context, *ClaimRequest) (*ClaimReply, error)
+	// AwaitServing answers once the node serves a volume as its primary
+	// at the request's epoch or a later one, or fails when the call's
+	// deadline passes first. A node of an earlier release answers
+	// codes.Unimplemented.
+	AwaitServing(context.Context, *AwaitServingRequest) (*AwaitServingReply, error)
 	// Events streams the node's events (history first, then live) to
 	// send until ctx ends or send fails.
 	Events(ctx context.Context, r *EventsRequest, send func(*Event) error) error
@@ -103,6 +108,7 @@ var controlDesc = grpc.ServiceDesc{
 		unary(MethodAdjust, ControlServer.Adjust),
 		unary(MethodResize, ControlServer.Resize),
 		unary(MethodClaim, ControlServer.Claim),
+		unary(MethodAwaitServing, ControlServer.AwaitServing),
 	},
 	Streams: []grpc.StreamDesc{{
 		StreamName:    MethodEvents,
@@ -315,6 +321,12 @@ func (c *ControlClient) Resize(ctx context.Context, r *ResizeRequest) (*ResizeRe
 // Claim takes, confirms or gives back a volume's mount claim.
 func (c *ControlClient) Claim(ctx context.Context, r *ClaimRequest) (*ClaimReply, error) {
 	return invoke[ClaimReply](ctx, c, MethodClaim, r)
+}
+
+// AwaitServing waits, within ctx's deadline, until the node serves a
+// volume as its primary at r.Epoch or later.
+func (c *ControlClient) AwaitServing(ctx context.Context, r *AwaitServingRequest) (*AwaitServingReply, error) {
+	return invoke[AwaitServingReply](ctx, c, MethodAwaitServing, r)
 }
 
 // Events streams a node's events to fn until ctx ends, fn fails or the

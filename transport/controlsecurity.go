@@ -33,6 +33,7 @@ const (
 	MethodResize         = "Resize"
 	MethodClaim          = "Claim"
 	MethodEvents         = "Events"
+	MethodAwaitServing   = "AwaitServing"
 )
 
 // ControlMethods lists every method of the control API.

@@ -91,6 +91,10 @@ func (c *recordingControl) Claim(_ context.Context, r *ClaimRequest) (*ClaimRepl
 	return record[ClaimRequest, ClaimReply](c, r)
 }
 
+func (c *recordingControl) AwaitServing(_ context.Context, r *AwaitServingRequest) (*AwaitServingReply, error) {
+	return record[AwaitServingRequest, AwaitServingReply](c, r)
+}
+
 func (c *recordingControl) Events(_ context.Context, r *EventsRequest, _ func(*Event) error) error {
 	c.got = append(c.got, r)
 	return nil
@@ -143,6 +147,7 @@ func seedControlRequests() []controlSeed {
 		"Adjust":         &AdjustRequest{Volume: "vol0", Protocol: "B", OnCongestion: "pull-ahead"},
 		"Resize":         &ResizeRequest{Volume: "vol0", Size: 256 << 20, Node: "beta", Check: true},
 		"Claim":          &ClaimRequest{Volume: "vol0", Action: ClaimTake, Holder: MountHolder{Host: "web1", Dir: "/srv/data", ID: "5f0c2a"}, Grace: time.Minute},
+		"AwaitServing":   &AwaitServingRequest{Volume: "vol0", Epoch: 8},
 		"Events":         &EventsRequest{History: 100, Since: time.Date(2025, 1, 2, 3, 4, 5, 6, time.UTC), State: true},
 	}
 	var seeds []controlSeed
@@ -153,13 +158,14 @@ func seedControlRequests() []controlSeed {
 		}
 		seeds = append(seeds, controlSeed{uint16(i), body})
 	}
+	events := uint16(len(controlDesc.Methods))
 	return append(seeds,
 		controlSeed{uint16(0), []byte(nil)},
 		controlSeed{uint16(2), []byte(`{"volume":"vol0","node":"beta","timeout":-1,"force":true,"yes":true}`)},
 		controlSeed{uint16(4), []byte(`{"epoch":-1}`)},
 		controlSeed{uint16(10), []byte(`{"body":"not base64"}`)},
-		controlSeed{uint16(15), []byte(`{"since":"10000-01-01T00:00:00Z"}`)},
-		controlSeed{uint16(15), []byte(`{"since":"2025-01-02T03:04:05+23:59","history":-5}`)},
+		controlSeed{events, []byte(`{"since":"10000-01-01T00:00:00Z"}`)},
+		controlSeed{events, []byte(`{"since":"2025-01-02T03:04:05+23:59","history":-5}`)},
 		controlSeed{uint16(14), []byte(`{"volume":"vol0","action":"take","holder":{"host":"","dir":"relative","id":""},"grace":-1}`)},
 		controlSeed{uint16(13), []byte(`{"volume":"vol0","size":-4096}`)},
 		controlSeed{uint16(1), []byte("\x00\x00\x00\x00\x05hello")},

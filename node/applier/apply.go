@@ -170,11 +170,28 @@ func (in *Stream) apply(v *Volume, entries []replication.Entry, readReply func(s
 				return replication.Ack{Seq: ack.Seq, Status: replication.AckIOError, Message: err.Error()}
 			}
 		case replication.OpResyncData:
+			// Resynced data goes through the activity log as a write
+			// does: a later change of primary marks its extents toward
+			// the third nodes (volstate.MarkActivityLog), which may
+			// never have had it (the source's own unacknowledged writes
+			// of before its crash), and a crash of this node resyncs
+			// them again (the source cleared their bits at the ack,
+			// which came from this node's cache).
+			if err = v.logApplied(e); err != nil {
+				break
+			}
 			_, err = v.Disk.WriteAt(e.Data, e.Off)
+			v.ActivityLog.Done(e.Off, e.Length)
 			v.Resynced.Add(e.Length)
 		case replication.OpResyncZero:
+			// A hole already reads as the zeroes sent: the disk does not
+			// change, and the log need not know.
 			if !v.Disk.IsHole(e.Off, e.Length) {
+				if err = v.logApplied(e); err != nil {
+					break
+				}
 				err = v.Disk.Zero(e.Off, e.Length)
+				v.ActivityLog.Done(e.Off, e.Length)
 			}
 			v.Resynced.Add(e.Length)
 		case replication.OpSyncStart:
@@ -224,12 +241,14 @@ func (in *Stream) apply(v *Volume, entries []replication.Entry, readReply func(s
 	return ack
 }
 
-// logApplied readies a replicated write the way the primary made it: the
-// replica indicator and the write's activity log extents are on stable
-// storage BEFORE the write is issued, which then ends with the activity
-// log's Done. After a crash, those extents are what this node may have
-// acknowledged and then lost with a volatile cache (a power loss), and
-// they are resynced from the primary (metadata.MD.CrashedReplica).
+// logApplied readies a replicated write, or a resync's, the way the
+// primary made it: the replica indicator and the write's activity log
+// extents are on stable storage BEFORE the write is issued, which then
+// ends with the activity log's Done. After a crash, those extents are
+// what this node may have acknowledged and then lost with a volatile
+// cache (a power loss), and they are resynced (metadata.MD.CrashedReplica);
+// after a change of primary, they are what this node may hold and a
+// third node not, and are resynced between them (volstate.MarkActivityLog).
 func (v *Volume) logApplied(e *replication.Entry) error {
 	if err := v.State.MarkReplica(); err != nil {
 		return fmt.Errorf("set the replica indicator: %w", err)

@@ -46,6 +46,8 @@ type memDisk struct {
 	t        *trace
 	data     []byte
 	failFrom int64 // a write at or past this offset fails (0: none)
+	// findsHoles: IsHole tells a range of zeroes (a sparse file's hole).
+	findsHoles bool
 }
 
 func (d *memDisk) ReadAt(p []byte, off int64) (int, error) {
@@ -74,8 +76,10 @@ func (d *memDisk) Zero(off, length int64) error {
 	return nil
 }
 
-func (d *memDisk) Sync() error                   { d.t.add("sync"); return nil }
-func (d *memDisk) IsHole(off, length int64) bool { return false }
+func (d *memDisk) Sync() error { d.t.add("sync"); return nil }
+func (d *memDisk) IsHole(off, length int64) bool {
+	return d.findsHoles && !slices.ContainsFunc(d.data[off:off+length], func(b byte) bool { return b != 0 })
+}
 
 type traceLog struct{ t *trace }
 
@@ -192,7 +196,10 @@ func TestApplyAResyncIsDurableBeforeTheVolumeRecordsItsEnd(t *testing.T) {
 	if ack != (replication.Ack{Seq: 4}) || in.State() != replication.Connected {
 		t.Fatalf("after the sync end: ack %+v, stream %s; want seq 4 OK and Connected", ack, in.State())
 	}
-	want := []string{"sync-started aa", "write 0+4096", "zero 4096+8192", "sync", "sync-finished alpha aa 1"}
+	want := []string{"sync-started aa",
+		"mark-replica", "admit 0+4096", "write 0+4096", "done 0+4096",
+		"mark-replica", "admit 4096+8192", "zero 4096+8192", "done 4096+8192",
+		"sync", "sync-finished alpha aa 1"}
 	if got := tr.list(); !slices.Equal(got, want) {
 		t.Errorf("applied %q, want %q", got, want)
 	}
@@ -216,5 +223,75 @@ func TestApplyAReadIsAnsweredBeforeTheAck(t *testing.T) {
 	}
 	if want := []string{fmt.Sprintf("7 %d hello", replication.AckOK)}; !slices.Equal(replies, want) {
 		t.Errorf("replies %q, want %q", replies, want)
+	}
+}
+
+// TestApplyResyncDataGoesThroughTheActivityLog: a resync target writes
+// what it is sent as it writes a primary's writes, the replica indicator
+// and the activity log's extents on stable storage BEFORE the data, Done
+// after it: a later change of primary marks those extents toward the
+// third nodes, which may never have had them (issue 28's
+// resync-not-in-activity-log), and a crash of this node resyncs them
+// again. A zero range over a hole changes nothing and logs nothing.
+func TestApplyResyncDataGoesThroughTheActivityLog(t *testing.T) {
+	const extent = 4 << 20
+	v, d, tr := newVolume(3 * extent)
+	d.findsHoles = true
+	d.data[2*extent] = 9 // the third extent holds data; the second is a hole
+	in := NewStream("alpha")
+	in.SetState(replication.SyncTarget)
+	ack := in.apply(v, []replication.Entry{
+		{Op: replication.OpResyncData, Seq: 1, Off: extent - 4096, Length: 8192, Data: bytes.Repeat([]byte{7}, 8192)},
+		{Op: replication.OpResyncZero, Seq: 2, Off: extent + 4096, Length: 4096},
+		{Op: replication.OpResyncZero, Seq: 3, Off: 2 * extent, Length: 4096},
+	}, noReads)
+	if ack != (replication.Ack{Seq: 3}) {
+		t.Fatalf("ack %+v, want seq 3 OK", ack)
+	}
+	want := []string{
+		"mark-replica", fmt.Sprintf("admit %d+8192", extent-4096), fmt.Sprintf("write %d+8192", extent-4096), fmt.Sprintf("done %d+8192", extent-4096),
+		"mark-replica", fmt.Sprintf("admit %d+4096", 2*extent), fmt.Sprintf("zero %d+4096", 2*extent), fmt.Sprintf("done %d+4096", 2*extent),
+	}
+	if got := tr.list(); !slices.Equal(got, want) {
+		t.Errorf("applied\n  %s\nwant\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+	}
+	if d.data[extent] != 7 || d.data[2*extent] != 0 {
+		t.Errorf("disk holds %d at %d and %d at %d, want 7 and 0", d.data[extent], extent, d.data[2*extent], 2*extent)
+	}
+	if got := v.Resynced.Load(); got != 16384 {
+		t.Errorf("resynced %d bytes, want 16384", got)
+	}
+}
+
+// failingLog is an activity log whose transactions fail.
+type failingLog struct{ t *trace }
+
+func (l failingLog) Admit(_ context.Context, off, length int64) error {
+	l.t.add("admit %d+%d failed", off, length)
+	return errors.New("metadata device gone")
+}
+func (l failingLog) Done(off, length int64) { l.t.add("done %d+%d", off, length) }
+
+// TestApplyResyncDataIsNotWrittenWhenItsActivityLogFails: the log's
+// extents are durable BEFORE the data is written, so when the log fails
+// the data is not written, and the volume and the source are told.
+func TestApplyResyncDataIsNotWrittenWhenItsActivityLogFails(t *testing.T) {
+	v, d, tr := newVolume(64 << 10)
+	v.ActivityLog = failingLog{tr}
+	ack := NewStream("alpha").apply(v, []replication.Entry{
+		{Op: replication.OpResyncData, Seq: 1, Off: 0, Length: 4096, Data: bytes.Repeat([]byte{7}, 4096)},
+	}, noReads)
+	if ack.Status != replication.AckIOError {
+		t.Fatalf("ack %+v, want an IO error", ack)
+	}
+	got := tr.list()
+	if slices.ContainsFunc(got, func(op string) bool { return strings.HasPrefix(op, "write") || strings.HasPrefix(op, "done") }) {
+		t.Errorf("the data was written (or Done without Admit) though the log failed: %q", got)
+	}
+	if !slices.ContainsFunc(got, func(op string) bool { return strings.HasPrefix(op, "failed: activity log") }) {
+		t.Errorf("the volume was not told: %q", got)
+	}
+	if d.data[0] != 0 || v.Resynced.Load() != 0 {
+		t.Errorf("disk holds %d at 0, resynced %d bytes; want 0 and 0", d.data[0], v.Resynced.Load())
 	}
 }

@@ -1,6 +1,6 @@
 // Package applier is the receiving side of replication on a secondary: it
-// applies a primary's stream to the local disk in order (writes with their
-// activity log extents, discards, flushes, resync data; reads and verifies
+// applies a primary's stream to the local disk in order (writes, discards
+// and resync data with their activity log extents, flushes; reads and verifies
 // answered BEFORE the ack), acknowledges what it applied, one ack for the
 // batches that were waiting, and writes the secondary's side of the stream
 // from one goroutine. Package node takes the stream (the handshake, the

@@ -43,6 +43,7 @@ var methodAccess = map[string]access{
 	transport.MethodNodeStatus:     accessRead,
 	transport.MethodClusterStatus:  accessRead,
 	transport.MethodEvents:         accessRead,
+	transport.MethodAwaitServing:   accessRead,
 	transport.MethodPrimary:        accessCommand,
 	transport.MethodDemote:         accessCommand,
 	transport.MethodPromote:        accessCommand,

@@ -104,6 +104,11 @@ type Volume interface {
 	Resync(pause, resume bool, only string) (*transport.ResyncReply, error)
 	// StartVerify starts an online verify of the volume's peers.
 	StartVerify(repair bool) (*transport.VerifyReply, error)
+	// AwaitServing returns once this node serves the volume as its
+	// primary at epoch or a later one, with the epoch it serves at; an
+	// error wrapping context.DeadlineExceeded when ctx ends first. It
+	// waits on the volume's changes, never polling.
+	AwaitServing(ctx context.Context, epoch uint64) (uint64, error)
 }
 
 // ErrNotFound classes the node's errors about what it does not hold: the
@@ -339,6 +344,22 @@ func (s *Server) PathAction(ctx context.Context, r *transport.PathRequest) (*tra
 		return nil, GRPCError(err)
 	}
 	return v.PathAction(r)
+}
+
+// AwaitServing answers once this node serves r.Volume as its primary at
+// r.Epoch or a later one (a switchover's coordinator waits on it for the
+// new primary), DeadlineExceeded when the call's deadline passes first.
+// It is not forwarded: the node asked is the one waited for.
+func (s *Server) AwaitServing(ctx context.Context, r *transport.AwaitServingRequest) (*transport.AwaitServingReply, error) {
+	v, err := s.node.Volume(r.Volume)
+	if err != nil {
+		return nil, GRPCError(err)
+	}
+	epoch, err := v.AwaitServing(ctx, r.Epoch)
+	if err != nil {
+		return nil, GRPCError(err)
+	}
+	return &transport.AwaitServingReply{Epoch: epoch, NBDURI: s.node.NBDURI(r.Volume)}, nil
 }
 
 // ClusterForward hands a cluster message another node forwarded to the

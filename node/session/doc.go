@@ -4,7 +4,9 @@
 // (congestion.go), the resync and verify runs in flight (Window), the
 // peer's lag, and the heartbeat the streams to one peer node share
 // (pairbeat.go). What the peer misses when the stream ends is marked in its
-// bitmap, after the volume durably tracks it.
+// bitmap, after the volume durably tracks it; so is what it acknowledged
+// from its cache since its last acknowledged flush (cached.go), BEFORE a
+// flush waiting on it completes.
 //
 // It imports the replication rules, the volume's state machine (the rule
 // of what the peer is shown as its stream congests, drains, catches up or

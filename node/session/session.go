@@ -67,8 +67,11 @@ type Peer interface {
 	// from here. The loop calls it once, as it stops.
 	Ended(s *Session)
 	// StartTracking makes the volume durably track the peer (a new
-	// generation) BEFORE the loop marks in Config.Bitmap the entries the
-	// peer did not acknowledge; an error fails the writes among them. The
+	// generation; in authority mode raft records it Outdated first) BEFORE
+	// the loop marks in Config.Bitmap the entries the peer did not
+	// acknowledge and those it acknowledged from its cache since its last
+	// acknowledged flush; an error fails the writes and flushes among the
+	// entries left (and a flush that comes after: Session.MarkErr). The
 	// loop calls it at its end, once every other goroutine of the session
 	// returned; it may block: it takes the volume's locks and writes
 	// stable storage.
@@ -236,8 +239,9 @@ func (pd *Pending) markReceived() {
 // receiving goroutine hands it the peer's acks and replies, the sending
 // goroutine takes the frames it built. The session ends at the first error,
 // when its context ends, or when the peer answers nothing for its timeout;
-// the loop then marks every entry the peer did not acknowledge in the
-// peer's bitmap.
+// the loop then marks in the peer's bitmap every entry the peer did not
+// acknowledge, and every one it acknowledged from its cache since its last
+// acknowledged flush (cached.go).
 type Session struct {
 	peer    Peer
 	name    string
@@ -308,6 +312,12 @@ type Session struct {
 	// blocks marked again meanwhile (their runs' acks keep the marks).
 	runs     map[int64]int64
 	remarked map[int64]bool
+	// cached: the extents the peer acknowledged since its last
+	// acknowledged flush, which it may hold only in its cache (cached.go).
+	cached cachedSet
+	// markErr: end could not track durably what the peer misses; written
+	// before finished is closed.
+	markErr error
 }
 
 // inMsg is a message into the loop (Session.inbox), of one kind: an entry
@@ -801,6 +811,15 @@ func (s *Session) acked(m ackMsg) {
 	var lagSeq uint64
 	for _, pd := range done {
 		lagSeq = max(lagSeq, pd.LagSeq)
+		// In ack order, which is the order the peer applied them: a flush
+		// covers what came before it, not what came after it in the same
+		// ack.
+		switch {
+		case durableOnAck(&pd.Entry):
+			s.cached.reset()
+		case cachedOnAck(pd):
+			s.cached.add(pd.Entry.Off, pd.Entry.Length)
+		}
 		s.ackedOne(pd)
 	}
 	clear(done)
@@ -959,10 +978,17 @@ func (s *Session) closeToNew() {
 
 // end hands back every entry the peer did not acknowledge: their blocks
 // are marked in the peer's bitmap, after the volume durably started
-// tracking the peer (a new generation). When that tracking cannot be made
-// durable, the entries complete with the error, and no write waiting for
-// them may succeed. It runs on the loop's goroutine once every other
-// goroutine of the session returned.
+// tracking the peer (a new generation). So are the blocks the peer
+// acknowledged from its cache since its last acknowledged flush (a power
+// loss of the peer may take them), and those marks are written to stable
+// storage: their extents may have left the activity log. All of it
+// happens BEFORE any entry left completes, a flush among them too: a
+// FLUSH waiting on this peer completes only once the peer is tracked and
+// what it may lose is marked, durably. When that cannot be made durable,
+// the entries complete with the error, and no write or flush waiting for
+// them may succeed (nor a flush that comes after the stream ended:
+// MarkErr). It runs on the loop's goroutine once every other goroutine of
+// the session returned.
 func (s *Session) end() {
 	// A syncDone the peer acknowledged, and what waits behind it.
 	for s.committing != nil {
@@ -974,18 +1000,41 @@ func (s *Session) end() {
 	// What the peer did not acknowledge is marked for it now.
 	s.lag.Disconnected()
 	s.publishLag()
-	var err error
+	track := !s.cached.empty()
 	for _, pd := range left {
-		if ChangesData(pd.Entry.Op) {
-			err = s.peer.StartTracking()
-			break
-		}
+		track = track || ChangesData(pd.Entry.Op)
+	}
+	var err error
+	if track {
+		err = s.peer.StartTracking()
 	}
 	for _, pd := range left {
 		markEntry(s.bm, &pd.Entry)
+	}
+	if !s.cached.empty() {
+		for _, r := range s.cached.runs {
+			s.bm.SetBits(r.off, r.end-r.off)
+		}
+		s.cached.reset()
+		if ferr := s.bm.Flush(); ferr != nil && err == nil {
+			err = fmt.Errorf("mark what %s holds only in its cache: %w", s.name, ferr)
+		}
+	}
+	s.markErr = err
+	for _, pd := range left {
 		s.complete(pd, false, err)
 	}
 }
+
+// Finished is closed once the session ended and end marked what the peer
+// misses or may hold only in its cache.
+func (s *Session) Finished() <-chan struct{} { return s.finished }
+
+// MarkErr is, after Finished, why what the peer misses or holds only in
+// its cache could not be tracked durably at the session's end (nil: it
+// was, or nothing needed it). A FLUSH that finds the stream ended must
+// then fail.
+func (s *Session) MarkErr() error { return s.markErr }
 
 // Window keeps at most a fixed number of entries of one run loop (resync,
 // verify) awaiting their acks on a session.

@@ -136,16 +136,6 @@ const (
 	// are durable while a replica raft counts UpToDate holds them in its
 	// cache only: its power loss, then the primary's, loses them.
 	FindingFlushSkipsPeerCache Finding = iota + 1
-	// FindingResyncNotInActivityLog: a resync target writes the blocks
-	// it is sent (node's applier, OpResyncData) outside its activity log
-	// and marks them toward no third node. With three data nodes, a
-	// primary that crashed and came back resyncs its log's extents, its
-	// own unacknowledged writes among them, to one peer; when raft then
-	// promotes the other peer, which never had them, the reconciliation
-	// marks only the activity logs' blocks, and the two count each other
-	// in sync while a block differs (ReplicasEqualInSync). Seeds in
-	// knownFindingSeeds.
-	FindingResyncNotInActivityLog
 	// FindingHistoryFullResync: a primary whose generation moved on
 	// from one its peer holds, with no bitmap generation naming it (the
 	// peer took a sync-done whose ack never came, and a write then missed
@@ -171,8 +161,6 @@ func (f Finding) String() string {
 	switch f {
 	case FindingFlushSkipsPeerCache:
 		return "flush-skips-peer-cache"
-	case FindingResyncNotInActivityLog:
-		return "resync-not-in-activity-log"
 	case FindingHistoryFullResync:
 		return "history-full-resync"
 	case FindingStaleAfterResync:

@@ -305,6 +305,10 @@ func (s *Sim) receive(n *node, m msg) {
 		}
 	case msgSyncData:
 		for _, b := range slices.Sorted(maps.Keys(m.blocks)) {
+			// In the activity log BEFORE the write, as a stream's write
+			// (node's applier, OpResyncData): a later change of primary
+			// marks it toward the third node, which may never have had it.
+			n.logged[b] = true
 			if !s.diskWrite(n, b, m.blocks[b], false) {
 				s.replicaWriteFailed(from, n)
 				return

@@ -33,11 +33,11 @@ type node struct {
 	marks     map[string]map[int]bool // durable bitmaps, per peer
 	al        map[int]int             // the activity log: blocks with writes in flight
 	// logged is the rest of the activity log's working set: the blocks
-	// written here, as primary or applied from a primary's stream. node's
-	// log keeps the extents used last, at least as many as a primary has
-	// writes in flight (its Admit waits for a free one); the sim's volume
-	// is smaller than any log, which so holds every block written. It
-	// survives a crash, as the log does.
+	// written here, as primary or applied from a primary's stream or
+	// resync. node's log keeps the extents used last, at least as many as
+	// a primary has writes in flight (its Admit waits for a free one); the
+	// sim's volume is smaller than any log, which so holds every block
+	// written. It survives a crash, as the log does.
 	logged map[int]bool
 
 	outdated map[string]uint64 // peers raft recorded Outdated, at which epoch (ensureOutdated's memo)
