@@ -148,13 +148,6 @@ const (
 	// (an interrupted resync whose target did not record the generation
 	// it resumes from comes back with none: just-created-peer) breaks it.
 	FindingHistoryFullResync
-	// FindingStaleAfterResync: a disk that opened stale (LocalStale,
-	// volstate's Opened) and was then resynced in full from the primary
-	// keeps LocalStale durably (ResyncFinished as target does not clear
-	// it): raft's promotion of it is refused for good (becomePrimary), so
-	// a switchover to it leaves the volume with no primary.
-	// HandoverCostsNoLeaseWait tolerates that target, traced.
-	FindingStaleAfterResync
 )
 
 func (f Finding) String() string {
@@ -163,8 +156,6 @@ func (f Finding) String() string {
 		return "flush-skips-peer-cache"
 	case FindingHistoryFullResync:
 		return "history-full-resync"
-	case FindingStaleAfterResync:
-		return "stale-after-resync"
 	}
 	return "finding(?)"
 }
@@ -554,14 +545,6 @@ func (s *Sim) checkHandover() {
 	}
 	if to.st.Role() == replication.Primary && to.st.Durable.Epoch >= w.epoch && volstate.Admit(to.st, s.now) == volstate.Serve {
 		s.check.switched = nil
-		return
-	}
-	if s.now.Sub(w.at) > handoverBound && to.durable.LocalStale && !to.durable.Gens.Current.IsZero() {
-		s.check.switched = nil
-		hit := findingHit{finding: FindingStaleAfterResync, step: s.step,
-			detail: fmt.Sprintf("%s, resynced in full after it opened stale, is still LocalStale: raft's promotion of it at epoch %d is refused", to.name, w.epoch)}
-		s.check.findings = append(s.check.findings, hit)
-		s.tracef("KNOWN FINDING %s: %s", hit.finding, hit.detail)
 		return
 	}
 	if s.now.Sub(w.at) > handoverBound {

@@ -860,6 +860,10 @@ func (s *State) resyncFinished(e ResyncFinished) Ready {
 		rd.Persist = s.persist(func(d *Durable) {
 			d.Gens = d.Gens.ResyncFinishedAsTarget(e.Peer, e.Current, e.History)
 			d.SyncGen = replication.Generation{}
+			// A disk that came back stale (Opened) holds nothing of its
+			// own; resynced in full, it misses nothing any more, and may
+			// be promoted again.
+			d.LocalStale = false
 		})
 		// This node holds the peer's data now, its activity log's
 		// extents too (they were marked, and copied): a crash of it as
