@@ -81,6 +81,13 @@ const (
 	// E or later) before T + handoverBound, half a lease; a switchover
 	// that waits out the old primary's lease breaks it.
 	HandoverCostsNoLeaseWait
+	// EpochsNeverGoBack (§2.3, fencing): the epoch a node agreed to, on
+	// stable storage, never decreases: a node that saw a primary's epoch
+	// follows no primary of an older one (which is cut off, or crashed,
+	// and would overwrite the newer primary's writes). The one exception
+	// is a split brain's victim discarding its data (DiscardMyData): it
+	// follows the next primary that connects, whatever epoch it saw.
+	EpochsNeverGoBack
 )
 
 // handoverBound is how long after raft recorded a switchover its target
@@ -116,6 +123,8 @@ func (i Invariant) String() string {
 		return "bad-input-changes-nothing"
 	case HandoverCostsNoLeaseWait:
 		return "handover-costs-no-lease-wait"
+	case EpochsNeverGoBack:
+		return "epochs-never-go-back"
 	}
 	return "invariant(?)"
 }

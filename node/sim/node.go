@@ -185,6 +185,9 @@ func (s *Sim) driveActs(n *node, e volstate.Event) ([]volstate.Action, error) {
 		return nil, err
 	}
 	n.st = next
+	if next.Durable.Epoch < old.Durable.Epoch && !old.Discard {
+		s.fail(EpochsNeverGoBack, "%s went from epoch %d (primary %s) back to %d (primary %s) on %s", n.name, old.Durable.Epoch, old.Durable.Primary, next.Durable.Epoch, next.Durable.Primary, name)
+	}
 	if len(acts) > 0 || old.Serving != next.Serving || old.Role() != next.Role() || old.Durable.Epoch != next.Durable.Epoch ||
 		old.Disk != next.Disk || !maps.Equal(old.Peers, next.Peers) {
 		s.tracef("%s: %s -> %s %s epoch %d disk %s peers %s %v", n.name, name, next.Role(), next.Serving, next.Durable.Epoch, next.Disk, peerStates(next), acts)
