@@ -183,6 +183,12 @@ func (s *Sim) progress(n *node, w *write) writeState {
 		// peer in sync and record it UpToDate without the write.
 		return writeWaits
 	}
+	// While this primary copies newer data from a peer, only the peer's
+	// copy is whole: a write no peer took fails (node's replicate).
+	if n.durable.Gens.Current.IsZero() && !w.acked {
+		s.tracef("%s: write %d fails: copying newer data and no peer took it", n.name, w.id)
+		return writeFailed
+	}
 	// The lease is checked right before the write completes.
 	if volstate.Admit(n.st, s.now) != volstate.Serve || n.st.Durable.Epoch != w.epoch {
 		s.tracef("%s: write %d not completed (%s)", n.name, w.id, volstate.Admit(n.st, s.now))
@@ -285,8 +291,9 @@ func (s *Sim) receive(n *node, m msg) {
 	case msgAck:
 		delete(n.inflight[m.from], m.id)
 		for _, w := range n.writes {
-			if w.id == m.id {
+			if w.id == m.id && w.waiting[m.from] {
 				delete(w.waiting, m.from)
+				w.acked = true
 			}
 		}
 	case msgSyncStart:

@@ -106,6 +106,7 @@ type write struct {
 	waiting map[string]bool // peers whose ack it waits for
 	missed  map[string]bool // peers it misses, not yet recorded
 	shipped bool            // it went to a stream
+	acked   bool            // a peer acknowledged it
 }
 
 type syncGens struct {

@@ -231,6 +231,11 @@ var regressions = []uint64{
 	// target had by resync. node's applier logs resync data now. Seed
 	// 993 is the same with a write in flight.
 	264, 993,
+	// A primary whose pull was cut off acknowledged writes no peer took
+	// (the model lacked node's rule: while copying newer data, only the
+	// peer's copy is whole, and such a write fails); restarted, it
+	// pulled again and overwrote one.
+	1575,
 	// stale-after-resync: a disk that opened stale kept its mark after a
 	// full resync from the primary, so raft's promotion of it was refused
 	// for good and a switchover to it left no primary. volstate's
