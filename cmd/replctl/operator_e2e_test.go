@@ -249,8 +249,18 @@ func TestE2EEventsWhenANodeGoesAway(t *testing.T) {
 
 	all := startBG(t, nil, "events", "--all", "--json", "--addr", c.nodes["alpha"].Control)
 	one := startBG(t, nil, "events", "--addr", c.nodes["beta"].Control)
-	all.waitFor("following both nodes", 10*time.Second, func() bool { return strings.Contains(all.errs(), "following 2 nodes") })
-	one.waitFor("following beta", 10*time.Second, func() bool { return strings.Contains(one.errs(), "following node beta") })
+	// Each follows beta live once beta's state came (exists-end): a
+	// stream to beta that was not up yet when beta stopped is a node
+	// never reached, not one that went away.
+	all.waitFor("following both nodes live", 20*time.Second, func() bool {
+		for _, e := range eventLines(t, all.out()) {
+			if e["node"] == "beta" && e["kind"] == "exists-end" {
+				return true
+			}
+		}
+		return false
+	})
+	one.waitFor("following beta live", 20*time.Second, func() bool { return strings.Contains(one.out(), "exists-end") })
 
 	c.stop("beta")
 	gone := "node beta at " + c.nodes["beta"].Control + " went away"
