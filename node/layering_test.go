@@ -34,6 +34,9 @@ func TestLayering(t *testing.T) {
 		// simulation runs it).
 		"github.com/replvol/replvol/node/failover": {"/node", "/transport", "/web", "/metadata", "/backing", "/config",
 			"google.golang.org/grpc", "go.etcd.io/bbolt", "github.com/hashicorp/raft", "github.com/hashicorp/memberlist"},
+		// The order of a write's stages is pure: node's write path and
+		// the simulation run it; it imports nothing of the project.
+		"github.com/replvol/replvol/node/writepath": {"/node", "/replication", "/transport", "/web", "/metadata", "/backing", "/config", "/internal", "/multipath", "google.golang.org/grpc", "go.etcd.io/bbolt", "github.com/hashicorp/raft", "github.com/hashicorp/memberlist"},
 		// The receiving side of replication: the volume reaches it, not
 		// the other way round.
 		"github.com/replvol/replvol/node/applier": {"=/node", "/node/cluster", "/web", "/metadata", "/backing", "/config",
@@ -113,7 +116,8 @@ func TestReplctlLayering(t *testing.T) {
 }
 
 // TestSimLayering pins the simulation's seam (node/sim): it runs the pure
-// rules (volstate, replication, failover.Decide) over models of its own,
+// rules (volstate, replication, failover.Decide, the write's stages of
+// writepath) over models of its own,
 // so nothing it links is the node or a package of I/O: no node, cluster,
 // transport, metadata, backing or config, and no raft, memberlist, gRPC
 // or bbolt.
@@ -126,8 +130,10 @@ func TestSimLayering(t *testing.T) {
 		mod + "/backing/...", mod + "/config/...", "google.golang.org/grpc/...", "go.etcd.io/bbolt/...",
 		"github.com/hashicorp/raft/...", "github.com/hashicorp/memberlist/..."}
 	graph := importGraph(t, sim)
-	if !slices.Contains(graph[sim], mod+"/node/failover") {
-		t.Fatalf("%s does not import node/failover: update this test", sim)
+	for _, runs := range []string{mod + "/node/failover", mod + "/node/volstate", mod + "/node/writepath"} {
+		if !slices.Contains(graph[sim], runs) {
+			t.Fatalf("%s does not import %s: the simulation no longer runs production's rules there (update this test if that moved)", sim, runs)
+		}
 	}
 	deps := reachable(graph, sim, nil)
 	for _, dep := range slices.Sorted(maps.Keys(deps)) {

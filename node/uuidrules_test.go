@@ -407,7 +407,15 @@ func TestWritesDuringAPullEndOnBothNodes(t *testing.T) {
 	}
 	c.cfg.Volumes[0].ResyncRate = 16 << 20
 	c.start("alpha")
-	eventually(t, func() bool { return c.vol("alpha").peers["beta"].pulling.Load() }, "alpha copying from beta")
+	// Pulling, and serving: the pull starts in the handshake, and the
+	// volume serves once the handshake is over.
+	eventually(t, func() bool {
+		v := c.vol("alpha")
+		v.mu.Lock()
+		serving := v.serving.IsOpen()
+		v.mu.Unlock()
+		return v.peers["beta"].pulling.Load() && serving
+	}, "alpha copying from beta, and serving")
 	ctx := context.Background()
 	written := map[int64][]byte{}
 	for i := range 200 {

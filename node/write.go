@@ -9,6 +9,7 @@ import (
 	"github.com/replvol/replvol/backing"
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/node/session"
+	"github.com/replvol/replvol/node/writepath"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -96,18 +97,22 @@ func (v *Volume) piece(off, length int64) int64 {
 	return min(length, (off/size+1)*size-off)
 }
 
-// replicate runs one write-type request through the write's pipeline, its
-// stages in the order they run, each in one place:
+// replicate runs one write-type request through the write's stages, in
+// the order node/writepath's machine gives them (the simulation runs the
+// same machine); each stage's I/O is here:
 //
-//  1. admit: ordered behind earlier overlapping requests (the range lock),
-//     the extent durably in the activity log;
-//  2. ship: each peer's session takes e, or what the peer misses is marked
-//     in its bitmap, after the volume durably tracks it (submit.go);
-//  3. write here, or mark what a detached disk misses;
-//  4. wait for the peers as the protocol says (C every ack, B every
+//   - admit (before the machine): ordered behind earlier overlapping
+//     requests (the range lock); whether the write goes to the local
+//     disk is decided once;
+//   - Log: the extent durably in the activity log;
+//   - Ship: each peer's session takes e, or what the peer misses is
+//     marked in its bitmap, after the volume durably tracks it
+//     (submit.go);
+//   - Local: write here, or mark what a detached disk misses;
+//   - Wait: for the peers as the protocol says (C every ack, B every
 //     receipt, A none);
-//  5. complete: under A and B each peer's lag counts the write from now;
-//     the write completes under a valid lease.
+//   - CountLag: under A and B each peer's lag counts the write from now;
+//   - Lease: the write completes under a valid lease.
 func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func() error) error {
 	if err := v.enter(ctx); err != nil {
 		return err
@@ -120,24 +125,21 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	}
 	v.lastWrite.Store(v.clock.Now().UnixNano())
 
-	// 1. Admit.
 	hold, err := v.locks.Lock(ctx, e.Off, e.Length)
 	if err != nil {
 		return err
 	}
 	defer hold.Release()
-	// The extent is in the activity log, durably, BEFORE the data is
-	// written anywhere: after a crash, only the log's extents can differ.
-	// A detached disk gets no data, so it needs no log entry; a log that
-	// cannot be written means the disk failed: detach it. Whether the
-	// write goes to the local disk is decided here, once (admitLocal): a
-	// write admitted while the disk is detached marks what it misses now,
-	// and never reaches the disk, even when the disk is re-attached before
-	// it completes.
+	// Whether the write goes to the local disk is decided here, once
+	// (admitLocal): a write admitted while the disk is detached marks
+	// what it misses now, and never reaches the disk, even when the disk
+	// is re-attached before it completes. A detached disk gets no data,
+	// so it needs no log entry.
 	al := v.md.ActivityLog()
 	toDisk := v.admitLocal(e.Off, e.Length)
+	diskHeld := toDisk
 	defer func() {
-		if toDisk {
+		if diskHeld {
 			v.localDone()
 		}
 	}()
@@ -146,131 +148,145 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	held := &countdown{}
 	held.add()
 	defer held.Done()
-	if toDisk {
-		if err := al.Admit(ctx, e.Off, e.Length); err != nil {
-			v.log.Error("activity log", "err", err)
-			toDisk = false
-			v.localDone()
-			if !v.detach(diskFailure{op: diskLog, err: err}, e.Off, e.Length) {
-				return fmt.Errorf("activity log: %w", syscall.EIO)
-			}
-		} else {
-			held.al, held.off, held.length = al, e.Off, e.Length
-		}
-	}
-	proto := v.settings().protocol
-	v.mu.Lock()
-	if !toDisk || v.d.gens.Current.IsZero() {
-		// Only a peer holds the whole volume: wait for it (protocol C).
-		proto = 'C'
-	}
-	v.mu.Unlock()
-	if proto == 'A' && e.Data != nil {
-		// The entry outlives this call; the client's buffer does not.
-		e.Data = append([]byte(nil), e.Data...)
-	}
-	if err := v.throttleLag(ctx, proto); err != nil {
-		return err
-	}
 
-	// 2. Ship.
+	w := writepath.Begin(v.settings().protocol, toDisk)
 	var room [2]*session.Pending // a pending per peer, on the stack
-	waits, serr := v.submitAll(room[:0], e, proto, held)
-	if serr != nil {
-		// A peer misses this write and that could not be tracked durably:
-		// it must not be acknowledged, so it is not written here either.
-		for _, w := range waits {
-			<-w.Done()
-		}
-		return fmt.Errorf("write at %d: %w (%w)", e.Off, serr, syscall.EIO)
-	}
-
-	// 3. Write here.
-	// A detached disk is skipped; what it misses is marked BEFORE the
-	// write completes (at admission, or here when the disk was detached
-	// since, or by detach when this write fails).
-	v.mu.Lock()
-	skipped := !toDisk || v.detachedLocked()
-	if skipped && toDisk {
-		v.localMissing.SetRange(e.Off, e.Length)
-	}
-	// While this primary copies newer data from its peer, only the peer's
-	// copy is whole: a write the peer did not take fails.
-	pulling := v.d.gens.Current.IsZero()
-	v.mu.Unlock()
-	var lerr error
-	if !skipped {
-		lerr = local()
-	}
-	if toDisk {
-		// Done with the disk, before a detach (probes wait for it).
-		toDisk = false
-		v.localDone()
-	}
-	if lerr != nil {
-		v.log.Error("local write failed", "op", e.Op, "off", e.Off, "len", e.Length, "err", lerr)
-		skipped = v.detach(diskFailure{op: diskWrite, off: e.Off, length: e.Length, err: lerr}, e.Off, e.Length)
-	}
-
-	// 4. Wait for the peers. acked: a peer at least took the write; perr:
-	// the first failure to track a write a peer did not take. A write the
-	// local disk did not take waits for every ack, whatever the protocol:
-	// only a peer holds it.
-	var acked bool
-	var perr error
-	wait := proto
-	if skipped {
-		wait = 'C'
-	}
-	switch wait {
-	case 'C': // every ack (or completion)
-		for _, w := range waits {
-			<-w.Done()
-			acked = acked || w.Acked()
-			if w.Err() != nil && perr == nil {
-				perr = w.Err()
+	var waits []*session.Pending
+	var lerr, perr, leaseErr error
+	for {
+		switch w.Next() {
+		case writepath.Log:
+			// A log that cannot be written means the disk failed: detach it.
+			if err := al.Admit(ctx, e.Off, e.Length); err != nil {
+				v.log.Error("activity log", "err", err)
+				diskHeld = false
+				v.localDone()
+				w.Logged(false, v.detach(diskFailure{op: diskLog, err: err}, e.Off, e.Length))
+				continue
 			}
+			held.al, held.off, held.length = al, e.Off, e.Length
+			w.Logged(true, false)
+		case writepath.Ship:
+			v.mu.Lock()
+			// Only a peer holds the whole volume while this primary
+			// copies newer data from it.
+			pulling := v.d.gens.Current.IsZero()
+			v.mu.Unlock()
+			proto := w.Protocol(pulling)
+			if proto == 'A' && e.Data != nil {
+				// The entry outlives this call; the client's buffer does not.
+				e.Data = append([]byte(nil), e.Data...)
+			}
+			if err := v.throttleLag(ctx, proto); err != nil {
+				return err
+			}
+			var serr error
+			waits, serr = v.submitAll(room[:0], e, proto, held)
+			perr = serr
+			w.Shipped(serr != nil)
+		case writepath.Drain:
+			// A peer misses this write and that could not be tracked
+			// durably: it must not be acknowledged, so it is not written
+			// here either.
+			for _, p := range waits {
+				<-p.Done()
+			}
+			w.Drained()
+		case writepath.Local:
+			// A detached disk is skipped; what it misses is marked BEFORE
+			// the write completes (at admission, or here when the disk was
+			// detached since, or by detach when this write fails).
+			v.mu.Lock()
+			skipped := !w.ToDisk() || v.detachedLocked()
+			if skipped && w.ToDisk() {
+				v.localMissing.SetRange(e.Off, e.Length)
+			}
+			pulling := v.d.gens.Current.IsZero()
+			v.mu.Unlock()
+			if !skipped {
+				lerr = local()
+			}
+			if diskHeld {
+				// Done with the disk, before a detach (probes wait for it).
+				diskHeld = false
+				v.localDone()
+			}
+			if lerr != nil {
+				v.log.Error("local write failed", "op", e.Op, "off", e.Off, "len", e.Length, "err", lerr)
+				skipped = v.detach(diskFailure{op: diskWrite, off: e.Off, length: e.Length, err: lerr}, e.Off, e.Length)
+			}
+			w.Wrote(skipped, lerr != nil, pulling)
+		case writepath.Wait:
+			acked, failed := v.waitPeers(waits, w.WaitFor())
+			if failed != nil {
+				perr = failed
+			}
+			w.Waited(acked, failed != nil)
+		case writepath.CountLag:
+			// The client has the write before its peers do: each peer's
+			// loop counts it in the peer's lag from now, before this
+			// returns. A write whose session ended is not counted: its
+			// blocks are marked.
+			now := v.clock.Now()
+			for _, p := range waits {
+				if p.Session == nil || p.LagSeq == 0 {
+					continue
+				}
+				p.Session.CompletedLocally(p.LagSeq, e.Length, now)
+			}
+			w.Counted()
+		case writepath.Lease:
+			// Completed only under a valid lease (authority mode).
+			leaseErr = v.holdLease(ctx)
+			w.Leased(leaseErr == nil)
+		case writepath.Done:
+			return v.writeOutcome(e, w.Outcome(), perr, lerr, leaseErr)
 		}
-	case 'B': // every receipt; a failure to track ends the wait
-	receipts:
-		for _, w := range waits {
-			<-w.Received
+	}
+}
+
+// waitPeers waits for the peers' pendings as mode says: acked says a peer
+// took the write, failed is the first failure to track a write a peer did
+// not take (under B, it ends the wait).
+func (v *Volume) waitPeers(waits []*session.Pending, mode writepath.WaitMode) (acked bool, failed error) {
+	switch mode {
+	case writepath.WaitAcks: // every ack (or completion)
+		return waitAll(waits)
+	case writepath.WaitReceipts: // every receipt; a failure to track ends the wait
+		for _, p := range waits {
+			<-p.Received
 			select {
-			case <-w.Done():
-				if w.Err() != nil {
-					perr = w.Err()
-					break receipts
+			case <-p.Done():
+				if p.Err() != nil {
+					return false, p.Err()
 				}
 			default:
 			}
 		}
 	}
+	return false, nil
+}
 
-	// 5. Complete. Under A and B the client has the write before its peers
-	// do: each peer's loop counts it in the peer's lag from now, before this
-	// returns. A write whose session ended is not counted: its blocks are
-	// marked.
-	if wait != 'C' && lerr == nil {
-		now := v.clock.Now()
-		for _, w := range waits {
-			if w.Session == nil || w.LagSeq == 0 {
-				continue
-			}
-			w.Session.CompletedLocally(w.LagSeq, e.Length, now)
-		}
-	}
-	switch {
-	case perr != nil:
+// writeOutcome is the error a write that ended with o returns (nil when
+// it completed).
+func (v *Volume) writeOutcome(e replication.Entry, o writepath.Outcome, perr, lerr, leaseErr error) error {
+	switch o {
+	case writepath.Completed:
+		return nil
+	case writepath.LogFailed:
+		return fmt.Errorf("activity log: %w", syscall.EIO)
+	case writepath.TrackFailed, writepath.PeerFailed:
 		return fmt.Errorf("write at %d: %w (%w)", e.Off, perr, syscall.EIO)
-	case skipped && !acked:
+	case writepath.NoCopy:
 		return fmt.Errorf("write at %d: %w (%w)", e.Off, errNoCopy, syscall.EIO)
-	case pulling && !acked:
+	case writepath.PullNotTaken:
 		return fmt.Errorf("write at %d: %s is copying newer data from its peer and the peer did not take the write; it completes again once the peer is back (%w)", e.Off, v.self, syscall.EIO)
-	case !skipped && lerr != nil:
+	case writepath.LocalFailed:
 		return fmt.Errorf("local write: %w", syscall.EIO)
+	case writepath.LeaseLost:
+		return leaseErr
 	}
-	// Completed only under a valid lease (authority mode).
-	return v.holdLease(ctx)
+	panic(fmt.Sprintf("volume %s: write outcome %s", v.name, o))
 }
 
 // Flush implements nbd.Export: every write completed before it is durable

@@ -77,11 +77,11 @@ var mutations = []Mutation{
 	},
 	{
 		Name: "ack-before-peer-under-c",
-		Rule: "under protocol C a write completes without waiting for its peers' acks",
+		Rule: "under protocol C a write completes without waiting for its peers' acks (writepath's wait, which node's write path and the simulation both run)",
 		Edits: []Edit{{
-			File:    "node/write.go",
-			Find:    "case 'C': // every ack (or completion)",
-			Replace: "case 'c': // every ack (or completion)",
+			File:    "node/writepath/writepath.go",
+			Find:    "\tcase 'C':\n\t\treturn WaitAcks\n",
+			Replace: "\tcase 'C':\n\t\treturn WaitNone\n",
 		}},
 	},
 	{
@@ -95,19 +95,12 @@ var mutations = []Mutation{
 	},
 	{
 		Name: "al-after-data-write",
-		Rule: "a write's extent enters the activity log after the data is written to the local disk, not before",
-		Edits: []Edit{
-			{
-				File:    "node/write.go",
-				Find:    "\tif toDisk {\n\t\tif err := al.Admit(ctx, e.Off, e.Length); err != nil {",
-				Replace: "\tif toDisk && false {\n\t\tif err := al.Admit(ctx, e.Off, e.Length); err != nil {",
-			},
-			{
-				File:    "node/write.go",
-				Find:    "\tif !skipped {\n\t\tlerr = local()\n\t}\n",
-				Replace: "\tif !skipped {\n\t\tlerr = local()\n\t\tif lerr == nil && al.Admit(ctx, e.Off, e.Length) == nil {\n\t\t\theld.al, held.off, held.length = al, e.Off, e.Length\n\t\t}\n\t}\n",
-			},
-		},
+		Rule: "a write's extent enters the activity log after the data is written to the local disk, not before (writepath's order of stages)",
+		Edits: []Edit{{
+			File:    "node/writepath/writepath.go",
+			Find:    "var order = [...]Stage{Log, Ship, Drain, Local, Wait, CountLag, Lease}",
+			Replace: "var order = [...]Stage{Ship, Drain, Local, Log, Wait, CountLag, Lease}",
+		}},
 	},
 	{
 		Name: "secondary-accepts-stale-epoch",

@@ -121,7 +121,8 @@ func plant(root string, m Mutation, dir string) (Planted, error) {
 }
 
 // enclosingFunc names the function of the Go file text (named file) that
-// holds the byte at offset: "Name" or "(*Recv).Name"; "" when none does.
+// holds the byte at offset: "Name" or "(*Recv).Name", or the package
+// variable that does ("var Name"); "" when none does.
 func enclosingFunc(file, text string, offset int) (string, error) {
 	fset := token.NewFileSet()
 	f, err := parser.ParseFile(fset, file, text, parser.SkipObjectResolution)
@@ -129,6 +130,19 @@ func enclosingFunc(file, text string, offset int) (string, error) {
 		return "", fmt.Errorf("%s does not parse: %w", file, err)
 	}
 	for _, d := range f.Decls {
+		if start, end := fset.Position(d.Pos()).Offset, fset.Position(d.End()).Offset; offset < start || offset >= end {
+			continue
+		}
+		if gd, ok := d.(*ast.GenDecl); ok && gd.Tok == token.VAR {
+			// A table the rules read (an order, a list): named as the
+			// variable.
+			for _, sp := range gd.Specs {
+				vs := sp.(*ast.ValueSpec)
+				if start, end := fset.Position(vs.Pos()).Offset, fset.Position(vs.End()).Offset; len(gd.Specs) == 1 || offset >= start && offset < end {
+					return "var " + vs.Names[0].Name, nil
+				}
+			}
+		}
 		fd, ok := d.(*ast.FuncDecl)
 		if !ok {
 			continue

@@ -157,6 +157,21 @@ const (
 	// (an interrupted resync whose target did not record the generation
 	// it resumes from comes back with none: just-created-peer) breaks it.
 	FindingHistoryFullResync
+	// FindingFailedWriteDiverges: a write that went to a peer's stream
+	// and then failed without reaching the local disk leaves the peer
+	// holding it, and nothing marks the block for the peer. node's stage
+	// order (writepath) ships before the local write, so this happens
+	// when the local write fails and the disk is not detached (no peer in
+	// sync to serve through), and when another peer's miss of the write
+	// could not be tracked (no raft quorum: the write is then not written
+	// here). The replicas differ in that block while they count each
+	// other in sync, until a later write to it. The client was told the
+	// write failed, so either content is allowed to it, but a failover
+	// changes what it reads and a verify reports the difference. DRBD
+	// marks such a block out of sync (drbd_req_destroy: not both
+	// RQ_LOCAL_OK and RQ_NET_OK). ReplicasEqualInSync tolerates the block
+	// until a write to it is acknowledged, traced.
+	FindingFailedWriteDiverges
 )
 
 func (f Finding) String() string {
@@ -165,6 +180,8 @@ func (f Finding) String() string {
 		return "flush-skips-peer-cache"
 	case FindingHistoryFullResync:
 		return "history-full-resync"
+	case FindingFailedWriteDiverges:
+		return "failed-write-diverges"
 	}
 	return "finding(?)"
 }
@@ -350,6 +367,17 @@ func (c *checker) allow(a, b string, block int) {
 		c.changed[k] = map[int]bool{}
 	}
 	c.changed[k][block] = true
+}
+
+// failedWriteDiverges: n's write w failed after it went to a peer's
+// stream, and its disk does not hold it (FindingFailedWriteDiverges):
+// traced, and the block may differ until a write to it is acknowledged.
+func (c *checker) failedWriteDiverges(s *Sim, n *node, w *write) {
+	c.mayDiffer[w.block] = true
+	hit := findingHit{finding: FindingFailedWriteDiverges, step: s.step,
+		detail: fmt.Sprintf("%s's write %d to block %d failed after it went to a stream, and its disk does not hold it; nothing marks it for the peers", n.name, w.id, w.block)}
+	c.findings = append(c.findings, hit)
+	s.tracef("KNOWN FINDING %s: %s", hit.finding, hit.detail)
 }
 
 // historyFullResync: p's data goes to q in full by the rule

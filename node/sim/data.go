@@ -6,20 +6,25 @@ import (
 	"slices"
 
 	"github.com/replvol/replvol/node/volstate"
+	"github.com/replvol/replvol/node/writepath"
 	"github.com/replvol/replvol/replication"
 )
 
 // The data path, as node's write.go runs it: the client writes to whoever
-// serves; the primary writes to its disk's cache and ships to its streams
-// (protocol C); a write completes once it is in the local cache and every
-// stream acknowledged it (the secondary's applier writes to its cache and
-// acknowledges), a peer it misses recorded Outdated in raft first and
-// marked in the bitmap. Nothing is durable until a FLUSH, but a FUA write:
-// it is written through, here and on every peer. A FLUSH (node's
-// flushAll) syncs the local disk and sends a flush entry to every peer
-// with a stream, in order after the writes, and completes once each of
-// those acknowledged it or its stream ended; a peer without a stream is
-// skipped ("a flush the peer misses changes no block of it").
+// serves; the primary runs each write through node/writepath's machine,
+// the same that orders node's writes, one stage per step or more in a
+// seeded order (a crash can fall between any two): the extent enters the
+// activity log; the write goes to every stream (protocol C), or a peer
+// it misses is recorded Outdated in raft first and marked in the bitmap;
+// it is written to the local disk's cache; the write waits for every
+// stream's ack (the secondary's applier writes to its cache and
+// acknowledges) and completes under the lease. Nothing is durable until
+// a FLUSH, but a FUA write: it is written through, here and on every
+// peer. A FLUSH (node's flushAll) syncs the local disk and sends a flush
+// entry to every peer with a stream, in order after the writes, and
+// completes once each of those acknowledged it or its stream ended; a
+// peer without a stream is skipped ("a flush the peer misses changes no
+// block of it").
 
 var errWait = errors.New("waits for raft")
 
@@ -57,22 +62,10 @@ func (s *Sim) client() {
 		}
 	}
 	s.nextWrite++
-	w := &write{id: s.nextWrite, block: block, fua: fua, epoch: n.st.Durable.Epoch, started: s.now, waiting: map[string]bool{}, missed: map[string]bool{}}
-	n.al[block]++
-	n.logged[block] = true
-	if !s.diskWrite(n, block, w.id, fua) {
-		s.tracef("%s: write %d block %d: disk error", n.name, w.id, block)
-		s.finish(n, w)
-		_ = s.drive(n, diskFailed(n))
-		return
-	}
-	for _, p := range n.peers {
-		if _, ok := n.sessions[p]; ok {
-			s.ship(n, w, p)
-		} else {
-			w.missed[p] = true
-		}
-	}
+	w := &write{id: s.nextWrite, block: block, fua: fua, epoch: n.st.Durable.Epoch, started: s.now, waiting: map[string]bool{}, missed: map[string]bool{},
+		flow: writepath.Begin('C', true)}
+	// Attempted from here: it may reach a peer before the local disk.
+	s.touch(n, block)
 	n.writes = append(n.writes, w)
 	s.progressWrites(n)
 }
@@ -82,7 +75,7 @@ func (s *Sim) ship(n *node, w *write, p string) {
 	sid := n.sessions[p]
 	s.link(n.name, p).send(msg{at: s.now.Add(s.duration(tick/2, 3*tick)), from: n.name, to: p, session: sid, kind: msgWrite, id: w.id, block: w.block, value: w.id, fua: w.fua,
 		seq: s.check.sent(sid, w.block, w.id)})
-	w.waiting[p], w.shipped = true, true
+	w.waiting[p], w.streamed = true, true
 	if n.inflight[p] == nil {
 		n.inflight[p] = map[int64]int{}
 	}
@@ -113,6 +106,14 @@ const (
 // abandon fails w: its block is marked for the peers it missed (the
 // local disk may hold it; node's submit marks on an error too).
 func (s *Sim) abandon(n *node, w *write) {
+	if w.flow.Next() == writepath.Local {
+		// Shipped and not written here yet: node's write runs its local
+		// write right after the ship, whatever comes after.
+		w.written = s.diskWrite(n, w.block, w.id, w.fua)
+	}
+	if w.streamed && !w.written {
+		s.check.failedWriteDiverges(s, n, w)
+	}
 	for _, p := range slices.Sorted(maps.Keys(w.missed)) {
 		n.mark(p, w.block)
 	}
@@ -124,23 +125,143 @@ func (s *Sim) finish(n *node, w *write) {
 		delete(n.al, w.block)
 	}
 	n.writes = slices.DeleteFunc(n.writes, func(x *write) bool { return x == w })
+	// A resync that waited for this write reads its block now.
+	for _, p := range slices.Sorted(maps.Keys(n.resyncLate)) {
+		late := n.resyncLate[p]
+		if !late.blocks[w.block] {
+			continue
+		}
+		delete(late.blocks, w.block)
+		if len(late.blocks) == 0 {
+			delete(n.resyncLate, p)
+		}
+		if n.sessions[p] != late.session {
+			continue
+		}
+		v := n.disk.read(w.block)
+		seq := s.check.sent(late.session, w.block, v)
+		s.link(n.name, p).send(msg{at: s.now.Add(tick), from: n.name, to: p, session: late.session, kind: msgSyncData, blocks: map[int]int64{w.block: v}, seq: seq})
+	}
 }
 
-// progress moves w on.
+// pStagePause is the chance that a write, having run a stage, runs its
+// next one only at a later step: a crash, a lost link or a change of
+// primary may fall between any two stages.
+const pStagePause = 0.4
+
+// progress moves w through the stages of node/writepath's machine, as far
+// as it can now.
 func (s *Sim) progress(n *node, w *write) writeState {
-	if s.now.Sub(w.started) > writeTimeout {
+	if s.now.Sub(w.started) > writeTimeout && w.flow.Next() != writepath.Local {
+		// Node gives a write up where it waits (for raft, for the
+		// lease), never between its ship and its local write.
 		s.tracef("%s: write %d timed out", n.name, w.id)
 		return writeFailed
 	}
-	for _, p := range slices.Sorted(maps.Keys(w.missed)) {
-		// Raft records the peer Outdated BEFORE the write completes
-		// without it (node's ensureOutdated), then the bitmap marks it.
-		switch err := s.ensureOutdated(n, p); {
-		case errors.Is(err, errWait):
+	for {
+		switch stage := w.flow.Next(); stage {
+		case writepath.Log:
+			// The activity log is written durably (the sim's never fails).
+			n.al[w.block]++
+			n.logged[w.block] = true
+			w.flow.Logged(true, false)
+		case writepath.Ship:
+			if !w.shipping {
+				w.shipping = true
+				w.flow.Protocol(n.durable.Gens.Current.IsZero())
+				for _, p := range n.peers {
+					if _, ok := n.sessions[p]; ok {
+						s.ship(n, w, p)
+					} else {
+						w.missed[p] = true
+					}
+				}
+			}
+			switch err := s.trackMissed(n, w); {
+			case errors.Is(err, errWait):
+				return writeWaits
+			case err != nil:
+				s.tracef("%s: write %d fails: %v", n.name, w.id, err)
+				w.flow.Shipped(true)
+			default:
+				w.flow.Shipped(false)
+			}
+		case writepath.Drain:
+			if len(w.waiting) > 0 {
+				return writeWaits
+			}
+			w.flow.Drained()
+		case writepath.Local:
+			pulling := n.durable.Gens.Current.IsZero()
+			if !s.diskWrite(n, w.block, w.id, w.fua) {
+				// The sim's failed disk fails the write (node detaches the
+				// disk when a peer is in sync; the sim does not model a
+				// primary serving without its disk).
+				s.tracef("%s: write %d block %d: disk error", n.name, w.id, w.block)
+				w.flow.Wrote(false, true, pulling)
+				_ = s.drive(n, diskFailed(n))
+				continue
+			}
+			w.written = true
+			w.flow.Wrote(false, false, pulling)
+		case writepath.Wait:
+			// A stream that ended left the write missing its peer: it is
+			// tracked and marked before the write completes (node's
+			// session end), whatever the wait.
+			switch err := s.trackMissed(n, w); {
+			case errors.Is(err, errWait):
+				return writeWaits
+			case err != nil:
+				s.tracef("%s: write %d fails: %v", n.name, w.id, err)
+				w.flow.Waited(w.acked, true)
+				continue
+			}
+			if w.flow.WaitFor() == writepath.WaitAcks && len(w.waiting) > 0 && s.cfg.mutation != mutAckWithoutPeer {
+				return writeWaits
+			}
+			if len(n.announcing) > 0 && s.cfg.mutation != mutAnnounceNotAwaited {
+				// A write completes only once the peers in sync took the
+				// new generation it announced (node's Volume.track waits
+				// for the sync-done entries): were the primary to crash
+				// first, an in-sync peer would hold the write under the
+				// old generation, which the Outdated peer holds too, and,
+				// promoted, count that peer in sync and record it
+				// UpToDate without the write.
+				return writeWaits
+			}
+			w.flow.Waited(w.acked, false)
+		case writepath.CountLag:
+			w.flow.Counted()
+		case writepath.Lease:
+			// The lease is checked right before the write completes.
+			ok := volstate.Admit(n.st, s.now) == volstate.Serve && n.st.Durable.Epoch == w.epoch
+			if !ok {
+				s.tracef("%s: write %d not completed (%s)", n.name, w.id, volstate.Admit(n.st, s.now))
+			}
+			w.flow.Leased(ok)
+		case writepath.Done:
+			if o := w.flow.Outcome(); o != writepath.Completed {
+				s.tracef("%s: write %d fails: %s", n.name, w.id, o)
+				return writeFailed
+			}
+			s.check.acknowledged(s, n, w)
+			return writeAcknowledged
+		}
+		if s.chance(pStagePause) {
 			return writeWaits
-		case err != nil:
-			s.tracef("%s: write %d fails: %v", n.name, w.id, err)
-			return writeFailed
+		}
+	}
+}
+
+// trackMissed records, for each peer w misses, the peer Outdated in raft
+// (node's ensureOutdated), moves the generation on where the rules say
+// and marks the block in the peer's bitmap, in that order; a peer whose
+// stream started meanwhile gets the write in it instead. errWait: raft
+// is still to record one.
+func (s *Sim) trackMissed(n *node, w *write) error {
+	for _, p := range slices.Sorted(maps.Keys(w.missed)) {
+		if err := s.ensureOutdated(n, p); err != nil {
+			return err
 		}
 		if _, ok := n.sessions[p]; ok {
 			// The peer connected meanwhile: the write goes to its
@@ -161,7 +282,7 @@ func (s *Sim) progress(n *node, w *write) writeState {
 		// the current one (node's trackLocked).
 		if !n.durable.Gens.Tracking(p) || mayHold == before {
 			if err := s.drive(n, volstate.WriteMissed{Peer: p, Held: before, Next: s.newGen(), MayHold: mayHold}); err != nil {
-				return writeFailed
+				return err
 			}
 			if n.durable.Gens.Current != before {
 				delete(n.mayHoldUnknown, p)
@@ -171,31 +292,7 @@ func (s *Sim) progress(n *node, w *write) writeState {
 		n.mark(p, w.block)
 		delete(w.missed, p)
 	}
-	if len(w.waiting) > 0 && s.cfg.mutation != mutAckWithoutPeer {
-		return writeWaits
-	}
-	if len(n.announcing) > 0 && s.cfg.mutation != mutAnnounceNotAwaited {
-		// A write completes only once the peers in sync took the new
-		// generation it announced (node's Volume.track waits for the
-		// sync-done entries): were the primary to crash first, an
-		// in-sync peer would hold the write under the old generation,
-		// which the Outdated peer holds too, and, promoted, count that
-		// peer in sync and record it UpToDate without the write.
-		return writeWaits
-	}
-	// While this primary copies newer data from a peer, only the peer's
-	// copy is whole: a write no peer took fails (node's replicate).
-	if n.durable.Gens.Current.IsZero() && !w.acked {
-		s.tracef("%s: write %d fails: copying newer data and no peer took it", n.name, w.id)
-		return writeFailed
-	}
-	// The lease is checked right before the write completes.
-	if volstate.Admit(n.st, s.now) != volstate.Serve || n.st.Durable.Epoch != w.epoch {
-		s.tracef("%s: write %d not completed (%s)", n.name, w.id, volstate.Admit(n.st, s.now))
-		return writeFailed
-	}
-	s.check.acknowledged(s, n, w)
-	return writeAcknowledged
+	return nil
 }
 
 // ensureOutdated has raft record peer Outdated at this primary's epoch,
@@ -422,6 +519,19 @@ func (s *Sim) startResync(n *node, peer string) {
 	s.check.copied(s, n.name, peer, slices.Sorted(maps.Keys(copied)), "resync")
 	l := s.link(n.name, peer)
 	l.send(msg{at: s.now.Add(tick), from: n.name, to: peer, session: sid, kind: msgSyncStart, sync: syncGens{gen: n.durable.Gens.Bitmaps[peer]}})
+	// A block a write in flight holds is read once that write is over
+	// (node's resync reads under the range lock the write holds from its
+	// admission to its end): it follows when the write finishes.
+	late := map[int]bool{}
+	for _, w := range n.writes {
+		if _, ok := copied[w.block]; ok {
+			late[w.block] = true
+			delete(copied, w.block)
+		}
+	}
+	if len(late) > 0 {
+		n.resyncLate[peer] = resyncLate{session: sid, blocks: late}
+	}
 	seq := 0
 	for _, b := range slices.Sorted(maps.Keys(copied)) {
 		seq = s.check.sent(sid, b, copied[b])
@@ -436,6 +546,9 @@ func (s *Sim) startResync(n *node, peer string) {
 func (s *Sim) sendSyncDone(n *node) {
 	for _, p := range slices.Sorted(maps.Keys(n.syncDone)) {
 		due := n.syncDone[p]
+		if late, ok := n.resyncLate[p]; ok && late.session == due.session && n.sessions[p] == due.session {
+			continue // the blocks writes held go first
+		}
 		if s.now.Before(due.at) {
 			continue
 		}

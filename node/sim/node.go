@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/node/volstate"
+	"github.com/replvol/replvol/node/writepath"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -45,9 +46,12 @@ type node struct {
 	outdatedRetry time.Time
 	sessions      map[string]uint64 // this primary's streams, per peer
 	incoming      session           // the stream of a primary applied here
-	// resyncing: per peer, the blocks a resync under way copies.
-	resyncing map[string]map[int]bool
-	syncDone  map[string]syncDue // sync-done entries to send, per peer
+	// resyncing: per peer, the blocks a resync under way copies;
+	// resyncLate: those of them it reads once the write in flight on
+	// each is over.
+	resyncing  map[string]map[int]bool
+	resyncLate map[string]resyncLate
+	syncDone   map[string]syncDue // sync-done entries to send, per peer
 	// announcing: peers sent a new generation that did not take it yet.
 	announcing map[string]bool
 	// mayHold: per peer, the generation it may hold while tracked (node's
@@ -105,8 +109,21 @@ type write struct {
 	started time.Time
 	waiting map[string]bool // peers whose ack it waits for
 	missed  map[string]bool // peers it misses, not yet recorded
-	shipped bool            // it went to a stream
 	acked   bool            // a peer acknowledged it
+	// streamed: it went to a peer's stream; written: to the local disk.
+	streamed, written bool
+	// flow is the write's way through node's stages (node/writepath);
+	// shipping: its Ship stage started (it went to the streams, or its
+	// misses are being recorded).
+	flow     writepath.Write
+	shipping bool
+}
+
+// resyncLate is what a resync on session reads once the writes in flight
+// on blocks are over.
+type resyncLate struct {
+	session uint64
+	blocks  map[int]bool
 }
 
 type syncGens struct {
@@ -138,6 +155,7 @@ func (n *node) boot() {
 	}
 	n.outdated, n.sessions, n.nextDial = map[string]uint64{}, map[string]uint64{}, map[string]time.Time{}
 	n.inflight, n.resyncing, n.syncDone = map[string]map[int64]int{}, map[string]map[int]bool{}, map[string]syncDue{}
+	n.resyncLate = map[string]resyncLate{}
 	n.announcing, n.pulls = map[string]bool{}, map[string]pullDue{}
 	n.mayHold, n.mayHoldUnknown = map[string]replication.Generation{}, map[string]bool{}
 	for _, p := range n.peers {
@@ -604,10 +622,15 @@ func (s *Sim) crash(n *node) {
 	if n.witness {
 		return
 	}
-	// The activity log covers every write not known durable: what the
-	// cache held is marked for every peer at the restart.
+	// The activity log covers every write not known durable, because a
+	// write's extent enters it BEFORE its data goes to the disk
+	// (writepath's order): what the cache held is marked for every peer
+	// at the restart, as far as the log holds it. A block in the cache
+	// the log never held is a write whose data went first: not marked.
 	for b := range n.disk.cache {
-		n.al[b]++
+		if n.logged[b] {
+			n.al[b]++
+		}
 		s.touch(n, b)
 	}
 	s.check.crashed(s, n)
