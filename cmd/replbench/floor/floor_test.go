@@ -4,7 +4,9 @@ package main
 // on the replica's file when its reply comes (protocol C).
 
 import (
+	"bufio"
 	"bytes"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -107,5 +109,64 @@ func TestTheFloorsWriteIsOnTheReplicaWhenItsReplyComes(t *testing.T) {
 	}
 	if !bytes.Equal(data[:4096], make([]byte, 4096)) || !bytes.Equal(data[4096+8192:4096+8192+4096], make([]byte, 4096)) {
 		t.Fatal("the replica's file changed outside the write")
+	}
+}
+
+// TestTheFloorsProcessesKeepTheirFilesOpen runs the floor as the bench
+// does, two processes, with the garbage collector at every allocation
+// of note (GOGC=1): their files stay open while they serve, so writes
+// of several megabytes succeed and reach the replica.
+func TestTheFloorsProcessesKeepTheirFilesOpen(t *testing.T) {
+	qemuIO := requireTool(t, "qemu-io", "qemu-utils")
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "floor")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v: %s", err, out)
+	}
+	const size = 16 << 20
+	for _, f := range []string{"primary.img", "replica.img"} {
+		if err := os.WriteFile(filepath.Join(dir, f), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(filepath.Join(dir, f), size); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// start runs bin ARGS and returns the address of its "ready" line.
+	start := func(args ...string) string {
+		cmd := exec.Command(bin, args...)
+		cmd.Env = append(os.Environ(), "GOGC=1")
+		cmd.Stderr = os.Stderr
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		line, err := bufio.NewReader(stdout).ReadString('\n')
+		addr, ok := strings.CutPrefix(strings.TrimSpace(line), "ready ")
+		if err != nil || !ok {
+			t.Fatalf("%s %s: %q, %v; want a ready line", bin, args[0], line, err)
+		}
+		return addr
+	}
+	replica := start("replica", "-file", filepath.Join(dir, "replica.img"))
+	primary := start("serve", "-file", filepath.Join(dir, "primary.img"), "-peer", replica)
+	var cmds []string
+	for i := range 8 {
+		cmds = append(cmds, "-c", fmt.Sprintf("write -P 0xcd %d 1M", i<<20))
+	}
+	out, err := exec.Command(qemuIO, append([]string{"-f", "raw", "nbd://" + primary}, cmds...)...).CombinedOutput()
+	if err != nil || strings.Contains(string(out), "failed") {
+		t.Fatalf("qemu-io: %v: %s", err, out)
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "replica.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(data[:8<<20], bytes.Repeat([]byte{0xcd}, 8<<20)) {
+		t.Fatal("the replica's file lacks the acknowledged writes")
 	}
 }

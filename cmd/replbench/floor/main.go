@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -114,7 +115,9 @@ func serve(addr, path string, size int64, peer string) error {
 	if err != nil {
 		return err
 	}
-	return serveOn(l, int(f.Fd()), size, peer)
+	err = serveOn(l, int(f.Fd()), size, peer)
+	runtime.KeepAlive(f) // its finalizer would close the fd serveOn uses
+	return err
 }
 
 // serveOn serves the file open at fd as an NBD export of size bytes on
@@ -399,7 +402,9 @@ func replica(addr, path string) error {
 	if err != nil {
 		return err
 	}
-	return replicaOn(l, int(f.Fd()))
+	err = replicaOn(l, int(f.Fd()))
+	runtime.KeepAlive(f) // its finalizer would close the fd replicaOn uses
+	return err
 }
 
 // replicaOn applies what the primaries connected on l send to the file
