@@ -2,15 +2,16 @@ package main
 
 // What each server process spends per IO over a fio run (issue 31): its
 // CPU time (utime + stime of /proc/PID/stat, every thread, also the ones
-// that ended), its context switches (voluntary + nonvoluntary of
-// /proc/PID/task/*/status, summed over the threads alive at the start and
-// at the end of the run: a thread that ends in between takes its count
-// with it, and Go's runtime rarely ends one) and its system calls
-// (`perf stat -e raw_syscalls:sys_enter -p PID`, which also counts the
-// threads the process starts during the run). Without perf, or where it
-// cannot count (not root and perf_event_paranoid > -1, no tracepoint),
-// syscalls are not measured and every table says so: no figure is made
-// up. perf's counting costs each system call of the process a little;
+// that ended), its system calls and its context switches (`perf stat -e
+// raw_syscalls:sys_enter,context-switches -p PID`, which also counts the
+// threads the process starts during the run, as nbdkit does for every
+// connection). Without perf, or where it cannot count (not root and
+// perf_event_paranoid > -1, no tracepoint), syscalls are not measured and
+// every table says so: no figure is made up; the context switches are
+// then voluntary + nonvoluntary of /proc/PID/task/*/status, summed over
+// the threads alive at the start and at the end of the run, which misses
+// a thread that starts and ends in between (nbdkit's per connection; Go's
+// runtime rarely ends one). perf's counting costs each system call of the process a little;
 // the CPU figures include it, for every target alike.
 
 import (
@@ -28,8 +29,12 @@ import (
 	"time"
 )
 
-// syscallEvent is the tracepoint perf counts: every system call entered.
-const syscallEvent = "raw_syscalls:sys_enter"
+// syscallEvent is the tracepoint perf counts: every system call entered;
+// switchEvent is every context switch.
+const (
+	syscallEvent = "raw_syscalls:sys_enter"
+	switchEvent  = "context-switches"
+)
 
 // procCost is what one server process spent per IO over a run, or the
 // median of it over the rounds.
@@ -118,9 +123,10 @@ func perfSyscalls(ctx context.Context) string {
 	}
 	cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(cctx, "perf", "stat", "-x,", "-e", syscallEvent, "--", "true").CombinedOutput()
-	if n, ok := parsePerfCount(string(out), syscallEvent); err != nil || !ok || n <= 0 {
-		return fmt.Sprintf("perf stat -e %s does not count here (%v): %s", syscallEvent, err, firstOf(string(out)))
+	out, err := exec.CommandContext(cctx, "perf", "stat", "-x,", "-e", syscallEvent+","+switchEvent, "--", "true").CombinedOutput()
+	n, ok := parsePerfCount(string(out), syscallEvent)
+	if _, ok2 := parsePerfCount(string(out), switchEvent); err != nil || !ok || !ok2 || n <= 0 {
+		return fmt.Sprintf("perf stat -e %s,%s does not count here (%v): %s", syscallEvent, switchEvent, err, firstOf(string(out)))
 	}
 	return ""
 }
@@ -136,7 +142,7 @@ func firstOf(s string) string {
 }
 
 // syscallCounter is one `perf stat -p PID` counting a process's system
-// calls until stopped.
+// calls and context switches until stopped.
 type syscallCounter struct {
 	cmd *exec.Cmd
 	out string
@@ -149,7 +155,7 @@ func (b *bench) countSyscalls(pid int) *syscallCounter {
 		return nil
 	}
 	out := filepath.Join(b.tmp, fmt.Sprintf("perf-%d.csv", pid))
-	cmd := exec.Command("perf", "stat", "-x,", "-o", out, "-e", syscallEvent, "-p", strconv.Itoa(pid))
+	cmd := exec.Command("perf", "stat", "-x,", "-o", out, "-e", syscallEvent+","+switchEvent, "-p", strconv.Itoa(pid))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		logf("perf stat -p %d: %v: system calls not counted in this run", pid, err)
@@ -158,11 +164,17 @@ func (b *bench) countSyscalls(pid int) *syscallCounter {
 	return &syscallCounter{cmd: cmd, out: out}
 }
 
+// perfCount is what a syscallCounter counted; ok false when it did not.
+type perfCount struct {
+	syscalls, switches int64
+	ok                 bool
+}
+
 // stop ends the count (SIGINT: perf prints its counts and exits) and
-// returns it; false when there is none.
-func (s *syscallCounter) stop() (int64, bool) {
+// returns it.
+func (s *syscallCounter) stop() perfCount {
 	if s == nil {
-		return 0, false
+		return perfCount{}
 	}
 	defer os.Remove(s.out)
 	_ = s.cmd.Process.Signal(os.Interrupt)
@@ -173,13 +185,15 @@ func (s *syscallCounter) stop() (int64, bool) {
 	case <-time.After(10 * time.Second):
 		_ = s.cmd.Process.Kill()
 		<-done
-		return 0, false
+		return perfCount{}
 	}
 	data, err := os.ReadFile(s.out)
 	if err != nil {
-		return 0, false
+		return perfCount{}
 	}
-	return parsePerfCount(string(data), syscallEvent)
+	sc, ok1 := parsePerfCount(string(data), syscallEvent)
+	sw, ok2 := parsePerfCount(string(data), switchEvent)
+	return perfCount{syscalls: sc, switches: sw, ok: ok1 && ok2}
 }
 
 // procSample is what the counters of one server process read at one
@@ -197,16 +211,18 @@ func sampleProc(p *proc) procSample {
 }
 
 // costOf is a process's cost per IO over a run of ios IOs, from its
-// samples before and after and its system calls (ok false: not counted).
-func costOf(name string, before, after procSample, syscalls int64, counted bool, ios float64) (procCost, bool) {
+// samples before and after and what perf counted (where it did, its
+// context switches are perf's: /proc's miss the threads that ended).
+func costOf(name string, before, after procSample, perf perfCount, ios float64) (procCost, bool) {
 	if !before.ok || !after.ok || ios <= 0 {
 		return procCost{}, false
 	}
 	c := procCost{Process: name,
 		CPUPerIO:         float64(after.ticks-before.ticks) / userHZ * 1e6 / ios,
 		CtxSwitchesPerIO: float64(after.switches-before.switches) / ios}
-	if counted {
-		c.SyscallsPerIO = fptr(float64(syscalls) / ios)
+	if perf.ok {
+		c.SyscallsPerIO = fptr(float64(perf.syscalls) / ios)
+		c.CtxSwitchesPerIO = float64(perf.switches) / ios
 	}
 	return c, true
 }
@@ -273,11 +289,11 @@ func printCosts(w io.Writer, rep *report) {
 	if !measured {
 		return
 	}
-	how := "perf stat -e " + syscallEvent
+	how, switches := "perf stat -e "+syscallEvent, "perf stat -e "+switchEvent
 	if rep.Syscalls != "" {
-		how = "NOT MEASURED: " + rep.Syscalls
+		how, switches = "NOT MEASURED: "+rep.Syscalls, "/proc/PID/task/*/status, threads that ended during a run not counted"
 	}
-	fmt.Fprintln(w, "server cost per IO, each server process (median per cell): CPU us (utime+stime), context switches (/proc/PID/task/*/status),")
+	fmt.Fprintf(w, "server cost per IO, each server process (median per cell): CPU us (utime+stime), context switches (%s),\n", switches)
 	fmt.Fprintf(w, "  syscalls (%s):\n", how)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprint(tw, "workload\ttarget\tprocess\tCPU us\tsyscalls\tctx switches\t\n")

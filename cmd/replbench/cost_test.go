@@ -104,14 +104,20 @@ func TestParsePerfCountReadsTheEventsCountOrNothing(t *testing.T) {
 func TestCostPerIOOfAProcessOverARun(t *testing.T) {
 	before := procSample{ticks: 100, switches: 1000, ok: true}
 	after := procSample{ticks: 400, switches: 71000, ok: true} // 3 s of CPU, 70,000 switches
-	c, ok := costOf("alpha", before, after, 350000, true, 70000)
-	if !ok || c.Process != "alpha" || c.CPUPerIO < 42.8 || c.CPUPerIO > 42.9 || c.CtxSwitchesPerIO != 1 || c.SyscallsPerIO == nil || *c.SyscallsPerIO != 5 {
-		t.Fatalf("costOf = %+v, %v; want alpha, 42.86 us, 1 switch, 5 syscalls per IO", c, ok)
+	// perf counted: its switches (every thread, also the ones that
+	// ended) win over /proc's.
+	c, ok := costOf("alpha", before, after, perfCount{syscalls: 350000, switches: 140000, ok: true}, 70000)
+	if !ok || c.Process != "alpha" || c.CPUPerIO < 42.8 || c.CPUPerIO > 42.9 || c.CtxSwitchesPerIO != 2 || c.SyscallsPerIO == nil || *c.SyscallsPerIO != 5 {
+		t.Fatalf("costOf = %+v, %v; want alpha, 42.86 us, 2 switches, 5 syscalls per IO", c, ok)
 	}
-	if c, _ := costOf("alpha", before, after, 0, false, 70000); c.SyscallsPerIO != nil {
+	c, _ = costOf("alpha", before, after, perfCount{}, 70000)
+	if c.SyscallsPerIO != nil {
 		t.Errorf("system calls not counted, yet a figure: %v", *c.SyscallsPerIO)
 	}
-	if _, ok := costOf("alpha", procSample{}, after, 0, false, 70000); ok {
+	if c.CtxSwitchesPerIO != 1 {
+		t.Errorf("without perf, %v switches per IO; want /proc's 1", c.CtxSwitchesPerIO)
+	}
+	if _, ok := costOf("alpha", procSample{}, after, perfCount{}, 70000); ok {
 		t.Error("a process whose counters could not be read has a cost")
 	}
 }
@@ -213,7 +219,7 @@ func TestTheCostTableShowsEachServerProcessAndNeverAMadeUpSyscallCount(t *testin
 	printTable(&b, rep)
 	out := b.String()
 	for _, want := range []string{
-		"syscalls (perf stat -e raw_syscalls:sys_enter)",
+		"syscalls (perf stat -e raw_syscalls:sys_enter)", "context switches (perf stat -e context-switches)",
 		"alpha (primary)", "beta", "replica", "total",
 		"issue 31 goals", "CPU per replicated 8K write (qd16, both nodes)", "4.00x", "<= 1.5x",
 	} {
@@ -239,7 +245,7 @@ func TestTheCostTableShowsEachServerProcessAndNeverAMadeUpSyscallCount(t *testin
 	b.Reset()
 	printCosts(&b, rep)
 	out = b.String()
-	if !strings.Contains(out, "syscalls (NOT MEASURED: perf not found") {
+	if !strings.Contains(out, "syscalls (NOT MEASURED: perf not found") || !strings.Contains(out, "context switches (/proc/PID/task/*/status") {
 		t.Errorf("the table does not say syscalls were not measured:\n%s", out)
 	}
 	if !lineWith(out, "nbdkit", "8.50", "n/a", "0.07") {

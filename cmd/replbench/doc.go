@@ -53,11 +53,11 @@
 //	8K randwrite >= 0.4x nbdkit and >= 1.5x quorum; 8K randread >= 0.8x nbdkit.
 //
 // Every timed run also measures what each server process spent per IO
-// (cost.go): CPU time (/proc/PID/stat), context switches (voluntary and
-// nonvoluntary, summed over /proc/PID/task/*/status) and system calls
-// (`perf stat -e raw_syscalls:sys_enter -p PID`; where perf is missing
-// or cannot count, the table says syscalls were NOT MEASURED and prints
-// n/a). The cost table shows each process: replvol-nodes' alpha and beta
+// (cost.go): CPU time (/proc/PID/stat), system calls and context
+// switches (`perf stat -e raw_syscalls:sys_enter,context-switches -p PID`,
+// every thread; where perf is missing or cannot count, the table says
+// syscalls were NOT MEASURED and prints n/a, and the switches are
+// /proc/PID/task/*/status's, which miss threads that end during a run). The cost table shows each process: replvol-nodes' alpha and beta
 // separately, the demo as one, nbdkit, the quorum's nbdkit and qemu-nbd,
 // the floor's primary and replica. Below it, issue 31's goals for
 // replvol-nodes from the same run (issue31.go): CPU per replicated 8K

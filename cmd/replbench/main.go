@@ -685,10 +685,9 @@ func (b *bench) fioOn(ctx context.Context, t *target, name, rw, bs string, qd in
 		counters[i] = b.countSyscalls(p.cmd.Process.Pid)
 	}
 	res, err := b.fio(ctx, t.uri, name, rw, bs, qd, span, fioTimed)
-	syscalls := make([]int64, len(t.procs))
-	counted := make([]bool, len(t.procs))
+	counts := make([]perfCount, len(t.procs))
 	for i, c := range counters {
-		syscalls[i], counted[i] = c.stop()
+		counts[i] = c.stop()
 	}
 	if err != nil {
 		return nil, err
@@ -700,7 +699,7 @@ func (b *bench) fioOn(ctx context.Context, t *target, name, rw, bs string, qd in
 	}
 	ios := res.IOPS * window.Seconds()
 	for i, p := range t.procs {
-		c, ok := costOf(t.role(i), before[i], sampleProc(p), syscalls[i], counted[i], ios)
+		c, ok := costOf(t.role(i), before[i], sampleProc(p), counts[i], ios)
 		if !ok {
 			res.Procs = nil
 			break
