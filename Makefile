@@ -108,8 +108,11 @@ mutants:
 vuln:
 	GOVULNCHECK=$(GOVULNCHECK) ./deploy/vulncheck.sh $(VULNFLAGS)
 
-# One run: fio through NBD against replvol, nbdkit and a QEMU quorum mirror
-# (every target's files in the same page-cache state), a fresh sparse volume,
+# One run: fio through NBD against replvol as users run it (two replnode
+# processes), the replvol demo, nbdkit, a QEMU quorum mirror and the floor
+# (a minimal replicated write in Go), with each server process's CPU,
+# syscalls and context switches per IO (every target's files in the same
+# page-cache state) and issue 31's goals, a fresh sparse volume,
 # read balancing, failover and switchover times (10 runs each;
 # BENCHFLAGS=-failover-runs=0 skips them), the idle cost of 1,000 volumes,
 # then the multipath figures (path choice cost, throttled paths, path loss).

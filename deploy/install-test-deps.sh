@@ -2,7 +2,8 @@
 # Installs the tools the test suite, the linters and the benchmark need:
 # NBD clients and servers (libnbd-bin, python3-libnbd, qemu-utils, fio, nbdkit),
 # FUSE and loop tooling (fuse3, e2fsprogs, xfsprogs, util-linux), network namespaces
-# for partition tests (iproute2), staticcheck and govulncheck.
+# for partition tests (iproute2), perf for the benchmark's syscall counts
+# (linux-perf), staticcheck and govulncheck.
 #
 # Idempotent: apt is skipped when every tool is already present, and
 # staticcheck and govulncheck are skipped when the pinned version is
@@ -29,6 +30,10 @@ TOOLS+=(mkfs.xfs)
 # never a downloaded browser).
 APT_PACKAGES+=(chromium)
 TOOLS+=(chromium)
+# linux-perf: make bench counts each server process's system calls per IO
+# (perf stat -e raw_syscalls:sys_enter; cmd/replbench/cost.go).
+APT_PACKAGES+=(linux-perf)
+TOOLS+=(perf)
 
 missing=()
 for t in "${TOOLS[@]}"; do

@@ -197,14 +197,10 @@ func (b *bench) failoverPhase(ctx context.Context) (rep *failoverReport, err err
 		return rep, err
 	}
 	logf("failover: starting alpha, beta and the witness")
-	for _, n := range c.order {
-		if err := c.start(ctx, n); err != nil {
-			return rep, err
-		}
+	if err := c.startAll(ctx); err != nil {
+		return rep, err
 	}
-	if _, err := c.waitStatus(ctx, "alpha", "alpha primary, both replicas in sync and UpToDate in raft", fvSyncTimeout, func(v *transport.VolumeStatus) bool {
-		return v.Primary == "alpha" && v.NBDURI != "" && c.inSync(v)
-	}); err != nil {
+	if _, err := c.waitServing(ctx, fvSyncTimeout); err != nil {
 		return rep, err
 	}
 	// In a settled cluster raft's leader is not a primary (a leader that
@@ -294,9 +290,29 @@ func (c *fvCluster) setup(ctx context.Context) error {
 	if err := c.allocate(); err != nil {
 		return err
 	}
+	if err := c.dataDisks(devSize, false); err != nil {
+		return err
+	}
+	c.primary = "alpha"
+	return c.writeConfig()
+}
+
+// dataDisks creates each data node's backing file of vol0 in c.dir,
+// devSize bytes, its blocks allocated (preallocate) or sparse.
+func (c *fvCluster) dataDisks(devSize int64, preallocate bool) error {
 	c.disks = map[string]string{}
-	for _, name := range fvDataNodes {
+	for _, name := range c.order {
+		if c.nodes[name].witness {
+			continue
+		}
 		img := filepath.Join(c.dir, name+".img")
+		if preallocate {
+			if err := prealloc(img, devSize); err != nil {
+				return err
+			}
+			c.disks[name] = img
+			continue
+		}
 		f, err := os.Create(img)
 		if err != nil {
 			return err
@@ -310,8 +326,29 @@ func (c *fvCluster) setup(ctx context.Context) error {
 		}
 		c.disks[name] = img
 	}
-	c.primary = "alpha"
-	return c.writeConfig()
+	return nil
+}
+
+// startAll starts the replnode of every node of c.order.
+func (c *fvCluster) startAll(ctx context.Context) error {
+	for _, n := range c.order {
+		if err := c.start(ctx, n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// waitServing waits until alpha is vol0's primary and serves NBD, every
+// replica in sync (inSync), and returns alpha's status of vol0.
+func (c *fvCluster) waitServing(ctx context.Context, timeout time.Duration) (*transport.VolumeStatus, error) {
+	what := "alpha primary, both replicas in sync"
+	if c.raft {
+		what += " and UpToDate in raft"
+	}
+	return c.waitStatus(ctx, "alpha", what, timeout, func(v *transport.VolumeStatus) bool {
+		return v.Primary == "alpha" && v.NBDURI != "" && c.inSync(v)
+	})
 }
 
 // build builds replnode and, unless there is one, replctl.

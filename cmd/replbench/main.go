@@ -57,7 +57,25 @@ const tNbdkitTLS = "nbdkit-tls"
 // share, which nbdkit-tls shows.
 const tReplvolTLSLinks = "replvol-tls-links"
 
-var allTargets = []string{tReplvol, tReplvolExt, tReplvolTLS, tReplvolTLSLinks, tNbdkit, tNbdkitTLS, tQuorum}
+// tReplvolNodes is replvol as users run it (nodes.go): two replnode
+// processes, alpha (primary, serving NBD) and beta, each with its own
+// disk, over 127.0.0.1, protocol C, internal metadata.
+const tReplvolNodes = "replvol-nodes"
+
+// tFloor is the floor (cmd/replbench/floor): a minimal replicated write
+// in Go, no metadata, the limit of the machine and the language beside
+// every figure. It is no competitor.
+const tFloor = "floor"
+
+// floorLabel is how the tables name the floor.
+const floorLabel = "minimal replicated write (Go, no metadata)"
+
+var allTargets = []string{tReplvolNodes, tReplvol, tReplvolExt, tReplvolTLS, tReplvolTLSLinks, tNbdkit, tNbdkitTLS, tQuorum, tFloor}
+
+// latencyTargets run the 8K random write qd1 (latWorkload) when selected,
+// for issue 31's latency ratios; the replvol demo runs it with the
+// protocol variants.
+var latencyTargets = []string{tReplvolNodes, tNbdkit, tFloor}
 
 type workload struct {
 	Name    string // short id used in JSON
@@ -103,6 +121,12 @@ func (b *bench) runTargets(w workload, proto bool) []string {
 	var names []string
 	if !w.Latency {
 		names = slices.Clone(b.cfg.targets)
+	} else {
+		for _, t := range b.cfg.targets {
+			if slices.Contains(latencyTargets, t) {
+				names = append(names, t)
+			}
+		}
 	}
 	if proto {
 		if w.Latency {
@@ -184,7 +208,7 @@ func run() int {
 	flag.StringVar(&sizeStr, "size", "1GiB", "volume/image size of every target")
 	flag.StringVar(&spanStr, "span", "512MiB", "region of the volume the workloads touch (clamped to the export size)")
 	flag.BoolVar(&cfg.jsonOut, "json", false, "print the results as JSON instead of a table")
-	flag.StringVar(&targetsStr, "targets", strings.Join(allTargets, ","), "comma-separated targets: replvol,replvol-ext,replvol-tls,replvol-tls-links,nbdkit,nbdkit-tls,quorum")
+	flag.StringVar(&targetsStr, "targets", strings.Join(allTargets, ","), "comma-separated targets: "+strings.Join(allTargets, ","))
 	flag.StringVar(&cfg.dir, "dir", "", "parent directory for the temporary images (default: $TMPDIR)")
 	flag.StringVar(&cfg.replctl, "replctl", "", "prebuilt replctl binary (default: go build ./cmd/replctl)")
 	flag.BoolVar(&cfg.keepLogs, "keep-logs", false, "keep the server logs (the images are always removed)")
@@ -250,6 +274,7 @@ func run() int {
 	b.cleanup()
 	if err == nil {
 		rep.Issue19 = issueTargets(rep)
+		rep.Issue31 = issue31Goals(rep)
 	}
 	if err == nil && cfg.book != "" {
 		if err = writeBook(cfg.book, rep); err == nil {
@@ -314,6 +339,14 @@ type cell struct {
 	// ClientCPUPerIO is the same of the client, fio (median).
 	ClientCPUPerIO        float64   `json:"client_cpu_us_per_io,omitempty"`
 	ClientCPUPerIOSamples []float64 `json:"client_cpu_us_per_io_samples,omitempty"`
+	// Processes is what each server process spent per IO (cost.go),
+	// the median per process of costSamples, one entry a run.
+	Processes   []procCost `json:"processes,omitempty"`
+	costSamples [][]procCost
+	// LatP99 is the median of the runs' p99 latency (us), on the rows
+	// whose figure is a latency (its p50).
+	LatP99        float64   `json:"lat_p99_us,omitempty"`
+	LatP99Samples []float64 `json:"lat_p99_us_samples,omitempty"`
 }
 
 type row struct {
@@ -350,6 +383,9 @@ type report struct {
 	PageCacheMode     string `json:"page_cache_mode"`
 	PageCache         string `json:"page_cache"`
 	PageCacheResident int64  `json:"page_cache_resident_max_bytes"`
+	// Syscalls says why the servers' system calls were not counted;
+	// "" when perf counted them (cost.go).
+	Syscalls string `json:"syscalls_not_measured,omitempty"`
 	// Protocols: replvol under protocols A, B and C and local-only,
 	// measured in the same rounds as the table above.
 	Protocols     *protocolReport    `json:"protocols,omitempty"`
@@ -361,6 +397,9 @@ type report struct {
 	// Issue19 is every target of issue 19 with the limit of this
 	// machine beside it (issue19.go).
 	Issue19 []issueTarget `json:"issue19_targets"`
+	// Issue31 is issue 31's goals for replvol-nodes, from the same run
+	// (issue31.go).
+	Issue31 []issueTarget `json:"issue31_goals,omitempty"`
 }
 
 // resyncResult compares a full resync with a raw copy of the same file.
@@ -410,7 +449,12 @@ func printTable(w io.Writer, rep *report) {
 	fmt.Fprintf(w, "  machine: %s\n", rep.Machine)
 	fmt.Fprintf(w, "  page cache: %s%s\n", rep.PageCache, residentNote(rep))
 	for _, t := range allTargets {
-		if v, ok := rep.Versions[t]; ok {
+		v, ok := rep.Versions[t]
+		switch {
+		case !ok:
+		case t == tFloor:
+			fmt.Fprintf(w, "  floor: %s\n", v)
+		default:
 			fmt.Fprintf(w, "  %-8s %s\n", t+":", v)
 		}
 	}
@@ -418,10 +462,11 @@ func printTable(w io.Writer, rep *report) {
 		fmt.Fprintf(w, "  %-8s %s\n", "client:", v)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprint(tw, "workload\tunit\treplvol\treplvol-ext\treplvol-tls\treplvol-tls-links\tnbdkit\tnbdkit-tls\tquorum\treplvol/nbdkit\treplvol/quorum\tinternal/external\treplvol tls/plain\tlinks tls/plain\tnbdkit tls/plain\t\n")
+	shown := shownTargets(rep)
+	fmt.Fprint(tw, "workload\tunit\t"+strings.Join(shown, "\t")+"\treplvol/nbdkit\treplvol/quorum\tinternal/external\treplvol tls/plain\tlinks tls/plain\tnbdkit tls/plain\t\n")
 	for _, r := range rep.Rows {
 		fmt.Fprintf(tw, "%s\t%s\t", r.Label, r.Unit)
-		for _, t := range allTargets {
+		for _, t := range shown {
 			if c, ok := r.Targets[t]; ok {
 				fmt.Fprintf(tw, "%s\t", fmtNum(c.Median))
 			} else {
@@ -438,7 +483,12 @@ func printTable(w io.Writer, rep *report) {
 		fmt.Fprint(tw, "\n")
 	}
 	tw.Flush()
+	if slices.ContainsFunc(rep.Rows, func(r *row) bool { return r.Workload == latWorkload.Name }) {
+		fmt.Fprintf(w, "  (%s: latency from submission to completion, p50, lower is better; p99 in the issue 31 goals below)\n", latWorkload.Label)
+	}
 	printCPUPerIO(w, rep)
+	printCosts(w, rep)
+	printIssue31(w, rep.Issue31)
 	fmt.Fprintln(w, "goals:")
 	for _, g := range rep.Goals {
 		got := "-"
@@ -470,13 +520,14 @@ func printCPUPerIO(w io.Writer, rep *report) {
 	fmt.Fprintln(w, "  bound: nbdkit's server+client over replvol's, the throughput ratio the CPU time allows when the cores are the limit:")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprint(tw, "workload\t")
-	for _, t := range allTargets {
+	shown := shownTargets(rep)
+	for _, t := range shown {
 		fmt.Fprintf(tw, "%s\t", t)
 	}
 	fmt.Fprint(tw, "replvol/nbdkit server\tbound\t\n")
 	for _, r := range rep.Rows {
 		fmt.Fprintf(tw, "%s\t", r.Label)
-		for _, t := range allTargets {
+		for _, t := range shown {
 			if c, ok := r.Targets[t]; ok && c.CPUPerIO > 0 {
 				fmt.Fprintf(tw, "%s+%s\t", fmtNum(c.CPUPerIO), fmtNum(c.ClientCPUPerIO))
 			} else {
@@ -519,6 +570,17 @@ func cpuRatio(rv, nk *cell) (float64, bool) {
 	return rv.CPUPerIO / nk.CPUPerIO, true
 }
 
+// shownTargets are the targets, in table order, that some row measured.
+func shownTargets(rep *report) []string {
+	var out []string
+	for _, t := range allTargets {
+		if slices.ContainsFunc(rep.Rows, func(r *row) bool { _, ok := r.Targets[t]; return ok }) {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
 func fmtNum(v float64) string {
 	switch {
 	case v >= 100:
@@ -555,6 +617,10 @@ type bench struct {
 
 	replctlBin string
 	built      map[string]bool // packages goBuild built into tmp/bin
+
+	// syscallsWhy says why system calls are not counted ("": perf
+	// counts them; cost.go).
+	syscallsWhy string
 }
 
 type target struct {
@@ -567,6 +633,20 @@ type target struct {
 	control string  // replvol: alpha's control API
 	disk    string  // replvol: alpha's backing file
 	procs   []*proc // the server processes behind the URI
+	// roles name procs in the cost table, one each (nil: the
+	// processes' own names).
+	roles []string
+	// settle, when set, waits until the target is ready for the next
+	// run (replvol-nodes: both replicas in sync).
+	settle func(context.Context) error
+}
+
+// role is the name of t's i-th server process in the tables.
+func (t *target) role(i int) string {
+	if i < len(t.roles) {
+		return t.roles[i]
+	}
+	return t.procs[i].name
 }
 
 // cpuTicks is the CPU time the server processes of t have used, in
@@ -598,14 +678,33 @@ func cpuPerIO(ticks int64, res *fioResult, window time.Duration) float64 {
 // per IO of t's server processes and of fio (fioResult.ServerCPUPerIO).
 func (b *bench) fioOn(ctx context.Context, t *target, name, rw, bs string, qd int, span int64) (*fioResult, error) {
 	cpu0, ok0 := t.cpuTicks()
+	before := make([]procSample, len(t.procs))
+	counters := make([]*syscallCounter, len(t.procs))
+	for i, p := range t.procs {
+		before[i] = sampleProc(p)
+		counters[i] = b.countSyscalls(p.cmd.Process.Pid)
+	}
 	res, err := b.fio(ctx, t.uri, name, rw, bs, qd, span, fioTimed)
+	counts := make([]perfCount, len(t.procs))
+	for i, c := range counters {
+		counts[i] = c.stop()
+	}
 	if err != nil {
 		return nil, err
 	}
+	window := b.cfg.ramp + b.cfg.runtime
 	if cpu1, ok1 := t.cpuTicks(); ok0 && ok1 {
-		window := b.cfg.ramp + b.cfg.runtime
 		res.ServerCPUPerIO = cpuPerIO(cpu1-cpu0, res, window)
 		res.ClientCPUPerIO = cpuPerIO(int64(res.ClientCPU*userHZ/time.Second), res, window)
+	}
+	ios := res.IOPS * window.Seconds()
+	for i, p := range t.procs {
+		c, ok := costOf(t.role(i), before[i], sampleProc(p), counts[i], ios)
+		if !ok {
+			res.Procs = nil
+			break
+		}
+		res.Procs = append(res.Procs, c)
 	}
 	return res, nil
 }
@@ -616,12 +715,19 @@ func (c *cell) addCPU(r *fioResult) {
 		c.CPUPerIOSamples = append(c.CPUPerIOSamples, r.ServerCPUPerIO)
 		c.ClientCPUPerIOSamples = append(c.ClientCPUPerIOSamples, r.ClientCPUPerIO)
 	}
+	if len(r.Procs) > 0 {
+		c.costSamples = append(c.costSamples, r.Procs)
+	}
 }
 
 // settleCPU sets c's CPU medians from its samples.
 func (c *cell) settleCPU() {
 	if len(c.CPUPerIOSamples) > 0 {
 		c.CPUPerIO, c.ClientCPUPerIO = median(c.CPUPerIOSamples), median(c.ClientCPUPerIOSamples)
+	}
+	c.Processes = medianCosts(c.costSamples)
+	if len(c.LatP99Samples) > 0 {
+		c.LatP99 = median(c.LatP99Samples)
 	}
 }
 
@@ -630,6 +736,7 @@ func (c *cell) settleCPU() {
 func withCPU(c, cpu *cell) *cell {
 	if c != nil && cpu != nil {
 		c.CPUPerIOSamples, c.ClientCPUPerIOSamples = cpu.CPUPerIOSamples, cpu.ClientCPUPerIOSamples
+		c.costSamples = cpu.costSamples
 		c.settleCPU()
 	}
 	return c
@@ -674,12 +781,21 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 		PageCache:     pageCacheHow(b.cfg.pageCache),
 		PageCacheMode: b.cfg.pageCache,
 	}
+	b.syscallsWhy = perfSyscalls(ctx)
+	rep.Syscalls = b.syscallsWhy
+	if b.syscallsWhy != "" {
+		logf("system calls are not counted in this run: %s", b.syscallsWhy)
+	}
 	span := b.cfg.span
 	for _, name := range b.cfg.targets {
 		var t *target
 		var err error
 		logf("starting %s", name)
 		switch name {
+		case tReplvolNodes:
+			t, err = b.startReplvolNodes(ctx)
+		case tFloor:
+			t, err = b.startFloor(ctx)
 		case tReplvol:
 			t, err = b.startReplvol(ctx, "internal")
 		case tReplvolExt:
@@ -744,15 +860,6 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 		return nil, fmt.Errorf("after the prefill: %w", err)
 	}
 
-	rows := map[string]*row{}
-	for _, w := range workloads {
-		r := &row{Workload: w.Name, Label: w.Label, Unit: w.Unit, Targets: map[string]*cell{}, Ratios: map[string]float64{}}
-		for _, t := range b.cfg.targets {
-			r.Targets[t] = &cell{}
-		}
-		rows[w.Name] = r
-		rep.Rows = append(rep.Rows, r)
-	}
 	// The protocol variants run on the replvol demo in the same rounds as
 	// the other targets (protocols.go).
 	var proto *protoRun
@@ -764,8 +871,24 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 		}
 	}
 	plan := slices.Clone(workloads)
-	if proto != nil {
+	if len(b.runTargets(latWorkload, proto != nil)) > 0 {
 		plan = append(plan, latWorkload)
+	}
+	// A row per workload of the plan, a cell per target that runs it
+	// (the protocol variants have their own table).
+	rows := map[string]*row{}
+	for _, w := range plan {
+		r := &row{Workload: w.Name, Label: w.Label, Unit: w.Unit, Targets: map[string]*cell{}, Ratios: map[string]float64{}}
+		if w.Latency {
+			r.Unit = "us p50"
+		}
+		for _, t := range b.runTargets(w, proto != nil) {
+			if !slices.Contains(protoVariants, t) {
+				r.Targets[t] = &cell{}
+			}
+		}
+		rows[w.Name] = r
+		rep.Rows = append(rep.Rows, r)
 	}
 	for round := 0; round < b.cfg.rounds; round++ {
 		for _, w := range plan {
@@ -776,6 +899,11 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 				t := b.targets[baseTarget(name)]
 				if proto != nil && t == proto.t {
 					if err := proto.prepare(ctx, name); err != nil {
+						return nil, fmt.Errorf("round %d %s on %s: %w%s", round+1, w.Name, name, err, t.diagnose())
+					}
+				}
+				if t.settle != nil {
+					if err := t.settle(ctx); err != nil {
 						return nil, fmt.Errorf("round %d %s on %s: %w%s", round+1, w.Name, name, err, t.diagnose())
 					}
 				}
@@ -802,6 +930,9 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 					if c, ok := r.Targets[name]; ok {
 						c.Samples = append(c.Samples, v)
 						c.addCPU(res)
+						if w.Latency {
+							c.LatP99Samples = append(c.LatP99Samples, res.LatP99)
+						}
 					}
 				}
 				if proto != nil {
@@ -1363,6 +1494,9 @@ type fioResult struct {
 	ClatP50, ClatP99 float64
 	// ClientCPU is the CPU time fio itself used, start to exit.
 	ClientCPU time.Duration
+	// Procs is what each server process spent per IO over a timed run
+	// (fioOn); nil where not measured.
+	Procs []procCost
 	// ServerCPUPerIO and ClientCPUPerIO are the CPU time per IO, in
 	// microseconds, of the target's server processes and of fio, over a
 	// timed run (fioOn); 0 where not measured.

@@ -154,14 +154,11 @@ func (b *bench) readBalancePhase(ctx context.Context) (rep *readBalanceReport, e
 	if err != nil {
 		return rep, err
 	}
-	c.disks = map[string]string{}
-	for _, name := range fvDataNodes {
-		img := filepath.Join(c.dir, name+".img")
-		if err := prealloc(img, devSize); err != nil {
-			return rep, err
-		}
+	if err := c.dataDisks(devSize, true); err != nil {
+		return rep, err
+	}
+	for name, img := range c.disks {
 		env.files[name] = img
-		c.disks[name] = img
 	}
 
 	// Loop devices and cgroups, or plain files unthrottled.
@@ -215,16 +212,10 @@ func (b *bench) readBalancePhase(ctx context.Context) (rep *readBalanceReport, e
 	}
 
 	logf("read balancing: starting alpha and beta (read_balancing %s)", c.readBalancing)
-	for _, name := range fvDataNodes {
-		if err := c.start(ctx, name); err != nil {
-			return rep, err
-		}
+	if err := c.startAll(ctx); err != nil {
+		return rep, err
 	}
-	ready := func() (*transport.VolumeStatus, error) {
-		return c.waitStatus(ctx, "alpha", "alpha primary, both replicas in sync", fvSyncTimeout, func(v *transport.VolumeStatus) bool {
-			return v.Primary == "alpha" && v.NBDURI != "" && c.inSync(v)
-		})
-	}
+	ready := func() (*transport.VolumeStatus, error) { return c.waitServing(ctx, fvSyncTimeout) }
 	v, err := ready()
 	if err != nil {
 		return rep, err
