@@ -230,7 +230,7 @@ func (c *mountClaims) now() time.Time {
 func (v *Volume) primaryTerm() (epoch uint64, primary bool, primaryName string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return v.d.epoch, v.role == replication.Primary, v.d.primary
+	return v.st.Durable.Epoch, v.roleLocked() == replication.Primary, v.st.Durable.Primary
 }
 
 // inForce is the volume's claim at now, as the term and the connections

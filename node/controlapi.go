@@ -149,7 +149,7 @@ func (c controlVolume) Grow(ctx context.Context, size int64, check bool) (transp
 func (c controlVolume) IsPrimary() bool {
 	c.v.mu.Lock()
 	defer c.v.mu.Unlock()
-	return c.v.role == replication.Primary
+	return c.v.roleLocked() == replication.Primary
 }
 
 func (c controlVolume) Resync(pause, resume bool, only string) (*transport.ResyncReply, error) {

@@ -63,8 +63,8 @@ func TestDiscardMyDataIsRefusedByTheRules(t *testing.T) {
 		}
 	}
 	alpha.mu.Lock()
-	role, serving, discard := alpha.role, alpha.serving, alpha.discard
-	delete(alpha.splitBrain, "beta")
+	role, serving, discard := alpha.roleLocked(), alpha.st.Serving, alpha.discard
+	alpha.noteSplitBrainLocked("beta", "")
 	alpha.mu.Unlock()
 	if role != replication.Primary || serving != volstate.Open || discard != nil {
 		t.Fatalf("after the refused discards alpha is %s serving %s discarding %v, want Primary, Open, no discard", role, serving, discard != nil)

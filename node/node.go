@@ -269,13 +269,15 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 		return nil, err
 	}
 	preferred := balanceByGroup(cfg, name)
+	// Authority mode, as openCluster sets it up (n.cl.auto).
+	auth, _ := cfg.FailoverMode()
 	vols := map[string]*Volume{}
 	for i := range cfg.Volumes {
 		vc := cfg.Volumes[i]
 		if _, ok := vc.Disks[name]; !ok {
 			continue
 		}
-		v, err := n.openVolume(vc, file.Volumes[i].Size == SizeMax, preferred[vc.Name])
+		v, err := n.openVolume(vc, file.Volumes[i].Size == SizeMax, preferred[vc.Name], auth)
 		if err != nil {
 			closeVolumes(vols)
 			st.Close()
@@ -300,7 +302,8 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 // the metadata of a volume new here) and its state. sizeMax: the file
 // says size: max; vc.Size is then this node's recorded size, or SizeMax
 // for a volume it never ran, resolved here from what the disk holds.
-func (n *Node) openVolume(vc VolumeConfig, sizeMax bool, preferred int) (*Volume, error) {
+// auth: the cluster decides the volume's primary (authority mode).
+func (n *Node) openVolume(vc VolumeConfig, sizeMax bool, preferred int, auth bool) (*Volume, error) {
 	dc := vc.Disks[n.name]
 	disk, mp, err := n.openDisk(vc, dc, preferred, n.opts)
 	if err != nil {
@@ -320,7 +323,7 @@ func (n *Node) openVolume(vc VolumeConfig, sizeMax bool, preferred int) (*Volume
 		disk.Close()
 		return nil, fmt.Errorf("volume %s: %w", vc.Name, err)
 	}
-	v, err := newVolume(n, vc, disk, md)
+	v, err := newVolume(n, vc, disk, md, auth)
 	if err != nil {
 		closeMD()
 		disk.Close()
@@ -692,7 +695,7 @@ func (r *resolver) Lookup(name string) (nbd.Export, error) {
 		return nil, err
 	}
 	v.mu.Lock()
-	role, open, primary, why := v.role, v.serving.IsOpen(), v.d.primary, v.why.text
+	role, open, primary, why := v.roleLocked(), v.st.Serving.IsOpen(), v.st.Durable.Primary, v.whyText
 	v.mu.Unlock()
 	if role == replication.Primary && open {
 		return v, nil
@@ -714,7 +717,7 @@ func (r *resolver) List() []string {
 	var out []string
 	for name, v := range n.volumes() {
 		v.mu.Lock()
-		if v.role == replication.Primary && v.serving.IsOpen() {
+		if v.roleLocked() == replication.Primary && v.st.Serving.IsOpen() {
 			out = append(out, name)
 		}
 		v.mu.Unlock()

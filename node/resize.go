@@ -65,7 +65,7 @@ func (v *Volume) grow(ctx context.Context, size int64, check bool) (transport.Re
 	v.resizeMu.Lock()
 	defer v.resizeMu.Unlock()
 	v.mu.Lock()
-	role := v.role
+	role := v.roleLocked()
 	v.mu.Unlock()
 	old := v.size.Load()
 	out := transport.ResizedNode{Node: v.self, Role: string(role), OldSize: old, Size: size}
@@ -133,7 +133,10 @@ func (v *Volume) grow(ctx context.Context, size int64, check bool) (transport.Re
 			}
 			continue
 		}
-		err = v.commit(func(d *durable) { d.size = size }, func() {
+		v.mu.Lock()
+		d := v.st.Durable.Clone()
+		v.mu.Unlock()
+		err = v.commit(d, size, func() {
 			v.localMissing.Grow(size)
 			v.size.Store(size)
 		})

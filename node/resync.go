@@ -18,7 +18,7 @@ func (p *peer) resyncRefusal() error {
 	pv := p.snapshot()
 	state, cause := pv.state, pv.why.cause
 	v.mu.Lock()
-	_, split := v.splitBrain[p.name]
+	split := v.st.Peers[p.name].SplitBrainRule != ""
 	v.mu.Unlock()
 	switch {
 	case split:

@@ -258,8 +258,8 @@ func (v *Volume) awaitServing(ctx context.Context, epoch uint64) (uint64, error)
 	serving := func() bool {
 		v.mu.Lock()
 		defer v.mu.Unlock()
-		at = v.d.epoch
-		return v.role == replication.Primary && v.serving.IsOpen() && v.d.epoch >= epoch
+		at = v.st.Durable.Epoch
+		return v.roleLocked() == replication.Primary && v.st.Serving.IsOpen() && v.st.Durable.Epoch >= epoch
 	}
 	if waitUntil(ctx, v.clock, awaitServingMax, &v.changed, serving) {
 		return at, nil

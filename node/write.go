@@ -160,7 +160,7 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	}
 	proto := v.settings().protocol
 	v.mu.Lock()
-	if !toDisk || v.d.gens.Current.IsZero() {
+	if !toDisk || v.st.Durable.Gens.Current.IsZero() {
 		// Only a peer holds the whole volume: wait for it (protocol C).
 		proto = 'C'
 	}
@@ -196,7 +196,7 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	}
 	// While this primary copies newer data from its peer, only the peer's
 	// copy is whole: a write the peer did not take fails.
-	pulling := v.d.gens.Current.IsZero()
+	pulling := v.st.Durable.Gens.Current.IsZero()
 	v.mu.Unlock()
 	var lerr error
 	if !skipped {
