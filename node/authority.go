@@ -265,9 +265,7 @@ func (n *Node) decide(auth replication.Authority, st cluster.Status, office, obs
 	n.cl.mu.Unlock()
 	primaryHere := false
 	for _, v := range n.volumes() {
-		v.mu.Lock()
-		primaryHere = primaryHere || v.roleLocked() == replication.Primary
-		v.mu.Unlock()
+		primaryHere = primaryHere || v.state().role() == replication.Primary
 	}
 	leader := cluster.Leader{Office: office, Observing: observing, Failover: n.cl.failoverConfig(), Terms: terms,
 		Settling: leading, PrimaryHere: primaryHere}
@@ -298,9 +296,7 @@ func (n *Node) handOff(to string, now time.Time) {
 func (n *Node) gossipMeta() []byte {
 	disks := map[string]string{}
 	for name, v := range n.volumes() {
-		v.mu.Lock()
-		disks[name] = string(v.st.Disk)
-		v.mu.Unlock()
+		disks[name] = string(v.state().st.Disk)
 	}
 	b, _ := json.Marshal(disks)
 	if len(b) > 512 {

@@ -109,6 +109,7 @@ func (v *Volume) installLocked(old, next volstate.State, rd volstate.Ready, text
 			v.resetPeersLocked()
 		}
 	}
+	v.publishLocked()
 	v.changed.notify()
 }
 

@@ -694,9 +694,8 @@ func (r *resolver) Lookup(name string) (nbd.Export, error) {
 	if err != nil {
 		return nil, err
 	}
-	v.mu.Lock()
-	role, open, primary, why := v.roleLocked(), v.st.Serving.IsOpen(), v.st.Durable.Primary, v.whyText
-	v.mu.Unlock()
+	s := v.state()
+	role, open, primary, why := s.role(), s.st.Serving.IsOpen(), s.st.Durable.Primary, s.why.text
 	if role == replication.Primary && open {
 		return v, nil
 	}
@@ -716,11 +715,9 @@ func (r *resolver) List() []string {
 	n := (*Node)(r)
 	var out []string
 	for name, v := range n.volumes() {
-		v.mu.Lock()
-		if v.roleLocked() == replication.Primary && v.st.Serving.IsOpen() {
+		if v.state().serving() {
 			out = append(out, name)
 		}
-		v.mu.Unlock()
 	}
 	sort.Strings(out)
 	return out

@@ -64,9 +64,7 @@ const growCommitTries = 5
 func (v *Volume) grow(ctx context.Context, size int64, check bool) (transport.ResizedNode, error) {
 	v.resizeMu.Lock()
 	defer v.resizeMu.Unlock()
-	v.mu.Lock()
-	role := v.roleLocked()
-	v.mu.Unlock()
+	role := v.state().role()
 	old := v.size.Load()
 	out := transport.ResizedNode{Node: v.self, Role: string(role), OldSize: old, Size: size}
 	if size == old {

@@ -245,11 +245,7 @@ func (v *Volume) stepDown(h replication.Hello) error {
 }
 
 // roleNow is the volume's role.
-func (v *Volume) roleNow() replication.Role {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.roleLocked()
-}
+func (v *Volume) roleNow() replication.Role { return v.state().role() }
 
 // setAdminDown disconnects (down) or reconnects this node's replication of
 // the volume, as the operator asked.

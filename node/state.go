@@ -44,6 +44,7 @@ func (v *Volume) commitMirror(mirror bool, d volstate.Durable, size int64, insta
 	if install != nil {
 		install()
 	}
+	v.publishLocked()
 	v.mu.Unlock()
 	v.changed.notify()
 	return nil
@@ -132,3 +133,30 @@ func loadDurable(st statefile.VolumeState, sb metadata.Superblock) volstate.Dura
 	}
 	return d
 }
+
+// published is the volume's state as an install left it (Volume.pub): a
+// copy of v.st that shares nothing with it, and the why's words. It is
+// never changed once published.
+type published struct {
+	st  volstate.State
+	why reason
+}
+
+// role is the volume's role.
+func (p *published) role() replication.Role { return p.st.Role() }
+
+// serving reports whether this node serves the volume's IO as its primary
+// (status's serving).
+func (p *published) serving() bool {
+	return p.st.Role() == replication.Primary && p.st.Serving.IsOpen()
+}
+
+// publishLocked publishes v.st (and its why) as it is now. Whoever changes
+// v.st calls it in the same critical section. Callers hold v.mu.
+func (v *Volume) publishLocked() {
+	v.pub.Store(&published{st: v.st.Clone(), why: reason{cause: Cause(v.st.Why), text: v.whyText}})
+}
+
+// state is the volume's state as its last install published it; it must
+// not be changed.
+func (v *Volume) state() *published { return v.pub.Load() }

@@ -71,6 +71,13 @@ type Volume struct {
 	// whyText is the words of st.Why (reason.text): why the volume is not
 	// doing its usual job.
 	whyText string
+	// pub is st and its why as the last install left them, published
+	// (publishLocked) in the same critical section as each change of st,
+	// BEFORE v.changed is notified: readers that only look (status, the
+	// metrics, the events' words, the NBD export list, the claims) load
+	// it without v.mu. Never nil once newVolume returned; never changed
+	// once published.
+	pub atomic.Pointer[published]
 	// replicaMarked: the replica indicator is on stable storage (set
 	// before the first replicated write applied here; metadata.FlagReplica).
 	replicaMarked atomic.Bool
@@ -228,6 +235,9 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD, auth bool)
 		return nil, err
 	}
 	v.st.Durable = d
+	v.mu.Lock()
+	v.publishLocked()
+	v.mu.Unlock()
 	// The rules take the loaded state (volstate.Opened): a disk that was
 	// detached and missed writes comes back Inconsistent and Secondary,
 	// whatever its role was, durably.
@@ -423,16 +433,10 @@ func (v *Volume) ReadAt(ctx context.Context, p []byte, off int64) error {
 }
 
 func (v *Volume) tracking(peer string) bool {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.st.Durable.Gens.Tracking(peer)
+	return v.state().st.Durable.Gens.Tracking(peer)
 }
 
-func (v *Volume) epoch() uint64 {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.st.Durable.Epoch
-}
+func (v *Volume) epoch() uint64 { return v.state().st.Durable.Epoch }
 
 // startTracking is called BEFORE a write completes without reaching peer
 // p. The first time in a disconnected period it starts p's bitmap from the
@@ -492,10 +496,7 @@ func (v *Volume) trackLocked(p *peer, behind bool) ([]*session.Pending, error) {
 	acts, err := v.stepLocked(volstate.WriteMissed{Peer: p.name, Held: held, Next: next, MayHold: mayHold, Behind: behind}, nil, nil)
 	if err != nil {
 		v.log.Error("cannot persist a new generation; stopping IO", "peer", p.name, "err", err)
-		v.mu.Lock()
-		why := v.whyText
-		v.mu.Unlock()
-		v.node.event(v.name, "state-write-failed", why)
+		v.node.event(v.name, "state-write-failed", v.state().why.text)
 		return nil, fmt.Errorf("%w: %v", ErrStateWrite, err)
 	}
 	v.mu.Lock()
@@ -536,9 +537,7 @@ func (v *Volume) uuidsLocked(peer string) replication.UUIDSet {
 }
 
 func (v *Volume) currentGeneration() replication.Generation {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.st.Durable.Gens.Current
+	return v.state().st.Durable.Gens.Current
 }
 
 // shutdown stops the volume for a node shutdown (or its removal). A
@@ -603,13 +602,17 @@ func (v *Volume) shutdown() bool {
 
 // status reports this node's view of the volume.
 func (v *Volume) status() transport.LocalVolume {
+	// The published state, loaded under v.mu (which status needs for the
+	// peers and the incoming stream): the role agrees with the peers and
+	// the stream it lists.
 	v.mu.Lock()
+	s := v.state()
 	lv := transport.LocalVolume{
 		Name: v.name, Size: v.size.Load(), Protocol: string(v.settings().protocol), ResyncRate: v.settings().resyncRate,
 		OnCongestion: string(v.settings().congestion.Policy),
-		Role:         string(v.roleLocked()), Disk: string(v.st.Disk), Epoch: v.st.Durable.Epoch, Primary: v.st.Durable.Primary,
-		Generation: v.st.Durable.Gens.Current.String(), Reason: v.whyText, ReasonCode: string(v.st.Why),
-		Serving:  v.roleLocked() == replication.Primary && v.st.Serving.IsOpen(),
+		Role:         string(s.role()), Disk: string(s.st.Disk), Epoch: s.st.Durable.Epoch, Primary: s.st.Durable.Primary,
+		Generation: s.st.Durable.Gens.Current.String(), Reason: s.why.text, ReasonCode: string(s.why.cause),
+		Serving:  s.serving(),
 		Metadata: v.md.Placement().String(), UsableBytes: v.md.UsableSize(),
 		AfterSB: string(v.agreedSettings().AfterSB),
 	}
@@ -617,7 +620,7 @@ func (v *Volume) status() transport.LocalVolume {
 		c := *f
 		lv.LastFailover = &c
 	}
-	for peer, p := range v.st.Peers {
+	for peer, p := range s.st.Peers {
 		if rule := p.SplitBrainRule; rule != "" && (lv.SplitBrainRule == "" || peer < lv.SplitBrainPeer) {
 			lv.SplitBrainPeer, lv.SplitBrainRule = peer, rule
 		}
@@ -626,7 +629,7 @@ func (v *Volume) status() transport.LocalVolume {
 	for _, p := range v.peers {
 		peers = append(peers, p)
 	}
-	role, in, down := v.roleLocked(), v.incoming, v.st.AdminDown
+	role, in, down := s.role(), v.incoming, s.st.AdminDown
 	v.mu.Unlock()
 	lv.ResyncedBytes = v.resynced.Load()
 	lv.Reads, lv.ReadBytes = v.reads.Load(), v.readBytes.Load()

@@ -157,9 +157,8 @@ func (n *Node) addVolume(next *Config, vc VolumeConfig) error {
 	vols[vc.Name] = v
 	n.cfg.Store(&cfg)
 	n.vols.Store(&vols)
-	v.mu.Lock()
-	role, disk := v.roleLocked(), v.st.Disk
-	v.mu.Unlock()
+	s := v.state()
+	role, disk := s.role(), s.st.Disk
 	v.log.Info("volume added and started", "role", role, "disk", disk)
 	n.event(vc.Name, "volume-added", fmt.Sprintf("%s was added to the cluster file: %s started it as %s (%s)", vc.Name, n.name, role, disk))
 	return nil
