@@ -111,9 +111,7 @@ func (n *Node) openCluster(dir string, opts Options) error {
 	auto, why := n.config().FailoverMode()
 	n.cl = &clusterState{c: c, auto: auto, why: why, lease: timing.LeaseDuration, clock: c.Clock(), watch: cluster.Watch{Every: clusterTick},
 		promoting: map[string]bool{}, failoverWhy: map[string]string{}, termSeen: map[string]cluster.Term{}}
-	for _, v := range n.volumes() {
-		v.auth = auto
-	}
+	// The volumes took auto when they were opened (New).
 	return nil
 }
 
@@ -267,9 +265,7 @@ func (n *Node) decide(auth replication.Authority, st cluster.Status, office, obs
 	n.cl.mu.Unlock()
 	primaryHere := false
 	for _, v := range n.volumes() {
-		v.mu.Lock()
-		primaryHere = primaryHere || v.role == replication.Primary
-		v.mu.Unlock()
+		primaryHere = primaryHere || v.state().role() == replication.Primary
 	}
 	leader := cluster.Leader{Office: office, Observing: observing, Failover: n.cl.failoverConfig(), Terms: terms,
 		Settling: leading, PrimaryHere: primaryHere}
@@ -300,9 +296,7 @@ func (n *Node) handOff(to string, now time.Time) {
 func (n *Node) gossipMeta() []byte {
 	disks := map[string]string{}
 	for name, v := range n.volumes() {
-		v.mu.Lock()
-		disks[name] = string(v.diskState)
-		v.mu.Unlock()
+		disks[name] = string(v.state().st.Disk)
 	}
 	b, _ := json.Marshal(disks)
 	if len(b) > 512 {
@@ -399,7 +393,7 @@ func (n *Node) clusterInfo() (transport.ClusterInfo, map[string]string) {
 // says (va, or nothing yet when !ok).
 func (v *Volume) followAuthority(va replication.VolumeAuthority, ok bool) {
 	v.mu.Lock()
-	role, epoch, primary, auth := v.role, v.d.epoch, v.d.primary, v.auth
+	role, epoch, primary, auth := v.roleLocked(), v.st.Durable.Epoch, v.st.Durable.Primary, v.st.Auth
 	v.mu.Unlock()
 	if !ok {
 		// Nobody registered the volume yet: its primary does, with the
@@ -413,7 +407,7 @@ func (v *Volume) followAuthority(va replication.VolumeAuthority, ok bool) {
 		return
 	}
 	v.mu.Lock()
-	exempt := v.serving == volstate.OpenWithoutLease
+	exempt := v.st.Serving == volstate.OpenWithoutLease
 	v.mu.Unlock()
 	switch {
 	case exempt && role == replication.Primary && va.Epoch < epoch:
@@ -527,7 +521,7 @@ func (v *Volume) proposeOnce(kind string, cmd replication.AuthorityCommand) {
 // state machine step.
 func (v *Volume) confirmed(epoch uint64) {
 	v.mu.Lock()
-	waiting := v.serving == volstate.Waiting
+	waiting := v.st.Serving == volstate.Waiting
 	settled := !waiting && v.leaseLoop == epoch && v.leaseStop != nil
 	v.mu.Unlock()
 	if settled {
@@ -539,7 +533,7 @@ func (v *Volume) confirmed(epoch uint64) {
 		return
 	}
 	v.mu.Lock()
-	serving := v.serving.IsOpen()
+	serving := v.st.Serving.IsOpen()
 	v.mu.Unlock()
 	if waiting && serving {
 		v.log.Info("the cluster confirms this node as primary: serving IO")
@@ -707,7 +701,7 @@ func (v *Volume) wakeLeaseWaitersLocked() {
 // leaseHeldLocked reports whether this primary may complete IO now: it
 // holds a valid lease, or it is not in authority mode. Callers hold v.mu.
 func (v *Volume) leaseHeldLocked() bool {
-	return !v.auth || v.serving == volstate.OpenWithoutLease || v.node.cl.clock.Now().Before(v.lease)
+	return !v.st.Auth || v.st.Serving == volstate.OpenWithoutLease || v.node.cl.clock.Now().Before(v.st.LeaseUntil)
 }
 
 // holdLease returns once this primary holds a valid lease: IO freezes
@@ -716,7 +710,7 @@ func (v *Volume) leaseHeldLocked() bool {
 func (v *Volume) holdLease(ctx context.Context) error {
 	for {
 		v.mu.Lock()
-		if v.role != replication.Primary || (!v.serving.IsOpen() && !v.leaseHeldLocked()) {
+		if v.roleLocked() != replication.Primary || (!v.st.Serving.IsOpen() && !v.leaseHeldLocked()) {
 			v.mu.Unlock()
 			return fmt.Errorf("%s on %s: %w (%w)", v.name, v.self, ErrNotServing, errShutdown)
 		}
@@ -759,7 +753,7 @@ func (v *Volume) recordOutdated(peer string, ask bool) error {
 		return nil
 	}
 	v.mu.Lock()
-	auth, epoch := v.auth, v.d.epoch
+	auth, epoch := v.st.Auth, v.st.Durable.Epoch
 	known := v.outdated[peer] == epoch && !ask
 	upToDate := v.upToDate[peer]
 	v.mu.Unlock()
@@ -803,7 +797,7 @@ func (v *Volume) recordOutdated(peer string, ask bool) error {
 		}
 		v.log.Warn("cannot record an Outdated peer in raft yet; the write waits", "peer", peer, "err", err)
 		v.mu.Lock()
-		serving := v.serving.IsOpen() && v.role == replication.Primary
+		serving := v.st.Serving.IsOpen() && v.roleLocked() == replication.Primary
 		v.mu.Unlock()
 		if !serving || isClosed(v.stopping) {
 			return fmt.Errorf("%s on %s: %w (%w)", v.name, v.self, ErrNotServing, errShutdown)
@@ -818,7 +812,7 @@ func (v *Volume) recordOutdated(peer string, ask bool) error {
 // when this node is not such a primary, or not any more.
 func (v *Volume) awaitReclaim(epoch uint64) bool {
 	v.mu.Lock()
-	forced := v.serving == volstate.OpenWithoutLease && v.role == replication.Primary && v.d.epoch == epoch
+	forced := v.st.Serving == volstate.OpenWithoutLease && v.roleLocked() == replication.Primary && v.st.Durable.Epoch == epoch
 	if v.leaseWake == nil {
 		v.leaseWake = make(chan struct{})
 	}
@@ -844,7 +838,7 @@ func (v *Volume) awaitReclaim(epoch uint64) bool {
 func (p *peer) outdateBeforeResync(reply replication.HelloReply) error {
 	v := p.v
 	v.mu.Lock()
-	auth, local := v.auth, v.uuidsLocked(p.name)
+	auth, local := v.st.Auth, v.uuidsLocked(p.name)
 	v.mu.Unlock()
 	if !auth {
 		return nil

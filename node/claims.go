@@ -228,9 +228,8 @@ func (c *mountClaims) now() time.Time {
 // primaryTerm is the volume's epoch and whether this node is its primary,
 // or else the primary's name.
 func (v *Volume) primaryTerm() (epoch uint64, primary bool, primaryName string) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.d.epoch, v.role == replication.Primary, v.d.primary
+	s := v.state()
+	return s.st.Durable.Epoch, s.role() == replication.Primary, s.st.Durable.Primary
 }
 
 // inForce is the volume's claim at now, as the term and the connections

@@ -98,7 +98,7 @@ func TestClusterEventsLeaderQuorumAndLease(t *testing.T) {
 	eventually(t, func() bool {
 		a.mu.Lock()
 		defer a.mu.Unlock()
-		return time.Now().Before(a.lease)
+		return time.Now().Before(a.st.LeaseUntil)
 	}, "alpha holds its lease")
 	c.stop("beta")
 	c.stop("wit")

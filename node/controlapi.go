@@ -146,11 +146,7 @@ func (c controlVolume) Grow(ctx context.Context, size int64, check bool) (transp
 	return c.v.grow(ctx, size, check)
 }
 
-func (c controlVolume) IsPrimary() bool {
-	c.v.mu.Lock()
-	defer c.v.mu.Unlock()
-	return c.v.role == replication.Primary
-}
+func (c controlVolume) IsPrimary() bool { return c.v.state().role() == replication.Primary }
 
 func (c controlVolume) Resync(pause, resume bool, only string) (*transport.ResyncReply, error) {
 	return c.v.resync(pause, resume, only)

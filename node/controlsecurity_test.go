@@ -220,7 +220,7 @@ func TestATLSClusterIsCommandedOnlyWithTheOperatorsCertificate(t *testing.T) {
 func (v *Volume) isAdminDown() bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return v.adminDown
+	return v.st.AdminDown
 }
 
 // TestTheUnixSocketNeedsNoCertificate: every node listens on

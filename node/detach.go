@@ -124,7 +124,7 @@ func (w *diskWatch) recordFailureLocked(f diskFailure) {
 func (v *Volume) detach(f diskFailure, missOff, missLen int64) bool {
 	v.stateMu.Lock()
 	v.mu.Lock()
-	disk, role, peers := v.diskState, v.role, v.peerList
+	disk, role, peers := v.st.Disk, v.roleLocked(), v.peerList
 	v.mu.Unlock()
 	var acts []volstate.Action
 	if disk != replication.Diskless {
@@ -209,7 +209,7 @@ func (v *Volume) isDetached() bool {
 
 // detachedLocked reports whether the local disk is out of service.
 // Callers hold v.mu.
-func (v *Volume) detachedLocked() bool { return v.diskState == replication.Diskless }
+func (v *Volume) detachedLocked() bool { return v.st.Disk == replication.Diskless }
 
 // readFromPeer reads through any peer that is in sync.
 func (v *Volume) readFromPeer(ctx context.Context, p []byte, off int64) error {
@@ -265,7 +265,7 @@ func (v *Volume) reattachLoop() {
 		case <-timer.C():
 		}
 		v.mu.Lock()
-		disk := v.diskState
+		disk := v.st.Disk
 		v.mu.Unlock()
 		switch disk {
 		case replication.Diskless:
@@ -337,7 +337,7 @@ func (v *Volume) diskWorks(rule *reattachState) bool {
 		return because(CauseDetached, "disk works again: copying the blocks it missed from the peer")
 	}, nil)
 	v.mu.Lock()
-	attaching := v.diskState == replication.Inconsistent
+	attaching := v.st.Disk == replication.Inconsistent
 	v.mu.Unlock()
 	v.stateMu.Unlock()
 	if err != nil || !attaching {
@@ -371,7 +371,7 @@ func (v *Volume) copyBack() error {
 		}
 		v.stateMu.Lock()
 		v.mu.Lock()
-		disk := v.diskState
+		disk := v.st.Disk
 		v.mu.Unlock()
 		switch {
 		case disk != replication.Inconsistent:
@@ -420,7 +420,7 @@ func (v *Volume) attachFailedLocked(why error) {
 func (v *Volume) endReattach() bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.diskState == replication.Diskless || v.diskState == replication.Inconsistent {
+	if v.st.Disk == replication.Diskless || v.st.Disk == replication.Inconsistent {
 		return false
 	}
 	v.dw.running, v.dw.failed = false, nil

@@ -107,9 +107,15 @@
 // secondary.go words, or take it, the epoch durable first), a resync into
 // this disk (ResyncStarted, ResyncFinished), its stream's end
 // (IncomingEnded), a replicated write that failed (ReplicaWriteFailed) and
-// a split brain a peer reported (SplitBrainFound). The machine reads the
-// peers' real states (their views, lock-free), and only a step's install
-// writes the volume's state (TestOnlyTheStepsWriteTheVolumesState).
+// a split brain a peer reported (SplitBrainFound). The volume's state is
+// the machine's value itself (Volume.st, a volstate.State under v.mu): a
+// step takes a copy of it with the peers' real states (their views,
+// lock-free), and only a step's install writes it
+// (TestOnlyTheStepsWriteTheVolumesState). Each install publishes a copy
+// (Volume.state, never changed once published) BEFORE it notifies the
+// change; status, the metrics, the NBD export list and the claims read
+// that without v.mu, while IO's admission reads st under v.mu (its count
+// of IO in flight must agree with the state a step-down drains).
 // A lease renewal (LeaseRenewed), a shutdown or removal (Stop) and the
 // other steps that write nothing (a stream's end, a failed replicated
 // write, a split brain reported) are stepped under v.mu alone

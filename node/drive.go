@@ -16,40 +16,16 @@ import (
 // installed, and only then performs the step's actions. When a write
 // fails, nothing changes and no action is performed.
 
-// model is the durable state as the state machine holds it.
-func (d durable) model() volstate.Durable {
-	m := volstate.Durable{Epoch: d.epoch, Primary: d.primary, Gens: d.gens.Clone(), SyncGen: d.syncGen, LocalStale: d.localStale}
-	if d.primarySince != 0 {
-		m.PrimarySince = time.Unix(0, d.primarySince)
-	}
-	return m
-}
-
-// take makes d hold m (the size is not the state machine's).
-func (d *durable) take(m volstate.Durable) {
-	d.epoch, d.primary, d.gens, d.syncGen, d.localStale = m.Epoch, m.Primary, m.Gens.Clone(), m.SyncGen, m.LocalStale
-	d.primarySince = 0
-	if !m.PrimarySince.IsZero() {
-		d.primarySince = m.PrimarySince.UnixNano()
-	}
-}
-
-// modelLocked is the volume as its state machine sees it, the peers'
-// replication states as their views show them now (a view is read
-// without a lock; a peer's handshake changes it under v.stateMu, which
-// steps hold). Callers hold v.mu.
+// modelLocked is the volume as its state machine sees it: a copy of v.st
+// that shares nothing with it, the peers' replication states as their
+// views show them now (a view is read without a lock; a peer's handshake
+// changes it under v.stateMu, which steps hold), and whether the volume
+// stops. Callers hold v.mu.
 func (v *Volume) modelLocked() volstate.State {
-	s := volstate.State{
-		Self: v.self, SelfID: v.node.config().NodeID(v.self), Durable: v.d.model(), Serving: v.serving, Disk: v.diskState, Why: volstate.Cause(v.why.cause),
-		Peers: map[string]volstate.Peer{}, KnownEpoch: v.knownEpoch, Auth: v.auth, Fresh: v.fresh,
-		CrashedPrimary: v.crashedPrimary, AdminDown: v.adminDown, Discard: v.discard != nil,
-		LeaseEpoch: v.leaseEpoch, LeaseUntil: v.lease, Pending: v.roleChange, Stopping: isClosed(v.stopping),
-	}
-	for name := range v.cfg.Disks {
-		if name == v.self {
-			continue
-		}
-		mp := volstate.Peer{Repl: replication.Connecting, SplitBrainRule: v.splitBrain[name]}
+	s := v.st.Clone()
+	s.Stopping = isClosed(v.stopping)
+	for name, mp := range s.Peers {
+		mp.Repl, mp.Session, mp.Pulling = replication.Connecting, 0, false
 		if p := v.peers[name]; p != nil {
 			pv := p.snapshot()
 			mp.Repl, mp.Session, mp.Pulling = pv.repl(), pv.sid, p.pulling.Load()
@@ -61,13 +37,14 @@ func (v *Volume) modelLocked() volstate.State {
 
 // installLocked takes what the step from old to next changed (and only
 // that: a field another goroutine changed meanwhile stays as it is). The
-// durable state is commit's to install. Callers hold v.mu.
+// durable state is commit's to install; the peers' Repl, Session and
+// Pulling stay their views'. Callers hold v.mu.
 func (v *Volume) installLocked(old, next volstate.State, rd volstate.Ready, texts func(volstate.Cause) reason) {
 	if next.Serving != old.Serving {
-		v.serving = next.Serving
+		v.st.Serving = next.Serving
 	}
 	if next.Disk != old.Disk {
-		v.diskState = next.Disk
+		v.st.Disk = next.Disk
 	}
 	for name, p := range next.Peers {
 		if rule := p.SplitBrainRule; rule != "" && rule != old.Peers[name].SplitBrainRule {
@@ -75,45 +52,55 @@ func (v *Volume) installLocked(old, next volstate.State, rd volstate.Ready, text
 		}
 	}
 	if next.Why != old.Why {
+		var r reason
 		switch {
 		case next.Why == volstate.CauseNone:
-			v.why = reason{}
 		case next.Why == volstate.CauseSplitBrain:
 			// The step's own words when it has some for it (a policy that
 			// names a victim, a refusal's answer), else the usual ones.
-			v.why = v.splitBrainReasonLocked()
+			r = v.splitBrainReasonLocked()
 			if texts != nil {
-				if r := texts(next.Why); r.cause == CauseSplitBrain {
-					v.why = r
+				if t := texts(next.Why); t.cause == CauseSplitBrain {
+					r = t
 				}
 			}
 		case texts != nil:
-			v.why = texts(next.Why)
+			r = texts(next.Why)
 		default:
 			panic(fmt.Sprintf("volume %s: a step set the cause %q and no text for it", v.name, next.Why))
 		}
+		// The cause is the words' (which name the step's cause).
+		v.st.Why, v.whyText = volstate.Cause(r.cause), r.text
 	}
 	if next.CrashedPrimary != old.CrashedPrimary {
-		v.crashedPrimary = next.CrashedPrimary
+		v.st.CrashedPrimary = next.CrashedPrimary
 	}
 	if next.AdminDown != old.AdminDown {
-		v.adminDown = next.AdminDown
+		v.st.AdminDown = next.AdminDown
 	}
 	if next.LeaseEpoch != old.LeaseEpoch {
-		v.leaseEpoch = next.LeaseEpoch
+		v.st.LeaseEpoch = next.LeaseEpoch
 	}
 	if !next.LeaseUntil.Equal(old.LeaseUntil) {
-		v.lease = next.LeaseUntil
+		v.st.LeaseUntil = next.LeaseUntil
 		v.wakeLeaseWaitersLocked()
 	}
-	v.knownEpoch = max(v.knownEpoch, next.KnownEpoch)
-	v.roleChange = next.Pending
-	if old.Discard && !next.Discard {
-		v.discard = nil
+	v.st.KnownEpoch = max(v.st.KnownEpoch, next.KnownEpoch)
+	v.st.Pending = next.Pending
+	if next.Discard != old.Discard {
+		// A discard's words (v.discard) are its step's caller's to give
+		// (driveOptions.install, which runs after this).
+		v.st.Discard = next.Discard
+		if !next.Discard {
+			v.discard = nil
+		}
 	}
 	for name, p := range next.Peers {
-		if rule := old.Peers[name].SplitBrainRule; rule != "" && p.SplitBrainRule == "" {
-			delete(v.splitBrain, name)
+		if old.Peers[name].SplitBrainRule != "" && p.SplitBrainRule == "" {
+			if q, ok := v.st.Peers[name]; ok {
+				q.SplitBrainRule = ""
+				v.st.Peers[name] = q
+			}
 		}
 	}
 	for _, a := range rd.Actions {
@@ -122,6 +109,7 @@ func (v *Volume) installLocked(old, next volstate.State, rd volstate.Ready, text
 			v.resetPeersLocked()
 		}
 	}
+	v.publishLocked()
 	v.changed.notify()
 }
 
@@ -229,7 +217,7 @@ func (v *Volume) stepLocked(e volstate.Event, texts func(volstate.Cause) reason,
 		// A disk's failure is recorded in the node's store alone: the
 		// superblock is on the failing disk, which may not take it.
 		_, failing := e.(volstate.DiskFailed)
-		return v.commitMirror(!failing, func(d *durable) { d.take(*rd.Persist) }, func() {
+		return v.commitMirror(!failing, *rd.Persist, v.size.Load(), func() {
 			v.installLocked(old, next, rd, texts)
 			if install != nil {
 				install()

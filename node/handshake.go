@@ -66,7 +66,7 @@ func (p *peer) connect(ctx context.Context) error {
 	defer stream.Close()
 
 	v.mu.Lock()
-	hello := replication.Hello{Volume: v.name, From: v.self, To: p.name, Epoch: v.d.epoch, Size: v.size.Load(), Generation: v.d.gens.Current, UUIDs: v.uuidsLocked(p.name),
+	hello := replication.Hello{Volume: v.name, From: v.self, To: p.name, Epoch: v.st.Durable.Epoch, Size: v.size.Load(), Generation: v.st.Durable.Gens.Current, UUIDs: v.uuidsLocked(p.name),
 		Settings: v.agreedSettings(), Wire: replication.WireVersion, HandedOver: v.handedOver.Load()}
 	v.mu.Unlock()
 	if err := sendJSON(stream, replication.FrameHello, hello); err != nil {
@@ -215,7 +215,7 @@ func runsBytes(runs [][2]int64) int64 {
 func (p *peer) decide(reply replication.HelloReply) (syncPlan, error) {
 	v := p.v
 	v.mu.Lock()
-	local, gens, role := v.uuidsLocked(p.name), v.d.gens.Clone(), v.role
+	local, gens, role := v.uuidsLocked(p.name), v.st.Durable.Gens.Clone(), v.roleLocked()
 	v.mu.Unlock()
 	if role != replication.Primary {
 		// It stepped down during the handshake; its senders stop.
@@ -282,7 +282,7 @@ func (p *peer) decide(reply replication.HelloReply) (syncPlan, error) {
 			// The peer's copy will be this bitmap's generation plus the
 			// blocks sent.
 			v.mu.Lock()
-			plan.sync, plan.syncGen = true, v.d.gens.Bitmaps[p.name]
+			plan.sync, plan.syncGen = true, v.st.Durable.Gens.Bitmaps[p.name]
 			v.mu.Unlock()
 			if d.Outcome == replication.NoResync && !discard {
 				plan.outcome = replication.BitmapResyncSource.String() + " (blocks marked)"
@@ -350,7 +350,7 @@ func (p *peer) pull(s *session.Session, peerGen replication.Generation) error {
 		// The copied data is durable (copyMissingFromPeer synced) BEFORE
 		// the generation says this disk holds it.
 		v.mu.Lock()
-		history := slices.Clone(v.d.gens.History)
+		history := slices.Clone(v.st.Durable.Gens.History)
 		v.mu.Unlock()
 		_, err := v.stepLocked(volstate.ResyncFinished{Peer: p.name, AsTarget: true, Current: peerGen, History: history}, nil, nil)
 		if err != nil {

@@ -2,6 +2,8 @@ package node
 
 import (
 	"context"
+	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -63,10 +65,84 @@ func TestDiscardMyDataIsRefusedByTheRules(t *testing.T) {
 		}
 	}
 	alpha.mu.Lock()
-	role, serving, discard := alpha.role, alpha.serving, alpha.discard
-	delete(alpha.splitBrain, "beta")
+	role, serving, discard := alpha.roleLocked(), alpha.st.Serving, alpha.discard
+	alpha.noteSplitBrainLocked("beta", "")
 	alpha.mu.Unlock()
 	if role != replication.Primary || serving != volstate.Open || discard != nil {
 		t.Fatalf("after the refused discards alpha is %s serving %s discarding %v, want Primary, Open, no discard", role, serving, discard != nil)
+	}
+}
+
+// publishedMismatch says how v's published state differs from v.st, or
+// "" when it is v.st (and its why) exactly.
+func publishedMismatch(v *Volume) string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	got, want := v.state(), published{st: v.st.Clone(), why: reason{cause: Cause(v.st.Why), text: v.whyText}}
+	if !reflect.DeepEqual(*got, want) {
+		return fmt.Sprintf("%s published %+v, its state is %+v", v.self, *got, want)
+	}
+	return ""
+}
+
+// What a volume publishes of its state (Volume.state: status, metrics,
+// the NBD export list read it without v.mu) is its state, after every kind
+// of install: a step that writes nothing (the operator's disconnect and
+// connect), a step whose state is durable (a write that misses a peer: a
+// new generation), the commit of a size (a resize), and at open; and a
+// state once published is never changed.
+func TestThePublishedStateIsTheVolumesState(t *testing.T) {
+	c := newTestCluster(t, resizeFrom)
+	c.growDisk("alpha", deviceSizeFor(t, resizeTo, 1))
+	c.growDisk("beta", deviceSizeFor(t, resizeTo, 1))
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	alpha, beta := c.vol("alpha"), c.vol("beta")
+	check := func(after string) {
+		t.Helper()
+		for _, v := range []*Volume{alpha, beta} {
+			if m := publishedMismatch(v); m != "" {
+				t.Fatalf("after %s: %s", after, m)
+			}
+		}
+	}
+	check("the start")
+	first := alpha.state()
+	kept := published{st: first.st.Clone(), why: first.why}
+
+	alpha.setAdminDown(true)
+	if !alpha.state().st.AdminDown {
+		t.Fatal("alpha's published state does not say the operator disconnected it")
+	}
+	check("a disconnect")
+	gen := alpha.currentGeneration()
+	if err := alpha.WriteAt(context.Background(), pattern(3, 4096), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	if alpha.currentGeneration() == gen || !alpha.tracking("beta") {
+		t.Fatalf("a write that missed beta: published generation %s (was %s), tracking beta %v", alpha.currentGeneration(), gen, alpha.tracking("beta"))
+	}
+	check("a write that missed beta")
+	alpha.setAdminDown(false)
+	check("a connect")
+	c.waitInSync()
+	check("the resync")
+	if _, err := c.resize("alpha", &transport.ResizeRequest{Size: resizeTo}); err != nil {
+		t.Fatal(err)
+	}
+	check("a resize")
+	if !reflect.DeepEqual(*first, kept) {
+		t.Fatalf("a published state changed after it was published: %+v, was %+v", *first, kept)
+	}
+	// What an install changes in place (a peer's split brain) is not
+	// seen through what was published before it.
+	alpha.mu.Lock()
+	alpha.noteSplitBrainLocked("beta", replication.RuleBitmapBoth)
+	rule := alpha.state().st.Peers["beta"].SplitBrainRule
+	alpha.noteSplitBrainLocked("beta", "")
+	alpha.mu.Unlock()
+	if rule != "" {
+		t.Fatalf("alpha's published state shares its peers with v.st: it shows the split brain %q nobody published", rule)
 	}
 }

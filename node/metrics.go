@@ -395,7 +395,7 @@ func replLinksOf(v *Volume, lv transport.LocalVolume) []replLink {
 	for name, p := range v.peers {
 		peers[name] = p
 	}
-	in, primary, disk := v.incoming, v.d.primary, v.diskState
+	in, primary, disk := v.incoming, v.st.Durable.Primary, v.st.Disk
 	v.mu.Unlock()
 	if lv.Role == string(replication.Primary) {
 		var out []replLink

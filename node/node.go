@@ -269,13 +269,15 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 		return nil, err
 	}
 	preferred := balanceByGroup(cfg, name)
+	// Authority mode, as openCluster sets it up (n.cl.auto).
+	auth, _ := cfg.FailoverMode()
 	vols := map[string]*Volume{}
 	for i := range cfg.Volumes {
 		vc := cfg.Volumes[i]
 		if _, ok := vc.Disks[name]; !ok {
 			continue
 		}
-		v, err := n.openVolume(vc, file.Volumes[i].Size == SizeMax, preferred[vc.Name])
+		v, err := n.openVolume(vc, file.Volumes[i].Size == SizeMax, preferred[vc.Name], auth)
 		if err != nil {
 			closeVolumes(vols)
 			st.Close()
@@ -300,7 +302,8 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 // the metadata of a volume new here) and its state. sizeMax: the file
 // says size: max; vc.Size is then this node's recorded size, or SizeMax
 // for a volume it never ran, resolved here from what the disk holds.
-func (n *Node) openVolume(vc VolumeConfig, sizeMax bool, preferred int) (*Volume, error) {
+// auth: the cluster decides the volume's primary (authority mode).
+func (n *Node) openVolume(vc VolumeConfig, sizeMax bool, preferred int, auth bool) (*Volume, error) {
 	dc := vc.Disks[n.name]
 	disk, mp, err := n.openDisk(vc, dc, preferred, n.opts)
 	if err != nil {
@@ -320,7 +323,7 @@ func (n *Node) openVolume(vc VolumeConfig, sizeMax bool, preferred int) (*Volume
 		disk.Close()
 		return nil, fmt.Errorf("volume %s: %w", vc.Name, err)
 	}
-	v, err := newVolume(n, vc, disk, md)
+	v, err := newVolume(n, vc, disk, md, auth)
 	if err != nil {
 		closeMD()
 		disk.Close()
@@ -691,9 +694,8 @@ func (r *resolver) Lookup(name string) (nbd.Export, error) {
 	if err != nil {
 		return nil, err
 	}
-	v.mu.Lock()
-	role, open, primary, why := v.role, v.serving.IsOpen(), v.d.primary, v.why.text
-	v.mu.Unlock()
+	s := v.state()
+	role, open, primary, why := s.role(), s.st.Serving.IsOpen(), s.st.Durable.Primary, s.why.text
 	if role == replication.Primary && open {
 		return v, nil
 	}
@@ -713,11 +715,9 @@ func (r *resolver) List() []string {
 	n := (*Node)(r)
 	var out []string
 	for name, v := range n.volumes() {
-		v.mu.Lock()
-		if v.role == replication.Primary && v.serving.IsOpen() {
+		if v.state().serving() {
 			out = append(out, name)
 		}
-		v.mu.Unlock()
 	}
 	sort.Strings(out)
 	return out

@@ -31,7 +31,7 @@ type peer struct {
 	addr string
 	// bm marks the blocks this peer misses; it lives in the volume's
 	// on-disk metadata. The generation it starts from is the volume's
-	// d.gens.Bitmaps[name].
+	// st.Durable.Gens.Bitmaps[name].
 	bm *metadata.PeerBitmap
 	// client is used by the run goroutine only.
 	client *transport.ReplClient
@@ -357,7 +357,7 @@ func (p *peer) syncDone(gen replication.Generation) *session.Pending {
 	// From here the peer may hold gen, acknowledged or not.
 	p.setMayHold(gen)
 	v.mu.Lock()
-	after := v.d.gens.ResyncFinishedAsSource(p.name)
+	after := v.st.Durable.Gens.ResyncFinishedAsSource(p.name)
 	v.mu.Unlock()
 	data := append([]byte(nil), gen[:]...)
 	for _, h := range after.History {
@@ -396,7 +396,7 @@ func (p *peer) SyncDoneAcked(s *session.Session, gen replication.Generation) boo
 	v.stateMu.Lock()
 	defer v.stateMu.Unlock()
 	v.mu.Lock()
-	current := v.d.gens.Current == gen
+	current := v.st.Durable.Gens.Current == gen
 	v.mu.Unlock()
 	inSync := p.update(func(pv *peerView) { pv.held = gen }).sess == s && current && p.bm.Count() == 0
 	if !inSync {

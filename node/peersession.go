@@ -79,7 +79,7 @@ func (p *peer) Congestion() replication.CongestionConfig { return p.v.settings()
 func (p *peer) CatchUp(s *session.Session) bool {
 	v := p.v
 	v.mu.Lock()
-	from, ok := v.d.gens.Bitmaps[p.name]
+	from, ok := v.st.Durable.Gens.Bitmaps[p.name]
 	v.mu.Unlock()
 	if !ok {
 		return false // nothing was marked under a generation of its own

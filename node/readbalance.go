@@ -32,7 +32,7 @@ func (v *Volume) readTarget(off, length int64) *peer {
 		return nil
 	}
 	v.mu.Lock()
-	local := replication.LocalReadView{Disk: v.diskState, Detached: v.detachedLocked(), Pending: int(v.rb.local.Load()), Congested: v.busy()}
+	local := replication.LocalReadView{Disk: v.st.Disk, Detached: v.detachedLocked(), Pending: int(v.rb.local.Load()), Congested: v.busy()}
 	v.mu.Unlock()
 	peers := v.streamingPeers()
 	views := make([]replication.PeerReadView, len(peers))

@@ -64,9 +64,7 @@ const growCommitTries = 5
 func (v *Volume) grow(ctx context.Context, size int64, check bool) (transport.ResizedNode, error) {
 	v.resizeMu.Lock()
 	defer v.resizeMu.Unlock()
-	v.mu.Lock()
-	role := v.role
-	v.mu.Unlock()
+	role := v.state().role()
 	old := v.size.Load()
 	out := transport.ResizedNode{Node: v.self, Role: string(role), OldSize: old, Size: size}
 	if size == old {
@@ -133,7 +131,10 @@ func (v *Volume) grow(ctx context.Context, size int64, check bool) (transport.Re
 			}
 			continue
 		}
-		err = v.commit(func(d *durable) { d.size = size }, func() {
+		v.mu.Lock()
+		d := v.st.Durable.Clone()
+		v.mu.Unlock()
+		err = v.commit(d, size, func() {
 			v.localMissing.Grow(size)
 			v.size.Store(size)
 		})

@@ -17,9 +17,7 @@ func (p *peer) resyncRefusal() error {
 	v := p.v
 	pv := p.snapshot()
 	state, cause := pv.state, pv.why.cause
-	v.mu.Lock()
-	_, split := v.splitBrain[p.name]
-	v.mu.Unlock()
+	split := v.state().st.Peers[p.name].SplitBrainRule != ""
 	switch {
 	case split:
 		// Found from either side: p refused this node's stream, or this

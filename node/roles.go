@@ -68,7 +68,7 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 		timeout = 30 * time.Second
 	}
 	v.mu.Lock()
-	if v.role != replication.Primary {
+	if v.roleLocked() != replication.Primary {
 		v.mu.Unlock()
 		return 0, replication.Generation{}, fmt.Errorf("%s is not primary on %s", v.name, v.self)
 	}
@@ -94,7 +94,7 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 	waitUntil(ctx, v.clock, waitBudget(ctx, v.clock, timeout), &v.changed, func() bool {
 		st := p.status()
 		v.mu.Lock()
-		down := v.adminDown
+		down := v.st.AdminDown
 		v.mu.Unlock()
 		verdict, why := replication.JudgeSwitchover(v.name, v.self, replication.SwitchoverPeer{
 			Name: to, Replication: replication.ReplState(st.Replication), Disk: st.PeerDisk, OutOfSyncBytes: st.OutOfSyncBytes,
@@ -143,7 +143,7 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 	// Until the new primary's stream arrives, point NBD clients at it.
 	v.stateMu.Lock()
 	v.mu.Lock()
-	gen, epoch := v.d.gens.Current, v.d.epoch
+	gen, epoch := v.st.Durable.Gens.Current, v.st.Durable.Epoch
 	v.mu.Unlock()
 	acts, err := v.stepLocked(volstate.HandedOver{}, nil, nil)
 	v.stateMu.Unlock()
@@ -175,7 +175,7 @@ func reasonSuffix(r string) string {
 // epoch are durable BEFORE the first write is accepted (volstate.Promote).
 func (v *Volume) promote(epoch uint64, gen replication.Generation) error {
 	v.mu.Lock()
-	held, seen := v.d.gens.Current, v.d.epoch
+	held, seen := v.st.Durable.Gens.Current, v.st.Durable.Epoch
 	v.mu.Unlock()
 	v.handedOver.Store(true)
 	err := v.drive(volstate.Promote{Epoch: epoch, Gen: gen, Now: v.clock.Now()}, driveOptions{notify: func(a volstate.Action) {
@@ -245,11 +245,7 @@ func (v *Volume) stepDown(h replication.Hello) error {
 }
 
 // roleNow is the volume's role.
-func (v *Volume) roleNow() replication.Role {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.role
-}
+func (v *Volume) roleNow() replication.Role { return v.state().role() }
 
 // setAdminDown disconnects (down) or reconnects this node's replication of
 // the volume, as the operator asked.
@@ -290,7 +286,7 @@ func (v *Volume) resetPeersLocked() {
 		}
 	}
 	v.rebuildPeerListLocked()
-	if !v.adminDown {
+	if !v.st.AdminDown {
 		v.startPeersLocked()
 	}
 }
@@ -298,17 +294,20 @@ func (v *Volume) resetPeersLocked() {
 // noteSplitBrainLocked installs a split brain the rules found with peer
 // (by rule). Callers hold v.mu.
 func (v *Volume) noteSplitBrainLocked(peer, rule string) {
-	if v.splitBrain == nil {
-		v.splitBrain = map[string]string{}
-	}
-	v.splitBrain[peer] = rule
+	p := v.st.Peers[peer]
+	p.SplitBrainRule = rule
+	v.st.Peers[peer] = p
 }
 
 // splitBrainReasonLocked is the reason a node in a split brain gives
 // whatever its role (a zero reason when it is in none): a step-down does
 // not resolve one. Callers hold v.mu.
 func (v *Volume) splitBrainReasonLocked() reason {
-	for peer, rule := range v.splitBrain {
+	for peer, p := range v.st.Peers {
+		rule := p.SplitBrainRule
+		if rule == "" {
+			continue
+		}
 		return because(CauseSplitBrain, "split-brain: %s and %s both changed %s since their last common generation (%s); resolve with replctl connect %s --discard-my-data --node VICTIM", v.self, peer, v.name, replication.RuleWords(rule), v.name)
 	}
 	return reason{}
@@ -326,7 +325,7 @@ func (v *Volume) retake(epoch uint64, gen replication.Generation) error {
 		}
 	}
 	v.mu.Lock()
-	held, seen := v.d.gens.Current, v.d.epoch
+	held, seen := v.st.Durable.Gens.Current, v.st.Durable.Epoch
 	v.mu.Unlock()
 	err := v.drive(e, driveOptions{notify: func(a volstate.Action) {
 		v.node.event(v.name, "primary-again", fmt.Sprintf("%s took %s back at epoch %d: the switchover was not recorded", v.self, v.name, a.Epoch))

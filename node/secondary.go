@@ -69,7 +69,7 @@ func (n *Node) handleStream(s *transport.ReplStream) error {
 
 // refusalLocked is a refusal's answer. Callers hold v.mu.
 func (v *Volume) refusalLocked(code replication.Refusal, format string, a ...any) replication.HelloReply {
-	return replication.HelloReply{Refused: code, Reason: fmt.Sprintf(format, a...), Epoch: v.d.epoch, Primary: v.role == replication.Primary}
+	return replication.HelloReply{Refused: code, Reason: fmt.Sprintf(format, a...), Epoch: v.st.Durable.Epoch, Primary: v.roleLocked() == replication.Primary}
 }
 
 // streamRefusalLocked puts the rules' refusal of h's stream (a
@@ -85,25 +85,25 @@ func (v *Volume) streamRefusalLocked(h replication.Hello, a volstate.Action) rep
 	case replication.RefusedSize:
 		r = v.sizeRefusalLocked(h)
 	case replication.RefusedNewerEpoch:
-		r = v.refusalLocked(a.Refusal, "%s is primary for %s at epoch %d; %s's epoch %d is older: it follows %s once %s reaches it", v.self, v.name, v.d.epoch, h.From, h.Epoch, v.self, v.self)
+		r = v.refusalLocked(a.Refusal, "%s is primary for %s at epoch %d; %s's epoch %d is older: it follows %s once %s reaches it", v.self, v.name, v.st.Durable.Epoch, h.From, h.Epoch, v.self, v.self)
 	case replication.RefusedUnrelated:
 		r = v.refusalLocked(a.Refusal, "unrelated data: %s and %s share no generation; if %s's data should go, run replctl create-md %s --force --yes on it (a full resync follows)", v.self, h.From, v.self, v.name)
 	case replication.RefusedSplitBrain:
 		r = v.refusalLocked(a.Refusal, "split-brain: %s and %s both changed %s since their last common generation (%s); resolve with replctl connect %s --discard-my-data --node VICTIM", v.self, h.From, v.name, replication.RuleWords(a.Detail), v.name)
-		if v.role == replication.Primary && h.Epoch == v.d.epoch {
+		if v.roleLocked() == replication.Primary && h.Epoch == v.st.Durable.Epoch {
 			if d := replication.CompareUUIDs(v.uuidsLocked(h.From), h.UUIDs, replication.Primary, replication.Primary); !d.Outcome.IsSplitBrain() {
 				// Words only: the data did not diverge, two nodes serve.
-				r.Reason = fmt.Sprintf("%s is Primary for %s itself at epoch %d; %s claims epoch %d too: two primaries, refusing (split brain)", v.self, v.name, v.d.epoch, h.From, h.Epoch)
+				r.Reason = fmt.Sprintf("%s is Primary for %s itself at epoch %d; %s claims epoch %d too: two primaries, refusing (split brain)", v.self, v.name, v.st.Durable.Epoch, h.From, h.Epoch)
 			}
 		}
-		r.PrimarySince = v.d.primarySince
+		r.PrimarySince = unixNano(v.st.Durable.PrimarySince)
 		if bm, ok := v.md.Bitmap(v.node.config().NodeID(h.From)); ok {
 			r.Changes = bm.Bytes()
 		}
 	case replication.RefusedStaleEpoch:
-		r = v.refusalLocked(a.Refusal, "stale epoch: %s sent epoch %d but %s has seen epoch %d (primary %s)", h.From, h.Epoch, v.self, v.d.epoch, v.d.primary)
+		r = v.refusalLocked(a.Refusal, "stale epoch: %s sent epoch %d but %s has seen epoch %d (primary %s)", h.From, h.Epoch, v.self, v.st.Durable.Epoch, v.st.Durable.Primary)
 	case replication.RefusedOtherPrimary:
-		r = v.refusalLocked(a.Refusal, "epoch %d belongs to %s, not %s", h.Epoch, v.d.primary, h.From)
+		r = v.refusalLocked(a.Refusal, "epoch %d belongs to %s, not %s", h.Epoch, v.st.Durable.Primary, h.From)
 	default:
 		panic(fmt.Sprintf("volume %s: no words for the refusal %q", v.name, a.Refusal))
 	}
@@ -183,7 +183,7 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 		v.compareSettings(h.From, h.Settings)
 	}
 	v.mu.Lock()
-	newer := v.role == replication.Primary && h.Epoch > v.d.epoch
+	newer := v.roleLocked() == replication.Primary && h.Epoch > v.st.Durable.Epoch
 	v.mu.Unlock()
 	if newer {
 		// A primary of a newer epoch took over while this one was away:
@@ -238,7 +238,7 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 	defer v.endIncoming(in)
 
 	v.mu.Lock()
-	reply = replication.HelloReply{Accepted: true, Generation: v.d.gens.Current, Disk: v.diskState, Epoch: v.d.epoch, UUIDs: v.uuidsLocked(h.From),
+	reply = replication.HelloReply{Accepted: true, Generation: v.st.Durable.Gens.Current, Disk: v.st.Disk, Epoch: v.st.Durable.Epoch, UUIDs: v.uuidsLocked(h.From),
 		Settings: v.agreedSettings()}
 	if bm, ok := v.md.Bitmap(v.node.config().NodeID(h.From)); ok && bm.Count() > 0 {
 		// What this node changed, or may have (its activity log after a
@@ -352,7 +352,7 @@ func (s appliedState) SyncStarted(from replication.Generation) error {
 	v.stateMu.Lock()
 	defer v.stateMu.Unlock()
 	v.mu.Lock()
-	primary := v.d.primary
+	primary := v.st.Durable.Primary
 	v.mu.Unlock()
 	_, err := v.stepLocked(volstate.ResyncStarted{Peer: primary, From: from}, nil, nil)
 	return err

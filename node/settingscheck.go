@@ -46,7 +46,7 @@ func (v *Volume) compareSettings(peer string, theirs *replication.Settings) {
 	}
 	diffs := v.agreedSettings().Diff(*theirs)
 	v.mu.Lock()
-	primaryHere, peerPrimary := v.role == replication.Primary, v.d.primary == peer
+	primaryHere, peerPrimary := v.roleLocked() == replication.Primary, v.st.Durable.Primary == peer
 	var parts, fixes []string
 	for _, d := range diffs {
 		parts = append(parts, fmt.Sprintf("%s is %s on %s but %s on %s", d.Setting, d.Mine, v.self, d.Theirs, peer))

@@ -18,7 +18,7 @@ import (
 func (v *Volume) splitBrainVictim(p *peer, them replication.SplitBrainSide) (replication.SplitBrainVictim, replication.AfterSplitBrain) {
 	policy, _ := replication.ParseAfterSplitBrain(v.cfg.AfterSB)
 	v.mu.Lock()
-	me := replication.SplitBrainSide{Changes: p.bm.Bytes(), PrimarySince: v.d.primarySince}
+	me := replication.SplitBrainSide{Changes: p.bm.Bytes(), PrimarySince: unixNano(v.st.Durable.PrimarySince)}
 	v.mu.Unlock()
 	return replication.ResolveSplitBrain(policy, me, them), policy
 }
@@ -65,10 +65,10 @@ type discardInfo struct {
 func (v *Volume) forcePromote() error {
 	v.handedOver.Store(false)
 	v.mu.Lock()
-	empty, from, disk := v.d.gens.Current.IsZero(), v.d.primary, v.diskState
+	empty, from, disk := v.st.Durable.Gens.Current.IsZero(), v.st.Durable.Primary, v.st.Disk
 	v.mu.Unlock()
 	e := volstate.Force{Now: v.clock.Now(), NewGen: replication.NewGeneration()}
-	if v.auth {
+	if v.st.Auth {
 		if va, ok := v.node.cl.c.Authority().Volume(v.name); ok {
 			e.AuthorityEpoch = va.Epoch
 		}
@@ -80,7 +80,7 @@ func (v *Volume) forcePromote() error {
 			return
 		}
 		v.mu.Lock()
-		gen := v.d.gens.Current
+		gen := v.st.Durable.Gens.Current
 		if from != "" && from != v.self {
 			v.forcedOver = &transport.Failover{From: from, To: v.self, Epoch: a.Epoch, At: v.clock.Now().UTC(),
 				Reason: "forced by the operator (replctl primary --force)", Forced: true}
@@ -116,13 +116,13 @@ func (v *Volume) discardMyData(ctx context.Context, yes bool) (int64, error) {
 	var runs [][2]int64
 	var from replication.Generation
 	for name := range v.cfg.Disks {
-		g, ok := v.d.gens.Bitmaps[name]
+		g, ok := v.st.Durable.Gens.Bitmaps[name]
 		bm, held := v.md.Bitmap(v.node.config().NodeID(name))
 		if name != v.self && ok && held && bm.Bytes() >= bytes {
 			bytes, from, runs = bm.Bytes(), g, bitmapRuns(bm)
 		}
 	}
-	role := v.role
+	role := v.roleLocked()
 	v.mu.Unlock()
 	if from.IsZero() {
 		// No write since the split: its data is still the generation it
@@ -147,7 +147,13 @@ func (v *Volume) discardMyData(ctx context.Context, yes bool) (int64, error) {
 		texts: func(volstate.Cause) reason {
 			return because(CauseDiscarding, "discarding its %s of changes: waiting for the primary to overwrite them", human.Bytes(bytes))
 		},
-		install: func() { v.discard = &discardInfo{from: from, runs: runs} },
+		install: func() {
+			// With the step that made this node discard its data (not
+			// one that stepped it down meanwhile).
+			if v.st.Discard {
+				v.discard = &discardInfo{from: from, runs: runs}
+			}
+		},
 		notify: func(volstate.Action) {
 			v.log.Warn("discarding my data", "bytes", bytes)
 			v.node.event(v.name, "discard-my-data", fmt.Sprintf("%s gives up %s of changes made since the split brain", v.self, human.Bytes(bytes)))
@@ -187,7 +193,7 @@ func (v *Volume) discardRefusal(err error) error {
 // A sender that is just stopping is waited for, then restarted.
 func (v *Volume) resumePeers() {
 	v.mu.Lock()
-	if v.role != replication.Primary || v.adminDown || v.peersCtx == nil {
+	if v.roleLocked() != replication.Primary || v.st.AdminDown || v.peersCtx == nil {
 		v.mu.Unlock()
 		return
 	}

@@ -2,90 +2,82 @@ package node
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/metadata/statefile"
+	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 )
 
-// durable is the part of a volume's state that survives a restart. It is
-// written to the node's state store and mirrored into the metadata
-// superblock, and it changes only through Volume.commit: no goroutine ever
-// sees a value that is not on stable storage yet.
-type durable struct {
-	// epoch is the highest primary epoch this node agreed to, held by
-	// primary ("" when unknown); this node is Primary when primary is
-	// itself.
-	epoch   uint64
-	primary string
-	// gens are the data generations (replication.Generations: current,
-	// one bitmap generation per out-of-sync peer, history).
-	gens replication.Generations
-	// syncGen is, while gens.Current is zero because a resync into this
-	// disk is under way, the generation the SyncSource's bitmap for this
-	// node starts from: reported as this node's current generation, it
-	// lets an interrupted resync resume from that bitmap.
-	syncGen replication.Generation
-	// localStale: this disk was detached and misses writes its peers hold.
-	localStale bool
-	// primarySince is when this node last became primary (unix ns).
-	primarySince int64
-	// size is the volume's size on this node (an online resize grows it).
-	size int64
-}
+// The durable part of a volume's state (volstate.Durable, in v.st) is
+// what survives a restart, with the volume's size (v.size, which is not
+// the state machine's). It is written to the node's state store and
+// mirrored into the metadata superblock, and it changes only through
+// Volume.commit: no goroutine ever sees a value that is not on stable
+// storage yet.
 
-func (d durable) clone() durable {
-	d.gens = d.gens.Clone()
-	return d
-}
-
-// commit changes the volume's durable state. change edits a copy; the copy
-// is written to stable storage (the node's store, then the superblock); only
-// once both writes returned does the volume take it, and install, when not
-// nil, runs under v.mu in the same step. When a write fails, nothing
-// changes in memory and the error is returned: whatever depends on the
-// change must not happen. Callers hold v.stateMu and not v.mu, so IO goes
-// on while the state is written.
-func (v *Volume) commit(change func(*durable), install func()) error {
-	return v.commitMirror(true, change, install)
+// commit changes the volume's durable state to d and its size to size:
+// they are written to stable storage (the node's store, then the
+// superblock); only once both writes returned does the volume take d, and
+// install, when not nil, runs under v.mu in the same step (a resize's
+// publishes the size). When a write fails, nothing changes in memory and
+// the error is returned: whatever depends on the change must not happen.
+// Callers hold v.stateMu and not v.mu, so IO goes on while the state is
+// written.
+func (v *Volume) commit(d volstate.Durable, size int64, install func()) error {
+	return v.commitMirror(true, d, size, install)
 }
 
 // commitMirror is commit; with mirror false, a superblock that cannot be
 // written does not fail it (the store alone is the truth at the next
 // start): for a disk being detached, whose superblock lives on that disk.
-func (v *Volume) commitMirror(mirror bool, change func(*durable), install func()) error {
-	v.mu.Lock()
-	d := v.d.clone()
-	v.mu.Unlock()
-	change(&d)
-	if err := v.write(d, false, mirror); err != nil {
+func (v *Volume) commitMirror(mirror bool, d volstate.Durable, size int64, install func()) error {
+	d = d.Clone()
+	// As stable storage holds it (unix nanoseconds, no monotonic reading).
+	d.PrimarySince = fromUnixNano(unixNano(d.PrimarySince))
+	if err := v.write(d, size, false, mirror); err != nil {
 		return err
 	}
 	v.mu.Lock()
-	v.d = d
-	v.role = roleOf(d.primary, v.self)
+	v.st.Durable = d
 	if install != nil {
 		install()
 	}
+	v.publishLocked()
 	v.mu.Unlock()
 	v.changed.notify()
 	return nil
 }
 
-func roleOf(primary, self string) replication.Role {
-	if primary == self {
-		return replication.Primary
+// roleLocked is the volume's role: Primary exactly when the durable state
+// names this node. Callers hold v.mu.
+func (v *Volume) roleLocked() replication.Role { return v.st.Role() }
+
+// unixNano is t in unix nanoseconds, 0 for the zero time (as the store
+// keeps a primary's start).
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
 	}
-	return replication.Secondary
+	return t.UnixNano()
 }
 
-// write puts d on stable storage: the node's store first, then the
-// superblock (current generation, history, the peers' bitmap generations).
-// clean is set only by a clean shutdown. With mirror false a superblock
-// write error is logged, not returned.
-func (v *Volume) write(d durable, clean, mirror bool) error {
+// fromUnixNano is unixNano's inverse.
+func fromUnixNano(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
+// write puts d, at size bytes, on stable storage: the node's store first,
+// then the superblock (current generation, history, the peers' bitmap
+// generations). clean is set only by a clean shutdown. With mirror false a
+// superblock write error is logged, not returned.
+func (v *Volume) write(d volstate.Durable, size int64, clean, mirror bool) error {
 	bitmaps := map[string]replication.Generation{}
-	for peer, g := range d.gens.Bitmaps {
+	for peer, g := range d.Gens.Bitmaps {
 		bitmaps[peer] = g
 	}
 	var mdDevice int64
@@ -93,21 +85,21 @@ func (v *Volume) write(d durable, clean, mirror bool) error {
 		mdDevice = sb.DeviceSize
 	}
 	err := v.node.store.PutVolume(v.name, statefile.VolumeState{
-		Epoch: d.epoch, Primary: d.primary, Generation: d.gens.Current, Clean: clean, Size: d.size,
-		LocalStale: d.localStale, PeerBitmaps: bitmaps, PrimarySince: d.primarySince, SyncGeneration: d.syncGen,
+		Epoch: d.Epoch, Primary: d.Primary, Generation: d.Gens.Current, Clean: clean, Size: size,
+		LocalStale: d.LocalStale, PeerBitmaps: bitmaps, PrimarySince: unixNano(d.PrimarySince), SyncGeneration: d.SyncGen,
 		BootID: v.node.bootID, MDDeviceSize: mdDevice,
 	})
 	if err != nil {
 		return fmt.Errorf("write the state of %s: %w", v.name, err)
 	}
 	err = v.md.UpdateSuperblock(func(sb *metadata.Superblock) {
-		sb.Current = d.gens.Current
+		sb.Current = d.Gens.Current
 		sb.History = [metadata.HistorySlots]replication.Generation{}
-		copy(sb.History[:], d.gens.History)
+		copy(sb.History[:], d.Gens.History)
 		for i := range sb.Peers {
 			sb.Peers[i].Bitmap = bitmaps[v.node.config().NodeName(sb.Peers[i].NodeID)]
 		}
-		if d.gens.Current.IsZero() {
+		if d.Gens.Current.IsZero() {
 			sb.Flags &^= metadata.FlagConsistent | metadata.FlagUpToDate
 		} else {
 			sb.Flags |= metadata.FlagConsistent
@@ -123,21 +115,48 @@ func (v *Volume) write(d durable, clean, mirror bool) error {
 	return nil
 }
 
-// loadDurable builds the state a volume starts with from the node's store
-// and its superblock.
-func loadDurable(st statefile.VolumeState, sb metadata.Superblock) durable {
-	d := durable{
-		epoch: st.Epoch, primary: st.Primary, localStale: st.LocalStale, primarySince: st.PrimarySince,
-		gens: replication.Generations{Current: st.Generation, History: append([]replication.Generation(nil), sb.History[:]...)},
+// loadDurable builds the durable state a volume starts with from the
+// node's store and its superblock.
+func loadDurable(st statefile.VolumeState, sb metadata.Superblock) volstate.Durable {
+	d := volstate.Durable{
+		Epoch: st.Epoch, Primary: st.Primary, LocalStale: st.LocalStale, PrimarySince: fromUnixNano(st.PrimarySince),
+		Gens: replication.Generations{Current: st.Generation, History: append([]replication.Generation(nil), sb.History[:]...)},
 	}
 	if len(st.PeerBitmaps) > 0 {
-		d.gens.Bitmaps = map[string]replication.Generation{}
+		d.Gens.Bitmaps = map[string]replication.Generation{}
 		for peer, g := range st.PeerBitmaps {
-			d.gens.Bitmaps[peer] = g
+			d.Gens.Bitmaps[peer] = g
 		}
 	}
-	if d.gens.Current.IsZero() {
-		d.syncGen = st.SyncGeneration
+	if d.Gens.Current.IsZero() {
+		d.SyncGen = st.SyncGeneration
 	}
 	return d
 }
+
+// published is the volume's state as an install left it (Volume.pub): a
+// copy of v.st that shares nothing with it, and the why's words. It is
+// never changed once published.
+type published struct {
+	st  volstate.State
+	why reason
+}
+
+// role is the volume's role.
+func (p *published) role() replication.Role { return p.st.Role() }
+
+// serving reports whether this node serves the volume's IO as its primary
+// (status's serving).
+func (p *published) serving() bool {
+	return p.st.Role() == replication.Primary && p.st.Serving.IsOpen()
+}
+
+// publishLocked publishes v.st (and its why) as it is now. Whoever changes
+// v.st calls it in the same critical section. Callers hold v.mu.
+func (v *Volume) publishLocked() {
+	v.pub.Store(&published{st: v.st.Clone(), why: reason{cause: Cause(v.st.Why), text: v.whyText}})
+}
+
+// state is the volume's state as its last install published it; it must
+// not be changed.
+func (v *Volume) state() *published { return v.pub.Load() }

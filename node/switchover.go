@@ -256,10 +256,10 @@ const awaitServingMax = time.Minute
 func (v *Volume) awaitServing(ctx context.Context, epoch uint64) (uint64, error) {
 	var at uint64
 	serving := func() bool {
-		v.mu.Lock()
-		defer v.mu.Unlock()
-		at = v.d.epoch
-		return v.role == replication.Primary && v.serving.IsOpen() && v.d.epoch >= epoch
+		// Published BEFORE v.changed is notified.
+		s := v.state()
+		at = s.st.Durable.Epoch
+		return s.serving() && s.st.Durable.Epoch >= epoch
 	}
 	if waitUntil(ctx, v.clock, awaitServingMax, &v.changed, serving) {
 		return at, nil

@@ -338,7 +338,7 @@ func TestANodeWithoutADiskOfTheVolumeCannotStreamIt(t *testing.T) {
 	c.waitInSync()
 	a := c.vol("alpha")
 	a.mu.Lock()
-	uuids, epoch := a.uuidsLocked("beta"), a.d.epoch
+	uuids, epoch := a.uuidsLocked("beta"), a.st.Durable.Epoch
 	a.mu.Unlock()
 	wit := loadBundle(t, dir, "wit")
 	for range 2 {

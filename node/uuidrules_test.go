@@ -412,7 +412,7 @@ func TestWritesDuringAPullEndOnBothNodes(t *testing.T) {
 	eventually(t, func() bool {
 		v := c.vol("alpha")
 		v.mu.Lock()
-		serving := v.serving.IsOpen()
+		serving := v.st.Serving.IsOpen()
 		v.mu.Unlock()
 		return v.peers["beta"].pulling.Load() && serving
 	}, "alpha copying from beta, and serving")

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"time"
 
 	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/internal/human"
@@ -28,8 +27,9 @@ type Volume struct {
 	node *Node
 	cfg  VolumeConfig
 	name string
-	// size is the volume's size here: durable.size, published once on
-	// stable storage (an online resize grows it: resize.go).
+	// size is the volume's size here, published once on stable storage
+	// (commit; an online resize grows it: resize.go). It is durable with
+	// st.Durable, but not the state machine's.
 	size atomic.Int64
 	self string
 	disk Disk
@@ -55,13 +55,29 @@ type Volume struct {
 	resizeMu mutex
 
 	mu mutex
-	// d is the durable state; it changes only through commit.
-	d    durable
-	role replication.Role // Primary when d.primary is this node
-	// crashedPrimary: the primary indicator was set when the metadata was
-	// attached (the node went down as primary); cleared once a peer is in
-	// sync again.
-	crashedPrimary bool
+	// st is the volume's state, the value its state machine (node/volstate)
+	// steps: the durable state (epoch, primary, generations; it changes
+	// only through commit), the serving and disk states, the cause of why
+	// (whyText is its words), the split brains (st.Peers[name].SplitBrainRule),
+	// the epochs heard of, a pending role change, the authority mode and the
+	// lease. Only a step's install (installLocked, commitMirror) writes it
+	// (TestOnlyTheStepsWriteTheVolumesState). st.Peers holds every other
+	// node of the volume; their Repl, Session and Pulling are empty here:
+	// those are the peers' views' (peer.snapshot, peer.pulling), which
+	// modelLocked reads into the model a step takes, as it does
+	// st.Stopping (v.stopping's). The role is st.Role(): Primary exactly
+	// when st.Durable.Primary is this node.
+	st volstate.State
+	// whyText is the words of st.Why (reason.text): why the volume is not
+	// doing its usual job.
+	whyText string
+	// pub is st and its why as the last install left them, published
+	// (publishLocked) in the same critical section as each change of st,
+	// BEFORE v.changed is notified: readers that only look (status, the
+	// metrics, the events' words, the NBD export list, the claims) load
+	// it without v.mu. Never nil once newVolume returned; never changed
+	// once published.
+	pub atomic.Pointer[published]
 	// replicaMarked: the replica indicator is on stable storage (set
 	// before the first replicated write applied here; metadata.FlagReplica).
 	replicaMarked atomic.Bool
@@ -70,12 +86,6 @@ type Volume struct {
 	// BEFORE the promotion, so that no hello of the new term goes out
 	// without it.
 	handedOver atomic.Bool
-	// fresh: the volume was created by this start (no state before).
-	fresh     bool
-	diskState replication.DiskState
-	// serving is what this node does with IO (volstate.Serving: open,
-	// open without a lease, waiting for a peer, fenced, or stopped).
-	serving volstate.Serving
 	// sizeMax: the file says size: max (size is what this node resolved).
 	sizeMax bool
 	// settingDiffs holds, per peer, how the settings that must agree
@@ -84,30 +94,22 @@ type Volume struct {
 	// settingsChecks counts the checks after an online change that ran
 	// to the end (tests wait on it).
 	settingsChecks atomic.Int64
-	// roleChange is a role change under way (a step-down waiting for its
-	// IO to drain): the state machine's, kept between its steps.
-	roleChange *volstate.Pending
-	// knownEpoch is the highest epoch heard of from a peer.
-	knownEpoch uint64
-	// splitBrain names the peers this node found a split brain with (and
-	// the rule); cleared when a stream connects again.
-	splitBrain map[string]string
-	io         sync.WaitGroup
-	peers      map[string]*peer
+	io             sync.WaitGroup
+	peers          map[string]*peer
 	// peerList is peers as a slice, replaced (never changed in place)
 	// whenever peers changes: the IO path reads it without copying.
-	peerList  []*peer
-	peersCtx  context.CancelFunc
-	adminDown bool // operator disconnected this node
+	peerList []*peer
+	peersCtx context.CancelFunc
 	// The local disk is detached (out of service after it failed: the
-	// primary reads and writes through a peer) while diskState is
+	// primary reads and writes through a peer) while st.Disk is
 	// Diskless (detachedLocked). localMissing marks the blocks this disk
-	// misses (d.localStale says so durably).
+	// misses (st.Durable.LocalStale says so durably).
 	localMissing *replication.Bitmap
 	// dw is what the volume keeps of its disk's failures, for the
 	// re-attach (detach.go).
 	dw diskWatch
-	// discard is set on a node that gives up its data after a split brain.
+	// discard is set on a node that gives up its data after a split brain
+	// (exactly while st.Discard).
 	discard *discardInfo
 	// peersCtxValue is the context the running senders were started with.
 	peersCtxValue context.Context
@@ -115,7 +117,6 @@ type Volume struct {
 	stopping chan struct{}
 	bg       sync.WaitGroup
 	incoming *applier.Stream
-	why      reason // why the volume is not doing its usual job
 	// lastRefusal is the last reason this secondary refused a stream for
 	// (logged once per reason).
 	lastRefusal string
@@ -123,18 +124,15 @@ type Volume struct {
 	// primary, for status where raft does not record it (in memory).
 	forcedOver *transport.Failover
 
-	// Authority mode (authority.go): auth says the cluster decides the
-	// primary. lease is how long this primary may complete IO, in the
-	// term leaseEpoch (the state machine's; leaseWake is closed when it
+	// Authority mode (authority.go): st.Auth says the cluster decides
+	// the primary. st.LeaseUntil is how long this primary may complete
+	// IO, in the term st.LeaseEpoch (leaseWake is closed when it
 	// changes); leaseStop ends the renewals of the term leaseLoop. A
 	// primary forced without a quorum serves without a lease (serving
 	// OpenWithoutLease) until raft records it.
-	auth       bool
-	lease      time.Time
-	leaseEpoch uint64
-	leaseWake  chan struct{}
-	leaseStop  context.CancelFunc
-	leaseLoop  uint64
+	leaseWake chan struct{}
+	leaseStop context.CancelFunc
+	leaseLoop uint64
 	// outdated: peers raft has recorded Outdated at this epoch.
 	// upToDate: the proposals that raft record a peer UpToDate again, in
 	// flight (closed when done); ensureOutdated waits for one before it
@@ -164,7 +162,9 @@ type Volume struct {
 	changed changes
 }
 
-func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD) (*Volume, error) {
+// newVolume opens volume cfg on node n; auth says the cluster decides its
+// primary (authority mode).
+func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD, auth bool) (*Volume, error) {
 	v := &Volume{
 		node: n, cfg: cfg, name: cfg.Name, self: n.name, disk: disk, md: md,
 		closeMD: func() error { return nil },
@@ -177,6 +177,12 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD) (*Volume, 
 	}
 	v.size.Store(int64(cfg.Size))
 	v.set.Store(settingsOf(cfg))
+	v.st = volstate.State{Self: v.self, SelfID: n.config().NodeID(v.self), Auth: auth, Peers: map[string]volstate.Peer{}}
+	for name := range cfg.Disks {
+		if name != v.self {
+			v.st.Peers[name] = volstate.Peer{}
+		}
+	}
 	st, ok, err := n.store.Volume(cfg.Name)
 	if err != nil {
 		return nil, err
@@ -189,14 +195,14 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD) (*Volume, 
 		if cfg.Primary == v.self {
 			st.Generation = replication.NewGeneration()
 		}
-		v.fresh = true
+		v.st.Fresh = true
 		v.node.event(v.name, "created", fmt.Sprintf("new volume, primary %s at epoch 1", cfg.Primary))
 	case st.Size != v.size.Load():
 		// The disk and metadata must be opened at the size this node
 		// recorded (resolveSizes).
 		return nil, fmt.Errorf("volume %s: opened at %d bytes, but this node recorded %d: open it at its recorded size", v.name, v.size.Load(), st.Size)
 	}
-	v.crashedPrimary = md.CrashedPrimary()
+	v.st.CrashedPrimary = md.CrashedPrimary()
 	if md.CrashedPrimary() {
 		// The node went down as primary: every extent in the activity log
 		// may hold writes its peers never saw. Mark exactly those.
@@ -224,13 +230,14 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD) (*Volume, 
 		v.node.event(v.name, "metadata-repaired", fmt.Sprintf("metadata load: %d bitmap pages failed their checksum (their range is resynced in full); other superblock slot: %q", len(rep.CorruptBitmapPages), rep.OtherSlot))
 	}
 	d := loadDurable(st, md.Superblock())
-	d.size = v.size.Load()
 	// Not clean from here on, durably, BEFORE anything else happens.
-	if err := v.write(d, false, true); err != nil {
+	if err := v.write(d, v.size.Load(), false, true); err != nil {
 		return nil, err
 	}
-	v.d = d
-	v.role = roleOf(d.primary, v.self)
+	v.st.Durable = d
+	v.mu.Lock()
+	v.publishLocked()
+	v.mu.Unlock()
 	// The rules take the loaded state (volstate.Opened): a disk that was
 	// detached and missed writes comes back Inconsistent and Secondary,
 	// whatever its role was, durably.
@@ -256,7 +263,7 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD) (*Volume, 
 // on disk BEFORE the first write (volstate.Started).
 func (v *Volume) start() {
 	v.mu.Lock()
-	copying, epoch := v.d.gens.Current.IsZero(), v.d.epoch
+	copying, epoch := v.st.Durable.Gens.Current.IsZero(), v.st.Durable.Epoch
 	v.mu.Unlock()
 	waiting := func() reason {
 		switch {
@@ -264,7 +271,7 @@ func (v *Volume) start() {
 			// A primary that went down while copying newer data from its
 			// peer serves again once the peer says which blocks it misses.
 			return because(CauseWaitingForPeer, "waiting for a peer with the data this node was copying")
-		case v.auth:
+		case v.st.Auth:
 			return because(CauseWaitingForPeer, "%s restarted as primary of %s and is waiting for the cluster: it serves no IO until raft confirms it is still the primary at epoch %d and grants it a lease", v.self, v.name, epoch)
 		}
 		return because(CauseWaitingForPeer, "%s restarted as primary of %s and is waiting for a peer: it serves no IO until a peer has compared generations and epochs with it (another node may have been promoted meanwhile); if every peer is gone for good, make it serve with replctl primary %s --node %s --force --yes", v.self, v.name, v.name, v.self)
@@ -272,7 +279,7 @@ func (v *Volume) start() {
 	err := v.drive(volstate.Started{}, driveOptions{
 		texts: func(volstate.Cause) reason { return waiting() },
 		notify: func(volstate.Action) {
-			if v.auth {
+			if v.st.Auth {
 				v.log.Warn("restarted as primary: waiting for the cluster before serving IO")
 			} else {
 				v.log.Warn("restarted as primary: waiting for a peer before serving IO")
@@ -353,11 +360,11 @@ func (v *Volume) enter(ctx context.Context) error {
 	for {
 		v.mu.Lock()
 		switch {
-		case v.role != replication.Primary:
+		case v.roleLocked() != replication.Primary:
 			v.mu.Unlock()
 			return fmt.Errorf("%s is not primary on %s any more: %w (%w)", v.name, v.self, ErrNotPrimary, errShutdown)
-		case !v.serving.IsOpen():
-			why := v.why.text
+		case !v.st.Serving.IsOpen():
+			why := v.whyText
 			if why == "" {
 				why = "switchover or shutdown in progress"
 			}
@@ -426,16 +433,10 @@ func (v *Volume) ReadAt(ctx context.Context, p []byte, off int64) error {
 }
 
 func (v *Volume) tracking(peer string) bool {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.d.gens.Tracking(peer)
+	return v.state().st.Durable.Gens.Tracking(peer)
 }
 
-func (v *Volume) epoch() uint64 {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.d.epoch
-}
+func (v *Volume) epoch() uint64 { return v.state().st.Durable.Epoch }
 
 // startTracking is called BEFORE a write completes without reaching peer
 // p. The first time in a disconnected period it starts p's bitmap from the
@@ -474,12 +475,12 @@ func (v *Volume) trackLocked(p *peer, behind bool) ([]*session.Pending, error) {
 	v.stateMu.Lock()
 	defer v.stateMu.Unlock()
 	v.mu.Lock()
-	current := v.d.gens.Current
+	current := v.st.Durable.Gens.Current
 	mayHold := p.mayHoldNow()
 	if p.mayHoldUnknown {
 		mayHold = current
 	}
-	moves := volstate.MissMovesGeneration(v.d.gens, p.name, mayHold)
+	moves := volstate.MissMovesGeneration(v.st.Durable.Gens, p.name, mayHold)
 	v.mu.Unlock()
 	if !moves {
 		// The write path's fast way out, by the machine's own rule: the
@@ -495,14 +496,11 @@ func (v *Volume) trackLocked(p *peer, behind bool) ([]*session.Pending, error) {
 	acts, err := v.stepLocked(volstate.WriteMissed{Peer: p.name, Held: held, Next: next, MayHold: mayHold, Behind: behind}, nil, nil)
 	if err != nil {
 		v.log.Error("cannot persist a new generation; stopping IO", "peer", p.name, "err", err)
-		v.mu.Lock()
-		why := v.why.text
-		v.mu.Unlock()
-		v.node.event(v.name, "state-write-failed", why)
+		v.node.event(v.name, "state-write-failed", v.state().why.text)
 		return nil, fmt.Errorf("%w: %v", ErrStateWrite, err)
 	}
 	v.mu.Lock()
-	from, moved := v.d.gens.Bitmaps[p.name], v.d.gens.Current != current
+	from, moved := v.st.Durable.Gens.Bitmaps[p.name], v.st.Durable.Gens.Current != current
 	v.mu.Unlock()
 	if moved {
 		// The peer holds none of the generations from here on.
@@ -530,18 +528,16 @@ func (v *Volume) trackLocked(p *peer, behind bool) ([]*session.Pending, error) {
 // uuidsLocked returns this node's generation set toward peer, as the
 // connection handshake sends it. Callers hold v.mu.
 func (v *Volume) uuidsLocked(peer string) replication.UUIDSet {
-	u := v.d.gens.Toward(peer)
+	u := v.st.Durable.Gens.Toward(peer)
 	if u.Current.IsZero() {
-		u.Current = v.d.syncGen
+		u.Current = v.st.Durable.SyncGen
 	}
-	u.CrashedPrimary, u.NodeID = v.crashedPrimary, v.node.config().NodeID(v.self)
+	u.CrashedPrimary, u.NodeID = v.st.CrashedPrimary, v.node.config().NodeID(v.self)
 	return u
 }
 
 func (v *Volume) currentGeneration() replication.Generation {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.d.gens.Current
+	return v.state().st.Durable.Gens.Current
 }
 
 // shutdown stops the volume for a node shutdown (or its removal). A
@@ -550,7 +546,7 @@ func (v *Volume) currentGeneration() replication.Generation {
 func (v *Volume) shutdown() bool {
 	// The volume's rules stop its IO and its lease renewals (Stop).
 	v.mu.Lock()
-	wasOpen := v.serving.IsOpen()
+	wasOpen := v.st.Serving.IsOpen()
 	acts := v.stepUnwrittenLocked(volstate.Stop{}, nil)
 	v.mu.Unlock()
 	for _, a := range acts {
@@ -574,9 +570,9 @@ func (v *Volume) shutdown() bool {
 	v.detachIncoming()
 	v.stateMu.Lock()
 	v.mu.Lock()
-	d := v.d.clone()
+	d := v.st.Durable.Clone()
 	v.mu.Unlock()
-	if err := v.write(d, clean, true); err != nil {
+	if err := v.write(d, v.size.Load(), clean, true); err != nil {
 		v.log.Error("write state at shutdown", "err", err)
 		clean = false
 	}
@@ -606,13 +602,17 @@ func (v *Volume) shutdown() bool {
 
 // status reports this node's view of the volume.
 func (v *Volume) status() transport.LocalVolume {
+	// The published state, loaded under v.mu (which status needs for the
+	// peers and the incoming stream): the role agrees with the peers and
+	// the stream it lists.
 	v.mu.Lock()
+	s := v.state()
 	lv := transport.LocalVolume{
 		Name: v.name, Size: v.size.Load(), Protocol: string(v.settings().protocol), ResyncRate: v.settings().resyncRate,
 		OnCongestion: string(v.settings().congestion.Policy),
-		Role:         string(v.role), Disk: string(v.diskState), Epoch: v.d.epoch, Primary: v.d.primary,
-		Generation: v.d.gens.Current.String(), Reason: v.why.text, ReasonCode: string(v.why.cause),
-		Serving:  v.role == replication.Primary && v.serving.IsOpen(),
+		Role:         string(s.role()), Disk: string(s.st.Disk), Epoch: s.st.Durable.Epoch, Primary: s.st.Durable.Primary,
+		Generation: s.st.Durable.Gens.Current.String(), Reason: s.why.text, ReasonCode: string(s.why.cause),
+		Serving:  s.serving(),
 		Metadata: v.md.Placement().String(), UsableBytes: v.md.UsableSize(),
 		AfterSB: string(v.agreedSettings().AfterSB),
 	}
@@ -620,8 +620,8 @@ func (v *Volume) status() transport.LocalVolume {
 		c := *f
 		lv.LastFailover = &c
 	}
-	for peer, rule := range v.splitBrain {
-		if lv.SplitBrainRule == "" || peer < lv.SplitBrainPeer {
+	for peer, p := range s.st.Peers {
+		if rule := p.SplitBrainRule; rule != "" && (lv.SplitBrainRule == "" || peer < lv.SplitBrainPeer) {
 			lv.SplitBrainPeer, lv.SplitBrainRule = peer, rule
 		}
 	}
@@ -629,7 +629,7 @@ func (v *Volume) status() transport.LocalVolume {
 	for _, p := range v.peers {
 		peers = append(peers, p)
 	}
-	role, in, down := v.role, v.incoming, v.adminDown
+	role, in, down := s.role(), v.incoming, s.st.AdminDown
 	v.mu.Unlock()
 	lv.ResyncedBytes = v.resynced.Load()
 	lv.Reads, lv.ReadBytes = v.reads.Load(), v.readBytes.Load()

@@ -147,22 +147,18 @@ func (n *Node) addVolume(next *Config, vc VolumeConfig) error {
 	}
 	// The volumes running keep their path preference; the new one takes
 	// its place in the balance of the whole file.
-	v, err := n.openVolume(vc, sizeMax, balanceByGroup(&cfg, n.name)[vc.Name])
+	v, err := n.openVolume(vc, sizeMax, balanceByGroup(&cfg, n.name)[vc.Name], n.cl != nil && n.cl.auto)
 	if err != nil {
 		return err
 	}
 	cfg.Volumes[len(cfg.Volumes)-1] = v.cfg
-	if n.cl != nil {
-		v.auth = n.cl.auto
-	}
 	v.start()
 	vols := maps.Clone(n.volumes())
 	vols[vc.Name] = v
 	n.cfg.Store(&cfg)
 	n.vols.Store(&vols)
-	v.mu.Lock()
-	role, disk := v.role, v.diskState
-	v.mu.Unlock()
+	s := v.state()
+	role, disk := s.role(), s.st.Disk
 	v.log.Info("volume added and started", "role", role, "disk", disk)
 	n.event(vc.Name, "volume-added", fmt.Sprintf("%s was added to the cluster file: %s started it as %s (%s)", vc.Name, n.name, role, disk))
 	return nil

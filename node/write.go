@@ -170,7 +170,7 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 			v.mu.Lock()
 			// Only a peer holds the whole volume while this primary
 			// copies newer data from it.
-			pulling := v.d.gens.Current.IsZero()
+			pulling := v.st.Durable.Gens.Current.IsZero()
 			v.mu.Unlock()
 			proto := w.Protocol(pulling)
 			if proto == 'A' && e.Data != nil {
@@ -201,7 +201,7 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 			if skipped && w.ToDisk() {
 				v.localMissing.SetRange(e.Off, e.Length)
 			}
-			pulling := v.d.gens.Current.IsZero()
+			pulling := v.st.Durable.Gens.Current.IsZero()
 			v.mu.Unlock()
 			if !skipped {
 				lerr = local()
