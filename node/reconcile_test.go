@@ -202,3 +202,66 @@ func TestWhatAResyncTargetGotIsMarkedAtAChangeOfPrimary(t *testing.T) {
 		t.Errorf("the reconciliation toward gamma does not mark the block at %d beta got by resync", off)
 	}
 }
+
+// TestAForcedPromotionReconcilesAWriteThatReachedOneSecondary: three data
+// nodes, no raft. alpha, the primary, writes a block that reaches gamma
+// and not beta, and crashes before it acknowledges it or gives up on
+// beta. The operator forces gamma (replctl primary --force): like a
+// failover, gamma marks its activity log toward beta BEFORE its promotion
+// is durable, so that beta, which never got the block, is resynced with
+// it and the two do not count each other in sync while it differs. The
+// forced path marked nothing until the simulation showed it (seed 3519,
+// once its activity log held fewer blocks than the volume).
+func TestAForcedPromotionReconcilesAWriteThatReachedOneSecondary(t *testing.T) {
+	const size = 8 << 20
+	c := newTestClusterOf(t, size, "alpha", "beta", "gamma")
+	link := fault.NewLink()
+	for _, nc := range c.cfg.Nodes {
+		if nc.Name != "beta" {
+			continue
+		}
+		ln, err := net.Listen("tcp", nc.Replication)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := c.opts[nc.Name]
+		o.Replication = link.Listen(ln)
+		c.opts[nc.Name] = o
+	}
+	for _, n := range []string{"alpha", "beta", "gamma"} {
+		c.start(n)
+	}
+	c.waitInSync()
+	ctx := context.Background()
+	const off = 5 << 20
+	written := pattern(11, 4096)
+	link.Partition()
+	go c.vol("alpha").WriteAt(ctx, written, off, false) // never acknowledged: alpha crashes
+	onDisk := func(name string) []byte {
+		b := make([]byte, len(written))
+		if _, err := c.vol(name).disk.ReadAt(b, off); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	eventually(t, func() bool { return bytes.Equal(onDisk("gamma"), written) }, "the write reached gamma")
+	c.crash("alpha")
+	link.Drop() // what the link held for beta goes with alpha
+	link.Heal()
+	if bytes.Equal(onDisk("beta"), written) {
+		t.Fatal("the write reached beta too: the test shows nothing")
+	}
+	if _, err := c.nodes["gamma"].api.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "gamma", Force: true, Yes: true}); err != nil {
+		t.Fatalf("force gamma: %v", err)
+	}
+	if !within(30*time.Second, 20*time.Millisecond, func() bool {
+		r := replica(c.status(), "beta")
+		return r.Disk == "UpToDate" && r.Replication == "Connected" && r.OutOfSyncBytes == 0
+	}) {
+		t.Fatalf("beta not in sync with the forced gamma: %+v", c.status().Volumes[0])
+	}
+	if b, g := onDisk("beta"), onDisk("gamma"); !bytes.Equal(b, g) {
+		t.Fatalf("beta and gamma count each other in sync, but the block at %d differs (beta holds the write: %v, gamma: %v)",
+			off, bytes.Equal(b, written), bytes.Equal(g, written))
+	}
+}

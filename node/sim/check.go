@@ -208,6 +208,11 @@ type checker struct {
 	// mayDiffer are blocks invariant 4 skips until a write to them is
 	// acknowledged: what a forced promotion leaves (forgetDifferences).
 	mayDiffer map[int]bool
+	// failedWrites are, per block, the failed writes a replica may hold
+	// alone (FindingFailedWriteDiverges): two replicas may differ there
+	// only where one holds one of them, until a write to the block is
+	// acknowledged.
+	failedWrites map[int]map[int64]bool
 	// forcedAlone: nodes the operator forced while they reached no raft
 	// leader (the split one-writer allows).
 	forcedAlone map[string]bool
@@ -242,7 +247,7 @@ type streamEntry struct {
 }
 
 func newChecker() checker {
-	return checker{acked: make([]int64, blocks), protected: make([]int64, blocks), forced: map[string]bool{}, mayDiffer: map[int]bool{},
+	return checker{acked: make([]int64, blocks), protected: make([]int64, blocks), forced: map[string]bool{}, mayDiffer: map[int]bool{}, failedWrites: map[int]map[int64]bool{},
 		forcedAlone: map[string]bool{}, excused: map[string]map[int]int64{}, wrote: map[string]map[int]int64{},
 		changed: map[[2]string]map[int]bool{}, streams: map[uint64]*streamLog{}}
 }
@@ -255,6 +260,7 @@ func (c *checker) acknowledged(s *Sim, n *node, w *write) {
 	c.acked[w.block] = w.id
 	c.acks++
 	delete(c.mayDiffer, w.block)
+	delete(c.failedWrites, w.block)
 	if w.fua {
 		c.protected[w.block] = max(c.protected[w.block], w.id)
 	}
@@ -373,7 +379,10 @@ func (c *checker) allow(a, b string, block int) {
 // stream, and its disk does not hold it (FindingFailedWriteDiverges):
 // traced, and the block may differ until a write to it is acknowledged.
 func (c *checker) failedWriteDiverges(s *Sim, n *node, w *write) {
-	c.mayDiffer[w.block] = true
+	if c.failedWrites[w.block] == nil {
+		c.failedWrites[w.block] = map[int64]bool{}
+	}
+	c.failedWrites[w.block][w.id] = true
 	hit := findingHit{finding: FindingFailedWriteDiverges, step: s.step,
 		detail: fmt.Sprintf("%s's write %d to block %d failed after it went to a stream, and its disk does not hold it; nothing marks it for the peers", n.name, w.id, w.block)}
 	c.findings = append(c.findings, hit)
@@ -677,8 +686,10 @@ func (s *Sim) checkDurable(va replication.VolumeAuthority) {
 // sync: connected, no marks either side, nothing in flight. A pair found
 // equal starts invariant 4's changed set again.
 func (s *Sim) checkInSync(p *node) {
-	if len(p.writes) > 0 {
-		return
+	// A block a write is in flight on may differ for now.
+	inFlight := map[int]bool{}
+	for _, w := range p.writes {
+		inFlight[w.block] = true
 	}
 	var equal []string
 	for _, name := range p.peers {
@@ -689,9 +700,16 @@ func (s *Sim) checkInSync(p *node) {
 			q.durable.Gens.Current.IsZero() || !q.durable.SyncGen.IsZero() {
 			continue
 		}
-		same := true
+		same := len(inFlight) == 0
 		for b := range blocks {
+			if inFlight[b] {
+				continue
+			}
 			if pv, qv := p.disk.read(b), q.disk.read(b); pv != qv {
+				if failed := s.check.failedWrites[b]; failed[max(pv, -pv)] || failed[max(qv, -qv)] {
+					same = false
+					continue
+				}
 				if !s.check.mayDiffer[b] {
 					s.fail(ReplicasEqualInSync, "%s and %s in sync, block %d holds %d and %d", p.name, name, b, pv, qv)
 					return

@@ -85,6 +85,9 @@ func (s *Sim) ship(n *node, w *write, p string) {
 // progressWrites completes (or fails) the node's writes that can.
 func (s *Sim) progressWrites(n *node) {
 	for _, w := range slices.Clone(n.writes) {
+		if !n.up {
+			return // it crashed between two stages of a write
+		}
 		switch s.progress(n, w) {
 		case writeFailed:
 			s.abandon(n, w)
@@ -103,14 +106,12 @@ const (
 	writeAcknowledged
 )
 
-// abandon fails w: its block is marked for the peers it missed (the
-// local disk may hold it; node's submit marks on an error too).
+// abandon fails w: node gives the write up where it waits, and the
+// machine runs its remaining stages with that failure (giveUp); its block
+// is marked for the peers it missed (node's submit marks on an error
+// too).
 func (s *Sim) abandon(n *node, w *write) {
-	if w.flow.Next() == writepath.Local {
-		// Shipped and not written here yet: node's write runs its local
-		// write right after the ship, whatever comes after.
-		w.written = s.diskWrite(n, w.block, w.id, w.fua)
-	}
+	s.giveUp(n, w)
 	if w.streamed && !w.written {
 		s.check.failedWriteDiverges(s, n, w)
 	}
@@ -120,9 +121,57 @@ func (s *Sim) abandon(n *node, w *write) {
 	s.finish(n, w)
 }
 
+// giveUp runs w's remaining stages at once, each that waits reporting a
+// failure (raft not reached, the wait or the lease given up), as node's
+// write does when its context ends or what it waits for fails. A local
+// write is not given up: it runs.
+func (s *Sim) giveUp(n *node, w *write) {
+	for {
+		switch w.flow.Next() {
+		case writepath.Log:
+			w.flow.Logged(false, false)
+		case writepath.Ship:
+			w.shipping = true
+			w.flow.Shipped(true)
+		case writepath.Local:
+			s.writeLocal(n, w)
+		case writepath.Drain:
+			w.flow.Drained()
+		case writepath.Wait:
+			w.flow.Waited(w.acked, true)
+		case writepath.CountLag:
+			w.flow.Counted()
+		case writepath.Lease:
+			w.flow.Leased(false)
+		case writepath.Done:
+			return
+		}
+	}
+}
+
+// writeLocal runs w's Local stage: its data goes to n's disk (the cache,
+// or through it when FUA).
+func (s *Sim) writeLocal(n *node, w *write) {
+	pulling := n.durable.Gens.Current.IsZero()
+	if !s.diskWrite(n, w.block, w.id, w.fua) {
+		// The sim's failed disk fails the write (node detaches the disk
+		// when a peer is in sync; the sim does not model a primary
+		// serving without its disk).
+		s.tracef("%s: write %d block %d: disk error", n.name, w.id, w.block)
+		w.localFailed = true
+		w.flow.Wrote(false, true, pulling)
+		_ = s.drive(n, diskFailed(n))
+		return
+	}
+	w.written = true
+	w.flow.Wrote(false, false, pulling)
+}
+
 func (s *Sim) finish(n *node, w *write) {
-	if n.al[w.block]--; n.al[w.block] <= 0 {
-		delete(n.al, w.block)
+	if w.inLog {
+		if n.al[w.block]--; n.al[w.block] <= 0 {
+			delete(n.al, w.block)
+		}
 	}
 	n.writes = slices.DeleteFunc(n.writes, func(x *write) bool { return x == w })
 	// A resync that waited for this write reads its block now.
@@ -152,18 +201,30 @@ const pStagePause = 0.4
 // progress moves w through the stages of node/writepath's machine, as far
 // as it can now.
 func (s *Sim) progress(n *node, w *write) writeState {
-	if s.now.Sub(w.started) > writeTimeout && w.flow.Next() != writepath.Local {
+	if s.now.Sub(w.started) > writeTimeout {
 		// Node gives a write up where it waits (for raft, for the
-		// lease), never between its ship and its local write.
+		// lease); abandon runs the rest of its stages so.
 		s.tracef("%s: write %d timed out", n.name, w.id)
 		return writeFailed
 	}
 	for {
-		switch stage := w.flow.Next(); stage {
+		stage := w.flow.Next()
+		switch stage {
 		case writepath.Log:
-			// The activity log is written durably (the sim's never fails).
+			ok, full := s.alAdmit(n, w.block)
+			if full {
+				return writeWaits
+			}
+			if !ok {
+				// A log that cannot be written: node detaches the disk
+				// when a peer is in sync; the sim fails the write.
+				s.tracef("%s: write %d block %d: activity log not written", n.name, w.id, w.block)
+				w.flow.Logged(false, false)
+				_ = s.drive(n, diskFailed(n))
+				continue
+			}
 			n.al[w.block]++
-			n.logged[w.block] = true
+			w.inLog = true
 			w.flow.Logged(true, false)
 		case writepath.Ship:
 			if !w.shipping {
@@ -192,18 +253,7 @@ func (s *Sim) progress(n *node, w *write) writeState {
 			}
 			w.flow.Drained()
 		case writepath.Local:
-			pulling := n.durable.Gens.Current.IsZero()
-			if !s.diskWrite(n, w.block, w.id, w.fua) {
-				// The sim's failed disk fails the write (node detaches the
-				// disk when a peer is in sync; the sim does not model a
-				// primary serving without its disk).
-				s.tracef("%s: write %d block %d: disk error", n.name, w.id, w.block)
-				w.flow.Wrote(false, true, pulling)
-				_ = s.drive(n, diskFailed(n))
-				continue
-			}
-			w.written = true
-			w.flow.Wrote(false, false, pulling)
+			s.writeLocal(n, w)
 		case writepath.Wait:
 			// A stream that ended left the write missing its peer: it is
 			// tracked and marked before the write completes (node's
@@ -246,6 +296,18 @@ func (s *Sim) progress(n *node, w *write) writeState {
 			}
 			s.check.acknowledged(s, n, w)
 			return writeAcknowledged
+		}
+		if stage == writepath.Lease {
+			// node returns the write's outcome right after its lease
+			// check: the acknowledgement is that step's.
+			continue
+		}
+		if s.chance(pCrashBetweenStages) {
+			// kill -9 between two stages of a write: what the order of
+			// the stages leaves on the disks and the links is all there is.
+			s.tracef("%s: write %d block %d: crash after its %s stage", n.name, w.id, w.block, stage)
+			s.crash(n)
+			return writeWaits
 		}
 		if s.chance(pStagePause) {
 			return writeWaits
@@ -375,10 +437,10 @@ func (s *Sim) receive(n *node, m msg) {
 	}
 	switch m.kind {
 	case msgWrite:
-		n.logged[m.block] = true // in the activity log BEFORE the write
-		// The applier writes to the cache (a FUA entry through it) and
-		// acknowledges: durable at the primary's next FLUSH.
-		if !s.diskWrite(n, m.block, m.value, m.fua) {
+		// In the activity log BEFORE the write. The applier writes to the
+		// cache (a FUA entry through it) and acknowledges: durable at the
+		// primary's next FLUSH.
+		if ok, _ := s.alAdmit(n, m.block); !ok || !s.diskWrite(n, m.block, m.value, m.fua) {
 			s.tracef("%s: write %d from %s: disk error, connection dropped", n.name, m.id, m.from)
 			s.replicaWriteFailed(from, n)
 			return
@@ -412,8 +474,7 @@ func (s *Sim) receive(n *node, m msg) {
 			// In the activity log BEFORE the write, as a stream's write
 			// (node's applier, OpResyncData): a later change of primary
 			// marks it toward the third node, which may never have had it.
-			n.logged[b] = true
-			if !s.diskWrite(n, b, m.blocks[b], false) {
+			if ok, _ := s.alAdmit(n, b); !ok || !s.diskWrite(n, b, m.blocks[b], false) {
 				s.replicaWriteFailed(from, n)
 				return
 			}

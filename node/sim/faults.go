@@ -17,6 +17,10 @@ const (
 	pSwitch    = 0.002
 	pForce     = 0.01 // while the primary is cut off from the leader
 	pDiscard   = 0.02 // while a split brain stands
+	// pCrashBetweenStages: a primary crashes right after one of a
+	// write's stages (per stage run), so that the order of the stages is
+	// tested where it matters.
+	pCrashBetweenStages = 0.002
 )
 
 // The client's requests: of the steps it sends one, these shares are a

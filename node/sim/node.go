@@ -33,13 +33,13 @@ type node struct {
 	disk      *disk
 	marks     map[string]map[int]bool // durable bitmaps, per peer
 	al        map[int]int             // the activity log: blocks with writes in flight
-	// logged is the rest of the activity log's working set: the blocks
-	// written here, as primary or applied from a primary's stream or
-	// resync. node's log keeps the extents used last, at least as many as
-	// a primary has writes in flight (its Admit waits for a free one); the
-	// sim's volume is smaller than any log, which so holds every block
-	// written. It survives a crash, as the log does.
-	logged map[int]bool
+	// logged is the activity log's working set: the alExtents blocks
+	// written here last, as primary or applied from a primary's stream or
+	// resync (alOrder: least recently used first). A block with a write in
+	// flight (al) is never evicted; a write waits for an evictable one
+	// (node's Admit). It survives a crash, as the log does.
+	logged  map[int]bool
+	alOrder []int
 
 	outdated map[string]uint64 // peers raft recorded Outdated, at which epoch (ensureOutdated's memo)
 	// outdatedRetry: ensureOutdated proposes again no sooner.
@@ -110,8 +110,10 @@ type write struct {
 	waiting map[string]bool // peers whose ack it waits for
 	missed  map[string]bool // peers it misses, not yet recorded
 	acked   bool            // a peer acknowledged it
-	// streamed: it went to a peer's stream; written: to the local disk.
-	streamed, written bool
+	// streamed: it went to a peer's stream; written: to the local disk;
+	// localFailed: the local disk failed it; inLog: its Log stage holds
+	// its block in the activity log (al) until it finishes.
+	streamed, written, localFailed, inLog bool
 	// flow is the write's way through node's stages (node/writepath);
 	// shipping: its Ship stage started (it went to the streams, or its
 	// misses are being recorded).

@@ -709,6 +709,19 @@ func (s *State) force(e Force) Ready {
 		x.Gens = x.Gens.Promoted()
 	})}
 	rd.Prepare = []Action{{Kind: StopPeers}, {Kind: DetachIncoming}}
+	if !wasPrimary && !empty && d.Primary != "" && d.Primary != s.Self && len(s.Peers) >= 2 {
+		// As a failover (becomePrimary): a write of the old primary in
+		// flight may have reached this node and not a third one, which
+		// would then count in sync without it. The activity log is marked
+		// toward every peer but the old primary BEFORE the promotion is
+		// durable (the sim's forced-promotion-skips-reconcile, seed 3519
+		// once its log held fewer blocks than the volume).
+		for _, p := range slices.Sorted(maps.Keys(s.Peers)) {
+			if p != d.Primary {
+				rd.Prepare = append(rd.Prepare, Action{Kind: MarkActivityLog, Peer: p})
+			}
+		}
+	}
 	s.Discard = false
 	serving := Open
 	if s.Auth {
