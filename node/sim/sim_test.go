@@ -209,7 +209,17 @@ func TestSimCatchesPlantedBugs(t *testing.T) {
 var knownFindingSeeds = map[uint64]struct {
 	finding Finding
 	broke   Invariant
-}{}
+}{
+	// Beyond CI's first thousand: a peer acknowledged a write from its
+	// cache and crashed; the write completed; raft, which had no leader
+	// when the stream's end asked it to record the peer Outdated, lost
+	// the primary (crashed, or cut off from it) and promoted the peer
+	// without the write. 1130 and 2028 were hidden by the excuse of
+	// flush-skips-peer-cache until it went; 4887 failed on main already.
+	1130: {FindingAckAfterPeerCacheLost, NoStalePromotion},
+	2028: {FindingAckAfterPeerCacheLost, NoStalePromotion},
+	4887: {FindingAckAfterPeerCacheLost, NoStalePromotion},
+}
 
 // TestSimKnownFindings: each known finding's seed still fails by it.
 func TestSimKnownFindings(t *testing.T) {
