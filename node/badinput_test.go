@@ -180,7 +180,7 @@ func TestAPeerThatStopsReadingCostsAWriteAtMostThePeerTimeout(t *testing.T) {
 	const timeout = 300 * time.Millisecond
 	_, p, ended := streamToGatedBeta(t, false, timeout) // the gate never opens: every send blocks
 	began := time.Now()
-	pd, err := p.submit(replication.Entry{Op: replication.OpWrite, Off: 8192, Length: 4096, Data: make([]byte, 4096)}, 'C', nil)
+	pd, err := p.submit(replication.Entry{Op: replication.OpWrite, Off: 8192, Length: 4096, Data: make([]byte, 4096)}, 'C', nil, false)
 	if err != nil || pd == nil {
 		t.Fatalf("submit to a streaming peer: %v, %v", pd, err)
 	}

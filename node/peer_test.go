@@ -48,7 +48,7 @@ func TestAHungPeerCostsAWriteAtMostThePeerTimeout(t *testing.T) {
 	const timeout = 300 * time.Millisecond
 	v, p, ended := streamToGatedBeta(t, true, timeout) // sends go through; nothing ever comes back
 	began := time.Now()
-	pd, err := p.submit(replication.Entry{Op: replication.OpWrite, Off: 4096, Length: 4096, Data: make([]byte, 4096)}, 'C', nil)
+	pd, err := p.submit(replication.Entry{Op: replication.OpWrite, Off: 4096, Length: 4096, Data: make([]byte, 4096)}, 'C', nil, false)
 	if err != nil || pd == nil {
 		t.Fatalf("submit to a streaming peer: %v, %v", pd, err)
 	}

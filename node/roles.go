@@ -134,7 +134,7 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 	}
 	v.node.nbd.CloseExport(v.name)
 	v.io.Wait()
-	if err := v.flushAll(); err != nil {
+	if err := v.flushAll(true); err != nil {
 		return reopen(err)
 	}
 	if !waitUntil(ctx, v.clock, 5*time.Second, &v.changed, inSync) {

@@ -16,19 +16,26 @@ import (
 // submitAll hands e to every peer under protocol proto: the pendings to
 // wait for, appended to waits, and the first error of a peer whose missing
 // of e could not be tracked durably. Each pending holds held (when not
-// nil) until it completes.
-func (v *Volume) submitAll(waits []*session.Pending, e replication.Entry, proto byte, held *countdown) ([]*session.Pending, error) {
+// nil) until it completes. source has bit i set when the i-th pending
+// appended goes to a peer this primary copies newer data from (pulling).
+// unstreamed: a flush that declares writes durable (a client's FLUSH, a
+// handover's) tracks the peers it never streamed to (submit).
+func (v *Volume) submitAll(waits []*session.Pending, e replication.Entry, proto byte, held *countdown, unstreamed bool) (_ []*session.Pending, source uint64, _ error) {
 	var first error
+	n := len(waits)
 	for _, p := range v.streamingPeers() {
-		w, err := p.submit(e, proto, held)
+		w, err := p.submit(e, proto, held, unstreamed)
 		if w != nil {
+			if p.pulling.Load() && len(waits)-n < 64 {
+				source |= 1 << (len(waits) - n)
+			}
 			waits = append(waits, w)
 		}
 		if err != nil && first == nil {
 			first = err
 		}
 	}
-	return waits, first
+	return waits, source, first
 }
 
 // submit hands one write-type entry (or a flush) to the peer. It returns a
@@ -37,9 +44,11 @@ func (v *Volume) submitAll(waits []*session.Pending, e replication.Entry, proto 
 // blocks it misses are then marked in its bitmap, after the volume durably
 // started tracking the peer. A flush the peer misses waits for the end of
 // its last stream, which marks what the peer acknowledged from its cache
-// (session.Session.end). err says that tracking could not be made
-// durable: the write or flush must not complete.
-func (p *peer) submit(e replication.Entry, proto byte, held *countdown) (*session.Pending, error) {
+// (session.Session.end); with no stream since this node became primary,
+// a flush that declares writes durable (unstreamed) has the volume track
+// the peer first. err says that tracking could not be made durable: the
+// write or flush must not complete.
+func (p *peer) submit(e replication.Entry, proto byte, held *countdown, unstreamed bool) (*session.Pending, error) {
 	changes := session.ChangesData(e.Op)
 	for {
 		var err error
@@ -92,16 +101,33 @@ func (p *peer) submit(e replication.Entry, proto byte, held *countdown) (*sessio
 			// this write is marked here, and its lag is not counted.
 		} else {
 			if !changes {
-				// A flush the peer misses changes no block of it: nothing
-				// to mark, and no reason to leave the generation it shares.
-				// But a stream that just ended may still be marking what
-				// the peer acknowledged from its cache: the flush completes
-				// only once that is durable, and fails when it could not be.
+				// A flush the peer misses marks no block of it, but it
+				// declares durable what the peer may hold in its cache
+				// only. A stream that ended marks what the peer
+				// acknowledged from its cache on it, and tracks the peer:
+				// the flush completes only once that is durable, and fails
+				// when it could not be.
 				if ended := p.snapshot().ending; ended != nil {
 					<-ended.Finished()
 					return nil, ended.MarkErr()
 				}
-				return nil, nil
+				// No stream to the peer since this node became primary
+				// (its peers are new then): the peer may hold, in its
+				// cache only, writes of an earlier primary (or of this
+				// node as one) that this flush declares durable, and
+				// nothing here knows which. The volume tracks it, durably
+				// (raft records it Outdated, the generation moves on),
+				// BEFORE the flush completes, so that it is never taken
+				// for holding them; its activity log marks what a power
+				// loss cost it. A peer tracked already costs the fast
+				// path; when the tracking fails, so does the flush. (A
+				// stop's own flush declares nothing to a client: it
+				// leaves the generation, which a forced primary that only
+				// stopped shares with the old one it still follows.)
+				if !unstreamed {
+					return nil, nil
+				}
+				return nil, p.v.startTracking(p)
 			}
 			if err = p.v.startTracking(p); err == nil {
 				if p.v.markUnlessStreaming(p, &e) {

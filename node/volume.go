@@ -555,7 +555,7 @@ func (v *Volume) shutdown() bool {
 	v.io.Wait()
 	clean := true
 	if wasOpen {
-		if err := v.flushAll(); err != nil {
+		if err := v.flushAll(false); err != nil {
 			clean = false
 		}
 	} else if err := v.disk.Sync(); err != nil {

@@ -152,6 +152,7 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	w := writepath.Begin(v.settings().protocol, toDisk)
 	var room [2]*session.Pending // a pending per peer, on the stack
 	var waits []*session.Pending
+	var source uint64 // the waits that go to the peer this primary pulls from
 	var lerr, perr, leaseErr error
 	for {
 		switch w.Next() {
@@ -181,7 +182,7 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 				return err
 			}
 			var serr error
-			waits, serr = v.submitAll(room[:0], e, proto, held)
+			waits, source, serr = v.submitAll(room[:0], e, proto, held, false)
 			perr = serr
 			w.Shipped(serr != nil)
 		case writepath.Drain:
@@ -221,7 +222,16 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 			if failed != nil {
 				perr = failed
 			}
-			w.Waited(acked, failed != nil)
+			// While this primary pulls, only its source's copy is whole:
+			// another peer's ack does not make the write safe (a pull that
+			// starts again copies the source's block over it).
+			sourceAcked := false
+			for i, p := range waits {
+				if i < 64 && source&(1<<i) != 0 && p.Acked() {
+					sourceAcked = true
+				}
+			}
+			w.Waited(acked, sourceAcked, failed != nil)
 		case writepath.CountLag:
 			// The client has the write before its peers do: each peer's
 			// loop counts it in the peer's lag from now, before this
@@ -280,7 +290,7 @@ func (v *Volume) writeOutcome(e replication.Entry, o writepath.Outcome, perr, le
 	case writepath.NoCopy:
 		return fmt.Errorf("write at %d: %w (%w)", e.Off, errNoCopy, syscall.EIO)
 	case writepath.PullNotTaken:
-		return fmt.Errorf("write at %d: %s is copying newer data from its peer and the peer did not take the write; it completes again once the peer is back (%w)", e.Off, v.self, syscall.EIO)
+		return fmt.Errorf("write at %d: %s is copying newer data from a peer and that peer did not take the write; it completes again once the peer is back (%w)", e.Off, v.self, syscall.EIO)
 	case writepath.LocalFailed:
 		return fmt.Errorf("local write: %w", syscall.EIO)
 	case writepath.LeaseLost:
@@ -298,7 +308,7 @@ func (v *Volume) Flush(ctx context.Context) error {
 	}
 	defer v.io.Done()
 	v.flushes.Add(1)
-	if err := v.flushAll(); err != nil {
+	if err := v.flushAll(true); err != nil {
 		return err
 	}
 	return v.holdLease(ctx)
@@ -307,9 +317,11 @@ func (v *Volume) Flush(ctx context.Context) error {
 // flushAll flushes the local disk and every peer. A peer whose stream
 // ended before it acknowledged the flush was tracked, and what it
 // acknowledged from its cache marked, BEFORE this returns (its session's
-// end); when that could not be made durable, the flush fails.
-func (v *Volume) flushAll() error {
-	waits, serr := v.submitAll(nil, replication.Entry{Op: replication.OpFlush}, 'C', nil)
+// end); when that could not be made durable, the flush fails. declares:
+// the flush tells someone the writes before it are durable (a client's
+// FLUSH, a handover), so a peer never streamed to is tracked too (submit).
+func (v *Volume) flushAll(declares bool) error {
+	waits, _, serr := v.submitAll(nil, replication.Entry{Op: replication.OpFlush}, 'C', nil, declares)
 	var err error
 	if !v.isDetached() {
 		if err = v.disk.Sync(); err != nil {

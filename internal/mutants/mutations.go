@@ -103,6 +103,15 @@ var mutations = []Mutation{
 		}},
 	},
 	{
+		Name: "pull-write-any-peer",
+		Rule: "while a primary pulls newer data, a write completes when any peer took it, not the pull's source (whose copy alone is whole; a pull that starts again copies it over the write)",
+		Edits: []Edit{{
+			File:    "node/writepath/writepath.go",
+			Find:    "\tcase w.pulling && !w.sourceAcked:\n",
+			Replace: "\tcase w.pulling && !w.acked:\n",
+		}},
+	},
+	{
 		Name: "secondary-accepts-stale-epoch",
 		Rule: "a secondary takes the stream of a primary whose epoch is older than the one it has seen (volstate's PrimaryReached, which node's serveStream steps)",
 		Edits: []Edit{{

@@ -54,10 +54,12 @@ const (
 	// blocks written on either side since the two were last in sync
 	// (a write attempted, applied from a stream, resynced, or a cache a
 	// crash lost), plus the activity log's blocks a reconciliation or a
-	// restart marked; every block only when the rules chose a full resync
-	// (unrelated generations, or a split brain's victim discarding its
-	// data, which the sim always copies whole). A resync that copies
-	// more, or a full copy where the rules chose a bitmap one, fails.
+	// restart marked, and the blocks a stream's end marked because its
+	// peer acknowledged them from its cache after its last flush ack;
+	// every block only when the rules chose a full resync (unrelated
+	// generations, or a split brain's victim discarding its data, which
+	// the sim always copies whole). A resync that copies more, or a full
+	// copy where the rules chose a bitmap one, fails.
 	CatchUpCostsWhatChanged
 	// SecondaryIsAPrefix (§2.5, protocol C): a secondary applies its
 	// primary's stream in the order it was sent, each entry once, so that
@@ -135,16 +137,6 @@ func (i Invariant) String() string {
 type Finding uint8
 
 const (
-	// FindingFlushSkipsPeerCache: node's Flush completes without a peer
-	// that has no stream when the FLUSH is sent, or whose stream ends
-	// before it acknowledged the flush entry (session.end completes a
-	// flush entry with no error, submit skips a peer without a stream:
-	// "a flush the peer misses changes no block of it"), and nothing
-	// records that peer Outdated; yet the peer acknowledged the writes
-	// before the FLUSH from its volatile cache. The client is told they
-	// are durable while a replica raft counts UpToDate holds them in its
-	// cache only: its power loss, then the primary's, loses them.
-	FindingFlushSkipsPeerCache Finding = iota + 1
 	// FindingHistoryFullResync: a primary whose generation moved on
 	// from one its peer holds, with no bitmap generation naming it (the
 	// peer took a sync-done whose ack never came, and a write then missed
@@ -156,7 +148,7 @@ const (
 	// copies, traced; any other full resync of a disk that held data
 	// (an interrupted resync whose target did not record the generation
 	// it resumes from comes back with none: just-created-peer) breaks it.
-	FindingHistoryFullResync
+	FindingHistoryFullResync Finding = iota + 1
 	// FindingFailedWriteDiverges: a write that went to a peer's stream
 	// and then failed without reaching the local disk leaves the peer
 	// holding it, and nothing marks the block for the peer. node's stage
@@ -172,16 +164,29 @@ const (
 	// RQ_LOCAL_OK and RQ_NET_OK). ReplicasEqualInSync tolerates the block
 	// until a write to it is acknowledged, traced.
 	FindingFailedWriteDiverges
+	// FindingAckAfterPeerCacheLost: a write a peer acknowledged from its
+	// cache completes after that peer crashed and lost it, once its
+	// other copies answered: node's write waits for each pending's ack,
+	// not for the end of a stream that ended after the ack, so the
+	// client is told of the write before the end's tracking (raft
+	// records the peer Outdated) is durable, and it may never be (no
+	// raft leader). When raft then loses the primary (a crash, a
+	// partition), it may promote the peer, UpToDate by its record,
+	// without the write (NoStalePromotion, and the primary's readable
+	// check). DRBD's fencing freezes IO at the connection's loss until
+	// the peer is outdated. No check tolerates it: its seeds are in
+	// knownFindingSeeds.
+	FindingAckAfterPeerCacheLost
 )
 
 func (f Finding) String() string {
 	switch f {
-	case FindingFlushSkipsPeerCache:
-		return "flush-skips-peer-cache"
 	case FindingHistoryFullResync:
 		return "history-full-resync"
 	case FindingFailedWriteDiverges:
 		return "failed-write-diverges"
+	case FindingAckAfterPeerCacheLost:
+		return "ack-after-peer-cache-lost"
 	}
 	return "finding(?)"
 }
@@ -216,13 +221,7 @@ type checker struct {
 	// forcedAlone: nodes the operator forced while they reached no raft
 	// leader (the split one-writer allows).
 	forcedAlone map[string]bool
-	// excused: per node and block, the protected write up to which its
-	// lack is FindingFlushSkipsPeerCache.
-	excused  map[string]map[int]int64
-	findings []findingHit
-	// wrote: per node and block, the latest write it took in its cache
-	// (as primary, or applied from a stream).
-	wrote map[string]map[int]int64
+	findings    []findingHit
 	// changed: per pair of data nodes, the blocks that may differ between
 	// them since they were last in sync (invariant 4).
 	changed map[[2]string]map[int]bool
@@ -248,8 +247,8 @@ type streamEntry struct {
 
 func newChecker() checker {
 	return checker{acked: make([]int64, blocks), protected: make([]int64, blocks), forced: map[string]bool{}, mayDiffer: map[int]bool{}, failedWrites: map[int]map[int64]bool{},
-		forcedAlone: map[string]bool{}, excused: map[string]map[int]int64{}, wrote: map[string]map[int]int64{},
-		changed: map[[2]string]map[int]bool{}, streams: map[uint64]*streamLog{}}
+		forcedAlone: map[string]bool{},
+		changed:     map[[2]string]map[int]bool{}, streams: map[uint64]*streamLog{}}
 }
 
 func (c *checker) acknowledged(s *Sim, n *node, w *write) {
@@ -268,10 +267,14 @@ func (c *checker) acknowledged(s *Sim, n *node, w *write) {
 }
 
 // flushed: n completed flush f; the writes acknowledged before it was
-// sent are protected. A peer that did not flush for it, holding one of
-// them in its cache only, is the finding FindingFlushSkipsPeerCache when
-// raft counts it UpToDate, now or once its primary records it so after a
-// reconnection without resync: traced, and that lack excused.
+// sent are protected. A peer that did not flush for it holds them
+// durably, or is tracked (raft has it Outdated, it is never promoted
+// without force): a peer whose stream from n ended before it
+// acknowledged the flush was tracked, and what it acknowledged from its
+// cache marked, by the stream's end (settleCache), and one n had no
+// stream to since it became primary by the flush itself
+// (trackUnstreamed), BEFORE it completed. The durable check holds with
+// no excuse.
 func (c *checker) flushed(s *Sim, n *node, f *flushOp) {
 	c.flushes++
 	if f.covered == nil {
@@ -281,28 +284,7 @@ func (c *checker) flushed(s *Sim, n *node, f *flushOp) {
 	for b, v := range f.covered {
 		c.protected[b] = max(c.protected[b], v)
 	}
-	s.tracef("%s: flush %d completed (unflushed peers %v)", n.name, f.id, slices.Sorted(maps.Keys(f.unflushed)))
-	va, known := s.raft.auth.Volume(volume)
-	for _, p := range slices.Sorted(maps.Keys(f.unflushed)) {
-		r := s.node(p)
-		var lacking []int
-		for b, v := range f.covered {
-			if held := r.disk.stable(b); max(held, -held) < v && c.wrote[p][b] >= v {
-				lacking = append(lacking, b)
-				if c.excused[p] == nil {
-					c.excused[p] = map[int]int64{}
-				}
-				c.excused[p][b] = max(c.excused[p][b], v)
-			}
-		}
-		if len(lacking) > 0 {
-			hit := findingHit{finding: FindingFlushSkipsPeerCache, step: s.step,
-				detail: fmt.Sprintf("%s's flush %d completed while %s (UpToDate in raft now: %t; its primary records it UpToDate once it connects in sync) holds blocks %v in its cache only",
-					n.name, f.id, p, known && va.IsUpToDate(p), lacking)}
-			c.findings = append(c.findings, hit)
-			s.tracef("KNOWN FINDING %s: %s", hit.finding, hit.detail)
-		}
-	}
+	s.tracef("%s: flush %d completed", n.name, f.id)
 }
 
 // crashed: n's cache is about to be lost: the acknowledgements of its
@@ -337,14 +319,6 @@ func (c *checker) applied(s *Sim, n *node, m msg) {
 			return
 		}
 	}
-}
-
-// took records that n's cache took value in block.
-func (c *checker) took(n *node, block int, value int64) {
-	if c.wrote[n.name] == nil {
-		c.wrote[n.name] = map[int]int64{}
-	}
-	c.wrote[n.name][block] = max(c.wrote[n.name][block], value)
 }
 
 // sent records a data entry (block, value) a primary sent on session sid;
@@ -416,17 +390,8 @@ func (c *checker) staleOpened(s *Sim, n *node) {
 	s.tracef("check: %s opened with a stale disk: a full resync into it is allowed", n.name)
 }
 
-// copied checks invariant 4 when from copies blocks to to. What from
-// lacks by a known finding, to lacks too once it took from's copy.
+// copied checks invariant 4 when from copies blocks to to.
 func (c *checker) copied(s *Sim, from, to string, blocks []int, how string) {
-	for _, b := range blocks {
-		if e := c.excused[from][b]; e > c.excused[to][b] {
-			if c.excused[to] == nil {
-				c.excused[to] = map[int]int64{}
-			}
-			c.excused[to][b] = e
-		}
-	}
 	for _, b := range blocks {
 		if !c.changed[pair(from, to)][b] {
 			s.fail(CatchUpCostsWhatChanged, "%s's %s to %s copies block %d, which neither changed since they were last in sync nor is in an activity log marked (%d blocks may differ, %d copied)",
@@ -465,11 +430,10 @@ func (c *checker) unchanged(s *Sim, before diskImage) {
 
 // lacks returns the first block whose acknowledged value n does not read
 // (nor a later one: a write that tore a block after it was acknowledged
-// was not acknowledged itself, and counts as later), but where that lack
-// is FindingFlushSkipsPeerCache's.
+// was not acknowledged itself, and counts as later).
 func (c *checker) lacks(n *node) (block int, has int64, ok bool) {
 	for b := range c.acked {
-		if v := n.disk.read(b); max(v, -v) < c.acked[b] && c.excused[n.name][b] < c.acked[b] {
+		if v := n.disk.read(b); max(v, -v) < c.acked[b] {
 			return b, v, true
 		}
 	}
@@ -673,7 +637,7 @@ func (s *Sim) checkDurable(va replication.VolumeAuthority) {
 			continue
 		}
 		for b, want := range c.protected {
-			if v := n.disk.stable(b); max(v, -v) < want && c.excused[n.name][b] < want {
+			if v := n.disk.stable(b); max(v, -v) < want {
 				s.fail(NoAckedWriteLost, "%s, UpToDate in raft at epoch %d, holds %d in block %d on stable storage; write %d was acknowledged FUA or before a FLUSH that completed",
 					n.name, va.Epoch, v, b, want)
 				return

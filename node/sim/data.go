@@ -22,9 +22,13 @@ import (
 // a FLUSH, but a FUA write: it is written through, here and on every
 // peer. A FLUSH (node's flushAll) syncs the local disk and sends a flush
 // entry to every peer with a stream, in order after the writes, and
-// completes once each of those acknowledged it or its stream ended; a
-// peer without a stream is skipped ("a flush the peer misses changes no
-// block of it").
+// completes once each of those acknowledged it, or its stream ended and
+// the end tracked the peer and marked what it acknowledged from its cache
+// since its last flush ack (node/session's cached set: settleCache); a
+// peer this primary has had no stream to since it became primary is
+// tracked by the FLUSH itself before it completes (node's submit:
+// trackUnstreamed), for it may hold an earlier primary's writes in its
+// cache only.
 
 var errWait = errors.New("waits for raft")
 
@@ -121,6 +125,18 @@ func (s *Sim) abandon(n *node, w *write) {
 	s.finish(n, w)
 }
 
+// sourceAcked reports whether a peer n pulls newer data from took w
+// (node's Wait stage counts only the pull's source while the primary
+// pulls).
+func (s *Sim) sourceAcked(n *node, w *write) bool {
+	for p := range n.pulls {
+		if w.ackedBy[p] {
+			return true
+		}
+	}
+	return false
+}
+
 // giveUp runs w's remaining stages at once, each that waits reporting a
 // failure (raft not reached, the wait or the lease given up), as node's
 // write does when its context ends or what it waits for fails. A local
@@ -138,7 +154,7 @@ func (s *Sim) giveUp(n *node, w *write) {
 		case writepath.Drain:
 			w.flow.Drained()
 		case writepath.Wait:
-			w.flow.Waited(w.acked, true)
+			w.flow.Waited(w.acked, s.sourceAcked(n, w), true)
 		case writepath.CountLag:
 			w.flow.Counted()
 		case writepath.Lease:
@@ -263,7 +279,7 @@ func (s *Sim) progress(n *node, w *write) writeState {
 				return writeWaits
 			case err != nil:
 				s.tracef("%s: write %d fails: %v", n.name, w.id, err)
-				w.flow.Waited(w.acked, true)
+				w.flow.Waited(w.acked, s.sourceAcked(n, w), true)
 				continue
 			}
 			if w.flow.WaitFor() == writepath.WaitAcks && len(w.waiting) > 0 && s.cfg.mutation != mutAckWithoutPeer {
@@ -279,7 +295,7 @@ func (s *Sim) progress(n *node, w *write) writeState {
 				// UpToDate without the write.
 				return writeWaits
 			}
-			w.flow.Waited(w.acked, false)
+			w.flow.Waited(w.acked, s.sourceAcked(n, w), false)
 		case writepath.CountLag:
 			w.flow.Counted()
 		case writepath.Lease:
@@ -332,29 +348,50 @@ func (s *Sim) trackMissed(n *node, w *write) error {
 			delete(w.missed, p)
 			continue
 		}
-		before := n.durable.Gens.Current
-		mayHold := n.mayHold[p]
-		if n.mayHoldUnknown[p] {
-			mayHold = before
-		}
-		if s.cfg.mutation == mutMayHoldIgnored {
-			mayHold = replication.Generation{}
-		}
-		// A tracked peer moves the generation on only when it may hold
-		// the current one (node's trackLocked).
-		if !n.durable.Gens.Tracking(p) || mayHold == before {
-			if err := s.drive(n, volstate.WriteMissed{Peer: p, Held: before, Next: s.newGen(), MayHold: mayHold}); err != nil {
-				return err
-			}
-			if n.durable.Gens.Current != before {
-				delete(n.mayHoldUnknown, p)
-				s.announceGeneration(n, p)
-			}
+		if err := s.moveGeneration(n, p); err != nil {
+			return err
 		}
 		n.mark(p, w.block)
 		delete(w.missed, p)
 	}
 	return nil
+}
+
+// moveGeneration is the rest of node's Volume.track once raft recorded p
+// Outdated: a peer that is not tracked, or may hold the current
+// generation, moves it on (node's trackLocked), announced to the peers in
+// sync. An error: the state could not move.
+func (s *Sim) moveGeneration(n *node, p string) error {
+	before := n.durable.Gens.Current
+	mayHold := n.mayHold[p]
+	if n.mayHoldUnknown[p] {
+		mayHold = before
+	}
+	if s.cfg.mutation == mutMayHoldIgnored {
+		mayHold = replication.Generation{}
+	}
+	if n.durable.Gens.Tracking(p) && mayHold != before {
+		return nil
+	}
+	if err := s.drive(n, volstate.WriteMissed{Peer: p, Held: before, Next: s.newGen(), MayHold: mayHold}); err != nil {
+		return err
+	}
+	if n.durable.Gens.Current != before {
+		delete(n.mayHoldUnknown, p)
+		s.announceGeneration(n, p)
+	}
+	return nil
+}
+
+// wroteFUA reports whether n's write id, still in flight, is FUA: the
+// applier then made it durable BEFORE its ack.
+func (s *Sim) wroteFUA(n *node, id int64) bool {
+	for _, w := range n.writes {
+		if w.id == id {
+			return w.fua
+		}
+	}
+	return false
 }
 
 // ensureOutdated has raft record peer Outdated at this primary's epoch,
@@ -448,11 +485,22 @@ func (s *Sim) receive(n *node, m msg) {
 		s.check.applied(s, n, m)
 		s.link(n.name, m.from).send(msg{at: s.now.Add(s.duration(tick/2, 3*tick)), from: n.name, to: m.from, session: m.session, kind: msgAck, id: m.id})
 	case msgAck:
+		if b, ok := n.inflight[m.from][m.id]; ok && !s.wroteFUA(n, m.id) {
+			// The applier acknowledged it from its cache.
+			if n.cached[m.from] == nil {
+				n.cached[m.from] = map[int]bool{}
+			}
+			n.cached[m.from][b] = true
+		}
 		delete(n.inflight[m.from], m.id)
 		for _, w := range n.writes {
 			if w.id == m.id && w.waiting[m.from] {
 				delete(w.waiting, m.from)
 				w.acked = true
+				if w.ackedBy == nil {
+					w.ackedBy = map[string]bool{}
+				}
+				w.ackedBy[m.from] = true
 			}
 		}
 	case msgSyncStart:
@@ -489,6 +537,9 @@ func (s *Sim) receive(n *node, m msg) {
 		}
 		s.link(n.name, m.from).send(msg{at: s.now.Add(s.duration(tick/2, 3*tick)), from: n.name, to: m.from, session: m.session, kind: msgFlushAck, id: m.id})
 	case msgFlushAck:
+		// The peer synced what it applied before the flush (the link
+		// delivers in order: every write acknowledged so far).
+		clear(n.cached[m.from])
 		for _, f := range n.flushes {
 			if f.id == m.id {
 				delete(f.waiting, m.from)
@@ -512,6 +563,8 @@ func (s *Sim) receive(n *node, m msg) {
 		// write that misses the peer moves its generation on.
 		s.link(n.name, m.from).send(msg{at: s.now.Add(tick), from: n.name, to: m.from, session: m.session, kind: msgSyncDone, sync: m.sync})
 	case msgGenAck:
+		// The peer synced its disk BEFORE it took the generation.
+		clear(n.cached[m.from])
 		delete(n.announcing, m.from)
 	case msgSyncDone:
 		if m.sync.current != n.durable.Gens.Current {
@@ -674,7 +727,6 @@ func (s *Sim) pull(n *node, peer string, full bool) {
 		}
 		s.touch(n, b)
 		n.disk.cache[b] = v
-		s.check.took(n, b, v)
 		// What changes here goes to the other peers too: in their
 		// streams, or marked.
 		for _, p := range n.peers {

@@ -1,11 +1,13 @@
 package sim
 
 import (
+	"errors"
 	"maps"
 	"slices"
 	"time"
 
 	"github.com/replvol/replvol/node/volstate"
+	"github.com/replvol/replvol/replication"
 )
 
 // flushOp is a client's FLUSH in flight on a primary.
@@ -18,17 +20,22 @@ type flushOp struct {
 	covered []int64
 	// waiting: the peers whose flush acknowledgement it waits for.
 	waiting map[string]bool
-	// unflushed: the peers that did not flush for it: no stream when it
-	// was sent, or their stream ended before they acknowledged it.
-	unflushed map[string]bool
+	// track: the peers without a stream it found that this node has had
+	// no stream to since it became primary (its peers are new then): the
+	// volume tracks each BEFORE the flush completes (node's submit).
+	track map[string]bool
 }
 
 // startFlush is the client's FLUSH at n (node's Flush, flushAll): the
 // local disk syncs; each peer with a stream gets a flush entry after the
-// writes it carries; a peer without one is skipped.
+// writes it carries. A peer without a stream whose last stream ended
+// has that end's tracking waited for (settleCache); one this node has
+// had no stream to since it became primary may hold in its cache only
+// writes of an earlier primary that this FLUSH declares durable, and is
+// tracked first (progressFlushes).
 func (s *Sim) startFlush(n *node) {
 	s.nextFlush++
-	f := &flushOp{id: s.nextFlush, epoch: n.st.Durable.Epoch, started: s.now, waiting: map[string]bool{}, unflushed: map[string]bool{}}
+	f := &flushOp{id: s.nextFlush, epoch: n.st.Durable.Epoch, started: s.now, waiting: map[string]bool{}}
 	if !s.check.split {
 		f.covered = slices.Clone(s.check.acked)
 	}
@@ -39,29 +46,134 @@ func (s *Sim) startFlush(n *node) {
 		_ = s.drive(n, diskFailed(n))
 		return
 	}
+	f.track = s.unstreamed(n)
 	for _, p := range n.peers {
 		sid, ok := n.sessions[p]
 		if !ok {
-			f.unflushed[p] = true
 			continue
 		}
 		f.waiting[p] = true
 		s.link(n.name, p).send(msg{at: s.now.Add(s.duration(tick/2, 3*tick)), from: n.name, to: p, session: sid, kind: msgFlush, id: f.id})
 	}
-	s.tracef("%s: flush %d sent to %v", n.name, f.id, slices.Sorted(maps.Keys(f.waiting)))
+	s.tracef("%s: flush %d sent to %v, tracks %v", n.name, f.id, slices.Sorted(maps.Keys(f.waiting)), slices.Sorted(maps.Keys(f.track)))
 	n.flushes = append(n.flushes, f)
 	s.progressFlushes(n)
 }
 
+// trackUnstreamed tracks the peers in track, which a flush found with no
+// stream since this node became primary, as node's submit does
+// (Volume.startTracking): raft records each Outdated at this epoch, then
+// the generation moves on when the rules say so, announced to the peers
+// in sync (the flush waits for that too: cacheAnnounce). Each peer
+// tracked leaves track. errWait: raft is still to record one; another
+// error: the tracking failed, and so does the flush.
+func (s *Sim) trackUnstreamed(n *node, track map[string]bool) error {
+	for _, p := range slices.Sorted(maps.Keys(track)) {
+		if err := s.ensureOutdated(n, p); err != nil {
+			return err
+		}
+		if err := s.moveGeneration(n, p); err != nil {
+			return err
+		}
+		n.cacheAnnounce = n.cacheAnnounce || len(n.announcing) > 0
+		delete(track, p)
+	}
+	return nil
+}
+
+// unstreamed returns the peers a flush of n tracks: those without a
+// stream that n has had no stream to since its peers were new.
+func (s *Sim) unstreamed(n *node) map[string]bool {
+	track := map[string]bool{}
+	for _, p := range n.peers {
+		if _, ok := n.sessions[p]; !ok && !n.streamed[p] && s.cfg.mutation != mutFlushSkipsUnstreamedPeer {
+			track[p] = true
+		}
+	}
+	return track
+}
+
+// settleCache does what node's session end does for a stream that ended
+// while its peer held writes in its cache only (cacheLost): raft records
+// the peer Outdated, the generation moves on when the rules say so
+// (Volume.track through Peer.StartTracking), and the blocks are marked,
+// durably; when the tracking fails the marks are still made and the
+// FLUSHes waiting fail (session.Session.MarkErr). Until then no FLUSH
+// completes and the peer is not dialled again.
+func (s *Sim) settleCache(n *node) {
+	if !n.up {
+		return
+	}
+	for _, p := range slices.Sorted(maps.Keys(n.cacheLost)) {
+		failed := false
+		if n.cacheEpoch[p] != n.st.Durable.Epoch || n.st.Role() != replication.Primary {
+			// node's end tracked at once, as the primary of the stream's
+			// epoch; raft refuses a record from any other.
+			s.tracef("%s: cannot track %s for what it held in its cache: no longer primary at epoch %d", n.name, p, n.cacheEpoch[p])
+			failed = true
+		} else {
+			switch err := s.ensureOutdated(n, p); {
+			case errors.Is(err, errWait):
+				continue
+			case err != nil:
+				s.tracef("%s: cannot track %s for what it held in its cache: %v", n.name, p, err)
+				failed = true
+			default:
+				failed = s.moveGeneration(n, p) != nil
+				n.cacheAnnounce = n.cacheAnnounce || len(n.announcing) > 0
+			}
+		}
+		blocks := slices.Sorted(maps.Keys(n.cacheLost[p]))
+		for _, b := range blocks {
+			// The peer may lose it with its cache: it may differ
+			// (invariant 4).
+			n.mark(p, b)
+			s.check.allow(n.name, p, b)
+		}
+		delete(n.cacheLost, p)
+		s.tracef("%s: %s tracked, its cached blocks %v marked (failed %t)", n.name, p, blocks, failed)
+		if failed {
+			for _, f := range n.flushes {
+				s.tracef("%s: flush %d fails: %s's cache could not be tracked", n.name, f.id, p)
+			}
+			n.flushes = nil
+		}
+	}
+	if len(n.announcing) == 0 {
+		n.cacheAnnounce = false
+	}
+}
+
 // progressFlushes completes the node's flushes that can: every peer it
-// went to acknowledged it (or its stream ended), under a valid lease.
+// went to acknowledged it (or its stream ended and what the peer held in
+// its cache only is tracked: settleCache), every peer it found never
+// streamed to is tracked (trackUnstreamed), under a valid lease.
 func (s *Sim) progressFlushes(n *node) {
+	s.settleCache(n)
+	failed := map[*flushOp]bool{}
+	for _, f := range slices.Clone(n.flushes) {
+		if n.st.Durable.Epoch != f.epoch {
+			continue // it fails below
+		}
+		switch err := s.trackUnstreamed(n, f.track); {
+		case errors.Is(err, errWait):
+		case err != nil:
+			s.tracef("%s: flush %d fails: a peer it found never streamed to could not be tracked: %v", n.name, f.id, err)
+			failed[f] = true
+		}
+	}
 	n.flushes = slices.DeleteFunc(n.flushes, func(f *flushOp) bool {
+		if failed[f] {
+			return true
+		}
 		if s.now.Sub(f.started) > writeTimeout {
 			s.tracef("%s: flush %d timed out", n.name, f.id)
 			return true
 		}
 		if len(f.waiting) > 0 && s.cfg.mutation != mutFlushNotAwaited {
+			return false
+		}
+		if len(f.track) > 0 || len(n.cacheLost) > 0 || (n.cacheAnnounce && len(n.announcing) > 0) {
 			return false
 		}
 		if volstate.Admit(n.st, s.now) != volstate.Serve || n.st.Durable.Epoch != f.epoch {
@@ -114,9 +226,6 @@ func (s *Sim) diskWrite(n *node, block int, v int64, fua bool) bool {
 	ok := n.disk.write(block, v, s.now)
 	if ok && fua {
 		ok = n.disk.writeFUA(block, v, s.now)
-	}
-	if ok {
-		s.check.took(n, block, v)
 	}
 	return ok
 }

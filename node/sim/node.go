@@ -62,9 +62,29 @@ type node struct {
 	mayHold        map[string]replication.Generation
 	mayHoldUnknown map[string]bool
 	inflight       map[string]map[int64]int // per peer, the writes its stream holds unanswered (by block)
-	writes         []*write
-	flushes        []*flushOp       // the client's FLUSHes in flight
-	follow         []volstate.Event // events the actions feed back (Quiesced)
+	// cached: per peer, the blocks of the writes its stream's peer
+	// acknowledged from its cache (not FUA) since it last acknowledged a
+	// flush or a sync-done (node/session's cached set).
+	cached map[string]map[int]bool
+	// cacheLost: per peer, the cached blocks of a stream that ended while
+	// this node was up: the volume tracks the peer (raft records it
+	// Outdated, the generation moves on) and marks them BEFORE a FLUSH
+	// completes, or a new stream to the peer starts (node's session end,
+	// which the flush and the peer's next connection wait for).
+	cacheLost map[string]map[int]bool
+	// cacheEpoch: per peer, the epoch at which its stream ended with a
+	// cacheLost (node's end tracks at once, at that epoch).
+	cacheEpoch map[string]uint64
+	// cacheAnnounce: the tracking of a cacheLost, or of a peer a FLUSH
+	// found never streamed to, moved the generation on; a FLUSH waits
+	// until the peers in sync took it, as node's Volume.track does.
+	cacheAnnounce bool
+	// streamed: the peers this node had a stream to since its peers were
+	// last new (node's peer.ending: a volume's open, ResetPeers).
+	streamed map[string]bool
+	writes   []*write
+	flushes  []*flushOp       // the client's FLUSHes in flight
+	follow   []volstate.Event // events the actions feed back (Quiesced)
 	// pulls: per peer, a pull of newer data from it under way (node's
 	// pull copies while the stream lasts): when it ends, and whether it
 	// copies every block (a full resync as target).
@@ -110,6 +130,7 @@ type write struct {
 	waiting map[string]bool // peers whose ack it waits for
 	missed  map[string]bool // peers it misses, not yet recorded
 	acked   bool            // a peer acknowledged it
+	ackedBy map[string]bool // which
 	// streamed: it went to a peer's stream; written: to the local disk;
 	// localFailed: the local disk failed it; inLog: its Log stage holds
 	// its block in the activity log (al) until it finishes.
@@ -159,6 +180,8 @@ func (n *node) boot() {
 	n.inflight, n.resyncing, n.syncDone = map[string]map[int64]int{}, map[string]map[int]bool{}, map[string]syncDue{}
 	n.resyncLate = map[string]resyncLate{}
 	n.announcing, n.pulls = map[string]bool{}, map[string]pullDue{}
+	n.cached, n.cacheLost, n.cacheAnnounce = map[string]map[int]bool{}, map[string]map[int]bool{}, false
+	n.streamed, n.cacheEpoch = map[string]bool{}, map[string]uint64{}
 	n.mayHold, n.mayHoldUnknown = map[string]replication.Generation{}, map[string]bool{}
 	for _, p := range n.peers {
 		n.mayHoldUnknown[p] = true
@@ -277,6 +300,9 @@ func (s *Sim) perform(n *node, a volstate.Action) {
 	case volstate.StartPeers, volstate.ResetPeers, volstate.StopPeers:
 		s.stopSenders(n)
 		clear(n.nextDial)
+		if a.Kind == volstate.ResetPeers {
+			clear(n.streamed) // fresh senders: no stream to any peer yet
+		}
 	case volstate.DetachIncoming:
 		if in := n.incoming; in.from != "" {
 			s.endStream(s.node(in.from), n.name)
@@ -342,7 +368,7 @@ func (s *Sim) tickNode(n *node) {
 	if n.st.Role() == replication.Primary && !n.st.AdminDown {
 		for _, p := range n.peers {
 			repl := n.st.Peers[p].Repl
-			if _, ok := n.sessions[p]; ok || (repl != replication.Connecting && repl != replication.StandAlone) || s.now.Before(n.nextDial[p]) {
+			if _, ok := n.sessions[p]; ok || (repl != replication.Connecting && repl != replication.StandAlone) || s.now.Before(n.nextDial[p]) || len(n.cacheLost[p]) > 0 {
 				continue
 			}
 			wait := dialEvery
@@ -515,6 +541,7 @@ func (s *Sim) handshake(p, q *node) {
 		}
 		return
 	}
+	p.streamed[q.name] = true
 	s.tracef("%s: stream to %s session %d (%s; %s by %s)", p.name, q.name, sid, repl, d.Outcome, d.Rule)
 }
 
@@ -564,13 +591,25 @@ func (s *Sim) dropStream(p *node, peer string, sid uint64) {
 		p.mark(peer, b)
 	}
 	delete(p.inflight, peer)
+	if c := p.cached[peer]; len(c) > 0 && p.up && s.cfg.mutation != mutCacheNotTracked {
+		// What the peer acknowledged from its cache since its last flush
+		// ack: tracked and marked before a flush completes (settleCache).
+		if p.cacheLost[peer] == nil {
+			p.cacheLost[peer] = map[int]bool{}
+		}
+		for b := range c {
+			p.cacheLost[peer][b] = true
+		}
+		p.cacheEpoch[peer] = p.st.Durable.Epoch
+		s.tracef("%s: stream to %s ended with blocks %v in its cache only", p.name, peer, slices.Sorted(maps.Keys(c)))
+	}
+	delete(p.cached, peer)
 	for _, f := range p.flushes {
 		if f.waiting[peer] {
 			// node's session end: a flush the peer did not acknowledge
-			// completes (no error, not acknowledged); only entries that
-			// change data start tracking the peer.
+			// completes (no error, not acknowledged) once what the peer
+			// held in its cache only is tracked and marked.
 			delete(f.waiting, peer)
-			f.unflushed[peer] = true
 		}
 	}
 	announced := p.announcing[peer]
@@ -596,6 +635,38 @@ func (s *Sim) handover(n *node, to string) {
 	if _, ok := n.sessions[to]; !ok || len(n.writes) > 0 || n.st.Peers[to].Repl != replication.Connected || n.durable.Gens.Tracking(to) ||
 		len(n.marks[to]) > 0 || len(q.marks[n.name]) > 0 || !s.link(n.name, to).idle() || !s.raft.reach(s, n) {
 		return
+	}
+	// node's switchover flushes (flushAll) BEFORE HandedOver: the local
+	// disk and every streaming peer sync what they acknowledged, a stream
+	// that ended has what its peer held in its cache tracked (settleCache),
+	// a peer never streamed to is tracked (trackUnstreamed), and the peers
+	// in sync take a generation that moved; a flush that fails reopens IO.
+	for _, p := range slices.Sorted(maps.Keys(n.sessions)) {
+		if !s.link(n.name, p).idle() || !s.node(p).running(s.now) {
+			return
+		}
+	}
+	switch err := s.trackUnstreamed(n, s.unstreamed(n)); {
+	case errors.Is(err, errWait):
+		return
+	case err != nil:
+		s.tracef("%s: switchover to %s: a peer never streamed to could not be tracked: %v", n.name, to, err)
+		_ = s.drive(n, volstate.HandoverAborted{})
+		return
+	}
+	if len(n.cacheLost) > 0 || len(n.announcing) > 0 {
+		return
+	}
+	if !n.disk.flush(s.now) {
+		_ = s.drive(n, volstate.HandoverAborted{})
+		return
+	}
+	for _, p := range slices.Sorted(maps.Keys(n.sessions)) {
+		if !s.node(p).disk.flush(s.now) {
+			_ = s.drive(n, volstate.HandoverAborted{})
+			return
+		}
+		clear(n.cached[p])
 	}
 	epoch, gen := n.durable.Epoch, n.durable.Gens.Current
 	if s.drive(n, volstate.HandedOver{}) != nil {

@@ -97,6 +97,19 @@ const (
 	// mutHandoverKeepsLease: a switchover does not hand the old
 	// primary's lease back (HandoverCostsNoLeaseWait).
 	mutHandoverKeepsLease
+	// mutFlushSkipsUnstreamedPeer completes a FLUSH without tracking a
+	// peer the primary has had no stream to since it became primary:
+	// node's submit did so until issue 28's finding flush-skips-peer-cache
+	// ("a flush the peer misses changes no block of it"), and the peer
+	// then held in its cache only, counted UpToDate by raft, writes of an
+	// earlier primary the FLUSH declared durable (invariant 1).
+	mutFlushSkipsUnstreamedPeer
+	// mutCacheNotTracked ends a stream without tracking what its peer
+	// acknowledged from its cache since its last flush ack: node's
+	// session end did so until the sim found it (flush-skips-peer-cache,
+	// fixed in node/session's cached set), and a FLUSH then completed
+	// over writes a promotable peer held in its cache only (invariant 1).
+	mutCacheNotTracked
 )
 
 func (m mutation) String() string {
@@ -135,6 +148,10 @@ func (m mutation) String() string {
 		return "resync-resumes-from-nothing"
 	case mutHandoverKeepsLease:
 		return "handover-keeps-lease"
+	case mutFlushSkipsUnstreamedPeer:
+		return "flush-skips-unstreamed-peer"
+	case mutCacheNotTracked:
+		return "cache-not-tracked"
 	}
 	return "mutation(?)"
 }

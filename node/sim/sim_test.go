@@ -127,23 +127,26 @@ func TestSimCatchesPlantedBugs(t *testing.T) {
 		{mutBypassOutdated, NoStalePromotion, 0, false},
 		{mutSkipResyncCopy, ReplicasEqualInSync, 0, false},
 		// The sim found this one in node; it is fixed there.
-		{mutAnnounceNotAwaited, ReplicasEqualInSync, 27, true},
-		// So were these two (a lost sync-done ack; a resync between equal
-		// generations cut off before the peer took it).
-		{mutMayHoldIgnored, ReplicasEqualInSync, 186, true},
-		{mutMayHoldIgnored, ReplicasEqualInSync, 414, true},
+		{mutAnnounceNotAwaited, ReplicasEqualInSync, 6, true},
+		// So was this one (a lost sync-done ack; a resync between equal
+		// generations cut off before the peer took it), on two seeds.
+		// These rows' seeds were chosen anew when a FLUSH began to track
+		// a peer it never streamed to (issue 28's flush-skips-peer-cache)
+		// and when primaries began to crash between a write's stages,
+		// which change the runs.
+		{mutMayHoldIgnored, ReplicasEqualInSync, 144, true},
+		{mutMayHoldIgnored, ReplicasEqualInSync, 165, true},
 		// And this one: a promotion dropped the blocks the node marked
 		// for its peers (its activity log after a crash as primary).
-		{mutPromotionClearsMarks, ReplicasEqualInSync, 93, true},
+		{mutPromotionClearsMarks, ReplicasEqualInSync, 30, true},
 		// The sim did this until seed 3468 showed it (node's handshake
-		// never did: outdateBeforeResync). Seed 87 shows it since the
-		// sim runs node's write stages (issue 28).
-		{mutResyncNotOutdated, ReplicasEqualInSync, 87, true},
+		// never did: outdateBeforeResync).
+		{mutResyncNotOutdated, ReplicasEqualInSync, 3, true},
 		// And the node did this until the sim's finding
 		// unacked-write-divergence: a write of a primary lost while in
 		// flight reached one secondary and not another, and the two
 		// counted each other in sync (no reconciliation at all).
-		{noMutation, ReplicasEqualInSync, 18, true},
+		{noMutation, ReplicasEqualInSync, 42, true},
 		// The checks of issue 28: a FLUSH must wait for the peers' flush
 		// acknowledgements and sync the local disk (invariant 1, durable);
 		// a node forced while it reaches raft is no allowed split (one
@@ -162,6 +165,12 @@ func TestSimCatchesPlantedBugs(t *testing.T) {
 		{mutResyncResumesFromNothing, CatchUpCostsWhatChanged, 0, false},
 		// A switchover that keeps the lease waits it out (liveness).
 		{mutHandoverKeepsLease, HandoverCostsNoLeaseWait, 0, false},
+		// node did these two until the sim's finding flush-skips-peer-cache:
+		// a stream's end tracked nothing of what its peer acknowledged
+		// from its cache, and a FLUSH skipped a peer its primary had no
+		// stream to (node/session's cached set; submit's tracking).
+		{mutCacheNotTracked, NoAckedWriteLost, 0, false},
+		{mutFlushSkipsUnstreamedPeer, NoAckedWriteLost, 0, false},
 	}
 	for _, c := range cases {
 		name := c.mutation.String()
@@ -201,7 +210,18 @@ func TestSimCatchesPlantedBugs(t *testing.T) {
 var knownFindingSeeds = map[uint64]struct {
 	finding Finding
 	broke   Invariant
-}{}
+}{
+	// Beyond CI's first thousand: a peer acknowledged a write from its
+	// cache and crashed; the write completed; raft, which had no leader
+	// when the stream's end asked it to record the peer Outdated, lost
+	// the primary (crashed, or cut off from it) and promoted the peer
+	// without the write. Found at seeds 1130, 2028 and 4887 (hidden by
+	// the excuse of flush-skips-peer-cache until it went); since the sim
+	// crashes primaries between a write's stages the runs changed, and
+	// 7293 shows it (alpha acknowledges block 56 from its cache, crashes;
+	// beta's write completes; raft has no leader; alpha is promoted).
+	7293: {FindingAckAfterPeerCacheLost, NoStalePromotion},
+}
 
 // TestSimKnownFindings: each known finding's seed still fails by it.
 func TestSimKnownFindings(t *testing.T) {
@@ -212,12 +232,6 @@ func TestSimKnownFindings(t *testing.T) {
 			continue
 		}
 		t.Logf("seed %d: known finding %s: %v", sd, k.finding, f)
-	}
-	// FindingFlushSkipsPeerCache is tolerated where it arises, in most
-	// seeds: seed 1 meets it (its trace says KNOWN FINDING).
-	s, _ := run(configFor(1, *steps))
-	if !slices.ContainsFunc(s.check.findings, func(h findingHit) bool { return h.finding == FindingFlushSkipsPeerCache }) {
-		t.Errorf("seed 1 no longer meets %s: if node's Flush was fixed, drop the finding and its excuse", FindingFlushSkipsPeerCache)
 	}
 }
 

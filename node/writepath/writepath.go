@@ -76,7 +76,7 @@ const (
 	// acknowledged it.
 	NoCopy
 	// PullNotTaken: this primary copies newer data from a peer, so only
-	// the peer's copy is whole, and no peer took the write.
+	// that peer's copy is whole, and that peer did not take the write.
 	PullNotTaken
 	// LocalFailed: the local disk failed the write and was not detached.
 	LocalFailed
@@ -151,11 +151,12 @@ type Write struct {
 	// failed and the disk was not detached. pulling: the primary copies
 	// newer data from a peer.
 	wrote, skipped, localFailed, pulling bool
-	// acked: a peer took the write; peerFailed: a peer's miss could not
+	// acked: a peer took the write; sourceAcked: the peer this primary
+	// copies newer data from took it; peerFailed: a peer's miss could not
 	// be tracked (Wait).
-	acked, peerFailed bool
-	leaseLost         bool
-	outcome           Outcome
+	acked, sourceAcked, peerFailed bool
+	leaseLost                      bool
+	outcome                        Outcome
 }
 
 // Begin starts a write under protocol proto ('A', 'B' or 'C'); toDisk
@@ -278,10 +279,13 @@ func (w *Write) WaitFor() WaitMode {
 }
 
 // Waited reports the Wait stage: acked when a peer took the write;
-// failed when a peer's miss of it could not be tracked durably.
-func (w *Write) Waited(acked, failed bool) {
+// sourceAcked when the peer this primary copies newer data from took it
+// (while it pulls: any other peer's copy of the block may be stale, and a
+// pull that starts again copies the source's over this write); failed
+// when a peer's miss of it could not be tracked durably.
+func (w *Write) Waited(acked, sourceAcked, failed bool) {
 	w.advance(Wait)
-	w.acked, w.peerFailed = acked, failed
+	w.acked, w.sourceAcked, w.peerFailed = acked, sourceAcked, failed
 }
 
 // Counted reports the CountLag stage.
@@ -295,15 +299,15 @@ func (w *Write) Leased(ok bool) {
 
 // failure is what fails the write once it waited for its peers (Pending
 // when nothing does), the first that holds of: a peer's miss not
-// tracked, no copy anywhere, a pull's write no peer took, a local write
-// that failed.
+// tracked, no copy anywhere, a pull's write its source did not take, a
+// local write that failed.
 func (w *Write) failure() Outcome {
 	switch {
 	case w.peerFailed:
 		return PeerFailed
 	case w.skipped && !w.acked:
 		return NoCopy
-	case w.pulling && !w.acked:
+	case w.pulling && !w.sourceAcked:
 		return PullNotTaken
 	case w.localFailed:
 		return LocalFailed

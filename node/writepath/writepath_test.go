@@ -11,7 +11,8 @@ type report struct {
 	pulling                 bool
 	trackFailed             bool
 	localFailed, detachDisk bool
-	acked, peerFailed       bool
+	acked, sourceAcked      bool
+	peerFailed              bool
 	leaseOK                 bool
 }
 
@@ -38,7 +39,7 @@ func run(t *testing.T, proto byte, toDisk bool, r report) ([]Stage, WaitMode, Ou
 			w.Wrote(failed && r.detachDisk, failed, r.pulling)
 		case Wait:
 			mode = w.WaitFor()
-			w.Waited(r.acked, r.peerFailed)
+			w.Waited(r.acked, r.sourceAcked, r.peerFailed)
 		case CountLag:
 			w.Counted()
 		case Lease:
@@ -82,7 +83,7 @@ func TestAWaitIsAsTheProtocolSays(t *testing.T) {
 		{"B waits for receipts", 'B', true, report{logOK: true, leaseOK: true}, WaitReceipts, true, Completed},
 		{"A does not wait", 'A', true, report{logOK: true, leaseOK: true}, WaitNone, true, Completed},
 		{"A on a detached disk waits for every ack", 'A', false, report{acked: true, leaseOK: true}, WaitAcks, false, Completed},
-		{"A while pulling waits for every ack", 'A', true, report{logOK: true, pulling: true, acked: true, leaseOK: true}, WaitAcks, false, Completed},
+		{"A while pulling waits for every ack", 'A', true, report{logOK: true, pulling: true, acked: true, sourceAcked: true, leaseOK: true}, WaitAcks, false, Completed},
 		{"A whose disk failed and was detached waits for every ack", 'A', true, report{logOK: true, localFailed: true, detachDisk: true, acked: true, leaseOK: true}, WaitAcks, false, Completed},
 		{"B whose log failed and was detached waits for every ack", 'B', true, report{detachOnLogFail: true, acked: true, leaseOK: true}, WaitAcks, false, Completed},
 	} {
@@ -107,6 +108,7 @@ func TestAWriteFailsForTheFirstReasonThatHolds(t *testing.T) {
 		{"no copy anywhere", false, report{leaseOK: true}, NoCopy, Wait},
 		{"a disk that failed and was detached, no ack", true, report{logOK: true, localFailed: true, detachDisk: true, leaseOK: true}, NoCopy, Wait},
 		{"a pull's write no peer took", true, report{logOK: true, pulling: true, leaseOK: true}, PullNotTaken, Wait},
+		{"a pull's write another peer than its source took", true, report{logOK: true, pulling: true, acked: true, leaseOK: true}, PullNotTaken, Wait},
 		{"a local write that failed", true, report{logOK: true, localFailed: true, acked: true, leaseOK: true}, LocalFailed, Wait},
 		{"a lease that ran out", true, report{logOK: true, acked: true}, LeaseLost, Lease},
 	} {
