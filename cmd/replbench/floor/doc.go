@@ -19,5 +19,6 @@
 // order the requests were sent, and replies; a mutex serialises replies.
 //
 // Both print "ready" on stdout once they listen. It imports nothing of the
-// project.
+// project but internal/lockorder's mutex (a sync.Mutex in the build the
+// bench runs). Lock order: session.mu is a leaf.
 package main

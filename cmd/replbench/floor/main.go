@@ -13,6 +13,8 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/replvol/replvol/internal/lockorder"
 )
 
 // NBD wire values (NetworkBlockDevice/nbd doc/proto.md).
@@ -251,7 +253,7 @@ type session struct {
 	size int64
 	peer *bufio.Writer // owned by requests
 
-	mu sync.Mutex // guards w: replies come from requests and replyAcks
+	mu lockorder.Mutex // guards w: replies come from requests and replyAcks (a leaf)
 	w  *bufio.Writer
 }
 
