@@ -27,27 +27,11 @@ import (
 func TestAFailoverReconcilesAWriteThatReachedOneSecondary(t *testing.T) {
 	const size = 8 << 20
 	c, link := startThreeUnderRaft(t, size)
-	ctx := context.Background()
 	a := c.vol("alpha")
 
 	const off = 3 << 20
 	written := pattern(9, 4096)
-	link.Partition()
-	go a.WriteAt(ctx, written, off, false) // never acknowledged: alpha crashes
-	onDisk := func(name string) []byte {
-		b := make([]byte, len(written))
-		if _, err := c.vol(name).disk.ReadAt(b, off); err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
-	eventually(t, func() bool { return bytes.Equal(onDisk("gamma"), written) }, "the write reached gamma")
-	c.crash("alpha")
-	link.Drop() // what the link held for beta goes with alpha
-	link.Heal()
-	if bytes.Equal(onDisk("beta"), written) {
-		t.Fatal("the write reached beta too: the test shows nothing")
-	}
+	onDisk := writeOnlyGammaGets(t, c, link, a, written, off)
 	if !within(30*time.Second, 20*time.Millisecond, func() bool {
 		st := c.status()
 		if len(st.Volumes) == 0 || st.Volumes[0].Primary == "alpha" || st.Volumes[0].Primary == "" {
@@ -235,8 +219,30 @@ func TestAForcedPromotionReconcilesAWriteThatReachedOneSecondary(t *testing.T) {
 	ctx := context.Background()
 	const off = 5 << 20
 	written := pattern(11, 4096)
+	onDisk := writeOnlyGammaGets(t, c, link, c.vol("alpha"), written, off)
+	if _, err := c.nodes["gamma"].api.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "gamma", Force: true, Yes: true}); err != nil {
+		t.Fatalf("force gamma: %v", err)
+	}
+	if !within(30*time.Second, 20*time.Millisecond, func() bool {
+		r := replica(c.status(), "beta")
+		return r.Disk == "UpToDate" && r.Replication == "Connected" && r.OutOfSyncBytes == 0
+	}) {
+		t.Fatalf("beta not in sync with the forced gamma: %+v", c.status().Volumes[0])
+	}
+	if b, g := onDisk("beta"), onDisk("gamma"); !bytes.Equal(b, g) {
+		t.Fatalf("beta and gamma count each other in sync, but the block at %d differs (beta holds the write: %v, gamma: %v)",
+			off, bytes.Equal(b, written), bytes.Equal(g, written))
+	}
+}
+
+// writeOnlyGammaGets has alpha (a) write written at off while beta's link
+// holds every frame, waits until gamma holds it, then crashes alpha and
+// drops what the link held: the write, never acknowledged, is on gamma and
+// not on beta. It returns a reader of each node's copy at off.
+func writeOnlyGammaGets(t *testing.T, c *testCluster, link *fault.Link, a *Volume, written []byte, off int64) func(name string) []byte {
+	t.Helper()
 	link.Partition()
-	go c.vol("alpha").WriteAt(ctx, written, off, false) // never acknowledged: alpha crashes
+	go a.WriteAt(context.Background(), written, off, false) // never acknowledged: alpha crashes
 	onDisk := func(name string) []byte {
 		b := make([]byte, len(written))
 		if _, err := c.vol(name).disk.ReadAt(b, off); err != nil {
@@ -251,17 +257,5 @@ func TestAForcedPromotionReconcilesAWriteThatReachedOneSecondary(t *testing.T) {
 	if bytes.Equal(onDisk("beta"), written) {
 		t.Fatal("the write reached beta too: the test shows nothing")
 	}
-	if _, err := c.nodes["gamma"].api.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "gamma", Force: true, Yes: true}); err != nil {
-		t.Fatalf("force gamma: %v", err)
-	}
-	if !within(30*time.Second, 20*time.Millisecond, func() bool {
-		r := replica(c.status(), "beta")
-		return r.Disk == "UpToDate" && r.Replication == "Connected" && r.OutOfSyncBytes == 0
-	}) {
-		t.Fatalf("beta not in sync with the forced gamma: %+v", c.status().Volumes[0])
-	}
-	if b, g := onDisk("beta"), onDisk("gamma"); !bytes.Equal(b, g) {
-		t.Fatalf("beta and gamma count each other in sync, but the block at %d differs (beta holds the write: %v, gamma: %v)",
-			off, bytes.Equal(b, written), bytes.Equal(g, written))
-	}
+	return onDisk
 }
