@@ -455,7 +455,7 @@ func (c *Cluster) TransferLeadership(ctx context.Context, to string) error {
 	if addr == "" {
 		return fmt.Errorf("transfer leadership to %s: not a voter", to)
 	}
-	return waitFuture(ctx, c.raft.LeadershipTransferToServer(raft.ServerID(to), raft.ServerAddress(addr)))
+	return c.waitFuture(ctx, c.raft.LeadershipTransferToServer(raft.ServerID(to), raft.ServerAddress(addr)))
 }
 
 // isVoter reports whether name is a voter of raft's latest configuration

@@ -49,8 +49,13 @@ func TestStrangersCannotTakeRaftsHandshakeSlots(t *testing.T) {
 		if !ok || st.StrangerHandshakes > strangerHandshakes || st.Refused() == 0 {
 			t.Errorf("%s's raft admission %+v: want the strangers within their %d handshakes, the rest refused", c.self, st, strangerHandshakes)
 		}
+		// A member's connection is never refused, nor its handshake
+		// closed to make room; one that is still unfinished after the
+		// busy port's deadline is closed as anyone's is (a machine that
+		// slow: raft dials again).
 		for _, line := range n.logsOf(c.self) {
-			if strings.Contains(line, "127.0.0.1") && strings.Contains(line, "refused") {
+			slowOnly := strings.Contains(line, "from=127.0.0.1 ") && strings.Contains(line, " refused=0 ") && !strings.Contains(line, "to make room")
+			if !slowOnly && strings.Contains(line, "127.0.0.1") && strings.Contains(line, "refused") {
 				t.Errorf("%s refused a member's connection: %s", c.self, line)
 			}
 		}

@@ -396,7 +396,7 @@ func (c *Cluster) apply(ctx context.Context, cmd replication.AuthorityCommand) (
 		return replication.VolumeAuthority{}, fmt.Errorf("%w: %v", replication.ErrBadCommand, err)
 	}
 	f := c.raft.Apply(data, c.enqueueTimeout(ctx))
-	if err := waitFuture(ctx, f); err != nil {
+	if err := c.waitFuture(ctx, f); err != nil {
 		return replication.VolumeAuthority{}, fmt.Errorf("%s %s: %w", cmd.Op, cmd.Volume, err)
 	}
 	res := f.Response().(applyResult)
@@ -408,7 +408,7 @@ func (c *Cluster) apply(ctx context.Context, cmd replication.AuthorityCommand) (
 // this node as leader after the call began, and the state machine is
 // current.
 func (c *Cluster) barrier(ctx context.Context) error {
-	err := waitFuture(ctx, c.raft.Barrier(c.enqueueTimeout(ctx)))
+	err := c.waitFuture(ctx, c.raft.Barrier(c.enqueueTimeout(ctx)))
 	switch {
 	case errors.Is(err, raft.ErrLeadershipLost):
 		return errNotLeader // a barrier changes nothing: the next leader may take the request
@@ -427,7 +427,7 @@ func (c *Cluster) addVoterHere(ctx context.Context, m Member) error {
 }
 
 func (c *Cluster) changeConfiguration(ctx context.Context, f raft.IndexFuture) error {
-	if err := waitFuture(ctx, f); err != nil {
+	if err := c.waitFuture(ctx, f); err != nil {
 		return fmt.Errorf("raft configuration change: %w", err)
 	}
 	return nil
@@ -443,8 +443,21 @@ func (c *Cluster) enqueueTimeout(ctx context.Context) time.Duration {
 	return 0
 }
 
-// waitFuture waits for a raft future, until ctx ends, and classes raft's
-// errors.
+// waitFuture waits for a raft future until ctx ends or the cluster
+// closes, and classes raft's errors. The close bounds the wait because
+// raft may never answer a future it took before its shutdown (an entry
+// on its way to the state machine; hashicorp/raft issue 498), even when
+// ctx has no deadline.
+func (c *Cluster) waitFuture(ctx context.Context, f raft.Future) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	defer context.AfterFunc(c.ctx, func() { cancel(ErrClosed) })()
+	return waitFuture(ctx, f)
+}
+
+// waitFuture waits for a raft future until ctx ends, and classes raft's
+// errors. The future's outcome is unknown when ctx ends first; the error
+// wraps ctx's cause too.
 func waitFuture(ctx context.Context, f raft.Future) error {
 	done := make(chan error, 1)
 	go func() { done <- f.Error() }()
@@ -452,7 +465,7 @@ func waitFuture(ctx context.Context, f raft.Future) error {
 	select {
 	case err = <-done:
 	case <-ctx.Done():
-		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, ctx.Err())
+		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, context.Cause(ctx))
 	}
 	switch {
 	case err == nil:

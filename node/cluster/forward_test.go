@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/raft"
 
 	"github.com/replvol/replvol/replication"
 )
@@ -99,5 +102,35 @@ func TestAForwardedRequestOfANonVoterChangesNothing(t *testing.T) {
 	}
 	if got := count(logs, "cluster: refused a forwarded propose request that names no sender"); got != 1 {
 		t.Errorf("%s logged the refusal of a request without a sender %d times, want once:\n%s", leader.self, got, strings.Join(logs, "\n"))
+	}
+}
+
+// unanswered is a raft future raft never answers, as one it took before
+// its shutdown may be (hashicorp/raft issue 498).
+type unanswered struct{ raft.Future }
+
+func (unanswered) Error() error { select {} }
+
+// TestAWaitForAFutureRaftNeverAnswersEndsWhenTheClusterCloses: a
+// proposal whose context has no deadline still ends, as of unknown
+// outcome and closed, when its cluster closes.
+func TestAWaitForAFutureRaftNeverAnswersEndsWhenTheClusterCloses(t *testing.T) {
+	ctx, closeCluster := context.WithCancel(context.Background())
+	c := &Cluster{ctx: ctx}
+	done := make(chan error, 1)
+	go func() { done <- c.waitFuture(context.Background(), unanswered{}) }()
+	select {
+	case err := <-done:
+		t.Fatalf("the wait ended before the cluster closed: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	closeCluster()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrClosed) || !errors.Is(err, ErrOutcomeUnknown) {
+			t.Fatalf("the wait ended with %v, want ErrClosed and ErrOutcomeUnknown", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the wait went on after the cluster closed")
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/replvol/replvol/internal/fault"
 	"github.com/replvol/replvol/internal/pki"
 	"github.com/replvol/replvol/internal/poll"
+	"github.com/replvol/replvol/internal/testport"
 )
 
 // testTiming is tuned for loopback: raft notices a lost leader within
@@ -95,7 +96,7 @@ func (n *testNet) define(m Member) Member {
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	m.Raft, m.Gossip = ln.Addr().String(), freeGossipAddr(n.t)
+	m.Raft, m.Gossip = ln.Addr().String(), testport.Pick(n.t, true)
 	n.members[m.Name] = m
 	n.listened[m.Name] = ln
 	n.byRaft[m.Raft] = m.Name
@@ -109,26 +110,6 @@ func (n *testNet) defineSpare(m Member) Member {
 	m = n.define(m)
 	n.spare[m.Name] = true
 	return m
-}
-
-// freeGossipAddr returns 127.0.0.1:port with port free for TCP and UDP
-// (memberlist binds both; a restarted node must find its old address).
-func freeGossipAddr(t *testing.T) string {
-	for range 20 {
-		tl, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := tl.Addr().String()
-		ul, err := net.ListenPacket("udp", addr)
-		tl.Close()
-		if err == nil {
-			ul.Close()
-			return addr
-		}
-	}
-	t.Fatal("no port free for both TCP and UDP")
-	return ""
 }
 
 func (n *testNet) start(name string) *Cluster {

@@ -230,6 +230,11 @@ type gatedTransport struct {
 	closeOnce sync.Once
 	closeErr  error
 	wg        sync.WaitGroup
+	// beating counts the heartbeats inside raft's fast path, which runs
+	// on a connection transport's goroutine (none of wg's): Close waits
+	// for them, so that none reaches raft's store after raft's shutdown
+	// (the node closes the store then).
+	beating sync.WaitGroup
 }
 
 func newGatedTransport(cfg gateConfig) *gatedTransport {
@@ -292,12 +297,6 @@ func (t *gatedTransport) SetHeartbeatHandler(cb func(raft.RPC)) {
 	t.heartbeat = cb
 }
 
-func (t *gatedTransport) heartbeatHandler() func(raft.RPC) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.heartbeat
-}
-
 // Close stops the outbound transport, the listener and every inbound
 // connection, and waits for their goroutines.
 func (t *gatedTransport) Close() error {
@@ -311,6 +310,7 @@ func (t *gatedTransport) Close() error {
 		_ = t.NetworkTransport.Close()
 		t.closeErr = t.cfg.listener.Close()
 		t.wg.Wait()
+		t.beating.Wait()
 		t.book.close()
 	})
 	return t.closeErr
@@ -393,12 +393,31 @@ func (t *gatedTransport) onHeartbeat(in *inboundConn, rpc raft.RPC) {
 	if !t.pass(in, rpc) {
 		return
 	}
-	if fn := t.heartbeatHandler(); fn != nil {
+	fn, ok := t.beginHeartbeat()
+	if !ok {
+		return // closed: raft is shut down, and its sender's wait ends with the connection
+	}
+	defer t.beating.Done()
+	if fn != nil {
 		fn(rpc) // raft's fast path: it has taken the heartbeat on return
 		t.contact.fire()
 		return
 	}
 	t.deliver(in, rpc)
+}
+
+// beginHeartbeat counts a heartbeat into beating unless the transport
+// is closed, and returns raft's fast path (nil when raft set none).
+func (t *gatedTransport) beginHeartbeat() (func(raft.RPC), bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	select {
+	case <-t.done:
+		return nil, false
+	default:
+	}
+	t.beating.Add(1)
+	return t.heartbeat, true
 }
 
 // deliver hands rpc to raft. Its connection's transport waits for the

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"errors"
 	"io"
 	"log"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 	"github.com/hashicorp/memberlist"
 	"github.com/hashicorp/raft"
 
+	"github.com/replvol/replvol/internal/testport"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -186,16 +188,24 @@ func TestANodeAddedAtRuntimeIsReachedOverTLS(t *testing.T) {
 			return slices.Equal(c.Status().Voters, []string{"a", "b", "d", "w"})
 		})
 	}
-	next := n.follower(t, leader)
-	if next == dc {
+	// To a node that did not add d (a loaded machine may elect another
+	// leader meanwhile: then from that one).
+	var next *Cluster
+	for try := 0; ; try++ {
+		next = nil
 		for _, c := range n.nodes() {
 			if c != leader && c != dc {
 				next = c
 			}
 		}
-	}
-	if err := leader.TransferLeadership(testContext(t, 5*time.Second), next.self); err != nil {
-		t.Fatalf("transfer leadership to %s: %v", next.self, err)
+		err := leader.TransferLeadership(testContext(t, 5*time.Second), next.self)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, errNotLeader) || try == 5 {
+			t.Fatalf("transfer leadership to %s: %v", next.self, err)
+		}
+		leader = n.waitLeader(t)
 	}
 	waitFor(t, next.self+" leads", 5*time.Second, func() bool { return next.raft.State() == raft.Leader })
 	if _, err := next.Propose(testContext(t, 5*time.Second), replication.InitCommand("vol", "a", 1, []string{"a", "b"})); err != nil {
@@ -220,7 +230,7 @@ func TestGossipCountsOnlyTheClustersNodes(t *testing.T) {
 	n.withTLS()
 	n.startAll()
 	n.waitLeader(t)
-	host, port, err := net.SplitHostPort(freeGossipAddr(t))
+	host, port, err := net.SplitHostPort(testport.Pick(t, true))
 	if err != nil {
 		t.Fatal(err)
 	}
