@@ -281,10 +281,22 @@ func (v *Volume) perform(a volstate.Action, opts driveOptions) {
 		}
 		cancel()
 	case volstate.ClearPrimaryIndicator:
-		// Every write is done: the bitmaps out, THEN the indicator off.
-		// The role changed already; a failure leaves the indicator set,
-		// which costs a resync of the activity log after a crash.
-		err := v.md.FlushBitmaps()
+		// Every write is done: the data durable on the local disk and
+		// the bitmaps out, THEN the indicator off. The new primary's
+		// FLUSH counts this node's disk as holding what it wrote as
+		// primary (a stream to it marks only what it acknowledges from
+		// now on), so what this node's page cache still holds must not
+		// be lost to a power loss once the indicator no longer says this
+		// node's activity log needs a resync. The role changed already;
+		// a failure leaves the indicator set, which costs a resync of
+		// the activity log after a crash.
+		var err error
+		if !v.isDetached() {
+			err = v.disk.Sync()
+		}
+		if err == nil {
+			err = v.md.FlushBitmaps()
+		}
 		if err == nil {
 			err = v.md.SetPrimary(false)
 		}

@@ -146,6 +146,16 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 	gen, epoch := v.st.Durable.Gens.Current, v.st.Durable.Epoch
 	v.mu.Unlock()
 	acts, err := v.stepLocked(volstate.HandedOver{}, nil, nil)
+	if err == nil {
+		// The switchover has raft record the peer UpToDate next
+		// (switchoverByRaft): what this node remembers of its Outdated
+		// records no longer holds, should it take the volume back
+		// (retake) and a peer miss a write again.
+		v.mu.Lock()
+		clear(v.outdated)
+		v.forgets++
+		v.mu.Unlock()
+	}
 	v.stateMu.Unlock()
 	if err != nil {
 		return reopen(err)

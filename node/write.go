@@ -110,7 +110,8 @@ func (v *Volume) piece(off, length int64) int64 {
 //     (submit.go);
 //   - Local: write here, or mark what a detached disk misses;
 //   - Wait: for the peers as the protocol says (C every ack, B every
-//     receipt, A none);
+//     receipt, A none), and for the end of a stream whose peer
+//     acknowledged the write from its cache, which tracks the peer;
 //   - CountLag: under A and B each peer's lag counts the write from now;
 //   - Lease: the write completes under a valid lease.
 func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func() error) error {
@@ -219,6 +220,11 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 			w.Wrote(skipped, lerr != nil, pulling)
 		case writepath.Wait:
 			acked, failed := v.waitPeers(waits, w.WaitFor())
+			if failed == nil {
+				// A peer that acknowledged the write from its cache may
+				// have lost it since, with its stream.
+				failed = session.AwaitCacheLoss(waits)
+			}
 			if failed != nil {
 				perr = failed
 			}

@@ -135,3 +135,32 @@ func cachedOnAck(pd *Pending) bool {
 func durableOnAck(e *replication.Entry) bool {
 	return e.Op == replication.OpFlush || e.Op == replication.OpSyncDone
 }
+
+// AwaitCacheLoss waits, for each of pds (a write's pendings, one per
+// peer, each with its Session) that its peer acknowledged from its cache
+// (not FUA) on a stream that has ended since, until that stream's end
+// tracked the peer and marked what it held in its cache only (end), and
+// returns the first such end's error (MarkErr). The peer may have lost
+// the write with its cache (a power loss ends its stream), so a write
+// completes only once that is durable, as a FLUSH does, and fails when it
+// could not be: raft, with no record of the peer Outdated, could promote
+// it without the write. A stream that ends after this returns is the next
+// FLUSH's to settle.
+func AwaitCacheLoss(pds []*Pending) error {
+	for _, pd := range pds {
+		select {
+		case <-pd.done: // acked is read after done
+		default:
+			continue // not acknowledged yet (protocols A and B)
+		}
+		s := pd.Session
+		if s == nil || !pd.acked || pd.Entry.Flags&replication.EntryFUA != 0 || !ChangesData(pd.Entry.Op) || !s.hasEnded() {
+			continue
+		}
+		<-s.finished
+		if err := s.markErr; err != nil {
+			return err
+		}
+	}
+	return nil
+}

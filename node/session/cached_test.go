@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -321,4 +322,61 @@ func TestTheCachedSetCoarsensAndNeverDrops(t *testing.T) {
 	if want := []span{{4096, 8192}}; !slices.Equal(c.runs, want) {
 		t.Fatalf("after a reset the set holds %v, want %v", c.runs, want)
 	}
+}
+
+// TestAWriteAckedFromACacheLostSinceWaitsForItsTracking: the peer
+// acknowledged a write from its cache, and its stream ended before the
+// write completed (it waited for another peer). AwaitCacheLoss returns
+// only once the stream's end tracked the peer and marked the write,
+// durably, and with the tracking's error when that failed: the write must
+// then fail. A FUA write, durable at its ack, and a write whose stream is
+// still up wait for nothing.
+func TestAWriteAckedFromACacheLostSinceWaitsForItsTracking(t *testing.T) {
+	ended := func(t *testing.T, c *cacheSession) {
+		t.Helper()
+		close(c.far.cut)
+		select {
+		case <-c.s.ended:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the stream did not end when its link was cut")
+		}
+	}
+	for _, fail := range []error{nil, errors.New("state write failed")} {
+		t.Run(fmt.Sprintf("tracking fails: %v", fail != nil), func(t *testing.T) {
+			c, pds := startCacheSession(t, write(0, 4096), write(1<<20, 4096))
+			for _, pd := range pds {
+				pd.Session = c.s
+			}
+			c.peer.fail = fail
+			c.ack(t, pds[1])
+			if err := AwaitCacheLoss(pds); err != nil || c.peer.tracked != 0 {
+				t.Fatalf("with the stream up: %v, tracked %d times; want nil, untracked", err, c.peer.tracked)
+			}
+			ended(t, c)
+			err := AwaitCacheLoss(pds)
+			select {
+			case <-c.s.Finished():
+			default:
+				t.Fatal("AwaitCacheLoss returned before the stream's end marked what the peer held in its cache")
+			}
+			if !errors.Is(err, fail) || (fail == nil) != (err == nil) {
+				t.Fatalf("AwaitCacheLoss: %v, want %v", err, fail)
+			}
+			if want := []int64{0, 256}; !slices.Equal(c.durableMarks(t), want) {
+				t.Fatalf("after a crash the bitmap marks %v, want %v", c.durableMarks(t), want)
+			}
+		})
+	}
+	t.Run("FUA", func(t *testing.T) {
+		fua := write(0, 4096)
+		fua.Flags = replication.EntryFUA
+		c, pds := startCacheSession(t, fua)
+		pds[0].Session = c.s
+		c.peer.fail = errors.New("state write failed")
+		c.ack(t, pds[0])
+		ended(t, c)
+		if err := AwaitCacheLoss(pds); err != nil {
+			t.Fatalf("a FUA write, durable at its ack: %v", err)
+		}
+	})
 }

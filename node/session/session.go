@@ -1026,6 +1026,17 @@ func (s *Session) end() {
 	}
 }
 
+// hasEnded reports whether the stream ended: the loop takes no more
+// messages, and Finished follows once end marked what the peer misses.
+func (s *Session) hasEnded() bool {
+	select {
+	case <-s.ended:
+		return true
+	default:
+		return false
+	}
+}
+
 // Finished is closed once the session ended and end marked what the peer
 // misses or may hold only in its cache.
 func (s *Session) Finished() <-chan struct{} { return s.finished }

@@ -164,19 +164,6 @@ const (
 	// RQ_LOCAL_OK and RQ_NET_OK). ReplicasEqualInSync tolerates the block
 	// until a write to it is acknowledged, traced.
 	FindingFailedWriteDiverges
-	// FindingAckAfterPeerCacheLost: a write a peer acknowledged from its
-	// cache completes after that peer crashed and lost it, once its
-	// other copies answered: node's write waits for each pending's ack,
-	// not for the end of a stream that ended after the ack, so the
-	// client is told of the write before the end's tracking (raft
-	// records the peer Outdated) is durable, and it may never be (no
-	// raft leader). When raft then loses the primary (a crash, a
-	// partition), it may promote the peer, UpToDate by its record,
-	// without the write (NoStalePromotion, and the primary's readable
-	// check). DRBD's fencing freezes IO at the connection's loss until
-	// the peer is outdated. No check tolerates it: its seeds are in
-	// knownFindingSeeds.
-	FindingAckAfterPeerCacheLost
 )
 
 func (f Finding) String() string {
@@ -185,8 +172,6 @@ func (f Finding) String() string {
 		return "history-full-resync"
 	case FindingFailedWriteDiverges:
 		return "failed-write-diverges"
-	case FindingAckAfterPeerCacheLost:
-		return "ack-after-peer-cache-lost"
 	}
 	return "finding(?)"
 }

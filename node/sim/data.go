@@ -125,6 +125,21 @@ func (s *Sim) abandon(n *node, w *write) {
 	s.finish(n, w)
 }
 
+// ackedFromLostCache reports whether a peer acknowledged w from its
+// cache and its stream ended with w's block in the cache only, not yet
+// tracked (settleCache).
+func (s *Sim) ackedFromLostCache(n *node, w *write) bool {
+	if w.fua || s.cfg.mutation == mutAckBeforeCacheTracked {
+		return false
+	}
+	for p := range w.ackedBy {
+		if n.cacheLost[p][w.block] {
+			return true
+		}
+	}
+	return false
+}
+
 // sourceAcked reports whether a peer n pulls newer data from took w
 // (node's Wait stage counts only the pull's source while the primary
 // pulls).
@@ -283,6 +298,19 @@ func (s *Sim) progress(n *node, w *write) writeState {
 				continue
 			}
 			if w.flow.WaitFor() == writepath.WaitAcks && len(w.waiting) > 0 && s.cfg.mutation != mutAckWithoutPeer {
+				return writeWaits
+			}
+			// node's Wait stage (session.AwaitCacheLoss): a peer that acknowledged the write
+			// from its cache and whose stream ended since may have lost
+			// it; the write completes once the end tracked the peer
+			// (settleCache), and fails when it could not.
+			s.settleCache(n)
+			if w.cacheFailed {
+				s.tracef("%s: write %d fails: a peer that acknowledged it from its cache could not be tracked", n.name, w.id)
+				w.flow.Waited(w.acked, s.sourceAcked(n, w), true)
+				continue
+			}
+			if s.ackedFromLostCache(n, w) {
 				return writeWaits
 			}
 			if len(n.announcing) > 0 && s.cfg.mutation != mutAnnounceNotAwaited {

@@ -137,6 +137,11 @@ func (s *Sim) settleCache(n *node) {
 				s.tracef("%s: flush %d fails: %s's cache could not be tracked", n.name, f.id, p)
 			}
 			n.flushes = nil
+			for _, w := range n.writes {
+				if w.ackedBy[p] && s.ackedFromLostCache(n, w) {
+					w.cacheFailed = true
+				}
+			}
 		}
 	}
 	if len(n.announcing) == 0 {

@@ -140,6 +140,9 @@ type write struct {
 	// misses are being recorded).
 	flow     writepath.Write
 	shipping bool
+	// cacheFailed: a peer acknowledged it from its cache, its stream
+	// ended, and the end's tracking failed (session.AwaitCacheLoss).
+	cacheFailed bool
 }
 
 // resyncLate is what a resync on session reads once the writes in flight
@@ -296,7 +299,11 @@ func (s *Sim) perform(n *node, a volstate.Action) {
 	case volstate.HandOverIO:
 		n.handoverUntil = s.now.Add(handoverTimeout)
 	case volstate.ClearPrimaryIndicator:
-		n.indicator = false
+		// node's: the local disk synced, THEN the indicator off; a
+		// failed sync leaves it set (a crash then resyncs the log).
+		if s.cfg.mutation == mutStepDownKeepsCache || n.disk.flush(s.now) {
+			n.indicator = false
+		}
 	case volstate.StartPeers, volstate.ResetPeers, volstate.StopPeers:
 		s.stopSenders(n)
 		clear(n.nextDial)
@@ -671,6 +678,11 @@ func (s *Sim) handover(n *node, to string) {
 	epoch, gen := n.durable.Epoch, n.durable.Gens.Current
 	if s.drive(n, volstate.HandedOver{}) != nil {
 		return
+	}
+	if s.cfg.mutation != mutRetakeRemembersOutdated {
+		// node's handover: raft is told the peer is UpToDate next, so
+		// what n remembers of its Outdated records no longer holds.
+		clear(n.outdated)
 	}
 	_, err := s.raft.apply(s, n, replication.MarkUpToDateCommand(volume, epoch, to))
 	if err == nil {

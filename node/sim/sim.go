@@ -110,6 +110,25 @@ const (
 	// fixed in node/session's cached set), and a FLUSH then completed
 	// over writes a promotable peer held in its cache only (invariant 1).
 	mutCacheNotTracked
+	// mutAckBeforeCacheTracked completes a write that a peer acknowledged
+	// from its cache once its other copies answered, though the peer's
+	// stream ended since and its end has not tracked the peer: node did
+	// so until the sim's finding ack-after-peer-cache-lost (fixed by
+	// session.AwaitCacheLoss), and raft, with no leader to record the peer
+	// Outdated, could then promote it without the write (invariant 2).
+	mutAckBeforeCacheTracked
+	// mutStepDownKeepsCache clears a stepped-down primary's indicator
+	// without syncing its disk: node did so until the sim's seed 6961,
+	// and the new primary's FLUSH then counted the old one's disk as
+	// holding writes that were in its cache only (invariant 1).
+	mutStepDownKeepsCache
+	// mutRetakeRemembersOutdated keeps, across a handover that raft did
+	// not record and the old primary's retake, its memory of raft's
+	// Outdated records, though the switchover had raft record the peer
+	// UpToDate: node did so until the sim's seed 14488, and a write the
+	// peer then missed completed without raft recording it Outdated
+	// (invariant 1).
+	mutRetakeRemembersOutdated
 )
 
 func (m mutation) String() string {
@@ -152,6 +171,12 @@ func (m mutation) String() string {
 		return "flush-skips-unstreamed-peer"
 	case mutCacheNotTracked:
 		return "cache-not-tracked"
+	case mutAckBeforeCacheTracked:
+		return "ack-before-cache-tracked"
+	case mutStepDownKeepsCache:
+		return "step-down-keeps-cache"
+	case mutRetakeRemembersOutdated:
+		return "retake-remembers-outdated"
 	}
 	return "mutation(?)"
 }

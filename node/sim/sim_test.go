@@ -127,13 +127,15 @@ func TestSimCatchesPlantedBugs(t *testing.T) {
 		{mutBypassOutdated, NoStalePromotion, 0, false},
 		{mutSkipResyncCopy, ReplicasEqualInSync, 0, false},
 		// The sim found this one in node; it is fixed there.
-		{mutAnnounceNotAwaited, ReplicasEqualInSync, 6, true},
+		{mutAnnounceNotAwaited, ReplicasEqualInSync, 27, true},
 		// So was this one (a lost sync-done ack; a resync between equal
 		// generations cut off before the peer took it), on two seeds.
 		// These rows' seeds were chosen anew when a FLUSH began to track
 		// a peer it never streamed to (issue 28's flush-skips-peer-cache)
-		// and when primaries began to crash between a write's stages,
-		// which change the runs.
+		// when primaries began to crash between a write's stages, and
+		// when a write began to wait for the end of a stream that lost
+		// its ack (ack-after-peer-cache-lost), which change the runs
+		// (the rows of resync-not-outdated and announce-not-awaited too).
 		{mutMayHoldIgnored, ReplicasEqualInSync, 144, true},
 		{mutMayHoldIgnored, ReplicasEqualInSync, 165, true},
 		// And this one: a promotion dropped the blocks the node marked
@@ -141,7 +143,7 @@ func TestSimCatchesPlantedBugs(t *testing.T) {
 		{mutPromotionClearsMarks, ReplicasEqualInSync, 30, true},
 		// The sim did this until seed 3468 showed it (node's handshake
 		// never did: outdateBeforeResync).
-		{mutResyncNotOutdated, ReplicasEqualInSync, 3, true},
+		{mutResyncNotOutdated, ReplicasEqualInSync, 171, true},
 		// And the node did this until the sim's finding
 		// unacked-write-divergence: a write of a primary lost while in
 		// flight reached one secondary and not another, and the two
@@ -171,6 +173,15 @@ func TestSimCatchesPlantedBugs(t *testing.T) {
 		// stream to (node/session's cached set; submit's tracking).
 		{mutCacheNotTracked, NoAckedWriteLost, 0, false},
 		{mutFlushSkipsUnstreamedPeer, NoAckedWriteLost, 0, false},
+		// And this one until the finding ack-after-peer-cache-lost.
+		{mutAckBeforeCacheTracked, NoStalePromotion, 7293, false},
+		// And these two until seeds 6961 and 14488 showed them: a
+		// stepped-down primary's writes stayed in its cache only while
+		// the new primary's FLUSH counted them on its disk, and an old
+		// primary that took the volume back after a switchover raft did
+		// not record trusted an Outdated record the switchover had undone.
+		{mutStepDownKeepsCache, NoAckedWriteLost, 6961, false},
+		{mutRetakeRemembersOutdated, NoAckedWriteLost, 14488, false},
 	}
 	for _, c := range cases {
 		name := c.mutation.String()
@@ -210,18 +221,7 @@ func TestSimCatchesPlantedBugs(t *testing.T) {
 var knownFindingSeeds = map[uint64]struct {
 	finding Finding
 	broke   Invariant
-}{
-	// Beyond CI's first thousand: a peer acknowledged a write from its
-	// cache and crashed; the write completed; raft, which had no leader
-	// when the stream's end asked it to record the peer Outdated, lost
-	// the primary (crashed, or cut off from it) and promoted the peer
-	// without the write. Found at seeds 1130, 2028 and 4887 (hidden by
-	// the excuse of flush-skips-peer-cache until it went); since the sim
-	// crashes primaries between a write's stages the runs changed, and
-	// 7293 shows it (alpha acknowledges block 56 from its cache, crashes;
-	// beta's write completes; raft has no leader; alpha is promoted).
-	7293: {FindingAckAfterPeerCacheLost, NoStalePromotion},
-}
+}{}
 
 // TestSimKnownFindings: each known finding's seed still fails by it.
 func TestSimKnownFindings(t *testing.T) {
@@ -265,6 +265,24 @@ var regressions = []uint64{
 	// then promoted it: the handshake asks raft itself, whatever the
 	// primary remembers (node's recordOutdated).
 	12906,
+	// ack-after-peer-cache-lost: a peer acknowledged a write from its
+	// cache and crashed; the write completed once its other copies
+	// answered; raft, which had no leader when the stream's end asked it
+	// to record the peer Outdated, lost the primary and promoted the peer
+	// without the write (alpha acknowledges block 56 from its cache,
+	// crashes; beta's write completes; alpha is promoted). node's write
+	// waits for such an end's tracking now (session.AwaitCacheLoss; the planted
+	// bug ack-before-cache-tracked).
+	7293,
+	// A primary stepped down by raft cleared its indicator with writes in
+	// its cache only, which the new primary's FLUSH then counted as on
+	// its disk (node syncs the disk first now: ClearPrimaryIndicator).
+	6961, 6644,
+	// A switchover raft did not record had it record the peer UpToDate;
+	// the old primary took the volume back still trusting its Outdated
+	// record, and a write the peer then missed completed with the peer
+	// UpToDate in raft (node's handover forgets the records now).
+	14488,
 }
 
 // TestSimRegressions runs the regression seeds in the default mode.
