@@ -129,7 +129,9 @@ func (s *Sim) operator() {
 				_ = s.raft.promote(s, x, replication.FailoverCommand(volume, va.Epoch, x.name, true, s.now, "forced by the operator"), true)
 			} else {
 				s.tracef("OPERATOR primary --force %s (no quorum)", x.name)
-				if s.drive(x, volstate.Force{Now: s.now, NewGen: s.newGen()}) == nil {
+				// node's forcePromote: above the epoch its view of raft
+				// names.
+				if s.drive(x, volstate.Force{Now: s.now, NewGen: s.newGen(), AuthorityEpoch: x.authEpoch}) == nil {
 					s.check.forcedHere(s, x)
 				}
 			}

@@ -93,9 +93,12 @@ type node struct {
 	// run); an event they cause here waits in follow.
 	driving bool
 
-	renewing      bool
-	lastRenew     time.Time
-	authVersion   int
+	renewing    bool
+	lastRenew   time.Time
+	authVersion int
+	// authEpoch is the volume's epoch in what raft told n last (node's
+	// view of raft's state, which a forced promotion passes on).
+	authEpoch     uint64
 	authAt        time.Time
 	nextDial      map[string]time.Time
 	handoverUntil time.Time
@@ -409,6 +412,7 @@ func (s *Sim) followAuthority(n *node) {
 	}
 	n.authVersion, n.authAt = s.raft.version, s.now
 	va, known := s.raft.auth.Volume(volume)
+	n.authEpoch = va.Epoch
 	_ = s.drive(n, volstate.AuthorityChanged{Known: known, Primary: va.Primary, Epoch: va.Epoch, Now: s.now, Failover: va.FailedOverAt(va.Epoch)})
 	if !known || va.Primary != n.name || n.st.Role() != replication.Primary {
 		return

@@ -283,6 +283,10 @@ var regressions = []uint64{
 	// record, and a write the peer then missed completed with the peer
 	// UpToDate in raft (node's handover forgets the records now).
 	14488,
+	// The sim forced a node to primary without passing on the epoch its
+	// view of raft named (node's forcePromote does): forced at raft's
+	// epoch, it served beside the primary it had been told of.
+	4023,
 }
 
 // TestSimRegressions runs the regression seeds in the default mode.
