@@ -614,11 +614,17 @@ func names(ns []*node) []string {
 }
 
 // checkDurable checks invariant 1's durable half: every replica raft
-// counts UpToDate holds every protected write on stable storage.
+// counts UpToDate holds every protected write on stable storage, but a
+// disk that durably knows itself stale (detached while its peers took
+// writes: Durable.LocalStale), which no promotion takes (volstate's
+// becomePrimary refuses it, and the promotion check would catch one
+// that did) and which opens Inconsistent until a resync: raft's record
+// of the node outlives its disk's detach, as DRBD's peers' view of a
+// Diskless node does.
 func (s *Sim) checkDurable(va replication.VolumeAuthority) {
 	c := &s.check
 	for _, n := range s.dataNodes() {
-		if !va.IsUpToDate(n.name) {
+		if !va.IsUpToDate(n.name) || n.durable.LocalStale {
 			continue
 		}
 		for b, want := range c.protected {

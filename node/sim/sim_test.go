@@ -287,6 +287,11 @@ var regressions = []uint64{
 	// view of raft named (node's forcePromote does): forced at raft's
 	// epoch, it served beside the primary it had been told of.
 	4023,
+	// The check counted a disk that knew itself stale (a primary's,
+	// detached while its peer took the writes) as holding every flushed
+	// write because raft's record still named it UpToDate; no promotion
+	// takes such a disk (checkDurable).
+	16783,
 }
 
 // TestSimRegressions runs the regression seeds in the default mode.
