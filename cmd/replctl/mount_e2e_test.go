@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replvol/replvol/internal/mounttree"
 	"github.com/replvol/replvol/internal/volmount"
 )
 
@@ -64,35 +65,9 @@ func newMountRunDirs(t *testing.T, nodes ...string) *mountRunDirs {
 	return m
 }
 
-// sharedMountTree is a temporary directory bind-mounted onto itself as a
-// shared mount, for the test's mounts (FUSE, file systems) to be made
-// under. A process that another test starts with ip netns exec gets a
-// mount namespace of its own, a copy of this one made a slave of it: with
-// a private tree the copies of this test's mounts would stay there after
-// replctl umount (which then rightly refuses to detach a loop device
-// mounted elsewhere); under a shared tree the unmounts propagate to the
-// copies, as they would on a host whose root is shared (systemd's
-// default). Its cleanup unmounts it, after the mounts under it are gone.
-func sharedMountTree(t *testing.T) string {
-	t.Helper()
-	top := t.TempDir()
-	if os.Geteuid() != 0 {
-		return top // the mount tests need root and say so
-	}
-	if err := syscall.Mount(top, top, "", syscall.MS_BIND, ""); err != nil {
-		t.Fatalf("bind-mounting %s onto itself: %v", top, err)
-	}
-	t.Cleanup(func() {
-		if err := syscall.Unmount(top, 0); err != nil {
-			t.Errorf("unmounting the test's mount tree %s: %v", top, err)
-			_ = syscall.Unmount(top, syscall.MNT_DETACH)
-		}
-	})
-	if err := syscall.Mount("", top, "", syscall.MS_SHARED, ""); err != nil {
-		t.Fatalf("making %s a shared mount: %v", top, err)
-	}
-	return top
-}
+// sharedMountTree is the test's tree to mount under (internal/mounttree):
+// the unmounts of its mounts reach every copy another namespace took.
+func sharedMountTree(t *testing.T) string { return mounttree.Shared(t) }
 
 // cleanUpAtTheEnd registers cleanUp.
 func (m *mountRunDirs) cleanUpAtTheEnd() { m.t.Cleanup(m.cleanUp) }

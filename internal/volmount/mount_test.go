@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replvol/replvol/internal/mounttree"
 	"github.com/replvol/replvol/internal/pki"
 	"github.com/replvol/replvol/transport/nbd"
 )
@@ -205,9 +206,12 @@ func TestMountOverFUSEMakesWritesAndUnmountsEverything(t *testing.T) {
 	t.Setenv(helperEnv, "1")
 	// xfs needs 300 MiB at least.
 	uri, tlsDir, flushes := tlsExport(t, 320<<20)
-	reg := Registry{Dir: filepath.Join(t.TempDir(), "run")}
+	// Under a shared tree: a namespace another test makes meanwhile (ip netns exec) holds
+	// no copy of these mounts once they are unmounted here.
+	tree := mounttree.Shared(t)
+	reg := Registry{Dir: filepath.Join(tree, "run")}
 	cleanUpAfter(t, reg)
-	dir := filepath.Join(t.TempDir(), "mnt")
+	dir := filepath.Join(tree, "mnt")
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -315,9 +319,12 @@ func TestMountTakesTheClaimBeforeItConnectsAndConfirmsItBeforeTheFileSystem(t *t
 	needRoot(t, "losetup", "blkid", "mount", "mkfs.ext4")
 	t.Setenv(helperEnv, "1")
 	uri, tlsDir, _ := tlsExport(t, 64<<20)
-	reg := Registry{Dir: filepath.Join(t.TempDir(), "run")}
+	// Under a shared tree: a namespace another test makes meanwhile (ip netns exec) holds
+	// no copy of these mounts once they are unmounted here.
+	tree := mounttree.Shared(t)
+	reg := Registry{Dir: filepath.Join(tree, "run")}
 	cleanUpAfter(t, reg)
-	dir := filepath.Join(t.TempDir(), "mnt")
+	dir := filepath.Join(tree, "mnt")
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/replvol/replvol/internal/mounttree"
 )
 
 // TestBlockDeviceUsersFindsTheProcessesAndMountsOfALoopDevice: a real loop device is used by
@@ -59,7 +61,12 @@ func TestBlockDeviceUsersFindsTheProcessesAndMountsOfALoopDevice(t *testing.T) {
 	if _, err := runTool(ctx, "mkfs.ext4", "-q", "-F", loop); err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
+	// Under a shared tree: a namespace another test makes meanwhile (ip netns exec) holds no
+	// copy of the mount once it is unmounted.
+	dir := filepath.Join(mounttree.Shared(t), "mnt")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := runTool(ctx, "mount", "-t", "ext4", loop, dir); err != nil {
 		t.Fatal(err)
 	}
