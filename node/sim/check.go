@@ -186,6 +186,9 @@ type findingHit struct {
 // checker holds what the invariants are checked against.
 type checker struct {
 	acked []int64 // the last acknowledged value of each block
+	// ackedIDs are, per block, every write acknowledged to it, oldest
+	// first.
+	ackedIDs map[int][]int64
 	// protected: the last write to each block acknowledged FUA or before
 	// a FLUSH that completed.
 	protected []int64
@@ -231,7 +234,7 @@ type streamEntry struct {
 }
 
 func newChecker() checker {
-	return checker{acked: make([]int64, blocks), protected: make([]int64, blocks), forced: map[string]bool{}, mayDiffer: map[int]bool{}, failedWrites: map[int]map[int64]bool{},
+	return checker{acked: make([]int64, blocks), ackedIDs: map[int][]int64{}, protected: make([]int64, blocks), forced: map[string]bool{}, mayDiffer: map[int]bool{}, failedWrites: map[int]map[int64]bool{},
 		forcedAlone: map[string]bool{},
 		changed:     map[[2]string]map[int]bool{}, streams: map[uint64]*streamLog{}}
 }
@@ -242,6 +245,7 @@ func (c *checker) acknowledged(s *Sim, n *node, w *write) {
 		return
 	}
 	c.acked[w.block] = w.id
+	c.ackedIDs[w.block] = append(c.ackedIDs[w.block], w.id)
 	c.acks++
 	delete(c.mayDiffer, w.block)
 	delete(c.failedWrites, w.block)
@@ -465,7 +469,15 @@ func (c *checker) forgive(s *Sim, n *node) {
 			c.protected[b] = max(v, -v)
 		}
 		if v := n.disk.read(b); max(v, -v) < c.acked[b] {
-			c.acked[b] = max(v, -v)
+			// The newest acknowledged write n holds, not n's value: that
+			// may be a write in flight when its primary crashed, never
+			// acknowledged (seed 38283).
+			c.acked[b] = 0
+			for _, id := range c.ackedIDs[b] {
+				if id <= max(v, -v) {
+					c.acked[b] = id
+				}
+			}
 		}
 	}
 }

@@ -292,6 +292,12 @@ var regressions = []uint64{
 	// write because raft's record still named it UpToDate; no promotion
 	// takes such a disk (checkDurable).
 	16783,
+	// A forced promotion lowered a block's acknowledged value to what the
+	// forced node read there, a write in flight when its primary crashed
+	// and never acknowledged; the node then pulled the newer data and the
+	// check took it for a loss (forgive keeps the newest acknowledged
+	// write the node holds).
+	38283,
 }
 
 // TestSimRegressions runs the regression seeds in the default mode.
