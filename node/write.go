@@ -252,8 +252,27 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 			}
 			w.Counted()
 		case writepath.Lease:
-			// Completed only under a valid lease (authority mode).
-			leaseErr = v.holdLease(ctx)
+			// Completed only under a valid lease (authority mode), and
+			// only once the end of every stream whose peer acknowledged
+			// the write from its cache tracked that peer: a stream may
+			// end after the Wait stage looked, while the lease is
+			// awaited, so the last look is made with the lease held.
+			for {
+				if leaseErr = v.holdLease(ctx); leaseErr != nil {
+					break
+				}
+				pending, err := session.CacheLossPending(waits)
+				if err == nil && pending {
+					err = session.AwaitCacheLoss(waits)
+				}
+				if err != nil {
+					leaseErr = fmt.Errorf("write at %d: %w (%w)", e.Off, err, syscall.EIO)
+					break
+				}
+				if !pending {
+					break
+				}
+			}
 			w.Leased(leaseErr == nil)
 		case writepath.Done:
 			return v.writeOutcome(e, w.Outcome(), perr, lerr, leaseErr)

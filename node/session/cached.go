@@ -148,19 +148,51 @@ func durableOnAck(e *replication.Entry) bool {
 // FLUSH's to settle.
 func AwaitCacheLoss(pds []*Pending) error {
 	for _, pd := range pds {
-		select {
-		case <-pd.done: // acked is read after done
-		default:
-			continue // not acknowledged yet (protocols A and B)
-		}
-		s := pd.Session
-		if s == nil || !pd.acked || pd.Entry.Flags&replication.EntryFUA != 0 || !ChangesData(pd.Entry.Op) || !s.hasEnded() {
-			continue
-		}
-		<-s.finished
-		if err := s.markErr; err != nil {
-			return err
+		if s := cacheLostOn(pd); s != nil {
+			<-s.finished
+			if err := s.markErr; err != nil {
+				return err
+			}
 		}
 	}
 	return nil
+}
+
+// CacheLossPending is AwaitCacheLoss's look without its wait: pending
+// when the end of a stream that lost an ack of pds from its cache has not
+// yet tracked its peer, and the first error of such an end that could
+// not. A write looks last under its lease (a stream may end while the
+// lease is awaited) and completes only when nothing is pending.
+func CacheLossPending(pds []*Pending) (pending bool, err error) {
+	for _, pd := range pds {
+		s := cacheLostOn(pd)
+		if s == nil {
+			continue
+		}
+		select {
+		case <-s.finished:
+			if s.markErr != nil {
+				return false, s.markErr
+			}
+		default:
+			pending = true
+		}
+	}
+	return pending, nil
+}
+
+// cacheLostOn is pd's session when its peer acknowledged pd, a write
+// that is not FUA, from its cache and the stream has ended since; nil
+// otherwise.
+func cacheLostOn(pd *Pending) *Session {
+	select {
+	case <-pd.done: // acked is read after done
+	default:
+		return nil // not acknowledged yet (protocols A and B)
+	}
+	s := pd.Session
+	if s == nil || !pd.acked || pd.Entry.Flags&replication.EntryFUA != 0 || !ChangesData(pd.Entry.Op) || !s.hasEnded() {
+		return nil
+	}
+	return s
 }

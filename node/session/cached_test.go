@@ -78,11 +78,15 @@ type trackingPeer struct {
 	loosePeer
 	bm          *metadata.PeerBitmap
 	fail        error
+	hold        chan struct{} // StartTracking waits for it to close (nil: it does not)
 	tracked     int
 	markedFirst int64
 }
 
 func (p *trackingPeer) StartTracking() error {
+	if p.hold != nil {
+		<-p.hold
+	}
 	p.tracked++
 	p.markedFirst = p.bm.Count()
 	return p.fail
@@ -379,4 +383,36 @@ func TestAWriteAckedFromACacheLostSinceWaitsForItsTracking(t *testing.T) {
 			t.Fatalf("a FUA write, durable at its ack: %v", err)
 		}
 	})
+}
+
+// TestALostAckIsPendingUntilTheStreamsEndTrackedThePeer: CacheLossPending,
+// the write's last look under its lease, finds nothing while the stream
+// is up, a pending loss while the stream's end still tracks the peer, and
+// the tracking's error once it failed.
+func TestALostAckIsPendingUntilTheStreamsEndTrackedThePeer(t *testing.T) {
+	c, pds := startCacheSession(t, write(0, 4096))
+	pds[0].Session = c.s
+	c.peer.fail, c.peer.hold = errors.New("state write failed"), make(chan struct{})
+	c.ack(t, pds[0])
+	if pending, err := CacheLossPending(pds); pending || err != nil {
+		t.Fatalf("with the stream up: pending %v, %v; want neither", pending, err)
+	}
+	close(c.far.cut)
+	select {
+	case <-c.s.ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream did not end when its link was cut")
+	}
+	if pending, err := CacheLossPending(pds); !pending || err != nil {
+		t.Fatalf("while the stream's end tracks the peer: pending %v, %v; want pending", pending, err)
+	}
+	close(c.peer.hold)
+	select {
+	case <-c.s.Finished():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream's end did not finish")
+	}
+	if pending, err := CacheLossPending(pds); pending || !errors.Is(err, c.peer.fail) {
+		t.Fatalf("after the tracking failed: pending %v, %v; want the tracking's error", pending, err)
+	}
 }

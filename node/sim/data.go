@@ -327,6 +327,20 @@ func (s *Sim) progress(n *node, w *write) writeState {
 		case writepath.CountLag:
 			w.flow.Counted()
 		case writepath.Lease:
+			// node's last look for a stream that lost the write's ack
+			// from its cache, under the lease (session.CacheLossPending):
+			// the stream may have ended since the Wait stage looked.
+			if s.cfg.mutation != mutCacheLossOnlyAtWait {
+				s.settleCache(n)
+				if w.cacheFailed {
+					s.tracef("%s: write %d fails: a peer that acknowledged it from its cache could not be tracked", n.name, w.id)
+					w.flow.Leased(false)
+					continue
+				}
+				if s.ackedFromLostCache(n, w) {
+					return writeWaits
+				}
+			}
 			// The lease is checked right before the write completes.
 			ok := volstate.Admit(n.st, s.now) == volstate.Serve && n.st.Durable.Epoch == w.epoch
 			if !ok {

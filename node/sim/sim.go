@@ -129,6 +129,11 @@ const (
 	// peer then missed completed without raft recording it Outdated
 	// (invariant 1).
 	mutRetakeRemembersOutdated
+	// mutCacheLossOnlyAtWait looks for a stream that lost a write's ack
+	// from its peer's cache only at the Wait stage: node did so until
+	// seed 30879 showed a stream ending between that look and the
+	// write's completion (invariant 2).
+	mutCacheLossOnlyAtWait
 )
 
 func (m mutation) String() string {
@@ -177,6 +182,8 @@ func (m mutation) String() string {
 		return "step-down-keeps-cache"
 	case mutRetakeRemembersOutdated:
 		return "retake-remembers-outdated"
+	case mutCacheLossOnlyAtWait:
+		return "cache-loss-only-at-wait"
 	}
 	return "mutation(?)"
 }

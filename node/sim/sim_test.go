@@ -182,6 +182,9 @@ func TestSimCatchesPlantedBugs(t *testing.T) {
 		// not record trusted an Outdated record the switchover had undone.
 		{mutStepDownKeepsCache, NoAckedWriteLost, 6961, false},
 		{mutRetakeRemembersOutdated, NoAckedWriteLost, 14488, false},
+		// And this one until seed 30879: a stream ended after the write's
+		// Wait stage looked for a lost ack, and before it completed.
+		{mutCacheLossOnlyAtWait, NoStalePromotion, 30879, false},
 	}
 	for _, c := range cases {
 		name := c.mutation.String()
@@ -298,6 +301,10 @@ var regressions = []uint64{
 	// check took it for a loss (forgive keeps the newest acknowledged
 	// write the node holds).
 	38283,
+	// A peer's stream ended after a write's Wait stage looked for a lost
+	// ack, and the write completed with the peer untracked; raft then
+	// promoted it without the write (node looks again under the lease).
+	30879,
 }
 
 // TestSimRegressions runs the regression seeds in the default mode.
