@@ -211,9 +211,20 @@ func (v *Volume) isDetached() bool {
 // Callers hold v.mu.
 func (v *Volume) detachedLocked() bool { return v.st.Disk == replication.Diskless }
 
-// readFromPeer reads through any peer that is in sync.
+// readFromPeer reads through a peer that is in sync: while this primary
+// copies newer data from a peer (pulling), that peer alone, whose copy
+// of the blocks this disk misses is the newer one (another peer in sync
+// with this primary holds what this primary held: older data, or a
+// write the source did not take, which the pull copies over).
 func (v *Volume) readFromPeer(ctx context.Context, p []byte, off int64) error {
-	for _, pr := range v.streamingPeers() {
+	peers := v.streamingPeers()
+	if src := pullSource(peers); src != nil {
+		if err := src.read(ctx, p, off); err != nil {
+			return fmt.Errorf("this node copies newer data from %s, and a read from it failed: %w (%w)", src.name, err, syscall.EIO)
+		}
+		return nil
+	}
+	for _, pr := range peers {
 		if !pr.inSync() {
 			continue
 		}
@@ -224,6 +235,16 @@ func (v *Volume) readFromPeer(ctx context.Context, p []byte, off int64) error {
 		}
 	}
 	return fmt.Errorf("%w (%w)", errNoCopy, syscall.EIO)
+}
+
+// pullSource is the peer this primary copies newer data from, if any.
+func pullSource(peers []*peer) *peer {
+	for _, pr := range peers {
+		if pr.pulling.Load() {
+			return pr
+		}
+	}
+	return nil
 }
 
 // reattachLoop puts a detached disk back in service once it works again:
@@ -501,6 +522,31 @@ func (v *Volume) probeArea(off, length int64) error {
 	return nil
 }
 
+// forwardPulled hands a run this primary copied from the peer it pulls
+// newer data from (none: a disk copied back after a detach, whose peers
+// took every write meanwhile) to every other peer, as a write: in its
+// stream, or marked in its bitmap. Those peers hold what this primary
+// held before the pull, older data or a write the source never took,
+// and count as in sync with it. Callers hold the run's range lock, so a
+// later write to it follows in the streams.
+func (v *Volume) forwardPulled(data []byte, off int64) error {
+	peers := v.streamingPeers()
+	src := pullSource(peers)
+	if src == nil {
+		return nil
+	}
+	e := replication.Entry{Op: replication.OpWrite, Off: off, Length: int64(len(data)), Data: bytes.Clone(data)}
+	for _, p := range peers {
+		if p == src {
+			continue
+		}
+		if _, err := p.submit(e, 'C', nil, false); err != nil {
+			return fmt.Errorf("pass the data pulled from %s at %d on to %s: %w", src.name, off, p.name, err)
+		}
+	}
+	return nil
+}
+
 // copyMissingFromPeer copies every block the local disk misses from a
 // peer in sync. Each run holds the range lock while it is read and
 // written, so an application write to it lands before (and is re-copied)
@@ -543,6 +589,9 @@ func (v *Volume) copyMissingFromPeer(ctx context.Context, wait func(context.Cont
 			if _, werr := v.disk.WriteAt(buf, off); werr != nil {
 				err = diskFailure{op: diskWrite, off: off, length: length, err: werr}
 			}
+		}
+		if err == nil {
+			err = v.forwardPulled(buf, off)
 		}
 		if err == nil {
 			v.localMissing.ClearRange(off, length)

@@ -110,3 +110,47 @@ func TestAFlushAfterThePeersLinkDiedTracksWhatThePeerHeldInItsCache(t *testing.T
 	c.requireIdentical()
 	eventually(t, func() bool { return authority().IsUpToDate("beta") }, "raft knows beta UpToDate again")
 }
+
+// TestAPullsSourceHoldsWhatAnEarlierStreamLeftInItsCacheOnItsDisk: beta
+// acknowledges alpha's writes from its page cache (its fault disk loses
+// what was not synced), and alpha dies before a FLUSH. alpha comes back
+// with an empty disk and copies the volume from beta (a pull: beta is its
+// source). From the moment beta takes that stream the primary counts it
+// in sync (raft records it UpToDate), so beta syncs its disk BEFORE it
+// accepts the stream: while the pull runs, nothing beta acknowledged on
+// the earlier stream is in its cache only. Until the simulation's seed
+// 39814 found it, it stayed there until the pull's end.
+func TestAPullsSourceHoldsWhatAnEarlierStreamLeftInItsCacheOnItsDisk(t *testing.T) {
+	const size = 4 << 20
+	c := newTestCluster(t, size)
+	var cache atomic.Pointer[fault.Disk]
+	c.opts["beta"] = Options{OpenDisk: openFaulty(func(d *fault.Disk) {
+		d.Add(fault.On(fault.Write, fault.Zero).Lose())
+		cache.Store(d)
+	})}
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	a := c.vol("alpha")
+	if err := a.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	writeRandomBlocks(t, a, 40, 7)
+	held := cache.Load().Unsynced()
+	if held == 0 {
+		t.Fatal("beta holds no write only in its cache: the test shows nothing")
+	}
+
+	c.crash("alpha")
+	if _, err := CreateMetadata(c.cfg, "alpha", "vol0", "", true); err != nil {
+		t.Fatal(err)
+	}
+	c.cfg.Volumes[0].ResyncRate = 1 << 20 // the pull takes seconds: it runs when looked at
+	c.start("alpha")
+	eventually(t, func() bool { return c.vol("alpha").peers["beta"].pulling.Load() }, "alpha copying from beta")
+	if n := cache.Load().Unsynced(); n != 0 {
+		t.Fatalf("alpha pulls from beta, which holds %d sectors (of %d) it acknowledged on the earlier stream in its cache only", n, held)
+	}
+	c.waitInSync()
+	c.requireIdentical()
+}

@@ -237,6 +237,20 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 	}
 	defer v.endIncoming(in)
 
+	// WHAT EARLIER STREAMS LEFT IN THIS DISK'S CACHE ONLY IS ON THE DISK,
+	// DURABLY, BEFORE THE NEW STREAM IS ACCEPTED. The primary counts this
+	// node in sync from what the handshake says it holds (and raft records
+	// it UpToDate), and marks only what the new stream leaves unflushed;
+	// a write an earlier stream left in the page cache would be counted
+	// as held, and lost to a power loss here. A disk that cannot sync
+	// takes no stream, as one that fails a replicated write does.
+	if !v.isDetached() {
+		if err := v.disk.Sync(); err != nil {
+			appliedState{v}.Failed(err)
+			return fmt.Errorf("%s refuses the stream of %s: its disk could not sync what earlier streams wrote: %w", v.self, h.From, err)
+		}
+	}
+
 	v.mu.Lock()
 	reply = replication.HelloReply{Accepted: true, Generation: v.st.Durable.Gens.Current, Disk: v.st.Disk, Epoch: v.st.Durable.Epoch, UUIDs: v.uuidsLocked(h.From),
 		Settings: v.agreedSettings()}

@@ -770,9 +770,9 @@ func (s *Sim) pull(n *node, peer string, full bool) {
 		s.touch(n, b)
 		n.disk.cache[b] = v
 		// What changes here goes to the other peers too: in their
-		// streams, or marked.
+		// streams, or marked (node's forwardPulled).
 		for _, p := range n.peers {
-			if p == peer {
+			if p == peer || s.cfg.mutation == mutPullNotForwarded {
 				continue
 			}
 			if sid, ok := n.sessions[p]; ok {

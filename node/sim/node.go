@@ -304,7 +304,11 @@ func (s *Sim) perform(n *node, a volstate.Action) {
 	case volstate.ClearPrimaryIndicator:
 		// node's: the local disk synced, THEN the indicator off; a
 		// failed sync leaves it set (a crash then resyncs the log).
-		if s.cfg.mutation == mutStepDownKeepsCache || n.disk.flush(s.now) {
+		// (Seeds 6961 and 6644 found this sync missing; since a
+		// secondary syncs before it accepts a stream, which the new
+		// primary's FLUSH needs to count this disk, no seed of 30,000
+		// catches its absence: node's stepdown_test pins it.)
+		if n.disk.flush(s.now) {
 			n.indicator = false
 		}
 	case volstate.StartPeers, volstate.ResetPeers, volstate.StopPeers:
@@ -479,6 +483,14 @@ func (s *Sim) handshake(p, q *node) {
 	}
 	if in := q.incoming; in.from != "" && in.from != p.name {
 		s.endStream(s.node(in.from), q.name)
+	}
+	// node's serveStream: what earlier streams left in the secondary's
+	// cache only is on its disk, durably, BEFORE it takes the new one
+	// (whose primary counts it in sync from what it holds); a disk that
+	// cannot sync takes no stream.
+	if s.cfg.mutation != mutAcceptKeepsCache && !q.disk.flush(s.now) {
+		s.tracef("%s: stream from %s refused: the disk could not sync what earlier streams left in its cache", q.name, p.name)
+		return
 	}
 	d := replication.CompareUUIDs(p.st.UUIDs(q.name), qs.UUIDs(p.name), replication.Primary, replication.Secondary)
 	// A connection that will resync the peer (its disk Inconsistent

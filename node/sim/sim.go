@@ -117,11 +117,6 @@ const (
 	// session.AwaitCacheLoss), and raft, with no leader to record the peer
 	// Outdated, could then promote it without the write (invariant 2).
 	mutAckBeforeCacheTracked
-	// mutStepDownKeepsCache clears a stepped-down primary's indicator
-	// without syncing its disk: node did so until the sim's seed 6961,
-	// and the new primary's FLUSH then counted the old one's disk as
-	// holding writes that were in its cache only (invariant 1).
-	mutStepDownKeepsCache
 	// mutRetakeRemembersOutdated keeps, across a handover that raft did
 	// not record and the old primary's retake, its memory of raft's
 	// Outdated records, though the switchover had raft record the peer
@@ -134,6 +129,17 @@ const (
 	// seed 30879 showed a stream ending between that look and the
 	// write's completion (invariant 2).
 	mutCacheLossOnlyAtWait
+	// mutAcceptKeepsCache has a secondary take a new stream with writes
+	// of an earlier one in its disk's cache only: node did so until
+	// seed 39814 showed a pull's source counted in sync (and recorded
+	// UpToDate in raft) holding an acknowledged write in its cache only,
+	// which its disk then never took (invariant 1).
+	mutAcceptKeepsCache
+	// mutPullNotForwarded keeps what a primary pulls from a peer with
+	// newer data from its other peers: node did so until this model's
+	// seed 459 (run as node ran) showed a peer counted in sync without
+	// it (invariant: replicas equal in sync).
+	mutPullNotForwarded
 )
 
 func (m mutation) String() string {
@@ -178,12 +184,14 @@ func (m mutation) String() string {
 		return "cache-not-tracked"
 	case mutAckBeforeCacheTracked:
 		return "ack-before-cache-tracked"
-	case mutStepDownKeepsCache:
-		return "step-down-keeps-cache"
 	case mutRetakeRemembersOutdated:
 		return "retake-remembers-outdated"
 	case mutCacheLossOnlyAtWait:
 		return "cache-loss-only-at-wait"
+	case mutAcceptKeepsCache:
+		return "accept-keeps-cache"
+	case mutPullNotForwarded:
+		return "pull-not-forwarded"
 	}
 	return "mutation(?)"
 }
