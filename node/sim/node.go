@@ -490,6 +490,8 @@ func (s *Sim) handshake(p, q *node) {
 	// cannot sync takes no stream.
 	if s.cfg.mutation != mutAcceptKeepsCache && !q.disk.flush(s.now) {
 		s.tracef("%s: stream from %s refused: the disk could not sync what earlier streams left in its cache", q.name, p.name)
+		// As a replicated write that failed (node's appliedState.Failed).
+		_ = s.drive(q, volstate.ReplicaWriteFailed{})
 		return
 	}
 	d := replication.CompareUUIDs(p.st.UUIDs(q.name), qs.UUIDs(p.name), replication.Primary, replication.Secondary)
