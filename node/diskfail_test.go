@@ -2,6 +2,7 @@ package node
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/internal/fault"
+	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport/nbd/nbdtest"
 )
 
@@ -283,6 +285,54 @@ func TestAFailingPrimaryDiskCostsNoClientErrorAndDetachesOnce(t *testing.T) {
 	failing := logs.count("still fails its probe")
 	if detached != 1 || attached != 1 || failing > 3 {
 		t.Errorf("alpha's log: %d lines of the detach, %d of the re-attach and %d of failing probes, want 1, 1 and at most 3:\n%s", detached, attached, failing, logs.String())
+	}
+	c.waitInSync()
+	c.requireIdentical()
+}
+
+// TestAWriteThatFailsHereAfterItReachedThePeerIsUndoneThere: beta is
+// being resynced, so no peer is in sync and alpha's disk is not detached
+// when it fails one write. That write went to beta's stream before alpha's
+// disk failed it; the client is told it failed. alpha sends beta what its
+// own disk holds in that block, after the write, before the write is
+// over: once the resync ends the two are identical, where beta would
+// otherwise hold the failed write while both count each other in sync
+// (the simulation's finding failed-write-diverges).
+func TestAWriteThatFailsHereAfterItReachedThePeerIsUndoneThere(t *testing.T) {
+	const size = 8 << 20
+	c := newTestCluster(t, size)
+	var disk atomic.Pointer[fault.Disk]
+	c.opts["alpha"] = Options{OpenDisk: openFaulty(func(d *fault.Disk) { disk.Store(d) })}
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	ctx := context.Background()
+	a := c.vol("alpha")
+	c.vol("beta").setAdminDown(true)
+	eventually(t, func() bool { return !a.peers["beta"].connected() }, "beta disconnected")
+	for i := range 64 {
+		if err := a.WriteAt(ctx, pattern(byte(i+1), 4096), int64(i)*4096, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slow := int64(64 << 10) // a second for the 64 blocks: the write below runs during the resync
+	if _, err := a.adjust("", "", &slow); err != nil {
+		t.Fatal(err)
+	}
+	c.vol("beta").setAdminDown(false)
+	eventually(t, func() bool { return a.peers["beta"].status().Replication == string(replication.SyncSource) }, "alpha resyncing beta")
+
+	const off = size / 2 // a block the resync does not copy
+	disk.Load().Add(fault.On(fault.Write).Range(off, 4096).Times(1).Err(errInjectedDisk))
+	if err := a.WriteAt(ctx, pattern(0xee, 4096), off, false); err == nil {
+		t.Fatal("a write alpha's disk failed, with no peer in sync, completed")
+	}
+	if a.peers["beta"].status().Replication != string(replication.SyncSource) {
+		t.Fatal("the resync ended before the failed write: the test shows nothing")
+	}
+	unlimited := int64(0)
+	if _, err := a.adjust("", "", &unlimited); err != nil {
+		t.Fatal(err)
 	}
 	c.waitInSync()
 	c.requireIdentical()

@@ -275,8 +275,46 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 			}
 			w.Leased(leaseErr == nil)
 		case writepath.Done:
-			return v.writeOutcome(e, w.Outcome(), perr, lerr, leaseErr)
+			o := w.Outcome()
+			if (o == writepath.TrackFailed || o == writepath.LocalFailed) && len(waits) > 0 && w.ToDisk() && !v.isDetached() {
+				v.revertPeers(e, waits)
+			}
+			return v.writeOutcome(e, o, perr, lerr, leaseErr)
 		}
+	}
+}
+
+// revertPeers undoes on the peers a write that failed after it went to
+// their streams, and that the local disk does not hold: a peer's miss of
+// it could not be tracked (so it was not written here), or the local
+// write failed with no peer in sync to detach the disk for. The client
+// was told it failed, so either content is allowed, but the replicas
+// would differ in its blocks while they count each other in sync (DRBD
+// marks such blocks out of sync). What the local disk holds there goes
+// to every peer after it, as a write: in its stream, or marked for the
+// peer. It runs BEFORE the write is over, under its range lock, so a
+// later write to those blocks follows it. waits are the write's own
+// pendings: the peers took it or not before the revert is sent.
+func (v *Volume) revertPeers(e replication.Entry, waits []*session.Pending) {
+	for _, p := range waits {
+		<-p.Done()
+	}
+	buf := make([]byte, e.Length)
+	if err := v.readLocal(buf, e.Off); err != nil {
+		// Nothing to send: every peer resyncs the blocks from here.
+		v.log.Error("a failed write reached the peers and its blocks cannot be read back here: marked for every peer", "off", e.Off, "len", e.Length, "err", err)
+		for _, p := range v.streamingPeers() {
+			p.bm.SetBits(e.Off, e.Length)
+		}
+		return
+	}
+	r := replication.Entry{Op: replication.OpWrite, Off: e.Off, Length: e.Length, Data: buf}
+	reverts, _, err := v.submitAll(nil, r, 'C', nil, false)
+	if _, werr := waitAll(reverts); err == nil {
+		err = werr
+	}
+	if err != nil {
+		v.log.Error("a failed write reached the peers, and undoing it on a peer could not be tracked", "off", e.Off, "len", e.Length, "err", err)
 	}
 }
 

@@ -149,29 +149,12 @@ const (
 	// (an interrupted resync whose target did not record the generation
 	// it resumes from comes back with none: just-created-peer) breaks it.
 	FindingHistoryFullResync Finding = iota + 1
-	// FindingFailedWriteDiverges: a write that went to a peer's stream
-	// and then failed without reaching the local disk leaves the peer
-	// holding it, and nothing marks the block for the peer. node's stage
-	// order (writepath) ships before the local write, so this happens
-	// when the local write fails and the disk is not detached (no peer in
-	// sync to serve through), and when another peer's miss of the write
-	// could not be tracked (no raft quorum: the write is then not written
-	// here). The replicas differ in that block while they count each
-	// other in sync, until a later write to it. The client was told the
-	// write failed, so either content is allowed to it, but a failover
-	// changes what it reads and a verify reports the difference. DRBD
-	// marks such a block out of sync (drbd_req_destroy: not both
-	// RQ_LOCAL_OK and RQ_NET_OK). ReplicasEqualInSync tolerates the block
-	// until a write to it is acknowledged, traced.
-	FindingFailedWriteDiverges
 )
 
 func (f Finding) String() string {
 	switch f {
 	case FindingHistoryFullResync:
 		return "history-full-resync"
-	case FindingFailedWriteDiverges:
-		return "failed-write-diverges"
 	}
 	return "finding(?)"
 }
@@ -201,11 +184,6 @@ type checker struct {
 	// mayDiffer are blocks invariant 4 skips until a write to them is
 	// acknowledged: what a forced promotion leaves (forgetDifferences).
 	mayDiffer map[int]bool
-	// failedWrites are, per block, the failed writes a replica may hold
-	// alone (FindingFailedWriteDiverges): two replicas may differ there
-	// only where one holds one of them, until a write to the block is
-	// acknowledged.
-	failedWrites map[int]map[int64]bool
 	// forcedAlone: nodes the operator forced while they reached no raft
 	// leader (the split one-writer allows).
 	forcedAlone map[string]bool
@@ -234,7 +212,7 @@ type streamEntry struct {
 }
 
 func newChecker() checker {
-	return checker{acked: make([]int64, blocks), ackedIDs: map[int][]int64{}, protected: make([]int64, blocks), forced: map[string]bool{}, mayDiffer: map[int]bool{}, failedWrites: map[int]map[int64]bool{},
+	return checker{acked: make([]int64, blocks), ackedIDs: map[int][]int64{}, protected: make([]int64, blocks), forced: map[string]bool{}, mayDiffer: map[int]bool{},
 		forcedAlone: map[string]bool{},
 		changed:     map[[2]string]map[int]bool{}, streams: map[uint64]*streamLog{}}
 }
@@ -248,7 +226,6 @@ func (c *checker) acknowledged(s *Sim, n *node, w *write) {
 	c.ackedIDs[w.block] = append(c.ackedIDs[w.block], w.id)
 	c.acks++
 	delete(c.mayDiffer, w.block)
-	delete(c.failedWrites, w.block)
 	if w.fua {
 		c.protected[w.block] = max(c.protected[w.block], w.id)
 	}
@@ -336,20 +313,6 @@ func (c *checker) allow(a, b string, block int) {
 		c.changed[k] = map[int]bool{}
 	}
 	c.changed[k][block] = true
-}
-
-// failedWriteDiverges: n's write w failed after it went to a peer's
-// stream, and its disk does not hold it (FindingFailedWriteDiverges):
-// traced, and the block may differ until a write to it is acknowledged.
-func (c *checker) failedWriteDiverges(s *Sim, n *node, w *write) {
-	if c.failedWrites[w.block] == nil {
-		c.failedWrites[w.block] = map[int64]bool{}
-	}
-	c.failedWrites[w.block][w.id] = true
-	hit := findingHit{finding: FindingFailedWriteDiverges, step: s.step,
-		detail: fmt.Sprintf("%s's write %d to block %d failed after it went to a stream, and its disk does not hold it; nothing marks it for the peers", n.name, w.id, w.block)}
-	c.findings = append(c.findings, hit)
-	s.tracef("KNOWN FINDING %s: %s", hit.finding, hit.detail)
 }
 
 // historyFullResync: p's data goes to q in full by the rule
@@ -673,10 +636,6 @@ func (s *Sim) checkInSync(p *node) {
 				continue
 			}
 			if pv, qv := p.disk.read(b), q.disk.read(b); pv != qv {
-				if failed := s.check.failedWrites[b]; failed[max(pv, -pv)] || failed[max(qv, -qv)] {
-					same = false
-					continue
-				}
 				if !s.check.mayDiffer[b] {
 					s.fail(ReplicasEqualInSync, "%s and %s in sync, block %d holds %d and %d", p.name, name, b, pv, qv)
 					return

@@ -116,13 +116,36 @@ const (
 // too).
 func (s *Sim) abandon(n *node, w *write) {
 	s.giveUp(n, w)
-	if w.streamed && !w.written {
-		s.check.failedWriteDiverges(s, n, w)
-	}
 	for _, p := range slices.Sorted(maps.Keys(w.missed)) {
 		n.mark(p, w.block)
 	}
+	if w.streamed && !w.written && s.cfg.mutation != mutFailedWriteKept {
+		s.revert(n, w)
+	}
 	s.finish(n, w)
+}
+
+// revert undoes, on the peers, a write that failed after it went to their
+// streams and that n's disk does not hold (node's revertPeers): what n's
+// disk holds in the block goes to every peer after it, in its stream, or
+// marked for it, BEFORE the write is over (a later write to the block
+// follows it).
+func (s *Sim) revert(n *node, w *write) {
+	v := n.disk.read(w.block)
+	for _, p := range n.peers {
+		sid, ok := n.sessions[p]
+		if !ok {
+			n.mark(p, w.block)
+			continue
+		}
+		s.nextWrite++
+		s.link(n.name, p).send(msg{at: s.now.Add(tick), from: n.name, to: p, session: sid, kind: msgWrite, id: s.nextWrite, block: w.block, value: v, seq: s.check.sent(sid, w.block, v)})
+		if n.inflight[p] == nil {
+			n.inflight[p] = map[int64]int{}
+		}
+		n.inflight[p][s.nextWrite] = w.block
+	}
+	s.tracef("%s: write %d failed after it went to the streams: block %d reverted to %d on the peers", n.name, w.id, w.block, v)
 }
 
 // ackedFromLostCache reports whether a peer acknowledged w from its

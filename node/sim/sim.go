@@ -140,6 +140,11 @@ const (
 	// seed 459 (run as node ran) showed a peer counted in sync without
 	// it (invariant: replicas equal in sync).
 	mutPullNotForwarded
+	// mutFailedWriteKept leaves on the peers a write that failed after it
+	// went to their streams and that the primary's disk does not hold:
+	// node did so until this model's known finding failed-write-diverges
+	// (replicas that count each other in sync differ in the block).
+	mutFailedWriteKept
 )
 
 func (m mutation) String() string {
@@ -192,6 +197,8 @@ func (m mutation) String() string {
 		return "accept-keeps-cache"
 	case mutPullNotForwarded:
 		return "pull-not-forwarded"
+	case mutFailedWriteKept:
+		return "failed-write-kept"
 	}
 	return "mutation(?)"
 }

@@ -191,6 +191,10 @@ func TestSimCatchesPlantedBugs(t *testing.T) {
 		// made as node's was: a primary's pull passed nothing on to its
 		// other peers, counted in sync.
 		{mutPullNotForwarded, ReplicasEqualInSync, 459, false},
+		// And this one until the known finding failed-write-diverges: a
+		// write that failed after it went to the streams, and that the
+		// primary's disk does not hold, stayed on the peers.
+		{mutFailedWriteKept, ReplicasEqualInSync, 0, false},
 	}
 	for _, c := range cases {
 		name := c.mutation.String()
