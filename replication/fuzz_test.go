@@ -312,7 +312,7 @@ var knownRules = map[string][]int{
 	RuleSyncSourceMissedFinish: {34}, RuleSyncTargetPeerMissedFinish: {35},
 	RuleSyncSourcePeerMissedFinish: {36}, RuleSyncTargetMissedFinish: {37},
 	RuleReconnected: {40}, RuleCrashedPrimary: {40, 41},
-	RuleBitmapPeer: {50}, RuleHistoryPeer: {60}, RuleBitmapSelf: {70}, RuleHistorySelf: {80},
+	RuleBitmapPeer: {50}, RuleBitmapPeerHistory: {55}, RuleHistoryPeer: {60}, RuleBitmapSelf: {70}, RuleBitmapSelfHistory: {75}, RuleHistorySelf: {80},
 	RuleBitmapBoth: {90}, RuleHistoryBoth: {100}, RuleUnrelated: {1000},
 }
 

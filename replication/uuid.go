@@ -53,6 +53,31 @@ func (s UUIDSet) inHistory(g Generation) bool {
 	return false
 }
 
+// historyIndex is g's place in s's history (0: the newest), -1 when g
+// is zero or not there.
+func (s UUIDSet) historyIndex(g Generation) int {
+	if g.IsZero() {
+		return -1
+	}
+	for i, h := range s.History {
+		if h == g {
+			return i
+		}
+	}
+	return -1
+}
+
+// trackedSince reports whether g, a generation of s's history, came
+// after the one s's bitmap tracks changes from (also in its history):
+// the bitmap then marks every block changed since g that the peer did
+// not take, for it marks every one since an older generation. (The peer
+// reached g after the tracking began: a sync-done whose ack never came,
+// and writes that missed the peer since.)
+func (s UUIDSet) trackedSince(g Generation) bool {
+	i, j := s.historyIndex(g), s.historyIndex(s.Bitmap)
+	return i >= 0 && j > i
+}
+
 // withBitmapRetired returns s after a finished resync as SyncSource: the
 // bitmap generation moves into the history and the bitmap UUID clears.
 func (s UUIDSet) withBitmapRetired() UUIDSet {
@@ -150,8 +175,10 @@ const (
 	RuleReconnected                = "reconnected"
 	RuleCrashedPrimary             = "crashed-primary"
 	RuleBitmapPeer                 = "bitmap-peer"
+	RuleBitmapPeerHistory          = "bitmap-peer-history"
 	RuleHistoryPeer                = "history-peer"
 	RuleBitmapSelf                 = "bitmap-self"
+	RuleBitmapSelfHistory          = "bitmap-self-history"
 	RuleHistorySelf                = "history-self"
 	RuleBitmapBoth                 = "bitmap-both"
 	RuleHistoryBoth                = "history-both"
@@ -198,8 +225,12 @@ func decide(o UUIDOutcome, rule string, nr int) UUIDDecision {
 //	equal current, no one crashed as primary    no-sync          reconnected
 //	equal current, a crashed primary            bitmap, from the primary now, else from the crashed primary
 //	peer bitmap == my current                   bitmap, target   bitmap-peer
+//	my current in the peer's history, after
+//	  the generation its bitmap tracks from     bitmap, target   bitmap-peer-history
 //	my current in the peer's history            full, target     history-peer
 //	my bitmap == peer current                   bitmap, source   bitmap-self
+//	peer current in my history, after the
+//	  generation my bitmap tracks from          bitmap, source   bitmap-self-history
 //	peer current in my history                  full, source     history-self
 //	bitmap UUIDs equal                          split brain, auto-recoverable  bitmap-both
 //	a history generation in common              split brain, disconnect        history-both
@@ -213,6 +244,13 @@ func decide(o UUIDOutcome, rule string, nr int) UUIDDecision {
 // only arise when a node was rolled back to an old snapshot, and DRBD's
 // bitmap resync would then copy nothing of what changed since: here they
 // fall to history-peer and history-self, a full resync.
+//
+// DRBD copies in full whenever the peer's current is only in the history.
+// replvol's rows bitmap-peer-history and bitmap-self-history do not when
+// the source's bitmap toward the peer tracks changes from an older
+// generation of the same history: the peer then took a later generation
+// (a sync-done whose ack never came) and writes missed it since, every
+// one marked. Only the marked blocks move.
 func CompareUUIDs(local, peer UUIDSet, roles ...Role) UUIDDecision {
 	localRole, peerRole := Secondary, Secondary
 	if len(roles) > 0 {
@@ -239,11 +277,17 @@ func CompareUUIDs(local, peer UUIDSet, roles ...Role) UUIDDecision {
 	if !peer.Bitmap.IsZero() && peer.Bitmap == self {
 		return decide(BitmapResyncTarget, RuleBitmapPeer, 50)
 	}
+	if peer.trackedSince(self) {
+		return decide(BitmapResyncTarget, RuleBitmapPeerHistory, 55)
+	}
 	if peer.inHistory(self) {
 		return decide(FullResyncTarget, RuleHistoryPeer, 60)
 	}
 	if !local.Bitmap.IsZero() && local.Bitmap == other {
 		return decide(BitmapResyncSource, RuleBitmapSelf, 70)
+	}
+	if local.trackedSince(other) {
+		return decide(BitmapResyncSource, RuleBitmapSelfHistory, 75)
 	}
 	if local.inHistory(other) {
 		return decide(FullResyncSource, RuleHistorySelf, 80)

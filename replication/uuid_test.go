@@ -77,6 +77,12 @@ func TestCompareUUIDs(t *testing.T) {
 			set(genA, empty, genC), set(genB, empty, genD, genA), nil, FullResyncTarget, RuleHistoryPeer, nil},
 		{"my bitmap UUID equals the peer's current: the peer was away while I wrote",
 			set(genB, genA, genC), set(genA, empty, genC), nil, BitmapResyncSource, RuleBitmapSelf, nil},
+		{"the peer's current is in my history after the generation my bitmap tracks from: it took a sync-done whose ack I lost, then missed writes",
+			set(genB, genC, genA, genC), set(genA, empty, genC), nil, BitmapResyncSource, RuleBitmapSelfHistory, nil},
+		{"my current is in the peer's history after the generation its bitmap tracks from: the mirror of the row above",
+			set(genA, empty, genC), set(genB, genC, genA, genC), nil, BitmapResyncTarget, RuleBitmapPeerHistory, nil},
+		{"the peer's current is in my history, my bitmap tracks from a later generation: full resync (the peer was rolled back)",
+			set(genB, genD, genD, genA), set(genA, empty, genE), nil, FullResyncSource, RuleHistorySelf, nil},
 		{"my history starts with the peer's current, our older histories line up: the peer was rolled back, full resync (no DRBD missed-start)",
 			set(genB, genD, genA, genC), set(genA, empty, genC), nil, FullResyncSource, RuleHistorySelf, nil},
 		{"the peer's current is in my history: full resync from me",
@@ -233,10 +239,14 @@ func TestCompareUUIDsSymmetric(t *testing.T) {
 // toward it; the peer may have committed the sync-done (the primary's
 // current generation) without the primary seeing its ack. The next write
 // without the peer moves the primary on (TrackedPeerMayHoldCurrent), its
-// bitmap kept: the peer at the primary's old generation is resynced in
-// full (never found in sync), and a peer that never took the sync-done
-// resumes from the bitmap; a third node in sync with the primary, which
-// took the new generation, is the source toward it too.
+// bitmap kept: the peer at the primary's old generation is never found in
+// sync; it is resynced from the bitmap, which marks every write it missed
+// since the older generation the bitmap tracks from (bitmap-self-history;
+// DRBD, and replvol until the simulation's finding history-full-resync,
+// copied it in full), and a peer that never took the sync-done resumes
+// from the bitmap too; a third node in sync with the primary, which took
+// the new generation and tracks nothing toward the peer, copies it in
+// full.
 func TestATrackedPeerThatMayHoldTheCurrentGenerationIsNeverInSync(t *testing.T) {
 	primary := Generations{Current: genA, History: []Generation{genC}}.Clone()
 	before := primary.Clone()
@@ -255,8 +265,8 @@ func TestATrackedPeerThatMayHoldTheCurrentGenerationIsNeverInSync(t *testing.T) 
 		t.Fatal("TrackedPeerMayHoldCurrent changed its receiver")
 	}
 	d := CompareUUIDs(moved.Toward("s"), tookSyncDone.Toward("p"), Primary, Secondary)
-	if d.Outcome != FullResyncSource || d.Rule != RuleHistorySelf {
-		t.Fatalf("the peer that took the sync-done: %v, want a full resync by %s", d, RuleHistorySelf)
+	if d.Outcome != BitmapResyncSource || d.Rule != RuleBitmapSelfHistory {
+		t.Fatalf("the peer that took the sync-done: %v, want a bitmap resync by %s", d, RuleBitmapSelfHistory)
 	}
 	if d := CompareUUIDs(moved.Toward("s"), before.Toward("p"), Primary, Secondary); d.Outcome != BitmapResyncSource || d.Rule != RuleBitmapSelf {
 		t.Fatalf("the peer that never took it: %v, want a bitmap resync", d)

@@ -137,17 +137,20 @@ func (i Invariant) String() string {
 type Finding uint8
 
 const (
-	// FindingHistoryFullResync: a primary whose generation moved on
-	// from one its peer holds, with no bitmap generation naming it (the
-	// peer took a sync-done whose ack never came, and a write then missed
-	// the peer: TrackedPeerMayHoldCurrent), resyncs that peer in full by
-	// the rule history-self, though its bitmap holds every block written
-	// since; and a primary that pulls from a peer whose generation moved
-	// on from its own so pulls in full by the rule history-peer.
-	// Invariant 4 (catch-up costs what changed) tolerates those full
-	// copies, traced; any other full resync of a disk that held data
-	// (an interrupted resync whose target did not record the generation
-	// it resumes from comes back with none: just-created-peer) breaks it.
+	// FindingHistoryFullResync: a source whose generations hold the
+	// peer's current in their history, with no bitmap generation toward
+	// the peer older than it, resyncs the peer in full by the rule
+	// history-self (and a primary that pulls from such a peer pulls in
+	// full by history-peer), though its bitmap may hold every block
+	// written since: the shapes forced promotions and their activity logs
+	// leave. (The shape of a sync-done whose ack never came, followed by
+	// a write that missed the peer, TrackedPeerMayHoldCurrent, resyncs
+	// from the bitmap since the rules bitmap-self-history and
+	// bitmap-peer-history.) Invariant 4 (catch-up costs what changed)
+	// tolerates those full copies, traced; any other full resync of a
+	// disk that held data (an interrupted resync whose target did not
+	// record the generation it resumes from comes back with none:
+	// just-created-peer) breaks it.
 	FindingHistoryFullResync Finding = iota + 1
 )
 
