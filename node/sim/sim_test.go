@@ -127,23 +127,25 @@ func TestSimCatchesPlantedBugs(t *testing.T) {
 		{mutBypassOutdated, NoStalePromotion, 0, false},
 		{mutSkipResyncCopy, ReplicasEqualInSync, 0, false},
 		// The sim found this one in node; it is fixed there.
-		{mutAnnounceNotAwaited, ReplicasEqualInSync, 27, true},
+		{mutAnnounceNotAwaited, ReplicasEqualInSync, 30, true},
 		// So was this one (a lost sync-done ack; a resync between equal
 		// generations cut off before the peer took it), on two seeds.
 		// These rows' seeds were chosen anew when a FLUSH began to track
 		// a peer it never streamed to (issue 28's flush-skips-peer-cache)
 		// when primaries began to crash between a write's stages, and
 		// when a write began to wait for the end of a stream that lost
-		// its ack (ack-after-peer-cache-lost), which change the runs
-		// (the rows of resync-not-outdated and announce-not-awaited too).
-		{mutMayHoldIgnored, ReplicasEqualInSync, 144, true},
-		{mutMayHoldIgnored, ReplicasEqualInSync, 165, true},
+		// its ack (ack-after-peer-cache-lost), and when a write's ship
+		// began to run node/writepath's Peer for one peer after the
+		// other (node's submitAll), which change the runs (the rows of
+		// resync-not-outdated and announce-not-awaited too).
+		{mutMayHoldIgnored, ReplicasEqualInSync, 45, true},
+		{mutMayHoldIgnored, ReplicasEqualInSync, 600, true},
 		// And this one: a promotion dropped the blocks the node marked
 		// for its peers (its activity log after a crash as primary).
 		{mutPromotionClearsMarks, ReplicasEqualInSync, 30, true},
 		// The sim did this until seed 3468 showed it (node's handshake
 		// never did: outdateBeforeResync).
-		{mutResyncNotOutdated, ReplicasEqualInSync, 171, true},
+		{mutResyncNotOutdated, ReplicasEqualInSync, 78, true},
 		// And the node did this until the sim's finding
 		// unacked-write-divergence: a write of a primary lost while in
 		// flight reached one secondary and not another, and the two
@@ -174,7 +176,7 @@ func TestSimCatchesPlantedBugs(t *testing.T) {
 		{mutCacheNotTracked, NoAckedWriteLost, 0, false},
 		{mutFlushSkipsUnstreamedPeer, NoAckedWriteLost, 0, false},
 		// And this one until the finding ack-after-peer-cache-lost.
-		{mutAckBeforeCacheTracked, NoStalePromotion, 7293, false},
+		{mutAckBeforeCacheTracked, NoStalePromotion, 60499, false},
 		// And these two until seeds 6961 and 14488 showed them: a
 		// stepped-down primary's writes stayed in its cache only while
 		// the new primary's FLUSH counted them on its disk, and an old
@@ -183,8 +185,10 @@ func TestSimCatchesPlantedBugs(t *testing.T) {
 		{mutStepDownKeepsCache, NoAckedWriteLost, 6961, false},
 		{mutRetakeRemembersOutdated, NoAckedWriteLost, 14488, false},
 		// And this one until seed 30879: a stream ended after the write's
-		// Wait stage looked for a lost ack, and before it completed.
-		{mutCacheLossOnlyAtWait, NoStalePromotion, 30879, false},
+		// Wait stage looked for a lost ack, and before it completed. (The
+		// two rows' seeds were chosen anew when a write's ship began to
+		// run node/writepath's Peer one peer after the other.)
+		{mutCacheLossOnlyAtWait, NoStalePromotion, 60499, false},
 	}
 	for _, c := range cases {
 		name := c.mutation.String()
