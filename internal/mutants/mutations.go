@@ -86,11 +86,11 @@ var mutations = []Mutation{
 	},
 	{
 		Name: "bitmap-bit-after-ack",
-		Rule: "the blocks a peer that is not streaming misses are marked in its bitmap by a goroutine of their own, so the write may complete before they are",
+		Rule: "a peer that misses a write has its part of the Ship stage settled before its blocks are marked, so the write may complete before they are (writepath's order of one peer's part, which node's submit runs, the rest on a goroutine of its own, and the simulation too, the rest at a later step that a crash may never reach)",
 		Edits: []Edit{{
-			File:    "node/submit.go",
-			Find:    "\tp.bm.SetBits(e.Off, e.Length)\n\treturn true\n",
-			Replace: "\toff, length := e.Off, e.Length\n\tgo func() {\n\t\tv.stateMu.Lock()\n\t\tdefer v.stateMu.Unlock()\n\t\tp.bm.SetBits(off, length)\n\t}()\n\treturn true\n",
+			File:    "node/writepath/peer.go",
+			Find:    "var peerOrder = [...]PeerStep{Offer, Track, Mark, Settle}",
+			Replace: "var peerOrder = [...]PeerStep{Offer, Track, Settle, Mark}",
 		}},
 	},
 	{

@@ -15,7 +15,9 @@ import (
 // the same that orders node's writes, one stage per step or more in a
 // seeded order (a crash can fall between any two): the extent enters the
 // activity log; the write goes to every stream (protocol C), or a peer
-// it misses is recorded Outdated in raft first and marked in the bitmap;
+// it misses is recorded Outdated in raft first and marked in the bitmap
+// (node/writepath's Peer, which node's submit runs, for one peer after
+// the other);
 // it is written to the local disk's cache; the write waits for every
 // stream's ack (the secondary's applier writes to its cache and
 // acknowledges) and completes under the lease. Nothing is durable until
@@ -185,6 +187,12 @@ func (s *Sim) giveUp(n *node, w *write) {
 		case writepath.Log:
 			w.flow.Logged(false, false)
 		case writepath.Ship:
+			// The peers' parts run on, their trackings failing: what a
+			// peer misses is marked (node's submit marks when its
+			// tracking failed).
+			if w.shipping {
+				_ = s.shipAll(n, w, true)
+			}
 			w.shipping = true
 			w.flow.Shipped(true)
 		case writepath.Local:
@@ -284,15 +292,12 @@ func (s *Sim) progress(n *node, w *write) writeState {
 			if !w.shipping {
 				w.shipping = true
 				w.flow.Protocol(n.durable.Gens.Current.IsZero())
-				for _, p := range n.peers {
-					if _, ok := n.sessions[p]; ok {
-						s.ship(n, w, p)
-					} else {
-						w.missed[p] = true
-					}
+				w.ships = make([]writepath.Peer, len(n.peers))
+				for i := range w.ships {
+					w.ships[i] = writepath.BeginPeer(true)
 				}
 			}
-			switch err := s.trackMissed(n, w); {
+			switch err := s.shipAll(n, w, false); {
 			case errors.Is(err, errWait):
 				return writeWaits
 			case err != nil:
@@ -396,11 +401,125 @@ func (s *Sim) progress(n *node, w *write) writeState {
 	}
 }
 
-// trackMissed records, for each peer w misses, the peer Outdated in raft
-// (node's ensureOutdated), moves the generation on where the rules say
-// and marks the block in the peer's bitmap, in that order; a peer whose
-// stream started meanwhile gets the write in it instead. errWait: raft
-// is still to record one.
+// shipAll runs each peer's part of w's Ship stage (node/writepath's
+// Peer, which node's submit runs), one peer after the other as node's
+// submitAll does, each as far as it can now: errWait when raft is still
+// to record a peer Outdated (the part goes on at a later step), else the
+// first tracking that failed. givingUp: the write is given up where it
+// waits (giveUp): a tracking still to be made fails.
+func (s *Sim) shipAll(n *node, w *write, givingUp bool) error {
+	for ; w.shipAt < len(n.peers); w.shipAt++ {
+		switch err := s.shipTo(n, w, n.peers[w.shipAt], &w.ships[w.shipAt], givingUp); {
+		case errors.Is(err, errWait):
+			return err
+		case err != nil && w.shipErr == nil:
+			w.shipErr = err
+		}
+	}
+	return w.shipErr
+}
+
+// shipTo runs peer p's part of w's Ship stage until it settled: the write
+// goes to p's stream, or raft records p Outdated and the generation moves
+// on (node's track), then the block is marked unless a stream to p
+// started meanwhile (node's markUnlessStreaming: the write then goes to
+// it). What the machine's order puts after the settling is left to a
+// later step (node runs it on a goroutine of its own): n.later.
+func (s *Sim) shipTo(n *node, w *write, p string, ship *writepath.Peer, givingUp bool) (err error) {
+	for {
+		switch ship.Next() {
+		case writepath.Offer:
+			if _, ok := n.sessions[p]; ok {
+				s.ship(n, w, p)
+				ship.Offered(writepath.Streamed)
+			} else {
+				ship.Offered(writepath.NoStream)
+			}
+		case writepath.Track:
+			err = errGivenUp
+			if !givingUp {
+				err = s.ensureOutdated(n, p)
+				if errors.Is(err, errWait) {
+					return err
+				}
+				if err == nil {
+					err = s.moveGeneration(n, p)
+				}
+			}
+			ship.Tracked(err == nil)
+		case writepath.Mark:
+			ship.Marked(s.markFor(n, w, p, ship.MarkHow()))
+		case writepath.Settle:
+			ship.Settled()
+			if ship.Next() != writepath.PeerDone {
+				s.tracef("%s: write %d: %s's part of the ship stage settled with steps left (%s): later", n.name, w.id, p, ship.Next())
+				n.later = append(n.later, laterShip{w: w, peer: p, ship: *ship})
+			}
+			return err
+		case writepath.PeerDone:
+			return err
+		}
+	}
+}
+
+// errGivenUp: the write was given up while it waited for raft to record
+// a peer Outdated.
+var errGivenUp = errors.New("given up waiting for raft")
+
+// markFor runs a Mark step of w's ship to p: the block is marked unless a
+// stream to p started (how says whether that is looked at).
+func (s *Sim) markFor(n *node, w *write, p string, how writepath.MarkHow) writepath.MarkResult {
+	switch how {
+	case writepath.MarkUnlessStreaming:
+		if _, ok := n.sessions[p]; ok {
+			return writepath.MarkStreaming
+		}
+	case writepath.MarkByStream:
+		panic("sim: no peer is Behind in the simulation")
+	}
+	n.mark(p, w.block)
+	return writepath.MarkDone
+}
+
+// laterShip is the rest of a peer's part of a write's Ship stage, run
+// after its settling: node runs it on a goroutine of its own, which a
+// crash ends.
+type laterShip struct {
+	w    *write
+	peer string
+	ship writepath.Peer
+}
+
+// pLater is the chance that a step runs what was left for later
+// (laterShip).
+const pLater = 0.3
+
+// runLater runs, at a seeded step, the rest of the parts of the Ship
+// stage that settled with steps left. A crash loses those not yet run.
+func (s *Sim) runLater(n *node) {
+	left := n.later[:0]
+	for _, l := range n.later {
+		if !s.chance(pLater) {
+			left = append(left, l)
+			continue
+		}
+		s.tracef("%s: write %d: the rest of %s's part of the ship stage runs", n.name, l.w.id, l.peer)
+		switch err := s.shipTo(n, l.w, l.peer, &l.ship, false); {
+		case errors.Is(err, errWait):
+			left = append(left, l)
+		case err != nil:
+			s.tracef("%s: write %d: the rest of %s's part: %v", n.name, l.w.id, l.peer, err)
+		}
+	}
+	n.later = left
+}
+
+// trackMissed records, for each peer w misses because its stream ended
+// (dropStream: node's session end), the peer Outdated in raft (node's
+// ensureOutdated), moves the generation on where the rules say and marks
+// the block in the peer's bitmap, in that order; a peer whose stream
+// started meanwhile gets the write in it instead. errWait: raft is still
+// to record one.
 func (s *Sim) trackMissed(n *node, w *write) error {
 	for _, p := range slices.Sorted(maps.Keys(w.missed)) {
 		if err := s.ensureOutdated(n, p); err != nil {
@@ -408,7 +527,7 @@ func (s *Sim) trackMissed(n *node, w *write) error {
 		}
 		if _, ok := n.sessions[p]; ok {
 			// The peer connected meanwhile: the write goes to its
-			// stream (node's markUnlessStreaming).
+			// stream.
 			s.ship(n, w, p)
 			delete(w.missed, p)
 			continue

@@ -83,8 +83,12 @@ type node struct {
 	// last new (node's peer.ending: a volume's open, ResetPeers).
 	streamed map[string]bool
 	writes   []*write
-	flushes  []*flushOp       // the client's FLUSHes in flight
-	follow   []volstate.Event // events the actions feed back (Quiesced)
+	// later: the parts of writes' Ship stages that settled with steps
+	// left, run at a later step (node: on a goroutine of their own); a
+	// crash loses them.
+	later   []laterShip
+	flushes []*flushOp       // the client's FLUSHes in flight
+	follow  []volstate.Event // events the actions feed back (Quiesced)
 	// pulls: per peer, a pull of newer data from it under way (node's
 	// pull copies while the stream lasts): when it ends, and whether it
 	// copies every block (a full resync as target).
@@ -143,6 +147,12 @@ type write struct {
 	// misses are being recorded).
 	flow     writepath.Write
 	shipping bool
+	// ships: each peer's part of its Ship stage (node/writepath's Peer),
+	// in the order of the node's peers; shipAt: the part that runs now;
+	// shipErr: the first tracking of a part that failed.
+	ships   []writepath.Peer
+	shipAt  int
+	shipErr error
 	// cacheFailed: a peer acknowledged it from its cache, its stream
 	// ended, and the end's tracking failed (session.AwaitCacheLoss).
 	cacheFailed bool
@@ -401,6 +411,7 @@ func (s *Sim) tickNode(n *node) {
 	s.sendSyncDone(n)
 	s.progressPulls(n)
 	s.progressWrites(n)
+	s.runLater(n)
 	s.progressFlushes(n)
 }
 
@@ -744,7 +755,7 @@ func (s *Sim) crash(n *node) {
 			s.breakConnection(n, m)
 		}
 	}
-	n.writes, n.flushes = nil, nil
+	n.writes, n.flushes, n.later = nil, nil, nil
 }
 
 // restart opens the volume again from what survived: the activity log's

@@ -7,9 +7,12 @@
 // stage after the other, doing each stage's I/O itself; the simulation
 // (node/sim) runs the same machine over its model of disks and links,
 // one stage per step in a seeded order, so that a crash can fall between
-// any two stages. The rules of the order live here once: a change to
-// them is a change to both.
+// any two stages. Within the Ship stage, Peer is one peer's part: the
+// entry goes to its stream, or the peer that misses it is tracked
+// durably, THEN its blocks are marked, BEFORE its part settles; node's
+// submit (node/submit.go) and the simulation run it too. The rules of the
+// order live here once: a change to them is a change to both.
 //
-// It imports nothing of the project and does no I/O; a Write is a value
-// (no allocation), not safe for concurrent use.
+// It imports nothing of the project and does no I/O; a Write and a Peer
+// are values (no allocation), not safe for concurrent use.
 package writepath
