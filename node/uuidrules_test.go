@@ -230,10 +230,15 @@ func TestUUIDRuleHistorySelf(t *testing.T) {
 	c.waitInSync()
 	for i := range 2 { // two disconnected periods: two new generations
 		c.vol("beta").setAdminDown(true)
+		// alpha's writes miss beta only once its stream to beta ended.
+		eventually(t, func() bool { return !c.vol("alpha").peers["beta"].connected() }, "alpha's stream to beta ended")
 		writeRandomBlocks(t, c.vol("alpha"), 10, uint64(80+i))
 		if i == 0 {
 			c.vol("beta").setAdminDown(false)
 			c.waitInSync()
+			// The resync's end retired the bitmap's generation: the next
+			// period tracks beta from the new one.
+			eventually(t, func() bool { return !c.vol("alpha").tracking("beta") }, "alpha no longer tracks beta")
 		}
 	}
 	c.stop("beta")
