@@ -106,9 +106,27 @@ func (p *peer) resync(s *session.Session) error {
 			break
 		}
 	}
-	// Everything marked is on the peer: hand it the current generation.
-	v.stateMu.Lock()
-	pd := p.syncDone(v.currentGeneration())
+	// Everything marked is on the peer: hand it the current generation,
+	// once this node holds one. A primary that pulls newer data from
+	// another peer holds none until its pull ends (its disk is
+	// Inconsistent meanwhile, and what it pulls follows in the peer's
+	// stream: forwardPulled); a target given none would drop the
+	// generation its resync resumes from (volstate's ErrNoGeneration).
+	var pd *session.Pending
+	for {
+		changed := v.changed.wait()
+		v.stateMu.Lock()
+		if gen := v.currentGeneration(); !gen.IsZero() {
+			pd = p.syncDone(gen)
+			break // with v.stateMu held
+		}
+		v.stateMu.Unlock()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
+		}
+	}
 	ok := s.Enqueue(pd)
 	v.stateMu.Unlock()
 	if !ok {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replvol/replvol/internal/fault"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
@@ -743,4 +744,80 @@ func TestAPullReadsFromItsSourceAndPassesWhatItCopiesOnToTheOtherPeers(t *testin
 		}
 	}
 	c.requireIdentical()
+}
+
+// TestAResyncDuringAPullEndsWithTheGenerationThePullBrings: beta, forced
+// to primary, copies alpha in full (a replaced disk) when gamma comes
+// back with newer data and beta starts to copy it (a pull: beta's own
+// disk holds no generation meanwhile). alpha's resync sends its last
+// block during the pull; its end waits for a generation to hand over
+// (the pull's): a target given none would drop the one its resync
+// resumes from, and volstate refuses it, failing the stream as an entry
+// that failed would. alpha's stream never fails, and the three end
+// identical at the pull's generation. (Before, alpha took no generation:
+// UpToDate at none, it was copied in full at its next connection.)
+func TestAResyncDuringAPullEndsWithTheGenerationThePullBrings(t *testing.T) {
+	const size = 8 << 20
+	c := newTestClusterOf(t, size, "gamma", "alpha", "beta")
+	alphaWrites, gammaReads := fault.NewGate(), fault.NewGate()
+	alphaWrites.Open()
+	gammaReads.Open()
+	t.Cleanup(alphaWrites.Open)
+	t.Cleanup(gammaReads.Open)
+	for _, n := range []string{"alpha", "beta", "gamma"} {
+		c.start(n)
+	}
+	c.waitInSync()
+	// Data all three hold: alpha's copy below moves it, not holes only.
+	writeRandomBlocks(t, c.vol("gamma"), 200, 13)
+	c.waitInSync()
+	ctx := context.Background()
+	c.vol("alpha").setAdminDown(true)
+	c.vol("beta").setAdminDown(true)
+	writeRandomBlocks(t, c.vol("gamma"), 100, 12)
+	c.stop("gamma")
+	c.stop("alpha")
+	c.vol("beta").setAdminDown(false)
+	if _, err := c.nodes["beta"].api.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true, Yes: true}); err != nil {
+		t.Fatal(err)
+	}
+	b := c.vol("beta")
+
+	// alpha comes back with a new disk: beta copies it all, and the
+	// copy waits at alpha's disk.
+	if _, err := CreateMetadata(c.cfg, "alpha", "vol0", "", true); err != nil {
+		t.Fatal(err)
+	}
+	c.opts["alpha"] = Options{OpenDisk: openFaulty(func(d *fault.Disk) { d.Add(fault.On(fault.Write).Range(0, size).Hold(alphaWrites)) })}
+	alphaWrites.Shut()
+	c.start("alpha")
+	if !within(20*time.Second, 20*time.Millisecond, func() bool { return b.peers["alpha"].status().Replication == string(replication.SyncSource) }) {
+		t.Fatalf("beta is not resyncing alpha: %+v", b.peers["alpha"].status())
+	}
+	// gamma's data waits at gamma's disk: beta's pull runs until the test
+	// lets it end.
+	c.opts["gamma"] = Options{OpenDisk: openFaulty(func(d *fault.Disk) { d.Add(fault.On(fault.Read).Range(0, size).Hold(gammaReads)) })}
+	gammaReads.Shut()
+	c.start("gamma")
+	eventually(t, func() bool { return b.peers["gamma"].pulling.Load() }, "beta copying gamma's writes")
+	alphaWrites.Open()
+	eventually(t, func() bool { return b.peers["alpha"].bm.Count() == 0 }, "alpha's resync sent and acknowledged")
+	if within(2*time.Second, 20*time.Millisecond, func() bool { return c.eventKinds("alpha")["apply-failed"] > 0 }) {
+		t.Fatal("alpha's stream failed at the end of its resync during beta's pull: a sync-done with no generation")
+	}
+	if !b.peers["gamma"].pulling.Load() {
+		t.Fatal("the pull ended before alpha's resync: the test shows nothing")
+	}
+	gammaReads.Open()
+	c.waitInSync()
+	c.requireIdentical()
+	if a, g := c.vol("alpha").currentGeneration(), b.currentGeneration(); a != g || a.IsZero() {
+		t.Fatalf("alpha holds generation %s, beta %s", a, g)
+	}
+	// So a reconnection finds alpha in sync: nothing is copied again.
+	c.vol("alpha").setAdminDown(true)
+	eventually(t, func() bool { return !b.peers["alpha"].connected() }, "alpha disconnected")
+	c.vol("alpha").setAdminDown(false)
+	c.waitInSync()
+	c.requireDecision("beta", "alpha", replication.RuleReconnected, replication.NoResync.String())
 }

@@ -735,7 +735,12 @@ func (s *Sim) receive(n *node, m msg) {
 			s.breakConnection(from, n)
 			return
 		}
-		_ = s.drive(n, volstate.ResyncFinished{Peer: m.from, AsTarget: true, Current: m.sync.current, History: m.sync.history})
+		if err := s.drive(n, volstate.ResyncFinished{Peer: m.from, AsTarget: true, Current: m.sync.current, History: m.sync.history}); errors.Is(err, volstate.ErrNoGeneration) {
+			// node's applier: the entry fails, as a write that failed.
+			s.tracef("%s: sync-done from %s refused: %v", n.name, m.from, err)
+			s.replicaWriteFailed(from, n)
+			return
+		}
 		if m.announce {
 			s.link(n.name, m.from).send(msg{at: s.now.Add(tick), from: n.name, to: m.from, session: m.session, kind: msgGenAck})
 			return
@@ -848,6 +853,11 @@ func (s *Sim) sendSyncDone(n *node) {
 			continue // the blocks writes held go first
 		}
 		if s.now.Before(due.at) {
+			continue
+		}
+		if n.durable.Gens.Current.IsZero() {
+			// node's resync hands over a generation once it holds one:
+			// a primary that pulls from another peer, after its pull.
 			continue
 		}
 		delete(n.syncDone, p)

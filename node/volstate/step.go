@@ -23,6 +23,11 @@ var (
 	ErrRaftNamesOther  = errors.New("raft names another primary")
 	ErrCannotTakeBack  = errors.New("cannot take back the epoch")
 	ErrNoPendingChange = errors.New("no role change pending")
+	// ErrNoGeneration refuses the end of a resync whose source named no
+	// generation (it held none: a primary that pulls newer data from
+	// another peer): the target would drop the generation its resync
+	// resumes from, and be copied whole after the next interruption.
+	ErrNoGeneration = errors.New("the resync's source named no generation")
 )
 
 // StreamsToPeer refuses a discard of a primary's data while it streams
@@ -869,6 +874,9 @@ func (s *State) resyncFinished(e ResyncFinished) Ready {
 		return Ready{}
 	}
 	var rd Ready
+	if e.AsTarget && e.Current.IsZero() {
+		return Ready{Err: fmt.Errorf("%w (from %s)", ErrNoGeneration, e.Peer)}
+	}
 	if e.AsTarget {
 		rd.Persist = s.persist(func(d *Durable) {
 			d.Gens = d.Gens.ResyncFinishedAsTarget(e.Peer, e.Current, e.History)
