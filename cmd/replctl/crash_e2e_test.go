@@ -380,8 +380,11 @@ func TestE2EKill9PrimaryResyncsOnlyTheActivityLog(t *testing.T) {
 	before := c.mustStatus("beta").replica("beta").Resynced
 
 	uri := "nbd://" + c.nodes["alpha"].NBD + "/vol0"
+	// fio writes until alpha is killed under it; its runtime only bounds
+	// a test that went wrong (waitWritten gives up after a minute). With
+	// 20 s, a loaded machine ended it before 16 MiB were written.
 	fioCmd := exec.Command(fio, "--name=w", "--ioengine=nbd", "--uri="+uri, "--rw=randwrite", "--bs=4k",
-		"--size=128M", "--iodepth=16", "--runtime=20", "--time_based", "--randrepeat=0")
+		"--size=128M", "--iodepth=16", "--runtime=120", "--time_based", "--randrepeat=0")
 	fioCmd.Dir = c.dir
 	if err := fioCmd.Start(); err != nil {
 		t.Fatal(err)
