@@ -205,6 +205,7 @@ func TestE2EProtocolGuaranteesOnPrimaryCrash(t *testing.T) {
 		{name: "A-pull-ahead", protocol: "A", onCongestion: "pull-ahead", sendBuffer: 1 << 20, rate: "8mbit"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			e2eBeside(t)
 			const size = 64 << 20
 			c := newProcClusterN(t, clusterOpts{Netns: true, Size: size, Protocol: tc.protocol,
 				OnCongestion: tc.onCongestion, SendBuffer: tc.sendBuffer})

@@ -385,11 +385,18 @@ func (c *procCluster) dataNodes() []string {
 // startAll starts every node and waits until each control address answers.
 func (c *procCluster) startAll() {
 	c.t.Helper()
+	c.startAllWithin(30 * time.Second)
+}
+
+// startAllWithin is startAll waiting up to timeout for each control
+// address: for a test whose own bound covers the start.
+func (c *procCluster) startAllWithin(timeout time.Duration) {
+	c.t.Helper()
 	for _, n := range c.nodeNames() {
 		c.start(n)
 	}
 	for _, n := range c.nodeNames() {
-		c.waitListening(n, 30*time.Second)
+		c.waitListening(n, timeout)
 	}
 }
 

@@ -34,6 +34,7 @@ func TestE2EDiskLargerThanTheVolumeSyncsAndVerifies(t *testing.T) {
 		{"disks 1 MiB larger than the volume and its metadata", exact + 1<<20},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			e2eBeside(t)
 			c := newProcClusterOnDisks(t, size, alExtents, tc.diskSize)
 			c.start("alpha")
 			c.start("beta")

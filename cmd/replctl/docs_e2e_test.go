@@ -373,7 +373,7 @@ func requireToolsOf(t *testing.T, line string) {
 // but for the times. The status page it points to answers. Nothing of the
 // mounts is left behind.
 func TestE2EReadmeTourRunsAsWritten(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	page := readPage(t, "README.md")
 	var tours []mdBlock
 	for _, b := range runnableBlocks(t, page) {
@@ -459,7 +459,7 @@ func (r *docRun) checkStatusSample() {
 // the top of this file), and the http://127.0.0.1:780x/ addresses of its
 // page answer.
 func TestE2EDocsBlocksRunAgainstTheDemo(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	blocks := 0
 	for _, file := range docFiles(t) {
 		if !strings.HasPrefix(file, "docs/") {
@@ -470,6 +470,7 @@ func TestE2EDocsBlocksRunAgainstTheDemo(t *testing.T) {
 			blocks++
 			b := b
 			t.Run(fmt.Sprintf("%s:%d", filepath.Base(file), b.line), func(t *testing.T) {
+				e2eBeside(t)
 				r := startDocRun(t, page, b)
 				for _, l := range blockLines(b) {
 					r.runLine(l)

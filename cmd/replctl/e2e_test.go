@@ -92,7 +92,7 @@ func TestE2EQemuIOPatterns(t *testing.T) {
 }
 
 func TestE2EFioVerify(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	fio := RequireTool(t, "fio", "fio")
 	d := startDemo(t)
 	// fio writes its verify state into its directory: not the source tree.
@@ -142,7 +142,7 @@ func switchPrimary(t *testing.T, d *demo, to string) string {
 }
 
 func TestE2ESwitchover(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	nbdinfo := RequireTool(t, "nbdinfo", "libnbd-bin")
 	d := startDemo(t)
 	d.waitInSync("alpha")
@@ -179,7 +179,7 @@ func serverMessages(out string) string {
 }
 
 func TestE2EBadInput(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	py := RequirePythonNBD(t)
 	nbdinfo := RequireTool(t, "nbdinfo", "libnbd-bin")
 	d := startDemo(t)

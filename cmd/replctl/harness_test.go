@@ -309,7 +309,7 @@ func TestHarnessClusterConfig(t *testing.T) {
 // alpha's namespace writes through the NBD export. Afterwards nothing of
 // the lab is left on the host.
 func TestHarnessNetnsPartition(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	var lab *netLab
 	t.Run("partition", func(t *testing.T) {
 		c := newProcClusterN(t, clusterOpts{Netns: true, Size: 16 << 20, PeerTimeout: 500 * time.Millisecond})
@@ -410,7 +410,7 @@ func waitNodeAlive(t *testing.T, via string, status func() result, node string, 
 // export to beta, the history is linearizable and every acknowledged
 // write reads back from beta.
 func TestHarnessFailoverClients(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	c := newProcClusterN(t, clusterOpts{Size: 32 << 20})
 	c.startAll()
 	c.waitInSync("alpha")
@@ -480,7 +480,7 @@ func parseStatus(out string) (*statusDoc, error) {
 // finds the history illegal and verifyAcked reports the writes only alpha
 // had.
 func TestHarnessCatchesLostWrites(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	c := newProcClusterN(t, clusterOpts{Size: 32 << 20})
 	c.startAll()
 	c.waitInSync("alpha")

@@ -239,7 +239,7 @@ func checkFiles(t *testing.T, dir string, sums map[string]string) {
 // the files back. replctl mount on the secondary is refused,
 // naming the primary, before and after the switchover, and sets nothing up.
 func TestE2EMountSwitchOverAndMountOnTheNewPrimary(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	needMountTools(t)
 	c := newProcClusterN(t, clusterOpts{TLS: true, Size: 64 << 20})
 	c.startAll()
@@ -329,7 +329,7 @@ func TestE2EMountSwitchOverAndMountOnTheNewPrimary(t *testing.T) {
 //     on_promote mounts it with beta's files too, and beta's on_demote
 //     finds nothing to do.
 func TestE2EHooksMountOnPromoteAndUnmountOnDemote(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	needMountTools(t)
 	runs := newMountRunDirs(t, "alpha", "beta")
 	hook := filepath.Join(runs.base, "hook.sh")
@@ -448,7 +448,7 @@ esac
 // again from its record at once; killed again, the claim lasts while its
 // connections are gone for --io-timeout, then the first host mounts it.
 func TestE2EAVolumeIsMountedOnceOnAnyHost(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	needMountTools(t)
 	c := newProcClusterN(t, clusterOpts{TLS: true, Size: 64 << 20})
 	c.startAll()
@@ -580,7 +580,7 @@ func TestE2EAVolumeIsMountedOnceOnAnyHost(t *testing.T) {
 // s from before the umount: the umount waits for it with the helper serving
 // its reads, detaches the device once nothing uses it, and leaves nothing.
 func TestE2EUmountAfterARefusedMkfsWaitsForAProbeOfTheLoopDevice(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	needMountTools(t)
 	c := newProcClusterN(t, clusterOpts{TLS: true, Size: 64 << 20})
 	c.startAll()

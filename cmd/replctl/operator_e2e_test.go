@@ -356,7 +356,7 @@ func TestE2EUnknownVolumeOrNodeListsTheValidOnes(t *testing.T) {
 // replctl version --release says the release alone, a valid Debian
 // version (make deb takes it); -ldflags sets the release instead.
 func TestE2EVersionFlags(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	head := gitHead(t)
 	want := regexp.MustCompile(`^(replctl|replnode) ([0-9][A-Za-z0-9.+~]*) \(` + regexp.QuoteMeta(runtime.Version()) + `, revision ([0-9a-f]{12})(\+modified)? of [0-9TZ:-]+\)\n$`)
 	for _, bin := range []string{replctlBin, replnode(t)} {

@@ -23,6 +23,7 @@ func TestE2EDiscardMyDataIsRefusedOutsideASplitBrain(t *testing.T) {
 		{"on a connected secondary", "beta"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			e2eBeside(t)
 			d := startDemo(t)
 			d.waitInSync("alpha")
 			r := d.ctl("alpha", "connect", volName, "--discard-my-data", "--yes", "--node", tc.victim)

@@ -23,7 +23,7 @@ import (
 // carried out: its block does not hold it. No write fails otherwise; every
 // acknowledged write reads back at the end.
 func TestE2ESIGTERMOfAPrimaryUnderWritesCostsTheClientNoError(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	const size = 128 << 20
 	c := newProcClusterN(t, clusterOpts{Raft: true, Witness: true, Size: size})
 	c.startAll()

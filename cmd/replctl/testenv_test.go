@@ -143,11 +143,18 @@ func e2e(t *testing.T) {
 }
 
 // e2eBeside is e2e for a test whose time goes into waiting for the
-// cluster (leases, elections, failovers, restarts) and which asserts no
-// time of its own: it runs beside the other such tests, go test's
-// -parallel at a time (GOMAXPROCS by default), after the package's other
-// tests. Each cluster has its own directories, ports (testport) and
-// network namespaces, so they do not meet.
+// cluster (leases, elections, failovers, restarts, a mount's claim to
+// lapse) or for its clients and tools, and which asserts no time or rate
+// of its own: it runs beside the other such tests, go test's -parallel at
+// a time (GOMAXPROCS by default), after the package's other tests. Each
+// cluster or demo has its own directories, ports (testport), network
+// namespaces and mount tree (mounttree), so they do not meet. A test
+// that bounds how long something takes, a rate or a process's wakeups
+// stays with e2e: beside the others it would measure the machine.
+//
+// A subtest may call it too, but it then waits for every top-level test
+// that waits already: only short subtests gain by it (a long one ends
+// the package's run alone).
 func e2eBeside(t *testing.T) {
 	t.Helper()
 	e2e(t)
