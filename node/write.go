@@ -301,8 +301,10 @@ func (v *Volume) revertPeers(e replication.Entry, waits []*session.Pending) {
 	}
 	buf := make([]byte, e.Length)
 	if err := v.readLocal(buf, e.Off); err != nil {
-		// Nothing to send: every peer resyncs the blocks from here.
-		v.log.Error("a failed write reached the peers and its blocks cannot be read back here: marked for every peer", "off", e.Off, "len", e.Length, "err", err)
+		// Nothing to send: the blocks are marked for every peer, and its
+		// next resync copies them from here (a peer streaming now keeps
+		// the failed write until then).
+		v.log.Error("a failed write reached the peers and its blocks cannot be read back here: marked for every peer, for its next resync", "off", e.Off, "len", e.Length, "err", err)
 		for _, p := range v.streamingPeers() {
 			p.bm.SetBits(e.Off, e.Length)
 		}
