@@ -222,6 +222,12 @@ func (p *peer) decide(reply replication.HelloReply) (syncPlan, error) {
 		return syncPlan{}, fmt.Errorf("%s is no longer the primary of %s: not connecting %s", v.self, v.name, p.name)
 	}
 	d := replication.CompareUUIDs(local, reply.UUIDs, replication.Primary, replication.Secondary)
+	// A peer raft has Outdated is never copied onto this primary: it
+	// becomes the source of what either side marked.
+	outdated := v.raftOutdated(p.name)
+	if outdated {
+		d = d.TowardOutdated()
+	}
 	// What the peer holds now (a resync between equal generations tracks
 	// it while it holds this node's current one).
 	p.setMayHold(reply.UUIDs.Current)
@@ -265,7 +271,7 @@ func (p *peer) decide(reply replication.HelloReply) (syncPlan, error) {
 		return because(CausePulling, "%s holds newer data (%v): copying %s from it", p.name, d, human.Bytes(v.localMissing.Bytes()))
 	}
 	acts, err := v.stepLocked(volstate.PeerConnected{Peer: p.name, UUIDs: reply.UUIDs, PeerDisk: reply.Disk,
-		Marked: p.bm.Count() > 0, DiscardFrom: discard, NextGen: replication.NewGeneration()}, pulling, nil)
+		Marked: p.bm.Count() > 0, DiscardFrom: discard, NextGen: replication.NewGeneration(), PeerOutdated: outdated}, pulling, nil)
 	if err != nil {
 		return plan, err
 	}
@@ -295,8 +301,10 @@ func (p *peer) decide(reply replication.HelloReply) (syncPlan, error) {
 // handshakeRefusal puts the rules' refusal of a connection into words.
 func (p *peer) handshakeRefusal(cause volstate.Cause, d replication.UUIDDecision, reply replication.HelloReply) *refusal {
 	v := p.v
-	ref := &refusal{cause: Cause(cause), final: true, rule: d.Rule}
+	ref := &refusal{cause: Cause(cause), final: cause != volstate.CausePulling, rule: d.Rule}
 	switch Cause(cause) {
+	case CausePulling:
+		ref.text = fmt.Sprintf("%s copies newer data from another peer and holds no generation until it ends; %s, which raft has Outdated, is never a source for it: it is resynced from %s once the copy ends", v.self, p.name, v.self)
 	case CauseSplitBrain:
 		ref.text = fmt.Sprintf("%s and %s both changed the data since their last common generation: %s", v.self, p.name, replication.RuleWords(d.Rule))
 		ref.peer = replication.SplitBrainSide{Changes: changedBytes(reply), PrimarySince: reply.PrimarySince}

@@ -287,6 +287,27 @@ func (v *Volume) handedOverAt(epoch uint64) bool {
 	return ok && va.Epoch == epoch && !va.FailedOverAt(epoch)
 }
 
+// raftOutdated reports whether this node's raft records peer Outdated
+// under this node as primary (the record names it primary at its epoch):
+// the promotion's Outdated set and its own marks since. A term an
+// operator forced does not count: its promotion declared every other
+// node Outdated, and one may hold the writes the forced primary lacks,
+// which it then copies (the rules' pull).
+func (v *Volume) raftOutdated(peer string) bool {
+	cl := v.node.cl
+	if cl == nil {
+		return false
+	}
+	va, ok := cl.c.Authority().Volume(v.name)
+	if !ok || va.Primary != v.self {
+		return false
+	}
+	v.mu.Lock()
+	epoch := v.st.Durable.Epoch
+	v.mu.Unlock()
+	return va.Epoch == epoch && va.IsOutdated(peer) && !va.ForcedAt(epoch)
+}
+
 // markActivityLog marks the activity log's extents out of sync toward
 // peer, durably (volstate.MarkActivityLog): the primary changed, and a
 // write of the old one still in flight may be here and not on peer, or

@@ -354,6 +354,13 @@ func (va VolumeAuthority) FailedOverAt(epoch uint64) bool {
 	return va.LastFailover != nil && va.LastFailover.Epoch == epoch
 }
 
+// ForcedAt reports whether the promotion to epoch was an operator's
+// forced one: the Outdated set it recorded is every other data node,
+// whatever each holds (one may hold writes the forced primary lacks).
+func (va VolumeAuthority) ForcedAt(epoch uint64) bool {
+	return va.FailedOverAt(epoch) && va.LastFailover.Forced
+}
+
 // IsUpToDate reports whether the cluster counts node as holding every
 // acknowledged write.
 func (va VolumeAuthority) IsUpToDate(node string) bool {

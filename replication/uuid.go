@@ -183,6 +183,9 @@ const (
 	RuleBitmapBoth                 = "bitmap-both"
 	RuleHistoryBoth                = "history-both"
 	RuleUnrelated                  = "unrelated"
+	// RuleOutdatedPeer is not DRBD's: a primary's decision toward a peer
+	// raft records Outdated (UUIDDecision.TowardOutdated).
+	RuleOutdatedPeer = "outdated-peer"
 )
 
 // UUIDDecision is the outcome of CompareUUIDs and the rule that chose it.
@@ -201,6 +204,29 @@ type UUIDDecision struct {
 // String renders the decision the way DRBD logs it.
 func (d UUIDDecision) String() string {
 	return fmt.Sprintf("%v by rule=%s", d.Outcome, d.Rule)
+}
+
+// TowardOutdated is what a primary does instead of d with a peer that
+// raft records Outdated: such a peer missed a write the cluster
+// acknowledged (or was never counted in sync since), so it is NEVER the
+// source of a copy onto the primary, which raft counts as holding every
+// acknowledged write. A decision that would have the primary copy from
+// it (a resync as target: equal generations where only the peer names a
+// bitmap generation, an old one, left by an earlier term; or the peer's
+// history holding the primary's current) becomes the resync of the same
+// blocks the other way: the primary sends what either side marked. DRBD
+// refuses a primary as sync target outright (rr-conflict disconnect);
+// replvol pulls from a peer raft counts UpToDate, and from no other. A
+// primary with no generation (a pull of its own was interrupted) is then
+// refused as a source: nothing moves.
+func (d UUIDDecision) TowardOutdated() UUIDDecision {
+	switch d.Outcome {
+	case BitmapResyncTarget:
+		return UUIDDecision{Outcome: BitmapResyncSource, Rule: RuleOutdatedPeer, RuleNumber: d.RuleNumber}
+	case FullResyncTarget:
+		return UUIDDecision{Outcome: FullResyncSource, Rule: RuleOutdatedPeer, RuleNumber: d.RuleNumber}
+	}
+	return d
 }
 
 func decide(o UUIDOutcome, rule string, nr int) UUIDDecision {

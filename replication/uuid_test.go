@@ -318,3 +318,37 @@ func TestConnectWordsAreForPeople(t *testing.T) {
 		}
 	}
 }
+
+// TestAPrimaryNeverCopiesFromAnOutdatedPeer: every decision that would
+// copy onto the primary from a peer raft has Outdated turns into the copy
+// of the same blocks the other way (a bitmap resync stays one, a full one
+// stays full), by the rule outdated-peer; every other decision is kept.
+func TestAPrimaryNeverCopiesFromAnOutdatedPeer(t *testing.T) {
+	want := map[UUIDOutcome]UUIDOutcome{BitmapResyncTarget: BitmapResyncSource, FullResyncTarget: FullResyncSource}
+	for o := NoResync; o <= UnrelatedData; o++ {
+		d := UUIDDecision{Outcome: o, Rule: RuleSyncTargetMissedFinish, RuleNumber: 37}
+		got := d.TowardOutdated()
+		w, turned := want[o]
+		switch {
+		case turned && (got.Outcome != w || got.Rule != RuleOutdatedPeer || got.RuleNumber != 37):
+			t.Errorf("%v toward an Outdated peer: got %v (rule %s, %d), want %v by %s", o, got.Outcome, got.Rule, got.RuleNumber, w, RuleOutdatedPeer)
+		case !turned && got != d:
+			t.Errorf("%v toward an Outdated peer: got %+v, want it kept", o, got)
+		}
+		if got.Outcome.IsTarget() {
+			t.Errorf("%v toward an Outdated peer still copies onto the primary", o)
+		}
+	}
+	// The row of the sim's seed 4374: equal currents, only the peer names
+	// a bitmap generation (an old one of both histories).
+	d := CompareUUIDs(set(genA, empty, genB, genC), set(genA, genC, genB, genC), Primary, Secondary)
+	if d.Outcome != BitmapResyncTarget || d.Rule != RuleSyncTargetMissedFinish {
+		t.Fatalf("the shape decides %v, want target by %s", d, RuleSyncTargetMissedFinish)
+	}
+	if got := d.TowardOutdated(); got.Outcome != BitmapResyncSource {
+		t.Fatalf("toward an Outdated peer it decides %v, want %v", got, BitmapResyncSource)
+	}
+	if w := RuleWords(RuleOutdatedPeer); strings.HasPrefix(w, "rule ") {
+		t.Errorf("rule %s has no words for people: %q", RuleOutdatedPeer, w)
+	}
+}

@@ -506,6 +506,12 @@ func (s *Sim) handshake(p, q *node) {
 		return
 	}
 	d := replication.CompareUUIDs(p.st.UUIDs(q.name), qs.UUIDs(p.name), replication.Primary, replication.Secondary)
+	// A peer raft has Outdated under p is never copied onto p (node's
+	// decide, volstate's PeerConnected).
+	outdated := s.raftOutdated(p, q.name)
+	if outdated && s.cfg.mutation != mutPullFromOutdated {
+		d = d.TowardOutdated()
+	}
 	// A connection that will resync the peer (its disk Inconsistent
 	// meanwhile) has raft record it Outdated first, BEFORE the decision
 	// (node's outdateBeforeResync): the handshake waits for raft as a
@@ -560,7 +566,8 @@ func (s *Sim) handshake(p, q *node) {
 	}
 	marked := len(p.marks[q.name]) > 0 || len(q.marks[p.name]) > 0
 	err = s.drive(p, volstate.PeerConnected{Peer: q.name, Session: sid, UUIDs: qs.UUIDs(p.name), PeerEpoch: qs.Durable.Epoch,
-		PeerDisk: qs.IdleDisk(), Marked: marked, DiscardFrom: qs.Discard, NextGen: s.newGen()})
+		PeerDisk: qs.IdleDisk(), Marked: marked, DiscardFrom: qs.Discard, NextGen: s.newGen(),
+		PeerOutdated: outdated && s.cfg.mutation != mutPullFromOutdated})
 	repl := p.st.Peers[q.name].Repl
 	if err == nil && p.sessions[q.name] == sid && (repl == replication.Connected || repl == replication.SyncSource) {
 		// The stream carries writes: the peer's answer (node steps it
@@ -579,6 +586,15 @@ func (s *Sim) handshake(p, q *node) {
 	}
 	p.streamed[q.name] = true
 	s.tracef("%s: stream to %s session %d (%s; %s by %s)", p.name, q.name, sid, repl, d.Outcome, d.Rule)
+}
+
+// raftOutdated reports whether raft records peer Outdated under primary
+// p: its record names p primary at p's epoch (node reads its own raft's
+// applied record, which holds the promotion's Outdated set and p's own
+// marks), and the promotion was not forced (node's raftOutdated).
+func (s *Sim) raftOutdated(p *node, peer string) bool {
+	va, ok := s.raft.auth.Volume(volume)
+	return ok && va.Primary == p.name && va.Epoch == p.st.Durable.Epoch && va.IsOutdated(peer) && !va.ForcedAt(va.Epoch)
 }
 
 // endStream ends primary p's stream to peer (both ends, and what it

@@ -145,6 +145,13 @@ const (
 	// node did so until this model's known finding failed-write-diverges
 	// (replicas that count each other in sync differ in the block).
 	mutFailedWriteKept
+	// mutPullFromOutdated lets a primary copy from a peer raft records
+	// Outdated where the generation rules say so: node did so until the
+	// sim's finding pull-from-outdated (seeds 4374 and 47568), where an
+	// old bitmap generation of the peer, left by an earlier term, made
+	// the rule sync-target-missed-finish pull over an acknowledged write
+	// (invariant 1).
+	mutPullFromOutdated
 )
 
 func (m mutation) String() string {
@@ -199,6 +206,8 @@ func (m mutation) String() string {
 		return "pull-not-forwarded"
 	case mutFailedWriteKept:
 		return "failed-write-kept"
+	case mutPullFromOutdated:
+		return "pull-from-outdated"
 	}
 	return "mutation(?)"
 }

@@ -194,12 +194,17 @@ func TestSimCatchesPlantedBugs(t *testing.T) {
 		{mutAcceptKeepsCache, NoAckedWriteLost, 39814, false},
 		// And this one until seeds 459 and 3801, with the model's pull
 		// made as node's was: a primary's pull passed nothing on to its
-		// other peers, counted in sync.
-		{mutPullNotForwarded, ReplicasEqualInSync, 459, false},
+		// other peers, counted in sync. (Those pulled from a peer raft had
+		// Outdated, which no primary does since the finding
+		// pull-from-outdated; seed 24447 pulls from one UpToDate.)
+		{mutPullNotForwarded, ReplicasEqualInSync, 24447, false},
 		// And this one until the known finding failed-write-diverges: a
 		// write that failed after it went to the streams, and that the
 		// primary's disk does not hold, stayed on the peers.
 		{mutFailedWriteKept, ReplicasEqualInSync, 0, false},
+		// And this one until the finding pull-from-outdated: a new
+		// primary pulled from a peer raft had Outdated.
+		{mutPullFromOutdated, NoAckedWriteLost, 4374, false},
 	}
 	for _, c := range cases {
 		name := c.mutation.String()
@@ -239,9 +244,7 @@ func TestSimCatchesPlantedBugs(t *testing.T) {
 var knownFindingSeeds = map[uint64]struct {
 	finding Finding
 	broke   Invariant
-}{
-	4374: {FindingPullFromOutdated, NoAckedWriteLost},
-}
+}{}
 
 // TestSimKnownFindings: each known finding's seed still fails by it.
 func TestSimKnownFindings(t *testing.T) {
@@ -326,6 +329,16 @@ var regressions = []uint64{
 	// while its primary counted it in sync and raft recorded it UpToDate
 	// (a secondary syncs its disk before it accepts a stream).
 	39814, 59265,
+	// pull-from-outdated: right after a change of primary whose
+	// activity-log reconciliation marked blocks both ways, the new
+	// primary and a peer raft had Outdated held equal current
+	// generations, and only the peer named a bitmap generation toward the
+	// primary (an old one, of an earlier term): the rule
+	// sync-target-missed-finish pulled from the Outdated peer over an
+	// acknowledged write. A primary never copies from a peer raft has
+	// Outdated now (UUIDDecision.TowardOutdated; the planted bug
+	// pull-from-outdated).
+	4374, 47568,
 }
 
 // TestSimRegressions runs the regression seeds in the default mode.

@@ -54,6 +54,10 @@ type PeerConnected struct {
 	Marked      bool
 	DiscardFrom bool
 	NextGen     replication.Generation
+	// PeerOutdated: raft records Peer Outdated under this primary (its
+	// record names this node primary): the peer is never the source of a
+	// copy onto it (replication.UUIDDecision.TowardOutdated).
+	PeerOutdated bool
 }
 
 // PeerAnswered: Peer took this primary's stream, as the handshake

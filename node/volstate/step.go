@@ -253,6 +253,9 @@ func (s *State) peerConnected(e PeerConnected) Ready {
 		return rd
 	}
 	d := replication.CompareUUIDs(s.UUIDs(e.Peer), e.UUIDs, replication.Primary, replication.Secondary)
+	if e.PeerOutdated {
+		d = d.TowardOutdated()
+	}
 	var rd Ready
 	switch {
 	case e.DiscardFrom:
@@ -280,6 +283,10 @@ func (s *State) peerConnected(e PeerConnected) Ready {
 		})
 		s.Disk, s.Why = replication.Inconsistent, CausePulling
 		rd.Actions = []Action{{Kind: StartPull, Peer: e.Peer}}
+	case s.Durable.Gens.Current.IsZero() && e.PeerOutdated && s.pulls():
+		// Its own pull is under way: the Outdated peer is resynced from
+		// it once that ends, and is refused until then.
+		return refuse(d.Rule, CausePulling)
 	case s.Durable.Gens.Current.IsZero():
 		return refuse(d.Rule, CauseNoSource)
 	case d.Outcome.IsSource() || e.Marked:
@@ -290,6 +297,16 @@ func (s *State) peerConnected(e PeerConnected) Ready {
 	}
 	s.Peers[e.Peer] = p
 	return rd
+}
+
+// pulls reports whether this primary copies newer data from a peer.
+func (s *State) pulls() bool {
+	for _, p := range s.Peers {
+		if p.Pulling {
+			return true
+		}
+	}
+	return false
 }
 
 // startResync records, durably, the generation the peer's copy will be

@@ -224,6 +224,7 @@ func (h *harness) event(t *testing.T, d *datadriven.TestData, s *State) Event {
 			NextGen: gen(argOr(d, "next", "")), PeerEpoch: argUint(t, d, "their-epoch")}
 		_, e.Marked = arg(d, "marked")
 		_, e.PeerPrimary = arg(d, "their-primary")
+		_, e.PeerOutdated = arg(d, "their-outdated")
 		if modelled {
 			e.PeerPrimary, e.PeerEpoch, e.PeerDisk = other.Role() == replication.Primary, other.Durable.Epoch, other.Disk
 			e.DiscardFrom = other.Discard

@@ -1,0 +1,130 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/metadata/statefile"
+	"github.com/replvol/replvol/replication"
+)
+
+// TestAPrimaryNeverCopiesFromAPeerRaftHasOutdated: the shape of the sim's
+// finding pull-from-outdated (seeds 4374 and 47568), set up directly.
+// There, after a chain of failovers, raft still had a peer Outdated that
+// held the primary's current generation, and the peer named an old
+// bitmap generation toward the primary while the primary named none
+// toward it: DRBD's rule sync-target-missed-finish made the primary copy
+// the peer's marked blocks, and the peer lacked an acknowledged write in
+// one of them. Here: alpha, the primary under raft, writes a block all
+// three hold; gamma, stopped, is given that shape (its copy of the block
+// as it was before the write, marked toward alpha, its bitmap generation
+// toward alpha an old one of its history), and raft records it Outdated
+// as the seed's earlier primary had. When gamma comes back, alpha must be
+// the source of the block: its write is kept on every node, gamma gets it,
+// and status names the rule outdated-peer.
+func TestAPrimaryNeverCopiesFromAPeerRaftHasOutdated(t *testing.T) {
+	const size = 8 << 20
+	const off = 2 << 20
+	c, _ := startThreeUnderRaft(t, size)
+	ctx := context.Background()
+	a := c.vol("alpha")
+	old := c.disk("gamma")[off : off+4096]
+	written := pattern(13, 4096)
+	if err := a.WriteAt(ctx, written, off, true); err != nil {
+		t.Fatal(err)
+	}
+	// A FLUSH: no write of alpha's is in gamma's cache only, so gamma's
+	// stop does not have alpha track it (its bitmap generation toward
+	// gamma stays none, as in the seed).
+	if err := a.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.waitInSync()
+	c.stop("gamma")
+
+	// gamma's copy: the block as it was, marked toward alpha, and its
+	// bitmap generation toward alpha the oldest of its history.
+	img := c.cfg.Volumes[0].Disks["gamma"].Paths[0].Path
+	f, err := os.OpenFile(img, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(old, off); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	alphaID := c.cfg.NodeID("alpha")
+	md, err := metadata.OpenMD(f, metadata.MDOptions{Placement: metadata.Internal, DeviceSize: fi.Size(), Volume: c.cfg.Volumes[0].VolumeUUID(), NodeID: c.cfg.NodeID("gamma")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bm, ok := md.Bitmap(alphaID)
+	if !ok {
+		t.Fatal("gamma keeps no bitmap toward alpha")
+	}
+	bm.SetBits(off, 4096)
+	if err := md.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := statefile.Open(filepath.Join(c.dir, "gamma", "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vs, _, err := st.Volume("vol0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldGen := md.Superblock().History[0]
+	if oldGen.IsZero() || oldGen == vs.Generation {
+		t.Fatalf("gamma's history holds no generation older than its current %s: the test shows nothing", vs.Generation)
+	}
+	vs.PeerBitmaps = map[string]replication.Generation{"alpha": oldGen}
+	if err := st.PutVolume("vol0", vs); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// raft has gamma Outdated under alpha.
+	cl := c.nodes["alpha"].cl.c
+	va, _ := cl.Authority().Volume("vol0")
+	if _, err := cl.Propose(ctx, replication.MarkOutdatedCommand("vol0", va.Epoch, "gamma")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, func() bool { va, _ := cl.Authority().Volume("vol0"); return va.IsOutdated("gamma") }, "alpha's raft has gamma Outdated")
+
+	c.start("gamma")
+	if !within(30*time.Second, 20*time.Millisecond, func() bool {
+		p := a.peers["gamma"].status()
+		return p.SyncRule != "" && replica(c.status(), "gamma").OutOfSyncBytes == 0 && p.Replication == "Connected"
+	}) {
+		t.Fatalf("gamma not back in sync with alpha: %+v", a.peers["gamma"].status())
+	}
+	if p := a.peers["gamma"].status(); p.SyncRule != replication.RuleOutdatedPeer || p.SyncDecision != replication.BitmapResyncSource.String() {
+		t.Errorf("alpha decided %q by rule %q toward gamma, which raft has Outdated; want %s by %s",
+			p.SyncDecision, p.SyncRule, replication.BitmapResyncSource, replication.RuleOutdatedPeer)
+	}
+	for _, n := range []string{"alpha", "beta", "gamma"} {
+		got := make([]byte, 4096)
+		if _, err := c.vol(n).disk.ReadAt(got, off); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, written) {
+			t.Errorf("%s lost alpha's acknowledged write at %d (it holds gamma's old copy: %v)", n, off, bytes.Equal(got, old))
+		}
+	}
+	c.waitInSync()
+	c.requireIdentical()
+}
