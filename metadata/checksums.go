@@ -1,6 +1,7 @@
 package metadata
 
 import (
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"unsafe"
 
+	"github.com/replvol/replvol/internal/blocksum"
 	"github.com/replvol/replvol/internal/lockorder"
 )
 
@@ -174,6 +176,11 @@ func (c *Checksums) SetRange(first int64, sums []uint32) error {
 	if c.data == nil {
 		return ErrNoDataDevice
 	}
+	return c.setRange(first, sums)
+}
+
+// setRange is SetRange for a caller that ordered the data itself.
+func (c *Checksums) setRange(first int64, sums []uint32) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.check(first, int64(len(sums))); err != nil {
@@ -458,10 +465,10 @@ func (c *Checksums) flush(want func(int64) bool, syncData bool) (int, error) {
 		return 0, nil
 	}
 	slices.SortFunc(outs, func(x, y out) int { return compareUint64(uint64(x.p.index), uint64(y.p.index)) })
-	if syncData {
-		if c.data == nil {
-			return 0, ErrNoDataDevice
-		}
+	// Without a data device (external metadata opened without one) the
+	// pages changed only by Forget and recovery, which need no data
+	// synced first: an unknown sum, or one of data synced already.
+	if syncData && c.data != nil {
 		if err := c.data.Sync(); err != nil {
 			return 0, fmt.Errorf("sync the data before its checksums: %w", err)
 		}
@@ -559,4 +566,100 @@ func (c *Checksums) copyPagesTo(offset int64) (int, error) {
 	c.stats.PagesWritten += n
 	c.mu.Unlock()
 	return int(n), nil
+}
+
+// DataDevice is the volume's data as checksum recovery reads it.
+type DataDevice interface {
+	io.ReaderAt
+	Sync() error
+}
+
+// ChecksumRecovery says what RebuildActivityLogChecksums did.
+type ChecksumRecovery struct {
+	// Extents and Blocks are the extents of the activity log whose sums
+	// were computed again from the data, and their blocks.
+	Extents int
+	Blocks  int64
+	// ForgotAll: the activity log could not be reconstructed
+	// (LoadReport.ALIncomplete), so which blocks may be stale is unknown:
+	// every sum was dropped (a new seed makes every page hold none), to
+	// be built again by the full resync that follows or a scrub.
+	ForgotAll bool
+}
+
+// RebuildActivityLogChecksums is checksum recovery after a crash: the
+// blocks of the activity log's extents may hold data newer or older than
+// their stored sums (every other block's sum is durable with its data,
+// ActivityLog.commit), so their sums are computed again from the data
+// and made durable. It syncs data FIRST, so that no sum describes data a
+// power loss could still take back, and flushes the sums BEFORE it
+// returns. Call it after opening the metadata of a node that went down
+// as primary or applying writes (CrashedPrimary, CrashedReplica), BEFORE
+// any read is verified and any write admitted. Without a checksum area
+// it does nothing.
+func (md *MD) RebuildActivityLogChecksums(data DataDevice) (ChecksumRecovery, error) {
+	var rec ChecksumRecovery
+	c := md.sums
+	if c == nil {
+		return rec, nil
+	}
+	if md.report.ALIncomplete {
+		rec.ForgotAll = true
+		return rec, md.forgetAllChecksums()
+	}
+	if err := data.Sync(); err != nil {
+		return rec, fmt.Errorf("sync the data before its checksums: %w", err)
+	}
+	seed := blocksum.NewSeed(md.volume)
+	volume := md.VolumeSize()
+	buf := make([]byte, ExtentSize)
+	sums := make([]uint32, 0, ExtentSize/bytesPerBit)
+	for _, e := range md.al.ActiveExtents() {
+		start := extentStart(e)
+		if start >= volume {
+			continue
+		}
+		n := min(int64(ExtentSize), volume-start)
+		if _, err := data.ReadAt(buf[:n], start); err != nil && !errors.Is(err, io.EOF) {
+			return rec, fmt.Errorf("read extent %d to rebuild its checksums: %w", e, err)
+		}
+		first := start / bytesPerBit
+		sums = seed.Sums(sums[:0], uint64(first), buf[:n])
+		if err := c.setRange(first, sums); err != nil {
+			return rec, err
+		}
+		rec.Extents++
+		rec.Blocks += int64(len(sums))
+	}
+	return rec, c.Flush()
+}
+
+// forgetAllChecksums drops every stored sum at once: a superblock with a
+// new seed, durable BEFORE it returns, under which no page on the device
+// holds a known sum. Pages written meanwhile under either seed hold none
+// under the other, so the order of the two does not matter.
+func (md *MD) forgetAllChecksums() error {
+	c := md.sums
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return fmt.Errorf("checksum seed: %w", err)
+	}
+	seed := binary.LittleEndian.Uint64(b[:])
+	c.flushMu.Lock()
+	defer c.flushMu.Unlock()
+	md.mu.Lock()
+	defer md.mu.Unlock()
+	next := md.sb.clone()
+	next.Seq++
+	next.ChecksumSeed = seed
+	if err := md.writeSuperblock(&next); err != nil {
+		return err
+	}
+	md.sb = next
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.seed = seed
+	c.pages, c.dirty = map[int64]*sumPage{}, map[int64]*sumPage{}
+	c.lruHead, c.lruTail = nil, nil
+	return nil
 }

@@ -1,6 +1,7 @@
 package metadata
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"math/rand/v2"
@@ -519,4 +520,153 @@ func FuzzDecodeChecksumPage(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestRebuildActivityLogChecksumsAfterACrash: a crash leaves, in an
+// extent of the activity log, data newer than its stored sums (and, in
+// another, blocks whose sums were never stored); recovery computes the
+// sums of the log's extents again from the data, durably, and touches no
+// other sum.
+func TestRebuildActivityLogChecksumsAfterACrash(t *testing.T) {
+	for _, p := range []Placement{Internal, External} {
+		t.Run(p.String(), func(t *testing.T) {
+			opts := checksumOptions(p)
+			dev, md := newTestMD(t, opts)
+			data := dev
+			if p == External {
+				data = opts.DataDevice.(*mdtest.Device)
+			}
+			c := sumsOf(t, md)
+			seed := blocksum.NewSeed(testVolume)
+			al := md.ActivityLog()
+			admit(t, al, 1)
+			admit(t, al, 2)
+			write := func(b int64, fill byte, store bool) {
+				t.Helper()
+				buf := bytes.Repeat([]byte{fill}, 4096)
+				if _, err := data.WriteAt(buf, b*4096); err != nil {
+					t.Fatal(err)
+				}
+				if store {
+					if err := c.Set(b, seed.Sum(uint64(b), buf)); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			inLog := []int64{1024, 1500, 2047, 2048 + 7}
+			for _, b := range inLog[:3] {
+				write(b, 0xaa, true)
+			}
+			// Outside the log: a sum that matches no data on purpose, so
+			// that a recovery touching it would show.
+			outside := int64(100 * 1024)
+			if err := c.Set(outside, 0x12345678); err != nil {
+				t.Fatal(err)
+			}
+			if err := data.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			// Newer data, synced; its sums, and extent 2's block's, never
+			// reach the disk.
+			for _, b := range inLog[:3] {
+				write(b, 0xbb, true)
+			}
+			write(inLog[3], 0xcc, false)
+			if err := data.Sync(); err != nil {
+				t.Fatal(err)
+			}
+
+			mdAfter := dev.Crash()
+			dataAfter := mdAfter
+			if p == External {
+				dataAfter = data.Crash()
+				opts.DataDevice = dataAfter
+			}
+			md2 := reopen(t, mdAfter, opts)
+			var log opLog
+			dataAfter.SetInjector(log.record(md2))
+			rec, err := md2.RebuildActivityLogChecksums(dataAfter)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dataAfter.SetInjector(nil)
+			if ops := log.take(); len(ops) == 0 || ops[0] != "sync" {
+				t.Fatalf("recovery's operations on the data device: %v; want a sync first", ops)
+			}
+			if rec.Extents != 2 || rec.Blocks != 2*ExtentSize/4096 || rec.ForgotAll {
+				t.Fatalf("recovery %+v: want extents 1 and 2 rebuilt", rec)
+			}
+			check := func(md *MD) {
+				t.Helper()
+				c := sumsOf(t, md)
+				for _, b := range inLog {
+					buf := make([]byte, 4096)
+					if _, err := dataAfter.ReadAt(buf, b*4096); err != nil {
+						t.Fatal(err)
+					}
+					sum, known, err := c.Get(b)
+					if err != nil || !known {
+						t.Fatalf("block %d: no sum after recovery (%v)", b, err)
+					}
+					if err := seed.Verify(uint64(b), buf, sum); err != nil {
+						t.Fatalf("after recovery: %v", err)
+					}
+				}
+				wantSums(t, c, map[int64]uint32{outside: 0x12345678}, nil)
+			}
+			check(md2)
+			check(reopen(t, mdAfter.Crash(), opts)) // and durably
+		})
+	}
+}
+
+// TestRebuildWithAnIncompleteLogForgetsEverySum: when the activity log
+// cannot say which extents were hot, recovery drops every sum, with one
+// superblock write, and new sums are stored from then on.
+func TestRebuildWithAnIncompleteLogForgetsEverySum(t *testing.T) {
+	opts := checksumOptions(Internal)
+	dev, md := newTestMD(t, opts)
+	c := sumsOf(t, md)
+	for _, b := range []int64{0, 5000, 70000} {
+		if err := c.Set(b, uint32(b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// Wipe the activity log's ring: nothing describes its slots.
+	if _, err := dev.WriteAt(make([]byte, md.geo.alBlocks*MDBlockSize), md.geo.alOffset); err != nil {
+		t.Fatal(err)
+	}
+	if err := dev.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	md2 := reopen(t, dev.Crash(), opts)
+	if !md2.Report().ALIncomplete {
+		t.Fatal("the wiped log reads as complete")
+	}
+	var log opLog
+	dev2 := dev.Crash()
+	md2 = reopen(t, dev2, opts)
+	dev2.SetInjector(log.record(md2))
+	rec, err := md2.RebuildActivityLogChecksums(dev2)
+	if err != nil || !rec.ForgotAll {
+		t.Fatalf("recovery %+v, %v: want every sum forgotten", rec, err)
+	}
+	if ops := log.take(); !slices.Equal(ops, []string{"write superblock", "sync"}) {
+		t.Fatalf("forgetting every sum: %v", ops)
+	}
+	c2 := sumsOf(t, md2)
+	wantSums(t, c2, nil, []int64{0, 5000, 70000})
+	if err := c2.Set(5000, 9); err != nil {
+		t.Fatal(err)
+	}
+	if err := c2.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	wantSums(t, sumsOf(t, reopen(t, dev2.Crash(), opts)), map[int64]uint32{5000: 9}, []int64{0, 70000})
 }

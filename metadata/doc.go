@@ -8,7 +8,8 @@
 // online.
 //
 // A node's bbolt files are in the packages below: statefile (state.db)
-// and raftlog (raft.db). metadata itself imports only replication: not
+// and raftlog (raft.db). metadata itself imports only replication (and
+// internal/blocksum and lockorder): not
 // bbolt, raft, node, transport or web, so that config and replctl's
 // offline commands link it alone. node and backing call it; MD,
 // ActivityLog, PeerBitmap and Checksums are safe for concurrent use.
