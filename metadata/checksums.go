@@ -80,7 +80,8 @@ type ChecksumStats struct {
 // recovery recomputes those (or takes them with a resync), and never
 // calls them corrupt. Set only blocks of extents admitted to the
 // activity log (every write the node applies, as primary or secondary),
-// or the rule does not cover them.
+// and BEFORE the write's ActivityLog.Done, or the rule does not cover
+// them.
 //
 // It is safe for concurrent use. A Get or Set of a page not in memory
 // reads it (one 4 KiB read) holding the store's lock.

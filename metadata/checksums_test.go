@@ -5,10 +5,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"math/rand/v2"
+	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/replvol/replvol/internal/blocksum"
+	"github.com/replvol/replvol/internal/fault"
 	"github.com/replvol/replvol/metadata/mdtest"
 )
 
@@ -669,4 +673,132 @@ func TestRebuildWithAnIncompleteLogForgetsEverySum(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantSums(t, sumsOf(t, reopen(t, dev2.Crash(), opts)), map[int64]uint32{5000: 9}, []int64{0, 70000})
+}
+
+// TestChecksumsWhileInUse: writers admit extents, set sums and flush
+// while the activity log evicts and the metadata moves (a Grow); every
+// sum they set is there after a crash. (Run with -race.)
+func TestChecksumsWhileInUse(t *testing.T) {
+	c := growChecksumCases(t)[1]   // the move of internal metadata
+	c.alExtents = MinALExtents + 4 // setUp keeps 3 in flight, each writer 1 at a time
+	dev, md, st := c.setUp(t)
+	dev.Grow(c.devAfter)
+	al := md.ActivityLog()
+	sums := sumsOf(t, md)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	set := map[int64]uint32{}
+	var running atomic.Int32
+	for w := range 4 {
+		wg.Add(1)
+		running.Add(1)
+		go func() {
+			defer wg.Done()
+			defer running.Add(-1)
+			for i := int64(0); ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				// Spread over many extents, so that the log evicts.
+				block := (int64(w)*7919 + i*104729) % blocksOf(c.volBefore)
+				if _, ok := st.sums[block]; ok {
+					continue
+				}
+				if err := al.Admit(t.Context(), block*4096, 4096); err != nil {
+					t.Error(err)
+					return
+				}
+				sum := uint32(w)<<24 | uint32(i)
+				mu.Lock() // one writer per block at a time, as the node orders them
+				if err := sums.Set(block, sum); err != nil {
+					t.Error(err)
+				}
+				set[block] = sum
+				mu.Unlock()
+				al.Done(block*4096, 4096)
+				if i%16 == 0 {
+					if err := sums.Flush(); err != nil {
+						t.Error(err)
+					}
+				}
+			}
+		}()
+	}
+	waitFor := func(n int) {
+		for {
+			mu.Lock()
+			got := len(set)
+			mu.Unlock()
+			if got >= n {
+				return
+			}
+			if running.Load() == 0 {
+				t.Fatalf("the writers stopped after %d sums", got)
+			}
+			runtime.Gosched()
+		}
+	}
+	waitFor(200)
+	if _, err := md.Grow(GrowOptions{VolumeSize: c.volAfter, DeviceSize: c.devAfter}); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	during := len(set)
+	mu.Unlock()
+	waitFor(during + 200)
+	close(stop)
+	wg.Wait()
+	if err := sums.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if al.Stats().Evictions == 0 {
+		t.Fatal("no eviction while the writers ran")
+	}
+	again, err := c.open(dev.Crash(), c.volAfter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.check(t, again, c.peers)
+	wantSums(t, sumsOf(t, again), set, nil)
+	t.Logf("%d sums set by writers, %d before the move ended; %+v", len(set), during, al.Stats())
+}
+
+// TestASumSetDuringAFlushIsWrittenByTheNext: a sum set while a flush
+// writes its page (the flush wrote the page as it was before) leaves the
+// page dirty, and the next flush writes it.
+func TestASumSetDuringAFlushIsWrittenByTheNext(t *testing.T) {
+	opts := checksumOptions(Internal)
+	dev, md := newTestMD(t, opts)
+	c := sumsOf(t, md)
+	if err := c.Set(10, 1); err != nil {
+		t.Fatal(err)
+	}
+	gate := fault.NewGate()
+	dev.SetInjector(func(op mdtest.Op) mdtest.Fault {
+		if op.Kind == mdtest.OpWrite && region(md, op) == "write checksums" {
+			return mdtest.Fault{Hold: gate}
+		}
+		return mdtest.Fault{}
+	})
+	flushed := make(chan error, 1)
+	go func() { flushed <- c.Flush() }()
+	<-gate.Entered // the flush's page write is under way
+	if err := c.Set(11, 2); err != nil {
+		t.Fatal(err)
+	}
+	gate.Open()
+	if err := <-flushed; err != nil {
+		t.Fatal(err)
+	}
+	dev.SetInjector(nil)
+	if c.DirtyPages() != 1 {
+		t.Fatalf("%d dirty pages after a flush that missed a change, want 1", c.DirtyPages())
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	wantSums(t, sumsOf(t, reopen(t, dev.Crash(), opts)), map[int64]uint32{10: 1, 11: 2}, nil)
 }

@@ -33,6 +33,8 @@ type growCase struct {
 	volBefore, volAfter int64
 	// checksums: the metadata has a checksum area (format 2).
 	checksums bool
+	// alExtents is the number of hot extents (0: the default).
+	alExtents int
 }
 
 // growCases: growth within the layout, a move of internal metadata to
@@ -44,11 +46,11 @@ func growCases(t testing.TB) []growCase {
 	bigDev := deviceFor(256*mib, 0, 0, DefaultALExtents, 2, false)
 	smallDev := deviceFor(64*mib, 0, 0, DefaultALExtents, 2, false)
 	return []growCase{
-		{"internal, the device holds the new size already", Internal, twoPeers, bigDev, bigDev, 64 * mib, 256 * mib, false},
-		{"internal, the metadata moves to the end of the grown device", Internal, twoPeers, smallDev, bigDev + 64*mib, 64 * mib, 256 * mib, false},
-		{"internal, the volume ends inside a bitmap page and grows past three", Internal, []uint32{nodeBeta}, smallDev, 3 * bigDev, 64*mib + 4096, 600 * mib, false},
-		{"external, one peer", External, []uint32{nodeBeta}, 0, 0, 64 * mib, 256 * mib, false},
-		{"external, two peers", External, twoPeers, 0, 0, 64 * mib, 256 * mib, false},
+		{"internal, the device holds the new size already", Internal, twoPeers, bigDev, bigDev, 64 * mib, 256 * mib, false, 0},
+		{"internal, the metadata moves to the end of the grown device", Internal, twoPeers, smallDev, bigDev + 64*mib, 64 * mib, 256 * mib, false, 0},
+		{"internal, the volume ends inside a bitmap page and grows past three", Internal, []uint32{nodeBeta}, smallDev, 3 * bigDev, 64*mib + 4096, 600 * mib, false, 0},
+		{"external, one peer", External, []uint32{nodeBeta}, 0, 0, 64 * mib, 256 * mib, false, 0},
+		{"external, two peers", External, twoPeers, 0, 0, 64 * mib, 256 * mib, false, 0},
 	}
 }
 
@@ -60,9 +62,9 @@ func growChecksumCases(t testing.TB) []growCase {
 	smallDev := deviceFor(64*mib, 0, 0, DefaultALExtents, 1, true)
 	one := []uint32{nodeBeta}
 	return []growCase{
-		{"internal with checksums, the device holds the new size already", Internal, one, bigDev, bigDev, 64 * mib, 256 * mib, true},
-		{"internal with checksums, the metadata moves to the end of the grown device", Internal, one, smallDev, bigDev + 64*mib, 64 * mib, 256 * mib, true},
-		{"external with checksums, one peer", External, one, 0, 0, 64 * mib, 256 * mib, true},
+		{"internal with checksums, the device holds the new size already", Internal, one, bigDev, bigDev, 64 * mib, 256 * mib, true, 0},
+		{"internal with checksums, the metadata moves to the end of the grown device", Internal, one, smallDev, bigDev + 64*mib, 64 * mib, 256 * mib, true, 0},
+		{"external with checksums, one peer", External, one, 0, 0, 64 * mib, 256 * mib, true, 0},
 	}
 }
 
@@ -86,7 +88,7 @@ type grownState struct {
 // it before a resize; internal devices grow to devAfter later.
 func (c growCase) setUp(t testing.TB) (*mdtest.Device, *MD, grownState) {
 	t.Helper()
-	opts := MDOptions{Placement: c.placement, Volume: testVolume, NodeID: nodeAlpha, Peers: c.peers, VolumeSize: c.volBefore, Checksums: c.checksums}
+	opts := MDOptions{Placement: c.placement, Volume: testVolume, NodeID: nodeAlpha, Peers: c.peers, VolumeSize: c.volBefore, Checksums: c.checksums, ALExtents: c.alExtents}
 	var dev *mdtest.Device
 	if c.placement == Internal {
 		opts.DeviceSize = c.devBefore
