@@ -2,9 +2,13 @@ package metadata
 
 import (
 	"bytes"
+	"compress/gzip"
 	"encoding/binary"
 	"errors"
+	"io"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"sync"
@@ -801,4 +805,57 @@ func TestASumSetDuringAFlushIsWrittenByTheNext(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantSums(t, sumsOf(t, reopen(t, dev.Crash(), opts)), map[int64]uint32{10: 1, 11: 2}, nil)
+}
+
+// TestFormat1MetadataOfAnEarlierBuildOpens: external metadata that the
+// build before checksums made (testdata/format1-external-64MiB.md.gz: a
+// 64 MiB volume, node 1, peer 2, 7 hot extents, crashed as primary with
+// extents 1, 5 and 9 hot, the bits of block 0 and of [40 MiB, 41 MiB)
+// set) opens with all it held, without a checksum area, and opening it
+// changes no byte.
+func TestFormat1MetadataOfAnEarlierBuildOpens(t *testing.T) {
+	f, err := os.Open(filepath.Join("testdata", "format1-external-64MiB.md.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	z, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	image, err := io.ReadAll(z)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := mdtest.NewDevice(int64(len(image)))
+	if _, err := dev.WriteAt(image, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := dev.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	opts := MDOptions{Placement: External, DeviceSize: 64 << 20, Volume: testVolume, NodeID: nodeAlpha, Checksums: true}
+	md := reopen(t, dev, opts)
+	if sb := md.Superblock(); sb.Version != 1 || sb.HasChecksums() {
+		t.Fatalf("superblock version %d", sb.Version)
+	}
+	if _, ok := md.Checksums(); ok {
+		t.Fatal("a checksum area in format 1 metadata")
+	}
+	if !md.CrashedPrimary() {
+		t.Fatal("the primary indicator was lost")
+	}
+	if got := md.ActivityLog().ActiveExtents(); !slices.Equal(got, []uint64{1, 5, 9}) {
+		t.Fatalf("activity log %v, want [1 5 9]", got)
+	}
+	b, _ := md.Bitmap(nodeBeta)
+	if b.Count() != 1+256 || !b.Test(0) || !b.Test(40<<20/4096) || b.Test(1) {
+		t.Fatalf("bitmap: %d bits set", b.Count())
+	}
+	if err := md.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dev.Snapshot(0, len(image)), image) {
+		t.Fatal("opening and closing the metadata changed it")
+	}
 }
