@@ -859,3 +859,38 @@ func TestFormat1MetadataOfAnEarlierBuildOpens(t *testing.T) {
 		t.Fatal("opening and closing the metadata changed it")
 	}
 }
+
+// TestGrowLimitWithChecksumsIsWhatGrowAccepts: external metadata with a
+// checksum area grows its area with the volume; the limit GrowLimit
+// gives for the file is the largest size Grow takes, and 4 KiB more is
+// refused, naming the file's room.
+func TestGrowLimitWithChecksumsIsWhatGrowAccepts(t *testing.T) {
+	opts := checksumOptions(External)
+	opts.DeviceSize = 64 << 20
+	need, err := ExternalSizeFor(300<<20, 0, 1, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := mdtest.NewDevice(need + 5*MDBlockSize) // room for a little more than 300 MiB
+	md, err := CreateMD(dev, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit, err := md.GrowLimit(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if limit < 300<<20 || limit%4096 != 0 {
+		t.Fatalf("limit %d: want at least 300 MiB, a multiple of 4 KiB", limit)
+	}
+	var room *NoRoomError
+	if _, err := md.Grow(GrowOptions{VolumeSize: limit + 4096}); !errors.As(err, &room) || !room.MetadataFile || room.Holds != limit {
+		t.Fatalf("Grow past the limit %d: %v", limit, err)
+	}
+	if _, err := md.Grow(GrowOptions{VolumeSize: limit}); err != nil {
+		t.Fatalf("Grow to the limit %d: %v", limit, err)
+	}
+	if c := sumsOf(t, md); c.Blocks() != limit/4096 {
+		t.Fatalf("the store covers %d blocks, want %d", c.Blocks(), limit/4096)
+	}
+}
