@@ -177,6 +177,14 @@ type VolumeConfig struct {
 	// blocks that differ (DRBD's csums-alg): less traffic on a slow link,
 	// a read of both disks either way.
 	Csums bool `yaml:"csums,omitempty"`
+	// Checksums is on or off: a CRC-32C of every 4 KiB block, computed
+	// where a write enters, verified by each peer before it writes and
+	// stored in the metadata (docs/integrity.md). It is laid out when a
+	// disk's metadata is created; unset means on for the metadata this
+	// version creates, and a disk whose metadata has no checksum area
+	// runs without them. (The node does not yet compute or verify them:
+	// the field is parsed and checked, the wiring follows.)
+	Checksums string `yaml:"checksums,omitempty"`
 	// OnPromote and OnDemote are commands run (through /bin/sh -c) after
 	// this node became the volume's primary and after it stopped being
 	// it; they get REPLVOL_VOLUME, REPLVOL_NODE, REPLVOL_EPOCH and
@@ -193,6 +201,10 @@ type VolumeConfig struct {
 	// discard-least-changes or discard-zero-changes.
 	AfterSB string `yaml:"after_sb,omitempty"`
 }
+
+// ChecksumsOn reports whether metadata created for the volume gets a
+// checksum area: checksums is on, or unset.
+func (v VolumeConfig) ChecksumsOn() bool { return v.Checksums != "off" }
 
 // External reports whether the volume keeps its metadata in separate files.
 func (v VolumeConfig) External() bool { return v.Metadata == "external" }
@@ -671,6 +683,11 @@ func (c *Config) problems() []Problem {
 		}
 		if _, err := replication.ParseReadBalancing(v.ReadBalancing); err != nil {
 			bad(f+".read_balancing", "%v", err)
+		}
+		switch v.Checksums {
+		case "", "on", "off":
+		default:
+			bad(f+".checksums", "%q: want on or off", v.Checksums)
 		}
 		if v.Primary == "" {
 			bad(f+".primary", "missing: name the node that is primary when the volume is created")

@@ -31,6 +31,26 @@ func TestLoadConfig(t *testing.T) {
 	}
 }
 
+// TestChecksumsOnUnlessOff: checksums is on when unset (the metadata this
+// version creates gets a checksum area) and for on, off only for off;
+// YAML's on and off read as the words, not as booleans.
+func TestChecksumsOnUnlessOff(t *testing.T) {
+	for _, c := range []struct {
+		line string
+		want bool
+	}{{"", true}, {"\n    checksums: on", true}, {"\n    checksums: off", false}, {"\n    checksums: \"off\"", false}} {
+		path := filepath.Join(t.TempDir(), "c.yaml")
+		os.WriteFile(path, []byte(strings.Replace(goodConfig, "protocol: C", "protocol: C"+c.line, 1)), 0o644)
+		cfg, err := LoadConfig(path)
+		if err != nil {
+			t.Fatalf("%q: %v", c.line, err)
+		}
+		if got := cfg.Volumes[0].ChecksumsOn(); got != c.want {
+			t.Fatalf("%q: checksums on %v, want %v", c.line, got, c.want)
+		}
+	}
+}
+
 func TestConfigErrorsNameTheField(t *testing.T) {
 	cases := []struct {
 		name, from, to, want string
@@ -45,6 +65,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"duplicate address", `"127.0.0.1:7803"`, `"127.0.0.1:7800"`, `nodes[1].control: "127.0.0.1:7800" is also used by nodes[0].control`},
 		{"not host:port", `"127.0.0.1:7804"`, `"nowhere"`, `nodes[1].replication: "nowhere" is not HOST:PORT`},
 		{"unknown field", "protocol: C", "protocol: C\n    colour: blue", "volumes[0].colour: unknown key"},
+		{"checksums neither on nor off", "protocol: C", "protocol: C\n    checksums: crc64", `volumes[0].checksums: "crc64": want on or off`},
 		{"no nodes", goodConfig[:strings.Index(goodConfig, "volumes:")], "nodes: []\n", "nodes: missing"},
 	}
 	for _, c := range cases {

@@ -125,6 +125,9 @@ type ALStats struct {
 	// bitmap pages written out for them first.
 	Evictions          int64
 	BitmapPagesFlushed int64
+	// ChecksumPagesFlushed are the checksum pages written out for the
+	// evicted extents first (format 2).
+	ChecksumPagesFlushed int64
 }
 
 // ActivityLog is the set of "hot" 4 MiB extents in which writes may be in
@@ -134,8 +137,9 @@ type ALStats struct {
 // BEFORE the data write is issued; admissions that arrive while a
 // transaction is being written are batched into the next one (group
 // commit). An extent leaves the AL only when no write is in flight in it
-// (least recently used first), and its bitmap pages are on stable storage
-// BEFORE the transaction that gives its slot away.
+// (least recently used first), and its checksum pages (after its data)
+// and bitmap pages are on stable storage BEFORE the transaction that
+// gives its slot away.
 //
 // After a crash as primary, ActiveExtents lists every extent a write may
 // have reached without its peers: MD.ApplyActivityLog marks them.
@@ -488,9 +492,24 @@ func (a *ActivityLog) lruRemove(x *alExtent) {
 	x.prev, x.next, x.inLRU = nil, nil, false
 }
 
-// commit makes batch b durable: the bitmap pages of the evicted extents
-// first (synced), then the transactions, synced.
+// commit makes batch b durable: the checksum pages of the evicted
+// extents first, after the data they describe (synced), then their bitmap
+// pages (synced), then the transactions, synced.
+//
+// AN EXTENT LEAVES THE ACTIVITY LOG ONLY ONCE THE CHECKSUMS OF ITS BLOCKS
+// ARE DURABLE, AND THE DATA THEY DESCRIBE BEFORE THEM: after a crash,
+// recovery recomputes the sums of the extents still in the log and
+// trusts every other stored sum (TestALEvictionMakesTheChecksumsDurable).
 func (a *ActivityLog) commit(b *alBatch) error {
+	if a.md.sums != nil && len(b.evicted) > 0 {
+		n, err := a.md.sums.flushExtents(b.evicted)
+		a.mu.Lock()
+		a.stats.ChecksumPagesFlushed += int64(n)
+		a.mu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
 	for _, e := range b.evicted {
 		n, err := a.md.flushBitmapRange(extentStart(e), ExtentSize)
 		a.mu.Lock()

@@ -42,6 +42,8 @@ func region(md *MD, op mdtest.Op) string {
 		return "sync"
 	case op.Off >= g.alOffset && op.Off < g.alOffset+int64(g.alBlocks)*MDBlockSize:
 		return op.Kind.String() + " al"
+	case g.checksums && op.Off >= g.checksumOffset && op.Off < g.checksumOffset+g.checksumPages*MDBlockSize:
+		return op.Kind.String() + " checksums"
 	case op.Off >= g.bitmapOffset && op.Off < g.bitmapOffset+int64(g.peerSlots)*g.bitmapPages*MDBlockSize:
 		return op.Kind.String() + " bitmap"
 	case op.Off == g.sbOffset[0] || op.Off == g.sbOffset[1]:

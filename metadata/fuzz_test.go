@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/replvol/replvol/replication"
@@ -19,15 +20,15 @@ var writeFuzzSeeds = flag.Bool("write-fuzz-seeds", false, "rewrite the committed
 // seedSuperblocks are valid superblocks of both placements and some
 // variations, plus the shapes of damage the decoder must refuse.
 func seedSuperblocks() [][]byte {
-	var seeds [][]byte
+	var seeds, checksummed [][]byte
 	for _, p := range []Placement{Internal, External} {
 		for _, size := range []int64{1 << 30, 1<<40 + 12345} {
-			g, err := computeGeometry(p, size, DefaultALExtents, 2)
+			g, err := computeGeometry(p, size, DefaultALExtents, 2, false)
 			if err != nil {
 				panic(err)
 			}
 			sb := Superblock{
-				Version: FormatVersion, Seq: 7, Flags: FlagConsistent | FlagPrimary, Volume: testVolume, NodeID: 1, Placement: p,
+				Version: 1, Seq: 7, Flags: FlagConsistent | FlagPrimary, Volume: testVolume, NodeID: 1, Placement: p,
 				DeviceSize: size, DataSize: g.dataSize, MDOffset: g.mdOffset, MDSize: g.mdSize,
 				ALOffset: g.alOffset, ALBlocks: uint32(g.alBlocks), ALExtents: uint32(g.alExtents),
 				BitmapOffset: g.bitmapOffset, BitmapPages: uint32(g.bitmapPages), BytesPerBit: bytesPerBit, ExtentShift: ExtentShift,
@@ -35,11 +36,19 @@ func seedSuperblocks() [][]byte {
 				Peers: []PeerSlot{{NodeID: 2, InUse: true, Bitmap: replication.Generation{1}}, {NodeID: 3}},
 			}
 			seeds = append(seeds, encodeSuperblock(&sb))
+			// The same with a checksum area (format 2).
+			if g, err = computeGeometry(p, size, DefaultALExtents, 2, true); err != nil {
+				panic(err)
+			}
+			sb.Version = FormatChecksums
+			sb.setGeometry(g)
+			sb.ChecksumSeed = 0x0123456789abcdef
+			checksummed = append(checksummed, encodeSuperblock(&sb))
 		}
 	}
 	newer := append([]byte(nil), seeds[1]...)
 	newer[8] = FormatVersion + 1
-	return append(seeds, newer, nil)
+	return append(append(seeds, newer, nil), checksummed[0], checksummed[3])
 }
 
 // trimSeed drops the checksum and the trailing zeros of a block: the fuzz
@@ -127,7 +136,7 @@ func FuzzDecodeALTransaction(f *testing.F) {
 // -write-fuzz-seeds (after a format change); otherwise it checks that the
 // corpus is there.
 func TestWriteFuzzSeeds(t *testing.T) {
-	for i, s := range seedSuperblocks()[:4] {
+	for i, s := range slices.Concat(seedSuperblocks()[:4], seedSuperblocks()[6:]) {
 		s = fixChecksum(trimSeed(s), func(b []byte) uint32 { return crc32.Checksum(b[:crcOffset], castagnoli) })
 		if _, err := decodeSuperblock(s); err != nil {
 			t.Errorf("superblock seed %d does not decode: %v", i, err)

@@ -106,10 +106,16 @@ type GrowReport struct {
 //
 // The new internal metadata area must lie past the old device end (a
 // device grown by less is refused, NoRoomError.Move). External metadata
-// moves within its file: with more than one peer slot, a crash before
-// the switch may leave pages of the slots after the first overwritten;
-// they then fail their checksums at the next open and their ranges are
-// resynced in full (never taken as in sync).
+// moves within its file: with more than one peer slot, or a checksum
+// area (which grows where it is, so the bitmaps after it move), a crash
+// before the switch may leave bitmap pages overwritten; they then fail
+// their checksums at the next open and their ranges are resynced in full
+// (never taken as in sync).
+//
+// Checksums (format 2): the blocks the volume gains have no known sum.
+// Internal metadata that moves copies the checksum pages of the volume
+// to the new place with the bitmaps, BEFORE the switch; external
+// metadata keeps its checksum area at its offset, grown at its end.
 func (md *MD) Grow(opts GrowOptions) (GrowReport, error) {
 	md.growMu.Lock()
 	defer md.growMu.Unlock()
@@ -133,6 +139,9 @@ func (md *MD) Grow(opts GrowOptions) (GrowReport, error) {
 	}
 	for _, b := range md.bitmaps {
 		b.grow(opts.VolumeSize)
+	}
+	if md.sums != nil {
+		md.sums.grow(opts.VolumeSize)
 	}
 	md.mu.Lock()
 	md.volumeSize = opts.VolumeSize
@@ -174,6 +183,24 @@ func (md *MD) GrowLimit(given int64) (int64, error) {
 // holds is the largest volume a Grow accepts in layout geo on a device
 // (internal) or metadata file (external) of dev bytes.
 func holds(geo geometry, dev int64) int64 {
+	if geo.placement == External && geo.checksums {
+		// The checksum area grows with the volume too: search the
+		// largest multiple of 4 KiB whose metadata fits.
+		fits := func(blocks int64) bool {
+			g, err := computeGeometry(External, blocks*bytesPerBit, geo.alExtents, geo.peerSlots, true)
+			return err == nil && g.bitmapOffset+int64(g.peerSlots)*g.bitmapPages*MDBlockSize <= dev
+		}
+		lo, hi := int64(0), int64(maxDataSize/bytesPerBit)
+		for lo < hi {
+			mid := lo + (hi-lo+1)/2
+			if fits(mid) {
+				lo = mid
+			} else {
+				hi = mid - 1
+			}
+		}
+		return lo * bytesPerBit
+	}
 	if geo.placement == External {
 		fixed := int64(superblockSlots + geo.alBlocks)
 		pages := (dev/MDBlockSize - fixed) / int64(geo.peerSlots)
@@ -184,7 +211,7 @@ func holds(geo geometry, dev int64) int64 {
 	}
 	best := geo.dataSize
 	if dev > geo.deviceSize {
-		g, err := computeGeometry(Internal, dev, geo.alExtents, geo.peerSlots)
+		g, err := computeGeometry(Internal, dev, geo.alExtents, geo.peerSlots, geo.checksums)
 		if err == nil && g.mdOffset >= floorBlock(geo.deviceSize) {
 			best = max(best, g.dataSize)
 		}
@@ -198,7 +225,7 @@ func formatLimit(geo geometry) int64 {
 	if geo.placement == External {
 		return maxDataSize
 	}
-	g, err := computeGeometry(Internal, maxDataSize, geo.alExtents, geo.peerSlots)
+	g, err := computeGeometry(Internal, maxDataSize, geo.alExtents, geo.peerSlots, geo.checksums)
 	if err != nil {
 		return 0
 	}
@@ -241,7 +268,7 @@ func (md *MD) planGrow(opts GrowOptions) (cur int64, geo, target geometry, grows
 // bytes: geo itself when it does, or a refusal.
 func (md *MD) grownGeometry(opts GrowOptions, geo geometry) (geometry, error) {
 	if geo.placement == External {
-		g, err := computeGeometry(External, opts.VolumeSize, geo.alExtents, geo.peerSlots)
+		g, err := computeGeometry(External, opts.VolumeSize, geo.alExtents, geo.peerSlots, geo.checksums)
 		if err != nil {
 			return geo, err
 		}
@@ -266,16 +293,16 @@ func (md *MD) grownGeometry(opts GrowOptions, geo geometry) (geometry, error) {
 		return geo, errorf("the device holds %d bytes, less than the %d its metadata is laid out for", dev, geo.deviceSize)
 	}
 	oldEnd := floorBlock(geo.deviceSize)
-	g, err := computeGeometry(Internal, dev, geo.alExtents, geo.peerSlots)
+	g, err := computeGeometry(Internal, dev, geo.alExtents, geo.peerSlots, geo.checksums)
 	room := &NoRoomError{Volume: opts.VolumeSize, Have: dev, Holds: holds(geo, dev)}
 	if err != nil || g.dataSize < opts.VolumeSize {
-		room.Need = deviceFor(opts.VolumeSize, 0, 0, geo.alExtents, geo.peerSlots)
+		room.Need = deviceFor(opts.VolumeSize, 0, 0, geo.alExtents, geo.peerSlots, geo.checksums)
 		if room.Need <= dev {
-			room.Need = deviceFor(opts.VolumeSize, 0, dev, geo.alExtents, geo.peerSlots)
+			room.Need = deviceFor(opts.VolumeSize, 0, dev, geo.alExtents, geo.peerSlots, geo.checksums)
 		}
 	} else if g.mdOffset < oldEnd {
 		room.Move = true
-		room.Need = deviceFor(opts.VolumeSize, oldEnd, dev, geo.alExtents, geo.peerSlots)
+		room.Need = deviceFor(opts.VolumeSize, oldEnd, dev, geo.alExtents, geo.peerSlots, geo.checksums)
 	} else {
 		return g, nil
 	}
@@ -292,10 +319,10 @@ func (md *MD) grownGeometry(opts GrowOptions, geo geometry) (geometry, error) {
 // starts at or past mdFrom; 0 when no device the format allows (at most
 // maxDataSize) does. Each step grows the device by what it lacked, so it
 // takes a few steps, never more than the format's size allows.
-func deviceFor(volume, mdFrom, from int64, alExtents, peers int) int64 {
+func deviceFor(volume, mdFrom, from int64, alExtents, peers int, checksums bool) int64 {
 	dev := max(floorBlock(volume+MDBlockSize-1), floorBlock(from+MDBlockSize-1))
 	for dev <= maxDataSize {
-		g, err := computeGeometry(Internal, dev, alExtents, peers)
+		g, err := computeGeometry(Internal, dev, alExtents, peers, checksums)
 		if err != nil {
 			if g.mdSize == 0 || floorBlock(dev) > g.mdSize {
 				return 0 // not a question of size
@@ -346,6 +373,9 @@ func (md *MD) move(g geometry, size int64) (pages int, err error) {
 	if err := a.own(); err != nil {
 		return 0, err
 	}
+	if md.sums != nil {
+		md.sums.flushMu.Lock()
+	}
 	for _, b := range md.bitmaps {
 		b.flushMu.Lock()
 	}
@@ -353,6 +383,9 @@ func (md *MD) move(g geometry, size int64) (pages int, err error) {
 	defer func() {
 		for _, b := range md.bitmaps {
 			b.flushMu.Unlock()
+		}
+		if md.sums != nil {
+			md.sums.flushMu.Unlock()
 		}
 		a.release(failLog)
 	}()
@@ -384,6 +417,15 @@ func (md *MD) move(g geometry, size int64) (pages int, err error) {
 			return pages, err
 		}
 	}
+	if md.sums != nil && g.checksumOffset != old.checksumOffset {
+		// Internal: the checksum pages of the volume, copied. External
+		// metadata keeps its area where it is: it grows at its end, over
+		// the old bitmaps, whose pages fail a checksum page's check.
+		if _, err := md.sums.copyPagesTo(g.checksumOffset); err != nil {
+			undo()
+			return pages, err
+		}
+	}
 	if err := md.dev.Sync(); err != nil {
 		undo()
 		return pages, fmt.Errorf("sync the moved metadata: %w", err)
@@ -407,6 +449,11 @@ func (md *MD) move(g geometry, size int64) (pages int, err error) {
 	}
 	md.geo, md.sb = g, next
 	a.ringOffset, a.seq, a.cursor = g.alOffset, seq, cursor
+	if md.sums != nil {
+		md.sums.mu.Lock()
+		md.sums.offset = g.checksumOffset
+		md.sums.mu.Unlock()
+	}
 	// The other slot holds this layout too (a failure leaves next in
 	// force, and the next update writes that slot again).
 	second := next.clone()
@@ -445,6 +492,7 @@ func (sb *Superblock) setGeometry(g geometry) {
 	sb.DeviceSize, sb.DataSize, sb.MDOffset, sb.MDSize = g.deviceSize, g.dataSize, g.mdOffset, g.mdSize
 	sb.ALOffset, sb.ALBlocks, sb.ALExtents = g.alOffset, uint32(g.alBlocks), uint32(g.alExtents)
 	sb.BitmapOffset, sb.BitmapPages = g.bitmapOffset, uint32(g.bitmapPages)
+	sb.ChecksumOffset, sb.ChecksumPages = g.checksumOffset, g.checksumPages
 }
 
 // writePagesAt writes pages [first, end) of this bitmap in layout g,

@@ -31,6 +31,10 @@ type growCase struct {
 	devBefore, devAfter int64
 	// volBefore and volAfter are the volume's sizes.
 	volBefore, volAfter int64
+	// checksums: the metadata has a checksum area (format 2).
+	checksums bool
+	// alExtents is the number of hot extents (0: the default).
+	alExtents int
 }
 
 // growCases: growth within the layout, a move of internal metadata to
@@ -39,22 +43,41 @@ type growCase struct {
 func growCases(t testing.TB) []growCase {
 	t.Helper()
 	twoPeers := []uint32{nodeBeta, 3}
-	bigDev := deviceFor(256*mib, 0, 0, DefaultALExtents, 2)
-	smallDev := deviceFor(64*mib, 0, 0, DefaultALExtents, 2)
+	bigDev := deviceFor(256*mib, 0, 0, DefaultALExtents, 2, false)
+	smallDev := deviceFor(64*mib, 0, 0, DefaultALExtents, 2, false)
 	return []growCase{
-		{"internal, the device holds the new size already", Internal, twoPeers, bigDev, bigDev, 64 * mib, 256 * mib},
-		{"internal, the metadata moves to the end of the grown device", Internal, twoPeers, smallDev, bigDev + 64*mib, 64 * mib, 256 * mib},
-		{"internal, the volume ends inside a bitmap page and grows past three", Internal, []uint32{nodeBeta}, smallDev, 3 * bigDev, 64*mib + 4096, 600 * mib},
-		{"external, one peer", External, []uint32{nodeBeta}, 0, 0, 64 * mib, 256 * mib},
-		{"external, two peers", External, twoPeers, 0, 0, 64 * mib, 256 * mib},
+		{"internal, the device holds the new size already", Internal, twoPeers, bigDev, bigDev, 64 * mib, 256 * mib, false, 0},
+		{"internal, the metadata moves to the end of the grown device", Internal, twoPeers, smallDev, bigDev + 64*mib, 64 * mib, 256 * mib, false, 0},
+		{"internal, the volume ends inside a bitmap page and grows past three", Internal, []uint32{nodeBeta}, smallDev, 3 * bigDev, 64*mib + 4096, 600 * mib, false, 0},
+		{"external, one peer", External, []uint32{nodeBeta}, 0, 0, 64 * mib, 256 * mib, false, 0},
+		{"external, two peers", External, twoPeers, 0, 0, 64 * mib, 256 * mib, false, 0},
 	}
 }
+
+// growChecksumCases are growth within the layout, a move of internal
+// metadata and external metadata, with checksum areas.
+func growChecksumCases(t testing.TB) []growCase {
+	t.Helper()
+	bigDev := deviceFor(256*mib, 0, 0, DefaultALExtents, 1, true)
+	smallDev := deviceFor(64*mib, 0, 0, DefaultALExtents, 1, true)
+	one := []uint32{nodeBeta}
+	return []growCase{
+		{"internal with checksums, the device holds the new size already", Internal, one, bigDev, bigDev, 64 * mib, 256 * mib, true, 0},
+		{"internal with checksums, the metadata moves to the end of the grown device", Internal, one, smallDev, bigDev + 64*mib, 64 * mib, 256 * mib, true, 0},
+		{"external with checksums, one peer", External, one, 0, 0, 64 * mib, 256 * mib, true, 0},
+	}
+}
+
+// allGrowCases are growCases and growChecksumCases.
+func allGrowCases(t testing.TB) []growCase { return append(growCases(t), growChecksumCases(t)...) }
 
 // grownState is what a growCase's metadata holds before Grow: bits set
 // for each peer (byte offsets) and extents in the activity log.
 type grownState struct {
 	bits    []int64
 	extents []uint64
+	// sums are the block checksums set and flushed (with checksums).
+	sums map[int64]uint32
 }
 
 // setUp creates c's metadata, sets bits near the start, the middle and
@@ -65,14 +88,15 @@ type grownState struct {
 // it before a resize; internal devices grow to devAfter later.
 func (c growCase) setUp(t testing.TB) (*mdtest.Device, *MD, grownState) {
 	t.Helper()
-	opts := MDOptions{Placement: c.placement, Volume: testVolume, NodeID: nodeAlpha, Peers: c.peers, VolumeSize: c.volBefore}
+	opts := MDOptions{Placement: c.placement, Volume: testVolume, NodeID: nodeAlpha, Peers: c.peers, VolumeSize: c.volBefore, Checksums: c.checksums, ALExtents: c.alExtents}
 	var dev *mdtest.Device
 	if c.placement == Internal {
 		opts.DeviceSize = c.devBefore
 		dev = mdtest.NewDevice(c.devBefore)
 	} else {
 		opts.DeviceSize = c.volBefore
-		n, err := ExternalSize(c.volAfter, 0, len(c.peers))
+		opts.DataDevice = mdtest.NewDevice(c.volAfter)
+		n, err := ExternalSizeFor(c.volAfter, 0, len(c.peers), c.checksums)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -95,6 +119,19 @@ func (c growCase) setUp(t testing.TB) (*mdtest.Device, *MD, grownState) {
 	}
 	if err := md.FlushBitmaps(); err != nil {
 		t.Fatal(err)
+	}
+	if c.checksums {
+		sums, _ := md.Checksums()
+		last := blocksOf(c.volBefore) - 1
+		st.sums = map[int64]uint32{0: 1, SumsPerPage - 1: 2, SumsPerPage: 3, last / 2: 4, last: 5}
+		for b, s := range st.sums {
+			if err := sums.Set(b, s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := sums.Flush(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	al := md.ActivityLog()
 	st.extents = []uint64{0, 3, extentOf(c.volBefore - 1)}
@@ -139,6 +176,9 @@ func (st grownState) check(t testing.TB, md *MD, peers []uint32) {
 	if got := md.ActivityLog().ActiveExtents(); !isSubset(st.extents, got) {
 		t.Fatalf("activity log holds %v, want at least %v", got, st.extents)
 	}
+	if st.sums != nil {
+		wantSums(t, sumsOf(t, md), st.sums, nil)
+	}
 }
 
 func isSubset(small, big []uint64) bool {
@@ -156,7 +196,7 @@ func isSubset(small, big []uint64) bool {
 // too), and all of it is what the device holds after a crash: opened at
 // the new size, at the same place Grow reported.
 func TestGrowKeepsWhatTheMetadataHeldAndTheNewRangeIsInSync(t *testing.T) {
-	for _, c := range growCases(t) {
+	for _, c := range allGrowCases(t) {
 		t.Run(c.name, func(t *testing.T) {
 			dev, md, st := c.setUp(t)
 			dev.Grow(c.devAfter)
@@ -186,6 +226,19 @@ func TestGrowKeepsWhatTheMetadataHeldAndTheNewRangeIsInSync(t *testing.T) {
 				t.Fatalf("%d bits set after Grow, %d before", first.Count(), setBefore)
 			}
 			st.check(t, md, c.peers)
+			if c.checksums {
+				// The blocks gained have no sum; the store covers them.
+				sums := sumsOf(t, md)
+				gained := []int64{blocksOf(c.volBefore), blocksOf(c.volAfter) - 1}
+				wantSums(t, sums, nil, gained)
+				if err := sums.Set(gained[1], 6); err != nil {
+					t.Fatal(err)
+				}
+				if err := sums.Flush(); err != nil {
+					t.Fatal(err)
+				}
+				st.sums[gained[1]] = 6
+			}
 			// The grown range is usable: bits, and a cold extent.
 			for _, p := range c.peers {
 				b, _ := md.Bitmap(p)
@@ -229,7 +282,7 @@ func TestGrowKeepsWhatTheMetadataHeldAndTheNewRangeIsInSync(t *testing.T) {
 // volume's end (ignored while the volume ended there) are clear once the
 // volume grows over them.
 func TestGrowWritesTheRangeGainedClear(t *testing.T) {
-	dev := mdtest.NewDevice(deviceFor(256*mib, 0, 0, DefaultALExtents, 1))
+	dev := mdtest.NewDevice(deviceFor(256*mib, 0, 0, DefaultALExtents, 1, false))
 	opts := MDOptions{Placement: Internal, DeviceSize: dev.Size(), Volume: testVolume, NodeID: nodeAlpha, Peers: []uint32{nodeBeta}}
 	md, err := CreateMD(dev, opts) // the whole usable size
 	if err != nil {
@@ -264,7 +317,7 @@ func TestGrowWritesTheRangeGainedClear(t *testing.T) {
 // too small are refused, each saying how much is needed, and no byte of
 // the device changes.
 func TestGrowRefusesWhatItCannotDoAndChangesNothing(t *testing.T) {
-	small := deviceFor(64*mib, 0, 0, DefaultALExtents, 1)
+	small := deviceFor(64*mib, 0, 0, DefaultALExtents, 1, false)
 	cases := []struct {
 		name     string
 		c        growCase
@@ -274,9 +327,9 @@ func TestGrowRefusesWhatItCannotDoAndChangesNothing(t *testing.T) {
 	}{
 		{"a smaller size", growCase{placement: Internal, peers: []uint32{nodeBeta}, devBefore: small, devAfter: small, volBefore: 64 * mib}, 32 * mib, ErrShrink, NoRoomError{}},
 		{"a device that was not grown", growCase{placement: Internal, peers: []uint32{nodeBeta}, devBefore: small, devAfter: small, volBefore: 64 * mib}, 256 * mib, ErrVolumeTooLarge,
-			NoRoomError{Volume: 256 * mib, Have: small, Need: deviceFor(256*mib, 0, 0, DefaultALExtents, 1)}},
+			NoRoomError{Volume: 256 * mib, Have: small, Need: deviceFor(256*mib, 0, 0, DefaultALExtents, 1, false)}},
 		{"a device grown by less than its metadata", growCase{placement: Internal, peers: []uint32{nodeBeta}, devBefore: small, devAfter: small + 16*1024, volBefore: 64 * mib}, 64*mib + 8192, ErrVolumeTooLarge,
-			NoRoomError{Move: true, Volume: 64*mib + 8192, Have: small + 16*1024, Need: deviceFor(64*mib+8192, small, 0, DefaultALExtents, 1)}},
+			NoRoomError{Move: true, Volume: 64*mib + 8192, Have: small + 16*1024, Need: deviceFor(64*mib+8192, small, 0, DefaultALExtents, 1, false)}},
 		{"a volume no device holds with its metadata (the format's largest)", growCase{placement: Internal, peers: []uint32{nodeBeta}, devBefore: small, devAfter: small, volBefore: 64 * mib}, maxDataSize, ErrVolumeTooLarge,
 			NoRoomError{Volume: maxDataSize, Have: small, Limit: internalLimit(t, 1)}},
 		{"an external metadata file for the old size", growCase{placement: External, peers: []uint32{nodeBeta, 3}, volBefore: 64 * mib, volAfter: 64 * mib}, 256 * mib, ErrVolumeTooLarge, NoRoomError{MetadataFile: true}},
@@ -331,7 +384,7 @@ func TestGrowRefusesWhatItCannotDoAndChangesNothing(t *testing.T) {
 // internalLimit is the largest volume internal metadata for peers peers
 // holds: what a device of the format's largest size leaves.
 func internalLimit(t *testing.T, peers int) int64 {
-	g, err := computeGeometry(Internal, maxDataSize, DefaultALExtents, peers)
+	g, err := computeGeometry(Internal, maxDataSize, DefaultALExtents, peers, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -385,7 +438,7 @@ func (p *powerCut) injector(op mdtest.Op) mdtest.Fault {
 // its second slot in the middle of a move, which then read as all set
 // (resynced, never taken as in sync).
 func TestGrowSurvivesAPowerLossAtEveryStep(t *testing.T) {
-	for _, c := range growCases(t) {
+	for _, c := range allGrowCases(t) {
 		t.Run(c.name, func(t *testing.T) {
 			mayCorrupt := c.placement == External && len(c.peers) > 1
 			sawOld, sawNew := false, false

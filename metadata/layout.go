@@ -5,7 +5,8 @@
 // placement, at the END of the backing device (the usable data size
 // shrinks to MDOffset, which status shows):
 //
-//	MDOffset                                  bitmap, peer slot 0: BitmapPages × 4 KiB
+//	MDOffset (ChecksumOffset)                 checksums: ChecksumPages × 4 KiB (format 2)
+//	BitmapOffset                              bitmap, peer slot 0: BitmapPages × 4 KiB
 //	  + s×BitmapPages×4K                      bitmap, peer slot s
 //	ALOffset                                  activity-log ring: ALBlocks × 4 KiB
 //	floor4K(device size) − 8 KiB              superblock slot 0
@@ -16,6 +17,7 @@
 //	0        superblock slot 0
 //	4 KiB    superblock slot 1
 //	8 KiB    activity-log ring (ALOffset)
+//	...      checksums (ChecksumOffset; format 2)
 //	...      bitmaps, peer slot 0 first (BitmapOffset)
 //
 // Superblock (4 KiB; two slots written alternately, each followed by a sync;
@@ -23,7 +25,10 @@
 // previous copy in force):
 //
 //	  0  8  magic "RVOLMETA"
-//	  8  4  format version (1); a higher one is refused (ErrNewerFormat)
+//	  8  4  format version: 1, or 2 with a checksum area; a higher one is
+//	        refused (ErrNewerFormat), so a build that reads only format 1
+//	        refuses metadata with checksums rather than misread it
+//	        (and writes over the area as a bitmap's)
 //	 12  4  flags (FlagConsistent, FlagUpToDate, FlagPrimary, FlagReplica)
 //	 16  8  Seq, incremented by every write
 //	 24 16  volume UUID
@@ -38,6 +43,8 @@
 //	120 16  current generation
 //	136 64  history generations ×4, newest first
 //	200 24× peer slot: node id u32, flags u32 (1: in use), bitmap generation [16]
+//	968  8  format 2: ChecksumOffset, 976 8 ChecksumPages,
+//	984  8  ChecksumSeed (random at create-md; zero in format 1)
 //	4092 4  CRC32C of bytes [0, 4092)
 //
 // Activity-log transaction (4 KiB; the ring slot of transaction Seq is
@@ -68,6 +75,20 @@
 //
 // A page whose checksum fails on load is taken as all-set: that range is
 // resynced in full, and the load report names it.
+//
+// Checksum page (format 2; 4 KiB; the block checksums of 990 blocks =
+// 3.87 MiB of data per page, internal/blocksum's CRC-32C of each block;
+// ChecksumPages are sized for the device, like the bitmaps):
+//
+//	  0   4  CRC32C of the volume UUID, ChecksumSeed (u64), then bytes [4, 4096)
+//	  4   4  page index
+//	  8 128  known: bit b%64 of little-endian word b/64 says block b's sum is stored
+//	136 3960 sums, u32 ×990
+//
+// create-md writes no checksum page: a page that fails its checksum on
+// load (never written since this create-md, whose seed it lacks, or torn)
+// holds no known sum. That is never a corruption of data: a block without
+// a known sum is not verified until it is written or a scrub builds it.
 //
 // The bitmap area is sized for the data size (BitmapPages), but a bitmap
 // covers only the volume (MDOptions.VolumeSize, which is not stored): the
@@ -104,8 +125,14 @@ const (
 	MaxPeerSlots = 32
 	// HistorySlots is the number of history generations kept.
 	HistorySlots = 4
-	// FormatVersion is the format this build writes and the newest it reads.
-	FormatVersion = 1
+	// FormatVersion is the newest format this build reads and writes.
+	// CreateMD writes format 1 when it makes no checksum area (so that
+	// older builds open it) and FormatChecksums when it does.
+	FormatVersion = 2
+	// FormatChecksums is the first format with a checksum area.
+	FormatChecksums = 2
+	// SumsPerPage is the number of 4 KiB blocks one checksum page covers.
+	SumsPerPage = (MDBlockSize - sumPageHeaderSize) / 4 // 990
 
 	superblockSlots = 2
 	superblockMagic = "RVOLMETA"
@@ -120,6 +147,9 @@ const (
 	alContextPerTx       = (crcOffset - alContextOffset) / 4 // 920
 	alMinRingBlocks      = 8
 	bitmapPageHeaderSize = 8
+	sumKnownOffset       = 8
+	sumKnownWords        = 16 // 1024 bits, SumsPerPage used
+	sumPageHeaderSize    = sumKnownOffset + 8*sumKnownWords
 	bitmapPageWords      = (MDBlockSize - bitmapPageHeaderSize) / 8 // 511
 	// BitsPerPage is the number of 4 KiB blocks one bitmap page covers.
 	BitsPerPage = bitmapPageWords * 64 // 32704
@@ -169,6 +199,9 @@ func bitmapPagesFor(size int64) int64 {
 	return ceilDiv64(blocks, BitsPerPage)
 }
 
+// checksumPagesFor is the number of checksum pages covering size bytes.
+func checksumPagesFor(size int64) int64 { return ceilDiv64(blocksOf(size), SumsPerPage) }
+
 func ceilDiv(a, b int) int          { return (a + b - 1) / b }
 func ceilDiv64(a, b int64) int64    { return (a + b - 1) / b }
 func floorBlock(n int64) int64      { return n &^ (MDBlockSize - 1) }
@@ -191,6 +224,11 @@ type geometry struct {
 	bitmapOffset int64
 	bitmapPages  int64
 	peerSlots    int
+	// checksums: the layout has a checksum area (format 2) of
+	// checksumPages pages at checksumOffset.
+	checksums      bool
+	checksumOffset int64
+	checksumPages  int64
 }
 
 // superblockOffsets returns where the two superblock slots are.
@@ -202,9 +240,10 @@ func superblockOffsets(p Placement, deviceSize int64) [superblockSlots]int64 {
 	return [superblockSlots]int64{0, MDBlockSize}
 }
 
-// computeGeometry lays out a new metadata area.
-func computeGeometry(p Placement, deviceSize int64, alExtents, peerSlots int) (geometry, error) {
-	g := geometry{placement: p, deviceSize: deviceSize, alExtents: alExtents, peerSlots: peerSlots}
+// computeGeometry lays out a new metadata area, with a checksum area when
+// checksums.
+func computeGeometry(p Placement, deviceSize int64, alExtents, peerSlots int, checksums bool) (geometry, error) {
+	g := geometry{placement: p, deviceSize: deviceSize, alExtents: alExtents, peerSlots: peerSlots, checksums: checksums}
 	switch {
 	case p != Internal && p != External:
 		return g, errorf("placement %d: want internal or external", p)
@@ -217,20 +256,28 @@ func computeGeometry(p Placement, deviceSize int64, alExtents, peerSlots int) (g
 	}
 	g.alBlocks = alRingBlocks(alExtents)
 	g.bitmapPages = bitmapPagesFor(deviceSize)
+	if checksums {
+		g.checksumPages = checksumPagesFor(deviceSize)
+	}
 	g.sbOffset = superblockOffsets(p, deviceSize)
-	g.mdSize = int64(superblockSlots+g.alBlocks)*MDBlockSize + int64(peerSlots)*g.bitmapPages*MDBlockSize
+	g.mdSize = int64(superblockSlots+g.alBlocks)*MDBlockSize + (int64(peerSlots)*g.bitmapPages+g.checksumPages)*MDBlockSize
 	if p == Internal {
 		g.mdOffset = floorBlock(deviceSize) - g.mdSize
 		if g.mdOffset <= 0 {
 			return g, errorf("device of %d bytes is too small for %d bytes of internal metadata", deviceSize, g.mdSize)
 		}
 		g.dataSize = g.mdOffset
-		g.bitmapOffset = g.mdOffset
+		g.checksumOffset = g.mdOffset
+		g.bitmapOffset = g.checksumOffset + g.checksumPages*MDBlockSize
 		g.alOffset = g.bitmapOffset + int64(peerSlots)*g.bitmapPages*MDBlockSize
 	} else {
 		g.dataSize = deviceSize
 		g.alOffset = superblockSlots * MDBlockSize
-		g.bitmapOffset = g.alOffset + int64(g.alBlocks)*MDBlockSize
+		g.checksumOffset = g.alOffset + int64(g.alBlocks)*MDBlockSize
+		g.bitmapOffset = g.checksumOffset + g.checksumPages*MDBlockSize
+	}
+	if !checksums {
+		g.checksumOffset = 0
 	}
 	return g, nil
 }

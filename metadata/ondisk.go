@@ -1,6 +1,7 @@
 package metadata
 
 import (
+	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -109,12 +110,22 @@ type Superblock struct {
 	Current      replication.Generation
 	History      [HistorySlots]replication.Generation
 	Peers        []PeerSlot
+	// Format 2 (FormatChecksums) only: the checksum area, and the seed
+	// its pages' checksums start from (a new one at every create-md, so
+	// that pages an earlier create-md wrote hold no known sum).
+	ChecksumOffset int64
+	ChecksumPages  int64
+	ChecksumSeed   uint64
 }
 
 const (
-	sbPeersOffset = 200
-	sbPeerSize    = 24
+	sbPeersOffset    = 200
+	sbPeerSize       = 24
+	sbChecksumOffset = sbPeersOffset + sbPeerSize*MaxPeerSlots // 968
 )
+
+// HasChecksums reports whether the superblock describes a checksum area.
+func (sb *Superblock) HasChecksums() bool { return sb.Version >= FormatChecksums }
 
 // encodeSuperblock renders sb as one 4 KiB block with its checksum.
 func encodeSuperblock(sb *Superblock) []byte {
@@ -150,6 +161,11 @@ func encodeSuperblock(sb *Superblock) []byte {
 			le.PutUint32(b[o+4:], 1)
 		}
 		copy(b[o+8:o+24], p.Bitmap[:])
+	}
+	if sb.HasChecksums() {
+		le.PutUint64(b[sbChecksumOffset:], uint64(sb.ChecksumOffset))
+		le.PutUint64(b[sbChecksumOffset+8:], uint64(sb.ChecksumPages))
+		le.PutUint64(b[sbChecksumOffset+16:], sb.ChecksumSeed)
 	}
 	le.PutUint32(b[crcOffset:], crc32.Checksum(b[:crcOffset], castagnoli))
 	return b
@@ -210,6 +226,11 @@ func decodeSuperblock(b []byte) (Superblock, error) {
 		sb.Peers[i].InUse = le.Uint32(b[o+4:])&1 != 0
 		copy(sb.Peers[i].Bitmap[:], b[o+8:o+24])
 	}
+	if sb.HasChecksums() {
+		sb.ChecksumOffset = int64(le.Uint64(b[sbChecksumOffset:]))
+		sb.ChecksumPages = int64(le.Uint64(b[sbChecksumOffset+8:]))
+		sb.ChecksumSeed = le.Uint64(b[sbChecksumOffset+16:])
+	}
 	if err := sb.checkGeometry(); err != nil {
 		return sb, err
 	}
@@ -222,20 +243,21 @@ func (sb *Superblock) checkGeometry() error {
 	if sb.BytesPerBit != bytesPerBit || sb.ExtentShift != ExtentShift {
 		return fmt.Errorf("%w: %d bytes per bit, extent shift %d", ErrCorrupt, sb.BytesPerBit, sb.ExtentShift)
 	}
-	g, err := computeGeometry(sb.Placement, sb.DeviceSize, int(sb.ALExtents), len(sb.Peers))
+	g, err := computeGeometry(sb.Placement, sb.DeviceSize, int(sb.ALExtents), len(sb.Peers), sb.HasChecksums())
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
 	if sb.DataSize != g.dataSize || sb.MDOffset != g.mdOffset || sb.MDSize != g.mdSize ||
 		sb.ALOffset != g.alOffset || int(sb.ALBlocks) != g.alBlocks ||
-		sb.BitmapOffset != g.bitmapOffset || int64(sb.BitmapPages) != g.bitmapPages {
+		sb.BitmapOffset != g.bitmapOffset || int64(sb.BitmapPages) != g.bitmapPages ||
+		sb.ChecksumOffset != g.checksumOffset || sb.ChecksumPages != g.checksumPages {
 		return fmt.Errorf("%w: superblock geometry does not add up", ErrCorrupt)
 	}
 	return nil
 }
 
 func (sb *Superblock) geometry() geometry {
-	g, err := computeGeometry(sb.Placement, sb.DeviceSize, int(sb.ALExtents), len(sb.Peers))
+	g, err := computeGeometry(sb.Placement, sb.DeviceSize, int(sb.ALExtents), len(sb.Peers), sb.HasChecksums())
 	if err != nil {
 		panic(err) // checked by decodeSuperblock or CreateMD
 	}
@@ -285,6 +307,19 @@ type MDOptions struct {
 	ALExtents int
 	// Overwrite lets CreateMD replace valid metadata.
 	Overwrite bool
+	// Checksums makes CreateMD lay out a checksum area (format 2, the
+	// block checksums at rest of issue 29; MD.Checksums). OpenMD takes
+	// what the superblock says.
+	Checksums bool
+	// DataDevice is, for external metadata with checksums, the data
+	// device: an activity-log eviction syncs it BEFORE it writes the
+	// checksums of the extent it evicts. Without it the checksums are
+	// read-only (ErrNoDataDevice). Internal metadata shares the data's
+	// device and ignores it.
+	DataDevice Syncer
+	// ChecksumCachePages bounds the clean checksum pages kept in memory
+	// (0: DefaultChecksumCachePages).
+	ChecksumCachePages int
 }
 
 // LoadReport says what OpenMD found that was not in order, and what it did.
@@ -323,6 +358,7 @@ type MD struct {
 	crashedReplica bool
 	bitmaps        []*PeerBitmap
 	al             *ActivityLog
+	sums           *Checksums // nil without a checksum area
 	report         LoadReport
 
 	// growMu serialises Grow.
@@ -471,6 +507,9 @@ func OpenMD(dev MDDevice, opts MDOptions) (*MD, error) {
 		md.bitmaps = append(md.bitmaps, bm)
 		md.report.CorruptBitmapPages = append(md.report.CorruptBitmapPages, corrupt...)
 	}
+	if sb.HasChecksums() {
+		md.sums = newChecksums(md, opts)
+	}
 	if md.al, err = loadActivityLog(md); err != nil {
 		return nil, err
 	}
@@ -503,7 +542,7 @@ func CreateMD(dev MDDevice, opts MDOptions) (*MD, error) {
 	if opts.ALExtents == 0 {
 		opts.ALExtents = DefaultALExtents
 	}
-	geo, err := computeGeometry(opts.Placement, size, opts.ALExtents, len(opts.Peers))
+	geo, err := computeGeometry(opts.Placement, size, opts.ALExtents, len(opts.Peers), opts.Checksums)
 	if err != nil {
 		return nil, err
 	}
@@ -517,7 +556,7 @@ func CreateMD(dev MDDevice, opts MDOptions) (*MD, error) {
 	}
 
 	sb := Superblock{
-		Version: FormatVersion, Seq: 1, Volume: opts.Volume, NodeID: opts.NodeID, Placement: opts.Placement,
+		Version: 1, Seq: 1, Volume: opts.Volume, NodeID: opts.NodeID, Placement: opts.Placement,
 		DeviceSize: size, DataSize: geo.dataSize, MDOffset: geo.mdOffset, MDSize: geo.mdSize,
 		ALOffset: geo.alOffset, ALBlocks: uint32(geo.alBlocks), ALExtents: uint32(geo.alExtents),
 		BitmapOffset: geo.bitmapOffset, BitmapPages: uint32(geo.bitmapPages),
@@ -525,6 +564,17 @@ func CreateMD(dev MDDevice, opts MDOptions) (*MD, error) {
 	}
 	for _, p := range opts.Peers {
 		sb.Peers = append(sb.Peers, PeerSlot{NodeID: p, InUse: true})
+	}
+	if opts.Checksums {
+		// A new seed: the pages an earlier create-md wrote fail their
+		// checksums and hold no known sum, so the area needs no writing.
+		var seed [8]byte
+		if _, err := rand.Read(seed[:]); err != nil {
+			return nil, fmt.Errorf("create-md: checksum seed: %w", err)
+		}
+		sb.Version = FormatChecksums
+		sb.ChecksumOffset, sb.ChecksumPages = geo.checksumOffset, geo.checksumPages
+		sb.ChecksumSeed = binary.LittleEndian.Uint64(seed[:])
 	}
 	zero := make([]byte, MDBlockSize)
 	for _, off := range geo.sbOffset {
@@ -545,6 +595,9 @@ func CreateMD(dev MDDevice, opts MDOptions) (*MD, error) {
 	}
 	if md.al, err = createActivityLog(md); err != nil {
 		return nil, fmt.Errorf("create-md: %w", err)
+	}
+	if opts.Checksums {
+		md.sums = newChecksums(md, opts)
 	}
 	if err := dev.Sync(); err != nil {
 		return nil, fmt.Errorf("create-md: sync: %w", err)
@@ -774,7 +827,15 @@ func (md *MD) markActivityLog(bms ...*PeerBitmap) int64 {
 	return marked
 }
 
-// Close flushes the bitmaps; it does not close the device. Call it only
-// after every admitted write is Done. It leaves the primary indicator as it is (SetPrimary(false) first
-// for a clean stop as primary).
-func (md *MD) Close() error { return md.FlushBitmaps() }
+// Close flushes the bitmaps and the checksums; it does not close the
+// device. Call it only after every admitted write is Done and the data
+// is synced. It leaves the primary indicator as it is (SetPrimary(false)
+// first for a clean stop as primary).
+func (md *MD) Close() error {
+	if md.sums != nil {
+		if err := md.sums.Flush(); err != nil {
+			return err
+		}
+	}
+	return md.FlushBitmaps()
+}

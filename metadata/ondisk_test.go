@@ -31,7 +31,7 @@ func newTestMD(t testing.TB, opts MDOptions) (*mdtest.Device, *MD) {
 	t.Helper()
 	size := opts.DeviceSize
 	if opts.Placement == External {
-		g, err := computeGeometry(External, opts.DeviceSize, max(opts.ALExtents, DefaultALExtents), len(opts.Peers))
+		g, err := computeGeometry(External, opts.DeviceSize, max(opts.ALExtents, DefaultALExtents), len(opts.Peers), opts.Checksums)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,11 +8,11 @@ func TestInternalDeviceSizeFitsTheData(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		g, err := computeGeometry(Internal, dev, DefaultALExtents, 1)
+		g, err := computeGeometry(Internal, dev, DefaultALExtents, 1, false)
 		if err != nil || g.dataSize < size {
 			t.Fatalf("size %d: device %d holds %d (%v)", size, dev, g.dataSize, err)
 		}
-		smaller, _ := computeGeometry(Internal, dev-MDBlockSize, DefaultALExtents, 1)
+		smaller, _ := computeGeometry(Internal, dev-MDBlockSize, DefaultALExtents, 1, false)
 		if smaller.dataSize >= size {
 			t.Fatalf("size %d: device %d is not the smallest", size, dev)
 		}

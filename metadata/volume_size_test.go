@@ -31,7 +31,7 @@ const (
 // peers peers.
 func usableOf(t testing.TB, deviceSize int64, peers int) int64 {
 	t.Helper()
-	g, err := computeGeometry(Internal, deviceSize, DefaultALExtents, peers)
+	g, err := computeGeometry(Internal, deviceSize, DefaultALExtents, peers, false)
 	if err != nil {
 		t.Fatal(err)
 	}
