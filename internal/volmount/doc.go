@@ -13,4 +13,10 @@
 // claim while the mount's NBD connections are open and its --io-timeout after; replctl umount
 // gives it back after Unmount. A record whose helper is gone (it crashed) is a mount to make
 // again: Mount undoes what is left of it and takes the claim again under the record's ID.
+//
+// With Follow (replctl mount --follow, FUSE only) the helper follows the primary: an
+// nbdclient.Follower, whose Locator (replctl's PrimaryFinder) finds the new primary through
+// the cluster's control addresses and takes the claim there under the same ID BEFORE the
+// helper connects; the helper says which primary it serves from in the Following file.
+// Attach (replctl attach) stops at the block device: no file system is probed or mounted.
 package volmount
