@@ -318,3 +318,68 @@ func TestAFollowerStopsWhenTheLocatorSaysSo(t *testing.T) {
 		t.Fatalf("a read once the Locator says stop: %v, want ErrStopFollowing", err)
 	}
 }
+
+// TestAFollowerMovesOnWhenTheServerDrains: a server that shuts down (a primary handing over)
+// answers the request it was carrying out, and a request that comes during its drain with
+// NBD_ESHUTDOWN: that one is not lost but sent to the next server, once the first answered
+// everything it took; the caller sees no error.
+func TestAFollowerMovesOnWhenTheServerDrains(t *testing.T) {
+	mem := nbdtest.NewMemExport(exportSize)
+	gate := nbdtest.NewGate(nbdtest.OpWrite)
+	addrA, srvA := serve(t, resolver{"vol": &nbdtest.FaultyExport{Device: mem, Injector: gate}})
+	addrB, _ := serve(t, resolver{"vol": mem})
+	t.Cleanup(gate.Open)
+	second := newProxy(t, addrB)
+	var calls atomic.Int32
+	locate := func(context.Context) (nbdclient.Target, error) {
+		if calls.Add(1) == 1 {
+			return nbdclient.Target{Addr: addrA, Export: "vol", Name: "a"}, nil
+		}
+		return nbdclient.Target{Addr: second.addr(), Export: "vol", Name: "b"}, nil
+	}
+	f, err := nbdclient.Follow(ctx(t), locate, nbdclient.FollowOptions{IOTimeout: time.Minute, Retry: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	held := make(chan error, 1)
+	go func() { _, err := f.WriteAt([]byte("held"), 0); held <- err }()
+	<-gate.Entered
+	shutdown := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		shutdown <- srvA.Shutdown(ctx)
+	}()
+	if !poll.Within(20*time.Second, time.Millisecond, func() bool { return srvA.Stats().DrainingConnections == 1 }) {
+		t.Fatal("the connection does not drain")
+	}
+	late := make(chan error, 1)
+	go func() { _, err := f.WriteAt([]byte("late"), 4096); late <- err }()
+	if !poll.Within(20*time.Second, time.Millisecond, func() bool { return srvA.Stats().Requests.Write == 2 }) {
+		t.Fatal("the write during the drain did not reach the draining server")
+	}
+	gate.Open()
+	for name, ch := range map[string]chan error{"the write in flight as the drain began": held, "the write during the drain": late} {
+		select {
+		case err := <-ch:
+			if err != nil {
+				t.Errorf("%s: %v", name, err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: no answer", name)
+		}
+	}
+	if err := <-shutdown; err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if got := srvA.Stats().Requests.Disconnect; got != 1 {
+		t.Errorf("%d NBD_CMD_DISC read by the draining server, want 1", got)
+	}
+	if got, want := second.requests(), []wireRequest{{1, 4096, 4}}; len(got) != 1 || got[0] != want[0] {
+		t.Errorf("the next server got %v, want just the write the draining one refused, %v", got, want)
+	}
+	if string(mem.Bytes(0, 4)) != "held" || string(mem.Bytes(4096, 4)) != "late" {
+		t.Error("the export does not hold both writes")
+	}
+}
