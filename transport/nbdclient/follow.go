@@ -53,6 +53,11 @@ type FollowOptions struct {
 	IOTimeout time.Duration
 	// Retry is the pause between two calls of the Locator that failed (default 200 ms).
 	Retry time.Duration
+	// ProbeAfter: a request not answered for this long makes the Follower ask the Locator
+	// whether the export moved (a server whose host died or was cut off leaves its
+	// connection open, answering nothing); when it names another server, the connection is
+	// broken and the requests go there. Default: a quarter of IOTimeout, at most 5 s.
+	ProbeAfter time.Duration
 	// Connected, when set, is called after each connection is made, BEFORE the requests held
 	// are sent again on it; it must not block for long.
 	Connected func(Target)
@@ -124,6 +129,12 @@ type request struct {
 func Follow(ctx context.Context, locate Locator, opts FollowOptions) (*Follower, error) {
 	if opts.Retry <= 0 {
 		opts.Retry = 200 * time.Millisecond
+	}
+	if opts.ProbeAfter <= 0 {
+		opts.ProbeAfter = 5 * time.Second
+		if opts.IOTimeout > 0 {
+			opts.ProbeAfter = min(opts.ProbeAfter, opts.IOTimeout/4)
+		}
 	}
 	f := &Follower{locate: locate, opts: opts, queue: list.New(), onConn: map[uint64]*request{}, next: 1,
 		stop: make(chan struct{}), done: make(chan struct{})}
@@ -370,7 +381,7 @@ func (f *Follower) run(conn net.Conn, r *bufio.Reader, t Target) {
 		readerDone := make(chan error, 1)
 		go func() { readerDone <- f.readReplies(conn, r) }()
 		f.install(conn, t)
-		err := f.watch(conn, readerDone)
+		err := f.watch(conn, t, readerDone)
 		conn.Close()
 		broke := time.Now()
 		f.wmu.Lock()
@@ -433,14 +444,18 @@ func (f *Follower) install(conn net.Conn, t Target) {
 }
 
 // watch waits until conn's reader ends; it breaks conn when a request on it was not
-// answered for IOTimeout, or when Close asks.
-func (f *Follower) watch(conn net.Conn, readerDone <-chan error) error {
-	var tick <-chan time.Time
+// answered for IOTimeout, when the Locator names another server while a request waits for
+// ProbeAfter, or when Close asks.
+func (f *Follower) watch(conn net.Conn, t Target, readerDone <-chan error) error {
+	every := min(max(f.opts.ProbeAfter/2, 5*time.Millisecond), time.Second)
 	if f.opts.IOTimeout > 0 {
-		t := time.NewTicker(min(max(f.opts.IOTimeout/4, 10*time.Millisecond), time.Second))
-		defer t.Stop()
-		tick = t.C
+		every = min(every, max(f.opts.IOTimeout/4, 5*time.Millisecond))
 	}
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var probe chan Target
 	for {
 		select {
 		case err := <-readerDone:
@@ -452,25 +467,42 @@ func (f *Follower) watch(conn net.Conn, readerDone <-chan error) error {
 			f.disconnect(conn)
 			conn.Close()
 			return <-readerDone
-		case <-tick:
-			if f.stale() {
+		case <-tick.C:
+			oldest := f.oldest()
+			if f.opts.IOTimeout > 0 && oldest > f.opts.IOTimeout {
 				conn.Close()
 				return fmt.Errorf("%w (%s)", ErrTimeout, f.opts.IOTimeout)
+			}
+			if probe == nil && oldest > f.opts.ProbeAfter {
+				probe = make(chan Target, 1)
+				go func(out chan<- Target) {
+					found, err := f.locate(ctx)
+					if err != nil {
+						found = Target{}
+					}
+					out <- found
+				}(probe)
+			}
+		case found := <-probe:
+			probe = nil
+			if found.Addr != "" && (found.Addr != t.Addr || found.Name != t.Name) {
+				f.logf("a request waits for %s on %s (%s) while the export's server is %s (%s) now: leaving", f.opts.ProbeAfter, t.Name, t.Addr, found.Name, found.Addr)
+				conn.Close()
+				return fmt.Errorf("the export moved to %s (%s)", found.Name, found.Addr)
 			}
 		}
 	}
 }
 
-// stale says whether a request on the connection waits for its answer longer than IOTimeout.
-func (f *Follower) stale() bool {
+// oldest is how long the oldest request on the connection has waited for its answer.
+func (f *Follower) oldest() time.Duration {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	var d time.Duration
 	for _, r := range f.onConn {
-		if time.Since(r.sent) > f.opts.IOTimeout {
-			return true
-		}
+		d = max(d, time.Since(r.sent))
 	}
-	return false
+	return d
 }
 
 // errDrained: the server drains and answered every request sent on the connection.

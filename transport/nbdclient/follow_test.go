@@ -383,3 +383,64 @@ func TestAFollowerMovesOnWhenTheServerDrains(t *testing.T) {
 		t.Error("the export does not hold both writes")
 	}
 }
+
+// TestAFollowerLeavesAServerThatAnswersNothingOnceTheExportMoved: a server whose host is cut
+// off keeps its connection open and answers nothing. A request that waits ProbeAfter makes the
+// Follower ask the Locator; when it names another server, the request goes there, long before
+// IOTimeout. While the Locator names the same server, a slow answer is waited for.
+func TestAFollowerLeavesAServerThatAnswersNothingOnceTheExportMoved(t *testing.T) {
+	mem := nbdtest.NewMemExport(exportSize)
+	var hold atomic.Bool
+	release := make(chan struct{})
+	slow := nbdtest.InjectorFunc(func(ctx context.Context, _ nbdtest.Op, _, _ int64) error {
+		if !hold.Load() {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+		case <-release:
+		}
+		return syscall.EIO
+	})
+	addrA, _ := serve(t, resolver{"vol": &nbdtest.FaultyExport{Device: mem, Injector: slow}})
+	addrB, _ := serve(t, resolver{"vol": mem})
+	t.Cleanup(func() { close(release) })
+	var moved atomic.Bool
+	var probes atomic.Int32
+	locate := func(context.Context) (nbdclient.Target, error) {
+		probes.Add(1)
+		if moved.Load() {
+			return nbdclient.Target{Addr: addrB, Export: "vol", Name: "b"}, nil
+		}
+		return nbdclient.Target{Addr: addrA, Export: "vol", Name: "a"}, nil
+	}
+	var connections atomic.Int32
+	f, err := nbdclient.Follow(ctx(t), locate, nbdclient.FollowOptions{IOTimeout: 10 * time.Minute, ProbeAfter: 20 * time.Millisecond,
+		Connected: func(nbdclient.Target) { connections.Add(1) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	hold.Store(true)
+	done := make(chan error, 1)
+	go func() { _, err := f.WriteAt([]byte("moved"), 0); done <- err }()
+	// The export has not moved: the Follower asks, and stays.
+	if !poll.Within(20*time.Second, time.Millisecond, func() bool { return probes.Load() >= 4 }) {
+		t.Fatalf("the Locator was asked %d times while a request waited, want it asked again", probes.Load())
+	}
+	if n := connections.Load(); n != 1 {
+		t.Fatalf("%d connections made while the export stayed, want 1", n)
+	}
+	moved.Store(true)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("the write, once the export moved: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the write waits on the server that answers nothing")
+	}
+	if got := string(mem.Bytes(0, 5)); got != "moved" || f.Current().Name != "b" {
+		t.Errorf("the export holds %q and the Follower is on %q, want the write through b", got, f.Current().Name)
+	}
+}
