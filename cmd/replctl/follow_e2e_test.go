@@ -21,7 +21,9 @@ import (
 // the primary alpha is killed -9. beta takes over, the helper finds it,
 // takes the claim there and sends what alpha did not answer again: fio
 // finishes with no error and its verify passes, the listing shows beta as
-// the primary followed, and replctl umount gives the claim back to beta.
+// the primary followed, another host's mount is refused at beta (the claim
+// was taken there under the same ID), and replctl umount gives the claim back
+// to beta.
 func TestE2EAFollowingMountRidesThroughAKill9OfThePrimary(t *testing.T) {
 	e2eBeside(t)
 	needMountTools(t)
@@ -29,7 +31,7 @@ func TestE2EAFollowingMountRidesThroughAKill9OfThePrimary(t *testing.T) {
 	c := newProcClusterN(t, clusterOpts{Raft: true, Witness: true, TLS: true, Size: 128 << 20})
 	c.startAll()
 	c.waitFor("alpha", "in sync, and raft knows both replicas UpToDate", syncTimeout, raftInSync)
-	runs := newMountRunDirs(t, "client")
+	runs := newMountRunDirs(t, "client", "other")
 	runs.cleanUpAtTheEnd()
 	mnt := runs.mountPoint("client")
 	list := func() string {
@@ -97,6 +99,13 @@ func TestE2EAFollowingMountRidesThroughAKill9OfThePrimary(t *testing.T) {
 	t.Logf("fio wrote and verified 64 MiB; it ended %s after alpha was killed", time.Since(killed).Round(time.Millisecond))
 	if out := list(); !strings.Contains(out, "beta (following)") {
 		t.Fatalf("the listing does not show beta followed:\n%s", out)
+	}
+	// The helper took the claim at beta under the mount's ID: another host's mount is
+	// refused there, naming this mount.
+	other := runs.mountPoint("other")
+	r = runCmd(2*time.Minute, nil, replctlBin, c.ctlArgs("beta", []string{"mount", volName, other, "--run-dir", runs.dirs["other"]})...)
+	if r.ok() || !strings.Contains(r.out, "mounted already") || !strings.Contains(r.out, mnt) {
+		t.Fatalf("a mount from another host while the following mount holds vol0 on beta: %s; want it refused, naming %s", r, mnt)
 	}
 	helperLog, _ := os.ReadFile(volmount.Registry{Dir: runs.dirs["client"]}.LogPath(mnt))
 	if !strings.Contains(string(helperLog), "following beta") {
