@@ -12,10 +12,10 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
+	"github.com/replvol/replvol/internal/lockorder"
 	"github.com/replvol/replvol/internal/pki"
 	"github.com/replvol/replvol/transport/nbdclient"
 )
@@ -290,7 +290,7 @@ func followExport(cfg HelperConfig, find PrimaryFinder, logger *log.Logger) (*nb
 		return nil, err
 	}
 	targets := map[string]Primary{}
-	var mu sync.Mutex
+	var mu lockorder.Mutex // a leaf (doc.go)
 	locate := func(ctx context.Context) (nbdclient.Target, error) {
 		p, err := primary(ctx)
 		if err != nil {
