@@ -31,13 +31,13 @@ func runDirFlag(cmd *cobra.Command, dir *string) {
 func newMount(g *globals) *cobra.Command {
 	var (
 		fstype, via, options, runDir string
-		mkfs, force                  bool
+		mkfs, force, follow          bool
 		connections                  int
 		ioTimeout                    time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "mount [VOLUME DIR] [--fstype ext4|xfs] [--mkfs [--force]]",
-		Short: "Mount a volume's file system on DIR, on the volume's primary",
+		Use:   "mount [VOLUME DIR] [--fstype ext4|xfs] [--mkfs [--force]] [--follow]",
+		Short: "Mount a volume's file system on DIR, on the volume's primary or, with --follow, on any host",
 		Long: `Mount VOLUME's file system on DIR. Run it as root on the volume's primary: on a
 secondary it is refused, naming the primary. replctl asks the node at --addr
 (its unix socket on the node's host: --addr unix:///var/lib/replvol/control.sock)
@@ -62,8 +62,27 @@ host and directory and how to unmount it; --force does not change that. The
 primary keeps the claim while the mount's NBD connections are open and
 --io-timeout (a minute with 0) after the last one closed, so that a host that
 crashed does not hold the volume for ever; a switchover is refused while it
-lasts. replctl umount gives it back. A failover ends it (the mount's client
-does not follow the primary), so the new primary's on_promote can mount at once.
+lasts. replctl umount gives it back. Without --follow a failover ends it (the
+mount's client does not follow the primary), so the new primary's on_promote can
+mount at once.
+
+With --follow the mount may be made on any host, replica or not: --addr is any
+node of the cluster, and replctl finds the primary through it (the cluster's
+nodes and their control addresses, kept in the record). When the primary dies
+or hands over, the helper finds the new primary the same way (waiting through
+the election), takes the claim there under the same ID BEFORE it connects (so
+a mount elsewhere is still refused, and a mount that took the volume meanwhile
+ends the following), and sends every request the old primary did not answer
+again, in the order they were sent, before any new one: the file system sees a
+pause of about the failover time, and no error. A write the old primary
+answered is never sent again. With no primary for --io-timeout (0: wait for
+ever) the requests fail with I/O errors and the helper stops following. It
+connects only to a node that says itself it is the primary, over one NBD
+connection (--connections is not used), through FUSE (not --via kernel). A
+switchover is refused while a following mount is connected, as for any mount;
+replctl primary says which mount, and replctl umount on its host ends it. The
+listing shows each following mount's current primary.
+
 When the helper of a mount on DIR is gone (it crashed), replctl mount on DIR
 again undoes what is left and mounts it again under the same claim.`,
 		Args: func(_ *cobra.Command, args []string) error {
@@ -100,37 +119,32 @@ again undoes what is left and mounts it again under the same claim.`,
 			if os.Geteuid() != 0 {
 				return errors.New("replctl mount attaches a device and mounts a file system: run it as root")
 			}
-			uri, primary, err := g.exportToMount(cmd, volume, func(addr string) string { return retryMount(cmd, args, addr) })
+			if follow && volmount.Via(via) == volmount.ViaKernel {
+				return usageErrorf("--follow goes with --via fuse or auto: the kernel's nbd driver holds its connections itself and cannot send again what the old primary did not answer")
+			}
+			target, err := g.attachTarget(cmd, volume, follow, func(addr string) string { return retryMount(cmd, args, addr) })
 			if err != nil {
 				return err
 			}
-			exe, err := os.Executable()
-			if err != nil {
-				return fmt.Errorf("find replctl's own executable for the helper: %w", err)
-			}
-			tlsDir := g.tlsDir
-			if tlsDir != "" {
-				if tlsDir, err = filepath.Abs(tlsDir); err != nil {
-					return usageErrorf("--tls-dir %s: %v", g.tlsDir, err)
-				}
-			}
-			rec, err := volmount.Mount(cmd.Context(), volmount.Request{
-				Dir: dir, Volume: volume, URI: uri, TLSDir: g.tlsDir, Via: volmount.Via(via),
+			rec, err := volmount.Mount(cmd.Context(), target.request(volmount.Request{
+				Dir: dir, Volume: volume, Via: volmount.Via(via),
 				FSType: fstype, MakeFS: mkfs, Force: force, Options: options,
-				Connections: connections, IOTimeout: ioTimeout,
-				Helper: []string{exe, mountHelperCommand}, Registry: reg,
-				Claim:   &volmount.Claim{Node: primary, Addr: g.addr, TLSDir: tlsDir, Grace: ioTimeout},
-				Claimer: claimer{timeout: g.timeout},
-			})
+				Connections: connections, IOTimeout: ioTimeout, Registry: reg,
+			}, g.timeout))
 			if err != nil {
 				return err
 			}
+			primary := target.primary
 			how := "the kernel's nbd driver"
 			if rec.Via == volmount.ViaFUSE {
 				how = "a FUSE file on a loop device"
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s mounted on %s: %s on %s (%s), from %s over %d NBD connections, claimed on %s for %s; replctl umount %s undoes it\n",
-				volume, dir, rec.FSType, rec.Device, how, rec.Export, rec.Connections, primary, rec.Claim.Host, dir)
+			following := ""
+			if rec.Follow {
+				following = ", following the primary"
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s mounted on %s: %s on %s (%s), from %s over %d NBD connections%s, claimed on %s for %s; replctl umount %s undoes it\n",
+				volume, dir, rec.FSType, rec.Device, how, rec.Export, rec.Connections, following, primary, rec.Claim.Host, dir)
 			return nil
 		},
 	}
@@ -140,9 +154,55 @@ again undoes what is left and mounts it again under the same claim.`,
 	cmd.Flags().StringVarP(&options, "options", "o", "", "mount options, as mount -o takes them (noatime,discard, ...)")
 	cmd.Flags().StringVar(&via, "via", string(volmount.ViaAuto), "how to attach: auto (kernel when /dev/nbd0 exists, else fuse), kernel or fuse")
 	cmd.Flags().IntVar(&connections, "connections", 4, "NBD connections, when the server offers multi-conn")
-	cmd.Flags().DurationVar(&ioTimeout, "io-timeout", time.Minute, "fail a request the primary does not answer in this time with an IO error (0: wait for ever)")
+	cmd.Flags().DurationVar(&ioTimeout, "io-timeout", time.Minute, "fail a request the primary does not answer in this time with an IO error (0: wait for ever); with --follow: the time without a primary")
+	cmd.Flags().BoolVar(&follow, "follow", false, "follow the primary: mount from any host, find the new primary when it dies or hands over, and send what it did not answer again")
 	runDirFlag(cmd, &runDir)
 	return cmd
+}
+
+// attachment is where replctl mount or attach connects: the export, its primary, and, with
+// --follow, the cluster's control addresses.
+type attachment struct {
+	uri, primary, control string
+	tlsDir                string // absolute
+	exe                   string
+	follow                bool
+	controls              []string
+}
+
+// attachTarget finds volume's export: at --addr, which must be its primary; with follow
+// through --addr, any node of the cluster.
+func (g *globals) attachTarget(cmd *cobra.Command, volume string, follow bool, retry func(addr string) string) (attachment, error) {
+	a := attachment{follow: follow, control: g.addr}
+	var err error
+	if a.exe, err = os.Executable(); err != nil {
+		return a, fmt.Errorf("find replctl's own executable for the helper: %w", err)
+	}
+	if g.tlsDir != "" {
+		if a.tlsDir, err = filepath.Abs(g.tlsDir); err != nil {
+			return a, usageErrorf("--tls-dir %s: %v", g.tlsDir, err)
+		}
+	}
+	if !follow {
+		a.uri, a.primary, err = g.exportToMount(cmd, volume, retry)
+		return a, err
+	}
+	pr, finder, err := g.primaryToFollow(cmd.Context(), volume, a.tlsDir)
+	if err != nil {
+		return a, err
+	}
+	a.uri, a.primary, a.control, a.controls = pr.URI, pr.Name, pr.Control, finder.addrs
+	return a, nil
+}
+
+// request completes req with where to connect, the helper and the claim.
+func (a attachment) request(req volmount.Request, timeout time.Duration) volmount.Request {
+	req.URI, req.TLSDir = a.uri, a.tlsDir
+	req.Helper = []string{a.exe, mountHelperCommand}
+	req.Claim = &volmount.Claim{Node: a.primary, Addr: a.control, TLSDir: a.tlsDir, Grace: req.IOTimeout}
+	req.Claimer = claimer{timeout: timeout}
+	req.Follow, req.Controls = a.follow, a.controls
+	return req
 }
 
 // mountPoint is DIR made absolute with its symbolic links resolved; it must be a directory.
@@ -328,17 +388,30 @@ func listMounts(cmd *cobra.Command, reg volmount.Registry) error {
 		return nil
 	}
 	t := &table{}
-	t.add(plain("DIR"), plain("VOLUME"), plain("FSTYPE"), plain("DEVICE"), plain("VIA"), plain("EXPORT"), plain("HELPER"))
+	t.add(plain("DIR"), plain("VOLUME"), plain("FSTYPE"), plain("DEVICE"), plain("VIA"), plain("EXPORT"), plain("PRIMARY"), plain("HELPER"))
 	for _, r := range recs {
 		helper := "gone"
 		if r.Helper.Alive() {
 			helper = fmt.Sprintf("pid %d", r.Helper.PID)
 		}
-		state := r.FSType
-		if !r.Mounted {
+		state, dir := r.FSType, r.Dir
+		switch {
+		case r.Attached:
+			state, dir = "attached: replctl detach "+r.Volume, "-"
+		case !r.Mounted:
 			state = "not mounted: replctl umount " + r.Dir
 		}
-		t.add(plain(r.Dir), plain(r.Volume), plain(state), plain(r.Device), plain(string(r.Via)), plain(r.Export), plain(helper))
+		primary, export := "-", r.Export
+		if r.Claim != nil && r.Claim.Node != "" {
+			primary = r.Claim.Node
+		}
+		if r.Follow {
+			primary = primary + " (following)"
+			if f, err := reg.Following(r.Dir); err == nil && f != nil {
+				primary, export = f.Primary+" (following)", f.Export
+			}
+		}
+		t.add(plain(dir), plain(r.Volume), plain(state), plain(r.Device), plain(string(r.Via)), plain(export), plain(primary), plain(helper))
 	}
 	t.render(w, palette{})
 	return nil
@@ -375,7 +448,9 @@ said, and lapses by itself --io-timeout after the mount's connections closed.`,
 			if os.Geteuid() != 0 {
 				return errors.New("replctl umount unmounts a file system and detaches a device: run it as root")
 			}
-			rec, err := volmount.Unmount(cmd.Context(), volmount.Registry{Dir: runDir}, dir)
+			reg := volmount.Registry{Dir: runDir}
+			following, _ := reg.Following(dir)
+			rec, err := volmount.Unmount(cmd.Context(), reg, dir)
 			if err != nil {
 				return err
 			}
@@ -385,7 +460,7 @@ said, and lapses by itself --io-timeout after the mount's connections closed.`,
 			}
 			claim := ""
 			if rec.Claim != nil {
-				claim = "; " + giveBack(cmd.Context(), rec)
+				claim = "; " + giveBack(cmd.Context(), rec, following)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s unmounted; %s detached (%s)%s\n", dir, rec.Volume, rec.Export, claim)
 			return nil
@@ -404,7 +479,7 @@ func newMountHelper() *cobra.Command {
 		Hidden:             true,
 		DisableFlagParsing: true,
 		RunE: func(_ *cobra.Command, args []string) error {
-			os.Exit(volmount.RunHelper(args))
+			os.Exit(volmount.RunHelper(args, findPrimaryFor))
 			return nil
 		},
 	}

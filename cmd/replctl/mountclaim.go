@@ -60,8 +60,16 @@ func claimError(err error, action volmount.ClaimAction, rec *volmount.Record) er
 // down must not hold up an on_demote hook.
 const giveBackTimeout = 10 * time.Second
 
-// giveBack gives rec's claim back to the primary, and says so, or why not.
-func giveBack(ctx context.Context, rec *volmount.Record) string {
+// giveBack gives rec's claim back to the primary, and says so, or why not: for a following
+// mount, the primary it followed last (following, nil when it said none).
+func giveBack(ctx context.Context, rec *volmount.Record, following *volmount.Following) string {
+	if following != nil && following.Control != "" {
+		c := *rec.Claim
+		c.Node, c.Addr = following.Primary, following.Control
+		r := *rec
+		r.Claim = &c
+		rec = &r
+	}
 	node := rec.Claim.Node
 	if node == "" {
 		node = "the primary"

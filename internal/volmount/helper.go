@@ -11,9 +11,11 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/replvol/replvol/internal/lockorder"
 	"github.com/replvol/replvol/internal/pki"
 	"github.com/replvol/replvol/transport/nbdclient"
 )
@@ -31,9 +33,35 @@ type HelperConfig struct {
 	FUSEDir, Name string
 	// Connections is how many NBD connections to open when the server offers multi-conn.
 	Connections int
-	// IOTimeout bounds each NBD request (0: none); the kernel's nbd driver gets it too.
+	// IOTimeout bounds each NBD request (0: none); the kernel's nbd driver gets it too. With
+	// Follow it bounds the time without a primary instead (nbdclient.FollowOptions).
 	IOTimeout time.Duration
+	// Follow: follow the volume's primary (ViaFUSE only) through the control addresses
+	// Controls, taking the claim ClaimID (for ClaimHost and ClaimDir) at each new primary;
+	// FollowingPath is where the helper says which primary it serves from (Following).
+	Follow                       bool
+	Volume                       string
+	Controls                     []string
+	ClaimID, ClaimHost, ClaimDir string
+	FollowingPath                string
 }
+
+// Primary is the volume's primary as a helper with --follow found it: the node's name, its
+// control address and its export's URI. Confirm, when set, is called once the connection to
+// the export is made, BEFORE anything is sent on it (the claim's confirm).
+type Primary struct {
+	Name, Control, URI string
+	Confirm            func(ctx context.Context) error
+}
+
+// FindPrimary finds the volume's primary now, for a helper with --follow; it waits through
+// nothing (the helper calls it again). An error that wraps nbdclient.ErrStopFollowing ends
+// the following (another mount took the volume).
+type FindPrimary func(ctx context.Context) (Primary, error)
+
+// PrimaryFinder makes the FindPrimary of a helper with --follow (replctl's, over its control
+// API client, which this package does not link).
+type PrimaryFinder func(cfg HelperConfig, logf func(format string, args ...any)) (FindPrimary, error)
 
 // Args are the command-line arguments that ParseHelperArgs reads back.
 func (c HelperConfig) Args() []string {
@@ -43,6 +71,12 @@ func (c HelperConfig) Args() []string {
 	}
 	if c.FUSEDir != "" {
 		args = append(args, "--fuse-dir", c.FUSEDir, "--name", c.Name)
+	}
+	if c.Follow {
+		args = append(args, "--follow", "--volume", c.Volume, "--controls", strings.Join(c.Controls, ","), "--following", c.FollowingPath)
+		if c.ClaimID != "" {
+			args = append(args, "--claim-id", c.ClaimID, "--claim-host", c.ClaimHost, "--claim-dir", c.ClaimDir)
+		}
 	}
 	return args
 }
@@ -60,8 +94,18 @@ func ParseHelperArgs(args []string) (HelperConfig, error) {
 	fs.StringVar(&c.Name, "name", "", "")
 	fs.IntVar(&c.Connections, "connections", 1, "")
 	fs.DurationVar(&c.IOTimeout, "io-timeout", 0, "")
+	fs.BoolVar(&c.Follow, "follow", false, "")
+	fs.StringVar(&c.Volume, "volume", "", "")
+	controls := fs.String("controls", "", "")
+	fs.StringVar(&c.FollowingPath, "following", "", "")
+	fs.StringVar(&c.ClaimID, "claim-id", "", "")
+	fs.StringVar(&c.ClaimHost, "claim-host", "", "")
+	fs.StringVar(&c.ClaimDir, "claim-dir", "", "")
 	if err := fs.Parse(args); err != nil {
 		return c, err
+	}
+	if *controls != "" {
+		c.Controls = strings.Split(*controls, ",")
 	}
 	c.Via = Via(via)
 	switch {
@@ -73,6 +117,10 @@ func ParseHelperArgs(args []string) (HelperConfig, error) {
 		return c, errors.New("--uri missing")
 	case c.Via == ViaFUSE && (c.FUSEDir == "" || c.Name == ""):
 		return c, errors.New("--fuse-dir and --name missing")
+	case c.Follow && c.Via != ViaFUSE:
+		return c, errors.New("--follow needs --via fuse")
+	case c.Follow && (c.Volume == "" || len(c.Controls) == 0 || c.FollowingPath == ""):
+		return c, errors.New("--follow needs --volume, --controls and --following")
 	}
 	return c, nil
 }
@@ -92,8 +140,8 @@ const readyFD = 3
 
 // RunHelper is the helper process's main: it serves until SIGTERM (or until its FUSE file
 // system is unmounted), then flushes, disconnects and returns the exit status. Its log is its
-// standard error.
-func RunHelper(args []string) int {
+// standard error. find makes the FindPrimary of --follow (nil: --follow is refused).
+func RunHelper(args []string, find PrimaryFinder) int {
 	logger := log.New(os.Stderr, "", log.LstdFlags)
 	out := os.NewFile(readyFD, "ready")
 	tell := func(r ready) {
@@ -115,7 +163,7 @@ func RunHelper(args []string) int {
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
 	switch cfg.Via {
 	case ViaFUSE:
-		err = serveFUSE(cfg, logger, tell, stop)
+		err = serveFUSE(cfg, find, logger, tell, stop)
 	default:
 		err = serveKernel(cfg, logger, tell, stop)
 	}
@@ -177,10 +225,23 @@ func openExport(cfg HelperConfig) (*nbdclient.Pool, error) {
 // serveFUSE serves the export as a file until the FUSE file system is unmounted; a stop
 // signal unmounts it (when the loop device is gone: a busy file system stays, and the next
 // signal tries again).
-func serveFUSE(cfg HelperConfig, logger *log.Logger, tell func(ready), stop <-chan os.Signal) error {
-	pool, err := openExport(cfg)
-	if err != nil {
-		return err
+func serveFUSE(cfg HelperConfig, find PrimaryFinder, logger *log.Logger, tell func(ready), stop <-chan os.Signal) error {
+	var (
+		pool  fuseDevice
+		conns = 1
+	)
+	if cfg.Follow {
+		f, err := followExport(cfg, find, logger)
+		if err != nil {
+			return err
+		}
+		pool = f
+	} else {
+		p, err := openExport(cfg)
+		if err != nil {
+			return err
+		}
+		pool, conns = p, p.Connections()
 	}
 	defer pool.Close()
 	srv, err := mountFUSE(cfg.FUSEDir, cfg.Name, "replvol:"+pool.Export().Name, pool, logger)
@@ -188,8 +249,8 @@ func serveFUSE(cfg HelperConfig, logger *log.Logger, tell func(ready), stop <-ch
 		return fmt.Errorf("mount the FUSE file system on %s: %w", cfg.FUSEDir, err)
 	}
 	file := filepath.Join(cfg.FUSEDir, cfg.Name)
-	logger.Printf("serving %s (%d bytes, %d NBD connections) as %s", cfg.URI, pool.Size(), pool.Connections(), file)
-	tell(ready{File: file, Size: pool.Size(), Connections: pool.Connections()})
+	logger.Printf("serving %s (%d bytes, %d NBD connections, following the primary: %v) as %s", cfg.URI, pool.Size(), conns, cfg.Follow, file)
+	tell(ready{File: file, Size: pool.Size(), Connections: conns})
 	done := make(chan struct{})
 	go func() {
 		srv.Wait()
@@ -209,6 +270,62 @@ func serveFUSE(cfg HelperConfig, logger *log.Logger, tell func(ready), stop <-ch
 			}
 		}
 	}
+}
+
+// fuseDevice is what serveFUSE serves: a Pool, or a Follower.
+type fuseDevice interface {
+	Device
+	Export() nbdclient.Export
+	Close() error
+}
+
+// followExport connects to the volume's primary through a Follower, which finds the next
+// primary when this one dies or hands over (HelperConfig.Follow).
+func followExport(cfg HelperConfig, find PrimaryFinder, logger *log.Logger) (*nbdclient.Follower, error) {
+	if find == nil {
+		return nil, errors.New("--follow: this helper cannot find a primary")
+	}
+	primary, err := find(cfg, logger.Printf)
+	if err != nil {
+		return nil, err
+	}
+	targets := map[string]Primary{}
+	var mu lockorder.Mutex // a leaf (doc.go)
+	locate := func(ctx context.Context) (nbdclient.Target, error) {
+		p, err := primary(ctx)
+		if err != nil {
+			return nbdclient.Target{}, err
+		}
+		uri, err := nbdclient.ParseURI(p.URI)
+		if err != nil {
+			return nbdclient.Target{}, fmt.Errorf("%s gave the export %q: %w", p.Name, p.URI, err)
+		}
+		uri = uri.Local()
+		opts, err := tlsFor(uri, cfg.TLSDir)
+		if err != nil {
+			return nbdclient.Target{}, errors.Join(nbdclient.ErrStopFollowing, err)
+		}
+		mu.Lock()
+		targets[p.Name] = p
+		mu.Unlock()
+		return nbdclient.Target{Addr: uri.Addr, Export: uri.Export, Opts: *opts, Name: p.Name, Confirm: p.Confirm}, nil
+	}
+	connected := func(t nbdclient.Target) {
+		mu.Lock()
+		p := targets[t.Name]
+		mu.Unlock()
+		if err := SaveFollowing(cfg.FollowingPath, Following{Primary: p.Name, Control: p.Control, Export: p.URI, Since: time.Now().UTC()}); err != nil {
+			logger.Printf("cannot say which primary is followed: %v", err)
+		}
+		logger.Printf("following %s: %s", p.Name, p.URI)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
+	defer cancel()
+	f, err := nbdclient.Follow(ctx, locate, nbdclient.FollowOptions{IOTimeout: cfg.IOTimeout, Connected: connected, Logf: logger.Printf})
+	if err != nil {
+		return nil, fmt.Errorf("connect to the primary of %s: %w", cfg.Volume, err)
+	}
+	return f, nil
 }
 
 // unmountFUSE unmounts the FUSE file system, trying again for a while when it is busy (a

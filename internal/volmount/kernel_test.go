@@ -139,13 +139,18 @@ func TestHelperArgsRoundTrip(t *testing.T) {
 	for _, c := range []HelperConfig{
 		{Via: ViaFUSE, URI: "nbds://127.0.0.1:7802/vol0", TLSDir: "/etc/replvol/tls", FUSEDir: "/run/replvol/mounts/srv%2Fdata.fuse", Name: "vol0", Connections: 4, IOTimeout: time.Minute},
 		{Via: ViaKernel, URI: "nbd://10.0.0.1:7802/vol1", Connections: 1},
+		{Via: ViaFUSE, URI: "nbd://127.0.0.1:7802/vol2", FUSEDir: "/run/replvol/mounts/mnt.fuse", Name: "vol2", Connections: 1, IOTimeout: time.Minute,
+			Follow: true, Volume: "vol2", Controls: []string{"127.0.0.1:7800", "10.0.0.2:7800"}, FollowingPath: "/run/replvol/mounts/mnt.following",
+			ClaimID: "0123456789abcdef", ClaimHost: "client", ClaimDir: "/mnt"},
 	} {
 		got, err := ParseHelperArgs(c.Args())
-		if err != nil || got != c {
+		if err != nil || !reflect.DeepEqual(got, c) {
 			t.Errorf("ParseHelperArgs(%q) = %+v, %v; want %+v", c.Args(), got, err, c)
 		}
 	}
-	for _, bad := range [][]string{{"--via", "fuse", "--uri", "nbd://h/v"}, {"--via", "x", "--uri", "nbd://h/v"}, {"--via", "kernel"}, {"--via", "kernel", "--uri", "nbd://h/v", "extra"}} {
+	for _, bad := range [][]string{{"--via", "fuse", "--uri", "nbd://h/v"}, {"--via", "x", "--uri", "nbd://h/v"}, {"--via", "kernel"}, {"--via", "kernel", "--uri", "nbd://h/v", "extra"},
+		{"--via", "kernel", "--uri", "nbd://h/v", "--follow", "--volume", "v", "--controls", "h:1", "--following", "/f"},
+		{"--via", "fuse", "--uri", "nbd://h/v", "--fuse-dir", "/d", "--name", "v", "--follow"}} {
 		if _, err := ParseHelperArgs(bad); err == nil {
 			t.Errorf("ParseHelperArgs(%q) took it", bad)
 		}

@@ -27,7 +27,7 @@ const helperEnv = "VOLMOUNT_TEST_RUN_HELPER"
 
 func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) == "1" {
-		os.Exit(RunHelper(os.Args[1:]))
+		os.Exit(RunHelper(os.Args[1:], nil))
 	}
 	os.Exit(m.Run())
 }

@@ -57,6 +57,28 @@ type Record struct {
 	// asked for), saved BEFORE it is taken, so that umount gives it back
 	// whatever step Mount stopped at.
 	Claim *Claim `json:"claim,omitempty"`
+	// Follow: the helper follows the primary (replctl mount --follow): when the primary dies
+	// or hands over it finds the new one through Controls, the cluster's control addresses,
+	// takes the claim there under the same ID and sends what was not answered again. The
+	// server it serves from now is in the run directory's Following file.
+	Follow   bool     `json:"follow,omitempty"`
+	Controls []string `json:"controls,omitempty"`
+	// Attached: replctl attach made it, a block device without a file system; Dir is then
+	// AttachKey(Volume), not a directory.
+	Attached bool `json:"attached,omitempty"`
+}
+
+// AttachKey is the record's Dir of replctl attach VOLUME.
+func AttachKey(volume string) string { return "/replctl-attach/" + volume }
+
+// Following is where a following helper serves its export from now: it writes it each time
+// it connects, BEFORE it sends anything on the connection.
+type Following struct {
+	// Primary is the node, Control its control address, Export the NBD URI.
+	Primary string    `json:"primary"`
+	Control string    `json:"control,omitempty"`
+	Export  string    `json:"export"`
+	Since   time.Time `json:"since"`
 }
 
 // Claim is a mount's claim on its volume: the primary keeps it, so that the
@@ -98,6 +120,40 @@ func (r Registry) recordPath(dir string) string { return filepath.Join(r.Dir, ke
 
 // LogPath is where the helper of dir's mount writes its log.
 func (r Registry) LogPath(dir string) string { return filepath.Join(r.Dir, key(dir)+".log") }
+
+// FollowingPath is where the helper of dir's mount says which server it follows now.
+func (r Registry) FollowingPath(dir string) string {
+	return filepath.Join(r.Dir, key(dir)+".following")
+}
+
+// Following reads what the helper of dir's mount follows now (nil, nil: it wrote nothing).
+func (r Registry) Following(dir string) (*Following, error) {
+	b, err := os.ReadFile(r.FollowingPath(dir))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var f Following
+	if err := json.Unmarshal(b, &f); err != nil {
+		return nil, fmt.Errorf("%s: %w", r.FollowingPath(dir), err)
+	}
+	return &f, nil
+}
+
+// SaveFollowing replaces the Following file at path, atomically.
+func SaveFollowing(path string, f Following) error {
+	b, err := json.Marshal(f)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
 
 // FUSEDir is the FUSE mount point for dir's mount.
 func (r Registry) FUSEDir(dir string) string { return filepath.Join(r.Dir, key(dir)+".fuse") }
@@ -163,6 +219,7 @@ func (r Registry) Load(dir string) (*Record, error) {
 // Remove deletes dir's record and its helper's log.
 func (r Registry) Remove(dir string) error {
 	os.Remove(r.LogPath(dir))
+	os.Remove(r.FollowingPath(dir))
 	if err := os.Remove(r.recordPath(dir)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}

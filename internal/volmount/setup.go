@@ -47,6 +47,13 @@ type Request struct {
 	// it mounts again from a record whose helper is gone) and Host when empty.
 	Claim   *Claim
 	Claimer Claimer
+	// Follow makes the helper follow the volume's primary through Controls, the cluster's
+	// control addresses (Record.Follow); it needs FUSE.
+	Follow   bool
+	Controls []string
+	// Attach stops once the block device is there: no file system is probed, made or mounted
+	// (replctl attach); Dir is AttachKey(Volume).
+	Attach bool
 }
 
 // ClaimAction is what a Claimer is asked to do with a mount's claim.
@@ -105,16 +112,27 @@ const helperReadyTimeout = dialTimeout + 30*time.Second
 // again: what is left of it is undone, and the claim is taken again with the record's ID,
 // which the primary knows as the same mount's.
 func Mount(ctx context.Context, req Request) (*Record, error) {
-	via, err := chooseVia(req.Via, haveDevice("/dev/nbd0"), haveDevice("/dev/fuse"))
+	haveNBD := haveDevice("/dev/nbd0")
+	if req.Follow {
+		// The kernel's nbd driver holds the connections itself: only the FUSE helper can
+		// send what was not answered again.
+		if req.Via == ViaKernel {
+			return nil, errors.New("--follow needs --via fuse (or auto): the kernel's nbd driver holds its connections itself and cannot send again what the old primary did not answer")
+		}
+		haveNBD = false
+	}
+	via, err := chooseVia(req.Via, haveNBD, haveDevice("/dev/fuse"))
 	if err != nil {
 		return nil, err
 	}
-	fi, err := os.Stat(req.Dir)
-	if err != nil {
-		return nil, fmt.Errorf("mount point: %w", err)
-	}
-	if !fi.IsDir() {
-		return nil, fmt.Errorf("mount point %s is not a directory", req.Dir)
+	if !req.Attach {
+		fi, err := os.Stat(req.Dir)
+		if err != nil {
+			return nil, fmt.Errorf("mount point: %w", err)
+		}
+		if !fi.IsDir() {
+			return nil, fmt.Errorf("mount point %s is not a directory", req.Dir)
+		}
 	}
 	var claim *Claim
 	if req.Claimer != nil {
@@ -160,7 +178,8 @@ func Mount(ctx context.Context, req Request) (*Record, error) {
 			}
 		}
 	}
-	rec := &Record{Dir: req.Dir, Volume: req.Volume, Export: req.URI, Via: via, Created: time.Now().UTC(), Claim: claim}
+	rec := &Record{Dir: req.Dir, Volume: req.Volume, Export: req.URI, Via: via, Created: time.Now().UTC(), Claim: claim,
+		Follow: req.Follow, Controls: req.Controls, Attached: req.Attach}
 	if err := req.Registry.Create(rec); err != nil {
 		return nil, fmt.Errorf("%w (run replctl umount %s first)", err, req.Dir)
 	}
@@ -202,6 +221,12 @@ func claimGrace(c *Claim) string {
 func setUp(ctx context.Context, req Request, rec *Record) error {
 	reg := req.Registry
 	cfg := HelperConfig{Via: rec.Via, URI: req.URI, TLSDir: req.TLSDir, Connections: req.Connections, IOTimeout: req.IOTimeout}
+	if req.Follow {
+		cfg.Follow, cfg.Volume, cfg.Controls, cfg.FollowingPath = true, req.Volume, req.Controls, reg.FollowingPath(req.Dir)
+		if rec.Claim != nil {
+			cfg.ClaimID, cfg.ClaimHost, cfg.ClaimDir = rec.Claim.ID, rec.Claim.Host, req.Dir
+		}
+	}
 	if rec.Via == ViaFUSE {
 		cfg.FUSEDir, cfg.Name = reg.FUSEDir(req.Dir), req.Volume
 		if err := os.Mkdir(cfg.FUSEDir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
@@ -236,6 +261,9 @@ func setUp(ctx context.Context, req Request, rec *Record) error {
 		if err := reg.Save(rec); err != nil {
 			return err
 		}
+	}
+	if req.Attach {
+		return nil
 	}
 	found, err := probeFS(ctx, rec.Device)
 	if err != nil {
