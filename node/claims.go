@@ -32,7 +32,9 @@ import (
 //     yet lasts at least claimConfirmWindow, the time a mount may take to
 //     connect.
 //   - A switchover is refused while it lasts (clientsError), naming the
-//     mount. A failover, a demotion or a restart of this node ends the
+//     mount, unless the mount follows the primary (MountHolder.Follows)
+//     and every connection open is its own: the demotion drains them and
+//     its helper takes the claim again at the new primary. A failover, a demotion or a restart of this node ends the
 //     term, and with it every connection the claim covers, for good:
 //     replctl mount's client never reconnects (to this node or another)
 //     and the old primary is fenced by the epoch. So the claim ends with
@@ -391,14 +393,29 @@ func (n *Node) lookAtClaims() bool {
 	return left
 }
 
-// clientWords say what uses the volume's export here: the mount that
+// clientWordsFor says what uses the volume's export here: the mount that
 // holds its claim (where, and how to unmount it) and the NBD clients.
-// Empty when nothing does.
-func (n *Node) clientWords(v *Volume) string {
+// Empty when nothing does. With followersMayStay (a switchover), a mount
+// that follows the primary (MountHolder.Follows) whose claim covers every
+// connection open to the export keeps nothing from happening: the
+// demotion drains its requests (the server answers NBD_ESHUTDOWN) and its
+// helper sends them again to the new primary.
+func (n *Node) clientWordsFor(v *Volume, followersMayStay bool) string {
 	clients := n.nbdClients(v.name)
 	held := n.mountClaimOf(v, clients)
 	if len(clients) == 0 && held == nil {
 		return ""
+	}
+	if followersMayStay && held != nil && held.holder.Follows {
+		mine := true
+		for _, c := range clients {
+			if c.since.Before(held.taken) {
+				mine = false // a client from before the claim: not the mount's
+			}
+		}
+		if mine {
+			return ""
+		}
 	}
 	var list []string
 	for _, c := range clients {

@@ -38,7 +38,17 @@ func (v *Volume) stopPeers() {
 // file system would get I/O errors (DRBD refuses to demote a device held
 // open).
 func (v *Volume) clientsError(what string) error {
-	words := v.node.clientWords(v)
+	return v.clientsErrorFor(what, false)
+}
+
+// switchoverClientsError is clientsError for a switchover, which a mount
+// that follows the primary does not hold up (clientWordsFor).
+func (v *Volume) switchoverClientsError(to string) error {
+	return v.clientsErrorFor("switchover to "+to, true)
+}
+
+func (v *Volume) clientsErrorFor(what string, followersMayStay bool) error {
+	words := v.node.clientWordsFor(v, followersMayStay)
 	if words == "" {
 		return nil
 	}
@@ -77,7 +87,7 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 	if !ok {
 		return 0, replication.Generation{}, fmt.Errorf("%s has no replica of %s", to, v.name)
 	}
-	if err := v.clientsError("switchover to " + to); err != nil {
+	if err := v.switchoverClientsError(to); err != nil {
 		return 0, replication.Generation{}, err
 	}
 	inSync := func() bool {
@@ -129,7 +139,7 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 		return 0, replication.Generation{}, err
 	}
 	// A client that attached just before IO stopped is refused too.
-	if err := v.clientsError("switchover to " + to); err != nil {
+	if err := v.switchoverClientsError(to); err != nil {
 		return reopen(err)
 	}
 	v.node.nbd.CloseExport(v.name)

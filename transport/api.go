@@ -736,6 +736,10 @@ type MountHolder struct {
 	Host string `json:"host"`
 	Dir  string `json:"dir"`
 	ID   string `json:"id"`
+	// Follows: the mount follows the primary (replctl mount --follow): a
+	// switchover drains its connections instead of being refused for
+	// them, and its helper takes the claim again at the new primary.
+	Follows bool `json:"follows,omitempty"`
 }
 
 // MountStatus is a volume's mount claim in force on its primary: who

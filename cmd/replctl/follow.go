@@ -114,7 +114,7 @@ func (p *primaryFinder) locate(ctx context.Context) (volmount.Primary, error) {
 	if err != nil || p.claim == nil {
 		return pr, err
 	}
-	rec := &volmount.Record{Volume: p.volume, Dir: p.dir, Claim: &volmount.Claim{
+	rec := &volmount.Record{Volume: p.volume, Dir: p.dir, Follow: true, Claim: &volmount.Claim{
 		ID: p.claim.ID, Host: p.claim.Host, Node: pr.Name, Addr: pr.Control, TLSDir: p.tlsDir, Grace: p.claim.Grace}}
 	cl := claimer{timeout: p.perCall}
 	if err := cl.Claim(ctx, volmount.ClaimTake, rec); err != nil {

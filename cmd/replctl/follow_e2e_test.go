@@ -119,3 +119,76 @@ func TestE2EAFollowingMountRidesThroughAKill9OfThePrimary(t *testing.T) {
 		t.Fatalf("replctl umount left %v", left)
 	}
 }
+
+// TestE2EAFollowingMountRidesThroughASwitchover: a switchover (replctl
+// primary vol0 --node beta) while a following mount writes is not refused
+// for the mount's connections, as it is for any other mount: alpha drains
+// them (its server answers NBD_ESHUTDOWN), the helper takes the claim at
+// beta and sends what alpha did not answer again, and fio finishes with no
+// error and its verify passes.
+func TestE2EAFollowingMountRidesThroughASwitchover(t *testing.T) {
+	e2eBeside(t)
+	needMountTools(t)
+	fio := RequireTool(t, "fio", "fio")
+	c := newProcClusterN(t, clusterOpts{Raft: true, Witness: true, Size: 128 << 20})
+	c.startAll()
+	c.waitFor("alpha", "in sync, and raft knows both replicas UpToDate", syncTimeout, raftInSync)
+	runs := newMountRunDirs(t, "client")
+	runs.cleanUpAtTheEnd()
+	mnt := runs.mountPoint("client")
+	r := runCmd(2*time.Minute, nil, replctlBin, c.ctlArgs("witness", []string{"mount", volName, mnt, "--mkfs", "--follow", "--io-timeout", "3m", "--run-dir", runs.dirs["client"]})...)
+	if !r.ok() || !strings.Contains(r.out, "claimed on alpha") {
+		t.Fatalf("replctl mount --follow through the witness: %s", r)
+	}
+	before, err := c.writeBytes("alpha")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fioCmd := exec.Command(fio, "--name=switch", "--filename="+filepath.Join(mnt, "fio.dat"), "--size=32M", "--rw=randwrite", "--bs=4k",
+		"--ioengine=libaio", "--iodepth=16", "--direct=1", "--verify=crc32c", "--do_verify=1",
+		"--verify_fatal=1", "--randrepeat=0", "--output-format=json")
+	fioCmd.Dir = t.TempDir()
+	var fioOut strings.Builder
+	fioCmd.Stdout, fioCmd.Stderr = &fioOut, &fioOut
+	if err := fioCmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	fioDone := make(chan error, 1)
+	go func() { fioDone <- fioCmd.Wait() }()
+	t.Cleanup(func() {
+		if fioCmd.ProcessState == nil {
+			_ = fioCmd.Process.Kill()
+			<-fioDone
+		}
+	})
+	c.waitWritten("alpha", before+4<<20, fioDone)
+	if r := c.ctl("witness", "primary", volName, "--node", "beta"); !r.ok() {
+		t.Fatalf("a switchover to beta with a following mount writing: %s", r)
+	}
+	var fioErr error
+	select {
+	case fioErr = <-fioDone:
+	case <-time.After(5 * time.Minute):
+		t.Fatalf("fio did not end 5 minutes after the switchover\n%s", fioOut.String())
+	}
+	if fioErr != nil {
+		t.Fatalf("fio across the switchover: %v\n%s", fioErr, fioOut.String())
+	}
+	res, err := parseFio(fioOut.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Error != 0 || res.Write.IOBytes != 32<<20 || res.Read.IOBytes != 32<<20 {
+		t.Fatalf("fio: error %d, wrote %d, verified %d bytes (want 32 MiB each)\n%s", res.Error, res.Write.IOBytes, res.Read.IOBytes, fioOut.String())
+	}
+	out := runCmd(30*time.Second, nil, replctlBin, "mount", "--run-dir", runs.dirs["client"])
+	if !out.ok() || !strings.Contains(out.out, "beta (following)") {
+		t.Fatalf("the listing does not show beta followed: %s", out)
+	}
+	if r := runCmd(2*time.Minute, nil, replctlBin, "umount", mnt, "--run-dir", runs.dirs["client"]); !r.ok() || !strings.Contains(r.out, "its claim on beta given back") {
+		t.Fatalf("replctl umount %s: %s", mnt, r)
+	}
+	if left := runs.leftovers(); len(left) > 0 {
+		t.Fatalf("replctl umount left %v", left)
+	}
+}

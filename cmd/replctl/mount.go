@@ -79,8 +79,10 @@ answered is never sent again. With no primary for --io-timeout (0: wait for
 ever) the requests fail with I/O errors and the helper stops following. It
 connects only to a node that says itself it is the primary, over one NBD
 connection (--connections is not used), through FUSE (not --via kernel). A
-switchover is refused while a following mount is connected, as for any mount;
-replctl primary says which mount, and replctl umount on its host ends it. The
+switchover is not refused for a following mount (it is for any other): the old
+primary drains its requests and the helper sends them to the new one. Under
+protocol A or B a write acknowledged before the peer held it may be missing
+after a failover (not after a switchover), as those protocols allow. The
 listing shows each following mount's current primary.
 
 When the helper of a mount on DIR is gone (it crashed), replctl mount on DIR

@@ -29,7 +29,7 @@ func (c claimer) Claim(ctx context.Context, action volmount.ClaimAction, rec *vo
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	_, err = client.Claim(ctx, &transport.ClaimRequest{Volume: rec.Volume, Action: string(action),
-		Holder: transport.MountHolder{Host: cl.Host, Dir: rec.Dir, ID: cl.ID}, Grace: cl.Grace})
+		Holder: transport.MountHolder{Host: cl.Host, Dir: rec.Dir, ID: cl.ID, Follows: rec.Follow}, Grace: cl.Grace})
 	return claimError(err, action, rec)
 }
 
