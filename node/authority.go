@@ -835,7 +835,7 @@ func (v *Volume) awaitReclaim(epoch uint64) bool {
 // outdateBeforeResync makes raft record peer Outdated when the connection
 // about to be decided will resync it (its disk is Inconsistent meanwhile).
 // It runs before the decision takes v.stateMu: it may wait for raft.
-func (p *peer) outdateBeforeResync(reply replication.HelloReply) error {
+func (p *peer) outdateBeforeResync(reply replication.HelloReply, outdated bool) error {
 	v := p.v
 	v.mu.Lock()
 	auth, local := v.st.Auth, v.uuidsLocked(p.name)
@@ -844,7 +844,17 @@ func (p *peer) outdateBeforeResync(reply replication.HelloReply) error {
 		return nil
 	}
 	d := replication.CompareUUIDs(local, reply.UUIDs, replication.Primary, replication.Secondary)
-	if d.Outcome.IsSource() || p.bm.Count() > 0 || len(reply.Changed) > 0 || !reply.DiscardFrom.IsZero() {
+	if outdated {
+		d = d.TowardOutdated()
+	}
+	discard := !reply.DiscardFrom.IsZero()
+	if d.Outcome.IsTarget() && !discard {
+		// A pull: the peer is the source, whose copy is kept; nothing of
+		// it is resynced. (Recorded Outdated, it would be no source for
+		// this primary's next handshake, after a crash mid-pull.)
+		return nil
+	}
+	if d.Outcome.IsSource() || p.bm.Count() > 0 || len(reply.Changed) > 0 || discard {
 		return v.recordOutdated(p.name, true)
 	}
 	return nil

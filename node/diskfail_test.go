@@ -2,6 +2,7 @@ package node
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -336,4 +337,57 @@ func TestAWriteThatFailsHereAfterItReachedThePeerIsUndoneThere(t *testing.T) {
 	}
 	c.waitInSync()
 	c.requireIdentical()
+}
+
+// TestARevertLeavesTheBlocksThisDiskMissesToThePull: revertPeers sends
+// the peers what the local disk holds in a failed write's blocks, but a
+// block the local disk misses (a pull under way copies it from its
+// source, whose copy is the one kept, and passes it on) holds nothing to
+// send: its stale bytes would overwrite the source's block. The sim's
+// seed 1206 reached it: a write failed as its primary began to pull, and
+// the revert put the primary's stale block on the source. Here alpha
+// misses the first of two blocks (as a pull's localMissing says) and
+// holds stale bytes there; the revert of a write over both leaves beta's
+// first block as it is and gives it alpha's second.
+func TestARevertLeavesTheBlocksThisDiskMissesToThePull(t *testing.T) {
+	const size = 8 << 20
+	const off = 1 << 20
+	c := newTestCluster(t, size)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	ctx := context.Background()
+	a := c.vol("alpha")
+	kept := pattern(0x11, 4096)
+	if err := a.WriteAt(ctx, append(append([]byte(nil), kept...), pattern(0x22, 4096)...), off, true); err != nil {
+		t.Fatal(err)
+	}
+	c.waitInSync()
+	// alpha's own disk: stale bytes in the block it misses, and new ones
+	// in the next (as if the failed write's local half reached neither).
+	stale, held := pattern(0x33, 4096), pattern(0x44, 4096)
+	if _, err := a.disk.WriteAt(stale, off); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.disk.WriteAt(held, off+4096); err != nil {
+		t.Fatal(err)
+	}
+	a.localMissing.SetRange(off, 4096)
+	a.revertPeers(replication.Entry{Op: replication.OpWrite, Off: off, Length: 8192}, nil)
+	a.localMissing.ClearRange(off, 4096)
+	if _, err := a.disk.WriteAt(kept, off); err != nil { // as the pull would
+		t.Fatal(err)
+	}
+	eventually(t, func() bool {
+		got := make([]byte, 4096)
+		_, err := c.vol("beta").disk.ReadAt(got, off+4096)
+		return err == nil && bytes.Equal(got, held)
+	}, "beta holds alpha's block the revert sent")
+	got := make([]byte, 4096)
+	if _, err := c.vol("beta").disk.ReadAt(got, off); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, kept) {
+		t.Fatalf("the revert overwrote beta's block at %d, which alpha misses, with alpha's stale bytes (%v)", off, bytes.Equal(got, stale))
+	}
 }

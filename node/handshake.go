@@ -93,7 +93,10 @@ func (p *peer) connect(ctx context.Context) error {
 	if !reply.Accepted {
 		return refusalOf(reply)
 	}
-	if err := p.outdateBeforeResync(reply); err != nil {
+	// Whether raft has the peer Outdated, as this handshake found it:
+	// before its own record below, which a resync of the peer makes.
+	outdated := v.raftOutdated(p.name)
+	if err := p.outdateBeforeResync(reply, outdated); err != nil {
 		return err
 	}
 
@@ -107,7 +110,7 @@ func (p *peer) connect(ctx context.Context) error {
 		v.stateMu.Unlock()
 		return fmt.Errorf("%s grew to %d bytes during the handshake with %s: connecting again", v.name, size, p.name)
 	}
-	plan, err := p.decide(reply)
+	plan, err := p.decide(reply, outdated)
 	if err != nil {
 		v.stateMu.Unlock()
 		return err
@@ -211,8 +214,10 @@ func runsBytes(runs [][2]int64) int64 {
 // moves (node's bitmaps, which the state machine does not hold), then the
 // volume's rules decide (volstate.PeerConnected: DRBD's table,
 // replication.CompareUUIDs): a refusal, a resync or a pull, whose state
-// is durable BEFORE this returns. Callers hold v.stateMu.
-func (p *peer) decide(reply replication.HelloReply) (syncPlan, error) {
+// is durable BEFORE this returns. outdated: raft had the peer Outdated
+// under this primary when the handshake began (it is never a source of
+// a copy onto it). Callers hold v.stateMu.
+func (p *peer) decide(reply replication.HelloReply, outdated bool) (syncPlan, error) {
 	v := p.v
 	v.mu.Lock()
 	local, gens, role := v.uuidsLocked(p.name), v.st.Durable.Gens.Clone(), v.roleLocked()
@@ -224,7 +229,6 @@ func (p *peer) decide(reply replication.HelloReply) (syncPlan, error) {
 	d := replication.CompareUUIDs(local, reply.UUIDs, replication.Primary, replication.Secondary)
 	// A peer raft has Outdated is never copied onto this primary: it
 	// becomes the source of what either side marked.
-	outdated := v.raftOutdated(p.name)
 	if outdated {
 		d = d.TowardOutdated()
 	}
@@ -257,8 +261,10 @@ func (p *peer) decide(reply replication.HelloReply) (syncPlan, error) {
 			p.bm.SetAll()
 			plan.rule, plan.outcome = "discard-my-data-unrelated", replication.FullResyncSource.String()
 		}
-	case d.Outcome == replication.UnrelatedData || d.Outcome.IsSplitBrain() || (d.Outcome.IsTarget() && !sourceOK):
-		// Refused: nothing moves.
+	case d.Outcome == replication.UnrelatedData || d.Outcome.IsSplitBrain() || (d.Outcome.IsTarget() && !sourceOK) ||
+		(outdated && local.Current.IsZero()):
+		// Refused: nothing moves. (A primary with no generation of its
+		// own is no source for an Outdated peer.)
 	case d.Outcome.IsTarget():
 		p.markPull(d, reply)
 	default:

@@ -295,10 +295,45 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 // peer. It runs BEFORE the write is over, under its range lock, so a
 // later write to those blocks follows it. waits are the write's own
 // pendings: the peers took it or not before the revert is sent.
+//
+// A block the local disk misses holds nothing to send. While this
+// primary pulls, the pull copies the source's block (the copy kept, which
+// the revert must not overwrite) and passes it on to every other peer
+// (forwardPulled), so the replicas agree on it; only the blocks the local
+// disk holds are reverted.
 func (v *Volume) revertPeers(e replication.Entry, waits []*session.Pending) {
 	for _, p := range waits {
 		<-p.Done()
 	}
+	if !v.localMissing.AnySet(e.Off, e.Length) {
+		v.revertRange(e.Off, e.Length)
+		return
+	}
+	end := e.Off + e.Length
+	for off := e.Off; off < end; {
+		next := min(end, (off/replication.BlockSize+1)*replication.BlockSize)
+		if v.localMissing.AnySet(off, next-off) {
+			off = next
+			continue
+		}
+		// A run of blocks held here.
+		runEnd := next
+		for runEnd < end {
+			n := min(end, (runEnd/replication.BlockSize+1)*replication.BlockSize)
+			if v.localMissing.AnySet(runEnd, n-runEnd) {
+				break
+			}
+			runEnd = n
+		}
+		v.revertRange(off, runEnd-off)
+		off = runEnd
+	}
+}
+
+// revertRange sends every peer what the local disk holds in [off,
+// off+length) (revertPeers).
+func (v *Volume) revertRange(off, length int64) {
+	e := replication.Entry{Off: off, Length: length}
 	buf := make([]byte, e.Length)
 	if err := v.readLocal(buf, e.Off); err != nil {
 		// Nothing to send: the blocks are marked for every peer, and its

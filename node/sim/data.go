@@ -133,6 +133,14 @@ func (s *Sim) abandon(n *node, w *write) {
 // marked for it, BEFORE the write is over (a later write to the block
 // follows it).
 func (s *Sim) revert(n *node, w *write) {
+	if src, ok := s.pullPlans(n, w.block); ok {
+		// A block a pull under way copies holds nothing here to send:
+		// the pull brings the source's copy, the one kept, and passes it
+		// on to the other peers (node's revertPeers).
+		n.leftToPull[w.block] = true
+		s.tracef("%s: write %d failed after it went to the streams: block %d is left to the pull from %s", n.name, w.id, w.block, src)
+		return
+	}
 	v := n.disk.read(w.block)
 	for _, p := range n.peers {
 		sid, ok := n.sessions[p]
@@ -148,6 +156,21 @@ func (s *Sim) revert(n *node, w *write) {
 		n.inflight[p][s.nextWrite] = w.block
 	}
 	s.tracef("%s: write %d failed after it went to the streams: block %d reverted to %d on the peers", n.name, w.id, w.block, v)
+}
+
+// pullPlans reports whether a pull of n under way copies block b (pull's
+// plan: marked on either side, or every block), and from which peer.
+func (s *Sim) pullPlans(n *node, b int) (string, bool) {
+	for _, peer := range slices.Sorted(maps.Keys(n.pulls)) {
+		due := n.pulls[peer]
+		if n.sessions[peer] != due.session {
+			continue
+		}
+		if due.full || n.marks[peer][b] || s.node(peer).marks[n.name][b] {
+			return peer, true
+		}
+	}
+	return "", false
 }
 
 // ackedFromLostCache reports whether a peer acknowledged w from its
@@ -877,10 +900,12 @@ func (s *Sim) sendSyncDone(n *node) {
 // the pull then starts again at the next connection, from what the
 // node's durable state recorded.
 func (s *Sim) startPull(n *node, peer string) {
-	s.failWrites(n, "pull")
 	due := n.pulls[peer]
 	due.session, due.at = n.sessions[peer], s.now.Add(s.duration(tick, 6*tick))
 	n.pulls[peer] = due
+	// The pull is planned first: a write failed here leaves a block it
+	// copies to it (revert).
+	s.failWrites(n, "pull")
 	s.tracef("%s: pull from %s (full %t) until %v", n.name, peer, due.full, due.at.Sub(s.start))
 }
 
@@ -895,7 +920,9 @@ func (s *Sim) progressPulls(n *node) {
 			s.tracef("%s: pull from %s cut off", n.name, p)
 		case due.at.IsZero():
 			// Planned at the handshake, not started.
-		case !s.now.Before(due.at):
+		case !s.now.Before(due.at) && len(n.inflight[p]) == 0:
+			// The source answered every write sent it before (node's
+			// stream serves the pull's reads after them).
 			delete(n.pulls, p)
 			s.pull(n, p, due.full)
 		}
@@ -916,13 +943,19 @@ func (s *Sim) pull(n *node, peer string, full bool) {
 	s.check.copied(s, peer, n.name, planned, "pull")
 	for _, b := range planned {
 		v := q.disk.read(b)
-		if v == n.disk.read(b) {
+		changed := v != n.disk.read(b)
+		if changed {
+			s.touch(n, b)
+			n.disk.cache[b] = v
+		}
+		left := n.leftToPull[b]
+		delete(n.leftToPull, b)
+		if !changed && !left {
 			continue
 		}
-		s.touch(n, b)
-		n.disk.cache[b] = v
-		// What changes here goes to the other peers too: in their
-		// streams, or marked (node's forwardPulled).
+		// What changes here goes to the other peers too, and a block
+		// whose failed write was left to the pull (it may be on them):
+		// in their streams, or marked (node's forwardPulled).
 		for _, p := range n.peers {
 			if p == peer || s.cfg.mutation == mutPullNotForwarded {
 				continue

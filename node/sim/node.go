@@ -93,6 +93,11 @@ type node struct {
 	// pull copies while the stream lasts): when it ends, and whether it
 	// copies every block (a full resync as target).
 	pulls map[string]pullDue
+	// leftToPull are blocks of a failed write a pull under way copies:
+	// their revert was left to it, and it passes them on to the other
+	// peers whether they changed here or not (node's forwardPulled passes
+	// on every run it copies).
+	leftToPull map[int]bool
 	// driving: a step of this node's volume is under way (its actions
 	// run); an event they cause here waits in follow.
 	driving bool
@@ -195,7 +200,7 @@ func (n *node) boot() {
 	n.outdated, n.sessions, n.nextDial = map[string]uint64{}, map[string]uint64{}, map[string]time.Time{}
 	n.inflight, n.resyncing, n.syncDone = map[string]map[int64]int{}, map[string]map[int]bool{}, map[string]syncDue{}
 	n.resyncLate = map[string]resyncLate{}
-	n.announcing, n.pulls = map[string]bool{}, map[string]pullDue{}
+	n.announcing, n.pulls, n.leftToPull = map[string]bool{}, map[string]pullDue{}, map[int]bool{}
 	n.cached, n.cacheLost, n.cacheAnnounce = map[string]map[int]bool{}, map[string]map[int]bool{}, false
 	n.streamed, n.cacheEpoch = map[string]bool{}, map[string]uint64{}
 	n.mayHold, n.mayHoldUnknown = map[string]replication.Generation{}, map[string]bool{}
@@ -519,6 +524,14 @@ func (s *Sim) handshake(p, q *node) {
 	// at its epoch (forced without quorum, not yet reclaimed) resyncs
 	// nobody. Until then the peer has no stream and takes nothing of it.
 	resyncs := d.Outcome.IsSource() || len(p.marks[q.name]) > 0 || len(q.marks[p.name]) > 0 || qs.Discard
+	if d.Outcome.IsTarget() && !qs.Discard {
+		// A pull: the peer is the source, whose copy is kept (node's
+		// outdateBeforeResync).
+		resyncs = false
+	}
+	// A primary with no generation of its own is no source for an
+	// Outdated peer: volstate refuses it, and nothing is marked.
+	refusedOutdated := outdated && p.st.Durable.Gens.Current.IsZero() && s.cfg.mutation != mutPullFromOutdated
 	if resyncs && s.cfg.mutation != mutResyncNotOutdated {
 		if err := s.recordOutdated(p, q.name); err != nil {
 			if !errors.Is(err, errWait) {
@@ -552,7 +565,7 @@ func (s *Sim) handshake(p, q *node) {
 			p.mark(q.name, b)
 			s.check.allow(p.name, q.name, b)
 		}
-	} else if d.Outcome == replication.FullResyncSource {
+	} else if d.Outcome == replication.FullResyncSource && !refusedOutdated {
 		if d.Rule == replication.RuleHistorySelf {
 			s.check.historyFullResync(s, p, q)
 		}

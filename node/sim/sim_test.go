@@ -191,7 +191,9 @@ func TestSimCatchesPlantedBugs(t *testing.T) {
 		{mutCacheLossOnlyAtWait, NoStalePromotion, 60499, false},
 		// And this one until seed 39814: a pull's source, counted in sync
 		// from the start, held writes of an earlier stream in its cache.
-		{mutAcceptKeepsCache, NoAckedWriteLost, 39814, false},
+		// (Seed 5043 since a pull stopped having raft record its source
+		// Outdated first.)
+		{mutAcceptKeepsCache, NoAckedWriteLost, 5043, false},
 		// And this one until seeds 459 and 3801, with the model's pull
 		// made as node's was: a primary's pull passed nothing on to its
 		// other peers, counted in sync. (Those pulled from a peer raft had
@@ -204,7 +206,9 @@ func TestSimCatchesPlantedBugs(t *testing.T) {
 		{mutFailedWriteKept, ReplicasEqualInSync, 0, false},
 		// And this one until the finding pull-from-outdated: a new
 		// primary pulled from a peer raft had Outdated.
-		{mutPullFromOutdated, NoAckedWriteLost, 4374, false},
+		// (Seed 114186 since the pull stopped having raft record its
+		// source Outdated: the shape is rare.)
+		{mutPullFromOutdated, NoAckedWriteLost, 114186, false},
 	}
 	for _, c := range cases {
 		name := c.mutation.String()
@@ -339,6 +343,21 @@ var regressions = []uint64{
 	// Outdated now (UUIDDecision.TowardOutdated; the planted bug
 	// pull-from-outdated).
 	4374, 47568,
+	// A primary whose own pull was under way (no generation of its own)
+	// took a peer raft had Outdated for the source of a full resync,
+	// and marked every block for it, though volstate refused the peer:
+	// the next resync copied the whole volume (invariant 4). A refused
+	// peer is marked nothing now, and a pull no longer has raft record
+	// its source Outdated first (node's outdateBeforeResync).
+	7458, 9951,
+	// A write that failed when its primary began to pull (the model
+	// answers the writes in flight first) was undone on the peers with
+	// what the primary's disk held in a block the pull copies: the pull's
+	// source, whose copy is the one kept, took the primary's stale block
+	// after the pull had read its own, and the two counted each other in
+	// sync while they differed. Such a block is left to the pull now
+	// (node's revertPeers skips what the local disk misses).
+	1206,
 }
 
 // TestSimRegressions runs the regression seeds in the default mode.
