@@ -195,7 +195,7 @@ func run(ctx context.Context, o options, w io.Writer) error {
 	}
 	fmt.Fprintln(w)
 	table(w, rows, o.seeds)
-	fmt.Fprintf(w, "\n%d mutations, %d seeds each, in %v\n", len(rows), o.seeds, time.Since(began).Round(time.Second))
+	fmt.Fprintf(w, "\n%d mutations, %d seeds each (more where a mutation says so), in %v\n", len(rows), o.seeds, time.Since(began).Round(time.Second))
 	bad := 0
 	for _, r := range rows {
 		if r.result != Caught {
@@ -233,13 +233,23 @@ func judge(ctx context.Context, o options, m Mutation, dir string, linked map[st
 		r.took = time.Since(began)
 		return r
 	}
-	out, exitOK, err := o.sim(ctx, pl.Overlay, "-seeds", fmt.Sprint(o.seeds))
+	seeds := max(o.seeds, m.Seeds)
+	out, exitOK, err := o.sim(ctx, pl.Overlay, "-seeds", fmt.Sprint(seeds))
 	if err != nil {
 		r.result, r.note = Error, err.Error()
 		r.took = time.Since(began)
 		return r
 	}
 	outcome, f, perr := parseSimOutput(out, exitOK)
+	if outcome == Failed && f.Seed > uint64(o.seeds) {
+		// Beyond the control's seeds: the seed must pass without the
+		// mutation, or the mutation is not what failed it.
+		cout, cok, cerr := o.sim(ctx, "", "-seed", fmt.Sprint(f.Seed))
+		if c, _, _ := parseSimOutput(cout, cok); cerr != nil || c != Passed {
+			r.result, r.note = Error, fmt.Sprintf("seed %d fails without the mutation too (or did not run: %v)", f.Seed, cerr)
+			return r
+		}
+	}
 	switch outcome {
 	case Failed:
 		r.result, r.failure = Caught, f
@@ -281,7 +291,7 @@ func table(w io.Writer, rows []row, seeds int) {
 	for _, r := range rows {
 		switch {
 		case r.result == Missed:
-			fmt.Fprintf(w, "\n%s MISSED: every one of %d seeds passed with it planted (%s)", r.m.Name, seeds, r.m.Rule)
+			fmt.Fprintf(w, "\n%s MISSED: every one of %d seeds passed with it planted (%s)", r.m.Name, max(seeds, r.m.Seeds), r.m.Rule)
 			if r.note != "" {
 				fmt.Fprintf(w, "; %s", r.note)
 			}
