@@ -185,6 +185,13 @@ func TestE2EAFollowingMountRidesThroughASwitchover(t *testing.T) {
 	if !out.ok() || !strings.Contains(out.out, "beta (following)") {
 		t.Fatalf("the listing does not show beta followed: %s", out)
 	}
+	// replctl status says where and how it is mounted: following.
+	if st := c.ctl("witness", "status"); !st.ok() || !strings.Contains(st.out, "by replctl mount --follow (it follows the primary)") {
+		t.Fatalf("replctl status does not say the volume is mounted following the primary: %s", st)
+	}
+	if st := c.ctl("witness", "status", "--json"); !st.ok() || !strings.Contains(st.out, `"follows": true`) {
+		t.Fatalf("replctl status --json does not say the mount follows: %s", st)
+	}
 	if r := runCmd(2*time.Minute, nil, replctlBin, "umount", mnt, "--run-dir", runs.dirs["client"]); !r.ok() || !strings.Contains(r.out, "its claim on beta given back") {
 		t.Fatalf("replctl umount %s: %s", mnt, r)
 	}

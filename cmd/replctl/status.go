@@ -411,8 +411,12 @@ func printVolume(w io.Writer, v *transport.VolumeStatus, ws []transport.Warning,
 	}
 	fmt.Fprintln(w)
 	if m := v.Mount; m != nil {
-		fmt.Fprintf(w, "  mounted on host %s at %s by replctl mount, since %s (%d NBD connection(s) open); replctl umount %s, on %s, gives it back\n",
-			m.Holder.Host, m.Holder.Dir, m.Since.UTC().Format("2006-01-02 15:04:05 UTC"), m.Connections, m.Holder.Dir, m.Holder.Host)
+		how := "replctl mount"
+		if m.Holder.Follows {
+			how = "replctl mount --follow (it follows the primary)"
+		}
+		fmt.Fprintf(w, "  mounted on host %s at %s by %s, since %s (%d NBD connection(s) open); replctl umount %s, on %s, gives it back\n",
+			m.Holder.Host, m.Holder.Dir, how, m.Since.UTC().Format("2006-01-02 15:04:05 UTC"), m.Connections, m.Holder.Dir, m.Holder.Host)
 	}
 	if f := v.LastFailover; f != nil {
 		line := fmt.Sprintf("  failed over %s → %s %s ago (%s, epoch %d)", f.From, f.To, shortDuration(now.Sub(f.At)), f.At.UTC().Format("2006-01-02 15:04:05 UTC"), f.Epoch)
