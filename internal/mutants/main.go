@@ -92,7 +92,7 @@ func main() {
 	flag.StringVar(&o.only, "only", "", "run only the mutation NAME (see -list)")
 	flag.Uint64Var(&o.seed, "seed", 0, "with -only: replay this seed of the mutation, printing its whole trace")
 	flag.BoolVar(&o.list, "list", false, "list the mutations and where each is planted")
-	flag.DurationVar(&o.timeout, "timeout", 3*time.Minute, "go test's -timeout for one run of the simulation")
+	flag.DurationVar(&o.timeout, "timeout", 3*time.Minute, "go test's -timeout for one run of the simulation over -seeds seeds (a mutation given more seeds gets as much more)")
 	flag.StringVar(&o.goCmd, "go", "go", "the go command")
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -234,7 +234,10 @@ func judge(ctx context.Context, o options, m Mutation, dir string, linked map[st
 		return r
 	}
 	seeds := max(o.seeds, m.Seeds)
-	out, exitOK, err := o.sim(ctx, pl.Overlay, "-seeds", fmt.Sprint(seeds))
+	so := o
+	// -timeout is for -seeds: more seeds take as much longer.
+	so.timeout = o.timeout * time.Duration((seeds+o.seeds-1)/o.seeds)
+	out, exitOK, err := so.sim(ctx, pl.Overlay, "-seeds", fmt.Sprint(seeds))
 	if err != nil {
 		r.result, r.note = Error, err.Error()
 		r.took = time.Since(began)
