@@ -362,6 +362,18 @@ func TestPageStates(t *testing.T) {
 			},
 		},
 		{
+			name: "mounted by a mount that follows the primary: the volume says where, since when, and that it follows",
+			bend: func(st *transport.ClusterStatus) {
+				st.Volumes[0].Mount = &transport.MountStatus{Holder: transport.MountHolder{Host: "client1", Dir: "/srv/data", ID: "c0ffee", Follows: true},
+					Since: testNow.Add(-time.Minute), Connections: 1}
+			},
+			check: want{
+				text: map[string]string{
+					"vol-vol0-mount": "mounted on host client1 at /srv/data since 2026-03-14 15:08:26 UTC, 1 NBD connection(s) open; it follows the primary",
+				},
+			},
+		},
+		{
 			name: "forced to primary while disconnected by the operator: the volume runs on one copy",
 			bend: func(st *transport.ClusterStatus) {
 				v := &st.Volumes[0]

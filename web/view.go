@@ -67,7 +67,11 @@ type volumeView struct {
 	Failover string
 	// ResyncCap is the resync rate cap ("" when there is none).
 	ResyncCap string
-	Replicas  []replicaView
+	// Mount says who mounts the volume (replctl mount's claim): the
+	// host, the directory, since when, and whether it follows the
+	// primary ("" when nobody does).
+	Mount    string
+	Replicas []replicaView
 	// Paths are the multipath paths of each node that has several.
 	Paths []pathGroup
 	IO    volumeIO
@@ -267,6 +271,13 @@ func buildVolume(v *transport.VolumeStatus, io volumeIO, ws []Warning) volumeVie
 	}
 	if v.ResyncRate > 0 {
 		vv.ResyncCap = humanBytes(v.ResyncRate) + "/s"
+	}
+	if m := v.Mount; m != nil {
+		vv.Mount = fmt.Sprintf("mounted on host %s at %s since %s, %d NBD connection(s) open", m.Holder.Host, m.Holder.Dir,
+			m.Since.UTC().Format("2006-01-02 15:04:05 UTC"), m.Connections)
+		if m.Holder.Follows {
+			vv.Mount += "; it follows the primary"
+		}
 	}
 	vv.PrimaryClass = classOK
 	if v.NBDURI == "" {
