@@ -1,6 +1,7 @@
 package metadata
 
 import (
+	"container/list"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
@@ -41,9 +42,8 @@ type sumPage struct {
 	// only if it wrote the version the page still has.
 	version uint64
 	dirty   bool
-	// inLRU: a clean page, in the LRU list between prev and next.
-	inLRU      bool
-	prev, next *sumPage
+	// lru is a clean page's place in the LRU list (nil: not in it).
+	lru *list.Element
 }
 
 // ChecksumStats counts what the checksum store did since open.
@@ -95,20 +95,20 @@ type Checksums struct {
 	// a Grow's move), so that a page's writes land in order.
 	flushMu lockorder.Mutex
 
-	mu               lockorder.Mutex
-	offset           int64 // where the area lives; a Grow's move changes it holding flushMu and mu
-	volume, blocks   int64
-	pages            map[int64]*sumPage
-	dirty            map[int64]*sumPage
-	lruHead, lruTail *sumPage
-	stats            ChecksumStats
+	mu             lockorder.Mutex
+	offset         int64 // where the area lives; a Grow's move changes it holding flushMu and mu
+	volume, blocks int64
+	pages          map[int64]*sumPage
+	dirty          map[int64]*sumPage
+	lru            *list.List // the clean pages, least recently used first
+	stats          ChecksumStats
 }
 
 func newChecksums(md *MD, opts MDOptions) *Checksums {
 	c := &Checksums{
 		md: md, seed: md.sb.ChecksumSeed, capacity: opts.ChecksumCachePages,
 		offset: md.geo.checksumOffset, volume: md.volumeSize, blocks: blocksOf(md.volumeSize),
-		pages: map[int64]*sumPage{}, dirty: map[int64]*sumPage{},
+		pages: map[int64]*sumPage{}, dirty: map[int64]*sumPage{}, lru: list.New(),
 	}
 	if c.capacity <= 0 {
 		c.capacity = DefaultChecksumCachePages
@@ -255,9 +255,8 @@ func (c *Checksums) page(block int64) (*sumPage, error) {
 	}
 	pi := block / SumsPerPage
 	if p := c.pages[pi]; p != nil {
-		if p.inLRU { // most recently used
-			c.lruRemove(p)
-			c.lruPushBack(p)
+		if p.lru != nil { // most recently used
+			c.lru.MoveToBack(p.lru)
 		}
 		return p, nil
 	}
@@ -271,7 +270,7 @@ func (c *Checksums) page(block int64) (*sumPage, error) {
 		c.stats.Unknown++
 	}
 	c.pages[pi] = p
-	c.lruPushBack(p)
+	p.lru = c.lru.PushBack(p)
 	return p, nil
 }
 
@@ -282,8 +281,9 @@ func (c *Checksums) markDirty(p *sumPage) {
 	if p.dirty {
 		return
 	}
-	if p.inLRU {
-		c.lruRemove(p)
+	if p.lru != nil {
+		c.lru.Remove(p.lru)
+		p.lru = nil
 	}
 	p.dirty = true
 	c.dirty[p.index] = p
@@ -292,36 +292,12 @@ func (c *Checksums) markDirty(p *sumPage) {
 // evictOverCapacity drops the least recently used clean pages while more
 // than the bound are in memory. c.mu is held.
 func (c *Checksums) evictOverCapacity() {
-	for len(c.pages) > c.capacity && c.lruHead != nil {
-		p := c.lruHead
-		c.lruRemove(p)
+	for len(c.pages) > c.capacity && c.lru.Len() > 0 {
+		p := c.lru.Remove(c.lru.Front()).(*sumPage)
+		p.lru = nil
 		delete(c.pages, p.index)
 		c.stats.Evictions++
 	}
-}
-
-func (c *Checksums) lruPushBack(p *sumPage) {
-	p.prev, p.next, p.inLRU = c.lruTail, nil, true
-	if c.lruTail != nil {
-		c.lruTail.next = p
-	} else {
-		c.lruHead = p
-	}
-	c.lruTail = p
-}
-
-func (c *Checksums) lruRemove(p *sumPage) {
-	if p.prev != nil {
-		p.prev.next = p.next
-	} else {
-		c.lruHead = p.next
-	}
-	if p.next != nil {
-		p.next.prev = p.prev
-	} else {
-		c.lruTail = p.prev
-	}
-	p.prev, p.next, p.inLRU = nil, nil, false
 }
 
 // pageCRC is the checksum of an encoded page: the volume's UUID and the
@@ -495,7 +471,7 @@ func (c *Checksums) flush(want func(int64) bool, syncData bool) (int, error) {
 		}
 		o.p.dirty = false
 		delete(c.dirty, o.p.index)
-		c.lruPushBack(o.p)
+		o.p.lru = c.lru.PushBack(o.p)
 	}
 	c.evictOverCapacity()
 	return len(outs), nil
@@ -661,6 +637,6 @@ func (md *MD) forgetAllChecksums() error {
 	defer c.mu.Unlock()
 	c.seed = seed
 	c.pages, c.dirty = map[int64]*sumPage{}, map[int64]*sumPage{}
-	c.lruHead, c.lruTail = nil, nil
+	c.lru.Init()
 	return nil
 }

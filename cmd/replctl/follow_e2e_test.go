@@ -57,24 +57,7 @@ func TestE2EAFollowingMountRidesThroughAKill9OfThePrimary(t *testing.T) {
 	}
 	// alpha is killed in the middle of fio's writes, with requests in flight; fio's verify
 	// then reads back every block through beta.
-	file := filepath.Join(mnt, "fio.dat")
-	fioCmd := exec.Command(fio, "--name=follow", "--filename="+file, "--size=64M", "--rw=randwrite", "--bs=4k",
-		"--ioengine=libaio", "--iodepth=16", "--direct=1", "--verify=crc32c", "--do_verify=1",
-		"--verify_fatal=1", "--randrepeat=0", "--output-format=json")
-	fioCmd.Dir = t.TempDir()
-	var fioOut strings.Builder
-	fioCmd.Stdout, fioCmd.Stderr = &fioOut, &fioOut
-	if err := fioCmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	fioDone := make(chan error, 1)
-	go func() { fioDone <- fioCmd.Wait() }()
-	t.Cleanup(func() {
-		if fioCmd.ProcessState == nil {
-			_ = fioCmd.Process.Kill()
-			<-fioDone
-		}
-	})
+	fioDone, fioOut := startFioVerify(t, fio, filepath.Join(mnt, "fio.dat"), "64M")
 	c.waitWritten("alpha", before+8<<20, fioDone)
 	c.kill("alpha")
 	killed := time.Now()
@@ -144,23 +127,7 @@ func TestE2EAFollowingMountRidesThroughASwitchover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fioCmd := exec.Command(fio, "--name=switch", "--filename="+filepath.Join(mnt, "fio.dat"), "--size=32M", "--rw=randwrite", "--bs=4k",
-		"--ioengine=libaio", "--iodepth=16", "--direct=1", "--verify=crc32c", "--do_verify=1",
-		"--verify_fatal=1", "--randrepeat=0", "--output-format=json")
-	fioCmd.Dir = t.TempDir()
-	var fioOut strings.Builder
-	fioCmd.Stdout, fioCmd.Stderr = &fioOut, &fioOut
-	if err := fioCmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	fioDone := make(chan error, 1)
-	go func() { fioDone <- fioCmd.Wait() }()
-	t.Cleanup(func() {
-		if fioCmd.ProcessState == nil {
-			_ = fioCmd.Process.Kill()
-			<-fioDone
-		}
-	})
+	fioDone, fioOut := startFioVerify(t, fio, filepath.Join(mnt, "fio.dat"), "32M")
 	c.waitWritten("alpha", before+4<<20, fioDone)
 	if r := c.ctl("witness", "primary", volName, "--node", "beta"); !r.ok() {
 		t.Fatalf("a switchover to beta with a following mount writing: %s", r)
@@ -198,4 +165,29 @@ func TestE2EAFollowingMountRidesThroughASwitchover(t *testing.T) {
 	if left := runs.leftovers(); len(left) > 0 {
 		t.Fatalf("replctl umount left %v", left)
 	}
+}
+
+// startFioVerify starts fio writing size bytes of 4 KiB random writes to
+// file with a crc32c verify after, and returns what its end sends (its
+// exit) and its output; the test's end kills it if it still runs.
+func startFioVerify(t *testing.T, fio, file, size string) (chan error, *strings.Builder) {
+	t.Helper()
+	cmd := exec.Command(fio, "--name=follow", "--filename="+file, "--size="+size, "--rw=randwrite", "--bs=4k",
+		"--ioengine=libaio", "--iodepth=16", "--direct=1", "--verify=crc32c", "--do_verify=1",
+		"--verify_fatal=1", "--randrepeat=0", "--output-format=json")
+	cmd.Dir = t.TempDir()
+	out := &strings.Builder{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	})
+	return done, out
 }
