@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"syscall"
 
@@ -235,6 +236,20 @@ func (v *Volume) readFromPeer(ctx context.Context, p []byte, off int64) error {
 		}
 	}
 	return fmt.Errorf("%w (%w)", errNoCopy, syscall.EIO)
+}
+
+// pullingFrom is the peer other than except this primary copies newer
+// data from, if any.
+func (v *Volume) pullingFrom(except string) *peer {
+	v.mu.Lock()
+	peers := slices.Clone(v.peerList)
+	v.mu.Unlock()
+	for _, pr := range peers {
+		if pr.name != except && pr.pulling.Load() {
+			return pr
+		}
+	}
+	return nil
 }
 
 // pullSource is the peer this primary copies newer data from, if any.

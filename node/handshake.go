@@ -262,9 +262,10 @@ func (p *peer) decide(reply replication.HelloReply, outdated bool) (syncPlan, er
 			plan.rule, plan.outcome = "discard-my-data-unrelated", replication.FullResyncSource.String()
 		}
 	case d.Outcome == replication.UnrelatedData || d.Outcome.IsSplitBrain() || (d.Outcome.IsTarget() && !sourceOK) ||
-		(outdated && local.Current.IsZero()):
+		(outdated && local.Current.IsZero()) || v.pullingFrom(p.name) != nil:
 		// Refused: nothing moves. (A primary with no generation of its
-		// own is no source for an Outdated peer.)
+		// own is no source for an Outdated peer; and it pulls from one
+		// peer at a time.)
 	case d.Outcome.IsTarget():
 		p.markPull(d, reply)
 	default:
@@ -310,7 +311,11 @@ func (p *peer) handshakeRefusal(cause volstate.Cause, d replication.UUIDDecision
 	ref := &refusal{cause: Cause(cause), final: cause != volstate.CausePulling, rule: d.Rule}
 	switch Cause(cause) {
 	case CausePulling:
-		ref.text = fmt.Sprintf("%s copies newer data from another peer and holds no generation until it ends; %s, which raft has Outdated, is never a source for it: it is resynced from %s once the copy ends", v.self, p.name, v.self)
+		from := "another peer"
+		if src := v.pullingFrom(p.name); src != nil {
+			from = src.name
+		}
+		ref.text = fmt.Sprintf("%s copies newer data from %s and holds no generation until that ends: %s is connected again then", v.self, from, p.name)
 	case CauseSplitBrain:
 		ref.text = fmt.Sprintf("%s and %s both changed the data since their last common generation: %s", v.self, p.name, replication.RuleWords(d.Rule))
 		ref.peer = replication.SplitBrainSide{Changes: changedBytes(reply), PrimarySince: reply.PrimarySince}

@@ -821,3 +821,62 @@ func TestAResyncDuringAPullEndsWithTheGenerationThePullBrings(t *testing.T) {
 	c.waitInSync()
 	c.requireDecision("beta", "alpha", replication.RuleReconnected, replication.NoResync.String())
 }
+
+// TestAPrimaryPullsFromOnePeerAtATime: alpha's metadata is created afresh
+// (a replaced disk) while beta and gamma hold the data. alpha copies it
+// from the first of them to connect; while it does, it holds no
+// generation of its own, so the other would look newer too
+// (just-created-self) and a second full pull would start beside the
+// first, from a peer that may hold less (the sim's seed 54612: one raft
+// had Outdated). The other is refused for the time of the pull (cause
+// pulling), is connected again once it ends, and nothing is copied from
+// it: alpha copies the volume once.
+func TestAPrimaryPullsFromOnePeerAtATime(t *testing.T) {
+	const size = 8 << 20
+	c := newTestClusterOf(t, size, "alpha", "beta", "gamma")
+	for _, n := range []string{"alpha", "beta", "gamma"} {
+		c.start(n)
+	}
+	c.waitInSync()
+	writeRandomBlocks(t, c.vol("alpha"), 50, 72)
+	c.waitInSync()
+	want := c.disk("beta")[:size]
+	c.stop("alpha")
+	if _, err := CreateMetadata(c.cfg, "alpha", "vol0", "", true); err != nil {
+		t.Fatal(err)
+	}
+	c.cfg.Volumes[0].ResyncRate = 4 << 20 // two seconds of copying
+	c.start("alpha")
+	a := c.vol("alpha")
+	var src, other string
+	eventually(t, func() bool {
+		for _, n := range []string{"beta", "gamma"} {
+			if a.peers[n].pulling.Load() {
+				src, other = n, map[string]string{"beta": "gamma", "gamma": "beta"}[n]
+				return true
+			}
+		}
+		return false
+	}, "alpha copying from beta or gamma")
+	refused := false
+	for a.peers[src].pulling.Load() {
+		if a.peers[other].pulling.Load() {
+			t.Fatalf("alpha copies from %s and %s at once", src, other)
+		}
+		if st := a.peers[other].status(); st.ReasonCode == string(CausePulling) {
+			refused = true
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !refused {
+		t.Errorf("alpha never said it held %s off while it copied from %s (cause %s)", other, src, CausePulling)
+	}
+	c.waitInSync()
+	if moved := replica(c.status(), "alpha").ResyncedBytes; moved != size {
+		t.Fatalf("alpha copied %d bytes, want the volume once (%d)", moved, size)
+	}
+	if got := c.disk("alpha")[:size]; !bytes.Equal(got, want) {
+		t.Fatal("alpha does not hold the data after its pull")
+	}
+	c.requireIdentical()
+}

@@ -172,6 +172,11 @@ type findingHit struct {
 // checker holds what the invariants are checked against.
 type checker struct {
 	acked []int64 // the last acknowledged value of each block
+	// ackedEpoch is, per block, the epoch of the primary that
+	// acknowledged its last write: a FLUSH a primary of an older epoch
+	// completes (a stale one, cut off) covers none of that primary's
+	// writes, which its client never sent it.
+	ackedEpoch []uint64
 	// ackedIDs are, per block, every write acknowledged to it, oldest
 	// first.
 	ackedIDs map[int][]int64
@@ -215,7 +220,7 @@ type streamEntry struct {
 }
 
 func newChecker() checker {
-	return checker{acked: make([]int64, blocks), ackedIDs: map[int][]int64{}, protected: make([]int64, blocks), forced: map[string]bool{}, mayDiffer: map[int]bool{},
+	return checker{acked: make([]int64, blocks), ackedEpoch: make([]uint64, blocks), ackedIDs: map[int][]int64{}, protected: make([]int64, blocks), forced: map[string]bool{}, mayDiffer: map[int]bool{},
 		forcedAlone: map[string]bool{},
 		changed:     map[[2]string]map[int]bool{}, streams: map[uint64]*streamLog{}}
 }
@@ -225,7 +230,7 @@ func (c *checker) acknowledged(s *Sim, n *node, w *write) {
 		s.tracef("%s: write %d acknowledged during a forced split (not counted)", n.name, w.id)
 		return
 	}
-	c.acked[w.block] = w.id
+	c.acked[w.block], c.ackedEpoch[w.block] = w.id, n.st.Durable.Epoch
 	c.ackedIDs[w.block] = append(c.ackedIDs[w.block], w.id)
 	c.acks++
 	delete(c.mayDiffer, w.block)
@@ -517,6 +522,12 @@ func (s *Sim) checkHandover() {
 		}
 	}
 	if to.st.Role() == replication.Primary && to.st.Durable.Epoch >= w.epoch && volstate.Admit(to.st, s.now) == volstate.Serve {
+		s.check.switched = nil
+		return
+	}
+	if p := to.st.Pending; p != nil && p.Kind == volstate.PendingHandover {
+		// The operator switched over again, away from it: it stops its
+		// IO for that handover, which is no wait of this one's.
 		s.check.switched = nil
 		return
 	}

@@ -158,6 +158,17 @@ func (s *Sim) revert(n *node, w *write) {
 	s.tracef("%s: write %d failed after it went to the streams: block %d reverted to %d on the peers", n.name, w.id, w.block, v)
 }
 
+// pullsFrom reports whether n pulls from a peer other than except (a
+// pull under way on a stream that lasts).
+func (s *Sim) pullsFrom(n *node, except string) bool {
+	for peer, due := range n.pulls {
+		if peer != except && n.sessions[peer] == due.session && due.session != 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // pullPlans reports whether a pull of n under way copies block b (pull's
 // plan: marked on either side, or every block), and from which peer.
 func (s *Sim) pullPlans(n *node, b int) (string, bool) {

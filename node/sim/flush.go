@@ -38,6 +38,12 @@ func (s *Sim) startFlush(n *node) {
 	f := &flushOp{id: s.nextFlush, epoch: n.st.Durable.Epoch, started: s.now, waiting: map[string]bool{}}
 	if !s.check.split {
 		f.covered = slices.Clone(s.check.acked)
+		for b, e := range s.check.ackedEpoch {
+			if e > f.epoch {
+				// A newer primary's write: not this FLUSH's.
+				f.covered[b] = 0
+			}
+		}
 	}
 	if s.cfg.mutation != mutFlushSkipsLocal && !n.disk.flush(s.now) {
 		// node detaches the disk and may complete the flush from a peer;

@@ -530,8 +530,9 @@ func (s *Sim) handshake(p, q *node) {
 		resyncs = false
 	}
 	// A primary with no generation of its own is no source for an
-	// Outdated peer: volstate refuses it, and nothing is marked.
-	refusedOutdated := outdated && p.st.Durable.Gens.Current.IsZero() && s.cfg.mutation != mutPullFromOutdated
+	// Outdated peer, and one that pulls takes no other peer until the
+	// pull ends: volstate refuses them, and nothing is marked.
+	refusedOutdated := (outdated && p.st.Durable.Gens.Current.IsZero() && s.cfg.mutation != mutPullFromOutdated) || s.pullsFrom(p, q.name)
 	if resyncs && s.cfg.mutation != mutResyncNotOutdated {
 		if err := s.recordOutdated(p, q.name); err != nil {
 			if !errors.Is(err, errWait) {
@@ -542,9 +543,10 @@ func (s *Sim) handshake(p, q *node) {
 	}
 	p.sessions[q.name] = sid
 	q.incoming = session{from: p.name, id: sid}
-	if d.Outcome == replication.FullResyncTarget {
+	if d.Outcome == replication.FullResyncTarget && !s.pullsFrom(p, q.name) {
 		// node's handshake plan: a full resync as target copies every
-		// block from the peer.
+		// block from the peer (one pull at a time: volstate refuses a
+		// second).
 		p.pulls[q.name] = pullDue{session: sid, full: true}
 		if d.Rule == replication.RuleHistoryPeer {
 			s.check.historyFullResync(s, q, p)
@@ -566,7 +568,9 @@ func (s *Sim) handshake(p, q *node) {
 			s.check.allow(p.name, q.name, b)
 		}
 	} else if d.Outcome == replication.FullResyncSource && !refusedOutdated {
-		if d.Rule == replication.RuleHistorySelf {
+		// (outdated-peer full: history-peer's full copy turned the other
+		// way, the same known finding.)
+		if d.Rule == replication.RuleHistorySelf || d.Rule == replication.RuleOutdatedPeer {
 			s.check.historyFullResync(s, p, q)
 		}
 		for b := range blocks {

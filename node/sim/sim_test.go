@@ -358,6 +358,19 @@ var regressions = []uint64{
 	// sync while they differed. Such a block is left to the pull now
 	// (node's revertPeers skips what the local disk misses).
 	1206,
+	// A primary forced without quorum began a second pull, in full
+	// (its own first pull had left it no generation: just-created-self),
+	// from a peer raft had Outdated, over a write the first pull's source
+	// held. A primary pulls from one peer at a time now: volstate refuses
+	// the second (cause pulling, which node retries).
+	54612, 27450,
+	// The checker's own faults: a FLUSH a stale primary completed counted
+	// a newer primary's write as covered (52214); a switchover whose
+	// target was switched away from again at once was taken for a slow
+	// one (25134, 38856); the outdated-peer rule's full resync, the
+	// history-peer copy turned the other way, was not counted as that
+	// known finding (46260).
+	52214, 25134, 38856, 46260,
 }
 
 // TestSimRegressions runs the regression seeds in the default mode.

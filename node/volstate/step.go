@@ -269,6 +269,12 @@ func (s *State) peerConnected(e PeerConnected) Ready {
 	case d.Outcome.IsSplitBrain():
 		p.SplitBrainRule = d.Rule
 		return refuse(d.Rule, CauseSplitBrain)
+	case s.pullsFrom(e.Peer):
+		// One pull at a time: while this primary copies from another
+		// peer it holds no generation to hand a peer, and every peer
+		// would look newer (just-created-self, a second pull). The peer
+		// is decided once that pull ends (node connects it again).
+		return refuse(d.Rule, CausePulling)
 	case d.Outcome.IsTarget():
 		if e.PeerDisk != replication.UpToDate && e.PeerDisk != replication.Consistent {
 			return refuse(d.Rule, CauseNoSource)
@@ -283,10 +289,6 @@ func (s *State) peerConnected(e PeerConnected) Ready {
 		})
 		s.Disk, s.Why = replication.Inconsistent, CausePulling
 		rd.Actions = []Action{{Kind: StartPull, Peer: e.Peer}}
-	case s.Durable.Gens.Current.IsZero() && e.PeerOutdated && s.pulls():
-		// Its own pull is under way: the Outdated peer is resynced from
-		// it once that ends, and is refused until then.
-		return refuse(d.Rule, CausePulling)
 	case s.Durable.Gens.Current.IsZero():
 		return refuse(d.Rule, CauseNoSource)
 	case d.Outcome.IsSource() || e.Marked:
@@ -299,10 +301,11 @@ func (s *State) peerConnected(e PeerConnected) Ready {
 	return rd
 }
 
-// pulls reports whether this primary copies newer data from a peer.
-func (s *State) pulls() bool {
-	for _, p := range s.Peers {
-		if p.Pulling {
+// pullsFrom reports whether this primary copies newer data from a peer
+// other than except.
+func (s *State) pullsFrom(except string) bool {
+	for name, p := range s.Peers {
+		if p.Pulling && name != except {
 			return true
 		}
 	}
