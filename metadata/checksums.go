@@ -114,10 +114,10 @@ func newChecksums(md *MD, opts MDOptions) *Checksums {
 		c.capacity = DefaultChecksumCachePages
 	}
 	switch {
-	case md.geo.placement == Internal:
-		c.data = md.dev // the data shares the device
 	case opts.DataDevice != nil:
 		c.data = opts.DataDevice
+	case md.geo.placement == Internal:
+		c.data = md.dev // the data shares the device
 	}
 	return c
 }
