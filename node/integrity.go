@@ -5,6 +5,7 @@ import (
 
 	"github.com/replvol/replvol/internal/blocksum"
 	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/node/applier"
 	"github.com/replvol/replvol/transport"
 )
 
@@ -61,4 +62,89 @@ func (in *integrity) status() *transport.IntegrityStatus {
 		// No scrub yet: always idle.
 		Scrub: transport.ScrubStatus{State: "idle"},
 	}
+}
+
+// sumsOf appends to dst the checksums of data, to be written at off, and
+// returns them; nil when the volume keeps none here, or when [off,
+// off+len(data)) is not whole blocks (a write of part of a block: the
+// block's other bytes are not at hand, so its sum is forgotten instead).
+// The last block of a volume whose size is not a multiple of 4 KiB is
+// whole when data ends at the volume's end. One pass over data, and no
+// allocation when dst has room.
+func (in *integrity) sumsOf(dst []uint32, off int64, data []byte, volume int64) []uint32 {
+	if in.sums == nil || !wholeBlocks(off, int64(len(data)), volume) {
+		return nil
+	}
+	return in.seed.Sums(dst, uint64(off/blocksum.BlockSize), data)
+}
+
+// wholeBlocks reports whether [off, off+length) covers whole blocks of a
+// volume of volume bytes.
+func wholeBlocks(off, length, volume int64) bool {
+	end := off + length
+	return length > 0 && off%blocksum.BlockSize == 0 && (end%blocksum.BlockSize == 0 || end == volume)
+}
+
+// written records what a write of [off, off+length) left on the disk:
+// sums, the checksums of its blocks, or, without them (a trim, zeroes, a
+// write of part of a block), no known sum for the blocks it touched. Call
+// it once the write is on the disk and BEFORE its activity-log Done, so
+// that a crash before the sums are durable rebuilds them
+// (metadata.MD.RebuildActivityLogChecksums).
+func (in *integrity) written(off, length int64, sums []uint32) error {
+	if in.sums == nil {
+		return nil
+	}
+	if sums != nil {
+		return in.sums.SetRange(off/blocksum.BlockSize, sums)
+	}
+	return in.sums.Forget(off, length)
+}
+
+// flush makes the checksums stored so far durable. Call it once the data
+// they describe is synced: at a FLUSH, and BEFORE the primary indicator
+// is cleared (after which a crash rebuilds none of them).
+func (in *integrity) flush() error {
+	if in.sums == nil {
+		return nil
+	}
+	return in.sums.Flush()
+}
+
+// applierSums is the volume's checksums as one stream's applier keeps
+// them (applier.Checksums); scratch holds the sums computed for entries
+// that carried none, reused entry after entry (one goroutine applies).
+type applierSums struct {
+	in      *integrity
+	size    *atomic.Int64
+	scratch []uint32
+}
+
+// applierChecksums is what a stream's applier keeps checksums through:
+// nil (no interface value) when the volume keeps none here.
+func (v *Volume) applierChecksums() applier.Checksums {
+	if !v.integ.on() {
+		return nil
+	}
+	return &applierSums{in: v.integ, size: &v.size}
+}
+
+func (a *applierSums) Written(off, length int64, data []byte, sums []uint32) error {
+	if sums == nil && data != nil {
+		a.scratch = a.in.sumsOf(a.scratch[:0], off, data, a.size.Load())
+		sums = a.scratch
+	}
+	return a.in.written(off, length, sums)
+}
+
+func (a *applierSums) Flush() error { return a.in.flush() }
+
+// flushRange makes the sums of the blocks [off, off+length) touches
+// durable (a FUA write's, once its data is).
+func (in *integrity) flushRange(off, length int64) error {
+	if in.sums == nil {
+		return nil
+	}
+	_, err := in.sums.FlushRange(off, length)
+	return err
 }

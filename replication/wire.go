@@ -61,6 +61,11 @@ type Entry struct {
 	Off    int64
 	Length int64  // bytes covered; for data ops len(Data)
 	Data   []byte // payload for OpWrite, OpResyncData, OpSyncStart, OpSyncDone
+	// Sums are the checksums at rest (internal/blocksum) of the 4 KiB
+	// blocks of Data, one per block from Off on, for an OpWrite or
+	// OpResyncData whose range is whole blocks (nil otherwise, or when
+	// the volume keeps none).
+	Sums []uint32
 }
 
 // HasPayload reports whether op carries Data on the wire.

@@ -40,6 +40,24 @@ type Volume struct {
 	// Clock paces the empty acks of a long apply. Nil is clock.Real(); a
 	// test sets a clock.Fake.
 	Clock clock.Clock
+	// Checksums keeps the checksums at rest of what the stream writes;
+	// nil when the volume keeps none on this node.
+	Checksums Checksums
+}
+
+// Checksums is the volume's checksums at rest (docs/integrity.md), as
+// the applier keeps them. Its methods are called from the stream's
+// goroutine only.
+type Checksums interface {
+	// Written records what a write of [off, off+length) left on the
+	// disk, BEFORE the write's activity-log Done: for data, its blocks'
+	// sums (the entry's, or computed from data when it carried none);
+	// without data (zeroes, a trim), no known sum for the blocks it
+	// touched.
+	Written(off, length int64, data []byte, sums []uint32) error
+	// Flush makes the sums recorded so far durable; the data they
+	// describe is synced BEFORE it is called.
+	Flush() error
 }
 
 // Disk is the local disk a stream is written to (package node's backing
@@ -125,16 +143,25 @@ func (in *Stream) apply(v *Volume, entries []replication.Entry, readReply func(s
 			} else {
 				_, err = v.Disk.WriteAt(e.Data, e.Off)
 			}
+			if err == nil {
+				err = v.written(e.Off, e.Length, e.Data, e.Sums)
+			}
 			v.ActivityLog.Done(e.Off, e.Length)
 		case replication.OpZero, replication.OpTrim:
 			if err = v.logApplied(e); err != nil {
 				break
 			}
 			err = v.Disk.Zero(e.Off, e.Length)
+			if err == nil {
+				err = v.written(e.Off, e.Length, nil, nil)
+			}
 			v.ActivityLog.Done(e.Off, e.Length)
 			needSync = needSync || e.Flags&replication.EntryFUA != 0
 		case replication.OpFlush:
 			err = v.Disk.Sync()
+			if err == nil && v.Checksums != nil {
+				err = v.Checksums.Flush()
+			}
 		case replication.OpVerify:
 			bp := v.Buffers.Get().(*[]byte)
 			buf := *bp
@@ -181,6 +208,9 @@ func (in *Stream) apply(v *Volume, entries []replication.Entry, readReply func(s
 				break
 			}
 			_, err = v.Disk.WriteAt(e.Data, e.Off)
+			if err == nil {
+				err = v.written(e.Off, e.Length, e.Data, e.Sums)
+			}
 			v.ActivityLog.Done(e.Off, e.Length)
 			v.Resynced.Add(e.Length)
 		case replication.OpResyncZero:
@@ -191,6 +221,9 @@ func (in *Stream) apply(v *Volume, entries []replication.Entry, readReply func(s
 					break
 				}
 				err = v.Disk.Zero(e.Off, e.Length)
+				if err == nil {
+					err = v.written(e.Off, e.Length, nil, nil)
+				}
 				v.ActivityLog.Done(e.Off, e.Length)
 			}
 			v.Resynced.Add(e.Length)
@@ -239,6 +272,18 @@ func (in *Stream) apply(v *Volume, entries []replication.Entry, readReply func(s
 		}
 	}
 	return ack
+}
+
+// written records the checksums of a write applied to the disk
+// (Checksums.Written), when the volume keeps them.
+func (v *Volume) written(off, length int64, data []byte, sums []uint32) error {
+	if v.Checksums == nil {
+		return nil
+	}
+	if err := v.Checksums.Written(off, length, data, sums); err != nil {
+		return fmt.Errorf("store the checksums: %w", err)
+	}
+	return nil
 }
 
 // logApplied readies a replicated write, or a resync's, the way the
