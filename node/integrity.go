@@ -120,16 +120,21 @@ type applierSums struct {
 	scratch []uint32
 }
 
-// applierChecksums is what a stream's applier keeps checksums through:
-// nil (no interface value) when the volume keeps none here.
+// applierChecksums is what a stream's applier keeps and verifies
+// checksums through: a volume that keeps none here still verifies the
+// blocks that come with them.
 func (v *Volume) applierChecksums() applier.Checksums {
-	if !v.integ.on() {
-		return nil
-	}
 	return &applierSums{in: v.integ, size: &v.size}
 }
 
+func (a *applierSums) Verify(off int64, data []byte, sums []uint32) error {
+	return a.in.seed.VerifyAll(uint64(off/blocksum.BlockSize), data, sums)
+}
+
 func (a *applierSums) Written(off, length int64, data []byte, sums []uint32) error {
+	if !a.in.on() {
+		return nil
+	}
 	if sums == nil && data != nil {
 		a.scratch = a.in.sumsOf(a.scratch[:0], off, data, a.size.Load())
 		sums = a.scratch

@@ -3,12 +3,18 @@ package node
 import (
 	"bytes"
 	"context"
+	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/replvol/replvol/internal/blocksum"
 	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/metadata/statefile"
+	"github.com/replvol/replvol/transport"
 )
 
 // integrityOf is the integrity part of name's own status of vol0.
@@ -189,4 +195,161 @@ func TestACrashedPrimaryRebuildsTheChecksumsOfItsActivityLog(t *testing.T) {
 	n := c.start("alpha")
 	c.sumsMatchDisk("alpha", map[int64][]byte{40: again}, nil)
 	waitForEvent(t, n, "checksums-rebuilt", nil)
+}
+
+// randomBytes is n bytes of the random stream seed gives.
+func randomBytes(seed uint64, n int) []byte {
+	r := rand.New(rand.NewPCG(seed, 1))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+// corruptLink flips a byte of the first frame that carries target, once
+// armed: a frame damaged on its way to the peer.
+type corruptLink struct {
+	r      *transport.ReplStream
+	target []byte
+	armed  *atomic.Bool
+	done   *atomic.Bool
+}
+
+func (l corruptLink) SendMsg(m any) error {
+	f := m.(*transport.Frame)
+	if !l.armed.Load() || l.done.Load() {
+		return l.r.Send(f)
+	}
+	b := f.AppendContents(nil)
+	i := bytes.Index(b, l.target)
+	if i < 0 {
+		return l.r.Send(f)
+	}
+	l.done.Store(true)
+	b[i+100] ^= 0x40
+	nf := transport.NewFrame(len(b))
+	nf.SetBytes(append(nf.Bytes(), b...))
+	f.Release()
+	return l.r.Send(nf)
+}
+
+func (l corruptLink) RecvMsg(m any) error      { return l.r.Recv(m.(*transport.Frame)) }
+func (l corruptLink) Context() context.Context { return l.r.Context() }
+
+// writeWatch is a disk that keeps a copy of every write that touches
+// the 4 KiB block at off.
+type writeWatch struct {
+	Disk
+	off    int64
+	mu     sync.Mutex
+	writes [][]byte
+}
+
+func (w *writeWatch) WriteAt(p []byte, off int64) (int, error) {
+	if off < w.off+4096 && off+int64(len(p)) > w.off {
+		w.mu.Lock()
+		w.writes = append(w.writes, bytes.Clone(p[max(0, w.off-off):min(int64(len(p)), w.off+4096-off)]))
+		w.mu.Unlock()
+	}
+	return w.Disk.WriteAt(p, off)
+}
+
+// TestAFrameCorruptedInFlightIsRefused: a write's frame whose payload no
+// longer matches the checksums it carries is refused by the secondary,
+// which writes nothing of it; the stream ends, the primary marks the
+// blocks, and the reconnection's resync brings the right data.
+func TestAFrameCorruptedInFlightIsRefused(t *testing.T) {
+	const block = 77
+	c := newTestCluster(t, 8<<20)
+	data := randomBytes(29, 8192)
+	armed, done := &atomic.Bool{}, &atomic.Bool{}
+	c.opts["alpha"] = Options{WrapStream: func(_ string, s *transport.ReplStream) *transport.ReplStream {
+		return transport.NewReplStream(corruptLink{r: s, target: data, armed: armed, done: done}, s.Close)
+	}}
+	var watch *writeWatch
+	c.opts["beta"] = Options{OpenDisk: func(path string, size int64) (Disk, error) {
+		d, err := OpenDisk(path, size)
+		if err != nil {
+			return nil, err
+		}
+		watch = &writeWatch{Disk: d, off: block * 4096}
+		return watch, nil
+	}}
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	armed.Store(true)
+	if err := c.vol("alpha").WriteAt(context.Background(), data, block*4096, false); err != nil {
+		t.Fatal(err)
+	}
+	if !done.Load() {
+		t.Fatal("the link corrupted no frame")
+	}
+	c.waitInSync()
+	c.requireIdentical()
+	watch.mu.Lock()
+	defer watch.mu.Unlock()
+	for i, w := range watch.writes {
+		if !bytes.Equal(w, data[:4096]) {
+			t.Fatalf("beta's write %d of block %d is not the data written (the corrupted frame was applied)", i, block)
+		}
+	}
+	if len(watch.writes) == 0 {
+		t.Fatal("beta never got the block")
+	}
+	// alpha says why the stream ended.
+	waitForEvent(t, c.nodes["alpha"], "peer-lost", func(e statefile.Event) bool {
+		return strings.Contains(e.Message, "refused a frame whose blocks did not match their checksums")
+	})
+}
+
+// TestAResyncFrameCorruptedInFlightIsRefused: the resync source sends
+// each run's checksums with it; a run damaged on its way is refused by
+// the target, which writes nothing of it, and the next resync brings the
+// right data, with its sums stored.
+func TestAResyncFrameCorruptedInFlightIsRefused(t *testing.T) {
+	const block = 300
+	c := newTestCluster(t, 8<<20)
+	data := randomBytes(31, 8192)
+	armed, done := &atomic.Bool{}, &atomic.Bool{}
+	c.opts["alpha"] = Options{WrapStream: func(_ string, s *transport.ReplStream) *transport.ReplStream {
+		return transport.NewReplStream(corruptLink{r: s, target: data, armed: armed, done: done}, s.Close)
+	}}
+	var watch *writeWatch
+	c.opts["beta"] = Options{OpenDisk: func(path string, size int64) (Disk, error) {
+		d, err := OpenDisk(path, size)
+		if err != nil {
+			return nil, err
+		}
+		watch = &writeWatch{Disk: d, off: block * 4096}
+		return watch, nil
+	}}
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	a := c.vol("alpha")
+	a.setAdminDown(true)
+	if err := a.WriteAt(context.Background(), data, block*4096, false); err != nil {
+		t.Fatal(err)
+	}
+	armed.Store(true)
+	a.setAdminDown(false)
+	c.waitInSync()
+	if !done.Load() {
+		t.Fatal("the link corrupted no frame")
+	}
+	c.requireIdentical()
+	watch.mu.Lock()
+	writes := slices.Clone(watch.writes)
+	watch.mu.Unlock()
+	if len(writes) == 0 {
+		t.Fatal("beta never got the block")
+	}
+	for i, w := range writes {
+		if !bytes.Equal(w, data[:4096]) {
+			t.Fatalf("beta's write %d of block %d is not the data written (the corrupted run was applied)", i, block)
+		}
+	}
+	c.sumsMatchDisk("beta", map[int64][]byte{block: data[:4096], block + 1: data[4096:]}, nil)
 }

@@ -58,6 +58,9 @@ type Checksums interface {
 	// Flush makes the sums recorded so far durable; the data they
 	// describe is synced BEFORE it is called.
 	Flush() error
+	// Verify checks the blocks of data, to be written at off, against
+	// the sums they came with; an error names the first that differs.
+	Verify(off int64, data []byte, sums []uint32) error
 }
 
 // Disk is the local disk a stream is written to (package node's backing
@@ -123,6 +126,21 @@ func (in *Stream) apply(v *Volume, entries []replication.Entry, readReply func(s
 		// not a full one.
 		v.State.Failed(err)
 		return replication.Ack{Seq: ack.Seq, Status: replication.AckIOError, Message: fmt.Sprintf("%s: %v", v.Self, err)}
+	}
+	// Every block that came with a checksum matches it BEFORE anything
+	// of the batch is applied: a block corrupted on its way is refused,
+	// never written. The disk did not fail: the stream ends, and the
+	// primary marks the batch's blocks for this node.
+	for i := range entries {
+		e := &entries[i]
+		if e.Sums == nil || !e.Op.CarriesSums() || v.Checksums == nil {
+			continue
+		}
+		if err := v.Checksums.Verify(e.Off, e.Data, e.Sums); err != nil {
+			v.Log.Error("refused a replicated batch: a block does not match the checksum it came with; nothing of the batch was written", "op", e.Op, "off", e.Off, "len", e.Length, "err", err)
+			return replication.Ack{Seq: ack.Seq, Status: replication.AckChecksum,
+				Message: fmt.Sprintf("%s refused the batch, writing nothing of it: %v", v.Self, err)}
+		}
 	}
 	needSync := false
 	for i := range entries {
