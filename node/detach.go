@@ -607,10 +607,7 @@ func (v *Volume) copyMissingFromPeer(ctx context.Context, wait func(context.Cont
 			return err
 		}
 	}
-	if err := v.disk.Sync(); err != nil {
-		return diskFailure{op: diskSync, err: err}
-	}
-	if err := v.integ.flush(); err != nil {
+	if err := v.integ.syncData(v.disk.Sync); err != nil {
 		return diskFailure{op: diskSync, err: err}
 	}
 	return nil

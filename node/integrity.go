@@ -1,6 +1,7 @@
 package node
 
 import (
+	"io"
 	"sync/atomic"
 
 	"github.com/replvol/replvol/internal/blocksum"
@@ -17,6 +18,9 @@ import (
 type integrity struct {
 	sums *metadata.Checksums
 	seed blocksum.Seed
+	// shared is the backing disk when the metadata is internal: one sync
+	// of it makes the data and the checksum pages durable (syncData).
+	shared io.WriterAt
 	// repaired counts the blocks rewritten with a peer's copy, by cause;
 	// unrecoverable those no peer held good.
 	repaired      [repairCauses]atomic.Int64
@@ -42,12 +46,32 @@ func (c repairCause) String() string {
 	return "checksum"
 }
 
-func newIntegrity(md *metadata.MD, volume metadata.VolumeUUID) *integrity {
+func newIntegrity(md *metadata.MD, volume metadata.VolumeUUID, disk Disk) *integrity {
 	in := &integrity{seed: blocksum.NewSeed(volume)}
 	if sums, ok := md.Checksums(); ok {
 		in.sums = sums
+		if md.Placement() == metadata.Internal {
+			in.shared = disk
+		}
 	}
 	return in
+}
+
+// syncData makes the data written so far and its sums durable: sync
+// syncs the data; with internal metadata the changed checksum pages are
+// written first and that one sync covers both (metadata's FlushVia),
+// otherwise they are written and synced after it.
+func (in *integrity) syncData(sync func() error) error {
+	switch {
+	case in.sums == nil:
+		return sync()
+	case in.shared != nil:
+		return in.sums.FlushVia(in.shared, sync)
+	}
+	if err := sync(); err != nil {
+		return err
+	}
+	return in.sums.Flush()
 }
 
 // on reports whether the volume keeps checksums here.
@@ -142,7 +166,7 @@ func (a *applierSums) Written(off, length int64, data []byte, sums []uint32) err
 	return a.in.written(off, length, sums)
 }
 
-func (a *applierSums) Flush() error { return a.in.flush() }
+func (a *applierSums) Sync(syncData func() error) error { return a.in.syncData(syncData) }
 
 // flushRange makes the sums of the blocks [off, off+length) touches
 // durable (a FUA write's, once its data is).

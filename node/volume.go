@@ -175,7 +175,7 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD, auth bool)
 		peers:   map[string]*peer{},
 
 		localMissing: replication.NewBitmap(int64(cfg.Size)),
-		integ:        newIntegrity(md, cfg.VolumeUUID()),
+		integ:        newIntegrity(md, cfg.VolumeUUID(), disk),
 		stopping:     make(chan struct{}),
 	}
 	v.size.Store(int64(cfg.Size))

@@ -438,11 +438,8 @@ func (v *Volume) flushAll(declares bool) error {
 	waits, _, serr := v.submitAll(nil, replication.Entry{Op: replication.OpFlush}, 'C', nil, declares)
 	var err error
 	if !v.isDetached() {
-		if err = v.disk.Sync(); err == nil {
-			// The sums of what was written, durable with it.
-			err = v.integ.flush()
-		}
-		if err != nil {
+		// The data, and the sums of what was written with it.
+		if err = v.integ.syncData(v.disk.Sync); err != nil {
 			v.log.Error("local flush failed", "err", err)
 			if v.detach(diskFailure{op: diskSync, err: err}, 0, 0) {
 				err = nil

@@ -55,9 +55,9 @@ type Checksums interface {
 	// without data (zeroes, a trim), no known sum for the blocks it
 	// touched.
 	Written(off, length int64, data []byte, sums []uint32) error
-	// Flush makes the sums recorded so far durable; the data they
-	// describe is synced BEFORE it is called.
-	Flush() error
+	// Sync makes the data written so far, and the sums recorded for it,
+	// durable; syncData syncs the data (one sync may cover both).
+	Sync(syncData func() error) error
 	// Verify checks the blocks of data, to be written at off, against
 	// the sums they came with; an error names the first that differs.
 	Verify(off int64, data []byte, sums []uint32) error
@@ -176,9 +176,10 @@ func (in *Stream) apply(v *Volume, entries []replication.Entry, readReply func(s
 			v.ActivityLog.Done(e.Off, e.Length)
 			needSync = needSync || e.Flags&replication.EntryFUA != 0
 		case replication.OpFlush:
-			err = v.Disk.Sync()
-			if err == nil && v.Checksums != nil {
-				err = v.Checksums.Flush()
+			if v.Checksums != nil {
+				err = v.Checksums.Sync(v.Disk.Sync)
+			} else {
+				err = v.Disk.Sync()
 			}
 		case replication.OpVerify:
 			bp := v.Buffers.Get().(*[]byte)
