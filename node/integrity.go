@@ -177,3 +177,35 @@ func (in *integrity) flushRange(off, length int64) error {
 	_, err := in.sums.FlushRange(off, length)
 	return err
 }
+
+func (a *applierSums) Check(off int64, data []byte) error {
+	return a.in.check(off, data, a.size.Load())
+}
+
+// check verifies the blocks of data, read from the disk at off, that it
+// covers whole and that have a known sum; it returns the first mismatch.
+func (in *integrity) check(off int64, data []byte, size int64) error {
+	if in.sums == nil || len(data) == 0 {
+		return nil
+	}
+	end := off + int64(len(data))
+	var sums [sumsChunk]uint32
+	var known [sumsChunk]bool
+	first, last := off/blocksum.BlockSize, (end-1)/blocksum.BlockSize
+	for b0 := first; b0 <= last; b0 += sumsChunk {
+		n := min(int64(sumsChunk), last-b0+1)
+		if err := in.sums.GetRange(b0, sums[:n], known[:n]); err != nil {
+			return err
+		}
+		for k := range n {
+			boff, blen := blockSpan(b0+k, size)
+			if !known[k] || boff < off || boff+blen > end {
+				continue
+			}
+			if err := in.seed.Verify(uint64(b0+k), data[boff-off:boff-off+blen], sums[k]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

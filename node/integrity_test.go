@@ -3,15 +3,19 @@ package node
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 
 	"github.com/replvol/replvol/internal/blocksum"
+	"github.com/replvol/replvol/internal/fault"
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/transport"
@@ -352,4 +356,183 @@ func TestAResyncFrameCorruptedInFlightIsRefused(t *testing.T) {
 		}
 	}
 	c.sumsMatchDisk("beta", map[int64][]byte{block: data[:4096], block + 1: data[4096:]}, nil)
+}
+
+// flipFileBytes flips the bits of n bytes of the file at path from off,
+// behind the node's back: rot on the disk.
+func flipFileBytes(t *testing.T, path string, off int64, n int) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, n)
+	if _, err := f.ReadAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	for i := range b {
+		b[i] ^= 0xff
+	}
+	if _, err := f.WriteAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// fileBytes reads n bytes of the file at path from off.
+func fileBytes(t *testing.T, path string, off int64, n int) []byte {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, n)
+	if _, err := f.ReadAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestARottenBlockIsReadFromThePeerAndRepaired: bytes flipped inside a
+// written block of the primary's backing file: a read returns the data
+// written, the event and the counter say the block was repaired from
+// beta, and the file holds the right bytes again. A read of part of the
+// block is checked too.
+func TestARottenBlockIsReadFromThePeerAndRepaired(t *testing.T) {
+	const block = 500
+	c := newTestCluster(t, 8<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	v := c.vol("alpha")
+	ctx := context.Background()
+	data := randomBytes(41, 3*4096)
+	if err := v.WriteAt(ctx, data, block*4096, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	img := c.cfg.Volumes[0].Disks["alpha"].Paths[0].Path
+	flipFileBytes(t, img, (block+1)*4096+1000, 3)
+	got := make([]byte, len(data))
+	if err := v.ReadAt(ctx, got, block*4096); err != nil {
+		t.Fatalf("read of a rotten block: %v", err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatal("the read returned other data than was written")
+	}
+	e := waitForEvent(t, c.nodes["alpha"], "block-repaired", nil)
+	if e.Peer != "beta" || e.Reason != "checksum" || e.Offset != (block+1)*4096 || e.Length != 4096 {
+		t.Fatalf("block-repaired event: %+v", e)
+	}
+	if _, repaired, _ := c.integrityOf("alpha"); repaired != 1 {
+		t.Fatalf("status says %d blocks repaired, want 1", repaired)
+	}
+	if !bytes.Equal(fileBytes(t, img, block*4096, len(data)), data) {
+		t.Fatal("the backing file does not hold the right bytes again")
+	}
+	// A read of 512 bytes inside a rotten block is checked whole.
+	flipFileBytes(t, img, (block+2)*4096+10, 1)
+	part := make([]byte, 512)
+	if err := v.ReadAt(ctx, part, (block+2)*4096+2048); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(part, data[2*4096+2048:][:512]) {
+		t.Fatal("a read of part of a rotten block returned other data than was written")
+	}
+	if _, repaired, _ := c.integrityOf("alpha"); repaired != 2 {
+		t.Fatalf("status says %d blocks repaired, want 2", repaired)
+	}
+	c.requireIdentical()
+}
+
+// TestABlockRottenOnBothReplicasFailsWithEIO: the same block corrupted on
+// both replicas: its read fails with EIO (never wrong data), the event
+// names its range, and the other blocks read fine.
+func TestABlockRottenOnBothReplicasFailsWithEIO(t *testing.T) {
+	const block = 600
+	c := newTestCluster(t, 8<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	v := c.vol("alpha")
+	ctx := context.Background()
+	data := randomBytes(43, 2*4096)
+	if err := v.WriteAt(ctx, data, block*4096, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"alpha", "beta"} {
+		flipFileBytes(t, c.cfg.Volumes[0].Disks[name].Paths[0].Path, block*4096+7, 2)
+	}
+	got := make([]byte, len(data))
+	err := v.ReadAt(ctx, got, block*4096)
+	if !errors.Is(err, syscall.EIO) {
+		t.Fatalf("read of a block bad on both replicas: %v, want EIO", err)
+	}
+	e := waitForEvent(t, c.nodes["alpha"], "block-unrecoverable", nil)
+	if e.Offset != block*4096 || e.Length != 4096 || !strings.Contains(e.Message, "Write the range again") {
+		t.Fatalf("block-unrecoverable event: %+v", e)
+	}
+	if _, _, unrecoverable := c.integrityOf("alpha"); unrecoverable != 1 {
+		t.Fatalf("status says %d blocks unrecoverable, want 1", unrecoverable)
+	}
+	other := make([]byte, 4096)
+	if err := v.ReadAt(ctx, other, (block+1)*4096); err != nil || !bytes.Equal(other, data[4096:]) {
+		t.Fatalf("the next block: %v", err)
+	}
+	if v.isDetached() {
+		t.Fatal("the disk was detached")
+	}
+}
+
+// TestAReadErrorOnOneBlockIsRepairedInPlace: the primary's disk fails to
+// read one block (EIO from the fault disk): the client sees no error and
+// the data written, the block is written back, and the disk stays
+// attached.
+func TestAReadErrorOnOneBlockIsRepairedInPlace(t *testing.T) {
+	const block = 700
+	c := newTestCluster(t, 8<<20)
+	rec := &opRecorder{}
+	c.opts["alpha"] = Options{OpenDisk: openFaulty(func(d *fault.Disk) { d.Add(rec) })}
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	v := c.vol("alpha")
+	ctx := context.Background()
+	data := randomBytes(47, 4*4096)
+	if err := v.WriteAt(ctx, data, block*4096, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.faultDisk("alpha").Add(fault.On(fault.Read).Range((block+2)*4096, 4096).Err(syscall.EIO))
+	got := make([]byte, len(data))
+	if err := v.ReadAt(ctx, got, block*4096); err != nil {
+		t.Fatalf("read with one unreadable block: %v", err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatal("the read returned other data than was written")
+	}
+	e := waitForEvent(t, c.nodes["alpha"], "block-repaired", nil)
+	if e.Peer != "beta" || e.Reason != "read-error" || e.Offset != (block+2)*4096 {
+		t.Fatalf("block-repaired event: %+v", e)
+	}
+	rewritten := false
+	rec.mu.Lock()
+	for _, op := range rec.ops {
+		rewritten = rewritten || op == fmt.Sprintf("fua@%d", (block+2)*4096) || op == fmt.Sprintf("write@%d", (block+2)*4096)
+	}
+	rec.mu.Unlock()
+	if !rewritten {
+		t.Fatal("the unreadable block was not written back")
+	}
+	if v.isDetached() {
+		t.Fatal("a read error on one block detached the disk")
+	}
 }

@@ -436,6 +436,14 @@ func (v *Volume) ReadAt(ctx context.Context, p []byte, off int64) error {
 		// The peer could not answer: the local disk can.
 	}
 	if err := v.readLocal(p, off); err != nil {
+		// The blocks the disk cannot read are repaired from a peer
+		// BEFORE the disk is taken for failed.
+		if handled, rerr := v.repairUnreadable(ctx, p, off); handled {
+			if rerr != nil {
+				return rerr
+			}
+			return v.holdLease(ctx)
+		}
 		v.log.Error("local read failed", "off", off, "len", len(p), "err", err)
 		if v.detach(diskFailure{op: diskRead, off: off, length: int64(len(p)), err: err}, 0, 0) {
 			if err := v.readFromPeer(ctx, p, off); err != nil {
@@ -444,6 +452,9 @@ func (v *Volume) ReadAt(ctx context.Context, p []byte, off int64) error {
 			return v.holdLease(ctx)
 		}
 		return fmt.Errorf("local read: %w", syscall.EIO)
+	}
+	if err := v.verifyRead(ctx, p, off); err != nil {
+		return err
 	}
 	// A read is answered only while this node still holds the volume: a
 	// lease that ran out meanwhile may have let another primary write.

@@ -504,6 +504,10 @@ type Event struct {
 	Old    string `json:"old,omitempty"`
 	New    string `json:"new,omitempty"`
 	Reason string `json:"reason,omitempty"`
+	// Offset and Length name the byte range an event is about
+	// (block-repaired, block-unrecoverable).
+	Offset int64 `json:"offset,omitempty"`
+	Length int64 `json:"length,omitempty"`
 }
 
 // EventsRequest asks for a node's events: the last History (those since

@@ -58,6 +58,10 @@ type Checksums interface {
 	// Sync makes the data written so far, and the sums recorded for it,
 	// durable; syncData syncs the data (one sync may cover both).
 	Sync(syncData func() error) error
+	// Check checks data, read from the disk at off, against the sums
+	// stored for its blocks (those that have one); an error names the
+	// first that differs.
+	Check(off int64, data []byte) error
 	// Verify checks the blocks of data, to be written at off, against
 	// the sums they came with; an error names the first that differs.
 	Verify(off int64, data []byte, sums []uint32) error
@@ -209,6 +213,12 @@ func (in *Stream) apply(v *Volume, entries []replication.Entry, readReply func(s
 			if _, rerr := v.Disk.ReadAt(buf, e.Off); rerr != nil {
 				v.Log.Error("read for the primary failed", "off", e.Off, "len", e.Length, "err", rerr)
 				st, buf = replication.AckIOError, nil
+			} else if v.Checksums != nil {
+				// Never a block that fails its checksum as good data.
+				if cerr := v.Checksums.Check(e.Off, buf); cerr != nil {
+					v.Log.Error("read for the primary: a block does not match its checksum", "off", e.Off, "len", e.Length, "err", cerr)
+					st, buf = replication.AckIOError, nil
+				}
 			}
 			err = readReply(e.Seq, st, buf)
 			v.Buffers.Put(bp)
