@@ -430,6 +430,8 @@ func TestARottenBlockIsReadFromThePeerAndRepaired(t *testing.T) {
 	if _, repaired, _ := c.integrityOf("alpha"); repaired != 1 {
 		t.Fatalf("status says %d blocks repaired, want 1", repaired)
 	}
+	waitMetric(t, c.nodes["alpha"], "the repair", metricIs(1), "replvol_blocks_repaired_total", "volume=vol0", "node=alpha", "cause=checksum")
+	waitMetric(t, c.nodes["alpha"], "no read error", metricIs(0), "replvol_blocks_repaired_total", "volume=vol0", "node=alpha", "cause=read-error")
 	if !bytes.Equal(fileBytes(t, img, block*4096, len(data)), data) {
 		t.Fatal("the backing file does not hold the right bytes again")
 	}
@@ -481,6 +483,7 @@ func TestABlockRottenOnBothReplicasFailsWithEIO(t *testing.T) {
 	if _, _, unrecoverable := c.integrityOf("alpha"); unrecoverable != 1 {
 		t.Fatalf("status says %d blocks unrecoverable, want 1", unrecoverable)
 	}
+	waitMetric(t, c.nodes["alpha"], "the unrecoverable block", metricIs(1), "replvol_blocks_unrecoverable", "volume=vol0", "node=alpha")
 	other := make([]byte, 4096)
 	if err := v.ReadAt(ctx, other, (block+1)*4096); err != nil || !bytes.Equal(other, data[4096:]) {
 		t.Fatalf("the next block: %v", err)
@@ -535,4 +538,5 @@ func TestAReadErrorOnOneBlockIsRepairedInPlace(t *testing.T) {
 	if v.isDetached() {
 		t.Fatal("a read error on one block detached the disk")
 	}
+	waitMetric(t, c.nodes["alpha"], "the repair", metricIs(1), "replvol_blocks_repaired_total", "volume=vol0", "node=alpha", "cause=read-error")
 }
