@@ -491,6 +491,16 @@ func TestABlockRottenOnBothReplicasFailsWithEIO(t *testing.T) {
 	if v.isDetached() {
 		t.Fatal("the disk was detached")
 	}
+	// A write to the block clears it: it reads back, here and on beta.
+	again := randomBytes(44, 4096)
+	if err := v.WriteAt(ctx, again, block*4096, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.ReadAt(ctx, other, block*4096); err != nil || !bytes.Equal(other, again) {
+		t.Fatalf("the block written again: %v", err)
+	}
+	c.waitInSync()
+	c.requireIdentical()
 }
 
 // TestAReadErrorOnOneBlockIsRepairedInPlace: the primary's disk fails to
