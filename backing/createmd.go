@@ -62,7 +62,7 @@ func CreateMetadata(cfg *config.Config, name, volume, stateDir string, force boo
 	opts := metadata.MDOptions{
 		Placement: metadata.Internal, DeviceSize: disk.Size(), Volume: vc.VolumeUUID(),
 		NodeID: cfg.NodeID(name), Peers: PeerIDs(cfg, name, *vc), ALExtents: vc.ALExtents, Overwrite: force,
-		VolumeSize: int64(vc.Size),
+		VolumeSize: int64(vc.Size), Checksums: vc.ChecksumsOn(), DataDevice: disk,
 	}
 	if len(opts.Peers) == 0 {
 		opts.Peers = []uint32{0}

@@ -20,9 +20,18 @@ func PeerIDs(cfg *config.Config, self string, vc config.VolumeConfig) []uint32 {
 }
 
 // RequiredSize is what node self's backing device must hold: the volume, plus
-// internal metadata at its end. For size: max not resolved yet, one block
+// the internal metadata create-md lays out at its end (with a checksum
+// area when vc.ChecksumsOn()). For size: max not resolved yet, one block
 // of data.
 func RequiredSize(cfg *config.Config, self string, vc config.VolumeConfig) (int64, error) {
+	return RequiredSizeFor(cfg, self, vc, vc.ChecksumsOn())
+}
+
+// RequiredSizeFor is RequiredSize for metadata with a checksum area when
+// checksums, whatever the config says. Without one it is the smallest
+// device any existing metadata of vc opens on (format 1 metadata, made
+// before checksums, has none).
+func RequiredSizeFor(cfg *config.Config, self string, vc config.VolumeConfig, checksums bool) (int64, error) {
 	size := int64(vc.Size)
 	if vc.Size == config.SizeMax {
 		size = metadata.MDBlockSize
@@ -30,17 +39,18 @@ func RequiredSize(cfg *config.Config, self string, vc config.VolumeConfig) (int6
 	if vc.External() {
 		return size, nil
 	}
-	return metadata.InternalDeviceSize(size, vc.ALExtents, max(1, len(PeerIDs(cfg, self, vc))))
+	return metadata.InternalDeviceSizeFor(size, vc.ALExtents, max(1, len(PeerIDs(cfg, self, vc))), checksums)
 }
 
-// UsableSize is the largest volume node self's disk holds after its
-// metadata: what size: max means on this node.
+// UsableSize is the largest volume node self's disk holds after the
+// metadata create-md lays out (with a checksum area when
+// vc.ChecksumsOn()): what size: max means on this node.
 func UsableSize(cfg *config.Config, self string, vc config.VolumeConfig, disk Disk) (int64, error) {
 	placement, peers := metadata.Internal, max(1, len(PeerIDs(cfg, self, vc)))
 	if vc.External() {
 		placement = metadata.External
 	}
-	size, err := metadata.UsableSize(placement, disk.Size(), vc.ALExtents, peers)
+	size, err := metadata.UsableSizeFor(placement, disk.Size(), vc.ALExtents, peers, vc.ChecksumsOn())
 	if err != nil || size <= 0 {
 		return 0, fmt.Errorf("size: max: the disk %s (%d bytes) holds no volume beside its metadata (%v): give a larger disk", vc.Disks[self].Paths[0].Path, disk.Size(), err)
 	}
@@ -71,9 +81,10 @@ type MDFile struct{ *os.File }
 func (f MDFile) Sync() error { return f.File.Sync() }
 
 // ExternalSize is the size of volume vc's external metadata file with
-// peers bitmaps; 0 when vc has no valid size.
+// peers bitmaps, as create-md lays it out (with a checksum area when
+// vc.ChecksumsOn()); 0 when vc has no valid size.
 func ExternalSize(vc config.VolumeConfig, peers int) int64 {
-	n, err := metadata.ExternalSize(int64(vc.Size), vc.ALExtents, peers)
+	n, err := metadata.ExternalSizeFor(int64(vc.Size), vc.ALExtents, peers, vc.ChecksumsOn())
 	if err != nil {
 		return 0
 	}

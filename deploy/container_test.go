@@ -141,7 +141,7 @@ func TestComposeFileDescribesTwoDataNodesAndAWitness(t *testing.T) {
 	}
 	mib, _ := strconv.ParseInt(m[1], 10, 64)
 	for _, v := range cfg.Volumes {
-		need, err := metadata.InternalDeviceSize(int64(v.Size), v.ALExtents, 1)
+		need, err := metadata.InternalDeviceSizeFor(int64(v.Size), v.ALExtents, 1, v.ChecksumsOn())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -114,10 +114,10 @@ func newChecksums(md *MD, opts MDOptions) *Checksums {
 		c.capacity = DefaultChecksumCachePages
 	}
 	switch {
-	case md.geo.placement == Internal:
-		c.data = md.dev // the data shares the device
 	case opts.DataDevice != nil:
 		c.data = opts.DataDevice
+	case md.geo.placement == Internal:
+		c.data = md.dev // the data shares the device
 	}
 	return c
 }
@@ -418,10 +418,30 @@ func (c *Checksums) flushPages(first, last int64, syncData bool) (int, error) {
 	return c.flush(func(i int64) bool { return i >= first && (last < 0 || i <= last) }, syncData)
 }
 
+// FlushVia is Flush for internal metadata whose data and checksum pages
+// one sync makes durable together: it writes every dirty page through w
+// (the backing device, at the metadata's offsets, without making each
+// write durable), then calls sync, and marks the pages clean only once
+// sync returned. The order between the data and the pages does not
+// matter here: a crash before sync returned leaves the blocks they
+// describe in the activity log, whose sums recovery computes again
+// (RebuildActivityLogChecksums). sync is called even when no page is
+// dirty: it is the FLUSH's sync.
+func (c *Checksums) FlushVia(w io.WriterAt, sync func() error) error {
+	_, err := c.flushTo(func(int64) bool { return true }, false, w, sync)
+	return err
+}
+
 // flush writes the dirty pages that want selects, in page order, syncing
 // the data device BEFORE when syncData, and the metadata device after.
 // A page changed meanwhile stays dirty.
 func (c *Checksums) flush(want func(int64) bool, syncData bool) (int, error) {
+	return c.flushTo(want, syncData, nil, nil)
+}
+
+// flushTo is flush through w and sync (the metadata device's, when nil);
+// with w, sync runs even when no page is dirty.
+func (c *Checksums) flushTo(want func(int64) bool, syncData bool, w io.WriterAt, sync func() error) (int, error) {
 	c.flushMu.Lock()
 	defer c.flushMu.Unlock()
 	type out struct {
@@ -438,6 +458,11 @@ func (c *Checksums) flush(want func(int64) bool, syncData bool) (int, error) {
 	}
 	offset := c.offset
 	c.mu.Unlock()
+	if w == nil {
+		w, sync = c.md.dev, c.md.dev.Sync
+	} else if len(outs) == 0 {
+		return 0, sync()
+	}
 	if len(outs) == 0 {
 		return 0, nil
 	}
@@ -454,11 +479,11 @@ func (c *Checksums) flush(want func(int64) bool, syncData bool) (int, error) {
 		c.mu.Unlock()
 	}
 	for _, o := range outs {
-		if _, err := c.md.dev.WriteAt(o.data, offset+o.p.index*MDBlockSize); err != nil {
+		if _, err := w.WriteAt(o.data, offset+o.p.index*MDBlockSize); err != nil {
 			return 0, fmt.Errorf("write checksum page %d: %w", o.p.index, err)
 		}
 	}
-	if err := c.md.dev.Sync(); err != nil {
+	if err := sync(); err != nil {
 		return 0, fmt.Errorf("sync checksum pages: %w", err)
 	}
 	c.mu.Lock()

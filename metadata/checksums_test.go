@@ -894,3 +894,48 @@ func TestGrowLimitWithChecksumsIsWhatGrowAccepts(t *testing.T) {
 		t.Fatalf("the store covers %d blocks, want %d", c.Blocks(), limit/4096)
 	}
 }
+
+// recordingWriter counts the writes through it.
+type recordingWriter struct {
+	w      io.WriterAt
+	writes int
+}
+
+func (r *recordingWriter) WriteAt(p []byte, off int64) (int, error) {
+	r.writes++
+	return r.w.WriteAt(p, off)
+}
+
+// TestFlushViaSyncsOnceAfterThePages: internal metadata's FlushVia writes
+// the dirty pages through the writer it is given and calls its sync once
+// after them (the FLUSH's one sync of data and pages), even with nothing
+// dirty; the pages are clean only once the sync succeeded, and they
+// survive a crash after it.
+func TestFlushViaSyncsOnceAfterThePages(t *testing.T) {
+	opts := checksumOptions(Internal)
+	dev, md := newTestMD(t, opts)
+	c := sumsOf(t, md)
+	want := map[int64]uint32{3: 33, SumsPerPage + 1: 44}
+	for b, s := range want {
+		if err := c.Set(b, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := &recordingWriter{w: dev}
+	syncs, writesAtSync := 0, 0
+	failing := errors.New("sync failed")
+	err := c.FlushVia(w, func() error { syncs++; writesAtSync = w.writes; return failing })
+	if !errors.Is(err, failing) || c.DirtyPages() != 2 {
+		t.Fatalf("a failed sync: %v, %d dirty pages, want the error and both still dirty", err, c.DirtyPages())
+	}
+	if err := c.FlushVia(w, func() error { syncs++; writesAtSync = w.writes; return dev.Sync() }); err != nil {
+		t.Fatal(err)
+	}
+	if syncs != 2 || writesAtSync != 4 || c.DirtyPages() != 0 {
+		t.Fatalf("%d syncs, %d page writes before the last, %d dirty pages; want 2, 4, 0", syncs, writesAtSync, c.DirtyPages())
+	}
+	if err := c.FlushVia(w, func() error { syncs++; return nil }); err != nil || syncs != 3 || w.writes != 4 {
+		t.Fatalf("nothing dirty: %v, %d syncs, %d writes; want the sync alone", err, syncs, w.writes)
+	}
+	wantSums(t, sumsOf(t, reopen(t, dev.Crash(), opts)), want, nil)
+}

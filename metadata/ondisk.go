@@ -315,7 +315,9 @@ type MDOptions struct {
 	// device: an activity-log eviction syncs it BEFORE it writes the
 	// checksums of the extent it evicts. Without it the checksums are
 	// read-only (ErrNoDataDevice). Internal metadata shares the data's
-	// device and ignores it.
+	// device, whose Sync is used without it; give it when the metadata
+	// device's Sync does not sync the data (a device whose writes are
+	// durable on their own, as the node's internal metadata device).
 	DataDevice Syncer
 	// ChecksumCachePages bounds the clean checksum pages kept in memory
 	// (0: DefaultChecksumCachePages).

@@ -77,7 +77,7 @@ func deviceSize(t testing.TB, size int64) int64 { return deviceSizeFor(t, size, 
 
 // deviceSizeFor is deviceSize with a bitmap for each of peers.
 func deviceSizeFor(t testing.TB, size int64, peers int) int64 {
-	n, err := metadata.InternalDeviceSize(size, 0, peers)
+	n, err := metadata.InternalDeviceSizeFor(size, 0, peers, true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -603,6 +603,10 @@ func (v *Volume) copyMissingFromPeer(ctx context.Context, wait func(context.Cont
 		if err == nil {
 			if _, werr := v.disk.WriteAt(buf, off); werr != nil {
 				err = diskFailure{op: diskWrite, off: off, length: length, err: werr}
+			} else if werr := v.integ.written(off, length, v.integ.sumsOf(nil, off, buf, v.size.Load())); werr != nil {
+				// The copy is not in the activity log: a crash before
+				// the flush below leaves the disk stale, copied again.
+				err = diskFailure{op: diskWrite, off: off, length: length, err: werr}
 			}
 		}
 		if err == nil {
@@ -618,7 +622,7 @@ func (v *Volume) copyMissingFromPeer(ctx context.Context, wait func(context.Cont
 			return err
 		}
 	}
-	if err := v.disk.Sync(); err != nil {
+	if err := v.integ.syncData(v.disk.Sync); err != nil {
 		return diskFailure{op: diskSync, err: err}
 	}
 	return nil

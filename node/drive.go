@@ -298,6 +298,10 @@ func (v *Volume) perform(a volstate.Action, opts driveOptions) {
 			err = v.md.FlushBitmaps()
 		}
 		if err == nil {
+			// Once the indicator is off a crash rebuilds no checksum.
+			err = v.integ.flush()
+		}
+		if err == nil {
 			err = v.md.SetPrimary(false)
 		}
 		if err != nil {

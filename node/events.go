@@ -45,7 +45,7 @@ func (n *Node) emit(e statefile.Event) {
 
 func (n *Node) transportEvent(e statefile.Event) transport.Event {
 	return transport.Event{Seq: e.Seq, Time: e.Time, Node: n.name, Volume: e.Volume, Kind: e.Kind, Message: e.Message,
-		Peer: e.Peer, Old: e.Old, New: e.New, Reason: e.Reason}
+		Peer: e.Peer, Old: e.Old, New: e.New, Reason: e.Reason, Offset: e.Offset, Length: e.Length}
 }
 
 // subscribe returns a channel of the events from now on; cancel ends it.

@@ -102,7 +102,7 @@ func (p *peer) connect(ctx context.Context) error {
 
 	// Decide, and switch new writes from the bitmap to the stream, in one
 	// step: a write is either marked before it or queued after it.
-	s := newSession(hctx, p, stream, v.cfg.PeerTimeoutOrDefault())
+	s := newSession(hctx, p, stream, v.cfg.PeerTimeoutOrDefault(), reply.Sums)
 	v.stateMu.Lock()
 	if size := v.size.Load(); size != hello.Size {
 		// The volume grew during the handshake (resize.go): the peer
@@ -397,7 +397,7 @@ func sendJSON(s *transport.ReplStream, t replication.FrameType, v any) error {
 
 // sendHelloReply answers a Hello, with this node's wire version.
 func sendHelloReply(s *transport.ReplStream, r replication.HelloReply) error {
-	r.Wire = replication.WireVersion
+	r.Wire, r.Sums = replication.WireVersion, true
 	return sendJSON(s, replication.FrameHelloReply, r)
 }
 

@@ -14,10 +14,13 @@ import (
 // peerIDs returns the metadata ids of a volume's other nodes.
 func (n *Node) peerIDs(vc VolumeConfig) []uint32 { return backing.PeerIDs(n.config(), n.name, vc) }
 
-// requiredDiskSize is what the backing device must hold
-// (backing.RequiredSize).
+// requiredDiskSize is what the backing device must hold to open the
+// volume's metadata: the smallest layout, without a checksum area
+// (backing.RequiredSizeFor), since metadata made before checksums, or with
+// checksums: off, has none. openMD checks that a disk whose metadata it
+// creates holds the checksum area too.
 func (n *Node) requiredDiskSize(vc VolumeConfig) (int64, error) {
-	return backing.RequiredSize(n.config(), n.name, vc)
+	return backing.RequiredSizeFor(n.config(), n.name, vc, false)
 }
 
 // usableSize is the largest volume this node's disk holds after its
@@ -90,6 +93,13 @@ func (n *Node) openMD(vc VolumeConfig, disk Disk) (*metadata.MD, func() error, e
 		// The bitmaps cover the volume, not whatever the device holds
 		// beyond it and its metadata.
 		VolumeSize: int64(vc.Size),
+		// Only CreateMD reads Checksums: existing metadata keeps the
+		// format it has (format 1: checksums off, whatever the file says).
+		Checksums: vc.ChecksumsOn(),
+		// The data device itself: the metadata device of internal
+		// metadata syncs nothing (its writes are durable on their own),
+		// and the checksums need the data synced BEFORE them.
+		DataDevice: disk,
 	}
 	if len(opts.Peers) == 0 {
 		opts.Peers = []uint32{0}
@@ -127,6 +137,11 @@ func (n *Node) openMD(vc VolumeConfig, disk Disk) (*metadata.MD, func() error, e
 		if _, known, serr := n.store.Volume(vc.Name); serr != nil || known {
 			closeDev()
 			return nil, nil, fmt.Errorf("no replvol metadata at %s, but this node has run volume %s before: the metadata was overwritten or the disk replaced; nothing was changed. If the disk was replaced on purpose, move this node's state file away so the volume starts over (it then needs a full resync from its peer)", where, vc.Name)
+		}
+		if need, serr := backing.RequiredSize(n.config(), n.name, vc); serr == nil && opts.Placement == metadata.Internal && disk.Size() < need {
+			closeDev()
+			return nil, nil, fmt.Errorf("%s holds %d bytes (%s), but volume %s of %d bytes and its metadata with checksums need %d (%s); nothing was changed. Grow it to %d bytes, or set checksums: off in volumes[%s] of the config to lay out metadata without checksums",
+				vc.Disks[n.name].Paths[0].Path, disk.Size(), sizeText(disk.Size()), vc.Name, vc.Size, need, sizeText(need), need, vc.Name)
 		}
 		md, err = metadata.CreateMD(dev, opts)
 		if err == nil {

@@ -100,7 +100,7 @@ func TestExternalMetadataLeavesTheWholeDeviceToData(t *testing.T) {
 			t.Fatal(err)
 		}
 		dc.Meta = dc.Paths[0].Path + ".md"
-		n, _ := metadata.ExternalSize(size, 0, 1)
+		n, _ := metadata.ExternalSizeFor(size, 0, 1, true)
 		os.WriteFile(dc.Meta, nil, 0o644)
 		os.Truncate(dc.Meta, n)
 		c.cfg.Volumes[0].Disks[name] = dc

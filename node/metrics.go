@@ -110,6 +110,7 @@ type collector struct {
 	volPrimary, volServing, volEpoch, volSize, volLocalMissing, volClients metricFamily
 	reads, readBytes, writes, writeBytes, flushes, resynced                metricFamily
 	alExtents, alHits, alMisses, alTransactions, alEvictions               metricFamily
+	blocksRepaired, blocksUnrecoverable                                    metricFamily
 	requestDuration                                                        *prometheus.Desc
 
 	// This node's replication links.
@@ -196,6 +197,8 @@ func (c *collector) define() {
 	c.alMisses = k("activity_log_misses_total", "Writes to an extent not in the activity log.", vol...)
 	c.alTransactions = k("activity_log_transactions_total", "Activity log transactions written (one metadata write each).", vol...)
 	c.alEvictions = k("activity_log_evictions_total", "Extents evicted from the activity log.", vol...)
+	c.blocksRepaired = k("blocks_repaired_total", "4 KiB blocks a read found bad on this node's disk, by cause (checksum: they did not match their checksum; read-error: the disk could not read them), and rewrote with a peer's good copy.", "volume", "node", "cause")
+	c.blocksUnrecoverable = g("blocks_unrecoverable", "4 KiB blocks a read found bad on this node's disk with no good copy on any peer, since the node started: reads of them fail with EIO (event block-unrecoverable names them).", vol...)
 
 	c.peerConnected = g("peer_connected", "1 while a replication session with the peer exists (it may still be resyncing: see peer_in_sync). A primary has a link to each peer, a secondary to its primary.", linkLabels...)
 	c.peerInSync = g("peer_in_sync", "1 while the link is connected, the peer's disk UpToDate and nothing is marked out of sync for it.", linkLabels...)
@@ -331,6 +334,10 @@ func (c *collector) collectVolume(ch chan<- prometheus.Metric, v *Volume) {
 	c.flushes.send(ch, float64(lv.Flushes), v.name, self)
 	c.resynced.send(ch, float64(lv.ResyncedBytes), v.name, self)
 	v.latency.send(ch, c.requestDuration, v.name, self)
+	for cause := range repairCauses {
+		c.blocksRepaired.send(ch, float64(v.integ.repaired[cause].Load()), v.name, self, cause.String())
+	}
+	c.blocksUnrecoverable.send(ch, float64(v.integ.unrecoverable.Load()), v.name, self)
 	if al := lv.ActivityLog; al != nil {
 		c.alExtents.send(ch, float64(al.Extents), v.name, self)
 		c.alHits.send(ch, float64(al.Hits), v.name, self)

@@ -248,6 +248,8 @@ func (p *peer) run(ctx context.Context) {
 			why = reason{cause: CausePeerTimeout, text: err.Error()}
 		case errors.Is(err, session.ErrPeerDiskFailed):
 			why = reason{cause: CauseDiskFailed, text: err.Error()}
+		case errors.Is(err, session.ErrFrameRefused):
+			why = reason{cause: CauseFrameRefused, text: err.Error()}
 		default:
 			why = reason{cause: CausePeerLost, text: err.Error()}
 		}

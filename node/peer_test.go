@@ -30,7 +30,7 @@ func streamToGatedBeta(t *testing.T, open bool, timeout time.Duration) (v *Volum
 	if open {
 		close(g.Gate)
 	}
-	s := newSession(context.Background(), p, transport.NewReplStream(g, cancel), timeout)
+	s := newSession(context.Background(), p, transport.NewReplStream(g, cancel), timeout, true)
 	p.update(func(pv *peerView) {
 		pv.sess, pv.sid, pv.state, pv.peerDisk = s, s.ID(), replication.Connected, string(replication.UpToDate)
 	})

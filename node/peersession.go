@@ -16,8 +16,9 @@ import (
 
 var _ session.Peer = (*peer)(nil)
 
-// newSession makes p's session of stream s, whose handshake is done.
-func newSession(ctx context.Context, p *peer, s *transport.ReplStream, timeout time.Duration) *session.Session {
+// newSession makes p's session of stream s, whose handshake is done;
+// sums: the peer takes the checksums of blocks (its HelloReply's Sums).
+func newSession(ctx context.Context, p *peer, s *transport.ReplStream, timeout time.Duration, sums bool) *session.Session {
 	cfg := session.Config{
 		Name: p.name, ID: p.sessions.Add(1), Timeout: timeout, Bitmap: p.bm, Lag: &p.lag, WriteSeq: &p.writeSeq,
 		Counters: session.Counters{
@@ -25,6 +26,7 @@ func newSession(ctx context.Context, p *peer, s *transport.ReplStream, timeout t
 			ResyncDone: &p.resyncDone, ChecksumsSkipped: &p.csumsSkipped, VerifyDone: &p.verifyDone, VerifyFound: &p.verifyFound,
 		},
 		FreeBuffer: func(b *[]byte) { resyncBufs.Put(b) },
+		Sums:       sums,
 	}
 	if p.v != nil {
 		cfg.Log, cfg.Clock = p.v.log, p.v.clock

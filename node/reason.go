@@ -45,6 +45,10 @@ const (
 	CauseStateWriteFailed = Cause(volstate.CauseStateWriteFailed)
 	// CauseDiskFailed: a replicated write failed on this secondary's disk.
 	CauseDiskFailed Cause = "disk-failed"
+	// CauseFrameRefused: the peer refused a frame whose blocks did not
+	// match the checksums they came with (damaged on the way); the
+	// stream is retried and the frame's blocks resynced.
+	CauseFrameRefused Cause = "frame-refused"
 	// CausePeerLost: the link to the peer failed; it is being retried.
 	CausePeerLost Cause = "peer-lost"
 	// CausePeerTimeout: the peer answered nothing for peer_timeout.

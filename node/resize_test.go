@@ -305,14 +305,15 @@ func TestResizeRefusesWhatItCannotDoAndChangesNothing(t *testing.T) {
 			"on beta", "the disk " + betaDisk + " holds " + itoa(fi.Size()),
 			"needs " + itoa(need), "it lacks " + itoa(need-fi.Size()), "truncate -s " + itoa(need) + " " + betaDisk, "nothing changed",
 			"vol0 is 64.0MiB, the most every node's disk holds now"}},
-		// No disk holds 1 PiB with its metadata (the format's largest):
+		// No disk holds 1 PiB with its metadata (the format's largest;
+		// 1022.9TiB with the checksum area the metadata has by default):
 		// each node names its disk, what it holds and the largest size
 		// it holds the volume at. (The check looped for ever before.)
 		{"a size no disk holds", 1 << 50, []string{
 			"vol0 cannot grow to 1.0PiB (1125899906842624 bytes); nothing changed:",
 			"no room to grow on alpha: the disk " + alphaDisk + " holds " + itoa(alphaSize.Size()), "vol0 fits on it at up to 256.0MiB (268435456 bytes) now",
 			"no room to grow on beta: the disk " + betaDisk + " holds " + itoa(fi.Size()), "vol0 fits on it at up to 64.0MiB (67108864 bytes) now",
-			"no disk holds vol0 at 1.0PiB with its metadata (the most one holds is 1024.0TiB): give a smaller size",
+			"no disk holds vol0 at 1.0PiB with its metadata (the most one holds is 1022.9TiB): give a smaller size",
 			"vol0 is 64.0MiB, the most every node's disk holds now"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -500,7 +501,7 @@ func TestResizeWithExternalMetadataNeedsTheDiskAndTheFileGrown(t *testing.T) {
 		c.growDisk(name, 0)
 		c.growDisk(name, resizeFrom)
 		dc.Meta = dc.Paths[0].Path + ".md"
-		n, _ := metadata.ExternalSize(resizeFrom, 0, 1)
+		n, _ := metadata.ExternalSizeFor(resizeFrom, 0, 1, true)
 		if err := os.WriteFile(dc.Meta, nil, 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -522,7 +523,7 @@ func TestResizeWithExternalMetadataNeedsTheDiskAndTheFileGrown(t *testing.T) {
 	c.growDisk("alpha", resizeTo)
 	c.growDisk("beta", resizeTo)
 	_, err = c.resize("alpha", &transport.ResizeRequest{Size: resizeTo})
-	need, _ := metadata.ExternalSize(resizeTo, 0, 1)
+	need, _ := metadata.ExternalSizeFor(resizeTo, 0, 1, true)
 	meta := c.cfg.Volumes[0].Disks["alpha"].Meta
 	if msg := status.Convert(err).Message(); !strings.Contains(msg, "the metadata file "+meta+" holds") || !strings.Contains(msg, "truncate -s "+itoa(need)+" "+meta) {
 		t.Fatalf("metadata files not grown: %v", err)

@@ -173,7 +173,10 @@ func (p *peer) resyncEntry(s *session.Session, off, length int64, csums bool) (*
 			pd.Entry = replication.Entry{Op: replication.OpResyncZero, Off: off, Length: length}
 			resyncBufs.Put(bp)
 		} else {
-			pd.Entry = replication.Entry{Op: replication.OpResyncData, Off: off, Length: length, Data: buf}
+			// The blocks' sums go with them: the target verifies them
+			// before it writes, and stores them.
+			pd.Entry = replication.Entry{Op: replication.OpResyncData, Off: off, Length: length, Data: buf,
+				Sums: v.integ.sumsOf(nil, off, buf, v.size.Load())}
 			pd.Buf = bp
 		}
 	}

@@ -351,6 +351,7 @@ func (v *Volume) applied() *applier.Volume {
 		Size: &v.size, Resynced: &v.resynced, Buffers: &resyncBufs,
 		PeerTimeout: v.cfg.PeerTimeoutOrDefault(), Stopping: v.stopping,
 		Log: v.log, State: appliedState{v}, Clock: v.clock,
+		Checksums: v.applierChecksums(),
 	}
 }
 

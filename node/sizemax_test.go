@@ -46,7 +46,7 @@ func TestSizeMaxIsWhatTheDisksHold(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, err := metadata.UsableSize(metadata.Internal, fi.Size(), 0, 1)
+	want, err := metadata.UsableSizeFor(metadata.Internal, fi.Size(), 0, 1, true)
 	if err != nil || want < base {
 		t.Fatalf("usable size of a %d-byte disk: %d, %v", fi.Size(), want, err)
 	}
@@ -84,7 +84,7 @@ func TestSizeMaxStaysWhenTheDiskGrows(t *testing.T) {
 			t.Fatal(err)
 		}
 		dc.Meta = dc.Paths[0].Path + ".md"
-		n, _ := metadata.ExternalSize(size, 0, 1)
+		n, _ := metadata.ExternalSizeFor(size, 0, 1, true)
 		os.WriteFile(dc.Meta, nil, 0o644)
 		os.Truncate(dc.Meta, n)
 		c.cfg.Volumes[0].Disks[name] = dc
@@ -132,8 +132,8 @@ func TestSizeMaxOnDisksOfDifferentSizes(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
-	alphaSize, _ := metadata.UsableSize(metadata.Internal, fi.Size(), 0, 1)
-	betaSize, _ := metadata.UsableSize(metadata.Internal, fi.Size()+1<<20, 0, 1)
+	alphaSize, _ := metadata.UsableSizeFor(metadata.Internal, fi.Size(), 0, 1, true)
+	betaSize, _ := metadata.UsableSizeFor(metadata.Internal, fi.Size()+1<<20, 0, 1, true)
 	c.start("alpha")
 	beta := c.start("beta")
 	e := waitForEvent(t, beta, "refused", nil)
@@ -173,7 +173,7 @@ func TestCreateMetadataWithSizeMax(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, _ := metadata.UsableSize(metadata.Internal, fi.Size(), 0, 1)
+	want, _ := metadata.UsableSizeFor(metadata.Internal, fi.Size(), 0, 1, true)
 	msg, err := CreateMetadata(c.cfg, "beta", "vol0", c.cfg.Nodes[1].StateDir, false)
 	if err != nil || !strings.Contains(msg, "volume "+itoa(want)+" bytes") {
 		t.Fatalf("create-md: %q, %v; want it to name the volume's size %d", msg, err, want)

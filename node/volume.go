@@ -35,7 +35,9 @@ type Volume struct {
 	disk Disk
 	mp   *multipath.Device // nil for a single-path disk
 	// md is the on-disk metadata: the peers' bitmaps and the activity log.
-	md      *metadata.MD
+	md *metadata.MD
+	// integ is the volume's checksums at rest here (integrity.go).
+	integ   *integrity
 	closeMD func() error
 	log     *slog.Logger
 	// clock is the node's (Node.clock).
@@ -173,6 +175,7 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD, auth bool)
 		peers:   map[string]*peer{},
 
 		localMissing: replication.NewBitmap(int64(cfg.Size)),
+		integ:        newIntegrity(md, cfg.VolumeUUID(), disk),
 		stopping:     make(chan struct{}),
 	}
 	v.size.Store(int64(cfg.Size))
@@ -225,6 +228,21 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD, auth bool)
 			return nil, fmt.Errorf("volume %s: apply the activity log: %w", v.name, err)
 		}
 		v.node.event(v.name, "crashed-secondary", fmt.Sprintf("went down while applying replicated writes: the activity log's extents, %s, are resynced from the primary", human.Bytes(marked)))
+	}
+	if md.CrashedPrimary() || md.CrashedReplica() {
+		// The blocks of the activity log's extents may hold data newer or
+		// older than their checksums: computed again from the data BEFORE
+		// any read is verified, they are never taken for corruption.
+		rec, err := md.RebuildActivityLogChecksums(disk)
+		if err != nil {
+			return nil, fmt.Errorf("volume %s: rebuild the checksums of the activity log: %w", v.name, err)
+		}
+		switch {
+		case rec.ForgotAll:
+			v.node.event(v.name, "checksums-rebuilt", "the activity log could not be read back: every block checksum was dropped; each block gets one again when it is next written")
+		case rec.Blocks > 0:
+			v.node.event(v.name, "checksums-rebuilt", fmt.Sprintf("the checksums of the activity log's %d extents (%s) were computed again from the data", rec.Extents, human.Bytes(rec.Blocks*metadata.MDBlockSize)))
+		}
 	}
 	if rep := md.Report(); len(rep.CorruptBitmapPages) > 0 || rep.OtherSlot != "" {
 		v.node.event(v.name, "metadata-repaired", fmt.Sprintf("metadata load: %d bitmap pages failed their checksum (their range is resynced in full); other superblock slot: %q", len(rep.CorruptBitmapPages), rep.OtherSlot))
@@ -418,6 +436,14 @@ func (v *Volume) ReadAt(ctx context.Context, p []byte, off int64) error {
 		// The peer could not answer: the local disk can.
 	}
 	if err := v.readLocal(p, off); err != nil {
+		// The blocks the disk cannot read are repaired from a peer
+		// BEFORE the disk is taken for failed.
+		if handled, rerr := v.repairUnreadable(ctx, p, off); handled {
+			if rerr != nil {
+				return rerr
+			}
+			return v.holdLease(ctx)
+		}
 		v.log.Error("local read failed", "off", off, "len", len(p), "err", err)
 		if v.detach(diskFailure{op: diskRead, off: off, length: int64(len(p)), err: err}, 0, 0) {
 			if err := v.readFromPeer(ctx, p, off); err != nil {
@@ -426,6 +452,9 @@ func (v *Volume) ReadAt(ctx context.Context, p []byte, off int64) error {
 			return v.holdLease(ctx)
 		}
 		return fmt.Errorf("local read: %w", syscall.EIO)
+	}
+	if err := v.verifyRead(ctx, p, off); err != nil {
+		return err
 	}
 	// A read is answered only while this node still holds the volume: a
 	// lease that ran out meanwhile may have let another primary write.
@@ -639,6 +668,7 @@ func (v *Volume) status() transport.LocalVolume {
 	lv.LocalMissingBytes = v.localMissing.Bytes()
 	al := v.md.ActivityLog()
 	as := al.Stats()
+	lv.Integrity = v.integ.status()
 	lv.ActivityLog = &transport.ActivityLogStatus{Extents: al.Extents(), Hits: as.Hits, Misses: as.Misses, Transactions: as.Transactions, Evictions: as.Evictions}
 	if v.mp != nil {
 		lv.PathPolicy = v.mp.Policy().String()

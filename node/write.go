@@ -149,6 +149,12 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	held := &countdown{}
 	held.add()
 	defer held.Done()
+	if e.Op == replication.OpWrite {
+		// Over the buffer that is written, once, before it is shipped:
+		// the peers verify the blocks against them (a slice of held,
+		// which outlives every use of e: no allocation per write).
+		e.Sums = v.integ.sumsOf(held.sums[:0], e.Off, e.Data, v.size.Load())
+	}
 
 	w := writepath.Begin(v.settings().protocol, toDisk)
 	var room [2]*session.Pending // a pending per peer, on the stack
@@ -207,6 +213,14 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 			v.mu.Unlock()
 			if !skipped {
 				lerr = local()
+				if lerr == nil {
+					// The sums before the write's activity-log Done;
+					// under FUA durable with the data.
+					lerr = v.integ.written(e.Off, e.Length, e.Sums)
+				}
+				if lerr == nil && e.Flags&replication.EntryFUA != 0 {
+					lerr = v.integ.flushRange(e.Off, e.Length)
+				}
 			}
 			if diskHeld {
 				// Done with the disk, before a detach (probes wait for it).
@@ -424,7 +438,8 @@ func (v *Volume) flushAll(declares bool) error {
 	waits, _, serr := v.submitAll(nil, replication.Entry{Op: replication.OpFlush}, 'C', nil, declares)
 	var err error
 	if !v.isDetached() {
-		if err = v.disk.Sync(); err != nil {
+		// The data, and the sums of what was written with it.
+		if err = v.integ.syncData(v.disk.Sync); err != nil {
 			v.log.Error("local flush failed", "err", err)
 			if v.detach(diskFailure{op: diskSync, err: err}, 0, 0) {
 				err = nil
@@ -484,6 +499,9 @@ type countdown struct {
 	n           atomic.Int32
 	al          *metadata.ActivityLog
 	off, length int64
+	// sums holds the write's block checksums (replication.Entry.Sums)
+	// for writes of up to 64 KiB; a larger one allocates its own.
+	sums [16]uint32
 }
 
 func (c *countdown) add() { c.n.Add(1) }

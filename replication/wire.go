@@ -53,6 +53,12 @@ const (
 // EntryFUA asks that the entry be durable before it is acknowledged.
 const EntryFUA uint8 = 1
 
+// EntrySums says that the entry's Sums, 4 bytes each (big-endian), one
+// per 4 KiB block of its payload, lie between its header and its payload
+// (a primary sends them only to a peer whose HelloReply says Sums).
+// AppendEntryHeader sets it when the entry has Sums.
+const EntrySums uint8 = 2
+
 // Entry is one operation in a batch.
 type Entry struct {
 	Op     Op
@@ -61,6 +67,23 @@ type Entry struct {
 	Off    int64
 	Length int64  // bytes covered; for data ops len(Data)
 	Data   []byte // payload for OpWrite, OpResyncData, OpSyncStart, OpSyncDone
+	// Sums are the checksums at rest (internal/blocksum) of the 4 KiB
+	// blocks of Data, one per block from Off on, for an OpWrite or
+	// OpResyncData whose range is whole blocks (nil otherwise, or when
+	// the volume keeps none).
+	Sums []uint32
+}
+
+// CarriesSums reports whether op carries the checksums of its payload's
+// blocks on the wire, when it has them (Entry.Sums).
+func (op Op) CarriesSums() bool { return op == OpWrite || op == OpResyncData }
+
+// sumsOnWire is the number of sums e carries on the wire.
+func (e *Entry) sumsOnWire() int {
+	if !e.Op.CarriesSums() {
+		return 0
+	}
+	return len(e.Sums)
 }
 
 // HasPayload reports whether op carries Data on the wire.
@@ -81,12 +104,15 @@ const MaxEntryLength = 32 << 20
 
 // EncodedLen returns the bytes e takes in a batch frame.
 func (e *Entry) EncodedLen() int {
-	n := entryHeaderLen
+	n := entryHeaderLen + SumLen*e.sumsOnWire()
 	if e.Op.HasPayload() {
 		n += len(e.Data)
 	}
 	return n
 }
+
+// SumLen is the bytes one block's checksum takes on the wire.
+const SumLen = 4
 
 // BatchHeaderLen is the size of a batch frame before its entries.
 const BatchHeaderLen = 1 + 4
@@ -139,16 +165,26 @@ func AppendEntry(dst []byte, e *Entry) []byte {
 
 // AppendEntryHeader appends e's encoding without its payload (e.Data,
 // when e.Op has one), which must follow it in the frame: a sender that
-// writes the payload from where it lies appends the header only.
+// writes the payload from where it lies appends the header only. The
+// header ends with e's Sums, when it carries them (EntrySums).
 func AppendEntryHeader(dst []byte, e *Entry) []byte {
 	length := e.Length
 	if e.Op.HasPayload() && e.Op != OpVerify {
 		length = int64(len(e.Data))
 	}
-	dst = append(dst, byte(e.Op), e.Flags, 0, 0)
+	flags := e.Flags &^ EntrySums
+	sums := e.sumsOnWire()
+	if sums > 0 {
+		flags |= EntrySums
+	}
+	dst = append(dst, byte(e.Op), flags, 0, 0)
 	dst = binary.BigEndian.AppendUint32(dst, uint32(length))
 	dst = binary.BigEndian.AppendUint64(dst, e.Seq)
-	return binary.BigEndian.AppendUint64(dst, uint64(e.Off))
+	dst = binary.BigEndian.AppendUint64(dst, uint64(e.Off))
+	for _, sum := range e.Sums[:sums] {
+		dst = binary.BigEndian.AppendUint32(dst, sum)
+	}
+	return dst
 }
 
 // ErrBadFrame is returned for a frame that does not decode.
@@ -157,17 +193,30 @@ var ErrBadFrame = errors.New("malformed replication frame")
 // DecodeBatch decodes a batch frame into entries, appending to dst. The
 // entries' Data alias frame.
 func DecodeBatch(frame []byte, dst []Entry) ([]Entry, error) {
+	dst, _, err := DecodeBatchSums(frame, dst, nil)
+	return dst, err
+}
+
+// DecodeBatchSums is DecodeBatch that appends the entries' Sums to sums
+// and returns it: a reader that reuses dst and sums from one batch to
+// the next decodes without allocating.
+func DecodeBatchSums(frame []byte, dst []Entry, sums []uint32) ([]Entry, []uint32, error) {
+	dst, sums, err := decodeBatch(frame, dst, sums)
+	return dst, sums, err
+}
+
+func decodeBatch(frame []byte, dst []Entry, sums []uint32) ([]Entry, []uint32, error) {
 	if len(frame) < BatchHeaderLen || FrameType(frame[0]) != FrameBatch {
-		return dst, fmt.Errorf("%w: not a batch", ErrBadFrame)
+		return dst, sums, fmt.Errorf("%w: not a batch", ErrBadFrame)
 	}
 	count := binary.BigEndian.Uint32(frame[1:]) &^ batchReceipt
 	p := frame[BatchHeaderLen:]
 	if uint64(count)*entryHeaderLen > uint64(len(p)) {
-		return dst, fmt.Errorf("%w: %d entries do not fit in %d bytes", ErrBadFrame, count, len(p))
+		return dst, sums, fmt.Errorf("%w: %d entries do not fit in %d bytes", ErrBadFrame, count, len(p))
 	}
 	for i := uint32(0); i < count; i++ {
 		if len(p) < entryHeaderLen {
-			return dst, fmt.Errorf("%w: entry %d truncated", ErrBadFrame, i)
+			return dst, sums, fmt.Errorf("%w: entry %d truncated", ErrBadFrame, i)
 		}
 		e := Entry{
 			Op:     Op(p[0]),
@@ -178,25 +227,40 @@ func DecodeBatch(frame []byte, dst []Entry) ([]Entry, error) {
 		}
 		p = p[entryHeaderLen:]
 		if !e.Op.valid() {
-			return dst, fmt.Errorf("%w: entry %d has unknown op %d", ErrBadFrame, i, e.Op)
+			return dst, sums, fmt.Errorf("%w: entry %d has unknown op %d", ErrBadFrame, i, e.Op)
 		}
 		if e.Off < 0 || e.Length > MaxEntryLength {
-			return dst, fmt.Errorf("%w: entry %d offset %d length %d", ErrBadFrame, i, e.Off, e.Length)
+			return dst, sums, fmt.Errorf("%w: entry %d offset %d length %d", ErrBadFrame, i, e.Off, e.Length)
 		}
 		if e.Op == OpVerify {
 			// Length is the range verified; the payload its checksums.
 			n := int64(ChecksumLen) * ((e.Length + BlockSize - 1) / BlockSize)
 			if int64(len(p)) < n {
-				return dst, fmt.Errorf("%w: entry %d checksums truncated", ErrBadFrame, i)
+				return dst, sums, fmt.Errorf("%w: entry %d checksums truncated", ErrBadFrame, i)
 			}
 			e.Data = p[:n:n]
 			p = p[n:]
 			dst = append(dst, e)
 			continue
 		}
+		if e.Flags&EntrySums != 0 {
+			if !e.Op.CarriesSums() || e.Length == 0 {
+				return dst, sums, fmt.Errorf("%w: entry %d: op %d of %d bytes with checksums", ErrBadFrame, i, e.Op, e.Length)
+			}
+			n := int((e.Length + BlockSize - 1) / BlockSize)
+			if len(p) < SumLen*n {
+				return dst, sums, fmt.Errorf("%w: entry %d checksums truncated", ErrBadFrame, i)
+			}
+			first := len(sums)
+			for k := range n {
+				sums = append(sums, binary.BigEndian.Uint32(p[SumLen*k:]))
+			}
+			e.Sums = sums[first:len(sums):len(sums)]
+			p = p[SumLen*n:]
+		}
 		if e.Op.HasPayload() {
 			if int64(len(p)) < e.Length {
-				return dst, fmt.Errorf("%w: entry %d payload truncated", ErrBadFrame, i)
+				return dst, sums, fmt.Errorf("%w: entry %d payload truncated", ErrBadFrame, i)
 			}
 			e.Data = p[:e.Length:e.Length]
 			p = p[e.Length:]
@@ -204,9 +268,9 @@ func DecodeBatch(frame []byte, dst []Entry) ([]Entry, error) {
 		dst = append(dst, e)
 	}
 	if len(p) != 0 {
-		return dst, fmt.Errorf("%w: %d trailing bytes", ErrBadFrame, len(p))
+		return dst, sums, fmt.Errorf("%w: %d trailing bytes", ErrBadFrame, len(p))
 	}
-	return dst, nil
+	return dst, sums, nil
 }
 
 // AckStatus says how the secondary fared with a batch.
@@ -224,6 +288,11 @@ const (
 	// AckReceived: the secondary received every entry up to Seq (in its
 	// memory, not yet applied): what protocol B waits for.
 	AckReceived AckStatus = 3
+	// AckChecksum: the secondary refused the batch, nothing of it
+	// applied: a block's data did not match the checksum it came with
+	// (corrupted in flight, or in the primary's memory). The stream ends;
+	// the primary marks the batch's blocks for a resync.
+	AckChecksum AckStatus = 4
 )
 
 // Ack acknowledges every entry up to and including Seq.
@@ -365,6 +434,10 @@ type HelloReply struct {
 	Settings *Settings `json:"settings,omitempty"`
 	// Wire is the secondary's replication wire version, as in Hello.
 	Wire int `json:"wire,omitempty"`
+	// Sums: the secondary takes the checksums of the blocks a write or a
+	// resync carries (EntrySums); a primary sends them only then (an
+	// older node sends none and cannot read them).
+	Sums bool `json:"sums,omitempty"`
 }
 
 // DecodeHello decodes a FrameHello frame: the JSON Hello a primary opens a

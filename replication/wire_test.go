@@ -3,6 +3,7 @@ package replication
 import (
 	"bytes"
 	"errors"
+	"slices"
 	"testing"
 )
 
@@ -121,5 +122,70 @@ func TestHandshakeDecodersRefuseDamage(t *testing.T) {
 	}
 	if _, err := DecodeHelloReply(frame(FrameHelloReply, `{"accepted":true,"changed":[[2251799813685246,1]]}`)); err != nil {
 		t.Errorf("the last block an int64 addresses: %v", err)
+	}
+}
+
+// TestEntrySumsTravelBetweenHeaderAndPayload: a write or a resync with
+// Sums carries them (EntrySums), by copy or with its payload by
+// reference; one without is encoded as before, byte for byte; a frame
+// whose sums are cut short, or on an op that carries none, is refused.
+func TestEntrySumsTravelBetweenHeaderAndPayload(t *testing.T) {
+	data := bytes.Repeat([]byte{7}, 2*BlockSize+100)
+	sums := []uint32{0x01020304, 0xa0b0c0d0, 0xdeadbeef}
+	in := []Entry{
+		{Op: OpWrite, Flags: EntryFUA, Seq: 1, Off: 8192, Length: int64(len(data)), Data: data, Sums: sums},
+		{Op: OpResyncData, Seq: 2, Off: 0, Length: BlockSize, Data: data[:BlockSize], Sums: sums[:1]},
+		{Op: OpWrite, Seq: 3, Off: 4096, Length: 10, Data: data[:10]},
+		{Op: OpFlush, Seq: 4, Sums: sums},
+	}
+	frame := AppendBatchHeader(nil, len(in))
+	for i := range in {
+		if i == 0 {
+			// By reference: the header (with the sums), then the payload.
+			frame = append(AppendEntryHeader(frame, &in[i]), in[i].Data...)
+			continue
+		}
+		frame = AppendEntry(frame, &in[i])
+	}
+	want := BatchHeaderLen
+	for i := range in {
+		want += in[i].EncodedLen()
+	}
+	if len(frame) != want {
+		t.Fatalf("frame of %d bytes, EncodedLen says %d", len(frame), want)
+	}
+	out, scratch, err := DecodeBatchSums(frame, nil, make([]uint32, 0, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range out {
+		wantSums := in[i].Sums
+		if !in[i].Op.CarriesSums() {
+			wantSums = nil
+		}
+		if !slices.Equal(e.Sums, wantSums) || !bytes.Equal(e.Data, in[i].Data) || e.Off != in[i].Off || e.Flags&EntryFUA != in[i].Flags&EntryFUA {
+			t.Fatalf("entry %d: %+v, sent %+v", i, e, in[i])
+		}
+		if (e.Flags&EntrySums != 0) != (len(wantSums) > 0) {
+			t.Fatalf("entry %d: flags %02x", i, e.Flags)
+		}
+	}
+	if len(scratch) != 4 {
+		t.Fatalf("%d sums appended to the scratch, want 4", len(scratch))
+	}
+	// Without Sums the encoding is the one older nodes read.
+	plain := Entry{Op: OpWrite, Seq: 9, Off: 0, Length: BlockSize, Data: data[:BlockSize]}
+	old := append([]byte{byte(OpWrite), 0, 0, 0, 0, 0, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 0}, data[:BlockSize]...)
+	if got := AppendEntry(nil, &plain); !bytes.Equal(got, old) {
+		t.Fatalf("an entry without sums encodes as %x..., want %x...", got[:24], old[:24])
+	}
+	// Damage: sums cut short; a flush with the flag.
+	short := AppendBatchHeader(nil, 1)
+	short = AppendEntryHeader(short, &in[1])[:BatchHeaderLen+entryHeaderLen+2]
+	flush := append(AppendBatchHeader(nil, 1), byte(OpFlush), EntrySums, 0, 0, 0, 0, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0)
+	for name, f := range map[string][]byte{"sums cut short": short, "a flush with sums": flush} {
+		if _, err := DecodeBatch(f, nil); !errors.Is(err, ErrBadFrame) {
+			t.Errorf("%s: %v, want ErrBadFrame", name, err)
+		}
 	}
 }

@@ -417,6 +417,40 @@ type LocalVolume struct {
 	Reads             uint64 `json:"reads"`
 	ReadBytes         uint64 `json:"read_bytes"`
 	Flushes           uint64 `json:"flushes"`
+	// Integrity is the volume's block checksums at rest on this node
+	// (docs/integrity.md); nil from an older node.
+	Integrity *IntegrityStatus `json:"integrity,omitempty"`
+}
+
+// IntegrityStatus is what a node's checksums at rest found and did for
+// one volume.
+type IntegrityStatus struct {
+	// Checksums: the node keeps a checksum of every block it writes and
+	// verifies what it reads. False for metadata made without a checksum
+	// area (before checksums, or with checksums: off).
+	Checksums bool `json:"checksums"`
+	// RepairedBlocks are the 4 KiB blocks that failed their checksum or
+	// could not be read here and were rewritten with a peer's good copy,
+	// since the node started.
+	RepairedBlocks int64 `json:"repaired_blocks"`
+	// UnrecoverableBlocks are blocks a read found bad here with no good
+	// copy on any peer (the read failed with EIO), since the node started.
+	UnrecoverableBlocks int64 `json:"unrecoverable_blocks"`
+	// BadBlocks are blocks that could not be rewritten (none yet: the
+	// bad-block list is not built).
+	BadBlocks int64       `json:"bad_blocks"`
+	Scrub     ScrubStatus `json:"scrub"`
+}
+
+// ScrubStatus is a volume's scrub on one node (replctl scrub).
+type ScrubStatus struct {
+	// State is idle, running or paused.
+	State   string  `json:"state"`
+	Percent float64 `json:"percent"`
+	// LastFinished is when the last scrub ended (null: never);
+	// LastRepaired the blocks it repaired.
+	LastFinished *time.Time `json:"last_finished"`
+	LastRepaired int64      `json:"last_repaired"`
 }
 
 // PeerStatus is the primary's view of one peer.
@@ -470,6 +504,10 @@ type Event struct {
 	Old    string `json:"old,omitempty"`
 	New    string `json:"new,omitempty"`
 	Reason string `json:"reason,omitempty"`
+	// Offset and Length name the byte range an event is about
+	// (block-repaired, block-unrecoverable).
+	Offset int64 `json:"offset,omitempty"`
+	Length int64 `json:"length,omitempty"`
 }
 
 // EventsRequest asks for a node's events: the last History (those since

@@ -282,7 +282,7 @@ func (c *fvCluster) setup(ctx context.Context) error {
 	if err := c.build(ctx); err != nil {
 		return err
 	}
-	devSize, err := metadata.InternalDeviceSize(fvSize, fvALExtents, len(fvDataNodes)-1)
+	devSize, err := metadata.InternalDeviceSizeFor(fvSize, fvALExtents, len(fvDataNodes)-1, true)
 	if err != nil {
 		return err
 	}
@@ -589,7 +589,7 @@ func (c *fvCluster) setupDataNodes(ctx context.Context) (int64, error) {
 	if err := c.allocate(); err != nil {
 		return 0, err
 	}
-	return metadata.InternalDeviceSize(c.size, 0, len(fvDataNodes)-1)
+	return metadata.InternalDeviceSizeFor(c.size, 0, len(fvDataNodes)-1, true)
 }
 
 // diagnose names the replnode processes that exited by themselves.

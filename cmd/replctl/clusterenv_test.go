@@ -108,7 +108,7 @@ func newProcClusterN(t *testing.T, opts clusterOpts) *procCluster {
 	}
 	dir := t.TempDir()
 	// The metadata holds a bitmap per peer.
-	devSize, err := metadata.InternalDeviceSize(opts.Size, int(opts.ALExtents), max(opts.DataNodes-1, 1))
+	devSize, err := metadata.InternalDeviceSizeFor(opts.Size, int(opts.ALExtents), max(opts.DataNodes-1, 1), true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,7 +53,7 @@ func newProcCluster(t *testing.T, size, alExtents int64) *procCluster {
 func newProcClusterOnDisks(t *testing.T, size, alExtents, diskSize int64) *procCluster {
 	t.Helper()
 	dir := t.TempDir()
-	devSize, err := metadata.InternalDeviceSize(size, int(alExtents), 1)
+	devSize, err := metadata.InternalDeviceSizeFor(size, int(alExtents), 1, true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -142,7 +142,7 @@ func TestE2EAHalfAddedVolumeIsDiagnosedAsConfigDiffers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	devSize, err := metadata.InternalDeviceSize(size, 61, 1)
+	devSize, err := metadata.InternalDeviceSizeFor(size, 61, 1, true)
 	if err != nil {
 		t.Fatal(err)
 	}

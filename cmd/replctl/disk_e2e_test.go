@@ -22,7 +22,7 @@ func TestE2EDiskLargerThanTheVolumeSyncsAndVerifies(t *testing.T) {
 		size      = 128 << 20
 		alExtents = 61
 	)
-	exact, err := metadata.InternalDeviceSize(size, alExtents, 1)
+	exact, err := metadata.InternalDeviceSizeFor(size, alExtents, 1, true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,7 +32,7 @@ func TestE2EResizeUnderFioVerify(t *testing.T) {
 		from = 64 << 20
 		to   = 256 << 20
 	)
-	disk, err := metadata.InternalDeviceSize(to, 61, 1)
+	disk, err := metadata.InternalDeviceSizeFor(to, 61, 1, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +175,7 @@ func TestE2EAResizeNoDiskHoldsIsRefusedAtOnce(t *testing.T) {
 		from = 64 << 20
 		to   = 128 << 20
 	)
-	disk, err := metadata.InternalDeviceSize(to, 61, 1)
+	disk, err := metadata.InternalDeviceSizeFor(to, 61, 1, true)
 	if err != nil {
 		t.Fatal(err)
 	}

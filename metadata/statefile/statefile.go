@@ -73,6 +73,10 @@ type Event struct {
 	Old    string `json:"old,omitempty"`
 	New    string `json:"new,omitempty"`
 	Reason string `json:"reason,omitempty"`
+	// Offset and Length name the byte range an event is about (a block
+	// repaired or found unrecoverable).
+	Offset int64 `json:"offset,omitempty"`
+	Length int64 `json:"length,omitempty"`
 }
 
 // Store is a node's state file.

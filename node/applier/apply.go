@@ -40,6 +40,31 @@ type Volume struct {
 	// Clock paces the empty acks of a long apply. Nil is clock.Real(); a
 	// test sets a clock.Fake.
 	Clock clock.Clock
+	// Checksums keeps the checksums at rest of what the stream writes;
+	// nil when the volume keeps none on this node.
+	Checksums Checksums
+}
+
+// Checksums is the volume's checksums at rest (docs/integrity.md), as
+// the applier keeps them. Its methods are called from the stream's
+// goroutine only.
+type Checksums interface {
+	// Written records what a write of [off, off+length) left on the
+	// disk, BEFORE the write's activity-log Done: for data, its blocks'
+	// sums (the entry's, or computed from data when it carried none);
+	// without data (zeroes, a trim), no known sum for the blocks it
+	// touched.
+	Written(off, length int64, data []byte, sums []uint32) error
+	// Sync makes the data written so far, and the sums recorded for it,
+	// durable; syncData syncs the data (one sync may cover both).
+	Sync(syncData func() error) error
+	// Check checks data, read from the disk at off, against the sums
+	// stored for its blocks (those that have one); an error names the
+	// first that differs.
+	Check(off int64, data []byte) error
+	// Verify checks the blocks of data, to be written at off, against
+	// the sums they came with; an error names the first that differs.
+	Verify(off int64, data []byte, sums []uint32) error
 }
 
 // Disk is the local disk a stream is written to (package node's backing
@@ -106,6 +131,21 @@ func (in *Stream) apply(v *Volume, entries []replication.Entry, readReply func(s
 		v.State.Failed(err)
 		return replication.Ack{Seq: ack.Seq, Status: replication.AckIOError, Message: fmt.Sprintf("%s: %v", v.Self, err)}
 	}
+	// Every block that came with a checksum matches it BEFORE anything
+	// of the batch is applied: a block corrupted on its way is refused,
+	// never written. The disk did not fail: the stream ends, and the
+	// primary marks the batch's blocks for this node.
+	for i := range entries {
+		e := &entries[i]
+		if e.Sums == nil || !e.Op.CarriesSums() || v.Checksums == nil {
+			continue
+		}
+		if err := v.Checksums.Verify(e.Off, e.Data, e.Sums); err != nil {
+			v.Log.Error("refused a replicated batch: a block does not match the checksum it came with; nothing of the batch was written", "op", e.Op, "off", e.Off, "len", e.Length, "err", err)
+			return replication.Ack{Seq: ack.Seq, Status: replication.AckChecksum,
+				Message: fmt.Sprintf("%s refused the batch, writing nothing of it: %v", v.Self, err)}
+		}
+	}
 	needSync := false
 	for i := range entries {
 		e := &entries[i]
@@ -125,16 +165,26 @@ func (in *Stream) apply(v *Volume, entries []replication.Entry, readReply func(s
 			} else {
 				_, err = v.Disk.WriteAt(e.Data, e.Off)
 			}
+			if err == nil {
+				err = v.written(e.Off, e.Length, e.Data, e.Sums)
+			}
 			v.ActivityLog.Done(e.Off, e.Length)
 		case replication.OpZero, replication.OpTrim:
 			if err = v.logApplied(e); err != nil {
 				break
 			}
 			err = v.Disk.Zero(e.Off, e.Length)
+			if err == nil {
+				err = v.written(e.Off, e.Length, nil, nil)
+			}
 			v.ActivityLog.Done(e.Off, e.Length)
 			needSync = needSync || e.Flags&replication.EntryFUA != 0
 		case replication.OpFlush:
-			err = v.Disk.Sync()
+			if v.Checksums != nil {
+				err = v.Checksums.Sync(v.Disk.Sync)
+			} else {
+				err = v.Disk.Sync()
+			}
 		case replication.OpVerify:
 			bp := v.Buffers.Get().(*[]byte)
 			buf := *bp
@@ -163,6 +213,12 @@ func (in *Stream) apply(v *Volume, entries []replication.Entry, readReply func(s
 			if _, rerr := v.Disk.ReadAt(buf, e.Off); rerr != nil {
 				v.Log.Error("read for the primary failed", "off", e.Off, "len", e.Length, "err", rerr)
 				st, buf = replication.AckIOError, nil
+			} else if v.Checksums != nil {
+				// Never a block that fails its checksum as good data.
+				if cerr := v.Checksums.Check(e.Off, buf); cerr != nil {
+					v.Log.Error("read for the primary: a block does not match its checksum", "off", e.Off, "len", e.Length, "err", cerr)
+					st, buf = replication.AckIOError, nil
+				}
 			}
 			err = readReply(e.Seq, st, buf)
 			v.Buffers.Put(bp)
@@ -181,6 +237,9 @@ func (in *Stream) apply(v *Volume, entries []replication.Entry, readReply func(s
 				break
 			}
 			_, err = v.Disk.WriteAt(e.Data, e.Off)
+			if err == nil {
+				err = v.written(e.Off, e.Length, e.Data, e.Sums)
+			}
 			v.ActivityLog.Done(e.Off, e.Length)
 			v.Resynced.Add(e.Length)
 		case replication.OpResyncZero:
@@ -191,6 +250,9 @@ func (in *Stream) apply(v *Volume, entries []replication.Entry, readReply func(s
 					break
 				}
 				err = v.Disk.Zero(e.Off, e.Length)
+				if err == nil {
+					err = v.written(e.Off, e.Length, nil, nil)
+				}
 				v.ActivityLog.Done(e.Off, e.Length)
 			}
 			v.Resynced.Add(e.Length)
@@ -239,6 +301,18 @@ func (in *Stream) apply(v *Volume, entries []replication.Entry, readReply func(s
 		}
 	}
 	return ack
+}
+
+// written records the checksums of a write applied to the disk
+// (Checksums.Written), when the volume keeps them.
+func (v *Volume) written(off, length int64, data []byte, sums []uint32) error {
+	if v.Checksums == nil {
+		return nil
+	}
+	if err := v.Checksums.Written(off, length, data, sums); err != nil {
+		return fmt.Errorf("store the checksums: %w", err)
+	}
+	return nil
 }
 
 // logApplied readies a replicated write, or a resync's, the way the

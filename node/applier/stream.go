@@ -135,6 +135,7 @@ func (in *Stream) Run(s *transport.ReplStream, v *Volume) error {
 		}
 	}()
 	var entries []replication.Entry
+	var sums []uint32
 	for {
 		var f *transport.Frame
 		select {
@@ -151,7 +152,7 @@ func (in *Stream) Run(s *transport.ReplStream, v *Volume) error {
 		var ack replication.Ack
 		for f != nil {
 			var err error
-			entries, err = replication.DecodeBatch(f.Bytes(), entries[:0])
+			entries, sums, err = replication.DecodeBatchSums(f.Bytes(), entries[:0], sums[:0])
 			if err != nil {
 				return err
 			}

@@ -40,6 +40,10 @@ var (
 	ErrEnded = errors.New("replication stream ended")
 	// ErrPeerDiskFailed: the peer could not apply an entry to its disk.
 	ErrPeerDiskFailed = errors.New("the peer failed to write an entry to its disk")
+	// ErrFrameRefused: the peer refused a batch whose blocks did not
+	// match the checksums they came with (replication.AckChecksum),
+	// applying nothing of it; its entries are marked for the peer.
+	ErrFrameRefused = errors.New("the peer refused a frame whose blocks did not match their checksums")
 	// ErrPeerTimeout: the peer answered nothing for the session's
 	// timeout (node.ErrPeerTimeout is this error).
 	ErrPeerTimeout = errors.New("peer timed out")
@@ -119,6 +123,10 @@ type Config struct {
 	// when the frame carries the payload by reference, once the entry
 	// completed (or was not taken). It must not block.
 	FreeBuffer func(*[]byte)
+	// Sums: the peer takes the checksums of the blocks an entry carries
+	// (replication.EntrySums; its HelloReply said Sums); without, entries
+	// go out without them.
+	Sums bool
 	// Clock keeps the session's time: the heartbeat ticks, the peer's
 	// silence against Timeout, the congestion controller's and the lag's
 	// times. Nil is clock.Real(); a test sets a clock.Fake.
@@ -653,6 +661,9 @@ func (s *Session) sendQueued() error {
 		k := 0
 		for k < len(s.queue) && k < maxBatchEntries {
 			e := &s.queue[k].Entry
+			if !s.cfg.Sums {
+				e.Sums = nil
+			}
 			n := e.EncodedLen()
 			if k > 0 && size+n > maxBatchBytes {
 				break
@@ -770,6 +781,9 @@ func (s *Session) receive() error {
 		ack, err := replication.DecodeAck(f.Bytes())
 		if err != nil {
 			return err
+		}
+		if ack.Status == replication.AckChecksum {
+			return fmt.Errorf("%w: %s", ErrFrameRefused, ack.Message)
 		}
 		if ack.Status != replication.AckOK && ack.Status != replication.AckReceived {
 			return fmt.Errorf("%w: %s", ErrPeerDiskFailed, ack.Message)

@@ -86,7 +86,7 @@ func Run(ctx context.Context, out io.Writer, o Options) (err error) {
 		// the metadata at its end.
 		devSize := size
 		if mdPlace == "internal" {
-			if devSize, err = metadata.InternalDeviceSize(size, 0, 1); err != nil {
+			if devSize, err = metadata.InternalDeviceSizeFor(size, 0, 1, true); err != nil {
 				return err
 			}
 		}
@@ -114,7 +114,7 @@ func Run(ctx context.Context, out io.Writer, o Options) (err error) {
 		}
 		if mdPlace == "external" {
 			meta := filepath.Join(nodeDir, "vol0.md")
-			mdSize, err := metadata.ExternalSize(size, 0, 1)
+			mdSize, err := metadata.ExternalSizeFor(size, 0, 1, true)
 			if err != nil {
 				return err
 			}

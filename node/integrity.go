@@ -1,0 +1,211 @@
+package node
+
+import (
+	"io"
+	"sync/atomic"
+
+	"github.com/replvol/replvol/internal/blocksum"
+	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/node/applier"
+	"github.com/replvol/replvol/transport"
+)
+
+// integrity is a volume's checksums at rest as this node keeps them
+// (docs/integrity.md): the store in its metadata, the volume's seed, and
+// what verified reads found. sums is nil when the metadata has no
+// checksum area (format 1: made before checksums, or with checksums:
+// off): then nothing is computed, stored or verified.
+type integrity struct {
+	sums *metadata.Checksums
+	seed blocksum.Seed
+	// shared is the backing disk when the metadata is internal: one sync
+	// of it makes the data and the checksum pages durable (syncData).
+	shared io.WriterAt
+	// repaired counts the blocks rewritten with a peer's copy, by cause;
+	// unrecoverable those no peer held good.
+	repaired      [repairCauses]atomic.Int64
+	unrecoverable atomic.Int64
+}
+
+// repairCause is why a block read here was taken from a peer.
+type repairCause int
+
+const (
+	// repairChecksum: the block did not match its checksum.
+	repairChecksum repairCause = iota
+	// repairReadError: the disk failed to read it (EIO).
+	repairReadError
+	repairCauses
+)
+
+// String is the cause's word in the block-repaired event and the metric.
+func (c repairCause) String() string {
+	if c == repairReadError {
+		return "read-error"
+	}
+	return "checksum"
+}
+
+func newIntegrity(md *metadata.MD, volume metadata.VolumeUUID, disk Disk) *integrity {
+	in := &integrity{seed: blocksum.NewSeed(volume)}
+	if sums, ok := md.Checksums(); ok {
+		in.sums = sums
+		if md.Placement() == metadata.Internal {
+			in.shared = disk
+		}
+	}
+	return in
+}
+
+// syncData makes the data written so far and its sums durable: sync
+// syncs the data; with internal metadata the changed checksum pages are
+// written first and that one sync covers both (metadata's FlushVia),
+// otherwise they are written and synced after it.
+func (in *integrity) syncData(sync func() error) error {
+	switch {
+	case in.sums == nil:
+		return sync()
+	case in.shared != nil:
+		return in.sums.FlushVia(in.shared, sync)
+	}
+	if err := sync(); err != nil {
+		return err
+	}
+	return in.sums.Flush()
+}
+
+// on reports whether the volume keeps checksums here.
+func (in *integrity) on() bool { return in.sums != nil }
+
+// status is the integrity part of the volume's status.
+func (in *integrity) status() *transport.IntegrityStatus {
+	return &transport.IntegrityStatus{
+		Checksums:           in.on(),
+		RepairedBlocks:      in.repaired[repairChecksum].Load() + in.repaired[repairReadError].Load(),
+		UnrecoverableBlocks: in.unrecoverable.Load(),
+		// No scrub yet: always idle.
+		Scrub: transport.ScrubStatus{State: "idle"},
+	}
+}
+
+// sumsOf appends to dst the checksums of data, to be written at off, and
+// returns them; nil when the volume keeps none here, or when [off,
+// off+len(data)) is not whole blocks (a write of part of a block: the
+// block's other bytes are not at hand, so its sum is forgotten instead).
+// The last block of a volume whose size is not a multiple of 4 KiB is
+// whole when data ends at the volume's end. One pass over data, and no
+// allocation when dst has room.
+func (in *integrity) sumsOf(dst []uint32, off int64, data []byte, volume int64) []uint32 {
+	if in.sums == nil || !wholeBlocks(off, int64(len(data)), volume) {
+		return nil
+	}
+	return in.seed.Sums(dst, uint64(off/blocksum.BlockSize), data)
+}
+
+// wholeBlocks reports whether [off, off+length) covers whole blocks of a
+// volume of volume bytes.
+func wholeBlocks(off, length, volume int64) bool {
+	end := off + length
+	return length > 0 && off%blocksum.BlockSize == 0 && (end%blocksum.BlockSize == 0 || end == volume)
+}
+
+// written records what a write of [off, off+length) left on the disk:
+// sums, the checksums of its blocks, or, without them (a trim, zeroes, a
+// write of part of a block), no known sum for the blocks it touched. Call
+// it once the write is on the disk and BEFORE its activity-log Done, so
+// that a crash before the sums are durable rebuilds them
+// (metadata.MD.RebuildActivityLogChecksums).
+func (in *integrity) written(off, length int64, sums []uint32) error {
+	if in.sums == nil {
+		return nil
+	}
+	if sums != nil {
+		return in.sums.SetRange(off/blocksum.BlockSize, sums)
+	}
+	return in.sums.Forget(off, length)
+}
+
+// flush makes the checksums stored so far durable. Call it once the data
+// they describe is synced: at a FLUSH, and BEFORE the primary indicator
+// is cleared (after which a crash rebuilds none of them).
+func (in *integrity) flush() error {
+	if in.sums == nil {
+		return nil
+	}
+	return in.sums.Flush()
+}
+
+// applierSums is the volume's checksums as one stream's applier keeps
+// them (applier.Checksums); scratch holds the sums computed for entries
+// that carried none, reused entry after entry (one goroutine applies).
+type applierSums struct {
+	in      *integrity
+	size    *atomic.Int64
+	scratch []uint32
+}
+
+// applierChecksums is what a stream's applier keeps and verifies
+// checksums through: a volume that keeps none here still verifies the
+// blocks that come with them.
+func (v *Volume) applierChecksums() applier.Checksums {
+	return &applierSums{in: v.integ, size: &v.size}
+}
+
+func (a *applierSums) Verify(off int64, data []byte, sums []uint32) error {
+	return a.in.seed.VerifyAll(uint64(off/blocksum.BlockSize), data, sums)
+}
+
+func (a *applierSums) Written(off, length int64, data []byte, sums []uint32) error {
+	if !a.in.on() {
+		return nil
+	}
+	if sums == nil && data != nil {
+		a.scratch = a.in.sumsOf(a.scratch[:0], off, data, a.size.Load())
+		sums = a.scratch
+	}
+	return a.in.written(off, length, sums)
+}
+
+func (a *applierSums) Sync(syncData func() error) error { return a.in.syncData(syncData) }
+
+// flushRange makes the sums of the blocks [off, off+length) touches
+// durable (a FUA write's, once its data is).
+func (in *integrity) flushRange(off, length int64) error {
+	if in.sums == nil {
+		return nil
+	}
+	_, err := in.sums.FlushRange(off, length)
+	return err
+}
+
+func (a *applierSums) Check(off int64, data []byte) error {
+	return a.in.check(off, data, a.size.Load())
+}
+
+// check verifies the blocks of data, read from the disk at off, that it
+// covers whole and that have a known sum; it returns the first mismatch.
+func (in *integrity) check(off int64, data []byte, size int64) error {
+	if in.sums == nil || len(data) == 0 {
+		return nil
+	}
+	end := off + int64(len(data))
+	var sums [sumsChunk]uint32
+	var known [sumsChunk]bool
+	first, last := off/blocksum.BlockSize, (end-1)/blocksum.BlockSize
+	for b0 := first; b0 <= last; b0 += sumsChunk {
+		n := min(int64(sumsChunk), last-b0+1)
+		if err := in.sums.GetRange(b0, sums[:n], known[:n]); err != nil {
+			return err
+		}
+		for k := range n {
+			boff, blen := blockSpan(b0+k, size)
+			if !known[k] || boff < off || boff+blen > end {
+				continue
+			}
+			if err := in.seed.Verify(uint64(b0+k), data[boff-off:boff-off+blen], sums[k]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

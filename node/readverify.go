@@ -1,0 +1,207 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"syscall"
+
+	"github.com/replvol/replvol/backing"
+	"github.com/replvol/replvol/internal/blocksum"
+	"github.com/replvol/replvol/metadata/statefile"
+)
+
+// Verified reads that heal (docs/integrity.md): every block an NBD read
+// takes from the local disk is checked against its stored checksum (a
+// block without a known sum is not). A block that fails it, or that the
+// disk cannot read, is read from a peer in sync (which checks it with its
+// own sums, and this node with its own when it has one), handed to the
+// client, and written back over the bad block, BEFORE the read returns:
+// the client sees neither an error nor wrong data. When no peer holds a
+// good copy, the read fails with EIO and the block is named in an event.
+
+// errUnrecoverable: a block read here is bad and no peer holds a good
+// copy of it.
+var errUnrecoverable = errors.New("a block is bad on this disk and no peer holds a good copy")
+
+// maxRepairsPerRead bounds the blocks one read repairs one by one: a
+// disk that fails more than that in one read is taken for failed (the
+// detach path), not repaired block by block.
+const maxRepairsPerRead = 64
+
+// sumsChunk is how many blocks' sums a verified read looks up at once
+// (on the stack: no allocation per read).
+const sumsChunk = 16
+
+// blockBufs holds 4 KiB buffers for the edges of a read of part of a
+// block, and for repairs.
+var blockBufs = sync.Pool{New: func() any { b := make([]byte, blocksum.BlockSize); return &b }}
+
+// blockSpan is the byte range of block b of a volume of size bytes.
+func blockSpan(b, size int64) (off, length int64) {
+	off = b * blocksum.BlockSize
+	return off, min(blocksum.BlockSize, size-off)
+}
+
+// verifyRead checks p, just read from the local disk at off, block by
+// block against the stored sums, and repairs each block that fails:
+// nil when p now holds good data throughout.
+func (v *Volume) verifyRead(ctx context.Context, p []byte, off int64) error {
+	in := v.integ
+	if !in.on() || len(p) == 0 {
+		return nil
+	}
+	size := v.size.Load()
+	end := off + int64(len(p))
+	first, last := off/blocksum.BlockSize, (end-1)/blocksum.BlockSize
+	var sums [sumsChunk]uint32
+	var known [sumsChunk]bool
+	for b0 := first; b0 <= last; b0 += sumsChunk {
+		n := min(int64(sumsChunk), last-b0+1)
+		if err := in.sums.GetRange(b0, sums[:n], known[:n]); err != nil {
+			// The sums cannot be read: the data is returned unverified,
+			// as a block without a known sum is.
+			v.log.Warn("read the checksums", "off", off, "len", len(p), "err", err)
+			return nil
+		}
+		for k := range n {
+			if !known[k] {
+				continue
+			}
+			b := b0 + k
+			boff, blen := blockSpan(b, size)
+			var data []byte
+			if boff >= off && boff+blen <= end {
+				data = p[boff-off : boff-off+blen]
+			} else {
+				// Part of the block is read: the whole of it is checked.
+				bp := blockBufs.Get().(*[]byte)
+				data = (*bp)[:blen]
+				_, err := v.disk.ReadAt(data, boff)
+				if err == nil {
+					err = in.seed.Verify(uint64(b), data, sums[k])
+				}
+				blockBufs.Put(bp)
+				if err == nil {
+					continue
+				}
+				if rerr := v.repairBlock(ctx, p, off, b, sums[k], true, causeOf(err)); rerr != nil {
+					return rerr
+				}
+				continue
+			}
+			if in.seed.Verify(uint64(b), data, sums[k]) == nil {
+				continue
+			}
+			if err := v.repairBlock(ctx, p, off, b, sums[k], true, repairChecksum); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// causeOf is the repair cause of a failed check of a block: a mismatch,
+// or the disk's error.
+func causeOf(err error) repairCause {
+	if errors.Is(err, blocksum.ErrMismatch) {
+		return repairChecksum
+	}
+	return repairReadError
+}
+
+// repairUnreadable is the read of p at off after the disk failed it
+// (readErr): each block is read again on its own, and those the disk
+// cannot read are repaired from a peer. handled is false when the disk
+// fails more blocks than one read repairs (it is taken for failed: the
+// caller detaches it); err is errUnrecoverable (EIO) when a block had no
+// good copy anywhere.
+func (v *Volume) repairUnreadable(ctx context.Context, p []byte, off int64) (handled bool, err error) {
+	size := v.size.Load()
+	end := off + int64(len(p))
+	var failed []int64
+	for b := off / blocksum.BlockSize; b <= (end-1)/blocksum.BlockSize; b++ {
+		boff, blen := blockSpan(b, size)
+		from, to := max(boff, off), min(boff+blen, end)
+		if _, err := v.disk.ReadAt(p[from-off:to-off], from); err != nil {
+			if failed = append(failed, b); len(failed) > maxRepairsPerRead {
+				return false, nil
+			}
+		}
+	}
+	if len(failed) == 0 {
+		// Every block reads now (the disk's hiccup): checked as usual.
+		return true, v.verifyRead(ctx, p, off)
+	}
+	for _, b := range failed {
+		var sum uint32
+		known := false
+		if v.integ.on() {
+			if s, k, err := v.integ.sums.Get(b); err == nil {
+				sum, known = s, k
+			}
+		}
+		if err := v.repairBlock(ctx, p, off, b, sum, known, repairReadError); err != nil {
+			if errors.Is(err, errUnrecoverable) {
+				return true, err
+			}
+			return false, nil
+		}
+	}
+	// The blocks that did read are checked too.
+	return true, v.verifyRead(ctx, p, off)
+}
+
+// repairBlock takes block b from a peer in sync whose copy is good (it
+// matches sum, when known; the peer checks it with its own), copies it
+// into p (read at off), and writes it back over the local block. The
+// block-repaired event and counter say so; when no peer holds a good
+// copy, the block-unrecoverable event and counter, and errUnrecoverable
+// (EIO). A write-back that fails detaches the disk, as a failed write
+// does; the client still gets the good data.
+func (v *Volume) repairBlock(ctx context.Context, p []byte, off, b int64, sum uint32, known bool, cause repairCause) error {
+	boff, blen := blockSpan(b, v.size.Load())
+	good := make([]byte, blen)
+	from := ""
+	for _, pr := range v.streamingPeers() {
+		if !pr.connected() || anySet(pr.bm, boff, blen) {
+			continue
+		}
+		if err := pr.read(ctx, good, boff); err != nil {
+			v.log.Warn("repair: read from peer failed", "peer", pr.name, "off", boff, "err", err)
+			continue
+		}
+		if known && v.integ.seed.Verify(uint64(b), good, sum) != nil {
+			v.log.Warn("repair: the peer's copy does not match the checksum either", "peer", pr.name, "off", boff)
+			continue
+		}
+		from = pr.name
+		break
+	}
+	if from == "" {
+		v.integ.unrecoverable.Add(1)
+		msg := fmt.Sprintf("the block at byte %d (%d bytes) of %s on %s is bad (%s) and no peer in sync holds a good copy: reads of it fail with EIO. Write the range again (from a backup, or what the application knows) to clear it",
+			boff, blen, v.name, v.self, cause)
+		v.log.Error(msg)
+		v.node.emit(statefile.Event{Volume: v.name, Kind: "block-unrecoverable", Reason: cause.String(), Offset: boff, Length: blen, Message: msg})
+		return fmt.Errorf("%s: byte %d: %w (%w)", v.name, boff, errUnrecoverable, syscall.EIO)
+	}
+	from0, to := max(boff, off), min(boff+blen, off+int64(len(p)))
+	copy(p[from0-off:to-off], good[from0-boff:to-boff])
+	// Written back durably: the sum the block has stays right for it
+	// (the data is the one it was computed from), so no sum changes and
+	// the activity log need not know.
+	werr := backing.WriteSync(v.disk, good, boff)
+	v.integ.repaired[cause].Add(1)
+	msg := fmt.Sprintf("repaired the block at byte %d (%d bytes) of %s on %s from %s (%s)", boff, blen, v.name, v.self, from, cause)
+	if werr != nil {
+		msg = fmt.Sprintf("served the block at byte %d (%d bytes) of %s on %s from %s (%s), but writing it back failed: %v", boff, blen, v.name, v.self, from, cause, werr)
+	}
+	v.log.Warn(msg)
+	v.node.emit(statefile.Event{Volume: v.name, Kind: "block-repaired", Peer: from, Reason: cause.String(), Offset: boff, Length: blen, Message: msg})
+	if werr != nil {
+		v.detach(diskFailure{op: diskWrite, off: boff, length: blen, err: werr}, boff, blen)
+	}
+	return nil
+}
