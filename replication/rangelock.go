@@ -10,6 +10,12 @@ import (
 // earlier request whose byte range overlaps its own has released. Requests
 // that do not overlap run concurrently, and so do shared ones (reads) that
 // overlap each other. Safe for concurrent use.
+//
+// A range covers the whole 4 KiB blocks it touches: two requests in one
+// block are ordered even when their bytes do not overlap, because a block
+// is the unit of its checksum at rest (a read verifies the whole block a
+// part of it is read from, and a write of part of a block changes the
+// block's checksum).
 type RangeLocks struct {
 	mu lockorder.Mutex
 	// active holds the held and waiting ranges, in no order: a write
@@ -45,7 +51,9 @@ func (r *RangeLocks) LockShared(ctx context.Context, off, length int64) (*RangeH
 }
 
 func (r *RangeLocks) lock(ctx context.Context, off, length int64, shared bool) (*RangeHold, error) {
-	me := &RangeHold{r: r, off: off, end: off + length, shared: shared}
+	first := off / BlockSize * BlockSize
+	end := (off + length + BlockSize - 1) / BlockSize * BlockSize
+	me := &RangeHold{r: r, off: first, end: end, shared: shared}
 	var buf [4]chan struct{}
 	wait := buf[:0]
 	r.mu.Lock()

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // TestRangeLocksNeverLetOverlappingWritersIn: sixteen goroutines lock
@@ -81,4 +82,36 @@ func BenchmarkRangeLocksQueueDepth16(b *testing.B) {
 	for _, hold := range held {
 		hold.Release()
 	}
+}
+
+// TestRangeLocksOrderRequestsInOneBlock: two requests in one 4 KiB block
+// whose bytes do not overlap are ordered all the same (a block is the
+// unit of its checksum at rest); requests in different blocks are not.
+func TestRangeLocksOrderRequestsInOneBlock(t *testing.T) {
+	var r RangeLocks
+	ctx := context.Background()
+	held, err := r.LockShared(ctx, 0, 512)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan struct{})
+	go func() {
+		h, err := r.Lock(ctx, 512, 512)
+		if err == nil {
+			h.Release()
+		}
+		close(got)
+	}()
+	select {
+	case <-got:
+		t.Fatal("a write of bytes 512-1024 went ahead of a read of bytes 0-512 of the same block")
+	case <-time.After(50 * time.Millisecond):
+	}
+	other, err := r.Lock(ctx, BlockSize, 512) // the next block: not held up
+	if err != nil {
+		t.Fatal(err)
+	}
+	other.Release()
+	held.Release()
+	<-got
 }
