@@ -199,15 +199,19 @@ func TestANodeAddedAtRuntimeIsReachedOverTLS(t *testing.T) {
 			}
 		}
 		err := leader.TransferLeadership(testContext(t, 5*time.Second), next.self)
-		if err == nil {
+		if err != nil && (!errors.Is(err, errNotLeader) || try == 5) {
+			t.Fatalf("transfer leadership to %s: %v", next.self, err)
+		}
+		// A loaded machine may elect another leader right after the
+		// transfer: then it is made again.
+		if err == nil && within(5*time.Second, 10*time.Millisecond, func() bool { return next.raft.State() == raft.Leader }) {
 			break
 		}
-		if !errors.Is(err, errNotLeader) || try == 5 {
-			t.Fatalf("transfer leadership to %s: %v", next.self, err)
+		if try == 5 {
+			t.Fatalf("%s does not lead after 6 transfers of the leadership to it", next.self)
 		}
 		leader = n.waitLeader(t)
 	}
-	waitFor(t, next.self+" leads", 5*time.Second, func() bool { return next.raft.State() == raft.Leader })
 	if _, err := next.Propose(testContext(t, 5*time.Second), replication.InitCommand("vol", "a", 1, []string{"a", "b"})); err != nil {
 		t.Fatalf("a proposal through %s: %v", next.self, err)
 	}
