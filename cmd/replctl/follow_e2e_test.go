@@ -57,7 +57,7 @@ func TestE2EAFollowingMountRidesThroughAKill9OfThePrimary(t *testing.T) {
 	}
 	// alpha is killed in the middle of fio's writes, with requests in flight; fio's verify
 	// then reads back every block through beta.
-	fioDone, fioOut := startFioVerify(t, fio, filepath.Join(mnt, "fio.dat"), "64M")
+	fioDone, fioOut := startFioVerify(t, fio, filepath.Join(mnt, "fio.dat"), "32M")
 	c.waitWritten("alpha", before+8<<20, fioDone)
 	c.kill("alpha")
 	killed := time.Now()
@@ -76,10 +76,10 @@ func TestE2EAFollowingMountRidesThroughAKill9OfThePrimary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Error != 0 || res.Write.IOBytes != 64<<20 || res.Read.IOBytes != 64<<20 {
-		t.Fatalf("fio: error %d, wrote %d, verified %d bytes (want 64 MiB each)\n%s", res.Error, res.Write.IOBytes, res.Read.IOBytes, fioOut.String())
+	if res.Error != 0 || res.Write.IOBytes != 32<<20 || res.Read.IOBytes != 32<<20 {
+		t.Fatalf("fio: error %d, wrote %d, verified %d bytes (want 32 MiB each)\n%s", res.Error, res.Write.IOBytes, res.Read.IOBytes, fioOut.String())
 	}
-	t.Logf("fio wrote and verified 64 MiB; it ended %s after alpha was killed", time.Since(killed).Round(time.Millisecond))
+	t.Logf("fio wrote and verified 32 MiB; it ended %s after alpha was killed", time.Since(killed).Round(time.Millisecond))
 	if out := list(); !strings.Contains(out, "beta (following)") {
 		t.Fatalf("the listing does not show beta followed:\n%s", out)
 	}
