@@ -259,19 +259,15 @@ func (w *writeWatch) WriteAt(p []byte, off int64) (int, error) {
 	return w.Disk.WriteAt(p, off)
 }
 
-// TestAFrameCorruptedInFlightIsRefused: a write's frame whose payload no
-// longer matches the checksums it carries is refused by the secondary,
-// which writes nothing of it; the stream ends, the primary marks the
-// blocks, and the reconnection's resync brings the right data.
-func TestAFrameCorruptedInFlightIsRefused(t *testing.T) {
-	const block = 77
-	c := newTestCluster(t, 8<<20)
-	data := randomBytes(29, 8192)
-	armed, done := &atomic.Bool{}, &atomic.Bool{}
+// corruptingLinkToBeta makes alpha's streams pass through a link that,
+// once armed, damages the first frame carrying data (corruptLink), and
+// beta's disk record its writes to block; it starts both and waits until
+// they are in sync.
+func corruptingLinkToBeta(c *testCluster, data []byte, block int64) (armed, done *atomic.Bool, watch *writeWatch) {
+	armed, done = &atomic.Bool{}, &atomic.Bool{}
 	c.opts["alpha"] = Options{WrapStream: func(_ string, s *transport.ReplStream) *transport.ReplStream {
 		return transport.NewReplStream(corruptLink{r: s, target: data, armed: armed, done: done}, s.Close)
 	}}
-	var watch *writeWatch
 	c.opts["beta"] = Options{OpenDisk: func(path string, size int64) (Disk, error) {
 		d, err := OpenDisk(path, size)
 		if err != nil {
@@ -283,6 +279,35 @@ func TestAFrameCorruptedInFlightIsRefused(t *testing.T) {
 	c.start("alpha")
 	c.start("beta")
 	c.waitInSync()
+	return armed, done, watch
+}
+
+// requireOnly fails t unless the block got writes and every one of them
+// was want: nothing of a corrupted frame was applied.
+func (w *writeWatch) requireOnly(t *testing.T, want []byte, block int64) {
+	t.Helper()
+	w.mu.Lock()
+	writes := slices.Clone(w.writes)
+	w.mu.Unlock()
+	if len(writes) == 0 {
+		t.Fatal("beta never got the block")
+	}
+	for i, got := range writes {
+		if !bytes.Equal(got, want) {
+			t.Fatalf("beta's write %d of block %d is not the data written (the corrupted frame was applied)", i, block)
+		}
+	}
+}
+
+// TestAFrameCorruptedInFlightIsRefused: a write's frame whose payload no
+// longer matches the checksums it carries is refused by the secondary,
+// which writes nothing of it; the stream ends, the primary marks the
+// blocks, and the reconnection's resync brings the right data.
+func TestAFrameCorruptedInFlightIsRefused(t *testing.T) {
+	const block = 77
+	c := newTestCluster(t, 8<<20)
+	data := randomBytes(29, 8192)
+	armed, done, watch := corruptingLinkToBeta(c, data, block)
 	armed.Store(true)
 	if err := c.vol("alpha").WriteAt(context.Background(), data, block*4096, false); err != nil {
 		t.Fatal(err)
@@ -292,16 +317,7 @@ func TestAFrameCorruptedInFlightIsRefused(t *testing.T) {
 	}
 	c.waitInSync()
 	c.requireIdentical()
-	watch.mu.Lock()
-	defer watch.mu.Unlock()
-	for i, w := range watch.writes {
-		if !bytes.Equal(w, data[:4096]) {
-			t.Fatalf("beta's write %d of block %d is not the data written (the corrupted frame was applied)", i, block)
-		}
-	}
-	if len(watch.writes) == 0 {
-		t.Fatal("beta never got the block")
-	}
+	watch.requireOnly(t, data[:4096], block)
 	// alpha says why the stream ended.
 	waitForEvent(t, c.nodes["alpha"], "peer-lost", func(e statefile.Event) bool {
 		return strings.Contains(e.Message, "refused a frame whose blocks did not match their checksums")
@@ -316,22 +332,7 @@ func TestAResyncFrameCorruptedInFlightIsRefused(t *testing.T) {
 	const block = 300
 	c := newTestCluster(t, 8<<20)
 	data := randomBytes(31, 8192)
-	armed, done := &atomic.Bool{}, &atomic.Bool{}
-	c.opts["alpha"] = Options{WrapStream: func(_ string, s *transport.ReplStream) *transport.ReplStream {
-		return transport.NewReplStream(corruptLink{r: s, target: data, armed: armed, done: done}, s.Close)
-	}}
-	var watch *writeWatch
-	c.opts["beta"] = Options{OpenDisk: func(path string, size int64) (Disk, error) {
-		d, err := OpenDisk(path, size)
-		if err != nil {
-			return nil, err
-		}
-		watch = &writeWatch{Disk: d, off: block * 4096}
-		return watch, nil
-	}}
-	c.start("alpha")
-	c.start("beta")
-	c.waitInSync()
+	armed, done, watch := corruptingLinkToBeta(c, data, block)
 	a := c.vol("alpha")
 	a.setAdminDown(true)
 	if err := a.WriteAt(context.Background(), data, block*4096, false); err != nil {
@@ -344,17 +345,7 @@ func TestAResyncFrameCorruptedInFlightIsRefused(t *testing.T) {
 		t.Fatal("the link corrupted no frame")
 	}
 	c.requireIdentical()
-	watch.mu.Lock()
-	writes := slices.Clone(watch.writes)
-	watch.mu.Unlock()
-	if len(writes) == 0 {
-		t.Fatal("beta never got the block")
-	}
-	for i, w := range writes {
-		if !bytes.Equal(w, data[:4096]) {
-			t.Fatalf("beta's write %d of block %d is not the data written (the corrupted run was applied)", i, block)
-		}
-	}
+	watch.requireOnly(t, data[:4096], block)
 	c.sumsMatchDisk("beta", map[int64][]byte{block: data[:4096], block + 1: data[4096:]}, nil)
 }
 
