@@ -3,6 +3,7 @@ package node
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/replication"
+	"github.com/replvol/replvol/transport"
 )
 
 // TestAPrimaryNeverCopiesFromAPeerRaftHasOutdated: the shape of the sim's
@@ -105,6 +107,10 @@ func TestAPrimaryNeverCopiesFromAPeerRaftHasOutdated(t *testing.T) {
 	}
 	eventually(t, func() bool { va, _ := cl.Authority().Volume("vol0"); return va.IsOutdated("gamma") }, "alpha's raft has gamma Outdated")
 
+	// alpha's events from here on: the first connection to gamma's
+	// decision is the one raft's record must shape (a later reconnect,
+	// once gamma is in sync and no longer Outdated, decides by bitmap).
+	since := time.Now()
 	c.start("gamma")
 	if !within(30*time.Second, 20*time.Millisecond, func() bool {
 		p := a.peers["gamma"].status()
@@ -112,9 +118,9 @@ func TestAPrimaryNeverCopiesFromAPeerRaftHasOutdated(t *testing.T) {
 	}) {
 		t.Fatalf("gamma not back in sync with alpha: %+v", a.peers["gamma"].status())
 	}
-	if p := a.peers["gamma"].status(); p.SyncRule != replication.RuleOutdatedPeer || p.SyncDecision != replication.BitmapResyncSource.String() {
-		t.Errorf("alpha decided %q by rule %q toward gamma, which raft has Outdated; want %s by %s",
-			p.SyncDecision, p.SyncRule, replication.BitmapResyncSource, replication.RuleOutdatedPeer)
+	if first := firstConnected(t, c.nodes["alpha"], "gamma", since); first.Reason != replication.RuleOutdatedPeer || first.New != string(replication.SyncSource) {
+		t.Errorf("alpha's first connection to gamma, which raft has Outdated, went %s by rule %q; want %s by %s",
+			first.New, first.Reason, replication.SyncSource, replication.RuleOutdatedPeer)
 	}
 	for _, n := range []string{"alpha", "beta", "gamma"} {
 		got := make([]byte, 4096)
@@ -127,4 +133,30 @@ func TestAPrimaryNeverCopiesFromAPeerRaftHasOutdated(t *testing.T) {
 	}
 	c.waitInSync()
 	c.requireIdentical()
+}
+
+// firstConnected is n's first "connected" event toward peer since the
+// given time (its Reason is the rule that decided the connection).
+func firstConnected(t *testing.T, n *Node, peer string, since time.Time) transport.Event {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	found := make(chan transport.Event, 1)
+	go n.api.Events(ctx, &transport.EventsRequest{History: 1000, Since: since}, func(e *transport.Event) error {
+		if e.Kind == "connected" && e.Peer == peer {
+			select {
+			case found <- *e:
+			default:
+			}
+			return errors.New("found")
+		}
+		return nil
+	})
+	select {
+	case e := <-found:
+		return e
+	case <-ctx.Done():
+		t.Fatalf("%s recorded no connected event toward %s since %s", n.name, peer, since.Format(time.RFC3339Nano))
+	}
+	return transport.Event{}
 }
