@@ -475,6 +475,21 @@ func TestABlockRottenOnBothReplicasFailsWithEIO(t *testing.T) {
 		t.Fatalf("status says %d blocks unrecoverable, want 1", unrecoverable)
 	}
 	waitMetric(t, c.nodes["alpha"], "the unrecoverable block", metricIs(1), "replvol_blocks_unrecoverable", "volume=vol0", "node=alpha")
+	// The cluster's status, as beta assembles it, carries each node's
+	// integrity on its replica.
+	_, vs := c.statusOf("beta", "vol0")
+	if vs == nil {
+		t.Fatal("no vol0 in beta's cluster status")
+	}
+	for _, name := range []string{"alpha", "beta"} {
+		in := vs.Replica(name).Integrity
+		if in == nil || !in.Checksums || in.Scrub.State != "idle" {
+			t.Fatalf("%s's replica in the cluster status: integrity %+v, want checksums and an idle scrub", name, in)
+		}
+	}
+	if got := vs.Replica("alpha").Integrity.UnrecoverableBlocks; got != 1 {
+		t.Fatalf("alpha's replica in the cluster status: %d blocks unrecoverable, want 1", got)
+	}
 	other := make([]byte, 4096)
 	if err := v.ReadAt(ctx, other, (block+1)*4096); err != nil || !bytes.Equal(other, data[4096:]) {
 		t.Fatalf("the next block: %v", err)
