@@ -504,6 +504,9 @@ type ScrubStatus struct {
 	// ETASeconds when it should end at that rate.
 	RateBytes  int64   `json:"rate_bytes,omitempty"`
 	ETASeconds float64 `json:"eta_seconds,omitempty"`
+	// NextScheduled is when the volume's scrub_interval starts the next
+	// scrub here (absent without one).
+	NextScheduled *time.Time `json:"next_scheduled,omitempty"`
 }
 
 // ScrubRequest starts a scrub of Volume (every node that holds a disk of
