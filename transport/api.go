@@ -73,6 +73,9 @@ const (
 	// WarningReloadFailed: a node's last reload found its cluster file
 	// broken; it runs on with the config it had.
 	WarningReloadFailed = "reload-failed"
+	// WarningUnrecoverable: blocks of a replica are bad (checksum or read
+	// error) and no replica holds a good copy: reads of them fail.
+	WarningUnrecoverable = "unrecoverable"
 )
 
 // Warning is one thing an operator should act on, and how.
