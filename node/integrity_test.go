@@ -471,8 +471,12 @@ func TestABlockRottenOnBothReplicasFailsWithEIO(t *testing.T) {
 	if e.Offset != block*4096 || e.Length != 4096 || !strings.Contains(e.Message, "Write the range again") {
 		t.Fatalf("block-unrecoverable event: %+v", e)
 	}
+	// Read again: still EIO, still one block.
+	if err := v.ReadAt(ctx, got, block*4096); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("second read of a block bad on both replicas: %v, want EIO", err)
+	}
 	if _, _, unrecoverable := c.integrityOf("alpha"); unrecoverable != 1 {
-		t.Fatalf("status says %d blocks unrecoverable, want 1", unrecoverable)
+		t.Fatalf("status says %d blocks unrecoverable after two reads of one, want 1", unrecoverable)
 	}
 	waitMetric(t, c.nodes["alpha"], "the unrecoverable block", metricIs(1), "replvol_blocks_unrecoverable", "volume=vol0", "node=alpha")
 	// The cluster's status, as beta assembles it, carries each node's
@@ -505,6 +509,10 @@ func TestABlockRottenOnBothReplicasFailsWithEIO(t *testing.T) {
 	if err := v.ReadAt(ctx, other, block*4096); err != nil || !bytes.Equal(other, again) {
 		t.Fatalf("the block written again: %v", err)
 	}
+	if _, _, unrecoverable := c.integrityOf("alpha"); unrecoverable != 0 {
+		t.Fatalf("status says %d blocks unrecoverable once the block was written again, want 0", unrecoverable)
+	}
+	waitMetric(t, c.nodes["alpha"], "no unrecoverable block", metricIs(0), "replvol_blocks_unrecoverable", "volume=vol0", "node=alpha")
 	c.waitInSync()
 	c.requireIdentical()
 }

@@ -476,8 +476,9 @@ type IntegrityStatus struct {
 	// could not be read here and were rewritten with a peer's good copy,
 	// since the node started.
 	RepairedBlocks int64 `json:"repaired_blocks"`
-	// UnrecoverableBlocks are blocks a read found bad here with no good
-	// copy on any peer (the read failed with EIO), since the node started.
+	// UnrecoverableBlocks are blocks a read or scrub found bad here with
+	// no good copy on any peer (reads of them fail with EIO), and that no
+	// write has covered since; since the node started.
 	UnrecoverableBlocks int64 `json:"unrecoverable_blocks"`
 	// BadBlocks are blocks that could not be rewritten (none yet: the
 	// bad-block list is not built).

@@ -76,7 +76,23 @@ func TestE2EScrubRepairsTheSecondary(t *testing.T) {
 	if r.code != exitUnrecoverable || !strings.Contains(r.out, "0 repaired, 2 unrecoverable") {
 		t.Fatalf("replctl scrub vol0 --wait with a block bad on both replicas: %s; want exit %d and it counted on both nodes", r, exitUnrecoverable)
 	}
+	v = d.mustStatus("alpha")
+	for _, node := range []string{"alpha", "beta"} {
+		if in := v.replica(node).Integrity; in == nil || in.UnrecoverableBlocks != 1 {
+			t.Fatalf("replctl status --json after the scrub: %s's integrity %+v; want unrecoverable_blocks 1", node, in)
+		}
+	}
 	qemuIO(t, d.uri, "write -P 0x33 4096000 4096", "flush")
+	// The write clears it on both: the primary's write and the
+	// secondary's apply of it.
+	d.waitFor("alpha", "unrecoverable_blocks 0 on both replicas", time.Minute, func(v *volumeStatus) bool {
+		for _, node := range []string{"alpha", "beta"} {
+			if in := v.replica(node).Integrity; in == nil || in.UnrecoverableBlocks != 0 {
+				return false
+			}
+		}
+		return true
+	})
 	r = runCmd(3*time.Minute, nil, replctlBin, d.ctlArgs("alpha", []string{"scrub", volName, "--wait", "--rate", "256MiB"})...)
 	if !r.ok() || !strings.Contains(r.out, "0 repaired, 0 unrecoverable") {
 		t.Fatalf("replctl scrub vol0 --wait once the bad range was written again: %s", r)
