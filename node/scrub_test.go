@@ -225,9 +225,9 @@ func TestAScrubDoesNotRaceWrites(t *testing.T) {
 
 // TestScrubIntervalStartsAScrubByItself: with scrub_interval 24h, a node
 // that never scrubbed the volume schedules a scrub a day after it began
-// running it with the setting, starts it by itself once its clock (a
-// clock.Fake) passes that, not a second before, and then schedules the
-// next a day after that scrub finished.
+// running it with the setting (a restart half-way keeps that), starts it
+// by itself once its clock (a clock.Fake) passes that, not a second
+// before, and then schedules the next a day after that scrub finished.
 func TestScrubIntervalStartsAScrubByItself(t *testing.T) {
 	c := newTestCluster(t, 8<<20)
 	c.cfg.Volumes[0].ScrubInterval = Duration(24 * time.Hour)
@@ -247,7 +247,16 @@ func TestScrubIntervalStartsAScrubByItself(t *testing.T) {
 		t.Fatalf("the first scrub is scheduled at %v, want a day after the node began: %v", got, want)
 	}
 	scheduled := func(e statefile.Event) bool { return strings.Contains(e.Message, "by itself") }
-	fc.Advance(24*time.Hour - time.Second)
+	// A restart half-way does not move the schedule on: when it began
+	// is in the state file.
+	fc.Advance(12 * time.Hour)
+	c.stop("alpha")
+	c.start("alpha")
+	eventually(t, func() bool { return !next().IsZero() }, "a scrub scheduled after the restart")
+	if got, want := next(), start.Add(24*time.Hour); !got.Equal(want) {
+		t.Fatalf("after a restart the first scrub is scheduled at %v, want still %v", got, want)
+	}
+	fc.Advance(12*time.Hour - time.Second)
 	if st := c.scrubOf("alpha"); st.State != "idle" || st.LastFinished != nil {
 		t.Fatalf("a second before the interval passed, the scrub is %+v, want idle and never run", st)
 	}
