@@ -101,8 +101,10 @@ type scrubber struct {
 	since time.Time
 	from  int64
 	// next is when scrub_interval starts the next scrub (zero: it is
-	// not set).
-	next time.Time
+	// not set); ended wakes its loop when a scrub ends (nil without
+	// scrub_interval).
+	next  time.Time
+	ended chan struct{}
 }
 
 // scrubRate is the rate a scrub asked to read at rate (0: the default)
@@ -219,6 +221,12 @@ func (v *Volume) pauseScrub(to scrubPhase) error {
 		sc.rec.State = to.String()
 	} else {
 		sc.rec.Offset, sc.rec.Checked, sc.rec.Repaired, sc.rec.Unrecoverable = 0, 0, 0, 0
+		if sc.ended != nil {
+			// scrub_interval's next scrub is due an interval after
+			// the operator stopped this one, not at once.
+			sc.rec.ScheduledSince = v.clock.Now().UTC()
+			v.scrubEndedLocked()
+		}
 	}
 	stop, done := sc.stop, sc.done
 	sc.stop, sc.done = nil, nil
@@ -272,6 +280,9 @@ func (v *Volume) startScrubSchedule() {
 		v.log.Warn("scrub_interval is set but the volume keeps no checksums on this node (its metadata has no checksum area): no scrub is scheduled", "scrub_interval", interval)
 		return
 	}
+	v.scrub.mu.Lock()
+	v.scrub.ended = make(chan struct{}, 1)
+	v.scrub.mu.Unlock()
 	v.bg.Add(1)
 	go func() {
 		defer v.bg.Done()
@@ -279,11 +290,21 @@ func (v *Volume) startScrubSchedule() {
 	}()
 }
 
+// scrubEndedLocked wakes the scrub_interval loop: a scrub ended, so the
+// next is due an interval after now. Callers hold sc.mu.
+func (v *Volume) scrubEndedLocked() {
+	select {
+	case v.scrub.ended <- struct{}{}:
+	default:
+	}
+}
+
 // runScrubSchedule starts a scrub whenever the last finished one is
 // older than interval; a node that never finished one counts from when
-// it first ran the volume with the setting (ScheduledSince, kept in the
-// state file so that a restart does not move it on). It ends when the
-// volume shuts down.
+// it first ran the volume with the setting, and a scrub the operator
+// stopped counts as ended then (ScheduledSince, kept in the state file
+// so that a restart does not move it on). It ends when the volume shuts
+// down.
 func (v *Volume) runScrubSchedule(interval time.Duration) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -312,21 +333,23 @@ func (v *Volume) runScrubSchedule(interval time.Duration) {
 	// next moves this timer). False: the volume shuts down.
 	wait := func(d time.Duration, next time.Time) bool {
 		t := v.clock.NewTimer(d)
+		defer t.Stop()
 		sc.mu.Lock()
 		sc.next = next
+		ended := sc.ended
 		sc.mu.Unlock()
 		select {
 		case <-t.C():
-			return true
+		case <-ended:
 		case <-ctx.Done():
-			t.Stop()
 			return false
 		}
+		return true
 	}
 	for {
 		sc.mu.Lock()
 		phase, base := sc.phase, sc.rec.LastFinished
-		if base.IsZero() {
+		if sc.rec.ScheduledSince.After(base) {
 			base = sc.rec.ScheduledSince
 		}
 		sc.mu.Unlock()
@@ -363,7 +386,7 @@ func (v *Volume) startScheduledScrub(interval time.Duration, base time.Time) err
 	if err != nil {
 		return err
 	}
-	v.node.event(v.name, "scrub", fmt.Sprintf("%s, by itself: scrub_interval is %s and the last scrub ended, or the schedule began, at %s", msg, interval, base.UTC().Format(time.RFC3339)))
+	v.node.event(v.name, "scrub", fmt.Sprintf("%s, by itself: scrub_interval is %s and the last scrub ended (or was stopped, or the schedule began) at %s", msg, interval, base.UTC().Format(time.RFC3339)))
 	return nil
 }
 
@@ -500,6 +523,7 @@ func (v *Volume) runScrub(stop <-chan struct{}) {
 	rec.LastChecked, rec.LastRepaired, rec.LastUnrecoverable = rec.Checked, rec.Repaired, rec.Unrecoverable
 	rec.Checked, rec.Repaired, rec.Unrecoverable = 0, 0, 0
 	sc.rec, sc.phase, sc.stop, sc.done = rec, scrubIdle, nil, nil
+	v.scrubEndedLocked()
 	sc.mu.Unlock()
 	if err := v.node.store.PutScrub(v.name, rec); err != nil {
 		v.log.Warn("record the end of the scrub", "err", err)

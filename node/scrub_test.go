@@ -227,7 +227,8 @@ func TestAScrubDoesNotRaceWrites(t *testing.T) {
 // that never scrubbed the volume schedules a scrub a day after it began
 // running it with the setting (a restart half-way keeps that), starts it
 // by itself once its clock (a clock.Fake) passes that, not a second
-// before, and then schedules the next a day after that scrub finished.
+// before, then schedules the next a day after that scrub finished, and
+// one the operator stops a day after the stop.
 func TestScrubIntervalStartsAScrubByItself(t *testing.T) {
 	c := newTestCluster(t, 8<<20)
 	c.cfg.Volumes[0].ScrubInterval = Duration(24 * time.Hour)
@@ -274,14 +275,19 @@ func TestScrubIntervalStartsAScrubByItself(t *testing.T) {
 		}
 		return false
 	}, "the scheduled scrub finished")
-	// The schedule looks again within scrubScheduleRetry of the end.
-	eventually(t, func() bool {
-		if next().Equal(finished.Add(24 * time.Hour)) {
-			return true
-		}
-		fc.Advance(time.Minute)
-		return false
-	}, "the next scrub scheduled a day after the last finished")
+	eventually(t, func() bool { return next().Equal(finished.Add(24 * time.Hour)) }, "the next scrub scheduled a day after the last finished")
+	// The next starts a day later; the operator stops it: the one after
+	// is due a day after the stop, not at once.
+	fc.Advance(finished.Add(24 * time.Hour).Sub(fc.Now()))
+	eventually(t, func() bool { return c.scrubOf("alpha").State == "running" }, "the second scheduled scrub running")
+	stopped := fc.Now()
+	if _, err := c.vol("alpha").scrubCommand(0, false, false, true, false); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, func() bool { return next().Equal(stopped.Add(24 * time.Hour)) }, "the next scrub scheduled a day after the operator stopped one")
+	if st := c.scrubOf("alpha"); st.State != "idle" {
+		t.Fatalf("after the operator's stop the scrub is %s, want idle", st.State)
+	}
 	evs, err := c.nodes["alpha"].store.Events(500)
 	if err != nil {
 		t.Fatal(err)
@@ -292,7 +298,7 @@ func TestScrubIntervalStartsAScrubByItself(t *testing.T) {
 			n++
 		}
 	}
-	if n != 1 {
-		t.Fatalf("%d scrubs started by themselves, want 1", n)
+	if n != 2 {
+		t.Fatalf("%d scrubs started by themselves, want 2", n)
 	}
 }
