@@ -185,6 +185,12 @@ type VolumeConfig struct {
 	// runs without them. (The node does not yet compute or verify them:
 	// the field is parsed and checked, the wiring follows.)
 	Checksums string `yaml:"checksums,omitempty"`
+	// ScrubInterval, when set (e.g. 7d, 24h), makes each node start a
+	// scrub of its disk of the volume by itself (replctl scrub, at the
+	// default rate) once its last finished scrub is older than this; a
+	// node that never scrubbed it counts from when it first ran the
+	// volume with the setting. Unset or 0: no scrub but the operator's.
+	ScrubInterval Duration `yaml:"scrub_interval,omitempty"`
 	// OnPromote and OnDemote are commands run (through /bin/sh -c) after
 	// this node became the volume's primary and after it stopped being
 	// it; they get REPLVOL_VOLUME, REPLVOL_NODE, REPLVOL_EPOCH and
@@ -373,12 +379,33 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
+// parseDuration parses a Go duration (5s, 500ms, 1h30m), which may begin
+// with whole days (7d, 1d12h).
 func parseDuration(s string) (Duration, error) {
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return 0, fmt.Errorf("%q: want a duration such as 5s or 500ms", s)
+	bad := fmt.Errorf("%q: want a duration such as 5s, 500ms or 7d", s)
+	var days time.Duration
+	rest := s
+	if i := strings.IndexByte(s, 'd'); i > 0 {
+		n, err := strconv.ParseInt(strings.TrimPrefix(s[:i], "-"), 10, 32)
+		if err != nil {
+			return 0, bad
+		}
+		days, rest = time.Duration(n)*24*time.Hour, s[i+1:]
+		if strings.HasPrefix(s, "-") {
+			days = -days
+		}
 	}
-	return Duration(v), nil
+	if rest == "" {
+		return Duration(days), nil
+	}
+	v, err := time.ParseDuration(rest)
+	if err != nil || (days != 0 && (strings.HasPrefix(rest, "-") || strings.HasPrefix(rest, "+"))) {
+		return 0, bad
+	}
+	if days < 0 {
+		v = -v
+	}
+	return Duration(days + v), nil
 }
 
 // MarshalYAML writes the duration as text.
@@ -730,6 +757,9 @@ func (c *Config) problems() []Problem {
 		if v.ALExtents != 0 && (v.ALExtents < metadata.MinALExtents || v.ALExtents > metadata.MaxALExtents) {
 			bad(f+".al_extents", "%d: want %d..%d", v.ALExtents, metadata.MinALExtents, metadata.MaxALExtents)
 		}
+		if si := time.Duration(v.ScrubInterval); si != 0 && si < minScrubInterval {
+			bad(f+".scrub_interval", "%s: want an hour or more (e.g. 7d or 24h), or leave it out for no scrub but the operator's", si)
+		}
 		if v.PeerTimeout != 0 && (time.Duration(v.PeerTimeout) < minPeerTimeout || time.Duration(v.PeerTimeout) > maxPeerTimeout) {
 			bad(f+".peer_timeout", "%s: want %s..%s", time.Duration(v.PeerTimeout), minPeerTimeout, maxPeerTimeout)
 		}
@@ -785,6 +815,10 @@ func validateDisk(f string, d DiskConfig, bad func(field, format string, args ..
 		bad(f+".balance", "%q: want by-group or none", d.Balance)
 	}
 }
+
+// minScrubInterval is the shortest scrub_interval: a scrub reads the whole
+// disk.
+const minScrubInterval = time.Hour
 
 // Bounds and default of peer_timeout.
 const (

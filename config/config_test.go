@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 const goodConfig = `
@@ -51,6 +52,25 @@ func TestChecksumsOnUnlessOff(t *testing.T) {
 	}
 }
 
+// TestScrubIntervalTakesDays: scrub_interval is off unless set, and takes
+// days (7d, 1d12h) as well as Go's durations.
+func TestScrubIntervalTakesDays(t *testing.T) {
+	for _, c := range []struct {
+		line string
+		want time.Duration
+	}{{"", 0}, {"\n    scrub_interval: 7d", 7 * 24 * time.Hour}, {"\n    scrub_interval: 1d12h", 36 * time.Hour}, {"\n    scrub_interval: 24h", 24 * time.Hour}} {
+		path := filepath.Join(t.TempDir(), "c.yaml")
+		os.WriteFile(path, []byte(strings.Replace(goodConfig, "protocol: C", "protocol: C"+c.line, 1)), 0o644)
+		cfg, err := LoadConfig(path)
+		if err != nil {
+			t.Fatalf("%q: %v", c.line, err)
+		}
+		if got := time.Duration(cfg.Volumes[0].ScrubInterval); got != c.want {
+			t.Fatalf("%q: scrub interval %v, want %v", c.line, got, c.want)
+		}
+	}
+}
+
 func TestConfigErrorsNameTheField(t *testing.T) {
 	cases := []struct {
 		name, from, to, want string
@@ -66,6 +86,10 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"not host:port", `"127.0.0.1:7804"`, `"nowhere"`, `nodes[1].replication: "nowhere" is not HOST:PORT`},
 		{"unknown field", "protocol: C", "protocol: C\n    colour: blue", "volumes[0].colour: unknown key"},
 		{"checksums neither on nor off", "protocol: C", "protocol: C\n    checksums: crc64", `volumes[0].checksums: "crc64": want on or off`},
+		{"a negative scrub interval", "protocol: C", "protocol: C\n    scrub_interval: -1h", `volumes[0].scrub_interval: -1h0m0s: want an hour or more (e.g. 7d or 24h), or leave it out`},
+		{"a scrub interval of a minute", "protocol: C", "protocol: C\n    scrub_interval: 1m", `volumes[0].scrub_interval: 1m0s: want an hour or more`},
+		{"a scrub interval that is no duration", "protocol: C", "protocol: C\n    scrub_interval: abc", `volumes[0].scrub_interval: "abc": want a duration such as 5s, 500ms or 7d`},
+		{"a scrub interval of part of a day", "protocol: C", "protocol: C\n    scrub_interval: 1.5d", `volumes[0].scrub_interval: "1.5d": want a duration such as 5s, 500ms or 7d`},
 		{"no nodes", goodConfig[:strings.Index(goodConfig, "volumes:")], "nodes: []\n", "nodes: missing"},
 	}
 	for _, c := range cases {

@@ -53,7 +53,7 @@ colour: blue
 		path + `:6: nodes[1].nbd: missing: give HOST:PORT`,
 		path + `:9: volumes[0].size: size "lots": want a number of bytes with an optional unit`,
 		path + `:10: volumes[0].protocol: "Z": want A, B or C`,
-		path + `:12: volumes[0].peer_timeout: "forever": want a duration such as 5s or 500ms`,
+		path + `:12: volumes[0].peer_timeout: "forever": want a duration such as 5s, 500ms or 7d`,
 		path + `:13: volumes[0].al_extents: "many": want a whole number`,
 		path + `:15: colour: unknown key; valid keys here: failover, nodes, tls, volumes`,
 	}

@@ -21,11 +21,52 @@ type integrity struct {
 	// shared is the backing disk when the metadata is internal: one sync
 	// of it makes the data and the checksum pages durable (syncData).
 	shared io.WriterAt
-	// repaired counts the blocks rewritten with a peer's copy, by cause;
-	// unrecoverable those no peer held good.
-	repaired      [repairCauses]atomic.Int64
-	unrecoverable atomic.Int64
+	// repaired counts the blocks rewritten with a peer's copy, by cause.
+	repaired [repairCauses]atomic.Int64
+	// lost are the blocks found bad here that no replica held good, until
+	// a write covers them (clearLost); nLost is len(lost), read without
+	// the lock by every write. lostMu (a leaf) guards lost.
+	lostMu mutex
+	lost   map[int64]struct{}
+	nLost  atomic.Int64
 }
+
+// markLost records block b as bad here with no good copy anywhere.
+func (in *integrity) markLost(b int64) {
+	in.lostMu.Lock()
+	defer in.lostMu.Unlock()
+	if in.lost == nil {
+		in.lost = map[int64]struct{}{}
+	}
+	in.lost[b] = struct{}{}
+	in.nLost.Store(int64(len(in.lost)))
+}
+
+// clearLost forgets the lost blocks [off, off+length) touches: a write
+// put new data there.
+func (in *integrity) clearLost(off, length int64) {
+	if in.nLost.Load() == 0 || length <= 0 {
+		return
+	}
+	in.lostMu.Lock()
+	defer in.lostMu.Unlock()
+	first, last := off/blocksum.BlockSize, (off+length-1)/blocksum.BlockSize
+	if last-first+1 < int64(len(in.lost)) {
+		for b := first; b <= last; b++ {
+			delete(in.lost, b)
+		}
+	} else {
+		for b := range in.lost {
+			if b >= first && b <= last {
+				delete(in.lost, b)
+			}
+		}
+	}
+	in.nLost.Store(int64(len(in.lost)))
+}
+
+// unrecoverable is how many blocks are lost now.
+func (in *integrity) unrecoverable() int64 { return in.nLost.Load() }
 
 // repairCause is why a block read here was taken from a peer.
 type repairCause int
@@ -82,7 +123,7 @@ func (in *integrity) status() *transport.IntegrityStatus {
 	return &transport.IntegrityStatus{
 		Checksums:           in.on(),
 		RepairedBlocks:      in.repaired[repairChecksum].Load() + in.repaired[repairReadError].Load(),
-		UnrecoverableBlocks: in.unrecoverable.Load(),
+		UnrecoverableBlocks: in.unrecoverable(),
 		// No scrub yet: always idle.
 		Scrub: transport.ScrubStatus{State: "idle"},
 	}
@@ -111,11 +152,13 @@ func wholeBlocks(off, length, volume int64) bool {
 
 // written records what a write of [off, off+length) left on the disk:
 // sums, the checksums of its blocks, or, without them (a trim, zeroes, a
-// write of part of a block), no known sum for the blocks it touched. Call
+// write of part of a block), no known sum for the blocks it touched; the
+// blocks it touched are no longer lost. Call
 // it once the write is on the disk and BEFORE its activity-log Done, so
 // that a crash before the sums are durable rebuilds them
 // (metadata.MD.RebuildActivityLogChecksums).
 func (in *integrity) written(off, length int64, sums []uint32) error {
+	in.clearLost(off, length)
 	if in.sums == nil {
 		return nil
 	}
@@ -157,6 +200,7 @@ func (a *applierSums) Verify(off int64, data []byte, sums []uint32) error {
 
 func (a *applierSums) Written(off, length int64, data []byte, sums []uint32) error {
 	if !a.in.on() {
+		a.in.clearLost(off, length)
 		return nil
 	}
 	if sums == nil && data != nil {

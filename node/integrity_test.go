@@ -471,10 +471,29 @@ func TestABlockRottenOnBothReplicasFailsWithEIO(t *testing.T) {
 	if e.Offset != block*4096 || e.Length != 4096 || !strings.Contains(e.Message, "Write the range again") {
 		t.Fatalf("block-unrecoverable event: %+v", e)
 	}
+	// Read again: still EIO, still one block.
+	if err := v.ReadAt(ctx, got, block*4096); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("second read of a block bad on both replicas: %v, want EIO", err)
+	}
 	if _, _, unrecoverable := c.integrityOf("alpha"); unrecoverable != 1 {
-		t.Fatalf("status says %d blocks unrecoverable, want 1", unrecoverable)
+		t.Fatalf("status says %d blocks unrecoverable after two reads of one, want 1", unrecoverable)
 	}
 	waitMetric(t, c.nodes["alpha"], "the unrecoverable block", metricIs(1), "replvol_blocks_unrecoverable", "volume=vol0", "node=alpha")
+	// The cluster's status, as beta assembles it, carries each node's
+	// integrity on its replica.
+	_, vs := c.statusOf("beta", "vol0")
+	if vs == nil {
+		t.Fatal("no vol0 in beta's cluster status")
+	}
+	for _, name := range []string{"alpha", "beta"} {
+		in := vs.Replica(name).Integrity
+		if in == nil || !in.Checksums || in.Scrub.State != "idle" {
+			t.Fatalf("%s's replica in the cluster status: integrity %+v, want checksums and an idle scrub", name, in)
+		}
+	}
+	if got := vs.Replica("alpha").Integrity.UnrecoverableBlocks; got != 1 {
+		t.Fatalf("alpha's replica in the cluster status: %d blocks unrecoverable, want 1", got)
+	}
 	other := make([]byte, 4096)
 	if err := v.ReadAt(ctx, other, (block+1)*4096); err != nil || !bytes.Equal(other, data[4096:]) {
 		t.Fatalf("the next block: %v", err)
@@ -490,6 +509,10 @@ func TestABlockRottenOnBothReplicasFailsWithEIO(t *testing.T) {
 	if err := v.ReadAt(ctx, other, block*4096); err != nil || !bytes.Equal(other, again) {
 		t.Fatalf("the block written again: %v", err)
 	}
+	if _, _, unrecoverable := c.integrityOf("alpha"); unrecoverable != 0 {
+		t.Fatalf("status says %d blocks unrecoverable once the block was written again, want 0", unrecoverable)
+	}
+	waitMetric(t, c.nodes["alpha"], "no unrecoverable block", metricIs(0), "replvol_blocks_unrecoverable", "volume=vol0", "node=alpha")
 	c.waitInSync()
 	c.requireIdentical()
 }

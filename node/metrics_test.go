@@ -417,7 +417,26 @@ tests:
         values: '0x15'
       - series: 'replvol_replica_replication_state{instance="a",job="replvol",volume="vol2",node="delta",state="SyncTarget"}'
         values: '0x15'
+      # vol3: alpha found 2 blocks no replica holds good; they are
+      # written again at 3m. beta found none.
+      - series: 'replvol_blocks_unrecoverable{instance="a",job="replvol",volume="vol3",node="alpha"}'
+        values: '0 2 2 0 0'
+      - series: 'replvol_blocks_unrecoverable{instance="b",job="replvol",volume="vol3",node="beta"}'
+        values: '0x4'
     alert_rule_test:
+      - eval_time: 0m
+        alertname: ReplvolBlocksUnrecoverable
+        exp_alerts: []
+      - eval_time: 1m
+        alertname: ReplvolBlocksUnrecoverable
+        exp_alerts:
+          - exp_labels: {severity: critical, volume: vol3, node: alpha}
+            exp_annotations:
+              summary: "2 blocks of vol3 on alpha have no good copy on any replica"
+              description: "Reads of them fail with EIO (never wrong data). replctl events --node alpha names their byte ranges (block-unrecoverable); write those ranges again, from a backup or what the application knows: a write clears them."
+      - eval_time: 3m
+        alertname: ReplvolBlocksUnrecoverable
+        exp_alerts: []
       - eval_time: 2m
         alertname: ReplvolSplitBrain
         exp_alerts:

@@ -231,7 +231,7 @@ func (v *Volume) repairBlock(ctx context.Context, p []byte, off, b int64, sum ui
 	}
 	from := v.goodCopy(ctx, in, good, b, sum, known)
 	if from == "" {
-		v.integ.unrecoverable.Add(1)
+		v.integ.markLost(b)
 		msg := fmt.Sprintf("the block at byte %d (%d bytes) of %s on %s is bad (%s) and no replica in sync holds a good copy: reads of it fail with EIO. Write the range again (from a backup, or what the application knows) to clear it",
 			boff, blen, v.name, v.self, cause)
 		v.log.Error(msg)

@@ -45,6 +45,10 @@ const (
 	// scrubRetry: a secondary's scrub waits this long for its stream
 	// from the primary, or for its disk to be UpToDate again.
 	scrubRetry = time.Second
+	// scrubScheduleRetry: a scrub due by scrub_interval that cannot start
+	// (one runs or is paused, the disk is not UpToDate) is tried again
+	// this much later.
+	scrubScheduleRetry = 10 * time.Minute
 )
 
 // scrubPhase is where a volume's scrub is on this node.
@@ -96,6 +100,11 @@ type scrubber struct {
 	rate  int64
 	since time.Time
 	from  int64
+	// next is when scrub_interval starts the next scrub (zero: it is
+	// not set); ended wakes its loop when a scrub ends (nil without
+	// scrub_interval).
+	next  time.Time
+	ended chan struct{}
 }
 
 // scrubRate is the rate a scrub asked to read at rate (0: the default)
@@ -212,6 +221,12 @@ func (v *Volume) pauseScrub(to scrubPhase) error {
 		sc.rec.State = to.String()
 	} else {
 		sc.rec.Offset, sc.rec.Checked, sc.rec.Repaired, sc.rec.Unrecoverable = 0, 0, 0, 0
+		if sc.ended != nil {
+			// scrub_interval's next scrub is due an interval after
+			// the operator stopped this one, not at once.
+			sc.rec.ScheduledSince = v.clock.Now().UTC()
+			v.scrubEndedLocked()
+		}
 	}
 	stop, done := sc.stop, sc.done
 	sc.stop, sc.done = nil, nil
@@ -254,6 +269,127 @@ func (v *Volume) resumeScrubAtStart() {
 	}
 }
 
+// startScrubSchedule starts, when the volume has a scrub_interval, the
+// loop that starts its scrubs by themselves (runScrubSchedule).
+func (v *Volume) startScrubSchedule() {
+	interval := time.Duration(v.cfg.ScrubInterval)
+	if interval <= 0 {
+		return
+	}
+	if !v.integ.on() {
+		v.log.Warn("scrub_interval is set but the volume keeps no checksums on this node (its metadata has no checksum area): no scrub is scheduled", "scrub_interval", interval)
+		return
+	}
+	v.scrub.mu.Lock()
+	v.scrub.ended = make(chan struct{}, 1)
+	v.scrub.mu.Unlock()
+	v.bg.Add(1)
+	go func() {
+		defer v.bg.Done()
+		v.runScrubSchedule(interval)
+	}()
+}
+
+// scrubEndedLocked wakes the scrub_interval loop: a scrub ended, so the
+// next is due an interval after now. Callers hold sc.mu.
+func (v *Volume) scrubEndedLocked() {
+	select {
+	case v.scrub.ended <- struct{}{}:
+	default:
+	}
+}
+
+// runScrubSchedule starts a scrub whenever the last finished one is
+// older than interval; a node that never finished one counts from when
+// it first ran the volume with the setting, and a scrub the operator
+// stopped counts as ended then (ScheduledSince, kept in the state file
+// so that a restart does not move it on). It ends when the volume shuts
+// down.
+func (v *Volume) runScrubSchedule(interval time.Duration) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-v.stopping:
+		case <-ctx.Done():
+		}
+		cancel()
+	}()
+	sc := &v.scrub
+	sc.mu.Lock()
+	first := sc.rec.LastFinished.IsZero() && sc.rec.ScheduledSince.IsZero()
+	if first {
+		sc.rec.ScheduledSince = v.clock.Now().UTC()
+	}
+	rec := sc.rec
+	sc.mu.Unlock()
+	if first {
+		if err := v.node.store.PutScrub(v.name, rec); err != nil {
+			v.log.Warn("record when the scrub schedule began", "err", err)
+		}
+	}
+	// wait waits d on the node's clock; next is published once the
+	// timer is armed (a test that moves a fake clock on once it sees
+	// next moves this timer). False: the volume shuts down.
+	wait := func(d time.Duration, next time.Time) bool {
+		t := v.clock.NewTimer(d)
+		defer t.Stop()
+		sc.mu.Lock()
+		sc.next = next
+		ended := sc.ended
+		sc.mu.Unlock()
+		select {
+		case <-t.C():
+		case <-ended:
+		case <-ctx.Done():
+			return false
+		}
+		return true
+	}
+	for {
+		sc.mu.Lock()
+		phase, base := sc.phase, sc.rec.LastFinished
+		if sc.rec.ScheduledSince.After(base) {
+			base = sc.rec.ScheduledSince
+		}
+		sc.mu.Unlock()
+		due := base.Add(interval)
+		var ok bool
+		switch d := v.clock.Until(due); {
+		case phase != scrubIdle:
+			// A scrub runs or is paused: the next is counted from its
+			// end; look again later.
+			ok = wait(scrubScheduleRetry, time.Time{})
+		case d > 0:
+			ok = wait(d, due)
+		default:
+			err := v.startScheduledScrub(interval, base)
+			if err == nil {
+				continue
+			}
+			v.log.Info("a scheduled scrub is due but does not start now", "err", err, "retry_in", scrubScheduleRetry)
+			ok = wait(scrubScheduleRetry, v.clock.Now().Add(scrubScheduleRetry))
+		}
+		if !ok {
+			return
+		}
+	}
+}
+
+// startScheduledScrub starts the scrub scrub_interval (interval) made
+// due, counted from base.
+func (v *Volume) startScheduledScrub(interval time.Duration, base time.Time) error {
+	if d := v.state().st.Disk; d != replication.UpToDate {
+		return fmt.Errorf("the disk is %s", d)
+	}
+	msg, err := v.startScrubLocked(0, false)
+	if err != nil {
+		return err
+	}
+	v.node.event(v.name, "scrub", fmt.Sprintf("%s, by itself: scrub_interval is %s and the last scrub ended (or was stopped, or the schedule began) at %s", msg, interval, base.UTC().Format(time.RFC3339)))
+	return nil
+}
+
 // scrubPercentLocked is how far the scrub got. Callers hold sc.mu.
 func (v *Volume) scrubPercentLocked() float64 {
 	size := v.size.Load()
@@ -273,6 +409,10 @@ func (v *Volume) scrubStatus() transport.ScrubStatus {
 	if !rec.LastFinished.IsZero() {
 		t := rec.LastFinished
 		st.LastFinished = &t
+	}
+	if !sc.next.IsZero() {
+		t := sc.next
+		st.NextScheduled = &t
 	}
 	if sc.phase == scrubIdle {
 		if st.LastFinished != nil {
@@ -383,6 +523,7 @@ func (v *Volume) runScrub(stop <-chan struct{}) {
 	rec.LastChecked, rec.LastRepaired, rec.LastUnrecoverable = rec.Checked, rec.Repaired, rec.Unrecoverable
 	rec.Checked, rec.Repaired, rec.Unrecoverable = 0, 0, 0
 	sc.rec, sc.phase, sc.stop, sc.done = rec, scrubIdle, nil, nil
+	v.scrubEndedLocked()
 	sc.mu.Unlock()
 	if err := v.node.store.PutScrub(v.name, rec); err != nil {
 		v.log.Warn("record the end of the scrub", "err", err)

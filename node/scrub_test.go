@@ -3,10 +3,13 @@ package node
 import (
 	"bytes"
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/replvol/replvol/internal/clock"
+	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/transport"
 )
 
@@ -218,4 +221,84 @@ func TestAScrubDoesNotRaceWrites(t *testing.T) {
 	}
 	c.waitInSync()
 	c.requireIdentical()
+}
+
+// TestScrubIntervalStartsAScrubByItself: with scrub_interval 24h, a node
+// that never scrubbed the volume schedules a scrub a day after it began
+// running it with the setting (a restart half-way keeps that), starts it
+// by itself once its clock (a clock.Fake) passes that, not a second
+// before, then schedules the next a day after that scrub finished, and
+// one the operator stops a day after the stop.
+func TestScrubIntervalStartsAScrubByItself(t *testing.T) {
+	c := newTestCluster(t, 8<<20)
+	c.cfg.Volumes[0].ScrubInterval = Duration(24 * time.Hour)
+	start := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	fc := clock.NewFake(start)
+	c.opts["alpha"] = Options{clock: fc}
+	c.start("alpha")
+	next := func() time.Time {
+		st := c.scrubOf("alpha")
+		if st.NextScheduled == nil {
+			return time.Time{}
+		}
+		return *st.NextScheduled
+	}
+	eventually(t, func() bool { return !next().IsZero() }, "a scrub scheduled")
+	if got, want := next(), start.Add(24*time.Hour); !got.Equal(want) {
+		t.Fatalf("the first scrub is scheduled at %v, want a day after the node began: %v", got, want)
+	}
+	scheduled := func(e statefile.Event) bool { return strings.Contains(e.Message, "by itself") }
+	// A restart half-way does not move the schedule on: when it began
+	// is in the state file.
+	fc.Advance(12 * time.Hour)
+	c.stop("alpha")
+	c.start("alpha")
+	eventually(t, func() bool { return !next().IsZero() }, "a scrub scheduled after the restart")
+	if got, want := next(), start.Add(24*time.Hour); !got.Equal(want) {
+		t.Fatalf("after a restart the first scrub is scheduled at %v, want still %v", got, want)
+	}
+	fc.Advance(12*time.Hour - time.Second)
+	if st := c.scrubOf("alpha"); st.State != "idle" || st.LastFinished != nil {
+		t.Fatalf("a second before the interval passed, the scrub is %+v, want idle and never run", st)
+	}
+	fc.Advance(time.Second)
+	e := waitForEvent(t, c.nodes["alpha"], "scrub", scheduled)
+	if !strings.Contains(e.Message, "scrub_interval is 24h0m0s") {
+		t.Errorf("the scrub's event says %q, want it to name the interval", e.Message)
+	}
+	var finished time.Time
+	eventually(t, func() bool {
+		fc.Advance(time.Second) // the scrub's rate runs on the node's clock
+		if st := c.scrubOf("alpha"); st.LastFinished != nil {
+			finished = *st.LastFinished
+			return true
+		}
+		return false
+	}, "the scheduled scrub finished")
+	eventually(t, func() bool { return next().Equal(finished.Add(24 * time.Hour)) }, "the next scrub scheduled a day after the last finished")
+	// The next starts a day later; the operator stops it: the one after
+	// is due a day after the stop, not at once.
+	fc.Advance(finished.Add(24 * time.Hour).Sub(fc.Now()))
+	eventually(t, func() bool { return c.scrubOf("alpha").State == "running" }, "the second scheduled scrub running")
+	stopped := fc.Now()
+	if _, err := c.vol("alpha").scrubCommand(0, false, false, true, false); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, func() bool { return next().Equal(stopped.Add(24 * time.Hour)) }, "the next scrub scheduled a day after the operator stopped one")
+	if st := c.scrubOf("alpha"); st.State != "idle" {
+		t.Fatalf("after the operator's stop the scrub is %s, want idle", st.State)
+	}
+	evs, err := c.nodes["alpha"].store.Events(500)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range evs {
+		if e.Kind == "scrub" && scheduled(e) {
+			n++
+		}
+	}
+	if n != 2 {
+		t.Fatalf("%d scrubs started by themselves, want 2", n)
+	}
 }

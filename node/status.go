@@ -279,6 +279,7 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 				rs.ResyncedBytes, rs.Generation, rs.Reason, rs.ReasonCode = lv.ResyncedBytes, lv.Generation, lv.Reason, lv.ReasonCode
 				rs.SplitBrainRule = lv.SplitBrainRule
 				rs.Paths = lv.Paths
+				rs.Integrity = lv.Integrity.Replica()
 				rs.Metadata, rs.UsableBytes, rs.Size = lv.Metadata, lv.UsableBytes, lv.Size
 				if lv.Role == string(replication.Primary) {
 					rs.OutOfSyncBytes = lv.LocalMissingBytes

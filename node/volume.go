@@ -313,6 +313,7 @@ func (v *Volume) start() {
 	}
 	// A scrub that ran when the node stopped goes on from its checkpoint.
 	v.resumeScrubAtStart()
+	v.startScrubSchedule()
 }
 
 // peerAnswered is called when a peer took this primary's stream (the

@@ -73,6 +73,9 @@ const (
 	// WarningReloadFailed: a node's last reload found its cluster file
 	// broken; it runs on with the config it had.
 	WarningReloadFailed = "reload-failed"
+	// WarningUnrecoverable: blocks of a replica are bad (checksum or read
+	// error) and no replica holds a good copy: reads of them fail.
+	WarningUnrecoverable = "unrecoverable"
 )
 
 // Warning is one thing an operator should act on, and how.
@@ -302,6 +305,46 @@ type ReplicaStatus struct {
 	Reachable bool `json:"reachable"`
 	// Paths are the node's paths to its backing LUN (multipath disks only).
 	Paths []PathStatus `json:"paths,omitempty"`
+	// Integrity is the replica's checksums at rest and scrub as its node
+	// reports them (docs/integrity.md); nil when the node did not answer,
+	// or is older.
+	Integrity *ReplicaIntegrity `json:"integrity,omitempty"`
+}
+
+// ReplicaIntegrity is a replica's IntegrityStatus in the cluster's
+// status: its figures, and of its scrub what an operator watches (state,
+// percent, ETA, what the last one repaired). The node's own status and
+// replctl scrub have the rest; the cluster's status, a thousand volumes
+// of three replicas, stays small (TestTheLargestStatusFitsTheReplyLimit).
+type ReplicaIntegrity struct {
+	Checksums           bool         `json:"checksums"`
+	RepairedBlocks      int64        `json:"repaired_blocks"`
+	UnrecoverableBlocks int64        `json:"unrecoverable_blocks"`
+	BadBlocks           int64        `json:"bad_blocks"`
+	Scrub               ScrubSummary `json:"scrub"`
+}
+
+// ScrubSummary is a replica's scrub in the cluster's status; its fields
+// mean what ScrubStatus's of the same names do. The blocks a scrub found
+// unrecoverable are in ReplicaIntegrity.UnrecoverableBlocks.
+type ScrubSummary struct {
+	State        string     `json:"state"`
+	Percent      float64    `json:"percent"`
+	LastFinished *time.Time `json:"last_finished"`
+	LastRepaired int64      `json:"last_repaired"`
+	ETASeconds   float64    `json:"eta_seconds,omitempty"`
+}
+
+// Replica is is's part in the cluster's status (nil for nil).
+func (is *IntegrityStatus) Replica() *ReplicaIntegrity {
+	if is == nil {
+		return nil
+	}
+	s := is.Scrub
+	return &ReplicaIntegrity{
+		Checksums: is.Checksums, RepairedBlocks: is.RepairedBlocks, UnrecoverableBlocks: is.UnrecoverableBlocks, BadBlocks: is.BadBlocks,
+		Scrub: ScrubSummary{State: s.State, Percent: s.Percent, LastFinished: s.LastFinished, LastRepaired: s.LastRepaired, ETASeconds: s.ETASeconds},
+	}
 }
 
 // PathStatus is one path to a node's backing LUN.
@@ -433,8 +476,9 @@ type IntegrityStatus struct {
 	// could not be read here and were rewritten with a peer's good copy,
 	// since the node started.
 	RepairedBlocks int64 `json:"repaired_blocks"`
-	// UnrecoverableBlocks are blocks a read found bad here with no good
-	// copy on any peer (the read failed with EIO), since the node started.
+	// UnrecoverableBlocks are blocks a read or scrub found bad here with
+	// no good copy on any peer (reads of them fail with EIO), and that no
+	// write has covered since; since the node started.
 	UnrecoverableBlocks int64 `json:"unrecoverable_blocks"`
 	// BadBlocks are blocks that could not be rewritten (none yet: the
 	// bad-block list is not built).
@@ -464,6 +508,9 @@ type ScrubStatus struct {
 	// ETASeconds when it should end at that rate.
 	RateBytes  int64   `json:"rate_bytes,omitempty"`
 	ETASeconds float64 `json:"eta_seconds,omitempty"`
+	// NextScheduled is when the volume's scrub_interval starts the next
+	// scrub here (absent without one).
+	NextScheduled *time.Time `json:"next_scheduled,omitempty"`
 }
 
 // ScrubRequest starts a scrub of Volume (every node that holds a disk of

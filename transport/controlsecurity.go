@@ -54,7 +54,7 @@ func ControlMethods() []string {
 // node name; the largest, a raft command a node forwards, is well under a
 // kilobyte). Replies carry the status model: the status of a cluster of
 // a thousand volumes with three replicas of four paths each, every field
-// at its longest, is 15 MB of JSON (TestTheLargestStatusFitsTheReplyLimit),
+// at its longest, is 17 MB of JSON (TestTheLargestStatusFitsTheReplyLimit),
 // so a reply may be 64 MiB. A message beyond these limits is refused
 // (codes.ResourceExhausted) before it is decoded, and neither side holds
 // more than the limit for one.

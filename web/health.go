@@ -376,6 +376,12 @@ func replicaWarnings(v *transport.VolumeStatus, r, primary *transport.ReplicaSta
 			cmd, "")
 	}
 
+	if in := r.Integrity; in != nil && r.Reachable && in.UnrecoverableBlocks > 0 {
+		add(transport.WarningUnrecoverable, severityCritical,
+			fmt.Sprintf("%d blocks of %s on %s are bad and no replica holds a good copy: reads of them fail with EIO (never wrong data). The block-unrecoverable events name their byte ranges; write those ranges again, from a backup or what the application knows: a write clears them.", in.UnrecoverableBlocks, vol, n),
+			fmt.Sprintf("replctl events --node %s", n), "")
+	}
+
 	for _, p := range r.Paths {
 		if p.State != transport.PathFail {
 			continue

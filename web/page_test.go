@@ -149,6 +149,35 @@ func TestPageStates(t *testing.T) {
 			},
 		},
 		{
+			name: "a scrub running on alpha, and blocks of beta no replica holds good",
+			bend: func(st *transport.ClusterStatus) {
+				replica(st, "alpha").Integrity = &transport.ReplicaIntegrity{Checksums: true, Scrub: transport.ScrubSummary{State: "running", Percent: 42.5, ETASeconds: 90}}
+				replica(st, "beta").Integrity = &transport.ReplicaIntegrity{Checksums: true, UnrecoverableBlocks: 2, Scrub: transport.ScrubSummary{State: "idle"}}
+			},
+			check: want{
+				text: map[string]string{
+					"replica-vol0-alpha-scrub-percent":        "42.5%",
+					"replica-vol0-alpha-scrub-eta":            "1 min 30 s",
+					"replica-vol0-beta-unrecoverable":         "2 blocks unrecoverable",
+					"warning-unrecoverable-vol0-beta-text":    "2 blocks of vol0 on beta are bad and no replica holds a good copy: reads of them fail with EIO",
+					"warning-unrecoverable-vol0-beta-command": "replctl events --node beta",
+				},
+				absent: []string{"replica-vol0-beta-scrub", "replica-vol0-alpha-unrecoverable", "warning-unrecoverable-vol0-alpha", "warnings-none"},
+				class: map[string]string{"warning-unrecoverable-vol0-beta": "critical", "replica-vol0-beta": "problem",
+					"replica-vol0-alpha-scrub-bar": "warn", "vol-vol0": "critical"},
+			},
+		},
+		{
+			name: "a scrub paused on beta",
+			bend: func(st *transport.ClusterStatus) {
+				replica(st, "beta").Integrity = &transport.ReplicaIntegrity{Checksums: true, Scrub: transport.ScrubSummary{State: "paused", Percent: 10}}
+			},
+			check: want{
+				text:   map[string]string{"replica-vol0-beta-scrub-percent": "10.0%", "replica-vol0-beta-scrub-eta": "paused", "warnings-none": "Nothing"},
+				absent: []string{"replica-vol0-alpha-scrub", "warning-unrecoverable-vol0-beta"},
+			},
+		},
+		{
 			name: "no quorum: the witness and beta are gone",
 			bend: func(st *transport.ClusterStatus) {
 				st.Cluster.Quorum, st.Cluster.Leader = false, ""

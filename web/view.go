@@ -92,6 +92,10 @@ type replicaView struct {
 	// LastResync describes the last resync that finished.
 	Resync, Verify           *progressView
 	VerifyResult, LastResync string
+	// Scrub is set while a scrub runs or is paused on the replica;
+	// Unrecoverable names the blocks no replica holds good.
+	Scrub         *progressView
+	Unrecoverable string
 }
 
 // progressView is a bar with its figures.
@@ -328,6 +332,13 @@ func buildReplica(v *transport.VolumeStatus, r *transport.ReplicaStatus) replica
 	case r.VerifyTotalBytes > 0:
 		rv.VerifyResult = fmt.Sprintf("last verify: %s of %s differ", humanBytes(r.VerifyFoundBytes), humanBytes(r.VerifyTotalBytes))
 	}
+	if in := r.Integrity; in != nil && r.Reachable {
+		if in.UnrecoverableBlocks > 0 {
+			rv.Problem = true
+			rv.Unrecoverable = fmt.Sprintf("%d blocks unrecoverable", in.UnrecoverableBlocks)
+		}
+		rv.Scrub = scrubProgress(in.Scrub)
+	}
 	if rv.Resync == nil && !r.LastResyncEnded.IsZero() {
 		rv.LastResync = fmt.Sprintf("last resync: %s in %s at %s", humanBytes(r.LastResyncBytes), humanSeconds(r.LastResyncSeconds), r.LastResyncEnded.UTC().Format("15:04:05 UTC"))
 	}
@@ -343,6 +354,27 @@ func resyncProgress(r *transport.ReplicaStatus) *progressView {
 		p.Class, p.ETA = classIdle, "paused"
 	}
 	p.Title = fmt.Sprintf("resync %s of %s", p.Done, p.Total)
+	return p
+}
+
+// scrubProgress is a replica's scrub bar: percent and ETA while it runs,
+// "paused" while paused; nil when idle.
+func scrubProgress(s transport.ScrubSummary) *progressView {
+	var p *progressView
+	switch s.State {
+	case "running":
+		p = &progressView{Class: classWarn, ETA: "—", Rate: "—"}
+		if s.ETASeconds > 0 {
+			p.ETA = humanDuration(time.Duration(s.ETASeconds * float64(time.Second)))
+		}
+	case "paused":
+		p = &progressView{Class: classIdle, ETA: "paused", Rate: "—"}
+	default:
+		return nil
+	}
+	pct := math.Min(100, math.Max(0, s.Percent))
+	p.Percent, p.PercentText = math.Round(pct*10)/10, formatPercent(pct)
+	p.Title = "scrub: reads the whole disk and repairs bad blocks from a replica"
 	return p
 }
 
@@ -436,9 +468,11 @@ func stateClass(s string) string {
 func eventClass(kind string) string {
 	switch kind {
 	case "split-brain", "fenced", "detached", "state-write-failed", "apply-failed", "hook-failed",
-		"unrelated-data", "promotion-refused", "path-fail", "disconnected", "refused", "peer-lost", "reload-failed":
+		"unrelated-data", "promotion-refused", "path-fail", "disconnected", "refused", "peer-lost", "reload-failed",
+		"block-unrecoverable", "scrub-stopped":
 		return classBad
-	case "connected", "resync-done", "attached", "pull-done", "verify-done", "split-brain-resolved", "path-restore", "reloaded":
+	case "connected", "resync-done", "attached", "pull-done", "verify-done", "split-brain-resolved", "path-restore", "reloaded",
+		"scrub-finished":
 		return classOK
 	}
 	return classIdle

@@ -211,9 +211,10 @@ var (
 		"kernel": "the kernel's nbd driver (/dev/nbdN)",
 		"fuse":   "a FUSE file on a loop device",
 	}
-	colorValues    = map[string]string{"auto": "on a terminal, unless NO_COLOR is set", "always": "", "never": ""}
-	metadataValues = map[string]string{"internal": "at the end of the backing file", "external": "in a separate file"}
-	nbdTLSValues   = map[string]string{"required": "nbds:// only", "optional": "nbds:// and nbd://", "off": "plain nbd://"}
+	colorValues     = map[string]string{"auto": "on a terminal, unless NO_COLOR is set", "always": "", "never": ""}
+	metadataValues  = map[string]string{"internal": "at the end of the backing file", "external": "in a separate file"}
+	nbdTLSValues    = map[string]string{"required": "nbds:// only", "optional": "nbds:// and nbd://", "off": "plain nbd://"}
+	checksumsValues = map[string]string{"on": "a checksum of every block, verified at every read", "off": "metadata without the checksum area"}
 )
 
 // dirs completes a directory (the shell's own completion, directories only).
@@ -334,6 +335,7 @@ func registerCompletions(root *cobra.Command, g *globals) {
 		case "replctl demo":
 			flag(cmd, "metadata", fixed(metadataValues))
 			flag(cmd, "nbd-tls", fixed(nbdTLSValues))
+			flag(cmd, "checksums", fixed(checksumsValues))
 			flag(cmd, "size", cobra.NoFileCompletions)
 		case "replctl create-md":
 			configPath := cmd.Flags().Lookup("config").Value.String

@@ -20,6 +20,7 @@ func newDemo() *cobra.Command {
 		mdPlace  string
 		withTLS  bool
 		nbdTLS   string
+		sums     string
 	)
 	cmd := &cobra.Command{
 		Use:   "demo",
@@ -31,7 +32,10 @@ port on +2; beta's on +3, +4 and +5 (--base-port 0 picks free ports).
 It prints the NBD URI, then "ready". Ctrl-C or SIGTERM stops both nodes cleanly.
 With --tls every link is mutual TLS with a fresh CA (replctl certs init's files in
 DIR/tls): the export is nbds:// with the NBD client's certificates, and replctl
-takes --tls-dir DIR/tls (or talks to DIR/alpha/control.sock).`,
+takes --tls-dir DIR/tls (or talks to DIR/alpha/control.sock).
+--checksums off lays out each node's metadata without the checksum area, as a
+volume with checksums: off has it: no block is checksummed, verified or scrubbed
+(replctl status --json says "checksums": false), to compare with the default, on.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			bytes, err := config.ParseSize(size)
@@ -43,6 +47,9 @@ takes --tls-dir DIR/tls (or talks to DIR/alpha/control.sock).`,
 			}
 			if mdPlace != "internal" && mdPlace != "external" {
 				return usageErrorf("--metadata %q: want internal or external", mdPlace)
+			}
+			if sums != "on" && sums != "off" {
+				return usageErrorf("--checksums %q: want on or off", sums)
 			}
 			if paths < 0 || paths > 16 {
 				return usageErrorf("--paths %d: want 0 (a plain disk) to 16", paths)
@@ -58,7 +65,7 @@ takes --tls-dir DIR/tls (or talks to DIR/alpha/control.sock).`,
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			return nodedemo.Run(ctx, cmd.OutOrStdout(), nodedemo.Options{Dir: dir, BasePort: basePort, Size: bytes, Paths: paths, Metadata: mdPlace, TLS: withTLS, NBDTLS: nbdTLS})
+			return nodedemo.Run(ctx, cmd.OutOrStdout(), nodedemo.Options{Dir: dir, BasePort: basePort, Size: bytes, Paths: paths, Metadata: mdPlace, TLS: withTLS, NBDTLS: nbdTLS, NoChecksums: sums == "off"})
 		},
 	}
 	cmd.Flags().StringVar(&dir, "dir", "", "directory for the disks, state and logs (default: a fresh temp dir, removed at exit)")
@@ -68,5 +75,6 @@ takes --tls-dir DIR/tls (or talks to DIR/alpha/control.sock).`,
 	cmd.Flags().IntVar(&paths, "paths", 0, "give each node this many multipath paths (p0, p1, ...) to its backing file")
 	cmd.Flags().BoolVar(&withTLS, "tls", false, "mutual TLS on every link, with a fresh CA in DIR/tls (NBD over TLS: nbds://)")
 	cmd.Flags().StringVar(&nbdTLS, "nbd-tls", config.NBDTLSRequired, "with --tls, the NBD export's TLS: required (nbds:// only), optional or off (plain nbd://, the other links still TLS)")
+	cmd.Flags().StringVar(&sums, "checksums", "on", "on: a checksum of every 4 KiB block, verified at every read and by replctl scrub; off: metadata without the checksum area")
 	return cmd
 }

@@ -449,13 +449,13 @@ func eventColor(kind string) string {
 	switch kind {
 	case "split-brain", "refused", "unrelated-data", "fenced", "detached", "hook-failed", "apply-failed",
 		"state-write-failed", "verify-stopped", "promotion-refused", "resync-failed", "path-fail", "peer-lost",
-		"quorum-lost", "lease-lost", "remove-refused", "reload-failed":
+		"quorum-lost", "lease-lost", "remove-refused", "reload-failed", "block-unrecoverable", "scrub-stopped":
 		return colorRed
 	case "disconnected", "waiting-for-peer", "resync", "verify", "stale-disk", "crashed-primary", "attaching",
-		"new-generation", "failover", "forced-primary", "discard-my-data", "stopped", "volume-removed":
+		"new-generation", "failover", "forced-primary", "discard-my-data", "stopped", "volume-removed", "block-repaired", "scrub":
 		return colorYellow
 	case "connected", "resync-done", "verify-done", "attached", "pull-done", "split-brain-resolved", "path-restore",
-		"serving", "started", "quorum-regained", "lease-regained", "volume-added", "reloaded":
+		"serving", "started", "quorum-regained", "lease-regained", "volume-added", "reloaded", "scrub-finished":
 		return colorGreen
 	case "raft-leader":
 		return colorCyan

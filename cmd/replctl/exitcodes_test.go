@@ -68,6 +68,7 @@ func TestExitCodesOfTheCommandLine(t *testing.T) {
 		{"a bad size", []string{"demo", "--size", "lots"}, exitUsage, "--size"},
 		{"an NBD TLS policy without TLS", []string{"demo", "--nbd-tls", "off"}, exitUsage, "--nbd-tls needs --tls"},
 		{"no such NBD TLS policy", []string{"demo", "--tls", "--nbd-tls", "maybe"}, exitUsage, "want required, optional or off"},
+		{"checksums neither on nor off", []string{"demo", "--checksums", "maybe"}, exitUsage, `--checksums "maybe": want on or off`},
 		{"a resize to no size", []string{"resize", "vol0", "lots", "--addr", closed}, exitUsage, `SIZE: size "lots"`},
 		{"a resize to a size that is no whole block", []string{"resize", "vol0", "1000", "--addr", closed}, exitUsage, "SIZE: 1000 bytes is not a positive multiple of 4096"},
 		{"a resize to max", []string{"resize", "vol0", "max", "--addr", closed}, exitUsage, "give the size to grow to"},
@@ -175,6 +176,7 @@ func TestCompletionOfFixedValues(t *testing.T) {
 		{[]string{"status", "--color", ""}, "always auto never"},
 		{[]string{"demo", "--metadata", ""}, "external internal"},
 		{[]string{"demo", "--nbd-tls", ""}, "off optional required"},
+		{[]string{"demo", "--checksums", ""}, "off on"},
 		{[]string{"--addr", closed, "primary", ""}, ""},
 		{[]string{"--addr", closed, "primary", "vol0", "--node", ""}, ""},
 	} {

@@ -487,3 +487,40 @@ func TestStatusWordsOfAReplicaOutsideItsNodesFile(t *testing.T) {
 		t.Errorf("the note of beta's last connect is not in words:\n%s", out.String())
 	}
 }
+
+// TestStatusShowsTheScrubAndUnrecoverableBlocks: under the volume's table
+// a running scrub shows its percent and ETA, a paused one how to resume
+// it, and blocks no replica holds good are named on the volume's line and
+// under the table with what to do; an idle scrub with nothing lost adds
+// nothing.
+func TestStatusShowsTheScrubAndUnrecoverableBlocks(t *testing.T) {
+	st := sampleStatus()
+	v := &st.Volumes[0]
+	for i := range v.Replicas {
+		v.Replicas[i].Integrity = &transport.ReplicaIntegrity{Checksums: true, Scrub: transport.ScrubSummary{State: "idle"}}
+	}
+	var out bytes.Buffer
+	printStatus(&out, st, palette{}, time.Now())
+	if strings.Contains(out.String(), "scrub") || strings.Contains(out.String(), "unrecoverable") {
+		t.Fatalf("an idle scrub with nothing lost shows:\n%s", out.String())
+	}
+	v.Replicas[0].Integrity.Scrub = transport.ScrubSummary{State: "running", Percent: 42, ETASeconds: 90}
+	v.Replicas[1].Integrity.Scrub = transport.ScrubSummary{State: "paused", Percent: 10}
+	v.Replicas[1].Integrity.UnrecoverableBlocks = 2
+	out.Reset()
+	printStatus(&out, st, palette{}, time.Now())
+	for _, want := range []string{
+		"  scrub on alpha [########............]  42.0% ETA 1m30s\n",
+		"  scrub on beta paused at 10.0% (replctl scrub vol0 --node beta --resume); beta: 2 blocks unrecoverable (bad here, no good copy on any replica; reads of them fail): replctl events --node beta names their ranges (block-unrecoverable); write them again\n",
+		"! beta 2 blocks unrecoverable",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("no %q in\n%s", want, out.String())
+		}
+	}
+	out.Reset()
+	printStatus(&out, st, palette{on: true}, time.Now())
+	if !strings.Contains(out.String(), "\033[31mscrub on beta paused") {
+		t.Errorf("with colours, unrecoverable blocks are not red:\n%q", out.String())
+	}
+}

@@ -578,3 +578,67 @@ func resyncSeconds(t *testing.T, d *demo) float64 {
 	secs, _ := strconv.ParseFloat(m[len(m)-1][1], 64)
 	return secs
 }
+
+// TestE2EStatusPageShowsTheScrubAndUnrecoverableBlocks: the page, open
+// once, follows a scrub of beta (its bar and ETA, "paused", gone once
+// stopped); once a block is bad on both replicas it shows the CRITICAL
+// unrecoverable for each, with where the ranges are named, and status
+// --check exits 5; a write to the block clears both.
+func TestE2EStatusPageShowsTheScrubAndUnrecoverableBlocks(t *testing.T) {
+	e2e(t)
+	chromium := RequireTool(t, "chromium", "chromium")
+	RequireTool(t, "qemu-io", "qemu-utils")
+	d := startDemo(t)
+	d.waitInSync("alpha")
+	qemuIO(t, d.uri, "write -P 0x5a 0 8M", "flush")
+	d.waitInSync("alpha")
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	bp := openBrowserPage(t, ctx, chromium)
+	pageURL := "http://" + d.nodes["alpha"].Control + "/"
+	if err := bp.page.Navigate(pageURL); err != nil {
+		t.Fatalf("open %s: %v", pageURL, err)
+	}
+	if err := bp.page.WaitLoad(); err != nil {
+		t.Fatalf("load %s: %v", pageURL, err)
+	}
+	bp.waitText("live", 10*time.Second, equals("live"))
+	bp.waitPresent("warnings-none", pageWait)
+
+	// A scrub of beta slow enough to watch: 1 MiB/s over the volume.
+	d.mustCtl("alpha", "scrub", volName, "--node", "beta", "--rate", "1MiB")
+	bp.waitText("replica-vol0-beta-scrub-eta", pageWait, func(s string) bool { return s != "—" && s != "paused" })
+	bp.waitText("replica-vol0-beta-scrub-percent", pageWait, func(s string) bool { return strings.HasSuffix(s, "%") })
+	if v := bp.eval(textByID, "replica-vol0-alpha-scrub").Value; !v.Nil() {
+		t.Errorf("alpha, which does not scrub, shows a scrub bar: %q", v.Str())
+	}
+	d.mustCtl("alpha", "scrub", volName, "--node", "beta", "--pause")
+	bp.waitText("replica-vol0-beta-scrub-eta", pageWait, equals("paused"))
+	d.mustCtl("alpha", "scrub", volName, "--node", "beta", "--stop")
+	bp.waitGone("replica-vol0-beta-scrub", pageWait)
+
+	// Block 1000 bad on both replicas: a scrub finds it on both.
+	flipBlocks(t, d.disk("alpha"), []int64{1000})
+	flipBlocks(t, d.disk("beta"), []int64{1000})
+	r := runCmd(3*time.Minute, nil, replctlBin, d.ctlArgs("alpha", []string{"scrub", volName, "--wait", "--rate", "256MiB"})...)
+	if r.code != exitUnrecoverable {
+		t.Fatalf("replctl scrub vol0 --wait with a block bad on both replicas: %s; want exit %d", r, exitUnrecoverable)
+	}
+	for _, node := range []string{"alpha", "beta"} {
+		id := "warning-unrecoverable-vol0-" + node
+		bp.waitText(id+"-command", pageWait, equals("replctl events --node "+node))
+		bp.waitText(id+"-text", pageWait, func(s string) bool { return strings.HasPrefix(s, "1 blocks of vol0 on "+node+" are bad") })
+		if class := bp.eval(`(id) => document.getElementById(id).className`, id).Value.Str(); !strings.Contains(class, "critical") {
+			t.Errorf("#%s has classes %q, want critical", id, class)
+		}
+		bp.waitText("replica-vol0-"+node+"-unrecoverable", pageWait, equals("1 blocks unrecoverable"))
+	}
+	if r := d.ctl("alpha", "status", "--check"); r.code != exitCritical || !strings.Contains(r.out, "no replica holds a good copy") {
+		t.Errorf("replctl status --check with a block bad on both: exit %d, want %d:\n%s", r.code, exitCritical, r.out)
+	}
+
+	qemuIO(t, d.uri, "write -P 0x33 4096000 4096", "flush")
+	bp.waitGone("warning-unrecoverable-vol0-alpha", pageWait)
+	bp.waitGone("warning-unrecoverable-vol0-beta", pageWait)
+	bp.waitPresent("warnings-none", pageWait)
+}

@@ -34,7 +34,9 @@ block-unrecoverable names it; a write to it clears it).
                  resumes its running scrub where it was
   --wait         show progress until every node's scrub ends; exit 0 when
                  nothing unrecoverable was found, 6 when something was
-Status shows it per replica (integrity.scrub: state, percent, ETA).`,
+Status shows it per replica (integrity.scrub: state, percent, ETA).
+scrub_interval in the volume's config (e.g. 7d) makes each node start one by
+itself when its last finished scrub is older than that.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if rate != "" {

@@ -40,7 +40,12 @@ func TestE2EScrubRepairsTheSecondary(t *testing.T) {
 	e2eBeside(t)
 	RequireTool(t, "qemu-io", "qemu-utils")
 	d := startDemo(t)
-	d.waitInSync("alpha")
+	v := d.waitInSync("alpha")
+	for _, node := range []string{"alpha", "beta"} {
+		if in := v.replica(node).Integrity; in == nil || !in.Checksums {
+			t.Fatalf("replctl status --json: %s's replica has integrity %+v; want checksums true (replctl demo's default)", node, in)
+		}
+	}
 	qemuIO(t, d.uri, "write -P 0x5a 0 32M", "flush")
 	d.waitInSync("alpha")
 
@@ -53,6 +58,9 @@ func TestE2EScrubRepairsTheSecondary(t *testing.T) {
 	t.Logf("replctl scrub vol0 --wait: %s", r)
 	if !r.ok() || !strings.Contains(r.out, "100 repaired, 0 unrecoverable") {
 		t.Fatalf("replctl scrub vol0 --wait: %s; want exit 0 and 100 repaired", r)
+	}
+	if in := d.mustStatus("alpha").replica("beta").Integrity; in == nil || in.RepairedBlocks != 100 {
+		t.Fatalf("replctl status --json after the scrub: beta's integrity %+v; want repaired_blocks 100", in)
 	}
 	r = runCmd(90*time.Second, nil, replctlBin, d.ctlArgs("alpha", []string{"verify", volName, "--wait"})...)
 	if !r.ok() || !strings.Contains(r.out, " 0B out of sync") {
@@ -68,11 +76,48 @@ func TestE2EScrubRepairsTheSecondary(t *testing.T) {
 	if r.code != exitUnrecoverable || !strings.Contains(r.out, "0 repaired, 2 unrecoverable") {
 		t.Fatalf("replctl scrub vol0 --wait with a block bad on both replicas: %s; want exit %d and it counted on both nodes", r, exitUnrecoverable)
 	}
+	v = d.mustStatus("alpha")
+	for _, node := range []string{"alpha", "beta"} {
+		if in := v.replica(node).Integrity; in == nil || in.UnrecoverableBlocks != 1 {
+			t.Fatalf("replctl status --json after the scrub: %s's integrity %+v; want unrecoverable_blocks 1", node, in)
+		}
+	}
 	qemuIO(t, d.uri, "write -P 0x33 4096000 4096", "flush")
+	// The write clears it on both: the primary's write and the
+	// secondary's apply of it.
+	d.waitFor("alpha", "unrecoverable_blocks 0 on both replicas", time.Minute, func(v *volumeStatus) bool {
+		for _, node := range []string{"alpha", "beta"} {
+			if in := v.replica(node).Integrity; in == nil || in.UnrecoverableBlocks != 0 {
+				return false
+			}
+		}
+		return true
+	})
 	r = runCmd(3*time.Minute, nil, replctlBin, d.ctlArgs("alpha", []string{"scrub", volName, "--wait", "--rate", "256MiB"})...)
 	if !r.ok() || !strings.Contains(r.out, "0 repaired, 0 unrecoverable") {
 		t.Fatalf("replctl scrub vol0 --wait once the bad range was written again: %s", r)
 	}
 	d.waitInSync("alpha")
 	compareFiles(t, d.disk("alpha"), d.disk("beta"), 256<<20)
+}
+
+// TestE2EDemoWithoutChecksums: replctl demo --checksums off lays out the
+// metadata without the checksum area: status says checksums false on
+// both replicas, and a scrub is refused with the reason, the volume
+// serving as before.
+func TestE2EDemoWithoutChecksums(t *testing.T) {
+	e2eBeside(t)
+	RequireTool(t, "qemu-io", "qemu-utils")
+	d := startDemo(t, "--checksums", "off")
+	v := d.waitInSync("alpha")
+	for _, node := range []string{"alpha", "beta"} {
+		if in := v.replica(node).Integrity; in == nil || in.Checksums {
+			t.Fatalf("replctl status --json: %s's replica has integrity %+v; want checksums false", node, in)
+		}
+	}
+	r := runCmd(time.Minute, nil, replctlBin, d.ctlArgs("alpha", []string{"scrub", volName})...)
+	if r.ok() || !strings.Contains(r.out, "keeps no checksums") {
+		t.Fatalf("replctl scrub vol0 without checksums: %s; want it refused, saying the volume keeps no checksums", r)
+	}
+	qemuIO(t, d.uri, "write -P 0x5a 0 4M", "flush", "read -P 0x5a 0 4M")
 }

@@ -495,6 +495,38 @@ func printVolume(w io.Writer, v *transport.VolumeStatus, ws []transport.Warning,
 		t.add(row...)
 	}
 	t.render(w, pal)
+	for i := range v.Replicas {
+		if line := scrubLine(v, &v.Replicas[i]); line.text != "" {
+			fmt.Fprintln(w, "  "+pal.paint(line.color, line.text))
+		}
+	}
+}
+
+// scrubLine is a line under the volume's table for r's integrity: the
+// blocks no replica holds good, and the scrub while one runs or is paused
+// (percent and ETA); empty when there is nothing to say.
+func scrubLine(v *transport.VolumeStatus, r *transport.ReplicaStatus) cell {
+	in := r.Integrity
+	if in == nil || !r.Reachable {
+		return cell{}
+	}
+	var parts []string
+	color := colorCyan
+	switch s := in.Scrub; s.State {
+	case "running":
+		left := "?"
+		if s.ETASeconds > 0 {
+			left = shortDuration(time.Duration(s.ETASeconds * float64(time.Second)))
+		}
+		parts = append(parts, fmt.Sprintf("scrub on %s %s %5.1f%% ETA %s", r.Node, bar(s.Percent, 20), s.Percent, left))
+	case "paused":
+		parts = append(parts, fmt.Sprintf("scrub on %s paused at %.1f%% (replctl scrub %s --node %s --resume)", r.Node, s.Percent, v.Name, r.Node))
+	}
+	if in.UnrecoverableBlocks > 0 {
+		color = colorRed
+		parts = append(parts, fmt.Sprintf("%s: %d blocks unrecoverable (bad here, no good copy on any replica; reads of them fail): replctl events --node %s names their ranges (block-unrecoverable); write them again", r.Node, in.UnrecoverableBlocks, r.Node))
+	}
+	return cell{strings.Join(parts, "; "), color}
 }
 
 // syncCell shows where a replica's data stands: a bar with speed and ETA
@@ -624,6 +656,9 @@ func volumeWarnings(v *transport.VolumeStatus, ws []transport.Warning) []cell {
 			if p.State == transport.PathFail {
 				warns = append(warns, cell{fmt.Sprintf("! %s path %s failed", r.Node, p.Path), colorRed})
 			}
+		}
+		if in := r.Integrity; in != nil && in.UnrecoverableBlocks > 0 {
+			warns = append(warns, cell{fmt.Sprintf("! %s %d blocks unrecoverable", r.Node, in.UnrecoverableBlocks), colorRed})
 		}
 	}
 	for _, m := range v.SettingMismatches {

@@ -537,6 +537,15 @@ type replicaStatus struct {
 	VerifyDone  int64   `json:"verify_done_bytes"`
 	VerifyTotal int64   `json:"verify_total_bytes"`
 	VerifyFound int64   `json:"verify_found_bytes"`
+	// Integrity: issue 29 (nil from a node that did not answer).
+	Integrity *struct {
+		Checksums           bool  `json:"checksums"`
+		RepairedBlocks      int64 `json:"repaired_blocks"`
+		UnrecoverableBlocks int64 `json:"unrecoverable_blocks"`
+		Scrub               struct {
+			State string `json:"state"`
+		} `json:"scrub"`
+	} `json:"integrity"`
 }
 
 func (v *volumeStatus) replica(node string) *replicaStatus {

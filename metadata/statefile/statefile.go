@@ -80,6 +80,10 @@ type ScrubState struct {
 	LastChecked       int64     `json:"last_checked,omitempty"`
 	LastRepaired      int64     `json:"last_repaired,omitempty"`
 	LastUnrecoverable int64     `json:"last_unrecoverable,omitempty"`
+	// ScheduledSince is when this node first ran the volume with a
+	// scrub_interval while it had never finished a scrub of it: the
+	// first scheduled scrub is due an interval after it.
+	ScheduledSince time.Time `json:"scheduled_since,omitzero"`
 }
 
 // Scrub is the volume's scrub as last put (ok false: none).

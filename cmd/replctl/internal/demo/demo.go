@@ -38,6 +38,9 @@ type Options struct {
 	// NBDTLS is then the export's policy (config.NBDTLS*).
 	TLS    bool
 	NBDTLS string
+	// NoChecksums lays out the metadata without the checksum area (the
+	// volume's checksums: off).
+	NoChecksums bool
 }
 
 // Run starts nodes alpha and beta in this process, prints on out the
@@ -86,7 +89,7 @@ func Run(ctx context.Context, out io.Writer, o Options) (err error) {
 		// the metadata at its end.
 		devSize := size
 		if mdPlace == "internal" {
-			if devSize, err = metadata.InternalDeviceSizeFor(size, 0, 1, true); err != nil {
+			if devSize, err = metadata.InternalDeviceSizeFor(size, 0, 1, !o.NoChecksums); err != nil {
 				return err
 			}
 		}
@@ -114,7 +117,7 @@ func Run(ctx context.Context, out io.Writer, o Options) (err error) {
 		}
 		if mdPlace == "external" {
 			meta := filepath.Join(nodeDir, "vol0.md")
-			mdSize, err := metadata.ExternalSizeFor(size, 0, 1, true)
+			mdSize, err := metadata.ExternalSizeFor(size, 0, 1, !o.NoChecksums)
 			if err != nil {
 				return err
 			}
@@ -134,6 +137,9 @@ func Run(ctx context.Context, out io.Writer, o Options) (err error) {
 		})
 	}
 	vol.Metadata = mdPlace
+	if o.NoChecksums {
+		vol.Checksums = "off"
+	}
 	cfg.Volumes = []node.VolumeConfig{vol}
 	tlsDir := filepath.Join(dir, "tls")
 	if withTLS {
