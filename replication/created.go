@@ -24,9 +24,14 @@ type CreatedVolume struct {
 	// Nodes are the nodes that hold a replica, in the order they were
 	// chosen: the first one is the primary at creation.
 	Nodes []string `json:"nodes"`
+	// Index is the raft log index of the create (set by the state
+	// machine as it applies it): it tells one volume of a name from an
+	// earlier one that was deleted.
+	Index uint64 `json:"index,omitempty"`
 }
 
-// Same reports whether c and o define the same volume.
+// Same reports whether c and o define the same volume (wherever in the
+// log each was recorded).
 func (c CreatedVolume) Same(o CreatedVolume) bool {
 	return c.Name == o.Name && c.Size == o.Size && c.Pool == o.Pool && c.Protocol == o.Protocol && slices.Equal(c.Nodes, o.Nodes)
 }

@@ -47,6 +47,14 @@ type ControlServer interface {
 	// deadline passes first. A node of an earlier release answers
 	// codes.Unimplemented.
 	AwaitServing(context.Context, *AwaitServingRequest) (*AwaitServingReply, error)
+	// VolumeCreate, VolumeDelete and VolumeList create, delete and list
+	// the volumes made at run time from storage pools (volumes.go); any
+	// node forwards them to the raft leader.
+	VolumeCreate(context.Context, *VolumeCreateRequest) (*VolumeCreateReply, error)
+	VolumeDelete(context.Context, *VolumeDeleteRequest) (*VolumeDeleteReply, error)
+	VolumeList(context.Context, *VolumeListRequest) (*VolumeListReply, error)
+	// Pools lists the storage pools of every node, or of one.
+	Pools(context.Context, *PoolsRequest) (*PoolsReply, error)
 	// Events streams the node's events (history first, then live) to
 	// send until ctx ends or send fails.
 	Events(ctx context.Context, r *EventsRequest, send func(*Event) error) error
@@ -109,6 +117,10 @@ var controlDesc = grpc.ServiceDesc{
 		unary(MethodResize, ControlServer.Resize),
 		unary(MethodClaim, ControlServer.Claim),
 		unary(MethodAwaitServing, ControlServer.AwaitServing),
+		unary(MethodVolumeCreate, ControlServer.VolumeCreate),
+		unary(MethodVolumeDelete, ControlServer.VolumeDelete),
+		unary(MethodVolumeList, ControlServer.VolumeList),
+		unary(MethodPools, ControlServer.Pools),
 	},
 	Streams: []grpc.StreamDesc{{
 		StreamName:    MethodEvents,

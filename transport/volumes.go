@@ -79,8 +79,11 @@ type VolumeInfo struct {
 	Primary string `json:"primary,omitempty"`
 }
 
-// PoolsRequest asks for every node's storage pools.
-type PoolsRequest struct{}
+// PoolsRequest asks for every node's storage pools (Node "": every
+// node's; a node's name: that node's alone).
+type PoolsRequest struct {
+	Node string `json:"node,omitempty"`
+}
 
 // PoolsReply lists the pools of every node that answered.
 type PoolsReply struct {
@@ -93,6 +96,10 @@ type PoolStatus struct {
 	Name string `json:"name"`
 	Size uint64 `json:"size"`
 	Free uint64 `json:"free"`
+	// State says why the pool takes no volume ("lvm not available", a
+	// directory that cannot be read, a node not reachable); "" when it
+	// does.
+	State string `json:"state,omitempty"`
 }
 
 // VolumeCreate creates a volume from a storage pool.

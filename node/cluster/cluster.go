@@ -259,6 +259,10 @@ func (c *Cluster) signalChanged() {
 // leader's by the entries not yet applied here.
 func (c *Cluster) Authority() replication.Authority { return c.fsm.authority().Clone() }
 
+// AppliedIndex is the index of the last raft entry this node's state
+// machine applied.
+func (c *Cluster) AppliedIndex() uint64 { return c.raft.AppliedIndex() }
+
 // SetMeta sets the metadata this node gossips (per-volume disk states,
 // say). memberlist carries at most memberlist.MetaMaxSize (512) bytes; a
 // larger b is refused. Others see it within a few gossip rounds.

@@ -35,6 +35,9 @@ func (f *fsm) Apply(l *raft.Log) any {
 	if err := json.Unmarshal(l.Data, &cmd); err != nil {
 		return applyResult{err: fmt.Errorf("%w: raft entry %d: %v", replication.ErrBadCommand, l.Index, err)}
 	}
+	if cmd.Create != nil {
+		cmd.Create.Index = l.Index // the same on every node: it is the entry's
+	}
 	f.mu.Lock()
 	next, va, err := f.state.Apply(cmd)
 	f.state = next

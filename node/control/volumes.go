@@ -1,0 +1,202 @@
+package control
+
+import (
+	"context"
+
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/replvol/replvol/transport"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Volumes created at run time from storage pools (transport/volumes.go).
+// The handlers check and complete the request here, then run it on the
+// raft leader, which places and records it (the node's CreateVolume and
+// DeleteVolume): a node that does not lead forwards the call there.
+
+// defaultReplicas is the copies of a volume a create names none of.
+const defaultReplicas = 2
+
+// poolAskTimeout bounds the wait for one node's pools: a node down is
+// reported so, and does not hold a create or a status back.
+const poolAskTimeout = 3 * time.Second
+
+// VolumeCreate creates a volume from a storage pool, on the leader.
+func (s *Server) VolumeCreate(ctx context.Context, r *transport.VolumeCreateRequest) (*transport.VolumeCreateReply, error) {
+	req, err := checkCreate(r)
+	if err != nil {
+		return nil, err
+	}
+	if reply, ok, err := onLeader(s, func(api transport.ControlServer) (*transport.VolumeCreateReply, error) {
+		return api.VolumeCreate(ctx, req)
+	}); ok {
+		return reply, err
+	}
+	reply, err := s.node.CreateVolume(ctx, req)
+	return reply, GRPCError(err)
+}
+
+// checkCreate refuses a request no node can take, and fills in the
+// defaults: 2 replicas, pool default, protocol C; a size rounded up to a
+// whole 4 KiB block.
+func checkCreate(r *transport.VolumeCreateRequest) (*transport.VolumeCreateRequest, error) {
+	req := *r
+	if err := checkVolumeName(req.Name); err != nil {
+		return nil, err
+	}
+	if req.Size == 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "volume %s: no size: give its size in bytes (replctl volume create %s --size 10GiB)", req.Name, req.Name)
+	}
+	if req.Size > 1<<62 {
+		return nil, status.Errorf(codes.InvalidArgument, "volume %s: size %d is too large", req.Name, req.Size)
+	}
+	req.Size = (req.Size + SizeUnit - 1) / SizeUnit * SizeUnit
+	switch {
+	case req.Replicas < 0:
+		return nil, status.Errorf(codes.InvalidArgument, "volume %s: %d replicas: give 1 or more (0: %d)", req.Name, req.Replicas, defaultReplicas)
+	case req.Replicas == 0:
+		req.Replicas = defaultReplicas
+	}
+	if req.Pool == "" {
+		req.Pool = "default"
+	} else if err := checkWord("pool", req.Pool); err != nil {
+		return nil, err
+	}
+	switch req.Protocol {
+	case "":
+		req.Protocol = "C"
+	case "A", "B", "C":
+	default:
+		return nil, status.Errorf(codes.InvalidArgument, "volume %s: protocol %q: want A, B or C", req.Name, req.Protocol)
+	}
+	return &req, nil
+}
+
+// checkVolumeName is the config's rule for names: letters, digits, '-'
+// and '_'.
+func checkVolumeName(name string) error {
+	if name == "" {
+		return status.Error(codes.InvalidArgument, "no volume name given")
+	}
+	return checkWord("volume name", name)
+}
+
+func checkWord(what, s string) error {
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+			return status.Errorf(codes.InvalidArgument, "%s %q: use letters, digits, '-' and '_' only", what, s)
+		}
+	}
+	return nil
+}
+
+// VolumeDelete deletes a volume created at run time, on the leader.
+func (s *Server) VolumeDelete(ctx context.Context, r *transport.VolumeDeleteRequest) (*transport.VolumeDeleteReply, error) {
+	if err := checkVolumeName(r.Name); err != nil {
+		return nil, err
+	}
+	if reply, ok, err := onLeader(s, func(api transport.ControlServer) (*transport.VolumeDeleteReply, error) {
+		return api.VolumeDelete(ctx, r)
+	}); ok {
+		return reply, err
+	}
+	reply, err := s.node.DeleteVolume(ctx, r.Name)
+	return reply, GRPCError(err)
+}
+
+// VolumeList lists the volumes of the cluster file and of raft, as the
+// leader knows them (this node's view when it runs no cluster).
+func (s *Server) VolumeList(ctx context.Context, r *transport.VolumeListRequest) (*transport.VolumeListReply, error) {
+	if reply, ok, err := onLeader(s, func(api transport.ControlServer) (*transport.VolumeListReply, error) {
+		return api.VolumeList(ctx, r)
+	}); ok {
+		return reply, err
+	}
+	return &transport.VolumeListReply{Volumes: s.node.ListVolumes()}, nil
+}
+
+// onLeader forwards a call to the raft leader when that is another node,
+// and reports whether it did. Without a leader the call is refused
+// (Unavailable: no quorum now); without a cluster it runs here.
+func onLeader[Resp any](s *Server, call func(api transport.ControlServer) (*Resp, error)) (*Resp, bool, error) {
+	leader, clustered := s.node.Leader()
+	switch {
+	case !clustered:
+		return nil, false, nil
+	case leader == "":
+		return nil, true, status.Error(codes.Unavailable, "the cluster has no raft leader now (no quorum): try again once a majority of the voters is up")
+	}
+	return forward(s, leader, call)
+}
+
+// Pools lists the storage pools of every data node (r.Node "": each
+// node is asked; a node not reachable is listed with why), or of r.Node.
+func (s *Server) Pools(ctx context.Context, r *transport.PoolsRequest) (*transport.PoolsReply, error) {
+	if r.Node == s.node.Name() {
+		return &transport.PoolsReply{Pools: s.node.Pools()}, nil
+	}
+	if r.Node != "" {
+		reply, _, err := forward(s, r.Node, func(api transport.ControlServer) (*transport.PoolsReply, error) {
+			return api.Pools(ctx, r)
+		})
+		return reply, err
+	}
+	return &transport.PoolsReply{Pools: AskPools(ctx, s.node, s.node.DataNodes())}, nil
+}
+
+// AskPools asks each of nodes for its pools, at once, and lists them by
+// node and name; a node that does not answer within poolAskTimeout gets
+// one entry, without a name, whose State says why.
+func AskPools(ctx context.Context, node Node, nodes []string) []transport.PoolStatus {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var out []transport.PoolStatus
+	for _, name := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var pools []transport.PoolStatus
+			if name == node.Name() {
+				pools = node.Pools()
+			} else {
+				actx, cancel := context.WithTimeout(ctx, poolAskTimeout)
+				api, err := node.Peer(name)
+				var reply *transport.PoolsReply
+				if err == nil {
+					reply, err = api.Pools(actx, &transport.PoolsRequest{Node: name})
+				}
+				cancel()
+				if err != nil {
+					pools = []transport.PoolStatus{{Node: name, State: "not reachable: " + status.Convert(err).Message()}}
+				} else {
+					pools = reply.Pools
+				}
+			}
+			mu.Lock()
+			out = append(out, pools...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	slices.SortFunc(out, func(a, b transport.PoolStatus) int {
+		if c := strings.Compare(a.Node, b.Node); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	if out == nil {
+		out = []transport.PoolStatus{}
+	}
+	return out
+}
+
+// Unreachable reports whether a pool entry stands for a node that did
+// not answer (AskPools), and why.
+func Unreachable(p transport.PoolStatus) (string, bool) {
+	why, ok := strings.CutPrefix(p.State, "not reachable: ")
+	return why, ok && p.Name == ""
+}
