@@ -29,6 +29,21 @@ func TestE2EVolumeCreateAndDeleteFromPools(t *testing.T) {
 	c.startAll()
 	c.waitFor("alpha", "vol0 in sync, and raft knows both replicas UpToDate", syncTimeout, raftInSync)
 
+	// Status shows each data node's pool, in words and in JSON.
+	if out := c.mustCtl("beta", "status"); !strings.Contains(out, "POOL") || !strings.Contains(out, "default  alpha") || !strings.Contains(out, "default  beta") {
+		t.Fatalf("replctl status does not list the pools:\n%s", out)
+	}
+	js := c.mustCtl("witness", "status", "--json")
+	var st struct {
+		Pools []transport.PoolStatus `json:"pools"`
+	}
+	if err := json.Unmarshal([]byte(js[strings.IndexByte(js, '{'):]), &st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Pools) != 2 || st.Pools[0].Node != "alpha" || st.Pools[1].Node != "beta" || st.Pools[0].Name != "default" || st.Pools[0].Size == 0 || st.Pools[0].Free == 0 || st.Pools[0].State != "" {
+		t.Fatalf("status --json pools: %+v", st.Pools)
+	}
+
 	out := c.mustCtl(witnessName, "volume", "create", "pvc1", "--size", "32MiB")
 	if !strings.Contains(out, "created pvc1: 32.0MiB (33554432 bytes) in pool default on ") {
 		t.Fatalf("replctl volume create: %q", out)
