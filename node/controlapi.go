@@ -99,6 +99,13 @@ func (c controlNode) Claim(_ context.Context, r *transport.ClaimRequest) (*trans
 
 func (c controlNode) Leader() (string, bool) { return c.n.leader() }
 
+func (c controlNode) LeaderChanged() <-chan struct{} {
+	if c.n.cl == nil {
+		return nil
+	}
+	return c.n.cl.c.LeaderChanged()
+}
+
 func (c controlNode) DataNodes() []string { return dataNodes(c.n.config()) }
 
 func (c controlNode) Pools() []transport.PoolStatus { return c.n.pools() }

@@ -21,7 +21,8 @@ import (
 // definition of the name is refused. A create that does not fit is
 // refused naming the free space per node, three replicas on two data
 // nodes are refused, a delete needs --yes, and delete --yes takes the
-// backing files away on both nodes.
+// backing files away on both nodes: at once on the primary, and on the
+// secondary, which is down meanwhile, once it is back.
 func TestE2EVolumeCreateAndDeleteFromPools(t *testing.T) {
 	e2e(t)
 	RequireTool(t, "qemu-io", "qemu-utils")
@@ -123,18 +124,28 @@ func TestE2EVolumeCreateAndDeleteFromPools(t *testing.T) {
 	if r := c.ctl("alpha", "volume", "delete", "vol0", "--yes"); r.ok() || !strings.Contains(r.out, "vol0 is a volume of the cluster file") {
 		t.Fatalf("volume delete of the file's vol0: %s", r)
 	}
+	// The secondary is down while the volume is deleted: the primary
+	// stops it and removes its file at once, the secondary when it is
+	// back.
+	secondary := pvc.Replicas[1]
+	c.kill(secondary)
 	if out := c.mustCtl(witnessName, "volume", "delete", "pvc1", "--yes"); !strings.Contains(out, "deleted pvc1") {
 		t.Fatalf("volume delete --yes: %q", out)
 	}
-	if !within(30*time.Second, 100*time.Millisecond, func() bool {
-		for _, img := range images {
-			if _, err := os.Stat(img); !os.IsNotExist(err) {
-				return false
-			}
-		}
-		return true
-	}) {
-		t.Fatalf("the backing files %v stay after the delete", images)
+	gone := func(node string) bool {
+		_, err := os.Stat(images[node])
+		return os.IsNotExist(err)
+	}
+	if !within(30*time.Second, 100*time.Millisecond, func() bool { return gone(primary) }) {
+		t.Fatalf("the backing file %s stays on the primary %s after the delete", images[primary], primary)
+	}
+	if gone(secondary) {
+		t.Fatalf("the backing file %s of the secondary %s, down, went away", images[secondary], secondary)
+	}
+	c.start(secondary)
+	c.waitListening(secondary, 30*time.Second)
+	if !within(30*time.Second, 100*time.Millisecond, func() bool { return gone(secondary) }) {
+		t.Fatalf("the backing file %s stays on %s, back after the delete", images[secondary], secondary)
 	}
 	for _, v := range list("alpha").Volumes {
 		if v.Name == "pvc1" {

@@ -65,6 +65,9 @@ type Node interface {
 	// Leader is the raft leader ("" when there is none now); clustered
 	// is false when the node runs no raft.
 	Leader() (leader string, clustered bool)
+	// LeaderChanged is closed at the next change of the raft leader
+	// (never without a cluster).
+	LeaderChanged() <-chan struct{}
 	// DataNodes are the nodes of the config that may hold disks.
 	DataNodes() []string
 	// Pools are this node's storage pools, their size and free space.

@@ -73,6 +73,8 @@ func (f *fakeNode) Claim(ctx context.Context, r *transport.ClaimRequest) (*trans
 
 func (f *fakeNode) Leader() (string, bool) { return "alpha", true }
 
+func (f *fakeNode) LeaderChanged() <-chan struct{} { return nil }
+
 func (f *fakeNode) DataNodes() []string { return []string{"alpha"} }
 
 func (f *fakeNode) Pools() []transport.PoolStatus { return nil }

@@ -31,7 +31,7 @@ func (s *Server) VolumeCreate(ctx context.Context, r *transport.VolumeCreateRequ
 	if err != nil {
 		return nil, err
 	}
-	if reply, ok, err := onLeader(s, func(api transport.ControlServer) (*transport.VolumeCreateReply, error) {
+	if reply, ok, err := onLeader(ctx, s, func(ctx context.Context, api transport.ControlServer) (*transport.VolumeCreateReply, error) {
 		return api.VolumeCreate(ctx, req)
 	}); ok {
 		return reply, err
@@ -99,7 +99,7 @@ func (s *Server) VolumeDelete(ctx context.Context, r *transport.VolumeDeleteRequ
 	if err := checkVolumeName(r.Name); err != nil {
 		return nil, err
 	}
-	if reply, ok, err := onLeader(s, func(api transport.ControlServer) (*transport.VolumeDeleteReply, error) {
+	if reply, ok, err := onLeader(ctx, s, func(ctx context.Context, api transport.ControlServer) (*transport.VolumeDeleteReply, error) {
 		return api.VolumeDelete(ctx, r)
 	}); ok {
 		return reply, err
@@ -111,7 +111,7 @@ func (s *Server) VolumeDelete(ctx context.Context, r *transport.VolumeDeleteRequ
 // VolumeList lists the volumes of the cluster file and of raft, as the
 // leader knows them (this node's view when it runs no cluster).
 func (s *Server) VolumeList(ctx context.Context, r *transport.VolumeListRequest) (*transport.VolumeListReply, error) {
-	if reply, ok, err := onLeader(s, func(api transport.ControlServer) (*transport.VolumeListReply, error) {
+	if reply, ok, err := onLeader(ctx, s, func(ctx context.Context, api transport.ControlServer) (*transport.VolumeListReply, error) {
 		return api.VolumeList(ctx, r)
 	}); ok {
 		return reply, err
@@ -120,17 +120,42 @@ func (s *Server) VolumeList(ctx context.Context, r *transport.VolumeListRequest)
 }
 
 // onLeader forwards a call to the raft leader when that is another node,
-// and reports whether it did. Without a leader the call is refused
-// (Unavailable: no quorum now); without a cluster it runs here.
-func onLeader[Resp any](s *Server, call func(api transport.ControlServer) (*Resp, error)) (*Resp, bool, error) {
-	leader, clustered := s.node.Leader()
-	switch {
-	case !clustered:
-		return nil, false, nil
-	case leader == "":
-		return nil, true, status.Error(codes.Unavailable, "the cluster has no raft leader now (no quorum): try again once a majority of the voters is up")
+// and reports whether it did; without a cluster, or on the leader, the
+// call runs here. Without a leader it waits for one; a forward the
+// leader's change cuts short is made again to the next one (every call
+// it carries may run twice: a create or a delete recorded already is
+// answered as such), until ctx ends.
+func onLeader[Resp any](ctx context.Context, s *Server, call func(ctx context.Context, api transport.ControlServer) (*Resp, error)) (*Resp, bool, error) {
+	for {
+		changed := s.node.LeaderChanged()
+		leader, clustered := s.node.Leader()
+		switch {
+		case !clustered || leader == s.node.Name():
+			return nil, false, nil
+		case leader == "":
+			select {
+			case <-ctx.Done():
+				return nil, true, status.Errorf(codes.Unavailable, "the cluster has no raft leader (no quorum): try again once a majority of the voters is up (%v)", ctx.Err())
+			case <-changed:
+				continue
+			}
+		}
+		fctx, cancel := context.WithCancel(ctx)
+		go func() {
+			select {
+			case <-changed:
+				cancel()
+			case <-fctx.Done():
+			}
+		}()
+		reply, _, err := forward(s, leader, func(api transport.ControlServer) (*Resp, error) { return call(fctx, api) })
+		cut := fctx.Err() != nil && ctx.Err() == nil
+		cancel()
+		if err != nil && cut {
+			continue // the leader changed meanwhile: ask the next one
+		}
+		return reply, true, err
 	}
-	return forward(s, leader, call)
 }
 
 // Pools lists the storage pools of every data node (r.Node "": each
