@@ -381,6 +381,15 @@ func (n *Node) makeImage(next *Config, vc VolumeConfig, index uint64, path strin
 // the file does, then frees its backing file.
 func (n *Node) dropCreated(vc VolumeConfig) {
 	dc, held := vc.Disks[n.name]
+	if v, running := n.volumes()[vc.Name]; running && held {
+		// Looked at first, without removeVolume's log and event: this
+		// runs again at each change of the cluster until the clients
+		// are gone.
+		if err := v.clientsError("stopping it after its delete"); err != nil {
+			n.createdProblem(vc.Name, fmt.Sprintf("%s was deleted, but %s keeps running it until its NBD clients are gone (disconnect them): %v", vc.Name, n.name, err))
+			return
+		}
+	}
 	if err := n.removeVolume(vc.Name, held); err != nil {
 		n.createdProblem(vc.Name, fmt.Sprintf("%s was deleted, but %s keeps running it: %v", vc.Name, n.name, err))
 		return
