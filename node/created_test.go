@@ -117,3 +117,50 @@ func TestADeletedVolumeWithNBDClientsRunsOnUntilTheyAreGone(t *testing.T) {
 		return os.IsNotExist(err) && !running
 	}, "pvc1 stopped on "+primary+" and its file removed once its client is gone")
 }
+
+// TestACreatedVolumeComesBackWithItsNodes: a volume created at run time
+// is in no cluster file: a node that restarts runs it again from raft's
+// record, on the backing file it made (kept, with its data), and it is
+// in sync again; the writes acknowledged before are there.
+func TestACreatedVolumeComesBackWithItsNodes(t *testing.T) {
+	c := newPoolCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	reply, err := c.nodes["alpha"].api.VolumeCreate(ctx, &transport.VolumeCreateRequest{Name: "pvc1", Size: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	primary, secondary := reply.Volume.Replicas[0], reply.Volume.Replicas[1]
+	c.waitVolumeInSync("pvc1")
+	var v *Volume
+	eventually(t, func() bool {
+		v = c.nodes[primary].volumes()["pvc1"]
+		return v != nil && v.WriteAt(ctx, pattern(7, 64<<10), 0, true) == nil
+	}, "pvc1 takes a write on "+primary)
+	before, err := os.Stat(filepath.Join(poolDirOf(c, secondary), "pvc1.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	c.stop(secondary)
+	c.start(secondary)
+	eventually(t, func() bool { _, ok := c.nodes[secondary].volumes()["pvc1"]; return ok }, secondary+" runs pvc1 again after its restart")
+	c.waitVolumeInSync("pvc1")
+	after, err := os.Stat(filepath.Join(poolDirOf(c, secondary), "pvc1.img"))
+	if err != nil || !os.SameFile(before, after) {
+		t.Fatalf("%s's backing file of pvc1 was made again (%v): it must be kept", secondary, err)
+	}
+	for _, kind := range []string{"backing-made", "create-md"} {
+		if n := eventsOf(t, c.nodes[secondary], "pvc1", kind); n != 1 {
+			t.Fatalf("%s recorded %d %s events for pvc1: its file and metadata must be made once, and kept", secondary, n, kind)
+		}
+	}
+	if vol := c.cfg.Volume("pvc1"); vol != nil {
+		t.Fatal("the test's cluster file lists pvc1")
+	}
+	got := make([]byte, 64<<10)
+	w := c.nodes[secondary].volumes()["pvc1"]
+	if _, err := w.disk.ReadAt(got, 0); err != nil || string(got) != string(pattern(7, 64<<10)) {
+		t.Fatalf("%s's copy of pvc1 lacks the write acknowledged before its restart (%v)", secondary, err)
+	}
+}
