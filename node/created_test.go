@@ -4,11 +4,14 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/replvol/replvol/transport"
 	"github.com/replvol/replvol/transport/nbd/nbdtest"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // newPoolCluster is newRaftCluster whose data nodes have a pool
@@ -162,5 +165,44 @@ func TestACreatedVolumeComesBackWithItsNodes(t *testing.T) {
 	w := c.nodes[secondary].volumes()["pvc1"]
 	if _, err := w.disk.ReadAt(got, 0); err != nil || string(got) != string(pattern(7, 64<<10)) {
 		t.Fatalf("%s's copy of pvc1 lacks the write acknowledged before its restart (%v)", secondary, err)
+	}
+}
+
+// TestADeleteOfAMountedVolumeIsRefused: while a mount holds a created
+// volume's claim, its delete is refused, naming the host and the
+// directory and how to unmount, and nothing changes; once the claim is
+// given back the delete goes through.
+func TestADeleteOfAMountedVolumeIsRefused(t *testing.T) {
+	c := newPoolCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	reply, err := c.nodes["beta"].api.VolumeCreate(ctx, &transport.VolumeCreateRequest{Name: "pvc1", Size: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	primary := reply.Volume.Replicas[0]
+	p := c.nodes[primary]
+	eventually(t, func() bool { v, ok := p.volumes()["pvc1"]; return ok && v.status().Serving }, "pvc1 serves on "+primary)
+	holder := transport.MountHolder{Host: "web1", Dir: "/srv/data", ID: "5f0c2a"}
+	claim := func(action string) error {
+		_, err := p.api.Claim(ctx, &transport.ClaimRequest{Volume: "pvc1", Action: action, Holder: holder, Grace: 30 * time.Second})
+		return err
+	}
+	if err := claim(transport.ClaimTake); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.nodes["wit"].api.VolumeDelete(ctx, &transport.VolumeDeleteRequest{Name: "pvc1"})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "pvc1 is mounted on host web1 at /srv/data") ||
+		!strings.Contains(err.Error(), "replctl umount /srv/data, on web1") {
+		t.Fatalf("delete of a mounted volume: %v", err)
+	}
+	if _, ok := c.nodes["wit"].cl.c.Authority().Created("pvc1"); !ok {
+		t.Fatal("the refused delete changed raft's record")
+	}
+	if err := claim(transport.ClaimRelease); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := c.nodes["wit"].api.VolumeDelete(ctx, &transport.VolumeDeleteRequest{Name: "pvc1"}); err != nil || !r.Deleted {
+		t.Fatalf("delete once unmounted: %+v, %v", r, err)
 	}
 }
