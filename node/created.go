@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/replvol/replvol/backing"
+	"github.com/replvol/replvol/node/cluster"
 	"github.com/replvol/replvol/node/control"
 	"github.com/replvol/replvol/node/placement"
 	"github.com/replvol/replvol/replication"
@@ -89,7 +90,10 @@ func (n *Node) noClusterError(what string) error {
 }
 
 // createVolume places and records the volume r asks for, on the leader
-// (the control API forwards it here, its defaults filled in).
+// (the control API forwards it here, its defaults filled in). It looks
+// at the state machine only once it is current (a barrier), and records
+// the volume in the office it looked in: a node that lost its office
+// midway answers Aborted, and the control API asks the next leader.
 func (n *Node) createVolume(ctx context.Context, r *transport.VolumeCreateRequest) (*transport.VolumeCreateReply, error) {
 	if n.cl == nil {
 		return nil, n.noClusterError("volume create")
@@ -97,6 +101,10 @@ func (n *Node) createVolume(ctx context.Context, r *transport.VolumeCreateReques
 	cfg := n.config()
 	if vc := cfg.Volume(r.Name); vc != nil && !vc.FromAPI() {
 		return nil, status.Errorf(codes.AlreadyExists, "%s is a volume of the cluster file: choose another name", r.Name)
+	}
+	office, err := n.cl.c.Barrier(ctx)
+	if err != nil {
+		return nil, leaderError(r.Name, err)
 	}
 	if def, ok := n.cl.c.Authority().Created(r.Name); ok {
 		return n.createdAlready(def, r)
@@ -116,19 +124,31 @@ func (n *Node) createVolume(ctx context.Context, r *transport.VolumeCreateReques
 		return nil, err
 	}
 	def := replication.CreatedVolume{Name: r.Name, Size: r.Size, Pool: r.Pool, Protocol: r.Protocol, Nodes: chosen}
-	if _, err := n.cl.c.Propose(ctx, replication.CreateVolumeCommand(def)); err != nil {
+	if _, err := n.cl.c.ProposeAsLeader(ctx, replication.CreateVolumeCommand(def), office); err != nil {
 		if errors.Is(err, replication.ErrVolumeExists) {
+			// Another create of the name was recorded meanwhile, here:
+			// this state machine has it.
 			if def, ok := n.cl.c.Authority().Created(r.Name); ok {
 				return n.createdAlready(def, r)
 			}
 			return nil, status.Errorf(codes.AlreadyExists, "volume %s not created: %v", r.Name, err)
 		}
-		return nil, status.Errorf(codes.Unavailable, "volume %s: raft did not record it: %v", r.Name, err)
+		return nil, leaderError(r.Name, err)
 	}
 	n.log.Info("volume created", "volume", r.Name, "size", r.Size, "pool", r.Pool, "nodes", strings.Join(chosen, ","))
 	n.event(r.Name, "volume-created", fmt.Sprintf("%s created: %d bytes (%s) in pool %s on %s, protocol %s; %s is its primary",
 		r.Name, r.Size, sizeText(int64(r.Size)), r.Pool, strings.Join(chosen, ", "), r.Protocol, chosen[0]))
 	return &transport.VolumeCreateReply{Volume: n.createdInfo(def, replication.Authority{}), Created: true}, nil
+}
+
+// leaderError is what a create or a delete answers when raft did not
+// take it: Aborted when this node no longer leads (the control API asks
+// the next leader), Unavailable otherwise.
+func leaderError(volume string, err error) error {
+	if errors.Is(err, cluster.ErrLeadershipChanged) {
+		return status.Errorf(codes.Aborted, "%s: the raft leader changed: %v", volume, err)
+	}
+	return status.Errorf(codes.Unavailable, "%s: raft did not take it (nothing changed; try again once the cluster has a quorum): %v", volume, err)
 }
 
 // createdAlready answers a create of a name raft records: the same
@@ -190,6 +210,10 @@ func (n *Node) deleteVolume(ctx context.Context, name string) (*transport.Volume
 	if vc := n.config().Volume(name); vc != nil && !vc.FromAPI() {
 		return nil, status.Errorf(codes.FailedPrecondition, "%s is a volume of the cluster file, not one created with replctl volume create: remove it from the file on every node and reload them (systemctl reload replnode); nothing was deleted", name)
 	}
+	office, err := n.cl.c.Barrier(ctx)
+	if err != nil {
+		return nil, leaderError(name, err)
+	}
 	if _, ok := n.cl.c.Authority().Created(name); !ok {
 		return &transport.VolumeDeleteReply{}, nil
 	}
@@ -202,8 +226,8 @@ func (n *Node) deleteVolume(ctx context.Context, name string) (*transport.Volume
 		return nil, status.Errorf(codes.FailedPrecondition, "%s is mounted %s (since %s): unmount it first (%s); nothing was deleted",
 			name, mountedWords(h), vs.Mount.Since.UTC().Format("2006-01-02 15:04:05 UTC"), umountWords(h))
 	}
-	if _, err := n.cl.c.Propose(ctx, replication.DeleteVolumeCommand(name)); err != nil {
-		return nil, status.Errorf(codes.Unavailable, "%s: raft did not record the delete: %v", name, err)
+	if _, err := n.cl.c.ProposeAsLeader(ctx, replication.DeleteVolumeCommand(name), office); err != nil {
+		return nil, leaderError(name, err)
 	}
 	n.log.Info("volume deleted", "volume", name)
 	n.event(name, "volume-deleted", fmt.Sprintf("%s deleted: every node that holds it stops it and frees its storage", name))
@@ -275,8 +299,7 @@ func (n *Node) createdLoop(stop <-chan struct{}) {
 // frees the volumes created at run time that raft no longer has, and
 // makes and starts the ones it has and this node does not run yet.
 func (n *Node) reconcileCreated() {
-	auth := n.cl.c.Authority()
-	applied := n.cl.c.AppliedIndex()
+	auth, applied := n.cl.c.AuthorityAt()
 	n.volMu.Lock()
 	defer n.volMu.Unlock()
 	n.mu.Lock()
@@ -426,8 +449,8 @@ func (n *Node) freeImage(volume, path string) error {
 
 // collectDeleted frees the backing files of this node's directory pools
 // whose volume was deleted while the node did not run it: the state
-// machine applied past the file's create (applied), and records no
-// volume of that create.
+// machine (auth, as of the entry applied) has applied the file's create,
+// and records no volume of that create.
 func (n *Node) collectDeleted(auth replication.Authority, applied uint64) {
 	self, _ := n.config().Node(n.name)
 	running := n.volumes()
@@ -445,8 +468,8 @@ func (n *Node) collectDeleted(auth replication.Authority, applied uint64) {
 				continue
 			}
 			index, err := readMarker(filepath.Join(p.Dir, e.Name()))
-			if err != nil || index >= applied {
-				continue
+			if err != nil || index > applied {
+				continue // a create this state machine has not applied yet
 			}
 			if def, ok := auth.Creates[name]; ok && def.Index == index {
 				continue
