@@ -31,13 +31,12 @@ func (s *Server) VolumeCreate(ctx context.Context, r *transport.VolumeCreateRequ
 	if err != nil {
 		return nil, err
 	}
-	if reply, ok, err := onLeader(ctx, s, func(ctx context.Context, api transport.ControlServer) (*transport.VolumeCreateReply, error) {
+	return onLeader(ctx, s, func(ctx context.Context) (*transport.VolumeCreateReply, error) {
+		reply, err := s.node.CreateVolume(ctx, req)
+		return reply, GRPCError(err)
+	}, func(ctx context.Context, api transport.ControlServer) (*transport.VolumeCreateReply, error) {
 		return api.VolumeCreate(ctx, req)
-	}); ok {
-		return reply, err
-	}
-	reply, err := s.node.CreateVolume(ctx, req)
-	return reply, GRPCError(err)
+	})
 }
 
 // checkCreate refuses a request no node can take, and fills in the
@@ -99,62 +98,73 @@ func (s *Server) VolumeDelete(ctx context.Context, r *transport.VolumeDeleteRequ
 	if err := checkVolumeName(r.Name); err != nil {
 		return nil, err
 	}
-	if reply, ok, err := onLeader(ctx, s, func(ctx context.Context, api transport.ControlServer) (*transport.VolumeDeleteReply, error) {
+	return onLeader(ctx, s, func(ctx context.Context) (*transport.VolumeDeleteReply, error) {
+		reply, err := s.node.DeleteVolume(ctx, r.Name)
+		return reply, GRPCError(err)
+	}, func(ctx context.Context, api transport.ControlServer) (*transport.VolumeDeleteReply, error) {
 		return api.VolumeDelete(ctx, r)
-	}); ok {
-		return reply, err
-	}
-	reply, err := s.node.DeleteVolume(ctx, r.Name)
-	return reply, GRPCError(err)
+	})
 }
 
 // VolumeList lists the volumes of the cluster file and of raft, as the
 // leader knows them (this node's view when it runs no cluster).
 func (s *Server) VolumeList(ctx context.Context, r *transport.VolumeListRequest) (*transport.VolumeListReply, error) {
-	if reply, ok, err := onLeader(ctx, s, func(ctx context.Context, api transport.ControlServer) (*transport.VolumeListReply, error) {
+	return onLeader(ctx, s, func(context.Context) (*transport.VolumeListReply, error) {
+		return &transport.VolumeListReply{Volumes: s.node.ListVolumes()}, nil
+	}, func(ctx context.Context, api transport.ControlServer) (*transport.VolumeListReply, error) {
 		return api.VolumeList(ctx, r)
-	}); ok {
-		return reply, err
-	}
-	return &transport.VolumeListReply{Volumes: s.node.ListVolumes()}, nil
+	})
 }
 
-// onLeader forwards a call to the raft leader when that is another node,
-// and reports whether it did; without a cluster, or on the leader, the
-// call runs here. Without a leader it waits for one; a forward the
-// leader's change cuts short is made again to the next one (every call
-// it carries may run twice: a create or a delete recorded already is
-// answered as such), until ctx ends.
-func onLeader[Resp any](ctx context.Context, s *Server, call func(ctx context.Context, api transport.ControlServer) (*Resp, error)) (*Resp, bool, error) {
+// onLeader runs a call on the raft leader: here (without a cluster too),
+// or forwarded there. Without a leader it waits for one. A forward the
+// leader's change cuts short, or a leader that answers Aborted (it lost
+// its office midway), is tried again on the next leader, until ctx
+// ends: every call it carries may run twice (a create or a delete
+// recorded already is answered as such).
+func onLeader[Resp any](ctx context.Context, s *Server, here func(ctx context.Context) (*Resp, error),
+	there func(ctx context.Context, api transport.ControlServer) (*Resp, error)) (*Resp, error) {
 	for {
 		changed := s.node.LeaderChanged()
 		leader, clustered := s.node.Leader()
+		var reply *Resp
+		var err error
 		switch {
-		case !clustered || leader == s.node.Name():
-			return nil, false, nil
+		case !clustered:
+			return here(ctx)
 		case leader == "":
 			select {
 			case <-ctx.Done():
-				return nil, true, status.Errorf(codes.Unavailable, "the cluster has no raft leader (no quorum): try again once a majority of the voters is up (%v)", ctx.Err())
+				return nil, status.Errorf(codes.Unavailable, "the cluster has no raft leader (no quorum): try again once a majority of the voters is up (%v)", ctx.Err())
 			case <-changed:
 				continue
 			}
-		}
-		fctx, cancel := context.WithCancel(ctx)
-		go func() {
-			select {
-			case <-changed:
-				cancel()
-			case <-fctx.Done():
+		case leader == s.node.Name():
+			reply, err = here(ctx)
+		default:
+			fctx, cancel := context.WithCancel(ctx)
+			go func() {
+				select {
+				case <-changed:
+					cancel()
+				case <-fctx.Done():
+				}
+			}()
+			reply, _, err = forward(s, leader, func(api transport.ControlServer) (*Resp, error) { return there(fctx, api) })
+			cut := fctx.Err() != nil && ctx.Err() == nil
+			cancel()
+			if err != nil && cut {
+				continue // the leader changed meanwhile: ask the next one
 			}
-		}()
-		reply, _, err := forward(s, leader, func(api transport.ControlServer) (*Resp, error) { return call(fctx, api) })
-		cut := fctx.Err() != nil && ctx.Err() == nil
-		cancel()
-		if err != nil && cut {
-			continue // the leader changed meanwhile: ask the next one
 		}
-		return reply, true, err
+		if status.Code(err) != codes.Aborted {
+			return reply, err
+		}
+		select {
+		case <-ctx.Done():
+			return reply, err
+		case <-changed:
+		}
 	}
 }
 

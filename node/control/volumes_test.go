@@ -54,3 +54,37 @@ func TestBadVolumeCreatesAreRefusedBeforeTheNode(t *testing.T) {
 		})
 	}
 }
+
+// abortingNode leads, but loses its office during its first aborts
+// creates (Aborted), each time announcing a leader change.
+type abortingNode struct {
+	fakeNode
+	aborts int
+}
+
+func (a *abortingNode) LeaderChanged() <-chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}
+
+func (a *abortingNode) CreateVolume(ctx context.Context, r *transport.VolumeCreateRequest) (*transport.VolumeCreateReply, error) {
+	a.decided = append(a.decided, "create")
+	if a.aborts > 0 {
+		a.aborts--
+		return nil, status.Error(codes.Aborted, "pvc-1: the raft leader changed")
+	}
+	return &transport.VolumeCreateReply{Volume: transport.VolumeInfo{Name: r.Name}, Created: true}, nil
+}
+
+// TestAVolumeCallIsAskedAgainWhenTheLeaderLosesItsOffice: a leader that
+// lost its office while it recorded a create answers Aborted; the call
+// is made again on the leader after it, and the caller sees only the
+// answer of the one that took it.
+func TestAVolumeCallIsAskedAgainWhenTheLeaderLosesItsOffice(t *testing.T) {
+	node := &abortingNode{aborts: 2}
+	reply, err := NewServer(node, nil, nil).VolumeCreate(context.Background(), &transport.VolumeCreateRequest{Name: "pvc-1", Size: 4096})
+	if err != nil || !reply.Created || len(node.decided) != 3 {
+		t.Fatalf("got %+v, %v after %d creates; want the third one's answer", reply, err, len(node.decided))
+	}
+}
