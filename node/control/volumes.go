@@ -21,6 +21,10 @@ import (
 // defaultReplicas is the copies of a volume a create names none of.
 const defaultReplicas = 2
 
+// leaderChangeGrace is how long a call forwarded to a leader that lost
+// its office may still take before it is made again on the next one.
+const leaderChangeGrace = 5 * time.Second
+
 // poolAskTimeout bounds the wait for one node's pools: a node down is
 // reported so, and does not hold a create or a status back.
 const poolAskTimeout = 3 * time.Second
@@ -117,11 +121,12 @@ func (s *Server) VolumeList(ctx context.Context, r *transport.VolumeListRequest)
 }
 
 // onLeader runs a call on the raft leader: here (without a cluster too),
-// or forwarded there. Without a leader it waits for one. A forward the
-// leader's change cuts short, or a leader that answers Aborted (it lost
-// its office midway), is tried again on the next leader, until ctx
-// ends: every call it carries may run twice (a create or a delete
-// recorded already is answered as such).
+// or forwarded there. Without a leader it waits for one. A forward that
+// the old leader does not answer within leaderChangeGrace of a change of
+// leader, or a leader that answers Aborted (it lost its office midway),
+// is tried again on the next leader, until ctx ends: every call it
+// carries may run twice (a create or a delete recorded already is
+// answered as such).
 func onLeader[Resp any](ctx context.Context, s *Server, here func(ctx context.Context) (*Resp, error),
 	there func(ctx context.Context, api transport.ControlServer) (*Resp, error)) (*Resp, error) {
 	for {
@@ -146,6 +151,16 @@ func onLeader[Resp any](ctx context.Context, s *Server, here func(ctx context.Co
 			go func() {
 				select {
 				case <-changed:
+				case <-fctx.Done():
+					return
+				}
+				// An old leader that lives answers soon: Aborted, or the
+				// call done (a leadership handed off mid-call). One that
+				// died would hold the call until its deadline.
+				grace := s.clock.NewTimer(leaderChangeGrace)
+				defer grace.Stop()
+				select {
+				case <-grace.C():
 					cancel()
 				case <-fctx.Done():
 				}
