@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -96,6 +97,9 @@ func (c *testCluster) start(name string) *Node {
 	c.t.Helper()
 	opts := c.opts[name]
 	opts.wrapStore = func(s stateStore) stateStore { return &faultyStore{stateStore: s} }
+	if opts.Logger == nil && os.Getenv("REPLVOL_TEST_LOG") != "" {
+		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil)).With("test-node", name)
+	}
 	n, err := New(cloneConfig(c.cfg), name, opts)
 	if err != nil {
 		c.t.Fatalf("start %s: %v", name, err)

@@ -175,6 +175,14 @@ func (c controlVolume) Resync(pause, resume bool, only string) (*transport.Resyn
 	return c.v.resync(pause, resume, only)
 }
 
+func (c controlVolume) Scrub(rate int64, pause, resume, stop, query bool) (transport.ScrubStatus, error) {
+	return c.v.scrubCommand(rate, pause, resume, stop, query)
+}
+
+func (c controlVolume) ReadBlocks(ctx context.Context, off, length int64) ([]byte, error) {
+	return c.v.readBlocks(ctx, off, length)
+}
+
 func (c controlVolume) AwaitServing(ctx context.Context, epoch uint64) (uint64, error) {
 	return c.v.awaitServing(ctx, epoch)
 }

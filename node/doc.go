@@ -157,7 +157,8 @@
 // Lock order, outermost first; a goroutine holding one takes only those
 // after it: n.volMu, v.resizeMu, in.applyMu, v.stateMu, v.mu; then the
 // leaves, under which nothing is taken: n.mu, n.cl.mu, v.rb.mu,
-// n.events.mu, n.claims.mu (claims.go: the mount claims), the metrics'
+// n.events.mu, n.claims.mu (claims.go: the mount claims), v.scrub.mu
+// (scrub.go: the scrub's phase and checkpoint), the metrics'
 // eventCounts.mu and statusCache.mu. These are every mutex of the
 // package (type mutex, lock.go: internal/lockorder's); the mutexes of the
 // packages it calls under them (metadata, replication's bitmaps and

@@ -110,7 +110,7 @@ type collector struct {
 	volPrimary, volServing, volEpoch, volSize, volLocalMissing, volClients metricFamily
 	reads, readBytes, writes, writeBytes, flushes, resynced                metricFamily
 	alExtents, alHits, alMisses, alTransactions, alEvictions               metricFamily
-	blocksRepaired, blocksUnrecoverable                                    metricFamily
+	blocksRepaired, blocksUnrecoverable, scrubProgress                     metricFamily
 	requestDuration                                                        *prometheus.Desc
 
 	// This node's replication links.
@@ -198,6 +198,7 @@ func (c *collector) define() {
 	c.alTransactions = k("activity_log_transactions_total", "Activity log transactions written (one metadata write each).", vol...)
 	c.alEvictions = k("activity_log_evictions_total", "Extents evicted from the activity log.", vol...)
 	c.blocksRepaired = k("blocks_repaired_total", "4 KiB blocks a read found bad on this node's disk, by cause (checksum: they did not match their checksum; read-error: the disk could not read them), and rewrote with a peer's good copy.", "volume", "node", "cause")
+	c.scrubProgress = g("scrub_progress_ratio", "How far the volume's scrub on this node got (replctl scrub): the running or paused scrub's share of the disk read, 1 once one finished, 0 before any.", vol...)
 	c.blocksUnrecoverable = g("blocks_unrecoverable", "4 KiB blocks a read found bad on this node's disk with no good copy on any peer, since the node started: reads of them fail with EIO (event block-unrecoverable names them).", vol...)
 
 	c.peerConnected = g("peer_connected", "1 while a replication session with the peer exists (it may still be resyncing: see peer_in_sync). A primary has a link to each peer, a secondary to its primary.", linkLabels...)
@@ -338,6 +339,7 @@ func (c *collector) collectVolume(ch chan<- prometheus.Metric, v *Volume) {
 		c.blocksRepaired.send(ch, float64(v.integ.repaired[cause].Load()), v.name, self, cause.String())
 	}
 	c.blocksUnrecoverable.send(ch, float64(v.integ.unrecoverable.Load()), v.name, self)
+	c.scrubProgress.send(ch, v.scrubProgress(), v.name, self)
 	if al := lv.ActivityLog; al != nil {
 		c.alExtents.send(ch, float64(al.Extents), v.name, self)
 		c.alHits.send(ch, float64(al.Hits), v.name, self)

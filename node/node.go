@@ -102,6 +102,10 @@ type stateStore interface {
 	Volume(name string) (statefile.VolumeState, bool, error)
 	// PutVolume is durable BEFORE it returns.
 	PutVolume(name string, st statefile.VolumeState) error
+	// Scrub and PutScrub keep a volume's scrub checkpoint; PutScrub is
+	// durable BEFORE it returns.
+	Scrub(name string) (statefile.ScrubState, bool, error)
+	PutScrub(name string, st statefile.ScrubState) error
 	// DeleteVolume is durable BEFORE it returns.
 	DeleteVolume(name string) error
 	AddEvent(e statefile.Event) (statefile.Event, error)

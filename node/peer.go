@@ -330,22 +330,29 @@ func (p *peer) splitBrain(ref *refusal) reason {
 	if ref.peerPrimary && ref.peerEpoch > v.epoch() {
 		v.fence(ref.peerEpoch, fmt.Sprintf("%s is primary at the newer epoch %d and the data diverged (split brain)", p.name, ref.peerEpoch))
 	}
-	if victim, policy := v.splitBrainVictim(p, ref.peer); victim != replication.VictimNone && (ref.peerPrimary || victim == replication.VictimPeer) {
+	victim, policy := v.splitBrainVictim(p, ref.peer)
+	if victim != replication.VictimNone && (ref.peerPrimary || victim == replication.VictimPeer) {
 		who := p.name
 		if victim == replication.VictimMe {
 			who = v.self
-			v.bg.Add(1)
-			go func() {
-				defer v.bg.Done()
-				v.autoDiscard(p.name, policy)
-			}()
 		}
 		text = fmt.Sprintf("split-brain: policy %s makes %s discard its changes", policy, who)
+	} else {
+		victim = replication.VictimNone
 	}
 	why := reason{cause: CauseSplitBrain, text: text}
 	v.mu.Lock()
 	v.stepUnwrittenLocked(volstate.SplitBrainFound{Peer: p.name, Rule: ref.rule}, func(volstate.Cause) reason { return why })
 	v.mu.Unlock()
+	if victim == replication.VictimMe {
+		// Only now: the discard is refused unless the machine knows of
+		// the split brain, which the step above told it.
+		v.bg.Add(1)
+		go func() {
+			defer v.bg.Done()
+			v.autoDiscard(p.name, policy)
+		}()
+	}
 	return why
 }
 

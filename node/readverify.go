@@ -10,6 +10,8 @@ import (
 	"github.com/replvol/replvol/backing"
 	"github.com/replvol/replvol/internal/blocksum"
 	"github.com/replvol/replvol/metadata/statefile"
+	"github.com/replvol/replvol/node/applier"
+	"github.com/replvol/replvol/replication"
 )
 
 // Verified reads that heal (docs/integrity.md): every block an NBD read
@@ -44,10 +46,47 @@ func blockSpan(b, size int64) (off, length int64) {
 	return off, min(blocksum.BlockSize, size-off)
 }
 
+// blockTally counts what a check of blocks found (a scrub's figures):
+// the blocks verified against a known sum, those repaired from a peer,
+// and those no peer held good. A check given one goes on past an
+// unrecoverable block; a read (given none) stops there with EIO.
+type blockTally struct {
+	checked, repaired, unrecoverable int64
+	// lost are the blocks found unrecoverable: not checked (nor counted)
+	// again by the same check.
+	lost map[int64]bool
+}
+
+// add counts a repair's outcome: err nil is a block repaired; true when
+// the check goes on (err nil, or unrecoverable and counted in t).
+func (t *blockTally) add(b int64, err error) bool {
+	switch {
+	case t == nil:
+		return err == nil
+	case err == nil:
+		t.repaired++
+		return true
+	case errors.Is(err, errUnrecoverable):
+		t.unrecoverable++
+		if t.lost == nil {
+			t.lost = map[int64]bool{}
+		}
+		t.lost[b] = true
+		return true
+	}
+	return false
+}
+
 // verifyRead checks p, just read from the local disk at off, block by
 // block against the stored sums, and repairs each block that fails:
 // nil when p now holds good data throughout.
 func (v *Volume) verifyRead(ctx context.Context, p []byte, off int64) error {
+	return v.verifyBlocks(ctx, p, off, nil)
+}
+
+// verifyBlocks is verifyRead, counting in t (nil: none) what it finds;
+// with t it goes on past an unrecoverable block (a scrub).
+func (v *Volume) verifyBlocks(ctx context.Context, p []byte, off int64, t *blockTally) error {
 	in := v.integ
 	if !in.on() || len(p) == 0 {
 		return nil
@@ -70,6 +109,12 @@ func (v *Volume) verifyRead(ctx context.Context, p []byte, off int64) error {
 				continue
 			}
 			b := b0 + k
+			if t != nil {
+				if t.lost[b] {
+					continue
+				}
+				t.checked++
+			}
 			boff, blen := blockSpan(b, size)
 			var data []byte
 			if boff >= off && boff+blen <= end {
@@ -86,7 +131,7 @@ func (v *Volume) verifyRead(ctx context.Context, p []byte, off int64) error {
 				if err == nil {
 					continue
 				}
-				if rerr := v.repairBlock(ctx, p, off, b, sums[k], true, causeOf(err)); rerr != nil {
+				if rerr := v.repairBlock(ctx, p, off, b, sums[k], true, causeOf(err)); !t.add(b, rerr) {
 					return rerr
 				}
 				continue
@@ -94,7 +139,7 @@ func (v *Volume) verifyRead(ctx context.Context, p []byte, off int64) error {
 			if in.seed.Verify(uint64(b), data, sums[k]) == nil {
 				continue
 			}
-			if err := v.repairBlock(ctx, p, off, b, sums[k], true, repairChecksum); err != nil {
+			if err := v.repairBlock(ctx, p, off, b, sums[k], true, repairChecksum); !t.add(b, err) {
 				return err
 			}
 		}
@@ -118,6 +163,12 @@ func causeOf(err error) repairCause {
 // caller detaches it); err is errUnrecoverable (EIO) when a block had no
 // good copy anywhere.
 func (v *Volume) repairUnreadable(ctx context.Context, p []byte, off int64) (handled bool, err error) {
+	return v.repairUnreadableTally(ctx, p, off, nil)
+}
+
+// repairUnreadableTally is repairUnreadable, counting in t (nil: none)
+// what it finds; with t it goes on past an unrecoverable block.
+func (v *Volume) repairUnreadableTally(ctx context.Context, p []byte, off int64, t *blockTally) (handled bool, err error) {
 	size := v.size.Load()
 	end := off + int64(len(p))
 	var failed []int64
@@ -132,7 +183,7 @@ func (v *Volume) repairUnreadable(ctx context.Context, p []byte, off int64) (han
 	}
 	if len(failed) == 0 {
 		// Every block reads now (the disk's hiccup): checked as usual.
-		return true, v.verifyRead(ctx, p, off)
+		return true, v.verifyBlocks(ctx, p, off, t)
 	}
 	for _, b := range failed {
 		var sum uint32
@@ -142,57 +193,66 @@ func (v *Volume) repairUnreadable(ctx context.Context, p []byte, off int64) (han
 				sum, known = s, k
 			}
 		}
-		if err := v.repairBlock(ctx, p, off, b, sum, known, repairReadError); err != nil {
+		if err := v.repairBlock(ctx, p, off, b, sum, known, repairReadError); !t.add(b, err) {
 			if errors.Is(err, errUnrecoverable) {
 				return true, err
 			}
 			return false, nil
 		}
 	}
-	// The blocks that did read are checked too.
-	return true, v.verifyRead(ctx, p, off)
+	// The blocks that did read are checked too (a repaired block again:
+	// p holds its good copy now).
+	return true, v.verifyBlocks(ctx, p, off, t)
 }
 
-// repairBlock takes block b from a peer in sync whose copy is good (it
-// matches sum, when known; the peer checks it with its own), copies it
-// into p (read at off), and writes it back over the local block. The
-// block-repaired event and counter say so; when no peer holds a good
+// errRepairLater: a block a secondary's scrub found bad was written by
+// the primary's stream before it could be repaired (it holds newer data
+// now), or the stream from the primary ended: nothing was repaired, and
+// a later scrub checks it again.
+var errRepairLater = errors.New("the block changed, or the primary went away, before its repair")
+
+// repairBlock takes block b from a replica in sync whose copy is good (it
+// matches sum, when known; the replica checks it with its own), copies
+// it into p (read at off; nil: a scrub, which hands nothing on), and
+// writes it back over the local block. On the primary the copy comes
+// from a peer in sync; on a secondary from its primary (goodCopy). The
+// block-repaired event and counter say so; when no replica holds a good
 // copy, the block-unrecoverable event and counter, and errUnrecoverable
 // (EIO). A write-back that fails detaches the disk, as a failed write
 // does; the client still gets the good data.
 func (v *Volume) repairBlock(ctx context.Context, p []byte, off, b int64, sum uint32, known bool, cause repairCause) error {
 	boff, blen := blockSpan(b, v.size.Load())
 	good := make([]byte, blen)
-	from := ""
-	for _, pr := range v.streamingPeers() {
-		if !pr.connected() || anySet(pr.bm, boff, blen) {
-			continue
+	var in *applier.Stream
+	if v.state().role() != replication.Primary {
+		if in = v.incomingStream(); in == nil {
+			return errRepairLater
 		}
-		if err := pr.read(ctx, good, boff); err != nil {
-			v.log.Warn("repair: read from peer failed", "peer", pr.name, "off", boff, "err", err)
-			continue
-		}
-		if known && v.integ.seed.Verify(uint64(b), good, sum) != nil {
-			v.log.Warn("repair: the peer's copy does not match the checksum either", "peer", pr.name, "off", boff)
-			continue
-		}
-		from = pr.name
-		break
 	}
+	from := v.goodCopy(ctx, in, good, b, sum, known)
 	if from == "" {
 		v.integ.unrecoverable.Add(1)
-		msg := fmt.Sprintf("the block at byte %d (%d bytes) of %s on %s is bad (%s) and no peer in sync holds a good copy: reads of it fail with EIO. Write the range again (from a backup, or what the application knows) to clear it",
+		msg := fmt.Sprintf("the block at byte %d (%d bytes) of %s on %s is bad (%s) and no replica in sync holds a good copy: reads of it fail with EIO. Write the range again (from a backup, or what the application knows) to clear it",
 			boff, blen, v.name, v.self, cause)
 		v.log.Error(msg)
 		v.node.emit(statefile.Event{Volume: v.name, Kind: "block-unrecoverable", Reason: cause.String(), Offset: boff, Length: blen, Message: msg})
 		return fmt.Errorf("%s: byte %d: %w (%w)", v.name, boff, errUnrecoverable, syscall.EIO)
 	}
-	from0, to := max(boff, off), min(boff+blen, off+int64(len(p)))
-	copy(p[from0-off:to-off], good[from0-boff:to-boff])
+	if p != nil {
+		from0, to := max(boff, off), min(boff+blen, off+int64(len(p)))
+		copy(p[from0-off:to-off], good[from0-boff:to-boff])
+	}
 	// Written back durably: the sum the block has stays right for it
 	// (the data is the one it was computed from), so no sum changes and
 	// the activity log need not know.
-	werr := backing.WriteSync(v.disk, good, boff)
+	var werr error
+	if in == nil {
+		werr = backing.WriteSync(v.disk, good, boff)
+	} else if skipped, err := v.writeBackUnderStream(in, good, b, sum, known); skipped {
+		return errRepairLater
+	} else {
+		werr = err
+	}
 	v.integ.repaired[cause].Add(1)
 	msg := fmt.Sprintf("repaired the block at byte %d (%d bytes) of %s on %s from %s (%s)", boff, blen, v.name, v.self, from, cause)
 	if werr != nil {
@@ -204,4 +264,45 @@ func (v *Volume) repairBlock(ctx context.Context, p []byte, off, b int64, sum ui
 		v.detach(diskFailure{op: diskWrite, off: boff, length: blen, err: werr}, boff, blen)
 	}
 	return nil
+}
+
+// goodCopy reads block b into good from a replica in sync whose copy is
+// good, and names it ("" when none has one). The primary asks each peer
+// in sync (which checks its copy with its own sums); a secondary (in,
+// its stream from the primary) asks its primary, which reads the block as
+// a client's read is, verified and repaired. Either way the copy is
+// checked against this node's sum, when known.
+func (v *Volume) goodCopy(ctx context.Context, in *applier.Stream, good []byte, b int64, sum uint32, known bool) string {
+	boff := b * blocksum.BlockSize
+	ok := func(from string) bool {
+		if known && v.integ.seed.Verify(uint64(b), good, sum) != nil {
+			v.log.Warn("repair: the replica's copy does not match the checksum either", "replica", from, "off", boff)
+			return false
+		}
+		return true
+	}
+	if in != nil {
+		primary := in.From()
+		if err := v.readFromPrimary(ctx, primary, good, boff); err != nil {
+			v.log.Warn("repair: read from the primary failed", "primary", primary, "off", boff, "err", err)
+			return ""
+		}
+		if !ok(primary) {
+			return ""
+		}
+		return primary
+	}
+	for _, pr := range v.streamingPeers() {
+		if !pr.connected() || anySet(pr.bm, boff, int64(len(good))) {
+			continue
+		}
+		if err := pr.read(ctx, good, boff); err != nil {
+			v.log.Warn("repair: read from peer failed", "peer", pr.name, "off", boff, "err", err)
+			continue
+		}
+		if ok(pr.name) {
+			return pr.name
+		}
+	}
+	return ""
 }

@@ -37,7 +37,9 @@ type Volume struct {
 	// md is the on-disk metadata: the peers' bitmaps and the activity log.
 	md *metadata.MD
 	// integ is the volume's checksums at rest here (integrity.go).
-	integ   *integrity
+	integ *integrity
+	// scrub is the volume's scrub on this node (scrub.go).
+	scrub   scrubber
 	closeMD func() error
 	log     *slog.Logger
 	// clock is the node's (Node.clock).
@@ -309,6 +311,8 @@ func (v *Volume) start() {
 		// The rules record why (volstate's persistFailed).
 		v.log.Error("cannot set the primary indicator; not serving", "err", err)
 	}
+	// A scrub that ran when the node stopped goes on from its checkpoint.
+	v.resumeScrubAtStart()
 }
 
 // peerAnswered is called when a peer took this primary's stream (the
@@ -669,6 +673,7 @@ func (v *Volume) status() transport.LocalVolume {
 	al := v.md.ActivityLog()
 	as := al.Stats()
 	lv.Integrity = v.integ.status()
+	lv.Integrity.Scrub = v.scrubStatus()
 	lv.ActivityLog = &transport.ActivityLogStatus{Extents: al.Extents(), Hits: as.Hits, Misses: as.Misses, Transactions: as.Transactions, Evictions: as.Evictions}
 	if v.mp != nil {
 		lv.PathPolicy = v.mp.Policy().String()

@@ -456,6 +456,64 @@ type ScrubStatus struct {
 	// LastRepaired the blocks it repaired.
 	LastFinished *time.Time `json:"last_finished"`
 	LastRepaired int64      `json:"last_repaired"`
+	// LastUnrecoverable are the blocks the last scrub found bad with no
+	// good copy anywhere.
+	LastUnrecoverable int64 `json:"last_unrecoverable,omitempty"`
+	// CheckedBlocks, RepairedBlocks and UnrecoverableBlocks are the
+	// running (or paused) scrub's so far: the blocks it verified against
+	// a known sum, repaired from a replica, and found bad everywhere.
+	CheckedBlocks       int64 `json:"checked_blocks,omitempty"`
+	RepairedBlocks      int64 `json:"repaired_blocks,omitempty"`
+	UnrecoverableBlocks int64 `json:"unrecoverable_blocks,omitempty"`
+	// RateBytes is the rate the scrub reads at (bytes per second), and
+	// ETASeconds when it should end at that rate.
+	RateBytes  int64   `json:"rate_bytes,omitempty"`
+	ETASeconds float64 `json:"eta_seconds,omitempty"`
+}
+
+// ScrubRequest starts a scrub of Volume (every node that holds a disk of
+// it; Node set: that node alone) at Rate bytes per second (0: the
+// default, a share of the volume's resync rate), or pauses, resumes or
+// stops the one running; with Query, it only says where each node's scrub
+// is.
+type ScrubRequest struct {
+	Volume string `json:"volume"`
+	Node   string `json:"node,omitempty"`
+	Rate   int64  `json:"rate,omitempty"`
+	Pause  bool   `json:"pause,omitempty"`
+	Resume bool   `json:"resume,omitempty"`
+	Stop   bool   `json:"stop,omitempty"`
+	Query  bool   `json:"query,omitempty"`
+}
+
+// ScrubReply is each node's scrub after the request.
+type ScrubReply struct {
+	Nodes []ScrubbedNode `json:"nodes"`
+}
+
+// ScrubbedNode is one node's scrub of the volume.
+type ScrubbedNode struct {
+	Node  string      `json:"node"`
+	Scrub ScrubStatus `json:"scrub"`
+	// Refused says why the node did not take the command (nothing to
+	// pause there, a scrub running already), when it did not.
+	Refused string `json:"refused,omitempty"`
+}
+
+// ReadBlocksRequest reads Length bytes at Offset of Volume on its
+// primary (whole 4 KiB blocks, at most MaxReadBlocks bytes).
+type ReadBlocksRequest struct {
+	Volume string `json:"volume"`
+	Offset int64  `json:"offset"`
+	Length int64  `json:"length"`
+}
+
+// MaxReadBlocks bounds a ReadBlocks request.
+const MaxReadBlocks = 64 << 10
+
+// ReadBlocksReply holds the range's data.
+type ReadBlocksReply struct {
+	Data []byte `json:"data"`
 }
 
 // PeerStatus is the primary's view of one peer.

@@ -47,6 +47,14 @@ type ControlServer interface {
 	// deadline passes first. A node of an earlier release answers
 	// codes.Unimplemented.
 	AwaitServing(context.Context, *AwaitServingRequest) (*AwaitServingReply, error)
+	// Scrub starts, pauses, resumes or stops the scrub of a volume on
+	// every node that holds a disk of it (on r.Node alone, when set).
+	Scrub(context.Context, *ScrubRequest) (*ScrubReply, error)
+	// ReadBlocks reads a range of a volume on its primary as a client's
+	// read is (verified, and repaired from a peer when bad): a
+	// secondary's scrub takes the good copy of a bad block from it.
+	// Between nodes only.
+	ReadBlocks(context.Context, *ReadBlocksRequest) (*ReadBlocksReply, error)
 	// VolumeCreate, VolumeDelete and VolumeList create, delete and list
 	// the volumes made at run time from storage pools (volumes.go); any
 	// node forwards them to the raft leader.
@@ -117,6 +125,8 @@ var controlDesc = grpc.ServiceDesc{
 		unary(MethodResize, ControlServer.Resize),
 		unary(MethodClaim, ControlServer.Claim),
 		unary(MethodAwaitServing, ControlServer.AwaitServing),
+		unary(MethodScrub, ControlServer.Scrub),
+		unary(MethodReadBlocks, ControlServer.ReadBlocks),
 		unary(MethodVolumeCreate, ControlServer.VolumeCreate),
 		unary(MethodVolumeDelete, ControlServer.VolumeDelete),
 		unary(MethodVolumeList, ControlServer.VolumeList),
@@ -339,6 +349,16 @@ func (c *ControlClient) Claim(ctx context.Context, r *ClaimRequest) (*ClaimReply
 // volume as its primary at r.Epoch or later.
 func (c *ControlClient) AwaitServing(ctx context.Context, r *AwaitServingRequest) (*AwaitServingReply, error) {
 	return invoke[AwaitServingReply](ctx, c, MethodAwaitServing, r)
+}
+
+// Scrub starts, pauses, resumes or stops a volume's scrub.
+func (c *ControlClient) Scrub(ctx context.Context, r *ScrubRequest) (*ScrubReply, error) {
+	return invoke[ScrubReply](ctx, c, MethodScrub, r)
+}
+
+// ReadBlocks reads a range of a volume from its primary, verified.
+func (c *ControlClient) ReadBlocks(ctx context.Context, r *ReadBlocksRequest) (*ReadBlocksReply, error) {
+	return invoke[ReadBlocksReply](ctx, c, MethodReadBlocks, r)
 }
 
 // Events streams a node's events to fn until ctx ends, fn fails or the

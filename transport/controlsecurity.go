@@ -34,6 +34,8 @@ const (
 	MethodClaim          = "Claim"
 	MethodEvents         = "Events"
 	MethodAwaitServing   = "AwaitServing"
+	MethodScrub          = "Scrub"
+	MethodReadBlocks     = "ReadBlocks"
 )
 
 // ControlMethods lists every method of the control API.

@@ -111,6 +111,14 @@ func (c *recordingControl) AwaitServing(_ context.Context, r *AwaitServingReques
 	return record[AwaitServingRequest, AwaitServingReply](c, r)
 }
 
+func (c *recordingControl) Scrub(_ context.Context, r *ScrubRequest) (*ScrubReply, error) {
+	return record[ScrubRequest, ScrubReply](c, r)
+}
+
+func (c *recordingControl) ReadBlocks(_ context.Context, r *ReadBlocksRequest) (*ReadBlocksReply, error) {
+	return record[ReadBlocksRequest, ReadBlocksReply](c, r)
+}
+
 func (c *recordingControl) Events(_ context.Context, r *EventsRequest, _ func(*Event) error) error {
 	c.got = append(c.got, r)
 	return nil
@@ -164,6 +172,8 @@ func seedControlRequests() []controlSeed {
 		"Resize":         &ResizeRequest{Volume: "vol0", Size: 256 << 20, Node: "beta", Check: true},
 		"Claim":          &ClaimRequest{Volume: "vol0", Action: ClaimTake, Holder: MountHolder{Host: "web1", Dir: "/srv/data", ID: "5f0c2a"}, Grace: time.Minute},
 		"AwaitServing":   &AwaitServingRequest{Volume: "vol0", Epoch: 8},
+		"Scrub":          &ScrubRequest{Volume: "vol0", Node: "beta", Rate: 50 << 20},
+		"ReadBlocks":     &ReadBlocksRequest{Volume: "vol0", Offset: 4096, Length: 8192},
 		"VolumeCreate":   &VolumeCreateRequest{Name: "pvc-1", Size: 1 << 30, Replicas: 2, Pool: "default", Protocol: "C"},
 		"VolumeDelete":   &VolumeDeleteRequest{Name: "pvc-1"},
 		"VolumeList":     &VolumeListRequest{},

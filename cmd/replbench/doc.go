@@ -9,6 +9,11 @@
 //     ports picked free, no raft and no witness (the failover phase's
 //     cluster, fvCluster, with its data nodes only). Before every run both
 //     replicas are in sync.
+//   - replvol-nodes-nosums: the same with `checksums: off` (metadata laid
+//     out without the checksum area): what checksums at rest cost, as
+//     ratios of replvol-nodes to it from the same run (issue29.go; goals
+//     >= 0.9x on 8K random writes, >= 0.95x on 1M sequential writes and
+//     on 8K random reads).
 //   - replvol: `replctl demo --dir D --base-port 0 --size 1GiB`, started as a
 //     child process from a freshly built cmd/replctl. The first stdout line
 //     starting with "nbd://" is the primary's URI; the line "ready" means the

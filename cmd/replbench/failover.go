@@ -249,6 +249,7 @@ type fvCluster struct {
 	size          int64 // the volume's
 	alExtents     int   // 0: the default
 	readBalancing string
+	checksumsOff  bool              // checksums: off (the volume's metadata is laid out without them)
 	disks         map[string]string // data node -> backing file or device (of vol0)
 	// volumes, when set, are the volumes instead of vol0 alone, each
 	// node's disk of each at volumeDisk (the idle phase).
@@ -437,6 +438,9 @@ func (c *fvCluster) writeConfig() error {
 		if c.readBalancing != "" {
 			fmt.Fprintf(&cfg, "    read_balancing: %s\n", c.readBalancing)
 		}
+		if c.checksumsOff {
+			cfg.WriteString("    checksums: off\n")
+		}
 		cfg.WriteString("    disks:\n")
 		for _, name := range c.order {
 			if !c.nodes[name].witness {
@@ -581,7 +585,7 @@ func (c *fvCluster) failed(err error) error {
 // setupDataNodes builds the binaries and gives data nodes alpha and beta,
 // no witness, their addresses; it returns the size of a backing file of
 // a c.size volume with internal metadata.
-func (c *fvCluster) setupDataNodes(ctx context.Context) (int64, error) {
+func (c *fvCluster) setupDataNodes(ctx context.Context, sums bool) (int64, error) {
 	if err := c.build(ctx); err != nil {
 		return 0, err
 	}
@@ -589,7 +593,7 @@ func (c *fvCluster) setupDataNodes(ctx context.Context) (int64, error) {
 	if err := c.allocate(); err != nil {
 		return 0, err
 	}
-	return metadata.InternalDeviceSizeFor(c.size, 0, len(fvDataNodes)-1, true)
+	return metadata.InternalDeviceSizeFor(c.size, 0, len(fvDataNodes)-1, sums)
 }
 
 // diagnose names the replnode processes that exited by themselves.

@@ -90,7 +90,7 @@ func (b *bench) idlePhase(ctx context.Context) (rep *idleReport, err error) {
 		c.stopAll()
 		os.RemoveAll(c.dir) // the secondary's files fill up as they sync
 	}()
-	devSize, err := c.setupDataNodes(ctx)
+	devSize, err := c.setupDataNodes(ctx, true)
 	if err != nil {
 		return rep, err
 	}

@@ -62,6 +62,10 @@ const tReplvolTLSLinks = "replvol-tls-links"
 // disk, over 127.0.0.1, protocol C, internal metadata.
 const tReplvolNodes = "replvol-nodes"
 
+// tReplvolNodesNoSums is replvol-nodes with checksums at rest off
+// (checksums: off): the reference for what checksums cost (issue 29).
+const tReplvolNodesNoSums = "replvol-nodes-nosums"
+
 // tFloor is the floor (cmd/replbench/floor): a minimal replicated write
 // in Go, no metadata, the limit of the machine and the language beside
 // every figure. It is no competitor.
@@ -70,7 +74,7 @@ const tFloor = "floor"
 // floorLabel is how the tables name the floor.
 const floorLabel = "minimal replicated write (Go, no metadata)"
 
-var allTargets = []string{tReplvolNodes, tReplvol, tReplvolExt, tReplvolTLS, tReplvolTLSLinks, tNbdkit, tNbdkitTLS, tQuorum, tFloor}
+var allTargets = []string{tReplvolNodes, tReplvolNodesNoSums, tReplvol, tReplvolExt, tReplvolTLS, tReplvolTLSLinks, tNbdkit, tNbdkitTLS, tQuorum, tFloor}
 
 // latencyTargets run the 8K random write qd1 (latWorkload) when selected,
 // for issue 31's latency ratios; the replvol demo runs it with the
@@ -275,6 +279,7 @@ func run() int {
 	if err == nil {
 		rep.Issue19 = issueTargets(rep)
 		rep.Issue31 = issue31Goals(rep)
+		rep.Issue29 = issue29Goals(rep)
 	}
 	if err == nil && cfg.book != "" {
 		if err = writeBook(cfg.book, rep); err == nil {
@@ -400,6 +405,9 @@ type report struct {
 	// Issue31 is issue 31's goals for replvol-nodes, from the same run
 	// (issue31.go).
 	Issue31 []issueTarget `json:"issue31_goals,omitempty"`
+	// Issue29 is what checksums at rest cost: replvol-nodes against
+	// replvol-nodes-nosums, from the same run (issue29.go).
+	Issue29 []issueTarget `json:"issue29_goals,omitempty"`
 }
 
 // resyncResult compares a full resync with a raw copy of the same file.
@@ -489,6 +497,7 @@ func printTable(w io.Writer, rep *report) {
 	printCPUPerIO(w, rep)
 	printCosts(w, rep)
 	printIssue31(w, rep.Issue31)
+	printIssue29(w, rep.Issue29)
 	fmt.Fprintln(w, "goals:")
 	for _, g := range rep.Goals {
 		got := "-"
@@ -793,7 +802,9 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 		logf("starting %s", name)
 		switch name {
 		case tReplvolNodes:
-			t, err = b.startReplvolNodes(ctx)
+			t, err = b.startReplvolNodes(ctx, true)
+		case tReplvolNodesNoSums:
+			t, err = b.startReplvolNodes(ctx, false)
 		case tFloor:
 			t, err = b.startFloor(ctx)
 		case tReplvol:

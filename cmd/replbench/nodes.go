@@ -30,15 +30,20 @@ import (
 	"time"
 )
 
-// startReplvolNodes starts replvol-nodes and waits until it serves with
-// both replicas in sync.
-func (b *bench) startReplvolNodes(ctx context.Context) (*target, error) {
-	c := &fvCluster{b: b, label: "nodes", size: b.cfg.size, primary: "alpha"}
-	c.dir = filepath.Join(b.tmp, "nodes")
+// startReplvolNodes starts replvol-nodes (sums: checksums at rest on) or
+// replvol-nodes-nosums and waits until it serves with both replicas in
+// sync.
+func (b *bench) startReplvolNodes(ctx context.Context, sums bool) (*target, error) {
+	name, label := tReplvolNodes, "nodes"
+	if !sums {
+		name, label = tReplvolNodesNoSums, "nodes-nosums"
+	}
+	c := &fvCluster{b: b, label: label, size: b.cfg.size, primary: "alpha", checksumsOff: !sums}
+	c.dir = filepath.Join(b.tmp, label)
 	if err := os.MkdirAll(c.dir, 0o755); err != nil {
 		return nil, err
 	}
-	devSize, err := c.setupDataNodes(ctx)
+	devSize, err := c.setupDataNodes(ctx, sums)
 	if err != nil {
 		return nil, err
 	}
@@ -58,8 +63,8 @@ func (b *bench) startReplvolNodes(ctx context.Context) (*target, error) {
 	if err := waitNBD(ctx, v.NBDURI, c.nodes["alpha"].proc, 30*time.Second); err != nil {
 		return nil, err
 	}
-	t := &target{name: tReplvolNodes, uri: v.NBDURI,
-		version: fmt.Sprintf("replnode processes alpha (primary) and beta (%s), protocol C, internal metadata, primary %s", runtime.Version(), v.NBDURI),
+	t := &target{name: name, uri: v.NBDURI,
+		version: fmt.Sprintf("replnode processes alpha (primary) and beta (%s), protocol C, internal metadata, checksums %s, primary %s", runtime.Version(), onOff(sums), v.NBDURI),
 		files:   []string{c.dir}, control: c.nodes["alpha"].control, disk: c.disks["alpha"]}
 	for _, name := range fvDataNodes {
 		t.procs = append(t.procs, c.nodes[name].proc)

@@ -150,7 +150,7 @@ func (b *bench) readBalancePhase(ctx context.Context) (rep *readBalanceReport, e
 	if err := os.MkdirAll(c.dir, 0o755); err != nil {
 		return rep, err
 	}
-	devSize, err := c.setupDataNodes(ctx)
+	devSize, err := c.setupDataNodes(ctx, true)
 	if err != nil {
 		return rep, err
 	}

@@ -33,12 +33,16 @@ const (
 	// did not answer in time (--timeout).
 	exitUnreachable = 3
 	// 4 and 5 are status --check's: a warning, a critical problem.
+	// exitUnrecoverable: scrub --wait's scrub found blocks that no
+	// replica holds good.
+	exitUnrecoverable = 6
 )
 
 // exitCodesHelp documents the exit codes in replctl --help.
 const exitCodesHelp = `Exit codes: 0 success; 1 the node refused the operation or it failed; 2 a
 usage error (unknown command or flag, missing argument, bad value: nothing
-was sent); 3 a node could not be reached or did not answer in time.`
+was sent); 3 a node could not be reached or did not answer in time; 6
+(scrub --wait) the scrub found blocks that no replica holds good.`
 
 // exitError gives an error its exit code.
 type exitError struct {

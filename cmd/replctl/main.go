@@ -77,7 +77,7 @@ func newRoot() *cobra.Command {
 	root.PersistentFlags().StringVar(&g.tlsDir, "tls-dir", os.Getenv("REPLCTL_TLS_DIR"), "directory with the cluster's ca.crt and the operator's operator.crt and operator.key, as replctl certs init writes them, for a cluster with a tls: section (env REPLCTL_TLS_DIR; a unix socket needs none)")
 	root.PersistentFlags().DurationVar(&g.timeout, "timeout", 60*time.Second, "how long to wait for the cluster")
 	root.PersistentFlags().StringVar(&g.color, "color", "auto", "colours: auto (on a terminal, unless NO_COLOR is set), always or never")
-	root.AddCommand(newStatus(g), newEvents(g), newPrimary(g), newConnect(g, true), newConnect(g, false), newResync(g), newVerify(g), newPath(g), newNode(g), newAdjust(g), newMount(g), newUmount(), newAttach(g), newDetach(), newMountHelper(), newCreateMD(), newCerts(), newDemo(), newMan())
+	root.AddCommand(newStatus(g), newEvents(g), newPrimary(g), newConnect(g, true), newConnect(g, false), newResync(g), newVerify(g), newScrub(g), newPath(g), newNode(g), newAdjust(g), newMount(g), newUmount(), newAttach(g), newDetach(), newMountHelper(), newCreateMD(), newCerts(), newDemo(), newMan())
 	root.AddCommand(newResize(g), newVolume(g), newVersion())
 	markUsageErrors(root)
 	registerCompletions(root, g)

@@ -18,6 +18,7 @@ import (
 var (
 	bucketVolumes = []byte("volumes")
 	bucketEvents  = []byte("events")
+	bucketScrubs  = []byte("scrubs")
 )
 
 // maxEvents bounds the event history kept on disk.
@@ -59,6 +60,50 @@ type VolumeState struct {
 	MDDeviceSize int64 `json:"md_device_size,omitempty"`
 }
 
+// ScrubState is a volume's scrub on this node (replctl scrub), kept so
+// that a restart resumes a running or paused scrub at its checkpoint.
+type ScrubState struct {
+	// State is "running", "paused" or "" (idle).
+	State string `json:"state,omitempty"`
+	// Offset is the byte the scrub has checked up to (its checkpoint).
+	Offset int64 `json:"offset,omitempty"`
+	// Rate is the operator's rate (bytes per second; 0: the default).
+	Rate int64 `json:"rate,omitempty"`
+	// Checked, Repaired and Unrecoverable are the blocks the scrub under
+	// way verified, repaired and found bad everywhere so far.
+	Checked       int64 `json:"checked,omitempty"`
+	Repaired      int64 `json:"repaired,omitempty"`
+	Unrecoverable int64 `json:"unrecoverable,omitempty"`
+	// LastFinished is when the last scrub ended (zero: never), with its
+	// figures.
+	LastFinished      time.Time `json:"last_finished,omitzero"`
+	LastChecked       int64     `json:"last_checked,omitempty"`
+	LastRepaired      int64     `json:"last_repaired,omitempty"`
+	LastUnrecoverable int64     `json:"last_unrecoverable,omitempty"`
+}
+
+// Scrub is the volume's scrub as last put (ok false: none).
+func (s *Store) Scrub(name string) (st ScrubState, ok bool, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketScrubs).Get([]byte(name))
+		if b == nil {
+			return nil
+		}
+		ok = true
+		return json.Unmarshal(b, &st)
+	})
+	return st, ok, err
+}
+
+// PutScrub records the volume's scrub; durable BEFORE it returns.
+func (s *Store) PutScrub(name string, st ScrubState) error {
+	b, err := json.Marshal(st)
+	if err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketScrubs).Put([]byte(name), b) })
+}
+
 // Event is one line of a node's history.
 type Event struct {
 	// Seq numbers the node's events (set by AddEvent).
@@ -91,7 +136,7 @@ var ErrInUse = errors.New("in use by another replnode")
 // Open opens (creating if needed) the state file at path. It fails with
 // ErrInUse, after 2 s, if another process holds the file.
 func Open(path string) (*Store, error) {
-	db, err := OpenBolt(path, "state file", 2*time.Second, bucketVolumes, bucketEvents)
+	db, err := OpenBolt(path, "state file", 2*time.Second, bucketVolumes, bucketEvents, bucketScrubs)
 	if err != nil {
 		return nil, err
 	}

@@ -48,6 +48,21 @@ func (in *Stream) Stop() {
 	in.applyMu.Unlock()
 }
 
+// Exclusive runs f while no batch of the stream is applied (holding its
+// apply lock), and reports whether it ran: not once the stream is stopped.
+// A secondary's scrub reads and repairs its blocks in it, so that a block
+// it finds bad is not one a batch is writing, and a repair never
+// overwrites a newer write. f must not wait for the primary.
+func (in *Stream) Exclusive(f func()) bool {
+	in.applyMu.Lock()
+	defer in.applyMu.Unlock()
+	if in.stopped {
+		return false
+	}
+	f()
+	return true
+}
+
 // Run applies the stream's batches to v in order, until the stream ends,
 // fails, is stopped, or v stops. A reader goroutine keeps frames coming
 // while this one applies them; when several frames are waiting, all are

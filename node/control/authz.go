@@ -60,6 +60,8 @@ var methodAccess = map[string]access{
 	transport.MethodAdjust:         accessCommand,
 	transport.MethodResize:         accessCommand,
 	transport.MethodClaim:          accessCommand,
+	transport.MethodScrub:          accessCommand,
+	transport.MethodReadBlocks:     accessNodes,
 	transport.MethodClusterForward: accessNodes,
 }
 

@@ -128,6 +128,13 @@ type Volume interface {
 	// error wrapping context.DeadlineExceeded when ctx ends first. It
 	// waits on the volume's changes, never polling.
 	AwaitServing(ctx context.Context, epoch uint64) (uint64, error)
+	// Scrub starts a scrub of this node's disk at rate bytes per second
+	// (0: the default), or pauses, resumes or stops the one running, and
+	// says where it is (query: only that).
+	Scrub(rate int64, pause, resume, stop, query bool) (transport.ScrubStatus, error)
+	// ReadBlocks reads length bytes at off as a client's read on the
+	// primary is: verified, and repaired from a peer when bad.
+	ReadBlocks(ctx context.Context, off, length int64) ([]byte, error)
 }
 
 // ErrNotFound classes the node's errors about what it does not hold: the

@@ -1,0 +1,576 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/replvol/replvol/backing"
+	"github.com/replvol/replvol/internal/blocksum"
+	"github.com/replvol/replvol/internal/human"
+	"github.com/replvol/replvol/metadata/statefile"
+	"github.com/replvol/replvol/node/applier"
+	"github.com/replvol/replvol/replication"
+	"github.com/replvol/replvol/transport"
+)
+
+// A scrub (replctl scrub, docs/integrity.md) reads this node's whole disk
+// of a volume in order, at a rate, verifies every block that has a known
+// checksum, and repairs a bad one (a mismatch, or EIO) with the code a
+// verified read repairs with (repairBlock): on the primary from a peer in
+// sync, on a secondary from its primary (ReadBlocks). A block no replica
+// holds good is counted unrecoverable, with the block-unrecoverable
+// event. It runs on the primary and on a secondary whose disk is
+// UpToDate. On the primary each range is read under the range lock a
+// read takes, which excludes the writes to it; on a secondary under the
+// stream's apply lock (applier.Stream.Exclusive), and a repair is written
+// only if the block's sum did not change meanwhile. The offset reached
+// is the checkpoint, kept in the state file every scrubCheckpointEvery or
+// scrubCheckpointBytes and whenever the scrub stops, so a restart resumes
+// a running or paused scrub there.
+
+const (
+	// scrubChunk is what a scrub reads at once.
+	scrubChunk = 256 << 10
+	// scrubRateShare: by default a scrub reads at this share of the
+	// volume's resync rate (resync_rate / scrubRateShare) ...
+	scrubRateShare = 4
+	// defaultScrubRate: ... or, when resync is uncapped, at this rate.
+	defaultScrubRate = 64 << 20
+	// scrubCheckpointEvery and scrubCheckpointBytes: the checkpoint is
+	// written at least this often while a scrub runs.
+	scrubCheckpointEvery = 5 * time.Second
+	scrubCheckpointBytes = 256 << 20
+	// scrubRetry: a secondary's scrub waits this long for its stream
+	// from the primary, or for its disk to be UpToDate again.
+	scrubRetry = time.Second
+)
+
+// scrubPhase is where a volume's scrub is on this node.
+type scrubPhase int
+
+const (
+	scrubIdle scrubPhase = iota
+	scrubRunning
+	scrubPaused
+)
+
+// String is the phase's word in status (integrity.scrub.state) and in
+// the state file.
+func (p scrubPhase) String() string {
+	switch p {
+	case scrubRunning:
+		return "running"
+	case scrubPaused:
+		return "paused"
+	}
+	return "idle"
+}
+
+func scrubPhaseOf(word string) scrubPhase {
+	switch word {
+	case "running":
+		return scrubRunning
+	case "paused":
+		return scrubPaused
+	}
+	return scrubIdle
+}
+
+// errScrubWaits: a secondary's scrub cannot go on now (no stream from
+// the primary, or its disk not UpToDate); it tries again.
+var errScrubWaits = errors.New("the scrub waits")
+
+// scrubber is a volume's scrub on this node. mu (a leaf) guards it; one
+// loop (runScrub) at a time reads the disk and moves rec.Offset on.
+type scrubber struct {
+	mu    mutex
+	phase scrubPhase
+	rec   statefile.ScrubState
+	// stop ends the running loop (a pause or a stop); done is closed
+	// once it ended. Both nil when no loop runs.
+	stop, done chan struct{}
+	// rate is the running scrub's rate; since and from when and where
+	// this run started (for the ETA).
+	rate  int64
+	since time.Time
+	from  int64
+}
+
+// scrubRate is the rate a scrub asked to read at rate (0: the default)
+// reads at.
+func (v *Volume) scrubRate(rate int64) int64 {
+	switch {
+	case rate > 0:
+		return rate
+	case v.settings().resyncRate > 0:
+		return max(v.settings().resyncRate/scrubRateShare, 1)
+	}
+	return defaultScrubRate
+}
+
+// scrubCommand runs the operator's scrub command here and says where the
+// scrub is then.
+func (v *Volume) scrubCommand(rate int64, pause, resume, stop, query bool) (transport.ScrubStatus, error) {
+	var err error
+	switch {
+	case query:
+	case rate < 0:
+		err = fmt.Errorf("scrub rate %d: give a rate above 0, or none for the default", rate)
+	case pause:
+		err = v.pauseScrub(scrubPaused)
+	case stop:
+		err = v.pauseScrub(scrubIdle)
+	case resume:
+		err = v.startScrub(0, true)
+	default:
+		err = v.startScrub(rate, false)
+	}
+	return v.scrubStatus(), err
+}
+
+// startScrub starts a scrub from the volume's first byte at rate, or,
+// with resume, the paused one from its checkpoint. The state file says
+// so BEFORE it starts.
+func (v *Volume) startScrub(rate int64, resume bool) error {
+	if !v.integ.on() {
+		return fmt.Errorf("%s keeps no checksums on %s (its metadata has no checksum area): there is nothing to scrub against", v.name, v.self)
+	}
+	if d := v.state().st.Disk; d != replication.UpToDate {
+		return fmt.Errorf("the disk of %s on %s is %s: a scrub checks an UpToDate disk; start it once the disk is UpToDate", v.name, v.self, d)
+	}
+	msg, err := v.startScrubLocked(rate, resume)
+	if err == nil {
+		v.node.event(v.name, "scrub", msg)
+	}
+	return err
+}
+
+// startScrubLocked is startScrub's part under sc.mu: the event's words.
+func (v *Volume) startScrubLocked(rate int64, resume bool) (string, error) {
+	sc := &v.scrub
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	switch {
+	case sc.phase == scrubRunning:
+		return "", fmt.Errorf("a scrub of %s is running on %s (%.1f%%): pause it (--pause) or stop it (--stop) first", v.name, v.self, v.scrubPercentLocked())
+	case resume && sc.phase != scrubPaused:
+		return "", fmt.Errorf("no scrub of %s is paused on %s: start one with replctl scrub %s", v.name, v.self, v.name)
+	case !resume && sc.phase == scrubPaused:
+		return "", fmt.Errorf("the scrub of %s on %s is paused at %.1f%%: resume it (--resume) or stop it (--stop) first", v.name, v.self, v.scrubPercentLocked())
+	}
+	rec := sc.rec
+	rec.State = scrubRunning.String()
+	if !resume {
+		rec.Offset, rec.Rate, rec.Checked, rec.Repaired, rec.Unrecoverable = 0, rate, 0, 0, 0
+	}
+	if err := v.node.store.PutScrub(v.name, rec); err != nil {
+		return "", fmt.Errorf("record the scrub of %s in the state file: %w", v.name, err)
+	}
+	sc.rec, sc.phase = rec, scrubRunning
+	v.launchScrubLocked()
+	what := "started"
+	if resume {
+		what = "resumed"
+	}
+	return fmt.Sprintf("scrub of %s on %s %s at %.1f%%, reading %s/s", v.name, v.self, what, v.scrubPercentLocked(), human.Bytes(v.scrubRate(rec.Rate))), nil
+}
+
+// launchScrubLocked starts the loop of a scrub that is running. Callers
+// hold sc.mu.
+func (v *Volume) launchScrubLocked() {
+	sc := &v.scrub
+	stop, done := make(chan struct{}), make(chan struct{})
+	sc.stop, sc.done = stop, done
+	sc.rate, sc.since, sc.from = v.scrubRate(sc.rec.Rate), v.clock.Now(), sc.rec.Offset
+	v.bg.Add(1)
+	go func() {
+		defer v.bg.Done()
+		defer close(done)
+		v.runScrub(stop)
+	}()
+}
+
+// pauseScrub pauses (to scrubPaused) or stops (to scrubIdle) the scrub,
+// and returns once its loop has ended and the state file says so.
+func (v *Volume) pauseScrub(to scrubPhase) error {
+	sc := &v.scrub
+	sc.mu.Lock()
+	switch {
+	case sc.phase == scrubIdle:
+		sc.mu.Unlock()
+		return fmt.Errorf("no scrub of %s is running or paused on %s: nothing to %s", v.name, v.self, map[scrubPhase]string{scrubPaused: "pause", scrubIdle: "stop"}[to])
+	case sc.phase == scrubPaused && to == scrubPaused:
+		sc.mu.Unlock()
+		return fmt.Errorf("the scrub of %s on %s is paused already: resume it with --resume", v.name, v.self)
+	}
+	at := v.scrubPercentLocked()
+	sc.phase = to
+	sc.rec.State = ""
+	if to == scrubPaused {
+		sc.rec.State = to.String()
+	} else {
+		sc.rec.Offset, sc.rec.Checked, sc.rec.Repaired, sc.rec.Unrecoverable = 0, 0, 0, 0
+	}
+	stop, done := sc.stop, sc.done
+	sc.stop, sc.done = nil, nil
+	rec := sc.rec
+	sc.mu.Unlock()
+	if stop != nil {
+		close(stop)
+		<-done
+	}
+	if err := v.node.store.PutScrub(v.name, rec); err != nil {
+		return fmt.Errorf("record the scrub of %s in the state file: %w", v.name, err)
+	}
+	word := map[scrubPhase]string{scrubPaused: "paused", scrubIdle: "stopped"}[to]
+	v.node.event(v.name, "scrub", fmt.Sprintf("scrub of %s on %s %s at %.1f%%", v.name, v.self, word, at))
+	return nil
+}
+
+// resumeScrubAtStart takes up the scrub the state file says was running
+// or paused when the node stopped: a running one goes on from its
+// checkpoint.
+func (v *Volume) resumeScrubAtStart() {
+	rec, ok, err := v.node.store.Scrub(v.name)
+	if err != nil {
+		v.log.Warn("read the scrub checkpoint", "err", err)
+		return
+	}
+	if !ok {
+		return
+	}
+	sc := &v.scrub
+	sc.mu.Lock()
+	sc.rec, sc.phase = rec, scrubPhaseOf(rec.State)
+	running, at := sc.phase == scrubRunning, v.scrubPercentLocked()
+	if running {
+		v.launchScrubLocked()
+	}
+	sc.mu.Unlock()
+	if running {
+		v.node.event(v.name, "scrub", fmt.Sprintf("scrub of %s on %s resumed after the restart at %.1f%%", v.name, v.self, at))
+	}
+}
+
+// scrubPercentLocked is how far the scrub got. Callers hold sc.mu.
+func (v *Volume) scrubPercentLocked() float64 {
+	size := v.size.Load()
+	if size <= 0 {
+		return 0
+	}
+	return 100 * float64(min(v.scrub.rec.Offset, size)) / float64(size)
+}
+
+// scrubStatus is the scrub's part of status (integrity.scrub).
+func (v *Volume) scrubStatus() transport.ScrubStatus {
+	sc := &v.scrub
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	rec := sc.rec
+	st := transport.ScrubStatus{State: sc.phase.String(), LastRepaired: rec.LastRepaired, LastUnrecoverable: rec.LastUnrecoverable}
+	if !rec.LastFinished.IsZero() {
+		t := rec.LastFinished
+		st.LastFinished = &t
+	}
+	if sc.phase == scrubIdle {
+		if st.LastFinished != nil {
+			st.Percent = 100
+		}
+		return st
+	}
+	st.Percent = v.scrubPercentLocked()
+	st.CheckedBlocks, st.RepairedBlocks, st.UnrecoverableBlocks = rec.Checked, rec.Repaired, rec.Unrecoverable
+	if sc.phase == scrubRunning {
+		st.RateBytes = sc.rate
+		if sc.rate > 0 {
+			st.ETASeconds = float64(max(v.size.Load()-rec.Offset, 0)) / float64(sc.rate)
+		}
+	}
+	return st
+}
+
+// scrubProgress is the ratio of the metric replvol_scrub_progress_ratio:
+// the running or paused scrub's share done, 1 once one finished, 0
+// before any.
+func (v *Volume) scrubProgress() float64 {
+	return v.scrubStatus().Percent / 100
+}
+
+// runScrub is a running scrub's loop: it reads from the checkpoint to the
+// end, at the scrub's rate, until stop is closed (a pause or stop) or the
+// volume shuts down (the checkpoint is written then: a restart resumes).
+func (v *Volume) runScrub(stop <-chan struct{}) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-stop:
+		case <-v.stopping:
+		case <-ctx.Done():
+		}
+		cancel()
+	}()
+	sc := &v.scrub
+	sc.mu.Lock()
+	off, rate := sc.rec.Offset, sc.rate
+	sc.mu.Unlock()
+	buf := make([]byte, scrubChunk)
+	var pace resyncPacer
+	var read int64
+	savedAt, savedOff := v.clock.Now(), off
+	for off < v.size.Load() {
+		if due := pace.due(rate, read, v.clock.Now()); !due.IsZero() {
+			if d := v.clock.Until(due); d > 0 && !waitOut(ctx, v.clock, d) {
+				break
+			}
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		n := min(int64(scrubChunk), v.size.Load()-off)
+		var t blockTally
+		err := v.scrubRange(ctx, buf[:n], off, &t)
+		switch {
+		case ctx.Err() != nil:
+		case errors.Is(err, errScrubWaits):
+			waitOut(ctx, v.clock, scrubRetry)
+			continue
+		case err != nil:
+			v.scrubFailed(off, err)
+			return
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		off += n
+		read += n
+		sc.mu.Lock()
+		if sc.phase != scrubRunning {
+			sc.mu.Unlock()
+			break
+		}
+		sc.rec.Offset = off
+		sc.rec.Checked += t.checked
+		sc.rec.Repaired += t.repaired
+		sc.rec.Unrecoverable += t.unrecoverable
+		rec := sc.rec
+		sc.mu.Unlock()
+		if now := v.clock.Now(); now.Sub(savedAt) >= scrubCheckpointEvery || off-savedOff >= scrubCheckpointBytes {
+			if err := v.node.store.PutScrub(v.name, rec); err != nil {
+				v.log.Warn("write the scrub checkpoint", "err", err)
+			}
+			savedAt, savedOff = now, off
+		}
+	}
+	sc.mu.Lock()
+	if ctx.Err() != nil || sc.phase != scrubRunning {
+		// Paused, stopped (the command records it) or shut down: the
+		// checkpoint is written now, the scrub still running in it.
+		rec, running := sc.rec, sc.phase == scrubRunning
+		sc.mu.Unlock()
+		if running {
+			if err := v.node.store.PutScrub(v.name, rec); err != nil {
+				v.log.Warn("write the scrub checkpoint", "err", err)
+			}
+		}
+		return
+	}
+	rec := sc.rec
+	rec.State, rec.Offset = "", 0
+	rec.LastFinished = v.clock.Now().UTC()
+	rec.LastChecked, rec.LastRepaired, rec.LastUnrecoverable = rec.Checked, rec.Repaired, rec.Unrecoverable
+	rec.Checked, rec.Repaired, rec.Unrecoverable = 0, 0, 0
+	sc.rec, sc.phase, sc.stop, sc.done = rec, scrubIdle, nil, nil
+	sc.mu.Unlock()
+	if err := v.node.store.PutScrub(v.name, rec); err != nil {
+		v.log.Warn("record the end of the scrub", "err", err)
+	}
+	msg := fmt.Sprintf("scrub of %s on %s finished: %d blocks checked, %d repaired, %d unrecoverable", v.name, v.self, rec.LastChecked, rec.LastRepaired, rec.LastUnrecoverable)
+	if rec.LastUnrecoverable > 0 {
+		msg += " (the block-unrecoverable events name them: write those ranges again, from a backup or what the application knows)"
+	}
+	v.node.event(v.name, "scrub-finished", msg)
+}
+
+// scrubFailed ends a scrub the disk failed (it is taken for failed, as a
+// read that fails so is): the scrub is idle, its checkpoint dropped.
+func (v *Volume) scrubFailed(off int64, err error) {
+	sc := &v.scrub
+	sc.mu.Lock()
+	sc.phase, sc.stop, sc.done = scrubIdle, nil, nil
+	sc.rec.State, sc.rec.Offset = "", 0
+	rec := sc.rec
+	sc.mu.Unlock()
+	if perr := v.node.store.PutScrub(v.name, rec); perr != nil {
+		v.log.Warn("record the end of the scrub", "err", perr)
+	}
+	msg := fmt.Sprintf("scrub of %s on %s stopped at byte %d: %v", v.name, v.self, off, err)
+	v.log.Error(msg)
+	v.node.event(v.name, "scrub-stopped", msg)
+}
+
+// scrubRange checks and repairs [off, off+len(p)) of the local disk,
+// counting in t.
+func (v *Volume) scrubRange(ctx context.Context, p []byte, off int64, t *blockTally) error {
+	if v.state().role() == replication.Primary {
+		return v.scrubOnPrimary(ctx, p, off, t)
+	}
+	return v.scrubOnSecondary(ctx, p, off, t)
+}
+
+// scrubOnPrimary reads the range as a client's read does, under the
+// range lock that excludes the writes to it, and repairs from a peer.
+func (v *Volume) scrubOnPrimary(ctx context.Context, p []byte, off int64, t *blockTally) error {
+	hold, err := v.locks.LockShared(ctx, off, int64(len(p)))
+	if err != nil {
+		return err
+	}
+	defer hold.Release()
+	if v.needsPeer(off, int64(len(p))) {
+		// This disk does not hold these blocks (detached, or copying
+		// them from a peer): nothing here to check.
+		return nil
+	}
+	if err := v.readLocal(p, off); err != nil {
+		handled, rerr := v.repairUnreadableTally(ctx, p, off, t)
+		if handled {
+			return rerr
+		}
+		v.detach(diskFailure{op: diskRead, off: off, length: int64(len(p)), err: err}, 0, 0)
+		return fmt.Errorf("more than %d blocks fail to read: the disk is taken for failed (%w)", maxRepairsPerRead, err)
+	}
+	return v.verifyBlocks(ctx, p, off, t)
+}
+
+// scrubBad is a block a secondary's scrub found bad.
+type scrubBad struct {
+	b     int64
+	sum   uint32
+	known bool
+	cause repairCause
+}
+
+// scrubOnSecondary reads the range while no batch of the stream is
+// applied, then repairs each bad block from the primary (repairBlock),
+// without holding the stream, which the primary's read may wait for.
+func (v *Volume) scrubOnSecondary(ctx context.Context, p []byte, off int64, t *blockTally) error {
+	in := v.incomingStream()
+	if in == nil || v.state().st.Disk != replication.UpToDate {
+		return errScrubWaits
+	}
+	var bad []scrubBad
+	var err error
+	if !in.Exclusive(func() { bad, err = v.scanBlocks(p, off, t) }) {
+		return errScrubWaits
+	}
+	if err != nil {
+		return err
+	}
+	for _, sb := range bad {
+		rerr := v.repairBlock(ctx, nil, 0, sb.b, sb.sum, sb.known, sb.cause)
+		if errors.Is(rerr, errRepairLater) {
+			continue
+		}
+		if !t.add(sb.b, rerr) {
+			return rerr
+		}
+	}
+	return nil
+}
+
+// scanBlocks reads [off, off+len(p)) and returns the blocks that fail
+// their sum or cannot be read (one by one, after a failed read of the
+// whole), counting the blocks verified in t.
+func (v *Volume) scanBlocks(p []byte, off int64, t *blockTally) ([]scrubBad, error) {
+	in := v.integ
+	size := v.size.Load()
+	readErr := v.readLocal(p, off)
+	var bad []scrubBad
+	first, last := off/blocksum.BlockSize, (off+int64(len(p))-1)/blocksum.BlockSize
+	for b := first; b <= last; b++ {
+		boff, blen := blockSpan(b, size)
+		data := p[boff-off : boff-off+blen]
+		sum, known, err := in.sums.Get(b)
+		if err != nil {
+			return nil, fmt.Errorf("read the checksums: %w", err)
+		}
+		if readErr != nil {
+			if _, err := v.disk.ReadAt(data, boff); err != nil {
+				if len(bad) >= maxRepairsPerRead {
+					return nil, fmt.Errorf("more than %d blocks fail to read: %w", maxRepairsPerRead, err)
+				}
+				bad = append(bad, scrubBad{b: b, sum: sum, known: known, cause: repairReadError})
+				continue
+			}
+		}
+		if !known {
+			continue
+		}
+		t.checked++
+		if in.seed.Verify(uint64(b), data, sum) != nil {
+			bad = append(bad, scrubBad{b: b, sum: sum, known: true, cause: repairChecksum})
+		}
+	}
+	return bad, nil
+}
+
+// incomingStream is the volume's stream from its primary (nil: none).
+func (v *Volume) incomingStream() *applier.Stream {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.incoming
+}
+
+// readFromPrimary reads good (block-aligned) at off from the primary,
+// which reads it as a client's read: verified, and repaired from a peer
+// when bad (its control API's ReadBlocks).
+func (v *Volume) readFromPrimary(ctx context.Context, primary string, good []byte, off int64) error {
+	api, err := v.node.peerAPI(primary)
+	if err != nil {
+		return err
+	}
+	reply, err := api.ReadBlocks(ctx, &transport.ReadBlocksRequest{Volume: v.name, Offset: off, Length: int64(len(good))})
+	if err != nil {
+		return err
+	}
+	if len(reply.Data) != len(good) {
+		return fmt.Errorf("%s answered %d bytes for %d", primary, len(reply.Data), len(good))
+	}
+	copy(good, reply.Data)
+	return nil
+}
+
+// readBlocks serves a secondary's ReadBlocks: the range read as a
+// client's read is, on the primary only.
+func (v *Volume) readBlocks(ctx context.Context, off, length int64) ([]byte, error) {
+	if v.state().role() != replication.Primary {
+		return nil, fmt.Errorf("%s is not the primary of %s: a block's good copy is read from the primary", v.self, v.name)
+	}
+	if off+length > v.size.Load() {
+		return nil, fmt.Errorf("read of %d bytes at %d: past the end of %s (%d bytes)", length, off, v.name, v.size.Load())
+	}
+	p := make([]byte, length)
+	if err := v.ReadAt(ctx, p, off); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// writeBackUnderStream writes a secondary's repaired block while no
+// batch of the stream is applied, and only when the block still has the
+// sum its good copy was checked against: a write the stream applied
+// meanwhile holds newer data (skipped true, nothing written; so is a
+// stream that ended).
+func (v *Volume) writeBackUnderStream(in *applier.Stream, good []byte, b int64, sum uint32, known bool) (skipped bool, err error) {
+	ran := in.Exclusive(func() {
+		now, nowKnown, gerr := v.integ.sums.Get(b)
+		if gerr != nil || nowKnown != known || now != sum {
+			skipped = true
+			return
+		}
+		err = backing.WriteSync(v.disk, good, b*blocksum.BlockSize)
+	})
+	return skipped || !ran, err
+}
