@@ -6,6 +6,7 @@ import (
 	"math/big"
 	"net"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -103,6 +104,32 @@ type NodeConfig struct {
 	// Role is data (the default: the node holds disks) or witness (no
 	// disks, no NBD, no replication: a raft voter only).
 	Role string `yaml:"role,omitempty"`
+	// Pools are the node's storage pools, from which volumes created at
+	// run time (replctl volume create) take their backing storage. A
+	// pool added or removed takes effect on SIGHUP.
+	Pools []PoolConfig `yaml:"pools,omitempty"`
+}
+
+// PoolConfig is one storage pool of a node: a directory that holds a
+// sparse file per volume (Dir), or an LVM volume group (LVMVG), which
+// this release accepts and reports but never places a volume in.
+type PoolConfig struct {
+	Name  string `yaml:"name"`
+	Dir   string `yaml:"dir,omitempty"`
+	LVMVG string `yaml:"lvm_vg,omitempty"`
+}
+
+// DefaultPool is the pool a volume is created in when none is named.
+const DefaultPool = "default"
+
+// Pool returns the node's pool named name.
+func (n NodeConfig) Pool(name string) (PoolConfig, bool) {
+	for _, p := range n.Pools {
+		if p.Name == name {
+			return p, true
+		}
+	}
+	return PoolConfig{}, false
 }
 
 // IsWitness reports whether the node only votes.
@@ -206,7 +233,15 @@ type VolumeConfig struct {
 	// disconnect (default: the operator decides), discard-younger-primary,
 	// discard-least-changes or discard-zero-changes.
 	AfterSB string `yaml:"after_sb,omitempty"`
+
+	// Pool is the storage pool of a volume created at run time (recorded
+	// in raft, never written in the file); "" for a volume of the file.
+	Pool string `yaml:"-"`
 }
+
+// FromAPI reports whether the volume was created at run time from a
+// storage pool rather than listed in the cluster file.
+func (v VolumeConfig) FromAPI() bool { return v.Pool != "" }
 
 // ChecksumsOn reports whether metadata created for the volume gets a
 // checksum area: checksums is on, or unset.
@@ -621,6 +656,7 @@ func (c *Config) problems() []Problem {
 		if n.IsWitness() && n.Raft == "" {
 			bad(f+".raft", "missing: a witness only votes in raft; give raft and gossip addresses")
 		}
+		validatePools(f, n, bad)
 		for _, a := range []struct{ field, value, what string }{
 			{"control", n.Control, ""}, {"replication", n.Replication, "replicates nothing"}, {"nbd", n.NBD, "serves no NBD"}, {"raft", n.Raft, ""}, {"gossip", n.Gossip, ""},
 		} {
@@ -678,8 +714,12 @@ func (c *Config) problems() []Problem {
 	default:
 		bad("failover", "%q: want auto or off", c.Failover)
 	}
-	if len(c.Volumes) == 0 {
-		bad("volumes", "missing: list at least one volume")
+	pools := false
+	for _, n := range c.Nodes {
+		pools = pools || len(n.Pools) > 0
+	}
+	if len(c.Volumes) == 0 && !pools {
+		bad("volumes", "missing: list at least one volume, or give the data nodes storage pools (pools: [{name: default, dir: /var/lib/replvol/pool}]) to create volumes with replctl volume create")
 	}
 	vols := map[string]bool{}
 	for i, v := range c.Volumes {
@@ -768,6 +808,38 @@ func (c *Config) problems() []Problem {
 		}
 	}
 	return ps
+}
+
+// validatePools checks node n's pools (field f is the node's): each
+// named once, with either an absolute dir or an LVM volume group, and
+// none on a witness.
+func validatePools(f string, n NodeConfig, bad func(field, format string, args ...any)) {
+	if n.IsWitness() && len(n.Pools) > 0 {
+		bad(f+".pools", "a witness holds no disks, so it has no storage pools: remove pools from %s, or make it a data node (role: data)", n.Name)
+		return
+	}
+	names := map[string]bool{}
+	dirs := map[string]string{}
+	for i, p := range n.Pools {
+		pf := fmt.Sprintf("%s.pools[%d]", f, i)
+		checkName(bad, pf+".name", p.Name, names, "pools of "+n.Name)
+		switch {
+		case p.Dir != "" && p.LVMVG != "":
+			bad(pf, "give either dir (a directory of sparse files) or lvm_vg (an LVM volume group), not both")
+		case p.Dir == "" && p.LVMVG == "":
+			bad(pf, "missing: give dir, an absolute directory for the volumes' sparse files (e.g. /var/lib/replvol/pool), or lvm_vg, an LVM volume group")
+		case p.Dir != "" && !filepath.IsAbs(p.Dir):
+			bad(pf+".dir", "%q is a relative path: give an absolute directory, e.g. /var/lib/replvol/pool", p.Dir)
+		case p.Dir != "":
+			clean := filepath.Clean(p.Dir)
+			if other, dup := dirs[clean]; dup {
+				bad(pf+".dir", "%q is also the directory of pool %s: give each pool a directory of its own", p.Dir, other)
+			}
+			dirs[clean] = p.Name
+		case !validName(p.LVMVG):
+			bad(pf+".lvm_vg", "%q is not a volume group name: use letters, digits, '-' and '_' only", p.LVMVG)
+		}
+	}
 }
 
 func validateDisk(f string, d DiskConfig, bad func(field, format string, args ...any)) {

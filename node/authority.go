@@ -220,6 +220,7 @@ func (n *Node) clusterLoop(stop <-chan struct{}) {
 		}
 		auth := n.cl.c.Authority()
 		st := n.cl.c.Status()
+		n.kickCreated()
 		for _, v := range n.volumes() {
 			va, ok := auth.Volume(v.name)
 			v.followAuthority(va, ok)

@@ -11,6 +11,7 @@ type (
 	VolumeConfig = config.VolumeConfig
 	DiskConfig   = config.DiskConfig
 	PathConfig   = config.PathConfig
+	PoolConfig   = config.PoolConfig
 	Duration     = config.Duration
 	ByteSize     = config.ByteSize
 	VolumeSize   = config.VolumeSize

@@ -97,6 +97,29 @@ func (c controlNode) Claim(_ context.Context, r *transport.ClaimRequest) (*trans
 	return c.n.claim(r)
 }
 
+func (c controlNode) Leader() (string, bool) { return c.n.leader() }
+
+func (c controlNode) LeaderChanged() <-chan struct{} {
+	if c.n.cl == nil {
+		return nil
+	}
+	return c.n.cl.c.LeaderChanged()
+}
+
+func (c controlNode) DataNodes() []string { return dataNodes(c.n.config()) }
+
+func (c controlNode) Pools() []transport.PoolStatus { return c.n.pools() }
+
+func (c controlNode) CreateVolume(ctx context.Context, r *transport.VolumeCreateRequest) (*transport.VolumeCreateReply, error) {
+	return c.n.createVolume(ctx, r)
+}
+
+func (c controlNode) DeleteVolume(ctx context.Context, name string) (*transport.VolumeDeleteReply, error) {
+	return c.n.deleteVolume(ctx, name)
+}
+
+func (c controlNode) ListVolumes() []transport.VolumeInfo { return c.n.listVolumes() }
+
 // controlVolume is a volume as the control API sees it.
 type controlVolume struct{ v *Volume }
 

@@ -34,6 +34,10 @@ func TestLayering(t *testing.T) {
 		// simulation runs it).
 		"github.com/replvol/replvol/node/failover": {"/node", "/transport", "/web", "/metadata", "/backing", "/config",
 			"google.golang.org/grpc", "go.etcd.io/bbolt", "github.com/hashicorp/raft", "github.com/hashicorp/memberlist"},
+		// The placement of a created volume's replicas is pure: the
+		// leader gathers the pools and asks it.
+		"github.com/replvol/replvol/node/placement": {"/node", "/replication", "/transport", "/web", "/metadata", "/backing", "/config", "/multipath",
+			"google.golang.org/grpc", "go.etcd.io/bbolt", "github.com/hashicorp/raft", "github.com/hashicorp/memberlist"},
 		// The order of a write's stages is pure: node's write path and
 		// the simulation run it; it imports nothing of the project.
 		"github.com/replvol/replvol/node/writepath": {"/node", "/replication", "/transport", "/web", "/metadata", "/backing", "/config", "/internal", "/multipath", "google.golang.org/grpc", "go.etcd.io/bbolt", "github.com/hashicorp/raft", "github.com/hashicorp/memberlist"},

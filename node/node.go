@@ -106,6 +106,8 @@ type stateStore interface {
 	// durable BEFORE it returns.
 	Scrub(name string) (statefile.ScrubState, bool, error)
 	PutScrub(name string, st statefile.ScrubState) error
+	// DeleteVolume is durable BEFORE it returns.
+	DeleteVolume(name string) error
 	AddEvent(e statefile.Event) (statefile.Event, error)
 	Events(n int) ([]statefile.Event, error)
 	Close() error
@@ -202,6 +204,11 @@ type Node struct {
 	// claims are the mount claims of the volumes this node is primary of
 	// (claims.go).
 	claims mountClaims
+	// createdProblems: per volume created at run time, why this node
+	// does not run it as raft records it (created.go), as last said.
+	createdProblems map[string]string
+	// createdKick wakes createdLoop (one buffered slot).
+	createdKick chan struct{}
 }
 
 // New opens the node's state and disks. Nothing listens until Start.
@@ -225,6 +232,7 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 		stopLoop: make(chan struct{}), wrapStream: opts.WrapStream, bootID: opts.bootID,
 		claims:       mountClaims{wake: make(chan struct{}, 1), base: clock.Or(opts.clock)},
 		controlConns: control.MaxConns, controlConnsPerHost: control.MaxConnsPerHost,
+		createdProblems: map[string]string{}, createdKick: make(chan struct{}, 1),
 	}
 	n.cfg.Store(cfg)
 	n.vols.Store(&map[string]*Volume{})
@@ -294,6 +302,7 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 	}
 	n.cfg.Store(cfg)
 	n.vols.Store(&vols)
+	n.makePoolDirs(cfg)
 	if err := n.openCluster(dir, opts); err != nil {
 		closeVolumes(vols)
 		st.Close()
@@ -470,6 +479,7 @@ func (n *Node) Start() error {
 	if n.cl != nil {
 		n.serve(func() error { n.clusterLoop(n.stopLoop); return nil })
 		n.serve(func() error { n.clusterEvents(n.stopLoop); return nil })
+		n.serve(func() error { n.createdLoop(n.stopLoop); return nil })
 	}
 	n.serve(func() error {
 		if err := n.http.Serve(n.lnControl); !errors.Is(err, http.ErrServerClosed) {

@@ -41,7 +41,7 @@ func (n *Node) nodeInfo(nc NodeConfig) transport.NodeInfo {
 }
 
 func (n *Node) nodeStatus(events int) *transport.NodeStatus {
-	ns := &transport.NodeStatus{Node: n.nodeInfo(n.self), Failover: n.failoverReasons(), Config: n.configStatus()}
+	ns := &transport.NodeStatus{Node: n.nodeInfo(n.self), Failover: n.failoverReasons(), Config: n.configStatus(), Pools: n.pools()}
 	ns.Node.Alive = true
 	ns.Node.FailedReload = n.failedReloadView()
 	vols := n.volumes()
@@ -184,6 +184,11 @@ func (n *Node) clusterStatus(ctx context.Context, events int) (*transport.Cluste
 		}
 	}
 	cs.ConfigDiffers = configDifferences(files)
+	for i := range cfg.Nodes {
+		if views[i] != nil {
+			cs.Pools = append(cs.Pools, views[i].Pools...)
+		}
+	}
 	var auth replication.Authority
 	if n.cl != nil {
 		auth = n.cl.c.Authority()

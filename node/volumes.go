@@ -88,9 +88,10 @@ func (n *Node) ApplyVolumes(next *Config) []VolumeChange {
 	}
 	var changes []VolumeChange
 	view := configView{kept: map[string]string{}, notAdded: map[string]string{}}
+	n.applyPools(next)
 	for _, vc := range n.config().Volumes {
-		if next.Volume(vc.Name) != nil {
-			continue
+		if next.Volume(vc.Name) != nil || vc.FromAPI() {
+			continue // a volume created at run time is raft's, not the file's
 		}
 		_, held := vc.Disks[n.name]
 		err := n.removeVolume(vc.Name, held)
@@ -116,6 +117,37 @@ func (n *Node) ApplyVolumes(next *Config) []VolumeChange {
 	slices.SortFunc(changes, func(a, b VolumeChange) int { return strings.Compare(a.Volume, b.Volume) })
 	return changes
 }
+
+// applyPools takes the storage pools of next's nodes into the running
+// config, and makes the directories of this node's new ones.
+func (n *Node) applyPools(next *Config) {
+	cur := n.config()
+	cfg := *cur
+	cfg.Nodes = slices.Clone(cur.Nodes)
+	changed := false
+	for i, nc := range cfg.Nodes {
+		if nn, ok := next.Node(nc.Name); ok && !slices.Equal(nn.Pools, nc.Pools) {
+			cfg.Nodes[i].Pools = slices.Clone(nn.Pools)
+			changed = true
+		}
+	}
+	if !changed {
+		return
+	}
+	n.cfg.Store(&cfg)
+	n.makePoolDirs(&cfg)
+	self, _ := cfg.Node(n.name)
+	var names []string
+	for _, p := range self.Pools {
+		names = append(names, p.Name)
+	}
+	n.log.Info("storage pools reloaded", "pools", strings.Join(names, ","))
+	n.event("", "pools-reloaded", fmt.Sprintf("%s's storage pools are now: %s", n.name, strings.Join(names, ", ")))
+}
+
+// CheckFile refuses a cluster file that lists the name of a volume
+// created at run time (replnode's SIGHUP keeps the config it has).
+func (n *Node) CheckFile(next *Config) error { return n.checkFile(next) }
 
 // addVolume opens, registers and starts volume vc of the file next.
 // Callers hold n.volMu.
@@ -280,6 +312,9 @@ func (n *Node) configStatus() *transport.NodeConfigStatus {
 	n.mu.Unlock()
 	names := map[string]bool{}
 	for _, vc := range n.config().Volumes {
+		if vc.FromAPI() {
+			continue // raft's, not the file's
+		}
 		if _, kept := view.kept[vc.Name]; !kept {
 			names[vc.Name] = true
 		}

@@ -73,7 +73,10 @@ func (c *testCluster) waitVolumeInSync(name string) {
 	var vs *transport.VolumeStatus
 	if !within(30*time.Second, 10*time.Millisecond, func() bool {
 		_, vs = c.statusOf("alpha", name)
-		ok := vs != nil && len(vs.Replicas) > 0
+		if vs == nil {
+			return false // not (yet) in alpha's status
+		}
+		ok := len(vs.Replicas) > 0
 		for _, r := range vs.Replicas {
 			ok = ok && r.Disk == "UpToDate" && r.Replication == "Connected" && r.OutOfSyncBytes == 0
 		}

@@ -20,6 +20,8 @@ import (
 // every node) and the whole state encodes to JSON (raft snapshots).
 type Authority struct {
 	Volumes map[string]VolumeAuthority `json:"volumes,omitempty"`
+	// Creates are the volumes created at run time, by name (created.go).
+	Creates map[string]CreatedVolume `json:"created,omitempty"`
 }
 
 // VolumeAuthority is what the cluster decided for one volume. UpToDate and
@@ -81,6 +83,8 @@ type AuthorityCommand struct {
 	// Failover, on a promote, says it is a failover: when and why (From,
 	// To and Epoch are filled in by Apply).
 	Failover *FailoverRecord `json:"failover,omitempty"`
+	// Create, on a create-volume, is the volume's definition.
+	Create *CreatedVolume `json:"create,omitempty"`
 }
 
 // InitCommand registers a volume the cluster does not know yet: primary
@@ -167,6 +171,14 @@ func (a Authority) Volume(name string) (VolumeAuthority, bool) {
 // UpToDate and Outdated are sorted sets of its data nodes that do not
 // meet. A raft snapshot is checked before it replaces the state.
 func (a Authority) Check() error {
+	for name, cv := range a.Creates {
+		if err := cv.check(); err != nil {
+			return fmt.Errorf("%w: created volume %q: %v", ErrBadAuthority, name, err)
+		}
+		if cv.Name != name {
+			return fmt.Errorf("%w: created volume %q is recorded as %q", ErrBadAuthority, name, cv.Name)
+		}
+	}
 	for name, va := range a.Volumes {
 		if name == "" {
 			return fmt.Errorf("%w: a volume without a name", ErrBadAuthority)
@@ -198,12 +210,18 @@ func (a Authority) Check() error {
 
 // Clone returns a deep copy, for a caller that wants to change it.
 func (a Authority) Clone() Authority {
-	if a.Volumes == nil {
-		return Authority{}
+	var c Authority
+	if a.Volumes != nil {
+		c.Volumes = make(map[string]VolumeAuthority, len(a.Volumes))
+		for name, va := range a.Volumes {
+			c.Volumes[name] = va.clone()
+		}
 	}
-	c := Authority{Volumes: make(map[string]VolumeAuthority, len(a.Volumes))}
-	for name, va := range a.Volumes {
-		c.Volumes[name] = va.clone()
+	if a.Creates != nil {
+		c.Creates = make(map[string]CreatedVolume, len(a.Creates))
+		for name, cv := range a.Creates {
+			c.Creates[name] = cv.clone()
+		}
 	}
 	return c
 }
@@ -214,6 +232,9 @@ func (a Authority) Clone() Authority {
 func (a Authority) Apply(cmd AuthorityCommand) (Authority, VolumeAuthority, error) {
 	if cmd.Volume == "" {
 		return a, VolumeAuthority{}, fmt.Errorf("%w: %s without a volume", ErrBadCommand, cmd.Op)
+	}
+	if cmd.Op == OpCreateVolume || cmd.Op == OpDeleteVolume {
+		return a.applyCreated(cmd)
 	}
 	cur, known := a.Volumes[cmd.Volume]
 	if cmd.Op == OpInit && known {
@@ -239,7 +260,7 @@ func (a Authority) Apply(cmd AuthorityCommand) (Authority, VolumeAuthority, erro
 	if err != nil {
 		return a, cur.clone(), fmt.Errorf("volume %q: %w", cmd.Volume, err)
 	}
-	out := Authority{Volumes: maps.Clone(a.Volumes)}
+	out := Authority{Volumes: maps.Clone(a.Volumes), Creates: a.Creates}
 	if out.Volumes == nil {
 		out.Volumes = make(map[string]VolumeAuthority, 1)
 	}

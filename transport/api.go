@@ -18,6 +18,9 @@ type ClusterStatus struct {
 	// do not agree on, and the volumes a node does not run as its file
 	// says (a removal it refused, an addition that failed).
 	ConfigDiffers []ConfigDifference `json:"config_differs,omitempty"`
+	// Pools are the storage pools of the reachable nodes, by node and
+	// name, with their size and free space.
+	Pools []PoolStatus `json:"pools,omitempty"`
 	// Warnings are what an operator should act on, most urgent first,
 	// each with the command that fixes it: the status page's "Needs
 	// attention" and replctl status --check. The node fills them in
@@ -394,6 +397,8 @@ type NodeStatus struct {
 	// Config is what the node's cluster file lists, as the node applied
 	// it (nil from an older node).
 	Config *NodeConfigStatus `json:"config,omitempty"`
+	// Pools are the node's storage pools.
+	Pools []PoolStatus `json:"pools,omitempty"`
 }
 
 // NodeConfigStatus is the node's cluster file as it runs it: the volumes

@@ -55,6 +55,14 @@ type ControlServer interface {
 	// secondary's scrub takes the good copy of a bad block from it.
 	// Between nodes only.
 	ReadBlocks(context.Context, *ReadBlocksRequest) (*ReadBlocksReply, error)
+	// VolumeCreate, VolumeDelete and VolumeList create, delete and list
+	// the volumes made at run time from storage pools (volumes.go); any
+	// node forwards them to the raft leader.
+	VolumeCreate(context.Context, *VolumeCreateRequest) (*VolumeCreateReply, error)
+	VolumeDelete(context.Context, *VolumeDeleteRequest) (*VolumeDeleteReply, error)
+	VolumeList(context.Context, *VolumeListRequest) (*VolumeListReply, error)
+	// Pools lists the storage pools of every node, or of one.
+	Pools(context.Context, *PoolsRequest) (*PoolsReply, error)
 	// Events streams the node's events (history first, then live) to
 	// send until ctx ends or send fails.
 	Events(ctx context.Context, r *EventsRequest, send func(*Event) error) error
@@ -119,6 +127,10 @@ var controlDesc = grpc.ServiceDesc{
 		unary(MethodAwaitServing, ControlServer.AwaitServing),
 		unary(MethodScrub, ControlServer.Scrub),
 		unary(MethodReadBlocks, ControlServer.ReadBlocks),
+		unary(MethodVolumeCreate, ControlServer.VolumeCreate),
+		unary(MethodVolumeDelete, ControlServer.VolumeDelete),
+		unary(MethodVolumeList, ControlServer.VolumeList),
+		unary(MethodPools, ControlServer.Pools),
 	},
 	Streams: []grpc.StreamDesc{{
 		StreamName:    MethodEvents,

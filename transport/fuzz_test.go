@@ -91,6 +91,22 @@ func (c *recordingControl) Claim(_ context.Context, r *ClaimRequest) (*ClaimRepl
 	return record[ClaimRequest, ClaimReply](c, r)
 }
 
+func (c *recordingControl) VolumeCreate(_ context.Context, r *VolumeCreateRequest) (*VolumeCreateReply, error) {
+	return record[VolumeCreateRequest, VolumeCreateReply](c, r)
+}
+
+func (c *recordingControl) VolumeDelete(_ context.Context, r *VolumeDeleteRequest) (*VolumeDeleteReply, error) {
+	return record[VolumeDeleteRequest, VolumeDeleteReply](c, r)
+}
+
+func (c *recordingControl) VolumeList(_ context.Context, r *VolumeListRequest) (*VolumeListReply, error) {
+	return record[VolumeListRequest, VolumeListReply](c, r)
+}
+
+func (c *recordingControl) Pools(_ context.Context, r *PoolsRequest) (*PoolsReply, error) {
+	return record[PoolsRequest, PoolsReply](c, r)
+}
+
 func (c *recordingControl) AwaitServing(_ context.Context, r *AwaitServingRequest) (*AwaitServingReply, error) {
 	return record[AwaitServingRequest, AwaitServingReply](c, r)
 }
@@ -158,6 +174,10 @@ func seedControlRequests() []controlSeed {
 		"AwaitServing":   &AwaitServingRequest{Volume: "vol0", Epoch: 8},
 		"Scrub":          &ScrubRequest{Volume: "vol0", Node: "beta", Rate: 50 << 20},
 		"ReadBlocks":     &ReadBlocksRequest{Volume: "vol0", Offset: 4096, Length: 8192},
+		"VolumeCreate":   &VolumeCreateRequest{Name: "pvc-1", Size: 1 << 30, Replicas: 2, Pool: "default", Protocol: "C"},
+		"VolumeDelete":   &VolumeDeleteRequest{Name: "pvc-1"},
+		"VolumeList":     &VolumeListRequest{},
+		"Pools":          &PoolsRequest{Node: "beta"},
 		"Events":         &EventsRequest{History: 100, Since: time.Date(2025, 1, 2, 3, 4, 5, 6, time.UTC), State: true},
 	}
 	var seeds []controlSeed

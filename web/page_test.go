@@ -49,6 +49,21 @@ func TestPageStates(t *testing.T) {
 			},
 		},
 		{
+			name: "storage pools: each node's size and free space, an lvm pool that takes no volume",
+			bend: func(st *transport.ClusterStatus) {
+				st.Pools = []transport.PoolStatus{
+					{Node: "alpha", Name: "default", Size: 100 << 30, Free: 40 << 30},
+					{Node: "alpha", Name: "fast", State: "lvm not available"},
+					{Node: "beta", Name: "default", Size: 100 << 30, Free: 60 << 30},
+				}
+			},
+			check: want{
+				text: map[string]string{
+					"pool-alpha-default-free": "40.0 GiB", "pool-beta-default-free": "60.0 GiB", "pool-alpha-fast": "fastalpha0 B0 Blvm not available",
+				},
+			},
+		},
+		{
 			name: "beta resyncing: a bar with speed and ETA",
 			bend: func(st *transport.ClusterStatus) {
 				b := replica(st, "beta")

@@ -38,6 +38,7 @@ type pageView struct {
 	Title                string
 	Cluster              clusterView
 	Nodes                []nodeView
+	Pools                []poolView
 	Topology             topologyView
 	Warnings             []Warning
 	Volumes              []volumeView
@@ -55,6 +56,11 @@ type nodeView struct {
 	// Reload says that the node's last reload failed ("" when not).
 	Reload       string
 	Leader, Self bool
+}
+
+// poolView is one storage pool of one node.
+type poolView struct {
+	ID, Node, Name, Size, Free, State, StateClass string
 }
 
 type volumeView struct {
@@ -124,6 +130,14 @@ func buildPage(in pageInput) pageView {
 		From: st.From, AsOf: in.Now.Format("15:04:05"), AsOfFull: in.Now.Format(time.RFC3339),
 	}
 	pv.Cluster = buildCluster(st)
+	for _, p := range st.Pools {
+		v := poolView{ID: elementID("pool", p.Node, p.Name), Node: p.Node, Name: p.Name,
+			Size: humanBytes(int64(p.Size)), Free: humanBytes(int64(p.Free)), State: "ok", StateClass: classOK}
+		if p.State != "" {
+			v.State, v.StateClass = p.State, classWarn
+		}
+		pv.Pools = append(pv.Pools, v)
+	}
 	for _, n := range st.Nodes {
 		pv.Nodes = append(pv.Nodes, buildNode(st, n))
 	}

@@ -72,6 +72,9 @@ type clusterOpts struct {
 	// required).
 	TLS    bool
 	NBDTLS string
+	// Pools gives each data node a storage pool "default", the directory
+	// poolDir(name), for volumes made with replctl volume create.
+	Pools bool
 	// Volumes is how many volumes (default 1): vol0, then idle0001,
 	// idle0002, ..., each of Size on a backing file of its own per data
 	// node, alpha their first primary.
@@ -178,6 +181,9 @@ func newProcClusterN(t *testing.T, opts clusterOpts) *procCluster {
 		if opts.Raft {
 			fmt.Fprintf(&cfg, ", raft: %q, gossip: %q, role: %s", n.Raft, n.Gossip, n.Role)
 		}
+		if opts.Pools && !witness {
+			fmt.Fprintf(&cfg, ", pools: [{name: default, dir: %q}]", c.poolDir(name))
+		}
 		fmt.Fprintf(&cfg, ", state_dir: %q}\n", filepath.Join(dir, name))
 		if witness {
 			continue
@@ -248,6 +254,10 @@ func newProcClusterN(t *testing.T, opts clusterOpts) *procCluster {
 	}
 	return c
 }
+
+// poolDir is the directory of data node name's storage pool "default"
+// (clusterOpts.Pools).
+func (c *procCluster) poolDir(name string) string { return filepath.Join(c.dir, name+"-pool") }
 
 // writeEmpty creates the empty file path and returns path.
 func writeEmpty(t *testing.T, path string) string {

@@ -78,7 +78,7 @@ func newRoot() *cobra.Command {
 	root.PersistentFlags().DurationVar(&g.timeout, "timeout", 60*time.Second, "how long to wait for the cluster")
 	root.PersistentFlags().StringVar(&g.color, "color", "auto", "colours: auto (on a terminal, unless NO_COLOR is set), always or never")
 	root.AddCommand(newStatus(g), newEvents(g), newPrimary(g), newConnect(g, true), newConnect(g, false), newResync(g), newVerify(g), newScrub(g), newPath(g), newNode(g), newAdjust(g), newMount(g), newUmount(), newAttach(g), newDetach(), newMountHelper(), newCreateMD(), newCerts(), newDemo(), newMan())
-	root.AddCommand(newResize(g), newVersion())
+	root.AddCommand(newResize(g), newVolume(g), newVersion())
 	markUsageErrors(root)
 	registerCompletions(root, g)
 	return root

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 	"github.com/replvol/replvol/web"
@@ -363,6 +364,7 @@ func printStatus(w io.Writer, st *transport.ClusterStatus, pal palette, now time
 		nodes.add(plain(n.Name), plain(n.Role), state, plain(n.Control), plain(nbd))
 	}
 	nodes.render(w, pal)
+	printPools(w, st.Pools, pal)
 	// A node's last reload failed, the nodes' files disagree on a volume,
 	// or a node does not run one as its file says: the volume lines below
 	// are one node's file.
@@ -387,6 +389,23 @@ func printStatus(w io.Writer, st *transport.ClusterStatus, pal palette, now time
 	for i := range st.Volumes {
 		printVolume(w, &st.Volumes[i], warningsOf(st, st.Volumes[i].Name), cluster, pal, now)
 	}
+}
+
+// printPools prints the nodes' storage pools, when they have any.
+func printPools(w io.Writer, pools []transport.PoolStatus, pal palette) {
+	if len(pools) == 0 {
+		return
+	}
+	t := &table{}
+	t.add(plain("POOL"), plain("NODE"), plain("SIZE"), plain("FREE"), plain("STATE"))
+	for _, p := range pools {
+		state := cell{"ok", colorGreen}
+		if p.State != "" {
+			state = cell{p.State, colorYellow}
+		}
+		t.add(plain(p.Name), plain(p.Node), plain(human.Bytes(int64(p.Size))), plain(human.Bytes(int64(p.Free))), state)
+	}
+	t.render(w, pal)
 }
 
 // printVolume prints v's line (with its warnings: ws are the status's

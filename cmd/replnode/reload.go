@@ -53,6 +53,12 @@ type volumeApplier interface {
 	ApplyVolumes(next *node.Config) []node.VolumeChange
 }
 
+// fileChecker is the node's check of a new file against what raft
+// records (node.Node.CheckFile).
+type fileChecker interface {
+	CheckFile(next *node.Config) error
+}
+
 // change is one difference between two configs, by its field's path in
 // the file ("volumes[vol0].resync_rate").
 type change struct {
@@ -92,6 +98,13 @@ func (r *reloader) reload(ctx context.Context) {
 		r.log.Error("SIGHUP: the new config has no node "+r.name+"; nothing changed, the node runs on with the config it has", "config", r.path)
 		r.failed(fmt.Errorf("%s: nodes: there is no node %s (this node): add it back, or stop replnode here", r.path, r.name))
 		return
+	}
+	if c, ok := r.volumes.(fileChecker); ok {
+		if err := c.CheckFile(cfg); err != nil {
+			r.log.Error("SIGHUP: the config file names a volume created at run time; nothing changed, the node runs on with the config it has", "config", r.path, "err", err)
+			r.failed(fmt.Errorf("%s: %w", r.path, err))
+			return
+		}
 	}
 	if r.report != nil {
 		r.report.Reloaded(r.path)
@@ -162,6 +175,11 @@ func (r *reloader) applyVolumes(cfg *node.Config) {
 	if r.volumes == nil {
 		return
 	}
+	for i, nc := range r.running.Nodes {
+		if next, ok := cfg.Node(nc.Name); ok {
+			r.running.Nodes[i].Pools = next.Pools // applied by ApplyVolumes
+		}
+	}
 	for _, c := range r.volumes.ApplyVolumes(cfg) {
 		where := "this node holds a disk of it"
 		if !c.Held {
@@ -228,8 +246,9 @@ func planReload(running, next *node.Config, self string) ([]onlineChange, []chan
 	diffValues("", reflect.ValueOf(*running), reflect.ValueOf(*next), &restart)
 	kept := restart[:0]
 	for _, c := range restart {
-		// A volume added or removed as a whole is applied online.
-		onlineField := c.field == "volumes["+volumeOf(c.field)+"]"
+		// A volume added or removed as a whole is applied online, and
+		// so are a node's storage pools.
+		onlineField := c.field == "volumes["+volumeOf(c.field)+"]" || isPoolsField(c.field)
 		for v := range inBoth {
 			switch c.field {
 			case "volumes[" + v + "].protocol", "volumes[" + v + "].on_congestion", "volumes[" + v + "].resync_rate":
@@ -250,6 +269,17 @@ func planReload(running, next *node.Config, self string) ([]onlineChange, []chan
 		}
 	}
 	return online, restart
+}
+
+// isPoolsField reports whether a field path is in a node's pools
+// ("nodes[alpha].pools[0].dir").
+func isPoolsField(field string) bool {
+	rest, ok := strings.CutPrefix(field, "nodes[")
+	if !ok {
+		return false
+	}
+	_, after, ok := strings.Cut(rest, "].")
+	return ok && (after == "pools" || strings.HasPrefix(after, "pools[") || strings.HasPrefix(after, "pools."))
 }
 
 // volumeOf is the volume a field path names ("volumes[vol0].size": vol0),

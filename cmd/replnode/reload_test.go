@@ -101,6 +101,10 @@ volumes:`, 1)
 			lines[1], lines[2] = lines[2], lines[1]
 			return strings.Join(lines, "\n")
 		}, "alpha", nil, []string{"nodes[beta] position (its metadata id)", "nodes[alpha] position (its metadata id)"}},
+		{"pools added and changed: applied online, no restart", func(s string) string {
+			s = strings.Replace(s, "state_dir: /tmp/a}", "state_dir: /tmp/a, pools: [{name: default, dir: /srv/pool}, {name: fast, lvm_vg: vg0}]}", 1)
+			return strings.Replace(s, "state_dir: /tmp/b}", "state_dir: /tmp/b, pools: [{name: default, dir: /srv/pool}]}", 1)
+		}, "alpha", nil, nil},
 		{"a plain disk becomes a one-path multipath disk", func(s string) string {
 			return strings.Replace(s, "alpha: /tmp/a.img", "alpha: {paths: [{name: p0, path: /tmp/a.img}]}", 1)
 		}, "alpha", nil, []string{"volumes[vol0].disks[alpha].multipath"}},
@@ -264,6 +268,48 @@ func readFile(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// createdVolumes is a node whose raft records volumes created at run
+// time: it refuses a file that names one (node.Node.CheckFile).
+type createdVolumes struct {
+	fakeVolumes
+	created string
+}
+
+func (c *createdVolumes) CheckFile(next *node.Config) error {
+	if volumeNamed(next, c.created) != nil {
+		return fmt.Errorf("volumes %s of the file were created with replctl volume create", c.created)
+	}
+	return nil
+}
+
+// TestAFileNamingACreatedVolumeIsRefused: a SIGHUP whose file lists the
+// name of a volume created at run time changes nothing, not even the
+// other volumes: the node runs on with the config it had, and says why.
+func TestAFileNamingACreatedVolumeIsRefused(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cluster.yaml")
+	if err := os.WriteFile(path, []byte(baseConfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	running, err := node.LoadConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := &createdVolumes{fakeVolumes: fakeVolumes{running: map[string]bool{"vol0": true, "vol1": true}}, created: "pvc1"}
+	reports := &fakeReports{}
+	r := &reloader{path: path, name: "alpha", log: slog.New(slog.NewTextHandler(io.Discard, nil)), running: running, volumes: fake, report: reports}
+	next := strings.Replace(baseConfig, "name: vol1", "name: pvc1", 1)
+	if err := os.WriteFile(path, []byte(next), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r.reload(context.Background())
+	if fake.calls != 0 || len(reports.failed) != 1 || reports.reloaded != 0 || !strings.Contains(reports.failed[0].Error(), "pvc1 of the file were created with replctl volume create") {
+		t.Fatalf("ApplyVolumes called %d times; failed %v, reloaded %d: want the reload refused, naming pvc1", fake.calls, reports.failed, reports.reloaded)
+	}
+	if volumeNamed(r.running, "vol1") == nil {
+		t.Fatal("the refused file changed what the reloader runs")
+	}
 }
 
 // fakeReports records what the reloader tells the node of each reload.

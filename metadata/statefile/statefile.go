@@ -224,6 +224,15 @@ func (s *Store) PutVolume(name string, st VolumeState) error {
 	})
 }
 
+// DeleteVolume forgets a volume's state durably (fsynced) before it
+// returns: a volume of that name created later starts afresh. A volume
+// it has no state of is not an error.
+func (s *Store) DeleteVolume(name string) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketVolumes).Delete([]byte(name))
+	})
+}
+
 // AddEvent appends to the event history, dropping the oldest beyond 1000;
 // it returns the event as stored (with its Seq and Time).
 func (s *Store) AddEvent(e Event) (Event, error) {

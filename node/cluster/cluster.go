@@ -259,6 +259,14 @@ func (c *Cluster) signalChanged() {
 // leader's by the entries not yet applied here.
 func (c *Cluster) Authority() replication.Authority { return c.fsm.authority().Clone() }
 
+// AuthorityAt returns a copy of this node's state machine and the raft
+// index of the last entry it applied: the state is that of the log up to
+// there (raft's own AppliedIndex runs ahead of the state machine).
+func (c *Cluster) AuthorityAt() (replication.Authority, uint64) {
+	a, index := c.fsm.authorityAt()
+	return a.Clone(), index
+}
+
 // SetMeta sets the metadata this node gossips (per-volume disk states,
 // say). memberlist carries at most memberlist.MetaMaxSize (512) bytes; a
 // larger b is refused. Others see it within a few gossip rounds.

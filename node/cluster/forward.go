@@ -105,6 +105,7 @@ var errorCodes = []struct {
 	{"not-a-data-node", replication.ErrNotADataNode},
 	{"removes-primary", replication.ErrRemovesPrimary},
 	{"bad-command", replication.ErrBadCommand},
+	{"volume-exists", replication.ErrVolumeExists},
 	{"no-quorum", ErrNoQuorum},
 	{"outcome-unknown", ErrOutcomeUnknown},
 	{"promotion-pending", ErrPromotionPending},
@@ -401,6 +402,25 @@ func (c *Cluster) apply(ctx context.Context, cmd replication.AuthorityCommand) (
 	}
 	res := f.Response().(applyResult)
 	return res.volume, res.err
+}
+
+// Barrier returns once this node, the leader, has applied every entry
+// committed before the call (its state machine is current), in the
+// office it held when called (LeadingSince). Errors: ErrLeadershipChanged
+// (it does not lead, or no longer), ErrNoQuorum, ErrOutcomeUnknown,
+// ErrClosed.
+func (c *Cluster) Barrier(ctx context.Context) (office time.Time, err error) {
+	office = c.LeadingSince()
+	if office.IsZero() {
+		return office, fmt.Errorf("%w: %s does not lead", ErrLeadershipChanged, c.self)
+	}
+	if err := c.barrier(ctx); err != nil {
+		if errors.Is(err, errNotLeader) {
+			err = fmt.Errorf("%w: %w", ErrLeadershipChanged, err)
+		}
+		return office, err
+	}
+	return office, nil
 }
 
 // barrier commits an empty entry in this leader's term and waits until

@@ -85,6 +85,18 @@ func seedRaftEntries() []raftSeed {
 		replication.AuthorityCommand{Op: "shrink", Volume: "vol0"},
 		replication.AuthorityCommand{Op: replication.OpPromote},
 	)
+	pvc := replication.CreatedVolume{Name: "pvc1", Size: 64 << 20, Pool: "default", Protocol: "C", Nodes: []string{"beta", "alpha"}}
+	other := pvc
+	other.Size *= 2
+	created := entryLines(
+		replication.CreateVolumeCommand(pvc),
+		replication.CreateVolumeCommand(pvc),   // a retry: nothing changes
+		replication.CreateVolumeCommand(other), // another definition: refused
+		replication.InitCommand("pvc1", "beta", 1, []string{"alpha", "beta"}),
+		replication.DeleteVolumeCommand("pvc1"),
+		replication.DeleteVolumeCommand("pvc1"), // gone already: nothing changes
+		replication.CreateVolumeCommand(other),
+	)
 	last := entryLines(
 		replication.InitCommand("vol2", "alpha", math.MaxUint64, []string{"alpha"}),
 		replication.PromoteCommand("vol2", math.MaxUint64, "alpha", false),
@@ -92,6 +104,7 @@ func seedRaftEntries() []raftSeed {
 	return []raftSeed{
 		{start, life},
 		{start, refused},
+		{start, created},
 		{nil, last},
 		{[]byte(`{"volumes":{"vol0":{"primary":"alpha","epoch":1,"data_nodes":["alpha","beta"],"up_to_date":["alpha","beta"]}}}`), entryLines(
 			replication.PromoteCommand("vol0", 1, "beta", false))},
@@ -137,6 +150,7 @@ func checkAuthority(t *testing.T, a replication.Authority) {
 var authorityErrors = []error{
 	replication.ErrStaleEpoch, replication.ErrNotUpToDate, replication.ErrUnknownVolume,
 	replication.ErrNotPrimary, replication.ErrNotADataNode, replication.ErrRemovesPrimary, replication.ErrBadCommand,
+	replication.ErrVolumeExists,
 }
 
 // FuzzRaftEntries: a snapshot that restores holds the invariants (one

@@ -62,6 +62,25 @@ type Node interface {
 	// and the holder is named. It refuses a volume this node is not the
 	// primary of, naming the primary.
 	Claim(ctx context.Context, r *transport.ClaimRequest) (*transport.ClaimReply, error)
+	// Leader is the raft leader ("" when there is none now); clustered
+	// is false when the node runs no raft.
+	Leader() (leader string, clustered bool)
+	// LeaderChanged is closed at the next change of the raft leader
+	// (never without a cluster).
+	LeaderChanged() <-chan struct{}
+	// DataNodes are the nodes of the config that may hold disks.
+	DataNodes() []string
+	// Pools are this node's storage pools, their size and free space.
+	Pools() []transport.PoolStatus
+	// CreateVolume places and records a volume made from a pool; it runs
+	// on the raft leader, with the request checked and its defaults
+	// filled in. Its errors carry their gRPC codes.
+	CreateVolume(ctx context.Context, r *transport.VolumeCreateRequest) (*transport.VolumeCreateReply, error)
+	// DeleteVolume forgets a volume made from a pool, on the raft leader;
+	// every node that holds it then stops it and frees its storage.
+	DeleteVolume(ctx context.Context, name string) (*transport.VolumeDeleteReply, error)
+	// ListVolumes lists the volumes of the cluster file and of raft.
+	ListVolumes() []transport.VolumeInfo
 }
 
 // Volume is what the control API asks of one volume the node holds. Its

@@ -20,6 +20,8 @@ type fakeNode struct {
 	decided []string
 	// stateAt is the time StateEvents was last asked for.
 	stateAt time.Time
+	// created are the creates the node was asked for.
+	created []transport.VolumeCreateRequest
 }
 
 func (f *fakeNode) Name() string { return "alpha" }
@@ -68,6 +70,27 @@ func (f *fakeNode) Claim(ctx context.Context, r *transport.ClaimRequest) (*trans
 	f.decided = append(f.decided, "claim")
 	return &transport.ClaimReply{Volume: r.Volume, Node: "alpha"}, nil
 }
+
+func (f *fakeNode) Leader() (string, bool) { return "alpha", true }
+
+func (f *fakeNode) LeaderChanged() <-chan struct{} { return nil }
+
+func (f *fakeNode) DataNodes() []string { return []string{"alpha"} }
+
+func (f *fakeNode) Pools() []transport.PoolStatus { return nil }
+
+func (f *fakeNode) CreateVolume(ctx context.Context, r *transport.VolumeCreateRequest) (*transport.VolumeCreateReply, error) {
+	f.decided = append(f.decided, "create")
+	f.created = append(f.created, *r)
+	return &transport.VolumeCreateReply{Volume: transport.VolumeInfo{Name: r.Name, Size: r.Size}, Created: true}, nil
+}
+
+func (f *fakeNode) DeleteVolume(ctx context.Context, name string) (*transport.VolumeDeleteReply, error) {
+	f.decided = append(f.decided, "delete")
+	return &transport.VolumeDeleteReply{}, nil
+}
+
+func (f *fakeNode) ListVolumes() []transport.VolumeInfo { return nil }
 
 func (f *fakeNode) ClusterMessage(ctx context.Context, body []byte, sender func(from string) error) ([]byte, error) {
 	f.decided = append(f.decided, "cluster message")

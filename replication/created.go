@@ -1,0 +1,153 @@
+package replication
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+)
+
+// Volumes created at run time (replctl volume create, the CSI driver)
+// are recorded in the Authority too, whole: the raft log carries their
+// definitions, a snapshot keeps them, and every node derives the volumes
+// it runs from its cluster file and these records.
+
+// CreatedVolume is the definition of a volume created at run time.
+type CreatedVolume struct {
+	Name string `json:"name"`
+	// Size is the volume's size in bytes, a multiple of 4 KiB.
+	Size uint64 `json:"size"`
+	// Pool is the storage pool every replica's backing file is in.
+	Pool     string `json:"pool"`
+	Protocol string `json:"protocol"`
+	// Nodes are the nodes that hold a replica, in the order they were
+	// chosen: the first one is the primary at creation.
+	Nodes []string `json:"nodes"`
+	// Index is the raft log index of the create (set by the state
+	// machine as it applies it): it tells one volume of a name from an
+	// earlier one that was deleted.
+	Index uint64 `json:"index,omitempty"`
+}
+
+// Same reports whether c and o define the same volume (wherever in the
+// log each was recorded).
+func (c CreatedVolume) Same(o CreatedVolume) bool {
+	return c.Name == o.Name && c.Size == o.Size && c.Pool == o.Pool && c.Protocol == o.Protocol && slices.Equal(c.Nodes, o.Nodes)
+}
+
+// check says what makes the definition one no rule accepts, or nil.
+func (c CreatedVolume) check() error {
+	switch {
+	case c.Name == "":
+		return errors.New("a volume without a name")
+	case c.Size == 0 || c.Size%4096 != 0:
+		return fmt.Errorf("volume %q: size %d is not a positive multiple of 4096", c.Name, c.Size)
+	case c.Pool == "":
+		return fmt.Errorf("volume %q: no pool", c.Name)
+	case c.Protocol != "A" && c.Protocol != "B" && c.Protocol != "C":
+		return fmt.Errorf("volume %q: protocol %q", c.Name, c.Protocol)
+	case len(c.Nodes) == 0:
+		return fmt.Errorf("volume %q: no nodes", c.Name)
+	}
+	seen := map[string]bool{}
+	for _, n := range c.Nodes {
+		if n == "" || seen[n] {
+			return fmt.Errorf("volume %q: nodes %q are not distinct names", c.Name, c.Nodes)
+		}
+		seen[n] = true
+	}
+	return nil
+}
+
+func (c CreatedVolume) clone() CreatedVolume {
+	c.Nodes = slices.Clone(c.Nodes)
+	return c
+}
+
+// Authority commands of the volumes created at run time.
+const (
+	OpCreateVolume AuthorityOp = "create-volume"
+	OpDeleteVolume AuthorityOp = "delete-volume"
+)
+
+// ErrVolumeExists: a create of a name the cluster already gives another
+// definition.
+var ErrVolumeExists = errors.New("a volume of that name exists")
+
+// CreateVolumeCommand records a volume created at run time. A volume of
+// that name with the same definition changes nothing (a retry); another
+// definition fails with ErrVolumeExists.
+func CreateVolumeCommand(def CreatedVolume) AuthorityCommand {
+	d := def.clone()
+	return AuthorityCommand{Op: OpCreateVolume, Volume: def.Name, Create: &d}
+}
+
+// DeleteVolumeCommand forgets a volume created at run time: its
+// definition and its authority (primary, epoch, UpToDate). A name not
+// created at run time changes nothing.
+func DeleteVolumeCommand(name string) AuthorityCommand {
+	return AuthorityCommand{Op: OpDeleteVolume, Volume: name}
+}
+
+// Created returns the definition of a volume created at run time.
+func (a Authority) Created(name string) (CreatedVolume, bool) {
+	c, ok := a.Creates[name]
+	if !ok {
+		return CreatedVolume{}, false
+	}
+	return c.clone(), true
+}
+
+// applyCreated applies a create or a delete.
+func (a Authority) applyCreated(cmd AuthorityCommand) (Authority, VolumeAuthority, error) {
+	cur, known := a.Creates[cmd.Volume]
+	switch cmd.Op {
+	case OpCreateVolume:
+		if cmd.Create == nil || cmd.Create.Name != cmd.Volume {
+			return a, VolumeAuthority{}, fmt.Errorf("%w: create-volume %q without its definition", ErrBadCommand, cmd.Volume)
+		}
+		if err := cmd.Create.check(); err != nil {
+			return a, VolumeAuthority{}, fmt.Errorf("%w: %v", ErrBadCommand, err)
+		}
+		if known {
+			if cur.Same(*cmd.Create) {
+				return a, VolumeAuthority{}, nil
+			}
+			return a, VolumeAuthority{}, fmt.Errorf("%w: %s is %s", ErrVolumeExists, cmd.Volume, cur.Describe())
+		}
+		if _, has := a.Volumes[cmd.Volume]; has {
+			return a, VolumeAuthority{}, fmt.Errorf("%w: %s is a volume of the cluster file", ErrVolumeExists, cmd.Volume)
+		}
+		out := a.shallow()
+		out.Creates[cmd.Volume] = cmd.Create.clone()
+		return out, VolumeAuthority{}, nil
+	case OpDeleteVolume:
+		if !known {
+			return a, VolumeAuthority{}, nil
+		}
+		out := a.shallow()
+		delete(out.Creates, cmd.Volume)
+		delete(out.Volumes, cmd.Volume)
+		return out, VolumeAuthority{}, nil
+	}
+	return a, VolumeAuthority{}, fmt.Errorf("%w: op %q", ErrBadCommand, cmd.Op)
+}
+
+// shallow copies a's maps (not their values, which Apply never changes).
+func (a Authority) shallow() Authority {
+	out := Authority{Volumes: maps.Clone(a.Volumes), Creates: maps.Clone(a.Creates)}
+	if out.Volumes == nil {
+		out.Volumes = map[string]VolumeAuthority{}
+	}
+	if out.Creates == nil {
+		out.Creates = map[string]CreatedVolume{}
+	}
+	return out
+}
+
+// Describe says the definition in words: "64MiB in pool default on
+// alpha, beta, protocol C".
+func (c CreatedVolume) Describe() string {
+	return fmt.Sprintf("%d bytes in pool %s on %s, protocol %s", c.Size, c.Pool, strings.Join(c.Nodes, ", "), c.Protocol)
+}
