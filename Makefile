@@ -32,15 +32,9 @@ deps:
 # tests that need the ordinary mutex ($(UNCHECKED_TESTS)), then every fuzz
 # target for $(CI_FUZZTIME). The end-to-end tests that spend their time
 # waiting for a cluster or its tools, and time nothing of their own
-# (e2eBeside in cmd/replctl), run three at a time. Four packages' tests
-# run at once (TEST_PACKAGES; go test's default is one per core): most
-# of their time is spent waiting on processes, disks and timers, not on a
-# core (package node used 35% of one over its run), so on a 2-core
-# machine two at a time left the cores idle and made the suite the sum
-# of its packages over two.
-TEST_PACKAGES ?= 4
+# (e2eBeside in cmd/replctl), run three at a time.
 test: deps fmt-check vet
-	@start=$$(date +%s); set -x; $(GO) test -race -tags deadlock -count=1 -p $(TEST_PACKAGES) -parallel 3 -timeout 20m ./... && \
+	@start=$$(date +%s); set -x; $(GO) test -race -tags deadlock -count=1 -parallel 3 -timeout 20m ./... && \
 		$(GO) test -race -count=1 $(UNCHECKED_TESTS) && \
 		{ set +x; } 2>/dev/null && echo "make test: the suite took $$(( $$(date +%s) - start )) s"
 	@start=$$(date +%s); $(MAKE) fuzz FUZZTIME=$(CI_FUZZTIME) && \
