@@ -119,14 +119,18 @@ type cluster struct {
 	t        *testing.T
 	dir, cfg string
 	control  map[string]string // node -> control address
+	// exited is closed when node's replnode exits.
+	exited map[string]chan struct{}
 }
 
 // startCluster writes a cluster file of alpha, beta (data, a 64 MiB vol0 on a file each) and
-// a witness, starts a replnode per node and waits until vol0's primary serves it.
-func startCluster(t *testing.T) *cluster {
+// a witness, starts a replnode per node and waits until vol0's primary serves it. With pools
+// each data node has a pool "default" in a directory of its own, for volumes made through
+// the control API (CreateVolume).
+func startCluster(t *testing.T, pools bool) *cluster {
 	t.Helper()
 	const size = 64 << 20
-	c := &cluster{t: t, dir: t.TempDir(), control: map[string]string{}}
+	c := &cluster{t: t, dir: t.TempDir(), control: map[string]string{}, exited: map[string]chan struct{}{}}
 	devSize, err := metadata.InternalDeviceSizeFor(size, 61, 1, true)
 	if err != nil {
 		t.Fatal(err)
@@ -141,7 +145,15 @@ func startCluster(t *testing.T) *cluster {
 			role = "data"
 			fmt.Fprintf(&cfg, ", replication: %q, nbd: %q", testport.Pick(t, false), testport.Pick(t, false))
 		}
-		fmt.Fprintf(&cfg, ", raft: %q, gossip: %q, role: %s, state_dir: %q}\n", testport.Pick(t, false), testport.Pick(t, true), role, filepath.Join(c.dir, n))
+		fmt.Fprintf(&cfg, ", raft: %q, gossip: %q, role: %s, state_dir: %q", testport.Pick(t, false), testport.Pick(t, true), role, filepath.Join(c.dir, n))
+		if pools && n != "witness" {
+			pool := filepath.Join(c.dir, n+"-pool")
+			if err := os.Mkdir(pool, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(&cfg, ", pools: [{name: default, dir: %q}]", pool)
+		}
+		cfg.WriteString("}\n")
 	}
 	fmt.Fprintf(&cfg, "volumes:\n  - name: %s\n    size: %d\n    protocol: C\n    primary: alpha\n    al_extents: 61\n    disks:\n", volName, size)
 	for _, n := range []string{"alpha", "beta"} {
@@ -179,8 +191,11 @@ func (c *cluster) start(name string) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	c.exited[name] = exited
 	t.Cleanup(func() {
-		stopProcess(cmd)
+		stop(cmd, exited)
 		log.Close()
 		if t.Failed() {
 			b, _ := os.ReadFile(logPath)
@@ -191,9 +206,14 @@ func (c *cluster) start(name string) {
 
 // stopProcess ends cmd with SIGTERM, SIGKILL after 30 s, and waits for it.
 func stopProcess(cmd *exec.Cmd) {
-	_ = cmd.Process.Signal(syscall.SIGTERM)
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
+	stop(cmd, done)
+}
+
+// stop ends cmd, whose Wait closes done, with SIGTERM, SIGKILL after 30 s.
+func stop(cmd *exec.Cmd, done <-chan struct{}) {
+	_ = cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-done:
 	case <-time.After(30 * time.Second):
@@ -220,6 +240,13 @@ func (c *cluster) waitServing(volume string, within time.Duration) {
 	defer client.Close()
 	var last string
 	if !poll.Within(within, 200*time.Millisecond, func() bool {
+		for n, exited := range c.exited {
+			select {
+			case <-exited:
+				c.t.Fatalf("replnode %s exited", n)
+			default:
+			}
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		st, err := client.ClusterStatus(ctx, &transport.StatusRequest{})

@@ -35,7 +35,7 @@ func TestE2EStagePublishWriteAndUndoOnAHostWithoutAReplica(t *testing.T) {
 	e2e(t)
 	needNodeTools(t)
 	t.Parallel()
-	c := startCluster(t)
+	c := startCluster(t, false)
 	top := sharedTop(t)
 	h := startCSI(t, "client", c.control["beta"], top)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
