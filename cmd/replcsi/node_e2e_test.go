@@ -146,3 +146,87 @@ func TestE2EStagePublishWriteAndUndoOnAHostWithoutAReplica(t *testing.T) {
 		t.Fatalf("at the end, still attached: %+v", recs)
 	}
 }
+
+// blockCap is a single-node-writer raw block capability.
+func blockCap() *csi.VolumeCapability {
+	return &csi.VolumeCapability{
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
+	}
+}
+
+// TestE2EARawBlockVolumeIsPublishedAsADeviceFile pins block volumes: staging only attaches
+// (no file system is made), publishing binds the device on a file the driver creates at the
+// target path, the stats give the volume's size, and what is written through the target is
+// read back through a new attachment; unpublish removes the file, and nothing is left.
+func TestE2EARawBlockVolumeIsPublishedAsADeviceFile(t *testing.T) {
+	e2e(t)
+	needNodeTools(t)
+	t.Parallel()
+	c := startCluster(t, false)
+	top := sharedTop(t)
+	h := startCSI(t, "client", c.control["alpha"], top)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	staging := filepath.Join(top, "staging")
+	target := filepath.Join(top, "pods", "dev", "target")
+	if err := os.MkdirAll(staging, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	stage := &csi.NodeStageVolumeRequest{VolumeId: volName, StagingTargetPath: staging, VolumeCapability: blockCap()}
+	publish := &csi.NodePublishVolumeRequest{VolumeId: volName, StagingTargetPath: staging, TargetPath: target, VolumeCapability: blockCap()}
+	unpublish := &csi.NodeUnpublishVolumeRequest{VolumeId: volName, TargetPath: target}
+	unstage := &csi.NodeUnstageVolumeRequest{VolumeId: volName, StagingTargetPath: staging}
+	data := bytes.Repeat([]byte("block!!!"), 512)
+	for round := range 2 {
+		if _, err := h.node.NodeStageVolume(ctx, stage); err != nil {
+			t.Fatalf("NodeStageVolume: %v", err)
+		}
+		for i := range 2 {
+			if _, err := h.node.NodePublishVolume(ctx, publish); err != nil {
+				t.Fatalf("NodePublishVolume (%d): %v", i+1, err)
+			}
+		}
+		var st syscall.Stat_t
+		if err := syscall.Stat(target, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFBLK {
+			t.Fatalf("the target %s is not a block device: mode %o, %v", target, st.Mode, err)
+		}
+		stats, err := h.node.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: volName, VolumePath: target})
+		if err != nil || len(stats.GetUsage()) != 1 || stats.GetUsage()[0].GetTotal() != 64<<20 {
+			t.Fatalf("NodeGetVolumeStats of the block volume = %v, %v; want a total of 64 MiB", stats, err)
+		}
+		f, err := os.OpenFile(target, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if round == 0 {
+			if _, err := f.WriteAt(data, 1<<20); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Sync(); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			got := make([]byte, len(data))
+			if _, err := f.ReadAt(got, 1<<20); err != nil || !bytes.Equal(got, data) {
+				t.Fatalf("read back through a new attachment: %q..., %v", got[:16], err)
+			}
+		}
+		f.Close()
+		if _, err := h.node.NodeUnpublishVolume(ctx, unpublish); err != nil {
+			t.Fatalf("NodeUnpublishVolume: %v", err)
+		}
+		if fileExists(target) {
+			t.Fatalf("NodeUnpublishVolume left %s", target)
+		}
+		if _, err := h.node.NodeUnstageVolume(ctx, unstage); err != nil {
+			t.Fatalf("NodeUnstageVolume: %v", err)
+		}
+		if m := mountsUnder(t, top); len(m) != 0 {
+			t.Fatalf("after unstaging, still mounted: %v", m)
+		}
+		if recs := h.attached(); len(recs) != 0 {
+			t.Fatalf("after unstaging, still attached: %+v", recs)
+		}
+	}
+}
