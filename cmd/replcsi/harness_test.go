@@ -174,7 +174,39 @@ func startCluster(t *testing.T, pools bool) *cluster {
 		c.start(n)
 	}
 	c.waitServing(volName, 90*time.Second)
+	if pools {
+		c.waitPools(90 * time.Second)
+	}
 	return c
+}
+
+// waitPools waits until the control API lists both data nodes' pools: raft has a leader,
+// and CreateVolume can place volumes.
+func (c *cluster) waitPools(within time.Duration) {
+	c.t.Helper()
+	client, err := transport.DialControl(c.control["alpha"])
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer client.Close()
+	var last string
+	if !poll.Within(within, 200*time.Millisecond, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := client.VolumeList(ctx, &transport.VolumeListRequest{}); err != nil {
+			last = err.Error()
+			return false
+		}
+		r, err := client.Pools(ctx, &transport.PoolsRequest{})
+		if err != nil {
+			last = err.Error()
+			return false
+		}
+		last = fmt.Sprintf("pools %+v", r.Pools)
+		return len(r.Pools) >= 2
+	}) {
+		c.t.Fatalf("the control API does not list both nodes' pools within %s: %s", within, last)
+	}
 }
 
 // start starts node name's replnode, stopped (and its log shown on failure) at the test's end.

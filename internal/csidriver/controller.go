@@ -206,6 +206,9 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 	if v.Size >= size {
 		return &csi.ControllerExpandVolumeResponse{CapacityBytes: int64(v.Size), NodeExpansionRequired: nodeExpansion}, nil
 	}
+	if err := d.waitStarted(ctx, v.Name, false, d.cfg.CallTimeout); err != nil {
+		return nil, err
+	}
 	ctx, cancel := d.call(ctx)
 	defer cancel()
 	r, err := d.client.Resize(ctx, &transport.ResizeRequest{Volume: v.Name, Size: int64(size)})

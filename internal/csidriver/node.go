@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/replvol/replvol/internal/volmount"
@@ -88,20 +89,66 @@ func (d *Driver) replctl(ctx context.Context, args ...string) (string, error) {
 	return "", status.Errorf(codes.Internal, "replctl %s: %v: %s", args[0], err, words)
 }
 
-// knownVolume is nil when the cluster has volume, codes.NotFound when it has not.
+// knownVolume is nil when the cluster has volume, codes.NotFound when it has not: the
+// control API's list of volumes, of the cluster file and of raft (a node without it: the
+// volumes of its cluster status).
 func (d *Driver) knownVolume(ctx context.Context, volume string) error {
 	ctx, cancel := d.call(ctx)
 	defer cancel()
-	st, err := d.client.ClusterStatus(ctx, &transport.StatusRequest{})
-	if err != nil {
-		return apiError("ask the cluster for its volumes", err)
+	list, err := d.client.VolumeList(ctx, &transport.VolumeListRequest{})
+	if status.Code(err) == codes.Unimplemented {
+		st, err := d.client.ClusterStatus(ctx, &transport.StatusRequest{})
+		if err != nil {
+			return apiError("ask the cluster for its volumes", err)
+		}
+		for _, v := range st.Volumes {
+			if v.Name == volume {
+				return nil
+			}
+		}
+		return status.Errorf(codes.NotFound, "no volume %s in the cluster", volume)
 	}
-	for _, v := range st.Volumes {
+	if err != nil {
+		return apiError("list the volumes", err)
+	}
+	for _, v := range list.Volumes {
 		if v.Name == volume {
 			return nil
 		}
 	}
 	return status.Errorf(codes.NotFound, "no volume %s in the cluster", volume)
+}
+
+// waitStarted waits, up to within, until the node at --addr runs volume (a volume just
+// created is recorded in raft before its nodes start it) and, with serving, until its
+// primary serves the export: replctl attach --follow refuses a volume the status does not
+// list. Not in time is codes.Unavailable, saying what was seen.
+func (d *Driver) waitStarted(ctx context.Context, volume string, serving bool, within time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, within)
+	defer cancel()
+	seen := "not listed"
+	for {
+		st, err := d.client.ClusterStatus(ctx, &transport.StatusRequest{})
+		if err != nil {
+			seen = err.Error()
+		} else {
+			seen = "not listed in the cluster's status yet"
+			for _, v := range st.Volumes {
+				if v.Name != volume {
+					continue
+				}
+				if !serving || (v.Primary != "" && v.NBDURI != "") {
+					return nil
+				}
+				seen = fmt.Sprintf("no primary serves it yet (primary %q)", v.Primary)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return status.Errorf(codes.Unavailable, "volume %s is not started after %s: %s; try again", volume, within, seen)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // attach attaches volume here, following its primary, unless it is already: its device.
@@ -110,6 +157,9 @@ func (d *Driver) attach(ctx context.Context, volume string) (string, error) {
 		return dev, err
 	}
 	if err := d.knownVolume(ctx, volume); err != nil {
+		return "", err
+	}
+	if err := d.waitStarted(ctx, volume, true, d.cfg.AttachTimeout); err != nil {
 		return "", err
 	}
 	out, err := d.replctl(ctx, "attach", volume, "--follow", "--run-dir", d.cfg.RunDir, "--io-timeout", d.cfg.IOTimeout.String())
