@@ -121,6 +121,7 @@ type cluster struct {
 	control  map[string]string // node -> control address
 	// exited is closed when node's replnode exits.
 	exited map[string]chan struct{}
+	procs  map[string]*exec.Cmd
 }
 
 // startCluster writes a cluster file of alpha, beta (data, a 64 MiB vol0 on a file each) and
@@ -130,7 +131,7 @@ type cluster struct {
 func startCluster(t *testing.T, pools bool) *cluster {
 	t.Helper()
 	const size = 64 << 20
-	c := &cluster{t: t, dir: t.TempDir(), control: map[string]string{}, exited: map[string]chan struct{}{}}
+	c := &cluster{t: t, dir: t.TempDir(), control: map[string]string{}, exited: map[string]chan struct{}{}, procs: map[string]*exec.Cmd{}}
 	devSize, err := metadata.InternalDeviceSizeFor(size, 61, 1, true)
 	if err != nil {
 		t.Fatal(err)
@@ -174,10 +175,58 @@ func startCluster(t *testing.T, pools bool) *cluster {
 		c.start(n)
 	}
 	c.waitServing(volName, 90*time.Second)
+	c.waitInSync(volName, 90*time.Second)
 	if pools {
 		c.waitPools(90 * time.Second)
 	}
 	return c
+}
+
+// waitInSync waits until both replicas of volume are UpToDate and connected, and raft
+// records both UpToDate (either may then be promoted).
+func (c *cluster) waitInSync(volume string, within time.Duration) {
+	c.t.Helper()
+	var last string
+	if !poll.Within(within, 200*time.Millisecond, func() bool {
+		v, err := c.volumeStatus("alpha", volume)
+		if err != nil {
+			last = err.Error()
+			return false
+		}
+		last = fmt.Sprintf("%+v", v.Replicas)
+		if len(v.Replicas) < 2 {
+			return false
+		}
+		for _, r := range v.Replicas {
+			if r.Disk != "UpToDate" || r.Replication != "Connected" || r.OutOfSyncBytes != 0 || r.Raft != "UpToDate" {
+				return false
+			}
+		}
+		return true
+	}) {
+		c.t.Fatalf("%s is not in sync within %s: %s", volume, within, last)
+	}
+}
+
+// volumeStatus is volume's status in the cluster status of node from.
+func (c *cluster) volumeStatus(from, volume string) (*transport.VolumeStatus, error) {
+	client, err := transport.DialControl(c.control[from])
+	if err != nil {
+		return nil, err
+	}
+	defer client.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := client.ClusterStatus(ctx, &transport.StatusRequest{})
+	if err != nil {
+		return nil, err
+	}
+	for i := range st.Volumes {
+		if st.Volumes[i].Name == volume {
+			return &st.Volumes[i], nil
+		}
+	}
+	return nil, fmt.Errorf("%s lists no volume %s", from, volume)
 }
 
 // waitPools waits until the control API lists both data nodes' pools: raft has a leader,
@@ -225,7 +274,7 @@ func (c *cluster) start(name string) {
 	}
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
-	c.exited[name] = exited
+	c.exited[name], c.procs[name] = exited, cmd
 	t.Cleanup(func() {
 		stop(cmd, exited)
 		log.Close()
@@ -234,6 +283,13 @@ func (c *cluster) start(name string) {
 			t.Logf("%s's log:\n%s", name, tail(string(b), 40))
 		}
 	})
+}
+
+// kill kills node name's replnode with SIGKILL and waits until it is gone.
+func (c *cluster) kill(name string) {
+	_ = c.procs[name].Process.Kill()
+	<-c.exited[name]
+	delete(c.exited, name)
 }
 
 // stopProcess ends cmd with SIGTERM, SIGKILL after 30 s, and waits for it.
@@ -331,7 +387,7 @@ func startCSI(t *testing.T, name, addr, top string) *csiHost {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin("replcsi"), "--endpoint", h.endpoint, "--node-id", name, "--addr", addr,
-		"--run-dir", h.runDir, "--replctl", bin("replctl"), "--io-timeout", "30s")
+		"--run-dir", h.runDir, "--replctl", bin("replctl"), "--io-timeout", "2m")
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
