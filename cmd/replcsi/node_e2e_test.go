@@ -28,7 +28,8 @@ func mountCap() *csi.VolumeCapability {
 // volume of the cluster file with no file system is staged (attached following its primary,
 // ext4 made, mounted), staged again (nothing to do), published, written, unpublished and
 // unstaged, through replcsi's gRPC over its unix socket; then staged and published again
-// read-only, where the file is still there and a write is refused. A second host cannot
+// read-only, where the file is still there and a write is refused; and so for a stage of a
+// reader-only capability, published without the read-only flag. A second host cannot
 // stage it while the first holds it (FailedPrecondition); nothing is left mounted or
 // attached at the end.
 func TestE2EStagePublishWriteAndUndoOnAHostWithoutAReplica(t *testing.T) {
@@ -132,6 +133,30 @@ func TestE2EStagePublishWriteAndUndoOnAHostWithoutAReplica(t *testing.T) {
 	}
 	if err := os.WriteFile(filepath.Join(target, "more"), []byte("x"), 0o644); !errors.Is(err, syscall.EROFS) {
 		t.Fatalf("a write to the read-only publish: %v; want EROFS", err)
+	}
+	if _, err := h.node.NodeUnpublishVolume(ctx, unpublish); err != nil {
+		t.Fatalf("NodeUnpublishVolume: %v", err)
+	}
+	if _, err := h.node.NodeUnstageVolume(ctx, unstage); err != nil {
+		t.Fatalf("NodeUnstageVolume: %v", err)
+	}
+
+	// Staged for a reader only: the file system is mounted read-only, even where the
+	// publish does not ask for it.
+	readerOnly := mountCap()
+	readerOnly.AccessMode.Mode = csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY
+	stage.VolumeCapability, publish.VolumeCapability, publish.Readonly = readerOnly, readerOnly, false
+	if _, err := h.node.NodeStageVolume(ctx, stage); err != nil {
+		t.Fatalf("NodeStageVolume for a reader only: %v", err)
+	}
+	if _, err := h.node.NodePublishVolume(ctx, publish); err != nil {
+		t.Fatalf("NodePublishVolume for a reader only: %v", err)
+	}
+	if got, err := os.ReadFile(filepath.Join(target, "data")); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("the file read through a reader-only stage: %d bytes, %v", len(got), err)
+	}
+	if err := os.WriteFile(filepath.Join(target, "more"), []byte("x"), 0o644); !errors.Is(err, syscall.EROFS) {
+		t.Fatalf("a write to a volume staged for a reader only: %v; want EROFS", err)
 	}
 	if _, err := h.node.NodeUnpublishVolume(ctx, unpublish); err != nil {
 		t.Fatalf("NodeUnpublishVolume: %v", err)

@@ -175,7 +175,8 @@ func (d *Driver) attach(ctx context.Context, volume string) (string, error) {
 
 // NodeStageVolume attaches the volume on this host, following its primary (replctl attach
 // --follow); a mount volume then gets a file system (ext4, or the capability's fs_type) when
-// it has none and is mounted on the staging path. Staging again what is staged is done; a
+// it has none and is mounted on the staging path, read-only for SINGLE_NODE_READER_ONLY
+// (which makes no file system). Staging again what is staged is done; a
 // staging path that holds another volume is codes.AlreadyExists; a volume another host
 // holds (its primary's mount claim) is codes.FailedPrecondition.
 func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
@@ -225,7 +226,10 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 	if want == "" {
 		want = "ext4"
 	}
+	readOnly := req.GetVolumeCapability().GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY
 	switch {
+	case fs == "" && readOnly:
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s holds no file system, and it is staged read-only: nothing is made on it; stage it for a writer first", volume)
 	case fs == "":
 		d.cfg.Logf("volume %s holds no file system: making %s on %s", volume, want, dev)
 		if err := run(ctx, "mkfs."+want, "-q", dev); err != nil {
@@ -239,7 +243,11 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 		return nil, status.Errorf(codes.Internal, "staging path %s: %v", staging, err)
 	}
 	opts := strings.Join(mount.GetMountFlags(), ",")
-	if err := unix.Mount(dev, staging, fs, 0, opts); err != nil {
+	var flags uintptr
+	if readOnly {
+		flags = unix.MS_RDONLY
+	}
+	if err := unix.Mount(dev, staging, fs, flags, opts); err != nil {
 		return nil, status.Errorf(codes.Internal, "mount volume %s (%s, %s) on %s: %v", volume, dev, fs, staging, err)
 	}
 	return &csi.NodeStageVolumeResponse{}, nil
