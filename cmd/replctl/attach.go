@@ -119,7 +119,7 @@ func attachRefresh(cmd *cobra.Command, reg volmount.Registry, volume string, tim
 	}
 	fmt.Fprintln(cmd.OutOrStdout(), f.Size)
 	if f.RefreshError != "" {
-		return fmt.Errorf("%s: the attachment is %d bytes, and the helper could not tell whether the volume grew: %s", volume, f.Size, f.RefreshError)
+		return unreachableError(fmt.Errorf("%s: the attachment is %d bytes, and the helper could not tell whether the volume grew: %s", volume, f.Size, f.RefreshError))
 	}
 	return nil
 }
