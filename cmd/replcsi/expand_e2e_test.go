@@ -16,93 +16,125 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// TestE2ENodeExpandGrowsTheFileSystemOnceTheAttachmentSeesTheNewSize pins NodeExpandVolume:
-// vol0 is staged and published (ext4 over 64 MiB), then grown to 96 MiB on both nodes
-// (their disks first, then replctl resize). The attachment still has the size it connected
-// with, so NodeExpandVolume answers Unavailable and grows nothing; once the volume is
-// staged again (a new connection sees 96 MiB), it grows the file system, and the stats show
-// it larger. ext4's online resize needs CAP_SYS_RESOURCE: without it the last step is
-// skipped (a failure under CI=true).
-func TestE2ENodeExpandGrowsTheFileSystemOnceTheAttachmentSeesTheNewSize(t *testing.T) {
+// capabilityOf is a mount volume's capability with file system fs.
+func capabilityOf(fs string) *csi.VolumeCapability {
+	return &csi.VolumeCapability{
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fs}},
+	}
+}
+
+// TestE2ENodeExpandGrowsAMountedFileSystem pins NodeExpandVolume on volumes of the cluster
+// file, staged and published on a host with no replica (the attachment follows the
+// primary):
+//   - vol0 holds xfs (fs_type xfs, 320 MiB: mkfs.xfs's least). NodeExpandVolume asking for
+//     more than the cluster holds is Unavailable and grows nothing; once the disks and
+//     replctl resize grew vol0 to 384 MiB, NodeExpandVolume (no unstage) has the attachment
+//     see the new size and grows the mounted xfs by about 64 MiB (xfs_growfs asks for
+//     CAP_SYS_ADMIN, which a node plugin has).
+//   - vol1 holds ext4 (64 MiB, grown to 96 MiB): growing a mounted ext4 asks for
+//     CAP_SYS_RESOURCE. A process without it gets FailedPrecondition naming it, and the file
+//     system is left as it was; with it, the file system grows.
+func TestE2ENodeExpandGrowsAMountedFileSystem(t *testing.T) {
 	e2e(t)
 	needNodeTools(t)
+	requireTool(t, "mkfs.xfs", "the Debian package xfsprogs")
+	requireTool(t, "xfs_growfs", "the Debian package xfsprogs")
 	t.Parallel()
-	c := startCluster(t, false)
+	const (
+		xfsFrom, xfsTo = 320 << 20, 384 << 20
+		extFrom, extTo = 64 << 20, 96 << 20
+	)
+	c := startClusterWith(t, false, map[string]int64{volName: xfsFrom, "vol1": extFrom})
 	top := sharedTop(t)
 	h := startCSI(t, "client", c.control["alpha"], top)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	staging := filepath.Join(top, "staging")
-	target := filepath.Join(top, "pods", "target")
-	stage := &csi.NodeStageVolumeRequest{VolumeId: volName, StagingTargetPath: staging, VolumeCapability: mountCap()}
-	publish := &csi.NodePublishVolumeRequest{VolumeId: volName, StagingTargetPath: staging, TargetPath: target, VolumeCapability: mountCap()}
-	unpublish := &csi.NodeUnpublishVolumeRequest{VolumeId: volName, TargetPath: target}
-	unstage := &csi.NodeUnstageVolumeRequest{VolumeId: volName, StagingTargetPath: staging}
-	total := func() int64 {
+
+	type staged struct {
+		volume, fs, target string
+		cap                *csi.VolumeCapability
+	}
+	stage := func(volume, fs string) staged {
 		t.Helper()
-		st, err := h.node.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: volName, VolumePath: target})
+		s := staged{volume: volume, fs: fs, target: filepath.Join(top, "pods", volume), cap: capabilityOf(fs)}
+		staging := filepath.Join(top, "staging-"+volume)
+		if _, err := h.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: volume, StagingTargetPath: staging, VolumeCapability: s.cap}); err != nil {
+			t.Fatalf("NodeStageVolume %s: %v", volume, err)
+		}
+		t.Cleanup(func() {
+			_, _ = h.node.NodeUnpublishVolume(context.Background(), &csi.NodeUnpublishVolumeRequest{VolumeId: volume, TargetPath: s.target})
+			_, _ = h.node.NodeUnstageVolume(context.Background(), &csi.NodeUnstageVolumeRequest{VolumeId: volume, StagingTargetPath: staging})
+		})
+		if _, err := h.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: volume, StagingTargetPath: staging, TargetPath: s.target, VolumeCapability: s.cap}); err != nil {
+			t.Fatalf("NodePublishVolume %s: %v", volume, err)
+		}
+		return s
+	}
+	total := func(s staged) int64 {
+		t.Helper()
+		st, err := h.node.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: s.volume, VolumePath: s.target})
 		if err != nil || len(st.GetUsage()) == 0 {
-			t.Fatalf("NodeGetVolumeStats = %v, %v", st, err)
+			t.Fatalf("NodeGetVolumeStats %s = %v, %v", s.volume, st, err)
 		}
 		return st.GetUsage()[0].GetTotal()
 	}
-	if _, err := h.node.NodeStageVolume(ctx, stage); err != nil {
-		t.Fatalf("NodeStageVolume: %v", err)
+	expand := func(s staged, to int64) (*csi.NodeExpandVolumeResponse, error) {
+		return h.node.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: s.volume, VolumePath: s.target,
+			CapacityRange: &csi.CapacityRange{RequiredBytes: to}, VolumeCapability: s.cap})
 	}
-	if _, err := h.node.NodePublishVolume(ctx, publish); err != nil {
-		t.Fatalf("NodePublishVolume: %v", err)
-	}
-	before := total()
-
-	const grown = 96 << 20
-	devSize, err := metadata.InternalDeviceSizeFor(grown, 61, 1, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range []string{"alpha", "beta"} {
-		if err := os.Truncate(filepath.Join(c.dir, n+".img"), devSize); err != nil {
+	grow := func(volume string, to int64) {
+		t.Helper()
+		devSize, err := metadata.InternalDeviceSizeFor(to, 61, 1, true)
+		if err != nil {
 			t.Fatal(err)
 		}
-	}
-	if out, err := exec.Command(bin("replctl"), "--addr", c.control["alpha"], "resize", volName, strconv.Itoa(grown)).CombinedOutput(); err != nil {
-		t.Fatalf("replctl resize: %v\n%s", err, out)
-	}
-	expand := &csi.NodeExpandVolumeRequest{VolumeId: volName, VolumePath: target, CapacityRange: &csi.CapacityRange{RequiredBytes: grown}, VolumeCapability: mountCap()}
-	if _, err := h.node.NodeExpandVolume(ctx, expand); status.Code(err) != codes.Unavailable {
-		t.Fatalf("NodeExpandVolume while the attachment has the old size: %v; want Unavailable", err)
-	}
-	if got := total(); got != before {
-		t.Fatalf("the refused NodeExpandVolume changed the file system: %d bytes, was %d", got, before)
-	}
-
-	for _, step := range []func() error{
-		func() error { _, err := h.node.NodeUnpublishVolume(ctx, unpublish); return err },
-		func() error { _, err := h.node.NodeUnstageVolume(ctx, unstage); return err },
-		func() error { _, err := h.node.NodeStageVolume(ctx, stage); return err },
-		func() error { _, err := h.node.NodePublishVolume(ctx, publish); return err },
-	} {
-		if err := step(); err != nil {
-			t.Fatalf("staging again: %v", err)
+		for _, n := range []string{"alpha", "beta"} {
+			if err := os.Truncate(c.disk(volume, n), devSize); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if out, err := exec.Command(bin("replctl"), "--addr", c.control["alpha"], "resize", volume, strconv.FormatInt(to, 10)).CombinedOutput(); err != nil {
+			t.Fatalf("replctl resize %s: %v\n%s", volume, err, out)
 		}
 	}
+
+	x := stage(volName, "xfs")
+	before := total(x)
+	if _, err := expand(x, xfsTo); status.Code(err) != codes.Unavailable {
+		t.Fatalf("NodeExpandVolume of %s before the cluster grew it: %v; want Unavailable", volName, err)
+	}
+	if got := total(x); got != before {
+		t.Fatalf("the refused NodeExpandVolume changed the file system: %d bytes, was %d", got, before)
+	}
+	grow(volName, xfsTo)
+	r, err := expand(x, xfsTo)
+	if err != nil || r.GetCapacityBytes() != xfsTo {
+		t.Fatalf("NodeExpandVolume of the xfs on %s = %v, %v; want %d bytes", volName, r, err, xfsTo)
+	}
+	if after := total(x); after < before+(xfsTo-xfsFrom)*9/10 {
+		t.Fatalf("the xfs has %d bytes after NodeExpandVolume, %d before: it did not grow by about 64 MiB", after, before)
+	}
+
+	e := stage("vol1", "ext4")
+	before = total(e)
+	grow("vol1", extTo)
+	r, err = expand(e, extTo)
 	if !haveCapability(t, capSysResource) {
-		// Unpublish and unstage first: the skip (or failure) of missing runs no more steps.
-		_, _ = h.node.NodeUnpublishVolume(ctx, unpublish)
-		_, _ = h.node.NodeUnstageVolume(ctx, unstage)
-		missing(t, "growing a mounted ext4 (resize2fs) needs CAP_SYS_RESOURCE, which this process lacks: run the test as root with every capability")
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "CAP_SYS_RESOURCE") {
+			t.Fatalf("NodeExpandVolume of a mounted ext4 without CAP_SYS_RESOURCE = %v, %v; want FailedPrecondition naming CAP_SYS_RESOURCE", r, err)
+		}
+		if got := total(e); got != before {
+			t.Fatalf("the refused NodeExpandVolume changed the ext4: %d bytes, was %d", got, before)
+		}
+		t.Logf("without CAP_SYS_RESOURCE: %v", err)
+		return
 	}
-	r, err := h.node.NodeExpandVolume(ctx, expand)
-	if err != nil || r.GetCapacityBytes() != grown {
-		t.Fatalf("NodeExpandVolume after staging again = %v, %v; want %d bytes", r, err, grown)
+	if err != nil || r.GetCapacityBytes() != extTo {
+		t.Fatalf("NodeExpandVolume of the ext4 on vol1 = %v, %v; want %d bytes", r, err, extTo)
 	}
-	if after := total(); after < before+(grown-64<<20)*9/10 {
-		t.Fatalf("the file system has %d bytes after NodeExpandVolume, %d before: it did not grow by about 32 MiB", after, before)
-	}
-	if _, err := h.node.NodeUnpublishVolume(ctx, unpublish); err != nil {
-		t.Fatalf("NodeUnpublishVolume: %v", err)
-	}
-	if _, err := h.node.NodeUnstageVolume(ctx, unstage); err != nil {
-		t.Fatalf("NodeUnstageVolume: %v", err)
+	if after := total(e); after < before+(extTo-extFrom)*9/10 {
+		t.Fatalf("the ext4 has %d bytes after NodeExpandVolume, %d before: it did not grow by about 32 MiB", after, before)
 	}
 }
 

@@ -11,10 +11,12 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -130,12 +132,14 @@ type cluster struct {
 // the control API (CreateVolume).
 func startCluster(t *testing.T, pools bool) *cluster {
 	t.Helper()
-	const size = 64 << 20
+	return startClusterWith(t, pools, map[string]int64{volName: 64 << 20})
+}
+
+// startClusterWith is startCluster with the volumes of the cluster file and their sizes
+// (each on a sparse file per data node, alpha its primary).
+func startClusterWith(t *testing.T, pools bool, volumes map[string]int64) *cluster {
+	t.Helper()
 	c := &cluster{t: t, dir: t.TempDir(), control: map[string]string{}, exited: map[string]chan struct{}{}, procs: map[string]*exec.Cmd{}}
-	devSize, err := metadata.InternalDeviceSizeFor(size, 61, 1, true)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var cfg strings.Builder
 	cfg.WriteString("nodes:\n")
 	for _, n := range []string{"alpha", "beta", "witness"} {
@@ -156,16 +160,25 @@ func startCluster(t *testing.T, pools bool) *cluster {
 		}
 		cfg.WriteString("}\n")
 	}
-	fmt.Fprintf(&cfg, "volumes:\n  - name: %s\n    size: %d\n    protocol: C\n    primary: alpha\n    al_extents: 61\n    disks:\n", volName, size)
-	for _, n := range []string{"alpha", "beta"} {
-		img := filepath.Join(c.dir, n+".img")
-		if err := os.WriteFile(img, nil, 0o644); err != nil {
+	cfg.WriteString("volumes:\n")
+	names := slices.Sorted(maps.Keys(volumes))
+	for _, name := range names {
+		size := volumes[name]
+		devSize, err := metadata.InternalDeviceSizeFor(size, 61, 1, true)
+		if err != nil {
 			t.Fatal(err)
 		}
-		if err := os.Truncate(img, devSize); err != nil {
-			t.Fatal(err)
+		fmt.Fprintf(&cfg, "  - name: %s\n    size: %d\n    protocol: C\n    primary: alpha\n    al_extents: 61\n    disks:\n", name, size)
+		for _, n := range []string{"alpha", "beta"} {
+			img := c.disk(name, n)
+			if err := os.WriteFile(img, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Truncate(img, devSize); err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(&cfg, "      %s: %q\n", n, img)
 		}
-		fmt.Fprintf(&cfg, "      %s: %q\n", n, img)
 	}
 	c.cfg = filepath.Join(c.dir, "cluster.yaml")
 	if err := os.WriteFile(c.cfg, []byte(cfg.String()), 0o644); err != nil {
@@ -174,12 +187,22 @@ func startCluster(t *testing.T, pools bool) *cluster {
 	for _, n := range []string{"alpha", "beta", "witness"} {
 		c.start(n)
 	}
-	c.waitServing(volName, 90*time.Second)
-	c.waitInSync(volName, 90*time.Second)
+	for _, name := range names {
+		c.waitServing(name, 90*time.Second)
+		c.waitInSync(name, 90*time.Second)
+	}
 	if pools {
 		c.waitPools(90 * time.Second)
 	}
 	return c
+}
+
+// disk is the backing file of volume on node (alpha or beta).
+func (c *cluster) disk(volume, node string) string {
+	if volume == volName {
+		return filepath.Join(c.dir, node+".img")
+	}
+	return filepath.Join(c.dir, volume+"-"+node+".img")
 }
 
 // waitInSync waits until both replicas of volume are UpToDate and connected, and raft

@@ -449,10 +449,10 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	if err != nil {
 		return nil, err
 	}
-	if strings.HasPrefix(filepath.Base(dev), "loop") {
-		if err := run(ctx, "losetup", "-c", dev); err != nil {
-			return nil, status.Errorf(codes.Internal, "read the new size of volume %s: %v", volume, err)
-		}
+	// NBD tells no client that the volume grew: the attachment's helper is asked now, and
+	// when it grew the helper grows its loop device (replctl attach --refresh).
+	if _, err := d.replctl(ctx, "attach", "--refresh", volume, "--run-dir", d.cfg.RunDir); err != nil {
+		return nil, err
 	}
 	size, err := deviceSize(dev)
 	if err != nil {
@@ -471,6 +471,13 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	fs, err := fsType(ctx, dev)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "volume %s: %v", volume, err)
+	}
+	capEff, err := effectiveCapabilities()
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "read this process's capabilities: %v", err)
+	}
+	if name := missingGrowCapability(fs, capEff); name != "" {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is %d bytes on this node, and its %s file system cannot grow online: the kernel asks for %s, which replcsi lacks (run the node plugin's container with it: privileged, or securityContext.capabilities.add %s)", volume, size, fs, name, strings.TrimPrefix(name, "CAP_"))
 	}
 	switch fs {
 	case "ext4", "ext3", "ext2":

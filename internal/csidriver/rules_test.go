@@ -195,3 +195,27 @@ func TestParseMountPointsUndoesEscapes(t *testing.T) {
 		t.Fatalf("parseMountPoints = %v, %v", got, err)
 	}
 }
+
+// TestMissingGrowCapability: growing a mounted ext4 asks for CAP_SYS_RESOURCE, a mounted xfs
+// for CAP_SYS_ADMIN; a process that has it lacks nothing, and another file system is not
+// this rule's.
+func TestMissingGrowCapability(t *testing.T) {
+	const all, none = ^uint64(0), uint64(0)
+	for _, c := range []struct {
+		fs     string
+		capEff uint64
+		want   string
+	}{
+		{"ext4", none, "CAP_SYS_RESOURCE"},
+		{"ext4", all &^ (1 << 24), "CAP_SYS_RESOURCE"},
+		{"ext4", 1 << 24, ""},
+		{"ext3", 1 << 21, "CAP_SYS_RESOURCE"},
+		{"xfs", all &^ (1 << 21), "CAP_SYS_ADMIN"},
+		{"xfs", 1 << 21, ""},
+		{"btrfs", none, ""},
+	} {
+		if got := missingGrowCapability(c.fs, c.capEff); got != c.want {
+			t.Errorf("missingGrowCapability(%q, %#x) = %q, want %q", c.fs, c.capEff, got, c.want)
+		}
+	}
+}
