@@ -472,13 +472,9 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "volume %s: %v", volume, err)
 	}
-	capEff, err := effectiveCapabilities()
-	if err != nil {
-		return nil, status.Errorf(codes.Internal, "read this process's capabilities: %v", err)
-	}
-	if name := missingGrowCapability(fs, capEff); name != "" {
-		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is %d bytes on this node, and its %s file system cannot grow online: the kernel asks for %s, which replcsi lacks (run the node plugin's container with it: privileged, or securityContext.capabilities.add %s)", volume, size, fs, name, strings.TrimPrefix(name, "CAP_"))
-	}
+	// resize2fs and xfs_growfs do nothing, and ask the kernel for nothing, when the file
+	// system fills the device already (a volume grown before it was staged); only a growth
+	// asks for the capability.
 	switch fs {
 	case "ext4", "ext3", "ext2":
 		err = run(ctx, "resize2fs", dev)
@@ -487,8 +483,15 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	default:
 		err = fmt.Errorf("replvol.csi.io grows ext4 and xfs, and the volume holds %q", fs)
 	}
-	if err != nil {
-		return nil, status.Errorf(codes.Internal, "grow the file system of volume %s: %v", volume, err)
+	if err == nil {
+		return &csi.NodeExpandVolumeResponse{CapacityBytes: size}, nil
 	}
-	return &csi.NodeExpandVolumeResponse{CapacityBytes: size}, nil
+	capEff, cerr := effectiveCapabilities()
+	if cerr != nil {
+		return nil, status.Errorf(codes.Internal, "grow the file system of volume %s: %v (and this process's capabilities cannot be read: %v)", volume, err, cerr)
+	}
+	if name := missingGrowCapability(fs, capEff); name != "" {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is %d bytes on this node, and its %s file system cannot grow online: the kernel asks for %s, which replcsi lacks (run the node plugin's container with it: privileged, or securityContext.capabilities.add %s); %v", volume, size, fs, name, strings.TrimPrefix(name, "CAP_"), err)
+	}
+	return nil, status.Errorf(codes.Internal, "grow the file system of volume %s: %v", volume, err)
 }
