@@ -24,7 +24,8 @@ TOOLS+=(promtool)
 # systemd-analyze verifies the unit the .deb installs (deploy/deb_test.go).
 APT_PACKAGES+=(systemd)
 TOOLS+=(systemd-analyze)
-# xfsprogs: replctl mount --mkfs --fstype xfs is tested (internal/volmount).
+# xfsprogs: replctl mount --mkfs --fstype xfs is tested (internal/volmount), and
+# replcsi grows a mounted xfs (xfs_growfs, cmd/replcsi).
 APT_PACKAGES+=(xfsprogs)
 TOOLS+=(mkfs.xfs)
 # chromium: the status page's end-to-end test drives it headless (go-rod,

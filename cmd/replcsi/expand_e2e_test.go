@@ -35,7 +35,8 @@ func capabilityOf(fs string) *csi.VolumeCapability {
 //   - vol1 holds ext4 (64 MiB, grown to 96 MiB). NodeExpandVolume while the file system
 //     fills the device is done, whatever the process's capabilities. Growing a mounted ext4
 //     asks for CAP_SYS_RESOURCE: a process without it gets FailedPrecondition naming it, and
-//     the file system is left as it was; with it, the file system grows.
+//     the file system is left as it was, until the volume is staged again (the ext4 is then
+//     grown before it is mounted); with it, the file system grows at once.
 func TestE2ENodeExpandGrowsAMountedFileSystem(t *testing.T) {
 	e2e(t)
 	needNodeTools(t)
@@ -55,6 +56,7 @@ func TestE2ENodeExpandGrowsAMountedFileSystem(t *testing.T) {
 	type staged struct {
 		volume, fs, target string
 		cap                *csi.VolumeCapability
+		restage            func()
 	}
 	stage := func(volume, fs string) staged {
 		t.Helper()
@@ -67,8 +69,25 @@ func TestE2ENodeExpandGrowsAMountedFileSystem(t *testing.T) {
 			_, _ = h.node.NodeUnpublishVolume(context.Background(), &csi.NodeUnpublishVolumeRequest{VolumeId: volume, TargetPath: s.target})
 			_, _ = h.node.NodeUnstageVolume(context.Background(), &csi.NodeUnstageVolumeRequest{VolumeId: volume, StagingTargetPath: staging})
 		})
-		if _, err := h.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: volume, StagingTargetPath: staging, TargetPath: s.target, VolumeCapability: s.cap}); err != nil {
-			t.Fatalf("NodePublishVolume %s: %v", volume, err)
+		publish := func() {
+			t.Helper()
+			if _, err := h.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: volume, StagingTargetPath: staging, TargetPath: s.target, VolumeCapability: s.cap}); err != nil {
+				t.Fatalf("NodePublishVolume %s: %v", volume, err)
+			}
+		}
+		publish()
+		s.restage = func() {
+			t.Helper()
+			if _, err := h.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: volume, TargetPath: s.target}); err != nil {
+				t.Fatalf("NodeUnpublishVolume %s: %v", volume, err)
+			}
+			if _, err := h.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: volume, StagingTargetPath: staging}); err != nil {
+				t.Fatalf("NodeUnstageVolume %s: %v", volume, err)
+			}
+			if _, err := h.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: volume, StagingTargetPath: staging, VolumeCapability: s.cap}); err != nil {
+				t.Fatalf("NodeStageVolume %s again: %v", volume, err)
+			}
+			publish()
 		}
 		return s
 	}
@@ -134,9 +153,12 @@ func TestE2ENodeExpandGrowsAMountedFileSystem(t *testing.T) {
 			t.Fatalf("the refused NodeExpandVolume changed the ext4: %d bytes, was %d", got, before)
 		}
 		t.Logf("without CAP_SYS_RESOURCE: %v", err)
-		return
-	}
-	if err != nil || r.GetCapacityBytes() != extTo {
+		// Staged again, the ext4 is grown before it is mounted: no capability is asked.
+		e.restage()
+		if r, err := expand(e, extTo); err != nil || r.GetCapacityBytes() != extTo {
+			t.Fatalf("NodeExpandVolume of the ext4 on vol1 staged again = %v, %v; want done, %d bytes", r, err, extTo)
+		}
+	} else if err != nil || r.GetCapacityBytes() != extTo {
 		t.Fatalf("NodeExpandVolume of the ext4 on vol1 = %v, %v; want %d bytes", r, err, extTo)
 	}
 	if after := total(e); after < before+(extTo-extFrom)*9/10 {

@@ -104,6 +104,8 @@ func needNodeTools(t *testing.T) {
 	requireTool(t, "losetup", "the Debian package mount")
 	requireTool(t, "mkfs.ext4", "the Debian package e2fsprogs")
 	requireTool(t, "resize2fs", "the Debian package e2fsprogs")
+	requireTool(t, "dumpe2fs", "the Debian package e2fsprogs")
+	requireTool(t, "e2fsck", "the Debian package e2fsprogs")
 }
 
 func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }

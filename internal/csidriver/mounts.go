@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -152,4 +153,64 @@ func deviceSize(device string) (int64, error) {
 	}
 	defer f.Close()
 	return f.Seek(0, io.SeekEnd)
+}
+
+// extSize is the size in bytes of the ext2/3/4 file system dumpe2fs -h described in out
+// (Block count times Block size).
+func extSize(out string) (int64, error) {
+	var count, size int64 = -1, -1
+	for _, line := range strings.Split(out, "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		switch strings.TrimSpace(k) {
+		case "Block count":
+			if err != nil {
+				return 0, fmt.Errorf("dumpe2fs: block count %q", v)
+			}
+			count = n
+		case "Block size":
+			if err != nil {
+				return 0, fmt.Errorf("dumpe2fs: block size %q", v)
+			}
+			size = n
+		}
+	}
+	if count < 0 || size <= 0 {
+		return 0, errors.New("dumpe2fs names no block count and block size")
+	}
+	return count * size, nil
+}
+
+// growExtOffline grows the unmounted ext2/3/4 file system on device to the device's size when
+// it is smaller by a block or more: e2fsck -f first (resize2fs asks for it), then resize2fs.
+// An unmounted file system is written through the device: no capability is asked for.
+func growExtOffline(ctx context.Context, device string, logf func(string, ...any)) error {
+	out, err := exec.CommandContext(ctx, "dumpe2fs", "-h", device).Output()
+	if err != nil {
+		return fmt.Errorf("dumpe2fs -h %s: %w%s", device, err, stderrOf(err))
+	}
+	fsSize, err := extSize(string(out))
+	if err != nil {
+		return err
+	}
+	devSize, err := deviceSize(device)
+	if err != nil {
+		return err
+	}
+	if devSize-fsSize < 4096 {
+		return nil
+	}
+	logf("the ext4 on %s is %d bytes, the device %d: growing it before it is mounted", device, fsSize, devSize)
+	fsck := exec.CommandContext(ctx, "e2fsck", "-f", "-p", device)
+	fout, err := fsck.CombinedOutput()
+	var ee *exec.ExitError
+	// e2fsck's exit status is a bit set: 1 errors corrected, 2 reboot (a mounted root);
+	// 4 and above errors left or an operational failure.
+	if err != nil && !(errors.As(err, &ee) && ee.ExitCode() < 4) {
+		return fmt.Errorf("e2fsck -f -p %s: %w: %s", device, err, bytes.TrimSpace(fout))
+	}
+	return run(ctx, "resize2fs", device)
 }

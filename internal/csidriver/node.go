@@ -239,6 +239,13 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 	case mount.GetFsType() != "" && fs != want:
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s holds %s, not the %s asked for: it is left as it is", volume, fs, want)
 	}
+	if !readOnly && (fs == "ext4" || fs == "ext3" || fs == "ext2") {
+		// Where the node plugin lacks CAP_SYS_RESOURCE a mounted ext4 cannot grow
+		// (NodeExpandVolume is refused): one the volume outgrew is grown here, unmounted.
+		if err := growExtOffline(ctx, dev, d.cfg.Logf); err != nil {
+			return nil, status.Errorf(codes.Internal, "grow the ext4 of volume %s to its device: %v", volume, err)
+		}
+	}
 	if err := os.MkdirAll(staging, 0o750); err != nil {
 		return nil, status.Errorf(codes.Internal, "staging path %s: %v", staging, err)
 	}

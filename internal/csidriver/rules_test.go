@@ -219,3 +219,17 @@ func TestMissingGrowCapability(t *testing.T) {
 		}
 	}
 }
+
+// TestExtSize: the size of an ext4 is its block count times its block size, as dumpe2fs -h
+// says them; output without them is an error.
+func TestExtSize(t *testing.T) {
+	out := "dumpe2fs 1.47.0 (5-Feb-2023)\nFilesystem volume name:   <none>\nBlock count:              16384\nReserved block count:     819\nBlock size:               4096\nFragment size:            4096\n"
+	if got, err := extSize(out); err != nil || got != 64<<20 {
+		t.Fatalf("extSize = %d, %v; want %d", got, err, 64<<20)
+	}
+	for _, bad := range []string{"", "Block count: 16384\n", "Block count: x\nBlock size: 4096\n"} {
+		if _, err := extSize(bad); err == nil {
+			t.Errorf("extSize(%q) took it", bad)
+		}
+	}
+}
