@@ -3,7 +3,7 @@
 # NBD clients and servers (libnbd-bin, python3-libnbd, qemu-utils, fio, nbdkit),
 # FUSE and loop tooling (fuse3, e2fsprogs, xfsprogs, util-linux), network namespaces
 # for partition tests (iproute2), perf for the benchmark's syscall counts
-# (linux-perf), staticcheck and govulncheck.
+# (linux-perf), staticcheck, govulncheck and csi-sanity (cmd/replcsi's conformance test).
 #
 # Idempotent: apt is skipped when every tool is already present, and
 # staticcheck and govulncheck are skipped when the pinned version is
@@ -13,6 +13,7 @@ set -euo pipefail
 
 STATICCHECK_VERSION=0.8.2
 GOVULNCHECK_VERSION=1.9.0
+CSI_SANITY_VERSION=5.6.0
 APT_PACKAGES=(libnbd-bin python3-libnbd qemu-utils fio nbdkit fuse3 e2fsprogs util-linux iproute2)
 # One command per package (or the python module for python3-libnbd).
 TOOLS=(nbdinfo nbdcopy nbdfuse nbdsh qemu-io qemu-img qemu-nbd fio nbdkit fusermount3
@@ -23,7 +24,8 @@ TOOLS+=(promtool)
 # systemd-analyze verifies the unit the .deb installs (deploy/deb_test.go).
 APT_PACKAGES+=(systemd)
 TOOLS+=(systemd-analyze)
-# xfsprogs: replctl mount --mkfs --fstype xfs is tested (internal/volmount).
+# xfsprogs: replctl mount --mkfs --fstype xfs is tested (internal/volmount), and
+# replcsi grows a mounted xfs (xfs_growfs, cmd/replcsi).
 APT_PACKAGES+=(xfsprogs)
 TOOLS+=(mkfs.xfs)
 # chromium: the status page's end-to-end test drives it headless (go-rod,
@@ -80,4 +82,13 @@ if "$GOBIN_DIR/govulncheck" -version 2>/dev/null | grep -qF "govulncheck@v$GOVUL
 else
 	echo "install-test-deps: installing govulncheck v$GOVULNCHECK_VERSION into $GOBIN_DIR"
 	go install "golang.org/x/vuln/cmd/govulncheck@v$GOVULNCHECK_VERSION"
+fi
+# csi-sanity (kubernetes-csi/csi-test) runs CSI's conformance suite against
+# replcsi (cmd/replcsi/sanity_e2e_test.go); its module version is read back
+# from the binary.
+if go version -m "$GOBIN_DIR/csi-sanity" 2>/dev/null | grep -qE "^[[:space:]]+mod[[:space:]]+github.com/kubernetes-csi/csi-test/v5[[:space:]]+v$CSI_SANITY_VERSION[[:space:]]" && [[ $(builtWith "$GOBIN_DIR/csi-sanity") == "$goVersion" ]]; then
+	echo "install-test-deps: csi-sanity $CSI_SANITY_VERSION present"
+else
+	echo "install-test-deps: installing csi-sanity v$CSI_SANITY_VERSION into $GOBIN_DIR"
+	go install "github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity@v$CSI_SANITY_VERSION"
 fi

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -13,13 +14,14 @@ import (
 
 func newAttach(g *globals) *cobra.Command {
 	var (
-		via, runDir string
-		follow      bool
-		connections int
-		ioTimeout   time.Duration
+		via, runDir     string
+		follow, refresh bool
+		connections     int
+		ioTimeout       time.Duration
+		refreshEvery    time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "attach VOLUME [--follow]",
+		Use:   "attach VOLUME [--follow] | attach --refresh VOLUME",
 		Short: "Attach a volume as a block device on this host, and print the device",
 		Long: `Attach VOLUME's export as a raw block device and print its name: /dev/nbdN
 through the kernel's nbd driver when /dev/nbd* exists, otherwise a loop device
@@ -31,7 +33,15 @@ As replctl mount, it takes the volume's claim from the primary (a volume is
 attached or mounted at most once, on any host); --addr must be the volume's
 primary, or, with --follow, any node of the cluster: the helper then follows
 the primary when it dies or hands over, sending what the old one did not
-answer again, in order (see replctl mount --help; FUSE only).`,
+answer again, in order (see replctl mount --help; FUSE only).
+
+A volume that grew (replctl resize) reaches a following attachment by itself:
+NBD tells no client that an export grew, so the helper asks the primary every
+--refresh-every (a handshake that moves no data), and when it grew it connects
+again, grows its file and makes the loop device read its capacity again: the
+device grows without a detach, and never shrinks. replctl attach --refresh
+VOLUME has the helper ask now and waits for its answer (the CSI driver's
+NodeExpandVolume runs it); it prints the size the attachment has then.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			switch {
@@ -53,6 +63,12 @@ answer again, in order (see replctl mount --help; FUSE only).`,
 				return errors.New("replctl attach attaches a block device: run it as root")
 			}
 			volume := args[0]
+			if refresh {
+				return attachRefresh(cmd, volmount.Registry{Dir: runDir}, volume, g.timeout)
+			}
+			if refreshEvery <= 0 || (cmd.Flags().Changed("refresh-every") && !follow) {
+				return usageErrorf("--refresh-every %s: give a positive duration, with --follow", refreshEvery)
+			}
 			target, err := g.attachTarget(cmd, volume, follow, func(addr string) string {
 				return fmt.Sprintf("replctl --addr %s attach %s", shellWord(addr), shellWord(volume))
 			})
@@ -62,6 +78,7 @@ answer again, in order (see replctl mount --help; FUSE only).`,
 			rec, err := volmount.Mount(cmd.Context(), target.request(volmount.Request{
 				Dir: volmount.AttachKey(volume), Volume: volume, Via: volmount.Via(via), Attach: true,
 				Connections: connections, IOTimeout: ioTimeout, Registry: volmount.Registry{Dir: runDir},
+				RefreshEvery: refreshEvery,
 			}, g.timeout))
 			if err != nil {
 				return err
@@ -79,8 +96,32 @@ answer again, in order (see replctl mount --help; FUSE only).`,
 	cmd.Flags().IntVar(&connections, "connections", 4, "NBD connections, when the server offers multi-conn")
 	cmd.Flags().DurationVar(&ioTimeout, "io-timeout", time.Minute, "fail a request the primary does not answer in this time with an IO error (0: wait for ever); with --follow: the time without a primary")
 	cmd.Flags().BoolVar(&follow, "follow", false, "follow the primary: attach from any host, find the new primary when it dies or hands over, and send what it did not answer again")
+	cmd.Flags().DurationVar(&refreshEvery, "refresh-every", volmount.DefaultRefreshEvery, "with --follow: how often to ask the primary whether the volume grew")
+	cmd.Flags().BoolVar(&refresh, "refresh", false, "have the helper of VOLUME's following attachment ask now whether the volume grew, and print its size then")
 	runDirFlag(cmd, &runDir)
 	return cmd
+}
+
+// attachRefresh is replctl attach --refresh VOLUME.
+func attachRefresh(cmd *cobra.Command, reg volmount.Registry, volume string, timeout time.Duration) error {
+	ctx := cmd.Context()
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	f, err := reg.Refresh(ctx, volmount.AttachKey(volume))
+	if errors.Is(err, volmount.ErrNoRecord) {
+		return fmt.Errorf("%s is not attached by replctl attach here: nothing to refresh", volume)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(cmd.OutOrStdout(), f.Size)
+	if f.RefreshError != "" {
+		return unreachableError(fmt.Errorf("%s: the attachment is %d bytes, and the helper could not tell whether the volume grew: %s", volume, f.Size, f.RefreshError))
+	}
+	return nil
 }
 
 func newDetach() *cobra.Command {

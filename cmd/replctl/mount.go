@@ -33,7 +33,7 @@ func newMount(g *globals) *cobra.Command {
 		fstype, via, options, runDir string
 		mkfs, force, follow          bool
 		connections                  int
-		ioTimeout                    time.Duration
+		ioTimeout, refreshEvery      time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "mount [VOLUME DIR] [--fstype ext4|xfs] [--mkfs [--force]] [--follow]",
@@ -107,6 +107,8 @@ again undoes what is left and mounts it again under the same claim.`,
 				return usageErrorf("--connections %d: give 1 to %d", connections, nbdclient.MaxConnections)
 			case ioTimeout < 0:
 				return usageErrorf("--io-timeout %s: give a duration (0: no timeout)", ioTimeout)
+			case refreshEvery <= 0 || (cmd.Flags().Changed("refresh-every") && !follow):
+				return usageErrorf("--refresh-every %s: give a positive duration, with --follow", refreshEvery)
 			}
 			switch volmount.Via(via) {
 			case volmount.ViaAuto, volmount.ViaKernel, volmount.ViaFUSE:
@@ -132,6 +134,7 @@ again undoes what is left and mounts it again under the same claim.`,
 				Dir: dir, Volume: volume, Via: volmount.Via(via),
 				FSType: fstype, MakeFS: mkfs, Force: force, Options: options,
 				Connections: connections, IOTimeout: ioTimeout, Registry: reg,
+				RefreshEvery: refreshEvery,
 			}, g.timeout))
 			if err != nil {
 				return err
@@ -158,6 +161,7 @@ again undoes what is left and mounts it again under the same claim.`,
 	cmd.Flags().IntVar(&connections, "connections", 4, "NBD connections, when the server offers multi-conn")
 	cmd.Flags().DurationVar(&ioTimeout, "io-timeout", time.Minute, "fail a request the primary does not answer in this time with an IO error (0: wait for ever); with --follow: the time without a primary")
 	cmd.Flags().BoolVar(&follow, "follow", false, "follow the primary: mount from any host, find the new primary when it dies or hands over, and send what it did not answer again")
+	cmd.Flags().DurationVar(&refreshEvery, "refresh-every", volmount.DefaultRefreshEvery, "with --follow: how often to ask the primary whether the volume grew (the loop device then grows; grow the file system with resize2fs or xfs_growfs)")
 	runDirFlag(cmd, &runDir)
 	return cmd
 }

@@ -128,8 +128,9 @@ func errno(err error) syscall.Errno {
 }
 
 // mountFUSE serves dev as file name in a FUSE file system mounted on dir, until it is
-// unmounted (Wait on the server returned).
-func mountFUSE(dir, name, fsName string, dev Device, logger *log.Logger) (*fuse.Server, error) {
+// unmounted (Wait on the server returned). The file's inode is returned too: its
+// NotifyContent tells the kernel the file's size changed.
+func mountFUSE(dir, name, fsName string, dev Device, logger *log.Logger) (*fuse.Server, *diskFile, error) {
 	root := &fs.Inode{}
 	file := &diskFile{dev: dev}
 	attrTimeout := time.Second
@@ -152,5 +153,6 @@ func mountFUSE(dir, name, fsName string, dev Device, logger *log.Logger) (*fuse.
 			Logger:        logger,
 		},
 	}
-	return fs.Mount(dir, root, opts)
+	srv, err := fs.Mount(dir, root, opts)
+	return srv, file, err
 }

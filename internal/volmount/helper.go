@@ -44,7 +44,14 @@ type HelperConfig struct {
 	Controls                     []string
 	ClaimID, ClaimHost, ClaimDir string
 	FollowingPath                string
+	// RefreshEvery is how often a following helper asks the primary whether the export grew
+	// (0: DefaultRefreshEvery); a SIGHUP asks at once (replctl attach --refresh).
+	RefreshEvery time.Duration
 }
+
+// DefaultRefreshEvery is how often a following helper asks whether its export grew: NBD tells
+// no client, so it asks (NBD_OPT_INFO, a handshake that carries no data).
+const DefaultRefreshEvery = 30 * time.Second
 
 // Primary is the volume's primary as a helper with --follow found it: the node's name, its
 // control address and its export's URI. Confirm, when set, is called once the connection to
@@ -77,6 +84,9 @@ func (c HelperConfig) Args() []string {
 		if c.ClaimID != "" {
 			args = append(args, "--claim-id", c.ClaimID, "--claim-host", c.ClaimHost, "--claim-dir", c.ClaimDir)
 		}
+		if c.RefreshEvery > 0 {
+			args = append(args, "--refresh-every", c.RefreshEvery.String())
+		}
 	}
 	return args
 }
@@ -101,6 +111,7 @@ func ParseHelperArgs(args []string) (HelperConfig, error) {
 	fs.StringVar(&c.ClaimID, "claim-id", "", "")
 	fs.StringVar(&c.ClaimHost, "claim-host", "", "")
 	fs.StringVar(&c.ClaimDir, "claim-dir", "", "")
+	fs.DurationVar(&c.RefreshEvery, "refresh-every", 0, "")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -121,6 +132,8 @@ func ParseHelperArgs(args []string) (HelperConfig, error) {
 		return c, errors.New("--follow needs --via fuse")
 	case c.Follow && (c.Volume == "" || len(c.Controls) == 0 || c.FollowingPath == ""):
 		return c, errors.New("--follow needs --volume, --controls and --following")
+	case c.RefreshEvery < 0:
+		return c, fmt.Errorf("--refresh-every %s: give a positive duration", c.RefreshEvery)
 	}
 	return c, nil
 }
@@ -227,15 +240,18 @@ func openExport(cfg HelperConfig) (*nbdclient.Pool, error) {
 // signal tries again).
 func serveFUSE(cfg HelperConfig, find PrimaryFinder, logger *log.Logger, tell func(ready), stop <-chan os.Signal) error {
 	var (
-		pool  fuseDevice
-		conns = 1
+		pool     fuseDevice
+		conns    = 1
+		follower *nbdclient.Follower
+		state    *followState
 	)
 	if cfg.Follow {
-		f, err := followExport(cfg, find, logger)
+		state = &followState{path: cfg.FollowingPath}
+		f, err := followExport(cfg, find, logger, state)
 		if err != nil {
 			return err
 		}
-		pool = f
+		pool, follower = f, f
 	} else {
 		p, err := openExport(cfg)
 		if err != nil {
@@ -244,7 +260,7 @@ func serveFUSE(cfg HelperConfig, find PrimaryFinder, logger *log.Logger, tell fu
 		pool, conns = p, p.Connections()
 	}
 	defer pool.Close()
-	srv, err := mountFUSE(cfg.FUSEDir, cfg.Name, "replvol:"+pool.Export().Name, pool, logger)
+	srv, inode, err := mountFUSE(cfg.FUSEDir, cfg.Name, "replvol:"+pool.Export().Name, pool, logger)
 	if err != nil {
 		return fmt.Errorf("mount the FUSE file system on %s: %w", cfg.FUSEDir, err)
 	}
@@ -256,6 +272,17 @@ func serveFUSE(cfg HelperConfig, find PrimaryFinder, logger *log.Logger, tell fu
 		srv.Wait()
 		close(done)
 	}()
+	if follower != nil {
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+		refreshed := make(chan struct{})
+		defer func() { <-refreshed }()
+		go func() {
+			defer close(refreshed)
+			state.refreshLoop(follower, cfg.RefreshEvery, hup, done, file, inode, logger)
+		}()
+	}
 	for {
 		select {
 		case <-done:
@@ -281,7 +308,7 @@ type fuseDevice interface {
 
 // followExport connects to the volume's primary through a Follower, which finds the next
 // primary when this one dies or hands over (HelperConfig.Follow).
-func followExport(cfg HelperConfig, find PrimaryFinder, logger *log.Logger) (*nbdclient.Follower, error) {
+func followExport(cfg HelperConfig, find PrimaryFinder, logger *log.Logger, state *followState) (*nbdclient.Follower, error) {
 	if find == nil {
 		return nil, errors.New("--follow: this helper cannot find a primary")
 	}
@@ -314,7 +341,7 @@ func followExport(cfg HelperConfig, find PrimaryFinder, logger *log.Logger) (*nb
 		mu.Lock()
 		p := targets[t.Name]
 		mu.Unlock()
-		if err := SaveFollowing(cfg.FollowingPath, Following{Primary: p.Name, Control: p.Control, Export: p.URI, Since: time.Now().UTC()}); err != nil {
+		if err := state.connected(p); err != nil {
 			logger.Printf("cannot say which primary is followed: %v", err)
 		}
 		logger.Printf("following %s: %s", p.Name, p.URI)
@@ -339,4 +366,82 @@ func unmountFUSE(srv interface{ Unmount() error }, within time.Duration) error {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// followState is what a following helper says in its Following file: the primary it follows,
+// and the export's size its last refresh found.
+type followState struct {
+	path string
+	mu   lockorder.Mutex // a leaf (doc.go)
+	f    Following
+}
+
+// connected records that the helper follows p now.
+func (s *followState) connected(p Primary) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.f.Primary, s.f.Control, s.f.Export, s.f.Since = p.Name, p.Control, p.URI, time.Now().UTC()
+	return SaveFollowing(s.path, s.f)
+}
+
+// refreshed records a refresh's outcome.
+func (s *followState) refreshed(size int64, err error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.f.Size, s.f.Refreshed, s.f.RefreshError = size, time.Now().UTC(), ""
+	if err != nil {
+		s.f.RefreshError = err.Error()
+	}
+	return SaveFollowing(s.path, s.f)
+}
+
+// refreshLoop asks whether the export grew every `every` (DefaultRefreshEvery when 0) and on
+// each SIGHUP, until done. When it grew, the FUSE file's size is the new one (the kernel's
+// cached attributes are dropped) and each loop device over the file reads its capacity again
+// (LOOP_SET_CAPACITY), so that the block device grows without a detach. It never shrinks.
+func (s *followState) refreshLoop(f *nbdclient.Follower, every time.Duration, hup <-chan os.Signal, done <-chan struct{}, file string, inode fileNotifier, logger *log.Logger) {
+	if every <= 0 {
+		every = DefaultRefreshEvery
+	}
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	last := f.Size()
+	if err := s.refreshed(last, nil); err != nil {
+		logger.Printf("cannot say the export's size: %v", err)
+	}
+	for {
+		select {
+		case <-done:
+			return
+		case <-tick.C:
+		case <-hup:
+			logger.Printf("SIGHUP: asking whether the export grew")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
+		size, err := f.Refresh(ctx)
+		cancel()
+		if err != nil {
+			logger.Printf("cannot tell whether the export grew: %v", err)
+		}
+		if size > last {
+			if errno := inode.NotifyContent(0, 0); errno != 0 {
+				logger.Printf("the kernel's attributes of %s: %v", file, errno)
+			}
+			loops, lerr := growLoops(file)
+			logger.Printf("the export grew from %d to %d bytes; loop devices over %s read their capacity again: %v", last, size, file, loops)
+			if lerr != nil {
+				logger.Printf("%v", lerr)
+				err = errors.Join(err, lerr)
+			}
+			last = size
+		}
+		if serr := s.refreshed(size, err); serr != nil {
+			logger.Printf("cannot say the export's size: %v", serr)
+		}
+	}
+}
+
+// fileNotifier drops what the kernel caches of the FUSE file (its size).
+type fileNotifier interface {
+	NotifyContent(off, sz int64) syscall.Errno
 }

@@ -8,7 +8,9 @@ import (
 	"log"
 	"net"
 	"os"
+	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -238,4 +240,51 @@ func disconnectNBD(dev string) error {
 		return fmt.Errorf("%s: NBD_DISCONNECT: %w", dev, err)
 	}
 	return ioctl(f, nbdClearSock, 0)
+}
+
+// loopSetCapacity is LOOP_SET_CAPACITY (linux/loop.h): the loop device reads its backing
+// file's size again.
+const loopSetCapacity = 0x4C07
+
+// growLoops makes every loop device over file read its size again (LOOP_SET_CAPACITY, as
+// losetup --set-capacity does) and returns them. The loop devices are found in sysfs
+// (/sys/block/loopN/loop/backing_file): the helper does not know which one Mount set up, and
+// the ioctl does not wait on the helper's own FUSE requests (they are served meanwhile).
+func growLoops(file string) ([]string, error) {
+	return growLoopsIn("/sys/block", "/dev", file)
+}
+
+func growLoopsIn(sysBlock, dev, file string) ([]string, error) {
+	want := map[string]bool{filepath.Clean(file): true}
+	if real, err := filepath.EvalSymlinks(file); err == nil {
+		want[real] = true
+	}
+	entries, err := os.ReadDir(sysBlock)
+	if err != nil {
+		return nil, err
+	}
+	var grown []string
+	var errs []error
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), "loop") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(sysBlock, e.Name(), "loop", "backing_file"))
+		if err != nil || !want[strings.TrimSpace(string(b))] {
+			continue // not set up, or over another file
+		}
+		path := filepath.Join(dev, e.Name())
+		f, err := os.OpenFile(path, os.O_RDONLY, 0)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := ioctl(f, loopSetCapacity, 0); err != nil {
+			errs = append(errs, fmt.Errorf("LOOP_SET_CAPACITY on %s: %w", path, err))
+		} else {
+			grown = append(grown, path)
+		}
+		f.Close()
+	}
+	return grown, errors.Join(errs...)
 }

@@ -15,3 +15,5 @@ func serveKernel(HelperConfig, *log.Logger, func(ready), <-chan os.Signal) error
 }
 
 func disconnectNBD(string) error { return errNoKernelNBD }
+
+func growLoops(string) ([]string, error) { return nil, errors.New("loop devices are Linux's") }

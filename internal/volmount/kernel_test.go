@@ -142,6 +142,8 @@ func TestHelperArgsRoundTrip(t *testing.T) {
 		{Via: ViaFUSE, URI: "nbd://127.0.0.1:7802/vol2", FUSEDir: "/run/replvol/mounts/mnt.fuse", Name: "vol2", Connections: 1, IOTimeout: time.Minute,
 			Follow: true, Volume: "vol2", Controls: []string{"127.0.0.1:7800", "10.0.0.2:7800"}, FollowingPath: "/run/replvol/mounts/mnt.following",
 			ClaimID: "0123456789abcdef", ClaimHost: "client", ClaimDir: "/mnt"},
+		{Via: ViaFUSE, URI: "nbd://127.0.0.1:7802/vol3", FUSEDir: "/run/replvol/mounts/m3.fuse", Name: "vol3", Connections: 1,
+			Follow: true, Volume: "vol3", Controls: []string{"127.0.0.1:7800"}, FollowingPath: "/run/replvol/mounts/m3.following", RefreshEvery: time.Second},
 	} {
 		got, err := ParseHelperArgs(c.Args())
 		if err != nil || !reflect.DeepEqual(got, c) {
@@ -150,7 +152,8 @@ func TestHelperArgsRoundTrip(t *testing.T) {
 	}
 	for _, bad := range [][]string{{"--via", "fuse", "--uri", "nbd://h/v"}, {"--via", "x", "--uri", "nbd://h/v"}, {"--via", "kernel"}, {"--via", "kernel", "--uri", "nbd://h/v", "extra"},
 		{"--via", "kernel", "--uri", "nbd://h/v", "--follow", "--volume", "v", "--controls", "h:1", "--following", "/f"},
-		{"--via", "fuse", "--uri", "nbd://h/v", "--fuse-dir", "/d", "--name", "v", "--follow"}} {
+		{"--via", "fuse", "--uri", "nbd://h/v", "--fuse-dir", "/d", "--name", "v", "--follow"},
+		{"--via", "fuse", "--uri", "nbd://h/v", "--fuse-dir", "/d", "--name", "v", "--follow", "--volume", "v", "--controls", "h:1", "--following", "/f", "--refresh-every", "-1s"}} {
 		if _, err := ParseHelperArgs(bad); err == nil {
 			t.Errorf("ParseHelperArgs(%q) took it", bad)
 		}

@@ -1,6 +1,7 @@
 package volmount
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -79,6 +81,11 @@ type Following struct {
 	Control string    `json:"control,omitempty"`
 	Export  string    `json:"export"`
 	Since   time.Time `json:"since"`
+	// Size is the export's size the helper serves, as its last refresh found it (at
+	// Refreshed; RefreshError says why that refresh could not tell).
+	Size         int64     `json:"size,omitempty"`
+	Refreshed    time.Time `json:"refreshed,omitzero"`
+	RefreshError string    `json:"refresh_error,omitempty"`
 }
 
 // Claim is a mount's claim on its volume: the primary keeps it, so that the
@@ -252,4 +259,47 @@ func (r Registry) List() ([]*Record, error) {
 		out = append(out, rec)
 	}
 	return out, nil
+}
+
+// ErrNotFollowing: Refresh of a mount whose helper does not follow the primary.
+var ErrNotFollowing = errors.New("the helper does not follow the primary (no --follow)")
+
+// Refresh asks the helper of dir's mount (which follows the primary) to find out now whether
+// the export grew, and waits until it answered, within ctx: on a SIGHUP the helper asks the
+// primary, and when the export grew it grows its file and the loop device's capacity. It
+// returns what the helper says then (Following.Size, and RefreshError when it could not tell).
+func (r Registry) Refresh(ctx context.Context, dir string) (*Following, error) {
+	rec, err := r.Load(dir)
+	if err != nil {
+		return nil, err
+	}
+	if !rec.Follow || rec.Via != ViaFUSE {
+		return nil, fmt.Errorf("%s: %w", dir, ErrNotFollowing)
+	}
+	if !rec.Helper.Alive() {
+		return nil, fmt.Errorf("%s: the helper process %d is gone: unmount (or detach) and attach again", dir, rec.Helper.PID)
+	}
+	before, err := r.Following(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := rec.Helper.Signal(syscall.SIGHUP); err != nil {
+		return nil, fmt.Errorf("signal the helper %d: %w", rec.Helper.PID, err)
+	}
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		now, err := r.Following(dir)
+		if err != nil {
+			return nil, err
+		}
+		if now != nil && (before == nil || now.Refreshed.After(before.Refreshed)) {
+			return now, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%s: the helper did not answer the refresh (its log: %s): %w", dir, r.LogPath(dir), ctx.Err())
+		case <-tick.C:
+		}
+	}
 }

@@ -51,6 +51,9 @@ type Request struct {
 	// control addresses (Record.Follow); it needs FUSE.
 	Follow   bool
 	Controls []string
+	// RefreshEvery is how often a following helper asks whether the export grew
+	// (HelperConfig.RefreshEvery; 0: DefaultRefreshEvery).
+	RefreshEvery time.Duration
 	// Attach stops once the block device is there: no file system is probed, made or mounted
 	// (replctl attach); Dir is AttachKey(Volume).
 	Attach bool
@@ -223,6 +226,7 @@ func setUp(ctx context.Context, req Request, rec *Record) error {
 	cfg := HelperConfig{Via: rec.Via, URI: req.URI, TLSDir: req.TLSDir, Connections: req.Connections, IOTimeout: req.IOTimeout}
 	if req.Follow {
 		cfg.Follow, cfg.Volume, cfg.Controls, cfg.FollowingPath = true, req.Volume, req.Controls, reg.FollowingPath(req.Dir)
+		cfg.RefreshEvery = req.RefreshEvery
 		if rec.Claim != nil {
 			cfg.ClaimID, cfg.ClaimHost, cfg.ClaimDir = rec.Claim.ID, rec.Claim.Host, req.Dir
 		}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/replvol/replvol/internal/lockorder"
@@ -90,6 +91,11 @@ type Follower struct {
 	locate Locator
 	opts   FollowOptions
 	export Export
+	// size is the export's size: the first server's, grown when a later connection was told
+	// a larger one (an online resize; see Refresh). It never shrinks.
+	size atomic.Int64
+	// cycle asks the connection's watcher to drain it and connect again (Refresh).
+	cycle chan struct{}
 
 	// Lock order: wmu before mu; the reader of a connection takes mu only.
 	wmu lockorder.Mutex // requests are written whole, in the order they were queued
@@ -137,21 +143,78 @@ func Follow(ctx context.Context, locate Locator, opts FollowOptions) (*Follower,
 		}
 	}
 	f := &Follower{locate: locate, opts: opts, queue: list.New(), onConn: map[uint64]*request{}, next: 1,
-		stop: make(chan struct{}), done: make(chan struct{})}
+		stop: make(chan struct{}), done: make(chan struct{}), cycle: make(chan struct{}, 1)}
 	conn, r, t, err := f.find(ctx, time.Now())
 	if err != nil {
 		return nil, err
 	}
 	f.export = t.export
-	go f.run(conn, r, t.Target)
+	f.size.Store(t.export.Size)
+	f.current = t.Target // before run installs it: Current and Refresh may be called at once
+	go f.run(conn, r, t)
 	return f, nil
 }
 
-// Export is what the first server told of the export.
-func (f *Follower) Export() Export { return f.export }
+// Export is what the first server told of the export, with the export's size now.
+func (f *Follower) Export() Export {
+	ex := f.export
+	ex.Size = f.size.Load()
+	return ex
+}
 
-// Size is the export's size in bytes.
-func (f *Follower) Size() int64 { return f.export.Size }
+// Size is the export's size in bytes: the size the connection in use was told, which grows
+// when the export grew (Refresh) and never shrinks.
+func (f *Follower) Size() int64 { return f.size.Load() }
+
+// ErrShrunk: the server tells a smaller export than the Follower serves (a volume is never
+// shrunk: something is wrong with the server, and the Follower does not go there).
+var ErrShrunk = errors.New("the server's export is smaller than the one followed")
+
+// Refresh asks the server in use what size the export has now (NBD_OPT_INFO on a connection of
+// its own: NBD tells no client that an export grew, and a connection keeps the size it was
+// told). When it grew, Refresh drains the connection in use (the requests sent on it are
+// answered, later ones wait), connects again (the new connection is told the new size: a
+// server gone in between is found again as after a break) and returns once Size is the new
+// size, or when ctx ends. It returns the size; a smaller export is ErrShrunk, and Size stays.
+func (f *Follower) Refresh(ctx context.Context) (int64, error) {
+	t := f.Current()
+	cur := f.size.Load()
+	var d net.Dialer
+	raw, err := d.DialContext(ctx, "tcp", t.Addr)
+	if err != nil {
+		return cur, fmt.Errorf("%s (%s): %w", t.Name, t.Addr, err)
+	}
+	ex, err := Info(ctx, raw, t.Export, t.Opts.TLS)
+	raw.Close()
+	switch {
+	case err != nil:
+		return cur, fmt.Errorf("%s (%s): %w", t.Name, t.Addr, err)
+	case ex.Size < cur:
+		return cur, fmt.Errorf("%w: %s (%s) tells %d bytes, %d are served: the size stays", ErrShrunk, t.Name, t.Addr, ex.Size, cur)
+	case ex.Size == cur:
+		return cur, nil
+	}
+	f.logf("%s (%s) tells the export grew from %d to %d bytes: connecting again to be told so", t.Name, t.Addr, cur, ex.Size)
+	select {
+	case f.cycle <- struct{}{}:
+	default: // one is asked for already
+	}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if size := f.size.Load(); size >= ex.Size {
+			return size, nil
+		}
+		if err := f.Err(); err != nil {
+			return f.size.Load(), err
+		}
+		select {
+		case <-ctx.Done():
+			return f.size.Load(), fmt.Errorf("the export grew to %d bytes, and no connection told so yet: %w", ex.Size, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
 
 // Current is the server requests go to now (the last one connected to).
 func (f *Follower) Current() Target {
@@ -228,8 +291,8 @@ func (f *Follower) WriteZeroes(off, length int64) error {
 }
 
 func (f *Follower) check(off, n int64) error {
-	if off < 0 || n < 0 || n > f.export.Size-off {
-		return fmt.Errorf("%d bytes at %d: outside the %d-byte export", n, off, f.export.Size)
+	if size := f.size.Load(); off < 0 || n < 0 || n > size-off {
+		return fmt.Errorf("%d bytes at %d: outside the %d-byte export", n, off, size)
 	}
 	return nil
 }
@@ -361,8 +424,8 @@ func (f *Follower) connect(ctx context.Context) (net.Conn, found, error) {
 	switch {
 	case ex.ReadOnly():
 		err = fmt.Errorf("%s (%s) serves %s read-only: it is not the primary", t.Name, t.Addr, t.Export)
-	case f.export.Size != 0 && ex.Size != f.export.Size:
-		err = fmt.Errorf("%w: %s (%s) serves a %d-byte export, the first server %d bytes", ErrProtocol, t.Name, t.Addr, ex.Size, f.export.Size)
+	case ex.Size < f.size.Load():
+		err = fmt.Errorf("%w: %s (%s) serves a %d-byte export, %d bytes are served", ErrShrunk, t.Name, t.Addr, ex.Size, f.size.Load())
 	case t.Confirm != nil:
 		err = t.Confirm(ctx)
 	}
@@ -375,12 +438,13 @@ func (f *Follower) connect(ctx context.Context) (net.Conn, found, error) {
 
 // run owns the connections: it installs one, sends the requests held again on it, watches
 // it until it breaks, and finds the next, until Close or until it gives up.
-func (f *Follower) run(conn net.Conn, r *bufio.Reader, t Target) {
+func (f *Follower) run(conn net.Conn, r *bufio.Reader, ft found) {
 	defer close(f.done)
 	for {
+		t := ft.Target
 		readerDone := make(chan error, 1)
 		go func() { readerDone <- f.readReplies(conn, r) }()
-		f.install(conn, t)
+		f.install(conn, t, ft.export.Size)
 		err := f.watch(conn, t, readerDone)
 		conn.Close()
 		broke := time.Now()
@@ -400,7 +464,6 @@ func (f *Follower) run(conn net.Conn, r *bufio.Reader, t Target) {
 			return
 		}
 		f.logf("the connection to %s (%s) ended (%v) with %d requests not answered: finding the export's server", t.Name, t.Addr, err, held)
-		var ft found
 		conn, r, ft, err = f.find(context.Background(), broke)
 		if err != nil {
 			f.logf("giving up: %v", err)
@@ -420,8 +483,9 @@ func (f *Follower) Waiting() int {
 }
 
 // install makes conn the connection requests go to and sends every request held on it, in
-// the order they were submitted, BEFORE any new one (wmu is held throughout).
-func (f *Follower) install(conn net.Conn, t Target) {
+// the order they were submitted, BEFORE any new one (wmu is held throughout); size is the
+// export's size conn was told, the Follower's size from now on when it is larger.
+func (f *Follower) install(conn net.Conn, t Target, size int64) {
 	if f.opts.Connected != nil {
 		f.opts.Connected(t)
 	}
@@ -429,6 +493,10 @@ func (f *Follower) install(conn net.Conn, t Target) {
 	defer f.wmu.Unlock()
 	f.mu.Lock()
 	f.conn, f.current = conn, t
+	if old := f.size.Load(); size > old {
+		f.size.Store(size)
+		f.logf("the export is %d bytes now (it was %d)", size, old)
+	}
 	resend := make([]*request, 0, f.queue.Len())
 	for e := f.queue.Front(); e != nil; e = e.Next() {
 		req := e.Value.(*request)
@@ -467,6 +535,21 @@ func (f *Follower) watch(conn net.Conn, t Target, readerDone <-chan error) error
 			f.disconnect(conn)
 			conn.Close()
 			return <-readerDone
+		case <-f.cycle:
+			// As when the server drains: nothing more is sent here, and once every request
+			// sent was answered the connection ends (the reader says so, or, when none
+			// waits, the disconnect below makes the server close it).
+			f.wmu.Lock()
+			f.mu.Lock()
+			if f.conn == conn {
+				f.conn = nil
+			}
+			idle := len(f.onConn) == 0
+			f.mu.Unlock()
+			f.wmu.Unlock()
+			if idle {
+				f.disconnect(conn)
+			}
 		case <-tick.C:
 			oldest := f.oldest()
 			if f.opts.IOTimeout > 0 && oldest > f.opts.IOTimeout {

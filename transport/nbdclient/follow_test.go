@@ -444,3 +444,85 @@ func TestAFollowerLeavesAServerThatAnswersNothingOnceTheExportMoved(t *testing.T
 		t.Errorf("the export holds %q and the Follower is on %q, want the write through b", got, f.Current().Name)
 	}
 }
+
+// growingExport is an export whose size grows, as a volume's does in an online resize; its
+// bytes are those of a MemExport of the largest size.
+type growingExport struct {
+	*nbdtest.MemExport
+	size atomic.Int64
+}
+
+func (g *growingExport) Size() int64 { return g.size.Load() }
+
+// TestAFollowerSeesTheExportGrowOnRefresh: NBD tells no client that an export grew, and a
+// connection keeps the size of its handshake. Refresh asks the server (NBD_OPT_INFO), and when
+// the export grew it connects again: Size is then the new size and the new range is written
+// and read, while a request sent before the refresh is answered (none lost). A Refresh that
+// finds the same size does not reconnect; one that finds a smaller export is ErrShrunk and the
+// size stays.
+func TestAFollowerSeesTheExportGrowOnRefresh(t *testing.T) {
+	const small, big = 1 << 20, 4 << 20
+	g := &growingExport{MemExport: nbdtest.NewMemExport(big)}
+	g.size.Store(small)
+	addr, _ := serve(t, resolver{"vol": g})
+	var located atomic.Int32
+	locate := func(context.Context) (nbdclient.Target, error) {
+		located.Add(1)
+		return nbdclient.Target{Addr: addr, Export: "vol", Name: "a"}, nil
+	}
+	f, err := nbdclient.Follow(ctx(t), locate, nbdclient.FollowOptions{Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if size, err := f.Refresh(ctx(t)); err != nil || size != small || located.Load() != 1 {
+		t.Fatalf("Refresh before the growth: %d, %v, %d locates; want %d, nil, 1 (no new connection)", size, err, located.Load(), small)
+	}
+	if _, err := f.WriteAt(make([]byte, 4096), small); err == nil {
+		t.Fatal("a write past the export's end was taken")
+	}
+
+	g.size.Store(big)
+	if f.Size() != small {
+		t.Fatalf("Size before Refresh: %d, want %d", f.Size(), small)
+	}
+	// Requests go on while the refresh drains the connection.
+	stop := make(chan struct{})
+	writes := make(chan error, 1)
+	go func() {
+		buf := bytes.Repeat([]byte{7}, 4096)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				writes <- nil
+				return
+			default:
+			}
+			if _, err := f.WriteAt(buf, int64(i%16)*4096); err != nil {
+				writes <- err
+				return
+			}
+		}
+	}()
+	size, err := f.Refresh(ctx(t))
+	close(stop)
+	if err != nil || size != big || f.Size() != big || f.Export().Size != big {
+		t.Fatalf("Refresh after the growth: %d, %v (Size %d, Export().Size %d); want %d", size, err, f.Size(), f.Export().Size, big)
+	}
+	if err := <-writes; err != nil {
+		t.Fatalf("a write during the refresh: %v", err)
+	}
+	want := bytes.Repeat([]byte{9}, 4096)
+	if _, err := f.WriteAt(want, big-4096); err != nil {
+		t.Fatalf("a write in the new range: %v", err)
+	}
+	got := make([]byte, 4096)
+	if _, err := f.ReadAt(got, big-4096); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("a read in the new range: %v, equal %v", err, bytes.Equal(got, want))
+	}
+
+	g.size.Store(small)
+	if size, err := f.Refresh(ctx(t)); !errors.Is(err, nbdclient.ErrShrunk) || size != big || f.Size() != big {
+		t.Fatalf("Refresh of a smaller export: %d, %v (Size %d); want %d, ErrShrunk", size, err, f.Size(), big)
+	}
+}

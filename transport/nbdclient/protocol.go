@@ -19,6 +19,7 @@ const (
 
 	optAbort    = 2
 	optStartTLS = 5
+	optInfo     = 6
 	optGo       = 7
 
 	repAck  = 1
