@@ -69,9 +69,18 @@ func (v *Volume) grow(ctx context.Context, size int64, check bool) (transport.Re
 	out := transport.ResizedNode{Node: v.self, Role: string(role), OldSize: old, Size: size}
 	if size == old {
 		out.Action, out.Text = transport.ResizeAlready, fmt.Sprintf("%s is %s on %s already", v.name, human.Bytes(size), v.self)
+		if role == replication.Primary && v.cfg.FromAPI() && !check {
+			v.recordCreatedSize(ctx, size)
+		}
 		return out, nil
 	}
-	moves, refused := v.canGrow(size, old)
+	var moves bool
+	refused := v.growPoolImage(size, check)
+	if refused == nil {
+		// A check of a pool's volume found the room in the pool: its
+		// file is grown only when the volume is.
+		moves, refused = v.canGrow(size, old, check && v.cfg.FromAPI())
+	}
 	out.MaxSize = v.growLimit()
 	if refused != nil {
 		if check {
@@ -145,6 +154,9 @@ func (v *Volume) grow(ctx context.Context, size int64, check bool) (transport.Re
 		return out, fmt.Errorf("record the new size of %s: %w; it stays %s", v.name, err, human.Bytes(old))
 	}
 	out.Action, out.ZeroedBytes = transport.ResizeGrew, size-old
+	if role == replication.Primary && v.cfg.FromAPI() {
+		v.recordCreatedSize(ctx, size)
+	}
 	out.MetadataMoved, out.MetadataFrom, out.MetadataTo = rep.Moved, rep.OldOffset, rep.Offset
 	out.Text = fmt.Sprintf("%s grew %s from %s to %s: the %s gained reads as zeroes (nothing copied, nothing to resync)",
 		v.self, v.name, human.Bytes(old), human.Bytes(size), human.Bytes(size-old))
@@ -183,13 +195,18 @@ func (r *growRefusal) Unwrap() error { return r.cause }
 // canGrow checks, changing nothing and costing no I/O beyond measuring
 // the disk, that this node can grow the volume from old to size bytes;
 // moves says the internal metadata must move to the disk's new end.
-func (v *Volume) canGrow(size, old int64) (moves bool, refused *growRefusal) {
+// With poolRoom, the room was found in the volume's pool (a check of a
+// volume created from one, whose file grows with it): the disk is not
+// measured, and the internal metadata moves.
+func (v *Volume) canGrow(size, old int64, poolRoom bool) (moves bool, refused *growRefusal) {
 	switch {
 	case size < old:
 		return false, refuse(ErrShrink, "%s is %d bytes (%s) on %s; %d (%s) is smaller, and shrinking would cut off data a filesystem may use",
 			v.name, old, human.Bytes(old), v.self, size, human.Bytes(size))
 	case v.isDetached():
 		return false, refuse(ErrDiskDetached, "%s's disk of %s is out of service: it grows once it is attached again", v.self, v.name)
+	case poolRoom:
+		return !v.cfg.External(), nil
 	}
 	if r, ok := v.disk.(backing.Remeasurer); ok {
 		if _, err := r.Remeasure(); err != nil {
@@ -345,4 +362,75 @@ func (v *Volume) diskName() string {
 		paths = append(paths, p.Name+" ("+p.Path+")")
 	}
 	return "the multipath disk of " + strings.Join(paths, ", ")
+}
+
+// growPoolImage makes the sparse backing file of a volume created from a
+// pool hold size bytes with its metadata, before the room is checked: a
+// pool's file is the node's to size, as a disk of the cluster file is the
+// operator's. It only extends the file (a sparse truncate, synced BEFORE
+// the metadata may move into the gained range), and refuses when the
+// pool's free space does not hold what the file may still take; a file
+// that holds enough already is left as it is. A check (dryRun) only
+// checks the pool's room. Volumes of the cluster file: nothing.
+func (v *Volume) growPoolImage(size int64, dryRun bool) *growRefusal {
+	if !v.cfg.FromAPI() || size <= v.size.Load() {
+		return nil
+	}
+	vc := v.cfg
+	vc.Size = VolumeSize(size)
+	cfg := v.node.config()
+	need, err := backing.RequiredSize(cfg, v.self, vc)
+	if err != nil {
+		return &growRefusal{err, fmt.Sprintf("cannot size %s's backing file on %s for %s: %v", v.name, v.self, human.Bytes(size), err)}
+	}
+	path := vc.Disks[v.self].Paths[0].Path
+	fi, err := os.Stat(path)
+	if err != nil {
+		return &growRefusal{err, fmt.Sprintf("cannot measure %s on %s: %v", path, v.self, err)}
+	}
+	gain := need - fi.Size()
+	if gain <= 0 {
+		return nil
+	}
+	for _, p := range v.node.pools() {
+		if p.Name == vc.Pool && p.Free < uint64(gain) {
+			return refuse(ErrNoRoom, "%v on %s: pool %s has %s free, and %s at %s needs %s more there (its file %s with its metadata); free space in the pool or give a smaller size",
+				ErrNoRoom, v.self, p.Name, human.Bytes(int64(p.Free)), v.name, human.Bytes(size), human.Bytes(gain), path)
+		}
+	}
+	if dryRun {
+		return nil
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err == nil {
+		err = f.Truncate(need)
+		if err == nil {
+			err = f.Sync()
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		return &growRefusal{err, fmt.Sprintf("cannot grow %s on %s to %d bytes: %v", path, v.self, need, err)}
+	}
+	v.log.Info("pool file grown", "path", path, "bytes", need)
+	return nil
+}
+
+// recordCreatedSize has raft record the size a volume created at run time
+// grew to (the primary, which grows last, once it did), so that a node
+// that opens it later runs it at that size. A failure is said, not
+// returned: every node grew and recorded the size in its own metadata;
+// only raft's definition lags, and the next resize to the same size
+// records it.
+func (v *Volume) recordCreatedSize(ctx context.Context, size int64) {
+	cl := v.node.cl
+	if cl == nil {
+		return
+	}
+	if _, err := cl.c.Propose(ctx, replication.GrowVolumeCommand(v.name, uint64(size))); err != nil {
+		v.log.Warn("raft does not record the new size yet; run the resize again", "size", size, "err", err)
+		v.node.event(v.name, "size-not-recorded", fmt.Sprintf("%s grew to %s on every node, but raft still records its old size (%v): run replctl resize %s %d again", v.name, human.Bytes(size), err, v.name, size))
+	}
 }

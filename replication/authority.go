@@ -85,6 +85,8 @@ type AuthorityCommand struct {
 	Failover *FailoverRecord `json:"failover,omitempty"`
 	// Create, on a create-volume, is the volume's definition.
 	Create *CreatedVolume `json:"create,omitempty"`
+	// Size, on a grow-volume, is the volume's new size in bytes.
+	Size uint64 `json:"size,omitempty"`
 }
 
 // InitCommand registers a volume the cluster does not know yet: primary
@@ -233,7 +235,7 @@ func (a Authority) Apply(cmd AuthorityCommand) (Authority, VolumeAuthority, erro
 	if cmd.Volume == "" {
 		return a, VolumeAuthority{}, fmt.Errorf("%w: %s without a volume", ErrBadCommand, cmd.Op)
 	}
-	if cmd.Op == OpCreateVolume || cmd.Op == OpDeleteVolume {
+	if cmd.Op == OpCreateVolume || cmd.Op == OpDeleteVolume || cmd.Op == OpGrowVolume {
 		return a.applyCreated(cmd)
 	}
 	cur, known := a.Volumes[cmd.Volume]

@@ -69,6 +69,7 @@ func (c CreatedVolume) clone() CreatedVolume {
 const (
 	OpCreateVolume AuthorityOp = "create-volume"
 	OpDeleteVolume AuthorityOp = "delete-volume"
+	OpGrowVolume   AuthorityOp = "grow-volume"
 )
 
 // ErrVolumeExists: a create of a name the cluster already gives another
@@ -88,6 +89,14 @@ func CreateVolumeCommand(def CreatedVolume) AuthorityCommand {
 // created at run time changes nothing.
 func DeleteVolumeCommand(name string) AuthorityCommand {
 	return AuthorityCommand{Op: OpDeleteVolume, Volume: name}
+}
+
+// GrowVolumeCommand records that a volume created at run time grew to
+// size bytes (replctl resize): a node that opens it later sizes its file
+// and runs it at that size. A size no larger than the recorded one, or a
+// name not created at run time, changes nothing.
+func GrowVolumeCommand(name string, size uint64) AuthorityCommand {
+	return AuthorityCommand{Op: OpGrowVolume, Volume: name, Size: size}
 }
 
 // Created returns the definition of a volume created at run time.
@@ -121,6 +130,18 @@ func (a Authority) applyCreated(cmd AuthorityCommand) (Authority, VolumeAuthorit
 		}
 		out := a.shallow()
 		out.Creates[cmd.Volume] = cmd.Create.clone()
+		return out, VolumeAuthority{}, nil
+	case OpGrowVolume:
+		if !known || cmd.Size <= cur.Size {
+			return a, VolumeAuthority{}, nil
+		}
+		if cmd.Size%4096 != 0 {
+			return a, VolumeAuthority{}, fmt.Errorf("%w: grow-volume %q to %d bytes, not a multiple of 4 KiB", ErrBadCommand, cmd.Volume, cmd.Size)
+		}
+		out := a.shallow()
+		grown := cur.clone()
+		grown.Size = cmd.Size
+		out.Creates[cmd.Volume] = grown
 		return out, VolumeAuthority{}, nil
 	case OpDeleteVolume:
 		if !known {

@@ -3,6 +3,7 @@ package replication
 import (
 	"encoding/json"
 	"errors"
+	"slices"
 	"testing"
 )
 
@@ -31,6 +32,29 @@ func TestCreatedVolumesAreRecordedAndForgotten(t *testing.T) {
 		a2, _, err := a1.Apply(CreateVolumeCommand(def))
 		if err != nil || len(a2.Creates) != 1 {
 			t.Fatalf("got %v, %d volumes", err, len(a2.Creates))
+		}
+	})
+	t.Run("a grow records the larger size only", func(t *testing.T) {
+		a2, _, err := a1.Apply(GrowVolumeCommand("pvc1", 96<<20))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := a2.Created("pvc1"); got.Size != 96<<20 || !slices.Equal(got.Nodes, def.Nodes) {
+			t.Fatalf("after the grow: %+v", got)
+		}
+		if got, _ := a1.Created("pvc1"); got.Size != def.Size {
+			t.Fatalf("Apply changed the authority it was called on: %+v", got)
+		}
+		a3, _, err := a2.Apply(GrowVolumeCommand("pvc1", 64<<20))
+		if got, _ := a3.Created("pvc1"); err != nil || got.Size != 96<<20 {
+			t.Fatalf("a smaller size: %v, %+v; want no change", err, got)
+		}
+		if _, _, err := a2.Apply(GrowVolumeCommand("pvc1", 96<<20+1)); !errors.Is(err, ErrBadCommand) {
+			t.Fatalf("a size not of whole blocks: %v, want ErrBadCommand", err)
+		}
+		a4, _, err := a2.Apply(GrowVolumeCommand("other", 1<<30))
+		if _, ok := a4.Created("other"); err != nil || ok {
+			t.Fatalf("a grow of a name not created: %v, created %v", err, ok)
 		}
 	})
 	t.Run("another definition of the name is refused", func(t *testing.T) {

@@ -102,6 +102,36 @@ func TestE2EVolumeCreateAndDeleteFromPools(t *testing.T) {
 		t.Fatalf("a create of the file's vol0: %s", r)
 	}
 
+	// A resize grows a pool's volume: each node grows its file in the
+	// pool, raft records the new size, and the gained range serves.
+	sizes := map[string]int64{}
+	for n, img := range images {
+		fi, err := os.Stat(img)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sizes[n] = fi.Size()
+	}
+	if r := c.ctl(witnessName, "resize", "pvc1", "48MiB"); !r.ok() {
+		t.Fatalf("replctl resize of a pool's volume: %s", r)
+	}
+	for n, img := range images {
+		if fi, err := os.Stat(img); err != nil || fi.Size() < sizes[n]+16<<20 {
+			t.Fatalf("%s's file %s did not grow by 16 MiB with pvc1 (%d bytes before): %v %v", n, img, sizes[n], fi, err)
+		}
+	}
+	if !within(30*time.Second, 100*time.Millisecond, func() bool {
+		for _, v := range list("alpha").Volumes {
+			if v.Name == "pvc1" {
+				return v.Size == 48<<20
+			}
+		}
+		return false
+	}) {
+		t.Fatalf("raft does not record pvc1's new size: %+v", list("alpha").Volumes)
+	}
+	qemuIO(t, uri, "write -P 0x7c 47M 1M", "flush", "read -P 0x7c 47M 1M", "read -P 0x5a 0 1M")
+
 	r := c.ctl("beta", "volume", "create", "huge", "--size", "100TiB")
 	if r.ok() || !strings.Contains(r.out, "volume huge not created") || !strings.Contains(r.out, "alpha: ") || !strings.Contains(r.out, "beta: ") || !strings.Contains(r.out, "free") {
 		t.Fatalf("a create that does not fit: %s; want a refusal naming each node's free space", r)
