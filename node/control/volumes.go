@@ -202,10 +202,10 @@ func (s *Server) Pools(ctx context.Context, r *transport.PoolsRequest) (*transpo
 // node and name; a node that does not answer within poolAskTimeout gets
 // one entry, without a name, whose State says why.
 func AskPools(ctx context.Context, node Node, nodes []string) []transport.PoolStatus {
-	var mu sync.Mutex
 	var wg sync.WaitGroup
-	var out []transport.PoolStatus
-	for _, name := range nodes {
+	// Each node's answer has its own slot: no lock is shared.
+	each := make([][]transport.PoolStatus, len(nodes))
+	for i, name := range nodes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -226,12 +226,14 @@ func AskPools(ctx context.Context, node Node, nodes []string) []transport.PoolSt
 					pools = reply.Pools
 				}
 			}
-			mu.Lock()
-			out = append(out, pools...)
-			mu.Unlock()
+			each[i] = pools
 		}()
 	}
 	wg.Wait()
+	var out []transport.PoolStatus
+	for _, pools := range each {
+		out = append(out, pools...)
+	}
 	slices.SortFunc(out, func(a, b transport.PoolStatus) int {
 		if c := strings.Compare(a.Node, b.Node); c != 0 {
 			return c
