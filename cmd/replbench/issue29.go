@@ -7,7 +7,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"text/tabwriter"
 )
 
 // unitRatioNoSums is a ratio to replvol-nodes-nosums's figure.
@@ -44,16 +43,7 @@ func issue29Goals(rep *report) []issueTarget {
 }
 
 func printIssue29(w io.Writer, ts []issueTarget) {
-	if len(ts) == 0 {
-		return
-	}
-	fmt.Fprintln(w, "issue 29 goals (what checksums at rest cost: replvol-nodes against replvol-nodes-nosums, this run):")
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprint(tw, "  goal\tmeasured\ttarget\tstatus\tnote\n")
-	for _, t := range ts {
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", t.Workload, fmtTargetValue(t), fmtTargetBound(t), t.Status, t.Note)
-	}
-	tw.Flush()
+	printGoals(w, "issue 29 goals (what checksums at rest cost: replvol-nodes against replvol-nodes-nosums, this run):", ts)
 }
 
 // onOff names a setting that is on or off.

@@ -72,10 +72,16 @@ func issue31Goals(rep *report) []issueTarget {
 }
 
 func printIssue31(w io.Writer, ts []issueTarget) {
+	printGoals(w, "issue 31 goals (replvol-nodes, this run; latency ratios: lower is better):", ts)
+}
+
+// printGoals prints an issue's goals under its title (nothing when the
+// run measured none).
+func printGoals(w io.Writer, title string, ts []issueTarget) {
 	if len(ts) == 0 {
 		return
 	}
-	fmt.Fprintln(w, "issue 31 goals (replvol-nodes, this run; latency ratios: lower is better):")
+	fmt.Fprintln(w, title)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprint(tw, "  goal\tmeasured\ttarget\tstatus\tnote\n")
 	for _, t := range ts {

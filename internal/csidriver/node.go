@@ -181,13 +181,9 @@ func (d *Driver) attach(ctx context.Context, volume string) (string, error) {
 // holds (its primary's mount claim) is codes.FailedPrecondition.
 func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
 	volume, staging := req.GetVolumeId(), req.GetStagingTargetPath()
-	switch {
-	case volume == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_id: give the volume's ID")
-	case staging == "":
-		return nil, status.Error(codes.InvalidArgument, "staging_target_path: give the staging path")
-	case req.GetVolumeCapability() == nil:
-		return nil, status.Error(codes.InvalidArgument, "volume_capability: give the volume's capability")
+	if err := required(arg{"volume_id", volume, "the volume's ID"}, arg{"staging_target_path", staging, "the staging path"},
+		arg{"volume_capability", present(req.GetVolumeCapability() != nil), "the volume's capability"}); err != nil {
+		return nil, err
 	}
 	if why := supported(req.GetVolumeCapability()); why != "" {
 		return nil, status.Error(codes.InvalidArgument, why)
@@ -264,11 +260,8 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 // and the loop device go, and the claim goes back to the primary. What is not staged is done.
 func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
 	volume, staging := req.GetVolumeId(), req.GetStagingTargetPath()
-	switch {
-	case volume == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_id: give the volume's ID")
-	case staging == "":
-		return nil, status.Error(codes.InvalidArgument, "staging_target_path: give the staging path")
+	if err := required(arg{"volume_id", volume, "the volume's ID"}, arg{"staging_target_path", staging, "the staging path"}); err != nil {
+		return nil, err
 	}
 	d.nodeMu.Lock()
 	defer d.nodeMu.Unlock()
@@ -302,15 +295,9 @@ func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolu
 // Publishing again what is published there is done; another mount there is AlreadyExists.
 func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	volume, staging, target := req.GetVolumeId(), req.GetStagingTargetPath(), req.GetTargetPath()
-	switch {
-	case volume == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_id: give the volume's ID")
-	case staging == "":
-		return nil, status.Error(codes.InvalidArgument, "staging_target_path: give the staging path (the volume is staged first)")
-	case target == "":
-		return nil, status.Error(codes.InvalidArgument, "target_path: give the target path")
-	case req.GetVolumeCapability() == nil:
-		return nil, status.Error(codes.InvalidArgument, "volume_capability: give the volume's capability")
+	if err := required(arg{"volume_id", volume, "the volume's ID"}, arg{"staging_target_path", staging, "the staging path (the volume is staged first)"},
+		arg{"target_path", target, "the target path"}, arg{"volume_capability", present(req.GetVolumeCapability() != nil), "the volume's capability"}); err != nil {
+		return nil, err
 	}
 	if why := supported(req.GetVolumeCapability()); why != "" {
 		return nil, status.Error(codes.InvalidArgument, why)
@@ -365,11 +352,8 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 // NodeUnpublishVolume unmounts the target path and removes it; what is not published is done.
 func (d *Driver) NodeUnpublishVolume(_ context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
 	volume, target := req.GetVolumeId(), req.GetTargetPath()
-	switch {
-	case volume == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_id: give the volume's ID")
-	case target == "":
-		return nil, status.Error(codes.InvalidArgument, "target_path: give the target path")
+	if err := required(arg{"volume_id", volume, "the volume's ID"}, arg{"target_path", target, "the target path"}); err != nil {
+		return nil, err
 	}
 	d.nodeMu.Lock()
 	defer d.nodeMu.Unlock()
@@ -410,11 +394,8 @@ func (d *Driver) published(ctx context.Context, volume, path string) (string, er
 // NodeGetVolumeStats is the file system's bytes and inodes (statfs), or a block volume's size.
 func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
 	volume, path := req.GetVolumeId(), req.GetVolumePath()
-	switch {
-	case volume == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_id: give the volume's ID")
-	case path == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_path: give the path the volume is at")
+	if err := required(arg{"volume_id", volume, "the volume's ID"}, arg{"volume_path", path, "the path the volume is at"}); err != nil {
+		return nil, err
 	}
 	dev, err := d.published(ctx, volume, path)
 	if err != nil {
@@ -444,11 +425,8 @@ func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 // needs the first.
 func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
 	volume, path := req.GetVolumeId(), req.GetVolumePath()
-	switch {
-	case volume == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_id: give the volume's ID")
-	case path == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_path: give the path the volume is at")
+	if err := required(arg{"volume_id", volume, "the volume's ID"}, arg{"volume_path", path, "the path the volume is at"}); err != nil {
+		return nil, err
 	}
 	d.nodeMu.Lock()
 	defer d.nodeMu.Unlock()
@@ -501,4 +479,27 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is %d bytes on this node, and its %s file system cannot grow online: the kernel asks for %s, which replcsi lacks (run the node plugin's container with it: privileged, or securityContext.capabilities.add %s); %v", volume, size, fs, name, strings.TrimPrefix(name, "CAP_"), err)
 	}
 	return nil, status.Errorf(codes.Internal, "grow the file system of volume %s: %v", volume, err)
+}
+
+// arg is one field of a request that must be given: its name in the CSI
+// spec, its value ("" when missing), and what to give in words.
+type arg struct{ field, value, what string }
+
+// present is a value for arg of a field that is a message: set or not.
+func present(ok bool) string {
+	if ok {
+		return "set"
+	}
+	return ""
+}
+
+// required refuses a request that lacks one of args, naming the first
+// missing (codes.InvalidArgument), as CSI asks.
+func required(args ...arg) error {
+	for _, a := range args {
+		if a.value == "" {
+			return status.Errorf(codes.InvalidArgument, "%s: give %s", a.field, a.what)
+		}
+	}
+	return nil
 }
