@@ -13,7 +13,10 @@
 //     out without the checksum area): what checksums at rest cost, as
 //     ratios of replvol-nodes to it from the same run (issue29.go; goals
 //     >= 0.9x on 8K random writes, >= 0.95x on 1M sequential writes and
-//     on 8K random reads).
+//     on 8K random reads). Once the fio runs are done, the scrub phase
+//     (scrub.go, --scrub) times `replctl scrub` at full rate on its
+//     alpha against a plain sequential read of the same backing file,
+//     both from a dropped page cache, rounds alternating: goal >= 0.8x.
 //   - replvol: `replctl demo --dir D --base-port 0 --size 1GiB`, started as a
 //     child process from a freshly built cmd/replctl. The first stdout line
 //     starting with "nbd://" is the primary's URI; the line "ready" means the

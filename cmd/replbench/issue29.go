@@ -12,6 +12,9 @@ import (
 // unitRatioNoSums is a ratio to replvol-nodes-nosums's figure.
 const unitRatioNoSums = "x checksums off"
 
+// unitRatioRead is a ratio to a plain sequential read of the same file.
+const unitRatioRead = "x plain read"
+
 // issue29Goals judges what checksums cost; a goal whose figures a run did
 // not measure is n/a.
 func issue29Goals(rep *report) []issueTarget {
@@ -39,6 +42,15 @@ func issue29Goals(rep *report) []issueTarget {
 		out = append(out, issueTarget{Workload: g.label, Got: got, Unit: unitRatioNoSums,
 			Target: fmt.Sprintf("%s %g", atLeast, g.bound), Status: judge(got, atLeast, g.bound), Note: note})
 	}
+	var scrub *float64
+	note := notMeasured
+	if s := rep.Scrub; s != nil && s.Ratio != nil {
+		scrub, note = s.Ratio, fmt.Sprintf("scrub %s, read %s MB/s", fmtNum(s.Scrub.Median), fmtNum(s.Read.Median))
+	} else if s != nil && s.Error != "" {
+		note = s.Error
+	}
+	out = append(out, issueTarget{Workload: "scrub at full rate (replvol-nodes' alpha)", Got: scrub, Unit: unitRatioRead,
+		Target: fmt.Sprintf("%s %g", atLeast, scrubGoal), Status: judge(scrub, atLeast, scrubGoal), Note: note})
 	return out
 }
 

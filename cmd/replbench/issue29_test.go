@@ -26,7 +26,8 @@ func TestIssue29GoalsCompareChecksumsOnWithOffInTheSameRun(t *testing.T) {
 	}{
 		{"8K randwrite", "0.90", statusPass}, // the bound is inclusive
 		{"1M seqwrite", "0.90", statusMiss},
-		{"8K randread", "", statusNA}, // no checksums-off row
+		{"8K randread", "", statusNA},        // no checksums-off row
+		{"scrub at full rate", "", statusNA}, // no scrub phase
 	}
 	if len(got) != len(want) {
 		t.Fatalf("%d goals, want %d: %+v", len(got), len(want), got)
@@ -37,12 +38,27 @@ func TestIssue29GoalsCompareChecksumsOnWithOffInTheSameRun(t *testing.T) {
 		if g.Got != nil {
 			value = fmt.Sprintf("%.2f", *g.Got)
 		}
-		if !strings.HasPrefix(g.Workload, w.prefix) || value != w.value || g.Status != w.status || g.Unit != unitRatioNoSums {
+		unit := unitRatioNoSums
+		if i == 3 {
+			unit = unitRatioRead
+		}
+		if !strings.HasPrefix(g.Workload, w.prefix) || value != w.value || g.Status != w.status || g.Unit != unit {
 			t.Errorf("goal %d = %s %q %s %s; want %s %q %s", i, g.Workload, value, g.Status, g.Unit, w.prefix, w.value, w.status)
 		}
 	}
 	if got[2].Note != notMeasured {
 		t.Errorf("an unmeasured goal's note is %q, want %q", got[2].Note, notMeasured)
+	}
+
+	// The scrub phase: its medians' ratio against the plain read.
+	rep.Scrub = &scrubReport{Scrub: mkCell([]float64{700, 800, 900}), Read: mkCell([]float64{1000, 1000, 1100})}
+	rep.Scrub.Ratio = ratioOf(rep.Scrub.Scrub, rep.Scrub.Read)
+	if g := issue29Goals(rep)[3]; g.Got == nil || fmt.Sprintf("%.2f", *g.Got) != "0.80" || g.Status != statusPass || g.Note != "scrub 800, read 1000 MB/s" {
+		t.Errorf("the scrub goal: %+v; want 0.80 (800 over 1000 MB/s), PASS", g)
+	}
+	rep.Scrub = &scrubReport{Error: "replctl scrub: exit status 1"}
+	if g := issue29Goals(rep)[3]; g.Got != nil || g.Status != statusNA || g.Note != rep.Scrub.Error {
+		t.Errorf("a scrub phase that failed: %+v; want n/a with its error", g)
 	}
 
 	rep.Issue29 = got

@@ -192,6 +192,7 @@ type config struct {
 
 	pageCache   string        // cacheDrop or cacheKeep (pagecache.go)
 	fresh       bool          // the fresh sparse-volume phase (fresh.go)
+	scrub       bool          // the scrub phase (scrub.go)
 	profile     bool          // the write profile (cpuprofile.go)
 	idleVolumes int           // idle phase: volumes (0: skip; idle.go)
 	idleWindow  time.Duration // idle phase: how long the CPU is measured
@@ -223,6 +224,7 @@ func run() int {
 	flag.StringVar(&throttleStr, "read-throttle", "50MiB", "read-balancing phase: read bandwidth per second of each node's disk (cgroup blkio/io throttle on a loop device; 0: unthrottled)")
 	flag.StringVar(&cfg.pageCache, "page-cache", cacheDrop, "page-cache state of the targets' files: drop (64 KiB prefill; every target's files written back and dropped from the cache before every run) or keep (1 MiB prefill, the cache as runs leave it)")
 	flag.BoolVar(&cfg.profile, "write-profile", true, "profile the replvol demo's CPU under one more 8K randwrite qd16 run and say where it goes (needs the target replvol)")
+	flag.BoolVar(&cfg.scrub, "scrub", true, "run the scrub phase (replctl scrub at full rate on replvol-nodes' alpha against a plain sequential read of its backing file; needs the target replvol-nodes)")
 	flag.BoolVar(&cfg.fresh, "fresh", true, "run the fresh sparse-volume phase (8K randwrite qd16 into a new replvol demo and a new sparse nbdkit file; needs targets replvol and nbdkit)")
 	flag.IntVar(&cfg.idleVolumes, "idle-volumes", 1000, "idle phase: volumes of 16 MiB on two replnode processes, then their idle CPU and RSS (0: skip)")
 	flag.DurationVar(&cfg.idleWindow, "idle-window", 20*time.Second, "idle phase: how long the idle CPU is measured")
@@ -397,6 +399,7 @@ type report struct {
 	ReadBalancing *readBalanceReport `json:"read_balancing,omitempty"`
 	Failover      *failoverReport    `json:"failover,omitempty"`
 	Fresh         *freshReport       `json:"fresh,omitempty"`
+	Scrub         *scrubReport       `json:"scrub,omitempty"`
 	Profile       *writeProfile      `json:"write_profile,omitempty"`
 	Idle          *idleReport        `json:"idle,omitempty"`
 	// Issue19 is every target of issue 19 with the limit of this
@@ -1027,6 +1030,15 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 			return nil, fmt.Errorf("resync phase: %w%s", err, t.diagnose())
 		}
 		rep.Resync = r
+	}
+	if t, ok := b.targets[tReplvolNodes]; ok && b.cfg.scrub {
+		if err := equalise(); err != nil {
+			return nil, err
+		}
+		rep.Scrub = b.scrubPhase(ctx, t)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
 	}
 	if b.cfg.fresh || b.cfg.readBalancing || b.cfg.failoverRuns > 0 || b.cfg.idleVolumes > 0 {
 		// The fio targets are done: stop them so that they do not share
