@@ -38,8 +38,9 @@ peer (its replication state), then one of kind exists-end; then what happens.
 --since 10m (or a time: 15:04, "2006-01-02 15:04:05", RFC 3339) instead first
 shows the events since then (a node keeps its last 1000). --json prints one
 JSON object per line with the keys time, node, seq, volume, kind, peer, old,
-new, reason and message (empty strings when an event has none; seq is 0 for
-the state lines, which are not recorded).
+new, reason, message, offset and length (empty strings, or 0, when an event
+has none; offset and length are the byte range of block-repaired and
+block-unrecoverable; seq is 0 for the state lines, which are not recorded).
 
 By default the node at --addr is followed; --node follows another node of its
 cluster, --all every node, merged in time order. A node that goes away is
@@ -397,6 +398,10 @@ type eventJSON struct {
 	New     string    `json:"new"`
 	Reason  string    `json:"reason"`
 	Message string    `json:"message"`
+	// Offset and Length are the byte range an event of blocks names
+	// (block-repaired, block-unrecoverable); 0 for the others.
+	Offset int64 `json:"offset"`
+	Length int64 `json:"length"`
 }
 
 func (f *eventFollower) print(e *transport.Event) {
@@ -404,7 +409,7 @@ func (f *eventFollower) print(e *transport.Event) {
 	defer f.mu.Unlock()
 	if f.asJSON {
 		b, err := json.Marshal(eventJSON{Time: e.Time, Node: e.Node, Seq: e.Seq, Volume: e.Volume, Kind: e.Kind,
-			Peer: e.Peer, Old: e.Old, New: e.New, Reason: e.Reason, Message: e.Message})
+			Peer: e.Peer, Old: e.Old, New: e.New, Reason: e.Reason, Message: e.Message, Offset: e.Offset, Length: e.Length})
 		if err == nil {
 			f.out.Write(append(b, '\n'))
 		}

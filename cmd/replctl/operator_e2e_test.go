@@ -122,7 +122,7 @@ func eventLines(t *testing.T, out string) []map[string]any {
 		if err := json.Unmarshal([]byte(l), &e); err != nil {
 			t.Fatalf("events --json printed a line that is not a JSON object: %q (%v)", l, err)
 		}
-		for _, key := range []string{"time", "node", "seq", "volume", "kind", "peer", "old", "new", "reason", "message"} {
+		for _, key := range []string{"time", "node", "seq", "volume", "kind", "peer", "old", "new", "reason", "message", "offset", "length"} {
 			if _, ok := e[key]; !ok {
 				t.Fatalf("event %s has no key %q", l, key)
 			}

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -120,4 +122,57 @@ func TestE2EDemoWithoutChecksums(t *testing.T) {
 		t.Fatalf("replctl scrub vol0 without checksums: %s; want it refused, saying the volume keeps no checksums", r)
 	}
 	qemuIO(t, d.uri, "write -P 0x5a 0 4M", "flush", "read -P 0x5a 0 4M")
+}
+
+// TestE2EARottenBlockOnThePrimaryIsReadRightAndRepaired is issue 29's
+// done-means test of a verified read under a running demo: two bytes
+// flipped inside a written block of the primary's backing file; an NBD
+// read of that block returns the data that was written, an event
+// block-repaired and the replica's repaired_blocks say it came from beta
+// because of its checksum, and the file holds the written bytes again.
+func TestE2EARottenBlockOnThePrimaryIsReadRightAndRepaired(t *testing.T) {
+	e2eBeside(t)
+	RequireTool(t, "qemu-io", "qemu-utils")
+	d := startDemo(t)
+	d.waitInSync("alpha")
+	qemuIO(t, d.uri, "write -P 0x3c 0 1M", "flush")
+	d.waitInSync("alpha")
+
+	since := time.Now().Add(-50 * time.Millisecond).Format(time.RFC3339Nano)
+	events := startBG(t, nil, "events", "--json", "--since", since, "--addr", d.nodes["alpha"].Control)
+	const block = 10
+	flipBlocks(t, d.disk("alpha"), []int64{block})
+	qemuIO(t, d.uri, fmt.Sprintf("read -P 0x3c %d 4096", block*4096))
+
+	events.waitFor("a block-repaired event", 15*time.Second, func() bool {
+		for _, e := range eventLines(t, events.out()) {
+			if e["kind"] == "block-repaired" {
+				return true
+			}
+		}
+		return false
+	})
+	for _, e := range eventLines(t, events.out()) {
+		if e["kind"] != "block-repaired" {
+			continue
+		}
+		if e["peer"] != "beta" || e["reason"] != "checksum" || e["offset"] != float64(block*4096) || e["length"] != float64(4096) {
+			t.Fatalf("block-repaired event %v: want the block at byte %d (4096 bytes) from beta, cause checksum", e, block*4096)
+		}
+	}
+	if in := d.mustStatus("alpha").replica("alpha").Integrity; in == nil || in.RepairedBlocks != 1 {
+		t.Fatalf("replctl status --json: alpha's integrity %+v; want repaired_blocks 1", in)
+	}
+	f, err := os.Open(d.disk("alpha"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	got := make([]byte, 4096)
+	if _, err := f.ReadAt(got, block*4096); err != nil {
+		t.Fatal(err)
+	}
+	if want := bytes.Repeat([]byte{0x3c}, 4096); !bytes.Equal(got, want) {
+		t.Fatal("alpha's backing file does not hold the written block again")
+	}
 }
