@@ -658,3 +658,25 @@ func TestAClusterWhoseGossipCannotStartFailsToOpenAndCleansUp(t *testing.T) {
 	}
 	t.Logf("Open: %v", err)
 }
+
+// TestABarrierWaitsOutALeadershipTransfer: a leader handing its office
+// over refuses barriers while the transfer runs; a Barrier asked then
+// (a volume create or delete, which the control API answers Unavailable
+// on any other error) waits it out and ends either taken, with this node
+// leading on, or with ErrLeadershipChanged, which the control API asks
+// the next leader again for.
+func TestABarrierWaitsOutALeadershipTransfer(t *testing.T) {
+	n, leader := threeNodes(t)
+	ctx := testContext(t, 20*time.Second)
+	for range 5 {
+		transfer := leader.raft.LeadershipTransfer()
+		_, err := leader.Barrier(ctx)
+		if errors.Is(err, raft.ErrLeadershipTransferInProgress) || err != nil && !errors.Is(err, ErrLeadershipChanged) {
+			t.Fatalf("a barrier during a leadership transfer: %v; want it taken or ErrLeadershipChanged", err)
+		}
+		if err := transfer.Error(); err != nil {
+			t.Logf("the transfer: %v", err)
+		}
+		leader = n.waitLeader(t)
+	}
+}

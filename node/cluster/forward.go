@@ -414,7 +414,24 @@ func (c *Cluster) Barrier(ctx context.Context) (office time.Time, err error) {
 	if office.IsZero() {
 		return office, fmt.Errorf("%w: %s does not lead", ErrLeadershipChanged, c.self)
 	}
-	if err := c.barrier(ctx); err != nil {
+	err = c.barrier(ctx)
+	// A leader that hands its office over (a leadership transfer)
+	// refuses barriers meanwhile: the barrier is asked again every
+	// transferRetry until the transfer ends, when this node leads on
+	// (the barrier is taken) or another does (errNotLeader), or ctx
+	// ends. (The leases' and promotions' barriers fail at once instead:
+	// their callers retry on their own schedule.)
+	for errors.Is(err, raft.ErrLeadershipTransferInProgress) {
+		t := c.raftTime.NewTimer(transferRetry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return office, fmt.Errorf("%w (%w)", err, context.Cause(ctx))
+		case <-t.C():
+		}
+		err = c.barrier(ctx)
+	}
+	if err != nil {
 		if errors.Is(err, errNotLeader) {
 			err = fmt.Errorf("%w: %w", ErrLeadershipChanged, err)
 		}
@@ -422,6 +439,10 @@ func (c *Cluster) Barrier(ctx context.Context) (office time.Time, err error) {
 	}
 	return office, nil
 }
+
+// transferRetry is how often Barrier asks again a barrier refused for a
+// leadership transfer under way.
+const transferRetry = 50 * time.Millisecond
 
 // barrier commits an empty entry in this leader's term and waits until
 // the state machine applied everything before it: a majority accepted
