@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/internal/mounttree"
+	"github.com/replvol/replvol/internal/poll"
 )
 
 // TestBlockDeviceUsersFindsTheProcessesAndMountsOfALoopDevice: a real loop device is used by
@@ -51,8 +52,14 @@ func TestBlockDeviceUsersFindsTheProcessesAndMountsOfALoopDevice(t *testing.T) {
 	if _, err := stdout.Read(make([]byte, 6)); err != nil {
 		t.Fatal(err)
 	}
-	u, err := blockDeviceUsers(loop, "")
-	if want := fmt.Sprintf("process %d (sleep)", holder.Process.Pid); err != nil || !slices.Contains(u.Processes, want) || len(u.Mounts) != 0 {
+	// "ready" comes from the shell before it execs sleep: the process is
+	// named sleep once the exec is done.
+	var u deviceUsers
+	want := fmt.Sprintf("process %d (sleep)", holder.Process.Pid)
+	if !poll.Within(10*time.Second, 10*time.Millisecond, func() bool {
+		u, err = blockDeviceUsers(loop, "")
+		return err == nil && slices.Contains(u.Processes, want)
+	}) || len(u.Mounts) != 0 {
 		t.Fatalf("a loop device a process holds open: %+v, %v; want %s among its processes", u, err, want)
 	}
 	_ = holder.Process.Kill()
