@@ -680,3 +680,40 @@ func TestABarrierWaitsOutALeadershipTransfer(t *testing.T) {
 		leader = n.waitLeader(t)
 	}
 }
+
+// TestACommandWaitsOutALeadershipTransfer: a leader handing its office
+// over refuses commands while the transfer runs, before they reach its
+// log; a volume create asked then (ProposeAsLeader in the office the
+// create's barrier saw, or Propose through any node) waits it out and
+// ends applied or with ErrLeadershipChanged, never with the transfer's
+// refusal.
+func TestACommandWaitsOutALeadershipTransfer(t *testing.T) {
+	n, leader := threeNodes(t)
+	ctx := testContext(t, 30*time.Second)
+	for i := range 4 {
+		office := leader.LeadingSince()
+		transfer := leader.raft.LeadershipTransfer()
+		def := replication.CreatedVolume{Name: fmt.Sprintf("pvc%d", i), Size: 4096, Pool: "default", Protocol: "C", Nodes: []string{"a", "b"}}
+		_, err := leader.ProposeAsLeader(ctx, replication.CreateVolumeCommand(def), office)
+		if err != nil && !errors.Is(err, ErrLeadershipChanged) {
+			t.Fatalf("ProposeAsLeader during a leadership transfer: %v; want it applied or ErrLeadershipChanged", err)
+		}
+		if err := transfer.Error(); err != nil {
+			t.Logf("the transfer: %v", err)
+		}
+		leader = n.waitLeader(t)
+
+		transfer = leader.raft.LeadershipTransfer()
+		def.Name = fmt.Sprintf("pvc%d-any", i)
+		if _, err := n.follower(t, leader).Propose(ctx, replication.CreateVolumeCommand(def)); err != nil {
+			t.Fatalf("Propose during a leadership transfer: %v; want it applied", err)
+		}
+		if _, ok := leader.Authority().Created(def.Name); !ok {
+			waitFor(t, def.Name+" recorded", 5*time.Second, func() bool { _, ok := leader.Authority().Created(def.Name); return ok })
+		}
+		if err := transfer.Error(); err != nil {
+			t.Logf("the transfer: %v", err)
+		}
+		leader = n.waitLeader(t)
+	}
+}

@@ -257,15 +257,26 @@ func (c *Cluster) toLeader(ctx context.Context, req ForwardRequest) (ForwardRepl
 // otherwise hold the request until ctx ends, although a new leader is
 // elected within an election timeout.
 func (c *Cluster) forwardTo(ctx context.Context, leader string, req ForwardRequest) (ForwardReply, error) {
-	fctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	fctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	go func() {
 		if c.waitLeaderOtherThan(fctx, leader) == nil {
-			cancel()
+			cancel(errLeaderMoved)
 		}
 	}()
-	return c.cfg.Forward(fctx, leader, req)
+	reply, err := c.cfg.Forward(fctx, leader, req)
+	if err == nil && reply.Err() != nil && errors.Is(context.Cause(fctx), errLeaderMoved) {
+		// The leader may have answered only because the call was given
+		// up (a command waiting out a leadership transfer ends so): the
+		// sender asks the next leader.
+		err = fmt.Errorf("%w: %w", errLeaderMoved, reply.Err())
+	}
+	return reply, err
 }
+
+// errLeaderMoved: a forwarded request was given up because the sender
+// saw another leader (or none).
+var errLeaderMoved = errors.New("the sender saw the leadership move")
 
 // HandleForward runs a forwarded request on this node, the leader. Its
 // errors travel in the reply; a node that is not (any more) the leader
@@ -365,7 +376,7 @@ func (c *Cluster) proposeIn(ctx context.Context, cmd replication.AuthorityComman
 		return replication.VolumeAuthority{}, errNotLeader
 	}
 	if cmd.Op != replication.OpPromote {
-		return c.apply(ctx, cmd)
+		return c.applyInOffice(ctx, cmd, inOffice)
 	}
 	// A promotion: with the state machine current (barrier), a command
 	// its rules refuse is refused now, without waiting for a lease.
@@ -386,7 +397,25 @@ func (c *Cluster) proposeIn(ctx context.Context, cmd replication.AuthorityComman
 	if !inOffice() {
 		return replication.VolumeAuthority{}, errNotLeader
 	}
-	return c.apply(ctx, cmd)
+	return c.applyInOffice(ctx, cmd, inOffice)
+}
+
+// applyInOffice applies cmd while inOffice holds. A leader handing its
+// office over (a leadership transfer) refuses commands meanwhile, before
+// they reach its log, so the command is asked again every transferRetry
+// until the transfer ends: applied when this node leads on in the office,
+// errNotLeader when it does not, or ctx's end.
+func (c *Cluster) applyInOffice(ctx context.Context, cmd replication.AuthorityCommand, inOffice func() bool) (replication.VolumeAuthority, error) {
+	var va replication.VolumeAuthority
+	err := c.untilTransferEnds(ctx, func() error {
+		if !inOffice() {
+			return errNotLeader
+		}
+		var err error
+		va, err = c.apply(ctx, cmd)
+		return err
+	})
+	return va, err
 }
 
 // apply commits cmd through raft on this node, the leader, and returns
@@ -414,23 +443,12 @@ func (c *Cluster) Barrier(ctx context.Context) (office time.Time, err error) {
 	if office.IsZero() {
 		return office, fmt.Errorf("%w: %s does not lead", ErrLeadershipChanged, c.self)
 	}
-	err = c.barrier(ctx)
 	// A leader that hands its office over (a leadership transfer)
-	// refuses barriers meanwhile: the barrier is asked again every
-	// transferRetry until the transfer ends, when this node leads on
-	// (the barrier is taken) or another does (errNotLeader), or ctx
-	// ends. (The leases' and promotions' barriers fail at once instead:
-	// their callers retry on their own schedule.)
-	for errors.Is(err, raft.ErrLeadershipTransferInProgress) {
-		t := c.raftTime.NewTimer(transferRetry)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return office, fmt.Errorf("%w (%w)", err, context.Cause(ctx))
-		case <-t.C():
-		}
-		err = c.barrier(ctx)
-	}
+	// refuses barriers meanwhile: the barrier waits the transfer out,
+	// and is taken when this node leads on or refused (errNotLeader)
+	// when another does. (The leases' and promotions' barriers fail at
+	// once instead: their callers retry on their own schedule.)
+	err = c.untilTransferEnds(ctx, func() error { return c.barrier(ctx) })
 	if err != nil {
 		if errors.Is(err, errNotLeader) {
 			err = fmt.Errorf("%w: %w", ErrLeadershipChanged, err)
@@ -440,9 +458,28 @@ func (c *Cluster) Barrier(ctx context.Context) (office time.Time, err error) {
 	return office, nil
 }
 
-// transferRetry is how often Barrier asks again a barrier refused for a
-// leadership transfer under way.
+// transferRetry is how often a barrier or a command refused for a
+// leadership transfer under way is asked again.
 const transferRetry = 50 * time.Millisecond
+
+// untilTransferEnds runs try, and again every transferRetry while it is
+// refused for a leadership transfer under way (raft refuses barriers and
+// commands then before they reach its log: asking again is safe), until
+// it answers otherwise or ctx ends.
+func (c *Cluster) untilTransferEnds(ctx context.Context, try func() error) error {
+	err := try()
+	for errors.Is(err, raft.ErrLeadershipTransferInProgress) {
+		t := c.raftTime.NewTimer(transferRetry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w (%w)", err, context.Cause(ctx))
+		case <-t.C():
+		}
+		err = try()
+	}
+	return err
+}
 
 // barrier commits an empty entry in this leader's term and waits until
 // the state machine applied everything before it: a majority accepted
