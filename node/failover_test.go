@@ -472,3 +472,41 @@ func TestAPrimaryForcedWithoutAQuorumKeepsItsWritesWhenRaftReturns(t *testing.T)
 		t.Fatalf("beta reads back its write: %v", err)
 	}
 }
+
+// TestASwitchoverTheClusterFinishedFirstSucceeds: alpha hands vol0 over
+// to beta, and before the switchover asks raft to record beta, the
+// cluster promotes beta itself (as a failover does when alpha's lease
+// runs out during the handover; CI's loaded run saw it). The operator
+// asked for beta and beta is primary: the switchover succeeds, at the
+// cluster's epoch, and does not give the volume back to alpha.
+func TestASwitchoverTheClusterFinishedFirstSucceeds(t *testing.T) {
+	c := startRaftServing(t, 8<<20)
+	ctx := context.Background()
+	w := c.nodes["wit"]
+	r := &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Timeout: 10 * time.Second}
+	oldAPI, err := w.peerAPI("alpha")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := oldAPI.Demote(ctx, &transport.DemoteRequest{Volume: "vol0", To: "beta", Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatalf("alpha's handover: %v", err)
+	}
+	if _, err := w.cl.c.Propose(ctx, replication.MarkUpToDateCommand("vol0", d.Epoch, "beta")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.cl.c.Propose(ctx, replication.PromoteCommand("vol0", d.Epoch, "beta", false)); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := w.switchoverByRaft(ctx, r, "alpha", d, oldAPI)
+	if err != nil {
+		t.Fatalf("a switchover the cluster finished first: %v", err)
+	}
+	if rep.Primary != "beta" || rep.Epoch != d.Epoch+1 {
+		t.Fatalf("switchover answered %+v; want beta at epoch %d", rep, d.Epoch+1)
+	}
+	eventually(t, func() bool { return c.vol("beta").WriteAt(ctx, pattern(2, 4096), 0, false) == nil }, "beta serves")
+	if st := c.vol("alpha").status(); st.Role == string(replication.Primary) {
+		t.Fatalf("alpha took the volume back: %+v", st)
+	}
+}

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -135,10 +136,17 @@ func (n *Node) switchoverByRaft(ctx context.Context, r *transport.PrimaryRequest
 	// The old primary stopped its IO and found r.Node holding every
 	// write: raft may know that before it is told the reconnection
 	// finished.
-	_, err := n.cl.c.Propose(ctx, replication.MarkUpToDateCommand(r.Volume, d.Epoch, r.Node))
-	var va replication.VolumeAuthority
+	va, err := n.cl.c.Propose(ctx, replication.MarkUpToDateCommand(r.Volume, d.Epoch, r.Node))
 	if err == nil {
 		va, err = n.cl.c.Propose(ctx, replication.PromoteCommand(r.Volume, d.Epoch, r.Node, false))
+	}
+	if errors.Is(err, replication.ErrStaleEpoch) && va.Primary == r.Node && va.Epoch > d.Epoch {
+		// The cluster promoted r.Node itself meanwhile (the old
+		// primary's lease ran out during the handover, say): what the
+		// operator asked for is done, and the old primary, which
+		// handed over, stays a secondary.
+		n.log.Info("switchover: the cluster made the node primary first", "volume", r.Volume, "node", r.Node, "epoch", va.Epoch)
+		err = nil
 	}
 	if err != nil {
 		msg := err.Error()
