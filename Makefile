@@ -171,7 +171,7 @@ NFPM        ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@$(NFPM_VERSION)
 DEB_ARCH    ?= $(shell $(GO) env GOARCH)
 
 static:
-	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -ldflags '$(LDFLAGS)' -o $(BUILD)/bin/ ./cmd/replnode ./cmd/replctl
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -ldflags '$(LDFLAGS)' -o $(BUILD)/bin/ ./cmd/replnode ./cmd/replctl ./cmd/replcsi
 
 build: static
 	rm -rf $(BUILD)/man $(BUILD)/completion
@@ -188,7 +188,7 @@ install: build
 		$(DESTDIR)$(DOCDIR) $(DESTDIR)$(SYSCONFDIR)/replvol \
 		$(DESTDIR)$(BASHCOMPDIR) $(DESTDIR)$(ZSHCOMPDIR) $(DESTDIR)$(FISHCOMPDIR)
 	install -d -m 0700 $(DESTDIR)$(STATEDIR)
-	install -m 0755 $(BUILD)/bin/replnode $(BUILD)/bin/replctl $(DESTDIR)$(BINDIR)/
+	install -m 0755 $(BUILD)/bin/replnode $(BUILD)/bin/replctl $(BUILD)/bin/replcsi $(DESTDIR)$(BINDIR)/
 	sed -e 's|/usr/local/bin/replnode|$(BINDIR)/replnode|' \
 		-e 's|/usr/share/doc/replvol/|$(DOCDIR)/|g' \
 		-e 's|/etc/replvol/|$(SYSCONFDIR)/replvol/|g' \

@@ -15,6 +15,8 @@ import (
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/node"
 	"gopkg.in/yaml.v3"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 )
 
 // composeFile is the part of deploy/compose.yaml the test checks.
@@ -203,7 +205,7 @@ func TestTheDockerfileBuildsStaticBinaries(t *testing.T) {
 	out := t.TempDir()
 	cmd := strings.ReplaceAll(build, "/out/", out+"/")
 	mustRun(t, "the Dockerfile's build", repoRoot(t), 10*time.Minute, []string{"VERSION=9.9.9-test"}, "sh", "-c", cmd)
-	for _, bin := range []string{"replnode", "replctl"} {
+	for _, bin := range []string{"replnode", "replctl", "replcsi"} {
 		path := filepath.Join(out, bin)
 		f, err := elf.Open(path)
 		if err != nil {
@@ -230,5 +232,129 @@ func TestTheDockerfileBuildsStaticBinaries(t *testing.T) {
 	v := mustRun(t, "replctl --version", "", 10*time.Second, nil, filepath.Join(out, "replctl"), "--version")
 	if !strings.Contains(v, "revision "+head[:12]) || strings.HasPrefix(v, "replctl dev") || strings.HasPrefix(v, "replctl 0.0.0+container") {
 		t.Errorf("replctl built as the Dockerfile builds it, without VERSION: %q; want the release and the revision %s of the checkout", v, head[:12])
+	}
+}
+
+// dockerStage is one stage of a Dockerfile: its base, its name (AS) and
+// its instructions.
+type dockerStage struct {
+	from, name string
+	lines      []string
+}
+
+// dockerStages splits a Dockerfile into its stages (continuation lines
+// joined).
+func dockerStages(text string) []dockerStage {
+	var stages []dockerStage
+	joined := strings.ReplaceAll(text, "\\\n", " ")
+	for _, line := range strings.Split(joined, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || strings.HasPrefix(f[0], "#") {
+			continue
+		}
+		if f[0] == "FROM" && len(f) >= 2 {
+			st := dockerStage{from: f[1]}
+			if len(f) >= 4 && strings.EqualFold(f[2], "AS") {
+				st.name = f[3]
+			}
+			stages = append(stages, st)
+			continue
+		}
+		if len(stages) > 0 {
+			stages[len(stages)-1].lines = append(stages[len(stages)-1].lines, strings.Join(f, " "))
+		}
+	}
+	return stages
+}
+
+// copiedFromBuild lists the files a stage copies from the build stage's
+// /out/, by name, and where to.
+func (s dockerStage) copiedFromBuild() (names []string, dest string) {
+	for _, l := range s.lines {
+		f := strings.Fields(l)
+		if len(f) < 4 || f[0] != "COPY" || f[1] != "--from=build" {
+			continue
+		}
+		for _, src := range f[2 : len(f)-1] {
+			if name, ok := strings.CutPrefix(src, "/out/"); ok && name != "state" {
+				names = append(names, name)
+				dest = f[len(f)-1]
+			}
+		}
+	}
+	return names, dest
+}
+
+// The Dockerfile builds replcsi with replnode and replctl: the default
+// image carries all three, and the stage replcsi (docker build --target
+// replcsi), which deploy/kubernetes runs, carries replcsi and the replctl
+// it runs in /usr/bin, on a base with the tools its node service runs,
+// with replcsi as its entry point. Every container of deploy/kubernetes
+// that runs the image replvol/replcsi runs /usr/bin/replcsi.
+func TestTheDockerfileShipsReplcsiForTheKubernetesManifests(t *testing.T) {
+	raw, err := os.ReadFile("../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stages := dockerStages(string(raw))
+	if len(stages) < 3 {
+		t.Fatalf("the Dockerfile has stages %+v, want a builder, replcsi and the final one", stages)
+	}
+	final := stages[len(stages)-1]
+	if bins, dest := final.copiedFromBuild(); dest != "/usr/bin/" || !slices.Contains(bins, "replnode") || !slices.Contains(bins, "replctl") || !slices.Contains(bins, "replcsi") {
+		t.Errorf("the default image copies %v to %s, want replnode, replctl and replcsi in /usr/bin/", bins, dest)
+	}
+	var csi *dockerStage
+	for i := range stages {
+		if stages[i].name == "replcsi" {
+			csi = &stages[i]
+		}
+	}
+	if csi == nil {
+		t.Fatal("the Dockerfile has no stage named replcsi (docker build --target replcsi)")
+	}
+	if strings.HasPrefix(csi.from, "gcr.io/distroless/") || csi.from == "scratch" {
+		t.Errorf("the stage replcsi is FROM %s: its node service runs mount, losetup, mkfs and fusermount, which need a base with them", csi.from)
+	}
+	if bins, dest := csi.copiedFromBuild(); dest != "/usr/bin/" || !slices.Contains(bins, "replcsi") || !slices.Contains(bins, "replctl") {
+		t.Errorf("the stage replcsi copies %v to %s, want replcsi and replctl in /usr/bin/ (replcsi runs the replctl beside it)", bins, dest)
+	}
+	text := strings.Join(csi.lines, "\n")
+	for _, pkg := range []string{"util-linux", "mount", "e2fsprogs", "xfsprogs", "fuse3"} {
+		if !regexp.MustCompile(`(?m)^RUN .*apt-get install .*\b` + regexp.QuoteMeta(pkg) + `\b`).MatchString(text) {
+			t.Errorf("the stage replcsi does not install %s", pkg)
+		}
+	}
+	if !slices.Contains(csi.lines, `ENTRYPOINT ["/usr/bin/replcsi"]`) {
+		t.Errorf("the stage replcsi's entry point is not /usr/bin/replcsi: %q", csi.lines)
+	}
+
+	objs, errs := decodeManifests("kubernetes")
+	for _, err := range errs {
+		t.Error(err)
+	}
+	runs := 0
+	for _, o := range objs {
+		var spec *corev1.PodSpec
+		switch o := o.(type) {
+		case *appsv1.Deployment:
+			spec = &o.Spec.Template.Spec
+		case *appsv1.DaemonSet:
+			spec = &o.Spec.Template.Spec
+		default:
+			continue
+		}
+		for _, c := range spec.Containers {
+			if imageName(c.Image) != "replvol/replcsi" {
+				continue
+			}
+			runs++
+			if !slices.Equal(c.Command, []string{"/usr/bin/replcsi"}) {
+				t.Errorf("container %s runs the image replvol/replcsi with command %q, want [/usr/bin/replcsi]", c.Name, c.Command)
+			}
+		}
+	}
+	if runs != 2 {
+		t.Errorf("%d containers run the image replvol/replcsi, want 2 (the controller and the node plugin)", runs)
 	}
 }

@@ -14,6 +14,7 @@ import (
 var debFiles = []string{
 	"/usr/bin/replnode",
 	"/usr/bin/replctl",
+	"/usr/bin/replcsi",
 	"/lib/systemd/system/replnode.service",
 	"/lib/systemd/system/replvol-mount@.service",
 	"/etc/replvol/cluster.example.yaml",
@@ -126,7 +127,7 @@ func TestTheDebInstallsAndItsUnitVerifies(t *testing.T) {
 	if !strings.Contains(debVersion, head[:7]) && !regexp.MustCompile(`^[0-9]+\.[0-9]+\.[0-9]+`).MatchString(debVersion) || strings.HasPrefix(debVersion, "0.0.0+") {
 		t.Errorf("the package's version %s names neither a tag nor the commit %s", debVersion, head[:7])
 	}
-	for _, bin := range []string{"replctl", "replnode"} {
+	for _, bin := range []string{"replctl", "replnode", "replcsi"} {
 		v := mustRun(t, bin+" --version", "", 10*time.Second, nil, "/usr/bin/"+bin, "--version")
 		t.Logf("%s --version: %s", bin, strings.TrimSpace(v))
 		if !strings.HasPrefix(v, bin+" "+debVersion+" (") || !strings.Contains(v, "revision "+head[:12]) {

@@ -19,6 +19,7 @@ func TestMakeInstallHonoursDestdirAndPrefix(t *testing.T) {
 	for _, f := range []string{
 		"opt/replvol/bin/replnode",
 		"opt/replvol/bin/replctl",
+		"opt/replvol/bin/replcsi",
 		"opt/replvol/lib/systemd/system/replnode.service",
 		"opt/replvol/lib/systemd/system/replvol-mount@.service",
 		"opt/replvol/share/man/man1/replctl.1.gz",
@@ -35,6 +36,10 @@ func TestMakeInstallHonoursDestdirAndPrefix(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dest, f)); err != nil {
 			t.Errorf("make install: %v", err)
 		}
+	}
+	// replcsi, the CSI driver, is installed beside the replctl it runs.
+	if v := run("", 10*time.Second, nil, filepath.Join(dest, "opt/replvol/bin/replcsi"), "--version"); !v.ok() || !strings.HasPrefix(v.out, "replcsi ") {
+		t.Errorf("the installed replcsi --version: %s", v)
 	}
 	unit, err := os.ReadFile(filepath.Join(dest, "opt/replvol/lib/systemd/system/replnode.service"))
 	if err != nil {

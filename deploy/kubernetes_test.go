@@ -134,6 +134,11 @@ func TestTheKubernetesManifestsDecodeStrictly(t *testing.T) {
 				sidecars = append(sidecars, imageName(c.Image))
 			}
 		case *appsv1.DaemonSet:
+			// Its pod's restart ends the host's attachments: no rolling update
+			// may restart it.
+			if o.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType {
+				t.Errorf("DaemonSet %s updates with %q, want OnDelete: a rolling update would end the attachments of every host", o.Name, o.Spec.UpdateStrategy.Type)
+			}
 			for _, c := range o.Spec.Template.Spec.Containers {
 				sidecars = append(sidecars, imageName(c.Image))
 				if c.SecurityContext != nil && c.SecurityContext.Privileged != nil && *c.SecurityContext.Privileged {

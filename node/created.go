@@ -123,7 +123,7 @@ func (n *Node) createVolume(ctx context.Context, r *transport.VolumeCreateReques
 	case err != nil:
 		return nil, err
 	}
-	def := replication.CreatedVolume{Name: r.Name, Size: r.Size, Pool: r.Pool, Protocol: r.Protocol, Nodes: chosen}
+	def := replication.CreatedVolume{Name: r.Name, Size: r.Size, Pool: r.Pool, Protocol: r.Protocol, Nodes: chosen, RequestID: r.RequestID}
 	if _, err := n.cl.c.ProposeAsLeader(ctx, replication.CreateVolumeCommand(def), office); err != nil {
 		if errors.Is(err, replication.ErrVolumeExists) {
 			// Another create of the name was recorded meanwhile, here:
@@ -153,10 +153,14 @@ func leaderError(volume string, err error) error {
 
 // createdAlready answers a create of a name raft records: the same
 // definition is a retry, and succeeds without change; another is
-// refused.
+// refused. Made under the request's own ID, the record is this create's:
+// its first answer was cut off (a leader change between the record and
+// the answer), and this one says, as that would have, that it was
+// created.
 func (n *Node) createdAlready(def replication.CreatedVolume, r *transport.VolumeCreateRequest) (*transport.VolumeCreateReply, error) {
 	if def.Size == r.Size && def.Pool == r.Pool && def.Protocol == r.Protocol && len(def.Nodes) == r.Replicas {
-		return &transport.VolumeCreateReply{Volume: n.createdInfo(def, n.cl.c.Authority())}, nil
+		mine := def.RequestID != "" && def.RequestID == r.RequestID
+		return &transport.VolumeCreateReply{Volume: n.createdInfo(def, n.cl.c.Authority()), Created: mine}, nil
 	}
 	return nil, status.Errorf(codes.AlreadyExists, "a volume %s exists with another definition (%s; asked: %d bytes in pool %s, %d replicas, protocol %s): choose another name, or delete it first",
 		r.Name, def.Describe(), r.Size, r.Pool, r.Replicas, r.Protocol)

@@ -206,3 +206,69 @@ func TestADeleteOfAMountedVolumeIsRefused(t *testing.T) {
 		t.Fatalf("delete once unmounted: %+v, %v", r, err)
 	}
 }
+
+// TestACreatedVolumeAskedAgainOfTheNextLeaderSaysItWasCreated: a create
+// whose answer a raft leader change cut off is asked again, under the
+// request ID its caller chose once, of the next leader. That leader
+// finds the record the first one made, and answers as the first would
+// have: created. A create of the same definition under another ID (or
+// none) did not make the volume: it says the volume existed, and changes
+// nothing.
+func TestACreatedVolumeAskedAgainOfTheNextLeaderSaysItWasCreated(t *testing.T) {
+	c := newPoolCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	req := transport.VolumeCreateRequest{Name: "pvc1", Size: 4 << 20, RequestID: transport.NewRequestID()}
+	first, err := c.nodes["wit"].api.VolumeCreate(ctx, &req)
+	if err != nil || !first.Created {
+		t.Fatalf("create: %+v, %v", first, err)
+	}
+	recorder, _ := c.nodes["wit"].leader()
+	if recorder == "" {
+		t.Fatal("no raft leader after the create")
+	}
+	// The leadership moves to a node that is neither the leader that
+	// recorded the create nor pvc1's primary (a data primary hands the
+	// leadership on by itself, and a transfer of ours may then meet its
+	// own: it is asked again until another node leads).
+	to := ""
+	for _, name := range []string{"wit", "alpha", "beta"} {
+		if name != recorder && name != first.Volume.Replicas[0] {
+			to = name
+		}
+	}
+	for deadline := time.Now().Add(time.Minute); ; {
+		if l, _ := c.nodes["wit"].leader(); l != "" && l != recorder {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still leads a minute after the transfers began", recorder)
+		}
+		tctx, tcancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := c.nodes[recorder].cl.c.TransferLeadership(tctx, to); err != nil {
+			t.Logf("transfer the leadership from %s to %s: %v", recorder, to, err)
+			time.Sleep(100 * time.Millisecond)
+		}
+		tcancel()
+	}
+
+	for _, via := range []string{"alpha", "beta", "wit"} {
+		again := req
+		reply, err := c.nodes[via].api.VolumeCreate(ctx, &again)
+		if err != nil || !reply.Created || reply.Volume.Size != first.Volume.Size {
+			t.Fatalf("the create asked again under its request ID, through %s: %+v, %v; want created, as its first answer said", via, reply, err)
+		}
+	}
+	for _, id := range []string{transport.NewRequestID(), ""} {
+		other := req
+		other.RequestID = id
+		reply, err := c.nodes["beta"].api.VolumeCreate(ctx, &other)
+		if err != nil || reply.Created {
+			t.Fatalf("another create of pvc1 (request ID %q): %+v, %v; want it to say pvc1 existed", id, reply, err)
+		}
+	}
+	def, ok := c.nodes["wit"].cl.c.Authority().Created("pvc1")
+	if !ok || def.RequestID != req.RequestID || def.Size != 4<<20 {
+		t.Fatalf("raft records %+v, %v; want pvc1 as the first create made it", def, ok)
+	}
+}

@@ -28,10 +28,16 @@ type CreatedVolume struct {
 	// machine as it applies it): it tells one volume of a name from an
 	// earlier one that was deleted.
 	Index uint64 `json:"index,omitempty"`
+	// RequestID is the ID the caller chose once for its create
+	// (transport.VolumeCreateRequest.RequestID; "" in a record of a
+	// version without it, or a caller that gave none). A create asked
+	// again under the same ID, after a leader change cut off its answer,
+	// finds its own record by it and answers as the first would have.
+	RequestID string `json:"request_id,omitempty"`
 }
 
 // Same reports whether c and o define the same volume (wherever in the
-// log each was recorded).
+// log each was recorded, whichever request asked for it).
 func (c CreatedVolume) Same(o CreatedVolume) bool {
 	return c.Name == o.Name && c.Size == o.Size && c.Pool == o.Pool && c.Protocol == o.Protocol && slices.Equal(c.Nodes, o.Nodes)
 }
@@ -77,8 +83,10 @@ const (
 var ErrVolumeExists = errors.New("a volume of that name exists")
 
 // CreateVolumeCommand records a volume created at run time. A volume of
-// that name with the same definition changes nothing (a retry); another
-// definition fails with ErrVolumeExists.
+// that name with the same definition and the same RequestID changes
+// nothing (a retry); another definition, or the same one under another
+// RequestID (another caller's create, which did not make the volume),
+// fails with ErrVolumeExists and changes nothing either.
 func CreateVolumeCommand(def CreatedVolume) AuthorityCommand {
 	d := def.clone()
 	return AuthorityCommand{Op: OpCreateVolume, Volume: def.Name, Create: &d}
@@ -120,9 +128,13 @@ func (a Authority) applyCreated(cmd AuthorityCommand) (Authority, VolumeAuthorit
 			return a, VolumeAuthority{}, fmt.Errorf("%w: %v", ErrBadCommand, err)
 		}
 		if known {
-			if cur.Same(*cmd.Create) {
+			if cur.Same(*cmd.Create) && cur.RequestID == cmd.Create.RequestID {
 				return a, VolumeAuthority{}, nil
 			}
+			// The same definition under another ID is refused too, so that
+			// its proposer does not say it made the volume: the state is
+			// unchanged either way, so a node of a version that ignores the
+			// ID and takes the create as a retry agrees with this one.
 			return a, VolumeAuthority{}, fmt.Errorf("%w: %s is %s", ErrVolumeExists, cmd.Volume, cur.Describe())
 		}
 		if _, has := a.Volumes[cmd.Volume]; has {

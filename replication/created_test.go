@@ -34,6 +34,55 @@ func TestCreatedVolumesAreRecordedAndForgotten(t *testing.T) {
 			t.Fatalf("got %v, %d volumes", err, len(a2.Creates))
 		}
 	})
+	t.Run("the same create under the same request ID changes nothing", func(t *testing.T) {
+		asked := def
+		asked.RequestID = "7f3a"
+		b1, _, err := a.Apply(CreateVolumeCommand(asked))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := b1.Created("pvc1"); got.RequestID != "7f3a" {
+			t.Fatalf("the record holds request ID %q, want 7f3a", got.RequestID)
+		}
+		b2, _, err := b1.Apply(CreateVolumeCommand(asked))
+		if err != nil || len(b2.Creates) != 1 {
+			t.Fatalf("the create again under its ID: %v, %d volumes; want a retry that changes nothing", err, len(b2.Creates))
+		}
+		// Another caller's create of the same definition did not make
+		// the volume: it is refused, so that it does not say it did, and
+		// the record stays the first caller's.
+		another := def
+		another.RequestID = "91c0"
+		b3, _, err := b1.Apply(CreateVolumeCommand(another))
+		if !errors.Is(err, ErrVolumeExists) {
+			t.Fatalf("the same definition under another request ID: %v, want ErrVolumeExists", err)
+		}
+		if got, _ := b3.Created("pvc1"); got.RequestID != "7f3a" {
+			t.Fatalf("after the refused create the record holds request ID %q, want 7f3a", got.RequestID)
+		}
+		if _, _, err := b1.Apply(CreateVolumeCommand(def)); !errors.Is(err, ErrVolumeExists) {
+			t.Fatalf("the same definition without a request ID: %v, want ErrVolumeExists", err)
+		}
+	})
+	t.Run("a create of an older version, without a request ID, decodes and is retried as before", func(t *testing.T) {
+		// A log entry as a version without request IDs wrote it.
+		old := []byte(`{"op":"create-volume","volume":"pvc1","epoch":0,"create":{"name":"pvc1","size":67108864,"pool":"default","protocol":"C","nodes":["beta","alpha"]}}`)
+		var cmd AuthorityCommand
+		if err := json.Unmarshal(old, &cmd); err != nil {
+			t.Fatal(err)
+		}
+		b1, _, err := a.Apply(cmd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ok := b1.Created("pvc1")
+		if !ok || !got.Same(def) || got.RequestID != "" {
+			t.Fatalf("recorded %+v %v, want %+v without a request ID", got, ok, def)
+		}
+		if _, _, err := b1.Apply(cmd); err != nil {
+			t.Fatalf("the old create again: %v, want a retry that changes nothing", err)
+		}
+	})
 	t.Run("a grow records the larger size only", func(t *testing.T) {
 		a2, _, err := a1.Apply(GrowVolumeCommand("pvc1", 96<<20))
 		if err != nil {

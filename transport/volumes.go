@@ -1,6 +1,10 @@
 package transport
 
-import "context"
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+)
 
 // Methods of the control API that create, delete and list volumes made
 // at run time from storage pools (replctl volume, the CSI driver). A
@@ -34,6 +38,21 @@ type VolumeCreateRequest struct {
 	Replicas int    `json:"replicas,omitempty"`
 	Pool     string `json:"pool,omitempty"`
 	Protocol string `json:"protocol,omitempty"`
+	// RequestID, chosen by the caller once per create (NewRequestID) and
+	// sent again with every retry of it, is recorded with the volume: a
+	// create whose answer a raft leader change cut off, asked again of
+	// the next leader, finds its own record by it and answers Created
+	// true, as the first would have. "" (a caller of an older version):
+	// a create that finds the volume answers Created false.
+	RequestID string `json:"request_id,omitempty"`
+}
+
+// NewRequestID is a VolumeCreateRequest.RequestID: 128 random bits, in
+// hex.
+func NewRequestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand does not fail
+	return hex.EncodeToString(b[:])
 }
 
 // VolumeCreateReply is the volume as recorded.

@@ -35,13 +35,14 @@ primary, or, with --follow, any node of the cluster: the helper then follows
 the primary when it dies or hands over, sending what the old one did not
 answer again, in order (see replctl mount --help; FUSE only).
 
-A volume that grew (replctl resize) reaches a following attachment by itself:
-NBD tells no client that an export grew, so the helper asks the primary every
---refresh-every (a handshake that moves no data), and when it grew it connects
-again, grows its file and makes the loop device read its capacity again: the
-device grows without a detach, and never shrinks. replctl attach --refresh
-VOLUME has the helper ask now and waits for its answer (the CSI driver's
-NodeExpandVolume runs it); it prints the size the attachment has then.`,
+A volume that grew (replctl resize) reaches an attachment through FUSE,
+following or not, by itself: NBD tells no client that an export grew, so the
+helper asks the primary every --refresh-every (a handshake that moves no data),
+and when it grew it connects again, grows its file and makes the loop device
+read its capacity again: the device grows without a detach, and never shrinks.
+replctl attach --refresh VOLUME has the helper ask now and waits for its answer
+(the CSI driver's NodeExpandVolume runs it); it prints the size the attachment
+has then. The kernel's nbd driver keeps the size it was given.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			switch {
@@ -66,8 +67,11 @@ NodeExpandVolume runs it); it prints the size the attachment has then.`,
 			if refresh {
 				return attachRefresh(cmd, volmount.Registry{Dir: runDir}, volume, g.timeout)
 			}
-			if refreshEvery <= 0 || (cmd.Flags().Changed("refresh-every") && !follow) {
-				return usageErrorf("--refresh-every %s: give a positive duration, with --follow", refreshEvery)
+			if refreshEvery <= 0 {
+				return usageErrorf("--refresh-every %s: give a positive duration", refreshEvery)
+			}
+			if cmd.Flags().Changed("refresh-every") && volmount.Via(via) == volmount.ViaKernel {
+				return usageErrorf("--refresh-every goes with --via fuse or auto: the kernel's nbd driver keeps the size it was given")
 			}
 			target, err := g.attachTarget(cmd, volume, follow, func(addr string) string {
 				return fmt.Sprintf("replctl --addr %s attach %s", shellWord(addr), shellWord(volume))
@@ -96,8 +100,8 @@ NodeExpandVolume runs it); it prints the size the attachment has then.`,
 	cmd.Flags().IntVar(&connections, "connections", 4, "NBD connections, when the server offers multi-conn")
 	cmd.Flags().DurationVar(&ioTimeout, "io-timeout", time.Minute, "fail a request the primary does not answer in this time with an IO error (0: wait for ever); with --follow: the time without a primary")
 	cmd.Flags().BoolVar(&follow, "follow", false, "follow the primary: attach from any host, find the new primary when it dies or hands over, and send what it did not answer again")
-	cmd.Flags().DurationVar(&refreshEvery, "refresh-every", volmount.DefaultRefreshEvery, "with --follow: how often to ask the primary whether the volume grew")
-	cmd.Flags().BoolVar(&refresh, "refresh", false, "have the helper of VOLUME's following attachment ask now whether the volume grew, and print its size then")
+	cmd.Flags().DurationVar(&refreshEvery, "refresh-every", volmount.DefaultRefreshEvery, "through FUSE: how often to ask the primary whether the volume grew")
+	cmd.Flags().BoolVar(&refresh, "refresh", false, "have the helper of VOLUME's attachment ask now whether the volume grew, and print its size then")
 	runDirFlag(cmd, &runDir)
 	return cmd
 }

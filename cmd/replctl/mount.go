@@ -85,6 +85,14 @@ protocol A or B a write acknowledged before the peer held it may be missing
 after a failover (not after a switchover), as those protocols allow. The
 listing shows each following mount's current primary.
 
+A mount through FUSE, following or not, grows with its volume: NBD tells no
+client that an export grew (replctl resize), so the helper asks the primary
+every --refresh-every (a handshake that moves no data), and when it grew it
+connects again (the requests in flight are answered first), grows its file and
+makes the loop device read its capacity again; then grow the file system
+(resize2fs DEVICE, xfs_growfs DIR). The kernel's nbd driver keeps the size it
+was given: such a mount is unmounted and mounted again to see the new size.
+
 When the helper of a mount on DIR is gone (it crashed), replctl mount on DIR
 again undoes what is left and mounts it again under the same claim.`,
 		Args: func(_ *cobra.Command, args []string) error {
@@ -107,8 +115,10 @@ again undoes what is left and mounts it again under the same claim.`,
 				return usageErrorf("--connections %d: give 1 to %d", connections, nbdclient.MaxConnections)
 			case ioTimeout < 0:
 				return usageErrorf("--io-timeout %s: give a duration (0: no timeout)", ioTimeout)
-			case refreshEvery <= 0 || (cmd.Flags().Changed("refresh-every") && !follow):
-				return usageErrorf("--refresh-every %s: give a positive duration, with --follow", refreshEvery)
+			case refreshEvery <= 0:
+				return usageErrorf("--refresh-every %s: give a positive duration", refreshEvery)
+			case cmd.Flags().Changed("refresh-every") && volmount.Via(via) == volmount.ViaKernel:
+				return usageErrorf("--refresh-every goes with --via fuse or auto: the kernel's nbd driver keeps the size it was given")
 			}
 			switch volmount.Via(via) {
 			case volmount.ViaAuto, volmount.ViaKernel, volmount.ViaFUSE:
@@ -161,7 +171,7 @@ again undoes what is left and mounts it again under the same claim.`,
 	cmd.Flags().IntVar(&connections, "connections", 4, "NBD connections, when the server offers multi-conn")
 	cmd.Flags().DurationVar(&ioTimeout, "io-timeout", time.Minute, "fail a request the primary does not answer in this time with an IO error (0: wait for ever); with --follow: the time without a primary")
 	cmd.Flags().BoolVar(&follow, "follow", false, "follow the primary: mount from any host, find the new primary when it dies or hands over, and send what it did not answer again")
-	cmd.Flags().DurationVar(&refreshEvery, "refresh-every", volmount.DefaultRefreshEvery, "with --follow: how often to ask the primary whether the volume grew (the loop device then grows; grow the file system with resize2fs or xfs_growfs)")
+	cmd.Flags().DurationVar(&refreshEvery, "refresh-every", volmount.DefaultRefreshEvery, "through FUSE: how often to ask the primary whether the volume grew (the loop device then grows; grow the file system with resize2fs or xfs_growfs)")
 	runDirFlag(cmd, &runDir)
 	return cmd
 }

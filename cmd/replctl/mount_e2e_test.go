@@ -7,6 +7,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/replvol/replvol/internal/mounttree"
 	"github.com/replvol/replvol/internal/volmount"
+	"github.com/replvol/replvol/metadata"
 )
 
 // needMountTools skips (fails under CI=true) a test that mounts: it needs
@@ -684,4 +686,159 @@ func TestAnUnmountUnderTheSharedTreeReachesAnotherNamespacesCopy(t *testing.T) {
 	if inOther() {
 		t.Fatalf("%s is unmounted here but still mounted in the namespace of process %d", dir, other.Process.Pid)
 	}
+}
+
+// TestE2EAPlainMountGrowsWithTheVolume: a mount without --follow (on the
+// primary, through FUSE and a loop device, over TLS) sees its volume grow:
+// NBD tells no client that an export grew, so its helper asks every
+// --refresh-every, connects again, and grows the FUSE file and the loop
+// device. The file system is then grown on the mounted device (resize2fs
+// for ext4 where the process holds CAP_SYS_RESOURCE, as the kernel asks
+// for an online ext4 resize; xfs_growfs otherwise) and takes a file that
+// only the gained range has room for (the old free space is filled first,
+// with fallocate); mounted again, the volume holds it.
+func TestE2EAPlainMountGrowsWithTheVolume(t *testing.T) {
+	e2eBeside(t)
+	needMountTools(t)
+	fstype, from, to := "ext4", int64(64<<20), int64(96<<20)
+	grow := func(dev, dir string) (string, []string) {
+		return RequireTool(t, "resize2fs", "e2fsprogs"), []string{dev}
+	}
+	if !processHasCapability(t, capSysResource) {
+		// xfs needs 300 MiB at least.
+		fstype, from, to = "xfs", 304<<20, 336<<20
+		RequireTool(t, "mkfs.xfs", "xfsprogs")
+		grow = func(dev, dir string) (string, []string) {
+			return RequireTool(t, "xfs_growfs", "xfsprogs"), []string{dir}
+		}
+	}
+	t.Logf("%s, %d MiB grown to %d MiB", fstype, from>>20, to>>20)
+	disk, err := metadata.InternalDeviceSizeFor(to, 61, 1, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newProcClusterN(t, clusterOpts{TLS: true, Size: from, DiskSize: disk})
+	c.startAll()
+	c.waitInSync("alpha")
+	runs := newMountRunDirs(t, "alpha")
+	runs.cleanUpAtTheEnd()
+	run, mnt := runs.dirs["alpha"], runs.mountPoint("alpha")
+	reg := volmount.Registry{Dir: run}
+	mount := func(args ...string) {
+		t.Helper()
+		r := runCmd(2*time.Minute, nil, replctlBin, c.ctlArgs("alpha", append(append([]string{"mount", volName, mnt}, args...), "--refresh-every", "1s", "--run-dir", run))...)
+		if !r.ok() || strings.Contains(r.out, "following") {
+			t.Fatalf("replctl mount %v (without --follow): %s", args, r)
+		}
+	}
+	umount := func() {
+		t.Helper()
+		if r := runCmd(2*time.Minute, nil, replctlBin, "umount", mnt, "--run-dir", run); !r.ok() {
+			t.Fatalf("replctl umount %s: %s", mnt, r)
+		}
+	}
+	mount("--mkfs", "--fstype", fstype)
+	rec, err := reg.Load(mnt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Follow || rec.Loop == "" || rec.File == "" {
+		t.Fatalf("the mount's record: %+v; want a loop device over a FUSE file, not following", rec)
+	}
+	sizeOf := func(path string) int64 {
+		t.Helper()
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		n, err := f.Seek(0, io.SeekEnd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if got := sizeOf(rec.Loop); got != from {
+		t.Fatalf("%s is %d bytes, want %d", rec.Loop, got, from)
+	}
+
+	// The old free space is taken (fallocate writes no data), so that a
+	// file written after the growth lands in the gained range.
+	free := func() int64 {
+		t.Helper()
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(mnt, &st); err != nil {
+			t.Fatal(err)
+		}
+		return int64(st.Bavail) * st.Bsize
+	}
+	const gained = 8 << 20
+	filler, err := os.Create(filepath.Join(mnt, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Fallocate(int(filler.Fd()), 0, 0, free()-(1<<20)); err != nil {
+		t.Fatalf("fallocate the old free space: %v", err)
+	}
+	filler.Close()
+	if f := free(); f >= gained {
+		t.Fatalf("%d bytes free after the filler, want less than %d", f, gained)
+	}
+
+	if r := c.ctl("alpha", "resize", volName, itoa(to)); !r.ok() {
+		t.Fatalf("replctl resize: %s", r)
+	}
+	if !within(2*time.Minute, 100*time.Millisecond, func() bool { return sizeOf(rec.File) == to && sizeOf(rec.Loop) == to }) {
+		log, _ := os.ReadFile(reg.LogPath(mnt))
+		t.Fatalf("2 minutes after the resize the FUSE file is %d bytes and %s %d, want %d; the helper's log:\n%s", sizeOf(rec.File), rec.Loop, sizeOf(rec.Loop), to, log)
+	}
+	tool, args := grow(rec.Loop, mnt)
+	mustRun(t, time.Minute, tool, args...)
+	if f := free(); f < gained+(1<<20) {
+		t.Fatalf("after %s %d bytes are free, want more than %d", filepath.Base(tool), f, gained+(1<<20))
+	}
+	data := make([]byte, gained)
+	for i := range data {
+		data[i] = byte(i*7 + i>>12)
+	}
+	path := filepath.Join(mnt, "gained.bin")
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatalf("a file in the gained range: %v", err)
+	}
+	mustRun(t, time.Minute, RequireTool(t, "sync", "coreutils"))
+	sum := sha256File(t, path)
+
+	umount()
+	mount()
+	if got := sha256File(t, path); got != sum {
+		t.Fatalf("mounted again, %s has sha256 %s, want %s", path, got, sum)
+	}
+	umount()
+	if left := runs.leftovers(); len(left) > 0 {
+		t.Fatalf("replctl umount left %v", left)
+	}
+}
+
+// capSysResource is CAP_SYS_RESOURCE's number, which an online resize of a
+// mounted ext4 needs.
+const capSysResource = 24
+
+// processHasCapability says whether this process holds capability c.
+func processHasCapability(t *testing.T, c uint) bool {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if hex, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			v, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
+			if err != nil {
+				t.Fatalf("CapEff %q: %v", hex, err)
+			}
+			return v&(1<<c) != 0
+		}
+	}
+	t.Fatal("/proc/self/status has no CapEff line")
+	return false
 }

@@ -69,7 +69,11 @@ data nodes than N replicas.`,
 				return err
 			}
 			defer k.close()
-			reply, err := k.c.VolumeCreate(k.ctx, &transport.VolumeCreateRequest{Name: args[0], Size: uint64(n), Replicas: replicas, Pool: pool, Protocol: protocol})
+			// The request ID is chosen once: the node that takes the call
+			// asks again under it when a raft leader change cuts the create
+			// off, and the record it finds then is known for this one's.
+			reply, err := k.c.VolumeCreate(k.ctx, &transport.VolumeCreateRequest{Name: args[0], Size: uint64(n), Replicas: replicas, Pool: pool, Protocol: protocol,
+				RequestID: transport.NewRequestID()})
 			if err != nil {
 				return k.fail(err, "", "")
 			}

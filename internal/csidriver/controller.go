@@ -76,8 +76,10 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		}
 		size = v.Size
 	}
+	// One request ID for this call: the node that takes it asks again under
+	// it when a raft leader change cuts the create off.
 	r, err := d.client.VolumeCreate(ctx, &transport.VolumeCreateRequest{
-		Name: req.GetName(), Size: size, Replicas: p.Replicas, Pool: p.Pool, Protocol: p.Protocol})
+		Name: req.GetName(), Size: size, Replicas: p.Replicas, Pool: p.Pool, Protocol: p.Protocol, RequestID: transport.NewRequestID()})
 	if err != nil {
 		return nil, apiError("create volume "+req.GetName(), err)
 	}

@@ -37,19 +37,21 @@ type HelperConfig struct {
 	// Follow it bounds the time without a primary instead (nbdclient.FollowOptions).
 	IOTimeout time.Duration
 	// Follow: follow the volume's primary (ViaFUSE only) through the control addresses
-	// Controls, taking the claim ClaimID (for ClaimHost and ClaimDir) at each new primary;
-	// FollowingPath is where the helper says which primary it serves from (Following).
+	// Controls, taking the claim ClaimID (for ClaimHost and ClaimDir) at each new primary.
 	Follow                       bool
 	Volume                       string
 	Controls                     []string
 	ClaimID, ClaimHost, ClaimDir string
-	FollowingPath                string
-	// RefreshEvery is how often a following helper asks the primary whether the export grew
-	// (0: DefaultRefreshEvery); a SIGHUP asks at once (replctl attach --refresh).
+	// FollowingPath is where a ViaFUSE helper says the size its last refresh found and, when
+	// it follows, which primary it serves from (Following).
+	FollowingPath string
+	// RefreshEvery is how often a ViaFUSE helper, following or not, asks the server whether
+	// the export grew (0: DefaultRefreshEvery); a SIGHUP asks at once (replctl attach
+	// --refresh).
 	RefreshEvery time.Duration
 }
 
-// DefaultRefreshEvery is how often a following helper asks whether its export grew: NBD tells
+// DefaultRefreshEvery is how often a ViaFUSE helper asks whether its export grew: NBD tells
 // no client, so it asks (NBD_OPT_INFO, a handshake that carries no data).
 const DefaultRefreshEvery = 30 * time.Second
 
@@ -79,13 +81,16 @@ func (c HelperConfig) Args() []string {
 	if c.FUSEDir != "" {
 		args = append(args, "--fuse-dir", c.FUSEDir, "--name", c.Name)
 	}
+	if c.FollowingPath != "" {
+		args = append(args, "--following", c.FollowingPath)
+	}
+	if c.RefreshEvery > 0 {
+		args = append(args, "--refresh-every", c.RefreshEvery.String())
+	}
 	if c.Follow {
-		args = append(args, "--follow", "--volume", c.Volume, "--controls", strings.Join(c.Controls, ","), "--following", c.FollowingPath)
+		args = append(args, "--follow", "--volume", c.Volume, "--controls", strings.Join(c.Controls, ","))
 		if c.ClaimID != "" {
 			args = append(args, "--claim-id", c.ClaimID, "--claim-host", c.ClaimHost, "--claim-dir", c.ClaimDir)
-		}
-		if c.RefreshEvery > 0 {
-			args = append(args, "--refresh-every", c.RefreshEvery.String())
 		}
 	}
 	return args
@@ -240,24 +245,24 @@ func openExport(cfg HelperConfig) (*nbdclient.Pool, error) {
 // signal tries again).
 func serveFUSE(cfg HelperConfig, find PrimaryFinder, logger *log.Logger, tell func(ready), stop <-chan os.Signal) error {
 	var (
-		pool     fuseDevice
-		conns    = 1
-		follower *nbdclient.Follower
-		state    *followState
+		pool      fuseDevice
+		conns     = 1
+		refresher sizeRefresher
+		state     = &followState{path: cfg.FollowingPath}
 	)
 	if cfg.Follow {
-		state = &followState{path: cfg.FollowingPath}
 		f, err := followExport(cfg, find, logger, state)
 		if err != nil {
 			return err
 		}
-		pool, follower = f, f
+		pool, refresher = f, f
 	} else {
 		p, err := openExport(cfg)
 		if err != nil {
 			return err
 		}
-		pool, conns = p, p.Connections()
+		pool, conns, refresher = p, p.Connections(), p
+		state.f.Export = cfg.URI
 	}
 	defer pool.Close()
 	srv, inode, err := mountFUSE(cfg.FUSEDir, cfg.Name, "replvol:"+pool.Export().Name, pool, logger)
@@ -272,17 +277,17 @@ func serveFUSE(cfg HelperConfig, find PrimaryFinder, logger *log.Logger, tell fu
 		srv.Wait()
 		close(done)
 	}()
-	if follower != nil {
-		hup := make(chan os.Signal, 1)
-		signal.Notify(hup, syscall.SIGHUP)
-		defer signal.Stop(hup)
-		refreshed := make(chan struct{})
-		defer func() { <-refreshed }()
-		go func() {
-			defer close(refreshed)
-			state.refreshLoop(follower, cfg.RefreshEvery, hup, done, file, inode, logger)
-		}()
-	}
+	// Following or not, the helper asks whether the export grew (replctl resize), so that a
+	// file system on the loop device can grow (resize2fs, xfs_growfs) without a remount.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	refreshed := make(chan struct{})
+	defer func() { <-refreshed }()
+	go func() {
+		defer close(refreshed)
+		state.refreshLoop(refresher, cfg.RefreshEvery, hup, done, file, inode, logger)
+	}()
 	for {
 		select {
 		case <-done:
@@ -304,6 +309,13 @@ type fuseDevice interface {
 	Device
 	Export() nbdclient.Export
 	Close() error
+}
+
+// sizeRefresher asks the server whether the export grew, and connects again when it did: a
+// Pool, or a Follower.
+type sizeRefresher interface {
+	Size() int64
+	Refresh(ctx context.Context) (int64, error)
 }
 
 // followExport connects to the volume's primary through a Follower, which finds the next
@@ -368,8 +380,8 @@ func unmountFUSE(srv interface{ Unmount() error }, within time.Duration) error {
 	}
 }
 
-// followState is what a following helper says in its Following file: the primary it follows,
-// and the export's size its last refresh found.
+// followState is what a ViaFUSE helper says in its Following file: the primary it follows
+// (none when it does not follow), and the export's size its last refresh found.
 type followState struct {
 	path string
 	mu   lockorder.Mutex // a leaf (doc.go)
@@ -392,14 +404,17 @@ func (s *followState) refreshed(size int64, err error) error {
 	if err != nil {
 		s.f.RefreshError = err.Error()
 	}
+	if s.path == "" {
+		return nil
+	}
 	return SaveFollowing(s.path, s.f)
 }
 
 // refreshLoop asks whether the export grew every `every` (DefaultRefreshEvery when 0) and on
-// each SIGHUP, until done. When it grew, the FUSE file's size is the new one (the kernel's
+// each SIGHUP, until done; it writes nothing when the helper was given no Following file. When it grew, the FUSE file's size is the new one (the kernel's
 // cached attributes are dropped) and each loop device over the file reads its capacity again
 // (LOOP_SET_CAPACITY), so that the block device grows without a detach. It never shrinks.
-func (s *followState) refreshLoop(f *nbdclient.Follower, every time.Duration, hup <-chan os.Signal, done <-chan struct{}, file string, inode fileNotifier, logger *log.Logger) {
+func (s *followState) refreshLoop(f sizeRefresher, every time.Duration, hup <-chan os.Signal, done <-chan struct{}, file string, inode fileNotifier, logger *log.Logger) {
 	if every <= 0 {
 		every = DefaultRefreshEvery
 	}

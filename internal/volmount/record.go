@@ -74,7 +74,8 @@ type Record struct {
 func AttachKey(volume string) string { return "/replctl-attach/" + volume }
 
 // Following is where a following helper serves its export from now: it writes it each time
-// it connects, BEFORE it sends anything on the connection.
+// it connects, BEFORE it sends anything on the connection. A helper that does not follow
+// writes its refreshes there too (Size, Refreshed, RefreshError), with no Primary or Control.
 type Following struct {
 	// Primary is the node, Control its control address, Export the NBD URI.
 	Primary string    `json:"primary"`
@@ -261,20 +262,22 @@ func (r Registry) List() ([]*Record, error) {
 	return out, nil
 }
 
-// ErrNotFollowing: Refresh of a mount whose helper does not follow the primary.
-var ErrNotFollowing = errors.New("the helper does not follow the primary (no --follow)")
+// ErrNoRefresh: Refresh of a mount through the kernel's nbd driver, which keeps the size it
+// was given at the connect.
+var ErrNoRefresh = errors.New("the kernel's nbd driver keeps the size it was given: unmount (or detach) and attach again to see the volume grow")
 
-// Refresh asks the helper of dir's mount (which follows the primary) to find out now whether
-// the export grew, and waits until it answered, within ctx: on a SIGHUP the helper asks the
-// primary, and when the export grew it grows its file and the loop device's capacity. It
-// returns what the helper says then (Following.Size, and RefreshError when it could not tell).
+// Refresh asks the helper of dir's mount (through FUSE, following the primary or not) to find
+// out now whether the export grew, and waits until it answered, within ctx: on a SIGHUP the
+// helper asks the server, and when the export grew it grows its file and the loop device's
+// capacity. It returns what the helper says then (Following.Size, and RefreshError when it
+// could not tell).
 func (r Registry) Refresh(ctx context.Context, dir string) (*Following, error) {
 	rec, err := r.Load(dir)
 	if err != nil {
 		return nil, err
 	}
-	if !rec.Follow || rec.Via != ViaFUSE {
-		return nil, fmt.Errorf("%s: %w", dir, ErrNotFollowing)
+	if rec.Via != ViaFUSE {
+		return nil, fmt.Errorf("%s: %w", dir, ErrNoRefresh)
 	}
 	if !rec.Helper.Alive() {
 		return nil, fmt.Errorf("%s: the helper process %d is gone: unmount (or detach) and attach again", dir, rec.Helper.PID)

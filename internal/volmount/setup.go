@@ -51,8 +51,8 @@ type Request struct {
 	// control addresses (Record.Follow); it needs FUSE.
 	Follow   bool
 	Controls []string
-	// RefreshEvery is how often a following helper asks whether the export grew
-	// (HelperConfig.RefreshEvery; 0: DefaultRefreshEvery).
+	// RefreshEvery is how often a FUSE helper, following or not, asks whether the export
+	// grew (HelperConfig.RefreshEvery; 0: DefaultRefreshEvery).
 	RefreshEvery time.Duration
 	// Attach stops once the block device is there: no file system is probed, made or mounted
 	// (replctl attach); Dir is AttachKey(Volume).
@@ -224,9 +224,12 @@ func claimGrace(c *Claim) string {
 func setUp(ctx context.Context, req Request, rec *Record) error {
 	reg := req.Registry
 	cfg := HelperConfig{Via: rec.Via, URI: req.URI, TLSDir: req.TLSDir, Connections: req.Connections, IOTimeout: req.IOTimeout}
+	if rec.Via == ViaFUSE {
+		// Following or not, the helper asks whether the export grew, and says so there.
+		cfg.FollowingPath, cfg.RefreshEvery = reg.FollowingPath(req.Dir), req.RefreshEvery
+	}
 	if req.Follow {
-		cfg.Follow, cfg.Volume, cfg.Controls, cfg.FollowingPath = true, req.Volume, req.Controls, reg.FollowingPath(req.Dir)
-		cfg.RefreshEvery = req.RefreshEvery
+		cfg.Follow, cfg.Volume, cfg.Controls = true, req.Volume, req.Controls
 		if rec.Claim != nil {
 			cfg.ClaimID, cfg.ClaimHost, cfg.ClaimDir = rec.Claim.ID, rec.Claim.Host, req.Dir
 		}

@@ -44,8 +44,8 @@ func (s *Server) VolumeCreate(ctx context.Context, r *transport.VolumeCreateRequ
 }
 
 // checkCreate refuses a request no node can take, and fills in the
-// defaults: 2 replicas, pool default, protocol C; a size rounded up to a
-// whole 4 KiB block.
+// defaults: 2 replicas, pool default, protocol C, a request ID; a size
+// rounded up to a whole 4 KiB block.
 func checkCreate(r *transport.VolumeCreateRequest) (*transport.VolumeCreateRequest, error) {
 	req := *r
 	if err := checkVolumeName(req.Name); err != nil {
@@ -76,8 +76,24 @@ func checkCreate(r *transport.VolumeCreateRequest) (*transport.VolumeCreateReque
 	default:
 		return nil, status.Errorf(codes.InvalidArgument, "volume %s: protocol %q: want A, B or C", req.Name, req.Protocol)
 	}
+	switch {
+	case req.RequestID == "":
+		// A caller of an older version chose none: one chosen here still
+		// carries the create through the leader changes onLeader rides.
+		req.RequestID = transport.NewRequestID()
+	case len(req.RequestID) > maxRequestID:
+		return nil, status.Errorf(codes.InvalidArgument, "volume %s: a request ID of %d characters: give at most %d (or none)", req.Name, len(req.RequestID), maxRequestID)
+	default:
+		if err := checkWord("request ID", req.RequestID); err != nil {
+			return nil, err
+		}
+	}
 	return &req, nil
 }
+
+// maxRequestID bounds a create's request ID, which raft records with the
+// volume.
+const maxRequestID = 64
 
 // checkVolumeName is the config's rule for names: letters, digits, '-'
 // and '_'.

@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/replvol/replvol/transport"
@@ -20,8 +21,23 @@ func TestVolumeCreateFillsInItsDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := transport.VolumeCreateRequest{Name: "pvc-1", Size: 10<<20 + 4096, Replicas: 2, Pool: "default", Protocol: "C"}
-	if len(node.created) != 1 || node.created[0] != want {
+	if len(node.created) != 1 {
 		t.Fatalf("the node was asked for %+v, want %+v", node.created, want)
+	}
+	asked := node.created[0]
+	if len(asked.RequestID) != 32 {
+		t.Fatalf("the node was asked with request ID %q, want one chosen for a caller that gave none", asked.RequestID)
+	}
+	asked.RequestID = ""
+	if asked != want {
+		t.Fatalf("the node was asked for %+v, want %+v", node.created, want)
+	}
+	// A caller's own ID is passed on as it is.
+	if _, err := s.VolumeCreate(context.Background(), &transport.VolumeCreateRequest{Name: "pvc-1", Size: 4096, RequestID: "replctl-7f3a"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := node.created[1].RequestID; got != "replctl-7f3a" {
+		t.Fatalf("the node was asked with request ID %q, want the caller's replctl-7f3a", got)
 	}
 	if reply.Volume.Size != want.Size {
 		t.Fatalf("reply %+v", reply)
@@ -41,6 +57,8 @@ func TestBadVolumeCreatesAreRefusedBeforeTheNode(t *testing.T) {
 		{"negative replicas", transport.VolumeCreateRequest{Name: "v", Size: 4096, Replicas: -1}},
 		{"no such protocol", transport.VolumeCreateRequest{Name: "v", Size: 4096, Protocol: "D"}},
 		{"a pool name with a dot", transport.VolumeCreateRequest{Name: "v", Size: 4096, Pool: "../x"}},
+		{"a request ID with a space", transport.VolumeCreateRequest{Name: "v", Size: 4096, RequestID: "a b"}},
+		{"a request ID of 65 characters", transport.VolumeCreateRequest{Name: "v", Size: 4096, RequestID: strings.Repeat("a", 65)}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			node := &fakeNode{}

@@ -455,3 +455,83 @@ func TestAServerEndingTheConnectionIsTyped(t *testing.T) {
 		t.Fatalf("a read the server ended the connection on: %v, want a BrokenError of ErrServerClosed", err)
 	}
 }
+
+// TestAPoolSeesTheExportGrowOnRefresh: a Pool (replctl mount without --follow) keeps the size
+// of its handshake until Refresh asks the server (NBD_OPT_INFO); when the export grew it
+// connects again, as many connections as before, and the new range is written and read, while
+// writes from other goroutines during the refresh are all answered (none fails), and the old
+// connections are closed. A Refresh that finds the same size does not reconnect; one that finds
+// a smaller export is ErrShrunk, and the size stays.
+func TestAPoolSeesTheExportGrowOnRefresh(t *testing.T) {
+	const small, big = 1 << 20, 4 << 20
+	g := &growingExport{MemExport: nbdtest.NewMemExport(big)}
+	g.size.Store(small)
+	addr, _ := serve(t, resolver{"vol": g})
+	p := open(t, addr, 3, nbdclient.Options{Timeout: 10 * time.Second})
+	if p.Connections() != 3 {
+		t.Fatalf("%d connections, want 3", p.Connections())
+	}
+	if size, err := p.Refresh(ctx(t)); err != nil || size != small || p.Size() != small {
+		t.Fatalf("Refresh before the growth: %d, %v; want %d", size, err, small)
+	}
+	if _, err := p.WriteAt(make([]byte, 4096), small); err == nil {
+		t.Fatal("a write past the export's end was taken")
+	}
+
+	g.size.Store(big)
+	if p.Size() != small {
+		t.Fatalf("Size before Refresh: %d, want %d", p.Size(), small)
+	}
+	stop := make(chan struct{})
+	writes := make(chan error, 4)
+	for w := range 4 {
+		go func() {
+			buf := bytes.Repeat([]byte{byte(w + 1)}, 4096)
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					writes <- nil
+					return
+				default:
+				}
+				if _, err := p.WriteAt(buf, int64(w*16+i%16)*4096); err != nil {
+					writes <- err
+					return
+				}
+			}
+		}()
+	}
+	flushes := g.Calls(nbdtest.OpFlush)
+	size, err := p.Refresh(ctx(t))
+	close(stop)
+	if g.Calls(nbdtest.OpFlush) <= flushes {
+		t.Error("the refresh closed the old connections without a flush of the writes answered on them")
+	}
+	for range 4 {
+		if err := <-writes; err != nil {
+			t.Errorf("a write during the refresh: %v", err)
+		}
+	}
+	if err != nil || size != big || p.Size() != big || p.Export().Size != big || p.Connections() != 3 {
+		t.Fatalf("Refresh after the growth: %d, %v (Size %d, %d connections); want %d over 3", size, err, p.Size(), p.Connections(), big)
+	}
+	want := bytes.Repeat([]byte{9}, 4096)
+	if _, err := p.WriteAt(want, big-4096); err != nil {
+		t.Fatalf("a write in the new range: %v", err)
+	}
+	got := make([]byte, 4096)
+	if _, err := p.ReadAt(got, big-4096); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("a read in the new range: %v, equal %v", err, bytes.Equal(got, want))
+	}
+	if err := p.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if string(g.Bytes(big-4096, 1)) != "\x09" {
+		t.Fatal("the export does not hold the write in the new range")
+	}
+
+	g.size.Store(small)
+	if size, err := p.Refresh(ctx(t)); !errors.Is(err, nbdclient.ErrShrunk) || size != big || p.Size() != big {
+		t.Fatalf("Refresh of a smaller export: %d, %v (Size %d); want %d, ErrShrunk", size, err, p.Size(), big)
+	}
+}
