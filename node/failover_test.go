@@ -152,7 +152,11 @@ func holdNotPromoted(t *testing.T, c *testCluster, candidate, lost string, epoch
 	began := time.Now()
 	looks := 0
 	var why string
-	if !within(settled+30*time.Second, 20*time.Millisecond, func() bool {
+	// Under load raft's leadership may move a few times before one
+	// leader watches the whole settle time: the bound is generous (the
+	// assertion is made on every look, however long it takes).
+	bound := settled + 90*time.Second
+	if !within(bound, 20*time.Millisecond, func() bool {
 		looks++
 		if st := c.vol(candidate).status(); st.Role == string(replication.Primary) || st.Serving {
 			t.Fatalf("%s, Outdated, became primary (serving %v) %s after %s died", candidate, st.Serving, time.Since(began).Round(time.Millisecond), lost)
@@ -179,7 +183,7 @@ func holdNotPromoted(t *testing.T, c *testCluster, candidate, lost string, epoch
 		}
 		return gone && l.LeaseIdle("vol0") >= settled
 	}) {
-		t.Fatalf("the raft leader did not watch %s gone for %s within %s (status: %s)", lost, settled, settled+30*time.Second, why)
+		t.Fatalf("the raft leader did not watch %s gone for %s within %s (status: %s)", lost, settled, bound, why)
 	}
 	for name, n := range c.nodes {
 		n.cl.mu.Lock()
