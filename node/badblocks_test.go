@@ -334,3 +334,90 @@ func TestTheDiskIsDetachedWhenTheBadBlockListIsFull(t *testing.T) {
 		t.Fatalf("read of the whole range through the peer: %v", err)
 	}
 }
+
+// TestUnrecoverableBlocksSurviveARestart: a block bad on both replicas is
+// counted unrecoverable after a restart of both nodes (the bad-block list
+// keeps it), and a write over it clears it for good.
+func TestUnrecoverableBlocksSurviveARestart(t *testing.T) {
+	const block = 640
+	c := newTestCluster(t, 8<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	ctx := context.Background()
+	data := randomBytes(68, 4096)
+	if err := c.vol("alpha").WriteAt(ctx, data, block*4096, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.vol("alpha").Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"alpha", "beta"} {
+		flipFileBytes(t, c.cfg.Volumes[0].Disks[name].Paths[0].Path, block*4096+9, 2)
+	}
+	got := make([]byte, 4096)
+	if err := c.vol("alpha").ReadAt(ctx, got, block*4096); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("read of a block bad on both replicas: %v, want EIO", err)
+	}
+	restart := func() {
+		c.stop("alpha")
+		c.stop("beta")
+		c.start("alpha")
+		c.start("beta")
+		c.waitInSync()
+	}
+	restart()
+	if _, _, lost := c.integrityOf("alpha"); lost != 1 {
+		t.Fatalf("after a restart status says %d blocks unrecoverable, want 1", lost)
+	}
+	if n := c.badBlocksOf("alpha"); n != 0 {
+		t.Fatalf("an unrecoverable block counts in bad_blocks: %d", n)
+	}
+	again := randomBytes(69, 4096)
+	if err := c.vol("alpha").WriteAt(ctx, again, block*4096, false); err != nil {
+		t.Fatal(err)
+	}
+	if list := c.vol("alpha").md.BadBlocks(); len(list) != 0 {
+		t.Fatalf("a write over the block left %v in the metadata", list)
+	}
+	restart()
+	if _, _, lost := c.integrityOf("alpha"); lost != 0 {
+		t.Fatalf("after a write and a restart status says %d blocks unrecoverable, want 0", lost)
+	}
+	if err := c.vol("alpha").ReadAt(ctx, got, block*4096); err != nil || !bytes.Equal(got, again) {
+		t.Fatalf("read of the block written again: %v", err)
+	}
+}
+
+// TestASecondaryNeverReadsABlockOnItsList: a block on beta's bad-block
+// list is not read from beta's disk for the primary: alpha, whose copy
+// is rotten, finds no good copy (EIO) rather than beta's disk being read.
+func TestASecondaryNeverReadsABlockOnItsList(t *testing.T) {
+	const block = 820
+	rec := &readRecorder{}
+	c := newTestCluster(t, 8<<20)
+	c.opts["beta"] = Options{OpenDisk: openFaulty(func(d *fault.Disk) { d.Add(rec) })}
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	ctx := context.Background()
+	data := randomBytes(70, 4096)
+	if err := c.vol("alpha").WriteAt(ctx, data, block*4096, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.vol("alpha").Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.vol("beta").integ.listBad(block); err != nil {
+		t.Fatal(err)
+	}
+	flipFileBytes(t, c.cfg.Volumes[0].Disks["alpha"].Paths[0].Path, block*4096+100, 1)
+	rec.reset()
+	got := make([]byte, 4096)
+	if err := c.vol("alpha").ReadAt(ctx, got, block*4096); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("read of a block rotten on alpha and listed on beta: %v, want EIO", err)
+	}
+	if rec.touched(block*4096, 4096) {
+		t.Fatal("beta read a block on its bad-block list for the primary")
+	}
+}
