@@ -199,7 +199,7 @@ func (c *collector) define() {
 	c.alEvictions = k("activity_log_evictions_total", "Extents evicted from the activity log.", vol...)
 	c.blocksRepaired = k("blocks_repaired_total", "4 KiB blocks a read found bad on this node's disk, by cause (checksum: they did not match their checksum; read-error: the disk could not read them), and rewrote with a peer's good copy.", "volume", "node", "cause")
 	c.scrubProgress = g("scrub_progress_ratio", "How far the volume's scrub on this node got (replctl scrub): the running or paused scrub's share of the disk read, 1 once one finished, 0 before any.", vol...)
-	c.blocksUnrecoverable = g("blocks_unrecoverable", "4 KiB blocks a read or scrub found bad on this node's disk with no good copy on any peer, and that no write has covered since (since the node started): reads of them fail with EIO (event block-unrecoverable names them).", vol...)
+	c.blocksUnrecoverable = g("blocks_unrecoverable", "4 KiB blocks a read or scrub found bad on this node's disk with no good copy on any peer, and that no write has covered since (a restart keeps them, in the bad-block list while it has room): reads of them fail with EIO (event block-unrecoverable names them).", vol...)
 	c.badBlocks = g("bad_blocks", "4 KiB blocks of this node's disk on its bad-block list: their good copy could not be written over them, so they are read from a peer in sync; the disk is detached when the list would pass bad_blocks_max (docs/integrity.md).", vol...)
 
 	c.peerConnected = g("peer_connected", "1 while a replication session with the peer exists (it may still be resyncing: see peer_in_sync). A primary has a link to each peer, a secondary to its primary.", linkLabels...)

@@ -487,7 +487,8 @@ type IntegrityStatus struct {
 	RepairedBlocks int64 `json:"repaired_blocks"`
 	// UnrecoverableBlocks are blocks a read or scrub found bad here with
 	// no good copy on any peer (reads of them fail with EIO), and that no
-	// write has covered since; since the node started.
+	// write has covered since; a restart keeps them (the bad-block list,
+	// while it has room).
 	UnrecoverableBlocks int64 `json:"unrecoverable_blocks"`
 	// BadBlocks is the length of the replica's bad-block list: blocks
 	// whose good copy could not be written over them, read from a peer
