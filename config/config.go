@@ -218,6 +218,13 @@ type VolumeConfig struct {
 	// node that never scrubbed it counts from when it first ran the
 	// volume with the setting. Unset or 0: no scrub but the operator's.
 	ScrubInterval Duration `yaml:"scrub_interval,omitempty"`
+	// BadBlocksMax is how many blocks of its disk a node lists as bad
+	// (their good copy, from a peer, could not be written over them; they
+	// are read from a peer from then on) before it detaches the disk
+	// instead (docs/integrity.md). Unset: DefaultBadBlocksMax (64); 0
+	// detaches the disk at the first such block; at most MaxBadBlocksMax.
+	// A node reads it when it starts the volume.
+	BadBlocksMax *int `yaml:"bad_blocks_max,omitempty"`
 	// OnPromote and OnDemote are commands run (through /bin/sh -c) after
 	// this node became the volume's primary and after it stopped being
 	// it; they get REPLVOL_VOLUME, REPLVOL_NODE, REPLVOL_EPOCH and
@@ -246,6 +253,25 @@ func (v VolumeConfig) FromAPI() bool { return v.Pool != "" }
 // ChecksumsOn reports whether metadata created for the volume gets a
 // checksum area: checksums is on, or unset.
 func (v VolumeConfig) ChecksumsOn() bool { return v.Checksums != "off" }
+
+// DefaultBadBlocksMax is bad_blocks_max when unset.
+const DefaultBadBlocksMax = 64
+
+// MaxBadBlocksMax bounds bad_blocks_max: the metadata holds
+// metadata.MaxBadBlocks entries, and the rest keep the blocks found
+// unrecoverable across a restart.
+const MaxBadBlocksMax = 256
+
+// The list must leave room in the metadata: this fails to compile if not.
+var _ [metadata.MaxBadBlocks - MaxBadBlocksMax]struct{}
+
+// BadBlocksMaxOrDefault is the volume's bad_blocks_max, or its default.
+func (v VolumeConfig) BadBlocksMaxOrDefault() int {
+	if v.BadBlocksMax == nil {
+		return DefaultBadBlocksMax
+	}
+	return *v.BadBlocksMax
+}
 
 // External reports whether the volume keeps its metadata in separate files.
 func (v VolumeConfig) External() bool { return v.Metadata == "external" }
@@ -799,6 +825,9 @@ func (c *Config) problems() []Problem {
 		}
 		if si := time.Duration(v.ScrubInterval); si != 0 && si < minScrubInterval {
 			bad(f+".scrub_interval", "%s: want an hour or more (e.g. 7d or 24h), or leave it out for no scrub but the operator's", si)
+		}
+		if m := v.BadBlocksMax; m != nil && (*m < 0 || *m > MaxBadBlocksMax) {
+			bad(f+".bad_blocks_max", "%d: want 0..%d (0: detach the disk at the first block that cannot be rewritten), or leave it out for %d", *m, MaxBadBlocksMax, DefaultBadBlocksMax)
 		}
 		if v.PeerTimeout != 0 && (time.Duration(v.PeerTimeout) < minPeerTimeout || time.Duration(v.PeerTimeout) > maxPeerTimeout) {
 			bad(f+".peer_timeout", "%s: want %s..%s", time.Duration(v.PeerTimeout), minPeerTimeout, maxPeerTimeout)

@@ -81,7 +81,7 @@ func TestConfigUnknownKeySuggestsTheNearest(t *testing.T) {
 		"a capital":           {"size: 1GiB", "Size: 1GiB", `:6: volumes[0].Size: unknown key; did you mean "size"?`},
 		"in a multipath disk": {"beta: /dev/sdc", "beta: {pahts: [{path: /dev/sdc}]}", `:9: volumes[0].disks.beta.pahts: unknown key; did you mean "paths"?`},
 		"in a path":           {"beta: /dev/sdc", "beta: {paths: [{path: /dev/sdc, grup: a}]}", `:9: volumes[0].disks.beta.paths[0].grup: unknown key; did you mean "group"?`},
-		"nothing near":        {"protocol: C", "protocol: C\n    colour: blue", `:8: volumes[0].colour: unknown key; valid keys here: after_sb, al_extents, checksums, csums, disks,`},
+		"nothing near":        {"protocol: C", "protocol: C\n    colour: blue", `:8: volumes[0].colour: unknown key; valid keys here: after_sb, al_extents, bad_blocks_max, checksums, csums, disks,`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			text := strings.Replace(goodConfig, tc.from, tc.to, 1)

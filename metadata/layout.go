@@ -45,6 +45,10 @@
 //	200 24× peer slot: node id u32, flags u32 (1: in use), bitmap generation [16]
 //	968  8  format 2: ChecksumOffset, 976 8 ChecksumPages,
 //	984  8  ChecksumSeed (random at create-md; zero in format 1)
+//	1024 4  bad-block list (both formats; zeroes: empty; badblocks.go):
+//	        count (≤ 382), 1028 4 zero, from 1032 count × u64 in
+//	        ascending block order: block number (low 56 bits), kind
+//	        (top 8 bits: 1 could not be rewritten, 2 lost)
 //	4092 4  CRC32C of bytes [0, 4092)
 //
 // Activity-log transaction (4 KiB; the ring slot of transaction Seq is

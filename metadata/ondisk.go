@@ -9,6 +9,7 @@ import (
 	"hash/crc32"
 	"io"
 	"os"
+	"slices"
 
 	"github.com/replvol/replvol/internal/lockorder"
 	"github.com/replvol/replvol/replication"
@@ -116,6 +117,8 @@ type Superblock struct {
 	ChecksumOffset int64
 	ChecksumPages  int64
 	ChecksumSeed   uint64
+	// BadBlocks is the bad-block list (badblocks.go), in block order.
+	BadBlocks []BadBlock
 }
 
 const (
@@ -167,6 +170,7 @@ func encodeSuperblock(sb *Superblock) []byte {
 		le.PutUint64(b[sbChecksumOffset+8:], uint64(sb.ChecksumPages))
 		le.PutUint64(b[sbChecksumOffset+16:], sb.ChecksumSeed)
 	}
+	encodeBadBlocks(b, sb.BadBlocks)
 	le.PutUint32(b[crcOffset:], crc32.Checksum(b[:crcOffset], castagnoli))
 	return b
 }
@@ -234,6 +238,10 @@ func decodeSuperblock(b []byte) (Superblock, error) {
 	if err := sb.checkGeometry(); err != nil {
 		return sb, err
 	}
+	var err error
+	if sb.BadBlocks, err = decodeBadBlocks(b, sb.DataSize); err != nil {
+		return sb, err
+	}
 	return sb, nil
 }
 
@@ -267,6 +275,7 @@ func (sb *Superblock) geometry() geometry {
 func (sb *Superblock) clone() Superblock {
 	c := *sb
 	c.Peers = append([]PeerSlot(nil), sb.Peers...)
+	c.BadBlocks = slices.Clone(sb.BadBlocks)
 	return c
 }
 

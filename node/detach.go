@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	"github.com/replvol/replvol/internal/human"
+	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/multipath"
 	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
@@ -139,6 +140,9 @@ func (v *Volume) detach(f diskFailure, missOff, missLen int64) bool {
 		}
 		var err error
 		acts, err = v.stepLocked(volstate.DiskFailed{PeerInSync: true}, func(volstate.Cause) reason {
+			if f.reason() == reasonBadBlocksFull {
+				return because(CauseDetached, "disk detached: %v; reading and writing through the peer", f)
+			}
 			return because(CauseDetached, "disk detached after an IO error (%v); reading and writing through the peer", f)
 		}, nil)
 		if err != nil {
@@ -169,7 +173,8 @@ func (v *Volume) detach(f diskFailure, missOff, missLen int64) bool {
 				return
 			}
 			v.log.Error("local disk detached; serving from the peer until it works again", "cause", f.Error())
-			v.node.event(v.name, "detached", fmt.Sprintf("%s detached its disk (%v); IO goes to the peer until it works again", v.self, f))
+			v.node.emit(statefile.Event{Volume: v.name, Kind: "detached", Reason: string(f.reason()),
+				Message: fmt.Sprintf("%s detached its disk (%v); IO goes to the peer until it works again", v.self, f)})
 		}})
 	}
 	return detached

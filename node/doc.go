@@ -158,8 +158,10 @@
 // after it: n.volMu, v.resizeMu, in.applyMu, v.stateMu, v.mu; then the
 // leaves, under which nothing is taken: n.mu, n.cl.mu, v.rb.mu,
 // n.events.mu, n.claims.mu (claims.go: the mount claims), v.scrub.mu
-// (scrub.go: the scrub's phase and checkpoint), v.integ.lostMu
-// (integrity.go: the blocks no replica holds good), the metrics'
+// (scrub.go: the scrub's phase and checkpoint), v.integ.listMu
+// (integrity.go, badblocks.go: the lost blocks and the bad-block list;
+// held across the list's durable write, so the metadata's mutexes come
+// under it), the metrics'
 // eventCounts.mu and statusCache.mu. These are every mutex of the
 // package (type mutex, lock.go: internal/lockorder's); the mutexes of the
 // packages it calls under them (metadata, replication's bitmaps and

@@ -23,33 +23,57 @@ type integrity struct {
 	shared io.WriterAt
 	// repaired counts the blocks rewritten with a peer's copy, by cause.
 	repaired [repairCauses]atomic.Int64
+
+	// The bad-block list (badblocks.go): list is where it is durable
+	// (the volume's metadata), dataSync syncs the data disk (a block
+	// leaves the list only once what was written over it is durable),
+	// badMax is the volume's bad_blocks_max.
+	list     badBlockStore
+	dataSync func() error
+	badMax   int
+	// size is the volume's size (its last block may be partial).
+	size *atomic.Int64
+	// listMu guards lost and every change of bad and durable; it is held
+	// across the list's durable write, so only the metadata's mutexes
+	// are taken under it.
+	listMu mutex
 	// lost are the blocks found bad here that no replica held good, until
 	// a write covers them (clearLost); nLost is len(lost), read without
-	// the lock by every write. lostMu (a leaf) guards lost.
-	lostMu mutex
-	lost   map[int64]struct{}
-	nLost  atomic.Int64
+	// the lock by every write. As many of them as the list has room for
+	// are durable too.
+	lost  map[int64]struct{}
+	nLost atomic.Int64
+	// bad are the blocks that could not be rewritten, in order: never
+	// read from this disk. Durable BEFORE they are published here; read
+	// without the lock.
+	bad atomic.Pointer[[]int64]
+	// durable is the list the metadata holds, in block order.
+	durable atomic.Pointer[[]metadata.BadBlock]
 }
 
-// markLost records block b as bad here with no good copy anywhere.
-func (in *integrity) markLost(b int64) {
-	in.lostMu.Lock()
-	defer in.lostMu.Unlock()
+// markLost records block b as bad here with no good copy anywhere, in
+// the durable list too while it has room; an error says that could not
+// be written (the block is counted all the same).
+func (in *integrity) markLost(b int64) error {
+	in.listMu.Lock()
+	defer in.listMu.Unlock()
 	if in.lost == nil {
 		in.lost = map[int64]struct{}{}
 	}
 	in.lost[b] = struct{}{}
 	in.nLost.Store(int64(len(in.lost)))
+	return in.persistLocked(*in.bad.Load())
 }
 
 // clearLost forgets the lost blocks [off, off+length) touches: a write
-// put new data there.
+// put new data there. (They leave the durable list at unlist, once that
+// data is durable.)
 func (in *integrity) clearLost(off, length int64) {
 	if in.nLost.Load() == 0 || length <= 0 {
 		return
 	}
-	in.lostMu.Lock()
-	defer in.lostMu.Unlock()
+	in.listMu.Lock()
+	defer in.listMu.Unlock()
 	first, last := off/blocksum.BlockSize, (off+length-1)/blocksum.BlockSize
 	if last-first+1 < int64(len(in.lost)) {
 		for b := first; b <= last; b++ {
@@ -87,14 +111,17 @@ func (c repairCause) String() string {
 	return "checksum"
 }
 
-func newIntegrity(md *metadata.MD, volume metadata.VolumeUUID, disk Disk) *integrity {
-	in := &integrity{seed: blocksum.NewSeed(volume)}
+// newIntegrity is the integrity of a volume whose metadata is md, on
+// disk; badMax is its bad_blocks_max.
+func newIntegrity(md *metadata.MD, volume metadata.VolumeUUID, disk Disk, badMax int) *integrity {
+	in := &integrity{seed: blocksum.NewSeed(volume), list: md, dataSync: disk.Sync, badMax: badMax}
 	if sums, ok := md.Checksums(); ok {
 		in.sums = sums
 		if md.Placement() == metadata.Internal {
 			in.shared = disk
 		}
 	}
+	in.loadList(md.BadBlocks())
 	return in
 }
 
@@ -124,6 +151,7 @@ func (in *integrity) status() *transport.IntegrityStatus {
 		Checksums:           in.on(),
 		RepairedBlocks:      in.repaired[repairChecksum].Load() + in.repaired[repairReadError].Load(),
 		UnrecoverableBlocks: in.unrecoverable(),
+		BadBlocks:           in.badBlocks(),
 		// No scrub yet: always idle.
 		Scrub: transport.ScrubStatus{State: "idle"},
 	}
@@ -153,19 +181,25 @@ func wholeBlocks(off, length, volume int64) bool {
 // written records what a write of [off, off+length) left on the disk:
 // sums, the checksums of its blocks, or, without them (a trim, zeroes, a
 // write of part of a block), no known sum for the blocks it touched; the
-// blocks it touched are no longer lost. Call
+// blocks it touched are no longer lost, and those it covers whole leave
+// the bad-block list (unlist: the data is synced first). Call
 // it once the write is on the disk and BEFORE its activity-log Done, so
 // that a crash before the sums are durable rebuilds them
 // (metadata.MD.RebuildActivityLogChecksums).
 func (in *integrity) written(off, length int64, sums []uint32) error {
 	in.clearLost(off, length)
-	if in.sums == nil {
-		return nil
+	if in.sums != nil {
+		var err error
+		if sums != nil {
+			err = in.sums.SetRange(off/blocksum.BlockSize, sums)
+		} else {
+			err = in.sums.Forget(off, length)
+		}
+		if err != nil {
+			return err
+		}
 	}
-	if sums != nil {
-		return in.sums.SetRange(off/blocksum.BlockSize, sums)
-	}
-	return in.sums.Forget(off, length)
+	return in.unlist(off, length)
 }
 
 // flush makes the checksums stored so far durable. Call it once the data
@@ -200,8 +234,7 @@ func (a *applierSums) Verify(off int64, data []byte, sums []uint32) error {
 
 func (a *applierSums) Written(off, length int64, data []byte, sums []uint32) error {
 	if !a.in.on() {
-		a.in.clearLost(off, length)
-		return nil
+		return a.in.written(off, length, nil)
 	}
 	if sums == nil && data != nil {
 		a.scratch = a.in.sumsOf(a.scratch[:0], off, data, a.size.Load())
@@ -221,6 +254,8 @@ func (in *integrity) flushRange(off, length int64) error {
 	_, err := in.sums.FlushRange(off, length)
 	return err
 }
+
+func (a *applierSums) Listed(off, length int64) bool { return a.in.listedIn(off, length) }
 
 func (a *applierSums) Check(off int64, data []byte) error {
 	return a.in.check(off, data, a.size.Load())

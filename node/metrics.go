@@ -110,7 +110,7 @@ type collector struct {
 	volPrimary, volServing, volEpoch, volSize, volLocalMissing, volClients metricFamily
 	reads, readBytes, writes, writeBytes, flushes, resynced                metricFamily
 	alExtents, alHits, alMisses, alTransactions, alEvictions               metricFamily
-	blocksRepaired, blocksUnrecoverable, scrubProgress                     metricFamily
+	blocksRepaired, blocksUnrecoverable, badBlocks, scrubProgress          metricFamily
 	requestDuration                                                        *prometheus.Desc
 
 	// This node's replication links.
@@ -199,7 +199,8 @@ func (c *collector) define() {
 	c.alEvictions = k("activity_log_evictions_total", "Extents evicted from the activity log.", vol...)
 	c.blocksRepaired = k("blocks_repaired_total", "4 KiB blocks a read found bad on this node's disk, by cause (checksum: they did not match their checksum; read-error: the disk could not read them), and rewrote with a peer's good copy.", "volume", "node", "cause")
 	c.scrubProgress = g("scrub_progress_ratio", "How far the volume's scrub on this node got (replctl scrub): the running or paused scrub's share of the disk read, 1 once one finished, 0 before any.", vol...)
-	c.blocksUnrecoverable = g("blocks_unrecoverable", "4 KiB blocks a read or scrub found bad on this node's disk with no good copy on any peer, and that no write has covered since (since the node started): reads of them fail with EIO (event block-unrecoverable names them).", vol...)
+	c.blocksUnrecoverable = g("blocks_unrecoverable", "4 KiB blocks a read or scrub found bad on this node's disk with no good copy on any peer, and that no write has covered since (a restart keeps them, in the bad-block list while it has room): reads of them fail with EIO (event block-unrecoverable names them).", vol...)
+	c.badBlocks = g("bad_blocks", "4 KiB blocks of this node's disk on its bad-block list: their good copy could not be written over them, so they are read from a peer in sync; the disk is detached when the list would pass bad_blocks_max (docs/integrity.md).", vol...)
 
 	c.peerConnected = g("peer_connected", "1 while a replication session with the peer exists (it may still be resyncing: see peer_in_sync). A primary has a link to each peer, a secondary to its primary.", linkLabels...)
 	c.peerInSync = g("peer_in_sync", "1 while the link is connected, the peer's disk UpToDate and nothing is marked out of sync for it.", linkLabels...)
@@ -339,6 +340,7 @@ func (c *collector) collectVolume(ch chan<- prometheus.Metric, v *Volume) {
 		c.blocksRepaired.send(ch, float64(v.integ.repaired[cause].Load()), v.name, self, cause.String())
 	}
 	c.blocksUnrecoverable.send(ch, float64(v.integ.unrecoverable()), v.name, self)
+	c.badBlocks.send(ch, float64(v.integ.badBlocks()), v.name, self)
 	c.scrubProgress.send(ch, v.scrubProgress(), v.name, self)
 	if al := lv.ActivityLog; al != nil {
 		c.alExtents.send(ch, float64(al.Extents), v.name, self)

@@ -218,8 +218,10 @@ var errRepairLater = errors.New("the block changed, or the primary went away, be
 // from a peer in sync; on a secondary from its primary (goodCopy). The
 // block-repaired event and counter say so; when no replica holds a good
 // copy, the block-unrecoverable event and counter, and errUnrecoverable
-// (EIO). A write-back that fails detaches the disk, as a failed write
-// does; the client still gets the good data.
+// (EIO). A write-back that fails puts the block on the bad-block list
+// (listBadBlock), durably BEFORE this returns, or, when the list is full,
+// detaches the disk as a failed write does; the client gets the good
+// data either way.
 func (v *Volume) repairBlock(ctx context.Context, p []byte, off, b int64, sum uint32, known bool, cause repairCause) error {
 	boff, blen := blockSpan(b, v.size.Load())
 	good := make([]byte, blen)
@@ -231,7 +233,9 @@ func (v *Volume) repairBlock(ctx context.Context, p []byte, off, b int64, sum ui
 	}
 	from := v.goodCopy(ctx, in, good, b, sum, known)
 	if from == "" {
-		v.integ.markLost(b)
+		if err := v.integ.markLost(b); err != nil {
+			v.log.Warn("the unrecoverable block is counted, but a restart will not remember it", "off", boff, "err", err)
+		}
 		msg := fmt.Sprintf("the block at byte %d (%d bytes) of %s on %s is bad (%s) and no replica in sync holds a good copy: reads of it fail with EIO. Write the range again (from a backup, or what the application knows) to clear it",
 			boff, blen, v.name, v.self, cause)
 		v.log.Error(msg)
@@ -261,7 +265,7 @@ func (v *Volume) repairBlock(ctx context.Context, p []byte, off, b int64, sum ui
 	v.log.Warn(msg)
 	v.node.emit(statefile.Event{Volume: v.name, Kind: "block-repaired", Peer: from, Reason: cause.String(), Offset: boff, Length: blen, Message: msg})
 	if werr != nil {
-		v.detach(diskFailure{op: diskWrite, off: boff, length: blen, err: werr}, boff, blen)
+		v.listBadBlock(b, boff, blen, from, cause, werr)
 	}
 	return nil
 }

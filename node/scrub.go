@@ -555,6 +555,16 @@ func (v *Volume) scrubFailed(off int64, err error) {
 // scrubRange checks and repairs [off, off+len(p)) of the local disk,
 // counting in t.
 func (v *Volume) scrubRange(ctx context.Context, p []byte, off int64, t *blockTally) error {
+	if v.integ.listedIn(off, int64(len(p))) {
+		// The blocks on the bad-block list are not read from this disk
+		// (reads take them from a peer): the scrub checks the others.
+		for _, r := range v.integ.unlistedRuns(off, int64(len(p))) {
+			if err := v.scrubRange(ctx, p[r[0]-off:r[1]-off], r[0], t); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	if v.state().role() == replication.Primary {
 		return v.scrubOnPrimary(ctx, p, off, t)
 	}

@@ -177,10 +177,11 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD, auth bool)
 		peers:   map[string]*peer{},
 
 		localMissing: replication.NewBitmap(int64(cfg.Size)),
-		integ:        newIntegrity(md, cfg.VolumeUUID(), disk),
+		integ:        newIntegrity(md, cfg.VolumeUUID(), disk, cfg.BadBlocksMaxOrDefault()),
 		stopping:     make(chan struct{}),
 	}
 	v.size.Store(int64(cfg.Size))
+	v.integ.size = &v.size
 	v.set.Store(settingsOf(cfg))
 	v.st = volstate.State{Self: v.self, SelfID: n.config().NodeID(v.self), Auth: auth, Peers: map[string]volstate.Peer{}}
 	for name := range cfg.Disks {
@@ -428,7 +429,8 @@ func (v *Volume) ReadAt(ctx context.Context, p []byte, off int64) error {
 		return err
 	}
 	defer hold.Release()
-	if v.needsPeer(off, int64(len(p))) {
+	// A block on the bad-block list is never read from this disk.
+	if v.needsPeer(off, int64(len(p))) || v.integ.listedIn(off, int64(len(p))) {
 		if err := v.readFromPeer(ctx, p, off); err != nil {
 			return err
 		}

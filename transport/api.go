@@ -79,6 +79,10 @@ const (
 	// WarningUnrecoverable: blocks of a replica are bad (checksum or read
 	// error) and no replica holds a good copy: reads of them fail.
 	WarningUnrecoverable = "unrecoverable"
+	// WarningBadBlocks: blocks of a replica's disk could not be
+	// rewritten and are on its bad-block list: they are read from a peer,
+	// and the disk is detached when the list is full.
+	WarningBadBlocks = "bad-blocks"
 )
 
 // Warning is one thing an operator should act on, and how.
@@ -483,10 +487,12 @@ type IntegrityStatus struct {
 	RepairedBlocks int64 `json:"repaired_blocks"`
 	// UnrecoverableBlocks are blocks a read or scrub found bad here with
 	// no good copy on any peer (reads of them fail with EIO), and that no
-	// write has covered since; since the node started.
+	// write has covered since; a restart keeps them (the bad-block list,
+	// while it has room).
 	UnrecoverableBlocks int64 `json:"unrecoverable_blocks"`
-	// BadBlocks are blocks that could not be rewritten (none yet: the
-	// bad-block list is not built).
+	// BadBlocks is the length of the replica's bad-block list: blocks
+	// whose good copy could not be written over them, read from a peer
+	// in sync instead (docs/integrity.md). It survives a restart.
 	BadBlocks int64       `json:"bad_blocks"`
 	Scrub     ScrubStatus `json:"scrub"`
 }

@@ -382,6 +382,12 @@ func replicaWarnings(v *transport.VolumeStatus, r, primary *transport.ReplicaSta
 			fmt.Sprintf("replctl events --node %s", n), "")
 	}
 
+	if in := r.Integrity; in != nil && r.Reachable && in.BadBlocks > 0 {
+		add(transport.WarningBadBlocks, severityWarning,
+			fmt.Sprintf("%d blocks of %s's disk of %s could not be rewritten and are on its bad-block list: reads of them go to a peer in sync. The disk is failing: the list reaching bad_blocks_max detaches it; plan to replace it (the bad-block events name the blocks).", in.BadBlocks, n, vol),
+			fmt.Sprintf("replctl events --node %s", n), "")
+	}
+
 	for _, p := range r.Paths {
 		if p.State != transport.PathFail {
 			continue

@@ -183,6 +183,20 @@ func TestPageStates(t *testing.T) {
 			},
 		},
 		{
+			name: "blocks of alpha's disk on its bad-block list",
+			bend: func(st *transport.ClusterStatus) {
+				replica(st, "alpha").Integrity = &transport.ReplicaIntegrity{Checksums: true, BadBlocks: 3, Scrub: transport.ScrubSummary{State: "idle"}}
+			},
+			check: want{
+				text: map[string]string{
+					"warning-bad-blocks-vol0-alpha-text":    "3 blocks of alpha's disk of vol0 could not be rewritten and are on its bad-block list: reads of them go to a peer in sync.",
+					"warning-bad-blocks-vol0-alpha-command": "replctl events --node alpha",
+				},
+				absent: []string{"warning-bad-blocks-vol0-beta", "warning-unrecoverable-vol0-alpha", "warnings-none"},
+				class:  map[string]string{"warning-bad-blocks-vol0-alpha": "warning"},
+			},
+		},
+		{
 			name: "a scrub paused on beta",
 			bend: func(st *transport.ClusterStatus) {
 				replica(st, "beta").Integrity = &transport.ReplicaIntegrity{Checksums: true, Scrub: transport.ScrubSummary{State: "paused", Percent: 10}}

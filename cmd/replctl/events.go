@@ -39,8 +39,8 @@ peer (its replication state), then one of kind exists-end; then what happens.
 shows the events since then (a node keeps its last 1000). --json prints one
 JSON object per line with the keys time, node, seq, volume, kind, peer, old,
 new, reason, message, offset and length (empty strings, or 0, when an event
-has none; offset and length are the byte range of block-repaired and
-block-unrecoverable; seq is 0 for the state lines, which are not recorded).
+has none; offset and length are the byte range of block-repaired,
+block-unrecoverable and bad-block; seq is 0 for the state lines, which are not recorded).
 
 By default the node at --addr is followed; --node follows another node of its
 cluster, --all every node, merged in time order. A node that goes away is
@@ -457,7 +457,8 @@ func eventColor(kind string) string {
 		"quorum-lost", "lease-lost", "remove-refused", "reload-failed", "block-unrecoverable", "scrub-stopped":
 		return colorRed
 	case "disconnected", "waiting-for-peer", "resync", "verify", "stale-disk", "crashed-primary", "attaching",
-		"new-generation", "failover", "forced-primary", "discard-my-data", "stopped", "volume-removed", "block-repaired", "scrub":
+		"new-generation", "failover", "forced-primary", "discard-my-data", "stopped", "volume-removed", "block-repaired", "scrub",
+		"bad-block":
 		return colorYellow
 	case "connected", "resync-done", "verify-done", "attached", "pull-done", "split-brain-resolved", "path-restore",
 		"serving", "started", "quorum-regained", "lease-regained", "volume-added", "reloaded", "scrub-finished":

@@ -522,7 +522,7 @@ func printVolume(w io.Writer, v *transport.VolumeStatus, ws []transport.Warning,
 }
 
 // scrubLine is a line under the volume's table for r's integrity: the
-// blocks no replica holds good, and the scrub while one runs or is paused
+// blocks no replica holds good, those on its bad-block list, and the scrub while one runs or is paused
 // (percent and ETA); empty when there is nothing to say.
 func scrubLine(v *transport.VolumeStatus, r *transport.ReplicaStatus) cell {
 	in := r.Integrity
@@ -540,6 +540,10 @@ func scrubLine(v *transport.VolumeStatus, r *transport.ReplicaStatus) cell {
 		parts = append(parts, fmt.Sprintf("scrub on %s %s %5.1f%% ETA %s", r.Node, bar(s.Percent, 20), s.Percent, left))
 	case "paused":
 		parts = append(parts, fmt.Sprintf("scrub on %s paused at %.1f%% (replctl scrub %s --node %s --resume)", r.Node, s.Percent, v.Name, r.Node))
+	}
+	if in.BadBlocks > 0 {
+		color = colorYellow
+		parts = append(parts, fmt.Sprintf("%s: %d bad blocks (could not be rewritten; read from a peer in sync; the disk is detached when the list is full): replctl events --node %s names them (bad-block); plan to replace the disk", r.Node, in.BadBlocks, r.Node))
 	}
 	if in.UnrecoverableBlocks > 0 {
 		color = colorRed
@@ -678,6 +682,9 @@ func volumeWarnings(v *transport.VolumeStatus, ws []transport.Warning) []cell {
 		}
 		if in := r.Integrity; in != nil && in.UnrecoverableBlocks > 0 {
 			warns = append(warns, cell{fmt.Sprintf("! %s %d blocks unrecoverable", r.Node, in.UnrecoverableBlocks), colorRed})
+		}
+		if in := r.Integrity; in != nil && in.BadBlocks > 0 {
+			warns = append(warns, cell{fmt.Sprintf("! %s %d bad blocks", r.Node, in.BadBlocks), colorYellow})
 		}
 	}
 	for _, m := range v.SettingMismatches {

@@ -58,6 +58,9 @@ type Checksums interface {
 	// Sync makes the data written so far, and the sums recorded for it,
 	// durable; syncData syncs the data (one sync may cover both).
 	Sync(syncData func() error) error
+	// Listed reports whether [off, off+length) touches a block on this
+	// node's bad-block list: such a range is not read from the disk.
+	Listed(off, length int64) bool
 	// Check checks data, read from the disk at off, against the sums
 	// stored for its blocks (those that have one); an error names the
 	// first that differs.
@@ -210,7 +213,12 @@ func (in *Stream) apply(v *Volume, entries []replication.Entry, readReply func(s
 			}
 			buf = buf[:e.Length]
 			st := replication.AckOK
-			if _, rerr := v.Disk.ReadAt(buf, e.Off); rerr != nil {
+			if v.Checksums != nil && v.Checksums.Listed(e.Off, e.Length) {
+				// A block this node could not rewrite is never read
+				// from its disk: the primary takes it elsewhere.
+				v.Log.Warn("read for the primary: a block of it is on the bad-block list", "off", e.Off, "len", e.Length)
+				st, buf = replication.AckIOError, nil
+			} else if _, rerr := v.Disk.ReadAt(buf, e.Off); rerr != nil {
 				v.Log.Error("read for the primary failed", "off", e.Off, "len", e.Length, "err", rerr)
 				st, buf = replication.AckIOError, nil
 			} else if v.Checksums != nil {
