@@ -675,6 +675,7 @@ func (v *Volume) status() transport.LocalVolume {
 	as := al.Stats()
 	lv.Integrity = v.integ.status()
 	lv.Integrity.Scrub = v.scrubStatus()
+	lv.Integrity.Build = v.buildStatus()
 	lv.ActivityLog = &transport.ActivityLogStatus{Extents: al.Extents(), Hits: as.Hits, Misses: as.Misses, Transactions: as.Transactions, Evictions: as.Evictions}
 	if v.mp != nil {
 		lv.PathPolicy = v.mp.Policy().String()
