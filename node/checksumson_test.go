@@ -241,3 +241,47 @@ func TestChecksumsOnWithoutRoomRunsWithoutThem(t *testing.T) {
 	c.waitInSync()
 	c.requireIdentical()
 }
+
+// TestChecksumsOffThenOnAgainRebuildsThem: checksums: off on a node whose
+// metadata has the area keeps the area but stores and verifies no sum
+// (status says checksums false) while writes go on; turned on again, the
+// sums kept from before, stale for the blocks written meanwhile, are
+// dropped and built again, so every block's sum is its data's.
+func TestChecksumsOffThenOnAgainRebuildsThem(t *testing.T) {
+	const size = 8 << 20
+	c := newTestCluster(t, size)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	c.writeFlushed(t, randomBytes(64, size), 0)
+	c.waitInSync()
+
+	c.stop("beta")
+	c.cfg.Volumes[0].Checksums = "off"
+	c.start("beta")
+	waitForEvent(t, c.nodes["beta"], "checksums-off", nil)
+	if on, _, _ := c.integrityOf("beta"); on {
+		t.Fatal("beta: checksums: off, but status says checksums")
+	}
+	if _, ok := c.vol("beta").md.Checksums(); !ok {
+		t.Fatal("beta: checksums: off dropped the checksum area")
+	}
+	c.waitInSync()
+	c.writeFlushed(t, randomBytes(65, 2<<20), 1<<20)
+	c.waitInSync()
+
+	c.stop("beta")
+	c.cfg.Volumes[0].Checksums = ""
+	c.start("beta")
+	waitForEvent(t, c.nodes["beta"], "checksums-on", nil)
+	c.waitInSync()
+	c.waitBuilt(t, "beta")
+	c.requireIdentical()
+	disk := c.disk("beta")
+	all := map[int64][]byte{}
+	for b := int64(0); b < size/4096; b++ {
+		all[b] = disk[b*4096 : (b+1)*4096]
+	}
+	c.sumsMatchDisk("beta", all, nil)
+	c.sumsMatchDisk("alpha", all, nil)
+}

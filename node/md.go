@@ -154,10 +154,53 @@ func (n *Node) openMD(vc VolumeConfig, disk Disk) (*metadata.MD, func() error, e
 		closeDev()
 		return nil, nil, fmt.Errorf("metadata at %s: %w", where, err)
 	}
-	if _, has := md.Checksums(); !has && vc.Checksums == "on" {
+	switch _, has := md.Checksums(); {
+	case !has && vc.Checksums == "on":
 		n.enableChecksums(vc, md, disk, metaFile, where)
+	case has:
+		if err := n.checksumsOffOrBack(vc, md); err != nil {
+			closeDev()
+			return nil, nil, fmt.Errorf("volume %s: %w", vc.Name, err)
+		}
 	}
 	return md, closeDev, nil
+}
+
+// checksumsOffOrBack keeps the state file in step with checksums: off on
+// metadata that has a checksum area. Off: the area stays, and the node
+// neither computes nor verifies sums (newVolume); the state file says so
+// BEFORE the volume runs, stopping any scrub. Back on (or unset) after
+// that: the sums on disk missed every write made meanwhile, so they are
+// all dropped, durably, BEFORE the volume runs, and a build (a scrub
+// marked Build) makes them again; the state file says so after the drop,
+// so that a node going down between the two drops them again.
+func (n *Node) checksumsOffOrBack(vc VolumeConfig, md *metadata.MD) error {
+	rec, _, err := n.store.Scrub(vc.Name)
+	if err != nil {
+		return fmt.Errorf("read the scrub record: %w", err)
+	}
+	switch {
+	case vc.Checksums == "off" && !rec.ChecksumsOff:
+		rec.ChecksumsOff = true
+		rec.State, rec.Build, rec.Offset, rec.Built = "", false, 0, 0
+		rec.Checked, rec.Repaired, rec.Unrecoverable = 0, 0, 0
+		if err := n.store.PutScrub(vc.Name, rec); err != nil {
+			return fmt.Errorf("record that checksums are off: %w", err)
+		}
+		n.event(vc.Name, "checksums-off", fmt.Sprintf("checksums: off for %s: its metadata keeps its checksum area, but %s stores and verifies no sum from now on; checksums: on (or unset) builds them again", vc.Name, n.name))
+	case vc.Checksums != "off" && rec.ChecksumsOff:
+		if err := md.ForgetChecksums(); err != nil {
+			return fmt.Errorf("drop the checksums that missed the writes made while they were off: %w", err)
+		}
+		rec.ChecksumsOff = false
+		rec.State, rec.Build, rec.Offset, rec.Built, rec.Rate = scrubRunning.String(), true, 0, 0, 0
+		rec.Checked, rec.Repaired, rec.Unrecoverable = 0, 0, 0
+		if err := n.store.PutScrub(vc.Name, rec); err != nil {
+			return fmt.Errorf("record the build of the checksums: %w", err)
+		}
+		n.event(vc.Name, "checksums-on", fmt.Sprintf("checksums turned on again for %s: the sums kept from before they were off were dropped; they are being built in the background (status: checksums building)", vc.Name))
+	}
+	return nil
 }
 
 // enableChecksums turns checksums on for a volume whose metadata has no

@@ -180,6 +180,12 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD, auth bool)
 		integ:        newIntegrity(md, cfg.VolumeUUID(), disk),
 		stopping:     make(chan struct{}),
 	}
+	if cfg.Checksums == "off" {
+		// checksums: off on metadata with a checksum area: the area
+		// stays, unused (openMD recorded it; turning them on again
+		// drops the sums and builds them).
+		v.integ.sums = nil
+	}
 	v.size.Store(int64(cfg.Size))
 	v.set.Store(settingsOf(cfg))
 	v.st = volstate.State{Self: v.self, SelfID: n.config().NodeID(v.self), Auth: auth, Peers: map[string]volstate.Peer{}}

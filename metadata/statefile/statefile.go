@@ -73,6 +73,11 @@ type ScrubState struct {
 	// Built are the blocks whose sums the scrub under way stored (they
 	// had none).
 	Built int64 `json:"built,omitempty"`
+	// ChecksumsOff: the node ran the volume with checksums: off while
+	// its metadata has a checksum area, so writes stored no sums and
+	// those on disk may be stale: turning checksums on again drops them
+	// all, then builds them.
+	ChecksumsOff bool `json:"checksums_off,omitempty"`
 	// Offset is the byte the scrub has checked up to (its checkpoint).
 	Offset int64 `json:"offset,omitempty"`
 	// Rate is the operator's rate (bytes per second; 0: the default).
