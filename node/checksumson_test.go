@@ -3,6 +3,7 @@ package node
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"sync"
@@ -199,7 +200,8 @@ func (v *Volume) adjustRate(t *testing.T, rate int64) {
 // checksums-refused), changes no byte of its data and keeps its metadata
 // format 1 (metadata's TestEnableChecksumsWithoutRoomChangesNothing pins
 // that no byte of the device changes), and serves the volume without
-// checksums.
+// checksums; once the file grows to that size, the next start converts
+// it (the metadata moves to the new end) and builds the sums.
 func TestChecksumsOnWithoutRoomRunsWithoutThem(t *testing.T) {
 	const size = 8 << 20
 	c := newTestCluster(t, size)
@@ -238,6 +240,36 @@ func TestChecksumsOnWithoutRoomRunsWithoutThem(t *testing.T) {
 	c.start("beta")
 	c.waitInSync()
 	c.writeFlushed(t, randomBytes(63, 1<<20), 2<<20)
+	c.waitInSync()
+	c.requireIdentical()
+
+	// The operator grows the file to the size the event gave: the
+	// metadata moves to the new end with the area, and the sums are
+	// built; the data is what it was.
+	var need int64
+	if _, err := fmt.Sscanf(e.Message[strings.Index(e.Message, "truncate -s ")+len("truncate -s "):], "%d", &need); err != nil {
+		t.Fatalf("no size in %q: %v", e.Message, err)
+	}
+	c.stop("beta")
+	data = c.disk("beta")[:size]
+	if err := os.Truncate(img, need); err != nil {
+		t.Fatal(err)
+	}
+	c.start("beta")
+	waitForEvent(t, c.nodes["beta"], "checksums-on", nil)
+	if sb := c.vol("beta").md.Superblock(); !sb.HasChecksums() || sb.DeviceSize != need {
+		t.Fatalf("beta's metadata is format %d laid out for %d bytes; want format 2 at the end of the %d-byte disk", sb.Version, sb.DeviceSize, need)
+	}
+	c.waitInSync()
+	c.waitBuilt(t, "beta")
+	if !bytes.Equal(c.disk("beta")[:size], data) {
+		t.Fatal("the conversion changed beta's data")
+	}
+	c.stop("beta")
+	c.start("beta")
+	if _, ok := c.vol("beta").md.Checksums(); !ok {
+		t.Fatal("beta's converted metadata opens without checksums after a restart")
+	}
 	c.waitInSync()
 	c.requireIdentical()
 }
