@@ -317,3 +317,72 @@ func TestChecksumsOffThenOnAgainRebuildsThem(t *testing.T) {
 	c.sumsMatchDisk("beta", all, nil)
 	c.sumsMatchDisk("alpha", all, nil)
 }
+
+// TestChecksumsOnWithExternalMetadataLengthensItsFile: external metadata
+// files made without checksums, at exactly their size then: started with
+// checksums: on, each node lengthens its file, lays the bitmaps out again
+// after the new area, and builds the sums; catch-up after an outage still
+// moves only what changed (the bitmaps kept working).
+func TestChecksumsOnWithExternalMetadataLengthensItsFile(t *testing.T) {
+	const size = 8 << 20
+	c := newTestCluster(t, size)
+	c.cfg.Volumes[0].Metadata = "external"
+	c.cfg.Volumes[0].Checksums = "off"
+	for _, name := range []string{"alpha", "beta"} {
+		dc := c.cfg.Volumes[0].Disks[name]
+		if err := os.Truncate(dc.Paths[0].Path, size); err != nil {
+			t.Fatal(err)
+		}
+		dc.Meta = dc.Paths[0].Path + ".md"
+		n, err := metadata.ExternalSizeFor(size, 0, 1, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(dc.Meta, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(dc.Meta, n); err != nil {
+			t.Fatal(err)
+		}
+		c.cfg.Volumes[0].Disks[name] = dc
+	}
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	c.writeFlushed(t, randomBytes(66, size), 0)
+	c.waitInSync()
+
+	c.cfg.Volumes[0].Checksums = "on"
+	for _, name := range []string{"beta", "alpha"} {
+		c.stop(name)
+		c.start(name)
+		waitForEvent(t, c.nodes[name], "checksums-on", nil)
+		c.waitInSync()
+		c.waitBuilt(t, name)
+		meta := c.cfg.Volumes[0].Disks[name].Meta
+		want, _ := metadata.ExternalSizeFor(size, 0, 1, true)
+		fi, err := os.Stat(meta)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Size() < want {
+			t.Fatalf("%s: the metadata file is %d bytes, want at least %d", name, fi.Size(), want)
+		}
+	}
+	c.vol("alpha").setAdminDown(true)
+	blocks := writeRandomBlocks(t, c.vol("alpha"), 50, 14)
+	before := replica(c.status(), "beta").ResyncedBytes
+	c.vol("alpha").setAdminDown(false)
+	c.waitInSync()
+	if moved := replica(c.status(), "beta").ResyncedBytes - before; moved != int64(blocks)*4096 {
+		t.Fatalf("catch-up moved %d bytes, want %d", moved, blocks*4096)
+	}
+	c.requireIdentical()
+	disk := c.disk("alpha")
+	all := map[int64][]byte{}
+	for b := int64(0); b < size/4096; b++ {
+		all[b] = disk[b*4096 : (b+1)*4096]
+	}
+	c.sumsMatchDisk("alpha", all, nil)
+	c.sumsMatchDisk("beta", all, nil)
+}
