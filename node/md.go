@@ -160,7 +160,7 @@ func (n *Node) openMD(vc VolumeConfig, disk Disk) (*metadata.MD, func() error, e
 	case has:
 		if err := n.checksumsOffOrBack(vc, md); err != nil {
 			closeDev()
-			return nil, nil, fmt.Errorf("volume %s: %w", vc.Name, err)
+			return nil, nil, fmt.Errorf("metadata at %s: %w", where, err)
 		}
 	}
 	return md, closeDev, nil

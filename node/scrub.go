@@ -667,6 +667,8 @@ func (v *Volume) buildSums(p []byte, off int64) (int64, error) {
 		for j < n && !known[j] {
 			j++
 		}
+		// The run's sums go over the start of sums, whose values (all
+		// read already, and unknown for this run) are not needed again.
 		run := in.seed.Sums(sums[:0], uint64(first+int64(k)), p[k*blocksum.BlockSize:min(j*blocksum.BlockSize, len(p))])
 		if err := in.sums.SetRange(first+int64(k), run); err != nil {
 			return built, fmt.Errorf("store the checksums: %w", err)
