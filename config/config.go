@@ -206,11 +206,12 @@ type VolumeConfig struct {
 	Csums bool `yaml:"csums,omitempty"`
 	// Checksums is on or off: a CRC-32C of every 4 KiB block, computed
 	// where a write enters, verified by each peer before it writes and
-	// stored in the metadata (docs/integrity.md). It is laid out when a
-	// disk's metadata is created; unset means on for the metadata this
-	// version creates, and a disk whose metadata has no checksum area
-	// runs without them. (The node does not yet compute or verify them:
-	// the field is parsed and checked, the wiring follows.)
+	// stored in the metadata (docs/integrity.md). Unset means on for the
+	// metadata this version creates, while a disk whose metadata has no
+	// checksum area runs on without them; on, written out, also turns
+	// them on for such a disk when its node starts the volume (its
+	// metadata gains the area, and the sums are built in the background);
+	// off keeps an existing area unused.
 	Checksums string `yaml:"checksums,omitempty"`
 	// ScrubInterval, when set (e.g. 7d, 24h), makes each node start a
 	// scrub of its disk of the volume by itself (replctl scrub, at the

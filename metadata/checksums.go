@@ -636,6 +636,18 @@ func (md *MD) RebuildActivityLogChecksums(data DataDevice) (ChecksumRecovery, er
 	return rec, c.Flush()
 }
 
+// ForgetChecksums drops every stored sum at once, durably BEFORE it
+// returns: every block then has no known sum until it is written or a
+// scrub builds it. Without a checksum area it does nothing. The node
+// calls it when checksums are turned on again after running with them
+// off, when writes stored no sum: the sums from before would be stale.
+func (md *MD) ForgetChecksums() error {
+	if md.sums == nil {
+		return nil
+	}
+	return md.forgetAllChecksums()
+}
+
 // forgetAllChecksums drops every stored sum at once: a superblock with a
 // new seed, durable BEFORE it returns, under which no page on the device
 // holds a known sum. Pages written meanwhile under either seed hold none

@@ -5,7 +5,8 @@
 // (internal) or in a separate file (external); with MDOptions.Checksums,
 // also the block checksums at rest (format 2, Checksums, paged). layout.go
 // documents the format byte by byte; MD.Grow grows it with its volume,
-// online.
+// online; MD.EnableChecksums gives format-1 metadata a checksum area
+// (convert.go), before the metadata is shared.
 //
 // A node's bbolt files are in the packages below: statefile (state.db)
 // and raftlog (raft.db). metadata itself imports only replication (and

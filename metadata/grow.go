@@ -129,7 +129,7 @@ func (md *MD) Grow(opts GrowOptions) (GrowReport, error) {
 		rep.PagesWritten, err = md.extendBitmaps(opts.VolumeSize)
 	} else {
 		rep.Moved = true
-		rep.PagesWritten, err = md.move(target, opts.VolumeSize)
+		rep.PagesWritten, err = md.move(target, opts.VolumeSize, 0)
 		md.mu.Lock()
 		rep.DeviceSize, rep.Offset = md.geo.deviceSize, md.geo.mdOffset
 		md.mu.Unlock()
@@ -367,8 +367,10 @@ func (md *MD) extendBitmaps(size int64) (int, error) {
 
 // move writes the metadata whole in layout g, for a volume of size
 // bytes, and switches to it (Grow's order). It owns the activity log and
-// every bitmap's flushes meanwhile.
-func (md *MD) move(g geometry, size int64) (pages int, err error) {
+// every bitmap's flushes meanwhile. When g has a checksum area and the
+// metadata in force has none (EnableChecksums), the new superblock is
+// format 2 with seed as its area's seed.
+func (md *MD) move(g geometry, size int64, seed uint64) (pages int, err error) {
 	a := md.al
 	if err := a.own(); err != nil {
 		return 0, err
@@ -436,7 +438,11 @@ func (md *MD) move(g geometry, size int64) (pages int, err error) {
 	defer md.mu.Unlock()
 	next := md.sb.clone()
 	next.Seq++
-	next.setGeometry(g)
+	if g.checksums && !next.HasChecksums() {
+		next.withChecksums(g, seed)
+	} else {
+		next.setGeometry(g)
+	}
 	if err := md.writeSuperblockAt(g, &next); err != nil {
 		// It may have reached the disk all the same: take it back, or
 		// stop the log (the disk must be detached) rather than write on

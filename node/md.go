@@ -105,6 +105,7 @@ func (n *Node) openMD(vc VolumeConfig, disk Disk) (*metadata.MD, func() error, e
 		opts.Peers = []uint32{0}
 	}
 	var dev metadata.MDDevice = backing.SyncedMDDevice{Disk: disk}
+	var metaFile *os.File // external metadata's file
 	closeDev := func() error { return nil }
 	where := fmt.Sprintf("the end of %s", vc.Disks[n.name].Paths[0].Path)
 	if vc.External() {
@@ -115,6 +116,7 @@ func (n *Node) openMD(vc VolumeConfig, disk Disk) (*metadata.MD, func() error, e
 		}
 		opts.Placement, opts.DeviceSize = metadata.External, int64(vc.Size)
 		dev, closeDev, where = backing.MDFile{File: f}, f.Close, path
+		metaFile = f
 	}
 	md, err := metadata.OpenMD(dev, opts)
 	if (errors.Is(err, metadata.ErrNoMetadata) || errors.Is(err, metadata.ErrCorrupt)) && opts.Placement == metadata.Internal {
@@ -152,7 +154,126 @@ func (n *Node) openMD(vc VolumeConfig, disk Disk) (*metadata.MD, func() error, e
 		closeDev()
 		return nil, nil, fmt.Errorf("metadata at %s: %w", where, err)
 	}
+	switch _, has := md.Checksums(); {
+	case !has && vc.Checksums == "on":
+		n.enableChecksums(vc, md, disk, metaFile, where)
+	case has:
+		if err := n.checksumsOffOrBack(vc, md); err != nil {
+			closeDev()
+			return nil, nil, fmt.Errorf("metadata at %s: %w", where, err)
+		}
+	}
 	return md, closeDev, nil
+}
+
+// checksumsOffOrBack keeps the state file in step with checksums: off on
+// metadata that has a checksum area. Off: the area stays, and the node
+// neither computes nor verifies sums (newVolume); the state file says so
+// BEFORE the volume runs, stopping any scrub. Back on (or unset) after
+// that: the sums on disk missed every write made meanwhile, so they are
+// all dropped, durably, BEFORE the volume runs, and a build (a scrub
+// marked Build) makes them again; the state file says so after the drop,
+// so that a node going down between the two drops them again.
+func (n *Node) checksumsOffOrBack(vc VolumeConfig, md *metadata.MD) error {
+	rec, _, err := n.store.Scrub(vc.Name)
+	if err != nil {
+		return fmt.Errorf("read the scrub record: %w", err)
+	}
+	switch {
+	case vc.Checksums == "off" && !rec.ChecksumsOff:
+		rec.ChecksumsOff = true
+		rec.State, rec.Build, rec.Offset, rec.Built = "", false, 0, 0
+		rec.Checked, rec.Repaired, rec.Unrecoverable = 0, 0, 0
+		if err := n.store.PutScrub(vc.Name, rec); err != nil {
+			return fmt.Errorf("record that checksums are off: %w", err)
+		}
+		n.event(vc.Name, "checksums-off", fmt.Sprintf("checksums: off for %s: its metadata keeps its checksum area, but %s stores and verifies no sum from now on; checksums: on (or unset) builds them again", vc.Name, n.name))
+	case vc.Checksums != "off" && rec.ChecksumsOff:
+		if err := md.ForgetChecksums(); err != nil {
+			return fmt.Errorf("drop the checksums that missed the writes made while they were off: %w", err)
+		}
+		rec.ChecksumsOff = false
+		rec.State, rec.Build, rec.Offset, rec.Built, rec.Rate = scrubRunning.String(), true, 0, 0, 0
+		rec.Checked, rec.Repaired, rec.Unrecoverable = 0, 0, 0
+		if err := n.store.PutScrub(vc.Name, rec); err != nil {
+			return fmt.Errorf("record the build of the checksums: %w", err)
+		}
+		n.event(vc.Name, "checksums-on", fmt.Sprintf("checksums turned on again for %s: the sums kept from before they were off were dropped; they are being built in the background (status: checksums building)", vc.Name))
+	}
+	return nil
+}
+
+// enableChecksums turns checksums on for a volume whose metadata has no
+// checksum area (made before checksums, or with checksums: off) when the
+// file says checksums: on in so many words (unset turns them on only for
+// metadata this version creates). It runs when the node opens the volume,
+// BEFORE the volume serves or applies anything, so no write races the
+// conversion (metadata.MD.EnableChecksums); the node's peers serve the
+// volume meanwhile when the node restarts for it. The pass that builds
+// the sums (a scrub marked Build) is recorded in the state file BEFORE
+// the conversion, so that a node going down between the two resumes the
+// pass once the metadata has its area, and runs when the volume starts
+// (resumeScrubAtStart). Without room the metadata stays as it is, not a
+// byte changed, and the volume runs without checksums; an event and the
+// log say how much room to make.
+func (n *Node) enableChecksums(vc VolumeConfig, md *metadata.MD, disk Disk, metaFile *os.File, where string) {
+	fail := func(msg string) {
+		msg = fmt.Sprintf("checksums: on for %s, but %s; it runs without checksums on %s (status says checksums: false)", vc.Name, msg, n.name)
+		n.log.Error(msg, "volume", vc.Name)
+		n.event(vc.Name, "checksums-refused", msg)
+	}
+	if metaFile != nil {
+		// A regular file is lengthened to the format-2 size: that
+		// changes none of the metadata's bytes, and none of the data's.
+		sb := md.Superblock()
+		need, err := metadata.ExternalSizeFor(sb.DeviceSize, int(sb.ALExtents), len(sb.Peers), true)
+		if err != nil {
+			fail(err.Error())
+			return
+		}
+		if fi, err := metaFile.Stat(); err == nil && fi.Mode().IsRegular() && fi.Size() < need {
+			if err := metaFile.Truncate(need); err != nil {
+				fail(fmt.Sprintf("lengthening its metadata file %s to %d bytes failed: %v", where, need, err))
+				return
+			}
+			if err := metaFile.Sync(); err != nil {
+				fail(fmt.Sprintf("syncing its metadata file %s failed: %v", where, err))
+				return
+			}
+		}
+	}
+	opts := metadata.EnableChecksumsOptions{DeviceSize: disk.Size(), DataDevice: disk}
+	if err := md.CheckEnableChecksums(opts); err != nil {
+		fail(fmt.Sprintf("its metadata at %s has no room for a checksum area: %v", where, err))
+		return
+	}
+	prev, _, err := n.store.Scrub(vc.Name)
+	if err != nil {
+		fail(fmt.Sprintf("the state file cannot be read: %v", err))
+		return
+	}
+	rec := prev
+	rec.State, rec.Build, rec.Offset, rec.Rate = scrubRunning.String(), true, 0, 0
+	rec.Checked, rec.Repaired, rec.Unrecoverable = 0, 0, 0
+	if err := n.store.PutScrub(vc.Name, rec); err != nil {
+		fail(fmt.Sprintf("the pass that builds the checksums cannot be recorded in the state file: %v", err))
+		return
+	}
+	rep, err := md.EnableChecksums(opts)
+	if err != nil {
+		prev.State, prev.Build = "", false
+		if perr := n.store.PutScrub(vc.Name, prev); perr != nil {
+			n.log.Warn("take back the record of the checksum build", "volume", vc.Name, "err", perr)
+		}
+		fail(fmt.Sprintf("its metadata at %s could not take a checksum area: %v", where, err))
+		return
+	}
+	how := fmt.Sprintf("a checksum area of %s was laid out beside the bitmaps", human.Bytes(rep.AreaBytes))
+	if rep.Moved {
+		how = fmt.Sprintf("the metadata was laid out again with a checksum area of %s", human.Bytes(rep.AreaBytes))
+	}
+	n.event(vc.Name, "checksums-on", fmt.Sprintf("checksums turned on for %s at %s: %s; the checksums of the blocks written before are being built in the background (status: checksums building), and every block is verified once it has one",
+		vc.Name, where, how))
 }
 
 // CreateMetadata initialises a volume's metadata on node name's disk,

@@ -29,6 +29,17 @@ import (
 // is the checkpoint, kept in the state file every scrubCheckpointEvery or
 // scrubCheckpointBytes and whenever the scrub stops, so a restart resumes
 // a running or paused scrub there.
+//
+// Every scrub also builds the sums of the blocks that have none (a volume
+// whose checksums were just turned on, metadata made by create-md over
+// existing data, blocks trimmed or written in part): each is computed
+// from what the range read, under the same lock, so a write to the block
+// is ordered before or after it and never has its sum replaced by a
+// stale one. The pass that turning checksums on starts is such a scrub,
+// marked Build in the state file and shown as the integrity's build in
+// status. The sums it stored are flushed BEFORE the checkpoint that
+// passes them is written, so a restart never skips a block whose sum was
+// lost.
 
 const (
 	// scrubChunk is what a scrub reads at once.
@@ -173,6 +184,7 @@ func (v *Volume) startScrubLocked(rate int64, resume bool) (string, error) {
 	rec.State = scrubRunning.String()
 	if !resume {
 		rec.Offset, rec.Rate, rec.Checked, rec.Repaired, rec.Unrecoverable = 0, rate, 0, 0, 0
+		rec.Build, rec.Built = false, 0
 	}
 	if err := v.node.store.PutScrub(v.name, rec); err != nil {
 		return "", fmt.Errorf("record the scrub of %s in the state file: %w", v.name, err)
@@ -221,6 +233,9 @@ func (v *Volume) pauseScrub(to scrubPhase) error {
 		sc.rec.State = to.String()
 	} else {
 		sc.rec.Offset, sc.rec.Checked, sc.rec.Repaired, sc.rec.Unrecoverable = 0, 0, 0, 0
+		// A build stopped leaves the blocks it did not reach without a
+		// sum, as they were: the next scrub builds them.
+		sc.rec.Build, sc.rec.Built = false, 0
 		if sc.ended != nil {
 			// scrub_interval's next scrub is due an interval after
 			// the operator stopped this one, not at once.
@@ -256,6 +271,18 @@ func (v *Volume) resumeScrubAtStart() {
 	if !ok {
 		return
 	}
+	if !v.integ.on() && rec.State != "" {
+		// The metadata has no checksum area (the node went down after
+		// recording the build of checksums and before laying out their
+		// area, and their conversion did not happen at this start): there
+		// is nothing to scrub against.
+		v.log.Warn("a scrub was recorded, but the volume keeps no checksums here: it is dropped", "state", rec.State, "build", rec.Build)
+		rec.State, rec.Build, rec.Offset, rec.Built = "", false, 0, 0
+		if err := v.node.store.PutScrub(v.name, rec); err != nil {
+			v.log.Warn("drop the scrub checkpoint", "err", err)
+		}
+		return
+	}
 	sc := &v.scrub
 	sc.mu.Lock()
 	sc.rec, sc.phase = rec, scrubPhaseOf(rec.State)
@@ -264,7 +291,10 @@ func (v *Volume) resumeScrubAtStart() {
 		v.launchScrubLocked()
 	}
 	sc.mu.Unlock()
-	if running {
+	switch {
+	case running && rec.Build:
+		v.node.event(v.name, "scrub", fmt.Sprintf("the build of the checksums of %s on %s goes on at %.1f%%", v.name, v.self, at))
+	case running:
 		v.node.event(v.name, "scrub", fmt.Sprintf("scrub of %s on %s resumed after the restart at %.1f%%", v.name, v.self, at))
 	}
 }
@@ -405,7 +435,7 @@ func (v *Volume) scrubStatus() transport.ScrubStatus {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
 	rec := sc.rec
-	st := transport.ScrubStatus{State: sc.phase.String(), LastRepaired: rec.LastRepaired, LastUnrecoverable: rec.LastUnrecoverable}
+	st := transport.ScrubStatus{State: sc.phase.String(), LastRepaired: rec.LastRepaired, LastUnrecoverable: rec.LastUnrecoverable, BuiltBlocks: rec.Built}
 	if !rec.LastFinished.IsZero() {
 		t := rec.LastFinished
 		st.LastFinished = &t
@@ -429,6 +459,18 @@ func (v *Volume) scrubStatus() transport.ScrubStatus {
 		}
 	}
 	return st
+}
+
+// buildStatus is the integrity's build in status: how far the pass that
+// builds the checksums just turned on got; nil when none runs or is paused.
+func (v *Volume) buildStatus() *transport.ChecksumBuild {
+	sc := &v.scrub
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if sc.phase == scrubIdle || !sc.rec.Build {
+		return nil
+	}
+	return &transport.ChecksumBuild{State: sc.phase.String(), Percent: v.scrubPercentLocked()}
 }
 
 // scrubProgress is the ratio of the metric replvol_scrub_progress_ratio:
@@ -460,6 +502,17 @@ func (v *Volume) runScrub(stop <-chan struct{}) {
 	var pace resyncPacer
 	var read int64
 	savedAt, savedOff := v.clock.Now(), off
+	// unflushed: sums were built since the last checkpoint; they are
+	// made durable BEFORE the next one (and before the loop ends, which
+	// a pause, stop or shutdown records).
+	unflushed := false
+	defer func() {
+		if unflushed {
+			if err := v.integ.syncData(v.disk.Sync); err != nil {
+				v.log.Warn("flush the checksums the scrub built", "err", err)
+			}
+		}
+	}()
 	for off < v.size.Load() {
 		if due := pace.due(rate, read, v.clock.Now()); !due.IsZero() {
 			if d := v.clock.Until(due); d > 0 && !waitOut(ctx, v.clock, d) {
@@ -471,7 +524,8 @@ func (v *Volume) runScrub(stop <-chan struct{}) {
 		}
 		n := min(int64(scrubChunk), v.size.Load()-off)
 		var t blockTally
-		err := v.scrubRange(ctx, buf[:n], off, &t)
+		var built int64
+		err := v.scrubRange(ctx, buf[:n], off, &t, &built)
 		switch {
 		case ctx.Err() != nil:
 		case errors.Is(err, errScrubWaits):
@@ -495,14 +549,32 @@ func (v *Volume) runScrub(stop <-chan struct{}) {
 		sc.rec.Checked += t.checked
 		sc.rec.Repaired += t.repaired
 		sc.rec.Unrecoverable += t.unrecoverable
+		sc.rec.Built += built
 		rec := sc.rec
 		sc.mu.Unlock()
+		unflushed = unflushed || built > 0
 		if now := v.clock.Now(); now.Sub(savedAt) >= scrubCheckpointEvery || off-savedOff >= scrubCheckpointBytes {
+			if unflushed {
+				if err := v.integ.syncData(v.disk.Sync); err != nil {
+					// The checkpoint stays where it was: a restart
+					// builds these sums again.
+					v.log.Warn("flush the checksums the scrub built", "err", err)
+					continue
+				}
+				unflushed = false
+			}
 			if err := v.node.store.PutScrub(v.name, rec); err != nil {
 				v.log.Warn("write the scrub checkpoint", "err", err)
 			}
 			savedAt, savedOff = now, off
 		}
+	}
+	if unflushed {
+		if err := v.integ.syncData(v.disk.Sync); err != nil {
+			v.scrubFailed(off, fmt.Errorf("flush the checksums it built: %w", err))
+			return
+		}
+		unflushed = false
 	}
 	sc.mu.Lock()
 	if ctx.Err() != nil || sc.phase != scrubRunning {
@@ -518,7 +590,8 @@ func (v *Volume) runScrub(stop <-chan struct{}) {
 		return
 	}
 	rec := sc.rec
-	rec.State, rec.Offset = "", 0
+	build, built := rec.Build, rec.Built
+	rec.State, rec.Offset, rec.Build, rec.Built = "", 0, false, 0
 	rec.LastFinished = v.clock.Now().UTC()
 	rec.LastChecked, rec.LastRepaired, rec.LastUnrecoverable = rec.Checked, rec.Repaired, rec.Unrecoverable
 	rec.Checked, rec.Repaired, rec.Unrecoverable = 0, 0, 0
@@ -533,6 +606,9 @@ func (v *Volume) runScrub(stop <-chan struct{}) {
 		msg += " (the block-unrecoverable events name them: write those ranges again, from a backup or what the application knows)"
 	}
 	v.node.event(v.name, "scrub-finished", msg)
+	if build {
+		v.node.event(v.name, "checksums-built", fmt.Sprintf("the checksums of %s on %s are built: %d blocks got theirs; every block is verified from now on", v.name, v.self, built))
+	}
 }
 
 // scrubFailed ends a scrub the disk failed (it is taken for failed, as a
@@ -541,7 +617,7 @@ func (v *Volume) scrubFailed(off int64, err error) {
 	sc := &v.scrub
 	sc.mu.Lock()
 	sc.phase, sc.stop, sc.done = scrubIdle, nil, nil
-	sc.rec.State, sc.rec.Offset = "", 0
+	sc.rec.State, sc.rec.Offset, sc.rec.Build, sc.rec.Built = "", 0, false, 0
 	rec := sc.rec
 	sc.mu.Unlock()
 	if perr := v.node.store.PutScrub(v.name, rec); perr != nil {
@@ -553,27 +629,69 @@ func (v *Volume) scrubFailed(off int64, err error) {
 }
 
 // scrubRange checks and repairs [off, off+len(p)) of the local disk,
-// counting in t.
-func (v *Volume) scrubRange(ctx context.Context, p []byte, off int64, t *blockTally) error {
+// counting in t, and builds the sums of its blocks that have none,
+// counting them in built.
+func (v *Volume) scrubRange(ctx context.Context, p []byte, off int64, t *blockTally, built *int64) error {
 	if v.integ.listedIn(off, int64(len(p))) {
 		// The blocks on the bad-block list are not read from this disk
 		// (reads take them from a peer): the scrub checks the others.
 		for _, r := range v.integ.unlistedRuns(off, int64(len(p))) {
-			if err := v.scrubRange(ctx, p[r[0]-off:r[1]-off], r[0], t); err != nil {
+			if err := v.scrubRange(ctx, p[r[0]-off:r[1]-off], r[0], t, built); err != nil {
 				return err
 			}
 		}
 		return nil
 	}
 	if v.state().role() == replication.Primary {
-		return v.scrubOnPrimary(ctx, p, off, t)
+		return v.scrubOnPrimary(ctx, p, off, t, built)
 	}
-	return v.scrubOnSecondary(ctx, p, off, t)
+	return v.scrubOnSecondary(ctx, p, off, t, built)
+}
+
+// buildSums stores the sum of every block of p, read at off, that has no
+// known sum, and returns how many it stored. The caller holds what
+// orders it with the writes to those blocks (the range lock on the
+// primary, the stream on a secondary) from the read on: a write is then
+// either on the disk before the read, or sets its own sum after this
+// one. The sums reach the disk with the next flush (syncData): a block
+// written since the last one lies in an activity-log extent, whose sums
+// a crash rebuilds, and any other is durable already.
+func (v *Volume) buildSums(p []byte, off int64) (int64, error) {
+	in := v.integ
+	if !in.on() || len(p) == 0 {
+		return 0, nil
+	}
+	first := off / blocksum.BlockSize
+	n := (len(p) + blocksum.BlockSize - 1) / blocksum.BlockSize
+	sums, known := make([]uint32, n), make([]bool, n)
+	if err := in.sums.GetRange(first, sums, known); err != nil {
+		return 0, fmt.Errorf("read the checksums: %w", err)
+	}
+	var built int64
+	for k := 0; k < n; {
+		if known[k] {
+			k++
+			continue
+		}
+		j := k
+		for j < n && !known[j] {
+			j++
+		}
+		// The run's sums go over the start of sums, whose values (all
+		// read already, and unknown for this run) are not needed again.
+		run := in.seed.Sums(sums[:0], uint64(first+int64(k)), p[k*blocksum.BlockSize:min(j*blocksum.BlockSize, len(p))])
+		if err := in.sums.SetRange(first+int64(k), run); err != nil {
+			return built, fmt.Errorf("store the checksums: %w", err)
+		}
+		built += int64(j - k)
+		k = j
+	}
+	return built, nil
 }
 
 // scrubOnPrimary reads the range as a client's read does, under the
 // range lock that excludes the writes to it, and repairs from a peer.
-func (v *Volume) scrubOnPrimary(ctx context.Context, p []byte, off int64, t *blockTally) error {
+func (v *Volume) scrubOnPrimary(ctx context.Context, p []byte, off int64, t *blockTally, built *int64) error {
 	hold, err := v.locks.LockShared(ctx, off, int64(len(p)))
 	if err != nil {
 		return err
@@ -592,7 +710,12 @@ func (v *Volume) scrubOnPrimary(ctx context.Context, p []byte, off int64, t *blo
 		v.detach(diskFailure{op: diskRead, off: off, length: int64(len(p)), err: err}, 0, 0)
 		return fmt.Errorf("more than %d blocks fail to read: the disk is taken for failed (%w)", maxRepairsPerRead, err)
 	}
-	return v.verifyBlocks(ctx, p, off, t)
+	if err := v.verifyBlocks(ctx, p, off, t); err != nil {
+		return err
+	}
+	n, err := v.buildSums(p, off)
+	*built += n
+	return err
 }
 
 // scrubBad is a block a secondary's scrub found bad.
@@ -606,14 +729,23 @@ type scrubBad struct {
 // scrubOnSecondary reads the range while no batch of the stream is
 // applied, then repairs each bad block from the primary (repairBlock),
 // without holding the stream, which the primary's read may wait for.
-func (v *Volume) scrubOnSecondary(ctx context.Context, p []byte, off int64, t *blockTally) error {
+func (v *Volume) scrubOnSecondary(ctx context.Context, p []byte, off int64, t *blockTally, built *int64) error {
 	in := v.incomingStream()
 	if in == nil || v.state().st.Disk != replication.UpToDate {
 		return errScrubWaits
 	}
 	var bad []scrubBad
 	var err error
-	if !in.Exclusive(func() { bad, err = v.scanBlocks(p, off, t) }) {
+	if !in.Exclusive(func() {
+		var readOK bool
+		if bad, readOK, err = v.scanBlocks(p, off, t); err == nil && readOK {
+			// Under the stream, as the read: no write to these blocks
+			// is applied between the two.
+			var n int64
+			n, err = v.buildSums(p, off)
+			*built += n
+		}
+	}) {
 		return errScrubWaits
 	}
 	if err != nil {
@@ -633,24 +765,25 @@ func (v *Volume) scrubOnSecondary(ctx context.Context, p []byte, off int64, t *b
 
 // scanBlocks reads [off, off+len(p)) and returns the blocks that fail
 // their sum or cannot be read (one by one, after a failed read of the
-// whole), counting the blocks verified in t.
-func (v *Volume) scanBlocks(p []byte, off int64, t *blockTally) ([]scrubBad, error) {
+// whole), counting the blocks verified in t; readOK says the read of the
+// whole succeeded (p holds the range as the disk does; a block that
+// failed its sum has one, so no sum is built for it).
+func (v *Volume) scanBlocks(p []byte, off int64, t *blockTally) (bad []scrubBad, readOK bool, err error) {
 	in := v.integ
 	size := v.size.Load()
 	readErr := v.readLocal(p, off)
-	var bad []scrubBad
 	first, last := off/blocksum.BlockSize, (off+int64(len(p))-1)/blocksum.BlockSize
 	for b := first; b <= last; b++ {
 		boff, blen := blockSpan(b, size)
 		data := p[boff-off : boff-off+blen]
 		sum, known, err := in.sums.Get(b)
 		if err != nil {
-			return nil, fmt.Errorf("read the checksums: %w", err)
+			return nil, false, fmt.Errorf("read the checksums: %w", err)
 		}
 		if readErr != nil {
 			if _, err := v.disk.ReadAt(data, boff); err != nil {
 				if len(bad) >= maxRepairsPerRead {
-					return nil, fmt.Errorf("more than %d blocks fail to read: %w", maxRepairsPerRead, err)
+					return nil, false, fmt.Errorf("more than %d blocks fail to read: %w", maxRepairsPerRead, err)
 				}
 				bad = append(bad, scrubBad{b: b, sum: sum, known: known, cause: repairReadError})
 				continue
@@ -664,7 +797,7 @@ func (v *Volume) scanBlocks(p []byte, off int64, t *blockTally) ([]scrubBad, err
 			bad = append(bad, scrubBad{b: b, sum: sum, known: true, cause: repairChecksum})
 		}
 	}
-	return bad, nil
+	return bad, readErr == nil, nil
 }
 
 // incomingStream is the volume's stream from its primary (nil: none).

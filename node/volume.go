@@ -180,6 +180,12 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD, auth bool)
 		integ:        newIntegrity(md, cfg.VolumeUUID(), disk, cfg.BadBlocksMaxOrDefault()),
 		stopping:     make(chan struct{}),
 	}
+	if cfg.Checksums == "off" {
+		// checksums: off on metadata with a checksum area: the area
+		// stays, unused (openMD recorded it; turning them on again
+		// drops the sums and builds them).
+		v.integ.sums = nil
+	}
 	v.size.Store(int64(cfg.Size))
 	v.integ.size = &v.size
 	v.set.Store(settingsOf(cfg))
@@ -677,6 +683,7 @@ func (v *Volume) status() transport.LocalVolume {
 	as := al.Stats()
 	lv.Integrity = v.integ.status()
 	lv.Integrity.Scrub = v.scrubStatus()
+	lv.Integrity.Build = v.buildStatus()
 	lv.ActivityLog = &transport.ActivityLogStatus{Extents: al.Extents(), Hits: as.Hits, Misses: as.Misses, Transactions: as.Transactions, Evictions: as.Evictions}
 	if v.mp != nil {
 		lv.PathPolicy = v.mp.Policy().String()

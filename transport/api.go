@@ -331,6 +331,16 @@ type ReplicaIntegrity struct {
 	Scrub               ScrubSummary `json:"scrub"`
 }
 
+// ChecksumBuild is the pass that builds the checksums of a volume whose
+// checksums were just turned on (docs/integrity.md): a scrub that stores
+// the sum of every block that has none. Until it ends, the blocks past
+// Percent are not verified.
+type ChecksumBuild struct {
+	// State is running or paused.
+	State   string  `json:"state"`
+	Percent float64 `json:"percent"`
+}
+
 // ScrubSummary is a replica's scrub in the cluster's status; its fields
 // mean what ScrubStatus's of the same names do. The blocks a scrub found
 // unrecoverable are in ReplicaIntegrity.UnrecoverableBlocks.
@@ -340,6 +350,10 @@ type ScrubSummary struct {
 	LastFinished *time.Time `json:"last_finished"`
 	LastRepaired int64      `json:"last_repaired"`
 	ETASeconds   float64    `json:"eta_seconds,omitempty"`
+	// Build: the scrub running or paused is the build of checksums just
+	// turned on (IntegrityStatus.Build; a flag here, so that the
+	// cluster's status of many volumes stays small).
+	Build bool `json:"build,omitempty"`
 }
 
 // Replica is is's part in the cluster's status (nil for nil).
@@ -350,7 +364,8 @@ func (is *IntegrityStatus) Replica() *ReplicaIntegrity {
 	s := is.Scrub
 	return &ReplicaIntegrity{
 		Checksums: is.Checksums, RepairedBlocks: is.RepairedBlocks, UnrecoverableBlocks: is.UnrecoverableBlocks, BadBlocks: is.BadBlocks,
-		Scrub: ScrubSummary{State: s.State, Percent: s.Percent, LastFinished: s.LastFinished, LastRepaired: s.LastRepaired, ETASeconds: s.ETASeconds},
+		Scrub: ScrubSummary{State: s.State, Percent: s.Percent, LastFinished: s.LastFinished, LastRepaired: s.LastRepaired, ETASeconds: s.ETASeconds,
+			Build: is.Build != nil},
 	}
 }
 
@@ -495,6 +510,10 @@ type IntegrityStatus struct {
 	// in sync instead (docs/integrity.md). It survives a restart.
 	BadBlocks int64       `json:"bad_blocks"`
 	Scrub     ScrubStatus `json:"scrub"`
+	// Build, while checksums just turned on are being built here (a
+	// running or paused scrub that began as their build), says how far
+	// it got; absent otherwise.
+	Build *ChecksumBuild `json:"build,omitempty"`
 }
 
 // ScrubStatus is a volume's scrub on one node (replctl scrub).
@@ -519,6 +538,10 @@ type ScrubStatus struct {
 	// ETASeconds when it should end at that rate.
 	RateBytes  int64   `json:"rate_bytes,omitempty"`
 	ETASeconds float64 `json:"eta_seconds,omitempty"`
+	// BuiltBlocks are the blocks the running (or paused) scrub stored a
+	// sum for, which had none (checksums turned on for an existing
+	// volume, or create-md over existing data).
+	BuiltBlocks int64 `json:"built_blocks,omitempty"`
 	// NextScheduled is when the volume's scrub_interval starts the next
 	// scrub here (absent without one).
 	NextScheduled *time.Time `json:"next_scheduled,omitempty"`

@@ -709,3 +709,17 @@ func TestSparkline(t *testing.T) {
 		t.Errorf("IOPS now %q", got)
 	}
 }
+
+// TestAChecksumBuildIsNamedOnThePage: the bar of a scrub that is the
+// build of checksums just turned on says so in its title (the cluster's
+// status marks it scrub.build); an ordinary scrub's says what a scrub
+// does.
+func TestAChecksumBuildIsNamedOnThePage(t *testing.T) {
+	p := scrubProgress(transport.ScrubSummary{State: "running", Percent: 37, Build: true})
+	if p == nil || !strings.HasPrefix(p.Title, "checksums building") || p.PercentText != "37.0%" {
+		t.Fatalf("the build's bar: %+v", p)
+	}
+	if p := scrubProgress(transport.ScrubSummary{State: "running", Percent: 37}); p == nil || !strings.HasPrefix(p.Title, "scrub:") {
+		t.Fatalf("a scrub's bar: %+v", p)
+	}
+}

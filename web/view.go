@@ -389,6 +389,9 @@ func scrubProgress(s transport.ScrubSummary) *progressView {
 	pct := math.Min(100, math.Max(0, s.Percent))
 	p.Percent, p.PercentText = math.Round(pct*10)/10, formatPercent(pct)
 	p.Title = "scrub: reads the whole disk and repairs bad blocks from a replica"
+	if s.Build {
+		p.Title = "checksums building: the scrub that stores the checksum of every block written before checksums were turned on; blocks past it are not verified yet"
+	}
 	return p
 }
 

@@ -490,7 +490,7 @@ func TestStatusWordsOfAReplicaOutsideItsNodesFile(t *testing.T) {
 
 // TestStatusShowsTheScrubAndUnrecoverableBlocks: under the volume's table
 // a running scrub shows its percent and ETA, a paused one how to resume
-// it, and blocks no replica holds good are named on the volume's line and
+// it (the build of checksums just turned on as "checksums: building"), and blocks no replica holds good are named on the volume's line and
 // under the table with what to do; an idle scrub with nothing lost adds
 // nothing.
 func TestStatusShowsTheScrubAndUnrecoverableBlocks(t *testing.T) {
@@ -522,5 +522,19 @@ func TestStatusShowsTheScrubAndUnrecoverableBlocks(t *testing.T) {
 	printStatus(&out, st, palette{on: true}, time.Now())
 	if !strings.Contains(out.String(), "\033[31mscrub on beta paused") {
 		t.Errorf("with colours, unrecoverable blocks are not red:\n%q", out.String())
+	}
+	// The build of checksums just turned on shows as such.
+	v.Replicas[0].Integrity.Scrub = transport.ScrubSummary{State: "running", Percent: 37, ETASeconds: 90, Build: true}
+	v.Replicas[1].Integrity.Scrub = transport.ScrubSummary{State: "paused", Percent: 5, Build: true}
+	v.Replicas[1].Integrity.UnrecoverableBlocks = 0
+	out.Reset()
+	printStatus(&out, st, palette{}, time.Now())
+	for _, want := range []string{
+		"  checksums on alpha: building [#######.............] 37% ETA 1m30s (blocks past it are not verified yet)\n",
+		"  checksums on beta: building, paused at 5.0% (replctl scrub vol0 --node beta --resume)\n",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("no %q in\n%s", want, out.String())
+		}
 	}
 }

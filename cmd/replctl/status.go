@@ -522,8 +522,10 @@ func printVolume(w io.Writer, v *transport.VolumeStatus, ws []transport.Warning,
 }
 
 // scrubLine is a line under the volume's table for r's integrity: the
-// blocks no replica holds good, those on its bad-block list, and the scrub while one runs or is paused
-// (percent and ETA); empty when there is nothing to say.
+// blocks no replica holds good, those on its bad-block list, and the
+// scrub while one runs or is paused (percent and ETA), shown as
+// "checksums: building" when it is the build of checksums just turned
+// on; empty when there is nothing to say.
 func scrubLine(v *transport.VolumeStatus, r *transport.ReplicaStatus) cell {
 	in := r.Integrity
 	if in == nil || !r.Reachable {
@@ -531,14 +533,24 @@ func scrubLine(v *transport.VolumeStatus, r *transport.ReplicaStatus) cell {
 	}
 	var parts []string
 	color := colorCyan
-	switch s := in.Scrub; s.State {
-	case "running":
+	switch s := in.Scrub; {
+	case s.Build && s.State == "paused":
+		// The build of checksums just turned on is a scrub: its
+		// commands pause and resume it.
+		parts = append(parts, fmt.Sprintf("checksums on %s: building, paused at %.1f%% (replctl scrub %s --node %s --resume)", r.Node, s.Percent, v.Name, r.Node))
+	case s.Build && s.State == "running":
+		left := ""
+		if s.ETASeconds > 0 {
+			left = " ETA " + shortDuration(time.Duration(s.ETASeconds*float64(time.Second)))
+		}
+		parts = append(parts, fmt.Sprintf("checksums on %s: building %s %.0f%%%s (blocks past it are not verified yet)", r.Node, bar(s.Percent, 20), s.Percent, left))
+	case s.State == "running":
 		left := "?"
 		if s.ETASeconds > 0 {
 			left = shortDuration(time.Duration(s.ETASeconds * float64(time.Second)))
 		}
 		parts = append(parts, fmt.Sprintf("scrub on %s %s %5.1f%% ETA %s", r.Node, bar(s.Percent, 20), s.Percent, left))
-	case "paused":
+	case s.State == "paused":
 		parts = append(parts, fmt.Sprintf("scrub on %s paused at %.1f%% (replctl scrub %s --node %s --resume)", r.Node, s.Percent, v.Name, r.Node))
 	}
 	if in.BadBlocks > 0 {

@@ -65,6 +65,19 @@ type VolumeState struct {
 type ScrubState struct {
 	// State is "running", "paused" or "" (idle).
 	State string `json:"state,omitempty"`
+	// Build: the scrub under way is the pass that builds the checksums
+	// of a volume whose checksums were just turned on (every scrub stores
+	// the sum of each block that has none; this one is shown as
+	// "checksums: building").
+	Build bool `json:"build,omitempty"`
+	// Built are the blocks whose sums the scrub under way stored (they
+	// had none).
+	Built int64 `json:"built,omitempty"`
+	// ChecksumsOff: the node ran the volume with checksums: off while
+	// its metadata has a checksum area, so writes stored no sums and
+	// those on disk may be stale: turning checksums on again drops them
+	// all, then builds them.
+	ChecksumsOff bool `json:"checksums_off,omitempty"`
 	// Offset is the byte the scrub has checked up to (its checkpoint).
 	Offset int64 `json:"offset,omitempty"`
 	// Rate is the operator's rate (bytes per second; 0: the default).
