@@ -13,7 +13,21 @@ import (
 // flushed, the state not marked clean, the primary indicator left set.
 func (c *testCluster) crash(name string) {
 	c.t.Helper()
+	c.crashThen(name, nil)
+}
+
+// crashThen is crash for a power cut: the node's state store is closed
+// first, so that nothing the node does from there on reaches stable
+// storage, then down is called (the cut disks fail what they hold), then
+// the node stops as crash stops it (its servers wait for those
+// operations to end).
+func (c *testCluster) crashThen(name string, down func()) {
+	c.t.Helper()
 	n := c.nodes[name]
+	if down != nil {
+		n.store.Close()
+		down()
+	}
 	delete(c.nodes, name)
 	n.mu.Lock()
 	n.closed = true

@@ -3,6 +3,8 @@ package fault
 import (
 	"context"
 	"io"
+	"maps"
+	"slices"
 
 	"github.com/replvol/replvol/internal/lockorder"
 )
@@ -181,17 +183,34 @@ func (d *Disk) Unsynced() int {
 // is nil; a file of the same device once the disk is closed), and returns
 // how many sectors went back.
 func (d *Disk) LoseUnsynced(to io.WriterAt) (int, error) {
+	return d.LoseUnsyncedTorn(to, nil)
+}
+
+// LoseUnsyncedTorn is a power loss of a disk whose volatile cache had
+// written part of what it held back, in no order, before the power went:
+// each sector a Lose'd write changed since the last Sync goes back to its
+// old content when lose says so (every one when lose is nil) and keeps
+// its new content otherwise, so that an unsynced write is lost whole,
+// kept whole, or torn at any sector. lose is called once per sector, in
+// the order of the sectors, so that a seeded lose tears the same way in
+// every run. It writes into to as LoseUnsynced does and returns how many
+// sectors went back.
+func (d *Disk) LoseUnsyncedTorn(to io.WriterAt, lose func(sector int64) bool) (int, error) {
 	if to == nil {
 		to = d.inner
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for s, old := range d.pre {
-		if _, err := to.WriteAt(old, s*SectorSize); err != nil {
+	n := 0
+	for _, s := range slices.Sorted(maps.Keys(d.pre)) {
+		if lose != nil && !lose(s) {
+			continue
+		}
+		if _, err := to.WriteAt(d.pre[s], s*SectorSize); err != nil {
 			return 0, err
 		}
+		n++
 	}
-	n := len(d.pre)
 	d.pre = nil
 	return n, nil
 }

@@ -252,6 +252,49 @@ func TestLostWritesGoOnPowerLoss(t *testing.T) {
 	}
 }
 
+// TestAPowerLossCanTearUnsyncedWrites: a power loss that takes back only
+// the sectors it is told to leaves an unsynced write torn at a sector
+// boundary, keeps the others of it, and asks about each sector once, in
+// order; a FUA write and what a Sync made durable stay whatever it says.
+func TestAPowerLossCanTearUnsyncedWrites(t *testing.T) {
+	m := newMemDisk(1 << 20)
+	d := NewDisk(m)
+	d.Add(On(Write).Lose())
+	d.WriteAt(fill(1, 8192), 0)
+	if err := d.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	d.WriteAt(fill(2, 4096), 0)
+	d.WriteAt(fill(3, 4096), 4096)
+	if err := d.WriteAtSync(fill(4, 4096), 65536); err != nil {
+		t.Fatal(err)
+	}
+	var asked []int64
+	n, err := d.LoseUnsyncedTorn(m, func(sector int64) bool {
+		asked = append(asked, sector)
+		// The first write loses its last 3 sectors; the second keeps all.
+		return sector >= 5 && sector < 8
+	})
+	if err != nil || n != 3 {
+		t.Fatalf("power loss took back %d sectors (%v), want 3", n, err)
+	}
+	if want := []int64{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}; !slices.Equal(asked, want) {
+		t.Fatalf("asked about sectors %v, want %v", asked, want)
+	}
+	if got, want := m.bytes(0, 4096), append(fill(2, 5*SectorSize), fill(1, 3*SectorSize)...); !bytes.Equal(got, want) {
+		t.Fatal("the first write is not torn after its fifth sector")
+	}
+	if !bytes.Equal(m.bytes(4096, 4096), fill(3, 4096)) {
+		t.Fatal("the second write, kept by the cache, went back")
+	}
+	if !bytes.Equal(m.bytes(65536, 4096), fill(4, 4096)) {
+		t.Fatal("a power loss took away a FUA write")
+	}
+	if n, _ := d.LoseUnsyncedTorn(m, nil); n != 0 {
+		t.Fatal("a second power loss took more back")
+	}
+}
+
 // TestDelayHangAndHold runs on the fake clock: a delay takes its time, a
 // hung operation waits for Release or Close, a held one for its gate,
 // and says so on Entered.

@@ -90,6 +90,17 @@ const (
 	// is a split brain's victim discarding its data (DiscardMyData): it
 	// follows the next primary that connects, whatever epoch it saw.
 	EpochsNeverGoBack
+	// ChecksumsMatchData (issue 29): a verified read never takes a block
+	// that nothing damaged for corruption (no false block-repaired or
+	// block-unrecoverable), and so never returns other data than the
+	// disk's. On every running data node, after every step: each block
+	// with a known sum (the one in memory, else the one on stable
+	// storage) reads the data that sum describes; and each block outside
+	// the activity log's hot blocks holds no data not yet durable, no sum
+	// not yet durable, and on stable storage a sum of the data on stable
+	// storage: what a crash now would leave there, where recovery
+	// computes no sum again (sums.go).
+	ChecksumsMatchData
 )
 
 // handoverBound is how long after raft recorded a switchover its target
@@ -127,6 +138,8 @@ func (i Invariant) String() string {
 		return "handover-costs-no-lease-wait"
 	case EpochsNeverGoBack:
 		return "epochs-never-go-back"
+	case ChecksumsMatchData:
+		return "checksums-match-data"
 	}
 	return "invariant(?)"
 }
@@ -538,7 +551,7 @@ func (s *Sim) checkHandover() {
 	}
 }
 
-// checkAll checks invariants 1, 2 and 4 (3 is checked at promotions, 5
+// checkAll checks invariants 1, 2 and 4 and the checksums (3 is checked at promotions, 5
 // at each entry applied, 6 at each bad request).
 func (s *Sim) checkAll() {
 	if s.check.split && s.resolved() {
@@ -591,6 +604,7 @@ func (s *Sim) checkAll() {
 	if known {
 		s.checkDurable(va)
 	}
+	s.checkSums()
 	s.checkHandover()
 }
 

@@ -259,6 +259,12 @@ func (s *Sim) writeLocal(n *node, w *write) {
 		_ = s.drive(n, diskFailed(n))
 		return
 	}
+	// The sums once the data is on the disk; under FUA its page is
+	// durable after it.
+	n.sums.set(w.block, w.id)
+	if w.fua {
+		n.sums.flushPage(w.block / sumsPerPage)
+	}
 	w.written = true
 	w.flow.Wrote(false, false, pulling)
 }
@@ -692,14 +698,17 @@ func (s *Sim) receive(n *node, m msg) {
 	}
 	switch m.kind {
 	case msgWrite:
-		// In the activity log BEFORE the write. The applier writes to the
-		// cache (a FUA entry through it) and acknowledges: durable at the
-		// primary's next FLUSH.
+		// The replica indicator and the activity log BEFORE the write.
+		// The applier writes to the cache (a FUA entry through it),
+		// stores the sum in memory (no page written, FUA or not) and
+		// acknowledges: durable at the primary's next FLUSH.
+		n.sums.replica = true
 		if ok, _ := s.alAdmit(n, m.block); !ok || !s.diskWrite(n, m.block, m.value, m.fua) {
 			s.tracef("%s: write %d from %s: disk error, connection dropped", n.name, m.id, m.from)
 			s.replicaWriteFailed(from, n)
 			return
 		}
+		n.sums.set(m.block, m.value)
 		s.check.applied(s, n, m)
 		s.link(n.name, m.from).send(msg{at: s.now.Add(s.duration(tick/2, 3*tick)), from: n.name, to: m.from, session: m.session, kind: msgAck, id: m.id})
 	case msgAck:
@@ -740,15 +749,19 @@ func (s *Sim) receive(n *node, m msg) {
 			// In the activity log BEFORE the write, as a stream's write
 			// (node's applier, OpResyncData): a later change of primary
 			// marks it toward the third node, which may never have had it.
+			n.sums.replica = true
 			if ok, _ := s.alAdmit(n, b); !ok || !s.diskWrite(n, b, m.blocks[b], false) {
 				s.replicaWriteFailed(from, n)
 				return
 			}
+			// The source's sum, computed from what it read.
+			n.sums.set(b, m.blocks[b])
 		}
 		s.check.applied(s, n, m)
 	case msgFlush:
-		// The applier syncs the disk BEFORE it acknowledges the flush.
-		if !n.disk.flush(s.now) {
+		// The applier syncs the disk, THEN writes the checksum pages,
+		// BEFORE it acknowledges the flush.
+		if !s.syncWithSums(n) {
 			s.tracef("%s: flush %d from %s: disk error, connection dropped", n.name, m.id, m.from)
 			s.breakConnection(from, n)
 			return
@@ -959,6 +972,9 @@ func (s *Sim) pull(n *node, peer string, full bool) {
 			s.touch(n, b)
 			n.disk.cache[b] = v
 		}
+		// node's copy stores the sum of each block it writes, outside
+		// the activity log, and makes both durable at its end.
+		n.sums.set(b, v)
 		left := n.leftToPull[b]
 		delete(n.leftToPull, b)
 		if !changed && !left {
@@ -983,7 +999,15 @@ func (s *Sim) pull(n *node, peer string, full bool) {
 			}
 		}
 	}
-	n.disk.flush(s.now)
+	if !s.syncWithSums(n) {
+		// node's copy fails then, and a crash before it synced leaves
+		// what it copied to be copied again; the sim's pull goes on, so
+		// its blocks stay in the hot window, whose sums a crash
+		// computes again.
+		for _, b := range planned {
+			s.sumAdmit(n, b)
+		}
+	}
 	clear(n.marks[peer])
 	clear(q.marks[n.name])
 	s.tracef("%s: pulled %d blocks from %s", n.name, len(planned), peer)

@@ -113,6 +113,7 @@ const alExtents = blocks
 func (s *Sim) alAdmit(n *node, block int) (ok, full bool) {
 	if n.logged[block] {
 		n.alOrder = append(slices.DeleteFunc(n.alOrder, func(b int) bool { return b == block }), block)
+		s.sumAdmit(n, block)
 		return true, false
 	}
 	if len(n.alOrder) >= alExtents {
@@ -128,5 +129,6 @@ func (s *Sim) alAdmit(n *node, block int) (ok, full bool) {
 	}
 	n.logged[block] = true
 	n.alOrder = append(n.alOrder, block)
+	s.sumAdmit(n, block)
 	return true, false
 }

@@ -13,9 +13,17 @@
 // step, so a seed replays a failure exactly. Writes are acknowledged as
 // node acknowledges them: from the disks' volatile caches (protocol C:
 // the primary's and its streaming peers'), durable at a FLUSH or when
-// FUA; a crash loses or tears what a cache held. check.go states each
-// invariant as checked, and the defects of production the checks found
-// (Finding, knownFindingSeeds).
+// FUA; a crash loses or tears what a cache held. Each data node keeps
+// checksums at rest as node does (sums.go): a sum per block, set in
+// memory with its data, durable at a FLUSH or a primary's FUA after the
+// data and BEFORE a block leaves the activity log's bounded hot window,
+// lost with a crash and computed again from the data for the hot blocks
+// at the restart; every step checks that no block's data differs from
+// its known sum (a verified read would report a false repair or lose the
+// block), and that outside the hot blocks data and sum are durable and
+// agree (what a crash would leave). check.go states each invariant as
+// checked, and the defects of production the checks found (Finding,
+// knownFindingSeeds).
 //
 // It may import volstate, failover, writepath, replication and the standard library,
 // never node or cluster (nothing of the node's I/O, no raft, memberlist or

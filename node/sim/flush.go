@@ -45,7 +45,7 @@ func (s *Sim) startFlush(n *node) {
 			}
 		}
 	}
-	if s.cfg.mutation != mutFlushSkipsLocal && !n.disk.flush(s.now) {
+	if s.cfg.mutation != mutFlushSkipsLocal && !s.syncWithSums(n) {
 		// node detaches the disk and may complete the flush from a peer;
 		// the sim fails it (a FLUSH that completes less often).
 		s.tracef("%s: flush %d: local flush failed", n.name, f.id)

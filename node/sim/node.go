@@ -31,6 +31,7 @@ type node struct {
 	durable   volstate.Durable // the metadata: written BEFORE a state that holds it is installed
 	indicator bool             // the primary indicator
 	disk      *disk
+	sums      *sumStore               // the checksums at rest (sums.go)
 	marks     map[string]map[int]bool // durable bitmaps, per peer
 	al        map[int]int             // the activity log: blocks with writes in flight
 	// logged is the activity log's working set: the alExtents blocks
@@ -178,7 +179,7 @@ type syncGens struct {
 var startedEvent = volstate.Started{}
 
 func newNode(name string, data []string, gen replication.Generation) *node {
-	n := &node{name: name, id: uint32(slices.Index(data, name) + 1), up: true, disk: newDisk(blocks), marks: map[string]map[int]bool{}, al: map[int]int{}, logged: map[int]bool{}}
+	n := &node{name: name, id: uint32(slices.Index(data, name) + 1), up: true, disk: newDisk(blocks), sums: newSumStore(), marks: map[string]map[int]bool{}, al: map[int]int{}, logged: map[int]bool{}}
 	for _, p := range data {
 		if p != name {
 			n.peers = append(n.peers, p)
@@ -323,7 +324,7 @@ func (s *Sim) perform(n *node, a volstate.Action) {
 		// secondary syncs before it accepts a stream, which the new
 		// primary's FLUSH needs to count this disk, no seed of 30,000
 		// catches its absence: node's stepdown_test pins it.)
-		if n.disk.flush(s.now) {
+		if s.syncWithSums(n) {
 			n.indicator = false
 		}
 	case volstate.StartPeers, volstate.ResetPeers, volstate.StopPeers:
@@ -726,12 +727,12 @@ func (s *Sim) handover(n *node, to string) {
 	if len(n.cacheLost) > 0 || len(n.announcing) > 0 {
 		return
 	}
-	if !n.disk.flush(s.now) {
+	if !s.syncWithSums(n) {
 		_ = s.drive(n, volstate.HandoverAborted{})
 		return
 	}
 	for _, p := range slices.Sorted(maps.Keys(n.sessions)) {
-		if !s.node(p).disk.flush(s.now) {
+		if !s.syncWithSums(s.node(p)) {
 			_ = s.drive(n, volstate.HandoverAborted{})
 			return
 		}
@@ -781,6 +782,7 @@ func (s *Sim) crash(n *node) {
 		s.touch(n, b)
 	}
 	s.check.crashed(s, n)
+	s.sumsCrashed(n)
 	lost, tornBlocks := n.disk.crash(s.rng, s.chance(0.5))
 	s.tracef("%s: cache lost %v, torn %v", n.name, lost, tornBlocks)
 	for _, m := range s.dataNodes() {
@@ -806,6 +808,8 @@ func (s *Sim) restart(n *node) {
 		}
 	}
 	clear(n.al)
+	// BEFORE anything reads (node's newVolume).
+	s.rebuildSums(n)
 	s.bootVolume(n)
 }
 

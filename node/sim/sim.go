@@ -152,6 +152,17 @@ const (
 	// the rule sync-target-missed-finish pull over an acknowledged write
 	// (invariant 1).
 	mutPullFromOutdated
+	// mutEvictionSkipsSums gives a block away from the activity log's
+	// hot blocks without writing the pages of its sums first: a crash
+	// then leaves its new data with its old sum, which no recovery
+	// computes again (ChecksumsMatchData; metadata's
+	// ActivityLog.commit writes them first).
+	mutEvictionSkipsSums
+	// mutRebuildSkipsOldest computes again after a crash the sums of
+	// every hot block but the least recently used (an off-by-one over
+	// the log's slots): its data and sum may differ (ChecksumsMatchData;
+	// metadata's RebuildActivityLogChecksums takes every active extent).
+	mutRebuildSkipsOldest
 )
 
 func (m mutation) String() string {
@@ -208,6 +219,10 @@ func (m mutation) String() string {
 		return "failed-write-kept"
 	case mutPullFromOutdated:
 		return "pull-from-outdated"
+	case mutEvictionSkipsSums:
+		return "eviction-skips-sums"
+	case mutRebuildSkipsOldest:
+		return "rebuild-skips-oldest"
 	}
 	return "mutation(?)"
 }

@@ -209,6 +209,11 @@ func TestSimCatchesPlantedBugs(t *testing.T) {
 		// (Seed 114186 since the pull stopped having raft record its
 		// source Outdated: the shape is rare.)
 		{mutPullFromOutdated, NoAckedWriteLost, 114186, false},
+		// The checksums at rest (issue 29): a block leaves the activity
+		// log's hot blocks only once the pages of its sums are written,
+		// and recovery computes again the sums of every hot block.
+		{mutEvictionSkipsSums, ChecksumsMatchData, 0, false},
+		{mutRebuildSkipsOldest, ChecksumsMatchData, 0, false},
 	}
 	for _, c := range cases {
 		name := c.mutation.String()
