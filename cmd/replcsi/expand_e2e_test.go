@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/replvol/replvol/internal/caps"
 	"github.com/replvol/replvol/metadata"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -145,7 +146,7 @@ func TestE2ENodeExpandGrowsAMountedFileSystem(t *testing.T) {
 	}
 	grow("vol1", extTo)
 	r, err = expand(e, extTo)
-	if !haveCapability(t, capSysResource) {
+	if !hasCapability(t, caps.SysResource) {
 		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "CAP_SYS_RESOURCE") {
 			t.Fatalf("NodeExpandVolume of a mounted ext4 without CAP_SYS_RESOURCE = %v, %v; want FailedPrecondition naming CAP_SYS_RESOURCE", r, err)
 		}
@@ -166,25 +167,12 @@ func TestE2ENodeExpandGrowsAMountedFileSystem(t *testing.T) {
 	}
 }
 
-// capSysResource is CAP_SYS_RESOURCE's bit: ext4's online resize asks for it.
-const capSysResource = 24
-
-// haveCapability says whether this process's effective capabilities hold bit c.
-func haveCapability(t *testing.T, c uint) bool {
+// hasCapability says whether this process holds capability bit.
+func hasCapability(t *testing.T, bit uint) bool {
 	t.Helper()
-	b, err := os.ReadFile("/proc/self/status")
+	has, err := caps.Has(bit)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if hex, ok := strings.CutPrefix(line, "CapEff:"); ok {
-			v, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
-			if err != nil {
-				t.Fatalf("CapEff %q: %v", hex, err)
-			}
-			return v&(1<<c) != 0
-		}
-	}
-	t.Fatal("/proc/self/status has no CapEff line")
-	return false
+	return has
 }

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replvol/replvol/internal/caps"
 	"github.com/replvol/replvol/internal/mounttree"
 	"github.com/replvol/replvol/internal/volmount"
 	"github.com/replvol/replvol/metadata"
@@ -704,7 +705,7 @@ func TestE2EAPlainMountGrowsWithTheVolume(t *testing.T) {
 	grow := func(dev, dir string) (string, []string) {
 		return RequireTool(t, "resize2fs", "e2fsprogs"), []string{dev}
 	}
-	if !processHasCapability(t, capSysResource) {
+	if !hasCapability(t, caps.SysResource) {
 		// xfs needs 300 MiB at least.
 		fstype, from, to = "xfs", 304<<20, 336<<20
 		RequireTool(t, "mkfs.xfs", "xfsprogs")
@@ -819,26 +820,12 @@ func TestE2EAPlainMountGrowsWithTheVolume(t *testing.T) {
 	}
 }
 
-// capSysResource is CAP_SYS_RESOURCE's number, which an online resize of a
-// mounted ext4 needs.
-const capSysResource = 24
-
-// processHasCapability says whether this process holds capability c.
-func processHasCapability(t *testing.T, c uint) bool {
+// hasCapability says whether this process holds capability bit.
+func hasCapability(t *testing.T, bit uint) bool {
 	t.Helper()
-	b, err := os.ReadFile("/proc/self/status")
+	has, err := caps.Has(bit)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if hex, ok := strings.CutPrefix(line, "CapEff:"); ok {
-			v, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
-			if err != nil {
-				t.Fatalf("CapEff %q: %v", hex, err)
-			}
-			return v&(1<<c) != 0
-		}
-	}
-	t.Fatal("/proc/self/status has no CapEff line")
-	return false
+	return has
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/replvol/replvol/internal/caps"
 	"github.com/replvol/replvol/internal/volmount"
 	"github.com/replvol/replvol/transport"
 	"golang.org/x/sys/unix"
@@ -471,7 +472,7 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	if err == nil {
 		return &csi.NodeExpandVolumeResponse{CapacityBytes: size}, nil
 	}
-	capEff, cerr := effectiveCapabilities()
+	capEff, cerr := caps.Effective()
 	if cerr != nil {
 		return nil, status.Errorf(codes.Internal, "grow the file system of volume %s: %v (and this process's capabilities cannot be read: %v)", volume, err, cerr)
 	}

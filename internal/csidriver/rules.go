@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/replvol/replvol/internal/caps"
 	"github.com/replvol/replvol/transport"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -226,21 +226,15 @@ func apiError(what string, err error) error {
 	return status.Errorf(codes.Unavailable, "%s: %v", what, err)
 }
 
-// Linux capability bits (linux/capability.h) that growing a mounted file system asks for.
-const (
-	capSysAdmin    = 21
-	capSysResource = 24
-)
-
 // growCapability is the capability the kernel asks of whoever grows a mounted file system of
 // type fs: CAP_SYS_RESOURCE for ext2/3/4 (EXT4_IOC_RESIZE_FS, resize2fs), CAP_SYS_ADMIN for
 // xfs (XFS_IOC_FSGROWFSDATA, xfs_growfs); its bit and name.
 func growCapability(fs string) (bit uint, name string, ok bool) {
 	switch fs {
 	case "ext4", "ext3", "ext2":
-		return capSysResource, "CAP_SYS_RESOURCE", true
+		return caps.SysResource, "CAP_SYS_RESOURCE", true
 	case "xfs":
-		return capSysAdmin, "CAP_SYS_ADMIN", true
+		return caps.SysAdmin, "CAP_SYS_ADMIN", true
 	}
 	return 0, "", false
 }
@@ -253,19 +247,4 @@ func missingGrowCapability(fs string, capEff uint64) string {
 		return ""
 	}
 	return name
-}
-
-// effectiveCapabilities is this process's effective capability set (CapEff in
-// /proc/self/status).
-func effectiveCapabilities() (uint64, error) {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if hex, ok := strings.CutPrefix(line, "CapEff:"); ok {
-			return strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
-		}
-	}
-	return 0, errors.New("/proc/self/status has no CapEff line")
 }
