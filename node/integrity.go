@@ -89,6 +89,23 @@ func (in *integrity) clearLost(off, length int64) {
 	in.nLost.Store(int64(len(in.lost)))
 }
 
+// lostIn returns the first lost block [off, off+length) touches.
+func (in *integrity) lostIn(off, length int64) (int64, bool) {
+	if in.nLost.Load() == 0 || length <= 0 {
+		return 0, false
+	}
+	in.listMu.Lock()
+	defer in.listMu.Unlock()
+	first, last := off/blocksum.BlockSize, (off+length-1)/blocksum.BlockSize
+	found, ok := int64(0), false
+	for b := range in.lost {
+		if b >= first && b <= last && (!ok || b < found) {
+			found, ok = b, true
+		}
+	}
+	return found, ok
+}
+
 // unrecoverable is how many blocks are lost now.
 func (in *integrity) unrecoverable() int64 { return in.nLost.Load() }
 

@@ -250,6 +250,8 @@ func (p *peer) run(ctx context.Context) {
 			why = reason{cause: CauseDiskFailed, text: err.Error()}
 		case errors.Is(err, session.ErrFrameRefused):
 			why = reason{cause: CauseFrameRefused, text: err.Error()}
+		case errors.Is(err, errSourceUnrecoverable):
+			why = reason{cause: CauseSourceUnrecoverable, text: err.Error()}
 		default:
 			why = reason{cause: CausePeerLost, text: err.Error()}
 		}

@@ -49,6 +49,12 @@ const (
 	// match the checksums they came with (damaged on the way); the
 	// stream is retried and the frame's blocks resynced.
 	CauseFrameRefused Cause = "frame-refused"
+	// CauseSourceUnrecoverable: the resync to the peer reached a block
+	// this node holds bad (it fails its checksum) and no replica holds
+	// good: it is not shipped, the peer stays out of sync in it (not
+	// UpToDate), and the resync is retried; a write to the block (its
+	// block-unrecoverable event names it) lets it finish.
+	CauseSourceUnrecoverable Cause = "source-unrecoverable"
 	// CausePeerLost: the link to the peer failed; it is being retried.
 	CausePeerLost Cause = "peer-lost"
 	// CausePeerTimeout: the peer answered nothing for peer_timeout.

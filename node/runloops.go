@@ -3,11 +3,13 @@ package node
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/replvol/replvol/backing"
+	"github.com/replvol/replvol/internal/blocksum"
 	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/node/session"
 	"github.com/replvol/replvol/replication"
@@ -169,6 +171,10 @@ func (p *peer) resyncEntry(s *session.Session, off, length int64, csums bool) (*
 		if err != nil {
 			return nil, fmt.Errorf("resync: %w", err)
 		}
+		if err := p.verifySource((*bp)[:length], off); err != nil {
+			resyncBufs.Put(bp)
+			return nil, err
+		}
 		if buf := (*bp)[:length]; bytes.Equal(buf, zeroBlock[:length]) {
 			pd.Entry = replication.Entry{Op: replication.OpResyncZero, Off: off, Length: length}
 			resyncBufs.Put(bp)
@@ -251,4 +257,47 @@ func (v *Volume) untilStopping(parent context.Context) (context.Context, context
 		}
 	}()
 	return ctx, cancel
+}
+
+// errSourceUnrecoverable: a resync reached a block this node, its
+// source, holds bad, and no replica holds it good.
+var errSourceUnrecoverable = errors.New("the resync source holds a block bad that no replica holds good")
+
+// verifySource checks a run the resync read from this node's disk, at
+// off, against the stored sums BEFORE it is shipped: a resync never
+// ships a block that fails its checksum as good (the target would store
+// it with a sum computed from it, and take it for good from then on).
+// The primary repairs a bad block as a client's read does, from a
+// replica that holds it good (the run then holds the good copy); a
+// secondary, the source of its primary's pull, cannot (its repair asks
+// the primary, the target here) and only checks. A block no replica
+// holds good fails the run with errSourceUnrecoverable, a block found so
+// before at once (one block-unrecoverable event, not one per retry): the
+// peer stays out of sync in it and the resync is retried, until a write
+// to the block lets it through.
+func (p *peer) verifySource(buf []byte, off int64) error {
+	v := p.v
+	in := v.integ
+	if !in.on() {
+		return nil
+	}
+	length := int64(len(buf))
+	if b, ok := in.lostIn(off, length); ok {
+		return fmt.Errorf("resync to %s: the block at byte %d: %w", p.name, b*blocksum.BlockSize, errSourceUnrecoverable)
+	}
+	if v.state().role() != replication.Primary {
+		if err := in.check(off, buf, v.size.Load()); err != nil {
+			return fmt.Errorf("resync to %s at %d: %w (%w)", p.name, off, errSourceUnrecoverable, err)
+		}
+		return nil
+	}
+	var t blockTally
+	if err := v.verifyBlocks(context.Background(), buf, off, &t); err != nil {
+		return fmt.Errorf("resync to %s: %w", p.name, err)
+	}
+	if t.unrecoverable > 0 {
+		b, _ := in.lostIn(off, length)
+		return fmt.Errorf("resync to %s: the block at byte %d: %w", p.name, b*blocksum.BlockSize, errSourceUnrecoverable)
+	}
+	return nil
 }
