@@ -150,8 +150,10 @@ func costReport() *report {
 	return &report{Rows: []*row{
 		{Workload: "randwrite-8k", Label: "8K randwrite qd16", Unit: "IOPS", Targets: map[string]*cell{
 			tReplvolNodes: {Median: 12000, CPUPerIO: 36, Processes: []procCost{proc("alpha (primary)", 20, 0.3, fptr(5)), proc("beta", 16, 0.2, fptr(3))}},
-			tNbdkit:       {Median: 25000, CPUPerIO: 8.5, Processes: []procCost{proc("nbdkit", 8.5, 0.07, fptr(4))}},
-			tFloor:        {Median: 30000, CPUPerIO: 9, Processes: []procCost{proc("primary", 5, 0.1, fptr(2)), proc("replica", 4, 0.1, fptr(2))}},
+			tReplvolNodes3: {Median: 9000, CPUPerIO: 54, Processes: []procCost{
+				proc("alpha (primary)", 24, 0.4, fptr(6)), proc("beta", 15, 0.2, fptr(3)), proc("gamma", 15, 0.2, fptr(3))}},
+			tNbdkit: {Median: 25000, CPUPerIO: 8.5, Processes: []procCost{proc("nbdkit", 8.5, 0.07, fptr(4))}},
+			tFloor:  {Median: 30000, CPUPerIO: 9, Processes: []procCost{proc("primary", 5, 0.1, fptr(2)), proc("replica", 4, 0.1, fptr(2))}},
 		}},
 		{Workload: "seqwrite-1m", Label: "1M seqwrite qd4", Unit: "MB/s", Targets: map[string]*cell{
 			tReplvolNodes: {Median: 400}, tNbdkit: {Median: 1000}, tFloor: {Median: 900},
@@ -173,6 +175,7 @@ func TestIssue31GoalsFromTheSameRun(t *testing.T) {
 		{"8K randwrite qd16", 0.48, statusMiss},        // 12000/25000
 		{"8K randwrite qd1 latency p50", 1.5, statusMiss},
 		{"8K randwrite qd1 latency p99", 2, statusMiss},
+		{"3 replicas vs 2, 8K randwrite qd16", 0.75, statusMiss}, // 9000/12000
 		{"1M seqwrite qd4", 0.4, statusMiss},
 	}
 	if len(got) != len(want) {
@@ -194,6 +197,7 @@ func TestIssue31GoalsFromTheSameRun(t *testing.T) {
 	rep.Rows[0].Targets[tReplvolNodes].Median = 20000
 	rep.Rows[1].Targets[tReplvolNodes].Median = 500
 	rep.Rows[2].Targets[tReplvolNodes].Median, rep.Rows[2].Targets[tReplvolNodes].LatP99 = 70, 150
+	rep.Rows[0].Targets[tReplvolNodes3].Median = 17000 // 0.85x of 20000: inclusive
 	for _, g := range issue31Goals(rep) {
 		if g.Status != statusPass {
 			t.Errorf("%s: %s at %v", g.Workload, g.Status, *g.Got)
@@ -212,6 +216,51 @@ func TestIssue31GoalsFromTheSameRun(t *testing.T) {
 	}
 }
 
+// TestIssue31ThreeReplicasAgainstTwoInTheSameRun: the goal "3 replicas
+// >= 0.85x of 2" is replvol-nodes3's 8K random write IOPS over
+// replvol-nodes' in the same run, with the CPU per IO of both beside it;
+// n/a when either was not measured.
+func TestIssue31ThreeReplicasAgainstTwoInTheSameRun(t *testing.T) {
+	const label = "3 replicas vs 2, 8K randwrite qd16"
+	for _, tc := range []struct {
+		name          string
+		change        func(r *row)
+		value, status string
+		note          string
+	}{
+		{"a third replica costing a quarter", func(*row) {}, "0.75", statusMiss, "CPU per IO, every node: 3 replicas 54.0 us, 2 replicas 36.0 us"},
+		{"at the bound", func(r *row) { r.Targets[tReplvolNodes3].Median = 10200 }, "0.85", statusPass, "CPU per IO, every node: 3 replicas 54.0 us, 2 replicas 36.0 us"},
+		{"just under it", func(r *row) { r.Targets[tReplvolNodes3].Median = 10199 }, "0.85", statusMiss, "CPU per IO, every node: 3 replicas 54.0 us, 2 replicas 36.0 us"},
+		{"as fast as two", func(r *row) { r.Targets[tReplvolNodes3].Median = 12000 }, "1.00", statusPass, "CPU per IO, every node: 3 replicas 54.0 us, 2 replicas 36.0 us"},
+		{"CPU not measured", func(r *row) { r.Targets[tReplvolNodes3].CPUPerIO = 0 }, "0.75", statusMiss, "CPU per IO, every node: 3 replicas n/a us, 2 replicas 36.0 us"},
+		{"no three-replica target", func(r *row) { delete(r.Targets, tReplvolNodes3) }, "", statusNA, notMeasured},
+		{"no two-replica target", func(r *row) { delete(r.Targets, tReplvolNodes) }, "", statusNA, notMeasured},
+		{"a run without IOs", func(r *row) { r.Targets[tReplvolNodes3].Median = 0 }, "", statusNA, notMeasured},
+		{"no 8K randwrite row", func(r *row) { r.Workload = "randwrite-4k" }, "", statusNA, notMeasured},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := costReport()
+			tc.change(rep.Rows[0])
+			var g *issueTarget
+			for _, x := range issue31Goals(rep) {
+				if x.Workload == label {
+					g = &x
+				}
+			}
+			if g == nil {
+				t.Fatalf("no goal %q", label)
+			}
+			value := ""
+			if g.Got != nil {
+				value = fmt.Sprintf("%.2f", *g.Got)
+			}
+			if value != tc.value || g.Status != tc.status || g.Note != tc.note || g.Unit != unitRatioTwo || g.Target != ">= 0.85" {
+				t.Errorf("%+v (got %q); want %q %s, unit %q, target >= 0.85, note %q", *g, value, tc.value, tc.status, unitRatioTwo, tc.note)
+			}
+		})
+	}
+}
+
 func TestTheCostTableShowsEachServerProcessAndNeverAMadeUpSyscallCount(t *testing.T) {
 	rep := costReport()
 	rep.Issue31 = issue31Goals(rep)
@@ -222,6 +271,8 @@ func TestTheCostTableShowsEachServerProcessAndNeverAMadeUpSyscallCount(t *testin
 		"syscalls (perf stat -e raw_syscalls:sys_enter)", "context switches (perf stat -e context-switches)",
 		"alpha (primary)", "beta", "replica", "total",
 		"issue 31 goals", "CPU per replicated 8K write (qd16, both nodes)", "4.00x", "<= 1.5x",
+		"replvol-nodes3", "gamma", "3 replicas vs 2, 8K randwrite qd16", "0.75x", ">= 0.85x",
+		"CPU per IO, every node: 3 replicas 54.0 us, 2 replicas 36.0 us",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the table lacks %q:\n%s", want, out)
@@ -230,6 +281,13 @@ func TestTheCostTableShowsEachServerProcessAndNeverAMadeUpSyscallCount(t *testin
 	// alpha 20 + beta 16 = 36 us, 5 + 3 = 8 syscalls, 0.3 + 0.2 = 0.5 switches.
 	if !lineWith(out, "total", "36.0", "8.00", "0.50") {
 		t.Errorf("no total line of replvol-nodes with 36.0 us, 8.00 syscalls, 0.50 switches:\n%s", out)
+	}
+	// replvol-nodes3's three processes, each on its own line, and their
+	// total: 24 + 15 + 15 = 54 us, 6 + 3 + 3 = 12 syscalls, 0.8 switches.
+	for _, fields := range [][]string{{"replvol-nodes3", "alpha", "(primary)", "24.0", "6.00", "0.40"}, {"gamma", "15.0", "3.00", "0.20"}, {"total", "54.0", "12.0", "0.80"}} {
+		if !lineWith(out, fields...) {
+			t.Errorf("no line of replvol-nodes3 with %q:\n%s", fields, out)
+		}
 	}
 
 	// Where perf could not count: the table says so and prints n/a.

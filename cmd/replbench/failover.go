@@ -70,6 +70,9 @@ const (
 	fvSyncTimeout = 2 * time.Minute
 )
 
+// fvDataNodes are the failover phase's data nodes, and every cluster's
+// that names none of its own (fvCluster.dataNodes): the failover runs
+// alternate the primary between these two.
 var fvDataNodes = []string{"alpha", "beta"}
 
 // ---------------------------------------------------------------------------
@@ -240,9 +243,12 @@ type fvCluster struct {
 	dir, cfgPath      string
 	replnode, replctl string
 	nodes             map[string]*fvNode
-	order             []string // alpha, beta[, witness]
-	primary           string   // the primary, as the runs left it
-	used              map[int]bool
+	// dataNodes are the nodes that hold a replica, alpha (the primary)
+	// first; nil: fvDataNodes. replvol-nodes3 has three.
+	dataNodes []string
+	order     []string // the data nodes[, witness]
+	primary   string   // the primary, as the runs left it
+	used      map[int]bool
 
 	// What the config says.
 	raft          bool  // raft, gossip and a witness; failover: auto
@@ -257,6 +263,14 @@ type fvCluster struct {
 	// startTimeout bounds a start until the control address answers
 	// (0: 30 s); a node opens every volume before it listens.
 	startTimeout time.Duration
+}
+
+// data is the cluster's data nodes, alpha (the primary) first.
+func (c *fvCluster) data() []string {
+	if len(c.dataNodes) == 0 {
+		return fvDataNodes
+	}
+	return c.dataNodes
 }
 
 // disk is node's backing file of vol.
@@ -343,7 +357,7 @@ func (c *fvCluster) startAll(ctx context.Context) error {
 // waitServing waits until alpha is vol0's primary and serves NBD, every
 // replica in sync (inSync), and returns alpha's status of vol0.
 func (c *fvCluster) waitServing(ctx context.Context, timeout time.Duration) (*transport.VolumeStatus, error) {
-	what := "alpha primary, both replicas in sync"
+	what := fmt.Sprintf("alpha primary, all %d replicas (%s) in sync", len(c.data()), strings.Join(c.data(), ", "))
 	if c.raft {
 		what += " and UpToDate in raft"
 	}
@@ -582,18 +596,19 @@ func (c *fvCluster) failed(err error) error {
 	return err
 }
 
-// setupDataNodes builds the binaries and gives data nodes alpha and beta,
+// setupDataNodes builds the binaries and gives the data nodes (c.data()),
 // no witness, their addresses; it returns the size of a backing file of
-// a c.size volume with internal metadata.
+// a c.size volume with internal metadata (a bitmap per peer: every other
+// data node).
 func (c *fvCluster) setupDataNodes(ctx context.Context, sums bool) (int64, error) {
 	if err := c.build(ctx); err != nil {
 		return 0, err
 	}
-	c.order = append([]string(nil), fvDataNodes...)
+	c.order = append([]string(nil), c.data()...)
 	if err := c.allocate(); err != nil {
 		return 0, err
 	}
-	return metadata.InternalDeviceSizeFor(c.size, 0, len(fvDataNodes)-1, sums)
+	return metadata.InternalDeviceSizeFor(c.size, 0, len(c.order)-1, sums)
 }
 
 // diagnose names the replnode processes that exited by themselves.
@@ -618,12 +633,15 @@ func (c *fvCluster) diagnose() string {
 // ---------------------------------------------------------------------------
 // status
 
-// inSync: every data replica is UpToDate, Connected, nothing out of
-// sync, and, with raft, raft records it UpToDate (a replica raft does not
-// record UpToDate cannot be promoted).
+// inSync: every data node's replica is in the status, and every replica
+// is UpToDate, Connected, nothing out of sync, and, with raft, raft
+// records it UpToDate (a replica raft does not record UpToDate cannot be
+// promoted).
 func (c *fvCluster) inSync(v *transport.VolumeStatus) bool {
-	if len(v.Replicas) < len(fvDataNodes) {
-		return false
+	for _, name := range c.data() {
+		if v.Replica(name) == nil {
+			return false
+		}
 	}
 	for _, r := range v.Replicas {
 		if r.Disk != "UpToDate" || r.Replication != "Connected" || r.OutOfSyncBytes != 0 || c.raft && r.Raft != "UpToDate" {

@@ -195,7 +195,7 @@ func fmtTargetValue(t issueTarget) string {
 		return "-"
 	}
 	switch t.Unit {
-	case unitRatio, unitRatioFloor:
+	case unitRatio, unitRatioFloor, unitRatioTwo:
 		return fmt.Sprintf("%.2fx", *t.Got)
 	case unitSeconds:
 		return fmt.Sprintf("%.2f s", *t.Got)
@@ -210,7 +210,7 @@ func fmtTargetValue(t issueTarget) string {
 // fmtTargetBound prints a row's target in its unit.
 func fmtTargetBound(t issueTarget) string {
 	switch t.Unit {
-	case unitRatio, unitRatioFloor:
+	case unitRatio, unitRatioFloor, unitRatioTwo:
 		return t.Target + "x"
 	case unitSeconds:
 		return t.Target + " s"

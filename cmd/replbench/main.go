@@ -66,6 +66,11 @@ const tReplvolNodes = "replvol-nodes"
 // (checksums: off): the reference for what checksums cost (issue 29).
 const tReplvolNodesNoSums = "replvol-nodes-nosums"
 
+// tReplvolNodes3 is replvol-nodes with a third replica: replnode
+// processes alpha (primary), beta and gamma. Its writes over
+// replvol-nodes' are what a third replica costs (issue 31: >= 0.85x).
+const tReplvolNodes3 = "replvol-nodes3"
+
 // tFloor is the floor (cmd/replbench/floor): a minimal replicated write
 // in Go, no metadata, the limit of the machine and the language beside
 // every figure. It is no competitor.
@@ -74,7 +79,7 @@ const tFloor = "floor"
 // floorLabel is how the tables name the floor.
 const floorLabel = "minimal replicated write (Go, no metadata)"
 
-var allTargets = []string{tReplvolNodes, tReplvolNodesNoSums, tReplvol, tReplvolExt, tReplvolTLS, tReplvolTLSLinks, tNbdkit, tNbdkitTLS, tQuorum, tFloor}
+var allTargets = []string{tReplvolNodes, tReplvolNodesNoSums, tReplvolNodes3, tReplvol, tReplvolExt, tReplvolTLS, tReplvolTLSLinks, tNbdkit, tNbdkitTLS, tQuorum, tFloor}
 
 // latencyTargets run the 8K random write qd1 (latWorkload) when selected,
 // for issue 31's latency ratios; the replvol demo runs it with the
@@ -804,10 +809,8 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 		var err error
 		logf("starting %s", name)
 		switch name {
-		case tReplvolNodes:
-			t, err = b.startReplvolNodes(ctx, true)
-		case tReplvolNodesNoSums:
-			t, err = b.startReplvolNodes(ctx, false)
+		case tReplvolNodes, tReplvolNodesNoSums, tReplvolNodes3:
+			t, err = b.startReplvolNodes(ctx, name)
 		case tFloor:
 			t, err = b.startFloor(ctx)
 		case tReplvol:

@@ -9,15 +9,18 @@ package main
 //     failover phase's cluster (fvCluster) with its data nodes only.
 //     Before every run both replicas are in sync (UpToDate, Connected,
 //     nothing out of sync), as the demo is after its runs.
+//   - replvol-nodes-nosums: the same with checksums at rest off.
+//   - replvol-nodes3: the same as replvol-nodes with a third replnode
+//     process, gamma: alpha replicates every write to beta and gamma
+//     and, in protocol C, acknowledges it once both have written it.
+//     Before every run all three replicas are in sync. Its 8K random
+//     writes over replvol-nodes' in the same run are issue 31's "3
+//     replicas >= 0.85x of 2".
 //   - floor: cmd/replbench/floor's primary serving NBD and its replica, each
 //     pwriting into its own preallocated file; the primary replies to a
 //     write after the replica acknowledged it (protocol C).
 //
-// Both have a process per node, and the cost table shows each.
-//
-// Three replicas are not a target yet: fvCluster knows data nodes alpha
-// and beta only (fvDataNodes), and a third would need its status checks
-// and the failover runs' alternation to count the nodes they are given.
+// Each has a process per node, and the cost table shows each.
 
 import (
 	"context"
@@ -30,20 +33,36 @@ import (
 	"time"
 )
 
-// startReplvolNodes starts replvol-nodes (sums: checksums at rest on) or
-// replvol-nodes-nosums and waits until it serves with both replicas in
-// sync.
-func (b *bench) startReplvolNodes(ctx context.Context, sums bool) (*target, error) {
-	name, label := tReplvolNodes, "nodes"
-	if !sums {
-		name, label = tReplvolNodesNoSums, "nodes-nosums"
+// nodesLayout is a target of replnode processes: its data nodes, alpha
+// first (the cluster file and waitServing make alpha the primary), and
+// whether checksums at rest are on.
+type nodesLayout struct {
+	label string // names its directory, processes and logs
+	nodes []string
+	sums  bool
+}
+
+// nodesLayouts are the targets startReplvolNodes starts.
+var nodesLayouts = map[string]nodesLayout{
+	tReplvolNodes:       {label: "nodes", nodes: fvDataNodes, sums: true},
+	tReplvolNodesNoSums: {label: "nodes-nosums", nodes: fvDataNodes, sums: false},
+	tReplvolNodes3:      {label: "nodes3", nodes: []string{"alpha", "beta", "gamma"}, sums: true},
+}
+
+// startReplvolNodes starts the target name of nodesLayouts and waits
+// until it serves with every replica in sync.
+func (b *bench) startReplvolNodes(ctx context.Context, name string) (*target, error) {
+	l, ok := nodesLayouts[name]
+	if !ok {
+		return nil, fmt.Errorf("%s is not a target of replnode processes", name)
 	}
-	c := &fvCluster{b: b, label: label, size: b.cfg.size, primary: "alpha", checksumsOff: !sums}
-	c.dir = filepath.Join(b.tmp, label)
+	c := &fvCluster{b: b, label: l.label, size: b.cfg.size, primary: l.nodes[0], checksumsOff: !l.sums,
+		dataNodes: l.nodes}
+	c.dir = filepath.Join(b.tmp, l.label)
 	if err := os.MkdirAll(c.dir, 0o755); err != nil {
 		return nil, err
 	}
-	devSize, err := c.setupDataNodes(ctx, sums)
+	devSize, err := c.setupDataNodes(ctx, l.sums)
 	if err != nil {
 		return nil, err
 	}
@@ -60,21 +79,37 @@ func (b *bench) startReplvolNodes(ctx context.Context, sums bool) (*target, erro
 	if err != nil {
 		return nil, c.failed(err)
 	}
-	if err := waitNBD(ctx, v.NBDURI, c.nodes["alpha"].proc, 30*time.Second); err != nil {
+	primary := l.nodes[0]
+	if err := waitNBD(ctx, v.NBDURI, c.nodes[primary].proc, 30*time.Second); err != nil {
 		return nil, err
 	}
 	t := &target{name: name, uri: v.NBDURI,
-		version: fmt.Sprintf("replnode processes alpha (primary) and beta (%s), protocol C, internal metadata, checksums %s, primary %s", runtime.Version(), onOff(sums), v.NBDURI),
-		files:   []string{c.dir}, control: c.nodes["alpha"].control, disk: c.disks["alpha"]}
-	for _, name := range fvDataNodes {
-		t.procs = append(t.procs, c.nodes[name].proc)
+		version: fmt.Sprintf("replnode processes %s (%s), protocol C, internal metadata, checksums %s, primary %s",
+			nodesRoles(l.nodes), runtime.Version(), onOff(l.sums), v.NBDURI),
+		files: []string{c.dir}, control: c.nodes[primary].control, disk: c.disks[primary]}
+	for i, n := range l.nodes {
+		t.procs = append(t.procs, c.nodes[n].proc)
+		role := n
+		if i == 0 {
+			role += " (primary)"
+		}
+		t.roles = append(t.roles, role)
 	}
-	t.roles = []string{"alpha (primary)", "beta"}
 	t.settle = func(ctx context.Context) error {
 		_, err := c.waitServing(ctx, protoSettleTimeout)
 		return err
 	}
 	return t, nil
+}
+
+// nodesRoles names the data nodes, the first as the primary: "alpha
+// (primary) and beta", "alpha (primary), beta and gamma".
+func nodesRoles(nodes []string) string {
+	names := append([]string{nodes[0] + " (primary)"}, nodes[1:]...)
+	if len(names) == 1 {
+		return names[0]
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1]
 }
 
 // startFloor builds cmd/replbench/floor and starts its replica, then its
