@@ -3,6 +3,8 @@ package node
 import (
 	"bytes"
 	"context"
+	"errors"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -67,5 +69,80 @@ func TestAResyncNeverShipsABlockThatFailsItsChecksum(t *testing.T) {
 	c.requireIdentical()
 	if got := fileBytes(t, betaImg, (block+2)*4096, 4096); !bytes.Equal(got, fresh) {
 		t.Fatal("beta does not hold the block written after the rot")
+	}
+}
+
+// TestAResyncHoldsBackOnlyTheBadBlockAndTheTargetRecordsIt: beta misses
+// 64 blocks (disconnected) and one of them rots on alpha, the only
+// replica that holds it. The resync ships the 63 good blocks around it
+// and holds back that one only: beta is out of sync in 4 KiB, not in the
+// run. beta records the block as unrecoverable (event, status, and a
+// verified read of it there fails with EIO, never its older data). A
+// write of the block clears it on both, and the replicas are equal.
+func TestAResyncHoldsBackOnlyTheBadBlockAndTheTargetRecordsIt(t *testing.T) {
+	const first, rot = 256, 300
+	c := newTestCluster(t, 8<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	a := c.vol("alpha")
+	ctx := context.Background()
+	a.setAdminDown(true)
+	data := randomBytes(73, 64*4096)
+	if err := a.WriteAt(ctx, data, first*4096, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	flipFileBytes(t, c.cfg.Volumes[0].Disks["alpha"].Paths[0].Path, rot*4096+100, 4)
+	a.setAdminDown(false)
+
+	e := waitForEvent(t, c.nodes["beta"], "block-unrecoverable", nil)
+	if e.Offset != rot*4096 || e.Length != 4096 || e.Peer != "alpha" || e.Reason != string(CauseSourceUnrecoverable) {
+		t.Fatalf("beta's block-unrecoverable event: %+v; want the block at %d from alpha", e, rot*4096)
+	}
+	eventually(t, func() bool { return a.peers["beta"].bm.Bytes() == 4096 }, "beta out of sync in the bad block only")
+	betaImg := c.cfg.Volumes[0].Disks["beta"].Paths[0].Path
+	for b := int64(first); b < first+64; b++ {
+		if b == rot {
+			continue
+		}
+		if got := fileBytes(t, betaImg, b*4096, 4096); !bytes.Equal(got, data[(b-first)*4096:][:4096]) {
+			t.Fatalf("beta's block %d is not the data written: the resync held back more than the bad block", b)
+		}
+	}
+	if _, _, unrecoverable := c.integrityOf("beta"); unrecoverable != 1 {
+		t.Fatalf("beta's status says %d blocks unrecoverable, want 1", unrecoverable)
+	}
+	// beta's own read of the block (as if it were promoted) fails: its
+	// older copy, which matches its older sum, is no good copy.
+	got := make([]byte, 4096)
+	if _, err := c.vol("beta").disk.ReadAt(got, rot*4096); err != nil {
+		t.Fatal(err)
+	}
+	// (It asks its primary, while a stream from it runs: the resync's
+	// retries end it now and then.)
+	var rerr error
+	if !within(10*time.Second, 20*time.Millisecond, func() bool {
+		rerr = c.vol("beta").verifyRead(ctx, got, rot*4096)
+		return !errors.Is(rerr, errRepairLater)
+	}) || !errors.Is(rerr, syscall.EIO) {
+		t.Fatalf("beta's verified read of the unrecoverable block: %v, want EIO", rerr)
+	}
+	if r := replica(c.status(), "beta"); r.Disk == "UpToDate" && r.OutOfSyncBytes == 0 {
+		t.Fatalf("beta is UpToDate although alpha holds a block bad that beta lacks: %+v", r)
+	}
+
+	fresh := randomBytes(74, 4096)
+	if err := a.WriteAt(ctx, fresh, rot*4096, false); err != nil {
+		t.Fatal(err)
+	}
+	c.waitInSync()
+	c.requireIdentical()
+	for _, name := range []string{"alpha", "beta"} {
+		if _, _, unrecoverable := c.integrityOf(name); unrecoverable != 0 {
+			t.Fatalf("%s's status says %d blocks unrecoverable once the block was written again, want 0", name, unrecoverable)
+		}
 	}
 }
