@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/replvol/replvol/transport"
 )
 
 // TestAResyncNeverShipsABlockThatFailsItsChecksum: beta misses a write
@@ -144,5 +146,66 @@ func TestAResyncHoldsBackOnlyTheBadBlockAndTheTargetRecordsIt(t *testing.T) {
 		if _, _, unrecoverable := c.integrityOf(name); unrecoverable != 0 {
 			t.Fatalf("%s's status says %d blocks unrecoverable once the block was written again, want 0", name, unrecoverable)
 		}
+	}
+}
+
+// TestOnlineVerifyRepairsABlockRottenOnThePrimary: a block rots on the
+// primary's disk; the online verify checks each run against alpha's own
+// sums before it compares: the block is repaired from beta (event
+// block-repaired), alpha's file holds the data again, and the verify
+// finds nothing out of sync.
+func TestOnlineVerifyRepairsABlockRottenOnThePrimary(t *testing.T) {
+	const rot = 100
+	c := newTestCluster(t, 8<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	data := randomBytes(75, 1<<20)
+	c.writeFlushed(t, data, 0)
+	c.waitInSync()
+	img := c.cfg.Volumes[0].Disks["alpha"].Paths[0].Path
+	flipFileBytes(t, img, rot*4096+9, 3)
+
+	ctx := context.Background()
+	if r, err := c.nodes["alpha"].api.Verify(ctx, &transport.VerifyRequest{Volume: "vol0"}); err != nil || r.Primary != "alpha" {
+		t.Fatalf("verify: %+v %v", r, err)
+	}
+	eventually(t, func() bool {
+		b := replica(c.status(), "beta")
+		return b.VerifyTotalBytes > 0 && b.VerifyDoneBytes == b.VerifyTotalBytes && !c.vol("alpha").peers["beta"].verifying.Load()
+	}, "verify finished")
+	if b := replica(c.status(), "beta"); b.VerifyFoundBytes != 0 || b.OutOfSyncBytes != 0 {
+		t.Fatalf("verify found %d bytes, out of sync %d; want none (the rotten block is repaired, not compared)", b.VerifyFoundBytes, b.OutOfSyncBytes)
+	}
+	e := waitForEvent(t, c.nodes["alpha"], "block-repaired", nil)
+	if e.Peer != "beta" || e.Reason != "checksum" || e.Offset != rot*4096 || e.Length != 4096 {
+		t.Fatalf("block-repaired event: %+v", e)
+	}
+	if !bytes.Equal(fileBytes(t, img, 0, len(data)), data) {
+		t.Fatal("alpha's backing file does not hold the data written again")
+	}
+	waitForEvent(t, c.nodes["alpha"], "verify-done", nil)
+	c.requireIdentical()
+
+	// The same block rotten alike on both: it is never compared as if
+	// good (the two rotten copies are equal), but reported as the
+	// resync does: unrecoverable, and out of sync for beta.
+	const both = 200
+	for _, name := range []string{"alpha", "beta"} {
+		flipFileBytes(t, c.cfg.Volumes[0].Disks[name].Paths[0].Path, both*4096+9, 3)
+	}
+	if _, err := c.nodes["alpha"].api.Verify(ctx, &transport.VerifyRequest{Volume: "vol0"}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, func() bool {
+		b := replica(c.status(), "beta")
+		return b.VerifyDoneBytes == b.VerifyTotalBytes && !c.vol("alpha").peers["beta"].verifying.Load()
+	}, "second verify finished")
+	if b := replica(c.status(), "beta"); b.VerifyFoundBytes != 4096 || b.OutOfSyncBytes != 4096 {
+		t.Fatalf("verify found %d bytes, out of sync %d; want the block bad on both (4096)", b.VerifyFoundBytes, b.OutOfSyncBytes)
+	}
+	e = waitForEvent(t, c.nodes["alpha"], "block-unrecoverable", nil)
+	if e.Offset != both*4096 || e.Length != 4096 {
+		t.Fatalf("block-unrecoverable event: %+v", e)
 	}
 }
