@@ -139,6 +139,10 @@ func (in *Stream) apply(v *Volume, entries []replication.Entry, readReply func(s
 		v.State.Failed(err)
 		return replication.Ack{Seq: ack.Seq, Status: replication.AckIOError, Message: fmt.Sprintf("%s: %v", v.Self, err)}
 	}
+	if err := in.failed; err != nil {
+		in.failed = nil
+		return fail(&entries[0], err)
+	}
 	// Every block that came with a checksum matches it BEFORE anything
 	// of the batch is applied: a block corrupted on its way is refused,
 	// never written. The disk did not fail: the stream ends, and the
