@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/transport"
 )
 
@@ -208,4 +209,76 @@ func TestOnlineVerifyRepairsABlockRottenOnThePrimary(t *testing.T) {
 	if e.Offset != both*4096 || e.Length != 4096 {
 		t.Fatalf("block-unrecoverable event: %+v", e)
 	}
+}
+
+// TestAThirdReplicaRepairsABlockRottenOnTwo: alpha (primary), beta and
+// gamma. A block rotten on alpha and on beta, good on gamma: a read on
+// alpha returns the data written, repaired from gamma (beta's copy fails
+// its own check), and a scrub on beta repairs beta from alpha; all three
+// are equal. Then beta misses a write of another block (disconnected),
+// gamma goes away, and the block rots on alpha: the resync to beta holds
+// it back, and both alpha and beta record it unrecoverable. Once gamma,
+// which holds it good, is back in sync, the resync's retry repairs alpha
+// from gamma and ships the good block to beta: all three hold the data
+// written and nothing is unrecoverable any more.
+func TestAThirdReplicaRepairsABlockRottenOnTwo(t *testing.T) {
+	const both, missed = 400, 500
+	c := startThreeInSync(t, 8<<20)
+	a := c.vol("alpha")
+	ctx := context.Background()
+	data := randomBytes(81, 1<<20)
+	c.writeFlushed(t, data, 300*4096)
+	c.waitInSync()
+	img := func(name string) string { return c.cfg.Volumes[0].Disks[name].Paths[0].Path }
+	for _, name := range []string{"alpha", "beta"} {
+		flipFileBytes(t, img(name), both*4096+17, 2)
+	}
+	got := make([]byte, 4096)
+	if err := a.ReadAt(ctx, got, both*4096); err != nil || !bytes.Equal(got, data[(both-300)*4096:][:4096]) {
+		t.Fatalf("read on alpha of the block rotten on alpha and beta: %v", err)
+	}
+	e := waitForEvent(t, c.nodes["alpha"], "block-repaired", nil)
+	if e.Peer != "gamma" || e.Offset != both*4096 {
+		t.Fatalf("alpha's block-repaired event: %+v, want the block from gamma", e)
+	}
+	if _, err := c.vol("beta").scrubCommand(0, false, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.waitScrubFinished(t, "beta"); st.LastRepaired != 1 || st.LastUnrecoverable != 0 {
+		t.Fatalf("beta's scrub: %+v, want the one block repaired", st)
+	}
+	c.requireIdentical()
+
+	// beta misses a write of the block; gamma takes it, then goes away.
+	c.vol("beta").setAdminDown(true)
+	eventually(t, func() bool { return !a.peers["beta"].connected() }, "beta disconnected")
+	fresh := randomBytes(82, 4096)
+	c.writeFlushed(t, fresh, missed*4096)
+	eventually(t, func() bool { return a.peers["beta"].bm.Bytes() == 4096 }, "the block marked for beta")
+	c.vol("gamma").setAdminDown(true)
+	eventually(t, func() bool { return !a.peers["gamma"].connected() }, "gamma disconnected")
+	flipFileBytes(t, img("alpha"), missed*4096+33, 2)
+	c.vol("beta").setAdminDown(false)
+	e = waitForEvent(t, c.nodes["beta"], "block-unrecoverable", nil)
+	if e.Offset != missed*4096 || e.Length != 4096 {
+		t.Fatalf("beta's block-unrecoverable event: %+v", e)
+	}
+	waitForEvent(t, c.nodes["alpha"], "block-unrecoverable", func(e statefile.Event) bool { return e.Offset == missed*4096 })
+	for _, name := range []string{"alpha", "beta"} {
+		if _, _, n := c.integrityOf(name); n != 1 {
+			t.Fatalf("%s: %d blocks unrecoverable while gamma is away, want 1", name, n)
+		}
+	}
+	c.vol("gamma").setAdminDown(false)
+	c.waitInSync()
+	c.requireIdentical()
+	if got := fileBytes(t, img("beta"), missed*4096, 4096); !bytes.Equal(got, fresh) {
+		t.Fatal("beta does not hold the block written while it was away")
+	}
+	for _, name := range []string{"alpha", "beta", "gamma"} {
+		if _, _, n := c.integrityOf(name); n != 0 {
+			t.Fatalf("%s: %d blocks unrecoverable once gamma repaired the block, want 0", name, n)
+		}
+	}
+	waitForEvent(t, c.nodes["alpha"], "block-repaired", func(e statefile.Event) bool { return e.Offset == missed*4096 && e.Peer == "gamma" })
 }
