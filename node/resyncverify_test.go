@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/replvol/replvol/metadata/statefile"
+	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
 
@@ -281,4 +283,80 @@ func TestAThirdReplicaRepairsABlockRottenOnTwo(t *testing.T) {
 		}
 	}
 	waitForEvent(t, c.nodes["alpha"], "block-repaired", func(e statefile.Event) bool { return e.Offset == missed*4096 && e.Peer == "gamma" })
+}
+
+// olderPeerLink hides from the primary that its peer takes OpResyncLost
+// (a HelloReply without "lost", as a node of the release before sends),
+// and counts the entries of that op the primary sends anyway.
+type olderPeerLink struct {
+	r    *transport.ReplStream
+	sent *atomic.Int64
+}
+
+func (l olderPeerLink) SendMsg(m any) error {
+	f := m.(*transport.Frame)
+	if b := f.AppendContents(nil); len(b) > 0 && replication.FrameType(b[0]) == replication.FrameBatch {
+		if es, err := replication.DecodeBatch(b, nil); err == nil {
+			for _, e := range es {
+				if e.Op == replication.OpResyncLost {
+					l.sent.Add(1)
+				}
+			}
+		}
+	}
+	return l.r.Send(f)
+}
+
+func (l olderPeerLink) RecvMsg(m any) error {
+	f := m.(*transport.Frame)
+	if err := l.r.Recv(f); err != nil {
+		return err
+	}
+	if b := f.Bytes(); len(b) > 0 && replication.FrameType(b[0]) == replication.FrameHelloReply {
+		f.SetBytes(bytes.Replace(b, []byte(`"lost":true`), []byte(`"lost":false`), 1))
+	}
+	return nil
+}
+
+func (l olderPeerLink) Context() context.Context { return l.r.Context() }
+
+// TestAPeerThatDoesNotTakeLostRangesIsNotSentThem: a peer whose
+// HelloReply does not say it takes OpResyncLost (the release before) is
+// never sent one: the resync still holds the bad block back, alone, and
+// the stream goes on working (a write of the block lets it through).
+func TestAPeerThatDoesNotTakeLostRangesIsNotSentThem(t *testing.T) {
+	const first, rot = 256, 270
+	c := newTestCluster(t, 8<<20)
+	sent := &atomic.Int64{}
+	c.opts["alpha"] = Options{WrapStream: func(_ string, s *transport.ReplStream) *transport.ReplStream {
+		return transport.NewReplStream(olderPeerLink{r: s, sent: sent}, s.Close)
+	}}
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	a := c.vol("alpha")
+	ctx := context.Background()
+	a.setAdminDown(true)
+	data := randomBytes(79, 32*4096)
+	if err := a.WriteAt(ctx, data, first*4096, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	flipFileBytes(t, c.cfg.Volumes[0].Disks["alpha"].Paths[0].Path, rot*4096+5, 2)
+	a.setAdminDown(false)
+	waitForEvent(t, c.nodes["alpha"], "block-unrecoverable", nil)
+	eventually(t, func() bool { return a.peers["beta"].bm.Bytes() == 4096 }, "beta out of sync in the bad block only")
+	if n := sent.Load(); n != 0 {
+		t.Fatalf("alpha sent %d OpResyncLost entries to a peer that does not take them", n)
+	}
+	if _, _, n := c.integrityOf("beta"); n != 0 {
+		t.Fatalf("beta counts %d blocks unrecoverable though it was told none", n)
+	}
+	if err := a.WriteAt(ctx, randomBytes(80, 4096), rot*4096, false); err != nil {
+		t.Fatal(err)
+	}
+	c.waitInSync()
+	c.requireIdentical()
 }

@@ -251,10 +251,12 @@ func (p *peer) heldBack(off, length int64, lost bool) *session.Pending {
 }
 
 // verify compares the peer's copy with the local one, a run at a time
-// through the session's window: each run is read under the range lock and
-// its checksums queued in order with the writes, so both sides compare the
-// same state. Differing blocks are marked out of sync; with repair the
-// session restarts at the end, and the reconnection resyncs them.
+// through the session's window: each run is read under the range lock,
+// checked against the stored sums (verifySource: a bad block is repaired
+// first, one no replica holds good is marked out of sync uncompared), and
+// its checksums queued in order with the writes, so both sides compare
+// the same state. Differing blocks are marked out of sync; with repair
+// the session restarts at the end, and the reconnection resyncs them.
 func (p *peer) verify(s *session.Session, repair bool) {
 	v := p.v
 	p.verifyTotal.Store(v.size.Load())
