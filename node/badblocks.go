@@ -9,6 +9,8 @@ import (
 	"github.com/replvol/replvol/internal/blocksum"
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/metadata/statefile"
+	"github.com/replvol/replvol/node/volstate"
+	"github.com/replvol/replvol/replication"
 )
 
 // The bad-block list (docs/integrity.md): a block whose good copy, taken
@@ -226,9 +228,33 @@ func (v *Volume) listBadBlock(b, boff, blen int64, from string, cause repairCaus
 	} else {
 		v.log.Error("cannot list a block that could not be rewritten: the disk is detached, as for a failed write", "off", boff, "err", err)
 	}
+	if v.state().role() != replication.Primary {
+		v.failReplica(f)
+		return
+	}
 	if !v.detach(f, boff, blen) {
 		v.log.Error("a block could not be rewritten nor listed, and the disk cannot be detached here", "off", boff, "err", f.err)
 	}
+}
+
+// failReplica detaches a secondary's disk as a failed replicated write
+// does (appliedState.Failed): the disk is Failed, and the next batch of
+// the primary's stream fails with it, applying nothing, so the primary
+// counts this node out of sync from then on (reason disk-failed), marks
+// what it sends, and resyncs it once the disk takes writes again. The
+// event detached gives f's reason (bad-blocks-full).
+func (v *Volume) failReplica(f diskFailure) {
+	why := because(CauseDiskFailed, "%s detached its disk (%v): the primary counts it out of sync, and resyncs it once the disk takes writes again", v.self, f)
+	v.mu.Lock()
+	v.stepUnwrittenLocked(volstate.ReplicaWriteFailed{}, func(volstate.Cause) reason { return why })
+	in := v.incoming
+	v.mu.Unlock()
+	if in != nil {
+		in.Fail(f)
+	}
+	v.log.Error("local disk detached", "cause", f.Error())
+	v.node.emit(statefile.Event{Volume: v.name, Kind: "detached", Reason: string(f.reason()),
+		Message: fmt.Sprintf("%s detached its disk (%v); its primary counts it out of sync until a resync", v.self, f)})
 }
 
 // reason is the typed reason of the detached event of f.

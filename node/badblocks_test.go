@@ -12,6 +12,7 @@ import (
 
 	"github.com/replvol/replvol/internal/fault"
 	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/replication"
 )
 
 // readRecorder records the reads of a disk (fault.Injector; it injects
@@ -420,4 +421,42 @@ func TestASecondaryNeverReadsABlockOnItsList(t *testing.T) {
 	if rec.touched(block*4096, 4096) {
 		t.Fatal("beta read a block on its bad-block list for the primary")
 	}
+}
+
+// TestASecondaryWhoseBadBlockListIsFullDetachesItsDisk: beta's scrub
+// finds a block its disk can neither read nor rewrite, and its list
+// (bad_blocks_max 0) has no room: beta detaches its disk as a failed
+// replicated write does (event detached, reason bad-blocks-full), and
+// alpha's next write finds beta's disk failed: alpha counts beta out of
+// sync (reason disk-failed) and tracks what it misses. Once the disk
+// works again the resync brings beta back, equal.
+func TestASecondaryWhoseBadBlockListIsFullDetachesItsDisk(t *testing.T) {
+	const block = 120
+	c := newTestCluster(t, 8<<20)
+	zero := 0
+	c.cfg.Volumes[0].BadBlocksMax = &zero
+	c.opts["beta"] = Options{OpenDisk: openFaulty(nil)}
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	c.writeFlushed(t, randomBytes(77, 64*4096), 100*4096)
+	c.waitInSync()
+	lift := c.unwritable("beta", block)
+	if _, err := c.vol("beta").scrubCommand(0, false, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	e := waitForEvent(t, c.nodes["beta"], "detached", nil)
+	if e.Reason != string(reasonBadBlocksFull) {
+		t.Fatalf("beta's detached event: %+v, want reason %s", e, reasonBadBlocksFull)
+	}
+	if d := c.vol("beta").state().st.Disk; d != replication.Failed {
+		t.Fatalf("beta's disk is %s, want Failed", d)
+	}
+	writeRandomBlocks(t, c.vol("alpha"), 8, 78)
+	eventually(t, func() bool {
+		return c.vol("alpha").peers["beta"].status().ReasonCode == string(CauseDiskFailed) && c.vol("alpha").tracking("beta")
+	}, "alpha counts beta's disk failed and tracks what it misses")
+	lift()
+	c.waitInSync()
+	c.requireIdentical()
 }

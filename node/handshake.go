@@ -102,6 +102,7 @@ func (p *peer) connect(ctx context.Context) error {
 
 	// Decide, and switch new writes from the bitmap to the stream, in one
 	// step: a write is either marked before it or queued after it.
+	p.takesLost.Store(reply.Lost)
 	s := newSession(hctx, p, stream, v.cfg.PeerTimeoutOrDefault(), reply.Sums)
 	v.stateMu.Lock()
 	if size := v.size.Load(); size != hello.Size {
@@ -397,7 +398,7 @@ func sendJSON(s *transport.ReplStream, t replication.FrameType, v any) error {
 
 // sendHelloReply answers a Hello, with this node's wire version.
 func sendHelloReply(s *transport.ReplStream, r replication.HelloReply) error {
-	r.Wire, r.Sums = replication.WireVersion, true
+	r.Wire, r.Sums, r.Lost = replication.WireVersion, true, true
 	return sendJSON(s, replication.FrameHelloReply, r)
 }
 

@@ -1,11 +1,13 @@
 package node
 
 import (
+	"fmt"
 	"io"
 	"sync/atomic"
 
 	"github.com/replvol/replvol/internal/blocksum"
 	"github.com/replvol/replvol/metadata"
+	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/node/applier"
 	"github.com/replvol/replvol/transport"
 )
@@ -52,17 +54,33 @@ type integrity struct {
 }
 
 // markLost records block b as bad here with no good copy anywhere, in
-// the durable list too while it has room; an error says that could not
-// be written (the block is counted all the same).
-func (in *integrity) markLost(b int64) error {
+// the durable list too while it has room; added is false when it was
+// lost already. An error says that could not be written (the block is
+// counted all the same).
+func (in *integrity) markLost(b int64) (added bool, err error) {
 	in.listMu.Lock()
 	defer in.listMu.Unlock()
 	if in.lost == nil {
 		in.lost = map[int64]struct{}{}
 	}
+	_, had := in.lost[b]
 	in.lost[b] = struct{}{}
 	in.nLost.Store(int64(len(in.lost)))
-	return in.persistLocked(*in.bad.Load())
+	return !had, in.persistLocked(*in.bad.Load())
+}
+
+// isLost reports whether block b is lost here: a read of it is served
+// from a replica that holds it good, or fails, whatever its data and
+// stored sum say (a resync target's older copy may match its own older
+// sum).
+func (in *integrity) isLost(b int64) bool {
+	if in.nLost.Load() == 0 {
+		return false
+	}
+	in.listMu.Lock()
+	defer in.listMu.Unlock()
+	_, ok := in.lost[b]
+	return ok
 }
 
 // clearLost forgets the lost blocks [off, off+length) touches: a write
@@ -233,6 +251,7 @@ func (in *integrity) flush() error {
 // them (applier.Checksums); scratch holds the sums computed for entries
 // that carried none, reused entry after entry (one goroutine applies).
 type applierSums struct {
+	v       *Volume
 	in      *integrity
 	size    *atomic.Int64
 	scratch []uint32
@@ -242,7 +261,7 @@ type applierSums struct {
 // checksums through: a volume that keeps none here still verifies the
 // blocks that come with them.
 func (v *Volume) applierChecksums() applier.Checksums {
-	return &applierSums{in: v.integ, size: &v.size}
+	return &applierSums{v: v, in: v.integ, size: &v.size}
 }
 
 func (a *applierSums) Verify(off int64, data []byte, sums []uint32) error {
@@ -272,10 +291,83 @@ func (in *integrity) flushRange(off, length int64) error {
 	return err
 }
 
-func (a *applierSums) Listed(off, length int64) bool { return a.in.listedIn(off, length) }
+// Listed: a block on the bad-block list is never read from this disk,
+// nor is a lost one (its data is no good copy, though it may match an
+// older sum of its own): the primary takes them elsewhere.
+func (a *applierSums) Listed(off, length int64) bool {
+	if a.in.listedIn(off, length) {
+		return true
+	}
+	_, lost := a.in.lostIn(off, length)
+	return lost
+}
+
+// Lost records what a resync source held back as unrecoverable
+// (OpResyncLost): each block of [off, off+length) is lost here too, as
+// integrity.markLost records a block found so here, durably (while the
+// list has room) BEFORE the entry is acknowledged; the event
+// block-unrecoverable names the range once, not at each retry of the
+// resync. A write to the range clears it (written).
+func (a *applierSums) Lost(off, length int64) error {
+	v, size := a.v, a.size.Load()
+	if off < 0 || length <= 0 || off+length > size || off%blocksum.BlockSize != 0 {
+		return fmt.Errorf("unrecoverable range [%d, +%d) is not whole blocks of the volume", off, length)
+	}
+	added := false
+	for b := off / blocksum.BlockSize; b*blocksum.BlockSize < off+length; b++ {
+		fresh, err := a.in.markLost(b)
+		if err != nil {
+			return fmt.Errorf("record the unrecoverable block at byte %d: %w", b*blocksum.BlockSize, err)
+		}
+		added = added || fresh
+	}
+	if !added {
+		return nil
+	}
+	from := ""
+	if in := v.incomingStream(); in != nil {
+		from = in.From()
+	}
+	msg := fmt.Sprintf("the range at byte %d (%d bytes) of %s on %s is unrecoverable: the resync source %s holds it bad and no replica in sync holds a good copy, so %s keeps no good copy either: reads of it fail with EIO. Write the range again (from a backup, or what the application knows) to clear it",
+		off, length, v.name, v.self, from, v.self)
+	v.log.Error(msg)
+	v.node.emit(statefile.Event{Volume: v.name, Kind: "block-unrecoverable", Peer: from, Reason: string(CauseSourceUnrecoverable), Offset: off, Length: length, Message: msg})
+	return nil
+}
 
 func (a *applierSums) Check(off int64, data []byte) error {
 	return a.in.check(off, data, a.size.Load())
+}
+
+// firstBad is the first block of data, read from the disk at off, that
+// is lost here or that it covers whole and fails its known sum; ok false
+// when there is none (a sum that cannot be read counts as a bad block:
+// nothing is taken for good unchecked).
+func (in *integrity) firstBad(off int64, data []byte, size int64) (b int64, ok bool) {
+	if in.sums == nil || len(data) == 0 {
+		return 0, false
+	}
+	first := off / blocksum.BlockSize
+	if lb, lost := in.lostIn(off, int64(len(data))); lost {
+		if err := in.check(off, data[:min(int64(len(data)), lb*blocksum.BlockSize-off)], size); err == nil {
+			return lb, true
+		}
+	}
+	end := off + int64(len(data))
+	for b := first; b*blocksum.BlockSize < end; b += sumsChunk {
+		boff := b * blocksum.BlockSize
+		chunk := data[boff-off : min(end, boff+sumsChunk*blocksum.BlockSize)-off]
+		if err := in.check(boff, chunk, size); err != nil {
+			for k := b; k*blocksum.BlockSize < boff+int64(len(chunk)); k++ {
+				koff, klen := blockSpan(k, size)
+				if in.check(koff, data[koff-off:min(end, koff+klen)-off], size) != nil {
+					return k, true
+				}
+			}
+			return b, true
+		}
+	}
+	return 0, false
 }
 
 // check verifies the blocks of data, read from the disk at off, that it

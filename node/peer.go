@@ -61,8 +61,12 @@ type peer struct {
 	// csumsSkipped counts resync bytes a checksum showed were in sync.
 	csumsSkipped atomic.Int64
 	resyncSent   atomic.Int64
-	framesSent   atomic.Uint64
-	entriesSent  atomic.Uint64
+	// takesLost: the peer's last HelloReply said it records the ranges a
+	// resync holds back as unrecoverable (OpResyncLost); set by the run
+	// goroutine BEFORE the session that resyncs starts.
+	takesLost   atomic.Bool
+	framesSent  atomic.Uint64
+	entriesSent atomic.Uint64
 
 	// lag accounts what clients were told is written but the peer does
 	// not hold yet (protocols A and B); writeSeq numbers its writes. The

@@ -55,7 +55,14 @@ type blockTally struct {
 	// lost are the blocks found unrecoverable: not checked (nor counted)
 	// again by the same check.
 	lost map[int64]bool
+	// quietLost: a block lost already before this check is not reported
+	// again (no block-unrecoverable event nor error log): a resync or a
+	// verify that retries reports it once.
+	quietLost bool
 }
+
+// quiet reports whether t reports a block lost already again.
+func (t *blockTally) quiet() bool { return t != nil && t.quietLost }
 
 // add counts a repair's outcome: err nil is a block repaired; true when
 // the check goes on (err nil, or unrecoverable and counted in t).
@@ -105,15 +112,25 @@ func (v *Volume) verifyBlocks(ctx context.Context, p []byte, off int64, t *block
 			return nil
 		}
 		for k := range n {
-			if !known[k] {
+			b := b0 + k
+			lost := in.isLost(b)
+			if !known[k] && !lost {
 				continue
 			}
-			b := b0 + k
 			if t != nil {
 				if t.lost[b] {
 					continue
 				}
 				t.checked++
+			}
+			if lost {
+				// A lost block is no good copy, whatever its data (a
+				// resync target's older copy may match its older sum): a
+				// replica that holds it good repairs it, or it fails.
+				if err := v.repairBlock(ctx, p, off, b, sums[k], known[k], repairChecksum, t.quiet()); !t.add(b, err) {
+					return err
+				}
+				continue
 			}
 			boff, blen := blockSpan(b, size)
 			var data []byte
@@ -131,7 +148,7 @@ func (v *Volume) verifyBlocks(ctx context.Context, p []byte, off int64, t *block
 				if err == nil {
 					continue
 				}
-				if rerr := v.repairBlock(ctx, p, off, b, sums[k], true, causeOf(err)); !t.add(b, rerr) {
+				if rerr := v.repairBlock(ctx, p, off, b, sums[k], true, causeOf(err), t.quiet()); !t.add(b, rerr) {
 					return rerr
 				}
 				continue
@@ -139,7 +156,7 @@ func (v *Volume) verifyBlocks(ctx context.Context, p []byte, off int64, t *block
 			if in.seed.Verify(uint64(b), data, sums[k]) == nil {
 				continue
 			}
-			if err := v.repairBlock(ctx, p, off, b, sums[k], true, repairChecksum); !t.add(b, err) {
+			if err := v.repairBlock(ctx, p, off, b, sums[k], true, repairChecksum, t.quiet()); !t.add(b, err) {
 				return err
 			}
 		}
@@ -193,7 +210,7 @@ func (v *Volume) repairUnreadableTally(ctx context.Context, p []byte, off int64,
 				sum, known = s, k
 			}
 		}
-		if err := v.repairBlock(ctx, p, off, b, sum, known, repairReadError); !t.add(b, err) {
+		if err := v.repairBlock(ctx, p, off, b, sum, known, repairReadError, t.quiet()); !t.add(b, err) {
 			if errors.Is(err, errUnrecoverable) {
 				return true, err
 			}
@@ -221,8 +238,9 @@ var errRepairLater = errors.New("the block changed, or the primary went away, be
 // (EIO). A write-back that fails puts the block on the bad-block list
 // (listBadBlock), durably BEFORE this returns, or, when the list is full,
 // detaches the disk as a failed write does; the client gets the good
-// data either way.
-func (v *Volume) repairBlock(ctx context.Context, p []byte, off, b int64, sum uint32, known bool, cause repairCause) error {
+// data either way. A lost block repaired is lost no more. quiet: a block
+// lost already is not reported again.
+func (v *Volume) repairBlock(ctx context.Context, p []byte, off, b int64, sum uint32, known bool, cause repairCause, quiet bool) error {
 	boff, blen := blockSpan(b, v.size.Load())
 	good := make([]byte, blen)
 	var in *applier.Stream
@@ -233,13 +251,16 @@ func (v *Volume) repairBlock(ctx context.Context, p []byte, off, b int64, sum ui
 	}
 	from := v.goodCopy(ctx, in, good, b, sum, known)
 	if from == "" {
-		if err := v.integ.markLost(b); err != nil {
+		added, err := v.integ.markLost(b)
+		if err != nil {
 			v.log.Warn("the unrecoverable block is counted, but a restart will not remember it", "off", boff, "err", err)
 		}
-		msg := fmt.Sprintf("the block at byte %d (%d bytes) of %s on %s is bad (%s) and no replica in sync holds a good copy: reads of it fail with EIO. Write the range again (from a backup, or what the application knows) to clear it",
-			boff, blen, v.name, v.self, cause)
-		v.log.Error(msg)
-		v.node.emit(statefile.Event{Volume: v.name, Kind: "block-unrecoverable", Reason: cause.String(), Offset: boff, Length: blen, Message: msg})
+		if added || !quiet {
+			msg := fmt.Sprintf("the block at byte %d (%d bytes) of %s on %s is bad (%s) and no replica in sync holds a good copy: reads of it fail with EIO. Write the range again (from a backup, or what the application knows) to clear it",
+				boff, blen, v.name, v.self, cause)
+			v.log.Error(msg)
+			v.node.emit(statefile.Event{Volume: v.name, Kind: "block-unrecoverable", Reason: cause.String(), Offset: boff, Length: blen, Message: msg})
+		}
 		return fmt.Errorf("%s: byte %d: %w (%w)", v.name, boff, errUnrecoverable, syscall.EIO)
 	}
 	if p != nil {
@@ -258,6 +279,17 @@ func (v *Volume) repairBlock(ctx context.Context, p []byte, off, b int64, sum ui
 		werr = err
 	}
 	v.integ.repaired[cause].Add(1)
+	if v.integ.isLost(b) {
+		// A replica held it good after all (a third one back in sync):
+		// it is lost no more, and leaves the durable list once the good
+		// copy is durable (unlist syncs first).
+		v.integ.clearLost(boff, blen)
+		if werr == nil {
+			if err := v.integ.unlist(boff, blen); err != nil {
+				v.log.Warn("the repaired block stays on the bad-block list until it is written", "off", boff, "err", err)
+			}
+		}
+	}
 	msg := fmt.Sprintf("repaired the block at byte %d (%d bytes) of %s on %s from %s (%s)", boff, blen, v.name, v.self, from, cause)
 	if werr != nil {
 		msg = fmt.Sprintf("served the block at byte %d (%d bytes) of %s on %s from %s (%s), but writing it back failed: %v", boff, blen, v.name, v.self, from, cause, werr)

@@ -74,38 +74,66 @@ func (p *peer) resync(s *session.Session) error {
 	}
 	for csums := v.cfg.Csums; ; csums = false {
 		cursor := int64(0)
+		// held counts the blocks this pass held back (bad here, with no
+		// good copy: verifySource), shipped the entries it sent; first is
+		// why the first was held.
+		var held, shipped int64
+		var first error
 		next := func() (*session.Pending, func(), error) {
-			start, n, ok := p.bm.NextRun(cursor, resyncRunBlocks)
-			if !ok {
-				return nil, nil, nil
+			for {
+				start, n, ok := p.bm.NextRun(cursor, resyncRunBlocks)
+				if !ok {
+					return nil, nil, nil
+				}
+				off := start * replication.BlockSize
+				length := min(n*replication.BlockSize, v.size.Load()-off)
+				hold, err := v.locks.Lock(ctx, off, length)
+				if err != nil {
+					return nil, nil, err
+				}
+				unlock := hold.Release
+				pd, covered, err := p.resyncEntry(s, off, length, csums)
+				if err != nil {
+					unlock()
+					return nil, nil, err
+				}
+				cursor = start + (covered+replication.BlockSize-1)/replication.BlockSize
+				if pd == nil || pd.Kind != session.EntryResync && pd.Kind != session.EntryCsums {
+					// Blocks held back: they stay marked. The target
+					// records them as unrecoverable when pd says so.
+					held += (covered + replication.BlockSize - 1) / replication.BlockSize
+					if first == nil {
+						first = fmt.Errorf("resync to %s: the block at byte %d: %w", p.name, off, errSourceUnrecoverable)
+					}
+					if pd == nil {
+						unlock()
+						continue
+					}
+					return pd, unlock, nil
+				}
+				shipped++
+				if !csums {
+					p.resyncSent.Add(covered)
+				}
+				if pd.Entry.Op == replication.OpResyncData {
+					wire += covered
+				}
+				flight.add(pd)
+				return pd, unlock, nil
 			}
-			cursor = start + n
-			off := start * replication.BlockSize
-			length := min(n*replication.BlockSize, v.size.Load()-off)
-			hold, err := v.locks.Lock(ctx, off, length)
-			if err != nil {
-				return nil, nil, err
-			}
-			unlock := hold.Release
-			pd, err := p.resyncEntry(s, off, length, csums)
-			if err != nil {
-				unlock()
-				return nil, nil, err
-			}
-			if !csums {
-				p.resyncSent.Add(length)
-			}
-			if pd.Entry.Op == replication.OpResyncData {
-				wire += length
-			}
-			flight.add(pd)
-			return pd, unlock, nil
 		}
 		if err := w.Runs(ctx, pace, next); err != nil {
 			return err
 		}
 		if p.bm.Count() == 0 {
 			break
+		}
+		if held > 0 && shipped == 0 {
+			// Only blocks no replica holds good are left: the peer
+			// stays out of sync in them, and the link's back-off tries
+			// again (a write to them, or a replica back in sync that
+			// holds them good, lets them through).
+			return first
 		}
 	}
 	// Everything marked is on the peer: hand it the current generation,
@@ -148,32 +176,47 @@ func (p *peer) resync(s *session.Session) error {
 }
 
 // resyncEntry reads one run and builds its entry: checksums (csums),
-// a zero range, or the data. Its ack clears the run's bits.
-func (p *peer) resyncEntry(s *session.Session, off, length int64, csums bool) (*session.Pending, error) {
+// a zero range, or the data; covered is how much of [off, off+length)
+// the entry is about, from off. Its ack clears the bits of what it
+// ships. A block that fails its checksum here and that no replica holds
+// good is held back (verifySource): the entry ships the run's blocks
+// before it, or, when the run starts with it, pd is the entry that tells
+// the peer the block is unrecoverable (OpResyncLost; nil when the peer
+// does not take it, or this node cannot tell), which clears no bit.
+func (p *peer) resyncEntry(s *session.Session, off, length int64, csums bool) (pd *session.Pending, covered int64, err error) {
 	v := p.v
-	pd := session.NewPending(replication.Entry{})
+	pd = session.NewPending(replication.Entry{})
 	switch hf, isHF := v.disk.(backing.HoleFinder); {
 	case csums:
 		bp, err := readBlock(v.disk, off, length)
 		if err != nil {
-			return nil, fmt.Errorf("resync: %w", err)
+			return nil, 0, fmt.Errorf("resync: %w", err)
 		}
 		pd.Entry = replication.Entry{Op: replication.OpVerify, Off: off, Length: length, Data: replication.AppendChecksums(nil, (*bp)[:length])}
 		resyncBufs.Put(bp)
 		// Its reply lists the blocks that differ; its ack clears the
 		// others (Session.complete).
 		pd.Kind = session.EntryCsums
-		return pd, nil
+		return pd, length, nil
 	case isHF && hf.IsHole(off, length):
 		pd.Entry = replication.Entry{Op: replication.OpResyncZero, Off: off, Length: length}
 	default:
 		bp, err := readBlock(v.disk, off, length)
 		if err != nil {
-			return nil, fmt.Errorf("resync: %w", err)
+			return nil, 0, fmt.Errorf("resync: %w", err)
 		}
-		if err := p.verifySource((*bp)[:length], off); err != nil {
+		bad, lost, err := p.verifySource((*bp)[:length], off)
+		if err != nil {
 			resyncBufs.Put(bp)
-			return nil, err
+			return nil, 0, err
+		}
+		if bad > 0 {
+			resyncBufs.Put(bp)
+			return p.heldBack(off, bad, lost), bad, nil
+		}
+		if bad < 0 {
+			// The run's good blocks before the bad one go now.
+			length = -bad
 		}
 		if buf := (*bp)[:length]; bytes.Equal(buf, zeroBlock[:length]) {
 			pd.Entry = replication.Entry{Op: replication.OpResyncZero, Off: off, Length: length}
@@ -189,14 +232,31 @@ func (p *peer) resyncEntry(s *session.Session, off, length int64, csums bool) (*
 	// Its ack clears the run's bits but those marked again while it was
 	// in flight (Session.clearRun).
 	pd.Kind = session.EntryResync
-	return pd, nil
+	return pd, pd.Entry.Length, nil
+}
+
+// heldBack is the entry that tells the peer the blocks [off, off+length),
+// held back, are unrecoverable (lost: no replica holds them good), or nil
+// when there is none to send: the peer does not take it (a node of the
+// release before), or this node, a secondary, cannot tell whether
+// another replica holds them good. It clears no bit: the peer stays out
+// of sync in them.
+func (p *peer) heldBack(off, length int64, lost bool) *session.Pending {
+	if !lost || !p.takesLost.Load() {
+		return nil
+	}
+	pd := session.NewPending(replication.Entry{Op: replication.OpResyncLost, Off: off, Length: length})
+	pd.Kind = session.EntryPlain
+	return pd
 }
 
 // verify compares the peer's copy with the local one, a run at a time
-// through the session's window: each run is read under the range lock and
-// its checksums queued in order with the writes, so both sides compare the
-// same state. Differing blocks are marked out of sync; with repair the
-// session restarts at the end, and the reconnection resyncs them.
+// through the session's window: each run is read under the range lock,
+// checked against the stored sums (verifySource: a bad block is repaired
+// first, one no replica holds good is marked out of sync uncompared), and
+// its checksums queued in order with the writes, so both sides compare
+// the same state. Differing blocks are marked out of sync; with repair
+// the session restarts at the end, and the reconnection resyncs them.
 func (p *peer) verify(s *session.Session, repair bool) {
 	v := p.v
 	p.verifyTotal.Store(v.size.Load())
@@ -209,26 +269,51 @@ func (p *peer) verify(s *session.Session, repair bool) {
 	defer cancel()
 	off := int64(0)
 	next := func() (*session.Pending, func(), error) {
-		if off >= v.size.Load() {
-			return nil, nil, nil
+		for {
+			if off >= v.size.Load() {
+				return nil, nil, nil
+			}
+			runOff, length := off, min(run, v.size.Load()-off)
+			hold, err := v.locks.Lock(ctx, runOff, length)
+			if err != nil {
+				return nil, nil, err
+			}
+			unlock := hold.Release
+			bp, err := readBlock(v.disk, runOff, length)
+			if err != nil {
+				unlock()
+				return nil, nil, fmt.Errorf("verify: local %w", err)
+			}
+			// The run is checked against this node's own sums first, as
+			// a resync's is: a bad block is repaired from a replica that
+			// holds it good, and one none does is never compared as if
+			// good: it is out of sync for the peer (which a resync then
+			// holds back, telling the peer it is unrecoverable).
+			bad, _, err := p.verifySource((*bp)[:length], runOff)
+			if err != nil {
+				resyncBufs.Put(bp)
+				unlock()
+				return nil, nil, fmt.Errorf("verify: %w", err)
+			}
+			if bad > 0 {
+				resyncBufs.Put(bp)
+				p.bm.SetBits(runOff, bad)
+				p.verifyFound.Add(bad)
+				p.verifyDone.Add(bad)
+				unlock()
+				off = runOff + bad
+				continue
+			}
+			if bad < 0 {
+				length = -bad
+			}
+			off = runOff + length
+			pd := session.NewPending(replication.Entry{Op: replication.OpVerify, Off: runOff, Length: length, Data: replication.AppendChecksums(nil, (*bp)[:length])})
+			resyncBufs.Put(bp)
+			// Its reply marks the blocks that differ (Session.readReply).
+			pd.Kind = session.EntryVerify
+			return pd, unlock, nil
 		}
-		runOff, length := off, min(run, v.size.Load()-off)
-		off += length
-		hold, err := v.locks.Lock(ctx, runOff, length)
-		if err != nil {
-			return nil, nil, err
-		}
-		unlock := hold.Release
-		bp, err := readBlock(v.disk, runOff, length)
-		if err != nil {
-			unlock()
-			return nil, nil, fmt.Errorf("verify: local %w", err)
-		}
-		pd := session.NewPending(replication.Entry{Op: replication.OpVerify, Off: runOff, Length: length, Data: replication.AppendChecksums(nil, (*bp)[:length])})
-		resyncBufs.Put(bp)
-		// Its reply marks the blocks that differ (Session.readReply).
-		pd.Kind = session.EntryVerify
-		return pd, unlock, nil
 	}
 	if err := s.Window(resyncWindow).Runs(ctx, nil, next); err != nil {
 		v.log.Warn("verify stopped", "peer", p.name, "err", err)
@@ -268,36 +353,49 @@ var errSourceUnrecoverable = errors.New("the resync source holds a block bad tha
 // ships a block that fails its checksum as good (the target would store
 // it with a sum computed from it, and take it for good from then on).
 // The primary repairs a bad block as a client's read does, from a
-// replica that holds it good (the run then holds the good copy); a
-// secondary, the source of its primary's pull, cannot (its repair asks
-// the primary, the target here) and only checks. A block no replica
-// holds good fails the run with errSourceUnrecoverable, a block found so
-// before at once (one block-unrecoverable event, not one per retry): the
-// peer stays out of sync in it and the resync is retried, until a write
-// to the block lets it through.
-func (p *peer) verifySource(buf []byte, off int64) error {
+// replica in sync that holds it good (the run then holds the good copy);
+// a secondary, the source of its primary's pull, cannot (its repair asks
+// the primary, the target here) and only checks. A block lost here (no
+// replica held it good) is bad whatever it reads; the primary asks the
+// replicas in sync for it again, reporting it once, not at every retry.
+//
+// bad says what goes: 0, the whole run; -n, its first n bytes, good,
+// before a bad block; n > 0, the run starts with n bytes of bad blocks,
+// held back (lost: no replica holds them good, so the peer is told).
+// The peer stays out of sync in what is held back and the resync is
+// retried, until a write to the blocks lets them through.
+func (p *peer) verifySource(buf []byte, off int64) (bad int64, lost bool, err error) {
 	v := p.v
 	in := v.integ
 	if !in.on() {
-		return nil
+		return 0, false, nil
 	}
 	length := int64(len(buf))
-	if b, ok := in.lostIn(off, length); ok {
-		return fmt.Errorf("resync to %s: the block at byte %d: %w", p.name, b*blocksum.BlockSize, errSourceUnrecoverable)
-	}
-	if v.state().role() != replication.Primary {
-		if err := in.check(off, buf, v.size.Load()); err != nil {
-			return fmt.Errorf("resync to %s at %d: %w (%w)", p.name, off, errSourceUnrecoverable, err)
+	size := v.size.Load()
+	var badBlocks map[int64]bool
+	if v.state().role() == replication.Primary {
+		t := blockTally{quietLost: true}
+		if err := v.verifyBlocks(context.Background(), buf, off, &t); err != nil {
+			return 0, false, fmt.Errorf("resync to %s: %w", p.name, err)
 		}
-		return nil
+		badBlocks, lost = t.lost, true
+	} else if b, ok := in.firstBad(off, buf, size); ok {
+		badBlocks = map[int64]bool{b: true}
 	}
-	var t blockTally
-	if err := v.verifyBlocks(context.Background(), buf, off, &t); err != nil {
-		return fmt.Errorf("resync to %s: %w", p.name, err)
+	if len(badBlocks) == 0 {
+		return 0, false, nil
 	}
-	if t.unrecoverable > 0 {
-		b, _ := in.lostIn(off, length)
-		return fmt.Errorf("resync to %s: the block at byte %d: %w", p.name, b*blocksum.BlockSize, errSourceUnrecoverable)
+	first := off / blocksum.BlockSize
+	b := first
+	for !badBlocks[b] {
+		b++
 	}
-	return nil
+	if b > first {
+		return -(b - first) * blocksum.BlockSize, false, nil
+	}
+	e := b
+	for badBlocks[e] {
+		e++
+	}
+	return min(length, (e-first)*blocksum.BlockSize), lost, nil
 }

@@ -668,6 +668,10 @@ func (v *Volume) buildSums(p []byte, off int64) (int64, error) {
 		return 0, fmt.Errorf("read the checksums: %w", err)
 	}
 	var built int64
+	// A lost block gets no sum from what it holds: that is no good copy.
+	for k := range n {
+		known[k] = known[k] || in.isLost(first+int64(k))
+	}
 	for k := 0; k < n; {
 		if known[k] {
 			k++
@@ -752,7 +756,7 @@ func (v *Volume) scrubOnSecondary(ctx context.Context, p []byte, off int64, t *b
 		return err
 	}
 	for _, sb := range bad {
-		rerr := v.repairBlock(ctx, nil, 0, sb.b, sb.sum, sb.known, sb.cause)
+		rerr := v.repairBlock(ctx, nil, 0, sb.b, sb.sum, sb.known, sb.cause, false)
 		if errors.Is(rerr, errRepairLater) {
 			continue
 		}
@@ -788,6 +792,14 @@ func (v *Volume) scanBlocks(p []byte, off int64, t *blockTally) (bad []scrubBad,
 				bad = append(bad, scrubBad{b: b, sum: sum, known: known, cause: repairReadError})
 				continue
 			}
+		}
+		if in.isLost(b) {
+			// Lost (a resync source held it back as unrecoverable):
+			// no good copy whatever it reads, so the primary's is
+			// asked for again.
+			t.checked++
+			bad = append(bad, scrubBad{b: b, sum: sum, known: known, cause: repairChecksum})
+			continue
 		}
 		if !known {
 			continue

@@ -62,6 +62,7 @@ func seedBatches() []fuzzseed.Seed {
 		Entry{Op: OpSyncDone, Seq: 8, Data: genA[:]},
 		Entry{Op: OpRead, Seq: 9, Off: 4096, Length: 4096},
 		Entry{Op: OpVerify, Seq: 10, Off: 0, Length: 2 * BlockSize, Data: AppendChecksums(nil, make([]byte, 2*BlockSize))},
+		Entry{Op: OpResyncLost, Seq: 11, Off: 8192, Length: BlockSize},
 	)
 	receipt := batchFrame(true, Entry{Op: OpWrite, Seq: 41, Off: 0, Data: []byte("x")}, Entry{Op: OpFlush, Seq: 42})
 	return byteSeeds(

@@ -48,6 +48,14 @@ const (
 	// blocks and answers with a FrameReadReply listing the differing ones
 	// (EncodeMismatches), BEFORE the ack of the batch. Online verify.
 	OpVerify Op = 10
+	// OpResyncLost says that the resync source holds [Off, Off+Length)
+	// (whole blocks) bad and that no replica it reached holds it good:
+	// the target records the range as unrecoverable, as the source did
+	// (reads of it fail with EIO, never its older data), until a write
+	// covers it. The source leaves the range marked for the target. No
+	// payload; a source sends it only to a peer whose HelloReply says
+	// Lost.
+	OpResyncLost Op = 11
 )
 
 // EntryFUA asks that the entry be durable before it is acknowledged.
@@ -95,7 +103,7 @@ func (op Op) HasPayload() bool {
 	return false
 }
 
-func (op Op) valid() bool { return op >= OpWrite && op <= OpVerify }
+func (op Op) valid() bool { return op >= OpWrite && op <= OpResyncLost }
 
 const entryHeaderLen = 1 + 1 + 2 + 4 + 8 + 8 // op, flags, pad, length, seq, off
 
@@ -438,6 +446,10 @@ type HelloReply struct {
 	// resync carries (EntrySums); a primary sends them only then (an
 	// older node sends none and cannot read them).
 	Sums bool `json:"sums,omitempty"`
+	// Lost: the secondary records the ranges a resync source holds bad
+	// with no good copy anywhere (OpResyncLost); a source sends them only
+	// then (an older node refuses the op as unknown).
+	Lost bool `json:"lost,omitempty"`
 }
 
 // DecodeHello decodes a FrameHello frame: the JSON Hello a primary opens a

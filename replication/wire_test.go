@@ -14,6 +14,7 @@ func TestBatchRoundTrip(t *testing.T) {
 		{Op: OpFlush, Seq: 3},
 		{Op: OpResyncData, Seq: 4, Off: 8192, Data: bytes.Repeat([]byte{7}, 4096)},
 		{Op: OpSyncDone, Seq: 5, Data: make([]byte, 16)},
+		{Op: OpResyncLost, Seq: 6, Off: 3 * 4096, Length: 2 * 4096},
 	}
 	frame := AppendBatchHeader(nil, len(in))
 	for i := range in {
@@ -48,6 +49,7 @@ func TestDecodeBatchRejectsDamage(t *testing.T) {
 		"trailing bytes":  append(append([]byte(nil), good...), 0),
 		"count too large": append([]byte{byte(FrameBatch), 0xff, 0xff, 0xff, 0xff}, good[5:]...),
 		"unknown op":      func() []byte { b := append([]byte(nil), good...); b[5] = 99; return b }(),
+		"op after lost":   func() []byte { b := append([]byte(nil), good...); b[5] = byte(OpResyncLost + 1); return b }(),
 	}
 	for name, frame := range cases {
 		if _, err := DecodeBatch(frame, nil); err == nil {

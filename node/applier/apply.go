@@ -68,6 +68,11 @@ type Checksums interface {
 	// Verify checks the blocks of data, to be written at off, against
 	// the sums they came with; an error names the first that differs.
 	Verify(off int64, data []byte, sums []uint32) error
+	// Lost records the blocks of [off, off+length) as unrecoverable: the
+	// resync source holds them bad and no replica holds them good
+	// (OpResyncLost). Reads of them here fail until a write covers them;
+	// the record is durable BEFORE it returns.
+	Lost(off, length int64) error
 }
 
 // Disk is the local disk a stream is written to (package node's backing
@@ -133,6 +138,10 @@ func (in *Stream) apply(v *Volume, entries []replication.Entry, readReply func(s
 		// not a full one.
 		v.State.Failed(err)
 		return replication.Ack{Seq: ack.Seq, Status: replication.AckIOError, Message: fmt.Sprintf("%s: %v", v.Self, err)}
+	}
+	if err := in.failed; err != nil {
+		in.failed = nil
+		return fail(&entries[0], err)
 	}
 	// Every block that came with a checksum matches it BEFORE anything
 	// of the batch is applied: a block corrupted on its way is refused,
@@ -264,6 +273,12 @@ func (in *Stream) apply(v *Volume, entries []replication.Entry, readReply func(s
 				v.ActivityLog.Done(e.Off, e.Length)
 			}
 			v.Resynced.Add(e.Length)
+		case replication.OpResyncLost:
+			// The disk does not change: what it holds there is no
+			// good copy either (the source would have taken it).
+			if v.Checksums != nil {
+				err = v.Checksums.Lost(e.Off, e.Length)
+			}
 		case replication.OpSyncStart:
 			// From here until OpSyncDone this disk is Inconsistent, durably,
 			// BEFORE any resync data is written. It remembers the

@@ -18,6 +18,9 @@ type Stream struct {
 	// further batch of this stream touches the disk.
 	applyMu mutex
 	stopped bool
+	// failed, once set (Fail), fails the next batch as a failed write
+	// does; guarded by applyMu.
+	failed error
 
 	st atomic.Pointer[replication.ReplState]
 }
@@ -46,6 +49,17 @@ func (in *Stream) Stop() {
 	in.applyMu.Lock()
 	in.stopped = true
 	in.applyMu.Unlock()
+}
+
+// Fail makes the next batch fail as if the disk had failed a write of
+// it (err), applying nothing of it: its ack says AckIOError, so the
+// primary takes this node's disk for failed and marks what it sent, as
+// after a failed write. A secondary whose disk it detaches otherwise
+// (its bad-block list is full) calls it.
+func (in *Stream) Fail(err error) {
+	in.applyMu.Lock()
+	defer in.applyMu.Unlock()
+	in.failed = err
 }
 
 // Exclusive runs f while no batch of the stream is applied (holding its
