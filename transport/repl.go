@@ -204,7 +204,9 @@ func ReplHandshakeFailed(f func(remote net.Addr, err error)) ReplOption {
 
 // MsgStream is what a replication stream is made of: a connection's
 // framing (stream.go), or a test double that injects faults
-// (NewReplStream). SendMsg takes and RecvMsg fills a *Frame.
+// (NewReplStream). SendMsg takes and RecvMsg fills a *Frame. SendMsg may
+// be called from several goroutines at once: each frame goes out whole
+// (the connection's framing holds its write lock across a frame).
 type MsgStream interface {
 	SendMsg(m any) error
 	RecvMsg(m any) error
@@ -219,8 +221,9 @@ func NewReplStream(s MsgStream, cancel context.CancelFunc) *ReplStream {
 	return &ReplStream{s: s, cancel: cancel}
 }
 
-// ReplStream is one replication stream. One goroutine may Send while
-// another Recvs; two concurrent Sends (or Recvs) are not allowed.
+// ReplStream is one replication stream. Several goroutines may Send at
+// once, each frame whole, while one Recvs; two concurrent Recvs are not
+// allowed.
 type ReplStream struct {
 	s      MsgStream
 	cancel context.CancelFunc

@@ -2,82 +2,65 @@ package applier
 
 import (
 	"errors"
+	"sync"
 
 	"github.com/replvol/replvol/transport"
 )
 
-// errStreamSenderEnded: a frame was queued after the stream's end.
+// errStreamSenderEnded: a frame was sent after the stream's end.
 var errStreamSenderEnded = errors.New("the stream to the primary has ended")
 
-// streamSender is the one goroutine that writes a secondary's stream:
-// send queues a frame for it, in order. After the first failed write it
-// takes no more frames, and send returns that error.
+// streamSender writes a secondary's stream: the receipts (protocol B),
+// the heartbeats, the read replies and the acks. Each writer writes its
+// frame itself, in the order it sends them: the stream's write lock
+// (transport's frameConn) keeps frames whole, and no handoff to another
+// goroutine stands between an applied batch and its ack (issue 31: a
+// wakeup per ack cost more than the write). A write blocks only while
+// the primary reads none of the stream's acks, and the primary's
+// receiver never waits on its own writes (node/session), so a writer
+// here waits at most until the primary reads or the stream ends (its
+// context's end closes the connection). After the first failed write
+// send returns that error, and failed is closed.
 type streamSender struct {
 	s      *transport.ReplStream
-	out    chan *transport.Frame
-	stop   chan struct{} // closed by close: send what is queued, then end
+	once   sync.Once
 	failed chan struct{} // closed once a write failed; err is then set
-	ended  chan struct{} // closed when the goroutine has returned
+	ended  chan struct{} // closed by close
 	err    error
 }
 
 func newStreamSender(s *transport.ReplStream) *streamSender {
-	ss := &streamSender{s: s, out: make(chan *transport.Frame, 16), stop: make(chan struct{}), failed: make(chan struct{}), ended: make(chan struct{})}
-	go ss.run()
-	return ss
+	return &streamSender{s: s, failed: make(chan struct{}), ended: make(chan struct{})}
 }
 
-func (ss *streamSender) run() {
-	defer close(ss.ended)
-	write := func(f *transport.Frame) bool {
-		if err := ss.s.Send(f); err != nil {
-			ss.err = err
-			close(ss.failed)
-			return false
-		}
-		return true
-	}
-	for {
-		select {
-		case f := <-ss.out:
-			if !write(f) {
-				return
-			}
-		case <-ss.stop:
-			// What was queued before the stream's end still goes out
-			// (an ack saying why the secondary stops).
-			for {
-				select {
-				case f := <-ss.out:
-					if !write(f) {
-						return
-					}
-				default:
-					return
-				}
-			}
-		}
-	}
-}
-
-// send queues f; it fails once a write to the stream failed.
+// send writes f; it fails once a write to the stream failed, and after
+// close.
 func (ss *streamSender) send(f *transport.Frame) error {
 	select {
-	case ss.out <- f:
-		return nil
 	case <-ss.failed:
+		f.Release()
 		return ss.err
 	case <-ss.ended:
+		f.Release()
 		return errStreamSenderEnded
+	default:
 	}
+	if err := ss.s.Send(f); err != nil {
+		ss.once.Do(func() {
+			ss.err = err
+			close(ss.failed)
+		})
+		return ss.err
+	}
+	return nil
 }
 
-// close sends what is queued and waits for the goroutine to end (or for
-// the stream's context to end, when a write cannot complete).
+// close ends the sender: later sends fail. Every frame sent before it is
+// written already.
 func (ss *streamSender) close() {
-	close(ss.stop)
 	select {
 	case <-ss.ended:
-	case <-ss.s.Context().Done():
+	default:
+		close(ss.ended)
 	}
 }

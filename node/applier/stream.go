@@ -83,10 +83,12 @@ func (in *Stream) Exclusive(f func()) bool {
 // applied and one ack covers them. While a batch takes long to apply (a
 // flush of much data), the peer is told every quarter of the peer timeout
 // that this node is alive (an ack of nothing), so that a slow disk is not
-// taken for a hung node. One goroutine (streamSender) alone writes to the
-// stream: the receipts (protocol B), the heartbeats, the read replies and
-// the acks reach it through one channel, each writer's frames in the
-// order it queued them.
+// taken for a hung node. The reader goroutine stays apart from this one
+// so that, under protocol B, a batch is receipted as it arrives even
+// while an earlier one waits for a slow disk. Each writer of the stream
+// (the reader's receipts, the heartbeats, the read replies and the acks)
+// writes its frames itself, in order (streamSender): no handoff stands
+// between an applied batch and its ack.
 func (in *Stream) Run(s *transport.ReplStream, v *Volume) error {
 	out := newStreamSender(s)
 	defer out.close()
