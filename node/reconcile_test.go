@@ -120,7 +120,15 @@ func TestASwitchoverReconcilesNothing(t *testing.T) {
 	if _, err := c.nodes["gamma"].api.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Timeout: 10 * time.Second}); err != nil {
 		t.Fatalf("switchover to beta: %v", err)
 	}
-	if err := c.vol("beta").WriteAt(ctx, pattern(5, 4096), 0, false); err != nil {
+	// Both peers stream from beta before it writes: a write that beta
+	// served while one of them was still connecting would reach it by
+	// resync, rightly (under load a loaded CI machine once saw gamma take
+	// those 4096 bytes so). A reconciliation would already show here:
+	// what it marks keeps the replicas out of sync until it is resynced.
+	b := c.vol("beta")
+	eventually(t, func() bool { return b.peers["alpha"].connected() && b.peers["gamma"].connected() }, "beta streams to alpha and gamma")
+	c.waitInSync()
+	if err := b.WriteAt(ctx, pattern(5, 4096), 0, false); err != nil {
 		t.Fatalf("beta serves after the switchover: %v", err)
 	}
 	c.waitInSync()
