@@ -34,9 +34,9 @@ deps:
 # with the race detector (unit, integration, e2e) and every mutex checked
 # for lock-order inversions (the deadlock tag: make test-locks), then the
 # tests that need the ordinary mutex ($(UNCHECKED_TESTS)), then every fuzz
-# target for $(CI_FUZZTIME). The end-to-end tests that spend their time
-# waiting for a cluster or its tools, and time nothing of their own
-# (e2eBeside in cmd/replctl), run three at a time.
+# target for $(CI_FUZZTIME). The tests that spend their time waiting for
+# a cluster or its tools, and time nothing of their own (e2eBeside in
+# cmd/replctl, beside in node), run three at a time.
 test: deps fmt-check vet
 	@start=$$(date +%s); set -x; $(GO) test -race -tags deadlock -count=1 -parallel 3 -timeout 20m ./... && \
 		$(GO) test -race -count=1 $(UNCHECKED_TESTS) && \
