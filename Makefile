@@ -16,8 +16,12 @@ FUZZTIME    ?= 20s
 # so that a short run spends its time fuzzing (a failing input is still
 # written, less minimal).
 FUZZMINIMIZETIME ?= 1s
-# What CI gives each fuzz target (make test).
-CI_FUZZTIME ?= 10s
+# What CI gives each fuzz target (make test). Enough for a smoke run: a
+# target's whole corpus (its seeds and testdata/fuzz/, which the suite
+# also runs, under -race) gathers its baseline coverage within the first
+# second, even on a clean checkout, and the rest is fuzzing; make fuzz
+# (FUZZTIME) is the longer run.
+CI_FUZZTIME ?= 5s
 
 .PHONY: all test test-locks fmt-check vet lint fuzz mutants bench demo deps vuln build install deb static
 
@@ -30,9 +34,9 @@ deps:
 # with the race detector (unit, integration, e2e) and every mutex checked
 # for lock-order inversions (the deadlock tag: make test-locks), then the
 # tests that need the ordinary mutex ($(UNCHECKED_TESTS)), then every fuzz
-# target for $(CI_FUZZTIME). The end-to-end tests that spend their time
-# waiting for a cluster or its tools, and time nothing of their own
-# (e2eBeside in cmd/replctl), run three at a time.
+# target for $(CI_FUZZTIME). The tests that spend their time waiting for
+# a cluster or its tools, and time nothing of their own (e2eBeside in
+# cmd/replctl, beside in node), run three at a time.
 test: deps fmt-check vet
 	@start=$$(date +%s); set -x; $(GO) test -race -tags deadlock -count=1 -parallel 3 -timeout 20m ./... && \
 		$(GO) test -race -count=1 $(UNCHECKED_TESTS) && \
@@ -72,13 +76,25 @@ lint: fmt-check vet
 # cleaned here), and prints it, so that it can be committed from a CI log:
 # it then stays in the corpus and every go test runs it. FUZZDIRS=./replication
 # fuzzes only the packages named.
+#
+# Each package's fuzzing test binary (coverage-instrumented, as go test
+# -fuzz builds it) is built once and runs each of its targets, from the
+# package's directory as go test runs it, with go test's own cache of
+# interesting inputs (-test.fuzzcachedir): one go test -fuzz per target
+# would link the binary again for each, and go test -list would build the
+# package a third way. FUZZCACHE is where go test keeps them.
+FUZZCACHE ?= $(shell $(GO) env GOCACHE)/fuzz
 fuzz:
-	@failed=""; \
+	@failed=""; bins=$$(mktemp -d) || exit 1; trap 'rm -rf "$$bins"' EXIT; \
+	cache='$(FUZZCACHE)'; \
 	for dir in $${FUZZDIRS:-$$(grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u)}; do \
-		targets=$$($(GO) test -list '^Fuzz' $$dir) || { failed="$$failed $$dir"; continue; }; \
+		pkg=$$($(GO) list $$dir) && bin="$$bins/$$(echo "$$pkg" | tr / _).test" && \
+		$(GO) test -c -fuzz . -o "$$bin" $$dir && \
+		targets=$$(cd $$dir && "$$bin" -test.list '^Fuzz') || { failed="$$failed $$dir"; continue; }; \
 		for f in $$(echo "$$targets" | grep '^Fuzz'); do \
 			echo "== $$dir $$f ($(FUZZTIME))"; \
-			$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) $$dir || failed="$$failed $$dir:$$f"; \
+			(cd $$dir && "$$bin" -test.paniconexit0 -test.run '^$$' -test.fuzz "^$$f$$" -test.fuzztime $(FUZZTIME) \
+				-test.fuzzminimizetime $(FUZZMINIMIZETIME) -test.fuzzcachedir "$$cache/$$pkg") || failed="$$failed $$dir:$$f"; \
 		done; \
 	done; \
 	if [ -n "$$failed" ]; then \

@@ -87,6 +87,7 @@ func (c *testCluster) writeWhile(t *testing.T, stop <-chan struct{}, seed uint64
 // the primary's disk is caught by a read, which returns the data written
 // and repairs the block from the secondary.
 func TestTurningChecksumsOnBuildsThemInTheBackground(t *testing.T) {
+	beside(t)
 	const size = 8 << 20
 	c := newTestCluster(t, size)
 	c.cfg.Volumes[0].Checksums = "off"
@@ -203,6 +204,7 @@ func (v *Volume) adjustRate(t *testing.T, rate int64) {
 // checksums; once the file grows to that size, the next start converts
 // it (the metadata moves to the new end) and builds the sums.
 func TestChecksumsOnWithoutRoomRunsWithoutThem(t *testing.T) {
+	beside(t)
 	const size = 8 << 20
 	c := newTestCluster(t, size)
 	img := c.cfg.Volumes[0].Disks["beta"].Paths[0].Path
@@ -280,6 +282,7 @@ func TestChecksumsOnWithoutRoomRunsWithoutThem(t *testing.T) {
 // sums kept from before, stale for the blocks written meanwhile, are
 // dropped and built again, so every block's sum is its data's.
 func TestChecksumsOffThenOnAgainRebuildsThem(t *testing.T) {
+	beside(t)
 	const size = 8 << 20
 	c := newTestCluster(t, size)
 	c.start("alpha")
@@ -324,6 +327,7 @@ func TestChecksumsOffThenOnAgainRebuildsThem(t *testing.T) {
 // after the new area, and builds the sums; catch-up after an outage still
 // moves only what changed (the bitmaps kept working).
 func TestChecksumsOnWithExternalMetadataLengthensItsFile(t *testing.T) {
+	beside(t)
 	const size = 8 << 20
 	c := newTestCluster(t, size)
 	c.cfg.Volumes[0].Metadata = "external"

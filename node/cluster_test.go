@@ -72,6 +72,26 @@ func newTestClusterOf(t testing.TB, size int64, names ...string) *testCluster {
 	return c
 }
 
+// beside marks a test whose time goes into waiting for its nodes (leases,
+// elections, failovers, restarts, resyncs held back by a rate, a copy
+// that must still run when looked at) and which asserts no time, rate or
+// count of wakeups of its own: it runs beside the other such tests, go
+// test's -parallel at a time, after the package's other tests. Each test
+// cluster has its own temporary directory and ports (testport reserves
+// them across processes too), and no test of the package changes a
+// package-level variable, so they do not meet. A test that bounds how
+// long something takes, a rate or a number of messages in a time stays
+// without it: beside the others it would measure the machine. So does a
+// test of a raft cluster (newRaftCluster, startThreeUnderRaft): its
+// elections and lease are short (300 ms, 900 ms), and a node starved
+// beside two other clusters loses them, so that what the test waits for
+// (10 s at most, eventually) comes late. So does a test of paths_test.go,
+// whose fault paths share lastFault.
+func beside(t *testing.T) {
+	t.Helper()
+	t.Parallel()
+}
+
 // deviceSize is the backing file a volume of size bytes needs: the data
 // and the internal metadata at its end.
 func deviceSize(t testing.TB, size int64) int64 { return deviceSizeFor(t, size, 1) }
@@ -373,6 +393,7 @@ func writeRandomBlocks(t *testing.T, v *Volume, n int, seed uint64) int {
 }
 
 func TestCatchUpAfterDisconnectMovesOnlyTheWrittenBlocks(t *testing.T) {
+	beside(t)
 	c := newTestCluster(t, 64<<20)
 	c.start("alpha")
 	c.start("beta")
@@ -394,6 +415,7 @@ func TestCatchUpAfterDisconnectMovesOnlyTheWrittenBlocks(t *testing.T) {
 }
 
 func TestSecondaryDisconnectedByOperatorRefusesTheStream(t *testing.T) {
+	beside(t)
 	c := newTestCluster(t, 8<<20)
 	c.start("alpha")
 	c.start("beta")
@@ -415,6 +437,7 @@ func TestSecondaryDisconnectedByOperatorRefusesTheStream(t *testing.T) {
 }
 
 func TestSecondaryCleanRestartGetsABitmapResync(t *testing.T) {
+	beside(t)
 	c := newTestCluster(t, 32<<20)
 	c.start("alpha")
 	c.start("beta")
@@ -601,6 +624,7 @@ func TestResyncRateCapHoldsTheResyncBack(t *testing.T) {
 // TestChecksumResyncSendsOnlyDifferingBlocks: with csums, a full resync of
 // replicas that differ in 3 blocks moves only those 3 blocks.
 func TestChecksumResyncSendsOnlyDifferingBlocks(t *testing.T) {
+	beside(t)
 	const size = 16 << 20
 	c := newTestCluster(t, size)
 	c.cfg.Volumes[0].Csums = true

@@ -188,6 +188,7 @@ func TestABurstThePeerKeepsUpWithLeavesItConnected(t *testing.T) {
 // goes Ahead, and the writes it held are marked and complete, with no ack
 // to wake them. When the link carries again, the peer catches up.
 func TestALinkThatStopsGoesAheadAndReleasesTheWritesItHeld(t *testing.T) {
+	beside(t)
 	const size = 64 << 20
 	const sendBuffer = 1 << 20
 	c := newTestCluster(t, size)

@@ -119,6 +119,7 @@ func requireCode(t *testing.T, err error, want codes.Code, words string) {
 // nor claim another node forwarded its call; a plaintext client is told
 // the node requires TLS; each refusal is logged once per peer and cause.
 func TestATLSClusterIsCommandedOnlyWithTheOperatorsCertificate(t *testing.T) {
+	beside(t)
 	c := newTestCluster(t, 4<<20)
 	dir := withTLS(t, c)
 	alphaLog := c.logTo("alpha")
@@ -229,6 +230,7 @@ func (v *Volume) isAdminDown() bool {
 // disconnect, forwarded to beta under alpha's node certificate), and the
 // socket is gone after a clean stop.
 func TestTheUnixSocketNeedsNoCertificate(t *testing.T) {
+	beside(t)
 	c := newTestCluster(t, 4<<20)
 	withTLS(t, c)
 	sock := filepath.Join(c.cfg.Nodes[0].StateDir, "control.sock")

@@ -87,6 +87,7 @@ func syncedWithThreeExtentsWritten(t *testing.T, seed byte) *testCluster {
 // writing to three 4 MiB extents; when it comes back, only those extents
 // are resynced, not the volume.
 func TestPrimaryCrashResyncsOnlyTheActivityLog(t *testing.T) {
+	beside(t)
 	c := syncedWithThreeExtentsWritten(t, 7)
 	before := replica(c.status(), "beta").ResyncedBytes
 	c.crash("alpha")
@@ -104,6 +105,7 @@ func TestPrimaryCrashResyncsOnlyTheActivityLog(t *testing.T) {
 // hard, alpha keeps writing; when beta returns, only what alpha wrote is
 // resynced.
 func TestSecondaryCrashWhileDisconnectedCatchesUpByBitmap(t *testing.T) {
+	beside(t)
 	c := newTestCluster(t, 32<<20)
 	c.start("alpha")
 	c.start("beta")
@@ -121,6 +123,7 @@ func TestSecondaryCrashWhileDisconnectedCatchesUpByBitmap(t *testing.T) {
 // TestPrimaryRestartKeepsItsBitmap: alpha restarts cleanly while beta is
 // disconnected; the bitmap it kept on disk still covers what beta missed.
 func TestPrimaryRestartKeepsItsBitmap(t *testing.T) {
+	beside(t)
 	c := newTestCluster(t, 32<<20)
 	c.start("alpha")
 	c.start("beta")
@@ -169,6 +172,7 @@ func TestCleanRestartOfBothNodesResyncsNothing(t *testing.T) {
 // but not beta's stayed different on the two while both counted in sync
 // (the sim's promotion-clears-marks).
 func TestAPromotionKeepsTheBlocksMarkedForThePeers(t *testing.T) {
+	beside(t)
 	c := syncedWithThreeExtentsWritten(t, 9)
 	ctx := context.Background()
 	c.crash("alpha")
@@ -202,6 +206,7 @@ func TestAPromotionKeepsTheBlocksMarkedForThePeers(t *testing.T) {
 // later crash of alpha, as a secondary, one of a primary: the indicator
 // alpha went down with came off its disk when it followed beta.
 func TestACrashedPrimaryForgetsItsCrashOnceResynced(t *testing.T) {
+	beside(t)
 	c := syncedWithThreeExtentsWritten(t, 9)
 	c.crash("alpha")
 	ctx := context.Background()

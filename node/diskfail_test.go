@@ -225,6 +225,7 @@ func (c *testCluster) eventKinds(name string) map[string]int {
 // is re-attached once, after the blocks it missed were copied back, and
 // both replicas are UpToDate with the same data.
 func TestAFailingPrimaryDiskCostsNoClientErrorAndDetachesOnce(t *testing.T) {
+	beside(t)
 	const size = 16 << 20
 	c := newTestCluster(t, size)
 	// Probes every 20 ms, backing off to 160 ms, and 100 ms of passing
@@ -300,6 +301,7 @@ func TestAFailingPrimaryDiskCostsNoClientErrorAndDetachesOnce(t *testing.T) {
 // otherwise hold the failed write while both count each other in sync
 // (the simulation's finding failed-write-diverges).
 func TestAWriteThatFailsHereAfterItReachedThePeerIsUndoneThere(t *testing.T) {
+	beside(t)
 	const size = 8 << 20
 	c := newTestCluster(t, size)
 	var disk atomic.Pointer[fault.Disk]

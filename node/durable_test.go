@@ -97,6 +97,7 @@ func TestAWriteAPeerMissesFailsWhenTheNewGenerationCannotBeRecorded(t *testing.T
 // BEFORE the peer counts as UpToDate. While that write fails the peer
 // never shows UpToDate; once it works, the next connection finishes.
 func TestAPeerIsNotUpToDateUntilItsBitmapIsRetiredDurably(t *testing.T) {
+	beside(t)
 	c := newSyncedCluster(t, 8<<20)
 	v := c.vol("alpha")
 	c.vol("beta").setAdminDown(true)

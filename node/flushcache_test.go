@@ -121,6 +121,7 @@ func TestAFlushAfterThePeersLinkDiedTracksWhatThePeerHeldInItsCache(t *testing.T
 // the earlier stream is in its cache only. Until the simulation's seed
 // 39814 found it, it stayed there until the pull's end.
 func TestAPullsSourceHoldsWhatAnEarlierStreamLeftInItsCacheOnItsDisk(t *testing.T) {
+	beside(t)
 	const size = 4 << 20
 	c := newTestCluster(t, size)
 	var cache atomic.Pointer[fault.Disk]

@@ -135,6 +135,7 @@ func checkScrape(t *testing.T, n *Node) string {
 // written meanwhile show up as out of sync, on alpha and on beta; once
 // reconnected, beta resyncs and both are in sync again.
 func TestMetricsTellConnectedFromInSync(t *testing.T) {
+	beside(t)
 	c := newSyncedCluster(t, 8<<20)
 	alpha, beta := c.nodes["alpha"], c.nodes["beta"]
 	ctx := context.Background()

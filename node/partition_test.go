@@ -31,6 +31,7 @@ func partitionableCluster(t *testing.T, size int64) (*testCluster, *fault.Link) 
 // no longer Connected. Once the link heals, beta receives the marked
 // blocks, not a full resync, and the replicas are identical.
 func TestAPartitionedSecondaryCatchesUpByBitmapAfterTheHeal(t *testing.T) {
+	beside(t)
 	const size = 16 << 20
 	c, link := partitionableCluster(t, size)
 	c.start("alpha")

@@ -27,6 +27,7 @@ import (
 // the process alone after a FLUSH (the same boot: the page cache kept the
 // writes) resyncs nothing.
 func TestAPowerLossOfTheSecondaryResyncsItsActivityLog(t *testing.T) {
+	beside(t)
 	const size = 16 << 20
 	c := newTestCluster(t, size)
 	// beta's disk has a volatile cache: what it acknowledged since its
@@ -495,6 +496,7 @@ func requireSomethingLost(t *testing.T, sectors *int) {
 // anything reads them, and the resync brings alpha's data and sums. A
 // flipped byte at the end is found by the same scrub.
 func TestAPowerLossOfTheSecondaryMidWriteReportsNoCorruption(t *testing.T) {
+	beside(t)
 	sectors := 0
 	defer requireSomethingLost(t, &sectors)
 	for _, external := range []bool{false, true} {
@@ -518,6 +520,7 @@ func TestAPowerLossOfTheSecondaryMidWriteReportsNoCorruption(t *testing.T) {
 // to beta; every write acknowledged FUA or before a FLUSH reads back, and
 // nothing is reported repaired or unrecoverable.
 func TestAPowerLossOfThePrimaryMidWriteReportsNoCorruption(t *testing.T) {
+	beside(t)
 	sectors := 0
 	defer requireSomethingLost(t, &sectors)
 	for _, external := range []bool{false, true} {

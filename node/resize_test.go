@@ -149,6 +149,7 @@ func (w *writer) waitWrites(t *testing.T, n int64, what string) {
 // (the range gained held different bytes on each disk: it is zeroes on
 // both); and both nodes restart at 256 MiB.
 func TestResizeWhileWritingGrowsEveryReplicaWithoutAResync(t *testing.T) {
+	beside(t)
 	for _, tc := range []struct {
 		name       string
 		growFirst  bool // the disks hold 256 MiB before the nodes start
@@ -402,6 +403,7 @@ func TestAPrimaryGrowsOnlyAfterItsPeersAndRefusesWritesPastTheOldEnd(t *testing.
 // both sizes and the command that grows it; grown alone, it catches up
 // with only what alpha wrote meanwhile.
 func TestANodeDownDuringAResizeIsRefusedAndCatchesUpAlone(t *testing.T) {
+	beside(t)
 	c := newTestCluster(t, resizeFrom)
 	c.growDisk("alpha", deviceSizeFor(t, resizeTo, 1))
 	c.growDisk("beta", deviceSizeFor(t, resizeTo, 1))

@@ -18,6 +18,7 @@ import (
 // status, from any node, names the setting and each node's value. When
 // beta is switched back, it records that they agree and status is clear.
 func TestOneNodeReloadsAnotherProtocol(t *testing.T) {
+	beside(t)
 	c := newTestCluster(t, 8<<20)
 	c.start("alpha")
 	beta := c.start("beta")

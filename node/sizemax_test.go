@@ -111,6 +111,7 @@ func TestSizeMaxStaysWhenTheDiskGrows(t *testing.T) {
 // the primary's stream, naming both sizes, why, and the fix, and no byte
 // of its data area changes.
 func TestSizeMaxOnDisksOfDifferentSizes(t *testing.T) {
+	beside(t)
 	const base = 8 << 20
 	c := newTestCluster(t, base)
 	c.cfg.Volumes[0].Size = SizeMax

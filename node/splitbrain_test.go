@@ -129,6 +129,7 @@ func TestSplitBrainIsDetectedAndDiscardMyDataRollsBackOnlyTheVictim(t *testing.T
 // bitmap-peer on alpha's side): alpha steps down by itself, at beta's newer
 // epoch, and only beta's writes move.
 func TestForcedPrimaryThenOldPrimaryReturnsWithoutWrites(t *testing.T) {
+	beside(t)
 	c := newTestCluster(t, 16<<20)
 	c.start("alpha")
 	c.start("beta")
@@ -205,6 +206,7 @@ func TestForcedPrimaryWhileDisconnectedRunsOnOneCopy(t *testing.T) {
 // primary, the SyncTarget: alpha steps down, beta copies exactly alpha's
 // changes and serves them meanwhile from alpha.
 func TestForcedPrimaryWithoutWritesCopiesTheOldPrimarysWrites(t *testing.T) {
+	beside(t)
 	c := newTestCluster(t, 16<<20)
 	c.start("alpha")
 	c.start("beta")

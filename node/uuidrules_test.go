@@ -102,6 +102,7 @@ func TestUUIDRuleJustCreatedPeer(t *testing.T) {
 // primary, copies everything from its peer, and serves reads from the peer
 // meanwhile.
 func TestUUIDRuleJustCreatedSelf(t *testing.T) {
+	beside(t)
 	const size = 8 << 20
 	c := newSyncedCluster(t, size)
 	writeRandomBlocks(t, c.vol("alpha"), 50, 71)
@@ -223,6 +224,7 @@ func TestUUIDRuleSyncSourcePeerMissedFinish(t *testing.T) {
 // primary's bitmap starts later, so it cannot say what differs. The peer's
 // generation is in the primary's history: full resync from the primary.
 func TestUUIDRuleHistorySelf(t *testing.T) {
+	beside(t)
 	const size = 8 << 20
 	c := newSyncedCluster(t, size)
 	c.stop("beta")
@@ -323,6 +325,7 @@ func TestUUIDRuleHistoryBoth(t *testing.T) {
 // generation when the resync started, so the reconnection resumes from the
 // bitmap (rule bitmap-self) instead of starting over.
 func TestInterruptedResyncResumesWhereItStopped(t *testing.T) {
+	beside(t)
 	for _, restart := range []string{"beta", "alpha"} {
 		t.Run(restart+" restarts", func(t *testing.T) {
 			const size = 24 << 20
@@ -369,6 +372,7 @@ func TestInterruptedResyncResumesWhereItStopped(t *testing.T) {
 // primary is SyncTarget again by a missed-finish rule and copies what the
 // peer still marks (nothing: its bitmap reached the disk).
 func TestUUIDRuleSyncTargetMissedFinish(t *testing.T) {
+	beside(t)
 	c := newSyncedCluster(t, 16<<20)
 	ctx := context.Background()
 	c.vol("beta").setAdminDown(true)
@@ -453,6 +457,7 @@ func TestWritesDuringAPullEndOnBothNodes(t *testing.T) {
 // it knows what it misses, and copies again what the old primary's bitmap
 // marks (the old primary's changes, not the volume): none is lost.
 func TestInterruptedPullCopiesThePeersChangesAgain(t *testing.T) {
+	beside(t)
 	c := newSyncedCluster(t, 16<<20)
 	ctx := context.Background()
 	c.vol("beta").setAdminDown(true)
@@ -523,6 +528,7 @@ func TestAFlushAloneKeepsTheGeneration(t *testing.T) {
 // (sim-finding-generation-announce-not-awaited). Every disconnected
 // period is tried.
 func TestAWriteAPeerMissesCompletesOnceThePeersInSyncHoldTheNewGeneration(t *testing.T) {
+	beside(t)
 	c := newTestClusterOf(t, 4<<20, "alpha", "beta", "gamma")
 	for _, n := range []string{"alpha", "beta", "gamma"} {
 		c.start(n)
@@ -593,6 +599,7 @@ func (c syncDoneAckCutter) Context() context.Context { return c.s.Context() }
 // Since the simulation's finding history-full-resync, gamma is resynced
 // from alpha's bitmap, not in full.
 func TestAPeerThatMayHoldTheGenerationOfAnUnacknowledgedSyncDoneNeverLooksUpToDate(t *testing.T) {
+	beside(t)
 	t.Run("stream-cut", func(t *testing.T) { testUnacknowledgedSyncDone(t, false) })
 	t.Run("then-primary-crash", func(t *testing.T) { testUnacknowledgedSyncDone(t, true) })
 }
@@ -689,6 +696,7 @@ func testUnacknowledgedSyncDone(t *testing.T, crash bool) {
 // 3801 with the model's pull made like node's): the model read from the
 // source and passed pulled blocks on, node did neither.
 func TestAPullReadsFromItsSourceAndPassesWhatItCopiesOnToTheOtherPeers(t *testing.T) {
+	beside(t)
 	const size = 8 << 20
 	c := newTestClusterOf(t, size, "gamma", "alpha", "beta")
 	for _, n := range []string{"alpha", "beta", "gamma"} {
@@ -757,6 +765,7 @@ func TestAPullReadsFromItsSourceAndPassesWhatItCopiesOnToTheOtherPeers(t *testin
 // identical at the pull's generation. (Before, alpha took no generation:
 // UpToDate at none, it was copied in full at its next connection.)
 func TestAResyncDuringAPullEndsWithTheGenerationThePullBrings(t *testing.T) {
+	beside(t)
 	const size = 8 << 20
 	c := newTestClusterOf(t, size, "gamma", "alpha", "beta")
 	alphaWrites, gammaReads := fault.NewGate(), fault.NewGate()
@@ -832,6 +841,7 @@ func TestAResyncDuringAPullEndsWithTheGenerationThePullBrings(t *testing.T) {
 // pulling), is connected again once it ends, and nothing is copied from
 // it: alpha copies the volume once.
 func TestAPrimaryPullsFromOnePeerAtATime(t *testing.T) {
+	beside(t)
 	const size = 8 << 20
 	c := newTestClusterOf(t, size, "alpha", "beta", "gamma")
 	for _, n := range []string{"alpha", "beta", "gamma"} {

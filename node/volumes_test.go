@@ -214,6 +214,7 @@ func addedInSync(t *testing.T, c *testCluster, size int64) *Config {
 // both nodes' state stay, and vol0 serves on. Added back on both, vol1
 // resumes: beta gets only the blocks written while it did not run vol1.
 func TestAVolumeRemovedAtRuntimeKeepsItsDiskAndResumesWithABitmapResync(t *testing.T) {
+	beside(t)
 	c := newTestCluster(t, 4<<20)
 	next := addedInSync(t, c, 8<<20)
 	ctx := context.Background()

@@ -413,7 +413,7 @@ func TestE2EKill9PrimaryResyncsOnlyTheActivityLog(t *testing.T) {
 // names rule just-created-self); the data reads back through its NBD export
 // and the disks end identical.
 func TestE2EReplacedPrimaryDiskCopiesFromItsPeer(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	RequireTool(t, "qemu-io", "qemu-utils")
 	const size = 64 << 20
 	c := newProcCluster(t, size, 61)

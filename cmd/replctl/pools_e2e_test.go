@@ -24,7 +24,7 @@ import (
 // backing files away on both nodes: at once on the primary, and on the
 // secondary, which is down meanwhile, once it is back.
 func TestE2EVolumeCreateAndDeleteFromPools(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	RequireTool(t, "qemu-io", "qemu-utils")
 	c := newProcClusterN(t, clusterOpts{Raft: true, Witness: true, Pools: true, Size: 16 << 20})
 	c.startAll()

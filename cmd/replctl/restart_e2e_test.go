@@ -185,7 +185,7 @@ func TestE2EPrimaryRestartedAloneWaitsUntilForced(t *testing.T) {
 // cleanly, alpha (primary) starts first, then beta: alpha serves without
 // any --force as soon as beta answers.
 func TestE2ECleanlyRestartedPrimaryServesOnceItsPeerIsUp(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	RequireTool(t, "qemu-io", "qemu-utils")
 	const size = 64 << 20
 	c := newStoppedPair(t, size, "write -P 0x31 0 1M")

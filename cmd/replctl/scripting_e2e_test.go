@@ -83,7 +83,7 @@ func TestE2EEventsStartWithTheCurrentState(t *testing.T) {
 // --addr for volume, node and path names, as kubectl completes resources:
 // replctl __complete primary vol0 --node "" lists the volume's nodes.
 func TestE2ECompletionFromTheCluster(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	d := startDemo(t, "--paths", "2")
 	d.waitInSync("alpha")
 	addr := d.nodes["alpha"].Control

@@ -165,7 +165,7 @@ func (c *procCluster) mustStatusVia(node string) *volumeStatus {
 // that reads back what it wrote, while the control API still demands the
 // operator's certificate and the replica is in sync over mutual TLS.
 func TestE2EDemoWithTLSOnItsLinksOnly(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	d := startDemo(t, "--tls", "--nbd-tls", "off")
 	if !strings.HasPrefix(d.uri, "nbd://") {
 		t.Fatalf("demo --nbd-tls off exports %s, want a plain nbd:// URI", d.uri)

@@ -28,7 +28,7 @@ import (
 // stopped on both, its export is gone, both disks hold what was written,
 // and vol0 serves on.
 func TestE2EAVolumeAddedWithSIGHUPServesAndRemovingItKeepsItsDisk(t *testing.T) {
-	e2e(t)
+	e2eBeside(t)
 	RequireTool(t, "qemu-io", "qemu-utils")
 	const size = 32 << 20
 	c := newProcCluster(t, size, 61)
