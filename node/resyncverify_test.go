@@ -23,10 +23,7 @@ import (
 // resync finish, and the replicas are equal.
 func TestAResyncNeverShipsABlockThatFailsItsChecksum(t *testing.T) {
 	const block = 300
-	c := newTestCluster(t, 8<<20)
-	c.start("alpha")
-	c.start("beta")
-	c.waitInSync()
+	c := newSyncedCluster(t, 8<<20)
 	a := c.vol("alpha")
 	ctx := context.Background()
 	a.setAdminDown(true)
@@ -86,22 +83,10 @@ func TestAResyncNeverShipsABlockThatFailsItsChecksum(t *testing.T) {
 // write of the block clears it on both, and the replicas are equal.
 func TestAResyncHoldsBackOnlyTheBadBlockAndTheTargetRecordsIt(t *testing.T) {
 	const first, rot = 256, 300
-	c := newTestCluster(t, 8<<20)
-	c.start("alpha")
-	c.start("beta")
-	c.waitInSync()
+	c := newSyncedCluster(t, 8<<20)
 	a := c.vol("alpha")
 	ctx := context.Background()
-	a.setAdminDown(true)
-	data := randomBytes(73, 64*4096)
-	if err := a.WriteAt(ctx, data, first*4096, false); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Flush(ctx); err != nil {
-		t.Fatal(err)
-	}
-	flipFileBytes(t, c.cfg.Volumes[0].Disks["alpha"].Paths[0].Path, rot*4096+100, 4)
-	a.setAdminDown(false)
+	data := writeApartThenRot(t, c, 73, first, 64, rot*4096+100, 4)
 
 	e := waitForEvent(t, c.nodes["beta"], "block-unrecoverable", nil)
 	if e.Offset != rot*4096 || e.Length != 4096 || e.Peer != "alpha" || e.Reason != string(CauseSourceUnrecoverable) {
@@ -159,10 +144,7 @@ func TestAResyncHoldsBackOnlyTheBadBlockAndTheTargetRecordsIt(t *testing.T) {
 // finds nothing out of sync.
 func TestOnlineVerifyRepairsABlockRottenOnThePrimary(t *testing.T) {
 	const rot = 100
-	c := newTestCluster(t, 8<<20)
-	c.start("alpha")
-	c.start("beta")
-	c.waitInSync()
+	c := newSyncedCluster(t, 8<<20)
 	data := randomBytes(75, 1<<20)
 	c.writeFlushed(t, data, 0)
 	c.waitInSync()
@@ -336,16 +318,7 @@ func TestAPeerThatDoesNotTakeLostRangesIsNotSentThem(t *testing.T) {
 	c.waitInSync()
 	a := c.vol("alpha")
 	ctx := context.Background()
-	a.setAdminDown(true)
-	data := randomBytes(79, 32*4096)
-	if err := a.WriteAt(ctx, data, first*4096, false); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Flush(ctx); err != nil {
-		t.Fatal(err)
-	}
-	flipFileBytes(t, c.cfg.Volumes[0].Disks["alpha"].Paths[0].Path, rot*4096+5, 2)
-	a.setAdminDown(false)
+	writeApartThenRot(t, c, 79, first, 32, rot*4096+5, 2)
 	waitForEvent(t, c.nodes["alpha"], "block-unrecoverable", nil)
 	eventually(t, func() bool { return a.peers["beta"].bm.Bytes() == 4096 }, "beta out of sync in the bad block only")
 	if n := sent.Load(); n != 0 {
@@ -359,4 +332,25 @@ func TestAPeerThatDoesNotTakeLostRangesIsNotSentThem(t *testing.T) {
 	}
 	c.waitInSync()
 	c.requireIdentical()
+}
+
+// writeApartThenRot writes n random blocks (from seed) at block first on
+// alpha while alpha streams to nobody (its link down), flushes them, flips
+// count bytes of alpha's disk at byte at, and brings the link back: the
+// resync that follows meets a block rotten on its source. It returns
+// what was written.
+func writeApartThenRot(t *testing.T, c *testCluster, seed uint64, first int64, n int, at int64, count int) []byte {
+	t.Helper()
+	a, ctx := c.vol("alpha"), context.Background()
+	a.setAdminDown(true)
+	data := randomBytes(seed, n*4096)
+	if err := a.WriteAt(ctx, data, first*4096, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	flipFileBytes(t, c.cfg.Volumes[0].Disks["alpha"].Paths[0].Path, at, count)
+	a.setAdminDown(false)
+	return data
 }
