@@ -116,55 +116,66 @@ func (a Authority) Created(name string) (CreatedVolume, bool) {
 	return c.clone(), true
 }
 
-// applyCreated applies a create or a delete.
+// applyCreated applies a create, a grow or a delete. Like Apply, it
+// returns the volume's state as the result holds it: none once deleted,
+// and the current one when the command changed nothing (a delete or grow
+// of a volume not created at run time, a create asked again), which a
+// volume of the cluster file, or a created one since initialised, has.
 func (a Authority) applyCreated(cmd AuthorityCommand) (Authority, VolumeAuthority, error) {
+	out, err := a.applyCreatedOnly(cmd)
+	va, _ := out.Volume(cmd.Volume)
+	return out, va.clone(), err
+}
+
+// applyCreatedOnly is applyCreated's change of the Authority.
+func (a Authority) applyCreatedOnly(cmd AuthorityCommand) (Authority, error) {
 	cur, known := a.Creates[cmd.Volume]
 	switch cmd.Op {
 	case OpCreateVolume:
 		if cmd.Create == nil || cmd.Create.Name != cmd.Volume {
-			return a, VolumeAuthority{}, fmt.Errorf("%w: create-volume %q without its definition", ErrBadCommand, cmd.Volume)
+			return a, fmt.Errorf("%w: create-volume %q without its definition", ErrBadCommand, cmd.Volume)
 		}
 		if err := cmd.Create.check(); err != nil {
-			return a, VolumeAuthority{}, fmt.Errorf("%w: %v", ErrBadCommand, err)
+			return a, fmt.Errorf("%w: %v", ErrBadCommand, err)
 		}
 		if known {
 			if cur.Same(*cmd.Create) && cur.RequestID == cmd.Create.RequestID {
-				return a, VolumeAuthority{}, nil
+				return a, nil
 			}
 			// The same definition under another ID is refused too, so that
 			// its proposer does not say it made the volume: the state is
 			// unchanged either way, so a node of a version that ignores the
 			// ID and takes the create as a retry agrees with this one.
-			return a, VolumeAuthority{}, fmt.Errorf("%w: %s is %s", ErrVolumeExists, cmd.Volume, cur.Describe())
+			return a, fmt.Errorf("%w: %s is %s", ErrVolumeExists, cmd.Volume, cur.Describe())
 		}
 		if _, has := a.Volumes[cmd.Volume]; has {
-			return a, VolumeAuthority{}, fmt.Errorf("%w: %s is a volume of the cluster file", ErrVolumeExists, cmd.Volume)
+			return a, fmt.Errorf("%w: %s is a volume of the cluster file", ErrVolumeExists, cmd.Volume)
 		}
 		out := a.shallow()
 		out.Creates[cmd.Volume] = cmd.Create.clone()
-		return out, VolumeAuthority{}, nil
+		return out, nil
 	case OpGrowVolume:
 		if !known || cmd.Size <= cur.Size {
-			return a, VolumeAuthority{}, nil
+			return a, nil
 		}
 		if cmd.Size%4096 != 0 {
-			return a, VolumeAuthority{}, fmt.Errorf("%w: grow-volume %q to %d bytes, not a multiple of 4 KiB", ErrBadCommand, cmd.Volume, cmd.Size)
+			return a, fmt.Errorf("%w: grow-volume %q to %d bytes, not a multiple of 4 KiB", ErrBadCommand, cmd.Volume, cmd.Size)
 		}
 		out := a.shallow()
 		grown := cur.clone()
 		grown.Size = cmd.Size
 		out.Creates[cmd.Volume] = grown
-		return out, VolumeAuthority{}, nil
+		return out, nil
 	case OpDeleteVolume:
 		if !known {
-			return a, VolumeAuthority{}, nil
+			return a, nil
 		}
 		out := a.shallow()
 		delete(out.Creates, cmd.Volume)
 		delete(out.Volumes, cmd.Volume)
-		return out, VolumeAuthority{}, nil
+		return out, nil
 	}
-	return a, VolumeAuthority{}, fmt.Errorf("%w: op %q", ErrBadCommand, cmd.Op)
+	return a, fmt.Errorf("%w: op %q", ErrBadCommand, cmd.Op)
 }
 
 // shallow copies a's maps (not their values, which Apply never changes).
