@@ -330,26 +330,8 @@ func TestChecksumsOnWithExternalMetadataLengthensItsFile(t *testing.T) {
 	beside(t)
 	const size = 8 << 20
 	c := newTestCluster(t, size)
-	c.cfg.Volumes[0].Metadata = "external"
 	c.cfg.Volumes[0].Checksums = "off"
-	for _, name := range []string{"alpha", "beta"} {
-		dc := c.cfg.Volumes[0].Disks[name]
-		if err := os.Truncate(dc.Paths[0].Path, size); err != nil {
-			t.Fatal(err)
-		}
-		dc.Meta = dc.Paths[0].Path + ".md"
-		n, err := metadata.ExternalSizeFor(size, 0, 1, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(dc.Meta, nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Truncate(dc.Meta, n); err != nil {
-			t.Fatal(err)
-		}
-		c.cfg.Volumes[0].Disks[name] = dc
-	}
+	c.useExternalMetadata(size, 0, false)
 	c.start("alpha")
 	c.start("beta")
 	c.waitInSync()

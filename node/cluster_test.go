@@ -92,6 +92,33 @@ func beside(t *testing.T) {
 	t.Parallel()
 }
 
+// useExternalMetadata gives alpha and beta external metadata: each data
+// file cut to the volume's size bytes, and beside it a metadata file
+// (.md) of the size metadata.ExternalSizeFor gives for alExtents (0: the
+// default) and sums.
+func (c *testCluster) useExternalMetadata(size int64, alExtents int, sums bool) {
+	c.t.Helper()
+	c.cfg.Volumes[0].Metadata = "external"
+	for _, name := range []string{"alpha", "beta"} {
+		dc := c.cfg.Volumes[0].Disks[name]
+		if err := os.Truncate(dc.Paths[0].Path, size); err != nil {
+			c.t.Fatal(err)
+		}
+		dc.Meta = dc.Paths[0].Path + ".md"
+		n, err := metadata.ExternalSizeFor(size, alExtents, 1, sums)
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		if err := os.WriteFile(dc.Meta, nil, 0o644); err != nil {
+			c.t.Fatal(err)
+		}
+		if err := os.Truncate(dc.Meta, n); err != nil {
+			c.t.Fatal(err)
+		}
+		c.cfg.Volumes[0].Disks[name] = dc
+	}
+}
+
 // deviceSize is the backing file a volume of size bytes needs: the data
 // and the internal metadata at its end.
 func deviceSize(t testing.TB, size int64) int64 { return deviceSizeFor(t, size, 1) }
