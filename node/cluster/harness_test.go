@@ -97,10 +97,15 @@ func (n *testNet) define(m Member) Member {
 		n.t.Fatal(err)
 	}
 	m.Raft, m.Gossip = ln.Addr().String(), testport.Pick(n.t, true)
+	dir := filepath.Join(n.t.TempDir(), m.Name)
+	// A spare is defined while the others run: their raft dials read
+	// byRaft (faultLayer.Dial) under n.mu.
+	n.mu.Lock()
+	defer n.mu.Unlock()
 	n.members[m.Name] = m
 	n.listened[m.Name] = ln
 	n.byRaft[m.Raft] = m.Name
-	n.dirs[m.Name] = filepath.Join(n.t.TempDir(), m.Name)
+	n.dirs[m.Name] = dir
 	return m
 }
 
@@ -108,7 +113,9 @@ func (n *testNet) define(m Member) Member {
 // with NoBootstrap and joins through AddVoter.
 func (n *testNet) defineSpare(m Member) Member {
 	m = n.define(m)
+	n.mu.Lock()
 	n.spare[m.Name] = true
+	n.mu.Unlock()
 	return m
 }
 
@@ -139,10 +146,11 @@ func (n *testNet) start(name string) *Cluster {
 		n.logs[name] = logs
 	}
 	bundle, key, timing := n.tls[name], n.keys[name], n.timing
+	dir, spare := n.dirs[name], n.spare[name]
 	n.mu.Unlock()
 	c, err := Open(Config{
-		Self: name, Members: members, Dir: n.dirs[name], Logger: logs.logger(),
-		RaftListener: layer, Forward: n.forwarder(name), NoBootstrap: n.spare[name], Timing: timing,
+		Self: name, Members: members, Dir: dir, Logger: logs.logger(),
+		RaftListener: layer, Forward: n.forwarder(name), NoBootstrap: spare, Timing: timing,
 		TLS: bundle, GossipKey: key, Clock: n.clock,
 	})
 	if err != nil {
