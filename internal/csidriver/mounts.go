@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -143,6 +144,31 @@ func bind(source, target string, readonly bool) error {
 		return fmt.Errorf("make the bind of %s on %s read-only: %w", source, target, err)
 	}
 	return nil
+}
+
+// busyPatience is how long an unmount waits for a mount that is busy to be let go.
+const busyPatience = 5 * time.Second
+
+// unmount unmounts path, waiting up to patience while it is busy (EBUSY). A mount is busy
+// for a moment after its last user closed it when a process forked meanwhile by any
+// goroutine of this one (replctl, blkid, mkfs) has not reached its exec yet: the child holds
+// a copy of every open file until then. A mount still busy after patience is a real user's
+// (a pod's process, a shell in it), and its error is returned.
+func unmount(ctx context.Context, path string, patience time.Duration) error {
+	deadline := time.Now().Add(patience)
+	for wait := 5 * time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
+		err := unix.Unmount(path, 0)
+		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
 }
 
 // deviceSize is a block device's size in bytes.

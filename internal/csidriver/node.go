@@ -278,7 +278,7 @@ func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolu
 		if dev == "" || !holds(staging, dev) {
 			return nil, status.Errorf(codes.FailedPrecondition, "staging path %s holds another mount, not volume %s: it is left as it is", staging, volume)
 		}
-		if err := unix.Unmount(staging, 0); err != nil {
+		if err := unmount(ctx, staging, busyPatience); err != nil {
 			return nil, status.Errorf(codes.FailedPrecondition, "unmount volume %s from %s: %v (is it still published?)", volume, staging, err)
 		}
 	}
@@ -351,7 +351,7 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 }
 
 // NodeUnpublishVolume unmounts the target path and removes it; what is not published is done.
-func (d *Driver) NodeUnpublishVolume(_ context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
+func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
 	volume, target := req.GetVolumeId(), req.GetTargetPath()
 	if err := required(arg{"volume_id", volume, "the volume's ID"}, arg{"target_path", target, "the target path"}); err != nil {
 		return nil, err
@@ -363,7 +363,7 @@ func (d *Driver) NodeUnpublishVolume(_ context.Context, req *csi.NodeUnpublishVo
 		return nil, status.Errorf(codes.Internal, "target path %s: %v", target, err)
 	}
 	if mounted {
-		if err := unix.Unmount(target, 0); err != nil {
+		if err := unmount(ctx, target, busyPatience); err != nil {
 			return nil, status.Errorf(codes.Internal, "unmount %s: %v", target, err)
 		}
 	}
