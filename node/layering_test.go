@@ -45,6 +45,10 @@ func TestLayering(t *testing.T) {
 		// the other way round.
 		"github.com/replvol/replvol/node/applier": {"=/node", "/node/cluster", "/web", "/metadata", "/backing", "/config",
 			"go.etcd.io/bbolt", "github.com/hashicorp/raft", "github.com/hashicorp/memberlist"},
+		// The applier's step, which the simulation runs: no wire, so
+		// nothing of transport or gRPC either.
+		"github.com/replvol/replvol/node/applier/apply": {"/node", "/transport", "/web", "/metadata", "/backing", "/config", "/multipath",
+			"google.golang.org/grpc", "go.etcd.io/bbolt", "github.com/hashicorp/raft", "github.com/hashicorp/memberlist"},
 		// The stream to one peer: the node calls it, never the other way.
 		"github.com/replvol/replvol/node/session": {"=/node", "/node/cluster", "/web",
 			"go.etcd.io/bbolt", "github.com/hashicorp/raft", "github.com/hashicorp/memberlist"},
