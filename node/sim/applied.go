@@ -248,7 +248,7 @@ func (s *Sim) applyBatch(n *node, m msg, entries []replication.Entry) bool {
 	if err == nil {
 		err = errors.New(ack.Message)
 	}
-	s.tracef("%s: %s from %s: ack status %d, connection dropped: %v", n.name, m.kind, m.from, ack.Status, err)
+	s.tracef("%s: %s from %s failed, connection dropped: %v", n.name, m.kind, m.from, err)
 	s.breakConnection(s.node(m.from), n)
 	return false
 }
