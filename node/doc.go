@@ -14,7 +14,9 @@
 //   - node/cluster: raft, gossip, the leases and the failover decision
 //     (Decide, pure);
 //   - node/session: the primary's stream to one peer, one owner loop;
-//   - node/applier: a secondary's apply of the primary's stream;
+//   - node/applier: a secondary's apply of the primary's stream (the
+//     apply of one batch is node/applier/apply's step, which the
+//     simulation runs too);
 //   - node/control: the control API's handlers, authorization and port;
 //   - node/multipath: the userspace multipath device;
 //   - node/sim: the seeded simulation of volstate, cluster and the data
@@ -172,6 +174,6 @@
 // v.stateMu is never taken while waiting for an entry's ack; v.mu is never
 // held while the state is written. go test -tags deadlock (make test-locks)
 // (and make test) checks the order at run time, with every other mutex
-// of the process. in.applyMu, a stream's apply lock, is node/applier's,
+// of the process. in.applyMu, a stream's apply lock, is node/applier/apply's,
 // of the same kind (its lock.go).
 package node

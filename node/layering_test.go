@@ -45,6 +45,10 @@ func TestLayering(t *testing.T) {
 		// the other way round.
 		"github.com/replvol/replvol/node/applier": {"=/node", "/node/cluster", "/web", "/metadata", "/backing", "/config",
 			"go.etcd.io/bbolt", "github.com/hashicorp/raft", "github.com/hashicorp/memberlist"},
+		// The applier's step, which the simulation runs: no wire, so
+		// nothing of transport or gRPC either.
+		"github.com/replvol/replvol/node/applier/apply": {"/node", "/transport", "/web", "/metadata", "/backing", "/config", "/multipath",
+			"google.golang.org/grpc", "go.etcd.io/bbolt", "github.com/hashicorp/raft", "github.com/hashicorp/memberlist"},
 		// The stream to one peer: the node calls it, never the other way.
 		"github.com/replvol/replvol/node/session": {"=/node", "/node/cluster", "/web",
 			"go.etcd.io/bbolt", "github.com/hashicorp/raft", "github.com/hashicorp/memberlist"},
@@ -121,7 +125,8 @@ func TestReplctlLayering(t *testing.T) {
 
 // TestSimLayering pins the simulation's seam (node/sim): it runs the pure
 // rules (volstate, replication, failover.Decide, the write's stages of
-// writepath) over models of its own,
+// writepath) and the applier's step (node/applier/apply) over models of
+// its own,
 // so nothing it links is the node or a package of I/O: no node, cluster,
 // transport, metadata, backing or config, and no raft, memberlist, gRPC
 // or bbolt.
@@ -134,7 +139,7 @@ func TestSimLayering(t *testing.T) {
 		mod + "/backing/...", mod + "/config/...", "google.golang.org/grpc/...", "go.etcd.io/bbolt/...",
 		"github.com/hashicorp/raft/...", "github.com/hashicorp/memberlist/..."}
 	graph := importGraph(t, sim)
-	for _, runs := range []string{mod + "/node/failover", mod + "/node/volstate", mod + "/node/writepath"} {
+	for _, runs := range []string{mod + "/node/failover", mod + "/node/volstate", mod + "/node/writepath", mod + "/node/applier/apply"} {
 		if !slices.Contains(graph[sim], runs) {
 			t.Fatalf("%s does not import %s: the simulation no longer runs production's rules there (update this test if that moved)", sim, runs)
 		}

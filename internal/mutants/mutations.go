@@ -121,6 +121,51 @@ var mutations = []Mutation{
 		}},
 	},
 	{
+		Name: "fua-acked-from-cache",
+		Rule: "a secondary's applier acknowledges a FUA write once it is in the disk's volatile cache, not durable (node/applier/apply, which node's applier.Run and the simulation's secondaries both run)",
+		Edits: []Edit{{
+			File:    "node/applier/apply/apply.go",
+			Find:    "\t\t\t\terr = v.Disk.WriteSync(e.Data, e.Off)\n",
+			Replace: "\t\t\t\t_, err = v.Disk.WriteAt(e.Data, e.Off)\n",
+		}},
+	},
+	{
+		Name: "flush-acked-unsynced",
+		Rule: "a secondary's applier acknowledges a flush entry without syncing its disk (node/applier/apply's OpFlush)",
+		Edits: []Edit{{
+			File:    "node/applier/apply/apply.go",
+			Find:    "\t\t\t\terr = v.Checksums.Sync(v.Disk.Sync)\n",
+			Replace: "\t\t\t\terr = v.Checksums.Sync(func() error { return nil })\n",
+		}},
+	},
+	{
+		Name: "applied-write-outside-activity-log",
+		Rule: "a secondary's applier writes an entry without admitting its extent to the activity log first (node/applier/apply's logApplied), so a later change of primary or a crash does not resync it",
+		Edits: []Edit{{
+			File:    "node/applier/apply/apply.go",
+			Find:    "\tif err := v.ActivityLog.Admit(context.Background(), e.Off, e.Length); err != nil {\n",
+			Replace: "\tif err := error(nil); context.Background() == nil {\n",
+		}},
+	},
+	{
+		Name: "sync-done-before-data-durable",
+		Rule: "a resync target records the source's generation without first syncing the resynced data (node/applier/apply's OpSyncDone)",
+		Edits: []Edit{{
+			File:    "node/applier/apply/apply.go",
+			Find:    "\t\t\tif err = v.Disk.Sync(); err != nil {\n\t\t\t\tbreak\n\t\t\t}\n\t\t\tif err = v.State.SyncFinished",
+			Replace: "\t\t\tif err = v.State.SyncFinished",
+		}},
+	},
+	{
+		Name: "replica-write-keeps-old-checksum",
+		Rule: "a secondary's applier writes a replicated block without recording its checksum (Checksums.Written), so a verified read takes the new data for corrupt (node/applier/apply's OpWrite)",
+		Edits: []Edit{{
+			File:    "node/applier/apply/apply.go",
+			Find:    "\t\t\t}\n\t\t\tif err == nil {\n\t\t\t\terr = v.written(e.Off, e.Length, e.Data, e.Sums)\n\t\t\t}\n",
+			Replace: "\t\t\t}\n",
+		}},
+	},
+	{
 		Name: "secondary-accepts-stale-epoch",
 		Rule: "a secondary takes the stream of a primary whose epoch is older than the one it has seen (volstate's PrimaryReached, which node's serveStream steps)",
 		Edits: []Edit{{

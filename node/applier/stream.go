@@ -6,76 +6,18 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/internal/clock"
+	"github.com/replvol/replvol/node/applier/apply"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
 
-// Stream is a secondary's end of the stream from its primary.
-type Stream struct {
-	from string
-
-	// applyMu is held while a batch is applied; once stopped is set no
-	// further batch of this stream touches the disk.
-	applyMu mutex
-	stopped bool
-	// failed, once set (Fail), fails the next batch as a failed write
-	// does; guarded by applyMu.
-	failed error
-
-	st atomic.Pointer[replication.ReplState]
-}
+// Stream is a secondary's end of the stream from its primary: the
+// applier's step (apply.Stream: From, State, SetState, Stop, Fail,
+// Exclusive and Apply), which Run drives from the wire.
+type Stream struct{ *apply.Stream }
 
 // NewStream is the end of a stream from the primary named from.
-func NewStream(from string) *Stream { return &Stream{from: from} }
-
-// From names the primary the stream comes from.
-func (in *Stream) From() string { return in.from }
-
-// State is the stream's replication state ("" until one is set).
-func (in *Stream) State() replication.ReplState {
-	if st := in.st.Load(); st != nil {
-		return *st
-	}
-	return ""
-}
-
-// SetState sets the stream's replication state.
-func (in *Stream) SetState(s replication.ReplState) { in.st.Store(&s) }
-
-// Stop ends the stream's effect on the disk: it returns after any batch
-// being applied is done, and no later batch is applied. The stream itself
-// ends when its handler next wakes up.
-func (in *Stream) Stop() {
-	in.applyMu.Lock()
-	in.stopped = true
-	in.applyMu.Unlock()
-}
-
-// Fail makes the next batch fail as if the disk had failed a write of
-// it (err), applying nothing of it: its ack says AckIOError, so the
-// primary takes this node's disk for failed and marks what it sent, as
-// after a failed write. A secondary whose disk it detaches otherwise
-// (its bad-block list is full) calls it.
-func (in *Stream) Fail(err error) {
-	in.applyMu.Lock()
-	defer in.applyMu.Unlock()
-	in.failed = err
-}
-
-// Exclusive runs f while no batch of the stream is applied (holding its
-// apply lock), and reports whether it ran: not once the stream is stopped.
-// A secondary's scrub reads and repairs its blocks in it, so that a block
-// it finds bad is not one a batch is writing, and a repair never
-// overwrites a newer write. f must not wait for the primary.
-func (in *Stream) Exclusive(f func()) bool {
-	in.applyMu.Lock()
-	defer in.applyMu.Unlock()
-	if in.stopped {
-		return false
-	}
-	f()
-	return true
-}
+func NewStream(from string) *Stream { return &Stream{apply.NewStream(from)} }
 
 // Run applies the stream's batches to v in order, until the stream ends,
 // fails, is stopped, or v stops. A reader goroutine keeps frames coming
@@ -165,6 +107,24 @@ func (in *Stream) Run(s *transport.ReplStream, v *Volume) error {
 			tick.Stop()
 		}
 	}()
+	// One batch, made once: its hooks pace the empty acks above and
+	// write the read replies in the stream's order.
+	batch := apply.Batch{
+		ReadReply: func(seq uint64, st replication.AckStatus, data []byte) error {
+			rf := transport.NewFrame(replication.ReadReplyHeaderLen + len(data))
+			rf.SetBytes(replication.AppendReadReply(rf.Bytes(), seq, st, data))
+			return send(rf)
+		},
+		Applying: func(on bool) {
+			applying.Store(on)
+			if on {
+				select {
+				case applyStarted <- struct{}{}:
+				default:
+				}
+			}
+		},
+	}
 	var entries []replication.Entry
 	var sums []uint32
 	for {
@@ -187,23 +147,11 @@ func (in *Stream) Run(s *transport.ReplStream, v *Volume) error {
 			if err != nil {
 				return err
 			}
-			in.applyMu.Lock()
-			if in.stopped {
-				in.applyMu.Unlock()
-				return fmt.Errorf("stream from %s replaced or stopped", in.from)
+			batch.Entries = entries
+			a, err := in.Apply(v, batch)
+			if err != nil {
+				return err
 			}
-			applying.Store(true)
-			select {
-			case applyStarted <- struct{}{}:
-			default:
-			}
-			a := in.apply(v, entries, func(seq uint64, st replication.AckStatus, data []byte) error {
-				rf := transport.NewFrame(replication.ReadReplyHeaderLen + len(data))
-				rf.SetBytes(replication.AppendReadReply(rf.Bytes(), seq, st, data))
-				return send(rf)
-			})
-			applying.Store(false)
-			in.applyMu.Unlock()
 			free <- f
 			f = nil
 			if a.Seq != 0 || a.Status != replication.AckOK {
@@ -223,7 +171,7 @@ func (in *Stream) Run(s *transport.ReplStream, v *Volume) error {
 			return err
 		}
 		if ack.Status != replication.AckOK {
-			return fmt.Errorf("replication from %s stopped: %s", in.from, ack.Message)
+			return fmt.Errorf("replication from %s stopped: %s", in.From(), ack.Message)
 		}
 	}
 }

@@ -685,7 +685,6 @@ func (s *Sim) deliver() {
 }
 
 func (s *Sim) receive(n *node, m msg) {
-	from := s.node(m.from)
 	switch m.kind {
 	case msgWrite, msgSyncStart, msgSyncData, msgSyncGen, msgFlush:
 		if n.incoming.from != m.from || n.incoming.id != m.session {
@@ -698,17 +697,13 @@ func (s *Sim) receive(n *node, m msg) {
 	}
 	switch m.kind {
 	case msgWrite:
-		// The replica indicator and the activity log BEFORE the write.
-		// The applier writes to the cache (a FUA entry through it),
-		// stores the sum in memory (no page written, FUA or not) and
-		// acknowledges: durable at the primary's next FLUSH.
-		n.sums.replica = true
-		if ok, _ := s.alAdmit(n, m.block); !ok || !s.diskWrite(n, m.block, m.value, m.fua) {
-			s.tracef("%s: write %d from %s: disk error, connection dropped", n.name, m.id, m.from)
-			s.replicaWriteFailed(from, n)
+		// The applier (node/applier/apply): the replica indicator and
+		// the activity log BEFORE the write; the write to the cache (a
+		// FUA entry through it); the sum in memory (no page written,
+		// FUA or not); the ack: durable at the primary's next FLUSH.
+		if !s.applyBatch(n, m, append(s.newBatch(), s.writeEntry(replication.OpWrite, m.block, m.value, m.fua))) {
 			return
 		}
-		n.sums.set(m.block, m.value)
 		s.check.applied(s, n, m)
 		s.link(n.name, m.from).send(msg{at: s.now.Add(s.duration(tick/2, 3*tick)), from: n.name, to: m.from, session: m.session, kind: msgAck, id: m.id})
 	case msgAck:
@@ -731,39 +726,29 @@ func (s *Sim) receive(n *node, m msg) {
 			}
 		}
 	case msgSyncStart:
-		// Inconsistent, durably, with the generation the resync resumes
-		// from, BEFORE any resync data is written (node's applier calls
-		// SyncStarted, which steps volstate.ResyncStarted): when that
-		// write fails, no data moves and the stream ends.
+		// The applier makes the disk Inconsistent, durably, with the
+		// generation the resync resumes from (State.SyncStarted, which
+		// steps volstate.ResyncStarted), BEFORE any resync data is
+		// written: when that fails, no data moves and the stream ends.
 		s.tracef("%s: sync-start from %s", n.name, m.from)
-		resumes := m.sync.gen
-		if s.cfg.mutation == mutResyncResumesFromNothing {
-			resumes = replication.Generation{}
-		}
-		if s.drive(n, volstate.ResyncStarted{Peer: m.from, From: resumes}) != nil {
-			s.breakConnection(from, n)
-			return
-		}
+		s.applyBatch(n, m, append(s.newBatch(), s.genEntry(replication.OpSyncStart, m.sync.gen, nil)))
 	case msgSyncData:
+		// Each block through the activity log BEFORE its write, as a
+		// stream's write (the applier's OpResyncData): a later change of
+		// primary marks it toward the third node, which may never have
+		// had it. The source's sum, computed from what it read.
+		entries := s.newBatch()
 		for _, b := range slices.Sorted(maps.Keys(m.blocks)) {
-			// In the activity log BEFORE the write, as a stream's write
-			// (node's applier, OpResyncData): a later change of primary
-			// marks it toward the third node, which may never have had it.
-			n.sums.replica = true
-			if ok, _ := s.alAdmit(n, b); !ok || !s.diskWrite(n, b, m.blocks[b], false) {
-				s.replicaWriteFailed(from, n)
-				return
-			}
-			// The source's sum, computed from what it read.
-			n.sums.set(b, m.blocks[b])
+			entries = append(entries, s.writeEntry(replication.OpResyncData, b, m.blocks[b], false))
+		}
+		if !s.applyBatch(n, m, entries) {
+			return
 		}
 		s.check.applied(s, n, m)
 	case msgFlush:
 		// The applier syncs the disk, THEN writes the checksum pages,
 		// BEFORE it acknowledges the flush.
-		if !s.syncWithSums(n) {
-			s.tracef("%s: flush %d from %s: disk error, connection dropped", n.name, m.id, m.from)
-			s.breakConnection(from, n)
+		if !s.applyBatch(n, m, append(s.newBatch(), replication.Entry{Op: replication.OpFlush, Seq: 1})) {
 			return
 		}
 		s.link(n.name, m.from).send(msg{at: s.now.Add(s.duration(tick/2, 3*tick)), from: n.name, to: m.from, session: m.session, kind: msgFlushAck, id: m.id})
@@ -777,22 +762,18 @@ func (s *Sim) receive(n *node, m msg) {
 			}
 		}
 	case msgSyncGen:
-		// The resynced data is durable BEFORE the generation says so.
-		if !n.disk.flush(s.now) {
-			s.breakConnection(from, n)
-			return
-		}
-		if err := s.drive(n, volstate.ResyncFinished{Peer: m.from, AsTarget: true, Current: m.sync.current, History: m.sync.history}); errors.Is(err, volstate.ErrNoGeneration) {
-			// node's applier: the entry fails, as a write that failed.
-			s.tracef("%s: sync-done from %s refused: %v", n.name, m.from, err)
-			s.replicaWriteFailed(from, n)
+		// The applier's sync-done: the resynced data is durable BEFORE
+		// the generation says so (State.SyncFinished, which steps
+		// volstate.ResyncFinished and clears what this node marked
+		// toward the primary); a generation the rules refuse fails the
+		// entry, as a write that failed.
+		if !s.applyBatch(n, m, append(s.newBatch(), s.genEntry(replication.OpSyncDone, m.sync.current, m.sync.history))) {
 			return
 		}
 		if m.announce {
 			s.link(n.name, m.from).send(msg{at: s.now.Add(tick), from: n.name, to: m.from, session: m.session, kind: msgGenAck})
 			return
 		}
-		clear(n.marks[m.from])
 		// The target holds the source's generation from here, durably;
 		// this ack may be lost (a crash, a dropped connection): the
 		// source then takes the peer to hold it (mayHold), and its next
@@ -817,14 +798,6 @@ func (s *Sim) receive(n *node, m msg) {
 		delete(n.resyncing, m.from)
 		_ = s.drive(n, volstate.ResyncFinished{Peer: m.from})
 	}
-}
-
-// replicaWriteFailed: a write of p's stream failed on n's disk: the rules
-// record it (node's applier calls Failed: volstate.ReplicaWriteFailed)
-// and the stream ends.
-func (s *Sim) replicaWriteFailed(p, n *node) {
-	_ = s.drive(n, volstate.ReplicaWriteFailed{})
-	s.breakConnection(p, n)
 }
 
 // announceGeneration: the peers in sync (but missed) get the primary's

@@ -5,10 +5,14 @@
 // replication.Authority, and a modelled raft leader running the real
 // failover.Decide; each write of a primary goes through node's own order
 // of stages (node/writepath), one stage per step or more, so that a crash,
-// a lost link or a new primary can fall between any two. Only the
-// mechanism around those rules is modelled: disks
-// with a volatile write cache, replication links, leases, the data path
-// and resync, the clock. One PCG source seeded from the seed drives
+// a lost link or a new primary can fall between any two; and each secondary
+// applies what its primary ships through the production applier's step
+// (node/applier/apply's Stream.Apply: the replica indicator, the activity
+// log, writes, FUA, flushes, resync data, sync start and end, the ack),
+// over the sim's disk, activity log, checksums and volume state behind its
+// interfaces (applied.go). Only the mechanism around those rules is
+// modelled: disks with a volatile write cache, replication links, leases,
+// the primary's data path and resync, the clock. One PCG source seeded from the seed drives
 // everything and the invariants of DESIGN.md §2 are checked after every
 // step, so a seed replays a failure exactly. Writes are acknowledged as
 // node acknowledges them: from the disks' volatile caches (protocol C:
@@ -25,8 +29,9 @@
 // checked, and the defects of production the checks found (Finding,
 // knownFindingSeeds).
 //
-// It may import volstate, failover, writepath, replication and the standard library,
-// never node or cluster (nothing of the node's I/O, no raft, memberlist or
+// It may import volstate, failover, writepath, applier/apply, replication
+// and the standard library, never node, node/applier (which links the
+// wire) or cluster (nothing of the node's I/O, no raft, memberlist or
 // bbolt). It runs on one goroutine, reads no wall clock and never sleeps:
 // virtual time moves only when the scheduler advances it. A Sim is not safe for concurrent use.
 package sim

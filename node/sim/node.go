@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/replvol/replvol/node/applier/apply"
 	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/node/writepath"
 	"github.com/replvol/replvol/replication"
@@ -47,6 +48,12 @@ type node struct {
 	outdatedRetry time.Time
 	sessions      map[string]uint64 // this primary's streams, per peer
 	incoming      session           // the stream of a primary applied here
+	// in is the applier's end of the incoming stream (node's
+	// applier.Stream), made for session inSession; applied is the volume
+	// as the applier writes to it (applied.go).
+	in        *apply.Stream
+	inSession uint64
+	applied   *apply.Volume
 	// resyncing: per peer, the blocks a resync under way copies;
 	// resyncLate: those of them it reads once the write in flight on
 	// each is over.

@@ -263,6 +263,11 @@ type Sim struct {
 
 	trace   []string
 	failure *Failure
+
+	// entryBuf and dataBuf hold the batch a secondary's applier takes
+	// (applied.go), used again for each.
+	entryBuf []replication.Entry
+	dataBuf  []byte
 }
 
 // New builds the cluster of cfg: alpha primary of a fresh volume that

@@ -1,4 +1,4 @@
-package applier
+package apply
 
 import "github.com/replvol/replvol/internal/lockorder"
 
