@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -34,6 +35,41 @@ type testCluster struct {
 	cfg   *Config
 	nodes map[string]*Node
 	opts  map[string]Options
+	// logs keeps the end of what each node logged (at INFO and above),
+	// for the failure of a wait to show: the goroutines say where a node
+	// waits, its log says why.
+	logs map[string]*logTail
+}
+
+// logTail is the last logTailBytes of a log.
+type logTail struct {
+	mu  mutex
+	buf []byte
+}
+
+const logTailBytes = 64 << 10
+
+func (l *logTail) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf = append(l.buf, p...)
+	if over := len(l.buf) - logTailBytes; over > 0 {
+		l.buf = append(l.buf[:0], l.buf[over:]...)
+	}
+	return len(p), nil
+}
+
+func (l *logTail) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return string(l.buf)
+}
+
+// logNodes logs the end of each node's log.
+func (c *testCluster) logNodes() {
+	for _, name := range slices.Sorted(maps.Keys(c.logs)) {
+		c.t.Logf("the end of %s's log:\n%s", name, c.logs[name])
+	}
 }
 
 func newTestCluster(t testing.TB, size int64) *testCluster {
@@ -45,7 +81,7 @@ func newTestCluster(t testing.TB, size int64) *testCluster {
 // is the volume's primary.
 func newTestClusterOf(t testing.TB, size int64, names ...string) *testCluster {
 	t.Helper()
-	c := &testCluster{t: t, dir: t.TempDir(), cfg: &Config{}, nodes: map[string]*Node{}, opts: map[string]Options{}}
+	c := &testCluster{t: t, dir: t.TempDir(), cfg: &Config{}, nodes: map[string]*Node{}, opts: map[string]Options{}, logs: map[string]*logTail{}}
 	vol := VolumeConfig{Name: "vol0", Size: VolumeSize(size), Protocol: "C", Primary: names[0], Disks: map[string]DiskConfig{}}
 	for _, name := range names {
 		nc := NodeConfig{Name: name, StateDir: filepath.Join(c.dir, name)}
@@ -147,6 +183,12 @@ func (c *testCluster) start(name string) *Node {
 	if opts.Logger == nil && os.Getenv("REPLVOL_TEST_LOG") != "" {
 		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil)).With("test-node", name)
 	}
+	if opts.Logger == nil && c.logs != nil {
+		if c.logs[name] == nil {
+			c.logs[name] = &logTail{}
+		}
+		opts.Logger = slog.New(slog.NewTextHandler(c.logs[name], nil))
+	}
 	n, err := New(cloneConfig(c.cfg), name, opts)
 	if err != nil {
 		c.t.Fatalf("start %s: %v", name, err)
@@ -231,6 +273,7 @@ func (c *testCluster) waitInSync() {
 		var dump strings.Builder
 		pprof.Lookup("goroutine").WriteTo(&dump, 1)
 		c.t.Log(dump.String())
+		c.logNodes()
 		c.t.Fatalf("replicas not in sync: %+v", st.Volumes[0].Replicas)
 	}
 }
