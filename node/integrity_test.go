@@ -564,3 +564,78 @@ func TestAReadErrorOnOneBlockIsRepairedInPlace(t *testing.T) {
 	}
 	waitMetric(t, c.nodes["alpha"], "the repair", metricIs(1), "replvol_blocks_repaired_total", "volume=vol0", "node=alpha", "cause=read-error")
 }
+
+// TestASumsRoomIsReusedOnlyOnceTheWriteIsDone: a write too large for its
+// countdown's own room for sums takes a kept one (no allocation per 1 MiB
+// write), and the room goes back for another write only when the last
+// holder of the write, the write itself or a peer's entry, is done: until
+// then a peer's stream may still send the sums.
+func TestASumsRoomIsReusedOnlyOnceTheWriteIsDone(t *testing.T) {
+	in := &integrity{rooms: make(chan *sumsRoom, keptRooms)}
+	r := in.takeRoom()
+	c := &countdown{room: r, rooms: in}
+	c.add() // the write
+	c.add() // a peer's entry
+	c.Done()
+	if got := in.takeRoom(); got == r {
+		t.Fatal("the room was given to another write while a peer's entry still held the write")
+	}
+	c.Done()
+	if got := in.takeRoom(); got != r {
+		t.Fatal("the room was not kept for another write once the write was done")
+	}
+}
+
+// TestLargeWritesUnderProtocolAShipTheirOwnSums: under protocol A a write
+// returns before its peer has its entry, so the room holding its sums
+// must outlive the write: 1 MiB writes in a row, 8 at a time, each
+// reaching the peer with its own sums (a frame with another write's sums
+// would be refused and the peer resynced), leave both replicas in sync,
+// no frame refused, and each block's sum right on both.
+func TestLargeWritesUnderProtocolAShipTheirOwnSums(t *testing.T) {
+	c := newTestCluster(t, 64<<20)
+	c.cfg.Volumes[0].Protocol = "A"
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	a := c.vol("alpha")
+	ctx := context.Background()
+	resyncedBefore := replica(c.status(), "beta").ResyncedBytes
+	want := map[int64][]byte{}
+	var mu mutex
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 8 {
+				off := int64(w*8+i) << 20
+				data := pattern(byte(w*8+i+1), 1<<20)
+				if err := a.WriteAt(ctx, data, off, false); err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				for k := int64(0); k < 256; k++ {
+					want[off/4096+k] = data[k*4096 : (k+1)*4096]
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if err := a.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.waitInSync()
+	if got := replica(c.status(), "beta").ResyncedBytes; got != resyncedBefore {
+		t.Fatalf("beta was resynced (%d bytes, %d before): a frame was refused", got, resyncedBefore)
+	}
+	c.sumsMatchDisk("alpha", want, nil)
+	c.sumsMatchDisk("beta", want, nil)
+}

@@ -2,6 +2,7 @@ package node
 
 import (
 	"bytes"
+	"slices"
 
 	"github.com/replvol/replvol/node/session"
 	"github.com/replvol/replvol/node/writepath"
@@ -74,6 +75,9 @@ func (p *peer) shipLater(ship writepath.Peer, e replication.Entry, proto byte) {
 	if e.Data != nil {
 		e.Data = bytes.Clone(e.Data) // the client's buffer ends with the write
 	}
+	// So do the sums' room (countdown.Done gives it back): this entry
+	// holds none of the write.
+	e.Sums = slices.Clone(e.Sums)
 	p.v.io.Add(1)
 	go func() {
 		defer p.v.io.Done()

@@ -7,6 +7,7 @@ import (
 	"syscall"
 
 	"github.com/replvol/replvol/backing"
+	"github.com/replvol/replvol/internal/blocksum"
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/node/session"
 	"github.com/replvol/replvol/node/writepath"
@@ -152,8 +153,15 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	if e.Op == replication.OpWrite {
 		// Over the buffer that is written, once, before it is shipped:
 		// the peers verify the blocks against them (a slice of held,
-		// which outlives every use of e: no allocation per write).
-		e.Sums = v.integ.sumsOf(held.sums[:0], e.Off, e.Data, v.size.Load())
+		// which outlives every use of e: no allocation per write; a
+		// write of up to 1 MiB too large for held's own room takes a
+		// kept one, which held gives back once its last holder is done).
+		dst := held.sums[:0]
+		if blocks := (len(e.Data) + blocksum.BlockSize - 1) / blocksum.BlockSize; blocks > len(held.sums) && blocks <= len(sumsRoom{}) && v.integ.on() {
+			held.room, held.rooms = v.integ.takeRoom(), v.integ
+			dst = held.room[:0]
+		}
+		e.Sums = v.integ.sumsOf(dst, e.Off, e.Data, v.size.Load())
 	}
 
 	w := writepath.Begin(v.settings().protocol, toDisk)
@@ -500,16 +508,28 @@ type countdown struct {
 	al          *metadata.ActivityLog
 	off, length int64
 	// sums holds the write's block checksums (replication.Entry.Sums)
-	// for writes of up to 64 KiB; a larger one allocates its own.
-	sums [16]uint32
+	// for writes of up to 64 KiB; room, a kept array of rooms, those of
+	// a larger one up to 1 MiB (larger ones allocate their own).
+	sums  [16]uint32
+	room  *sumsRoom
+	rooms *integrity
 }
 
 func (c *countdown) add() { c.n.Add(1) }
 
 // Done releases one hold (session.Hold: an entry's, once it completed).
+// The last gives the sums' room back: no entry of the write is read any
+// more (an entry shipped without a hold copies them, peer.shipLater).
 func (c *countdown) Done() {
-	if c.n.Add(-1) == 0 && c.al != nil {
+	if c.n.Add(-1) != 0 {
+		return
+	}
+	if c.al != nil {
 		c.al.Done(c.off, c.length)
+	}
+	if c.room != nil {
+		c.rooms.returnRoom(c.room)
+		c.room = nil
 	}
 }
 

@@ -159,6 +159,7 @@
 //
 //	go run ./cmd/replbench [--rounds 3] [--runtime 6s] [--json]
 //	    [--targets replvol-nodes,replvol-nodes3,replvol,nbdkit,quorum,floor] [--span 512MiB] [--dir DIR]
+//	    [--workloads randwrite-8k,seqwrite-1m,randread-8k,randwrite-8k-qd1]
 //	    [--protocols=true] [--read-balancing=true] [--read-throttle 50MiB]
 //	    [--failover-runs 10] [--page-cache drop|keep] [--fresh=true]
 //	    [--idle-volumes 1000] [--idle-window 20s] [--idle-profile PREFIX] [--book docs/perf.md]

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -67,6 +68,24 @@ func TestIssue29GoalsCompareChecksumsOnWithOffInTheSameRun(t *testing.T) {
 	for _, want := range []string{"issue 29 goals", "replvol-nodes-nosums", "on 9000, off 10000 IOPS", ">= 0.9"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("the table lacks %q:\n%s", want, b.String())
+		}
+	}
+}
+
+// TestParseWorkloads: --workloads takes the workloads by name, each once,
+// in the order given, and refuses a name it does not know (so a typo does
+// not measure nothing) and a list that names none.
+func TestParseWorkloads(t *testing.T) {
+	got, err := parseWorkloads("seqwrite-1m, randwrite-8k-qd1,seqwrite-1m")
+	if err != nil || !slices.Equal(got, []string{"seqwrite-1m", "randwrite-8k-qd1"}) {
+		t.Fatalf("parseWorkloads: %q, %v", got, err)
+	}
+	if got, err := parseWorkloads(strings.Join(workloadNames(), ",")); err != nil || len(got) != len(workloads)+1 {
+		t.Fatalf("the default: %q, %v", got, err)
+	}
+	for _, bad := range []string{"seqwrite-2m", "", " , "} {
+		if got, err := parseWorkloads(bad); err == nil {
+			t.Errorf("parseWorkloads(%q) = %q, want an error", bad, got)
 		}
 	}
 }

@@ -107,6 +107,47 @@ var workloads = []workload{
 	{Name: "randread-8k", Label: "8K randread qd16", RW: "randread", BS: "8k", IODepth: 16, Unit: "IOPS", Read: true},
 }
 
+// workloadNames are the names of workloads, in order, and the latency
+// reference's (latWorkload), which runs where a target has it.
+func workloadNames() []string {
+	names := make([]string, 0, len(workloads)+1)
+	for _, w := range workloads {
+		names = append(names, w.Name)
+	}
+	return append(names, latWorkload.Name)
+}
+
+// parseWorkloads is --workloads: names of workloadNames, comma-separated,
+// each once.
+func parseWorkloads(s string) ([]string, error) {
+	var out []string
+	for _, w := range strings.Split(s, ",") {
+		w = strings.TrimSpace(w)
+		switch {
+		case w == "" || slices.Contains(out, w):
+		case !slices.Contains(workloadNames(), w):
+			return nil, fmt.Errorf("unknown workload %q; want some of %s", w, strings.Join(workloadNames(), ","))
+		default:
+			out = append(out, w)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no workload named; want some of %s", strings.Join(workloadNames(), ","))
+	}
+	return out, nil
+}
+
+// rowRatio is the ratio key of workload's row; false when it has none,
+// or has no row (--workloads left it out): the goal is then n/a.
+func rowRatio(rows map[string]*row, workload, key string) (float64, bool) {
+	r, ok := rows[workload]
+	if !ok {
+		return 0, false
+	}
+	v, ok := r.Ratios[key]
+	return v, ok
+}
+
 // latWorkload is the latency reference of the protocols table: 8K random
 // writes one at a time, latency percentiles.
 var latWorkload = workload{Name: "randwrite-8k-qd1", Label: "8K randwrite qd1", RW: "randwrite", BS: "8k", IODepth: 1, Unit: "us", Latency: true}
@@ -178,16 +219,19 @@ var tlsGoals = []tlsGoal{
 }
 
 type config struct {
-	rounds   int
-	runtime  time.Duration
-	ramp     time.Duration
-	size     int64
-	span     int64
-	jsonOut  bool
-	targets  []string
-	dir      string
-	replctl  string
-	keepLogs bool
+	rounds  int
+	runtime time.Duration
+	ramp    time.Duration
+	size    int64
+	span    int64
+	jsonOut bool
+	targets []string
+	// workloads are the names of the workloads the fio rounds run
+	// (--workloads; all of them by default).
+	workloads []string
+	dir       string
+	replctl   string
+	keepLogs  bool
 
 	failoverRuns int // failover and switchover runs after the fio phases (0: none)
 
@@ -211,12 +255,13 @@ func main() {
 
 func run() int {
 	var cfg config
-	var sizeStr, spanStr, targetsStr string
+	var sizeStr, spanStr, targetsStr, workloadsStr string
 	flag.IntVar(&cfg.rounds, "rounds", 3, "rounds; every round runs every workload on every target")
 	flag.DurationVar(&cfg.runtime, "runtime", 6*time.Second, "measured time per fio run")
 	flag.DurationVar(&cfg.ramp, "ramp", time.Second, "fio ramp_time (not measured) per run")
 	flag.StringVar(&sizeStr, "size", "1GiB", "volume/image size of every target")
 	flag.StringVar(&spanStr, "span", "512MiB", "region of the volume the workloads touch (clamped to the export size)")
+	flag.StringVar(&workloadsStr, "workloads", strings.Join(workloadNames(), ","), "comma-separated workloads of the fio rounds: "+strings.Join(workloadNames(), ",")+" (e.g. seqwrite-1m alone to measure what a 1 MiB write costs)")
 	flag.BoolVar(&cfg.jsonOut, "json", false, "print the results as JSON instead of a table")
 	flag.StringVar(&targetsStr, "targets", strings.Join(allTargets, ","), "comma-separated targets: "+strings.Join(allTargets, ","))
 	flag.StringVar(&cfg.dir, "dir", "", "parent directory for the temporary images (default: $TMPDIR)")
@@ -251,6 +296,10 @@ func run() int {
 			fmt.Fprintln(os.Stderr, "replbench: --read-throttle:", err)
 			return 2
 		}
+	}
+	if cfg.workloads, err = parseWorkloads(workloadsStr); err != nil {
+		fmt.Fprintln(os.Stderr, "replbench: --workloads:", err)
+		return 2
 	}
 	for _, t := range strings.Split(targetsStr, ",") {
 		t = strings.TrimSpace(t)
@@ -887,8 +936,8 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 			rep.Protocols = &protocolReport{Skipped: "needs the targets replvol and nbdkit"}
 		}
 	}
-	plan := slices.Clone(workloads)
-	if len(b.runTargets(latWorkload, proto != nil)) > 0 {
+	plan := slices.DeleteFunc(slices.Clone(workloads), func(w workload) bool { return !slices.Contains(b.cfg.workloads, w.Name) })
+	if slices.Contains(b.cfg.workloads, latWorkload.Name) && len(b.runTargets(latWorkload, proto != nil)) > 0 {
 		plan = append(plan, latWorkload)
 	}
 	// A row per workload of the plan, a cell per target that runs it
@@ -997,7 +1046,7 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 	for _, g := range goals {
 		w := workloads[slices.IndexFunc(workloads, func(w workload) bool { return w.Name == g.Workload })]
 		gr := goalResult{Goal: fmt.Sprintf("%s >= %.1fx %s", w.Label, g.Min, g.Versus), Min: g.Min, Status: "n/a"}
-		if v, ok := rows[g.Workload].Ratios[tReplvol+"/"+g.Versus]; ok {
+		if v, ok := rowRatio(rows, g.Workload, tReplvol+"/"+g.Versus); ok {
 			gr.Ratio = &v
 			gr.Status = "MISS"
 			if v >= g.Min {
@@ -1009,7 +1058,7 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 	for _, g := range tlsGoals {
 		w := workloads[slices.IndexFunc(workloads, func(w workload) bool { return w.Name == g.Workload })]
 		gr := goalResult{Goal: fmt.Sprintf("%s %s >= %.2fx plaintext", w.Label, g.Label, g.Min), Min: g.Min, Status: "n/a"}
-		if v, ok := rows[g.Workload].Ratios[g.Target+"/"+g.Versus]; ok {
+		if v, ok := rowRatio(rows, g.Workload, g.Target+"/"+g.Versus); ok {
 			gr.Ratio = &v
 			gr.Status = "MISS"
 			if v >= g.Min {
