@@ -203,6 +203,13 @@ type config struct {
 	idleWindow  time.Duration // idle phase: how long the CPU is measured
 	idleProfile string        // idle phase: save the primary's profiles (PREFIX.cpu.pprof, PREFIX.heap.pprof)
 	book        string        // write the book (perf.md and perf.svg beside it) here ("": none)
+	// workloads, when not empty, are the only fio workloads run (by
+	// name: randwrite-8k, seqwrite-1m, randread-8k, randwrite-8k-qd1).
+	workloads []string
+	// nodesProfile: save the primary's CPU profile of every 8K random
+	// write run on a target of replnode processes to
+	// PREFIX-TARGET-rROUND.cpu.pprof ("": none).
+	nodesProfile string
 }
 
 func main() {
@@ -235,6 +242,9 @@ func run() int {
 	flag.DurationVar(&cfg.idleWindow, "idle-window", 20*time.Second, "idle phase: how long the idle CPU is measured")
 	flag.StringVar(&cfg.idleProfile, "idle-profile", "", "idle phase: save the primary's CPU profile over the window and its heap profile after it to PREFIX.cpu.pprof and PREFIX.heap.pprof")
 	flag.StringVar(&cfg.book, "book", "", "write the book here (markdown; the SVG plot beside it, same name with .svg), e.g. docs/perf.md")
+	var workloadsStr string
+	flag.StringVar(&workloadsStr, "workloads", "", "comma-separated fio workloads to run, of randwrite-8k,seqwrite-1m,randread-8k,randwrite-8k-qd1 (default: all)")
+	flag.StringVar(&cfg.nodesProfile, "nodes-profile", "", "save the primary's CPU profile of every 8K randwrite qd16 run on a target of replnode processes to PREFIX-TARGET-rROUND.cpu.pprof (go tool pprof -diff_base)")
 	flag.Parse()
 
 	var err error
@@ -268,6 +278,16 @@ func run() int {
 	if len(cfg.targets) == 0 || cfg.rounds < 1 || cfg.runtime < time.Second || cfg.failoverRuns < 0 || cfg.idleVolumes < 0 || cfg.idleWindow < time.Second {
 		fmt.Fprintln(os.Stderr, "replbench: need at least one target, --rounds >= 1, --runtime >= 1s, --failover-runs >= 0, --idle-volumes >= 0 and --idle-window >= 1s")
 		return 2
+	}
+	for _, w := range strings.Split(workloadsStr, ",") {
+		if w = strings.TrimSpace(w); w == "" {
+			continue
+		}
+		if w != latWorkload.Name && !slices.ContainsFunc(workloads, func(x workload) bool { return x.Name == w }) {
+			fmt.Fprintf(os.Stderr, "replbench: --workloads: unknown workload %q: want randwrite-8k, seqwrite-1m, randread-8k or randwrite-8k-qd1\n", w)
+			return 2
+		}
+		cfg.workloads = append(cfg.workloads, w)
 	}
 	if cfg.pageCache != cacheDrop && cfg.pageCache != cacheKeep {
 		fmt.Fprintf(os.Stderr, "replbench: --page-cache %q: want drop or keep\n", cfg.pageCache)
@@ -726,6 +746,16 @@ func (b *bench) fioOn(ctx context.Context, t *target, name, rw, bs string, qd in
 	return res, nil
 }
 
+// ratio is r's ratio of name; r may be nil (a workload --workloads left
+// out).
+func (r *row) ratio(name string) (float64, bool) {
+	if r == nil {
+		return 0, false
+	}
+	v, ok := r.Ratios[name]
+	return v, ok
+}
+
 // addCPU adds the CPU times per IO of run r to c's samples.
 func (c *cell) addCPU(r *fioResult) {
 	if r.ServerCPUPerIO > 0 {
@@ -891,6 +921,9 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 	if len(b.runTargets(latWorkload, proto != nil)) > 0 {
 		plan = append(plan, latWorkload)
 	}
+	if len(b.cfg.workloads) > 0 {
+		plan = slices.DeleteFunc(plan, func(w workload) bool { return !slices.Contains(b.cfg.workloads, w.Name) })
+	}
 	// A row per workload of the plan, a cell per target that runs it
 	// (the protocol variants have their own table).
 	rows := map[string]*row{}
@@ -931,7 +964,11 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 				if proto != nil && (name == pA || name == pB) {
 					mon = startLagMonitor(ctx, t.control)
 				}
+				profiled := b.profileNodes(ctx, t, w, round)
 				res, err := b.fioOn(ctx, t, w.Name, w.RW, w.BS, w.IODepth, span)
+				if perr := <-profiled; perr != nil {
+					logf("round %d %s on %s: no profile: %v", round+1, w.Name, name, perr)
+				}
 				obs := mon.stop()
 				if err != nil {
 					time.Sleep(200 * time.Millisecond) // let a dying server be reaped
@@ -997,7 +1034,7 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 	for _, g := range goals {
 		w := workloads[slices.IndexFunc(workloads, func(w workload) bool { return w.Name == g.Workload })]
 		gr := goalResult{Goal: fmt.Sprintf("%s >= %.1fx %s", w.Label, g.Min, g.Versus), Min: g.Min, Status: "n/a"}
-		if v, ok := rows[g.Workload].Ratios[tReplvol+"/"+g.Versus]; ok {
+		if v, ok := rows[g.Workload].ratio(tReplvol + "/" + g.Versus); ok {
 			gr.Ratio = &v
 			gr.Status = "MISS"
 			if v >= g.Min {
@@ -1009,7 +1046,7 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 	for _, g := range tlsGoals {
 		w := workloads[slices.IndexFunc(workloads, func(w workload) bool { return w.Name == g.Workload })]
 		gr := goalResult{Goal: fmt.Sprintf("%s %s >= %.2fx plaintext", w.Label, g.Label, g.Min), Min: g.Min, Status: "n/a"}
-		if v, ok := rows[g.Workload].Ratios[g.Target+"/"+g.Versus]; ok {
+		if v, ok := rows[g.Workload].ratio(g.Target + "/" + g.Versus); ok {
 			gr.Ratio = &v
 			gr.Status = "MISS"
 			if v >= g.Min {
