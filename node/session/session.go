@@ -168,6 +168,9 @@ type Pending struct {
 	Wire int64
 	// Held is released once the entry completes.
 	Held Hold
+	// Joint, when not nil, is released once the entry completes, after
+	// done is closed (joint.go).
+	Joint *Joint
 	// Buf is the pooled buffer behind Entry.Data, returned
 	// (Config.FreeBuffer) once encoded, or once the entry completed when
 	// its frame carried it by reference.
@@ -939,6 +942,9 @@ func (s *Session) complete(pd *Pending, acked bool, err error) {
 		<-pd.slot
 	}
 	close(pd.done)
+	if pd.Joint != nil {
+		pd.Joint.Release()
+	}
 }
 
 // readReply hands an OpRead's or a run's checksum answer to its entry.
