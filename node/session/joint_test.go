@@ -91,3 +91,49 @@ func TestAJointWaitsForItsWritersSeal(t *testing.T) {
 		t.Fatal("a sealed joint with nothing in flight is not complete")
 	}
 }
+
+// TestAnAckThatLeavesTheLagAsItWasPublishesNothing: under protocol C a
+// write is never counted in its peer's lag (it completes with its ack),
+// so the ack leaves the lag as it was and the session does not publish
+// it again: a publish costs an allocation and wakes the volume's
+// watchers, on every ack of every peer. A write counted in the lag
+// (protocols A and B: CompletedLocally) is published again when its ack
+// takes it out.
+func TestAnAckThatLeavesTheLagAsItWasPublishesNothing(t *testing.T) {
+	c, _ := startCacheSession(t)
+	send := func(seq uint64, off int64) *Pending {
+		pd := NewPending(write(off, replication.BlockSize))
+		pd.LagSeq = seq
+		if !c.s.Enqueue(pd) {
+			t.Fatal("a running session refused an entry")
+		}
+		c.arrive(t, 1)
+		return pd
+	}
+	// The loop publishes after it completed the entries of an ack: Do
+	// runs after it.
+	published := func() int64 {
+		c.s.Do(func() {})
+		return c.peer.published.Load()
+	}
+
+	pd := send(1, 0)
+	before := published()
+	c.ack(t, pd)
+	if n := published() - before; n != 0 {
+		t.Fatalf("an ack of a write the lag never counted published the lag %d times, want none", n)
+	}
+
+	pd = send(2, replication.BlockSize)
+	c.s.CompletedLocally(2, replication.BlockSize, time.Now())
+	before = published()
+	c.ack(t, pd)
+	if n := published() - before; n != 1 {
+		t.Fatalf("the ack of a write counted in the lag published it %d times, want once", n)
+	}
+	var lag int64
+	c.s.Do(func() { lag = c.s.lag.Bytes() })
+	if lag != 0 {
+		t.Fatalf("the lag holds %d bytes after every write was acknowledged", lag)
+	}
+}

@@ -842,8 +842,15 @@ func (s *Session) acked(m ackMsg) {
 	clear(done)
 	s.inflight = s.inflight[k:]
 	if lagSeq > 0 {
+		// Under protocol C no write is counted in the lag before its
+		// acks (CompletedLocally): the ack leaves the lag as it was, and
+		// publishing it again would cost every ack of every peer an
+		// allocation and a wake of the volume's watchers for nothing.
+		bytes, oldest := s.lag.Bytes(), s.lag.Oldest()
 		s.lag.PeerAcked(lagSeq)
-		s.publishLag()
+		if s.lag.Bytes() != bytes || !s.lag.Oldest().Equal(oldest) {
+			s.publishLag()
+		}
 	}
 }
 
