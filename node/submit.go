@@ -27,7 +27,14 @@ import (
 func (v *Volume) submitAll(waits []*session.Pending, e replication.Entry, proto byte, held *countdown, unstreamed bool) (_ []*session.Pending, source uint64, _ error) {
 	var first error
 	n := len(waits)
-	for _, p := range v.streamingPeers() {
+	peers := v.streamingPeers()
+	if held != nil && proto == 'C' && len(peers) > 1 {
+		// The writer waits for every peer's ack: it wakes once, when the
+		// last is counted (session.Joint), not once per peer.
+		held.acks.Arm()
+		defer held.acks.Seal()
+	}
+	for _, p := range peers {
 		w, err := p.submit(e, proto, held, unstreamed)
 		if w != nil {
 			if p.pulling.Load() && len(waits)-n < 64 {
@@ -135,6 +142,10 @@ func (p *peer) offer(e replication.Entry, proto byte, held *countdown) (*session
 	if held != nil {
 		held.add()
 		pd.Held = held
+		if held.acks.Armed() {
+			held.acks.Add()
+			pd.Joint = &held.acks
+		}
 	}
 	var got session.Admission
 	if congestion {
@@ -153,6 +164,9 @@ func (p *peer) offer(e replication.Entry, proto byte, held *countdown) (*session
 	}
 	if held != nil {
 		held.Done()
+		if pd.Joint != nil {
+			pd.Joint.Release()
+		}
 	}
 	if got == session.AdmitEnded {
 		return nil, writepath.StreamEnded // it just ended: its end marks what it held

@@ -241,7 +241,7 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 			}
 			w.Wrote(skipped, lerr != nil, pulling)
 		case writepath.Wait:
-			acked, failed := v.waitPeers(waits, w.WaitFor())
+			acked, failed := v.waitPeers(waits, w.WaitFor(), &held.acks)
 			if failed == nil {
 				// A peer that acknowledged the write from its cache may
 				// have lost it since, with its stream.
@@ -379,10 +379,14 @@ func (v *Volume) revertRange(off, length int64) {
 
 // waitPeers waits for the peers' pendings as mode says: acked says a peer
 // took the write, failed is the first failure to track a write a peer did
-// not take (under B, it ends the wait).
-func (v *Volume) waitPeers(waits []*session.Pending, mode writepath.WaitMode) (acked bool, failed error) {
+// not take (under B, it ends the wait). acks, when armed, completes with
+// the last of waits (submitAll): the wait for every ack wakes once.
+func (v *Volume) waitPeers(waits []*session.Pending, mode writepath.WaitMode, acks *session.Joint) (acked bool, failed error) {
 	switch mode {
 	case writepath.WaitAcks: // every ack (or completion)
+		if acks.Armed() {
+			<-acks.Done()
+		}
 		return waitAll(waits)
 	case writepath.WaitReceipts: // every receipt; a failure to track ends the wait
 		for _, p := range waits {
@@ -513,6 +517,9 @@ type countdown struct {
 	sums  [16]uint32
 	room  *sumsRoom
 	rooms *integrity
+	// acks completes once every peer's entry of the write completed,
+	// when the write waits for more than one (submitAll).
+	acks session.Joint
 }
 
 func (c *countdown) add() { c.n.Add(1) }

@@ -163,6 +163,7 @@
 //	    [--protocols=true] [--read-balancing=true] [--read-throttle 50MiB]
 //	    [--failover-runs 10] [--page-cache drop|keep] [--fresh=true]
 //	    [--idle-volumes 1000] [--idle-window 20s] [--idle-profile PREFIX] [--book docs/perf.md]
+//	    [--nodes-profile PREFIX]
 //
 // All child processes, loop devices, cgroups and temporary files are
 // removed on exit, also on Ctrl-C or SIGTERM.

@@ -247,6 +247,10 @@ type config struct {
 	idleWindow  time.Duration // idle phase: how long the CPU is measured
 	idleProfile string        // idle phase: save the primary's profiles (PREFIX.cpu.pprof, PREFIX.heap.pprof)
 	book        string        // write the book (perf.md and perf.svg beside it) here ("": none)
+	// nodesProfile: save the primary's CPU profile of every 8K random
+	// write run on a target of replnode processes to
+	// PREFIX-TARGET-rROUND.cpu.pprof ("": none).
+	nodesProfile string
 }
 
 func main() {
@@ -280,6 +284,7 @@ func run() int {
 	flag.DurationVar(&cfg.idleWindow, "idle-window", 20*time.Second, "idle phase: how long the idle CPU is measured")
 	flag.StringVar(&cfg.idleProfile, "idle-profile", "", "idle phase: save the primary's CPU profile over the window and its heap profile after it to PREFIX.cpu.pprof and PREFIX.heap.pprof")
 	flag.StringVar(&cfg.book, "book", "", "write the book here (markdown; the SVG plot beside it, same name with .svg), e.g. docs/perf.md")
+	flag.StringVar(&cfg.nodesProfile, "nodes-profile", "", "save the primary's CPU profile of every 8K randwrite qd16 run on a target of replnode processes to PREFIX-TARGET-rROUND.cpu.pprof (go tool pprof -diff_base)")
 	flag.Parse()
 
 	var err error
@@ -980,7 +985,11 @@ func (b *bench) run(ctx context.Context) (*report, error) {
 				if proto != nil && (name == pA || name == pB) {
 					mon = startLagMonitor(ctx, t.control)
 				}
+				profiled := b.profileNodes(ctx, t, w, round)
 				res, err := b.fioOn(ctx, t, w.Name, w.RW, w.BS, w.IODepth, span)
+				if perr := <-profiled; perr != nil {
+					logf("round %d %s on %s: no profile: %v", round+1, w.Name, name, perr)
+				}
 				obs := mon.stop()
 				if err != nil {
 					time.Sleep(200 * time.Millisecond) // let a dying server be reaped

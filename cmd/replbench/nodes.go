@@ -170,3 +170,32 @@ func (b *bench) startFloorProc(ctx context.Context, name, bin string, args ...st
 		}
 	}
 }
+
+// profileNodes takes, when --nodes-profile is set and t is a target of
+// replnode processes running the 8K random writes at qd16, a CPU profile
+// of its primary over the run's measured time; the channel gives its
+// error once it is saved (at once nil when none is taken).
+func (b *bench) profileNodes(ctx context.Context, t *target, w workload, round int) <-chan error {
+	done := make(chan error, 1)
+	if _, ok := nodesLayouts[t.name]; !ok || b.cfg.nodesProfile == "" || w.Name != "randwrite-8k" || t.control == "" {
+		done <- nil
+		return done
+	}
+	file := fmt.Sprintf("%s-%s-r%d.cpu.pprof", b.cfg.nodesProfile, t.name, round+1)
+	go func() {
+		// After fio's ramp, for the measured time (whole seconds).
+		select {
+		case <-time.After(b.cfg.ramp + time.Second):
+		case <-ctx.Done():
+			done <- ctx.Err()
+			return
+		}
+		c := &fvCluster{nodes: map[string]*fvNode{"primary": {control: t.control}}}
+		err := c.profile(ctx, "primary", "profile", max(b.cfg.runtime-time.Second, time.Second), file)
+		if err == nil {
+			logf("profile of %s's primary: %s", t.name, file)
+		}
+		done <- err
+	}()
+	return done
+}

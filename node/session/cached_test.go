@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -81,7 +82,10 @@ type trackingPeer struct {
 	hold        chan struct{} // StartTracking waits for it to close (nil: it does not)
 	tracked     int
 	markedFirst int64
+	published   atomic.Int64 // PublishLag's calls
 }
+
+func (p *trackingPeer) PublishLag() { p.published.Add(1) }
 
 func (p *trackingPeer) StartTracking() error {
 	if p.hold != nil {

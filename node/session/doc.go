@@ -21,7 +21,11 @@
 // CompletedLocally), the resync and verify windows (Window.Runs), the
 // catch-up resync and whoever reads the state (Congested, CatchUpPaused,
 // Resting, Context) or ends it (Cancel, Fail). They talk to the loop
-// through channels and wait on the Pending they get back; the receiving
-// goroutine hands the loop acks and replies as messages; one sending
-// goroutine writes the frames it builds. The package declares no mutex.
+// through its inbox, in one order, without waiting for a busy loop
+// (deliver: what was delivered before the stream ended is taken by its
+// end), and wait on the Pending they get back (a write to several peers
+// on one Joint, which the last of its entries to complete releases:
+// joint.go); the receiving goroutine hands the loop acks and replies as
+// messages; one sending goroutine writes the frames it builds. The
+// package declares no mutex.
 package session

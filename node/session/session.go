@@ -168,6 +168,9 @@ type Pending struct {
 	Wire int64
 	// Held is released once the entry completes.
 	Held Hold
+	// Joint, when not nil, is released once the entry completes, after
+	// done is closed (joint.go).
+	Joint *Joint
 	// Buf is the pooled buffer behind Entry.Data, returned
 	// (Config.FreeBuffer) once encoded, or once the entry completed when
 	// its frame carried it by reference.
@@ -271,13 +274,21 @@ type Session struct {
 	resting atomic.Bool
 
 	// Into the loop: inbox takes the writers' and callers' messages
-	// (unbuffered: a sender knows the loop took it), fromPeer the
-	// receiving goroutine's acks and read replies, synced a syncDone whose
-	// commit (Peer.SyncDoneAcked) returned. Few channels keep the loop's
-	// select short: a select locks every channel it waits on.
+	// (deliver: buffered, so that a writer does not wait for a busy loop,
+	// and taken in the order they were delivered), fromPeer the receiving
+	// goroutine's acks and read replies, synced a syncDone whose commit
+	// (Peer.SyncDoneAcked) returned. Few channels keep the loop's select
+	// short: a select locks every channel it waits on.
 	inbox    chan inMsg
 	fromPeer chan peerMsg
 	synced   chan *Pending
+	// closing: the loop takes no new message (deliver refuses it);
+	// delivering counts the senders between their look at closing and
+	// the end of their send; quiet wakes the last drain of the inbox
+	// when the last of them leaves (closeToNew).
+	closing    atomic.Bool
+	delivering atomic.Int64
+	quiet      chan struct{}
 	// Out of the loop: frames for the sending goroutine.
 	out chan *transport.Frame
 	// ended is closed when the loop stops taking messages; finished once
@@ -390,7 +401,7 @@ func New(ctx context.Context, p Peer, s *transport.ReplStream, cfg Config) *Sess
 	sctx, cancel := context.WithCancel(ctx)
 	ss := &Session{peer: p, name: cfg.Name, bm: cfg.Bitmap, lag: cfg.Lag, cfg: cfg, beat: cfg.Beat,
 		stream: s, ctx: sctx, cancel: cancel, timeout: cfg.Timeout, errc: make(chan error, 1),
-		inbox: make(chan inMsg), fromPeer: make(chan peerMsg, 64), synced: make(chan *Pending, 1),
+		inbox: make(chan inMsg, inboxSize), quiet: make(chan struct{}, 1), fromPeer: make(chan peerMsg, 64), synced: make(chan *Pending, 1),
 		out:   make(chan *transport.Frame, maxFramesInFlight+1),
 		ended: make(chan struct{}), finished: make(chan struct{})}
 	ss.lastRecv.Store(cfg.Clock.Now().UnixNano())
@@ -493,10 +504,7 @@ func (s *Session) Start() {
 func (s *Session) Run(work func() error) error {
 	s.Start()
 	if work != nil {
-		select {
-		case s.inbox <- inMsg{kind: inWork, work: work}:
-		case <-s.ended:
-		}
+		s.deliver(inMsg{kind: inWork, work: work})
 	}
 	<-s.finished
 	return s.err
@@ -566,6 +574,9 @@ wait:
 			}
 		case m := <-s.inbox:
 			s.take(m)
+			// What else was delivered meanwhile goes into the same
+			// frames: one wake of the loop for a burst of writes.
+			s.takeDelivered(inboxSize)
 		case m := <-s.fromPeer:
 			if m.isReply {
 				m.reply.err <- s.readReply(m.reply)
@@ -599,6 +610,10 @@ wait:
 func (s *Session) take(m inMsg) {
 	switch m.kind {
 	case inSubmit:
+		if m.sub.admit && s.closing.Load() {
+			m.sub.answer <- AdmitEnded // the stream ends: not taken
+			return
+		}
 		if m.sub.admit {
 			s.admit(m.sub)
 		} else {
@@ -611,6 +626,9 @@ func (s *Session) take(m inMsg) {
 	case inCall:
 		m.call()
 	case inWork:
+		if s.closing.Load() {
+			return // Run's work does not start on a stream that ends
+		}
 		s.extra.Add(1)
 		go func() {
 			defer s.extra.Done()
@@ -627,13 +645,57 @@ func (s *Session) take(m inMsg) {
 // f did not run.
 func (s *Session) Do(f func()) bool {
 	ran := make(chan struct{})
-	select {
-	case s.inbox <- inMsg{kind: inCall, call: func() { f(); close(ran) }}:
-		<-ran
-		return true
-	case <-s.ended:
+	if !s.deliver(inMsg{kind: inCall, call: func() { f(); close(ran) }}) {
 		return false
 	}
+	<-ran
+	return true
+}
+
+// inboxSize is how many messages wait for the loop before a sender
+// waits: more than a connection's queue depth of writes.
+const inboxSize = 64
+
+// deliver hands m to the loop, in the order of the inbox. It reports
+// false, m not taken, once the loop takes no new message (closing); a
+// message delivered is taken, by the loop or by its last drain
+// (closeToNew), even when the session ends meanwhile. So a writer never
+// waits for a busy loop to take its entry (a wakeup per peer and write),
+// and the end still hands back every entry delivered. A sender waits
+// only while the inbox is full.
+func (s *Session) deliver(m inMsg) bool {
+	// The count before the look at closing, and closeToNew's store of
+	// closing before its look at the count (atomics are sequentially
+	// consistent): either the sender sees closing, or the drain sees the
+	// sender and waits for it to leave.
+	s.delivering.Add(1)
+	defer func() {
+		if s.delivering.Add(-1) == 0 && s.closing.Load() {
+			select {
+			case s.quiet <- struct{}{}:
+			default: // the drain has a wake already
+			}
+		}
+	}()
+	if s.closing.Load() {
+		return false
+	}
+	s.inbox <- m // the loop, or its last drain, takes it
+	return true
+}
+
+// takeDelivered takes up to n messages waiting in the inbox, without
+// waiting; it reports whether it took n (more may wait).
+func (s *Session) takeDelivered(n int) bool {
+	for range n {
+		select {
+		case m := <-s.inbox:
+			s.take(m)
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // accept queues pd; the loop owns it from here.
@@ -839,8 +901,15 @@ func (s *Session) acked(m ackMsg) {
 	clear(done)
 	s.inflight = s.inflight[k:]
 	if lagSeq > 0 {
+		// Under protocol C no write is counted in the lag before its
+		// acks (CompletedLocally): the ack leaves the lag as it was, and
+		// publishing it again would cost every ack of every peer an
+		// allocation and a wake of the volume's watchers for nothing.
+		bytes, oldest := s.lag.Bytes(), s.lag.Oldest()
 		s.lag.PeerAcked(lagSeq)
-		s.publishLag()
+		if s.lag.Bytes() != bytes || !s.lag.Oldest().Equal(oldest) {
+			s.publishLag()
+		}
 	}
 }
 
@@ -939,6 +1008,9 @@ func (s *Session) complete(pd *Pending, acked bool, err error) {
 		<-pd.slot
 	}
 	close(pd.done)
+	if pd.Joint != nil {
+		pd.Joint.Release()
+	}
 }
 
 // readReply hands an OpRead's or a run's checksum answer to its entry.
@@ -983,7 +1055,28 @@ func (s *Session) publishLag() { s.peer.PublishLag() }
 // again, and find the stream gone.
 func (s *Session) closeToNew() {
 	s.peer.Ended(s)
+	s.closing.Store(true)
 	close(s.ended)
+	// The messages delivered before closing are taken as the loop takes
+	// them (take, closing): an entry goes to the queue and end marks it,
+	// a call runs, a Behind peer's blocks are marked; a write asking for
+	// admission is refused, as those held for room are; a work does not
+	// start. The drain waits for every sender that saw the stream open.
+	for {
+		for s.takeDelivered(inboxSize) {
+		}
+		if s.delivering.Load() == 0 {
+			break
+		}
+		select {
+		case m := <-s.inbox:
+			s.take(m)
+		case <-s.quiet:
+		}
+	}
+	// They have all sent and left: what they sent is in the inbox.
+	for s.takeDelivered(inboxSize) {
+	}
 	for _, w := range s.waiting {
 		w.answer <- AdmitEnded
 	}

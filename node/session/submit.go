@@ -14,14 +14,10 @@ import (
 // end.
 
 // Enqueue hands pd to the loop. It reports false when the session has
-// ended: pd was not taken.
+// ended: pd was not taken. It does not wait for the loop to take pd: pd
+// is taken in the order it was handed over (deliver).
 func (s *Session) Enqueue(pd *Pending) bool {
-	select {
-	case s.inbox <- inMsg{kind: inSubmit, sub: submission{pd: pd}}:
-		return true
-	case <-s.ended:
-		return false
-	}
+	return s.deliver(inMsg{kind: inSubmit, sub: submission{pd: pd}})
 }
 
 // Submit hands an application write under protocol A or B to the loop,
@@ -30,12 +26,10 @@ func (s *Session) Enqueue(pd *Pending) bool {
 // waits while the policy holds the write for room.
 func (s *Session) Submit(pd *Pending) Admission {
 	answer := make(chan Admission, 1)
-	select {
-	case s.inbox <- inMsg{kind: inSubmit, sub: submission{pd: pd, admit: true, answer: answer}}:
-		return <-answer
-	case <-s.ended:
+	if !s.deliver(inMsg{kind: inSubmit, sub: submission{pd: pd, admit: true, answer: answer}}) {
 		return AdmitEnded
 	}
+	return <-answer
 }
 
 // MarkBehind has the loop mark e's blocks for its Behind peer
@@ -43,13 +37,11 @@ func (s *Session) Submit(pd *Pending) Admission {
 // ended, nothing was marked.
 func (s *Session) MarkBehind(e *replication.Entry) bool {
 	ran := make(chan struct{})
-	select {
-	case s.inbox <- inMsg{kind: inBehind, behind: behindMark{e: e, ran: ran}}:
-		<-ran
-		return true
-	case <-s.ended:
+	if !s.deliver(inMsg{kind: inBehind, behind: behindMark{e: e, ran: ran}}) {
 		return false
 	}
+	<-ran
+	return true
 }
 
 // CompletedLocally tells the loop that the write it numbered seq
@@ -59,10 +51,8 @@ func (s *Session) MarkBehind(e *replication.Entry) bool {
 // when the session ended (its end marked the write's blocks).
 func (s *Session) CompletedLocally(seq uint64, bytes int64, at time.Time) {
 	ran := make(chan struct{})
-	select {
-	case s.inbox <- inMsg{kind: inCompletion, completion: localCompletion{seq: seq, bytes: bytes, at: at, ran: ran}}:
+	if s.deliver(inMsg{kind: inCompletion, completion: localCompletion{seq: seq, bytes: bytes, at: at, ran: ran}}) {
 		<-ran
-	case <-s.ended:
 	}
 }
 
