@@ -205,6 +205,7 @@ func (st appliedState) SyncFinished(primary string, g replication.Generation, hi
 		return err
 	}
 	clear(st.n.marks[primary])
+	st.s.check.syncFinished(st.n)
 	return nil
 }
 

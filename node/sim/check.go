@@ -45,7 +45,14 @@ const (
 	// any other way, or keeps serving once told, is a second writer.
 	OneWriter
 	// NoStalePromotion: a node that lacks an acknowledged write is never
-	// promoted without force.
+	// promoted without force. And a disk that holds part of a resync (it
+	// applied resync data it has not recorded a sync-done for since) is
+	// durably Inconsistent, on stable storage, whether its node is up or
+	// down: after a crash or a restart it comes up Inconsistent, no
+	// promotion takes it, and a forced one is refused (ErrMidResync) or
+	// takes it as holding no data; never as holding the generation it
+	// had before the resync began, which its blocks no longer are
+	// (DESIGN.md: no stale promotion).
 	NoStalePromotion
 	// ReplicasEqualInSync: a primary and a peer it counts in sync (no
 	// marked blocks, nothing in flight) hold the same blocks.
@@ -217,6 +224,10 @@ type checker struct {
 	// switched is the switchover watched until its target serves (nil:
 	// none).
 	switched *switchover
+	// midResync: the data nodes whose disks hold part of a resync, and
+	// from whom (NoStalePromotion): set when one applies resync data,
+	// cleared when its volume records the source's generation.
+	midResync map[string]string
 }
 
 // streamLog is one stream's data entries in the order sent, and how far
@@ -234,8 +245,8 @@ type streamEntry struct {
 
 func newChecker() checker {
 	return checker{acked: make([]int64, blocks), ackedEpoch: make([]uint64, blocks), ackedIDs: map[int][]int64{}, protected: make([]int64, blocks), forced: map[string]bool{}, mayDiffer: map[int]bool{},
-		forcedAlone: map[string]bool{},
-		changed:     map[[2]string]map[int]bool{}, streams: map[uint64]*streamLog{}}
+		forcedAlone: map[string]bool{}, midResync: map[string]string{},
+		changed: map[[2]string]map[int]bool{}, streams: map[uint64]*streamLog{}}
 }
 
 func (c *checker) acknowledged(s *Sim, n *node, w *write) {
@@ -296,6 +307,9 @@ func (c *checker) applied(s *Sim, n *node, m msg) {
 	if first != l.applied+1 {
 		s.fail(SecondaryIsAPrefix, "%s applied entries %d..%d of session %d after entry %d", n.name, first, m.seq, m.session, l.applied)
 	}
+	if m.kind == msgSyncData {
+		c.midResync[n.name] = m.from
+	}
 	for ; l.applied < m.seq; l.applied++ {
 		e := l.entries[l.applied]
 		l.state[e.block] = e.value
@@ -303,6 +317,22 @@ func (c *checker) applied(s *Sim, n *node, m msg) {
 	for _, b := range slices.Sorted(maps.Keys(l.state)) {
 		if v := n.disk.read(b); v != l.state[b] {
 			s.fail(SecondaryIsAPrefix, "%s applied session %d up to entry %d: block %d holds %d, the stream %d", n.name, m.session, m.seq, b, v, l.state[b])
+			return
+		}
+	}
+}
+
+// syncFinished: n's volume recorded that its disk holds the generation
+// of the resync's source: it holds no part of a resync any more.
+func (c *checker) syncFinished(n *node) { delete(c.midResync, n.name) }
+
+// checkMidResync checks NoStalePromotion's durable half: every data node
+// whose disk holds part of a resync is durably Inconsistent.
+func (s *Sim) checkMidResync() {
+	for _, n := range s.dataNodes() {
+		if from, ok := s.check.midResync[n.name]; ok && !n.durable.Gens.Current.IsZero() {
+			s.fail(NoStalePromotion, "%s holds part of a resync from %s, but its durable state names generation %s as its data (up %t): a restart or a forced promotion would take the half-copied disk for that generation",
+				n.name, from, n.durable.Gens.Current, n.up)
 			return
 		}
 	}
@@ -604,6 +634,7 @@ func (s *Sim) checkAll() {
 	if known {
 		s.checkDurable(va)
 	}
+	s.checkMidResync()
 	s.checkSums()
 	s.checkHandover()
 }
