@@ -183,4 +183,13 @@ var mutations = []Mutation{
 			Replace: "\t\t\t_ = g\n",
 		}},
 	},
+	{
+		Name: "sync-done-refused-acked",
+		Rule: "a resync target acknowledges a sync-done its volume refused to record (State.SyncFinished failed): the source counts it in sync at a generation it does not hold (node/applier/apply's OpSyncDone)",
+		Edits: []Edit{{
+			File:    "node/applier/apply/apply.go",
+			Find:    "\t\t\tif err = v.State.SyncFinished(in.from, g, history); err != nil {\n\t\t\t\tbreak\n\t\t\t}\n",
+			Replace: "\t\t\t_ = v.State.SyncFinished(in.from, g, history)\n",
+		}},
+	},
 }

@@ -685,9 +685,19 @@ func (s *Sim) checkInSync(p *node) {
 		q := s.node(name)
 		sid, ok := p.sessions[name]
 		if !ok || !q.up || q.incoming.id != sid || p.st.Peers[name].Repl != replication.Connected || p.durable.Gens.Tracking(name) ||
-			len(p.marks[name]) > 0 || len(q.marks[p.name]) > 0 || !s.link(p.name, name).idle() ||
-			q.durable.Gens.Current.IsZero() || !q.durable.SyncGen.IsZero() {
+			len(p.marks[name]) > 0 || len(q.marks[p.name]) > 0 || !s.link(p.name, name).idle() {
 			continue
+		}
+		// p counts q in sync, with nothing on their link: q has recorded,
+		// durably, that its disk holds a generation of p's data (p's
+		// current one, or one p's came from: a pull from q moves p on
+		// from q's), no resync under way. A sync-done q's volume refused
+		// to record is never acknowledged as taken.
+		if g := q.durable.Gens.Current; g.IsZero() || !q.durable.SyncGen.IsZero() ||
+			g != p.durable.Gens.Current && !slices.Contains(p.durable.Gens.History, g) {
+			s.fail(ReplicasEqualInSync, "%s counts %s in sync at generation %s, but %s's durable state names generation %s, with a resync under way: %t: it has not recorded holding %s's data",
+				p.name, name, p.durable.Gens.Current, name, g, !q.durable.SyncGen.IsZero(), p.name)
+			return
 		}
 		same := len(inFlight) == 0
 		for b := range blocks {
