@@ -235,7 +235,10 @@ type checker struct {
 type streamLog struct {
 	entries []streamEntry
 	applied int
-	state   map[int]int64 // each block after the entries applied
+	// state is each block after the entries applied, where set says the
+	// stream wrote it (arrays, not a map: checked at every entry applied).
+	state [blocks]int64
+	set   [blocks]bool
 }
 
 type streamEntry struct {
@@ -312,9 +315,12 @@ func (c *checker) applied(s *Sim, n *node, m msg) {
 	}
 	for ; l.applied < m.seq; l.applied++ {
 		e := l.entries[l.applied]
-		l.state[e.block] = e.value
+		l.state[e.block], l.set[e.block] = e.value, true
 	}
-	for _, b := range slices.Sorted(maps.Keys(l.state)) {
+	for b := range blocks {
+		if !l.set[b] {
+			continue
+		}
 		if v := n.disk.read(b); v != l.state[b] {
 			s.fail(SecondaryIsAPrefix, "%s applied session %d up to entry %d: block %d holds %d, the stream %d", n.name, m.session, m.seq, b, v, l.state[b])
 			return
@@ -343,7 +349,7 @@ func (s *Sim) checkMidResync() {
 func (c *checker) sent(sid uint64, block int, value int64) int {
 	l := c.streams[sid]
 	if l == nil {
-		l = &streamLog{state: map[int]int64{}}
+		l = &streamLog{}
 		c.streams[sid] = l
 	}
 	l.entries = append(l.entries, streamEntry{block, value})
