@@ -174,4 +174,22 @@ var mutations = []Mutation{
 			Replace: "\t\tcase false:\n\t\t\treturn s.refuseStream(e.From, replication.RefusedStaleEpoch,",
 		}},
 	},
+	{
+		Name: "sync-start-keeps-generation",
+		Rule: "a resync target takes the source's blocks without first making its disk Inconsistent, durably (node/applier/apply's OpSyncStart skips State.SyncStarted): a crash or a forced promotion takes its half-copied disk for a consistent one",
+		Edits: []Edit{{
+			File:    "node/applier/apply/apply.go",
+			Find:    "\t\t\terr = v.State.SyncStarted(g)\n",
+			Replace: "\t\t\t_ = g\n",
+		}},
+	},
+	{
+		Name: "sync-done-refused-acked",
+		Rule: "a resync target acknowledges a sync-done its volume refused to record (State.SyncFinished failed): the source counts it in sync at a generation it does not hold (node/applier/apply's OpSyncDone)",
+		Edits: []Edit{{
+			File:    "node/applier/apply/apply.go",
+			Find:    "\t\t\tif err = v.State.SyncFinished(in.from, g, history); err != nil {\n\t\t\t\tbreak\n\t\t\t}\n",
+			Replace: "\t\t\t_ = v.State.SyncFinished(in.from, g, history)\n",
+		}},
+	},
 }

@@ -192,6 +192,9 @@ func (st appliedState) MarkReplica() error {
 // SyncStarted: Inconsistent, durably, with the generation the resync
 // resumes from, BEFORE any resync data is written.
 func (st appliedState) SyncStarted(from replication.Generation) error {
+	if err := st.s.stateWrite(st.n, false); err != nil {
+		return err
+	}
 	if st.s.cfg.mutation == mutResyncResumesFromNothing {
 		from = replication.Generation{}
 	}
@@ -201,16 +204,40 @@ func (st appliedState) SyncStarted(from replication.Generation) error {
 // SyncFinished: the disk holds the primary's generation; what this node
 // marked toward the primary is in.
 func (st appliedState) SyncFinished(primary string, g replication.Generation, history []replication.Generation) error {
+	if err := st.s.stateWrite(st.n, true); err != nil {
+		return err
+	}
 	if err := st.s.drive(st.n, volstate.ResyncFinished{Peer: primary, AsTarget: true, Current: g, History: history}); err != nil {
 		return err
 	}
 	clear(st.n.marks[primary])
+	st.s.check.syncFinished(st.n)
 	return nil
 }
 
 func (st appliedState) Failed(err error) {
 	st.s.tracef("%s: a replicated entry failed: %v", st.n.name, err)
 	_ = st.s.drive(st.n, volstate.ReplicaWriteFailed{})
+}
+
+// stateWrite is the write of n's volume state to its metadata that
+// State.SyncStarted and SyncFinished make (node's stepLocked). The
+// metadata is on the data disk: the write fails while the disk fails.
+// A sync end's write comes right after the data's sync succeeded, which
+// a failing disk fails first, so it also fails now and then alone
+// (afterSync, pStateWriteFails: an EIO of the metadata's sectors): a
+// sync-done the volume refuses to record is a case the sim reaches. Those
+// draws come from the Sim's second source (stateRng), so that a seed's
+// run is the same as without them until one fails.
+func (s *Sim) stateWrite(n *node, afterSync bool) error {
+	if s.now.Before(n.disk.failUntil) {
+		return errDiskFailed
+	}
+	if afterSync && s.stateRng.Float64() < pStateWriteFails {
+		s.tracef("%s: the write of its volume state to the metadata fails", n.name)
+		return errDiskFailed
+	}
+	return nil
 }
 
 // appliedVolume is n's volume as the applier writes a stream to it (node's

@@ -45,7 +45,14 @@ const (
 	// any other way, or keeps serving once told, is a second writer.
 	OneWriter
 	// NoStalePromotion: a node that lacks an acknowledged write is never
-	// promoted without force.
+	// promoted without force. And a disk that holds part of a resync (it
+	// applied resync data it has not recorded a sync-done for since) is
+	// durably Inconsistent, on stable storage, whether its node is up or
+	// down: after a crash or a restart it comes up Inconsistent, no
+	// promotion takes it, and a forced one is refused (ErrMidResync) or
+	// takes it as holding no data; never as holding the generation it
+	// had before the resync began, which its blocks no longer are
+	// (DESIGN.md: no stale promotion).
 	NoStalePromotion
 	// ReplicasEqualInSync: a primary and a peer it counts in sync (no
 	// marked blocks, nothing in flight) hold the same blocks.
@@ -217,6 +224,10 @@ type checker struct {
 	// switched is the switchover watched until its target serves (nil:
 	// none).
 	switched *switchover
+	// midResync: the data nodes whose disks hold part of a resync, and
+	// from whom (NoStalePromotion): set when one applies resync data,
+	// cleared when its volume records the source's generation.
+	midResync map[string]string
 }
 
 // streamLog is one stream's data entries in the order sent, and how far
@@ -224,7 +235,10 @@ type checker struct {
 type streamLog struct {
 	entries []streamEntry
 	applied int
-	state   map[int]int64 // each block after the entries applied
+	// state is each block after the entries applied, where set says the
+	// stream wrote it (arrays, not a map: checked at every entry applied).
+	state [blocks]int64
+	set   [blocks]bool
 }
 
 type streamEntry struct {
@@ -234,8 +248,8 @@ type streamEntry struct {
 
 func newChecker() checker {
 	return checker{acked: make([]int64, blocks), ackedEpoch: make([]uint64, blocks), ackedIDs: map[int][]int64{}, protected: make([]int64, blocks), forced: map[string]bool{}, mayDiffer: map[int]bool{},
-		forcedAlone: map[string]bool{},
-		changed:     map[[2]string]map[int]bool{}, streams: map[uint64]*streamLog{}}
+		forcedAlone: map[string]bool{}, midResync: map[string]string{},
+		changed: map[[2]string]map[int]bool{}, streams: map[uint64]*streamLog{}}
 }
 
 func (c *checker) acknowledged(s *Sim, n *node, w *write) {
@@ -296,13 +310,35 @@ func (c *checker) applied(s *Sim, n *node, m msg) {
 	if first != l.applied+1 {
 		s.fail(SecondaryIsAPrefix, "%s applied entries %d..%d of session %d after entry %d", n.name, first, m.seq, m.session, l.applied)
 	}
+	if m.kind == msgSyncData {
+		c.midResync[n.name] = m.from
+	}
 	for ; l.applied < m.seq; l.applied++ {
 		e := l.entries[l.applied]
-		l.state[e.block] = e.value
+		l.state[e.block], l.set[e.block] = e.value, true
 	}
-	for _, b := range slices.Sorted(maps.Keys(l.state)) {
+	for b := range blocks {
+		if !l.set[b] {
+			continue
+		}
 		if v := n.disk.read(b); v != l.state[b] {
 			s.fail(SecondaryIsAPrefix, "%s applied session %d up to entry %d: block %d holds %d, the stream %d", n.name, m.session, m.seq, b, v, l.state[b])
+			return
+		}
+	}
+}
+
+// syncFinished: n's volume recorded that its disk holds the generation
+// of the resync's source: it holds no part of a resync any more.
+func (c *checker) syncFinished(n *node) { delete(c.midResync, n.name) }
+
+// checkMidResync checks NoStalePromotion's durable half: every data node
+// whose disk holds part of a resync is durably Inconsistent.
+func (s *Sim) checkMidResync() {
+	for _, n := range s.dataNodes() {
+		if from, ok := s.check.midResync[n.name]; ok && !n.durable.Gens.Current.IsZero() {
+			s.fail(NoStalePromotion, "%s holds part of a resync from %s, but its durable state names generation %s as its data (up %t): a restart or a forced promotion would take the half-copied disk for that generation",
+				n.name, from, n.durable.Gens.Current, n.up)
 			return
 		}
 	}
@@ -313,7 +349,7 @@ func (c *checker) applied(s *Sim, n *node, m msg) {
 func (c *checker) sent(sid uint64, block int, value int64) int {
 	l := c.streams[sid]
 	if l == nil {
-		l = &streamLog{state: map[int]int64{}}
+		l = &streamLog{}
 		c.streams[sid] = l
 	}
 	l.entries = append(l.entries, streamEntry{block, value})
@@ -604,6 +640,7 @@ func (s *Sim) checkAll() {
 	if known {
 		s.checkDurable(va)
 	}
+	s.checkMidResync()
 	s.checkSums()
 	s.checkHandover()
 }
@@ -654,9 +691,19 @@ func (s *Sim) checkInSync(p *node) {
 		q := s.node(name)
 		sid, ok := p.sessions[name]
 		if !ok || !q.up || q.incoming.id != sid || p.st.Peers[name].Repl != replication.Connected || p.durable.Gens.Tracking(name) ||
-			len(p.marks[name]) > 0 || len(q.marks[p.name]) > 0 || !s.link(p.name, name).idle() ||
-			q.durable.Gens.Current.IsZero() || !q.durable.SyncGen.IsZero() {
+			len(p.marks[name]) > 0 || len(q.marks[p.name]) > 0 || !s.link(p.name, name).idle() {
 			continue
+		}
+		// p counts q in sync, with nothing on their link: q has recorded,
+		// durably, that its disk holds a generation of p's data (p's
+		// current one, or one p's came from: a pull from q moves p on
+		// from q's), no resync under way. A sync-done q's volume refused
+		// to record is never acknowledged as taken.
+		if g := q.durable.Gens.Current; g.IsZero() || !q.durable.SyncGen.IsZero() ||
+			g != p.durable.Gens.Current && !slices.Contains(p.durable.Gens.History, g) {
+			s.fail(ReplicasEqualInSync, "%s counts %s in sync at generation %s, but %s's durable state names generation %s, with a resync under way: %t: it has not recorded holding %s's data",
+				p.name, name, p.durable.Gens.Current, name, g, !q.durable.SyncGen.IsZero(), p.name)
+			return
 		}
 		same := len(inFlight) == 0
 		for b := range blocks {

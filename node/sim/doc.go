@@ -10,7 +10,8 @@
 // (node/applier/apply's Stream.Apply: the replica indicator, the activity
 // log, writes, FUA, flushes, resync data, sync start and end, the ack),
 // over the sim's disk, activity log, checksums and volume state behind its
-// interfaces (applied.go). Only the mechanism around those rules is
+// interfaces (applied.go), whose state writes at a sync start or end fail
+// as node's metadata writes can (stateWrite). Only the mechanism around those rules is
 // modelled: disks with a volatile write cache, replication links, leases,
 // the primary's data path and resync, the clock. One PCG source seeded from the seed drives
 // everything and the invariants of DESIGN.md §2 are checked after every

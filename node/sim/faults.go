@@ -21,6 +21,9 @@ const (
 	// write's stages (per stage run), so that the order of the stages is
 	// tested where it matters.
 	pCrashBetweenStages = 0.002
+	// pStateWriteFails: a secondary's write of its volume state at a
+	// sync end fails alone, its data synced (per write; stateWrite).
+	pStateWriteFails = 0.01
 )
 
 // The client's requests: of the steps it sends one, these shares are a

@@ -245,11 +245,14 @@ type Config struct {
 
 // Sim is the simulated cluster.
 type Sim struct {
-	cfg   Config
-	rng   *rand.Rand
-	start time.Time
-	now   time.Time
-	step  int
+	cfg Config
+	rng *rand.Rand
+	// stateRng draws the applier's failed state writes alone
+	// (stateWrite), apart from rng so that they change nothing else.
+	stateRng *rand.Rand
+	start    time.Time
+	now      time.Time
+	step     int
 
 	nodes []*node // data nodes, then the witness
 	data  []string
@@ -274,10 +277,11 @@ type Sim struct {
 // every data node holds (one generation), all connected.
 func New(cfg Config) *Sim {
 	s := &Sim{
-		cfg:   cfg,
-		rng:   rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
-		start: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
-		links: map[[2]string]*link{},
+		cfg:      cfg,
+		rng:      rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
+		stateRng: rand.New(rand.NewPCG(cfg.Seed^0x5851f42d4c957f2d, cfg.Seed)),
+		start:    time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
+		links:    map[[2]string]*link{},
 	}
 	s.now = s.start
 	s.data = []string{"alpha", "beta"}

@@ -168,15 +168,19 @@ func (s *Sim) checkSums() {
 			continue
 		}
 		st := n.sums
-		var hot [blocks]bool
+		var hot, inCache [blocks]bool
 		for _, b := range st.hot {
 			hot[b] = true
 		}
+		// What reads see: the cache over stable storage, built in one
+		// pass over the cache (a lookup per block is this check's cost).
+		var reads [blocks]int64
+		copy(reads[:], n.disk.durable)
+		for b, v := range n.disk.cache {
+			reads[b], inCache[b] = v, true
+		}
 		for b := range blocks {
-			v, cached := n.disk.cache[b]
-			if !cached {
-				v = n.disk.durable[b]
-			}
+			v, cached := reads[b], inCache[b]
 			if sum := st.get(b); sum != noSum && sum != v {
 				s.fail(ChecksumsMatchData, "%s: block %d reads %d but its checksum describes %d: a verified read would report it repaired or unrecoverable", n.name, b, v, sum)
 				return
