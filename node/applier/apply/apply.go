@@ -182,14 +182,7 @@ func (in *Stream) apply(v *Volume, entries []replication.Entry, readReply func(s
 			}
 			v.ActivityLog.Done(e.Off, e.Length)
 		case replication.OpZero, replication.OpTrim:
-			if err = v.logApplied(e); err != nil {
-				break
-			}
-			err = v.Disk.Zero(e.Off, e.Length)
-			if err == nil {
-				err = v.written(e.Off, e.Length, nil, nil)
-			}
-			v.ActivityLog.Done(e.Off, e.Length)
+			err = v.zeroLogged(e)
 			needSync = needSync || e.Flags&replication.EntryFUA != 0
 		case replication.OpFlush:
 			if v.Checksums != nil {
@@ -263,14 +256,9 @@ func (in *Stream) apply(v *Volume, entries []replication.Entry, readReply func(s
 			// A hole already reads as the zeroes sent: the disk does not
 			// change, and the log need not know.
 			if !v.Disk.IsHole(e.Off, e.Length) {
-				if err = v.logApplied(e); err != nil {
+				if err = v.zeroLogged(e); err != nil {
 					break
 				}
-				err = v.Disk.Zero(e.Off, e.Length)
-				if err == nil {
-					err = v.written(e.Off, e.Length, nil, nil)
-				}
-				v.ActivityLog.Done(e.Off, e.Length)
 			}
 			v.Resynced.Add(e.Length)
 		case replication.OpResyncLost:
@@ -324,6 +312,21 @@ func (in *Stream) apply(v *Volume, entries []replication.Entry, readReply func(s
 		}
 	}
 	return ack
+}
+
+// zeroLogged makes e's range read as zeroes (a discard, a write of
+// zeroes, a resync's hole), its extent in the activity log while the disk
+// changes, and records that the blocks have no known checksum.
+func (v *Volume) zeroLogged(e *replication.Entry) error {
+	if err := v.logApplied(e); err != nil {
+		return err
+	}
+	err := v.Disk.Zero(e.Off, e.Length)
+	if err == nil {
+		err = v.written(e.Off, e.Length, nil, nil)
+	}
+	v.ActivityLog.Done(e.Off, e.Length)
+	return err
 }
 
 // written records the checksums of a write applied to the disk
