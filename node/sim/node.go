@@ -242,6 +242,9 @@ func (s *Sim) driveActs(n *node, e volstate.Event) ([]volstate.Action, error) {
 	n.driving = true
 	defer func() { n.driving = !outer }()
 	acts, err := volstate.Drive(simVolume{s: s, n: n, outer: outer}, e)
+	if p := n.st.Pending; outer && p != nil && p.Kind != volstate.PendingHandover {
+		s.fail(DrainedChangesComplete, "%s: the change %s (to %s at epoch %d) that waited for the IO is still pending once the drive of %s is over (its drain was done)", n.name, p.Kind, p.To, p.Epoch, eventName(e))
+	}
 	if err != nil {
 		s.tracef("%s: %s refused: %v", n.name, eventName(e), err)
 		return nil, err
