@@ -669,17 +669,53 @@ func (v *Volume) leaseRenewedLocked(e volstate.LeaseRenewed) {
 
 // stepUnwrittenLocked steps the volume's rules with an event whose rule
 // writes nothing (a lease renewal, a stop), under v.mu alone: such a step
-// never waits behind a commit that holds v.stateMu. It installs what the
-// step changed, the lease's end with it, and returns the actions, for the
-// caller to perform once it released v.mu. Callers hold v.mu.
+// never waits behind a commit that holds v.stateMu. It runs the driver's
+// step (volstate.Take) over effects that refuse any preparation or write,
+// installs what the step changed, the lease's end with it, and returns
+// the actions, for the caller to perform once it released v.mu. Callers
+// hold v.mu.
 func (v *Volume) stepUnwrittenLocked(e volstate.Event, texts func(volstate.Cause) reason) []volstate.Action {
-	old := v.modelLocked()
-	next, rd := volstate.Step(old, e)
-	if rd.Persist != nil || rd.Indicator != volstate.KeepIndicator || len(rd.Prepare) > 0 || rd.Err != nil {
-		panic(fmt.Sprintf("volume %s: the step of %T asks for writes: %+v", v.name, e, rd))
+	acts, err := volstate.Take(unwrittenStep{v: v, texts: texts}, e)
+	if err != nil {
+		panic(fmt.Sprintf("volume %s: the step of %T failed: %v", v.name, e, err))
 	}
-	v.installLocked(old, next, rd, texts)
-	return rd.Actions
+	return acts
+}
+
+// unwrittenStep is the volume as volstate.Take runs a step that writes
+// nothing, under v.mu: a preparation, a write or a refusal is a step that
+// does not belong here, and panics.
+type unwrittenStep struct {
+	v     *Volume
+	texts func(volstate.Cause) reason
+}
+
+func (u unwrittenStep) State() volstate.State { return u.v.modelLocked() }
+
+func (u unwrittenStep) Install(c volstate.Change) {
+	if c.Err != nil {
+		panic(fmt.Sprintf("volume %s: the step of %T, which writes nothing, was refused: %v", u.v.name, c.Event, c.Err))
+	}
+	u.v.installLocked(c.Old, c.Next, c.Ready, u.texts)
+}
+
+func (u unwrittenStep) asksForWrites(what string) {
+	panic(fmt.Sprintf("volume %s: a step under v.mu alone asks for %s", u.v.name, what))
+}
+
+func (u unwrittenStep) Prepare(a volstate.Action) error {
+	u.asksForWrites("the preparation " + a.String())
+	return nil
+}
+
+func (u unwrittenStep) SetIndicator() error {
+	u.asksForWrites("the primary indicator")
+	return nil
+}
+
+func (u unwrittenStep) Commit(c volstate.Change) error {
+	u.asksForWrites(fmt.Sprintf("a write of its state (%T)", c.Event))
+	return nil
 }
 
 func isClosed(ch <-chan struct{}) bool {

@@ -84,10 +84,11 @@
 // A volume's role and serving state (one volstate.Serving: Open,
 // OpenWithoutLease, Waiting, Fenced, Stopped) change through its state
 // machine, node/volstate, a pure function of (state, event). The driver
-// (drive.go) steps it, writes what the step makes durable (the primary
-// indicator, then the state, through commit) BEFORE it installs the new
-// state, and only then performs the step's actions (drain the IO, stop the
-// senders, start the lease, run the hooks). The role functions build an
+// (drive.go, running volstate.Drive, the order the simulation runs too)
+// steps it, writes what the step makes durable (the primary indicator,
+// then the state, through commit) BEFORE it installs the new state, and
+// only then performs the step's actions (drain the IO, stop the senders,
+// start the lease, run the hooks). The role functions build an
 // event and drive it: promote and takeOverAt (raft's choice) are one
 // promotion, stepDown (a newer primary reached this one) and yieldTo (raft
 // names another) one step-down, and retake, forcePromote, demote (with

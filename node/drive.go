@@ -14,7 +14,10 @@ import (
 // writes what the step must make durable (the primary indicator when it
 // is set, then the durable state, through commit) BEFORE the new state is
 // installed, and only then performs the step's actions. When a write
-// fails, nothing changes and no action is performed.
+// fails, nothing changes and no action is performed. The order is
+// volstate's (Drive, Take), which the simulation runs too; this file is
+// the volume's side of it (volumeSteps: its state, metadata, locks and
+// actions), so a change to the order is made, and tested, there once.
 
 // modelLocked is the volume as its state machine sees it: a copy of v.st
 // that shares nothing with it, the peers' replication states as their
@@ -131,122 +134,125 @@ type driveOptions struct {
 	install func()
 }
 
-// drive runs e through the volume's state machine and performs what it
-// says, feeding Quiesced back once the IO a pending change waited for has
-// drained. The steps' preparations that wait for the senders or the
-// incoming stream run first, without v.stateMu (those take it); the step
-// is then taken again under v.stateMu, on the state as it is by then.
+// drive runs e through the volume's state machine by the driver's order
+// (volstate.Drive) and performs what it says, feeding Quiesced back once
+// the IO a pending change waited for has drained. The steps' preparations
+// that wait for the senders or the incoming stream run first, without
+// v.stateMu (those take it); the step is then taken again under
+// v.stateMu, on the state as it is by then (stepLocked), and its actions
+// are performed once v.stateMu is released.
 func (v *Volume) drive(e volstate.Event, opts driveOptions) error {
-	v.mu.Lock()
-	_, rd := volstate.Step(v.modelLocked(), e)
-	v.mu.Unlock()
-	if rd.Err != nil {
-		return rd.Err
-	}
-	for _, a := range rd.Prepare {
-		switch a.Kind {
-		case volstate.StopPeers:
-			v.stopPeers()
-		case volstate.DetachIncoming:
-			v.detachIncoming()
-		}
-	}
-	for {
-		v.stateMu.Lock()
-		acts, err := v.stepLocked(e, opts.texts, opts.install)
-		v.stateMu.Unlock()
-		if err != nil {
-			return err
-		}
-		again := false
-		for _, a := range acts {
-			switch a.Kind {
-			case volstate.WaitIO:
-				v.io.Wait()
-				again = true
-			case volstate.DrainIO:
-				if err := v.quiesce(); err != nil {
-					if opts.drainFailed == nil || !opts.drainFailed(err) {
-						return err
-					}
-				}
-				again = true
-			default:
-				v.perform(a, opts)
-			}
-		}
-		if !again {
-			return nil
-		}
-		e = volstate.Quiesced{}
-	}
+	_, err := volstate.Drive(&volumeSteps{v: v, opts: opts}, e)
+	return err
 }
 
-// stepLocked steps the state machine with e: the preparations that need
-// no wait, then the writes (volstate.Apply: the indicator, then the state
-// through commit, which installs the new state in the same step), and
-// returns the actions. Callers hold v.stateMu.
+// stepLocked steps the state machine with e (volstate.Take): the
+// preparations that need no wait, then the writes (the indicator, then the
+// state through commit, which installs the new state in the same step),
+// and returns the actions. Callers hold v.stateMu.
 func (v *Volume) stepLocked(e volstate.Event, texts func(volstate.Cause) reason, install func()) ([]volstate.Action, error) {
-	v.mu.Lock()
-	old := v.modelLocked()
-	v.mu.Unlock()
-	// What must wait for the senders or the incoming stream ran in drive,
-	// before v.stateMu was taken; the activity log's marks are written
-	// here, under it, BEFORE the state that needs them.
-	prepare := func(prep []volstate.Action) error {
-		for _, a := range prep {
-			if a.Kind == volstate.MarkActivityLog {
-				if err := v.markActivityLog(a.Peer); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
+	return volstate.Take(&volumeSteps{v: v, opts: driveOptions{texts: texts, install: install}}, e)
+}
+
+// volumeSteps is the volume as volstate's driver runs it
+// (volstate.Effects): its state as the machine sees it (modelLocked), its
+// metadata, its install, v.stateMu around a step, and the actions. One is
+// made for each drive or stepLocked, on the goroutine that calls it; its
+// queue holds what follows the drive's event (Quiesced).
+type volumeSteps struct {
+	v      *Volume
+	opts   driveOptions
+	follow []volstate.Event
+}
+
+func (d *volumeSteps) State() volstate.State {
+	d.v.mu.Lock()
+	defer d.v.mu.Unlock()
+	return d.v.modelLocked()
+}
+
+func (d *volumeSteps) Lock()   { d.v.stateMu.Lock() }
+func (d *volumeSteps) Unlock() { d.v.stateMu.Unlock() }
+
+// Prepare: the waiting preparations run before v.stateMu is taken (stopPeers
+// and detachIncoming take it); the activity log's marks are written under
+// it, BEFORE the state that needs them.
+func (d *volumeSteps) Prepare(a volstate.Action) error {
+	switch a.Kind {
+	case volstate.StopPeers:
+		d.v.stopPeers()
+	case volstate.DetachIncoming:
+		d.v.detachIncoming()
+	case volstate.MarkActivityLog:
+		return d.v.markActivityLog(a.Peer)
+	default:
+		panic(fmt.Sprintf("volume %s: no driver for the preparation %s", d.v.name, a))
 	}
-	installed := false
-	persist := func(rd volstate.Ready, next volstate.State) error {
-		if rd.Indicator == volstate.SetIndicator {
-			if err := v.md.SetPrimary(true); err != nil {
-				return err
-			}
+	return nil
+}
+
+func (d *volumeSteps) SetIndicator() error { return d.v.md.SetPrimary(true) }
+
+func (d *volumeSteps) Commit(c volstate.Change) error {
+	// A disk's failure is recorded in the node's store alone: the
+	// superblock is on the failing disk, which may not take it.
+	_, failing := c.Event.(volstate.DiskFailed)
+	return d.v.commitMirror(!failing, *c.Ready.Persist, d.v.size.Load(), func() {
+		d.v.installLocked(c.Old, c.Next, c.Ready, d.opts.texts)
+		if d.opts.install != nil {
+			d.opts.install()
 		}
-		if rd.Persist == nil {
-			return nil
-		}
-		installed = true
-		// A disk's failure is recorded in the node's store alone: the
-		// superblock is on the failing disk, which may not take it.
-		_, failing := e.(volstate.DiskFailed)
-		return v.commitMirror(!failing, *rd.Persist, v.size.Load(), func() {
-			v.installLocked(old, next, rd, texts)
-			if install != nil {
-				install()
-			}
-		})
-	}
-	next, acts, err := volstate.Apply(old, e, prepare, persist)
-	if err != nil {
+	})
+}
+
+func (d *volumeSteps) Install(c volstate.Change) {
+	v := d.v
+	texts := d.opts.texts
+	if err := c.Err; err != nil {
 		// What the failure itself changes (a primary that cannot record
 		// a new generation stops its IO); nothing else.
-		failed := func(volstate.Cause) reason {
+		texts = func(volstate.Cause) reason {
 			return because(CauseStateWriteFailed, "metadata write failed: %v", err)
 		}
-		if w, ok := e.(volstate.WriteMissed); ok {
-			failed = func(volstate.Cause) reason {
+		if w, ok := c.Event.(volstate.WriteMissed); ok {
+			texts = func(volstate.Cause) reason {
 				return because(CauseStateWriteFailed, "%s could not record durably that %s misses writes (%v): IO stopped; fix the node's state directory or disk, then restart it", v.self, w.Peer, err)
 			}
 		}
-		v.mu.Lock()
-		v.installLocked(old, next, volstate.Ready{}, failed)
-		v.mu.Unlock()
-		return nil, err
 	}
-	if !installed {
-		v.mu.Lock()
-		v.installLocked(old, next, volstate.Ready{Actions: acts}, texts)
-		v.mu.Unlock()
+	v.mu.Lock()
+	v.installLocked(c.Old, c.Next, c.Ready, texts)
+	v.mu.Unlock()
+}
+
+// Perform: WaitIO and DrainIO wait for the IO (Quiesced follows them); a
+// drain that failed ends the drive unless the role function goes on
+// (drainFailed).
+func (d *volumeSteps) Perform(a volstate.Action) error {
+	switch a.Kind {
+	case volstate.WaitIO:
+		d.v.io.Wait()
+	case volstate.DrainIO:
+		if err := d.v.quiesce(); err != nil {
+			if d.opts.drainFailed == nil || !d.opts.drainFailed(err) {
+				return err
+			}
+		}
+	default:
+		d.v.perform(a, d.opts)
 	}
-	return acts, nil
+	return nil
+}
+
+func (d *volumeSteps) Follow(e volstate.Event) { d.follow = append(d.follow, e) }
+
+func (d *volumeSteps) Next() (volstate.Event, bool) {
+	if len(d.follow) == 0 {
+		return nil, false
+	}
+	e := d.follow[0]
+	d.follow = d.follow[1:]
+	return e, true
 }
 
 // perform does one action of a step.

@@ -166,6 +166,33 @@ var mutations = []Mutation{
 		}},
 	},
 	{
+		Name: "driver-no-quiesced",
+		Rule: "the volume's driver does not feed Quiesced back once a WaitIO or a DrainIO is performed, so a step-down, a fence's drain or a discard never completes (volstate.Drive, which node's drive and the simulation both run)",
+		Edits: []Edit{{
+			File:    "node/volstate/drive.go",
+			Find:    "\t\tfx.Follow(Quiesced{})\n",
+			Replace: "\t\t_ = quiesce\n",
+		}},
+	},
+	{
+		Name: "driver-skips-waiting-preparations",
+		Rule: "the volume's driver does not stop the senders or end the incoming stream (StopPeers, DetachIncoming) before a step that asks for it, so a node promoted or forced keeps applying the old primary's stream (volstate.Drive)",
+		Edits: []Edit{{
+			File:    "node/volstate/drive.go",
+			Find:    "\t\tif a.Kind.Waits() {\n\t\t\tif err := fx.Prepare(a); err != nil {",
+			Replace: "\t\tif false {\n\t\t\tif err := fx.Prepare(a); err != nil {",
+		}},
+	},
+	{
+		Name: "driver-installs-nothing-unwritten",
+		Rule: "the volume's driver installs a step's new state only with a durable write, not when the step writes nothing (volstate.Take), so a fence, a lost peer or a failed disk never changes the state",
+		Edits: []Edit{{
+			File:    "node/volstate/drive.go",
+			Find:    "\tif !committed {\n\t\tfx.Install(",
+			Replace: "\tif !committed && false {\n\t\tfx.Install(",
+		}},
+	},
+	{
 		Name: "secondary-accepts-stale-epoch",
 		Rule: "a secondary takes the stream of a primary whose epoch is older than the one it has seen (volstate's PrimaryReached, which node's serveStream steps)",
 		Edits: []Edit{{

@@ -108,6 +108,14 @@ const (
 	// storage: what a crash now would leave there, where recovery
 	// computes no sum again (sums.go).
 	ChecksumsMatchData
+	// DrainedChangesComplete (liveness): a role change that waits for
+	// the IO (volstate's Pending: a step-down, a fence's drain, a discard;
+	// not a handover, which waits for its peer) completes once the IO
+	// drained, because the driver feeds Quiesced back after a WaitIO or a
+	// DrainIO (volstate.Drive). The sim's drains are done at once, and
+	// its state writes do not fail, so no such change is pending once a
+	// drive of the volume is over.
+	DrainedChangesComplete
 )
 
 // handoverBound is how long after raft recorded a switchover its target
@@ -147,6 +155,8 @@ func (i Invariant) String() string {
 		return "epochs-never-go-back"
 	case ChecksumsMatchData:
 		return "checksums-match-data"
+	case DrainedChangesComplete:
+		return "drained-changes-complete"
 	}
 	return "invariant(?)"
 }

@@ -1,7 +1,10 @@
 // Package sim is a seeded, deterministic simulation of a replvol cluster
 // (FoundationDB's simulator, TigerBeetle's VOPR): two data nodes and a
 // witness, or three data nodes, each data node running the real volume state machine
-// (volstate.Step through volstate.Apply), raft's committed state the real
+// (volstate.Step) through the production driver's order (volstate.Drive:
+// the preparations, the indicator and the durable state BEFORE the
+// install, the actions, Quiesced fed back; node.go's simVolume is its
+// effects), raft's committed state the real
 // replication.Authority, and a modelled raft leader running the real
 // failover.Decide; each write of a primary goes through node's own order
 // of stages (node/writepath), one stage per step or more, so that a crash,

@@ -223,40 +223,98 @@ func (n *node) running(now time.Time) bool { return n.up && !now.Before(n.paused
 
 func (n *node) paused(now time.Time) bool { return n.up && now.Before(n.pausedUntil) }
 
-// drive steps the volume with e the way node's driver does: the step's
-// preparations, then its writes (the indicator, the durable state) BEFORE
-// the new state is installed, then its actions.
+// drive steps the volume with e through the driver node runs
+// (volstate.Drive): the step's preparations, then its writes (the
+// indicator, the durable state) BEFORE the new state is installed, then
+// its actions, then what follows them.
 func (s *Sim) drive(n *node, e volstate.Event) error {
 	_, err := s.driveActs(n, e)
 	return err
 }
 
 // driveActs is drive, and returns the step's actions (a RefuseStream
-// among them is the answer a primary's stream gets).
+// among them is the answer a primary's stream gets). A drive of n while
+// one of it runs (an effect of its actions reaching back) steps at once;
+// what follows either waits in n.follow for the outer one (node's loop
+// takes its events one at a time).
 func (s *Sim) driveActs(n *node, e volstate.Event) ([]volstate.Action, error) {
-	wasDriving := n.driving
+	outer := !n.driving
 	n.driving = true
-	defer func() { n.driving = wasDriving }()
-	old := n.st
-	next, acts, err := volstate.Apply(n.st, e, func(prep []volstate.Action) error {
-		for _, a := range prep {
-			s.perform(n, a)
-		}
-		return nil
-	}, func(rd volstate.Ready, _ volstate.State) error {
-		if rd.Indicator == volstate.SetIndicator {
-			n.indicator = true
-		}
-		if rd.Persist != nil {
-			n.durable = rd.Persist.Clone()
-		}
-		return nil
-	})
-	name := strings.TrimPrefix(fmt.Sprintf("%T", e), "volstate.")
+	defer func() { n.driving = !outer }()
+	acts, err := volstate.Drive(simVolume{s: s, n: n, outer: outer}, e)
+	if p := n.st.Pending; outer && p != nil && p.Kind != volstate.PendingHandover {
+		s.fail(DrainedChangesComplete, "%s: the change %s (to %s at epoch %d) that waited for the IO is still pending once the drive of %s is over (its drain was done)", n.name, p.Kind, p.To, p.Epoch, eventName(e))
+	}
 	if err != nil {
-		s.tracef("%s: %s refused: %v", n.name, name, err)
+		s.tracef("%s: %s refused: %v", n.name, eventName(e), err)
 		return nil, err
 	}
+	return acts, nil
+}
+
+func eventName(e volstate.Event) string {
+	return strings.TrimPrefix(fmt.Sprintf("%T", e), "volstate.")
+}
+
+// simVolume is n's volume as volstate's driver runs it (volstate.Effects):
+// its state, its metadata (written at once: the sim's state writes do not
+// fail), and its actions on the sim's models. The sim is one goroutine:
+// Lock and Unlock hold nothing.
+type simVolume struct {
+	s *Sim
+	n *node
+	// outer: this is the outermost drive of n, which takes what follows.
+	outer bool
+}
+
+func (v simVolume) State() volstate.State { return v.n.st }
+func (v simVolume) Lock()                 {}
+func (v simVolume) Unlock()               {}
+
+func (v simVolume) Prepare(a volstate.Action) error {
+	v.s.perform(v.n, a)
+	return nil
+}
+
+func (v simVolume) SetIndicator() error {
+	v.n.indicator = true
+	return nil
+}
+
+func (v simVolume) Commit(c volstate.Change) error {
+	v.n.durable = c.Ready.Persist.Clone()
+	v.s.installed(v.n, c)
+	return nil
+}
+
+func (v simVolume) Install(c volstate.Change) {
+	if c.Err != nil {
+		v.n.st = c.Next
+		return
+	}
+	v.s.installed(v.n, c)
+}
+
+func (v simVolume) Perform(a volstate.Action) error {
+	v.s.perform(v.n, a)
+	return nil
+}
+
+func (v simVolume) Follow(e volstate.Event) { v.n.follow = append(v.n.follow, e) }
+
+func (v simVolume) Next() (volstate.Event, bool) {
+	if !v.outer || len(v.n.follow) == 0 {
+		return nil, false
+	}
+	e := v.n.follow[0]
+	v.n.follow = v.n.follow[1:]
+	return e, true
+}
+
+// installed takes the state a step of n installs, and checks it.
+func (s *Sim) installed(n *node, c volstate.Change) {
+	old, next, acts := c.Old, c.Next, c.Ready.Actions
+	name := eventName(c.Event)
 	n.st = next
 	if next.Durable.Epoch < old.Durable.Epoch && !old.Discard {
 		s.fail(EpochsNeverGoBack, "%s went from epoch %d (primary %s) back to %d (primary %s) on %s", n.name, old.Durable.Epoch, old.Durable.Primary, next.Durable.Epoch, next.Durable.Primary, name)
@@ -266,25 +324,13 @@ func (s *Sim) driveActs(n *node, e volstate.Event) ([]volstate.Action, error) {
 		s.tracef("%s: %s -> %s %s epoch %d disk %s peers %s %v", n.name, name, next.Role(), next.Serving, next.Durable.Epoch, next.Disk, peerStates(next), acts)
 	}
 	if old.Role() != replication.Primary && next.Role() == replication.Primary {
-		s.check.promoted(s, n, e)
+		s.check.promoted(s, n, c.Event)
 		if s.cfg.mutation == mutPromotionClearsMarks && next.Durable.Epoch > old.Durable.Epoch {
 			for _, p := range n.peers {
 				clear(n.marks[p])
 			}
 		}
 	}
-	for _, a := range acts {
-		s.perform(n, a)
-	}
-	if wasDriving {
-		return acts, nil // the outer step runs what follows
-	}
-	for len(n.follow) > 0 {
-		f := n.follow[0]
-		n.follow = n.follow[1:]
-		_ = s.drive(n, f)
-	}
-	return acts, nil
 }
 
 // stepNode has n's volume take e: now, or, while a step of it runs (e is an
@@ -316,12 +362,11 @@ func (s *Sim) bootVolume(n *node) {
 func (s *Sim) perform(n *node, a volstate.Action) {
 	switch a.Kind {
 	case volstate.DrainIO:
+		// Quiesced follows (volstate.Drive).
 		s.failWrites(n, "drain")
 		s.stopSenders(n)
-		n.follow = append(n.follow, volstate.Quiesced{})
 	case volstate.WaitIO:
 		s.failWrites(n, "wait-io")
-		n.follow = append(n.follow, volstate.Quiesced{})
 	case volstate.HandOverIO:
 		n.handoverUntil = s.now.Add(handoverTimeout)
 	case volstate.ClearPrimaryIndicator:

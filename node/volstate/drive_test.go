@@ -1,0 +1,332 @@
+package volstate
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/replvol/replvol/replication"
+)
+
+// recorder is a fake of a volume's effects that writes down every call
+// of the driver, in order, and fails the ones it is told to.
+type recorder struct {
+	st     State
+	log    []string
+	locked bool
+	follow []Event
+	// failAt: the call (as logged, up to its first space) that fails.
+	failAt string
+	// states: the states State returns next, before st (a state that
+	// changed between the pre-step and the step under the lock).
+	states []State
+}
+
+var errInjected = errors.New("injected failure")
+
+func (r *recorder) note(format string, args ...any) error {
+	line := fmt.Sprintf(format, args...)
+	if r.locked {
+		line = "  " + line
+	}
+	r.log = append(r.log, line)
+	if r.failAt != "" && strings.HasPrefix(strings.TrimSpace(line), r.failAt) {
+		return errInjected
+	}
+	return nil
+}
+
+func (r *recorder) State() State {
+	if len(r.states) > 0 {
+		s := r.states[0]
+		r.states = r.states[1:]
+		return s.Clone()
+	}
+	return r.st.Clone()
+}
+
+func (r *recorder) Lock() {
+	_ = r.note("lock")
+	r.locked = true
+}
+
+func (r *recorder) Unlock() {
+	r.locked = false
+	_ = r.note("unlock")
+}
+
+func (r *recorder) Prepare(a Action) error { return r.note("prepare %s", a) }
+func (r *recorder) SetIndicator() error    { return r.note("set-indicator") }
+
+func (r *recorder) Commit(c Change) error {
+	if err := r.note("commit epoch=%d primary=%s", c.Ready.Persist.Epoch, c.Ready.Persist.Primary); err != nil {
+		return err
+	}
+	r.install(c)
+	return nil
+}
+
+func (r *recorder) Install(c Change) {
+	if c.Err != nil {
+		_ = r.note("install-failed %s", c.Err)
+	}
+	r.install(c)
+}
+
+func (r *recorder) install(c Change) {
+	r.st = c.Next
+	_ = r.note("installed %T: %s %s epoch=%d primary=%s", c.Event, c.Next.Role(), c.Next.Serving, c.Next.Durable.Epoch, c.Next.Durable.Primary)
+}
+
+func (r *recorder) Perform(a Action) error { return r.note("perform %s", a) }
+func (r *recorder) Follow(e Event)         { r.follow = append(r.follow, e) }
+
+func (r *recorder) Next() (Event, bool) {
+	if len(r.follow) == 0 {
+		return nil, false
+	}
+	e := r.follow[0]
+	r.follow = r.follow[1:]
+	_ = r.note("next %T", e)
+	return e, true
+}
+
+// index is where the first line starting with prefix is in the log
+// (leading spaces ignored), -1 when none.
+func (r *recorder) index(prefix string) int {
+	return slices.IndexFunc(r.log, func(l string) bool { return strings.HasPrefix(strings.TrimSpace(l), prefix) })
+}
+
+func (r *recorder) has(prefix string) bool { return r.index(prefix) >= 0 }
+
+// before fails t unless every line starting with a comes before the
+// first one starting with b, and both are there.
+func (r *recorder) before(t *testing.T, a, b string) {
+	t.Helper()
+	ia, ib := r.index(a), r.index(b)
+	if ia < 0 || ib < 0 {
+		t.Fatalf("want %q and %q in the log:\n%s", a, b, strings.Join(r.log, "\n"))
+	}
+	for i, l := range r.log {
+		if strings.HasPrefix(strings.TrimSpace(l), a) && i > ib {
+			t.Errorf("%q at %d after %q at %d:\n%s", a, i, b, ib, strings.Join(r.log, "\n"))
+		}
+	}
+}
+
+func driveGen(name string) replication.Generation {
+	var g replication.Generation
+	copy(g[:], name)
+	return g
+}
+
+// secondaryOf is node self, a secondary of primary at epoch, with peers.
+func secondaryOf(self, primary string, epoch uint64, peers ...string) State {
+	s := State{Self: self, Peers: map[string]Peer{}, Disk: replication.UpToDate}
+	for _, p := range peers {
+		s.Peers[p] = Peer{Repl: replication.Connecting}
+	}
+	s.Durable.Epoch, s.Durable.Primary = epoch, primary
+	s.Durable.Gens.Current = driveGen("g1")
+	s.Durable.Gens.History = make([]replication.Generation, replication.HistorySlots)
+	return s
+}
+
+// primaryAt is node self, the serving primary at epoch, with peers (in
+// authority mode: raft's word moves it).
+func primaryAt(self string, epoch uint64, peers ...string) State {
+	s := secondaryOf(self, self, epoch, peers...)
+	s.Serving, s.Auth = Open, true
+	return s
+}
+
+// forced is the operator's force of b, a secondary of a with a third
+// node c: every preparation (StopPeers and DetachIncoming wait, the
+// activity log marked toward c), the indicator, the durable state, and
+// actions.
+func forced() (*recorder, Event) {
+	return &recorder{st: secondaryOf("b", "a", 3, "a", "c")}, Force{NewGen: driveGen("g2")}
+}
+
+// TestDriveOrder pins the order of volstate.Drive's rules on a step that
+// asks for everything: the waiting preparations BEFORE the lock, the
+// activity log's marks under it BEFORE any write, the indicator BEFORE
+// the durable state, the install with the commit, and the actions only
+// after the lock is released.
+func TestDriveOrder(t *testing.T) {
+	r, e := forced()
+	acts, err := Drive(r, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := strings.Join(r.log, "\n")
+	want := `prepare stop-peers
+prepare detach-incoming
+lock
+  prepare mark-activity-log peer=c
+  set-indicator
+  commit epoch=4 primary=b
+  installed volstate.Force: Primary Open epoch=4 primary=b
+unlock
+perform reset-peers
+perform run-hook on_promote epoch=4
+perform notify forced-primary epoch=4`
+	if log != want {
+		t.Errorf("the driver's calls:\n%s\nwant:\n%s", log, want)
+	}
+	if len(acts) != 3 {
+		t.Errorf("Drive returned the actions %v, want the step's 3", acts)
+	}
+	// Each rule on its own, so that a break says which.
+	r.before(t, "prepare stop-peers", "lock")
+	r.before(t, "prepare detach-incoming", "lock")
+	r.before(t, "prepare mark-activity-log", "set-indicator")
+	r.before(t, "set-indicator", "commit")
+	r.before(t, "commit", "installed")
+	r.before(t, "installed", "perform")
+	r.before(t, "unlock", "perform")
+}
+
+// TestDriveFailedWriteInstallsNothingAndPerformsNothing pins rule 6: when
+// a preparation, the indicator or the durable state fails, the step's
+// state is not installed (only what the failure itself changes), no
+// later write happens, and no action is performed.
+func TestDriveFailedWriteInstallsNothingAndPerformsNothing(t *testing.T) {
+	for _, fail := range []string{"prepare mark-activity-log", "set-indicator", "commit"} {
+		t.Run(fail, func(t *testing.T) {
+			r2, e2 := forced()
+			was := r2.st.Clone()
+			r2.failAt = fail
+			_, err := Drive(r2, e2)
+			if !errors.Is(err, errInjected) {
+				t.Fatalf("Drive: %v, want the injected failure", err)
+			}
+			if r2.has("perform") {
+				t.Errorf("an action was performed after %s failed:\n%s", fail, strings.Join(r2.log, "\n"))
+			}
+			if r2.has("installed volstate.Force: Primary") || r2.st.Role() == replication.Primary {
+				t.Errorf("the new state was installed though %s failed:\n%s", fail, strings.Join(r2.log, "\n"))
+			}
+			if r2.st.Durable.Epoch != was.Durable.Epoch || r2.st.Durable.Primary != was.Durable.Primary {
+				t.Errorf("the state after the failure is epoch %d primary %s, want it as it was (%d, %s)", r2.st.Durable.Epoch, r2.st.Durable.Primary, was.Durable.Epoch, was.Durable.Primary)
+			}
+			if !r2.has("install-failed") {
+				t.Errorf("the failure was not installed (what it changes):\n%s", strings.Join(r2.log, "\n"))
+			}
+			after := map[string][]string{"prepare mark-activity-log": {"set-indicator", "commit"}, "set-indicator": {"commit"}}[fail]
+			for _, w := range after {
+				if r2.has(w) {
+					t.Errorf("%s happened after %s failed:\n%s", w, fail, strings.Join(r2.log, "\n"))
+				}
+			}
+			if len(r2.follow) != 0 {
+				t.Errorf("events follow a failed step: %v", r2.follow)
+			}
+		})
+	}
+}
+
+// TestDriveFailedWriteMissedStopsIO pins what a failure itself changes: a
+// primary that cannot record that a peer misses writes stops its IO, and
+// that is installed, nothing else.
+func TestDriveFailedWriteMissedStopsIO(t *testing.T) {
+	r := &recorder{st: primaryAt("a", 3, "b"), failAt: "commit"}
+	_, err := Drive(r, WriteMissed{Peer: "b", Next: driveGen("g2")})
+	if !errors.Is(err, errInjected) {
+		t.Fatalf("Drive: %v, want the injected failure (log:\n%s)", err, strings.Join(r.log, "\n"))
+	}
+	if r.st.Serving != Stopped || r.st.Why != CauseStateWriteFailed {
+		t.Errorf("after the failed write the primary is %s (%s), want Stopped for %s", r.st.Serving, r.st.Why, CauseStateWriteFailed)
+	}
+	if r.st.Durable.Gens.Current != driveGen("g1") {
+		t.Errorf("the failed step's generation %s was installed", r.st.Durable.Gens.Current)
+	}
+}
+
+// TestDriveWaitAndDrainFeedQuiescedBack pins rule 8: a WaitIO, and the
+// DrainIO its recheck asks for, are each followed by Quiesced, stepped
+// once the actions are performed, until the step-down is durable.
+func TestDriveWaitAndDrainFeedQuiescedBack(t *testing.T) {
+	s := primaryAt("a", 3, "b", "c")
+	r := &recorder{st: s}
+	_, err := Drive(r, PrimaryReached{From: "b", Epoch: 4, UUIDs: s.UUIDs("b"), HandedOver: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.before(t, "perform wait-io", "next volstate.Quiesced")
+	wait, drain := r.index("perform wait-io"), r.index("perform drain-io")
+	if wait < 0 || drain < 0 || drain < wait {
+		t.Fatalf("want wait-io, then drain-io:\n%s", strings.Join(r.log, "\n"))
+	}
+	quiesced := 0
+	for i, l := range r.log {
+		if l == "next volstate.Quiesced" {
+			quiesced++
+			if i < wait || (quiesced == 2 && i < drain) {
+				t.Errorf("Quiesced %d at %d, before the IO it waits for:\n%s", quiesced, i, strings.Join(r.log, "\n"))
+			}
+		}
+	}
+	if quiesced != 2 {
+		t.Errorf("Quiesced followed %d times, want 2 (after the wait, after the drain):\n%s", quiesced, strings.Join(r.log, "\n"))
+	}
+	if r.st.Role() != replication.Secondary || r.st.Durable.Primary != "b" || r.st.Durable.Epoch != 4 {
+		t.Errorf("after the drive the node is %s of %s at %d, want the secondary of b at 4:\n%s", r.st.Role(), r.st.Durable.Primary, r.st.Durable.Epoch, strings.Join(r.log, "\n"))
+	}
+}
+
+// TestDriveFailedActionEndsTheDrive pins rule 7's end: a drain that
+// failed ends the drive with its error, and no Quiesced follows it.
+func TestDriveFailedActionEndsTheDrive(t *testing.T) {
+	r := &recorder{st: primaryAt("a", 3, "b"), failAt: "perform drain-io"}
+	_, err := Drive(r, AuthorityChanged{Known: true, Primary: "b", Epoch: 4})
+	if !errors.Is(err, errInjected) {
+		t.Fatalf("Drive: %v, want the drain's failure:\n%s", err, strings.Join(r.log, "\n"))
+	}
+	if r.has("next") || len(r.follow) != 0 {
+		t.Errorf("an event followed a failed drain:\n%s", strings.Join(r.log, "\n"))
+	}
+	if r.st.Durable.Primary != "a" {
+		t.Errorf("the step-down was written though its drain failed")
+	}
+}
+
+// TestDriveRefusedEventDoesNothing: an event the rules refuse prepares,
+// locks, writes, installs and performs nothing.
+func TestDriveRefusedEventDoesNothing(t *testing.T) {
+	r := &recorder{st: primaryAt("a", 3, "b")}
+	_, err := Drive(r, DiscardMyData{})
+	if !errors.Is(err, ErrNotSplitBrain) {
+		t.Fatalf("Drive: %v, want %v", err, ErrNotSplitBrain)
+	}
+	if len(r.log) != 0 {
+		t.Errorf("a refused event did:\n%s", strings.Join(r.log, "\n"))
+	}
+}
+
+// TestDriveStepsAgainUnderTheLock pins rule 2: the step under the lock is
+// taken on the state as it is then, not as the waiting preparations found
+// it (another step may have run meanwhile).
+func TestDriveStepsAgainUnderTheLock(t *testing.T) {
+	before := secondaryOf("b", "a", 3, "a", "c")
+	now := secondaryOf("b", "a", 5, "a", "c")
+	r := &recorder{st: now, states: []State{before}}
+	if _, err := Drive(r, Force{NewGen: driveGen("g2")}); err != nil {
+		t.Fatal(err)
+	}
+	if !r.has("commit epoch=6") {
+		t.Errorf("the step under the lock did not take the state as it was then (epoch 5, so the force takes 6):\n%s", strings.Join(r.log, "\n"))
+	}
+}
+
+// TestDriveInstallsAStepThatWritesNothing: a step with no write is
+// installed (Install, with its actions), then its actions performed.
+func TestDriveInstallsAStepThatWritesNothing(t *testing.T) {
+	r := &recorder{st: primaryAt("a", 3, "b")}
+	if _, err := Drive(r, AuthorityChanged{Known: true, Primary: "b", Epoch: 4}); err != nil {
+		t.Fatal(err)
+	}
+	r.before(t, "installed volstate.AuthorityChanged: Primary Fenced", "perform stop-lease")
+}
