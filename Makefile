@@ -34,15 +34,27 @@ deps:
 # with the race detector (unit, integration, e2e) and every mutex checked
 # for lock-order inversions (the deadlock tag: make test-locks), then the
 # tests that need the ordinary mutex ($(UNCHECKED_TESTS)), then every fuzz
-# target for $(CI_FUZZTIME). The tests that spend their time waiting for
-# a cluster or its tools, and time nothing of their own (e2eBeside in
-# cmd/replctl, beside in node), run three at a time.
+# target for $(CI_FUZZTIME). $(TEST_PKGS_AT_ONCE) packages' tests run at
+# once (go test -p), the packages of $(LONG_TEST_PKGS) first; the tests
+# that spend their time waiting for a cluster or its tools, and time
+# nothing of their own (e2eBeside in cmd/replctl, beside in node), run
+# $(BESIDE_AT_ONCE) at a time (-parallel), after their package's other tests.
 test: deps fmt-check vet
-	@start=$$(date +%s); set -x; $(GO) test -race -tags deadlock -count=1 -parallel 3 -timeout 20m ./... && \
+	@start=$$(date +%s); set -x; $(GO) test -race -tags deadlock -count=1 -p $(TEST_PKGS_AT_ONCE) -parallel $(BESIDE_AT_ONCE) -timeout 20m $(LONG_TEST_PKGS) ./... && \
 		$(GO) test -race -count=1 $(UNCHECKED_TESTS) && \
 		{ set +x; } 2>/dev/null && echo "make test: the suite took $$(( $$(date +%s) - start )) s"
 	@start=$$(date +%s); $(MAKE) fuzz FUZZTIME=$(CI_FUZZTIME) && \
 		echo "make test: fuzzing took $$(( $$(date +%s) - start )) s"
+
+# The suite's packages spend most of their time waiting (for clusters,
+# restarts, failovers, tools), not on the CPU: TEST_PKGS_AT_ONCE packages
+# run at once on CI's two cores. go test starts packages in the order it
+# is given them (and runs each once), so the longest are named first: one
+# started last would end the suite alone. Each waiting package runs
+# BESIDE_AT_ONCE of its beside tests at a time.
+TEST_PKGS_AT_ONCE ?= 3
+BESIDE_AT_ONCE    ?= 4
+LONG_TEST_PKGS    ?= ./cmd/replctl ./node ./deploy ./node/sim ./metadata ./cmd/replcsi ./transport/nbd ./node/cluster ./internal/volmount
 
 # The tests left out of the deadlock build, whose mutexes allocate as they
 # record each lock: a zero-allocation check (their files are !deadlock).

@@ -152,6 +152,7 @@ func TestCreateMetadataOverwritesOnlyWithForceAndForcesAFullResync(t *testing.T)
 // alpha's metadata fails its checksum at restart; the range it covers is
 // resynced in full (safe), nothing is lost, and the load is reported.
 func TestCorruptBitmapPageFallsBackToResyncingItsRange(t *testing.T) {
+	beside(t)
 	const size = 16 << 20
 	c := newTestCluster(t, size)
 	c.start("alpha")

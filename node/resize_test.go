@@ -450,6 +450,7 @@ func TestANodeDownDuringAResizeIsRefusedAndCatchesUpAlone(t *testing.T) {
 // a second resize grows it. A node whose disk grew while it was down
 // opens its metadata at the end of the old size.
 func TestAResizeCutShortLeavesTheOldSizeOrTheNew(t *testing.T) {
+	beside(t)
 	c := newTestCluster(t, resizeFrom)
 	c.start("alpha")
 	c.start("beta")

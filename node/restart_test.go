@@ -43,6 +43,7 @@ func TestARestartedPrimaryServesNothingUntilAPeerAnswers(t *testing.T) {
 // --yes); it takes a new epoch, and the peer that comes back later
 // catches up from it.
 func TestAWaitingPrimaryServesWhenForced(t *testing.T) {
+	beside(t)
 	c := newSyncedCluster(t, 8<<20)
 	c.stop("alpha")
 	c.stop("beta")

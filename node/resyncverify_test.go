@@ -22,6 +22,7 @@ import (
 // block never becomes the rotten bytes. A write of the block lets the
 // resync finish, and the replicas are equal.
 func TestAResyncNeverShipsABlockThatFailsItsChecksum(t *testing.T) {
+	beside(t)
 	const block = 300
 	c := newSyncedCluster(t, 8<<20)
 	a := c.vol("alpha")
@@ -206,6 +207,7 @@ func TestOnlineVerifyRepairsABlockRottenOnThePrimary(t *testing.T) {
 // from gamma and ships the good block to beta: all three hold the data
 // written and nothing is unrecoverable any more.
 func TestAThirdReplicaRepairsABlockRottenOnTwo(t *testing.T) {
+	beside(t)
 	const both, missed = 400, 500
 	c := startThreeInSync(t, 8<<20)
 	a := c.vol("alpha")

@@ -53,6 +53,7 @@ func (c *testCluster) writeFlushed(t *testing.T, data []byte, off int64) {
 // them in status and in the scrub-finished event, and the replicas are
 // identical again.
 func TestAScrubRepairsBothReplicas(t *testing.T) {
+	beside(t)
 	c := newTestCluster(t, 8<<20)
 	c.start("alpha")
 	c.start("beta")
@@ -177,6 +178,7 @@ func TestAScrubPausesResumesStopsAndResumesAfterARestart(t *testing.T) {
 // scrub at full speed: no block is taken for bad (no repair), and the
 // replicas are identical at the end.
 func TestAScrubDoesNotRaceWrites(t *testing.T) {
+	beside(t)
 	c := newTestCluster(t, 8<<20)
 	c.start("alpha")
 	c.start("beta")

@@ -172,6 +172,7 @@ func TestForcedPrimaryThenOldPrimaryReturnsWithoutWrites(t *testing.T) {
 // status keeps the operator's reason and the volume warns that it runs on
 // one copy, naming the command; the connect ends the warning.
 func TestForcedPrimaryWhileDisconnectedRunsOnOneCopy(t *testing.T) {
+	beside(t)
 	c := newTestCluster(t, 16<<20)
 	c.start("alpha")
 	c.start("beta")
@@ -249,6 +250,7 @@ func TestForcedPrimaryWithoutWritesCopiesTheOldPrimarysWrites(t *testing.T) {
 // TestSplitBrainPoliciesPickTheVictimThemselves: with an after_sb policy,
 // the nodes resolve the split brain without the operator.
 func TestSplitBrainPoliciesPickTheVictimThemselves(t *testing.T) {
+	beside(t)
 	for _, tc := range []struct {
 		policy     string
 		alphaWrite int // blocks alpha writes after coming back

@@ -197,6 +197,7 @@ func TestUUIDRuleJustCreatedBoth(t *testing.T) {
 // but before it did: it still holds the bitmap generation. The bitmap is
 // empty; the connection finishes the resync without moving a byte.
 func TestUUIDRuleSyncSourcePeerMissedFinish(t *testing.T) {
+	beside(t)
 	c := newSyncedCluster(t, 16<<20)
 	c.vol("alpha").setAdminDown(true)
 	writeRandomBlocks(t, c.vol("alpha"), 20, 73)
@@ -260,6 +261,7 @@ func TestUUIDRuleHistorySelf(t *testing.T) {
 // primary copies everything from it, and nothing the secondary holds is
 // overwritten with old data.
 func TestUUIDRuleHistoryPeer(t *testing.T) {
+	beside(t)
 	const size = 8 << 20
 	c := newSyncedCluster(t, size)
 	c.stop("alpha")
@@ -287,6 +289,7 @@ func TestUUIDRuleHistoryPeer(t *testing.T) {
 // primary and wrote, while the primary wrote across two generations. A
 // split brain whose extent no bitmap knows: both stay StandAlone.
 func TestUUIDRuleHistoryBoth(t *testing.T) {
+	beside(t)
 	c := newSyncedCluster(t, 8<<20)
 	c.stop("beta")
 	old := c.snapshot("beta")

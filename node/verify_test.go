@@ -12,6 +12,7 @@ import (
 // disk change behind replvol's back; verify, run while writes go on,
 // reports exactly those blocks, and --repair makes the replicas equal.
 func TestOnlineVerifyFindsSilentDivergenceAndRepairsIt(t *testing.T) {
+	beside(t)
 	c := newTestCluster(t, 16<<20)
 	c.start("alpha")
 	c.start("beta")

@@ -129,9 +129,10 @@ func TestE2EReadFloodKeepsMemoryBounded(t *testing.T) {
 			now>>20, (now-rest)>>20, backBound>>20)
 	}
 	t.Logf("after the flood: RSS %d MiB (%+d MiB over rest) %v after its connections closed", now>>20, (now-rest)>>20, time.Since(closed).Round(time.Millisecond))
-	// What the pool kept is given back once idle for a trim interval or two (not asserted: the
-	// Go heap's share returns at the runtime's pace).
-	within(20*time.Second, 200*time.Millisecond, func() bool { return floodRSS(t, pid)-rest <= 16<<20 })
+	// What the pool kept is given back once idle for a trim interval or two, and the Go heap's
+	// share at the runtime's pace: neither is asserted, so the test does not wait for them (it
+	// runs alone, and up to 20 s of that wait was the whole suite's); the log shows where the
+	// memory stands as the test ends.
 	t.Logf("%v after the flood: RSS %d MiB, at rest %d MiB", time.Since(closed).Round(time.Millisecond), floodRSS(t, pid)>>20, rest>>20)
 	qemuIO(t, uri, "read -P 0x5a 4M 1M")
 }

@@ -215,8 +215,11 @@ func TestE2ECleanRestartsAfterAFailoverResyncNothing(t *testing.T) {
 	c.start("beta")
 	c.waitInSync("alpha")
 
+	// fio writes until the kill: its runtime and the wait for 64 MiB below
+	// are bounds for a starved machine (this test runs beside others),
+	// not a rate; an idle one writes 64 MiB in seconds.
 	fioCmd := exec.Command(fio, "--name=w", "--ioengine=nbd", "--uri="+c.uri("alpha"), "--rw=randwrite", "--bs=4k",
-		"--size=256M", "--iodepth=16", "--runtime=60", "--time_based", "--randrepeat=0", "--output=/dev/null")
+		"--size=256M", "--iodepth=16", "--runtime=300", "--time_based", "--randrepeat=0", "--output=/dev/null")
 	fioCmd.Dir = t.TempDir()
 	if err := fioCmd.Start(); err != nil {
 		t.Fatal(err)
@@ -230,7 +233,7 @@ func TestE2ECleanRestartsAfterAFailoverResyncNothing(t *testing.T) {
 	// Kill alpha once it has written 64 MiB, in the middle of the writes.
 	var n uint64
 	var err error
-	if !within(30*time.Second, 20*time.Millisecond, func() bool {
+	if !within(3*time.Minute, 20*time.Millisecond, func() bool {
 		n, err = c.writeBytes("alpha")
 		if err == nil && n >= 64<<20 {
 			t.Logf("alpha wrote %d bytes; kill -9", n)
@@ -244,7 +247,7 @@ func TestE2ECleanRestartsAfterAFailoverResyncNothing(t *testing.T) {
 		}
 		return false
 	}) {
-		t.Fatalf("alpha wrote %d bytes (%v) in 30 s of fio, want 64 MiB", n, err)
+		t.Fatalf("alpha wrote %d bytes (%v) in 3 minutes of fio, want 64 MiB", n, err)
 	}
 	c.kill("alpha")
 
