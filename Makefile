@@ -51,9 +51,10 @@ test: deps fmt-check vet
 # run at once on CI's two cores. go test starts packages in the order it
 # is given them (and runs each once), so the longest are named first: one
 # started last would end the suite alone. Each waiting package runs
-# BESIDE_AT_ONCE of its beside tests at a time.
+# BESIDE_AT_ONCE of its beside tests at a time (four gained nothing over
+# three in a loaded run: each test took longer).
 TEST_PKGS_AT_ONCE ?= 3
-BESIDE_AT_ONCE    ?= 4
+BESIDE_AT_ONCE    ?= 3
 LONG_TEST_PKGS    ?= ./cmd/replctl ./node ./deploy ./node/sim ./metadata ./cmd/replcsi ./transport/nbd ./node/cluster ./internal/volmount
 
 # The tests left out of the deadlock build, whose mutexes allocate as they
