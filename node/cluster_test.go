@@ -101,6 +101,12 @@ func newTestClusterOf(t testing.TB, size int64, names ...string) *testCluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		// A test that failed shows how its nodes saw it: the assertion
+		// says what went wrong, their logs why (a peer that timed out, a
+		// resync that began again).
+		if t.Failed() {
+			c.logNodes()
+		}
 		for _, n := range c.nodes {
 			n.Close()
 		}
@@ -273,7 +279,6 @@ func (c *testCluster) waitInSync() {
 		var dump strings.Builder
 		pprof.Lookup("goroutine").WriteTo(&dump, 1)
 		c.t.Log(dump.String())
-		c.logNodes()
 		c.t.Fatalf("replicas not in sync: %+v", st.Volumes[0].Replicas)
 	}
 }
