@@ -249,7 +249,17 @@ func (v *Volume) repairBlock(ctx context.Context, p []byte, off, b int64, sum ui
 			return errRepairLater
 		}
 	}
-	from := v.goodCopy(ctx, in, good, b, sum, known)
+	from, newer := v.goodCopy(ctx, in, good, b, sum, known)
+	if newer {
+		// The primary holds a good copy, of another version of the
+		// block than this node's sum: a write, or a resync, still on
+		// its way here (a stream that ended, protocol A or B, a block
+		// marked for this node). It brings the block with its sum; a
+		// later scrub checks it again. Never a verdict of lost.
+		v.log.Info("repair waits: the primary holds another version of the block than this node; its write or resync brings it here",
+			"primary", from, "off", boff, "cause", cause)
+		return errRepairLater
+	}
 	if from == "" {
 		added, err := v.integ.markLost(b)
 		if err != nil {
@@ -304,11 +314,17 @@ func (v *Volume) repairBlock(ctx context.Context, p []byte, off, b int64, sum ui
 
 // goodCopy reads block b into good from a replica in sync whose copy is
 // good, and names it ("" when none has one). The primary asks each peer
-// in sync (which checks its copy with its own sums); a secondary (in,
-// its stream from the primary) asks its primary, which reads the block as
-// a client's read is, verified and repaired. Either way the copy is
-// checked against this node's sum, when known.
-func (v *Volume) goodCopy(ctx context.Context, in *applier.Stream, good []byte, b int64, sum uint32, known bool) string {
+// in sync (which checks its copy with its own sums, and reads it in the
+// stream's order, after every write sent before); a secondary (in, its
+// stream from the primary) asks its primary, which reads the block as a
+// client's read is, verified and repaired. Either way the copy is
+// checked against this node's sum, when known. A secondary's copy from
+// its primary that fails that check is the primary's current version,
+// good by the primary's own sum, and this node's is another (the
+// control API's read does not wait for the stream to deliver what the
+// primary wrote since): newer is true with from naming the primary, and
+// nothing may be concluded about the block but that it is to come.
+func (v *Volume) goodCopy(ctx context.Context, in *applier.Stream, good []byte, b int64, sum uint32, known bool) (from string, newer bool) {
 	boff := b * blocksum.BlockSize
 	ok := func(from string) bool {
 		if known && v.integ.seed.Verify(uint64(b), good, sum) != nil {
@@ -321,12 +337,12 @@ func (v *Volume) goodCopy(ctx context.Context, in *applier.Stream, good []byte, 
 		primary := in.From()
 		if err := v.readFromPrimary(ctx, primary, good, boff); err != nil {
 			v.log.Warn("repair: read from the primary failed", "primary", primary, "off", boff, "err", err)
-			return ""
+			return "", false
 		}
-		if !ok(primary) {
-			return ""
+		if known && v.integ.seed.Verify(uint64(b), good, sum) != nil {
+			return primary, true
 		}
-		return primary
+		return primary, false
 	}
 	for _, pr := range v.streamingPeers() {
 		if !pr.connected() || anySet(pr.bm, boff, int64(len(good))) {
@@ -337,8 +353,8 @@ func (v *Volume) goodCopy(ctx context.Context, in *applier.Stream, good []byte, 
 			continue
 		}
 		if ok(pr.name) {
-			return pr.name
+			return pr.name, false
 		}
 	}
-	return ""
+	return "", false
 }

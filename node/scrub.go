@@ -735,12 +735,18 @@ type scrubBad struct {
 // without holding the stream, which the primary's read may wait for.
 func (v *Volume) scrubOnSecondary(ctx context.Context, p []byte, off int64, t *blockTally, built *int64) error {
 	in := v.incomingStream()
-	if in == nil || v.state().st.Disk != replication.UpToDate {
+	if in == nil {
 		return errScrubWaits
 	}
 	var bad []scrubBad
 	var err error
+	upToDate := false
 	if !in.Exclusive(func() {
+		// Checked under the stream: a sync start applied after the
+		// check would otherwise make this a resync target's scan.
+		if upToDate = v.state().st.Disk == replication.UpToDate; !upToDate {
+			return
+		}
 		var readOK bool
 		if bad, readOK, err = v.scanBlocks(p, off, t); err == nil && readOK {
 			// Under the stream, as the read: no write to these blocks
@@ -749,7 +755,7 @@ func (v *Volume) scrubOnSecondary(ctx context.Context, p []byte, off int64, t *b
 			n, err = v.buildSums(p, off)
 			*built += n
 		}
-	}) {
+	}) || !upToDate {
 		return errScrubWaits
 	}
 	if err != nil {

@@ -225,6 +225,71 @@ func TestAScrubDoesNotRaceWrites(t *testing.T) {
 	c.requireIdentical()
 }
 
+// TestASecondaryBehindItsPrimaryDoesNotCallABlockLost: a secondary
+// whose block fails its sum asks its primary for it while the primary's
+// newer write of it is still on its way (protocol A, the link held): the
+// primary's copy, good by its own sum, is another version than the
+// secondary's sum. That is no verdict of lost: the scrub counts nothing
+// unrecoverable, names no block, and once the link heals the write
+// arrives and a scrub finds the replicas whole and identical.
+func TestASecondaryBehindItsPrimaryDoesNotCallABlockLost(t *testing.T) {
+	c, link := partitionableCluster(t, 8<<20)
+	c.cfg.Volumes[0].Protocol = "A"
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	const block = 10
+	c.writeFlushed(t, randomBytes(61, 64<<10), 0)
+	c.waitInSync()
+	beta := c.vol("beta")
+	in := beta.incomingStream()
+	if in == nil {
+		t.Fatal("beta has no stream from alpha")
+	}
+
+	link.Partition()
+	newer := randomBytes(62, 4096)
+	if err := c.vol("alpha").WriteAt(context.Background(), newer, block*4096, false); err != nil {
+		t.Fatal(err)
+	}
+	// beta's copy rots: it fails beta's sum, which is of the older data.
+	flipFileBytes(t, c.cfg.Volumes[0].Disks["beta"].Paths[0].Path, block*4096+7, 1)
+	if _, err := beta.scrubCommand(1<<40, false, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	st := c.waitScrubFinished(t, "beta")
+	if beta.incomingStream() != in {
+		// The partition holds beta's end of the link: its stream from
+		// alpha stays, whatever alpha gave up meanwhile.
+		t.Fatal("beta's stream from alpha ended during the partition")
+	}
+	if st.LastUnrecoverable != 0 || st.LastRepaired != 0 {
+		t.Fatalf("beta's scrub while alpha's newer write of the block is on its way: %d repaired, %d unrecoverable; want neither", st.LastRepaired, st.LastUnrecoverable)
+	}
+	if _, _, lost := c.integrityOf("beta"); lost != 0 {
+		t.Fatalf("beta counts %d blocks unrecoverable", lost)
+	}
+	if kinds := c.eventKinds("beta"); kinds["block-unrecoverable"] != 0 {
+		t.Fatalf("beta reported %d blocks unrecoverable", kinds["block-unrecoverable"])
+	}
+
+	link.Heal()
+	if err := c.vol("alpha").Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	c.waitInSync()
+	if got := c.disk("beta")[block*4096 : (block+1)*4096]; !bytes.Equal(got, newer) {
+		t.Fatal("beta's block is not alpha's newer write after the heal")
+	}
+	if _, err := beta.scrubCommand(1<<40, false, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.waitScrubFinished(t, "beta"); st.LastUnrecoverable != 0 || st.LastRepaired != 0 {
+		t.Fatalf("beta's scrub after the heal: %d repaired, %d unrecoverable; want neither", st.LastRepaired, st.LastUnrecoverable)
+	}
+	c.requireIdentical()
+}
+
 // TestScrubIntervalStartsAScrubByItself: with scrub_interval 24h, a node
 // that never scrubbed the volume schedules a scrub a day after it began
 // running it with the setting (a restart half-way keeps that), starts it

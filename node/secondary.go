@@ -228,7 +228,7 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 	default:
 	}
 	old := v.incoming
-	in := applier.NewStream(h.From)
+	in := applier.NewStreamAfter(h.From, old)
 	in.SetState(replication.Connected)
 	v.incoming = in
 	v.mu.Unlock()

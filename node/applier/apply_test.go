@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/replvol/replvol/replication"
 )
@@ -293,5 +294,38 @@ func TestApplyResyncDataIsNotWrittenWhenItsActivityLogFails(t *testing.T) {
 	}
 	if d.data[0] != 0 || v.Resynced.Load() != 0 {
 		t.Errorf("disk holds %d at 0, resynced %d bytes; want 0 and 0", d.data[0], v.Resynced.Load())
+	}
+}
+
+// TestANewStreamHoldsOffTheOneItReplaces: what holds a stream that
+// replaced another (a scrub's Exclusive) waits for the old one's batch
+// in progress and stops it first: no batch of the old stream runs beside
+// it, and the old one applies nothing after.
+func TestANewStreamHoldsOffTheOneItReplaces(t *testing.T) {
+	old := NewStream("alpha")
+	inBatch, release := make(chan struct{}), make(chan struct{})
+	go old.Exclusive(func() { // the old stream's batch in progress
+		close(inBatch)
+		<-release
+	})
+	<-inBatch
+	next := NewStreamAfter("alpha", old)
+	held := make(chan struct{})
+	go func() {
+		next.Exclusive(func() {})
+		close(held)
+	}()
+	select {
+	case <-held:
+		t.Fatal("the new stream was held while a batch of the one it replaces was still applied")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	<-held
+	if old.Exclusive(func() {}) {
+		t.Fatal("the replaced stream still runs what holds it after the new one was held: it was not stopped")
+	}
+	if !next.Exclusive(func() {}) {
+		t.Fatal("the new stream no longer runs what holds it")
 	}
 }

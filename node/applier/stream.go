@@ -19,6 +19,15 @@ type Stream struct{ *apply.Stream }
 // NewStream is the end of a stream from the primary named from.
 func NewStream(from string) *Stream { return &Stream{apply.NewStream(from)} }
 
+// NewStreamAfter is the end of a stream from the primary named from
+// that replaces prev (nil: none): apply.NewStreamAfter.
+func NewStreamAfter(from string, prev *Stream) *Stream {
+	if prev == nil {
+		return NewStream(from)
+	}
+	return &Stream{apply.NewStreamAfter(from, prev.Stream)}
+}
+
 // Run applies the stream's batches to v in order, until the stream ends,
 // fails, is stopped, or v stops. A reader goroutine keeps frames coming
 // while this one applies them; when several frames are waiting, all are

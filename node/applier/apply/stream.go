@@ -19,6 +19,12 @@ var ErrStopped = errors.New("replaced or stopped")
 // keeps a batch whole against Stop and Exclusive.
 type Stream struct {
 	from string
+	// prev is the stream this one replaces (nil: none, or stopped
+	// already), which Exclusive and Apply stop first: until the handler
+	// stops it, a batch of the old stream could still be applied beside
+	// what holds the new one. Dropped once stopped, so that a chain of
+	// replaced streams is not kept.
+	prev atomic.Pointer[Stream]
 
 	// applyMu is held while a batch is applied; once stopped is set no
 	// further batch of this stream touches the disk.
@@ -33,6 +39,24 @@ type Stream struct {
 
 // NewStream is the end of a stream from the primary named from.
 func NewStream(from string) *Stream { return &Stream{from: from} }
+
+// NewStreamAfter is NewStream for a stream that replaces prev (nil:
+// none): what holds the new stream (Exclusive) holds off prev's batches
+// too, by stopping prev first, which the handler that replaces it does
+// anyway before the new stream applies anything.
+func NewStreamAfter(from string, prev *Stream) *Stream {
+	in := &Stream{from: from}
+	in.prev.Store(prev)
+	return in
+}
+
+// stopPrev stops the stream this one replaced, if any, and forgets it.
+func (in *Stream) stopPrev() {
+	if prev := in.prev.Load(); prev != nil {
+		prev.Stop()
+		in.prev.Store(nil)
+	}
+}
 
 // From names the primary the stream comes from.
 func (in *Stream) From() string { return in.from }
@@ -72,8 +96,11 @@ func (in *Stream) Fail(err error) {
 // apply lock), and reports whether it ran: not once the stream is stopped.
 // A secondary's scrub reads and repairs its blocks in it, so that a block
 // it finds bad is not one a batch is writing, and a repair never
-// overwrites a newer write. f must not wait for the primary.
+// overwrites a newer write. f must not wait for the primary. The stream
+// this one replaced is stopped first (NewStreamAfter): no batch of it is
+// applied while f runs either.
 func (in *Stream) Exclusive(f func()) bool {
+	in.stopPrev()
 	in.applyMu.Lock()
 	defer in.applyMu.Unlock()
 	if in.stopped {
@@ -111,6 +138,7 @@ type Batch struct {
 // It holds the stream's apply lock throughout; once the stream is
 // stopped it applies nothing and returns ErrStopped.
 func (in *Stream) Apply(v *Volume, b Batch) (replication.Ack, error) {
+	in.stopPrev()
 	in.applyMu.Lock()
 	defer in.applyMu.Unlock()
 	if in.stopped {
