@@ -761,6 +761,9 @@ func (v *Volume) scrubOnSecondary(ctx context.Context, p []byte, off int64, t *b
 	if err != nil {
 		return err
 	}
+	if len(bad) > 0 {
+		v.logScanFindings(in, p, off, bad)
+	}
 	for _, sb := range bad {
 		rerr := v.repairBlock(ctx, nil, 0, sb.b, sb.sum, sb.known, sb.cause, false)
 		if errors.Is(rerr, errRepairLater) {
@@ -771,6 +774,23 @@ func (v *Volume) scrubOnSecondary(ctx context.Context, p []byte, off int64, t *b
 		}
 	}
 	return nil
+}
+
+// logScanFindings says what a secondary's scan of p (read at off) found
+// bad, once per range: how many blocks, the first, its stored sum and the
+// sum of what the disk holds there, and the stream it was read under, so
+// that an operator (and a failed test's log) can tell a block that rotted
+// from one whose sum and data are of different writes.
+func (v *Volume) logScanFindings(in *applier.Stream, p []byte, off int64, bad []scrubBad) {
+	first := bad[0]
+	boff, blen := blockSpan(first.b, v.size.Load())
+	args := []any{"blocks", len(bad), "first_off", boff, "cause", first.cause,
+		"primary", in.From(), "stream", in.State()}
+	if first.known && first.cause == repairChecksum && boff >= off && boff+blen <= off+int64(len(p)) {
+		args = append(args, "stored_sum", fmt.Sprintf("%08x", first.sum),
+			"disk_sum", fmt.Sprintf("%08x", v.integ.seed.Sum(uint64(first.b), p[boff-off:boff-off+blen])))
+	}
+	v.log.Warn("scrub: blocks of this secondary fail their checksum or cannot be read; each is asked of the primary", args...)
 }
 
 // scanBlocks reads [off, off+len(p)) and returns the blocks that fail
