@@ -703,6 +703,12 @@ func (u unwrittenStep) asksForWrites(what string) {
 	panic(fmt.Sprintf("volume %s: a step under v.mu alone asks for %s", u.v.name, what))
 }
 
+// AskedToWait: a step under v.mu alone cannot have stopped the peers or
+// the incoming stream first (both take v.stateMu, then v.mu).
+func (u unwrittenStep) AskedToWait(a volstate.Action) {
+	u.asksForWrites("the waiting preparation " + a.String())
+}
+
 func (u unwrittenStep) Prepare(a volstate.Action) error {
 	u.asksForWrites("the preparation " + a.String())
 	return nil

@@ -61,6 +61,15 @@ type StepEffects interface {
 	Install(c Change)
 }
 
+// NoWaitingPreparations is a StepEffects whose steps may ask for no
+// waiting preparation (StopPeers, DetachIncoming): a step taken under a
+// lock those need, by a caller that did not do them first. Take tells it
+// of each one it leaves undone (AskedToWait), so that such a step is a
+// loud bug, not a preparation skipped in silence.
+type NoWaitingPreparations interface {
+	AskedToWait(a Action)
+}
+
 // Effects is what a driver of the volume does around its steps (Drive):
 // node's volume, or the simulation's model of one. Lock and Unlock
 // bracket a step (Take) and nothing else.
@@ -165,6 +174,9 @@ func Take(fx StepEffects, e Event) ([]Action, error) {
 	next, acts, err := Apply(old, e, func(prep []Action) error {
 		for _, a := range prep {
 			if a.Kind.Waits() {
+				if nw, ok := fx.(NoWaitingPreparations); ok {
+					nw.AskedToWait(a)
+				}
 				continue
 			}
 			if err := fx.Prepare(a); err != nil {

@@ -330,3 +330,41 @@ func TestDriveInstallsAStepThatWritesNothing(t *testing.T) {
 	}
 	r.before(t, "installed volstate.AuthorityChanged: Primary Fenced", "perform stop-lease")
 }
+
+// noWaits is a recorder whose steps may ask for no waiting preparation.
+type noWaits struct {
+	*recorder
+	asked []Action
+}
+
+func (n *noWaits) AskedToWait(a Action) { n.asked = append(n.asked, a) }
+
+// TestTakeTellsOfTheWaitingPreparationsItLeaves: Take leaves the waiting
+// preparations to Drive; a StepEffects that can take none (node's step
+// under v.mu alone) is told of each, so that a step asking for one is a
+// loud bug, not a preparation skipped in silence. One that can do
+// without hears nothing.
+func TestTakeTellsOfTheWaitingPreparationsItLeaves(t *testing.T) {
+	r, e := forced()
+	n := &noWaits{recorder: r}
+	if _, err := Take(n, e); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, a := range n.asked {
+		got = append(got, a.String())
+	}
+	if want := []string{"stop-peers", "detach-incoming"}; !slices.Equal(got, want) {
+		t.Fatalf("Take told of the waiting preparations %v, want %v", got, want)
+	}
+	if r.has("prepare stop-peers") || r.has("prepare detach-incoming") {
+		t.Fatalf("Take did a waiting preparation itself:\n%s", strings.Join(r.log, "\n"))
+	}
+	n2 := &noWaits{recorder: &recorder{st: primaryAt("a", 3, "b")}}
+	if _, err := Take(n2, Quiesced{}); err != nil {
+		t.Fatal(err)
+	}
+	if len(n2.asked) != 0 {
+		t.Fatalf("a step with no waiting preparation told of %v", n2.asked)
+	}
+}
