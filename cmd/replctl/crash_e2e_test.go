@@ -1,13 +1,16 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -345,6 +348,50 @@ func (c *procCluster) logTails() {
 		}
 		c.t.Logf("replnode %s log (tail):\n%s", name, b)
 	}
+}
+
+// logSize is how many bytes node's log holds now (0 when it has none).
+func (c *procCluster) logSize(name string) int64 {
+	fi, err := os.Stat(filepath.Join(c.dir, name+".log"))
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// logSummarySince counts the lines node logged after byte from, by
+// level and message (a failure's diagnosis: what a node was busy with),
+// most frequent first.
+func (c *procCluster) logSummarySince(name string, from int64) string {
+	b, err := os.ReadFile(filepath.Join(c.dir, name+".log"))
+	if err != nil {
+		return err.Error()
+	}
+	if from > int64(len(b)) {
+		from = 0
+	}
+	counts := map[string]int{}
+	for line := range strings.Lines(string(b[from:])) {
+		key := line
+		if i := strings.Index(line, "level="); i >= 0 {
+			key = line[i:]
+			if j := strings.Index(key, " node="); j >= 0 {
+				key = key[:j]
+			}
+		}
+		counts[strings.TrimSpace(key)]++
+	}
+	if len(counts) == 0 {
+		return "nothing"
+	}
+	keys := slices.SortedFunc(maps.Keys(counts), func(a, b string) int {
+		return cmp.Or(counts[b]-counts[a], strings.Compare(a, b))
+	})
+	var out strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&out, "\n  %6d  %s", counts[k], k)
+	}
+	return out.String()
 }
 
 func stopProc(cmd *exec.Cmd) {

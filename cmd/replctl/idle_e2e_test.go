@@ -20,7 +20,8 @@ import (
 //
 // What it asserts is a count of wakeups, not CPU time: the voluntary
 // context switches of all of alpha's threads (each a sleep that ended in
-// a wakeup) over idleWindow, at most idleWakeupsPerSecond. A loop per volume that wakes once a second (a
+// a wakeup) over idleWindow, at most idleWakeupsPerSecond in one of
+// idleWindows windows. A loop per volume that wakes once a second (a
 // ticker, a poll of the disk or the peer) costs 1,000 wakeups a second,
 // however little CPU each takes (a few microseconds: under 1% of a core,
 // which a CPU bound on a shared 2-core machine could not tell from
@@ -51,19 +52,33 @@ func TestE2EAThousandVolumesOnTwoNodesAreUpToDateWithinAMinute(t *testing.T) {
 		t.Fatalf("%d of %d volumes UpToDate and in sync 60 s after the start (last status error: %v)", n, volumes, err)
 	}
 	pid := c.procs["alpha"].Process.Pid
-	ticks, switches := procTicks(t, pid), contextSwitches(t, pid)
-	began := time.Now()
-	// The window is the measurement, not a wait for a state.
-	time.Sleep(idleWindow)
-	took := time.Since(began).Seconds()
-	cpu := float64(procTicks(t, pid)-ticks) / 100 / took * 100
-	wakeups := float64(contextSwitches(t, pid)-switches) / took
-	rss := floodRSS(t, pid) >> 20 // after the window: the heap as an idle node keeps it
-	t.Logf("idle primary alpha with %d volumes over %.1f s: %.0f wakeups/s (voluntary context switches of its threads), %.1f%% of a core, RSS %d MiB",
-		volumes, took, wakeups, cpu, rss)
+	// A node that just brought 1,000 volumes in sync may still be
+	// settling (on a loaded machine: the runtime returning the memory of
+	// the start, a stream that timed out reconnecting), which passes; a
+	// cost per volume (a ticker, a poll) is in every window. So the test
+	// watches up to idleWindows windows and wants one within the bound.
+	var wakeups float64
+	for w := 1; w <= idleWindows; w++ {
+		logFrom := c.logSize("alpha")
+		ticks, switches := procTicks(t, pid), contextSwitches(t, pid)
+		began := time.Now()
+		// The window is the measurement, not a wait for a state.
+		time.Sleep(idleWindow)
+		took := time.Since(began).Seconds()
+		cpu := float64(procTicks(t, pid)-ticks) / 100 / took * 100
+		wakeups = float64(contextSwitches(t, pid)-switches) / took
+		t.Logf("idle primary alpha with %d volumes, window %d of %.1f s: %.0f wakeups/s (voluntary context switches of its threads), %.1f%% of a core",
+			volumes, w, took, wakeups, cpu)
+		if wakeups <= idleWakeupsPerSecond {
+			break
+		}
+		t.Logf("alpha logged in that window: %s", c.logSummarySince("alpha", logFrom))
+	}
+	rss := floodRSS(t, pid) >> 20 // after the windows: the heap as an idle node keeps it
+	t.Logf("alpha's RSS: %d MiB", rss)
 	if wakeups > idleWakeupsPerSecond {
-		t.Errorf("idle alpha with %d volumes woke %.0f times a second, want at most %d: does something run per volume (a ticker, a poll)?",
-			volumes, wakeups, idleWakeupsPerSecond)
+		t.Errorf("idle alpha with %d volumes woke %.0f times a second in each of %d windows, want at most %d in one: does something run per volume (a ticker, a poll)?",
+			volumes, wakeups, idleWindows, idleWakeupsPerSecond)
 	}
 	if rss > idleRSSMiB {
 		t.Errorf("idle alpha with %d volumes holds %d MiB, want at most %d MiB", volumes, rss, idleRSSMiB)
@@ -71,8 +86,10 @@ func TestE2EAThousandVolumesOnTwoNodesAreUpToDateWithinAMinute(t *testing.T) {
 }
 
 const (
-	// idleWindow is how long the idle node is watched.
-	idleWindow = 5 * time.Second
+	// idleWindow is how long the idle node is watched at a time, and
+	// idleWindows how many times at most.
+	idleWindow  = 5 * time.Second
+	idleWindows = 3
 	// idleWakeupsPerSecond bounds an idle node's wakeups: 40% of what one
 	// wakeup a second per volume costs alone, several times what an idle
 	// node with 1,000 volumes woke here (27 a second).
