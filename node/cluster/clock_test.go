@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"sync"
@@ -64,12 +65,15 @@ func TestTheLeasesKeepTheInjectedClock(t *testing.T) {
 		va  replication.VolumeAuthority
 		err error
 	}
+	// The gossip and membership loops keep their tickers armed: the
+	// leader's wait for the lease is the timer armed beyond them.
+	armed := fake.Armed()
 	done := make(chan proposed, 1)
 	go func() {
 		va, err := b.Propose(ctx, replication.PromoteCommand("vol", 1, "b", false))
 		done <- proposed{va, err}
 	}()
-	fake.WaitArmed(1) // the leader waits for the lease to run out
+	waitArmed(t, fake, armed+1, "the leader waits for a's lease to run out")
 	hold := leader.leases.hold
 	fake.Advance(hold - time.Nanosecond)
 	if leader.LeaseFree("vol") {
@@ -87,6 +91,52 @@ func TestTheLeasesKeepTheInjectedClock(t *testing.T) {
 	}
 	if !validUntil.Before(fake.Now()) {
 		t.Errorf("b was promoted at %v, not after a's lease ran out at %v", fake.Now(), validUntil)
+	}
+}
+
+// waitArmed waits until fake has n timers armed, for at most 10 s.
+func waitArmed(t *testing.T, fake *clock.Fake, n int, what string) {
+	t.Helper()
+	armed := make(chan struct{})
+	go func() { fake.WaitArmed(n); close(armed) }()
+	select {
+	case <-armed:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: %d timers armed on the fake clock after 10s, want %d", what, fake.Armed(), n)
+	}
+}
+
+// TestAProposalWhoseOutcomeIsUnknownIsRunAgainOnRaftsTime: a proposal
+// whose leader lost its office while committing it is asked again after
+// a pause of raft's time, not of the cluster's clock: what it waits for
+// is a raft election. With a clock.Fake that the test does not advance,
+// the retry waited until its context ended, and the proposal failed with
+// "outcome unknown" (TestTheLeasesKeepTheInjectedClock did so on a loaded
+// machine, where raft lost its leader while committing). Here the first
+// answer of a forwarded proposal is lost so.
+func TestAProposalWhoseOutcomeIsUnknownIsRunAgainOnRaftsTime(t *testing.T) {
+	n := newTestNet(t, member("a"), member("b"), witness("w"))
+	n.clock = clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	n.startAll()
+	follower := n.follower(t, n.waitLeader(t))
+	lost := 0
+	n.mu.Lock()
+	n.reply = func(req ForwardRequest, r ForwardReply) ForwardReply {
+		if req.Kind == KindPropose && r.Err() == nil && lost == 0 {
+			lost++
+			return replyOf(replication.VolumeAuthority{}, fmt.Errorf("%w: leadership lost while committing log", ErrOutcomeUnknown))
+		}
+		return r
+	}
+	n.mu.Unlock()
+	ctx := testContext(t, 10*time.Second)
+	if va, err := follower.Propose(ctx, replication.InitCommand("vol", "a", 1, []string{"a", "b"})); err != nil || va.Primary != "a" {
+		t.Fatalf("init, its first answer lost: %+v, %v", va, err)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if lost != 1 {
+		t.Fatalf("answers lost: %d, want 1", lost)
 	}
 }
 
