@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/internal/fault"
+	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport/nbd/nbdtest"
 )
@@ -198,6 +200,29 @@ func (l *nbdLoad) stop() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.errors
+}
+
+// lastEventSeq is the Seq of node name's last event (0: none yet).
+func (c *testCluster) lastEventSeq(name string) uint64 {
+	c.t.Helper()
+	evs, err := c.nodes[name].store.Events(1)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if len(evs) == 0 {
+		return 0
+	}
+	return evs[0].Seq
+}
+
+// eventsSince is node name's events after the one numbered seq.
+func (c *testCluster) eventsSince(name string, seq uint64) []statefile.Event {
+	c.t.Helper()
+	evs, err := c.nodes[name].store.Events(10000)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return slices.DeleteFunc(evs, func(e statefile.Event) bool { return e.Seq <= seq })
 }
 
 // eventKinds counts the events of node name by kind.
