@@ -59,11 +59,19 @@ func (b *logBuffer) count(words ...string) int {
 	return n
 }
 
-// logTo sends node name's log to a new buffer.
+// logTo sends node name's log to a new buffer, and its INFO and above
+// to the tail a failed test shows (logNodes) as well.
 func (c *testCluster) logTo(name string) *logBuffer {
 	b := &logBuffer{}
 	o := c.opts[name]
-	o.Logger = slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	h := []slog.Handler{slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug})}
+	if c.logs != nil {
+		if c.logs[name] == nil {
+			c.logs[name] = &logTail{}
+		}
+		h = append(h, slog.NewTextHandler(c.logs[name], nil))
+	}
+	o.Logger = slog.New(slog.NewMultiHandler(h...))
 	c.opts[name] = o
 	return b
 }

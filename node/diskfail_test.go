@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/internal/fault"
+	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport/nbd/nbdtest"
 )
@@ -200,6 +202,29 @@ func (l *nbdLoad) stop() []string {
 	return l.errors
 }
 
+// lastEventSeq is the Seq of node name's last event (0: none yet).
+func (c *testCluster) lastEventSeq(name string) uint64 {
+	c.t.Helper()
+	evs, err := c.nodes[name].store.Events(1)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if len(evs) == 0 {
+		return 0
+	}
+	return evs[0].Seq
+}
+
+// eventsSince is node name's events after the one numbered seq.
+func (c *testCluster) eventsSince(name string, seq uint64) []statefile.Event {
+	c.t.Helper()
+	evs, err := c.nodes[name].store.Events(10000)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return slices.DeleteFunc(evs, func(e statefile.Event) bool { return e.Seq <= seq })
+}
+
 // eventKinds counts the events of node name by kind.
 func (c *testCluster) eventKinds(name string) map[string]int {
 	c.t.Helper()
@@ -224,10 +249,19 @@ func (c *testCluster) eventKinds(name string) map[string]int {
 // five seconds, and a write failed at each). Once the disk is repaired it
 // is re-attached once, after the blocks it missed were copied back, and
 // both replicas are UpToDate with the same data.
+//
+// Without its disk and without a peer alpha owes its client an EIO, and
+// on a starved machine it had no peer: beta answered nothing for longer
+// than the default peer_timeout (2 s) while alpha read from it, alpha
+// dropped the stream, and 75 requests failed. The peer_timeout here is a
+// minute, less than each of the test's waits (two minutes), so that only
+// a stall that fails the test anyway loses beta; a lost stream is an
+// error of its own, and client errors say whether beta was lost.
 func TestAFailingPrimaryDiskCostsNoClientErrorAndDetachesOnce(t *testing.T) {
 	beside(t)
 	const size = 16 << 20
 	c := newTestCluster(t, size)
+	c.cfg.Volumes[0].PeerTimeout = Duration(time.Minute)
 	// Probes every 20 ms, backing off to 160 ms, and 100 ms of passing
 	// probes before a re-attach: the defaults (1 s, 16 s, 3 s) scaled down.
 	policy := reattachPolicy{Probe: 20 * time.Millisecond, MaxBackoff: 160 * time.Millisecond, Stable: 100 * time.Millisecond}
@@ -236,6 +270,7 @@ func TestAFailingPrimaryDiskCostsNoClientErrorAndDetachesOnce(t *testing.T) {
 	c.start("alpha")
 	c.start("beta")
 	c.waitInSync()
+	since := c.lastEventSeq("alpha")
 	fd := c.faultDisk("alpha")
 
 	// The load runs on [1 MiB, 9 MiB); the disk fails there.
@@ -274,8 +309,25 @@ func TestAFailingPrimaryDiskCostsNoClientErrorAndDetachesOnce(t *testing.T) {
 
 	errs := load.stop()
 	t.Logf("NBD load: %s", load.final)
+	// Each connection to beta after the first followed a lost stream;
+	// a loss of the same cause as the last one is not told again, so the
+	// connections count them and the losses told say why.
+	var reconnects int
+	var why []string
+	for _, e := range c.eventsSince("alpha", since) {
+		switch {
+		case e.Peer != "beta":
+		case e.Kind == "connected":
+			reconnects++
+		case e.Kind == "peer-lost":
+			why = append(why, e.Message)
+		}
+	}
+	if reconnects > 0 || len(why) > 0 {
+		t.Errorf("alpha lost beta's stream, which the test needs, and connected again %d times: %q", reconnects, why)
+	}
 	if len(errs) > 0 {
-		t.Errorf("%d client errors, want none; the first: %q", len(errs), errs[:min(len(errs), 10)])
+		t.Errorf("%d client errors, want none (alpha connected to beta again %d times meanwhile); the first: %q", len(errs), reconnects, errs[:min(len(errs), 10)])
 	}
 	kinds := c.eventKinds("alpha")
 	if kinds["detached"] != 1 || kinds["attached"] != 1 {

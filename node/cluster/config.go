@@ -73,12 +73,14 @@ type Config struct {
 	// office, when a renewal was sent and a grant ended, when no lease
 	// can still be valid: LeaseFree, and Propose's wait for it), when
 	// gossip last changed its mind of a member, the pauses of the rejoin
-	// and membership loops, of a retried proposal and of a failed accept,
-	// and the raft port's handshake deadlines. Nil is clock.Real(); a test
-	// sets a clock.Fake. Raft and memberlist keep real time, which they
-	// take no clock for: what is compared with raft's own times (its last
-	// contact with the leader, a context's deadline handed to raft) is
-	// read on the real clock (Cluster.raftTime).
+	// and membership loops and of a failed accept, and the raft port's
+	// handshake deadlines. Nil is clock.Real(); a test sets a clock.Fake.
+	// Raft and memberlist keep real time, which they take no clock for:
+	// what is compared with raft's own times (its last contact with the
+	// leader, a context's deadline handed to raft) is read on the real
+	// clock (Cluster.raftTime), and so are the pauses that wait for raft
+	// (a command asked again after a leadership transfer or a leader that
+	// lost its office while committing it).
 	Clock clock.Clock
 }
 

@@ -233,8 +233,12 @@ func (c *Cluster) toLeader(ctx context.Context, req ForwardRequest) (ForwardRepl
 			// The leader lost its office while committing: run the
 			// command again (every command may run twice, see above; a
 			// membership change twice is the same configuration, which
-			// raft commits again unchanged).
-			pause := c.cfg.Clock.NewTimer(50 * time.Millisecond)
+			// raft commits again unchanged). The pause is raft's time,
+			// as transferRetry's: what it waits for is raft's election,
+			// which keeps real time. On the cluster's clock a test's fake
+			// that nobody advances held the retry until ctx ended, and
+			// the command failed with "outcome unknown".
+			pause := c.raftTime.NewTimer(50 * time.Millisecond)
 			select {
 			case <-ctx.Done():
 				pause.Stop()

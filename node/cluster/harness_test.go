@@ -262,8 +262,14 @@ func (n *testNet) forwarder(from string) Forwarder {
 // strangers on a loaded machine took more than 5 s: it gets 15.
 func (n *testNet) waitLeader(t *testing.T) *Cluster {
 	t.Helper()
+	return n.waitLeaderWithin(t, 15*time.Second)
+}
+
+// waitLeaderWithin is waitLeader with another deadline.
+func (n *testNet) waitLeaderWithin(t *testing.T, timeout time.Duration) *Cluster {
+	t.Helper()
 	var leader *Cluster
-	waitFor(t, "one leader every running node agrees on", 15*time.Second, func() bool {
+	waitFor(t, "one leader every running node agrees on", timeout, func() bool {
 		leader = nil
 		var name string
 		for _, c := range n.nodes() {
@@ -275,8 +281,29 @@ func (n *testNet) waitLeader(t *testing.T) *Cluster {
 		}
 		leader = n.node(name)
 		return leader != nil && leader.raft.State() == raft.Leader
-	})
+	}, n.raftViews)
 	return leader
+}
+
+// raftViews is how each running node sees raft, in words: its state,
+// term, leader, last contact and, with TLS, its raft port's admission.
+func (n *testNet) raftViews() string {
+	var out []string
+	for _, c := range n.nodes() {
+		s := c.Status()
+		contact := "never"
+		if last := c.raft.LastContact(); !last.IsZero() {
+			contact = time.Since(last).Round(time.Millisecond).String() + " ago"
+		}
+		v := fmt.Sprintf("%s: %s term %d, leader %q, quorum %v, last contact %s", c.self, c.raft.State(), c.raft.CurrentTerm(),
+			s.Leader, s.Quorum, contact)
+		if st, ok := c.RaftAdmission(); ok {
+			v += fmt.Sprintf("; raft port: %+v, refused %d", st, st.Refused())
+		}
+		out = append(out, v)
+	}
+	slices.Sort(out)
+	return strings.Join(out, "\n")
 }
 
 // follower returns a running node that is not the leader.
@@ -292,11 +319,16 @@ func (n *testNet) follower(t *testing.T, leader *Cluster) *Cluster {
 }
 
 // waitFor polls cond, a condition on state the code under test changes,
-// every 2 ms until it holds or timeout passes.
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+// every 2 ms until it holds or timeout passes. A failure adds what each
+// of why says (the state that tells why it did not hold).
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool, why ...func() string) {
 	t.Helper()
 	if !within(timeout, 2*time.Millisecond, cond) {
-		t.Fatalf("%s: not within %v", what, timeout)
+		var more []string
+		for _, w := range why {
+			more = append(more, w())
+		}
+		t.Fatalf("%s: not within %v\n%s", what, timeout, strings.Join(more, "\n"))
 	}
 }
 
