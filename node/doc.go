@@ -88,8 +88,18 @@
 // steps it, writes what the step makes durable (the primary indicator,
 // then the state, through commit) BEFORE it installs the new state, and
 // only then performs the step's actions (drain the IO, stop the senders,
-// start the lease, run the hooks). The role functions build an
-// event and drive it: promote and takeOverAt (raft's choice) are one
+// start the lease, run the hooks). Every drive runs on the volume's loop
+// (loop.go): one goroutine per volume, started when it opens and ended
+// at its close, takes the drives posted on its inbox in order and runs
+// each by volstate's order in its resumable form (volstate.Driving); the
+// preparations and actions that wait for the senders, the incoming
+// stream, the IO in flight or the cluster run off the loop, and their end
+// comes back to the inbox, so a sender or a stream that drives the volume
+// while a drive waits for it is taken meanwhile. A drive posted to a
+// volume that closes gets errVolumeClosed. The steps not yet posted to
+// the loop (stepLocked, under v.stateMu, which the loop takes around its
+// Take too; stepUnwrittenLocked, under v.mu) run on their callers'
+// goroutines. The role functions build an event and drive it: promote and takeOverAt (raft's choice) are one
 // promotion, stepDown (a newer primary reached this one) and yieldTo (raft
 // names another) one step-down, and retake, forcePromote, demote (with
 // HandedOver or HandoverAborted), fence and discardMyData are events too.
@@ -173,7 +183,9 @@
 // code declares none, and a session's loop takes v.stateMu and v.mu only
 // at its end (startTracking, through session.Peer).
 // v.stateMu is never taken while waiting for an entry's ack; v.mu is never
-// held while the state is written. go test -tags deadlock (make test-locks)
+// held while the state is written. The volume's loop holds no lock while
+// it waits for a message, and no goroutine posts a drive to it while
+// holding v.stateMu or v.mu (the loop takes them for its Take). go test -tags deadlock (make test-locks)
 // (and make test) checks the order at run time, with every other mutex
 // of the process. in.applyMu, a stream's apply lock, is node/applier/apply's,
 // of the same kind (its lock.go).

@@ -135,15 +135,18 @@ type driveOptions struct {
 }
 
 // drive runs e through the volume's state machine by the driver's order
-// (volstate.Drive) and performs what it says, feeding Quiesced back once
-// the IO a pending change waited for has drained. The steps' preparations
-// that wait for the senders or the incoming stream run first, without
-// v.stateMu (those take it); the step is then taken again under
-// v.stateMu, on the state as it is by then (stepLocked), and its actions
-// are performed once v.stateMu is released.
+// (volstate.Drive) on the volume's loop (loop.go), and performs what it
+// says, feeding Quiesced back once the IO a pending change waited for has
+// drained. The steps' preparations that wait for the senders or the
+// incoming stream are done first, off the loop and without v.stateMu
+// (those take it); the step is then taken again on the loop under
+// v.stateMu, on the state as it is by then (volstate.Take), and its
+// actions are performed once v.stateMu is released, those that wait off
+// the loop (volumeSteps.offLoop). The caller gets the result of e and of
+// what followed it, as volstate.Drive gives it; errVolumeClosed once the
+// volume closes.
 func (v *Volume) drive(e volstate.Event, opts driveOptions) error {
-	_, err := volstate.Drive(&volumeSteps{v: v, opts: opts}, e)
-	return err
+	return v.loop.drive(&volumeSteps{v: v, opts: opts}, e)
 }
 
 // stepLocked steps the state machine with e (volstate.Take): the
@@ -157,8 +160,10 @@ func (v *Volume) stepLocked(e volstate.Event, texts func(volstate.Cause) reason,
 // volumeSteps is the volume as volstate's driver runs it
 // (volstate.Effects): its state as the machine sees it (modelLocked), its
 // metadata, its install, v.stateMu around a step, and the actions. One is
-// made for each drive or stepLocked, on the goroutine that calls it; its
-// queue holds what follows the drive's event (Quiesced).
+// made for each drive (which the volume's loop runs) or stepLocked (on
+// the goroutine that calls it); its queue holds what follows the drive's
+// event (Quiesced). The loop calls it from one goroutine at a time: its
+// own, or the one a wait runs on (offLoop), never both at once.
 type volumeSteps struct {
 	v      *Volume
 	opts   driveOptions
@@ -242,6 +247,18 @@ func (d *volumeSteps) Perform(a volstate.Action) error {
 		d.v.perform(a, d.opts)
 	}
 	return nil
+}
+
+// offLoop: the waits for the senders and the incoming stream (whose
+// goroutines drive the volume themselves), for the IO in flight (whose
+// writers step it), for the cluster (ReleaseLease) and for the disk
+// (ClearPrimaryIndicator's sync) run off the volume's loop.
+func (d *volumeSteps) offLoop(a volstate.Action) bool {
+	switch a.Kind {
+	case volstate.StopPeers, volstate.DetachIncoming, volstate.WaitIO, volstate.DrainIO, volstate.ReleaseLease, volstate.ClearPrimaryIndicator:
+		return true
+	}
+	return false
 }
 
 func (d *volumeSteps) Follow(e volstate.Event) { d.follow = append(d.follow, e) }

@@ -120,6 +120,9 @@ type Volume struct {
 	// stopping is closed at shutdown; bg tracks background goroutines.
 	stopping chan struct{}
 	bg       sync.WaitGroup
+	// loop is the volume's loop (loop.go), which runs every drive: started
+	// at the end of newVolume, closed at shutdown (or closeVolumes).
+	loop     *volumeLoop
 	incoming *applier.Stream
 	// lastRefusal is the last reason this secondary refused a stream for
 	// (logged once per reason).
@@ -279,6 +282,7 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD, auth bool)
 			v.node.event(v.name, "stale-disk", "this disk missed writes while detached: it comes back Inconsistent and Secondary")
 		}})
 	}
+	v.loop = startLoop()
 	return v, nil
 }
 
@@ -607,6 +611,10 @@ func (v *Volume) shutdown() bool {
 	v.mu.Lock()
 	close(v.stopping)
 	v.mu.Unlock()
+	// The drives under way end (they may start background tasks); a
+	// drive posted from now on is refused (errVolumeClosed), so a sender
+	// or a stream that posts one ends without waiting for it.
+	v.loop.close()
 	v.bg.Wait()
 	v.stopPeers()
 	v.detachIncoming()

@@ -170,8 +170,8 @@ var mutations = []Mutation{
 		Rule: "the volume's driver does not feed Quiesced back once a WaitIO or a DrainIO is performed, so a step-down, a fence's drain or a discard never completes (volstate.Drive, which node's drive and the simulation both run)",
 		Edits: []Edit{{
 			File:    "node/volstate/drive.go",
-			Find:    "\t\tfx.Follow(Quiesced{})\n",
-			Replace: "\t\t_ = quiesce\n",
+			Find:    "\t\t\t\tfx.Follow(Quiesced{})\n",
+			Replace: "\t\t\t\t_ = fx\n",
 		}},
 	},
 	{
@@ -179,8 +179,8 @@ var mutations = []Mutation{
 		Rule: "the volume's driver does not stop the senders or end the incoming stream (StopPeers, DetachIncoming) before a step that asks for it, so a node promoted or forced keeps applying the old primary's stream (volstate.Drive)",
 		Edits: []Edit{{
 			File:    "node/volstate/drive.go",
-			Find:    "\t\tif a.Kind.Waits() {\n\t\t\tif err := fx.Prepare(a); err != nil {",
-			Replace: "\t\tif false {\n\t\t\tif err := fx.Prepare(a); err != nil {",
+			Find:    "\t\t\t\tif a.Kind.Waits() {\n\t\t\t\t\td.waits = append(d.waits, a)",
+			Replace: "\t\t\t\tif false {\n\t\t\t\t\td.waits = append(d.waits, a)",
 		}},
 	},
 	{

@@ -113,54 +113,193 @@ func (k ActionKind) quiesces() bool { return k == WaitIO || k == DrainIO }
 // being driven. It returns e's own step's actions (not those of the events
 // that followed) and the first error: e's refusal, a failed preparation
 // or write, an action that failed, or the failure of an event that
-// followed (a step-down whose Quiesced could not be written).
+// followed (a step-down whose Quiesced could not be written). It is
+// Driving's order run on one goroutine: each waiting preparation and each
+// action done at once, where it is asked for.
 func Drive(fx Effects, e Event) ([]Action, error) {
-	acts, err := driveOne(fx, e)
-	if err != nil {
-		return nil, err
-	}
+	d := Begin(e)
 	for {
-		f, ok := fx.Next()
-		if !ok {
-			return acts, err
-		}
-		if _, ferr := driveOne(fx, f); ferr != nil && err == nil {
-			err = ferr
+		n := d.Next(fx)
+		switch n.Kind {
+		case NeedPrepare:
+			d.Done(fx.Prepare(n.Action))
+		case NeedPerform:
+			d.Done(fx.Perform(n.Action))
+		default:
+			return d.Result()
 		}
 	}
 }
 
-// driveOne is rules 1 to 8 for one event.
-func driveOne(fx Effects, e Event) ([]Action, error) {
-	_, rd := Step(fx.State(), e)
-	if rd.Err != nil {
-		return nil, rd.Err
-	}
-	for _, a := range rd.Prepare {
-		if a.Kind.Waits() {
-			if err := fx.Prepare(a); err != nil {
-				return nil, err
-			}
-		}
-	}
-	fx.Lock()
-	acts, err := Take(fx, e)
-	fx.Unlock()
-	if err != nil {
-		return nil, err
-	}
-	quiesce := false
-	for _, a := range acts {
-		if err := fx.Perform(a); err != nil {
-			return acts, err
-		}
-		quiesce = quiesce || a.Kind.quiesces()
-	}
-	if quiesce {
-		fx.Follow(Quiesced{})
-	}
-	return acts, nil
+// NeedKind is what a drive in progress waits for (Need).
+type NeedKind int
+
+const (
+	// NeedNothing: the drive is over (Driving.Result).
+	NeedNothing NeedKind = iota
+	// NeedPrepare: a waiting preparation (Waits) of the event's step is
+	// to be done, then reported with Done, BEFORE the step is taken.
+	NeedPrepare
+	// NeedPerform: an action of the step is to be performed, then
+	// reported with Done; the next is asked for only after that.
+	NeedPerform
+)
+
+// Need is what Driving.Next asks its driver for: a waiting preparation or
+// an action to do (Action), or nothing more.
+type Need struct {
+	Kind   NeedKind
+	Action Action
 }
+
+// Driving is one drive (Drive) in progress, held between the calls of its
+// driver: where the event it drives stands in rules 1 to 8, and which
+// events follow it. Next does what needs no wait (the pre-step of rule 1,
+// the Take under Lock, the follow-ups) and says what the driver must do
+// next: a waiting preparation or an action, each done by the driver and
+// reported with Done before the next Next. So one order serves a driver
+// that does each at once (Drive: the simulation's) and one that waits
+// for them off the goroutine that steps, continuing the drive when they
+// end while it steps other drives meanwhile (node's volume loop). A
+// Driving is used by one goroutine at a time, and with the same Effects
+// throughout.
+type Driving struct {
+	e     Event
+	first bool
+	phase drivePhase
+	// waits are the waiting preparations of e's step not yet done.
+	waits []Action
+	// acts are e's step's actions, did how many are performed; quiesce:
+	// one of those performed waits for the IO (rule 8).
+	acts    []Action
+	did     int
+	quiesce bool
+	// asked: a Need was handed out and Done has not reported it.
+	asked bool
+	// result and err are the drive's: e's actions, the first error.
+	result []Action
+	err    error
+}
+
+type drivePhase int
+
+const (
+	phaseStep drivePhase = iota
+	phaseWait
+	phaseAct
+	phaseFollow
+	phaseOver
+)
+
+// Begin starts the drive of e: nothing is done until Next.
+func Begin(e Event) *Driving { return &Driving{e: e, first: true} }
+
+// Next advances the drive as far as it goes without a wait, and says what
+// it needs next. Rule 1's pre-step and rule 2's Take (under fx.Lock) are
+// done here; so is rule 8's Quiesced (fx.Follow) and the drive of what
+// follows (fx.Next), each event in turn.
+func (d *Driving) Next(fx Effects) Need {
+	if d.asked {
+		panic("volstate: Driving.Next before Done reported the last need")
+	}
+	for {
+		switch d.phase {
+		case phaseStep:
+			// Rule 1: a step that refuses e does nothing at all.
+			_, rd := Step(fx.State(), d.e)
+			if rd.Err != nil {
+				d.ended(nil, rd.Err)
+				continue
+			}
+			d.waits = d.waits[:0]
+			for _, a := range rd.Prepare {
+				if a.Kind.Waits() {
+					d.waits = append(d.waits, a)
+				}
+			}
+			d.phase = phaseWait
+		case phaseWait:
+			if len(d.waits) > 0 {
+				d.asked = true
+				return Need{Kind: NeedPrepare, Action: d.waits[0]}
+			}
+			// Rules 2 to 6, under the lock.
+			fx.Lock()
+			acts, err := Take(fx, d.e)
+			fx.Unlock()
+			if err != nil {
+				d.ended(nil, err)
+				continue
+			}
+			d.acts, d.did, d.quiesce, d.phase = acts, 0, false, phaseAct
+		case phaseAct:
+			// Rule 7: the actions, in order, after Unlock.
+			if d.did < len(d.acts) {
+				d.asked = true
+				return Need{Kind: NeedPerform, Action: d.acts[d.did]}
+			}
+			// Rule 8.
+			if d.quiesce {
+				fx.Follow(Quiesced{})
+			}
+			d.ended(d.acts, nil)
+		case phaseFollow:
+			f, ok := fx.Next()
+			if !ok {
+				d.phase = phaseOver
+				continue
+			}
+			d.e, d.phase = f, phaseStep
+		case phaseOver:
+			return Need{}
+		}
+	}
+}
+
+// Done reports the end of what Next asked for last: err is the waiting
+// preparation's or the action's failure, which ends the event's drive.
+func (d *Driving) Done(err error) {
+	if !d.asked {
+		panic("volstate: Driving.Done with no need asked for")
+	}
+	d.asked = false
+	switch d.phase {
+	case phaseWait:
+		if err != nil {
+			d.ended(nil, err)
+			return
+		}
+		d.waits = d.waits[1:]
+	case phaseAct:
+		if err != nil {
+			d.ended(d.acts, err)
+			return
+		}
+		d.quiesce = d.quiesce || d.acts[d.did].Kind.quiesces()
+		d.did++
+	}
+}
+
+// ended closes the drive of the current event with its actions and error.
+// A failure of the drive's own event ends the drive there (what the
+// effects queued stays queued); otherwise the next queued event, if any,
+// is driven from rule 1, its failure kept when it is the first.
+func (d *Driving) ended(acts []Action, err error) {
+	if d.first {
+		d.first = false
+		if err != nil {
+			d.result, d.err, d.phase = nil, err, phaseOver
+			return
+		}
+		d.result = acts
+	} else if err != nil && d.err == nil {
+		d.err = err
+	}
+	d.phase = phaseFollow
+}
+
+// Result is the drive's outcome once Next needs nothing (Drive's).
+func (d *Driving) Result() ([]Action, error) { return d.result, d.err }
 
 // Take is rules 2 to 6 for one event, under the lock its caller holds: e
 // stepped on fx.State(), the preparations that need no wait, the

@@ -368,3 +368,40 @@ func TestTakeTellsOfTheWaitingPreparationsItLeaves(t *testing.T) {
 		t.Fatalf("a step with no waiting preparation told of %v", n2.asked)
 	}
 }
+
+// TestDrivingPausesAtEachWaitAndAction pins the resumable form of the
+// driver (Driving), which node's volume loop runs: it hands out each
+// waiting preparation and each action, one at a time, takes nothing and
+// locks nothing while one is out, and takes the step on the state as it
+// is when the last waiting preparation is reported done (another drive
+// may have changed it meanwhile).
+func TestDrivingPausesAtEachWaitAndAction(t *testing.T) {
+	r, e := forced()
+	d := Begin(e)
+	var got []string
+	for {
+		n := d.Next(r)
+		if n.Kind == NeedNothing {
+			break
+		}
+		got = append(got, fmt.Sprintf("%d %s", n.Kind, n.Action))
+		if r.locked || r.has("lock") && n.Kind == NeedPrepare {
+			t.Fatalf("a waiting preparation handed out under, or after, the lock:\n%s", strings.Join(r.log, "\n"))
+		}
+		if n.Kind == NeedPrepare && n.Action.Kind == DetachIncoming {
+			// Another step ran while this one waited.
+			r.st.Durable.Epoch = 5
+		}
+		d.Done(nil)
+	}
+	want := []string{"1 stop-peers", "1 detach-incoming", "2 reset-peers", "2 run-hook on_promote epoch=6", "2 notify forced-primary epoch=6"}
+	if !slices.Equal(got, want) {
+		t.Errorf("the drive asked for %q, want %q", got, want)
+	}
+	if !r.has("commit epoch=6") {
+		t.Errorf("the step was not taken on the state as it was after the waits:\n%s", strings.Join(r.log, "\n"))
+	}
+	if acts, err := d.Result(); err != nil || len(acts) != 3 {
+		t.Errorf("Result: %v %v, want the step's 3 actions", acts, err)
+	}
+}
