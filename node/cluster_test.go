@@ -808,3 +808,36 @@ func TestAStreamFromAWireVersionTwoApartIsRefused(t *testing.T) {
 		t.Fatalf("a wire-version refusal: cause %s, final %v", r.cause, r.final)
 	}
 }
+
+// TestEveryLossOfAStreamThatWasUpIsTold: alpha tells a lost stream once
+// per outage (the retries of one outage are not news), and a stream that
+// came up and was lost again is a new outage even when it ended the same
+// way as the one before: beta stopped twice gives alpha two peer-lost
+// events. Before, the second went untold: the cause was the same.
+func TestEveryLossOfAStreamThatWasUpIsTold(t *testing.T) {
+	beside(t)
+	c := newTestCluster(t, 8<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	since := c.lastEventSeq("alpha")
+	losses := func() (n int) {
+		for _, e := range c.eventsSince("alpha", since) {
+			if e.Peer == "beta" && e.Kind == "peer-lost" {
+				n++
+			}
+		}
+		return n
+	}
+	for round := 1; round <= 2; round++ {
+		c.stop("beta")
+		if !within(30*time.Second, 20*time.Millisecond, func() bool { return losses() >= round }) {
+			t.Fatalf("beta stopped %d times: alpha told %d lost streams, want %d", round, losses(), round)
+		}
+		c.start("beta")
+		c.waitInSync()
+	}
+	if n := losses(); n != 2 {
+		t.Fatalf("beta stopped twice: alpha told %d lost streams, want 2 (one per outage, not one per retry)", n)
+	}
+}

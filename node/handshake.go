@@ -152,6 +152,7 @@ func (p *peer) connect(ctx context.Context) error {
 		s.Cancel()
 	}
 	v.peerAnswered(p.name, plan.pull)
+	p.connects.Add(1)
 	v.log.Info("peer connected", "peer", p.name, "rule", plan.rule, "decision", plan.outcome, "out_of_sync", p.bm.Bytes(), "local_missing", v.localMissing.Bytes())
 	now := p.snapshot().state
 	// Words for people; the rule's name is the event's reason (JSON).

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/replvol/replvol/internal/blocksum"
 	"github.com/replvol/replvol/internal/fault"
@@ -595,9 +596,16 @@ func TestASumsRoomIsReusedOnlyOnceTheWriteIsDone(t *testing.T) {
 func TestLargeWritesUnderProtocolAShipTheirOwnSums(t *testing.T) {
 	c := newTestCluster(t, 64<<20)
 	c.cfg.Volumes[0].Protocol = "A"
+	// A resync is what a refused frame costs, and what a stream lost to
+	// a peer timeout costs too: on a starved machine beta answered nothing
+	// for more than the default 2 s. A minute, longer than the test's
+	// waits, leaves only a refused frame to resync beta, and a lost stream
+	// is told as such.
+	c.cfg.Volumes[0].PeerTimeout = Duration(time.Minute)
 	c.start("alpha")
 	c.start("beta")
 	c.waitInSync()
+	since := c.lastEventSeq("alpha")
 	a := c.vol("alpha")
 	ctx := context.Background()
 	resyncedBefore := replica(c.status(), "beta").ResyncedBytes
@@ -633,6 +641,11 @@ func TestLargeWritesUnderProtocolAShipTheirOwnSums(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.waitInSync()
+	for _, e := range c.eventsSince("alpha", since) {
+		if e.Peer == "beta" && e.Kind == "peer-lost" {
+			t.Fatalf("alpha lost beta's stream (reason %s: frame-refused is what the test looks for; any other, a stream lost under it): %s", e.Reason, e.Message)
+		}
+	}
 	if got := replica(c.status(), "beta").ResyncedBytes; got != resyncedBefore {
 		t.Fatalf("beta was resynced (%d bytes, %d before): a frame was refused", got, resyncedBefore)
 	}

@@ -46,6 +46,9 @@ type peer struct {
 	view atomic.Pointer[peerView]
 	// sessions numbers the peer's streams (the last one made).
 	sessions atomic.Uint64
+	// connects counts the handshakes that connected (the "connected"
+	// event): run tells every loss of a stream that was up.
+	connects atomic.Uint64
 	// unpaused is closed while resync may run; replaced by an open channel
 	// while the operator has it paused (setPaused).
 	unpaused atomic.Pointer[chan struct{}]
@@ -231,7 +234,13 @@ func (p *peer) run(ctx context.Context) {
 	for ctx.Err() == nil {
 		began := p.v.clock.Now()
 		seq := p.resumeSeq.Load()
+		connects := p.connects.Load()
 		err := p.connect(ctx)
+		if p.connects.Load() != connects {
+			// This attempt connected: its loss is news, whatever the
+			// cause of the one before it.
+			lastCause = "connected"
+		}
 		if ctx.Err() != nil {
 			break
 		}
