@@ -99,10 +99,11 @@
 // volume that closes gets errVolumeClosed. The steps not yet posted to
 // the loop (stepLocked, under v.stateMu, which the loop takes around its
 // Take too; stepUnwrittenLocked, under v.mu) run on their callers'
-// goroutines. The role functions build an event and drive it: promote and takeOverAt (raft's choice) are one
-// promotion, stepDown (a newer primary reached this one) and yieldTo (raft
-// names another) one step-down, and retake, forcePromote, demote (with
-// HandedOver or HandoverAborted), fence and discardMyData are events too.
+// goroutines. The role functions build an event and drive it: promote
+// and takeOverAt (raft's choice) are one promotion, stepDown (a newer
+// primary reached this one) and yieldTo (raft names another) one
+// step-down, and retake, forcePromote, demote (with HandedOver or
+// HandoverAborted), fence and discardMyData are events too.
 // A volume's start (Started), a handshake's decision (PeerConnected: the
 // generation rules refuse, resync or pull, durably; handshake.go marks the
 // blocks that move, then renders a refusal in words), a peer's answer
@@ -185,8 +186,8 @@
 // v.stateMu is never taken while waiting for an entry's ack; v.mu is never
 // held while the state is written. The volume's loop holds no lock while
 // it waits for a message, and no goroutine posts a drive to it while
-// holding v.stateMu or v.mu (the loop takes them for its Take). go test -tags deadlock (make test-locks)
-// (and make test) checks the order at run time, with every other mutex
-// of the process. in.applyMu, a stream's apply lock, is node/applier/apply's,
-// of the same kind (its lock.go).
+// holding v.stateMu or v.mu (the loop takes them for its Take). go test
+// -tags deadlock (make test-locks) (and make test) checks the order at
+// run time, with every other mutex of the process. in.applyMu, a stream's
+// apply lock, is node/applier/apply's, of the same kind (its lock.go).
 package node
