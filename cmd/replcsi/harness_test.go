@@ -12,6 +12,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -427,7 +428,18 @@ func startCSI(t *testing.T, name, addr, top string) *csiHost {
 		}
 	})
 	t.Cleanup(func() { h.detachLeftovers(top) })
-	if !poll.Within(30*time.Second, 50*time.Millisecond, func() bool { return fileExists(sock) }) {
+	// The socket's file exists from its bind, a moment before its listen:
+	// a connection in that moment is refused (a loaded machine met it, and
+	// the first call failed Unavailable). So the test waits for a
+	// connection the driver accepts, as kubelet waits for its plugin.
+	if !poll.Within(30*time.Second, 50*time.Millisecond, func() bool {
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			return false
+		}
+		c.Close()
+		return true
+	}) {
 		t.Fatalf("replcsi %s does not listen on %s", name, sock)
 	}
 	h.conn, err = grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
