@@ -225,6 +225,24 @@ func (c *testCluster) eventsSince(name string, seq uint64) []statefile.Event {
 	return slices.DeleteFunc(evs, func(e statefile.Event) bool { return e.Seq <= seq })
 }
 
+// streamsSince counts node name's connections to peer after event seq,
+// and gives the messages of its lost streams (peer-lost events): every
+// loss of a stream that was up is told, and so is the first failure of an
+// outage to connect.
+func (c *testCluster) streamsSince(name, peer string, seq uint64) (connects int, losses []string) {
+	c.t.Helper()
+	for _, e := range c.eventsSince(name, seq) {
+		switch {
+		case e.Peer != peer:
+		case e.Kind == "connected":
+			connects++
+		case e.Kind == "peer-lost":
+			losses = append(losses, e.Message)
+		}
+	}
+	return connects, losses
+}
+
 // eventKinds counts the events of node name by kind.
 func (c *testCluster) eventKinds(name string) map[string]int {
 	c.t.Helper()
@@ -309,20 +327,9 @@ func TestAFailingPrimaryDiskCostsNoClientErrorAndDetachesOnce(t *testing.T) {
 
 	errs := load.stop()
 	t.Logf("NBD load: %s", load.final)
-	// Each connection to beta after the first followed a lost stream;
-	// a loss of the same cause as the last one is not told again, so the
-	// connections count them and the losses told say why.
-	var reconnects int
-	var why []string
-	for _, e := range c.eventsSince("alpha", since) {
-		switch {
-		case e.Peer != "beta":
-		case e.Kind == "connected":
-			reconnects++
-		case e.Kind == "peer-lost":
-			why = append(why, e.Message)
-		}
-	}
+	// Each connection to beta since the load began followed a lost
+	// stream, and each lost stream is told with its cause.
+	reconnects, why := c.streamsSince("alpha", "beta", since)
 	if reconnects > 0 || len(why) > 0 {
 		t.Errorf("alpha lost beta's stream, which the test needs, and connected again %d times: %q", reconnects, why)
 	}

@@ -130,6 +130,24 @@ func awaitLoop[T any](t *testing.T, ch <-chan T, what string) T {
 	}
 }
 
+// postHeldForce posts a force of lv to l whose StopPeers waits, off the
+// loop, until release is closed; it returns once that wait began, with
+// where the force's result comes.
+func postHeldForce(t *testing.T, l *volumeLoop, lv *loopVolume) (forced <-chan error, release chan struct{}) {
+	t.Helper()
+	entered := make(chan struct{})
+	release = make(chan struct{})
+	forced = l.post(&loopFx{lv: lv, wait: func(a volstate.Action) error {
+		if a.Kind == volstate.StopPeers {
+			close(entered)
+			<-release
+		}
+		return nil
+	}}, force())
+	awaitLoop(t, entered, "the force's wait")
+	return forced, release
+}
+
 // closeLoop closes l, failing t if that does not end (a stuck loop).
 func closeLoop(t *testing.T, l *volumeLoop) {
 	t.Helper()
@@ -179,15 +197,7 @@ func TestTheLoopTakesDrivesInTheOrderPosted(t *testing.T) {
 	lv := loopSecondary()
 	l := startLoop()
 	defer closeLoop(t, l)
-	entered, release := make(chan struct{}), make(chan struct{})
-	forced := l.post(&loopFx{lv: lv, wait: func(a volstate.Action) error {
-		if a.Kind == volstate.StopPeers {
-			close(entered)
-			<-release
-		}
-		return nil
-	}}, force())
-	awaitLoop(t, entered, "the force's wait")
+	forced, release := postHeldForce(t, l, lv)
 	var results []<-chan error
 	var want []string
 	for epoch := uint64(4); epoch < 54; epoch++ {
@@ -217,15 +227,7 @@ func TestTheLoopTakesDrivesInTheOrderPosted(t *testing.T) {
 func TestTheLoopClosesAfterItsWaitsAndRefusesWhatComesMeanwhile(t *testing.T) {
 	lv := loopSecondary()
 	l := startLoop()
-	entered, release := make(chan struct{}), make(chan struct{})
-	forced := l.post(&loopFx{lv: lv, wait: func(a volstate.Action) error {
-		if a.Kind == volstate.StopPeers {
-			close(entered)
-			<-release
-		}
-		return nil
-	}}, force())
-	awaitLoop(t, entered, "the force's wait")
+	forced, release := postHeldForce(t, l, lv)
 	closed := make(chan struct{})
 	go func() {
 		l.close()
