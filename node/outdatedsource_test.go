@@ -99,13 +99,26 @@ func TestAPrimaryNeverCopiesFromAPeerRaftHasOutdated(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// raft has gamma Outdated under alpha.
+	// raft has gamma Outdated under alpha. alpha proposes a peer that
+	// finished a resync UpToDate in the background, and a proposal whose
+	// leader lost office while committing it is asked again: one that
+	// lands after the test's mark undoes it (a loaded rehearsal's raft
+	// changed leaders right after the sync, and gamma never showed
+	// Outdated). alpha's own marks wait for those proposals
+	// (ensureOutdated); the test's waits too.
+	eventually(t, func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return len(a.upToDate) == 0
+	}, "alpha's proposals of its peers UpToDate are over")
 	cl := c.nodes["alpha"].cl.c
 	va, _ := cl.Authority().Volume("vol0")
 	if _, err := cl.Propose(ctx, replication.MarkOutdatedCommand("vol0", va.Epoch, "gamma")); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, func() bool { va, _ := cl.Authority().Volume("vol0"); return va.IsOutdated("gamma") }, "alpha's raft has gamma Outdated")
+	if !within(10*time.Second, 10*time.Millisecond, func() bool { va, _ = cl.Authority().Volume("vol0"); return va.IsOutdated("gamma") }) {
+		t.Fatalf("alpha's raft does not have gamma Outdated: %+v", va)
+	}
 
 	// alpha's events from here on: the first connection to gamma's
 	// decision is the one raft's record must shape (a later reconnect,
