@@ -373,10 +373,13 @@ func (n *Node) clusterInfo() (transport.ClusterInfo, map[string]string) {
 	}
 	st := n.cl.c.Status()
 	auto, why := cluster.FailoverNow(st, n.cl.failoverConfig())
-	info := transport.ClusterInfo{Leader: st.Leader, Quorum: st.Quorum, Voters: st.Voters, Failover: "off", Reason: why, Standing: string(st.Standing)}
+	info := transport.ClusterInfo{Leader: st.Leader, Quorum: st.Quorum, Electing: st.Electing, Voters: st.Voters, Failover: "off", Reason: why, Standing: string(st.Standing)}
 	if auto {
 		info.Failover = "auto"
-		if !st.Quorum {
+		switch {
+		case st.Electing:
+			info.Reason = "electing a raft leader: the last one handed its office on or was lost moments ago"
+		case !st.Quorum:
 			info.Reason = "no quorum: no raft leader with a majority is in reach; primaries hold their IO when their lease runs out, and nobody is promoted"
 		}
 	}

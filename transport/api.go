@@ -115,8 +115,13 @@ type ClusterInfo struct {
 	// data primary: whichever node leads commits the decisions.
 	Leader string `json:"leader"`
 	// Quorum: a leader is in contact with a majority of the voters.
-	Quorum bool     `json:"quorum"`
-	Voters []string `json:"voters"`
+	Quorum bool `json:"quorum"`
+	// Electing: no quorum, for less time than an election takes (a
+	// leader handed its office on, or was lost, and the vote runs).
+	// Status shows it as an election, not as a lost quorum, and warns
+	// no-quorum only once it lasts longer.
+	Electing bool     `json:"electing,omitempty"`
+	Voters   []string `json:"voters"`
 	// Failover is auto or off; Reason says why it is off, or what stops it.
 	Failover string `json:"failover"`
 	Reason   string `json:"reason,omitempty"`

@@ -59,7 +59,10 @@ func healthWarnings(st *transport.ClusterStatus) []Warning {
 		}
 		add(w)
 	}
-	if c := st.Cluster; len(c.Voters) > 0 && !c.Quorum {
+	// An election under way (a leader handing its office on, or one lost
+	// moments ago) is no lost quorum yet: that is told once it lasts
+	// longer than an election takes.
+	if c := st.Cluster; len(c.Voters) > 0 && !c.Quorum && !c.Electing {
 		var gone []string
 		for _, v := range c.Voters {
 			if down[v] {

@@ -233,6 +233,18 @@ func TestPageStates(t *testing.T) {
 			},
 		},
 		{
+			name: "a leader hands its office on: an election, no lost quorum",
+			bend: func(st *transport.ClusterStatus) {
+				st.Cluster.Quorum, st.Cluster.Electing, st.Cluster.Leader = false, true, ""
+				st.Cluster.Reason = "electing a raft leader: the last one handed its office on or was lost moments ago"
+			},
+			check: want{
+				text:   map[string]string{"cluster-quorum": "electing", "cluster-leader": "none", "cluster-reason": "electing a raft leader", "warnings-none": "Nothing"},
+				absent: []string{"warning-no-quorum"},
+				class:  map[string]string{"cluster-quorum": "warn"},
+			},
+		},
+		{
 			name: "protocol A: beta Behind with lag",
 			bend: func(st *transport.ClusterStatus) {
 				st.Volumes[0].Protocol = "A"

@@ -187,6 +187,8 @@ func buildCluster(st *transport.ClusterStatus) clusterView {
 		cv.Quorum, cv.QuorumClass, cv.Voters = "no raft", classIdle, "none"
 	case c.Quorum:
 		cv.Quorum, cv.QuorumClass = "yes", classOK
+	case c.Electing:
+		cv.Quorum, cv.QuorumClass = "electing", classWarn
 	default:
 		cv.Quorum, cv.QuorumClass = "NO", classBad
 	}

@@ -200,6 +200,13 @@ func TestStatusWarnsOnTheVolumeLine(t *testing.T) {
 			t.Errorf("protocol A in cluster mode: no %q in\n%s", want, out.String())
 		}
 	}
+	// A leader handing its office on: an election, not a lost quorum.
+	st.Cluster.Electing = true
+	out.Reset()
+	printStatus(&out, st, palette{}, time.Now())
+	if first, _, _ := strings.Cut(out.String(), "\n"); !strings.Contains(first, "raft leader none, electing,") || strings.Contains(first, "no quorum") {
+		t.Errorf("cluster line during an election: %q, want it to say electing", first)
+	}
 }
 
 // TestStatusCheckVerdict pins status --check's exit codes: 0 with nothing

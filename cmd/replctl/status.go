@@ -315,8 +315,11 @@ func printStatus(w io.Writer, st *transport.ClusterStatus, pal palette, now time
 			leader = pal.paint(colorRed, "none")
 		}
 		quorum := pal.paint(colorRed, "no quorum")
-		if cl.Quorum {
+		switch {
+		case cl.Quorum:
 			quorum = pal.paint(colorGreen, "quorum")
+		case cl.Electing:
+			quorum = pal.paint(colorYellow, "electing")
 		}
 		line += fmt.Sprintf(", raft leader %s, %s, voters %s", leader, quorum, strings.Join(cl.Voters, " "))
 	}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -47,6 +48,9 @@ type Cluster struct {
 	renewer      renewer
 	barriers     sharedBarrier
 	leaderChange *broadcast
+	// leaderless is when this node last lost sight of a leader (zero
+	// while it sees one), on raftTime.
+	leaderless leaderlessSince
 	// member is what this node learned of its own standing in raft
 	// (membership.go).
 	member membership
@@ -97,6 +101,7 @@ func Open(cfg Config) (_ *Cluster, err error) {
 		forwardRefusals: logonce.New(refusalQuiet, maxRefusalsKept, nil),
 		ctx:             ctx, cancel: cancel,
 	}
+	c.leaderless.lost(c.raftTime.Now()) // none is known before the first election
 	c.fsm = &fsm{applied: c.signalChanged}
 	var undo []func()
 	defer func() {
@@ -232,7 +237,14 @@ func (c *Cluster) watchRaft(notify <-chan bool, observations <-chan raft.Observa
 		case leader := <-notify:
 			c.leases.setLeader(leader, c.cfg.Clock.Now())
 			c.logger.Info("raft leadership", "leader", leader)
-		case <-observations:
+		case o := <-observations:
+			if lo, ok := o.Data.(raft.LeaderObservation); ok {
+				if lo.LeaderID == "" {
+					c.leaderless.lost(c.raftTime.Now())
+				} else {
+					c.leaderless.found()
+				}
+			}
 		}
 		c.leaderChange.fire()
 		c.signalChanged()
@@ -278,10 +290,14 @@ func (c *Cluster) Status() Status {
 	s := Status{Self: c.self, Leader: string(id)}
 	switch {
 	case s.Leader == "":
+		now := c.raftTime.Now()
+		s.Electing = now.Sub(c.leaderless.lost(now)) < c.cfg.Timing.ElectionGrace()
 	case c.raft.State() == raft.Leader:
 		s.Quorum = s.Leader == c.self
 	default:
-		s.Quorum = c.raftTime.Since(c.raft.LastContact()) < c.cfg.Timing.HeartbeatTimeout
+		lost := c.raft.LastContact().Add(c.cfg.Timing.HeartbeatTimeout)
+		s.Quorum = c.raftTime.Now().Before(lost)
+		s.Electing = !s.Quorum && c.raftTime.Since(lost) < c.cfg.Timing.ElectionGrace()
 	}
 	voterSet := map[string]bool{}
 	if f := c.raft.GetConfiguration(); f.Error() == nil {
@@ -294,7 +310,7 @@ func (c *Cluster) Status() Status {
 	}
 	slices.Sort(s.Voters)
 	if standing, voters, _ := c.member.get(); standing != "" {
-		s.Leader, s.Quorum, s.Voters = "", false, voters
+		s.Leader, s.Quorum, s.Electing, s.Voters = "", false, false, voters
 		s.Standing, s.NotAVoter = standing, standingText(c.self, standing, voters)
 		clear(voterSet)
 		for _, v := range voters {
@@ -378,6 +394,27 @@ func (c *Cluster) waitForLeader(ctx context.Context, ok func(id string) bool) (s
 		}
 	}
 }
+
+// leaderlessSince holds when this node lost sight of a leader; nil while
+// it sees one. watchRaft notes raft's leader observations; Status notes
+// a loss it sees first (the observation is still on its way). A find
+// that raft dropped (its channel full) keeps the older loss, which errs
+// on the side of a warning.
+type leaderlessSince struct{ at atomic.Pointer[time.Time] }
+
+// lost notes a leader lost at now, unless one was lost before and not
+// found since, and returns when it was lost.
+func (l *leaderlessSince) lost(now time.Time) time.Time {
+	if l.at.CompareAndSwap(nil, &now) {
+		return now
+	}
+	if p := l.at.Load(); p != nil {
+		return *p
+	}
+	return now // found meanwhile
+}
+
+func (l *leaderlessSince) found() { l.at.Store(nil) }
 
 // broadcast wakes every waiter at once: wait returns a channel that the
 // next fire closes.

@@ -728,3 +728,75 @@ func TestACommandWaitsOutALeadershipTransfer(t *testing.T) {
 		leader = n.waitLeader(t)
 	}
 }
+
+// TestAHandoffIsAnElectionAndALostMajorityIsNoQuorum: while a leader
+// hands its office on, a node may see no quorum for a moment; its status
+// says Electing then, so that status does not warn of a lost quorum at
+// every handoff (a loaded machine's run of replctl status --check saw
+// one, critical). Every node had a quorum when the transfer began, so a
+// loss it sees began after that: no sample taken less than ElectionGrace
+// after the transfer began may read "no quorum, not electing". With two
+// of three voters gone, the last one says "no quorum, not electing"
+// once the grace is over.
+func TestAHandoffIsAnElectionAndALostMajorityIsNoQuorum(t *testing.T) {
+	n, leader := threeNodes(t)
+	grace := leader.cfg.Timing.ElectionGrace()
+	electing := 0
+	for range 5 {
+		began := time.Now()
+		for _, c := range n.nodes() {
+			if st := c.Status(); !st.Quorum {
+				t.Fatalf("%s has no quorum before the transfer: %+v", c.self, st)
+			}
+		}
+		transfer, done := leader.raft.LeadershipTransfer(), make(chan struct{})
+		go func() {
+			defer close(done)
+			if err := transfer.Error(); err != nil {
+				t.Logf("the transfer: %v", err)
+			}
+		}()
+		for sampling := true; sampling; {
+			select {
+			case <-done:
+				sampling = false
+			default:
+			}
+			for _, c := range n.nodes() {
+				st := c.Status()
+				at := time.Now()
+				if st.Electing {
+					electing++
+				}
+				if !st.Quorum && !st.Electing && at.Sub(began) < grace {
+					t.Fatalf("%s %s after the transfer began: no quorum and not electing, within the grace of %s", c.self, at.Sub(began), grace)
+				}
+			}
+		}
+		leader = n.waitLeader(t)
+		waitFor(t, "every node sees the quorum again", 10*time.Second, func() bool {
+			for _, c := range n.nodes() {
+				if !c.Status().Quorum {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	t.Logf("samples that saw an election under way: %d", electing)
+
+	last := n.follower(t, leader)
+	for _, c := range n.nodes() {
+		if c != last {
+			n.stop(c.self)
+		}
+	}
+	waitFor(t, last.self+" sees the election under way", 5*time.Second, func() bool {
+		st := last.Status()
+		return !st.Quorum && st.Electing
+	})
+	waitFor(t, last.self+" sees no quorum, no election under way, once the grace is over", 10*time.Second, func() bool {
+		st := last.Status()
+		return !st.Quorum && !st.Electing
+	})
+}

@@ -114,6 +114,13 @@ type Timing struct {
 	RejoinInterval time.Duration
 }
 
+// ElectionGrace is how long a node may see no leader with a quorum before
+// that is more than an election under way (a leader handing its office
+// on, or one lost and replaced): the heartbeat timeout that notices the
+// loss and two election rounds. Until then status says "electing"; after
+// it, no quorum is a warning.
+func (t Timing) ElectionGrace() time.Duration { return t.HeartbeatTimeout + 2*t.ElectionTimeout }
+
 func (t Timing) withDefaults() Timing {
 	def := func(d *time.Duration, v time.Duration) {
 		if *d == 0 {

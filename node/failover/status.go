@@ -53,9 +53,13 @@ type Status struct {
 	// Quorum: a leader is known and had contact with a majority recently
 	// (it is this node, which steps down after LeaderLeaseTimeout without
 	// one, or it reached this node within HeartbeatTimeout).
-	Quorum  bool          `json:"quorum"`
-	Voters  []string      `json:"voters"`
-	Members []MemberState `json:"members"`
+	Quorum bool `json:"quorum"`
+	// Electing: no quorum, for less than ElectionGrace: a leader handed
+	// its office on, or died, and the election that replaces it runs.
+	// Status says so; it warns of no quorum only once that lasts longer.
+	Electing bool          `json:"electing,omitempty"`
+	Voters   []string      `json:"voters"`
+	Members  []MemberState `json:"members"`
 	// Standing is set when this node is not a voter (removed, or joining
 	// and not added yet): then Leader is "", Quorum false, Voters the
 	// cluster's as told, and NotAVoter says it in words.
