@@ -12,17 +12,14 @@ import (
 // the raft quorum lost and regained, and a primary's lease running out
 // (its IO freezes) and coming back. Each node records its own view.
 
-// quorumGrace is how long a change must last to be an event: an election
-// that picks a new leader within it is one leader change, not a loss of
-// the leader and of quorum.
-const quorumGrace = time.Second
-
 // clusterEvents records the cluster's events until stop closes. It looks
 // at each leader change and every clusterTick.
 func (n *Node) clusterEvents(stop <-chan struct{}) {
 	tick := n.clock.NewTicker(clusterTick)
 	defer tick.Stop()
-	var w clusterWatch
+	// As long as status calls a quorumless spell an election
+	// (cluster.Timing.ElectionGrace): the event and the warning agree.
+	w := clusterWatch{grace: n.cl.c.ElectionGrace()}
 	for {
 		changed := n.cl.c.LeaderChanged()
 		for _, e := range w.observe(n.name, n.cl.c.Status(), n.clock.Now()) {
@@ -40,6 +37,10 @@ func (n *Node) clusterEvents(stop <-chan struct{}) {
 // clusterWatch turns the cluster statuses one node sees into events. It
 // is a pure rule: observe(status, now) → events.
 type clusterWatch struct {
+	// grace is how long a change must last to be an event: an election
+	// that picks a new leader within it is one leader change, not a loss
+	// of the leader and of quorum.
+	grace time.Duration
 	// leader is the last leader reported ("" before the first).
 	leader string
 	// quorum: a quorum was seen and no loss reported since; lost: a loss
@@ -72,7 +73,7 @@ func (w *clusterWatch) observe(self string, st cluster.Status, now time.Time) []
 		if w.noLeaderSince.IsZero() {
 			w.noLeaderSince = now
 		}
-		if now.Sub(w.noLeaderSince) >= quorumGrace {
+		if now.Sub(w.noLeaderSince) >= w.grace {
 			out = append(out, statefile.Event{Kind: "raft-leader", Old: w.leader, New: "none",
 				Message: fmt.Sprintf("raft has no leader (was %s): an election is under way or no majority is in reach", w.leader)})
 			w.leader = "none"
@@ -90,7 +91,7 @@ func (w *clusterWatch) observe(self string, st cluster.Status, now time.Time) []
 		if w.noQuorumSince.IsZero() {
 			w.noQuorumSince = now
 		}
-		if now.Sub(w.noQuorumSince) >= quorumGrace {
+		if now.Sub(w.noQuorumSince) >= w.grace {
 			out = append(out, statefile.Event{Kind: "quorum-lost", Old: "quorum", New: "no quorum",
 				Message: fmt.Sprintf("%s is cut off from the raft majority: no failover, and its primaries freeze their IO when their lease runs out", self)})
 			w.lost = true

@@ -9,8 +9,8 @@ import (
 )
 
 // TestClusterWatchRule: the cluster statuses a node sees become events: the
-// first leader and every change of leader; a leader gone for quorumGrace
-// without a successor; quorum lost after quorumGrace without one (never
+// first leader and every change of leader; a leader gone for the grace
+// (here 1 s) without a successor; quorum lost after the grace without one (never
 // before it was first seen) and regained. A new leader elected within the
 // grace is one change, with no loss.
 func TestClusterWatchRule(t *testing.T) {
@@ -54,7 +54,7 @@ func TestClusterWatchRule(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var w clusterWatch
+			w := clusterWatch{grace: time.Second}
 			for _, s := range tc.steps {
 				var got []string
 				for _, e := range w.observe("alpha", cluster.Status{Leader: s.leader, Quorum: s.quorum}, t0.Add(s.at)) {

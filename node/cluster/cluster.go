@@ -324,6 +324,10 @@ func (c *Cluster) Status() Status {
 	return s
 }
 
+// ElectionGrace is how long this node calls a spell without a leader
+// with a quorum an election under way (Timing.ElectionGrace).
+func (c *Cluster) ElectionGrace() time.Duration { return c.cfg.Timing.ElectionGrace() }
+
 // AwaitQuorum returns true once this node sees a leader with a quorum,
 // waiting at most as long as raft takes to replace a lost leader (two
 // heartbeat and election timeouts), or until ctx ends. A quorum that is
