@@ -333,7 +333,10 @@ func TestInterruptedResyncResumesWhereItStopped(t *testing.T) {
 		t.Run(restart+" restarts", func(t *testing.T) {
 			const size = 24 << 20
 			c := newTestCluster(t, size)
-			c.cfg.Volumes[0].ResyncRate = 12 << 20
+			// 4 MiB/s: from the third done to the end is 4 s, which the
+			// stop must beat (at 12 MiB/s a loaded machine's stop came
+			// 1.3 s too late: beta was Consistent, the resync over).
+			c.cfg.Volumes[0].ResyncRate = 4 << 20
 			c.start("alpha")
 			c.start("beta")
 			c.waitInSync()
