@@ -448,7 +448,7 @@ func (v *Volume) dataNodes() []string {
 }
 
 // background runs f once at a time per kind.
-func (v *Volume) background(kind string, f func()) {
+func (v *Volume) background(kind string, f func()) bool {
 	v.mu.Lock()
 	if v.tasks == nil {
 		v.tasks = map[string]bool{}
@@ -457,7 +457,7 @@ func (v *Volume) background(kind string, f func()) {
 		// Nothing starts on a volume that is shutting down (a cluster
 		// step may still hold a volume just removed).
 		v.mu.Unlock()
-		return
+		return false
 	}
 	v.tasks[kind] = true
 	v.mu.Unlock()
@@ -471,6 +471,7 @@ func (v *Volume) background(kind string, f func()) {
 		}()
 		f()
 	}()
+	return true
 }
 
 // proposeUpToDate has raft record peer UpToDate at epoch, in the
@@ -493,7 +494,7 @@ func (v *Volume) proposeUpToDate(peer string, epoch uint64) {
 	delete(v.outdated, peer)
 	v.forgets++
 	v.mu.Unlock()
-	v.background("propose up-to-date "+peer, func() {
+	started := v.background("propose up-to-date "+peer, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if _, err := v.node.cl.c.Propose(ctx, replication.MarkUpToDateCommand(v.name, epoch, peer)); err != nil {
@@ -506,6 +507,18 @@ func (v *Volume) proposeUpToDate(peer string, epoch uint64) {
 		v.mu.Unlock()
 		close(done)
 	})
+	if !started {
+		// Not proposed (the volume stops, or the last proposal's task
+		// has closed its wait and not ended yet): nothing may wait for
+		// it, or the next write the peer misses (ensureOutdated) would
+		// wait forever; the authority's next look proposes it again.
+		v.mu.Lock()
+		if v.upToDate[peer] == done {
+			delete(v.upToDate, peer)
+		}
+		v.mu.Unlock()
+		close(done)
+	}
 }
 
 // proposeOnce proposes cmd in the background, one of each kind at a time.

@@ -173,3 +173,42 @@ func firstConnected(t *testing.T, n *Node, peer string, since time.Time) transpo
 	}
 	return transport.Event{}
 }
+
+// TestAnUpToDateProposalThatDoesNotStartLeavesNothingToWaitFor: a
+// proposal that raft record a peer UpToDate runs as a background task,
+// and a record of the peer Outdated (the next write it misses) waits for
+// it. A task that does not start (the volume stops; or the last such
+// proposal has closed its wait and its task has not ended yet, which is
+// held here) must leave nothing to wait for: a crash test hung ten
+// minutes on that wait, the stopping primary's peers ending their
+// streams, each waiting to record its peer Outdated.
+func TestAnUpToDateProposalThatDoesNotStartLeavesNothingToWaitFor(t *testing.T) {
+	c := startRaftServing(t, 8<<20)
+	v := c.vol("alpha")
+	const kind = "propose up-to-date beta"
+	v.mu.Lock()
+	epoch := v.st.Durable.Epoch
+	if v.tasks == nil {
+		v.tasks = map[string]bool{}
+	}
+	v.tasks[kind] = true
+	v.mu.Unlock()
+	v.proposeUpToDate("beta", epoch)
+	v.mu.Lock()
+	_, waiting := v.upToDate["beta"]
+	delete(v.tasks, kind)
+	v.mu.Unlock()
+	if waiting {
+		t.Fatal("a proposal that did not start left a wait behind: the next write beta misses would wait for it forever")
+	}
+	done := make(chan error, 1)
+	go func() { done <- v.recordOutdated("beta", true) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("record beta Outdated: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("recording beta Outdated still waits after 30 s for a proposal that never ran")
+	}
+}
