@@ -186,13 +186,23 @@ func TestAnUpToDateProposalThatDoesNotStartLeavesNothingToWaitFor(t *testing.T) 
 	c := startRaftServing(t, 8<<20)
 	v := c.vol("alpha")
 	const kind = "propose up-to-date beta"
-	v.mu.Lock()
-	epoch := v.st.Durable.Epoch
-	if v.tasks == nil {
-		v.tasks = map[string]bool{}
-	}
-	v.tasks[kind] = true
-	v.mu.Unlock()
+	// Once raft has beta UpToDate and no proposal of it runs, nothing
+	// proposes it again: the task held from here is the only one.
+	var epoch uint64
+	eventually(t, func() bool {
+		va, ok := c.nodes["alpha"].cl.c.Authority().Volume("vol0")
+		v.mu.Lock()
+		defer v.mu.Unlock()
+		if !ok || !va.IsUpToDate("beta") || v.upToDate["beta"] != nil || v.tasks[kind] {
+			return false
+		}
+		epoch = v.st.Durable.Epoch
+		if v.tasks == nil {
+			v.tasks = map[string]bool{}
+		}
+		v.tasks[kind] = true
+		return true
+	}, "raft has beta UpToDate, and no proposal of it runs")
 	v.proposeUpToDate("beta", epoch)
 	v.mu.Lock()
 	_, waiting := v.upToDate["beta"]
