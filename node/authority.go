@@ -447,7 +447,8 @@ func (v *Volume) dataNodes() []string {
 	return nodes
 }
 
-// background runs f once at a time per kind.
+// background runs f once at a time per kind, and reports whether it
+// started it: not while one of its kind runs, nor once the volume stops.
 func (v *Volume) background(kind string, f func()) bool {
 	v.mu.Lock()
 	if v.tasks == nil {
