@@ -129,9 +129,14 @@ type driveOptions struct {
 	// drainFailed says whether a step-down goes on after its drain failed
 	// (the bitmaps could not be flushed); it returns the error otherwise.
 	drainFailed func(error) bool
-	// install runs under v.mu with the install of the state a step
-	// wrote (not with steps that write nothing).
-	install func()
+	// install runs under v.mu right after the install of a step's new
+	// state, whether the step wrote or not (not after a step whose write
+	// failed): it sees the change the step made.
+	install func(volstate.Change)
+	// refused words, under v.mu and on the state as it was before the
+	// step, a refusal (RefuseStream) the step decided, BEFORE the step's
+	// cause is worded (texts may give those words).
+	refused func(volstate.Action)
 }
 
 // drive runs e through the volume's state machine by the driver's order
@@ -153,7 +158,7 @@ func (v *Volume) drive(e volstate.Event, opts driveOptions) error {
 // preparations that need no wait, then the writes (the indicator, then the
 // state through commit, which installs the new state in the same step),
 // and returns the actions. Callers hold v.stateMu.
-func (v *Volume) stepLocked(e volstate.Event, texts func(volstate.Cause) reason, install func()) ([]volstate.Action, error) {
+func (v *Volume) stepLocked(e volstate.Event, texts func(volstate.Cause) reason, install func(volstate.Change)) ([]volstate.Action, error) {
 	return volstate.Take(&volumeSteps{v: v, opts: driveOptions{texts: texts, install: install}}, e)
 }
 
@@ -203,10 +208,7 @@ func (d *volumeSteps) Commit(c volstate.Change) error {
 	// superblock is on the failing disk, which may not take it.
 	_, failing := c.Event.(volstate.DiskFailed)
 	return d.v.commitMirror(!failing, *c.Ready.Persist, d.v.size.Load(), func() {
-		d.v.installLocked(c.Old, c.Next, c.Ready, d.opts.texts)
-		if d.opts.install != nil {
-			d.opts.install()
-		}
+		d.installLocked(c, d.opts.texts)
 	})
 }
 
@@ -226,8 +228,29 @@ func (d *volumeSteps) Install(c volstate.Change) {
 		}
 	}
 	v.mu.Lock()
-	v.installLocked(c.Old, c.Next, c.Ready, texts)
+	if c.Err != nil {
+		v.installLocked(c.Old, c.Next, c.Ready, texts)
+	} else {
+		d.installLocked(c, texts)
+	}
 	v.mu.Unlock()
+}
+
+// installLocked installs c's new state with the drive's hooks: the
+// refusals worded first (on the state before the step), the install, then
+// the caller's own. Callers hold v.mu.
+func (d *volumeSteps) installLocked(c volstate.Change, texts func(volstate.Cause) reason) {
+	if d.opts.refused != nil {
+		for _, a := range c.Ready.Actions {
+			if a.Kind == volstate.RefuseStream {
+				d.opts.refused(a)
+			}
+		}
+	}
+	d.v.installLocked(c.Old, c.Next, c.Ready, texts)
+	if d.opts.install != nil {
+		d.opts.install(c)
+	}
 }
 
 // Perform: WaitIO and DrainIO wait for the IO (Quiesced follows them); a

@@ -147,10 +147,10 @@ func (v *Volume) discardMyData(ctx context.Context, yes bool) (int64, error) {
 		texts: func(volstate.Cause) reason {
 			return because(CauseDiscarding, "discarding its %s of changes: waiting for the primary to overwrite them", human.Bytes(bytes))
 		},
-		install: func() {
+		install: func(c volstate.Change) {
 			// With the step that made this node discard its data (not
 			// one that stepped it down meanwhile).
-			if v.st.Discard {
+			if c.Next.Discard && !c.Old.Discard {
 				v.discard = &discardInfo{from: from, runs: runs}
 			}
 		},
