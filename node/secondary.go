@@ -139,38 +139,23 @@ func (v *Volume) reached(h replication.Hello) volstate.PrimaryReached {
 }
 
 // primaryReached takes h's stream through the volume's rules
-// (volstate.PrimaryReached) under v.stateMu: they refuse it, or take it,
-// the new epoch and primary durable BEFORE the first write of the
+// (volstate.PrimaryReached) on the volume's loop: they refuse it, or take
+// it, the new epoch and primary durable BEFORE the first write of the
 // primary, and, when another node took over, this node's activity log
 // marked toward it BEFORE that (the reply reports the marks). It returns
-// the refusal's answer (zero when taken).
+// the refusal's answer (zero when taken), worded on the state the rules
+// refused it on.
 func (v *Volume) primaryReached(h replication.Hello) (replication.HelloReply, error) {
-	e := v.reached(h)
-	v.stateMu.Lock()
-	defer v.stateMu.Unlock()
-	// The refusal's words are the why the step records: a dry step finds
-	// them first (the state holds still under v.stateMu).
-	v.mu.Lock()
-	_, rd := volstate.Step(v.modelLocked(), e)
 	var reply replication.HelloReply
-	for _, a := range rd.Actions {
-		if a.Kind == volstate.RefuseStream {
-			reply = v.streamRefusalLocked(h, a)
-		}
-	}
-	v.mu.Unlock()
-	acts, err := v.stepLocked(e, func(volstate.Cause) reason {
-		return reason{cause: causeOfRefusal(reply.Refused), text: reply.Reason}
-	}, nil)
+	err := v.drive(v.reached(h), driveOptions{
+		refused: func(a volstate.Action) { reply = v.streamRefusalLocked(h, a) },
+		// The refusal's words are the why the step records.
+		texts: func(volstate.Cause) reason {
+			return reason{cause: causeOfRefusal(reply.Refused), text: reply.Reason}
+		},
+	})
 	if err != nil {
 		return replication.HelloReply{}, err
-	}
-	for _, a := range acts {
-		if a.Kind == volstate.RefuseStream && reply.Refused != a.Refusal {
-			v.mu.Lock()
-			reply = v.streamRefusalLocked(h, a)
-			v.mu.Unlock()
-		}
 	}
 	return reply, nil
 }
@@ -385,13 +370,10 @@ func (s appliedState) MarkReplica() error {
 
 func (s appliedState) SyncStarted(from replication.Generation) error {
 	v := s.v
-	v.stateMu.Lock()
-	defer v.stateMu.Unlock()
 	v.mu.Lock()
 	primary := v.st.Durable.Primary
 	v.mu.Unlock()
-	_, err := v.stepLocked(volstate.ResyncStarted{Peer: primary, From: from}, nil, nil)
-	return err
+	return v.drive(volstate.ResyncStarted{Peer: primary, From: from}, driveOptions{})
 }
 
 func (s appliedState) SyncFinished(primary string, g replication.Generation, history []replication.Generation) error {
@@ -402,10 +384,7 @@ func (s appliedState) SyncFinished(primary string, g replication.Generation, his
 	// now (its extents were marked, and resynced). Left set, every later
 	// connection, a clean one too, was decided by the rule crashed-primary
 	// and resynced the log's extents again (volstate.ResyncFinished).
-	v.stateMu.Lock()
-	_, err := v.stepLocked(volstate.ResyncFinished{Peer: primary, AsTarget: true, Current: g, History: history}, nil, nil)
-	v.stateMu.Unlock()
-	if err != nil {
+	if err := v.drive(volstate.ResyncFinished{Peer: primary, AsTarget: true, Current: g, History: history}, driveOptions{}); err != nil {
 		return err
 	}
 	// This node holds the primary's data now: whatever it marked toward

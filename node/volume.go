@@ -271,18 +271,15 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD, auth bool)
 	// The rules take the loaded state (volstate.Opened): a disk that was
 	// detached and missed writes comes back Inconsistent and Secondary,
 	// whatever its role was, durably.
-	v.stateMu.Lock()
-	acts, err := v.stepLocked(volstate.Opened{}, nil, nil)
-	v.stateMu.Unlock()
+	// It is the first drive of the volume's loop.
+	v.loop = startLoop()
+	err = v.drive(volstate.Opened{}, driveOptions{notify: func(volstate.Action) {
+		v.node.event(v.name, "stale-disk", "this disk missed writes while detached: it comes back Inconsistent and Secondary")
+	}})
 	if err != nil {
+		v.loop.close()
 		return nil, err
 	}
-	for _, a := range acts {
-		v.perform(a, driveOptions{notify: func(volstate.Action) {
-			v.node.event(v.name, "stale-disk", "this disk missed writes while detached: it comes back Inconsistent and Secondary")
-		}})
-	}
-	v.loop = startLoop()
 	return v, nil
 }
 
@@ -611,6 +608,11 @@ func (v *Volume) shutdown() bool {
 	v.mu.Lock()
 	close(v.stopping)
 	v.mu.Unlock()
+	// The stream from the primary ends BEFORE the loop closes: its
+	// applier drives the volume (a resync's start and end), and a drive
+	// refused because the volume closes would read as a failed disk. No
+	// new stream is taken once v.stopping is closed (serveStream).
+	v.detachIncoming()
 	// The drives under way end (they may start background tasks); a
 	// drive posted from now on is refused (errVolumeClosed), so a sender
 	// or a stream that posts one ends without waiting for it.
