@@ -653,9 +653,11 @@ func (v *Volume) renewLeases(ctx context.Context, epoch uint64) {
 		until, err := cl.c.RenewLease(rctx, v.name, epoch)
 		cancel()
 		if err == nil {
-			v.mu.Lock()
-			v.leaseRenewedLocked(volstate.LeaseRenewed{Epoch: epoch, Until: until})
-			v.mu.Unlock()
+			// Through the volume's rules (volstate.LeaseRenewed: the lease
+			// of the current term runs until then, and a primary forced
+			// without raft serves under it from now). A volume that closes
+			// takes no renewal.
+			_ = v.drive(volstate.LeaseRenewed{Epoch: epoch, Until: until}, driveOptions{})
 		} else if ctx.Err() == nil {
 			v.log.Debug("lease not renewed", "epoch", epoch, "err", err)
 		}
@@ -676,17 +678,10 @@ func (v *Volume) renewLeases(ctx context.Context, epoch uint64) {
 	}
 }
 
-// leaseRenewedLocked takes a renewal through the volume's rules
-// (volstate.LeaseRenewed: the lease of the current term runs until
-// e.Until, and a primary forced without raft serves under it from now).
-// Callers hold v.mu.
-func (v *Volume) leaseRenewedLocked(e volstate.LeaseRenewed) {
-	v.stepUnwrittenLocked(e, nil)
-}
-
 // stepUnwrittenLocked steps the volume's rules with an event whose rule
-// writes nothing (a lease renewal, a stop), under v.mu alone: such a step
-// never waits behind a commit that holds v.stateMu. It runs the driver's
+// writes nothing (the end of the stream from the primary, decided with
+// that stream under v.mu), under v.mu alone: such a step never waits
+// behind a commit that holds v.stateMu. It runs the driver's
 // step (volstate.Take) over effects that refuse any preparation or write,
 // installs what the step changed, the lease's end with it, and returns
 // the actions, for the caller to perform once it released v.mu. Callers

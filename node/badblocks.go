@@ -245,8 +245,10 @@ func (v *Volume) listBadBlock(b, boff, blen int64, from string, cause repairCaus
 // event detached gives f's reason (bad-blocks-full).
 func (v *Volume) failReplica(f diskFailure) {
 	why := because(CauseDiskFailed, "%s detached its disk (%v): the primary counts it out of sync, and resyncs it once the disk takes writes again", v.self, f)
+	if err := v.drive(volstate.ReplicaWriteFailed{}, driveOptions{texts: func(volstate.Cause) reason { return why }}); err != nil {
+		v.log.Error("record the failed disk", "err", err)
+	}
 	v.mu.Lock()
-	v.stepUnwrittenLocked(volstate.ReplicaWriteFailed{}, func(volstate.Cause) reason { return why })
 	in := v.incoming
 	v.mu.Unlock()
 	if in != nil {

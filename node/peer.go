@@ -356,9 +356,10 @@ func (p *peer) splitBrain(ref *refusal) reason {
 		victim = replication.VictimNone
 	}
 	why := reason{cause: CauseSplitBrain, text: text}
-	v.mu.Lock()
-	v.stepUnwrittenLocked(volstate.SplitBrainFound{Peer: p.name, Rule: ref.rule}, func(volstate.Cause) reason { return why })
-	v.mu.Unlock()
+	if err := v.drive(volstate.SplitBrainFound{Peer: p.name, Rule: ref.rule}, driveOptions{texts: func(volstate.Cause) reason { return why }}); err != nil {
+		// The volume closes: it discards nothing.
+		return why
+	}
 	if victim == replication.VictimMe {
 		// Only now: the discard is refused unless the machine knows of
 		// the split brain, which the step above told it.

@@ -400,8 +400,8 @@ func (s appliedState) SyncFinished(primary string, g replication.Generation, his
 func (s appliedState) Failed(err error) {
 	v := s.v
 	why := because(CauseDiskFailed, "a replicated write failed on %s (%v): the primary marks the blocks it sent and resyncs them once the disk takes writes again", v.self, err)
-	v.mu.Lock()
-	v.stepUnwrittenLocked(volstate.ReplicaWriteFailed{}, func(volstate.Cause) reason { return why })
-	v.mu.Unlock()
+	if err := v.drive(volstate.ReplicaWriteFailed{}, driveOptions{texts: func(volstate.Cause) reason { return why }}); err != nil {
+		v.log.Error("record the failed disk", "err", err)
+	}
 	v.node.event(v.name, "apply-failed", why.text)
 }

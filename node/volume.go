@@ -588,12 +588,13 @@ func (v *Volume) currentGeneration() replication.Generation {
 // that all worked, and shutdown reports whether it was.
 func (v *Volume) shutdown() bool {
 	// The volume's rules stop its IO and its lease renewals (Stop).
-	v.mu.Lock()
-	wasOpen := v.st.Serving.IsOpen()
-	acts := v.stepUnwrittenLocked(volstate.Stop{}, nil)
-	v.mu.Unlock()
-	for _, a := range acts {
-		v.perform(a, driveOptions{})
+	var wasOpen bool
+	err := v.drive(volstate.Stop{}, driveOptions{install: func(c volstate.Change) {
+		wasOpen = c.Old.Serving.IsOpen()
+	}})
+	if err != nil {
+		// Only a shutdown closes the loop, and only once.
+		v.log.Error("stop the volume's IO", "err", err)
 	}
 	v.io.Wait()
 	clean := true

@@ -288,13 +288,12 @@ func (n *Node) removeVolume(name string, held bool) error {
 // worked.
 func (v *Volume) stop() bool {
 	// The volume's rules stop its IO now; the lease is stopped by
-	// shutdown, which steps Stop again and performs its actions, once the
-	// clients are gone.
-	v.mu.Lock()
-	_ = v.stepUnwrittenLocked(volstate.Stop{Removed: true}, func(volstate.Cause) reason {
+	// shutdown, which steps Stop again, once the clients are gone.
+	if err := v.drive(volstate.Stop{Removed: true}, driveOptions{texts: func(volstate.Cause) reason {
 		return because(CauseRemoved, "%s was removed from the cluster file", v.name)
-	})
-	v.mu.Unlock()
+	}}); err != nil {
+		v.log.Error("stop the volume's IO", "err", err)
+	}
 	if nbd := v.node.nbd; nbd != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		if err := nbd.CloseExportContext(ctx, v.name); err != nil {

@@ -257,7 +257,9 @@ type (
 )
 
 // Stop: the volume shuts down; Removed: because the cluster file no
-// longer lists it.
+// longer lists it. A removal stops the IO first, and its lease goes on
+// while the export drains its clients: the shutdown that follows steps
+// Stop again, and that stops the lease.
 type Stop struct{ Removed bool }
 
 func (Opened) isEvent()              {}

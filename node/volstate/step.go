@@ -147,7 +147,9 @@ func Step(s State, e Event) (State, Ready) {
 		// under it while the export drains.
 		s.Stopping, s.Serving = true, Stopped
 		if e.Removed {
+			// The export drains its clients under the lease.
 			s.Why = CauseRemoved
+			break
 		}
 		rd.Actions = []Action{{Kind: StopLease}}
 	default:

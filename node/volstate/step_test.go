@@ -314,7 +314,8 @@ func (h *harness) event(t *testing.T, d *datadriven.TestData, s *State) Event {
 	case "connect":
 		return Connect{}
 	case "stop":
-		return Stop{}
+		_, removed := arg(d, "removed")
+		return Stop{Removed: removed}
 	}
 	t.Fatalf("%s: unknown event %q", d.Pos, kind)
 	return nil
