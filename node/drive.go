@@ -368,6 +368,8 @@ func (v *Volume) perform(a volstate.Action, opts driveOptions) {
 		}
 	case volstate.RefuseStream:
 		// The stream's handler answers it (primaryReached).
+	case volstate.HandOverIO:
+		// demote, which drove Demote, hands the IO over.
 	default:
 		panic(fmt.Sprintf("volume %s: no driver for the action %s", v.name, a))
 	}
