@@ -292,10 +292,19 @@ func (v *Volume) setAdminDown(down bool) {
 // started unless the operator disconnected this node (then they only
 // track what the peers miss).
 func (v *Volume) resetPeersLocked() {
+	old := v.peers
 	v.peers = map[string]*peer{}
 	for name := range v.cfg.Disks {
 		if name != v.self {
-			v.peers[name] = newPeer(v, name)
+			p := newPeer(v, name)
+			if q := old[name]; q != nil {
+				// Its streams number on from the old sender's: the rules
+				// know a stream by its number alone (a sync-done's ack,
+				// volstate.ResyncFinished), and one of the old sender's
+				// may still end.
+				p.sessions.Store(q.sessions.Load())
+			}
+			v.peers[name] = p
 		}
 	}
 	v.rebuildPeerListLocked()
