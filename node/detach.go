@@ -118,66 +118,70 @@ func (w *diskWatch) recordFailureLocked(f diskFailure) {
 // is out of service (now, or already: a request in flight when another
 // detached it, or when a re-attach began), and what it misses is marked.
 // It does not when no peer could take over; the IO error must then reach
-// the client. The state machine decides (volstate.DiskFailed); the stale
-// mark is durable BEFORE any write skips this disk: after a restart this
-// copy must never pass for up to date. The blocks the request missed are
-// marked under v.stateMu, BEFORE it completes: a re-attach, which ends
-// under v.stateMu once nothing is marked, then copies them back.
+// the client. The state machine decides (volstate.DiskFailed, on the
+// peers' facts as the step is taken); the stale mark is durable BEFORE
+// any write skips this disk: after a restart this copy must never pass
+// for up to date. The blocks the request missed are marked under
+// v.stateMu, BEFORE it completes: in the step's install (or, when the
+// volume closes and takes no step, here), so a re-attach, which ends
+// under v.stateMu once nothing is marked (volstate.LocalResyncFinished),
+// then copies them back.
 func (v *Volume) detach(f diskFailure, missOff, missLen int64) bool {
-	v.stateMu.Lock()
-	v.mu.Lock()
-	disk, role, peers := v.st.Disk, v.roleLocked(), v.peerList
-	v.mu.Unlock()
-	var acts []volstate.Action
-	if disk != replication.Diskless {
-		inSync := false
-		for _, p := range peers {
-			inSync = inSync || p.inSync()
-		}
-		if role != replication.Primary || !inSync {
-			v.stateMu.Unlock()
-			return false
-		}
-		var err error
-		acts, err = v.stepLocked(volstate.DiskFailed{PeerInSync: true}, func(volstate.Cause) reason {
+	var was replication.DiskState
+	detached := false
+	err := v.drive(volstate.DiskFailed{}, driveOptions{
+		texts: func(volstate.Cause) reason {
 			if f.reason() == reasonBadBlocksFull {
 				return because(CauseDetached, "disk detached: %v; reading and writing through the peer", f)
 			}
 			return because(CauseDetached, "disk detached after an IO error (%v); reading and writing through the peer", f)
-		}, nil)
-		if err != nil {
-			v.stateMu.Unlock()
-			v.log.Error("cannot record durably that the disk is detached: not detaching; the IO error reaches the client", "cause", f, "err", err)
-			return false
-		}
-	}
-	v.mu.Lock()
-	detached := v.detachedLocked()
-	if detached {
-		v.dw.recordFailureLocked(f)
-		if missLen > 0 {
-			v.localMissing.SetRange(missOff, missLen)
-		}
-		if f.op == diskRead && f.length > 0 {
-			// What the disk could not read is copied back from the peer
-			// before the disk serves it again (md rewrites a bad sector).
-			v.localMissing.SetRange(f.off, f.length)
-		}
-	}
-	v.mu.Unlock()
-	v.stateMu.Unlock()
-	for _, a := range acts {
-		v.perform(a, driveOptions{notify: func(volstate.Action) {
-			if disk == replication.Inconsistent {
+		},
+		notify: func(volstate.Action) {
+			if was == replication.Inconsistent {
 				// The re-attach under way fails; its loop says so.
 				return
 			}
 			v.log.Error("local disk detached; serving from the peer until it works again", "cause", f.Error())
 			v.node.emit(statefile.Event{Volume: v.name, Kind: "detached", Reason: string(f.reason()),
 				Message: fmt.Sprintf("%s detached its disk (%v); IO goes to the peer until it works again", v.self, f)})
-		}})
+		},
+		install: func(c volstate.Change) {
+			was = c.Old.Disk
+			detached = v.markMissedLocked(f, missOff, missLen)
+		},
+	})
+	switch {
+	case errors.Is(err, errVolumeClosed):
+		// No step: a disk detached already still serves through the peer.
+		v.stateMu.Lock()
+		v.mu.Lock()
+		detached = v.markMissedLocked(f, missOff, missLen)
+		v.mu.Unlock()
+		v.stateMu.Unlock()
+	case err != nil:
+		v.log.Error("cannot record durably that the disk is detached: not detaching; the IO error reaches the client", "cause", f, "err", err)
+		return false
 	}
 	return detached
+}
+
+// markMissedLocked marks, while the disk is detached, what the failed
+// request f missed (see detach) and keeps f for the probes; it reports
+// whether the disk is detached. Callers hold v.stateMu and v.mu.
+func (v *Volume) markMissedLocked(f diskFailure, missOff, missLen int64) bool {
+	if !v.detachedLocked() {
+		return false
+	}
+	v.dw.recordFailureLocked(f)
+	if missLen > 0 {
+		v.localMissing.SetRange(missOff, missLen)
+	}
+	if f.op == diskRead && f.length > 0 {
+		// What the disk could not read is copied back from the peer
+		// before the disk serves it again (md rewrites a bad sector).
+		v.localMissing.SetRange(f.off, f.length)
+	}
+	return true
 }
 
 // admitLocal decides, once per write, whether it goes to the local disk:
@@ -347,6 +351,13 @@ func (v *Volume) reattachLoop() {
 			continue
 		}
 		err := v.copyBack()
+		if errors.Is(err, errVolumeClosed) {
+			// Its state changes no more: the loop ends, as when it stops.
+			v.mu.Lock()
+			v.dw.running = false
+			v.mu.Unlock()
+			return
+		}
 		if err == nil {
 			v.log.Info("local disk re-attached and in sync again")
 			v.node.event(v.name, "attached", fmt.Sprintf("%s: disk re-attached and UpToDate again", v.self))
@@ -373,27 +384,25 @@ func (v *Volume) reattachLoop() {
 // is Inconsistent while what it missed is copied back. It reports whether
 // it did (a stopped volume, or a state that cannot be written, does not).
 func (v *Volume) diskWorks(rule *reattachState) bool {
-	v.stateMu.Lock()
-	acts, err := v.stepLocked(volstate.DiskWorks{}, func(volstate.Cause) reason {
-		return because(CauseDetached, "disk works again: copying the blocks it missed from the peer")
-	}, nil)
-	v.mu.Lock()
-	attaching := v.st.Disk == replication.Inconsistent
-	v.mu.Unlock()
-	v.stateMu.Unlock()
-	if err != nil || !attaching {
-		return false
-	}
-	for _, a := range acts {
-		if a.Kind == volstate.Notify {
+	attaching := false
+	err := v.drive(volstate.DiskWorks{}, driveOptions{
+		texts: func(volstate.Cause) reason {
+			return because(CauseDetached, "disk works again: copying the blocks it missed from the peer")
+		},
+		notify: func(volstate.Action) {
 			v.node.event(v.name, "attaching", fmt.Sprintf("%s: disk works again (its probes passed for %s); copying the %s it missed from the peer", v.self, rule.StableFor(), human.Bytes(v.localMissing.Bytes())))
-		}
-	}
-	return true
+		},
+		install: func(c volstate.Change) { attaching = c.Next.Disk == replication.Inconsistent },
+	})
+	return err == nil && attaching
 }
 
 // copyBack copies what the disk being re-attached missed from a peer and
-// records it UpToDate; on failure the disk is out of service again.
+// records it UpToDate; on failure the disk is out of service again. The
+// rules decide the end as it is stepped: not while a block is marked
+// missing (a write admitted while the disk was detached marked it after
+// the copy passed it: the copy goes again), nor once an IO failed
+// meanwhile and detached the disk again (errAttachAborted).
 func (v *Volume) copyBack() error {
 	for {
 		err := v.copyMissingFromPeer(context.Background(), func(context.Context) error {
@@ -410,50 +419,51 @@ func (v *Volume) copyBack() error {
 				err = diskFailure{op: diskLog, err: err}
 			}
 		}
-		v.stateMu.Lock()
-		v.mu.Lock()
-		disk := v.st.Disk
-		v.mu.Unlock()
-		switch {
-		case disk != replication.Inconsistent:
-			// An IO failed meanwhile and detached the disk again.
-			v.stateMu.Unlock()
-			return errAttachAborted
-		case err != nil:
-			var f diskFailure
-			if errors.As(err, &f) {
-				v.mu.Lock()
-				v.dw.recordFailureLocked(f) // the next probes check it too
-				v.mu.Unlock()
-			}
-			v.attachFailedLocked(err)
-			v.stateMu.Unlock()
-			return err
-		case v.localMissing.Count() > 0:
-			// A write admitted while the disk was detached marked its
-			// blocks after the copy passed them: go again.
-			v.stateMu.Unlock()
-			continue
-		}
-		_, err = v.stepLocked(volstate.LocalResyncFinished{}, nil, nil)
 		if err != nil {
-			v.log.Error("disk in sync again, but that cannot be recorded; it stays out of service", "err", err)
-			v.attachFailedLocked(fmt.Errorf("disk in sync, but the state cannot be written: %w", err))
+			var f diskFailure
+			errors.As(err, &f)
+			return v.attachFailed(err, f)
 		}
-		v.stateMu.Unlock()
+		err = v.drive(volstate.LocalResyncFinished{}, driveOptions{})
+		switch {
+		case errors.Is(err, volstate.ErrLocalMissing):
+			continue
+		case errors.Is(err, volstate.ErrNotAttaching):
+			return errAttachAborted
+		case errors.Is(err, errVolumeClosed):
+			return err
+		case err != nil:
+			v.log.Error("disk in sync again, but that cannot be recorded; it stays out of service", "err", err)
+			v.attachFailed(fmt.Errorf("disk in sync, but the state cannot be written: %w", err), diskFailure{})
+		}
 		return err
 	}
 }
 
-// attachFailedLocked takes a disk that was being attached out of service
-// again (its stale mark is still on stable storage), saying why. Callers
-// hold v.stateMu.
-func (v *Volume) attachFailedLocked(why error) {
-	if _, err := v.stepLocked(volstate.AttachFailed{}, func(volstate.Cause) reason {
-		return because(CauseDetached, "disk detached again while it was re-attached: %v", why)
-	}, nil); err != nil {
+// attachFailed takes a disk that was being attached out of service again
+// (its stale mark is still on stable storage), saying why, and returns
+// why; f, when it names an operation, is kept for the next probes. When
+// the disk is not being attached as the step is taken (an IO failed
+// meanwhile and detached it again), it returns errAttachAborted.
+func (v *Volume) attachFailed(why error, f diskFailure) error {
+	aborted := false
+	err := v.drive(volstate.AttachFailed{}, driveOptions{
+		texts: func(volstate.Cause) reason {
+			return because(CauseDetached, "disk detached again while it was re-attached: %v", why)
+		},
+		install: func(c volstate.Change) {
+			if aborted = c.Old.Disk != replication.Inconsistent; !aborted && f.op != 0 {
+				v.dw.recordFailureLocked(f) // the next probes check it too
+			}
+		},
+	})
+	switch {
+	case err != nil:
 		v.log.Error("take the disk out of service again", "err", err)
+	case aborted:
+		return errAttachAborted
 	}
+	return why
 }
 
 // endReattach ends the loop, unless the disk is out of service again:

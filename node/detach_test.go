@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/replvol/replvol/internal/fault"
 	"github.com/replvol/replvol/multipath"
 	"github.com/replvol/replvol/multipath/faultpath"
+	"github.com/replvol/replvol/replication"
 )
 
 // TestLosingEveryPathDetachesTheDiskAndServesFromThePeer: all of alpha's
@@ -233,4 +235,60 @@ func TestALocalReadThatFailsIsServedByThePeerAndItsBlocksAreCopiedBack(t *testin
 	}, "alpha's disk re-attached")
 	c.waitInSync()
 	c.requireIdentical()
+}
+
+// TestAReattachEndsOnlyOnceNothingIsMissing: alpha's disk is being
+// re-attached, and its copy back has passed every block it missed, when
+// a block is marked missing (as a write admitted while the disk was
+// detached marks it). The re-attach does not end then: the rules decide
+// its end as it is stepped, on the blocks missing by then, so the copy
+// goes again, and the disk is UpToDate only once it holds that block too.
+func TestAReattachEndsOnlyOnceNothingIsMissing(t *testing.T) {
+	c := newTestCluster(t, 8<<20)
+	c.opts["alpha"] = Options{OpenDisk: openFaulty(nil), reattach: reattachPolicy{Probe: 10 * time.Millisecond, Stable: 50 * time.Millisecond}}
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	ctx := context.Background()
+	v := c.vol("alpha")
+	fd := c.faultDisk("alpha")
+	if err := v.WriteAt(ctx, pattern(3, 1<<20), 5<<20, false); err != nil {
+		t.Fatal(err)
+	}
+	// The copy back's last flush, once it copied every block missed, is
+	// held.
+	gate := fault.NewGate()
+	t.Cleanup(gate.Open) // before the nodes close, when the test fails early
+	var held atomic.Bool
+	fd.Add(fault.InjectorFunc(func(op fault.Op) fault.Fault {
+		if op.Kind == fault.Sync && v.state().st.Disk == replication.Inconsistent && v.localMissing.Count() == 0 && held.CompareAndSwap(false, true) {
+			return fault.Fault{Hold: gate}
+		}
+		return fault.Fault{}
+	}))
+	repair := fd.Add(fault.On(fault.Write).Range(1<<20, 4096).Err(syscall.EIO))
+	if err := v.WriteAt(ctx, pattern(1, 4096), 1<<20, false); err != nil {
+		t.Fatalf("a write that failed on alpha's disk with beta in sync: %v", err)
+	}
+	if !v.isDetached() {
+		t.Fatal("alpha's disk failed a write and is not detached")
+	}
+	repair()
+	<-gate.Entered
+	// The copy passed it: alpha's disk holds other data at 5 MiB now,
+	// and that is marked missing.
+	c.scribble("alpha", 5<<20, 9)
+	v.mu.Lock()
+	v.localMissing.SetRange(5<<20, 1<<20)
+	v.mu.Unlock()
+	gate.Open()
+	eventually(t, func() bool { return replica(c.status(), "alpha").Disk == "UpToDate" }, "alpha's disk re-attached")
+	if n := v.localMissing.Count(); n != 0 {
+		t.Fatalf("alpha's disk UpToDate with %d blocks marked missing", n)
+	}
+	c.waitInSync()
+	c.requireIdentical()
+	if a := c.disk("alpha"); !bytes.Equal(a[5<<20:6<<20], pattern(3, 1<<20)) {
+		t.Fatal("alpha's disk does not hold the block marked missing after the copy passed it")
+	}
 }

@@ -99,10 +99,13 @@
 // volume that closes gets errVolumeClosed. The steps not yet posted to
 // the loop (stepLocked, under v.stateMu, which the loop takes around its
 // Take too; stepUnwrittenLocked, under v.mu) run on their callers'
-// goroutines. The role functions build an event and drive it: promote
-// and takeOverAt (raft's choice) are one promotion, stepDown (a newer
-// primary reached this one) and yieldTo (raft names another) one
-// step-down, and retake, forcePromote, demote (with HandedOver or
+// goroutines. What a step checks is read when it is taken, under
+// v.stateMu (modelLocked): the peers' states and facts (a peer in sync,
+// bits in its bitmap) and whether the local disk misses blocks, so a
+// caller checks nothing before it posts. The role functions build an
+// event and drive it: promote and takeOverAt (raft's choice) are one
+// promotion, stepDown (a newer primary reached this one) and yieldTo
+// (raft names another) one step-down, and retake, forcePromote, demote (with HandedOver or
 // HandoverAborted), fence and discardMyData are events too.
 // A volume's start (Started), a handshake's decision (PeerConnected: the
 // generation rules refuse, resync or pull, durably; handshake.go marks the

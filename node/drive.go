@@ -22,16 +22,22 @@ import (
 // modelLocked is the volume as its state machine sees it: a copy of v.st
 // that shares nothing with it, the peers' replication states as their
 // views show them now (a view is read without a lock; a peer's handshake
-// changes it under v.stateMu, which steps hold), and whether the volume
-// stops. Callers hold v.mu.
+// changes it under v.stateMu, which steps hold), whether the volume
+// stops, and the facts the rules read: whether each peer is in sync and
+// whether its bitmap holds bits, and whether the local disk misses
+// blocks. A step takes them under v.stateMu, so a check of them is the
+// step's own: what a caller saw before it may have changed. Callers hold
+// v.mu.
 func (v *Volume) modelLocked() volstate.State {
 	s := v.st.Clone()
 	s.Stopping = isClosed(v.stopping)
+	s.LocalMissing = v.localMissing.Count() > 0
 	for name, mp := range s.Peers {
-		mp.Repl, mp.Session, mp.Pulling = replication.Connecting, 0, false
+		mp.Repl, mp.Session, mp.Pulling, mp.InSync, mp.Marked = replication.Connecting, 0, false, false, false
 		if p := v.peers[name]; p != nil {
 			pv := p.snapshot()
 			mp.Repl, mp.Session, mp.Pulling = pv.repl(), pv.sid, p.pulling.Load()
+			mp.InSync, mp.Marked = p.inSync(), p.bm.Count() > 0
 		}
 		s.Peers[name] = mp
 	}
@@ -41,7 +47,8 @@ func (v *Volume) modelLocked() volstate.State {
 // installLocked takes what the step from old to next changed (and only
 // that: a field another goroutine changed meanwhile stays as it is). The
 // durable state is commit's to install; the peers' Repl, Session and
-// Pulling stay their views'. Callers hold v.mu.
+// Pulling stay their views', and the facts (modelLocked) are never
+// installed. Callers hold v.mu.
 func (v *Volume) installLocked(old, next volstate.State, rd volstate.Ready, texts func(volstate.Cause) reason) {
 	if next.Serving != old.Serving {
 		v.st.Serving = next.Serving
@@ -368,6 +375,10 @@ func (v *Volume) perform(a volstate.Action, opts driveOptions) {
 		}
 	case volstate.RefuseStream:
 		// The stream's handler answers it (primaryReached).
+	case volstate.HandOverIO:
+		// demote, which drove Demote, hands the IO over.
+	case volstate.CopyMissing:
+		// The re-attach loop, which drove DiskWorks, copies it (copyBack).
 	default:
 		panic(fmt.Sprintf("volume %s: no driver for the action %s", v.name, a))
 	}

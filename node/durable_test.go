@@ -227,3 +227,45 @@ func TestASecondaryOutOfSpaceCatchesUpByBitmap(t *testing.T) {
 	}
 	c.requireIdentical()
 }
+
+// TestASyncDoneOfAnOldStreamIsRefusedWithoutAWrite: beta's stream ended
+// and beta connected again when the ack of a sync-done sent on the old
+// stream comes. The rules refuse it as the step is taken (that stream is
+// not beta's now): beta's bitmap generation stays, nothing is written,
+// and the stream that runs goes on. The same ack on the running stream
+// retires the bitmap generation, durably.
+func TestASyncDoneOfAnOldStreamIsRefusedWithoutAWrite(t *testing.T) {
+	c := newSyncedCluster(t, 4<<20)
+	v := c.vol("alpha")
+	p := v.peers["beta"]
+	old := p.session()
+	p.restartSession()
+	eventually(t, func() bool { s := p.session(); return s != nil && s != old && p.inSync() }, "beta in sync on a new stream")
+	now := p.session()
+	// beta tracked while its stream runs, as a peer Behind is: a bitmap
+	// generation of its own, which a sync-done's ack retires.
+	if err := v.track(p, true); err != nil {
+		t.Fatal(err)
+	}
+	if !v.tracking("beta") {
+		t.Fatal("alpha does not track beta")
+	}
+	gen := v.currentGeneration()
+	fs := wrapStore(c.nodes["alpha"])
+	puts := fs.puts.Load()
+	if p.SyncDoneAcked(old, gen) {
+		t.Fatal("the ack of a sync-done on beta's old stream made it in sync")
+	}
+	if n := fs.puts.Load() - puts; n != 0 || !v.tracking("beta") {
+		t.Fatalf("after the refused ack: %d state writes, alpha tracks beta %v; want none, true", n, v.tracking("beta"))
+	}
+	if now.Context().Err() != nil || p.session() != now {
+		t.Fatal("the refused ack of beta's old stream ended its running stream")
+	}
+	if !p.SyncDoneAcked(now, gen) {
+		t.Fatal("the ack of a sync-done on beta's running stream was refused")
+	}
+	if fs.puts.Load() == puts || v.tracking("beta") {
+		t.Fatal("the ack on beta's running stream did not retire its bitmap generation durably")
+	}
+}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/replvol/replvol/internal/human"
@@ -355,6 +354,9 @@ func (p *peer) markPull(d replication.UUIDDecision, reply replication.HelloReply
 // pull copies from the peer every block this primary misses, then takes
 // the peer's generation and tells the peer it is in sync. Reads of the
 // missing blocks go to the peer meanwhile (DRBD 9's primary SyncTarget).
+// The rules end the pull once nothing is missing as the step is taken
+// (volstate.ResyncFinished, refused with ErrLocalMissing while a write
+// marked a block after the copy passed it: the copy goes again).
 func (p *peer) pull(s *session.Session, peerGen replication.Generation) error {
 	v := p.v
 	began, total := p.v.clock.Now(), v.localMissing.Bytes()
@@ -363,24 +365,30 @@ func (p *peer) pull(s *session.Session, peerGen replication.Generation) error {
 		if err := v.copyMissingFromPeer(s.Context(), p.waitUnpaused); err != nil {
 			return err
 		}
-		v.stateMu.Lock()
-		if v.localMissing.Count() > 0 {
-			v.stateMu.Unlock()
-			continue
-		}
 		// The copied data is durable (copyMissingFromPeer synced) BEFORE
 		// the generation says this disk holds it.
-		v.mu.Lock()
-		history := slices.Clone(v.st.Durable.Gens.History)
-		v.mu.Unlock()
-		_, err := v.stepLocked(volstate.ResyncFinished{Peer: p.name, AsTarget: true, Current: peerGen, History: history}, nil, nil)
+		err := v.drive(volstate.ResyncFinished{Peer: p.name, AsTarget: true, Current: peerGen, OwnHistory: true}, driveOptions{
+			install: func(volstate.Change) {
+				// The peer's sync-done is in its stream in the same step
+				// as the generation: a generation a write moves on to
+				// later (trackLocked, under v.stateMu, held here) is
+				// announced after it. Enqueue waits only while s's inbox
+				// is full, for s's loop, which takes no lock of the volume
+				// and never waits for its loop while it takes messages
+				// (it takes v.stateMu only at its end, in StartTracking,
+				// once its last drain took every message delivered; one
+				// delivered after that is refused at once): so this
+				// install never waits for the volume's loop or its locks.
+				s.Enqueue(p.syncDoneLocked(peerGen))
+				p.setPulling(false)
+			},
+		})
+		if errors.Is(err, volstate.ErrLocalMissing) {
+			continue
+		}
 		if err != nil {
-			v.stateMu.Unlock()
 			return err
 		}
-		s.Enqueue(p.syncDone(peerGen))
-		p.setPulling(false)
-		v.stateMu.Unlock()
 		v.log.Info("pulled newer data from the peer", "peer", p.name, "bytes", total, "seconds", p.v.clock.Since(began).Seconds())
 		v.node.peerEvent(v.name, "pull-done", p.name, fmt.Sprintf("%s copied %s from %s in %.1fs: UpToDate", v.self, human.Bytes(total), p.name, p.v.clock.Since(began).Seconds()))
 		return nil

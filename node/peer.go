@@ -39,10 +39,10 @@ type peer struct {
 	// view is the peer's replication state, replaced whole (update). The
 	// peer's run goroutine (connecting, the handshake, a refusal) and its
 	// session's loop (every state change while it streams) own it in
-	// turn; besides them only a syncDone's commit sets held (under
-	// v.stateMu, which track reads it under) and an operator's disconnect
-	// sets the reason. Readers take one consistent snapshot (view.Load)
-	// without a lock.
+	// turn; besides them only a syncDone's ack sets held (SyncDoneAcked,
+	// under v.stateMu, which track reads it under) and an operator's
+	// disconnect sets the reason. Readers take one consistent snapshot
+	// (view.Load) without a lock.
 	view atomic.Pointer[peerView]
 	// sessions numbers the peer's streams (the last one made).
 	sessions atomic.Uint64
@@ -378,12 +378,16 @@ func (p *peer) splitBrain(ref *refusal) reason {
 // peer acknowledged it, SyncDoneAcked retires the bitmap generation here,
 // durably, BEFORE the peer counts as UpToDate.
 func (p *peer) syncDone(gen replication.Generation) *session.Pending {
-	v := p.v
+	p.v.mu.Lock()
+	defer p.v.mu.Unlock()
+	return p.syncDoneLocked(gen)
+}
+
+// syncDoneLocked is syncDone; callers hold v.mu.
+func (p *peer) syncDoneLocked(gen replication.Generation) *session.Pending {
 	// From here the peer may hold gen, acknowledged or not.
 	p.setMayHold(gen)
-	v.mu.Lock()
-	after := v.st.Durable.Gens.ResyncFinishedAsSource(p.name)
-	v.mu.Unlock()
+	after := p.v.st.Durable.Gens.ResyncFinishedAsSource(p.name)
 	data := append([]byte(nil), gen[:]...)
 	for _, h := range after.History {
 		data = append(data, h[:]...)
@@ -412,29 +416,32 @@ func (p *peer) mayHoldNow() replication.Generation {
 }
 
 // SyncDoneAcked runs once the peer acknowledged syncDone(gen) on session
-// s, off s's loop (it takes the state lock and writes stable storage). It
-// reports whether the peer is now in sync: the loop then makes it
-// Connected and UpToDate. If the bitmap generation cannot be retired
-// durably, the peer is not, and the session ends.
+// s, off s's loop (it posts to the volume's loop, which writes stable
+// storage; the volume's loop never waits for s's loop: a drive that stops
+// the peers waits for them off the loop). It reports whether the peer is
+// now in sync: the loop then makes it Connected and UpToDate. The rules
+// decide that as the step is taken (volstate.ResyncFinished): s is still
+// the peer's stream, gen the current generation and nothing is marked for
+// the peer; otherwise the peer is not in sync yet, and nothing is
+// written. If the bitmap generation cannot be retired durably, the peer
+// is not in sync either, and the session ends.
 func (p *peer) SyncDoneAcked(s *session.Session, gen replication.Generation) bool {
 	v := p.v
 	v.stateMu.Lock()
-	defer v.stateMu.Unlock()
-	v.mu.Lock()
-	current := v.st.Durable.Gens.Current == gen
-	v.mu.Unlock()
-	inSync := p.update(func(pv *peerView) { pv.held = gen }).sess == s && current && p.bm.Count() == 0
-	if !inSync {
-		return false
-	}
+	p.update(func(pv *peerView) { pv.held = gen })
+	v.stateMu.Unlock()
 	// The volume's rules retire the peer's bitmap generation (when it
 	// was tracked), durably, and forget a crash of this primary.
-	if _, err := v.stepLocked(volstate.ResyncFinished{Peer: p.name}, nil, nil); err != nil {
-		v.log.Error("peer in sync, but its bitmap generation cannot be retired durably; it stays out of sync", "peer", p.name, "err", err)
-		s.Fail(fmt.Errorf("%w: %v", ErrStateWrite, err))
+	err := v.drive(volstate.ResyncFinished{Peer: p.name, Session: s.ID(), Current: gen}, driveOptions{})
+	switch {
+	case err == nil:
+		return true
+	case errors.Is(err, volstate.ErrNotInSync), errors.Is(err, errVolumeClosed):
 		return false
 	}
-	return true
+	v.log.Error("peer in sync, but its bitmap generation cannot be retired durably; it stays out of sync", "peer", p.name, "err", err)
+	s.Fail(fmt.Errorf("%w: %v", ErrStateWrite, err))
+	return false
 }
 
 // announceGeneration tells an in-sync peer the primary's new generation.

@@ -123,19 +123,15 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 			to, v.self, st.Replication, st.PeerDisk, human.Bytes(st.OutOfSyncBytes), reasonSuffix(st.Reason))
 	}
 	// IO stops: the handover begins (volstate.Demote); it ends with
-	// HandedOver, or HandoverAborted reopens IO as it was.
-	v.stateMu.Lock()
-	_, err := v.stepLocked(volstate.Demote{To: to}, nil, nil)
-	v.stateMu.Unlock()
-	if err != nil {
+	// HandedOver, or HandoverAborted reopens IO as it was. The handover's
+	// IO (HandOverIO) is done here.
+	if err := v.drive(volstate.Demote{To: to}, driveOptions{}); err != nil {
 		return 0, replication.Generation{}, fmt.Errorf("%s on %s: %w", v.name, v.self, err)
 	}
 	reopen := func(err error) (uint64, replication.Generation, error) {
-		v.stateMu.Lock()
-		if _, aerr := v.stepLocked(volstate.HandoverAborted{}, nil, nil); aerr != nil {
+		if aerr := v.drive(volstate.HandoverAborted{}, driveOptions{}); aerr != nil {
 			v.log.Error("reopen IO after a failed handover", "err", aerr)
 		}
-		v.stateMu.Unlock()
 		return 0, replication.Generation{}, err
 	}
 	// A client that attached just before IO stopped is refused too.
@@ -151,34 +147,31 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 		return reopen(fmt.Errorf("%s fell out of sync during the handover", to))
 	}
 	// Until the new primary's stream arrives, point NBD clients at it.
-	v.stateMu.Lock()
-	v.mu.Lock()
-	gen, epoch := v.st.Durable.Gens.Current, v.st.Durable.Epoch
-	v.mu.Unlock()
-	acts, err := v.stepLocked(volstate.HandedOver{}, nil, nil)
-	if err == nil {
-		// The switchover has raft record the peer UpToDate next
-		// (switchoverByRaft): what this node remembers of its Outdated
-		// records no longer holds, should it take the volume back
-		// (retake) and a peer miss a write again.
-		v.mu.Lock()
-		clear(v.outdated)
-		v.forgets++
-		v.mu.Unlock()
-	}
-	v.stateMu.Unlock()
+	// The drive then stops the senders, gives the lease back (the new
+	// primary need not wait it out), and, every write being on both
+	// disks, clears the primary indicator: no activity log to apply
+	// after a crash from here on.
+	var gen replication.Generation
+	var epoch uint64
+	err := v.drive(volstate.HandedOver{}, driveOptions{
+		notify: func(a volstate.Action) {
+			v.log.Info("demoted", "to", a.Peer, "epoch", a.Epoch)
+			v.node.event(v.name, "demoted", fmt.Sprintf("%s handed %s over to %s at epoch %d", v.self, v.name, a.Peer, a.Epoch))
+		},
+		install: func(c volstate.Change) {
+			// What was handed over: the generation and the epoch this
+			// node held as the step was taken.
+			gen, epoch = c.Old.Durable.Gens.Current, c.Old.Durable.Epoch
+			// The switchover has raft record the peer UpToDate next
+			// (switchoverByRaft): what this node remembers of its
+			// Outdated records no longer holds, should it take the
+			// volume back (retake) and a peer miss a write again.
+			clear(v.outdated)
+			v.forgets++
+		},
+	})
 	if err != nil {
 		return reopen(err)
-	}
-	// Then the senders stop, the lease goes back (the new primary need
-	// not wait it out), and, every write being on both disks, the primary
-	// indicator goes: no activity log to apply after a crash from here on.
-	opts := driveOptions{notify: func(a volstate.Action) {
-		v.log.Info("demoted", "to", a.Peer, "epoch", a.Epoch)
-		v.node.event(v.name, "demoted", fmt.Sprintf("%s handed %s over to %s at epoch %d", v.self, v.name, a.Peer, a.Epoch))
-	}}
-	for _, a := range acts {
-		v.perform(a, opts)
 	}
 	return epoch, gen, nil
 }
@@ -299,10 +292,19 @@ func (v *Volume) setAdminDown(down bool) {
 // started unless the operator disconnected this node (then they only
 // track what the peers miss).
 func (v *Volume) resetPeersLocked() {
+	old := v.peers
 	v.peers = map[string]*peer{}
 	for name := range v.cfg.Disks {
 		if name != v.self {
-			v.peers[name] = newPeer(v, name)
+			p := newPeer(v, name)
+			if q := old[name]; q != nil {
+				// Its streams number on from the old sender's: the rules
+				// know a stream by its number alone (a sync-done's ack,
+				// volstate.ResyncFinished), and one of the old sender's
+				// may still end.
+				p.sessions.Store(q.sessions.Load())
+			}
+			v.peers[name] = p
 		}
 	}
 	v.rebuildPeerListLocked()

@@ -256,7 +256,7 @@ func (s *Sim) writeLocal(n *node, w *write) {
 		s.tracef("%s: write %d block %d: disk error", n.name, w.id, w.block)
 		w.localFailed = true
 		w.flow.Wrote(false, true, pulling)
-		_ = s.drive(n, diskFailed(n))
+		_ = s.drive(n, volstate.DiskFailed{})
 		return
 	}
 	// The sums once the data is on the disk; under FUA its page is
@@ -322,7 +322,7 @@ func (s *Sim) progress(n *node, w *write) writeState {
 				// when a peer is in sync; the sim fails the write.
 				s.tracef("%s: write %d block %d: activity log not written", n.name, w.id, w.block)
 				w.flow.Logged(false, false)
-				_ = s.drive(n, diskFailed(n))
+				_ = s.drive(n, volstate.DiskFailed{})
 				continue
 			}
 			n.al[w.block]++
@@ -796,7 +796,7 @@ func (s *Sim) receive(n *node, m msg) {
 			delete(n.marks[m.from], b)
 		}
 		delete(n.resyncing, m.from)
-		_ = s.drive(n, volstate.ResyncFinished{Peer: m.from})
+		_ = s.drive(n, volstate.ResyncFinished{Peer: m.from, Session: m.session, Current: m.sync.current})
 	}
 }
 
@@ -985,15 +985,4 @@ func (s *Sim) pull(n *node, peer string, full bool) {
 	clear(q.marks[n.name])
 	s.tracef("%s: pulled %d blocks from %s", n.name, len(planned), peer)
 	s.stepNode(n, volstate.ResyncFinished{Peer: peer, AsTarget: true, Current: q.durable.Gens.Current, History: slices.Clone(q.durable.Gens.History)})
-}
-
-// diskFailed is the event of n's disk failing: whether a peer holds every
-// write is read from n's state, as node reads its peers (connected, not
-// tracked in a bitmap).
-func diskFailed(n *node) volstate.DiskFailed {
-	var e volstate.DiskFailed
-	for name, p := range n.st.Peers {
-		e.PeerInSync = e.PeerInSync || (p.Repl == replication.Connected && !n.st.Durable.Gens.Tracking(name))
-	}
-	return e
 }

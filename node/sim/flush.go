@@ -49,7 +49,7 @@ func (s *Sim) startFlush(n *node) {
 		// node detaches the disk and may complete the flush from a peer;
 		// the sim fails it (a FLUSH that completes less often).
 		s.tracef("%s: flush %d: local flush failed", n.name, f.id)
-		_ = s.drive(n, diskFailed(n))
+		_ = s.drive(n, volstate.DiskFailed{})
 		return
 	}
 	f.track = s.unstreamed(n)

@@ -267,9 +267,24 @@ type simVolume struct {
 	outer bool
 }
 
-func (v simVolume) State() volstate.State { return v.n.st }
-func (v simVolume) Lock()                 {}
-func (v simVolume) Unlock()               {}
+// State is n's state with the facts node's driver reads when it steps
+// (modelLocked): a peer holds every write while it is connected and not
+// tracked in a bitmap, as node reads its peers. The sim keeps no map of
+// the blocks a detached disk misses (ClearLocalMissing), so none is
+// missing; and the end of a resync retires the marks the resync copied
+// and counts the peer in sync with a block marked again since (msgSyncDone),
+// so no peer's bitmap holds bits as the rules see it.
+func (v simVolume) State() volstate.State {
+	st := v.n.st.Clone()
+	for name, p := range st.Peers {
+		p.InSync = p.Repl == replication.Connected && !st.Durable.Gens.Tracking(name)
+		st.Peers[name] = p
+	}
+	return st
+}
+
+func (v simVolume) Lock()   {}
+func (v simVolume) Unlock() {}
 
 func (v simVolume) Prepare(a volstate.Action) error {
 	v.s.perform(v.n, a)

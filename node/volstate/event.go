@@ -160,10 +160,9 @@ type LeaseRenewed struct {
 	Until time.Time
 }
 
-// DiskFailed: an IO on the local disk failed. PeerInSync: a peer holds
-// every write (connected, its disk UpToDate, nothing marked for it), as
-// the node sees it then.
-type DiskFailed struct{ PeerInSync bool }
+// DiskFailed: an IO on the local disk failed. Whether a peer holds every
+// write is the peers' fact (Peer.InSync) when the step is taken.
+type DiskFailed struct{}
 
 // DiskWorks: a probe of the detached disk succeeded.
 type DiskWorks struct{}
@@ -174,7 +173,9 @@ type DiskWorks struct{}
 type AttachFailed struct{}
 
 // LocalResyncFinished: the blocks the local disk missed were copied back
-// from a peer and synced.
+// from a peer and synced. It is refused while the disk still misses some
+// (State.LocalMissing: a write marked them after the copy passed them),
+// and when the disk is not being re-attached (it failed again meanwhile).
 type LocalResyncFinished struct{}
 
 // WriteMissed: this primary starts a write Peer may not see (it has no
@@ -194,12 +195,17 @@ type WriteMissed struct {
 }
 
 // ResyncFinished: a resync with Peer ended. As target (a pull), this node
-// now holds Current and descends from History.
+// now holds Current and descends from History, or from its own history
+// when OwnHistory is set. As source, Peer acknowledged on stream Session
+// that it holds Current: it is in sync only while that stream is the
+// peer's, Current this node's generation and nothing is marked for it.
 type ResyncFinished struct {
-	Peer     string
-	AsTarget bool
-	Current  replication.Generation
-	History  []replication.Generation
+	Peer       string
+	AsTarget   bool
+	Session    uint64
+	Current    replication.Generation
+	History    []replication.Generation
+	OwnHistory bool
 }
 
 // Quiesced: the IO a pending role change waited for has drained (the

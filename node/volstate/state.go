@@ -119,6 +119,11 @@ type Peer struct {
 	SplitBrainRule string
 	// Pulling: this primary copies newer data from the peer.
 	Pulling bool
+	// InSync and Marked are facts the driver reads from the peer when
+	// the step is taken; the rules read them and never set them. InSync:
+	// the peer holds every write (its stream connected, its disk
+	// UpToDate, nothing marked for it). Marked: its bitmap holds bits.
+	InSync, Marked bool
 }
 
 // Streamed is the rule of a stream's own news: the peer's state after e.
@@ -220,6 +225,10 @@ type State struct {
 	Pending *Pending
 	// Stopping: the volume shuts down; nothing starts serving.
 	Stopping bool
+	// LocalMissing: the local disk misses blocks it must copy back from a
+	// peer (a fact the driver reads when the step is taken, as
+	// Peer.InSync).
+	LocalMissing bool
 }
 
 // PendingKind says what a Pending change is.

@@ -28,6 +28,20 @@ var (
 	// another peer): the target would drop the generation its resync
 	// resumes from, and be copied whole after the next interruption.
 	ErrNoGeneration = errors.New("the resync's source named no generation")
+	// ErrLocalMissing refuses the end of a copy into the local disk (a
+	// re-attach's, LocalResyncFinished, or a pull's) while the disk still
+	// misses blocks (State.LocalMissing): a write marked them after the
+	// copy passed them, and the copy goes again.
+	ErrLocalMissing = errors.New("the local disk still misses blocks")
+	// ErrNotAttaching refuses the end of a re-attach when the disk is not
+	// being re-attached (not Inconsistent): an IO failed meanwhile and
+	// took it out of service again.
+	ErrNotAttaching = errors.New("the disk is not being re-attached")
+	// ErrNotInSync refuses the end of a resync as source when the peer is
+	// not in sync as the step is taken: the stream that acknowledged is
+	// no longer the peer's, the generation it acknowledged is not the
+	// current one, or blocks are marked for it.
+	ErrNotInSync = errors.New("the peer is not in sync")
 )
 
 // StreamsToPeer refuses a discard of a primary's data while it streams
@@ -94,7 +108,7 @@ func Step(s State, e Event) (State, Ready) {
 			}
 		}
 	case DiskFailed:
-		rd = s.detach(e)
+		rd = s.detach()
 	case AttachFailed:
 		if s.Disk == replication.Inconsistent && s.Durable.LocalStale {
 			s.Disk, s.Why = replication.Diskless, CauseDetached
@@ -105,13 +119,7 @@ func Step(s State, e Event) (State, Ready) {
 			rd.Actions = []Action{{Kind: Notify, Detail: "attaching"}, {Kind: CopyMissing}}
 		}
 	case LocalResyncFinished:
-		if s.Durable.LocalStale && s.Disk == replication.Inconsistent {
-			d := s.Durable.Clone()
-			d.LocalStale = false
-			s.Durable, s.Disk, s.Why = d, replication.UpToDate, CauseNone
-			rd.Persist = &d
-			rd.Actions = []Action{{Kind: Notify, Detail: "attached"}}
-		}
+		rd = s.localResyncFinished()
 	case WriteMissed:
 		rd = s.writeMissed(e)
 	case ResyncFinished:
@@ -838,16 +846,46 @@ func (s *State) becomeDiscarding() {
 }
 
 // detach takes a failed local disk out of service: a primary goes on
-// through a peer in sync; the mark is durable BEFORE any write skips the
-// disk. Without such a peer nothing changes and the IO error stands.
-func (s *State) detach(e DiskFailed) Ready {
-	if s.Disk == replication.Diskless || s.Role() != replication.Primary || !e.PeerInSync {
+// through a peer in sync (Peer.InSync); the mark is durable BEFORE any
+// write skips the disk. Without such a peer nothing changes and the IO
+// error stands.
+func (s *State) detach() Ready {
+	if s.Disk == replication.Diskless || s.Role() != replication.Primary || !s.peerInSync() {
 		return Ready{}
 	}
 	rd := Ready{Persist: s.persist(func(d *Durable) { d.LocalStale = true })}
 	s.Disk, s.Why = replication.Diskless, CauseDetached
 	rd.Actions = []Action{{Kind: Notify, Detail: "detached"}, {Kind: Reattach}}
 	return rd
+}
+
+// peerInSync reports whether a peer holds every write (Peer.InSync).
+func (s *State) peerInSync() bool {
+	for _, p := range s.Peers {
+		if p.InSync {
+			return true
+		}
+	}
+	return false
+}
+
+// localResyncFinished puts a re-attached disk back in service once it
+// holds every block again, durably (its stale mark cleared). It is
+// refused while the disk is not being re-attached (it failed again
+// meanwhile), and while it still misses blocks (the copy goes again).
+func (s *State) localResyncFinished() Ready {
+	switch {
+	case s.Disk != replication.Inconsistent:
+		return Ready{Err: fmt.Errorf("%w: the disk is %s", ErrNotAttaching, s.Disk)}
+	case s.LocalMissing:
+		return Ready{Err: ErrLocalMissing}
+	case !s.Durable.LocalStale:
+		return Ready{}
+	}
+	d := s.Durable.Clone()
+	d.LocalStale = false
+	s.Durable, s.Disk, s.Why = d, replication.UpToDate, CauseNone
+	return Ready{Persist: &d, Actions: []Action{{Kind: Notify, Detail: "attached"}}}
 }
 
 // writeMissed moves the generation on when a write misses a peer, so the
@@ -889,19 +927,36 @@ func MissMovesGeneration(g replication.Generations, peer string, mayHold replica
 }
 
 // resyncFinished ends a resync: as source the peer is in sync, as target
-// this node holds the source's generation.
+// this node holds the source's generation. A pull's end (a primary's) is
+// refused while its disk still misses blocks; a source's while the peer
+// is not in sync as the step is taken (its stream, the generation it
+// acknowledged and its bitmap decide).
 func (s *State) resyncFinished(e ResyncFinished) Ready {
 	p, ok := s.Peers[e.Peer]
 	if !ok {
 		return Ready{}
 	}
 	var rd Ready
-	if e.AsTarget && e.Current.IsZero() {
+	switch {
+	case e.AsTarget && e.Current.IsZero():
 		return Ready{Err: fmt.Errorf("%w (from %s)", ErrNoGeneration, e.Peer)}
+	case e.AsTarget && s.Role() == replication.Primary && s.LocalMissing:
+		return Ready{Err: fmt.Errorf("%w (pulled from %s)", ErrLocalMissing, e.Peer)}
+	case e.AsTarget:
+	case e.Session != p.Session || !p.streaming():
+		return Ready{Err: fmt.Errorf("%w: %s acknowledged on stream %d, which is not its stream now", ErrNotInSync, e.Peer, e.Session)}
+	case e.Current != s.Durable.Gens.Current:
+		return Ready{Err: fmt.Errorf("%w: %s acknowledged generation %s; this node holds %s", ErrNotInSync, e.Peer, e.Current, s.Durable.Gens.Current)}
+	case p.Marked:
+		return Ready{Err: fmt.Errorf("%w: blocks are marked for %s", ErrNotInSync, e.Peer)}
 	}
 	if e.AsTarget {
+		history := e.History
+		if e.OwnHistory {
+			history = s.Durable.Gens.History
+		}
 		rd.Persist = s.persist(func(d *Durable) {
-			d.Gens = d.Gens.ResyncFinishedAsTarget(e.Peer, e.Current, e.History)
+			d.Gens = d.Gens.ResyncFinishedAsTarget(e.Peer, e.Current, history)
 			d.SyncGen = replication.Generation{}
 			// A disk that came back stale (Opened) holds nothing of its
 			// own; resynced in full, it misses nothing any more, and may

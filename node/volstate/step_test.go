@@ -3,6 +3,7 @@ package volstate
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -21,6 +22,13 @@ import (
 //	init node=a peers=b,c primary=a epoch=2 gen=g1 [history=g0] [bitmap=b:g0] [auth] [fresh] [crashed]
 //	step node=a EVENT [args]     Step; prints the Ready and the state
 //	apply node=a EVENT [fail]    Apply with a write that fails or not
+//
+// A step or an apply takes the facts the driver reads when it steps
+// (Peer.InSync, Peer.Marked, State.LocalMissing) from its arguments:
+// in-sync=PEERS (else every peer Connected, not tracked in a bitmap and
+// with no bits, as node reads its peers), bits=PEERS (their bitmaps hold
+// bits), local-missing.
+//
 //	io node=a now=MS             what an IO request meets at MS
 //	state node=a                 the state
 func TestTranscripts(t *testing.T) {
@@ -114,6 +122,7 @@ func (h *harness) run(t *testing.T, d *datadriven.TestData) string {
 		if len(d.CmdArgs) < 2 {
 			t.Fatalf("%s: %s needs an event", d.Pos, d.Cmd)
 		}
+		facts(d, s)
 		e := h.event(t, d, s)
 		var b strings.Builder
 		if d.Cmd == "step" {
@@ -186,6 +195,22 @@ func (h *harness) init(t *testing.T, d *datadriven.TestData) string {
 	s.Disk = s.IdleDisk()
 	h.nodes[name] = &s
 	return format(s)
+}
+
+// facts sets in s the facts of a step command (see TestTranscripts).
+func facts(d *datadriven.TestData, s *State) {
+	bits := list(argOr(d, "bits", ""))
+	inSync, given := arg(d, "in-sync")
+	for name, p := range s.Peers {
+		p.Marked = slices.Contains(bits, name)
+		if given {
+			p.InSync = slices.Contains(list(inSync), name)
+		} else {
+			p.InSync = p.Repl == replication.Connected && !s.Durable.Gens.Tracking(name) && !p.Marked
+		}
+		s.Peers[name] = p
+	}
+	_, s.LocalMissing = arg(d, "local-missing")
 }
 
 // event builds the event of a step command; what a modelled peer would
@@ -264,13 +289,7 @@ func (h *harness) event(t *testing.T, d *datadriven.TestData, s *State) Event {
 	case "lease-renewed":
 		return LeaseRenewed{Epoch: argUint(t, d, "epoch"), Until: argTime(t, d, "until")}
 	case "disk-failed":
-		// A peer holds every write: connected and not tracked in a
-		// bitmap, as the node sees it.
-		e := DiskFailed{}
-		for name, p := range s.Peers {
-			e.PeerInSync = e.PeerInSync || (p.Repl == replication.Connected && !s.Durable.Gens.Tracking(name))
-		}
-		return e
+		return DiskFailed{}
 	case "attach-failed":
 		return AttachFailed{}
 	case "disk-works":
@@ -282,11 +301,23 @@ func (h *harness) event(t *testing.T, d *datadriven.TestData, s *State) Event {
 		_, e.Behind = arg(d, "behind")
 		return e
 	case "resync-finished":
-		e := ResyncFinished{Peer: peerName}
+		// As source: the peer's stream and this node's generation,
+		// unless session= or gen= name others.
+		e := ResyncFinished{Peer: peerName, Session: s.Peers[peerName].Session, Current: s.Durable.Gens.Current}
+		if _, ok := arg(d, "session"); ok {
+			e.Session = session
+		}
+		if g, ok := arg(d, "gen"); ok {
+			e.Current = gen(g)
+		}
 		_, e.AsTarget = arg(d, "target")
+		_, e.OwnHistory = arg(d, "own-history")
 		if e.AsTarget {
 			u := uuids()
-			e.Current, e.History = u.Current, u.History
+			e.Session, e.Current = 0, u.Current
+			if !e.OwnHistory {
+				e.History = u.History
+			}
 		}
 		return e
 	case "quiesced":
