@@ -200,14 +200,8 @@ func TestAWriteInFlightAtTheDetachHoldsTheReattachBackAndIsServedByThePeer(t *te
 // remapped them reads zeroes): the re-attach copies them from beta, as md
 // rewrites a bad sector, and the replicas end identical.
 func TestALocalReadThatFailsIsServedByThePeerAndItsBlocksAreCopiedBack(t *testing.T) {
-	c := newTestCluster(t, 8<<20)
-	c.opts["alpha"] = Options{OpenDisk: openFaulty(nil), reattach: reattachPolicy{Probe: 10 * time.Millisecond, Stable: 50 * time.Millisecond}}
-	c.start("alpha")
-	c.start("beta")
-	c.waitInSync()
+	c, v, fd := startReattaching(t)
 	ctx := context.Background()
-	v := c.vol("alpha")
-	fd := c.faultDisk("alpha")
 	want := pattern(7, 1<<20)
 	if err := v.WriteAt(ctx, want, 2<<20, false); err != nil {
 		t.Fatal(err)
@@ -237,6 +231,19 @@ func TestALocalReadThatFailsIsServedByThePeerAndItsBlocksAreCopiedBack(t *testin
 	c.requireIdentical()
 }
 
+// startReattaching starts alpha, on a fault disk whose re-attach probes
+// run every 10 ms and pass after 50 ms, and beta, in sync: alpha's volume
+// and its disk.
+func startReattaching(t *testing.T) (*testCluster, *Volume, *fault.Disk) {
+	t.Helper()
+	c := newTestCluster(t, 8<<20)
+	c.opts["alpha"] = Options{OpenDisk: openFaulty(nil), reattach: reattachPolicy{Probe: 10 * time.Millisecond, Stable: 50 * time.Millisecond}}
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	return c, c.vol("alpha"), c.faultDisk("alpha")
+}
+
 // TestAReattachEndsOnlyOnceNothingIsMissing: alpha's disk is being
 // re-attached, and its copy back has passed every block it missed, when
 // a block is marked missing (as a write admitted while the disk was
@@ -244,14 +251,8 @@ func TestALocalReadThatFailsIsServedByThePeerAndItsBlocksAreCopiedBack(t *testin
 // its end as it is stepped, on the blocks missing by then, so the copy
 // goes again, and the disk is UpToDate only once it holds that block too.
 func TestAReattachEndsOnlyOnceNothingIsMissing(t *testing.T) {
-	c := newTestCluster(t, 8<<20)
-	c.opts["alpha"] = Options{OpenDisk: openFaulty(nil), reattach: reattachPolicy{Probe: 10 * time.Millisecond, Stable: 50 * time.Millisecond}}
-	c.start("alpha")
-	c.start("beta")
-	c.waitInSync()
+	c, v, fd := startReattaching(t)
 	ctx := context.Background()
-	v := c.vol("alpha")
-	fd := c.faultDisk("alpha")
 	if err := v.WriteAt(ctx, pattern(3, 1<<20), 5<<20, false); err != nil {
 		t.Fatal(err)
 	}
