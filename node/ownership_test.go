@@ -116,3 +116,78 @@ func volumeField(x ast.Expr) (string, bool) {
 		return "", false
 	}
 }
+
+// offLoopSteps are the functions that still step the volume's state
+// machine on their own goroutine rather than on the volume's loop
+// (drive), and why: the handshake's decision marks the peer's bitmap on
+// the state it decides on and switches the peer's writes to the stream
+// in the same critical section as its step (under v.stateMu, which every
+// step holds); the end of the stream from the primary is decided with
+// that stream (under v.mu). Issue 28 moves them onto the loop next.
+var offLoopSteps = map[string]string{
+	"decide":      "stepLocked",
+	"endIncoming": "stepUnwrittenLocked",
+}
+
+// TestTheVolumesStepsRunOnItsLoop: every step of a volume's state
+// machine in package node is a drive, taken on the volume's loop, but
+// those of offLoopSteps. It parses the package's non-test files for
+// calls of stepLocked, stepUnwrittenLocked and volstate.Take, and names
+// every caller that is not the driver itself (drive.go's volumeSteps, the
+// unwritten step) or one of offLoopSteps.
+func TestTheVolumesStepsRunOnItsLoop(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	drivers := map[string]bool{"stepLocked": true, "stepUnwrittenLocked": true, "drive": true}
+	fset := token.NewFileSet()
+	var bad []string
+	seen := map[string]bool{}
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, decl := range f.Decls {
+			fn, ok := decl.(*ast.FuncDecl)
+			if !ok || fn.Body == nil || drivers[fn.Name.Name] {
+				continue
+			}
+			ast.Inspect(fn.Body, func(n ast.Node) bool {
+				call, ok := n.(*ast.CallExpr)
+				if !ok {
+					return true
+				}
+				sel, ok := call.Fun.(*ast.SelectorExpr)
+				if !ok {
+					return true
+				}
+				step := sel.Sel.Name
+				if x, ok := sel.X.(*ast.Ident); ok && x.Name == "volstate" && step == "Take" {
+					step = "volstate.Take"
+				} else if step != "stepLocked" && step != "stepUnwrittenLocked" {
+					return true
+				}
+				if offLoopSteps[fn.Name.Name] == step {
+					seen[fn.Name.Name] = true
+					return true
+				}
+				bad = append(bad, fset.Position(call.Pos()).String()+" "+fn.Name.Name+" calls "+step)
+				return true
+			})
+		}
+	}
+	sort.Strings(bad)
+	if len(bad) > 0 {
+		t.Fatalf("a step of the volume's state machine off its loop (drive it: v.drive):\n  %s", strings.Join(bad, "\n  "))
+	}
+	for fn, step := range offLoopSteps {
+		if !seen[fn] {
+			t.Errorf("%s no longer calls %s: take it off offLoopSteps", fn, step)
+		}
+	}
+}

@@ -444,13 +444,13 @@ func (p *peer) SyncDoneAcked(s *session.Session, gen replication.Generation) boo
 	return false
 }
 
-// announceGeneration tells an in-sync peer the primary's new generation.
-// It returns the entry that carries it, to wait for (nil: the peer is
-// not in sync, or its stream ended).
-func (p *peer) announceGeneration(gen replication.Generation) *session.Pending {
+// announceGenerationLocked tells an in-sync peer the primary's new
+// generation. It returns the entry that carries it, to wait for (nil: the
+// peer is not in sync, or its stream ended). Callers hold v.mu.
+func (p *peer) announceGenerationLocked(gen replication.Generation) *session.Pending {
 	pv := p.snapshot()
 	if s := pv.sess; s != nil && pv.state == replication.Connected {
-		if pd := p.syncDone(gen); s.Enqueue(pd) {
+		if pd := p.syncDoneLocked(gen); s.Enqueue(pd) {
 			return pd
 		}
 	}
@@ -509,9 +509,13 @@ func (p *peer) read(ctx context.Context, buf []byte, off int64) error {
 
 func (p *peer) status() transport.PeerStatus {
 	pv := p.snapshot()
+	// The state as the volume's rules read it: a stream that ended is no
+	// longer Connected (its writes go to the bitmap), though the link
+	// steps the loss a moment later.
+	repl := pv.repl()
 	lagBytes, lagAge := p.lagOf(p.v.clock.Now())
 	ps := transport.PeerStatus{
-		Node: p.name, Replication: string(pv.state), PeerDisk: pv.peerDisk,
+		Node: p.name, Replication: string(repl), PeerDisk: pv.peerDisk,
 		LagBytes: lagBytes, LagSeconds: lagAge.Seconds(),
 		OutOfSyncBytes: p.bm.Bytes(), SyncRule: pv.rule, SyncDecision: pv.decision,
 		Reason: pv.why.text, ReasonCode: string(pv.why.cause),
@@ -525,7 +529,7 @@ func (p *peer) status() transport.PeerStatus {
 	default:
 		paused = true
 	}
-	if pv.state == replication.SyncSource {
+	if repl == replication.SyncSource {
 		ps.ResyncTotalBytes = p.resyncTotal.Load()
 		ps.ResyncDoneBytes = p.resyncDone.Load()
 		if secs := p.v.clock.Since(time.Unix(0, p.resyncStart.Load())).Seconds(); secs > 0 {

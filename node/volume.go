@@ -512,11 +512,15 @@ func (v *Volume) track(p *peer, behind bool) error {
 	return err
 }
 
-// trackLocked is track's part under v.stateMu: the new generation, and
-// its announcement to the peers still in sync (the pendings to wait for).
+// trackLocked is track's part with the volume's rules: the new
+// generation, and its announcement to the peers still in sync (the
+// pendings to wait for). The write path's fast way out is taken under
+// v.stateMu, which every step holds: a write that finds the peer tracked
+// already posts nothing. The others drive WriteMissed on the volume's
+// loop, whose rule decides again as the step is taken (a write that
+// missed the same peer just before may have moved the generation on).
 func (v *Volume) trackLocked(p *peer, behind bool) ([]*session.Pending, error) {
 	v.stateMu.Lock()
-	defer v.stateMu.Unlock()
 	v.mu.Lock()
 	current := v.st.Durable.Gens.Current
 	mayHold := p.mayHoldNow()
@@ -525,45 +529,51 @@ func (v *Volume) trackLocked(p *peer, behind bool) ([]*session.Pending, error) {
 	}
 	moves := volstate.MissMovesGeneration(v.st.Durable.Gens, p.name, mayHold)
 	v.mu.Unlock()
+	held := p.snapshot().held
+	v.stateMu.Unlock()
 	if !moves {
-		// The write path's fast way out, by the machine's own rule: the
-		// peer is tracked already (and cannot hold the current
+		// The peer is tracked already (and cannot hold the current
 		// generation), or this node copies newer data from it.
 		return nil, nil
 	}
-	held := p.snapshot().held
 	// Without the new generation on disk a restart could take the peer
 	// for up to date: when it cannot be written, IO stops rather than
 	// risk it (volstate.WriteMissed).
 	next := replication.NewGeneration()
-	acts, err := v.stepLocked(volstate.WriteMissed{Peer: p.name, Held: held, Next: next, MayHold: mayHold, Behind: behind}, nil, nil)
+	var from replication.Generation
+	var announced []*session.Pending
+	err := v.drive(volstate.WriteMissed{Peer: p.name, Held: held, Next: next, MayHold: mayHold, Behind: behind}, driveOptions{
+		install: func(c volstate.Change) {
+			if c.Next.Durable.Gens.Current == c.Old.Durable.Gens.Current {
+				return
+			}
+			from = c.Next.Durable.Gens.Bitmaps[p.name]
+			// The peer holds none of the generations from here on.
+			p.mayHoldUnknown = false
+			// Peers still in sync get the new generation in their
+			// stream, in the same step: a write that misses p after it
+			// finds p tracked and goes on, and the streams carry the
+			// generation ahead of its data. (Enqueue waits only while a
+			// session's inbox is full; a session's loop takes its
+			// messages without the volume's locks.)
+			for _, q := range v.peerList {
+				if q == p {
+					continue
+				}
+				if pd := q.announceGenerationLocked(next); pd != nil {
+					announced = append(announced, pd)
+				}
+			}
+		},
+		notify: func(volstate.Action) {
+			v.log.Info("peer out of sync: new generation", "peer", p.name, "bitmap_generation", from, "generation", next)
+			v.node.event(v.name, "new-generation", fmt.Sprintf("%s is not connected: writes are tracked in its bitmap from %s; current generation %s", p.name, from, next))
+		},
+	})
 	if err != nil {
 		v.log.Error("cannot persist a new generation; stopping IO", "peer", p.name, "err", err)
 		v.node.event(v.name, "state-write-failed", v.state().why.text)
 		return nil, fmt.Errorf("%w: %v", ErrStateWrite, err)
-	}
-	v.mu.Lock()
-	from, moved := v.st.Durable.Gens.Bitmaps[p.name], v.st.Durable.Gens.Current != current
-	v.mu.Unlock()
-	if moved {
-		// The peer holds none of the generations from here on.
-		p.mayHoldUnknown = false
-	}
-	for _, a := range acts {
-		v.perform(a, driveOptions{notify: func(volstate.Action) {
-			v.log.Info("peer out of sync: new generation", "peer", p.name, "bitmap_generation", from, "generation", next)
-			v.node.event(v.name, "new-generation", fmt.Sprintf("%s is not connected: writes are tracked in its bitmap from %s; current generation %s", p.name, from, next))
-		}})
-	}
-	// Peers still in sync get the new generation in their stream.
-	var announced []*session.Pending
-	for _, q := range v.streamingPeers() {
-		if q == p {
-			continue
-		}
-		if pd := q.announceGeneration(next); pd != nil {
-			announced = append(announced, pd)
-		}
 	}
 	return announced, nil
 }
