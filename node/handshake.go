@@ -103,47 +103,15 @@ func (p *peer) connect(ctx context.Context) error {
 	// step: a write is either marked before it or queued after it.
 	p.takesLost.Store(reply.Lost)
 	s := newSession(hctx, p, stream, v.cfg.PeerTimeoutOrDefault(), reply.Sums)
-	v.stateMu.Lock()
-	if size := v.size.Load(); size != hello.Size {
-		// The volume grew during the handshake (resize.go): the peer
-		// agreed to the old size. Ask again with the new one.
-		v.stateMu.Unlock()
-		return fmt.Errorf("%s grew to %d bytes during the handshake with %s: connecting again", v.name, size, p.name)
+	var plan syncPlan
+	var was replication.ReplState
+	var late bool
+	if cerr := v.loop.call(func() { plan, was, late, err = p.takeStream(s, reply, outdated, hello.Size) }); cerr != nil {
+		return cerr
 	}
-	plan, err := p.decide(reply, outdated)
 	if err != nil {
-		v.stateMu.Unlock()
 		return err
 	}
-	var done *session.Pending
-	if !plan.sync && !plan.pull {
-		done = p.syncDone(v.currentGeneration())
-	}
-	late := !plan.sync && !plan.pull && p.bm.Count() > 0
-	next := peerView{sess: s, sid: s.ID(), rule: plan.rule, decision: plan.outcome, peerDisk: p.snapshot().peerDisk, held: p.snapshot().held}
-	switch {
-	case plan.pull:
-		// The peer is the source: it holds every block this node misses.
-		next.state, next.peerDisk = replication.Connected, string(replication.UpToDate)
-		p.pullTotal.Store(v.localMissing.Bytes())
-		p.resyncStart.Store(p.v.clock.Now().UnixNano())
-		p.setPulling(true)
-	case plan.sync:
-		next.state, next.peerDisk = replication.SyncSource, string(replication.Inconsistent)
-		// The progress counters restart before the state says SyncSource.
-		p.resyncTotal.Store(p.bm.Bytes())
-		p.resyncDone.Store(0)
-		p.resyncStart.Store(p.v.clock.Now().UnixNano())
-		s.Preload(session.NewPending(replication.Entry{Op: replication.OpSyncStart, Data: plan.syncGen[:]}))
-	default:
-		next.state = replication.Connected
-		s.Preload(done)
-	}
-	// Writes find the stream from here (markUnlessStreaming decides under
-	// v.stateMu, held here): a write is marked before it or queued after.
-	was := p.update(func(pv *peerView) { held := pv.held; *pv = next; pv.held = held }).state
-	s.Start()
-	v.stateMu.Unlock()
 	if late {
 		// A block was marked between the decision and the switch to the
 		// stream: decide again, with it.
@@ -177,6 +145,57 @@ func (p *peer) connect(ctx context.Context) error {
 		return nil
 	}
 	return err
+}
+
+// takeStream decides what the connection with the peer does (decide: the
+// marks, then the volume's rules), and switches new writes from the
+// bitmap to the session s, in one step under v.stateMu: a write is either
+// marked before it or queued after it. It runs on the volume's loop
+// (volumeLoop.call), so the step is taken there, between the volume's
+// drives. It returns the plan, the peer's state before the switch, and
+// whether a block was marked between the decision and the switch.
+func (p *peer) takeStream(s *session.Session, reply replication.HelloReply, outdated bool, helloSize int64) (syncPlan, replication.ReplState, bool, error) {
+	v := p.v
+	v.stateMu.Lock()
+	defer v.stateMu.Unlock()
+	if size := v.size.Load(); size != helloSize {
+		// The volume grew during the handshake (resize.go): the peer
+		// agreed to the old size. Ask again with the new one.
+		return syncPlan{}, "", false, fmt.Errorf("%s grew to %d bytes during the handshake with %s: connecting again", v.name, size, p.name)
+	}
+	plan, err := p.decide(reply, outdated)
+	if err != nil {
+		return plan, "", false, err
+	}
+	var done *session.Pending
+	if !plan.sync && !plan.pull {
+		done = p.syncDone(v.currentGeneration())
+	}
+	late := !plan.sync && !plan.pull && p.bm.Count() > 0
+	next := peerView{sess: s, sid: s.ID(), rule: plan.rule, decision: plan.outcome, peerDisk: p.snapshot().peerDisk, held: p.snapshot().held}
+	switch {
+	case plan.pull:
+		// The peer is the source: it holds every block this node misses.
+		next.state, next.peerDisk = replication.Connected, string(replication.UpToDate)
+		p.pullTotal.Store(v.localMissing.Bytes())
+		p.resyncStart.Store(p.v.clock.Now().UnixNano())
+		p.setPulling(true)
+	case plan.sync:
+		next.state, next.peerDisk = replication.SyncSource, string(replication.Inconsistent)
+		// The progress counters restart before the state says SyncSource.
+		p.resyncTotal.Store(p.bm.Bytes())
+		p.resyncDone.Store(0)
+		p.resyncStart.Store(p.v.clock.Now().UnixNano())
+		s.Preload(session.NewPending(replication.Entry{Op: replication.OpSyncStart, Data: plan.syncGen[:]}))
+	default:
+		next.state = replication.Connected
+		s.Preload(done)
+	}
+	// Writes find the stream from here (markUnlessStreaming decides under
+	// v.stateMu, held here): a write is marked before it or queued after.
+	was := p.update(func(pv *peerView) { held := pv.held; *pv = next; pv.held = held }).state
+	s.Start()
+	return plan, was, late, nil
 }
 
 // bitmapRuns lists bm's marked blocks as [first, count] runs.

@@ -66,12 +66,13 @@ type loopDrive struct {
 	reply chan error
 }
 
-// loopMessage is a drive posted (resumed false) or the end of a wait of
-// one the loop runs (resumed, with the wait's error).
+// loopMessage is a drive posted (resumed false), the end of a wait of
+// one the loop runs (resumed, with the wait's error), or a call (fn).
 type loopMessage struct {
 	drive   *loopDrive
 	resumed bool
 	err     error
+	fn      func()
 }
 
 // startLoop starts a volume's loop.
@@ -100,6 +101,24 @@ func (l *volumeLoop) post(fx loopEffects, e volstate.Event) <-chan error {
 	return ld.reply
 }
 
+// call runs fn on the loop, between its drives' steps, and returns once
+// it ran: errVolumeClosed, without running it, when the loop closes
+// first. fn is a step that cannot be an event alone (the handshake's
+// decision, which marks what the step needs on the state it is taken
+// on, and switches the peer's writes to the stream with it): it steps
+// the volume with stepLocked under v.stateMu, which it takes. It must
+// not wait for anything that posts to the loop.
+func (l *volumeLoop) call(fn func()) error {
+	ran := make(chan struct{})
+	select {
+	case l.inbox <- loopMessage{fn: func() { defer close(ran); fn() }}:
+	case <-l.quit:
+		return errVolumeClosed
+	}
+	<-ran
+	return nil
+}
+
 // close ends the loop: the drives it took run to their end (their waits
 // included), the ones posted from now on get errVolumeClosed, and close
 // returns once the loop and every wait it started are over.
@@ -119,6 +138,11 @@ func (l *volumeLoop) run() {
 		select {
 		case m := <-l.inbox:
 			switch {
+			case m.fn != nil:
+				// Taken, so run (the loop may be closing: its caller
+				// waits for it all the same).
+				m.fn()
+				continue
 			case m.resumed:
 				m.drive.d.Done(m.err)
 			case isClosed(l.quit):

@@ -256,3 +256,35 @@ func TestTheLoopClosesAfterItsWaitsAndRefusesWhatComesMeanwhile(t *testing.T) {
 		t.Errorf("the volume's writes:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// TestACallRunsOnTheLoopBetweenItsDrives: a call posted behind drives is
+// run after them, on the state they left, also while an earlier drive
+// waits off the loop; once the loop closed a call is refused with
+// errVolumeClosed and not run.
+func TestACallRunsOnTheLoopBetweenItsDrives(t *testing.T) {
+	lv := loopSecondary()
+	l := startLoop()
+	forced, release := postHeldForce(t, l, lv)
+	first := l.post(&loopFx{lv: lv}, raftSays(4))
+	var seen []string
+	called := make(chan error, 1)
+	go func() { called <- l.call(func() { seen = lv.lines() }) }()
+	if err := awaitLoop(t, called, "the call"); err != nil {
+		t.Fatalf("the call: %v", err)
+	}
+	if err := awaitLoop(t, first, "raft's epoch 4"); err != nil {
+		t.Fatalf("raft's epoch 4: %v", err)
+	}
+	if want := []string{"commit volstate.AuthorityChanged epoch=4 primary=a"}; !slices.Equal(seen, want) {
+		t.Errorf("the call saw the volume's writes %q, want those of the drive posted before it, %q", seen, want)
+	}
+	close(release)
+	if err := awaitLoop(t, forced, "the force"); err != nil {
+		t.Fatalf("the force: %v", err)
+	}
+	l.close()
+	ran := false
+	if err := l.call(func() { ran = true }); !errors.Is(err, errVolumeClosed) || ran {
+		t.Errorf("a call on a closed loop: %v, ran %t; want %v, not run", err, ran, errVolumeClosed)
+	}
+}

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -118,23 +119,35 @@ func volumeField(x ast.Expr) (string, bool) {
 }
 
 // offLoopSteps are the functions that still step the volume's state
-// machine on their own goroutine rather than on the volume's loop
-// (drive), and why: the handshake's decision marks the peer's bitmap on
-// the state it decides on and switches the peer's writes to the stream
-// in the same critical section as its step (under v.stateMu, which every
-// step holds); the end of the stream from the primary is decided with
-// that stream (under v.mu). Issue 28 moves them onto the loop next.
+// machine on their own goroutine rather than on the volume's loop, and
+// why: the end of the stream from the primary is decided with that
+// stream (under v.mu). Issue 28 moves it onto the loop next.
 var offLoopSteps = map[string]string{
-	"decide":      "stepLocked",
 	"endIncoming": "stepUnwrittenLocked",
 }
 
+// loopCalls are the functions that step with stepLocked on the volume's
+// loop, in a call the loop runs (volumeLoop.call) rather than as a
+// drive, each with the one function it is called from; that function is
+// called only inside a closure given to a call (".call(func() {...})"). The handshake's
+// decision marks the peer's bitmap on the state it decides on, and
+// switches the peer's writes to the stream in the same critical section
+// as its step.
+var loopCalls = map[string]loopCall{
+	"decide": {call: "p.decide", from: "takeStream", fromCall: "p.takeStream"},
+}
+
+// loopCall is how a function of loopCalls is called (call, an
+// expression as the source writes it), from which function, and how that
+// one is called inside the closure given to the loop (fromCall).
+type loopCall struct{ call, from, fromCall string }
+
 // TestTheVolumesStepsRunOnItsLoop: every step of a volume's state
-// machine in package node is a drive, taken on the volume's loop, but
-// those of offLoopSteps. It parses the package's non-test files for
-// calls of stepLocked, stepUnwrittenLocked and volstate.Take, and names
-// every caller that is not the driver itself (drive.go's volumeSteps, the
-// unwritten step) or one of offLoopSteps.
+// machine in package node is taken on the volume's loop (a drive, or a
+// call of loopCalls), but those of offLoopSteps. It parses the package's
+// non-test files for calls of stepLocked, stepUnwrittenLocked and
+// volstate.Take, and names every caller that is not the driver itself
+// (drive.go's volumeSteps, the unwritten step) or one of those lists.
 func TestTheVolumesStepsRunOnItsLoop(t *testing.T) {
 	files, err := filepath.Glob("*.go")
 	if err != nil {
@@ -144,6 +157,10 @@ func TestTheVolumesStepsRunOnItsLoop(t *testing.T) {
 	fset := token.NewFileSet()
 	var bad []string
 	seen := map[string]bool{}
+	// callers[f] are the functions that call f, by name; inLoopCall[f]
+	// counts f's calls inside a closure given to a loop's call.
+	callers := map[string][]string{}
+	inLoopCall := map[string]int{}
 	for _, name := range files {
 		if strings.HasSuffix(name, "_test.go") {
 			continue
@@ -154,7 +171,7 @@ func TestTheVolumesStepsRunOnItsLoop(t *testing.T) {
 		}
 		for _, decl := range f.Decls {
 			fn, ok := decl.(*ast.FuncDecl)
-			if !ok || fn.Body == nil || drivers[fn.Name.Name] {
+			if !ok || fn.Body == nil {
 				continue
 			}
 			ast.Inspect(fn.Body, func(n ast.Node) bool {
@@ -166,13 +183,27 @@ func TestTheVolumesStepsRunOnItsLoop(t *testing.T) {
 				if !ok {
 					return true
 				}
+				callers[types.ExprString(call.Fun)] = append(callers[types.ExprString(call.Fun)], fn.Name.Name)
+				if sel.Sel.Name == "call" && len(call.Args) == 1 {
+					if lit, ok := call.Args[0].(*ast.FuncLit); ok {
+						ast.Inspect(lit.Body, func(n ast.Node) bool {
+							if c, ok := n.(*ast.CallExpr); ok {
+								inLoopCall[types.ExprString(c.Fun)]++
+							}
+							return true
+						})
+					}
+				}
+				if drivers[fn.Name.Name] {
+					return true
+				}
 				step := sel.Sel.Name
 				if x, ok := sel.X.(*ast.Ident); ok && x.Name == "volstate" && step == "Take" {
 					step = "volstate.Take"
 				} else if step != "stepLocked" && step != "stepUnwrittenLocked" {
 					return true
 				}
-				if offLoopSteps[fn.Name.Name] == step {
+				if _, ok := loopCalls[fn.Name.Name]; offLoopSteps[fn.Name.Name] == step || ok && step == "stepLocked" {
 					seen[fn.Name.Name] = true
 					return true
 				}
@@ -181,13 +212,26 @@ func TestTheVolumesStepsRunOnItsLoop(t *testing.T) {
 			})
 		}
 	}
+	for fn, lc := range loopCalls {
+		if c := callers[lc.call]; len(c) != 1 || c[0] != lc.from {
+			bad = append(bad, fmt.Sprintf("%s steps on the loop only when called from %s alone; it is called from %v", fn, lc.from, c))
+		}
+		if n := len(callers[lc.fromCall]); n == 0 || inLoopCall[lc.fromCall] != n {
+			bad = append(bad, fmt.Sprintf("%s must be called only inside a closure given to the loop's call: %d of its %d calls are", lc.fromCall, inLoopCall[lc.fromCall], n))
+		}
+	}
 	sort.Strings(bad)
 	if len(bad) > 0 {
 		t.Fatalf("a step of the volume's state machine off its loop (drive it: v.drive):\n  %s", strings.Join(bad, "\n  "))
 	}
-	for fn, step := range offLoopSteps {
+	for fn := range offLoopSteps {
 		if !seen[fn] {
-			t.Errorf("%s no longer calls %s: take it off offLoopSteps", fn, step)
+			t.Errorf("%s no longer steps off the loop: take it off offLoopSteps", fn)
+		}
+	}
+	for fn := range loopCalls {
+		if !seen[fn] {
+			t.Errorf("%s no longer steps: take it off loopCalls", fn)
 		}
 	}
 }
