@@ -680,8 +680,8 @@ func (v *Volume) renewLeases(ctx context.Context, epoch uint64) {
 
 // stepUnwrittenLocked steps the volume's rules with an event whose rule
 // writes nothing (the end of the stream from the primary, decided with
-// that stream under v.mu), under v.mu alone: such a step never waits
-// behind a commit that holds v.stateMu. It runs the driver's
+// that stream under v.mu, on the volume's loop: incomingEnded), under v.mu
+// alone. It runs the driver's
 // step (volstate.Take) over effects that refuse any preparation or write,
 // installs what the step changed, the lease's end with it, and returns
 // the actions, for the caller to perform once it released v.mu. Callers

@@ -96,10 +96,16 @@
 // stream, the IO in flight or the cluster run off the loop, and their end
 // comes back to the inbox, so a sender or a stream that drives the volume
 // while a drive waits for it is taken meanwhile. A drive posted to a
-// volume that closes gets errVolumeClosed. The steps not yet posted to
-// the loop (stepLocked, under v.stateMu, which the loop takes around its
-// Take too; stepUnwrittenLocked, under v.mu) run on their callers'
-// goroutines. What a step checks is read when it is taken, under
+// volume that closes gets errVolumeClosed. Two steps run on the loop as
+// a call (volumeLoop.call) rather than a drive: the handshake's decision
+// (takeStream: the marks, the step with stepLocked and the switch of the
+// peer's writes to the stream, one critical section under v.stateMu) and
+// the end of the stream from the primary (incomingEnded: the check that
+// it is the current stream and the step, under v.mu). So every step of a
+// volume is taken on its loop, one at a time
+// (TestTheVolumesStepsRunOnItsLoop); v.stateMu, which every step holds,
+// orders the write path's own checks (a write marked or streamed, a peer
+// tracked already) against them. What a step checks is read when it is taken, under
 // v.stateMu (modelLocked): the peers' states and facts (a peer in sync,
 // bits in its bitmap) and whether the local disk misses blocks, so a
 // caller checks nothing before it posts. The role functions build an
@@ -133,10 +139,9 @@
 // change; status, the metrics, the NBD export list and the claims read
 // that without v.mu, while IO's admission reads st under v.mu (its count
 // of IO in flight must agree with the state a step-down drains).
-// A lease renewal (LeaseRenewed), a shutdown or removal (Stop) and the
-// other steps that write nothing (a stream's end, a failed replicated
-// write, a split brain reported) are stepped under v.mu alone
-// (stepUnwrittenLocked), so a renewal never waits behind a commit. A detach is the disk state
+// A lease renewal (LeaseRenewed), a shutdown or removal (Stop), a failed
+// replicated write and a split brain reported are drives too; they write
+// nothing, so they wait behind a commit only as long as it takes. A detach is the disk state
 // Diskless in the state machine, and a flag here; one loop per volume
 // (detach.go) probes the detached disk where it failed and puts it back
 // by reattachState's rule (reattach.go: back-off, passing time, flaps). A stream's own news
@@ -185,7 +190,9 @@
 // range locks, node/cluster, transport, internal/connlimit) come after
 // them, in the order their doc.go gives. The peer and session
 // code declares none, and a session's loop takes v.stateMu and v.mu only
-// at its end (startTracking, through session.Peer).
+// at its end (startTracking, through session.Peer: the write path's check,
+// then a drive of the volume's loop it waits for, which never waits for a
+// session's loop on the loop itself).
 // v.stateMu is never taken while waiting for an entry's ack; v.mu is never
 // held while the state is written. The volume's loop holds no lock while
 // it waits for a message, and no goroutine posts a drive to it while

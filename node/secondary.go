@@ -25,16 +25,31 @@ func (v *Volume) detachIncoming() {
 
 // endIncoming stops the stream in and, if it is still the volume's
 // current one, drops it: the disk state goes back to what an idle
-// secondary's is (a Failed disk stays Failed).
+// secondary's is (a Failed disk stays Failed). The step is taken on the
+// volume's loop, with the check that in is the current stream.
 func (v *Volume) endIncoming(in *applier.Stream) {
 	in.Stop()
+	if err := v.loop.call(func() { v.incomingEnded(in) }); err != nil {
+		// The loop closed: the volume's state changes no more, and the
+		// stream is dropped all the same.
+		v.mu.Lock()
+		if v.incoming == in {
+			v.incoming = nil
+		}
+		v.mu.Unlock()
+	}
+}
+
+// incomingEnded drops in if it is still the volume's current stream, and
+// steps the volume's rules with its end (volstate.IncomingEnded: a Failed
+// disk stays Failed), under v.mu, which a new stream takes to replace it.
+func (v *Volume) incomingEnded(in *applier.Stream) {
 	v.mu.Lock()
+	defer v.mu.Unlock()
 	if v.incoming == in {
 		v.incoming = nil
-		// A Failed disk stays Failed (volstate.IncomingEnded).
 		v.stepUnwrittenLocked(volstate.IncomingEnded{}, nil)
 	}
-	v.mu.Unlock()
 }
 
 // handleStream serves one replication stream opened by a primary.

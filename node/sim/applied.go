@@ -221,7 +221,7 @@ func (st appliedState) Failed(err error) {
 }
 
 // stateWrite is the write of n's volume state to its metadata that
-// State.SyncStarted and SyncFinished make (node's stepLocked). The
+// State.SyncStarted and SyncFinished make (node's drives). The
 // metadata is on the data disk: the write fails while the disk fails.
 // A sync end's write comes right after the data's sync succeeded, which
 // a failing disk fails first, so it also fails now and then alone
