@@ -40,55 +40,41 @@ var machineWriters = map[string]bool{
 // and pointers taken to the fields above (any part of them: v.st.Serving,
 // v.st.Peers[name]), and names every writer outside machineWriters.
 func TestOnlyTheStepsWriteTheVolumesState(t *testing.T) {
-	files, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fset := token.NewFileSet()
+	fset, funcs := packageFuncs(t)
 	var bad []string
-	for _, name := range files {
-		if strings.HasSuffix(name, "_test.go") {
+	for _, fn := range funcs {
+		if machineWriters[fn.Name.Name] {
 			continue
 		}
-		f, err := parser.ParseFile(fset, name, nil, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, decl := range f.Decls {
-			fn, ok := decl.(*ast.FuncDecl)
-			if !ok || fn.Body == nil || machineWriters[fn.Name.Name] {
-				continue
-			}
-			ast.Inspect(fn.Body, func(n ast.Node) bool {
-				var targets []ast.Expr
-				switch n := n.(type) {
-				case *ast.KeyValueExpr:
-					// driveOptions.install runs in the step's install.
-					if id, ok := n.Key.(*ast.Ident); ok && id.Name == "install" {
-						return false
-					}
-				case *ast.AssignStmt:
-					targets = n.Lhs
-				case *ast.IncDecStmt:
+		ast.Inspect(fn.Body, func(n ast.Node) bool {
+			var targets []ast.Expr
+			switch n := n.(type) {
+			case *ast.KeyValueExpr:
+				// driveOptions.install runs in the step's install.
+				if id, ok := n.Key.(*ast.Ident); ok && id.Name == "install" {
+					return false
+				}
+			case *ast.AssignStmt:
+				targets = n.Lhs
+			case *ast.IncDecStmt:
+				targets = []ast.Expr{n.X}
+			case *ast.UnaryExpr:
+				// A pointer into the state would let it be written.
+				if n.Op == token.AND {
 					targets = []ast.Expr{n.X}
-				case *ast.UnaryExpr:
-					// A pointer into the state would let it be written.
-					if n.Op == token.AND {
-						targets = []ast.Expr{n.X}
-					}
-				case *ast.CallExpr:
-					if id, ok := n.Fun.(*ast.Ident); ok && (id.Name == "delete" || id.Name == "clear") && len(n.Args) > 0 {
-						targets = n.Args[:1]
-					}
 				}
-				for _, x := range targets {
-					if field, ok := volumeField(x); ok && machineFields[field] {
-						bad = append(bad, fset.Position(x.Pos()).String()+" "+fn.Name.Name+" writes "+types.ExprString(x)+" (v."+field+")")
-					}
+			case *ast.CallExpr:
+				if id, ok := n.Fun.(*ast.Ident); ok && (id.Name == "delete" || id.Name == "clear") && len(n.Args) > 0 {
+					targets = n.Args[:1]
 				}
-				return true
-			})
-		}
+			}
+			for _, x := range targets {
+				if field, ok := volumeField(x); ok && machineFields[field] {
+					bad = append(bad, fset.Position(x.Pos()).String()+" "+fn.Name.Name+" writes "+types.ExprString(x)+" (v."+field+")")
+				}
+			}
+			return true
+		})
 	}
 	sort.Strings(bad)
 	if len(bad) > 0 {
@@ -144,68 +130,51 @@ type loopCall struct{ call, from, fromCall string }
 // caller that is not the driver itself (drive.go's volumeSteps, the
 // unwritten step) or one of loopCalls, called only as it says.
 func TestTheVolumesStepsRunOnItsLoop(t *testing.T) {
-	files, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
 	drivers := map[string]bool{"stepLocked": true, "stepUnwrittenLocked": true, "drive": true}
-	fset := token.NewFileSet()
+	fset, funcs := packageFuncs(t)
 	var bad []string
 	seen := map[string]bool{}
 	// callers[f] are the functions that call f, by name; inLoopCall[f]
 	// counts f's calls inside a closure given to a loop's call.
 	callers := map[string][]string{}
 	inLoopCall := map[string]int{}
-	for _, name := range files {
-		if strings.HasSuffix(name, "_test.go") {
-			continue
-		}
-		f, err := parser.ParseFile(fset, name, nil, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, decl := range f.Decls {
-			fn, ok := decl.(*ast.FuncDecl)
-			if !ok || fn.Body == nil {
-				continue
-			}
-			ast.Inspect(fn.Body, func(n ast.Node) bool {
-				call, ok := n.(*ast.CallExpr)
-				if !ok {
-					return true
-				}
-				sel, ok := call.Fun.(*ast.SelectorExpr)
-				if !ok {
-					return true
-				}
-				callers[types.ExprString(call.Fun)] = append(callers[types.ExprString(call.Fun)], fn.Name.Name)
-				if sel.Sel.Name == "call" && len(call.Args) == 1 {
-					if lit, ok := call.Args[0].(*ast.FuncLit); ok {
-						ast.Inspect(lit.Body, func(n ast.Node) bool {
-							if c, ok := n.(*ast.CallExpr); ok {
-								inLoopCall[types.ExprString(c.Fun)]++
-							}
-							return true
-						})
-					}
-				}
-				if drivers[fn.Name.Name] {
-					return true
-				}
-				step := sel.Sel.Name
-				if x, ok := sel.X.(*ast.Ident); ok && x.Name == "volstate" && step == "Take" {
-					step = "volstate.Take"
-				} else if step != "stepLocked" && step != "stepUnwrittenLocked" {
-					return true
-				}
-				if _, ok := loopCalls[fn.Name.Name]; ok && step != "volstate.Take" {
-					seen[fn.Name.Name] = true
-					return true
-				}
-				bad = append(bad, fset.Position(call.Pos()).String()+" "+fn.Name.Name+" calls "+step)
+	for _, fn := range funcs {
+		ast.Inspect(fn.Body, func(n ast.Node) bool {
+			call, ok := n.(*ast.CallExpr)
+			if !ok {
 				return true
-			})
-		}
+			}
+			sel, ok := call.Fun.(*ast.SelectorExpr)
+			if !ok {
+				return true
+			}
+			callers[types.ExprString(call.Fun)] = append(callers[types.ExprString(call.Fun)], fn.Name.Name)
+			if sel.Sel.Name == "call" && len(call.Args) == 1 {
+				if lit, ok := call.Args[0].(*ast.FuncLit); ok {
+					ast.Inspect(lit.Body, func(n ast.Node) bool {
+						if c, ok := n.(*ast.CallExpr); ok {
+							inLoopCall[types.ExprString(c.Fun)]++
+						}
+						return true
+					})
+				}
+			}
+			if drivers[fn.Name.Name] {
+				return true
+			}
+			step := sel.Sel.Name
+			if x, ok := sel.X.(*ast.Ident); ok && x.Name == "volstate" && step == "Take" {
+				step = "volstate.Take"
+			} else if step != "stepLocked" && step != "stepUnwrittenLocked" {
+				return true
+			}
+			if _, ok := loopCalls[fn.Name.Name]; ok && step != "volstate.Take" {
+				seen[fn.Name.Name] = true
+				return true
+			}
+			bad = append(bad, fset.Position(call.Pos()).String()+" "+fn.Name.Name+" calls "+step)
+			return true
+		})
 	}
 	for fn, lc := range loopCalls {
 		if c := callers[lc.call]; len(c) != 1 || c[0] != lc.from {
@@ -224,4 +193,31 @@ func TestTheVolumesStepsRunOnItsLoop(t *testing.T) {
 			t.Errorf("%s no longer steps: take it off loopCalls", fn)
 		}
 	}
+}
+
+// packageFuncs parses package node's non-test files and returns its
+// functions with a body, in file order.
+func packageFuncs(t *testing.T) (*token.FileSet, []*ast.FuncDecl) {
+	t.Helper()
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	var funcs []*ast.FuncDecl
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, decl := range f.Decls {
+			if fn, ok := decl.(*ast.FuncDecl); ok && fn.Body != nil {
+				funcs = append(funcs, fn)
+			}
+		}
+	}
+	return fset, funcs
 }
