@@ -47,7 +47,7 @@ func NewSeed(volume [16]byte) Seed { return Seed{crc32.Update(0, castagnoli, vol
 // burst of up to 32 bits); other changes, and another volume's UUID, give
 // the same sum with a chance of 2^-32.
 func (s Seed) Sum(block uint64, data []byte) uint32 {
-	return crc32.Update(updateAddress(s.crc, block), castagnoli, data)
+	return update(updateAddress(s.crc, block), data)
 }
 
 // updateAddress is crc32.Update(crc, castagnoli, the 8 little-endian
