@@ -47,20 +47,34 @@ func NewSeed(volume [16]byte) Seed { return Seed{crc32.Update(0, castagnoli, vol
 // burst of up to 32 bits); other changes, and another volume's UUID, give
 // the same sum with a chance of 2^-32.
 func (s Seed) Sum(block uint64, data []byte) uint32 {
-	return crc32.Update(updateAddress(s.crc, block), castagnoli, data)
+	return update(updateAddress(s.crc, block), data)
 }
 
 // updateAddress is crc32.Update(crc, castagnoli, the 8 little-endian
-// bytes of block), byte by byte from the table: a slice of the address
-// would escape to the heap through crc32.Update, an allocation per block.
+// bytes of block), from tables: a slice of the address would escape to
+// the heap through crc32.Update, an allocation per block. The eight
+// bytes are looked up at once, each in the table that carries it over
+// the bytes after it (slicing by 8): the byte-by-byte loop was a chain
+// of eight dependent loads, 15 ns, a quarter of the folding of a block
+// that waits for it.
 func updateAddress(crc uint32, block uint64) uint32 {
-	crc = ^crc
-	for range 8 {
-		crc = castagnoli[byte(crc)^byte(block)] ^ crc>>8
-		block >>= 8
-	}
-	return ^crc
+	v := block ^ uint64(^crc)
+	t := &addressTables
+	return ^(t[7][byte(v)] ^ t[6][byte(v>>8)] ^ t[5][byte(v>>16)] ^ t[4][byte(v>>24)] ^
+		t[3][byte(v>>32)] ^ t[2][byte(v>>40)] ^ t[1][byte(v>>48)] ^ t[0][byte(v>>56)])
 }
+
+// addressTables[k][b] is the CRC-32C state (uninverted) of the byte b
+// followed by k zero bytes, from the state 0.
+var addressTables = func() (t [8][256]uint32) {
+	t[0] = *castagnoli
+	for k := 1; k < len(t); k++ {
+		for b := range t[k] {
+			t[k][b] = t[k-1][b]>>8 ^ t[0][byte(t[k-1][b])]
+		}
+	}
+	return t
+}()
 
 // Sums appends to dst the sums of the blocks of data, the first at
 // address first: one per BlockSize bytes, the last over what remains.
