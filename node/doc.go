@@ -147,10 +147,17 @@
 // by reattachState's rule (reattach.go: back-off, passing time, flaps). A stream's own news
 // (a peer lost, congested, drained, catching up, in sync:
 // volstate.StreamEvent) changes that peer's state alone, by volstate's
-// rule (Peer.Streamed), which is also the congestion controller's: the
-// session's loop and the peer's connect loop step it on the peer's view
-// (peersession.go, peer.go), as they must not take the volume's state
-// lock.
+// rule (Peer.Streamed), which is also the congestion controller's. The
+// peers' views (their states, streams, disks and why) are the volume's
+// loop's too: only code on the loop changes them (peer.update; the
+// deadlock build checks the goroutine, internal/lockorder's Owner, across
+// every test). A session's loop, which the volume's loop may wait for as
+// it hands it entries, tells its news (volumeLoop.tell: queued, never
+// waited for, run on the loop BEFORE the next drive or call it takes);
+// the peer's connect loop and the control API ask (volumeLoop.ask: told,
+// and waited for). The one change of a view made off the loop is a
+// stream's end taking the writes' route off it at once (peer.route), so
+// that a write never waits for the loop to learn of it.
 //
 // An online resize (resize.go) grows every replica while IO runs, the
 // secondaries before the primary, which only then takes writes past the
@@ -179,6 +186,7 @@
 // Lock order, outermost first; a goroutine holding one takes only those
 // after it: n.volMu, v.resizeMu, in.applyMu, v.stateMu, v.mu; then the
 // leaves, under which nothing is taken: n.mu, n.cl.mu, v.rb.mu,
+// v.loop.newsMu (loop.go: the news told and not yet run),
 // n.events.mu, n.claims.mu (claims.go: the mount claims), v.scrub.mu
 // (scrub.go: the scrub's phase and checkpoint), v.integ.listMu
 // (integrity.go, badblocks.go: the lost blocks and the bad-block list;

@@ -140,7 +140,7 @@ func (p *peer) connect(ctx context.Context) error {
 		work = func() error { return p.pull(s, plan.peerGen) }
 	}
 	err = s.Run(work)
-	p.setPulling(false)
+	p.v.loop.ask(func() { p.setPulling(false) })
 	if ctx.Err() != nil {
 		return nil
 	}

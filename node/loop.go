@@ -4,6 +4,7 @@ import (
 	"errors"
 	"sync"
 
+	"github.com/replvol/replvol/internal/lockorder"
 	"github.com/replvol/replvol/node/volstate"
 )
 
@@ -28,6 +29,16 @@ import (
 // The loop starts when the volume opens (newVolume) and ends at close
 // (shutdown, closeVolumes) once every drive it took is over: a drive
 // posted from then on gets errVolumeClosed at once, never a wait.
+//
+// The loop also owns the peers' replication states (peerView: the state,
+// the stream it belongs to, the peer's disk, why): only code on the loop
+// changes them (peer.update checks it in the deadlock build). News from
+// a goroutine the loop may wait for without taking its messages (a
+// session's loop, which the volume's loop hands entries to) is told
+// (tell): queued without a wait, and run on the loop BEFORE the next
+// message of the inbox, so that a drive posted after some news steps on
+// the state that news left. The peer's link, which the loop never waits
+// for, calls (call) and waits.
 
 // errVolumeClosed is what a drive posted to a volume that closes gets:
 // its state changes no more.
@@ -56,6 +67,19 @@ type volumeLoop struct {
 	done chan struct{}
 	// off counts the waits running off the loop.
 	off sync.WaitGroup
+	// owner is the loop's goroutine, the only one that changes what the
+	// loop owns (the peers' views).
+	owner lockorder.Owner
+
+	// newsMu guards news and ended; newsMu is a leaf.
+	newsMu mutex
+	// news is what was told and not yet run, in the order told; a wake
+	// on newsReady (buffered: tell never waits) says there is some.
+	news      []func()
+	newsReady chan struct{}
+	// ended: the loop has ended; news told from now on runs at once, on
+	// the teller's goroutine (nothing else changes the state any more).
+	ended bool
 }
 
 // loopDrive is one drive the loop runs: its effects, where it stands,
@@ -77,9 +101,60 @@ type loopMessage struct {
 
 // startLoop starts a volume's loop.
 func startLoop() *volumeLoop {
-	l := &volumeLoop{inbox: make(chan loopMessage), quit: make(chan struct{}), done: make(chan struct{})}
-	go l.run()
+	l := &volumeLoop{inbox: make(chan loopMessage), quit: make(chan struct{}), done: make(chan struct{}), newsReady: make(chan struct{}, 1)}
+	claimed := make(chan struct{})
+	go l.run(claimed)
+	<-claimed // the loop owns what it owns from the start
 	return l
+}
+
+// tell runs fn on the loop, after the news told before it and BEFORE
+// the next message of the inbox the loop takes, without waiting for it:
+// news from a goroutine the loop may wait for (a session's loop, whose
+// inbox the volume's loop hands entries to). Once the loop has ended, fn
+// runs at once, here. fn must not wait.
+func (l *volumeLoop) tell(fn func()) {
+	l.newsMu.Lock()
+	if l.ended {
+		l.newsMu.Unlock()
+		fn()
+		return
+	}
+	l.news = append(l.news, fn)
+	l.newsMu.Unlock()
+	select {
+	case l.newsReady <- struct{}{}:
+	default: // a wake is pending already
+	}
+}
+
+// ask runs fn on the loop as tell does, and returns once it ran: for a
+// goroutine the loop never waits for (a peer's link, the control API).
+// Unlike call, it never fails: once the loop has ended, fn runs here.
+func (l *volumeLoop) ask(fn func()) {
+	ran := make(chan struct{})
+	l.tell(func() { defer close(ran); fn() })
+	<-ran
+}
+
+// runNews runs the news told so far, in order, on the loop; last: the
+// loop ends, and news told from now on runs where it is told.
+func (l *volumeLoop) runNews(last bool) {
+	for {
+		l.newsMu.Lock()
+		news := l.news
+		l.news = nil
+		if last && len(news) == 0 {
+			l.ended = true
+		}
+		l.newsMu.Unlock()
+		if len(news) == 0 {
+			return
+		}
+		for _, fn := range news {
+			fn()
+		}
+	}
 }
 
 // drive posts e with its effects and waits for the drive's result
@@ -130,13 +205,22 @@ func (l *volumeLoop) close() {
 
 // run is the loop: it takes the inbox's messages in order until it is
 // closed and no drive it took is left.
-func (l *volumeLoop) run() {
+func (l *volumeLoop) run(claimed chan<- struct{}) {
+	l.owner.Claim()
+	close(claimed)
 	defer close(l.done)
+	defer l.runNews(true) // after Release: news told meanwhile may run here or at once
+	defer l.owner.Release()
 	running := 0
 	quit := l.quit
 	for quit != nil || running > 0 {
 		select {
+		case <-l.newsReady:
+			l.runNews(false)
 		case m := <-l.inbox:
+			// The news told before m was posted first: m steps on the
+			// state it left.
+			l.runNews(false)
 			switch {
 			case m.fn != nil:
 				// Taken, so run (the loop may be closing: its caller

@@ -288,3 +288,57 @@ func TestACallRunsOnTheLoopBetweenItsDrives(t *testing.T) {
 		t.Errorf("a call on a closed loop: %v, ran %t; want %v, not run", err, ran, errVolumeClosed)
 	}
 }
+
+// TestNewsToldRunsOnTheLoopBeforeWhatIsPostedAfterIt: news told while the
+// loop is busy (a session's loop tells the peer's state and goes on) is
+// run on the loop, in the order told, BEFORE a drive or a call posted
+// after it, so that the drive steps on the state the news left; the
+// teller never waits. Once the loop has ended, news runs at once where
+// it is told, and ask returns once its news ran, either way.
+func TestNewsToldRunsOnTheLoopBeforeWhatIsPostedAfterIt(t *testing.T) {
+	lv := loopSecondary()
+	l := startLoop()
+	for round := range 50 {
+		gate, busy := make(chan struct{}), make(chan struct{})
+		go l.call(func() { close(busy); <-gate })
+		awaitLoop(t, busy, "the call that keeps the loop busy")
+		var order []string // the loop's alone: each entry is written on it
+		for i := range 3 {
+			l.tell(func() { order = append(order, fmt.Sprintf("news %d, %d writes", i, len(lv.lines()))) })
+		}
+		epoch := uint64(4 + round)
+		drove := make(chan error, 1)
+		go func() { drove <- <-l.post(&loopFx{lv: lv}, raftSays(epoch)) }() // posted while the loop is busy
+		called := make(chan error, 1)
+		go func() { called <- l.call(func() { order = append(order, "call") }) }()
+		close(gate)
+		if err := awaitLoop(t, drove, "the drive posted after the news"); err != nil {
+			t.Fatalf("the drive: %v", err)
+		}
+		if err := awaitLoop(t, called, "the call posted after the news"); err != nil {
+			t.Fatalf("the call: %v", err)
+		}
+		before := round // the writes of the rounds before this one
+		want := []string{
+			fmt.Sprintf("news 0, %d writes", before), fmt.Sprintf("news 1, %d writes", before), fmt.Sprintf("news 2, %d writes", before), "call",
+		}
+		if !slices.Equal(order, want) {
+			t.Fatalf("round %d: the loop ran %q, want %q (the news, in order, before the drive posted after it)", round, order, want)
+		}
+	}
+	asked := false
+	l.ask(func() { asked = true })
+	if !asked {
+		t.Error("ask returned before its news ran on the loop")
+	}
+	closeLoop(t, l)
+	ranAt := ""
+	l.tell(func() { ranAt = "told" })
+	if ranAt != "told" {
+		t.Error("news told once the loop ended did not run at once")
+	}
+	l.ask(func() { asked = false })
+	if asked {
+		t.Error("ask once the loop ended did not run its news")
+	}
+}

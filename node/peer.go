@@ -177,9 +177,42 @@ var closedChan = func() *chan struct{} { c := make(chan struct{}); close(c); ret
 func (p *peer) snapshot() *peerView { return p.view.Load() }
 
 // update replaces the peer's view by change applied to a copy, and returns
-// the view it replaced. The compare-and-swap keeps a change made meanwhile
-// by another writer (see view): none is lost, and none waits.
+// the view it replaced. Only the volume's loop changes the peer's
+// replication state (loop.go; checked in the deadlock build): code off
+// the loop tells it (tellUpdate) or asks it (askUpdate). The one change
+// made elsewhere is a stream's end, which takes the writes' route off the
+// stream at once (Ended, route).
 func (p *peer) update(change func(*peerView)) *peerView {
+	if p.v != nil && p.v.loop != nil {
+		p.v.loop.owner.Check("a change of the replication state of peer " + p.name)
+	}
+	return p.swap(change)
+}
+
+// tellUpdate has the volume's loop update the view (volumeLoop.tell),
+// without waiting: news of a session's loop.
+func (p *peer) tellUpdate(change func(*peerView)) {
+	if p.v == nil || p.v.loop == nil {
+		p.swap(change) // a peer of a test, with no volume around it
+		return
+	}
+	p.v.loop.tell(func() { p.update(change) })
+}
+
+// askUpdate has the volume's loop update the view (volumeLoop.ask) and
+// returns the view it replaced: for a goroutine the loop never waits for.
+func (p *peer) askUpdate(change func(*peerView)) *peerView {
+	if p.v == nil || p.v.loop == nil {
+		return p.swap(change)
+	}
+	var was *peerView
+	p.v.loop.ask(func() { was = p.update(change) })
+	return was
+}
+
+// swap is update's compare-and-swap, which keeps a change made meanwhile
+// by the one other writer (route): none is lost, and none waits.
+func (p *peer) swap(change func(*peerView)) *peerView {
 	for {
 		old := p.view.Load()
 		next := *old
@@ -270,7 +303,7 @@ func (p *peer) run(ctx context.Context) {
 		}
 		// connect returns once its stream ended: the stream the view shows,
 		// this attempt's or an older one, is lost.
-		was := p.update(func(pv *peerView) { pv.lost(p.name, false); pv.why = why }).state
+		was := p.askUpdate(func(pv *peerView) { pv.lost(p.name, false); pv.why = why }).state
 		// A lost peer is worth a warning once, not every retry.
 		if why.cause != lastCause {
 			if err != nil {
@@ -290,7 +323,7 @@ func (p *peer) run(ctx context.Context) {
 	}
 	if ctx.Err() != nil {
 		// The link is stopped: its last stream is lost for good.
-		p.update(func(pv *peerView) { pv.lost(p.name, true) })
+		p.askUpdate(func(pv *peerView) { pv.lost(p.name, true) })
 	}
 }
 
@@ -313,7 +346,7 @@ func (p *peer) refused(ref *refusal) {
 		kind = "split-brain"
 		why = p.splitBrain(ref)
 	}
-	was := p.update(func(pv *peerView) {
+	was := p.askUpdate(func(pv *peerView) {
 		pv.state, pv.why = replication.StandAlone, why
 		if ref.rule != "" {
 			// The rule that refused is the last connection's rule
@@ -398,8 +431,11 @@ func (p *peer) syncDoneLocked(gen replication.Generation) *session.Pending {
 }
 
 // setPulling says whether this primary copies newer data from the peer
-// (pulling).
+// (pulling): a state of the peer, which only the volume's loop changes.
 func (p *peer) setPulling(on bool) {
+	if p.v.loop != nil {
+		p.v.loop.owner.Check("a change of whether this primary pulls from peer " + p.name)
+	}
 	p.pulling.Store(on)
 	p.v.changed.notify()
 }
@@ -427,9 +463,7 @@ func (p *peer) mayHoldNow() replication.Generation {
 // is not in sync either, and the session ends.
 func (p *peer) SyncDoneAcked(s *session.Session, gen replication.Generation) bool {
 	v := p.v
-	v.stateMu.Lock()
-	p.update(func(pv *peerView) { pv.held = gen })
-	v.stateMu.Unlock()
+	p.askUpdate(func(pv *peerView) { pv.held = gen })
 	// The volume's rules retire the peer's bitmap generation (when it
 	// was tracked), durably, and forget a crash of this primary.
 	err := v.drive(volstate.ResyncFinished{Peer: p.name, Session: s.ID(), Current: gen}, driveOptions{})

@@ -31,7 +31,7 @@ func streamToGatedBeta(t *testing.T, open bool, timeout time.Duration) (v *Volum
 		close(g.Gate)
 	}
 	s := newSession(context.Background(), p, transport.NewReplStream(g, cancel), timeout, true)
-	p.update(func(pv *peerView) {
+	p.askUpdate(func(pv *peerView) {
 		pv.sess, pv.sid, pv.state, pv.peerDisk = s, s.ID(), replication.Connected, string(replication.UpToDate)
 	})
 	ended = make(chan error, 1)

@@ -44,19 +44,33 @@ func (n *Node) pairBeat(name string) *session.PairBeat {
 }
 
 // Stream steps the peer's replication state with news of one of its
-// streams (volstate's rule), on the peer's view alone: the session's loop
-// takes no lock of the volume. The news of a stream other than the one
-// the view shows changes nothing.
+// streams (volstate's rule) on the volume's loop, told: the session's
+// loop waits for neither the loop nor a lock of the volume. The news of a
+// stream other than the one the view shows changes nothing.
 func (p *peer) Stream(e volstate.StreamEvent) {
-	p.update(func(pv *peerView) { pv.stream(e, false) })
+	p.tellUpdate(func(pv *peerView) { pv.stream(e, false) })
 }
 
-// Ended ends the peer's stream s: writes go to its bitmap from here, and
-// a FLUSH waits for s's end (submit).
+// Ended ends the peer's stream s: writes go to its bitmap from here, at
+// once (route), and a FLUSH waits for s's end (submit); the peer's disk
+// is unknown from here, on the volume's loop, unless another stream took
+// the view meanwhile.
 func (p *peer) Ended(s *session.Session) {
-	p.update(func(pv *peerView) {
+	p.route(s)
+	p.tellUpdate(func(pv *peerView) {
+		if pv.sid == s.ID() && pv.sess == nil {
+			pv.peerDisk = dUnknown
+		}
+	})
+}
+
+// route takes the writes' route off stream s, which ended, at once and
+// off the volume's loop: the one change of the view that is not the
+// loop's (update), and that touches the route alone (sess, ending).
+func (p *peer) route(s *session.Session) {
+	p.swap(func(pv *peerView) {
 		if pv.sess == s {
-			pv.sess, pv.peerDisk = nil, dUnknown
+			pv.sess = nil
 		}
 		pv.ending = s
 	})

@@ -283,7 +283,7 @@ func (v *Volume) setAdminDown(down bool) {
 	}
 	if down {
 		for _, p := range v.streamingPeers() {
-			p.update(func(pv *peerView) { pv.why = because(CauseAdminDown, "disconnected by operator") })
+			p.askUpdate(func(pv *peerView) { pv.why = because(CauseAdminDown, "disconnected by operator") })
 		}
 	}
 }

@@ -209,9 +209,13 @@ func (v *Volume) resumePeers() {
 		if stopping {
 			p.wait()
 		}
-		if !p.running.Load() && ctx.Err() == nil {
-			p.start(ctx)
-		}
+		// Started on the loop, which owns the peer's state (start makes
+		// it Connecting).
+		v.loop.ask(func() {
+			if !p.running.Load() && ctx.Err() == nil {
+				p.start(ctx)
+			}
+		})
 	}
 }
 

@@ -311,9 +311,11 @@ func TestAnOldPrimaryIsFencedByANewerEpoch(t *testing.T) {
 		t.Fatal("a fenced old primary took a write")
 	}
 	b := c.vol("beta")
-	b.mu.Lock()
-	b.startPeersLocked()
-	b.mu.Unlock()
+	b.loop.ask(func() { // the loop owns the peers' states
+		b.mu.Lock()
+		b.startPeersLocked()
+		b.mu.Unlock()
+	})
 	c.waitInSync()
 	if st := c.status(); st.Volumes[0].Primary != "beta" || replica(st, "alpha").Role != "Secondary" {
 		t.Fatalf("primary %s, alpha %s (nodes %+v)", st.Volumes[0].Primary, replica(st, "alpha").Role, st.Nodes)

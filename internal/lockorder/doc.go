@@ -5,7 +5,10 @@
 // takes the mutexes of the whole process (one detector for every package)
 // and fails the process at the first inversion, printing both orders'
 // stacks. Only the order is checked: a mutex waited on for long (a slow
-// disk) is not a deadlock.
+// disk) is not a deadlock. The same build checks ownership: an Owner is
+// the one goroutine that may change some state (a volume's loop owns its
+// peers' states), and its Check panics on any other (owner.go,
+// owner_deadlock.go).
 //
 // Each package that declares mutexes writes, in its doc.go, which of them
 // may be held while taking which (its lock order, outermost first) and

@@ -3,6 +3,7 @@
 package lockorder
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"strings"
@@ -66,4 +67,33 @@ func TestOrderedLocksPass(t *testing.T) {
 	if n != 400 {
 		t.Fatalf("%d of 400 turns counted", n)
 	}
+}
+
+// TestOwnerCheckFailsOffItsGoroutine: in this build an owned change made
+// by another goroutine panics, and passes on the owner, before any Claim
+// and after Release.
+func TestOwnerCheckFailsOffItsGoroutine(t *testing.T) {
+	var o Owner
+	o.Check("before any claim") // nobody owns it yet
+	claimed, done, released := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go func() {
+		o.Claim()
+		o.Check("the owner's own change")
+		close(claimed)
+		<-done
+		o.Release()
+		close(released)
+	}()
+	<-claimed
+	func() {
+		defer func() {
+			if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "only its owner") {
+				t.Errorf("a change off the owner's goroutine: recovered %v, want a panic naming the owner", r)
+			}
+		}()
+		o.Check("a change off the owner")
+	}()
+	close(done)
+	<-released
+	o.Check("after the owner released it")
 }

@@ -1,0 +1,42 @@
+//go:build deadlock
+
+package node
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/replvol/replvol/replication"
+)
+
+// TestAPeersStateChangesOnlyOnTheVolumesLoop: in the checked build (the
+// deadlock tag, which make test runs) a change of a peer's replication
+// state off the volume's loop panics, naming the peer; told or asked, the
+// same change runs on the loop and passes. Every other test of the
+// package, run in this build, so checks each change it makes.
+func TestAPeersStateChangesOnlyOnTheVolumesLoop(t *testing.T) {
+	l := startLoop()
+	defer closeLoop(t, l)
+	p := &peer{v: &Volume{loop: l}, name: "beta"}
+	p.view.Store(&peerView{state: replication.Connecting})
+	func() {
+		defer func() {
+			if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "peer beta") {
+				t.Errorf("a change of beta's state off the loop: recovered %v, want a panic naming beta", r)
+			}
+		}()
+		p.update(func(pv *peerView) { pv.state = replication.Connected })
+	}()
+	if got := p.snapshot().state; got != replication.Connecting {
+		t.Fatalf("the refused change was made: %s", got)
+	}
+	if was := p.askUpdate(func(pv *peerView) { pv.state = replication.Connected }); was.state != replication.Connecting {
+		t.Errorf("asked: replaced %s, want Connecting", was.state)
+	}
+	p.tellUpdate(func(pv *peerView) { pv.state = replication.SyncSource })
+	l.ask(func() {})
+	if got := p.snapshot().state; got != replication.SyncSource {
+		t.Errorf("told, then the loop asked past it: %s, want SyncSource", got)
+	}
+}
