@@ -269,15 +269,16 @@ type simVolume struct {
 
 // State is n's state with the facts node's driver reads when it steps
 // (modelLocked): a peer holds every write while it is connected and not
-// tracked in a bitmap, as node reads its peers. The sim keeps no map of
-// the blocks a detached disk misses (ClearLocalMissing), so none is
-// missing; and the end of a resync retires the marks the resync copied
-// and counts the peer in sync with a block marked again since (msgSyncDone),
-// so no peer's bitmap holds bits as the rules see it.
+// tracked in a bitmap, and its bitmap holds bits while n marks blocks for
+// it (Marked: the end of a resync with a block marked again since is
+// refused, volstate.ErrNotInSync, as node refuses it), as node reads its
+// peers. The sim keeps no map of the blocks a detached disk misses
+// (ClearLocalMissing), so none is missing.
 func (v simVolume) State() volstate.State {
 	st := v.n.st.Clone()
 	for name, p := range st.Peers {
 		p.InSync = p.Repl == replication.Connected && !st.Durable.Gens.Tracking(name)
+		p.Marked = len(v.n.marks[name]) > 0
 		st.Peers[name] = p
 	}
 	return st
