@@ -208,7 +208,8 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 	if v.Size >= size {
 		return &csi.ControllerExpandVolumeResponse{CapacityBytes: int64(v.Size), NodeExpansionRequired: nodeExpansion}, nil
 	}
-	if err := d.waitStarted(ctx, v.Name, false, d.cfg.CallTimeout); err != nil {
+	// Every replica grows: a volume just created may not be open on each yet.
+	if err := d.waitStarted(ctx, v.Name, heldEverywhere, d.cfg.CallTimeout); err != nil {
 		return nil, err
 	}
 	ctx, cancel := d.call(ctx)

@@ -120,11 +120,23 @@ func (d *Driver) knownVolume(ctx context.Context, volume string) error {
 	return status.Errorf(codes.NotFound, "no volume %s in the cluster", volume)
 }
 
-// waitStarted waits, up to within, until the node at --addr runs volume (a volume just
-// created is recorded in raft before its nodes start it) and, with serving, until its
-// primary serves the export: replctl attach --follow refuses a volume the status does not
-// list. Not in time is codes.Unavailable, saying what was seen.
-func (d *Driver) waitStarted(ctx context.Context, volume string, serving bool, within time.Duration) error {
+// started is how far a volume just created must have started for what comes next
+// (waitStarted).
+type started int
+
+const (
+	// served: a primary serves its export (replctl attach --follow refuses a volume the
+	// status does not list, or whose primary does not serve yet).
+	served started = iota
+	// heldEverywhere: every replica's node holds it (has opened it): a resize grows every
+	// replica, and refuses, changing nothing, while one does not hold the volume yet.
+	heldEverywhere
+)
+
+// waitStarted waits, up to within, until volume has started as far as want says (a volume
+// just created is recorded in raft before its nodes start it, each in its own time). Not
+// in time is codes.Unavailable, saying what was seen.
+func (d *Driver) waitStarted(ctx context.Context, volume string, want started, within time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, within)
 	defer cancel()
 	seen := "not listed"
@@ -138,10 +150,14 @@ func (d *Driver) waitStarted(ctx context.Context, volume string, serving bool, w
 				if v.Name != volume {
 					continue
 				}
-				if !serving || (v.Primary != "" && v.NBDURI != "") {
+				switch missing := notHolding(v); {
+				case want == served && (v.Primary == "" || v.NBDURI == ""):
+					seen = fmt.Sprintf("no primary serves it yet (primary %q)", v.Primary)
+				case want == heldEverywhere && len(missing) > 0:
+					seen = fmt.Sprintf("%s do not hold it yet (not started there, or not reachable)", strings.Join(missing, ", "))
+				default:
 					return nil
 				}
-				seen = fmt.Sprintf("no primary serves it yet (primary %q)", v.Primary)
 			}
 		}
 		select {
@@ -152,6 +168,18 @@ func (d *Driver) waitStarted(ctx context.Context, volume string, serving bool, w
 	}
 }
 
+// notHolding names the replicas of v whose node does not hold it: not reachable, or not
+// running it yet.
+func notHolding(v transport.VolumeStatus) []string {
+	var missing []string
+	for _, r := range v.Replicas {
+		if !r.Reachable {
+			missing = append(missing, r.Node)
+		}
+	}
+	return missing
+}
+
 // attach attaches volume here, following its primary, unless it is already: its device.
 func (d *Driver) attach(ctx context.Context, volume string) (string, error) {
 	if dev, err := d.attachment(volume); dev != "" || err != nil {
@@ -160,7 +188,7 @@ func (d *Driver) attach(ctx context.Context, volume string) (string, error) {
 	if err := d.knownVolume(ctx, volume); err != nil {
 		return "", err
 	}
-	if err := d.waitStarted(ctx, volume, true, d.cfg.AttachTimeout); err != nil {
+	if err := d.waitStarted(ctx, volume, served, d.cfg.AttachTimeout); err != nil {
 		return "", err
 	}
 	out, err := d.replctl(ctx, "attach", volume, "--follow", "--run-dir", d.cfg.RunDir, "--io-timeout", d.cfg.IOTimeout.String())
