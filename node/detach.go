@@ -629,7 +629,7 @@ func (v *Volume) copyMissingFromPeer(ctx context.Context, wait func(context.Cont
 		}
 		if err == nil {
 			v.localMissing.ClearRange(off, length)
-			v.resynced.Add(length)
+			v.counters.resynced.Add(length)
 		}
 		resyncBufs.Put(bp)
 		hold.Release()

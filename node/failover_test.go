@@ -209,7 +209,7 @@ func TestThreeDataReplicasResyncOnlyWhatEachMissed(t *testing.T) {
 	if err := a.Flush(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	betaBefore := c.vol("beta").resynced.Load()
+	betaBefore := c.vol("beta").counters.resynced.Load()
 	c.crash("gamma")
 	blocks := writeRandomBlocks(t, a, 60, 42)
 	if got := a.peers["gamma"].bm.Bytes(); got != int64(blocks)*4096 {
@@ -220,10 +220,10 @@ func TestThreeDataReplicasResyncOnlyWhatEachMissed(t *testing.T) {
 	}
 	c.start("gamma")
 	c.waitInSync()
-	if moved := c.vol("gamma").resynced.Load(); moved != int64(blocks)*4096 {
+	if moved := c.vol("gamma").counters.resynced.Load(); moved != int64(blocks)*4096 {
 		t.Fatalf("gamma received %d bytes, want the %d blocks it missed (%d bytes)", moved, blocks, blocks*4096)
 	}
-	if moved := c.vol("beta").resynced.Load() - betaBefore; moved != 0 {
+	if moved := c.vol("beta").counters.resynced.Load() - betaBefore; moved != 0 {
 		t.Fatalf("beta, which missed nothing, received %d bytes", moved)
 	}
 	if _, err := a.startVerify(false); err != nil {
@@ -280,7 +280,7 @@ func TestResyncOfOneSecondary(t *testing.T) {
 	c := startThreeInSync(t, 8<<20)
 	a := c.vol("alpha")
 	writeRandomBlocks(t, a, 20, 43)
-	betaBefore, gammaBefore := c.vol("beta").resynced.Load(), c.vol("gamma").resynced.Load()
+	betaBefore, gammaBefore := c.vol("beta").counters.resynced.Load(), c.vol("gamma").counters.resynced.Load()
 	api := c.nodes["beta"].api // forwarded to the primary
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -304,10 +304,10 @@ func TestResyncOfOneSecondary(t *testing.T) {
 		t.Fatalf("resync --node gamma: %+v, want gamma resynced by alpha", r)
 	}
 	c.waitInSync()
-	if moved := c.vol("gamma").resynced.Load() - gammaBefore; moved != a.size.Load() {
+	if moved := c.vol("gamma").counters.resynced.Load() - gammaBefore; moved != a.size.Load() {
 		t.Fatalf("gamma received %d bytes, want the whole volume (%d)", moved, a.size.Load())
 	}
-	if moved := c.vol("beta").resynced.Load() - betaBefore; moved != 0 {
+	if moved := c.vol("beta").counters.resynced.Load() - betaBefore; moved != 0 {
 		t.Fatalf("beta, not named, received %d bytes", moved)
 	}
 	c.requireIdentical()

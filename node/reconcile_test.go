@@ -115,7 +115,7 @@ func TestASwitchoverReconcilesNothing(t *testing.T) {
 	c.waitInSync()
 	before := map[string]int64{}
 	for _, n := range []string{"alpha", "beta", "gamma"} {
-		before[n] = c.vol(n).resynced.Load()
+		before[n] = c.vol(n).counters.resynced.Load()
 	}
 	if _, err := c.nodes["gamma"].api.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Timeout: 10 * time.Second}); err != nil {
 		t.Fatalf("switchover to beta: %v", err)
@@ -133,7 +133,7 @@ func TestASwitchoverReconcilesNothing(t *testing.T) {
 	}
 	c.waitInSync()
 	for _, n := range []string{"alpha", "beta", "gamma"} {
-		if moved := c.vol(n).resynced.Load() - before[n]; moved != 0 {
+		if moved := c.vol(n).counters.resynced.Load() - before[n]; moved != 0 {
 			t.Errorf("%s received %d bytes by resync after a switchover, want none", n, moved)
 		}
 	}
@@ -173,10 +173,10 @@ func TestWhatAResyncTargetGotIsMarkedAtAChangeOfPrimary(t *testing.T) {
 	if err := a.WriteAt(ctx, written, off, false); err != nil {
 		t.Fatal(err)
 	}
-	before := b.resynced.Load()
+	before := b.counters.resynced.Load()
 	b.setAdminDown(false)
 	c.waitInSync()
-	if got := b.resynced.Load() - before; got != 4096 {
+	if got := b.counters.resynced.Load() - before; got != 4096 {
 		t.Fatalf("beta got %d bytes by resync, want the 4096 of the write", got)
 	}
 	c.requireIdentical()

@@ -152,17 +152,9 @@ type Volume struct {
 	// tasks: background tasks running, by kind.
 	tasks map[string]bool
 
-	resynced atomic.Int64
-	// lastWrite is when the last application write started (unix ns): the
-	// resync controller yields while the volume is busy.
-	lastWrite  atomic.Int64
-	reads      atomic.Uint64
-	readBytes  atomic.Uint64
-	writes     atomic.Uint64
-	writeBytes atomic.Uint64
-	flushes    atomic.Uint64
-	// latency records each request's latency for /metrics (metrics.go).
-	latency ioLatency
+	// counters counts the volume's IO here, for status and /metrics
+	// (metrics.go).
+	counters ioCounters
 	// changed is notified at each change of the volume's state or of a
 	// peer's (its view, its lag, its resync paused or pulling): what a
 	// waiter for a peer's or the volume's state waits on (waitUntil).
@@ -427,8 +419,8 @@ func (v *Volume) ReadAt(ctx context.Context, p []byte, off int64) error {
 		return err
 	}
 	defer v.io.Done()
-	v.reads.Add(1)
-	v.readBytes.Add(uint64(len(p)))
+	v.counters.reads.Add(1)
+	v.counters.readBytes.Add(uint64(len(p)))
 	// A read never sees a write that has not completed: it could still
 	// fail and be missing on the peer a failover promotes.
 	hold, err := v.locks.LockShared(ctx, off, int64(len(p)))
@@ -694,10 +686,7 @@ func (v *Volume) status() transport.LocalVolume {
 	}
 	role, in, down := s.role(), v.incoming, s.st.AdminDown
 	v.mu.Unlock()
-	lv.ResyncedBytes = v.resynced.Load()
-	lv.Reads, lv.ReadBytes = v.reads.Load(), v.readBytes.Load()
-	lv.Writes, lv.WriteBytes = v.writes.Load(), v.writeBytes.Load()
-	lv.Flushes = v.flushes.Load()
+	v.counters.report(&lv)
 	lv.Paths = v.pathStatus()
 	lv.LocalMissingBytes = v.localMissing.Bytes()
 	al := v.md.ActivityLog()
