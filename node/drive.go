@@ -93,7 +93,7 @@ func (v *Volume) installLocked(old, next volstate.State, rd volstate.Ready, text
 	}
 	if !next.LeaseUntil.Equal(old.LeaseUntil) {
 		v.st.LeaseUntil = next.LeaseUntil
-		v.wakeLeaseWaitersLocked()
+		v.authority.wakeLeaseWaitersLocked()
 	}
 	v.st.KnownEpoch = max(v.st.KnownEpoch, next.KnownEpoch)
 	v.st.Pending = next.Pending

@@ -166,8 +166,7 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 			// (switchoverByRaft): what this node remembers of its
 			// Outdated records no longer holds, should it take the
 			// volume back (retake) and a peer miss a write again.
-			clear(v.outdated)
-			v.forgets++
+			v.authority.forgetAllLocked()
 		},
 	})
 	if err != nil {

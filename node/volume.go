@@ -131,24 +131,9 @@ type Volume struct {
 	// primary, for status where raft does not record it (in memory).
 	forcedOver *transport.Failover
 
-	// Authority mode (authority.go): st.Auth says the cluster decides
-	// the primary. st.LeaseUntil is how long this primary may complete
-	// IO, in the term st.LeaseEpoch (leaseWake is closed when it
-	// changes); leaseStop ends the renewals of the term leaseLoop. A
-	// primary forced without a quorum serves without a lease (serving
-	// OpenWithoutLease) until raft records it.
-	leaseWake chan struct{}
-	leaseStop context.CancelFunc
-	leaseLoop uint64
-	// outdated: peers raft has recorded Outdated at this epoch.
-	// upToDate: the proposals that raft record a peer UpToDate again, in
-	// flight (closed when done); ensureOutdated waits for one before it
-	// records the peer Outdated, so that the two land in that order.
-	// forgets counts the times outdated entries were forgotten: a record
-	// made across one is not cached.
-	outdated map[string]uint64
-	upToDate map[string]chan struct{}
-	forgets  uint64
+	// authority is the lease and the cluster's records of a volume in
+	// authority mode (authority.go).
+	authority authorityState
 	// tasks: background tasks running, by kind.
 	tasks map[string]bool
 
