@@ -111,7 +111,7 @@ func TestAnOutdatedNodeIsNotPromoted(t *testing.T) {
 	a := c.vol("alpha")
 	eventually(t, func() bool { return a.WriteAt(ctx, pattern(1, 4096), 0, false) == nil }, "alpha serves")
 	c.vol("beta").setAdminDown(true)
-	eventually(t, func() bool { return a.peers["beta"].session() == nil }, "beta disconnected")
+	eventually(t, func() bool { return a.peers.byName["beta"].session() == nil }, "beta disconnected")
 	if err := a.WriteAt(ctx, pattern(2, 4096), 4096, false); err != nil {
 		t.Fatal(err)
 	}
@@ -212,10 +212,10 @@ func TestThreeDataReplicasResyncOnlyWhatEachMissed(t *testing.T) {
 	betaBefore := c.vol("beta").counters.resynced.Load()
 	c.crash("gamma")
 	blocks := writeRandomBlocks(t, a, 60, 42)
-	if got := a.peers["gamma"].bm.Bytes(); got != int64(blocks)*4096 {
+	if got := a.peers.byName["gamma"].bm.Bytes(); got != int64(blocks)*4096 {
 		t.Fatalf("gamma's bitmap marks %d bytes, want the %d blocks it missed", got, blocks)
 	}
-	if got := a.peers["beta"].bm.Bytes(); got != 0 {
+	if got := a.peers.byName["beta"].bm.Bytes(); got != 0 {
 		t.Fatalf("beta, connected, has %d bytes marked", got)
 	}
 	c.start("gamma")
@@ -230,10 +230,10 @@ func TestThreeDataReplicasResyncOnlyWhatEachMissed(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, func() bool {
-		return !a.peers["beta"].verifying.Load() && !a.peers["gamma"].verifying.Load() &&
-			a.peers["beta"].verifyDone.Load() == a.size.Load() && a.peers["gamma"].verifyDone.Load() == a.size.Load()
+		return !a.peers.byName["beta"].verifying.Load() && !a.peers.byName["gamma"].verifying.Load() &&
+			a.peers.byName["beta"].verifyDone.Load() == a.size.Load() && a.peers.byName["gamma"].verifyDone.Load() == a.size.Load()
 	}, "both verifies finished")
-	if f := a.peers["beta"].verifyFound.Load() + a.peers["gamma"].verifyFound.Load(); f != 0 {
+	if f := a.peers.byName["beta"].verifyFound.Load() + a.peers.byName["gamma"].verifyFound.Load(); f != 0 {
 		t.Fatalf("verify found %d bytes out of sync", f)
 	}
 	c.requireIdentical()

@@ -402,8 +402,8 @@ type replLink struct {
 // peer (lv.Peers), a secondary's to its primary.
 func replLinksOf(v *Volume, lv transport.LocalVolume) []replLink {
 	v.mu.Lock()
-	peers := make(map[string]*peer, len(v.peers))
-	for name, p := range v.peers {
+	peers := make(map[string]*peer, len(v.peers.byName))
+	for name, p := range v.peers.byName {
 		peers[name] = p
 	}
 	in, primary, disk := v.incoming, v.st.Durable.Primary, v.st.Disk

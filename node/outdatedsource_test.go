@@ -126,10 +126,10 @@ func TestAPrimaryNeverCopiesFromAPeerRaftHasOutdated(t *testing.T) {
 	since := time.Now()
 	c.start("gamma")
 	if !within(30*time.Second, 20*time.Millisecond, func() bool {
-		p := a.peers["gamma"].status()
+		p := a.peers.byName["gamma"].status()
 		return p.SyncRule != "" && replica(c.status(), "gamma").OutOfSyncBytes == 0 && p.Replication == "Connected"
 	}) {
-		t.Fatalf("gamma not back in sync with alpha: %+v", a.peers["gamma"].status())
+		t.Fatalf("gamma not back in sync with alpha: %+v", a.peers.byName["gamma"].status())
 	}
 	if first := firstConnected(t, c.nodes["alpha"], "gamma", since); first.Reason != replication.RuleOutdatedPeer || first.New != string(replication.SyncSource) {
 		t.Errorf("alpha's first connection to gamma, which raft has Outdated, went %s by rule %q; want %s by %s",

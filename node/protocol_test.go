@@ -69,14 +69,14 @@ func TestEachProtocolCompletesAWriteWhenItPromises(t *testing.T) {
 	if _, ok := writeWithin(t, a, 8192, 2*time.Second); !ok {
 		t.Fatal("protocol A: a write written locally did not complete")
 	}
-	if lag := a.peers["beta"].status().LagBytes; lag < 8192 {
+	if lag := a.peers.byName["beta"].status().LagBytes; lag < 8192 {
 		t.Fatalf("lag %d bytes with two acknowledged writes beta does not hold, want at least 8192", lag)
 	}
 	gate.Open()
 	if err := <-pendingC; err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, func() bool { return a.peers["beta"].status().LagBytes == 0 }, "the lag drained")
+	eventually(t, func() bool { return a.peers.byName["beta"].status().LagBytes == 0 }, "the lag drained")
 	c.waitInSync()
 	c.requireIdentical()
 }

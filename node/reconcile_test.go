@@ -126,7 +126,7 @@ func TestASwitchoverReconcilesNothing(t *testing.T) {
 	// those 4096 bytes so). A reconciliation would already show here:
 	// what it marks keeps the replicas out of sync until it is resynced.
 	b := c.vol("beta")
-	eventually(t, func() bool { return b.peers["alpha"].connected() && b.peers["gamma"].connected() }, "beta streams to alpha and gamma")
+	eventually(t, func() bool { return b.peers.byName["alpha"].connected() && b.peers.byName["gamma"].connected() }, "beta streams to alpha and gamma")
 	c.waitInSync()
 	if err := b.WriteAt(ctx, pattern(5, 4096), 0, false); err != nil {
 		t.Fatalf("beta serves after the switchover: %v", err)
@@ -168,7 +168,7 @@ func TestWhatAResyncTargetGotIsMarkedAtAChangeOfPrimary(t *testing.T) {
 	}
 
 	b.setAdminDown(true)
-	eventually(t, func() bool { return a.peers["beta"].status().Replication == "Connecting" }, "alpha sees beta refusing the stream")
+	eventually(t, func() bool { return a.peers.byName["beta"].status().Replication == "Connecting" }, "alpha sees beta refusing the stream")
 	written := pattern(7, 4096)
 	if err := a.WriteAt(ctx, written, off, false); err != nil {
 		t.Fatal(err)

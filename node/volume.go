@@ -99,11 +99,8 @@ type Volume struct {
 	// to the end (tests wait on it).
 	settingsChecks atomic.Int64
 	io             sync.WaitGroup
-	peers          map[string]*peer
-	// peerList is peers as a slice, replaced (never changed in place)
-	// whenever peers changes: the IO path reads it without copying.
-	peerList []*peer
-	peersCtx context.CancelFunc
+	// peers is the volume's senders, one per other node (peerset.go).
+	peers peerSet
 	// The local disk is detached (out of service after it failed: the
 	// primary reads and writes through a peer) while st.Disk is
 	// Diskless (detachedLocked). localMissing marks the blocks this disk
@@ -115,8 +112,6 @@ type Volume struct {
 	// discard is set on a node that gives up its data after a split brain
 	// (exactly while st.Discard).
 	discard *discardInfo
-	// peersCtxValue is the context the running senders were started with.
-	peersCtxValue context.Context
 	// stopping is closed at shutdown; bg tracks background goroutines.
 	stopping chan struct{}
 	bg       sync.WaitGroup
@@ -154,7 +149,7 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD, auth bool)
 		closeMD: func() error { return nil },
 		log:     n.log.With("volume", cfg.Name),
 		clock:   n.clock,
-		peers:   map[string]*peer{},
+		peers:   peerSet{byName: map[string]*peer{}},
 
 		localMissing: replication.NewBitmap(int64(cfg.Size)),
 		integ:        newIntegrity(md, cfg.VolumeUUID(), disk, cfg.BadBlocksMaxOrDefault()),
@@ -326,28 +321,19 @@ func (v *Volume) peerAnswered(peer string, pulling bool) {
 // holds this volume.
 func (v *Volume) startPeersLocked() {
 	ctx, cancel := context.WithCancel(context.Background())
-	v.peersCtx, v.peersCtxValue = cancel, ctx
+	v.peers.cancel, v.peers.ctx = cancel, ctx
 	for name := range v.cfg.Disks {
 		if name == v.self {
 			continue
 		}
-		p, ok := v.peers[name]
+		p, ok := v.peers.byName[name]
 		if !ok {
 			p = newPeer(v, name)
-			v.peers[name] = p
+			v.peers.byName[name] = p
 		}
 		p.start(ctx)
 	}
-	v.rebuildPeerListLocked()
-}
-
-// rebuildPeerListLocked publishes peers as a new slice; callers hold v.mu.
-func (v *Volume) rebuildPeerListLocked() {
-	list := make([]*peer, 0, len(v.peers))
-	for _, p := range v.peers {
-		list = append(list, p)
-	}
-	v.peerList = list
+	v.peers.rebuildListLocked()
 }
 
 // Size implements nbd.Export.
@@ -394,7 +380,7 @@ func (v *Volume) enter(ctx context.Context) error {
 func (v *Volume) streamingPeers() []*peer {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return v.peerList
+	return v.peers.list
 }
 
 // ReadAt implements nbd.Export: reads are served from the local disk.
@@ -533,7 +519,7 @@ func (v *Volume) trackLocked(p *peer, behind bool) ([]*session.Pending, error) {
 			// generation ahead of its data. (Enqueue waits only while a
 			// session's inbox is full; a session's loop takes its
 			// messages without the volume's locks.)
-			for _, q := range v.peerList {
+			for _, q := range v.peers.list {
 				if q == p {
 					continue
 				}
@@ -665,8 +651,8 @@ func (v *Volume) status() transport.LocalVolume {
 			lv.SplitBrainPeer, lv.SplitBrainRule = peer, rule
 		}
 	}
-	peers := make([]*peer, 0, len(v.peers))
-	for _, p := range v.peers {
+	peers := make([]*peer, 0, len(v.peers.byName))
+	for _, p := range v.peers.byName {
 		peers = append(peers, p)
 	}
 	role, in, down := s.role(), v.incoming, s.st.AdminDown
