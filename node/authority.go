@@ -393,6 +393,63 @@ func (n *Node) clusterInfo() (transport.ClusterInfo, map[string]string) {
 
 // --- a volume in authority mode ---
 
+// authorityState is what a volume in authority mode keeps of its lease
+// and of the cluster's records, beside its state (st.Auth says the
+// cluster decides the primary; st.LeaseUntil is how long this primary may
+// complete IO, in the term st.LeaseEpoch). A primary forced without a
+// quorum serves without a lease (serving OpenWithoutLease) until raft
+// records it. Its fields are guarded by the volume's v.mu: its methods
+// are called with v.mu held.
+type authorityState struct {
+	// leaseWake is closed when st.LeaseUntil changes, and when the
+	// renewals stop; leaseStop ends the renewals of the term leaseLoop.
+	leaseWake chan struct{}
+	leaseStop context.CancelFunc
+	leaseLoop uint64
+	// outdated: peers raft has recorded Outdated at this epoch.
+	// upToDate: the proposals that raft record a peer UpToDate again, in
+	// flight (closed when done); ensureOutdated waits for one before it
+	// records the peer Outdated, so that the two land in that order.
+	// forgets counts the times outdated entries were forgotten: a record
+	// made across one is not cached.
+	outdated map[string]uint64
+	upToDate map[string]chan struct{}
+	forgets  uint64
+}
+
+// renewingLocked reports whether the lease renewals of the term epoch run.
+func (a *authorityState) renewingLocked(epoch uint64) bool {
+	return a.leaseLoop == epoch && a.leaseStop != nil
+}
+
+// wakeLeaseWaitersLocked wakes IO waiting for the lease.
+func (a *authorityState) wakeLeaseWaitersLocked() {
+	if a.leaseWake != nil {
+		close(a.leaseWake)
+	}
+	a.leaseWake = make(chan struct{})
+}
+
+// leaseWaitLocked returns what wakeLeaseWaitersLocked closes next.
+func (a *authorityState) leaseWaitLocked() <-chan struct{} {
+	if a.leaseWake == nil {
+		a.leaseWake = make(chan struct{})
+	}
+	return a.leaseWake
+}
+
+// forgetLocked forgets that raft recorded peer Outdated.
+func (a *authorityState) forgetLocked(peer string) {
+	delete(a.outdated, peer)
+	a.forgets++
+}
+
+// forgetAllLocked forgets every Outdated record.
+func (a *authorityState) forgetAllLocked() {
+	clear(a.outdated)
+	a.forgets++
+}
+
 // followAuthority makes the volume do what the cluster's state machine
 // says (va, or nothing yet when !ok).
 func (v *Volume) followAuthority(va replication.VolumeAuthority, ok bool) {
@@ -483,17 +540,17 @@ func (v *Volume) background(kind string, f func()) bool {
 // ends with the peer UpToDate after a write it missed.
 func (v *Volume) proposeUpToDate(peer string, epoch uint64) {
 	v.mu.Lock()
-	if _, busy := v.upToDate[peer]; busy {
+	a := &v.authority
+	if _, busy := a.upToDate[peer]; busy {
 		v.mu.Unlock()
 		return
 	}
-	if v.upToDate == nil {
-		v.upToDate = map[string]chan struct{}{}
+	if a.upToDate == nil {
+		a.upToDate = map[string]chan struct{}{}
 	}
 	done := make(chan struct{})
-	v.upToDate[peer] = done
-	delete(v.outdated, peer)
-	v.forgets++
+	a.upToDate[peer] = done
+	a.forgetLocked(peer)
 	v.mu.Unlock()
 	started := v.background("propose up-to-date "+peer, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -502,9 +559,8 @@ func (v *Volume) proposeUpToDate(peer string, epoch uint64) {
 			v.log.Debug("proposal failed", "op", replication.OpMarkUpToDate, "err", err)
 		}
 		v.mu.Lock()
-		delete(v.outdated, peer)
-		v.forgets++
-		delete(v.upToDate, peer)
+		a.forgetLocked(peer)
+		delete(a.upToDate, peer)
 		v.mu.Unlock()
 		close(done)
 	})
@@ -514,8 +570,8 @@ func (v *Volume) proposeUpToDate(peer string, epoch uint64) {
 		// it, or the next write the peer misses (ensureOutdated) would
 		// wait forever; the authority's next look proposes it again.
 		v.mu.Lock()
-		if v.upToDate[peer] == done {
-			delete(v.upToDate, peer)
+		if a.upToDate[peer] == done {
+			delete(a.upToDate, peer)
 		}
 		v.mu.Unlock()
 		close(done)
@@ -540,7 +596,7 @@ func (v *Volume) proposeOnce(kind string, cmd replication.AuthorityCommand) {
 func (v *Volume) confirmed(epoch uint64) {
 	v.mu.Lock()
 	waiting := v.st.Serving == volstate.Waiting
-	settled := !waiting && v.leaseLoop == epoch && v.leaseStop != nil
+	settled := !waiting && v.authority.renewingLocked(epoch)
 	v.mu.Unlock()
 	if settled {
 		return
@@ -616,14 +672,15 @@ func (v *Volume) adoptEpoch(primary string, epoch uint64, failover bool) {
 func (v *Volume) ensureLeaseLoop(epoch uint64) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.leaseLoop == epoch && v.leaseStop != nil || isClosed(v.stopping) {
+	a := &v.authority
+	if a.renewingLocked(epoch) || isClosed(v.stopping) {
 		return
 	}
-	if v.leaseStop != nil {
-		v.leaseStop()
+	if a.leaseStop != nil {
+		a.leaseStop()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	v.leaseStop, v.leaseLoop = cancel, epoch
+	a.leaseStop, a.leaseLoop = cancel, epoch
 	v.bg.Add(1)
 	go func() {
 		defer v.bg.Done()
@@ -636,11 +693,12 @@ func (v *Volume) ensureLeaseLoop(epoch uint64) {
 func (v *Volume) stopLease() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.leaseStop != nil {
-		v.leaseStop()
-		v.leaseStop, v.leaseLoop = nil, 0
+	a := &v.authority
+	if a.leaseStop != nil {
+		a.leaseStop()
+		a.leaseStop, a.leaseLoop = nil, 0
 	}
-	v.wakeLeaseWaitersLocked()
+	a.wakeLeaseWaitersLocked()
 }
 
 // renewLeases renews the lease every third of its duration until ctx ends.
@@ -745,14 +803,6 @@ func isClosed(ch <-chan struct{}) bool {
 	}
 }
 
-// wakeLeaseWaitersLocked wakes IO waiting for the lease. Callers hold v.mu.
-func (v *Volume) wakeLeaseWaitersLocked() {
-	if v.leaseWake != nil {
-		close(v.leaseWake)
-	}
-	v.leaseWake = make(chan struct{})
-}
-
 // leaseHeldLocked reports whether this primary may complete IO now: it
 // holds a valid lease, or it is not in authority mode. Callers hold v.mu.
 func (v *Volume) leaseHeldLocked() bool {
@@ -773,10 +823,7 @@ func (v *Volume) holdLease(ctx context.Context) error {
 			v.mu.Unlock()
 			return nil
 		}
-		if v.leaseWake == nil {
-			v.leaseWake = make(chan struct{})
-		}
-		wake := v.leaseWake
+		wake := v.authority.leaseWaitLocked()
 		v.mu.Unlock()
 		select {
 		case <-wake:
@@ -809,8 +856,8 @@ func (v *Volume) recordOutdated(peer string, ask bool) error {
 	}
 	v.mu.Lock()
 	auth, epoch := v.st.Auth, v.st.Durable.Epoch
-	known := v.outdated[peer] == epoch && !ask
-	upToDate := v.upToDate[peer]
+	known := v.authority.outdated[peer] == epoch && !ask
+	upToDate := v.authority.upToDate[peer]
 	v.mu.Unlock()
 	if !auth || known {
 		return nil
@@ -822,7 +869,7 @@ func (v *Volume) recordOutdated(peer string, ask bool) error {
 	}
 	for {
 		v.mu.Lock()
-		forgets := v.forgets
+		forgets := v.authority.forgets
 		v.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), cl.lease)
 		_, err := cl.c.Propose(ctx, replication.MarkOutdatedCommand(v.name, epoch, peer))
@@ -830,13 +877,14 @@ func (v *Volume) recordOutdated(peer string, ask bool) error {
 		switch {
 		case err == nil:
 			v.mu.Lock()
-			if v.outdated == nil {
-				v.outdated = map[string]uint64{}
+			a := &v.authority
+			if a.outdated == nil {
+				a.outdated = map[string]uint64{}
 			}
-			if v.forgets == forgets {
+			if a.forgets == forgets {
 				// Not if an UpToDate was proposed meanwhile: it may
 				// land after this record.
-				v.outdated[peer] = epoch
+				a.outdated[peer] = epoch
 			}
 			v.mu.Unlock()
 			return nil
@@ -868,10 +916,7 @@ func (v *Volume) recordOutdated(peer string, ask bool) error {
 func (v *Volume) awaitReclaim(epoch uint64) bool {
 	v.mu.Lock()
 	forced := v.st.Serving == volstate.OpenWithoutLease && v.roleLocked() == replication.Primary && v.st.Durable.Epoch == epoch
-	if v.leaseWake == nil {
-		v.leaseWake = make(chan struct{})
-	}
-	wake := v.leaseWake
+	wake := v.authority.leaseWaitLocked()
 	v.mu.Unlock()
 	if !forced {
 		return false

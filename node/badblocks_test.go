@@ -463,7 +463,7 @@ func TestASecondaryWhoseBadBlockListIsFullDetachesItsDisk(t *testing.T) {
 	}
 	writeRandomBlocks(t, c.vol("alpha"), 8, 78)
 	eventually(t, func() bool {
-		return c.vol("alpha").peers["beta"].status().ReasonCode == string(CauseDiskFailed) && c.vol("alpha").tracking("beta")
+		return c.vol("alpha").peers.byName["beta"].status().ReasonCode == string(CauseDiskFailed) && c.vol("alpha").tracking("beta")
 	}, "alpha counts beta's disk failed and tracks what it misses")
 	lift()
 	c.waitInSync()

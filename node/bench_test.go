@@ -120,12 +120,12 @@ func BenchmarkResync256M(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		before := t.resynced.Load()
+		before := t.counters.resynced.Load()
 		b.StartTimer()
 		t.setAdminDown(false)
 		c.waitInSync()
 		b.StopTimer()
-		if moved := t.resynced.Load() - before; moved != size {
+		if moved := t.counters.resynced.Load() - before; moved != size {
 			b.Fatalf("resync moved %d bytes, want %d", moved, size)
 		}
 	}

@@ -502,7 +502,7 @@ func TestSecondaryDisconnectedByOperatorRefusesTheStream(t *testing.T) {
 		t.Fatalf("beta: %+v", r)
 	}
 	eventually(t, func() bool {
-		p := c.vol("alpha").peers["beta"].status()
+		p := c.vol("alpha").peers.byName["beta"].status()
 		return p.Replication == "Connecting" && strings.Contains(p.Reason, "disconnected from vol0 by the operator")
 	}, "alpha sees beta refusing the stream")
 	writeRandomBlocks(t, c.vol("alpha"), 10, 2)

@@ -60,7 +60,7 @@ func TestPullAheadGoesOnAtLocalSpeedAndCatchesUp(t *testing.T) {
 		if err := a.WriteAt(ctx, pattern(byte(i), 64<<10), int64(i)*64<<10, false); err != nil {
 			t.Fatal(err)
 		}
-		ps := a.peers["beta"].status()
+		ps := a.peers.byName["beta"].status()
 		if ps.Replication == string(replication.Ahead) && !sawAhead {
 			// Ahead lasts the dwell at least: beta shows it meanwhile.
 			sawAhead = true
@@ -76,7 +76,7 @@ func TestPullAheadGoesOnAtLocalSpeedAndCatchesUp(t *testing.T) {
 	t.Logf("lag at most %d bytes while Ahead", maxLag)
 	slow.Store(false)
 	c.waitInSync()
-	if lag := a.peers["beta"].status().LagBytes; lag != 0 {
+	if lag := a.peers.byName["beta"].status().LagBytes; lag != 0 {
 		t.Fatalf("caught up, but the lag shows %d bytes", lag)
 	}
 	c.requireIdentical()
@@ -134,7 +134,7 @@ func TestABurstThePeerKeepsUpWithLeavesItConnected(t *testing.T) {
 	go func() {
 		defer close(watched)
 		for {
-			ps := a.peers["beta"].status()
+			ps := a.peers.byName["beta"].status()
 			if (ps.Replication != string(replication.Connected) || ps.OutOfSyncBytes != 0) && left.CompareAndSwap(false, true) {
 				seen.Store(fmt.Sprintf("%s with %d bytes marked", ps.Replication, ps.OutOfSyncBytes))
 			}
@@ -159,7 +159,7 @@ func TestABurstThePeerKeepsUpWithLeavesItConnected(t *testing.T) {
 		})
 	}
 	if !within(30*time.Second, time.Millisecond, func() bool {
-		s := a.peers["beta"].session()
+		s := a.peers.byName["beta"].session()
 		return left.Load() || s != nil && s.Queued() >= sendBuffer*9/10
 	}) {
 		t.Fatal("the writes never filled the send buffer while the link stood still")
@@ -225,9 +225,9 @@ func TestALinkThatStopsGoesAheadAndReleasesTheWritesItHeld(t *testing.T) {
 			t.Fatal(err)
 		}
 	case <-time.After(30 * time.Second):
-		t.Fatalf("the writes held for room never completed: beta %s", a.peers["beta"].status().Replication)
+		t.Fatalf("the writes held for room never completed: beta %s", a.peers.byName["beta"].status().Replication)
 	}
-	if ps := a.peers["beta"].status(); ps.Replication != string(replication.Ahead) {
+	if ps := a.peers.byName["beta"].status(); ps.Replication != string(replication.Ahead) {
 		t.Fatalf("beta once the held writes completed: %s (%s); want Ahead", ps.Replication, ps.Reason)
 	}
 	gate.Open()

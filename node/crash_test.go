@@ -156,7 +156,7 @@ func TestCleanRestartOfBothNodesResyncsNothing(t *testing.T) {
 	if moved := replica(c.status(), "beta").ResyncedBytes; moved != 0 {
 		t.Fatalf("a clean restart of both nodes resynced %d bytes", moved)
 	}
-	if p := c.vol("alpha").peers["beta"].status(); p.SyncRule != replication.RuleReconnected || p.SyncDecision != "no-sync" {
+	if p := c.vol("alpha").peers.byName["beta"].status(); p.SyncRule != replication.RuleReconnected || p.SyncDecision != "no-sync" {
 		t.Fatalf("rule %q, decision %q", p.SyncRule, p.SyncDecision)
 	}
 	c.requireIdentical()
@@ -223,7 +223,7 @@ func TestACrashedPrimaryForgetsItsCrashOnceResynced(t *testing.T) {
 
 	c.vol("alpha").setAdminDown(true)
 	eventually(t, func() bool {
-		p := c.vol("beta").peers["alpha"].status()
+		p := c.vol("beta").peers.byName["alpha"].status()
 		return p.Replication != string(replication.Connected) && strings.Contains(p.Reason, "by the operator")
 	}, "beta sees alpha disconnected by the operator")
 	c.vol("alpha").setAdminDown(false)

@@ -251,7 +251,7 @@ func (v *Volume) readFromPeer(ctx context.Context, p []byte, off int64) error {
 // data from, if any.
 func (v *Volume) pullingFrom(except string) *peer {
 	v.mu.Lock()
-	peers := slices.Clone(v.peerList)
+	peers := slices.Clone(v.peers.list)
 	v.mu.Unlock()
 	for _, pr := range peers {
 		if pr.name != except && pr.pulling.Load() {
@@ -629,7 +629,7 @@ func (v *Volume) copyMissingFromPeer(ctx context.Context, wait func(context.Cont
 		}
 		if err == nil {
 			v.localMissing.ClearRange(off, length)
-			v.resynced.Add(length)
+			v.counters.resynced.Add(length)
 		}
 		resyncBufs.Put(bp)
 		hold.Release()

@@ -29,7 +29,7 @@ func TestLargeDiscardsAndZeroesReplicateLikeAnyWrite(t *testing.T) {
 			a := c.vol("alpha")
 			events, stop := c.nodes["alpha"].subscribe()
 			defer stop()
-			sess := a.peers["beta"].session()
+			sess := a.peers.byName["beta"].session()
 			resyncedBefore := replica(c.status(), "beta").ResyncedBytes
 			// Data in every range the requests cover, and around them.
 			for off := int64(0); off < size; off += 32 << 20 {
@@ -49,7 +49,7 @@ func TestLargeDiscardsAndZeroesReplicateLikeAnyWrite(t *testing.T) {
 			if err := a.Flush(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if a.peers["beta"].session() != sess {
+			if a.peers.byName["beta"].session() != sess {
 				t.Fatal("the link to beta was dropped and made again")
 			}
 			c.waitInSync()

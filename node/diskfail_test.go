@@ -371,7 +371,7 @@ func TestAWriteThatFailsHereAfterItReachedThePeerIsUndoneThere(t *testing.T) {
 	ctx := context.Background()
 	a := c.vol("alpha")
 	c.vol("beta").setAdminDown(true)
-	eventually(t, func() bool { return !a.peers["beta"].connected() }, "beta disconnected")
+	eventually(t, func() bool { return !a.peers.byName["beta"].connected() }, "beta disconnected")
 	for i := range 64 {
 		if err := a.WriteAt(ctx, pattern(byte(i+1), 4096), int64(i)*4096, false); err != nil {
 			t.Fatal(err)
@@ -382,14 +382,14 @@ func TestAWriteThatFailsHereAfterItReachedThePeerIsUndoneThere(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.vol("beta").setAdminDown(false)
-	eventually(t, func() bool { return a.peers["beta"].status().Replication == string(replication.SyncSource) }, "alpha resyncing beta")
+	eventually(t, func() bool { return a.peers.byName["beta"].status().Replication == string(replication.SyncSource) }, "alpha resyncing beta")
 
 	const off = size / 2 // a block the resync does not copy
 	disk.Load().Add(fault.On(fault.Write).Range(off, 4096).Times(1).Err(errInjectedDisk))
 	if err := a.WriteAt(ctx, pattern(0xee, 4096), off, false); err == nil {
 		t.Fatal("a write alpha's disk failed, with no peer in sync, completed")
 	}
-	if a.peers["beta"].status().Replication != string(replication.SyncSource) {
+	if a.peers.byName["beta"].status().Replication != string(replication.SyncSource) {
 		t.Fatal("the resync ended before the failed write: the test shows nothing")
 	}
 	unlimited := int64(0)

@@ -34,7 +34,7 @@ func (v *Volume) modelLocked() volstate.State {
 	s.LocalMissing = v.localMissing.Count() > 0
 	for name, mp := range s.Peers {
 		mp.Repl, mp.Session, mp.Pulling, mp.InSync, mp.Marked = replication.Connecting, 0, false, false, false
-		if p := v.peers[name]; p != nil {
+		if p := v.peers.byName[name]; p != nil {
 			pv := p.snapshot()
 			mp.Repl, mp.Session, mp.Pulling = pv.repl(), pv.sid, p.pulling.Load()
 			mp.InSync, mp.Marked = p.inSync(), p.bm.Count() > 0
@@ -93,7 +93,7 @@ func (v *Volume) installLocked(old, next volstate.State, rd volstate.Ready, text
 	}
 	if !next.LeaseUntil.Equal(old.LeaseUntil) {
 		v.st.LeaseUntil = next.LeaseUntil
-		v.wakeLeaseWaitersLocked()
+		v.authority.wakeLeaseWaitersLocked()
 	}
 	v.st.KnownEpoch = max(v.st.KnownEpoch, next.KnownEpoch)
 	v.st.Pending = next.Pending

@@ -68,7 +68,7 @@ func TestAWriteAPeerMissesFailsWhenTheNewGenerationCannotBeRecorded(t *testing.T
 	c := newSyncedCluster(t, 8<<20)
 	v := c.vol("alpha")
 	c.vol("beta").setAdminDown(true)
-	eventually(t, func() bool { return v.peers["beta"].session() == nil }, "alpha's stream to beta ended")
+	eventually(t, func() bool { return v.peers.byName["beta"].session() == nil }, "alpha's stream to beta ended")
 	gensBefore := v.currentGeneration()
 	fs := wrapStore(c.nodes["alpha"])
 	fs.set(always)
@@ -101,7 +101,7 @@ func TestAPeerIsNotUpToDateUntilItsBitmapIsRetiredDurably(t *testing.T) {
 	c := newSyncedCluster(t, 8<<20)
 	v := c.vol("alpha")
 	c.vol("beta").setAdminDown(true)
-	eventually(t, func() bool { return v.peers["beta"].session() == nil }, "alpha's stream to beta ended")
+	eventually(t, func() bool { return v.peers.byName["beta"].session() == nil }, "alpha's stream to beta ended")
 	writeRandomBlocks(t, v, 20, 5)
 	if !v.tracking("beta") {
 		t.Fatal("alpha does not track beta after writes it missed")
@@ -111,7 +111,7 @@ func TestAPeerIsNotUpToDateUntilItsBitmapIsRetiredDurably(t *testing.T) {
 	fs.set(retiring)
 	c.vol("beta").setAdminDown(false)
 	eventually(t, func() bool { return fs.failed.Load() >= 2 }, "two failed retirements (the connection is retried)")
-	if p := v.peers["beta"].status(); p.PeerDisk == string(replication.UpToDate) {
+	if p := v.peers.byName["beta"].status(); p.PeerDisk == string(replication.UpToDate) {
 		t.Fatalf("beta shows UpToDate although its bitmap generation is still on alpha's disk: %+v", p)
 	}
 	if !v.tracking("beta") {
@@ -163,7 +163,7 @@ func TestStateWritesDoNotHoldUpReads(t *testing.T) {
 	c := newSyncedCluster(t, 8<<20)
 	v := c.vol("alpha")
 	c.vol("beta").setAdminDown(true)
-	eventually(t, func() bool { return v.peers["beta"].session() == nil }, "alpha's stream to beta ended")
+	eventually(t, func() bool { return v.peers.byName["beta"].session() == nil }, "alpha's stream to beta ended")
 	fs := wrapStore(c.nodes["alpha"])
 	block := make(chan struct{})
 	fs.mu.Lock()
@@ -215,7 +215,7 @@ func TestASecondaryOutOfSpaceCatchesUpByBitmap(t *testing.T) {
 	blocks := writeRandomBlocks(t, c.vol("alpha"), 40, 17)
 	eventually(t, func() bool { return c.vol("alpha").tracking("beta") }, "alpha tracks what beta misses")
 	eventually(t, func() bool {
-		return c.vol("alpha").peers["beta"].status().ReasonCode == string(CauseDiskFailed)
+		return c.vol("alpha").peers.byName["beta"].status().ReasonCode == string(CauseDiskFailed)
 	}, "alpha says beta's disk failed")
 	moved := replica(c.status(), "beta").ResyncedBytes
 	roomAgain()
@@ -237,7 +237,7 @@ func TestASecondaryOutOfSpaceCatchesUpByBitmap(t *testing.T) {
 func TestASyncDoneOfAnOldStreamIsRefusedWithoutAWrite(t *testing.T) {
 	c := newSyncedCluster(t, 4<<20)
 	v := c.vol("alpha")
-	p := v.peers["beta"]
+	p := v.peers.byName["beta"]
 	old := p.session()
 	p.restartSession()
 	eventually(t, func() bool { s := p.session(); return s != nil && s != old && p.inSync() }, "beta in sync on a new stream")

@@ -111,7 +111,7 @@ func TestAnOutdatedNodeIsNotPromoted(t *testing.T) {
 	a := c.vol("alpha")
 	eventually(t, func() bool { return a.WriteAt(ctx, pattern(1, 4096), 0, false) == nil }, "alpha serves")
 	c.vol("beta").setAdminDown(true)
-	eventually(t, func() bool { return a.peers["beta"].session() == nil }, "beta disconnected")
+	eventually(t, func() bool { return a.peers.byName["beta"].session() == nil }, "beta disconnected")
 	if err := a.WriteAt(ctx, pattern(2, 4096), 4096, false); err != nil {
 		t.Fatal(err)
 	}
@@ -209,31 +209,31 @@ func TestThreeDataReplicasResyncOnlyWhatEachMissed(t *testing.T) {
 	if err := a.Flush(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	betaBefore := c.vol("beta").resynced.Load()
+	betaBefore := c.vol("beta").counters.resynced.Load()
 	c.crash("gamma")
 	blocks := writeRandomBlocks(t, a, 60, 42)
-	if got := a.peers["gamma"].bm.Bytes(); got != int64(blocks)*4096 {
+	if got := a.peers.byName["gamma"].bm.Bytes(); got != int64(blocks)*4096 {
 		t.Fatalf("gamma's bitmap marks %d bytes, want the %d blocks it missed", got, blocks)
 	}
-	if got := a.peers["beta"].bm.Bytes(); got != 0 {
+	if got := a.peers.byName["beta"].bm.Bytes(); got != 0 {
 		t.Fatalf("beta, connected, has %d bytes marked", got)
 	}
 	c.start("gamma")
 	c.waitInSync()
-	if moved := c.vol("gamma").resynced.Load(); moved != int64(blocks)*4096 {
+	if moved := c.vol("gamma").counters.resynced.Load(); moved != int64(blocks)*4096 {
 		t.Fatalf("gamma received %d bytes, want the %d blocks it missed (%d bytes)", moved, blocks, blocks*4096)
 	}
-	if moved := c.vol("beta").resynced.Load() - betaBefore; moved != 0 {
+	if moved := c.vol("beta").counters.resynced.Load() - betaBefore; moved != 0 {
 		t.Fatalf("beta, which missed nothing, received %d bytes", moved)
 	}
 	if _, err := a.startVerify(false); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, func() bool {
-		return !a.peers["beta"].verifying.Load() && !a.peers["gamma"].verifying.Load() &&
-			a.peers["beta"].verifyDone.Load() == a.size.Load() && a.peers["gamma"].verifyDone.Load() == a.size.Load()
+		return !a.peers.byName["beta"].verifying.Load() && !a.peers.byName["gamma"].verifying.Load() &&
+			a.peers.byName["beta"].verifyDone.Load() == a.size.Load() && a.peers.byName["gamma"].verifyDone.Load() == a.size.Load()
 	}, "both verifies finished")
-	if f := a.peers["beta"].verifyFound.Load() + a.peers["gamma"].verifyFound.Load(); f != 0 {
+	if f := a.peers.byName["beta"].verifyFound.Load() + a.peers.byName["gamma"].verifyFound.Load(); f != 0 {
 		t.Fatalf("verify found %d bytes out of sync", f)
 	}
 	c.requireIdentical()
@@ -280,7 +280,7 @@ func TestResyncOfOneSecondary(t *testing.T) {
 	c := startThreeInSync(t, 8<<20)
 	a := c.vol("alpha")
 	writeRandomBlocks(t, a, 20, 43)
-	betaBefore, gammaBefore := c.vol("beta").resynced.Load(), c.vol("gamma").resynced.Load()
+	betaBefore, gammaBefore := c.vol("beta").counters.resynced.Load(), c.vol("gamma").counters.resynced.Load()
 	api := c.nodes["beta"].api // forwarded to the primary
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -304,10 +304,10 @@ func TestResyncOfOneSecondary(t *testing.T) {
 		t.Fatalf("resync --node gamma: %+v, want gamma resynced by alpha", r)
 	}
 	c.waitInSync()
-	if moved := c.vol("gamma").resynced.Load() - gammaBefore; moved != a.size.Load() {
+	if moved := c.vol("gamma").counters.resynced.Load() - gammaBefore; moved != a.size.Load() {
 		t.Fatalf("gamma received %d bytes, want the whole volume (%d)", moved, a.size.Load())
 	}
-	if moved := c.vol("beta").resynced.Load() - betaBefore; moved != 0 {
+	if moved := c.vol("beta").counters.resynced.Load() - betaBefore; moved != 0 {
 		t.Fatalf("beta, not named, received %d bytes", moved)
 	}
 	c.requireIdentical()

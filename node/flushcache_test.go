@@ -86,7 +86,7 @@ func TestAFlushAfterThePeersLinkDiedTracksWhatThePeerHeldInItsCache(t *testing.T
 
 	// beta's disk loses its cache; every block that then differs was
 	// marked for beta when the FLUSH completed.
-	marked := a.peers["beta"].bm
+	marked := a.peers.byName["beta"].bm
 	if lost, err := cache.Load().LoseUnsynced(nil); err != nil || lost == 0 {
 		t.Fatalf("beta's disk lost %d sectors (%v): the test shows nothing", lost, err)
 	}
@@ -148,7 +148,7 @@ func TestAPullsSourceHoldsWhatAnEarlierStreamLeftInItsCacheOnItsDisk(t *testing.
 	}
 	c.cfg.Volumes[0].ResyncRate = 1 << 20 // the pull takes seconds: it runs when looked at
 	c.start("alpha")
-	eventually(t, func() bool { return c.vol("alpha").peers["beta"].pulling.Load() }, "alpha copying from beta")
+	eventually(t, func() bool { return c.vol("alpha").peers.byName["beta"].pulling.Load() }, "alpha copying from beta")
 	if n := cache.Load().Unsynced(); n != 0 {
 		t.Fatalf("alpha pulls from beta, which holds %d sectors (of %d) it acknowledged on the earlier stream in its cache only", n, held)
 	}

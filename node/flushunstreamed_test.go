@@ -35,7 +35,7 @@ func TestAFlushOfANewPrimaryTracksAPeerItNeverStreamedTo(t *testing.T) {
 	if !within(5*time.Second, 10*time.Millisecond, func() bool { return authority().Primary == "beta" }) || !authority().IsUpToDate("alpha") {
 		t.Fatalf("before beta's FLUSH raft has %+v, want beta primary and alpha UpToDate: the test shows nothing", authority())
 	}
-	if b.peers["alpha"].session() != nil || b.peers["alpha"].snapshot().ending != nil {
+	if b.peers.byName["alpha"].session() != nil || b.peers.byName["alpha"].snapshot().ending != nil {
 		t.Fatal("beta has had a stream to alpha: the test shows nothing")
 	}
 

@@ -29,8 +29,8 @@ func TestTheMachineSeesThePeersRealStates(t *testing.T) {
 	c := newSyncedCluster(t, 4<<20)
 	alpha := c.vol("alpha")
 	eventually(t, func() bool { return machinePeer(alpha, "beta").Repl == replication.Connected }, "beta Connected in alpha's machine")
-	if p := machinePeer(alpha, "beta"); p.Session != alpha.peers["beta"].snapshot().sid {
-		t.Fatalf("alpha's machine has beta in session %d, its stream is %d", p.Session, alpha.peers["beta"].snapshot().sid)
+	if p := machinePeer(alpha, "beta"); p.Session != alpha.peers.byName["beta"].snapshot().sid {
+		t.Fatalf("alpha's machine has beta in session %d, its stream is %d", p.Session, alpha.peers.byName["beta"].snapshot().sid)
 	}
 	c.vol("beta").setAdminDown(true)
 	eventually(t, func() bool {
@@ -54,7 +54,7 @@ func TestDiscardMyDataIsRefusedByTheRules(t *testing.T) {
 	// A split brain marked while beta takes alpha's stream (as with a
 	// third node, or a mark the connection has not cleared yet): alpha
 	// serves its peer, it is not the victim.
-	eventually(t, func() bool { return alpha.peers["beta"].session() != nil }, "alpha streams to beta")
+	eventually(t, func() bool { return alpha.peers.byName["beta"].session() != nil }, "alpha streams to beta")
 	alpha.mu.Lock()
 	alpha.noteSplitBrainLocked("beta", replication.RuleBitmapBoth)
 	alpha.mu.Unlock()

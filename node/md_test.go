@@ -239,7 +239,7 @@ func TestUnrelatedDataIsNeverOverwritten(t *testing.T) {
 	sum := data()
 	c.start("beta")
 	eventually(t, func() bool {
-		p := c.vol("alpha").peers["beta"].status()
+		p := c.vol("alpha").peers.byName["beta"].status()
 		return p.Replication == "StandAlone" && strings.HasPrefix(p.Reason, "unrelated data") && p.SyncRule == replication.RuleUnrelated
 	}, "alpha refuses beta's unrelated data")
 	c.stop("beta")

@@ -335,7 +335,7 @@ func (c *collector) collectVolume(ch chan<- prometheus.Metric, v *Volume) {
 	c.writeBytes.send(ch, float64(lv.WriteBytes), v.name, self)
 	c.flushes.send(ch, float64(lv.Flushes), v.name, self)
 	c.resynced.send(ch, float64(lv.ResyncedBytes), v.name, self)
-	v.latency.send(ch, c.requestDuration, v.name, self)
+	v.counters.latency.send(ch, c.requestDuration, v.name, self)
 	for cause := range repairCauses {
 		c.blocksRepaired.send(ch, float64(v.integ.repaired[cause].Load()), v.name, self, cause.String())
 	}
@@ -402,8 +402,8 @@ type replLink struct {
 // peer (lv.Peers), a secondary's to its primary.
 func replLinksOf(v *Volume, lv transport.LocalVolume) []replLink {
 	v.mu.Lock()
-	peers := make(map[string]*peer, len(v.peers))
-	for name, p := range v.peers {
+	peers := make(map[string]*peer, len(v.peers.byName))
+	for name, p := range v.peers.byName {
 		peers[name] = p
 	}
 	in, primary, disk := v.incoming, v.st.Durable.Primary, v.st.Disk
@@ -565,6 +565,32 @@ const latencyBuckets = 19
 
 var latencyBounds = prometheus.ExponentialBuckets(50e-6, 2, latencyBuckets)
 
+// ioCounters is what a volume counts of its IO on this node since it
+// started, for its status, /metrics and the resync's pace. Its zero value
+// is ready; each field is updated and read without a lock.
+type ioCounters struct {
+	// resynced is the bytes this node received by resync.
+	resynced atomic.Int64
+	// lastWrite is when the last application write started (unix ns): the
+	// resync controller yields while the volume is busy.
+	lastWrite  atomic.Int64
+	reads      atomic.Uint64
+	readBytes  atomic.Uint64
+	writes     atomic.Uint64
+	writeBytes atomic.Uint64
+	flushes    atomic.Uint64
+	// latency records each request's latency for /metrics.
+	latency ioLatency
+}
+
+// report puts the counts in lv (status).
+func (c *ioCounters) report(lv *transport.LocalVolume) {
+	lv.ResyncedBytes = c.resynced.Load()
+	lv.Reads, lv.ReadBytes = c.reads.Load(), c.readBytes.Load()
+	lv.Writes, lv.WriteBytes = c.writes.Load(), c.writeBytes.Load()
+	lv.Flushes = c.flushes.Load()
+}
+
 // ioLatency counts a volume's request latencies per operation. Its zero
 // value is ready; observe is safe for concurrent use and takes no lock.
 type ioLatency [numIOOps]struct {
@@ -574,7 +600,9 @@ type ioLatency [numIOOps]struct {
 
 // observe records one request of kind op that began at began, by the
 // volume's clock.
-func (v *Volume) observe(op ioOp, began time.Time) { v.latency.observe(op, v.clock.Since(began)) }
+func (v *Volume) observe(op ioOp, began time.Time) {
+	v.counters.latency.observe(op, v.clock.Since(began))
+}
 
 // observe records one request of kind op that took d.
 func (l *ioLatency) observe(op ioOp, d time.Duration) {

@@ -109,7 +109,7 @@ func TestAPrimaryNeverCopiesFromAPeerRaftHasOutdated(t *testing.T) {
 	eventually(t, func() bool {
 		a.mu.Lock()
 		defer a.mu.Unlock()
-		return len(a.upToDate) == 0
+		return len(a.authority.upToDate) == 0
 	}, "alpha's proposals of its peers UpToDate are over")
 	cl := c.nodes["alpha"].cl.c
 	va, _ := cl.Authority().Volume("vol0")
@@ -126,10 +126,10 @@ func TestAPrimaryNeverCopiesFromAPeerRaftHasOutdated(t *testing.T) {
 	since := time.Now()
 	c.start("gamma")
 	if !within(30*time.Second, 20*time.Millisecond, func() bool {
-		p := a.peers["gamma"].status()
+		p := a.peers.byName["gamma"].status()
 		return p.SyncRule != "" && replica(c.status(), "gamma").OutOfSyncBytes == 0 && p.Replication == "Connected"
 	}) {
-		t.Fatalf("gamma not back in sync with alpha: %+v", a.peers["gamma"].status())
+		t.Fatalf("gamma not back in sync with alpha: %+v", a.peers.byName["gamma"].status())
 	}
 	if first := firstConnected(t, c.nodes["alpha"], "gamma", since); first.Reason != replication.RuleOutdatedPeer || first.New != string(replication.SyncSource) {
 		t.Errorf("alpha's first connection to gamma, which raft has Outdated, went %s by rule %q; want %s by %s",
@@ -193,7 +193,7 @@ func TestAnUpToDateProposalThatDoesNotStartLeavesNothingToWaitFor(t *testing.T) 
 		va, ok := c.nodes["alpha"].cl.c.Authority().Volume("vol0")
 		v.mu.Lock()
 		defer v.mu.Unlock()
-		if !ok || !va.IsUpToDate("beta") || v.upToDate["beta"] != nil || v.tasks[kind] {
+		if !ok || !va.IsUpToDate("beta") || v.authority.upToDate["beta"] != nil || v.tasks[kind] {
 			return false
 		}
 		epoch = v.st.Durable.Epoch
@@ -205,7 +205,7 @@ func TestAnUpToDateProposalThatDoesNotStartLeavesNothingToWaitFor(t *testing.T) 
 	}, "raft has beta UpToDate, and no proposal of it runs")
 	v.proposeUpToDate("beta", epoch)
 	v.mu.Lock()
-	_, waiting := v.upToDate["beta"]
+	_, waiting := v.authority.upToDate["beta"]
 	delete(v.tasks, kind)
 	v.mu.Unlock()
 	if waiting {

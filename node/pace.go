@@ -56,7 +56,7 @@ func (v *Volume) resyncPace(ctx context.Context, pc *resyncPacer, sent int64, fl
 	// While busy, wait for a run to complete or for the volume to be idle
 	// (busyWindow after the last write began), whichever comes first.
 	for flight != nil && v.busy() && flight.count() >= busyRuns {
-		idle := v.clock.Until(time.Unix(0, v.lastWrite.Load()).Add(busyWindow))
+		idle := v.clock.Until(time.Unix(0, v.counters.lastWrite.Load()).Add(busyWindow))
 		if err := flight.waitOne(ctx, v.clock, idle); err != nil {
 			return err
 		}
@@ -66,7 +66,7 @@ func (v *Volume) resyncPace(ctx context.Context, pc *resyncPacer, sent int64, fl
 
 // busy reports whether an application write started within busyWindow.
 func (v *Volume) busy() bool {
-	return v.clock.Since(time.Unix(0, v.lastWrite.Load())) < busyWindow
+	return v.clock.Since(time.Unix(0, v.counters.lastWrite.Load())) < busyWindow
 }
 
 // runsInFlight are the runs a resync sent through its window (count says

@@ -78,7 +78,7 @@ func TestIdleVolumesShareOneHeartbeatPerPeerNode(t *testing.T) {
 	cut := time.Now()
 	for i := range volumes {
 		v := c.nodes["alpha"].volumes()[fmt.Sprintf("vol%d", i)]
-		eventually(t, func() bool { return !v.peers["beta"].connected() }, fmt.Sprintf("vol%d gives up on the silent beta", i))
+		eventually(t, func() bool { return !v.peers.byName["beta"].connected() }, fmt.Sprintf("vol%d gives up on the silent beta", i))
 	}
 	if took := time.Since(cut); took > 4*time.Second {
 		t.Fatalf("the last idle volume found beta silent %s after the cut, want within its 2 s timeout and a tick", took.Round(time.Millisecond))
@@ -96,7 +96,7 @@ func restingStreams(c *testCluster, n int) int {
 	resting := 0
 	for i := range n {
 		v := c.nodes["alpha"].volumes()[fmt.Sprintf("vol%d", i)]
-		if s := v.peers["beta"].session(); s != nil && s.Resting() {
+		if s := v.peers.byName["beta"].session(); s != nil && s.Resting() {
 			resting++
 		}
 	}

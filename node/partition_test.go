@@ -43,7 +43,7 @@ func TestAPartitionedSecondaryCatchesUpByBitmapAfterTheHeal(t *testing.T) {
 	link.Partition()
 	blocks := writeRandomBlocks(t, a, 40, 29)
 	eventually(t, func() bool { return a.tracking("beta") }, "alpha tracks what beta misses")
-	ps := a.peers["beta"].status()
+	ps := a.peers.byName["beta"].status()
 	if ps.Replication == string(replication.Connected) || ps.OutOfSyncBytes == 0 {
 		t.Fatalf("alpha's peer beta across a partition: %s with %d bytes out of sync; want it not Connected with the writes it missed", ps.Replication, ps.OutOfSyncBytes)
 	}

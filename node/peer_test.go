@@ -22,7 +22,7 @@ func streamToGatedBeta(t *testing.T, open bool, timeout time.Duration) (v *Volum
 	c := newTestCluster(t, 8<<20)
 	c.start("alpha")
 	v = c.vol("alpha")
-	p = v.peers["beta"]
+	p = v.peers.byName["beta"]
 	v.stopPeers()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -90,7 +90,7 @@ func TestASecondaryOnASlowDiskIsNotTakenForHung(t *testing.T) {
 	c.waitInSync()
 	slow.Add(fault.On(fault.Write).Range(1<<20, 4096).Delay(3 * timeout))
 	v := c.vol("alpha")
-	s := v.peers["beta"].session()
+	s := v.peers.byName["beta"].session()
 	began := time.Now()
 	if err := v.WriteAt(context.Background(), pattern(9, 4096), 1<<20, false); err != nil {
 		t.Fatal(err)
@@ -98,10 +98,10 @@ func TestASecondaryOnASlowDiskIsNotTakenForHung(t *testing.T) {
 	if took := time.Since(began); took < 3*timeout {
 		t.Fatalf("the write completed after %s, before beta's disk took it (%s)", took, 3*timeout)
 	}
-	if now := v.peers["beta"].session(); now != s {
+	if now := v.peers.byName["beta"].session(); now != s {
 		t.Fatal("alpha replaced its stream to beta while beta's disk was slow: it took beta for hung")
 	}
-	if v.peers["beta"].bm.Test(1 << 20 / replication.BlockSize) {
+	if v.peers.byName["beta"].bm.Test(1 << 20 / replication.BlockSize) {
 		t.Fatal("the write is marked for beta: alpha gave up on it")
 	}
 	c.requireIdentical()

@@ -54,7 +54,7 @@ func TestAPowerLossOfTheSecondaryResyncsItsActivityLog(t *testing.T) {
 	c.crash("beta")
 	c.start("beta")
 	c.waitInSync()
-	if moved := c.vol("beta").resynced.Load(); moved != 0 {
+	if moved := c.vol("beta").counters.resynced.Load(); moved != 0 {
 		t.Fatalf("beta's process crashed (no reboot) and %d bytes were resynced, want 0", moved)
 	}
 	c.requireIdentical()

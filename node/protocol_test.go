@@ -69,14 +69,14 @@ func TestEachProtocolCompletesAWriteWhenItPromises(t *testing.T) {
 	if _, ok := writeWithin(t, a, 8192, 2*time.Second); !ok {
 		t.Fatal("protocol A: a write written locally did not complete")
 	}
-	if lag := a.peers["beta"].status().LagBytes; lag < 8192 {
+	if lag := a.peers.byName["beta"].status().LagBytes; lag < 8192 {
 		t.Fatalf("lag %d bytes with two acknowledged writes beta does not hold, want at least 8192", lag)
 	}
 	gate.Open()
 	if err := <-pendingC; err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, func() bool { return a.peers["beta"].status().LagBytes == 0 }, "the lag drained")
+	eventually(t, func() bool { return a.peers.byName["beta"].status().LagBytes == 0 }, "the lag drained")
 	c.waitInSync()
 	c.requireIdentical()
 }
@@ -211,14 +211,14 @@ func TestAdjustResyncRateOnline(t *testing.T) {
 		factor = 10
 	)
 	expect := time.Duration(float64(target-run) / rate * float64(time.Second))
-	before := c.vol("beta").resynced.Load()
+	before := c.vol("beta").counters.resynced.Load()
 	began := time.Now()
 	if _, err := api.Resync(ctx, &transport.ResyncRequest{Volume: "vol0"}); err != nil {
 		t.Fatal(err)
 	}
 	var moved int64
 	if !within(factor*expect, 10*time.Millisecond, func() bool {
-		moved = c.vol("beta").resynced.Load() - before
+		moved = c.vol("beta").counters.resynced.Load() - before
 		if most := slack + int64(time.Since(began).Seconds()*rate); moved > most {
 			t.Fatalf("%d bytes resynced %s after the resync began under a %d B/s cap: want at most %d",
 				moved, time.Since(began).Round(time.Millisecond), rate, most)
@@ -230,7 +230,7 @@ func TestAdjustResyncRateOnline(t *testing.T) {
 	}
 	t.Logf("the capped resync moved %d bytes in %s (the cap allows it in %s after the first run)", moved, time.Since(began).Round(time.Millisecond), expect)
 	adjust(0)
-	eventually(t, func() bool { return c.vol("beta").resynced.Load()-before == 16<<20 }, "the uncapped resync finished")
+	eventually(t, func() bool { return c.vol("beta").counters.resynced.Load()-before == 16<<20 }, "the uncapped resync finished")
 	c.waitInSync()
 }
 

@@ -22,7 +22,7 @@ func TestRoundRobinReadsUseBothReplicasButNeverAStaleBlock(t *testing.T) {
 	if err := a.WriteAt(ctx, want, 0, false); err != nil {
 		t.Fatal(err)
 	}
-	p := a.peers["beta"]
+	p := a.peers.byName["beta"]
 	sent := p.entriesSent.Load()
 	got := make([]byte, len(want))
 	for range 20 {

@@ -115,7 +115,7 @@ func TestASwitchoverReconcilesNothing(t *testing.T) {
 	c.waitInSync()
 	before := map[string]int64{}
 	for _, n := range []string{"alpha", "beta", "gamma"} {
-		before[n] = c.vol(n).resynced.Load()
+		before[n] = c.vol(n).counters.resynced.Load()
 	}
 	if _, err := c.nodes["gamma"].api.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Timeout: 10 * time.Second}); err != nil {
 		t.Fatalf("switchover to beta: %v", err)
@@ -126,14 +126,14 @@ func TestASwitchoverReconcilesNothing(t *testing.T) {
 	// those 4096 bytes so). A reconciliation would already show here:
 	// what it marks keeps the replicas out of sync until it is resynced.
 	b := c.vol("beta")
-	eventually(t, func() bool { return b.peers["alpha"].connected() && b.peers["gamma"].connected() }, "beta streams to alpha and gamma")
+	eventually(t, func() bool { return b.peers.byName["alpha"].connected() && b.peers.byName["gamma"].connected() }, "beta streams to alpha and gamma")
 	c.waitInSync()
 	if err := b.WriteAt(ctx, pattern(5, 4096), 0, false); err != nil {
 		t.Fatalf("beta serves after the switchover: %v", err)
 	}
 	c.waitInSync()
 	for _, n := range []string{"alpha", "beta", "gamma"} {
-		if moved := c.vol(n).resynced.Load() - before[n]; moved != 0 {
+		if moved := c.vol(n).counters.resynced.Load() - before[n]; moved != 0 {
 			t.Errorf("%s received %d bytes by resync after a switchover, want none", n, moved)
 		}
 	}
@@ -168,15 +168,15 @@ func TestWhatAResyncTargetGotIsMarkedAtAChangeOfPrimary(t *testing.T) {
 	}
 
 	b.setAdminDown(true)
-	eventually(t, func() bool { return a.peers["beta"].status().Replication == "Connecting" }, "alpha sees beta refusing the stream")
+	eventually(t, func() bool { return a.peers.byName["beta"].status().Replication == "Connecting" }, "alpha sees beta refusing the stream")
 	written := pattern(7, 4096)
 	if err := a.WriteAt(ctx, written, off, false); err != nil {
 		t.Fatal(err)
 	}
-	before := b.resynced.Load()
+	before := b.counters.resynced.Load()
 	b.setAdminDown(false)
 	c.waitInSync()
-	if got := b.resynced.Load() - before; got != 4096 {
+	if got := b.counters.resynced.Load() - before; got != 4096 {
 		t.Fatalf("beta got %d bytes by resync, want the 4096 of the write", got)
 	}
 	c.requireIdentical()

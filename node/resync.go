@@ -46,9 +46,9 @@ func (v *Volume) resync(pause, resume bool, only string) (*transport.ResyncReply
 		return nil, status.Error(codes.InvalidArgument, "--pause and --resume exclude each other")
 	}
 	v.mu.Lock()
-	peers := make([]*peer, 0, len(v.peers))
-	names := make([]string, 0, len(v.peers))
-	for _, p := range v.peers {
+	peers := make([]*peer, 0, len(v.peers.byName))
+	names := make([]string, 0, len(v.peers.byName))
+	for _, p := range v.peers.byName {
 		names = append(names, p.name)
 		if only == "" || p.name == only {
 			peers = append(peers, p)

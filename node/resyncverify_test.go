@@ -93,7 +93,7 @@ func TestAResyncHoldsBackOnlyTheBadBlockAndTheTargetRecordsIt(t *testing.T) {
 	if e.Offset != rot*4096 || e.Length != 4096 || e.Peer != "alpha" || e.Reason != string(CauseSourceUnrecoverable) {
 		t.Fatalf("beta's block-unrecoverable event: %+v; want the block at %d from alpha", e, rot*4096)
 	}
-	eventually(t, func() bool { return a.peers["beta"].bm.Bytes() == 4096 }, "beta out of sync in the bad block only")
+	eventually(t, func() bool { return a.peers.byName["beta"].bm.Bytes() == 4096 }, "beta out of sync in the bad block only")
 	betaImg := c.cfg.Volumes[0].Disks["beta"].Paths[0].Path
 	for b := int64(first); b < first+64; b++ {
 		if b == rot {
@@ -158,7 +158,7 @@ func TestOnlineVerifyRepairsABlockRottenOnThePrimary(t *testing.T) {
 	}
 	eventually(t, func() bool {
 		b := replica(c.status(), "beta")
-		return b.VerifyTotalBytes > 0 && b.VerifyDoneBytes == b.VerifyTotalBytes && !c.vol("alpha").peers["beta"].verifying.Load()
+		return b.VerifyTotalBytes > 0 && b.VerifyDoneBytes == b.VerifyTotalBytes && !c.vol("alpha").peers.byName["beta"].verifying.Load()
 	}, "verify finished")
 	if b := replica(c.status(), "beta"); b.VerifyFoundBytes != 0 || b.OutOfSyncBytes != 0 {
 		t.Fatalf("verify found %d bytes, out of sync %d; want none (the rotten block is repaired, not compared)", b.VerifyFoundBytes, b.OutOfSyncBytes)
@@ -185,7 +185,7 @@ func TestOnlineVerifyRepairsABlockRottenOnThePrimary(t *testing.T) {
 	}
 	eventually(t, func() bool {
 		b := replica(c.status(), "beta")
-		return b.VerifyDoneBytes == b.VerifyTotalBytes && !c.vol("alpha").peers["beta"].verifying.Load()
+		return b.VerifyDoneBytes == b.VerifyTotalBytes && !c.vol("alpha").peers.byName["beta"].verifying.Load()
 	}, "second verify finished")
 	if b := replica(c.status(), "beta"); b.VerifyFoundBytes != 4096 || b.OutOfSyncBytes != 4096 {
 		t.Fatalf("verify found %d bytes, out of sync %d; want the block bad on both (4096)", b.VerifyFoundBytes, b.OutOfSyncBytes)
@@ -237,12 +237,12 @@ func TestAThirdReplicaRepairsABlockRottenOnTwo(t *testing.T) {
 
 	// beta misses a write of the block; gamma takes it, then goes away.
 	c.vol("beta").setAdminDown(true)
-	eventually(t, func() bool { return !a.peers["beta"].connected() }, "beta disconnected")
+	eventually(t, func() bool { return !a.peers.byName["beta"].connected() }, "beta disconnected")
 	fresh := randomBytes(82, 4096)
 	c.writeFlushed(t, fresh, missed*4096)
-	eventually(t, func() bool { return a.peers["beta"].bm.Bytes() == 4096 }, "the block marked for beta")
+	eventually(t, func() bool { return a.peers.byName["beta"].bm.Bytes() == 4096 }, "the block marked for beta")
 	c.vol("gamma").setAdminDown(true)
-	eventually(t, func() bool { return !a.peers["gamma"].connected() }, "gamma disconnected")
+	eventually(t, func() bool { return !a.peers.byName["gamma"].connected() }, "gamma disconnected")
 	flipFileBytes(t, img("alpha"), missed*4096+33, 2)
 	c.vol("beta").setAdminDown(false)
 	e = waitForEvent(t, c.nodes["beta"], "block-unrecoverable", nil)
@@ -322,7 +322,7 @@ func TestAPeerThatDoesNotTakeLostRangesIsNotSentThem(t *testing.T) {
 	ctx := context.Background()
 	writeApartThenRot(t, c, 79, first, 32, rot*4096+5, 2)
 	waitForEvent(t, c.nodes["alpha"], "block-unrecoverable", nil)
-	eventually(t, func() bool { return a.peers["beta"].bm.Bytes() == 4096 }, "beta out of sync in the bad block only")
+	eventually(t, func() bool { return a.peers.byName["beta"].bm.Bytes() == 4096 }, "beta out of sync in the bad block only")
 	if n := sent.Load(); n != 0 {
 		t.Fatalf("alpha sent %d OpResyncLost entries to a peer that does not take them", n)
 	}

@@ -17,10 +17,10 @@ import (
 // (the senders take it).
 func (v *Volume) stopPeers() {
 	v.mu.Lock()
-	cancel := v.peersCtx
-	v.peersCtx = nil
-	peers := make([]*peer, 0, len(v.peers))
-	for _, p := range v.peers {
+	cancel := v.peers.cancel
+	v.peers.cancel = nil
+	peers := make([]*peer, 0, len(v.peers.byName))
+	for _, p := range v.peers.byName {
 		peers = append(peers, p)
 	}
 	v.mu.Unlock()
@@ -82,7 +82,7 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 		v.mu.Unlock()
 		return 0, replication.Generation{}, fmt.Errorf("%s is not primary on %s", v.name, v.self)
 	}
-	p, ok := v.peers[to]
+	p, ok := v.peers.byName[to]
 	v.mu.Unlock()
 	if !ok {
 		return 0, replication.Generation{}, fmt.Errorf("%s has no replica of %s", to, v.name)
@@ -166,8 +166,7 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 			// (switchoverByRaft): what this node remembers of its
 			// Outdated records no longer holds, should it take the
 			// volume back (retake) and a peer miss a write again.
-			clear(v.outdated)
-			v.forgets++
+			v.authority.forgetAllLocked()
 		},
 	})
 	if err != nil {
@@ -292,8 +291,8 @@ func (v *Volume) setAdminDown(down bool) {
 // started unless the operator disconnected this node (then they only
 // track what the peers miss).
 func (v *Volume) resetPeersLocked() {
-	old := v.peers
-	v.peers = map[string]*peer{}
+	old := v.peers.byName
+	v.peers.byName = map[string]*peer{}
 	for name := range v.cfg.Disks {
 		if name != v.self {
 			p := newPeer(v, name)
@@ -304,10 +303,10 @@ func (v *Volume) resetPeersLocked() {
 				// may still end.
 				p.sessions.Store(q.sessions.Load())
 			}
-			v.peers[name] = p
+			v.peers.byName[name] = p
 		}
 	}
-	v.rebuildPeerListLocked()
+	v.peers.rebuildListLocked()
 	if !v.st.AdminDown {
 		v.startPeersLocked()
 	}

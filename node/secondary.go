@@ -348,7 +348,7 @@ func (v *Volume) applied() *applier.Volume {
 	return &applier.Volume{
 		Name: v.name, Self: v.self,
 		Disk: appliedDisk{v.disk}, ActivityLog: v.md.ActivityLog(),
-		Size: &v.size, Resynced: &v.resynced, Buffers: &resyncBufs,
+		Size: &v.size, Resynced: &v.counters.resynced, Buffers: &resyncBufs,
 		PeerTimeout: v.cfg.PeerTimeoutOrDefault(), Stopping: v.stopping,
 		Log: v.log, State: appliedState{v}, Clock: v.clock,
 		Checksums: v.applierChecksums(),

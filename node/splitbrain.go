@@ -193,16 +193,16 @@ func (v *Volume) discardRefusal(err error) error {
 // A sender that is just stopping is waited for, then restarted.
 func (v *Volume) resumePeers() {
 	v.mu.Lock()
-	if v.roleLocked() != replication.Primary || v.st.AdminDown || v.peersCtx == nil {
+	if v.roleLocked() != replication.Primary || v.st.AdminDown || v.peers.cancel == nil {
 		v.mu.Unlock()
 		return
 	}
-	peers := make([]*peer, 0, len(v.peers))
-	for _, p := range v.peers {
+	peers := make([]*peer, 0, len(v.peers.byName))
+	for _, p := range v.peers.byName {
 		p.resumeSeq.Add(1)
 		peers = append(peers, p)
 	}
-	ctx := v.peersCtxValue
+	ctx := v.peers.ctx
 	v.mu.Unlock()
 	for _, p := range peers {
 		stopping := p.snapshot().state == replication.StandAlone

@@ -160,7 +160,7 @@ func TestForcedPrimaryThenOldPrimaryReturnsWithoutWrites(t *testing.T) {
 	if moved := replica(st, "alpha").ResyncedBytes; moved != int64(blocks)*4096 {
 		t.Fatalf("moved %d, want beta's %d blocks", moved, blocks)
 	}
-	if p := c.vol("beta").peers["alpha"].status(); p.SyncRule != replication.RuleBitmapSelf {
+	if p := c.vol("beta").peers.byName["alpha"].status(); p.SyncRule != replication.RuleBitmapSelf {
 		t.Fatalf("beta decided by rule %q (%s), want %s", p.SyncRule, p.SyncDecision, replication.RuleBitmapSelf)
 	}
 	c.requireIdentical()
@@ -228,7 +228,7 @@ func TestForcedPrimaryWithoutWritesCopiesTheOldPrimarysWrites(t *testing.T) {
 	if st.Volumes[0].Primary != "beta" || replica(st, "alpha").Role != "Secondary" {
 		t.Fatalf("primary %s, alpha %s: want beta primary and alpha following it", st.Volumes[0].Primary, replica(st, "alpha").Role)
 	}
-	if p := c.vol("beta").peers["alpha"].status(); p.SyncRule != replication.RuleBitmapPeer || p.SyncDecision != "target-use-bitmap" {
+	if p := c.vol("beta").peers.byName["alpha"].status(); p.SyncRule != replication.RuleBitmapPeer || p.SyncDecision != "target-use-bitmap" {
 		t.Fatalf("beta decided %q by rule %q, want target-use-bitmap by %s", p.SyncDecision, p.SyncRule, replication.RuleBitmapPeer)
 	}
 	if moved := replica(st, "beta").ResyncedBytes - before; moved != int64(blocks)*4096 {
@@ -361,7 +361,7 @@ func TestSplitBrainUnderRaftIsResolvedByDiscardMyDataAfterTheStepDown(t *testing
 	eventually(t, func() bool {
 		lv := a.status()
 		return lv.Role == "Secondary" && lv.ReasonCode == string(CauseSplitBrain) &&
-			b.peers["alpha"].status().Replication == string(replication.StandAlone)
+			b.peers.byName["alpha"].status().Replication == string(replication.StandAlone)
 	}, "alpha stepped down to Secondary, in a split brain with beta")
 
 	betaAPI := c.nodes["beta"].api

@@ -63,10 +63,10 @@ func TestATakenBackVolumeRecordsAMissedWriteInRaftAgain(t *testing.T) {
 	a := c.vol("alpha")
 	a.mu.Lock()
 	epoch := a.st.Durable.Epoch
-	if a.outdated == nil {
-		a.outdated = map[string]uint64{}
+	if a.authority.outdated == nil {
+		a.authority.outdated = map[string]uint64{}
 	}
-	a.outdated["beta"] = epoch
+	a.authority.outdated["beta"] = epoch
 	a.mu.Unlock()
 	handed, gen, err := a.demote(ctx, "beta", 10*time.Second)
 	if err != nil {

@@ -20,8 +20,8 @@ func lagVolume(maxLag int64) (*Volume, *peer) {
 	p := &peer{v: v, name: "beta"}
 	p.view.Store(&peerView{sess: &session.Session{}, sid: 1, state: replication.Connected, peerDisk: string(replication.UpToDate)})
 	p.unpaused.Store(closedChan)
-	v.peers = map[string]*peer{"beta": p}
-	v.peerList = []*peer{p}
+	v.peers.byName = map[string]*peer{"beta": p}
+	v.peers.list = []*peer{p}
 	return v, p
 }
 

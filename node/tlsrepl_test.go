@@ -187,7 +187,7 @@ func TestATLSClusterReplicatesFailsOverAndResyncs(t *testing.T) {
 
 	before := replica(c.status(), "alpha").ResyncedBytes
 	c.vol("alpha").setAdminDown(true)
-	eventually(t, func() bool { return b.peers["alpha"].status().Replication != "Connected" }, "beta sees alpha gone")
+	eventually(t, func() bool { return b.peers.byName["alpha"].status().Replication != "Connected" }, "beta sees alpha gone")
 	blocks := writeRandomBlocks(t, b, 100, 3)
 	c.vol("alpha").setAdminDown(false)
 	c.waitInSync()
@@ -223,7 +223,7 @@ func TestAStrangerWithAnotherCACannotConnectReplicateOrVote(t *testing.T) {
 	c.start("alpha")
 	s := c.startWith(stranger, "beta")
 
-	p := c.vol("alpha").peers["beta"]
+	p := c.vol("alpha").peers.byName["beta"]
 	eventually(t, func() bool { return p.status().ReasonCode == string(CauseIdentity) }, "alpha refuses the stranger's certificate")
 	if ps := p.status(); ps.Replication == "Connected" || !strings.Contains(ps.Reason, "beta presented a certificate of another CA: node beta (serial ") {
 		t.Fatalf("alpha's link to beta: %s: %s", ps.Replication, ps.Reason)
@@ -308,7 +308,7 @@ func TestACertificateOfBetaCannotStandInForAlpha(t *testing.T) {
 	}
 	c.nodes["alpha"] = impostor
 
-	p := c.vol("alpha").peers["beta"]
+	p := c.vol("alpha").peers.byName["beta"]
 	eventually(t, func() bool { return p.status().ReasonCode == string(CauseIdentity) }, "beta refuses the impostor")
 	if ps := p.status(); !strings.Contains(ps.Reason, "claims to come from alpha but presented a certificate that names node beta") {
 		t.Fatalf("the impostor's link to beta: %s: %s", ps.Replication, ps.Reason)

@@ -75,7 +75,7 @@ func newSyncedCluster(t *testing.T, size int64) *testCluster {
 // decided returns the rule and decision of primary's last connection to
 // peer.
 func (c *testCluster) decided(primary, peer string) (rule, decision string) {
-	p := c.vol(primary).peers[peer].status()
+	p := c.vol(primary).peers.byName[peer].status()
 	return p.SyncRule, p.SyncDecision
 }
 
@@ -129,7 +129,7 @@ func TestUUIDRuleJustCreatedSelf(t *testing.T) {
 	if err := c.vol("alpha").ReadAt(context.Background(), got, 0); err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("alpha does not read beta's data while copying it (err %v)", err)
 	}
-	if p := c.vol("alpha").peers["beta"].status(); p.ResyncTotalBytes != size || p.ResyncDoneBytes >= size {
+	if p := c.vol("alpha").peers.byName["beta"].status(); p.ResyncTotalBytes != size || p.ResyncDoneBytes >= size {
 		t.Fatalf("pull progress %d of %d, want part of %d", p.ResyncDoneBytes, p.ResyncTotalBytes, size)
 	}
 	// replctl resync --pause / --resume hold the copy like any resync.
@@ -141,9 +141,9 @@ func TestUUIDRuleJustCreatedSelf(t *testing.T) {
 		st := c.status()
 		return replica(st, "alpha").Replication == string(replication.PausedSyncT) && replica(st, "beta").Replication == string(replication.PausedSyncS)
 	}, "the copy paused")
-	done := c.vol("alpha").peers["beta"].status().ResyncDoneBytes
+	done := c.vol("alpha").peers.byName["beta"].status().ResyncDoneBytes
 	time.Sleep(300 * time.Millisecond)
-	if now := c.vol("alpha").peers["beta"].status().ResyncDoneBytes; now > done+1<<20 {
+	if now := c.vol("alpha").peers.byName["beta"].status().ResyncDoneBytes; now > done+1<<20 {
 		t.Fatalf("a paused copy moved from %d to %d bytes", done, now)
 	}
 	if _, err := api.Resync(context.Background(), &transport.ResyncRequest{Volume: "vol0", Resume: true}); err != nil {
@@ -179,7 +179,7 @@ func TestUUIDRuleJustCreatedBoth(t *testing.T) {
 	c.start("beta")
 	c.start("alpha")
 	eventually(t, func() bool {
-		p := c.vol("alpha").peers["beta"].status()
+		p := c.vol("alpha").peers.byName["beta"].status()
 		return p.Replication == "StandAlone" && p.SyncRule == replication.RuleJustCreatedBoth && !strings.Contains(p.Reason, replication.RuleJustCreatedBoth) && strings.Contains(p.Reason, "--force --yes")
 	}, "alpha refuses: neither node holds data")
 	if err := c.vol("alpha").WriteAt(context.Background(), pattern(1, 4096), 0, false); err == nil {
@@ -235,7 +235,7 @@ func TestUUIDRuleHistorySelf(t *testing.T) {
 	for i := range 2 { // two disconnected periods: two new generations
 		c.vol("beta").setAdminDown(true)
 		// alpha's writes miss beta only once its stream to beta ended.
-		eventually(t, func() bool { return !c.vol("alpha").peers["beta"].connected() }, "alpha's stream to beta ended")
+		eventually(t, func() bool { return !c.vol("alpha").peers.byName["beta"].connected() }, "alpha's stream to beta ended")
 		writeRandomBlocks(t, c.vol("alpha"), 10, uint64(80+i))
 		if i == 0 {
 			c.vol("beta").setAdminDown(false)
@@ -348,7 +348,7 @@ func TestInterruptedResyncResumesWhereItStopped(t *testing.T) {
 				t.Fatal(err)
 			}
 			eventually(t, func() bool {
-				p := c.vol("alpha").peers["beta"].status()
+				p := c.vol("alpha").peers.byName["beta"].status()
 				return p.Replication == string(replication.SyncSource) && p.ResyncDoneBytes >= 8<<20
 			}, "a third of the resync done")
 			c.stop(restart)
@@ -364,7 +364,7 @@ func TestInterruptedResyncResumesWhereItStopped(t *testing.T) {
 			c.start(restart)
 			c.waitInSync()
 			c.requireDecision("alpha", "beta", replication.RuleBitmapSelf, "source-use-bitmap")
-			if left := c.vol("alpha").peers["beta"].resyncTotal.Load(); left > size-6<<20 {
+			if left := c.vol("alpha").peers.byName["beta"].resyncTotal.Load(); left > size-6<<20 {
 				t.Fatalf("the resumed resync had %d bytes to move, want what was left (at most %d)", left, size-6<<20)
 			}
 			c.requireIdentical()
@@ -431,7 +431,7 @@ func TestWritesDuringAPullEndOnBothNodes(t *testing.T) {
 		v.mu.Lock()
 		serving := v.st.Serving.IsOpen()
 		v.mu.Unlock()
-		return v.peers["beta"].pulling.Load() && serving
+		return v.peers.byName["beta"].pulling.Load() && serving
 	}, "alpha copying from beta, and serving")
 	ctx := context.Background()
 	written := map[int64][]byte{}
@@ -445,7 +445,7 @@ func TestWritesDuringAPullEndOnBothNodes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if !c.vol("alpha").peers["beta"].pulling.Load() {
+	if !c.vol("alpha").peers.byName["beta"].pulling.Load() {
 		t.Log("note: the pull ended before the writes did")
 	}
 	c.waitInSync()
@@ -480,7 +480,7 @@ func TestInterruptedPullCopiesThePeersChangesAgain(t *testing.T) {
 	c.start("alpha")
 	total := int64(blocks) * 4096
 	eventually(t, func() bool {
-		p := c.vol("beta").peers["alpha"].status()
+		p := c.vol("beta").peers.byName["alpha"].status()
 		return p.Replication == string(replication.SyncTarget) && p.ResyncDoneBytes >= total/4
 	}, "a quarter of the copy done")
 	c.stop("beta")
@@ -488,12 +488,12 @@ func TestInterruptedPullCopiesThePeersChangesAgain(t *testing.T) {
 	if err := c.vol("beta").ReadAt(ctx, make([]byte, 4096), 0); err == nil {
 		// It may already be copying again; it must not serve stale data
 		// before it knows what it misses.
-		if p := c.vol("beta").peers["alpha"]; !p.pulling.Load() && !p.inSync() {
+		if p := c.vol("beta").peers.byName["alpha"]; !p.pulling.Load() && !p.inSync() {
 			t.Fatal("beta served a read before it knew which blocks it misses")
 		}
 	}
-	eventually(t, func() bool { return c.vol("beta").peers["alpha"].pulling.Load() }, "beta copying again")
-	if again := c.vol("beta").peers["alpha"].pullTotal.Load(); again > total {
+	eventually(t, func() bool { return c.vol("beta").peers.byName["alpha"].pulling.Load() }, "beta copying again")
+	if again := c.vol("beta").peers.byName["alpha"].pullTotal.Load(); again > total {
 		t.Fatalf("the copy after the restart had %d bytes to move, want at most alpha's changes (%d)", again, total)
 	}
 	c.requireDecision("beta", "alpha", replication.RuleBitmapPeer, "target-use-bitmap")
@@ -543,7 +543,7 @@ func TestAWriteAPeerMissesCompletesOnceThePeersInSyncHoldTheNewGeneration(t *tes
 	a, b, g := c.vol("alpha"), c.vol("beta"), c.vol("gamma")
 	for period := range 6 {
 		g.setAdminDown(true)
-		eventually(t, func() bool { return a.peers["gamma"].session() == nil }, "gamma disconnected")
+		eventually(t, func() bool { return a.peers.byName["gamma"].session() == nil }, "gamma disconnected")
 		if err := a.WriteAt(context.Background(), pattern(byte(period+1), 4096), int64(period)*4096, false); err != nil {
 			t.Fatal(err)
 		}
@@ -637,7 +637,7 @@ func testUnacknowledgedSyncDone(t *testing.T, crash bool) {
 
 	// gamma misses a write: alpha tracks it and moves on.
 	g.setAdminDown(true)
-	eventually(t, func() bool { return a.peers["gamma"].session() == nil }, "gamma disconnected")
+	eventually(t, func() bool { return a.peers.byName["gamma"].session() == nil }, "gamma disconnected")
 	if err := a.WriteAt(ctx, pattern(1, 4096), 0, false); err != nil {
 		t.Fatal(err)
 	}
@@ -645,7 +645,7 @@ func testUnacknowledgedSyncDone(t *testing.T, crash bool) {
 	armed.Store(true)
 	g.setAdminDown(false)
 	eventually(t, func() bool { return blocked.Load() }, "the stream to gamma cut after gamma took the sync-done")
-	eventually(t, func() bool { return a.peers["gamma"].session() == nil }, "alpha's stream to gamma ended")
+	eventually(t, func() bool { return a.peers.byName["gamma"].session() == nil }, "alpha's stream to gamma ended")
 	held := g.currentGeneration()
 	if !a.tracking("gamma") || held != a.currentGeneration() {
 		t.Fatalf("the scenario did not happen: alpha tracks gamma: %v, gamma at %s, alpha at %s", a.tracking("gamma"), held, a.currentGeneration())
@@ -655,7 +655,7 @@ func testUnacknowledgedSyncDone(t *testing.T, crash bool) {
 		c.crash("alpha")
 		c.start("alpha")
 		a = c.vol("alpha")
-		eventually(t, func() bool { return a.peers["beta"].inSync() }, "beta back in sync with the restarted alpha")
+		eventually(t, func() bool { return a.peers.byName["beta"].inSync() }, "beta back in sync with the restarted alpha")
 		if !a.tracking("gamma") || held != a.currentGeneration() {
 			t.Fatalf("after the restart: alpha tracks gamma: %v, gamma at %s, alpha at %s", a.tracking("gamma"), held, a.currentGeneration())
 		}
@@ -679,7 +679,7 @@ func testUnacknowledgedSyncDone(t *testing.T, crash bool) {
 	// is), not the whole volume by the generations.
 	armed.Store(false)
 	blocked.Store(false)
-	before, marked := replica(c.status(), "gamma").ResyncedBytes, a.peers["gamma"].bm.Bytes()
+	before, marked := replica(c.status(), "gamma").ResyncedBytes, a.peers.byName["gamma"].bm.Bytes()
 	c.waitInSync()
 	c.requireDecision("alpha", "gamma", replication.RuleBitmapSelfHistory, replication.BitmapResyncSource.String())
 	if moved := replica(c.status(), "gamma").ResyncedBytes - before; moved > marked {
@@ -720,23 +720,23 @@ func TestAPullReadsFromItsSourceAndPassesWhatItCopiesOnToTheOtherPeers(t *testin
 	if _, err := c.nodes["beta"].api.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "beta", Force: true, Yes: true}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, func() bool { return c.vol("beta").peers["alpha"].inSync() }, "beta in sync with alpha")
+	eventually(t, func() bool { return c.vol("beta").peers.byName["alpha"].inSync() }, "beta in sync with alpha")
 	// beta's peers in an order that puts the stale one first (the order
 	// is a map's otherwise).
 	b := c.vol("beta")
 	b.mu.Lock()
-	slices.SortFunc(b.peerList, func(x, y *peer) int { return strings.Compare(x.name, y.name) })
+	slices.SortFunc(b.peers.list, func(x, y *peer) int { return strings.Compare(x.name, y.name) })
 	b.mu.Unlock()
 
 	c.cfg.Volumes[0].ResyncRate = 1 << 20 // the pull takes seconds: reads run beside it
 	c.start("gamma")
-	eventually(t, func() bool { return b.peers["gamma"].pulling.Load() }, "beta copying gamma's writes")
-	if got := b.peers["gamma"].pullTotal.Load(); got < int64(blocks)*4096 {
+	eventually(t, func() bool { return b.peers.byName["gamma"].pulling.Load() }, "beta copying gamma's writes")
+	if got := b.peers.byName["gamma"].pullTotal.Load(); got < int64(blocks)*4096 {
 		t.Fatalf("beta pulls %d bytes, want gamma's %d blocks", got, blocks)
 	}
 	buf := make([]byte, 4096)
 	read := 0
-	for off := int64(size) - 4096; off >= 0 && b.peers["gamma"].pulling.Load(); off -= 4096 {
+	for off := int64(size) - 4096; off >= 0 && b.peers.byName["gamma"].pulling.Load(); off -= 4096 {
 		if !b.localMissing.AnySet(off, 4096) || bytes.Equal(want[off:off+4096], make([]byte, 4096)) {
 			continue
 		}
@@ -806,21 +806,21 @@ func TestAResyncDuringAPullEndsWithTheGenerationThePullBrings(t *testing.T) {
 	c.opts["alpha"] = Options{OpenDisk: openFaulty(func(d *fault.Disk) { d.Add(fault.On(fault.Write).Range(0, size).Hold(alphaWrites)) })}
 	alphaWrites.Shut()
 	c.start("alpha")
-	if !within(20*time.Second, 20*time.Millisecond, func() bool { return b.peers["alpha"].status().Replication == string(replication.SyncSource) }) {
-		t.Fatalf("beta is not resyncing alpha: %+v", b.peers["alpha"].status())
+	if !within(20*time.Second, 20*time.Millisecond, func() bool { return b.peers.byName["alpha"].status().Replication == string(replication.SyncSource) }) {
+		t.Fatalf("beta is not resyncing alpha: %+v", b.peers.byName["alpha"].status())
 	}
 	// gamma's data waits at gamma's disk: beta's pull runs until the test
 	// lets it end.
 	c.opts["gamma"] = Options{OpenDisk: openFaulty(func(d *fault.Disk) { d.Add(fault.On(fault.Read).Range(0, size).Hold(gammaReads)) })}
 	gammaReads.Shut()
 	c.start("gamma")
-	eventually(t, func() bool { return b.peers["gamma"].pulling.Load() }, "beta copying gamma's writes")
+	eventually(t, func() bool { return b.peers.byName["gamma"].pulling.Load() }, "beta copying gamma's writes")
 	alphaWrites.Open()
-	eventually(t, func() bool { return b.peers["alpha"].bm.Count() == 0 }, "alpha's resync sent and acknowledged")
+	eventually(t, func() bool { return b.peers.byName["alpha"].bm.Count() == 0 }, "alpha's resync sent and acknowledged")
 	if within(2*time.Second, 20*time.Millisecond, func() bool { return c.eventKinds("alpha")["apply-failed"] > 0 }) {
 		t.Fatal("alpha's stream failed at the end of its resync during beta's pull: a sync-done with no generation")
 	}
-	if !b.peers["gamma"].pulling.Load() {
+	if !b.peers.byName["gamma"].pulling.Load() {
 		t.Fatal("the pull ended before alpha's resync: the test shows nothing")
 	}
 	gammaReads.Open()
@@ -831,7 +831,7 @@ func TestAResyncDuringAPullEndsWithTheGenerationThePullBrings(t *testing.T) {
 	}
 	// So a reconnection finds alpha in sync: nothing is copied again.
 	c.vol("alpha").setAdminDown(true)
-	eventually(t, func() bool { return !b.peers["alpha"].connected() }, "alpha disconnected")
+	eventually(t, func() bool { return !b.peers.byName["alpha"].connected() }, "alpha disconnected")
 	c.vol("alpha").setAdminDown(false)
 	c.waitInSync()
 	c.requireDecision("beta", "alpha", replication.RuleReconnected, replication.NoResync.String())
@@ -867,7 +867,7 @@ func TestAPrimaryPullsFromOnePeerAtATime(t *testing.T) {
 	var src, other string
 	eventually(t, func() bool {
 		for _, n := range []string{"beta", "gamma"} {
-			if a.peers[n].pulling.Load() {
+			if a.peers.byName[n].pulling.Load() {
 				src, other = n, map[string]string{"beta": "gamma", "gamma": "beta"}[n]
 				return true
 			}
@@ -875,11 +875,11 @@ func TestAPrimaryPullsFromOnePeerAtATime(t *testing.T) {
 		return false
 	}, "alpha copying from beta or gamma")
 	refused := false
-	for a.peers[src].pulling.Load() {
-		if a.peers[other].pulling.Load() {
+	for a.peers.byName[src].pulling.Load() {
+		if a.peers.byName[other].pulling.Load() {
 			t.Fatalf("alpha copies from %s and %s at once", src, other)
 		}
-		if st := a.peers[other].status(); st.ReasonCode == string(CausePulling) {
+		if st := a.peers.byName[other].status(); st.ReasonCode == string(CausePulling) {
 			refused = true
 		}
 		time.Sleep(5 * time.Millisecond)

@@ -51,7 +51,7 @@ func TestOnlineVerifyFindsSilentDivergenceAndRepairsIt(t *testing.T) {
 	}
 	eventually(t, func() bool {
 		b := replica(c.status(), "beta")
-		return b.OutOfSyncBytes == 0 && b.Disk == "UpToDate" && b.Replication == "Connected" && !c.vol("alpha").peers["beta"].verifying.Load()
+		return b.OutOfSyncBytes == 0 && b.Disk == "UpToDate" && b.Replication == "Connected" && !c.vol("alpha").peers.byName["beta"].verifying.Load()
 	}, "repair finished")
 	c.requireIdentical()
 }

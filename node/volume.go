@@ -99,11 +99,8 @@ type Volume struct {
 	// to the end (tests wait on it).
 	settingsChecks atomic.Int64
 	io             sync.WaitGroup
-	peers          map[string]*peer
-	// peerList is peers as a slice, replaced (never changed in place)
-	// whenever peers changes: the IO path reads it without copying.
-	peerList []*peer
-	peersCtx context.CancelFunc
+	// peers is the volume's senders, one per other node (peerset.go).
+	peers peerSet
 	// The local disk is detached (out of service after it failed: the
 	// primary reads and writes through a peer) while st.Disk is
 	// Diskless (detachedLocked). localMissing marks the blocks this disk
@@ -115,8 +112,6 @@ type Volume struct {
 	// discard is set on a node that gives up its data after a split brain
 	// (exactly while st.Discard).
 	discard *discardInfo
-	// peersCtxValue is the context the running senders were started with.
-	peersCtxValue context.Context
 	// stopping is closed at shutdown; bg tracks background goroutines.
 	stopping chan struct{}
 	bg       sync.WaitGroup
@@ -131,38 +126,15 @@ type Volume struct {
 	// primary, for status where raft does not record it (in memory).
 	forcedOver *transport.Failover
 
-	// Authority mode (authority.go): st.Auth says the cluster decides
-	// the primary. st.LeaseUntil is how long this primary may complete
-	// IO, in the term st.LeaseEpoch (leaseWake is closed when it
-	// changes); leaseStop ends the renewals of the term leaseLoop. A
-	// primary forced without a quorum serves without a lease (serving
-	// OpenWithoutLease) until raft records it.
-	leaseWake chan struct{}
-	leaseStop context.CancelFunc
-	leaseLoop uint64
-	// outdated: peers raft has recorded Outdated at this epoch.
-	// upToDate: the proposals that raft record a peer UpToDate again, in
-	// flight (closed when done); ensureOutdated waits for one before it
-	// records the peer Outdated, so that the two land in that order.
-	// forgets counts the times outdated entries were forgotten: a record
-	// made across one is not cached.
-	outdated map[string]uint64
-	upToDate map[string]chan struct{}
-	forgets  uint64
+	// authority is the lease and the cluster's records of a volume in
+	// authority mode (authority.go).
+	authority authorityState
 	// tasks: background tasks running, by kind.
 	tasks map[string]bool
 
-	resynced atomic.Int64
-	// lastWrite is when the last application write started (unix ns): the
-	// resync controller yields while the volume is busy.
-	lastWrite  atomic.Int64
-	reads      atomic.Uint64
-	readBytes  atomic.Uint64
-	writes     atomic.Uint64
-	writeBytes atomic.Uint64
-	flushes    atomic.Uint64
-	// latency records each request's latency for /metrics (metrics.go).
-	latency ioLatency
+	// counters counts the volume's IO here, for status and /metrics
+	// (metrics.go).
+	counters ioCounters
 	// changed is notified at each change of the volume's state or of a
 	// peer's (its view, its lag, its resync paused or pulling): what a
 	// waiter for a peer's or the volume's state waits on (waitUntil).
@@ -177,7 +149,7 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD, auth bool)
 		closeMD: func() error { return nil },
 		log:     n.log.With("volume", cfg.Name),
 		clock:   n.clock,
-		peers:   map[string]*peer{},
+		peers:   peerSet{byName: map[string]*peer{}},
 
 		localMissing: replication.NewBitmap(int64(cfg.Size)),
 		integ:        newIntegrity(md, cfg.VolumeUUID(), disk, cfg.BadBlocksMaxOrDefault()),
@@ -349,28 +321,19 @@ func (v *Volume) peerAnswered(peer string, pulling bool) {
 // holds this volume.
 func (v *Volume) startPeersLocked() {
 	ctx, cancel := context.WithCancel(context.Background())
-	v.peersCtx, v.peersCtxValue = cancel, ctx
+	v.peers.cancel, v.peers.ctx = cancel, ctx
 	for name := range v.cfg.Disks {
 		if name == v.self {
 			continue
 		}
-		p, ok := v.peers[name]
+		p, ok := v.peers.byName[name]
 		if !ok {
 			p = newPeer(v, name)
-			v.peers[name] = p
+			v.peers.byName[name] = p
 		}
 		p.start(ctx)
 	}
-	v.rebuildPeerListLocked()
-}
-
-// rebuildPeerListLocked publishes peers as a new slice; callers hold v.mu.
-func (v *Volume) rebuildPeerListLocked() {
-	list := make([]*peer, 0, len(v.peers))
-	for _, p := range v.peers {
-		list = append(list, p)
-	}
-	v.peerList = list
+	v.peers.rebuildListLocked()
 }
 
 // Size implements nbd.Export.
@@ -417,7 +380,7 @@ func (v *Volume) enter(ctx context.Context) error {
 func (v *Volume) streamingPeers() []*peer {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return v.peerList
+	return v.peers.list
 }
 
 // ReadAt implements nbd.Export: reads are served from the local disk.
@@ -427,8 +390,8 @@ func (v *Volume) ReadAt(ctx context.Context, p []byte, off int64) error {
 		return err
 	}
 	defer v.io.Done()
-	v.reads.Add(1)
-	v.readBytes.Add(uint64(len(p)))
+	v.counters.reads.Add(1)
+	v.counters.readBytes.Add(uint64(len(p)))
 	// A read never sees a write that has not completed: it could still
 	// fail and be missing on the peer a failover promotes.
 	hold, err := v.locks.LockShared(ctx, off, int64(len(p)))
@@ -556,7 +519,7 @@ func (v *Volume) trackLocked(p *peer, behind bool) ([]*session.Pending, error) {
 			// generation ahead of its data. (Enqueue waits only while a
 			// session's inbox is full; a session's loop takes its
 			// messages without the volume's locks.)
-			for _, q := range v.peerList {
+			for _, q := range v.peers.list {
 				if q == p {
 					continue
 				}
@@ -688,16 +651,13 @@ func (v *Volume) status() transport.LocalVolume {
 			lv.SplitBrainPeer, lv.SplitBrainRule = peer, rule
 		}
 	}
-	peers := make([]*peer, 0, len(v.peers))
-	for _, p := range v.peers {
+	peers := make([]*peer, 0, len(v.peers.byName))
+	for _, p := range v.peers.byName {
 		peers = append(peers, p)
 	}
 	role, in, down := s.role(), v.incoming, s.st.AdminDown
 	v.mu.Unlock()
-	lv.ResyncedBytes = v.resynced.Load()
-	lv.Reads, lv.ReadBytes = v.reads.Load(), v.readBytes.Load()
-	lv.Writes, lv.WriteBytes = v.writes.Load(), v.writeBytes.Load()
-	lv.Flushes = v.flushes.Load()
+	v.counters.report(&lv)
 	lv.Paths = v.pathStatus()
 	lv.LocalMissingBytes = v.localMissing.Bytes()
 	al := v.md.ActivityLog()

@@ -265,7 +265,7 @@ func TestAVolumeRemovedAtRuntimeKeepsItsDiskAndResumesWithABitmapResync(t *testi
 		}
 	}
 	c.waitVolumeInSync("vol1")
-	if got := c.nodes["beta"].volumes()["vol1"].resynced.Load(); got != 64<<10 {
+	if got := c.nodes["beta"].volumes()["vol1"].counters.resynced.Load(); got != 64<<10 {
 		t.Fatalf("beta resynced %d bytes of vol1, want the 64 KiB written while it did not run it", got)
 	}
 	a = c.nodes["alpha"].volumes()["vol1"]

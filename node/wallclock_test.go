@@ -98,14 +98,14 @@ func TestAVolumeKeepsTimeOnTheNodesClock(t *testing.T) {
 	}
 	for _, op := range []ioOp{opWrite, opFlush, opRead} {
 		var n uint64
-		for i := range v.latency[op].counts {
-			n += v.latency[op].counts[i].Load()
+		for i := range v.counters.latency[op].counts {
+			n += v.counters.latency[op].counts[i].Load()
 		}
-		if sum := time.Duration(v.latency[op].sumNanos.Load()); n != 1 || sum != 0 {
+		if sum := time.Duration(v.counters.latency[op].sumNanos.Load()); n != 1 || sum != 0 {
 			t.Errorf("%s: %d requests took %v in all, want one that took no time on a clock that does not move", ioOpNames[op], n, sum)
 		}
 	}
-	if got := time.Unix(0, v.lastWrite.Load()); !got.Equal(start) {
+	if got := time.Unix(0, v.counters.lastWrite.Load()); !got.Equal(start) {
 		t.Errorf("the last write began at %v, want the fake clock's %v", got, start)
 	}
 }

@@ -23,8 +23,8 @@ func (v *Volume) WriteAt(ctx context.Context, p []byte, off int64, fua bool) err
 	if fua {
 		flags = replication.EntryFUA
 	}
-	v.writes.Add(1)
-	v.writeBytes.Add(uint64(len(p)))
+	v.counters.writes.Add(1)
+	v.counters.writeBytes.Add(uint64(len(p)))
 	for {
 		n := v.piece(off, int64(len(p)))
 		part := p[:n]
@@ -125,7 +125,7 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 		// resize, the peers may not hold it yet.
 		return fmt.Errorf("%s: write at %d+%d beyond the volume's %d bytes (%w)", v.name, e.Off, e.Length, size, syscall.EINVAL)
 	}
-	v.lastWrite.Store(v.clock.Now().UnixNano())
+	v.counters.lastWrite.Store(v.clock.Now().UnixNano())
 
 	hold, err := v.locks.Lock(ctx, e.Off, e.Length)
 	if err != nil {
@@ -433,7 +433,7 @@ func (v *Volume) Flush(ctx context.Context) error {
 		return err
 	}
 	defer v.io.Done()
-	v.flushes.Add(1)
+	v.counters.flushes.Add(1)
 	if err := v.flushAll(true); err != nil {
 		return err
 	}
