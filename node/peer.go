@@ -87,8 +87,10 @@ type peer struct {
 	// the peer (which may commit it and never have its ack arrive: the
 	// stream ends, a crash). mayHoldUnknown: no handshake since this peer
 	// was made (a restart), so the peer may hold the current generation
-	// (a sync-done acknowledged to a primary that crashed); guarded by
-	// v.stateMu. A write that misses the peer while it may hold the
+	// (a sync-done acknowledged to a primary that crashed). Both change
+	// only on the volume's loop (setMayHold checks it in the deadlock
+	// build), under v.stateMu, which the write path's look at them
+	// (trackLocked) holds. A write that misses the peer while it may hold the
 	// current generation moves the primary on, tracked or not
 	// (trackLocked): the peer must never look as up to date as the
 	// primary. The current generation only ever moves to a fresh one, so
@@ -440,8 +442,14 @@ func (p *peer) setPulling(on bool) {
 	p.v.changed.notify()
 }
 
-// setMayHold records that the peer may hold gen (mayHold).
-func (p *peer) setMayHold(gen replication.Generation) { p.mayHold.Store(&gen) }
+// setMayHold records that the peer may hold gen (mayHold): a state of
+// the peer, which only the volume's loop changes.
+func (p *peer) setMayHold(gen replication.Generation) {
+	if p.v != nil && p.v.loop != nil {
+		p.v.loop.owner.Check("a change of the generation peer " + p.name + " may hold")
+	}
+	p.mayHold.Store(&gen)
+}
 
 // mayHoldNow is the generation the peer may hold (mayHold); zero: none.
 func (p *peer) mayHoldNow() replication.Generation {

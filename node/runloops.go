@@ -142,23 +142,34 @@ func (p *peer) resync(s *session.Session) error {
 	// Inconsistent meanwhile, and what it pulls follows in the peer's
 	// stream: forwardPulled); a target given none would drop the
 	// generation its resync resumes from (volstate's ErrNoGeneration).
+	// The sync-done is built, and what the peer may hold from here
+	// recorded, on the volume's loop, which owns the peer's state; in
+	// the stream in the same critical section under v.stateMu as the
+	// look at the generation, so that a generation a write moves on to
+	// later (trackLocked) is announced after it. (Enqueue waits only
+	// while s's inbox is full, for s's loop, which never waits for the
+	// volume's loop: its news is told.)
 	var pd *session.Pending
-	for {
+	ok := false
+	for pd == nil {
 		changed := v.changed.wait()
-		v.stateMu.Lock()
-		if gen := v.currentGeneration(); !gen.IsZero() {
-			pd = p.syncDone(gen)
-			break // with v.stateMu held
+		v.loop.ask(func() {
+			v.stateMu.Lock()
+			defer v.stateMu.Unlock()
+			if gen := v.currentGeneration(); !gen.IsZero() {
+				pd = p.syncDone(gen)
+				ok = s.Enqueue(pd)
+			}
+		})
+		if pd != nil {
+			break
 		}
-		v.stateMu.Unlock()
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-changed:
 		}
 	}
-	ok := s.Enqueue(pd)
-	v.stateMu.Unlock()
 	if !ok {
 		return session.ErrEnded
 	}
