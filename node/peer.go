@@ -186,7 +186,7 @@ func (p *peer) snapshot() *peerView { return p.view.Load() }
 // stream at once (Ended, route).
 func (p *peer) update(change func(*peerView)) *peerView {
 	if p.v != nil && p.v.loop != nil {
-		p.v.loop.owner.Check("a change of the replication state of peer " + p.name)
+		p.v.loop.owner.Check("a change of the replication state of peer", p.name)
 	}
 	return p.swap(change)
 }
@@ -436,7 +436,7 @@ func (p *peer) syncDoneLocked(gen replication.Generation) *session.Pending {
 // (pulling): a state of the peer, which only the volume's loop changes.
 func (p *peer) setPulling(on bool) {
 	if p.v.loop != nil {
-		p.v.loop.owner.Check("a change of whether this primary pulls from peer " + p.name)
+		p.v.loop.owner.Check("a change of whether this primary pulls from peer", p.name)
 	}
 	p.pulling.Store(on)
 	p.v.changed.notify()
@@ -446,7 +446,7 @@ func (p *peer) setPulling(on bool) {
 // the peer, which only the volume's loop changes.
 func (p *peer) setMayHold(gen replication.Generation) {
 	if p.v != nil && p.v.loop != nil {
-		p.v.loop.owner.Check("a change of the generation peer " + p.name + " may hold")
+		p.v.loop.owner.Check("a change of the generation that may be held by peer", p.name)
 	}
 	p.mayHold.Store(&gen)
 }

@@ -154,7 +154,7 @@ func (d *Driver) waitStarted(ctx context.Context, volume string, want started, w
 				case want == served && (v.Primary == "" || v.NBDURI == ""):
 					seen = fmt.Sprintf("no primary serves it yet (primary %q)", v.Primary)
 				case want == heldEverywhere && len(missing) > 0:
-					seen = fmt.Sprintf("%s do not hold it yet (not started there, or not reachable)", strings.Join(missing, ", "))
+					seen = fmt.Sprintf("not held yet by %s (not started there, or not reachable)", strings.Join(missing, ", "))
 				default:
 					return nil
 				}

@@ -74,11 +74,11 @@ func TestOrderedLocksPass(t *testing.T) {
 // and after Release.
 func TestOwnerCheckFailsOffItsGoroutine(t *testing.T) {
 	var o Owner
-	o.Check("before any claim") // nobody owns it yet
+	o.Check("before any claim", "the test's state") // nobody owns it yet
 	claimed, done, released := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	go func() {
 		o.Claim()
-		o.Check("the owner's own change")
+		o.Check("the owner's own change", "the test's state")
 		close(claimed)
 		<-done
 		o.Release()
@@ -91,9 +91,9 @@ func TestOwnerCheckFailsOffItsGoroutine(t *testing.T) {
 				t.Errorf("a change off the owner's goroutine: recovered %v, want a panic naming the owner", r)
 			}
 		}()
-		o.Check("a change off the owner")
+		o.Check("a change off the owner", "the test's state")
 	}()
 	close(done)
 	<-released
-	o.Check("after the owner released it")
+	o.Check("after the owner released it", "the test's state")
 }

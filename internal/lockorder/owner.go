@@ -17,5 +17,7 @@ func (*Owner) Claim() {}
 func (*Owner) Release() {}
 
 // Check panics, in a build with the deadlock tag, when the calling
-// goroutine is not the owner while an owner runs; what names the change.
-func (*Owner) Check(what string) {}
+// goroutine is not the owner while an owner runs; what and whose name the
+// change (two strings, so that this build, where Check does nothing,
+// builds no message).
+func (*Owner) Check(what, whose string) {}

@@ -28,14 +28,14 @@ func (o *Owner) Claim() { o.id.Store(goid()) }
 func (o *Owner) Release() { o.id.Store(-1) }
 
 // Check panics when the calling goroutine is not the owner while an
-// owner runs; what names the change.
-func (o *Owner) Check(what string) {
+// owner runs; what and whose name the change.
+func (o *Owner) Check(what, whose string) {
 	id := o.id.Load()
 	if id <= 0 {
 		return
 	}
 	if me := goid(); me != id {
-		panic(fmt.Sprintf("%s on goroutine %d: only its owner, goroutine %d, changes it", what, me, id))
+		panic(fmt.Sprintf("%s %s on goroutine %d: only its owner, goroutine %d, changes it", what, whose, me, id))
 	}
 }
 
