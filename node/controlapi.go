@@ -118,7 +118,9 @@ func (c controlNode) DeleteVolume(ctx context.Context, name string) (*transport.
 	return c.n.deleteVolume(ctx, name)
 }
 
-func (c controlNode) ListVolumes() []transport.VolumeInfo { return c.n.listVolumes() }
+func (c controlNode) ListVolumes(ctx context.Context) ([]transport.VolumeInfo, error) {
+	return c.n.listVolumes(ctx)
+}
 
 // controlVolume is a volume as the control API sees it.
 type controlVolume struct{ v *Volume }

@@ -239,10 +239,21 @@ func (n *Node) deleteVolume(ctx context.Context, name string) (*transport.Volume
 }
 
 // listVolumes lists the volumes of the file and of raft, by name.
-func (n *Node) listVolumes() []transport.VolumeInfo {
+func (n *Node) listVolumes(ctx context.Context) ([]transport.VolumeInfo, error) {
 	cfg := n.config()
 	var auth replication.Authority
 	if n.cl != nil {
+		// Read what raft committed up to now, not what this state
+		// machine applied so far: a leader just elected (a primary hands
+		// its leadership on by itself) may not have applied yet the
+		// create its predecessor answered. A barrier makes it current,
+		// and fails on a node that no longer leads.
+		if _, err := n.cl.c.Barrier(ctx); err != nil {
+			if errors.Is(err, cluster.ErrLeadershipChanged) {
+				return nil, status.Errorf(codes.Aborted, "list the volumes: the raft leader changed: %v", err)
+			}
+			return nil, status.Errorf(codes.Unavailable, "list the volumes: raft cannot say what it records (try again once the cluster has a quorum): %v", err)
+		}
 		auth = n.cl.c.Authority()
 	}
 	out := []transport.VolumeInfo{}
@@ -263,7 +274,7 @@ func (n *Node) listVolumes() []transport.VolumeInfo {
 		out = append(out, n.createdInfo(def, auth))
 	}
 	slices.SortFunc(out, func(a, b transport.VolumeInfo) int { return strings.Compare(a.Name, b.Name) })
-	return out
+	return out, nil
 }
 
 // createdInfo is def as the control API shows it, its primary as auth

@@ -2,8 +2,10 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -270,5 +272,49 @@ func TestACreatedVolumeAskedAgainOfTheNextLeaderSaysItWasCreated(t *testing.T) {
 	def, ok := c.nodes["wit"].cl.c.Authority().Created("pvc1")
 	if !ok || def.RequestID != req.RequestID || def.Size != 4<<20 {
 		t.Fatalf("raft records %+v, %v; want pvc1 as the first create made it", def, ok)
+	}
+}
+
+// TestAVolumeListShowsEveryCreateAnsweredBeforeIt: a list asked after a
+// create was answered holds the volume, whichever leader answers it: one
+// just elected (a transfer right after the create, as a primary that
+// leads hands its leadership on) has it too.
+func TestAVolumeListShowsEveryCreateAnsweredBeforeIt(t *testing.T) {
+	c := newPoolCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for round := range 6 {
+		name := fmt.Sprintf("pvc%d", round)
+		recorder, _ := c.nodes["wit"].leader()
+		if recorder == "" {
+			t.Fatal("no raft leader")
+		}
+		reply, err := c.nodes[recorder].api.VolumeCreate(ctx, &transport.VolumeCreateRequest{Name: name, Size: 4 << 20})
+		if err != nil || !reply.Created {
+			t.Fatalf("create %s on %s: %+v, %v", name, recorder, reply, err)
+		}
+		// The leadership moves at once (a data primary may hand it on by
+		// itself meanwhile: either way another node leads).
+		for _, to := range []string{"wit", "alpha", "beta"} {
+			if to == recorder {
+				continue
+			}
+			tctx, tcancel := context.WithTimeout(ctx, 5*time.Second)
+			err := c.nodes[recorder].cl.c.TransferLeadership(tctx, to)
+			tcancel()
+			if err == nil {
+				break
+			}
+		}
+		for _, via := range []string{"wit", "alpha", "beta"} {
+			list, err := c.nodes[via].api.VolumeList(ctx, &transport.VolumeListRequest{})
+			if err != nil {
+				t.Fatalf("round %d: list through %s: %v", round, via, err)
+			}
+			if !slices.ContainsFunc(list.Volumes, func(v transport.VolumeInfo) bool { return v.Name == name }) {
+				leader, _ := c.nodes[via].leader()
+				t.Fatalf("round %d: the list through %s (leader %s) lacks %s, created on %s before it was asked: %+v", round, via, leader, name, recorder, list.Volumes)
+			}
+		}
 	}
 }

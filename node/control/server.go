@@ -79,8 +79,11 @@ type Node interface {
 	// DeleteVolume forgets a volume made from a pool, on the raft leader;
 	// every node that holds it then stops it and frees its storage.
 	DeleteVolume(ctx context.Context, name string) (*transport.VolumeDeleteReply, error)
-	// ListVolumes lists the volumes of the cluster file and of raft.
-	ListVolumes() []transport.VolumeInfo
+	// ListVolumes lists the volumes of the cluster file and of raft, on
+	// the raft leader, as of the call: a create or a delete answered
+	// before it is in the list, whichever leader recorded it. Its errors
+	// carry their gRPC codes (Aborted: the leader changed midway).
+	ListVolumes(ctx context.Context) ([]transport.VolumeInfo, error)
 }
 
 // Volume is what the control API asks of one volume the node holds. Its

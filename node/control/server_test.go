@@ -90,7 +90,7 @@ func (f *fakeNode) DeleteVolume(ctx context.Context, name string) (*transport.Vo
 	return &transport.VolumeDeleteReply{}, nil
 }
 
-func (f *fakeNode) ListVolumes() []transport.VolumeInfo { return nil }
+func (f *fakeNode) ListVolumes(context.Context) ([]transport.VolumeInfo, error) { return nil, nil }
 
 func (f *fakeNode) ClusterMessage(ctx context.Context, body []byte, sender func(from string) error) ([]byte, error) {
 	f.decided = append(f.decided, "cluster message")

@@ -129,8 +129,12 @@ func (s *Server) VolumeDelete(ctx context.Context, r *transport.VolumeDeleteRequ
 // VolumeList lists the volumes of the cluster file and of raft, as the
 // leader knows them (this node's view when it runs no cluster).
 func (s *Server) VolumeList(ctx context.Context, r *transport.VolumeListRequest) (*transport.VolumeListReply, error) {
-	return onLeader(ctx, s, func(context.Context) (*transport.VolumeListReply, error) {
-		return &transport.VolumeListReply{Volumes: s.node.ListVolumes()}, nil
+	return onLeader(ctx, s, func(ctx context.Context) (*transport.VolumeListReply, error) {
+		list, err := s.node.ListVolumes(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return &transport.VolumeListReply{Volumes: list}, nil
 	}, func(ctx context.Context, api transport.ControlServer) (*transport.VolumeListReply, error) {
 		return api.VolumeList(ctx, r)
 	})
