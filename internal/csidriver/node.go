@@ -52,7 +52,7 @@ func (d *Driver) attachment(volume string) (string, error) {
 		return "", status.Errorf(codes.Internal, "read the attachments in %s: %v", d.cfg.RunDir, err)
 	}
 	for _, r := range recs {
-		if r.Attached && r.Volume == volume && r.Device != "" && r.Helper.Alive() {
+		if r.Attached && r.Volume == volume && r.Device != "" && r.Helper.Stays() {
 			return r.Device, nil
 		}
 	}

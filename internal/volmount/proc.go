@@ -62,6 +62,59 @@ func (p Process) Alive() bool {
 	return err == nil && start == p.Start && state != 'Z'
 }
 
+// Stays reports whether p runs and goes on running: alive, and neither
+// killed (a SIGKILL pending, which it has not acted on yet) nor exiting.
+// A helper just killed (kill -9) is still alive for a moment, longer on
+// a loaded machine: its mount is no longer served, and may be made again.
+func (p Process) Stays() bool {
+	if !p.Alive() {
+		return false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.PID))
+	if err != nil {
+		return false
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.PID))
+	if err != nil {
+		return false
+	}
+	return !ending(stat, status)
+}
+
+// pfExiting is the kernel's PF_EXITING, in the flags of /proc/PID/stat
+// (field 9): the process is in its exit.
+const pfExiting = 0x4
+
+// ending reports, from a process's /proc/PID/stat and /proc/PID/status,
+// whether it exits or has a SIGKILL pending (the signal masks SigPnd, for
+// the thread, and ShdPnd, for the process: bit 8 is signal 9). A text it
+// cannot read says it is not ending: it is then taken as running, as
+// Alive says.
+func ending(stat, status []byte) bool {
+	if i := bytes.LastIndexByte(stat, ')'); i >= 0 {
+		fields := strings.Fields(string(stat[i+1:]))
+		// fields[0] is field 3 (state), so the flags, field 9, are fields[6].
+		if len(fields) > 6 {
+			if fields[0] == "X" {
+				return true
+			}
+			if flags, err := strconv.ParseUint(fields[6], 10, 64); err == nil && flags&pfExiting != 0 {
+				return true
+			}
+		}
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		name, mask, ok := strings.Cut(line, ":")
+		if !ok || (name != "SigPnd" && name != "ShdPnd") {
+			continue
+		}
+		if bits, err := strconv.ParseUint(strings.TrimSpace(mask), 16, 64); err == nil && bits&(1<<(syscall.SIGKILL-1)) != 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // Signal sends sig to p if it is still the process recorded.
 func (p Process) Signal(sig syscall.Signal) error {
 	if !p.Alive() {

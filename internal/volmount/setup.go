@@ -150,11 +150,11 @@ func Mount(ctx context.Context, req Request) (*Record, error) {
 	case errors.Is(err, ErrNoRecord):
 	case err != nil:
 		return nil, err
-	case old.Volume != req.Volume || old.Helper.Alive():
+	case old.Volume != req.Volume || old.Helper.Stays():
 		return nil, fmt.Errorf("%s: %w (%s; run replctl umount %s first)", req.Dir, ErrAlreadyMounted, old.Volume, req.Dir)
 	default:
-		// Its helper is gone: what is left of that mount is undone, and the claim is the
-		// record's.
+		// Its helper is gone (or killed and on its way out: teardown waits for it): what is
+		// left of that mount is undone, and the claim is the record's.
 		if err := teardown(ctx, realHost{}, req.Registry, old); err != nil {
 			return nil, fmt.Errorf("%s was mounted by replctl mount and its helper (process %d) is gone; undoing what is left of it, to mount it again, failed: %w", req.Dir, old.Helper.PID, err)
 		}
