@@ -6,25 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/replvol/replvol/metadata"
-	"github.com/replvol/replvol/metadata/mdtest"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
 )
-
-// testBitmap is the peer's bitmap on metadata of an in-memory device of a
-// volume of cacheTestVolume bytes.
-func testBitmap(tb testing.TB) *metadata.PeerBitmap {
-	tb.Helper()
-	opts := metadata.MDOptions{Placement: metadata.Internal, DeviceSize: cacheTestVolume + 8<<20,
-		VolumeSize: cacheTestVolume, NodeID: cacheTestSelf, Peers: []uint32{cacheTestPeer}}
-	md, err := metadata.CreateMD(mdtest.NewDevice(opts.DeviceSize), opts)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	bm, _ := md.Bitmap(cacheTestPeer)
-	return bm
-}
 
 // ackingStream is a peer that acknowledges each frame as it arrives, up to
 // its last entry, and releases the frame as the connection does once it
@@ -87,7 +71,7 @@ func BenchmarkSubmitAck(b *testing.B) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	cfg := looseConfig(time.Hour)
-	cfg.Bitmap = testBitmap(b)
+	cfg.Bitmap, _, _ = testBitmap(b)
 	s := New(ctx, blockPeer{}, transport.NewReplStream(newAckingStream(ctx), cancel), cfg)
 	done := make(chan error, 1)
 	go func() { done <- s.Run(nil) }()
