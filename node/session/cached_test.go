@@ -112,14 +112,7 @@ func startCacheSession(t *testing.T, entries ...replication.Entry) (*cacheSessio
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	opts := metadata.MDOptions{Placement: metadata.Internal, DeviceSize: cacheTestVolume + 8<<20,
-		VolumeSize: cacheTestVolume, NodeID: cacheTestSelf, Peers: []uint32{cacheTestPeer}}
-	dev := mdtest.NewDevice(opts.DeviceSize)
-	md, err := metadata.CreateMD(dev, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bm, _ := md.Bitmap(cacheTestPeer)
+	bm, dev, opts := testBitmap(t)
 	far := newScriptedPeer(ctx)
 	p := &trackingPeer{bm: bm}
 	cfg := looseConfig(time.Hour)

@@ -11,7 +11,7 @@
 // It imports the replication rules, the volume's state machine (the rule
 // of what the peer is shown as its stream congests, drains, catches up or
 // gets in sync: volstate.StreamEvent, which the loop hands Peer.Stream),
-// transport's stream, metadata's bitmap and the standard library; never the node (github.com/replvol/
+// transport's frames and stream, metadata's bitmap and the standard library; never the node (github.com/replvol/
 // replvol/node), node/cluster, web, raft, memberlist or bbolt
 // (layering_test.go in the node). The node's peer implements Peer and
 // hands the session its values in a Config: that is the whole way back.
@@ -28,4 +28,20 @@
 // joint.go); the receiving goroutine hands the loop acks and replies as
 // messages; one sending goroutine writes the frames it builds. The
 // package declares no mutex.
+//
+// The loop is a step function over its inbox (issue 28): each turn its
+// select takes one event (a message of the inbox, an ack or a read reply
+// of the peer, a syncDone committed, a tick, the end of a rest, the first
+// error, the context's end) and hands it to handle, which does what the
+// loop does with it and what follows every message (the peer's silence
+// counted from when the stream stops being idle, the queued entries sent
+// in frames to s.out, the rest looked at) and says whether the session
+// ends; begin readies the loop before its first step and finish hands
+// back what is left after its last. The stream is a Stream (Send, Recv,
+// Close), a *transport.ReplStream in the node. In production the loop
+// drives the step, beside its sending and receiving goroutines; a test
+// drives it on its own goroutine instead (step_test.go): it hands the step
+// the events in a seeded order, takes the frames from s.out and makes the
+// peer's frames into events (received), with none of the session's
+// goroutines running.
 package session

@@ -49,6 +49,19 @@ var (
 	ErrPeerTimeout = errors.New("peer timed out")
 )
 
+// Stream is what a session needs of its replication stream: the sending
+// goroutine Sends the frames the loop built, the receiving goroutine
+// Recvs the peer's acks and replies, and the loop Closes it as it ends,
+// which makes a blocked Send or Recv return. The node's is a
+// *transport.ReplStream; a test's may be a fake the test drives.
+type Stream interface {
+	Send(f *transport.Frame) error
+	Recv(f *transport.Frame) error
+	Close()
+}
+
+var _ Stream = (*transport.ReplStream)(nil)
+
 // Peer is what a session needs of the peer it streams to, besides the
 // values in its Config: the node's peer implements it. Each method says
 // who calls it and whether it may block; Stream, Ended, PublishLag and
@@ -259,7 +272,7 @@ type Session struct {
 	bm      *metadata.PeerBitmap
 	lag     *replication.Lag
 	cfg     Config
-	stream  *transport.ReplStream
+	stream  Stream
 	ctx     context.Context
 	cancel  context.CancelFunc
 	timeout time.Duration
@@ -303,7 +316,14 @@ type Session struct {
 	pubAhead      atomic.Bool
 	catchUpPaused atomic.Bool
 
-	// Owned by the loop.
+	// Owned by the loop (or by a test that drives its step, handle, on
+	// its own goroutine). every is the interval of its ticker, tick; rest
+	// wakes it while it rests without one (restOn). io counts the sending
+	// and receiving goroutines, which finish waits for.
+	every    time.Duration
+	tick     clock.Ticker
+	rest     <-chan struct{}
+	io       sync.WaitGroup
 	queue    []*Pending
 	inflight []*Pending
 	// frames holds the last sequence number of each frame awaiting its
@@ -396,7 +416,7 @@ type replyMsg struct {
 
 // New makes the session of a stream whose handshake is done; Start (or
 // Run) starts it. It ends with ctx.
-func New(ctx context.Context, p Peer, s *transport.ReplStream, cfg Config) *Session {
+func New(ctx context.Context, p Peer, s Stream, cfg Config) *Session {
 	cfg.Clock = clock.Or(cfg.Clock)
 	sctx, cancel := context.WithCancel(ctx)
 	ss := &Session{peer: p, name: cfg.Name, bm: cfg.Bitmap, lag: cfg.Lag, cfg: cfg, beat: cfg.Beat,
@@ -510,100 +530,172 @@ func (s *Session) Run(work func() error) error {
 	return s.err
 }
 
-// loop is the session's owner: see Session.
+// loop is the session's owner: see Session. It starts the sending and
+// receiving goroutines, then hands each message its select takes to
+// handle, the loop's step, until the step says the session ends: finish
+// then hands back what is left.
 func (s *Session) loop() {
-	defer close(s.finished)
-	var io sync.WaitGroup
-	io.Add(2)
-	go func() { defer io.Done(); s.Fail(s.send()) }()
-	go func() { defer io.Done(); s.Fail(s.receive()) }()
-	// One tick both checks that the peer answers and probes it: a quarter
-	// of the timeout, at most maxHeartbeatInterval.
-	every := max(min(s.timeout/4, maxHeartbeatInterval), 10*time.Millisecond)
-	tick := s.cfg.Clock.NewTicker(every)
-	// An idle stream that another stream of the pair probes for rests:
-	// its ticker stops and it waits on rest, which wakes it when that
-	// carrier leaves (it failed, or its volume went). A thousand idle
-	// volumes thus keep one ticker per peer node.
-	var rest <-chan struct{}
-	rested := func() {
-		switch r := s.restOn(); {
-		case r != nil && rest == nil:
-			tick.Stop()
-			rest = r
-			s.resting.Store(true)
-		case r == nil && rest != nil:
-			rest = nil
-			tick.Reset(every)
-			s.resting.Store(false)
+	s.io.Add(2)
+	go func() { defer s.io.Done(); s.Fail(s.send()) }()
+	go func() { defer s.io.Done(); s.Fail(s.receive()) }()
+	s.begin()
+	for {
+		idle := s.idle()
+		var ev event
+		select {
+		case err := <-s.errc:
+			ev = event{kind: evFail, err: err}
+		case <-s.ctx.Done():
+			ev = event{kind: evCanceled}
+		case <-s.tick.C():
+			ev = event{kind: evTick}
+		case <-s.rest:
+			ev = event{kind: evRest}
+		case m := <-s.inbox:
+			ev = event{kind: evInbox, in: m}
+		case m := <-s.fromPeer:
+			ev = event{kind: evPeer, peer: m}
+		case pd := <-s.synced:
+			ev = event{kind: evSynced, synced: pd}
+		}
+		if stop, err := s.handle(idle, ev); stop {
+			s.finish(err)
+			return
 		}
 	}
-	defer s.beat.leave(s)
-	var err error
-	if err = s.sendQueued(); err != nil {
+}
+
+// event is what one turn of the loop took, the input of its step
+// (handle): a message of the inbox, an ack or a read reply of the peer, a
+// syncDone's commit returned, a tick, the end of a rest, the first error,
+// or the end of the session's context.
+type event struct {
+	kind   eventKind
+	in     inMsg    // evInbox
+	peer   peerMsg  // evPeer
+	synced *Pending // evSynced
+	err    error    // evFail
+}
+
+type eventKind uint8
+
+const (
+	evInbox    eventKind = iota + 1 // a message of the inbox (and what else was delivered meanwhile)
+	evPeer                          // an ack or a read reply, from the receiving goroutine
+	evSynced                        // a syncDone whose commit returned
+	evTick                          // the ticker fired
+	evRest                          // the pair's carrier left: the rest ends
+	evFail                          // the first error (Fail)
+	evCanceled                      // the session's context ended
+)
+
+// begin readies the loop before its first step: the ticker (a quarter of
+// the timeout, at most maxHeartbeatInterval: one tick both checks that
+// the peer answers and probes it) and the entries preloaded, sent.
+func (s *Session) begin() {
+	s.every = max(min(s.timeout/4, maxHeartbeatInterval), 10*time.Millisecond)
+	s.tick = s.cfg.Clock.NewTicker(s.every)
+	if err := s.sendQueued(); err != nil {
 		s.Fail(err)
 	}
-wait:
-	for {
-		idleBefore := s.idle()
+}
+
+// handle is the loop's step: what it does with ev, and after a message
+// what follows each (the peer's silence counts from when the stream stops
+// being idle, the queued entries go out in frames, the rest is looked
+// at). idle is whether the stream was idle as the loop began to wait for
+// ev. It reports whether the session ends, and its error. The frames it
+// builds go to s.out: the sending goroutine takes them, or a test that
+// drives the step on its own goroutine (step_test.go) takes them between
+// steps.
+func (s *Session) handle(idle bool, ev event) (stop bool, err error) {
+	switch ev.kind {
+	case evFail:
+		return true, ev.err
+	case evCanceled:
 		select {
 		case err = <-s.errc:
-			break wait
-		case <-s.ctx.Done():
-			select {
-			case err = <-s.errc:
-			default:
-			}
-			break wait
-		case <-tick.C():
-			if err = s.checkPeer(every); err != nil {
-				break wait
-			}
-			// A heartbeat sent is no work of the stream's own: its
-			// silence does not start over, and it may rest.
-			rested()
-			continue
-		case <-rest:
-			// The carrier left: this stream looks at once, as on a tick,
-			// and may carry from now on.
-			rest = nil
-			tick.Reset(every)
-			s.resting.Store(false)
-			if err = s.checkPeer(every); err != nil {
-				break wait
-			}
-		case m := <-s.inbox:
-			s.take(m)
-			// What else was delivered meanwhile goes into the same
-			// frames: one wake of the loop for a burst of writes.
-			s.takeDelivered(inboxSize)
-		case m := <-s.fromPeer:
-			if m.isReply {
-				m.reply.err <- s.readReply(m.reply)
-			} else {
-				s.acked(m.ack)
-			}
-		case pd := <-s.synced:
-			s.syncCommitted(pd)
+		default:
 		}
-		if idleBefore && !s.idle() {
-			// The stream owed the peer nothing until now: its silence
-			// counts from here.
-			s.lastRecv.Store(s.cfg.Clock.Now().UnixNano())
+		return true, err
+	case evTick:
+		if err := s.checkPeer(s.every); err != nil {
+			return true, err
 		}
-		if err := s.sendQueued(); err != nil {
-			s.Fail(err)
+		// A heartbeat sent is no work of the stream's own: its silence
+		// does not start over, and it may rest.
+		s.rested()
+		return false, nil
+	case evRest:
+		// The carrier left: this stream looks at once, as on a tick, and
+		// may carry from now on.
+		s.rest = nil
+		s.tick.Reset(s.every)
+		s.resting.Store(false)
+		if err := s.checkPeer(s.every); err != nil {
+			return true, err
 		}
-		rested()
+	case evInbox:
+		s.take(ev.in)
+		// What else was delivered meanwhile goes into the same frames:
+		// one wake of the loop for a burst of writes.
+		s.takeDelivered(inboxSize)
+	case evPeer:
+		if ev.peer.isReply {
+			ev.peer.reply.err <- s.readReply(ev.peer.reply)
+		} else {
+			s.acked(ev.peer.ack)
+		}
+	case evSynced:
+		s.syncCommitted(ev.synced)
+	default:
+		panic(fmt.Sprintf("session: an event of no kind (%d)", ev.kind))
 	}
-	tick.Stop()
+	if idle && !s.idle() {
+		// The stream owed the peer nothing until now: its silence counts
+		// from here.
+		s.lastRecv.Store(s.cfg.Clock.Now().UnixNano())
+	}
+	if err := s.sendQueued(); err != nil {
+		s.Fail(err)
+	}
+	s.rested()
+	return false, nil
+}
+
+// rested stops the ticker when the stream may rest (restOn), and starts
+// it again when it may not. An idle stream that another stream of the
+// pair probes for rests: it waits on rest, which wakes it when that
+// carrier leaves (it failed, or its volume went). A thousand idle volumes
+// thus keep one ticker per peer node.
+func (s *Session) rested() {
+	switch r := s.restOn(); {
+	case r != nil && s.rest == nil:
+		s.tick.Stop()
+		s.rest = r
+		s.resting.Store(true)
+	case r == nil && s.rest != nil:
+		s.rest = nil
+		s.tick.Reset(s.every)
+		s.resting.Store(false)
+	}
+}
+
+// finish ends the session after its last step, with err: the stream is
+// closed and takes no new message (closeToNew), and once the sending and
+// receiving goroutines and those the loop started returned, end hands
+// back what the peer did not acknowledge; then Finished is closed.
+func (s *Session) finish(err error) {
+	s.tick.Stop()
 	s.cancel()
 	s.stream.Close()
 	s.closeToNew()
-	io.Wait()
+	s.io.Wait()
 	s.extra.Wait()
 	s.end()
 	s.err = err
+	s.beat.leave(s)
+	close(s.finished)
 }
 
 // take handles a message of the inbox.
@@ -815,50 +907,67 @@ func (s *Session) receive() error {
 			}
 			return fmt.Errorf("receive from %s: %w", s.name, err)
 		}
-		now := s.cfg.Clock.Now().UnixNano()
-		s.lastRecv.Store(now)
-		s.beat.heard(now)
-		if b := f.Bytes(); len(b) > 0 && replication.FrameType(b[0]) == replication.FrameReadReply {
-			seq, st, data, err := replication.DecodeReadReply(b)
-			if err != nil {
-				return err
-			}
-			select {
-			case s.fromPeer <- peerMsg{isReply: true, reply: replyMsg{seq: seq, st: st, data: data, err: verdict}}:
-			case <-s.ended:
-				return nil
-			}
-			// The loop may end with the reply still queued: then it
-			// never answers.
-			select {
-			case err := <-verdict:
-				if err != nil {
-					return err
-				}
-			case <-s.ended:
-				return nil
-			}
-			continue
-		}
-		ack, err := replication.DecodeAck(f.Bytes())
+		m, news, err := s.received(f)
 		if err != nil {
 			return err
 		}
-		if ack.Status == replication.AckChecksum {
-			return fmt.Errorf("%w: %s", ErrFrameRefused, ack.Message)
+		if !news {
+			continue
 		}
-		if ack.Status != replication.AckOK && ack.Status != replication.AckReceived {
-			return fmt.Errorf("%w: %s", ErrPeerDiskFailed, ack.Message)
-		}
-		if ack.Seq == 0 {
-			continue // a heartbeat's ack, or the peer saying it is busy
+		if m.isReply {
+			m.reply.err = verdict
 		}
 		select {
-		case s.fromPeer <- peerMsg{ack: ackMsg{seq: ack.Seq, received: ack.Status == replication.AckReceived}}:
+		case s.fromPeer <- m:
+		case <-s.ended:
+			return nil
+		}
+		if !m.isReply {
+			continue
+		}
+		// The loop may end with the reply still queued: then it never
+		// answers.
+		select {
+		case err := <-verdict:
+			if err != nil {
+				return err
+			}
 		case <-s.ended:
 			return nil
 		}
 	}
+}
+
+// received reads the peer's frame f: the peer was heard from now, and m
+// is its ack or read reply for the loop (news false: nothing for it, a
+// heartbeat's ack or the peer saying it is busy); an error ends the
+// session. A reply's data is f's: the caller sets reply.err, which the
+// loop answers once it is done with the data.
+func (s *Session) received(f *transport.Frame) (m peerMsg, news bool, err error) {
+	now := s.cfg.Clock.Now().UnixNano()
+	s.lastRecv.Store(now)
+	s.beat.heard(now)
+	if b := f.Bytes(); len(b) > 0 && replication.FrameType(b[0]) == replication.FrameReadReply {
+		seq, st, data, err := replication.DecodeReadReply(b)
+		if err != nil {
+			return peerMsg{}, false, err
+		}
+		return peerMsg{isReply: true, reply: replyMsg{seq: seq, st: st, data: data}}, true, nil
+	}
+	ack, err := replication.DecodeAck(f.Bytes())
+	if err != nil {
+		return peerMsg{}, false, err
+	}
+	if ack.Status == replication.AckChecksum {
+		return peerMsg{}, false, fmt.Errorf("%w: %s", ErrFrameRefused, ack.Message)
+	}
+	if ack.Status != replication.AckOK && ack.Status != replication.AckReceived {
+		return peerMsg{}, false, fmt.Errorf("%w: %s", ErrPeerDiskFailed, ack.Message)
+	}
+	if ack.Seq == 0 {
+		return peerMsg{}, false, nil // a heartbeat's ack, or the peer saying it is busy
+	}
+	return peerMsg{ack: ackMsg{seq: ack.Seq, received: ack.Status == replication.AckReceived}}, true, nil
 }
 
 // acked completes the entries up to m.seq (or, protocol B, marks them

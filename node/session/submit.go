@@ -25,11 +25,23 @@ func (s *Session) Enqueue(pd *Pending) bool {
 // peer is Behind: mark its blocks) or AdmitEnded (pd was not taken). It
 // waits while the policy holds the write for room.
 func (s *Session) Submit(pd *Pending) Admission {
-	answer := make(chan Admission, 1)
-	if !s.deliver(inMsg{kind: inSubmit, sub: submission{pd: pd, admit: true, answer: answer}}) {
+	answer := s.submit(pd)
+	if answer == nil {
 		return AdmitEnded
 	}
 	return <-answer
+}
+
+// submit is Submit without its wait: it hands pd to the loop and returns
+// where the loop's answer comes, or nil when the session has ended (pd
+// was not taken). A test that drives the loop's step on its own goroutine
+// takes the answer once a step gave it.
+func (s *Session) submit(pd *Pending) <-chan Admission {
+	answer := make(chan Admission, 1)
+	if !s.deliver(inMsg{kind: inSubmit, sub: submission{pd: pd, admit: true, answer: answer}}) {
+		return nil
+	}
+	return answer
 }
 
 // MarkBehind has the loop mark e's blocks for its Behind peer
