@@ -29,7 +29,7 @@
 // messages; one sending goroutine writes the frames it builds. The
 // package declares no mutex.
 //
-// The loop is a step function over its inbox (issue 28): each turn its
+// The loop is a step function over its inbox: each turn its
 // select takes one event (a message of the inbox, an ack or a read reply
 // of the peer, a syncDone committed, a tick, the end of a rest, the first
 // error, the context's end) and hands it to handle, which does what the
