@@ -239,6 +239,13 @@ func (r *ReplStream) Recv(f *Frame) error { return r.s.RecvMsg(f) }
 // Context is the stream's context; it ends when the stream does.
 func (r *ReplStream) Context() context.Context { return r.s.Context() }
 
+// Arrivals is what the stream says of its long frames as they arrive, or
+// nil when its MsgStream says nothing of them (a test double).
+func (r *ReplStream) Arrivals() Arrivals {
+	a, _ := r.s.(Arrivals)
+	return a
+}
+
 // TLS is the state of the stream's TLS connection (on a server: the
 // client's verified certificate, pki.PeerIdentity), or nil for a
 // plaintext stream.

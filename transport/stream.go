@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -123,7 +124,38 @@ type frameConn struct {
 	// an end never lands inside a frame. One sender takes it uncontended.
 	wmu     lockorder.Mutex
 	endOnce sync.Once
+
+	// The receiver's word on long frames (Arrivals): longs gets a wake as
+	// one begins to arrive, arriving is set while it does, and arrived
+	// counts the bytes of long frames read so far.
+	longs    chan struct{}
+	arriving atomic.Bool
+	arrived  atomic.Int64
 }
+
+// LongFrame is the size from which a frame counts as long (Arrivals): its
+// bytes are read, and counted, longChunk at a time.
+const (
+	LongFrame = 64 << 10
+	longChunk = 64 << 10
+)
+
+// Arrivals is what a MsgStream may say of the frames arriving, so that a
+// receiver can tell its peer it is alive while a long frame crosses a
+// slow link (a megabyte at a few megabits a second takes longer than a
+// peer's timeout): the stream's framing says it; a test double may.
+type Arrivals interface {
+	// LongFrames gets a wake (buffered: the receiver never waits on it)
+	// when a frame of LongFrame bytes or more begins to arrive.
+	LongFrames() <-chan struct{}
+	// Arriving reports whether such a frame is arriving now, and how
+	// many bytes of long frames arrived so far (it only grows).
+	Arriving() (now bool, bytes int64)
+}
+
+func (fc *frameConn) LongFrames() <-chan struct{} { return fc.longs }
+
+func (fc *frameConn) Arriving() (bool, int64) { return fc.arriving.Load(), fc.arrived.Load() }
 
 // readBufferSize is a stream's read buffer: acks and small frames come
 // out of it several to a read; a larger frame is read straight into its
@@ -133,7 +165,8 @@ const readBufferSize = 16 << 10
 func newFrameConn(parent context.Context, conn net.Conn, state *tls.ConnectionState) *frameConn {
 	ctx, cancel := context.WithCancel(parent)
 	_, tcp := conn.(*net.TCPConn)
-	fc := &frameConn{conn: conn, tcp: tcp, r: bufio.NewReaderSize(conn, readBufferSize), state: state, ctx: ctx, cancel: cancel}
+	fc := &frameConn{conn: conn, tcp: tcp, r: bufio.NewReaderSize(conn, readBufferSize), state: state, ctx: ctx, cancel: cancel,
+		longs: make(chan struct{}, 1)}
 	fc.stop = context.AfterFunc(ctx, func() { conn.Close() })
 	return fc
 }
@@ -263,8 +296,31 @@ func (fc *frameConn) RecvMsg(m any) error {
 	}
 	f.head = false
 	*f.buf = (*f.buf)[:n]
+	if n >= LongFrame {
+		return fc.readLong(*f.buf)
+	}
 	if _, err := io.ReadFull(fc.r, *f.buf); err != nil {
 		return fc.fail(err)
+	}
+	return nil
+}
+
+// readLong reads a long frame's bytes into b, longChunk at a time, and
+// says so (Arrivals) as they come.
+func (fc *frameConn) readLong(b []byte) error {
+	fc.arriving.Store(true)
+	defer fc.arriving.Store(false)
+	select {
+	case fc.longs <- struct{}{}:
+	default: // a wake is pending already
+	}
+	for len(b) > 0 {
+		chunk := b[:min(len(b), longChunk)]
+		if _, err := io.ReadFull(fc.r, chunk); err != nil {
+			return fc.fail(err)
+		}
+		fc.arrived.Add(int64(len(chunk)))
+		b = b[len(chunk):]
 	}
 	return nil
 }

@@ -261,3 +261,78 @@ func FuzzReplStreamDecoder(f *testing.F) {
 		}
 	})
 }
+
+// TestALongFrameSaysItIsArriving: the framing says when a frame of
+// LongFrame bytes or more begins to arrive, and counts its bytes as they
+// come, before the frame is whole (transport.Arrivals: a receiver tells
+// its peer it is alive while a long frame crosses a slow link); a short
+// frame says nothing.
+func TestALongFrameSaysItIsArriving(t *testing.T) {
+	near, far := net.Pipe()
+	defer far.Close()
+	fc := newFrameConn(context.Background(), near, nil)
+	defer fc.close()
+	var arr Arrivals = fc
+
+	write := func(b []byte) {
+		t.Helper()
+		if _, err := far.Write(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	header := func(n int) []byte {
+		h := make([]byte, frameHeaderLen)
+		putHeader(h, kindFrame, n)
+		return h
+	}
+	got := make(chan error, 1)
+	recv := func(f *Frame) { got <- fc.RecvMsg(f) }
+
+	// A short frame.
+	f := &Frame{}
+	go recv(f)
+	write(header(100))
+	write(make([]byte, 100))
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-arr.LongFrames():
+		t.Fatal("a short frame said a long one arrives")
+	default:
+	}
+	if now, n := arr.Arriving(); now || n != 0 {
+		t.Fatalf("after a short frame: arriving %v, %d bytes; want none", now, n)
+	}
+
+	// A long one, a chunk at a time: net.Pipe's writes return once read.
+	size := 3*longChunk + 1000
+	go recv(f)
+	write(header(size))
+	write(make([]byte, longChunk))
+	select {
+	case <-arr.LongFrames():
+	case <-time.After(10 * time.Second):
+		t.Fatal("no word of a long frame arriving")
+	}
+	write(make([]byte, longChunk))
+	// The second chunk was read (net.Pipe), so the first was counted.
+	if now, n := arr.Arriving(); !now || n < longChunk {
+		t.Fatalf("a long frame halfway: arriving %v, %d bytes; want it arriving, with a chunk or more counted", now, n)
+	}
+	select {
+	case err := <-got:
+		t.Fatalf("the long frame was received before it was whole: %v", err)
+	default:
+	}
+	write(make([]byte, size-2*longChunk))
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	if len(f.Bytes()) != size {
+		t.Fatalf("received %d bytes, want %d", len(f.Bytes()), size)
+	}
+	if now, n := arr.Arriving(); now || n != int64(size) {
+		t.Fatalf("after the long frame: arriving %v, %d bytes; want not arriving, %d", now, n, size)
+	}
+}

@@ -113,3 +113,106 @@ func TestALongApplySaysItIsAliveOnTheInjectedClock(t *testing.T) {
 	cancel()
 	<-ended
 }
+
+// slowLinkStream is a scriptStream whose long frame is arriving: it says
+// so (transport.Arrivals), and each look at how far it came waits for
+// the test's answer.
+type slowLinkStream struct {
+	*scriptStream
+	longs  chan struct{}
+	asked  chan struct{}
+	answer chan arrival
+}
+
+type arrival struct {
+	now   bool
+	bytes int64
+}
+
+func (s *slowLinkStream) LongFrames() <-chan struct{} { return s.longs }
+
+func (s *slowLinkStream) Arriving() (bool, int64) {
+	s.asked <- struct{}{}
+	a := <-s.answer
+	return a.now, a.bytes
+}
+
+// TestALongFrameOnASlowLinkSaysItIsAlive: a long frame that takes longer
+// than the peer timeout to cross a slow link is acknowledged only once it
+// is whole; meanwhile the stream sends an empty ack at each quarter of the
+// timeout whose tick finds more of its bytes come, none at one that finds
+// none come (a stalled sender is the primary's to judge), and its ticker
+// stops once no frame arrives.
+func TestALongFrameOnASlowLinkSaysItIsAlive(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	fake := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	v, _, _ := newVolume(64 << 10)
+	v.PeerTimeout, v.Clock = time.Hour, fake
+	s := &slowLinkStream{scriptStream: &scriptStream{ctx: ctx, in: make(chan []byte, 1), acks: make(chan replication.Ack, 8)},
+		longs: make(chan struct{}, 1), asked: make(chan struct{}), answer: make(chan arrival)}
+	ended := make(chan error, 1)
+	go func() { ended <- NewStream("alpha").Run(transport.NewReplStream(s, cancel), v) }()
+
+	within := func(what string, c <-chan struct{}) {
+		t.Helper()
+		select {
+		case <-c:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("not within 10s: %s", what)
+		}
+	}
+	noAck := func(when string) {
+		t.Helper()
+		select {
+		case a := <-s.acks:
+			t.Fatalf("%s: ack %+v, want none", when, a)
+		default:
+		}
+	}
+	// One look at the frame: the test answers it, once the ticker asks.
+	look := func(what string, a arrival) {
+		t.Helper()
+		within(what, s.asked)
+		s.answer <- a
+	}
+
+	s.longs <- struct{}{} // a long frame begins to arrive
+	look("the ticker starts on the long frame and notes how far it came", arrival{true, 64 << 10})
+	armed := make(chan struct{})
+	go func() { fake.WaitArmed(1); close(armed) }()
+	within("the stream arms its ticker on the injected clock", armed)
+	noAck("before the fake clock moved")
+
+	fake.Advance(15 * time.Minute)
+	look("the first tick", arrival{true, 128 << 10})
+	select {
+	case a := <-s.acks:
+		if a != (replication.Ack{}) {
+			t.Fatalf("while the frame arrives, ack %+v, want the empty one", a)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no empty ack a quarter of the peer timeout into a long frame whose bytes came")
+	}
+
+	fake.Advance(15 * time.Minute)
+	look("the second tick", arrival{true, 128 << 10}) // nothing more came
+	fake.Advance(15 * time.Minute)
+	within("the third tick (the second is over)", s.asked)
+	noAck("at a tick that found no more bytes come")
+	s.answer <- arrival{true, 192 << 10}
+	select {
+	case a := <-s.acks:
+		if a != (replication.Ack{}) {
+			t.Fatalf("ack %+v, want the empty one", a)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no empty ack at the tick after more bytes came")
+	}
+
+	fake.Advance(15 * time.Minute)
+	look("the tick after the frame arrived whole", arrival{false, 192 << 10})
+	noAck("once no frame arrives")
+	cancel()
+	<-ended
+}

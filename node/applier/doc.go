@@ -7,7 +7,8 @@
 // node/applier/apply (Stream.Apply), which Run drives from the wire and
 // the simulation (node/sim) drives on its one goroutine; this package adds
 // the wire: transport's stream, the receipts, the empty acks of a long
-// apply, the read replies and the acks. Package node takes the stream (the
+// apply or of a long frame arriving over a slow link, the read replies
+// and the acks. Package node takes the stream (the
 // handshake, the refusals, the epoch adoption, a step-down or a fence) and
 // then calls Stream.Run; what only the volume decides when an entry
 // changes its state (a resync's start and end, the replica indicator, a

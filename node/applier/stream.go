@@ -32,9 +32,10 @@ func NewStreamAfter(from string, prev *Stream) *Stream {
 // fails, is stopped, or v stops. A reader goroutine keeps frames coming
 // while this one applies them; when several frames are waiting, all are
 // applied and one ack covers them. While a batch takes long to apply (a
-// flush of much data), the peer is told every quarter of the peer timeout
-// that this node is alive (an ack of nothing), so that a slow disk is not
-// taken for a hung node. The reader goroutine stays apart from this one
+// flush of much data), or a long frame takes long to arrive (a slow
+// link) and its bytes keep coming, the peer is told every quarter of the
+// peer timeout that this node is alive (an ack of nothing), so that a
+// slow disk or a slow link is not taken for a hung node. The reader goroutine stays apart from this one
 // so that, under protocol B, a batch is receipted as it arrives even
 // while an earlier one waits for a slow disk. Each writer of the stream
 // (the reader's receipts, the heartbeats, the read replies and the acks)
@@ -82,11 +83,25 @@ func (in *Stream) Run(s *transport.ReplStream, v *Volume) error {
 		}
 	}()
 	// While a batch is applied (a slow disk may take long), an empty ack
-	// every quarter of the timeout tells the primary this node is alive.
-	// The ticker runs only from an apply's start until a tick finds none
-	// running: an idle stream keeps no ticker.
+	// every quarter of the timeout tells the primary this node is alive;
+	// so does one while a long frame arrives and its bytes came since the
+	// tick before (a megabyte on a link of a few megabits a second takes
+	// longer than the timeout, and its ack comes only once it is whole).
+	// The ticker runs only from an apply's or a long frame's start until a
+	// tick finds neither going on: an idle stream keeps no ticker.
 	var applying atomic.Bool
 	applyStarted := make(chan struct{}, 1)
+	arrivals := s.Arrivals()
+	var longs <-chan struct{} // nil: the stream says nothing of its frames
+	if arrivals != nil {
+		longs = arrivals.LongFrames()
+	}
+	arriving := func() (bool, int64) {
+		if arrivals == nil {
+			return false, 0
+		}
+		return arrivals.Arriving()
+	}
 	clk := clock.Or(v.Clock)
 	go func() {
 		every := max(v.PeerTimeout/4, 10*time.Millisecond)
@@ -95,15 +110,22 @@ func (in *Stream) Run(s *transport.ReplStream, v *Volume) error {
 			case <-done:
 				return
 			case <-applyStarted:
+			case <-longs:
 			}
 			tick := clk.NewTicker(every)
+			_, seen := arriving()
 			for running := true; running; {
 				select {
 				case <-done:
 					tick.Stop()
 					return
 				case <-tick.C():
-					if running = applying.Load(); running {
+					busy := applying.Load()
+					now, arrived := arriving()
+					came := arrived != seen
+					seen = arrived
+					running = busy || now
+					if busy || came {
 						af := transport.NewFrame(32)
 						af.SetBytes(replication.AppendAck(af.Bytes(), replication.Ack{}))
 						if send(af) != nil {
