@@ -184,16 +184,21 @@ func TestALongFrameOnASlowLinkSaysItIsAlive(t *testing.T) {
 	within("the stream arms its ticker on the injected clock", armed)
 	noAck("before the fake clock moved")
 
+	emptyAck := func(when string) {
+		t.Helper()
+		select {
+		case a := <-s.acks:
+			if a != (replication.Ack{}) {
+				t.Fatalf("%s: ack %+v, want the empty one", when, a)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: no empty ack", when)
+		}
+	}
+
 	fake.Advance(15 * time.Minute)
 	look("the first tick", arrival{true, 128 << 10})
-	select {
-	case a := <-s.acks:
-		if a != (replication.Ack{}) {
-			t.Fatalf("while the frame arrives, ack %+v, want the empty one", a)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no empty ack a quarter of the peer timeout into a long frame whose bytes came")
-	}
+	emptyAck("a quarter of the peer timeout into a long frame whose bytes came")
 
 	fake.Advance(15 * time.Minute)
 	look("the second tick", arrival{true, 128 << 10}) // nothing more came
@@ -201,14 +206,7 @@ func TestALongFrameOnASlowLinkSaysItIsAlive(t *testing.T) {
 	within("the third tick (the second is over)", s.asked)
 	noAck("at a tick that found no more bytes come")
 	s.answer <- arrival{true, 192 << 10}
-	select {
-	case a := <-s.acks:
-		if a != (replication.Ack{}) {
-			t.Fatalf("ack %+v, want the empty one", a)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no empty ack at the tick after more bytes came")
-	}
+	emptyAck("at the tick after more bytes came")
 
 	fake.Advance(15 * time.Minute)
 	look("the tick after the frame arrived whole", arrival{false, 192 << 10})
