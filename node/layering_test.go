@@ -147,7 +147,8 @@ func TestReplctlLayering(t *testing.T) {
 
 // TestSimLayering pins the simulation's seam (node/sim): it runs the pure
 // rules (volstate, replication, failover.Decide, the write's stages of
-// writepath) and the applier's step (node/applier/apply) over models of
+// writepath), the volume loop's step (node/volloop's Core) and the
+// applier's step (node/applier/apply) over models of
 // its own,
 // so nothing it links is the node or a package of I/O: no node, cluster,
 // transport, metadata, backing or config, and no raft, memberlist, gRPC
@@ -161,7 +162,7 @@ func TestSimLayering(t *testing.T) {
 		mod + "/backing/...", mod + "/config/...", "google.golang.org/grpc/...", "go.etcd.io/bbolt/...",
 		"github.com/hashicorp/raft/...", "github.com/hashicorp/memberlist/..."}
 	graph := importGraph(t, sim)
-	for _, runs := range []string{mod + "/node/failover", mod + "/node/volstate", mod + "/node/writepath", mod + "/node/applier/apply"} {
+	for _, runs := range []string{mod + "/node/failover", mod + "/node/volstate", mod + "/node/volloop", mod + "/node/writepath", mod + "/node/applier/apply"} {
 		if !slices.Contains(graph[sim], runs) {
 			t.Fatalf("%s does not import %s: the simulation no longer runs production's rules there (update this test if that moved)", sim, runs)
 		}
