@@ -12,6 +12,7 @@ import (
 	"github.com/replvol/replvol/internal/human"
 	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/multipath"
+	"github.com/replvol/replvol/node/volloop"
 	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 )
@@ -151,7 +152,7 @@ func (v *Volume) detach(f diskFailure, missOff, missLen int64) bool {
 		},
 	})
 	switch {
-	case errors.Is(err, errVolumeClosed):
+	case errors.Is(err, volloop.ErrClosed):
 		// No step: a disk detached already still serves through the peer.
 		v.stateMu.Lock()
 		v.mu.Lock()
@@ -351,7 +352,7 @@ func (v *Volume) reattachLoop() {
 			continue
 		}
 		err := v.copyBack()
-		if errors.Is(err, errVolumeClosed) {
+		if errors.Is(err, volloop.ErrClosed) {
 			// Its state changes no more: the loop ends, as when it stops.
 			v.mu.Lock()
 			v.dw.running = false
@@ -430,7 +431,7 @@ func (v *Volume) copyBack() error {
 			continue
 		case errors.Is(err, volstate.ErrNotAttaching):
 			return errAttachAborted
-		case errors.Is(err, errVolumeClosed):
+		case errors.Is(err, volloop.ErrClosed):
 			return err
 		case err != nil:
 			v.log.Error("disk in sync again, but that cannot be recorded; it stays out of service", "err", err)

@@ -89,15 +89,15 @@
 // then the state, through commit) BEFORE it installs the new state, and
 // only then performs the step's actions (drain the IO, stop the senders,
 // start the lease, run the hooks). Every drive runs on the volume's loop
-// (loop.go): one goroutine per volume, started when it opens and ended
+// (node/volloop, its Loop): one goroutine per volume, started when it opens and ended
 // at its close, takes the drives posted on its inbox in order and runs
 // each by volstate's order in its resumable form (volstate.Driving); the
 // preparations and actions that wait for the senders, the incoming
 // stream, the IO in flight or the cluster run off the loop, and their end
 // comes back to the inbox, so a sender or a stream that drives the volume
 // while a drive waits for it is taken meanwhile. A drive posted to a
-// volume that closes gets errVolumeClosed. Two steps run on the loop as
-// a call (volumeLoop.call) rather than a drive: the handshake's decision
+// volume that closes gets volloop.ErrClosed. Two steps run on the loop as
+// a call (volloop.Loop.Call) rather than a drive: the handshake's decision
 // (takeStream: the marks, the step with stepLocked and the switch of the
 // peer's writes to the stream, one critical section under v.stateMu) and
 // the end of the stream from the primary (incomingEnded: the check that
@@ -152,9 +152,9 @@
 // loop's too: only code on the loop changes them (peer.update; the
 // deadlock build checks the goroutine, internal/lockorder's Owner, across
 // every test). A session's loop, which the volume's loop may wait for as
-// it hands it entries, tells its news (volumeLoop.tell: queued, never
+// it hands it entries, tells its news (volloop.Loop.Tell: queued, never
 // waited for, run on the loop BEFORE the next drive or call it takes);
-// the peer's connect loop and the control API ask (volumeLoop.ask: told,
+// the peer's connect loop and the control API ask (volloop.Loop.Ask: told,
 // and waited for). The one change of a view made off the loop is a
 // stream's end taking the writes' route off it at once (peer.route), so
 // that a write never waits for the loop to learn of it.
@@ -186,7 +186,7 @@
 // Lock order, outermost first; a goroutine holding one takes only those
 // after it: n.volMu, v.resizeMu, in.applyMu, v.stateMu, v.mu; then the
 // leaves, under which nothing is taken: n.mu, n.cl.mu, v.rb.mu,
-// v.loop.newsMu (loop.go: the news told and not yet run),
+// v.loop's newsMu (node/volloop: the news told and not yet run),
 // n.events.mu, n.claims.mu (claims.go: the mount claims), v.scrub.mu
 // (scrub.go: the scrub's phase and checkpoint), v.integ.listMu
 // (integrity.go, badblocks.go: the lost blocks and the bad-block list;

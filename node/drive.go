@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/replvol/replvol/node/volloop"
 	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 )
@@ -147,18 +148,18 @@ type driveOptions struct {
 }
 
 // drive runs e through the volume's state machine by the driver's order
-// (volstate.Drive) on the volume's loop (loop.go), and performs what it
+// (volstate.Drive) on the volume's loop (node/volloop), and performs what it
 // says, feeding Quiesced back once the IO a pending change waited for has
 // drained. The steps' preparations that wait for the senders or the
 // incoming stream are done first, off the loop and without v.stateMu
 // (those take it); the step is then taken again on the loop under
 // v.stateMu, on the state as it is by then (volstate.Take), and its
 // actions are performed once v.stateMu is released, those that wait off
-// the loop (volumeSteps.offLoop). The caller gets the result of e and of
-// what followed it, as volstate.Drive gives it; errVolumeClosed once the
+// the loop (volumeSteps.OffLoop). The caller gets the result of e and of
+// what followed it, as volstate.Drive gives it; volloop.ErrClosed once the
 // volume closes.
 func (v *Volume) drive(e volstate.Event, opts driveOptions) error {
-	return v.loop.drive(&volumeSteps{v: v, opts: opts}, e)
+	return v.loop.Drive(&volumeSteps{v: v, opts: opts}, e)
 }
 
 // stepLocked steps the state machine with e (volstate.Take): the
@@ -175,7 +176,7 @@ func (v *Volume) stepLocked(e volstate.Event, texts func(volstate.Cause) reason,
 // made for each drive (which the volume's loop runs) or stepLocked (on
 // the goroutine that calls it); its queue holds what follows the drive's
 // event (Quiesced). The loop calls it from one goroutine at a time: its
-// own, or the one a wait runs on (offLoop), never both at once.
+// own, or the one a wait runs on (OffLoop), never both at once.
 type volumeSteps struct {
 	v      *Volume
 	opts   driveOptions
@@ -279,17 +280,10 @@ func (d *volumeSteps) Perform(a volstate.Action) error {
 	return nil
 }
 
-// offLoop: the waits for the senders and the incoming stream (whose
-// goroutines drive the volume themselves), for the IO in flight (whose
-// writers step it), for the cluster (ReleaseLease) and for the disk
-// (ClearPrimaryIndicator's sync) run off the volume's loop.
-func (d *volumeSteps) offLoop(a volstate.Action) bool {
-	switch a.Kind {
-	case volstate.StopPeers, volstate.DetachIncoming, volstate.WaitIO, volstate.DrainIO, volstate.ReleaseLease, volstate.ClearPrimaryIndicator:
-		return true
-	}
-	return false
-}
+// OffLoop: the waits for the senders and the incoming stream, for the IO
+// in flight, for the cluster and for the disk run off the volume's loop,
+// by the one list node and the simulation share (volloop.OffLoop).
+func (d *volumeSteps) OffLoop(a volstate.Action) bool { return volloop.OffLoop(a) }
 
 func (d *volumeSteps) Follow(e volstate.Event) { d.follow = append(d.follow, e) }
 

@@ -106,7 +106,7 @@ func (p *peer) connect(ctx context.Context) error {
 	var plan syncPlan
 	var was replication.ReplState
 	var late bool
-	if cerr := v.loop.call(func() { plan, was, late, err = p.takeStream(s, reply, outdated, hello.Size) }); cerr != nil {
+	if cerr := v.loop.Call(func() { plan, was, late, err = p.takeStream(s, reply, outdated, hello.Size) }); cerr != nil {
 		return cerr
 	}
 	if err != nil {
@@ -140,7 +140,7 @@ func (p *peer) connect(ctx context.Context) error {
 		work = func() error { return p.pull(s, plan.peerGen) }
 	}
 	err = s.Run(work)
-	p.v.loop.ask(func() { p.setPulling(false) })
+	p.v.loop.Ask(func() { p.setPulling(false) })
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -151,7 +151,7 @@ func (p *peer) connect(ctx context.Context) error {
 // marks, then the volume's rules), and switches new writes from the
 // bitmap to the session s, in one step under v.stateMu: a write is either
 // marked before it or queued after it. It runs on the volume's loop
-// (volumeLoop.call), so the step is taken there, between the volume's
+// (volloop.Loop.Call), so the step is taken there, between the volume's
 // drives. It returns the plan, the peer's state before the switch, and
 // whether a block was marked between the decision and the switch.
 func (p *peer) takeStream(s *session.Session, reply replication.HelloReply, outdated bool, helloSize int64) (syncPlan, replication.ReplState, bool, error) {

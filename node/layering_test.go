@@ -52,6 +52,11 @@ func TestLayering(t *testing.T) {
 		// The stream to one peer: the node calls it, never the other way.
 		"github.com/replvol/replvol/node/session": {"=/node", "/node/cluster", "/web",
 			"go.etcd.io/bbolt", "github.com/hashicorp/raft", "github.com/hashicorp/memberlist"},
+		// The volume's loop: the step its runner and the simulation
+		// share, over volstate (TestVolumeLoopLayering names what it may
+		// import).
+		"github.com/replvol/replvol/node/volloop": {"=/node", "/node/cluster", "/node/session", "/node/applier", "/node/control", "/transport", "/web", "/metadata", "/backing", "/config", "/multipath",
+			"google.golang.org/grpc", "go.etcd.io/bbolt", "github.com/hashicorp/raft", "github.com/hashicorp/memberlist"},
 		// The control API (handlers, authorization, the guarded port)
 		// sits below the node: node implements its control.Node.
 		"github.com/replvol/replvol/node/control": {"=/node", "/node/cluster", "/web", "/metadata", "/backing", "/config",
@@ -75,6 +80,23 @@ func TestLayering(t *testing.T) {
 					t.Errorf("%s imports %s", pkg, dep)
 				}
 			}
+		}
+	}
+}
+
+// TestVolumeLoopLayering: the volume's loop (node/volloop), which node
+// runs and the simulation steps, imports volstate, internal/lockorder and
+// the standard library alone.
+func TestVolumeLoopLayering(t *testing.T) {
+	const mod = "github.com/replvol/replvol"
+	out, err := exec.Command("go", "list", "-f", "{{join .Imports \"\\n\"}}", mod+"/node/volloop").Output()
+	if err != nil {
+		t.Fatalf("go list node/volloop: %v", err)
+	}
+	allowed := []string{mod + "/node/volstate", mod + "/internal/lockorder"}
+	for _, imp := range strings.Fields(string(out)) {
+		if first, _, _ := strings.Cut(imp, "/"); strings.Contains(first, ".") && !slices.Contains(allowed, imp) {
+			t.Errorf("node/volloop imports %s: only volstate, internal/lockorder and the standard library", imp)
 		}
 	}
 }
@@ -125,7 +147,8 @@ func TestReplctlLayering(t *testing.T) {
 
 // TestSimLayering pins the simulation's seam (node/sim): it runs the pure
 // rules (volstate, replication, failover.Decide, the write's stages of
-// writepath) and the applier's step (node/applier/apply) over models of
+// writepath), the volume loop's step (node/volloop's Core) and the
+// applier's step (node/applier/apply) over models of
 // its own,
 // so nothing it links is the node or a package of I/O: no node, cluster,
 // transport, metadata, backing or config, and no raft, memberlist, gRPC
@@ -139,7 +162,7 @@ func TestSimLayering(t *testing.T) {
 		mod + "/backing/...", mod + "/config/...", "google.golang.org/grpc/...", "go.etcd.io/bbolt/...",
 		"github.com/hashicorp/raft/...", "github.com/hashicorp/memberlist/..."}
 	graph := importGraph(t, sim)
-	for _, runs := range []string{mod + "/node/failover", mod + "/node/volstate", mod + "/node/writepath", mod + "/node/applier/apply"} {
+	for _, runs := range []string{mod + "/node/failover", mod + "/node/volstate", mod + "/node/volloop", mod + "/node/writepath", mod + "/node/applier/apply"} {
 		if !slices.Contains(graph[sim], runs) {
 			t.Fatalf("%s does not import %s: the simulation no longer runs production's rules there (update this test if that moved)", sim, runs)
 		}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/replvol/replvol/node/volloop"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -16,8 +17,8 @@ import (
 // same change runs on the loop and passes. Every other test of the
 // package, run in this build, so checks each change it makes.
 func TestAPeersStateChangesOnlyOnTheVolumesLoop(t *testing.T) {
-	l := startLoop()
-	defer closeLoop(t, l)
+	l := volloop.Start()
+	defer l.Close()
 	p := &peer{v: &Volume{loop: l}, name: "beta"}
 	p.view.Store(&peerView{state: replication.Connecting})
 	func() {
@@ -35,7 +36,7 @@ func TestAPeersStateChangesOnlyOnTheVolumesLoop(t *testing.T) {
 		t.Errorf("asked: replaced %s, want Connecting", was.state)
 	}
 	p.tellUpdate(func(pv *peerView) { pv.state = replication.SyncSource })
-	l.ask(func() {})
+	l.Ask(func() {})
 	if got := p.snapshot().state; got != replication.SyncSource {
 		t.Errorf("told, then the loop asked past it: %s, want SyncSource", got)
 	}

@@ -351,7 +351,7 @@ func (n *Node) openVolume(vc VolumeConfig, sizeMax bool, preferred int, auth boo
 // closeVolumes closes volumes that were opened and never started.
 func closeVolumes(vols map[string]*Volume) {
 	for _, v := range vols {
-		v.loop.close()
+		v.loop.Close()
 		v.md.Close()
 		v.closeMD()
 		v.disk.Close()

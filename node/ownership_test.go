@@ -106,9 +106,10 @@ func volumeField(x ast.Expr) (string, bool) {
 
 // loopCalls are the functions that step (stepLocked,
 // stepUnwrittenLocked) on the volume's loop in a call the loop runs
-// (volumeLoop.call) rather than as a drive, each with the one function
-// it is called from, and how a closure given to a call (".call(func()
-// {...})") calls that one (or it, when from is where the closure is):
+// (volloop.Loop.Call) rather than as a drive, each with the one function
+// it is called from, and how a closure given to the loop's call
+// (".loop.Call(func() {...})", volloop.Loop.Call) calls that one (or
+// it, when from is where the closure is):
 // the handshake's decision, which marks the peer's bitmap on the state it
 // decides on and switches the peer's writes to the stream in the same
 // critical section as its step; and the end of the stream from the
@@ -149,7 +150,7 @@ func TestTheVolumesStepsRunOnItsLoop(t *testing.T) {
 				return true
 			}
 			callers[types.ExprString(call.Fun)] = append(callers[types.ExprString(call.Fun)], fn.Name.Name)
-			if sel.Sel.Name == "call" && len(call.Args) == 1 {
+			if sel.Sel.Name == "Call" && strings.HasSuffix(types.ExprString(sel.X), ".loop") && len(call.Args) == 1 {
 				if lit, ok := call.Args[0].(*ast.FuncLit); ok {
 					ast.Inspect(lit.Body, func(n ast.Node) bool {
 						if c, ok := n.(*ast.CallExpr); ok {

@@ -12,6 +12,7 @@ import (
 	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/metadata/statefile"
 	"github.com/replvol/replvol/node/session"
+	"github.com/replvol/replvol/node/volloop"
 	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
@@ -180,35 +181,35 @@ func (p *peer) snapshot() *peerView { return p.view.Load() }
 
 // update replaces the peer's view by change applied to a copy, and returns
 // the view it replaced. Only the volume's loop changes the peer's
-// replication state (loop.go; checked in the deadlock build): code off
+// replication state (node/volloop; checked in the deadlock build): code off
 // the loop tells it (tellUpdate) or asks it (askUpdate). The one change
 // made elsewhere is a stream's end, which takes the writes' route off the
 // stream at once (Ended, route).
 func (p *peer) update(change func(*peerView)) *peerView {
 	if p.v != nil && p.v.loop != nil {
-		p.v.loop.owner.Check("a change of the replication state of peer", p.name)
+		p.v.loop.Check("a change of the replication state of peer", p.name)
 	}
 	return p.swap(change)
 }
 
-// tellUpdate has the volume's loop update the view (volumeLoop.tell),
+// tellUpdate has the volume's loop update the view (volloop.Loop.Tell),
 // without waiting: news of a session's loop.
 func (p *peer) tellUpdate(change func(*peerView)) {
 	if p.v == nil || p.v.loop == nil {
 		p.swap(change) // a peer of a test, with no volume around it
 		return
 	}
-	p.v.loop.tell(func() { p.update(change) })
+	p.v.loop.Tell(func() { p.update(change) })
 }
 
-// askUpdate has the volume's loop update the view (volumeLoop.ask) and
+// askUpdate has the volume's loop update the view (volloop.Loop.Ask) and
 // returns the view it replaced: for a goroutine the loop never waits for.
 func (p *peer) askUpdate(change func(*peerView)) *peerView {
 	if p.v == nil || p.v.loop == nil {
 		return p.swap(change)
 	}
 	var was *peerView
-	p.v.loop.ask(func() { was = p.update(change) })
+	p.v.loop.Ask(func() { was = p.update(change) })
 	return was
 }
 
@@ -436,7 +437,7 @@ func (p *peer) syncDoneLocked(gen replication.Generation) *session.Pending {
 // (pulling): a state of the peer, which only the volume's loop changes.
 func (p *peer) setPulling(on bool) {
 	if p.v.loop != nil {
-		p.v.loop.owner.Check("a change of whether this primary pulls from peer", p.name)
+		p.v.loop.Check("a change of whether this primary pulls from peer", p.name)
 	}
 	p.pulling.Store(on)
 	p.v.changed.notify()
@@ -446,7 +447,7 @@ func (p *peer) setPulling(on bool) {
 // the peer, which only the volume's loop changes.
 func (p *peer) setMayHold(gen replication.Generation) {
 	if p.v != nil && p.v.loop != nil {
-		p.v.loop.owner.Check("a change of the generation that may be held by peer", p.name)
+		p.v.loop.Check("a change of the generation that may be held by peer", p.name)
 	}
 	p.mayHold.Store(&gen)
 }
@@ -478,7 +479,7 @@ func (p *peer) SyncDoneAcked(s *session.Session, gen replication.Generation) boo
 	switch {
 	case err == nil:
 		return true
-	case errors.Is(err, volstate.ErrNotInSync), errors.Is(err, errVolumeClosed):
+	case errors.Is(err, volstate.ErrNotInSync), errors.Is(err, volloop.ErrClosed):
 		return false
 	}
 	v.log.Error("peer in sync, but its bitmap generation cannot be retired durably; it stays out of sync", "peer", p.name, "err", err)

@@ -153,7 +153,7 @@ func (p *peer) resync(s *session.Session) error {
 	ok := false
 	for pd == nil {
 		changed := v.changed.wait()
-		v.loop.ask(func() {
+		v.loop.Ask(func() {
 			v.stateMu.Lock()
 			defer v.stateMu.Unlock()
 			if gen := v.currentGeneration(); !gen.IsZero() {

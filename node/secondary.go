@@ -29,7 +29,7 @@ func (v *Volume) detachIncoming() {
 // volume's loop, with the check that in is the current stream.
 func (v *Volume) endIncoming(in *applier.Stream) {
 	in.Stop()
-	if err := v.loop.call(func() { v.incomingEnded(in) }); err != nil {
+	if err := v.loop.Call(func() { v.incomingEnded(in) }); err != nil {
 		// The loop closed: the volume's state changes no more, and the
 		// stream is dropped all the same.
 		v.mu.Lock()

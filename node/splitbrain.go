@@ -211,7 +211,7 @@ func (v *Volume) resumePeers() {
 		}
 		// Started on the loop, which owns the peer's state (start makes
 		// it Connecting).
-		v.loop.ask(func() {
+		v.loop.Ask(func() {
 			if !p.running.Load() && ctx.Err() == nil {
 				p.start(ctx)
 			}

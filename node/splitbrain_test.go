@@ -311,7 +311,7 @@ func TestAnOldPrimaryIsFencedByANewerEpoch(t *testing.T) {
 		t.Fatal("a fenced old primary took a write")
 	}
 	b := c.vol("beta")
-	b.loop.ask(func() { // the loop owns the peers' states
+	b.loop.Ask(func() { // the loop owns the peers' states
 		b.mu.Lock()
 		b.startPeersLocked()
 		b.mu.Unlock()

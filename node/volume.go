@@ -15,6 +15,7 @@ import (
 	"github.com/replvol/replvol/multipath"
 	"github.com/replvol/replvol/node/applier"
 	"github.com/replvol/replvol/node/session"
+	"github.com/replvol/replvol/node/volloop"
 	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
@@ -115,9 +116,9 @@ type Volume struct {
 	// stopping is closed at shutdown; bg tracks background goroutines.
 	stopping chan struct{}
 	bg       sync.WaitGroup
-	// loop is the volume's loop (loop.go), which runs every drive: started
+	// loop is the volume's loop (node/volloop), which runs every drive: started
 	// at the end of newVolume, closed at shutdown (or closeVolumes).
-	loop     *volumeLoop
+	loop     *volloop.Loop
 	incoming *applier.Stream
 	// lastRefusal is the last reason this secondary refused a stream for
 	// (logged once per reason).
@@ -244,12 +245,12 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD, auth bool)
 	// detached and missed writes comes back Inconsistent and Secondary,
 	// whatever its role was, durably.
 	// It is the first drive of the volume's loop.
-	v.loop = startLoop()
+	v.loop = volloop.Start()
 	err = v.drive(volstate.Opened{}, driveOptions{notify: func(volstate.Action) {
 		v.node.event(v.name, "stale-disk", "this disk missed writes while detached: it comes back Inconsistent and Secondary")
 	}})
 	if err != nil {
-		v.loop.close()
+		v.loop.Close()
 		return nil, err
 	}
 	return v, nil
@@ -588,9 +589,9 @@ func (v *Volume) shutdown() bool {
 	// new stream is taken once v.stopping is closed (serveStream).
 	v.detachIncoming()
 	// The drives under way end (they may start background tasks); a
-	// drive posted from now on is refused (errVolumeClosed), so a sender
+	// drive posted from now on is refused (volloop.ErrClosed), so a sender
 	// or a stream that posts one ends without waiting for it.
-	v.loop.close()
+	v.loop.Close()
 	v.bg.Wait()
 	v.stopPeers()
 	v.detachIncoming()

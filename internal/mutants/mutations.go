@@ -193,6 +193,24 @@ var mutations = []Mutation{
 		}},
 	},
 	{
+		Name: "loop-resumes-wait-failed",
+		Rule: "the volume's loop resumes a drive whose wait off the loop ended as if that wait had failed: the step's actions after it are not performed and Quiesced never follows (rule 8 across a wait; node/volloop's Core, which node's loop and the simulation both run)",
+		Edits: []Edit{{
+			File:    "node/volloop/core.go",
+			Find:    "\t\tm.drive.d.Done(m.err)\n",
+			Replace: "\t\tm.drive.d.Done(ErrClosed)\n",
+		}},
+	},
+	{
+		Name: "loop-skips-off-loop-waits",
+		Rule: "the volume's loop resumes a drive's wait off the loop without doing it: the senders are not stopped, the incoming stream not ended, the IO not drained, the lease not released (node/volloop's Wait.Do)",
+		Edits: []Edit{{
+			File:    "node/volloop/core.go",
+			Find:    "func (w Wait) Do() error { return do(w.drive.fx, w.need) }",
+			Replace: "func (w Wait) Do() error { return nil }",
+		}},
+	},
+	{
 		Name: "secondary-accepts-stale-epoch",
 		Rule: "a secondary takes the stream of a primary whose epoch is older than the one it has seen (volstate's PrimaryReached, which node's serveStream steps)",
 		Edits: []Edit{{

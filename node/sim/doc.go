@@ -1,10 +1,13 @@
 // Package sim is a seeded, deterministic simulation of a replvol cluster
 // (FoundationDB's simulator, TigerBeetle's VOPR): two data nodes and a
 // witness, or three data nodes, each data node running the real volume state machine
-// (volstate.Step) through the production driver's order (volstate.Drive:
-// the preparations, the indicator and the durable state BEFORE the
-// install, the actions, Quiesced fed back; node.go's simVolume is its
-// effects), raft's committed state the real
+// (volstate.Step) through the production driver's order (volstate's
+// Driving: the preparations, the indicator and the durable state BEFORE
+// the install, the actions, Quiesced fed back) on production's volume
+// loop: each drive is posted to the node's node/volloop Core, the step
+// node's loop runs, and what that hands back to be done off the loop (a
+// Wait) is done at once on the sim's goroutine and handed back to it
+// (node.go's driveActs; simVolume is its effects), raft's committed state the real
 // replication.Authority, and a modelled raft leader running the real
 // failover.Decide; each write of a primary goes through node's own order
 // of stages (node/writepath), one stage per step or more, so that a crash,
@@ -33,8 +36,8 @@
 // checked, and the defects of production the checks found (Finding,
 // knownFindingSeeds).
 //
-// It may import volstate, failover, writepath, applier/apply, replication
-// and the standard library, never node, node/applier (which links the
+// It may import volstate, volloop, failover, writepath, applier/apply,
+// replication and the standard library, never node, node/applier (which links the
 // wire) or cluster (nothing of the node's I/O, no raft, memberlist or
 // bbolt). It runs on one goroutine, reads no wall clock and never sleeps:
 // virtual time moves only when the scheduler advances it. A Sim is not safe for concurrent use.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/node/applier/apply"
+	"github.com/replvol/replvol/node/volloop"
 	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/node/writepath"
 	"github.com/replvol/replvol/replication"
@@ -109,6 +110,9 @@ type node struct {
 	// driving: a step of this node's volume is under way (its actions
 	// run); an event they cause here waits in follow.
 	driving bool
+	// loop is the volume's loop as production's runs it (node/volloop's
+	// Core): every drive of the volume is taken by it; new at each boot.
+	loop *volloop.Core
 
 	renewing    bool
 	lastRenew   time.Time
@@ -216,6 +220,7 @@ func (n *node) boot() {
 		n.mayHoldUnknown[p] = true
 	}
 	n.incoming, n.writes, n.flushes, n.follow = session{}, nil, nil, nil
+	n.loop = &volloop.Core{}
 	n.renewing, n.authVersion, n.handoverUntil, n.reattachAt = false, -1, time.Time{}, time.Time{}
 }
 
@@ -224,24 +229,45 @@ func (n *node) running(now time.Time) bool { return n.up && !now.Before(n.paused
 func (n *node) paused(now time.Time) bool { return n.up && now.Before(n.pausedUntil) }
 
 // drive steps the volume with e through the driver node runs
-// (volstate.Drive): the step's preparations, then its writes (the
-// indicator, the durable state) BEFORE the new state is installed, then
-// its actions, then what follows them.
+// (volstate.Drive's order, on node's volume loop: volloop's Core): the
+// step's preparations, then its writes (the indicator, the durable state)
+// BEFORE the new state is installed, then its actions, then what follows
+// them.
 func (s *Sim) drive(n *node, e volstate.Event) error {
 	_, err := s.driveActs(n, e)
 	return err
 }
 
 // driveActs is drive, and returns the step's actions (a RefuseStream
-// among them is the answer a primary's stream gets). A drive of n while
-// one of it runs (an effect of its actions reaching back) steps at once;
-// what follows either waits in n.follow for the outer one (node's loop
-// takes its events one at a time).
+// among them is the answer a primary's stream gets). The drive is posted
+// to n's loop (the Core production's loop runs), which runs it as far as
+// it goes and hands back what production does off the loop (a Wait: the
+// waits for the senders, the incoming stream, the IO, the cluster, the
+// disk); the sim does each at once, here, and hands its end back to the
+// loop, until the drive's result comes. A drive of n while one of it runs
+// (an effect of its actions reaching back, on the loop or in a wait) is
+// posted to the same loop and runs to its end at once (production's loop
+// takes another drive while one waits off it); what follows either waits
+// in n.follow for the outer one (node's loop takes its events one at a
+// time).
 func (s *Sim) driveActs(n *node, e volstate.Event) ([]volstate.Action, error) {
 	outer := !n.driving
 	n.driving = true
 	defer func() { n.driving = !outer }()
-	acts, err := volstate.Drive(simVolume{s: s, n: n, outer: outer}, e)
+	var (
+		acts []volstate.Action
+		err  error
+		over bool
+	)
+	loop := n.loop
+	d := volloop.NewDrive(simVolume{s: s, n: n, outer: outer}, e, func(a []volstate.Action, derr error) { acts, err, over = a, derr, true })
+	for waits := loop.Take(volloop.Post(d)); len(waits) > 0; {
+		w := waits[0]
+		waits = append(waits[1:], loop.Take(w.Resumed(w.Do()))...)
+	}
+	if !over {
+		panic(fmt.Sprintf("sim: %s: the drive of %s waits for nothing and is not over", n.name, eventName(e)))
+	}
 	if p := n.st.Pending; outer && p != nil && p.Kind != volstate.PendingHandover {
 		s.fail(DrainedChangesComplete, "%s: the change %s (to %s at epoch %d) that waited for the IO is still pending once the drive of %s is over (its drain was done)", n.name, p.Kind, p.To, p.Epoch, eventName(e))
 	}
@@ -256,7 +282,8 @@ func eventName(e volstate.Event) string {
 	return strings.TrimPrefix(fmt.Sprintf("%T", e), "volstate.")
 }
 
-// simVolume is n's volume as volstate's driver runs it (volstate.Effects):
+// simVolume is n's volume as volstate's driver and node's volume loop run
+// it (volloop.Effects):
 // its state, its metadata (written at once: the sim's state writes do not
 // fail), and its actions on the sim's models. The sim is one goroutine:
 // Lock and Unlock hold nothing.
@@ -315,6 +342,10 @@ func (v simVolume) Perform(a volstate.Action) error {
 	v.s.perform(v.n, a)
 	return nil
 }
+
+// OffLoop is node's list (volloop.OffLoop): the sim does those waits at
+// once all the same, as its loop hands them back.
+func (v simVolume) OffLoop(a volstate.Action) bool { return volloop.OffLoop(a) }
 
 func (v simVolume) Follow(e volstate.Event) { v.n.follow = append(v.n.follow, e) }
 

@@ -1,4 +1,4 @@
-package node
+package volloop
 
 import (
 	"errors"
@@ -13,7 +13,7 @@ import (
 	"github.com/replvol/replvol/replication"
 )
 
-// The contract of the volume's loop (loop.go), on a fake volume: the
+// The contract of the volume's loop (loop.go, core.go), on a fake volume: the
 // rules are volstate's, the effects write down what they do. A drive
 // whose waiting preparation waits for a goroutine that drives the volume
 // itself completes; the drives are taken in the order posted; a drive
@@ -90,8 +90,8 @@ func (f *loopFx) Next() (volstate.Event, bool) {
 	return e, true
 }
 
-// offLoop as node's volume has it (volumeSteps.offLoop).
-func (f *loopFx) offLoop(a volstate.Action) bool { return (&volumeSteps{}).offLoop(a) }
+// OffLoop as node's volume and the simulation have it.
+func (f *loopFx) OffLoop(a volstate.Action) bool { return OffLoop(a) }
 
 // loopSecondary is node b, a secondary of a at epoch 3 in authority mode,
 // with a third node c: a force of it stops its senders and its incoming
@@ -133,11 +133,11 @@ func awaitLoop[T any](t *testing.T, ch <-chan T, what string) T {
 // postHeldForce posts a force of lv to l whose StopPeers waits, off the
 // loop, until release is closed; it returns once that wait began, with
 // where the force's result comes.
-func postHeldForce(t *testing.T, l *volumeLoop, lv *loopVolume) (forced <-chan error, release chan struct{}) {
+func postHeldForce(t *testing.T, l *Loop, lv *loopVolume) (forced <-chan error, release chan struct{}) {
 	t.Helper()
 	entered := make(chan struct{})
 	release = make(chan struct{})
-	forced = l.post(&loopFx{lv: lv, wait: func(a volstate.Action) error {
+	forced = l.Post(&loopFx{lv: lv, wait: func(a volstate.Action) error {
 		if a.Kind == volstate.StopPeers {
 			close(entered)
 			<-release
@@ -149,11 +149,11 @@ func postHeldForce(t *testing.T, l *volumeLoop, lv *loopVolume) (forced <-chan e
 }
 
 // closeLoop closes l, failing t if that does not end (a stuck loop).
-func closeLoop(t *testing.T, l *volumeLoop) {
+func closeLoop(t *testing.T, l *Loop) {
 	t.Helper()
 	closed := make(chan struct{})
 	go func() {
-		l.close()
+		l.Close()
 		close(closed)
 	}()
 	awaitLoop(t, closed, "the loop's close")
@@ -167,7 +167,7 @@ func closeLoop(t *testing.T, l *volumeLoop) {
 // deadlock: the goroutine's drive would never be taken.
 func TestTheLoopDrivesWhileAWaitingPreparationWaits(t *testing.T) {
 	lv := loopSecondary()
-	l := startLoop()
+	l := Start()
 	defer closeLoop(t, l)
 	fx := &loopFx{lv: lv, wait: func(a volstate.Action) error {
 		if a.Kind != volstate.StopPeers {
@@ -175,10 +175,10 @@ func TestTheLoopDrivesWhileAWaitingPreparationWaits(t *testing.T) {
 		}
 		// The sender, on its way out, drives the volume and waits.
 		done := make(chan error, 1)
-		go func() { done <- l.drive(&loopFx{lv: lv}, raftSays(4)) }()
+		go func() { done <- l.Drive(&loopFx{lv: lv}, raftSays(4)) }()
 		return <-done
 	}}
-	if err := awaitLoop(t, l.post(fx, force()), "the force"); err != nil {
+	if err := awaitLoop(t, l.Post(fx, force()), "the force"); err != nil {
 		t.Fatalf("the force: %v", err)
 	}
 	want := []string{"commit volstate.AuthorityChanged epoch=4 primary=a", "commit volstate.Force epoch=5 primary=b"}
@@ -195,13 +195,13 @@ func TestTheLoopDrivesWhileAWaitingPreparationWaits(t *testing.T) {
 // state as they left it.
 func TestTheLoopTakesDrivesInTheOrderPosted(t *testing.T) {
 	lv := loopSecondary()
-	l := startLoop()
+	l := Start()
 	defer closeLoop(t, l)
 	forced, release := postHeldForce(t, l, lv)
 	var results []<-chan error
 	var want []string
 	for epoch := uint64(4); epoch < 54; epoch++ {
-		results = append(results, l.post(&loopFx{lv: lv}, raftSays(epoch)))
+		results = append(results, l.Post(&loopFx{lv: lv}, raftSays(epoch)))
 		want = append(want, fmt.Sprintf("commit volstate.AuthorityChanged epoch=%d primary=a", epoch))
 	}
 	for i, r := range results {
@@ -221,21 +221,21 @@ func TestTheLoopTakesDrivesInTheOrderPosted(t *testing.T) {
 
 // TestTheLoopClosesAfterItsWaitsAndRefusesWhatComesMeanwhile: a close
 // waits for the drive under way, whose preparation waits off the loop; a
-// drive posted meanwhile, or after, gets errVolumeClosed at once; the
+// drive posted meanwhile, or after, gets ErrClosed at once; the
 // drive under way ends as it would have, and the loop's goroutine and its
 // waits are over when close returns.
 func TestTheLoopClosesAfterItsWaitsAndRefusesWhatComesMeanwhile(t *testing.T) {
 	lv := loopSecondary()
-	l := startLoop()
+	l := Start()
 	forced, release := postHeldForce(t, l, lv)
 	closed := make(chan struct{})
 	go func() {
-		l.close()
+		l.Close()
 		close(closed)
 	}()
 	awaitLoop(t, l.quit, "the close's start")
-	if err := awaitLoop(t, l.post(&loopFx{lv: lv}, raftSays(4)), "a drive posted while the loop closes"); !errors.Is(err, errVolumeClosed) {
-		t.Errorf("a drive posted while the loop closes: %v, want %v", err, errVolumeClosed)
+	if err := awaitLoop(t, l.Post(&loopFx{lv: lv}, raftSays(4)), "a drive posted while the loop closes"); !errors.Is(err, ErrClosed) {
+		t.Errorf("a drive posted while the loop closes: %v, want %v", err, ErrClosed)
 	}
 	select {
 	case <-closed:
@@ -248,8 +248,8 @@ func TestTheLoopClosesAfterItsWaitsAndRefusesWhatComesMeanwhile(t *testing.T) {
 	}
 	awaitLoop(t, closed, "the close")
 	awaitLoop(t, l.done, "the loop's end")
-	if err := awaitLoop(t, l.post(&loopFx{lv: lv}, raftSays(5)), "a drive posted after the close"); !errors.Is(err, errVolumeClosed) {
-		t.Errorf("a drive posted after the close: %v, want %v", err, errVolumeClosed)
+	if err := awaitLoop(t, l.Post(&loopFx{lv: lv}, raftSays(5)), "a drive posted after the close"); !errors.Is(err, ErrClosed) {
+		t.Errorf("a drive posted after the close: %v, want %v", err, ErrClosed)
 	}
 	want := []string{"commit volstate.Force epoch=4 primary=b"}
 	if got := lv.lines(); !slices.Equal(got, want) {
@@ -260,15 +260,15 @@ func TestTheLoopClosesAfterItsWaitsAndRefusesWhatComesMeanwhile(t *testing.T) {
 // TestACallRunsOnTheLoopBetweenItsDrives: a call posted behind drives is
 // run after them, on the state they left, also while an earlier drive
 // waits off the loop; once the loop closed a call is refused with
-// errVolumeClosed and not run.
+// ErrClosed and not run.
 func TestACallRunsOnTheLoopBetweenItsDrives(t *testing.T) {
 	lv := loopSecondary()
-	l := startLoop()
+	l := Start()
 	forced, release := postHeldForce(t, l, lv)
-	first := l.post(&loopFx{lv: lv}, raftSays(4))
+	first := l.Post(&loopFx{lv: lv}, raftSays(4))
 	var seen []string
 	called := make(chan error, 1)
-	go func() { called <- l.call(func() { seen = lv.lines() }) }()
+	go func() { called <- l.Call(func() { seen = lv.lines() }) }()
 	if err := awaitLoop(t, called, "the call"); err != nil {
 		t.Fatalf("the call: %v", err)
 	}
@@ -282,10 +282,10 @@ func TestACallRunsOnTheLoopBetweenItsDrives(t *testing.T) {
 	if err := awaitLoop(t, forced, "the force"); err != nil {
 		t.Fatalf("the force: %v", err)
 	}
-	l.close()
+	l.Close()
 	ran := false
-	if err := l.call(func() { ran = true }); !errors.Is(err, errVolumeClosed) || ran {
-		t.Errorf("a call on a closed loop: %v, ran %t; want %v, not run", err, ran, errVolumeClosed)
+	if err := l.Call(func() { ran = true }); !errors.Is(err, ErrClosed) || ran {
+		t.Errorf("a call on a closed loop: %v, ran %t; want %v, not run", err, ran, ErrClosed)
 	}
 }
 
@@ -297,20 +297,20 @@ func TestACallRunsOnTheLoopBetweenItsDrives(t *testing.T) {
 // it is told, and ask returns once its news ran, either way.
 func TestNewsToldRunsOnTheLoopBeforeWhatIsPostedAfterIt(t *testing.T) {
 	lv := loopSecondary()
-	l := startLoop()
+	l := Start()
 	for round := range 50 {
 		gate, busy := make(chan struct{}), make(chan struct{})
-		go l.call(func() { close(busy); <-gate })
+		go l.Call(func() { close(busy); <-gate })
 		awaitLoop(t, busy, "the call that keeps the loop busy")
 		var order []string // the loop's alone: each entry is written on it
 		for i := range 3 {
-			l.tell(func() { order = append(order, fmt.Sprintf("news %d, %d writes", i, len(lv.lines()))) })
+			l.Tell(func() { order = append(order, fmt.Sprintf("news %d, %d writes", i, len(lv.lines()))) })
 		}
 		epoch := uint64(4 + round)
 		drove := make(chan error, 1)
-		go func() { drove <- <-l.post(&loopFx{lv: lv}, raftSays(epoch)) }() // posted while the loop is busy
+		go func() { drove <- <-l.Post(&loopFx{lv: lv}, raftSays(epoch)) }() // posted while the loop is busy
 		called := make(chan error, 1)
-		go func() { called <- l.call(func() { order = append(order, "call") }) }()
+		go func() { called <- l.Call(func() { order = append(order, "call") }) }()
 		close(gate)
 		if err := awaitLoop(t, drove, "the drive posted after the news"); err != nil {
 			t.Fatalf("the drive: %v", err)
@@ -327,17 +327,17 @@ func TestNewsToldRunsOnTheLoopBeforeWhatIsPostedAfterIt(t *testing.T) {
 		}
 	}
 	asked := false
-	l.ask(func() { asked = true })
+	l.Ask(func() { asked = true })
 	if !asked {
 		t.Error("ask returned before its news ran on the loop")
 	}
 	closeLoop(t, l)
 	ranAt := ""
-	l.tell(func() { ranAt = "told" })
+	l.Tell(func() { ranAt = "told" })
 	if ranAt != "told" {
 		t.Error("news told once the loop ended did not run at once")
 	}
-	l.ask(func() { asked = false })
+	l.Ask(func() { asked = false })
 	if asked {
 		t.Error("ask once the loop ended did not run its news")
 	}
