@@ -127,18 +127,27 @@ type frameConn struct {
 
 	// The receiver's word on long frames (Arrivals): longs gets a wake as
 	// one begins to arrive, arriving is set while it does, and arrived
-	// counts the bytes of long frames read so far.
+	// counts the bytes read from the connection so far (counted).
 	longs    chan struct{}
 	arriving atomic.Bool
 	arrived  atomic.Int64
 }
 
-// LongFrame is the size from which a frame counts as long (Arrivals): its
-// bytes are read, and counted, longChunk at a time.
-const (
-	LongFrame = 64 << 10
-	longChunk = 64 << 10
-)
+// LongFrame is the size from which a frame counts as long (Arrivals).
+const LongFrame = 64 << 10
+
+// counted is a connection's reader that counts the bytes it reads: one
+// atomic add per read, whatever its size.
+type counted struct {
+	r io.Reader
+	n *atomic.Int64
+}
+
+func (c counted) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}
 
 // Arrivals is what a MsgStream may say of the frames arriving, so that a
 // receiver can tell its peer it is alive while a long frame crosses a
@@ -149,7 +158,7 @@ type Arrivals interface {
 	// when a frame of LongFrame bytes or more begins to arrive.
 	LongFrames() <-chan struct{}
 	// Arriving reports whether such a frame is arriving now, and how
-	// many bytes of long frames arrived so far (it only grows).
+	// many bytes arrived so far (it only grows).
 	Arriving() (now bool, bytes int64)
 }
 
@@ -165,8 +174,8 @@ const readBufferSize = 16 << 10
 func newFrameConn(parent context.Context, conn net.Conn, state *tls.ConnectionState) *frameConn {
 	ctx, cancel := context.WithCancel(parent)
 	_, tcp := conn.(*net.TCPConn)
-	fc := &frameConn{conn: conn, tcp: tcp, r: bufio.NewReaderSize(conn, readBufferSize), state: state, ctx: ctx, cancel: cancel,
-		longs: make(chan struct{}, 1)}
+	fc := &frameConn{conn: conn, tcp: tcp, state: state, ctx: ctx, cancel: cancel, longs: make(chan struct{}, 1)}
+	fc.r = bufio.NewReaderSize(counted{r: conn, n: &fc.arrived}, readBufferSize)
 	fc.stop = context.AfterFunc(ctx, func() { conn.Close() })
 	return fc
 }
@@ -305,8 +314,8 @@ func (fc *frameConn) RecvMsg(m any) error {
 	return nil
 }
 
-// readLong reads a long frame's bytes into b, longChunk at a time, and
-// says so (Arrivals) as they come.
+// readLong reads a long frame's bytes into b, and says so (Arrivals)
+// while they come.
 func (fc *frameConn) readLong(b []byte) error {
 	fc.arriving.Store(true)
 	defer fc.arriving.Store(false)
@@ -314,13 +323,8 @@ func (fc *frameConn) readLong(b []byte) error {
 	case fc.longs <- struct{}{}:
 	default: // a wake is pending already
 	}
-	for len(b) > 0 {
-		chunk := b[:min(len(b), longChunk)]
-		if _, err := io.ReadFull(fc.r, chunk); err != nil {
-			return fc.fail(err)
-		}
-		fc.arrived.Add(int64(len(chunk)))
-		b = b[len(chunk):]
+	if _, err := io.ReadFull(fc.r, b); err != nil {
+		return fc.fail(err)
 	}
 	return nil
 }

@@ -263,10 +263,10 @@ func FuzzReplStreamDecoder(f *testing.F) {
 }
 
 // TestALongFrameSaysItIsArriving: the framing says when a frame of
-// LongFrame bytes or more begins to arrive, and counts its bytes as they
+// LongFrame bytes or more begins to arrive, and counts the bytes as they
 // come, before the frame is whole (transport.Arrivals: a receiver tells
 // its peer it is alive while a long frame crosses a slow link); a short
-// frame says nothing.
+// frame says nothing of a long one.
 func TestALongFrameSaysItIsArriving(t *testing.T) {
 	near, far := net.Pipe()
 	defer far.Close()
@@ -301,38 +301,40 @@ func TestALongFrameSaysItIsArriving(t *testing.T) {
 		t.Fatal("a short frame said a long one arrives")
 	default:
 	}
-	if now, n := arr.Arriving(); now || n != 0 {
-		t.Fatalf("after a short frame: arriving %v, %d bytes; want none", now, n)
+	now, before := arr.Arriving()
+	if now || before != frameHeaderLen+100 {
+		t.Fatalf("after a short frame: arriving %v, %d bytes; want not arriving, %d bytes", now, before, frameHeaderLen+100)
 	}
 
-	// A long one, a chunk at a time: net.Pipe's writes return once read.
-	size := 3*longChunk + 1000
+	// A long one, in parts: net.Pipe's writes return once read.
+	const part = 64 << 10
+	size := 3*part + 1000
 	go recv(f)
 	write(header(size))
-	write(make([]byte, longChunk))
+	write(make([]byte, part))
 	select {
 	case <-arr.LongFrames():
 	case <-time.After(10 * time.Second):
 		t.Fatal("no word of a long frame arriving")
 	}
-	write(make([]byte, longChunk))
-	// The second chunk was read (net.Pipe), so the first was counted.
-	if now, n := arr.Arriving(); !now || n < longChunk {
-		t.Fatalf("a long frame halfway: arriving %v, %d bytes; want it arriving, with a chunk or more counted", now, n)
+	write(make([]byte, part))
+	// The second part was read, so the first was counted.
+	if now, n := arr.Arriving(); !now || n-before < part {
+		t.Fatalf("a long frame halfway: arriving %v, %d bytes of it; want it arriving, %d or more", now, n-before, part)
 	}
 	select {
 	case err := <-got:
 		t.Fatalf("the long frame was received before it was whole: %v", err)
 	default:
 	}
-	write(make([]byte, size-2*longChunk))
+	write(make([]byte, size-2*part))
 	if err := <-got; err != nil {
 		t.Fatal(err)
 	}
 	if len(f.Bytes()) != size {
 		t.Fatalf("received %d bytes, want %d", len(f.Bytes()), size)
 	}
-	if now, n := arr.Arriving(); now || n != int64(size) {
-		t.Fatalf("after the long frame: arriving %v, %d bytes; want not arriving, %d", now, n, size)
+	if now, n := arr.Arriving(); now || n-before != int64(frameHeaderLen+size) {
+		t.Fatalf("after the long frame: arriving %v, %d bytes of it; want not arriving, %d", now, n-before, frameHeaderLen+size)
 	}
 }
