@@ -609,7 +609,7 @@ func (v *Volume) copyMissingFromPeer(ctx context.Context, wait func(context.Cont
 			return err
 		}
 		copied += length
-		hold, err := v.locks.Lock(ctx, off, length)
+		hold, err := v.iopath.locks.Lock(ctx, off, length)
 		if err != nil {
 			return err
 		}

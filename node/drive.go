@@ -267,7 +267,7 @@ func (d *volumeSteps) installLocked(c volstate.Change, texts func(volstate.Cause
 func (d *volumeSteps) Perform(a volstate.Action) error {
 	switch a.Kind {
 	case volstate.WaitIO:
-		d.v.io.Wait()
+		d.v.iopath.io.Wait()
 	case volstate.DrainIO:
 		if err := d.v.quiesce(); err != nil {
 			if d.opts.drainFailed == nil || !d.opts.drainFailed(err) {

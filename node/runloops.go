@@ -87,7 +87,7 @@ func (p *peer) resync(s *session.Session) error {
 				}
 				off := start * replication.BlockSize
 				length := min(n*replication.BlockSize, v.size.Load()-off)
-				hold, err := v.locks.Lock(ctx, off, length)
+				hold, err := v.iopath.locks.Lock(ctx, off, length)
 				if err != nil {
 					return nil, nil, err
 				}
@@ -285,7 +285,7 @@ func (p *peer) verify(s *session.Session, repair bool) {
 				return nil, nil, nil
 			}
 			runOff, length := off, min(run, v.size.Load()-off)
-			hold, err := v.locks.Lock(ctx, runOff, length)
+			hold, err := v.iopath.locks.Lock(ctx, runOff, length)
 			if err != nil {
 				return nil, nil, err
 			}

@@ -696,7 +696,7 @@ func (v *Volume) buildSums(p []byte, off int64) (int64, error) {
 // scrubOnPrimary reads the range as a client's read does, under the
 // range lock that excludes the writes to it, and repairs from a peer.
 func (v *Volume) scrubOnPrimary(ctx context.Context, p []byte, off int64, t *blockTally, built *int64) error {
-	hold, err := v.locks.LockShared(ctx, off, int64(len(p)))
+	hold, err := v.iopath.locks.LockShared(ctx, off, int64(len(p)))
 	if err != nil {
 		return err
 	}

@@ -46,12 +46,11 @@ type Volume struct {
 	// clock is the node's (Node.clock).
 	clock clock.Clock
 
-	// locks orders overlapping writes and resync reads.
-	locks replication.RangeLocks
+	// iopath is the state of the IO path: the NBD reads, writes and
+	// flushes and what waits for them (iopath.go).
+	iopath ioPath
 	// set holds the settings replctl adjust changes (protocol.go).
 	set atomic.Pointer[settings]
-	// rb balances reads between the local disk and the peers.
-	rb readBalancer
 
 	// stateMu serialises changes of the durable state (commit) with their
 	// persistence; v.mu is not held while the state is written.
@@ -99,7 +98,6 @@ type Volume struct {
 	// settingsChecks counts the checks after an online change that ran
 	// to the end (tests wait on it).
 	settingsChecks atomic.Int64
-	io             sync.WaitGroup
 	// peers is the volume's senders, one per other node (peerset.go).
 	peers peerSet
 	// The local disk is detached (out of service after it failed: the
@@ -348,9 +346,9 @@ func (v *Volume) Description() string {
 // errShutdown is what a client sees of IO the volume does not serve here.
 var errShutdown = syscall.ESHUTDOWN
 
-// enter admits one IO on the primary; every admitted IO must call v.io.Done.
-// In authority mode it waits (IO freezes) while the primary's lease is not
-// valid.
+// enter admits one IO on the primary; every admitted IO must call
+// v.iopath.io.Done. In authority mode it waits (IO freezes) while the
+// primary's lease is not valid.
 func (v *Volume) enter(ctx context.Context) error {
 	for {
 		v.mu.Lock()
@@ -366,7 +364,7 @@ func (v *Volume) enter(ctx context.Context) error {
 			v.mu.Unlock()
 			return fmt.Errorf("%s on %s: %w: %s (%w)", v.name, v.self, ErrNotServing, why, errShutdown)
 		case v.leaseHeldLocked():
-			v.io.Add(1)
+			v.iopath.io.Add(1)
 			v.mu.Unlock()
 			return nil
 		}
@@ -390,12 +388,12 @@ func (v *Volume) ReadAt(ctx context.Context, p []byte, off int64) error {
 	if err := v.enter(ctx); err != nil {
 		return err
 	}
-	defer v.io.Done()
+	defer v.iopath.io.Done()
 	v.counters.reads.Add(1)
 	v.counters.readBytes.Add(uint64(len(p)))
 	// A read never sees a write that has not completed: it could still
 	// fail and be missing on the peer a failover promotes.
-	hold, err := v.locks.LockShared(ctx, off, int64(len(p)))
+	hold, err := v.iopath.locks.LockShared(ctx, off, int64(len(p)))
 	if err != nil {
 		return err
 	}
@@ -570,7 +568,7 @@ func (v *Volume) shutdown() bool {
 		// Only a shutdown closes the loop, and only once.
 		v.log.Error("stop the volume's IO", "err", err)
 	}
-	v.io.Wait()
+	v.iopath.io.Wait()
 	clean := true
 	if wasOpen {
 		if err := v.flushAll(false); err != nil {

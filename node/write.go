@@ -119,7 +119,7 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	if err := v.enter(ctx); err != nil {
 		return err
 	}
-	defer v.io.Done()
+	defer v.iopath.io.Done()
 	if size := v.size.Load(); e.Off < 0 || e.Length < 0 || e.Off+e.Length > size {
 		// Past the end: NBD never sends it; past the old end during a
 		// resize, the peers may not hold it yet.
@@ -127,7 +127,7 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	}
 	v.counters.lastWrite.Store(v.clock.Now().UnixNano())
 
-	hold, err := v.locks.Lock(ctx, e.Off, e.Length)
+	hold, err := v.iopath.locks.Lock(ctx, e.Off, e.Length)
 	if err != nil {
 		return err
 	}
@@ -432,7 +432,7 @@ func (v *Volume) Flush(ctx context.Context) error {
 	if err := v.enter(ctx); err != nil {
 		return err
 	}
-	defer v.io.Done()
+	defer v.iopath.io.Done()
 	v.counters.flushes.Add(1)
 	if err := v.flushAll(true); err != nil {
 		return err
