@@ -370,5 +370,5 @@ func (v *Volume) quiesce() error {
 	cancel()
 	v.iopath.io.Wait()
 	v.stopPeers()
-	return v.md.FlushBitmaps()
+	return v.durable.md.FlushBitmaps()
 }

@@ -236,7 +236,7 @@ func (p *peer) resyncEntry(s *session.Session, off, length int64, csums bool) (p
 			// The blocks' sums go with them: the target verifies them
 			// before it writes, and stores them.
 			pd.Entry = replication.Entry{Op: replication.OpResyncData, Off: off, Length: length, Data: buf,
-				Sums: v.integ.sumsOf(nil, off, buf, v.size.Load())}
+				Sums: v.durable.integ.sumsOf(nil, off, buf, v.size.Load())}
 			pd.Buf = bp
 		}
 	}
@@ -377,7 +377,7 @@ var errSourceUnrecoverable = errors.New("the resync source holds a block bad tha
 // retried, until a write to the blocks lets them through.
 func (p *peer) verifySource(buf []byte, off int64) (bad int64, lost bool, err error) {
 	v := p.v
-	in := v.integ
+	in := v.durable.integ
 	if !in.on() {
 		return 0, false, nil
 	}
