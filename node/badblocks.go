@@ -212,11 +212,11 @@ func (in *integrity) unlistedRuns(off, length int64) [][2]int64 {
 // the list is full, or cannot be written, the disk is detached instead,
 // as a failed write detaches it.
 func (v *Volume) listBadBlock(b, boff, blen int64, from string, cause repairCause, werr error) {
-	added, err := v.integ.listBad(b)
+	added, err := v.durable.integ.listBad(b)
 	if err == nil {
 		if added {
 			msg := fmt.Sprintf("the block at byte %d (%d bytes) of %s on %s could not be rewritten with %s's good copy (%s: %v): it is on the bad-block list (%d of bad_blocks_max %d) and read from a peer in sync from now on; a write over it that succeeds takes it off",
-				boff, blen, v.name, v.self, from, cause, werr, v.integ.badBlocks(), v.integ.badMax)
+				boff, blen, v.name, v.self, from, cause, werr, v.durable.integ.badBlocks(), v.durable.integ.badMax)
 			v.log.Warn(msg)
 			v.node.emit(statefile.Event{Volume: v.name, Kind: "bad-block", Peer: from, Reason: string(reasonWriteBackFailed), Offset: boff, Length: blen, Message: msg})
 		}

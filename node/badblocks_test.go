@@ -133,7 +133,7 @@ func TestABlockThatCannotBeRewrittenIsListedAndReadFromThePeer(t *testing.T) {
 		t.Fatalf("status says %d bad blocks, want 1", n)
 	}
 	waitMetric(t, c.nodes["alpha"], "the bad block", metricIs(1), "replvol_bad_blocks", "volume=vol0", "node=alpha")
-	if list := v.md.BadBlocks(); !slices.Equal(list, []metadata.BadBlock{{Block: bad, Kind: metadata.BadBlockUnwritable}}) {
+	if list := v.durable.md.BadBlocks(); !slices.Equal(list, []metadata.BadBlock{{Block: bad, Kind: metadata.BadBlockUnwritable}}) {
 		t.Fatalf("the metadata's bad-block list: %v", list)
 	}
 
@@ -219,7 +219,7 @@ func TestAWriteOverAListedBlockClearsIt(t *testing.T) {
 	if n := c.badBlocksOf("alpha"); n != 0 {
 		t.Fatalf("a write over the whole block: %d bad blocks, want 0", n)
 	}
-	if list := v.md.BadBlocks(); len(list) != 0 {
+	if list := v.durable.md.BadBlocks(); len(list) != 0 {
 		t.Fatalf("the metadata still lists %v", list)
 	}
 	// The order on the disk: the block's data, a sync, then the
@@ -387,7 +387,7 @@ func TestUnrecoverableBlocksSurviveARestart(t *testing.T) {
 	if err := c.vol("alpha").WriteAt(ctx, again, block*4096, false); err != nil {
 		t.Fatal(err)
 	}
-	if list := c.vol("alpha").md.BadBlocks(); len(list) != 0 {
+	if list := c.vol("alpha").durable.md.BadBlocks(); len(list) != 0 {
 		t.Fatalf("a write over the block left %v in the metadata", list)
 	}
 	restart()
@@ -418,7 +418,7 @@ func TestASecondaryNeverReadsABlockOnItsList(t *testing.T) {
 	if err := c.vol("alpha").Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.vol("beta").integ.listBad(block); err != nil {
+	if _, err := c.vol("beta").durable.integ.listBad(block); err != nil {
 		t.Fatal(err)
 	}
 	flipFileBytes(t, c.cfg.Volumes[0].Disks["alpha"].Paths[0].Path, block*4096+100, 1)

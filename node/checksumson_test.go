@@ -99,7 +99,7 @@ func TestTurningChecksumsOnBuildsThemInTheBackground(t *testing.T) {
 	c.writeFlushed(t, randomBytes(61, size), 0)
 	c.waitInSync()
 	for _, name := range []string{"alpha", "beta"} {
-		if _, ok := c.vol(name).md.Checksums(); ok {
+		if _, ok := c.vol(name).durable.md.Checksums(); ok {
 			t.Fatalf("%s: checksums: off laid out a checksum area", name)
 		}
 	}
@@ -232,7 +232,7 @@ func TestChecksumsOnWithoutRoomRunsWithoutThem(t *testing.T) {
 	if on, _, _ := c.integrityOf("beta"); on {
 		t.Fatal("beta: no room for checksums, but status says checksums")
 	}
-	if sb := c.vol("beta").md.Superblock(); sb.HasChecksums() {
+	if sb := c.vol("beta").durable.md.Superblock(); sb.HasChecksums() {
 		t.Fatalf("beta's metadata is format %d after a refused conversion", sb.Version)
 	}
 	c.stop("beta")
@@ -259,7 +259,7 @@ func TestChecksumsOnWithoutRoomRunsWithoutThem(t *testing.T) {
 	}
 	c.start("beta")
 	waitForEvent(t, c.nodes["beta"], "checksums-on", nil)
-	if sb := c.vol("beta").md.Superblock(); !sb.HasChecksums() || sb.DeviceSize != need {
+	if sb := c.vol("beta").durable.md.Superblock(); !sb.HasChecksums() || sb.DeviceSize != need {
 		t.Fatalf("beta's metadata is format %d laid out for %d bytes; want format 2 at the end of the %d-byte disk", sb.Version, sb.DeviceSize, need)
 	}
 	c.waitInSync()
@@ -269,7 +269,7 @@ func TestChecksumsOnWithoutRoomRunsWithoutThem(t *testing.T) {
 	}
 	c.stop("beta")
 	c.start("beta")
-	if _, ok := c.vol("beta").md.Checksums(); !ok {
+	if _, ok := c.vol("beta").durable.md.Checksums(); !ok {
 		t.Fatal("beta's converted metadata opens without checksums after a restart")
 	}
 	c.waitInSync()
@@ -298,7 +298,7 @@ func TestChecksumsOffThenOnAgainRebuildsThem(t *testing.T) {
 	if on, _, _ := c.integrityOf("beta"); on {
 		t.Fatal("beta: checksums: off, but status says checksums")
 	}
-	if _, ok := c.vol("beta").md.Checksums(); !ok {
+	if _, ok := c.vol("beta").durable.md.Checksums(); !ok {
 		t.Fatal("beta: checksums: off dropped the checksum area")
 	}
 	c.waitInSync()

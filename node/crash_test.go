@@ -48,7 +48,7 @@ func (c *testCluster) crashThen(name string, down func()) {
 		close(v.stopping)
 		v.stopPeers()
 		v.detachIncoming()
-		v.closeMD()
+		v.durable.closeMD()
 		v.disk.Close()
 	}
 	close(n.stopLoop)

@@ -175,12 +175,12 @@ func (v *Volume) markMissedLocked(f diskFailure, missOff, missLen int64) bool {
 	}
 	v.dw.recordFailureLocked(f)
 	if missLen > 0 {
-		v.localMissing.SetRange(missOff, missLen)
+		v.durable.localMissing.SetRange(missOff, missLen)
 	}
 	if f.op == diskRead && f.length > 0 {
 		// What the disk could not read is copied back from the peer
 		// before the disk serves it again (md rewrites a bad sector).
-		v.localMissing.SetRange(f.off, f.length)
+		v.durable.localMissing.SetRange(f.off, f.length)
 	}
 	return true
 }
@@ -193,7 +193,7 @@ func (v *Volume) admitLocal(off, length int64) bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.detachedLocked() {
-		v.localMissing.SetRange(off, length)
+		v.durable.localMissing.SetRange(off, length)
 		return false
 	}
 	v.dw.localWrites.Add(1)
@@ -209,7 +209,7 @@ func (v *Volume) needsPeer(off, length int64) bool {
 	v.mu.Lock()
 	detached := v.detachedLocked()
 	v.mu.Unlock()
-	return detached || v.localMissing.AnySet(off, length)
+	return detached || v.durable.localMissing.AnySet(off, length)
 }
 
 func (v *Volume) isDetached() bool {
@@ -391,7 +391,7 @@ func (v *Volume) diskWorks(rule *reattachState) bool {
 			return because(CauseDetached, "disk works again: copying the blocks it missed from the peer")
 		},
 		notify: func(volstate.Action) {
-			v.node.event(v.name, "attaching", fmt.Sprintf("%s: disk works again (its probes passed for %s); copying the %s it missed from the peer", v.self, rule.StableFor(), human.Bytes(v.localMissing.Bytes())))
+			v.node.event(v.name, "attaching", fmt.Sprintf("%s: disk works again (its probes passed for %s); copying the %s it missed from the peer", v.self, rule.StableFor(), human.Bytes(v.durable.localMissing.Bytes())))
 		},
 		install: func(c volstate.Change) { attaching = c.Next.Disk == replication.Inconsistent },
 	})
@@ -416,7 +416,7 @@ func (v *Volume) copyBack() error {
 			// The activity log may have failed with the disk: write it
 			// out again before it guards writes (the probe did, unless it
 			// failed since).
-			if err = v.md.ActivityLog().Reset(); err != nil {
+			if err = v.durable.md.ActivityLog().Reset(); err != nil {
 				err = diskFailure{op: diskLog, err: err}
 			}
 		}
@@ -518,7 +518,7 @@ func (v *Volume) probeDisk() error {
 	if len(areas) == 0 {
 		areas = append(areas, diskFailure{off: 0, length: min(replication.BlockSize, v.size.Load())})
 	}
-	if err := v.md.ActivityLog().Reset(); err != nil {
+	if err := v.durable.md.ActivityLog().Reset(); err != nil {
 		return diskFailure{op: diskLog, err: err}
 	}
 	for _, a := range areas {
@@ -535,7 +535,7 @@ func (v *Volume) probeDisk() error {
 // probeArea reads [off, off+length), writes it back and reads it again
 // (see probeDisk for why that is safe).
 func (v *Volume) probeArea(off, length int64) error {
-	v.localMissing.SetRange(off, length)
+	v.durable.localMissing.SetRange(off, length)
 	buf := make([]byte, 2*length)
 	was, again := buf[:length], buf[length:]
 	if _, err := v.disk.ReadAt(was, off); err != nil {
@@ -587,9 +587,9 @@ func (v *Volume) copyMissingFromPeer(ctx context.Context, wait func(context.Cont
 	var pacer resyncPacer
 	copied := int64(0)
 	for {
-		start, n, ok := v.localMissing.NextRun(cursor, resyncRunBlocks)
+		start, n, ok := v.durable.localMissing.NextRun(cursor, resyncRunBlocks)
 		if !ok {
-			if v.localMissing.Count() == 0 {
+			if v.durable.localMissing.Count() == 0 {
 				break
 			}
 			cursor = 0
@@ -609,7 +609,7 @@ func (v *Volume) copyMissingFromPeer(ctx context.Context, wait func(context.Cont
 			return err
 		}
 		copied += length
-		hold, err := v.locks.Lock(ctx, off, length)
+		hold, err := v.iopath.locks.Lock(ctx, off, length)
 		if err != nil {
 			return err
 		}
@@ -619,7 +619,7 @@ func (v *Volume) copyMissingFromPeer(ctx context.Context, wait func(context.Cont
 		if err == nil {
 			if _, werr := v.disk.WriteAt(buf, off); werr != nil {
 				err = diskFailure{op: diskWrite, off: off, length: length, err: werr}
-			} else if werr := v.integ.written(off, length, v.integ.sumsOf(nil, off, buf, v.size.Load())); werr != nil {
+			} else if werr := v.durable.integ.written(off, length, v.durable.integ.sumsOf(nil, off, buf, v.size.Load())); werr != nil {
 				// The copy is not in the activity log: a crash before
 				// the flush below leaves the disk stale, copied again.
 				err = diskFailure{op: diskWrite, off: off, length: length, err: werr}
@@ -629,7 +629,7 @@ func (v *Volume) copyMissingFromPeer(ctx context.Context, wait func(context.Cont
 			err = v.forwardPulled(buf, off)
 		}
 		if err == nil {
-			v.localMissing.ClearRange(off, length)
+			v.durable.localMissing.ClearRange(off, length)
 			v.counters.resynced.Add(length)
 		}
 		resyncBufs.Put(bp)
@@ -638,7 +638,7 @@ func (v *Volume) copyMissingFromPeer(ctx context.Context, wait func(context.Cont
 			return err
 		}
 	}
-	if err := v.integ.syncData(v.disk.Sync); err != nil {
+	if err := v.durable.integ.syncData(v.disk.Sync); err != nil {
 		return diskFailure{op: diskSync, err: err}
 	}
 	return nil

@@ -262,7 +262,7 @@ func TestAReattachEndsOnlyOnceNothingIsMissing(t *testing.T) {
 	t.Cleanup(gate.Open) // before the nodes close, when the test fails early
 	var held atomic.Bool
 	fd.Add(fault.InjectorFunc(func(op fault.Op) fault.Fault {
-		if op.Kind == fault.Sync && v.state().st.Disk == replication.Inconsistent && v.localMissing.Count() == 0 && held.CompareAndSwap(false, true) {
+		if op.Kind == fault.Sync && v.state().st.Disk == replication.Inconsistent && v.durable.localMissing.Count() == 0 && held.CompareAndSwap(false, true) {
 			return fault.Fault{Hold: gate}
 		}
 		return fault.Fault{}
@@ -280,11 +280,11 @@ func TestAReattachEndsOnlyOnceNothingIsMissing(t *testing.T) {
 	// and that is marked missing.
 	c.scribble("alpha", 5<<20, 9)
 	v.mu.Lock()
-	v.localMissing.SetRange(5<<20, 1<<20)
+	v.durable.localMissing.SetRange(5<<20, 1<<20)
 	v.mu.Unlock()
 	gate.Open()
 	eventually(t, func() bool { return replica(c.status(), "alpha").Disk == "UpToDate" }, "alpha's disk re-attached")
-	if n := v.localMissing.Count(); n != 0 {
+	if n := v.durable.localMissing.Count(); n != 0 {
 		t.Fatalf("alpha's disk UpToDate with %d blocks marked missing", n)
 	}
 	c.waitInSync()

@@ -433,9 +433,9 @@ func TestARevertLeavesTheBlocksThisDiskMissesToThePull(t *testing.T) {
 	if _, err := a.disk.WriteAt(held, off+4096); err != nil {
 		t.Fatal(err)
 	}
-	a.localMissing.SetRange(off, 4096)
+	a.durable.localMissing.SetRange(off, 4096)
 	a.revertPeers(replication.Entry{Op: replication.OpWrite, Off: off, Length: 8192}, nil)
-	a.localMissing.ClearRange(off, 4096)
+	a.durable.localMissing.ClearRange(off, 4096)
 	if _, err := a.disk.WriteAt(kept, off); err != nil { // as the pull would
 		t.Fatal(err)
 	}

@@ -185,10 +185,10 @@
 //
 // Lock order, outermost first; a goroutine holding one takes only those
 // after it: n.volMu, v.resizeMu, in.applyMu, v.stateMu, v.mu; then the
-// leaves, under which nothing is taken: n.mu, n.cl.mu, v.rb.mu,
+// leaves, under which nothing is taken: n.mu, n.cl.mu, v.iopath.rb.mu,
 // v.loop's newsMu (node/volloop: the news told and not yet run),
 // n.events.mu, n.claims.mu (claims.go: the mount claims), v.scrub.mu
-// (scrub.go: the scrub's phase and checkpoint), v.integ.listMu
+// (scrub.go: the scrub's phase and checkpoint), v.durable.integ.listMu
 // (integrity.go, badblocks.go: the lost blocks and the bad-block list;
 // held across the list's durable write, so the metadata's mutexes come
 // under it), the metrics'

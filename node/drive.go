@@ -32,7 +32,7 @@ import (
 func (v *Volume) modelLocked() volstate.State {
 	s := v.st.Clone()
 	s.Stopping = isClosed(v.stopping)
-	s.LocalMissing = v.localMissing.Count() > 0
+	s.LocalMissing = v.durable.localMissing.Count() > 0
 	for name, mp := range s.Peers {
 		mp.Repl, mp.Session, mp.Pulling, mp.InSync, mp.Marked = replication.Connecting, 0, false, false, false
 		if p := v.peers.byName[name]; p != nil {
@@ -209,7 +209,7 @@ func (d *volumeSteps) Prepare(a volstate.Action) error {
 	return nil
 }
 
-func (d *volumeSteps) SetIndicator() error { return d.v.md.SetPrimary(true) }
+func (d *volumeSteps) SetIndicator() error { return d.v.durable.md.SetPrimary(true) }
 
 func (d *volumeSteps) Commit(c volstate.Change) error {
 	// A disk's failure is recorded in the node's store alone: the
@@ -267,7 +267,7 @@ func (d *volumeSteps) installLocked(c volstate.Change, texts func(volstate.Cause
 func (d *volumeSteps) Perform(a volstate.Action) error {
 	switch a.Kind {
 	case volstate.WaitIO:
-		d.v.io.Wait()
+		d.v.iopath.io.Wait()
 	case volstate.DrainIO:
 		if err := d.v.quiesce(); err != nil {
 			if d.opts.drainFailed == nil || !d.opts.drainFailed(err) {
@@ -316,7 +316,7 @@ func (v *Volume) perform(a volstate.Action, opts driveOptions) {
 			v.reattachLoop()
 		}()
 	case volstate.ClearLocalMissing:
-		v.localMissing.ClearRange(0, v.size.Load())
+		v.durable.localMissing.ClearRange(0, v.size.Load())
 	case volstate.StartLease:
 		v.ensureLeaseLoop(a.Epoch)
 	case volstate.StopLease:
@@ -342,14 +342,14 @@ func (v *Volume) perform(a volstate.Action, opts driveOptions) {
 			err = v.disk.Sync()
 		}
 		if err == nil {
-			err = v.md.FlushBitmaps()
+			err = v.durable.md.FlushBitmaps()
 		}
 		if err == nil {
 			// Once the indicator is off a crash rebuilds no checksum.
-			err = v.integ.flush()
+			err = v.durable.integ.flush()
 		}
 		if err == nil {
-			err = v.md.SetPrimary(false)
+			err = v.durable.md.SetPrimary(false)
 		}
 		if err != nil {
 			v.log.Error("clear the primary indicator", "err", err)

@@ -120,12 +120,12 @@ func (p *peer) connect(ctx context.Context) error {
 	}
 	v.peerAnswered(p.name, plan.pull)
 	p.connects.Add(1)
-	v.log.Info("peer connected", "peer", p.name, "rule", plan.rule, "decision", plan.outcome, "out_of_sync", p.bm.Bytes(), "local_missing", v.localMissing.Bytes())
+	v.log.Info("peer connected", "peer", p.name, "rule", plan.rule, "decision", plan.outcome, "out_of_sync", p.bm.Bytes(), "local_missing", v.durable.localMissing.Bytes())
 	now := p.snapshot().state
 	// Words for people; the rule's name is the event's reason (JSON).
 	v.node.emit(statefile.Event{Volume: v.name, Kind: "connected", Peer: p.name, Old: string(was), New: string(now), Reason: plan.rule,
 		Message: fmt.Sprintf("%s connected: %s; %s out of sync on %s, %s on %s", p.name, replication.ConnectWords(plan.outcome, plan.rule),
-			human.Bytes(p.bm.Bytes()), p.name, human.Bytes(v.localMissing.Bytes()), v.self)})
+			human.Bytes(p.bm.Bytes()), p.name, human.Bytes(v.durable.localMissing.Bytes()), v.self)})
 
 	var work func() error
 	switch {
@@ -177,7 +177,7 @@ func (p *peer) takeStream(s *session.Session, reply replication.HelloReply, outd
 	case plan.pull:
 		// The peer is the source: it holds every block this node misses.
 		next.state, next.peerDisk = replication.Connected, string(replication.UpToDate)
-		p.pullTotal.Store(v.localMissing.Bytes())
+		p.pullTotal.Store(v.durable.localMissing.Bytes())
 		p.resyncStart.Store(p.v.clock.Now().UnixNano())
 		p.setPulling(true)
 	case plan.sync:
@@ -295,7 +295,7 @@ func (p *peer) decide(reply replication.HelloReply, outdated bool) (syncPlan, er
 		}
 	}
 	pulling := func(volstate.Cause) reason {
-		return because(CausePulling, "%s holds newer data (%v): copying %s from it", p.name, d, human.Bytes(v.localMissing.Bytes()))
+		return because(CausePulling, "%s holds newer data (%v): copying %s from it", p.name, d, human.Bytes(v.durable.localMissing.Bytes()))
 	}
 	acts, err := v.stepLocked(volstate.PeerConnected{Peer: p.name, UUIDs: reply.UUIDs, PeerDisk: reply.Disk,
 		Marked: p.bm.Count() > 0, DiscardFrom: discard, NextGen: replication.NewGeneration(), PeerOutdated: outdated}, pulling, nil)
@@ -359,14 +359,14 @@ func (p *peer) handshakeRefusal(cause volstate.Cause, d replication.UUIDDecision
 func (p *peer) markPull(d replication.UUIDDecision, reply replication.HelloReply) {
 	v := p.v
 	for _, r := range bitmapRuns(p.bm) {
-		v.localMissing.SetRange(r[0]*replication.BlockSize, r[1]*replication.BlockSize)
+		v.durable.localMissing.SetRange(r[0]*replication.BlockSize, r[1]*replication.BlockSize)
 	}
 	if d.Outcome == replication.FullResyncTarget {
-		v.localMissing.SetRange(0, v.size.Load())
+		v.durable.localMissing.SetRange(0, v.size.Load())
 		return
 	}
 	for _, r := range reply.Changed {
-		v.localMissing.SetRange(r[0]*replication.BlockSize, r[1]*replication.BlockSize)
+		v.durable.localMissing.SetRange(r[0]*replication.BlockSize, r[1]*replication.BlockSize)
 	}
 }
 
@@ -378,7 +378,7 @@ func (p *peer) markPull(d replication.UUIDDecision, reply replication.HelloReply
 // marked a block after the copy passed it: the copy goes again).
 func (p *peer) pull(s *session.Session, peerGen replication.Generation) error {
 	v := p.v
-	began, total := p.v.clock.Now(), v.localMissing.Bytes()
+	began, total := p.v.clock.Now(), v.durable.localMissing.Bytes()
 	v.node.peerEvent(v.name, "pull", p.name, fmt.Sprintf("%s copies %s of newer data from %s", v.self, human.Bytes(total), p.name))
 	for {
 		if err := v.copyMissingFromPeer(s.Context(), p.waitUnpaused); err != nil {

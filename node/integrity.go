@@ -296,7 +296,7 @@ type applierSums struct {
 // checksums through: a volume that keeps none here still verifies the
 // blocks that come with them.
 func (v *Volume) applierChecksums() applier.Checksums {
-	return &applierSums{v: v, in: v.integ, size: &v.size}
+	return &applierSums{v: v, in: v.durable.integ, size: &v.size}
 }
 
 func (a *applierSums) Verify(off int64, data []byte, sums []uint32) error {

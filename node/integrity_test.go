@@ -50,7 +50,7 @@ func TestNewMetadataHasChecksumsAndOldMetadataKeepsWorking(t *testing.T) {
 	if on, _, _ := c.integrityOf("beta"); on {
 		t.Fatal("beta: checksums: off, but status says checksums")
 	}
-	if _, ok := c.vol("beta").md.Checksums(); ok {
+	if _, ok := c.vol("beta").durable.md.Checksums(); ok {
 		t.Fatal("beta: checksums: off laid out a checksum area")
 	}
 	c.stop("beta")
@@ -62,7 +62,7 @@ func TestNewMetadataHasChecksumsAndOldMetadataKeepsWorking(t *testing.T) {
 	if on, _, _ := c.integrityOf("alpha"); !on {
 		t.Fatal("alpha: a new volume with checksums on, but status says none")
 	}
-	if _, ok := c.vol("alpha").md.Checksums(); !ok {
+	if _, ok := c.vol("alpha").durable.md.Checksums(); !ok {
 		t.Fatal("alpha: a new volume's metadata has no checksum area")
 	}
 	// beta's metadata was made without the area: it keeps working
@@ -106,7 +106,7 @@ func TestNewMetadataHasChecksumsAndOldMetadataKeepsWorking(t *testing.T) {
 func (c *testCluster) sumsMatchDisk(name string, want map[int64][]byte, unknown []int64) {
 	c.t.Helper()
 	v := c.vol(name)
-	sums, ok := v.md.Checksums()
+	sums, ok := v.durable.md.Checksums()
 	if !ok {
 		c.t.Fatalf("%s keeps no checksums", name)
 	}

@@ -337,10 +337,10 @@ func (c *collector) collectVolume(ch chan<- prometheus.Metric, v *Volume) {
 	c.resynced.send(ch, float64(lv.ResyncedBytes), v.name, self)
 	v.counters.latency.send(ch, c.requestDuration, v.name, self)
 	for cause := range repairCauses {
-		c.blocksRepaired.send(ch, float64(v.integ.repaired[cause].Load()), v.name, self, cause.String())
+		c.blocksRepaired.send(ch, float64(v.durable.integ.repaired[cause].Load()), v.name, self, cause.String())
 	}
-	c.blocksUnrecoverable.send(ch, float64(v.integ.unrecoverable()), v.name, self)
-	c.badBlocks.send(ch, float64(v.integ.badBlocks()), v.name, self)
+	c.blocksUnrecoverable.send(ch, float64(v.durable.integ.unrecoverable()), v.name, self)
+	c.badBlocks.send(ch, float64(v.durable.integ.badBlocks()), v.name, self)
 	c.scrubProgress.send(ch, v.scrubProgress(), v.name, self)
 	if al := lv.ActivityLog; al != nil {
 		c.alExtents.send(ch, float64(al.Extents), v.name, self)

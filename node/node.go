@@ -342,9 +342,9 @@ func (n *Node) openVolume(vc VolumeConfig, sizeMax bool, preferred int, auth boo
 		disk.Close()
 		return nil, err
 	}
-	v.closeMD = closeMD
+	v.durable.closeMD = closeMD
 	v.mp = mp
-	v.sizeMax = sizeMax
+	v.durable.sizeMax = sizeMax
 	return v, nil
 }
 
@@ -352,8 +352,8 @@ func (n *Node) openVolume(vc VolumeConfig, sizeMax bool, preferred int, auth boo
 func closeVolumes(vols map[string]*Volume) {
 	for _, v := range vols {
 		v.loop.Close()
-		v.md.Close()
-		v.closeMD()
+		v.durable.md.Close()
+		v.durable.closeMD()
 		v.disk.Close()
 	}
 }

@@ -229,7 +229,7 @@ func (p *peer) swap(change func(*peerView)) *peerView {
 
 func newPeer(v *Volume, name string) *peer {
 	nc, _ := v.node.config().Node(name)
-	bm, ok := v.md.Bitmap(v.node.config().NodeID(name))
+	bm, ok := v.durable.md.Bitmap(v.node.config().NodeID(name))
 	if !ok {
 		panic(fmt.Sprintf("metadata of %s has no bitmap for peer %s", v.name, name)) // openMD created one per peer
 	}
@@ -588,7 +588,7 @@ func (p *peer) status() transport.PeerStatus {
 			ps.Replication = string(replication.PausedSyncT)
 		}
 		ps.ResyncTotalBytes = p.pullTotal.Load()
-		ps.ResyncDoneBytes = max(0, ps.ResyncTotalBytes-p.v.localMissing.Bytes())
+		ps.ResyncDoneBytes = max(0, ps.ResyncTotalBytes-p.v.durable.localMissing.Bytes())
 		if secs := p.v.clock.Since(time.Unix(0, p.resyncStart.Load())).Seconds(); secs > 0 {
 			ps.ResyncRate = int64(float64(ps.ResyncDoneBytes) / secs)
 		}

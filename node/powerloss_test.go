@@ -393,7 +393,7 @@ func requireNoFalseCorruption(t *testing.T, c *testCluster, l *blockLedger, all 
 		}
 		both := true
 		for _, name := range []string{"alpha", "beta"} {
-			sums, _ := c.vol(name).md.Checksums()
+			sums, _ := c.vol(name).durable.md.Checksums()
 			sum, known, err := sums.Get(b)
 			if err != nil || (known && sum != seed.Sum(uint64(b), want)) {
 				t.Fatalf("%s: block %d: sum %08x (%v), want %08x", name, b, sum, err, seed.Sum(uint64(b), want))

@@ -32,7 +32,7 @@ func (v *Volume) readTarget(off, length int64) *peer {
 		return nil
 	}
 	v.mu.Lock()
-	local := replication.LocalReadView{Disk: v.st.Disk, Detached: v.detachedLocked(), Pending: int(v.rb.local.Load()), Congested: v.busy()}
+	local := replication.LocalReadView{Disk: v.st.Disk, Detached: v.detachedLocked(), Pending: int(v.iopath.rb.local.Load()), Congested: v.busy()}
 	v.mu.Unlock()
 	peers := v.streamingPeers()
 	views := make([]replication.PeerReadView, len(peers))
@@ -45,10 +45,10 @@ func (v *Volume) readTarget(off, length int64) *peer {
 		lag, _ := p.lagOf(v.clock.Now())
 		views[i].InSync = lag == 0 && !anySet(p.bm, off, length)
 	}
-	v.rb.mu.Lock()
-	v.rb.picker.Policy = policy
-	i, ok := v.rb.picker.Pick(local, views)
-	v.rb.mu.Unlock()
+	v.iopath.rb.mu.Lock()
+	v.iopath.rb.picker.Policy = policy
+	i, ok := v.iopath.rb.picker.Pick(local, views)
+	v.iopath.rb.mu.Unlock()
 	if !ok || i == replication.ReadLocal {
 		return nil
 	}
@@ -57,8 +57,8 @@ func (v *Volume) readTarget(off, length int64) *peer {
 
 // readLocal reads from the local disk, counted for least-pending.
 func (v *Volume) readLocal(p []byte, off int64) error {
-	v.rb.local.Add(1)
-	defer v.rb.local.Add(-1)
+	v.iopath.rb.local.Add(1)
+	defer v.iopath.rb.local.Add(-1)
 	_, err := v.disk.ReadAt(p, off)
 	return err
 }

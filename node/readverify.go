@@ -94,7 +94,7 @@ func (v *Volume) verifyRead(ctx context.Context, p []byte, off int64) error {
 // verifyBlocks is verifyRead, counting in t (nil: none) what it finds;
 // with t it goes on past an unrecoverable block (a scrub).
 func (v *Volume) verifyBlocks(ctx context.Context, p []byte, off int64, t *blockTally) error {
-	in := v.integ
+	in := v.durable.integ
 	if !in.on() || len(p) == 0 {
 		return nil
 	}
@@ -205,8 +205,8 @@ func (v *Volume) repairUnreadableTally(ctx context.Context, p []byte, off int64,
 	for _, b := range failed {
 		var sum uint32
 		known := false
-		if v.integ.on() {
-			if s, k, err := v.integ.sums.Get(b); err == nil {
+		if v.durable.integ.on() {
+			if s, k, err := v.durable.integ.sums.Get(b); err == nil {
 				sum, known = s, k
 			}
 		}
@@ -261,7 +261,7 @@ func (v *Volume) repairBlock(ctx context.Context, p []byte, off, b int64, sum ui
 		return errRepairLater
 	}
 	if from == "" {
-		added, err := v.integ.markLost(b)
+		added, err := v.durable.integ.markLost(b)
 		if err != nil {
 			v.log.Warn("the unrecoverable block is counted, but a restart will not remember it", "off", boff, "err", err)
 		}
@@ -288,14 +288,14 @@ func (v *Volume) repairBlock(ctx context.Context, p []byte, off, b int64, sum ui
 	} else {
 		werr = err
 	}
-	v.integ.repaired[cause].Add(1)
-	if v.integ.isLost(b) {
+	v.durable.integ.repaired[cause].Add(1)
+	if v.durable.integ.isLost(b) {
 		// A replica held it good after all (a third one back in sync):
 		// it is lost no more, and leaves the durable list once the good
 		// copy is durable (unlist syncs first).
-		v.integ.clearLost(boff, blen)
+		v.durable.integ.clearLost(boff, blen)
 		if werr == nil {
-			if err := v.integ.unlist(boff, blen); err != nil {
+			if err := v.durable.integ.unlist(boff, blen); err != nil {
 				v.log.Warn("the repaired block stays on the bad-block list until it is written", "off", boff, "err", err)
 			}
 		}
@@ -327,7 +327,7 @@ func (v *Volume) repairBlock(ctx context.Context, p []byte, off, b int64, sum ui
 func (v *Volume) goodCopy(ctx context.Context, in *applier.Stream, good []byte, b int64, sum uint32, known bool) (from string, newer bool) {
 	boff := b * blocksum.BlockSize
 	ok := func(from string) bool {
-		if known && v.integ.seed.Verify(uint64(b), good, sum) != nil {
+		if known && v.durable.integ.seed.Verify(uint64(b), good, sum) != nil {
 			v.log.Warn("repair: the replica's copy does not match the checksum either", "replica", from, "off", boff)
 			return false
 		}
@@ -339,7 +339,7 @@ func (v *Volume) goodCopy(ctx context.Context, in *applier.Stream, good []byte, 
 			v.log.Warn("repair: read from the primary failed", "primary", primary, "off", boff, "err", err)
 			return "", false
 		}
-		if known && v.integ.seed.Verify(uint64(b), good, sum) != nil {
+		if known && v.durable.integ.seed.Verify(uint64(b), good, sum) != nil {
 			return primary, true
 		}
 		return primary, false

@@ -159,10 +159,10 @@ func TestWhatAResyncTargetGotIsMarkedAtAChangeOfPrimary(t *testing.T) {
 	a, b := c.vol("alpha"), c.vol("beta")
 	const off = 12 << 20 // an extent no write touched yet
 	extent := uint64(off / metadata.ExtentSize)
-	if slices.Contains(b.md.ActivityLog().ActiveExtents(), extent) {
+	if slices.Contains(b.durable.md.ActivityLog().ActiveExtents(), extent) {
 		t.Fatalf("beta's activity log holds extent %d before the test wrote it: the test shows nothing", extent)
 	}
-	towardGamma, ok := b.md.Bitmap(b.node.config().NodeID("gamma"))
+	towardGamma, ok := b.durable.md.Bitmap(b.node.config().NodeID("gamma"))
 	if !ok {
 		t.Fatal("beta keeps no bitmap for gamma")
 	}
@@ -181,8 +181,8 @@ func TestWhatAResyncTargetGotIsMarkedAtAChangeOfPrimary(t *testing.T) {
 	}
 	c.requireIdentical()
 
-	if !slices.Contains(b.md.ActivityLog().ActiveExtents(), extent) {
-		t.Errorf("beta's activity log %v lacks extent %d, which it got by resync", b.md.ActivityLog().ActiveExtents(), extent)
+	if !slices.Contains(b.durable.md.ActivityLog().ActiveExtents(), extent) {
+		t.Errorf("beta's activity log %v lacks extent %d, which it got by resync", b.durable.md.ActivityLog().ActiveExtents(), extent)
 	}
 	b.stateMu.Lock()
 	err := b.markActivityLog("gamma")

@@ -112,7 +112,7 @@ func (v *Volume) grow(ctx context.Context, size int64, check bool) (transport.Re
 		return out, nil
 	}
 
-	rep, err := v.md.Grow(metadata.GrowOptions{VolumeSize: size, DeviceSize: v.disk.Size()})
+	rep, err := v.durable.md.Grow(metadata.GrowOptions{VolumeSize: size, DeviceSize: v.disk.Size()})
 	if err != nil {
 		if room := v.roomWords(size, err); room != err {
 			return out, room
@@ -144,7 +144,7 @@ func (v *Volume) grow(ctx context.Context, size int64, check bool) (transport.Re
 		d := v.st.Durable.Clone()
 		v.mu.Unlock()
 		err = v.commit(d, size, func() {
-			v.localMissing.Grow(size)
+			v.durable.localMissing.Grow(size)
 			v.size.Store(size)
 		})
 		v.stateMu.Unlock()
@@ -161,7 +161,7 @@ func (v *Volume) grow(ctx context.Context, size int64, check bool) (transport.Re
 	out.Text = fmt.Sprintf("%s grew %s from %s to %s: the %s gained reads as zeroes (nothing copied, nothing to resync)",
 		v.self, v.name, human.Bytes(old), human.Bytes(size), human.Bytes(size-old))
 	switch {
-	case rep.Moved && v.md.Placement() == metadata.Internal:
+	case rep.Moved && v.durable.md.Placement() == metadata.Internal:
 		out.Text += fmt.Sprintf("; its metadata moved to the end of %s (%s)", v.diskName(), human.Bytes(rep.DeviceSize))
 	case rep.Moved:
 		out.Text += "; its bitmaps were laid out again in " + v.cfg.Disks[v.self].Meta
@@ -227,7 +227,7 @@ func (v *Volume) canGrow(size, old int64, poolRoom bool) (moves bool, refused *g
 // growLimit is the largest size this node's disk (and external metadata
 // file) holds the volume at now, with its metadata; 0 when it cannot say.
 func (v *Volume) growLimit() int64 {
-	limit, err := v.md.GrowLimit(v.disk.Size())
+	limit, err := v.durable.md.GrowLimit(v.disk.Size())
 	if err != nil {
 		return 0
 	}
@@ -291,7 +291,7 @@ func (v *Volume) checkRoom(size int64) (moves bool, err error) {
 			return false, v.roomWords(size, &metadata.NoRoomError{Volume: size, Have: have, Need: size, Holds: v.growLimit()})
 		}
 	}
-	moves, err = v.md.CheckGrow(metadata.GrowOptions{VolumeSize: size, DeviceSize: v.disk.Size()})
+	moves, err = v.durable.md.CheckGrow(metadata.GrowOptions{VolumeSize: size, DeviceSize: v.disk.Size()})
 	if err != nil {
 		return false, v.roomWords(size, err)
 	}

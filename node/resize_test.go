@@ -294,7 +294,7 @@ func TestResizeRefusesWhatItCannotDoAndChangesNothing(t *testing.T) {
 	betaDisk := c.cfg.Volumes[0].Disks["beta"].Paths[0].Path
 	need := deviceSizeFor(t, resizeTo, 1)
 	fi, _ := os.Stat(betaDisk)
-	sb := map[string]metadata.Superblock{"alpha": c.vol("alpha").md.Superblock(), "beta": c.vol("beta").md.Superblock()}
+	sb := map[string]metadata.Superblock{"alpha": c.vol("alpha").durable.md.Superblock(), "beta": c.vol("beta").durable.md.Superblock()}
 	alphaSize, _ := os.Stat(alphaDisk)
 	for _, tc := range []struct {
 		name  string
@@ -334,10 +334,10 @@ func TestResizeRefusesWhatItCannotDoAndChangesNothing(t *testing.T) {
 			}
 			for _, n := range []string{"alpha", "beta"} {
 				v := c.vol(n)
-				if v.size.Load() != resizeFrom || v.md.VolumeSize() != resizeFrom {
-					t.Fatalf("%s is %d bytes (metadata %d) after a refusal", n, v.size.Load(), v.md.VolumeSize())
+				if v.size.Load() != resizeFrom || v.durable.md.VolumeSize() != resizeFrom {
+					t.Fatalf("%s is %d bytes (metadata %d) after a refusal", n, v.size.Load(), v.durable.md.VolumeSize())
 				}
-				if got := v.md.Superblock(); got.DeviceSize != sb[n].DeviceSize || got.MDOffset != sb[n].MDOffset {
+				if got := v.durable.md.Superblock(); got.DeviceSize != sb[n].DeviceSize || got.MDOffset != sb[n].MDOffset {
 					t.Fatalf("%s's metadata moved after a refusal: %+v", n, got)
 				}
 			}
@@ -469,7 +469,7 @@ func TestAResizeCutShortLeavesTheOldSizeOrTheNew(t *testing.T) {
 	if got := c.vol("beta").size.Load(); got != resizeFrom {
 		t.Fatalf("beta restarted at %d bytes, want the old %d", got, resizeFrom)
 	}
-	if sb := c.vol("beta").md.Superblock(); sb.DeviceSize != big {
+	if sb := c.vol("beta").durable.md.Superblock(); sb.DeviceSize != big {
 		t.Fatalf("beta's metadata is laid out for %d bytes, want the grown disk's %d (it moved before the cut)", sb.DeviceSize, big)
 	}
 	writeRandomBlocks(t, c.vol("alpha"), 50, 4)
@@ -486,7 +486,7 @@ func TestAResizeCutShortLeavesTheOldSizeOrTheNew(t *testing.T) {
 	beta := c.start("beta")
 	waitForEvent(t, beta, "disk-grew", nil)
 	c.waitInSync()
-	if sb := c.vol("beta").md.Superblock(); sb.DeviceSize != big {
+	if sb := c.vol("beta").durable.md.Superblock(); sb.DeviceSize != big {
 		t.Fatalf("beta's metadata is laid out for %d bytes, want %d", sb.DeviceSize, big)
 	}
 }

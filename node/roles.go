@@ -139,7 +139,7 @@ func (v *Volume) demote(ctx context.Context, to string, timeout time.Duration) (
 		return reopen(err)
 	}
 	v.node.nbd.CloseExport(v.name)
-	v.io.Wait()
+	v.iopath.io.Wait()
 	if err := v.flushAll(true); err != nil {
 		return reopen(err)
 	}
@@ -368,7 +368,7 @@ func (v *Volume) quiesce() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	v.node.nbd.CloseExportContext(ctx, v.name)
 	cancel()
-	v.io.Wait()
+	v.iopath.io.Wait()
 	v.stopPeers()
-	return v.md.FlushBitmaps()
+	return v.durable.md.FlushBitmaps()
 }

@@ -87,7 +87,7 @@ func (p *peer) resync(s *session.Session) error {
 				}
 				off := start * replication.BlockSize
 				length := min(n*replication.BlockSize, v.size.Load()-off)
-				hold, err := v.locks.Lock(ctx, off, length)
+				hold, err := v.iopath.locks.Lock(ctx, off, length)
 				if err != nil {
 					return nil, nil, err
 				}
@@ -236,7 +236,7 @@ func (p *peer) resyncEntry(s *session.Session, off, length int64, csums bool) (p
 			// The blocks' sums go with them: the target verifies them
 			// before it writes, and stores them.
 			pd.Entry = replication.Entry{Op: replication.OpResyncData, Off: off, Length: length, Data: buf,
-				Sums: v.integ.sumsOf(nil, off, buf, v.size.Load())}
+				Sums: v.durable.integ.sumsOf(nil, off, buf, v.size.Load())}
 			pd.Buf = bp
 		}
 	}
@@ -285,7 +285,7 @@ func (p *peer) verify(s *session.Session, repair bool) {
 				return nil, nil, nil
 			}
 			runOff, length := off, min(run, v.size.Load()-off)
-			hold, err := v.locks.Lock(ctx, runOff, length)
+			hold, err := v.iopath.locks.Lock(ctx, runOff, length)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -377,7 +377,7 @@ var errSourceUnrecoverable = errors.New("the resync source holds a block bad tha
 // retried, until a write to the blocks lets them through.
 func (p *peer) verifySource(buf []byte, off int64) (bad int64, lost bool, err error) {
 	v := p.v
-	in := v.integ
+	in := v.durable.integ
 	if !in.on() {
 		return 0, false, nil
 	}

@@ -154,7 +154,7 @@ func (v *Volume) scrubCommand(rate int64, pause, resume, stop, query bool) (tran
 // with resume, the paused one from its checkpoint. The state file says
 // so BEFORE it starts.
 func (v *Volume) startScrub(rate int64, resume bool) error {
-	if !v.integ.on() {
+	if !v.durable.integ.on() {
 		return fmt.Errorf("%s keeps no checksums on %s (its metadata has no checksum area): there is nothing to scrub against", v.name, v.self)
 	}
 	if d := v.state().st.Disk; d != replication.UpToDate {
@@ -271,7 +271,7 @@ func (v *Volume) resumeScrubAtStart() {
 	if !ok {
 		return
 	}
-	if !v.integ.on() && rec.State != "" {
+	if !v.durable.integ.on() && rec.State != "" {
 		// The metadata has no checksum area (the node went down after
 		// recording the build of checksums and before laying out their
 		// area, and their conversion did not happen at this start): there
@@ -306,7 +306,7 @@ func (v *Volume) startScrubSchedule() {
 	if interval <= 0 {
 		return
 	}
-	if !v.integ.on() {
+	if !v.durable.integ.on() {
 		v.log.Warn("scrub_interval is set but the volume keeps no checksums on this node (its metadata has no checksum area): no scrub is scheduled", "scrub_interval", interval)
 		return
 	}
@@ -508,7 +508,7 @@ func (v *Volume) runScrub(stop <-chan struct{}) {
 	unflushed := false
 	defer func() {
 		if unflushed {
-			if err := v.integ.syncData(v.disk.Sync); err != nil {
+			if err := v.durable.integ.syncData(v.disk.Sync); err != nil {
 				v.log.Warn("flush the checksums the scrub built", "err", err)
 			}
 		}
@@ -555,7 +555,7 @@ func (v *Volume) runScrub(stop <-chan struct{}) {
 		unflushed = unflushed || built > 0
 		if now := v.clock.Now(); now.Sub(savedAt) >= scrubCheckpointEvery || off-savedOff >= scrubCheckpointBytes {
 			if unflushed {
-				if err := v.integ.syncData(v.disk.Sync); err != nil {
+				if err := v.durable.integ.syncData(v.disk.Sync); err != nil {
 					// The checkpoint stays where it was: a restart
 					// builds these sums again.
 					v.log.Warn("flush the checksums the scrub built", "err", err)
@@ -570,7 +570,7 @@ func (v *Volume) runScrub(stop <-chan struct{}) {
 		}
 	}
 	if unflushed {
-		if err := v.integ.syncData(v.disk.Sync); err != nil {
+		if err := v.durable.integ.syncData(v.disk.Sync); err != nil {
 			v.scrubFailed(off, fmt.Errorf("flush the checksums it built: %w", err))
 			return
 		}
@@ -632,10 +632,10 @@ func (v *Volume) scrubFailed(off int64, err error) {
 // counting in t, and builds the sums of its blocks that have none,
 // counting them in built.
 func (v *Volume) scrubRange(ctx context.Context, p []byte, off int64, t *blockTally, built *int64) error {
-	if v.integ.listedIn(off, int64(len(p))) {
+	if v.durable.integ.listedIn(off, int64(len(p))) {
 		// The blocks on the bad-block list are not read from this disk
 		// (reads take them from a peer): the scrub checks the others.
-		for _, r := range v.integ.unlistedRuns(off, int64(len(p))) {
+		for _, r := range v.durable.integ.unlistedRuns(off, int64(len(p))) {
 			if err := v.scrubRange(ctx, p[r[0]-off:r[1]-off], r[0], t, built); err != nil {
 				return err
 			}
@@ -656,8 +656,8 @@ func (v *Volume) scrubRange(ctx context.Context, p []byte, off int64, t *blockTa
 // one. The sums reach the disk with the next flush (syncData): a block
 // written since the last one lies in an activity-log extent, whose sums
 // a crash rebuilds, and any other is durable already.
-func (v *Volume) buildSums(p []byte, off int64) (int64, error) {
-	in := v.integ
+func (d *durableState) buildSums(p []byte, off int64) (int64, error) {
+	in := d.integ
 	if !in.on() || len(p) == 0 {
 		return 0, nil
 	}
@@ -696,7 +696,7 @@ func (v *Volume) buildSums(p []byte, off int64) (int64, error) {
 // scrubOnPrimary reads the range as a client's read does, under the
 // range lock that excludes the writes to it, and repairs from a peer.
 func (v *Volume) scrubOnPrimary(ctx context.Context, p []byte, off int64, t *blockTally, built *int64) error {
-	hold, err := v.locks.LockShared(ctx, off, int64(len(p)))
+	hold, err := v.iopath.locks.LockShared(ctx, off, int64(len(p)))
 	if err != nil {
 		return err
 	}
@@ -717,7 +717,7 @@ func (v *Volume) scrubOnPrimary(ctx context.Context, p []byte, off int64, t *blo
 	if err := v.verifyBlocks(ctx, p, off, t); err != nil {
 		return err
 	}
-	n, err := v.buildSums(p, off)
+	n, err := v.durable.buildSums(p, off)
 	*built += n
 	return err
 }
@@ -752,7 +752,7 @@ func (v *Volume) scrubOnSecondary(ctx context.Context, p []byte, off int64, t *b
 			// Under the stream, as the read: no write to these blocks
 			// is applied between the two.
 			var n int64
-			n, err = v.buildSums(p, off)
+			n, err = v.durable.buildSums(p, off)
 			*built += n
 		}
 	}) || !upToDate {
@@ -788,7 +788,7 @@ func (v *Volume) logScanFindings(in *applier.Stream, p []byte, off int64, bad []
 		"primary", in.From(), "stream", in.State()}
 	if first.known && first.cause == repairChecksum && boff >= off && boff+blen <= off+int64(len(p)) {
 		args = append(args, "stored_sum", fmt.Sprintf("%08x", first.sum),
-			"disk_sum", fmt.Sprintf("%08x", v.integ.seed.Sum(uint64(first.b), p[boff-off:boff-off+blen])))
+			"disk_sum", fmt.Sprintf("%08x", v.durable.integ.seed.Sum(uint64(first.b), p[boff-off:boff-off+blen])))
 	}
 	v.log.Warn("scrub: blocks of this secondary fail their checksum or cannot be read; each is asked of the primary", args...)
 }
@@ -799,7 +799,7 @@ func (v *Volume) logScanFindings(in *applier.Stream, p []byte, off int64, bad []
 // whole succeeded (p holds the range as the disk does; a block that
 // failed its sum has one, so no sum is built for it).
 func (v *Volume) scanBlocks(p []byte, off int64, t *blockTally) (bad []scrubBad, readOK bool, err error) {
-	in := v.integ
+	in := v.durable.integ
 	size := v.size.Load()
 	readErr := v.readLocal(p, off)
 	first, last := off/blocksum.BlockSize, (off+int64(len(p))-1)/blocksum.BlockSize
@@ -887,7 +887,7 @@ func (v *Volume) readBlocks(ctx context.Context, off, length int64) ([]byte, err
 // stream that ended).
 func (v *Volume) writeBackUnderStream(in *applier.Stream, good []byte, b int64, sum uint32, known bool) (skipped bool, err error) {
 	ran := in.Exclusive(func() {
-		now, nowKnown, gerr := v.integ.sums.Get(b)
+		now, nowKnown, gerr := v.durable.integ.sums.Get(b)
 		if gerr != nil || nowKnown != known || now != sum {
 			skipped = true
 			return

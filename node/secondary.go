@@ -112,7 +112,7 @@ func (v *Volume) streamRefusalLocked(h replication.Hello, a volstate.Action) rep
 			}
 		}
 		r.PrimarySince = unixNano(v.st.Durable.PrimarySince)
-		if bm, ok := v.md.Bitmap(v.node.config().NodeID(h.From)); ok {
+		if bm, ok := v.durable.md.Bitmap(v.node.config().NodeID(h.From)); ok {
 			r.Changes = bm.Bytes()
 		}
 	case replication.RefusedStaleEpoch:
@@ -130,7 +130,7 @@ func (v *Volume) streamRefusalLocked(h replication.Hello, a volstate.Action) rep
 // this node's size. Callers hold v.mu.
 func (v *Volume) sizeRefusalLocked(h replication.Hello) replication.HelloReply {
 	mine := v.size.Load()
-	if v.sizeMax {
+	if v.durable.sizeMax {
 		return v.refusalLocked(replication.RefusedSize, "volume %s is %d bytes on %s but %d on %s (size: max gave each node the largest size its own disk holds, and the disks differ): a volume has one size on every node. "+
 			"Give size: %d (%s's) in the file on every node; then on %s stop replnode, make its disk hold that size, run replctl create-md %s --node %s --force --yes (its copy starts over: a full resync follows) and start it",
 			v.name, mine, v.self, h.Size, h.From, h.Size, h.From, v.self, v.name, v.self)
@@ -254,7 +254,7 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 	v.mu.Lock()
 	reply = replication.HelloReply{Accepted: true, Generation: v.st.Durable.Gens.Current, Disk: v.st.Disk, Epoch: v.st.Durable.Epoch, UUIDs: v.uuidsLocked(h.From),
 		Settings: v.agreedSettings()}
-	if bm, ok := v.md.Bitmap(v.node.config().NodeID(h.From)); ok && bm.Count() > 0 {
+	if bm, ok := v.durable.md.Bitmap(v.node.config().NodeID(h.From)); ok && bm.Count() > 0 {
 		// What this node changed, or may have (its activity log after a
 		// crash as primary), that the primary does not have.
 		reply.Changed, reply.Changes = bitmapRuns(bm), bm.Bytes()
@@ -314,11 +314,11 @@ func (v *Volume) raftOutdated(peer string) bool {
 // on peer and not here. The resync of the new term copies them from the
 // new primary. Callers hold v.stateMu.
 func (v *Volume) markActivityLog(peer string) error {
-	bm, ok := v.md.Bitmap(v.node.config().NodeID(peer))
+	bm, ok := v.durable.md.Bitmap(v.node.config().NodeID(peer))
 	if !ok {
 		return nil
 	}
-	marked, err := v.md.MarkActivityLog(bm)
+	marked, err := v.durable.md.MarkActivityLog(bm)
 	if err != nil {
 		return fmt.Errorf("mark the activity log toward %s: %w", peer, err)
 	}
@@ -347,7 +347,7 @@ func causeOfRefusal(r replication.Refusal) Cause {
 func (v *Volume) applied() *applier.Volume {
 	return &applier.Volume{
 		Name: v.name, Self: v.self,
-		Disk: appliedDisk{v.disk}, ActivityLog: v.md.ActivityLog(),
+		Disk: appliedDisk{v.disk}, ActivityLog: v.durable.md.ActivityLog(),
 		Size: &v.size, Resynced: &v.counters.resynced, Buffers: &resyncBufs,
 		PeerTimeout: v.cfg.PeerTimeoutOrDefault(), Stopping: v.stopping,
 		Log: v.log, State: appliedState{v}, Clock: v.clock,
@@ -374,11 +374,11 @@ type appliedState struct{ v *Volume }
 
 func (s appliedState) MarkReplica() error {
 	v := s.v
-	if !v.replicaMarked.Load() {
-		if err := v.md.SetReplica(true); err != nil {
+	if !v.durable.replicaMarked.Load() {
+		if err := v.durable.md.SetReplica(true); err != nil {
 			return err
 		}
-		v.replicaMarked.Store(true)
+		v.durable.replicaMarked.Store(true)
 	}
 	return nil
 }
@@ -406,7 +406,7 @@ func (s appliedState) SyncFinished(primary string, g replication.Generation, his
 	// the primary (writes of an earlier term of its own, its activity log
 	// after a crash as primary) is in. Left marked, it would be resynced
 	// again at every reconnection.
-	if bm, ok := v.md.Bitmap(v.node.config().NodeID(primary)); ok {
+	if bm, ok := v.durable.md.Bitmap(v.node.config().NodeID(primary)); ok {
 		bm.ClearBits(0, v.size.Load())
 	}
 	return nil

@@ -117,7 +117,7 @@ func (v *Volume) discardMyData(ctx context.Context, yes bool) (int64, error) {
 	var from replication.Generation
 	for name := range v.cfg.Disks {
 		g, ok := v.st.Durable.Gens.Bitmaps[name]
-		bm, held := v.md.Bitmap(v.node.config().NodeID(name))
+		bm, held := v.durable.md.Bitmap(v.node.config().NodeID(name))
 		if name != v.self && ok && held && bm.Bytes() >= bytes {
 			bytes, from, runs = bm.Bytes(), g, bitmapRuns(bm)
 		}
@@ -137,7 +137,7 @@ func (v *Volume) discardMyData(ctx context.Context, yes bool) (int64, error) {
 	}
 	if role != replication.Primary {
 		// A primary's drain flushes them (volstate's DrainIO).
-		if err := v.md.FlushBitmaps(); err != nil {
+		if err := v.durable.md.FlushBitmaps(); err != nil {
 			return 0, err
 		}
 	}

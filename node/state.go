@@ -81,7 +81,7 @@ func (v *Volume) write(d volstate.Durable, size int64, clean, mirror bool) error
 		bitmaps[peer] = g
 	}
 	var mdDevice int64
-	if sb := v.md.Superblock(); sb.Placement == metadata.Internal {
+	if sb := v.durable.md.Superblock(); sb.Placement == metadata.Internal {
 		mdDevice = sb.DeviceSize
 	}
 	err := v.node.store.PutVolume(v.name, statefile.VolumeState{
@@ -92,7 +92,7 @@ func (v *Volume) write(d volstate.Durable, size int64, clean, mirror bool) error
 	if err != nil {
 		return fmt.Errorf("write the state of %s: %w", v.name, err)
 	}
-	err = v.md.UpdateSuperblock(func(sb *metadata.Superblock) {
+	err = v.durable.md.UpdateSuperblock(func(sb *metadata.Superblock) {
 		sb.Current = d.Gens.Current
 		sb.History = [metadata.HistorySlots]replication.Generation{}
 		copy(sb.History[:], d.Gens.History)

@@ -39,7 +39,7 @@ func TestAStepDownSyncsTheDiskBeforeTheIndicatorGoes(t *testing.T) {
 				fd.Add(fault.On(fault.Sync).Err(errInjectedDisk))
 			}
 			a.perform(volstate.Action{Kind: volstate.ClearPrimaryIndicator}, driveOptions{})
-			indicator := a.md.Superblock().Flags&metadata.FlagPrimary != 0
+			indicator := a.durable.md.Superblock().Flags&metadata.FlagPrimary != 0
 			switch {
 			case !syncFails && (fd.Unsynced() != 0 || indicator):
 				t.Fatalf("after the step-down %d sectors are in alpha's cache only, indicator set %v: want none, and the indicator cleared", fd.Unsynced(), indicator)

@@ -85,9 +85,9 @@ func (p *peer) shipLater(ship writepath.Peer, e replication.Entry, proto byte) {
 	// So do the sums' room (countdown.Done gives it back): this entry
 	// holds none of the write.
 	e.Sums = slices.Clone(e.Sums)
-	p.v.io.Add(1)
+	p.v.iopath.io.Add(1)
 	go func() {
-		defer p.v.io.Done()
+		defer p.v.iopath.io.Done()
 		if _, err := p.ship(&ship, e, proto, nil); err != nil {
 			p.v.log.Error("a missed write after its ship stage", "peer", p.name, "off", e.Off, "len", e.Length, "err", err)
 		}

@@ -737,13 +737,13 @@ func TestAPullReadsFromItsSourceAndPassesWhatItCopiesOnToTheOtherPeers(t *testin
 	buf := make([]byte, 4096)
 	read := 0
 	for off := int64(size) - 4096; off >= 0 && b.peers.byName["gamma"].pulling.Load(); off -= 4096 {
-		if !b.localMissing.AnySet(off, 4096) || bytes.Equal(want[off:off+4096], make([]byte, 4096)) {
+		if !b.durable.localMissing.AnySet(off, 4096) || bytes.Equal(want[off:off+4096], make([]byte, 4096)) {
 			continue
 		}
 		if err := b.ReadAt(ctx, buf, off); err != nil {
 			t.Fatal(err)
 		}
-		if !bytes.Equal(buf, want[off:off+4096]) && b.localMissing.AnySet(off, 4096) {
+		if !bytes.Equal(buf, want[off:off+4096]) && b.durable.localMissing.AnySet(off, 4096) {
 			t.Fatalf("beta served a block it misses at %d from a stale copy while it pulls from gamma", off)
 		}
 		read++

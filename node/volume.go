@@ -35,23 +35,20 @@ type Volume struct {
 	self string
 	disk Disk
 	mp   *multipath.Device // nil for a single-path disk
-	// md is the on-disk metadata: the peers' bitmaps and the activity log.
-	md *metadata.MD
-	// integ is the volume's checksums at rest here (integrity.go).
-	integ *integrity
+	// durable is the volume's metadata and what it keeps on stable
+	// storage here (durable.go).
+	durable durableState
 	// scrub is the volume's scrub on this node (scrub.go).
-	scrub   scrubber
-	closeMD func() error
-	log     *slog.Logger
+	scrub scrubber
+	log   *slog.Logger
 	// clock is the node's (Node.clock).
 	clock clock.Clock
 
-	// locks orders overlapping writes and resync reads.
-	locks replication.RangeLocks
+	// iopath is the state of the IO path: the NBD reads, writes and
+	// flushes and what waits for them (iopath.go).
+	iopath ioPath
 	// set holds the settings replctl adjust changes (protocol.go).
 	set atomic.Pointer[settings]
-	// rb balances reads between the local disk and the peers.
-	rb readBalancer
 
 	// stateMu serialises changes of the durable state (commit) with their
 	// persistence; v.mu is not held while the state is written.
@@ -83,30 +80,19 @@ type Volume struct {
 	// it without v.mu. Never nil once newVolume returned; never changed
 	// once published.
 	pub atomic.Pointer[published]
-	// replicaMarked: the replica indicator is on stable storage (set
-	// before the first replicated write applied here; metadata.FlagReplica).
-	replicaMarked atomic.Bool
 	// handedOver: this primary's term began with a handover (a
 	// switchover); its hellos say so (replication.Hello.HandedOver). Set
 	// BEFORE the promotion, so that no hello of the new term goes out
 	// without it.
 	handedOver atomic.Bool
-	// sizeMax: the file says size: max (size is what this node resolved).
-	sizeMax bool
 	// settingDiffs holds, per peer, how the settings that must agree
 	// differ from its (settingscheck.go); absent while they agree.
 	settingDiffs map[string]string
 	// settingsChecks counts the checks after an online change that ran
 	// to the end (tests wait on it).
 	settingsChecks atomic.Int64
-	io             sync.WaitGroup
 	// peers is the volume's senders, one per other node (peerset.go).
 	peers peerSet
-	// The local disk is detached (out of service after it failed: the
-	// primary reads and writes through a peer) while st.Disk is
-	// Diskless (detachedLocked). localMissing marks the blocks this disk
-	// misses (st.Durable.LocalStale says so durably).
-	localMissing *replication.Bitmap
 	// dw is what the volume keeps of its disk's failures, for the
 	// re-attach (detach.go).
 	dw diskWatch
@@ -146,24 +132,27 @@ type Volume struct {
 // primary (authority mode).
 func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD, auth bool) (*Volume, error) {
 	v := &Volume{
-		node: n, cfg: cfg, name: cfg.Name, self: n.name, disk: disk, md: md,
-		closeMD: func() error { return nil },
-		log:     n.log.With("volume", cfg.Name),
-		clock:   n.clock,
-		peers:   peerSet{byName: map[string]*peer{}},
+		node: n, cfg: cfg, name: cfg.Name, self: n.name, disk: disk,
+		log:   n.log.With("volume", cfg.Name),
+		clock: n.clock,
+		peers: peerSet{byName: map[string]*peer{}},
 
-		localMissing: replication.NewBitmap(int64(cfg.Size)),
-		integ:        newIntegrity(md, cfg.VolumeUUID(), disk, cfg.BadBlocksMaxOrDefault()),
-		stopping:     make(chan struct{}),
+		durable: durableState{
+			md:           md,
+			closeMD:      func() error { return nil },
+			localMissing: replication.NewBitmap(int64(cfg.Size)),
+			integ:        newIntegrity(md, cfg.VolumeUUID(), disk, cfg.BadBlocksMaxOrDefault()),
+		},
+		stopping: make(chan struct{}),
 	}
 	if cfg.Checksums == "off" {
 		// checksums: off on metadata with a checksum area: the area
 		// stays, unused (openMD recorded it; turning them on again
 		// drops the sums and builds them).
-		v.integ.sums = nil
+		v.durable.integ.sums = nil
 	}
 	v.size.Store(int64(cfg.Size))
-	v.integ.size = &v.size
+	v.durable.integ.size = &v.size
 	v.set.Store(settingsOf(cfg))
 	v.st = volstate.State{Self: v.self, SelfID: n.config().NodeID(v.self), Auth: auth, Peers: map[string]volstate.Peer{}}
 	for name := range cfg.Disks {
@@ -200,7 +189,7 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD, auth bool)
 		}
 		v.node.event(v.name, "crashed-primary", fmt.Sprintf("went down as primary: the activity log's extents, %s, are marked out of sync for the peers", human.Bytes(marked)))
 	}
-	v.replicaMarked.Store(md.CrashedReplica())
+	v.durable.replicaMarked.Store(md.CrashedReplica())
 	if md.CrashedReplica() && !md.CrashedPrimary() && (st.BootID == "" || st.BootID != n.bootID) {
 		// The node went down while applying a primary's writes, and the
 		// machine booted since: writes it acknowledged from its page cache
@@ -306,7 +295,7 @@ func (v *Volume) start() {
 func (v *Volume) peerAnswered(peer string, pulling bool) {
 	err := v.drive(volstate.PeerAnswered{Peer: peer, Pulling: pulling}, driveOptions{
 		texts: func(volstate.Cause) reason {
-			return because(CausePulling, "copying %s of newer data from %s", human.Bytes(v.localMissing.Bytes()), peer)
+			return because(CausePulling, "copying %s of newer data from %s", human.Bytes(v.durable.localMissing.Bytes()), peer)
 		},
 		notify: func(volstate.Action) {
 			v.log.Info("a peer answered: serving IO", "peer", peer)
@@ -348,9 +337,9 @@ func (v *Volume) Description() string {
 // errShutdown is what a client sees of IO the volume does not serve here.
 var errShutdown = syscall.ESHUTDOWN
 
-// enter admits one IO on the primary; every admitted IO must call v.io.Done.
-// In authority mode it waits (IO freezes) while the primary's lease is not
-// valid.
+// enter admits one IO on the primary; every admitted IO must call
+// v.iopath.io.Done. In authority mode it waits (IO freezes) while the
+// primary's lease is not valid.
 func (v *Volume) enter(ctx context.Context) error {
 	for {
 		v.mu.Lock()
@@ -366,7 +355,7 @@ func (v *Volume) enter(ctx context.Context) error {
 			v.mu.Unlock()
 			return fmt.Errorf("%s on %s: %w: %s (%w)", v.name, v.self, ErrNotServing, why, errShutdown)
 		case v.leaseHeldLocked():
-			v.io.Add(1)
+			v.iopath.io.Add(1)
 			v.mu.Unlock()
 			return nil
 		}
@@ -390,18 +379,18 @@ func (v *Volume) ReadAt(ctx context.Context, p []byte, off int64) error {
 	if err := v.enter(ctx); err != nil {
 		return err
 	}
-	defer v.io.Done()
+	defer v.iopath.io.Done()
 	v.counters.reads.Add(1)
 	v.counters.readBytes.Add(uint64(len(p)))
 	// A read never sees a write that has not completed: it could still
 	// fail and be missing on the peer a failover promotes.
-	hold, err := v.locks.LockShared(ctx, off, int64(len(p)))
+	hold, err := v.iopath.locks.LockShared(ctx, off, int64(len(p)))
 	if err != nil {
 		return err
 	}
 	defer hold.Release()
 	// A block on the bad-block list is never read from this disk.
-	if v.needsPeer(off, int64(len(p))) || v.integ.listedIn(off, int64(len(p))) {
+	if v.needsPeer(off, int64(len(p))) || v.durable.integ.listedIn(off, int64(len(p))) {
 		if err := v.readFromPeer(ctx, p, off); err != nil {
 			return err
 		}
@@ -570,7 +559,7 @@ func (v *Volume) shutdown() bool {
 		// Only a shutdown closes the loop, and only once.
 		v.log.Error("stop the volume's IO", "err", err)
 	}
-	v.io.Wait()
+	v.iopath.io.Wait()
 	clean := true
 	if wasOpen {
 		if err := v.flushAll(false); err != nil {
@@ -608,21 +597,21 @@ func (v *Volume) shutdown() bool {
 	// activity log to apply. The replica indicator goes off once the
 	// writes applied as a secondary are synced (the stream from the
 	// primary stopped above).
-	if err := v.md.Close(); err != nil {
+	if err := v.durable.md.Close(); err != nil {
 		v.log.Error("flush bitmaps at shutdown", "err", err)
 	} else if clean {
-		if err := v.md.SetPrimary(false); err != nil {
+		if err := v.durable.md.SetPrimary(false); err != nil {
 			v.log.Error("clear the primary indicator", "err", err)
 		}
-		if v.replicaMarked.Load() {
+		if v.durable.replicaMarked.Load() {
 			if err := v.disk.Sync(); err != nil {
 				v.log.Error("sync at shutdown; the replica indicator stays set", "err", err)
-			} else if err := v.md.SetReplica(false); err != nil {
+			} else if err := v.durable.md.SetReplica(false); err != nil {
 				v.log.Error("clear the replica indicator", "err", err)
 			}
 		}
 	}
-	v.closeMD()
+	v.durable.closeMD()
 	v.disk.Close()
 	return clean
 }
@@ -640,7 +629,7 @@ func (v *Volume) status() transport.LocalVolume {
 		Role:         string(s.role()), Disk: string(s.st.Disk), Epoch: s.st.Durable.Epoch, Primary: s.st.Durable.Primary,
 		Generation: s.st.Durable.Gens.Current.String(), Reason: s.why.text, ReasonCode: string(s.why.cause),
 		Serving:  s.serving(),
-		Metadata: v.md.Placement().String(), UsableBytes: v.md.UsableSize(),
+		Metadata: v.durable.md.Placement().String(), UsableBytes: v.durable.md.UsableSize(),
 		AfterSB: string(v.agreedSettings().AfterSB),
 	}
 	if f := v.forcedOver; f != nil {
@@ -660,10 +649,10 @@ func (v *Volume) status() transport.LocalVolume {
 	v.mu.Unlock()
 	v.counters.report(&lv)
 	lv.Paths = v.pathStatus()
-	lv.LocalMissingBytes = v.localMissing.Bytes()
-	al := v.md.ActivityLog()
+	lv.LocalMissingBytes = v.durable.localMissing.Bytes()
+	al := v.durable.md.ActivityLog()
 	as := al.Stats()
-	lv.Integrity = v.integ.status()
+	lv.Integrity = v.durable.integ.status()
 	lv.Integrity.Scrub = v.scrubStatus()
 	lv.Integrity.Build = v.buildStatus()
 	lv.ActivityLog = &transport.ActivityLogStatus{Extents: al.Extents(), Hits: as.Hits, Misses: as.Misses, Transactions: as.Transactions, Evictions: as.Evictions}

@@ -26,7 +26,7 @@ func (v *Volume) WriteAt(ctx context.Context, p []byte, off int64, fua bool) err
 	v.counters.writes.Add(1)
 	v.counters.writeBytes.Add(uint64(len(p)))
 	for {
-		n := v.piece(off, int64(len(p)))
+		n := v.durable.piece(off, int64(len(p)))
 		part := p[:n]
 		e := replication.Entry{Op: replication.OpWrite, Flags: flags, Off: off, Length: n, Data: part}
 		err := v.replicate(ctx, e, func() error {
@@ -66,7 +66,7 @@ func (v *Volume) zeroRange(ctx context.Context, op replication.Op, off, length i
 		flags = replication.EntryFUA
 	}
 	for {
-		n := v.piece(off, length)
+		n := v.durable.piece(off, length)
 		e := replication.Entry{Op: op, Flags: flags, Off: off, Length: n}
 		err := v.replicate(ctx, e, func() error {
 			if err := v.disk.Zero(e.Off, e.Length); err != nil {
@@ -90,9 +90,9 @@ func (v *Volume) zeroRange(ctx context.Context, op replication.Op, off, length i
 // request never waits for more hot extents than the log has (a write that
 // needs all of them at once could never be admitted). Pieces end on
 // multiples of their size, so each touches as few extents as it can.
-func (v *Volume) piece(off, length int64) int64 {
+func (d *durableState) piece(off, length int64) int64 {
 	size := int64(replication.MaxEntryLength)
-	if slots := int64(v.md.ActivityLog().Extents()); slots > 0 {
+	if slots := int64(d.md.ActivityLog().Extents()); slots > 0 {
 		size = min(size, max(1, slots/2)*metadata.ExtentSize)
 	}
 	return min(length, (off/size+1)*size-off)
@@ -119,7 +119,7 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	if err := v.enter(ctx); err != nil {
 		return err
 	}
-	defer v.io.Done()
+	defer v.iopath.io.Done()
 	if size := v.size.Load(); e.Off < 0 || e.Length < 0 || e.Off+e.Length > size {
 		// Past the end: NBD never sends it; past the old end during a
 		// resize, the peers may not hold it yet.
@@ -127,7 +127,7 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	}
 	v.counters.lastWrite.Store(v.clock.Now().UnixNano())
 
-	hold, err := v.locks.Lock(ctx, e.Off, e.Length)
+	hold, err := v.iopath.locks.Lock(ctx, e.Off, e.Length)
 	if err != nil {
 		return err
 	}
@@ -137,7 +137,7 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 	// what it misses now, and never reaches the disk, even when the disk
 	// is re-attached before it completes. A detached disk gets no data,
 	// so it needs no log entry.
-	al := v.md.ActivityLog()
+	al := v.durable.md.ActivityLog()
 	toDisk := v.admitLocal(e.Off, e.Length)
 	diskHeld := toDisk
 	defer func() {
@@ -157,11 +157,11 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 		// write of up to 1 MiB too large for held's own room takes a
 		// kept one, which held gives back once its last holder is done).
 		dst := held.sums[:0]
-		if blocks := (len(e.Data) + blocksum.BlockSize - 1) / blocksum.BlockSize; blocks > len(held.sums) && blocks <= len(sumsRoom{}) && v.integ.on() {
-			held.room, held.rooms = v.integ.takeRoom(), v.integ
+		if blocks := (len(e.Data) + blocksum.BlockSize - 1) / blocksum.BlockSize; blocks > len(held.sums) && blocks <= len(sumsRoom{}) && v.durable.integ.on() {
+			held.room, held.rooms = v.durable.integ.takeRoom(), v.durable.integ
 			dst = held.room[:0]
 		}
-		e.Sums = v.integ.sumsOf(dst, e.Off, e.Data, v.size.Load())
+		e.Sums = v.durable.integ.sumsOf(dst, e.Off, e.Data, v.size.Load())
 	}
 
 	w := writepath.Begin(v.settings().protocol, toDisk)
@@ -215,7 +215,7 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 			v.mu.Lock()
 			skipped := !w.ToDisk() || v.detachedLocked()
 			if skipped && w.ToDisk() {
-				v.localMissing.SetRange(e.Off, e.Length)
+				v.durable.localMissing.SetRange(e.Off, e.Length)
 			}
 			pulling := v.st.Durable.Gens.Current.IsZero()
 			v.mu.Unlock()
@@ -224,10 +224,10 @@ func (v *Volume) replicate(ctx context.Context, e replication.Entry, local func(
 				if lerr == nil {
 					// The sums before the write's activity-log Done;
 					// under FUA durable with the data.
-					lerr = v.integ.written(e.Off, e.Length, e.Sums)
+					lerr = v.durable.integ.written(e.Off, e.Length, e.Sums)
 				}
 				if lerr == nil && e.Flags&replication.EntryFUA != 0 {
-					lerr = v.integ.flushRange(e.Off, e.Length)
+					lerr = v.durable.integ.flushRange(e.Off, e.Length)
 				}
 			}
 			if diskHeld {
@@ -327,14 +327,14 @@ func (v *Volume) revertPeers(e replication.Entry, waits []*session.Pending) {
 	for _, p := range waits {
 		<-p.Done()
 	}
-	if !v.localMissing.AnySet(e.Off, e.Length) {
+	if !v.durable.localMissing.AnySet(e.Off, e.Length) {
 		v.revertRange(e.Off, e.Length)
 		return
 	}
 	end := e.Off + e.Length
 	for off := e.Off; off < end; {
 		next := min(end, (off/replication.BlockSize+1)*replication.BlockSize)
-		if v.localMissing.AnySet(off, next-off) {
+		if v.durable.localMissing.AnySet(off, next-off) {
 			off = next
 			continue
 		}
@@ -342,7 +342,7 @@ func (v *Volume) revertPeers(e replication.Entry, waits []*session.Pending) {
 		runEnd := next
 		for runEnd < end {
 			n := min(end, (runEnd/replication.BlockSize+1)*replication.BlockSize)
-			if v.localMissing.AnySet(runEnd, n-runEnd) {
+			if v.durable.localMissing.AnySet(runEnd, n-runEnd) {
 				break
 			}
 			runEnd = n
@@ -432,7 +432,7 @@ func (v *Volume) Flush(ctx context.Context) error {
 	if err := v.enter(ctx); err != nil {
 		return err
 	}
-	defer v.io.Done()
+	defer v.iopath.io.Done()
 	v.counters.flushes.Add(1)
 	if err := v.flushAll(true); err != nil {
 		return err
@@ -451,7 +451,7 @@ func (v *Volume) flushAll(declares bool) error {
 	var err error
 	if !v.isDetached() {
 		// The data, and the sums of what was written with it.
-		if err = v.integ.syncData(v.disk.Sync); err != nil {
+		if err = v.durable.integ.syncData(v.disk.Sync); err != nil {
 			v.log.Error("local flush failed", "err", err)
 			if v.detach(diskFailure{op: diskSync, err: err}, 0, 0) {
 				err = nil
