@@ -112,9 +112,10 @@ const (
 	// the IO (volstate's Pending: a step-down, a fence's drain, a discard;
 	// not a handover, which waits for its peer) completes once the IO
 	// drained, because the driver feeds Quiesced back after a WaitIO or a
-	// DrainIO (volstate.Drive). The sim's drains are done at once, and
-	// its state writes do not fail, so no such change is pending once a
-	// drive of the volume is over.
+	// DrainIO (volstate.Drive). The sim's state writes do not fail, so no
+	// such change is pending once a drive of the volume is over and none
+	// of its drives waits off the loop (Config.Interleave; without it
+	// every drain is done at once).
 	DrainedChangesComplete
 )
 

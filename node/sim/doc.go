@@ -6,8 +6,15 @@
 // the install, the actions, Quiesced fed back) on production's volume
 // loop: each drive is posted to the node's node/volloop Core, the step
 // node's loop runs, and what that hands back to be done off the loop (a
-// Wait) is done at once on the sim's goroutine and handed back to it
-// (node.go's driveActs; simVolume is its effects), raft's committed state the real
+// Wait) is done on the sim's goroutine and handed back to it (node.go's
+// take; simVolume is its effects): at once for a caller that reads the
+// drive's result (drive, driveActs: the handshake, a forced promotion, a
+// switchover's HandedOver, the applier's sync start and end), and, with
+// Config.Interleave, left pending for a seeded number of steps for one
+// that posts its event and goes on (post: the authority's news, the lease's
+// renewals, a lost peer, a discard), while the scheduler takes the other
+// steps of the cluster and the node's Core takes its other drives (a
+// crash drops the Core and its waits); raft's committed state the real
 // replication.Authority, and a modelled raft leader running the real
 // failover.Decide; each write of a primary goes through node's own order
 // of stages (node/writepath), one stage per step or more, so that a crash,

@@ -143,7 +143,7 @@ func (s *Sim) operator() {
 	for _, n := range s.dataNodes() {
 		if n.running(s.now) && n.st.InSplitBrain() && !n.st.Serving.IsOpen() && s.chance(pDiscard) {
 			s.tracef("OPERATOR discard-my-data on %s", n.name)
-			_ = s.drive(n, volstate.DiscardMyData{})
+			s.post(n, volstate.DiscardMyData{})
 		}
 	}
 }

@@ -113,6 +113,8 @@ type node struct {
 	// loop is the volume's loop as production's runs it (node/volloop's
 	// Core): every drive of the volume is taken by it; new at each boot.
 	loop *volloop.Core
+	// offLoop counts the drives of loop that wait off it (Sim.offLoop).
+	offLoop int
 
 	renewing    bool
 	lastRenew   time.Time
@@ -232,50 +234,197 @@ func (n *node) paused(now time.Time) bool { return n.up && now.Before(n.pausedUn
 // (volstate.Drive's order, on node's volume loop: volloop's Core): the
 // step's preparations, then its writes (the indicator, the durable state)
 // BEFORE the new state is installed, then its actions, then what follows
-// them.
+// them. Its waits off the loop are done at once: the caller reads the
+// result.
 func (s *Sim) drive(n *node, e volstate.Event) error {
 	_, err := s.driveActs(n, e)
 	return err
 }
 
+// post steps n's volume with e as drive does, for a caller that does not
+// read the result (a refusal is traced): a wait the drive hands back may
+// be left off the loop (leaveWait), the scheduler doing it at a later
+// step (resumeWaits), and the drive then ends later.
+func (s *Sim) post(n *node, e volstate.Event) {
+	s.take(n, e, true)
+}
+
 // driveActs is drive, and returns the step's actions (a RefuseStream
-// among them is the answer a primary's stream gets). The drive is posted
-// to n's loop (the Core production's loop runs), which runs it as far as
-// it goes and hands back what production does off the loop (a Wait: the
-// waits for the senders, the incoming stream, the IO, the cluster, the
-// disk); the sim does each at once, here, and hands its end back to the
-// loop, until the drive's result comes. A drive of n while one of it runs
-// (an effect of its actions reaching back, on the loop or in a wait) is
-// posted to the same loop and runs to its end at once (production's loop
-// takes another drive while one waits off it); what follows either waits
-// in n.follow for the outer one (node's loop takes its events one at a
-// time).
+// among them is the answer a primary's stream gets).
 func (s *Sim) driveActs(n *node, e volstate.Event) ([]volstate.Action, error) {
-	outer := !n.driving
-	n.driving = true
-	defer func() { n.driving = !outer }()
-	var (
-		acts []volstate.Action
-		err  error
-		over bool
-	)
-	loop := n.loop
-	d := volloop.NewDrive(simVolume{s: s, n: n, outer: outer}, e, func(a []volstate.Action, derr error) { acts, err, over = a, derr, true })
-	for waits := loop.Take(volloop.Post(d)); len(waits) > 0; {
-		w := waits[0]
-		waits = append(waits[1:], loop.Take(w.Resumed(w.Do()))...)
-	}
+	acts, over, err := s.take(n, e, false)
 	if !over {
 		panic(fmt.Sprintf("sim: %s: the drive of %s waits for nothing and is not over", n.name, eventName(e)))
 	}
-	if p := n.st.Pending; outer && p != nil && p.Kind != volstate.PendingHandover {
+	if err != nil {
+		return nil, err
+	}
+	return acts, nil
+}
+
+// take posts the drive of e to n's loop (the Core production's loop
+// runs), which runs it as far as it goes and hands back what production
+// does off the loop (a Wait: the waits for the senders, the incoming
+// stream, the IO, the cluster, the disk). The sim does each wait here, at
+// once, and hands its end back to the loop, unless mayLeave: then each
+// wait of a drive posted from outside n's drives may be left pending
+// (leaveWait, with Config.Interleave), and take returns before the drive
+// is over (over false).
+//
+// The rule of the call sites: a caller that reads the drive's result (its
+// actions, a refusal) or the state it leaves before it goes on (the
+// handshake, the operator's forced promotion, a switchover's HandedOver
+// and Retake, the applier's sync start and end, a write's WriteMissed)
+// uses drive or driveActs, whose waits are done at once, as node's
+// callers that wait for their drive; one that posts an event and goes on
+// (post) may leave them. A drive of n while one of it runs (an effect of
+// its actions reaching back, on the loop or in a wait) is posted to the
+// same loop and runs to its end at once (production's loop takes another
+// drive while one waits off it); what follows either waits in n.follow
+// for the outer one (node's loop takes its events one at a time).
+//
+// While a drive of n waits off the loop, the rest of the simulation goes
+// on: other drives of n are posted to the same Core and taken (node's
+// loop takes them while the wait runs), writes complete, acks arrive,
+// links fail, raft decides; a crash of n drops its Core with the waits
+// (crash, dropWaits) and the restart boots a new one. The sim never
+// closes a volume's loop (volloop.Close): a node only crashes.
+func (s *Sim) take(n *node, e volstate.Event, mayLeave bool) (acts []volstate.Action, over bool, err error) {
+	outer := !n.driving
+	n.driving = true
+	defer func() { n.driving = !outer }()
+	loop := n.loop
+	d := volloop.NewDrive(simVolume{s: s, n: n, outer: outer}, e, func(a []volstate.Action, derr error) {
+		acts, err, over = a, derr, true
+		s.driveOver(n, e, outer, derr)
+	})
+	s.doWaits(n, loop, e, loop.Take(volloop.Post(d)), mayLeave && outer)
+	return acts, over, err
+}
+
+// driveOver is the end of the drive of e on n (outer: posted from outside
+// n's drives), when its result comes: at once, or at a later step once
+// the waits it was left with are done.
+func (s *Sim) driveOver(n *node, e volstate.Event, outer bool, err error) {
+	if p := n.st.Pending; outer && n.offLoop == 0 && p != nil && p.Kind != volstate.PendingHandover {
 		s.fail(DrainedChangesComplete, "%s: the change %s (to %s at epoch %d) that waited for the IO is still pending once the drive of %s is over (its drain was done)", n.name, p.Kind, p.To, p.Epoch, eventName(e))
 	}
 	if err != nil {
 		s.tracef("%s: %s refused: %v", n.name, eventName(e), err)
-		return nil, err
 	}
-	return acts, nil
+}
+
+// offLoopWait is a wait of a drive of n (of event e) left off n's loop
+// (the Core loop): the scheduler hands its end back to that Core at step
+// due, or later while n is paused. begun: it was done when it was left
+// (beginsAtOnce), with err; else it is done then.
+type offLoopWait struct {
+	n     *node
+	loop  *volloop.Core
+	w     volloop.Wait
+	e     volstate.Event
+	due   int
+	begun bool
+	err   error
+}
+
+// beginsAtOnce reports whether a wait left off the loop does its work
+// when it is left, its end alone coming back later: the waits that stop
+// what runs when they begin and wait for its end (node's stopPeers and
+// detachIncoming stop the senders and the stream they find, not one the
+// loop starts meanwhile) and the lease's release (raft may take it before
+// the drive goes on). The others wait for what goes on meanwhile, and are
+// done when their end comes: the IO in flight (WaitIO, DrainIO: the
+// writes go on, and those left are answered then) and the disk's sync of
+// ClearPrimaryIndicator (a crash meanwhile leaves the indicator set).
+func beginsAtOnce(k volstate.ActionKind) bool {
+	switch k {
+	case volstate.StopPeers, volstate.DetachIncoming, volstate.ReleaseLease:
+		return true
+	}
+	return false
+}
+
+// Waits left off the loop (post, with Config.Interleave): each wait is
+// left with probability pWaitOffLoop, for 1 to maxWaitSteps steps.
+const (
+	pWaitOffLoop = 0.5
+	maxWaitSteps = 8
+)
+
+// doWaits does the waits of a drive of n (of e) that n's loop handed
+// back, handing each end back to loop, until the drive is over or,
+// mayLeave, one of them is left off the loop (leaveWait).
+func (s *Sim) doWaits(n *node, loop *volloop.Core, e volstate.Event, waits []volloop.Wait, mayLeave bool) {
+	for len(waits) > 0 {
+		w := waits[0]
+		waits = waits[1:]
+		if mayLeave && s.leaveWait() {
+			ow := offLoopWait{n: n, loop: loop, w: w, e: e, due: s.step + 1 + s.waitRng.IntN(maxWaitSteps)}
+			kind := w.Need().Action.Kind
+			if ow.begun = beginsAtOnce(kind); ow.begun {
+				ow.err = w.Do()
+			}
+			n.offLoop++
+			s.offLoop = append(s.offLoop, ow)
+			s.tracef("%s: the drive of %s waits off the loop for %s until step %d", n.name, eventName(e), kind, ow.due)
+			continue
+		}
+		waits = append(waits, loop.Take(w.Resumed(w.Do()))...)
+	}
+}
+
+// leaveWait draws whether a wait is left off the loop: never unless
+// Config.Interleave; then from the Sim's third source (waitRng), so that
+// the draws change nothing else until a wait is left.
+func (s *Sim) leaveWait() bool {
+	return s.cfg.Interleave && s.waitRng.Float64() < pWaitOffLoop
+}
+
+// resumeWaits does the waits left off the loop whose step has come, of
+// nodes that run, in the order they were left, and hands each end back
+// to its node's loop: the drive goes on where it stood (and may be left
+// waiting again).
+func (s *Sim) resumeWaits() {
+	var now []offLoopWait
+	keep := s.offLoop[:0]
+	for _, ow := range s.offLoop {
+		if ow.due <= s.step && ow.n.running(s.now) {
+			now = append(now, ow)
+		} else {
+			keep = append(keep, ow)
+		}
+	}
+	s.offLoop = keep
+	for _, ow := range now {
+		n := ow.n
+		if ow.loop != n.loop {
+			panic(fmt.Sprintf("sim: %s: a wait of the drive of %s outlived its loop", n.name, eventName(ow.e)))
+		}
+		s.tracef("%s: the drive of %s is done waiting for %s", n.name, eventName(ow.e), ow.w.Need().Action.Kind)
+		n.offLoop--
+		n.driving = true
+		err := ow.err
+		if !ow.begun {
+			err = ow.w.Do()
+		}
+		s.doWaits(n, ow.loop, ow.e, ow.loop.Take(ow.w.Resumed(err)), true)
+		n.driving = false
+	}
+}
+
+// dropWaits drops the waits left off n's loop: n crashed, and its loop
+// with them (the restart boots a new Core).
+func (s *Sim) dropWaits(n *node) {
+	keep := s.offLoop[:0]
+	for _, ow := range s.offLoop {
+		if ow.n == n {
+			s.tracef("%s: the drive of %s, waiting off the loop for %s, is lost with the loop", n.name, eventName(ow.e), ow.w.Need().Action.Kind)
+			continue
+		}
+		keep = append(keep, ow)
+	}
+	s.offLoop, n.offLoop = keep, 0
 }
 
 func eventName(e volstate.Event) string {
@@ -388,7 +537,7 @@ func (s *Sim) stepNode(n *node, e volstate.Event) {
 		n.follow = append(n.follow, e)
 		return
 	}
-	_ = s.drive(n, e)
+	s.post(n, e)
 }
 
 // bootVolume opens n's volume: the rules take the loaded state (volstate.Opened;
@@ -485,13 +634,13 @@ func (s *Sim) perform(n *node, a volstate.Action) {
 func (s *Sim) tickNode(n *node) {
 	if n.st.Disk == replication.Diskless && !n.reattachAt.IsZero() && !s.now.Before(n.reattachAt) && !s.now.Before(n.disk.failUntil) {
 		n.reattachAt = time.Time{}
-		_ = s.drive(n, volstate.DiskWorks{})
+		s.post(n, volstate.DiskWorks{})
 	}
 	s.followAuthority(n)
 	if n.renewing && n.st.LeaseEpoch != 0 && s.now.Sub(n.lastRenew) >= renewEvery {
 		n.lastRenew = s.now
 		if s.raft.grant(s, n, n.st.LeaseEpoch) {
-			_ = s.drive(n, volstate.LeaseRenewed{Epoch: n.st.LeaseEpoch, Until: s.now.Add(leaseDuration)})
+			s.post(n, volstate.LeaseRenewed{Epoch: n.st.LeaseEpoch, Until: s.now.Add(leaseDuration)})
 		}
 	}
 	if n.st.Role() == replication.Primary && !n.st.AdminDown {
@@ -533,7 +682,7 @@ func (s *Sim) followAuthority(n *node) {
 	n.authVersion, n.authAt = s.raft.version, s.now
 	va, known := s.raft.auth.Volume(volume)
 	n.authEpoch = va.Epoch
-	_ = s.drive(n, volstate.AuthorityChanged{Known: known, Primary: va.Primary, Epoch: va.Epoch, Now: s.now, Failover: va.FailedOverAt(va.Epoch)})
+	s.post(n, volstate.AuthorityChanged{Known: known, Primary: va.Primary, Epoch: va.Epoch, Now: s.now, Failover: va.FailedOverAt(va.Epoch)})
 	if !known || va.Primary != n.name || n.st.Role() != replication.Primary {
 		return
 	}
@@ -724,7 +873,7 @@ func (s *Sim) endStream(p *node, peer string) {
 	s.dropStream(p, peer, sid)
 	s.tracef("%s: stream to %s session %d ended", p.name, peer, sid)
 	if p.up {
-		_ = s.drive(p, volstate.PeerLost{Peer: peer, Session: sid})
+		s.post(p, volstate.PeerLost{Peer: peer, Session: sid})
 	}
 }
 
@@ -890,6 +1039,7 @@ func (s *Sim) crash(n *node) {
 		}
 	}
 	n.writes, n.flushes, n.later = nil, nil, nil
+	s.dropWaits(n)
 }
 
 // restart opens the volume again from what survived: the activity log's

@@ -235,6 +235,13 @@ type Config struct {
 	// beta and a witness).
 	ThreeDataNodes bool
 
+	// Interleave: a drive posted by a caller that does not read its
+	// result (post) may leave a wait off its volume's loop, done at a
+	// later step while the rest of the cluster goes on (resumeWaits).
+	// Off by default: the seeds it breaks are production's
+	// (interleavedFindingSeeds in sim_test.go).
+	Interleave bool
+
 	mutation mutation
 	// noReconcile (tests only): a change of primary marks no activity
 	// log (volstate.MarkActivityLog does nothing). That reconciliation
@@ -253,6 +260,13 @@ type Sim struct {
 	start    time.Time
 	now      time.Time
 	step     int
+
+	// waitRng draws which waits of a drive are left off its loop, and
+	// for how long (post), apart from rng as stateRng is.
+	waitRng *rand.Rand
+	// offLoop are the waits left off the nodes' loops, in the order left
+	// (resumeWaits).
+	offLoop []offLoopWait
 
 	nodes []*node // data nodes, then the witness
 	data  []string
@@ -280,6 +294,7 @@ func New(cfg Config) *Sim {
 		cfg:      cfg,
 		rng:      rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
 		stateRng: rand.New(rand.NewPCG(cfg.Seed^0x5851f42d4c957f2d, cfg.Seed)),
+		waitRng:  rand.New(rand.NewPCG(cfg.Seed^0x2545f4914f6cdd1d, ^cfg.Seed)),
 		start:    time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
 		links:    map[[2]string]*link{},
 	}
@@ -339,6 +354,7 @@ func (s *Sim) Run() *Failure {
 		s.faults()
 		s.raft.tick(s)
 		s.deliver()
+		s.resumeWaits()
 		for _, n := range s.dataNodes() {
 			if n.running(s.now) {
 				s.tickNode(n)
