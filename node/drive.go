@@ -209,7 +209,13 @@ func (d *volumeSteps) Prepare(a volstate.Action) error {
 	return nil
 }
 
-func (d *volumeSteps) SetIndicator() error { return d.v.durable.md.SetPrimary(true) }
+func (d *volumeSteps) SetIndicator() error {
+	if err := d.v.durable.md.SetPrimary(true); err != nil {
+		return err
+	}
+	d.v.durable.primarySets.Add(1)
+	return nil
+}
 
 func (d *volumeSteps) Commit(c volstate.Change) error {
 	// A disk's failure is recorded in the node's store alone: the
@@ -296,6 +302,46 @@ func (d *volumeSteps) Next() (volstate.Event, bool) {
 	return e, true
 }
 
+// clearPrimary is a step-down's ClearPrimaryIndicator, off the loop:
+// every write done is made durable (the disk synced, the bitmaps and the
+// checksums out), THEN the indicator goes off. The loop takes other
+// steps meanwhile: one that made this node primary again (the operator's
+// force) set the indicator for its own writes, which this sync did not
+// cover and a crash would leave without their activity log's resync, and
+// their checksums not computed again. So the indicator goes off, under
+// the steps' lock, only while no set came since the sync began and the
+// node is not primary; else it stays, the next step-down's to clear.
+func (v *Volume) clearPrimary() error {
+	sets := v.durable.primarySets.Load()
+	var err error
+	if !v.isDetached() {
+		err = v.disk.Sync()
+	}
+	if err == nil {
+		err = v.durable.md.FlushBitmaps()
+	}
+	if err == nil {
+		// Once the indicator is off a crash rebuilds no checksum.
+		err = v.durable.integ.flush()
+	}
+	if err != nil {
+		return err
+	}
+	return v.clearPrimaryUnlessSetSince(sets)
+}
+
+// clearPrimaryUnlessSetSince clears the primary indicator unless it was
+// set again after the count sets was read, or the node is primary.
+func (v *Volume) clearPrimaryUnlessSetSince(sets uint64) error {
+	v.stateMu.Lock()
+	defer v.stateMu.Unlock()
+	if v.durable.primarySets.Load() != sets || v.state().role() == replication.Primary {
+		v.log.Info("the primary indicator stays set: this node was made primary again since it stepped down")
+		return nil
+	}
+	return v.durable.md.SetPrimary(false)
+}
+
 // perform does one action of a step.
 func (v *Volume) perform(a volstate.Action, opts driveOptions) {
 	switch a.Kind {
@@ -337,21 +383,7 @@ func (v *Volume) perform(a volstate.Action, opts driveOptions) {
 		// node's activity log needs a resync. The role changed already;
 		// a failure leaves the indicator set, which costs a resync of
 		// the activity log after a crash.
-		var err error
-		if !v.isDetached() {
-			err = v.disk.Sync()
-		}
-		if err == nil {
-			err = v.durable.md.FlushBitmaps()
-		}
-		if err == nil {
-			// Once the indicator is off a crash rebuilds no checksum.
-			err = v.durable.integ.flush()
-		}
-		if err == nil {
-			err = v.durable.md.SetPrimary(false)
-		}
-		if err != nil {
+		if err := v.clearPrimary(); err != nil {
 			v.log.Error("clear the primary indicator", "err", err)
 		}
 	case volstate.Propose:

@@ -33,4 +33,8 @@ type durableState struct {
 	// replicaMarked: the replica indicator is on stable storage (set
 	// before the first replicated write applied here; metadata.FlagReplica).
 	replicaMarked atomic.Bool
+	// primarySets counts the primary indicator's sets (a step's
+	// SetIndicator, under v.stateMu): a step-down's clear, done off the
+	// loop, clears it only if none came since it began (clearPrimary).
+	primarySets atomic.Uint64
 }

@@ -38,6 +38,9 @@ func TestAStepDownSyncsTheDiskBeforeTheIndicatorGoes(t *testing.T) {
 			if syncFails {
 				fd.Add(fault.On(fault.Sync).Err(errInjectedDisk))
 			}
+			// The step-down's step names another primary; this test does
+			// its last action alone.
+			stepDownInPlace(a, "beta")
 			a.perform(volstate.Action{Kind: volstate.ClearPrimaryIndicator}, driveOptions{})
 			indicator := a.durable.md.Superblock().Flags&metadata.FlagPrimary != 0
 			switch {
@@ -47,6 +50,62 @@ func TestAStepDownSyncsTheDiskBeforeTheIndicatorGoes(t *testing.T) {
 				t.Fatal("the disk's sync failed and the primary indicator went: a power loss now costs writes nothing marks")
 			}
 		})
+	}
+}
+
+// stepDownInPlace has v's state name to as its primary, as a step-down's
+// step leaves it, without the step's actions: a test of one of them.
+func stepDownInPlace(v *Volume, to string) {
+	v.stateMu.Lock()
+	defer v.stateMu.Unlock()
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.st.Durable.Primary = to
+	v.publishLocked()
+}
+
+// TestAStepDownsIndicatorClearSparesAPrimaryMadeMeanwhile: a step-down's
+// ClearPrimaryIndicator runs off the volume's loop (its sync may take
+// long), and the loop takes other steps meanwhile. When one made this
+// node primary again (the operator's force), the indicator it set covers
+// that primary's writes, which the step-down's sync did not: it stays
+// set, so that a crash resyncs their activity log and computes their
+// checksums again. Found by the simulation with its waits interleaved
+// (seed 1095 of -interleave).
+func TestAStepDownsIndicatorClearSparesAPrimaryMadeMeanwhile(t *testing.T) {
+	c := newTestCluster(t, 8<<20)
+	c.start("alpha")
+	c.start("beta")
+	c.waitInSync()
+	a := c.vol("alpha")
+	indicator := func() bool { return a.durable.md.Superblock().Flags&metadata.FlagPrimary != 0 }
+	if !indicator() {
+		t.Fatal("alpha, the primary, has no primary indicator set")
+	}
+	stepDownInPlace(a, "beta")
+
+	// Made primary again while the clear's sync ran: a set came since.
+	sets := a.durable.primarySets.Load()
+	a.stateMu.Lock()
+	err := (&volumeSteps{v: a}).SetIndicator()
+	a.stateMu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.clearPrimaryUnlessSetSince(sets); err != nil || !indicator() {
+		t.Fatalf("a clear begun before a set: %v, indicator set %v; want it set", err, indicator())
+	}
+
+	// Made primary again before the clear began: the node is primary.
+	stepDownInPlace(a, "alpha")
+	if err := a.clearPrimaryUnlessSetSince(a.durable.primarySets.Load()); err != nil || !indicator() {
+		t.Fatalf("a clear on a node primary again: %v, indicator set %v; want it set", err, indicator())
+	}
+
+	// Neither: it goes.
+	stepDownInPlace(a, "beta")
+	if err := a.clearPrimaryUnlessSetSince(a.durable.primarySets.Load()); err != nil || indicator() {
+		t.Fatalf("a clear with no primary since: %v, indicator set %v; want it cleared", err, indicator())
 	}
 }
 

@@ -572,7 +572,10 @@ func (s *Sim) perform(n *node, a volstate.Action) {
 		// secondary syncs before it accepts a stream, which the new
 		// primary's FLUSH needs to count this disk, no seed of 30,000
 		// catches its absence: node's stepdown_test pins it.)
-		if s.syncWithSums(n) {
+		// And only while the node is not primary again: a step taken
+		// meanwhile (the operator's force) set the indicator for its own
+		// writes (node's clearPrimary; seed 1095 of -interleave).
+		if s.syncWithSums(n) && n.st.Role() != replication.Primary {
 			n.indicator = false
 		}
 	case volstate.StartPeers, volstate.ResetPeers, volstate.StopPeers:

@@ -405,18 +405,38 @@ var interleavedFindingSeeds = map[uint64]struct {
 	// newer primary's writes (node's takeOverAt waits for the drive, so
 	// no newer view is taken first).
 	827: {NoStalePromotion, "a promotion taken after its wait with raft's older view"},
-	// A step-down's ClearPrimaryIndicator (its sync, then the indicator
-	// off) runs off the loop; the loop takes the operator's forced
-	// promotion meanwhile, which sets the indicator; the wait then clears
-	// it, and a crash of the new primary rebuilds no checksum of its hot
-	// blocks (node's perform clears it whatever the role is by then).
-	1095: {ChecksumsMatchData, "a step-down's indicator clear after a promotion taken meanwhile"},
 	// A fenced primary's drain (DrainIO) waits off the loop while its
 	// senders run (node's quiesce stops them after the IO): one connects
 	// and starts a pull from the new primary, which the step-down cuts
 	// off; the new primary then counts the old one in sync, whose durable
 	// state names no generation.
 	3422: {ReplicasEqualInSync, "a fenced primary's sender connects while its drain waits"},
+}
+
+// interleavedRegressions are seeds that failed with Config.Interleave on a
+// defect of production since fixed; TestSimInterleavedRegressions runs
+// them interleaved.
+var interleavedRegressions = []uint64{
+	// checksums-match-data: a step-down's ClearPrimaryIndicator (its
+	// sync, then the indicator off) runs off the loop; the loop took the
+	// operator's forced promotion meanwhile, which set the indicator; the
+	// wait then cleared it, and a crash of the new primary rebuilt no
+	// checksum of its hot blocks. node's clearPrimary now leaves the
+	// indicator set when a set came since its sync began or the node is
+	// primary (TestAStepDownsIndicatorClearSparesAPrimaryMadeMeanwhile).
+	1095,
+}
+
+// TestSimInterleavedRegressions: each seed of interleavedRegressions
+// passes with Config.Interleave.
+func TestSimInterleavedRegressions(t *testing.T) {
+	for _, sd := range interleavedRegressions {
+		cfg := configFor(sd, *steps)
+		cfg.Interleave = true
+		if _, f := run(cfg); f != nil {
+			t.Error(report(f))
+		}
+	}
 }
 
 // TestSimInterleavedFindings: each seed of interleavedFindingSeeds still
