@@ -43,6 +43,24 @@ func (s *scriptStream) SendMsg(m any) error {
 
 func (s *scriptStream) Context() context.Context { return s.ctx }
 
+// within fails t unless c is closed or sends within 10 s: what waits.
+func within(t *testing.T, what string, c <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-c:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("not within 10s: %s", what)
+	}
+}
+
+// armedOn waits until the stream arms its ticker on fake.
+func armedOn(t *testing.T, fake *clock.Fake) {
+	t.Helper()
+	armed := make(chan struct{})
+	go func() { fake.WaitArmed(1); close(armed) }()
+	within(t, "the stream arms its ticker on the injected clock", armed)
+}
+
 // stallDisk is a memDisk whose writes wait for release.
 type stallDisk struct {
 	*memDisk
@@ -75,18 +93,8 @@ func TestALongApplySaysItIsAliveOnTheInjectedClock(t *testing.T) {
 	ended := make(chan error, 1)
 	go func() { ended <- NewStream("alpha").Run(transport.NewReplStream(s, cancel), v) }()
 
-	wait := func(what string, c <-chan struct{}) {
-		t.Helper()
-		select {
-		case <-c:
-		case <-time.After(10 * time.Second):
-			t.Fatalf("not within 10s: %s", what)
-		}
-	}
-	wait("the write reaches the disk", disk.entered)
-	armed := make(chan struct{})
-	go func() { fake.WaitArmed(1); close(armed) }()
-	wait("the stream arms its ticker on the injected clock", armed)
+	within(t, "the write reaches the disk", disk.entered)
+	armedOn(t, fake)
 	select {
 	case a := <-s.acks:
 		t.Fatalf("an ack %+v before the fake clock moved", a)
@@ -154,14 +162,6 @@ func TestALongFrameOnASlowLinkSaysItIsAlive(t *testing.T) {
 	ended := make(chan error, 1)
 	go func() { ended <- NewStream("alpha").Run(transport.NewReplStream(s, cancel), v) }()
 
-	within := func(what string, c <-chan struct{}) {
-		t.Helper()
-		select {
-		case <-c:
-		case <-time.After(10 * time.Second):
-			t.Fatalf("not within 10s: %s", what)
-		}
-	}
 	noAck := func(when string) {
 		t.Helper()
 		select {
@@ -173,15 +173,13 @@ func TestALongFrameOnASlowLinkSaysItIsAlive(t *testing.T) {
 	// One look at the frame: the test answers it, once the ticker asks.
 	look := func(what string, a arrival) {
 		t.Helper()
-		within(what, s.asked)
+		within(t, what, s.asked)
 		s.answer <- a
 	}
 
 	s.longs <- struct{}{} // a long frame begins to arrive
 	look("the ticker starts on the long frame and notes how far it came", arrival{true, 64 << 10})
-	armed := make(chan struct{})
-	go func() { fake.WaitArmed(1); close(armed) }()
-	within("the stream arms its ticker on the injected clock", armed)
+	armedOn(t, fake)
 	noAck("before the fake clock moved")
 
 	emptyAck := func(when string) {
@@ -203,7 +201,7 @@ func TestALongFrameOnASlowLinkSaysItIsAlive(t *testing.T) {
 	fake.Advance(15 * time.Minute)
 	look("the second tick", arrival{true, 128 << 10}) // nothing more came
 	fake.Advance(15 * time.Minute)
-	within("the third tick (the second is over)", s.asked)
+	within(t, "the third tick (the second is over)", s.asked)
 	noAck("at a tick that found no more bytes come")
 	s.answer <- arrival{true, 192 << 10}
 	emptyAck("at the tick after more bytes came")
