@@ -291,6 +291,25 @@ func (d *volumeSteps) Perform(a volstate.Action) error {
 // by the one list node and the simulation share (volloop.OffLoop).
 func (d *volumeSteps) OffLoop(a volstate.Action) bool { return volloop.OffLoop(a) }
 
+// Refresh gives raft's word on the volume anew when the drive takes it
+// again after a wait and this node's state machine has applied a newer
+// epoch meanwhile (volstate.Refresher): the drive follows raft as it is,
+// not as it was when the event was posted (the simulation, interleaved,
+// seed 827: a promotion taken after its wait while raft had promoted
+// another node at a newer epoch).
+func (d *volumeSteps) Refresh(e volstate.Event) (volstate.Event, bool) {
+	ae, ok := e.(volstate.AuthorityChanged)
+	v := d.v
+	if !ok || !ae.Known || v.node.cl == nil {
+		return e, false
+	}
+	va, known := v.node.cl.c.Authority().Volume(v.name)
+	if !known || va.Epoch <= ae.Epoch {
+		return e, false
+	}
+	return volstate.AuthorityChanged{Known: true, Primary: va.Primary, Epoch: va.Epoch, Now: v.clock.Now(), Failover: va.FailedOverAt(va.Epoch)}, true
+}
+
 func (d *volumeSteps) Follow(e volstate.Event) { d.follow = append(d.follow, e) }
 
 func (d *volumeSteps) Next() (volstate.Event, bool) {

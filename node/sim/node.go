@@ -492,6 +492,21 @@ func (v simVolume) Perform(a volstate.Action) error {
 	return nil
 }
 
+// Refresh is node's (volumeSteps.Refresh): raft's word taken again after
+// a wait is raft's as it is by then, when the node reaches raft and raft
+// moved to a newer epoch (seed 827 of -interleave).
+func (v simVolume) Refresh(e volstate.Event) (volstate.Event, bool) {
+	ae, ok := e.(volstate.AuthorityChanged)
+	if !ok || !ae.Known || !v.s.raft.reach(v.s, v.n) {
+		return e, false
+	}
+	va, known := v.s.raft.auth.Volume(volume)
+	if !known || va.Epoch <= ae.Epoch {
+		return e, false
+	}
+	return volstate.AuthorityChanged{Known: true, Primary: va.Primary, Epoch: va.Epoch, Now: v.s.now, Failover: va.FailedOverAt(va.Epoch)}, true
+}
+
 // OffLoop is node's list (volloop.OffLoop): the sim does those waits at
 // once all the same, as its loop hands them back.
 func (v simVolume) OffLoop(a volstate.Action) bool { return volloop.OffLoop(a) }

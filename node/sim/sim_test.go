@@ -398,13 +398,14 @@ var interleavedFindingSeeds = map[uint64]struct {
 	why   string
 }{
 	// A promotion by raft (AuthorityChanged) waits off the loop for its
-	// preparation (DetachIncoming), the node is paused meanwhile and raft
-	// promotes another at a newer epoch; the drive then takes the event
-	// again on the node's state, but the event is raft's view of when it
-	// was posted: the node is promoted at the older epoch without the
-	// newer primary's writes (node's takeOverAt waits for the drive, so
-	// no newer view is taken first).
-	827: {NoStalePromotion, "a promotion taken after its wait with raft's older view"},
+	// preparation (DetachIncoming) while the node is paused, and raft
+	// promotes another at a newer epoch; the node resumes where no raft
+	// leader is reached, so the drive takes the event again on the view
+	// of its post (Refresh has none newer): it records itself primary at
+	// the older epoch without the newer primary's writes (it serves no IO
+	// without a lease). A promotion should be confirmed by raft as of its
+	// step.
+	1881: {NoStalePromotion, "a promotion taken after its wait, raft out of reach, on the view of its post"},
 	// A fenced primary's drain (DrainIO) waits off the loop while its
 	// senders run (node's quiesce stops them after the IO): one connects
 	// and starts a pull from the new primary, which the step-down cuts
@@ -425,6 +426,14 @@ var interleavedRegressions = []uint64{
 	// indicator set when a set came since its sync began or the node is
 	// primary (TestAStepDownsIndicatorClearSparesAPrimaryMadeMeanwhile).
 	1095,
+	// no-stale-promotion: a promotion by raft waited off the loop for its
+	// preparation (DetachIncoming) while the node was paused, and raft
+	// promoted another node at a newer epoch; the drive then took the
+	// event again on raft's view of its post and recorded the node
+	// primary at the older epoch. A drive takes raft's word again as it
+	// is after its wait (volstate.Refresher; node's volumeSteps.Refresh,
+	// TestADriveTakesRaftsWordAsItIsAfterItsWait).
+	827,
 }
 
 // TestSimInterleavedRegressions: each seed of interleavedRegressions

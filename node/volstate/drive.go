@@ -88,6 +88,17 @@ type Effects interface {
 	Next() (Event, bool)
 }
 
+// Refresher is Effects whose events may be given anew when a drive takes
+// its event again after its waiting preparations (rule 1): an event that
+// carries a view of the world as of its post (raft's authority,
+// AuthorityChanged) is taken on the view as of its step, or a node that
+// waited (for its incoming stream to end, say) while raft named another
+// primary at a newer epoch would take the older view's word. Refresh
+// returns the event to take, and whether it differs from e.
+type Refresher interface {
+	Refresh(e Event) (Event, bool)
+}
+
 // Change is one step as the driver writes and installs it.
 type Change struct {
 	Event     Event
@@ -176,6 +187,9 @@ type Driving struct {
 	quiesce bool
 	// asked: a Need was handed out and Done has not reported it.
 	asked bool
+	// waited: a waiting preparation of e's step was done (the event is
+	// then refreshed before its step under the lock: Refresher).
+	waited bool
 	// result and err are the drive's: e's actions, the first error.
 	result []Action
 	err    error
@@ -223,6 +237,19 @@ func (d *Driving) Next(fx Effects) Need {
 				d.asked = true
 				return Need{Kind: NeedPrepare, Action: d.waits[0]}
 			}
+			if d.waited {
+				// Rule 1 across a wait: an event that carries a view of
+				// the world as of its post is taken on the view as of now,
+				// from its pre-step (its waits are those of the event
+				// taken).
+				d.waited = false
+				if r, ok := fx.(Refresher); ok {
+					if e, changed := r.Refresh(d.e); changed {
+						d.e, d.phase = e, phaseStep
+						continue
+					}
+				}
+			}
 			// Rules 2 to 6, under the lock.
 			fx.Lock()
 			acts, err := Take(fx, d.e)
@@ -269,7 +296,7 @@ func (d *Driving) Done(err error) {
 			d.ended(nil, err)
 			return
 		}
-		d.waits = d.waits[1:]
+		d.waits, d.waited = d.waits[1:], true
 	case phaseAct:
 		if err != nil {
 			d.ended(d.acts, err)

@@ -405,3 +405,55 @@ func TestDrivingPausesAtEachWaitAndAction(t *testing.T) {
 		t.Errorf("Result: %v %v, want the step's 3 actions", acts, err)
 	}
 }
+
+// refreshing is a recorder whose events are given anew after a wait
+// (Refresher): raft's word as it is by then.
+type refreshing struct {
+	*recorder
+	now       Event
+	refreshed int
+}
+
+func (r *refreshing) Refresh(e Event) (Event, bool) {
+	r.refreshed++
+	_ = r.note("refresh %T", e)
+	if r.now == nil || e == r.now {
+		return e, false
+	}
+	return r.now, true
+}
+
+// TestADriveTakesRaftsWordAsItIsAfterItsWait: a promotion by raft waits
+// for the old primary's stream to end (DetachIncoming) before its step;
+// raft named another primary at a newer epoch meanwhile. The step under
+// the lock takes the event as the effects give it anew (Refresher), from
+// its pre-step: this node follows the newer primary and sets no
+// indicator. Without a newer word, the event is taken as posted. (The
+// simulation, with its waits interleaved, seed 827: a node recorded
+// itself primary at the older epoch.)
+func TestADriveTakesRaftsWordAsItIsAfterItsWait(t *testing.T) {
+	st := secondaryOf("b", "a", 3, "a", "c")
+	st.Auth = true
+	promote := AuthorityChanged{Known: true, Primary: "b", Epoch: 4, Failover: true}
+
+	r := &refreshing{recorder: &recorder{st: st.Clone()}, now: AuthorityChanged{Known: true, Primary: "c", Epoch: 5, Failover: true}}
+	if _, err := Drive(r, promote); err != nil {
+		t.Fatal(err)
+	}
+	log := strings.Join(r.log, "\n")
+	// Asked after each wait: the promotion's, then the follow's own.
+	if r.refreshed != 2 || !r.has("commit epoch=5 primary=c") || r.has("set-indicator") || r.has("commit epoch=4") {
+		t.Fatalf("a promotion whose wait saw raft name c at epoch 5: refreshed %d times; want twice, c followed at 5, no indicator:\n%s", r.refreshed, log)
+	}
+	if i, j := r.index("prepare detach-incoming"), r.index("refresh"); i < 0 || j < i {
+		t.Fatalf("the event refreshed before its wait was done:\n%s", log)
+	}
+
+	same := &refreshing{recorder: &recorder{st: st.Clone()}}
+	if _, err := Drive(same, promote); err != nil {
+		t.Fatal(err)
+	}
+	if same.refreshed != 1 || !same.has("set-indicator") || !same.has("commit epoch=4 primary=b") {
+		t.Fatalf("a promotion raft still stands by: refreshed %d times; want once, and b primary at 4:\n%s", same.refreshed, strings.Join(same.log, "\n"))
+	}
+}
