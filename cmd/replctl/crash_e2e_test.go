@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/json"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -116,6 +118,30 @@ func (c *procCluster) start(name string, extra ...string) {
 		}
 		log.Close()
 	})
+	// Runs before the stop above (cleanups run last-registered first): a
+	// failed test has each node it leaves running write its goroutines'
+	// stacks to its log (Go's SIGQUIT), for logTails to show where a node
+	// that did not do what the test waited for stood.
+	t.Cleanup(func() { dumpStacks(t, cmd) })
+}
+
+// dumpStacks has a replnode that still runs in a failed test print every
+// goroutine's stack to its log and exit (SIGQUIT), and reaps it.
+func dumpStacks(t *testing.T, cmd *exec.Cmd) {
+	if !t.Failed() || cmd.ProcessState != nil || cmd.Process.Signal(syscall.SIGQUIT) != nil {
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+	}
 }
 
 // notifications hears what a replnode tells systemd (sd_notify):
@@ -343,12 +369,43 @@ func (c *procCluster) logTails() {
 		if err != nil || len(b) == 0 {
 			continue
 		}
-		if len(b) > 6000 {
-			b = b[len(b)-6000:]
+		logged, stacks := splitStacks(b)
+		if len(logged) > 6000 {
+			logged = logged[len(logged)-6000:]
 		}
-		c.t.Logf("replnode %s log (tail):\n%s", name, b)
+		c.t.Logf("replnode %s log (tail):\n%s", name, logged)
+		if len(stacks) > 0 {
+			c.t.Logf("replnode %s goroutines in replvol's packages at the failure (SIGQUIT):\n%s", name, stacks)
+		}
 	}
 }
+
+// splitStacks splits a replnode's log at the goroutine dump a SIGQUIT
+// wrote (dumpStacks): the log before it, and the stacks of the goroutines
+// whose calls pass through replvol's own code, without the frames'
+// addresses (at most 64 KiB of them).
+func splitStacks(b []byte) (logged, stacks []byte) {
+	i := bytes.Index(b, []byte("\nSIGQUIT: quit"))
+	if i < 0 {
+		return b, nil
+	}
+	logged = b[:i+1]
+	for _, g := range bytes.Split(b[i:], []byte("\n\n")) {
+		if !bytes.HasPrefix(g, []byte("goroutine ")) || !bytes.Contains(g, []byte("github.com/replvol/replvol/")) {
+			continue
+		}
+		g = frameAddrs.ReplaceAll(g, nil)
+		if len(stacks)+len(g) > 64<<10 {
+			stacks = append(stacks, "... (more goroutines left out)\n"...)
+			break
+		}
+		stacks = append(append(stacks, g...), "\n\n"...)
+	}
+	return logged, stacks
+}
+
+// frameAddrs are a goroutine dump's frame and stack addresses.
+var frameAddrs = regexp.MustCompile(` fp=0x[0-9a-f]+ sp=0x[0-9a-f]+ pc=0x[0-9a-f]+`)
 
 // logSize is how many bytes node's log holds now (0 when it has none).
 func (c *procCluster) logSize(name string) int64 {
@@ -494,4 +551,22 @@ func TestE2EReplacedPrimaryDiskCopiesFromItsPeer(t *testing.T) {
 		t.Fatalf("status says %q by rule %q, want target-set-bitmap by just-created-self", b.Decision, b.SyncRule)
 	}
 	compareFiles(t, c.disk("alpha"), c.disk("beta"), size)
+}
+
+// TestSplitStacksKeepsReplvolsGoroutines: what a failed e2e test shows of
+// a node's SIGQUIT dump (dumpStacks) is its log before the dump, and the
+// goroutines that run replvol's code, their frames without addresses.
+func TestSplitStacksKeepsReplvolsGoroutines(t *testing.T) {
+	b := []byte("time=1 msg=a\ntime=2 msg=b\nSIGQUIT: quit\nPC=0x1 m=0\n\ngoroutine 1 [select]:\nruntime.gopark()\n\n" +
+		"goroutine 7 [chan receive]:\ngithub.com/replvol/replvol/node.(*peer).run()\n\tnode/peer.go:1 +0x7fb fp=0x3759 sp=0x375a pc=0xd088\n\nrax 0x0\n")
+	logged, stacks := splitStacks(b)
+	if string(logged) != "time=1 msg=a\ntime=2 msg=b\n" {
+		t.Errorf("the log before the dump: %q", logged)
+	}
+	if want := "goroutine 7 [chan receive]:\ngithub.com/replvol/replvol/node.(*peer).run()\n\tnode/peer.go:1 +0x7fb\n\n"; string(stacks) != want {
+		t.Errorf("the stacks: %q, want %q", stacks, want)
+	}
+	if logged, stacks := splitStacks([]byte("time=1 msg=a\n")); string(logged) != "time=1 msg=a\n" || stacks != nil {
+		t.Errorf("a log without a dump: %q %q", logged, stacks)
+	}
 }
