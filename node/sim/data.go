@@ -985,4 +985,10 @@ func (s *Sim) pull(n *node, peer string, full bool) {
 	clear(q.marks[n.name])
 	s.tracef("%s: pulled %d blocks from %s", n.name, len(planned), peer)
 	s.stepNode(n, volstate.ResyncFinished{Peer: peer, AsTarget: true, Current: q.durable.Gens.Current, History: slices.Clone(q.durable.Gens.History)})
+	// The source gets the sync-done of the generation the pull took, in
+	// the stream it copied from (node's pull enqueues it as that
+	// generation is installed): it retires its bitmap generation toward
+	// this node and what it marked toward it (its SyncFinished). Sent once
+	// this node holds a generation (sendSyncDone), on this stream only.
+	n.syncDone[peer] = syncDue{session: n.sessions[peer], at: s.now}
 }
