@@ -629,7 +629,16 @@ func (v *Volume) takeOverAt(epoch uint64, failover bool) {
 			v.node.event(v.name, "promotion-refused", fmt.Sprintf("the cluster named %s primary at epoch %d, but its disk is not UpToDate", v.self, a.Epoch))
 		}
 	}})
-	if err != nil {
+	switch {
+	case errors.Is(err, volstate.ErrNoRaftLeader):
+		// Taken again on raft's word once a leader answers
+		// (followAuthority, at each step of the cluster loop): logged
+		// once.
+		if !v.node.dataRefusals.First(fmt.Sprintf("%s take-over at %d: no raft leader", v.name, epoch)) {
+			return
+		}
+		v.log.Warn("the cluster named this node primary, but no raft leader answers it now: it takes over once one does", "epoch", epoch)
+	case err != nil:
 		v.log.Error("take over: write the state", "err", err)
 	}
 }

@@ -25,14 +25,15 @@ import (
 // views show them now (a view is read without a lock; a peer's handshake
 // changes it under v.stateMu, which steps hold), whether the volume
 // stops, and the facts the rules read: whether each peer is in sync and
-// whether its bitmap holds bits, and whether the local disk misses
-// blocks. A step takes them under v.stateMu, so a check of them is the
-// step's own: what a caller saw before it may have changed. Callers hold
-// v.mu.
+// whether its bitmap holds bits, whether the local disk misses blocks,
+// and whether a raft leader answers this node. A step takes them under
+// v.stateMu, so a check of them is the step's own: what a caller saw
+// before it may have changed. Callers hold v.mu.
 func (v *Volume) modelLocked() volstate.State {
 	s := v.st.Clone()
 	s.Stopping = isClosed(v.stopping)
 	s.LocalMissing = v.durable.localMissing.Count() > 0
+	s.NoRaftLeader = v.node.cl != nil && !v.node.cl.c.HasLeader()
 	for name, mp := range s.Peers {
 		mp.Repl, mp.Session, mp.Pulling, mp.InSync, mp.Marked = replication.Connecting, 0, false, false, false
 		if p := v.peers.byName[name]; p != nil {

@@ -324,6 +324,11 @@ func (c *Cluster) Status() Status {
 	return s
 }
 
+// HasLeader reports whether a raft leader with a quorum answers this node
+// now: it leads, or the leader's last contact is within the heartbeat
+// timeout. Without one, its state machine may be behind raft's.
+func (c *Cluster) HasLeader() bool { return c.hasLeader(time.Time{}) }
+
 // ElectionGrace is how long this node calls a spell without a leader
 // with a quorum an election under way (Timing.ElectionGrace).
 func (c *Cluster) ElectionGrace() time.Duration { return c.cfg.Timing.ElectionGrace() }

@@ -452,6 +452,7 @@ type simVolume struct {
 // (ClearLocalMissing), so none is missing.
 func (v simVolume) State() volstate.State {
 	st := v.n.st.Clone()
+	st.NoRaftLeader = !v.s.raft.reach(v.s, v.n)
 	for name, p := range st.Peers {
 		p.InSync = p.Repl == replication.Connected && !st.Durable.Gens.Tracking(name)
 		p.Marked = len(v.n.marks[name]) > 0

@@ -238,8 +238,8 @@ type Config struct {
 	// Interleave: a drive posted by a caller that does not read its
 	// result (post) may leave a wait off its volume's loop, done at a
 	// later step while the rest of the cluster goes on (resumeWaits).
-	// Off by default: the seeds it breaks are production's
-	// (interleavedFindingSeeds in sim_test.go).
+	// TestSim runs its seeds so (-interleave), TestSimWaitsAtOnce
+	// without.
 	Interleave bool
 
 	mutation mutation

@@ -3,7 +3,6 @@ package sim
 import (
 	"flag"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -17,7 +16,7 @@ var (
 	firstSeed  = flag.Uint64("first-seed", 1, "the first of the seeds TestSim runs")
 	showTrace  = flag.Bool("fulltrace", false, "print the whole trace of -seed (go test keeps -trace for itself)")
 	survey     = flag.Bool("survey", false, "TestSim runs every seed and lists each failure instead of stopping at the first")
-	interleave = flag.Bool("interleave", false, "leave waits of posted drives off their loop for a few steps (Config.Interleave)")
+	interleave = flag.Bool("interleave", true, "TestSim (and its replay, -seed) leaves waits of posted drives off their loop for a few steps (Config.Interleave); -interleave=false does them at once, as TestSimWaitsAtOnce")
 )
 
 // run runs one seed; it returns the failure (with the trace's end) and
@@ -33,29 +32,52 @@ func run(cfg Config) (*Sim, *Failure) {
 }
 
 // configFor is the seed's cluster: every third seed has three data nodes.
+// Its waits off the loop are done at once (Config.Interleave false).
 func configFor(seed uint64, steps int) Config {
-	return Config{Seed: seed, Steps: steps, ThreeDataNodes: seed%3 == 0, Interleave: *interleave}
+	return Config{Seed: seed, Steps: steps, ThreeDataNodes: seed%3 == 0}
 }
 
-func report(f *Failure) string {
-	return fmt.Sprintf("%v\nlast trace lines:\n  %s\nreplay: go test -run 'TestSim$' ./node/sim/ -seed %d -steps %d -fulltrace -v",
-		f, strings.Join(f.Trace, "\n  "), f.Seed, *steps)
+// report is f in words, with the command that replays it: TestSim's with
+// -interleave as the failing run had it.
+func report(f *Failure, interleaved bool) string {
+	return fmt.Sprintf("%v\nlast trace lines:\n  %s\nreplay: go test -run 'TestSim$' ./node/sim/ -seed %d -steps %d -interleave=%t -fulltrace -v",
+		f, strings.Join(f.Trace, "\n  "), f.Seed, *steps, interleaved)
 }
 
 // TestSim runs the seeds (or replays -seed), checking DESIGN.md §2's
-// invariants after every step.
+// invariants after every step, with the waits of the volume's loop
+// interleaved with the rest of the cluster (-interleave, on by default):
+// production's loop takes other messages while a wait runs off it.
 func TestSim(t *testing.T) {
 	if *seed != 0 {
-		s, f := run(configFor(*seed, *steps))
+		cfg := configFor(*seed, *steps)
+		cfg.Interleave = *interleave
+		s, f := run(cfg)
 		if *showTrace {
 			t.Log("\n" + strings.Join(s.Trace(), "\n"))
 		}
 		t.Log(s.Summary())
 		if f != nil {
-			t.Fatal(report(f))
+			t.Fatal(report(f, cfg.Interleave))
 		}
 		return
 	}
+	sweep(t, *interleave)
+}
+
+// TestSimWaitsAtOnce runs TestSim's seeds with every wait of the volume's
+// loop done at once: the orders in which nothing falls between a wait's
+// start and its end, which the interleaved runs leave to chance.
+func TestSimWaitsAtOnce(t *testing.T) {
+	if *seed != 0 {
+		t.Skip("-seed replays in TestSim (with -interleave=false for this test's runs)")
+	}
+	sweep(t, false)
+}
+
+// sweep runs -seeds seeds from -first-seed, interleaved or not, and fails
+// at the first that breaks an invariant (with -survey, lists each).
+func sweep(t *testing.T, interleaved bool) {
 	n := *seeds
 	if testing.Short() {
 		n = min(n, 100)
@@ -64,7 +86,9 @@ func TestSim(t *testing.T) {
 	acks, flushes := 0, 0
 	found, hits := map[Finding][]uint64{}, map[Finding]int{}
 	for i := range uint64(n) {
-		s, f := run(configFor(*firstSeed+i, *steps))
+		cfg := configFor(*firstSeed+i, *steps)
+		cfg.Interleave = interleaved
+		s, f := run(cfg)
 		if k, ok := knownFindingSeeds[*firstSeed+i]; ok && f != nil && f.Broke(k.broke) {
 			found[k.finding] = append(found[k.finding], f.Seed)
 			hits[k.finding]++
@@ -75,7 +99,7 @@ func TestSim(t *testing.T) {
 			continue
 		}
 		if f != nil {
-			t.Fatal(report(f))
+			t.Fatal(report(f, interleaved))
 		}
 		acks += s.check.acks
 		flushes += s.check.flushes
@@ -87,7 +111,7 @@ func TestSim(t *testing.T) {
 		}
 	}
 	d := time.Since(began)
-	t.Logf("%d seeds x %d steps in %v (%.0f seeds/s), %d writes acknowledged, %d flushes completed", n, *steps, d.Round(time.Millisecond), float64(n)/d.Seconds(), acks, flushes)
+	t.Logf("%d seeds x %d steps (interleaved: %t) in %v (%.0f seeds/s), %d writes acknowledged, %d flushes completed", n, *steps, interleaved, d.Round(time.Millisecond), float64(n)/d.Seconds(), acks, flushes)
 	for f, seeds := range found {
 		// A known finding of production the checks tolerate where it
 		// arises, so that each seed still runs every check: said, never
@@ -96,13 +120,18 @@ func TestSim(t *testing.T) {
 	}
 }
 
-// TestSimIsDeterministic: the same seed gives the same trace.
+// TestSimIsDeterministic: the same seed gives the same trace, interleaved
+// or not.
 func TestSimIsDeterministic(t *testing.T) {
 	for sd := uint64(1); sd <= 30; sd++ {
-		a, _ := run(configFor(sd, *steps))
-		b, _ := run(configFor(sd, *steps))
-		if strings.Join(a.Trace(), "\n") != strings.Join(b.Trace(), "\n") {
-			t.Fatalf("seed %d: two runs traced differently", sd)
+		for _, interleaved := range []bool{false, true} {
+			cfg := configFor(sd, *steps)
+			cfg.Interleave = interleaved
+			a, _ := run(cfg)
+			b, _ := run(cfg)
+			if strings.Join(a.Trace(), "\n") != strings.Join(b.Trace(), "\n") {
+				t.Fatalf("seed %d (interleaved: %t): two runs traced differently", sd, interleaved)
+			}
 		}
 	}
 }
@@ -384,28 +413,9 @@ var regressions = []uint64{
 func TestSimRegressions(t *testing.T) {
 	for _, sd := range regressions {
 		if _, f := run(configFor(sd, *steps)); f != nil {
-			t.Error(report(f))
+			t.Error(report(f, false))
 		}
 	}
-}
-
-// interleavedFindingSeeds are seeds that fail with Config.Interleave on a
-// defect of production the interleaving shows (a wait off the volume's
-// loop while other steps are taken), which is why it is off by default;
-// TestSimInterleavedFindings pins that each still fails so.
-var interleavedFindingSeeds = map[uint64]struct {
-	broke Invariant
-	why   string
-}{
-	// A promotion by raft (AuthorityChanged) waits off the loop for its
-	// preparation (DetachIncoming) while the node is paused, and raft
-	// promotes another at a newer epoch; the node resumes where no raft
-	// leader is reached, so the drive takes the event again on the view
-	// of its post (Refresh has none newer): it records itself primary at
-	// the older epoch without the newer primary's writes (it serves no IO
-	// without a lease). A promotion should be confirmed by raft as of its
-	// step.
-	1881: {NoStalePromotion, "a promotion taken after its wait, raft out of reach, on the view of its post"},
 }
 
 // interleavedRegressions are seeds that failed with Config.Interleave on a
@@ -428,6 +438,12 @@ var interleavedRegressions = []uint64{
 	// is after its wait (volstate.Refresher; node's volumeSteps.Refresh,
 	// TestADriveTakesRaftsWordAsItIsAfterItsWait).
 	827,
+	// no-stale-promotion: the same, by a node that resumed where it
+	// reached no raft leader, so its copy of raft's state machine had no
+	// newer word to give: raft's promotion of a node now waits for a
+	// leader that answers it (volstate's NoRaftLeader,
+	// TestRaftsPromotionWaitsForALeaderThatAnswers).
+	1881, 5217,
 	// replicas-equal-in-sync, a defect of the sim's model: a fenced
 	// primary's sender connected while its drain waited (production's
 	// too: quiesce stops the senders after the IO) and pulled from the
@@ -449,21 +465,7 @@ func TestSimInterleavedRegressions(t *testing.T) {
 		cfg := configFor(sd, *steps)
 		cfg.Interleave = true
 		if _, f := run(cfg); f != nil {
-			t.Error(report(f))
-		}
-	}
-}
-
-// TestSimInterleavedFindings: each seed of interleavedFindingSeeds still
-// fails with Config.Interleave by what it was found for.
-func TestSimInterleavedFindings(t *testing.T) {
-	for _, sd := range slices.Sorted(maps.Keys(interleavedFindingSeeds)) {
-		k := interleavedFindingSeeds[sd]
-		cfg := configFor(sd, *steps)
-		cfg.Interleave = true
-		if _, f := run(cfg); f == nil || !f.Broke(k.broke) {
-			t.Errorf("seed %d, interleaved, no longer breaks %s (%s): got %v", sd, k.broke, k.why, f)
-			continue
+			t.Error(report(f, true))
 		}
 	}
 }

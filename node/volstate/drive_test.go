@@ -457,3 +457,37 @@ func TestADriveTakesRaftsWordAsItIsAfterItsWait(t *testing.T) {
 		t.Fatalf("a promotion raft still stands by: refreshed %d times; want once, and b primary at 4:\n%s", same.refreshed, strings.Join(same.log, "\n"))
 	}
 }
+
+// TestRaftsPromotionWaitsForALeaderThatAnswers: raft's promotion of this
+// node is refused while no raft leader answers it (State.NoRaftLeader), at
+// once and with nothing written or done: the node may have been cut off or
+// paused since raft named it, while raft named another primary at a newer
+// epoch that its copy of the state machine has not heard of (the
+// simulation, interleaved, seeds 1881 and 5217: a node promoted at the
+// older epoch without the newer primary's writes). Once a leader answers,
+// the same event promotes it.
+func TestRaftsPromotionWaitsForALeaderThatAnswers(t *testing.T) {
+	st := secondaryOf("b", "a", 3, "a", "c")
+	st.Auth, st.NoRaftLeader = true, true
+	promote := AuthorityChanged{Known: true, Primary: "b", Epoch: 4, Failover: true}
+
+	cut := &recorder{st: st.Clone()}
+	if _, err := Drive(cut, promote); !errors.Is(err, ErrNoRaftLeader) {
+		t.Fatalf("raft's promotion with no leader answering: %v, want ErrNoRaftLeader", err)
+	}
+	if len(cut.log) != 0 || cut.st.Role() == replication.Primary || cut.st.Durable.Epoch != 3 {
+		t.Fatalf("a refused promotion changed something: role %s epoch %d, did:\n%s", cut.st.Role(), cut.st.Durable.Epoch, strings.Join(cut.log, "\n"))
+	}
+	// Following another primary needs no leader: the node takes the
+	// newer epoch whatever it reaches.
+	follow := &recorder{st: st.Clone()}
+	if _, err := Drive(follow, AuthorityChanged{Known: true, Primary: "c", Epoch: 5, Failover: true}); err != nil || !follow.has("commit epoch=5 primary=c") {
+		t.Fatalf("following c at 5 with no leader answering: %v:\n%s", err, strings.Join(follow.log, "\n"))
+	}
+
+	st.NoRaftLeader = false
+	answered := &recorder{st: st.Clone()}
+	if _, err := Drive(answered, promote); err != nil || !answered.has("set-indicator") || !answered.has("commit epoch=4 primary=b") {
+		t.Fatalf("raft's promotion with a leader answering: %v:\n%s", err, strings.Join(answered.log, "\n"))
+	}
+}

@@ -229,6 +229,11 @@ type State struct {
 	// peer (a fact the driver reads when the step is taken, as
 	// Peer.InSync).
 	LocalMissing bool
+	// NoRaftLeader: no raft leader answers this node now, so what its
+	// copy of raft's state machine says may be old (a fact the driver
+	// reads when the step is taken). Raft's promotion of this node waits
+	// for one: raft may have named another primary since.
+	NoRaftLeader bool
 }
 
 // PendingKind says what a Pending change is.

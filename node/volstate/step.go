@@ -23,6 +23,10 @@ var (
 	ErrRaftNamesOther  = errors.New("raft names another primary")
 	ErrCannotTakeBack  = errors.New("cannot take back the epoch")
 	ErrNoPendingChange = errors.New("no role change pending")
+	// ErrNoRaftLeader refuses raft's promotion of this node while no
+	// raft leader answers it (State.NoRaftLeader): the promotion is
+	// taken once one does, on raft's word as it is then.
+	ErrNoRaftLeader = errors.New("no raft leader answers this node: raft may have named another primary since")
 	// ErrNoGeneration refuses the end of a resync whose source named no
 	// generation (it held none: a primary that pulls newer data from
 	// another peer): the target would drop the generation its resync
@@ -548,6 +552,13 @@ func (s *State) followAuthority(e AuthorityChanged) Ready {
 		// Forced to primary without a quorum: now that raft answers,
 		// it records this node.
 		rd = Ready{Actions: []Action{{Kind: Propose, Detail: "reclaim", Epoch: e.Epoch}}}
+	case e.Primary == s.Self && e.Epoch > epoch && s.NoRaftLeader:
+		// No stale promotion: raft named this node while it reached a
+		// leader, but the node may have been cut off or paused since
+		// (a wait for the old primary's stream to end, say) while raft
+		// named another at a newer epoch. It is promoted on raft's word
+		// as it is once a leader answers (Refresher).
+		return Ready{Err: ErrNoRaftLeader}
 	case e.Primary == s.Self && e.Epoch > epoch:
 		rd = s.becomePrimary(e.Epoch, e.Now, true, e.Failover)
 		if rd.Err != nil {
