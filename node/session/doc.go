@@ -39,9 +39,10 @@
 // ends; begin readies the loop before its first step and finish hands
 // back what is left after its last. The stream is a Stream (Send, Recv,
 // Close), a *transport.ReplStream in the node. In production the loop
-// drives the step, beside its sending and receiving goroutines; a test
-// drives it on its own goroutine instead (step_test.go): it hands the step
-// the events in a seeded order, takes the frames from s.out and makes the
-// peer's frames into events (received), with none of the session's
-// goroutines running.
+// drives the step, beside its sending and receiving goroutines; a Stepper
+// (stepper.go) drives it on its caller's goroutine instead, with none of
+// the session's goroutines running: the caller hands the step the events
+// in the order it chooses (a test's or a simulation's seeded order:
+// step_test.go), takes the frames it built and the entries it completed,
+// and hands it the peer's frames, which it makes into events (received).
 package session

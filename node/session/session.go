@@ -316,8 +316,8 @@ type Session struct {
 	pubAhead      atomic.Bool
 	catchUpPaused atomic.Bool
 
-	// Owned by the loop (or by a test that drives its step, handle, on
-	// its own goroutine). every is the interval of its ticker, tick; rest
+	// Owned by the loop (or by a Stepper's caller, which drives its
+	// step, handle, on its own goroutine). every is the interval of its ticker, tick; rest
 	// wakes it while it rests without one (restOn). io counts the sending
 	// and receiving goroutines, which finish waits for.
 	every    time.Duration
@@ -357,6 +357,10 @@ type Session struct {
 	// markErr: end could not track durably what the peer misses; written
 	// before finished is closed.
 	markErr error
+	// stepping: a Stepper drives the loop (stepper.go); completed holds
+	// the entries completed since its caller last took them.
+	stepping  bool
+	completed []*Pending
 }
 
 // inMsg is a message into the loop (Session.inbox), of one kind: an entry
@@ -605,9 +609,9 @@ func (s *Session) begin() {
 // being idle, the queued entries go out in frames, the rest is looked
 // at). idle is whether the stream was idle as the loop began to wait for
 // ev. It reports whether the session ends, and its error. The frames it
-// builds go to s.out: the sending goroutine takes them, or a test that
-// drives the step on its own goroutine (step_test.go) takes them between
-// steps.
+// builds go to s.out: the sending goroutine takes them, or the caller of
+// a Stepper, which drives the step on its own goroutine, takes them
+// between steps (Stepper.Frame).
 func (s *Session) handle(idle bool, ev event) (stop bool, err error) {
 	switch ev.kind {
 	case evFail:
@@ -1117,6 +1121,9 @@ func (s *Session) complete(pd *Pending, acked bool, err error) {
 		<-pd.slot
 	}
 	close(pd.done)
+	if s.stepping {
+		s.completed = append(s.completed, pd)
+	}
 	if pd.Joint != nil {
 		pd.Joint.Release()
 	}
