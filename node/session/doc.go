@@ -11,9 +11,10 @@
 // It imports the replication rules, the volume's state machine (the rule
 // of what the peer is shown as its stream congests, drains, catches up or
 // gets in sync: volstate.StreamEvent, which the loop hands Peer.Stream),
-// transport's frames and stream, metadata's bitmap and the standard library; never the node (github.com/replvol/
-// replvol/node), node/cluster, web, raft, memberlist or bbolt
-// (layering_test.go in the node). The node's peer implements Peer and
+// transport's frames and stream and the standard library; the peer's
+// bitmap is a Bitmap (the node's is metadata's PeerBitmap). Never the
+// node (github.com/replvol/replvol/node), node/cluster, metadata, web,
+// raft, memberlist or bbolt (layering_test.go in the node). The node's peer implements Peer and
 // hands the session its values in a Config: that is the whole way back.
 //
 // One goroutine, each session's loop, owns everything it holds. Many

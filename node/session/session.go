@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/internal/clock"
-	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
@@ -106,6 +105,24 @@ type Peer interface {
 	Congestion() replication.CongestionConfig
 }
 
+// Bitmap is the peer's bitmap as a session marks and clears it: the
+// blocks of replication.BlockSize the peer misses. The node's is the
+// peer's *metadata.PeerBitmap; a simulation's may be its own. Only the
+// session's loop marks and clears it while the session runs; Bytes and
+// Count may be called meanwhile from elsewhere.
+type Bitmap interface {
+	// SetBits marks the blocks of [off, off+length), ClearBits clears
+	// them.
+	SetBits(off, length int64)
+	ClearBits(off, length int64)
+	// Count is the number of blocks marked; Bytes what they cover of the
+	// volume.
+	Count() int64
+	Bytes() int64
+	// Flush writes the marks to stable storage.
+	Flush() error
+}
+
 // Config is the values a session streams with. The pointers are the
 // peer's own: they outlive the session, which changes them only from its
 // loop (Lag, Bitmap's marks and clears) or atomically.
@@ -118,7 +135,7 @@ type Config struct {
 	// Timeout: the session ends when the peer answers nothing for it.
 	Timeout time.Duration
 	// Bitmap marks the blocks the peer misses.
-	Bitmap *metadata.PeerBitmap
+	Bitmap Bitmap
 	// Lag is what clients were told is written but the peer does not
 	// hold yet; the loop owns it while the session runs (each session's
 	// loop in turn, which hands it on at its end).
@@ -269,7 +286,7 @@ func (pd *Pending) markReceived() {
 type Session struct {
 	peer    Peer
 	name    string
-	bm      *metadata.PeerBitmap
+	bm      Bitmap
 	lag     *replication.Lag
 	cfg     Config
 	stream  Stream

@@ -93,6 +93,9 @@ var (
 	errTrackFailed = errors.New("the volume could not track the peer")
 )
 
+// The node's peer hands a session its *metadata.PeerBitmap.
+var _ Bitmap = (*metadata.PeerBitmap)(nil)
+
 // testBitmap is the peer's bitmap on metadata of an in-memory device of a
 // volume of cacheTestVolume bytes; dev and opts open the metadata again.
 func testBitmap(tb testing.TB) (bm *metadata.PeerBitmap, dev *mdtest.Device, opts metadata.MDOptions) {
