@@ -11,7 +11,8 @@
 // It imports the replication rules, the volume's state machine (the rule
 // of what the peer is shown as its stream congests, drains, catches up or
 // gets in sync: volstate.StreamEvent, which the loop hands Peer.Stream),
-// transport's frames and stream and the standard library; the peer's
+// transport/frame's frames (a leaf of the wire that links no network)
+// and the standard library; the peer's
 // bitmap is a Bitmap (the node's is metadata's PeerBitmap). Never the
 // node (github.com/replvol/replvol/node), node/cluster, metadata, web,
 // raft, memberlist or bbolt (layering_test.go in the node). The node's peer implements Peer and

@@ -12,7 +12,7 @@ import (
 	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
-	"github.com/replvol/replvol/transport"
+	"github.com/replvol/replvol/transport/frame"
 )
 
 const (
@@ -22,10 +22,10 @@ const (
 	// maxBatchEntries bounds the entries of one frame.
 	maxBatchEntries = 1024
 	// A frame is at most replication.MaxFrameLen, the stream's limit on
-	// both ends (transport.MaxFrameSize, the same): a batch of small
+	// both ends (frame.MaxSize, the same): a batch of small
 	// entries stays below maxBatchBytes, and one entry larger than that
 	// goes alone. (This fails to compile otherwise.)
-	_ = uint(replication.MaxFrameLen-maxBatchBytes) + uint(transport.MaxFrameSize-replication.MaxFrameLen) + uint(replication.MaxFrameLen-transport.MaxFrameSize)
+	_ = uint(replication.MaxFrameLen-maxBatchBytes) + uint(frame.MaxSize-replication.MaxFrameLen) + uint(replication.MaxFrameLen-frame.MaxSize)
 	// maxFramesInFlight bounds the frames awaiting their ack. While they
 	// are out, new entries wait and go out together in the next frame:
 	// under load one frame (and one ack) carries many writes.
@@ -52,14 +52,13 @@ var (
 // goroutine Sends the frames the loop built, the receiving goroutine
 // Recvs the peer's acks and replies, and the loop Closes it as it ends,
 // which makes a blocked Send or Recv return. The node's is a
-// *transport.ReplStream; a test's may be a fake the test drives.
+// *transport.ReplStream (session_test.go checks that it is one); a
+// test's may be a fake the test drives, and the simulation's its link.
 type Stream interface {
-	Send(f *transport.Frame) error
-	Recv(f *transport.Frame) error
+	Send(f *frame.Frame) error
+	Recv(f *frame.Frame) error
 	Close()
 }
-
-var _ Stream = (*transport.ReplStream)(nil)
 
 // Peer is what a session needs of the peer it streams to, besides the
 // values in its Config: the node's peer implements it. Each method says
@@ -320,7 +319,7 @@ type Session struct {
 	delivering atomic.Int64
 	quiet      chan struct{}
 	// Out of the loop: frames for the sending goroutine.
-	out chan *transport.Frame
+	out chan *frame.Frame
 	// ended is closed when the loop stops taking messages; finished once
 	// it completed every entry; err is then the session's error.
 	ended    chan struct{}
@@ -443,7 +442,7 @@ func New(ctx context.Context, p Peer, s Stream, cfg Config) *Session {
 	ss := &Session{peer: p, name: cfg.Name, bm: cfg.Bitmap, lag: cfg.Lag, cfg: cfg, beat: cfg.Beat,
 		stream: s, ctx: sctx, cancel: cancel, timeout: cfg.Timeout, errc: make(chan error, 1),
 		inbox: make(chan inMsg, inboxSize), quiet: make(chan struct{}, 1), fromPeer: make(chan peerMsg, 64), synced: make(chan *Pending, 1),
-		out:   make(chan *transport.Frame, maxFramesInFlight+1),
+		out:   make(chan *frame.Frame, maxFramesInFlight+1),
 		ended: make(chan struct{}), finished: make(chan struct{})}
 	ss.lastRecv.Store(cfg.Clock.Now().UnixNano())
 	return ss
@@ -488,7 +487,7 @@ func (s *Session) checkPeer(every time.Duration) error {
 	}
 	s.congestionTick()
 	if idle && (s.beat.carries(s) || s.beat.quietSince(now, 0) >= 2*every) {
-		f := transport.NewFrame(replication.BatchHeaderLen)
+		f := frame.New(replication.BatchHeaderLen)
 		f.SetBytes(replication.AppendBatchHeader(f.Bytes(), 0))
 		s.out <- f // room: only the loop sends, and out is empty
 	}
@@ -859,7 +858,7 @@ func (s *Session) sendQueued() error {
 			receipt = receipt || pd.Received != nil
 		}
 		s.frames = append(s.frames, s.nextSeq)
-		f := transport.NewFrame(own)
+		f := frame.New(own)
 		b := replication.AppendBatchHeaderReceipt(f.Bytes(), len(batch), receipt)
 		for _, pd := range batch {
 			if refersTo(&pd.Entry) {
@@ -918,7 +917,7 @@ func (s *Session) send() error {
 
 // receive hands the peer's acks and replies to the loop.
 func (s *Session) receive() error {
-	f := &transport.Frame{}
+	f := &frame.Frame{}
 	defer f.Release()
 	verdict := make(chan error, 1)
 	for {
@@ -964,7 +963,7 @@ func (s *Session) receive() error {
 // heartbeat's ack or the peer saying it is busy); an error ends the
 // session. A reply's data is f's: the caller sets reply.err, which the
 // loop answers once it is done with the data.
-func (s *Session) received(f *transport.Frame) (m peerMsg, news bool, err error) {
+func (s *Session) received(f *frame.Frame) (m peerMsg, news bool, err error) {
 	now := s.cfg.Clock.Now().UnixNano()
 	s.lastRecv.Store(now)
 	s.beat.heard(now)

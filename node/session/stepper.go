@@ -3,7 +3,7 @@ package session
 import (
 	"context"
 
-	"github.com/replvol/replvol/transport"
+	"github.com/replvol/replvol/transport/frame"
 )
 
 // Stepper drives a session's loop one step at a time on its caller's
@@ -139,7 +139,7 @@ func (t *Stepper) Synced() bool {
 // frame that does not decode, the peer's disk failed, a refused frame):
 // the session fails with it, and ends at the next Poll. f is the
 // caller's again once Received returns.
-func (t *Stepper) Received(f *transport.Frame) error {
+func (t *Stepper) Received(f *frame.Frame) error {
 	if t.ended {
 		return nil
 	}
@@ -169,7 +169,7 @@ func (t *Stepper) Received(f *transport.Frame) error {
 // Frame takes the oldest frame the loop built for the peer, as the
 // sending goroutine does (nil: none waits). The caller owns it: it
 // Releases it once it is written, or dropped.
-func (t *Stepper) Frame() *transport.Frame {
+func (t *Stepper) Frame() *frame.Frame {
 	select {
 	case f := <-t.s.out:
 		return f
