@@ -377,6 +377,9 @@ type Session struct {
 	// the entries completed since its caller last took them.
 	stepping  bool
 	completed []*Pending
+	// left: at the end, the entries the peer did not acknowledge, from
+	// endLeft to endMarked.
+	left []*Pending
 }
 
 // inMsg is a message into the loop (Session.inbox), of one kind: an entry
@@ -704,16 +707,36 @@ func (s *Session) rested() {
 // finish ends the session after its last step, with err: the stream is
 // closed and takes no new message (closeToNew), and once the sending and
 // receiving goroutines and those the loop started returned, end hands
-// back what the peer did not acknowledge; then Finished is closed.
+// back what the peer did not acknowledge (the volume tracks the peer
+// first, when that is needed); then Finished is closed.
 func (s *Session) finish(err error) {
+	var tracked error
+	if s.stop(err) {
+		tracked = s.peer.StartTracking()
+	}
+	s.marked(tracked)
+}
+
+// stop is finish up to the peer's tracking: the stream stops, and the
+// entries left are taken from the loop (endLeft). It reports whether
+// they, or what the peer holds in its cache only, need the peer tracked
+// (Peer.StartTracking) BEFORE marked marks them.
+func (s *Session) stop(err error) (track bool) {
 	s.tick.Stop()
 	s.cancel()
 	s.stream.Close()
 	s.closeToNew()
 	s.io.Wait()
 	s.extra.Wait()
-	s.end()
 	s.err = err
+	return s.endLeft()
+}
+
+// marked is the rest of finish once the peer's tracking returned tracked
+// (nil when none was needed): what is left is marked and completed
+// (endMarked), then Finished is closed.
+func (s *Session) marked(tracked error) {
+	s.endMarked(tracked)
 	s.beat.leave(s)
 	close(s.finished)
 }
@@ -1215,9 +1238,10 @@ func (s *Session) closeToNew() {
 	s.waiting = nil
 }
 
-// end hands back every entry the peer did not acknowledge: their blocks
-// are marked in the peer's bitmap, after the volume durably started
-// tracking the peer (a new generation). So are the blocks the peer
+// endLeft and endMarked are the session's end: they hand back every
+// entry the peer did not acknowledge. Their blocks are marked in the
+// peer's bitmap, after the volume durably started tracking the peer (a
+// new generation). So are the blocks the peer
 // acknowledged from its cache since its last acknowledged flush (a power
 // loss of the peer may take them), and those marks are written to stable
 // storage: their extents may have left the activity log. All of it
@@ -1227,26 +1251,34 @@ func (s *Session) closeToNew() {
 // the entries complete with the error, and no write or flush waiting for
 // them may succeed (nor a flush that comes after the stream ended:
 // MarkErr). It runs on the loop's goroutine once every other goroutine of
-// the session returned.
-func (s *Session) end() {
+// the session returned, in two parts around the peer's tracking (finish
+// calls Peer.StartTracking between them; a Stepper's caller may track
+// the peer itself, over steps of its own: Stepper.TrackApart): endLeft
+// takes what is left and reports whether the peer must be tracked,
+// endMarked marks and completes it.
+func (s *Session) endLeft() (track bool) {
 	// A syncDone the peer acknowledged, and what waits behind it.
 	for s.committing != nil {
 		s.extra.Wait()
 		s.syncCommitted(<-s.synced)
 	}
-	left := append(s.inflight, s.queue...)
+	s.left = append(s.inflight, s.queue...)
 	s.inflight, s.queue, s.frames = nil, nil, nil
 	// What the peer did not acknowledge is marked for it now.
 	s.lag.Disconnected()
 	s.publishLag()
-	track := !s.cached.empty()
-	for _, pd := range left {
+	track = !s.cached.empty()
+	for _, pd := range s.left {
 		track = track || ChangesData(pd.Entry.Op)
 	}
-	var err error
-	if track {
-		err = s.peer.StartTracking()
-	}
+	return track
+}
+
+// endMarked is the end's part after the peer's tracking, which returned err
+// (nil too when none was needed).
+func (s *Session) endMarked(err error) {
+	left := s.left
+	s.left = nil
 	for _, pd := range left {
 		markEntry(s.bm, &pd.Entry)
 	}

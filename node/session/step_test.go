@@ -196,6 +196,8 @@ type stepRig struct {
 	waiting  *stepEntry // a Submit not answered yet: the writer waits
 	ended    bool
 	endErr   error
+	// apart: the run tracks the peer at the end itself (TrackApart).
+	apart bool
 	// completions counts the entries completed (their Hold), taken the
 	// Stepper's Completed.
 	completions, taken int
@@ -214,7 +216,13 @@ func runSteps(t *testing.T, seed uint64) *stepRig {
 	cfg.Bitmap, cfg.Clock = r.bm, r.clk
 	r.st = NewStepper(context.Background(), r.peer, r.stream, cfg) // its loop is this test
 	r.s = r.st.Session()
-	r.logf("seed %d: send buffer %d, tracking fails: %v", seed, r.peer.cong.SendBuffer, r.peer.fail != nil)
+	// Every other seed tracks the peer itself at the end, as a
+	// simulation does over its own steps (TrackApart).
+	r.apart = seed%2 == 0
+	if r.apart {
+		r.st.TrackApart()
+	}
+	r.logf("seed %d: send buffer %d, tracking fails: %v, tracked apart: %v", seed, r.peer.cong.SendBuffer, r.peer.fail != nil, r.apart)
 	r.poll()
 	for turn := 0; turn < stepTurns && !r.ended && r.failure == ""; turn++ {
 		r.turn()
@@ -362,6 +370,33 @@ func (r *stepRig) stepped() {
 	r.ended, r.endErr = true, r.st.Err()
 	if !r.stream.closed {
 		r.fail("the session ended without closing its stream")
+	}
+	if !r.apart {
+		return
+	}
+	r.answered() // a Submit the end refused is not the end's to mark
+	if r.st.Tracking() != r.needsTracking() {
+		r.fail("the end waits for the peer's tracking: %v, while what is left needs it: %v", r.st.Tracking(), r.needsTracking())
+		return
+	}
+	if !r.st.Tracking() {
+		return
+	}
+	select {
+	case <-r.s.Finished():
+		r.fail("Finished is closed while the end waits for the peer's tracking")
+		return
+	default:
+	}
+	// The run tracks the peer, as StartTracking would have; what is left
+	// completes only now (completed checks that it is marked after).
+	r.logf("the run tracks the peer")
+	r.peer.tracked++
+	r.peer.markedFirst = r.bm.Count()
+	r.st.Tracked(r.peer.fail)
+	r.taken += len(r.st.Completed())
+	if r.taken != r.completions {
+		r.fail("the Stepper handed back %d completed entries, %d completed", r.taken, r.completions)
 	}
 }
 

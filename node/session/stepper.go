@@ -25,6 +25,9 @@ type Stepper struct {
 	s     *Session
 	ended bool
 	err   error
+	// apart: the caller tracks the peer at the end (TrackApart);
+	// tracking: the end waits for it (Tracked).
+	apart, tracking bool
 }
 
 // NewStepper makes the session of a stream whose handshake is done, as New
@@ -49,20 +52,56 @@ func (t *Stepper) Session() *Session { return t.s }
 // took it (nil: the session has ended, pd was not taken).
 func (t *Stepper) Submit(pd *Pending) <-chan Admission { return t.s.submit(pd) }
 
+// TrackApart has the session's end leave the peer's tracking to the
+// caller instead of calling Peer.StartTracking, which may wait for
+// what only the caller's later steps bring (raft's answer, other
+// streams' acks): once a step ended the session, Tracking reports that
+// its end waits, and Tracked hands it the tracking's outcome. Call it
+// before the session's last step.
+func (t *Stepper) TrackApart() { t.apart = true }
+
 // step is one turn of the loop with ev, and its end when the step says so.
 func (t *Stepper) step(ev event) {
 	if t.ended {
 		return
 	}
 	if stop, err := t.s.handle(t.s.idle(), ev); stop {
-		t.s.finish(err)
 		t.ended, t.err = true, err
+		if !t.apart {
+			t.s.finish(err)
+			return
+		}
+		// finish, in two parts around the caller's tracking.
+		if t.s.stop(err) {
+			t.tracking = true
+			return
+		}
+		t.s.marked(nil)
 	}
 }
 
-// Ended reports whether the session ended: finish ran, what the peer did
-// not acknowledge is handed back and marked (Finished is closed).
+// Ended reports whether the session ended: its last step ran, and, unless
+// it is Tracking, what the peer did not acknowledge is handed back and
+// marked (Finished is closed).
 func (t *Stepper) Ended() bool { return t.ended }
+
+// Tracking reports whether the session's end waits for the caller to
+// track the peer (TrackApart): the entries left, or what the peer holds
+// in its cache only, need it. Nothing left is marked or completed yet.
+func (t *Stepper) Tracking() bool { return t.tracking }
+
+// Tracked hands the session's end, while it is Tracking, the outcome of
+// the peer's tracking, which the caller made as Peer.StartTracking does
+// (nil: the volume tracks the peer, durably): the end marks what the peer
+// misses and may hold in its cache only, completes the entries left
+// (with err) and closes Finished.
+func (t *Stepper) Tracked(err error) {
+	if !t.tracking {
+		panic("session: Tracked while the end waits for no tracking")
+	}
+	t.tracking = false
+	t.s.marked(err)
+}
 
 // Err is, once Ended, the error the session ended with (nil: cancelled).
 func (t *Stepper) Err() error { return t.err }
