@@ -89,14 +89,30 @@ func TestLayering(t *testing.T) {
 // the standard library alone.
 func TestVolumeLoopLayering(t *testing.T) {
 	const mod = "github.com/replvol/replvol"
-	out, err := exec.Command("go", "list", "-f", "{{join .Imports \"\\n\"}}", mod+"/node/volloop").Output()
+	importsOnly(t, mod+"/node/volloop", "-f={{join .Imports \"\\n\"}}", mod+"/node/volstate", mod+"/internal/lockorder")
+}
+
+// TestFrameLayering: the replication stream's message (transport/frame),
+// which the session builds its frames in and the simulation therefore
+// links, links the standard library and at most the replication rules:
+// nothing of the wire's connections or gRPC (TestSimLayering allows it
+// alone of transport).
+func TestFrameLayering(t *testing.T) {
+	const mod = "github.com/replvol/replvol"
+	importsOnly(t, mod+"/transport/frame", "-deps", mod+"/transport/frame", mod+"/replication")
+}
+
+// importsOnly fails t for each package outside the standard library that
+// go list with flag names for pkg, unless allowed.
+func importsOnly(t *testing.T, pkg, flag string, allowed ...string) {
+	t.Helper()
+	out, err := exec.Command("go", "list", flag, pkg).Output()
 	if err != nil {
-		t.Fatalf("go list node/volloop: %v", err)
+		t.Fatalf("go list %s: %v", pkg, err)
 	}
-	allowed := []string{mod + "/node/volstate", mod + "/internal/lockorder"}
 	for _, imp := range strings.Fields(string(out)) {
 		if first, _, _ := strings.Cut(imp, "/"); strings.Contains(first, ".") && !slices.Contains(allowed, imp) {
-			t.Errorf("node/volloop imports %s: only volstate, internal/lockorder and the standard library", imp)
+			t.Errorf("%s links %s: only %s and the standard library", pkg, imp, strings.Join(allowed, ", "))
 		}
 	}
 }
@@ -152,7 +168,10 @@ func TestReplctlLayering(t *testing.T) {
 // its own,
 // so nothing it links is the node or a package of I/O: no node, cluster,
 // transport, metadata, backing or config, and no raft, memberlist, gRPC
-// or bbolt.
+// or bbolt. One package under transport is allowed, transport/frame
+// alone: the replication stream's message and its buffer pool, a leaf
+// of the wire that imports the standard library only (no gRPC, no
+// connection), which the peer session builds its frames in.
 func TestSimLayering(t *testing.T) {
 	const (
 		mod = "github.com/replvol/replvol"
@@ -161,6 +180,7 @@ func TestSimLayering(t *testing.T) {
 	forbidden := []string{mod + "/node", mod + "/node/cluster/...", mod + "/multipath/...", mod + "/transport/...", mod + "/web/...", mod + "/metadata/...",
 		mod + "/backing/...", mod + "/config/...", "google.golang.org/grpc/...", "go.etcd.io/bbolt/...",
 		"github.com/hashicorp/raft/...", "github.com/hashicorp/memberlist/..."}
+	allowed := []string{mod + "/transport/frame"}
 	graph := importGraph(t, sim)
 	for _, runs := range []string{mod + "/node/failover", mod + "/node/volstate", mod + "/node/volloop", mod + "/node/writepath", mod + "/node/applier/apply"} {
 		if !slices.Contains(graph[sim], runs) {
@@ -169,6 +189,9 @@ func TestSimLayering(t *testing.T) {
 	}
 	deps := reachable(graph, sim, nil)
 	for _, dep := range slices.Sorted(maps.Keys(deps)) {
+		if slices.Contains(allowed, dep) {
+			continue
+		}
 		for _, f := range forbidden {
 			if dep == strings.TrimSuffix(f, "/...") || strings.HasSuffix(f, "/...") && strings.HasPrefix(dep, strings.TrimSuffix(f, "...")) {
 				t.Errorf("%s imports %s: %s", sim, dep, strings.Join(deps[dep], " -> "))

@@ -2,7 +2,10 @@
 // stream (stream.go: one TCP connection per stream, mutual TLS over it
 // with a tls: section, each frame a header and its bytes written in one
 // go from the buffer it was built in and read into a pooled buffer of
-// its size; no HTTP/2, no codec copies), the gRPC control API (a
+// its size; no HTTP/2, no codec copies; the frame itself and its buffer
+// pool are transport/frame, a leaf that links no network, so that the
+// peer session and the simulation build frames without the wire), the
+// gRPC control API (a
 // JSON codec over the status model in api.go, over TLS or a unix socket,
 // its messages bounded; the server's Authorize gate and the forwarding
 // mark are here, the rule is the node's), and, in transport/nbd, the

@@ -16,108 +16,22 @@ import (
 	"github.com/replvol/replvol/internal/connlimit"
 	"github.com/replvol/replvol/internal/lockorder"
 	"github.com/replvol/replvol/internal/pki"
+	"github.com/replvol/replvol/transport/frame"
 )
 
-// Frame is one message of the replication stream: an encoded frame of the
-// replication wire format. A Frame handed to Send must not be touched again:
-// the transport returns its buffer to the pool once it is on the wire.
-type Frame struct {
-	buf *[]byte
-	// head: *buf keeps frameHeaderLen bytes of room in front of the
-	// frame's bytes, so it goes out in one write (stream.go).
-	head bool
-	// refs are bytes the frame carries by reference (Ref), in order.
-	refs []frameRef
-}
+// Frame is one message of the replication stream (package frame, which
+// links no network, holds it; these names stay for the rest of the tree).
+type Frame = frame.Frame
 
-// frameRef is a piece of a frame held by reference: b goes after the
-// first at bytes of the frame's own bytes.
-type frameRef struct {
-	at int
-	b  []byte
-}
-
-// Ref makes b part of the frame, after the first at bytes of Bytes(), by
-// reference: on a plain TCP stream it is written from where it lies (one
-// writev for the frame), on TLS it is copied once into the record. b must
-// not change until Send returned or the frame was released. References
-// come in order (at never decreases) and at is at most len(Bytes()) when
-// the frame is sent.
-func (f *Frame) Ref(at int, b []byte) {
-	if len(b) > 0 {
-		f.refs = append(f.refs, frameRef{at: at, b: b})
-	}
-}
-
-// AppendContents appends the frame's whole contents to dst: its bytes,
-// with what it holds by reference in place.
-func (f *Frame) AppendContents(dst []byte) []byte {
-	own, prev := f.Bytes(), 0
-	for _, r := range f.refs {
-		dst = append(append(dst, own[prev:r.at]...), r.b...)
-		prev = r.at
-	}
-	return append(dst, own[prev:]...)
-}
-
-// Len is the frame's length: its bytes and what it holds by reference.
-func (f *Frame) Len() int {
-	n := len(f.Bytes())
-	for _, r := range f.refs {
-		n += len(r.b)
-	}
-	return n
-}
-
-// Bytes returns the frame's contents.
-func (f *Frame) Bytes() []byte {
-	switch {
-	case f.buf == nil:
-		return nil
-	case f.head:
-		return (*f.buf)[frameHeaderLen:]
-	}
-	return *f.buf
-}
-
-// NewFrame returns a frame with an empty buffer of capacity n from the pool.
-// Append to Bytes() and set it back with SetBytes.
-func NewFrame(n int) *Frame {
-	b := framePool.Get(frameHeaderLen + n)
-	*b = (*b)[:frameHeaderLen]
-	return &Frame{buf: b, head: true}
-}
-
-// SetBytes replaces the frame contents (b should be grown from Bytes():
-// then the frame keeps its room for the header and goes out in one write).
-func (f *Frame) SetBytes(b []byte) {
-	if f.buf != nil && f.head && hasRoom(*f.buf, b) {
-		*f.buf = (*f.buf)[:frameHeaderLen+len(b)]
-		return
-	}
-	if f.buf == nil {
-		f.buf = new([]byte)
-	}
-	*f.buf, f.head = b, false
-}
-
-// Release returns the frame's buffer to the pool; the frame must not be
-// used afterwards. Only frames that were not sent need it.
-func (f *Frame) Release() {
-	if f.buf != nil {
-		framePool.Put(f.buf)
-		f.buf = nil
-	}
-	f.refs = nil
-}
+// NewFrame returns a frame with an empty buffer of capacity n from the pool
+// (frame.New).
+func NewFrame(n int) *Frame { return frame.New(n) }
 
 // MaxFrameSize bounds one replication message, both ways and on both
-// ends: the longest frame the replication wire format makes, a batch of
-// one entry of 32 MiB (replication.MaxFrameLen: this package does not
-// import the rules, node checks that the two agree). Send refuses a
-// longer one, and a receiver ends the stream on its header, before a byte
-// of it is buffered (ErrFrameTooLarge both).
-const MaxFrameSize = 5 + 24 + 32<<20
+// ends (frame.MaxSize). Send refuses a longer one, and a receiver ends
+// the stream on its header, before a byte of it is buffered
+// (ErrFrameTooLarge both).
+const MaxFrameSize = frame.MaxSize
 
 // handshakeTimeout bounds a replication connection's opening (its TLS
 // handshake and the preambles) on the dialing end: a server that accepts

@@ -13,11 +13,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/replvol/replvol/internal/lockorder"
+	"github.com/replvol/replvol/transport/frame"
 )
 
 // The replication stream's framing, under the replication wire format
@@ -43,7 +43,7 @@ import (
 // one received and sent on, goes as a writev of header and bytes). The
 // receiver reads each frame into a pooled buffer of its size.
 const (
-	frameHeaderLen = 5
+	frameHeaderLen = frame.HeaderLen
 	kindFrame      = 0
 	kindEnd        = 1
 	// maxEndLen bounds an end's words.
@@ -189,7 +189,7 @@ func (fc *frameConn) SendMsg(m any) error {
 		return fmt.Errorf("replication stream: cannot send %T", m)
 	}
 	defer f.Release()
-	if f.buf == nil {
+	if f.Released() {
 		return errors.New("replication stream: cannot send a released frame")
 	}
 	n := f.Len()
@@ -199,11 +199,10 @@ func (fc *frameConn) SendMsg(m any) error {
 		return &StreamError{words: fmt.Sprintf("frame too large for the peer: %d bytes, the limit is %d", n, MaxFrameSize), err: ErrFrameTooLarge}
 	}
 	var err error
-	switch {
-	case len(f.refs) > 0:
+	switch b := f.Headed(); {
+	case len(f.Refs()) > 0:
 		err = fc.writeRefs(f, n)
-	case f.head:
-		b := *f.buf
+	case b != nil:
 		putHeader(b, kindFrame, n)
 		_, err = fc.conn.Write(b)
 	default:
@@ -221,31 +220,31 @@ func (fc *frameConn) SendMsg(m any) error {
 // TCP; on TLS they are copied into one buffer first, so that the frame
 // is one record, not one per piece. Callers hold fc.wmu.
 func (fc *frameConn) writeRefs(f *Frame, n int) error {
-	own := f.Bytes()
-	if last := f.refs[len(f.refs)-1].at; last > len(own) {
+	own, refs := f.Bytes(), f.Refs()
+	if last := refs[len(refs)-1].At; last > len(own) {
 		return fmt.Errorf("replication stream: a reference at %d of a frame of %d bytes", last, len(own))
 	}
 	var hdr []byte
-	if f.head {
-		hdr = (*f.buf)[:frameHeaderLen]
+	if b := f.Headed(); b != nil {
+		hdr = b[:frameHeaderLen]
 	} else {
 		hdr = fc.hdr[:]
 	}
 	putHeader(hdr, kindFrame, n)
 	if !fc.tcp {
-		b := framePool.Get(frameHeaderLen + n)
-		defer framePool.Put(b)
+		b := frame.GetBuffer(frameHeaderLen + n)
+		defer frame.PutBuffer(b)
 		_, err := fc.conn.Write(f.AppendContents(append((*b)[:0], hdr...)))
 		return err
 	}
 	bufs := append(fc.iov[:0], hdr)
 	prev := 0
-	for _, r := range f.refs {
-		if r.at > prev {
-			bufs = append(bufs, own[prev:r.at])
+	for _, r := range refs {
+		if r.At > prev {
+			bufs = append(bufs, own[prev:r.At])
 		}
-		bufs = append(bufs, r.b)
-		prev = r.at
+		bufs = append(bufs, r.B)
+		prev = r.At
 	}
 	if prev < len(own) {
 		bufs = append(bufs, own[prev:])
@@ -299,16 +298,11 @@ func (fc *frameConn) RecvMsg(m any) error {
 		fc.linger()
 		return &StreamError{words: fmt.Sprintf("the peer sent a frame of %d bytes, over the limit of %d", n, MaxFrameSize), err: ErrFrameTooLarge}
 	}
-	if f.buf == nil || cap(*f.buf) < n {
-		f.Release()
-		f.buf = framePool.Get(n)
-	}
-	f.head = false
-	*f.buf = (*f.buf)[:n]
+	b := f.Fill(n)
 	if n >= LongFrame {
-		return fc.readLong(*f.buf)
+		return fc.readLong(b)
 	}
-	if _, err := io.ReadFull(fc.r, *f.buf); err != nil {
+	if _, err := io.ReadFull(fc.r, b); err != nil {
 		return fc.fail(err)
 	}
 	return nil
@@ -430,17 +424,3 @@ func (fc *frameConn) linger() {
 // lingerTime bounds how long a stream that ended waits for its peer to
 // take its last bytes.
 const lingerTime = 2 * time.Second
-
-// framePool holds frame buffers (pool.go). It is shared by every stream
-// of the process, as sync.Pool is meant to be; it holds no state of any
-// node.
-var framePool = &bufferPool{}
-
-// hasRoom reports whether b begins frameHeaderLen bytes into base, so that
-// base[:frameHeaderLen+len(b)] is the header and b.
-func hasRoom(base, b []byte) bool {
-	if cap(base) <= frameHeaderLen || cap(b) == 0 {
-		return cap(b) == 0
-	}
-	return unsafe.SliceData(b) == &base[:cap(base)][frameHeaderLen]
-}

@@ -115,7 +115,7 @@ func TestAFrameGoesOutInOneWrite(t *testing.T) {
 	defer fc.cancel()
 	f := NewFrame(4)
 	f.SetBytes(append(f.Bytes(), "abcd"...))
-	if !f.head {
+	if f.Headed() == nil {
 		t.Fatal("a frame grown in place lost its room for the header")
 	}
 	if err := fc.SendMsg(f); err != nil {

@@ -11,9 +11,11 @@
 // It imports the replication rules, the volume's state machine (the rule
 // of what the peer is shown as its stream congests, drains, catches up or
 // gets in sync: volstate.StreamEvent, which the loop hands Peer.Stream),
-// transport's frames and stream, metadata's bitmap and the standard library; never the node (github.com/replvol/
-// replvol/node), node/cluster, web, raft, memberlist or bbolt
-// (layering_test.go in the node). The node's peer implements Peer and
+// transport/frame's frames (a leaf of the wire that links no network)
+// and the standard library; the peer's
+// bitmap is a Bitmap (the node's is metadata's PeerBitmap). Never the
+// node (github.com/replvol/replvol/node), node/cluster, metadata, web,
+// raft, memberlist or bbolt (layering_test.go in the node). The node's peer implements Peer and
 // hands the session its values in a Config: that is the whole way back.
 //
 // One goroutine, each session's loop, owns everything it holds. Many
@@ -39,9 +41,10 @@
 // ends; begin readies the loop before its first step and finish hands
 // back what is left after its last. The stream is a Stream (Send, Recv,
 // Close), a *transport.ReplStream in the node. In production the loop
-// drives the step, beside its sending and receiving goroutines; a test
-// drives it on its own goroutine instead (step_test.go): it hands the step
-// the events in a seeded order, takes the frames from s.out and makes the
-// peer's frames into events (received), with none of the session's
-// goroutines running.
+// drives the step, beside its sending and receiving goroutines; a Stepper
+// (stepper.go) drives it on its caller's goroutine instead, with none of
+// the session's goroutines running: the caller hands the step the events
+// in the order it chooses (a test's or a simulation's seeded order:
+// step_test.go), takes the frames it built and the entries it completed,
+// and hands it the peer's frames, which it makes into events (received).
 package session

@@ -10,10 +10,9 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/internal/clock"
-	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
-	"github.com/replvol/replvol/transport"
+	"github.com/replvol/replvol/transport/frame"
 )
 
 const (
@@ -23,10 +22,10 @@ const (
 	// maxBatchEntries bounds the entries of one frame.
 	maxBatchEntries = 1024
 	// A frame is at most replication.MaxFrameLen, the stream's limit on
-	// both ends (transport.MaxFrameSize, the same): a batch of small
+	// both ends (frame.MaxSize, the same): a batch of small
 	// entries stays below maxBatchBytes, and one entry larger than that
 	// goes alone. (This fails to compile otherwise.)
-	_ = uint(replication.MaxFrameLen-maxBatchBytes) + uint(transport.MaxFrameSize-replication.MaxFrameLen) + uint(replication.MaxFrameLen-transport.MaxFrameSize)
+	_ = uint(replication.MaxFrameLen-maxBatchBytes) + uint(frame.MaxSize-replication.MaxFrameLen) + uint(replication.MaxFrameLen-frame.MaxSize)
 	// maxFramesInFlight bounds the frames awaiting their ack. While they
 	// are out, new entries wait and go out together in the next frame:
 	// under load one frame (and one ack) carries many writes.
@@ -53,14 +52,13 @@ var (
 // goroutine Sends the frames the loop built, the receiving goroutine
 // Recvs the peer's acks and replies, and the loop Closes it as it ends,
 // which makes a blocked Send or Recv return. The node's is a
-// *transport.ReplStream; a test's may be a fake the test drives.
+// *transport.ReplStream (session_test.go checks that it is one); a
+// test's may be a fake the test drives, and the simulation's its link.
 type Stream interface {
-	Send(f *transport.Frame) error
-	Recv(f *transport.Frame) error
+	Send(f *frame.Frame) error
+	Recv(f *frame.Frame) error
 	Close()
 }
-
-var _ Stream = (*transport.ReplStream)(nil)
 
 // Peer is what a session needs of the peer it streams to, besides the
 // values in its Config: the node's peer implements it. Each method says
@@ -106,6 +104,24 @@ type Peer interface {
 	Congestion() replication.CongestionConfig
 }
 
+// Bitmap is the peer's bitmap as a session marks and clears it: the
+// blocks of replication.BlockSize the peer misses. The node's is the
+// peer's *metadata.PeerBitmap; a simulation's may be its own. Only the
+// session's loop marks and clears it while the session runs; Bytes and
+// Count may be called meanwhile from elsewhere.
+type Bitmap interface {
+	// SetBits marks the blocks of [off, off+length), ClearBits clears
+	// them.
+	SetBits(off, length int64)
+	ClearBits(off, length int64)
+	// Count is the number of blocks marked; Bytes what they cover of the
+	// volume.
+	Count() int64
+	Bytes() int64
+	// Flush writes the marks to stable storage.
+	Flush() error
+}
+
 // Config is the values a session streams with. The pointers are the
 // peer's own: they outlive the session, which changes them only from its
 // loop (Lag, Bitmap's marks and clears) or atomically.
@@ -118,7 +134,7 @@ type Config struct {
 	// Timeout: the session ends when the peer answers nothing for it.
 	Timeout time.Duration
 	// Bitmap marks the blocks the peer misses.
-	Bitmap *metadata.PeerBitmap
+	Bitmap Bitmap
 	// Lag is what clients were told is written but the peer does not
 	// hold yet; the loop owns it while the session runs (each session's
 	// loop in turn, which hands it on at its end).
@@ -269,7 +285,7 @@ func (pd *Pending) markReceived() {
 type Session struct {
 	peer    Peer
 	name    string
-	bm      *metadata.PeerBitmap
+	bm      Bitmap
 	lag     *replication.Lag
 	cfg     Config
 	stream  Stream
@@ -303,7 +319,7 @@ type Session struct {
 	delivering atomic.Int64
 	quiet      chan struct{}
 	// Out of the loop: frames for the sending goroutine.
-	out chan *transport.Frame
+	out chan *frame.Frame
 	// ended is closed when the loop stops taking messages; finished once
 	// it completed every entry; err is then the session's error.
 	ended    chan struct{}
@@ -316,8 +332,8 @@ type Session struct {
 	pubAhead      atomic.Bool
 	catchUpPaused atomic.Bool
 
-	// Owned by the loop (or by a test that drives its step, handle, on
-	// its own goroutine). every is the interval of its ticker, tick; rest
+	// Owned by the loop (or by a Stepper's caller, which drives its
+	// step, handle, on its own goroutine). every is the interval of its ticker, tick; rest
 	// wakes it while it rests without one (restOn). io counts the sending
 	// and receiving goroutines, which finish waits for.
 	every    time.Duration
@@ -357,6 +373,13 @@ type Session struct {
 	// markErr: end could not track durably what the peer misses; written
 	// before finished is closed.
 	markErr error
+	// stepping: a Stepper drives the loop (stepper.go); completed holds
+	// the entries completed since its caller last took them.
+	stepping  bool
+	completed []*Pending
+	// left: at the end, the entries the peer did not acknowledge, from
+	// endLeft to endMarked.
+	left []*Pending
 }
 
 // inMsg is a message into the loop (Session.inbox), of one kind: an entry
@@ -422,7 +445,7 @@ func New(ctx context.Context, p Peer, s Stream, cfg Config) *Session {
 	ss := &Session{peer: p, name: cfg.Name, bm: cfg.Bitmap, lag: cfg.Lag, cfg: cfg, beat: cfg.Beat,
 		stream: s, ctx: sctx, cancel: cancel, timeout: cfg.Timeout, errc: make(chan error, 1),
 		inbox: make(chan inMsg, inboxSize), quiet: make(chan struct{}, 1), fromPeer: make(chan peerMsg, 64), synced: make(chan *Pending, 1),
-		out:   make(chan *transport.Frame, maxFramesInFlight+1),
+		out:   make(chan *frame.Frame, maxFramesInFlight+1),
 		ended: make(chan struct{}), finished: make(chan struct{})}
 	ss.lastRecv.Store(cfg.Clock.Now().UnixNano())
 	return ss
@@ -467,7 +490,7 @@ func (s *Session) checkPeer(every time.Duration) error {
 	}
 	s.congestionTick()
 	if idle && (s.beat.carries(s) || s.beat.quietSince(now, 0) >= 2*every) {
-		f := transport.NewFrame(replication.BatchHeaderLen)
+		f := frame.New(replication.BatchHeaderLen)
 		f.SetBytes(replication.AppendBatchHeader(f.Bytes(), 0))
 		s.out <- f // room: only the loop sends, and out is empty
 	}
@@ -605,9 +628,9 @@ func (s *Session) begin() {
 // being idle, the queued entries go out in frames, the rest is looked
 // at). idle is whether the stream was idle as the loop began to wait for
 // ev. It reports whether the session ends, and its error. The frames it
-// builds go to s.out: the sending goroutine takes them, or a test that
-// drives the step on its own goroutine (step_test.go) takes them between
-// steps.
+// builds go to s.out: the sending goroutine takes them, or the caller of
+// a Stepper, which drives the step on its own goroutine, takes them
+// between steps (Stepper.Frame).
 func (s *Session) handle(idle bool, ev event) (stop bool, err error) {
 	switch ev.kind {
 	case evFail:
@@ -684,16 +707,36 @@ func (s *Session) rested() {
 // finish ends the session after its last step, with err: the stream is
 // closed and takes no new message (closeToNew), and once the sending and
 // receiving goroutines and those the loop started returned, end hands
-// back what the peer did not acknowledge; then Finished is closed.
+// back what the peer did not acknowledge (the volume tracks the peer
+// first, when that is needed); then Finished is closed.
 func (s *Session) finish(err error) {
+	var tracked error
+	if s.stop(err) {
+		tracked = s.peer.StartTracking()
+	}
+	s.marked(tracked)
+}
+
+// stop is finish up to the peer's tracking: the stream stops, and the
+// entries left are taken from the loop (endLeft). It reports whether
+// they, or what the peer holds in its cache only, need the peer tracked
+// (Peer.StartTracking) BEFORE marked marks them.
+func (s *Session) stop(err error) (track bool) {
 	s.tick.Stop()
 	s.cancel()
 	s.stream.Close()
 	s.closeToNew()
 	s.io.Wait()
 	s.extra.Wait()
-	s.end()
 	s.err = err
+	return s.endLeft()
+}
+
+// marked is the rest of finish once the peer's tracking returned tracked
+// (nil when none was needed): what is left is marked and completed
+// (endMarked), then Finished is closed.
+func (s *Session) marked(tracked error) {
+	s.endMarked(tracked)
 	s.beat.leave(s)
 	close(s.finished)
 }
@@ -838,7 +881,7 @@ func (s *Session) sendQueued() error {
 			receipt = receipt || pd.Received != nil
 		}
 		s.frames = append(s.frames, s.nextSeq)
-		f := transport.NewFrame(own)
+		f := frame.New(own)
 		b := replication.AppendBatchHeaderReceipt(f.Bytes(), len(batch), receipt)
 		for _, pd := range batch {
 			if refersTo(&pd.Entry) {
@@ -897,7 +940,7 @@ func (s *Session) send() error {
 
 // receive hands the peer's acks and replies to the loop.
 func (s *Session) receive() error {
-	f := &transport.Frame{}
+	f := &frame.Frame{}
 	defer f.Release()
 	verdict := make(chan error, 1)
 	for {
@@ -943,7 +986,7 @@ func (s *Session) receive() error {
 // heartbeat's ack or the peer saying it is busy); an error ends the
 // session. A reply's data is f's: the caller sets reply.err, which the
 // loop answers once it is done with the data.
-func (s *Session) received(f *transport.Frame) (m peerMsg, news bool, err error) {
+func (s *Session) received(f *frame.Frame) (m peerMsg, news bool, err error) {
 	now := s.cfg.Clock.Now().UnixNano()
 	s.lastRecv.Store(now)
 	s.beat.heard(now)
@@ -1117,6 +1160,9 @@ func (s *Session) complete(pd *Pending, acked bool, err error) {
 		<-pd.slot
 	}
 	close(pd.done)
+	if s.stepping {
+		s.completed = append(s.completed, pd)
+	}
 	if pd.Joint != nil {
 		pd.Joint.Release()
 	}
@@ -1192,9 +1238,10 @@ func (s *Session) closeToNew() {
 	s.waiting = nil
 }
 
-// end hands back every entry the peer did not acknowledge: their blocks
-// are marked in the peer's bitmap, after the volume durably started
-// tracking the peer (a new generation). So are the blocks the peer
+// endLeft and endMarked are the session's end: they hand back every
+// entry the peer did not acknowledge. Their blocks are marked in the
+// peer's bitmap, after the volume durably started tracking the peer (a
+// new generation). So are the blocks the peer
 // acknowledged from its cache since its last acknowledged flush (a power
 // loss of the peer may take them), and those marks are written to stable
 // storage: their extents may have left the activity log. All of it
@@ -1204,26 +1251,34 @@ func (s *Session) closeToNew() {
 // the entries complete with the error, and no write or flush waiting for
 // them may succeed (nor a flush that comes after the stream ended:
 // MarkErr). It runs on the loop's goroutine once every other goroutine of
-// the session returned.
-func (s *Session) end() {
+// the session returned, in two parts around the peer's tracking (finish
+// calls Peer.StartTracking between them; a Stepper's caller may track
+// the peer itself, over steps of its own: Stepper.TrackApart): endLeft
+// takes what is left and reports whether the peer must be tracked,
+// endMarked marks and completes it.
+func (s *Session) endLeft() (track bool) {
 	// A syncDone the peer acknowledged, and what waits behind it.
 	for s.committing != nil {
 		s.extra.Wait()
 		s.syncCommitted(<-s.synced)
 	}
-	left := append(s.inflight, s.queue...)
+	s.left = append(s.inflight, s.queue...)
 	s.inflight, s.queue, s.frames = nil, nil, nil
 	// What the peer did not acknowledge is marked for it now.
 	s.lag.Disconnected()
 	s.publishLag()
-	track := !s.cached.empty()
-	for _, pd := range left {
+	track = !s.cached.empty()
+	for _, pd := range s.left {
 		track = track || ChangesData(pd.Entry.Op)
 	}
-	var err error
-	if track {
-		err = s.peer.StartTracking()
-	}
+	return track
+}
+
+// endMarked is the end's part after the peer's tracking, which returned err
+// (nil too when none was needed).
+func (s *Session) endMarked(err error) {
+	left := s.left
+	s.left = nil
 	for _, pd := range left {
 		markEntry(s.bm, &pd.Entry)
 	}

@@ -15,6 +15,10 @@ import (
 	"github.com/replvol/replvol/transport/repltest"
 )
 
+// The node's stream is a Stream: the session itself links no transport
+// (only its frame), so the check lives here.
+var _ Stream = (*transport.ReplStream)(nil)
+
 // loosePeer is a Peer with no volume behind it: its state changes go
 // nowhere and nothing it misses is tracked. It serves tests whose entries
 // change no block (the session then never touches the bitmap).

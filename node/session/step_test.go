@@ -19,11 +19,11 @@ import (
 )
 
 // TestSessionSteps drives the session's real loop, its step (handle), on
-// the test's goroutine: none of its goroutines runs. A PCG seeded per run
+// the test's goroutine through a Stepper: none of its goroutines runs. A PCG seeded per run
 // chooses each turn: a writer hands the session a write (protocol C
 // through Enqueue, A or B through Submit, some FUA), a flush or a read;
-// the loop takes its inbox; the test takes the frames it built (s.out, the
-// sending goroutine's place) as the peer receives them; the peer
+// the loop takes its inbox; the test takes the frames it built
+// (Stepper.Frame, the sending goroutine's place) as the peer receives them; the peer
 // acknowledges what it received, one frame or several at once and in
 // order as the applier does, says protocol B's batches arrived, answers
 // reads before their ack, and sends a heartbeat's empty ack; the fake
@@ -93,6 +93,9 @@ var (
 	errTrackFailed = errors.New("the volume could not track the peer")
 )
 
+// The node's peer hands a session its *metadata.PeerBitmap.
+var _ Bitmap = (*metadata.PeerBitmap)(nil)
+
 // testBitmap is the peer's bitmap on metadata of an in-memory device of a
 // volume of cacheTestVolume bytes; dev and opts open the metadata again.
 func testBitmap(tb testing.TB) (bm *metadata.PeerBitmap, dev *mdtest.Device, opts metadata.MDOptions) {
@@ -130,7 +133,7 @@ func (p *stepPeer) StartTracking() error {
 }
 
 // stepStream is the session's Stream in a run: nothing goes through it,
-// the test takes the frames from s.out and hands the loop the peer's.
+// the test takes the frames from the Stepper and hands it the peer's.
 type stepStream struct{ closed bool }
 
 func (*stepStream) Send(*transport.Frame) error { return errors.New("a run sends nothing itself") }
@@ -168,6 +171,7 @@ type stepRig struct {
 	seed    uint64
 	rng     *rand.Rand
 	clk     *clock.Fake
+	st      *Stepper // drives s's loop
 	s       *Session
 	peer    *stepPeer
 	stream  *stepStream
@@ -192,6 +196,11 @@ type stepRig struct {
 	waiting  *stepEntry // a Submit not answered yet: the writer waits
 	ended    bool
 	endErr   error
+	// apart: the run tracks the peer at the end itself (TrackApart).
+	apart bool
+	// completions counts the entries completed (their Hold), taken the
+	// Stepper's Completed.
+	completions, taken int
 }
 
 func runSteps(t *testing.T, seed uint64) *stepRig {
@@ -205,10 +214,15 @@ func runSteps(t *testing.T, seed uint64) *stepRig {
 	}
 	cfg := looseConfig(stepTimeout)
 	cfg.Bitmap, cfg.Clock = r.bm, r.clk
-	r.s = New(context.Background(), r.peer, r.stream, cfg)
-	r.logf("seed %d: send buffer %d, tracking fails: %v", seed, r.peer.cong.SendBuffer, r.peer.fail != nil)
-	r.s.started = true // its loop is this test
-	r.s.begin()
+	r.st = NewStepper(context.Background(), r.peer, r.stream, cfg) // its loop is this test
+	r.s = r.st.Session()
+	// Every other seed tracks the peer itself at the end, as a
+	// simulation does over its own steps (TrackApart).
+	r.apart = seed%2 == 0
+	if r.apart {
+		r.st.TrackApart()
+	}
+	r.logf("seed %d: send buffer %d, tracking fails: %v, tracked apart: %v", seed, r.peer.cong.SendBuffer, r.peer.fail != nil, r.apart)
 	r.poll()
 	for turn := 0; turn < stepTurns && !r.ended && r.failure == ""; turn++ {
 		r.turn()
@@ -233,16 +247,13 @@ func (r *stepRig) turn() {
 			r.offer()
 		}
 	case n < 45:
-		select {
-		case m := <-s.inbox:
-			r.logf("the loop takes its inbox (%d waiting)", len(s.inbox)+1)
-			r.handle(event{kind: evInbox, in: m})
-		default:
+		if k := r.st.Delivered(); k > 0 && !r.ended {
+			r.logf("the loop takes its inbox (%d waiting)", k)
+			r.st.Inbox()
+			r.stepped()
 		}
 	case n < 60:
-		if len(s.out) > 0 {
-			r.receiveFrame()
-		}
+		r.receiveFrame()
 	case n < 75:
 		r.ack()
 	case n < 80:
@@ -256,11 +267,9 @@ func (r *stepRig) turn() {
 		d := time.Duration(r.rng.IntN(int(s.every/time.Millisecond)+1)) * time.Millisecond
 		r.clk.Advance(d)
 		r.logf("the clock moves %v", d)
-		select {
-		case <-s.tick.C():
-			r.logf("the ticker fires")
-			r.handle(event{kind: evTick})
-		default:
+		if r.st.Tick() {
+			r.logf("the ticker fired")
+			r.stepped()
 		}
 	default:
 		if r.rng.IntN(6) != 0 { // a failure is rarer still
@@ -316,7 +325,7 @@ func (r *stepRig) offer() {
 		if x.proto == 'B' {
 			pd.Received = make(chan struct{})
 		}
-		x.answer = r.s.submit(pd)
+		x.answer = r.st.Submit(pd)
 		if x.answer == nil {
 			r.logf("entry %d (%s), protocol %c: refused, the stream ended", id, describe(&e), x.proto)
 			return
@@ -347,37 +356,63 @@ func describe(e *replication.Entry) string {
 	return s
 }
 
-// handle is one step of the loop, as the loop's select would take ev.
-func (r *stepRig) handle(ev event) {
-	if stop, err := r.s.handle(r.s.idle(), ev); stop {
-		r.logf("the loop stops: %v", err)
-		r.s.finish(err)
-		r.ended, r.endErr = true, err
-		if !r.stream.closed {
-			r.fail("the session ended without closing its stream")
-		}
+// stepped is the look after a step of the loop (the Stepper's): whether
+// it ended the session, and the entries it completed.
+func (r *stepRig) stepped() {
+	r.taken += len(r.st.Completed())
+	if r.taken != r.completions {
+		r.fail("the Stepper handed back %d completed entries, %d completed", r.taken, r.completions)
+	}
+	if r.ended || !r.st.Ended() {
+		return
+	}
+	r.logf("the loop stops: %v", r.st.Err())
+	r.ended, r.endErr = true, r.st.Err()
+	if !r.stream.closed {
+		r.fail("the session ended without closing its stream")
+	}
+	if !r.apart {
+		return
+	}
+	r.answered() // a Submit the end refused is not the end's to mark
+	if r.st.Tracking() != r.needsTracking() {
+		r.fail("the end waits for the peer's tracking: %v, while what is left needs it: %v", r.st.Tracking(), r.needsTracking())
+		return
+	}
+	if !r.st.Tracking() {
+		return
+	}
+	select {
+	case <-r.s.Finished():
+		r.fail("Finished is closed while the end waits for the peer's tracking")
+		return
+	default:
+	}
+	// The run tracks the peer, as StartTracking would have; what is left
+	// completes only now (completed checks that it is marked after).
+	r.logf("the run tracks the peer")
+	r.peer.tracked++
+	r.peer.markedFirst = r.bm.Count()
+	r.st.Tracked(r.peer.fail)
+	r.taken += len(r.st.Completed())
+	if r.taken != r.completions {
+		r.fail("the Stepper handed back %d completed entries, %d completed", r.taken, r.completions)
 	}
 }
 
 // poll is the loop's look at its error and its context.
 func (r *stepRig) poll() {
-	if r.ended {
-		return
-	}
-	select {
-	case err := <-r.s.errc:
-		r.handle(event{kind: evFail, err: err})
-	default:
-		if r.s.ctx.Err() != nil {
-			r.handle(event{kind: evCanceled})
-		}
-	}
+	r.st.Poll()
+	r.stepped()
 }
 
 // receiveFrame takes the oldest frame the loop built, as the peer receives
 // it.
 func (r *stepRig) receiveFrame() {
-	f := <-r.s.out
+	f := r.st.Frame()
+	if f == nil {
+		return
+	}
 	b := f.AppendContents(nil)
 	f.Release()
 	entries, err := replication.DecodeBatch(b, nil)
@@ -489,32 +524,16 @@ func (r *stepRig) peerFrame(b []byte) {
 	}
 	f := &transport.Frame{}
 	f.SetBytes(b)
-	m, news, err := r.s.received(f)
-	if err != nil {
+	if err := r.st.Received(f); err != nil {
 		r.logf("the receiving goroutine fails: %v", err)
-		r.s.Fail(err)
-		return
 	}
-	if !news {
-		return
-	}
-	var verdict chan error
-	if m.isReply {
-		verdict = make(chan error, 1)
-		m.reply.err = verdict
-	}
-	r.handle(event{kind: evPeer, peer: m})
-	if verdict != nil && !r.ended {
-		if err := <-verdict; err != nil {
-			r.logf("the receiving goroutine fails: %v", err)
-			r.s.Fail(err)
-		}
-	}
+	r.stepped()
 }
 
 // completed is an entry's completion, as the session completes it.
 func (r *stepRig) completed(x *stepEntry) {
 	x.completed++
+	r.completions++
 	pd := x.pd
 	r.logf("entry %d completes, acknowledged: %v, error: %v", x.id, pd.acked, pd.err)
 	if x.completed > 1 {

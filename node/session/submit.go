@@ -3,7 +3,6 @@ package session
 import (
 	"time"
 
-	"github.com/replvol/replvol/metadata"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -132,7 +131,7 @@ func ChangesData(op replication.Op) bool {
 	return false
 }
 
-func markEntry(bm *metadata.PeerBitmap, e *replication.Entry) {
+func markEntry(bm Bitmap, e *replication.Entry) {
 	if ChangesData(e.Op) {
 		bm.SetBits(e.Off, e.Length)
 	}

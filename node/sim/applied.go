@@ -25,10 +25,14 @@ import (
 // integrity.go's applier checksums, secondary.go's appliedState).
 //
 // A block of the sim's disk is blockBytes bytes on the applier's side:
-// the little-endian value it holds (a write's number).
+// the little-endian value it holds (a write's number), in its first 8
+// bytes.
 
-// blockBytes is the size of a block as the applier sees it.
-const blockBytes = 8
+// blockBytes is the size of a block as the applier sees it: a block of
+// the replication rules (replication.BlockSize), so that an entry's
+// extent is what the peer session counts in its cached set and marks in
+// a peer's bitmap, a block for a block.
+const blockBytes = replication.BlockSize
 
 // errDiskFailed is the sim's disk failing an I/O (while it fails:
 // disk.failUntil).

@@ -1,4 +1,4 @@
-package transport
+package frame
 
 import "testing"
 
@@ -7,7 +7,7 @@ import "testing"
 // put back, and one of another capacity is not kept.
 func TestThePoolHandsOutBuffersOfTheirTier(t *testing.T) {
 	p := &bufferPool{}
-	for _, tc := range []struct{ n, cap int }{{0, 256}, {1, 256}, {256, 256}, {257, 512}, {8 << 10, 8 << 10}, {8<<10 + 5, 16 << 10}, {MaxFrameSize, 64 << 20}} {
+	for _, tc := range []struct{ n, cap int }{{0, 256}, {1, 256}, {256, 256}, {257, 512}, {8 << 10, 8 << 10}, {8<<10 + 5, 16 << 10}, {MaxSize, 64 << 20}} {
 		b := p.Get(tc.n)
 		if len(*b) != tc.n || cap(*b) != tc.cap {
 			t.Errorf("Get(%d): len %d cap %d, want len %d cap %d", tc.n, len(*b), cap(*b), tc.n, tc.cap)

@@ -1,4 +1,4 @@
-package transport
+package frame
 
 import (
 	"math/bits"
@@ -18,7 +18,7 @@ type bufferPool struct {
 
 const (
 	minTier = 8  // 256 bytes
-	maxTier = 26 // 64 MiB: the largest frame, MaxFrameSize, fits
+	maxTier = 26 // 64 MiB: the largest frame, MaxSize, fits
 )
 
 // tier is the tier of a buffer of n bytes: the smallest power of two at
@@ -55,3 +55,14 @@ func (p *bufferPool) Put(b *[]byte) {
 		p.tiers[t-minTier].Put(b)
 	}
 }
+
+// pool holds frame buffers. It is shared by every stream of the process,
+// as sync.Pool is meant to be; it holds no state of any node.
+var pool = &bufferPool{}
+
+// GetBuffer returns a buffer of length n from the frames' pool, its
+// contents undefined (a stream's scratch for a frame it copies whole).
+func GetBuffer(n int) *[]byte { return pool.Get(n) }
+
+// PutBuffer returns b, from GetBuffer, to the pool.
+func PutBuffer(b *[]byte) { pool.Put(b) }
