@@ -9,9 +9,11 @@ package main
 import (
 	"bufio"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -593,5 +595,52 @@ func TestTheDocsNameRealMetricsAndMakeTargets(t *testing.T) {
 	}
 	if metrics < 10 || makes < 10 {
 		t.Errorf("found only %d metric names and %d make commands in the docs: the patterns miss them", metrics, makes)
+	}
+}
+
+// TestEveryPackageSaysItsJob: every directory of the module that holds a
+// package (a .go file that is not a test) has a doc.go whose comment
+// begins "Package NAME", or "Command NAME" for a command (STYLE.md: each
+// package says its job there).
+func TestEveryPackageSaysItsJob(t *testing.T) {
+	pkgs := map[string]bool{}
+	err := filepath.WalkDir(repoRoot, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "testdata" || d.Name() == "node_modules") {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && strings.HasSuffix(path, ".go") && !strings.HasSuffix(path, "_test.go") {
+			pkgs[filepath.Dir(path)] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pkgClause := regexp.MustCompile(`(?m)^package (\w+)`)
+	for _, dir := range slices.Sorted(maps.Keys(pkgs)) {
+		rel, _ := filepath.Rel(repoRoot, dir)
+		raw, err := os.ReadFile(filepath.Join(dir, "doc.go"))
+		if err != nil {
+			t.Errorf("%s: no doc.go saying the package's job", rel)
+			continue
+		}
+		m := pkgClause.FindSubmatch(raw)
+		if m == nil {
+			t.Errorf("%s/doc.go: no package clause", rel)
+			continue
+		}
+		want := "// Package " + string(m[1]) + " "
+		if string(m[1]) == "main" {
+			want = "// Command " + filepath.Base(dir) + " "
+		}
+		if !strings.HasPrefix(string(raw), want) {
+			t.Errorf("%s/doc.go: its comment does not begin %q", rel, strings.TrimPrefix(want, "// "))
+		}
+	}
+	if len(pkgs) < 40 {
+		t.Fatalf("found %d packages under %s: the walk missed the module", len(pkgs), repoRoot)
 	}
 }
