@@ -47,11 +47,14 @@ func (v *Volume) modelLocked() volstate.State {
 }
 
 // installLocked takes what the step from old to next changed (and only
-// that: a field another goroutine changed meanwhile stays as it is). The
+// that: a field another goroutine changed meanwhile stays as it is), on
+// the volume's loop, the one writer of its state (the deadlock build
+// checks it). The
 // durable state is commit's to install; the peers' Repl, Session and
 // Pulling stay their views', and the facts (modelLocked) are never
 // installed. Callers hold v.mu.
 func (v *Volume) installLocked(old, next volstate.State, rd volstate.Ready, texts func(volstate.Cause) reason) {
+	v.loop.Check("a change of the state of volume", v.name)
 	if next.Serving != old.Serving {
 		v.st.Serving = next.Serving
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/replvol/replvol/node/volloop"
+	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -39,5 +40,36 @@ func TestAPeersStateChangesOnlyOnTheVolumesLoop(t *testing.T) {
 	l.Ask(func() {})
 	if got := p.snapshot().state; got != replication.SyncSource {
 		t.Errorf("told, then the loop asked past it: %s, want SyncSource", got)
+	}
+}
+
+// TestTheVolumesStateChangesOnlyOnItsLoop: in the checked build an
+// install of the volume's state (a step's, installLocked) off the volume's
+// loop panics, naming the volume; the same install on the loop passes.
+// The durable state's (commit) is checked the same way; every other test
+// of the package, run in this build, so checks that each step it takes,
+// and a resize's record of its size, runs on the loop (where the
+// functions that may write the state are is TestOnlyTheStepsWriteTheVolumesState's).
+func TestTheVolumesStateChangesOnlyOnItsLoop(t *testing.T) {
+	l := volloop.Start()
+	defer l.Close()
+	v := &Volume{loop: l, name: "vol0"}
+	old := volstate.State{Self: "alpha", Peers: map[string]volstate.Peer{}}
+	next := old.Clone()
+	next.AdminDown = true
+	func() {
+		defer func() {
+			if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "volume vol0") {
+				t.Errorf("an install off the loop: recovered %v, want a panic naming vol0", r)
+			}
+		}()
+		v.installLocked(old, next, volstate.Ready{}, nil)
+	}()
+	if v.st.AdminDown {
+		t.Fatal("the refused install was made")
+	}
+	l.Ask(func() { v.installLocked(old, next, volstate.Ready{}, nil) })
+	if !v.st.AdminDown {
+		t.Error("the install on the loop was not made")
 	}
 }

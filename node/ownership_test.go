@@ -25,10 +25,12 @@ var machineFields = map[string]bool{
 
 // machineWriters are the functions allowed to write them: the install of
 // a step (drive.go), the commit of the durable state a step persists
-// (state.go; a resize's size goes through it too), the install of a split
-// brain a step found, the install hooks a step's caller gives it
-// (driveOptions.install), and the constructor, which loads the state
-// before the first step.
+// (state.go; a resize's size goes through it too, in a call on the loop),
+// the install of a split brain a step found, the install hooks a step's
+// caller gives it (driveOptions.install), and the constructor, which
+// loads the state before the first step. The deadlock build checks that
+// the install and the commit run on the volume's loop
+// (TestTheVolumesStateChangesOnlyOnItsLoop).
 var machineWriters = map[string]bool{
 	"installLocked": true, "commitMirror": true, "noteSplitBrainLocked": true, "newVolume": true,
 }

@@ -126,29 +126,38 @@ func (v *Volume) grow(ctx context.Context, size int64, check bool) (transport.Re
 		return out, fmt.Errorf("sync %s: %w; %s stays %s", v.diskName(), err, v.name, human.Bytes(old))
 	}
 	for try := 1; ; try++ {
-		v.stateMu.Lock()
-		// A primary records its size only while every stream it has is
-		// one it found grown: a peer that connected meanwhile is asked
-		// again (the handshake decides under stateMu too).
-		if role == replication.Primary && !sameSessions(seen, v.sessions()) {
-			v.stateMu.Unlock()
-			if try == growCommitTries {
-				return out, fmt.Errorf("%w: %s's peers kept reconnecting while it grew; run the resize again", ErrPeerNotGrown, v.self)
+		// On the volume's loop, the one writer of its state, and under
+		// stateMu, as a step: a primary records its size only while every
+		// stream it has is one it found grown (a peer that connected
+		// meanwhile is asked again: the handshake decides on the loop,
+		// under stateMu too).
+		var reconnected bool
+		if cerr := v.loop.Call(func() {
+			v.stateMu.Lock()
+			defer v.stateMu.Unlock()
+			if role == replication.Primary && !sameSessions(seen, v.sessions()) {
+				reconnected = true
+				return
 			}
-			if seen, err = v.peersGrown(ctx, size); err != nil {
-				return out, err
-			}
-			continue
+			v.mu.Lock()
+			d := v.st.Durable.Clone()
+			v.mu.Unlock()
+			err = v.commit(d, size, func() {
+				v.durable.localMissing.Grow(size)
+				v.size.Store(size)
+			})
+		}); cerr != nil {
+			err = cerr
 		}
-		v.mu.Lock()
-		d := v.st.Durable.Clone()
-		v.mu.Unlock()
-		err = v.commit(d, size, func() {
-			v.durable.localMissing.Grow(size)
-			v.size.Store(size)
-		})
-		v.stateMu.Unlock()
-		break
+		if !reconnected || err != nil {
+			break
+		}
+		if try == growCommitTries {
+			return out, fmt.Errorf("%w: %s's peers kept reconnecting while it grew; run the resize again", ErrPeerNotGrown, v.self)
+		}
+		if seen, err = v.peersGrown(ctx, size); err != nil {
+			return out, err
+		}
 	}
 	if err != nil {
 		return out, fmt.Errorf("record the new size of %s: %w; it stays %s", v.name, err, human.Bytes(old))

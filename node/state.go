@@ -24,7 +24,8 @@ import (
 // publishes the size). When a write fails, nothing changes in memory and
 // the error is returned: whatever depends on the change must not happen.
 // Callers hold v.stateMu and not v.mu, so IO goes on while the state is
-// written.
+// written, and run on the volume's loop (once it runs; the deadlock build
+// checks it): the loop is the one writer of the volume's state.
 func (v *Volume) commit(d volstate.Durable, size int64, install func()) error {
 	return v.commitMirror(true, d, size, install)
 }
@@ -40,6 +41,9 @@ func (v *Volume) commitMirror(mirror bool, d volstate.Durable, size int64, insta
 		return err
 	}
 	v.mu.Lock()
+	if v.loop != nil { // nil while the volume opens, before its loop starts
+		v.loop.Check("a change of the durable state of volume", v.name)
+	}
 	v.st.Durable = d
 	if install != nil {
 		install()
