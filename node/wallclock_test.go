@@ -30,7 +30,7 @@ var wallClockReads = map[string]bool{
 // like directly (issue 28, item 5). internal/clock's Real is the one
 // place the real clock is read.
 func TestTheNodeReadsTimeOnlyThroughItsClock(t *testing.T) {
-	dirs := []string{".", "cluster", "session", "applier", "applier/apply", "control", "failover", "volstate", "../multipath", "../backing"}
+	dirs := []string{".", "cluster", "session", "applier", "applier/apply", "control", "failover", "volstate", "volloop", "writepath", "placement", "../multipath", "../multipath/faultpath", "../backing"}
 	fset := token.NewFileSet()
 	checked := 0
 	for _, dir := range dirs {

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/internal/fault"
 	"github.com/replvol/replvol/internal/lockorder"
 )
@@ -82,13 +83,22 @@ type Path struct {
 	fault.Point
 	inner Inner
 	rate  atomic.Int64 // bytes/s, 0 = unlimited
+	// clock times the throttle (the real one; a test may give a fake:
+	// WithClock).
+	clock clock.Clock
 
 	mu   lockorder.Mutex
 	next time.Time // the throttle's pipe is busy until then
 }
 
 // New wraps inner; it injects nothing until SetInjector, Add or SetRate.
-func New(inner Inner) *Path { return &Path{inner: inner} }
+func New(inner Inner) *Path { return &Path{inner: inner, clock: clock.Real()} }
+
+// WithClock makes the throttle (SetRate) keep time by c; it returns p.
+func (p *Path) WithClock(c clock.Clock) *Path {
+	p.clock = c
+	return p
+}
 
 // SetRate limits reads and writes to bytesPerSecond (a token bucket
 // without burst: transfers go down one pipe one after another); 0 lifts
@@ -106,14 +116,17 @@ func (p *Path) throttle(n int) {
 		return
 	}
 	p.mu.Lock()
-	now := time.Now()
+	now := p.clock.Now()
 	if p.next.Before(now) {
 		p.next = now
 	}
 	p.next = p.next.Add(time.Duration(float64(n) / float64(rate) * float64(time.Second)))
 	wake := p.next
 	p.mu.Unlock()
-	time.Sleep(time.Until(wake))
+	if d := p.clock.Until(wake); d > 0 {
+		t := p.clock.NewTimer(d)
+		<-t.C()
+	}
 }
 
 func (p *Path) Name() string { return p.inner.Name() }
