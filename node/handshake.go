@@ -19,6 +19,11 @@ import (
 // helloTimeout bounds the handshake of a new stream.
 const helloTimeout = 5 * time.Second
 
+// peerInconsistentRule names the decision to copy every block to a peer
+// whose disk is Inconsistent while the generations say nothing is to be
+// copied (volstate.FullResync): status shows it as sync_rule.
+const peerInconsistentRule = "peer-inconsistent"
+
 // syncPlan is what a primary does with a peer that just connected.
 type syncPlan struct {
 	// rule names the generation rule that decided and outcome what it
@@ -317,7 +322,12 @@ func (p *peer) decide(reply replication.HelloReply, outdated bool) (syncPlan, er
 			v.mu.Lock()
 			plan.sync, plan.syncGen = true, v.st.Durable.Gens.Bitmaps[p.name]
 			v.mu.Unlock()
-			if d.Outcome == replication.NoResync && !discard {
+			if a.Detail == volstate.FullResync {
+				// The peer is Inconsistent and no generation says what it
+				// misses: every block (before the session counts them).
+				p.bm.SetAll()
+				plan.rule, plan.outcome = peerInconsistentRule, replication.FullResyncSource.String()
+			} else if d.Outcome == replication.NoResync && !discard {
 				plan.outcome = replication.BitmapResyncSource.String() + " (blocks marked)"
 			}
 		}

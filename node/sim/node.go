@@ -626,6 +626,15 @@ func (s *Sim) perform(n *node, a volstate.Action) {
 			panic("sim: no proposal " + a.Detail)
 		}
 	case volstate.StartResync:
+		if a.Detail == volstate.FullResync {
+			// node's decide: every block, the rules' choice for an
+			// Inconsistent peer the generations say nothing of
+			// (invariant 4 allows it).
+			for b := range blocks {
+				n.mark(a.Peer, b)
+				s.check.allow(n.name, a.Peer, b)
+			}
+		}
 		s.startResync(n, a.Peer)
 	case volstate.StartPull:
 		s.startPull(n, a.Peer)

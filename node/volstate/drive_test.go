@@ -491,3 +491,38 @@ func TestRaftsPromotionWaitsForALeaderThatAnswers(t *testing.T) {
 		t.Fatalf("raft's promotion with a leader answering: %v:\n%s", err, strings.Join(answered.log, "\n"))
 	}
 }
+
+// TestAnInconsistentPeerTheGenerationsSayNothingOfIsCopiedWhole: a peer
+// whose disk is Inconsistent (a pull or a resync of it was cut off and
+// its plan is gone: a node that pulled reports the generation it pulled
+// from) with generations equal to the primary's, nothing marked for it,
+// is never counted in sync by generations alone: it becomes the
+// primary's SyncTarget for every block (StartResync FullResync). The same
+// peer Consistent is counted in sync, and an Inconsistent peer the
+// generations give a bitmap resync keeps its bitmap.
+func TestAnInconsistentPeerTheGenerationsSayNothingOfIsCopiedWhole(t *testing.T) {
+	st := primaryAt("a", 3, "b")
+	peer := secondaryOf("b", "a", 3, "a")
+	connect := func(st State, disk replication.DiskState) (State, []Action) {
+		t.Helper()
+		next, rd := Step(st, PeerConnected{Peer: "b", Session: 1, UUIDs: peer.UUIDs("a"), PeerEpoch: 3, PeerDisk: disk, NextGen: driveGen("g2")})
+		if rd.Err != nil {
+			t.Fatal(rd.Err)
+		}
+		return next, rd.Actions
+	}
+	next, acts := connect(st, replication.Inconsistent)
+	if next.Peers["b"].Repl != replication.SyncSource || len(acts) != 1 || acts[0].Kind != StartResync || acts[0].Detail != FullResync {
+		t.Fatalf("an Inconsistent peer of equal generations: %s, %v; want SyncSource and a full resync", next.Peers["b"].Repl, acts)
+	}
+	if next, acts := connect(st, replication.Consistent); next.Peers["b"].Repl != replication.Connected || len(acts) != 0 {
+		t.Fatalf("a Consistent peer of equal generations: %s, %v; want Connected, no resync", next.Peers["b"].Repl, acts)
+	}
+	// A resync under way: the primary's bitmap generation toward b is
+	// the one b's copy resumes from (bitmap-self).
+	st.Durable.Gens.Bitmaps = map[string]replication.Generation{"b": driveGen("g0")}
+	peer.Durable.Gens.Current, peer.Durable.SyncGen = replication.Generation{}, driveGen("g0")
+	if next, acts := connect(st, replication.Inconsistent); next.Peers["b"].Repl != replication.SyncSource || len(acts) != 1 || acts[0].Detail == FullResync {
+		t.Fatalf("an Inconsistent peer mid-resync: %s, %v; want a resync from the bitmap", next.Peers["b"].Repl, acts)
+	}
+}

@@ -75,7 +75,8 @@ const (
 	ReleaseLease
 	// Propose: propose Detail to raft (init, reclaim).
 	Propose
-	// StartResync: resync Peer as its SyncSource.
+	// StartResync: resync Peer as its SyncSource (every block when
+	// Detail is FullResync).
 	StartResync
 	// StartPull: copy from Peer the newer blocks this node misses.
 	StartPull

@@ -305,6 +305,16 @@ func (s *State) peerConnected(e PeerConnected) Ready {
 		rd.Actions = []Action{{Kind: StartPull, Peer: e.Peer}}
 	case s.Durable.Gens.Current.IsZero():
 		return refuse(d.Rule, CauseNoSource)
+	case d.Outcome == replication.NoResync && e.PeerDisk == replication.Inconsistent:
+		// The peer's disk holds part of a copy no generation accounts
+		// for (a pull or a resync cut off whose plan is gone: a node
+		// that pulled reports the generation it pulled from, equal to
+		// this one's): nothing says which blocks it misses, so it is
+		// copied whole, never counted in sync by generations alone
+		// (DRBD: an Inconsistent peer is a sync target).
+		p.Repl = replication.SyncSource
+		rd = s.startResync(e)
+		rd.Actions[0].Detail = FullResync
 	case d.Outcome.IsSource() || e.Marked:
 		p.Repl = replication.SyncSource
 		rd = s.startResync(e)
@@ -461,6 +471,11 @@ func (s *State) refuseOlderPrimary(e PrimaryReached) Ready {
 	}
 	return s.refuseStream(e.From, replication.RefusedSplitBrain, d.Rule, CauseSplitBrain)
 }
+
+// FullResync is the Detail of a StartResync that copies every block: the
+// peer's disk is Inconsistent and the generations say nothing is to be
+// copied (peerConnected).
+const FullResync = "full"
 
 // RuleTwoPrimaries is the split brain of two nodes that both took writes
 // as primary, when the peer that found it named no generation rule.
