@@ -44,6 +44,14 @@ func (c controlNode) Volume(name string) (control.Volume, error) {
 	return controlVolume{v}, nil
 }
 
+func (c controlNode) AwaitVolume(ctx context.Context, name string) (control.Volume, error) {
+	v, err := c.n.awaitVolume(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return controlVolume{v}, nil
+}
+
 func (c controlNode) Disks(volume string) ([]string, bool) {
 	vc := c.n.config().Volume(volume)
 	if vc == nil {

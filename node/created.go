@@ -339,6 +339,7 @@ func (n *Node) reconcileCreated() {
 		n.addCreated(def)
 	}
 	n.collectDeleted(auth, applied)
+	n.volsChanged.notify() // a waiter looks again (awaitVolume)
 }
 
 // addCreated makes this node's backing file of def (when it holds one)

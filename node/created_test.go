@@ -318,3 +318,48 @@ func TestAVolumeListShowsEveryCreateAnsweredBeforeIt(t *testing.T) {
 		}
 	}
 }
+
+// TestAResizeRightAfterACreateWaitsForEveryReplicaToOpenIt: a volume
+// created a moment ago may still be opening on one of its nodes (its
+// pass over raft's created volumes has not run yet); a resize asked then
+// (csi-sanity's ExpandVolume right after CreateVolume, under load) waits
+// for that node to open it, and grows it everywhere, instead of refusing
+// with "node beta holds no volume".
+func TestAResizeRightAfterACreateWaitsForEveryReplicaToOpenIt(t *testing.T) {
+	c := newPoolCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// beta opens nothing created until it is let go.
+	late := c.nodes["beta"]
+	late.volMu.Lock()
+	held := true
+	defer func() {
+		if held {
+			late.volMu.Unlock()
+		}
+	}()
+	if _, err := c.nodes["alpha"].api.VolumeCreate(ctx, &transport.VolumeCreateRequest{Name: "pvc1", Size: 4 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, func() bool { _, ok := c.nodes["alpha"].volumes()["pvc1"]; return ok }, "alpha runs pvc1")
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.nodes["alpha"].api.Resize(ctx, &transport.ResizeRequest{Volume: "pvc1", Size: 8 << 20})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("a resize while beta has not opened pvc1 yet returned before it did: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	late.volMu.Unlock()
+	held = false
+	if err := <-done; err != nil {
+		t.Fatalf("the resize once beta opened pvc1: %v", err)
+	}
+	for _, name := range []string{"alpha", "beta"} {
+		if v := c.nodes[name].volumes()["pvc1"]; v == nil || v.size.Load() != 8<<20 {
+			t.Fatalf("%s's pvc1 did not grow to 8 MiB", name)
+		}
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -121,6 +122,10 @@ type Node struct {
 	// them through config() and volumes(), once per use.
 	cfg  atomic.Pointer[Config]
 	vols atomic.Pointer[map[string]*Volume]
+	// volsChanged is notified when vols changes, and when a pass over
+	// raft's created volumes ends (awaitVolume).
+	volsChanged changes
+
 	name string
 	self NodeConfig
 	log  *slog.Logger
@@ -302,6 +307,7 @@ func New(cfg *Config, name string, opts Options) (*Node, error) {
 	}
 	n.cfg.Store(cfg)
 	n.vols.Store(&vols)
+	n.volsChanged.notify()
 	n.makePoolDirs(cfg)
 	if err := n.openCluster(dir, opts); err != nil {
 		closeVolumes(vols)
@@ -630,6 +636,31 @@ func (n *Node) client(name string) (*transport.ControlClient, error) {
 	c.WaitForReady()
 	n.clients[name] = c
 	return c, nil
+}
+
+// openingWait bounds how long a control call waits for a volume raft
+// records as created on this node to open here (awaitVolume).
+const openingWait = 10 * time.Second
+
+// awaitVolume is volume, but for a volume raft records as created with
+// this node among its replicas, which this node has not opened yet: its
+// open is under way (createdLoop), and a call that comes right after the
+// create (a resize of a volume just made, csi-sanity's ExpandVolume) waits
+// for it, until ctx ends or openingWait passes, or raft's record no
+// longer names this node.
+func (n *Node) awaitVolume(ctx context.Context, name string) (*Volume, error) {
+	v, err := n.volume(name)
+	if err == nil || n.cl == nil {
+		return v, err
+	}
+	waitUntil(ctx, n.clock, openingWait, &n.volsChanged, func() bool {
+		if v, err = n.volume(name); err == nil {
+			return true
+		}
+		def, ok := n.cl.c.Authority().Creates[name]
+		return !ok || !slices.Contains(def.Nodes, n.name)
+	})
+	return v, err
 }
 
 // volume returns the named volume held by this node.

@@ -189,6 +189,7 @@ func (n *Node) addVolume(next *Config, vc VolumeConfig) error {
 	vols[vc.Name] = v
 	n.cfg.Store(&cfg)
 	n.vols.Store(&vols)
+	n.volsChanged.notify()
 	s := v.state()
 	role, disk := s.role(), s.st.Disk
 	v.log.Info("volume added and started", "role", role, "disk", disk)
@@ -269,6 +270,7 @@ func (n *Node) removeVolume(name string, held bool) error {
 	delete(vols, name)
 	n.cfg.Store(&cfg)
 	n.vols.Store(&vols)
+	n.volsChanged.notify()
 	clean := v.stop()
 	paths := strings.Join(diskFiles(v.cfg.Disks[n.name]), ", ")
 	if !clean {

@@ -75,7 +75,9 @@ func (s *Server) Resize(ctx context.Context, r *transport.ResizeRequest) (*trans
 	}
 	reply := &transport.ResizeReply{Volume: r.Volume, Size: r.Size}
 	if r.Node == s.node.Name() {
-		v, err := s.node.Volume(r.Volume)
+		// A volume created a moment ago may still be opening here (a
+		// resize right after the create).
+		v, err := s.node.AwaitVolume(ctx, r.Volume)
 		if err != nil {
 			return nil, GRPCError(err)
 		}

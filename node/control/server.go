@@ -30,6 +30,10 @@ type Node interface {
 	// Volume is the named volume this node holds; an error wrapping
 	// ErrNotFound when it holds none.
 	Volume(name string) (Volume, error)
+	// AwaitVolume is Volume, but a volume the cluster recorded as created
+	// on this node, whose open here is under way, is waited for (a
+	// while, or until ctx ends).
+	AwaitVolume(ctx context.Context, name string) (Volume, error)
 	// Disks are the nodes that hold a disk of volume in the cluster's
 	// config; found is false when the config names no such volume.
 	Disks(volume string) (nodes []string, found bool)

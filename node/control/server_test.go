@@ -30,6 +30,10 @@ func (f *fakeNode) Peer(name string) (transport.ControlServer, error) {
 	return nil, fmt.Errorf("no node %q in the config", name)
 }
 
+func (f *fakeNode) AwaitVolume(_ context.Context, name string) (Volume, error) {
+	return f.Volume(name)
+}
+
 func (f *fakeNode) Volume(name string) (Volume, error) {
 	return nil, fmt.Errorf("%w: node alpha holds no volume %q (it holds: )", ErrNotFound, name)
 }
