@@ -135,6 +135,37 @@ func (g Generations) ResyncFinishedAsTarget(source string, current Generation, h
 	return c
 }
 
+// Following is a secondary taking primary's stream: of its bitmap
+// generations it keeps only the one toward primary (an interrupted copy
+// between them resumes from it). The writes it applies from now on are
+// marked for no other peer, so a bitmap generation toward another, kept
+// from a term in which this node was primary, no longer says how its data
+// differs from that peer's: kept, it would make a later primary that holds
+// the same generation as this node take it for a sync source whose finish
+// it missed (rule sync-target-missed-finish), or whose bitmap tracks
+// changes since its own generation (bitmap-peer), and copy this node's
+// older blocks over its own.
+func (g Generations) Following(primary string) Generations {
+	c := g.Clone()
+	for peer := range c.Bitmaps {
+		if peer != primary {
+			delete(c.Bitmaps, peer)
+		}
+	}
+	return c
+}
+
+// TracksBesides reports whether g holds a bitmap generation toward a node
+// other than primary (Following would drop it).
+func (g Generations) TracksBesides(primary string) bool {
+	for peer := range g.Bitmaps {
+		if peer != primary {
+			return true
+		}
+	}
+	return false
+}
+
 // Adopted is a disk with no consistent generation made the volume's data
 // by an operator (DRBD's initial primary --force): it starts generation
 // next, and every peer is in sync until a write misses it.

@@ -791,7 +791,7 @@ func (s *Sim) handshake(p, q *node) {
 	// A peer raft has Outdated under p is never copied onto p (node's
 	// decide, volstate's PeerConnected).
 	outdated := s.raftOutdated(p, q.name)
-	if outdated && s.cfg.mutation != mutPullFromOutdated {
+	if outdated {
 		d = d.TowardOutdated()
 	}
 	// A connection that will resync the peer (its disk Inconsistent
@@ -809,7 +809,7 @@ func (s *Sim) handshake(p, q *node) {
 	// A primary with no generation of its own is no source for an
 	// Outdated peer, and one that pulls takes no other peer until the
 	// pull ends: volstate refuses them, and nothing is marked.
-	refusedOutdated := (outdated && p.st.Durable.Gens.Current.IsZero() && s.cfg.mutation != mutPullFromOutdated) || s.pullsFrom(p, q.name)
+	refusedOutdated := (outdated && p.st.Durable.Gens.Current.IsZero()) || s.pullsFrom(p, q.name)
 	if resyncs && s.cfg.mutation != mutResyncNotOutdated {
 		if err := s.recordOutdated(p, q.name); err != nil {
 			if !errors.Is(err, errWait) {
@@ -861,7 +861,7 @@ func (s *Sim) handshake(p, q *node) {
 	marked := len(p.marks[q.name]) > 0 || len(q.marks[p.name]) > 0
 	err = s.drive(p, volstate.PeerConnected{Peer: q.name, Session: sid, UUIDs: qs.UUIDs(p.name), PeerEpoch: qs.Durable.Epoch,
 		PeerDisk: qs.IdleDisk(), Marked: marked, DiscardFrom: qs.Discard, NextGen: s.newGen(),
-		PeerOutdated: outdated && s.cfg.mutation != mutPullFromOutdated})
+		PeerOutdated: outdated})
 	repl := p.st.Peers[q.name].Repl
 	if err == nil && p.sessions[q.name] == sid && (repl == replication.Connected || repl == replication.SyncSource) {
 		// The stream carries writes: the peer's answer (node steps it

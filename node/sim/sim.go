@@ -145,13 +145,6 @@ const (
 	// node did so until this model's known finding failed-write-diverges
 	// (replicas that count each other in sync differ in the block).
 	mutFailedWriteKept
-	// mutPullFromOutdated lets a primary copy from a peer raft records
-	// Outdated where the generation rules say so: node did so until the
-	// sim's finding pull-from-outdated (seeds 4374 and 47568), where an
-	// old bitmap generation of the peer, left by an earlier term, made
-	// the rule sync-target-missed-finish pull over an acknowledged write
-	// (invariant 1).
-	mutPullFromOutdated
 	// mutEvictionSkipsSums gives a block away from the activity log's
 	// hot blocks without writing the pages of its sums first: a crash
 	// then leaves its new data with its old sum, which no recovery
@@ -217,8 +210,6 @@ func (m mutation) String() string {
 		return "pull-not-forwarded"
 	case mutFailedWriteKept:
 		return "failed-write-kept"
-	case mutPullFromOutdated:
-		return "pull-from-outdated"
 	case mutEvictionSkipsSums:
 		return "eviction-skips-sums"
 	case mutRebuildSkipsOldest:

@@ -3,6 +3,7 @@ package volstate
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -524,5 +525,89 @@ func TestAnInconsistentPeerTheGenerationsSayNothingOfIsCopiedWhole(t *testing.T)
 	peer.Durable.Gens.Current, peer.Durable.SyncGen = replication.Generation{}, driveGen("g0")
 	if next, acts := connect(st, replication.Inconsistent); next.Peers["b"].Repl != replication.SyncSource || len(acts) != 1 || acts[0].Detail == FullResync {
 		t.Fatalf("an Inconsistent peer mid-resync: %s, %v; want a resync from the bitmap", next.Peers["b"].Repl, acts)
+	}
+}
+
+// TestAFollowerKeepsNoBitmapOfAnEarlierTerm: a node that was primary once
+// keeps its bitmap generation toward a peer of that term (alpha toward
+// beta). Once it takes another primary's stream (gamma's) the writes it
+// applies are marked for no other peer, so that bitmap says nothing any
+// more: the stream's acceptance drops every bitmap generation but the one
+// toward gamma, durably, before a write is applied. Kept, a later primary
+// beta on the same generation took alpha for a sync source whose finish it
+// missed (sync-target-missed-finish) and pulled alpha's older blocks over
+// its own acknowledged writes, where no raft Outdated mark turned the copy
+// round (a forced promotion: the simulation's seed 3552, run over the
+// production session; and under a raft Outdated mark the sim's earlier
+// finding pull-from-outdated, seeds 4374 and 47568).
+func TestAFollowerKeepsNoBitmapOfAnEarlierTerm(t *testing.T) {
+	alpha := secondaryOf("alpha", "", 1, "beta", "gamma")
+	alpha.Durable.Gens.Bitmaps = map[string]replication.Generation{"beta": driveGen("g0"), "gamma": driveGen("g0")}
+	gamma := primaryAt("gamma", 2, "alpha", "beta")
+	next, rd := Step(alpha, PrimaryReached{From: "gamma", Epoch: 2, UUIDs: gamma.UUIDs("alpha")})
+	if rd.Err != nil || slices.ContainsFunc(rd.Actions, func(a Action) bool { return a.Kind == RefuseStream }) {
+		t.Fatalf("alpha takes gamma's stream: %v, %v", rd.Actions, rd.Err)
+	}
+	if want := map[string]replication.Generation{"gamma": driveGen("g0")}; rd.Persist == nil || !maps.Equal(rd.Persist.Gens.Bitmaps, want) || rd.Persist.Primary != "gamma" {
+		t.Fatalf("the stream's acceptance writes %+v; want primary gamma and only the bitmap generation toward gamma", rd.Persist)
+	}
+	// The same stream again (a reconnection): nothing more to write.
+	if _, rd := Step(next, PrimaryReached{From: "gamma", Epoch: 2, UUIDs: gamma.UUIDs("alpha")}); rd.Persist != nil {
+		t.Fatalf("gamma's stream again writes %+v; want nothing", rd.Persist)
+	}
+	// A term's primary that stepped down and takes the stream of the
+	// primary it handed over to: the same, in the acceptance that follows.
+	stepped := secondaryOf("alpha", "gamma", 2, "beta", "gamma")
+	stepped.Durable.Gens.Bitmaps = map[string]replication.Generation{"beta": driveGen("g0")}
+	if _, rd := Step(stepped, PrimaryReached{From: "gamma", Epoch: 2, UUIDs: gamma.UUIDs("alpha"), HandedOver: true}); rd.Persist == nil || len(rd.Persist.Gens.Bitmaps) != 0 {
+		t.Fatalf("a stepped-down primary takes its successor's stream and writes %+v; want no bitmap generation", rd.Persist)
+	}
+
+	// beta, primary on alpha's generation with nothing marked, meets
+	// alpha: no copy from alpha.
+	beta := primaryAt("beta", 3, "alpha", "gamma")
+	connect := func(peer State) State {
+		t.Helper()
+		after, rd := Step(beta, PeerConnected{Peer: "alpha", Session: 1, UUIDs: peer.UUIDs("beta"), PeerEpoch: 3, PeerDisk: replication.Consistent, NextGen: driveGen("g3")})
+		if rd.Err != nil {
+			t.Fatal(rd.Err)
+		}
+		return after
+	}
+	if after := connect(next); after.Peers["alpha"].Pulling || after.Peers["alpha"].Repl != replication.Connected {
+		t.Fatalf("beta meets alpha: %s pulling %t; want Connected, no copy", after.Peers["alpha"].Repl, after.Peers["alpha"].Pulling)
+	}
+	// The premise: had alpha kept its bitmap, beta would have pulled.
+	if after := connect(alpha); !after.Peers["alpha"].Pulling {
+		t.Fatalf("a kept bitmap generation: beta %s, not pulling; the test's premise is gone", after.Peers["alpha"].Repl)
+	}
+}
+
+// TestAPrimaryNeverCopiesFromAPeerRaftHasOutdated: a peer whose bitmap
+// generation toward this primary equals the primary's current generation
+// looks like a sync source (bitmap-peer: it holds changes the primary
+// lacks), but when raft records it Outdated under this primary
+// (PeerOutdated) it missed a write the cluster acknowledged: the primary
+// is the source, of the blocks either side marked (outdated-peer), and
+// copies nothing from it. The same peer not Outdated is pulled from.
+func TestAPrimaryNeverCopiesFromAPeerRaftHasOutdated(t *testing.T) {
+	st := primaryAt("a", 3, "b")
+	peer := secondaryOf("b", "a", 3, "a")
+	peer.Durable.Gens.Current = driveGen("g0")
+	peer.Durable.Gens.Bitmaps = map[string]replication.Generation{"a": driveGen("g1")}
+	connect := func(outdated bool) (State, []Action) {
+		t.Helper()
+		next, rd := Step(st, PeerConnected{Peer: "b", Session: 1, UUIDs: peer.UUIDs("a"), PeerEpoch: 3, PeerDisk: replication.Consistent, Marked: true, NextGen: driveGen("g2"), PeerOutdated: outdated})
+		if rd.Err != nil {
+			t.Fatal(rd.Err)
+		}
+		return next, rd.Actions
+	}
+	if next, acts := connect(false); !next.Peers["b"].Pulling || len(acts) != 1 || acts[0].Kind != StartPull {
+		t.Fatalf("a peer not Outdated whose bitmap tracks from this primary's generation: %s pulling %t, %v; want a pull from it", next.Peers["b"].Repl, next.Peers["b"].Pulling, acts)
+	}
+	next, acts := connect(true)
+	if next.Peers["b"].Pulling || next.Peers["b"].Repl != replication.SyncSource || len(acts) != 1 || acts[0].Kind != StartResync {
+		t.Fatalf("the same peer Outdated: %s pulling %t, %v; want this primary its SyncSource", next.Peers["b"].Repl, next.Peers["b"].Pulling, acts)
 	}
 }

@@ -433,11 +433,18 @@ func (s *State) primaryReached(e PrimaryReached) Ready {
 		}
 	}
 	var rd Ready
-	if s.Discard || e.Epoch > s.Durable.Epoch || s.Durable.Primary != e.From {
-		if e.Epoch > s.Durable.Epoch && !e.HandedOver {
-			rd.Prepare = s.reconcileWith(e.From)
-		}
-		rd.Persist = s.persist(func(x *Durable) { x.Epoch, x.Primary = e.Epoch, e.From })
+	newTerm := s.Discard || e.Epoch > s.Durable.Epoch || s.Durable.Primary != e.From
+	if newTerm && e.Epoch > s.Durable.Epoch && !e.HandedOver {
+		rd.Prepare = s.reconcileWith(e.From)
+	}
+	if newTerm || s.Durable.Gens.TracksBesides(e.From) {
+		// The stream's epoch and primary, and only the bitmap generation
+		// toward it (Generations.Following), BEFORE its first write is
+		// applied. (Not a new term: the same epoch and primary.)
+		rd.Persist = s.persist(func(x *Durable) {
+			x.Epoch, x.Primary = e.Epoch, e.From
+			x.Gens = x.Gens.Following(e.From)
+		})
 	}
 	// The stream is taken: nothing keeps this node from following it (a
 	// split brain with From is over, and an earlier refusal too).
