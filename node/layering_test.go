@@ -163,10 +163,10 @@ func TestReplctlLayering(t *testing.T) {
 
 // TestSimLayering pins the simulation's seam (node/sim): it runs the pure
 // rules (volstate, replication, failover.Decide, the write's stages of
-// writepath), the volume loop's step (node/volloop's Core) and the
-// applier's step (node/applier/apply) over models of
-// its own,
-// so nothing it links is the node or a package of I/O: no node, cluster,
+// writepath), the volume loop's step (node/volloop's Core), the peer
+// session a primary ships through (node/session, stepped) and the
+// applier's step (node/applier/apply) over models of its own (disks,
+// links, raft), so nothing it links is the node or a package of I/O: no node, cluster,
 // transport, metadata, backing or config, and no raft, memberlist, gRPC
 // or bbolt. One package under transport is allowed, transport/frame
 // alone: the replication stream's message and its buffer pool, a leaf
@@ -182,7 +182,7 @@ func TestSimLayering(t *testing.T) {
 		"github.com/hashicorp/raft/...", "github.com/hashicorp/memberlist/..."}
 	allowed := []string{mod + "/transport/frame"}
 	graph := importGraph(t, sim)
-	for _, runs := range []string{mod + "/node/failover", mod + "/node/volstate", mod + "/node/volloop", mod + "/node/writepath", mod + "/node/applier/apply"} {
+	for _, runs := range []string{mod + "/node/failover", mod + "/node/volstate", mod + "/node/volloop", mod + "/node/writepath", mod + "/node/session", mod + "/node/applier/apply"} {
 		if !slices.Contains(graph[sim], runs) {
 			t.Fatalf("%s does not import %s: the simulation no longer runs production's rules there (update this test if that moved)", sim, runs)
 		}

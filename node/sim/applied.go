@@ -262,66 +262,25 @@ func (s *Sim) appliedVolume(n *node) *apply.Volume {
 	return n.applied
 }
 
-// applyBatch has n's applier take entries from the stream of m: the
-// stream of its session (one per incoming stream, as node makes one per
-// stream it takes). A batch that failed ends the stream, as applier.Run
-// returns then.
-func (s *Sim) applyBatch(n *node, m msg, entries []replication.Entry) bool {
+// applyBatch has n's applier take entry e of the stream of m (a batch of
+// its own): the stream of its session (one per incoming stream, as node
+// makes one per stream it takes). A batch that failed ends the stream,
+// as applier.Run returns then.
+func (s *Sim) applyBatch(n *node, m msg, e replication.Entry) bool {
 	if n.in == nil || n.inSession != m.session {
 		n.in, n.inSession = apply.NewStream(m.from), m.session
 		n.in.SetState(replication.Connected)
 	}
-	ack, err := n.in.Apply(s.appliedVolume(n), apply.Batch{Entries: entries})
-	s.entryBuf = entries[:0]
+	s.oneEntry[0] = e
+	ack, err := n.in.Apply(s.appliedVolume(n), apply.Batch{Entries: s.oneEntry[:]})
+	s.oneEntry[0] = replication.Entry{}
 	if err == nil && ack.Status == replication.AckOK {
 		return true
 	}
 	if err == nil {
 		err = errors.New(ack.Message)
 	}
-	s.tracef("%s: %s from %s failed, connection dropped: %v", n.name, m.kind, m.from, err)
+	s.tracef("%s: entry (op %d) from %s failed, connection dropped: %v", n.name, e.Op, m.from, err)
 	s.breakConnection(s.node(m.from), n)
 	return false
-}
-
-// The entries of a batch and their data are built in buffers of the
-// Sim's, used again for every batch (the applier keeps nothing of a
-// batch once Apply returns): the sim delivers many messages a step.
-
-// newBatch starts the entries of a batch.
-func (s *Sim) newBatch() []replication.Entry {
-	s.entryBuf, s.dataBuf = s.entryBuf[:0], s.dataBuf[:0]
-	return s.entryBuf
-}
-
-// batchData returns room for n bytes of the batch's data.
-func (s *Sim) batchData(n int) []byte {
-	if len(s.dataBuf)+n > cap(s.dataBuf) {
-		// A fresh buffer: the entries so far keep the old one.
-		s.dataBuf = make([]byte, 0, max(2*cap(s.dataBuf), n, 1024))
-	}
-	s.dataBuf = s.dataBuf[:len(s.dataBuf)+n]
-	return s.dataBuf[len(s.dataBuf)-n:]
-}
-
-// writeEntry is the entry of a write of v to block.
-func (s *Sim) writeEntry(op replication.Op, block int, v int64, fua bool) replication.Entry {
-	data := s.batchData(blockBytes)
-	binary.LittleEndian.PutUint64(data, uint64(v))
-	e := replication.Entry{Op: op, Seq: 1, Off: int64(block) * blockBytes, Length: blockBytes, Data: data}
-	if fua {
-		e.Flags |= replication.EntryFUA
-	}
-	return e
-}
-
-// genEntry is a sync-start (the generation the source's bitmap starts
-// from) or sync-done (the source's generation and its history) entry.
-func (s *Sim) genEntry(op replication.Op, g replication.Generation, history []replication.Generation) replication.Entry {
-	data := s.batchData(len(g) * (1 + len(history)))
-	copy(data, g[:])
-	for i, h := range history {
-		copy(data[len(g)*(i+1):], h[:])
-	}
-	return replication.Entry{Op: op, Seq: 1, Data: data}
 }

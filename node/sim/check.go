@@ -183,12 +183,43 @@ const (
 	// record the generation it resumes from comes back with none:
 	// just-created-peer) breaks it.
 	FindingHistoryFullResync Finding = iota + 1
+	// FindingCrashedPrimaryFork: a primary that crashed and came back
+	// copies its activity log's blocks to its peers by the rule
+	// crashed-primary without moving its generation on. A peer that
+	// takes the copy and one that does not (its disk failed at the
+	// sync's start) then hold the same generation and different data;
+	// once the crashed primary is gone (it handed over to the first),
+	// nothing records what the second misses: the new primary's bitmap
+	// toward it starts from that shared generation, its resync copies
+	// only later writes, and the two are counted in sync while a block
+	// differs (replicas-equal-in-sync). Seed 36513 of the sim over the
+	// production session. To fix in production's rules: such a restart
+	// moves the generation on as a write its peers missed would
+	// (Generations.PeerMisses, the log's blocks marked for each).
+	FindingCrashedPrimaryFork
+	// FindingForcedPrimaryPullsOlder: a primary forced (through raft)
+	// onto a generation equal to that of an old primary it meets, which
+	// stepped down without following anyone since and names a bitmap
+	// generation toward it from its own term, takes it for a sync source
+	// whose finish it missed (sync-target-missed-finish) and pulls the
+	// blocks it marked, though a resync from a newer primary had given
+	// the forced node newer data in them since: writes acknowledged
+	// before the force, which the force kept, are lost
+	// (no-acknowledged-write-lost). Seeds 36711 and 40977 of the sim
+	// over the production session. To fix in production's rules: a bitmap
+	// generation must say which term's data it tracks from, so that a
+	// node resynced since is never taken for the one that missed it.
+	FindingForcedPrimaryPullsOlder
 )
 
 func (f Finding) String() string {
 	switch f {
 	case FindingHistoryFullResync:
 		return "history-full-resync"
+	case FindingCrashedPrimaryFork:
+		return "crashed-primary-fork"
+	case FindingForcedPrimaryPullsOlder:
+		return "forced-primary-pulls-older"
 	}
 	return "finding(?)"
 }
@@ -283,7 +314,7 @@ func (c *checker) acknowledged(s *Sim, n *node, w *write) {
 // durably, or is tracked (raft has it Outdated, it is never promoted
 // without force): a peer whose stream from n ended before it
 // acknowledged the flush was tracked, and what it acknowledged from its
-// cache marked, by the stream's end (settleCache), and one n had no
+// cache marked, by the stream's end (settleEnds), and one n had no
 // stream to since it became primary by the flush itself
 // (trackUnstreamed), BEFORE it completed. The durable check holds with
 // no excuse.
@@ -307,33 +338,30 @@ func (c *checker) crashed(s *Sim, n *node) {
 	}
 }
 
-// applied: n applied message m of its incoming stream: it must hold the
-// stream's prefix up to m (invariant 5).
-func (c *checker) applied(s *Sim, n *node, m msg) {
-	l := c.streams[m.session]
-	if l == nil || m.seq == 0 {
+// appliedEntry: n applied, from its incoming stream sid from primary
+// from, a data entry writing value to block (resync: a resync's block):
+// it must be the stream's next data entry, and n must hold the stream's
+// prefix up to it (invariant 5).
+func (c *checker) appliedEntry(s *Sim, n *node, from string, sid uint64, block int, value int64, resync bool) {
+	l := c.streams[sid]
+	if l == nil {
 		return
 	}
-	first := m.seq
-	if m.kind == msgSyncData {
-		first = m.seq - len(m.blocks) + 1
+	if l.applied >= len(l.entries) || l.entries[l.applied] != (streamEntry{block, value}) {
+		s.fail(SecondaryIsAPrefix, "%s applied block %d = %d of session %d after entry %d, not the stream's next entry", n.name, block, value, sid, l.applied)
+		return
 	}
-	if first != l.applied+1 {
-		s.fail(SecondaryIsAPrefix, "%s applied entries %d..%d of session %d after entry %d", n.name, first, m.seq, m.session, l.applied)
+	if resync {
+		c.midResync[n.name] = from
 	}
-	if m.kind == msgSyncData {
-		c.midResync[n.name] = m.from
-	}
-	for ; l.applied < m.seq; l.applied++ {
-		e := l.entries[l.applied]
-		l.state[e.block], l.set[e.block] = e.value, true
-	}
+	l.state[block], l.set[block] = value, true
+	l.applied++
 	for b := range blocks {
 		if !l.set[b] {
 			continue
 		}
 		if v := n.disk.read(b); v != l.state[b] {
-			s.fail(SecondaryIsAPrefix, "%s applied session %d up to entry %d: block %d holds %d, the stream %d", n.name, m.session, m.seq, b, v, l.state[b])
+			s.fail(SecondaryIsAPrefix, "%s applied session %d up to entry %d: block %d holds %d, the stream %d", n.name, sid, l.applied, b, v, l.state[b])
 			return
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/replvol/replvol/node/session"
 	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/node/writepath"
 	"github.com/replvol/replvol/replication"
@@ -20,17 +21,24 @@ import (
 // the other);
 // it is written to the local disk's cache; the write waits for every
 // stream's ack (the secondary's applier writes to its cache and
-// acknowledges) and completes under the lease. Nothing is durable until
-// a FLUSH, but a FUA write: it is written through, here and on every
-// peer. A FLUSH (node's flushAll) syncs the local disk and sends a flush
-// entry to every peer with a stream, in order after the writes, and
-// completes once each of those acknowledged it, or its stream ended and
-// the end tracked the peer and marked what it acknowledged from its cache
-// since its last flush ack (node/session's cached set: settleCache); a
-// peer this primary has had no stream to since it became primary is
-// tracked by the FLUSH itself before it completes (node's submit:
-// trackUnstreamed), for it may hold an earlier primary's writes in its
-// cache only.
+// acknowledges) and completes under the lease. Each stream is
+// production's peer session (node/session, wire.go): the write is an
+// entry in its queue, holding its extent in the activity log until it
+// completes, and a session that ends hands it back, marked for the peer
+// once the peer is tracked (settleEnds), with what the peer acknowledged
+// from its cache since its last acknowledged flush (the session's cached
+// set); a write a peer acknowledged from its cache waits for the end of
+// that stream, if it ended, to have tracked the peer
+// (session.CacheLossPending). Nothing is durable until a FLUSH, but a FUA
+// write: it is written through, here and on every peer. A FLUSH (node's
+// flushAll) syncs the local disk and sends a flush entry to every peer
+// with a stream, in order after the writes, and completes once each of
+// those acknowledged it, or its session ended and the end tracked the
+// peer; a peer whose last session ended before the FLUSH has that end
+// waited for (node's flushUnreached); a peer this primary has had no
+// stream to since it became primary is tracked by the FLUSH itself
+// before it completes (node's submit: trackUnstreamed), for it may hold
+// an earlier primary's writes in its cache only.
 
 var errWait = errors.New("waits for raft")
 
@@ -76,16 +84,14 @@ func (s *Sim) client() {
 	s.progressWrites(n)
 }
 
-// ship sends w to p's stream.
+// ship sends w to p's stream: an entry of p's session.
 func (s *Sim) ship(n *node, w *write, p string) {
-	sid := n.sessions[p]
-	s.link(n.name, p).send(msg{at: s.now.Add(s.duration(tick/2, 3*tick)), from: n.name, to: p, session: sid, kind: msgWrite, id: w.id, block: w.block, value: w.id, fua: w.fua,
-		seq: s.check.sent(sid, w.block, w.id)})
+	s.check.sent(n.sessions[p], w.block, w.id)
+	n.al[w.block]++
+	e, buf := dataEntry(replication.OpWrite, w.block, w.id, w.fua)
+	pd := s.enqueue(n, p, e, buf, shipped{kind: shipWrite, id: w.id, block: w.block}, alHold{n, w.block})
 	w.waiting[p], w.streamed = true, true
-	if n.inflight[p] == nil {
-		n.inflight[p] = map[int64]int{}
-	}
-	n.inflight[p][w.id] = w.block
+	w.pds = append(w.pds, pd)
 }
 
 // progressWrites completes (or fails) the node's writes that can.
@@ -143,17 +149,16 @@ func (s *Sim) revert(n *node, w *write) {
 	}
 	v := n.disk.read(w.block)
 	for _, p := range n.peers {
-		sid, ok := n.sessions[p]
-		if !ok {
+		if _, ok := n.sessions[p]; !ok {
 			n.mark(p, w.block)
 			continue
 		}
-		s.nextWrite++
-		s.link(n.name, p).send(msg{at: s.now.Add(tick), from: n.name, to: p, session: sid, kind: msgWrite, id: s.nextWrite, block: w.block, value: v, seq: s.check.sent(sid, w.block, v)})
-		if n.inflight[p] == nil {
-			n.inflight[p] = map[int64]int{}
-		}
-		n.inflight[p][s.nextWrite] = w.block
+		// The write is over only once its reverts completed (node's
+		// revertPeers waits for them): its block stays in the activity
+		// log until then, so a crash before a peer took the revert
+		// leaves the block to the log's marks at the restart.
+		n.al[w.block]++
+		s.shipHeld(n, p, replication.OpWrite, w.block, v, alHold{n: n, block: w.block})
 	}
 	s.tracef("%s: write %d failed after it went to the streams: block %d reverted to %d on the peers", n.name, w.id, w.block, v)
 }
@@ -184,19 +189,16 @@ func (s *Sim) pullPlans(n *node, b int) (string, bool) {
 	return "", false
 }
 
-// ackedFromLostCache reports whether a peer acknowledged w from its
-// cache and its stream ended with w's block in the cache only, not yet
-// tracked (settleCache).
-func (s *Sim) ackedFromLostCache(n *node, w *write) bool {
-	if w.fua || s.cfg.mutation == mutAckBeforeCacheTracked {
-		return false
+// cacheLoss is node's look for a stream that lost w's ack from its
+// peer's cache (session.CacheLossPending over w's entries): pending while
+// such a stream's end has not tracked its peer yet; an error when it
+// could not.
+func (s *Sim) cacheLoss(n *node, w *write) (pending bool, err error) {
+	if s.cfg.mutation == mutAckBeforeCacheTracked {
+		return false, nil
 	}
-	for p := range w.ackedBy {
-		if n.cacheLost[p][w.block] {
-			return true
-		}
-	}
-	return false
+	s.settleEnds(n)
+	return session.CacheLossPending(w.pds)
 }
 
 // sourceAcked reports whether a peer n pulls newer data from took w
@@ -289,9 +291,7 @@ func (s *Sim) finish(n *node, w *write) {
 		if n.sessions[p] != late.session {
 			continue
 		}
-		v := n.disk.read(w.block)
-		seq := s.check.sent(late.session, w.block, v)
-		s.link(n.name, p).send(msg{at: s.now.Add(tick), from: n.name, to: p, session: late.session, kind: msgSyncData, blocks: map[int]int64{w.block: v}, seq: seq})
+		s.shipCopyOf(n, p, replication.OpResyncData, w.block, n.disk.read(w.block))
 	}
 }
 
@@ -368,17 +368,24 @@ func (s *Sim) progress(n *node, w *write) writeState {
 			if w.flow.WaitFor() == writepath.WaitAcks && len(w.waiting) > 0 && s.cfg.mutation != mutAckWithoutPeer {
 				return writeWaits
 			}
-			// node's Wait stage (session.AwaitCacheLoss): a peer that acknowledged the write
-			// from its cache and whose stream ended since may have lost
-			// it; the write completes once the end tracked the peer
-			// (settleCache), and fails when it could not.
-			s.settleCache(n)
-			if w.cacheFailed {
-				s.tracef("%s: write %d fails: a peer that acknowledged it from its cache could not be tracked", n.name, w.id)
+			// A peer's session that ended with the write left could not
+			// track the peer: the write fails (node's Pending.Err).
+			if w.peerErr != nil {
+				s.tracef("%s: write %d fails: %v", n.name, w.id, w.peerErr)
 				w.flow.Waited(w.acked, s.sourceAcked(n, w), true)
 				continue
 			}
-			if s.ackedFromLostCache(n, w) {
+			// node's Wait stage (session.AwaitCacheLoss): a peer that
+			// acknowledged the write from its cache and whose stream
+			// ended since may have lost it; the write completes once the
+			// end tracked the peer (settleEnds), and fails when it could
+			// not.
+			switch pending, err := s.cacheLoss(n, w); {
+			case err != nil:
+				s.tracef("%s: write %d fails: a peer that acknowledged it from its cache could not be tracked: %v", n.name, w.id, err)
+				w.flow.Waited(w.acked, s.sourceAcked(n, w), true)
+				continue
+			case pending:
 				return writeWaits
 			}
 			if len(n.announcing) > 0 && s.cfg.mutation != mutAnnounceNotAwaited {
@@ -399,13 +406,12 @@ func (s *Sim) progress(n *node, w *write) writeState {
 			// from its cache, under the lease (session.CacheLossPending):
 			// the stream may have ended since the Wait stage looked.
 			if s.cfg.mutation != mutCacheLossOnlyAtWait {
-				s.settleCache(n)
-				if w.cacheFailed {
-					s.tracef("%s: write %d fails: a peer that acknowledged it from its cache could not be tracked", n.name, w.id)
+				switch pending, err := s.cacheLoss(n, w); {
+				case err != nil:
+					s.tracef("%s: write %d fails: a peer that acknowledged it from its cache could not be tracked: %v", n.name, w.id, err)
 					w.flow.Leased(false)
 					continue
-				}
-				if s.ackedFromLostCache(n, w) {
+				case pending:
 					return writeWaits
 				}
 			}
@@ -607,17 +613,6 @@ func (s *Sim) moveGeneration(n *node, p string) error {
 	return nil
 }
 
-// wroteFUA reports whether n's write id, still in flight, is FUA: the
-// applier then made it durable BEFORE its ack.
-func (s *Sim) wroteFUA(n *node, id int64) bool {
-	for _, w := range n.writes {
-		if w.id == id {
-			return w.fua
-		}
-	}
-	return false
-}
-
 // ensureOutdated has raft record peer Outdated at this primary's epoch,
 // once per epoch.
 func (s *Sim) ensureOutdated(n *node, peer string) error {
@@ -684,119 +679,18 @@ func (s *Sim) deliver() {
 	}
 }
 
+// receive hands n a message of its link: a frame of its primary's
+// stream to its applier, or an ack frame of its peer to the session of
+// its stream. A message of a stream that ended is dropped.
 func (s *Sim) receive(n *node, m msg) {
 	switch m.kind {
-	case msgWrite, msgSyncStart, msgSyncData, msgSyncGen, msgFlush:
+	case msgFrame:
 		if n.incoming.from != m.from || n.incoming.id != m.session {
 			return
 		}
-	default:
-		if n.sessions[m.from] != m.session {
-			return
-		}
-	}
-	switch m.kind {
-	case msgWrite:
-		// The applier (node/applier/apply): the replica indicator and
-		// the activity log BEFORE the write; the write to the cache (a
-		// FUA entry through it); the sum in memory (no page written,
-		// FUA or not); the ack: durable at the primary's next FLUSH.
-		if !s.applyBatch(n, m, append(s.newBatch(), s.writeEntry(replication.OpWrite, m.block, m.value, m.fua))) {
-			return
-		}
-		s.check.applied(s, n, m)
-		s.link(n.name, m.from).send(msg{at: s.now.Add(s.duration(tick/2, 3*tick)), from: n.name, to: m.from, session: m.session, kind: msgAck, id: m.id})
-	case msgAck:
-		if b, ok := n.inflight[m.from][m.id]; ok && !s.wroteFUA(n, m.id) {
-			// The applier acknowledged it from its cache.
-			if n.cached[m.from] == nil {
-				n.cached[m.from] = map[int]bool{}
-			}
-			n.cached[m.from][b] = true
-		}
-		delete(n.inflight[m.from], m.id)
-		for _, w := range n.writes {
-			if w.id == m.id && w.waiting[m.from] {
-				delete(w.waiting, m.from)
-				w.acked = true
-				if w.ackedBy == nil {
-					w.ackedBy = map[string]bool{}
-				}
-				w.ackedBy[m.from] = true
-			}
-		}
-	case msgSyncStart:
-		// The applier makes the disk Inconsistent, durably, with the
-		// generation the resync resumes from (State.SyncStarted, which
-		// steps volstate.ResyncStarted), BEFORE any resync data is
-		// written: when that fails, no data moves and the stream ends.
-		s.tracef("%s: sync-start from %s", n.name, m.from)
-		s.applyBatch(n, m, append(s.newBatch(), s.genEntry(replication.OpSyncStart, m.sync.gen, nil)))
-	case msgSyncData:
-		// Each block through the activity log BEFORE its write, as a
-		// stream's write (the applier's OpResyncData): a later change of
-		// primary marks it toward the third node, which may never have
-		// had it. The source's sum, computed from what it read.
-		entries := s.newBatch()
-		for _, b := range slices.Sorted(maps.Keys(m.blocks)) {
-			entries = append(entries, s.writeEntry(replication.OpResyncData, b, m.blocks[b], false))
-		}
-		if !s.applyBatch(n, m, entries) {
-			return
-		}
-		s.check.applied(s, n, m)
-	case msgFlush:
-		// The applier syncs the disk, THEN writes the checksum pages,
-		// BEFORE it acknowledges the flush.
-		if !s.applyBatch(n, m, append(s.newBatch(), replication.Entry{Op: replication.OpFlush, Seq: 1})) {
-			return
-		}
-		s.link(n.name, m.from).send(msg{at: s.now.Add(s.duration(tick/2, 3*tick)), from: n.name, to: m.from, session: m.session, kind: msgFlushAck, id: m.id})
-	case msgFlushAck:
-		// The peer synced what it applied before the flush (the link
-		// delivers in order: every write acknowledged so far).
-		clear(n.cached[m.from])
-		for _, f := range n.flushes {
-			if f.id == m.id {
-				delete(f.waiting, m.from)
-			}
-		}
-	case msgSyncGen:
-		// The applier's sync-done: the resynced data is durable BEFORE
-		// the generation says so (State.SyncFinished, which steps
-		// volstate.ResyncFinished and clears what this node marked
-		// toward the primary); a generation the rules refuse fails the
-		// entry, as a write that failed.
-		if !s.applyBatch(n, m, append(s.newBatch(), s.genEntry(replication.OpSyncDone, m.sync.current, m.sync.history))) {
-			return
-		}
-		if m.announce {
-			s.link(n.name, m.from).send(msg{at: s.now.Add(tick), from: n.name, to: m.from, session: m.session, kind: msgGenAck})
-			return
-		}
-		// The target holds the source's generation from here, durably;
-		// this ack may be lost (a crash, a dropped connection): the
-		// source then takes the peer to hold it (mayHold), and its next
-		// write that misses the peer moves its generation on.
-		s.link(n.name, m.from).send(msg{at: s.now.Add(tick), from: n.name, to: m.from, session: m.session, kind: msgSyncDone, sync: m.sync})
-	case msgGenAck:
-		// The peer synced its disk BEFORE it took the generation.
-		clear(n.cached[m.from])
-		delete(n.announcing, m.from)
-	case msgSyncDone:
-		if m.sync.current != n.durable.Gens.Current {
-			// The generation moved on since (node's SyncDoneAcked): not
-			// in sync yet; the current one follows.
-			n.syncDone[m.from] = syncDue{session: m.session, at: s.now}
-			return
-		}
-		// The blocks the resync copied are in (a block marked again
-		// since stays marked).
-		for b := range n.resyncing[m.from] {
-			delete(n.marks[m.from], b)
-		}
-		delete(n.resyncing, m.from)
-		_ = s.drive(n, volstate.ResyncFinished{Peer: m.from, Session: m.session, Current: m.sync.current})
+		s.receiveFrame(n, m)
+	case msgFrameAck:
+		s.receiveAck(n, m)
 	}
 }
 
@@ -808,8 +702,7 @@ func (s *Sim) announceGeneration(n *node, missed string) {
 		if sid, ok := n.sessions[p]; ok && p != missed && n.st.Peers[p].Repl == replication.Connected {
 			n.announcing[p] = true
 			n.mayHold[p] = n.durable.Gens.Current
-			s.link(n.name, p).send(msg{at: s.now.Add(tick), from: n.name, to: p, session: sid, kind: msgSyncGen, announce: true,
-				sync: syncGens{current: n.durable.Gens.Current, history: slices.Clone(n.durable.Gens.History)}})
+			s.enqueue(n, p, syncEntry(replication.OpSyncDone, n.durable.Gens.Current, n.durable.Gens.History), nil, shipped{kind: shipAnnounce, session: sid}, nil)
 		}
 	}
 }
@@ -840,8 +733,7 @@ func (s *Sim) startResync(n *node, peer string) {
 	}
 	s.tracef("%s: resync %s: %d blocks", n.name, peer, len(copied))
 	s.check.copied(s, n.name, peer, slices.Sorted(maps.Keys(copied)), "resync")
-	l := s.link(n.name, peer)
-	l.send(msg{at: s.now.Add(tick), from: n.name, to: peer, session: sid, kind: msgSyncStart, sync: syncGens{gen: n.durable.Gens.Bitmaps[peer]}})
+	s.enqueue(n, peer, syncEntry(replication.OpSyncStart, n.durable.Gens.Bitmaps[peer], nil), nil, shipped{kind: shipSyncStart}, nil)
 	// A block a write in flight holds is read once that write is over
 	// (node's resync reads under the range lock the write holds from its
 	// admission to its end): it follows when the write finishes.
@@ -855,11 +747,9 @@ func (s *Sim) startResync(n *node, peer string) {
 	if len(late) > 0 {
 		n.resyncLate[peer] = resyncLate{session: sid, blocks: late}
 	}
-	seq := 0
 	for _, b := range slices.Sorted(maps.Keys(copied)) {
-		seq = s.check.sent(sid, b, copied[b])
+		s.shipCopyOf(n, peer, replication.OpResyncData, b, copied[b])
 	}
-	l.send(msg{at: s.now.Add(tick), from: n.name, to: peer, session: sid, kind: msgSyncData, blocks: copied, seq: seq})
 	// The sync-done entry, with the generation the source holds then,
 	// follows the blocks (node enqueues it once the last block is sent).
 	n.syncDone[peer] = syncDue{session: sid, at: s.now.Add(2 * tick)}
@@ -885,8 +775,8 @@ func (s *Sim) sendSyncDone(n *node) {
 			// The peer may hold it from here, acknowledged or not
 			// (node's peer.syncDone).
 			n.mayHold[p] = n.durable.Gens.Current
-			s.link(n.name, p).send(msg{at: s.now.Add(tick), from: n.name, to: p, session: due.session, kind: msgSyncGen,
-				sync: syncGens{current: n.durable.Gens.Current, history: slices.Clone(n.durable.Gens.History)}})
+			s.enqueue(n, p, syncEntry(replication.OpSyncDone, n.durable.Gens.Current, n.durable.Gens.History), nil,
+				shipped{kind: shipSyncDone, sync: syncGens{current: n.durable.Gens.Current, history: slices.Clone(n.durable.Gens.History)}}, nil)
 		}
 	}
 }
@@ -917,7 +807,7 @@ func (s *Sim) progressPulls(n *node) {
 			s.tracef("%s: pull from %s cut off", n.name, p)
 		case due.at.IsZero():
 			// Planned at the handshake, not started.
-		case !s.now.Before(due.at) && len(n.inflight[p]) == 0:
+		case !s.now.Before(due.at) && n.unacked(p) == 0:
 			// The source answered every write sent it before (node's
 			// stream serves the pull's reads after them).
 			delete(n.pulls, p)
@@ -960,13 +850,8 @@ func (s *Sim) pull(n *node, peer string, full bool) {
 			if p == peer || s.cfg.mutation == mutPullNotForwarded {
 				continue
 			}
-			if sid, ok := n.sessions[p]; ok {
-				s.nextWrite++
-				s.link(n.name, p).send(msg{at: s.now.Add(tick), from: n.name, to: p, session: sid, kind: msgWrite, id: s.nextWrite, block: b, value: v, seq: s.check.sent(sid, b, v)})
-				if n.inflight[p] == nil {
-					n.inflight[p] = map[int64]int{}
-				}
-				n.inflight[p][s.nextWrite] = b
+			if _, ok := n.sessions[p]; ok {
+				s.shipCopyOf(n, p, replication.OpWrite, b, v)
 			} else {
 				n.mark(p, b)
 			}

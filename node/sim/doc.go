@@ -18,8 +18,12 @@
 // replication.Authority, and a modelled raft leader running the real
 // failover.Decide; each write of a primary goes through node's own order
 // of stages (node/writepath), one stage per step or more, so that a crash,
-// a lost link or a new primary can fall between any two; and each secondary
-// applies what its primary ships through the production applier's step
+// a lost link or a new primary can fall between any two; what a primary
+// sends a peer goes through production's peer session (node/session's
+// Stepper, stepped on the sim's goroutine: its queue, its frames on the
+// link, its acks, its end, which marks what the peer misses once the sim
+// tracked the peer; wire.go); and each secondary applies what its primary
+// ships through the production applier's step
 // (node/applier/apply's Stream.Apply: the replica indicator, the activity
 // log, writes, FUA, flushes, resync data, sync start and end, the ack),
 // over the sim's disk, activity log, checksums and volume state behind its
@@ -44,7 +48,8 @@
 // knownFindingSeeds).
 //
 // It may import volstate, volloop, failover, writepath, applier/apply,
-// replication and the standard library, never node, node/applier (which links the
+// session, replication, transport/frame, internal/clock and the standard
+// library, never node, node/applier (which links the
 // wire) or cluster (nothing of the node's I/O, no raft, memberlist or
 // bbolt). It runs on one goroutine, reads no wall clock and never sleeps:
 // virtual time moves only when the scheduler advances it. A Sim is not safe for concurrent use.

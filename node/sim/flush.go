@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/replvol/replvol/node/session"
 	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 )
@@ -24,12 +25,18 @@ type flushOp struct {
 	// no stream to since it became primary (its peers are new then): the
 	// volume tracks each BEFORE the flush completes (node's submit).
 	track map[string]bool
+	// ends: the peers without a stream it found whose last session ended:
+	// it waits for each end, and fails when it could not track its peer
+	// (node's flushUnreached: Finished, MarkErr).
+	ends map[string]*session.Session
+	// failed: a session's end it waited for could not track its peer.
+	failed error
 }
 
 // startFlush is the client's FLUSH at n (node's Flush, flushAll): the
 // local disk syncs; each peer with a stream gets a flush entry after the
 // writes it carries. A peer without a stream whose last stream ended
-// has that end's tracking waited for (settleCache); one this node has
+// has that end's tracking waited for (settleEnds); one this node has
 // had no stream to since it became primary may hold in its cache only
 // writes of an earlier primary that this FLUSH declares durable, and is
 // tracked first (progressFlushes).
@@ -54,12 +61,17 @@ func (s *Sim) startFlush(n *node) {
 	}
 	f.track = s.unstreamed(n)
 	for _, p := range n.peers {
-		sid, ok := n.sessions[p]
-		if !ok {
+		if _, ok := n.sessions[p]; !ok {
+			if str := n.ending[p]; str != nil {
+				if f.ends == nil {
+					f.ends = map[string]*session.Session{}
+				}
+				f.ends[p] = str.st.Session()
+			}
 			continue
 		}
 		f.waiting[p] = true
-		s.link(n.name, p).send(msg{at: s.now.Add(s.duration(tick/2, 3*tick)), from: n.name, to: p, session: sid, kind: msgFlush, id: f.id})
+		s.enqueue(n, p, replication.Entry{Op: replication.OpFlush}, nil, shipped{kind: shipFlush, id: f.id}, nil)
 	}
 	s.tracef("%s: flush %d sent to %v, tracks %v", n.name, f.id, slices.Sorted(maps.Keys(f.waiting)), slices.Sorted(maps.Keys(f.track)))
 	n.flushes = append(n.flushes, f)
@@ -99,70 +111,30 @@ func (s *Sim) unstreamed(n *node) map[string]bool {
 	return track
 }
 
-// settleCache does what node's session end does for a stream that ended
-// while its peer held writes in its cache only (cacheLost): raft records
-// the peer Outdated, the generation moves on when the rules say so
-// (Volume.track through Peer.StartTracking), and the blocks are marked,
-// durably; when the tracking fails the marks are still made and the
-// FLUSHes waiting fail (session.Session.MarkErr). Until then no FLUSH
-// completes and the peer is not dialled again.
-func (s *Sim) settleCache(n *node) {
-	if !n.up {
-		return
-	}
-	for _, p := range slices.Sorted(maps.Keys(n.cacheLost)) {
-		failed := false
-		if n.cacheEpoch[p] != n.st.Durable.Epoch || n.st.Role() != replication.Primary {
-			// node's end tracked at once, as the primary of the stream's
-			// epoch; raft refuses a record from any other.
-			s.tracef("%s: cannot track %s for what it held in its cache: no longer primary at epoch %d", n.name, p, n.cacheEpoch[p])
-			failed = true
-		} else {
-			switch err := s.ensureOutdated(n, p); {
-			case errors.Is(err, errWait):
-				continue
-			case err != nil:
-				s.tracef("%s: cannot track %s for what it held in its cache: %v", n.name, p, err)
-				failed = true
-			default:
-				failed = s.moveGeneration(n, p) != nil
-				n.cacheAnnounce = n.cacheAnnounce || len(n.announcing) > 0
-			}
-		}
-		blocks := slices.Sorted(maps.Keys(n.cacheLost[p]))
-		for _, b := range blocks {
-			// The peer may lose it with its cache: it may differ
-			// (invariant 4).
-			n.mark(p, b)
-			s.check.allow(n.name, p, b)
-		}
-		delete(n.cacheLost, p)
-		s.tracef("%s: %s tracked, its cached blocks %v marked (failed %t)", n.name, p, blocks, failed)
-		if failed {
-			for _, f := range n.flushes {
-				s.tracef("%s: flush %d fails: %s's cache could not be tracked", n.name, f.id, p)
-			}
-			n.flushes = nil
-			for _, w := range n.writes {
-				if w.ackedBy[p] && s.ackedFromLostCache(n, w) {
-					w.cacheFailed = true
+// progressFlushes completes the node's flushes that can: every peer it
+// went to acknowledged it (or its session ended and what the peer held
+// in its cache only is tracked: settleEnds), every session's end it found
+// is done, every peer it found never streamed to is tracked
+// (trackUnstreamed), under a valid lease.
+func (s *Sim) progressFlushes(n *node) {
+	s.settleEnds(n)
+	failed := map[*flushOp]bool{}
+	for _, f := range slices.Clone(n.flushes) {
+		if f.failed == nil {
+			for _, p := range slices.Sorted(maps.Keys(f.ends)) {
+				select {
+				case <-f.ends[p].Finished():
+					f.failed = f.ends[p].MarkErr()
+					delete(f.ends, p)
+				default:
 				}
 			}
 		}
-	}
-	if len(n.announcing) == 0 {
-		n.cacheAnnounce = false
-	}
-}
-
-// progressFlushes completes the node's flushes that can: every peer it
-// went to acknowledged it (or its stream ended and what the peer held in
-// its cache only is tracked: settleCache), every peer it found never
-// streamed to is tracked (trackUnstreamed), under a valid lease.
-func (s *Sim) progressFlushes(n *node) {
-	s.settleCache(n)
-	failed := map[*flushOp]bool{}
-	for _, f := range slices.Clone(n.flushes) {
+		if f.failed != nil {
+			s.tracef("%s: flush %d fails: a peer's end could not track it: %v", n.name, f.id, f.failed)
+			failed[f] = true
+			continue
+		}
 		if n.st.Durable.Epoch != f.epoch {
 			continue // it fails below
 		}
@@ -184,7 +156,7 @@ func (s *Sim) progressFlushes(n *node) {
 		if len(f.waiting) > 0 && s.cfg.mutation != mutFlushNotAwaited {
 			return false
 		}
-		if len(f.track) > 0 || len(n.cacheLost) > 0 || (n.cacheAnnounce && len(n.announcing) > 0) {
+		if len(f.track) > 0 || len(f.ends) > 0 || (n.cacheAnnounce && len(n.announcing) > 0) {
 			return false
 		}
 		if volstate.Admit(n.st, s.now) != volstate.Serve || n.st.Durable.Epoch != f.epoch {
@@ -225,7 +197,10 @@ func (s *Sim) badInput(n *node) {
 		s.nextSession++
 		block := s.rng.IntN(blocks)
 		s.tracef("BAD INPUT %s: write from a stale session %d to block %d", q.name, s.nextSession, block)
-		s.receive(q, msg{at: s.now, from: n.name, to: q.name, session: s.nextSession, kind: msgWrite, id: -1, block: block, value: -1})
+		b := replication.AppendBatchHeader(nil, 1)
+		e, _ := dataEntry(replication.OpWrite, block, -1, false)
+		e.Seq = 1
+		s.receive(q, msg{at: s.now, from: n.name, to: q.name, session: s.nextSession, kind: msgFrame, data: replication.AppendEntry(b, &e)})
 	}
 	s.check.unchanged(s, before)
 }

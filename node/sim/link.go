@@ -6,51 +6,21 @@ import "time"
 type msgKind uint8
 
 const (
-	// msgWrite: a client write the primary ships (protocol C).
-	msgWrite msgKind = iota + 1
-	// msgAck: the secondary holds write id durably.
-	msgAck
-	// msgSyncStart: the resync begins; the target is Inconsistent from
-	// here, resuming from gen.
-	msgSyncStart
-	// msgSyncData: the marked blocks.
-	msgSyncData
-	// msgSyncGen: the source's sync-done entry, its generations: the
-	// target holds them once it has flushed (also a primary's new
-	// generation announced to a peer in sync).
-	msgSyncGen
-	// msgSyncDone: the target holds the source's data.
-	msgSyncDone
-	// msgGenAck: the peer took the generation a primary announced.
-	msgGenAck
-	// msgFlush: a client's FLUSH, in order after the writes before it:
-	// the secondary syncs its disk, then acknowledges.
-	msgFlush
-	// msgFlushAck: the secondary's disk holds durably every entry before
-	// flush id.
-	msgFlushAck
+	// msgFrame: a frame of the primary's session (wire.go), a batch of
+	// entries: writes, reverts, pulled blocks, flushes, a resync's start,
+	// data and sync-done, a generation announced.
+	msgFrame msgKind = iota + 1
+	// msgFrameAck: the peer's ack frame: it applied every entry up to a
+	// sequence number.
+	msgFrameAck
 )
 
 func (k msgKind) String() string {
 	switch k {
-	case msgWrite:
-		return "write"
-	case msgAck:
+	case msgFrame:
+		return "frame"
+	case msgFrameAck:
 		return "ack"
-	case msgSyncStart:
-		return "sync-start"
-	case msgSyncData:
-		return "sync-data"
-	case msgSyncGen:
-		return "sync-gen"
-	case msgSyncDone:
-		return "sync-done"
-	case msgGenAck:
-		return "gen-ack"
-	case msgFlush:
-		return "flush"
-	case msgFlushAck:
-		return "flush-ack"
 	}
 	return "msg(?)"
 }
@@ -61,16 +31,8 @@ type msg struct {
 	from, to string
 	session  uint64
 	kind     msgKind
-	id       int64 // write number (msgWrite, msgAck); flush number (msgFlush, msgFlushAck)
-	block    int
-	value    int64
-	fua      bool // msgWrite: written through to stable storage
-	// seq is the entry's place in its stream (msgWrite, msgSyncData: that
-	// of its last block), as the checker recorded it at the send.
-	seq      int
-	blocks   map[int]int64 // msgSyncData
-	announce bool          // msgSyncGen: only a new generation, no resync
-	sync     syncGens      // msgSyncStart, msgSyncGen
+	data     []byte  // the frame's contents
+	buf      *[]byte // msgFrame: data's pooled buffer, the receiver's to free
 }
 
 // link is the network between two nodes: it is cut (a partition) or not,

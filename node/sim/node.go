@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/replvol/replvol/node/applier/apply"
+	"github.com/replvol/replvol/node/session"
 	"github.com/replvol/replvol/node/volloop"
 	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/node/writepath"
@@ -48,7 +49,7 @@ type node struct {
 	// outdatedRetry: ensureOutdated proposes again no sooner.
 	outdatedRetry time.Time
 	sessions      map[string]uint64 // this primary's streams, per peer
-	incoming      session           // the stream of a primary applied here
+	incoming      streamOf          // the stream of a primary applied here
 	// in is the applier's end of the incoming stream (node's
 	// applier.Stream), made for session inSession; applied is the volume
 	// as the applier writes to it (applied.go).
@@ -70,21 +71,15 @@ type node struct {
 	// may hold the current one).
 	mayHold        map[string]replication.Generation
 	mayHoldUnknown map[string]bool
-	inflight       map[string]map[int64]int // per peer, the writes its stream holds unanswered (by block)
-	// cached: per peer, the blocks of the writes its stream's peer
-	// acknowledged from its cache (not FUA) since it last acknowledged a
-	// flush or a sync-done (node/session's cached set).
-	cached map[string]map[int]bool
-	// cacheLost: per peer, the cached blocks of a stream that ended while
-	// this node was up: the volume tracks the peer (raft records it
-	// Outdated, the generation moves on) and marks them BEFORE a FLUSH
-	// completes, or a new stream to the peer starts (node's session end,
-	// which the flush and the peer's next connection wait for).
-	cacheLost map[string]map[int]bool
-	// cacheEpoch: per peer, the epoch at which its stream ended with a
-	// cacheLost (node's end tracks at once, at that epoch).
-	cacheEpoch map[string]uint64
-	// cacheAnnounce: the tracking of a cacheLost, or of a peer a FLUSH
+	// streams: this primary's sessions, per peer (wire.go); ending: per
+	// peer, the last that ended, whose end may wait for the peer's
+	// tracking (settleEnds), until a new one starts: a FLUSH and the
+	// peer's next connection wait for it. shipped: what the entries in
+	// the sessions stand for.
+	streams map[string]*stream
+	ending  map[string]*stream
+	shipped map[*session.Pending]shipped
+	// cacheAnnounce: the tracking of a session's end, or of a peer a FLUSH
 	// found never streamed to, moved the generation on; a FLUSH waits
 	// until the peers in sync took it, as node's Volume.track does.
 	cacheAnnounce bool
@@ -141,7 +136,7 @@ type syncDue struct {
 	at      time.Time
 }
 
-type session struct {
+type streamOf struct {
 	from string
 	id   uint64
 }
@@ -172,9 +167,10 @@ type write struct {
 	ships   []writepath.Peer
 	shipAt  int
 	shipErr error
-	// cacheFailed: a peer acknowledged it from its cache, its stream
-	// ended, and the end's tracking failed (session.AwaitCacheLoss).
-	cacheFailed bool
+	// pds: its entries in the peers' sessions; peerErr: a session's end
+	// could not track the peer it left the write to (Pending.Err).
+	pds     []*session.Pending
+	peerErr error
 }
 
 // resyncLate is what a resync on session reads once the writes in flight
@@ -184,9 +180,11 @@ type resyncLate struct {
 	blocks  map[int]bool
 }
 
+// syncGens is a sync-done entry's generations: the source's current one
+// and its history.
 type syncGens struct {
-	gen, current replication.Generation
-	history      []replication.Generation
+	current replication.Generation
+	history []replication.Generation
 }
 
 var startedEvent = volstate.Started{}
@@ -212,16 +210,16 @@ func (n *node) boot() {
 		n.st.Peers[p] = volstate.Peer{Repl: replication.Connecting}
 	}
 	n.outdated, n.sessions, n.nextDial = map[string]uint64{}, map[string]uint64{}, map[string]time.Time{}
-	n.inflight, n.resyncing, n.syncDone = map[string]map[int64]int{}, map[string]map[int]bool{}, map[string]syncDue{}
+	n.streams, n.ending, n.shipped = map[string]*stream{}, map[string]*stream{}, map[*session.Pending]shipped{}
+	n.resyncing, n.syncDone = map[string]map[int]bool{}, map[string]syncDue{}
 	n.resyncLate = map[string]resyncLate{}
 	n.announcing, n.pulls, n.leftToPull = map[string]bool{}, map[string]pullDue{}, map[int]bool{}
-	n.cached, n.cacheLost, n.cacheAnnounce = map[string]map[int]bool{}, map[string]map[int]bool{}, false
-	n.streamed, n.cacheEpoch = map[string]bool{}, map[string]uint64{}
+	n.cacheAnnounce, n.streamed = false, map[string]bool{}
 	n.mayHold, n.mayHoldUnknown = map[string]replication.Generation{}, map[string]bool{}
 	for _, p := range n.peers {
 		n.mayHoldUnknown[p] = true
 	}
-	n.incoming, n.writes, n.flushes, n.follow = session{}, nil, nil, nil
+	n.incoming, n.writes, n.flushes, n.follow = streamOf{}, nil, nil, nil
 	n.loop = &volloop.Core{}
 	n.renewing, n.authVersion, n.handoverUntil, n.reattachAt = false, -1, time.Time{}, time.Time{}
 }
@@ -674,7 +672,7 @@ func (s *Sim) tickNode(n *node) {
 	if n.st.Role() == replication.Primary && !n.st.AdminDown {
 		for _, p := range n.peers {
 			repl := n.st.Peers[p].Repl
-			if _, ok := n.sessions[p]; ok || (repl != replication.Connecting && repl != replication.StandAlone) || s.now.Before(n.nextDial[p]) || len(n.cacheLost[p]) > 0 {
+			if _, ok := n.sessions[p]; ok || (repl != replication.Connecting && repl != replication.StandAlone) || s.now.Before(n.nextDial[p]) || n.tracking(p) {
 				continue
 			}
 			wait := dialEvery
@@ -751,6 +749,12 @@ func (s *Sim) handshake(p, q *node) {
 	if !p.running(s.now) || !q.running(s.now) || p.st.Role() != replication.Primary {
 		return
 	}
+	if q.st.Role() != replication.Primary {
+		// q's sessions of when it was primary ended before it takes a
+		// stream (node's step-down waits for their ends): their tracking
+		// fails, and what they left is marked for their peers.
+		s.settleEnds(q)
+	}
 	qs := q.st
 	epoch := p.st.Durable.Epoch
 	s.nextSession++
@@ -819,7 +823,8 @@ func (s *Sim) handshake(p, q *node) {
 		}
 	}
 	p.sessions[q.name] = sid
-	q.incoming = session{from: p.name, id: sid}
+	s.openStream(p, q.name, sid)
+	q.incoming = streamOf{from: p.name, id: sid}
 	if d.Outcome == replication.FullResyncTarget && !s.pullsFrom(p, q.name) {
 		// node's handshake plan: a full resync as target copies every
 		// block from the peer (one pull at a time: volstate refuses a
@@ -871,9 +876,10 @@ func (s *Sim) handshake(p, q *node) {
 	if err != nil || p.sessions[q.name] != sid || (repl != replication.Connected && repl != replication.SyncSource) || p.st.Role() != replication.Primary {
 		if p.sessions[q.name] == sid {
 			delete(p.sessions, q.name)
+			s.closeStream(p, q.name)
 		}
 		if q.incoming.id == sid {
-			q.incoming = session{}
+			q.incoming = streamOf{}
 			s.stepNode(q, volstate.IncomingEnded{})
 		}
 		return
@@ -926,48 +932,16 @@ func (s *Sim) dropStream(p *node, peer string, sid uint64) {
 	delete(p.sessions, peer)
 	s.link(p.name, peer).reset()
 	if q := s.node(peer); q.incoming.id == sid {
-		q.incoming = session{}
+		q.incoming = streamOf{}
 		if q.up {
 			// node's endIncoming.
 			s.stepNode(q, volstate.IncomingEnded{})
 		}
 	}
-	for _, id := range slices.Sorted(maps.Keys(p.inflight[peer])) {
-		b := p.inflight[peer][id]
-		p.mark(peer, b)
-	}
-	delete(p.inflight, peer)
-	if c := p.cached[peer]; len(c) > 0 && p.up && s.cfg.mutation != mutCacheNotTracked {
-		// What the peer acknowledged from its cache since its last flush
-		// ack: tracked and marked before a flush completes (settleCache).
-		if p.cacheLost[peer] == nil {
-			p.cacheLost[peer] = map[int]bool{}
-		}
-		for b := range c {
-			p.cacheLost[peer][b] = true
-		}
-		p.cacheEpoch[peer] = p.st.Durable.Epoch
-		s.tracef("%s: stream to %s ended with blocks %v in its cache only", p.name, peer, slices.Sorted(maps.Keys(c)))
-	}
-	delete(p.cached, peer)
-	for _, f := range p.flushes {
-		if f.waiting[peer] {
-			// node's session end: a flush the peer did not acknowledge
-			// completes (no error, not acknowledged) once what the peer
-			// held in its cache only is tracked and marked.
-			delete(f.waiting, peer)
-		}
-	}
-	announced := p.announcing[peer]
-	delete(p.announcing, peer)
-	for _, w := range p.writes {
-		if w.waiting[peer] || announced {
-			// A write that waited for the peer, or for its taking the
-			// new generation, misses it.
-			delete(w.waiting, peer)
-			w.missed[peer] = true
-		}
-	}
+	// The session's end hands back what the peer did not acknowledge,
+	// once the peer is tracked (settleEnds) when it must be: marked for
+	// the peer, the writes and flushes waiting for it complete.
+	s.closeStream(p, peer)
 }
 
 // handover waits until the peer holds every write, then completes the
@@ -984,7 +958,7 @@ func (s *Sim) handover(n *node, to string) {
 	}
 	// node's switchover flushes (flushAll) BEFORE HandedOver: the local
 	// disk and every streaming peer sync what they acknowledged, a stream
-	// that ended has what its peer held in its cache tracked (settleCache),
+	// that ended has what its peer held in its cache tracked (settleEnds),
 	// a peer never streamed to is tracked (trackUnstreamed), and the peers
 	// in sync take a generation that moved; a flush that fails reopens IO.
 	for _, p := range slices.Sorted(maps.Keys(n.sessions)) {
@@ -1000,7 +974,7 @@ func (s *Sim) handover(n *node, to string) {
 		_ = s.drive(n, volstate.HandoverAborted{})
 		return
 	}
-	if len(n.cacheLost) > 0 || len(n.announcing) > 0 {
+	if n.trackingAny() || len(n.announcing) > 0 {
 		return
 	}
 	if !s.syncWithSums(n) {
@@ -1012,7 +986,6 @@ func (s *Sim) handover(n *node, to string) {
 			_ = s.drive(n, volstate.HandoverAborted{})
 			return
 		}
-		clear(n.cached[p])
 	}
 	epoch, gen := n.durable.Epoch, n.durable.Gens.Current
 	if s.drive(n, volstate.HandedOver{}) != nil {
@@ -1067,6 +1040,8 @@ func (s *Sim) crash(n *node) {
 		}
 	}
 	n.writes, n.flushes, n.later = nil, nil, nil
+	clear(n.ending)
+	clear(n.shipped)
 	s.dropWaits(n)
 }
 

@@ -84,7 +84,7 @@ const (
 	// mutFullResync copies every block at a resync the rules planned from
 	// the bitmaps (invariant 4).
 	mutFullResync
-	// mutApplyReordered has a secondary apply the writes that arrive
+	// mutApplyReordered has a secondary apply the frames that arrive
 	// together in the reverse order (invariant 5).
 	mutApplyReordered
 	// mutBadWriteWraps writes a write past the volume's end at its
@@ -109,6 +109,8 @@ const (
 	// session end did so until the sim found it (flush-skips-peer-cache,
 	// fixed in node/session's cached set), and a FLUSH then completed
 	// over writes a promotable peer held in its cache only (invariant 1).
+	// Planted at the session's end (settleEnds): it marks without the
+	// peer tracked.
 	mutCacheNotTracked
 	// mutAckBeforeCacheTracked completes a write that a peer acknowledged
 	// from its cache once its other copies answered, though the peer's
@@ -116,6 +118,8 @@ const (
 	// so until the sim's finding ack-after-peer-cache-lost (fixed by
 	// session.AwaitCacheLoss), and raft, with no leader to record the peer
 	// Outdated, could then promote it without the write (invariant 2).
+	// Planted in the write's looks (cacheLoss), at the Wait and the Lease
+	// stages both.
 	mutAckBeforeCacheTracked
 	// mutRetakeRemembersOutdated keeps, across a handover that raft did
 	// not record and the old primary's retake, its memory of raft's
@@ -272,10 +276,11 @@ type Sim struct {
 	trace   []string
 	failure *Failure
 
-	// entryBuf and dataBuf hold the batch a secondary's applier takes
-	// (applied.go), used again for each.
-	entryBuf []replication.Entry
-	dataBuf  []byte
+	// frameBuf holds the entries of the frame a secondary's applier
+	// takes (wire.go), oneEntry the batch of one it applies (applied.go):
+	// used again for each.
+	frameBuf []replication.Entry
+	oneEntry [1]replication.Entry
 }
 
 // New builds the cluster of cfg: alpha primary of a fresh volume that
@@ -344,6 +349,7 @@ func (s *Sim) Run() *Failure {
 		s.now = s.now.Add(tick)
 		s.faults()
 		s.raft.tick(s)
+		s.pumpAll()
 		s.deliver()
 		s.resumeWaits()
 		for _, n := range s.dataNodes() {
