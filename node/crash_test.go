@@ -85,11 +85,14 @@ func syncedWithThreeExtentsWritten(t *testing.T, seed byte) *testCluster {
 
 // TestPrimaryCrashResyncsOnlyTheActivityLog: the primary crashes after
 // writing to three 4 MiB extents; when it comes back, only those extents
-// are resynced, not the volume.
+// are resynced, not the volume. The copy (decided by the rule
+// crashed-primary) changes the peer's data, so it moves the generation on
+// first, and the peer holds the new one once it is done.
 func TestPrimaryCrashResyncsOnlyTheActivityLog(t *testing.T) {
 	beside(t)
 	c := syncedWithThreeExtentsWritten(t, 7)
 	before := replica(c.status(), "beta").ResyncedBytes
+	gen := c.vol("alpha").currentGeneration()
 	c.crash("alpha")
 	c.start("alpha")
 	c.waitInSync()
@@ -97,6 +100,9 @@ func TestPrimaryCrashResyncsOnlyTheActivityLog(t *testing.T) {
 	c.requireDecision("alpha", "beta", replication.RuleCrashedPrimary, "source-use-bitmap")
 	if moved <= 0 || moved > 3*(4<<20) {
 		t.Fatalf("after a primary crash resync moved %d bytes, want the 3 activity-log extents (at most %d)", moved, 3*(4<<20))
+	}
+	if g, b := c.vol("alpha").currentGeneration(), c.vol("beta").currentGeneration(); g == gen || b != g {
+		t.Fatalf("after the copy of the crashed primary's log: alpha holds generation %s (%s before the crash), beta %s; want a new one on both", g, gen, b)
 	}
 	c.requireIdentical()
 }

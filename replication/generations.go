@@ -70,6 +70,35 @@ func (g Generations) PeerMisses(peer string, held, next Generation) Generations 
 	return c
 }
 
+// CrashedPrimaryCopies is a primary that went down as primary copying
+// its activity log's blocks (writes it may hold and its peers not) to a
+// peer: a change of data that another peer may miss (its copy fails, it
+// is away), so the data moves on to next as a write that misses every
+// peer would (DRBD's new current generation of a primary that resumes).
+// Every peer not tracked yet, each of which held the current generation
+// at best, gets a bitmap generation of it; those blocks are marked for
+// every peer already (the crash's recovery marked them). A peer tracked
+// already keeps its bitmap (it marks those blocks too). Equal
+// generations then mean equal data again: a peer that took the copy
+// holds next, one that missed it the old generation, behind by the
+// rules of bitmaps and history. An Inconsistent node changes nothing.
+func (g Generations) CrashedPrimaryCopies(peers []string, next Generation) Generations {
+	c := g.Clone()
+	if g.Current.IsZero() {
+		return c
+	}
+	if c.Bitmaps == nil {
+		c.Bitmaps = make(map[string]Generation, len(peers))
+	}
+	for _, p := range peers {
+		if _, ok := c.Bitmaps[p]; !ok {
+			c.Bitmaps[p] = g.Current
+		}
+	}
+	c.History, c.Current = pushHistory(c.History, g.Current), next
+	return c
+}
+
 // TrackedPeerMayHoldCurrent is the primary starting to write without
 // peer, whose changes it tracks already, but which may hold its current
 // generation all the same: the peer committed a sync-done (or a generation

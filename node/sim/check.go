@@ -183,20 +183,6 @@ const (
 	// record the generation it resumes from comes back with none:
 	// just-created-peer) breaks it.
 	FindingHistoryFullResync Finding = iota + 1
-	// FindingCrashedPrimaryFork: a primary that crashed and came back
-	// copies its activity log's blocks to its peers by the rule
-	// crashed-primary without moving its generation on. A peer that
-	// takes the copy and one that does not (its disk failed at the
-	// sync's start) then hold the same generation and different data;
-	// once the crashed primary is gone (it handed over to the first),
-	// nothing records what the second misses: the new primary's bitmap
-	// toward it starts from that shared generation, its resync copies
-	// only later writes, and the two are counted in sync while a block
-	// differs (replicas-equal-in-sync). Seed 36513 of the sim over the
-	// production session. To fix in production's rules: such a restart
-	// moves the generation on as a write its peers missed would
-	// (Generations.PeerMisses, the log's blocks marked for each).
-	FindingCrashedPrimaryFork
 	// FindingForcedPrimaryPullsOlder: a primary forced (through raft)
 	// onto a generation equal to that of an old primary it meets, which
 	// stepped down without following anyone since and names a bitmap
@@ -216,8 +202,6 @@ func (f Finding) String() string {
 	switch f {
 	case FindingHistoryFullResync:
 		return "history-full-resync"
-	case FindingCrashedPrimaryFork:
-		return "crashed-primary-fork"
 	case FindingForcedPrimaryPullsOlder:
 		return "forced-primary-pulls-older"
 	}

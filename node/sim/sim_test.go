@@ -294,7 +294,6 @@ var knownFindingSeeds = map[uint64]struct {
 	finding Finding
 	broke   Invariant
 }{
-	36513: {FindingCrashedPrimaryFork, ReplicasEqualInSync},
 	36711: {FindingForcedPrimaryPullsOlder, NoAckedWriteLost},
 	40977: {FindingForcedPrimaryPullsOlder, NoAckedWriteLost},
 }
@@ -471,6 +470,8 @@ var interleavedRegressions = []uint64{
 	// the source kept its bitmap generation toward the puller, and
 	// every later connection pulled again. Seed 3967 is the same.
 	3422, 3967,
+	// crashed-primary-fork: a crashed primary's log copy moves the generation on now.
+	36513,
 }
 
 // TestSimInterleavedRegressions: each seed of interleavedRegressions

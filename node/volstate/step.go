@@ -317,12 +317,34 @@ func (s *State) peerConnected(e PeerConnected) Ready {
 		rd.Actions[0].Detail = FullResync
 	case d.Outcome.IsSource() || e.Marked:
 		p.Repl = replication.SyncSource
+		if d.Rule == replication.RuleCrashedPrimary {
+			s.crashedPrimaryCopies(e.NextGen)
+		}
 		rd = s.startResync(e)
 	default:
 		p.Repl = replication.Connected
 	}
 	s.Peers[e.Peer] = p
 	return rd
+}
+
+// crashedPrimaryCopies: this primary went down as primary and is about
+// to copy its activity log's blocks to a peer of the same generation (the
+// rule crashed-primary). That copy changes the peer's data, and another
+// peer may miss it (its copy fails at the start, it is away): were the
+// generation kept, two peers would hold it with different data, and once
+// this node is gone nothing would say what the one that missed the copy
+// lacks (the sim's crashed-primary-fork). So the data moves on to next
+// first, as a write that misses its peers does, durably with the resync's
+// start (startResync's write holds it): every peer not tracked yet gets a
+// bitmap generation of the old one (Generations.CrashedPrimaryCopies),
+// and the copy is the resync of that bitmap (bitmap-self), after which
+// the peer holds next. The crash is then accounted for by the generations:
+// it no longer counts in a comparison (nor moves the data on again).
+func (s *State) crashedPrimaryCopies(next replication.Generation) {
+	peers := slices.Sorted(maps.Keys(s.Peers))
+	s.persist(func(d *Durable) { d.Gens = d.Gens.CrashedPrimaryCopies(peers, next) })
+	s.CrashedPrimary = false
 }
 
 // pullsFrom reports whether this primary copies newer data from a peer
