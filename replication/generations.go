@@ -1,5 +1,7 @@
 package replication
 
+import "maps"
+
 // HistorySlots is how many older generations a node keeps (the on-disk
 // superblock has room for this many).
 const HistorySlots = 4
@@ -176,11 +178,7 @@ func (g Generations) ResyncFinishedAsTarget(source string, current Generation, h
 // older blocks over its own.
 func (g Generations) Following(primary string) Generations {
 	c := g.Clone()
-	for peer := range c.Bitmaps {
-		if peer != primary {
-			delete(c.Bitmaps, peer)
-		}
-	}
+	maps.DeleteFunc(c.Bitmaps, func(peer string, _ Generation) bool { return peer != primary })
 	return c
 }
 
