@@ -514,3 +514,127 @@ func TestASwitchoverTheClusterFinishedFirstSucceeds(t *testing.T) {
 		t.Fatalf("alpha took the volume back: %+v", st)
 	}
 }
+
+// TestAForcedPrimaryNeverPullsFromAPeerThatMissedItsAcknowledgedWrites:
+// gamma, forced to primary (raft's record then holds every other node
+// Outdated, whatever each holds), copies beta's newer data (a pull). A
+// write during that pull completes on gamma and beta, the pull's source,
+// while alpha, the old primary, is away: gamma has raft record alpha
+// Outdated. The pull is cut off (beta stops) and alpha comes back, with
+// data newer than gamma's by the generations (writes of its own term that
+// beta and gamma missed). alpha's copy of the block is older than the
+// write gamma acknowledged, so gamma must not pull from it: raft's
+// Outdated record of alpha is gamma's own word, made in the forced term,
+// not the force's blanket one (VolumeAuthority.OutdatedOnRecord). gamma
+// waits for beta, ends its pull from it, then resyncs alpha from its
+// bitmap (Generations.PullFinishedWithout), and the write is on every
+// node. Found by node/sim once its primaries took writes during a pull
+// (seed 2682: the forced primary pulled from the peer that missed the
+// write and copied its older block over it).
+func TestAForcedPrimaryNeverPullsFromAPeerThatMissedItsAcknowledgedWrites(t *testing.T) {
+	const size = 16 << 20
+	c := newTestClusterOf(t, size, "alpha", "beta", "gamma")
+	for i := range c.cfg.Nodes {
+		c.cfg.Nodes[i].Raft, c.cfg.Nodes[i].Gossip = freeAddr(t), freeAddr(t)
+	}
+	// Two witnesses: gamma and they are a quorum with alpha and beta
+	// both down.
+	for _, w := range []string{"wit1", "wit2"} {
+		c.cfg.Nodes = append(c.cfg.Nodes, NodeConfig{Name: w, Role: RoleWitness, StateDir: filepath.Join(c.dir, w), Control: freeAddr(t), Raft: freeAddr(t), Gossip: freeAddr(t)})
+	}
+	if err := c.cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	timing := cluster.Timing{HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond, LeaseDuration: 900 * time.Millisecond}
+	for _, nc := range c.cfg.Nodes {
+		o := c.opts[nc.Name]
+		o.ClusterTiming = timing
+		c.opts[nc.Name] = o
+	}
+	for _, n := range []string{"wit1", "wit2", "alpha", "beta", "gamma"} {
+		c.start(n)
+	}
+	c.waitInSync()
+	ctx := context.Background()
+	authority := func() replication.VolumeAuthority {
+		va, _ := c.nodes["wit1"].cl.c.Authority().Volume("vol0")
+		return va
+	}
+	a := c.vol("alpha")
+	eventually(t, func() bool { return a.WriteAt(ctx, pattern(1, 4096), 0, false) == nil }, "alpha serves under its lease")
+	eventually(t, func() bool { return authority().IsUpToDate("beta") && authority().IsUpToDate("gamma") }, "raft knows beta and gamma UpToDate")
+
+	// alpha writes what gamma misses, then what beta misses too, and stops:
+	// raft counts no node UpToDate but alpha, and the operator forces
+	// gamma, the oldest copy.
+	c.vol("gamma").setAdminDown(true)
+	writeRandomBlocks(t, a, 1500, 5)
+	c.vol("beta").setAdminDown(true)
+	writeRandomBlocks(t, a, 50, 6)
+	c.stop("alpha")
+	c.stop("beta")
+	c.vol("gamma").setAdminDown(false)
+	if _, err := c.nodes["gamma"].api.Primary(ctx, &transport.PrimaryRequest{Volume: "vol0", Node: "gamma", Force: true, Yes: true}); err != nil {
+		t.Fatalf("force gamma: %v", err)
+	}
+	g := c.vol("gamma")
+
+	// beta comes back: gamma pulls its newer data, slowly (its copy's
+	// pace), and writes meanwhile.
+	slow, unpaced := int64(1<<20), int64(0)
+	if _, err := g.adjust("", "", &slow); err != nil {
+		t.Fatal(err)
+	}
+	c.start("beta")
+	eventually(t, func() bool { return g.peers.byName["beta"].pulling.Load() }, "gamma copying beta's newer data")
+	const off = 12 << 20
+	written := pattern(9, 4096)
+	if err := g.WriteAt(ctx, written, off, true); err != nil {
+		t.Fatalf("a write during the pull: %v", err)
+	}
+	if !g.peers.byName["beta"].pulling.Load() {
+		t.Fatal("the pull ended before the write did: the test shows nothing")
+	}
+	// (Committed before the write completed; applied on wit1 soon after.)
+	eventually(t, func() bool { va := authority(); return va.ForcedAt(va.Epoch) && va.OutdatedOnRecord("alpha") },
+		"raft records alpha Outdated on the forced primary's word")
+	c.stop("beta")
+
+	// alpha returns, newer than gamma by the generations, without the
+	// write: nothing is copied from it while gamma holds no generation.
+	if _, err := g.adjust("", "", &unpaced); err != nil {
+		t.Fatal(err)
+	}
+	c.start("alpha")
+	onDisk := func(name string) []byte {
+		buf := make([]byte, len(written))
+		if _, err := c.vol(name).disk.ReadAt(buf, off); err != nil {
+			t.Fatal(err)
+		}
+		return buf
+	}
+	ga := g.peers.byName["alpha"]
+	var pulled, lost bool
+	held := within(10*time.Second, 5*time.Millisecond, func() bool {
+		pulled = pulled || ga.pulling.Load()
+		lost = lost || !bytes.Equal(onDisk("gamma"), written)
+		return pulled || lost || ga.status().ReasonCode == string(CausePulling)
+	})
+	switch {
+	case lost:
+		t.Fatal("gamma lost the write it acknowledged during its pull: it copied alpha's older block over it")
+	case pulled:
+		t.Fatal("gamma pulls from alpha, which missed a write gamma acknowledged")
+	case !held:
+		t.Fatalf("gamma never held alpha off while its pull from beta is cut off: %+v", ga.status())
+	}
+
+	c.start("beta")
+	c.waitInSync()
+	for _, n := range []string{"alpha", "beta", "gamma"} {
+		if !bytes.Equal(onDisk(n), written) {
+			t.Fatalf("%s does not hold the write gamma acknowledged during its pull", n)
+		}
+	}
+	c.requireIdentical()
+}

@@ -409,6 +409,18 @@ func (p *peer) pull(s *session.Session, peerGen replication.Generation) error {
 				// delivered after that is refused at once): so this
 				// install never waits for the volume's loop or its locks.
 				s.Enqueue(p.syncDoneLocked(peerGen))
+				// The other peers in sync took every block the pull
+				// copied in their streams (forwardPulled): they get the
+				// generation after them, as a write's new generation is
+				// announced (trackLocked). Left at the one before the
+				// pull, which this node's history no longer holds, one
+				// would meet it next as a split brain. A peer away is
+				// tracked from it instead (Generations.PullFinishedWithout).
+				for _, q := range v.peers.list {
+					if q != p {
+						q.announceGenerationLocked(peerGen)
+					}
+				}
 				p.setPulling(false)
 			},
 		})

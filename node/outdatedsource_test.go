@@ -27,8 +27,14 @@ import (
 // as it was before the write, marked toward alpha, its bitmap generation
 // toward alpha an old one of its history), and raft records it Outdated
 // as the seed's earlier primary had. When gamma comes back, alpha must be
-// the source of the block: its write is kept on every node, gamma gets it,
-// and status names the rule outdated-peer.
+// the source of the block: its write is kept on every node, and gamma gets
+// it. The rules decide it before raft's record is read now: equal currents
+// where only the peer names a bitmap generation make a primary the source
+// (rule primary-missed-finish), so status names that rule; raft's record
+// turns the shapes where the peer is newer by the generations
+// (outdated-peer: volstate's transcript
+// a_peer_raft_has_outdated_is_never_copied_onto_the_primary, and node's
+// TestAForcedPrimaryNeverPullsFromAPeerThatMissedItsAcknowledgedWrites).
 func TestAPrimaryNeverCopiesFromAPeerRaftHasOutdated(t *testing.T) {
 	const size = 8 << 20
 	const off = 2 << 20
@@ -131,9 +137,9 @@ func TestAPrimaryNeverCopiesFromAPeerRaftHasOutdated(t *testing.T) {
 	}) {
 		t.Fatalf("gamma not back in sync with alpha: %+v", a.peers.byName["gamma"].status())
 	}
-	if first := firstConnected(t, c.nodes["alpha"], "gamma", since); first.Reason != replication.RuleOutdatedPeer || first.New != string(replication.SyncSource) {
-		t.Errorf("alpha's first connection to gamma, which raft has Outdated, went %s by rule %q; want %s by %s",
-			first.New, first.Reason, replication.SyncSource, replication.RuleOutdatedPeer)
+	if first := firstConnected(t, c.nodes["alpha"], "gamma", since); first.Reason != replication.RulePrimaryMissedFinish || first.New != string(replication.SyncSource) {
+		t.Errorf("alpha's first connection to gamma went %s by rule %q; want %s by %s",
+			first.New, first.Reason, replication.SyncSource, replication.RulePrimaryMissedFinish)
 	}
 	for _, n := range []string{"alpha", "beta", "gamma"} {
 		got := make([]byte, 4096)

@@ -289,10 +289,13 @@ func (v *Volume) handedOverAt(epoch uint64) bool {
 
 // raftOutdated reports whether this node's raft records peer Outdated
 // under this node as primary (the record names it primary at its epoch):
-// the promotion's Outdated set and its own marks since. A term an
-// operator forced does not count: its promotion declared every other
-// node Outdated, and one may hold the writes the forced primary lacks,
-// which it then copies (the rules' pull).
+// the promotion's Outdated set and its own marks since. The promotion of
+// a term an operator forced does not count: it declared every other node
+// Outdated, and one may hold the writes the forced primary lacks, which
+// it then copies (the rules' pull); its own marks since do
+// (VolumeAuthority.OutdatedOnRecord): a peer that missed writes
+// acknowledged in the forced term, pulled from, would copy its older
+// blocks over them.
 func (v *Volume) raftOutdated(peer string) bool {
 	cl := v.node.cl
 	if cl == nil {
@@ -305,7 +308,7 @@ func (v *Volume) raftOutdated(peer string) bool {
 	v.mu.Lock()
 	epoch := v.st.Durable.Epoch
 	v.mu.Unlock()
-	return va.Epoch == epoch && va.IsOutdated(peer) && !va.ForcedAt(epoch)
+	return va.Epoch == epoch && va.OutdatedOnRecord(peer)
 }
 
 // markActivityLog marks the activity log's extents out of sync toward

@@ -374,10 +374,13 @@ func TestInterruptedResyncResumesWhereItStopped(t *testing.T) {
 
 // The primary copied newer data from its peer (rule bitmap-peer) and the
 // peer, the old primary, went down before it recorded the end: it still
-// holds its bitmap generation toward the primary with equal currents. The
-// primary is SyncTarget again by a missed-finish rule and copies what the
-// peer still marks (nothing: its bitmap reached the disk).
-func TestUUIDRuleSyncTargetMissedFinish(t *testing.T) {
+// holds its bitmap generation toward the primary with equal currents
+// (DRBD's sync-target-missed-finish). A primary is never the target of
+// that shape: it took the generation with its data, so it is the source
+// of what either side marks (primary-missed-finish; nothing: the peer's
+// bitmap reached the disk), and the peer's bitmap generation ends with
+// that resync.
+func TestUUIDRulePrimaryMissedFinish(t *testing.T) {
 	beside(t)
 	c := newSyncedCluster(t, 16<<20)
 	ctx := context.Background()
@@ -398,9 +401,8 @@ func TestUUIDRuleSyncTargetMissedFinish(t *testing.T) {
 	moved := replica(c.status(), "beta").ResyncedBytes
 	c.start("alpha")
 	c.waitInSync()
-	if r, d := c.decided("beta", "alpha"); d != "target-use-bitmap" ||
-		(r != replication.RuleSyncTargetMissedFinish && r != replication.RuleSyncTargetPeerMissedFinish) {
-		t.Fatalf("beta decided %q by rule %q, want target-use-bitmap by a sync-target missed-finish rule", d, r)
+	if r, d := c.decided("beta", "alpha"); d != replication.BitmapResyncSource.String() || r != replication.RulePrimaryMissedFinish {
+		t.Fatalf("beta decided %q by rule %q, want %s by %s", d, r, replication.BitmapResyncSource, replication.RulePrimaryMissedFinish)
 	}
 	if m := replica(c.status(), "beta").ResyncedBytes - moved; m != 0 {
 		t.Fatalf("beta copied %d bytes again, want none", m)
@@ -760,6 +762,14 @@ func TestAPullReadsFromItsSourceAndPassesWhatItCopiesOnToTheOtherPeers(t *testin
 			t.Fatalf("%s does not hold gamma's writes after beta pulled them", n)
 		}
 	}
+	// alpha, in sync through the pull, records the generation it brought
+	// (beta announces it after the blocks): left at the one before, which
+	// beta's history no longer holds, it would meet beta next as a split
+	// brain.
+	eventually(t, func() bool {
+		st := c.status()
+		return replica(st, "alpha").Generation == replica(st, "beta").Generation
+	}, "alpha records the generation of beta's pull")
 	c.requireIdentical()
 }
 

@@ -41,6 +41,11 @@ type VolumeAuthority struct {
 	// handover from the old primary); nil when there was none. A
 	// switchover keeps it.
 	LastFailover *FailoverRecord `json:"last_failover,omitempty"`
+	// MarkedSinceForce are the data nodes raft recorded Outdated or
+	// UpToDate in a term an operator forced, since its promotion: the
+	// forced primary's own word on each, which counts as any term's does
+	// (OutdatedOnRecord). Every promotion clears it.
+	MarkedSinceForce []string `json:"marked_since_force,omitempty"`
 }
 
 // FailoverRecord describes a failover: From was primary until To was
@@ -188,7 +193,7 @@ func (a Authority) Check() error {
 		for _, s := range []struct {
 			what  string
 			nodes []string
-		}{{"data nodes", va.DataNodes}, {"UpToDate", va.UpToDate}, {"Outdated", va.Outdated}} {
+		}{{"data nodes", va.DataNodes}, {"UpToDate", va.UpToDate}, {"Outdated", va.Outdated}, {"marked since the force", va.MarkedSinceForce}} {
 			for i, n := range s.nodes {
 				if n == "" || i > 0 && n <= s.nodes[i-1] {
 					return fmt.Errorf("%w: volume %q: %s %q are not a sorted set of names", ErrBadAuthority, name, s.what, s.nodes)
@@ -297,6 +302,9 @@ func (va VolumeAuthority) mark(cmd AuthorityCommand) (VolumeAuthority, error) {
 	} else {
 		next.Outdated, next.UpToDate = without(va.Outdated, cmd.Node), with(va.UpToDate, cmd.Node)
 	}
+	if va.ForcedAt(va.Epoch) {
+		next.MarkedSinceForce = with(va.MarkedSinceForce, cmd.Node)
+	}
 	return next, nil
 }
 
@@ -315,7 +323,7 @@ func (va VolumeAuthority) promote(cmd AuthorityCommand) (VolumeAuthority, error)
 		return va, fmt.Errorf("%w: %s is %s; only force promotes it, and loses the writes it misses", ErrNotUpToDate, cmd.Node, state)
 	}
 	next := va.clone()
-	next.Primary, next.Epoch = cmd.Node, va.Epoch+1
+	next.Primary, next.Epoch, next.MarkedSinceForce = cmd.Node, va.Epoch+1, nil
 	if cmd.Force {
 		next.UpToDate, next.Outdated = []string{cmd.Node}, without(va.DataNodes, cmd.Node)
 	}
@@ -335,6 +343,10 @@ func (va VolumeAuthority) setDataNodes(cmd AuthorityCommand) (VolumeAuthority, e
 	}
 	next := va.clone()
 	next.DataNodes, next.UpToDate, next.Outdated = nodes, nil, nil
+	next.MarkedSinceForce = slices.DeleteFunc(next.MarkedSinceForce, func(n string) bool { return !slices.Contains(nodes, n) })
+	if len(next.MarkedSinceForce) == 0 {
+		next.MarkedSinceForce = nil
+	}
 	for _, n := range nodes {
 		switch {
 		case va.IsUpToDate(n):
@@ -397,6 +409,23 @@ func (va VolumeAuthority) IsOutdated(node string) bool {
 	return ok
 }
 
+// OutdatedOnRecord reports whether raft holds node Outdated on the word
+// of the current term: IsOutdated, but not by the promotion of a term an
+// operator forced, which declared every other data node Outdated whatever
+// each holds (one may hold the writes the forced primary lacks). The
+// forced primary's own marks since (MarkedSinceForce: a write the node
+// missed) count as any term's do.
+func (va VolumeAuthority) OutdatedOnRecord(node string) bool {
+	if !va.IsOutdated(node) {
+		return false
+	}
+	if !va.ForcedAt(va.Epoch) {
+		return true
+	}
+	_, ok := slices.BinarySearch(va.MarkedSinceForce, node)
+	return ok
+}
+
 // ChooseFailover is the rule for an automatic failover, once the caller
 // has decided the primary is lost (its lease ran out): the first by name
 // of the data nodes that are UpToDate, alive and not the primary. Without
@@ -452,6 +481,7 @@ func (va VolumeAuthority) clone() VolumeAuthority {
 	va.DataNodes = slices.Clone(va.DataNodes)
 	va.UpToDate = slices.Clone(va.UpToDate)
 	va.Outdated = slices.Clone(va.Outdated)
+	va.MarkedSinceForce = slices.Clone(va.MarkedSinceForce)
 	if va.LastFailover != nil {
 		f := *va.LastFailover
 		va.LastFailover = &f

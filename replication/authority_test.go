@@ -39,6 +39,11 @@ func TestAuthorityApply(t *testing.T) {
 		return va
 	}
 	bFailedOver := failedOver(volumeAt("b", 8, nodes("a", "b", "c"), nodes("a", "b", "c"), nil), "a", "b", 8, "a lost", false)
+	bForced := failedOver(volumeAt("b", 8, nodes("a", "b", "c"), nodes("b"), nodes("a", "c")), "a", "b", 8, "forced by the operator", true)
+	sinceForce := func(va VolumeAuthority, marked ...string) VolumeAuthority {
+		va.MarkedSinceForce = marked
+		return va
+	}
 	cases := []struct {
 		name  string
 		start Authority
@@ -103,6 +108,21 @@ func TestAuthorityApply(t *testing.T) {
 		{"a forced failover is recorded as forced",
 			authorityOf(bOutdated), FailoverCommand("vol", 7, "b", true, at, "forced by the operator"),
 			failedOver(volumeAt("b", 8, nodes("a", "b", "c"), nodes("b"), nodes("a", "c")), "a", "b", 8, "forced by the operator", true), nil},
+		{"a mark in a forced term is the forced primary's own word on the node",
+			authorityOf(bForced), MarkOutdatedCommand("vol", 8, "c"),
+			sinceForce(bForced, "c"), nil},
+		{"so is a mark UpToDate",
+			authorityOf(sinceForce(bForced, "c")), MarkUpToDateCommand("vol", 8, "a"),
+			sinceForce(failedOver(volumeAt("b", 8, nodes("a", "b", "c"), nodes("a", "b"), nodes("c")), "a", "b", 8, "forced by the operator", true), "a", "c"), nil},
+		{"a mark in a term not forced is not recorded as one since a force",
+			authorityOf(bFailedOver), MarkOutdatedCommand("vol", 8, "c"),
+			failedOver(volumeAt("b", 8, nodes("a", "b", "c"), nodes("a", "b"), nodes("c")), "a", "b", 8, "a lost", false), nil},
+		{"a promotion forgets the marks since the force",
+			authorityOf(sinceForce(bForced, "c")), FailoverCommand("vol", 8, "a", true, at, "forced again"),
+			failedOver(volumeAt("a", 9, nodes("a", "b", "c"), nodes("a"), nodes("b", "c")), "b", "a", 9, "forced again", true), nil},
+		{"a data node removed leaves the marks since the force",
+			authorityOf(sinceForce(bForced, "a", "c")), SetDataNodesCommand("vol", nodes("b", "c")),
+			sinceForce(failedOver(volumeAt("b", 8, nodes("b", "c"), nodes("b"), nodes("c")), "a", "b", 8, "forced by the operator", true), "c"), nil},
 		{"a switchover keeps the last failover",
 			authorityOf(bFailedOver), PromoteCommand("vol", 8, "a", false),
 			failedOver(volumeAt("a", 9, nodes("a", "b", "c"), nodes("a", "b", "c"), nil), "a", "b", 8, "a lost", false), nil},
@@ -294,5 +314,63 @@ func TestAuthorityCheck(t *testing.T) {
 	last, _, _ := Authority{}.Apply(InitCommand("vol0", "alpha", math.MaxUint64, []string{"alpha"}))
 	if _, va, err := last.Apply(PromoteCommand("vol0", math.MaxUint64, "alpha", false)); !errors.Is(err, ErrBadCommand) || va.Epoch != math.MaxUint64 {
 		t.Errorf("a promotion at the last epoch: %+v, %v", va, err)
+	}
+}
+
+// TestOutdatedOnRecord: raft's Outdated record counts as the term's word
+// on a node but for the blanket record of a forced promotion (every other
+// data node, whatever each holds); the forced primary's own marks since
+// count (a node that missed writes acknowledged in the forced term is
+// never pulled from: its older blocks would go over them).
+func TestOutdatedOnRecord(t *testing.T) {
+	at := time.Date(2026, 12, 7, 18, 0, 0, 0, time.UTC)
+	a := authorityOf(volumeAt("a", 7, nodes("a", "b", "c"), nodes("a", "b"), nodes("c")))
+	step := func(a Authority, cmd AuthorityCommand) Authority {
+		t.Helper()
+		next, _, err := a.Apply(cmd)
+		if err != nil {
+			t.Fatalf("%s: %v", cmd.Op, err)
+		}
+		return next
+	}
+	check := func(a Authority, want map[string]bool) {
+		t.Helper()
+		va := a.Volumes["vol"]
+		for n, w := range want {
+			if got := va.OutdatedOnRecord(n); got != w {
+				t.Errorf("epoch %d (forced %t): OutdatedOnRecord(%s) = %t, want %t", va.Epoch, va.ForcedAt(va.Epoch), n, got, w)
+			}
+		}
+	}
+	check(a, map[string]bool{"a": false, "b": false, "c": true})
+	// A failover not forced: its Outdated set is the term's word.
+	a = step(a, FailoverCommand("vol", 7, "b", false, at, "a lost"))
+	check(a, map[string]bool{"a": false, "b": false, "c": true})
+	// Forced: every other node is Outdated, on no one's word.
+	a = step(a, FailoverCommand("vol", 8, "c", true, at, "forced"))
+	check(a, map[string]bool{"a": false, "b": false, "c": false})
+	if va := a.Volumes["vol"]; !va.IsOutdated("a") || !va.IsOutdated("b") {
+		t.Fatalf("a forced promotion of c left %v Outdated, want a and b", va.Outdated)
+	}
+	// b misses a write of the forced term: the forced primary's word.
+	a = step(a, MarkOutdatedCommand("vol", 9, "b"))
+	check(a, map[string]bool{"a": false, "b": true})
+	// a is resynced, then misses a write too.
+	a = step(a, MarkUpToDateCommand("vol", 9, "a"))
+	check(a, map[string]bool{"a": false, "b": true})
+	a = step(a, MarkOutdatedCommand("vol", 9, "a"))
+	check(a, map[string]bool{"a": true, "b": true})
+	// The record survives raft's snapshot (its JSON).
+	buf, err := json.Marshal(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Authority
+	if err := json.Unmarshal(buf, &back); err != nil {
+		t.Fatal(err)
+	}
+	check(back, map[string]bool{"a": true, "b": true, "c": false})
+	if err := back.Check(); err != nil {
+		t.Fatalf("the authority after marks in a forced term fails its check: %v", err)
 	}
 }

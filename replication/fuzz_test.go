@@ -311,7 +311,7 @@ func seedHellos() []fuzzseed.Seed {
 var knownRules = map[string][]int{
 	RuleJustCreatedBoth: {10}, RuleJustCreatedSelf: {20}, RuleJustCreatedPeer: {30},
 	RuleSyncSourceMissedFinish: {34}, RuleSyncTargetPeerMissedFinish: {35},
-	RuleSyncSourcePeerMissedFinish: {36}, RuleSyncTargetMissedFinish: {37},
+	RuleSyncSourcePeerMissedFinish: {36}, RuleSyncTargetMissedFinish: {37}, RulePrimaryMissedFinish: {37},
 	RuleReconnected: {40}, RuleCrashedPrimary: {40, 41},
 	RuleBitmapPeer: {50}, RuleBitmapPeerHistory: {55}, RuleHistoryPeer: {60}, RuleBitmapSelf: {70}, RuleBitmapSelfHistory: {75}, RuleHistorySelf: {80},
 	RuleBitmapBoth: {90}, RuleHistoryBoth: {100}, RuleUnrelated: {1000},

@@ -166,6 +166,33 @@ func (g Generations) ResyncFinishedAsTarget(source string, current Generation, h
 	return c
 }
 
+// PullFinishedWithout is a primary whose pull of newer data ended while
+// peers were away (no stream): each held the generation this node held
+// before the pull (held: its SyncGen) and what was marked for it since,
+// every block the pull copied and every write made meanwhile, none of
+// which moved a generation (this node held none to move on from). Each
+// peer not tracked yet is tracked from held, as a write that misses a
+// peer tracks it, so that it is resynced from its bitmap when it comes
+// back (bitmap-self); untracked, its generation was in no lineage of this
+// node's any more (the pull takes the source's), and it met this primary
+// as a split brain.
+func (g Generations) PullFinishedWithout(peers []string, held Generation) Generations {
+	c := g.Clone()
+	if held.IsZero() || c.Current.IsZero() {
+		return c
+	}
+	for _, p := range peers {
+		if c.Tracking(p) {
+			continue
+		}
+		if c.Bitmaps == nil {
+			c.Bitmaps = map[string]Generation{}
+		}
+		c.Bitmaps[p] = held
+	}
+	return c
+}
+
 // Following is a secondary taking primary's stream: of its bitmap
 // generations it keeps only the one toward primary (an interrupted copy
 // between them resumes from it). The writes it applies from now on are

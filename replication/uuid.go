@@ -186,6 +186,20 @@ const (
 	// RuleOutdatedPeer is not DRBD's: a primary's decision toward a peer
 	// raft records Outdated (UUIDDecision.TowardOutdated).
 	RuleOutdatedPeer = "outdated-peer"
+	// RulePrimaryMissedFinish is not DRBD's either: equal current
+	// generations where only the peer names a bitmap generation toward
+	// this primary (the shapes of sync-target-missed-finish and
+	// sync-target-peer-missed-finish). A primary that holds the
+	// generation the peer holds took it with its data: a resync of which
+	// it was the target ended (its ack lost), or the peer's bitmap is of
+	// a term in which the peer was primary, and this node was resynced
+	// past it since. Nothing on the peer is newer than the primary's copy
+	// (a write the peer took that this primary missed would have moved the
+	// peer's generation on), so the primary is the source of what either
+	// marked, never the target: copying the peer's blocks back would lose
+	// writes acknowledged since. DRBD makes no primary a sync target
+	// (rr-conflict).
+	RulePrimaryMissedFinish = "primary-missed-finish"
 )
 
 // UUIDDecision is the outcome of CompareUUIDs and the rule that chose it.
@@ -346,6 +360,9 @@ func compareEqualCurrent(local, peer UUIDSet, localRole, peerRole Role) UUIDDeci
 		// I was SyncSource and the target failed to record the end.
 		return decide(BitmapResyncSource, RuleSyncSourcePeerMissedFinish, 36)
 	case !localBM && peerBM:
+		if localRole == Primary && peerRole != Primary {
+			return decide(BitmapResyncSource, RulePrimaryMissedFinish, 37)
+		}
 		if peer.Bitmap == local.history(0) && sameGeneration(peer.history(0), local.history(1)) {
 			// The peer will correct itself (its sync-source-missed-finish).
 			return decide(BitmapResyncTarget, RuleSyncTargetPeerMissedFinish, 35)

@@ -294,7 +294,7 @@ func TestConnectWordsAreForPeople(t *testing.T) {
 	rules := []string{RuleJustCreatedBoth, RuleJustCreatedSelf, RuleJustCreatedPeer, RuleSyncSourceMissedFinish,
 		RuleSyncTargetPeerMissedFinish, RuleSyncSourcePeerMissedFinish, RuleSyncTargetMissedFinish, RuleReconnected,
 		RuleCrashedPrimary, RuleBitmapPeer, RuleHistoryPeer, RuleBitmapSelf, RuleHistorySelf, RuleBitmapBoth,
-		RuleHistoryBoth, RuleUnrelated}
+		RuleHistoryBoth, RuleUnrelated, RuleOutdatedPeer, RulePrimaryMissedFinish}
 	outcomes := []UUIDOutcome{NoResync, BitmapResyncSource, BitmapResyncTarget, FullResyncSource, FullResyncTarget,
 		SplitBrainAutoRecover, SplitBrainDisconnect, UnrelatedData}
 	for _, rule := range rules {
@@ -340,13 +340,21 @@ func TestAPrimaryNeverCopiesFromAnOutdatedPeer(t *testing.T) {
 		}
 	}
 	// The row of the sim's seed 4374: equal currents, only the peer names
-	// a bitmap generation (an old one of both histories).
-	d := CompareUUIDs(set(genA, empty, genB, genC), set(genA, genC, genB, genC), Primary, Secondary)
+	// a bitmap generation (an old one of both histories). Between two
+	// secondaries the one without is the target; a primary never is
+	// (primary-missed-finish), Outdated peer or not.
+	d := CompareUUIDs(set(genA, empty, genB, genC), set(genA, genC, genB, genC), Secondary, Secondary)
 	if d.Outcome != BitmapResyncTarget || d.Rule != RuleSyncTargetMissedFinish {
-		t.Fatalf("the shape decides %v, want target by %s", d, RuleSyncTargetMissedFinish)
+		t.Fatalf("between secondaries the shape decides %v, want target by %s", d, RuleSyncTargetMissedFinish)
 	}
-	if got := d.TowardOutdated(); got.Outcome != BitmapResyncSource {
-		t.Fatalf("toward an Outdated peer it decides %v, want %v", got, BitmapResyncSource)
+	for _, peerBM := range []UUIDSet{set(genA, genC, genB, genC), set(genA, genB, genC, genD)} {
+		d = CompareUUIDs(set(genA, empty, genB, genC), peerBM, Primary, Secondary)
+		if d.Outcome != BitmapResyncSource || d.Rule != RulePrimaryMissedFinish {
+			t.Fatalf("a primary meets %v: it decides %v, want source by %s", peerBM, d, RulePrimaryMissedFinish)
+		}
+		if got := d.TowardOutdated(); got != d {
+			t.Fatalf("toward an Outdated peer it decides %v, want %v", got, d)
+		}
 	}
 	if w := RuleWords(RuleOutdatedPeer); strings.HasPrefix(w, "rule ") {
 		t.Errorf("rule %s has no words for people: %q", RuleOutdatedPeer, w)

@@ -32,6 +32,7 @@ var ruleWords = map[string]string{
 	RuleHistoryBoth:                "both had written since they last met (a split brain)",
 	RuleUnrelated:                  "their data has no common history",
 	RuleOutdatedPeer:               "it missed acknowledged writes (raft has it Outdated), so the primary's copy wins where either had changed",
+	RulePrimaryMissedFinish:        "it named changes since a generation the primary holds, whose data the primary took with it, so the primary's copy wins where either had changed",
 	"discard-my-data":              "the operator had it give up its changes since a split brain",
 	"discard-my-data-unrelated":    "the operator had it give up its changes since a split brain, and its data had no common history",
 }

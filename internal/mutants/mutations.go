@@ -279,4 +279,13 @@ var mutations = []Mutation{
 			Replace: "\t\t\t_ = v.State.SyncFinished(in.from, g, history)\n",
 		}},
 	},
+	{
+		Name: "forced-term-ignores-own-marks",
+		Rule: "in a term an operator forced, raft's Outdated record of a node counts for nothing, the forced primary's own marks since too (replication.VolumeAuthority.OutdatedOnRecord): the forced primary pulls from a node that missed a write it acknowledged, and copies its older block over it",
+		Edits: []Edit{{
+			File:    "replication/authority.go",
+			Find:    "\t_, ok := slices.BinarySearch(va.MarkedSinceForce, node)\n\treturn ok\n",
+			Replace: "\treturn false\n",
+		}},
+	},
 }

@@ -183,27 +183,12 @@ const (
 	// record the generation it resumes from comes back with none:
 	// just-created-peer) breaks it.
 	FindingHistoryFullResync Finding = iota + 1
-	// FindingForcedPrimaryPullsOlder: a primary forced (through raft)
-	// onto a generation equal to that of an old primary it meets, which
-	// stepped down without following anyone since and names a bitmap
-	// generation toward it from its own term, takes it for a sync source
-	// whose finish it missed (sync-target-missed-finish) and pulls the
-	// blocks it marked, though a resync from a newer primary had given
-	// the forced node newer data in them since: writes acknowledged
-	// before the force, which the force kept, are lost
-	// (no-acknowledged-write-lost). Seeds 36711 and 40977 of the sim
-	// over the production session. To fix in production's rules: a bitmap
-	// generation must say which term's data it tracks from, so that a
-	// node resynced since is never taken for the one that missed it.
-	FindingForcedPrimaryPullsOlder
 )
 
 func (f Finding) String() string {
 	switch f {
 	case FindingHistoryFullResync:
 		return "history-full-resync"
-	case FindingForcedPrimaryPullsOlder:
-		return "forced-primary-pulls-older"
 	}
 	return "finding(?)"
 }

@@ -49,10 +49,11 @@ func (s *Sim) client() {
 	}
 	var serving []*node
 	for _, n := range s.dataNodes() {
-		// A primary pulling newer data takes no writes meanwhile (node's
-		// pull orders them with the blocks it copies; the sim does not
-		// model that).
-		if n.running(s.now) && volstate.Admit(n.st, s.now) == volstate.Serve && n.st.Disk != replication.Diskless && len(n.pulls) == 0 {
+		// A primary pulling newer data takes writes too, as node's does:
+		// the sim's copy is one step, once the source answered every
+		// write sent it (progressPulls), so a write either goes before
+		// it, and the source's copy holds it, or after.
+		if n.running(s.now) && volstate.Admit(n.st, s.now) == volstate.Serve && n.st.Disk != replication.Diskless {
 			serving = append(serving, n)
 		}
 	}
@@ -869,7 +870,12 @@ func (s *Sim) pull(n *node, peer string, full bool) {
 	clear(n.marks[peer])
 	clear(q.marks[n.name])
 	s.tracef("%s: pulled %d blocks from %s", n.name, len(planned), peer)
-	s.stepNode(n, volstate.ResyncFinished{Peer: peer, AsTarget: true, Current: q.durable.Gens.Current, History: slices.Clone(q.durable.Gens.History)})
+	s.stepNode(n, volstate.ResyncFinished{Peer: peer, AsTarget: true, Current: q.durable.Gens.Current, OwnHistory: true})
+	// The other peers in sync, which took what it copied in their
+	// streams, get the generation after it (node's pull announces it).
+	if !n.durable.Gens.Current.IsZero() {
+		s.announceGeneration(n, peer)
+	}
 	// The source gets the sync-done of the generation the pull took, in
 	// the stream it copied from (node's pull enqueues it as that
 	// generation is installed): it retires its bitmap generation toward

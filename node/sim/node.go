@@ -891,10 +891,11 @@ func (s *Sim) handshake(p, q *node) {
 // raftOutdated reports whether raft records peer Outdated under primary
 // p: its record names p primary at p's epoch (node reads its own raft's
 // applied record, which holds the promotion's Outdated set and p's own
-// marks), and the promotion was not forced (node's raftOutdated).
+// marks), not by a forced promotion's blanket record, only by p's own
+// marks since (node's raftOutdated: VolumeAuthority.OutdatedOnRecord).
 func (s *Sim) raftOutdated(p *node, peer string) bool {
 	va, ok := s.raft.auth.Volume(volume)
-	return ok && va.Primary == p.name && va.Epoch == p.st.Durable.Epoch && va.IsOutdated(peer) && !va.ForcedAt(va.Epoch)
+	return ok && va.Primary == p.name && va.Epoch == p.st.Durable.Epoch && va.OutdatedOnRecord(peer)
 }
 
 // endStream ends primary p's stream to peer (both ends, and what it

@@ -231,14 +231,17 @@ func TestSimCatchesPlantedBugs(t *testing.T) {
 		// Outdated first; 104702 once a secondary kept no bitmap
 		// generation of an earlier term (Generations.Following), of
 		// which most pulls the sim made were; 42456 since the streams
-		// are node/session's sessions.)
-		{mutAcceptKeepsCache, NoAckedWriteLost, 42456, false},
+		// are node/session's sessions; 119604 since primaries take
+		// writes during a pull and a discarding secondary keeps the
+		// primary it follows.)
+		{mutAcceptKeepsCache, NoAckedWriteLost, 119604, false},
 		// And this one until seeds 459 and 3801, with the model's pull
 		// made as node's was: a primary's pull passed nothing on to its
 		// other peers, counted in sync. (Those pulled from a peer raft had
 		// Outdated, which no primary does since the finding
-		// pull-from-outdated; seed 300 pulls from one UpToDate.)
-		{mutPullNotForwarded, ReplicasEqualInSync, 300, false},
+		// pull-from-outdated; seed 561 pulls from one UpToDate, since
+		// primaries take writes during a pull.)
+		{mutPullNotForwarded, ReplicasEqualInSync, 561, false},
 		// And this one until the known finding failed-write-diverges: a
 		// write that failed after it went to the streams, and that the
 		// primary's disk does not hold, stayed on the peers.
@@ -293,13 +296,13 @@ func TestSimCatchesPlantedBugs(t *testing.T) {
 var knownFindingSeeds = map[uint64]struct {
 	finding Finding
 	broke   Invariant
-}{
-	36711: {FindingForcedPrimaryPullsOlder, NoAckedWriteLost},
-	40977: {FindingForcedPrimaryPullsOlder, NoAckedWriteLost},
-}
+}{}
 
 // TestSimKnownFindings: each known finding's seed still fails by it.
 func TestSimKnownFindings(t *testing.T) {
+	if len(knownFindingSeeds) == 0 {
+		t.Skip("no known finding of production is open: every one the sim found is fixed, its seeds regressions")
+	}
 	for sd, k := range knownFindingSeeds {
 		cfg := configFor(sd, *steps)
 		cfg.Interleave = true // as TestSim runs it
@@ -472,6 +475,22 @@ var interleavedRegressions = []uint64{
 	3422, 3967,
 	// crashed-primary-fork: a crashed primary's log copy moves the generation on now.
 	36513,
+	// forced-primary-pulls-older: a primary forced onto the generation
+	// an old primary still held took it for a sync source by that old
+	// primary's bitmap generation of its own term, and pulled older
+	// blocks over writes acknowledged before the force; equal currents
+	// where only the peer names a bitmap generation make a primary the
+	// source now (primary-missed-finish).
+	36711, 40977,
+	// no-acknowledged-write-lost, found once primaries took writes
+	// during a pull: a primary forced through raft pulled from one peer,
+	// completed a write that another missed (and had raft record it
+	// Outdated), and, its pull cut off, pulled from that other peer: a
+	// forced term's Outdated record counted for nothing, the forced
+	// primary's own marks since neither. They count now
+	// (replication.VolumeAuthority.OutdatedOnRecord; node's
+	// TestAForcedPrimaryNeverPullsFromAPeerThatMissedItsAcknowledgedWrites).
+	2682, 8370,
 }
 
 // TestSimInterleavedRegressions: each seed of interleavedRegressions

@@ -577,9 +577,11 @@ func TestAFollowerKeepsNoBitmapOfAnEarlierTerm(t *testing.T) {
 	if after := connect(next); after.Peers["alpha"].Pulling || after.Peers["alpha"].Repl != replication.Connected {
 		t.Fatalf("beta meets alpha: %s pulling %t; want Connected, no copy", after.Peers["alpha"].Repl, after.Peers["alpha"].Pulling)
 	}
-	// The premise: had alpha kept its bitmap, beta would have pulled.
-	if after := connect(alpha); !after.Peers["alpha"].Pulling {
-		t.Fatalf("a kept bitmap generation: beta %s, not pulling; the test's premise is gone", after.Peers["alpha"].Repl)
+	// Had alpha kept its bitmap, the shape would be the one a primary
+	// never pulls by either (equal currents, only the peer names a
+	// bitmap generation: primary-missed-finish), the second guard.
+	if after := connect(alpha); after.Peers["alpha"].Pulling || after.Peers["alpha"].Repl != replication.SyncSource {
+		t.Fatalf("a kept bitmap generation: beta %s pulling %t; want its SyncSource (primary-missed-finish)", after.Peers["alpha"].Repl, after.Peers["alpha"].Pulling)
 	}
 }
 

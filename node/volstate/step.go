@@ -303,6 +303,13 @@ func (s *State) peerConnected(e PeerConnected) Ready {
 		})
 		s.Disk, s.Why = replication.Inconsistent, CausePulling
 		rd.Actions = []Action{{Kind: StartPull, Peer: e.Peer}}
+	case s.Durable.Gens.Current.IsZero() && s.LocalMissing:
+		// A pull cut off: this primary misses blocks of the newer data it
+		// copies from a peer that is not here, and holds no generation
+		// until that pull ends. The peer is decided then (node connects
+		// it again), never taken for the source of what it may have
+		// missed meanwhile.
+		return refuse(d.Rule, CausePulling)
 	case s.Durable.Gens.Current.IsZero():
 		return refuse(d.Rule, CauseNoSource)
 	case d.Outcome == replication.NoResync && e.PeerDisk == replication.Inconsistent:
@@ -880,10 +887,14 @@ func (s *State) discardMyData() Ready {
 		s.Pending = &Pending{Kind: PendingDiscard}
 		return Ready{Actions: []Action{{Kind: DrainIO}}}
 	}
-	rd := Ready{Persist: s.persist(func(d *Durable) { d.Primary = "" })}
+	// A secondary keeps the primary it followed: what it applied of that
+	// primary's stream (a stream it still takes, say, from a third node)
+	// is in its activity log, reconciled toward whoever takes over next
+	// (reconcileWith), as any follower's is. Forgetting it left a write
+	// of a lost primary on this node alone, with a new primary counting
+	// it in sync (the sim's seed 26778).
 	s.becomeDiscarding()
-	rd.Actions = []Action{{Kind: Notify, Detail: "discard-my-data"}}
-	return rd
+	return Ready{Actions: []Action{{Kind: Notify, Detail: "discard-my-data"}}}
 }
 
 // stopPeers: a node that is no longer primary streams to nobody (a split
@@ -1010,8 +1021,18 @@ func (s *State) resyncFinished(e ResyncFinished) Ready {
 		if e.OwnHistory {
 			history = s.Durable.Gens.History
 		}
+		var away []string
+		if s.Role() == replication.Primary {
+			for _, name := range slices.Sorted(maps.Keys(s.Peers)) {
+				// A peer in sync gets the generation in its stream,
+				// and one being resynced at its resync's end.
+				if r := s.Peers[name].Repl; name != e.Peer && r != replication.Connected && r != replication.SyncSource {
+					away = append(away, name)
+				}
+			}
+		}
 		rd.Persist = s.persist(func(d *Durable) {
-			d.Gens = d.Gens.ResyncFinishedAsTarget(e.Peer, e.Current, history)
+			d.Gens = d.Gens.ResyncFinishedAsTarget(e.Peer, e.Current, history).PullFinishedWithout(away, d.SyncGen)
 			d.SyncGen = replication.Generation{}
 			// A disk that came back stale (Opened) holds nothing of its
 			// own; resynced in full, it misses nothing any more, and may
