@@ -39,18 +39,19 @@ type options struct {
 	mutations []Mutation
 }
 
-// Result says what the simulation did with one mutation.
+// Result says what the simulation, or the test that judges it, did with
+// one mutation.
 type Result int
 
 const (
-	// Caught: a seed broke an invariant.
+	// Caught: a seed broke an invariant (or the mutation's test failed).
 	Caught Result = iota + 1
-	// Missed: every seed passed with the mutation planted.
+	// Missed: every seed passed with the mutation planted (or its test).
 	Missed
 	// NoLongerApplies: the text it patches is not in its file exactly once.
 	NoLongerApplies
 	// Error: it could not be judged (it does not build, go test failed
-	// without a broken invariant).
+	// without a broken invariant, its test fails without it too).
 	Error
 )
 
@@ -74,6 +75,9 @@ type row struct {
 	where   string
 	result  Result
 	failure *SimFailure
+	// testFailure is the first line the mutation's test logged as it
+	// failed, for one judged by a test and caught.
+	testFailure string
 	// note says why, for a mutation missed, no longer applying or in error.
 	note string
 	took time.Duration
@@ -165,14 +169,57 @@ func run(ctx context.Context, o options, w io.Writer) error {
 		return list(w, o.root, todo, tmp)
 	}
 	if o.seed != 0 {
+		if m := todo[0]; m.Test.set() {
+			return fmt.Errorf("%w: %s is judged by %s, not by seeds: run it with -only %s alone", errUsage, m.Name, m.Test, m.Name)
+		}
 		return replay(ctx, o, todo[0], tmp, w)
 	}
 
-	linked, err := simDeps(ctx, o)
-	if err != nil {
-		return err
-	}
 	began := time.Now()
+	var linked map[string]bool
+	if slices.ContainsFunc(todo, func(m Mutation) bool { return !m.Test.set() }) {
+		if linked, err = simDeps(ctx, o); err != nil {
+			return err
+		}
+		if err := o.simControl(ctx, w); err != nil {
+			return err
+		}
+	}
+
+	var rows []row
+	for i, m := range todo {
+		r := judge(ctx, o, m, filepath.Join(tmp, fmt.Sprint(i)), linked)
+		fmt.Fprintf(w, "%-30s %s (%s)\n", m.Name, r.result, r.took.Round(100*time.Millisecond))
+		rows = append(rows, r)
+	}
+	fmt.Fprintln(w)
+	table(w, rows, o.seeds)
+	byTest := 0
+	for _, r := range rows {
+		if r.m.Test.set() {
+			byTest++
+		}
+	}
+	fmt.Fprintf(w, "\n%d mutations, %d seeds each (more where a mutation says so", len(rows), o.seeds)
+	if byTest > 0 {
+		fmt.Fprintf(w, "; %d judged by a test instead", byTest)
+	}
+	fmt.Fprintf(w, "), in %v\n", time.Since(began).Round(time.Second))
+	bad := 0
+	for _, r := range rows {
+		if r.result != Caught {
+			bad++
+		}
+	}
+	if bad > 0 {
+		return fmt.Errorf("%w: %d of %d", errFailed, bad, len(rows))
+	}
+	return nil
+}
+
+// simControl runs the simulation with no mutation: an error when it does
+// not pass (then no mutation is run).
+func (o options) simControl(ctx context.Context, w io.Writer) error {
 	fmt.Fprintf(w, "control: the simulation with no mutation, %d seeds\n", o.seeds)
 	out, exitOK, err := o.sim(ctx, "", "-seeds", fmt.Sprint(o.seeds))
 	if err != nil {
@@ -186,30 +233,11 @@ func run(ctx context.Context, o options, w io.Writer) error {
 	case Broken:
 		return fmt.Errorf("the simulation does not run with no mutation planted, no mutation was run: %w", perr)
 	}
-
-	var rows []row
-	for i, m := range todo {
-		r := judge(ctx, o, m, filepath.Join(tmp, fmt.Sprint(i)), linked)
-		fmt.Fprintf(w, "%-30s %s (%s)\n", m.Name, r.result, r.took.Round(100*time.Millisecond))
-		rows = append(rows, r)
-	}
-	fmt.Fprintln(w)
-	table(w, rows, o.seeds)
-	fmt.Fprintf(w, "\n%d mutations, %d seeds each (more where a mutation says so), in %v\n", len(rows), o.seeds, time.Since(began).Round(time.Second))
-	bad := 0
-	for _, r := range rows {
-		if r.result != Caught {
-			bad++
-		}
-	}
-	if bad > 0 {
-		return fmt.Errorf("%w: %d of %d", errFailed, bad, len(rows))
-	}
 	return nil
 }
 
 // judge plants m in dir, checks that its packages build with it, and runs
-// the simulation against it.
+// the simulation against it (or the test that judges it).
 func judge(ctx context.Context, o options, m Mutation, dir string, linked map[string]bool) row {
 	began := time.Now()
 	r := row{m: m}
@@ -230,6 +258,11 @@ func judge(ctx context.Context, o options, m Mutation, dir string, linked map[st
 	args := append([]string{"build", "-overlay", pl.Overlay}, pl.Packages...)
 	if out, err := o.goOutput(ctx, args...); err != nil {
 		r.result, r.note = Error, fmt.Sprintf("it does not build: %v\n%s", err, indent(tail(out, 15)))
+		r.took = time.Since(began)
+		return r
+	}
+	if m.Test.set() {
+		judgeByTest(ctx, o, m, pl, &r)
 		r.took = time.Since(began)
 		return r
 	}
@@ -274,6 +307,40 @@ func judge(ctx context.Context, o options, m Mutation, dir string, linked map[st
 	return r
 }
 
+// judgeByTest runs m's test with m planted (pl): CAUGHT when it fails,
+// once it passes without m; MISSED when it passes.
+func judgeByTest(ctx context.Context, o options, m Mutation, pl Planted, r *row) {
+	out, exitOK, err := o.test(ctx, pl.Overlay, m.Test)
+	if err != nil {
+		r.result, r.note = Error, err.Error()
+		return
+	}
+	outcome, line, perr := parseTestOutput(m.Test.Run, out, exitOK)
+	switch outcome {
+	case Passed:
+		r.result = Missed
+		return
+	case Broken:
+		r.result, r.note = Error, perr.Error()
+		return
+	}
+	// The test must pass without the mutation, or the mutation is not
+	// what failed it.
+	cout, cok, err := o.test(ctx, "", m.Test)
+	if err != nil {
+		r.result, r.note = Error, fmt.Sprintf("%s without the mutation: %v", m.Test, err)
+		return
+	}
+	switch c, cline, cerr := parseTestOutput(m.Test.Run, cout, cok); c {
+	case Failed:
+		r.result, r.note = Error, fmt.Sprintf("%s fails without the mutation too: %s", m.Test, cline)
+	case Broken:
+		r.result, r.note = Error, fmt.Sprintf("%s does not run without the mutation: %v", m.Test, cerr)
+	default:
+		r.result, r.testFailure = Caught, line
+	}
+}
+
 // table prints one line per mutation, then the notes.
 func table(w io.Writer, rows []row, seeds int) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -284,6 +351,9 @@ func table(w io.Writer, rows []row, seeds int) {
 			inv, seed, step = f.Invariant, fmt.Sprint(f.Seed), fmt.Sprint(f.Step)
 			rep = replayCommand(r.m.Name, f.Seed)
 		}
+		if r.m.Test.set() && r.result == Caught {
+			inv, rep = r.m.Test.String(), "go run ./internal/mutants -only "+r.m.Name
+		}
 		where := r.where
 		if where == "" {
 			where = "-"
@@ -293,6 +363,10 @@ func table(w io.Writer, rows []row, seeds int) {
 	tw.Flush()
 	for _, r := range rows {
 		switch {
+		case r.m.Test.set() && r.result == Caught:
+			fmt.Fprintf(w, "\n%s CAUGHT by %s (%s): %s\n", r.m.Name, r.m.Test, r.m.Why, r.testFailure)
+		case r.m.Test.set() && r.result == Missed:
+			fmt.Fprintf(w, "\n%s MISSED: %s (%s) passed with it planted (%s)\n", r.m.Name, r.m.Test, r.m.Test.Pkg, r.m.Rule)
 		case r.result == Missed:
 			fmt.Fprintf(w, "\n%s MISSED: every one of %d seeds passed with it planted (%s)", r.m.Name, max(seeds, r.m.Seeds), r.m.Rule)
 			if r.note != "" {
@@ -323,7 +397,11 @@ func list(w io.Writer, root string, ms []Mutation, tmp string) error {
 			errs = append(errs, err)
 			where = "(does not apply)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", m.Name, where, m.Rule)
+		breaks := m.Rule
+		if m.Test.set() {
+			breaks += " [judged by " + m.Test.String() + ": " + m.Why + "]"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", m.Name, where, breaks)
 	}
 	tw.Flush()
 	return errors.Join(errs...)
@@ -379,13 +457,25 @@ func simDeps(ctx context.Context, o options) (map[string]bool, error) {
 // test's own flags: its output and whether go test exited 0. err is an
 // error of running go itself.
 func (o options) sim(ctx context.Context, overlay string, testFlags ...string) (string, bool, error) {
-	args := []string{"test", "-count=1", "-timeout", o.timeout.String()}
+	return o.goTest(ctx, overlay, append([]string{"-run", simTest, simPackage}, testFlags...)...)
+}
+
+// test runs the test t with overlay ("" for none), once: its output and
+// whether go test exited 0. err is an error of running go itself.
+func (o options) test(ctx context.Context, overlay string, t ByTest) (string, bool, error) {
+	return o.goTest(ctx, overlay, "-run", "^"+t.Run+"$", t.Pkg)
+}
+
+// goTest runs go test once (-count=1, under o's timeout) with overlay
+// ("" for none) and args: its output and whether it exited 0. err is an
+// error of running go itself.
+func (o options) goTest(ctx context.Context, overlay string, args ...string) (string, bool, error) {
+	all := []string{"test", "-count=1", "-timeout", o.timeout.String()}
 	if overlay != "" {
-		args = append(args, "-overlay", overlay)
+		all = append(all, "-overlay", overlay)
 	}
-	args = append(args, "-run", simTest, simPackage)
-	args = append(args, testFlags...)
-	out, err := o.goOutput(ctx, args...)
+	all = append(all, args...)
+	out, err := o.goOutput(ctx, all...)
 	var exit *exec.ExitError
 	switch {
 	case err == nil:
@@ -393,7 +483,7 @@ func (o options) sim(ctx context.Context, overlay string, testFlags ...string) (
 	case errors.As(err, &exit):
 		return out, false, nil
 	}
-	return out, false, fmt.Errorf("%s %s: %w", o.goCmd, strings.Join(args, " "), err)
+	return out, false, fmt.Errorf("%s %s: %w", o.goCmd, strings.Join(all, " "), err)
 }
 
 // goOutput runs the go command in the module's root: its output (stdout

@@ -5,6 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -152,6 +155,9 @@ func TestEveryMutationAppliesToTheTree(t *testing.T) {
 		if m.Rule == "" {
 			t.Errorf("%s says no rule it breaks", m.Name)
 		}
+		if m.Test.set() {
+			testJudgedIsWhole(t, root, m)
+		}
 		pl, err := plant(root, m, filepath.Join(t.TempDir(), strconv.Itoa(i)))
 		if err != nil {
 			t.Error(err)
@@ -166,6 +172,35 @@ func TestEveryMutationAppliesToTheTree(t *testing.T) {
 	if len(mutations) < 8 {
 		t.Errorf("%d mutations; issue 28 lists eight at least", len(mutations))
 	}
+}
+
+// testJudgedIsWhole checks a mutation judged by a test: it says why the
+// simulation cannot judge it, gives itself no seeds, and its test is a
+// function of its package's test files.
+func testJudgedIsWhole(t *testing.T, root string, m Mutation) {
+	t.Helper()
+	if m.Why == "" || m.Test.Pkg == "" {
+		t.Errorf("%s is judged by %s but says no package or no reason the simulation cannot judge it", m.Name, m.Test)
+	}
+	if m.Seeds != 0 {
+		t.Errorf("%s is judged by %s, not by seeds, yet gives itself %d", m.Name, m.Test, m.Seeds)
+	}
+	files, err := filepath.Glob(filepath.Join(root, filepath.FromSlash(m.Test.Pkg), "*_test.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, file := range files {
+		f, err := parser.ParseFile(token.NewFileSet(), file, nil, parser.SkipObjectResolution)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range f.Decls {
+			if fd, ok := d.(*ast.FuncDecl); ok && fd.Recv == nil && fd.Name.Name == m.Test.Run {
+				return
+			}
+		}
+	}
+	t.Errorf("%s is judged by %s, which no test file of %s declares", m.Name, m.Test, m.Test.Pkg)
 }
 
 // A real failure of TestSim (node/sim's own planted bug skip-lease-fence,
@@ -309,5 +344,97 @@ func TestMutantsStopsWhenTheControlFails(t *testing.T) {
 	}
 	if n := strings.Count("\n"+string(b), "\ntest "); n != 1 || strings.Contains(string(b), "-overlay") {
 		t.Fatalf("go was called so, want one go test and no overlay:\n%s", b)
+	}
+}
+
+// A real failure of a test that judges a mutation (node's, with
+// pull-write-any-peer planted, captured in testdata) gives the first line
+// the test logged, not a line of the nodes' logs printed after it.
+func TestParseTestFailureOfARealRun(t *testing.T) {
+	out, err := os.ReadFile(filepath.Join("testdata", "test-pull-write-any-peer.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name = "TestAWriteDuringAPullIsAcknowledgedOnlyOnceItsSourceTookIt"
+	outcome, line, err := parseTestOutput(name, string(out), false)
+	want := "pullsource_test.go:106: beta acknowledged a write during its pull that gamma, the pull's source, did not take (alpha holds it: true)"
+	if outcome != Failed || err != nil || line != want {
+		t.Fatalf("outcome %v, line %q, err %v; want Failed with %q", outcome, line, err, want)
+	}
+	if o, _, err := parseTestOutput("TestOther", string(out), false); o != Broken || err == nil {
+		t.Fatalf("another test's failure: %v %v, want Broken", o, err)
+	}
+	if o, _, err := parseTestOutput(name, "ok  \tgithub.com/replvol/replvol/node\t0.041s [no tests to run]\n", true); o != Broken || err == nil {
+		t.Fatalf("no test ran: %v %v, want Broken", o, err)
+	}
+}
+
+// mutatedByTestGo is a test file for module's package a: TestF pins F,
+// nothing pins M, and TestAlwaysFails fails with or without a mutation.
+const mutatedByTestGo = `package a
+
+import "testing"
+
+func TestF(t *testing.T) {
+	if !F() {
+		t.Fatal("F is false")
+	}
+}
+
+func TestAlwaysFails(t *testing.T) { t.Fatal("always") }
+`
+
+// The tool run for real on mutations judged by a test, in a module of its
+// own: a mutation the test fails on is CAUGHT, naming the test and the
+// line it failed with; one it passes with is MISSED; one whose test fails
+// without the mutation too, or names no test of the package, is an
+// ERROR. No simulation runs (none of them is judged by it), and -seed has
+// no meaning for them.
+func TestMutantsJudgesAMutationByItsTest(t *testing.T) {
+	root := module(t)
+	if err := os.WriteFile(filepath.Join(root, "a", "a_test.go"), []byte(mutatedByTestGo), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	falseF := Edit{File: "a/a.go", Find: "func F() bool { return true }", Replace: "func F() bool { return false }"}
+	ms := []Mutation{
+		{Name: "f-false", Rule: "F is false", Edits: []Edit{falseF}, Test: ByTest{Pkg: "./a/", Run: "TestF"}, Why: "no simulation here"},
+		{Name: "m-negated", Rule: "M is negated", Edits: []Edit{{File: "a/a.go", Find: "return x\n", Replace: "return -x\n"}}, Test: ByTest{Pkg: "./a/", Run: "TestF"}, Why: "no simulation here"},
+		{Name: "fails-anyway", Rule: "F is false", Edits: []Edit{falseF}, Test: ByTest{Pkg: "./a/", Run: "TestAlwaysFails"}, Why: "no simulation here"},
+		{Name: "no-such-test", Rule: "F is false", Edits: []Edit{falseF}, Test: ByTest{Pkg: "./a/", Run: "TestNone"}, Why: "no simulation here"},
+	}
+	var out bytes.Buffer
+	o := options{root: root, seeds: 1, timeout: time.Minute, goCmd: "go", mutations: ms}
+	err := run(context.Background(), o, &out)
+	if !errors.Is(err, errFailed) || !strings.Contains(err.Error(), "3 of 4") {
+		t.Fatalf("err %v, want errFailed, 3 of 4\n%s", err, out.String())
+	}
+	for _, want := range []*regexp.Regexp{
+		regexp.MustCompile(`(?m)^f-false +a/a\.go:F +CAUGHT +test TestF +- +- +go run \./internal/mutants -only f-false$`),
+		regexp.MustCompile(`(?m)^m-negated +a/a\.go:\(\*T\)\.M +MISSED +- +- +- +-$`),
+		regexp.MustCompile(`(?m)^fails-anyway +a/a\.go:F +ERROR `),
+		regexp.MustCompile(`(?m)^no-such-test +a/a\.go:F +ERROR `),
+		regexp.MustCompile(`(?m)^f-false CAUGHT by test TestF \(no simulation here\): a_test\.go:\d+: F is false$`),
+		regexp.MustCompile(`(?m)^m-negated MISSED: test TestF \(\./a/\) passed with it planted \(M is negated\)$`),
+		regexp.MustCompile(`(?m)^fails-anyway ERROR: test TestAlwaysFails fails without the mutation too`),
+		regexp.MustCompile(`(?m)^no-such-test ERROR: no test TestNone ran`),
+		regexp.MustCompile(`; 4 judged by a test instead\)`),
+	} {
+		if !want.MatchString(out.String()) {
+			t.Errorf("the output does not match %s:\n%s", want, out.String())
+		}
+	}
+	if strings.Contains(out.String(), "control:") {
+		t.Errorf("the simulation's control ran though no mutation is judged by it:\n%s", out.String())
+	}
+
+	// One alone: caught, exit 0.
+	out.Reset()
+	o.only = "f-false"
+	if err := run(context.Background(), o, &out); err != nil {
+		t.Fatalf("-only f-false: %v\n%s", err, out.String())
+	}
+	o.seed = 3
+	if err := run(context.Background(), o, &out); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "judged by test TestF") {
+		t.Fatalf("-only f-false -seed 3: err %v, want a usage error naming the test", err)
 	}
 }

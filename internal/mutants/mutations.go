@@ -20,7 +20,25 @@ type Mutation struct {
 	// given: a fault whose shape the simulation reaches rarely. The seed
 	// that catches it must pass without it (checked alone).
 	Seeds int
+	// Test, when set, judges this mutation instead of the simulation,
+	// which cannot reach its shape: the test must fail with it planted
+	// (CAUGHT) and pass without it (checked alone). Why says, in one
+	// line, why the simulation cannot reach it.
+	Test ByTest
+	Why  string
 }
+
+// ByTest is one test that judges a mutation: Run, the test's name, in
+// the package Pkg (as "./node/", from the module's root).
+type ByTest struct {
+	Pkg, Run string
+}
+
+// set reports whether a test is named.
+func (t ByTest) set() bool { return t.Run != "" }
+
+// String is how the table names it: "test TestX".
+func (t ByTest) String() string { return "test " + t.Run }
 
 // mutations is every fault make mutants plants. Adding one is one entry:
 // the smallest patch that breaks the rule where production holds it.
@@ -109,11 +127,16 @@ var mutations = []Mutation{
 	{
 		Name: "pull-write-any-peer",
 		Rule: "while a primary pulls newer data, a write completes when any peer took it, not the pull's source (whose copy alone is whole; a pull that starts again copies it over the write)",
-		// A pull with a third node in sync, cut off while a write it
-		// missed was in flight: since a primary no longer pulls from a
-		// peer raft has Outdated (nor has raft record a pull's source
-		// Outdated), seed 16290 is the first to reach it.
-		Seeds: 20000,
+		// The simulation always runs raft, and raft's Outdated records
+		// guard this shape first: a write a peer misses completes only
+		// once raft records that peer Outdated, and no primary pulls
+		// from a peer so recorded (node's raftOutdated,
+		// VolumeAuthority.OutdatedOnRecord). No seed of 1-20,000 breaks
+		// with it planted. Without raft the source-ack rule is the only
+		// guard, and node's test reaches it: a pull's source cut off
+		// while another peer acknowledges a write, then back.
+		Test: ByTest{Pkg: "./node/", Run: "TestAWriteDuringAPullIsAcknowledgedOnlyOnceItsSourceTookIt"},
+		Why:  "the simulation always runs raft, whose Outdated records guard the shape first",
 		Edits: []Edit{{
 			File:    "node/writepath/writepath.go",
 			Find:    "\tcase w.pulling && !w.sourceAcked:\n",
@@ -183,9 +206,10 @@ var mutations = []Mutation{
 			Replace: "\t\t\t\tif false {\n\t\t\t\t\td.waits = append(d.waits, a)",
 		}},
 		// The shape is rare: a promotion whose old primary's stream still
-		// carries writes as it is taken (seed 1916 of TestSim since the
-		// streams are node/session's sessions; 867 before).
-		Seeds: 2000,
+		// carries writes as it is taken (seed 11832 of TestSim since its
+		// primaries take writes during a pull; 1916 since the streams are
+		// node/session's sessions, 867 before).
+		Seeds: 12000,
 	},
 	{
 		Name: "driver-installs-nothing-unwritten",
@@ -257,9 +281,16 @@ var mutations = []Mutation{
 			Find:    "\t\t\tx.Gens = x.Gens.Following(e.From)\n",
 			Replace: "",
 		}},
-		// The shape needs a forced promotion (no raft Outdated mark turns
-		// the copy round): seed 3552 of TestSim.
-		Seeds: 4000,
+		// The simulation caught it at seed 3552 while a forced promotion
+		// let the kept bitmap turn a primary into the stale node's sync
+		// target. Since replication's rule primary-missed-finish (equal
+		// currents where only the peer names a bitmap generation make a
+		// primary the source, never the target) that copy never happens
+		// whatever the follower keeps, and no seed of 1-20,000 breaks with
+		// it planted. volstate's test pins the follower's own step: the
+		// stream's acceptance writes only the bitmap toward its primary.
+		Test: ByTest{Pkg: "./node/volstate/", Run: "TestAFollowerKeepsNoBitmapOfAnEarlierTerm"},
+		Why:  "replication's rule primary-missed-finish guards the copy first: no seed of 1-20,000 shows the kept bitmap",
 	},
 	{
 		Name: "sync-start-keeps-generation",
