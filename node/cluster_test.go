@@ -228,6 +228,16 @@ func cloneConfig(c *Config) *Config {
 	return &out
 }
 
+// startInSync starts the named nodes in that order and waits until they
+// are in sync.
+func (c *testCluster) startInSync(names ...string) {
+	c.t.Helper()
+	for _, n := range names {
+		c.start(n)
+	}
+	c.waitInSync()
+}
+
 func (c *testCluster) stop(name string) {
 	c.t.Helper()
 	if err := c.nodes[name].Close(); err != nil {

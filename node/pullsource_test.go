@@ -29,10 +29,7 @@ func TestAWriteDuringAPullIsAcknowledgedOnlyOnceItsSourceTookIt(t *testing.T) {
 	beside(t)
 	const size = 8 << 20
 	c := newTestClusterOf(t, size, "gamma", "alpha", "beta")
-	for _, n := range []string{"alpha", "beta", "gamma"} {
-		c.start(n)
-	}
-	c.waitInSync()
+	c.startInSync("alpha", "beta", "gamma")
 	ctx := context.Background()
 
 	// gamma writes while alpha and beta are away, and stops; beta is

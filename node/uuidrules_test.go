@@ -710,10 +710,7 @@ func TestAPullReadsFromItsSourceAndPassesWhatItCopiesOnToTheOtherPeers(t *testin
 	beside(t)
 	const size = 8 << 20
 	c := newTestClusterOf(t, size, "gamma", "alpha", "beta")
-	for _, n := range []string{"alpha", "beta", "gamma"} {
-		c.start(n)
-	}
-	c.waitInSync()
+	c.startInSync("alpha", "beta", "gamma")
 	ctx := context.Background()
 	c.vol("alpha").setAdminDown(true)
 	c.vol("beta").setAdminDown(true)
