@@ -745,64 +745,6 @@ func (v *Volume) renewLeases(ctx context.Context, epoch uint64) {
 	}
 }
 
-// stepUnwrittenLocked steps the volume's rules with an event whose rule
-// writes nothing (the end of the stream from the primary, decided with
-// that stream under v.mu, on the volume's loop: incomingEnded), under v.mu
-// alone. It runs the driver's
-// step (volstate.Take) over effects that refuse any preparation or write,
-// installs what the step changed, the lease's end with it, and returns
-// the actions, for the caller to perform once it released v.mu. Callers
-// hold v.mu.
-func (v *Volume) stepUnwrittenLocked(e volstate.Event, texts func(volstate.Cause) reason) []volstate.Action {
-	acts, err := volstate.Take(unwrittenStep{v: v, texts: texts}, e)
-	if err != nil {
-		panic(fmt.Sprintf("volume %s: the step of %T failed: %v", v.name, e, err))
-	}
-	return acts
-}
-
-// unwrittenStep is the volume as volstate.Take runs a step that writes
-// nothing, under v.mu: a preparation, a write or a refusal is a step that
-// does not belong here, and panics.
-type unwrittenStep struct {
-	v     *Volume
-	texts func(volstate.Cause) reason
-}
-
-func (u unwrittenStep) State() volstate.State { return u.v.modelLocked() }
-
-func (u unwrittenStep) Install(c volstate.Change) {
-	if c.Err != nil {
-		panic(fmt.Sprintf("volume %s: the step of %T, which writes nothing, was refused: %v", u.v.name, c.Event, c.Err))
-	}
-	u.v.installLocked(c.Old, c.Next, c.Ready, u.texts)
-}
-
-func (u unwrittenStep) asksForWrites(what string) {
-	panic(fmt.Sprintf("volume %s: a step under v.mu alone asks for %s", u.v.name, what))
-}
-
-// AskedToWait: a step under v.mu alone cannot have stopped the peers or
-// the incoming stream first (both take v.stateMu, then v.mu).
-func (u unwrittenStep) AskedToWait(a volstate.Action) {
-	u.asksForWrites("the waiting preparation " + a.String())
-}
-
-func (u unwrittenStep) Prepare(a volstate.Action) error {
-	u.asksForWrites("the preparation " + a.String())
-	return nil
-}
-
-func (u unwrittenStep) SetIndicator() error {
-	u.asksForWrites("the primary indicator")
-	return nil
-}
-
-func (u unwrittenStep) Commit(c volstate.Change) error {
-	u.asksForWrites(fmt.Sprintf("a write of its state (%T)", c.Event))
-	return nil
-}
-
 func isClosed(ch <-chan struct{}) bool {
 	select {
 	case <-ch:

@@ -101,7 +101,8 @@
 // (takeStream: the marks, the step with stepLocked and the switch of the
 // peer's writes to the stream, one critical section under v.stateMu) and
 // the end of the stream from the primary (incomingEnded: the check that
-// it is the current stream and the step, under v.mu). So every step of a
+// it is the current stream and the step, under v.stateMu, which a new
+// stream takes to replace it). So every step of a
 // volume is taken on its loop, one at a time
 // (TestTheVolumesStepsRunOnItsLoop); v.stateMu, which every step holds,
 // orders the write path's own checks (a write marked or streamed, a peer

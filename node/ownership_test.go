@@ -106,10 +106,9 @@ func volumeField(x ast.Expr) (string, bool) {
 	}
 }
 
-// loopCalls are the functions that step (stepLocked,
-// stepUnwrittenLocked) on the volume's loop in a call the loop runs
-// (volloop.Loop.Call) rather than as a drive, each with the one function
-// it is called from, and how a closure given to the loop's call
+// loopCalls are the functions that step (stepLocked) on the volume's loop
+// in a call the loop runs (volloop.Loop.Call) rather than as a drive, each
+// with the one function it is called from, and how a closure given to the loop's call
 // (".loop.Call(func() {...})", volloop.Loop.Call) calls that one (or
 // it, when from is where the closure is):
 // the handshake's decision, which marks the peer's bitmap on the state it
@@ -129,11 +128,11 @@ type loopCall struct{ call, from, fromCall string }
 // TestTheVolumesStepsRunOnItsLoop: every step of a volume's state
 // machine in package node is taken on the volume's loop, as a drive or in
 // a call of loopCalls. It parses the package's non-test files for calls
-// of stepLocked, stepUnwrittenLocked and volstate.Take, and names every
-// caller that is not the driver itself (drive.go's volumeSteps, the
-// unwritten step) or one of loopCalls, called only as it says.
+// of stepLocked and volstate.Take, and names every caller that is not the
+// driver itself (drive.go's volumeSteps) or one of loopCalls, called only
+// as it says.
 func TestTheVolumesStepsRunOnItsLoop(t *testing.T) {
-	drivers := map[string]bool{"stepLocked": true, "stepUnwrittenLocked": true, "drive": true}
+	drivers := map[string]bool{"stepLocked": true, "drive": true}
 	fset, funcs := packageFuncs(t)
 	var bad []string
 	seen := map[string]bool{}
@@ -168,7 +167,7 @@ func TestTheVolumesStepsRunOnItsLoop(t *testing.T) {
 			step := sel.Sel.Name
 			if x, ok := sel.X.(*ast.Ident); ok && x.Name == "volstate" && step == "Take" {
 				step = "volstate.Take"
-			} else if step != "stepLocked" && step != "stepUnwrittenLocked" {
+			} else if step != "stepLocked" {
 				return true
 			}
 			if _, ok := loopCalls[fn.Name.Name]; ok && step != "volstate.Take" {

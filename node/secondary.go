@@ -42,13 +42,24 @@ func (v *Volume) endIncoming(in *applier.Stream) {
 
 // incomingEnded drops in if it is still the volume's current stream, and
 // steps the volume's rules with its end (volstate.IncomingEnded: a Failed
-// disk stays Failed), under v.mu, which a new stream takes to replace it.
+// disk stays Failed), both under v.stateMu, which a new stream takes to
+// replace it (serveStream): the end of an old stream is never stepped
+// after a new one took its place.
 func (v *Volume) incomingEnded(in *applier.Stream) {
+	v.stateMu.Lock()
+	defer v.stateMu.Unlock()
 	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.incoming == in {
+	current := v.incoming == in
+	if current {
 		v.incoming = nil
-		v.stepUnwrittenLocked(volstate.IncomingEnded{}, nil)
+	}
+	v.mu.Unlock()
+	if !current {
+		return
+	}
+	if _, err := v.stepLocked(volstate.IncomingEnded{}, nil, nil); err != nil {
+		// The step writes nothing; only a closing volume refuses it.
+		v.log.Warn("the end of the stream from the primary", "err", err)
 	}
 }
 
@@ -218,12 +229,16 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 	v.mu.Lock()
 	v.lastRefusal = ""
 	v.mu.Unlock()
+	// Under v.stateMu too: the end of the stream replaced is stepped
+	// with the check that it is current, atomically (incomingEnded).
+	v.stateMu.Lock()
 	v.mu.Lock()
 	select {
 	case <-v.stopping:
 		// The volume shuts down: its disk closes once the stream it had
 		// is stopped, and no new one may touch it.
 		v.mu.Unlock()
+		v.stateMu.Unlock()
 		return fmt.Errorf("%s on %s is stopping", v.name, v.self)
 	default:
 	}
@@ -232,6 +247,7 @@ func (v *Volume) serveStream(s *transport.ReplStream, h replication.Hello) error
 	in.SetState(replication.Connected)
 	v.incoming = in
 	v.mu.Unlock()
+	v.stateMu.Unlock()
 	if old != nil {
 		old.Stop()
 	}
