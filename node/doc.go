@@ -132,10 +132,12 @@
 // this disk (ResyncStarted, ResyncFinished), its stream's end
 // (IncomingEnded), a replicated write that failed (ReplicaWriteFailed) and
 // a split brain a peer reported (SplitBrainFound). The volume's state is
-// the machine's value itself (Volume.st, a volstate.State under v.mu): a
-// step takes a copy of it with the peers' real states (their views,
-// lock-free), and only a step's install writes it
-// (TestOnlyTheStepsWriteTheVolumesState). Each install publishes a copy
+// the machine's value itself (Volume.st, a volstate.State under v.mu),
+// every peer's replication state, stream and pull among it: a step takes
+// a copy of it with the facts (modelLocked), and only a step's install
+// writes it (TestOnlyTheStepsWriteTheVolumesState), which publishes each
+// peer's state to the peer's view (publishPeersLocked, the one writer of
+// those fields: TestOnlyTheStepsInstallAPeersState). Each install publishes a copy
 // (Volume.state, never changed once published) BEFORE it notifies the
 // change; status, the metrics, the NBD export list and the claims read
 // that without v.mu, while IO's admission reads st under v.mu (its count
@@ -146,17 +148,19 @@
 // Diskless in the state machine, and a flag here; one loop per volume
 // (detach.go) probes the detached disk where it failed and puts it back
 // by reattachState's rule (reattach.go: back-off, passing time, flaps). A stream's own news
-// (a peer lost, congested, drained, catching up, in sync:
-// volstate.StreamEvent) changes that peer's state alone, by volstate's
-// rule (Peer.Streamed), which is also the congestion controller's. The
-// peers' views (their states, streams, disks and why) are the volume's
-// loop's too: only code on the loop changes them (peer.update; the
-// deadlock build checks the goroutine, internal/lockorder's Owner, across
-// every test). A session's loop, which the volume's loop may wait for as
-// it hands it entries, tells its news (volloop.Loop.Tell: queued, never
-// waited for, run on the loop BEFORE the next drive or call it takes);
-// the peer's connect loop and the control API ask (volloop.Loop.Ask: told,
-// and waited for). The one change of a view made off the loop is a
+// (a peer congested, drained, catching up, in sync: volstate.StreamEvent)
+// and its link's (LinkDown: its stream lost, or the link stopped for good;
+// LinkStarted) are steps too, which change that peer's state alone, by
+// volstate's rule (Peer.Streamed), which is also the congestion
+// controller's; they write nothing and run on the loop under v.stateMu
+// (peer.takeNews). The peers' views (their published states, their
+// streams, disks and why) are the volume's loop's too: only code on the
+// loop changes them (peer.update; the deadlock build checks the
+// goroutine, internal/lockorder's Owner, across every test). A session's
+// loop, which the volume's loop may wait for as it hands it entries,
+// tells its news (volloop.Loop.Tell: queued, never waited for, run on the
+// loop BEFORE the next drive or call it takes); the peer's connect loop
+// and the control API ask (volloop.Loop.Ask: told, and waited for). The one change of a view made off the loop is a
 // stream's end taking the writes' route off it at once (peer.route), so
 // that a write never waits for the loop to learn of it.
 //

@@ -21,24 +21,26 @@ import (
 // actions), so a change to the order is made, and tested, there once.
 
 // modelLocked is the volume as its state machine sees it: a copy of v.st
-// that shares nothing with it, the peers' replication states as their
-// views show them now (a view is read without a lock; a peer's handshake
-// changes it under v.stateMu, which steps hold), whether the volume
-// stops, and the facts the rules read: whether each peer is in sync and
-// whether its bitmap holds bits, whether the local disk misses blocks,
-// and whether a raft leader answers this node. A step takes them under
-// v.stateMu, so a check of them is the step's own: what a caller saw
-// before it may have changed. Callers hold v.mu.
+// that shares nothing with it (every peer's replication state, stream and
+// pull among it), with the facts the rules read: whether the volume
+// stops, whether each peer is in sync and whether its bitmap holds bits,
+// whether a peer's stream ended already (its writes go to the bitmap from
+// its end on, off the loop: route; the rules step its loss when the link
+// tells it), whether the local disk misses blocks, and whether a raft
+// leader answers this node. A step takes them under v.stateMu, so a
+// check of them is the step's own: what a caller saw before it may have
+// changed. Callers hold v.mu.
 func (v *Volume) modelLocked() volstate.State {
 	s := v.st.Clone()
 	s.Stopping = isClosed(v.stopping)
 	s.LocalMissing = v.durable.localMissing.Count() > 0
 	s.NoRaftLeader = v.node.cl != nil && !v.node.cl.c.HasLeader()
 	for name, mp := range s.Peers {
-		mp.Repl, mp.Session, mp.Pulling, mp.InSync, mp.Marked = replication.Connecting, 0, false, false, false
+		mp.InSync, mp.Marked = false, false
 		if p := v.peers.byName[name]; p != nil {
-			pv := p.snapshot()
-			mp.Repl, mp.Session, mp.Pulling = pv.repl(), pv.sid, p.pulling.Load()
+			if p.session() == nil && mp.Repl != replication.StandAlone {
+				mp.Repl = replication.Connecting
+			}
 			mp.InSync, mp.Marked = p.inSync(), p.bm.Count() > 0
 		}
 		s.Peers[name] = mp
@@ -49,10 +51,9 @@ func (v *Volume) modelLocked() volstate.State {
 // installLocked takes what the step from old to next changed (and only
 // that: a field another goroutine changed meanwhile stays as it is), on
 // the volume's loop, the one writer of its state (the deadlock build
-// checks it). The
-// durable state is commit's to install; the peers' Repl, Session and
-// Pulling stay their views', and the facts (modelLocked) are never
-// installed. Callers hold v.mu.
+// checks it), and publishes the peers' states to their views. The
+// durable state is commit's to install, and the facts (modelLocked) are
+// never installed. Callers hold v.mu.
 func (v *Volume) installLocked(old, next volstate.State, rd volstate.Ready, texts func(volstate.Cause) reason) {
 	v.loop.Check("a change of the state of volume", v.name)
 	if next.Serving != old.Serving {
@@ -111,12 +112,18 @@ func (v *Volume) installLocked(old, next volstate.State, rd volstate.Ready, text
 		}
 	}
 	for name, p := range next.Peers {
-		if old.Peers[name].SplitBrainRule != "" && p.SplitBrainRule == "" {
-			if q, ok := v.st.Peers[name]; ok {
-				q.SplitBrainRule = ""
-				v.st.Peers[name] = q
-			}
+		q, ok := v.st.Peers[name]
+		if !ok {
+			continue
 		}
+		o := old.Peers[name]
+		if o.SplitBrainRule != "" && p.SplitBrainRule == "" {
+			q.SplitBrainRule = ""
+		}
+		if p.Repl != o.Repl || p.Session != o.Session || p.Pulling != o.Pulling {
+			q.Repl, q.Session, q.Pulling = p.Repl, p.Session, p.Pulling
+		}
+		v.st.Peers[name] = q
 	}
 	for _, a := range rd.Actions {
 		if a.Kind == volstate.ResetPeers {
@@ -124,8 +131,26 @@ func (v *Volume) installLocked(old, next volstate.State, rd volstate.Ready, text
 			v.resetPeersLocked()
 		}
 	}
+	v.publishPeersLocked()
 	v.publishLocked()
 	v.changed.notify()
+}
+
+// publishPeersLocked publishes each peer's state in the machine (v.st.Peers:
+// its replication state, its stream, whether this primary pulls from it)
+// to its view and its pulling flag, which the write path, status and the
+// metrics read without a lock. It runs in a step's install (and where a
+// peer is made, newPeer), the one writer of them. Callers hold v.mu.
+func (v *Volume) publishPeersLocked() {
+	for name, p := range v.peers.byName {
+		st := v.st.Peers[name]
+		if pv := p.snapshot(); pv.state != st.Repl || pv.sid != st.Session {
+			p.update(func(pv *peerView) { pv.state, pv.sid = st.Repl, st.Session })
+		}
+		if p.pulling.Swap(st.Pulling) != st.Pulling {
+			v.changed.notify()
+		}
+	}
 }
 
 // driveOptions says how a role function's steps read: the texts of the

@@ -144,8 +144,8 @@ func (p *peer) connect(ctx context.Context) error {
 	case plan.pull:
 		work = func() error { return p.pull(s, plan.peerGen) }
 	}
+	// A pull ends with the stream (the link's LinkDown, which follows).
 	err = s.Run(work)
-	p.v.loop.Ask(func() { p.setPulling(false) })
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -168,8 +168,13 @@ func (p *peer) takeStream(s *session.Session, reply replication.HelloReply, outd
 		// agreed to the old size. Ask again with the new one.
 		return syncPlan{}, "", false, fmt.Errorf("%s grew to %d bytes during the handshake with %s: connecting again", v.name, size, p.name)
 	}
-	plan, err := p.decide(reply, outdated)
+	was := p.snapshot().state
+	plan, err := p.decide(reply, outdated, s.ID())
 	if err != nil {
+		var ref *refusal
+		if errors.As(err, &ref) {
+			ref.was = was
+		}
 		return plan, "", false, err
 	}
 	var done *session.Pending
@@ -177,28 +182,31 @@ func (p *peer) takeStream(s *session.Session, reply replication.HelloReply, outd
 		done = p.syncDone(v.currentGeneration())
 	}
 	late := !plan.sync && !plan.pull && p.bm.Count() > 0
-	next := peerView{sess: s, sid: s.ID(), rule: plan.rule, decision: plan.outcome, peerDisk: p.snapshot().peerDisk, held: p.snapshot().held}
+	// The step (decide's PeerConnected) made the peer's state, with this
+	// stream's number, and published it to the view: the view takes the
+	// stream and what the handshake decided.
+	peerDisk := p.snapshot().peerDisk
 	switch {
 	case plan.pull:
 		// The peer is the source: it holds every block this node misses.
-		next.state, next.peerDisk = replication.Connected, string(replication.UpToDate)
+		peerDisk = string(replication.UpToDate)
 		p.pullTotal.Store(v.durable.localMissing.Bytes())
 		p.resyncStart.Store(p.v.clock.Now().UnixNano())
-		p.setPulling(true)
 	case plan.sync:
-		next.state, next.peerDisk = replication.SyncSource, string(replication.Inconsistent)
+		peerDisk = string(replication.Inconsistent)
 		// The progress counters restart before the state says SyncSource.
 		p.resyncTotal.Store(p.bm.Bytes())
 		p.resyncDone.Store(0)
 		p.resyncStart.Store(p.v.clock.Now().UnixNano())
 		s.Preload(session.NewPending(replication.Entry{Op: replication.OpSyncStart, Data: plan.syncGen[:]}))
 	default:
-		next.state = replication.Connected
 		s.Preload(done)
 	}
 	// Writes find the stream from here (markUnlessStreaming decides under
 	// v.stateMu, held here): a write is marked before it or queued after.
-	was := p.update(func(pv *peerView) { held := pv.held; *pv = next; pv.held = held }).state
+	p.update(func(pv *peerView) {
+		*pv = peerView{sess: s, state: pv.state, sid: pv.sid, held: pv.held, rule: plan.rule, decision: plan.outcome, peerDisk: peerDisk}
+	})
 	s.Start()
 	return plan, was, late, nil
 }
@@ -242,7 +250,7 @@ func runsBytes(runs [][2]int64) int64 {
 // is durable BEFORE this returns. outdated: raft had the peer Outdated
 // under this primary when the handshake began (it is never a source of
 // a copy onto it). Callers hold v.stateMu.
-func (p *peer) decide(reply replication.HelloReply, outdated bool) (syncPlan, error) {
+func (p *peer) decide(reply replication.HelloReply, outdated bool, sid uint64) (syncPlan, error) {
 	v := p.v
 	v.mu.Lock()
 	local, gens, role := v.uuidsLocked(p.name), v.st.Durable.Gens.Clone(), v.roleLocked()
@@ -302,7 +310,7 @@ func (p *peer) decide(reply replication.HelloReply, outdated bool) (syncPlan, er
 	pulling := func(volstate.Cause) reason {
 		return because(CausePulling, "%s holds newer data (%v): copying %s from it", p.name, d, human.Bytes(v.durable.localMissing.Bytes()))
 	}
-	acts, err := v.stepLocked(volstate.PeerConnected{Peer: p.name, UUIDs: reply.UUIDs, PeerDisk: reply.Disk,
+	acts, err := v.stepLocked(volstate.PeerConnected{Peer: p.name, Session: sid, UUIDs: reply.UUIDs, PeerDisk: reply.Disk,
 		Marked: p.bm.Count() > 0, DiscardFrom: discard, NextGen: replication.NewGeneration(), PeerOutdated: outdated}, pulling, nil)
 	if err != nil {
 		return plan, err
@@ -421,7 +429,6 @@ func (p *peer) pull(s *session.Session, peerGen replication.Generation) error {
 						q.announceGenerationLocked(peerGen)
 					}
 				}
-				p.setPulling(false)
 			},
 		})
 		if errors.Is(err, volstate.ErrLocalMissing) {

@@ -7,6 +7,7 @@ import (
 	"go/token"
 	"go/types"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -84,6 +85,62 @@ func TestOnlyTheStepsWriteTheVolumesState(t *testing.T) {
 	}
 }
 
+// TestOnlyTheStepsInstallAPeersState: a peer's view (and its pulling
+// flag) publishes the peer's state in the volume's state machine, so no
+// code of package node outside that publication (publishPeersLocked, in
+// a step's install) writes the view's replication state or stream number,
+// or the flag; a view is made only from the machine's state (newPeer) or
+// from the view it replaces (takeStream, which adds the stream).
+func TestOnlyTheStepsInstallAPeersState(t *testing.T) {
+	fset, funcs := packageFuncs(t)
+	var bad []string
+	for _, fn := range funcs {
+		if fn.Name.Name == "publishPeersLocked" {
+			continue
+		}
+		ast.Inspect(fn.Body, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.AssignStmt:
+				for _, x := range n.Lhs {
+					if sel, ok := x.(*ast.SelectorExpr); ok && (sel.Sel.Name == "state" || sel.Sel.Name == "sid") {
+						bad = append(bad, fset.Position(x.Pos()).String()+" "+fn.Name.Name+" writes "+types.ExprString(x))
+					}
+				}
+			case *ast.CallExpr:
+				// pulling.Store, pulling.Swap, pulling.CompareAndSwap
+				if sel, ok := n.Fun.(*ast.SelectorExpr); ok && sel.Sel.Name != "Load" && strings.HasSuffix(types.ExprString(sel.X), ".pulling") && fn.Name.Name != "newPeer" {
+					bad = append(bad, fset.Position(n.Pos()).String()+" "+fn.Name.Name+" writes "+types.ExprString(sel.X))
+				}
+			case *ast.CompositeLit:
+				if id, ok := n.Type.(*ast.Ident); !ok || id.Name != "peerView" {
+					return true
+				}
+				for _, el := range n.Elts {
+					kv, ok := el.(*ast.KeyValueExpr)
+					if !ok {
+						continue
+					}
+					key := types.ExprString(kv.Key)
+					if key != "state" && key != "sid" {
+						continue
+					}
+					switch val := types.ExprString(kv.Value); {
+					case fn.Name.Name == "newPeer" && (val == "st.Repl" || val == "st.Session"):
+					case fn.Name.Name == "takeStream" && val == "pv."+key:
+					default:
+						bad = append(bad, fset.Position(kv.Pos()).String()+" "+fn.Name.Name+" makes a view with "+key+": "+val)
+					}
+				}
+			}
+			return true
+		})
+	}
+	sort.Strings(bad)
+	if len(bad) > 0 {
+		t.Fatalf("a peer's state is written outside a step's install (step the state machine instead: tellNews, askNews, drive):\n  %s", strings.Join(bad, "\n  "))
+	}
+}
+
 // volumeField returns the Volume field x writes, through v.F, v.F[k] or
 // v.F.G (v being a *Volume, named v as everywhere in package node).
 func volumeField(x ast.Expr) (string, bool) {
@@ -107,23 +164,31 @@ func volumeField(x ast.Expr) (string, bool) {
 }
 
 // loopCalls are the functions that step (stepLocked) on the volume's loop
-// in a call the loop runs (volloop.Loop.Call) rather than as a drive, each
-// with the one function it is called from, and how a closure given to the loop's call
-// (".loop.Call(func() {...})", volloop.Loop.Call) calls that one (or
-// it, when from is where the closure is):
-// the handshake's decision, which marks the peer's bitmap on the state it
+// in a function the loop runs (volloop.Loop.Call, Tell or Ask) rather than
+// as a drive, each with the functions it is called from, and how a
+// closure given to the loop (".loop.Call(func() {...})", or Tell, or Ask)
+// calls those (or it, when they are where the closure is): the
+// handshake's decision, which marks the peer's bitmap on the state it
 // decides on and switches the peer's writes to the stream in the same
-// critical section as its step; and the end of the stream from the
-// primary, decided with the check that it is still the current stream.
+// critical section as its step; the end of the stream from the primary,
+// decided with the check that it is still the current stream; and the
+// news of a peer's link and streams, told by a session's loop (which
+// must not wait for a drive), asked by the link, and the restart of a
+// link stopped by a refusal.
 var loopCalls = map[string]loopCall{
-	"decide":        {call: "p.decide", from: "takeStream", fromCall: "p.takeStream"},
-	"incomingEnded": {call: "v.incomingEnded", from: "endIncoming", fromCall: "v.incomingEnded"},
+	"decide":        {call: "p.decide", from: []string{"takeStream"}, fromCall: "p.takeStream"},
+	"incomingEnded": {call: "v.incomingEnded", from: []string{"endIncoming"}, fromCall: "v.incomingEnded"},
+	"takeNews":      {call: "p.takeNews", from: []string{"askNews", "resumePeers", "tellNews"}, fromCall: "p.takeNews"},
 }
 
 // loopCall is how a function of loopCalls is called (call, an
-// expression as the source writes it), from which function, and how that
-// one is called inside the closure given to the loop (fromCall).
-type loopCall struct{ call, from, fromCall string }
+// expression as the source writes it), from which functions, and how
+// those call it inside the closure given to the loop (fromCall).
+type loopCall struct {
+	call     string
+	from     []string
+	fromCall string
+}
 
 // TestTheVolumesStepsRunOnItsLoop: every step of a volume's state
 // machine in package node is taken on the volume's loop, as a drive or in
@@ -151,7 +216,7 @@ func TestTheVolumesStepsRunOnItsLoop(t *testing.T) {
 				return true
 			}
 			callers[types.ExprString(call.Fun)] = append(callers[types.ExprString(call.Fun)], fn.Name.Name)
-			if sel.Sel.Name == "Call" && strings.HasSuffix(types.ExprString(sel.X), ".loop") && len(call.Args) == 1 {
+			if (sel.Sel.Name == "Call" || sel.Sel.Name == "Tell" || sel.Sel.Name == "Ask") && strings.HasSuffix(types.ExprString(sel.X), ".loop") && len(call.Args) == 1 {
 				if lit, ok := call.Args[0].(*ast.FuncLit); ok {
 					ast.Inspect(lit.Body, func(n ast.Node) bool {
 						if c, ok := n.(*ast.CallExpr); ok {
@@ -179,7 +244,7 @@ func TestTheVolumesStepsRunOnItsLoop(t *testing.T) {
 		})
 	}
 	for fn, lc := range loopCalls {
-		if c := callers[lc.call]; len(c) != 1 || c[0] != lc.from {
+		if c := slices.Sorted(slices.Values(callers[lc.call])); !slices.Equal(c, lc.from) {
 			bad = append(bad, fmt.Sprintf("%s steps on the loop only when called from %s alone; it is called from %v", fn, lc.from, c))
 		}
 		if n := len(callers[lc.fromCall]); n == 0 || inLoopCall[lc.fromCall] != n {

@@ -37,13 +37,15 @@ type peer struct {
 	// client is used by the run goroutine only.
 	client *transport.ReplClient
 
-	// view is the peer's replication state, replaced whole (update). The
-	// peer's run goroutine (connecting, the handshake, a refusal) and its
-	// session's loop (every state change while it streams) own it in
-	// turn; besides them only a syncDone's ack sets held (SyncDoneAcked,
-	// under v.stateMu, which track reads it under) and an operator's
-	// disconnect sets the reason. Readers take one consistent snapshot
-	// (view.Load) without a lock.
+	// view is the peer as the write path, status and the metrics read it
+	// without a lock (view.Load: one consistent snapshot), replaced whole
+	// (update) on the volume's loop. Its replication state and stream
+	// (state, sid) and pulling below are published copies of the peer's
+	// state in the volume's state machine (Volume.st.Peers), which only a
+	// step's install writes (publishPeersLocked); the rest is the link's:
+	// the stream itself (sess, which a stream's end takes off at once:
+	// route), what the last handshake decided, the reason the link is
+	// down, what the peer holds.
 	view atomic.Pointer[peerView]
 	// sessions numbers the peer's streams (the last one made).
 	sessions atomic.Uint64
@@ -55,7 +57,8 @@ type peer struct {
 	unpaused atomic.Pointer[chan struct{}]
 
 	// pulling: this primary copies newer data from the peer (it is the
-	// SyncTarget); pullTotal is what it missed when the copy began.
+	// SyncTarget), published from the state machine's Peer.Pulling with
+	// the view; pullTotal is what it missed when the copy began.
 	pulling   atomic.Bool
 	pullTotal atomic.Int64
 
@@ -137,14 +140,13 @@ type peerView struct {
 	ending *session.Session
 }
 
-// stream steps the view's replication state with news of one of the
-// peer's streams, by volstate's rule; a peer in sync is also UpToDate.
-// down: the peer's link is stopped (not re-established).
-func (pv *peerView) stream(e volstate.StreamEvent, down bool) {
-	pv.state = volstate.Peer{Repl: pv.state, Session: pv.sid}.Streamed(e, down).Repl
+// streamed records in the view what news of one of the peer's streams
+// tells beyond its replication state (which the volume's rules step): a
+// peer in sync on the view's stream is UpToDate, not while Ahead (it
+// misses what is marked meanwhile).
+func (pv *peerView) streamed(e volstate.StreamEvent) {
 	_, inSync := e.(volstate.PeerInSync)
 	if _, sid := e.Stream(); inSync && sid == pv.sid && pv.state == replication.Connected {
-		// Not while Ahead: the peer misses what is marked meanwhile.
 		pv.peerDisk = string(replication.UpToDate)
 	}
 }
@@ -158,12 +160,6 @@ func (pv *peerView) repl() replication.ReplState {
 		return replication.Connecting
 	}
 	return pv.state
-}
-
-// lost steps the loss of the stream the view shows (every stream of the
-// peer ended); down: the link is not re-established.
-func (pv *peerView) lost(peer string, down bool) {
-	pv.stream(volstate.PeerLost{Peer: peer, Session: pv.sid}, down)
 }
 
 // lastResync is the last resync (or pull) that finished.
@@ -180,14 +176,14 @@ var closedChan = func() *chan struct{} { c := make(chan struct{}); close(c); ret
 func (p *peer) snapshot() *peerView { return p.view.Load() }
 
 // update replaces the peer's view by change applied to a copy, and returns
-// the view it replaced. Only the volume's loop changes the peer's
-// replication state (node/volloop; checked in the deadlock build): code off
-// the loop tells it (tellUpdate) or asks it (askUpdate). The one change
-// made elsewhere is a stream's end, which takes the writes' route off the
-// stream at once (Ended, route).
+// the view it replaced. Only the volume's loop changes the view
+// (node/volloop; checked in the deadlock build): code off the loop tells
+// it (tellUpdate) or asks it (askUpdate). The one change made elsewhere
+// is a stream's end, which takes the writes' route off the stream at once
+// (Ended, route).
 func (p *peer) update(change func(*peerView)) *peerView {
 	if p.v != nil && p.v.loop != nil {
-		p.v.loop.Check("a change of the replication state of peer", p.name)
+		p.v.loop.Check("a change of the view of peer", p.name)
 	}
 	return p.swap(change)
 }
@@ -213,6 +209,48 @@ func (p *peer) askUpdate(change func(*peerView)) *peerView {
 	return was
 }
 
+// News of the peer's link and streams (volstate's LinkStarted, LinkDown
+// and StreamEvents) changes the peer's state in the volume's state
+// machine: it is a step like any other, taken on the volume's loop under
+// v.stateMu (takeNews), told by a session's loop, which must not wait
+// (tellNews), or asked by the peer's link (askNews). Such a step writes
+// nothing durable and has no action; its install publishes the peer's new
+// state to the view (publishPeersLocked), and view then records in it
+// what the news says beyond the state (a reason, the rule that refused).
+
+// tellNews steps e on the volume's loop (volloop.Loop.Tell), without
+// waiting, then changes the view by view (nil: nothing more).
+func (p *peer) tellNews(e volstate.Event, view func(*peerView)) {
+	p.v.loop.Tell(func() { p.takeNews(e, view) })
+}
+
+// askNews steps e on the volume's loop (volloop.Loop.Ask), then changes
+// the view by view, and returns the peer's replication state before the
+// step: for a goroutine the loop never waits for.
+func (p *peer) askNews(e volstate.Event, view func(*peerView)) replication.ReplState {
+	var was replication.ReplState
+	p.v.loop.Ask(func() {
+		was = p.snapshot().state
+		p.takeNews(e, view)
+	})
+	return was
+}
+
+// takeNews steps e, then changes the view by view. Callers are on the
+// volume's loop (or it ended: nothing else changes the state any more).
+func (p *peer) takeNews(e volstate.Event, view func(*peerView)) {
+	v := p.v
+	v.stateMu.Lock()
+	defer v.stateMu.Unlock()
+	if _, err := v.stepLocked(e, nil, nil); err != nil {
+		// Never: news writes nothing, so no write of it fails.
+		v.log.Error("the news of a peer's link", "peer", p.name, "event", fmt.Sprintf("%T", e), "err", err)
+	}
+	if view != nil {
+		p.update(view)
+	}
+}
+
 // swap is update's compare-and-swap, which keeps a change made meanwhile
 // by the one other writer (route): none is lost, and none waits.
 func (p *peer) swap(change func(*peerView)) *peerView {
@@ -234,14 +272,20 @@ func newPeer(v *Volume, name string) *peer {
 		panic(fmt.Sprintf("metadata of %s has no bitmap for peer %s", v.name, name)) // openMD created one per peer
 	}
 	p := &peer{v: v, name: name, addr: nc.Replication, bm: bm, mayHoldUnknown: true}
-	p.view.Store(&peerView{state: replication.StandAlone, peerDisk: dUnknown})
+	// The peer's state as the volume's state machine holds it (callers
+	// hold v.mu).
+	st := v.st.Peers[name]
+	p.view.Store(&peerView{state: st.Repl, sid: st.Session, peerDisk: dUnknown})
+	p.pulling.Store(st.Pulling)
 	p.unpaused.Store(closedChan)
 	p.lastResync.Store(&lastResync{})
 	return p
 }
 
+// start starts the peer's link; the step that starts it (StartPeers,
+// LinkStarted) made the peer Connecting.
 func (p *peer) start(ctx context.Context) {
-	p.update(func(pv *peerView) { pv.state, pv.why = replication.Connecting, reason{} })
+	p.update(func(pv *peerView) { pv.why = reason{} })
 	p.wg.Add(1)
 	p.running.Store(true)
 	go func() {
@@ -306,7 +350,11 @@ func (p *peer) run(ctx context.Context) {
 		}
 		// connect returns once its stream ended: the stream the view shows,
 		// this attempt's or an older one, is lost.
-		was := p.askUpdate(func(pv *peerView) { pv.lost(p.name, false); pv.why = why }).state
+		was := p.askNews(volstate.LinkDown{Peer: p.name}, func(pv *peerView) { pv.why = why })
+		if ref != nil && ref.was != "" {
+			// A refusal the handshake's step made StandAlone.
+			was = ref.was
+		}
 		// A lost peer is worth a warning once, not every retry.
 		if why.cause != lastCause {
 			if err != nil {
@@ -326,7 +374,7 @@ func (p *peer) run(ctx context.Context) {
 	}
 	if ctx.Err() != nil {
 		// The link is stopped: its last stream is lost for good.
-		p.askUpdate(func(pv *peerView) { pv.lost(p.name, true) })
+		p.askNews(volstate.LinkDown{Peer: p.name, ForGood: true}, nil)
 	}
 }
 
@@ -349,14 +397,18 @@ func (p *peer) refused(ref *refusal) {
 		kind = "split-brain"
 		why = p.splitBrain(ref)
 	}
-	was := p.askUpdate(func(pv *peerView) {
-		pv.state, pv.why = replication.StandAlone, why
+	was := p.askNews(volstate.LinkDown{Peer: p.name, ForGood: true}, func(pv *peerView) {
+		pv.why = why
 		if ref.rule != "" {
 			// The rule that refused is the last connection's rule
 			// (sync_rule in the JSON); the words are in why.
 			pv.rule = ref.rule
 		}
-	}).state
+	})
+	if ref.was != "" {
+		// A refusal the handshake's step made StandAlone.
+		was = ref.was
+	}
 	level := slog.LevelError
 	if ref.cause == CauseFenced {
 		// An old primary meeting the new one: the expected way back,
@@ -431,16 +483,6 @@ func (p *peer) syncDoneLocked(gen replication.Generation) *session.Pending {
 	pd := session.NewPending(replication.Entry{Op: replication.OpSyncDone, Data: data})
 	pd.Kind, pd.Gen = session.EntrySyncDone, gen
 	return pd
-}
-
-// setPulling says whether this primary copies newer data from the peer
-// (pulling): a state of the peer, which only the volume's loop changes.
-func (p *peer) setPulling(on bool) {
-	if p.v.loop != nil {
-		p.v.loop.Check("a change of whether this primary pulls from peer", p.name)
-	}
-	p.pulling.Store(on)
-	p.v.changed.notify()
 }
 
 // setMayHold records that the peer may hold gen (mayHold): a state of

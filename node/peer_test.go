@@ -3,10 +3,12 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/replvol/replvol/internal/fault"
+	"github.com/replvol/replvol/node/session"
 	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 	"github.com/replvol/replvol/transport"
@@ -31,12 +33,34 @@ func streamToGatedBeta(t *testing.T, open bool, timeout time.Duration) (v *Volum
 		close(g.Gate)
 	}
 	s := newSession(context.Background(), p, transport.NewReplStream(g, cancel), timeout, true)
-	p.askUpdate(func(pv *peerView) {
-		pv.sess, pv.sid, pv.state, pv.peerDisk = s, s.ID(), replication.Connected, string(replication.UpToDate)
-	})
+	takeStreamAs(v, p, s, replication.Connected, replication.UpToDate)
 	ended = make(chan error, 1)
 	go func() { ended <- s.Run(nil) }()
 	return v, p, ended
+}
+
+// takeStreamAs makes s p's stream as a handshake that decided repl would:
+// the peer's state in v's state machine, installed as a step's is (on the
+// volume's loop, published to the view), and the view's stream and disk.
+func takeStreamAs(v *Volume, p *peer, s *session.Session, repl replication.ReplState, disk replication.DiskState) {
+	v.loop.Ask(func() {
+		p.update(func(pv *peerView) { pv.sess, pv.peerDisk = s, string(disk) })
+		v.mu.Lock()
+		defer v.mu.Unlock()
+		old := v.modelLocked()
+		next := old.Clone()
+		q := next.Peers[p.name]
+		q.Repl, q.Session = repl, s.ID()
+		next.Peers[p.name] = q
+		v.installLocked(old, next, volstate.Ready{}, nil)
+	})
+}
+
+// statePeer is the peer name in v's state (not its model: no fact).
+func statePeer(v *Volume, name string) volstate.Peer {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.st.Peers[name]
 }
 
 // TestAHungPeerCostsAWriteAtMostThePeerTimeout: a peer that takes the
@@ -108,37 +132,44 @@ func TestASecondaryOnASlowDiskIsNotTakenForHung(t *testing.T) {
 }
 
 // TestAPeerShowsWhatItsStreamSaysByTheRules: the news of a peer's stream
-// reaches the peer's view through volstate's rule. A resync paused by
-// congestion is Ahead, and SyncSource again once drained; a sync-done
+// and link is stepped through the volume's rules (the state machine's
+// peer is the state), and published to the peer's view. A resync paused
+// by congestion is Ahead, and SyncSource again once drained; a sync-done
 // acknowledged while Ahead leaves the peer Ahead and its disk as it was;
-// the news of an older stream changes nothing; a stopped link is
-// StandAlone.
+// the news of an older stream changes nothing; a lost link is
+// Connecting, a stopped one StandAlone.
 func TestAPeerShowsWhatItsStreamSaysByTheRules(t *testing.T) {
-	pv := peerView{sid: 2, state: replication.SyncSource, peerDisk: string(replication.Inconsistent)}
+	v, p, _ := streamToGatedBeta(t, true, time.Minute)
+	s := p.session()
+	takeStreamAs(v, p, s, replication.SyncSource, replication.Inconsistent)
+	cur, older := s.ID(), s.ID()-1
+	check := func(step string, want replication.ReplState, disk replication.DiskState) {
+		t.Helper()
+		v.loop.Ask(func() {}) // past the news told
+		pv := p.snapshot()
+		if st := statePeer(v, "beta"); st.Repl != want || st.Session != pv.sid || pv.state != want || pv.peerDisk != string(disk) {
+			t.Fatalf("%s: the machine has beta %s on stream %d, its view %s on stream %d with disk %s; want %s with disk %s",
+				step, st.Repl, st.Session, pv.state, pv.sid, pv.peerDisk, want, disk)
+		}
+	}
 	for i, c := range []struct {
 		e    volstate.StreamEvent
 		want replication.ReplState
 		disk replication.DiskState
 	}{
-		{volstate.PeerCongested{Session: 1}, replication.SyncSource, replication.Inconsistent},
-		{volstate.PeerCongested{Session: 2}, replication.Ahead, replication.Inconsistent},
-		{volstate.PeerInSync{Session: 2}, replication.Ahead, replication.Inconsistent},
-		{volstate.PeerDrained{Session: 2, Resyncing: true}, replication.SyncSource, replication.Inconsistent},
-		{volstate.PeerInSync{Session: 1}, replication.SyncSource, replication.Inconsistent},
-		{volstate.PeerInSync{Session: 2}, replication.Connected, replication.UpToDate},
-		{volstate.PeerCatchingUp{Session: 2}, replication.SyncSource, replication.UpToDate},
+		{volstate.PeerCongested{Peer: "beta", Session: older}, replication.SyncSource, replication.Inconsistent},
+		{volstate.PeerCongested{Peer: "beta", Session: cur}, replication.Ahead, replication.Inconsistent},
+		{volstate.PeerInSync{Peer: "beta", Session: cur}, replication.Ahead, replication.Inconsistent},
+		{volstate.PeerDrained{Peer: "beta", Session: cur, Resyncing: true}, replication.SyncSource, replication.Inconsistent},
+		{volstate.PeerInSync{Peer: "beta", Session: older}, replication.SyncSource, replication.Inconsistent},
+		{volstate.PeerInSync{Peer: "beta", Session: cur}, replication.Connected, replication.UpToDate},
+		{volstate.PeerCatchingUp{Peer: "beta", Session: cur}, replication.SyncSource, replication.UpToDate},
 	} {
-		pv.stream(c.e, false)
-		if pv.state != c.want || pv.peerDisk != string(c.disk) {
-			t.Fatalf("step %d, %T of session %d: %s with disk %s; want %s with disk %s", i, c.e, pv.sid, pv.state, pv.peerDisk, c.want, c.disk)
-		}
+		p.Stream(c.e)
+		check(fmt.Sprintf("step %d, %T of stream %d", i, c.e, func() uint64 { _, sid := c.e.Stream(); return sid }()), c.want, c.disk)
 	}
-	pv.lost("beta", false)
-	if pv.state != replication.Connecting {
-		t.Fatalf("a lost stream shows %s; want Connecting", pv.state)
-	}
-	pv.lost("beta", true)
-	if pv.state != replication.StandAlone {
-		t.Fatalf("a stopped link shows %s; want StandAlone", pv.state)
-	}
+	p.askNews(volstate.LinkDown{Peer: "beta"}, nil)
+	check("the link lost its stream", replication.Connecting, replication.UpToDate)
+	p.askNews(volstate.LinkDown{Peer: "beta", ForGood: true}, nil)
+	check("the link stopped", replication.StandAlone, replication.UpToDate)
 }

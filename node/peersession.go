@@ -43,12 +43,12 @@ func (n *Node) pairBeat(name string) *session.PairBeat {
 	return b.(*session.PairBeat)
 }
 
-// Stream steps the peer's replication state with news of one of its
-// streams (volstate's rule) on the volume's loop, told: the session's
-// loop waits for neither the loop nor a lock of the volume. The news of a
-// stream other than the one the view shows changes nothing.
+// Stream steps the volume's rules with news of one of the peer's streams
+// on the volume's loop, told (tellNews): the session's loop waits for
+// neither the loop nor a lock of the volume. The news of a stream other
+// than the peer's current one changes nothing.
 func (p *peer) Stream(e volstate.StreamEvent) {
-	p.tellUpdate(func(pv *peerView) { pv.stream(e, false) })
+	p.tellNews(e, func(pv *peerView) { pv.streamed(e) })
 }
 
 // Ended ends the peer's stream s: writes go to its bitmap from here, at

@@ -125,6 +125,10 @@ type refusal struct {
 	peerEpoch   uint64
 	// peer: what the other side changed since a split brain.
 	peer replication.SplitBrainSide
+	// was: the peer's replication state before the handshake whose step
+	// refused it (the step made it StandAlone); empty for the peer's own
+	// refusal.
+	was replication.ReplState
 }
 
 // refusalOf classifies a peer's refusal.

@@ -209,10 +209,11 @@ func (v *Volume) resumePeers() {
 		if stopping {
 			p.wait()
 		}
-		// Started on the loop, which owns the peer's state (start makes
-		// it Connecting).
+		// Started on the loop, which owns the peer's state: the rules
+		// make it Connecting (LinkStarted), then its link starts.
 		v.loop.Ask(func() {
 			if !p.running.Load() && ctx.Err() == nil {
+				p.takeNews(volstate.LinkStarted{Peer: p.name}, nil)
 				p.start(ctx)
 			}
 		})

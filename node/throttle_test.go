@@ -8,6 +8,7 @@ import (
 
 	"github.com/replvol/replvol/internal/clock"
 	"github.com/replvol/replvol/node/session"
+	"github.com/replvol/replvol/node/volstate"
 	"github.com/replvol/replvol/replication"
 )
 
@@ -105,7 +106,13 @@ func TestEveryChangeOfAPeerWakesTheVolumesWaiters(t *testing.T) {
 		{"the peer's view changes", func() { p.update(func(pv *peerView) { pv.state = replication.SyncSource }) }},
 		{"its resync is paused", func() { p.setPaused(true) }},
 		{"its resync is resumed", func() { p.setPaused(false) }},
-		{"it starts a pull", func() { p.setPulling(true) }},
+		{"the rules have it pull", func() {
+			// Its state as the view has it already, but for the pull.
+			v.mu.Lock()
+			v.st.Peers = map[string]volstate.Peer{"beta": {Repl: replication.SyncSource, Session: 1, Pulling: true}}
+			v.publishPeersLocked()
+			v.mu.Unlock()
+		}},
 		{"its lag is published", func() { p.PublishLag() }},
 		{"its stream ends", func() { p.Ended(p.session()) }},
 	} {

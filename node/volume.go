@@ -157,7 +157,7 @@ func newVolume(n *Node, cfg VolumeConfig, disk Disk, md *metadata.MD, auth bool)
 	v.st = volstate.State{Self: v.self, SelfID: n.config().NodeID(v.self), Auth: auth, Peers: map[string]volstate.Peer{}}
 	for name := range cfg.Disks {
 		if name != v.self {
-			v.st.Peers[name] = volstate.Peer{}
+			v.st.Peers[name] = volstate.Peer{Repl: replication.StandAlone}
 		}
 	}
 	st, ok, err := n.store.Volume(cfg.Name)

@@ -88,8 +88,9 @@ type PrimaryReached struct {
 type NewerPrimary struct{ Epoch uint64 }
 
 // StreamEvent is news of one stream to one peer: the peer's replication
-// state alone follows (Peer.Streamed), so a driver may step it on the
-// peer's view without the volume's locks (node's session loop does).
+// state alone follows (Peer.Streamed), and nothing is written, so a
+// driver steps it without waiting for a write (node's session loop tells
+// it to the volume's loop, which steps it between drives).
 // An event of a stream other than the peer's current one changes nothing.
 type StreamEvent interface {
 	Event
@@ -132,6 +133,23 @@ type PeerCatchingUp struct {
 type PeerInSync struct {
 	Peer    string
 	Session uint64
+}
+
+// LinkStarted: the driver started its link to Peer again (a sender
+// that had stopped: a refusal an operator lifted): the peer is Connecting
+// until a stream is taken. The rules that start the links (Started,
+// Connect, a promotion's fresh senders) make the peers Connecting
+// themselves.
+type LinkStarted struct{ Peer string }
+
+// LinkDown: the driver's link to Peer lost its stream, whichever the rules
+// hold (the link knows that its connection ended, not which stream the
+// rules count on), and is retried: the peer is Connecting, as for
+// PeerLost of that stream. ForGood: the link stopped (its context ended,
+// or the peer refused it until an operator acts): StandAlone.
+type LinkDown struct {
+	Peer    string
+	ForGood bool
 }
 
 func (e PeerLost) Stream() (string, uint64)       { return e.Peer, e.Session }
@@ -276,6 +294,8 @@ func (IncomingEnded) isEvent()       {}
 func (SplitBrainFound) isEvent()     {}
 func (PeerConnected) isEvent()       {}
 func (PeerAnswered) isEvent()        {}
+func (LinkStarted) isEvent()         {}
+func (LinkDown) isEvent()            {}
 func (PrimaryReached) isEvent()      {}
 func (NewerPrimary) isEvent()        {}
 func (PeerLost) isEvent()            {}

@@ -102,6 +102,15 @@ func Step(s State, e Event) (State, Ready) {
 		if p, ok := s.Peers[name]; ok {
 			s.Peers[name] = p.Streamed(e, s.AdminDown || s.Stopping)
 		}
+	case LinkStarted:
+		if p, ok := s.Peers[e.Peer]; ok {
+			p.Repl, p.Pulling = replication.Connecting, false
+			s.Peers[e.Peer] = p
+		}
+	case LinkDown:
+		if p, ok := s.Peers[e.Peer]; ok {
+			s.Peers[e.Peer] = p.Streamed(PeerLost{Peer: e.Peer, Session: p.Session}, e.ForGood)
+		}
 	case AuthorityChanged:
 		rd = s.followAuthority(e)
 	case LeaseRenewed:
@@ -207,6 +216,7 @@ func (s *State) start() Ready {
 		return Ready{}
 	}
 	rd := Ready{Indicator: SetIndicator, Actions: []Action{{Kind: StartPeers}}}
+	s.linksStarted()
 	switch {
 	case s.Durable.Gens.Current.IsZero():
 		s.Serving, s.Why = Stopped, CauseWaitingForPeer
@@ -736,10 +746,24 @@ func (s *State) becomePrimary(epoch uint64, now time.Time, byRaft, failover bool
 // holds: its disk UpToDate, no cause, fresh senders, IO open.
 func (s *State) serveAsPrimary(serving Serving) []Action {
 	s.Disk, s.Why, s.Serving, s.Pending = replication.UpToDate, CauseNone, serving, nil
+	repl := replication.Connecting
+	if s.AdminDown {
+		// The fresh senders start once the operator connects.
+		repl = replication.StandAlone
+	}
 	for name, p := range s.Peers {
-		s.Peers[name] = Peer{Repl: replication.Connecting, SplitBrainRule: p.SplitBrainRule}
+		s.Peers[name] = Peer{Repl: repl, SplitBrainRule: p.SplitBrainRule}
 	}
 	return []Action{{Kind: ResetPeers}}
+}
+
+// linksStarted: the links to every peer start (StartPeers), each Connecting
+// until a stream is taken.
+func (s *State) linksStarted() {
+	for name, p := range s.Peers {
+		p.Repl, p.Pulling = replication.Connecting, false
+		s.Peers[name] = p
+	}
 }
 
 // promote is a handover's promotion: this node must hold exactly the
@@ -1101,10 +1125,7 @@ func (s *State) setAdminDown(down bool) Ready {
 		rd.Actions = []Action{{Kind: DetachIncoming}}
 	case primary:
 		rd.Actions = []Action{{Kind: StartPeers}}
-		for name, p := range s.Peers {
-			p.Repl = replication.Connecting
-			s.Peers[name] = p
-		}
+		s.linksStarted()
 	}
 	what := "connected"
 	if down {

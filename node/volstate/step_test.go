@@ -272,6 +272,12 @@ func (h *harness) event(t *testing.T, d *datadriven.TestData, s *State) Event {
 		return NewerPrimary{Epoch: argUint(t, d, "epoch")}
 	case "peer-lost":
 		return PeerLost{Peer: peerName, Session: session}
+	case "link-started":
+		return LinkStarted{Peer: peerName}
+	case "link-down":
+		e := LinkDown{Peer: peerName}
+		_, e.ForGood = arg(d, "for-good")
+		return e
 	case "peer-congested":
 		return PeerCongested{Peer: peerName, Session: session}
 	case "peer-drained":
