@@ -359,14 +359,32 @@ func (m *monitor) record(now time.Time, v transport.VolumeStatus, views map[stri
 	return ring
 }
 
-// ioRing holds a volume's last ioCapacity samples.
+// ioRing holds a volume's last ioCapacity samples, those of the last
+// ioWindow: what its sparklines draw. Its buffer grows as samples come
+// and shrinks as they age out, so that an idle cluster's volumes, sampled
+// every maxIdleInterval with no page open, hold a dozen samples each, not
+// the window's worth at the open page's pace.
 type ioRing struct {
-	buf   [ioCapacity]ioSample
+	buf   []ioSample
 	start int
 	n     int
 }
 
+// minRing is the least buffer a ring holds once it holds a sample.
+const minRing = 16
+
 func (r *ioRing) add(s ioSample) {
+	// Samples out of the window of the newest draw nothing.
+	for r.n > 0 && r.buf[r.start].At.Before(s.At.Add(-ioWindow)) {
+		r.start = (r.start + 1) % len(r.buf)
+		r.n--
+	}
+	switch {
+	case r.n == len(r.buf) && r.n < ioCapacity:
+		r.resize(min(ioCapacity, max(minRing, 2*r.n)))
+	case len(r.buf) > minRing && r.n < len(r.buf)/4:
+		r.resize(max(minRing, 2*r.n))
+	}
 	if r.n < len(r.buf) {
 		r.buf[(r.start+r.n)%len(r.buf)] = s
 		r.n++
@@ -374,6 +392,15 @@ func (r *ioRing) add(s ioSample) {
 	}
 	r.buf[r.start] = s
 	r.start = (r.start + 1) % len(r.buf)
+}
+
+// resize moves the samples to a buffer of size, oldest first.
+func (r *ioRing) resize(size int) {
+	buf := make([]ioSample, size)
+	for i := range r.n {
+		buf[i] = r.buf[(r.start+i)%len(r.buf)]
+	}
+	r.buf, r.start = buf, 0
 }
 
 // samples returns the samples, oldest first.

@@ -597,6 +597,48 @@ func TestIORingKeepsTheLastSamples(t *testing.T) {
 	}
 }
 
+// An idle cluster's ring holds the window's samples at the idle pace, in
+// a buffer of about their number; a page that opens then draws them, and
+// the ring grows to the window's worth at the fastest pace, then shrinks
+// back once the page closed and the fast samples aged out.
+func TestIORingHoldsTheWindowOnly(t *testing.T) {
+	var r ioRing
+	now := testNow
+	idle := idleEvery(1000)
+	for i := range 3 * int(ioWindow/idle) {
+		r.add(ioSample{At: now, IOPS: float64(i)})
+		if i < int(ioWindow/idle) {
+			now = now.Add(idle)
+			continue
+		}
+		if r.n > int(ioWindow/idle)+1 || len(r.buf) > minRing {
+			t.Fatalf("idle: %d samples in a buffer of %d, want the window's %d in one of %d", r.n, len(r.buf), int(ioWindow/idle)+1, minRing)
+		}
+		now = now.Add(idle)
+	}
+	now = now.Add(-idle)
+	if io := drawIO(r.samples(), now); io.IOPS.Empty || io.IOPS.Latest != humanCount(float64(3*int(ioWindow/idle)-1)) {
+		t.Fatalf("a page opened on an idle ring draws %+v", io.IOPS)
+	}
+	for range 2 * ioCapacity {
+		now = now.Add(ioSpacing)
+		r.add(ioSample{At: now, IOPS: 1})
+	}
+	if r.n != ioCapacity {
+		t.Fatalf("viewed: %d samples, want %d", r.n, ioCapacity)
+	}
+	for range 2 * int(ioWindow/idle) {
+		now = now.Add(idle)
+		r.add(ioSample{At: now, IOPS: 2})
+	}
+	if r.n > int(ioWindow/idle)+1 || len(r.buf) > 4*minRing {
+		t.Fatalf("idle again: %d samples in a buffer of %d", r.n, len(r.buf))
+	}
+	if s := r.samples(); s[0].At.Before(now.Add(-ioWindow)) || s[len(s)-1].At != now {
+		t.Fatalf("idle again: samples from %v to %v, want the window up to %v", s[0].At, s[len(s)-1].At, now)
+	}
+}
+
 func TestEventLogKeepsTheNewestOnce(t *testing.T) {
 	var l eventLog
 	for i := range keptEvents + 10 {
