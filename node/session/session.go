@@ -385,14 +385,26 @@ type Session struct {
 // inMsg is a message into the loop (Session.inbox), of one kind: an entry
 // (Enqueue, Submit), the blocks a Behind peer misses (MarkBehind), a
 // write acknowledged to its client (CompletedLocally), a call (Do), or a
-// work to run beside the loop (Run).
+// work to run beside the loop (Run). Its fields are every kind's side by
+// side, with no struct per kind and one func for a call and a work: the
+// inbox holds inboxSize of them in every session, a thousand idle
+// volumes' sessions too, and they take 88 bytes where the structs took
+// 112.
 type inMsg struct {
-	kind       inKind
-	sub        submission
-	behind     behindMark
-	completion localCompletion
-	call       func()
-	work       func() error
+	kind inKind
+	// inSubmit: the submission's (admit first, for its flags' word).
+	admit  bool
+	pd     *Pending
+	answer chan Admission
+	// inBehind: behindMark's; inCompletion: localCompletion's. Both
+	// close ran.
+	e     *replication.Entry
+	seq   uint64
+	bytes int64
+	at    time.Time
+	ran   chan struct{}
+	// inCall runs fn on the loop (its error is nil), inWork beside it.
+	fn func() error
 }
 
 type inKind uint8
@@ -404,6 +416,14 @@ const (
 	inCall
 	inWork
 )
+
+// peerNews is the most news of the peer the loop has yet to take: each
+// frame awaiting its ack brings at most its receipt (protocol B) and its
+// ack, and the receiving goroutine hands over one read reply at a time,
+// waiting for the loop's verdict. The receiving goroutine thus never
+// waits for room in fromPeer, which a thousand idle volumes' sessions
+// hold no more of than that.
+const peerNews = 2*maxFramesInFlight + 1
 
 // peerMsg is the receiving goroutine's news: an ack, or a read reply
 // (isReply).
@@ -444,7 +464,7 @@ func New(ctx context.Context, p Peer, s Stream, cfg Config) *Session {
 	sctx, cancel := context.WithCancel(ctx)
 	ss := &Session{peer: p, name: cfg.Name, bm: cfg.Bitmap, lag: cfg.Lag, cfg: cfg, beat: cfg.Beat,
 		stream: s, ctx: sctx, cancel: cancel, timeout: cfg.Timeout, errc: make(chan error, 1),
-		inbox: make(chan inMsg, inboxSize), quiet: make(chan struct{}, 1), fromPeer: make(chan peerMsg, 64), synced: make(chan *Pending, 1),
+		inbox: make(chan inMsg, inboxSize), quiet: make(chan struct{}, 1), fromPeer: make(chan peerMsg, peerNews), synced: make(chan *Pending, 1),
 		out:   make(chan *frame.Frame, maxFramesInFlight+1),
 		ended: make(chan struct{}), finished: make(chan struct{})}
 	ss.lastRecv.Store(cfg.Clock.Now().UnixNano())
@@ -547,7 +567,7 @@ func (s *Session) Start() {
 func (s *Session) Run(work func() error) error {
 	s.Start()
 	if work != nil {
-		s.deliver(inMsg{kind: inWork, work: work})
+		s.deliver(inMsg{kind: inWork, fn: work})
 	}
 	<-s.finished
 	return s.err
@@ -697,10 +717,39 @@ func (s *Session) rested() {
 		s.tick.Stop()
 		s.rest = r
 		s.resting.Store(true)
+		s.shed()
 	case r == nil && s.rest != nil:
 		s.rest = nil
 		s.tick.Reset(s.every)
 		s.resting.Store(false)
+	}
+}
+
+// restingCap is the most room for entries a resting stream keeps (shed):
+// a connection's queue depth of writes, which a stream that rests between
+// bursts of them (not the pair's carrier) keeps without an allocation.
+const restingCap = inboxSize
+
+// shed drops, as the stream starts to rest, the room its last burst grew
+// (a resync's window, a deep queue of writes): its queue and entries in
+// flight, empty, the cached set's runs, none since the last flush, and
+// its resync runs, none in flight. A thousand idle volumes' streams then
+// hold none of it; the next burst grows it again.
+func (s *Session) shed() {
+	if cap(s.queue) > restingCap {
+		s.queue = nil
+	}
+	if cap(s.inflight) > restingCap {
+		s.inflight = nil
+	}
+	if s.cached.empty() && cap(s.cached.runs) > restingCap {
+		s.cached.runs = nil
+	}
+	if len(s.runs) == 0 {
+		s.runs = nil
+	}
+	if len(s.remarked) == 0 {
+		s.remarked = nil
 	}
 }
 
@@ -745,21 +794,21 @@ func (s *Session) marked(tracked error) {
 func (s *Session) take(m inMsg) {
 	switch m.kind {
 	case inSubmit:
-		if m.sub.admit && s.closing.Load() {
-			m.sub.answer <- AdmitEnded // the stream ends: not taken
+		if m.admit && s.closing.Load() {
+			m.answer <- AdmitEnded // the stream ends: not taken
 			return
 		}
-		if m.sub.admit {
-			s.admit(m.sub)
+		if m.admit {
+			s.admit(submission{pd: m.pd, admit: true, answer: m.answer})
 		} else {
-			s.accept(m.sub.pd)
+			s.accept(m.pd)
 		}
 	case inBehind:
-		s.markedBehind(m.behind)
+		s.markedBehind(behindMark{e: m.e, ran: m.ran})
 	case inCompletion:
-		s.completedLocally(m.completion)
+		s.completedLocally(localCompletion{seq: m.seq, bytes: m.bytes, at: m.at, ran: m.ran})
 	case inCall:
-		m.call()
+		_ = m.fn() // Do's: it returns nil
 	case inWork:
 		if s.closing.Load() {
 			return // Run's work does not start on a stream that ends
@@ -767,7 +816,7 @@ func (s *Session) take(m inMsg) {
 		s.extra.Add(1)
 		go func() {
 			defer s.extra.Done()
-			if err := m.work(); err != nil {
+			if err := m.fn(); err != nil {
 				s.Fail(err)
 			}
 		}()
@@ -780,7 +829,7 @@ func (s *Session) take(m inMsg) {
 // f did not run.
 func (s *Session) Do(f func()) bool {
 	ran := make(chan struct{})
-	if !s.deliver(inMsg{kind: inCall, call: func() { f(); close(ran) }}) {
+	if !s.deliver(inMsg{kind: inCall, fn: func() error { f(); close(ran); return nil }}) {
 		return false
 	}
 	<-ran

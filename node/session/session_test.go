@@ -131,3 +131,62 @@ func TestThePeersSilenceIsCountedOnTheInjectedClock(t *testing.T) {
 		t.Fatal("the session outlived its timeout on the injected clock")
 	}
 }
+
+// TestARestingStreamShedsTheRoomOfItsBurst: a stream that rests (another
+// stream of the pair carries the probe) after a burst deeper than a
+// connection's queue keeps none of the room the burst grew, so that a
+// thousand idle volumes' streams hold none; the next burst goes out as
+// before.
+func TestARestingStreamShedsTheRoomOfItsBurst(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	beat := &PairBeat{}
+	beat.carrier.Store(&Session{}) // another volume's stream carries
+	cfg := looseConfig(time.Hour)
+	cfg.Bitmap, _, _ = testBitmap(t)
+	cfg.Clock = clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	cfg.Beat = beat
+	st := NewStepper(ctx, loosePeer{}, &stepStream{}, cfg)
+	s := st.Session()
+	// burst queues n flushes, a full inbox at a time, then has the peer
+	// take and acknowledge each frame until none is left; it returns the
+	// entries the frames carried.
+	burst := func(n int) (sent int) {
+		for n > 0 {
+			k := min(n, inboxSize)
+			for range k {
+				if !s.Enqueue(NewPending(replication.Entry{Op: replication.OpFlush})) {
+					t.Fatal("a running session refused an entry")
+				}
+			}
+			n -= k
+			st.Inbox()
+		}
+		for f := st.Frame(); f != nil; f = st.Frame() {
+			entries, err := replication.DecodeBatch(f.AppendContents(nil), nil)
+			f.Release()
+			if err != nil {
+				t.Fatal(err)
+			}
+			sent += len(entries)
+			ack := &transport.Frame{}
+			ack.SetBytes(replication.AppendAck(nil, replication.Ack{Seq: entries[len(entries)-1].Seq, Status: replication.AckOK}))
+			if err := st.Received(ack); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return sent
+	}
+	if sent := burst(4 * restingCap); sent != 4*restingCap {
+		t.Fatalf("the burst sent %d entries, want %d", sent, 4*restingCap)
+	}
+	if !s.Resting() || !s.idle() {
+		t.Fatal("the stream does not rest after its burst")
+	}
+	if cap(s.queue) > restingCap || cap(s.inflight) > restingCap {
+		t.Fatalf("the resting stream keeps room for %d entries queued and %d in flight, want at most %d", cap(s.queue), cap(s.inflight), restingCap)
+	}
+	if sent := burst(1); sent != 1 || !s.Resting() {
+		t.Fatalf("the next burst sent %d entries (want 1), resting after: %v", sent, s.Resting())
+	}
+}

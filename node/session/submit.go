@@ -16,7 +16,7 @@ import (
 // ended: pd was not taken. It does not wait for the loop to take pd: pd
 // is taken in the order it was handed over (deliver).
 func (s *Session) Enqueue(pd *Pending) bool {
-	return s.deliver(inMsg{kind: inSubmit, sub: submission{pd: pd}})
+	return s.deliver(inMsg{kind: inSubmit, pd: pd})
 }
 
 // Submit hands an application write under protocol A or B to the loop,
@@ -37,7 +37,7 @@ func (s *Session) Submit(pd *Pending) Admission {
 // takes the answer once a step gave it.
 func (s *Session) submit(pd *Pending) <-chan Admission {
 	answer := make(chan Admission, 1)
-	if !s.deliver(inMsg{kind: inSubmit, sub: submission{pd: pd, admit: true, answer: answer}}) {
+	if !s.deliver(inMsg{kind: inSubmit, admit: true, pd: pd, answer: answer}) {
 		return nil
 	}
 	return answer
@@ -48,7 +48,7 @@ func (s *Session) submit(pd *Pending) <-chan Admission {
 // ended, nothing was marked.
 func (s *Session) MarkBehind(e *replication.Entry) bool {
 	ran := make(chan struct{})
-	if !s.deliver(inMsg{kind: inBehind, behind: behindMark{e: e, ran: ran}}) {
+	if !s.deliver(inMsg{kind: inBehind, e: e, ran: ran}) {
 		return false
 	}
 	<-ran
@@ -62,7 +62,7 @@ func (s *Session) MarkBehind(e *replication.Entry) bool {
 // when the session ended (its end marked the write's blocks).
 func (s *Session) CompletedLocally(seq uint64, bytes int64, at time.Time) {
 	ran := make(chan struct{})
-	if s.deliver(inMsg{kind: inCompletion, completion: localCompletion{seq: seq, bytes: bytes, at: at, ran: ran}}) {
+	if s.deliver(inMsg{kind: inCompletion, seq: seq, bytes: bytes, at: at, ran: ran}) {
 		<-ran
 	}
 }
