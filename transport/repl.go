@@ -303,7 +303,7 @@ func (s *ReplServer) serveConn(raw net.Conn, slot *connlimit.Slot) {
 		return
 	}
 	raw.SetDeadline(time.Time{})
-	fc := newFrameConn(context.Background(), conn, state)
+	fc := newFrameConn(context.Background(), conn, state, acceptedReadBuffer)
 	err := s.h(&ReplStream{s: fc, tls: state})
 	handlerDone()
 	if err != nil {
@@ -384,7 +384,7 @@ func (c *ReplClient) Open(ctx context.Context) (*ReplStream, error) {
 		return nil, err
 	}
 	raw.SetDeadline(time.Time{})
-	fc := newFrameConn(ctx, conn, state)
+	fc := newFrameConn(ctx, conn, state, dialledReadBuffer)
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()

@@ -196,7 +196,7 @@ func TestReplicationStreamIsMutualTLS(t *testing.T) {
 		if _, err := conn.Write(hdr[:]); err != nil {
 			t.Fatalf("the unlimited sender could not send: %v", err)
 		}
-		err = newFrameConn(context.Background(), conn, nil).RecvMsg(&Frame{})
+		err = newFrameConn(context.Background(), conn, nil, acceptedReadBuffer).RecvMsg(&Frame{})
 		if !errors.Is(err, ErrFrameTooLarge) || !strings.Contains(err.Error(), "frame too large for the peer") {
 			t.Fatalf("the server took a frame over the limit: %v", err)
 		}

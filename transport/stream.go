@@ -166,16 +166,22 @@ func (fc *frameConn) LongFrames() <-chan struct{} { return fc.longs }
 
 func (fc *frameConn) Arriving() (bool, int64) { return fc.arriving.Load(), fc.arrived.Load() }
 
-// readBufferSize is a stream's read buffer: acks and small frames come
-// out of it several to a read; a larger frame is read straight into its
-// own buffer past it.
-const readBufferSize = 16 << 10
+// A stream's read buffer: acks and small frames come out of it several to
+// a read; a larger frame is read straight into its own buffer past it.
+// The served side (acceptedReadBuffer) reads the primary's writes; the
+// dialled side (dialledReadBuffer), a primary's sender, reads acks and
+// read replies, small but for those a larger frame carries anyway, so it
+// holds less: a primary of a thousand volumes holds a thousand of them.
+const (
+	acceptedReadBuffer = 16 << 10
+	dialledReadBuffer  = 4 << 10
+)
 
-func newFrameConn(parent context.Context, conn net.Conn, state *tls.ConnectionState) *frameConn {
+func newFrameConn(parent context.Context, conn net.Conn, state *tls.ConnectionState, readBuffer int) *frameConn {
 	ctx, cancel := context.WithCancel(parent)
 	_, tcp := conn.(*net.TCPConn)
 	fc := &frameConn{conn: conn, tcp: tcp, state: state, ctx: ctx, cancel: cancel, longs: make(chan struct{}, 1)}
-	fc.r = bufio.NewReaderSize(counted{r: conn, n: &fc.arrived}, readBufferSize)
+	fc.r = bufio.NewReaderSize(counted{r: conn, n: &fc.arrived}, readBuffer)
 	fc.stop = context.AfterFunc(ctx, func() { conn.Close() })
 	return fc
 }

@@ -43,7 +43,12 @@ func encodeFrames(frames ...[]byte) []byte {
 // decodeAll reads frames from b as a receiver does, until the stream
 // ends: the frames, and how it ended.
 func decodeAll(b []byte) ([][]byte, error) {
-	fc := newFrameConn(context.Background(), &byteConn{r: bytes.NewReader(b)}, nil)
+	return decodeAllThrough(b, acceptedReadBuffer)
+}
+
+// decodeAllThrough is decodeAll through a read buffer of size bytes.
+func decodeAllThrough(b []byte, size int) ([][]byte, error) {
+	fc := newFrameConn(context.Background(), &byteConn{r: bytes.NewReader(b)}, nil, size)
 	defer fc.cancel()
 	var got [][]byte
 	f := &Frame{}
@@ -57,19 +62,22 @@ func decodeAll(b []byte) ([][]byte, error) {
 }
 
 // TestTheFramingRoundTrips: frames of every size class read back as they
-// were sent, in order, and a clean end reads as io.EOF.
+// were sent, in order, and a clean end reads as io.EOF, through either
+// side's read buffer.
 func TestTheFramingRoundTrips(t *testing.T) {
-	want := [][]byte{{}, []byte("a"), bytes.Repeat([]byte{7}, readBufferSize-3), bytes.Repeat([]byte{9}, 3*readBufferSize+1), []byte("last")}
-	got, err := decodeAll(encodeFrames(want...))
-	if err != io.EOF {
-		t.Fatalf("the stream ended with %v, want io.EOF", err)
-	}
-	if len(got) != len(want) {
-		t.Fatalf("read %d frames, sent %d", len(got), len(want))
-	}
-	for i := range want {
-		if !bytes.Equal(got[i], want[i]) {
-			t.Fatalf("frame %d: %d bytes differ from the %d sent", i, len(got[i]), len(want[i]))
+	for _, size := range []int{acceptedReadBuffer, dialledReadBuffer} {
+		want := [][]byte{{}, []byte("a"), bytes.Repeat([]byte{7}, size-3), bytes.Repeat([]byte{8}, size+5), bytes.Repeat([]byte{9}, 3*acceptedReadBuffer+1), []byte("last")}
+		got, err := decodeAllThrough(encodeFrames(want...), size)
+		if err != io.EOF {
+			t.Fatalf("buffer of %d: the stream ended with %v, want io.EOF", size, err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("buffer of %d: read %d frames, sent %d", size, len(got), len(want))
+		}
+		for i := range want {
+			if !bytes.Equal(got[i], want[i]) {
+				t.Fatalf("buffer of %d: frame %d: %d bytes differ from the %d sent", size, i, len(got[i]), len(want[i]))
+			}
 		}
 	}
 }
@@ -111,7 +119,7 @@ func TestAStreamThatIsNotTheFramingEndsInWords(t *testing.T) {
 // that room (SetBytes of another slice) goes out whole too.
 func TestAFrameGoesOutInOneWrite(t *testing.T) {
 	c := &countingConn{}
-	fc := newFrameConn(context.Background(), c, nil)
+	fc := newFrameConn(context.Background(), c, nil, acceptedReadBuffer)
 	defer fc.cancel()
 	f := NewFrame(4)
 	f.SetBytes(append(f.Bytes(), "abcd"...))
@@ -147,20 +155,20 @@ func TestAFrameCarriesItsReferencesInOrder(t *testing.T) {
 		f.Ref(len(b), []byte("AAAA"))
 		f.Ref(len(b), []byte("BB")) // two references in a row
 		b = append(b, "mid"...)
-		f.Ref(len(b), bytes.Repeat([]byte{'C'}, 3*readBufferSize))
+		f.Ref(len(b), bytes.Repeat([]byte{'C'}, 3*acceptedReadBuffer))
 		b = append(b, "tail"...)
 		if head {
 			f.SetBytes(b)
 		} else {
 			f.SetBytes(bytes.Clone(b))
 		}
-		want := "hdAAAABBmid" + strings.Repeat("C", 3*readBufferSize) + "tail"
+		want := "hdAAAABBmid" + strings.Repeat("C", 3*acceptedReadBuffer) + "tail"
 		return f, []byte(want)
 	}
 	t.Run("not TCP", func(t *testing.T) {
 		for _, head := range []bool{true, false} {
 			c := &countingConn{}
-			fc := newFrameConn(context.Background(), c, nil)
+			fc := newFrameConn(context.Background(), c, nil, acceptedReadBuffer)
 			f, want := build(head)
 			if f.Len() != len(want) {
 				t.Fatalf("Len() = %d, want %d", f.Len(), len(want))
@@ -197,8 +205,8 @@ func TestAFrameCarriesItsReferencesInOrder(t *testing.T) {
 		if server == nil {
 			t.Fatal("no connection accepted")
 		}
-		send := newFrameConn(context.Background(), client, nil)
-		recv := newFrameConn(context.Background(), server, nil)
+		send := newFrameConn(context.Background(), client, nil, acceptedReadBuffer)
+		recv := newFrameConn(context.Background(), server, nil, acceptedReadBuffer)
 		defer send.cancel()
 		defer recv.cancel()
 		var wants [][]byte
@@ -270,7 +278,7 @@ func FuzzReplStreamDecoder(f *testing.F) {
 func TestALongFrameSaysItIsArriving(t *testing.T) {
 	near, far := net.Pipe()
 	defer far.Close()
-	fc := newFrameConn(context.Background(), near, nil)
+	fc := newFrameConn(context.Background(), near, nil, acceptedReadBuffer)
 	defer fc.close()
 	var arr Arrivals = fc
 
