@@ -183,12 +183,35 @@ const (
 	// record the generation it resumes from comes back with none:
 	// just-created-peer) breaks it.
 	FindingHistoryFullResync Finding = iota + 1
+	// FindingPullCopiesLeftovers: a primary's pull copies every block
+	// its disk misses (node's copyMissingFromPeer over localMissing),
+	// the blocks an earlier pull cut off left among them, from whichever
+	// peer it pulls from next, though that peer's plan (and the marks
+	// forwardPulled left for it) may already cover every block that
+	// differs: the leftovers hold the data of the generation before the
+	// first pull, which the next source's plan is counted from.
+	// Invariant 4 (catch-up costs what changed) tolerates those copies,
+	// traced.
+	FindingPullCopiesLeftovers
+	// FindingMissingOutlivesTerm: node keeps the blocks a primary's
+	// disk misses (localMissing, in memory) when the pull that would copy
+	// them is cut off and the primary steps down; nothing clears them on
+	// a secondary, so a resync into it makes it UpToDate, holding a
+	// generation, with blocks still marked missing: node then reads
+	// them from a peer, a revert skips them, and State.LocalMissing
+	// says so. checkMissing tolerates it, traced, for a node whose
+	// blocks were marked in a term it has since left.
+	FindingMissingOutlivesTerm
 )
 
 func (f Finding) String() string {
 	switch f {
 	case FindingHistoryFullResync:
 		return "history-full-resync"
+	case FindingPullCopiesLeftovers:
+		return "pull-copies-leftovers"
+	case FindingMissingOutlivesTerm:
+		return "missing-outlives-term"
 	}
 	return "finding(?)"
 }
@@ -239,6 +262,9 @@ type checker struct {
 	// from whom (NoStalePromotion): set when one applies resync data,
 	// cleared when its volume records the source's generation.
 	midResync map[string]string
+	// missingSaid: the nodes whose blocks missing since a term they left
+	// were traced (FindingMissingOutlivesTerm), until they miss none.
+	missingSaid map[string]bool
 }
 
 // streamLog is one stream's data entries in the order sent, and how far
@@ -259,7 +285,7 @@ type streamEntry struct {
 
 func newChecker() checker {
 	return checker{acked: make([]int64, blocks), ackedEpoch: make([]uint64, blocks), ackedIDs: map[int][]int64{}, protected: make([]int64, blocks), forced: map[string]bool{}, mayDiffer: map[int]bool{},
-		forcedAlone: map[string]bool{}, midResync: map[string]string{},
+		forcedAlone: map[string]bool{}, midResync: map[string]string{}, missingSaid: map[string]bool{},
 		changed: map[[2]string]map[int]bool{}, streams: map[uint64]*streamLog{}}
 }
 
@@ -389,6 +415,26 @@ func (c *checker) historyFullResync(s *Sim, p, q *node) {
 	}
 	hit := findingHit{finding: FindingHistoryFullResync, step: s.step,
 		detail: fmt.Sprintf("%s's data goes to %s in full (history rule): %d blocks changed since they were last in sync", p.name, q.name, len(c.changed[pair(p.name, q.name)]))}
+	c.findings = append(c.findings, hit)
+	s.tracef("KNOWN FINDING %s: %s", hit.finding, hit.detail)
+}
+
+// pullLeftovers: q's pull into n copies blocks left, an earlier pull
+// cut off, outside this pull's plan (FindingPullCopiesLeftovers): those
+// invariant 4 does not allow already are allowed, traced.
+func (c *checker) pullLeftovers(s *Sim, q, n *node, left []int) {
+	var extra []int
+	for _, b := range left {
+		if !c.changed[pair(q.name, n.name)][b] {
+			extra = append(extra, b)
+			c.allow(q.name, n.name, b)
+		}
+	}
+	if len(extra) == 0 {
+		return
+	}
+	hit := findingHit{finding: FindingPullCopiesLeftovers, step: s.step,
+		detail: fmt.Sprintf("%s's pull from %s copies blocks %v an earlier pull left, which neither changed since they were last in sync", n.name, q.name, extra)}
 	c.findings = append(c.findings, hit)
 	s.tracef("KNOWN FINDING %s: %s", hit.finding, hit.detail)
 }
@@ -624,6 +670,7 @@ func (s *Sim) checkAll() {
 		// quorum that raft has not heard of yet.
 		current := known && va.Primary == n.name && va.Epoch == st.Durable.Epoch && st.Serving.IsOpen() ||
 			st.Serving == volstate.OpenWithoutLease && (!known || va.Epoch < st.Durable.Epoch)
+		s.checkMissing(n)
 		if st.Role() != replication.Primary || !current || st.Disk != replication.UpToDate {
 			continue
 		}
@@ -651,6 +698,39 @@ func (s *Sim) checkAll() {
 	s.checkMidResync()
 	s.checkSums()
 	s.checkHandover()
+}
+
+// checkMissing checks invariant 1's readable half for the blocks n's
+// disk misses (a pull's plan not yet copied): a node that holds a
+// generation, or whose disk the rules call UpToDate, reads its own disk
+// as the volume's data (and is a source of resyncs and a candidate for
+// promotion), so its disk misses nothing. (Node reads a missing block
+// from a peer meanwhile; the sim's reads of a primary's disk, and the
+// resyncs it sources, happen only once it holds a generation.) Blocks
+// marked in a primary term n has left are FindingMissingOutlivesTerm:
+// traced once, tolerated.
+func (s *Sim) checkMissing(n *node) {
+	c := &s.check
+	if len(n.missing) == 0 {
+		delete(c.missingSaid, n.name)
+		return
+	}
+	if n.st.Disk != replication.UpToDate && n.durable.Gens.Current.IsZero() {
+		return
+	}
+	if n.st.Role() != replication.Primary || n.st.Durable.Epoch != n.missingEpoch {
+		if !c.missingSaid[n.name] {
+			c.missingSaid[n.name] = true
+			hit := findingHit{finding: FindingMissingOutlivesTerm, step: s.step,
+				detail: fmt.Sprintf("%s (%s at epoch %d, disk %s, generation %s) still misses blocks %v, marked while it was primary at epoch %d",
+					n.name, n.st.Role(), n.st.Durable.Epoch, n.st.Disk, n.durable.Gens.Current, slices.Sorted(maps.Keys(n.missing)), n.missingEpoch)}
+			c.findings = append(c.findings, hit)
+			s.tracef("KNOWN FINDING %s: %s", hit.finding, hit.detail)
+		}
+		return
+	}
+	s.fail(NoAckedWriteLost, "%s (%s, disk %s, generation %s) takes its disk for the volume's data, but it misses blocks %v (a pull's plan not yet copied)",
+		n.name, n.st.Role(), n.st.Disk, n.durable.Gens.Current, slices.Sorted(maps.Keys(n.missing)))
 }
 
 func names(ns []*node) []string {

@@ -140,12 +140,13 @@ func (s *Sim) abandon(n *node, w *write) {
 // marked for it, BEFORE the write is over (a later write to the block
 // follows it).
 func (s *Sim) revert(n *node, w *write) {
-	if src, ok := s.pullPlans(n, w.block); ok {
-		// A block a pull under way copies holds nothing here to send:
-		// the pull brings the source's copy, the one kept, and passes it
-		// on to the other peers (node's revertPeers).
+	if n.missing[w.block] {
+		// A block the local disk misses holds nothing here to send: the
+		// pull (under way, or the next one) brings the source's copy, the
+		// one kept, and passes it on to the other peers (node's
+		// revertPeers).
 		n.leftToPull[w.block] = true
-		s.tracef("%s: write %d failed after it went to the streams: block %d is left to the pull from %s", n.name, w.id, w.block, src)
+		s.tracef("%s: write %d failed after it went to the streams: block %d, which the disk misses, is left to the pull", n.name, w.id, w.block)
 		return
 	}
 	v := n.disk.read(w.block)
@@ -173,21 +174,6 @@ func (s *Sim) pullsFrom(n *node, except string) bool {
 		}
 	}
 	return false
-}
-
-// pullPlans reports whether a pull of n under way copies block b (pull's
-// plan: marked on either side, or every block), and from which peer.
-func (s *Sim) pullPlans(n *node, b int) (string, bool) {
-	for _, peer := range slices.Sorted(maps.Keys(n.pulls)) {
-		due := n.pulls[peer]
-		if n.sessions[peer] != due.session {
-			continue
-		}
-		if due.full || n.marks[peer][b] || s.node(peer).marks[n.name][b] {
-			return peer, true
-		}
-	}
-	return "", false
 }
 
 // cacheLoss is node's look for a stream that lost w's ack from its
@@ -808,27 +794,52 @@ func (s *Sim) progressPulls(n *node) {
 			s.tracef("%s: pull from %s cut off", n.name, p)
 		case due.at.IsZero():
 			// Planned at the handshake, not started.
-		case !s.now.Before(due.at) && n.unacked(p) == 0:
-			// The source answered every write sent it before (node's
-			// stream serves the pull's reads after them).
+		case n.unacked(p) > 0:
+			// The source answers the pull's reads after every write sent
+			// it before (node's stream serves them in order).
+		case !s.now.Before(due.at):
 			delete(n.pulls, p)
-			s.pull(n, p, due.full)
+			s.pull(n, p)
+		case s.pullRng.Float64() < pPullRun:
+			s.pullRuns(n, p)
 		}
 	}
 }
 
-// pull copies to this primary what the rules planned (the blocks marked
-// on either side, or every block for a full resync) and takes the peer's
-// generation.
-func (s *Sim) pull(n *node, peer string, full bool) {
-	q := s.node(peer)
-	var planned []int
-	for b := range blocks {
-		if full || n.marks[peer][b] || q.marks[n.name][b] {
-			planned = append(planned, b)
+// pPullRun is the chance that a pull under way copies some of its runs
+// at a step before its end (drawn from pullRng): node's copy goes run
+// after run while the stream lasts, and a pull cut off leaves the disk
+// with part of the source's data, the rest still missing.
+const pPullRun = 0.3
+
+// pullRuns copies the first of the blocks n's disk misses from the
+// source, in order (node's copyMissingFromPeer, from the start of the
+// map), up to a seeded number, and stops before a block a write in flight
+// holds (node's copy takes the run's range lock). Nothing is synced yet:
+// the blocks stay in the hot window until the pull's end syncs them.
+func (s *Sim) pullRuns(n *node, peer string) {
+	var run []int
+	limit := 1 + s.pullRng.IntN(blocks)
+	for _, b := range slices.Sorted(maps.Keys(n.missing)) {
+		if len(run) == limit || slices.ContainsFunc(n.writes, func(w *write) bool { return w.block == b }) {
+			break
 		}
+		run = append(run, b)
 	}
-	s.check.copied(s, peer, n.name, planned, "pull")
+	if len(run) == 0 {
+		return
+	}
+	s.copyPulled(n, s.node(peer), run)
+	for _, b := range run {
+		s.sumAdmit(n, b)
+	}
+	s.tracef("%s: pull from %s copied blocks %v, %d still missing", n.name, peer, run, len(n.missing))
+}
+
+// copyPulled copies blocks from q's disk into n's, which misses them (a
+// pull), and passes on what changed.
+func (s *Sim) copyPulled(n, q *node, planned []int) {
+	s.check.copied(s, q.name, n.name, planned, "pull")
 	for _, b := range planned {
 		v := q.disk.read(b)
 		changed := v != n.disk.read(b)
@@ -839,6 +850,7 @@ func (s *Sim) pull(n *node, peer string, full bool) {
 		// node's copy stores the sum of each block it writes, outside
 		// the activity log, and makes both durable at its end.
 		n.sums.set(b, v)
+		delete(n.missing, b)
 		left := n.leftToPull[b]
 		delete(n.leftToPull, b)
 		if !changed && !left {
@@ -848,7 +860,7 @@ func (s *Sim) pull(n *node, peer string, full bool) {
 		// whose failed write was left to the pull (it may be on them):
 		// in their streams, or marked (node's forwardPulled).
 		for _, p := range n.peers {
-			if p == peer || s.cfg.mutation == mutPullNotForwarded {
+			if p == q.name || s.cfg.mutation == mutPullNotForwarded {
 				continue
 			}
 			if _, ok := n.sessions[p]; ok {
@@ -858,6 +870,37 @@ func (s *Sim) pull(n *node, peer string, full bool) {
 			}
 		}
 	}
+}
+
+// markPull marks the blocks a pull from q copies into primary n, as
+// node's decide does BEFORE the rules take the connection: every block
+// for a full resync as target, else those marked on either side (what n
+// marked for q: q's copy is the one to keep). What an earlier pull left
+// stays marked, and this pull copies it too (FindingPullCopiesLeftovers).
+func (s *Sim) markPull(n, q *node, full bool) {
+	var left []int
+	for _, b := range slices.Sorted(maps.Keys(n.missing)) {
+		if !full && !n.marks[q.name][b] && !q.marks[n.name][b] {
+			left = append(left, b)
+		}
+	}
+	s.check.pullLeftovers(s, q, n, left)
+	for b := range blocks {
+		if full || n.marks[q.name][b] || q.marks[n.name][b] {
+			n.missing[b] = true
+		}
+	}
+	n.missingEpoch = n.st.Durable.Epoch
+	s.tracef("%s: its disk misses %d blocks, to pull from %s (%d of them left by an earlier pull)", n.name, len(n.missing), q.name, len(left))
+}
+
+// pull copies to this primary every block its disk misses (node's
+// copyMissingFromPeer: the plan markPull marked, and what a pull cut off
+// left) and takes the peer's generation.
+func (s *Sim) pull(n *node, peer string) {
+	q := s.node(peer)
+	planned := slices.Sorted(maps.Keys(n.missing))
+	s.copyPulled(n, q, planned)
 	if !s.syncWithSums(n) {
 		// node's copy fails then, and a crash before it synced leaves
 		// what it copied to be copied again; the sim's pull goes on, so

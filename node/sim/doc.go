@@ -30,7 +30,8 @@
 // interfaces (applied.go), whose state writes at a sync start or end fail
 // as node's metadata writes can (stateWrite). Only the mechanism around those rules is
 // modelled: disks with a volatile write cache, replication links, leases,
-// the primary's data path and resync, the clock. One PCG source seeded from the seed drives
+// the primary's data path, resync and pulls (the blocks a pulling
+// primary's disk misses: State.LocalMissing), the clock. One PCG source seeded from the seed drives
 // everything and the invariants of DESIGN.md §2 are checked after every
 // step, so a seed replays a failure exactly. Writes are acknowledged as
 // node acknowledges them: from the disks' volatile caches (protocol C:

@@ -102,6 +102,17 @@ type node struct {
 	// peers whether they changed here or not (node's forwardPulled passes
 	// on every run it copies).
 	leftToPull map[int]bool
+	// missing are the blocks the local disk misses, to be copied from a
+	// peer (node's durable.localMissing; the rules read it as
+	// State.LocalMissing): a pull's plan, marked at the handshake BEFORE
+	// the rules take it (markPull), cleared as the pull copies them,
+	// kept when the pull is cut off until the next pull copies them, and
+	// cleared by ClearLocalMissing. Node keeps it in memory: a crash
+	// loses it (boot).
+	missing map[int]bool
+	// missingEpoch: the epoch at which this node, primary, last marked
+	// blocks missing (FindingMissingOutlivesTerm).
+	missingEpoch uint64
 	// driving: a step of this node's volume is under way (its actions
 	// run); an event they cause here waits in follow.
 	driving bool
@@ -213,7 +224,7 @@ func (n *node) boot() {
 	n.streams, n.ending, n.shipped = map[string]*stream{}, map[string]*stream{}, map[*session.Pending]shipped{}
 	n.resyncing, n.syncDone = map[string]map[int]bool{}, map[string]syncDue{}
 	n.resyncLate = map[string]resyncLate{}
-	n.announcing, n.pulls, n.leftToPull = map[string]bool{}, map[string]pullDue{}, map[int]bool{}
+	n.announcing, n.pulls, n.leftToPull, n.missing = map[string]bool{}, map[string]pullDue{}, map[int]bool{}, map[int]bool{}
 	n.cacheAnnounce, n.streamed = false, map[string]bool{}
 	n.mayHold, n.mayHoldUnknown = map[string]replication.Generation{}, map[string]bool{}
 	for _, p := range n.peers {
@@ -446,11 +457,12 @@ type simVolume struct {
 // tracked in a bitmap, and its bitmap holds bits while n marks blocks for
 // it (Marked: the end of a resync with a block marked again since is
 // refused, volstate.ErrNotInSync, as node refuses it), as node reads its
-// peers. The sim keeps no map of the blocks a detached disk misses
-// (ClearLocalMissing), so none is missing.
+// peers; and whether the local disk misses blocks (LocalMissing: a pull's
+// plan not yet copied, n.missing).
 func (v simVolume) State() volstate.State {
 	st := v.n.st.Clone()
 	st.NoRaftLeader = !v.s.raft.reach(v.s, v.n)
+	st.LocalMissing = len(v.n.missing) > 0
 	for name, p := range st.Peers {
 		p.InSync = p.Repl == replication.Connected && !st.Durable.Gens.Tracking(name)
 		p.Marked = len(v.n.marks[name]) > 0
@@ -603,8 +615,12 @@ func (s *Sim) perform(n *node, a volstate.Action) {
 			s.endStream(s.node(in.from), n.name)
 		}
 	case volstate.ClearLocalMissing:
-		// The sim keeps no map of blocks the local disk misses: a
-		// detached (Diskless) primary takes no client writes.
+		// The disk was adopted (a forced promotion of a node holding no
+		// generation): it misses nothing.
+		if len(n.missing) > 0 {
+			s.tracef("%s: the %d blocks its disk missed are its own now", n.name, len(n.missing))
+		}
+		clear(n.missing)
 	case volstate.StartLease:
 		n.renewing, n.lastRenew = true, time.Time{}
 	case volstate.StopLease:
@@ -635,6 +651,9 @@ func (s *Sim) perform(n *node, a volstate.Action) {
 		}
 		s.startResync(n, a.Peer)
 	case volstate.StartPull:
+		// node's decide: what was marked for the peer is copied back
+		// from it (markPull marked it missing), not sent.
+		clear(n.marks[a.Peer])
 		s.startPull(n, a.Peer)
 	case volstate.Reattach:
 		n.reattachAt = s.now.Add(time.Second)
@@ -862,6 +881,11 @@ func (s *Sim) handshake(p, q *node) {
 		for b := range blocks {
 			p.mark(q.name, b)
 		}
+	}
+	// node's decide marks what a pull copies BEFORE the rules take the
+	// connection (markPull), where it plans one.
+	if sourceOK := qs.IdleDisk() == replication.UpToDate || qs.IdleDisk() == replication.Consistent; !qs.Discard && d.Outcome.IsTarget() && sourceOK && !refusedOutdated {
+		s.markPull(p, q, d.Outcome == replication.FullResyncTarget)
 	}
 	marked := len(p.marks[q.name]) > 0 || len(q.marks[p.name]) > 0
 	err = s.drive(p, volstate.PeerConnected{Peer: q.name, Session: sid, UUIDs: qs.UUIDs(p.name), PeerEpoch: qs.Durable.Epoch,

@@ -259,6 +259,9 @@ type Sim struct {
 	// waitRng draws which waits of a drive are left off its loop, and
 	// for how long (post), apart from rng as stateRng is.
 	waitRng *rand.Rand
+	// pullRng draws the runs a pull copies before its end (pullRuns),
+	// apart from rng as stateRng is.
+	pullRng *rand.Rand
 	// offLoop are the waits left off the nodes' loops, in the order left
 	// (resumeWaits).
 	offLoop []offLoopWait
@@ -291,6 +294,7 @@ func New(cfg Config) *Sim {
 		rng:      rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
 		stateRng: rand.New(rand.NewPCG(cfg.Seed^0x5851f42d4c957f2d, cfg.Seed)),
 		waitRng:  rand.New(rand.NewPCG(cfg.Seed^0x2545f4914f6cdd1d, ^cfg.Seed)),
+		pullRng:  rand.New(rand.NewPCG(cfg.Seed^0x4cf5ad432745937f, cfg.Seed+1)),
 		start:    time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
 		links:    map[[2]string]*link{},
 	}

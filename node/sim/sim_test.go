@@ -233,15 +233,19 @@ func TestSimCatchesPlantedBugs(t *testing.T) {
 		// which most pulls the sim made were; 42456 since the streams
 		// are node/session's sessions; 119604 since primaries take
 		// writes during a pull and a discarding secondary keeps the
-		// primary it follows.)
-		{mutAcceptKeepsCache, NoAckedWriteLost, 119604, false},
+		// primary it follows; 128511 since the simulation keeps the
+		// blocks a primary's disk misses and its pulls copy them run by
+		// run.)
+		{mutAcceptKeepsCache, NoAckedWriteLost, 128511, false},
 		// And this one until seeds 459 and 3801, with the model's pull
 		// made as node's was: a primary's pull passed nothing on to its
 		// other peers, counted in sync. (Those pulled from a peer raft had
 		// Outdated, which no primary does since the finding
 		// pull-from-outdated; seed 561 pulls from one UpToDate, since
-		// primaries take writes during a pull.)
-		{mutPullNotForwarded, ReplicasEqualInSync, 561, false},
+		// primaries take writes during a pull; 2733 since the
+		// simulation keeps the blocks a primary's disk misses and its
+		// pulls copy them run by run.)
+		{mutPullNotForwarded, ReplicasEqualInSync, 2733, false},
 		// And this one until the known finding failed-write-diverges: a
 		// write that failed after it went to the streams, and that the
 		// primary's disk does not hold, stayed on the peers.
