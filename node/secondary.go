@@ -311,20 +311,22 @@ func (v *Volume) handedOverAt(epoch uint64) bool {
 // it then copies (the rules' pull); its own marks since do
 // (VolumeAuthority.OutdatedOnRecord): a peer that missed writes
 // acknowledged in the forced term, pulled from, would copy its older
-// blocks over them.
+// blocks over them. A node an operator forced without a quorum is ahead
+// of the record: the record's term counts for it when it held this node
+// UpToDate (VolumeAuthority.OutdatedUnder).
 func (v *Volume) raftOutdated(peer string) bool {
 	cl := v.node.cl
 	if cl == nil {
 		return false
 	}
 	va, ok := cl.c.Authority().Volume(v.name)
-	if !ok || va.Primary != v.self {
+	if !ok {
 		return false
 	}
 	v.mu.Lock()
 	epoch := v.st.Durable.Epoch
 	v.mu.Unlock()
-	return va.Epoch == epoch && va.OutdatedOnRecord(peer)
+	return va.OutdatedUnder(v.self, epoch, peer)
 }
 
 // markActivityLog marks the activity log's extents out of sync toward

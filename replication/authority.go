@@ -44,7 +44,9 @@ type VolumeAuthority struct {
 	// MarkedSinceForce are the data nodes raft recorded Outdated or
 	// UpToDate in a term an operator forced, since its promotion: the
 	// forced primary's own word on each, which counts as any term's does
-	// (OutdatedOnRecord). Every promotion clears it.
+	// (OutdatedOnRecord), and, when the forced node was UpToDate on
+	// record, the nodes the term before held Outdated on its word. Every
+	// promotion clears it.
 	MarkedSinceForce []string `json:"marked_since_force,omitempty"`
 }
 
@@ -326,6 +328,18 @@ func (va VolumeAuthority) promote(cmd AuthorityCommand) (VolumeAuthority, error)
 	next.Primary, next.Epoch, next.MarkedSinceForce = cmd.Node, va.Epoch+1, nil
 	if cmd.Force {
 		next.UpToDate, next.Outdated = []string{cmd.Node}, without(va.DataNodes, cmd.Node)
+		if va.IsUpToDate(cmd.Node) {
+			// The forced node held every write acknowledged on record
+			// (a no-quorum force raft records once it has a quorum again:
+			// the reclaim): a node the record held Outdated on its word
+			// missed one it holds, which the new term's word keeps, so
+			// that it is never pulled from (the simulation's seed 13758).
+			for _, n := range va.Outdated {
+				if n != cmd.Node && va.OutdatedOnRecord(n) {
+					next.MarkedSinceForce = append(next.MarkedSinceForce, n)
+				}
+			}
+		}
 	}
 	if f := cmd.Failover; f != nil && cmd.Node != va.Primary {
 		next.LastFailover = &FailoverRecord{From: va.Primary, To: cmd.Node, Epoch: next.Epoch, At: f.At, Reason: f.Reason, Forced: cmd.Force}
@@ -424,6 +438,27 @@ func (va VolumeAuthority) OutdatedOnRecord(node string) bool {
 	}
 	_, ok := slices.BinarySearch(va.MarkedSinceForce, node)
 	return ok
+}
+
+// OutdatedUnder reports whether raft's record says peer missed a write
+// that primary, at epoch, holds, so that peer is never the source of a
+// copy onto it: the record names primary at epoch and holds peer Outdated
+// on its word (OutdatedOnRecord); or primary is ahead of the record (an
+// operator forced it without a quorum, so raft knows nothing of its
+// term), and the record's term, the last raft knows, held primary
+// UpToDate (it took every write acknowledged in that term) and peer
+// Outdated on its word (it missed one). Without the second, a node forced
+// so took a peer that missed the last term's writes for newer whenever
+// that peer's generations had moved on in an earlier term, and copied it
+// over those writes (the simulation's seed 13758).
+func (va VolumeAuthority) OutdatedUnder(primary string, epoch uint64, peer string) bool {
+	switch {
+	case va.Primary == primary && va.Epoch == epoch:
+		return va.OutdatedOnRecord(peer)
+	case va.Epoch < epoch:
+		return va.IsUpToDate(primary) && va.OutdatedOnRecord(peer)
+	}
+	return false
 }
 
 // ChooseFailover is the rule for an automatic failover, once the caller

@@ -373,4 +373,42 @@ func TestOutdatedOnRecord(t *testing.T) {
 	if err := back.Check(); err != nil {
 		t.Fatalf("the authority after marks in a forced term fails its check: %v", err)
 	}
+	// a is resynced again, and forced (the reclaim of a no-quorum force):
+	// it held every write acknowledged on record, so b, Outdated on the
+	// forced term's word, missed one a holds, which the new term's word
+	// keeps; c, the primary it replaces, is Outdated on no one's word.
+	a = step(back, MarkUpToDateCommand("vol", 9, "a"))
+	a = step(a, FailoverCommand("vol", 9, "a", true, at, "reclaim"))
+	check(a, map[string]bool{"a": false, "b": true, "c": false})
+	// Forced from Outdated, it held no such record: nothing is kept.
+	a = step(a, FailoverCommand("vol", 10, "b", true, at, "forced"))
+	check(a, map[string]bool{"a": false, "b": false, "c": false})
+}
+
+// TestOutdatedUnder: a peer is never copied onto a primary when raft's
+// record says it missed a write that primary holds: under the primary's
+// own term (OutdatedOnRecord), or, for a primary ahead of the record (an
+// operator forced it without a quorum), under the record's term when it
+// held the primary UpToDate. A primary behind the record, or one the
+// record's term held Outdated itself, learns nothing of it.
+func TestOutdatedUnder(t *testing.T) {
+	rec := volumeAt("g", 3, nodes("a", "b", "g"), nodes("a", "g"), nodes("b"))
+	for _, c := range []struct {
+		what          string
+		primary, peer string
+		epoch         uint64
+		want          bool
+	}{
+		{"the record's primary, its term, a peer Outdated", "g", "b", 3, true},
+		{"the record's primary, its term, a peer UpToDate", "g", "a", 3, false},
+		{"forced ahead of the record, UpToDate in it, a peer Outdated", "a", "b", 4, true},
+		{"forced ahead of the record, UpToDate in it, a peer UpToDate", "a", "g", 4, false},
+		{"forced ahead of the record, Outdated in it", "b", "a", 4, false},
+		{"behind the record", "a", "b", 2, false},
+		{"at the record's epoch, not its primary", "a", "b", 3, false},
+	} {
+		if got := rec.OutdatedUnder(c.primary, c.epoch, c.peer); got != c.want {
+			t.Errorf("%s: OutdatedUnder(%s, %d, %s) = %t, want %t", c.what, c.primary, c.epoch, c.peer, got, c.want)
+		}
+	}
 }

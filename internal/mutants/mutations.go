@@ -319,4 +319,33 @@ var mutations = []Mutation{
 			Replace: "\treturn false\n",
 		}},
 	},
+	{
+		Name: "secondary-keeps-missing",
+		Rule: "a resync into a secondary ends without clearing the blocks a pull it made as primary left missing (volstate's ResyncFinished as target: ClearLocalMissing): it holds a generation, its disk UpToDate, and misses blocks",
+		Edits: []Edit{{
+			File:    "node/volstate/step.go",
+			Find:    "\t\t\tif s.LocalMissing {\n\t\t\t\trd.Actions = append(rd.Actions, Action{Kind: ClearLocalMissing})\n\t\t\t}\n",
+			Replace: "",
+		}},
+	},
+	{
+		Name: "forced-ahead-ignores-record",
+		Rule: "a primary an operator forced without a quorum, ahead of raft's record, counts nothing of it (replication.VolumeAuthority.OutdatedUnder): it pulls from a peer that missed a write of the record's term it holds, and copies its older block over it",
+		Edits: []Edit{{
+			File:    "replication/authority.go",
+			Find:    "\t\treturn va.IsUpToDate(primary) && va.OutdatedOnRecord(peer)\n",
+			Replace: "\t\treturn false\n",
+		}},
+		Seeds: 14000,
+	},
+	{
+		Name: "reclaim-forgets-outdated",
+		Rule: "raft's record of a force of a node it held UpToDate (the reclaim of a no-quorum force) keeps nothing of the term before's Outdated word (replication.VolumeAuthority.promote): the new term's primary pulls from a node that missed a write it holds",
+		Edits: []Edit{{
+			File:    "replication/authority.go",
+			Find:    "\t\tif va.IsUpToDate(cmd.Node) {\n",
+			Replace: "\t\tif false {\n",
+		}},
+		Seeds: 14000,
+	},
 }

@@ -193,15 +193,6 @@ const (
 	// Invariant 4 (catch-up costs what changed) tolerates those copies,
 	// traced.
 	FindingPullCopiesLeftovers
-	// FindingMissingOutlivesTerm: node keeps the blocks a primary's
-	// disk misses (localMissing, in memory) when the pull that would copy
-	// them is cut off and the primary steps down; nothing clears them on
-	// a secondary, so a resync into it makes it UpToDate, holding a
-	// generation, with blocks still marked missing: node then reads
-	// them from a peer, a revert skips them, and State.LocalMissing
-	// says so. checkMissing tolerates it, traced, for a node whose
-	// blocks were marked in a term it has since left.
-	FindingMissingOutlivesTerm
 )
 
 func (f Finding) String() string {
@@ -210,8 +201,6 @@ func (f Finding) String() string {
 		return "history-full-resync"
 	case FindingPullCopiesLeftovers:
 		return "pull-copies-leftovers"
-	case FindingMissingOutlivesTerm:
-		return "missing-outlives-term"
 	}
 	return "finding(?)"
 }
@@ -262,9 +251,6 @@ type checker struct {
 	// from whom (NoStalePromotion): set when one applies resync data,
 	// cleared when its volume records the source's generation.
 	midResync map[string]string
-	// missingSaid: the nodes whose blocks missing since a term they left
-	// were traced (FindingMissingOutlivesTerm), until they miss none.
-	missingSaid map[string]bool
 }
 
 // streamLog is one stream's data entries in the order sent, and how far
@@ -285,7 +271,7 @@ type streamEntry struct {
 
 func newChecker() checker {
 	return checker{acked: make([]int64, blocks), ackedEpoch: make([]uint64, blocks), ackedIDs: map[int][]int64{}, protected: make([]int64, blocks), forced: map[string]bool{}, mayDiffer: map[int]bool{},
-		forcedAlone: map[string]bool{}, midResync: map[string]string{}, missingSaid: map[string]bool{},
+		forcedAlone: map[string]bool{}, midResync: map[string]string{},
 		changed: map[[2]string]map[int]bool{}, streams: map[uint64]*streamLog{}}
 }
 
@@ -706,27 +692,15 @@ func (s *Sim) checkAll() {
 // as the volume's data (and is a source of resyncs and a candidate for
 // promotion), so its disk misses nothing. (Node reads a missing block
 // from a peer meanwhile; the sim's reads of a primary's disk, and the
-// resyncs it sources, happen only once it holds a generation.) Blocks
-// marked in a primary term n has left are FindingMissingOutlivesTerm:
-// traced once, tolerated.
+// resyncs it sources, happen only once it holds a generation.) A primary
+// that stepped down before its pull ended misses them until a resync into
+// it ends (volstate's ClearLocalMissing; seeds 405, 2268, 3489 and 3551
+// held a generation with them still marked before).
 func (s *Sim) checkMissing(n *node) {
-	c := &s.check
 	if len(n.missing) == 0 {
-		delete(c.missingSaid, n.name)
 		return
 	}
 	if n.st.Disk != replication.UpToDate && n.durable.Gens.Current.IsZero() {
-		return
-	}
-	if n.st.Role() != replication.Primary || n.st.Durable.Epoch != n.missingEpoch {
-		if !c.missingSaid[n.name] {
-			c.missingSaid[n.name] = true
-			hit := findingHit{finding: FindingMissingOutlivesTerm, step: s.step,
-				detail: fmt.Sprintf("%s (%s at epoch %d, disk %s, generation %s) still misses blocks %v, marked while it was primary at epoch %d",
-					n.name, n.st.Role(), n.st.Durable.Epoch, n.st.Disk, n.durable.Gens.Current, slices.Sorted(maps.Keys(n.missing)), n.missingEpoch)}
-			c.findings = append(c.findings, hit)
-			s.tracef("KNOWN FINDING %s: %s", hit.finding, hit.detail)
-		}
 		return
 	}
 	s.fail(NoAckedWriteLost, "%s (%s, disk %s, generation %s) takes its disk for the volume's data, but it misses blocks %v (a pull's plan not yet copied)",

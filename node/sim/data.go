@@ -890,7 +890,6 @@ func (s *Sim) markPull(n, q *node, full bool) {
 			n.missing[b] = true
 		}
 	}
-	n.missingEpoch = n.st.Durable.Epoch
 	s.tracef("%s: its disk misses %d blocks, to pull from %s (%d of them left by an earlier pull)", n.name, len(n.missing), q.name, len(left))
 }
 

@@ -110,9 +110,6 @@ type node struct {
 	// cleared by ClearLocalMissing. Node keeps it in memory: a crash
 	// loses it (boot).
 	missing map[int]bool
-	// missingEpoch: the epoch at which this node, primary, last marked
-	// blocks missing (FindingMissingOutlivesTerm).
-	missingEpoch uint64
 	// driving: a step of this node's volume is under way (its actions
 	// run); an event they cause here waits in follow.
 	driving bool
@@ -916,10 +913,12 @@ func (s *Sim) handshake(p, q *node) {
 // p: its record names p primary at p's epoch (node reads its own raft's
 // applied record, which holds the promotion's Outdated set and p's own
 // marks), not by a forced promotion's blanket record, only by p's own
-// marks since (node's raftOutdated: VolumeAuthority.OutdatedOnRecord).
+// marks since (node's raftOutdated: VolumeAuthority.OutdatedOnRecord);
+// or p is ahead of the record (forced without a quorum) and the record's
+// term held p UpToDate (VolumeAuthority.OutdatedUnder).
 func (s *Sim) raftOutdated(p *node, peer string) bool {
 	va, ok := s.raft.auth.Volume(volume)
-	return ok && va.Primary == p.name && va.Epoch == p.st.Durable.Epoch && va.OutdatedOnRecord(peer)
+	return ok && va.OutdatedUnder(p.name, p.st.Durable.Epoch, peer)
 }
 
 // endStream ends primary p's stream to peer (both ends, and what it

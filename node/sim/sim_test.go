@@ -495,6 +495,21 @@ var interleavedRegressions = []uint64{
 	// (replication.VolumeAuthority.OutdatedOnRecord; node's
 	// TestAForcedPrimaryNeverPullsFromAPeerThatMissedItsAcknowledgedWrites).
 	2682, 8370,
+	// Found once the simulation kept the blocks a primary's disk misses:
+	// a primary that stepped down before its pull ended held a generation
+	// once resynced as a secondary, its disk UpToDate, with blocks still
+	// marked missing (volstate's ResyncFinished as target clears them on a
+	// secondary now: ClearLocalMissing).
+	405, 2268, 3489, 3551,
+	// no-acknowledged-write-lost: alpha, the source of a forced primary's
+	// pull, took a write of that term which beta missed (raft recorded
+	// alpha UpToDate, beta Outdated); with that primary lost, the operator
+	// forced alpha without a quorum, and alpha pulled from beta, whose
+	// generations had moved on in an earlier term, over the write. A
+	// primary ahead of raft's record counts the record's term when it held
+	// it UpToDate (VolumeAuthority.OutdatedUnder), and raft's record of
+	// that force (the reclaim) keeps the term's Outdated word.
+	13758,
 }
 
 // TestSimInterleavedRegressions: each seed of interleavedRegressions

@@ -1078,6 +1078,14 @@ func (s *State) resyncFinished(e ResyncFinished) Ready {
 			if s.Discard {
 				s.Discard = false
 			}
+			// Its disk holds the peer's data: what a pull it made as
+			// primary, cut off before it stepped down, left missing is
+			// missing no more (the simulation's known finding
+			// missing-outlives-term: such a node held a generation and
+			// read those blocks from peers).
+			if s.LocalMissing {
+				rd.Actions = append(rd.Actions, Action{Kind: ClearLocalMissing})
+			}
 		}
 	} else {
 		// The peer holds every write of this node's current generation:
