@@ -96,14 +96,15 @@
 // stream, the IO in flight or the cluster run off the loop, and their end
 // comes back to the inbox, so a sender or a stream that drives the volume
 // while a drive waits for it is taken meanwhile. A drive posted to a
-// volume that closes gets volloop.ErrClosed. Two steps run on the loop as
-// a call (volloop.Loop.Call) rather than a drive: the handshake's decision
-// (takeStream: the marks, the step with stepLocked and the switch of the
-// peer's writes to the stream, one critical section under v.stateMu) and
-// the end of the stream from the primary (incomingEnded: the check that
-// it is the current stream and the step, under v.stateMu, which a new
-// stream takes to replace it). So every step of a
-// volume is taken on its loop, one at a time
+// volume that closes gets volloop.ErrClosed. Some steps run on the loop
+// as a call (volloop.Loop.Call) rather than a drive: the handshake's
+// decision (takeStream: the marks, the step with stepLocked and the switch
+// of the peer's writes to the stream, one critical section under
+// v.stateMu) and the end of the stream from the primary (incomingEnded:
+// the check that it is the current stream and the step, under v.stateMu,
+// which a new stream takes to replace it); and the news of a peer's link
+// and streams is a step told or asked (volloop.Loop.Tell, Ask: takeNews,
+// below). So every step of a volume is taken on its loop, one at a time
 // (TestTheVolumesStepsRunOnItsLoop); v.stateMu, which every step holds,
 // orders the write path's own checks (a write marked or streamed, a peer
 // tracked already) against them. What a step checks is read when it is taken, under
@@ -208,8 +209,9 @@
 // session's loop on the loop itself).
 // v.stateMu is never taken while waiting for an entry's ack; v.mu is never
 // held while the state is written. The volume's loop holds no lock while
-// it waits for a message, and no goroutine posts a drive to it while
-// holding v.stateMu or v.mu (the loop takes them for its Take). go test
+// it waits for a message, and no goroutine posts a drive to it, or asks
+// it, while holding v.stateMu or v.mu (the loop takes them for its Take
+// and for the news it is told or asked). go test
 // -tags deadlock (make test-locks) (and make test) checks the order at
 // run time, with every other mutex of the process. in.applyMu, a stream's
 // apply lock, is node/applier/apply's, of the same kind (its lock.go).
